@@ -1,0 +1,27 @@
+// The subcommands of `dtrain`, one file each. Each Add*Command registers its subcommand, options
+// and callback on the top-level app; main.cc only calls them. A callback that fails prints one
+// message to stderr and throws CLI::RuntimeError(exit_code), which main turns into the exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace dtrain::cli {
+
+// Exit codes: 1 = the work failed, 2 = the command line or the recipe is wrong (nothing ran).
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
+void AddTrainCommand(CLI::App& app);
+void AddRecipeCommand(CLI::App& app);
+
+// The `--set section.key=value` option shared by every command that reads a recipe.
+void AddOverrideOption(CLI::App& command, std::vector<std::string>& overrides);
+
+// Prints "error: <message>" to stderr and ends the command with `exit_code`.
+[[noreturn]] void Fail(const absl::Status& status, int exit_code);
+
+}  // namespace dtrain::cli

@@ -1,0 +1,74 @@
+// The `dtrain` binary: registers the subcommands and maps the outcome to an exit code.
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "cli/commands.h"
+
+namespace dtrain::cli {
+
+void AddOverrideOption(CLI::App& command, std::vector<std::string>& overrides) {
+  command
+      .add_option("--set", overrides,
+                  "Override one recipe key, e.g. --set train.lr=3e-4 or --set data.train=[a,b]; "
+                  "repeatable")
+      ->type_name("KEY=VALUE")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
+void Fail(const absl::Status& status, int exit_code) {
+  std::cerr << "error: " << status.message() << "\n";
+  throw CLI::RuntimeError(exit_code);
+}
+
+namespace {
+
+// `dtrain help [COMMAND]`: the same text as --help, for those who type it as a word.
+void AddHelpCommand(CLI::App& app) {
+  CLI::App* help = app.add_subcommand("help", "Print this help, or a command's help");
+  auto topic = std::make_shared<std::string>();
+  help->add_option("command", *topic, "The command to explain");
+  help->callback([&app, topic] {
+    if (topic->empty()) {
+      // Not app.help(): once a subcommand ran, that prints the subcommand's help ("help" here).
+      std::cout << app.get_formatter()->make_help(&app, app.get_name(), CLI::AppFormatMode::Normal);
+      return;
+    }
+    CLI::App* command = nullptr;
+    try {
+      command = app.get_subcommand(*topic);
+    } catch (const CLI::OptionNotFound&) {
+      Fail(absl::InvalidArgumentError("no command '" + *topic + "'; see 'dtrain help'"),
+           kExitUsage);
+    }
+    std::cout << command->help(app.get_name());
+  });
+}
+
+}  // namespace
+}  // namespace dtrain::cli
+
+int main(int argc, char** argv) {
+  CLI::App app("dtrain: trains GPT-2 and Llama style transformers, from one CPU to a cluster",
+               "dtrain");
+  app.set_version_flag("--version", "dtrain " DTRAIN_VERSION);
+  app.require_subcommand(0, 1);
+
+  dtrain::cli::AddTrainCommand(app);
+  dtrain::cli::AddRecipeCommand(app);
+  dtrain::cli::AddHelpCommand(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // the command already printed its message
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints help, the version, or the usage error
+    return code == 0 ? 0 : dtrain::cli::kExitUsage;
+  }
+  if (app.get_subcommands().empty()) {
+    std::cerr << app.help();
+    return dtrain::cli::kExitUsage;
+  }
+  return 0;
+}

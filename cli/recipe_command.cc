@@ -1,0 +1,37 @@
+// `dtrain recipe check RECIPE [--set key=value]...` and `dtrain recipe reference`.
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/recipe/recipe.h"
+
+namespace dtrain::cli {
+
+void AddRecipeCommand(CLI::App& app) {
+  CLI::App* recipe = app.add_subcommand("recipe", "Validate recipes and document their keys");
+  recipe->require_subcommand(1);
+
+  struct CheckArgs {
+    std::string recipe_path;
+    std::vector<std::string> overrides;
+  };
+  auto args = std::make_shared<CheckArgs>();
+  CLI::App* check = recipe->add_subcommand(
+      "check", "Validate a recipe and print it resolved: every key, defaults filled in");
+  check->add_option("recipe", args->recipe_path, "Recipe YAML file")->required();
+  AddOverrideOption(*check, args->overrides);
+  check->callback([args] {
+    absl::StatusOr<Recipe> loaded = LoadRecipe(args->recipe_path, args->overrides);
+    if (!loaded.ok()) Fail(loaded.status(), kExitUsage);
+    std::cout << ResolvedRecipeYaml(*loaded);
+  });
+
+  recipe->add_subcommand("reference", "Print every recipe key as a Markdown table")->callback([] {
+    std::cout << RecipeReferenceMarkdown();
+  });
+}
+
+}  // namespace dtrain::cli

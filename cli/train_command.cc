@@ -1,0 +1,35 @@
+// `dtrain train [RECIPE] [--set key=value]...`: one process runs the whole training job.
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/recipe/recipe.h"
+#include "embedded_tiny_recipe.h"
+#include "parallel/trainer.h"
+
+namespace dtrain::cli {
+
+void AddTrainCommand(CLI::App& app) {
+  struct Args {
+    std::string recipe_path;
+    std::vector<std::string> overrides;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* command = app.add_subcommand(
+      "train", "Train in this process (one rank per process under srun or launch)");
+  command->add_option("recipe", args->recipe_path,
+                      "Recipe YAML file; none = the built-in tiny recipe (configs/tiny.yaml)");
+  AddOverrideOption(*command, args->overrides);
+  command->callback([args] {
+    absl::StatusOr<Recipe> recipe =
+        args->recipe_path.empty()
+            ? ParseRecipe(kEmbeddedTinyRecipe, "<built-in configs/tiny.yaml>", args->overrides)
+            : LoadRecipe(args->recipe_path, args->overrides);
+    if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
+    if (absl::Status status = RunTraining(*recipe); !status.ok()) Fail(status, kExitFailure);
+  });
+}
+
+}  // namespace dtrain::cli

@@ -1,0 +1,112 @@
+// The kernels a transformer step needs, behind one interface with a CPU implementation
+// (OpenBLAS GEMM plus threaded loops; the reference every other path is tested against) and,
+// later, a CUDA one. All tensors are row-major float32 in the backend's memory; shapes are given
+// in the comments as (rows, cols) with B batch, T time, C channels, V vocab, H heads, D head dim.
+//
+// Gradient conventions, the same for every kernel:
+//  - parameter gradients (dweight, dbias, ...) ACCUMULATE (+=): micro-batches add up;
+//  - input gradients are WRITTEN (=), except the norms' dinp, which ACCUMULATES into the
+//    residual stream's gradient.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dtrain {
+
+// The layout of the attention input: one row per token holding H query heads, then Hkv key
+// heads, then Hkv value heads, each D wide (H % Hkv == 0: grouped-query attention).
+struct AttentionShape {
+  int batch;     // B
+  int time;      // T
+  int heads;     // H
+  int kv_heads;  // Hkv
+  int head_dim;  // D
+  int qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // C (M,N) = alpha * op(A) op(B) + beta * C, op = transpose when the flag is set.
+  virtual void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
+                    const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                    int ldc) = 0;
+
+  // Linear layer: out (N, OC) = inp (N, IC) @ weight (OC, IC)^T + bias (OC; may be null).
+  virtual void LinearForward(float* out, const float* inp, const float* weight, const float* bias,
+                             int n, int in_features, int out_features) = 0;
+  // dinp (N, IC) = dout @ weight (may be null: not needed); dweight += dout^T @ inp;
+  // dbias += column sums of dout (may be null).
+  virtual void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                              const float* inp, const float* weight, int n, int in_features,
+                              int out_features) = 0;
+
+  // LayerNorm over C: out (N,C), mean (N), rstd (N) saved for backward.
+  virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                                const float* weight, const float* bias, int n, int c,
+                                float eps) = 0;
+  virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                 const float* inp, const float* weight, const float* mean,
+                                 const float* rstd, int n, int c) = 0;
+  // RMSNorm over C: out = inp * rstd * weight, rstd (N) saved.
+  virtual void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight,
+                              int n, int c, float eps) = 0;
+  virtual void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                               const float* weight, const float* rstd, int n, int c) = 0;
+
+  // GELU, tanh approximation (GPT-2's "gelu_new"), elementwise over n values.
+  virtual void GeluForward(float* out, const float* inp, size_t n) = 0;
+  virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
+  // SwiGLU: gate_up (N, 2F) holds gate in [:, :F] and up in [:, F:]; out (N,F) = silu(gate)*up.
+  virtual void SwiGluForward(float* out, const float* gate_up, int n, int f) = 0;
+  virtual void SwiGluBackward(float* dgate_up, const float* gate_up, const float* dout, int n,
+                              int f) = 0;
+
+  // Rotary embedding in place on the query and key heads of qkv (B, T, qkv_width), rotating
+  // the pairs (i, i + D/2) (Hugging Face Llama's rotate_half convention) by position
+  // (pos_offset + t) * theta^(-2i/D). Backward rotates the gradient back, in place.
+  virtual void RopeForward(float* qkv, const AttentionShape& shape, float theta,
+                           int pos_offset) = 0;
+  virtual void RopeBackward(float* dqkv, const AttentionShape& shape, float theta,
+                            int pos_offset) = 0;
+
+  // Causal self-attention with scale 1/sqrt(D). out (B, T, H*D); lse (B, H, T) holds each
+  // row's log-sum-exp so backward recomputes the probabilities instead of storing (B,H,T,T).
+  virtual void AttentionForward(float* out, float* lse, const float* qkv,
+                                const AttentionShape& shape) = 0;
+  // dqkv (B, T, qkv_width) is written.
+  virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv,
+                                 const float* out, const float* lse,
+                                 const AttentionShape& shape) = 0;
+
+  // out (B*T, C) = token_embedding[tokens] + position_embedding[t] (may be null).
+  virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
+                                const float* position_embedding, int b, int t, int c) = 0;
+  virtual void EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
+                                 const float* dout, const int32_t* tokens, int b, int t,
+                                 int c) = 0;
+
+  // Output layer fused with softmax and cross-entropy, never holding all (N, V) logits:
+  // logits = x (N, C) @ weight (V, C)^T; returns the sum over rows of -log p(target). Rows with
+  // target < 0 are ignored. When dx is not null, also writes dx (N, C) and accumulates dweight
+  // (V, C) for the loss sum scaled by grad_scale.
+  virtual double ClassifierForwardBackward(float* dx, float* dweight, const float* x,
+                                           const float* weight, const int32_t* targets, int n,
+                                           int c, int v, float grad_scale) = 0;
+
+  // out = a + b, elementwise.
+  virtual void Add(float* out, const float* a, const float* b, size_t n) = 0;
+  // Sum of squares of x, accumulated in double.
+  virtual double SumSquares(const float* x, size_t n) = 0;
+  virtual void Scale(float* x, float factor, size_t n) = 0;
+  virtual void Zero(float* x, size_t n) = 0;
+
+  // One AdamW step on n values with bias correction for the 1-based `step` and decoupled
+  // weight decay: p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p).
+  virtual void AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                     float beta1, float beta2, float eps, float weight_decay, int64_t step) = 0;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,138 @@
+#include "core/backend/cpu/cpu_backend.h"
+
+#include "core/backend/cpu/activation.h"
+#include "core/backend/cpu/adamw.h"
+#include "core/backend/cpu/attention.h"
+#include "core/backend/cpu/classifier.h"
+#include "core/backend/cpu/elementwise.h"
+#include "core/backend/cpu/embedding.h"
+#include "core/backend/cpu/gemm.h"
+#include "core/backend/cpu/linear.h"
+#include "core/backend/cpu/norm.h"
+#include "core/backend/cpu/rope.h"
+
+namespace dtrain {
+
+CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {}
+
+float* CpuBackend::Scratch(size_t size) {
+  if (scratch_.size() < size) scratch_.resize(size);
+  return scratch_.data();
+}
+
+void CpuBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
+                      const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                      int ldc) {
+  cpu::Gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void CpuBackend::LinearForward(float* out, const float* inp, const float* weight,
+                               const float* bias, int n, int in_features, int out_features) {
+  cpu::LinearForward(out, inp, weight, bias, n, in_features, out_features, &pool_);
+}
+
+void CpuBackend::LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                const float* inp, const float* weight, int n, int in_features,
+                                int out_features) {
+  cpu::LinearBackward(dinp, dweight, dbias, dout, inp, weight, n, in_features, out_features,
+                      &pool_);
+}
+
+void CpuBackend::LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                                  const float* weight, const float* bias, int n, int c,
+                                  float eps) {
+  cpu::LayerNormForward(out, mean, rstd, inp, weight, bias, n, c, eps, &pool_);
+}
+
+void CpuBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                   const float* inp, const float* weight, const float* mean,
+                                   const float* rstd, int n, int c) {
+  cpu::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c, &pool_);
+}
+
+void CpuBackend::RmsNormForward(float* out, float* rstd, const float* inp, const float* weight,
+                                int n, int c, float eps) {
+  cpu::RmsNormForward(out, rstd, inp, weight, n, c, eps, &pool_);
+}
+
+void CpuBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout,
+                                 const float* inp, const float* weight, const float* rstd, int n,
+                                 int c) {
+  cpu::RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, n, c, &pool_);
+}
+
+void CpuBackend::GeluForward(float* out, const float* inp, size_t n) {
+  cpu::GeluForward(out, inp, n, &pool_);
+}
+
+void CpuBackend::GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) {
+  cpu::GeluBackward(dinp, inp, dout, n, &pool_);
+}
+
+void CpuBackend::SwiGluForward(float* out, const float* gate_up, int n, int f) {
+  cpu::SwiGluForward(out, gate_up, n, f, &pool_);
+}
+
+void CpuBackend::SwiGluBackward(float* dgate_up, const float* gate_up, const float* dout, int n,
+                                int f) {
+  cpu::SwiGluBackward(dgate_up, gate_up, dout, n, f, &pool_);
+}
+
+void CpuBackend::RopeForward(float* qkv, const AttentionShape& shape, float theta,
+                             int pos_offset) {
+  cpu::RopeForward(qkv, shape, theta, pos_offset, &pool_);
+}
+
+void CpuBackend::RopeBackward(float* dqkv, const AttentionShape& shape, float theta,
+                              int pos_offset) {
+  cpu::RopeBackward(dqkv, shape, theta, pos_offset, &pool_);
+}
+
+void CpuBackend::AttentionForward(float* out, float* lse, const float* qkv,
+                                  const AttentionShape& shape) {
+  float* scratch = Scratch(cpu::AttentionScratchSize(shape) * pool_.size());
+  cpu::AttentionForward(out, lse, qkv, shape, scratch, &pool_);
+}
+
+void CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* qkv,
+                                   const float* out, const float* lse,
+                                   const AttentionShape& shape) {
+  float* scratch = Scratch(cpu::AttentionScratchSize(shape) * pool_.size());
+  cpu::AttentionBackward(dqkv, dout, qkv, out, lse, shape, scratch, &pool_);
+}
+
+void CpuBackend::EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
+                                  const float* position_embedding, int b, int t, int c) {
+  cpu::EmbeddingForward(out, tokens, token_embedding, position_embedding, b, t, c, &pool_);
+}
+
+void CpuBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
+                                   const float* dout, const int32_t* tokens, int b, int t,
+                                   int c) {
+  cpu::EmbeddingBackward(dtoken_embedding, dposition_embedding, dout, tokens, b, t, c, &pool_);
+}
+
+double CpuBackend::ClassifierForwardBackward(float* dx, float* dweight, const float* x,
+                                             const float* weight, const int32_t* targets, int n,
+                                             int c, int v, float grad_scale) {
+  float* scratch = Scratch(cpu::ClassifierScratchSize(v));
+  return cpu::ClassifierForwardBackward(dx, dweight, x, weight, targets, n, c, v, grad_scale,
+                                        scratch, &pool_);
+}
+
+void CpuBackend::Add(float* out, const float* a, const float* b, size_t n) {
+  cpu::Add(out, a, b, n, &pool_);
+}
+
+double CpuBackend::SumSquares(const float* x, size_t n) { return cpu::SumSquares(x, n, &pool_); }
+
+void CpuBackend::Scale(float* x, float factor, size_t n) { cpu::Scale(x, factor, n, &pool_); }
+
+void CpuBackend::Zero(float* x, size_t n) { cpu::Zero(x, n, &pool_); }
+
+void CpuBackend::AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                       float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+  cpu::AdamW(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, &pool_);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,83 @@
+// The CPU backend: OpenBLAS GEMMs plus loops threaded on one ThreadPool. Every method forwards
+// to the float instantiation of a kernel template in this folder (the double instantiation is
+// what the tests finite-difference). Not thread-safe: one caller at a time, since the pool and
+// the scratch buffer are shared by all calls.
+#pragma once
+
+#include <vector>
+
+#include "core/backend/backend.h"
+#include "core/util/thread_pool.h"
+
+namespace dtrain {
+
+class CpuBackend : public Backend {
+ public:
+  // num_threads <= 0 means one per hardware thread.
+  explicit CpuBackend(int num_threads);
+
+  int num_threads() const { return pool_.size(); }
+
+  void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
+            int lda, const float* b, int ldb, float beta, float* c, int ldc) override;
+
+  void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int n,
+                     int in_features, int out_features) override;
+  void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                      const float* inp, const float* weight, int n, int in_features,
+                      int out_features) override;
+
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                        const float* weight, const float* bias, int n, int c,
+                        float eps) override;
+  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int n, int c) override;
+  void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int n,
+                      int c, float eps) override;
+  void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                       const float* weight, const float* rstd, int n, int c) override;
+
+  void GeluForward(float* out, const float* inp, size_t n) override;
+  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) override;
+  void SwiGluForward(float* out, const float* gate_up, int n, int f) override;
+  void SwiGluBackward(float* dgate_up, const float* gate_up, const float* dout, int n,
+                      int f) override;
+
+  void RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset) override;
+  void RopeBackward(float* dqkv, const AttentionShape& shape, float theta,
+                    int pos_offset) override;
+
+  void AttentionForward(float* out, float* lse, const float* qkv,
+                        const AttentionShape& shape) override;
+  void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                         const float* lse, const AttentionShape& shape) override;
+
+  void EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
+                        const float* position_embedding, int b, int t, int c) override;
+  void EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding, const float* dout,
+                         const int32_t* tokens, int b, int t, int c) override;
+
+  double ClassifierForwardBackward(float* dx, float* dweight, const float* x,
+                                   const float* weight, const int32_t* targets, int n, int c,
+                                   int v, float grad_scale) override;
+
+  void Add(float* out, const float* a, const float* b, size_t n) override;
+  double SumSquares(const float* x, size_t n) override;
+  void Scale(float* x, float factor, size_t n) override;
+  void Zero(float* x, size_t n) override;
+
+  void AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+             float beta2, float eps, float weight_decay, int64_t step) override;
+
+ private:
+  // Grows the shared scratch to at least `size` values and returns it.
+  float* Scratch(size_t size);
+
+  ThreadPool pool_;
+  // Attention's per-thread score blocks and the classifier's logits chunk; kept between calls
+  // so a step does not reallocate tens of MB.
+  std::vector<float> scratch_;
+};
+
+}  // namespace dtrain

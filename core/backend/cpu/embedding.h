@@ -1,0 +1,22 @@
+// Token plus learned position embedding: out (B*T, C) = token_embedding[tokens] +
+// position_embedding[t]. Backward ACCUMULATES into both tables. A token may repeat, so backward
+// splits the channels, not the tokens, across threads: no two threads touch one element, and
+// every element sums its tokens in order whatever the thread count.
+#pragma once
+
+#include <cstdint>
+
+#include "core/util/thread_pool.h"
+
+namespace dtrain::cpu {
+
+// tokens (B, T); token_embedding (V, C); position_embedding (maxT, C), may be null.
+template <typename T>
+void EmbeddingForward(T* out, const int32_t* tokens, const T* token_embedding,
+                      const T* position_embedding, int b, int t, int c, ThreadPool* pool);
+// dtoken_embedding (V, C) +=; dposition_embedding (maxT, C) += (skipped when null).
+template <typename T>
+void EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const T* dout,
+                       const int32_t* tokens, int b, int t, int c, ThreadPool* pool);
+
+}  // namespace dtrain::cpu

@@ -1,0 +1,74 @@
+#include "core/data/datasets.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/data/token_file.h"
+#include "core/data/window_loader.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+absl::Status WithContext(const absl::Status& status, const std::string& context) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+absl::StatusOr<std::vector<int32_t>> LoadKey(const std::string& key,
+                                             const std::vector<std::string>& patterns,
+                                             TokenFormat format, int vocab_size) {
+  if (patterns.empty()) {
+    return absl::InvalidArgumentError(key + " is empty; list the data files (globs allowed)");
+  }
+  absl::StatusOr<std::vector<std::string>> files = ExpandFilePatterns(patterns);
+  RETURN_IF_ERROR(WithContext(files.status(), key));
+  return LoadTokenFiles(*files, format, vocab_size);
+}
+
+}  // namespace
+
+absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_size) {
+  const DataSection& data = recipe.data;
+  const int seq_len = recipe.train.seq_len;
+  ASSIGN_OR_RETURN(const TokenFormat format, ParseTokenFormat(data.format));
+  ASSIGN_OR_RETURN(std::vector<int32_t> train_tokens,
+                   LoadKey("data.train", data.train, format, recipe.model.vocab_size));
+  std::vector<int32_t> val_tokens;
+  std::string val_source;
+  if (!data.val.empty()) {
+    ASSIGN_OR_RETURN(val_tokens, LoadKey("data.val", data.val, format, recipe.model.vocab_size));
+    val_source = absl::StrCat("data.val (", absl::StrJoin(data.val, ", "), ")");
+  } else if (data.val_fraction > 0) {
+    const size_t n = train_tokens.size();
+    const size_t split = n - static_cast<size_t>(static_cast<double>(n) * data.val_fraction);
+    val_tokens.assign(train_tokens.begin() + static_cast<std::ptrdiff_t>(split),
+                      train_tokens.end());
+    train_tokens.resize(split);
+    val_source = absl::StrCat("the last data.val_fraction = ", data.val_fraction, " of the ", n,
+                              " data.train tokens");
+  }
+  if (val_source.empty() && recipe.train.eval_every > 0) {
+    return absl::InvalidArgumentError(
+        "no validation data: data.val is empty and data.val_fraction is 0; set one of them, or "
+        "train.eval_every: 0 to train without evaluation");
+  }
+
+  Datasets datasets;
+  datasets.train_tokens = static_cast<int64_t>(train_tokens.size());
+  datasets.val_tokens = static_cast<int64_t>(val_tokens.size());
+  ASSIGN_OR_RETURN(
+      datasets.train,
+      ShuffledWindowLoader::Create(
+          std::move(train_tokens), seq_len, recipe.run.seed, recipe.train.batch_size, dp_rank,
+          dp_size, absl::StrCat("data.train (", absl::StrJoin(data.train, ", "), ")")));
+  if (!val_source.empty()) {
+    ASSIGN_OR_RETURN(datasets.val, SequentialWindowLoader::Create(std::move(val_tokens), seq_len,
+                                                                  dp_rank, dp_size, val_source));
+  }
+  return datasets;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,49 @@
+// The interfaces every data source implements (token windows in memory now, WebDataset shards
+// later): deterministic sequences of seq_len + 1 tokens for one data-parallel rank.
+//
+// Order is a function of (seed, epoch, global sequence index) only; the data-parallel ranks of
+// one step together read exactly the sequences a single process would, so a run can resume on a
+// different world size from a step boundary. Not thread-safe; one loader per rank.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace dtrain {
+
+struct LoaderState {
+  // Sequences consumed by all data-parallel ranks together. It advances by count * world per
+  // Next(count) on every rank, so at a step boundary it is steps * global batch.
+  int64_t consumed_sequences = 0;
+};
+
+class SequenceLoader {
+ public:
+  virtual ~SequenceLoader() = default;
+
+  // Fills inputs and targets, each (count, seq_len) row-major int32; targets are the inputs
+  // shifted by one token. Every rank must call it with the same count.
+  virtual absl::Status Next(int count, int32_t* inputs, int32_t* targets) = 0;
+
+  virtual LoaderState state() const = 0;
+  // Continues exactly after `state`. InvalidArgument if the state cannot be a state of this
+  // loader's world size (consumed_sequences negative or not a multiple of the world).
+  virtual absl::Status Restore(const LoaderState& state) = 0;
+};
+
+// Evaluation data: a finite, fixed sequence of batches, the same at every evaluation.
+class ValidationLoader {
+ public:
+  virtual ~ValidationLoader() = default;
+
+  // Back to the first batch.
+  virtual void Reset() = 0;
+  // Fills up to `count` rows of inputs and targets, each (count, seq_len) row-major int32, and
+  // returns how many it filled: fewer at the end of this rank's share, then 0. Every rank must
+  // call it with the same count.
+  virtual absl::StatusOr<int> Next(int count, int32_t* inputs, int32_t* targets) = 0;
+};
+
+}  // namespace dtrain

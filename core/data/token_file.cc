@@ -1,0 +1,144 @@
+#include "core/data/token_file.h"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcVersion = 1;  // uint16 tokens
+constexpr size_t kLlmcHeaderInts = 256;
+constexpr size_t kLlmcHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
+
+using File = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
+
+absl::StatusOr<File> OpenFile(const std::string& path, uint64_t* bytes) {
+  File file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (file == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("opening data file ", path));
+  if (std::fseek(file.get(), 0, SEEK_END) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("seeking in data file ", path));
+  }
+  const long size = std::ftell(file.get());
+  if (size < 0) return absl::ErrnoToStatus(errno, absl::StrCat("sizing data file ", path));
+  std::rewind(file.get());
+  *bytes = static_cast<uint64_t>(size);
+  return file;
+}
+
+absl::Status ReadExactly(std::FILE* file, void* out, size_t bytes, const std::string& path) {
+  if (std::fread(out, 1, bytes, file) != bytes) {
+    return absl::DataLossError(
+        absl::StrCat("data file ", path, ": short read (file changed while reading?)"));
+  }
+  return absl::OkStatus();
+}
+
+// Appends `values` to `tokens`, checking each against the vocabulary.
+template <typename T>
+absl::Status AppendChecked(const std::vector<T>& values, int vocab_size, const std::string& path,
+                           std::vector<int32_t>* tokens) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (static_cast<int64_t>(values[i]) >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data file ", path, ": token ", values[i], " at position ", i,
+          " is outside model.vocab_size ", vocab_size,
+          "; set model.vocab_size to the tokenizer's vocabulary, or check data.format"));
+    }
+  }
+  tokens->insert(tokens->end(), values.begin(), values.end());
+  return absl::OkStatus();
+}
+
+absl::Status AppendTextFile(const std::string& path, int vocab_size, std::vector<int32_t>* tokens) {
+  uint64_t bytes = 0;
+  ASSIGN_OR_RETURN(File file, OpenFile(path, &bytes));
+  std::vector<uint8_t> text(bytes);
+  RETURN_IF_ERROR(ReadExactly(file.get(), text.data(), text.size(), path));
+  return AppendChecked(text, vocab_size, path, tokens);
+}
+
+absl::Status AppendLlmcFile(const std::string& path, int vocab_size, std::vector<int32_t>* tokens) {
+  uint64_t bytes = 0;
+  ASSIGN_OR_RETURN(File file, OpenFile(path, &bytes));
+  const std::string fix =
+      "; regenerate it with llm.c's data scripts, or set data.format: text for raw text";
+  if (bytes < kLlmcHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("data file ", path, ": ", bytes,
+                                                   " bytes is shorter than the ", kLlmcHeaderBytes,
+                                                   "-byte llm.c header", fix));
+  }
+  int32_t header[kLlmcHeaderInts];
+  RETURN_IF_ERROR(ReadExactly(file.get(), header, sizeof(header), path));
+  if (header[0] != kLlmcMagic) {
+    return absl::InvalidArgumentError(absl::StrCat("data file ", path, ": header[0] = ", header[0],
+                                                   ", not the llm.c magic ", kLlmcMagic,
+                                                   "; not an llm.c token shard", fix));
+  }
+  if (header[1] != kLlmcVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("data file ", path, ": llm.c shard version ",
+                                                   header[1], ", expected ", kLlmcVersion,
+                                                   " (uint16 tokens)", fix));
+  }
+  const uint64_t payload = bytes - kLlmcHeaderBytes;
+  if (header[2] < 0 || payload != 2 * static_cast<uint64_t>(header[2])) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data file ", path, ": header says ", header[2], " tokens (",
+        2 * static_cast<int64_t>(header[2]), " bytes) but ", payload,
+        " bytes follow the header; the shard is truncated or corrupt, download or regenerate "
+        "it"));
+  }
+  std::vector<uint16_t> values(static_cast<size_t>(header[2]));
+  RETURN_IF_ERROR(ReadExactly(file.get(), values.data(), payload, path));
+  return AppendChecked(values, vocab_size, path, tokens);
+}
+
+}  // namespace
+
+absl::StatusOr<TokenFormat> ParseTokenFormat(const std::string& name) {
+  if (name == "text") return TokenFormat::kText;
+  if (name == "llmc") return TokenFormat::kLlmc;
+  return absl::InvalidArgumentError(
+      absl::StrCat("data.format '", name, "' is unknown; use text or llmc"));
+}
+
+absl::StatusOr<std::vector<std::string>> ExpandFilePatterns(
+    const std::vector<std::string>& patterns) {
+  std::vector<std::string> files;
+  for (const std::string& pattern : patterns) {
+    glob_t matches{};
+    const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &matches);
+    std::vector<std::string> found(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
+    ::globfree(&matches);
+    if (rc == GLOB_NOMATCH) {
+      return absl::NotFoundError(
+          absl::StrCat("file pattern '", pattern, "' matches no file; check the path"));
+    }
+    if (rc != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("file pattern '", pattern, "': cannot read a directory it names"));
+    }
+    std::sort(found.begin(), found.end());
+    files.insert(files.end(), found.begin(), found.end());
+  }
+  return files;
+}
+
+absl::StatusOr<std::vector<int32_t>> LoadTokenFiles(const std::vector<std::string>& files,
+                                                    TokenFormat format, int vocab_size) {
+  std::vector<int32_t> tokens;
+  for (const std::string& path : files) {
+    RETURN_IF_ERROR(format == TokenFormat::kText ? AppendTextFile(path, vocab_size, &tokens)
+                                                 : AppendLlmcFile(path, vocab_size, &tokens));
+  }
+  return tokens;
+}
+
+}  // namespace dtrain

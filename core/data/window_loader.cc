@@ -1,0 +1,161 @@
+#include "core/data/window_loader.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/util/rng.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+// Data-order streams of the run seed start here, one per epoch, apart from other users' streams.
+constexpr uint64_t kDataOrderStream = 0x64617461ULL << 32;  // "data"
+
+absl::Status CheckHasWindow(size_t num_tokens, int seq_len, const std::string& source) {
+  if (seq_len <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": seq_len ", seq_len, " must be positive"));
+  }
+  if (num_tokens < static_cast<size_t>(seq_len) + 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": ", num_tokens, " tokens is fewer than one window of train.seq_len + 1 = ",
+        seq_len + 1, "; add data or lower train.seq_len"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRankAndWorld(int rank, int world, const std::string& source) {
+  if (world <= 0 || rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": rank ", rank, " is not in a world of ", world));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCount(int count) {
+  if (count < 0) return absl::InvalidArgumentError(absl::StrCat("Next(count = ", count, ")"));
+  return absl::OkStatus();
+}
+
+absl::Status CheckRestore(const LoaderState& state, int world) {
+  if (state.consumed_sequences < 0 || state.consumed_sequences % world != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data loader state of ", state.consumed_sequences,
+                     " consumed sequences is not a multiple of the ", world,
+                     " data-parallel ranks; resume from a checkpoint taken at a step boundary"));
+  }
+  return absl::OkStatus();
+}
+
+void CopyWindow(const std::vector<int32_t>& tokens, int seq_len, int64_t window, int32_t* inputs,
+                int32_t* targets) {
+  const int32_t* start = tokens.data() + window * seq_len;
+  std::copy(start, start + seq_len, inputs);
+  std::copy(start + 1, start + seq_len + 1, targets);
+}
+
+}  // namespace
+
+// ---- ShuffledWindowLoader ---------------------------------------------------------------------
+
+ShuffledWindowLoader::ShuffledWindowLoader(std::vector<int32_t> tokens, int seq_len, uint64_t seed,
+                                           int global_batch, int rank, int world)
+    : tokens_(std::move(tokens)),
+      seq_len_(seq_len),
+      num_windows_(static_cast<int64_t>((tokens_.size() - 1) / seq_len)),
+      seed_(seed),
+      global_batch_(global_batch),
+      rank_batch_(global_batch / world),
+      rank_(rank),
+      world_(world) {}
+
+absl::StatusOr<std::unique_ptr<ShuffledWindowLoader>> ShuffledWindowLoader::Create(
+    std::vector<int32_t> tokens, int seq_len, uint64_t seed, int global_batch, int rank, int world,
+    const std::string& source) {
+  RETURN_IF_ERROR(CheckHasWindow(tokens.size(), seq_len, source));
+  RETURN_IF_ERROR(CheckRankAndWorld(rank, world, source));
+  if (global_batch <= 0 || global_batch % world != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("train.batch_size ", global_batch,
+                                                   " is not a positive multiple of the ", world,
+                                                   " data-parallel ranks; make it one"));
+  }
+  return std::unique_ptr<ShuffledWindowLoader>(
+      new ShuffledWindowLoader(std::move(tokens), seq_len, seed, global_batch, rank, world));
+}
+
+int64_t ShuffledWindowLoader::GlobalIndex(int64_t local_index) const {
+  const int64_t step = local_index / rank_batch_;
+  return step * global_batch_ + rank_ * rank_batch_ + local_index % rank_batch_;
+}
+
+int64_t ShuffledWindowLoader::WindowOf(int64_t global_index) {
+  const int64_t epoch = global_index / num_windows_;
+  if (epoch != perm_epoch_) {
+    // Fisher-Yates from the end; the draws depend on (seed, epoch) only.
+    perm_.resize(static_cast<size_t>(num_windows_));
+    std::iota(perm_.begin(), perm_.end(), int64_t{0});
+    CounterRng rng(seed_, kDataOrderStream + static_cast<uint64_t>(epoch));
+    for (int64_t i = num_windows_ - 1; i > 0; --i) {
+      std::swap(perm_[i], perm_[rng.below(static_cast<uint64_t>(i) + 1)]);
+    }
+    perm_epoch_ = epoch;
+  }
+  return perm_[global_index % num_windows_];
+}
+
+absl::Status ShuffledWindowLoader::Next(int count, int32_t* inputs, int32_t* targets) {
+  RETURN_IF_ERROR(CheckCount(count));
+  for (int i = 0; i < count; ++i) {
+    const int64_t window = WindowOf(GlobalIndex(local_consumed_ + i));
+    CopyWindow(tokens_, seq_len_, window, inputs + int64_t{i} * seq_len_,
+               targets + int64_t{i} * seq_len_);
+  }
+  local_consumed_ += count;
+  return absl::OkStatus();
+}
+
+LoaderState ShuffledWindowLoader::state() const {
+  // Ranks advance in lockstep, so all of them together consumed world times this rank's count.
+  return {local_consumed_ * world_};
+}
+
+absl::Status ShuffledWindowLoader::Restore(const LoaderState& state) {
+  RETURN_IF_ERROR(CheckRestore(state, world_));
+  local_consumed_ = state.consumed_sequences / world_;
+  return absl::OkStatus();
+}
+
+// ---- SequentialWindowLoader -------------------------------------------------------------------
+
+SequentialWindowLoader::SequentialWindowLoader(std::vector<int32_t> tokens, int seq_len, int rank,
+                                               int world)
+    : tokens_(std::move(tokens)),
+      seq_len_(seq_len),
+      num_windows_(static_cast<int64_t>((tokens_.size() - 1) / seq_len)),
+      rank_(rank),
+      world_(world) {}
+
+absl::StatusOr<std::unique_ptr<SequentialWindowLoader>> SequentialWindowLoader::Create(
+    std::vector<int32_t> tokens, int seq_len, int rank, int world, const std::string& source) {
+  RETURN_IF_ERROR(CheckHasWindow(tokens.size(), seq_len, source));
+  RETURN_IF_ERROR(CheckRankAndWorld(rank, world, source));
+  return std::unique_ptr<SequentialWindowLoader>(
+      new SequentialWindowLoader(std::move(tokens), seq_len, rank, world));
+}
+
+absl::StatusOr<int> SequentialWindowLoader::Next(int count, int32_t* inputs, int32_t* targets) {
+  RETURN_IF_ERROR(CheckCount(count));
+  const int64_t first = next_window_ + int64_t{rank_} * count;
+  const int rows = static_cast<int>(std::clamp<int64_t>(num_windows_ - first, 0, count));
+  for (int i = 0; i < rows; ++i) {
+    CopyWindow(tokens_, seq_len_, first + i, inputs + int64_t{i} * seq_len_,
+               targets + int64_t{i} * seq_len_);
+  }
+  next_window_ += int64_t{count} * world_;
+  return rows;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,70 @@
+#include "core/metrics/step_metrics.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace dtrain {
+namespace {
+
+std::string FormatDuration(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%ds", s);
+}
+
+}  // namespace
+
+std::string FormatStepLine(const StepMetrics& m) {
+  std::string line = absl::StrFormat(
+      "step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | MFU %.1f%% | "
+      "rss %.0f MiB | eta %s",
+      m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.step_ms, m.tokens_per_s,
+      m.mfu_percent, m.peak_rss_mib, FormatDuration(m.eta_s));
+  if (m.val_loss) absl::StrAppendFormat(&line, " | val %.4f", *m.val_loss);
+  return line;
+}
+
+std::string StepMetricsJson(const StepMetrics& m) {
+  nlohmann::json j = {{"step", m.step},
+                      {"loss", m.loss},
+                      {"lr", m.lr},
+                      {"grad_norm", m.grad_norm},
+                      {"step_ms", m.step_ms},
+                      {"tokens_per_s", m.tokens_per_s},
+                      {"mfu_percent", m.mfu_percent},
+                      {"peak_rss_mib", m.peak_rss_mib},
+                      {"eta_s", m.eta_s}};
+  if (m.val_loss) j["val_loss"] = *m.val_loss;
+  return j.dump();
+}
+
+double PeakRssMib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+double MeasureGemmFlops(Backend& backend) {
+  constexpr int kSize = 1024;
+  constexpr int kRepeats = 3;
+  std::vector<float> a(kSize * kSize, 0.5f), b(kSize * kSize, 0.25f), c(kSize * kSize);
+  backend.Gemm(false, true, kSize, kSize, kSize, 1.0f, a.data(), kSize, b.data(), kSize, 0.0f,
+               c.data(), kSize);  // warm up
+  double best_s = 1e30;
+  for (int i = 0; i < kRepeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    backend.Gemm(false, true, kSize, kSize, kSize, 1.0f, a.data(), kSize, b.data(), kSize, 0.0f,
+                 c.data(), kSize);
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    best_s = std::min(best_s, elapsed.count());
+  }
+  return 2.0 * kSize * kSize * kSize / best_s;
+}
+
+}  // namespace dtrain

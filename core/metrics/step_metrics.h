@@ -1,0 +1,40 @@
+// What one training step reports: the step-log line on stderr and one JSON object per step in
+// metrics.jsonl, with the same values and units.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/backend/backend.h"
+
+namespace dtrain {
+
+struct StepMetrics {
+  int step = 0;  // 1-based: steps done
+  int total_steps = 0;
+  double loss = 0;       // mean token cross-entropy of the step's batch, nats
+  double lr = 0;
+  double grad_norm = 0;  // global L2 norm before clipping
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  double mfu_percent = 0;  // model FLOP/s over the stated peak
+  double peak_rss_mib = 0;
+  double eta_s = 0;
+  std::optional<double> val_loss;
+};
+
+// "step 12/300 | loss 2.3456 | lr 1.00e-03 | norm 0.81 | 312.5 ms | 6554 tok/s | MFU 41.2% |
+//  rss 312 MiB | eta 1m32s"
+std::string FormatStepLine(const StepMetrics& m);
+// One line of JSON, no trailing newline.
+std::string StepMetricsJson(const StepMetrics& m);
+
+// Peak resident set size of this process, MiB.
+double PeakRssMib();
+
+// The FLOP/s one large square float32 GEMM reaches on this backend (a few hundred ms): the
+// peak that CPU MFU is stated against.
+double MeasureGemmFlops(Backend& backend);
+
+}  // namespace dtrain

@@ -1,0 +1,270 @@
+#include "core/model/hf_names.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+// How one internal tensor maps: its whole-model shape and the Hugging Face tensors (name suffix,
+// rows of ours they hold) that hold it, in row order.
+struct Rule {
+  std::string internal;  // without "blocks.{i}." for block tensors
+  std::vector<int64_t> shape;
+  std::vector<std::pair<std::string, int64_t>> pieces;
+  bool transposed = false;
+};
+
+// The one mapping table, per family: global tensors, then tensors of block i.
+std::vector<Rule> GlobalRules(const ModelConfig& c) {
+  const int64_t d = c.d_model, v = c.vocab_size;
+  if (c.family == ModelFamily::kGpt2) {
+    return {{"embed.tokens", {v, d}, {{"wte.weight", v}}},
+            {"embed.positions", {c.max_seq_len, d}, {{"wpe.weight", c.max_seq_len}}},
+            {"final_norm.weight", {d}, {{"ln_f.weight", d}}},
+            {"final_norm.bias", {d}, {{"ln_f.bias", d}}}};
+  }
+  return {{"embed.tokens", {v, d}, {{"model.embed_tokens.weight", v}}},
+          {"final_norm.weight", {d}, {{"model.norm.weight", d}}},
+          {"head.weight", {v, d}, {{"lm_head.weight", v}}}};
+}
+
+std::vector<Rule> BlockRules(const ModelConfig& c) {
+  const int64_t d = c.d_model, f = c.d_ff;
+  const int64_t q = static_cast<int64_t>(c.n_head) * c.head_dim;
+  const int64_t kv = static_cast<int64_t>(c.n_kv_head) * c.head_dim;
+  if (c.family == ModelFamily::kGpt2) {
+    // GPT-2's c_attn output is q, k, v, each with heads consecutive: dtrain's qkv row order.
+    return {{"norm1.weight", {d}, {{"ln_1.weight", d}}},
+            {"norm1.bias", {d}, {{"ln_1.bias", d}}},
+            {"attn.qkv.weight", {q + 2 * kv, d}, {{"attn.c_attn.weight", q + 2 * kv}}, true},
+            {"attn.qkv.bias", {q + 2 * kv}, {{"attn.c_attn.bias", q + 2 * kv}}},
+            {"attn.out.weight", {d, q}, {{"attn.c_proj.weight", d}}, true},
+            {"attn.out.bias", {d}, {{"attn.c_proj.bias", d}}},
+            {"norm2.weight", {d}, {{"ln_2.weight", d}}},
+            {"norm2.bias", {d}, {{"ln_2.bias", d}}},
+            {"mlp.up.weight", {f, d}, {{"mlp.c_fc.weight", f}}, true},
+            {"mlp.up.bias", {f}, {{"mlp.c_fc.bias", f}}},
+            {"mlp.down.weight", {d, f}, {{"mlp.c_proj.weight", d}}, true},
+            {"mlp.down.bias", {d}, {{"mlp.c_proj.bias", d}}}};
+  }
+  return {{"norm1.weight", {d}, {{"input_layernorm.weight", d}}},
+          {"attn.qkv.weight",
+           {q + 2 * kv, d},
+           {{"self_attn.q_proj.weight", q},
+            {"self_attn.k_proj.weight", kv},
+            {"self_attn.v_proj.weight", kv}}},
+          {"attn.out.weight", {d, q}, {{"self_attn.o_proj.weight", d}}},
+          {"norm2.weight", {d}, {{"post_attention_layernorm.weight", d}}},
+          {"mlp.up.weight", {2 * f, d}, {{"mlp.gate_proj.weight", f}, {"mlp.up_proj.weight", f}}},
+          {"mlp.down.weight", {d, f}, {{"mlp.down_proj.weight", d}}}};
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+int64_t Cols(const std::vector<int64_t>& shape) { return shape.size() == 2 ? shape[1] : 1; }
+
+// Non-parameter tensors that Hugging Face checkpoints may carry; import skips them. Names are
+// after stripping GPT-2's "transformer." prefix.
+bool IsKnownBuffer(ModelFamily family, const std::string& name) {
+  if (family == ModelFamily::kGpt2) {
+    return name == "lm_head.weight" ||  // tied to wte.weight
+           (absl::StartsWith(name, "h.") &&
+            (absl::EndsWith(name, ".attn.bias") || absl::EndsWith(name, ".attn.masked_bias")));
+  }
+  return absl::StartsWith(name, "model.layers.") &&
+         absl::EndsWith(name, ".self_attn.rotary_emb.inv_freq");
+}
+
+std::string ListSome(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 5;
+  std::vector<std::string> shown(names.begin(), names.begin() + std::min(kShown, names.size()));
+  std::string list = absl::StrJoin(shown, ", ");
+  if (names.size() > kShown) absl::StrAppend(&list, " and ", names.size() - kShown, " more");
+  return list;
+}
+
+absl::Status CheckWholeModel(const ModelConfig& config, const ParamTable& table) {
+  if (table.first_block() != 0 || table.num_blocks() != config.n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Hugging Face checkpoints map to the whole model; this parameter table holds blocks ",
+        table.first_block(), "..", table.first_block() + table.num_blocks() - 1, " of ",
+        config.n_layer));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<HfTensor>> HfTensorsFor(const ModelConfig& config,
+                                                   const TensorEntry& entry) {
+  std::string rest = entry.name;
+  std::string hf_prefix;
+  std::vector<Rule> rules;
+  if (absl::StartsWith(entry.name, "blocks.")) {
+    const size_t dot = entry.name.find('.', 7);
+    int block = -1;
+    if (dot == std::string::npos || !absl::SimpleAtoi(entry.name.substr(7, dot - 7), &block) ||
+        block < 0 || block >= config.n_layer) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", entry.name, "' names no block of a ", config.n_layer, "-layer model"));
+    }
+    rest = entry.name.substr(dot + 1);
+    hf_prefix = config.family == ModelFamily::kGpt2 ? absl::StrCat("h.", block, ".")
+                                                    : absl::StrCat("model.layers.", block, ".");
+    rules = BlockRules(config);
+  } else {
+    rules = GlobalRules(config);
+  }
+  const auto rule =
+      std::find_if(rules.begin(), rules.end(), [&](const Rule& r) { return r.internal == rest; });
+  if (rule == rules.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", entry.name, "' has no ", FamilyName(config.family), " Hugging Face name"));
+  }
+  if (entry.shape != rule->shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", entry.name, "' has shape ", ShapeString(entry.shape),
+        " but the whole model's is ", ShapeString(rule->shape),
+        "; Hugging Face checkpoints map to the whole model, not a tensor-parallel slice"));
+  }
+  const int64_t cols = Cols(rule->shape);
+  std::vector<HfTensor> tensors;
+  int64_t row = 0;
+  for (const auto& [suffix, rows] : rule->pieces) {
+    HfTensor t{hf_prefix + suffix, {rows, cols}, row, rows, rule->transposed};
+    if (rule->shape.size() == 1) {
+      t.shape = {rows};
+    } else if (rule->transposed) {
+      t.shape = {cols, rows};
+    }
+    tensors.push_back(std::move(t));
+    row += rows;
+  }
+  return tensors;
+}
+
+absl::Status ExportHfSafetensors(const ModelConfig& config, const ParamTable& table,
+                                 const float* params, const std::string& path,
+                                 const SafetensorsMetadata& metadata) {
+  RETURN_IF_ERROR(CheckWholeModel(config, table));
+  std::vector<std::pair<const TensorEntry*, HfTensor>> pieces;
+  std::vector<TensorSpec> specs;
+  for (const TensorEntry& entry : table.entries()) {
+    ASSIGN_OR_RETURN(std::vector<HfTensor> tensors, HfTensorsFor(config, entry));
+    for (HfTensor& t : tensors) {
+      specs.push_back({t.name, DType::kF32, t.shape});
+      pieces.emplace_back(&entry, std::move(t));
+    }
+  }
+  SafetensorsMetadata all_metadata = metadata;
+  all_metadata["format"] = "pt";
+  ASSIGN_OR_RETURN(SafetensorsWriter writer,
+                   SafetensorsWriter::Create(path, std::move(specs), all_metadata));
+  std::vector<float> transposed;
+  for (const auto& [entry, t] : pieces) {
+    const int64_t cols = Cols(entry->shape);
+    const float* rows = params + entry->offset + t.row_begin * cols;  // (num_rows, cols)
+    if (!t.transposed) {
+      RETURN_IF_ERROR(writer.WriteTensor(t.name, rows));
+      continue;
+    }
+    transposed.resize(static_cast<size_t>(t.num_rows * cols));  // (cols, num_rows)
+    for (int64_t r = 0; r < t.num_rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) transposed[c * t.num_rows + r] = rows[r * cols + c];
+    }
+    RETURN_IF_ERROR(writer.WriteTensor(t.name, transposed.data()));
+  }
+  return writer.Finish();
+}
+
+absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& table,
+                                 const std::string& path, float* params) {
+  RETURN_IF_ERROR(CheckWholeModel(config, table));
+  ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(path));
+
+  // Canonical (unprefixed) name -> name in the file.
+  std::map<std::string, std::string> file_names;
+  for (const SafetensorsEntry& e : reader.tensors()) {
+    std::string name = e.spec.name;
+    if (config.family == ModelFamily::kGpt2 && absl::StartsWith(name, "transformer.")) {
+      name = name.substr(12);
+    }
+    if (!file_names.emplace(name, e.spec.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name,
+                                                     "' appears both with and without the "
+                                                     "'transformer.' prefix"));
+    }
+  }
+
+  // Check everything before reading, so a wrong file fails fast and leaves params untouched.
+  std::vector<std::pair<const TensorEntry*, HfTensor>> pieces;
+  std::vector<std::string> missing;
+  std::set<std::string> used;
+  for (const TensorEntry& entry : table.entries()) {
+    ASSIGN_OR_RETURN(std::vector<HfTensor> tensors, HfTensorsFor(config, entry));
+    for (HfTensor& t : tensors) {
+      const auto it = file_names.find(t.name);
+      if (it == file_names.end()) {
+        missing.push_back(t.name);
+        continue;
+      }
+      used.insert(it->first);
+      const std::vector<int64_t>& found = reader.Find(it->second)->spec.shape;
+      if (found != t.shape) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": tensor '", it->second, "' has shape ", ShapeString(found),
+                         ", expected ", ShapeString(t.shape), " (for dtrain's '", entry.name,
+                         "'); make model.* in the recipe match the checkpoint's config.json"));
+      }
+      t.name = it->second;
+      pieces.emplace_back(&entry, std::move(t));
+    }
+  }
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": missing ", missing.size(), " tensor(s) of the ",
+                     FamilyName(config.family), " model: ", ListSome(missing),
+                     "; is model.family / model.n_layer right for this checkpoint?"));
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& [name, file_name] : file_names) {
+    if (!used.contains(name) && !IsKnownBuffer(config.family, name)) {
+      unexpected.push_back(file_name);
+    }
+  }
+  if (!unexpected.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", unexpected.size(), " unexpected tensor(s) for a ", config.n_layer,
+                     "-layer ", FamilyName(config.family), " model: ", ListSome(unexpected),
+                     "; is model.family / model.n_layer right for this checkpoint?"));
+  }
+
+  std::vector<float> transposed;
+  for (const auto& [entry, t] : pieces) {
+    const int64_t cols = Cols(entry->shape);
+    float* rows = params + entry->offset + t.row_begin * cols;  // (num_rows, cols)
+    if (!t.transposed) {
+      RETURN_IF_ERROR(reader.ReadFloat32(t.name, rows));
+      continue;
+    }
+    transposed.resize(static_cast<size_t>(t.num_rows * cols));  // (cols, num_rows)
+    RETURN_IF_ERROR(reader.ReadFloat32(t.name, transposed.data()));
+    for (int64_t r = 0; r < t.num_rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) rows[r * cols + c] = transposed[c * t.num_rows + r];
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dtrain

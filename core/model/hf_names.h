@@ -1,0 +1,56 @@
+// Hugging Face checkpoints <-> dtrain's parameter buffer. One table (HfTensorsFor) maps each
+// internal tensor to the Hugging Face tensors that hold it; export and import both walk it.
+//
+// GPT-2 (transformers GPT2Model names, written without prefix; "transformer." prefixed names and
+// the tied "lm_head.weight" of GPT2LMHeadModel are accepted on import): Conv1D weights are
+// stored (in, out), the transpose of dtrain's (out, in). Llama (LlamaForCausalLM): dtrain's fused
+// qkv rows split into q_proj, k_proj, v_proj and the fused mlp.up rows into gate_proj, up_proj;
+// both use the rotate_half RoPE convention, so no head permutation is needed.
+//
+// Only the whole model (no pipeline or tensor-parallel slice) maps to a checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/io/safetensors.h"
+#include "core/model/model_config.h"
+#include "core/model/param_table.h"
+
+namespace dtrain {
+
+// A Hugging Face tensor holding rows [row_begin, row_begin + num_rows) of an internal tensor of
+// shape (rows, cols) (a vector (n) counts as (n, 1)). Its shape is (num_rows, cols), or
+// (cols, num_rows) when transposed.
+struct HfTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t row_begin = 0;
+  int64_t num_rows = 0;
+  bool transposed = false;
+};
+
+// The Hugging Face tensors of one internal tensor, in row order. Errors (InvalidArgument) for a
+// name the family does not have or a shape other than the whole model's.
+absl::StatusOr<std::vector<HfTensor>> HfTensorsFor(const ModelConfig& config,
+                                                   const TensorEntry& entry);
+
+// Writes every tensor of `table` from `params` (table.total_numel() floats) as F32 with Hugging
+// Face names and layouts to `path` (atomically, see SafetensorsWriter), one tensor in host memory
+// at a time. `metadata` is added to {"format": "pt"}, which transformers requires.
+absl::Status ExportHfSafetensors(const ModelConfig& config, const ParamTable& table,
+                                 const float* params, const std::string& path,
+                                 const SafetensorsMetadata& metadata = {});
+
+// Fills all of `params` (table.total_numel() floats) from a Hugging Face safetensors file (F32,
+// F16 or BF16). Every expected tensor must be present with its shape; any other tensor is an
+// error too, except known non-parameter buffers (GPT-2 attn.bias / attn.masked_bias and the tied
+// lm_head.weight, Llama rotary_emb.inv_freq). Errors name the file and the tensor; on error
+// `params` may be partly written.
+absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& table,
+                                 const std::string& path, float* params);
+
+}  // namespace dtrain

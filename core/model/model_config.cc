@@ -1,0 +1,51 @@
+#include "core/model/model_config.h"
+
+namespace dtrain {
+
+ModelConfig ModelConfigFromRecipe(const ModelSection& model, int d_ff) {
+  ModelConfig config;
+  config.family = model.family == "llama" ? ModelFamily::kLlama : ModelFamily::kGpt2;
+  config.n_layer = model.n_layer;
+  config.n_head = model.n_head;
+  config.n_kv_head = model.n_kv_head > 0 ? model.n_kv_head : model.n_head;
+  config.d_model = model.d_model;
+  config.head_dim = model.d_model / model.n_head;
+  config.d_ff = d_ff;
+  config.vocab_size = model.vocab_size;
+  config.max_seq_len = model.max_seq_len;
+  config.norm_eps = static_cast<float>(model.norm_eps);
+  config.rope_theta = static_cast<float>(model.rope_theta);
+  config.init_std = static_cast<float>(model.init_std);
+  return config;
+}
+
+const char* FamilyName(ModelFamily family) {
+  return family == ModelFamily::kLlama ? "llama" : "gpt2";
+}
+
+int64_t ModelConfig::num_parameters() const {
+  const int64_t c = d_model, f = d_ff, v = vocab_size;
+  const int64_t qkv = static_cast<int64_t>(n_head + 2 * n_kv_head) * head_dim;
+  const int64_t attn_out = static_cast<int64_t>(n_head) * head_dim;
+  int64_t block = qkv * c + attn_out * c;
+  int64_t total = v * c;
+  if (family == ModelFamily::kGpt2) {
+    block += 4 * c + qkv + c + f * c + f + c * f + c;  // norms, biases, MLP
+    total += static_cast<int64_t>(max_seq_len) * c + 2 * c;
+  } else {
+    block += 2 * c + 2 * f * c + c * f;
+    total += c + v * c;  // final norm, untied head
+  }
+  return total + n_layer * block;
+}
+
+double ModelConfig::flops_per_token(int seq_len) const {
+  // Position embeddings are a lookup, not a matmul; a tied embedding counts once (as the head).
+  double matmul_params = static_cast<double>(num_parameters());
+  if (has_position_embedding()) matmul_params -= static_cast<double>(max_seq_len) * d_model;
+  if (!tied_head()) matmul_params -= static_cast<double>(vocab_size) * d_model;
+  const double attention = 6.0 * n_layer * seq_len * static_cast<double>(n_head * head_dim);
+  return 6.0 * matmul_params + attention;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,53 @@
+// The resolved shape of a transformer and the part of it one rank holds.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/recipe/recipe.h"
+
+namespace dtrain {
+
+enum class ModelFamily {
+  kGpt2,   // LayerNorm, learned positions, GELU, biases, output tied to the token embedding
+  kLlama,  // RMSNorm, RoPE, SwiGLU, no biases, untied output head, grouped-query attention
+};
+
+struct ModelConfig {
+  ModelFamily family = ModelFamily::kGpt2;
+  int n_layer = 0;
+  int n_head = 0;
+  int n_kv_head = 0;
+  int head_dim = 0;  // d_model / n_head
+  int d_model = 0;
+  int d_ff = 0;  // MLP hidden width (per SwiGLU branch for llama)
+  int vocab_size = 0;
+  int max_seq_len = 0;
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+  float init_std = 0.02f;
+
+  bool has_biases() const { return family == ModelFamily::kGpt2; }
+  bool has_position_embedding() const { return family == ModelFamily::kGpt2; }
+  bool tied_head() const { return family == ModelFamily::kGpt2; }
+  // Total parameter count of the whole model.
+  int64_t num_parameters() const;
+  // Training FLOPs per token: 6 * (non-embedding-lookup parameters) + attention 6*L*T*C
+  // (forward 2*L*T*C for QK^T and PV over the causal half, times 3 for backward).
+  double flops_per_token(int seq_len) const;
+};
+
+ModelConfig ModelConfigFromRecipe(const ModelSection& model, int d_ff);
+const char* FamilyName(ModelFamily family);
+
+// The part of the model one rank holds: a contiguous range of blocks (a pipeline stage) and a
+// share of each block's heads and MLP width (tensor parallel). This issue builds only the whole
+// model (the default); the table and the layers already use the local sizes.
+struct ModelSlice {
+  int first_block = 0;
+  int num_blocks = -1;  // -1 = through the last block
+  int tp_rank = 0;
+  int tp_size = 1;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,44 @@
+// AdamW over a flat parameter buffer, with per-tensor weight decay chosen by name patterns.
+// Moments mirror the parameter layout; a step may update any [begin, end) range of it, which is
+// how a sharded optimizer (ZeRO) updates only its own slice.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/backend/backend.h"
+#include "core/model/param_table.h"
+#include "core/recipe/recipe.h"
+
+namespace dtrain {
+
+class AdamW {
+ public:
+  // Tensors whose names match any glob in train.no_decay get no weight decay. The moments
+  // cover [begin, end) of the table's flat buffer (the whole buffer when end is 0).
+  AdamW(const ParamTable& table, const TrainSection& train, size_t begin = 0, size_t end = 0);
+
+  // One step on params[begin, end) with grads of the same range (both pointers address the
+  // whole flat buffer); increments the step count used for bias correction.
+  void Step(Backend& backend, float* params, const float* grads, float lr);
+
+  int64_t step() const { return step_; }
+  std::vector<float>& m() { return m_; }
+  std::vector<float>& v() { return v_; }
+  // How many values get weight decay, for the log.
+  size_t decayed_numel() const;
+
+ private:
+  struct Range {
+    size_t begin, end;
+    bool decay;
+  };
+  std::vector<Range> ranges_;  // the tensor ranges inside [begin_, end_)
+  size_t begin_, end_;
+  float beta1_, beta2_, eps_, weight_decay_;
+  int64_t step_ = 0;
+  std::vector<float> m_, v_;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,829 @@
+// The recipe's key table and the strict parser, printer and reference built on it.
+//
+// Every key is one row of Keys(): its path, the struct member it binds, its doc and its allowed
+// values or range. Its type comes from the member and its default from a default-constructed
+// Recipe, so adding a key to recipe.h and one row here is all a new key needs.
+#include "core/recipe/recipe.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The key table.
+
+// A pointer to the member a key binds; the alternative is the key's type.
+using FieldPtr =
+    std::variant<int*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*>;
+using FieldFn = FieldPtr (*)(Recipe&);
+
+template <auto kSection, auto kMember>
+FieldPtr Bind(Recipe& recipe) {
+  return &((recipe.*kSection).*kMember);
+}
+
+// Spells the path and the member once, so the two cannot drift apart.
+#define DTRAIN_RECIPE_KEY(section, key) \
+#section "." #key, &Bind < &Recipe::section, &decltype(Recipe::section)::key>
+
+// Allowed values of a numeric key; an open end excludes the bound itself.
+struct Range {
+  double min = -std::numeric_limits<double>::infinity();
+  bool min_open = false;
+  double max = std::numeric_limits<double>::infinity();
+  bool max_open = false;
+};
+
+constexpr Range AtLeast(double min) { return Range{.min = min}; }
+constexpr Range Positive() { return Range{.min = 0, .min_open = true}; }
+constexpr Range UnitInterval() { return Range{.min = 0, .max = 1, .max_open = true}; }  // [0, 1)
+
+struct KeySpec {
+  absl::string_view path;  // "section.key"
+  FieldFn field;
+  absl::string_view doc;                        // one line: what the key means, with units
+  std::vector<absl::string_view> allowed = {};  // non-empty: a string key with a closed set
+  std::optional<Range> range = std::nullopt;
+};
+
+const std::vector<KeySpec>& Keys() {
+  static const auto* const keys = new std::vector<KeySpec>{
+      // run
+      {DTRAIN_RECIPE_KEY(run, name), "name of the run; its outputs go to <out_dir>/<name>"},
+      {DTRAIN_RECIPE_KEY(run, out_dir), "folder holding one subfolder per run"},
+      {DTRAIN_RECIPE_KEY(run, seed),
+       "seeds initialization, data order and sampling; on CPU the same seed and layout give a "
+       "bit-identical run"},
+      {DTRAIN_RECIPE_KEY(run, device),
+       "where the kernels run (only cpu in this release)",
+       {"cpu", "cuda"}},
+      {DTRAIN_RECIPE_KEY(run, threads),
+       "worker threads for CPU kernels; 0 = all cores",
+       {},
+       AtLeast(0)},
+      // model
+      {DTRAIN_RECIPE_KEY(model, family),
+       "gpt2: LayerNorm, learned positions, GELU, tied head; llama: RMSNorm, RoPE, SwiGLU, "
+       "grouped-query attention",
+       {"gpt2", "llama"}},
+      {DTRAIN_RECIPE_KEY(model, n_layer), "transformer blocks", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(model, n_head),
+       "attention heads; head size is d_model / n_head",
+       {},
+       AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(model, n_kv_head),
+       "key/value heads for grouped-query attention (llama only); 0 = n_head",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(model, d_model), "width of the residual stream", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(model, d_ff),
+       "MLP hidden width; 0 = 4*d_model (gpt2) or 256*ceil((8*d_model/3)/256) (llama)",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(model, vocab_size),
+       "token ids are below this; text data needs >= 256 (one token per byte)",
+       {},
+       AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(model, max_seq_len),
+       "longest sequence the model accepts, in tokens (gpt2: rows of the position table)",
+       {},
+       AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(model, norm_eps),
+       "epsilon added to the variance in LayerNorm/RMSNorm",
+       {},
+       Positive()},
+      {DTRAIN_RECIPE_KEY(model, rope_theta), "RoPE base frequency (llama)", {}, Positive()},
+      {DTRAIN_RECIPE_KEY(model, init_std),
+       "standard deviation of the random weight init",
+       {},
+       Positive()},
+      // data
+      {DTRAIN_RECIPE_KEY(data, format),
+       "text: files read as bytes (vocab 256); llmc: llm.c .bin token shards",
+       {"text", "llmc"}},
+      {DTRAIN_RECIPE_KEY(data, train), "training files; glob patterns allowed"},
+      {DTRAIN_RECIPE_KEY(data, val),
+       "validation files; empty = hold out the last val_fraction of the training tokens"},
+      {DTRAIN_RECIPE_KEY(data, val_fraction),
+       "share of the training tokens held out for validation when data.val is empty",
+       {},
+       UnitInterval()},
+      // train
+      {DTRAIN_RECIPE_KEY(train, steps), "optimizer steps", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(train, batch_size),
+       "sequences per optimizer step, across all ranks",
+       {},
+       AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(train, micro_batch),
+       "sequences per forward/backward on one rank; gradients accumulate up to batch_size",
+       {},
+       AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(train, seq_len), "tokens per training sequence", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(train, lr),
+       "peak learning rate, reached at the end of warmup",
+       {},
+       Positive()},
+      {DTRAIN_RECIPE_KEY(train, min_lr),
+       "learning rate at the end of the schedule",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(train, warmup_steps), "steps of linear warmup up to lr", {}, AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(train, schedule),
+       "decay from lr to min_lr after warmup",
+       {"cosine", "linear", "constant"}},
+      {DTRAIN_RECIPE_KEY(train, weight_decay),
+       "AdamW decoupled weight decay, skipped for no_decay tensors",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(train, beta1), "AdamW decay of the first moment", {}, UnitInterval()},
+      {DTRAIN_RECIPE_KEY(train, beta2), "AdamW decay of the second moment", {}, UnitInterval()},
+      {DTRAIN_RECIPE_KEY(train, eps), "AdamW epsilon in the update's denominator", {}, Positive()},
+      {DTRAIN_RECIPE_KEY(train, grad_clip),
+       "clip the global gradient L2 norm to this; 0 = off",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(train, no_decay), "globs on tensor names exempt from weight decay"},
+      {DTRAIN_RECIPE_KEY(train, eval_every),
+       "steps between validation-loss evaluations; 0 = off",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(train, eval_batches), "micro-batches per evaluation", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(train, init_from),
+       "safetensors file (Hugging Face tensor names) to start from; empty = random init"},
+      {DTRAIN_RECIPE_KEY(train, export_to),
+       "safetensors file written at the end, relative to the run folder; empty = none"},
+      // parallel
+      {DTRAIN_RECIPE_KEY(parallel, strategy),
+       "data-parallel engine: ddp replicates; zero1/zero2/zero3 shard optimizer state, "
+       "+gradients, +parameters; fsdp shards per block",
+       {"ddp", "zero1", "zero2", "zero3", "fsdp"}},
+      {DTRAIN_RECIPE_KEY(parallel, tp),
+       "tensor-parallel degree (only 1 in this release)",
+       {},
+       AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(parallel, pp),
+       "pipeline-parallel stages (only 1 in this release)",
+       {},
+       AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(parallel, activation_checkpointing),
+       "recompute each block's forward in backward: less activation memory, ~1/3 more compute"},
+      // logging
+      {DTRAIN_RECIPE_KEY(logging, every), "steps between step-log lines", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(logging, metrics_file),
+       "JSON-lines metrics file, relative to the run folder"},
+      {DTRAIN_RECIPE_KEY(logging, sample_tokens),
+       "tokens generated at each evaluation; 0 = no samples",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(logging, sample_temperature),
+       "softmax temperature for samples",
+       {},
+       Positive()},
+      {DTRAIN_RECIPE_KEY(logging, sample_top_k),
+       "sample among the k most likely tokens; 0 = all tokens",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(logging, sample_prompt), "text the samples continue"},
+  };
+  return *keys;
+}
+
+#undef DTRAIN_RECIPE_KEY
+
+absl::string_view SectionOf(absl::string_view path) { return path.substr(0, path.find('.')); }
+absl::string_view NameOf(absl::string_view path) { return path.substr(path.find('.') + 1); }
+
+const KeySpec* FindKey(absl::string_view path) {
+  for (const KeySpec& key : Keys()) {
+    if (key.path == path) return &key;
+  }
+  return nullptr;
+}
+
+std::vector<absl::string_view> Sections() {
+  std::vector<absl::string_view> sections;
+  for (const KeySpec& key : Keys()) {
+    if (std::find(sections.begin(), sections.end(), SectionOf(key.path)) == sections.end()) {
+      sections.push_back(SectionOf(key.path));
+    }
+  }
+  return sections;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Suggestions for misspelled names.
+
+int EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<int> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    int diagonal = row[0];
+    row[0] = static_cast<int>(i);
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const int above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The valid key closest to `section.name`. A key in another section costs one edit more, so a
+// typo stays in its section but a key filed under the wrong section is still found.
+absl::string_view NearestKey(absl::string_view section, absl::string_view name) {
+  absl::string_view best;
+  int best_cost = std::numeric_limits<int>::max();
+  for (const KeySpec& key : Keys()) {
+    const int cost =
+        EditDistance(name, NameOf(key.path)) + (SectionOf(key.path) == section ? 0 : 1);
+    if (cost < best_cost) {
+      best = key.path;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+// For an unknown top-level name: the closest section, or a key when a key was put at the top.
+absl::string_view NearestSectionOrKey(absl::string_view name) {
+  absl::string_view best;
+  int best_cost = std::numeric_limits<int>::max();
+  for (absl::string_view section : Sections()) {
+    const int cost = EditDistance(name, section);
+    if (cost < best_cost) best = section, best_cost = cost;
+  }
+  for (const KeySpec& key : Keys()) {
+    const int cost = EditDistance(name, NameOf(key.path));
+    if (cost < best_cost) best = key.path, best_cost = cost;
+  }
+  return best;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Printing values: one spelling for the resolved YAML, the reference and the messages.
+
+// The shortest text that reads back as exactly `value`.
+std::string ShortestDouble(double value) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  return std::string(buffer, result.ptr);
+}
+
+std::string FormatDouble(double value) {
+  std::string text = ShortestDouble(value);
+  // A visible decimal point says "this key is a float" to a reader of the resolved recipe.
+  if (text.find_first_of(".e") == std::string::npos) text += ".0";
+  return text;
+}
+
+bool IsPlainSafe(const std::string& text) {
+  if (text.empty()) return false;
+  const char first = text[0];
+  if (!absl::ascii_isalpha(first) && first != '_' && first != '/') return false;
+  for (const char c : text) {
+    if (!absl::ascii_isalnum(c) && c != '_' && c != '.' && c != '/' && c != '-') return false;
+  }
+  // Words YAML (1.1 or 1.2) would read as something other than a string.
+  static constexpr absl::string_view kSpecial[] = {"true", "false", "yes", "no",  "on", "off",
+                                                   "null", "y",     "n",   "nan", "inf"};
+  const std::string lower = absl::AsciiStrToLower(text);
+  return std::find(std::begin(kSpecial), std::end(kSpecial), lower) == std::end(kSpecial);
+}
+
+std::string QuoteString(const std::string& text) {
+  if (IsPlainSafe(text)) return text;
+  std::string quoted = "\"";
+  for (const char c : text) {
+    switch (c) {
+      case '"':
+        quoted += "\\\"";
+        break;
+      case '\\':
+        quoted += "\\\\";
+        break;
+      case '\n':
+        quoted += "\\n";
+        break;
+      case '\t':
+        quoted += "\\t";
+        break;
+      case '\r':
+        quoted += "\\r";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+          absl::StrAppend(&quoted, "\\x",
+                          absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+        } else {
+          quoted += c;
+        }
+    }
+  }
+  return quoted + "\"";
+}
+
+std::string FormatValue(const FieldPtr& field) {
+  struct Visitor {
+    std::string operator()(int* v) const { return absl::StrCat(*v); }
+    std::string operator()(uint64_t* v) const { return absl::StrCat(*v); }
+    std::string operator()(double* v) const { return FormatDouble(*v); }
+    std::string operator()(bool* v) const { return *v ? "true" : "false"; }
+    std::string operator()(std::string* v) const { return QuoteString(*v); }
+    std::string operator()(std::vector<std::string>* v) const {
+      std::vector<std::string> items;
+      for (const std::string& item : *v) items.push_back(QuoteString(item));
+      return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
+    }
+  };
+  return std::visit(Visitor{}, field);
+}
+
+std::string FormatBound(double value, bool is_integer) {
+  return is_integer ? absl::StrCat(static_cast<int64_t>(value)) : ShortestDouble(value);
+}
+
+// "> 0", ">= 1", "in [0, 1)".
+std::string DescribeRange(const Range& range, bool is_integer) {
+  const bool has_min = std::isfinite(range.min);
+  const bool has_max = std::isfinite(range.max);
+  if (has_min && has_max) {
+    return absl::StrCat("in ", range.min_open ? "(" : "[", FormatBound(range.min, is_integer), ", ",
+                        FormatBound(range.max, is_integer), range.max_open ? ")" : "]");
+  }
+  if (has_min)
+    return absl::StrCat(range.min_open ? "> " : ">= ", FormatBound(range.min, is_integer));
+  if (has_max)
+    return absl::StrCat(range.max_open ? "< " : "<= ", FormatBound(range.max, is_integer));
+  return "any";
+}
+
+bool InRange(const Range& range, double value) {
+  if (range.min_open ? !(value > range.min) : !(value >= range.min)) return false;
+  if (range.max_open ? !(value < range.max) : !(value <= range.max)) return false;
+  return true;
+}
+
+std::string TypeName(const KeySpec& key) {
+  if (!key.allowed.empty()) return absl::StrCat("one of ", absl::StrJoin(key.allowed, ", "));
+  Recipe recipe;
+  struct Visitor {
+    const char* operator()(int*) const { return "int"; }
+    const char* operator()(uint64_t*) const { return "uint64"; }
+    const char* operator()(double*) const { return "float"; }
+    const char* operator()(bool*) const { return "bool"; }
+    const char* operator()(std::string*) const { return "string"; }
+    const char* operator()(std::vector<std::string>*) const { return "list of strings"; }
+  };
+  const FieldPtr field = key.field(recipe);
+  std::string name = std::visit(Visitor{}, field);
+  if (key.range) {
+    const bool is_integer = !std::holds_alternative<double*>(field);
+    absl::StrAppend(&name, " ", DescribeRange(*key.range, is_integer));
+  }
+  return name;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The strict parser.
+
+std::string DescribeNode(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Scalar:
+      return absl::StrCat("'", node.Scalar(), "'");
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a map";
+    default:
+      return "nothing";
+  }
+}
+
+// yaml-cpp tags a quoted scalar "!" and a plain one "?": "5" in quotes is a string, not a number.
+bool IsQuoted(const YAML::Node& node) { return node.Tag() == "!"; }
+
+// A key's value and where it came from.
+struct Entry {
+  YAML::Node value;
+  YAML::Mark mark;            // of the value where it has one, else of the key; file only
+  std::string from_override;  // "--set a.b=c" when set from the command line
+};
+
+class Parser {
+ public:
+  explicit Parser(std::string source_name) : source_name_(std::move(source_name)) {}
+
+  absl::StatusOr<Recipe> Parse(const std::string& yaml_text,
+                               const std::vector<std::string>& overrides) {
+    RETURN_IF_ERROR(ReadTree(yaml_text));
+    for (const std::string& text : overrides) RETURN_IF_ERROR(ApplyOverride(text));
+    Recipe recipe;
+    recipe.source_path = source_name_;
+    for (const KeySpec& key : Keys()) {
+      const auto it = entries_.find(key.path);
+      if (it != entries_.end()) RETURN_IF_ERROR(ReadValue(key, it->second, recipe));
+    }
+    RETURN_IF_ERROR(CheckConsistency(recipe));
+    return recipe;
+  }
+
+ private:
+  std::string At(const YAML::Mark& mark) const {
+    // yaml-cpp counts from 0; editors count from 1.
+    if (mark.is_null()) return source_name_;
+    return absl::StrCat(source_name_, ":", mark.line + 1, ":", mark.column + 1);
+  }
+
+  // How a message names a key: "train.lr at f.yaml:3:7", "--set train.lr=x" or, for a default,
+  // "train.lr (default, not set in f.yaml)".
+  std::string Subject(absl::string_view path) const {
+    const auto it = entries_.find(path);
+    if (it == entries_.end()) {
+      return absl::StrCat(path, " (default, not set in ", source_name_, ")");
+    }
+    if (!it->second.from_override.empty()) return it->second.from_override;
+    return absl::StrCat(path, " at ", At(it->second.mark));
+  }
+
+  absl::Status Error(absl::string_view path, absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(Subject(path), ": ", what));
+  }
+
+  absl::Status ReadTree(const std::string& yaml_text) {
+    std::vector<YAML::Node> documents;
+    try {
+      documents = YAML::LoadAll(yaml_text);
+    } catch (const YAML::Exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(At(e.mark), ": not valid YAML: ", e.msg));
+    }
+    if (documents.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(source_name_, ": holds ", documents.size(),
+                                                     " YAML documents; a recipe is one"));
+    }
+    if (documents.empty() || documents[0].IsNull()) return absl::OkStatus();
+    const YAML::Node& root = documents[0];
+    if (!root.IsMap()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(At(root.Mark()), ": a recipe is a map of sections (",
+                       absl::StrJoin(Sections(), ", "), "), got ", DescribeNode(root)));
+    }
+    for (auto section_it = root.begin(); section_it != root.end(); ++section_it) {
+      RETURN_IF_ERROR(ReadSection(section_it->first, section_it->second));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ReadSection(const YAML::Node& name_node, const YAML::Node& body) {
+    if (!name_node.IsScalar()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(At(name_node.Mark()), ": a section name must be a plain word"));
+    }
+    const std::string section = name_node.Scalar();
+    const std::vector<absl::string_view> sections = Sections();
+    if (std::find(sections.begin(), sections.end(), section) == sections.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown section '", section, "' at ", At(name_node.Mark()), " (did you mean ",
+          NearestSectionOrKey(section), "?); sections are ", absl::StrJoin(sections, ", ")));
+    }
+    if (!seen_sections_.insert({section, name_node.Mark()}).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("section '", section, "' at ", At(name_node.Mark()),
+                       " appears twice (first at ", At(seen_sections_[section]), ")"));
+    }
+    if (body.IsNull()) return absl::OkStatus();  // "logging:" alone: every key at its default
+    if (!body.IsMap()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "section '", section, "' at ", At(body.Mark()), ": expected a map of keys like '",
+          section, ":\\n  key: value', got ", DescribeNode(body)));
+    }
+    for (auto it = body.begin(); it != body.end(); ++it) {
+      const YAML::Node& key_node = it->first;
+      if (!key_node.IsScalar()) {
+        return absl::InvalidArgumentError(absl::StrCat(At(key_node.Mark()), ": a key in section '",
+                                                       section, "' must be a plain word"));
+      }
+      const std::string path = absl::StrCat(section, ".", key_node.Scalar());
+      if (FindKey(path) == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown key ", path, " at ", At(key_node.Mark()), " (did you mean ",
+                         NearestKey(section, key_node.Scalar()), "?)"));
+      }
+      if (const auto seen = entries_.find(path); seen != entries_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, " at ", At(key_node.Mark()),
+                                                       ": set twice (first at ",
+                                                       At(seen->second.mark), ")"));
+      }
+      const YAML::Mark value_mark = it->second.Mark();
+      entries_[path] =
+          Entry{.value = it->second, .mark = value_mark.is_null() ? key_node.Mark() : value_mark};
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ApplyOverride(const std::string& text) {
+    const std::string subject = absl::StrCat("--set ", text);
+    const size_t equals = text.find('=');
+    if (equals == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(subject, ": expected key=value, e.g. --set train.lr=3e-4"));
+    }
+    const std::string path(absl::StripAsciiWhitespace(text.substr(0, equals)));
+    const std::string value_text = text.substr(equals + 1);
+    if (FindKey(path) == nullptr) {
+      const size_t dot = path.find('.');
+      const absl::string_view section = dot == std::string::npos ? "" : SectionOf(path);
+      const absl::string_view name = dot == std::string::npos ? path : NameOf(path);
+      return absl::InvalidArgumentError(absl::StrCat(
+          subject, ": unknown key ", path, " (did you mean ", NearestKey(section, name), "?)"));
+    }
+    YAML::Node value;
+    try {
+      value = YAML::Load(value_text);
+    } catch (const YAML::Exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(subject, ": the value is not valid YAML (",
+                                                     e.msg, "); quote it, e.g. '\"", value_text,
+                                                     "\"'"));
+    }
+    entries_[path] = Entry{.value = value, .from_override = subject};
+    return absl::OkStatus();
+  }
+
+  absl::Status ReadValue(const KeySpec& key, const Entry& entry, Recipe& recipe) const {
+    const YAML::Node& node = entry.value;
+    const FieldPtr field = key.field(recipe);
+    const std::string got = DescribeNode(node);
+
+    if (auto* out = std::get_if<bool*>(&field)) {
+      if (node.IsScalar() && !IsQuoted(node) &&
+          (node.Scalar() == "true" || node.Scalar() == "false")) {
+        **out = node.Scalar() == "true";
+        return absl::OkStatus();
+      }
+      return Error(key.path, absl::StrCat("expected true or false, got ", got));
+    }
+
+    if (auto* out = std::get_if<std::string*>(&field)) {
+      if (node.IsNull()) {
+        **out = "";
+      } else if (node.IsScalar()) {
+        **out = node.Scalar();
+      } else {
+        return Error(key.path, absl::StrCat("expected a string, got ", got));
+      }
+      if (!key.allowed.empty() &&
+          std::find(key.allowed.begin(), key.allowed.end(), **out) == key.allowed.end()) {
+        return Error(key.path, absl::StrCat("'", **out, "' is not allowed; use one of ",
+                                            absl::StrJoin(key.allowed, ", ")));
+      }
+      return absl::OkStatus();
+    }
+
+    if (auto* out = std::get_if<std::vector<std::string>*>(&field)) {
+      if (node.IsNull()) {
+        (*out)->clear();
+        return absl::OkStatus();
+      }
+      if (!node.IsSequence()) {
+        return Error(key.path,
+                     absl::StrCat("expected a list of strings like [a.txt, b.txt], got ", got));
+      }
+      std::vector<std::string> items;
+      for (size_t i = 0; i < node.size(); ++i) {
+        if (!node[i].IsScalar()) {
+          return Error(key.path, absl::StrCat("expected a list of strings, item ", i + 1, " is ",
+                                              DescribeNode(node[i])));
+        }
+        items.push_back(node[i].Scalar());
+      }
+      **out = std::move(items);
+      return absl::OkStatus();
+    }
+
+    // Numbers: plain scalars only, so a quoted "5" is a mistake rather than a number.
+    const std::string quoted_hint = node.IsScalar() && IsQuoted(node) ? " (remove the quotes)" : "";
+    const std::string scalar = node.IsScalar() && !IsQuoted(node) ? node.Scalar() : "";
+    double value = 0;
+    if (auto* out = std::get_if<double*>(&field)) {
+      if (scalar.empty() || !absl::SimpleAtod(scalar, &value) || !std::isfinite(value)) {
+        return Error(key.path, absl::StrCat("expected a number, got ", got, quoted_hint));
+      }
+      **out = value;
+    } else if (auto* out = std::get_if<uint64_t*>(&field)) {
+      uint64_t parsed = 0;
+      if (scalar.empty() || !absl::SimpleAtoi(scalar, &parsed) || scalar[0] == '-') {
+        return Error(key.path,
+                     absl::StrCat("expected a non-negative integer, got ", got, quoted_hint));
+      }
+      **out = parsed;
+      value = static_cast<double>(parsed);
+    } else if (auto* out = std::get_if<int*>(&field)) {
+      int64_t parsed = 0;
+      if (scalar.empty() || !absl::SimpleAtoi(scalar, &parsed)) {
+        return Error(key.path, absl::StrCat("expected an integer, got ", got, quoted_hint));
+      }
+      if (parsed < std::numeric_limits<int>::min() || parsed > std::numeric_limits<int>::max()) {
+        return Error(key.path, absl::StrCat("must fit in 32 bits, got ", parsed));
+      }
+      **out = static_cast<int>(parsed);
+      value = static_cast<double>(parsed);
+    }
+    if (key.range && !InRange(*key.range, value)) {
+      const bool is_integer = !std::holds_alternative<double*>(field);
+      return Error(key.path, absl::StrCat("must be ", DescribeRange(*key.range, is_integer),
+                                          ", got ", scalar));
+    }
+    return absl::OkStatus();
+  }
+
+  // Rules that tie keys together. Each names the keys, their values and the fix.
+  absl::Status CheckConsistency(const Recipe& r) const {
+    const ModelSection& m = r.model;
+    if (r.run.device != "cpu") {
+      return Error("run.device",
+                   absl::StrCat("'", r.run.device,
+                                "' is not available yet: the CUDA backend arrives in a later "
+                                "release; set run.device: cpu"));
+    }
+    if (r.parallel.tp != 1) {
+      return Error("parallel.tp", "tensor parallel arrives in a later release; set parallel.tp: 1");
+    }
+    if (r.parallel.pp != 1) {
+      return Error("parallel.pp",
+                   "pipeline parallel arrives in a later release; set parallel.pp: 1");
+    }
+    if (m.d_model % m.n_head != 0) {
+      return Error("model.d_model",
+                   absl::StrCat(m.d_model, " is not divisible by model.n_head (", m.n_head,
+                                "); every head gets d_model / n_head dimensions, so make d_model "
+                                "a multiple of n_head"));
+    }
+    if (m.family == "gpt2" && m.n_kv_head != 0 && m.n_kv_head != m.n_head) {
+      return Error("model.n_kv_head",
+                   absl::StrCat(m.n_kv_head,
+                                " key/value heads need grouped-query attention, "
+                                "which only the llama family has; set model.family: llama, or "
+                                "remove model.n_kv_head"));
+    }
+    if (m.n_head % r.n_kv_head() != 0) {
+      return Error(
+          "model.n_kv_head",
+          absl::StrCat("model.n_head (", m.n_head, ") is not divisible by n_kv_head (", m.n_kv_head,
+                       "); each key/value head serves a whole group of query heads, so "
+                       "pick a divisor of n_head"));
+    }
+    if (m.family == "llama" && (m.d_model / m.n_head) % 2 != 0) {
+      return Error("model.n_head",
+                   absl::StrCat("the head size d_model / n_head = ", m.d_model, " / ", m.n_head,
+                                " = ", m.d_model / m.n_head,
+                                " is odd; RoPE rotates pairs of dimensions, so choose d_model "
+                                "and n_head with an even head size"));
+    }
+    if (r.train.batch_size % r.train.micro_batch != 0) {
+      return Error("train.batch_size",
+                   absl::StrCat(r.train.batch_size, " is not a multiple of train.micro_batch (",
+                                r.train.micro_batch,
+                                "); a step accumulates whole micro-batches, so make batch_size a "
+                                "multiple of micro_batch"));
+    }
+    if (r.train.seq_len > m.max_seq_len) {
+      return Error("train.seq_len",
+                   absl::StrCat(r.train.seq_len, " exceeds model.max_seq_len (", m.max_seq_len,
+                                "); lower seq_len or raise max_seq_len"));
+    }
+    if (r.train.min_lr > r.train.lr) {
+      return Error("train.min_lr",
+                   absl::StrCat(FormatDouble(r.train.min_lr), " is above train.lr (",
+                                FormatDouble(r.train.lr),
+                                "); the schedule decays from lr down to min_lr, so set "
+                                "min_lr <= lr"));
+    }
+    if (r.train.warmup_steps > r.train.steps) {
+      return Error("train.warmup_steps",
+                   absl::StrCat(r.train.warmup_steps, " is more than train.steps (", r.train.steps,
+                                "); set warmup_steps <= steps"));
+    }
+    if (r.data.train.empty()) {
+      return Error("data.train",
+                   "no training files; list them, e.g. 'data:\\n  train: [data/fortunes.txt]'");
+    }
+    if (r.data.format == "text" && m.vocab_size < 256) {
+      return Error("model.vocab_size",
+                   absl::StrCat(m.vocab_size,
+                                " is too small for data.format text, whose tokens are bytes "
+                                "(0..255); set vocab_size >= 256"));
+    }
+    if (r.train.eval_every > 0 && r.data.val.empty() && r.data.val_fraction == 0) {
+      return Error("train.eval_every",
+                   absl::StrCat(r.train.eval_every,
+                                " asks for evaluations, but there is no validation data "
+                                "(data.val is empty and data.val_fraction is 0); set one of "
+                                "them, or eval_every: 0"));
+    }
+    return absl::OkStatus();
+  }
+
+  std::string source_name_;
+  absl::flat_hash_map<std::string, Entry> entries_;  // by key path
+  absl::flat_hash_map<std::string, YAML::Mark> seen_sections_;
+};
+
+}  // namespace
+
+int Recipe::d_ff() const {
+  if (model.d_ff > 0) return model.d_ff;
+  if (model.family == "gpt2") return 4 * model.d_model;
+  // Llama: two thirds of 4*d_model (SwiGLU has three matrices, not two), rounded up to a
+  // multiple of 256 as in Meta's reference (multiple_of = 256).
+  const int64_t hidden = int64_t{2} * 4 * model.d_model / 3;
+  return static_cast<int>(256 * ((hidden + 255) / 256));
+}
+
+std::string Recipe::run_dir() const { return absl::StrCat(run.out_dir, "/", run.name); }
+
+absl::StatusOr<Recipe> ParseRecipe(const std::string& yaml_text, const std::string& source_name,
+                                   const std::vector<std::string>& overrides) {
+  Parser parser(source_name);
+  return parser.Parse(yaml_text, overrides);
+}
+
+absl::StatusOr<Recipe> LoadRecipe(const std::string& path,
+                                  const std::vector<std::string>& overrides) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    return absl::NotFoundError(absl::StrCat("cannot open recipe file '", path,
+                                            "'; check the path, or run 'dtrain train' with no "
+                                            "file for the built-in tiny recipe"));
+  }
+  std::stringstream text;
+  text << file.rdbuf();
+  return ParseRecipe(text.str(), path, overrides);
+}
+
+std::string ResolvedRecipeYaml(const Recipe& recipe) {
+  Recipe copy = recipe;  // the bindings hand out mutable pointers
+  std::string out = absl::StrCat("# Resolved recipe",
+                                 recipe.source_path.empty() ? "" : " from " + recipe.source_path,
+                                 ": every key, defaults filled in.\n");
+  // Comments of a section start in one column, after its longest "key: value".
+  constexpr size_t kMaxCommentColumn = 48;
+  for (absl::string_view section : Sections()) {
+    std::vector<std::pair<std::string, std::string>> lines;  // "  key: value", comment
+    size_t column = 0;
+    for (const KeySpec& key : Keys()) {
+      if (SectionOf(key.path) != section) continue;
+      lines.emplace_back(absl::StrCat("  ", NameOf(key.path), ": ", FormatValue(key.field(copy))),
+                         key.allowed.empty()
+                             ? std::string(key.doc)
+                             : absl::StrCat(key.doc, " [", absl::StrJoin(key.allowed, "|"), "]"));
+      column = std::max(column, lines.back().first.size());
+    }
+    column = std::min(column, kMaxCommentColumn);
+    absl::StrAppend(&out, "\n", section, ":\n");
+    for (const auto& [line, doc] : lines) {
+      const size_t padding = line.size() < column ? column - line.size() : 0;
+      absl::StrAppend(&out, line, std::string(padding + 2, ' '), "# ", doc, "\n");
+    }
+  }
+  return out;
+}
+
+std::string RecipeReferenceMarkdown() {
+  Recipe defaults;
+  const auto cell = [](absl::string_view text) {
+    return absl::StrReplaceAll(text, {{"|", "\\|"}});
+  };
+  std::string out =
+      "| key | type | default | meaning |\n"
+      "|---|---|---|---|\n";
+  for (const KeySpec& key : Keys()) {
+    absl::StrAppend(&out, "| `", key.path, "` | ", cell(TypeName(key)), " | `",
+                    cell(FormatValue(key.field(defaults))), "` | ", cell(key.doc), " |\n");
+  }
+  return out;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,35 @@
+// The one logger: timestamped lines on stderr with a level and, once known, the rank.
+// Thread-safe; a line is written with a single write so ranks and threads do not interleave.
+#pragma once
+
+#include <string_view>
+
+#include "absl/strings/str_format.h"
+
+namespace dtrain {
+
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
+
+void SetLogLevel(LogLevel level);
+// Prefixes every later line with "[rank R]"; -1 (the default) prints no rank.
+void SetLogRank(int rank);
+void LogLine(LogLevel level, std::string_view message);
+
+template <typename... Args>
+void LogInfo(const absl::FormatSpec<Args...>& format, const Args&... args) {
+  LogLine(LogLevel::kInfo, absl::StrFormat(format, args...));
+}
+template <typename... Args>
+void LogWarn(const absl::FormatSpec<Args...>& format, const Args&... args) {
+  LogLine(LogLevel::kWarn, absl::StrFormat(format, args...));
+}
+template <typename... Args>
+void LogError(const absl::FormatSpec<Args...>& format, const Args&... args) {
+  LogLine(LogLevel::kError, absl::StrFormat(format, args...));
+}
+template <typename... Args>
+void LogDebug(const absl::FormatSpec<Args...>& format, const Args&... args) {
+  LogLine(LogLevel::kDebug, absl::StrFormat(format, args...));
+}
+
+}  // namespace dtrain

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Training throughput and peak memory of dtrain against an equivalent PyTorch loop
+# (scripts/bench/torch_train.py: same model shape, batch, AdamW, clipping, thread count), run
+# alternately so machine noise hits both alike. A benchmark, not a test: it prints, never fails
+# on speed.
+#
+# Usage: scripts/bench/train_vs_torch.sh [BUILD_DIR]        (default: build/ in the repository)
+# Environment: RUNS (3) runs of each program per shape, THREADS (all cores), TINY_STEPS (12),
+# GPT2_STEPS (6). The first 2 steps of every run are warm-up and not timed. OPENBLAS_* and
+# other environment variables are inherited unchanged by both programs.
+set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) stops the script too
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$repo/build}
+dtrain=$build/dtrain
+python=/usr/bin/python3  # Debian's, which has python3-torch
+runs=${RUNS:-3}
+threads=${THREADS:-$(nproc)}
+warmup_steps=2
+data=$repo/data/fortunes.txt
+
+[[ -x $dtrain ]] || { echo "no dtrain binary at $dtrain; build it first" >&2; exit 1; }
+[[ -x /usr/bin/time ]] || { echo "no /usr/bin/time; install the 'time' package" >&2; exit 1; }
+[[ -f $data ]] || { echo "no $data; create the demo data first" >&2; exit 1; }
+if ! "$python" -c 'import torch' 2>/dev/null; then
+  echo "no torch in $python; run scripts/setup.sh" >&2
+  exit 1
+fi
+
+# The shapes, as recipe keys that both programs take. The tiny shape restates configs/tiny.yaml
+# so that the PyTorch peer cannot drift from it.
+tiny=(model.family=gpt2 model.n_layer=4 model.n_head=4 model.d_model=256 model.d_ff=0
+      model.vocab_size=256 model.max_seq_len=256 train.seq_len=128 train.batch_size=16
+      train.micro_batch=16)
+gpt2_124m=(model.family=gpt2 model.n_layer=12 model.n_head=12 model.d_model=768 model.d_ff=0
+           model.vocab_size=50257 model.max_seq_len=1024 train.seq_len=256 train.batch_size=4
+           train.micro_batch=4)
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+
+median() {
+  "$python" -c 'import sys, statistics; print(statistics.median(map(float, sys.argv[1:])))' "$@"
+}
+
+# as_set_args KEY=VALUE... -> the words "--set KEY=VALUE ..." in the array set_args.
+as_set_args() {
+  set_args=()
+  for assignment in "$@"; do set_args+=(--set "$assignment"); done
+}
+
+# Runs a command under /usr/bin/time; its stdout and stderr go to $scratch/log. Prints the peak
+# RSS in MiB; on failure shows the log and exits.
+peak_rss_mib() {
+  if ! /usr/bin/time -f %M -o "$scratch/rss" "$@" >"$scratch/log" 2>&1; then
+    echo "failed: $*" >&2
+    tail -n 30 "$scratch/log" >&2
+    exit 1
+  fi
+  echo $(($(tail -n 1 "$scratch/rss") / 1024))
+}
+
+# dtrain_run STEPS KEY=VALUE... -> "tokens_per_s rss_mib": the median tokens_per_s that dtrain
+# logs for its steps after the warm-up.
+dtrain_run() {
+  local steps=$1 out=$scratch/dtrain_out
+  shift
+  local sets=(run.threads="$threads" run.out_dir="$out" run.name=bench train.steps="$steps"
+              train.eval_every=0 logging.sample_tokens=0 train.export_to= "$@")
+  rm -rf "$out"
+  as_set_args "${sets[@]}"
+  local rss
+  rss=$(peak_rss_mib "$dtrain" train "$repo/configs/tiny.yaml" "${set_args[@]}")
+  local tokens_per_s
+  tokens_per_s=$("$python" - "$out/bench/metrics.jsonl" "$warmup_steps" <<'EOF'
+import json, statistics, sys
+steps = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+print(statistics.median(step["tokens_per_s"] for step in steps[int(sys.argv[2]):]))
+EOF
+)
+  echo "$tokens_per_s $rss"
+}
+
+# torch_run STEPS KEY=VALUE... -> "tokens_per_s rss_mib flops_per_token"
+torch_run() {
+  local steps=$1
+  shift
+  as_set_args "$@"
+  local rss
+  rss=$(peak_rss_mib "$python" "$repo/scripts/bench/torch_train.py" --data "$data" \
+        --threads "$threads" --steps "$steps" --discard "$warmup_steps" "${set_args[@]}")
+  # The last line is "tokens_per_s=X flops_per_token=Y".
+  local result
+  result=$(tail -n 1 "$scratch/log")
+  local tokens_per_s=${result#tokens_per_s=}
+  echo "${tokens_per_s%% *} $rss ${result##*flops_per_token=}"
+}
+
+# bench LABEL STEPS KEY=VALUE...: RUNS alternating runs of each program; prints one table row.
+bench() {
+  local label=$1 steps=$2
+  shift 2
+  local d_tps=() d_rss=() t_tps=() t_rss=() result tps rss flops_per_token
+  for ((run = 0; run < runs; run++)); do
+    result=$(dtrain_run "$steps" "$@")
+    read -r tps rss <<<"$result"
+    d_tps+=("$tps") d_rss+=("$rss")
+    result=$(torch_run "$steps" "$@")
+    read -r tps rss flops_per_token <<<"$result"
+    t_tps+=("$tps") t_rss+=("$rss")
+  done
+  awk -v label="$label" -v d="$(median "${d_tps[@]}")" -v t="$(median "${t_tps[@]}")" \
+      -v flops="$flops_per_token" -v d_rss="$(median "${d_rss[@]}")" \
+      -v t_rss="$(median "${t_rss[@]}")" 'BEGIN {
+    printf "%-26s %12.0f %12.0f %7.2f %12.1f %12.1f %10.0f %10.0f\n",
+           label, d, t, d / t, d * flops / 1e9, t * flops / 1e9, d_rss, t_rss }'
+}
+
+sgemm=$("$python" "$repo/scripts/bench/torch_sgemm.py" --threads "$threads")
+torch_version=$("$python" -c 'import torch; print(torch.__version__)')
+echo "dtrain vs PyTorch $torch_version, $threads threads, median of $runs alternating runs," \
+  "first $warmup_steps steps of each run untimed"
+echo "reference: one 2048^3 float32 torch.mm = ${sgemm#gflops=} GFLOP/s"
+echo
+echo "tok/s: training tokens per second; ratio: dtrain tok/s / torch tok/s"
+echo "GF/s: model GFLOP/s = FLOPs per token (6N + 6LTC, N = parameters except" \
+  "position embeddings) x tok/s"
+echo "RSS MiB: peak resident memory of the whole process (/usr/bin/time %M)"
+printf "%-26s %12s %12s %7s %12s %12s %10s %10s\n" shape "dtrain tok/s" "torch tok/s" ratio \
+  "dtrain GF/s" "torch GF/s" "dtrain RSS" "torch RSS"
+bench "tiny L4 C256 B16 T128" "${TINY_STEPS:-12}" "${tiny[@]}"
+bench "gpt2-124M L12 C768 B4 T256" "${GPT2_STEPS:-6}" "${gpt2_124m[@]}"

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs every Debian package that building dtrain, running its demo and its tests need.
+# Idempotent; safe to run again.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config git time
+  libyaml-cpp-dev libcli11-dev libabsl-dev libcurl4-openssl-dev libssl-dev
+  libopenblas-dev libgloo-dev nlohmann-json3-dev libgtest-dev libgmock-dev
+  fortunes            # the demo's real English text: /usr/share/games/fortunes
+  python3 python3-torch python3-numpy  # the PyTorch reference and peer (tests, benchmarks)
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  apt-get install -y --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,116 @@
+#include "core/backend/cpu/classifier.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/backend/cpu/cpu_backend.h"
+#include "gtest/gtest.h"
+#include "tests/core/backend/cpu/test_util.h"
+
+namespace dtrain::cpu {
+namespace {
+
+using testing::Difference;
+using testing::ExpectFloatMatches;
+using testing::ExpectGradientMatches;
+using testing::RandomVector;
+using testing::RoundToFloat;
+using testing::ToFloat;
+
+// More rows than one chunk, and not a multiple of it.
+constexpr int kRows = kClassifierChunkRows + 5, kChannels = 4, kVocab = 7;
+static_assert(kRows % kClassifierChunkRows != 0);
+
+std::vector<int32_t> Targets(int n, int v) {
+  std::vector<int32_t> targets(n);
+  for (int i = 0; i < n; ++i) targets[i] = (i % 9 == 4) ? -1 : (i * 3) % v;  // some ignored
+  return targets;
+}
+
+// Sum over non-ignored rows of -log_softmax(x w^T)[target], from the definition.
+double NaiveLoss(const std::vector<double>& x, const std::vector<double>& w,
+                 const std::vector<int32_t>& targets, int n, int c, int v) {
+  double loss = 0;
+  for (int i = 0; i < n; ++i) {
+    if (targets[i] < 0) continue;
+    std::vector<double> logits(v);
+    double max = -1e300;
+    for (int j = 0; j < v; ++j) {
+      for (int k = 0; k < c; ++k) logits[j] += x[i * c + k] * w[j * c + k];
+      max = std::max(max, logits[j]);
+    }
+    double sum = 0;
+    for (int j = 0; j < v; ++j) sum += std::exp(logits[j] - max);
+    loss -= logits[targets[i]] - max - std::log(sum);
+  }
+  return loss;
+}
+
+TEST(ClassifierTest, LossMatchesNaiveLogSoftmaxAndIgnoresNegativeTargets) {
+  const auto x = RandomVector(kRows * kChannels, 1, -2, 2);
+  const auto w = RandomVector(kVocab * kChannels, 2, -2, 2);
+  const auto targets = Targets(kRows, kVocab);
+  std::vector<double> scratch(ClassifierScratchSize(kVocab));
+  const double loss = ClassifierForwardBackward<double>(nullptr, nullptr, x.data(), w.data(),
+                                                        targets.data(), kRows, kChannels, kVocab,
+                                                        1.0, scratch.data(), nullptr);
+  EXPECT_NEAR(loss, NaiveLoss(x, w, targets, kRows, kChannels, kVocab), 1e-10);
+
+  std::vector<int32_t> all_ignored(kRows, -1);
+  std::vector<double> dx(x.size(), 5.0), dw(w.size(), 0.0);
+  EXPECT_EQ(ClassifierForwardBackward<double>(dx.data(), dw.data(), x.data(), w.data(),
+                                              all_ignored.data(), kRows, kChannels, kVocab, 1.0,
+                                              scratch.data(), nullptr),
+            0.0);
+  for (double g : dx) EXPECT_EQ(g, 0.0);
+  for (double g : dw) EXPECT_EQ(g, 0.0);
+}
+
+TEST(ClassifierTest, GradientsMatchFiniteDifferencesOfScaledLoss) {
+  auto x = RandomVector(kRows * kChannels, 1, -2, 2);
+  auto w = RandomVector(kVocab * kChannels, 2, -2, 2);
+  const auto targets = Targets(kRows, kVocab);
+  const double grad_scale = 0.37;
+  std::vector<double> scratch(ClassifierScratchSize(kVocab));
+  auto loss = [&] {
+    return grad_scale * ClassifierForwardBackward<double>(nullptr, nullptr, x.data(), w.data(),
+                                                          targets.data(), kRows, kChannels,
+                                                          kVocab, 1.0, scratch.data(), nullptr);
+  };
+  const auto dw0 = RandomVector(w.size(), 3);
+  auto dx = RandomVector(x.size(), 4);  // written, whatever it held
+  auto dw = dw0;
+  ClassifierForwardBackward<double>(dx.data(), dw.data(), x.data(), w.data(), targets.data(),
+                                    kRows, kChannels, kVocab, grad_scale, scratch.data(), nullptr);
+  ExpectGradientMatches(x, loss, dx, "dx");
+  ExpectGradientMatches(w, loss, Difference(dw, dw0), "dweight");
+}
+
+TEST(ClassifierTest, FloatBackendMatchesDouble) {
+  const int n = 2 * kClassifierChunkRows + 17, c = 24, v = 301;
+  const auto x = RoundToFloat(RandomVector(n * c, 1));
+  const auto w = RoundToFloat(RandomVector(v * c, 2));
+  const auto targets = Targets(n, v);
+  const double grad_scale = 1.0 / n;
+  std::vector<double> dx(x.size()), dw(w.size()), scratch(ClassifierScratchSize(v));
+  const double loss =
+      ClassifierForwardBackward<double>(dx.data(), dw.data(), x.data(), w.data(), targets.data(),
+                                        n, c, v, grad_scale, scratch.data(), nullptr);
+
+  CpuBackend backend(2);
+  const auto x_f = ToFloat(x), w_f = ToFloat(w);
+  std::vector<float> dx_f(x.size()), dw_f(w.size());
+  const double loss_f = backend.ClassifierForwardBackward(dx_f.data(), dw_f.data(), x_f.data(),
+                                                          w_f.data(), targets.data(), n, c, v,
+                                                          static_cast<float>(grad_scale));
+  EXPECT_NEAR(loss_f, loss, testing::kFloatTolerance * loss);
+  ExpectFloatMatches(dx_f, dx, "dx");
+  ExpectFloatMatches(dw_f, dw, "dweight");
+  // The loss-only call returns the same loss.
+  EXPECT_EQ(backend.ClassifierForwardBackward(nullptr, nullptr, x_f.data(), w_f.data(),
+                                              targets.data(), n, c, v, 1.0f),
+            loss_f);
+}
+
+}  // namespace
+}  // namespace dtrain::cpu

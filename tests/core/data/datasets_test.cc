@@ -1,0 +1,107 @@
+#include "core/data/datasets.h"
+
+#include <stdlib.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace {
+
+class DatasetsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (std::filesystem::temp_directory_path() / "datasets_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    recipe_.train.seq_len = 4;
+    recipe_.train.batch_size = 2;
+    recipe_.model.vocab_size = 256;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // A text file of `n` bytes whose byte i is i % 200.
+  std::string WriteText(const std::string& name, int n) const {
+    std::string text;
+    for (int i = 0; i < n; ++i) text.push_back(static_cast<char>(i % 200));
+    std::ofstream((dir_ / name).string(), std::ios::binary) << text;
+    return (dir_ / name).string();
+  }
+
+  std::filesystem::path dir_;
+  Recipe recipe_;
+};
+
+TEST_F(DatasetsTest, SplitsTheLastValFractionOffTheTrainingTokens) {
+  WriteText("a.txt", 60);
+  WriteText("b.txt", 40);
+  recipe_.data.train = {(dir_ / "*.txt").string()};
+  recipe_.data.val_fraction = 0.2;  // 100 tokens: train [0, 80), val [80, 100)
+  absl::StatusOr<Datasets> data = OpenDatasets(recipe_, 0, 1);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->train_tokens, 80);
+  EXPECT_EQ(data->val_tokens, 20);
+
+  // Training sees token values 0..79 only (b.txt's bytes restart at 0, so check positions via
+  // the 19 windows of 80 tokens: one epoch covers inputs 0..75).
+  std::vector<int32_t> inputs(19 * 4), targets(19 * 4);
+  ASSERT_TRUE(data->train->Next(19, inputs.data(), targets.data()).ok());
+  EXPECT_EQ(*std::max_element(targets.begin(), targets.end()), 60 + 19);
+
+  // Validation: windows over tokens 80..99 = b.txt bytes 20..39.
+  std::vector<int32_t> val_in(8), val_out(8);
+  absl::StatusOr<int> rows = data->val->Next(2, val_in.data(), val_out.data());
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(*rows, 2);
+  EXPECT_EQ(val_in[0], 20);
+  EXPECT_EQ(val_in[4], 24);
+}
+
+TEST_F(DatasetsTest, UsesValFilesWhenGiven) {
+  recipe_.data.train = {WriteText("train.txt", 50)};
+  recipe_.data.val = {WriteText("val.txt", 9)};
+  absl::StatusOr<Datasets> data = OpenDatasets(recipe_, 1, 2);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->train_tokens, 50);
+  EXPECT_EQ(data->val_tokens, 9);
+  // Rank 1 of 2 reading one row per call gets the second of the two windows.
+  std::vector<int32_t> in(4), out(4);
+  absl::StatusOr<int> rows = data->val->Next(1, in.data(), out.data());
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(*rows, 1);
+  EXPECT_EQ(in[0], 4);
+}
+
+TEST_F(DatasetsTest, NoValidationDataIsAnErrorOnlyWhenEvaluating) {
+  recipe_.data.train = {WriteText("train.txt", 50)};
+  recipe_.data.val_fraction = 0;
+  EXPECT_TRUE(
+      absl::StrContains(OpenDatasets(recipe_, 0, 1).status().message(), "no validation data"));
+  recipe_.train.eval_every = 0;
+  absl::StatusOr<Datasets> data = OpenDatasets(recipe_, 0, 1);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->val, nullptr);
+  EXPECT_EQ(data->train_tokens, 50);
+}
+
+TEST_F(DatasetsTest, ErrorsNameTheKeyOrFile) {
+  recipe_.data.train = {(dir_ / "missing-*.txt").string()};
+  absl::Status status = OpenDatasets(recipe_, 0, 1).status();
+  EXPECT_TRUE(absl::StrContains(status.message(), "data.train: file pattern"));
+  EXPECT_TRUE(absl::StrContains(status.message(), "missing-*.txt"));
+
+  recipe_.data.train = {WriteText("short.txt", 40)};
+  recipe_.data.val_fraction = 0.05;  // 2 validation tokens: less than one window
+  status = OpenDatasets(recipe_, 0, 1).status();
+  EXPECT_TRUE(absl::StrContains(status.message(), "the last data.val_fraction = 0.05"));
+  EXPECT_TRUE(absl::StrContains(status.message(), "fewer than one window"));
+}
+
+}  // namespace
+}  // namespace dtrain

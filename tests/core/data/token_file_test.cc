@@ -1,0 +1,143 @@
+#include "core/data/token_file.h"
+
+#include <stdlib.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace {
+
+::testing::AssertionResult HasText(absl::string_view message, absl::string_view part) {
+  if (absl::StrContains(message, part)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << message << "\" lacks \"" << part << "\"";
+}
+
+class TokenFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (std::filesystem::temp_directory_path() / "token_file_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::string WriteText(const std::string& name, const std::string& text) const {
+    std::ofstream(Path(name), std::ios::binary) << text;
+    return Path(name);
+  }
+
+  // An llm.c shard; `declared` overrides the header's token count when >= 0.
+  std::string WriteLlmc(const std::string& name, const std::vector<uint16_t>& tokens,
+                        int32_t magic = 20240520, int32_t version = 1,
+                        int32_t declared = -1) const {
+    std::vector<int32_t> header(256, 0);
+    header[0] = magic;
+    header[1] = version;
+    header[2] = declared >= 0 ? declared : static_cast<int32_t>(tokens.size());
+    std::ofstream out(Path(name), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()), 1024);
+    out.write(reinterpret_cast<const char*>(tokens.data()),
+              static_cast<std::streamsize>(2 * tokens.size()));
+    return Path(name);
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(TokenFileTest, ExpandsGlobsSortedPerPatternInPatternOrder) {
+  WriteText("b.txt", "b");
+  WriteText("a.txt", "a");
+  WriteText("z.dat", "z");
+  absl::StatusOr<std::vector<std::string>> files =
+      ExpandFilePatterns({Path("z.dat"), Path("*.txt")});
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(*files, (std::vector<std::string>{Path("z.dat"), Path("a.txt"), Path("b.txt")}));
+}
+
+TEST_F(TokenFileTest, PatternWithoutMatchIsAnError) {
+  const absl::Status status = ExpandFilePatterns({Path("*.nothing")}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(HasText(status.message(), Path("*.nothing")));
+}
+
+TEST_F(TokenFileTest, TextBytesAreTokensInFileOrder) {
+  const std::string a = WriteText("a.txt", "hi");
+  const std::string b = WriteText("b.txt", std::string("\xff\n", 2));
+  absl::StatusOr<std::vector<int32_t>> tokens = LoadTokenFiles({a, b}, TokenFormat::kText, 256);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(*tokens, (std::vector<int32_t>{'h', 'i', 255, '\n'}));
+}
+
+TEST_F(TokenFileTest, ReadsLlmcShards) {
+  const std::string a = WriteLlmc("a.bin", {50256, 1, 2});
+  const std::string b = WriteLlmc("b.bin", {});
+  const std::string c = WriteLlmc("c.bin", {7});
+  absl::StatusOr<std::vector<int32_t>> tokens =
+      LoadTokenFiles({a, b, c}, TokenFormat::kLlmc, 50257);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(*tokens, (std::vector<int32_t>{50256, 1, 2, 7}));
+}
+
+TEST_F(TokenFileTest, LlmcBadMagicIsAnError) {
+  const std::string path = WriteLlmc("m.bin", {1, 2}, /*magic=*/1234);
+  const absl::Status status = LoadTokenFiles({path}, TokenFormat::kLlmc, 256).status();
+  EXPECT_TRUE(HasText(status.message(), path));
+  EXPECT_TRUE(HasText(status.message(), "header[0] = 1234, not the llm.c magic 20240520"));
+  EXPECT_TRUE(HasText(status.message(), "data.format: text"));
+}
+
+TEST_F(TokenFileTest, LlmcBadVersionIsAnError) {
+  const std::string path = WriteLlmc("v.bin", {1, 2}, 20240520, /*version=*/2);
+  const absl::Status status = LoadTokenFiles({path}, TokenFormat::kLlmc, 256).status();
+  EXPECT_TRUE(HasText(status.message(), path));
+  EXPECT_TRUE(HasText(status.message(), "llm.c shard version 2, expected 1"));
+}
+
+TEST_F(TokenFileTest, TruncatedLlmcShardIsAnError) {
+  const std::string path = WriteLlmc("t.bin", {1, 2, 3}, 20240520, 1, /*declared=*/5);
+  const absl::Status status = LoadTokenFiles({path}, TokenFormat::kLlmc, 256).status();
+  EXPECT_TRUE(HasText(status.message(), path));
+  EXPECT_TRUE(HasText(status.message(), "header says 5 tokens (10 bytes) but 6 bytes follow"));
+  EXPECT_TRUE(HasText(status.message(), "truncated"));
+}
+
+TEST_F(TokenFileTest, FileShorterThanLlmcHeaderIsAnError) {
+  const std::string path = WriteText("tiny.bin", "abc");
+  const absl::Status status = LoadTokenFiles({path}, TokenFormat::kLlmc, 256).status();
+  EXPECT_TRUE(HasText(status.message(), "3 bytes is shorter than the 1024-byte llm.c header"));
+}
+
+TEST_F(TokenFileTest, TokenOutsideVocabularyIsAnError) {
+  const std::string shard = WriteLlmc("big.bin", {5, 300, 6});
+  absl::Status status = LoadTokenFiles({shard}, TokenFormat::kLlmc, 256).status();
+  EXPECT_TRUE(HasText(status.message(), shard));
+  EXPECT_TRUE(HasText(status.message(), "token 300 at position 1 is outside model.vocab_size 256"));
+
+  const std::string text = WriteText("t.txt", "a\xc8");
+  status = LoadTokenFiles({text}, TokenFormat::kText, 128).status();
+  EXPECT_TRUE(HasText(status.message(), "token 200 at position 1"));
+}
+
+TEST_F(TokenFileTest, MissingFileIsAnError) {
+  const absl::Status status =
+      LoadTokenFiles({Path("absent.txt")}, TokenFormat::kText, 256).status();
+  EXPECT_TRUE(HasText(status.message(), Path("absent.txt")));
+}
+
+TEST_F(TokenFileTest, ParsesFormats) {
+  EXPECT_EQ(*ParseTokenFormat("text"), TokenFormat::kText);
+  EXPECT_EQ(*ParseTokenFormat("llmc"), TokenFormat::kLlmc);
+  EXPECT_TRUE(HasText(ParseTokenFormat("npy").status().message(), "data.format 'npy'"));
+}
+
+}  // namespace
+}  // namespace dtrain

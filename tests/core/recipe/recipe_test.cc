@@ -1,0 +1,364 @@
+#include "core/recipe/recipe.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// The smallest recipe that passes: data.train is the only key without a usable default.
+constexpr char kMinimal[] =
+    "data:\n"
+    "  train: [data/fortunes.txt]\n";
+
+// Parses `text` (named t.yaml in messages) and returns the error message, or "" on success.
+std::string ErrorOf(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  absl::StatusOr<Recipe> recipe = ParseRecipe(text, "t.yaml", overrides);
+  if (recipe.ok()) return "";
+  EXPECT_EQ(recipe.status().code(), absl::StatusCode::kInvalidArgument) << recipe.status();
+  // One message, one line.
+  EXPECT_THAT(std::string(recipe.status().message()), Not(HasSubstr("\n")));
+  return std::string(recipe.status().message());
+}
+
+std::string WithMinimal(const std::string& extra) { return absl::StrCat(kMinimal, extra); }
+
+TEST(RecipeTest, DefaultsResolve) {
+  absl::StatusOr<Recipe> recipe = ParseRecipe(kMinimal, "t.yaml");
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  const Recipe defaults;
+  EXPECT_EQ(recipe->train.lr, defaults.train.lr);
+  EXPECT_EQ(recipe->model.n_layer, defaults.model.n_layer);
+  EXPECT_EQ(recipe->train.no_decay, defaults.train.no_decay);
+  EXPECT_EQ(recipe->logging.sample_prompt, "\n");
+  EXPECT_EQ(recipe->data.train, std::vector<std::string>{"data/fortunes.txt"});
+  EXPECT_EQ(recipe->source_path, "t.yaml");
+  EXPECT_EQ(recipe->run_dir(), "runs/dtrain");
+}
+
+TEST(RecipeTest, ReadsEveryType) {
+  absl::StatusOr<Recipe> recipe = ParseRecipe(
+      "run: {seed: 18446744073709551615, name: x}\n"
+      "model: {family: llama, n_kv_head: 2, d_ff: 100, norm_eps: 1e-6}\n"
+      "data: {train: [a.txt, 'b c.txt'], val: []}\n"
+      "train: {lr: 3e-4, no_decay: []}\n"
+      "parallel: {activation_checkpointing: true, strategy: fsdp}\n",
+      "t.yaml");
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->run.seed, 18446744073709551615ull);
+  EXPECT_EQ(recipe->model.family, "llama");
+  EXPECT_EQ(recipe->n_kv_head(), 2);
+  EXPECT_EQ(recipe->d_ff(), 100);
+  EXPECT_DOUBLE_EQ(recipe->model.norm_eps, 1e-6);
+  EXPECT_EQ(recipe->data.train, (std::vector<std::string>{"a.txt", "b c.txt"}));
+  EXPECT_DOUBLE_EQ(recipe->train.lr, 3e-4);
+  EXPECT_TRUE(recipe->train.no_decay.empty());
+  EXPECT_TRUE(recipe->parallel.activation_checkpointing);
+  EXPECT_EQ(recipe->parallel.strategy, "fsdp");
+}
+
+TEST(RecipeTest, DerivedFeedForwardWidth) {
+  Recipe recipe;
+  recipe.model.d_model = 768;
+  EXPECT_EQ(recipe.d_ff(), 3072);  // gpt2: 4 * d_model
+  recipe.model.family = "llama";
+  recipe.model.d_model = 4096;
+  EXPECT_EQ(recipe.d_ff(), 11008);  // Llama 7B: 256 * ceil(10922 / 256)
+  recipe.model.d_model = 256;
+  EXPECT_EQ(recipe.d_ff(), 768);  // 682 rounds up to 768
+  recipe.model.d_ff = 1000;
+  EXPECT_EQ(recipe.d_ff(), 1000);
+}
+
+TEST(RecipeTest, UnknownKeySuggestsNearest) {
+  const std::string error = ErrorOf(WithMinimal("train:\n  steps: 10\n  lrr: 0.1\n"));
+  EXPECT_THAT(error, AllOf(HasSubstr("unknown key train.lrr"), HasSubstr("t.yaml:5:3"),
+                           HasSubstr("did you mean train.lr?")));
+}
+
+TEST(RecipeTest, KeyInWrongSectionSuggestsItsSection) {
+  EXPECT_THAT(ErrorOf(WithMinimal("model:\n  lr: 0.1\n")),
+              AllOf(HasSubstr("unknown key model.lr"), HasSubstr("did you mean train.lr?")));
+}
+
+TEST(RecipeTest, UnknownSection) {
+  EXPECT_THAT(ErrorOf(WithMinimal("trian:\n  steps: 10\n")),
+              AllOf(HasSubstr("unknown section 'trian'"), HasSubstr("t.yaml:3:1"),
+                    HasSubstr("did you mean train?")));
+}
+
+TEST(RecipeTest, SectionMustBeMap) {
+  EXPECT_THAT(ErrorOf(WithMinimal("train: 5\n")),
+              AllOf(HasSubstr("section 'train'"), HasSubstr("t.yaml:3:8"),
+                    HasSubstr("expected a map"), HasSubstr("'5'")));
+}
+
+TEST(RecipeTest, RootMustBeMap) {
+  EXPECT_THAT(ErrorOf("- a\n- b\n"), HasSubstr("a recipe is a map of sections"));
+}
+
+TEST(RecipeTest, InvalidYamlNamesLine) {
+  EXPECT_THAT(ErrorOf("train:\n  steps: [1,\n"),
+              AllOf(HasSubstr("t.yaml:"), HasSubstr("not valid YAML")));
+}
+
+TEST(RecipeTest, DuplicateKey) {
+  EXPECT_THAT(
+      ErrorOf(WithMinimal("train:\n  lr: 0.1\n  lr: 0.2\n")),
+      AllOf(HasSubstr("train.lr at t.yaml:5:3"), HasSubstr("set twice"), HasSubstr("t.yaml:4:7")));
+}
+
+TEST(RecipeTest, WrongTypeInteger) {
+  EXPECT_EQ(ErrorOf(WithMinimal("train:\n  steps: abc\n")),
+            "train.steps at t.yaml:4:10: expected an integer, got 'abc'");
+  EXPECT_THAT(ErrorOf(WithMinimal("train:\n  steps: 1.5\n")),
+              HasSubstr("expected an integer, got '1.5'"));
+  EXPECT_THAT(ErrorOf(WithMinimal("train:\n  steps: \"10\"\n")), HasSubstr("remove the quotes"));
+  EXPECT_THAT(ErrorOf(WithMinimal("train:\n  steps: 99999999999\n")),
+              HasSubstr("must fit in 32 bits"));
+  EXPECT_THAT(ErrorOf(WithMinimal("run:\n  seed: -1\n")),
+              HasSubstr("expected a non-negative integer, got '-1'"));
+}
+
+TEST(RecipeTest, WrongTypeBool) {
+  EXPECT_THAT(ErrorOf(WithMinimal("parallel:\n  activation_checkpointing: yes\n")),
+              AllOf(HasSubstr("parallel.activation_checkpointing at t.yaml:4:29"),
+                    HasSubstr("expected true or false, got 'yes'")));
+  EXPECT_THAT(ErrorOf(WithMinimal("parallel:\n  activation_checkpointing: 1\n")),
+              HasSubstr("expected true or false"));
+}
+
+TEST(RecipeTest, WrongTypeDouble) {
+  EXPECT_EQ(ErrorOf(WithMinimal("train:\n  lr: fast\n")),
+            "train.lr at t.yaml:4:7: expected a number, got 'fast'");
+  EXPECT_THAT(ErrorOf(WithMinimal("train:\n  lr: [1]\n")), HasSubstr("got a list"));
+  EXPECT_THAT(ErrorOf(WithMinimal("train:\n  lr: .nan\n")), HasSubstr("expected a number"));
+}
+
+TEST(RecipeTest, WrongTypeList) {
+  EXPECT_THAT(ErrorOf("data:\n  train: data/fortunes.txt\n"),
+              AllOf(HasSubstr("data.train at t.yaml:2:10"),
+                    HasSubstr("expected a list of strings like [a.txt, b.txt]"),
+                    HasSubstr("got 'data/fortunes.txt'")));
+  EXPECT_THAT(ErrorOf("data:\n  train: [a, {b: c}]\n"), HasSubstr("item 2 is a map"));
+}
+
+TEST(RecipeTest, WrongTypeString) {
+  EXPECT_THAT(ErrorOf(WithMinimal("run:\n  name: [a]\n")),
+              AllOf(HasSubstr("run.name at t.yaml:4:9"), HasSubstr("expected a string")));
+}
+
+TEST(RecipeTest, OutOfRange) {
+  EXPECT_EQ(ErrorOf(WithMinimal("train:\n  lr: 0\n")),
+            "train.lr at t.yaml:4:7: must be > 0, got 0");
+  EXPECT_THAT(ErrorOf(WithMinimal("train:\n  beta2: 1.0\n")),
+              HasSubstr("train.beta2 at t.yaml:4:10: must be in [0, 1), got 1.0"));
+  EXPECT_THAT(ErrorOf(WithMinimal("model:\n  n_layer: 0\n")), HasSubstr("must be >= 1, got 0"));
+  EXPECT_EQ(ErrorOf(kMinimal, {"data.val_fraction=1"}),
+            "--set data.val_fraction=1: must be in [0, 1), got 1");
+  EXPECT_THAT(ErrorOf(WithMinimal("logging:\n  sample_top_k: -1\n")),
+              AllOf(HasSubstr("logging.sample_top_k"), HasSubstr("must be >= 0")));
+}
+
+TEST(RecipeTest, EnumValueNotAllowed) {
+  EXPECT_EQ(ErrorOf(WithMinimal("parallel:\n  strategy: zero4\n")),
+            "parallel.strategy at t.yaml:4:13: 'zero4' is not allowed; use one of ddp, zero1, "
+            "zero2, zero3, fsdp");
+  EXPECT_THAT(ErrorOf(WithMinimal("model:\n  family: bert\n")),
+              HasSubstr("use one of gpt2, llama"));
+}
+
+// Each consistency rule, through overrides so each case is one line.
+struct ConsistencyCase {
+  std::vector<std::string> overrides;
+  std::vector<std::string> expected;  // substrings of the message
+};
+
+class ConsistencyTest : public ::testing::TestWithParam<ConsistencyCase> {};
+
+TEST_P(ConsistencyTest, NamesKeyAndFix) {
+  const std::string error = ErrorOf(kMinimal, GetParam().overrides);
+  ASSERT_FALSE(error.empty());
+  for (const std::string& part : GetParam().expected) EXPECT_THAT(error, HasSubstr(part));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rules, ConsistencyTest,
+    ::testing::Values(
+        ConsistencyCase{
+            {"model.d_model=100", "model.n_head=3"},
+            {"--set model.d_model=100", "not divisible by model.n_head (3)", "multiple of n_head"}},
+        ConsistencyCase{{"model.family=llama", "model.n_kv_head=3"},
+                        {"--set model.n_kv_head=3", "model.n_head (4)", "divisor of n_head"}},
+        ConsistencyCase{{"model.n_kv_head=2"},
+                        {"model.n_kv_head", "only the llama family", "model.family: llama"}},
+        ConsistencyCase{{"model.family=llama", "model.d_model=12", "model.n_head=4"},
+                        {"model.n_head", "= 3", "RoPE", "even"}},
+        ConsistencyCase{{"train.batch_size=10", "train.micro_batch=4"},
+                        {"train.batch_size", "train.micro_batch (4)", "multiple of micro_batch"}},
+        ConsistencyCase{
+            {"train.seq_len=512"},
+            {"--set train.seq_len=512", "model.max_seq_len (256)", "raise max_seq_len"}},
+        ConsistencyCase{{"train.min_lr=0.1"}, {"train.min_lr", "train.lr", "min_lr <= lr"}},
+        ConsistencyCase{{"train.warmup_steps=500"},
+                        {"train.warmup_steps", "train.steps (200)", "warmup_steps <= steps"}},
+        ConsistencyCase{{"data.train=[]"}, {"data.train", "no training files"}},
+        ConsistencyCase{{"model.vocab_size=100"},
+                        {"model.vocab_size", "data.format text", "vocab_size >= 256"}},
+        ConsistencyCase{{"data.val_fraction=0"},
+                        {"train.eval_every", "no validation data", "eval_every: 0"}},
+        ConsistencyCase{{"parallel.tp=2"}, {"parallel.tp", "tensor parallel", "later release"}},
+        ConsistencyCase{{"parallel.pp=2"}, {"parallel.pp", "pipeline parallel", "later release"}},
+        ConsistencyCase{{"run.device=cuda"},
+                        {"run.device", "CUDA", "later release", "run.device: cpu"}}));
+
+TEST(RecipeTest, ConsistencyNamesFileLocation) {
+  EXPECT_THAT(ErrorOf(WithMinimal("train:\n  seq_len: 512\n")),
+              AllOf(HasSubstr("train.seq_len at t.yaml:4:12"), HasSubstr("model.max_seq_len")));
+  // A default that conflicts says so.
+  EXPECT_THAT(ErrorOf(WithMinimal("train:\n  steps: 10\n")),
+              HasSubstr("train.warmup_steps (default, not set in t.yaml)"));
+}
+
+TEST(RecipeTest, OverridesWinOverFile) {
+  absl::StatusOr<Recipe> recipe =
+      ParseRecipe(WithMinimal("train:\n  lr: 0.1\n  steps: 50\n"), "t.yaml",
+                  {"train.lr=0.01", "data.train=[x.txt, y.txt]", "run.name=hello world",
+                   "parallel.activation_checkpointing=true", "train.init_from="});
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_DOUBLE_EQ(recipe->train.lr, 0.01);
+  EXPECT_EQ(recipe->train.steps, 50);
+  EXPECT_EQ(recipe->data.train, (std::vector<std::string>{"x.txt", "y.txt"}));
+  EXPECT_EQ(recipe->run.name, "hello world");
+  EXPECT_TRUE(recipe->parallel.activation_checkpointing);
+  EXPECT_EQ(recipe->train.init_from, "");
+}
+
+TEST(RecipeTest, OverrideOfUnknownKey) {
+  EXPECT_EQ(ErrorOf(kMinimal, {"train.lrr=0.1"}),
+            "--set train.lrr=0.1: unknown key train.lrr (did you mean train.lr?)");
+  EXPECT_THAT(ErrorOf(kMinimal, {"steps=5"}), HasSubstr("did you mean train.steps?"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.lr"}), HasSubstr("expected key=value"));
+}
+
+TEST(RecipeTest, OverrideWithBadType) {
+  EXPECT_EQ(ErrorOf(kMinimal, {"train.lr=abc"}),
+            "--set train.lr=abc: expected a number, got 'abc'");
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.steps=1.5"}),
+              AllOf(HasSubstr("--set train.steps=1.5"), HasSubstr("expected an integer")));
+  EXPECT_THAT(ErrorOf(kMinimal, {"data.train=[a"}),
+              AllOf(HasSubstr("--set data.train=[a"), HasSubstr("not valid YAML")));
+}
+
+TEST(RecipeTest, MissingFileNamesPath) {
+  absl::StatusOr<Recipe> recipe = LoadRecipe("/nonexistent/dir/r.yaml");
+  ASSERT_FALSE(recipe.ok());
+  EXPECT_EQ(recipe.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(recipe.status().message()), HasSubstr("/nonexistent/dir/r.yaml"));
+}
+
+void ExpectSameValues(const Recipe& a, const Recipe& b) {
+  // The resolved text prints every key, so equal text means equal values.
+  Recipe a_copy = a, b_copy = b;
+  a_copy.source_path = b_copy.source_path = "";
+  EXPECT_EQ(ResolvedRecipeYaml(a_copy), ResolvedRecipeYaml(b_copy));
+}
+
+TEST(RecipeTest, ResolvedYamlRoundTrips) {
+  absl::StatusOr<Recipe> recipe = ParseRecipe(
+      kMinimal, "t.yaml",
+      {"run.name='odd: \"name\" # here'", "logging.sample_prompt=\"\\ttab\\\\ \\x01 é\"",
+       "train.lr=0.000123456789", "run.seed=18446744073709551615", "data.val=[true, '123']",
+       "train.init_from=null", "run.out_dir=-x"});
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->run.name, "odd: \"name\" # here");
+  EXPECT_EQ(recipe->logging.sample_prompt, "\ttab\\ \x01 é");
+
+  const std::string resolved = ResolvedRecipeYaml(*recipe);
+  absl::StatusOr<Recipe> again = ParseRecipe(resolved, "resolved.yaml");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << resolved;
+  ExpectSameValues(*recipe, *again);
+  EXPECT_EQ(again->logging.sample_prompt, recipe->logging.sample_prompt);
+  EXPECT_EQ(again->run.seed, recipe->run.seed);
+  EXPECT_EQ(again->train.lr, recipe->train.lr);
+  EXPECT_EQ(again->data.val, (std::vector<std::string>{"true", "123"}));
+  EXPECT_EQ(again->train.init_from, "");  // YAML null reads as an empty string
+}
+
+TEST(RecipeTest, ResolvedYamlListsEveryKeyWithDoc) {
+  absl::StatusOr<Recipe> recipe = ParseRecipe(kMinimal, "t.yaml");
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  const std::string resolved = ResolvedRecipeYaml(*recipe);
+  EXPECT_THAT(resolved, HasSubstr("\ntrain:\n  steps: 200"));
+  EXPECT_THAT(resolved, HasSubstr("lr: 0.001"));
+  EXPECT_THAT(resolved, HasSubstr("no_decay: [\"*.bias\", \"*norm*\"]"));
+  EXPECT_THAT(resolved, HasSubstr("sample_prompt: \"\\n\""));
+  EXPECT_THAT(resolved, HasSubstr("# peak learning rate"));
+}
+
+TEST(RecipeTest, ReferenceMarkdownHasEveryKey) {
+  const std::string reference = RecipeReferenceMarkdown();
+  EXPECT_THAT(reference, HasSubstr("| key | type | default | meaning |"));
+  EXPECT_THAT(reference, HasSubstr("| `train.lr` | float > 0 | `0.001` |"));
+  EXPECT_THAT(reference,
+              HasSubstr("| `parallel.strategy` | one of ddp, zero1, zero2, zero3, fsdp |"));
+  EXPECT_THAT(reference, HasSubstr("| `train.beta1` | float in [0, 1) |"));
+  EXPECT_THAT(reference, HasSubstr("| `run.seed` | uint64 | `1337` |"));
+  // Every key of the resolved recipe appears in the reference.
+  absl::StatusOr<Recipe> recipe = ParseRecipe(kMinimal, "t.yaml");
+  ASSERT_TRUE(recipe.ok());
+  std::string section;
+  std::istringstream lines(ResolvedRecipeYaml(*recipe));
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] != ' ') {
+      section = line.substr(0, line.find(':'));
+      continue;
+    }
+    const std::string key = line.substr(2, line.find(':') - 2);
+    EXPECT_THAT(reference, HasSubstr(absl::StrCat("`", section, ".", key, "`")));
+  }
+}
+
+TEST(RecipeTest, EveryShippedConfigPasses) {
+  int count = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::filesystem::path(DTRAIN_SOURCE_DIR) / "configs")) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++count;
+    absl::StatusOr<Recipe> recipe = LoadRecipe(entry.path().string());
+    EXPECT_TRUE(recipe.ok()) << entry.path() << ": " << recipe.status();
+  }
+  EXPECT_GE(count, 9);
+}
+
+TEST(RecipeTest, ShippedShapes) {
+  const std::string configs = std::string(DTRAIN_SOURCE_DIR) + "/configs/";
+  absl::StatusOr<Recipe> tiny = LoadRecipe(configs + "tiny.yaml");
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  EXPECT_EQ(tiny->run.name, "tiny");
+  EXPECT_EQ(tiny->train.steps, 300);
+  EXPECT_EQ(tiny->model.d_model, 256);
+  absl::StatusOr<Recipe> llama = LoadRecipe(configs + "llama-70b.yaml");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->n_kv_head(), 8);
+  EXPECT_EQ(llama->d_ff(), 28672);
+  absl::StatusOr<Recipe> llama_tiny = LoadRecipe(configs + "llama-tiny.yaml");
+  ASSERT_TRUE(llama_tiny.ok()) << llama_tiny.status();
+  EXPECT_EQ(llama_tiny->d_ff(), 768);
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,80 @@
+#include "core/util/thread_pool.h"
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace {
+
+// Runs one loop and checks every index ran exactly once, chunks had at least `grain` items
+// (except when n itself is smaller), and thread indices were in range.
+void ExpectCoversOnce(ThreadPool& pool, size_t n, size_t grain) {
+  std::vector<std::atomic<int>> hits(n);
+  std::mutex mu;
+  std::vector<size_t> chunk_sizes;
+  pool.ParallelFor(n, grain, [&](size_t begin, size_t end, int thread) {
+    EXPECT_GE(thread, 0);
+    EXPECT_LT(thread, pool.size());
+    for (size_t i = begin; i < end; ++i) hits[i].fetch_add(1);
+    std::lock_guard<std::mutex> lock(mu);
+    chunk_sizes.push_back(end - begin);
+  });
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "index " << i << " of " << n;
+  EXPECT_LE(chunk_sizes.size(), static_cast<size_t>(pool.size()));
+  for (size_t size : chunk_sizes) EXPECT_GE(size, std::min(n, grain));
+}
+
+TEST(ThreadPoolTest, CoversEveryIndexOnceForSmallAndOddSizes) {
+  for (int threads : {1, 2, 3, 4}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.size(), threads);
+    for (size_t n : {0, 1, 2, 3, 7, 13, 100, 1001}) {
+      for (size_t grain : {0, 1, 5, 64}) ExpectCoversOnce(pool, n, grain);
+    }
+  }
+}
+
+TEST(ThreadPoolTest, ZeroItemsNeverCallsTheBody) {
+  ThreadPool pool(3);
+  bool called = false;
+  pool.ParallelFor(0, 1, [&](size_t, size_t, int) { called = true; });
+  EXPECT_FALSE(called);
+}
+
+TEST(ThreadPoolTest, SplitsWorkAcrossThreads) {
+  ThreadPool pool(4);
+  std::vector<int> chunks_per_thread(pool.size(), 0);
+  pool.ParallelFor(4, 1, [&](size_t, size_t, int thread) { ++chunks_per_thread[thread]; });
+  int total = 0;
+  for (int c : chunks_per_thread) total += c;
+  EXPECT_EQ(total, 4);
+}
+
+TEST(ThreadPoolTest, ManyCallsInARow) {
+  ThreadPool pool(3);
+  std::atomic<long> sum{0};
+  for (int call = 0; call < 2000; ++call) {
+    const size_t n = 1 + call % 17;
+    pool.ParallelFor(n, 1, [&](size_t begin, size_t end, int) {
+      for (size_t i = begin; i < end; ++i) sum.fetch_add(static_cast<long>(i));
+    });
+  }
+  long expected = 0;
+  for (int call = 0; call < 2000; ++call) {
+    const long n = 1 + call % 17;
+    expected += n * (n - 1) / 2;
+  }
+  EXPECT_EQ(sum.load(), expected);
+}
+
+TEST(ThreadPoolTest, NonPositiveSizeUsesHardwareThreads) {
+  ThreadPool pool(0);
+  EXPECT_GE(pool.size(), 1);
+  ExpectCoversOnce(pool, 97, 1);
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,274 @@
+"""A minimal PyTorch GPT-2 and Llama, the independent reference dtrain is checked against.
+
+Parameter names and shapes are exactly those of Hugging Face transformers checkpoints
+(GPT2Model without prefix, LlamaForCausalLM), so weights move between this model and dtrain
+through safetensors files unchanged. Written for reading, not speed: attention is the
+explicit masked softmax, every formula is spelled out. Works in float32 and float64.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class ModelShape:
+    family: str  # gpt2 | llama
+    n_layer: int
+    n_head: int
+    n_kv_head: int  # llama grouped-query attention; equal to n_head for gpt2
+    d_model: int
+    d_ff: int
+    vocab_size: int
+    max_seq_len: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self):
+        return self.d_model // self.n_head
+
+
+def build_model(shape, dtype=torch.float32):
+    model = Gpt2(shape) if shape.family == "gpt2" else Llama(shape)
+    return model.to(dtype)
+
+
+def causal_attention(q, k, v):
+    """q (B, H, T, D), k and v (B, H, T, D) -> (B, H, T, D); softmax(q k^T / sqrt(D)) v."""
+    T = q.shape[2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(future, float("-inf"))
+    return F.softmax(scores, dim=-1) @ v
+
+
+def split_heads(x, n_head):
+    """(B, T, n_head * D) -> (B, n_head, T, D)."""
+    B, T, _ = x.shape
+    return x.view(B, T, n_head, -1).transpose(1, 2)
+
+
+def merge_heads(x):
+    """(B, H, T, D) -> (B, T, H * D)."""
+    B, H, T, D = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * D)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPT-2
+
+
+class Conv1D(nn.Module):
+    """HF GPT-2's linear layer: the weight is stored (in, out), so y = x @ W + b."""
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(n_in, n_out))
+        self.bias = nn.Parameter(torch.zeros(n_out))
+
+    def forward(self, x):
+        return x @ self.weight + self.bias
+
+
+def gelu_tanh(x):
+    """HF's gelu_new, the approximation GPT-2 was trained with:
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). PyTorch's fused kernel computes exactly
+    that (reference_checks.check_gelu compares it with the formula) several times faster,
+    which keeps the benchmark peer fair."""
+    return F.gelu(x, approximate="tanh")
+
+
+class Gpt2Attention(nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        self.n_head = shape.n_head
+        self.c_attn = Conv1D(shape.d_model, 3 * shape.d_model)
+        self.c_proj = Conv1D(shape.d_model, shape.d_model)
+
+    def forward(self, x):  # x (B, T, C)
+        q, k, v = self.c_attn(x).split(x.shape[-1], dim=-1)
+        y = causal_attention(*(split_heads(t, self.n_head) for t in (q, k, v)))
+        return self.c_proj(merge_heads(y))
+
+
+class Gpt2Mlp(nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        self.c_fc = Conv1D(shape.d_model, shape.d_ff)
+        self.c_proj = Conv1D(shape.d_ff, shape.d_model)
+
+    def forward(self, x):
+        return self.c_proj(gelu_tanh(self.c_fc(x)))
+
+
+class Gpt2Block(nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(shape.d_model, eps=shape.norm_eps)
+        self.attn = Gpt2Attention(shape)
+        self.ln_2 = nn.LayerNorm(shape.d_model, eps=shape.norm_eps)
+        self.mlp = Gpt2Mlp(shape)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class Gpt2(nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        self.wte = nn.Embedding(shape.vocab_size, shape.d_model)
+        self.wpe = nn.Embedding(shape.max_seq_len, shape.d_model)
+        self.h = nn.ModuleList(Gpt2Block(shape) for _ in range(shape.n_layer))
+        self.ln_f = nn.LayerNorm(shape.d_model, eps=shape.norm_eps)
+
+    def forward(self, tokens):  # tokens (B, T) -> logits (B, T, V)
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.wte(tokens) + self.wpe(positions)
+        for block in self.h:
+            x = block(x)
+        return self.ln_f(x) @ self.wte.weight.T  # the output head is tied to the embedding
+
+
+# ---------------------------------------------------------------------------------------------
+# Llama
+
+
+class RmsNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate_half(x):
+    """HF's convention: the head's two halves (x1, x2) become (-x2, x1)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_cos_sin(seq_len, head_dim, theta, dtype):
+    """cos and sin (T, D) of angle pos * theta^(-2i/D), each frequency used for both halves."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x, cos, sin):  # x (B, H, T, D), cos and sin (T, D)
+    return x * cos + rotate_half(x) * sin
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        D = shape.head_dim
+        self.shape = shape
+        self.q_proj = nn.Linear(shape.d_model, shape.n_head * D, bias=False)
+        self.k_proj = nn.Linear(shape.d_model, shape.n_kv_head * D, bias=False)
+        self.v_proj = nn.Linear(shape.d_model, shape.n_kv_head * D, bias=False)
+        self.o_proj = nn.Linear(shape.n_head * D, shape.d_model, bias=False)
+
+    def forward(self, x):  # x (B, T, C)
+        s = self.shape
+        cos, sin = rope_cos_sin(x.shape[1], s.head_dim, s.rope_theta, x.dtype)
+        q = apply_rope(split_heads(self.q_proj(x), s.n_head), cos, sin)
+        k = apply_rope(split_heads(self.k_proj(x), s.n_kv_head), cos, sin)
+        v = split_heads(self.v_proj(x), s.n_kv_head)
+        # Grouped-query attention: query head h reads kv head h // (n_head / n_kv_head).
+        group = s.n_head // s.n_kv_head
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return self.o_proj(merge_heads(causal_attention(q, k, v)))
+
+
+class LlamaMlp(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.gate_proj = nn.Linear(shape.d_model, shape.d_ff, bias=False)
+        self.up_proj = nn.Linear(shape.d_model, shape.d_ff, bias=False)
+        self.down_proj = nn.Linear(shape.d_ff, shape.d_model, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        self.input_layernorm = RmsNorm(shape.d_model, shape.norm_eps)
+        self.self_attn = LlamaAttention(shape)
+        self.post_attention_layernorm = RmsNorm(shape.d_model, shape.norm_eps)
+        self.mlp = LlamaMlp(shape)
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """The body; its parameters sit under "model." as in LlamaForCausalLM."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.d_model)
+        self.layers = nn.ModuleList(LlamaBlock(shape) for _ in range(shape.n_layer))
+        self.norm = RmsNorm(shape.d_model, shape.norm_eps)
+
+    def forward(self, tokens):
+        x = self.embed_tokens(tokens)
+        for block in self.layers:
+            x = block(x)
+        return self.norm(x)
+
+
+class Llama(nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        self.model = LlamaModel(shape)
+        self.lm_head = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
+
+    def forward(self, tokens):  # tokens (B, T) -> logits (B, T, V)
+        return self.lm_head(self.model(tokens))
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+
+
+def is_norm_weight(name):
+    return ("ln_" in name or "norm" in name) and name.endswith(".weight")
+
+
+def random_weights(model, seed, std=0.02):
+    """{HF name: float32 tensor}: norm weights 1 + N(0, 0.1), everything else N(0, std).
+
+    Norm weights and biases are randomized rather than left at 1 and 0 so a transposed or
+    misnamed one shows up in the comparison."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, param in model.named_parameters():
+        noise = torch.randn(param.shape, generator=generator, dtype=torch.float64)
+        weights[name] = (1.0 + 0.1 * noise if is_norm_weight(name) else std * noise).float()
+    return weights
+
+
+def load_weights(model, weights):
+    """Copies {HF name: tensor} into the model (converting dtype); names must match exactly."""
+    params = dict(model.named_parameters())
+    if set(params) != set(weights):
+        missing, extra = set(params) - set(weights), set(weights) - set(params)
+        raise ValueError(f"weight names differ: missing {sorted(missing)}, extra {sorted(extra)}")
+    with torch.no_grad():
+        for name, param in params.items():
+            if tuple(weights[name].shape) != tuple(param.shape):
+                raise ValueError(f"{name}: shape {tuple(weights[name].shape)}, "
+                                 f"expected {tuple(param.shape)}")
+            param.copy_(weights[name])
