@@ -26,9 +26,9 @@ ThreadPool::~ThreadPool() {
 // Claims chunks of the current loop until none is left. Called with `lock` held; the body runs
 // unlocked so chunks proceed in parallel.
 static void RunChunks(std::unique_lock<std::mutex>& lock,
-                      const std::function<void(size_t, size_t, int)>* body, size_t n,
-                      size_t chunk, int chunks, int& next_chunk, int& pending,
-                      std::condition_variable& done, int thread) {
+                      const std::function<void(size_t, size_t, int)>* body, size_t n, size_t chunk,
+                      int chunks, int& next_chunk, int& pending, std::condition_variable& done,
+                      int thread) {
   while (next_chunk < chunks) {
     const size_t begin = static_cast<size_t>(next_chunk++) * chunk;
     const size_t end = std::min(n, begin + chunk);

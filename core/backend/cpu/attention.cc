@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "core/backend/cpu/gemm.h"
 #include "core/backend/cpu/parallel.h"
+#include "core/backend/cpu/vector_math.h"
 
 namespace dtrain::cpu {
 namespace {
@@ -74,13 +74,9 @@ void AttentionForward(T* out, T* lse, const T* qkv, const AttentionShape& shape,
                     for (int r = 0; r < rows; ++r) {
                       T* __restrict p = probs + static_cast<size_t>(r) * cols;
                       const int valid = i0 + r + 1;  // keys j <= i
-                      T max = -std::numeric_limits<T>::infinity();
-                      for (int j = 0; j < valid; ++j) max = std::max(max, p[j]);
-                      double sum = 0;
-                      for (int j = 0; j < valid; ++j) {
-                        p[j] = std::exp(p[j] - max);
-                        sum += p[j];
-                      }
+                      const T max = MaxOf(p, valid);
+                      ExpShifted(p, valid, max);
+                      const double sum = SumOf(p, valid);
                       const T inv_sum = static_cast<T>(1.0 / sum);
                       for (int j = 0; j < valid; ++j) p[j] *= inv_sum;
                       std::fill(p + valid, p + cols, T(0));
@@ -105,68 +101,67 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
   const size_t scratch_size = AttentionScratchSize(shape);
   const size_t block_size = scratch_size / 2;
   const SerialBlasScope serial_blas;
-  ParallelFor(
-      pool, static_cast<size_t>(shape.batch) * shape.kv_heads, 1,
-      [&](size_t begin, size_t end, int thread) {
-        T* probs = scratch + thread * scratch_size;  // (rows, cols): P of one block
-        T* dprobs = probs + block_size;              // (rows, cols): dP, then dS in place
-        for (size_t task = begin; task < end; ++task) {
-          const int b = static_cast<int>(task / shape.kv_heads);
-          const int kv = static_cast<int>(task % shape.kv_heads);
-          const T* k = KeyHead(qkv, shape, b, kv);
-          const T* v = ValueHead(qkv, shape, b, kv);
-          T* dk = KeyHead(dqkv, shape, b, kv);
-          T* dv = ValueHead(dqkv, shape, b, kv);
-          for (int t = 0; t < time; ++t) {
-            std::fill(dk + static_cast<size_t>(t) * width, dk + static_cast<size_t>(t) * width + d,
-                      T(0));
-            std::fill(dv + static_cast<size_t>(t) * width, dv + static_cast<size_t>(t) * width + d,
-                      T(0));
-          }
-          for (int h = kv * group; h < (kv + 1) * group; ++h) {
-            const T* q = QueryHead(qkv, shape, b, h);
-            const T* o = OutHead(out, shape, b, h);
-            const T* dout_head = OutHead(dout, shape, b, h);
-            T* dq = QueryHead(dqkv, shape, b, h);
-            const T* row_lse = lse + (static_cast<size_t>(b) * shape.heads + h) * time;
-            for (int i0 = 0; i0 < time; i0 += kQueryBlock) {
-              const int rows = std::min(kQueryBlock, time - i0);
-              const int cols = i0 + rows;
-              const T* q_block = q + static_cast<size_t>(i0) * width;
-              const T* o_block = o + static_cast<size_t>(i0) * out_width;
-              const T* dout_block = dout_head + static_cast<size_t>(i0) * out_width;
-              Gemm(false, true, rows, cols, d, scale, q_block, width, k, width, T(0), probs, cols);
-              for (int r = 0; r < rows; ++r) {
-                T* __restrict p = probs + static_cast<size_t>(r) * cols;
-                const int valid = i0 + r + 1;
-                const T l = row_lse[i0 + r];
-                for (int j = 0; j < valid; ++j) p[j] = std::exp(p[j] - l);
-                std::fill(p + valid, p + cols, T(0));
-              }
-              Gemm(true, false, cols, d, rows, T(1), probs, cols, dout_block, out_width, T(1), dv,
-                   width);
-              Gemm(false, true, rows, cols, d, T(1), dout_block, out_width, v, width, T(0), dprobs,
-                   cols);
-              for (int r = 0; r < rows; ++r) {
-                const T* __restrict dy = dout_block + static_cast<size_t>(r) * out_width;
-                const T* __restrict y = o_block + static_cast<size_t>(r) * out_width;
-                T delta = 0;
-                for (int j = 0; j < d; ++j) delta += dy[j] * y[j];
-                const T* __restrict p = probs + static_cast<size_t>(r) * cols;
-                T* __restrict ds = dprobs + static_cast<size_t>(r) * cols;
-                for (int j = 0; j < cols; ++j) ds[j] = p[j] * (ds[j] - delta);
-              }
-              Gemm(false, false, rows, d, cols, scale, dprobs, cols, k, width, T(0),
-                   dq + static_cast<size_t>(i0) * width, width);
-              Gemm(true, false, cols, d, rows, scale, dprobs, cols, q_block, width, T(1), dk,
-                   width);
-            }
-          }
-        }
-      });
+  ParallelFor(pool, static_cast<size_t>(shape.batch) * shape.kv_heads, 1,
+              [&](size_t begin, size_t end, int thread) {
+                T* probs = scratch + thread * scratch_size;  // (rows, cols): P of one block
+                T* dprobs = probs + block_size;              // (rows, cols): dP, then dS in place
+                for (size_t task = begin; task < end; ++task) {
+                  const int b = static_cast<int>(task / shape.kv_heads);
+                  const int kv = static_cast<int>(task % shape.kv_heads);
+                  const T* k = KeyHead(qkv, shape, b, kv);
+                  const T* v = ValueHead(qkv, shape, b, kv);
+                  T* dk = KeyHead(dqkv, shape, b, kv);
+                  T* dv = ValueHead(dqkv, shape, b, kv);
+                  for (int t = 0; t < time; ++t) {
+                    std::fill(dk + static_cast<size_t>(t) * width,
+                              dk + static_cast<size_t>(t) * width + d, T(0));
+                    std::fill(dv + static_cast<size_t>(t) * width,
+                              dv + static_cast<size_t>(t) * width + d, T(0));
+                  }
+                  for (int h = kv * group; h < (kv + 1) * group; ++h) {
+                    const T* q = QueryHead(qkv, shape, b, h);
+                    const T* o = OutHead(out, shape, b, h);
+                    const T* dout_head = OutHead(dout, shape, b, h);
+                    T* dq = QueryHead(dqkv, shape, b, h);
+                    const T* row_lse = lse + (static_cast<size_t>(b) * shape.heads + h) * time;
+                    for (int i0 = 0; i0 < time; i0 += kQueryBlock) {
+                      const int rows = std::min(kQueryBlock, time - i0);
+                      const int cols = i0 + rows;
+                      const T* q_block = q + static_cast<size_t>(i0) * width;
+                      const T* o_block = o + static_cast<size_t>(i0) * out_width;
+                      const T* dout_block = dout_head + static_cast<size_t>(i0) * out_width;
+                      Gemm(false, true, rows, cols, d, scale, q_block, width, k, width, T(0), probs,
+                           cols);
+                      for (int r = 0; r < rows; ++r) {
+                        T* __restrict p = probs + static_cast<size_t>(r) * cols;
+                        const int valid = i0 + r + 1;
+                        ExpShifted(p, valid, row_lse[i0 + r]);
+                        std::fill(p + valid, p + cols, T(0));
+                      }
+                      Gemm(true, false, cols, d, rows, T(1), probs, cols, dout_block, out_width,
+                           T(1), dv, width);
+                      Gemm(false, true, rows, cols, d, T(1), dout_block, out_width, v, width, T(0),
+                           dprobs, cols);
+                      for (int r = 0; r < rows; ++r) {
+                        const T* __restrict dy = dout_block + static_cast<size_t>(r) * out_width;
+                        const T* __restrict y = o_block + static_cast<size_t>(r) * out_width;
+                        T delta = 0;
+                        for (int j = 0; j < d; ++j) delta += dy[j] * y[j];
+                        const T* __restrict p = probs + static_cast<size_t>(r) * cols;
+                        T* __restrict ds = dprobs + static_cast<size_t>(r) * cols;
+                        for (int j = 0; j < cols; ++j) ds[j] = p[j] * (ds[j] - delta);
+                      }
+                      Gemm(false, false, rows, d, cols, scale, dprobs, cols, k, width, T(0),
+                           dq + static_cast<size_t>(i0) * width, width);
+                      Gemm(true, false, cols, d, rows, scale, dprobs, cols, q_block, width, T(1),
+                           dk, width);
+                    }
+                  }
+                }
+              });
 }
 
-#define DTRAIN_INSTANTIATE(T)                                                                 \
+#define DTRAIN_INSTANTIATE(T)                                                                  \
   template void AttentionForward<T>(T*, T*, const T*, const AttentionShape&, T*, ThreadPool*); \
   template void AttentionBackward<T>(T*, const T*, const T*, const T*, const T*,               \
                                      const AttentionShape&, T*, ThreadPool*);

@@ -6,6 +6,7 @@
 
 #include "core/backend/cpu/gemm.h"
 #include "core/backend/cpu/parallel.h"
+#include "core/backend/cpu/vector_math.h"
 
 namespace dtrain::cpu {
 
@@ -26,15 +27,11 @@ double ClassifierForwardBackward(T* dx, T* dweight, const T* x, const T* weight,
       for (size_t r = begin; r < end; ++r) {
         T* __restrict row = logits + r * v;
         const int32_t target = targets[r0 + r];
-        T max = row[0];
-        for (int j = 1; j < v; ++j) max = std::max(max, row[j]);
+        const T max = MaxOf(row, v);
         const double target_logit = target >= 0 ? row[target] : 0.0;
         // Exponentials replace the logits so the gradient below needs no second exp.
-        double sum = 0;
-        for (int j = 0; j < v; ++j) {
-          row[j] = std::exp(row[j] - max);
-          sum += row[j];
-        }
+        ExpShifted(row, v, max);
+        const double sum = SumOf(row, v);
         row_loss[r] = target >= 0 ? max + std::log(sum) - target_logit : 0.0;
         if (dx == nullptr) continue;
         const T factor = target >= 0 ? static_cast<T>(grad_scale / sum) : T(0);

@@ -26,8 +26,8 @@ void CpuBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, f
   cpu::Gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-void CpuBackend::LinearForward(float* out, const float* inp, const float* weight,
-                               const float* bias, int n, int in_features, int out_features) {
+void CpuBackend::LinearForward(float* out, const float* inp, const float* weight, const float* bias,
+                               int n, int in_features, int out_features) {
   cpu::LinearForward(out, inp, weight, bias, n, in_features, out_features, &pool_);
 }
 
@@ -39,8 +39,7 @@ void CpuBackend::LinearBackward(float* dinp, float* dweight, float* dbias, const
 }
 
 void CpuBackend::LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
-                                  const float* weight, const float* bias, int n, int c,
-                                  float eps) {
+                                  const float* weight, const float* bias, int n, int c, float eps) {
   cpu::LayerNormForward(out, mean, rstd, inp, weight, bias, n, c, eps, &pool_);
 }
 
@@ -55,9 +54,8 @@ void CpuBackend::RmsNormForward(float* out, float* rstd, const float* inp, const
   cpu::RmsNormForward(out, rstd, inp, weight, n, c, eps, &pool_);
 }
 
-void CpuBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout,
-                                 const float* inp, const float* weight, const float* rstd, int n,
-                                 int c) {
+void CpuBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                 const float* weight, const float* rstd, int n, int c) {
   cpu::RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, n, c, &pool_);
 }
 
@@ -78,8 +76,7 @@ void CpuBackend::SwiGluBackward(float* dgate_up, const float* gate_up, const flo
   cpu::SwiGluBackward(dgate_up, gate_up, dout, n, f, &pool_);
 }
 
-void CpuBackend::RopeForward(float* qkv, const AttentionShape& shape, float theta,
-                             int pos_offset) {
+void CpuBackend::RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset) {
   cpu::RopeForward(qkv, shape, theta, pos_offset, &pool_);
 }
 
@@ -107,8 +104,7 @@ void CpuBackend::EmbeddingForward(float* out, const int32_t* tokens, const float
 }
 
 void CpuBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
-                                   const float* dout, const int32_t* tokens, int b, int t,
-                                   int c) {
+                                   const float* dout, const int32_t* tokens, int b, int t, int c) {
   cpu::EmbeddingBackward(dtoken_embedding, dposition_embedding, dout, tokens, b, t, c, &pool_);
 }
 

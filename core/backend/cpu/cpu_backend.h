@@ -27,14 +27,13 @@ class CpuBackend : public Backend {
                       const float* inp, const float* weight, int n, int in_features,
                       int out_features) override;
 
-  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
-                        const float* weight, const float* bias, int n, int c,
-                        float eps) override;
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, int n, int c, float eps) override;
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
                          const float* rstd, int n, int c) override;
-  void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int n,
-                      int c, float eps) override;
+  void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int n, int c,
+                      float eps) override;
   void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                        const float* weight, const float* rstd, int n, int c) override;
 
@@ -45,8 +44,7 @@ class CpuBackend : public Backend {
                       int f) override;
 
   void RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset) override;
-  void RopeBackward(float* dqkv, const AttentionShape& shape, float theta,
-                    int pos_offset) override;
+  void RopeBackward(float* dqkv, const AttentionShape& shape, float theta, int pos_offset) override;
 
   void AttentionForward(float* out, float* lse, const float* qkv,
                         const AttentionShape& shape) override;
@@ -58,9 +56,9 @@ class CpuBackend : public Backend {
   void EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding, const float* dout,
                          const int32_t* tokens, int b, int t, int c) override;
 
-  double ClassifierForwardBackward(float* dx, float* dweight, const float* x,
-                                   const float* weight, const int32_t* targets, int n, int c,
-                                   int v, float grad_scale) override;
+  double ClassifierForwardBackward(float* dx, float* dweight, const float* x, const float* weight,
+                                   const int32_t* targets, int n, int c, int v,
+                                   float grad_scale) override;
 
   void Add(float* out, const float* a, const float* b, size_t n) override;
   double SumSquares(const float* x, size_t n) override;

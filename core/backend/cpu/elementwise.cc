@@ -67,10 +67,10 @@ void Zero(T* x, size_t n, ThreadPool* pool) {
               [&](size_t begin, size_t end, int) { std::fill(x + begin, x + end, T(0)); });
 }
 
-#define DTRAIN_INSTANTIATE(T)                                             \
-  template void Add<T>(T*, const T*, const T*, size_t, ThreadPool*);      \
-  template double SumSquares<T>(const T*, size_t, ThreadPool*);           \
-  template void Scale<T>(T*, T, size_t, ThreadPool*);                     \
+#define DTRAIN_INSTANTIATE(T)                                        \
+  template void Add<T>(T*, const T*, const T*, size_t, ThreadPool*); \
+  template double SumSquares<T>(const T*, size_t, ThreadPool*);      \
+  template void Scale<T>(T*, T, size_t, ThreadPool*);                \
   template void Zero<T>(T*, size_t, ThreadPool*);
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(double)

@@ -40,11 +40,10 @@ void EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const T* dou
   });
 }
 
-#define DTRAIN_INSTANTIATE(T)                                                                \
-  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int,   \
-                                    ThreadPool*);                                            \
-  template void EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, int, int, int,        \
-                                     ThreadPool*);
+#define DTRAIN_INSTANTIATE(T)                                                              \
+  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int, \
+                                    ThreadPool*);                                          \
+  template void EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, int, int, int, ThreadPool*);
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(double)
 #undef DTRAIN_INSTANTIATE

@@ -10,15 +10,15 @@ static CBLAS_TRANSPOSE Op(bool transpose) { return transpose ? CblasTrans : Cbla
 void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
           int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   if (m == 0 || n == 0) return;
-  cblas_sgemm(CblasRowMajor, Op(transpose_a), Op(transpose_b), m, n, k, alpha, a, lda, b, ldb,
-              beta, c, ldc);
+  cblas_sgemm(CblasRowMajor, Op(transpose_a), Op(transpose_b), m, n, k, alpha, a, lda, b, ldb, beta,
+              c, ldc);
 }
 
 void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, double alpha, const double* a,
           int lda, const double* b, int ldb, double beta, double* c, int ldc) {
   if (m == 0 || n == 0) return;
-  cblas_dgemm(CblasRowMajor, Op(transpose_a), Op(transpose_b), m, n, k, alpha, a, lda, b, ldb,
-              beta, c, ldc);
+  cblas_dgemm(CblasRowMajor, Op(transpose_a), Op(transpose_b), m, n, k, alpha, a, lda, b, ldb, beta,
+              c, ldc);
 }
 
 SerialBlasScope::SerialBlasScope() : saved_threads_(openblas_get_num_threads()) {

@@ -26,11 +26,11 @@ template <typename T>
 void LinearBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                     int n, int in_features, int out_features, ThreadPool* pool) {
   if (dinp != nullptr) {
-    Gemm(false, false, n, in_features, out_features, T(1), dout, out_features, weight,
-         in_features, T(0), dinp, in_features);
+    Gemm(false, false, n, in_features, out_features, T(1), dout, out_features, weight, in_features,
+         T(0), dinp, in_features);
   }
-  Gemm(true, false, out_features, in_features, n, T(1), dout, out_features, inp, in_features,
-       T(1), dweight, in_features);
+  Gemm(true, false, out_features, in_features, n, T(1), dout, out_features, inp, in_features, T(1),
+       dweight, in_features);
   if (dbias != nullptr) AddColumnSums(dbias, dout, n, out_features, pool);
 }
 
@@ -46,7 +46,7 @@ void AddColumnSums(T* sums, const T* x, int n, int c, ThreadPool* pool) {
   });
 }
 
-#define DTRAIN_INSTANTIATE(T)                                                                 \
+#define DTRAIN_INSTANTIATE(T)                                                                   \
   template void LinearForward<T>(T*, const T*, const T*, const T*, int, int, int, ThreadPool*); \
   template void LinearBackward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int,      \
                                   ThreadPool*);                                                 \

@@ -14,8 +14,8 @@ constexpr size_t kColumnGrain = 64;
 }  // namespace
 
 template <typename T>
-void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
-                      int n, int c, T eps, ThreadPool* pool) {
+void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int n,
+                      int c, T eps, ThreadPool* pool) {
   ParallelFor(pool, n, kRowGrain, [&](size_t begin, size_t end, int) {
     for (size_t i = begin; i < end; ++i) {
       const T* __restrict x = inp + i * c;
@@ -35,9 +35,8 @@ void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, c
 }
 
 template <typename T>
-void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                       const T* weight, const T* mean, const T* rstd, int n, int c,
-                       ThreadPool* pool) {
+void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                       const T* mean, const T* rstd, int n, int c, ThreadPool* pool) {
   ParallelFor(pool, n, kRowGrain, [&](size_t begin, size_t end, int) {
     for (size_t i = begin; i < end; ++i) {
       const T* __restrict x = inp + i * c;
@@ -120,13 +119,13 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
   });
 }
 
-#define DTRAIN_INSTANTIATE(T)                                                                  \
-  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, T,     \
-                                    ThreadPool*);                                              \
-  template void LayerNormBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,       \
-                                     const T*, int, int, ThreadPool*);                         \
-  template void RmsNormForward<T>(T*, T*, const T*, const T*, int, int, T, ThreadPool*);       \
-  template void RmsNormBackward<T>(T*, T*, const T*, const T*, const T*, const T*, int, int, \
+#define DTRAIN_INSTANTIATE(T)                                                                      \
+  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, T,         \
+                                    ThreadPool*);                                                  \
+  template void LayerNormBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, \
+                                     int, int, ThreadPool*);                                       \
+  template void RmsNormForward<T>(T*, T*, const T*, const T*, int, int, T, ThreadPool*);           \
+  template void RmsNormBackward<T>(T*, T*, const T*, const T*, const T*, const T*, int, int,       \
                                    ThreadPool*);
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(double)

@@ -15,13 +15,12 @@ namespace dtrain::cpu {
 
 // out (N, C), mean (N), rstd (N); inp (N, C), weight (C), bias (C).
 template <typename T>
-void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
-                      int n, int c, T eps, ThreadPool* pool);
+void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int n,
+                      int c, T eps, ThreadPool* pool);
 // dinp (N, C) +=, dweight (C) +=, dbias (C) +=.
 template <typename T>
-void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                       const T* weight, const T* mean, const T* rstd, int n, int c,
-                       ThreadPool* pool);
+void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                       const T* mean, const T* rstd, int n, int c, ThreadPool* pool);
 
 // out (N, C), rstd (N); inp (N, C), weight (C).
 template <typename T>

@@ -60,8 +60,8 @@ void RopeBackward(T* dqkv, const AttentionShape& shape, double theta, int pos_of
   Rotate(dqkv, shape, theta, pos_offset, T(-1), pool);
 }
 
-#define DTRAIN_INSTANTIATE(T)                                                                 \
-  template void RopeForward<T>(T*, const AttentionShape&, double, int, ThreadPool*);           \
+#define DTRAIN_INSTANTIATE(T)                                                        \
+  template void RopeForward<T>(T*, const AttentionShape&, double, int, ThreadPool*); \
   template void RopeBackward<T>(T*, const AttentionShape&, double, int, ThreadPool*);
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(double)

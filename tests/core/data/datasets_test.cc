@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -26,10 +27,10 @@ class DatasetsTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  // A text file of `n` bytes whose byte i is i % 200.
-  std::string WriteText(const std::string& name, int n) const {
+  // A text file of `n` bytes whose byte i is first + i.
+  std::string WriteText(const std::string& name, int n, int first = 0) const {
     std::string text;
-    for (int i = 0; i < n; ++i) text.push_back(static_cast<char>(i % 200));
+    for (int i = 0; i < n; ++i) text.push_back(static_cast<char>(first + i));
     std::ofstream((dir_ / name).string(), std::ios::binary) << text;
     return (dir_ / name).string();
   }
@@ -40,7 +41,7 @@ class DatasetsTest : public ::testing::Test {
 
 TEST_F(DatasetsTest, SplitsTheLastValFractionOffTheTrainingTokens) {
   WriteText("a.txt", 60);
-  WriteText("b.txt", 40);
+  WriteText("b.txt", 40, 60);  // tokens 0..99 in glob order
   recipe_.data.train = {(dir_ / "*.txt").string()};
   recipe_.data.val_fraction = 0.2;  // 100 tokens: train [0, 80), val [80, 100)
   absl::StatusOr<Datasets> data = OpenDatasets(recipe_, 0, 1);
@@ -48,19 +49,18 @@ TEST_F(DatasetsTest, SplitsTheLastValFractionOffTheTrainingTokens) {
   EXPECT_EQ(data->train_tokens, 80);
   EXPECT_EQ(data->val_tokens, 20);
 
-  // Training sees token values 0..79 only (b.txt's bytes restart at 0, so check positions via
-  // the 19 windows of 80 tokens: one epoch covers inputs 0..75).
+  // One training epoch: the (80 - 1) / 4 = 19 windows of tokens 0..79, targets up to 76.
   std::vector<int32_t> inputs(19 * 4), targets(19 * 4);
   ASSERT_TRUE(data->train->Next(19, inputs.data(), targets.data()).ok());
-  EXPECT_EQ(*std::max_element(targets.begin(), targets.end()), 60 + 19);
+  EXPECT_EQ(*std::max_element(targets.begin(), targets.end()), 76);
 
-  // Validation: windows over tokens 80..99 = b.txt bytes 20..39.
+  // Validation: windows over tokens 80..99.
   std::vector<int32_t> val_in(8), val_out(8);
   absl::StatusOr<int> rows = data->val->Next(2, val_in.data(), val_out.data());
   ASSERT_TRUE(rows.ok());
   EXPECT_EQ(*rows, 2);
-  EXPECT_EQ(val_in[0], 20);
-  EXPECT_EQ(val_in[4], 24);
+  EXPECT_EQ(val_in[0], 80);
+  EXPECT_EQ(val_in[4], 84);
 }
 
 TEST_F(DatasetsTest, UsesValFilesWhenGiven) {

@@ -186,16 +186,16 @@ struct ConsistencyCase {
   std::vector<std::string> expected;  // substrings of the message
 };
 
-class ConsistencyTest : public ::testing::TestWithParam<ConsistencyCase> {};
+class RecipeConsistencyTest : public ::testing::TestWithParam<ConsistencyCase> {};
 
-TEST_P(ConsistencyTest, NamesKeyAndFix) {
+TEST_P(RecipeConsistencyTest, NamesKeyAndFix) {
   const std::string error = ErrorOf(kMinimal, GetParam().overrides);
   ASSERT_FALSE(error.empty());
   for (const std::string& part : GetParam().expected) EXPECT_THAT(error, HasSubstr(part));
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Rules, ConsistencyTest,
+    Rules, RecipeConsistencyTest,
     ::testing::Values(
         ConsistencyCase{
             {"model.d_model=100", "model.n_head=3"},

@@ -41,8 +41,8 @@ TEST(AdamWTest, ThreeStepsMatchHandComputedReference) {
     AdamW(p.data(), grad.data(), m.data(), v.data(), n, kLr, kBeta1, kBeta2, kEps, kWeightDecay,
           step, nullptr);
     const std::vector<float> grad_f(grad.begin(), grad.end());
-    backend.AdamW(p_f.data(), grad_f.data(), m_f.data(), v_f.data(), n, kLr, kBeta1, kBeta2,
-                  kEps, kWeightDecay, step);
+    backend.AdamW(p_f.data(), grad_f.data(), m_f.data(), v_f.data(), n, kLr, kBeta1, kBeta2, kEps,
+                  kWeightDecay, step);
     for (size_t i = 0; i < n; ++i) {
       EXPECT_NEAR(p[i], reference[i].p, 1e-14) << "step " << step << " value " << i;
       EXPECT_NEAR(m[i], reference[i].m, 1e-14);

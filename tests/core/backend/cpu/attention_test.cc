@@ -20,11 +20,11 @@ using testing::RoundToFloat;
 using testing::ToFloat;
 
 // Grouped-query, T not a power of two (one query block).
-constexpr AttentionShape kSmall = {.batch = 2, .time = 13, .heads = 4, .kv_heads = 2,
-                                   .head_dim = 8};
+constexpr AttentionShape kSmall = {
+    .batch = 2, .time = 13, .heads = 4, .kv_heads = 2, .head_dim = 8};
 // T past one 64-row query block, so blocks and the dK/dV accumulation across them are covered.
-constexpr AttentionShape kMultiBlock = {.batch = 1, .time = 67, .heads = 3, .kv_heads = 1,
-                                        .head_dim = 4};
+constexpr AttentionShape kMultiBlock = {
+    .batch = 1, .time = 67, .heads = 3, .kv_heads = 1, .head_dim = 4};
 
 size_t QkvSize(const AttentionShape& s) {
   return static_cast<size_t>(s.batch) * s.time * s.qkv_width();
@@ -124,8 +124,7 @@ FloatResult RunFloat(int threads, const AttentionShape& shape, const std::vector
 }
 
 TEST(AttentionTest, FloatBackendMatchesDoubleAndIsIndependentOfThreads) {
-  const AttentionShape shape = {.batch = 2, .time = 130, .heads = 4, .kv_heads = 2,
-                                .head_dim = 16};
+  const AttentionShape shape = {.batch = 2, .time = 130, .heads = 4, .kv_heads = 2, .head_dim = 16};
   const auto qkv = RoundToFloat(RandomVector(QkvSize(shape), 1, -2, 2));
   const auto dout = RoundToFloat(RandomVector(OutSize(shape), 2));
   std::vector<double> out(OutSize(shape)), lse(LseSize(shape)), dqkv(QkvSize(shape));

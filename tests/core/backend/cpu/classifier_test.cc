@@ -51,9 +51,9 @@ TEST(ClassifierTest, LossMatchesNaiveLogSoftmaxAndIgnoresNegativeTargets) {
   const auto w = RandomVector(kVocab * kChannels, 2, -2, 2);
   const auto targets = Targets(kRows, kVocab);
   std::vector<double> scratch(ClassifierScratchSize(kVocab));
-  const double loss = ClassifierForwardBackward<double>(nullptr, nullptr, x.data(), w.data(),
-                                                        targets.data(), kRows, kChannels, kVocab,
-                                                        1.0, scratch.data(), nullptr);
+  const double loss =
+      ClassifierForwardBackward<double>(nullptr, nullptr, x.data(), w.data(), targets.data(), kRows,
+                                        kChannels, kVocab, 1.0, scratch.data(), nullptr);
   EXPECT_NEAR(loss, NaiveLoss(x, w, targets, kRows, kChannels, kVocab), 1e-10);
 
   std::vector<int32_t> all_ignored(kRows, -1);
@@ -74,14 +74,14 @@ TEST(ClassifierTest, GradientsMatchFiniteDifferencesOfScaledLoss) {
   std::vector<double> scratch(ClassifierScratchSize(kVocab));
   auto loss = [&] {
     return grad_scale * ClassifierForwardBackward<double>(nullptr, nullptr, x.data(), w.data(),
-                                                          targets.data(), kRows, kChannels,
-                                                          kVocab, 1.0, scratch.data(), nullptr);
+                                                          targets.data(), kRows, kChannels, kVocab,
+                                                          1.0, scratch.data(), nullptr);
   };
   const auto dw0 = RandomVector(w.size(), 3);
   auto dx = RandomVector(x.size(), 4);  // written, whatever it held
   auto dw = dw0;
-  ClassifierForwardBackward<double>(dx.data(), dw.data(), x.data(), w.data(), targets.data(),
-                                    kRows, kChannels, kVocab, grad_scale, scratch.data(), nullptr);
+  ClassifierForwardBackward<double>(dx.data(), dw.data(), x.data(), w.data(), targets.data(), kRows,
+                                    kChannels, kVocab, grad_scale, scratch.data(), nullptr);
   ExpectGradientMatches(x, loss, dx, "dx");
   ExpectGradientMatches(w, loss, Difference(dw, dw0), "dweight");
 }
@@ -94,15 +94,15 @@ TEST(ClassifierTest, FloatBackendMatchesDouble) {
   const double grad_scale = 1.0 / n;
   std::vector<double> dx(x.size()), dw(w.size()), scratch(ClassifierScratchSize(v));
   const double loss =
-      ClassifierForwardBackward<double>(dx.data(), dw.data(), x.data(), w.data(), targets.data(),
-                                        n, c, v, grad_scale, scratch.data(), nullptr);
+      ClassifierForwardBackward<double>(dx.data(), dw.data(), x.data(), w.data(), targets.data(), n,
+                                        c, v, grad_scale, scratch.data(), nullptr);
 
   CpuBackend backend(2);
   const auto x_f = ToFloat(x), w_f = ToFloat(w);
   std::vector<float> dx_f(x.size()), dw_f(w.size());
-  const double loss_f = backend.ClassifierForwardBackward(dx_f.data(), dw_f.data(), x_f.data(),
-                                                          w_f.data(), targets.data(), n, c, v,
-                                                          static_cast<float>(grad_scale));
+  const double loss_f =
+      backend.ClassifierForwardBackward(dx_f.data(), dw_f.data(), x_f.data(), w_f.data(),
+                                        targets.data(), n, c, v, static_cast<float>(grad_scale));
   EXPECT_NEAR(loss_f, loss, testing::kFloatTolerance * loss);
   ExpectFloatMatches(dx_f, dx, "dx");
   ExpectFloatMatches(dw_f, dw, "dweight");

@@ -26,8 +26,8 @@ TEST(EmbeddingTest, BackwardMatchesFiniteDifferences) {
   const auto r = RandomVector(kBatch * kTime * kChannels, 3);
   auto loss = [&] {
     std::vector<double> out(r.size());
-    EmbeddingForward(out.data(), kTokens.data(), wte.data(), wpe.data(), kBatch, kTime,
-                     kChannels, nullptr);
+    EmbeddingForward(out.data(), kTokens.data(), wte.data(), wpe.data(), kBatch, kTime, kChannels,
+                     nullptr);
     return Dot(out, r);
   };
   const auto dwte0 = RandomVector(wte.size(), 4), dwpe0 = RandomVector(wpe.size(), 5);
@@ -47,8 +47,8 @@ TEST(EmbeddingTest, FloatBackendMatchesDoubleWithAndWithoutPositions) {
   CpuBackend backend(2);
   for (bool positions : {true, false}) {
     std::vector<double> out(dout.size()), dwte(wte.size()), dwpe(wpe.size());
-    EmbeddingForward(out.data(), tokens.data(), wte.data(), positions ? wpe.data() : nullptr,
-                     batch, time, channels, nullptr);
+    EmbeddingForward(out.data(), tokens.data(), wte.data(), positions ? wpe.data() : nullptr, batch,
+                     time, channels, nullptr);
     EmbeddingBackward(dwte.data(), positions ? dwpe.data() : nullptr, dout.data(), tokens.data(),
                       batch, time, channels, nullptr);
     const auto wte_f = ToFloat(wte), wpe_f = ToFloat(wpe), dout_f = ToFloat(dout);

@@ -47,14 +47,13 @@ TEST(LinearTest, FloatBackendMatchesDouble) {
   const auto dout = RoundToFloat(RandomVector(kRows * kOut, 4));
   std::vector<double> out(kRows * kOut), dinp(kRows * kIn), dweight(kOut * kIn), dbias(kOut);
   LinearForward(out.data(), inp.data(), weight.data(), bias.data(), kRows, kIn, kOut, nullptr);
-  LinearBackward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
-                 weight.data(), kRows, kIn, kOut, nullptr);
+  LinearBackward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(),
+                 kRows, kIn, kOut, nullptr);
 
   CpuBackend backend(2);
   const auto inp_f = ToFloat(inp), weight_f = ToFloat(weight), bias_f = ToFloat(bias);
   const auto dout_f = ToFloat(dout);
-  std::vector<float> out_f(kRows * kOut), dinp_f(kRows * kIn), dweight_f(kOut * kIn),
-      dbias_f(kOut);
+  std::vector<float> out_f(kRows * kOut), dinp_f(kRows * kIn), dweight_f(kOut * kIn), dbias_f(kOut);
   backend.LinearForward(out_f.data(), inp_f.data(), weight_f.data(), bias_f.data(), kRows, kIn,
                         kOut);
   backend.LinearBackward(dinp_f.data(), dweight_f.data(), dbias_f.data(), dout_f.data(),

@@ -27,8 +27,8 @@ TEST(LayerNormTest, BackwardMatchesFiniteDifferences) {
   const auto r = RandomVector(kRows * kChannels, 4);
   std::vector<double> out(kRows * kChannels), mean(kRows), rstd(kRows);
   auto loss = [&] {
-    LayerNormForward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
-                     bias.data(), kRows, kChannels, kEps, nullptr);
+    LayerNormForward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(),
+                     kRows, kChannels, kEps, nullptr);
     return Dot(out, r);
   };
   loss();
@@ -37,8 +37,8 @@ TEST(LayerNormTest, BackwardMatchesFiniteDifferences) {
   const auto dweight0 = RandomVector(kChannels, 6);
   const auto dbias0 = RandomVector(kChannels, 7);
   auto dinp = dinp0, dweight = dweight0, dbias = dbias0;
-  LayerNormBackward(dinp.data(), dweight.data(), dbias.data(), r.data(), inp.data(),
-                    weight.data(), mean.data(), rstd.data(), kRows, kChannels, nullptr);
+  LayerNormBackward(dinp.data(), dweight.data(), dbias.data(), r.data(), inp.data(), weight.data(),
+                    mean.data(), rstd.data(), kRows, kChannels, nullptr);
   ExpectGradientMatches(inp, loss, Difference(dinp, dinp0), "dinp");
   ExpectGradientMatches(weight, loss, Difference(dweight, dweight0), "dweight");
   ExpectGradientMatches(bias, loss, Difference(dbias, dbias0), "dbias");
@@ -87,8 +87,8 @@ TEST(LayerNormTest, FloatBackendMatchesDouble) {
   backend.LayerNormForward(out_f.data(), mean_f.data(), rstd_f.data(), inp_f.data(),
                            weight_f.data(), bias_f.data(), kBigRows, kBigChannels, kEps);
   backend.LayerNormBackward(dinp_f.data(), dweight_f.data(), dbias_f.data(), dout_f.data(),
-                            inp_f.data(), weight_f.data(), mean_f.data(), rstd_f.data(),
-                            kBigRows, kBigChannels);
+                            inp_f.data(), weight_f.data(), mean_f.data(), rstd_f.data(), kBigRows,
+                            kBigChannels);
   ExpectFloatMatches(out_f, out, "out");
   ExpectFloatMatches(mean_f, mean, "mean");
   ExpectFloatMatches(rstd_f, rstd, "rstd");
@@ -102,10 +102,10 @@ TEST(RmsNormTest, FloatBackendMatchesDouble) {
   const auto weight = RoundToFloat(RandomVector(kBigChannels, 2));
   const auto dout = RoundToFloat(RandomVector(kBigRows * kBigChannels, 4));
   std::vector<double> out(inp.size()), rstd(kBigRows), dinp(inp.size()), dweight(kBigChannels);
-  RmsNormForward(out.data(), rstd.data(), inp.data(), weight.data(), kBigRows, kBigChannels,
-                 kEps, nullptr);
-  RmsNormBackward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(),
-                  rstd.data(), kBigRows, kBigChannels, nullptr);
+  RmsNormForward(out.data(), rstd.data(), inp.data(), weight.data(), kBigRows, kBigChannels, kEps,
+                 nullptr);
+  RmsNormBackward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(), rstd.data(),
+                  kBigRows, kBigChannels, nullptr);
 
   CpuBackend backend(2);
   const auto inp_f = ToFloat(inp), weight_f = ToFloat(weight), dout_f = ToFloat(dout);

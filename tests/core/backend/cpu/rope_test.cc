@@ -17,8 +17,7 @@ using testing::RandomVector;
 using testing::RoundToFloat;
 using testing::ToFloat;
 
-constexpr AttentionShape kShape = {.batch = 2, .time = 5, .heads = 4, .kv_heads = 2,
-                                   .head_dim = 6};
+constexpr AttentionShape kShape = {.batch = 2, .time = 5, .heads = 4, .kv_heads = 2, .head_dim = 6};
 constexpr double kTheta = 10000.0;
 constexpr int kPosOffset = 3;
 
@@ -65,8 +64,7 @@ TEST(RopeTest, BackwardMatchesFiniteDifferences) {
 }
 
 TEST(RopeTest, FloatBackendMatchesDouble) {
-  const AttentionShape shape = {.batch = 3, .time = 37, .heads = 4, .kv_heads = 1,
-                                .head_dim = 16};
+  const AttentionShape shape = {.batch = 3, .time = 37, .heads = 4, .kv_heads = 1, .head_dim = 16};
   const auto qkv = RoundToFloat(RandomVector(QkvSize(shape), 1));
   auto forward = qkv, backward = qkv;
   RopeForward(forward.data(), shape, kTheta, kPosOffset, nullptr);
