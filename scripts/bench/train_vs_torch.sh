@@ -67,7 +67,8 @@ dtrain_run() {
   local steps=$1 out=$scratch/dtrain_out
   shift
   local sets=(run.threads="$threads" run.out_dir="$out" run.name=bench train.steps="$steps"
-              train.eval_every=0 logging.sample_tokens=0 train.export_to= "$@")
+              train.warmup_steps=1 train.eval_every=0 logging.sample_tokens=0 train.export_to=
+              "$@")
   rm -rf "$out"
   as_set_args "${sets[@]}"
   local rss

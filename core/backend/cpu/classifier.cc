@@ -10,16 +10,25 @@
 
 namespace dtrain::cpu {
 
-size_t ClassifierScratchSize(int v) { return static_cast<size_t>(kClassifierChunkRows) * v; }
+int ClassifierChunkRows(int v) {
+  constexpr size_t kBudgetValues = (size_t{128} << 20) / sizeof(float);
+  constexpr int kMinRows = 128;
+  const size_t rows = kBudgetValues / static_cast<size_t>(v);
+  if (rows >= (size_t{1} << 30)) return 1 << 30;
+  return std::max(kMinRows, static_cast<int>(rows / 64 * 64));
+}
+
+size_t ClassifierScratchSize(int chunk_rows, int v) { return static_cast<size_t>(chunk_rows) * v; }
 
 template <typename T>
 double ClassifierForwardBackward(T* dx, T* dweight, const T* x, const T* weight,
                                  const int32_t* targets, int n, int c, int v, T grad_scale,
-                                 T* scratch, ThreadPool* pool) {
-  std::vector<double> row_loss(kClassifierChunkRows);
+                                 int chunk_rows, T* scratch, ThreadPool* pool) {
+  chunk_rows = std::min(chunk_rows, n);
+  std::vector<double> row_loss(chunk_rows);
   double loss = 0;
-  for (int r0 = 0; r0 < n; r0 += kClassifierChunkRows) {
-    const int rows = std::min(kClassifierChunkRows, n - r0);
+  for (int r0 = 0; r0 < n; r0 += chunk_rows) {
+    const int rows = std::min(chunk_rows, n - r0);
     const T* x_chunk = x + static_cast<size_t>(r0) * c;
     T* logits = scratch;  // (rows, V)
     Gemm(false, true, rows, v, c, T(1), x_chunk, c, weight, c, T(0), logits, v);
@@ -49,10 +58,10 @@ double ClassifierForwardBackward(T* dx, T* dweight, const T* x, const T* weight,
 }
 
 template double ClassifierForwardBackward<float>(float*, float*, const float*, const float*,
-                                                 const int32_t*, int, int, int, float, float*,
+                                                 const int32_t*, int, int, int, float, int, float*,
                                                  ThreadPool*);
 template double ClassifierForwardBackward<double>(double*, double*, const double*, const double*,
-                                                  const int32_t*, int, int, int, double, double*,
-                                                  ThreadPool*);
+                                                  const int32_t*, int, int, int, double, int,
+                                                  double*, ThreadPool*);
 
 }  // namespace dtrain::cpu

@@ -1,6 +1,5 @@
-// The output layer fused with softmax and cross-entropy, in chunks of kClassifierChunkRows rows
-// so only (chunk, V) logits exist at once (the full (N, V) would be 205 MB at N = 1024,
-// V = 50257). Per chunk:
+// The output layer fused with softmax and cross-entropy, in chunks of rows so only (chunk, V)
+// logits exist at once (the full (N, V) would be 205 MB at N = 1024, V = 50257). Per chunk:
 //   logits = x_chunk @ weight^T                         (one GEMM, threaded by OpenBLAS)
 //   loss  += lse - logit[target]  per row, in double    (rows split across the pool)
 //   dlogits = (softmax - onehot(target)) * grad_scale   (in place; 0 for ignored rows)
@@ -15,10 +14,13 @@
 
 namespace dtrain::cpu {
 
-inline constexpr int kClassifierChunkRows = 128;
+// Rows per chunk for vocabulary v: as many as fit in 128 MiB of logits (at least 128), since the
+// dweight GEMM, whose inner dimension is the chunk, runs at half speed with 128 rows and near
+// peak from about 512 (measured with OpenBLAS at V = 50257, C = 768).
+int ClassifierChunkRows(int v);
 
-// Values of scratch a call needs (shared by all threads, not per thread).
-size_t ClassifierScratchSize(int v);
+// Values of scratch a call with chunks of chunk_rows needs (shared by all threads).
+size_t ClassifierScratchSize(int chunk_rows, int v);
 
 // x (N, C), weight (V, C), targets (N; < 0 ignored). Returns the sum over rows of
 // -log p(target). When dx is not null, writes dx (N, C) and accumulates dweight (V, C) for that
@@ -26,6 +28,6 @@ size_t ClassifierScratchSize(int v);
 template <typename T>
 double ClassifierForwardBackward(T* dx, T* dweight, const T* x, const T* weight,
                                  const int32_t* targets, int n, int c, int v, T grad_scale,
-                                 T* scratch, ThreadPool* pool);
+                                 int chunk_rows, T* scratch, ThreadPool* pool);
 
 }  // namespace dtrain::cpu

@@ -1,5 +1,7 @@
 #include "core/backend/cpu/cpu_backend.h"
 
+#include <algorithm>
+
 #include "core/backend/cpu/activation.h"
 #include "core/backend/cpu/adamw.h"
 #include "core/backend/cpu/attention.h"
@@ -111,9 +113,10 @@ void CpuBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_emb
 double CpuBackend::ClassifierForwardBackward(float* dx, float* dweight, const float* x,
                                              const float* weight, const int32_t* targets, int n,
                                              int c, int v, float grad_scale) {
-  float* scratch = Scratch(cpu::ClassifierScratchSize(v));
+  const int chunk_rows = std::min(n, cpu::ClassifierChunkRows(v));
+  float* scratch = Scratch(cpu::ClassifierScratchSize(chunk_rows, v));
   return cpu::ClassifierForwardBackward(dx, dweight, x, weight, targets, n, c, v, grad_scale,
-                                        scratch, &pool_);
+                                        chunk_rows, scratch, &pool_);
 }
 
 void CpuBackend::Add(float* out, const float* a, const float* b, size_t n) {

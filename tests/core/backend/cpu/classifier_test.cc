@@ -18,8 +18,8 @@ using testing::RoundToFloat;
 using testing::ToFloat;
 
 // More rows than one chunk, and not a multiple of it.
-constexpr int kRows = kClassifierChunkRows + 5, kChannels = 4, kVocab = 7;
-static_assert(kRows % kClassifierChunkRows != 0);
+constexpr int kChunkRows = 16;
+constexpr int kRows = 2 * kChunkRows + 5, kChannels = 4, kVocab = 7;
 
 std::vector<int32_t> Targets(int n, int v) {
   std::vector<int32_t> targets(n);
@@ -50,17 +50,17 @@ TEST(ClassifierTest, LossMatchesNaiveLogSoftmaxAndIgnoresNegativeTargets) {
   const auto x = RandomVector(kRows * kChannels, 1, -2, 2);
   const auto w = RandomVector(kVocab * kChannels, 2, -2, 2);
   const auto targets = Targets(kRows, kVocab);
-  std::vector<double> scratch(ClassifierScratchSize(kVocab));
-  const double loss =
-      ClassifierForwardBackward<double>(nullptr, nullptr, x.data(), w.data(), targets.data(), kRows,
-                                        kChannels, kVocab, 1.0, scratch.data(), nullptr);
+  std::vector<double> scratch(ClassifierScratchSize(kChunkRows, kVocab));
+  const double loss = ClassifierForwardBackward<double>(nullptr, nullptr, x.data(), w.data(),
+                                                        targets.data(), kRows, kChannels, kVocab,
+                                                        1.0, kChunkRows, scratch.data(), nullptr);
   EXPECT_NEAR(loss, NaiveLoss(x, w, targets, kRows, kChannels, kVocab), 1e-10);
 
   std::vector<int32_t> all_ignored(kRows, -1);
   std::vector<double> dx(x.size(), 5.0), dw(w.size(), 0.0);
   EXPECT_EQ(ClassifierForwardBackward<double>(dx.data(), dw.data(), x.data(), w.data(),
                                               all_ignored.data(), kRows, kChannels, kVocab, 1.0,
-                                              scratch.data(), nullptr),
+                                              kChunkRows, scratch.data(), nullptr),
             0.0);
   for (double g : dx) EXPECT_EQ(g, 0.0);
   for (double g : dw) EXPECT_EQ(g, 0.0);
@@ -71,31 +71,39 @@ TEST(ClassifierTest, GradientsMatchFiniteDifferencesOfScaledLoss) {
   auto w = RandomVector(kVocab * kChannels, 2, -2, 2);
   const auto targets = Targets(kRows, kVocab);
   const double grad_scale = 0.37;
-  std::vector<double> scratch(ClassifierScratchSize(kVocab));
+  std::vector<double> scratch(ClassifierScratchSize(kChunkRows, kVocab));
   auto loss = [&] {
     return grad_scale * ClassifierForwardBackward<double>(nullptr, nullptr, x.data(), w.data(),
                                                           targets.data(), kRows, kChannels, kVocab,
-                                                          1.0, scratch.data(), nullptr);
+                                                          1.0, kChunkRows, scratch.data(), nullptr);
   };
   const auto dw0 = RandomVector(w.size(), 3);
   auto dx = RandomVector(x.size(), 4);  // written, whatever it held
   auto dw = dw0;
   ClassifierForwardBackward<double>(dx.data(), dw.data(), x.data(), w.data(), targets.data(), kRows,
-                                    kChannels, kVocab, grad_scale, scratch.data(), nullptr);
+                                    kChannels, kVocab, grad_scale, kChunkRows, scratch.data(),
+                                    nullptr);
   ExpectGradientMatches(x, loss, dx, "dx");
   ExpectGradientMatches(w, loss, Difference(dw, dw0), "dweight");
 }
 
+TEST(ClassifierTest, ChunkRowsFitTheScratchBudget) {
+  EXPECT_EQ(ClassifierChunkRows(50257), 640);    // 128 MiB / (50257 * 4 B) = 667, down to 64s
+  EXPECT_EQ(ClassifierChunkRows(1 << 22), 128);  // never fewer than 128 rows
+  EXPECT_GE(ClassifierChunkRows(256), 1 << 16);  // a byte vocabulary: the whole batch at once
+}
+
+// The backend picks its own chunk (the whole batch here); the double reference uses small ones.
 TEST(ClassifierTest, FloatBackendMatchesDouble) {
-  const int n = 2 * kClassifierChunkRows + 17, c = 24, v = 301;
+  const int n = 2 * kChunkRows + 17, c = 24, v = 301;
   const auto x = RoundToFloat(RandomVector(n * c, 1));
   const auto w = RoundToFloat(RandomVector(v * c, 2));
   const auto targets = Targets(n, v);
   const double grad_scale = 1.0 / n;
-  std::vector<double> dx(x.size()), dw(w.size()), scratch(ClassifierScratchSize(v));
+  std::vector<double> dx(x.size()), dw(w.size()), scratch(ClassifierScratchSize(kChunkRows, v));
   const double loss =
       ClassifierForwardBackward<double>(dx.data(), dw.data(), x.data(), w.data(), targets.data(), n,
-                                        c, v, grad_scale, scratch.data(), nullptr);
+                                        c, v, grad_scale, kChunkRows, scratch.data(), nullptr);
 
   CpuBackend backend(2);
   const auto x_f = ToFloat(x), w_f = ToFloat(w);
