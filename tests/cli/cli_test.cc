@@ -1,7 +1,4 @@
 // Runs the dtrain binary: exit codes and what goes to stdout for the recipe commands.
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -9,44 +6,18 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/run_dtrain.h"
 
 namespace dtrain {
 namespace {
 
 using ::testing::HasSubstr;
 
-struct Outcome {
-  int exit_code = -1;
-  std::string stdout_text;
-  std::string stderr_text;
-};
-
-// Runs `dtrain <args>` through the shell, capturing both streams.
-Outcome RunDtrain(const std::string& args) {
-  const std::string err_path = absl::StrCat(::testing::TempDir(), "/dtrain_cli_stderr.txt");
-  const std::string command = absl::StrCat(DTRAIN_BINARY, " ", args, " 2>", err_path);
-  Outcome outcome;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return outcome;
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) {
-    outcome.stdout_text.append(buffer, n);
-  }
-  const int status = pclose(pipe);
-  outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream err(err_path);
-  outcome.stderr_text.assign(std::istreambuf_iterator<char>(err), {});
-  return outcome;
-}
-
-std::string WriteRecipe(const std::string& name, const std::string& text) {
-  const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
-  std::ofstream(path) << text;
-  return path;
-}
+using testing::Outcome;
+using testing::RunDtrain;
 
 TEST(CliTest, RecipeCheckOnBadRecipeExits2) {
-  const std::string path = WriteRecipe("bad.yaml", "data:\n  train: [x]\ntrain:\n  lrr: 1\n");
+  const std::string path = testing::WriteTempFile("bad.yaml", "data:\n  train: [x]\ntrain:\n  lrr: 1\n");
   const Outcome outcome = RunDtrain(absl::StrCat("recipe check ", path));
   EXPECT_EQ(outcome.exit_code, 2);
   EXPECT_THAT(outcome.stderr_text, HasSubstr("did you mean train.lr?"));

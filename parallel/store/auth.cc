@@ -1,0 +1,73 @@
+#include "parallel/store/auth.h"
+
+#include <netinet/in.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace dtrain {
+namespace {
+
+std::string Proof(std::string_view label, std::string_view token, std::string_view client_nonce,
+                  std::string_view server_nonce) {
+  std::string message(label);
+  message.append(client_nonce);
+  message.append(server_nonce);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int digest_bytes = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), digest,
+       &digest_bytes);
+  return std::string(reinterpret_cast<const char*>(digest), digest_bytes);
+}
+
+}  // namespace
+
+std::string ResolveRdzvToken(const std::optional<std::string>& explicit_token) {
+  if (explicit_token.has_value()) return *explicit_token;
+  const char* from_env = std::getenv("DTRAIN_RDZV_TOKEN");
+  return from_env == nullptr ? std::string() : std::string(from_env);
+}
+
+absl::StatusOr<std::string> RandomNonce() {
+  std::string nonce(kStoreNonceBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size())) !=
+      1) {
+    return absl::InternalError("OpenSSL RAND_bytes failed: the system random source is unavailable");
+  }
+  return nonce;
+}
+
+std::string ServerProof(std::string_view token, std::string_view client_nonce,
+                        std::string_view server_nonce) {
+  return Proof("dtrain-rdzv-server", token, client_nonce, server_nonce);
+}
+
+std::string ClientProof(std::string_view token, std::string_view client_nonce,
+                        std::string_view server_nonce) {
+  return Proof("dtrain-rdzv-client", token, client_nonce, server_nonce);
+}
+
+bool ProofsEqual(std::string_view expected, std::string_view received) {
+  return expected.size() == received.size() &&
+         CRYPTO_memcmp(expected.data(), received.data(), expected.size()) == 0;
+}
+
+bool IsLoopbackAddress(const sockaddr_storage& address) {
+  if (address.ss_family == AF_INET) {
+    const auto& v4 = reinterpret_cast<const sockaddr_in&>(address);
+    return (ntohl(v4.sin_addr.s_addr) >> 24) == 127;
+  }
+  if (address.ss_family == AF_INET6) {
+    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6&>(address).sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,39 @@
+// Who may talk to the rendezvous store. With a job token, both ends prove they know it by an
+// HMAC-SHA256 challenge-response over fresh nonces (the token never crosses the wire); without
+// one, only loopback peers are admitted. Pure functions; thread-safe.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace dtrain {
+
+inline constexpr size_t kStoreNonceBytes = 32;
+inline constexpr size_t kStoreProofBytes = 32;  // SHA-256 output.
+
+// The job's token: `explicit_token` when the launcher passes one, otherwise DTRAIN_RDZV_TOKEN
+// from the environment; an empty result means the job has no token.
+std::string ResolveRdzvToken(const std::optional<std::string>& explicit_token);
+
+// Cryptographically random bytes (OpenSSL RAND_bytes); fails only when the RNG is not seeded.
+absl::StatusOr<std::string> RandomNonce();
+
+// The server proves the token first so that a client never answers an impostor; the two proofs
+// use different labels, so one can never be replayed as the other.
+std::string ServerProof(std::string_view token, std::string_view client_nonce,
+                        std::string_view server_nonce);
+std::string ClientProof(std::string_view token, std::string_view client_nonce,
+                        std::string_view server_nonce);
+
+// Constant-time comparison (CRYPTO_memcmp) so timing does not reveal a matching prefix.
+bool ProofsEqual(std::string_view expected, std::string_view received);
+
+// 127.0.0.0/8, ::1 and IPv4-mapped 127.0.0.0/8: the peers a store without a token admits.
+bool IsLoopbackAddress(const sockaddr_storage& address);
+
+}  // namespace dtrain

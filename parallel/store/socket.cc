@@ -1,0 +1,123 @@
+#include "parallel/store/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+
+namespace dtrain {
+namespace {
+
+// Milliseconds poll() may sleep before `deadline`: -1 forever, at least 0.
+int PollTimeoutMs(absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return -1;
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), INT_MAX));
+}
+
+// Waits until `fd` is ready for `events`; DeadlineExceeded when `deadline` passes first.
+absl::Status PollUntil(int fd, short events, absl::Time deadline) {
+  while (true) {
+    pollfd entry{.fd = fd, .events = events, .revents = 0};
+    const int ready = ::poll(&entry, 1, PollTimeoutMs(deadline));
+    if (ready > 0) return absl::OkStatus();
+    if (ready == 0) return absl::DeadlineExceededError("no progress before the deadline");
+    if (errno != EINTR) return absl::UnavailableError(absl::StrFormat("poll: %s", std::strerror(errno)));
+  }
+}
+
+}  // namespace
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    fd_ = other.Release();
+  }
+  return *this;
+}
+
+int UniqueFd::Release() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+void UniqueFd::Reset() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+std::string FormatHostPort(std::string_view host, int port) {
+  if (host.find(':') != std::string_view::npos) return absl::StrFormat("[%s]:%d", host, port);
+  return absl::StrFormat("%s:%d", host, port);
+}
+
+std::string FormatSocketAddress(const sockaddr_storage& address) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (address.ss_family == AF_INET) {
+    const auto& v4 = reinterpret_cast<const sockaddr_in&>(address);
+    ::inet_ntop(AF_INET, &v4.sin_addr, text, sizeof(text));
+    return FormatHostPort(text, ntohs(v4.sin_port));
+  }
+  if (address.ss_family == AF_INET6) {
+    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(address);
+    ::inet_ntop(AF_INET6, &v6.sin6_addr, text, sizeof(text));
+    return FormatHostPort(text, ntohs(v6.sin6_port));
+  }
+  return absl::StrFormat("(address family %d)", address.ss_family);
+}
+
+absl::Status SetNonBlocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return absl::InternalError(absl::StrFormat("fcntl(O_NONBLOCK): %s", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SendAll(int fd, std::string_view bytes, absl::Time deadline) {
+  while (!bytes.empty()) {
+    const ssize_t sent = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (sent > 0) {
+      bytes.remove_prefix(static_cast<size_t>(sent));
+      continue;
+    }
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (absl::Status ready = PollUntil(fd, POLLOUT, deadline); !ready.ok()) return ready;
+      continue;
+    }
+    return absl::UnavailableError(absl::StrFormat("send: %s", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> RecvExact(int fd, size_t bytes, absl::Time deadline) {
+  std::string data(bytes, '\0');
+  size_t received = 0;
+  while (received < bytes) {
+    const ssize_t got = ::recv(fd, data.data() + received, bytes - received, 0);
+    if (got > 0) {
+      received += static_cast<size_t>(got);
+      continue;
+    }
+    if (got == 0) return absl::UnavailableError("the peer closed the connection");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (absl::Status ready = PollUntil(fd, POLLIN, deadline); !ready.ok()) return ready;
+      continue;
+    }
+    return absl::UnavailableError(absl::StrFormat("recv: %s", std::strerror(errno)));
+  }
+  return data;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,119 @@
+// `dtrain train` end to end on a small model: determinism, learning, weights out and back in.
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/run_dtrain.h"
+
+namespace dtrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Repetitive English text: a small model learns it within a few steps.
+std::string TrainingText() {
+  std::string text;
+  for (int i = 0; i < 400; ++i) {
+    absl::StrAppend(&text, "The quick brown fox jumps over the lazy dog number ", i % 10, ".\n");
+  }
+  return text;
+}
+
+std::string SmallRecipe() {
+  const std::string data = testing::WriteTempFile("train_text.txt", TrainingText());
+  return testing::WriteTempFile("small.yaml", absl::StrCat(R"(
+run: {name: small, seed: 11}
+model: {n_layer: 2, n_head: 2, d_model: 64, max_seq_len: 64}
+data: {train: [)", data, R"(]}
+train: {steps: 12, batch_size: 8, micro_batch: 4, seq_len: 32, lr: 3.0e-3, min_lr: 3.0e-4,
+        warmup_steps: 2, eval_every: 6, eval_batches: 2}
+logging: {sample_tokens: 16}
+)"));
+}
+
+std::vector<nlohmann::json> ReadMetrics(const std::string& run_dir) {
+  std::vector<nlohmann::json> steps;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) steps.push_back(nlohmann::json::parse(line));
+  return steps;
+}
+
+std::string RunDir(const std::string& name) {
+  return absl::StrCat(::testing::TempDir(), "/runs_", name);
+}
+
+testing::Outcome Train(const std::string& out_dir, const std::string& extra = "") {
+  std::filesystem::remove_all(out_dir);
+  return testing::RunDtrain(
+      absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", out_dir, " ", extra));
+}
+
+TEST(TrainTest, SameRecipeAndSeedGiveBitIdenticalRuns) {
+  const testing::Outcome a = Train(RunDir("a"));
+  ASSERT_EQ(a.exit_code, 0) << a.stderr_text;
+  const testing::Outcome b = Train(RunDir("b"));
+  ASSERT_EQ(b.exit_code, 0) << b.stderr_text;
+  const auto steps_a = ReadMetrics(RunDir("a") + "/small");
+  const auto steps_b = ReadMetrics(RunDir("b") + "/small");
+  ASSERT_EQ(steps_a.size(), 12u);
+  ASSERT_EQ(steps_b.size(), 12u);
+  for (size_t i = 0; i < steps_a.size(); ++i) {
+    // JSON doubles print round-trip exact, so equal text means equal bits.
+    EXPECT_EQ(steps_a[i]["loss"].dump(), steps_b[i]["loss"].dump()) << "step " << i + 1;
+    EXPECT_EQ(steps_a[i]["grad_norm"].dump(), steps_b[i]["grad_norm"].dump());
+  }
+  EXPECT_EQ(steps_a[5]["val_loss"].dump(), steps_b[5]["val_loss"].dump());
+}
+
+TEST(TrainTest, LearnsLogsUnitsAndShowsSamples) {
+  const testing::Outcome run = Train(RunDir("learn"));
+  ASSERT_EQ(run.exit_code, 0) << run.stderr_text;
+  const auto steps = ReadMetrics(RunDir("learn") + "/small");
+  ASSERT_EQ(steps.size(), 12u);
+  EXPECT_LT(steps.back()["loss"].get<double>(), 0.7 * steps.front()["loss"].get<double>());
+  EXPECT_TRUE(steps[5].contains("val_loss"));
+  EXPECT_FALSE(steps[4].contains("val_loss"));
+  for (const char* key : {"tokens_per_s", "mfu_percent", "peak_rss_mib", "step_ms", "lr"}) {
+    EXPECT_GT(steps.back()[key].get<double>(), 0) << key;
+  }
+  EXPECT_THAT(run.stderr_text, HasSubstr("step 12/12 | loss "));
+  EXPECT_THAT(run.stderr_text, HasSubstr(" tok/s | MFU "));
+  EXPECT_THAT(run.stderr_text, HasSubstr("sample at step 6:"));
+  EXPECT_TRUE(std::filesystem::exists(RunDir("learn") + "/small/model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(RunDir("learn") + "/small/recipe.yaml"));
+}
+
+// Exported weights load back (fine-tuning starts where training ended): with a learning rate
+// of ~0 the first evaluation of the new run equals the last evaluation of the old one.
+TEST(TrainTest, ExportedWeightsInitialiseANewRun) {
+  ASSERT_EQ(Train(RunDir("export")).exit_code, 0);
+  const double final_val = ReadMetrics(RunDir("export") + "/small").back()["val_loss"];
+  const std::string weights = RunDir("export") + "/small/model.safetensors";
+  const testing::Outcome tuned =
+      Train(RunDir("tune"), absl::StrCat("--set train.init_from=", weights,
+                                         " --set train.lr=1e-12 --set train.min_lr=1e-12"
+                                         " --set train.weight_decay=0 --set train.eval_every=1"
+                                         " --set train.steps=1 --set train.warmup_steps=0"));
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.stderr_text;
+  EXPECT_THAT(tuned.stderr_text, HasSubstr("initialised from " + weights));
+  const double first_val = ReadMetrics(RunDir("tune") + "/small").front()["val_loss"];
+  EXPECT_NEAR(first_val, final_val, 1e-5 * final_val);
+}
+
+TEST(TrainTest, InitFromAnotherShapeFailsNamingTheTensor) {
+  ASSERT_EQ(Train(RunDir("shape")).exit_code, 0);
+  const std::string weights = RunDir("shape") + "/small/model.safetensors";
+  const testing::Outcome wrong = Train(
+      RunDir("wrong"), absl::StrCat("--set train.init_from=", weights, " --set model.d_model=32"));
+  EXPECT_EQ(wrong.exit_code, 1);
+  EXPECT_THAT(wrong.stderr_text, HasSubstr(weights));
+  EXPECT_THAT(wrong.stderr_text, HasSubstr("wte.weight"));
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,143 @@
+#include "core/model/transformer.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/backend/cpu/cpu_backend.h"
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace {
+
+ModelConfig Small(ModelFamily family) {
+  ModelConfig config;
+  config.family = family;
+  config.n_layer = 3;
+  config.n_head = 4;
+  config.n_kv_head = family == ModelFamily::kLlama ? 2 : 4;
+  config.d_model = 32;
+  config.head_dim = 8;
+  config.d_ff = 48;
+  config.vocab_size = 61;
+  config.max_seq_len = 16;
+  return config;
+}
+
+std::vector<int32_t> Tokens(size_t n, int vocab, int salt) {
+  std::vector<int32_t> tokens(n);
+  for (size_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>((i * 7 + salt * 13) % vocab);
+  return tokens;
+}
+
+class TransformerTest : public ::testing::TestWithParam<ModelFamily> {};
+
+// Re-running each block's forward in backward must not change a single bit of the gradients.
+TEST_P(TransformerTest, ActivationCheckpointingGivesIdenticalGradients) {
+  const ModelConfig config = Small(GetParam());
+  CpuBackend backend(2);
+  Transformer plain(config, backend, 2, 11, false);
+  Transformer checkpointed(config, backend, 2, 11, true);
+  plain.InitWeights(5);
+  checkpointed.InitWeights(5);
+  const auto inputs = Tokens(22, config.vocab_size, 1), targets = Tokens(22, config.vocab_size, 2);
+  const double loss_a = plain.ForwardBackward(inputs.data(), targets.data(), 2, 11, 0.5f);
+  const double loss_b = checkpointed.ForwardBackward(inputs.data(), targets.data(), 2, 11, 0.5f);
+  EXPECT_EQ(loss_a, loss_b);
+  ASSERT_EQ(plain.grads().size(), checkpointed.grads().size());
+  for (size_t i = 0; i < plain.grads().size(); ++i) {
+    ASSERT_EQ(plain.grads()[i], checkpointed.grads()[i]) << i;
+  }
+  EXPECT_LT(checkpointed.activation_bytes(), plain.activation_bytes());
+}
+
+// Two micro-batches accumulate to the gradient of the whole batch (up to float rounding).
+TEST_P(TransformerTest, MicroBatchesAccumulateToTheWholeBatchGradient) {
+  const ModelConfig config = Small(GetParam());
+  CpuBackend backend(1);
+  Transformer whole(config, backend, 4, 8, false);
+  Transformer halves(config, backend, 2, 8, false);
+  whole.InitWeights(9);
+  halves.InitWeights(9);
+  const auto inputs = Tokens(32, config.vocab_size, 3), targets = Tokens(32, config.vocab_size, 4);
+  const float scale = 1.0f / 32;
+  const double loss = whole.ForwardBackward(inputs.data(), targets.data(), 4, 8, scale);
+  double loss_halves = halves.ForwardBackward(inputs.data(), targets.data(), 2, 8, scale);
+  loss_halves += halves.ForwardBackward(inputs.data() + 16, targets.data() + 16, 2, 8, scale);
+  EXPECT_NEAR(loss_halves, loss, 1e-6 * loss);  // float32 activations
+  double max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < whole.grads().size(); ++i) {
+    max_abs = std::max(max_abs, std::abs(static_cast<double>(whole.grads()[i])));
+    max_diff = std::max(max_diff, std::abs(static_cast<double>(whole.grads()[i]) -
+                                           halves.grads()[i]));
+  }
+  EXPECT_LT(max_diff, 1e-5 * max_abs);
+}
+
+// The loss-only path, the logits path and the training path agree; at init the loss is near
+// log(V) (GPT-2 init makes the logits small).
+TEST_P(TransformerTest, LossLogitsAndTrainingPathsAgree) {
+  const ModelConfig config = Small(GetParam());
+  CpuBackend backend(2);
+  Transformer model(config, backend, 2, 9, false);
+  model.InitWeights(1);
+  const auto inputs = Tokens(18, config.vocab_size, 5), targets = Tokens(18, config.vocab_size, 6);
+  const double loss = model.ForwardLoss(inputs.data(), targets.data(), 2, 9);
+  std::vector<float> logits(18 * config.vocab_size);
+  model.ForwardLogits(inputs.data(), 2, 9, false, logits.data());
+  double from_logits = 0;
+  for (int row = 0; row < 18; ++row) {
+    const float* l = logits.data() + row * config.vocab_size;
+    double max = l[0], sum = 0;
+    for (int j = 0; j < config.vocab_size; ++j) max = std::max<double>(max, l[j]);
+    for (int j = 0; j < config.vocab_size; ++j) sum += std::exp(l[j] - max);
+    from_logits += max + std::log(sum) - l[targets[row]];
+  }
+  EXPECT_NEAR(loss, from_logits, 1e-5 * loss);
+  EXPECT_EQ(model.ForwardBackward(inputs.data(), targets.data(), 2, 9, 1.0f), loss);
+  EXPECT_NEAR(loss / 18, std::log(static_cast<double>(config.vocab_size)), 0.1);
+
+  std::vector<float> last(2 * config.vocab_size);
+  model.ForwardLogits(inputs.data(), 2, 9, true, last.data());
+  for (int j = 0; j < config.vocab_size; ++j) {
+    EXPECT_FLOAT_EQ(last[j], logits[8 * config.vocab_size + j]);
+    EXPECT_FLOAT_EQ(last[config.vocab_size + j], logits[17 * config.vocab_size + j]);
+  }
+}
+
+TEST_P(TransformerTest, InitFollowsGpt2) {
+  ModelConfig config = Small(GetParam());
+  config.d_model = 256;
+  config.head_dim = 64;
+  config.d_ff = 512;
+  CpuBackend backend(1);
+  Transformer model(config, backend, 1, 4, false);
+  model.InitWeights(3);
+  auto stddev = [&](const std::string& name) {
+    const TensorEntry* entry = model.table().Find(name);
+    EXPECT_NE(entry, nullptr) << name;
+    double sum = 0, sum_sq = 0;
+    for (size_t i = 0; i < entry->numel; ++i) {
+      const double x = model.params()[entry->offset + i];
+      sum += x;
+      sum_sq += x * x;
+    }
+    const double mean = sum / entry->numel;
+    return std::sqrt(sum_sq / entry->numel - mean * mean);
+  };
+  EXPECT_NEAR(stddev("blocks.0.attn.qkv.weight"), 0.02, 0.001);
+  EXPECT_NEAR(stddev("blocks.0.mlp.down.weight"), 0.02 / std::sqrt(6.0), 0.0005);
+  EXPECT_EQ(model.params()[model.table().Find("blocks.1.norm2.weight")->offset], 1.0f);
+  // The same seed gives the same weights; another seed others.
+  Transformer again(config, backend, 1, 4, false);
+  again.InitWeights(3);
+  EXPECT_TRUE(std::equal(again.params().begin(), again.params().end(), model.params().begin()));
+  again.InitWeights(4);
+  EXPECT_FALSE(std::equal(again.params().begin(), again.params().end(), model.params().begin()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TransformerTest,
+                         ::testing::Values(ModelFamily::kGpt2, ModelFamily::kLlama),
+                         [](const auto& info) { return std::string(FamilyName(info.param)); });
+
+}  // namespace
+}  // namespace dtrain

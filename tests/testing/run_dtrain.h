@@ -1,0 +1,47 @@
+// Runs the dtrain binary (DTRAIN_BINARY) as a user would, for tests of whole commands.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace dtrain::testing {
+
+struct Outcome {
+  int exit_code = -1;
+  std::string stdout_text;
+  std::string stderr_text;
+};
+
+// Runs `dtrain <args>` through the shell, capturing both streams.
+inline Outcome RunDtrain(const std::string& args) {
+  const std::string err_path = absl::StrCat(::testing::TempDir(), "/dtrain_stderr.txt");
+  const std::string command = absl::StrCat(DTRAIN_BINARY, " ", args, " 2>", err_path);
+  Outcome outcome;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return outcome;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) {
+    outcome.stdout_text.append(buffer, n);
+  }
+  const int status = pclose(pipe);
+  outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream err(err_path);
+  outcome.stderr_text.assign(std::istreambuf_iterator<char>(err), {});
+  return outcome;
+}
+
+// Writes `text` to a file named `name` in the test's temporary folder; returns its path.
+inline std::string WriteTempFile(const std::string& name, const std::string& text) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+}  // namespace dtrain::testing
