@@ -95,8 +95,13 @@ absl::Status RunTraining(const Recipe& recipe) {
   if (train.init_from.empty()) {
     model.InitWeights(recipe.run.seed);
   } else {
-    RETURN_IF_ERROR(ImportHfSafetensors(config, model.table(), train.init_from,
-                                        model.params().data()));
+    if (absl::Status status = ImportHfSafetensors(config, model.table(), train.init_from,
+                                                  model.params().data());
+        !status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("train.init_from: ", status.message(),
+                                       "; point it at weights of this model's shape"));
+    }
     LogInfo("initialised from %s", train.init_from);
   }
   ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, /*rank=*/0, /*world=*/1));
