@@ -17,6 +17,9 @@ inline constexpr int kExitUsage = 2;
 
 void AddTrainCommand(CLI::App& app);
 void AddRecipeCommand(CLI::App& app);
+void AddDataCommand(CLI::App& app);
+void AddPlanCommand(CLI::App& app);
+void AddBenchCommand(CLI::App& app);
 
 // The `--set section.key=value` option shared by every command that reads a recipe.
 void AddOverrideOption(CLI::App& command, std::vector<std::string>& overrides);

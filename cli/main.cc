@@ -56,6 +56,9 @@ int main(int argc, char** argv) {
 
   dtrain::cli::AddTrainCommand(app);
   dtrain::cli::AddRecipeCommand(app);
+  dtrain::cli::AddDataCommand(app);
+  dtrain::cli::AddPlanCommand(app);
+  dtrain::cli::AddBenchCommand(app);
   dtrain::cli::AddHelpCommand(app);
 
   try {

@@ -1,30 +1,33 @@
-// One optimizer step, shared by the training loop and the PyTorch parity probe: zero the
-// gradients, forward and backward over the step's micro-batches, global-norm clipping, the
-// learning rate of the schedule, AdamW.
+// One optimizer step, shared by the training loop and the PyTorch parity probe: the step's
+// micro-batches forward and backward through the data-parallel engine (which reduces the
+// gradients as they appear), then the engine's end of step: global-norm clipping, the learning
+// rate of the schedule, AdamW, parameter gather.
 #pragma once
 
 #include <functional>
 
 #include "absl/status/statusor.h"
-#include "core/backend/backend.h"
 #include "core/model/transformer.h"
-#include "core/optim/adamw.h"
 #include "core/recipe/recipe.h"
+#include "parallel/data_parallel.h"
 
 namespace dtrain {
 
 struct StepResult {
-  double loss = 0;       // mean token loss over the step's batch
+  double loss = 0;       // mean token loss over the global batch
   double grad_norm = 0;  // before clipping
   double lr = 0;
+  double exposed_comm_ms = 0;  // time the step waited on communication
 };
 
 // Fills one micro-batch of inputs and targets, each (micro_batch, seq_len).
 using MicroBatchSource = std::function<absl::Status(int32_t* inputs, int32_t* targets)>;
 
-// `step` is 0-based. `inspect_gradients`, when set, sees the full gradient before clipping.
-absl::StatusOr<StepResult> TrainStep(Transformer& model, AdamW& optimizer, Backend& backend,
-                                     const TrainSection& train, int step,
+// `step` is 0-based; `micro_batches` per rank, of train.micro_batch sequences each, with
+// `data_parallel_ranks` ranks sharing the global batch. `inspect_gradients`, when set, sees the
+// gradients once backward is done, before clipping (the parity probe).
+absl::StatusOr<StepResult> TrainStep(Transformer& model, DataParallelEngine& engine,
+                                     const TrainSection& train, int step, int micro_batches,
                                      const MicroBatchSource& next_micro_batch,
                                      const std::function<void()>& inspect_gradients = nullptr);
 

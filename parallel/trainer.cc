@@ -13,19 +13,21 @@
 #include "core/model/hf_names.h"
 #include "core/model/sampler.h"
 #include "core/model/transformer.h"
-#include "core/optim/adamw.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
+#include "launch/environment.h"
+#include "parallel/data_parallel.h"
+#include "parallel/planner/auto_layout.h"
+#include "parallel/process_group.h"
 #include "parallel/train_step.h"
 
 namespace dtrain {
 namespace {
 
 // Byte tokens as readable text: printable ASCII and newlines kept, anything else as \xNN.
-std::string BytesToText(const std::vector<int32_t>& tokens, size_t from) {
+std::string BytesToText(const std::vector<int32_t>& tokens) {
   std::string text;
-  for (size_t i = from; i < tokens.size(); ++i) {
-    const int32_t token = tokens[i];
+  for (const int32_t token : tokens) {
     if (token == '\n' || (token >= 32 && token < 127)) {
       text.push_back(static_cast<char>(token));
     } else {
@@ -35,6 +37,7 @@ std::string BytesToText(const std::vector<int32_t>& tokens, size_t from) {
   return text;
 }
 
+// Every rank generates (sharded parameters need all of them); rank 0 prints.
 std::string SampleText(Transformer& model, const Recipe& recipe, int step) {
   std::vector<int32_t> prompt;
   for (const unsigned char ch : recipe.logging.sample_prompt) prompt.push_back(ch);
@@ -44,105 +47,180 @@ std::string SampleText(Transformer& model, const Recipe& recipe, int step) {
   options.temperature = static_cast<float>(recipe.logging.sample_temperature);
   options.top_k = recipe.logging.sample_top_k;
   options.seed = recipe.run.seed + static_cast<uint64_t>(step);
-  const std::vector<int32_t> tokens =
-      Generate(model, prompt, recipe.train.seq_len, options);
-  if (recipe.data.format == "text") return BytesToText(tokens, 0);
+  const std::vector<int32_t> tokens = Generate(model, prompt, recipe.train.seq_len, options);
+  if (recipe.data.format == "text") return BytesToText(tokens);
   std::string ids;
   for (size_t i = prompt.size(); i < tokens.size(); ++i) absl::StrAppend(&ids, tokens[i], " ");
   return ids;
 }
 
-// Mean token loss over the validation set's first eval_batches micro-batches (the same ones at
-// every evaluation, so the numbers compare).
+// Sums two numbers over all ranks.
+absl::Status SumOverRanks(Communicator* comm, double& a, double& b) {
+  if (comm == nullptr) return absl::OkStatus();
+  float sums[2] = {static_cast<float>(a), static_cast<float>(b)};
+  RETURN_IF_ERROR(comm->AllReduce(sums, 2, ReduceOp::kSum)->Wait());
+  a = sums[0];
+  b = sums[1];
+  return absl::OkStatus();
+}
+
+// Mean token loss over the validation set's first eval_batches micro-batches of every rank
+// (the same ones at every evaluation, so the numbers compare).
 absl::StatusOr<double> Evaluate(Transformer& model, ValidationLoader& val, const Recipe& recipe,
-                                std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+                                Communicator* comm) {
   const int b = recipe.train.micro_batch;
   const int t = recipe.train.seq_len;
+  std::vector<int32_t> inputs(static_cast<size_t>(b) * t), targets(inputs.size());
   val.Reset();
   double loss_sum = 0;
-  int64_t tokens = 0;
+  double tokens = 0;
   for (int i = 0; i < recipe.train.eval_batches; ++i) {
     ASSIGN_OR_RETURN(const int rows, val.Next(b, inputs.data(), targets.data()));
-    if (rows == 0) break;
+    // Every rank runs the forward, on an empty batch too: sharded parameters are gathered
+    // collectively.
     loss_sum += model.ForwardLoss(inputs.data(), targets.data(), rows, t);
-    tokens += static_cast<int64_t>(rows) * t;
+    tokens += static_cast<double>(rows) * t;
   }
+  RETURN_IF_ERROR(SumOverRanks(comm, loss_sum, tokens));
   if (tokens == 0) return absl::FailedPreconditionError("the validation set is empty");
-  return loss_sum / static_cast<double>(tokens);
+  return loss_sum / tokens;
 }
+
+// parallel.strategy: auto -> the planner's layout for this world among those the trainer runs
+// (data parallelism of every kind, full recomputation or none; no tensor or pipeline
+// parallelism, offload or selective recomputation yet). A better layout it cannot run is
+// reported, never silently replaced.
+absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, int world_size) {
+  if (recipe.parallel.strategy != "auto") return recipe;
+  SearchOptions runnable;
+  runnable.strategies = {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3,
+                         Strategy::kFsdp};
+  runnable.max_tp = 1;
+  runnable.max_pp = 1;
+  runnable.recompute = {Recompute::kNone, Recompute::kFull};
+  runnable.allow_offload = false;
+  runnable.allow_sequence_parallel = false;
+  ASSIGN_OR_RETURN(const AutoLayout chosen, ResolveAutoLayout(recipe, world_size, runnable));
+  Recipe resolved = recipe;
+  RETURN_IF_ERROR(ApplyLayout(chosen.layout, resolved));
+  LogInfo("parallel.strategy auto: %s, micro_batch %d%s (the plan for %d ranks)",
+          resolved.parallel.strategy, resolved.train.micro_batch,
+          resolved.parallel.activation_checkpointing ? ", activation checkpointing" : "",
+          world_size);
+  if (!chosen.note.empty()) LogInfo("%s", chosen.note);
+  return resolved;
+}
+
+absl::Status CheckBatchSplit(const TrainSection& train, int ranks) {
+  if (train.batch_size % (train.micro_batch * ranks) == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "train.batch_size ", train.batch_size, " does not split into ", ranks,
+      " data-parallel ranks x micro-batches of train.micro_batch ", train.micro_batch,
+      "; make batch_size a multiple of ", train.micro_batch * ranks));
+}
+
+std::string MiB(size_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
 }  // namespace
 
-absl::Status RunTraining(const Recipe& recipe) {
+absl::Status RunTraining(const Recipe& requested) {
+  ASSIGN_OR_RETURN(const WorldEnvironment world, WorldFromEnvironment());
+  if (world.world_size > 1) SetLogRank(world.rank);
+  ASSIGN_OR_RETURN(const Recipe recipe, ResolveStrategy(requested, world.world_size));
+  const TrainSection& train = recipe.train;
+  RETURN_IF_ERROR(CheckBatchSplit(train, world.world_size));
+  ASSIGN_OR_RETURN(const ShardingStrategy strategy, ShardingStrategyFromRecipe(recipe.parallel));
+  const bool leader = world.rank == 0;
+
   const std::filesystem::path run_dir = recipe.run_dir();
-  std::error_code error;
-  std::filesystem::create_directories(run_dir, error);
-  if (error) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot create the run folder ",
-                                                      run_dir.string(), ": ", error.message(),
-                                                      "; set run.out_dir to a writable folder"));
+  if (leader) {
+    std::error_code error;
+    std::filesystem::create_directories(run_dir, error);
+    if (error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create the run folder ", run_dir.string(), ": ", error.message(),
+                       "; set run.out_dir to a writable folder"));
+    }
+    std::ofstream(run_dir / "recipe.yaml") << ResolvedRecipeYaml(recipe);
   }
-  {
-    std::ofstream resolved(run_dir / "recipe.yaml");
-    resolved << ResolvedRecipeYaml(recipe);
+
+  std::unique_ptr<ProcessGroup> group;
+  if (world.world_size > 1) {
+    ASSIGN_OR_RETURN(group,
+                     ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
+                                           absl::StrCat("dtrain/", recipe.run.name, "/")));
   }
+  Communicator* comm = group ? &group->world() : nullptr;
 
   CpuBackend backend(recipe.run.threads);
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
-  const TrainSection& train = recipe.train;
-  Transformer model(config, backend, train.micro_batch, train.seq_len,
+  const ParamTable table(config, ModelSlice{});
+  DataParallelEngine engine(table, strategy, train, backend, comm);
+  Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len,
                     recipe.parallel.activation_checkpointing);
   if (train.init_from.empty()) {
-    model.InitWeights(recipe.run.seed);
+    engine.InitParameters(config, recipe.run.seed);
   } else {
-    if (absl::Status status = ImportHfSafetensors(config, model.table(), train.init_from,
-                                                  model.params().data());
+    std::vector<float> full(table.total_numel());
+    if (absl::Status status =
+            ImportHfSafetensors(config, table, train.init_from, full.data());
         !status.ok()) {
       return absl::Status(status.code(),
                           absl::StrCat("train.init_from: ", status.message(),
                                        "; point it at weights of this model's shape"));
     }
+    engine.LoadParameters(full.data());
     LogInfo("initialised from %s", train.init_from);
   }
-  ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, /*rank=*/0, /*world=*/1));
-  AdamW optimizer(model.table(), train);
+  ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, world.rank, world.world_size));
 
   const double peak_flops = MeasureGemmFlops(backend);
   const double flops_per_token = config.flops_per_token(train.seq_len);
-  const int accumulation = train.batch_size / train.micro_batch;
+  const int micro_batches = train.batch_size / (train.micro_batch * world.world_size);
   const int64_t tokens_per_step = static_cast<int64_t>(train.batch_size) * train.seq_len;
-  LogInfo("model: %s, %d layers, d_model %d, %d heads (%d kv), vocab %d: %.2fM parameters",
-          FamilyName(config.family), config.n_layer, config.d_model, config.n_head,
-          config.n_kv_head, config.vocab_size, config.num_parameters() / 1e6);
-  LogInfo("data: %s tokens for training, %s for validation",
-          absl::StrCat(data.train_tokens), absl::StrCat(data.val_tokens));
-  LogInfo("batch: %d sequences x %d tokens = %d tokens/step (%d micro-batches of %d); "
-          "activations %.1f MiB%s",
-          train.batch_size, train.seq_len, tokens_per_step, accumulation, train.micro_batch,
-          model.activation_bytes() / 1048576.0,
-          recipe.parallel.activation_checkpointing ? " (checkpointed)" : "");
-  LogInfo("MFU is stated against %.1f GFLOP/s, the measured float32 GEMM peak of this CPU "
-          "backend (%d threads)",
-          peak_flops / 1e9, backend.num_threads());
-
-  std::ofstream metrics(run_dir / recipe.logging.metrics_file, std::ios::trunc);
-  if (!metrics) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot write ", (run_dir / recipe.logging.metrics_file).string()));
+  if (leader) {
+    LogInfo("model: %s, %d layers, d_model %d, %d heads (%d kv), vocab %d: %.2fM parameters",
+            FamilyName(config.family), config.n_layer, config.d_model, config.n_head,
+            config.n_kv_head, config.vocab_size, config.num_parameters() / 1e6);
+    LogInfo("data: %d tokens for training, %d for validation", data.train_tokens,
+            data.val_tokens);
+    LogInfo("batch: %d sequences x %d tokens = %d tokens/step; %d ranks x %d micro-batches of "
+            "%d; activations %s%s",
+            train.batch_size, train.seq_len, tokens_per_step, world.world_size, micro_batches,
+            train.micro_batch, MiB(model.activation_bytes()),
+            recipe.parallel.activation_checkpointing ? " (checkpointed)" : "");
+    LogInfo("MFU is stated against %.1f GFLOP/s per rank, the best measured float32 GEMM of "
+            "this CPU backend (%d threads)",
+            peak_flops / 1e9, backend.num_threads());
   }
-  std::vector<int32_t> inputs(static_cast<size_t>(train.micro_batch) * train.seq_len);
-  std::vector<int32_t> targets(inputs.size());
+
+  std::ofstream metrics;
+  if (leader) {
+    metrics.open(run_dir / recipe.logging.metrics_file, std::ios::trunc);
+    if (!metrics) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot write ", (run_dir / recipe.logging.metrics_file).string()));
+    }
+  }
   const MicroBatchSource next_micro_batch = [&](int32_t* in, int32_t* out) {
     return data.train->Next(train.micro_batch, in, out);
   };
   double elapsed_s = 0;
-
   for (int step = 0; step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(const StepResult result,
-                     TrainStep(model, optimizer, backend, train, step, next_micro_batch));
+                     TrainStep(model, engine, train, step, micro_batches, next_micro_batch));
     const std::chrono::duration<double> step_time = std::chrono::steady_clock::now() - start;
     elapsed_s += step_time.count();
+    if (recipe.parallel.check_replicas) RETURN_IF_ERROR(engine.CheckReplicas());
+    if (step == 0 && leader) {
+      const EngineMemory memory = engine.memory();
+      LogInfo("model state per rank (%s over %d ranks): parameters %s, gradients %s, "
+              "optimizer %s; at most %s gathered and %s of gradient units in flight",
+              strategy.name, world.world_size, MiB(memory.parameter_bytes),
+              MiB(memory.gradient_bytes), MiB(memory.optimizer_bytes),
+              MiB(memory.gathered_peak_bytes), MiB(memory.gradient_buffer_peak_bytes));
+    }
 
     StepMetrics m;
     m.step = step + 1;
@@ -152,26 +230,32 @@ absl::Status RunTraining(const Recipe& recipe) {
     m.grad_norm = result.grad_norm;
     m.step_ms = step_time.count() * 1e3;
     m.tokens_per_s = static_cast<double>(tokens_per_step) / step_time.count();
-    m.mfu_percent = 100.0 * flops_per_token * m.tokens_per_s / peak_flops;
+    m.mfu_percent =
+        100.0 * flops_per_token * m.tokens_per_s / (peak_flops * world.world_size);
+    m.exposed_comm_ms = result.exposed_comm_ms;
     m.peak_rss_mib = PeakRssMib();
     m.eta_s = elapsed_s / m.step * (train.steps - m.step);
     const bool last = m.step == train.steps;
     if (train.eval_every > 0 && (m.step % train.eval_every == 0 || last)) {
-      ASSIGN_OR_RETURN(m.val_loss, Evaluate(model, *data.val, recipe, inputs, targets));
+      ASSIGN_OR_RETURN(m.val_loss, Evaluate(model, *data.val, recipe, comm));
     }
+    std::string sample;
+    if (m.val_loss && recipe.logging.sample_tokens > 0) sample = SampleText(model, recipe, m.step);
+    if (!leader) continue;
     if (m.step % recipe.logging.every == 0 || last || m.val_loss) {
       LogInfo("%s", FormatStepLine(m));
     }
     metrics << StepMetricsJson(m) << '\n' << std::flush;
-    if (m.val_loss && recipe.logging.sample_tokens > 0) {
-      LogInfo("sample at step %d:\n%s", m.step, SampleText(model, recipe, m.step));
-    }
+    if (!sample.empty()) LogInfo("sample at step %d:\n%s", m.step, sample);
   }
 
   if (!train.export_to.empty()) {
-    const std::string path = (run_dir / train.export_to).string();
-    RETURN_IF_ERROR(ExportHfSafetensors(config, model.table(), model.params().data(), path));
-    LogInfo("weights written to %s (Hugging Face names)", path);
+    ASSIGN_OR_RETURN(const std::vector<float> full, engine.GatherParameters());
+    if (leader) {
+      const std::string path = (run_dir / train.export_to).string();
+      RETURN_IF_ERROR(ExportHfSafetensors(config, table, full.data(), path));
+      LogInfo("weights written to %s (Hugging Face names)", path);
+    }
   }
   return absl::OkStatus();
 }

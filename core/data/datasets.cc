@@ -1,11 +1,14 @@
 #include "core/data/datasets.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/data/shard_urls.h"
 #include "core/data/token_file.h"
+#include "core/data/webdataset_loader.h"
 #include "core/data/window_loader.h"
 #include "core/util/status.h"
 
@@ -28,10 +31,52 @@ absl::StatusOr<std::vector<int32_t>> LoadKey(const std::string& key,
   return LoadTokenFiles(*files, format, vocab_size);
 }
 
+// data.format webdataset: streamed shards; the token counts stay 0 (unknown in advance).
+absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int dp_size) {
+  const DataSection& data = recipe.data;
+  StreamConfig config;
+  ASSIGN_OR_RETURN(config.urls, ExpandShardUrls(data.shards));
+  config.num_streams = data.streams;
+  config.seed = recipe.run.seed;
+  config.shard_shuffle = data.shard_shuffle;
+  // data.shuffle_buffer is the whole run's; each stream shuffles its share.
+  config.block_samples = std::max(1, data.shuffle_buffer / data.streams);
+  config.seq_len = recipe.train.seq_len;
+  config.eos_id = data.eos_id;
+  config.vocab_size = recipe.model.vocab_size;
+  config.epochs = data.epochs;
+  config.skip_bad_shards = data.on_error == "skip_shard";
+  config.source.http_timeout_s = data.http_timeout_s;
+  config.source.http_retries = data.http_retries;
+
+  Datasets datasets;
+  if (!data.val_shards.empty()) {
+    StreamConfig val = config;
+    ASSIGN_OR_RETURN(val.urls, ExpandShardUrls(data.val_shards));
+    val.num_streams = 1;
+    val.shard_shuffle = false;
+    val.block_samples = 1;
+    val.epochs = 1;
+    val.finite = true;
+    datasets.val = std::make_unique<WebDatasetValidationLoader>(std::move(val), dp_rank, dp_size);
+  } else if (recipe.train.eval_every > 0) {
+    return absl::InvalidArgumentError(
+        "no validation data: data.val_shards is empty; set it, or train.eval_every: 0");
+  }
+  ASSIGN_OR_RETURN(datasets.train, WebDatasetLoader::Create(WebDatasetOptions{
+                                       .stream = std::move(config),
+                                       .read_ahead_bytes = int64_t{data.read_ahead_mb} << 20,
+                                       .global_batch = recipe.train.batch_size,
+                                       .rank = dp_rank,
+                                       .world = dp_size}));
+  return datasets;
+}
+
 }  // namespace
 
 absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_size) {
   const DataSection& data = recipe.data;
+  if (data.format == "webdataset") return OpenWebDatasets(recipe, dp_rank, dp_size);
   const int seq_len = recipe.train.seq_len;
   ASSIGN_OR_RETURN(const TokenFormat format, ParseTokenFormat(data.format));
   ASSIGN_OR_RETURN(std::vector<int32_t> train_tokens,

@@ -14,17 +14,18 @@ struct Datasets {
   // Sequential windows; null only when there is no validation data (data.val empty and
   // data.val_fraction 0) and train.eval_every is 0 (otherwise that is an error).
   std::unique_ptr<ValidationLoader> val;
-  int64_t train_tokens = 0;
+  int64_t train_tokens = 0;  // 0 for data.format webdataset: streamed, unknown in advance
   int64_t val_tokens = 0;
 };
 
-// Loads data.train (and data.val) in data.format, checked against model.vocab_size, in windows
-// of train.seq_len + 1. When data.val is empty, the validation tokens are the last
-// floor(n * data.val_fraction) of the n training tokens and training uses only the tokens before
-// them: with split = n - floor(n * val_fraction), train = tokens [0, split), val = [split, n).
-// dp_rank / dp_size: this rank's place among the data-parallel replicas (tensor- and pipeline-
-// parallel peers of one replica read the same data). Errors name the recipe key or file and the
-// fix.
+// data.format webdataset streams data.shards (and data.val_shards) instead; see
+// webdataset_loader.h. Otherwise loads data.train (and data.val) in data.format, checked against
+// model.vocab_size, in windows of train.seq_len + 1. When data.val is empty, the validation tokens
+// are the last floor(n * data.val_fraction) of the n training tokens and training uses only the
+// tokens before them: with split = n - floor(n * val_fraction), train = tokens [0, split), val =
+// [split, n). dp_rank / dp_size: this rank's place among the data-parallel replicas (tensor- and
+// pipeline- parallel peers of one replica read the same data). Errors name the recipe key or file
+// and the fix.
 absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_size);
 
 }  // namespace dtrain

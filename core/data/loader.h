@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -17,7 +19,15 @@ struct LoaderState {
   // Sequences consumed by all data-parallel ranks together. It advances by count * world per
   // Next(count) on every rank, so at a step boundary it is steps * global batch.
   int64_t consumed_sequences = 0;
+  // What a streaming loader needs beyond the count to continue exactly (packer carry, shuffle
+  // block position, ...): versioned text lines, one per stream this rank owns; empty for loaders
+  // whose order follows from the count alone. Opaque to the checkpoint, which stores it as is.
+  std::string cursor;
 };
+
+// The run's state from every saved rank's state, to restore into any world size: the counts
+// must agree (InvalidArgument naming the ranks otherwise) and the cursors are concatenated.
+absl::StatusOr<LoaderState> MergeLoaderStates(const std::vector<LoaderState>& ranks);
 
 class SequenceLoader {
  public:
@@ -28,8 +38,10 @@ class SequenceLoader {
   virtual absl::Status Next(int count, int32_t* inputs, int32_t* targets) = 0;
 
   virtual LoaderState state() const = 0;
-  // Continues exactly after `state`. InvalidArgument if the state cannot be a state of this
-  // loader's world size (consumed_sequences negative or not a multiple of the world).
+  // Continues exactly after `state` (this rank's own, or MergeLoaderStates of all saved ranks
+  // when the world size changed). InvalidArgument if the state cannot be a state of this
+  // loader's world size (consumed_sequences negative or not a multiple of the world) or lacks a
+  // cursor this rank needs.
   virtual absl::Status Restore(const LoaderState& state) = 0;
 };
 

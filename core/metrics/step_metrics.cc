@@ -26,6 +26,7 @@ std::string FormatStepLine(const StepMetrics& m) {
       "rss %.0f MiB | eta %s",
       m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.step_ms, m.tokens_per_s,
       m.mfu_percent, m.peak_rss_mib, FormatDuration(m.eta_s));
+  if (m.exposed_comm_ms > 0) absl::StrAppendFormat(&line, " | comm %.1f ms", m.exposed_comm_ms);
   if (m.val_loss) absl::StrAppendFormat(&line, " | val %.4f", *m.val_loss);
   return line;
 }
@@ -38,6 +39,7 @@ std::string StepMetricsJson(const StepMetrics& m) {
                       {"step_ms", m.step_ms},
                       {"tokens_per_s", m.tokens_per_s},
                       {"mfu_percent", m.mfu_percent},
+                      {"exposed_comm_ms", m.exposed_comm_ms},
                       {"peak_rss_mib", m.peak_rss_mib},
                       {"eta_s", m.eta_s}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;

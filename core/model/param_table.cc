@@ -20,6 +20,7 @@ ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice) {
   const int64_t v = config.vocab_size;
   const bool gpt2 = config.family == ModelFamily::kGpt2;
   first_block_ = slice.first_block;
+  n_layer_ = config.n_layer;
   const int last_block =
       slice.num_blocks < 0 ? config.n_layer : slice.first_block + slice.num_blocks;
   const bool has_embedding = first_block_ == 0;

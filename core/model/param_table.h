@@ -36,7 +36,8 @@ class ParamTable {
   const std::vector<TensorEntry>& entries() const { return entries_; }
   size_t total_numel() const { return total_numel_; }
   const TensorEntry* Find(const std::string& name) const;
-  // [begin, end) float range of block `block`'s tensors in the flat buffer.
+  // [begin, end) float range of region `block`'s tensors in the flat buffer: -1 the embeddings,
+  // 0..n_layer-1 a block, n_layer the final norm and head ({0, 0} when this slice lacks it).
   std::pair<size_t, size_t> BlockRange(int block) const;
 
   const BlockOffsets& block(int i) const { return blocks_[i - first_block_]; }
@@ -47,6 +48,8 @@ class ParamTable {
   size_t head() const { return head_; }  // the token embedding when tied
 
   int first_block() const { return first_block_; }
+  // The highest region index: n_layer (the final norm and head). Regions run from -1.
+  int last_region() const { return n_layer_; }
   int num_blocks() const { return static_cast<int>(blocks_.size()); }
 
  private:
@@ -58,6 +61,7 @@ class ParamTable {
   size_t token_embedding_ = 0, position_embedding_ = 0, final_norm_w_ = 0, final_norm_b_ = 0,
          head_ = 0;
   int first_block_ = 0;
+  int n_layer_ = 0;
 };
 
 }  // namespace dtrain

@@ -3,36 +3,37 @@
 #include <cmath>
 #include <limits>
 
-#include "core/util/rng.h"
 
 namespace dtrain {
 namespace {
 constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
-
-// FNV-1a of a tensor name: the random stream of that tensor, stable across builds and ranks.
-uint64_t NameStream(const std::string& name) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const unsigned char ch : name) hash = (hash ^ ch) * 0x100000001b3ULL;
-  return hash;
-}
-
 }  // namespace
 
-Transformer::Transformer(const ModelConfig& config, Backend& backend, int max_batch,
+Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
+                         BlockParameters& parameters, Backend& backend, int max_batch,
                          int max_time, bool activation_checkpointing)
     : config_(config),
+      table_(table),
+      parameters_(parameters),
       backend_(backend),
-      table_(config, ModelSlice{}),
       checkpointing_(activation_checkpointing),
-      params_(table_.total_numel()),
-      grads_(table_.total_numel()) {
+      last_region_(table.last_region()) {
   AllocateActivations(max_batch, max_time);
 }
 
-const float* Transformer::P(size_t offset) const {
-  return offset == kAbsent ? nullptr : params_.data() + offset;
+float* Transformer::RegionView::operator()(size_t offset) const {
+  return offset == kAbsent ? nullptr : base + (offset - begin);
 }
-float* Transformer::G(size_t offset) { return offset == kAbsent ? nullptr : grads_.data() + offset; }
+
+Transformer::RegionView Transformer::Params(int region, Pass pass) {
+  // Parameters are never written through the view; the const_cast only lets one view type
+  // serve parameters and gradients.
+  return {const_cast<float*>(parameters_.Acquire(region, pass)), table_.BlockRange(region).first};
+}
+
+Transformer::RegionView Transformer::Grads(int region) {
+  return {parameters_.Gradients(region), table_.BlockRange(region).first};
+}
 
 AttentionShape Transformer::Shape(int b, int t) const {
   return AttentionShape{b, t, config_.n_head, config_.n_kv_head, config_.head_dim};
@@ -94,25 +95,8 @@ Transformer::BlockActivations& Transformer::ActivationsFor(int layer) {
   return blocks_[checkpointing_ ? 0 : layer];
 }
 
-void Transformer::InitWeights(uint64_t seed) {
-  const float residual_std =
-      config_.init_std / std::sqrt(2.0f * static_cast<float>(config_.n_layer));
-  for (const TensorEntry& entry : table_.entries()) {
-    float* p = params_.data() + entry.offset;
-    if (entry.is_bias) {
-      std::fill(p, p + entry.numel, 0.0f);
-    } else if (entry.is_norm_weight) {
-      std::fill(p, p + entry.numel, 1.0f);
-    } else {
-      const float std = entry.residual_projection ? residual_std : config_.init_std;
-      CounterRng rng(seed, NameStream(entry.name));
-      for (size_t i = 0; i < entry.numel; ++i) p[i] = std * static_cast<float>(rng.normal());
-    }
-  }
-}
-
-void Transformer::BlockForward(int layer, BlockActivations& a, const float* in, float* out,
-                               int b, int t) {
+void Transformer::BlockForward(int layer, const RegionView& params, BlockActivations& a,
+                               const float* in, float* out, int b, int t) {
   const BlockOffsets& w = table_.block(layer);
   const int n = b * t;
   const int c = config_.d_model;
@@ -122,35 +106,36 @@ void Transformer::BlockForward(int layer, BlockActivations& a, const float* in, 
   const bool llama = config_.family == ModelFamily::kLlama;
 
   if (llama) {
-    backend_.RmsNormForward(a.norm1, a.norm1_rstd, in, P(w.norm1_w), n, c, config_.norm_eps);
+    backend_.RmsNormForward(a.norm1, a.norm1_rstd, in, params(w.norm1_w), n, c, config_.norm_eps);
   } else {
-    backend_.LayerNormForward(a.norm1, a.norm1_mean, a.norm1_rstd, in, P(w.norm1_w),
-                              P(w.norm1_b), n, c, config_.norm_eps);
+    backend_.LayerNormForward(a.norm1, a.norm1_mean, a.norm1_rstd, in, params(w.norm1_w),
+                              params(w.norm1_b), n, c, config_.norm_eps);
   }
-  backend_.LinearForward(a.qkv, a.norm1, P(w.qkv_w), P(w.qkv_b), n, c, shape.qkv_width());
+  backend_.LinearForward(a.qkv, a.norm1, params(w.qkv_w), params(w.qkv_b), n, c, shape.qkv_width());
   if (llama) backend_.RopeForward(a.qkv, shape, config_.rope_theta, 0);
   backend_.AttentionForward(a.attn, a.lse, a.qkv, shape);
-  backend_.LinearForward(branch_out_, a.attn, P(w.attn_out_w), P(w.attn_out_b), n, hd, c);
+  backend_.LinearForward(branch_out_, a.attn, params(w.attn_out_w), params(w.attn_out_b), n, hd, c);
   backend_.Add(a.resid_mid, in, branch_out_, static_cast<size_t>(n) * c);
 
   if (llama) {
-    backend_.RmsNormForward(a.norm2, a.norm2_rstd, a.resid_mid, P(w.norm2_w), n, c,
+    backend_.RmsNormForward(a.norm2, a.norm2_rstd, a.resid_mid, params(w.norm2_w), n, c,
                             config_.norm_eps);
-    backend_.LinearForward(a.mlp_up, a.norm2, P(w.mlp_up_w), nullptr, n, c, 2 * f);
+    backend_.LinearForward(a.mlp_up, a.norm2, params(w.mlp_up_w), nullptr, n, c, 2 * f);
     backend_.SwiGluForward(a.mlp_act, a.mlp_up, n, f);
   } else {
-    backend_.LayerNormForward(a.norm2, a.norm2_mean, a.norm2_rstd, a.resid_mid, P(w.norm2_w),
-                              P(w.norm2_b), n, c, config_.norm_eps);
-    backend_.LinearForward(a.mlp_up, a.norm2, P(w.mlp_up_w), P(w.mlp_up_b), n, c, f);
+    backend_.LayerNormForward(a.norm2, a.norm2_mean, a.norm2_rstd, a.resid_mid, params(w.norm2_w),
+                              params(w.norm2_b), n, c, config_.norm_eps);
+    backend_.LinearForward(a.mlp_up, a.norm2, params(w.mlp_up_w), params(w.mlp_up_b), n, c, f);
     backend_.GeluForward(a.mlp_act, a.mlp_up, static_cast<size_t>(n) * f);
   }
   if (out == nullptr) return;
-  backend_.LinearForward(branch_out_, a.mlp_act, P(w.mlp_down_w), P(w.mlp_down_b), n, f, c);
+  backend_.LinearForward(branch_out_, a.mlp_act, params(w.mlp_down_w), params(w.mlp_down_b), n, f, c);
   backend_.Add(out, a.resid_mid, branch_out_, static_cast<size_t>(n) * c);
 }
 
-void Transformer::BlockBackward(int layer, BlockActivations& a, const float* in, float* dresid,
-                                int b, int t) {
+void Transformer::BlockBackward(int layer, const RegionView& params, const RegionView& grads,
+                                BlockActivations& a, const float* in, float* dresid, int b,
+                                int t) {
   const BlockOffsets& w = table_.block(layer);
   const int n = b * t;
   const int c = config_.d_model;
@@ -160,34 +145,34 @@ void Transformer::BlockBackward(int layer, BlockActivations& a, const float* in,
   const bool llama = config_.family == ModelFamily::kLlama;
 
   // MLP branch: out = resid_mid + down(act(up(norm2(resid_mid)))).
-  backend_.LinearBackward(d_mlp_act_, G(w.mlp_down_w), G(w.mlp_down_b), dresid, a.mlp_act,
-                          P(w.mlp_down_w), n, f, c);
+  backend_.LinearBackward(d_mlp_act_, grads(w.mlp_down_w), grads(w.mlp_down_b), dresid, a.mlp_act,
+                          params(w.mlp_down_w), n, f, c);
   if (llama) {
     backend_.SwiGluBackward(d_mlp_up_, a.mlp_up, d_mlp_act_, n, f);
-    backend_.LinearBackward(d_norm_, G(w.mlp_up_w), nullptr, d_mlp_up_, a.norm2, P(w.mlp_up_w),
+    backend_.LinearBackward(d_norm_, grads(w.mlp_up_w), nullptr, d_mlp_up_, a.norm2, params(w.mlp_up_w),
                             n, c, 2 * f);
-    backend_.RmsNormBackward(dresid, G(w.norm2_w), d_norm_, a.resid_mid, P(w.norm2_w),
+    backend_.RmsNormBackward(dresid, grads(w.norm2_w), d_norm_, a.resid_mid, params(w.norm2_w),
                              a.norm2_rstd, n, c);
   } else {
     backend_.GeluBackward(d_mlp_up_, a.mlp_up, d_mlp_act_, static_cast<size_t>(n) * f);
-    backend_.LinearBackward(d_norm_, G(w.mlp_up_w), G(w.mlp_up_b), d_mlp_up_, a.norm2,
-                            P(w.mlp_up_w), n, c, f);
-    backend_.LayerNormBackward(dresid, G(w.norm2_w), G(w.norm2_b), d_norm_, a.resid_mid,
-                               P(w.norm2_w), a.norm2_mean, a.norm2_rstd, n, c);
+    backend_.LinearBackward(d_norm_, grads(w.mlp_up_w), grads(w.mlp_up_b), d_mlp_up_, a.norm2,
+                            params(w.mlp_up_w), n, c, f);
+    backend_.LayerNormBackward(dresid, grads(w.norm2_w), grads(w.norm2_b), d_norm_, a.resid_mid,
+                               params(w.norm2_w), a.norm2_mean, a.norm2_rstd, n, c);
   }
 
   // Attention branch: resid_mid = in + out_proj(attention(rope(qkv(norm1(in))))).
-  backend_.LinearBackward(d_attn_, G(w.attn_out_w), G(w.attn_out_b), dresid, a.attn,
-                          P(w.attn_out_w), n, hd, c);
+  backend_.LinearBackward(d_attn_, grads(w.attn_out_w), grads(w.attn_out_b), dresid, a.attn,
+                          params(w.attn_out_w), n, hd, c);
   backend_.AttentionBackward(d_qkv_, d_attn_, a.qkv, a.attn, a.lse, shape);
   if (llama) backend_.RopeBackward(d_qkv_, shape, config_.rope_theta, 0);
-  backend_.LinearBackward(d_norm_, G(w.qkv_w), G(w.qkv_b), d_qkv_, a.norm1, P(w.qkv_w), n, c,
+  backend_.LinearBackward(d_norm_, grads(w.qkv_w), grads(w.qkv_b), d_qkv_, a.norm1, params(w.qkv_w), n, c,
                           shape.qkv_width());
   if (llama) {
-    backend_.RmsNormBackward(dresid, G(w.norm1_w), d_norm_, in, P(w.norm1_w), a.norm1_rstd, n,
+    backend_.RmsNormBackward(dresid, grads(w.norm1_w), d_norm_, in, params(w.norm1_w), a.norm1_rstd, n,
                              c);
   } else {
-    backend_.LayerNormBackward(dresid, G(w.norm1_w), G(w.norm1_b), d_norm_, in, P(w.norm1_w),
+    backend_.LayerNormBackward(dresid, grads(w.norm1_w), grads(w.norm1_b), d_norm_, in, params(w.norm1_w),
                                a.norm1_mean, a.norm1_rstd, n, c);
   }
 }
@@ -195,20 +180,35 @@ void Transformer::BlockBackward(int layer, BlockActivations& a, const float* in,
 void Transformer::Forward(const int32_t* inputs, int b, int t) {
   const int n = b * t;
   const int c = config_.d_model;
-  backend_.EmbeddingForward(resid_[0], inputs, P(table_.token_embedding()),
-                            P(table_.position_embedding()), b, t, c);
+  embeddings_ = Params(-1, Pass::kForward);
+  backend_.EmbeddingForward(resid_[0], inputs, embeddings_(table_.token_embedding()),
+                            embeddings_(table_.position_embedding()), b, t, c);
+  if (!config_.tied_head()) parameters_.Release(-1, Pass::kForward);
   for (int l = 0; l < config_.n_layer; ++l) {
-    BlockForward(l, ActivationsFor(l), resid_[l], resid_[l + 1], b, t);
+    BlockForward(l, Params(l, Pass::kForward), ActivationsFor(l), resid_[l], resid_[l + 1], b,
+                 t);
+    parameters_.Release(l, Pass::kForward);
   }
+  final_region_ = Params(last_region_, Pass::kForward);
+  const RegionView& params = final_region_;
   const float* last = resid_[config_.n_layer];
   if (config_.family == ModelFamily::kLlama) {
-    backend_.RmsNormForward(final_norm_, final_rstd_, last, P(table_.final_norm_w()), n, c,
+    backend_.RmsNormForward(final_norm_, final_rstd_, last, params(table_.final_norm_w()), n, c,
                             config_.norm_eps);
   } else {
     backend_.LayerNormForward(final_norm_, final_mean_, final_rstd_, last,
-                              P(table_.final_norm_w()), P(table_.final_norm_b()), n, c,
+                              params(table_.final_norm_w()), params(table_.final_norm_b()), n, c,
                               config_.norm_eps);
   }
+}
+
+const float* Transformer::HeadWeight() const {
+  return config_.tied_head() ? embeddings_(table_.head()) : final_region_(table_.head());
+}
+
+void Transformer::ReleaseHead() {
+  parameters_.Release(last_region_, Pass::kForward);
+  if (config_.tied_head()) parameters_.Release(-1, Pass::kForward);
 }
 
 double Transformer::ForwardBackward(const int32_t* inputs, const int32_t* targets, int b, int t,
@@ -216,36 +216,49 @@ double Transformer::ForwardBackward(const int32_t* inputs, const int32_t* target
   Forward(inputs, b, t);
   const int n = b * t;
   const int c = config_.d_model;
+  const RegionView& params = final_region_;
+  const RegionView grads = Grads(last_region_);
+  // The head's gradient: the token embedding's when tied (complete only after the embedding
+  // backward, at the very end).
+  float* dhead = config_.tied_head() ? Grads(-1)(table_.head()) : grads(table_.head());
   // The classifier's backward runs with its forward, so the (N, V) logits never exist whole.
-  const double loss_sum =
-      backend_.ClassifierForwardBackward(d_norm_, G(table_.head()), final_norm_,
-                                         P(table_.head()), targets, n, c, config_.vocab_size,
-                                         grad_scale);
+  const double loss_sum = backend_.ClassifierForwardBackward(
+      d_norm_, dhead, final_norm_, HeadWeight(), targets, n, c, config_.vocab_size, grad_scale);
   backend_.Zero(d_resid_, static_cast<size_t>(n) * c);
   const float* last = resid_[config_.n_layer];
   if (config_.family == ModelFamily::kLlama) {
-    backend_.RmsNormBackward(d_resid_, G(table_.final_norm_w()), d_norm_, last,
-                             P(table_.final_norm_w()), final_rstd_, n, c);
+    backend_.RmsNormBackward(d_resid_, grads(table_.final_norm_w()), d_norm_, last,
+                             params(table_.final_norm_w()), final_rstd_, n, c);
   } else {
-    backend_.LayerNormBackward(d_resid_, G(table_.final_norm_w()), G(table_.final_norm_b()),
-                               d_norm_, last, P(table_.final_norm_w()), final_mean_,
+    backend_.LayerNormBackward(d_resid_, grads(table_.final_norm_w()), grads(table_.final_norm_b()),
+                               d_norm_, last, params(table_.final_norm_w()), final_mean_,
                                final_rstd_, n, c);
   }
+  parameters_.GradientsReady(last_region_);
+  ReleaseHead();
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     BlockActivations& a = ActivationsFor(l);
-    if (checkpointing_) BlockForward(l, a, resid_[l], nullptr, b, t);
-    BlockBackward(l, a, resid_[l], d_resid_, b, t);
+    const RegionView block_params = Params(l, Pass::kBackward);
+    if (checkpointing_) BlockForward(l, block_params, a, resid_[l], nullptr, b, t);
+    BlockBackward(l, block_params, Grads(l), a, resid_[l], d_resid_, b, t);
+    parameters_.GradientsReady(l);
+    parameters_.Release(l, Pass::kBackward);
   }
-  backend_.EmbeddingBackward(G(table_.token_embedding()), G(table_.position_embedding()),
-                             d_resid_, inputs, b, t, c);
+  const RegionView embedding_grads = Grads(-1);
+  backend_.EmbeddingBackward(embedding_grads(table_.token_embedding()),
+                             embedding_grads(table_.position_embedding()), d_resid_, inputs, b,
+                             t, c);
+  parameters_.GradientsReady(-1);
   return loss_sum;
 }
 
 double Transformer::ForwardLoss(const int32_t* inputs, const int32_t* targets, int b, int t) {
   Forward(inputs, b, t);
-  return backend_.ClassifierForwardBackward(nullptr, nullptr, final_norm_, P(table_.head()),
-                                            targets, b * t, config_.d_model,
-                                            config_.vocab_size, 0.0f);
+  const double loss = backend_.ClassifierForwardBackward(
+      nullptr, nullptr, final_norm_, HeadWeight(), targets, b * t, config_.d_model,
+      config_.vocab_size, 0.0f);
+  ReleaseHead();
+  return loss;
 }
 
 void Transformer::ForwardLogits(const int32_t* inputs, int b, int t, bool last_only,
@@ -253,15 +266,16 @@ void Transformer::ForwardLogits(const int32_t* inputs, int b, int t, bool last_o
   Forward(inputs, b, t);
   const int c = config_.d_model;
   const int v = config_.vocab_size;
-  if (!last_only) {
-    backend_.LinearForward(logits, final_norm_, P(table_.head()), nullptr, b * t, c, v);
-    return;
+  if (last_only) {
+    for (int i = 0; i < b; ++i) {
+      const float* row = final_norm_ + (static_cast<size_t>(i) * t + t - 1) * c;
+      backend_.LinearForward(logits + static_cast<size_t>(i) * v, row, HeadWeight(), nullptr, 1,
+                             c, v);
+    }
+  } else {
+    backend_.LinearForward(logits, final_norm_, HeadWeight(), nullptr, b * t, c, v);
   }
-  for (int i = 0; i < b; ++i) {
-    const float* row = final_norm_ + (static_cast<size_t>(i) * t + t - 1) * c;
-    backend_.LinearForward(logits + static_cast<size_t>(i) * v, row, P(table_.head()), nullptr,
-                           1, c, v);
-  }
+  ReleaseHead();
 }
 
 }  // namespace dtrain

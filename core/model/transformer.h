@@ -1,6 +1,7 @@
 // A decoder-only transformer (GPT-2 or Llama family) with hand-written forward and backward,
-// one function pair per layer. Parameters and gradients are flat buffers laid out by the
-// ParamTable; activations live in one arena sized for the largest micro-batch.
+// one function pair per layer. Parameters and gradients belong to a BlockParameters (laid out
+// by the ParamTable), which the model asks for region by region; activations live in one arena
+// sized for the largest micro-batch.
 //
 // Not thread-safe: one step at a time. The kernels it calls may use the backend's threads.
 #pragma once
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "core/model/block_parameters.h"
 #include "core/model/model_config.h"
 #include "core/model/param_table.h"
 
@@ -19,24 +21,16 @@ class Transformer {
  public:
   // Sizes the activation arena for micro-batches of up to max_batch x max_time tokens. With
   // activation_checkpointing, only each block's input is kept and backward re-runs the block.
-  Transformer(const ModelConfig& config, Backend& backend, int max_batch, int max_time,
-              bool activation_checkpointing);
+  // `table` describes the layout `parameters` holds; both must outlive the model.
+  Transformer(const ModelConfig& config, const ParamTable& table, BlockParameters& parameters,
+              Backend& backend, int max_batch, int max_time, bool activation_checkpointing);
 
   const ModelConfig& config() const { return config_; }
-  const ParamTable& table() const { return table_; }
-  std::span<float> params() { return params_; }
-  std::span<const float> params() const { return params_; }
-  std::span<float> grads() { return grads_; }
-  std::span<const float> grads() const { return grads_; }
   size_t activation_bytes() const { return acts_.size() * sizeof(float); }
 
-  // GPT-2 style: normal(0, init_std), residual projections scaled by 1/sqrt(2 n_layer), norm
-  // weights 1, biases 0. Each tensor draws from its own stream of (seed, tensor name), so a
-  // tensor's values do not depend on which other tensors a rank holds.
-  void InitWeights(uint64_t seed);
-
   // One micro-batch: inputs and targets (b, t). Adds grad_scale * d(sum of token losses) to the
-  // gradients and returns the sum of token losses (targets < 0 are ignored).
+  // gradients, region by region (the last, the embeddings, is ready when this returns), and
+  // returns the sum of token losses (targets < 0 are ignored).
   double ForwardBackward(const int32_t* inputs, const int32_t* targets, int b, int t,
                          float grad_scale);
   // Sum of token losses, no gradients.
@@ -61,26 +55,43 @@ class Transformer {
     float* mlp_act;     // (N, F)
   };
 
+  // The parameters (or gradients) of one region as acquired: tensor at table offset o is at
+  // base[o - begin].
+  struct RegionView {
+    float* base = nullptr;
+    size_t begin = 0;
+    float* operator()(size_t offset) const;  // null for an absent tensor
+  };
+
   void AllocateActivations(int max_batch, int max_time);
   AttentionShape Shape(int b, int t) const;
+  RegionView Params(int region, Pass pass);
+  RegionView Grads(int region);
   // Block `layer` from resid_[layer] into resid_[layer + 1] (the output is skipped when
   // `out` is null: recomputation only needs the saved activations).
-  void BlockForward(int layer, BlockActivations& a, const float* in, float* out, int b, int t);
+  void BlockForward(int layer, const RegionView& params, BlockActivations& a, const float* in,
+                    float* out, int b, int t);
   // dresid holds d(block output) on entry and d(block input) on return.
-  void BlockBackward(int layer, BlockActivations& a, const float* in, float* dresid, int b,
-                     int t);
-  // Embedding and all blocks; leaves the final norm's output in final_norm_.
+  void BlockBackward(int layer, const RegionView& params, const RegionView& grads,
+                     BlockActivations& a,
+                     const float* in, float* dresid, int b, int t);
+  // Embedding, all blocks and the final norm, whose output is left in final_norm_. The final
+  // region (and, when the head is tied, the embeddings) stay acquired: the caller uses the
+  // head, then calls ReleaseHead.
   void Forward(const int32_t* inputs, int b, int t);
+  void ReleaseHead();
+  // The output head's weight (V, C) among the acquired regions.
+  const float* HeadWeight() const;
   BlockActivations& ActivationsFor(int layer);
-  const float* P(size_t offset) const;
-  float* G(size_t offset);
 
   ModelConfig config_;
+  const ParamTable& table_;
+  BlockParameters& parameters_;
   Backend& backend_;
-  ParamTable table_;
   bool checkpointing_;
-  std::vector<float> params_;
-  std::vector<float> grads_;
+  int last_region_;          // n_layer: the final norm and head
+  RegionView embeddings_;    // acquired during Forward
+  RegionView final_region_;  // acquired during Forward until ReleaseHead
   std::vector<float> acts_;                  // the arena
   std::vector<float*> resid_;                // n_layer + 1 block inputs / outputs, (N, C) each
   std::vector<BlockActivations> blocks_;     // one per layer, or one shared when checkpointing

@@ -17,7 +17,7 @@ bool MatchesAny(const std::string& name, const std::vector<std::string>& pattern
 
 AdamW::AdamW(const ParamTable& table, const TrainSection& train, size_t begin, size_t end)
     : begin_(begin),
-      end_(end == 0 ? table.total_numel() : end),
+      end_(end),
       beta1_(static_cast<float>(train.beta1)),
       beta2_(static_cast<float>(train.beta2)),
       eps_(static_cast<float>(train.eps)),
@@ -34,9 +34,9 @@ AdamW::AdamW(const ParamTable& table, const TrainSection& train, size_t begin, s
 void AdamW::Step(Backend& backend, float* params, const float* grads, float lr) {
   ++step_;
   for (const Range& r : ranges_) {
-    backend.AdamW(params + r.begin, grads + r.begin, m_.data() + (r.begin - begin_),
-                  v_.data() + (r.begin - begin_), r.end - r.begin, lr, beta1_, beta2_, eps_,
-                  r.decay ? weight_decay_ : 0.0f, step_);
+    const size_t at = r.begin - begin_;
+    backend.AdamW(params + at, grads + at, m_.data() + at, v_.data() + at, r.end - r.begin, lr,
+                  beta1_, beta2_, eps_, r.decay ? weight_decay_ : 0.0f, step_);
   }
 }
 

@@ -16,14 +16,15 @@ namespace dtrain {
 class AdamW {
  public:
   // Tensors whose names match any glob in train.no_decay get no weight decay. The moments
-  // cover [begin, end) of the table's flat buffer (the whole buffer when end is 0).
-  AdamW(const ParamTable& table, const TrainSection& train, size_t begin = 0, size_t end = 0);
+  // cover table positions [begin, end).
+  AdamW(const ParamTable& table, const TrainSection& train, size_t begin, size_t end);
 
-  // One step on params[begin, end) with grads of the same range (both pointers address the
-  // whole flat buffer); increments the step count used for bias correction.
+  // One step on the range [begin, end): params and grads point at the range's first value
+  // (table position `begin`). Increments the step count used for bias correction.
   void Step(Backend& backend, float* params, const float* grads, float lr);
 
   int64_t step() const { return step_; }
+  size_t numel() const { return end_ - begin_; }
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }
   // How many values get weight decay, for the log.

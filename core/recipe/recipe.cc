@@ -123,8 +123,9 @@ const std::vector<KeySpec>& Keys() {
        Positive()},
       // data
       {DTRAIN_RECIPE_KEY(data, format),
-       "text: files read as bytes (vocab 256); llmc: llm.c .bin token shards",
-       {"text", "llmc"}},
+       "text: files read as bytes (vocab 256); llmc: llm.c .bin token shards; webdataset: tar "
+       "shards streamed from data.shards",
+       {"text", "llmc", "webdataset"}},
       {DTRAIN_RECIPE_KEY(data, train), "training files; glob patterns allowed"},
       {DTRAIN_RECIPE_KEY(data, val),
        "validation files; empty = hold out the last val_fraction of the training tokens"},
@@ -132,6 +133,46 @@ const std::vector<KeySpec>& Keys() {
        "share of the training tokens held out for validation when data.val is empty",
        {},
        UnitInterval()},
+      {DTRAIN_RECIPE_KEY(data, shards),
+       "webdataset training shards: paths, file:, http(s)://, pipe:CMD; brace ranges "
+       "{000..099} and '::' lists"},
+      {DTRAIN_RECIPE_KEY(data, val_shards),
+       "webdataset validation shards, read in order; empty = no validation data"},
+      {DTRAIN_RECIPE_KEY(data, streams),
+       "webdataset logical streams; they fix the data order, so keep the value when the world "
+       "size changes; must be a multiple of the data-parallel size",
+       {},
+       AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(data, shard_shuffle), "webdataset: shuffle the shards at every pass"},
+      {DTRAIN_RECIPE_KEY(data, shuffle_buffer),
+       "webdataset samples shuffled together, over all streams (memory: this many samples); "
+       "1 = no sample shuffle",
+       {},
+       AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(data, eos_id),
+       "webdataset token appended after every document; -1 = none",
+       {},
+       AtLeast(-1)},
+      {DTRAIN_RECIPE_KEY(data, epochs),
+       "webdataset passes over the shards, then they repeat; 0 = endless, each pass shuffled "
+       "anew",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(data, on_error),
+       "webdataset shard that fails to read: fail the run, or skip it (logged and counted)",
+       {"fail", "skip_shard"}},
+      {DTRAIN_RECIPE_KEY(data, http_timeout_s),
+       "http(s) shards: connect timeout and longest wait for data, in seconds",
+       {},
+       Positive()},
+      {DTRAIN_RECIPE_KEY(data, http_retries),
+       "http(s) shards: retries after a failure, each resuming where the last stopped",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(data, read_ahead_mb),
+       "webdataset: packed sequences read ahead of the step, in MiB per rank",
+       {},
+       AtLeast(1)},
       // train
       {DTRAIN_RECIPE_KEY(train, steps), "optimizer steps", {}, AtLeast(1)},
       {DTRAIN_RECIPE_KEY(train, batch_size),
@@ -179,8 +220,9 @@ const std::vector<KeySpec>& Keys() {
       // parallel
       {DTRAIN_RECIPE_KEY(parallel, strategy),
        "data-parallel engine: ddp replicates; zero1/zero2/zero3 shard optimizer state, "
-       "+gradients, +parameters; fsdp shards per block",
-       {"ddp", "zero1", "zero2", "zero3", "fsdp"}},
+       "+gradients, +parameters; fsdp shards per block; auto: the layout `dtrain plan` "
+       "recommends for the actual world, among those the trainer runs",
+       {"ddp", "zero1", "zero2", "zero3", "fsdp", "auto"}},
       {DTRAIN_RECIPE_KEY(parallel, tp),
        "tensor-parallel degree (only 1 in this release)",
        {},
@@ -191,6 +233,60 @@ const std::vector<KeySpec>& Keys() {
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(parallel, activation_checkpointing),
        "recompute each block's forward in backward: less activation memory, ~1/3 more compute"},
+      {DTRAIN_RECIPE_KEY(parallel, bucket_mb),
+       "MiB of gradients reduced together as backward produces them (ddp, zero1, zero2)",
+       {},
+       Positive()},
+      {DTRAIN_RECIPE_KEY(parallel, prefetch_bucket_mb),
+       "MiB of parameters zero3 gathers (and prefetches) together; fsdp gathers one block",
+       {},
+       Positive()},
+      {DTRAIN_RECIPE_KEY(parallel, timeout_s),
+       "seconds a collective or rendezvous may wait for the other ranks before failing with "
+       "their names",
+       {},
+       Positive()},
+      {DTRAIN_RECIPE_KEY(parallel, check_replicas),
+       "after every step, check that ranks holding replicated parameters hold the same bits "
+       "(costs one pass over the parameters)"},
+      // cluster
+      {DTRAIN_RECIPE_KEY(cluster, nodes), "machines the run is planned for", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(cluster, gpus_per_node), "GPUs in each machine", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(cluster, gpu),
+       "GPU model, a name from the planner's catalog (`dtrain plan --catalog` lists them)"},
+      {DTRAIN_RECIPE_KEY(cluster, gpu_memory_gib),
+       "usable memory per GPU in GiB; 0 = the catalog's figure for cluster.gpu",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(cluster, peak_tflops),
+       "dense bf16 peak per GPU in TFLOP/s; 0 = the catalog's figure for cluster.gpu",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(cluster, intra_gbps),
+       "all-reduce bus bandwidth inside a node in GB/s (nccl-tests busbw); 0 = the catalog's "
+       "figure for cluster.gpu's link",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(cluster, intra_latency_us),
+       "latency of one hop inside a node in microseconds; 0 = the catalog's figure",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(cluster, network),
+       "network between nodes, a name from the planner's catalog (`dtrain plan --catalog` lists "
+       "them)"},
+      {DTRAIN_RECIPE_KEY(cluster, inter_gbps),
+       "all-reduce bus bandwidth of one NIC between nodes in GB/s (nccl-tests busbw); 0 = the "
+       "catalog's figure for cluster.network",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(cluster, inter_latency_us),
+       "latency of one hop between nodes in microseconds; 0 = the catalog's figure",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(cluster, nics_per_node),
+       "network adapters per node for the training traffic; 0 = one per GPU",
+       {},
+       AtLeast(0)},
       // logging
       {DTRAIN_RECIPE_KEY(logging, every), "steps between step-log lines", {}, AtLeast(1)},
       {DTRAIN_RECIPE_KEY(logging, metrics_file),
@@ -726,7 +822,23 @@ class Parser {
                    absl::StrCat(r.train.warmup_steps, " is more than train.steps (", r.train.steps,
                                 "); set warmup_steps <= steps"));
     }
-    if (r.data.train.empty()) {
+    if (r.data.format == "webdataset") {
+      if (r.data.shards.empty()) {
+        return Error("data.shards",
+                     "no shards for data.format webdataset; give a pattern, e.g. "
+                     "'data:\\n  shards: data/train-{000000..000099}.tar'");
+      }
+      if (r.data.eos_id >= m.vocab_size) {
+        return Error("data.eos_id", absl::StrCat(r.data.eos_id, " is not below model.vocab_size (",
+                                                 m.vocab_size, "); pick a token id of the model"));
+      }
+      if (r.train.eval_every > 0 && r.data.val_shards.empty()) {
+        return Error("train.eval_every",
+                     absl::StrCat(r.train.eval_every,
+                                  " asks for evaluations, but data.format webdataset has no "
+                                  "data.val_shards; set them, or eval_every: 0"));
+      }
+    } else if (r.data.train.empty()) {
       return Error("data.train",
                    "no training files; list them, e.g. 'data:\\n  train: [data/fortunes.txt]'");
     }

@@ -37,10 +37,22 @@ struct ModelSection {
 };
 
 struct DataSection {
-  std::string format = "text";      // text (bytes, vocab 256) | llmc (llm.c token shards)
+  std::string format = "text";  // text (bytes, vocab 256) | llmc (llm.c token shards) | webdataset
   std::vector<std::string> train;    // files; glob patterns allowed
   std::vector<std::string> val;      // empty = the last val_fraction of the train tokens
   double val_fraction = 0.05;
+  // webdataset: tar shards streamed from files, http(s) or pipes.
+  std::string shards;        // URL pattern: brace ranges, "::" lists
+  std::string val_shards;    // empty = no validation data
+  int streams = 64;          // logical shard streams; fixes the order; a multiple of the dp size
+  bool shard_shuffle = true;
+  int shuffle_buffer = 4096;  // samples shuffled together, across all streams
+  int eos_id = -1;            // appended after every document; -1 = none
+  int epochs = 0;             // passes over the shards; 0 = endless
+  std::string on_error = "fail";  // fail | skip_shard
+  double http_timeout_s = 30;
+  int http_retries = 3;
+  int read_ahead_mb = 64;
 };
 
 struct TrainSection {
@@ -65,10 +77,30 @@ struct TrainSection {
 };
 
 struct ParallelSection {
-  std::string strategy = "ddp";  // ddp | zero1 | zero2 | zero3 | fsdp
+  std::string strategy = "ddp";  // ddp | zero1 | zero2 | zero3 | fsdp | auto (the planner picks)
   int tp = 1;
   int pp = 1;
   bool activation_checkpointing = false;  // recompute each block's forward in backward
+  double bucket_mb = 25;           // gradient all-reduce / reduce-scatter bucket (ddp, zero1/2)
+  double prefetch_bucket_mb = 50;  // parameter all-gather unit of zero3
+  double timeout_s = 300;          // a collective or rendezvous wait longer than this fails
+  bool check_replicas = false;     // compare replicated parameters across ranks every step
+};
+
+// The machines a run is planned for (`dtrain plan`, parallel.strategy: auto). Names refer to the
+// planner's catalog (parallel/planner/catalog.h); a 0 figure takes the catalog's value.
+struct ClusterSection {
+  int nodes = 1;
+  int gpus_per_node = 8;
+  std::string gpu = "h100-sxm";
+  double gpu_memory_gib = 0;    // usable memory per GPU
+  double peak_tflops = 0;       // dense bf16 per GPU
+  double intra_gbps = 0;        // all-reduce bus bandwidth inside a node
+  double intra_latency_us = 0;  // per hop inside a node
+  std::string network = "ib-ndr";
+  double inter_gbps = 0;        // all-reduce bus bandwidth of one NIC between nodes
+  double inter_latency_us = 0;  // per hop between nodes
+  int nics_per_node = 0;        // 0 = one per GPU
 };
 
 struct LoggingSection {
@@ -86,6 +118,7 @@ struct Recipe {
   DataSection data;
   TrainSection train;
   ParallelSection parallel;
+  ClusterSection cluster;
   LoggingSection logging;
 
   std::string source_path;  // the file it came from, for messages

@@ -37,7 +37,8 @@ absl::StatusOr<std::string> RandomNonce() {
   std::string nonce(kStoreNonceBytes, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size())) !=
       1) {
-    return absl::InternalError("OpenSSL RAND_bytes failed: the system random source is unavailable");
+    return absl::InternalError(
+        "OpenSSL RAND_bytes failed: the system random source is unavailable");
   }
   return nonce;
 }

@@ -20,7 +20,8 @@ int PollTimeoutMs(absl::Time deadline) {
   if (deadline == absl::InfiniteFuture()) return -1;
   const absl::Duration left = deadline - absl::Now();
   if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), INT_MAX));
+  return static_cast<int>(std::min<int64_t>(
+      absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), INT_MAX));
 }
 
 // Waits until `fd` is ready for `events`; DeadlineExceeded when `deadline` passes first.
@@ -30,7 +31,8 @@ absl::Status PollUntil(int fd, short events, absl::Time deadline) {
     const int ready = ::poll(&entry, 1, PollTimeoutMs(deadline));
     if (ready > 0) return absl::OkStatus();
     if (ready == 0) return absl::DeadlineExceededError("no progress before the deadline");
-    if (errno != EINTR) return absl::UnavailableError(absl::StrFormat("poll: %s", std::strerror(errno)));
+    if (errno != EINTR)
+      return absl::UnavailableError(absl::StrFormat("poll: %s", std::strerror(errno)));
   }
 }
 

@@ -100,7 +100,7 @@ FrameWriter& FrameWriter::Bytes(std::string_view bytes) {
   return Raw(bytes);
 }
 
-std::string FrameWriter::Finish() && {
+std::string FrameWriter::Finish() {
   std::string length;
   AppendLittleEndian(length, frame_.size() - kFrameHeaderBytes, 4);
   frame_.replace(0, kFrameHeaderBytes, length);
@@ -142,8 +142,8 @@ absl::StatusOr<std::string> FrameReader::Bytes(size_t max_bytes) {
   absl::StatusOr<uint32_t> size = U32();
   if (!size.ok()) return size.status();
   if (*size > max_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("string field of %d bytes exceeds the limit of %d bytes", *size, max_bytes));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "string field of %d bytes exceeds the limit of %d bytes", *size, max_bytes));
   }
   return Raw(*size);
 }
@@ -154,19 +154,25 @@ absl::Status FrameReader::ExpectEnd() const {
       absl::StrFormat("%d unexpected bytes after the last field of a frame", rest_.size()));
 }
 
-absl::StatusOr<std::optional<FrameView>> ParseFrame(std::string_view buffer,
-                                                    size_t max_frame_bytes) {
-  if (buffer.size() < kFrameHeaderBytes) return std::optional<FrameView>();
-  const uint32_t length = LoadU32(buffer.data());
+absl::StatusOr<uint32_t> ParseFrameLength(std::string_view header, size_t max_frame_bytes) {
+  const uint32_t length = LoadU32(header.data());
   if (length == 0 || length > max_frame_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "frame length %d is outside the allowed range [1, %d] bytes", length, max_frame_bytes));
   }
-  if (buffer.size() - kFrameHeaderBytes < length) return std::optional<FrameView>();
+  return length;
+}
+
+absl::StatusOr<std::optional<FrameView>> ParseFrame(std::string_view buffer,
+                                                    size_t max_frame_bytes) {
+  if (buffer.size() < kFrameHeaderBytes) return std::optional<FrameView>();
+  absl::StatusOr<uint32_t> length = ParseFrameLength(buffer, max_frame_bytes);
+  if (!length.ok()) return length.status();
+  if (buffer.size() - kFrameHeaderBytes < *length) return std::optional<FrameView>();
   return std::optional<FrameView>(FrameView{
       .type = static_cast<StoreMessage>(buffer[kFrameHeaderBytes]),
-      .payload = buffer.substr(kFrameHeaderBytes + 1, length - 1),
-      .frame_bytes = kFrameHeaderBytes + length,
+      .payload = buffer.substr(kFrameHeaderBytes + 1, *length - 1),
+      .frame_bytes = kFrameHeaderBytes + *length,
   });
 }
 

@@ -80,7 +80,7 @@ size_t MaxFrameBytes(const StoreWireLimits& limits);
 inline constexpr size_t kFrameHeaderBytes = 4;
 // Frames before the handshake completes are tiny; a peer that has not authenticated cannot make
 // the server buffer more than this.
-inline constexpr size_t kMaxHandshakeFrameBytes = 256;
+inline constexpr size_t kMaxHandshakeFrameBytes = 1024;
 
 // Builds one frame; the length prefix is filled in by Finish().
 class FrameWriter {
@@ -93,7 +93,8 @@ class FrameWriter {
   // Appends raw bytes without a size (fixed-size fields such as nonces).
   FrameWriter& Raw(std::string_view bytes);
   FrameWriter& Bytes(std::string_view bytes);
-  std::string Finish() &&;
+  // Returns the frame; the writer is left empty.
+  std::string Finish();
 
  private:
   std::string frame_;
@@ -124,8 +125,13 @@ struct FrameView {
   size_t frame_bytes;
 };
 
+// The `length` field of a frame header (kFrameHeaderBytes bytes); an error for a zero or
+// oversize length.
+absl::StatusOr<uint32_t> ParseFrameLength(std::string_view header, size_t max_frame_bytes);
+
 // Parses the frame at the start of `buffer`: nullopt while it is incomplete, an error for a zero
 // or oversize length. Unknown types are left to the caller, which knows what it expects.
-absl::StatusOr<std::optional<FrameView>> ParseFrame(std::string_view buffer, size_t max_frame_bytes);
+absl::StatusOr<std::optional<FrameView>> ParseFrame(std::string_view buffer,
+                                                    size_t max_frame_bytes);
 
 }  // namespace dtrain

@@ -16,8 +16,8 @@
 #include "core/io/safetensors.h"
 #include "core/model/hf_names.h"
 #include "core/model/transformer.h"
-#include "core/optim/adamw.h"
 #include "core/util/status.h"
+#include "parallel/data_parallel.h"
 #include "parallel/train_step.h"
 
 namespace dtrain {
@@ -59,11 +59,16 @@ absl::Status Run(const Options& options) {
 
   CpuBackend backend(recipe.run.threads);
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
-  Transformer model(config, backend, train.micro_batch, train.seq_len,
+  const ParamTable table(config, ModelSlice{});
+  ASSIGN_OR_RETURN(const ShardingStrategy strategy, ShardingStrategyFromRecipe(recipe.parallel));
+  DataParallelEngine engine(table, strategy, train, backend, /*comm=*/nullptr);
+  Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len,
                     recipe.parallel.activation_checkpointing);
-  RETURN_IF_ERROR(
-      ImportHfSafetensors(config, model.table(), options.weights, model.params().data()));
-  AdamW optimizer(model.table(), train);
+  {
+    std::vector<float> weights(table.total_numel());
+    RETURN_IF_ERROR(ImportHfSafetensors(config, table, options.weights, weights.data()));
+    engine.LoadParameters(weights.data());
+  }
 
   const int t = train.seq_len;
   const int v = config.vocab_size;
@@ -99,19 +104,22 @@ absl::Status Run(const Options& options) {
       return absl::OkStatus();
     };
     const auto save_gradients = [&] {
-      gradient_status = AppendHfTensors(config, model.table(), model.grads().data(), "grad.",
-                                        scratch, out);
+      gradient_status =
+          engine.full_gradients() == nullptr
+              ? absl::InvalidArgumentError("the probe needs unsharded gradients: use ddp or zero1")
+              : AppendHfTensors(config, table, engine.full_gradients(), "grad.", scratch, out);
     };
     ASSIGN_OR_RETURN(const StepResult result,
-                     TrainStep(model, optimizer, backend, train, step, source,
-                               step == 0 ? std::function<void()>(save_gradients) : nullptr));
+                     TrainStep(model, engine, train, step, train.batch_size / train.micro_batch,
+                               source, step == 0 ? std::function<void()>(save_gradients)
+                                                 : nullptr));
     RETURN_IF_ERROR(gradient_status);
     losses.push_back(static_cast<float>(result.loss));
     norms.push_back(static_cast<float>(result.grad_norm));
   }
   out.shapes["loss"] = out.shapes["grad_norm"] = {train.steps};
-  RETURN_IF_ERROR(
-      AppendHfTensors(config, model.table(), model.params().data(), "final.", scratch, out));
+  ASSIGN_OR_RETURN(const std::vector<float> final_params, engine.GatherParameters());
+  RETURN_IF_ERROR(AppendHfTensors(config, table, final_params.data(), "final.", scratch, out));
 
   std::vector<TensorData> tensors;
   for (const auto& [name, data] : out.floats) {

@@ -1,6 +1,8 @@
 #include "core/model/sampler.h"
 
 #include "core/backend/cpu/cpu_backend.h"
+#include "core/model/flat_parameters.h"
+#include "core/model/init.h"
 #include "gtest/gtest.h"
 
 namespace dtrain {
@@ -22,8 +24,11 @@ ModelConfig Tiny() {
 
 TEST(SamplerTest, SameSeedSameTextAndTopOneIsGreedy) {
   CpuBackend backend(1);
-  Transformer model(Tiny(), backend, 1, 8, false);
-  model.InitWeights(2);
+  const ModelConfig config = Tiny();
+  const ParamTable table(config, ModelSlice{});
+  FlatParameters parameters(table);
+  InitParameters(config, table, 2, 0, table.total_numel(), parameters.params().data());
+  Transformer model(config, table, parameters, backend, 1, 8, false);
   SamplingOptions options;
   options.max_new_tokens = 12;
   options.seed = 7;

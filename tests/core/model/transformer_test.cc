@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "core/backend/cpu/cpu_backend.h"
+#include "core/model/flat_parameters.h"
+#include "core/model/init.h"
 #include "gtest/gtest.h"
 
 namespace dtrain {
@@ -29,46 +31,57 @@ std::vector<int32_t> Tokens(size_t n, int vocab, int salt) {
   return tokens;
 }
 
+// A model with its own flat parameters, initialised from `seed`.
+struct TestModel {
+  TestModel(const ModelConfig& config, Backend& backend, int max_batch, int max_time,
+            bool checkpointing, uint64_t seed)
+      : table(config, ModelSlice{}),
+        parameters(table),
+        model(config, table, parameters, backend, max_batch, max_time, checkpointing) {
+    InitParameters(config, table, seed, 0, table.total_numel(), parameters.params().data());
+  }
+  ParamTable table;
+  FlatParameters parameters;
+  Transformer model;
+};
+
 class TransformerTest : public ::testing::TestWithParam<ModelFamily> {};
 
 // Re-running each block's forward in backward must not change a single bit of the gradients.
 TEST_P(TransformerTest, ActivationCheckpointingGivesIdenticalGradients) {
   const ModelConfig config = Small(GetParam());
   CpuBackend backend(2);
-  Transformer plain(config, backend, 2, 11, false);
-  Transformer checkpointed(config, backend, 2, 11, true);
-  plain.InitWeights(5);
-  checkpointed.InitWeights(5);
+  TestModel plain(config, backend, 2, 11, false, 5);
+  TestModel checkpointed(config, backend, 2, 11, true, 5);
   const auto inputs = Tokens(22, config.vocab_size, 1), targets = Tokens(22, config.vocab_size, 2);
-  const double loss_a = plain.ForwardBackward(inputs.data(), targets.data(), 2, 11, 0.5f);
-  const double loss_b = checkpointed.ForwardBackward(inputs.data(), targets.data(), 2, 11, 0.5f);
+  const double loss_a = plain.model.ForwardBackward(inputs.data(), targets.data(), 2, 11, 0.5f);
+  const double loss_b =
+      checkpointed.model.ForwardBackward(inputs.data(), targets.data(), 2, 11, 0.5f);
   EXPECT_EQ(loss_a, loss_b);
-  ASSERT_EQ(plain.grads().size(), checkpointed.grads().size());
-  for (size_t i = 0; i < plain.grads().size(); ++i) {
-    ASSERT_EQ(plain.grads()[i], checkpointed.grads()[i]) << i;
-  }
-  EXPECT_LT(checkpointed.activation_bytes(), plain.activation_bytes());
+  const auto a = plain.parameters.grads(), b = checkpointed.parameters.grads();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << i;
+  EXPECT_LT(checkpointed.model.activation_bytes(), plain.model.activation_bytes());
 }
 
 // Two micro-batches accumulate to the gradient of the whole batch (up to float rounding).
 TEST_P(TransformerTest, MicroBatchesAccumulateToTheWholeBatchGradient) {
   const ModelConfig config = Small(GetParam());
   CpuBackend backend(1);
-  Transformer whole(config, backend, 4, 8, false);
-  Transformer halves(config, backend, 2, 8, false);
-  whole.InitWeights(9);
-  halves.InitWeights(9);
+  TestModel whole(config, backend, 4, 8, false, 9);
+  TestModel halves(config, backend, 2, 8, false, 9);
   const auto inputs = Tokens(32, config.vocab_size, 3), targets = Tokens(32, config.vocab_size, 4);
   const float scale = 1.0f / 32;
-  const double loss = whole.ForwardBackward(inputs.data(), targets.data(), 4, 8, scale);
-  double loss_halves = halves.ForwardBackward(inputs.data(), targets.data(), 2, 8, scale);
-  loss_halves += halves.ForwardBackward(inputs.data() + 16, targets.data() + 16, 2, 8, scale);
+  const double loss = whole.model.ForwardBackward(inputs.data(), targets.data(), 4, 8, scale);
+  double loss_halves = halves.model.ForwardBackward(inputs.data(), targets.data(), 2, 8, scale);
+  loss_halves +=
+      halves.model.ForwardBackward(inputs.data() + 16, targets.data() + 16, 2, 8, scale);
   EXPECT_NEAR(loss_halves, loss, 1e-6 * loss);  // float32 activations
   double max_abs = 0, max_diff = 0;
-  for (size_t i = 0; i < whole.grads().size(); ++i) {
-    max_abs = std::max(max_abs, std::abs(static_cast<double>(whole.grads()[i])));
-    max_diff = std::max(max_diff, std::abs(static_cast<double>(whole.grads()[i]) -
-                                           halves.grads()[i]));
+  const auto a = whole.parameters.grads(), b = halves.parameters.grads();
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_abs = std::max(max_abs, std::abs(static_cast<double>(a[i])));
+    max_diff = std::max(max_diff, std::abs(static_cast<double>(a[i]) - b[i]));
   }
   EXPECT_LT(max_diff, 1e-5 * max_abs);
 }
@@ -78,8 +91,8 @@ TEST_P(TransformerTest, MicroBatchesAccumulateToTheWholeBatchGradient) {
 TEST_P(TransformerTest, LossLogitsAndTrainingPathsAgree) {
   const ModelConfig config = Small(GetParam());
   CpuBackend backend(2);
-  Transformer model(config, backend, 2, 9, false);
-  model.InitWeights(1);
+  TestModel test_model(config, backend, 2, 9, false, 1);
+  Transformer& model = test_model.model;
   const auto inputs = Tokens(18, config.vocab_size, 5), targets = Tokens(18, config.vocab_size, 6);
   const double loss = model.ForwardLoss(inputs.data(), targets.data(), 2, 9);
   std::vector<float> logits(18 * config.vocab_size);
@@ -110,14 +123,14 @@ TEST_P(TransformerTest, InitFollowsGpt2) {
   config.head_dim = 64;
   config.d_ff = 512;
   CpuBackend backend(1);
-  Transformer model(config, backend, 1, 4, false);
-  model.InitWeights(3);
+  TestModel model(config, backend, 1, 4, false, 3);
+  const auto params = model.parameters.params();
   auto stddev = [&](const std::string& name) {
-    const TensorEntry* entry = model.table().Find(name);
+    const TensorEntry* entry = model.table.Find(name);
     EXPECT_NE(entry, nullptr) << name;
     double sum = 0, sum_sq = 0;
     for (size_t i = 0; i < entry->numel; ++i) {
-      const double x = model.params()[entry->offset + i];
+      const double x = params[entry->offset + i];
       sum += x;
       sum_sq += x * x;
     }
@@ -126,13 +139,18 @@ TEST_P(TransformerTest, InitFollowsGpt2) {
   };
   EXPECT_NEAR(stddev("blocks.0.attn.qkv.weight"), 0.02, 0.001);
   EXPECT_NEAR(stddev("blocks.0.mlp.down.weight"), 0.02 / std::sqrt(6.0), 0.0005);
-  EXPECT_EQ(model.params()[model.table().Find("blocks.1.norm2.weight")->offset], 1.0f);
-  // The same seed gives the same weights; another seed others.
-  Transformer again(config, backend, 1, 4, false);
-  again.InitWeights(3);
-  EXPECT_TRUE(std::equal(again.params().begin(), again.params().end(), model.params().begin()));
-  again.InitWeights(4);
-  EXPECT_FALSE(std::equal(again.params().begin(), again.params().end(), model.params().begin()));
+  EXPECT_EQ(params[model.table.Find("blocks.1.norm2.weight")->offset], 1.0f);
+  // The same seed gives the same weights; another seed others; any range of the buffer
+  // initialises exactly as the whole (a shard of a sharded model).
+  std::vector<float> again(params.size());
+  InitParameters(config, model.table, 3, 0, again.size(), again.data());
+  EXPECT_TRUE(std::equal(again.begin(), again.end(), params.begin()));
+  const size_t begin = 1234, end = params.size() - 777;
+  std::vector<float> shard(end - begin);
+  InitParameters(config, model.table, 3, begin, end, shard.data());
+  EXPECT_TRUE(std::equal(shard.begin(), shard.end(), params.begin() + begin));
+  InitParameters(config, model.table, 4, 0, again.size(), again.data());
+  EXPECT_FALSE(std::equal(again.begin(), again.end(), params.begin()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TransformerTest,

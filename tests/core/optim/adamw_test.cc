@@ -29,7 +29,7 @@ TEST(AdamWTest, NoDecayPatternsSelectTensorsByName) {
   TrainSection train;
   train.weight_decay = 0.5;
   train.no_decay = {"*.bias", "*norm*", "embed.positions"};
-  AdamW optimizer(table, train);
+  AdamW optimizer(table, train, 0, table.total_numel());
   std::vector<float> params(table.total_numel(), 1.0f), grads(table.total_numel(), 0.0f);
   CpuBackend backend(1);
   optimizer.Step(backend, params.data(), grads.data(), 0.1f);
@@ -58,12 +58,12 @@ TEST(AdamWTest, RangeStepMatchesTheWholeBufferStep) {
   }
   std::vector<float> sharded = whole;
   CpuBackend backend(1);
-  AdamW full(table, train);
+  AdamW full(table, train, 0, table.total_numel());
   const size_t begin = 7, end = table.total_numel() - 5;
   AdamW shard(table, train, begin, end);
   for (int step = 0; step < 3; ++step) {
     full.Step(backend, whole.data(), grads.data(), 1e-2f);
-    shard.Step(backend, sharded.data(), grads.data(), 1e-2f);
+    shard.Step(backend, sharded.data() + begin, grads.data() + begin, 1e-2f);
   }
   for (size_t i = 0; i < whole.size(); ++i) {
     if (i >= begin && i < end) {

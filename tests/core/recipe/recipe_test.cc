@@ -175,7 +175,7 @@ TEST(RecipeTest, OutOfRange) {
 TEST(RecipeTest, EnumValueNotAllowed) {
   EXPECT_EQ(ErrorOf(WithMinimal("parallel:\n  strategy: zero4\n")),
             "parallel.strategy at t.yaml:4:13: 'zero4' is not allowed; use one of ddp, zero1, "
-            "zero2, zero3, fsdp");
+            "zero2, zero3, fsdp, auto");
   EXPECT_THAT(ErrorOf(WithMinimal("model:\n  family: bert\n")),
               HasSubstr("use one of gpt2, llama"));
 }
@@ -313,7 +313,7 @@ TEST(RecipeTest, ReferenceMarkdownHasEveryKey) {
   EXPECT_THAT(reference, HasSubstr("| key | type | default | meaning |"));
   EXPECT_THAT(reference, HasSubstr("| `train.lr` | float > 0 | `0.001` |"));
   EXPECT_THAT(reference,
-              HasSubstr("| `parallel.strategy` | one of ddp, zero1, zero2, zero3, fsdp |"));
+              HasSubstr("| `parallel.strategy` | one of ddp, zero1, zero2, zero3, fsdp, auto |"));
   EXPECT_THAT(reference, HasSubstr("| `train.beta1` | float in [0, 1) |"));
   EXPECT_THAT(reference, HasSubstr("| `run.seed` | uint64 | `1337` |"));
   // Every key of the resolved recipe appears in the reference.

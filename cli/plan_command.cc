@@ -1,0 +1,68 @@
+// `dtrain plan RECIPE [--set key=value]... [--json] [--top N]` and `dtrain plan --catalog`.
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cli/commands.h"
+#include "core/recipe/recipe.h"
+#include "parallel/planner/catalog.h"
+#include "parallel/planner/cost_model.h"
+#include "parallel/planner/plan_report.h"
+#include "parallel/planner/search.h"
+
+namespace dtrain::cli {
+
+void AddPlanCommand(CLI::App& app) {
+  struct Args {
+    std::string recipe_path;
+    std::vector<std::string> overrides;
+    bool json = false;
+    int top = 8;
+    bool catalog = false;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* command = app.add_subcommand(
+      "plan",
+      "Recommend a parallel layout for the recipe's model on its cluster section: memory, "
+      "communication and step time per layout, rejected layouts with reasons, NCCL settings");
+  command->add_option("recipe", args->recipe_path, "Recipe YAML file");
+  AddOverrideOption(*command, args->overrides);
+  command->add_flag("--json", args->json, "Print the plan as JSON");
+  command->add_option("--top", args->top, "Alternatives to show")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  command->add_flag("--catalog", args->catalog,
+                    "List the GPUs and networks cluster.gpu and cluster.network can name");
+  command->callback([args] {
+    if (args->catalog) {
+      std::cout << CatalogText();
+      return;
+    }
+    if (args->recipe_path.empty()) {
+      Fail(absl::InvalidArgumentError("dtrain plan needs a recipe file, e.g. dtrain plan "
+                                      "configs/llama-7b.yaml --set cluster.nodes=8"),
+           kExitUsage);
+    }
+    absl::StatusOr<Recipe> recipe = LoadRecipe(args->recipe_path, args->overrides);
+    if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
+    absl::StatusOr<ClusterSpec> cluster = ResolveCluster(recipe->cluster);
+    if (!cluster.ok()) Fail(cluster.status(), kExitUsage);
+    absl::StatusOr<Plan> plan = SearchLayouts(WorkloadFromRecipe(*recipe), *cluster);
+    if (!plan.ok()) Fail(plan.status(), kExitUsage);
+    if (args->json) {
+      std::cout << PlanJson(*plan, args->recipe_path, args->top).dump(2) << "\n";
+    } else {
+      std::cout << PlanText(*plan, args->recipe_path, args->top);
+    }
+    if (plan->recommendation() == nullptr) {
+      Fail(absl::FailedPreconditionError(
+               "no layout fits this cluster's GPU memory; add nodes or GPUs with more memory"),
+           kExitFailure);
+    }
+  });
+}
+
+}  // namespace dtrain::cli

@@ -1,0 +1,59 @@
+#include "core/data/data_inspect.h"
+
+#include <chrono>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/data/sample_grouper.h"
+#include "core/data/shard_urls.h"
+#include "core/data/tar_reader.h"
+#include "core/data/token_decode.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+
+absl::Status InspectShards(const std::string& pattern, const InspectOptions& options,
+                           std::ostream& out) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> urls, ExpandShardUrls(pattern));
+  const auto start = std::chrono::steady_clock::now();
+  int64_t samples = 0;
+  int64_t tokens = 0;
+  int64_t bytes = 0;
+  std::vector<int32_t> ids;
+  Sample sample;
+  for (const std::string& url : urls) {
+    ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> source, OpenShard(url, options.source));
+    TarReader reader(source.get());
+    SampleGrouper grouper(&reader);
+    while (true) {
+      ASSIGN_OR_RETURN(const bool more, grouper.Next(&sample));
+      if (!more) break;
+      const absl::Status decoded =
+          DecodeSampleTokens(sample, std::numeric_limits<int32_t>::max(), &ids);
+      const int64_t sample_tokens = decoded.ok() ? static_cast<int64_t>(ids.size()) : 0;
+      tokens += sample_tokens;
+      ++samples;
+      if (options.summary_only || (options.max_samples >= 0 && samples > options.max_samples)) {
+        continue;
+      }
+      std::string fields;
+      for (const SampleField& field : sample.fields) {
+        absl::StrAppend(&fields, " .", field.extension, "(", field.data.size(), " B)");
+      }
+      out << url << "  " << sample.key << ":" << fields << "  "
+          << (decoded.ok() ? absl::StrCat(sample_tokens, " tokens") : "no tokens") << "\n";
+    }
+    bytes += reader.offset();
+    RETURN_IF_ERROR(source->Close());
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out << absl::StrFormat("%d shards, %d samples, %d tokens, %d bytes in %.3f s: %.1f MB/s\n",
+                         urls.size(), samples, tokens, bytes, seconds,
+                         static_cast<double>(bytes) / 1e6 / std::max(seconds, 1e-9));
+  return absl::OkStatus();
+}
+
+}  // namespace dtrain

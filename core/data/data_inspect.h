@@ -1,0 +1,24 @@
+// `dtrain data inspect`: what a shard pattern holds, read exactly as training reads it.
+// Prints one line per sample (key, extensions with bytes, token count) unless summary_only, then
+// totals with the read rate. Errors name the shard and byte offset; single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "core/data/shard_source.h"
+
+namespace dtrain {
+
+struct InspectOptions {
+  bool summary_only = false;
+  int64_t max_samples = -1;  // per listing; -1 = all
+  ShardSourceOptions source;
+};
+
+absl::Status InspectShards(const std::string& pattern, const InspectOptions& options,
+                           std::ostream& out);
+
+}  // namespace dtrain

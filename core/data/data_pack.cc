@@ -1,0 +1,158 @@
+#include "core/data/data_pack.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+// ustar header of a regular file; names here are short, so no prefix or extensions.
+std::string UstarHeader(const std::string& name, int64_t size) {
+  std::string block(512, '\0');
+  name.copy(block.data(), 99);
+  std::snprintf(block.data() + 100, 8, "%07o", 0644);
+  std::snprintf(block.data() + 108, 8, "%07o", 0);
+  std::snprintf(block.data() + 116, 8, "%07o", 0);
+  std::snprintf(block.data() + 124, 12, "%011llo", static_cast<unsigned long long>(size));
+  std::snprintf(block.data() + 136, 12, "%011o", 0);
+  block[156] = '0';
+  std::memcpy(block.data() + 257,
+              "ustar\0"
+              "00",
+              8);
+  std::memset(block.data() + 148, ' ', 8);
+  unsigned sum = 0;
+  for (const char c : block) sum += static_cast<unsigned char>(c);
+  std::snprintf(block.data() + 148, 8, "%06o", sum);
+  return block;
+}
+
+class ShardWriter {
+ public:
+  ShardWriter(std::string out_dir, int64_t shard_bytes)
+      : out_dir_(std::move(out_dir)), shard_bytes_(shard_bytes) {}
+
+  absl::Status Add(const std::string& name, const std::string& data, PackResult* result) {
+    const int64_t bytes = 512 + (static_cast<int64_t>(data.size()) + 511) / 512 * 512;
+    if (out_.is_open() && written_ + bytes + 1024 > shard_bytes_) RETURN_IF_ERROR(Finish());
+    if (!out_.is_open()) {
+      const std::string path =
+          absl::StrFormat("%s/shard-%06d.tar", out_dir_, result->shards.size());
+      out_.open(path, std::ios::binary | std::ios::trunc);
+      if (!out_) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
+      result->shards.push_back(path);
+      written_ = 0;
+    }
+    out_ << UstarHeader(name, static_cast<int64_t>(data.size())) << data
+         << std::string((512 - data.size() % 512) % 512, '\0');
+    written_ += bytes;
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish() {
+    if (!out_.is_open()) return absl::OkStatus();
+    out_ << std::string(1024, '\0');  // the two zero end blocks
+    out_.close();
+    if (!out_) return absl::DataLossError("writing a shard failed (disk full?)");
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string out_dir_;
+  int64_t shard_bytes_;
+  std::ofstream out_;
+  int64_t written_ = 0;
+};
+
+}  // namespace
+
+void ByteTokenizer::Encode(std::string_view text, std::vector<int32_t>* ids) const {
+  ids->assign(text.size(), 0);
+  for (size_t i = 0; i < text.size(); ++i) (*ids)[i] = static_cast<unsigned char>(text[i]);
+}
+
+absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
+  static constexpr std::pair<const char*, double> kUnits[] = {
+      {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"kb", 1e3}, {"mb", 1e6},
+      {"gb", 1e9},     {"b", 1.0}};
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  double scale = 1;
+  std::string number = lower;
+  for (const auto& [unit, factor] : kUnits) {
+    if (absl::EndsWith(lower, unit)) {
+      scale = factor;
+      number = lower.substr(0, lower.size() - strlen(unit));
+      break;
+    }
+  }
+  double value = 0;
+  if (!absl::SimpleAtod(number, &value) || value * scale < 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard size '", text, "' is not a size of at least 4096 bytes like 64MB or 1GiB"));
+  }
+  return static_cast<int64_t>(value * scale);
+}
+
+absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
+                                      const std::string& out_dir, int64_t shard_bytes,
+                                      const Tokenizer& tokenizer) {
+  std::error_code error;
+  std::filesystem::create_directories(out_dir, error);
+  if (error) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", out_dir, ": ", error.message()));
+  }
+  const bool wide = tokenizer.vocab_size() > 65536;
+  const size_t width = wide ? 4 : 2;
+  ShardWriter writer(out_dir, shard_bytes);
+  PackResult result;
+  std::vector<int32_t> ids;
+  std::string bytes;
+  const auto add_document = [&](std::string_view text) -> absl::Status {
+    tokenizer.Encode(text, &ids);
+    bytes.resize(ids.size() * width);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const uint32_t id = static_cast<uint32_t>(ids[i]);
+      std::memcpy(bytes.data() + i * width, &id, width);  // little-endian host
+    }
+    const std::string name =
+        absl::StrFormat("%09d.%s", result.documents, wide ? "tokens32" : "tokens");
+    RETURN_IF_ERROR(writer.Add(name, bytes, &result));
+    ++result.documents;
+    result.tokens += static_cast<int64_t>(ids.size());
+    return absl::OkStatus();
+  };
+  for (const std::string& input : inputs) {
+    std::ifstream in(input, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot open input ", input));
+    if (absl::EndsWith(input, ".jsonl")) {
+      std::string line;
+      for (int64_t number = 1; std::getline(in, line); ++number) {
+        if (absl::StripAsciiWhitespace(line).empty()) continue;
+        const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+        if (!record.is_object() || !record.contains("text") || !record["text"].is_string()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(input, ":", number, ": expected a JSON object with a \"text\" string"));
+        }
+        RETURN_IF_ERROR(add_document(record["text"].get_ref<const std::string&>()));
+      }
+    } else {
+      const std::string text((std::istreambuf_iterator<char>(in)), {});
+      RETURN_IF_ERROR(add_document(text));
+    }
+  }
+  RETURN_IF_ERROR(writer.Finish());
+  return result;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,45 @@
+// `dtrain data pack`: writes WebDataset token shards from text and JSON-lines files.
+//
+// Each .jsonl line is one document (its "text" string); any other file is one document. A
+// Tokenizer turns text into ids (bytes for now); samples are "<index>.tokens" (uint16 LE, for
+// vocabularies up to 65536) or ".tokens32", in ustar shards "<out>/shard-000000.tar", ... each
+// at most shard_bytes unless one sample is larger. Single-threaded; errors name the file and line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dtrain {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual int vocab_size() const = 0;
+  virtual void Encode(std::string_view text, std::vector<int32_t>* ids) const = 0;
+};
+
+// One token per byte (vocab 256), the tokenizer of data.format text and .txt samples.
+class ByteTokenizer final : public Tokenizer {
+ public:
+  int vocab_size() const override { return 256; }
+  void Encode(std::string_view text, std::vector<int32_t>* ids) const override;
+};
+
+struct PackResult {
+  std::vector<std::string> shards;  // written paths
+  int64_t documents = 0;
+  int64_t tokens = 0;
+};
+
+absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
+                                      const std::string& out_dir, int64_t shard_bytes,
+                                      const Tokenizer& tokenizer);
+
+// "64MB", "1.5GiB", "4096" (bytes): decimal (kB, MB, GB) and binary (KiB, MiB, GiB) units.
+absl::StatusOr<int64_t> ParseByteSize(const std::string& text);
+
+}  // namespace dtrain

@@ -1,0 +1,190 @@
+// One easy handle driven by a multi handle, so Read() pulls data at the reader's pace instead of
+// libcurl pushing the whole body into memory.
+#include "core/data/http_source.h"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/util/log.h"
+
+namespace dtrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kMaxBackoffMs = 30000;
+
+bool RetryableHttpStatus(long status) { return status == 408 || status == 429 || status >= 500; }
+
+class HttpSource final : public ByteSource {
+ public:
+  HttpSource(std::string url, const ShardSourceOptions& options)
+      : url_(std::move(url)), options_(options), multi_(curl_multi_init()) {}
+
+  ~HttpSource() override {
+    StopTransfer();
+    curl_multi_cleanup(multi_);
+  }
+
+  absl::StatusOr<size_t> Read(char* out, size_t n) override {
+    while (true) {
+      if (head_ < buffer_.size()) {
+        const size_t count = std::min(n, buffer_.size() - head_);
+        std::copy_n(buffer_.data() + head_, count, out);
+        head_ += count;
+        if (head_ == buffer_.size()) buffer_.clear(), head_ = 0;
+        return count;
+      }
+      if (finished_) return size_t{0};
+      if (easy_ == nullptr) StartTransfer();
+      if (paused_) {
+        paused_ = false;
+        last_data_ = Clock::now();  // the pause was the reader's time, not the server's
+        curl_easy_pause(easy_, CURLPAUSE_CONT);  // may deliver the held chunk right away
+        continue;
+      }
+      absl::Status failure = Drive();
+      if (failure.ok()) continue;
+      if (failure.code() != absl::StatusCode::kUnavailable || attempt_ >= options_.http_retries) {
+        StopTransfer();
+        if (failure.code() != absl::StatusCode::kUnavailable) return failure;
+        return absl::UnavailableError(
+            absl::StrCat(url_, ": failed after ", attempt_ + 1, " attempts, ", received_,
+                         " bytes received (last: ", failure.message(),
+                         "); check the server, or raise data.http_retries / data.http_timeout_s"));
+      }
+      const int backoff_ms =
+          std::min(kMaxBackoffMs, options_.http_retry_backoff_ms << std::min(attempt_, 16));
+      ++attempt_;
+      LogWarn("%s: %s; retry %d of %d in %d ms, resuming at byte %d", url_, failure.message(),
+              attempt_, options_.http_retries, backoff_ms, received_);
+      StopTransfer();
+      std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+    }
+  }
+
+  absl::Status Close() override { return absl::OkStatus(); }
+  const std::string& url() const override { return url_; }
+
+ private:
+  static size_t OnData(char* data, size_t size, size_t count, void* self) {
+    return static_cast<HttpSource*>(self)->Accept(data, size * count);
+  }
+
+  size_t Accept(const char* data, size_t bytes) {
+    if (status_ == 0) {
+      curl_easy_getinfo(easy_, CURLINFO_RESPONSE_CODE, &status_);
+      // A server that ignores Range sends the whole body again: drop what we already have.
+      skip_ = (received_ > 0 && status_ == 200) ? received_ : 0;
+    }
+    if (status_ >= 400) return 0;  // not the body: abort, Drive() reports the status
+    if (buffer_.size() - head_ >= options_.http_buffer_bytes) {
+      paused_ = true;
+      return CURL_WRITEFUNC_PAUSE;  // libcurl keeps this chunk and delivers it on unpause
+    }
+    const size_t dropped = static_cast<size_t>(std::min<int64_t>(skip_, bytes));
+    skip_ -= static_cast<int64_t>(dropped);
+    buffer_.append(data + dropped, bytes - dropped);
+    received_ += static_cast<int64_t>(bytes - dropped);
+    last_data_ = Clock::now();
+    return bytes;
+  }
+
+  void StartTransfer() {
+    static std::once_flag curl_initialized;
+    std::call_once(curl_initialized, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+    easy_ = curl_easy_init();
+    curl_easy_setopt(easy_, CURLOPT_URL, url_.c_str());
+    curl_easy_setopt(easy_, CURLOPT_WRITEFUNCTION, &HttpSource::OnData);
+    curl_easy_setopt(easy_, CURLOPT_WRITEDATA, this);
+    curl_easy_setopt(easy_, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(easy_, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(easy_, CURLOPT_CONNECTTIMEOUT_MS,
+                     static_cast<long>(options_.http_timeout_s * 1000));
+    curl_easy_setopt(easy_, CURLOPT_BUFFERSIZE, 256L * 1024);
+    curl_easy_setopt(easy_, CURLOPT_ERRORBUFFER, error_);
+    if (received_ > 0) {
+      const std::string range = absl::StrCat(received_, "-");
+      curl_easy_setopt(easy_, CURLOPT_RANGE, range.c_str());  // libcurl copies the string
+    }
+    error_[0] = '\0';
+    status_ = 0;
+    paused_ = false;
+    last_data_ = Clock::now();
+    curl_multi_add_handle(multi_, easy_);
+  }
+
+  void StopTransfer() {
+    if (easy_ == nullptr) return;
+    curl_multi_remove_handle(multi_, easy_);
+    curl_easy_cleanup(easy_);
+    easy_ = nullptr;
+  }
+
+  // Runs the transfer until data arrives or it ends. OK: data, end or pause; Unavailable: a
+  // failure worth retrying; other codes: final.
+  absl::Status Drive() {
+    int running = 0;
+    curl_multi_perform(multi_, &running);
+    int queued = 0;
+    while (CURLMsg* message = curl_multi_info_read(multi_, &queued)) {
+      if (message->msg == CURLMSG_DONE) return Finished(message->data.result);
+    }
+    if (head_ < buffer_.size() || paused_) return absl::OkStatus();
+    const double idle_s = std::chrono::duration<double>(Clock::now() - last_data_).count();
+    if (idle_s > options_.http_timeout_s) {
+      return absl::UnavailableError(
+          absl::StrCat("no data for ", options_.http_timeout_s, " s (data.http_timeout_s)"));
+    }
+    curl_multi_poll(multi_, nullptr, 0, 100, nullptr);
+    return absl::OkStatus();
+  }
+
+  absl::Status Finished(CURLcode result) {
+    if (status_ == 0) curl_easy_getinfo(easy_, CURLINFO_RESPONSE_CODE, &status_);
+    if (status_ >= 400) {
+      const std::string what = absl::StrCat("HTTP status ", status_);
+      if (RetryableHttpStatus(status_)) return absl::UnavailableError(what);
+      return absl::NotFoundError(absl::StrCat(url_, ": ", what,
+                                              "; check data.shards and that "
+                                              "the server holds this shard"));
+    }
+    if (result != CURLE_OK) {
+      return absl::UnavailableError(
+          absl::StrCat(curl_easy_strerror(result), error_[0] ? ": " : "", error_));
+    }
+    finished_ = true;
+    StopTransfer();
+    return absl::OkStatus();
+  }
+
+  std::string url_;
+  ShardSourceOptions options_;
+  CURLM* multi_;
+  CURL* easy_ = nullptr;
+  char error_[CURL_ERROR_SIZE] = {};
+  std::string buffer_;  // received, not yet read: [head_, size())
+  size_t head_ = 0;
+  int64_t received_ = 0;  // body bytes received over all attempts
+  int64_t skip_ = 0;      // bytes of a restarted (200) body that we already have
+  long status_ = 0;       // HTTP status of the current attempt; 0 until known
+  bool paused_ = false;
+  bool finished_ = false;
+  int attempt_ = 0;
+  Clock::time_point last_data_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ByteSource>> OpenHttp(const std::string& url,
+                                                     const ShardSourceOptions& options) {
+  return std::unique_ptr<ByteSource>(new HttpSource(url, options));
+}
+
+}  // namespace dtrain

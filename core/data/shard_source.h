@@ -1,0 +1,44 @@
+// Where shard bytes come from: one streaming interface over local files, `pipe:CMD` and
+// http(s) URLs (the last in http_source.h). Sources read forward only, never seek, and hold a
+// bounded buffer. One thread uses a source at a time; errors name the URL and the fix.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace dtrain {
+
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+
+  // Reads up to `n` bytes into `buffer` and returns how many: 0 only at the end of the data.
+  virtual absl::StatusOr<size_t> Read(char* buffer, size_t n) = 0;
+  // Reports what only shows at the end (a pipe command's exit status); call after the last
+  // Read. Sources release their resources on destruction whether or not Close was called.
+  virtual absl::Status Close() = 0;
+  // The URL as the user wrote it, for messages.
+  virtual const std::string& url() const = 0;
+};
+
+struct ShardSourceOptions {
+  double http_timeout_s = 30;       // connect timeout, and longest wait for the next byte
+  int http_retries = 3;             // further attempts after a failed one, each resuming (Range)
+  int http_retry_backoff_ms = 500;  // wait before retry k is backoff * 2^k, at most 30 s
+  size_t http_buffer_bytes = size_t{1} << 20;  // received but not yet read, per connection
+};
+
+// Opens "pipe:CMD" (CMD's stdout, run by /bin/sh), "http://" / "https://", "file:PATH" or a
+// plain path. Errors: a file that cannot be opened, a command that cannot start; HTTP errors
+// show on the first Read.
+absl::StatusOr<std::unique_ptr<ByteSource>> OpenShard(const std::string& url,
+                                                      const ShardSourceOptions& options);
+
+// Bytes held in memory, named `name`: for tests and the fuzzer.
+std::unique_ptr<ByteSource> MemorySource(std::string data, std::string name);
+
+}  // namespace dtrain

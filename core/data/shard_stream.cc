@@ -1,0 +1,204 @@
+#include "core/data/shard_stream.h"
+
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/data/token_decode.h"
+#include "core/util/log.h"
+#include "core/util/rng.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+// CounterRng streams of the run seed, apart from the window loader's "data" streams.
+constexpr uint64_t kShardOrderTag = 0x73687264ULL << 32;  // "shrd" + pass
+constexpr uint64_t kBlockOrderTag = 0x626c636bULL << 32;  // "blck", hashed with stream and block
+
+absl::Status WithShard(const absl::Status& status, const std::string& url) {
+  if (status.ok() || absl::StrContains(status.message(), url)) return status;
+  return absl::Status(status.code(), absl::StrCat("shard ", url, ": ", status.message()));
+}
+
+}  // namespace
+
+ShardStream::ShardStream(const StreamConfig* config, int stream)
+    : config_(config), stream_(stream), packer_(config->seq_len, config->eos_id), slot_(stream) {
+  cursor_.block_slot = stream;
+}
+
+const std::string& ShardStream::UrlOfSlot(int64_t slot) {
+  const int64_t n = static_cast<int64_t>(config_->urls.size());
+  int64_t pass = slot / n;
+  if (config_->epochs > 0) pass %= config_->epochs;  // repeat the passes, same orders
+  if (!config_->shard_shuffle) return config_->urls[static_cast<size_t>(slot % n)];
+  if (pass != perm_pass_) {
+    perm_.resize(static_cast<size_t>(n));
+    std::iota(perm_.begin(), perm_.end(), int64_t{0});
+    CounterRng rng(config_->seed, kShardOrderTag + static_cast<uint64_t>(pass));
+    for (int64_t i = n - 1; i > 0; --i) {
+      std::swap(perm_[i], perm_[rng.below(static_cast<uint64_t>(i) + 1)]);
+    }
+    perm_pass_ = pass;
+  }
+  return config_->urls[static_cast<size_t>(perm_[slot % n])];
+}
+
+absl::Status ShardStream::OpenSlot() {
+  const int64_t n = static_cast<int64_t>(config_->urls.size());
+  if (config_->epochs > 0 && slot_ >= config_->epochs * n) {
+    if (config_->finite) return absl::OutOfRangeError("end of data");
+    if (!wrap_logged_) {
+      LogInfo(
+          "data stream %d finished data.epochs = %d passes after %d windows; repeating them "
+          "so every rank keeps the same number of batches",
+          stream_, config_->epochs, cursor_.windows);
+      wrap_logged_ = true;
+    }
+  }
+  const std::string& url = UrlOfSlot(slot_);
+  ASSIGN_OR_RETURN(source_, OpenShard(url, config_->source));
+  reader_ = std::make_unique<TarReader>(source_.get());
+  grouper_ = std::make_unique<SampleGrouper>(reader_.get());
+  return absl::OkStatus();
+}
+
+void ShardStream::CloseSlot() {
+  grouper_.reset();
+  reader_.reset();
+  source_.reset();
+  slot_ += config_->num_streams;
+  slot_samples_ = 0;
+}
+
+absl::Status ShardStream::ShardFailed(const absl::Status& status) {
+  const std::string& url = UrlOfSlot(slot_);
+  const absl::Status error = WithShard(status, url);
+  if (!config_->skip_bad_shards) {
+    return absl::Status(
+        error.code(),
+        absl::StrCat(error.message(), " (data.on_error: skip_shard would skip this shard)"));
+  }
+  ++cursor_.skipped_shards;
+  ++failures_in_a_row_;
+  LogWarn(
+      "data.on_error skip_shard: skipping shard %s (data stream %d, pass %d) after %d "
+      "samples: %s; %d shards skipped by this stream so far",
+      url, stream_, slot_ / static_cast<int64_t>(config_->urls.size()), slot_samples_,
+      error.message(), cursor_.skipped_shards);
+  if (failures_in_a_row_ >= static_cast<int64_t>(config_->urls.size())) {
+    return absl::Status(error.code(),
+                        absl::StrCat("data stream ", stream_, ": ", failures_in_a_row_,
+                                     " shards in a row failed, as many as there are shards; "
+                                     "last: ",
+                                     error.message()));
+  }
+  CloseSlot();
+  return absl::OkStatus();
+}
+
+absl::Status ShardStream::ReadSample(bool decode, std::vector<int32_t>* tokens) {
+  while (true) {
+    if (grouper_ == nullptr) {
+      const absl::Status opened = OpenSlot();
+      if (absl::IsOutOfRange(opened)) return opened;
+      if (!opened.ok()) {
+        RETURN_IF_ERROR(ShardFailed(opened));
+        continue;
+      }
+    }
+    absl::StatusOr<bool> more = grouper_->Next(&sample_);
+    if (more.ok() && !*more) {
+      const absl::Status closed = source_->Close();
+      if (!closed.ok()) {
+        RETURN_IF_ERROR(ShardFailed(closed));
+        continue;
+      }
+      CloseSlot();
+      continue;
+    }
+    absl::Status status = more.status();
+    if (status.ok() && decode) status = DecodeSampleTokens(sample_, config_->vocab_size, tokens);
+    if (!status.ok()) {
+      RETURN_IF_ERROR(ShardFailed(status));
+      continue;
+    }
+    ++slot_samples_;
+    failures_in_a_row_ = 0;
+    return absl::OkStatus();
+  }
+}
+
+absl::Status ShardStream::LoadBlock() {
+  ++cursor_.block;
+  cursor_.block_slot = slot_;
+  cursor_.block_sample = slot_samples_;
+  cursor_.next = 0;
+  cursor_.offset = 0;
+  size_t count = 0;
+  for (; count < static_cast<size_t>(config_->block_samples); ++count) {
+    if (docs_.size() <= count) docs_.emplace_back();
+    const absl::Status read = ReadSample(/*decode=*/true, &docs_[count]);
+    if (absl::IsOutOfRange(read) && count > 0) break;  // a finite stream's last, short block
+    RETURN_IF_ERROR(read);
+  }
+  docs_.resize(count);
+  order_.resize(count);
+  std::iota(order_.begin(), order_.end(), int64_t{0});
+  CounterRng rng(config_->seed, SplitMix64(kBlockOrderTag + static_cast<uint64_t>(stream_)) +
+                                    static_cast<uint64_t>(cursor_.block));
+  for (int64_t i = static_cast<int64_t>(count) - 1; i > 0; --i) {
+    std::swap(order_[i], order_[rng.below(static_cast<uint64_t>(i) + 1)]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardStream::Next(int32_t* inputs, int32_t* targets) {
+  while (true) {
+    if (cursor_.block >= 0 && cursor_.next < static_cast<int64_t>(order_.size())) {
+      const std::vector<int32_t>& doc = docs_[static_cast<size_t>(order_[cursor_.next])];
+      if (packer_.Fill(doc, &cursor_.offset)) {
+        packer_.Emit(inputs, targets);
+        ++cursor_.windows;
+        return absl::OkStatus();
+      }
+      ++cursor_.next;
+      cursor_.offset = 0;
+      continue;
+    }
+    RETURN_IF_ERROR(LoadBlock());
+  }
+}
+
+StreamCursor ShardStream::cursor() const {
+  StreamCursor cursor = cursor_;
+  cursor.carry = packer_.carry();
+  return cursor;
+}
+
+absl::Status ShardStream::Restore(const StreamCursor& cursor) {
+  grouper_.reset();
+  reader_.reset();
+  source_.reset();
+  cursor_ = cursor;
+  packer_.set_carry(cursor.carry);
+  slot_ = cursor.block_slot;
+  slot_samples_ = 0;
+  if (cursor.block < 0) {
+    order_.clear();
+    return absl::OkStatus();
+  }
+  std::vector<int32_t> unused;
+  for (int64_t i = 0; i < cursor.block_sample; ++i) {
+    RETURN_IF_ERROR(ReadSample(/*decode=*/false, &unused));
+  }
+  --cursor_.block;  // LoadBlock counts it again
+  RETURN_IF_ERROR(LoadBlock());
+  cursor_.next = cursor.next;
+  cursor_.offset = cursor.offset;
+  return absl::OkStatus();
+}
+
+}  // namespace dtrain

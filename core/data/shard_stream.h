@@ -1,0 +1,95 @@
+// One logical stream of a WebDataset run: an endless (or finite) sequence of packed windows,
+// a pure function of (seed, stream id) and the shards.
+//
+// Stream k of K reads shard slots k, k + K, k + 2K, ... of the run's shard sequence, where slot s
+// is shard perm_e[s % N] of pass e = s / N (perm_e a seeded shuffle of the N URLs, or identity).
+// Samples are shuffled in blocks of block_samples, each block permuted by its own seeded draw,
+// then packed. A cursor at any window boundary restores the stream exactly by re-reading only
+// the current block. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/data/packer.h"
+#include "core/data/sample_grouper.h"
+#include "core/data/shard_source.h"
+#include "core/data/tar_reader.h"
+
+namespace dtrain {
+
+struct StreamConfig {
+  std::vector<std::string> urls;  // the N shards
+  int num_streams = 1;            // K
+  uint64_t seed = 0;
+  bool shard_shuffle = true;
+  int64_t block_samples = 1;  // samples per shuffle block; 1 = no sample shuffle
+  int seq_len = 0;
+  int eos_id = -1;
+  int vocab_size = 0;
+  int epochs = 0;                // passes over the shards; 0 = endless, each pass shuffled anew
+  bool finite = false;           // true: end after `epochs` passes; false: then repeat the passes
+  bool skip_bad_shards = false;  // data.on_error skip_shard
+  ShardSourceOptions source;
+};
+
+// A stream's position at a window boundary.
+struct StreamCursor {
+  int64_t windows = 0;       // windows emitted
+  int64_t block = -1;        // number of the current shuffle block; -1 = none read yet
+  int64_t block_slot = 0;    // shard slot where that block starts
+  int64_t block_sample = 0;  // samples of that slot before the block
+  int64_t next = 0;          // the block's sample (in shuffled order) being packed
+  int64_t offset = 0;        // tokens of that sample (with its EOS) already packed
+  int64_t skipped_shards = 0;
+  std::vector<int32_t> carry;  // the packer's carry
+};
+
+class ShardStream {
+ public:
+  ShardStream(const StreamConfig* config, int stream);
+
+  // Writes the next window as inputs and targets (seq_len each). OutOfRange at the end of a
+  // finite stream; shard errors are DataLoss / NotFound / Unavailable naming the shard unless
+  // skip_bad_shards, which logs and skips them (failing if a whole pass of shards fails).
+  absl::Status Next(int32_t* inputs, int32_t* targets);
+
+  // Continues after `cursor` (a cursor of this stream and config): re-opens the block's shard.
+  absl::Status Restore(const StreamCursor& cursor);
+  StreamCursor cursor() const;
+
+  // The URL of shard slot `slot`.
+  const std::string& UrlOfSlot(int64_t slot);
+
+ private:
+  absl::Status LoadBlock();
+  // Next sample's tokens; `decode` false skips decoding (for Restore). OutOfRange at the end.
+  absl::Status ReadSample(bool decode, std::vector<int32_t>* tokens);
+  absl::Status OpenSlot();
+  void CloseSlot();
+  absl::Status ShardFailed(const absl::Status& status);
+
+  const StreamConfig* config_;
+  int stream_;
+  Packer packer_;
+  StreamCursor cursor_;
+  std::vector<std::vector<int32_t>> docs_;  // the current block in reading order
+  std::vector<int64_t> order_;              // shuffled order of docs_
+  // Reading position.
+  int64_t slot_;
+  int64_t slot_samples_ = 0;  // samples read from slot_
+  int64_t failures_in_a_row_ = 0;
+  bool wrap_logged_ = false;
+  std::unique_ptr<ByteSource> source_;
+  std::unique_ptr<TarReader> reader_;
+  std::unique_ptr<SampleGrouper> grouper_;
+  Sample sample_;
+  int64_t perm_pass_ = -1;  // the pass whose shard permutation perm_ holds
+  std::vector<int64_t> perm_;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,116 @@
+#include "core/data/shard_urls.h"
+
+#include <cstdint>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+constexpr size_t kMaxUrls = 10'000'000;
+
+// The alternatives of one brace expression's inside ("000..012" or "a,b").
+absl::StatusOr<std::vector<std::string>> Alternatives(absl::string_view inside,
+                                                      const std::string& pattern) {
+  const size_t dots = inside.find("..");
+  if (dots == absl::string_view::npos) {
+    if (inside.find(',') == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard pattern '", pattern, "': '{", inside,
+                       "}' is neither a range {first..last} nor a list {a,b}; fix data.shards"));
+    }
+    return std::vector<std::string>(absl::StrSplit(inside, ','));
+  }
+  const absl::string_view first = inside.substr(0, dots);
+  const absl::string_view last = inside.substr(dots + 2);
+  int64_t a = 0;
+  int64_t b = 0;
+  if (!absl::SimpleAtoi(first, &a) || !absl::SimpleAtoi(last, &b) || a < 0 || b < 0 ||
+      first[0] == '+' || last[0] == '+') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard pattern '", pattern, "': range {", inside,
+                     "} needs two non-negative integers, e.g. {000000..000123}"));
+  }
+  const uint64_t count = static_cast<uint64_t>(a > b ? a - b : b - a) + 1;
+  if (count > kMaxUrls) {
+    return absl::InvalidArgumentError(absl::StrCat("shard pattern '", pattern, "': range {", inside,
+                                                   "} has more than ", kMaxUrls, " values"));
+  }
+  // Zero padding: "{000..123}" keeps three digits, as shell brace expansion does.
+  const bool padded = (first.size() > 1 && first[0] == '0') || (last.size() > 1 && last[0] == '0');
+  const size_t width = padded ? std::max(first.size(), last.size()) : 0;
+  std::vector<std::string> values;
+  values.reserve(count);
+  for (int64_t v = a;; v += (a <= b ? 1 : -1)) {
+    std::string text = absl::StrCat(v);
+    if (text.size() < width) text.insert(0, width - text.size(), '0');
+    values.push_back(std::move(text));
+    if (v == b) break;
+  }
+  return values;
+}
+
+absl::Status ExpandItem(const std::string& item, const std::string& pattern,
+                        std::vector<std::string>* out) {
+  std::vector<std::string> done = {""};
+  size_t position = 0;
+  while (position < item.size()) {
+    const size_t open = item.find('{', position);
+    const size_t close = item.find('}', position);
+    if (open == std::string::npos) {
+      if (close != std::string::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("shard pattern '", pattern, "': '}' without '{'; fix data.shards"));
+      }
+      for (std::string& url : done) url += item.substr(position);
+      break;
+    }
+    const size_t end = item.find('}', open);
+    if (end == std::string::npos || close < open) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard pattern '", pattern, "': unmatched brace; fix data.shards"));
+    }
+    ASSIGN_OR_RETURN(
+        const std::vector<std::string> alternatives,
+        Alternatives(absl::string_view(item).substr(open + 1, end - open - 1), pattern));
+    if (done.size() * alternatives.size() > kMaxUrls) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard pattern '", pattern, "' expands to more than ", kMaxUrls, " URLs"));
+    }
+    const std::string literal = item.substr(position, open - position);
+    std::vector<std::string> next;
+    next.reserve(done.size() * alternatives.size());
+    for (const std::string& head : done) {
+      for (const std::string& alternative : alternatives) {
+        next.push_back(absl::StrCat(head, literal, alternative));
+      }
+    }
+    done = std::move(next);
+    position = end + 1;
+  }
+  out->insert(out->end(), done.begin(), done.end());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ExpandShardUrls(const std::string& pattern) {
+  std::vector<std::string> urls;
+  for (absl::string_view item : absl::StrSplit(pattern, "::")) {
+    if (item.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard pattern '", pattern, "' has an empty item between '::'; fix data.shards"));
+    }
+    RETURN_IF_ERROR(ExpandItem(std::string(item), pattern, &urls));
+    if (urls.size() > kMaxUrls) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard pattern '", pattern, "' expands to more than ", kMaxUrls, " URLs"));
+    }
+  }
+  return urls;
+}
+
+}  // namespace dtrain

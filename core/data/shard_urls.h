@@ -1,0 +1,17 @@
+// Shard URL patterns (data.shards): items separated by "::", each expanded for brace
+// expressions, left to right: "{000..123}" is a numeric range (zero padding kept; it may count
+// down) and "{a,b,c}" a list. "s3-{0..1}/x-{00..02}.tar" gives 6 URLs. Pure function.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dtrain {
+
+// InvalidArgument naming the pattern for an unmatched brace, an empty item, a bad range or more
+// than 10 million URLs.
+absl::StatusOr<std::vector<std::string>> ExpandShardUrls(const std::string& pattern);
+
+}  // namespace dtrain

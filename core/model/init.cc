@@ -1,0 +1,40 @@
+#include "core/model/init.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/util/rng.h"
+
+namespace dtrain {
+namespace {
+
+// FNV-1a of a tensor name: the random stream of that tensor, stable across builds and ranks.
+uint64_t NameStream(const std::string& name) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const unsigned char ch : name) hash = (hash ^ ch) * 0x100000001b3ULL;
+  return hash;
+}
+
+}  // namespace
+
+void InitParameters(const ModelConfig& config, const ParamTable& table, uint64_t seed,
+                    size_t begin, size_t end, float* out) {
+  const float residual_std = config.init_std / std::sqrt(2.0f * config.n_layer);
+  for (const TensorEntry& entry : table.entries()) {
+    const size_t lo = std::max(begin, entry.offset);
+    const size_t hi = std::min(end, entry.offset + entry.numel);
+    if (lo >= hi) continue;
+    float* p = out + (lo - begin);
+    if (entry.is_bias || entry.is_norm_weight) {
+      std::fill(p, p + (hi - lo), entry.is_bias ? 0.0f : 1.0f);
+      continue;
+    }
+    const float std = entry.residual_projection ? residual_std : config.init_std;
+    CounterRng rng(seed, NameStream(entry.name));
+    rng.set_counter(2 * (lo - entry.offset));  // normal() takes two draws per value
+    for (size_t i = lo; i < hi; ++i) *p++ = std * static_cast<float>(rng.normal());
+  }
+}
+
+}  // namespace dtrain

@@ -1,0 +1,82 @@
+// Collective communication among the ranks of one group ("world", "dp", "tp", "pp"): the
+// interface the data-parallel engines, tensor parallel and the pipeline schedule call, with a
+// Gloo backend for host buffers and an NCCL backend for device buffers.
+//
+// Contract: operations are asynchronous and run in issue order on the communicator's own
+// thread (or CUDA stream); every rank of the group must issue the same collectives in the same
+// order with the same counts. The caller keeps each buffer alive and untouched until the
+// operation's Work::Wait returns. A failed or timed-out operation returns a Status that names
+// the operation, the group and the ranks at fault; afterwards the communicator is unusable.
+// Issuing operations is thread-compatible (one issuing thread); stats() is thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace dtrain {
+
+// kAvg is the sum divided by size(), applied once to the reduced result.
+enum class ReduceOp { kSum, kAvg };
+
+// The handle of one issued operation. Wait blocks until it finished and returns its outcome;
+// calling Wait again returns the same outcome. Destroying an unwaited Work waits for it.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual absl::Status Wait() = 0;
+};
+
+// Bytes this rank moved through the transport for one kind of operation, as the algorithm
+// sends them (payload only, no protocol headers). Local copies are not counted.
+struct OpStats {
+  int64_t calls = 0;
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+};
+
+struct CommStats {
+  OpStats all_reduce;
+  OpStats reduce_scatter;
+  OpStats all_gather;
+  OpStats broadcast;
+  OpStats send;
+  OpStats recv;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // This rank's index in the group, in [0, size()).
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The group's name for messages and logs ("world", "dp", ...).
+  virtual const std::string& name() const = 0;
+
+  // data (count): reduced across the group in place.
+  virtual std::unique_ptr<Work> AllReduce(float* data, size_t count, ReduceOp op) = 0;
+  // input (size() * count) -> output (count): output = reduction of every rank's slice
+  // [rank() * count, (rank() + 1) * count) of its input. A padded flat buffer's shard.
+  virtual std::unique_ptr<Work> ReduceScatter(const float* input, float* output, size_t count,
+                                              ReduceOp op) = 0;
+  // input (count) -> output (size() * count): rank r's input lands at output[r * count].
+  virtual std::unique_ptr<Work> AllGather(const float* input, float* output, size_t count) = 0;
+  // data (count): root's values replace everyone else's.
+  virtual std::unique_ptr<Work> Broadcast(float* data, size_t count, int root) = 0;
+  // Point to point: the n-th Send to a peer matches that peer's n-th Recv from this rank. A
+  // Send does not wait for the matching Recv to be issued, so two ranks may Send to each other
+  // before either Recvs.
+  virtual std::unique_ptr<Work> Send(const float* data, size_t count, int peer) = 0;
+  virtual std::unique_ptr<Work> Recv(float* data, size_t count, int peer) = 0;
+  // Blocks until every rank of the group has reached the barrier (after its earlier operations).
+  virtual absl::Status Barrier() = 0;
+
+  // Totals since creation, counted when an operation finishes.
+  virtual CommStats stats() const = 0;
+};
+
+}  // namespace dtrain

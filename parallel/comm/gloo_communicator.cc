@@ -1,0 +1,581 @@
+#include "parallel/comm/gloo_communicator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/util/status.h"
+#include "gloo/barrier.h"
+#include "gloo/common/error.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "parallel/comm/gloo_store_adapter.h"
+
+namespace dtrain {
+namespace {
+
+using gloo::transport::UnboundBuffer;
+
+// Ring transfers are cut into segments so that reducing one segment overlaps receiving the
+// next; 1 MiB keeps per-message overhead small and the scratch cache-friendly (Gloo's choice).
+constexpr size_t kSegmentElements = (1 << 20) / sizeof(float);
+// Receives in flight per ring, and scratch segments (twice as many, so that a segment being
+// forwarded is not overwritten by a newer receive before its send completed).
+constexpr size_t kRecvWindow = 4;
+constexpr size_t kScratchSegments = 2 * kRecvWindow;
+
+// Gloo slot prefixes for dtrain's algorithms, above the 0x01-0x08 that Gloo's own use.
+constexpr uint64_t kReduceScatterSlot = 0x40;
+constexpr uint64_t kAllGatherSlot = 0x41;
+constexpr uint64_t kBroadcastSlot = 0x42;
+constexpr uint64_t kPointToPointSlot = 0x43;
+uint64_t Slot(uint64_t prefix, uint32_t tag) { return (prefix << 56) | tag; }
+
+// How long the failing rank waits for its peers' progress records to reach the store before
+// reading them (records are published at most every kPublishInterval).
+constexpr absl::Duration kPublishInterval = absl::Milliseconds(10);
+constexpr absl::Duration kPublishSettle = absl::Milliseconds(100);
+
+std::chrono::milliseconds Remaining(absl::Time deadline) {
+  // Gloo treats 0 as "no timeout": never pass less than 1 ms.
+  return std::max(std::chrono::milliseconds(1), absl::ToChronoMilliseconds(deadline - absl::Now()));
+}
+
+void WaitRecv(UnboundBuffer& buffer, absl::Time deadline) {
+  if (!buffer.waitRecv(Remaining(deadline))) throw gloo::IoException("receive aborted");
+}
+void WaitSend(UnboundBuffer& buffer, absl::Time deadline) {
+  if (!buffer.waitSend(Remaining(deadline))) throw gloo::IoException("send aborted");
+}
+
+// dst = a + b over n floats (dst may alias a or b).
+void Add(float* dst, const float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
+}
+
+void Scale(float* data, size_t count, int size) {
+  const float divisor = static_cast<float>(size);
+  for (size_t i = 0; i < count; ++i) data[i] /= divisor;
+}
+
+// Chunk c of an all-reduce spans [offsets[c], offsets[c + 1]): as equal as possible.
+std::vector<size_t> BalancedOffsets(size_t count, int size) {
+  std::vector<size_t> offsets(size + 1);
+  for (int c = 0; c <= size; ++c) {
+    offsets[c] = count / size * c + std::min<size_t>(c, count % size);
+  }
+  return offsets;
+}
+
+std::vector<size_t> EqualOffsets(size_t count, int size) {
+  std::vector<size_t> offsets(size + 1);
+  for (int c = 0; c <= size; ++c) offsets[c] = count * c;
+  return offsets;
+}
+
+// The segments of chunk [begin, end): (offset, length) pairs in elements.
+std::vector<std::pair<size_t, size_t>> Segments(size_t begin, size_t end) {
+  std::vector<std::pair<size_t, size_t>> segments;
+  for (size_t offset = begin; offset < end; offset += kSegmentElements) {
+    segments.emplace_back(offset, std::min(kSegmentElements, end - offset));
+  }
+  return segments;
+}
+
+std::unique_ptr<UnboundBuffer> Buffer(gloo::Context& context, const float* data, size_t count) {
+  // Gloo's buffers are read-write by type; a send never writes.
+  return context.createUnboundBuffer(const_cast<float*>(data), count * sizeof(float));
+}
+
+int Mod(int a, int n) { return ((a % n) + n) % n; }
+
+}  // namespace
+
+struct GlooCommunicator::WorkState {
+  std::mutex mu;
+  std::condition_variable ran_cv;
+  bool ran = false;
+  absl::Status status;
+  // Point to point only: the posted transfer, completed by the first Wait.
+  std::unique_ptr<UnboundBuffer> transfer;
+  bool is_send = false;
+  absl::Time deadline;
+  std::string description;  // "send of N bytes to rank R on group 'g'"
+};
+
+namespace {
+
+class GlooWork : public Work {
+ public:
+  explicit GlooWork(std::shared_ptr<GlooCommunicator::WorkState> state)
+      : state_(std::move(state)) {}
+  ~GlooWork() override { Wait().IgnoreError(); }
+
+  absl::Status Wait() override {
+    GlooCommunicator::WorkState& state = *state_;
+    std::unique_lock lock(state.mu);
+    state.ran_cv.wait(lock, [&] { return state.ran; });
+    if (!state.status.ok() || state.transfer == nullptr) return state.status;
+    try {
+      if (state.is_send) {
+        WaitSend(*state.transfer, state.deadline);
+      } else {
+        WaitRecv(*state.transfer, state.deadline);
+      }
+    } catch (const std::exception& e) {
+      state.status =
+          absl::UnavailableError(absl::StrCat(state.description,
+                                              " did not complete: the peer failed or never issued "
+                                              "the matching operation; transport: ",
+                                              e.what()));
+    }
+    state.transfer.reset();
+    return state.status;
+  }
+
+ private:
+  std::shared_ptr<GlooCommunicator::WorkState> state_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
+    std::shared_ptr<Store> store, const GlooCommunicatorOptions& options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("communicator '%s': rank %d is outside a group of size %d", options.name,
+                        options.rank, options.size));
+  }
+  if (!options.world_ranks.empty() &&
+      options.world_ranks.size() != static_cast<size_t>(options.size)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("communicator '%s': %d world ranks listed for a group of size %d",
+                        options.name, options.world_ranks.size(), options.size));
+  }
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
+    context->setTimeout(absl::ToChronoMilliseconds(options.timeout));
+    GlooStoreAdapter adapter(store, options.key_prefix + "gloo/", options.timeout);
+    context->connectFullMesh(adapter, device);
+    return std::unique_ptr<GlooCommunicator>(
+        new GlooCommunicator(std::move(store), options, std::move(context)));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrFormat(
+        "communicator '%s': rank %d of %d could not connect to its peers through %s within "
+        "%s (check that every rank started and that peers can reach this address): %s",
+        options.name, options.rank, options.size, options.hostname,
+        absl::FormatDuration(options.timeout), e.what()));
+  }
+}
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, GlooCommunicatorOptions options,
+                                   std::shared_ptr<gloo::Context> context)
+    : options_(std::move(options)),
+      store_(std::move(store)),
+      context_(std::move(context)),
+      scratch_(kScratchSegments * kSegmentElements) {
+  worker_ = std::thread([this] { WorkerLoop(); });
+  publisher_ = std::thread([this] { PublisherLoop(); });
+}
+
+GlooCommunicator::~GlooCommunicator() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  queue_changed_.notify_all();
+  worker_.join();
+  publisher_.join();
+}
+
+void GlooCommunicator::WorkerLoop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock lock(mu_);
+      queue_changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and every issued operation ran
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+// Publishes started_seq_ as the counter "<prefix>started/<rank>", coalescing bursts: a store
+// round trip per collective would cost ~50-100 us on the critical path, this costs a notify.
+void GlooCommunicator::PublisherLoop() {
+  int64_t published = 0;
+  std::unique_lock lock(mu_);
+  for (;;) {
+    queue_changed_.wait(lock, [&] { return stopping_ || started_seq_ > published; });
+    if (stopping_) return;
+    const int64_t target = started_seq_;
+    lock.unlock();
+    if (store_->Add(StartedKey(options_.rank), target - published).ok()) published = target;
+    lock.lock();
+    queue_changed_.wait_for(lock, absl::ToChronoMilliseconds(kPublishInterval),
+                            [&] { return stopping_; });
+  }
+}
+
+std::unique_ptr<Work> GlooCommunicator::Enqueue(Task task) {
+  auto state = std::make_shared<WorkState>();
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back([task = std::move(task), state] {
+      absl::Status status = task(*state);
+      std::lock_guard state_lock(state->mu);
+      state->status = std::move(status);
+      state->ran = true;
+      state->ran_cv.notify_all();
+    });
+  }
+  queue_changed_.notify_all();
+  return std::make_unique<GlooWork>(std::move(state));
+}
+
+std::unique_ptr<Work> GlooCommunicator::EnqueueCollective(
+    const char* op_name, OpStats CommStats::*stats_field,
+    std::function<void(absl::Time, OpStats&)> body) {
+  return Enqueue([this, op_name, stats_field, body = std::move(body)](WorkState&) {
+    const int64_t seq = ++collective_seq_;
+    if (!broken_.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("%s #%d on group '%s' not run: the communicator failed earlier: %s",
+                          op_name, seq, options_.name, broken_.message()));
+    }
+    {
+      std::lock_guard lock(mu_);
+      started_seq_ = seq;
+    }
+    queue_changed_.notify_all();
+    const absl::Time start = absl::Now();
+    OpStats delta;
+    delta.calls = 1;
+    absl::Status status;
+    try {
+      body(start + options_.timeout, delta);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      const bool timed_out = what.find("Timed out") != std::string::npos;
+      const std::string message = absl::StrFormat(
+          "%s #%d on group '%s' (%d ranks) failed at rank %d after %s%s: %s; transport: %s",
+          op_name, seq, options_.name, options_.size, WorldRank(options_.rank),
+          absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
+          timed_out ? absl::StrCat(" (timeout ", absl::FormatDuration(options_.timeout), ")") : "",
+          DescribeArrivals(seq), what);
+      status = timed_out ? absl::DeadlineExceededError(message) : absl::UnavailableError(message);
+      broken_ = status;
+    }
+    if (stats_field == nullptr) return status;
+    std::lock_guard lock(mu_);
+    OpStats& total = stats_.*stats_field;
+    total.calls += delta.calls;
+    total.bytes_sent += delta.bytes_sent;
+    total.bytes_received += delta.bytes_received;
+    return status;
+  });
+}
+
+std::string GlooCommunicator::DescribeArrivals(int64_t seq) {
+  absl::SleepFor(kPublishSettle);
+  std::vector<std::string> missing;
+  for (int r = 0; r < options_.size; ++r) {
+    if (r == options_.rank) continue;
+    absl::StatusOr<int64_t> started = store_->Add(StartedKey(r), 0);
+    if (!started.ok()) {
+      return absl::StrCat("could not read the peers' progress from the store: ",
+                          started.status().message());
+    }
+    if (*started < seq) {
+      missing.push_back(
+          *started == 0 ? absl::StrFormat("rank %d (started no collective)", WorldRank(r))
+                        : absl::StrFormat("rank %d (last started #%d)", WorldRank(r), *started));
+    }
+  }
+  if (missing.empty()) return "every rank started this operation";
+  return absl::StrCat("never started by ", absl::StrJoin(missing, ", "),
+                      " (exited, crashed, hung, or issued different collectives)");
+}
+
+int GlooCommunicator::WorldRank(int group_rank) const {
+  return options_.world_ranks.empty() ? group_rank : options_.world_ranks[group_rank];
+}
+
+std::string GlooCommunicator::StartedKey(int group_rank) const {
+  return absl::StrCat(options_.key_prefix, "started/", group_rank);
+}
+
+// Reduce-scatter on a ring: at step t (0 .. n-2) rank r sends chunk r-t-1 to rank r+1 and
+// receives chunk r-t-2 from rank r-1, adds its own contribution and forwards it at step t+1;
+// after n-1 steps chunk r holds every rank's sum. With `in_place` (all-reduce) the partial sums
+// accumulate in the caller's buffer; otherwise in the receive scratch, and the last step writes
+// `output`. Receives are posted kRecvWindow segments ahead.
+void GlooCommunicator::RingReduceScatter(const float* input, float* in_place, float* output,
+                                         const std::vector<size_t>& offsets, absl::Time deadline,
+                                         OpStats& delta) {
+  const int n = options_.size;
+  const int r = options_.rank;
+  const int left = Mod(r - 1, n);
+  const int right = Mod(r + 1, n);
+  const uint64_t slot = Slot(kReduceScatterSlot, static_cast<uint32_t>(collective_seq_));
+  if (n == 1) {
+    if (in_place == nullptr) std::memcpy(output, input, offsets[1] * sizeof(float));
+    return;
+  }
+  gloo::Context& context = *context_;
+
+  struct Item {
+    int step;
+    size_t offset;  // in the full buffer, elements
+    size_t length;
+  };
+  std::vector<Item> receives;
+  for (int t = 0; t + 1 < n; ++t) {
+    const int c = Mod(r - t - 2, n);
+    for (auto [offset, length] : Segments(offsets[c], offsets[c + 1])) {
+      receives.push_back({t, offset, length});
+    }
+  }
+
+  std::unique_ptr<UnboundBuffer> source = Buffer(context, in_place ? in_place : input, offsets[n]);
+  int source_sends = 0;
+  std::vector<std::unique_ptr<UnboundBuffer>> scratch(kScratchSegments);
+  std::vector<bool> scratch_sending(kScratchSegments, false);
+  for (size_t s = 0; s < kScratchSegments; ++s) {
+    scratch[s] = Buffer(context, scratch_.data() + s * kSegmentElements, kSegmentElements);
+  }
+  auto post_receive = [&](size_t k) {
+    const size_t s = k % kScratchSegments;
+    if (scratch_sending[s]) {
+      WaitSend(*scratch[s], deadline);
+      scratch_sending[s] = false;
+    }
+    scratch[s]->recv(left, slot, 0, receives[k].length * sizeof(float));
+    delta.bytes_received += receives[k].length * sizeof(float);
+  };
+
+  // Step 0 forwards this rank's own contribution to chunk r-1.
+  const int first = Mod(r - 1, n);
+  for (auto [offset, length] : Segments(offsets[first], offsets[first + 1])) {
+    source->send(right, slot, offset * sizeof(float), length * sizeof(float));
+    delta.bytes_sent += length * sizeof(float);
+    ++source_sends;
+  }
+  for (size_t k = 0; k < std::min(kRecvWindow, receives.size()); ++k) post_receive(k);
+  for (size_t k = 0; k < receives.size(); ++k) {
+    const Item& item = receives[k];
+    const size_t s = k % kScratchSegments;
+    float* received = scratch_.data() + s * kSegmentElements;
+    WaitRecv(*scratch[s], deadline);
+    const bool last = item.step == n - 2;
+    const size_t bytes = item.length * sizeof(float);
+    if (in_place != nullptr) {
+      Add(in_place + item.offset, in_place + item.offset, received, item.length);
+      if (!last) {
+        source->send(right, slot, item.offset * sizeof(float), bytes);
+        ++source_sends;
+      }
+    } else if (last) {
+      Add(output + (item.offset - offsets[r]), input + item.offset, received, item.length);
+    } else {
+      Add(received, received, input + item.offset, item.length);
+      scratch[s]->send(right, slot, 0, bytes);
+      scratch_sending[s] = true;
+    }
+    if (!last) delta.bytes_sent += bytes;
+    if (k + kRecvWindow < receives.size()) post_receive(k + kRecvWindow);
+  }
+  for (size_t s = 0; s < kScratchSegments; ++s) {
+    if (scratch_sending[s]) WaitSend(*scratch[s], deadline);
+  }
+  for (int i = 0; i < source_sends; ++i) WaitSend(*source, deadline);
+}
+
+// All-gather on a ring, in place: chunk r is already in `data`; at step t rank r forwards chunk
+// r-t to rank r+1 and receives chunk r-t-1 from rank r-1, straight into `data`.
+void GlooCommunicator::RingAllGather(float* data, const std::vector<size_t>& offsets,
+                                     absl::Time deadline, OpStats& delta) {
+  const int n = options_.size;
+  const int r = options_.rank;
+  const int left = Mod(r - 1, n);
+  const int right = Mod(r + 1, n);
+  const uint64_t slot = Slot(kAllGatherSlot, static_cast<uint32_t>(collective_seq_));
+  std::unique_ptr<UnboundBuffer> buffer = Buffer(*context_, data, offsets[n]);
+  int receives = 0;
+  int sends = 0;
+  // Every receive targets its own range, so all can be posted at once; they complete in order.
+  for (int t = 0; t + 1 < n; ++t) {
+    const int c = Mod(r - t - 1, n);
+    for (auto [offset, length] : Segments(offsets[c], offsets[c + 1])) {
+      buffer->recv(left, slot, offset * sizeof(float), length * sizeof(float));
+      delta.bytes_received += length * sizeof(float);
+      ++receives;
+    }
+  }
+  for (int t = 0; t + 1 < n; ++t) {
+    const int c = Mod(r - t, n);
+    for (auto [offset, length] : Segments(offsets[c], offsets[c + 1])) {
+      if (t > 0) {  // chunk r-t arrived at step t-1
+        WaitRecv(*buffer, deadline);
+        --receives;
+      }
+      buffer->send(right, slot, offset * sizeof(float), length * sizeof(float));
+      delta.bytes_sent += length * sizeof(float);
+      ++sends;
+    }
+  }
+  for (; receives > 0; --receives) WaitRecv(*buffer, deadline);
+  for (; sends > 0; --sends) WaitSend(*buffer, deadline);
+}
+
+// Broadcast along the chain root, root+1, ...: each rank forwards a segment as soon as it has
+// it, so large messages move at link speed (the latency is n-1 segment hops).
+void GlooCommunicator::ChainBroadcast(float* data, size_t count, int root, absl::Time deadline,
+                                      OpStats& delta) {
+  const int n = options_.size;
+  const int position = Mod(options_.rank - root, n);
+  const int previous = Mod(options_.rank - 1, n);
+  const int next = Mod(options_.rank + 1, n);
+  const bool forwards = position < n - 1;
+  const uint64_t slot = Slot(kBroadcastSlot, static_cast<uint32_t>(collective_seq_));
+  std::unique_ptr<UnboundBuffer> buffer = Buffer(*context_, data, count);
+  const auto segments = Segments(0, count);
+  if (position > 0) {
+    for (auto [offset, length] : segments) {
+      buffer->recv(previous, slot, offset * sizeof(float), length * sizeof(float));
+      delta.bytes_received += length * sizeof(float);
+    }
+  }
+  for (auto [offset, length] : segments) {
+    if (position > 0) WaitRecv(*buffer, deadline);
+    if (forwards) {
+      buffer->send(next, slot, offset * sizeof(float), length * sizeof(float));
+      delta.bytes_sent += length * sizeof(float);
+    }
+  }
+  if (forwards) {
+    for (size_t i = 0; i < segments.size(); ++i) WaitSend(*buffer, deadline);
+  }
+}
+
+std::unique_ptr<Work> GlooCommunicator::AllReduce(float* data, size_t count, ReduceOp op) {
+  return EnqueueCollective("all_reduce", &CommStats::all_reduce,
+                           [this, data, count, op](absl::Time deadline, OpStats& delta) {
+                             if (count == 0) return;
+                             const auto offsets = BalancedOffsets(count, options_.size);
+                             RingReduceScatter(data, data, nullptr, offsets, deadline, delta);
+                             RingAllGather(data, offsets, deadline, delta);
+                             if (op == ReduceOp::kAvg) Scale(data, count, options_.size);
+                           });
+}
+
+std::unique_ptr<Work> GlooCommunicator::ReduceScatter(const float* input, float* output,
+                                                      size_t count, ReduceOp op) {
+  return EnqueueCollective("reduce_scatter", &CommStats::reduce_scatter,
+                           [this, input, output, count, op](absl::Time deadline, OpStats& delta) {
+                             if (count == 0) return;
+                             RingReduceScatter(input, nullptr, output,
+                                               EqualOffsets(count, options_.size), deadline, delta);
+                             if (op == ReduceOp::kAvg) Scale(output, count, options_.size);
+                           });
+}
+
+std::unique_ptr<Work> GlooCommunicator::AllGather(const float* input, float* output, size_t count) {
+  return EnqueueCollective("all_gather", &CommStats::all_gather,
+                           [this, input, output, count](absl::Time deadline, OpStats& delta) {
+                             if (count == 0) return;
+                             float* own = output + options_.rank * count;
+                             if (own != input) std::memcpy(own, input, count * sizeof(float));
+                             RingAllGather(output, EqualOffsets(count, options_.size), deadline,
+                                           delta);
+                           });
+}
+
+std::unique_ptr<Work> GlooCommunicator::Broadcast(float* data, size_t count, int root) {
+  return EnqueueCollective("broadcast", &CommStats::broadcast,
+                           [this, data, count, root](absl::Time deadline, OpStats& delta) {
+                             if (root < 0 || root >= options_.size) {
+                               throw gloo::InvalidOperationException(
+                                   absl::StrCat("broadcast root ", root, " is not a group rank"));
+                             }
+                             if (count == 0) return;
+                             ChainBroadcast(data, count, root, deadline, delta);
+                           });
+}
+
+absl::Status GlooCommunicator::Barrier() {
+  return EnqueueCollective("barrier", nullptr,
+                           [this](absl::Time deadline, OpStats&) {
+                             gloo::BarrierOptions options(context_);
+                             options.setTag(static_cast<uint32_t>(collective_seq_));
+                             options.setTimeout(Remaining(deadline));
+                             gloo::barrier(options);
+                           })
+      ->Wait();
+}
+
+std::unique_ptr<Work> GlooCommunicator::EnqueuePointToPoint(bool is_send, float* data, size_t count,
+                                                            int peer) {
+  return Enqueue([this, is_send, data, count, peer](WorkState& state) -> absl::Status {
+    const std::string description =
+        absl::StrFormat("%s of %d bytes %s rank %d on group '%s' (this is rank %d)",
+                        is_send ? "send" : "recv", count * sizeof(float), is_send ? "to" : "from",
+                        peer >= 0 && peer < options_.size ? WorldRank(peer) : peer, options_.name,
+                        WorldRank(options_.rank));
+    if (peer < 0 || peer >= options_.size || peer == options_.rank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(description, ": the peer must be another rank of the group"));
+    }
+    if (!broken_.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          description, " not run: the communicator failed earlier: ", broken_.message()));
+    }
+    {
+      std::lock_guard lock(mu_);
+      OpStats& total = is_send ? stats_.send : stats_.recv;
+      total.calls += 1;
+      (is_send ? total.bytes_sent : total.bytes_received) += count * sizeof(float);
+    }
+    if (count == 0) return absl::OkStatus();
+    try {
+      state.transfer = Buffer(*context_, data, count);
+      if (is_send) {
+        state.transfer->send(peer, kPointToPointSlot << 56);
+      } else {
+        state.transfer->recv(peer, kPointToPointSlot << 56);
+      }
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(description, " failed: ", e.what()));
+    }
+    state.is_send = is_send;
+    state.deadline = absl::Now() + options_.timeout;
+    state.description = description;
+    return absl::OkStatus();
+  });
+}
+
+std::unique_ptr<Work> GlooCommunicator::Send(const float* data, size_t count, int peer) {
+  return EnqueuePointToPoint(true, const_cast<float*>(data), count, peer);
+}
+
+std::unique_ptr<Work> GlooCommunicator::Recv(float* data, size_t count, int peer) {
+  return EnqueuePointToPoint(false, data, count, peer);
+}
+
+CommStats GlooCommunicator::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,132 @@
+// The Gloo backend of Communicator: host (float) buffers over Gloo's TCP transport. One Gloo
+// context per communicator, connected through the rendezvous Store under the group's key
+// prefix; the collectives are rings over Gloo's unbound buffers, pipelined in 1 MiB segments,
+// so that the bytes counted in stats() are exactly the bytes sent.
+//
+// Failure: every wait inside an operation is bounded by the per-operation timeout. Before a
+// collective each rank records (asynchronously, off the critical path) the sequence number of
+// the collective it is starting under "<key_prefix>started/<rank>"; a failed or timed-out rank
+// reads those counters and names the ranks that never started the operation.
+// Thread-safety: as Communicator; Create and the destructor must not race with other calls.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/store/store.h"
+
+namespace gloo {
+class Context;
+}
+
+namespace dtrain {
+
+struct GlooCommunicatorOptions {
+  // The group's name in messages ("world", "dp", ...).
+  std::string name = "world";
+  // The store namespace of this group: equal on its members, distinct for every group and
+  // every re-creation of a group (e.g. "comm/dp.1/").
+  std::string key_prefix = "comm/world/";
+  int rank = 0;
+  int size = 1;
+  // world_ranks[i] is the world rank of group rank i, for messages; empty = the identity.
+  std::vector<int> world_ranks;
+  // The address peers reach this rank's Gloo device at (the node's address on the training
+  // network; loopback for single-node tests).
+  std::string hostname = "127.0.0.1";
+  // Bounds the rendezvous and each operation from the moment it starts running.
+  absl::Duration timeout = absl::Seconds(300);
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  // Connects to every other member (blocking, up to options.timeout). `store` is shared with
+  // the caller and must outlive nothing: the communicator keeps it alive.
+  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(
+      std::shared_ptr<Store> store, const GlooCommunicatorOptions& options);
+
+  // Runs the operations already issued, then closes the connections. Peers still waiting on
+  // this rank then fail.
+  ~GlooCommunicator() override;
+  GlooCommunicator(const GlooCommunicator&) = delete;
+  GlooCommunicator& operator=(const GlooCommunicator&) = delete;
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  const std::string& name() const override { return options_.name; }
+
+  std::unique_ptr<Work> AllReduce(float* data, size_t count, ReduceOp op) override;
+  std::unique_ptr<Work> ReduceScatter(const float* input, float* output, size_t count,
+                                      ReduceOp op) override;
+  std::unique_ptr<Work> AllGather(const float* input, float* output, size_t count) override;
+  std::unique_ptr<Work> Broadcast(float* data, size_t count, int root) override;
+  std::unique_ptr<Work> Send(const float* data, size_t count, int peer) override;
+  std::unique_ptr<Work> Recv(float* data, size_t count, int peer) override;
+  absl::Status Barrier() override;
+  CommStats stats() const override;
+
+  struct WorkState;  // one operation's outcome, shared by its Work and the worker thread
+
+ private:
+  // What runs on the worker thread: the operation's body. Collective bodies return the status
+  // to report; a point-to-point body only posts its transfer (Work::Wait completes it).
+  using Task = std::function<absl::Status(WorkState&)>;
+
+  GlooCommunicator(std::shared_ptr<Store> store, GlooCommunicatorOptions options,
+                   std::shared_ptr<gloo::Context> context);
+
+  std::unique_ptr<Work> Enqueue(Task task);
+  // Wraps a collective body: sequence number, progress record, deadline, exception to Status,
+  // failure diagnosis and stats (added to stats_.*stats_field unless it is null).
+  std::unique_ptr<Work> EnqueueCollective(const char* op_name, OpStats CommStats::*stats_field,
+                                          std::function<void(absl::Time, OpStats&)> body);
+  std::unique_ptr<Work> EnqueuePointToPoint(bool is_send, float* data, size_t count, int peer);
+
+  // The ring algorithms (worker thread only). Chunk c of the buffers spans
+  // [offsets[c], offsets[c + 1]) elements.
+  void RingReduceScatter(const float* input, float* in_place, float* output,
+                         const std::vector<size_t>& offsets, absl::Time deadline, OpStats& delta);
+  void RingAllGather(float* data, const std::vector<size_t>& offsets, absl::Time deadline,
+                     OpStats& delta);
+  void ChainBroadcast(float* data, size_t count, int root, absl::Time deadline, OpStats& delta);
+
+  // Names the ranks that never started collective `seq` (reads the store).
+  std::string DescribeArrivals(int64_t seq);
+  int WorldRank(int group_rank) const;
+  std::string StartedKey(int group_rank) const;
+
+  void WorkerLoop();
+  void PublisherLoop();
+
+  const GlooCommunicatorOptions options_;
+  const std::shared_ptr<Store> store_;
+  const std::shared_ptr<gloo::Context> context_;
+
+  // Worker-thread state: the receive scratch (kScratchSegments x 1 MiB), the collective
+  // sequence number and the first failure, after which every operation fails fast.
+  std::vector<float> scratch_;
+  int64_t collective_seq_ = 0;
+  absl::Status broken_;
+
+  mutable std::mutex mu_;
+  std::condition_variable queue_changed_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  int64_t started_seq_ = 0;  // the newest collective started, for the publisher
+  CommStats stats_;
+
+  std::thread worker_;
+  std::thread publisher_;
+};
+
+}  // namespace dtrain

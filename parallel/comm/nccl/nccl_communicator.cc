@@ -1,0 +1,248 @@
+// Compiled to nothing unless CMake found the CUDA toolkit and defined DTRAIN_HAVE_NCCL, so the
+// CPU build can glob this folder.
+#ifdef DTRAIN_HAVE_NCCL
+#include "parallel/comm/nccl/nccl_communicator.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+// How often Wait looks at its event; short against a collective, long against a spin.
+constexpr absl::Duration kPollInterval = absl::Microseconds(50);
+
+class NcclWork : public Work {
+ public:
+  NcclWork(absl::Status status, cudaEvent_t event, ncclComm_t comm, std::string description,
+           absl::Duration timeout)
+      : status_(std::move(status)),
+        event_(event),
+        comm_(comm),
+        description_(std::move(description)),
+        deadline_(absl::Now() + timeout),
+        timeout_(timeout) {}
+  ~NcclWork() override {
+    Wait().IgnoreError();
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+
+  absl::Status Wait() override {
+    if (done_ || !status_.ok()) return status_;
+    for (;;) {
+      const cudaError_t query = cudaEventQuery(event_);
+      if (query == cudaSuccess) break;
+      ncclResult_t async_error = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async_error);
+      if (query != cudaErrorNotReady || async_error != ncclSuccess) {
+        status_ = absl::UnavailableError(absl::StrCat(description_, " failed: ",
+                                                      async_error != ncclSuccess
+                                                          ? ncclGetErrorString(async_error)
+                                                          : cudaGetErrorString(query)));
+        break;
+      }
+      if (absl::Now() > deadline_) {
+        ncclCommAbort(comm_);  // unblocks the stream; the communicator is unusable after
+        status_ = absl::DeadlineExceededError(
+            absl::StrCat(description_, " did not finish within ", absl::FormatDuration(timeout_),
+                         ": a peer never issued it, exited, or issues different collectives"));
+        break;
+      }
+      absl::SleepFor(kPollInterval);
+    }
+    done_ = true;
+    return status_;
+  }
+
+ private:
+  absl::Status status_;
+  cudaEvent_t event_;
+  ncclComm_t comm_;
+  std::string description_;
+  absl::Time deadline_;
+  absl::Duration timeout_;
+  bool done_ = false;
+};
+
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
+}
+
+ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kAvg ? ncclAvg : ncclSum; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    std::shared_ptr<Store> store, const NcclCommunicatorOptions& options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("communicator '%s': rank %d is outside a group of size %d", options.name,
+                        options.rank, options.size));
+  }
+  const std::string id_key = options.key_prefix + "nccl_id";
+  ncclUniqueId id;
+  if (options.rank == 0) {
+    if (ncclResult_t result = ncclGetUniqueId(&id); result != ncclSuccess) {
+      return absl::UnavailableError(absl::StrCat(
+          "communicator '", options.name, "': ncclGetUniqueId: ", ncclGetErrorString(result)));
+    }
+    RETURN_IF_ERROR(store->Set(id_key, std::string_view(id.internal, sizeof(id.internal))));
+  } else {
+    ASSIGN_OR_RETURN(std::string bytes, store->Get(id_key, options.timeout));
+    if (bytes.size() != sizeof(id.internal)) {
+      return absl::DataLossError(
+          absl::StrFormat("store key '%s' holds %d bytes, not an NCCL id", id_key, bytes.size()));
+    }
+    std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
+  }
+  ncclComm_t comm = nullptr;
+  if (ncclResult_t result = ncclCommInitRank(&comm, options.size, id, options.rank);
+      result != ncclSuccess) {
+    return absl::UnavailableError(absl::StrFormat(
+        "communicator '%s': rank %d of %d: ncclCommInitRank: %s (NCCL_DEBUG=INFO says more)",
+        options.name, options.rank, options.size, ncclGetErrorString(result)));
+  }
+  cudaStream_t streams[3] = {};
+  float* scalar = nullptr;
+  absl::Status status;
+  for (cudaStream_t& stream : streams) {
+    if (status.ok()) {
+      status =
+          CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    }
+  }
+  if (status.ok()) status = CudaStatus(cudaMalloc(&scalar, sizeof(float)), "cudaMalloc");
+  if (!status.ok()) {
+    for (cudaStream_t stream : streams) {
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }
+    ncclCommDestroy(comm);
+    return status;
+  }
+  return std::unique_ptr<NcclCommunicator>(
+      new NcclCommunicator(options, comm, streams[0], streams[1], streams[2], scalar));
+}
+
+NcclCommunicator::NcclCommunicator(NcclCommunicatorOptions options, ncclComm_t comm,
+                                   cudaStream_t stream, cudaStream_t send_stream,
+                                   cudaStream_t recv_stream, float* barrier_scalar)
+    : options_(std::move(options)),
+      comm_(comm),
+      stream_(stream),
+      send_stream_(send_stream),
+      recv_stream_(recv_stream),
+      barrier_scalar_(barrier_scalar) {}
+
+NcclCommunicator::~NcclCommunicator() {
+  for (cudaStream_t stream : {stream_, send_stream_, recv_stream_}) {
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
+  cudaFree(barrier_scalar_);
+  ncclCommDestroy(comm_);
+}
+
+std::unique_ptr<Work> NcclCommunicator::Finish(const char* op_name, ncclResult_t enqueued,
+                                               cudaStream_t stream) {
+  const int world_rank =
+      options_.world_ranks.empty() ? options_.rank : options_.world_ranks[options_.rank];
+  std::string description = absl::StrFormat("%s on group '%s' (%d ranks) at rank %d", op_name,
+                                            options_.name, options_.size, world_rank);
+  absl::Status status;
+  cudaEvent_t event = nullptr;
+  if (enqueued != ncclSuccess) {
+    status = absl::UnavailableError(
+        absl::StrCat(description, " failed to start: ", ncclGetErrorString(enqueued)));
+  } else if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+             e != cudaSuccess || (e = cudaEventRecord(event, stream)) != cudaSuccess) {
+    status = CudaStatus(e, "cudaEventRecord");
+  }
+  return std::make_unique<NcclWork>(std::move(status), event, comm_, std::move(description),
+                                    options_.timeout);
+}
+
+void NcclCommunicator::Count(OpStats CommStats::*field, int64_t sent, int64_t received) {
+  std::lock_guard lock(mu_);
+  OpStats& stats = stats_.*field;
+  stats.calls += 1;
+  stats.bytes_sent += sent;
+  stats.bytes_received += received;
+}
+
+void NcclCommunicator::OrderAfterCollectives(cudaStream_t side) {
+  cudaEvent_t event = nullptr;
+  cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  cudaEventRecord(event, stream_);
+  cudaStreamWaitEvent(side, event, 0);
+  cudaEventDestroy(event);  // released once the wait is satisfied
+}
+
+std::unique_ptr<Work> NcclCommunicator::AllReduce(float* data, size_t count, ReduceOp op) {
+  const int64_t ring_bytes =
+      2 * (options_.size - 1) * static_cast<int64_t>(count) * 4 / options_.size;
+  Count(&CommStats::all_reduce, ring_bytes, ring_bytes);
+  return Finish("all_reduce",
+                ncclAllReduce(data, data, count, ncclFloat32, NcclOp(op), comm_, stream_), stream_);
+}
+
+std::unique_ptr<Work> NcclCommunicator::ReduceScatter(const float* input, float* output,
+                                                      size_t count, ReduceOp op) {
+  const int64_t ring_bytes = (options_.size - 1) * static_cast<int64_t>(count) * 4;
+  Count(&CommStats::reduce_scatter, ring_bytes, ring_bytes);
+  return Finish("reduce_scatter",
+                ncclReduceScatter(input, output, count, ncclFloat32, NcclOp(op), comm_, stream_),
+                stream_);
+}
+
+std::unique_ptr<Work> NcclCommunicator::AllGather(const float* input, float* output, size_t count) {
+  const int64_t ring_bytes = (options_.size - 1) * static_cast<int64_t>(count) * 4;
+  Count(&CommStats::all_gather, ring_bytes, ring_bytes);
+  return Finish("all_gather", ncclAllGather(input, output, count, ncclFloat32, comm_, stream_),
+                stream_);
+}
+
+std::unique_ptr<Work> NcclCommunicator::Broadcast(float* data, size_t count, int root) {
+  // NCCL's broadcast is a chain from the root: every rank but the last forwards the buffer.
+  const int position = (options_.rank - root + options_.size) % options_.size;
+  const int64_t bytes = static_cast<int64_t>(count) * 4;
+  Count(&CommStats::broadcast, position < options_.size - 1 ? bytes : 0, position > 0 ? bytes : 0);
+  return Finish("broadcast", ncclBroadcast(data, data, count, ncclFloat32, root, comm_, stream_),
+                stream_);
+}
+
+std::unique_ptr<Work> NcclCommunicator::Send(const float* data, size_t count, int peer) {
+  Count(&CommStats::send, static_cast<int64_t>(count) * 4, 0);
+  OrderAfterCollectives(send_stream_);
+  return Finish("send", ncclSend(data, count, ncclFloat32, peer, comm_, send_stream_),
+                send_stream_);
+}
+
+std::unique_ptr<Work> NcclCommunicator::Recv(float* data, size_t count, int peer) {
+  Count(&CommStats::recv, 0, static_cast<int64_t>(count) * 4);
+  OrderAfterCollectives(recv_stream_);
+  return Finish("recv", ncclRecv(data, count, ncclFloat32, peer, comm_, recv_stream_),
+                recv_stream_);
+}
+
+absl::Status NcclCommunicator::Barrier() {
+  return Finish("barrier",
+                ncclAllReduce(barrier_scalar_, barrier_scalar_, 1, ncclFloat32, ncclSum, comm_,
+                              stream_),
+                stream_)
+      ->Wait();
+}
+
+CommStats NcclCommunicator::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+}  // namespace dtrain
+
+#endif  // DTRAIN_HAVE_NCCL

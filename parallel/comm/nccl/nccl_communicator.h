@@ -1,0 +1,83 @@
+// The NCCL backend of Communicator: device (float) buffers of the current CUDA device. Built
+// only with the CUDA toolkit (DTRAIN_HAVE_NCCL). Rank 0 of the group creates the 128-byte
+// ncclUniqueId and Sets it under "<key_prefix>nccl_id"; the others Get it; ncclCommInitRank.
+// Each group (tp/dp/pp) has its own key prefix and so its own id and communicator.
+//
+// Collectives are enqueued in issue order on the communicator's stream; Send and Recv run on
+// their own streams (after the earlier collectives) so that two ranks may Send to each other
+// first. A Work records an event; Wait polls it and NCCL's async error, and on timeout aborts
+// the communicator and names the operation and group. stats() counts the bytes NCCL's ring
+// algorithms move (NCCL does not report them). Thread-compatible, like Communicator.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/store/store.h"
+
+namespace dtrain {
+
+struct NcclCommunicatorOptions {
+  std::string name = "world";
+  std::string key_prefix = "comm/world/";  // as GlooCommunicatorOptions::key_prefix
+  int rank = 0;
+  int size = 1;
+  std::vector<int> world_ranks;  // for messages; empty = the identity
+  absl::Duration timeout = absl::Seconds(300);
+};
+
+class NcclCommunicator : public Communicator {
+ public:
+  // Uses the calling thread's current CUDA device.
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(
+      std::shared_ptr<Store> store, const NcclCommunicatorOptions& options);
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  const std::string& name() const override { return options_.name; }
+
+  std::unique_ptr<Work> AllReduce(float* data, size_t count, ReduceOp op) override;
+  std::unique_ptr<Work> ReduceScatter(const float* input, float* output, size_t count,
+                                      ReduceOp op) override;
+  std::unique_ptr<Work> AllGather(const float* input, float* output, size_t count) override;
+  std::unique_ptr<Work> Broadcast(float* data, size_t count, int root) override;
+  std::unique_ptr<Work> Send(const float* data, size_t count, int peer) override;
+  std::unique_ptr<Work> Recv(float* data, size_t count, int peer) override;
+  absl::Status Barrier() override;
+  CommStats stats() const override;
+
+  // The stream collectives run on, for callers that order their kernels after them.
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  NcclCommunicator(NcclCommunicatorOptions options, ncclComm_t comm, cudaStream_t stream,
+                   cudaStream_t send_stream, cudaStream_t recv_stream, float* barrier_scalar);
+
+  // Records the enqueue outcome and an event on `stream` into a Work.
+  std::unique_ptr<Work> Finish(const char* op_name, ncclResult_t enqueued, cudaStream_t stream);
+  void Count(OpStats CommStats::*field, int64_t sent, int64_t received);
+  // Makes `side` wait for the work already on the collective stream.
+  void OrderAfterCollectives(cudaStream_t side);
+
+  const NcclCommunicatorOptions options_;
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  cudaStream_t send_stream_;
+  cudaStream_t recv_stream_;
+  float* barrier_scalar_;  // (1) device memory for Barrier's all-reduce
+  mutable std::mutex mu_;
+  CommStats stats_;
+};
+
+}  // namespace dtrain

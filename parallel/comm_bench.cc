@@ -1,0 +1,198 @@
+#include "parallel/comm_bench.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "core/util/status.h"
+#include "parallel/comm/gloo_communicator.h"
+#include "parallel/store/tcp_store_client.h"
+#include "parallel/store/tcp_store_server.h"
+
+namespace dtrain {
+namespace {
+
+// The per-rank element count for an array of `bytes` and the operation's array layout.
+int64_t PerRankCount(std::string_view op, int64_t bytes, int n) {
+  const int64_t elements = bytes / static_cast<int64_t>(sizeof(float));
+  const bool sharded = op == "all_gather" || op == "reduce_scatter";
+  return std::max<int64_t>(1, sharded ? elements / n : elements);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> Issue(Communicator& comm, std::string_view op,
+                                            std::vector<float>& full, std::vector<float>& shard,
+                                            int64_t count) {
+  if (op == "all_reduce") return comm.AllReduce(full.data(), count, ReduceOp::kSum);
+  if (op == "all_gather") return comm.AllGather(shard.data(), full.data(), count);
+  if (op == "reduce_scatter") {
+    return comm.ReduceScatter(full.data(), shard.data(), count, ReduceOp::kSum);
+  }
+  if (op == "broadcast") return comm.Broadcast(full.data(), count, 0);
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown collective '", std::string(op),
+                   "'; choose all_reduce, all_gather, reduce_scatter or broadcast"));
+}
+
+absl::StatusOr<int> IntFromEnv(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  int parsed = 0;
+  if (!absl::SimpleAtoi(value, &parsed)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("environment variable %s='%s' is not an integer", name, value));
+  }
+  return parsed;
+}
+
+}  // namespace
+
+double BusBandwidthFactor(std::string_view op, int n) {
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "all_gather" || op == "reduce_scatter") return static_cast<double>(n - 1) / n;
+  return 1.0;
+}
+
+absl::StatusOr<int64_t> ParseByteSize(std::string_view text) {
+  std::string digits(text);
+  int64_t unit = 1;
+  if (!digits.empty()) {
+    switch (absl::ascii_toupper(digits.back())) {
+      case 'K':
+        unit = int64_t{1} << 10;
+        break;
+      case 'M':
+        unit = int64_t{1} << 20;
+        break;
+      case 'G':
+        unit = int64_t{1} << 30;
+        break;
+      default:
+        break;
+    }
+    if (unit != 1) digits.pop_back();
+  }
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(digits, &value) || value <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", std::string(text), "' is not a byte size; write e.g. 4096, 1K, 64M or 1G"));
+  }
+  return value * unit;
+}
+
+absl::StatusOr<std::vector<CommBenchRow>> RunCommBench(Communicator& comm,
+                                                       const CommBenchOptions& options) {
+  if (options.min_bytes <= 0 || options.max_bytes < options.min_bytes || options.iters <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "bench sizes %d..%d bytes with %d iterations: need 0 < min <= max and iterations > 0",
+        options.min_bytes, options.max_bytes, options.iters));
+  }
+  const int n = comm.size();
+  std::vector<CommBenchRow> rows;
+  for (const std::string& op : options.ops) {
+    for (int64_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 2) {
+      const int64_t count = PerRankCount(op, bytes, n);
+      const bool sharded = op == "all_gather" || op == "reduce_scatter";
+      std::vector<float> full(sharded ? count * n : count, 1.0f);
+      std::vector<float> shard(count, 1.0f);
+      std::vector<std::unique_ptr<Work>> works;
+      for (int i = 0; i < options.warmup_iters; ++i) {
+        ASSIGN_OR_RETURN(auto work, Issue(comm, op, full, shard, count));
+        works.push_back(std::move(work));
+      }
+      for (auto& work : works) RETURN_IF_ERROR(work->Wait());
+      works.clear();
+      RETURN_IF_ERROR(comm.Barrier());
+      const absl::Time start = absl::Now();
+      for (int i = 0; i < options.iters; ++i) {
+        ASSIGN_OR_RETURN(auto work, Issue(comm, op, full, shard, count));
+        works.push_back(std::move(work));
+      }
+      for (auto& work : works) RETURN_IF_ERROR(work->Wait());
+      float time_us = absl::ToDoubleMicroseconds(absl::Now() - start) / options.iters;
+      RETURN_IF_ERROR(comm.AllReduce(&time_us, 1, ReduceOp::kAvg)->Wait());
+
+      CommBenchRow row;
+      row.op = op;
+      row.count = sharded ? count * n : count;
+      row.bytes = row.count * static_cast<int64_t>(sizeof(float));
+      row.time_us = time_us;
+      row.algbw_gbps = row.bytes / (time_us * 1e-6) / 1e9;
+      row.busbw_gbps = row.algbw_gbps * BusBandwidthFactor(op, n);
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+std::string FormatCommBenchTable(const std::vector<CommBenchRow>& rows, std::string_view backend,
+                                 int world_size) {
+  std::string out = absl::StrFormat(
+      "# dtrain bench comm: backend %s, %d ranks, float32, sum\n"
+      "#   size: bytes of the whole array (all_gather output, reduce_scatter input)\n"
+      "#   count: float elements of the whole array\n"
+      "#   time: microseconds per operation, averaged over ranks\n"
+      "#   algbw: size / time in GB/s (1e9 bytes/s)\n"
+      "#   busbw: algbw x 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter), "
+      "1 (broadcast)\n"
+      "%-15s %12s %12s %12s %9s %9s\n",
+      std::string(backend), world_size, "op", "size", "count", "time(us)", "algbw", "busbw");
+  for (const CommBenchRow& row : rows) {
+    absl::StrAppendFormat(&out, "%-15s %12d %12d %12.1f %9.3f %9.3f\n", row.op, row.bytes,
+                          row.count, row.time_us, row.algbw_gbps, row.busbw_gbps);
+  }
+  return out;
+}
+
+absl::StatusOr<BenchWorld> BenchWorldFromEnv() {
+  BenchWorld world;
+  ASSIGN_OR_RETURN(world.rank, IntFromEnv("RANK", 0));
+  ASSIGN_OR_RETURN(world.world_size, IntFromEnv("WORLD_SIZE", 1));
+  ASSIGN_OR_RETURN(world.local_rank, IntFromEnv("LOCAL_RANK", world.rank));
+  ASSIGN_OR_RETURN(world.master_port, IntFromEnv("MASTER_PORT", world.master_port));
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') {
+    world.master_addr = addr;
+  }
+  if (world.world_size < 1 || world.rank < 0 || world.rank >= world.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("RANK=%d is outside WORLD_SIZE=%d; set both, with 0 <= RANK < WORLD_SIZE",
+                        world.rank, world.world_size));
+  }
+  return world;
+}
+
+absl::StatusOr<std::string> RunGlooCommBenchFromEnv(const CommBenchOptions& options,
+                                                    const std::string& hostname) {
+  ASSIGN_OR_RETURN(BenchWorld world, BenchWorldFromEnv());
+  std::unique_ptr<TcpStoreServer> server;
+  if (world.rank == 0) {
+    ASSIGN_OR_RETURN(server, TcpStoreServer::Start(world.master_addr, world.master_port));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreClient> client,
+                   TcpStoreClient::Connect(world.master_addr, world.master_port));
+  GlooCommunicatorOptions comm_options;
+  comm_options.name = "world";
+  comm_options.key_prefix = "bench/comm/";
+  comm_options.rank = world.rank;
+  comm_options.size = world.world_size;
+  comm_options.hostname = hostname;
+  if (comm_options.hostname.empty()) {
+    const bool loopback = world.master_addr == "127.0.0.1" || world.master_addr == "localhost";
+    char name[256] = {};
+    comm_options.hostname =
+        loopback || gethostname(name, sizeof(name) - 1) != 0 ? "127.0.0.1" : name;
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
+                   GlooCommunicator::Create(std::move(client), comm_options));
+  ASSIGN_OR_RETURN(std::vector<CommBenchRow> rows, RunCommBench(*comm, options));
+  // Rank 0 hosts the store: it leaves only after every rank finished.
+  RETURN_IF_ERROR(comm->Barrier());
+  return world.rank == 0 ? FormatCommBenchTable(rows, "gloo", world.world_size) : "";
+}
+
+}  // namespace dtrain

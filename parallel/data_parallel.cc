@@ -1,0 +1,351 @@
+#include "parallel/data_parallel.h"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/model/init.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+// Reduce-scatters in flight at once under gradient sharding: one being filled by backward, one
+// on the wire, and the tied embedding's, filled from the classifier to the end of backward.
+constexpr size_t kMaxGradientUnits = 3;
+
+uint64_t Fingerprint(const std::vector<float>& values) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const float v : values) hash = (hash ^ std::bit_cast<uint32_t>(v)) * 0x100000001b3ULL;
+  return hash;
+}
+
+}  // namespace
+
+DataParallelEngine::DataParallelEngine(const ParamTable& table, const ShardingStrategy& strategy,
+                                       const TrainSection& train, Backend& backend,
+                                       Communicator* comm)
+    : table_(table),
+      strategy_(strategy),
+      backend_(backend),
+      comm_(comm),
+      layout_(table, strategy.unit_bytes,
+              strategy.sharding == Sharding::kNone || comm == nullptr ? 1 : comm->size()) {
+  params_.assign(sharded_params() ? layout_.shard_size() : layout_.padded_size(), 0.0f);
+  grads_.assign(sharded_grads() ? layout_.shard_size() : layout_.padded_size(), 0.0f);
+  const int slice_rank = layout_.ranks() == 1 ? 0 : rank();
+  for (const Unit& unit : layout_.units()) {
+    const auto [begin, end] = layout_.slice(unit, slice_rank);
+    optimizers_.emplace_back(table, train, begin, std::max(begin, end));
+  }
+  regions_ready_.assign(layout_.units().size(), 0);
+}
+
+float* DataParallelEngine::OwnParams(const Unit& unit) {
+  if (sharded_params()) return params_.data() + unit.shard_begin;
+  const int slice_rank = layout_.ranks() == 1 ? 0 : rank();
+  return params_.data() + unit.padded_begin + slice_rank * unit.shard;
+}
+
+float* DataParallelEngine::OwnGrads(const Unit& unit) {
+  if (sharded_grads()) return grads_.data() + unit.shard_begin;
+  const int slice_rank = layout_.ranks() == 1 ? 0 : rank();
+  return grads_.data() + unit.padded_begin + slice_rank * unit.shard;
+}
+
+void DataParallelEngine::LoadParameters(const float* full) {
+  for (const Unit& unit : layout_.units()) {
+    if (sharded_params()) {
+      const auto [begin, end] = layout_.slice(unit, rank());
+      float* own = OwnParams(unit);
+      std::fill(own, own + unit.shard, 0.0f);
+      std::copy(full + begin, full + end, own);
+    } else {
+      std::copy(full + unit.begin, full + unit.end, params_.data() + unit.padded_begin);
+    }
+  }
+}
+
+void DataParallelEngine::InitParameters(const ModelConfig& config, uint64_t seed) {
+  for (const Unit& unit : layout_.units()) {
+    if (sharded_params()) {
+      const auto [begin, end] = layout_.slice(unit, rank());
+      dtrain::InitParameters(config, table_, seed, begin, end, OwnParams(unit));
+    } else {
+      dtrain::InitParameters(config, table_, seed, unit.begin, unit.end,
+                             params_.data() + unit.padded_begin);
+    }
+  }
+}
+
+absl::StatusOr<std::vector<float>> DataParallelEngine::GatherParameters() {
+  std::vector<float> full(table_.total_numel());
+  std::vector<float> gathered;
+  for (const Unit& unit : layout_.units()) {
+    const float* source = params_.data() + unit.padded_begin;
+    if (sharded_params()) {
+      gathered.resize(unit.shard * ranks());
+      std::unique_ptr<Work> work = comm_ ? comm_->AllGather(OwnParams(unit), gathered.data(),
+                                                            unit.shard)
+                                         : nullptr;
+      if (!work) std::copy(OwnParams(unit), OwnParams(unit) + unit.shard, gathered.begin());
+      RETURN_IF_ERROR(Wait(work));
+      source = gathered.data();
+    }
+    std::copy(source, source + (unit.end - unit.begin), full.begin() + unit.begin);
+  }
+  return full;
+}
+
+const float* DataParallelEngine::full_gradients() const {
+  return sharded_grads() || layout_.ranks() > 1 ? nullptr : grads_.data();
+}
+
+absl::Status DataParallelEngine::Wait(std::unique_ptr<Work>& work) {
+  if (!work) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status status = work->Wait();
+  work.reset();
+  exposed_comm_ms_ +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (!status.ok() && error_.ok()) error_ = status;
+  return status;
+}
+
+void DataParallelEngine::BeginStep() {
+  backend_.Zero(grads_.data(), grads_.size());
+  exposed_comm_ms_ = 0;
+}
+
+void DataParallelEngine::BeginMicroBatch(bool last) {
+  last_micro_batch_ = last;
+  std::fill(regions_ready_.begin(), regions_ready_.end(), 0);
+}
+
+// ---- parameters -------------------------------------------------------------------------
+
+DataParallelEngine::GatheredUnit& DataParallelEngine::Gather(int unit_index) {
+  auto [it, inserted] = gathered_.try_emplace(unit_index);
+  GatheredUnit& gathered = it->second;
+  if (!inserted) return gathered;
+  const Unit& unit = layout_.units()[unit_index];
+  gathered.values.resize(unit.shard * ranks());
+  if (comm_) {
+    gathered.pending = comm_->AllGather(OwnParams(unit), gathered.values.data(), unit.shard);
+  } else {
+    std::copy(OwnParams(unit), OwnParams(unit) + unit.shard, gathered.values.begin());
+  }
+  size_t live = 0;
+  for (const auto& [index, g] : gathered_) live += g.values.size();
+  peak_gathered_values_ = std::max(peak_gathered_values_, live);
+  return gathered;
+}
+
+void DataParallelEngine::Prefetch(int region, Pass pass) {
+  const int next = pass == Pass::kForward ? region + 1 : region - 1;
+  // Backward ends at block 0: the embedding backward needs no parameters.
+  if (next > table_.last_region() || next < 0) return;
+  const int next_unit = layout_.unit_index(next);
+  if (next_unit >= 0 && next_unit != layout_.unit_index(region)) Gather(next_unit);
+}
+
+const float* DataParallelEngine::Acquire(int region, Pass pass) {
+  const Unit& unit = layout_.unit_of(region);
+  const size_t region_begin = table_.BlockRange(region).first;
+  if (!sharded_params()) return params_.data() + layout_.padded(unit, region_begin);
+  GatheredUnit& gathered = Gather(layout_.unit_index(region));
+  (void)Wait(gathered.pending);  // a failure is reported by FinishStep
+  ++gathered.users;
+  Prefetch(region, pass);
+  return gathered.values.data() + (region_begin - unit.begin);
+}
+
+void DataParallelEngine::Release(int region, Pass pass) {
+  if (!sharded_params()) return;
+  const Unit& unit = layout_.unit_of(region);
+  const auto it = gathered_.find(layout_.unit_index(region));
+  if (it == gathered_.end()) return;
+  const bool leaves_unit =
+      pass == Pass::kForward ? region == unit.last_region : region == unit.first_region;
+  if (--it->second.users <= 0 && leaves_unit) {
+    (void)Wait(it->second.pending);
+    gathered_.erase(it);
+  }
+}
+
+// ---- gradients --------------------------------------------------------------------------
+
+DataParallelEngine::GradientUnit& DataParallelEngine::GradientBufferFor(int unit_index) {
+  for (GradientUnit& buffer : gradient_units_) {
+    if (buffer.unit == unit_index && !buffer.pending) return buffer;
+  }
+  if (gradient_units_.size() >= kMaxGradientUnits) {
+    // Recycle the oldest buffer already handed to the communicator.
+    const auto issued = std::find_if(gradient_units_.begin(), gradient_units_.end(),
+                                     [](const GradientUnit& b) { return b.pending != nullptr; });
+    if (issued != gradient_units_.end()) {
+      (void)Retire(*issued);
+      spare_gradient_units_.push_back(std::move(*issued));
+      gradient_units_.erase(issued);
+    }
+  }
+  GradientUnit buffer;
+  if (!spare_gradient_units_.empty()) {
+    buffer = std::move(spare_gradient_units_.back());
+    spare_gradient_units_.pop_back();
+  }
+  const Unit& unit = layout_.units()[unit_index];
+  buffer.unit = unit_index;
+  buffer.regions_ready = 0;
+  buffer.values.assign(unit.shard * ranks(), 0.0f);
+  buffer.reduced.resize(unit.shard);
+  gradient_units_.push_back(std::move(buffer));
+  size_t live = 0;
+  for (const GradientUnit& b : gradient_units_) live += b.values.size() + b.reduced.size();
+  peak_gradient_unit_values_ = std::max(peak_gradient_unit_values_, live);
+  return gradient_units_.back();
+}
+
+absl::Status DataParallelEngine::Retire(GradientUnit& buffer) {
+  const Unit& unit = layout_.units()[buffer.unit];
+  RETURN_IF_ERROR(Wait(buffer.pending));
+  float* shard = OwnGrads(unit);
+  backend_.Add(shard, shard, buffer.reduced.data(), unit.shard);
+  buffer.unit = -1;
+  return absl::OkStatus();
+}
+
+float* DataParallelEngine::Gradients(int region) {
+  const Unit& unit = layout_.unit_of(region);
+  const size_t region_begin = table_.BlockRange(region).first;
+  if (!sharded_grads()) return grads_.data() + layout_.padded(unit, region_begin);
+  return GradientBufferFor(layout_.unit_index(region)).values.data() + (region_begin - unit.begin);
+}
+
+void DataParallelEngine::GradientsReady(int region) {
+  const int unit_index = layout_.unit_index(region);
+  const Unit& unit = layout_.units()[unit_index];
+  const int regions = unit.last_region - unit.first_region + 1;
+  if (!sharded_grads()) {
+    // Like DDP's no_sync: micro-batches before the last accumulate locally.
+    if (!last_micro_batch_ || ++regions_ready_[unit_index] < regions || !comm_) return;
+    reductions_.push_back(comm_->AllReduce(grads_.data() + unit.padded_begin,
+                                           unit.end - unit.begin, ReduceOp::kSum));
+    return;
+  }
+  GradientUnit& buffer = GradientBufferFor(unit_index);
+  if (++buffer.regions_ready < regions) return;
+  if (comm_) {
+    buffer.pending =
+        comm_->ReduceScatter(buffer.values.data(), buffer.reduced.data(), unit.shard,
+                             ReduceOp::kSum);
+  } else {
+    // One rank: its shard is the whole unit.
+    std::copy(buffer.values.begin(), buffer.values.begin() + unit.shard, buffer.reduced.begin());
+    (void)Retire(buffer);
+    const auto it = std::find_if(gradient_units_.begin(), gradient_units_.end(),
+                                 [&](const GradientUnit& b) { return &b == &buffer; });
+    spare_gradient_units_.push_back(std::move(*it));
+    gradient_units_.erase(it);
+  }
+}
+
+// ---- the end of a step ------------------------------------------------------------------
+
+absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
+                                                          int64_t global_tokens,
+                                                          double grad_clip, double lr) {
+  for (std::unique_ptr<Work>& work : reductions_) (void)Wait(work);
+  reductions_.clear();
+  while (!gradient_units_.empty()) {
+    GradientUnit& buffer = gradient_units_.front();
+    if (buffer.pending) (void)Retire(buffer);
+    spare_gradient_units_.push_back(std::move(buffer));
+    gradient_units_.pop_front();
+  }
+  RETURN_IF_ERROR(error_);
+
+  double sum_squares = 0;
+  for (const Unit& unit : layout_.units()) {
+    sum_squares += backend_.SumSquares(OwnGrads(unit), unit.shard);
+  }
+  StepTotals totals;
+  if (comm_) {
+    // One all-reduce for the loss and the squared norm. Replicated gradients (ddp) are counted
+    // once, by rank 0.
+    const bool replicated = layout_.ranks() == 1;
+    float sums[2] = {static_cast<float>(local_loss_sum),
+                     static_cast<float>(replicated && rank() > 0 ? 0.0 : sum_squares)};
+    std::unique_ptr<Work> work = comm_->AllReduce(sums, 2, ReduceOp::kSum);
+    RETURN_IF_ERROR(Wait(work));
+    local_loss_sum = sums[0];
+    sum_squares = sums[1];
+  }
+  totals.loss = local_loss_sum / static_cast<double>(global_tokens);
+  totals.grad_norm = std::sqrt(sum_squares);
+  if (!std::isfinite(totals.grad_norm) || !std::isfinite(totals.loss)) {
+    return absl::InternalError(absl::StrCat("the loss is ", totals.loss,
+                                            " and the gradient norm ", totals.grad_norm,
+                                            "; lower train.lr or raise train.warmup_steps"));
+  }
+  // The rule of torch.nn.utils.clip_grad_norm_.
+  const double coef = grad_clip > 0 ? grad_clip / (totals.grad_norm + 1e-6) : 1.0;
+  for (size_t u = 0; u < layout_.units().size(); ++u) {
+    const Unit& unit = layout_.units()[u];
+    if (coef < 1.0) backend_.Scale(OwnGrads(unit), static_cast<float>(coef), unit.shard);
+    optimizers_[u].Step(backend_, OwnParams(unit), OwnGrads(unit), static_cast<float>(lr));
+  }
+
+  if (comm_ && strategy_.sharding != Sharding::kNone && !sharded_params()) {
+    // Every rank updated its slices; gather the whole model back.
+    std::vector<std::vector<float>> own(layout_.units().size());
+    std::vector<std::unique_ptr<Work>> gathers;
+    for (size_t u = 0; u < layout_.units().size(); ++u) {
+      const Unit& unit = layout_.units()[u];
+      own[u].assign(OwnParams(unit), OwnParams(unit) + unit.shard);
+      gathers.push_back(
+          comm_->AllGather(own[u].data(), params_.data() + unit.padded_begin, unit.shard));
+    }
+    for (std::unique_ptr<Work>& work : gathers) RETURN_IF_ERROR(Wait(work));
+  }
+  totals.exposed_comm_ms = exposed_comm_ms_;
+  return totals;
+}
+
+absl::Status DataParallelEngine::CheckReplicas() {
+  if (!comm_ || sharded_params()) return absl::OkStatus();
+  const uint64_t fingerprint = Fingerprint(params_);
+  // Two floats carry the 64 bits; all-gather moves them without arithmetic.
+  const float mine[2] = {std::bit_cast<float>(static_cast<uint32_t>(fingerprint)),
+                         std::bit_cast<float>(static_cast<uint32_t>(fingerprint >> 32))};
+  std::vector<float> all(2 * ranks());
+  std::unique_ptr<Work> work = comm_->AllGather(mine, all.data(), 2);
+  RETURN_IF_ERROR(Wait(work));
+  std::vector<int> differing;
+  for (int r = 1; r < ranks(); ++r) {
+    if (std::memcmp(&all[2 * r], &all[0], 2 * sizeof(float)) != 0) differing.push_back(r);
+  }
+  if (differing.empty()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(
+      "parameters of ranks ", absl::StrJoin(differing, ", "), " differ from rank 0's after ",
+      strategy_.name, "'s update: the replicas diverged (non-deterministic kernels or a "
+      "corrupted reduction)"));
+}
+
+EngineMemory DataParallelEngine::memory() const {
+  EngineMemory memory;
+  memory.parameter_bytes = params_.size() * sizeof(float);
+  memory.gradient_bytes = grads_.size() * sizeof(float);
+  memory.gathered_peak_bytes = peak_gathered_values_ * sizeof(float);
+  memory.gradient_buffer_peak_bytes = peak_gradient_unit_values_ * sizeof(float);
+  for (const AdamW& optimizer : optimizers_) {
+    memory.optimizer_bytes += 2 * optimizer.numel() * sizeof(float);
+  }
+  return memory;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,132 @@
+// The data-parallel engine: one family for DDP, ZeRO-1, ZeRO-2, ZeRO-3 and FSDP, differing in
+// what is sharded (sharding.h). It holds the parameters, gradients and optimizer state of this
+// rank and is the model's BlockParameters: it gathers sharded parameters right before a region
+// computes (prefetching the next unit) and frees them after, and reduces (all-reduce) or
+// reduce-scatters each unit's gradients on the communicator's thread as soon as backward has
+// produced them, so communication overlaps the rest of backward. FinishStep waits for what is
+// left, clips on the global norm, runs AdamW on this rank's slices and gathers parameters.
+//
+// Every rank must make the same calls in the same order. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/backend/backend.h"
+#include "core/model/block_parameters.h"
+#include "core/model/model_config.h"
+#include "core/model/param_table.h"
+#include "core/optim/adamw.h"
+#include "core/recipe/recipe.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/sharding.h"
+
+namespace dtrain {
+
+// Bytes this rank holds for the model state (what ZeRO's 1/N claims are about): what it keeps
+// for the whole run, and the peak of what it holds for a moment (gathered parameter units,
+// gradient units waiting for their reduce-scatter).
+struct EngineMemory {
+  size_t parameter_bytes = 0;
+  size_t gradient_bytes = 0;
+  size_t optimizer_bytes = 0;
+  size_t gathered_peak_bytes = 0;
+  size_t gradient_buffer_peak_bytes = 0;
+  size_t kept() const { return parameter_bytes + gradient_bytes + optimizer_bytes; }
+};
+
+struct StepTotals {
+  double loss = 0;       // mean token loss over the global batch
+  double grad_norm = 0;  // before clipping
+  double exposed_comm_ms = 0;  // time this rank waited on communication during the step
+};
+
+class DataParallelEngine : public BlockParameters {
+ public:
+  // `comm` is the data-parallel group (null for one process). `table` must outlive the engine.
+  DataParallelEngine(const ParamTable& table, const ShardingStrategy& strategy, const TrainSection& train,
+                     Backend& backend, Communicator* comm);
+
+  // Fills this rank's parameters from the whole model's, given in table layout.
+  void LoadParameters(const float* full);
+  // Initialises this rank's parameters (GPT-2 style, see core/model/init.h).
+  void InitParameters(const ModelConfig& config, uint64_t seed);
+  // The whole model's parameters in table layout (gathered when sharded; every rank calls).
+  absl::StatusOr<std::vector<float>> GatherParameters();
+  // The full gradient in table layout; only without gradient sharding (for tests and the
+  // PyTorch parity probe).
+  const float* full_gradients() const;
+
+  // Before the step's first micro-batch: zero the gradients.
+  void BeginStep();
+  // Before each micro-batch; gradients are reduced across ranks only after the last one.
+  void BeginMicroBatch(bool last);
+  // After the last micro-batch: wait for the reductions, reduce the loss (this rank's sum of
+  // token losses over `global_tokens`), clip, AdamW, gather. Errors name the failed collective.
+  absl::StatusOr<StepTotals> FinishStep(double local_loss_sum, int64_t global_tokens,
+                                        double grad_clip, double lr);
+  // Checks that every rank holds the same replicated parameters (no-op when sharded).
+  absl::Status CheckReplicas();
+
+  EngineMemory memory() const;
+  const ShardingStrategy& strategy() const { return strategy_; }
+
+  // BlockParameters.
+  const float* Acquire(int region, Pass pass) override;
+  void Release(int region, Pass pass) override;
+  float* Gradients(int region) override;
+  void GradientsReady(int region) override;
+
+ private:
+  struct GatheredUnit {
+    std::vector<float> values;  // ranks * shard
+    std::unique_ptr<Work> pending;
+    int users = 0;
+  };
+  struct GradientUnit {
+    int unit = -1;
+    std::vector<float> values;  // ranks * shard, zeroed when handed out
+    std::vector<float> reduced;  // shard: this rank's part after the reduce-scatter
+    std::unique_ptr<Work> pending;
+    int regions_ready = 0;
+  };
+
+  bool sharded_params() const { return strategy_.sharding == Sharding::kParameters; }
+  bool sharded_grads() const { return strategy_.sharding >= Sharding::kGradients; }
+  int rank() const { return comm_ ? comm_->rank() : 0; }
+  int ranks() const { return comm_ ? comm_->size() : 1; }
+  absl::Status Wait(std::unique_ptr<Work>& work);
+  GatheredUnit& Gather(int unit);
+  void Prefetch(int region, Pass pass);
+  // Returns a unit-gradient buffer whose reduction finished, folding the result into the shard.
+  absl::Status Retire(GradientUnit& buffer);
+  GradientUnit& GradientBufferFor(int unit);
+  // Pointer to this rank's slice of `unit` in the parameter storage (full or shard).
+  float* OwnParams(const Unit& unit);
+  float* OwnGrads(const Unit& unit);
+
+  const ParamTable& table_;
+  ShardingStrategy strategy_;
+  Backend& backend_;
+  Communicator* comm_;
+  UnitLayout layout_;
+  std::vector<float> params_;  // padded full buffer, or this rank's shard (kParameters)
+  std::vector<float> grads_;   // padded full buffer, or this rank's shard (kGradients+)
+  std::vector<AdamW> optimizers_;  // one per unit slice this rank owns (one when unsharded)
+  std::map<int, GatheredUnit> gathered_;      // kParameters: unit -> gathered values
+  std::deque<GradientUnit> gradient_units_;  // kGradients+: buffers in use, oldest first
+  std::vector<GradientUnit> spare_gradient_units_;
+  std::vector<int> regions_ready_;            // unsharded: per unit, this micro-batch
+  std::vector<std::unique_ptr<Work>> reductions_;  // unsharded: all-reduces in flight
+  bool last_micro_batch_ = true;
+  absl::Status error_;  // the first communication failure; reported by FinishStep
+  double exposed_comm_ms_ = 0;
+  size_t peak_gathered_values_ = 0;
+  size_t peak_gradient_unit_values_ = 0;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,83 @@
+#include "parallel/planner/auto_layout.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/util/status.h"
+#include "parallel/planner/catalog.h"
+
+namespace dtrain {
+namespace {
+
+absl::StatusOr<ClusterSpec> ClusterForWorld(const ClusterSection& section, int world_size) {
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("world size ", world_size, " must be >= 1"));
+  }
+  ClusterSection resized = section;
+  if (world_size <= section.gpus_per_node) {
+    resized.nodes = 1;
+    resized.gpus_per_node = world_size;
+  } else if (world_size % section.gpus_per_node == 0) {
+    resized.nodes = world_size / section.gpus_per_node;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.strategy auto: the world of ", world_size,
+        " ranks is not a whole number of nodes of cluster.gpus_per_node = ", section.gpus_per_node,
+        "; set cluster.gpus_per_node to the ranks per node, or choose "
+        "parallel.strategy yourself"));
+  }
+  return ResolveCluster(resized);
+}
+
+}  // namespace
+
+absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
+                                             const SearchOptions& runnable) {
+  ASSIGN_OR_RETURN(const ClusterSpec cluster, ClusterForWorld(recipe.cluster, world_size));
+  const Workload workload = WorkloadFromRecipe(recipe);
+  ASSIGN_OR_RETURN(const Plan restricted, SearchLayouts(workload, cluster, runnable));
+  const Candidate* chosen = restricted.recommendation();
+  if (chosen == nullptr) {
+    const Candidate* closest = ClosestToFitting(restricted);
+    const std::string why =
+        closest == nullptr ? std::string("no layout divides the cluster, model and batch")
+                           : absl::StrCat(DescribeLayout(closest->layout), ": ", closest->reason);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parallel.strategy auto: no layout the trainer runs fits ", world_size,
+        " ranks; the closest: ", why, ". Run 'dtrain plan' on the recipe to see every option"));
+  }
+  AutoLayout result{.layout = chosen->layout, .estimate = chosen->estimate};
+  SearchOptions unrestricted;
+  unrestricted.assumptions = runnable.assumptions;
+  unrestricted.memory_margin = runnable.memory_margin;
+  unrestricted.simpler_within = runnable.simpler_within;
+  ASSIGN_OR_RETURN(const Plan full, SearchLayouts(workload, cluster, unrestricted));
+  const Candidate* best = full.recommendation();
+  if (best != nullptr && !(best->layout == chosen->layout)) {
+    const double chosen_ms = chosen->estimate.time.step_ms;
+    const double best_ms = best->estimate.time.step_ms;
+    result.note = absl::StrFormat(
+        "the plan recommends %s (%.1f ms per step), which the trainer cannot run yet; using %s "
+        "(%.1f ms, %+.1f%%)",
+        DescribeLayout(best->layout), best_ms, DescribeLayout(chosen->layout), chosen_ms,
+        100 * (chosen_ms - best_ms) / best_ms);
+  }
+  return result;
+}
+
+absl::Status ApplyLayout(const Layout& layout, Recipe& recipe) {
+  if (layout.recompute == Recompute::kSelective || layout.offload) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the layout ", DescribeLayout(layout),
+        " needs selective recomputation or offload, which the recipe cannot express yet"));
+  }
+  recipe.parallel.strategy = std::string(StrategyName(layout.strategy));
+  recipe.parallel.tp = layout.tp;
+  recipe.parallel.pp = layout.pp;
+  recipe.parallel.activation_checkpointing = layout.recompute == Recompute::kFull;
+  recipe.train.micro_batch = layout.micro_batch;
+  return absl::OkStatus();
+}
+
+}  // namespace dtrain

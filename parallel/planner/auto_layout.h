@@ -1,0 +1,37 @@
+// `parallel.strategy: auto`: the plan for the world a run actually has, limited to the layouts
+// the trainer can run, written back into the recipe.
+//
+// The trainer calls ResolveAutoLayout once at start-up with its world size and the layouts it
+// implements. A better layout that it cannot run yet is reported in `note`, never silently
+// replaced; no runnable layout that fits is an error.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/recipe/recipe.h"
+#include "parallel/planner/cost_model.h"
+#include "parallel/planner/search.h"
+
+namespace dtrain {
+
+struct AutoLayout {
+  Layout layout;
+  Estimate estimate;
+  // Empty, or one line naming the faster layout the unrestricted plan recommends and what
+  // choosing the runnable one costs, for the trainer to log.
+  std::string note;
+};
+
+// Plans recipe's model and batch for `world_size` ranks, with recipe.cluster's hardware: nodes
+// are world_size / cluster.gpus_per_node (one node of world_size GPUs when fewer).
+// `runnable` restricts the search to what the trainer implements.
+absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
+                                             const SearchOptions& runnable);
+
+// Sets parallel.strategy/tp/pp/activation_checkpointing and train.micro_batch from `layout`.
+// InvalidArgument for a layout the recipe cannot express (selective recomputation, offload).
+absl::Status ApplyLayout(const Layout& layout, Recipe& recipe);
+
+}  // namespace dtrain

@@ -1,0 +1,344 @@
+#include "parallel/planner/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dtrain {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// Parameters of the token (and, for gpt2, position) embedding, the untied output head and the
+// final norm; the rest divides evenly over the blocks.
+struct ParamSplit {
+  double embedding = 0;
+  double head = 0;  // 0 when tied to the embedding
+  double final_norm = 0;
+  double per_layer = 0;
+};
+
+ParamSplit SplitParams(const ModelConfig& model) {
+  const double h = model.d_model;
+  ParamSplit split;
+  split.embedding =
+      static_cast<double>(model.vocab_size) * h +
+      (model.has_position_embedding() ? static_cast<double>(model.max_seq_len) * h : 0);
+  split.head = model.tied_head() ? 0 : static_cast<double>(model.vocab_size) * h;
+  split.final_norm = model.has_biases() ? 2 * h : h;
+  split.per_layer = (static_cast<double>(model.num_parameters()) - split.embedding - split.head -
+                     split.final_norm) /
+                    model.n_layer;
+  return split;
+}
+
+// GEMM efficiency at the layout's narrowest per-GPU matrix dimension (see CostAssumptions).
+double GemmEfficiency(const Workload& workload, const Layout& layout,
+                      const CostAssumptions& assumptions) {
+  const double width = std::min(static_cast<double>(workload.model.d_model) / layout.tp,
+                                static_cast<double>(layout.micro_batch) * workload.seq_len);
+  return assumptions.gemm_peak_fraction * width / (width + assumptions.gemm_half_efficiency_width);
+}
+
+// The part of a step's communication the step waits for, when `total_ms` of it (in `calls`
+// equal operations) can run behind `window_ms` of computation: all but the last operation
+// overlaps, and whatever does not fit in the window is exposed too (DESIGN.md: buckets are
+// reduced while earlier blocks are still in backward).
+double ExposedMs(double total_ms, double window_ms, int calls) {
+  if (total_ms <= 0) return 0;
+  const double last_ms = total_ms / std::max(calls, 1);
+  return std::min(total_ms, std::max(0.0, total_ms - window_ms) + last_ms);
+}
+
+double RingFactor(Collective collective, int group_size) {
+  const double n = group_size;
+  return collective == Collective::kAllReduce ? 2 * (n - 1) / n : (n - 1) / n;
+}
+
+}  // namespace
+
+absl::string_view StrategyName(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::kDdp:
+      return "ddp";
+    case Strategy::kZero1:
+      return "zero1";
+    case Strategy::kZero2:
+      return "zero2";
+    case Strategy::kZero3:
+      return "zero3";
+    case Strategy::kFsdp:
+      return "fsdp";
+  }
+  return "?";
+}
+
+absl::string_view RecomputeName(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+Workload WorkloadFromRecipe(const Recipe& recipe) {
+  Workload workload;
+  workload.model = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  workload.batch_size = recipe.train.batch_size;
+  workload.seq_len = recipe.train.seq_len;
+  workload.precision = Precision::MixedBf16();
+  return workload;
+}
+
+MemoryEstimate ModelStateBytes(Strategy strategy, double params, int dp, const Precision& precision,
+                               bool offload) {
+  const double p = precision.param_bytes * params;
+  const double g = precision.grad_bytes * params;
+  const double k = precision.optimizer_bytes * params;
+  MemoryEstimate memory;
+  switch (strategy) {
+    case Strategy::kDdp:
+      memory = {.param_bytes = p, .grad_bytes = g, .optimizer_bytes = k};
+      break;
+    case Strategy::kZero1:
+      memory = {.param_bytes = p, .grad_bytes = g, .optimizer_bytes = k / dp};
+      break;
+    case Strategy::kZero2:
+      memory = {.param_bytes = p, .grad_bytes = g / dp, .optimizer_bytes = k / dp};
+      break;
+    case Strategy::kZero3:
+    case Strategy::kFsdp:
+      memory = {.param_bytes = p / dp, .grad_bytes = g / dp, .optimizer_bytes = k / dp};
+      break;
+  }
+  if (offload) {
+    memory.host_bytes = memory.optimizer_bytes;
+    memory.optimizer_bytes = 0;
+  }
+  return memory;
+}
+
+double ActivationBytesPerLayer(int seq_len, int micro_batch, int d_model, int n_head, int tp,
+                               bool sequence_parallel, Recompute recompute) {
+  // Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+  // Table 2: sbh(10 + 24/t + 5as/(ht)) with TP; sbh(34/t + 5as/(ht)) with TP and sequence
+  // parallelism; selective recomputation drops the 5as/(ht) attention term; full recomputation
+  // keeps only the layer input, 2sbh (divided by t when sequence parallel shards it).
+  // With t = 1 the TP form is the plain sbh(34 + 5as/h).
+  const double s = seq_len, b = micro_batch, h = d_model, a = n_head, t = tp;
+  const double sbh = s * b * h;
+  const double attention = recompute == Recompute::kNone ? 5 * a * s / (h * t) : 0;
+  if (recompute == Recompute::kFull) return sequence_parallel ? 2 * sbh / t : 2 * sbh;
+  if (sequence_parallel) return sbh * (34 / t + attention);
+  return sbh * (10 + 24 / t + attention);
+}
+
+double CollectiveMs(Collective collective, double bytes, int group_size, int ranks_per_node,
+                    const ClusterSpec& cluster) {
+  if (group_size <= 1 || bytes <= 0) return 0;
+  const bool crosses_nodes = group_size > ranks_per_node;
+  // Between nodes a group's ring passes each node's NICs once per channel, so the node-level
+  // traffic equals one rank's and the group gets its nodes' NIC bandwidth in proportion to the
+  // GPUs it has there (all groups communicate at once); NVLink caps it.
+  const double busbw_gbps =
+      crosses_nodes ? std::min(cluster.intra_gbps, cluster.inter_gbps_per_gpu() * ranks_per_node)
+                    : cluster.intra_gbps;
+  const double latency_us = crosses_nodes ? cluster.inter_latency_us : cluster.intra_latency_us;
+  // NCCL runs all-reduce as a tree when latency dominates (2 log2 n hops) and all-gather /
+  // reduce-scatter as a ring (n - 1 hops).
+  const double hops = collective == Collective::kAllReduce
+                          ? 2 * std::ceil(std::log2(static_cast<double>(group_size)))
+                          : group_size - 1;
+  const double transfer_s = RingFactor(collective, group_size) * bytes / (busbw_gbps * 1e9);
+  return 1e3 * transfer_s + 1e-3 * hops * latency_us;
+}
+
+double ParamsPerRank(const ModelConfig& model, int tp, int pp) {
+  const ParamSplit split = SplitParams(model);
+  const double blocks = split.per_layer * (model.n_layer / pp);
+  if (pp == 1) return static_cast<double>(model.num_parameters()) / tp;
+  // The first stage holds the embedding; the last the final norm and the head, or for a tied
+  // head a copy of the embedding (Megatron-LM keeps one on each end and all-reduces its grads).
+  const double first = blocks + split.embedding;
+  const double last =
+      blocks + split.final_norm + (model.tied_head() ? split.embedding : split.head);
+  return std::max(first, last) / tp;
+}
+
+Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, const Layout& layout,
+                        const CostAssumptions& assumptions) {
+  const ModelConfig& model = workload.model;
+  const Precision& precision = workload.precision;
+  const ParamSplit split = SplitParams(model);
+  const int t = layout.tp, p = layout.pp, dp = layout.dp, b = layout.micro_batch;
+  const int s = workload.seq_len, h = model.d_model;
+  const int layers = model.n_layer / p;
+  const int m = workload.batch_size / (dp * b);
+  const double activation_scale = precision.activation_bytes / 2;  // formulas assume 2 bytes
+  const bool sp = layout.sequence_parallel;
+  Estimate estimate;
+  estimate.micro_batches = m;
+
+  // ---- Memory of the most loaded stage. ----
+  const double params = ParamsPerRank(model, t, p);
+  MemoryEstimate& memory = estimate.memory;
+  memory = ModelStateBytes(layout.strategy, params, dp, precision, layout.offload);
+  const double per_layer_bytes =
+      activation_scale * ActivationBytesPerLayer(s, b, h, model.n_head, t, sp, layout.recompute);
+  // Full recomputation re-runs one layer at a time, whose whole activations are live then.
+  const double working_bytes =
+      layout.recompute == Recompute::kFull
+          ? activation_scale *
+                ActivationBytesPerLayer(s, b, h, model.n_head, t, sp, Recompute::kNone)
+          : 0;
+  // fp32 logits and their gradient for the loss, vocab-parallel over t (Korthikanti's 4sbv/t).
+  const double logits_bytes = 4.0 * s * b * model.vocab_size / t;
+  // Under 1F1B the first stage holds min(p, m) micro-batches in flight; the last stage one, plus
+  // the logits (Korthikanti et al. 2022, section 4.2; Narayanan et al. 2021).
+  const double first_stage =
+      layers * per_layer_bytes * std::min(p, m) + working_bytes + (p == 1 ? logits_bytes : 0);
+  const double last_stage = layers * per_layer_bytes + working_bytes + logits_bytes;
+  memory.activation_bytes = std::max(first_stage, last_stage);
+  const bool sharded_params =
+      layout.strategy == Strategy::kZero3 || layout.strategy == Strategy::kFsdp;
+  if (sharded_params) {
+    // A unit (one block, or the embedding) gathered for compute, the next one prefetched, and
+    // the unit's full gradient before its reduce-scatter.
+    const double unit = std::max(split.per_layer, split.embedding) / t;
+    memory.temporary_bytes = unit * (2 * precision.param_bytes + precision.grad_bytes);
+  } else {
+    memory.temporary_bytes = 2 * assumptions.bucket_mib * kMiB;  // bucket being filled + in flight
+  }
+  memory.runtime_bytes = assumptions.runtime_gib * kGiB;
+
+  // ---- Compute. ----
+  // Model FLOPs per token: 6 per matmul parameter plus attention (ModelConfig, the definition
+  // the trainer's MFU uses). A pipeline runs at the pace of its heaviest stage, the last, which
+  // also holds the output head. Full recomputation repeats the blocks' forward (a third of their
+  // training FLOPs), selective only the attention scores' forward (Korthikanti et al.).
+  const double tokens = static_cast<double>(workload.batch_size) * s;
+  const double model_flops = model.flops_per_token(s) * tokens / layout.world_size();
+  const double layer_flops_per_token = 6.0 * split.per_layer + 6.0 * s * static_cast<double>(h);
+  const double head_flops_per_token = 6.0 * model.vocab_size * static_cast<double>(h);
+  const double stage_flops_per_token = layers * layer_flops_per_token + head_flops_per_token;
+  double executed_flops_per_token = stage_flops_per_token;
+  if (layout.recompute == Recompute::kFull) {
+    executed_flops_per_token += layers * layer_flops_per_token / 3;
+  }
+  if (layout.recompute == Recompute::kSelective) {
+    executed_flops_per_token += layers * 2.0 * s * static_cast<double>(h);
+  }
+  const double peak_flops = cluster.peak_tflops * 1e12;
+  const double flops_per_ms = 1e-3 * peak_flops * t * GemmEfficiency(workload, layout, assumptions);
+  const double micro_batch_tokens = static_cast<double>(b) * s;
+  const double micro_batch_ms = micro_batch_tokens * executed_flops_per_token / flops_per_ms;
+  const double forward_ms = micro_batch_tokens * stage_flops_per_token / 3 / flops_per_ms;
+  const double backward_ms = micro_batch_ms - forward_ms;  // includes the recomputed forward
+  TimeEstimate& time = estimate.time;
+  time.compute_ms = m * micro_batch_ms;
+  // Pipeline bubble: p - 1 micro-batch slots, (p - 1) / m of the compute (Narayanan et al.
+  // 2021, 1F1B).
+  time.bubble_ms = (p - 1) * micro_batch_ms;
+
+  // ---- Data-parallel traffic. ----
+  // Mesh order tp, dp, pp: a dp group has min(dp, gpus_per_node / tp) ranks in one node.
+  const int dp_per_node = std::max(1, std::min(dp, cluster.gpus_per_node / t));
+  const double grad_bytes = params * precision.grad_bytes;
+  const double param_bytes = params * precision.param_bytes;
+  // Records `times` repetitions of `calls` equal collectives over `bytes` in total; returns the
+  // time of one repetition.
+  const auto record = [&](Collective kind, double bytes, int calls, int times) {
+    const double ms = calls * CollectiveMs(kind, bytes / calls, dp, dp_per_node, cluster);
+    estimate.dp.payload_bytes += times * bytes;
+    estimate.dp.sent_bytes += times * bytes * RingFactor(kind, dp);
+    estimate.dp.time_ms += times * ms;
+    return ms;
+  };
+  if (dp > 1) {
+    const int buckets =
+        std::max(1, static_cast<int>(std::ceil(grad_bytes / (assumptions.bucket_mib * kMiB))));
+    // ZeRO paper section 7: DDP and ZeRO-1/2 move 2Ψ per rank, ZeRO-3 3Ψ (all-gather forward,
+    // all-gather and reduce-scatter backward). Gradients reduce once per step under DDP and
+    // ZeRO-1 (accumulated locally), once per micro-batch under ZeRO-2 and ZeRO-3, whose
+    // gradients are sharded; each overlaps that micro-batch's backward. The parameter
+    // all-gather after the optimizer step waits.
+    double& exposed = estimate.dp.exposed_ms;
+    switch (layout.strategy) {
+      case Strategy::kDdp:
+        exposed =
+            ExposedMs(record(Collective::kAllReduce, grad_bytes, buckets, 1), backward_ms, buckets);
+        break;
+      case Strategy::kZero1:
+        exposed = ExposedMs(record(Collective::kReduceScatter, grad_bytes, buckets, 1), backward_ms,
+                            buckets) +
+                  record(Collective::kAllGather, param_bytes, buckets, 1);
+        break;
+      case Strategy::kZero2:
+        exposed = m * ExposedMs(record(Collective::kReduceScatter, grad_bytes, buckets, m),
+                                backward_ms, buckets) +
+                  record(Collective::kAllGather, param_bytes, buckets, 1);
+        break;
+      case Strategy::kZero3:
+      case Strategy::kFsdp: {
+        // One unit per block, prefetched one ahead of the compute.
+        const double forward_gather_ms = record(Collective::kAllGather, param_bytes, layers, m);
+        const double backward_comm_ms = record(Collective::kAllGather, param_bytes, layers, m) +
+                                        record(Collective::kReduceScatter, grad_bytes, layers, m);
+        exposed = m * (ExposedMs(forward_gather_ms, forward_ms, layers) +
+                       ExposedMs(backward_comm_ms, backward_ms, layers));
+        break;
+      }
+    }
+  }
+
+  // ---- Tensor-parallel traffic: never overlapped. ----
+  // Megatron: 4 all-reduces of b*s*h per layer per micro-batch (2 forward, 2 backward), 6 when
+  // full recomputation repeats the forward; sequence parallelism replaces each by a
+  // reduce-scatter plus an all-gather of the same total.
+  if (t > 1) {
+    const int per_layer = layout.recompute == Recompute::kFull ? 6 : 4;
+    const double bytes = static_cast<double>(s) * b * h * precision.activation_bytes;
+    const double calls = static_cast<double>(m) * layers * per_layer;
+    estimate.tp.payload_bytes = calls * bytes;
+    estimate.tp.sent_bytes = calls * bytes * RingFactor(Collective::kAllReduce, t);
+    estimate.tp.time_ms = calls * CollectiveMs(Collective::kAllReduce, bytes, t, t, cluster);
+    estimate.tp.exposed_ms = estimate.tp.time_ms;
+  }
+
+  // ---- Pipeline traffic. ----
+  // Each micro-batch sends its b*s*h activation forward and its gradient back (divided by t
+  // with Megatron's scatter/gather over the TP group). Neighbouring stages sit on different
+  // nodes once a stage fills a node. Under 1F1B, m + p - 1 slots each wait for one send each way.
+  if (p > 1) {
+    const double bytes = static_cast<double>(s) * b * h * precision.activation_bytes / t;
+    const bool across_nodes = t * dp >= cluster.gpus_per_node && cluster.nodes > 1;
+    const double gbps = across_nodes ? cluster.inter_gbps_per_gpu() : cluster.intra_gbps;
+    const double latency_us = across_nodes ? cluster.inter_latency_us : cluster.intra_latency_us;
+    const double send_ms = 1e3 * bytes / (gbps * 1e9) + 1e-3 * latency_us;
+    estimate.pp.payload_bytes = 2.0 * m * bytes;
+    estimate.pp.sent_bytes = estimate.pp.payload_bytes;
+    estimate.pp.time_ms = 2.0 * m * send_ms;
+    estimate.pp.exposed_ms = 2.0 * (m + p - 1) * send_ms;
+  }
+
+  // ---- Offload: gradients down, parameters up, the optimizer on the node's CPUs. ----
+  if (layout.offload) {
+    const double shard = layout.strategy == Strategy::kDdp ? params : params / dp;
+    const double copy_bytes = shard * (precision.grad_bytes + precision.param_bytes);
+    const double adam_params_per_s = assumptions.host_adam_params_per_s / cluster.gpus_per_node;
+    time.offload_ms = 1e3 * (copy_bytes / (cluster.host_gbps * 1e9) + shard / adam_params_per_s);
+  }
+
+  time.step_ms = time.compute_ms + time.bubble_ms + estimate.dp.exposed_ms +
+                 estimate.tp.exposed_ms + estimate.pp.exposed_ms + time.offload_ms;
+  time.mfu = model_flops / (time.step_ms * 1e-3 * peak_flops);
+  time.compute_fraction = time.compute_ms / time.step_ms;
+  time.tokens_per_s = tokens / (time.step_ms * 1e-3);
+  return estimate;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,154 @@
+// What one parallel layout costs: per-GPU memory, communication per step and step time.
+//
+// Pure arithmetic over a workload (model, batch, precision), a resolved cluster and a layout;
+// no I/O, thread-safe. Formulas and figures come from REFERENCES.md section 7 (ZeRO, Korthikanti
+// et al. 2022, Megatron-LM, nccl-tests) and are cited where used in cost_model.cc. Units are in
+// the names: bytes, GB/s (1e9 bytes/s), ms, GiB (2^30 bytes).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/strings/string_view.h"
+#include "core/model/model_config.h"
+#include "core/recipe/recipe.h"
+#include "parallel/planner/catalog.h"
+
+namespace dtrain {
+
+// The data-parallel engine, in the recipe's order of increasing sharding. zero3 and fsdp shard
+// the same state (DESIGN.md: one family) and cost the same here.
+enum class Strategy { kDdp, kZero1, kZero2, kZero3, kFsdp };
+enum class Recompute { kNone, kSelective, kFull };
+
+absl::string_view StrategyName(Strategy strategy);     // the recipe's spelling: "zero2"
+absl::string_view RecomputeName(Recompute recompute);  // "none" | "selective" | "full"
+
+// Bytes per parameter of each model state. Mixed precision (the default) is the ZeRO paper's
+// setting: bf16 parameters and gradients, K = 12 bytes of fp32 master weights and Adam moments.
+// Full fp32 (dtrain's CPU backend) keeps 4 + 4 bytes and K = 8 (the two moments).
+struct Precision {
+  double param_bytes = 2;
+  double grad_bytes = 2;
+  double optimizer_bytes = 12;  // K
+  double activation_bytes = 2;  // per activation element; Korthikanti's formulas assume 2
+
+  static Precision MixedBf16() { return {}; }
+  static Precision Fp32() { return {4, 4, 8, 4}; }
+};
+
+// What is trained: the model, the global batch and the precision.
+struct Workload {
+  ModelConfig model;
+  int batch_size = 1;  // sequences per optimizer step across all ranks (train.batch_size)
+  int seq_len = 1;
+  Precision precision;
+};
+
+// The model and batch of a recipe, in mixed precision (what a GPU run uses).
+Workload WorkloadFromRecipe(const Recipe& recipe);
+
+// One way to run the workload. World ranks form a dp x pp x tp grid, tp innermost (DESIGN.md).
+struct Layout {
+  Strategy strategy = Strategy::kDdp;
+  int tp = 1;
+  int pp = 1;
+  int dp = 1;
+  int micro_batch = 1;  // sequences per forward/backward on one rank
+  Recompute recompute = Recompute::kNone;
+  bool sequence_parallel = false;  // Megatron sequence parallelism in the TP group (tp > 1)
+  bool offload = false;            // optimizer states and step on the host (ZeRO-Offload)
+
+  int world_size() const { return tp * pp * dp; }
+  friend bool operator==(const Layout&, const Layout&) = default;
+};
+
+// The figures the estimates rest on that are not properties of the hardware. Defaults are the
+// stated assumptions printed in the plan's footer.
+struct CostAssumptions {
+  // Fraction of the dense peak that large bf16 GEMMs sustain in a training step. Megatron-LM
+  // reached 44-52% of peak end to end on A100 (REFERENCES.md 7), which includes communication
+  // and bubbles; 0.55 for the compute alone is consistent with that.
+  double gemm_peak_fraction = 0.55;
+  // A GEMM's efficiency falls as its smallest dimension shrinks; at this width (d_model / tp or
+  // micro-batch tokens) it is half of gemm_peak_fraction: efficiency = f * w / (w + this).
+  double gemm_half_efficiency_width = 128;
+  double bucket_mib = 25;  // gradient bucket (PyTorch DDP's default)
+  // CUDA context, NCCL and cuBLAS workspaces that every rank holds besides the model.
+  double runtime_gib = 1.5;
+  // Optimizer updates a node's CPUs do per second with offload: DeepSpeed's CPU-Adam order of
+  // magnitude on a two-socket server (memory-bandwidth bound, ~28 bytes per parameter).
+  double host_adam_params_per_s = 4e9;
+};
+
+// Bytes on one GPU (host_bytes: in host memory for that GPU's rank).
+struct MemoryEstimate {
+  double param_bytes = 0;
+  double grad_bytes = 0;
+  double optimizer_bytes = 0;
+  double activation_bytes = 0;
+  double temporary_bytes = 0;  // gathered units, gradient buckets
+  double runtime_bytes = 0;
+  double host_bytes = 0;
+
+  double model_state_bytes() const { return param_bytes + grad_bytes + optimizer_bytes; }
+  double device_bytes() const {
+    return model_state_bytes() + activation_bytes + temporary_bytes + runtime_bytes;
+  }
+};
+
+// One link class's traffic in one optimizer step, seen from one rank.
+struct Traffic {
+  double payload_bytes = 0;  // sum of the array sizes handed to collectives or sends
+  double sent_bytes = 0;     // bytes this rank puts on the wire (ring algorithms)
+  double time_ms = 0;        // total time of those operations, overlapped or not
+  double exposed_ms = 0;     // the part the step waits for
+};
+
+struct TimeEstimate {
+  double compute_ms = 0;  // forward + backward + recomputation at the assumed GEMM efficiency
+  double bubble_ms = 0;   // pipeline fill and drain
+  double offload_ms = 0;  // host copies and the optimizer step on the host
+  double step_ms = 0;
+  double mfu = 0;               // model FLOPs (no recomputation) / (step time x peak)
+  double compute_fraction = 0;  // compute_ms / step_ms
+  double tokens_per_s = 0;      // whole cluster
+};
+
+struct Estimate {
+  MemoryEstimate memory;  // the most loaded pipeline stage
+  Traffic dp;             // data-parallel group (all-reduce, reduce-scatter, all-gather)
+  Traffic tp;             // tensor-parallel group (all-reduces inside a node)
+  Traffic pp;             // point-to-point sends between pipeline stages
+  TimeEstimate time;
+  int micro_batches = 1;  // per pipeline per step
+};
+
+// ---- The formulas, exposed for tests and for comparing with measurements. ----
+
+// Model-state bytes per GPU for `params` parameters on a rank (after TP and PP division) with
+// `dp` data-parallel ranks (ZeRO paper, section 5): DDP (p+g+K)Ψ, ZeRO-1 (p+g)Ψ + KΨ/N_d,
+// ZeRO-2 pΨ + (g+K)Ψ/N_d, ZeRO-3/FSDP (p+g+K)Ψ/N_d. With offload, the K part is on the host.
+MemoryEstimate ModelStateBytes(Strategy strategy, double params, int dp, const Precision& precision,
+                               bool offload);
+
+// Activation bytes one transformer layer keeps for backward per micro-batch (Korthikanti et al.
+// 2022, 2-byte activations): s seq_len, b micro_batch, h d_model, a heads, t tp.
+double ActivationBytesPerLayer(int seq_len, int micro_batch, int d_model, int n_head, int tp,
+                               bool sequence_parallel, Recompute recompute);
+
+enum class Collective { kAllReduce, kAllGather, kReduceScatter };
+
+// Time of one collective on an array of `bytes` (nccl-tests' algbw convention) over a group of
+// `group_size` ranks with `ranks_per_node` of them in each node.
+double CollectiveMs(Collective collective, double bytes, int group_size, int ranks_per_node,
+                    const ClusterSpec& cluster);
+
+// Parameters one rank of the most loaded pipeline stage holds (TP and PP division).
+double ParamsPerRank(const ModelConfig& model, int tp, int pp);
+
+// The whole estimate. Precondition: the layout is valid for the workload and cluster
+// (search.h's CheckLayout).
+Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, const Layout& layout,
+                        const CostAssumptions& assumptions = {});
+
+}  // namespace dtrain

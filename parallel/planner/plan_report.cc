@@ -1,0 +1,386 @@
+#include "parallel/planner/plan_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace dtrain {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+absl::string_view VerdictName(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::kRecommended:
+      return "recommended";
+    case Verdict::kFits:
+      return "fits";
+    case Verdict::kOverMemory:
+      return "over memory";
+    case Verdict::kInvalid:
+      return "invalid";
+  }
+  return "?";
+}
+
+double CommPayloadGb(const Estimate& estimate) {
+  return (estimate.dp.payload_bytes + estimate.tp.payload_bytes + estimate.pp.payload_bytes) / 1e9;
+}
+
+double ExposedCommMs(const Estimate& estimate) {
+  return estimate.dp.exposed_ms + estimate.tp.exposed_ms + estimate.pp.exposed_ms;
+}
+
+std::string ClusterLine(const ClusterSpec& c) {
+  std::string line = absl::StrFormat(
+      "%d node%s x %d %s (%.1f GiB, %.0f TFLOP/s bf16); %s %.0f GB/s busbw inside a node", c.nodes,
+      c.nodes == 1 ? "" : "s", c.gpus_per_node, c.gpu_name, c.gpu_memory_gib, c.peak_tflops,
+      c.intra_name, c.intra_gbps);
+  if (c.nodes > 1) {
+    absl::StrAppendFormat(&line, "; %s %.1f GB/s x %d NICs per node", c.network_name, c.nic_gbps,
+                          c.nics_per_node);
+  }
+  return line;
+}
+
+std::string TableRow(const Candidate& c) {
+  const Layout& l = c.layout;
+  if (c.verdict == Verdict::kInvalid) {
+    return absl::StrFormat("  %-8s %3d %3d %5d %3s %-9s %-7s %8s %8s %10s %9s %6s  %s\n", "-", l.tp,
+                           l.pp, l.dp, "-", "-", "-", "-", "-", "-", "-", "-", c.reason);
+  }
+  const Estimate& e = c.estimate;
+  return absl::StrFormat("  %-8s %3d %3d %5d %3d %-9s %-7s %8.1f %8.2f %10.1f %9.1f %6.1f  %s\n",
+                         StrategyName(l.strategy), l.tp, l.pp, l.dp, l.micro_batch,
+                         RecomputeName(l.recompute), l.offload ? "yes" : "no",
+                         e.memory.device_bytes() / kGiB, CommPayloadGb(e), ExposedCommMs(e),
+                         e.time.step_ms, 100 * e.time.mfu, c.reason);
+}
+
+nlohmann::json TrafficJson(const Traffic& traffic) {
+  return {{"payload_gb", traffic.payload_bytes / 1e9},
+          {"sent_gb", traffic.sent_bytes / 1e9},
+          {"time_ms", traffic.time_ms},
+          {"exposed_ms", traffic.exposed_ms}};
+}
+
+nlohmann::json CandidateJson(const Candidate& c) {
+  const Layout& l = c.layout;
+  nlohmann::json out = {{"strategy", StrategyName(l.strategy)},
+                        {"tp", l.tp},
+                        {"pp", l.pp},
+                        {"dp", l.dp},
+                        {"micro_batch", l.micro_batch},
+                        {"recompute", RecomputeName(l.recompute)},
+                        {"sequence_parallel", l.sequence_parallel},
+                        {"offload", l.offload},
+                        {"verdict", VerdictName(c.verdict)},
+                        {"reason", c.reason}};
+  if (c.verdict == Verdict::kInvalid) return out;
+  const Estimate& e = c.estimate;
+  const MemoryEstimate& m = e.memory;
+  out["memory_gib"] = {
+      {"params", m.param_bytes / kGiB},        {"grads", m.grad_bytes / kGiB},
+      {"optimizer", m.optimizer_bytes / kGiB}, {"activations", m.activation_bytes / kGiB},
+      {"temporary", m.temporary_bytes / kGiB}, {"runtime", m.runtime_bytes / kGiB},
+      {"total", m.device_bytes() / kGiB},      {"host", m.host_bytes / kGiB}};
+  out["communication"] = {
+      {"dp", TrafficJson(e.dp)}, {"tp", TrafficJson(e.tp)}, {"pp", TrafficJson(e.pp)}};
+  out["time"] = {{"compute_ms", e.time.compute_ms},
+                 {"bubble_ms", e.time.bubble_ms},
+                 {"offload_ms", e.time.offload_ms},
+                 {"exposed_comm_ms", ExposedCommMs(e)},
+                 {"step_ms", e.time.step_ms},
+                 {"mfu_pct", 100 * e.time.mfu},
+                 {"compute_pct", 100 * e.time.compute_fraction},
+                 {"tokens_per_s", e.time.tokens_per_s}};
+  out["micro_batches"] = e.micro_batches;
+  return out;
+}
+
+std::string AssumptionsLine(const Plan& plan) {
+  const CostAssumptions& a = plan.options.assumptions;
+  return absl::StrFormat(
+      "GEMMs at %.0f%% of peak (half that at width %.0f), 1F1B pipeline, DP communication "
+      "overlapped with backward except the last bucket, TP not overlapped; %.0f%% of GPU memory "
+      "kept free; a simpler layout within %.0f%% of the fastest is preferred",
+      100 * a.gemm_peak_fraction, a.gemm_half_efficiency_width, 100 * plan.options.memory_margin,
+      100 * plan.options.simpler_within);
+}
+
+int CountInvalid(const Plan& plan) {
+  return static_cast<int>(
+      std::count_if(plan.candidates.begin(), plan.candidates.end(),
+                    [](const Candidate& c) { return c.verdict == Verdict::kInvalid; }));
+}
+
+}  // namespace
+
+std::vector<const Candidate*> Alternatives(const Plan& plan, int top_n) {
+  std::vector<const Candidate*> shown;
+  const auto add = [&](const Candidate* candidate) {
+    if (candidate == nullptr || static_cast<int>(shown.size()) >= top_n) return;
+    if (candidate == plan.recommendation()) return;
+    if (std::find(shown.begin(), shown.end(), candidate) != shown.end()) return;
+    shown.push_back(candidate);
+  };
+  // Per strategy: its fastest fitting layout, or the one closest to fitting.
+  for (Strategy strategy : plan.options.strategies) {
+    const Candidate* best = nullptr;
+    const Candidate* closest = nullptr;
+    for (const Candidate& c : plan.candidates) {
+      if (c.verdict == Verdict::kInvalid || c.layout.strategy != strategy) continue;
+      if (c.verdict != Verdict::kOverMemory && best == nullptr) best = &c;  // sorted by time
+      if (closest == nullptr ||
+          c.estimate.memory.device_bytes() < closest->estimate.memory.device_bytes()) {
+        closest = &c;
+      }
+    }
+    add(best != nullptr ? best : closest);
+  }
+  // Why not plain data parallelism: per strategy whose tp1 pp1 layouts all exceed memory, the
+  // one closest to fitting.
+  for (Strategy strategy : plan.options.strategies) {
+    const Candidate* closest = nullptr;
+    bool one_fits = false;
+    for (const Candidate& c : plan.candidates) {
+      if (c.verdict == Verdict::kInvalid || c.layout.strategy != strategy || c.layout.tp != 1 ||
+          c.layout.pp != 1) {
+        continue;
+      }
+      one_fits |= c.verdict != Verdict::kOverMemory;
+      if (closest == nullptr ||
+          c.estimate.memory.device_bytes() < closest->estimate.memory.device_bytes()) {
+        closest = &c;
+      }
+    }
+    if (!one_fits) add(closest);
+  }
+  // Then the fastest of each remaining shape; micro-batch sizes alone do not make a new row.
+  const auto same_shape = [](const Layout& a, const Layout& b) {
+    return a.strategy == b.strategy && a.tp == b.tp && a.pp == b.pp && a.recompute == b.recompute &&
+           a.offload == b.offload;
+  };
+  const auto seen = [&](const Layout& layout) {
+    return (plan.recommendation() != nullptr &&
+            same_shape(layout, plan.recommendation()->layout)) ||
+           std::any_of(shown.begin(), shown.end(),
+                       [&](const Candidate* s) { return same_shape(layout, s->layout); });
+  };
+  for (const Candidate& c : plan.candidates) {
+    if (c.verdict == Verdict::kFits && !seen(c.layout)) add(&c);
+  }
+  // A shape over memory shows its smallest variant: how far it is from fitting.
+  for (const Candidate& c : plan.candidates) {
+    if (c.verdict != Verdict::kOverMemory || seen(c.layout)) continue;
+    const Candidate* smallest = &c;
+    for (const Candidate& other : plan.candidates) {
+      if (other.verdict == Verdict::kOverMemory && same_shape(other.layout, c.layout) &&
+          other.estimate.memory.device_bytes() < smallest->estimate.memory.device_bytes()) {
+        smallest = &other;
+      }
+    }
+    add(smallest);
+  }
+  return shown;
+}
+
+std::vector<std::pair<std::string, std::string>> NetworkEnvironment(const ClusterSpec& cluster) {
+  std::vector<std::pair<std::string, std::string>> env;
+  if (cluster.nodes == 1) return env;  // NVLink/PCIe inside a node needs no settings
+  // NCCL environment variables (REFERENCES.md 7; NCCL's environment documentation).
+  switch (cluster.network_transport) {
+    case Transport::kInfiniband:
+    case Transport::kRoce:
+      env.push_back({"NCCL_SOCKET_IFNAME=^lo,docker0",
+                     "bootstrap over any interface but loopback and docker"});
+      env.push_back({"NCCL_IB_HCA=mlx5",
+                     "every mlx5 adapter; pin the GPU-near ones, e.g. mlx5_0:1,mlx5_1:1 "
+                     "(ibv_devinfo)"});
+      if (cluster.network_transport == Transport::kRoce) {
+        env.push_back({"NCCL_IB_GID_INDEX=3", "the RoCE v2 GID on most hosts (show_gids)"});
+      }
+      env.push_back({"NCCL_IB_TIMEOUT=22",
+                     "4.096 us x 2^22 = 17 s per retry: rides out link "
+                     "flaps on large fabrics"});
+      break;
+    default:
+      env.push_back({"NCCL_IB_DISABLE=1", "TCP sockets: no RDMA on this network"});
+      env.push_back({"NCCL_SOCKET_IFNAME==eth0",
+                     "the fast interface, exactly (ip -br link); never the management one"});
+      env.push_back({"NCCL_SOCKET_NTHREADS=4", "4 threads x 4 sockets fill a 100 GbE link"});
+      env.push_back({"NCCL_NSOCKS_PERTHREAD=4", ""});
+      break;
+  }
+  env.push_back({"NCCL_DEBUG=WARN",
+                 "INFO (with NCCL_DEBUG_SUBSYS=INIT,NET) to see the chosen "
+                 "transport"});
+  return env;
+}
+
+double CollectiveTimeoutS(double step_ms) {
+  // Long enough for the slowest collective of a healthy step (20 steps' worth covers the first
+  // step's warm-up and a checkpoint), never below the usual 10 minutes.
+  return std::max(600.0, std::ceil(20 * step_ms / 1e3 / 60) * 60);
+}
+
+std::string RecipeLines(const Layout& layout) {
+  std::string out = absl::StrFormat(
+      "parallel:\n  strategy: %s\n  tp: %d\n  pp: %d\n  activation_checkpointing: %s\n",
+      StrategyName(layout.strategy), layout.tp, layout.pp,
+      layout.recompute == Recompute::kFull ? "true" : "false");
+  if (layout.recompute == Recompute::kSelective) {
+    absl::StrAppend(&out, "  # selective recomputation (attention only): no recipe key yet\n");
+  }
+  if (layout.sequence_parallel) {
+    absl::StrAppend(&out, "  # sequence parallelism in the TP group: no recipe key yet\n");
+  }
+  if (layout.offload)
+    absl::StrAppend(&out, "  # optimizer offload to the host: no recipe key yet\n");
+  absl::StrAppendFormat(&out, "train:\n  micro_batch: %d\n", layout.micro_batch);
+  return out;
+}
+
+std::string SbatchLines(const ClusterSpec& cluster, const std::string& recipe_path) {
+  return absl::StrFormat(
+      "#SBATCH --nodes=%d\n#SBATCH --ntasks-per-node=%d\n#SBATCH --gpus-per-node=%d\n"
+      "srun dtrain train %s\n",
+      cluster.nodes, cluster.gpus_per_node, cluster.gpus_per_node, recipe_path);
+}
+
+std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n) {
+  const Workload& w = plan.workload;
+  const ModelConfig& model = w.model;
+  std::string out = absl::StrFormat("dtrain plan: %s\n", recipe_path);
+  absl::StrAppendFormat(
+      &out, "  model    %s, %d layers, d_model %d, %d heads (%d kv): %.3f B parameters\n",
+      FamilyName(model.family), model.n_layer, model.d_model, model.n_head, model.n_kv_head,
+      model.num_parameters() / 1e9);
+  absl::StrAppendFormat(&out, "  batch    %d sequences x %d tokens = %d tokens per step\n",
+                        w.batch_size, w.seq_len, int64_t{w.batch_size} * w.seq_len);
+  absl::StrAppendFormat(&out, "  cluster  %s\n\n", ClusterLine(plan.cluster));
+
+  const Candidate* chosen = plan.recommendation();
+  if (chosen == nullptr) {
+    absl::StrAppendFormat(&out, "No layout fits %.1f GiB per GPU.\n", plan.usable_gib);
+  } else {
+    const Estimate& e = chosen->estimate;
+    const MemoryEstimate& m = e.memory;
+    const TimeEstimate& t = e.time;
+    absl::StrAppendFormat(&out, "Recommended: %s\n  why      %s\n", DescribeLayout(chosen->layout),
+                          chosen->reason);
+    absl::StrAppendFormat(
+        &out,
+        "  memory   %.1f GiB of %.1f GiB usable per GPU: params %.1f, grads %.1f, optimizer "
+        "%.1f, activations %.1f, temporary %.1f, runtime %.1f GiB; host %.1f GiB\n",
+        m.device_bytes() / kGiB, plan.usable_gib, m.param_bytes / kGiB, m.grad_bytes / kGiB,
+        m.optimizer_bytes / kGiB, m.activation_bytes / kGiB, m.temporary_bytes / kGiB,
+        m.runtime_bytes / kGiB, m.host_bytes / kGiB);
+    absl::StrAppendFormat(
+        &out,
+        "  traffic  per GPU per step: DP %.2f GB in %.1f ms (%.1f ms exposed), TP %.2f GB in "
+        "%.1f ms, PP %.3f GB in %.1f ms (%.1f ms exposed); %d micro-batches\n",
+        e.dp.payload_bytes / 1e9, e.dp.time_ms, e.dp.exposed_ms, e.tp.payload_bytes / 1e9,
+        e.tp.time_ms, e.pp.payload_bytes / 1e9, e.pp.time_ms, e.pp.exposed_ms, e.micro_batches);
+    absl::StrAppendFormat(
+        &out,
+        "  time     step %.1f ms = compute %.1f + bubble %.1f + exposed DP %.1f + TP %.1f + PP "
+        "%.1f + offload %.1f ms\n",
+        t.step_ms, t.compute_ms, t.bubble_ms, e.dp.exposed_ms, e.tp.exposed_ms, e.pp.exposed_ms,
+        t.offload_ms);
+    absl::StrAppendFormat(&out,
+                          "  speed    MFU %.1f%%, computing %.1f%% of the time, %.0f tokens/s\n",
+                          100 * t.mfu, 100 * t.compute_fraction, t.tokens_per_s);
+    if (t.compute_fraction < 0.5) {
+      absl::StrAppendFormat(
+          &out,
+          "  note     the GPUs compute only %.0f%% of the time: %d sequences per step are too few "
+          "for %d GPUs; raise train.batch_size or plan fewer cluster.nodes\n",
+          100 * t.compute_fraction, w.batch_size, plan.cluster.world_size());
+    }
+  }
+
+  absl::StrAppend(&out,
+                  "\nAlternatives (per GPU; comm = bytes handed to collectives per step):\n"
+                  "  strategy  tp  pp    dp  mb recompute offload  mem GiB  comm GB exposed ms"
+                  "   step ms  MFU %  verdict\n");
+  if (chosen != nullptr) absl::StrAppend(&out, TableRow(*chosen));
+  for (const Candidate* c : Alternatives(plan, top_n)) absl::StrAppend(&out, TableRow(*c));
+
+  if (chosen != nullptr) {
+    absl::StrAppendFormat(&out, "\nNetwork environment (%s):\n",
+                          plan.cluster.nodes == 1 ? "one node: NVLink/PCIe needs no settings"
+                                                  : plan.cluster.network_name);
+    for (const auto& [setting, why] : NetworkEnvironment(plan.cluster)) {
+      absl::StrAppendFormat(&out, "  export %-32s%s%s\n", setting, why.empty() ? "" : "# ", why);
+    }
+    absl::StrAppendFormat(&out,
+                          "  collective timeout: parallel.timeout_s: %.0f (PyTorch: "
+                          "init_process_group(timeout=...))\n",
+                          CollectiveTimeoutS(chosen->estimate.time.step_ms));
+    absl::StrAppendFormat(&out, "\nRecipe lines:\n%s\nsbatch lines:\n%s",
+                          RecipeLines(chosen->layout), SbatchLines(plan.cluster, recipe_path));
+  }
+  absl::StrAppendFormat(&out, "\nAssumptions: %s.\nSearched %d layouts (%d invalid) in %.2f ms.\n",
+                        AssumptionsLine(plan), static_cast<int>(plan.candidates.size()),
+                        CountInvalid(plan), plan.search_ms);
+  return out;
+}
+
+nlohmann::json PlanJson(const Plan& plan, const std::string& recipe_path, int top_n) {
+  const Workload& w = plan.workload;
+  const ClusterSpec& c = plan.cluster;
+  nlohmann::json out;
+  out["recipe"] = recipe_path;
+  out["model"] = {{"family", FamilyName(w.model.family)},
+                  {"parameters", w.model.num_parameters()},
+                  {"n_layer", w.model.n_layer},
+                  {"d_model", w.model.d_model},
+                  {"n_head", w.model.n_head}};
+  out["batch"] = {{"sequences", w.batch_size},
+                  {"seq_len", w.seq_len},
+                  {"tokens", int64_t{w.batch_size} * w.seq_len}};
+  out["cluster"] = {{"nodes", c.nodes},
+                    {"gpus_per_node", c.gpus_per_node},
+                    {"gpu", c.gpu_name},
+                    {"gpu_memory_gib", c.gpu_memory_gib},
+                    {"usable_gib", plan.usable_gib},
+                    {"peak_tflops", c.peak_tflops},
+                    {"intra_link", c.intra_name},
+                    {"intra_gbps", c.intra_gbps},
+                    {"intra_latency_us", c.intra_latency_us},
+                    {"network", c.network_name},
+                    {"nic_gbps", c.nic_gbps},
+                    {"nics_per_node", c.nics_per_node},
+                    {"inter_latency_us", c.inter_latency_us}};
+  const Candidate* chosen = plan.recommendation();
+  out["recommended"] = chosen == nullptr ? nlohmann::json() : CandidateJson(*chosen);
+  out["alternatives"] = nlohmann::json::array();
+  for (const Candidate* alternative : Alternatives(plan, top_n)) {
+    out["alternatives"].push_back(CandidateJson(*alternative));
+  }
+  if (chosen != nullptr) {
+    nlohmann::json env = nlohmann::json::object();
+    for (const auto& [setting, why] : NetworkEnvironment(c)) {
+      const size_t equals = setting.find('=');
+      env[setting.substr(0, equals)] = setting.substr(equals + 1);
+    }
+    out["network_env"] = env;
+    out["collective_timeout_s"] = CollectiveTimeoutS(chosen->estimate.time.step_ms);
+    out["recipe_lines"] = RecipeLines(chosen->layout);
+    out["sbatch_lines"] = SbatchLines(c, recipe_path);
+  }
+  out["assumptions"] = AssumptionsLine(plan);
+  out["search"] = {{"layouts", plan.candidates.size()},
+                   {"invalid", CountInvalid(plan)},
+                   {"search_ms", plan.search_ms}};
+  return out;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,38 @@
+// How a plan reads: a table with units, or JSON, plus what to run it with: the network
+// environment, the recipe's `parallel:` lines and the sbatch lines.
+//
+// Formatting only; every number comes from the plan. `top_n` bounds the alternatives shown: the
+// best layout of each strategy first (or, where none fits, the one closest to fitting), then
+// the next fastest.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "parallel/planner/catalog.h"
+#include "parallel/planner/search.h"
+
+namespace dtrain {
+
+// The candidates to show after the recommendation, at most `top_n`.
+std::vector<const Candidate*> Alternatives(const Plan& plan, int top_n);
+
+// `export NAME=value  # why` lines for NCCL on this cluster's network, and the collective
+// timeout to use for a step of `step_ms`.
+std::vector<std::pair<std::string, std::string>> NetworkEnvironment(const ClusterSpec& cluster);
+double CollectiveTimeoutS(double step_ms);
+
+// The recipe lines that select `layout` (comments for what the recipe cannot express yet).
+std::string RecipeLines(const Layout& layout);
+
+// #SBATCH lines and the srun line that start one rank per GPU for `recipe_path`.
+std::string SbatchLines(const ClusterSpec& cluster, const std::string& recipe_path);
+
+// The whole plan as text for a terminal.
+std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n);
+
+// The whole plan as JSON (same content as PlanText; numbers in the units their keys name).
+nlohmann::json PlanJson(const Plan& plan, const std::string& recipe_path, int top_n);
+
+}  // namespace dtrain

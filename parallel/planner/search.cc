@@ -1,0 +1,236 @@
+#include "parallel/planner/search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// How much a layout asks of its operators, compared lexicographically: a pipeline changes the
+// schedule and the failure surface most, then tensor parallelism (the model's code path), then
+// sharding (ddp < zero1 < zero2 < zero3/fsdp), offload and recomputation.
+std::tuple<bool, bool, int, bool, int> Complexity(const Layout& layout) {
+  const int strategy = layout.strategy == Strategy::kFsdp ? static_cast<int>(Strategy::kZero3)
+                                                          : static_cast<int>(layout.strategy);
+  return {layout.pp > 1, layout.tp > 1, strategy, layout.offload,
+          static_cast<int>(layout.recompute)};
+}
+
+// What `layout` adds over `base`, for "faster, but needs ..." reasons.
+std::string ExtraComplexity(const Layout& layout, const Layout& base) {
+  std::vector<std::string> extras;
+  if (Complexity(Layout{.strategy = layout.strategy}) >
+      Complexity(Layout{.strategy = base.strategy})) {
+    extras.push_back(std::string(StrategyName(layout.strategy)));
+  }
+  if (layout.tp > base.tp) extras.push_back(absl::StrCat("tp ", layout.tp));
+  if (layout.pp > base.pp) extras.push_back(absl::StrCat("pp ", layout.pp));
+  if (layout.recompute > base.recompute) {
+    extras.push_back(absl::StrCat(RecomputeName(layout.recompute), " recomputation"));
+  }
+  if (layout.offload && !base.offload) extras.push_back("offload");
+  return extras.empty() ? "a more complex layout" : absl::StrJoin(extras, ", ");
+}
+
+std::vector<int> MicroBatches(int per_replica) {
+  std::vector<int> sizes;
+  for (int b = 1; b <= std::min(per_replica, 64); b *= 2) {
+    if (per_replica % b == 0) sizes.push_back(b);
+  }
+  return sizes;
+}
+
+absl::Status CheckWorkload(const Workload& workload, const ClusterSpec& cluster) {
+  if (cluster.world_size() < 1) {
+    return absl::InvalidArgumentError("cluster.nodes and cluster.gpus_per_node must be >= 1");
+  }
+  if (cluster.gpu_memory_gib <= 0 || cluster.peak_tflops <= 0 || cluster.intra_gbps <= 0 ||
+      cluster.nic_gbps <= 0) {
+    return absl::InvalidArgumentError(
+        "cluster: GPU memory, peak TFLOP/s and link bandwidths must be positive; check the "
+        "cluster section's overrides");
+  }
+  if (workload.batch_size < 1 || workload.seq_len < 1 || workload.model.n_layer < 1) {
+    return absl::InvalidArgumentError(
+        "train.batch_size, train.seq_len and model.n_layer must be "
+        ">= 1");
+  }
+  return absl::OkStatus();
+}
+
+// Orders the estimated candidates, picks the recommendation and writes every reason.
+void Rank(Plan& plan) {
+  std::vector<Candidate>& all = plan.candidates;
+  std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+    if ((a.verdict == Verdict::kInvalid) != (b.verdict == Verdict::kInvalid)) {
+      return b.verdict == Verdict::kInvalid;
+    }
+    return a.estimate.time.step_ms < b.estimate.time.step_ms;
+  });
+  int fastest = -1;
+  for (int i = 0; i < static_cast<int>(all.size()); ++i) {
+    if (all[i].verdict == Verdict::kFits) {
+      fastest = i;
+      break;
+    }
+  }
+  if (fastest < 0) return;
+  const double limit_ms = all[fastest].estimate.time.step_ms * (1 + plan.options.simpler_within);
+  int best = fastest;
+  for (int i = fastest; i < static_cast<int>(all.size()); ++i) {
+    if (all[i].verdict != Verdict::kFits) continue;
+    if (all[i].estimate.time.step_ms > limit_ms) break;
+    if (Complexity(all[i].layout) < Complexity(all[best].layout)) best = i;
+  }
+  plan.recommended = best;
+  Candidate& chosen = all[best];
+  chosen.verdict = Verdict::kRecommended;
+  const double chosen_ms = chosen.estimate.time.step_ms;
+  chosen.reason =
+      best == fastest
+          ? "the fastest layout that fits"
+          : absl::StrFormat("the simplest layout within %.0f%% of the fastest (%s, %.1f ms)",
+                            100 * plan.options.simpler_within, DescribeLayout(all[fastest].layout),
+                            all[fastest].estimate.time.step_ms);
+  for (Candidate& candidate : all) {
+    if (candidate.verdict != Verdict::kFits) continue;
+    const double ms = candidate.estimate.time.step_ms;
+    candidate.reason =
+        ms < chosen_ms
+            ? absl::StrFormat("%.1f%% faster, but needs %s", 100 * (chosen_ms - ms) / chosen_ms,
+                              ExtraComplexity(candidate.layout, chosen.layout))
+            : absl::StrFormat("%.1f%% slower (%.1f ms vs %.1f ms per step)",
+                              100 * (ms - chosen_ms) / chosen_ms, ms, chosen_ms);
+  }
+}
+
+}  // namespace
+
+std::string DescribeLayout(const Layout& layout) {
+  std::string out = absl::StrCat(StrategyName(layout.strategy), " tp", layout.tp, " pp", layout.pp,
+                                 " dp", layout.dp, " mb", layout.micro_batch);
+  if (layout.recompute != Recompute::kNone) {
+    absl::StrAppend(&out, " recompute=", RecomputeName(layout.recompute));
+  }
+  if (layout.sequence_parallel) absl::StrAppend(&out, " sp");
+  if (layout.offload) absl::StrAppend(&out, " offload");
+  return out;
+}
+
+const Candidate* ClosestToFitting(const Plan& plan) {
+  const Candidate* closest = nullptr;
+  for (const Candidate& candidate : plan.candidates) {
+    if (candidate.verdict == Verdict::kInvalid) continue;
+    if (closest == nullptr ||
+        candidate.estimate.memory.device_bytes() < closest->estimate.memory.device_bytes()) {
+      closest = &candidate;
+    }
+  }
+  return closest;
+}
+
+absl::Status CheckLayout(const Workload& workload, const ClusterSpec& cluster,
+                         const Layout& layout) {
+  const ModelConfig& model = workload.model;
+  const auto invalid = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(parts...));
+  };
+  if (layout.world_size() != cluster.world_size()) {
+    return invalid("tp ", layout.tp, " x pp ", layout.pp, " x dp ", layout.dp, " = ",
+                   layout.world_size(), " ranks, but the cluster has ", cluster.world_size());
+  }
+  if (cluster.gpus_per_node % layout.tp != 0) {
+    return invalid("tp ", layout.tp, " does not divide the ", cluster.gpus_per_node,
+                   " GPUs of a node (tensor parallelism stays inside a node)");
+  }
+  if (model.n_head % layout.tp != 0 || model.n_kv_head % layout.tp != 0 ||
+      model.d_ff % layout.tp != 0) {
+    return invalid("tp ", layout.tp, " does not divide the heads (", model.n_head, ", ",
+                   model.n_kv_head, " key/value) and d_ff (", model.d_ff, ")");
+  }
+  if (model.n_layer % layout.pp != 0) {
+    return invalid("pp ", layout.pp, " does not divide the ", model.n_layer, " layers");
+  }
+  if (workload.batch_size % (layout.dp * layout.micro_batch) != 0) {
+    return invalid("batch ", workload.batch_size, " sequences is not a multiple of dp ", layout.dp,
+                   " x micro-batch ", layout.micro_batch);
+  }
+  if (layout.sequence_parallel && (layout.tp == 1 || workload.seq_len % layout.tp != 0)) {
+    return invalid("sequence parallelism needs tp > 1 dividing the sequence length");
+  }
+  if (layout.offload && layout.strategy == Strategy::kDdp) {
+    return invalid("offload needs a sharded optimizer (zero1, zero2, zero3 or fsdp)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Plan> SearchLayouts(const Workload& workload, const ClusterSpec& cluster,
+                                   const SearchOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(CheckWorkload(workload, cluster));
+  Plan plan{.workload = workload, .cluster = cluster, .options = options};
+  plan.usable_gib = cluster.gpu_memory_gib * (1 - options.memory_margin);
+  const int world = cluster.world_size();
+  const int max_tp = options.max_tp > 0 ? options.max_tp : cluster.gpus_per_node;
+  const int max_pp = options.max_pp > 0 ? options.max_pp : workload.model.n_layer;
+  for (int tp = 1; tp <= std::min(max_tp, cluster.gpus_per_node); ++tp) {
+    if (cluster.gpus_per_node % tp != 0 || world % tp != 0) continue;
+    for (int pp = 1; pp <= std::min(max_pp, world / tp); ++pp) {
+      if ((world / tp) % pp != 0) continue;
+      const int dp = world / (tp * pp);
+      Layout shape{.tp = tp,
+                   .pp = pp,
+                   .dp = dp,
+                   .sequence_parallel = tp > 1 && options.allow_sequence_parallel};
+      if (absl::Status status = CheckLayout(workload, cluster, shape); !status.ok()) {
+        plan.candidates.push_back({.layout = shape, .reason = std::string(status.message())});
+        continue;
+      }
+      for (Strategy strategy : options.strategies) {
+        for (int micro_batch : MicroBatches(workload.batch_size / dp)) {
+          for (Recompute recompute : options.recompute) {
+            for (bool offload : {false, true}) {
+              if (offload && (!options.allow_offload || strategy == Strategy::kDdp)) continue;
+              Layout layout = shape;
+              layout.strategy = strategy;
+              layout.micro_batch = micro_batch;
+              layout.recompute = recompute;
+              layout.offload = offload;
+              Candidate candidate{
+                  .layout = layout,
+                  .estimate = EstimateLayout(workload, cluster, layout, options.assumptions),
+                  .verdict = Verdict::kFits};
+              const double gib = candidate.estimate.memory.device_bytes() / kGiB;
+              if (gib > plan.usable_gib) {
+                candidate.verdict = Verdict::kOverMemory;
+                candidate.reason = absl::StrFormat(
+                    "%s: %.1f GiB > %.1f GiB usable per GPU (%.1f GiB less %.0f%% margin)",
+                    StrategyName(strategy), gib, plan.usable_gib, cluster.gpu_memory_gib,
+                    100 * options.memory_margin);
+              }
+              plan.candidates.push_back(std::move(candidate));
+            }
+          }
+        }
+      }
+    }
+  }
+  Rank(plan);
+  plan.search_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return plan;
+}
+
+}  // namespace dtrain

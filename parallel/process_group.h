@@ -1,0 +1,39 @@
+// The connections of one rank to the others: the rendezvous store (hosted by rank 0 for now;
+// the launcher's agent will host it) and the world communicator (Gloo on CPU).
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "launch/environment.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/store/store.h"
+#include "parallel/store/tcp_store_server.h"
+
+namespace dtrain {
+
+class ProcessGroup {
+ public:
+  // Rank 0 starts the store at MASTER_ADDR:MASTER_PORT; every rank connects and joins the
+  // world communicator. Ranks that do not arrive within `timeout` fail the call, named.
+  // `key_prefix` separates jobs (and restarts) sharing one store.
+  static absl::StatusOr<std::unique_ptr<ProcessGroup>> Connect(const WorldEnvironment& world,
+                                                               absl::Duration timeout,
+                                                               const std::string& key_prefix);
+  // Waits until every rank is done with the store, so that rank 0 does not take it away from
+  // ranks still using it.
+  ~ProcessGroup();
+
+  Communicator& world() { return *world_; }
+  Store& store() { return *store_; }
+
+ private:
+  ProcessGroup() = default;
+
+  std::unique_ptr<TcpStoreServer> server_;  // rank 0 only
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<Communicator> world_;
+};
+
+}  // namespace dtrain

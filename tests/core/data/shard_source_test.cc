@@ -1,0 +1,121 @@
+#include "core/data/shard_source.h"
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "tests/core/data/http_test_server.h"
+#include "tests/core/data/tar_test_util.h"
+
+namespace dtrain {
+namespace {
+
+// All bytes of `url` (through small reads), or the error of Read or Close.
+absl::StatusOr<std::string> ReadAll(const std::string& url, const ShardSourceOptions& options) {
+  absl::StatusOr<std::unique_ptr<ByteSource>> source = OpenShard(url, options);
+  if (!source.ok()) return source.status();
+  std::string data;
+  char buffer[10000];
+  while (true) {
+    absl::StatusOr<size_t> got = (*source)->Read(buffer, sizeof(buffer));
+    if (!got.ok()) return got.status();
+    if (*got == 0) break;
+    data.append(buffer, *got);
+  }
+  if (absl::Status closed = (*source)->Close(); !closed.ok()) return closed;
+  return data;
+}
+
+std::string Pattern(size_t size) {
+  std::string data(size, '\0');
+  for (size_t i = 0; i < size; ++i) data[i] = static_cast<char>((i * 7919) >> 3);
+  return data;
+}
+
+ShardSourceOptions FastOptions() {
+  ShardSourceOptions options;
+  options.http_timeout_s = 10;
+  options.http_retry_backoff_ms = 10;
+  options.http_buffer_bytes = 64 << 10;  // far below the shard: the transfer must pause
+  return options;
+}
+
+TEST(ShardSourceTest, ReadsFilesAndFileUrls) {
+  testing::TempDir dir;
+  const std::string data = Pattern(100000);
+  testing::WriteFile(dir / "a.tar", data);
+  EXPECT_EQ(*ReadAll(dir / "a.tar", FastOptions()), data);
+  EXPECT_EQ(*ReadAll("file:" + (dir / "a.tar"), FastOptions()), data);
+  absl::StatusOr<std::string> missing = ReadAll(dir / "none.tar", FastOptions());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), dir / "none.tar"));
+}
+
+TEST(ShardSourceTest, PipesReadStdoutAndReportTheExitStatus) {
+  EXPECT_EQ(*ReadAll("pipe:printf 'a b'", FastOptions()), "a b");
+  absl::StatusOr<std::string> failed = ReadAll("pipe:printf x; exit 3", FastOptions());
+  ASSERT_FALSE(failed.ok());
+  EXPECT_TRUE(
+      absl::StrContains(failed.status().message(), "'printf x; exit 3' exited with status 3"))
+      << failed.status();
+}
+
+TEST(ShardSourceTest, StreamsHttpThroughABoundedBuffer) {
+  testing::TempDir dir;
+  const std::string data = Pattern(3 << 20);
+  testing::WriteFile(dir / "s.tar", data);
+  testing::HttpTestServer server(dir.path());
+  ASSERT_NE(server.port(), 0);
+  absl::StatusOr<std::string> got = ReadAll(server.Url("s.tar"), FastOptions());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == data);
+}
+
+TEST(ShardSourceTest, ResumesADroppedHttpTransferWithARangeRequest) {
+  testing::TempDir dir;
+  const std::string data = Pattern(3 << 20);
+  testing::WriteFile(dir / "s.tar", data);
+  testing::HttpTestServer server(dir.path(), {"--drop-after", "1000000", "--log", dir / "log"});
+  ASSERT_NE(server.port(), 0);
+  absl::StatusOr<std::string> got = ReadAll(server.Url("s.tar"), FastOptions());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == data);
+  // The first request lost the connection after 1000000 bytes; the second asked for the rest.
+  EXPECT_EQ(testing::ReadFile(dir / "log"), "/s.tar -\n/s.tar bytes=1000000-\n");
+}
+
+TEST(ShardSourceTest, HttpErrorsNameTheUrl) {
+  testing::TempDir dir;
+  testing::WriteFile(dir / "s.tar", Pattern(3 << 20));
+  testing::HttpTestServer server(dir.path(), {"--drop-after", "1000"});
+  ASSERT_NE(server.port(), 0);
+
+  absl::StatusOr<std::string> missing = ReadAll(server.Url("missing.tar"), FastOptions());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), server.Url("missing.tar") +
+                                                                ": HTTP "
+                                                                "status 404"))
+      << missing.status();
+
+  ShardSourceOptions no_retries = FastOptions();
+  no_retries.http_retries = 0;
+  absl::StatusOr<std::string> dropped = ReadAll(server.Url("s.tar"), no_retries);
+  ASSERT_FALSE(dropped.ok());
+  EXPECT_TRUE(absl::StrContains(dropped.status().message(),
+                                server.Url("s.tar") + ": failed after 1 attempts, 1000 bytes"))
+      << dropped.status();
+}
+
+TEST(ShardSourceTest, HttpGivesUpAfterTheLastRetry) {
+  ShardSourceOptions options = FastOptions();
+  options.http_retries = 2;
+  // Port 9 on loopback (discard) has no listener here: every connect is refused at once.
+  absl::StatusOr<std::string> refused = ReadAll("http://127.0.0.1:9/x.tar", options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::StrContains(refused.status().message(),
+                                "http://127.0.0.1:9/x.tar: failed after 3 attempts"))
+      << refused.status();
+}
+
+}  // namespace
+}  // namespace dtrain

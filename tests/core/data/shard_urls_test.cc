@@ -1,0 +1,37 @@
+#include "core/data/shard_urls.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace {
+
+using Urls = std::vector<std::string>;
+
+TEST(ShardUrlsTest, ExpandsRangesKeepingZeroPadding) {
+  EXPECT_EQ(*ExpandShardUrls("train-{000008..000011}.tar"),
+            (Urls{"train-000008.tar", "train-000009.tar", "train-000010.tar", "train-000011.tar"}));
+  EXPECT_EQ(*ExpandShardUrls("s{9..11}"), (Urls{"s9", "s10", "s11"}));
+  EXPECT_EQ(*ExpandShardUrls("s{2..0}"), (Urls{"s2", "s1", "s0"}));
+}
+
+TEST(ShardUrlsTest, ExpandsListsProductsAndDoubleColonItems) {
+  EXPECT_EQ(*ExpandShardUrls("http://h/{a,b}-{0..1}.tar::pipe:cat x.tar::file:/d/y.tar"),
+            (Urls{"http://h/a-0.tar", "http://h/a-1.tar", "http://h/b-0.tar", "http://h/b-1.tar",
+                  "pipe:cat x.tar", "file:/d/y.tar"}));
+}
+
+TEST(ShardUrlsTest, RejectsMalformedPatterns) {
+  for (const char* bad : {"a{0..3", "a}b", "a{x..3}", "a{3}", "a::::b", "a{0..99999999}"}) {
+    absl::StatusOr<Urls> urls = ExpandShardUrls(bad);
+    EXPECT_FALSE(urls.ok()) << bad;
+    if (!urls.ok()) {
+      EXPECT_NE(urls.status().message().find(bad), std::string::npos) << bad;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,124 @@
+#include "core/data/tar_reader.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "tests/core/data/tar_test_util.h"
+
+namespace dtrain {
+namespace {
+
+using testing::TarArchive;
+using testing::TarHeader;
+
+// Every regular member as (name, data), or the error.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadAll(std::string tar) {
+  std::unique_ptr<ByteSource> source = MemorySource(std::move(tar), "mem.tar");
+  TarReader reader(source.get());
+  std::vector<std::pair<std::string, std::string>> members;
+  TarMember member;
+  while (true) {
+    absl::StatusOr<bool> more = reader.Next(&member);
+    if (!more.ok()) return more.status();
+    if (!*more) return members;
+    members.emplace_back(member.name, member.data);
+  }
+}
+
+std::string FileBytes(const testing::TempDir& dir, const std::string& kind,
+                      const std::string& members) {
+  const std::string out = dir / (kind + ".tar");
+  EXPECT_TRUE(testing::RunPython(testing::TestScript("make_shards.py") + " " + kind + " " + out +
+                                 " " + members));
+  return testing::ReadFile(out);
+}
+
+TEST(TarReaderTest, ReadsPythonPaxArchives) {
+  testing::TempDir dir;
+  const std::string long_name = "d/" + std::string(150, 'p') + ".txt";
+  auto members = ReadAll(FileBytes(dir, "pax", "a.txt=hello b.json=[1] " + long_name + "=long"));
+  ASSERT_TRUE(members.ok()) << members.status();
+  ASSERT_EQ(members->size(), 3u);
+  EXPECT_EQ((*members)[0], std::make_pair(std::string("a.txt"), std::string("hello")));
+  EXPECT_EQ((*members)[1].second, "[1]");
+  EXPECT_EQ((*members)[2].first, long_name);
+  EXPECT_EQ((*members)[2].second, "long");
+}
+
+TEST(TarReaderTest, ReadsGnuTarLongNames) {
+  testing::TempDir dir;
+  const std::string long_name = std::string(120, 'g') + "/" + std::string(110, 'n') + ".txt";
+  auto members = ReadAll(FileBytes(dir, "gnu", "short.txt=x " + long_name + "=gnu-long"));
+  ASSERT_TRUE(members.ok()) << members.status();
+  ASSERT_EQ(members->size(), 2u);
+  EXPECT_EQ((*members)[0].first, "short.txt");
+  EXPECT_EQ((*members)[1].first, long_name);
+  EXPECT_EQ((*members)[1].second, "gnu-long");
+}
+
+TEST(TarReaderTest, ReadsUstarPrefixes) {
+  testing::TempDir dir;
+  const std::string path = std::string(90, 'u') + "/" + std::string(40, 'v') + ".txt";
+  auto members = ReadAll(FileBytes(dir, "ustar", path + "=prefixed"));
+  ASSERT_TRUE(members.ok()) << members.status();
+  ASSERT_EQ(members->size(), 1u);
+  EXPECT_EQ((*members)[0].first, path);
+}
+
+TEST(TarReaderTest, ReadsBase256SizesAndSkipsNonRegularEntries) {
+  std::string tar = TarHeader("dir/", 0, '5');
+  tar += TarArchive({{"dir/x.txt", std::string(700, 'z')}}, /*base256=*/true);
+  auto members = ReadAll(tar);
+  ASSERT_TRUE(members.ok()) << members.status();
+  ASSERT_EQ(members->size(), 1u);
+  EXPECT_EQ((*members)[0].second, std::string(700, 'z'));
+}
+
+TEST(TarReaderTest, ReportsShortDataWithOffset) {
+  std::string tar = TarArchive({{"a.txt", "aaa"}, {"b.txt", std::string(2000, 'b')}});
+  tar.resize(512 + 512 + 512 + 1000);  // inside b.txt's data
+  auto members = ReadAll(tar);
+  ASSERT_FALSE(members.ok());
+  EXPECT_TRUE(absl::StrContains(members.status().message(), "mem.tar")) << members.status();
+  EXPECT_TRUE(absl::StrContains(members.status().message(), "'b.txt' (header at byte 1024)"))
+      << members.status();
+  EXPECT_TRUE(absl::StrContains(members.status().message(), "after 1000 of them"));
+}
+
+TEST(TarReaderTest, DetectsAnArchiveCutExactlyBetweenMembers) {
+  std::string tar = TarArchive({{"a.txt", "aaa"}, {"b.txt", "bbb"}});
+  tar.resize(2048);  // both members whole, no end blocks
+  auto members = ReadAll(tar);
+  ASSERT_FALSE(members.ok());
+  EXPECT_TRUE(absl::StrContains(members.status().message(), "byte 2048")) << members.status();
+  EXPECT_TRUE(absl::StrContains(members.status().message(), "cut")) << members.status();
+
+  tar = TarArchive({{"a.txt", "aaa"}});
+  tar.resize(tar.size() - 512);  // one of the two end blocks
+  EXPECT_FALSE(ReadAll(tar).ok());
+}
+
+TEST(TarReaderTest, RejectsACorruptHeaderChecksum) {
+  std::string tar = TarArchive({{"a.txt", "aaa"}, {"b.txt", "bbb"}});
+  tar[1024 + 10] ^= 0x20;  // a letter of b.txt's name
+  auto members = ReadAll(tar);
+  ASSERT_FALSE(members.ok());
+  EXPECT_TRUE(absl::StrContains(members.status().message(), "byte 1024: header checksum"))
+      << members.status();
+}
+
+TEST(TarReaderTest, RejectsSizesAboveTheLimit) {
+  std::string tar = TarHeader("big.bin", int64_t{1} << 40, '0', true) + std::string(1024, '\0');
+  std::unique_ptr<ByteSource> source = MemorySource(tar, "big.tar");
+  TarReader reader(source.get(), /*max_member_bytes=*/1 << 20);
+  TarMember member;
+  absl::StatusOr<bool> more = reader.Next(&member);
+  ASSERT_FALSE(more.ok());
+  EXPECT_TRUE(absl::StrContains(more.status().message(), "limit")) << more.status();
+}
+
+}  // namespace
+}  // namespace dtrain

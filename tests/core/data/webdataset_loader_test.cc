@@ -1,0 +1,187 @@
+#include "core/data/webdataset_loader.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "core/data/shard_urls.h"
+#include "gtest/gtest.h"
+#include "tests/core/data/tar_test_util.h"
+
+namespace dtrain {
+namespace {
+
+constexpr int kSeqLen = 4;
+constexpr int kBatch = 8;  // global batch: sequences per step over all ranks
+
+using Windows = std::vector<std::vector<int32_t>>;  // each: inputs then the last target
+
+class WebDatasetLoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // 6 shards x 7 samples of 1..5 tokens each.
+    ASSERT_TRUE(testing::RunPython(testing::TestScript("make_shards.py") + " tokens " +
+                                   dir_.path() + " 6 7"));
+    config_.urls = *ExpandShardUrls(dir_.path() + "/shard-{000..005}.tar");
+    config_.num_streams = 4;
+    config_.seed = 7;
+    config_.block_samples = 3;
+    config_.seq_len = kSeqLen;
+    config_.eos_id = 0;
+    config_.vocab_size = 1 << 16;
+  }
+
+  std::unique_ptr<WebDatasetLoader> Loader(int rank, int world) const {
+    WebDatasetOptions options{.stream = config_,
+                              .read_ahead_bytes = 256,  // a few windows: the queue fills often
+                              .global_batch = kBatch,
+                              .rank = rank,
+                              .world = world};
+    absl::StatusOr<std::unique_ptr<WebDatasetLoader>> loader = WebDatasetLoader::Create(options);
+    EXPECT_TRUE(loader.ok()) << loader.status();
+    return std::move(loader).value();
+  }
+
+  // `steps` steps of one rank's share of the global batch.
+  static Windows Read(WebDatasetLoader& loader, int world, int steps) {
+    const int count = kBatch / world;
+    Windows windows;
+    for (int step = 0; step < steps; ++step) {
+      std::vector<int32_t> inputs(count * kSeqLen), targets(count * kSeqLen);
+      const absl::Status status = loader.Next(count, inputs.data(), targets.data());
+      EXPECT_TRUE(status.ok()) << status;
+      for (int i = 0; i < count; ++i) {
+        std::vector<int32_t> window(inputs.begin() + i * kSeqLen,
+                                    inputs.begin() + (i + 1) * kSeqLen);
+        window.push_back(targets[(i + 1) * kSeqLen - 1]);
+        windows.push_back(window);
+      }
+    }
+    return windows;
+  }
+
+  // The global sequence as `world` ranks read it, reassembled: rank r's i-th is i * world + r.
+  Windows ReadAllRanks(int world, int steps) const {
+    Windows global(static_cast<size_t>(kBatch) * steps);
+    for (int rank = 0; rank < world; ++rank) {
+      std::unique_ptr<WebDatasetLoader> loader = Loader(rank, world);
+      const Windows windows = Read(*loader, world, steps);
+      EXPECT_EQ(windows.size(), global.size() / world);  // equal counts on every rank
+      for (size_t i = 0; i < windows.size(); ++i) global[i * world + rank] = windows[i];
+    }
+    return global;
+  }
+
+  testing::TempDir dir_;
+  StreamConfig config_;
+};
+
+TEST_F(WebDatasetLoaderTest, SameSeedSameSequenceAndEveryTokenIsData) {
+  const Windows first = ReadAllRanks(1, 10);  // 80 windows: several passes over 42 samples
+  EXPECT_EQ(ReadAllRanks(1, 10), first);
+  for (const std::vector<int32_t>& window : first) {
+    for (const int32_t token : window) {
+      EXPECT_TRUE(token == 0 || (token % 1000 < 7 && token / 1000 < 6)) << token;
+    }
+  }
+  config_.seed = 8;
+  EXPECT_NE(ReadAllRanks(1, 10), first);
+}
+
+TEST_F(WebDatasetLoaderTest, TwoAndFourRanksCoverTheSingleProcessSequence) {
+  const Windows single = ReadAllRanks(1, 12);
+  EXPECT_EQ(ReadAllRanks(2, 12), single);
+  EXPECT_EQ(ReadAllRanks(4, 12), single);
+}
+
+TEST_F(WebDatasetLoaderTest, ResumesAtAStepBoundaryIdentically) {
+  const Windows whole = ReadAllRanks(1, 9);
+  std::unique_ptr<WebDatasetLoader> first = Loader(0, 1);
+  Windows resumed = Read(*first, 1, 4);
+  const LoaderState state = first->state();
+  EXPECT_EQ(state.consumed_sequences, 4 * kBatch);
+  first.reset();
+  std::unique_ptr<WebDatasetLoader> second = Loader(0, 1);
+  ASSERT_TRUE(second->Restore(state).ok());
+  const Windows rest = Read(*second, 1, 5);
+  resumed.insert(resumed.end(), rest.begin(), rest.end());
+  EXPECT_EQ(resumed, whole);
+}
+
+TEST_F(WebDatasetLoaderTest, ResumesIntoAnotherWorldSizeAtTheSameGlobalSequence) {
+  const Windows whole = ReadAllRanks(1, 9);
+  // 4 ranks run 5 steps and save; their merged state restores into 2 ranks for 4 more steps.
+  std::vector<LoaderState> saved;
+  for (int rank = 0; rank < 4; ++rank) {
+    std::unique_ptr<WebDatasetLoader> loader = Loader(rank, 4);
+    Read(*loader, 4, 5);
+    saved.push_back(loader->state());
+  }
+  absl::StatusOr<LoaderState> merged = MergeLoaderStates(saved);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  for (int rank = 0; rank < 2; ++rank) {
+    std::unique_ptr<WebDatasetLoader> loader = Loader(rank, 2);
+    // One rank's own state lacks the streams this rank now reads.
+    EXPECT_FALSE(loader->Restore(saved[1 - rank]).ok());
+    ASSERT_TRUE(loader->Restore(*merged).ok());
+    const Windows windows = Read(*loader, 2, 4);
+    for (size_t i = 0; i < windows.size(); ++i) {
+      EXPECT_EQ(windows[i], whole[5 * kBatch + i * 2 + rank]) << "rank " << rank << " i " << i;
+    }
+  }
+}
+
+TEST_F(WebDatasetLoaderTest, RejectsWorldSizesThatDoNotDivideTheStreams) {
+  WebDatasetOptions options{.stream = config_, .global_batch = 6, .rank = 0, .world = 3};
+  absl::StatusOr<std::unique_ptr<WebDatasetLoader>> loader = WebDatasetLoader::Create(options);
+  ASSERT_FALSE(loader.ok());
+  EXPECT_TRUE(absl::StrContains(loader.status().message(), "data.streams = 4")) << loader.status();
+}
+
+TEST_F(WebDatasetLoaderTest, FailsOrSkipsABadShardByDataOnError) {
+  std::string cut = testing::ReadFile(dir_ / "shard-003.tar");
+  cut.resize(3000);
+  testing::WriteFile(dir_ / "shard-003.tar", cut);
+  {
+    std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
+    std::vector<int32_t> inputs(80 * kSeqLen), targets(80 * kSeqLen);
+    const absl::Status status = loader->Next(80, inputs.data(), targets.data());
+    ASSERT_FALSE(status.ok());
+    EXPECT_TRUE(absl::StrContains(status.message(), "shard-003.tar, byte ")) << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), "skip_shard")) << status;
+  }
+  config_.skip_bad_shards = true;
+  const Windows windows = ReadAllRanks(1, 10);
+  int from_bad = 0;
+  for (const std::vector<int32_t>& window : windows) {
+    for (const int32_t token : window) from_bad += token / 1000 == 3;
+  }
+  // Samples before the cut are used; the rest of shard 3 is skipped, never a hang.
+  EXPECT_GT(from_bad, 0);
+  EXPECT_EQ(windows.size(), 80u);
+}
+
+TEST_F(WebDatasetLoaderTest, ValidationReadsShardsInOrderTheSameEveryTime) {
+  StreamConfig val = config_;
+  val.urls = {dir_ / "shard-000.tar"};
+  val.num_streams = 1;
+  val.shard_shuffle = false;
+  val.block_samples = 1;
+  val.epochs = 1;
+  val.finite = true;
+  WebDatasetValidationLoader loader(val, 0, 1);
+  // Shard 0: docs of 1..5 tokens + EOS = 2+3+4+5+6+2+3 = 25 tokens -> (25 - 1) / 4 = 6 windows.
+  std::vector<int32_t> inputs(4 * kSeqLen), targets(4 * kSeqLen);
+  EXPECT_EQ(*loader.Next(4, inputs.data(), targets.data()), 4);
+  EXPECT_EQ(inputs[0], 0);
+  EXPECT_EQ(inputs[1], 0);  // doc 0 = [0], then EOS 0
+  EXPECT_EQ(inputs[2], 1);
+  EXPECT_EQ(*loader.Next(4, inputs.data(), targets.data()), 2);
+  EXPECT_EQ(*loader.Next(4, inputs.data(), targets.data()), 0);
+  loader.Reset();
+  EXPECT_EQ(*loader.Next(4, inputs.data(), targets.data()), 4);
+  EXPECT_EQ(inputs[2], 1);
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,266 @@
+#include "parallel/comm/gloo_communicator.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/parallel/comm/test_store.h"
+
+namespace dtrain {
+namespace {
+
+// Runs body(comm) on `size` threads, one rank each, every rank with its own Gloo context on one
+// in-memory store.
+template <typename Body>
+void RunRanks(int size, absl::Duration timeout, Body body) {
+  auto store = std::make_shared<testing::InMemoryStore>();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      GlooCommunicatorOptions options;
+      options.key_prefix = "comm/test/";
+      options.rank = rank;
+      options.size = size;
+      options.timeout = timeout;
+      absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
+          GlooCommunicator::Create(store, options);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      body(**comm);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+// Small integers, so that every summation order gives the same float.
+float Value(int rank, size_t i) {
+  return static_cast<float>(static_cast<int>((rank * 7 + i * 3) % 11) - 5);
+}
+
+const std::vector<size_t> kCounts = {0, 1, 2, 3, 7, 1000, 300001};
+
+class GlooCollectiveTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooCollectiveTest, AllReduceMatchesSequentialSum) {
+  const int n = GetParam();
+  RunRanks(n, absl::Seconds(20), [&](Communicator& comm) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      for (size_t count : kCounts) {
+        std::vector<float> data(count);
+        for (size_t i = 0; i < count; ++i) data[i] = Value(comm.rank(), i);
+        ASSERT_TRUE(comm.AllReduce(data.data(), count, op)->Wait().ok());
+        for (size_t i = 0; i < count; ++i) {
+          float expected = 0;
+          for (int r = 0; r < n; ++r) expected += Value(r, i);
+          if (op == ReduceOp::kAvg) expected /= static_cast<float>(n);
+          ASSERT_EQ(data[i], expected) << "count " << count << " element " << i;
+        }
+      }
+    }
+  });
+}
+
+TEST_P(GlooCollectiveTest, ReduceScatterMatchesSequentialSum) {
+  const int n = GetParam();
+  RunRanks(n, absl::Seconds(20), [&](Communicator& comm) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      for (size_t count : kCounts) {
+        std::vector<float> input(n * count);
+        for (size_t i = 0; i < input.size(); ++i) input[i] = Value(comm.rank(), i);
+        std::vector<float> output(count, -1.0f);
+        ASSERT_TRUE(comm.ReduceScatter(input.data(), output.data(), count, op)->Wait().ok());
+        for (size_t i = 0; i < count; ++i) {
+          float expected = 0;
+          for (int r = 0; r < n; ++r) expected += Value(r, comm.rank() * count + i);
+          if (op == ReduceOp::kAvg) expected /= static_cast<float>(n);
+          ASSERT_EQ(output[i], expected) << "count " << count << " element " << i;
+        }
+      }
+    }
+  });
+}
+
+TEST_P(GlooCollectiveTest, AllGatherConcatenatesInRankOrder) {
+  const int n = GetParam();
+  RunRanks(n, absl::Seconds(20), [&](Communicator& comm) {
+    for (size_t count : kCounts) {
+      std::vector<float> input(count);
+      for (size_t i = 0; i < count; ++i) input[i] = Value(comm.rank(), i);
+      std::vector<float> output(n * count, -100.0f);
+      ASSERT_TRUE(comm.AllGather(input.data(), output.data(), count)->Wait().ok());
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(output[r * count + i], Value(r, i)) << "count " << count << " rank " << r;
+        }
+      }
+    }
+  });
+}
+
+TEST_P(GlooCollectiveTest, BroadcastFromEveryRoot) {
+  const int n = GetParam();
+  RunRanks(n, absl::Seconds(20), [&](Communicator& comm) {
+    for (int root = 0; root < n; ++root) {
+      for (size_t count : kCounts) {
+        std::vector<float> data(count);
+        for (size_t i = 0; i < count; ++i) data[i] = Value(comm.rank(), i);
+        ASSERT_TRUE(comm.Broadcast(data.data(), count, root)->Wait().ok());
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], Value(root, i)) << "root " << root;
+      }
+    }
+  });
+}
+
+TEST_P(GlooCollectiveTest, SendAndRecvAroundTheRingWithoutDeadlock) {
+  const int n = GetParam();
+  RunRanks(n, absl::Seconds(20), [&](Communicator& comm) {
+    const int right = (comm.rank() + 1) % n;
+    const int left = (comm.rank() + n - 1) % n;
+    for (size_t count : {size_t{1}, size_t{300001}}) {
+      std::vector<float> out(count);
+      for (size_t i = 0; i < count; ++i) out[i] = Value(comm.rank(), i);
+      std::vector<float> in(count);
+      // Every rank sends before it receives: a Send must not wait for the matching Recv.
+      std::unique_ptr<Work> send = comm.Send(out.data(), count, right);
+      std::unique_ptr<Work> recv = comm.Recv(in.data(), count, left);
+      ASSERT_TRUE(send->Wait().ok());
+      ASSERT_TRUE(recv->Wait().ok());
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(in[i], Value(left, i));
+    }
+    EXPECT_EQ(comm.stats().send.bytes_sent, (1 + 300001) * 4);
+    EXPECT_EQ(comm.stats().recv.bytes_received, (1 + 300001) * 4);
+  });
+}
+
+// The bytes a ring moves: all-reduce sends every chunk but its own (reduce-scatter) and every
+// chunk but its right neighbour's (all-gather) -> 2(n-1)/n of the buffer when it divides evenly.
+TEST_P(GlooCollectiveTest, ByteCountersEqualTheRingTheory) {
+  const int n = GetParam();
+  RunRanks(n, absl::Seconds(20), [&](Communicator& comm) {
+    const int r = comm.rank();
+    const size_t count = 12 * 1000 + 1;  // not divisible by 2, 3 or 4
+    std::vector<float> data(n * count, 1.0f);
+    std::vector<float> out(n * count);
+    ASSERT_TRUE(comm.AllReduce(data.data(), count, ReduceOp::kSum)->Wait().ok());
+    ASSERT_TRUE(comm.ReduceScatter(data.data(), out.data(), count, ReduceOp::kSum)->Wait().ok());
+    ASSERT_TRUE(comm.AllGather(data.data(), out.data(), count)->Wait().ok());
+    ASSERT_TRUE(comm.Broadcast(data.data(), count, 1)->Wait().ok());
+    const CommStats stats = comm.stats();
+
+    auto chunk = [&](int c) {
+      c = (c % n + n) % n;
+      return static_cast<int64_t>(count / n + (static_cast<size_t>(c) < count % n ? 1 : 0));
+    };
+    const int64_t total = count;
+    EXPECT_EQ(stats.all_reduce.calls, 1);
+    EXPECT_EQ(stats.all_reduce.bytes_sent, 4 * ((total - chunk(r)) + (total - chunk(r + 1))));
+    EXPECT_EQ(stats.all_reduce.bytes_received, 4 * ((total - chunk(r - 1)) + (total - chunk(r))));
+    EXPECT_EQ(stats.reduce_scatter.bytes_sent, 4 * (n - 1) * total);
+    EXPECT_EQ(stats.reduce_scatter.bytes_received, 4 * (n - 1) * total);
+    EXPECT_EQ(stats.all_gather.bytes_sent, 4 * (n - 1) * total);
+    EXPECT_EQ(stats.all_gather.bytes_received, 4 * (n - 1) * total);
+    const int position = (r - 1 + n) % n;  // along the chain from root 1
+    EXPECT_EQ(stats.broadcast.bytes_sent, position < n - 1 ? 4 * total : 0);
+    EXPECT_EQ(stats.broadcast.bytes_received, position > 0 ? 4 * total : 0);
+
+    // An evenly divisible all-reduce moves exactly 2(n-1)/n of the buffer each way.
+    const size_t even = 12 * 1000;
+    ASSERT_TRUE(comm.AllReduce(data.data(), even, ReduceOp::kSum)->Wait().ok());
+    EXPECT_EQ(comm.stats().all_reduce.bytes_sent - stats.all_reduce.bytes_sent,
+              static_cast<int64_t>(2 * (n - 1) * even * 4 / n));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, GlooCollectiveTest, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return absl::StrCat(info.param, "ranks"); });
+
+TEST(GlooCommunicatorTest, SingleRankCollectivesAreLocal) {
+  RunRanks(1, absl::Seconds(5), [](Communicator& comm) {
+    std::vector<float> data = {1, 2, 3};
+    std::vector<float> out(3);
+    EXPECT_TRUE(comm.AllReduce(data.data(), 3, ReduceOp::kAvg)->Wait().ok());
+    EXPECT_TRUE(comm.ReduceScatter(data.data(), out.data(), 3, ReduceOp::kSum)->Wait().ok());
+    EXPECT_TRUE(comm.AllGather(data.data(), out.data(), 3)->Wait().ok());
+    EXPECT_TRUE(comm.Barrier().ok());
+    EXPECT_EQ(out, data);
+  });
+}
+
+TEST(GlooCommunicatorTest, OperationsRunInIssueOrderWhileTheCallerContinues) {
+  RunRanks(3, absl::Seconds(20), [](Communicator& comm) {
+    // Buckets issued back to back and waited at the end, as the DDP engine does.
+    std::vector<std::vector<float>> buckets(8, std::vector<float>(50000, 1.0f));
+    std::vector<std::unique_ptr<Work>> works;
+    for (auto& bucket : buckets) {
+      works.push_back(comm.AllReduce(bucket.data(), bucket.size(), ReduceOp::kSum));
+    }
+    for (auto& work : works) ASSERT_TRUE(work->Wait().ok());
+    for (auto& bucket : buckets) ASSERT_EQ(bucket.back(), 3.0f);
+    EXPECT_TRUE(comm.Barrier().ok());
+  });
+}
+
+TEST(GlooCommunicatorTest, RankThatNeverArrivesIsNamedWithinTheTimeout) {
+  const absl::Duration timeout = absl::Seconds(2);
+  std::atomic<int> failed{0};
+  RunRanks(3, timeout, [&](Communicator& comm) {
+    std::vector<float> data(1000, 1.0f);
+    ASSERT_TRUE(comm.AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait().ok());
+    if (comm.rank() == 2) {
+      // Stays alive but never issues the second all-reduce.
+      while (failed.load() < 2) absl::SleepFor(absl::Milliseconds(10));
+      return;
+    }
+    const absl::Time start = absl::Now();
+    absl::Status status = comm.AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait();
+    const absl::Duration elapsed = absl::Now() - start;
+    failed.fetch_add(1);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+    EXPECT_NE(status.message().find("all_reduce #2 on group 'world'"), std::string::npos) << status;
+    EXPECT_NE(status.message().find("never started by rank 2 (last started #1)"), std::string::npos)
+        << status;
+    EXPECT_GE(elapsed, timeout - absl::Milliseconds(50));
+    EXPECT_LT(elapsed, timeout + absl::Seconds(1));
+    // The communicator is unusable afterwards and says so at once.
+    absl::Status next = comm.AllReduce(data.data(), 1, ReduceOp::kSum)->Wait();
+    EXPECT_EQ(next.code(), absl::StatusCode::kFailedPrecondition) << next;
+  });
+}
+
+TEST(GlooCommunicatorTest, RankWhoseConnectionsCloseIsNamedPromptly) {
+  const absl::Duration timeout = absl::Seconds(20);
+  RunRanks(3, timeout, [&](Communicator& comm) {
+    std::vector<float> data(100000, 1.0f);
+    ASSERT_TRUE(comm.AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait().ok());
+    if (comm.rank() == 2) return;  // destroys its communicator: its sockets close, as on exit
+    const absl::Time start = absl::Now();
+    absl::Status status = comm.AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait();
+    EXPECT_FALSE(status.ok());
+    EXPECT_NE(status.message().find("rank 2 (last started #1)"), std::string::npos) << status;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << status;
+  });
+}
+
+TEST(GlooCommunicatorTest, RendezvousWithoutPeersFailsWithinTheTimeout) {
+  auto store = std::make_shared<testing::InMemoryStore>();
+  GlooCommunicatorOptions options;
+  options.rank = 0;
+  options.size = 2;
+  options.world_ranks = {4, 6};
+  options.timeout = absl::Milliseconds(300);
+  absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm = GlooCommunicator::Create(store, options);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_NE(comm.status().message().find("rank 0 of 2"), std::string::npos) << comm.status();
+
+  options.world_ranks = {4};
+  EXPECT_EQ(GlooCommunicator::Create(store, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,69 @@
+// Ranks as separate processes over the TCP rendezvous store: the `dtrain bench comm` command
+// end to end, and a rank whose process exits in the middle of a run.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "parallel/comm/gloo_communicator.h"
+#include "parallel/store/tcp_store_client.h"
+#include "parallel/store/tcp_store_server.h"
+#include "tests/testing/multi_process.h"
+
+namespace dtrain {
+namespace {
+
+TEST(GlooMultiProcessTest, BenchCommandPrintsTheTableOnRankZero) {
+  const std::vector<testing::RankResult> results = testing::RunLocalProcesses(
+      {DTRAIN_BINARY, "bench", "comm", "--min-bytes", "4K", "--max-bytes", "8K", "--iters", "2"}, 3,
+      testing::FreeTcpPort(), absl::Seconds(60));
+  for (const testing::RankResult& result : results) {
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+  }
+  EXPECT_NE(results[0].output.find("# dtrain bench comm: backend gloo, 3 ranks"), std::string::npos)
+      << results[0].output;
+  for (const char* op : {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}) {
+    EXPECT_NE(results[0].output.find(std::string(op) + " "), std::string::npos) << op;
+  }
+  EXPECT_EQ(results[1].output.find("all_reduce"), std::string::npos) << results[1].output;
+}
+
+// Rank 2 exits after the first all-reduce; the others must fail fast, naming it. Rank 0 hosts
+// the store in the parent, so that it outlives every rank.
+TEST(GlooMultiProcessTest, RankThatExitsIsNamedPromptly) {
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  const std::vector<testing::RankResult> results =
+      testing::RunRanksAsProcesses(3, port, absl::Seconds(30), [port](int rank) {
+        absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+            TcpStoreClient::Connect("127.0.0.1", port);
+        if (!client.ok()) return 3;
+        GlooCommunicatorOptions options;
+        options.rank = rank;
+        options.size = 3;
+        options.timeout = absl::Seconds(20);
+        auto comm = GlooCommunicator::Create(std::move(*client), options);
+        if (!comm.ok()) return 4;
+        std::vector<float> data(100000, 1.0f);
+        if (!(*comm)->AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait().ok()) return 5;
+        if (rank == 2) _exit(0);  // dies without closing anything
+        const absl::Time start = absl::Now();
+        absl::Status status = (*comm)->AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait();
+        fprintf(stderr, "%s\n", status.ToString().c_str());
+        const bool prompt = absl::Now() - start < absl::Seconds(5);
+        return !status.ok() && prompt ? 0 : 6;
+      });
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(results[rank].exit_code, 0) << "rank " << rank << ": " << results[rank].output;
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(results[rank].output.find("never started by rank 2 (last started #1)"),
+              std::string::npos)
+        << results[rank].output;
+  }
+}
+
+}  // namespace
+}  // namespace dtrain

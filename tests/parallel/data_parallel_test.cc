@@ -1,0 +1,219 @@
+// DDP, ZeRO-1/2/3 and FSDP on 2 and 4 ranks (threads of this process, each with its own Gloo
+// communicator over loopback) against one process with the same global batch.
+#include "parallel/data_parallel.h"
+
+#include <cmath>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "core/backend/cpu/cpu_backend.h"
+#include "core/model/transformer.h"
+#include "gtest/gtest.h"
+#include "parallel/comm/gloo_communicator.h"
+#include "parallel/train_step.h"
+#include "tests/parallel/comm/test_store.h"
+
+namespace dtrain {
+namespace {
+
+constexpr int kSteps = 20;
+constexpr int kBatch = 8;  // sequences per step, all ranks together
+constexpr int kMicroBatch = 1;
+constexpr int kSeqLen = 12;
+
+ModelConfig Config(ModelFamily family) {
+  ModelConfig config;
+  config.family = family;
+  config.n_layer = 3;
+  config.n_head = 4;
+  config.n_kv_head = family == ModelFamily::kLlama ? 2 : 4;
+  config.d_model = 32;
+  config.head_dim = 8;
+  config.d_ff = 64;
+  config.vocab_size = 53;
+  config.max_seq_len = 16;
+  return config;
+}
+
+TrainSection Train() {
+  TrainSection train;
+  train.steps = kSteps;
+  train.batch_size = kBatch;
+  train.micro_batch = kMicroBatch;
+  train.seq_len = kSeqLen;
+  train.lr = 3e-3;
+  train.warmup_steps = 2;
+  train.grad_clip = 0.5;  // active on early steps: the global norm must be right
+  return train;
+}
+
+// Token `i` of global sequence `sequence` in batch `batch`: the same for every world size. The
+// steps alternate between two batches, so the model can learn them.
+int32_t Token(int batch, int sequence, int i, int vocab) {
+  return static_cast<int32_t>((batch * 131 + sequence * 31 + i * 7 + (i * i) % 5) % vocab);
+}
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<double> norms;
+  std::vector<float> final_params;
+  EngineMemory memory;
+  std::string error;
+};
+
+// Trains kSteps steps as rank `rank` of `ranks` (comm null for one process).
+RunResult Train(ModelFamily family, const ShardingStrategy& strategy, Communicator* comm) {
+  const int rank = comm ? comm->rank() : 0;
+  const int ranks = comm ? comm->size() : 1;
+  const ModelConfig config = Config(family);
+  const TrainSection train = Train();
+  const ParamTable table(config, ModelSlice{});
+  CpuBackend backend(1);
+  DataParallelEngine engine(table, strategy, train, backend, comm);
+  engine.InitParameters(config, 42);
+  Transformer model(config, table, engine, backend, kMicroBatch, kSeqLen, false);
+  RunResult result;
+  const int per_rank = kBatch / ranks;
+  for (int step = 0; step < kSteps; ++step) {
+    int next = rank * per_rank;  // this rank's first global sequence of the step
+    const MicroBatchSource source = [&](int32_t* inputs, int32_t* targets) {
+      for (int b = 0; b < kMicroBatch; ++b, ++next) {
+        for (int i = 0; i < kSeqLen; ++i) {
+          inputs[b * kSeqLen + i] = Token(step % 2, next, i, config.vocab_size);
+          targets[b * kSeqLen + i] = Token(step % 2, next, i + 1, config.vocab_size);
+        }
+      }
+      return absl::OkStatus();
+    };
+    absl::StatusOr<StepResult> step_result =
+        TrainStep(model, engine, train, step, per_rank / kMicroBatch, source);
+    if (!step_result.ok()) {
+      result.error = step_result.status().ToString();
+      return result;
+    }
+    result.losses.push_back(step_result->loss);
+    result.norms.push_back(step_result->grad_norm);
+    if (absl::Status status = engine.CheckReplicas(); !status.ok()) {
+      result.error = status.ToString();
+      return result;
+    }
+  }
+  absl::StatusOr<std::vector<float>> params = engine.GatherParameters();
+  if (!params.ok()) {
+    result.error = params.status().ToString();
+    return result;
+  }
+  result.final_params = *std::move(params);
+  result.memory = engine.memory();
+  return result;
+}
+
+std::vector<RunResult> TrainOnRanks(ModelFamily family, const ShardingStrategy& strategy, int ranks) {
+  auto store = std::make_shared<testing::InMemoryStore>();
+  std::vector<RunResult> results(ranks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < ranks; ++rank) {
+    threads.emplace_back([&, rank] {
+      GlooCommunicatorOptions options;
+      options.key_prefix = "comm/dp/";
+      options.rank = rank;
+      options.size = ranks;
+      options.timeout = absl::Seconds(30);
+      auto comm = GlooCommunicator::Create(store, options);
+      if (!comm.ok()) {
+        results[rank].error = comm.status().ToString();
+        return;
+      }
+      results[rank] = Train(family, strategy, comm->get());
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return results;
+}
+
+double MaxRelativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  double max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_abs = std::max(max_abs, std::abs(static_cast<double>(b[i])));
+    max_diff = std::max(max_diff, std::abs(static_cast<double>(a[i]) - b[i]));
+  }
+  return max_diff / max_abs;
+}
+
+struct Case {
+  std::string strategy;
+  int ranks;
+  ModelFamily family;
+};
+
+class DataParallelTest : public ::testing::TestWithParam<Case> {};
+
+// Loss trajectory within 1e-5 relative of one process over 20 steps, final parameters close,
+// replicas identical after every step (CheckReplicas inside Train).
+TEST_P(DataParallelTest, FollowsTheSingleProcessTrajectory) {
+  const Case& c = GetParam();
+  ParallelSection parallel;
+  parallel.strategy = c.strategy;
+  parallel.bucket_mb = 0.01;           // several buckets even for this small model
+  parallel.prefetch_bucket_mb = 0.02;  // zero3 units of a few blocks
+  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(parallel);
+  const RunResult reference = Train(c.family, ShardingStrategy{"ddp", Sharding::kNone, 0}, nullptr);
+  ASSERT_EQ(reference.error, "");
+  const std::vector<RunResult> runs = TrainOnRanks(c.family, strategy, c.ranks);
+  for (int rank = 0; rank < c.ranks; ++rank) {
+    const RunResult& run = runs[rank];
+    ASSERT_EQ(run.error, "") << "rank " << rank;
+    ASSERT_EQ(run.losses.size(), static_cast<size_t>(kSteps));
+    for (int step = 0; step < kSteps; ++step) {
+      EXPECT_NEAR(run.losses[step], reference.losses[step], 1e-5 * reference.losses[step])
+          << "rank " << rank << " step " << step + 1;
+      EXPECT_NEAR(run.norms[step], reference.norms[step], 1e-4 * reference.norms[step])
+          << "rank " << rank << " step " << step + 1;
+    }
+    EXPECT_LT(MaxRelativeDifference(run.final_params, reference.final_params), 1e-4);
+    EXPECT_EQ(run.final_params, runs[0].final_params) << "rank " << rank;
+  }
+  EXPECT_LT(reference.losses.back(), 0.9 * reference.losses.front());  // it did learn
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, DataParallelTest,
+    ::testing::Values(Case{"ddp", 2, ModelFamily::kGpt2}, Case{"ddp", 4, ModelFamily::kLlama},
+                      Case{"zero1", 2, ModelFamily::kLlama}, Case{"zero1", 4, ModelFamily::kGpt2},
+                      Case{"zero2", 2, ModelFamily::kGpt2}, Case{"zero2", 4, ModelFamily::kLlama},
+                      Case{"zero3", 2, ModelFamily::kLlama}, Case{"zero3", 4, ModelFamily::kGpt2},
+                      Case{"fsdp", 2, ModelFamily::kGpt2}, Case{"fsdp", 4, ModelFamily::kLlama}),
+    [](const auto& info) {
+      return info.param.strategy + "_" + std::to_string(info.param.ranks) + "_ranks_" +
+             FamilyName(info.param.family);
+    });
+
+// What each rank keeps of parameters + gradients + optimizer state: ZeRO-3 about 1/N of DDP's
+// (within the padding of each unit to a multiple of N), ZeRO-1 and ZeRO-2 in between.
+TEST(DataParallelMemoryTest, ShardedStrategiesKeepAboutOneNthOfDdp) {
+  const ModelConfig config = Config(ModelFamily::kGpt2);
+  const ParamTable table(config, ModelSlice{});
+  const double psi_bytes = table.total_numel() * sizeof(float);
+  ParallelSection parallel;
+  parallel.prefetch_bucket_mb = 0.02;  // zero3 units of about one block
+  for (const int ranks : {2, 4}) {
+    std::map<std::string, EngineMemory> memory;
+    for (const char* name : {"ddp", "zero1", "zero2", "zero3"}) {
+      parallel.strategy = name;
+      memory[name] = TrainOnRanks(ModelFamily::kGpt2, *ShardingStrategyFromRecipe(parallel), ranks)[0]
+                         .memory;
+    }
+    // Units are padded to a multiple of N: at most N - 1 values each, a few units.
+    const double padding = 3 * 8.0 * ranks * sizeof(float) * 4;
+    EXPECT_NEAR(memory["ddp"].kept(), 4 * psi_bytes, 1);  // params, grads, m, v
+    EXPECT_NEAR(memory["zero1"].kept(), 2 * psi_bytes + 2 * psi_bytes / ranks, padding);
+    EXPECT_NEAR(memory["zero2"].kept(), psi_bytes + 3 * psi_bytes / ranks, padding);
+    EXPECT_NEAR(memory["zero3"].kept(), memory["ddp"].kept() / ranks, padding) << ranks;
+    EXPECT_GT(memory["zero3"].gathered_peak_bytes, 0u);
+    EXPECT_LT(memory["zero3"].gathered_peak_bytes, psi_bytes);  // never the whole model
+  }
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,115 @@
+#include "parallel/mesh.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "parallel/comm/gloo_communicator.h"
+#include "tests/parallel/comm/test_store.h"
+
+namespace dtrain {
+namespace {
+
+TEST(MeshTest, RanksAreTpInnermostThenDpThenPp) {
+  for (MeshShape shape :
+       {MeshShape{.dp = 2, .pp = 3, .tp = 4}, MeshShape{.dp = 1, .pp = 1, .tp = 8},
+        MeshShape{.dp = 8, .pp = 1, .tp = 1}, MeshShape{.dp = 3, .pp = 2, .tp = 1}}) {
+    const int world = shape.dp * shape.pp * shape.tp;
+    for (int rank = 0; rank < world; ++rank) {
+      absl::StatusOr<Mesh> mesh = Mesh::Create(shape, world, rank);
+      ASSERT_TRUE(mesh.ok()) << mesh.status();
+      const MeshCoords c = mesh->coords();
+      EXPECT_EQ(rank, (c.pp * shape.dp + c.dp) * shape.tp + c.tp);
+      EXPECT_EQ(mesh->RankAt(c), rank);
+
+      const GroupSpec tp = mesh->TpGroup();
+      const GroupSpec dp = mesh->DpGroup();
+      const GroupSpec pp = mesh->PpGroup();
+      ASSERT_EQ(tp.world_ranks.size(), static_cast<size_t>(shape.tp));
+      ASSERT_EQ(dp.world_ranks.size(), static_cast<size_t>(shape.dp));
+      ASSERT_EQ(pp.world_ranks.size(), static_cast<size_t>(shape.pp));
+      EXPECT_EQ(tp.world_ranks[tp.rank], rank);
+      EXPECT_EQ(dp.world_ranks[dp.rank], rank);
+      EXPECT_EQ(pp.world_ranks[pp.rank], rank);
+      EXPECT_EQ(tp.rank, c.tp);
+      EXPECT_EQ(dp.rank, c.dp);
+      EXPECT_EQ(pp.rank, c.pp);
+      // tp members are consecutive; dp members are tp apart; pp members are dp * tp apart.
+      for (int i = 0; i < shape.tp; ++i) EXPECT_EQ(tp.world_ranks[i], rank - c.tp + i);
+      for (int i = 0; i < shape.dp; ++i) EXPECT_EQ(dp.world_ranks[i], rank + (i - c.dp) * shape.tp);
+      for (int i = 0; i < shape.pp; ++i) {
+        EXPECT_EQ(pp.world_ranks[i], rank + (i - c.pp) * shape.dp * shape.tp);
+      }
+    }
+  }
+}
+
+TEST(MeshTest, GroupKeyPrefixesAreSharedByMembersAndDistinctAcrossGroups) {
+  const MeshShape shape{.dp = 2, .pp = 2, .tp = 2};
+  std::set<std::pair<std::string, std::vector<int>>> groups;
+  for (int rank = 0; rank < 8; ++rank) {
+    const Mesh mesh = *Mesh::Create(shape, 8, rank);
+    for (const GroupSpec& g : {mesh.TpGroup("x/"), mesh.DpGroup("x/"), mesh.PpGroup("x/")}) {
+      EXPECT_EQ(g.key_prefix.rfind("x/" + g.name + ".", 0), 0u) << g.key_prefix;
+      groups.insert({g.key_prefix, g.world_ranks});
+    }
+  }
+  // 4 groups of each kind, and one prefix per distinct member list.
+  EXPECT_EQ(groups.size(), 12u);
+  std::set<std::string> prefixes;
+  for (const auto& g : groups) prefixes.insert(g.first);
+  EXPECT_EQ(prefixes.size(), 12u);
+}
+
+TEST(MeshTest, SizesThatDoNotMultiplyToTheWorldAreRejected) {
+  absl::StatusOr<Mesh> mesh = Mesh::Create(MeshShape{.dp = 2, .pp = 2, .tp = 3}, 8, 0);
+  ASSERT_FALSE(mesh.ok());
+  EXPECT_EQ(mesh.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mesh.status().message().find("dp=2 x pp=2 x tp=3 needs 12 ranks but the world has 8"),
+            std::string::npos)
+      << mesh.status();
+  EXPECT_FALSE(Mesh::Create(MeshShape{.dp = 0, .pp = 1, .tp = 1}, 0, 0).ok());
+  EXPECT_FALSE(Mesh::Create(MeshShape{.dp = 2, .pp = 1, .tp = 1}, 2, 2).ok());
+}
+
+// A 2x2 mesh (dp 2, tp 2) of threads: each group all-reduces its members' world ranks.
+TEST(MeshTest, SubGroupCommunicatorsSumOnlyTheirMembers) {
+  const MeshShape shape{.dp = 2, .pp = 1, .tp = 2};
+  auto store = std::make_shared<testing::InMemoryStore>();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 4; ++rank) {
+    threads.emplace_back([&, rank] {
+      const Mesh mesh = *Mesh::Create(shape, 4, rank);
+      CommunicatorFactory factory =
+          [&](const GroupSpec& group) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+        GlooCommunicatorOptions options;
+        options.name = group.name;
+        options.key_prefix = group.key_prefix;
+        options.rank = group.rank;
+        options.size = static_cast<int>(group.world_ranks.size());
+        options.world_ranks = group.world_ranks;
+        options.timeout = absl::Seconds(10);
+        return GlooCommunicator::Create(store, options);
+      };
+      absl::StatusOr<MeshCommunicators> comms = mesh.CreateCommunicators(factory);
+      ASSERT_TRUE(comms.ok()) << comms.status();
+      auto group_sum = [&](Communicator& comm) {
+        float value = static_cast<float>(rank);
+        EXPECT_TRUE(comm.AllReduce(&value, 1, ReduceOp::kSum)->Wait().ok());
+        return value;
+      };
+      const MeshCoords c = mesh.coords();
+      EXPECT_EQ(comms->tp->name(), "tp");
+      EXPECT_EQ(group_sum(*comms->tp), 2 * c.dp * 2 + 1);   // ranks 2dp and 2dp+1
+      EXPECT_EQ(group_sum(*comms->dp), c.tp + (c.tp + 2));  // ranks tp and tp+2
+      EXPECT_EQ(group_sum(*comms->pp), rank);               // alone
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+}  // namespace
+}  // namespace dtrain

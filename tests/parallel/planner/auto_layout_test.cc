@@ -1,0 +1,78 @@
+#include "parallel/planner/auto_layout.h"
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/recipe/recipe.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+Recipe Load(const std::string& name, const std::vector<std::string>& overrides = {}) {
+  absl::StatusOr<Recipe> recipe =
+      LoadRecipe(std::string(DTRAIN_SOURCE_DIR) + "/configs/" + name + ".yaml", overrides);
+  EXPECT_TRUE(recipe.ok()) << recipe.status();
+  return *recipe;
+}
+
+// What a trainer with DDP and ZeRO engines but no tensor or pipeline parallelism can run.
+SearchOptions DataParallelOnly() {
+  SearchOptions options;
+  options.strategies = {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3};
+  options.max_tp = 1;
+  options.max_pp = 1;
+  options.recompute = {Recompute::kNone, Recompute::kFull};
+  options.allow_offload = false;
+  options.allow_sequence_parallel = false;
+  return options;
+}
+
+TEST(AutoLayoutTest, PicksARunnableLayoutAndReportsTheBetterOne) {
+  const Recipe recipe = Load("llama-70b", {"parallel.strategy=auto"});
+  absl::StatusOr<AutoLayout> resolved = ResolveAutoLayout(recipe, 64, DataParallelOnly());
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->layout.tp, 1);
+  EXPECT_EQ(resolved->layout.pp, 1);
+  EXPECT_EQ(resolved->layout.dp, 64);
+  EXPECT_THAT(resolved->note, HasSubstr("which the trainer cannot run yet; using zero3 tp1"));
+
+  Recipe applied = recipe;
+  ASSERT_TRUE(ApplyLayout(resolved->layout, applied).ok());
+  EXPECT_EQ(applied.parallel.strategy, "zero3");
+  EXPECT_TRUE(applied.parallel.activation_checkpointing);
+  EXPECT_EQ(applied.train.micro_batch, resolved->layout.micro_batch);
+}
+
+TEST(AutoLayoutTest, NoNoteWhenTheBestLayoutIsRunnable) {
+  const Recipe recipe = Load("gpt2-124m", {"train.batch_size=64"});
+  absl::StatusOr<AutoLayout> resolved = ResolveAutoLayout(recipe, 2, SearchOptions{});
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->note, "");
+  EXPECT_EQ(resolved->layout.world_size(), 2);
+}
+
+TEST(AutoLayoutTest, ErrorsNameTheProblem) {
+  const Recipe recipe = Load("llama-70b");
+  absl::StatusOr<AutoLayout> odd = ResolveAutoLayout(recipe, 12, DataParallelOnly());
+  ASSERT_FALSE(odd.ok());
+  EXPECT_THAT(std::string(odd.status().message()),
+              HasSubstr("world of 12 ranks is not a whole number of nodes"));
+  absl::StatusOr<AutoLayout> small = ResolveAutoLayout(recipe, 2, DataParallelOnly());
+  ASSERT_FALSE(small.ok());
+  EXPECT_THAT(std::string(small.status().message()),
+              HasSubstr("no layout the trainer runs fits 2 ranks; the closest: zero3 tp1"));
+}
+
+TEST(AutoLayoutTest, ApplyLayoutRefusesWhatTheRecipeCannotSay) {
+  Recipe recipe = Load("gpt2-124m");
+  EXPECT_FALSE(
+      ApplyLayout({.strategy = Strategy::kZero2, .recompute = Recompute::kSelective}, recipe).ok());
+  EXPECT_FALSE(ApplyLayout({.strategy = Strategy::kZero2, .offload = true}, recipe).ok());
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,155 @@
+#include "parallel/planner/cost_model.h"
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/model/model_config.h"
+#include "core/recipe/recipe.h"
+#include "gtest/gtest.h"
+#include "parallel/planner/catalog.h"
+
+namespace dtrain {
+namespace {
+
+ModelConfig ConfigOf(const std::string& name) {
+  absl::StatusOr<Recipe> recipe =
+      LoadRecipe(std::string(DTRAIN_SOURCE_DIR) + "/configs/" + name + ".yaml");
+  EXPECT_TRUE(recipe.ok()) << recipe.status();
+  return ModelConfigFromRecipe(recipe->model, recipe->d_ff());
+}
+
+// Parameter counts as published (GPT-2 with V = 50257, s = 1024; Llama 2 from Meta's release).
+TEST(CostModelTest, ParameterCountsMatchPublishedModels) {
+  EXPECT_EQ(ConfigOf("gpt2-124m").num_parameters(), 124'439'808);
+  EXPECT_EQ(ConfigOf("gpt2-350m").num_parameters(), 354'823'168);
+  EXPECT_EQ(ConfigOf("gpt2-774m").num_parameters(), 774'030'080);
+  EXPECT_EQ(ConfigOf("gpt2-1.5b").num_parameters(), 1'557'611'200);
+  EXPECT_EQ(ConfigOf("llama-7b").num_parameters(), 6'738'415'616);
+  EXPECT_EQ(ConfigOf("llama-13b").num_parameters(), 13'015'864'320);
+  EXPECT_EQ(ConfigOf("llama-70b").num_parameters(), 68'976'648'192);
+}
+
+// ZeRO paper (Rajbhandari et al. 2020), figure 1: 7.5B parameters, N_d = 64, K = 12.
+TEST(CostModelTest, ModelStatesMatchZeroPaper) {
+  const double psi = 7.5e9;
+  const Precision mixed = Precision::MixedBf16();
+  const auto gb = [&](Strategy strategy) {
+    return ModelStateBytes(strategy, psi, 64, mixed, false).model_state_bytes() / 1e9;
+  };
+  EXPECT_DOUBLE_EQ(gb(Strategy::kDdp), 120.0);
+  EXPECT_NEAR(gb(Strategy::kZero1), 31.4, 0.05);
+  EXPECT_NEAR(gb(Strategy::kZero2), 16.6, 0.05);
+  EXPECT_NEAR(gb(Strategy::kZero3), 1.88, 0.01);
+  EXPECT_DOUBLE_EQ(gb(Strategy::kFsdp), gb(Strategy::kZero3));
+}
+
+TEST(CostModelTest, OffloadMovesOptimizerStatesToTheHost) {
+  const MemoryEstimate memory =
+      ModelStateBytes(Strategy::kZero2, 1e9, 8, Precision::MixedBf16(), /*offload=*/true);
+  EXPECT_EQ(memory.optimizer_bytes, 0);
+  EXPECT_DOUBLE_EQ(memory.host_bytes, 12e9 / 8);
+  EXPECT_DOUBLE_EQ(memory.model_state_bytes(), 2e9 + 2e9 / 8);
+}
+
+TEST(CostModelTest, Fp32StatesAreSixteenBytesWithoutAMasterCopy) {
+  const MemoryEstimate memory = ModelStateBytes(Strategy::kZero1, 1e6, 2, Precision::Fp32(), false);
+  EXPECT_DOUBLE_EQ(memory.model_state_bytes(), 4e6 + 4e6 + 8e6 / 2);
+}
+
+// Korthikanti et al. 2022, table 2, for the 530B-like shape of their paper's experiments.
+TEST(CostModelTest, ActivationsMatchKorthikanti) {
+  const int s = 2048, b = 1, h = 20480, a = 128, t = 8;
+  const double sbh = double{s} * b * h;
+  const double attention = 5.0 * a * s / (double{h} * t);
+  const auto bytes = [&](int tp, bool sp, Recompute recompute) {
+    return ActivationBytesPerLayer(s, b, h, a, tp, sp, recompute);
+  };
+  EXPECT_DOUBLE_EQ(bytes(1, false, Recompute::kNone), sbh * (34 + 5.0 * a * s / h));
+  EXPECT_DOUBLE_EQ(bytes(t, false, Recompute::kNone), sbh * (10 + 24.0 / t + attention));
+  EXPECT_DOUBLE_EQ(bytes(t, true, Recompute::kNone), sbh * (34.0 / t + attention));
+  EXPECT_DOUBLE_EQ(bytes(t, false, Recompute::kSelective), sbh * (10 + 24.0 / t));
+  EXPECT_DOUBLE_EQ(bytes(t, true, Recompute::kSelective), sbh * 34.0 / t);
+  EXPECT_DOUBLE_EQ(bytes(t, false, Recompute::kFull), 2 * sbh);
+}
+
+ClusterSpec Cluster(int nodes, const std::string& gpu, const std::string& network) {
+  ClusterSection section;
+  section.nodes = nodes;
+  section.gpu = gpu;
+  section.network = network;
+  absl::StatusOr<ClusterSpec> cluster = ResolveCluster(section);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return *cluster;
+}
+
+// nccl-tests: time = algbw-size x factor / busbw, factor 2(n-1)/n for all-reduce, (n-1)/n for
+// all-gather and reduce-scatter; latency on top.
+TEST(CostModelTest, CollectiveTimeFollowsBusBandwidth) {
+  const ClusterSpec cluster = Cluster(4, "h100-sxm", "ib-ndr");
+  const double gb = 1e9;
+  const double in_node = CollectiveMs(Collective::kAllReduce, gb, 8, 8, cluster);
+  EXPECT_NEAR(in_node, 1e3 * 2 * 7.0 / 8 * gb / 370e9, 0.05);
+  // One rank per node: one NIC; eight per node: the node's eight NICs, capped by NVLink.
+  const double one_per_node = CollectiveMs(Collective::kAllGather, gb, 4, 1, cluster);
+  EXPECT_NEAR(one_per_node, 1e3 * 3.0 / 4 * gb / 48e9, 0.1);
+  const double full_nodes = CollectiveMs(Collective::kReduceScatter, gb, 32, 8, cluster);
+  EXPECT_NEAR(full_nodes, 1e3 * 31.0 / 32 * gb / 370e9, 0.2);
+  EXPECT_EQ(CollectiveMs(Collective::kAllReduce, gb, 1, 1, cluster), 0);
+}
+
+Workload Gpt2Workload(int batch_size) {
+  Workload workload;
+  workload.model = ConfigOf("gpt2-350m");
+  workload.batch_size = batch_size;
+  workload.seq_len = 1024;
+  return workload;
+}
+
+// The per-step traffic the communicator will be compared with: 2Ψ per step for DDP, 3 x 2Ψ per
+// micro-batch for ZeRO-3, 4 all-reduces of b*s*h per layer per micro-batch for TP.
+TEST(CostModelTest, TrafficPerStepFollowsTheStrategy) {
+  const ClusterSpec cluster = Cluster(2, "a100-80gb", "ib-hdr");
+  const Workload workload = Gpt2Workload(64);
+  const double psi = static_cast<double>(workload.model.num_parameters());
+  Layout ddp{.strategy = Strategy::kDdp, .dp = 16, .micro_batch = 2};
+  const Estimate ddp_estimate = EstimateLayout(workload, cluster, ddp);
+  EXPECT_EQ(ddp_estimate.micro_batches, 2);
+  EXPECT_DOUBLE_EQ(ddp_estimate.dp.payload_bytes, 2 * psi);
+  EXPECT_DOUBLE_EQ(ddp_estimate.dp.sent_bytes, 2 * psi * 2 * 15.0 / 16);
+
+  Layout zero3 = ddp;
+  zero3.strategy = Strategy::kZero3;
+  EXPECT_DOUBLE_EQ(EstimateLayout(workload, cluster, zero3).dp.payload_bytes, 2 * 3 * 2 * psi);
+
+  Layout tp{.strategy = Strategy::kDdp, .tp = 4, .dp = 4, .micro_batch = 4};
+  const Estimate tp_estimate = EstimateLayout(workload, cluster, tp);
+  const double per_all_reduce = 4.0 * 1024 * 1024 * 2;  // b*s*h bf16
+  EXPECT_DOUBLE_EQ(tp_estimate.tp.payload_bytes,
+                   tp_estimate.micro_batches * 24 * 4 * per_all_reduce);
+  EXPECT_DOUBLE_EQ(tp_estimate.dp.payload_bytes, 2 * ParamsPerRank(workload.model, 4, 1));
+}
+
+TEST(CostModelTest, PipelineBubbleIsStagesMinusOneOverMicroBatches) {
+  const ClusterSpec cluster = Cluster(4, "a100-80gb", "ib-hdr");
+  const Workload workload = Gpt2Workload(256);
+  const Layout layout{.pp = 4, .dp = 8, .micro_batch = 2};
+  const Estimate estimate = EstimateLayout(workload, cluster, layout);
+  EXPECT_EQ(estimate.micro_batches, 16);
+  EXPECT_DOUBLE_EQ(estimate.time.bubble_ms, 3.0 / 16 * estimate.time.compute_ms);
+  EXPECT_GT(estimate.pp.exposed_ms, 0);
+}
+
+TEST(CostModelTest, RecomputationTradesMemoryForTime) {
+  const ClusterSpec cluster = Cluster(1, "a100-80gb", "ib-hdr");
+  const Workload workload = Gpt2Workload(64);
+  Layout layout{.dp = 8, .micro_batch = 8};
+  const Estimate none = EstimateLayout(workload, cluster, layout);
+  layout.recompute = Recompute::kFull;
+  const Estimate full = EstimateLayout(workload, cluster, layout);
+  EXPECT_LT(full.memory.activation_bytes, none.memory.activation_bytes / 4);
+  EXPECT_GT(full.time.compute_ms, 1.2 * none.time.compute_ms);
+  EXPECT_NEAR(full.time.mfu * full.time.step_ms, none.time.mfu * none.time.step_ms, 1e-9);
+}
+
+}  // namespace
+}  // namespace dtrain

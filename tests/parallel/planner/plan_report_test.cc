@@ -1,0 +1,97 @@
+#include "parallel/planner/plan_report.h"
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/recipe/recipe.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "parallel/planner/catalog.h"
+#include "parallel/planner/search.h"
+
+namespace dtrain {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+Plan PlanFor(const std::string& config, const std::vector<std::string>& overrides) {
+  absl::StatusOr<Recipe> recipe =
+      LoadRecipe(std::string(DTRAIN_SOURCE_DIR) + "/configs/" + config + ".yaml", overrides);
+  EXPECT_TRUE(recipe.ok()) << recipe.status();
+  absl::StatusOr<ClusterSpec> cluster = ResolveCluster(recipe->cluster);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<Plan> plan = SearchLayouts(WorkloadFromRecipe(*recipe), *cluster);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *plan;
+}
+
+TEST(PlanReportTest, TextHasUnitsEnvironmentRecipeAndSbatchLines) {
+  const Plan plan = PlanFor("llama-13b", {"cluster.nodes=8"});
+  const std::string text = PlanText(plan, "llama-13b.yaml", 6);
+  EXPECT_THAT(text, HasSubstr("Recommended: "));
+  EXPECT_THAT(text, HasSubstr("GiB of 71.6 GiB usable per GPU"));
+  EXPECT_THAT(text, HasSubstr("mem GiB  comm GB exposed ms   step ms  MFU %"));
+  EXPECT_THAT(text, HasSubstr("ddp: "));  // why not plain DDP
+  EXPECT_THAT(text, HasSubstr("export NCCL_IB_HCA=mlx5"));
+  EXPECT_THAT(text, Not(HasSubstr("NCCL_IB_GID_INDEX")));
+  EXPECT_THAT(text, HasSubstr("parallel:\n  strategy: "));
+  EXPECT_THAT(text, HasSubstr("#SBATCH --nodes=8\n#SBATCH --ntasks-per-node=8\n"
+                              "#SBATCH --gpus-per-node=8\nsrun dtrain train llama-13b.yaml\n"));
+  EXPECT_THAT(text, HasSubstr(" ms.\n"));  // the footer's search time
+}
+
+TEST(PlanReportTest, RoceAndSocketsGetTheirSettings) {
+  ClusterSpec cluster;
+  cluster.nodes = 2;
+  cluster.network_transport = Transport::kRoce;
+  const auto roce = NetworkEnvironment(cluster);
+  EXPECT_TRUE(std::any_of(roce.begin(), roce.end(),
+                          [](const auto& e) { return e.first == "NCCL_IB_GID_INDEX=3"; }));
+  cluster.network_transport = Transport::kSocket;
+  const auto sockets = NetworkEnvironment(cluster);
+  EXPECT_TRUE(std::any_of(sockets.begin(), sockets.end(),
+                          [](const auto& e) { return e.first == "NCCL_IB_DISABLE=1"; }));
+  cluster.nodes = 1;
+  EXPECT_TRUE(NetworkEnvironment(cluster).empty());
+  EXPECT_EQ(CollectiveTimeoutS(1000), 600);
+  EXPECT_EQ(CollectiveTimeoutS(60000), 1200);
+}
+
+TEST(PlanReportTest, JsonCarriesTheSameContent) {
+  const Plan plan = PlanFor("llama-7b", {"cluster.nodes=2", "cluster.network=roce-200"});
+  const nlohmann::json json = PlanJson(plan, "llama-7b.yaml", 4);
+  ASSERT_TRUE(json["recommended"].is_object());
+  EXPECT_EQ(json["recommended"]["verdict"], "recommended");
+  EXPECT_GT(json["recommended"]["memory_gib"]["total"].get<double>(), 0);
+  EXPECT_GT(json["recommended"]["time"]["step_ms"].get<double>(), 0);
+  EXPECT_LE(json["alternatives"].size(), 4u);
+  EXPECT_EQ(json["network_env"]["NCCL_IB_GID_INDEX"], "3");
+  EXPECT_EQ(json["cluster"]["nodes"], 2);
+  EXPECT_THAT(json["sbatch_lines"].get<std::string>(), HasSubstr("--nodes=2"));
+}
+
+TEST(PlanReportTest, RecipeLinesSayWhatTheRecipeCannot) {
+  const std::string lines = RecipeLines({.strategy = Strategy::kFsdp,
+                                         .tp = 4,
+                                         .dp = 2,
+                                         .micro_batch = 2,
+                                         .recompute = Recompute::kSelective,
+                                         .sequence_parallel = true});
+  EXPECT_EQ(lines,
+            "parallel:\n  strategy: fsdp\n  tp: 4\n  pp: 1\n  activation_checkpointing: false\n"
+            "  # selective recomputation (attention only): no recipe key yet\n"
+            "  # sequence parallelism in the TP group: no recipe key yet\n"
+            "train:\n  micro_batch: 2\n");
+}
+
+TEST(PlanReportTest, AlternativesShowEachStrategyOnce) {
+  const Plan plan = PlanFor("llama-70b", {"cluster.nodes=8"});
+  const auto shown = Alternatives(plan, 3);
+  ASSERT_EQ(shown.size(), 3u);
+  EXPECT_NE(shown[0]->layout.strategy, shown[1]->layout.strategy);
+  EXPECT_NE(shown[1]->layout.strategy, shown[2]->layout.strategy);
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,63 @@
+#include "parallel/store/auth.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+
+#include <cstdlib>
+
+namespace dtrain {
+namespace {
+
+sockaddr_storage Address(const char* text) {
+  sockaddr_storage address{};
+  auto& v4 = reinterpret_cast<sockaddr_in&>(address);
+  auto& v6 = reinterpret_cast<sockaddr_in6&>(address);
+  if (inet_pton(AF_INET, text, &v4.sin_addr) == 1) {
+    v4.sin_family = AF_INET;
+  } else {
+    EXPECT_EQ(inet_pton(AF_INET6, text, &v6.sin6_addr), 1) << text;
+    v6.sin6_family = AF_INET6;
+  }
+  return address;
+}
+
+TEST(StoreAuthTest, LoopbackClassifier) {
+  for (const char* loopback : {"127.0.0.1", "127.255.3.4", "::1", "::ffff:127.0.0.1"}) {
+    EXPECT_TRUE(IsLoopbackAddress(Address(loopback))) << loopback;
+  }
+  for (const char* remote : {"10.0.0.1", "192.168.1.7", "128.0.0.1", "0.0.0.0",
+                             "::", "::ffff:10.1.2.3", "2001:db8::1", "fe80::1"}) {
+    EXPECT_FALSE(IsLoopbackAddress(Address(remote))) << remote;
+  }
+  sockaddr_storage unix_socket{};
+  unix_socket.ss_family = AF_UNIX;
+  EXPECT_FALSE(IsLoopbackAddress(unix_socket));
+}
+
+TEST(StoreAuthTest, ProofsDependOnTokenNoncesAndDirection) {
+  const std::string client_nonce = *RandomNonce();
+  const std::string server_nonce = *RandomNonce();
+  ASSERT_EQ(client_nonce.size(), kStoreNonceBytes);
+  EXPECT_NE(client_nonce, server_nonce);
+
+  const std::string proof = ClientProof("secret", client_nonce, server_nonce);
+  EXPECT_EQ(proof.size(), kStoreProofBytes);
+  EXPECT_TRUE(ProofsEqual(proof, ClientProof("secret", client_nonce, server_nonce)));
+  EXPECT_FALSE(ProofsEqual(proof, ClientProof("secreT", client_nonce, server_nonce)));
+  EXPECT_FALSE(ProofsEqual(proof, ClientProof("secret", server_nonce, client_nonce)));
+  EXPECT_FALSE(ProofsEqual(proof, ServerProof("secret", client_nonce, server_nonce)));
+  EXPECT_FALSE(ProofsEqual(proof, proof.substr(1)));
+}
+
+TEST(StoreAuthTest, ExplicitTokenWinsOverEnvironment) {
+  ASSERT_EQ(setenv("DTRAIN_RDZV_TOKEN", "from-env", 1), 0);
+  EXPECT_EQ(ResolveRdzvToken(std::nullopt), "from-env");
+  EXPECT_EQ(ResolveRdzvToken(std::string("given")), "given");
+  EXPECT_EQ(ResolveRdzvToken(std::string()), "");
+  ASSERT_EQ(unsetenv("DTRAIN_RDZV_TOKEN"), 0);
+  EXPECT_EQ(ResolveRdzvToken(std::nullopt), "");
+}
+
+}  // namespace
+}  // namespace dtrain

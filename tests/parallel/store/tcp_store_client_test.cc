@@ -1,0 +1,310 @@
+#include "parallel/store/tcp_store_client.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "parallel/store/tcp_store_server.h"
+
+namespace dtrain {
+namespace {
+
+// Tests pass tokens explicitly so that a DTRAIN_RDZV_TOKEN in the environment cannot leak in.
+TcpStoreServerOptions ServerOptions(std::string token = "") {
+  TcpStoreServerOptions options;
+  options.token = std::move(token);
+  return options;
+}
+
+TcpStoreClientOptions ClientOptions(std::string token = "") {
+  TcpStoreClientOptions options;
+  options.token = std::move(token);
+  options.connect_timeout = absl::Seconds(5);
+  options.reply_timeout = absl::Seconds(5);
+  return options;
+}
+
+std::unique_ptr<TcpStoreServer> StartServer(std::string token = "") {
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> server =
+      TcpStoreServer::Start("127.0.0.1", 0, ServerOptions(std::move(token)));
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? std::move(*server) : nullptr;
+}
+
+std::unique_ptr<TcpStoreClient> ConnectClient(int port, std::string token = "") {
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+      TcpStoreClient::Connect("127.0.0.1", port, ClientOptions(std::move(token)));
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? std::move(*client) : nullptr;
+}
+
+// A port that nothing listens on (just released by a server; the kernel does not hand out the
+// same ephemeral port again at once).
+int UnusedPort() {
+  std::unique_ptr<TcpStoreServer> server = StartServer();
+  return server->port();
+}
+
+bool Contains(const absl::Status& status, std::string_view text) {
+  return std::string(status.message()).find(text) != std::string::npos;
+}
+
+TEST(TcpStoreClientTest, OperationsFollowTheStoreContract) {
+  auto server = StartServer();
+  auto client = ConnectClient(server->port());
+  ASSERT_NE(client, nullptr);
+
+  EXPECT_TRUE(client->Ping().ok());
+  EXPECT_EQ(*client->NumKeys(), 0);
+  ASSERT_TRUE(client->Set("a", "1").ok());
+  ASSERT_TRUE(client->Set("empty", "").ok());
+  EXPECT_EQ(*client->Get("a", absl::Seconds(1)), "1");
+  EXPECT_EQ(*client->Get("empty", absl::Seconds(1)), "");
+  const std::string binary("\0\xff\n", 3);
+  ASSERT_TRUE(client->Set(binary, binary).ok());
+  EXPECT_EQ(*client->Get(binary, absl::Seconds(1)), binary);
+  const std::string large(3 << 20, 'v');
+  ASSERT_TRUE(client->Set("large", large).ok());
+  EXPECT_EQ(*client->Get("large", absl::Seconds(1)), large);
+
+  EXPECT_EQ(*client->Add("counter", 5), 5);
+  EXPECT_EQ(*client->Add("counter", -7), -2);
+  EXPECT_EQ(*client->Get("counter", absl::Seconds(1)), "-2");
+  const absl::StatusOr<int64_t> not_a_number = client->Add("large", 1);
+  EXPECT_TRUE(absl::IsInvalidArgument(not_a_number.status())) << not_a_number.status();
+  EXPECT_TRUE(Contains(not_a_number.status(), "key large")) << not_a_number.status();
+  EXPECT_TRUE(client->Ping().ok()) << "an error reply keeps the connection";
+
+  EXPECT_EQ(*client->CompareSet("cas", "", "first"), "first");  // Absent matches "".
+  EXPECT_EQ(*client->CompareSet("cas", "wrong", "second"), "first");
+  EXPECT_EQ(*client->CompareSet("cas", "first", "second"), "second");
+  EXPECT_EQ(*client->CompareSet("absent", "x", "y"), "");
+  EXPECT_FALSE(*client->Delete("absent"));
+
+  EXPECT_TRUE(client->Wait({"a", "counter", "cas"}, absl::Seconds(1)).ok());
+  EXPECT_TRUE(client->Wait({}, absl::Seconds(1)).ok());
+  EXPECT_EQ(*client->NumKeys(), 6);
+  EXPECT_TRUE(*client->Delete("a"));
+  EXPECT_FALSE(*client->Delete("a"));
+  EXPECT_EQ(*client->NumKeys(), 5);
+}
+
+TEST(TcpStoreClientTest, RejectsOversizeKeysBeforeSending) {
+  auto server = StartServer();
+  auto client = ConnectClient(server->port());
+  const absl::Status status = client->Set(std::string(5000, 'k'), "v");
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_TRUE(Contains(status, "4096")) << status;
+  EXPECT_TRUE(client->Ping().ok());
+}
+
+TEST(TcpStoreClientTest, ConcurrentClientsCountExactly) {
+  constexpr int kThreads = 32;
+  constexpr int kOpsPerThread = 200;
+  auto server = StartServer();
+  std::vector<std::unique_ptr<TcpStoreClient>> clients;
+  for (int i = 0; i < kThreads; ++i) clients.push_back(ConnectClient(server->port()));
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      for (int op = 0; op < kOpsPerThread; ++op) {
+        if (!clients[i]->Add("total", 1).ok()) ++failures;
+        if (!clients[i]->Add(absl::StrFormat("thread/%d", i), 2).ok()) ++failures;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(*clients[0]->Get("total", absl::Seconds(1)),
+            absl::StrFormat("%d", kThreads * kOpsPerThread));
+  for (int i = 0; i < kThreads; ++i) {
+    EXPECT_EQ(*clients[0]->Add(absl::StrFormat("thread/%d", i), 0), 2 * kOpsPerThread);
+  }
+  EXPECT_EQ(*clients[0]->NumKeys(), kThreads + 1);
+}
+
+TEST(TcpStoreClientTest, OneClientIsSafeToShareAcrossThreads) {
+  auto server = StartServer();
+  auto client = ConnectClient(server->port());
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&] {
+      for (int op = 0; op < 100; ++op) ASSERT_TRUE(client->Add("shared", 1).ok());
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(*client->Add("shared", 0), 800);
+}
+
+TEST(TcpStoreClientTest, BlockingGetReturnsWhenAnotherClientSets) {
+  auto server = StartServer();
+  auto waiter = ConnectClient(server->port());
+  auto setter = ConnectClient(server->port());
+  absl::StatusOr<std::string> got;
+  std::thread blocked([&] { got = waiter->Get("late", absl::Seconds(10)); });
+  absl::SleepFor(absl::Milliseconds(100));
+  // The parked GET must not block other clients.
+  EXPECT_TRUE(setter->Ping().ok());
+  ASSERT_TRUE(setter->Set("late", "here").ok());
+  blocked.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "here");
+}
+
+TEST(TcpStoreClientTest, WaitFollowsKeysThatComeAndGo) {
+  auto server = StartServer();
+  auto waiter = ConnectClient(server->port());
+  auto setter = ConnectClient(server->port());
+  std::atomic<bool> done{false};
+  absl::Status waited;
+  std::thread blocked([&] {
+    waited = waiter->Wait({"x", "y", "z"}, absl::Seconds(10));
+    done = true;
+  });
+  ASSERT_TRUE(setter->Set("x", "1").ok());
+  ASSERT_TRUE(setter->Add("z", 1).ok());
+  ASSERT_TRUE(*setter->Delete("x"));
+  ASSERT_TRUE(setter->Set("y", "1").ok());
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(done.load()) << "x was deleted before y arrived";
+  ASSERT_TRUE(setter->CompareSet("x", "", "again").ok());
+  blocked.join();
+  EXPECT_TRUE(waited.ok()) << waited;
+}
+
+TEST(TcpStoreClientTest, TimeoutsNameTheMissingKeys) {
+  auto server = StartServer();
+  auto client = ConnectClient(server->port());
+  ASSERT_TRUE(client->Set("rank/4", "up").ok());
+  const std::string store = absl::StrFormat("127.0.0.1:%d", server->port());
+
+  const absl::Time start = absl::Now();
+  const absl::StatusOr<std::string> got = client->Get("rank/3", absl::Milliseconds(200));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(190));
+  ASSERT_TRUE(absl::IsDeadlineExceeded(got.status())) << got.status();
+  EXPECT_EQ(got.status().message(),
+            absl::StrFormat("timed out after 200ms waiting for key rank/3 in store %s", store));
+
+  const absl::Status waited = client->Wait({"rank/3", "rank/4", "rank/5"}, absl::Milliseconds(50));
+  ASSERT_TRUE(absl::IsDeadlineExceeded(waited)) << waited;
+  EXPECT_EQ(
+      waited.message(),
+      absl::StrFormat("timed out after 50ms waiting for keys rank/3, rank/5 in store %s", store));
+  // A zero timeout is a check.
+  EXPECT_TRUE(absl::IsDeadlineExceeded(client->Get("rank/3", absl::ZeroDuration()).status()));
+  EXPECT_TRUE(client->Wait({"rank/4"}, absl::ZeroDuration()).ok());
+  EXPECT_TRUE(client->Ping().ok());
+}
+
+TEST(TcpStoreClientTest, ConnectRetriesUntilTheServerStarts) {
+  const int port = UnusedPort();
+  std::unique_ptr<TcpStoreServer> server;
+  std::thread late_start([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    absl::StatusOr<std::unique_ptr<TcpStoreServer>> started =
+        TcpStoreServer::Start("127.0.0.1", port, ServerOptions());
+    ASSERT_TRUE(started.ok()) << started.status();
+    server = std::move(*started);
+  });
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+      TcpStoreClient::Connect("127.0.0.1", port, ClientOptions());
+  late_start.join();
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE((*client)->Ping().ok());
+}
+
+TEST(TcpStoreClientTest, ConnectGivesUpWithTheLikelyCauses) {
+  const int port = UnusedPort();
+  TcpStoreClientOptions options = ClientOptions();
+  options.connect_timeout = absl::Milliseconds(300);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+      TcpStoreClient::Connect("127.0.0.1", port, options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  ASSERT_FALSE(client.ok());
+  const absl::Status& status = client.status();
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+  for (const std::string& text :
+       {absl::StrFormat("127.0.0.1:%d", port), std::string("Connection refused"),
+        std::string("MASTER_ADDR"), std::string("MASTER_PORT"), std::string("firewall"),
+        std::string("rank 0")}) {
+    EXPECT_TRUE(Contains(status, text)) << text << " missing from: " << status;
+  }
+}
+
+TEST(TcpStoreClientTest, SilentServerFailsTheHandshakeInsteadOfHanging) {
+  // A socket that listens but never answers: the kernel accepts the TCP connection for it.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  socklen_t size = sizeof(address);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size);
+  const int port = ntohs(address.sin_port);
+
+  TcpStoreClientOptions options = ClientOptions();
+  options.reply_timeout = absl::Milliseconds(200);
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+      TcpStoreClient::Connect("127.0.0.1", port, options);
+  ::close(fd);
+  ASSERT_FALSE(client.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(client.status())) << client.status();
+  EXPECT_TRUE(Contains(client.status(), absl::StrFormat("127.0.0.1:%d", port))) << client.status();
+}
+
+TEST(TcpStoreClientTest, TokensMustMatch) {
+  auto server = StartServer("job-secret");
+  const std::string store = absl::StrFormat("127.0.0.1:%d", server->port());
+
+  auto good = ConnectClient(server->port(), "job-secret");
+  ASSERT_NE(good, nullptr);
+  EXPECT_TRUE(good->Set("k", "v").ok());
+
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> wrong =
+      TcpStoreClient::Connect("127.0.0.1", server->port(), ClientOptions("other-secret"));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_TRUE(absl::IsPermissionDenied(wrong.status())) << wrong.status();
+  EXPECT_EQ(wrong.status().message(),
+            absl::StrFormat("rendezvous store at %s rejected the token: DTRAIN_RDZV_TOKEN differs "
+                            "from the job's",
+                            store));
+
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> none =
+      TcpStoreClient::Connect("127.0.0.1", server->port(), ClientOptions(""));
+  ASSERT_FALSE(none.ok());
+  EXPECT_TRUE(absl::IsPermissionDenied(none.status())) << none.status();
+  EXPECT_TRUE(Contains(none.status(), "requires a token")) << none.status();
+
+  EXPECT_EQ(*good->Get("k", absl::Seconds(1)), "v");
+}
+
+TEST(TcpStoreClientTest, ClientWithTokenRefusesAServerWithout) {
+  auto server = StartServer("");
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+      TcpStoreClient::Connect("127.0.0.1", server->port(), ClientOptions("job-secret"));
+  ASSERT_FALSE(client.ok());
+  EXPECT_TRUE(absl::IsPermissionDenied(client.status())) << client.status();
+  EXPECT_TRUE(Contains(client.status(), "does not check tokens")) << client.status();
+}
+
+TEST(TcpStoreClientTest, FailsPromptlyAfterTheServerStops) {
+  auto server = StartServer();
+  auto client = ConnectClient(server->port());
+  server.reset();
+  const absl::Status first = client->Ping();
+  EXPECT_TRUE(absl::IsUnavailable(first)) << first;
+  EXPECT_TRUE(Contains(first, "127.0.0.1")) << first;
+  EXPECT_EQ(client->Set("k", "v"), first) << "later calls repeat the first transport error";
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,98 @@
+// `dtrain train` as separate processes on loopback (torchrun's variables), against one process.
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/multi_process.h"
+#include "tests/testing/run_dtrain.h"
+
+namespace dtrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Recipe(const std::string& name) {
+  std::string text;
+  for (int i = 0; i < 300; ++i) absl::StrAppend(&text, "Pack my box with ", i % 7, " jugs.\n");
+  const std::string data = testing::WriteTempFile("mp_text.txt", text);
+  return testing::WriteTempFile(name + ".yaml", absl::StrCat(R"(
+run: {name: mp, seed: 5, threads: 1}
+model: {n_layer: 2, n_head: 2, d_model: 32, max_seq_len: 32}
+data: {train: [)", data, R"(]}
+train: {steps: 8, batch_size: 8, micro_batch: 2, seq_len: 16, warmup_steps: 1, eval_every: 4,
+        eval_batches: 1, export_to: ""}
+parallel: {bucket_mb: 0.01, prefetch_bucket_mb: 0.01, check_replicas: true, timeout_s: 20}
+logging: {sample_tokens: 8}
+)"));
+}
+
+std::vector<double> Losses(const std::string& out_dir) {
+  std::vector<double> losses;
+  std::ifstream in(out_dir + "/mp/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  }
+  return losses;
+}
+
+std::string OutDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/mp_", name);
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+TEST(TrainMultiProcessTest, TwoRanksFollowTheSingleProcessTrajectory) {
+  const std::string single = OutDir("single");
+  const testing::Outcome one =
+      testing::RunDtrain(absl::StrCat("train ", Recipe("one"), " --set run.out_dir=", single));
+  ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
+  const std::vector<double> reference = Losses(single);
+  ASSERT_EQ(reference.size(), 8u);
+
+  for (const char* strategy : {"ddp", "zero2", "fsdp"}) {
+    const std::string out = OutDir(strategy);
+    const auto ranks = testing::RunLocalProcesses(
+        {DTRAIN_BINARY, "train", Recipe(strategy), "--set", "run.out_dir=" + out, "--set",
+         absl::StrCat("parallel.strategy=", strategy)},
+        2, testing::FreeTcpPort(), absl::Seconds(120));
+    for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << strategy << rank.output;
+    EXPECT_THAT(ranks[0].output, HasSubstr("model state per rank"));
+    const std::vector<double> losses = Losses(out);
+    ASSERT_EQ(losses.size(), reference.size()) << strategy;
+    for (size_t i = 0; i < losses.size(); ++i) {
+      EXPECT_NEAR(losses[i], reference[i], 1e-5 * reference[i]) << strategy << " step " << i + 1;
+    }
+  }
+}
+
+TEST(TrainMultiProcessTest, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
+  const std::string recipe = Recipe("missing");
+  const std::string out = OutDir("missing");
+  const auto start = absl::Now();
+  const auto ranks = testing::RunRanksAsProcesses(
+      2, testing::FreeTcpPort(), absl::Seconds(60), [&](int rank) {
+        if (rank == 1) return 0;  // never shows up
+        const std::vector<std::string> argv = {DTRAIN_BINARY, "train", recipe,
+                                               "--set", "run.out_dir=" + out,
+                                               "--set", "parallel.timeout_s=3"};
+        std::vector<char*> args;
+        for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+        args.push_back(nullptr);
+        execv(args[0], args.data());
+        return 127;
+      });
+  EXPECT_FALSE(ranks[0].timed_out);
+  EXPECT_EQ(ranks[0].exit_code, 1) << ranks[0].output;
+  // The store key rank 1 never wrote names it.
+  EXPECT_THAT(ranks[0].output, HasSubstr("within 3s"));
+  EXPECT_THAT(ranks[0].output, HasSubstr("comm/world/gloo/1"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,114 @@
+// Test helper: runs N local ranks as processes with torchrun's variables (RANK, LOCAL_RANK,
+// WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT) set, waits up to a timeout
+// (then SIGKILLs the stragglers) and collects each rank's exit code and combined output.
+// Header-only because tests/CMakeLists.txt compiles only *_test.cc. Call from one thread.
+#pragma once
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace dtrain::testing {
+
+struct RankResult {
+  int exit_code = -1;  // 128 + signal when killed by one
+  bool timed_out = false;
+  std::string output;  // stdout and stderr interleaved
+};
+
+// A TCP port that was free a moment ago (bind to 0, read it, close).
+inline int FreeTcpPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Starts world_size children; each sets the environment, sends its output to a temporary file
+// and runs `child(rank)`, whose return value is its exit code (it should exec or _exit-safe work).
+inline std::vector<RankResult> RunRanksAsProcesses(int world_size, int master_port,
+                                                   absl::Duration timeout,
+                                                   const std::function<int(int rank)>& child) {
+  std::vector<pid_t> pids(world_size, -1);
+  std::vector<std::string> logs(world_size);
+  for (int rank = 0; rank < world_size; ++rank) {
+    char path[] = "/tmp/dtrain_rank_XXXXXX";
+    const int log_fd = mkstemp(path);
+    logs[rank] = path;
+    const pid_t pid = fork();
+    if (pid == 0) {
+      dup2(log_fd, STDOUT_FILENO);
+      dup2(log_fd, STDERR_FILENO);
+      setenv("RANK", std::to_string(rank).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(world_size).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(world_size).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
+      _exit(child(rank));
+    }
+    close(log_fd);
+    pids[rank] = pid;
+  }
+  std::vector<RankResult> results(world_size);
+  const absl::Time deadline = absl::Now() + timeout;
+  int running = world_size;
+  while (running > 0) {
+    for (int rank = 0; rank < world_size; ++rank) {
+      if (pids[rank] < 0) continue;
+      int status = 0;
+      const bool expired = absl::Now() > deadline;
+      if (expired) {
+        kill(pids[rank], SIGKILL);
+        results[rank].timed_out = true;
+      }
+      if (waitpid(pids[rank], &status, expired ? 0 : WNOHANG) == pids[rank]) {
+        results[rank].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        pids[rank] = -1;
+        --running;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  for (int rank = 0; rank < world_size; ++rank) {
+    std::ifstream in(logs[rank]);
+    std::stringstream text;
+    text << in.rdbuf();
+    results[rank].output = text.str();
+    unlink(logs[rank].c_str());
+  }
+  return results;
+}
+
+// The same for a program: every rank execs argv.
+inline std::vector<RankResult> RunLocalProcesses(const std::vector<std::string>& argv,
+                                                 int world_size, int master_port,
+                                                 absl::Duration timeout) {
+  return RunRanksAsProcesses(world_size, master_port, timeout, [&](int) {
+    std::vector<char*> args;
+    for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    return 127;  // exec failed
+  });
+}
+
+}  // namespace dtrain::testing
