@@ -11,9 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "core/util/status.h"
-#include "parallel/comm/gloo_communicator.h"
-#include "parallel/store/tcp_store_client.h"
-#include "parallel/store/tcp_store_server.h"
+#include "launch/environment.h"
+#include "parallel/process_group.h"
 
 namespace dtrain {
 namespace {
@@ -39,16 +38,6 @@ absl::StatusOr<std::unique_ptr<Work>> Issue(Communicator& comm, std::string_view
                    "'; choose all_reduce, all_gather, reduce_scatter or broadcast"));
 }
 
-absl::StatusOr<int> IntFromEnv(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  int parsed = 0;
-  if (!absl::SimpleAtoi(value, &parsed)) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("environment variable %s='%s' is not an integer", name, value));
-  }
-  return parsed;
-}
 
 }  // namespace
 
@@ -149,49 +138,12 @@ std::string FormatCommBenchTable(const std::vector<CommBenchRow>& rows, std::str
   return out;
 }
 
-absl::StatusOr<BenchWorld> BenchWorldFromEnv() {
-  BenchWorld world;
-  ASSIGN_OR_RETURN(world.rank, IntFromEnv("RANK", 0));
-  ASSIGN_OR_RETURN(world.world_size, IntFromEnv("WORLD_SIZE", 1));
-  ASSIGN_OR_RETURN(world.local_rank, IntFromEnv("LOCAL_RANK", world.rank));
-  ASSIGN_OR_RETURN(world.master_port, IntFromEnv("MASTER_PORT", world.master_port));
-  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') {
-    world.master_addr = addr;
-  }
-  if (world.world_size < 1 || world.rank < 0 || world.rank >= world.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("RANK=%d is outside WORLD_SIZE=%d; set both, with 0 <= RANK < WORLD_SIZE",
-                        world.rank, world.world_size));
-  }
-  return world;
-}
-
 absl::StatusOr<std::string> RunGlooCommBenchFromEnv(const CommBenchOptions& options,
                                                     const std::string& hostname) {
-  ASSIGN_OR_RETURN(BenchWorld world, BenchWorldFromEnv());
-  std::unique_ptr<TcpStoreServer> server;
-  if (world.rank == 0) {
-    ASSIGN_OR_RETURN(server, TcpStoreServer::Start(world.master_addr, world.master_port));
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreClient> client,
-                   TcpStoreClient::Connect(world.master_addr, world.master_port));
-  GlooCommunicatorOptions comm_options;
-  comm_options.name = "world";
-  comm_options.key_prefix = "bench/comm/";
-  comm_options.rank = world.rank;
-  comm_options.size = world.world_size;
-  comm_options.hostname = hostname;
-  if (comm_options.hostname.empty()) {
-    const bool loopback = world.master_addr == "127.0.0.1" || world.master_addr == "localhost";
-    char name[256] = {};
-    comm_options.hostname =
-        loopback || gethostname(name, sizeof(name) - 1) != 0 ? "127.0.0.1" : name;
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
-                   GlooCommunicator::Create(std::move(client), comm_options));
-  ASSIGN_OR_RETURN(std::vector<CommBenchRow> rows, RunCommBench(*comm, options));
-  // Rank 0 hosts the store: it leaves only after every rank finished.
-  RETURN_IF_ERROR(comm->Barrier());
+  ASSIGN_OR_RETURN(const WorldEnvironment world, WorldFromEnvironment());
+  ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
+                   ProcessGroup::Connect(world, absl::Seconds(300), "bench/", hostname));
+  ASSIGN_OR_RETURN(std::vector<CommBenchRow> rows, RunCommBench(group->world(), options));
   return world.rank == 0 ? FormatCommBenchTable(rows, "gloo", world.world_size) : "";
 }
 

@@ -46,22 +46,9 @@ absl::StatusOr<std::vector<CommBenchRow>> RunCommBench(Communicator& comm,
 std::string FormatCommBenchTable(const std::vector<CommBenchRow>& rows, std::string_view backend,
                                  int world_size);
 
-// Where this process sits, from torchrun's variables RANK, WORLD_SIZE, LOCAL_RANK,
-// MASTER_ADDR, MASTER_PORT (absent: one rank, 127.0.0.1:29500). A stand-in until the
-// launcher's environment resolution replaces it.
-struct BenchWorld {
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-};
-absl::StatusOr<BenchWorld> BenchWorldFromEnv();
-
-// The whole command on this process: rank 0 hosts the TCP store at MASTER_ADDR:MASTER_PORT,
-// every rank builds a Gloo world communicator (its device on `hostname`; empty = 127.0.0.1 for
-// a loopback master, else this host's name) and runs the bench; returns rank 0's table ("" on
-// other ranks).
+// The whole command on this process, in the environment's world (launch/environment.h): joins
+// the process group (its Gloo device on `hostname`; empty = 127.0.0.1 for a loopback master,
+// else this host's name) and runs the bench; returns rank 0's table ("" on other ranks).
 absl::StatusOr<std::string> RunGlooCommBenchFromEnv(const CommBenchOptions& options,
                                                     const std::string& hostname);
 

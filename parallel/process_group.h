@@ -17,10 +17,13 @@ class ProcessGroup {
  public:
   // Rank 0 starts the store at MASTER_ADDR:MASTER_PORT; every rank connects and joins the
   // world communicator. Ranks that do not arrive within `timeout` fail the call, named.
-  // `key_prefix` separates jobs (and restarts) sharing one store.
+  // `key_prefix` separates jobs (and restarts) sharing one store. `hostname` is the address
+  // peers reach this rank's Gloo device at; empty = 127.0.0.1 for a loopback master, else this
+  // host's name.
   static absl::StatusOr<std::unique_ptr<ProcessGroup>> Connect(const WorldEnvironment& world,
                                                                absl::Duration timeout,
-                                                               const std::string& key_prefix);
+                                                               const std::string& key_prefix,
+                                                               const std::string& hostname = "");
   // Waits until every rank is done with the store, so that rank 0 does not take it away from
   // ranks still using it.
   ~ProcessGroup();

@@ -1,7 +1,6 @@
 #include "parallel/store/socket.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <unistd.h>
@@ -75,14 +74,6 @@ std::string FormatSocketAddress(const sockaddr_storage& address) {
     return FormatHostPort(text, ntohs(v6.sin6_port));
   }
   return absl::StrFormat("(address family %d)", address.ss_family);
-}
-
-absl::Status SetNonBlocking(int fd) {
-  const int flags = ::fcntl(fd, F_GETFL, 0);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    return absl::InternalError(absl::StrFormat("fcntl(O_NONBLOCK): %s", std::strerror(errno)));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status SendAll(int fd, std::string_view bytes, absl::Time deadline) {

@@ -37,8 +37,6 @@ class UniqueFd {
 std::string FormatHostPort(std::string_view host, int port);
 std::string FormatSocketAddress(const sockaddr_storage& address);
 
-absl::Status SetNonBlocking(int fd);
-
 // Writes every byte of `bytes` to a non-blocking socket, polling until `deadline`
 // (DeadlineExceeded; Unavailable when the peer is gone). Never raises SIGPIPE.
 absl::Status SendAll(int fd, std::string_view bytes, absl::Time deadline);

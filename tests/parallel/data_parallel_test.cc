@@ -147,6 +147,10 @@ struct Case {
   ModelFamily family;
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.strategy << " on " << c.ranks << " ranks, " << FamilyName(c.family);
+}
+
 class DataParallelTest : public ::testing::TestWithParam<Case> {};
 
 // Loss trajectory within 1e-5 relative of one process over 20 steps, final parameters close,

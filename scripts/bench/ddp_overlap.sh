@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Data-parallel overlap on 2 local ranks: how much of dtrain's step waits on communication
+# (exposed_comm_ms / step_ms from metrics.jsonl; target <= 10%) for DDP and ZeRO-2, and the
+# step time against PyTorch DDP (gloo) on the same model and global batch, as a ratio.
+# A benchmark, not a test: it prints, never fails on speed.
+#
+# Usage: scripts/bench/ddp_overlap.sh [BUILD_DIR]. Environment: STEPS_TINY (12), STEPS_124M (4).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$repo/build}
+python=/usr/bin/python3
+data=$repo/data/fortunes.txt
+[[ -x $build/dtrain ]] || { echo "no dtrain binary in $build; build it first" >&2; exit 1; }
+[[ -f $data ]] || { echo "no $data; run scripts/prepare_demo_data.sh" >&2; exit 1; }
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+ranks=2
+warmup=2
+
+tiny=(model.n_layer=4 model.n_head=4 model.d_model=256 model.vocab_size=256
+      model.max_seq_len=256 train.seq_len=128 train.batch_size=16)
+gpt2_124m=(model.n_layer=12 model.n_head=12 model.d_model=768 model.vocab_size=50257
+           model.max_seq_len=1024 train.seq_len=256 train.batch_size=4)
+
+# run_ranks LOG_PREFIX COMMAND...: one process per rank with torchrun's variables; waits.
+run_ranks() {
+  local prefix=$1 port
+  shift
+  port=$((20000 + RANDOM % 20000))
+  local pids=()
+  for ((rank = 0; rank < ranks; rank++)); do
+    RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=$ranks MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      "$@" >"$prefix.$rank.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || { cat "$prefix".*.log >&2; exit 1; }
+  done
+}
+
+# dtrain_row LABEL STRATEGY STEPS KEY=VALUE... -> "step_ms exposed_ms"
+dtrain_run() {
+  local strategy=$1 steps=$2
+  shift 2
+  local sets=() out=$scratch/out
+  for kv in run.out_dir="$out" run.name=overlap run.threads=1 train.steps="$steps" \
+            train.warmup_steps=1 train.eval_every=0 logging.sample_tokens=0 train.export_to= \
+            train.micro_batch="$micro" parallel.strategy="$strategy" "$@"; do
+    sets+=(--set "$kv")
+  done
+  rm -rf "$out"
+  run_ranks "$scratch/dtrain" "$build/dtrain" train "$repo/configs/tiny.yaml" "${sets[@]}"
+  "$python" - "$out/overlap/metrics.jsonl" "$warmup" <<'PY'
+import json, statistics, sys
+steps = [json.loads(line) for line in open(sys.argv[1])][int(sys.argv[2]):]
+print(statistics.median(s["step_ms"] for s in steps),
+      statistics.median(s["exposed_comm_ms"] for s in steps))
+PY
+}
+
+torch_run() {
+  local steps=$1
+  shift
+  local sets=()
+  for kv in "$@"; do sets+=(--set "$kv"); done
+  run_ranks "$scratch/torch" "$python" "$repo/scripts/bench/torch_ddp_train.py" --data "$data" \
+    --threads 1 --steps "$steps" --discard "$warmup" "${sets[@]}"
+  sed -n 's/^step_ms=//p' "$scratch/torch.0.log"
+}
+
+echo "2 ranks on this machine, 1 thread each; medians over the steps after the first $warmup"
+echo "exposed: share of dtrain's step spent waiting on communication (target <= 10%)"
+echo "ratio: PyTorch DDP step time / dtrain step time (> 1: dtrain is faster)"
+printf "%-28s %-6s %12s %12s %9s %14s %7s\n" shape engine "step ms" "exposed ms" exposed \
+  "torch DDP ms" ratio
+bench() {
+  local label=$1 steps=$2
+  shift 2
+  local torch_ms
+  torch_ms=$(torch_run "$steps" "$@" train.micro_batch="$micro")
+  for strategy in ddp zero2; do
+    read -r step_ms exposed_ms <<<"$(dtrain_run "$strategy" "$steps" "$@")"
+    awk -v l="$label" -v s="$strategy" -v t="$step_ms" -v e="$exposed_ms" -v p="$torch_ms" \
+      'BEGIN { printf "%-28s %-6s %12.1f %12.1f %8.1f%% %14.1f %7.2f\n", l, s, t, e,
+               100 * e / t, p, p / t }'
+  done
+}
+micro=8
+bench "tiny L4 C256 B16 T128" "${STEPS_TINY:-12}" "${tiny[@]}"
+micro=2
+bench "gpt2-124M L12 C768 B4 T256" "${STEPS_124M:-4}" "${gpt2_124m[@]}"
