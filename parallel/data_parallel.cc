@@ -233,8 +233,17 @@ void DataParallelEngine::GradientsReady(int region) {
   if (!sharded_grads()) {
     // Like DDP's no_sync: micro-batches before the last accumulate locally.
     if (!last_micro_batch_ || ++regions_ready_[unit_index] < regions || !comm_) return;
-    reductions_.push_back(comm_->AllReduce(grads_.data() + unit.padded_begin,
-                                           unit.end - unit.begin, ReduceOp::kSum));
+    PendingReduction reduction{unit_index};
+    if (strategy_.sharding == Sharding::kNone) {
+      reduction.work = comm_->AllReduce(grads_.data() + unit.padded_begin, unit.end - unit.begin,
+                                        ReduceOp::kSum);
+    } else {
+      // ZeRO-1 updates only its slice: a reduce-scatter moves half an all-reduce's bytes.
+      reduction.shard.resize(unit.shard);
+      reduction.work = comm_->ReduceScatter(grads_.data() + unit.padded_begin,
+                                            reduction.shard.data(), unit.shard, ReduceOp::kSum);
+    }
+    reductions_.push_back(std::move(reduction));
     return;
   }
   GradientUnit& buffer = GradientBufferFor(unit_index);
@@ -259,7 +268,11 @@ void DataParallelEngine::GradientsReady(int region) {
 absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
                                                           int64_t global_tokens,
                                                           double grad_clip, double lr) {
-  for (std::unique_ptr<Work>& work : reductions_) (void)Wait(work);
+  for (PendingReduction& reduction : reductions_) {
+    if (!Wait(reduction.work).ok()) continue;
+    std::copy(reduction.shard.begin(), reduction.shard.end(),
+              OwnGrads(layout_.units()[reduction.unit]));
+  }
   reductions_.clear();
   while (!gradient_units_.empty()) {
     GradientUnit& buffer = gradient_units_.front();

@@ -120,8 +120,15 @@ class DataParallelEngine : public BlockParameters {
   std::map<int, GatheredUnit> gathered_;      // kParameters: unit -> gathered values
   std::deque<GradientUnit> gradient_units_;  // kGradients+: buffers in use, oldest first
   std::vector<GradientUnit> spare_gradient_units_;
-  std::vector<int> regions_ready_;            // unsharded: per unit, this micro-batch
-  std::vector<std::unique_ptr<Work>> reductions_;  // unsharded: all-reduces in flight
+  // A full-gradient unit's reduction in flight: an all-reduce in place (ddp), or a
+  // reduce-scatter into `shard` (zero1), copied into this rank's slice once done.
+  struct PendingReduction {
+    int unit = -1;
+    std::unique_ptr<Work> work;
+    std::vector<float> shard;
+  };
+  std::vector<int> regions_ready_;             // unsharded gradients: per unit, this micro-batch
+  std::vector<PendingReduction> reductions_;
   bool last_micro_batch_ = true;
   absl::Status error_;  // the first communication failure; reported by FinishStep
   double exposed_comm_ms_ = 0;
