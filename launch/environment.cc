@@ -29,8 +29,8 @@ absl::StatusOr<WorldEnvironment> WorldFromEnvironment() {
   ASSIGN_OR_RETURN(world.local_rank, IntFromEnv("LOCAL_RANK", world.rank));
   ASSIGN_OR_RETURN(world.master_port, IntFromEnv("MASTER_PORT", world.master_port));
   if (world.world_size < 1 || world.rank < 0 || world.rank >= world.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("RANK=", world.rank, " is outside WORLD_SIZE=",
-                                                   world.world_size,
+    return absl::InvalidArgumentError(absl::StrCat("RANK=", world.rank,
+                                                   " is outside WORLD_SIZE=", world.world_size,
                                                    "; set both, with 0 <= RANK < WORLD_SIZE"));
   }
   if (world.master_port <= 0 || world.master_port > 65535) {

@@ -38,7 +38,6 @@ absl::StatusOr<std::unique_ptr<Work>> Issue(Communicator& comm, std::string_view
                    "'; choose all_reduce, all_gather, reduce_scatter or broadcast"));
 }
 
-
 }  // namespace
 
 double BusBandwidthFactor(std::string_view op, int n) {

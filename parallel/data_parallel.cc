@@ -89,9 +89,8 @@ absl::StatusOr<std::vector<float>> DataParallelEngine::GatherParameters() {
     const float* source = params_.data() + unit.padded_begin;
     if (sharded_params()) {
       gathered.resize(unit.shard * ranks());
-      std::unique_ptr<Work> work = comm_ ? comm_->AllGather(OwnParams(unit), gathered.data(),
-                                                            unit.shard)
-                                         : nullptr;
+      std::unique_ptr<Work> work =
+          comm_ ? comm_->AllGather(OwnParams(unit), gathered.data(), unit.shard) : nullptr;
       if (!work) std::copy(OwnParams(unit), OwnParams(unit) + unit.shard, gathered.begin());
       RETURN_IF_ERROR(Wait(work));
       source = gathered.data();
@@ -249,9 +248,8 @@ void DataParallelEngine::GradientsReady(int region) {
   GradientUnit& buffer = GradientBufferFor(unit_index);
   if (++buffer.regions_ready < regions) return;
   if (comm_) {
-    buffer.pending =
-        comm_->ReduceScatter(buffer.values.data(), buffer.reduced.data(), unit.shard,
-                             ReduceOp::kSum);
+    buffer.pending = comm_->ReduceScatter(buffer.values.data(), buffer.reduced.data(), unit.shard,
+                                          ReduceOp::kSum);
   } else {
     // One rank: its shard is the whole unit.
     std::copy(buffer.values.begin(), buffer.values.begin() + unit.shard, buffer.reduced.begin());
@@ -266,8 +264,8 @@ void DataParallelEngine::GradientsReady(int region) {
 // ---- the end of a step ------------------------------------------------------------------
 
 absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
-                                                          int64_t global_tokens,
-                                                          double grad_clip, double lr) {
+                                                          int64_t global_tokens, double grad_clip,
+                                                          double lr) {
   for (PendingReduction& reduction : reductions_) {
     if (!Wait(reduction.work).ok()) continue;
     std::copy(reduction.shard.begin(), reduction.shard.end(),
@@ -301,8 +299,8 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   totals.loss = local_loss_sum / static_cast<double>(global_tokens);
   totals.grad_norm = std::sqrt(sum_squares);
   if (!std::isfinite(totals.grad_norm) || !std::isfinite(totals.loss)) {
-    return absl::InternalError(absl::StrCat("the loss is ", totals.loss,
-                                            " and the gradient norm ", totals.grad_norm,
+    return absl::InternalError(absl::StrCat("the loss is ", totals.loss, " and the gradient norm ",
+                                            totals.grad_norm,
                                             "; lower train.lr or raise train.warmup_steps"));
   }
   // The rule of torch.nn.utils.clip_grad_norm_.
@@ -343,10 +341,11 @@ absl::Status DataParallelEngine::CheckReplicas() {
     if (std::memcmp(&all[2 * r], &all[0], 2 * sizeof(float)) != 0) differing.push_back(r);
   }
   if (differing.empty()) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(
-      "parameters of ranks ", absl::StrJoin(differing, ", "), " differ from rank 0's after ",
-      strategy_.name, "'s update: the replicas diverged (non-deterministic kernels or a "
-      "corrupted reduction)"));
+  return absl::InternalError(
+      absl::StrCat("parameters of ranks ", absl::StrJoin(differing, ", "),
+                   " differ from rank 0's after ", strategy_.name,
+                   "'s update: the replicas diverged (non-deterministic kernels or a "
+                   "corrupted reduction)"));
 }
 
 EngineMemory DataParallelEngine::memory() const {

@@ -40,16 +40,16 @@ struct EngineMemory {
 };
 
 struct StepTotals {
-  double loss = 0;       // mean token loss over the global batch
-  double grad_norm = 0;  // before clipping
+  double loss = 0;             // mean token loss over the global batch
+  double grad_norm = 0;        // before clipping
   double exposed_comm_ms = 0;  // time this rank waited on communication during the step
 };
 
 class DataParallelEngine : public BlockParameters {
  public:
   // `comm` is the data-parallel group (null for one process). `table` must outlive the engine.
-  DataParallelEngine(const ParamTable& table, const ShardingStrategy& strategy, const TrainSection& train,
-                     Backend& backend, Communicator* comm);
+  DataParallelEngine(const ParamTable& table, const ShardingStrategy& strategy,
+                     const TrainSection& train, Backend& backend, Communicator* comm);
 
   // Fills this rank's parameters from the whole model's, given in table layout.
   void LoadParameters(const float* full);
@@ -89,7 +89,7 @@ class DataParallelEngine : public BlockParameters {
   };
   struct GradientUnit {
     int unit = -1;
-    std::vector<float> values;  // ranks * shard, zeroed when handed out
+    std::vector<float> values;   // ranks * shard, zeroed when handed out
     std::vector<float> reduced;  // shard: this rank's part after the reduce-scatter
     std::unique_ptr<Work> pending;
     int regions_ready = 0;
@@ -114,10 +114,10 @@ class DataParallelEngine : public BlockParameters {
   Backend& backend_;
   Communicator* comm_;
   UnitLayout layout_;
-  std::vector<float> params_;  // padded full buffer, or this rank's shard (kParameters)
-  std::vector<float> grads_;   // padded full buffer, or this rank's shard (kGradients+)
-  std::vector<AdamW> optimizers_;  // one per unit slice this rank owns (one when unsharded)
-  std::map<int, GatheredUnit> gathered_;      // kParameters: unit -> gathered values
+  std::vector<float> params_;             // padded full buffer, or this rank's shard (kParameters)
+  std::vector<float> grads_;              // padded full buffer, or this rank's shard (kGradients+)
+  std::vector<AdamW> optimizers_;         // one per unit slice this rank owns (one when unsharded)
+  std::map<int, GatheredUnit> gathered_;  // kParameters: unit -> gathered values
   std::deque<GradientUnit> gradient_units_;  // kGradients+: buffers in use, oldest first
   std::vector<GradientUnit> spare_gradient_units_;
   // A full-gradient unit's reduction in flight: an all-reduce in place (ddp), or a
@@ -127,7 +127,7 @@ class DataParallelEngine : public BlockParameters {
     std::unique_ptr<Work> work;
     std::vector<float> shard;
   };
-  std::vector<int> regions_ready_;             // unsharded gradients: per unit, this micro-batch
+  std::vector<int> regions_ready_;  // unsharded gradients: per unit, this micro-batch
   std::vector<PendingReduction> reductions_;
   bool last_micro_batch_ = true;
   absl::Status error_;  // the first communication failure; reported by FinishStep

@@ -8,9 +8,10 @@
 
 namespace dtrain {
 
-absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(
-    const WorldEnvironment& world, absl::Duration timeout, const std::string& key_prefix,
-    const std::string& hostname) {
+absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldEnvironment& world,
+                                                                    absl::Duration timeout,
+                                                                    const std::string& key_prefix,
+                                                                    const std::string& hostname) {
   std::unique_ptr<ProcessGroup> group(new ProcessGroup());
   if (world.rank == 0) {
     ASSIGN_OR_RETURN(group->server_, TcpStoreServer::Start(world.master_addr, world.master_port));
@@ -32,8 +33,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(
     // Peers reach this rank by its host name, or over loopback when the master is local.
     const bool loopback = world.master_addr == "127.0.0.1" || world.master_addr == "localhost";
     char name[256] = {};
-    options.hostname =
-        loopback || gethostname(name, sizeof(name) - 1) != 0 ? "127.0.0.1" : name;
+    options.hostname = loopback || gethostname(name, sizeof(name) - 1) != 0 ? "127.0.0.1" : name;
   }
   ASSIGN_OR_RETURN(group->world_, GlooCommunicator::Create(group->store_, options));
   return group;

@@ -8,7 +8,8 @@ namespace dtrain {
 
 absl::StatusOr<ShardingStrategy> ShardingStrategyFromRecipe(const ParallelSection& parallel) {
   const auto mib = [](double mb) { return static_cast<size_t>(mb * 1024 * 1024); };
-  if (parallel.strategy == "ddp") return ShardingStrategy{"ddp", Sharding::kNone, mib(parallel.bucket_mb)};
+  if (parallel.strategy == "ddp")
+    return ShardingStrategy{"ddp", Sharding::kNone, mib(parallel.bucket_mb)};
   if (parallel.strategy == "zero1") {
     return ShardingStrategy{"zero1", Sharding::kOptimizer, mib(parallel.bucket_mb)};
   }
@@ -19,9 +20,9 @@ absl::StatusOr<ShardingStrategy> ShardingStrategyFromRecipe(const ParallelSectio
     return ShardingStrategy{"zero3", Sharding::kParameters, mib(parallel.prefetch_bucket_mb)};
   }
   if (parallel.strategy == "fsdp") return ShardingStrategy{"fsdp", Sharding::kParameters, 0};
-  return absl::InvalidArgumentError(absl::StrCat(
-      "parallel.strategy: ", parallel.strategy,
-      " has no data-parallel engine; use ddp, zero1, zero2, zero3 or fsdp"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("parallel.strategy: ", parallel.strategy,
+                   " has no data-parallel engine; use ddp, zero1, zero2, zero3 or fsdp"));
 }
 
 UnitLayout::UnitLayout(const ParamTable& table, size_t unit_bytes, int ranks) : ranks_(ranks) {

@@ -35,9 +35,9 @@ struct Unit {
   int last_region = 0;
   size_t begin = 0;  // table positions [begin, end)
   size_t end = 0;
-  size_t shard = 0;          // values per rank: ceil((end - begin) / ranks)
-  size_t padded_begin = 0;   // where the unit starts in a padded buffer of ranks * shard each
-  size_t shard_begin = 0;    // where this unit's slice starts in a rank's shard buffer
+  size_t shard = 0;         // values per rank: ceil((end - begin) / ranks)
+  size_t padded_begin = 0;  // where the unit starts in a padded buffer of ranks * shard each
+  size_t shard_begin = 0;   // where this unit's slice starts in a rank's shard buffer
 };
 
 class UnitLayout {

@@ -113,10 +113,10 @@ absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, int world_size) {
 
 absl::Status CheckBatchSplit(const TrainSection& train, int ranks) {
   if (train.batch_size % (train.micro_batch * ranks) == 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "train.batch_size ", train.batch_size, " does not split into ", ranks,
-      " data-parallel ranks x micro-batches of train.micro_batch ", train.micro_batch,
-      "; make batch_size a multiple of ", train.micro_batch * ranks));
+  return absl::InvalidArgumentError(
+      absl::StrCat("train.batch_size ", train.batch_size, " does not split into ", ranks,
+                   " data-parallel ranks x micro-batches of train.micro_batch ", train.micro_batch,
+                   "; make batch_size a multiple of ", train.micro_batch * ranks));
 }
 
 std::string MiB(size_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
@@ -137,18 +137,17 @@ absl::Status RunTraining(const Recipe& requested) {
     std::error_code error;
     std::filesystem::create_directories(run_dir, error);
     if (error) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot create the run folder ", run_dir.string(), ": ", error.message(),
-                       "; set run.out_dir to a writable folder"));
+      return absl::FailedPreconditionError(absl::StrCat("cannot create the run folder ",
+                                                        run_dir.string(), ": ", error.message(),
+                                                        "; set run.out_dir to a writable folder"));
     }
     std::ofstream(run_dir / "recipe.yaml") << ResolvedRecipeYaml(recipe);
   }
 
   std::unique_ptr<ProcessGroup> group;
   if (world.world_size > 1) {
-    ASSIGN_OR_RETURN(group,
-                     ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
-                                           absl::StrCat("dtrain/", recipe.run.name, "/")));
+    ASSIGN_OR_RETURN(group, ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
+                                                  absl::StrCat("dtrain/", recipe.run.name, "/")));
   }
   Communicator* comm = group ? &group->world() : nullptr;
 
@@ -162,8 +161,7 @@ absl::Status RunTraining(const Recipe& requested) {
     engine.InitParameters(config, recipe.run.seed);
   } else {
     std::vector<float> full(table.total_numel());
-    if (absl::Status status =
-            ImportHfSafetensors(config, table, train.init_from, full.data());
+    if (absl::Status status = ImportHfSafetensors(config, table, train.init_from, full.data());
         !status.ok()) {
       return absl::Status(status.code(),
                           absl::StrCat("train.init_from: ", status.message(),
@@ -182,16 +180,17 @@ absl::Status RunTraining(const Recipe& requested) {
     LogInfo("model: %s, %d layers, d_model %d, %d heads (%d kv), vocab %d: %.2fM parameters",
             FamilyName(config.family), config.n_layer, config.d_model, config.n_head,
             config.n_kv_head, config.vocab_size, config.num_parameters() / 1e6);
-    LogInfo("data: %d tokens for training, %d for validation", data.train_tokens,
-            data.val_tokens);
-    LogInfo("batch: %d sequences x %d tokens = %d tokens/step; %d ranks x %d micro-batches of "
-            "%d; activations %s%s",
-            train.batch_size, train.seq_len, tokens_per_step, world.world_size, micro_batches,
-            train.micro_batch, MiB(model.activation_bytes()),
-            recipe.parallel.activation_checkpointing ? " (checkpointed)" : "");
-    LogInfo("MFU is stated against %.1f GFLOP/s per rank, the best measured float32 GEMM of "
-            "this CPU backend (%d threads)",
-            peak_flops / 1e9, backend.num_threads());
+    LogInfo("data: %d tokens for training, %d for validation", data.train_tokens, data.val_tokens);
+    LogInfo(
+        "batch: %d sequences x %d tokens = %d tokens/step; %d ranks x %d micro-batches of "
+        "%d; activations %s%s",
+        train.batch_size, train.seq_len, tokens_per_step, world.world_size, micro_batches,
+        train.micro_batch, MiB(model.activation_bytes()),
+        recipe.parallel.activation_checkpointing ? " (checkpointed)" : "");
+    LogInfo(
+        "MFU is stated against %.1f GFLOP/s per rank, the best measured float32 GEMM of "
+        "this CPU backend (%d threads)",
+        peak_flops / 1e9, backend.num_threads());
   }
 
   std::ofstream metrics;
@@ -215,11 +214,12 @@ absl::Status RunTraining(const Recipe& requested) {
     if (recipe.parallel.check_replicas) RETURN_IF_ERROR(engine.CheckReplicas());
     if (step == 0 && leader) {
       const EngineMemory memory = engine.memory();
-      LogInfo("model state per rank (%s over %d ranks): parameters %s, gradients %s, "
-              "optimizer %s; at most %s gathered and %s of gradient units in flight",
-              strategy.name, world.world_size, MiB(memory.parameter_bytes),
-              MiB(memory.gradient_bytes), MiB(memory.optimizer_bytes),
-              MiB(memory.gathered_peak_bytes), MiB(memory.gradient_buffer_peak_bytes));
+      LogInfo(
+          "model state per rank (%s over %d ranks): parameters %s, gradients %s, "
+          "optimizer %s; at most %s gathered and %s of gradient units in flight",
+          strategy.name, world.world_size, MiB(memory.parameter_bytes), MiB(memory.gradient_bytes),
+          MiB(memory.optimizer_bytes), MiB(memory.gathered_peak_bytes),
+          MiB(memory.gradient_buffer_peak_bytes));
     }
 
     StepMetrics m;
@@ -230,8 +230,7 @@ absl::Status RunTraining(const Recipe& requested) {
     m.grad_norm = result.grad_norm;
     m.step_ms = step_time.count() * 1e3;
     m.tokens_per_s = static_cast<double>(tokens_per_step) / step_time.count();
-    m.mfu_percent =
-        100.0 * flops_per_token * m.tokens_per_s / (peak_flops * world.world_size);
+    m.mfu_percent = 100.0 * flops_per_token * m.tokens_per_s / (peak_flops * world.world_size);
     m.exposed_comm_ms = result.exposed_comm_ms;
     m.peak_rss_mib = PeakRssMib();
     m.eta_s = elapsed_s / m.step * (train.steps - m.step);

@@ -51,8 +51,8 @@ class Backend {
                                  const float* inp, const float* weight, const float* mean,
                                  const float* rstd, int n, int c) = 0;
   // RMSNorm over C: out = inp * rstd * weight, rstd (N) saved.
-  virtual void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight,
-                              int n, int c, float eps) = 0;
+  virtual void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int n,
+                              int c, float eps) = 0;
   virtual void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                                const float* weight, const float* rstd, int n, int c) = 0;
 
@@ -77,16 +77,14 @@ class Backend {
   virtual void AttentionForward(float* out, float* lse, const float* qkv,
                                 const AttentionShape& shape) = 0;
   // dqkv (B, T, qkv_width) is written.
-  virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv,
-                                 const float* out, const float* lse,
-                                 const AttentionShape& shape) = 0;
+  virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                 const float* lse, const AttentionShape& shape) = 0;
 
   // out (B*T, C) = token_embedding[tokens] + position_embedding[t] (may be null).
   virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
                                 const float* position_embedding, int b, int t, int c) = 0;
   virtual void EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
-                                 const float* dout, const int32_t* tokens, int b, int t,
-                                 int c) = 0;
+                                 const float* dout, const int32_t* tokens, int b, int t, int c) = 0;
 
   // Output layer fused with softmax and cross-entropy, never holding all (N, V) logits:
   // logits = x (N, C) @ weight (V, C)^T; returns the sum over rows of -log p(target). Rows with

@@ -24,8 +24,8 @@ std::string FormatStepLine(const StepMetrics& m) {
   std::string line = absl::StrFormat(
       "step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | MFU %.1f%% | "
       "rss %.0f MiB | eta %s",
-      m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.step_ms, m.tokens_per_s,
-      m.mfu_percent, m.peak_rss_mib, FormatDuration(m.eta_s));
+      m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.step_ms, m.tokens_per_s, m.mfu_percent,
+      m.peak_rss_mib, FormatDuration(m.eta_s));
   if (m.exposed_comm_ms > 0) absl::StrAppendFormat(&line, " | comm %.1f ms", m.exposed_comm_ms);
   if (m.val_loss) absl::StrAppendFormat(&line, " | val %.4f", *m.val_loss);
   return line;

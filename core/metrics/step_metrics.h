@@ -13,12 +13,12 @@ namespace dtrain {
 struct StepMetrics {
   int step = 0;  // 1-based: steps done
   int total_steps = 0;
-  double loss = 0;       // mean token cross-entropy of the step's batch, nats
+  double loss = 0;  // mean token cross-entropy of the step's batch, nats
   double lr = 0;
   double grad_norm = 0;  // global L2 norm before clipping
   double step_ms = 0;
   double tokens_per_s = 0;
-  double mfu_percent = 0;  // model FLOP/s over the stated peak
+  double mfu_percent = 0;      // model FLOP/s over the stated peak
   double exposed_comm_ms = 0;  // time the step waited on communication (0 on one process)
   double peak_rss_mib = 0;
   double eta_s = 0;

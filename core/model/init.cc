@@ -18,8 +18,8 @@ uint64_t NameStream(const std::string& name) {
 
 }  // namespace
 
-void InitParameters(const ModelConfig& config, const ParamTable& table, uint64_t seed,
-                    size_t begin, size_t end, float* out) {
+void InitParameters(const ModelConfig& config, const ParamTable& table, uint64_t seed, size_t begin,
+                    size_t end, float* out) {
   const float residual_std = config.init_std / std::sqrt(2.0f * config.n_layer);
   for (const TensorEntry& entry : table.entries()) {
     const size_t lo = std::max(begin, entry.offset);

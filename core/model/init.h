@@ -13,7 +13,7 @@
 namespace dtrain {
 
 // Writes table positions [begin, end) to out[0, end - begin).
-void InitParameters(const ModelConfig& config, const ParamTable& table, uint64_t seed,
-                    size_t begin, size_t end, float* out);
+void InitParameters(const ModelConfig& config, const ParamTable& table, uint64_t seed, size_t begin,
+                    size_t end, float* out);
 
 }  // namespace dtrain

@@ -3,8 +3,8 @@
 #include <limits>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace dtrain {
 namespace {

@@ -17,7 +17,7 @@ struct TensorEntry {
   std::vector<int64_t> shape;  // local shape (rows, cols) or (n)
   size_t offset = 0;           // in floats, from the start of the flat buffer
   size_t numel = 0;
-  int block = -1;               // -1: embeddings; 0..L-1: that block; L: final norm and head
+  int block = -1;                    // -1: embeddings; 0..L-1: that block; L: final norm and head
   bool residual_projection = false;  // init scaled by 1/sqrt(2 n_layer) (GPT-2)
   bool is_norm_weight = false;       // initialised to 1
   bool is_bias = false;              // initialised to 0
@@ -45,7 +45,7 @@ class ParamTable {
   size_t position_embedding() const { return position_embedding_; }  // SIZE_MAX when absent
   size_t final_norm_w() const { return final_norm_w_; }
   size_t final_norm_b() const { return final_norm_b_; }  // SIZE_MAX when absent
-  size_t head() const { return head_; }  // the token embedding when tied
+  size_t head() const { return head_; }                  // the token embedding when tied
 
   int first_block() const { return first_block_; }
   // The highest region index: n_layer (the final norm and head). Regions run from -1.

@@ -16,8 +16,7 @@ std::vector<int32_t> Generate(Transformer& model, std::vector<int32_t> prompt, i
   CounterRng rng(options.seed, /*stream=*/0);
   for (int i = 0; i < options.max_new_tokens; ++i) {
     const int context = std::min<int>(static_cast<int>(prompt.size()), max_time);
-    model.ForwardLogits(prompt.data() + prompt.size() - context, 1, context, true,
-                        logits.data());
+    model.ForwardLogits(prompt.data() + prompt.size() - context, 1, context, true, logits.data());
     int next = 0;
     if (options.temperature <= 0.0f) {
       next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());

@@ -3,15 +3,14 @@
 #include <cmath>
 #include <limits>
 
-
 namespace dtrain {
 namespace {
 constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
-                         BlockParameters& parameters, Backend& backend, int max_batch,
-                         int max_time, bool activation_checkpointing)
+                         BlockParameters& parameters, Backend& backend, int max_batch, int max_time,
+                         bool activation_checkpointing)
     : config_(config),
       table_(table),
       parameters_(parameters),
@@ -50,10 +49,10 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
   const size_t lse = static_cast<size_t>(max_batch) * config_.n_head * max_time;
   const size_t per_block = n * (4 * c + 4 + qkv + hd + up + f) + lse;
   const int saved_blocks = checkpointing_ ? 1 : config_.n_layer;
-  const size_t total = (config_.n_layer + 1) * n * c        // block inputs and the last output
-                       + saved_blocks * per_block           // saved activations
-                       + n * (c + 2)                        // final norm
-                       + n * (3 * c + qkv + hd + up + f);   // backward scratch, branch output
+  const size_t total = (config_.n_layer + 1) * n * c       // block inputs and the last output
+                       + saved_blocks * per_block          // saved activations
+                       + n * (c + 2)                       // final norm
+                       + n * (3 * c + qkv + hd + up + f);  // backward scratch, branch output
   acts_.assign(total, 0.0f);
 
   float* cursor = acts_.data();
@@ -129,13 +128,13 @@ void Transformer::BlockForward(int layer, const RegionView& params, BlockActivat
     backend_.GeluForward(a.mlp_act, a.mlp_up, static_cast<size_t>(n) * f);
   }
   if (out == nullptr) return;
-  backend_.LinearForward(branch_out_, a.mlp_act, params(w.mlp_down_w), params(w.mlp_down_b), n, f, c);
+  backend_.LinearForward(branch_out_, a.mlp_act, params(w.mlp_down_w), params(w.mlp_down_b), n, f,
+                         c);
   backend_.Add(out, a.resid_mid, branch_out_, static_cast<size_t>(n) * c);
 }
 
 void Transformer::BlockBackward(int layer, const RegionView& params, const RegionView& grads,
-                                BlockActivations& a, const float* in, float* dresid, int b,
-                                int t) {
+                                BlockActivations& a, const float* in, float* dresid, int b, int t) {
   const BlockOffsets& w = table_.block(layer);
   const int n = b * t;
   const int c = config_.d_model;
@@ -149,8 +148,8 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
                           params(w.mlp_down_w), n, f, c);
   if (llama) {
     backend_.SwiGluBackward(d_mlp_up_, a.mlp_up, d_mlp_act_, n, f);
-    backend_.LinearBackward(d_norm_, grads(w.mlp_up_w), nullptr, d_mlp_up_, a.norm2, params(w.mlp_up_w),
-                            n, c, 2 * f);
+    backend_.LinearBackward(d_norm_, grads(w.mlp_up_w), nullptr, d_mlp_up_, a.norm2,
+                            params(w.mlp_up_w), n, c, 2 * f);
     backend_.RmsNormBackward(dresid, grads(w.norm2_w), d_norm_, a.resid_mid, params(w.norm2_w),
                              a.norm2_rstd, n, c);
   } else {
@@ -166,14 +165,14 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
                           params(w.attn_out_w), n, hd, c);
   backend_.AttentionBackward(d_qkv_, d_attn_, a.qkv, a.attn, a.lse, shape);
   if (llama) backend_.RopeBackward(d_qkv_, shape, config_.rope_theta, 0);
-  backend_.LinearBackward(d_norm_, grads(w.qkv_w), grads(w.qkv_b), d_qkv_, a.norm1, params(w.qkv_w), n, c,
-                          shape.qkv_width());
+  backend_.LinearBackward(d_norm_, grads(w.qkv_w), grads(w.qkv_b), d_qkv_, a.norm1, params(w.qkv_w),
+                          n, c, shape.qkv_width());
   if (llama) {
-    backend_.RmsNormBackward(dresid, grads(w.norm1_w), d_norm_, in, params(w.norm1_w), a.norm1_rstd, n,
-                             c);
+    backend_.RmsNormBackward(dresid, grads(w.norm1_w), d_norm_, in, params(w.norm1_w), a.norm1_rstd,
+                             n, c);
   } else {
-    backend_.LayerNormBackward(dresid, grads(w.norm1_w), grads(w.norm1_b), d_norm_, in, params(w.norm1_w),
-                               a.norm1_mean, a.norm1_rstd, n, c);
+    backend_.LayerNormBackward(dresid, grads(w.norm1_w), grads(w.norm1_b), d_norm_, in,
+                               params(w.norm1_w), a.norm1_mean, a.norm1_rstd, n, c);
   }
 }
 
@@ -185,8 +184,7 @@ void Transformer::Forward(const int32_t* inputs, int b, int t) {
                             embeddings_(table_.position_embedding()), b, t, c);
   if (!config_.tied_head()) parameters_.Release(-1, Pass::kForward);
   for (int l = 0; l < config_.n_layer; ++l) {
-    BlockForward(l, Params(l, Pass::kForward), ActivationsFor(l), resid_[l], resid_[l + 1], b,
-                 t);
+    BlockForward(l, Params(l, Pass::kForward), ActivationsFor(l), resid_[l], resid_[l + 1], b, t);
     parameters_.Release(l, Pass::kForward);
   }
   final_region_ = Params(last_region_, Pass::kForward);
@@ -246,17 +244,17 @@ double Transformer::ForwardBackward(const int32_t* inputs, const int32_t* target
   }
   const RegionView embedding_grads = Grads(-1);
   backend_.EmbeddingBackward(embedding_grads(table_.token_embedding()),
-                             embedding_grads(table_.position_embedding()), d_resid_, inputs, b,
-                             t, c);
+                             embedding_grads(table_.position_embedding()), d_resid_, inputs, b, t,
+                             c);
   parameters_.GradientsReady(-1);
   return loss_sum;
 }
 
 double Transformer::ForwardLoss(const int32_t* inputs, const int32_t* targets, int b, int t) {
   Forward(inputs, b, t);
-  const double loss = backend_.ClassifierForwardBackward(
-      nullptr, nullptr, final_norm_, HeadWeight(), targets, b * t, config_.d_model,
-      config_.vocab_size, 0.0f);
+  const double loss =
+      backend_.ClassifierForwardBackward(nullptr, nullptr, final_norm_, HeadWeight(), targets,
+                                         b * t, config_.d_model, config_.vocab_size, 0.0f);
   ReleaseHead();
   return loss;
 }
@@ -269,8 +267,8 @@ void Transformer::ForwardLogits(const int32_t* inputs, int b, int t, bool last_o
   if (last_only) {
     for (int i = 0; i < b; ++i) {
       const float* row = final_norm_ + (static_cast<size_t>(i) * t + t - 1) * c;
-      backend_.LinearForward(logits + static_cast<size_t>(i) * v, row, HeadWeight(), nullptr, 1,
-                             c, v);
+      backend_.LinearForward(logits + static_cast<size_t>(i) * v, row, HeadWeight(), nullptr, 1, c,
+                             v);
     }
   } else {
     backend_.LinearForward(logits, final_norm_, HeadWeight(), nullptr, b * t, c, v);

@@ -73,8 +73,7 @@ class Transformer {
                     float* out, int b, int t);
   // dresid holds d(block output) on entry and d(block input) on return.
   void BlockBackward(int layer, const RegionView& params, const RegionView& grads,
-                     BlockActivations& a,
-                     const float* in, float* dresid, int b, int t);
+                     BlockActivations& a, const float* in, float* dresid, int b, int t);
   // Embedding, all blocks and the final norm, whose output is left in final_norm_. The final
   // region (and, when the head is tied, the embeddings) stay acquired: the caller uses the
   // head, then calls ReleaseHead.
@@ -89,23 +88,23 @@ class Transformer {
   BlockParameters& parameters_;
   Backend& backend_;
   bool checkpointing_;
-  int last_region_;          // n_layer: the final norm and head
-  RegionView embeddings_;    // acquired during Forward
-  RegionView final_region_;  // acquired during Forward until ReleaseHead
-  std::vector<float> acts_;                  // the arena
-  std::vector<float*> resid_;                // n_layer + 1 block inputs / outputs, (N, C) each
-  std::vector<BlockActivations> blocks_;     // one per layer, or one shared when checkpointing
-  float* final_norm_ = nullptr;              // (N, C)
-  float* final_mean_ = nullptr;              // (N)
-  float* final_rstd_ = nullptr;              // (N)
+  int last_region_;                       // n_layer: the final norm and head
+  RegionView embeddings_;                 // acquired during Forward
+  RegionView final_region_;               // acquired during Forward until ReleaseHead
+  std::vector<float> acts_;               // the arena
+  std::vector<float*> resid_;             // n_layer + 1 block inputs / outputs, (N, C) each
+  std::vector<BlockActivations> blocks_;  // one per layer, or one shared when checkpointing
+  float* final_norm_ = nullptr;           // (N, C)
+  float* final_mean_ = nullptr;           // (N)
+  float* final_rstd_ = nullptr;           // (N)
   // Backward scratch.
-  float* d_resid_ = nullptr;    // (N, C)
-  float* d_norm_ = nullptr;     // (N, C)
-  float* d_qkv_ = nullptr;      // (N, qkv_width)
-  float* d_attn_ = nullptr;     // (N, H*D)
-  float* d_mlp_up_ = nullptr;   // (N, F or 2F)
-  float* d_mlp_act_ = nullptr;  // (N, F)
-  float* branch_out_ = nullptr; // (N, C) attention or MLP branch output before the residual add
+  float* d_resid_ = nullptr;     // (N, C)
+  float* d_norm_ = nullptr;      // (N, C)
+  float* d_qkv_ = nullptr;       // (N, qkv_width)
+  float* d_attn_ = nullptr;      // (N, H*D)
+  float* d_mlp_up_ = nullptr;    // (N, F or 2F)
+  float* d_mlp_act_ = nullptr;   // (N, F)
+  float* branch_out_ = nullptr;  // (N, C) attention or MLP branch output before the residual add
   int max_tokens_ = 0;
 };
 

@@ -38,17 +38,17 @@ struct ModelSection {
 
 struct DataSection {
   std::string format = "text";  // text (bytes, vocab 256) | llmc (llm.c token shards) | webdataset
-  std::vector<std::string> train;    // files; glob patterns allowed
-  std::vector<std::string> val;      // empty = the last val_fraction of the train tokens
+  std::vector<std::string> train;  // files; glob patterns allowed
+  std::vector<std::string> val;    // empty = the last val_fraction of the train tokens
   double val_fraction = 0.05;
   // webdataset: tar shards streamed from files, http(s) or pipes.
-  std::string shards;        // URL pattern: brace ranges, "::" lists
-  std::string val_shards;    // empty = no validation data
-  int streams = 64;          // logical shard streams; fixes the order; a multiple of the dp size
+  std::string shards;      // URL pattern: brace ranges, "::" lists
+  std::string val_shards;  // empty = no validation data
+  int streams = 64;        // logical shard streams; fixes the order; a multiple of the dp size
   bool shard_shuffle = true;
-  int shuffle_buffer = 4096;  // samples shuffled together, across all streams
-  int eos_id = -1;            // appended after every document; -1 = none
-  int epochs = 0;             // passes over the shards; 0 = endless
+  int shuffle_buffer = 4096;      // samples shuffled together, across all streams
+  int eos_id = -1;                // appended after every document; -1 = none
+  int epochs = 0;                 // passes over the shards; 0 = endless
   std::string on_error = "fail";  // fail | skip_shard
   double http_timeout_s = 30;
   int http_retries = 3;
@@ -57,7 +57,7 @@ struct DataSection {
 
 struct TrainSection {
   int steps = 200;
-  int batch_size = 16;  // sequences per optimizer step, across all ranks
+  int batch_size = 16;   // sequences per optimizer step, across all ranks
   int micro_batch = 16;  // sequences per forward/backward on one rank
   int seq_len = 128;
   double lr = 1e-3;
@@ -68,10 +68,10 @@ struct TrainSection {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double grad_clip = 1.0;  // global L2 norm; 0 disables clipping
+  double grad_clip = 1.0;                                    // global L2 norm; 0 disables clipping
   std::vector<std::string> no_decay = {"*.bias", "*norm*"};  // glob on tensor names
-  int eval_every = 50;   // 0 disables evaluation
-  int eval_batches = 8;  // micro-batches per evaluation
+  int eval_every = 50;                                       // 0 disables evaluation
+  int eval_batches = 8;                                      // micro-batches per evaluation
   std::string init_from;  // safetensors file with Hugging Face names; empty = random init
   std::string export_to = "model.safetensors";  // relative to the run folder; empty = none
 };
@@ -104,9 +104,9 @@ struct ClusterSection {
 };
 
 struct LoggingSection {
-  int every = 1;  // steps between step-log lines
+  int every = 1;                               // steps between step-log lines
   std::string metrics_file = "metrics.jsonl";  // relative to the run folder
-  int sample_tokens = 64;  // generated at each evaluation; 0 disables
+  int sample_tokens = 64;                      // generated at each evaluation; 0 disables
   double sample_temperature = 0.8;
   int sample_top_k = 40;
   std::string sample_prompt = "\n";

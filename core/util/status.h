@@ -9,11 +9,11 @@
 #define DTRAIN_CONCAT(a, b) DTRAIN_CONCAT_INNER(a, b)
 
 // Returns from the current function if `expr` (an absl::Status) is not OK.
-#define RETURN_IF_ERROR(expr)                      \
-  do {                                             \
-    if (absl::Status s_ = (expr); !s_.ok()) {      \
-      return s_;                                   \
-    }                                              \
+#define RETURN_IF_ERROR(expr)                 \
+  do {                                        \
+    if (absl::Status s_ = (expr); !s_.ok()) { \
+      return s_;                              \
+    }                                         \
   } while (0)
 
 // `ASSIGN_OR_RETURN(auto x, MakeX());` binds the value of an absl::StatusOr or returns its error.

@@ -17,7 +17,8 @@ using testing::Outcome;
 using testing::RunDtrain;
 
 TEST(CliTest, RecipeCheckOnBadRecipeExits2) {
-  const std::string path = testing::WriteTempFile("bad.yaml", "data:\n  train: [x]\ntrain:\n  lrr: 1\n");
+  const std::string path =
+      testing::WriteTempFile("bad.yaml", "data:\n  train: [x]\ntrain:\n  lrr: 1\n");
   const Outcome outcome = RunDtrain(absl::StrCat("recipe check ", path));
   EXPECT_EQ(outcome.exit_code, 2);
   EXPECT_THAT(outcome.stderr_text, HasSubstr("did you mean train.lr?"));

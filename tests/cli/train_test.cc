@@ -29,7 +29,8 @@ std::string SmallRecipe() {
   return testing::WriteTempFile("small.yaml", absl::StrCat(R"(
 run: {name: small, seed: 11}
 model: {n_layer: 2, n_head: 2, d_model: 64, max_seq_len: 64}
-data: {train: [)", data, R"(]}
+data: {train: [)",
+                                                           data, R"(]}
 train: {steps: 12, batch_size: 8, micro_batch: 4, seq_len: 32, lr: 3.0e-3, min_lr: 3.0e-4,
         warmup_steps: 2, eval_every: 6, eval_batches: 2}
 logging: {sample_tokens: 16}

@@ -109,7 +109,8 @@ RunResult Train(ModelFamily family, const ShardingStrategy& strategy, Communicat
   return result;
 }
 
-std::vector<RunResult> TrainOnRanks(ModelFamily family, const ShardingStrategy& strategy, int ranks) {
+std::vector<RunResult> TrainOnRanks(ModelFamily family, const ShardingStrategy& strategy,
+                                    int ranks) {
   auto store = std::make_shared<testing::InMemoryStore>();
   std::vector<RunResult> results(ranks);
   std::vector<std::thread> threads;
@@ -205,8 +206,8 @@ TEST(DataParallelMemoryTest, ShardedStrategiesKeepAboutOneNthOfDdp) {
     std::map<std::string, EngineMemory> memory;
     for (const char* name : {"ddp", "zero1", "zero2", "zero3"}) {
       parallel.strategy = name;
-      memory[name] = TrainOnRanks(ModelFamily::kGpt2, *ShardingStrategyFromRecipe(parallel), ranks)[0]
-                         .memory;
+      memory[name] =
+          TrainOnRanks(ModelFamily::kGpt2, *ShardingStrategyFromRecipe(parallel), ranks)[0].memory;
     }
     // Units are padded to a multiple of N: at most N - 1 values each, a few units.
     const double padding = 3 * 8.0 * ranks * sizeof(float) * 4;

@@ -65,8 +65,7 @@ std::vector<Measured> Measure(const Recipe& recipe, const std::string& strategy_
       DataParallelEngine engine(table, strategy, train, backend, comm->get());
       if (train_one_step) {
         engine.InitParameters(config, 1);
-        Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len,
-                          false);
+        Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len, false);
         const MicroBatchSource source = [&](int32_t* inputs, int32_t* targets) {
           const size_t n = static_cast<size_t>(train.micro_batch) * train.seq_len;
           for (size_t i = 0; i < n; ++i) {
@@ -113,9 +112,9 @@ TEST(PlanVsEngineTest, CommunicatedBytesMatchThePlan) {
   for (const auto& [name, strategy] : std::map<std::string, Strategy>{
            {"ddp", Strategy::kDdp}, {"zero1", Strategy::kZero1}, {"zero2", Strategy::kZero2}}) {
     const CommStats stats = Measure(recipe, name, true)[0].comm;
-    const double sent = static_cast<double>(stats.all_reduce.bytes_sent +
-                                            stats.reduce_scatter.bytes_sent +
-                                            stats.all_gather.bytes_sent);
+    const double sent =
+        static_cast<double>(stats.all_reduce.bytes_sent + stats.reduce_scatter.bytes_sent +
+                            stats.all_gather.bytes_sent);
     const double planned = Plan(recipe, strategy).dp.sent_bytes;
     EXPECT_NEAR(sent, planned, 64 + 1e-3 * planned) << name;
   }

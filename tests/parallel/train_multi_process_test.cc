@@ -23,7 +23,8 @@ std::string Recipe(const std::string& name) {
   return testing::WriteTempFile(name + ".yaml", absl::StrCat(R"(
 run: {name: mp, seed: 5, threads: 1}
 model: {n_layer: 2, n_head: 2, d_model: 32, max_seq_len: 32}
-data: {train: [)", data, R"(]}
+data: {train: [)",
+                                                             data, R"(]}
 train: {steps: 8, batch_size: 8, micro_batch: 2, seq_len: 16, warmup_steps: 1, eval_every: 4,
         eval_batches: 1, export_to: ""}
 parallel: {bucket_mb: 0.01, prefetch_bucket_mb: 0.01, check_replicas: true, timeout_s: 20}
@@ -74,12 +75,12 @@ TEST(TrainMultiProcessTest, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
   const std::string recipe = Recipe("missing");
   const std::string out = OutDir("missing");
   const auto start = absl::Now();
-  const auto ranks = testing::RunRanksAsProcesses(
-      2, testing::FreeTcpPort(), absl::Seconds(60), [&](int rank) {
+  const auto ranks =
+      testing::RunRanksAsProcesses(2, testing::FreeTcpPort(), absl::Seconds(60), [&](int rank) {
         if (rank == 1) return 0;  // never shows up
-        const std::vector<std::string> argv = {DTRAIN_BINARY, "train", recipe,
-                                               "--set", "run.out_dir=" + out,
-                                               "--set", "parallel.timeout_s=3"};
+        const std::vector<std::string> argv = {
+            DTRAIN_BINARY,         "train", recipe, "--set", "run.out_dir=" + out, "--set",
+            "parallel.timeout_s=3"};
         std::vector<char*> args;
         for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
         args.push_back(nullptr);

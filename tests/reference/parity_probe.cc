@@ -95,9 +95,8 @@ absl::Status Run(const Options& options) {
     int next_sequence = 0;
     const MicroBatchSource source = [&](int32_t* in, int32_t* target) {
       for (int i = 0; i < train.micro_batch; ++i, ++next_sequence) {
-        const int32_t* src =
-            tokens->second.data() + (static_cast<size_t>(step) * train.batch_size +
-                                     next_sequence) * row;
+        const int32_t* src = tokens->second.data() +
+                             (static_cast<size_t>(step) * train.batch_size + next_sequence) * row;
         std::copy(src, src + t, in + static_cast<size_t>(i) * t);
         std::copy(src + 1, src + t + 1, target + static_cast<size_t>(i) * t);
       }
@@ -109,10 +108,10 @@ absl::Status Run(const Options& options) {
               ? absl::InvalidArgumentError("the probe needs unsharded gradients: use ddp or zero1")
               : AppendHfTensors(config, table, engine.full_gradients(), "grad.", scratch, out);
     };
-    ASSIGN_OR_RETURN(const StepResult result,
-                     TrainStep(model, engine, train, step, train.batch_size / train.micro_batch,
-                               source, step == 0 ? std::function<void()>(save_gradients)
-                                                 : nullptr));
+    ASSIGN_OR_RETURN(
+        const StepResult result,
+        TrainStep(model, engine, train, step, train.batch_size / train.micro_batch, source,
+                  step == 0 ? std::function<void()>(save_gradients) : nullptr));
     RETURN_IF_ERROR(gradient_status);
     losses.push_back(static_cast<float>(result.loss));
     norms.push_back(static_cast<float>(result.grad_norm));

@@ -74,8 +74,7 @@ TEST_P(TransformerTest, MicroBatchesAccumulateToTheWholeBatchGradient) {
   const float scale = 1.0f / 32;
   const double loss = whole.model.ForwardBackward(inputs.data(), targets.data(), 4, 8, scale);
   double loss_halves = halves.model.ForwardBackward(inputs.data(), targets.data(), 2, 8, scale);
-  loss_halves +=
-      halves.model.ForwardBackward(inputs.data() + 16, targets.data() + 16, 2, 8, scale);
+  loss_halves += halves.model.ForwardBackward(inputs.data() + 16, targets.data() + 16, 2, 8, scale);
   EXPECT_NEAR(loss_halves, loss, 1e-6 * loss);  // float32 activations
   double max_abs = 0, max_diff = 0;
   const auto a = whole.parameters.grads(), b = halves.parameters.grads();

@@ -34,7 +34,8 @@ TEST(AdamWTest, NoDecayPatternsSelectTensorsByName) {
   CpuBackend backend(1);
   optimizer.Step(backend, params.data(), grads.data(), 0.1f);
   for (const TensorEntry& entry : table.entries()) {
-    const bool matrix = entry.name.ends_with(".weight") && entry.name.find("norm") == std::string::npos;
+    const bool matrix =
+        entry.name.ends_with(".weight") && entry.name.find("norm") == std::string::npos;
     const bool decayed = entry.name == "embed.tokens" || matrix;
     const float expected = decayed ? 1.0f - 0.1f * 0.5f : 1.0f;
     EXPECT_FLOAT_EQ(params[entry.offset], expected) << entry.name;
