@@ -1,5 +1,6 @@
 #include "parallel/train_step.h"
 
+#include <chrono>
 #include <vector>
 
 #include "core/optim/lr_schedule.h"
@@ -20,9 +21,13 @@ absl::StatusOr<StepResult> TrainStep(Transformer& model, DataParallelEngine& eng
   // micro-batches: summing over ranks gives it exactly.
   const float grad_scale = 1.0f / static_cast<float>(global_tokens);
   double loss_sum = 0;
+  double data_wait_ms = 0;
   for (int micro = 0; micro < micro_batches; ++micro) {
     engine.BeginMicroBatch(micro + 1 == micro_batches);
+    const auto start = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(next_micro_batch(inputs.data(), targets.data()));
+    data_wait_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     loss_sum += model.ForwardBackward(inputs.data(), targets.data(), train.micro_batch,
                                       train.seq_len, grad_scale);
   }
@@ -34,6 +39,7 @@ absl::StatusOr<StepResult> TrainStep(Transformer& model, DataParallelEngine& eng
   result.loss = totals.loss;
   result.grad_norm = totals.grad_norm;
   result.exposed_comm_ms = totals.exposed_comm_ms;
+  result.data_wait_ms = data_wait_ms;
   return result;
 }
 

@@ -18,6 +18,7 @@ struct StepResult {
   double grad_norm = 0;  // before clipping
   double lr = 0;
   double exposed_comm_ms = 0;  // time the step waited on communication
+  double data_wait_ms = 0;     // time the step waited for its micro-batches
 };
 
 // Fills one micro-batch of inputs and targets, each (micro_batch, seq_len).

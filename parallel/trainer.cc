@@ -232,6 +232,7 @@ absl::Status RunTraining(const Recipe& requested) {
     m.tokens_per_s = static_cast<double>(tokens_per_step) / step_time.count();
     m.mfu_percent = 100.0 * flops_per_token * m.tokens_per_s / (peak_flops * world.world_size);
     m.exposed_comm_ms = result.exposed_comm_ms;
+    m.data_wait_ms = result.data_wait_ms;
     m.peak_rss_mib = PeakRssMib();
     m.eta_s = elapsed_s / m.step * (train.steps - m.step);
     const bool last = m.step == train.steps;

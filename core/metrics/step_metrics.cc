@@ -23,9 +23,9 @@ std::string FormatDuration(double seconds) {
 std::string FormatStepLine(const StepMetrics& m) {
   std::string line = absl::StrFormat(
       "step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | MFU %.1f%% | "
-      "rss %.0f MiB | eta %s",
+      "rss %.0f MiB | eta %s | data %.1f ms",
       m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.step_ms, m.tokens_per_s, m.mfu_percent,
-      m.peak_rss_mib, FormatDuration(m.eta_s));
+      m.peak_rss_mib, FormatDuration(m.eta_s), m.data_wait_ms);
   if (m.exposed_comm_ms > 0) absl::StrAppendFormat(&line, " | comm %.1f ms", m.exposed_comm_ms);
   if (m.val_loss) absl::StrAppendFormat(&line, " | val %.4f", *m.val_loss);
   return line;
@@ -40,6 +40,7 @@ std::string StepMetricsJson(const StepMetrics& m) {
                       {"tokens_per_s", m.tokens_per_s},
                       {"mfu_percent", m.mfu_percent},
                       {"exposed_comm_ms", m.exposed_comm_ms},
+                      {"data_wait_ms", m.data_wait_ms},
                       {"peak_rss_mib", m.peak_rss_mib},
                       {"eta_s", m.eta_s}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;

@@ -20,13 +20,15 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double mfu_percent = 0;      // model FLOP/s over the stated peak
   double exposed_comm_ms = 0;  // time the step waited on communication (0 on one process)
+  double data_wait_ms = 0;     // time the step waited for data (a stall when large)
   double peak_rss_mib = 0;
   double eta_s = 0;
   std::optional<double> val_loss;
 };
 
 // "step 12/300 | loss 2.3456 | lr 1.00e-03 | norm 0.81 | 312.5 ms | 6554 tok/s | MFU 41.2% |
-//  rss 312 MiB | eta 1m32s", with "| comm 3.1 ms" (exposed communication) when there is any.
+//  rss 312 MiB | eta 1m32s | data 0.1 ms", with "| comm 3.1 ms" (exposed communication) when
+//  there is any.
 std::string FormatStepLine(const StepMetrics& m);
 // One line of JSON, no trailing newline.
 std::string StepMetricsJson(const StepMetrics& m);

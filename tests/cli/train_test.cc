@@ -84,6 +84,8 @@ TEST(TrainTest, LearnsLogsUnitsAndShowsSamples) {
   }
   EXPECT_THAT(run.stderr_text, HasSubstr("step 12/12 | loss "));
   EXPECT_THAT(run.stderr_text, HasSubstr(" tok/s | MFU "));
+  EXPECT_THAT(run.stderr_text, HasSubstr(" | data "));  // the data stall, in ms
+  EXPECT_GE(steps.back()["data_wait_ms"].get<double>(), 0.0);
   EXPECT_THAT(run.stderr_text, HasSubstr("sample at step 6:"));
   EXPECT_TRUE(std::filesystem::exists(RunDir("learn") + "/small/model.safetensors"));
   EXPECT_TRUE(std::filesystem::exists(RunDir("learn") + "/small/recipe.yaml"));
@@ -104,6 +106,17 @@ TEST(TrainTest, ExportedWeightsInitialiseANewRun) {
   EXPECT_THAT(tuned.stderr_text, HasSubstr("initialised from " + weights));
   const double first_val = ReadMetrics(RunDir("tune") + "/small").front()["val_loss"];
   EXPECT_NEAR(first_val, final_val, 1e-5 * final_val);
+}
+
+// parallel.strategy: auto takes the planner's layout for this world (one process here) among
+// the layouts the trainer runs, and says which.
+TEST(TrainTest, AutoStrategyRunsThePlannedLayout) {
+  const testing::Outcome run =
+      Train(RunDir("auto"), "--set parallel.strategy=auto --set train.steps=2");
+  ASSERT_EQ(run.exit_code, 0) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text, HasSubstr("parallel.strategy auto: "));
+  EXPECT_THAT(run.stderr_text, HasSubstr("(the plan for 1 ranks)"));
+  EXPECT_EQ(ReadMetrics(RunDir("auto") + "/small").size(), 2u);
 }
 
 TEST(TrainTest, InitFromAnotherShapeFailsNamingTheTensor) {
