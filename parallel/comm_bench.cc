@@ -1,8 +1,5 @@
 #include "parallel/comm_bench.h"
 
-#include <unistd.h>
-
-#include <cstdlib>
 #include <memory>
 
 #include "absl/strings/ascii.h"

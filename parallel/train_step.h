@@ -24,9 +24,9 @@ struct StepResult {
 // Fills one micro-batch of inputs and targets, each (micro_batch, seq_len).
 using MicroBatchSource = std::function<absl::Status(int32_t* inputs, int32_t* targets)>;
 
-// `step` is 0-based; `micro_batches` per rank, of train.micro_batch sequences each, with
-// `data_parallel_ranks` ranks sharing the global batch. `inspect_gradients`, when set, sees the
-// gradients once backward is done, before clipping (the parity probe).
+// `step` is 0-based; `micro_batches` of train.micro_batch sequences each run on this rank (the
+// ranks together make train.batch_size). `inspect_gradients`, when set, sees the gradients once
+// backward is done, before clipping (the parity probe).
 absl::StatusOr<StepResult> TrainStep(Transformer& model, DataParallelEngine& engine,
                                      const TrainSection& train, int step, int micro_batches,
                                      const MicroBatchSource& next_micro_batch,
