@@ -45,7 +45,7 @@ std::vector<nlohmann::json> ReadMetrics(const std::string& run_dir) {
 }
 
 std::string RunDir(const std::string& name) {
-  return absl::StrCat(::testing::TempDir(), "/runs_", name);
+  return testing::TempPath("runs_" + name);
 }
 
 testing::Outcome Train(const std::string& out_dir, const std::string& extra = "") {

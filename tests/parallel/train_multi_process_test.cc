@@ -42,7 +42,7 @@ std::vector<double> Losses(const std::string& out_dir) {
 }
 
 std::string OutDir(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/mp_", name);
+  const std::string dir = testing::TempPath("mp_" + name);
   std::filesystem::remove_all(dir);
   return dir;
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -19,9 +20,15 @@ struct Outcome {
   std::string stderr_text;
 };
 
+// A path in the test's temporary folder that no other test process uses (ctest runs tests in
+// parallel, each in its own process, sharing the folder).
+inline std::string TempPath(const std::string& name) {
+  return absl::StrCat(::testing::TempDir(), "/", getpid(), "_", name);
+}
+
 // Runs `dtrain <args>` through the shell, capturing both streams.
 inline Outcome RunDtrain(const std::string& args) {
-  const std::string err_path = absl::StrCat(::testing::TempDir(), "/dtrain_stderr.txt");
+  const std::string err_path = TempPath("dtrain_stderr.txt");
   const std::string command = absl::StrCat(DTRAIN_BINARY, " ", args, " 2>", err_path);
   Outcome outcome;
   FILE* pipe = popen(command.c_str(), "r");
@@ -37,9 +44,9 @@ inline Outcome RunDtrain(const std::string& args) {
   return outcome;
 }
 
-// Writes `text` to a file named `name` in the test's temporary folder; returns its path.
+// Writes `text` to TempPath(name); returns the path.
 inline std::string WriteTempFile(const std::string& name, const std::string& text) {
-  const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+  const std::string path = TempPath(name);
   std::ofstream(path) << text;
   return path;
 }

@@ -349,7 +349,7 @@ TEST(RecipeTest, ShippedShapes) {
   absl::StatusOr<Recipe> tiny = LoadRecipe(configs + "tiny.yaml");
   ASSERT_TRUE(tiny.ok()) << tiny.status();
   EXPECT_EQ(tiny->run.name, "tiny");
-  EXPECT_EQ(tiny->train.steps, 300);
+  EXPECT_EQ(tiny->train.steps, 600);
   EXPECT_EQ(tiny->model.d_model, 256);
   absl::StatusOr<Recipe> llama = LoadRecipe(configs + "llama-70b.yaml");
   ASSERT_TRUE(llama.ok()) << llama.status();
