@@ -44,9 +44,7 @@ std::vector<nlohmann::json> ReadMetrics(const std::string& run_dir) {
   return steps;
 }
 
-std::string RunDir(const std::string& name) {
-  return testing::TempPath("runs_" + name);
-}
+std::string RunDir(const std::string& name) { return testing::TempPath("runs_" + name); }
 
 testing::Outcome Train(const std::string& out_dir, const std::string& extra = "") {
   std::filesystem::remove_all(out_dir);

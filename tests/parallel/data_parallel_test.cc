@@ -13,6 +13,7 @@
 #include "parallel/comm/gloo_communicator.h"
 #include "parallel/train_step.h"
 #include "tests/parallel/comm/test_store.h"
+#include "tests/testing/small_model.h"
 
 namespace dtrain {
 namespace {
@@ -21,20 +22,6 @@ constexpr int kSteps = 20;
 constexpr int kBatch = 8;  // sequences per step, all ranks together
 constexpr int kMicroBatch = 1;
 constexpr int kSeqLen = 12;
-
-ModelConfig Config(ModelFamily family) {
-  ModelConfig config;
-  config.family = family;
-  config.n_layer = 3;
-  config.n_head = 4;
-  config.n_kv_head = family == ModelFamily::kLlama ? 2 : 4;
-  config.d_model = 32;
-  config.head_dim = 8;
-  config.d_ff = 64;
-  config.vocab_size = 53;
-  config.max_seq_len = 16;
-  return config;
-}
 
 TrainSection Train() {
   TrainSection train;
@@ -66,7 +53,7 @@ struct RunResult {
 RunResult Train(ModelFamily family, const ShardingStrategy& strategy, Communicator* comm) {
   const int rank = comm ? comm->rank() : 0;
   const int ranks = comm ? comm->size() : 1;
-  const ModelConfig config = Config(family);
+  const ModelConfig config = testing::SmallModelConfig(family);
   const TrainSection train = Train();
   const ParamTable table(config, ModelSlice{});
   CpuBackend backend(1);
@@ -197,7 +184,7 @@ INSTANTIATE_TEST_SUITE_P(
 // What each rank keeps of parameters + gradients + optimizer state: ZeRO-3 about 1/N of DDP's
 // (within the padding of each unit to a multiple of N), ZeRO-1 and ZeRO-2 in between.
 TEST(DataParallelMemoryTest, ShardedStrategiesKeepAboutOneNthOfDdp) {
-  const ModelConfig config = Config(ModelFamily::kGpt2);
+  const ModelConfig config = testing::SmallModelConfig(ModelFamily::kGpt2);
   const ParamTable table(config, ModelSlice{});
   const double psi_bytes = table.total_numel() * sizeof(float);
   ParallelSection parallel;

@@ -7,23 +7,10 @@
 #include "core/model/flat_parameters.h"
 #include "core/model/init.h"
 #include "gtest/gtest.h"
+#include "tests/testing/small_model.h"
 
 namespace dtrain {
 namespace {
-
-ModelConfig Small(ModelFamily family) {
-  ModelConfig config;
-  config.family = family;
-  config.n_layer = 3;
-  config.n_head = 4;
-  config.n_kv_head = family == ModelFamily::kLlama ? 2 : 4;
-  config.d_model = 32;
-  config.head_dim = 8;
-  config.d_ff = 48;
-  config.vocab_size = 61;
-  config.max_seq_len = 16;
-  return config;
-}
 
 std::vector<int32_t> Tokens(size_t n, int vocab, int salt) {
   std::vector<int32_t> tokens(n);
@@ -49,7 +36,7 @@ class TransformerTest : public ::testing::TestWithParam<ModelFamily> {};
 
 // Re-running each block's forward in backward must not change a single bit of the gradients.
 TEST_P(TransformerTest, ActivationCheckpointingGivesIdenticalGradients) {
-  const ModelConfig config = Small(GetParam());
+  const ModelConfig config = testing::SmallModelConfig(GetParam());
   CpuBackend backend(2);
   TestModel plain(config, backend, 2, 11, false, 5);
   TestModel checkpointed(config, backend, 2, 11, true, 5);
@@ -66,7 +53,7 @@ TEST_P(TransformerTest, ActivationCheckpointingGivesIdenticalGradients) {
 
 // Two micro-batches accumulate to the gradient of the whole batch (up to float rounding).
 TEST_P(TransformerTest, MicroBatchesAccumulateToTheWholeBatchGradient) {
-  const ModelConfig config = Small(GetParam());
+  const ModelConfig config = testing::SmallModelConfig(GetParam());
   CpuBackend backend(1);
   TestModel whole(config, backend, 4, 8, false, 9);
   TestModel halves(config, backend, 2, 8, false, 9);
@@ -88,7 +75,7 @@ TEST_P(TransformerTest, MicroBatchesAccumulateToTheWholeBatchGradient) {
 // The loss-only path, the logits path and the training path agree; at init the loss is near
 // log(V) (GPT-2 init makes the logits small).
 TEST_P(TransformerTest, LossLogitsAndTrainingPathsAgree) {
-  const ModelConfig config = Small(GetParam());
+  const ModelConfig config = testing::SmallModelConfig(GetParam());
   CpuBackend backend(2);
   TestModel test_model(config, backend, 2, 9, false, 1);
   Transformer& model = test_model.model;
@@ -117,7 +104,7 @@ TEST_P(TransformerTest, LossLogitsAndTrainingPathsAgree) {
 }
 
 TEST_P(TransformerTest, InitFollowsGpt2) {
-  ModelConfig config = Small(GetParam());
+  ModelConfig config = testing::SmallModelConfig(GetParam());
   config.d_model = 256;
   config.head_dim = 64;
   config.d_ff = 512;

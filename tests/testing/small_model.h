@@ -1,0 +1,23 @@
+// A transformer small enough for tests that run it many times: 3 blocks, 4 heads of 8
+// (grouped-query with 2 kv heads for llama), vocabulary 61, up to 16 positions.
+#pragma once
+
+#include "core/model/model_config.h"
+
+namespace dtrain::testing {
+
+inline ModelConfig SmallModelConfig(ModelFamily family) {
+  ModelConfig config;
+  config.family = family;
+  config.n_layer = 3;
+  config.n_head = 4;
+  config.n_kv_head = family == ModelFamily::kLlama ? 2 : 4;
+  config.d_model = 32;
+  config.head_dim = 8;
+  config.d_ff = 48;
+  config.vocab_size = 61;
+  config.max_seq_len = 16;
+  return config;
+}
+
+}  // namespace dtrain::testing
