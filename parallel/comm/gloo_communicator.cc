@@ -169,11 +169,25 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     return std::unique_ptr<GlooCommunicator>(
         new GlooCommunicator(std::move(store), options, std::move(context)));
   } catch (const std::exception& e) {
+    // Every member publishes its address under its rank: the keys that never appeared name the
+    // ranks that never joined.
+    std::vector<int> missing;
+    for (int r = 0; r < options.size; ++r) {
+      if (r == options.rank) continue;
+      const std::string key = absl::StrCat(options.key_prefix, "gloo/", r);
+      if (!store->Get(key, absl::Milliseconds(1)).ok()) {
+        missing.push_back(options.world_ranks.empty() ? r : options.world_ranks[r]);
+      }
+    }
+    const std::string who = missing.empty()
+                                ? "every rank joined, but a connection failed"
+                                : absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "),
+                                               " never joined (exited, crashed or not started)");
     return absl::UnavailableError(absl::StrFormat(
         "communicator '%s': rank %d of %d could not connect to its peers through %s within "
-        "%s (check that every rank started and that peers can reach this address): %s",
+        "%s: %s; check that every rank started and that peers can reach this address (%s)",
         options.name, options.rank, options.size, options.hostname,
-        absl::FormatDuration(options.timeout), e.what()));
+        absl::FormatDuration(options.timeout), who, e.what()));
   }
 }
 
