@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/model/init.h"
+#include "core/util/fnv.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -19,8 +20,8 @@ namespace {
 constexpr size_t kMaxGradientUnits = 3;
 
 uint64_t Fingerprint(const std::vector<float>& values) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const float v : values) hash = (hash ^ std::bit_cast<uint32_t>(v)) * 0x100000001b3ULL;
+  uint64_t hash = kFnvOffset;
+  for (const float v : values) hash = FnvMix(hash, std::bit_cast<uint32_t>(v));
   return hash;
 }
 
@@ -285,17 +286,10 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
     sum_squares += backend_.SumSquares(OwnGrads(unit), unit.shard);
   }
   StepTotals totals;
-  if (comm_) {
-    // One all-reduce for the loss and the squared norm. Replicated gradients (ddp) are counted
-    // once, by rank 0.
-    const bool replicated = layout_.ranks() == 1;
-    float sums[2] = {static_cast<float>(local_loss_sum),
-                     static_cast<float>(replicated && rank() > 0 ? 0.0 : sum_squares)};
-    std::unique_ptr<Work> work = comm_->AllReduce(sums, 2, ReduceOp::kSum);
-    RETURN_IF_ERROR(Wait(work));
-    local_loss_sum = sums[0];
-    sum_squares = sums[1];
-  }
+  // One all-reduce for the loss and the squared norm. Replicated gradients (ddp) are counted
+  // once, by rank 0.
+  if (layout_.ranks() == 1 && rank() > 0) sum_squares = 0;
+  RETURN_IF_ERROR(SumOverRanks(local_loss_sum, sum_squares));
   totals.loss = local_loss_sum / static_cast<double>(global_tokens);
   totals.grad_norm = std::sqrt(sum_squares);
   if (!std::isfinite(totals.grad_norm) || !std::isfinite(totals.loss)) {
@@ -325,6 +319,16 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   }
   totals.exposed_comm_ms = exposed_comm_ms_;
   return totals;
+}
+
+absl::Status DataParallelEngine::SumOverRanks(double& a, double& b) {
+  if (!comm_) return absl::OkStatus();
+  float sums[2] = {static_cast<float>(a), static_cast<float>(b)};
+  std::unique_ptr<Work> work = comm_->AllReduce(sums, 2, ReduceOp::kSum);
+  RETURN_IF_ERROR(Wait(work));
+  a = sums[0];
+  b = sums[1];
+  return absl::OkStatus();
 }
 
 absl::Status DataParallelEngine::CheckReplicas() {

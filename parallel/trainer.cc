@@ -54,20 +54,10 @@ std::string SampleText(Transformer& model, const Recipe& recipe, int step) {
   return ids;
 }
 
-// Sums two numbers over all ranks.
-absl::Status SumOverRanks(Communicator* comm, double& a, double& b) {
-  if (comm == nullptr) return absl::OkStatus();
-  float sums[2] = {static_cast<float>(a), static_cast<float>(b)};
-  RETURN_IF_ERROR(comm->AllReduce(sums, 2, ReduceOp::kSum)->Wait());
-  a = sums[0];
-  b = sums[1];
-  return absl::OkStatus();
-}
-
 // Mean token loss over the validation set's first eval_batches micro-batches of every rank
 // (the same ones at every evaluation, so the numbers compare).
-absl::StatusOr<double> Evaluate(Transformer& model, ValidationLoader& val, const Recipe& recipe,
-                                Communicator* comm) {
+absl::StatusOr<double> Evaluate(Transformer& model, DataParallelEngine& engine,
+                                ValidationLoader& val, const Recipe& recipe) {
   const int b = recipe.train.micro_batch;
   const int t = recipe.train.seq_len;
   std::vector<int32_t> inputs(static_cast<size_t>(b) * t), targets(inputs.size());
@@ -81,7 +71,7 @@ absl::StatusOr<double> Evaluate(Transformer& model, ValidationLoader& val, const
     loss_sum += model.ForwardLoss(inputs.data(), targets.data(), rows, t);
     tokens += static_cast<double>(rows) * t;
   }
-  RETURN_IF_ERROR(SumOverRanks(comm, loss_sum, tokens));
+  RETURN_IF_ERROR(engine.SumOverRanks(loss_sum, tokens));
   if (tokens == 0) return absl::FailedPreconditionError("the validation set is empty");
   return loss_sum / tokens;
 }
@@ -237,7 +227,7 @@ absl::Status RunTraining(const Recipe& requested) {
     m.eta_s = elapsed_s / m.step * (train.steps - m.step);
     const bool last = m.step == train.steps;
     if (train.eval_every > 0 && (m.step % train.eval_every == 0 || last)) {
-      ASSIGN_OR_RETURN(m.val_loss, Evaluate(model, *data.val, recipe, comm));
+      ASSIGN_OR_RETURN(m.val_loss, Evaluate(model, engine, *data.val, recipe));
     }
     std::string sample;
     if (m.val_loss && recipe.logging.sample_tokens > 0) sample = SampleText(model, recipe, m.step);

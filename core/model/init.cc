@@ -4,20 +4,10 @@
 #include <cmath>
 #include <string>
 
+#include "core/util/fnv.h"
 #include "core/util/rng.h"
 
 namespace dtrain {
-namespace {
-
-// FNV-1a of a tensor name: the random stream of that tensor, stable across builds and ranks.
-uint64_t NameStream(const std::string& name) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const unsigned char ch : name) hash = (hash ^ ch) * 0x100000001b3ULL;
-  return hash;
-}
-
-}  // namespace
-
 void InitParameters(const ModelConfig& config, const ParamTable& table, uint64_t seed, size_t begin,
                     size_t end, float* out) {
   const float residual_std = config.init_std / std::sqrt(2.0f * config.n_layer);
@@ -31,7 +21,8 @@ void InitParameters(const ModelConfig& config, const ParamTable& table, uint64_t
       continue;
     }
     const float std = entry.residual_projection ? residual_std : config.init_std;
-    CounterRng rng(seed, NameStream(entry.name));
+    // The tensor name picks its stream: stable across builds, ranks and shardings.
+    CounterRng rng(seed, Fnv1a(entry.name));
     rng.set_counter(2 * (lo - entry.offset));  // normal() takes two draws per value
     for (size_t i = lo; i < hi; ++i) *p++ = std * static_cast<float>(rng.normal());
   }

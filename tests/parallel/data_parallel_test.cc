@@ -3,14 +3,11 @@
 #include "parallel/data_parallel.h"
 
 #include <cmath>
-#include <memory>
-#include <thread>
 #include <vector>
 
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
-#include "parallel/comm/gloo_communicator.h"
 #include "parallel/train_step.h"
 #include "tests/parallel/comm/test_store.h"
 #include "tests/testing/small_model.h"
@@ -98,25 +95,10 @@ RunResult Train(ModelFamily family, const ShardingStrategy& strategy, Communicat
 
 std::vector<RunResult> TrainOnRanks(ModelFamily family, const ShardingStrategy& strategy,
                                     int ranks) {
-  auto store = std::make_shared<testing::InMemoryStore>();
   std::vector<RunResult> results(ranks);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < ranks; ++rank) {
-    threads.emplace_back([&, rank] {
-      GlooCommunicatorOptions options;
-      options.key_prefix = "comm/dp/";
-      options.rank = rank;
-      options.size = ranks;
-      options.timeout = absl::Seconds(30);
-      auto comm = GlooCommunicator::Create(store, options);
-      if (!comm.ok()) {
-        results[rank].error = comm.status().ToString();
-        return;
-      }
-      results[rank] = Train(family, strategy, comm->get());
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
+  testing::RunRanksInThreads(ranks, absl::Seconds(30), [&](Communicator& comm) {
+    results[comm.rank()] = Train(family, strategy, &comm);
+  });
   return results;
 }
 

@@ -1,15 +1,12 @@
 // The planner's estimates against what dtrain's engines actually allocate and send, on 2 ranks
 // (threads with Gloo communicators over loopback), in dtrain's CPU precision (fp32).
 #include <map>
-#include <memory>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
-#include "parallel/comm/gloo_communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/planner/catalog.h"
 #include "parallel/planner/cost_model.h"
@@ -50,37 +47,28 @@ std::vector<Measured> Measure(const Recipe& recipe, const std::string& strategy_
   const ShardingStrategy strategy = *ShardingStrategyFromRecipe(parallel);
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const TrainSection& train = recipe.train;
-  auto store = std::make_shared<testing::InMemoryStore>();
   std::vector<Measured> measured(kRanks);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kRanks; ++rank) {
-    threads.emplace_back([&, rank] {
-      GlooCommunicatorOptions options;
-      options.rank = rank;
-      options.size = kRanks;
-      auto comm = GlooCommunicator::Create(store, options);
-      ASSERT_TRUE(comm.ok()) << comm.status();
-      const ParamTable table(config, ModelSlice{});
-      CpuBackend backend(1);
-      DataParallelEngine engine(table, strategy, train, backend, comm->get());
-      if (train_one_step) {
-        engine.InitParameters(config, 1);
-        Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len, false);
-        const MicroBatchSource source = [&](int32_t* inputs, int32_t* targets) {
-          const size_t n = static_cast<size_t>(train.micro_batch) * train.seq_len;
-          for (size_t i = 0; i < n; ++i) {
-            inputs[i] = static_cast<int32_t>((i * 7 + rank) % config.vocab_size);
-            targets[i] = static_cast<int32_t>((i * 11 + rank) % config.vocab_size);
-          }
-          return absl::OkStatus();
-        };
-        const int micro_batches = train.batch_size / (train.micro_batch * kRanks);
-        ASSERT_TRUE(TrainStep(model, engine, train, 0, micro_batches, source).ok());
-      }
-      measured[rank] = {engine.memory(), (*comm)->stats()};
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
+  testing::RunRanksInThreads(kRanks, absl::Seconds(60), [&](Communicator& comm) {
+    const int rank = comm.rank();
+    const ParamTable table(config, ModelSlice{});
+    CpuBackend backend(1);
+    DataParallelEngine engine(table, strategy, train, backend, &comm);
+    if (train_one_step) {
+      engine.InitParameters(config, 1);
+      Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len, false);
+      const MicroBatchSource source = [&](int32_t* inputs, int32_t* targets) {
+        const size_t n = static_cast<size_t>(train.micro_batch) * train.seq_len;
+        for (size_t i = 0; i < n; ++i) {
+          inputs[i] = static_cast<int32_t>((i * 7 + rank) % config.vocab_size);
+          targets[i] = static_cast<int32_t>((i * 11 + rank) % config.vocab_size);
+        }
+        return absl::OkStatus();
+      };
+      const int micro_batches = train.batch_size / (train.micro_batch * kRanks);
+      ASSERT_TRUE(TrainStep(model, engine, train, 0, micro_batches, source).ok());
+    }
+    measured[rank] = {engine.memory(), comm.stats()};
+  });
   return measured;
 }
 

@@ -15,28 +15,6 @@
 namespace dtrain {
 namespace {
 
-// Runs body(comm) on `size` threads, one rank each, every rank with its own Gloo context on one
-// in-memory store.
-template <typename Body>
-void RunRanks(int size, absl::Duration timeout, Body body) {
-  auto store = std::make_shared<testing::InMemoryStore>();
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < size; ++rank) {
-    threads.emplace_back([&, rank] {
-      GlooCommunicatorOptions options;
-      options.key_prefix = "comm/test/";
-      options.rank = rank;
-      options.size = size;
-      options.timeout = timeout;
-      absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
-          GlooCommunicator::Create(store, options);
-      ASSERT_TRUE(comm.ok()) << comm.status();
-      body(**comm);
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-}
-
 // Small integers, so that every summation order gives the same float.
 float Value(int rank, size_t i) {
   return static_cast<float>(static_cast<int>((rank * 7 + i * 3) % 11) - 5);
@@ -48,7 +26,7 @@ class GlooCollectiveTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooCollectiveTest, AllReduceMatchesSequentialSum) {
   const int n = GetParam();
-  RunRanks(n, absl::Seconds(20), [&](Communicator& comm) {
+  testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
       for (size_t count : kCounts) {
         std::vector<float> data(count);
@@ -67,7 +45,7 @@ TEST_P(GlooCollectiveTest, AllReduceMatchesSequentialSum) {
 
 TEST_P(GlooCollectiveTest, ReduceScatterMatchesSequentialSum) {
   const int n = GetParam();
-  RunRanks(n, absl::Seconds(20), [&](Communicator& comm) {
+  testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
       for (size_t count : kCounts) {
         std::vector<float> input(n * count);
@@ -87,7 +65,7 @@ TEST_P(GlooCollectiveTest, ReduceScatterMatchesSequentialSum) {
 
 TEST_P(GlooCollectiveTest, AllGatherConcatenatesInRankOrder) {
   const int n = GetParam();
-  RunRanks(n, absl::Seconds(20), [&](Communicator& comm) {
+  testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {
     for (size_t count : kCounts) {
       std::vector<float> input(count);
       for (size_t i = 0; i < count; ++i) input[i] = Value(comm.rank(), i);
@@ -104,7 +82,7 @@ TEST_P(GlooCollectiveTest, AllGatherConcatenatesInRankOrder) {
 
 TEST_P(GlooCollectiveTest, BroadcastFromEveryRoot) {
   const int n = GetParam();
-  RunRanks(n, absl::Seconds(20), [&](Communicator& comm) {
+  testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {
     for (int root = 0; root < n; ++root) {
       for (size_t count : kCounts) {
         std::vector<float> data(count);
@@ -118,7 +96,7 @@ TEST_P(GlooCollectiveTest, BroadcastFromEveryRoot) {
 
 TEST_P(GlooCollectiveTest, SendAndRecvAroundTheRingWithoutDeadlock) {
   const int n = GetParam();
-  RunRanks(n, absl::Seconds(20), [&](Communicator& comm) {
+  testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {
     const int right = (comm.rank() + 1) % n;
     const int left = (comm.rank() + n - 1) % n;
     for (size_t count : {size_t{1}, size_t{300001}}) {
@@ -141,7 +119,7 @@ TEST_P(GlooCollectiveTest, SendAndRecvAroundTheRingWithoutDeadlock) {
 // chunk but its right neighbour's (all-gather) -> 2(n-1)/n of the buffer when it divides evenly.
 TEST_P(GlooCollectiveTest, ByteCountersEqualTheRingTheory) {
   const int n = GetParam();
-  RunRanks(n, absl::Seconds(20), [&](Communicator& comm) {
+  testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {
     const int r = comm.rank();
     const size_t count = 12 * 1000 + 1;  // not divisible by 2, 3 or 4
     std::vector<float> data(n * count, 1.0f);
@@ -180,7 +158,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, GlooCollectiveTest, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return absl::StrCat(info.param, "ranks"); });
 
 TEST(GlooCommunicatorTest, SingleRankCollectivesAreLocal) {
-  RunRanks(1, absl::Seconds(5), [](Communicator& comm) {
+  testing::RunRanksInThreads(1, absl::Seconds(5), [](Communicator& comm) {
     std::vector<float> data = {1, 2, 3};
     std::vector<float> out(3);
     EXPECT_TRUE(comm.AllReduce(data.data(), 3, ReduceOp::kAvg)->Wait().ok());
@@ -192,7 +170,7 @@ TEST(GlooCommunicatorTest, SingleRankCollectivesAreLocal) {
 }
 
 TEST(GlooCommunicatorTest, OperationsRunInIssueOrderWhileTheCallerContinues) {
-  RunRanks(3, absl::Seconds(20), [](Communicator& comm) {
+  testing::RunRanksInThreads(3, absl::Seconds(20), [](Communicator& comm) {
     // Buckets issued back to back and waited at the end, as the DDP engine does.
     std::vector<std::vector<float>> buckets(8, std::vector<float>(50000, 1.0f));
     std::vector<std::unique_ptr<Work>> works;
@@ -208,7 +186,7 @@ TEST(GlooCommunicatorTest, OperationsRunInIssueOrderWhileTheCallerContinues) {
 TEST(GlooCommunicatorTest, RankThatNeverArrivesIsNamedWithinTheTimeout) {
   const absl::Duration timeout = absl::Seconds(2);
   std::atomic<int> failed{0};
-  RunRanks(3, timeout, [&](Communicator& comm) {
+  testing::RunRanksInThreads(3, timeout, [&](Communicator& comm) {
     std::vector<float> data(1000, 1.0f);
     ASSERT_TRUE(comm.AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait().ok());
     if (comm.rank() == 2) {
@@ -234,7 +212,7 @@ TEST(GlooCommunicatorTest, RankThatNeverArrivesIsNamedWithinTheTimeout) {
 
 TEST(GlooCommunicatorTest, RankWhoseConnectionsCloseIsNamedPromptly) {
   const absl::Duration timeout = absl::Seconds(20);
-  RunRanks(3, timeout, [&](Communicator& comm) {
+  testing::RunRanksInThreads(3, timeout, [&](Communicator& comm) {
     std::vector<float> data(100000, 1.0f);
     ASSERT_TRUE(comm.AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait().ok());
     if (comm.rank() == 2) return;  // destroys its communicator: its sockets close, as on exit

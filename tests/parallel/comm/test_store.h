@@ -4,14 +4,18 @@
 
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "parallel/comm/gloo_communicator.h"
 #include "parallel/store/store.h"
 
 namespace dtrain::testing {
@@ -99,5 +103,27 @@ class InMemoryStore : public Store {
   std::condition_variable changed_;
   std::map<std::string, std::string> map_;
 };
+
+// Runs body(comm) on `size` threads, one rank each, every rank with its own Gloo context on one
+// in-memory store; returns when all are done.
+template <typename Body>
+void RunRanksInThreads(int size, absl::Duration timeout, Body body) {
+  auto store = std::make_shared<InMemoryStore>();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank) {
+    threads.emplace_back([&, rank] {
+      GlooCommunicatorOptions options;
+      options.key_prefix = "comm/test/";
+      options.rank = rank;
+      options.size = size;
+      options.timeout = timeout;
+      absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
+          GlooCommunicator::Create(store, options);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      body(**comm);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
 
 }  // namespace dtrain::testing
