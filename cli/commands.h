@@ -20,6 +20,9 @@ void AddRecipeCommand(CLI::App& app);
 void AddDataCommand(CLI::App& app);
 void AddPlanCommand(CLI::App& app);
 void AddBenchCommand(CLI::App& app);
+void AddCkptCommand(CLI::App& app);
+void AddEnvCommand(CLI::App& app);
+void AddLaunchCommand(CLI::App& app);
 
 // The `--set section.key=value` option shared by every command that reads a recipe.
 void AddOverrideOption(CLI::App& command, std::vector<std::string>& overrides);

@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
   dtrain::cli::AddDataCommand(app);
   dtrain::cli::AddPlanCommand(app);
   dtrain::cli::AddBenchCommand(app);
+  dtrain::cli::AddCkptCommand(app);
+  dtrain::cli::AddEnvCommand(app);
+  dtrain::cli::AddLaunchCommand(app);
   dtrain::cli::AddHelpCommand(app);
 
   try {

@@ -1,52 +1,781 @@
 #include "launch/environment.h"
 
-#include <cstdlib>
+#include <netdb.h>
+#include <sys/socket.h>
 
+#include <array>
+#include <initializer_list>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "core/util/fnv.h"
 #include "core/util/status.h"
+#include "launch/hostlist.h"
+
+extern char** environ;
 
 namespace dtrain {
 namespace {
 
-absl::StatusOr<int> IntFromEnv(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  int parsed = 0;
-  if (!absl::SimpleAtoi(value, &parsed)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, "='", value, "' is not an integer; set it to a whole number"));
+constexpr int kDefaultMasterPort = 29500;
+constexpr std::array<const char*, 6> kShapeFields = {
+    "rank", "world_size", "local_rank", "local_world_size", "node_rank", "num_nodes"};
+
+// One value a source offers for a field, kept as text until the field is chosen, so that a
+// malformed variable in a source that loses is never an error.
+struct Candidate {
+  std::string text;
+  std::string from;      // provenance: "VARIABLE=value", "flag --x value", "derived from ..."
+  std::string variable;  // the variable read, for messages; empty for flags and derivations
+  absl::Status error;    // the source is present but unusable; reported only if chosen
+};
+
+struct Layer {
+  WorldSource source = WorldSource::kSingle;
+  std::map<std::string, Candidate> fields;
+  // Slurm only: SLURM_STEP_TASKS_PER_NODE expanded, for the world-size check.
+  std::vector<int> tasks_per_node;
+  std::string tasks_per_node_from;
+
+  void Add(const std::string& field, std::optional<Candidate> candidate) {
+    if (candidate.has_value()) fields.emplace(field, std::move(*candidate));
   }
-  return parsed;
+  bool HasShape() const {
+    for (const char* field : kShapeFields) {
+      if (fields.contains(std::string(field))) return true;
+    }
+    return false;
+  }
+};
+
+class Env {
+ public:
+  explicit Env(const EnvironmentMap& map) : map_(map) {}
+
+  // The value of `name`; unset and empty are the same.
+  std::optional<std::string> Get(absl::string_view name) const {
+    const auto it = map_.find(name);
+    if (it == map_.end() || it->second.empty()) return std::nullopt;
+    return it->second;
+  }
+  bool Has(absl::string_view name) const { return Get(name).has_value(); }
+  bool HasAny(std::initializer_list<absl::string_view> names) const {
+    for (const absl::string_view name : names) {
+      if (Has(name)) return true;
+    }
+    return false;
+  }
+  // The first of `names` that is set, as a candidate.
+  std::optional<Candidate> First(std::initializer_list<absl::string_view> names) const {
+    for (const absl::string_view name : names) {
+      if (std::optional<std::string> value = Get(name)) {
+        return Candidate{*value, absl::StrCat(name, "=", *value), std::string(name), {}};
+      }
+    }
+    return std::nullopt;
+  }
+  const EnvironmentMap& map() const { return map_; }
+
+ private:
+  const EnvironmentMap& map_;
+};
+
+absl::StatusOr<int> ParseInt(const Candidate& candidate) {
+  RETURN_IF_ERROR(candidate.error);
+  int value = 0;
+  if (!absl::SimpleAtoi(candidate.text, &value)) {
+    const std::string name = candidate.variable.empty() ? candidate.from : candidate.variable;
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "='", candidate.text, "' is not an integer; set it to a whole number"));
+  }
+  return value;
+}
+
+Candidate Derived(std::string text, std::string from) {
+  return Candidate{std::move(text), std::move(from), "", {}};
+}
+
+Candidate Unusable(std::string from, absl::Status error) {
+  return Candidate{"", std::move(from), "", std::move(error)};
+}
+
+// ---- the sources, highest first ----
+
+Layer FlagLayer(const WorldOverrides& flags) {
+  Layer layer{.source = WorldSource::kFlags};
+  const auto add_int = [&layer](const std::string& field, absl::string_view flag,
+                                const std::optional<int>& value) {
+    if (!value.has_value()) return;
+    layer.Add(field, Derived(absl::StrCat(*value), absl::StrCat("flag ", flag, " ", *value)));
+  };
+  add_int("rank", "--rank", flags.rank);
+  add_int("world_size", "--world-size", flags.world_size);
+  add_int("local_rank", "--local-rank", flags.local_rank);
+  add_int("local_world_size", "--nproc-per-node", flags.nproc_per_node);
+  add_int("node_rank", "--node-rank", flags.node_rank);
+  add_int("num_nodes", "--num-nodes", flags.num_nodes);
+  add_int("master_port", "--master-port", flags.master_port);
+  if (flags.master_addr.has_value() && !flags.master_addr->empty()) {
+    layer.Add("master_addr",
+              Derived(*flags.master_addr, absl::StrCat("flag --master-addr ", *flags.master_addr)));
+  }
+  if (flags.run_id.has_value() && !flags.run_id->empty()) {
+    layer.Add("run_id", Derived(*flags.run_id, absl::StrCat("flag --run-id ", *flags.run_id)));
+  }
+  return layer;
+}
+
+Layer DtrainLayer(const Env& env) {
+  Layer layer{.source = WorldSource::kDtrain};
+  layer.Add("rank", env.First({"DTRAIN_RANK"}));
+  layer.Add("world_size", env.First({"DTRAIN_WORLD_SIZE"}));
+  layer.Add("local_rank", env.First({"DTRAIN_LOCAL_RANK"}));
+  layer.Add("local_world_size", env.First({"DTRAIN_LOCAL_WORLD_SIZE"}));
+  layer.Add("node_rank", env.First({"DTRAIN_NODE_RANK"}));
+  layer.Add("num_nodes", env.First({"DTRAIN_NUM_NODES"}));
+  layer.Add("master_addr", env.First({"DTRAIN_MASTER_ADDR"}));
+  layer.Add("master_port", env.First({"DTRAIN_MASTER_PORT"}));
+  layer.Add("run_id", env.First({"DTRAIN_RUN_ID"}));
+  layer.Add("restart_count", env.First({"DTRAIN_RESTART_COUNT"}));
+  return layer;
+}
+
+bool HasPetVariables(const Env& env) {
+  return env.HasAny({"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK"});
+}
+
+// torchrun's workers. RANK and WORLD_SIZE alone are a hand-started torchrun-style process,
+// unless Kubeflow's PET_* variables say they are PyTorchJob's pod index and pod count.
+// MASTER_ADDR / MASTER_PORT count whoever set them (a batch script, PyTorchJob).
+Layer TorchrunLayer(const Env& env, bool node_level) {
+  Layer layer{.source = WorldSource::kTorchrun};
+  const bool worker =
+      env.HasAny({"LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"}) ||
+      (env.HasAny({"RANK", "WORLD_SIZE"}) && !HasPetVariables(env));
+  if (worker) {
+    layer.Add("node_rank", env.First({"GROUP_RANK"}));
+    if (!node_level) {
+      layer.Add("rank", env.First({"RANK"}));
+      layer.Add("world_size", env.First({"WORLD_SIZE"}));
+      layer.Add("local_rank", env.First({"LOCAL_RANK"}));
+      layer.Add("local_world_size", env.First({"LOCAL_WORLD_SIZE"}));
+    }
+  }
+  layer.Add("master_addr", env.First({"MASTER_ADDR"}));
+  layer.Add("master_port", env.First({"MASTER_PORT"}));
+  layer.Add("run_id", env.First({"TORCHELASTIC_RUN_ID"}));
+  layer.Add("restart_count", env.First({"TORCHELASTIC_RESTART_COUNT"}));
+  return layer;
+}
+
+// A task of a Slurm step (srun). The batch shell has no SLURM_STEP_ID and gives nothing here.
+Layer SlurmLayer(const Env& env, bool node_level) {
+  Layer layer{.source = WorldSource::kSlurm};
+  const std::optional<std::string> step_id = env.Get("SLURM_STEP_ID");
+  if (!step_id.has_value()) return layer;
+  layer.Add("node_rank", env.First({"SLURM_NODEID"}));
+  layer.Add("num_nodes",
+            env.First({"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}));
+  if (!node_level) {
+    layer.Add("rank", env.First({"SLURM_PROCID"}));
+    layer.Add("local_rank", env.First({"SLURM_LOCALID"}));
+    layer.Add("world_size", env.First({"SLURM_NTASKS", "SLURM_NPROCS"}));
+    if (std::optional<Candidate> tasks =
+            env.First({"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})) {
+      absl::StatusOr<std::vector<int>> counts = ExpandTasksPerNode(tasks->text);
+      const std::optional<Candidate> node = env.First({"SLURM_NODEID"});
+      if (!counts.ok()) {
+        layer.Add("local_world_size",
+                  Unusable(tasks->from, absl::InvalidArgumentError(absl::StrCat(
+                                            tasks->variable, ": ", counts.status().message()))));
+      } else {
+        layer.tasks_per_node = *counts;
+        layer.tasks_per_node_from = tasks->from;
+        absl::StatusOr<int> node_id = node.has_value() ? ParseInt(*node) : 0;
+        const std::string from =
+            absl::StrCat(tasks->from, " at ", node.has_value() ? node->from : "node 0");
+        if (!node_id.ok()) {
+          layer.Add("local_world_size", Unusable(from, node_id.status()));
+        } else if (*node_id < 0 || *node_id >= static_cast<int>(counts->size())) {
+          layer.Add("local_world_size", Unusable(from, absl::InvalidArgumentError(absl::StrCat(
+                                                           node->from, " has no entry in ",
+                                                           tasks->from, " (", counts->size(),
+                                                           " nodes); this is not a consistent "
+                                                           "Slurm step environment"))));
+        } else {
+          layer.Add("local_world_size", Derived(absl::StrCat((*counts)[*node_id]), from));
+        }
+      }
+    }
+  }
+  if (std::optional<Candidate> nodes =
+          env.First({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})) {
+    absl::StatusOr<std::string> first = FirstHost(nodes->text);
+    const std::string from = absl::StrCat("first host of ", nodes->from);
+    if (first.ok()) {
+      layer.Add("master_addr", Derived(*first, from));
+    } else {
+      layer.Add("master_addr", Unusable(from, absl::InvalidArgumentError(absl::StrCat(
+                                                  nodes->variable, ": ", first.status().message(),
+                                                  "; or set MASTER_ADDR"))));
+    }
+  }
+  const std::string job_id = env.Get("SLURM_JOB_ID").value_or(env.Get("SLURM_JOBID").value_or(""));
+  const std::string ids = absl::StrCat("SLURM_JOB_ID=", job_id, ",SLURM_STEP_ID=", *step_id);
+  layer.Add("run_id", Derived(absl::StrCat(job_id, ".", *step_id), "derived from " + ids));
+  layer.Add("master_port",
+            Derived(absl::StrCat(SlurmDerivedPort(job_id, *step_id)), "derived from " + ids));
+  layer.Add("restart_count", env.First({"SLURM_RESTART_COUNT"}));
+  return layer;
+}
+
+// "N" or torchrun's "MIN:MAX" with MIN == MAX; an elastic range cannot be resolved here.
+Candidate NodeCount(const Candidate& nnodes) {
+  const size_t colon = nnodes.text.find(':');
+  if (colon == std::string::npos) return nnodes;
+  const std::string min = nnodes.text.substr(0, colon);
+  const std::string max = nnodes.text.substr(colon + 1);
+  if (min != max) {
+    return Unusable(nnodes.from, absl::InvalidArgumentError(absl::StrCat(
+                                     nnodes.from,
+                                     " is an elastic range; dtrain needs a fixed node count: set "
+                                     "DTRAIN_NUM_NODES or --num-nodes")));
+  }
+  return Candidate{max, nnodes.from, nnodes.variable, {}};
+}
+
+// Pods are nodes: they give the node rank, the node count, workers per node and the master.
+Layer KubernetesLayer(const Env& env) {
+  Layer layer;
+  if (HasPetVariables(env)) {
+    // PyTorchJob v1 also sets RANK / WORLD_SIZE / MASTER_ADDR (pod-level); Trainer v2 sets
+    // PET_MASTER_ADDR instead.
+    const bool v1 = !env.Has("PET_MASTER_ADDR") && env.HasAny({"RANK", "MASTER_ADDR"});
+    layer.source = v1 ? WorldSource::kPyTorchJob : WorldSource::kTrainerV2;
+    layer.Add("node_rank", env.First({"PET_NODE_RANK"}));
+    if (std::optional<Candidate> nnodes = env.First({"PET_NNODES"})) {
+      layer.Add("num_nodes", NodeCount(*nnodes));
+    }
+    if (v1) {
+      layer.Add("node_rank", env.First({"RANK"}));  // no-op when PET_NODE_RANK is set
+      layer.Add("num_nodes", env.First({"WORLD_SIZE"}));
+    }
+    layer.Add("local_world_size", env.First({"PET_NPROC_PER_NODE"}));
+    layer.Add("master_addr", env.First({"PET_MASTER_ADDR"}));
+    layer.Add("master_port", env.First({"PET_MASTER_PORT"}));
+  } else if (env.Has("LWS_WORKER_INDEX")) {
+    layer.source = WorldSource::kLeaderWorkerSet;
+    layer.Add("node_rank", env.First({"LWS_WORKER_INDEX"}));
+    layer.Add("num_nodes", env.First({"LWS_GROUP_SIZE"}));
+    layer.Add("master_addr", env.First({"LWS_LEADER_ADDRESS"}));
+  } else if (env.Has("JOBSET_JOB_INDEX")) {
+    layer.source = WorldSource::kJobSet;
+    const Candidate job = *env.First({"JOBSET_JOB_INDEX"});
+    const Candidate pods =
+        env.First({"DTRAIN_PODS_PER_JOB"}).value_or(Derived("1", "DTRAIN_PODS_PER_JOB unset: 1"));
+    const Candidate pod =
+        env.First({"JOB_COMPLETION_INDEX"}).value_or(Derived("0", "JOB_COMPLETION_INDEX unset: 0"));
+    const std::string from =
+        absl::StrCat("derived from ", job.from, " x ", pods.from, " + ", pod.from);
+    absl::StatusOr<int> job_index = ParseInt(job);
+    absl::StatusOr<int> pods_per_job = ParseInt(pods);
+    absl::StatusOr<int> pod_index = ParseInt(pod);
+    if (!job_index.ok()) {
+      layer.Add("node_rank", Unusable(from, job_index.status()));
+    } else if (!pods_per_job.ok()) {
+      layer.Add("node_rank", Unusable(from, pods_per_job.status()));
+    } else if (!pod_index.ok()) {
+      layer.Add("node_rank", Unusable(from, pod_index.status()));
+    } else if (*pods_per_job < 1 || *pod_index < 0 || *pod_index >= *pods_per_job) {
+      layer.Add("node_rank", Unusable(from, absl::InvalidArgumentError(absl::StrCat(
+                                                pod.from, " must be below ", pods.from,
+                                                ": set DTRAIN_PODS_PER_JOB to the replicated job's "
+                                                "parallelism (pods per job)"))));
+    } else {
+      layer.Add("node_rank",
+                Derived(absl::StrCat(int64_t{*job_index} * *pods_per_job + *pod_index), from));
+    }
+    layer.Add("restart_count", env.First({"JOBSET_RESTART_ATTEMPT"}));
+  } else if (env.Has("JOB_COMPLETION_INDEX")) {
+    layer.source = WorldSource::kIndexedJob;
+    layer.Add("node_rank", env.First({"JOB_COMPLETION_INDEX"}));
+  }
+  return layer;
+}
+
+Layer MpiLayer(const Env& env, bool node_level) {
+  Layer layer;
+  if (env.Has("OMPI_COMM_WORLD_RANK")) {
+    layer.source = WorldSource::kOpenMpi;
+    if (node_level) return layer;
+    layer.Add("rank", env.First({"OMPI_COMM_WORLD_RANK"}));
+    layer.Add("world_size", env.First({"OMPI_COMM_WORLD_SIZE"}));
+    layer.Add("local_rank", env.First({"OMPI_COMM_WORLD_LOCAL_RANK"}));
+    layer.Add("local_world_size", env.First({"OMPI_COMM_WORLD_LOCAL_SIZE"}));
+  } else if (env.Has("PMI_RANK")) {
+    layer.source = WorldSource::kPmi;
+    if (node_level) return layer;
+    layer.Add("rank", env.First({"PMI_RANK"}));
+    layer.Add("world_size", env.First({"PMI_SIZE"}));
+    layer.Add("local_rank", env.First({"MPI_LOCALRANKID"}));
+    layer.Add("local_world_size", env.First({"MPI_LOCALNRANKS"}));
+  }
+  return layer;
+}
+
+// ---- resolution ----
+
+struct Chosen {
+  int value = 0;
+  std::string from;
+  WorldSource source = WorldSource::kSingle;
+  bool given = false;  // from a source, not derived or defaulted
+};
+
+std::string Describe(absl::string_view label, const Chosen& chosen) {
+  return absl::StrCat(label, " ", chosen.value, " (", chosen.from, ")");
+}
+
+absl::Status ShapeError(std::string message) {
+  return absl::InvalidArgumentError(std::move(message));
+}
+
+// The number of GPUs CUDA will show: entries of CUDA_VISIBLE_DEVICES up to the first invalid one.
+int CountVisibleDevices(absl::string_view devices) {
+  int count = 0;
+  for (const absl::string_view entry : absl::StrSplit(devices, ',')) {
+    const absl::string_view id = absl::StripAsciiWhitespace(entry);
+    int index = 0;
+    const bool valid = absl::StartsWith(id, "GPU-") || absl::StartsWith(id, "MIG-") ||
+                       (absl::SimpleAtoi(id, &index) && index >= 0);
+    if (!valid) break;
+    ++count;
+  }
+  return count;
+}
+
+std::string MasterHint(WorldSource source) {
+  switch (source) {
+    case WorldSource::kIndexedJob:
+      return " (an Indexed Job publishes no master: set DTRAIN_MASTER_ADDR=<job>-0.<subdomain>, "
+             "the index-0 pod behind a headless Service)";
+    case WorldSource::kJobSet:
+      return " (a JobSet publishes no master: set DTRAIN_MASTER_ADDR="
+             "<jobset>-<replicated-job>-0-0.<subdomain>)";
+    case WorldSource::kOpenMpi:
+    case WorldSource::kPmi:
+      return " (MPI publishes no master address: export it to every rank, e.g. mpirun -x "
+             "MASTER_ADDR=$(hostname))";
+    case WorldSource::kPyTorchJob:
+    case WorldSource::kTrainerV2:
+      return " (Kubeflow normally sets MASTER_ADDR or PET_MASTER_ADDR: check the job spec)";
+    case WorldSource::kLeaderWorkerSet:
+      return " (LeaderWorkerSet normally sets LWS_LEADER_ADDRESS: check the pod spec)";
+    default:
+      return "";
+  }
 }
 
 }  // namespace
 
-absl::StatusOr<WorldEnvironment> WorldFromEnvironment() {
+const char* WorldSourceName(WorldSource source) {
+  switch (source) {
+    case WorldSource::kFlags:
+      return "flags";
+    case WorldSource::kDtrain:
+      return "dtrain";
+    case WorldSource::kTorchrun:
+      return "torchrun";
+    case WorldSource::kSlurm:
+      return "slurm";
+    case WorldSource::kPyTorchJob:
+      return "pytorchjob";
+    case WorldSource::kTrainerV2:
+      return "trainer-v2";
+    case WorldSource::kIndexedJob:
+      return "indexed-job";
+    case WorldSource::kJobSet:
+      return "jobset";
+    case WorldSource::kLeaderWorkerSet:
+      return "leaderworkerset";
+    case WorldSource::kOpenMpi:
+      return "openmpi";
+    case WorldSource::kPmi:
+      return "pmi";
+    case WorldSource::kSingle:
+      return "single";
+  }
+  return "single";
+}
+
+int SlurmDerivedPort(std::string_view job_id, std::string_view step_id) {
+  const uint64_t hash = Fnv1a("dtrain/" + std::string(job_id) + "." + std::string(step_id));
+  int port = 20000 + static_cast<int>(hash % 10000);
+  if (port == 29400 || port == 29500) ++port;
+  return port;
+}
+
+absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
+                                              const WorldOverrides& flags) {
+  const Env env(map);
+  const bool node_level = flags.nproc_per_node.has_value();
+  const std::vector<Layer> layers = {FlagLayer(flags),
+                                     DtrainLayer(env),
+                                     TorchrunLayer(env, node_level),
+                                     SlurmLayer(env, node_level),
+                                     KubernetesLayer(env),
+                                     MpiLayer(env, node_level)};
+  const Layer& flag_layer = layers[0];
+  const Layer& dtrain_layer = layers[1];
+  // The launcher that gives the shape: the highest one present; lower ones are not mixed in.
+  const Layer* primary = nullptr;
+  for (size_t i = 2; i < layers.size() && primary == nullptr; ++i) {
+    if (layers[i].HasShape()) primary = &layers[i];
+  }
+
   WorldEnvironment world;
-  ASSIGN_OR_RETURN(world.rank, IntFromEnv("RANK", 0));
-  ASSIGN_OR_RETURN(world.world_size, IntFromEnv("WORLD_SIZE", 1));
-  ASSIGN_OR_RETURN(world.local_rank, IntFromEnv("LOCAL_RANK", world.rank));
-  ASSIGN_OR_RETURN(world.master_port, IntFromEnv("MASTER_PORT", world.master_port));
-  if (world.world_size < 1 || world.rank < 0 || world.rank >= world.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("RANK=", world.rank,
-                                                   " is outside WORLD_SIZE=", world.world_size,
-                                                   "; set both, with 0 <= RANK < WORLD_SIZE"));
+  std::map<std::string, Chosen> shape;
+  for (const char* name : kShapeFields) {
+    const std::string field(name);
+    for (const Layer* layer : {&flag_layer, &dtrain_layer, primary}) {
+      if (layer == nullptr) continue;
+      const auto it = layer->fields.find(field);
+      if (it == layer->fields.end()) continue;
+      ASSIGN_OR_RETURN(const int value, ParseInt(it->second));
+      shape[field] = Chosen{value, it->second.from, layer->source, true};
+      break;
+    }
   }
-  if (world.master_port <= 0 || world.master_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MASTER_PORT=", world.master_port, " is not a TCP port (1-65535)"));
+  const auto given = [&shape](const char* field) { return shape.contains(field); };
+  const auto given_by = [&shape](const char* field, WorldSource source) {
+    const auto it = shape.find(field);
+    return it != shape.end() && it->second.source == source;
+  };
+
+  // Which launcher this is: flags when they name the rank, the world or the node, DTRAIN_* when
+  // they name the rank or the world (DTRAIN_NUM_NODES alone completes a JobSet), else the
+  // launcher that gave the rest; workers per node alone do not make a launcher.
+  const auto flags_name = [&given_by](std::initializer_list<const char*> fields,
+                                      WorldSource source) {
+    for (const char* field : fields) {
+      if (given_by(field, source)) return true;
+    }
+    return false;
+  };
+  if (flags_name({"rank", "world_size", "node_rank", "num_nodes"}, WorldSource::kFlags)) {
+    world.source = WorldSource::kFlags;
+  } else if (flags_name({"rank", "world_size"}, WorldSource::kDtrain)) {
+    world.source = WorldSource::kDtrain;
+  } else if (primary != nullptr) {
+    world.source = primary->source;
   }
-  const char* addr = std::getenv("MASTER_ADDR");
-  if (addr != nullptr && *addr != '\0') {
-    world.master_addr = addr;
-  } else if (world.world_size > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("WORLD_SIZE=", world.world_size,
-                     " but MASTER_ADDR is not set: set it to the address of rank 0's host "
-                     "(dtrain never guesses localhost for a multi-process job)"));
+
+  for (const char* field : {"world_size", "num_nodes"}) {
+    if (given(field) && shape[field].value < 1) {
+      return ShapeError(absl::StrCat(
+          Describe(field == std::string("world_size") ? "world size" : "nodes", shape[field]),
+          " must be at least 1"));
+    }
+  }
+
+  // Pod-level launchers that do not publish the node count.
+  if ((world.source == WorldSource::kJobSet || world.source == WorldSource::kIndexedJob) &&
+      !given("num_nodes")) {
+    return ShapeError(absl::StrCat(
+        WorldSourceName(world.source), ": node rank ", shape["node_rank"].value, " (",
+        shape["node_rank"].from,
+        ") but no node count: set DTRAIN_NUM_NODES (or --num-nodes) to the number of pods"));
+  }
+
+  // Derive what no source gave. A process-level launcher without per-node counts puts every rank
+  // on one node, as torchrun's hand-started form always did.
+  const bool any_shape = !shape.empty();
+  const auto derive = [&shape, any_shape](const char* field, int value, std::string from) {
+    shape[field] =
+        Chosen{value, any_shape ? std::move(from) : "default", WorldSource::kSingle, false};
+  };
+  if (!given("local_world_size")) {
+    if (given("world_size") && given("num_nodes")) {
+      const Chosen& ws = shape["world_size"];
+      const Chosen& nodes = shape["num_nodes"];
+      if (nodes.value < 1 || ws.value % nodes.value != 0) {
+        return ShapeError(absl::StrCat(Describe("world size", ws), " does not split evenly over ",
+                                       Describe("nodes", nodes),
+                                       ": set the processes per node (DTRAIN_LOCAL_WORLD_SIZE or "
+                                       "--nproc-per-node)"));
+      }
+      derive("local_world_size", ws.value / nodes.value, "derived from world_size / num_nodes");
+    } else if (given("world_size")) {
+      derive("local_world_size", shape["world_size"].value,
+             "derived from world_size (no per-node count given: all ranks on one node)");
+    } else {
+      shape["local_world_size"] = Chosen{1, "default", WorldSource::kSingle, false};
+    }
+  }
+  const int local_world_size = shape["local_world_size"].value;
+  if (local_world_size < 1) {
+    return ShapeError(absl::StrCat(Describe("local world size", shape["local_world_size"]),
+                                   " must be at least 1"));
+  }
+  if (!given("num_nodes")) {
+    if (given("world_size")) {
+      derive("num_nodes", (shape["world_size"].value + local_world_size - 1) / local_world_size,
+             "derived from world_size / local_world_size");
+    } else {
+      shape["num_nodes"] = Chosen{1, "default", WorldSource::kSingle, false};
+    }
+  }
+  if (!given("world_size")) {
+    derive("world_size", shape["num_nodes"].value * local_world_size,
+           "derived from num_nodes x local_world_size");
+  }
+  if (!given("node_rank")) {
+    if (given("rank")) {
+      derive("node_rank", shape["rank"].value / local_world_size,
+             "derived from rank / local_world_size");
+    } else {
+      shape["node_rank"] = Chosen{0, "default", WorldSource::kSingle, false};
+    }
+  }
+  if (!given("local_rank")) {
+    if (given("rank")) {
+      derive("local_rank", shape["rank"].value % local_world_size,
+             "derived from rank % local_world_size");
+    } else {
+      shape["local_rank"] = Chosen{0, "default", WorldSource::kSingle, false};
+    }
+  }
+  if (!given("rank")) {
+    derive("rank", shape["node_rank"].value * local_world_size + shape["local_rank"].value,
+           "derived from node_rank x local_world_size + local_rank");
+  }
+
+  const Chosen& rank = shape["rank"];
+  const Chosen& world_size = shape["world_size"];
+  const Chosen& local_rank = shape["local_rank"];
+  const Chosen& local_world = shape["local_world_size"];
+  const Chosen& node_rank = shape["node_rank"];
+  const Chosen& num_nodes = shape["num_nodes"];
+  if (world_size.value < 1) {
+    return ShapeError(absl::StrCat(Describe("world size", world_size), " must be at least 1"));
+  }
+  const auto check_rank = [&]() -> absl::Status {
+    if (rank.value >= 0 && rank.value < world_size.value) return absl::OkStatus();
+    return ShapeError(absl::StrCat(Describe("rank", rank), " is outside ",
+                                   Describe("world size", world_size),
+                                   "; set both, with 0 <= rank < world size"));
+  };
+  // A given rank is checked first; a derived one only after the node and local rank it came from.
+  if (rank.given) RETURN_IF_ERROR(check_rank());
+  if (num_nodes.value < 1 || node_rank.value < 0 || node_rank.value >= num_nodes.value) {
+    return ShapeError(absl::StrCat(Describe("node rank", node_rank), " is outside ",
+                                   Describe("nodes", num_nodes),
+                                   "; set both, with 0 <= node rank < nodes"));
+  }
+  if (local_rank.value < 0 || local_rank.value >= local_world.value) {
+    return ShapeError(absl::StrCat(Describe("local rank", local_rank), " is outside ",
+                                   Describe("local world size", local_world),
+                                   "; set both, with 0 <= local rank < local world size"));
+  }
+  if (!rank.given) RETURN_IF_ERROR(check_rank());
+  if (local_world.value > world_size.value) {
+    return ShapeError(absl::StrCat(Describe("local world size", local_world), " exceeds ",
+                                   Describe("world size", world_size),
+                                   "; a node cannot hold more processes than the world"));
+  }
+  if (primary != nullptr && primary->source == WorldSource::kSlurm &&
+      given_by("world_size", WorldSource::kSlurm) && !primary->tasks_per_node.empty()) {
+    int64_t total = 0;
+    for (const int count : primary->tasks_per_node) total += count;
+    if (total != world_size.value) {
+      return ShapeError(absl::StrCat(
+          Describe("world size", world_size), " differs from the ", total, " tasks of ",
+          primary->tasks_per_node_from,
+          ": a stale SLURM_NTASKS (exported by the batch script, or srun -n differing from the "
+          "allocation); start the step with srun and matching -n / --ntasks-per-node"));
+    }
+  } else if (world_size.given && num_nodes.given && local_world.given &&
+             world_size.value != num_nodes.value * local_world.value) {
+    return ShapeError(
+        absl::StrCat(Describe("world size", world_size), " is not ", Describe("nodes", num_nodes),
+                     " x ", Describe("local world size", local_world), "; set them consistently"));
+  }
+  world.rank = rank.value;
+  world.world_size = world_size.value;
+  world.local_rank = local_rank.value;
+  world.local_world_size = local_world.value;
+  world.node_rank = node_rank.value;
+  world.num_nodes = num_nodes.value;
+  for (const char* name : kShapeFields) {
+    world.provenance[std::string(name)] = shape[std::string(name)].from;
+  }
+
+  // Fields any source may give, each from the highest that has it.
+  const auto first = [&layers](const std::string& field) -> const Candidate* {
+    for (const Layer& layer : layers) {
+      const auto it = layer.fields.find(field);
+      if (it != layer.fields.end()) return &it->second;
+    }
+    return nullptr;
+  };
+  if (const Candidate* port = first("master_port")) {
+    ASSIGN_OR_RETURN(world.master_port, ParseInt(*port));
+    if (world.master_port < 1 || world.master_port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(port->from, ": ", world.master_port, " is not a TCP port (1-65535)"));
+    }
+    world.provenance["master_port"] = port->from;
+  } else {
+    world.master_port = kDefaultMasterPort;
+    world.provenance["master_port"] = "default";
+  }
+  if (const Candidate* addr = first("master_addr")) {
+    RETURN_IF_ERROR(addr->error);
+    world.master_addr = addr->text;
+    world.provenance["master_addr"] = addr->from;
+  } else if (world.world_size > 1 && !(num_nodes.value == 1 && (num_nodes.given || node_level))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Describe("world size", world_size),
+        " but MASTER_ADDR is not set: set MASTER_ADDR (or DTRAIN_MASTER_ADDR, or --master-addr) "
+        "to the address of rank 0's host",
+        MasterHint(world.source), "; dtrain never guesses localhost for a multi-process job"));
+  } else {
+    // One process, or a world known to sit on this one node: loopback is right, not a guess.
+    world.master_addr = "127.0.0.1";
+    world.provenance["master_addr"] =
+        world.world_size == 1 ? "default (one process)" : "default (one node: num_nodes 1)";
+  }
+  if (const Candidate* run_id = first("run_id")) {
+    world.run_id = run_id->text;
+    world.provenance["run_id"] = run_id->from;
+  } else {
+    world.provenance["run_id"] = "default";
+  }
+  const auto count_field = [&](const std::string& field, std::optional<Candidate> candidate,
+                               int& out) -> absl::Status {
+    if (!candidate.has_value()) {
+      world.provenance[field] = "default";
+      return absl::OkStatus();
+    }
+    ASSIGN_OR_RETURN(out, ParseInt(*candidate));
+    if (out < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(candidate->from, " is negative; it counts restarts"));
+    }
+    world.provenance[field] = candidate->from;
+    return absl::OkStatus();
+  };
+  const Candidate* restart = first("restart_count");
+  RETURN_IF_ERROR(count_field("restart_count",
+                              restart ? std::optional<Candidate>(*restart) : std::nullopt,
+                              world.restart_count));
+  RETURN_IF_ERROR(count_field("max_restarts",
+                              env.First({"DTRAIN_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS"}),
+                              world.max_restarts));
+
+  if (std::optional<std::string> token = env.Get("DTRAIN_RDZV_TOKEN")) {
+    world.rdzv_token = *token;
+    world.provenance["rdzv_token"] =
+        absl::StrCat("DTRAIN_RDZV_TOKEN (set, ", token->size(), " characters)");
+  } else {
+    world.provenance["rdzv_token"] = "default (none: the store is unauthenticated)";
+  }
+  if (std::optional<Candidate> agent = env.First({"DTRAIN_AGENT_STORE"})) {
+    if (agent->text != "0" && agent->text != "1") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DTRAIN_AGENT_STORE='", agent->text, "' must be 0 or 1"));
+    }
+    world.agent_hosts_store = agent->text == "1";
+    world.provenance["agent_hosts_store"] = agent->from;
+  } else {
+    world.provenance["agent_hosts_store"] = "default";
+  }
+
+  // Slurm allocation facts, for `dtrain launch`.
+  if (std::optional<Candidate> job = env.First({"SLURM_JOB_ID", "SLURM_JOBID"})) {
+    world.in_slurm_allocation = true;
+    world.slurm_job_id = job->text;
+    world.slurm_batch_shell = !env.Has("SLURM_STEP_ID");
+    world.provenance["in_slurm_allocation"] = job->from;
+    world.provenance["slurm_batch_shell"] =
+        world.slurm_batch_shell ? "SLURM_STEP_ID unset: a batch or salloc shell, not a rank"
+                                : absl::StrCat("SLURM_STEP_ID=", *env.Get("SLURM_STEP_ID"));
+    if (std::optional<Candidate> nodes = env.First({"SLURM_JOB_NODELIST", "SLURM_NODELIST"})) {
+      world.slurm_job_nodelist = nodes->text;
+    }
+    if (std::optional<Candidate> count = env.First({"SLURM_JOB_NUM_NODES", "SLURM_NNODES"})) {
+      ASSIGN_OR_RETURN(world.slurm_job_num_nodes, ParseInt(*count));
+    }
+  } else {
+    world.provenance["in_slurm_allocation"] = "SLURM_JOB_ID unset";
+    world.provenance["slurm_batch_shell"] = "SLURM_JOB_ID unset";
+  }
+
+  // GPUs on this node, and whether the local processes fit on them.
+  std::string gpus_from = "neither SLURM_GPUS_ON_NODE nor CUDA_VISIBLE_DEVICES is set";
+  if (std::optional<Candidate> slurm_gpus = env.First({"SLURM_GPUS_ON_NODE"})) {
+    absl::StatusOr<int> count = ParseInt(*slurm_gpus);
+    if (count.ok()) {
+      world.visible_gpus = *count;
+      gpus_from = slurm_gpus->from;
+    } else if (flags.uses_gpus) {
+      return count.status();
+    }
+  } else if (const auto it = map.find("CUDA_VISIBLE_DEVICES"); it != map.end()) {
+    world.visible_gpus = CountVisibleDevices(it->second);
+    gpus_from = absl::StrCat("CUDA_VISIBLE_DEVICES=", it->second);
+  }
+  world.provenance["visible_gpus"] = gpus_from;
+  if (flags.uses_gpus && world.visible_gpus == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no GPU is visible to this process (", gpus_from,
+                     "): request GPUs from the scheduler (e.g. srun --gpus-per-node) or unset "
+                     "CUDA_VISIBLE_DEVICES"));
+  }
+  if (flags.uses_gpus && world.visible_gpus >= 2 && world.local_world_size > world.visible_gpus) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Describe("local world size", local_world), " is more than the ", world.visible_gpus,
+        " GPUs on this node (", gpus_from,
+        "): start at most one process per GPU (--nproc-per-node, srun --ntasks-per-node)"));
   }
   return world;
+}
+
+EnvironmentMap ProcessEnvironment() {
+  EnvironmentMap env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const absl::string_view text(*entry);
+    const size_t equals = text.find('=');
+    if (equals == absl::string_view::npos) continue;
+    env.emplace(std::string(text.substr(0, equals)), std::string(text.substr(equals + 1)));
+  }
+  return env;
+}
+
+absl::StatusOr<WorldEnvironment> WorldFromEnvironment() {
+  return ResolveWorld(ProcessEnvironment(), WorldOverrides{});
+}
+
+absl::Status CheckMasterResolves(const WorldEnvironment& world) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  const int code = getaddrinfo(world.master_addr.c_str(), nullptr, &hints, &result);
+  if (result != nullptr) freeaddrinfo(result);
+  if (code == 0) return absl::OkStatus();
+  const auto it = world.provenance.find("master_addr");
+  const std::string from = it == world.provenance.end() ? "unknown" : it->second;
+  return absl::UnavailableError(absl::StrCat(
+      "master address '", world.master_addr, "' (", from,
+      ") does not resolve: ", gai_strerror(code),
+      "; set MASTER_ADDR (or DTRAIN_MASTER_ADDR, or --master-addr) to a host name or address "
+      "every node can reach"));
 }
 
 }  // namespace dtrain
