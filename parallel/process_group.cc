@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "absl/strings/str_cat.h"
 #include "core/util/status.h"
 #include "parallel/comm/gloo_communicator.h"
 #include "parallel/store/tcp_store_client.h"
@@ -13,18 +14,24 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldE
                                                                     const std::string& key_prefix,
                                                                     const std::string& hostname) {
   std::unique_ptr<ProcessGroup> group(new ProcessGroup());
-  if (world.rank == 0) {
-    ASSIGN_OR_RETURN(group->server_, TcpStoreServer::Start(world.master_addr, world.master_port));
+  if (world.rank == 0 && !world.agent_hosts_store) {
+    TcpStoreServerOptions server_options;
+    server_options.token = world.rdzv_token;
+    ASSIGN_OR_RETURN(group->server_,
+                     TcpStoreServer::Start(world.master_addr, world.master_port, server_options));
   }
   TcpStoreClientOptions client_options;
   client_options.connect_timeout = timeout;
+  client_options.token = world.rdzv_token;
   ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreClient> client,
                    TcpStoreClient::Connect(world.master_addr, world.master_port, client_options));
   group->store_ = std::move(client);
 
   GlooCommunicatorOptions options;
   options.name = "world";
-  options.key_prefix = key_prefix + "comm/world/";
+  // A restarted group must not meet the keys of the attempt before it in the agent's store.
+  const std::string attempt = absl::StrCat("attempt-", world.restart_count);
+  options.key_prefix = absl::StrCat(key_prefix, attempt, "/comm/world/");
   options.rank = world.rank;
   options.size = world.world_size;
   options.timeout = timeout;
@@ -36,6 +43,11 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldE
     options.hostname = loopback || gethostname(name, sizeof(name) - 1) != 0 ? "127.0.0.1" : name;
   }
   ASSIGN_OR_RETURN(group->world_, GlooCommunicator::Create(group->store_, options));
+  // The agent reports when every worker is past rendezvous.
+  if (world.agent_hosts_store) {
+    RETURN_IF_ERROR(
+        group->store_->Add(absl::StrCat("workers/", attempt, "/connected"), 1).status());
+  }
   return group;
 }
 

@@ -1,5 +1,6 @@
-// The connections of one rank to the others: the rendezvous store (hosted by rank 0 for now;
-// the launcher's agent will host it) and the world communicator (Gloo on CPU).
+// The connections of one rank to the others: the rendezvous store (hosted by the node-0 agent of
+// `dtrain launch`, or by rank 0 when ranks are started otherwise, e.g. by srun or torchrun) and
+// the world communicator (Gloo on CPU).
 #pragma once
 
 #include <memory>
@@ -15,11 +16,11 @@ namespace dtrain {
 
 class ProcessGroup {
  public:
-  // Rank 0 starts the store at MASTER_ADDR:MASTER_PORT; every rank connects and joins the
-  // world communicator. Ranks that do not arrive within `timeout` fail the call, named.
-  // `key_prefix` separates jobs (and restarts) sharing one store. `hostname` is the address
-  // peers reach this rank's Gloo device at; empty = 127.0.0.1 for a loopback master, else this
-  // host's name.
+  // Rank 0 starts the store at MASTER_ADDR:MASTER_PORT unless an agent hosts it; every rank
+  // connects (with the job's token) and joins the world communicator. Ranks that do not arrive
+  // within `timeout` fail the call, named. `key_prefix` separates jobs (and restarts) sharing one
+  // store. `hostname` is the address peers reach this rank's Gloo device at; empty = 127.0.0.1 for
+  // a loopback master, else this host's name.
   static absl::StatusOr<std::unique_ptr<ProcessGroup>> Connect(const WorldEnvironment& world,
                                                                absl::Duration timeout,
                                                                const std::string& key_prefix,

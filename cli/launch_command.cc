@@ -1,0 +1,93 @@
+// `dtrain launch [RECIPE] [--nproc-per-node N] [--max-restarts K] ...`: the per-node agent that
+// starts, watches and restarts the workers (launch/launcher.h says how it finds its place).
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/recipe/recipe.h"
+#include "embedded_tiny_recipe.h"
+#include "launch/launcher.h"
+
+namespace dtrain::cli {
+
+void AddLaunchCommand(CLI::App& app) {
+  struct Args {
+    LaunchOptions launch;
+    int nproc_per_node = 0;
+    int node_rank = -1;
+    int num_nodes = 0;
+    std::string master_addr;
+    int master_port = 0;
+    std::string run_id;
+    int rendezvous_timeout_s = 300;
+    int stop_grace_s = 20;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* command = app.add_subcommand(
+      "launch",
+      "Start this node's agent: one worker per GPU (or --nproc-per-node), restarted on failure; "
+      "from a Slurm batch script, one agent per node through srun");
+  command->add_option("recipe", args->launch.recipe_path,
+                      "Recipe YAML file; none = the built-in tiny recipe (configs/tiny.yaml)");
+  AddOverrideOption(*command, args->launch.overrides);
+  command
+      ->add_option("--nproc-per-node", args->nproc_per_node,
+                   "Workers on this node (default: the pod's PET_NPROC_PER_NODE, else 1)")
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--max-restarts", args->launch.max_restarts,
+                   "Restarts of the whole group after a worker fails (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--node-rank", args->node_rank, "This node's index (default: environment)")
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--nnodes", args->num_nodes, "Number of nodes (default: environment)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--master-addr", args->master_addr,
+                      "Host of node 0, which hosts the rendezvous store (default: environment)");
+  command
+      ->add_option("--master-port", args->master_port,
+                   "Port of the rendezvous store (default: environment, derived under Slurm, "
+                   "a free one when standalone)")
+      ->check(CLI::Range(1, 65535));
+  command->add_option("--run-id", args->run_id, "Name of the run (default: environment)");
+  command->add_option("--log-dir", args->launch.log_dir,
+                      "Write each worker's output to DIR/rank-R.log instead of the console");
+  command
+      ->add_option("--rdzv-timeout-s", args->rendezvous_timeout_s,
+                   "Seconds to wait for the other nodes' agents (default 300)")
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--stop-grace-s", args->stop_grace_s,
+                   "Seconds workers get to checkpoint after SIGTERM before SIGKILL (default 20; "
+                   "keep it below Slurm's KillWait)")
+      ->check(CLI::NonNegativeNumber);
+  command->callback([args] {
+    // Check the recipe here, once, before any process starts.
+    absl::StatusOr<Recipe> recipe =
+        args->launch.recipe_path.empty()
+            ? ParseRecipe(kEmbeddedTinyRecipe, "<built-in configs/tiny.yaml>",
+                          args->launch.overrides)
+            : LoadRecipe(args->launch.recipe_path, args->launch.overrides);
+    if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
+    LaunchOptions& launch = args->launch;
+    launch.recipe_threads = recipe->run.threads;
+    if (args->nproc_per_node > 0) launch.world.nproc_per_node = args->nproc_per_node;
+    if (args->node_rank >= 0) launch.world.node_rank = args->node_rank;
+    if (args->num_nodes > 0) launch.world.num_nodes = args->num_nodes;
+    if (!args->master_addr.empty()) launch.world.master_addr = args->master_addr;
+    if (args->master_port > 0) launch.world.master_port = args->master_port;
+    if (!args->run_id.empty()) launch.world.run_id = args->run_id;
+    launch.rendezvous_timeout = absl::Seconds(args->rendezvous_timeout_s);
+    launch.stop_grace = absl::Seconds(args->stop_grace_s);
+    const absl::StatusOr<int> exit_code = Launch(launch);
+    if (!exit_code.ok()) {
+      Fail(exit_code.status(),
+           absl::IsInvalidArgument(exit_code.status()) ? kExitUsage : kExitFailure);
+    }
+    if (*exit_code != 0) throw CLI::RuntimeError(*exit_code);
+  });
+}
+
+}  // namespace dtrain::cli

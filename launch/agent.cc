@@ -1,0 +1,578 @@
+#include "launch/agent.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <deque>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "core/util/log.h"
+#include "core/util/status.h"
+#include "launch/worker_process.h"
+#include "parallel/store/tcp_store_client.h"
+#include "parallel/store/tcp_store_server.h"
+
+namespace dtrain {
+namespace {
+
+constexpr int kStderrTailLines = 20;
+constexpr absl::Duration kMonitorInterval = absl::Milliseconds(100);
+// How long node 0 keeps the store up for the other agents to read the final state.
+constexpr absl::Duration kExitTimeout = absl::Seconds(30);
+
+// Signals reach the monitor loop through a self-pipe: the handler only writes the number.
+int signal_pipe_write_fd = -1;
+void ForwardToPipe(int signal) {
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal);
+  (void)!write(signal_pipe_write_fd, &byte, 1);
+  errno = saved_errno;
+}
+
+class SignalPipe {
+ public:
+  SignalPipe() {
+    (void)!pipe2(fds_, O_CLOEXEC | O_NONBLOCK);
+    signal_pipe_write_fd = fds_[1];
+    struct sigaction action {};
+    action.sa_handler = ForwardToPipe;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    for (const int signal : kSignals) sigaction(signal, &action, nullptr);
+  }
+  ~SignalPipe() {
+    for (const int signal : kSignals) ::signal(signal, SIG_DFL);
+    signal_pipe_write_fd = -1;
+    close(fds_[0]);
+    close(fds_[1]);
+  }
+  int fd() const { return fds_[0]; }
+  std::vector<int> Take() {
+    std::vector<int> signals;
+    unsigned char byte = 0;
+    while (read(fds_[0], &byte, 1) == 1) signals.push_back(byte);
+    return signals;
+  }
+
+ private:
+  static constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCHLD};
+  int fds_[2] = {-1, -1};
+};
+
+std::string EnvName(const std::string& entry) { return entry.substr(0, entry.find('=')); }
+
+// Variables of any launcher that say where a process sits: a worker gets dtrain's own instead.
+bool IsRankVariable(const std::string& name) {
+  static const char* const kNames[] = {"RANK",
+                                       "LOCAL_RANK",
+                                       "WORLD_SIZE",
+                                       "LOCAL_WORLD_SIZE",
+                                       "GROUP_RANK",
+                                       "ROLE_RANK",
+                                       "MASTER_ADDR",
+                                       "MASTER_PORT",
+                                       "OMPI_COMM_WORLD_RANK",
+                                       "OMPI_COMM_WORLD_SIZE",
+                                       "OMPI_COMM_WORLD_LOCAL_RANK",
+                                       "PMI_RANK",
+                                       "PMI_SIZE"};
+  for (const char* rank_name : kNames) {
+    if (name == rank_name) return true;
+  }
+  return absl::StartsWith(name, "DTRAIN_") || absl::StartsWith(name, "TORCHELASTIC_") ||
+         name == "CUDA_VISIBLE_DEVICES";
+}
+
+std::string ClockTime(absl::Time time) {
+  return absl::FormatTime("%H:%M:%E3S", time, absl::LocalTimeZone());
+}
+
+std::string Hostname() {
+  char name[256] = {};
+  return gethostname(name, sizeof(name) - 1) == 0 ? name : "?";
+}
+
+struct Worker {
+  int rank = 0;
+  int local_rank = 0;
+  std::unique_ptr<WorkerProcess> process;
+  std::string partial[2];  // stdout, stderr: the unfinished last line
+  std::deque<std::string> stderr_tail;
+  int log_fd = -1;
+  absl::Time exited_at;
+  bool told_to_stop = false;
+};
+
+// Why Watch returned.
+enum class Outcome {
+  kSucceeded,  // every local worker exited 0
+  kFailed,     // a worker failed here or on another node
+  kStopping,   // SIGTERM/SIGINT here or on another node
+  kLostStore,  // the store (node 0's agent) is gone: nobody can coordinate a restart
+};
+
+class Agent {
+ public:
+  Agent(const WorldEnvironment& node, const AgentOptions& options)
+      : node_(node), options_(options), world_size_(node.num_nodes * options.nproc_per_node) {}
+
+  absl::StatusOr<int> Run();
+
+ private:
+  std::string Key(int attempt, const std::string& name) const {
+    return absl::StrCat("agent/attempt-", attempt, "/", name);
+  }
+  absl::Status Connect();
+  // Every agent arrives before any starts workers (the last arrival opens the gate).
+  absl::Status Barrier(const std::string& counter, absl::Duration timeout);
+  absl::Status StartWorkers(int attempt);
+  Outcome Watch(int attempt);
+  // After local success: waits for every node to succeed, or for a failure or stop elsewhere.
+  Outcome AwaitOthers(int attempt);
+  void StopWorkers(absl::Duration grace);
+  void Drain(Worker& worker, int stream);
+  void EmitLine(Worker& worker, int stream, const std::string& line);
+  void HandleSignals();
+  absl::StatusOr<int64_t> Counter(const std::string& key) { return store_->Add(key, 0); }
+  // Writes this node's failed workers to the store (a JSON list, possibly empty).
+  absl::Status PublishFailures(int attempt);
+  void PrintRootCause(int attempt);
+  int Finish(int exit_code);
+
+  WorldEnvironment node_;  // master_port becomes the bound one on a single node
+  const AgentOptions options_;
+  const int world_size_;
+  std::unique_ptr<TcpStoreServer> server_;  // node 0
+  std::unique_ptr<TcpStoreClient> store_;
+  SignalPipe signals_;
+  std::vector<Worker> workers_;
+  bool stop_requested_ = false;
+  absl::Time started_at_;
+  bool reported_rendezvous_ = false;
+};
+
+absl::Status Agent::Connect() {
+  TcpStoreServerOptions server_options;
+  server_options.token = node_.rdzv_token;
+  int port = node_.master_port;
+  if (node_.node_rank == 0) {
+    ASSIGN_OR_RETURN(server_, TcpStoreServer::Start("", port, server_options));
+    port = server_->port();
+  }
+  TcpStoreClientOptions client_options;
+  client_options.token = node_.rdzv_token;
+  client_options.connect_timeout = options_.rendezvous_timeout;
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+      TcpStoreClient::Connect(node_.master_addr, port, client_options);
+  if (!client.ok()) {
+    return absl::Status(
+        client.status().code(),
+        absl::StrCat("node ", node_.node_rank, " cannot reach the rendezvous store ",
+                     "of node 0 at ", node_.master_addr, ":", port, ": ",
+                     client.status().message()));
+  }
+  store_ = *std::move(client);
+  node_.master_port = port;  // node 0 may have chosen it
+  return absl::OkStatus();
+}
+
+absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) {
+  ASSIGN_OR_RETURN(const int64_t arrived, store_->Add(counter, 1));
+  if (arrived == node_.num_nodes) return store_->Set(counter + "/open", "1");
+  absl::Status status = store_->Wait({counter + "/open"}, timeout);
+  if (status.ok()) return status;
+  const int64_t seen = Counter(counter).value_or(-1);
+  return absl::DeadlineExceededError(absl::StrFormat(
+      "only %d of %d node agents reached '%s' within %s; check that `dtrain launch` runs on every "
+      "node of the job (one agent per node) and that they all reach %s:%d",
+      seen, node_.num_nodes, counter, absl::FormatDuration(timeout), node_.master_addr,
+      node_.master_port));
+}
+
+absl::Status Agent::StartWorkers(int attempt) {
+  workers_.clear();
+  workers_.resize(options_.nproc_per_node);
+  started_at_ = absl::Now();
+  reported_rendezvous_ = false;
+  for (int local = 0; local < options_.nproc_per_node; ++local) {
+    Worker& worker = workers_[local];
+    worker.local_rank = local;
+    worker.rank = node_.node_rank * options_.nproc_per_node + local;
+    if (!options_.log_dir.empty()) {
+      const std::string path = absl::StrCat(options_.log_dir, "/rank-", worker.rank, ".log");
+      worker.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (worker.log_fd < 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("cannot write the worker log ", path, ": ", strerror(errno),
+                         "; point --log-dir at a writable folder"));
+      }
+    }
+    ASSIGN_OR_RETURN(worker.process,
+                     WorkerProcess::Spawn(options_.worker_argv,
+                                          WorkerEnvironment(node_, options_, local, attempt)));
+  }
+  LogInfo("node %d: started ranks %d-%d (attempt %d of %d)", node_.node_rank, workers_.front().rank,
+          workers_.back().rank, attempt + 1, options_.max_restarts + 1);
+  return absl::OkStatus();
+}
+
+void Agent::EmitLine(Worker& worker, int stream, const std::string& line) {
+  if (stream == 1) {
+    worker.stderr_tail.emplace_back(line);
+    if (worker.stderr_tail.size() > kStderrTailLines) worker.stderr_tail.pop_front();
+  }
+  const std::string text = worker.log_fd >= 0
+                               ? absl::StrCat(line, "\n")
+                               : absl::StrCat("[rank ", worker.rank, "] ", line, "\n");
+  const int fd = worker.log_fd >= 0 ? worker.log_fd : (stream == 0 ? STDOUT_FILENO : STDERR_FILENO);
+  (void)!write(fd, text.data(), text.size());
+}
+
+void Agent::Drain(Worker& worker, int stream) {
+  const int fd = stream == 0 ? worker.process->stdout_fd() : worker.process->stderr_fd();
+  if (fd < 0) return;
+  char buffer[65536];
+  while (true) {
+    const ssize_t got = read(fd, buffer, sizeof(buffer));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      if (got == 0 || errno != EAGAIN) {
+        if (!worker.partial[stream].empty()) EmitLine(worker, stream, worker.partial[stream]);
+        worker.partial[stream].clear();
+        worker.process->CloseOutput(fd);
+      }
+      return;
+    }
+    std::string& text = worker.partial[stream];
+    text.append(buffer, got);
+    size_t begin = 0;
+    for (size_t end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1) {
+      EmitLine(worker, stream, text.substr(begin, end - begin));
+    }
+    text.erase(0, begin);
+  }
+}
+
+void Agent::HandleSignals() {
+  for (const int signal : signals_.Take()) {
+    if (signal == SIGCHLD) continue;  // only wakes the loop
+    if (signal == SIGUSR1 || signal == SIGUSR2) {
+      LogInfo("node %d: forwarding %s to the workers", node_.node_rank, sigabbrev_np(signal));
+      for (Worker& worker : workers_) worker.process->Signal(signal);
+      continue;
+    }
+    if (!stop_requested_) {
+      LogInfo("node %d: SIG%s received: asking the workers to checkpoint and stop (grace %s)",
+              node_.node_rank, sigabbrev_np(signal), absl::FormatDuration(options_.stop_grace));
+    }
+    stop_requested_ = true;
+  }
+}
+
+Outcome Agent::Watch(int attempt) {
+  absl::Time next_store_check = absl::Now();
+  while (true) {
+    std::vector<pollfd> fds = {{signals_.fd(), POLLIN, 0}};
+    for (const Worker& worker : workers_) {
+      fds.push_back({worker.process->stdout_fd(), POLLIN, 0});
+      fds.push_back({worker.process->stderr_fd(), POLLIN, 0});
+    }
+    poll(fds.data(), fds.size(), absl::ToInt64Milliseconds(kMonitorInterval));
+    HandleSignals();
+    for (Worker& worker : workers_) {
+      Drain(worker, 0);
+      Drain(worker, 1);
+    }
+    if (stop_requested_) {
+      (void)store_->Add(Key(attempt, "stop"), 1);
+      return Outcome::kStopping;
+    }
+    int succeeded = 0;
+    for (Worker& worker : workers_) {
+      const bool was_running = !worker.process->exit_status().has_value();
+      const std::optional<ExitStatus> exit = worker.process->Poll();
+      if (!exit) continue;
+      if (was_running) {
+        worker.exited_at = absl::Now();
+        Drain(worker, 0);
+        Drain(worker, 1);
+      }
+      if (!exit->ok()) {
+        LogError("node %d: rank %d failed: %s", node_.node_rank, worker.rank, exit->ToString());
+        (void)store_->Add(Key(attempt, "failed"), 1);
+        return Outcome::kFailed;
+      }
+      ++succeeded;
+    }
+    if (succeeded == static_cast<int>(workers_.size())) return Outcome::kSucceeded;
+
+    if (absl::Now() < next_store_check) continue;
+    next_store_check = absl::Now() + kMonitorInterval;
+    const absl::StatusOr<int64_t> failed = Counter(Key(attempt, "failed"));
+    const absl::StatusOr<int64_t> stop = Counter(Key(attempt, "stop"));
+    if (!failed.ok() || !stop.ok()) {
+      LogError("node %d: lost the rendezvous store at %s:%d (%s); stopping the workers",
+               node_.node_rank, node_.master_addr, node_.master_port,
+               (failed.ok() ? stop.status() : failed.status()).message());
+      return Outcome::kLostStore;
+    }
+    if (*failed > 0) return Outcome::kFailed;
+    if (*stop > 0) {
+      LogInfo("node %d: another node was told to stop: stopping the workers", node_.node_rank);
+      return Outcome::kStopping;
+    }
+    if (node_.node_rank == 0 && !reported_rendezvous_) {
+      const absl::StatusOr<int64_t> connected =
+          Counter(absl::StrCat("workers/attempt-", attempt, "/connected"));
+      if (connected.ok() && *connected == world_size_) {
+        reported_rendezvous_ = true;
+        LogInfo("all %d workers past rendezvous %.3f s after they were started", world_size_,
+                absl::ToDoubleSeconds(absl::Now() - started_at_));
+      }
+    }
+  }
+}
+
+Outcome Agent::AwaitOthers(int attempt) {
+  if (!store_->Add(Key(attempt, "succeeded"), 1).ok()) return Outcome::kLostStore;
+  const absl::Time deadline = absl::Now() + options_.rendezvous_timeout;
+  while (absl::Now() < deadline) {
+    HandleSignals();
+    if (stop_requested_) return Outcome::kStopping;
+    const absl::StatusOr<int64_t> succeeded = Counter(Key(attempt, "succeeded"));
+    const absl::StatusOr<int64_t> failed = Counter(Key(attempt, "failed"));
+    if (!succeeded.ok() || !failed.ok()) return Outcome::kLostStore;
+    if (*failed > 0) return Outcome::kFailed;
+    if (*succeeded == node_.num_nodes) return Outcome::kSucceeded;
+    absl::SleepFor(kMonitorInterval);
+  }
+  LogError("node %d: the other nodes did not finish within %s of this one", node_.node_rank,
+           absl::FormatDuration(options_.rendezvous_timeout));
+  return Outcome::kFailed;
+}
+
+void Agent::StopWorkers(absl::Duration grace) {
+  for (Worker& worker : workers_) {
+    if (worker.process->Poll()) {
+      if (worker.exited_at == absl::Time()) worker.exited_at = absl::Now();
+      continue;  // ended by itself: a failure of its own, if it failed
+    }
+    worker.told_to_stop = true;
+    worker.process->Signal(SIGTERM);
+  }
+  const absl::Time deadline = absl::Now() + grace;
+  while (true) {
+    bool running = false;
+    for (Worker& worker : workers_) {
+      Drain(worker, 0);
+      Drain(worker, 1);
+      const bool was_running = !worker.process->exit_status().has_value();
+      if (!worker.process->Poll()) {
+        running = true;
+      } else if (was_running) {
+        worker.exited_at = absl::Now();
+      }
+    }
+    if (!running) return;
+    if (absl::Now() >= deadline) break;
+    signals_.Take();  // a second SIGTERM changes nothing; the grace is already running
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (Worker& worker : workers_) {
+    if (worker.process->exit_status()) continue;
+    LogWarn("node %d: rank %d did not stop within %s: SIGKILL", node_.node_rank, worker.rank,
+            absl::FormatDuration(grace));
+    worker.process->Signal(SIGKILL);
+  }
+  for (Worker& worker : workers_) {
+    while (!worker.process->Poll()) absl::SleepFor(absl::Milliseconds(5));
+    Drain(worker, 0);
+    Drain(worker, 1);
+  }
+}
+
+absl::Status Agent::PublishFailures(int attempt) {
+  nlohmann::json failures = nlohmann::json::array();
+  const std::string host = Hostname();
+  for (const Worker& worker : workers_) {
+    const std::optional<ExitStatus>& exit = worker.process->exit_status();
+    if (!exit || exit->ok() || worker.told_to_stop) continue;
+    std::string tail;
+    for (const std::string& line : worker.stderr_tail) absl::StrAppend(&tail, line, "\n");
+    failures.push_back({{"rank", worker.rank},
+                        {"node", node_.node_rank},
+                        {"host", host},
+                        {"exit", exit->ToString()},
+                        {"signal", exit->signal},
+                        {"time_us", absl::ToUnixMicros(worker.exited_at)},
+                        {"stderr", tail}});
+  }
+  return store_->Set(Key(attempt, absl::StrCat("failures/node-", node_.node_rank)),
+                     failures.dump());
+}
+
+void Agent::PrintRootCause(int attempt) {
+  std::vector<nlohmann::json> failures;
+  for (int node = 0; node < node_.num_nodes; ++node) {
+    const absl::StatusOr<std::string> value =
+        store_->Get(Key(attempt, absl::StrCat("failures/node-", node)), absl::Seconds(5));
+    if (!value.ok()) continue;
+    for (const nlohmann::json& failure : nlohmann::json::parse(*value, nullptr, false)) {
+      failures.push_back(failure);
+    }
+  }
+  if (failures.empty()) {
+    LogError("the job failed but no worker recorded a failure (an agent was lost?)");
+    return;
+  }
+  // The root cause is the earliest exit; the others usually follow from it (a dead peer breaks
+  // every collective).
+  std::sort(failures.begin(), failures.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+    return a["time_us"].get<int64_t>() < b["time_us"].get<int64_t>();
+  });
+  std::string table =
+      absl::StrFormat("%-6s %-6s %-20s %-24s %s\n", "rank", "node", "host", "exit", "time");
+  for (const nlohmann::json& f : failures) {
+    absl::StrAppendFormat(&table, "%-6d %-6d %-20s %-24s %s\n", f["rank"].get<int>(),
+                          f["node"].get<int>(), f["host"].get<std::string>(),
+                          f["exit"].get<std::string>(),
+                          ClockTime(absl::FromUnixMicros(f["time_us"].get<int64_t>())));
+  }
+  const nlohmann::json& first = failures.front();
+  std::string tail = first["stderr"].get<std::string>();
+  if (tail.empty()) tail = "(nothing on stderr)\n";
+  LogError(
+      "the job failed (%d restarts used of %d). Root cause: rank %d on node %d (%s), %s.\n"
+      "Failed workers, first failure first:\n%sLast lines of rank %d's stderr:\n%s",
+      attempt, options_.max_restarts, first["rank"].get<int>(), first["node"].get<int>(),
+      first["host"].get<std::string>(), first["exit"].get<std::string>(), table,
+      first["rank"].get<int>(), tail);
+}
+
+int Agent::Finish(int exit_code) {
+  // Node 0 hosts the store: it stays up until every agent has read the outcome.
+  if (store_->Add("agent/exited", 1).ok() && node_.node_rank == 0) {
+    const absl::Time deadline = absl::Now() + kExitTimeout;
+    while (absl::Now() < deadline && Counter("agent/exited").value_or(0) < node_.num_nodes) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  return exit_code;
+}
+
+absl::StatusOr<int> Agent::Run() {
+  RETURN_IF_ERROR(Connect());
+  for (int attempt = 0;; ++attempt) {
+    RETURN_IF_ERROR(Barrier(Key(attempt, "arrived"), options_.rendezvous_timeout));
+    RETURN_IF_ERROR(StartWorkers(attempt));
+    Outcome outcome = Watch(attempt);
+    if (outcome == Outcome::kSucceeded) outcome = AwaitOthers(attempt);
+    switch (outcome) {
+      case Outcome::kSucceeded:
+        LogInfo("node %d: every worker finished", node_.node_rank);
+        return Finish(0);
+      case Outcome::kStopping: {
+        StopWorkers(options_.stop_grace);
+        const bool clean = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) {
+          return w.process->exit_status()->ok();
+        });
+        LogInfo("node %d: workers stopped%s", node_.node_rank,
+                clean ? " cleanly" : "; some did not exit cleanly (see their logs)");
+        return Finish(clean ? 0 : 1);
+      }
+      case Outcome::kLostStore:
+        StopWorkers(options_.failure_grace);
+        return 1;
+      case Outcome::kFailed:
+        break;
+    }
+    StopWorkers(options_.failure_grace);
+    RETURN_IF_ERROR(PublishFailures(attempt));
+    RETURN_IF_ERROR(Barrier(Key(attempt, "stopped"), options_.rendezvous_timeout));
+    if (attempt < options_.max_restarts) {
+      LogWarn("node %d: restarting the workers (restart %d of %d)", node_.node_rank, attempt + 1,
+              options_.max_restarts);
+      continue;
+    }
+    if (node_.node_rank == 0) PrintRootCause(attempt);
+    return Finish(1);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> WorkerEnvironment(const WorldEnvironment& node,
+                                           const AgentOptions& options, int local_rank,
+                                           int attempt) {
+  std::vector<std::string> environment;
+  bool has_omp_threads = false;
+  for (const std::string& entry : options.environment) {
+    const std::string name = EnvName(entry);
+    if (IsRankVariable(name)) continue;
+    has_omp_threads |= name == "OMP_NUM_THREADS";
+    environment.push_back(entry);
+  }
+  const int rank = node.node_rank * options.nproc_per_node + local_rank;
+  const int world_size = node.num_nodes * options.nproc_per_node;
+  const std::string run_id = node.run_id.empty() ? "dtrain" : node.run_id;
+  const std::pair<std::string, std::string> values[] = {
+      {"RANK", std::to_string(rank)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"WORLD_SIZE", std::to_string(world_size)},
+      {"LOCAL_WORLD_SIZE", std::to_string(options.nproc_per_node)},
+      {"NODE_RANK", std::to_string(node.node_rank)},
+      {"NUM_NODES", std::to_string(node.num_nodes)},
+      {"MASTER_ADDR", node.master_addr},
+      {"MASTER_PORT", std::to_string(node.master_port)},
+      {"RUN_ID", run_id},
+      {"RESTART_COUNT", std::to_string(attempt)},
+      {"MAX_RESTARTS", std::to_string(options.max_restarts)},
+  };
+  for (const auto& [name, value] : values) {
+    environment.push_back(absl::StrCat("DTRAIN_", name, "=", value));
+  }
+  // torchrun's contract too, for anything in the worker that reads it.
+  for (const auto& [name, value] : values) {
+    if (name == "NODE_RANK") {
+      environment.push_back(absl::StrCat("GROUP_RANK=", value));
+    } else if (name == "RUN_ID" || name == "RESTART_COUNT" || name == "MAX_RESTARTS") {
+      environment.push_back(absl::StrCat("TORCHELASTIC_", name, "=", value));
+    } else if (name != "NUM_NODES") {
+      environment.push_back(absl::StrCat(name, "=", value));
+    }
+  }
+  environment.push_back("DTRAIN_AGENT_STORE=1");
+  if (!node.rdzv_token.empty()) {
+    environment.push_back(absl::StrCat("DTRAIN_RDZV_TOKEN=", node.rdzv_token));
+  }
+  if (!options.gpus.empty()) {
+    environment.push_back(absl::StrCat("CUDA_VISIBLE_DEVICES=", options.gpus[local_rank]));
+  }
+  if (!has_omp_threads && options.nproc_per_node > 1) environment.push_back("OMP_NUM_THREADS=1");
+  return environment;
+}
+
+absl::StatusOr<int> RunAgent(const WorldEnvironment& node, const AgentOptions& options) {
+  if (options.nproc_per_node < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nproc-per-node ", options.nproc_per_node, " must be at least 1"));
+  }
+  if (!options.gpus.empty() && static_cast<int>(options.gpus.size()) < options.nproc_per_node) {
+    return absl::InvalidArgumentError(absl::StrCat("--nproc-per-node ", options.nproc_per_node,
+                                                   " but this node has ", options.gpus.size(),
+                                                   " GPUs; start at most one worker per GPU"));
+  }
+  Agent agent(node, options);
+  return agent.Run();
+}
+
+}  // namespace dtrain

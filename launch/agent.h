@@ -1,0 +1,58 @@
+// The per-node agent of `dtrain launch` (what torchrun's elastic agent is to PyTorch): it starts
+// this node's workers, watches them and the other nodes' agents, and decides together with them
+// when the group stops, restarts or ends.
+//
+// - Node 0's agent hosts the rendezvous store; every agent and worker connects to it. Workers are
+//   told so (DTRAIN_AGENT_STORE=1) and get their ranks as DTRAIN_* and torchrun's variables.
+// - A worker that fails anywhere makes every agent stop its workers (SIGTERM, then SIGKILL after
+//   the failure grace); while restarts remain, all nodes start their workers again (the trainer
+//   resumes from the newest complete checkpoint); otherwise the agent exits 1 and node 0 prints
+//   the root cause: the first failing rank, its node, exit code or signal, its last stderr lines.
+// - SIGTERM or SIGINT (time limit, preemption) is forwarded to the workers, which checkpoint and
+//   exit; whatever still runs after the stop grace is killed. Every agent learns of it through the
+//   store. SIGUSR1 and SIGUSR2 are forwarded without teardown.
+// - Worker output goes to the agent's stdout and stderr, each line prefixed "[rank R] ", or to
+//   `<log_dir>/rank-<R>.log`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "launch/environment.h"
+
+namespace dtrain {
+
+struct AgentOptions {
+  // What each worker runs; argv[0] is a path. The agent adds only environment variables.
+  std::vector<std::string> worker_argv;
+  int nproc_per_node = 1;
+  int max_restarts = 0;
+  std::string log_dir;  // empty: rank-prefixed lines on the agent's own stdout and stderr
+  // Waiting for the other agents: to arrive, to stop their workers, to finish.
+  absl::Duration rendezvous_timeout = absl::Minutes(5);
+  // SIGTERM to SIGKILL when the job is told to stop: room for a checkpoint, and shorter than
+  // Slurm's KillWait (30 s by default) so that dtrain, not Slurm, ends the workers.
+  absl::Duration stop_grace = absl::Seconds(20);
+  // SIGTERM to SIGKILL when the group is torn down after a failure (nothing is saved then).
+  absl::Duration failure_grace = absl::Seconds(3);
+  // GPU ids of this node, one per worker (CUDA_VISIBLE_DEVICES); empty on CPU.
+  std::vector<std::string> gpus;
+  // The agent's environment, which workers inherit ("NAME=value").
+  std::vector<std::string> environment;
+};
+
+// The environment of worker `local_rank` in restart `attempt`: `options.environment` without
+// any launcher's rank variables, plus dtrain's and torchrun's for this worker.
+std::vector<std::string> WorkerEnvironment(const WorldEnvironment& node,
+                                           const AgentOptions& options, int local_rank,
+                                           int attempt);
+
+// Runs this node's agent until the job ends. `node` gives node_rank, num_nodes, the master
+// address and port (port 0 on a single node: any free port), run id and token. Returns the exit
+// code: 0 when every worker succeeded (or stopped cleanly when told to), 1 when the job failed
+// with no restarts left. Errors are rendezvous failures (a missing agent, an unreachable store).
+absl::StatusOr<int> RunAgent(const WorldEnvironment& node, const AgentOptions& options);
+
+}  // namespace dtrain

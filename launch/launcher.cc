@@ -1,0 +1,174 @@
+#include "launch/launcher.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/util/log.h"
+#include "core/util/status.h"
+#include "launch/agent.h"
+#include "parallel/store/auth.h"
+
+namespace dtrain {
+namespace {
+
+absl::StatusOr<std::string> DtrainPath() {
+  std::error_code error;
+  const std::filesystem::path path = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot find the dtrain binary (/proc/self/exe): ", error.message()));
+  }
+  return path.string();
+}
+
+absl::StatusOr<std::string> GenerateToken() {
+  ASSIGN_OR_RETURN(const std::string bytes, RandomNonce());
+  return absl::BytesToHexString(bytes);
+}
+
+std::vector<std::string> EnvironmentEntries(const EnvironmentMap& env) {
+  std::vector<std::string> entries;
+  for (const auto& [name, value] : env) entries.push_back(absl::StrCat(name, "=", value));
+  std::sort(entries.begin(), entries.end());
+  return entries;
+}
+
+int UsableCpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+// From the batch shell: one agent per node through srun, which forwards signals to the agents
+// and reports their exit. Returns only when srun cannot be started.
+absl::Status ExecAgentsThroughSrun(const LaunchOptions& options, const WorldEnvironment& shell,
+                                   EnvironmentMap env) {
+  ASSIGN_OR_RETURN(const std::string dtrain, DtrainPath());
+  std::vector<std::string> argv = {"srun", "--ntasks-per-node=1",
+                                   absl::StrCat("--nodes=", shell.slurm_job_num_nodes),
+                                   "--kill-on-bad-exit=1"};
+  // The agent's workers need the node's CPUs, not the one CPU of a default task.
+  if (int cpus = 0; absl::SimpleAtoi(env["SLURM_CPUS_ON_NODE"], &cpus) && cpus > 1) {
+    argv.push_back(absl::StrCat("--cpus-per-task=", cpus));
+  }
+  for (std::string& arg : LaunchCommandLine(dtrain, options)) argv.push_back(std::move(arg));
+  if (env["DTRAIN_RDZV_TOKEN"].empty()) {
+    ASSIGN_OR_RETURN(env["DTRAIN_RDZV_TOKEN"], GenerateToken());
+  }
+  LogInfo("Slurm job %s: starting one agent on each of its %d nodes: %s", shell.slurm_job_id,
+          shell.slurm_job_num_nodes, absl::StrJoin(argv, " "));
+  const std::vector<std::string> entries = EnvironmentEntries(env);
+  std::vector<char*> args, envp;
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  for (const std::string& entry : entries) envp.push_back(const_cast<char*>(entry.c_str()));
+  args.push_back(nullptr);
+  envp.push_back(nullptr);
+  execvpe("srun", args.data(), envp.data());
+  return absl::FailedPreconditionError(absl::StrCat(
+      "cannot run srun: ", strerror(errno), "; run `dtrain launch` where Slurm's srun is on PATH"));
+}
+
+}  // namespace
+
+std::vector<std::string> LaunchCommandLine(const std::string& dtrain_path,
+                                           const LaunchOptions& options) {
+  std::vector<std::string> argv = {dtrain_path, "launch"};
+  if (!options.recipe_path.empty()) argv.push_back(options.recipe_path);
+  for (const std::string& override : options.overrides) {
+    argv.insert(argv.end(), {"--set", override});
+  }
+  const WorldOverrides& world = options.world;
+  if (world.nproc_per_node) {
+    argv.push_back(absl::StrCat("--nproc-per-node=", *world.nproc_per_node));
+  }
+  if (world.master_port) argv.push_back(absl::StrCat("--master-port=", *world.master_port));
+  if (world.master_addr) argv.push_back(absl::StrCat("--master-addr=", *world.master_addr));
+  if (world.run_id) argv.push_back(absl::StrCat("--run-id=", *world.run_id));
+  argv.push_back(absl::StrCat("--max-restarts=", options.max_restarts));
+  if (!options.log_dir.empty()) argv.push_back(absl::StrCat("--log-dir=", options.log_dir));
+  argv.push_back(
+      absl::StrCat("--rdzv-timeout-s=", absl::ToInt64Seconds(options.rendezvous_timeout)));
+  argv.push_back(absl::StrCat("--stop-grace-s=", absl::ToInt64Seconds(options.stop_grace)));
+  return argv;
+}
+
+absl::StatusOr<int> Launch(const LaunchOptions& options) {
+  const EnvironmentMap env = ProcessEnvironment();
+  // First as a process, to see what launched this one (and how many tasks share its node).
+  WorldOverrides process_flags = options.world;
+  process_flags.nproc_per_node.reset();
+  ASSIGN_OR_RETURN(const WorldEnvironment process, ResolveWorld(env, process_flags));
+  if (process.slurm_batch_shell && !options.world.node_rank) {
+    RETURN_IF_ERROR(ExecAgentsThroughSrun(options, process, env));
+  }
+  if (process.source == WorldSource::kSlurm && process.local_world_size > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`dtrain launch` is one agent per node, but this Slurm step runs ",
+        process.local_world_size,
+        " tasks on this node; start it with `srun --ntasks-per-node=1`, call it from the batch "
+        "script without srun, or run `srun dtrain train` for one task per rank"));
+  }
+
+  // Then as a node: the agent's view.
+  WorldOverrides node_flags = options.world;
+  const bool pod_level =
+      process.source == WorldSource::kPyTorchJob || process.source == WorldSource::kTrainerV2 ||
+      process.source == WorldSource::kJobSet || process.source == WorldSource::kIndexedJob ||
+      process.source == WorldSource::kLeaderWorkerSet;
+  if (!node_flags.nproc_per_node)
+    node_flags.nproc_per_node = pod_level ? process.local_world_size : 1;
+  ASSIGN_OR_RETURN(WorldEnvironment node, ResolveWorld(env, node_flags));
+  const bool standalone = node.num_nodes == 1 && node.source == WorldSource::kSingle;
+  if (standalone && node.provenance["master_port"] == "default") node.master_port = 0;
+  if (node.num_nodes > 1) RETURN_IF_ERROR(CheckMasterResolves(node));
+  if (node.rdzv_token.empty()) {
+    if (node.num_nodes > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a launch over ", node.num_nodes,
+          " nodes needs a shared rendezvous token: set "
+          "DTRAIN_RDZV_TOKEN to the same secret on every node (in Kubernetes, from a Secret); "
+          "`dtrain launch` from a Slurm batch script generates one itself"));
+    }
+    ASSIGN_OR_RETURN(node.rdzv_token, GenerateToken());
+  }
+
+  AgentOptions agent;
+  ASSIGN_OR_RETURN(const std::string dtrain, DtrainPath());
+  agent.worker_argv = {dtrain, "train"};
+  if (!options.recipe_path.empty()) agent.worker_argv.push_back(options.recipe_path);
+  for (const std::string& override : options.overrides) {
+    agent.worker_argv.insert(agent.worker_argv.end(), {"--set", override});
+  }
+  agent.nproc_per_node = *node_flags.nproc_per_node;
+  // CPU workers share the node's cores instead of each taking all of them.
+  if (options.recipe_threads == 0 && agent.nproc_per_node > 1) {
+    agent.worker_argv.insert(
+        agent.worker_argv.end(),
+        {"--set", absl::StrCat("run.threads=", std::max(1, UsableCpus() / agent.nproc_per_node))});
+  }
+  agent.max_restarts = options.max_restarts;
+  agent.log_dir = options.log_dir;
+  agent.rendezvous_timeout = options.rendezvous_timeout;
+  agent.stop_grace = options.stop_grace;
+  agent.environment = EnvironmentEntries(env);
+  if (!agent.log_dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(agent.log_dir, error);
+  }
+  LogInfo("node %d of %d (%s): %d workers, master %s:%s, run %s", node.node_rank, node.num_nodes,
+          WorldSourceName(node.source), agent.nproc_per_node, node.master_addr,
+          node.master_port == 0 ? "any free port" : absl::StrCat(node.master_port),
+          node.run_id.empty() ? "dtrain" : node.run_id);
+  return RunAgent(node, agent);
+}
+
+}  // namespace dtrain

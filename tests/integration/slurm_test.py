@@ -1,0 +1,196 @@
+"""dtrain on a real Slurm cluster: munged, slurmctld and two slurmd nodes (n1, n2) on this
+machine, brought up by scripts/slurm/cluster.sh. Jobs are submitted with sbatch, as a user would:
+
+- `srun -N2 -n4 dtrain train` (every task a rank) and `dtrain launch` from the batch shell (one
+  agent per node, two workers each) both follow the single-process loss trajectory with the same
+  global batch (1e-5 relative);
+- a worker SIGKILLed mid-run under `dtrain launch --max-restarts 1`: the group restarts and the
+  job completes;
+- `scancel --signal=TERM`: the workers write a checkpoint and the job exits cleanly.
+
+Usage: slurm_test.py --dtrain BUILD/dtrain (as root; ctest runs it with RESOURCE_LOCK slurm).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+SOURCE_DIR = pathlib.Path(__file__).resolve().parents[2]
+CLUSTER = SOURCE_DIR / "scripts" / "slurm" / "cluster.sh"
+DTRAIN = None  # set in main
+WORK = None  # a temporary folder for the cluster, recipes and runs
+JOB_TIMEOUT_S = 240
+
+
+def recipe(name, steps, extra=""):
+    """A small model that 4 ranks train quickly on 2 cores; batch 8 splits over 1, 2 and 4."""
+    data = WORK / "text.txt"
+    if not data.exists():
+        data.write_text("".join(f"Pack my box with {i % 7} jugs.\n" for i in range(300)))
+    path = WORK / f"{name}.yaml"
+    path.write_text(f"""
+run: {{name: slurm, seed: 5, threads: 1, out_dir: {WORK / name}}}
+model: {{n_layer: 2, n_head: 2, d_model: 32, max_seq_len: 32}}
+data: {{train: [{data}]}}
+train: {{steps: {steps}, batch_size: 8, micro_batch: 2, seq_len: 16, warmup_steps: 1,
+        eval_every: 0, export_to: ""}}
+parallel: {{bucket_mb: 0.01, timeout_s: 30}}
+logging: {{sample_tokens: 0}}
+{extra}
+""")
+    return path
+
+
+def losses(name):
+    with open(WORK / name / "slurm" / "metrics.jsonl") as f:
+        return [json.loads(line)["loss"] for line in f]
+
+
+def sbatch(name, script, nodes=2, tasks_per_node=1, wait=True):
+    """Submits `script` (bash lines) as a batch job; returns (exit code, output) with wait, else
+    the Popen of `sbatch --wait` and the output path."""
+    path = WORK / f"{name}.sh"
+    path.write_text("#!/bin/bash\nset -euo pipefail\n" + script + "\n")
+    output = WORK / f"{name}.out"
+    command = ["sbatch", "--wait", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
+               f"--output={output}", f"--job-name={name}", f"--chdir={WORK}", str(path)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    if not wait:
+        return process, output
+    process.wait(timeout=JOB_TIMEOUT_S)
+    return process.returncode, output.read_text() if output.exists() else process.stdout.read()
+
+
+def wait_for(predicate, timeout_s, what):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def steps_logged(name):
+    path = WORK / name / "slurm" / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def worker_pid(rank, marker):
+    """The pid of the `dtrain train` process with DTRAIN_RANK (or SLURM_PROCID) = rank whose
+    command line mentions `marker`."""
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"train" not in cmdline or not any(marker.encode() in arg for arg in cmdline):
+            continue
+        if f"DTRAIN_RANK={rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+class SlurmTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        subprocess.run([str(CLUSTER), "up", str(WORK / "cluster")], check=True)
+        env = subprocess.run([str(CLUSTER), "env", str(WORK / "cluster")], check=True,
+                             capture_output=True, text=True).stdout
+        for line in env.splitlines():
+            name, _, value = line.removeprefix("export ").partition("=")
+            os.environ[name] = value.strip("'\"")
+        single = subprocess.run([DTRAIN, "train", str(recipe("single", 6))],
+                                capture_output=True, text=True)
+        if single.returncode != 0:
+            raise AssertionError(single.stderr)
+        cls.reference = losses("single")
+
+    @classmethod
+    def tearDownClass(cls):
+        subprocess.run([str(CLUSTER), "down", str(WORK / "cluster")], check=False)
+
+    def assert_follows_reference(self, name):
+        got = losses(name)
+        self.assertEqual(len(got), len(self.reference))
+        for step, (a, b) in enumerate(zip(got, self.reference), start=1):
+            self.assertLess(abs(a - b), 1e-5 * abs(b), f"step {step}: {a} vs {b}")
+
+    def test_srun_tasks_are_ranks(self):
+        code, output = sbatch("srun4", f"srun -N2 -n4 {DTRAIN} train {recipe('srun4', 6)}",
+                              tasks_per_node=2)
+        self.assertEqual(code, 0, output)
+        self.assertIn("4 ranks", output)
+        self.assert_follows_reference("srun4")
+
+    def test_launch_runs_an_agent_per_node(self):
+        code, output = sbatch("launch4",
+                              f"{DTRAIN} launch {recipe('launch4', 6)} --nproc-per-node 2")
+        self.assertEqual(code, 0, output)
+        self.assertIn("starting one agent on each of its 2 nodes", output)
+        self.assertIn("node 1 of 2 (slurm)", output)
+        self.assertIn("all 4 workers past rendezvous", output)
+        self.assert_follows_reference("launch4")
+
+    def test_killed_worker_restarts_the_group(self):
+        name = "restart"
+        job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 60)} --nproc-per-node 2 "
+                                   "--max-restarts 1", wait=False)
+        wait_for(lambda: steps_logged(name) >= 3, JOB_TIMEOUT_S, "3 steps")
+        pid = worker_pid(3, f"{name}.yaml")
+        self.assertIsNotNone(pid, "rank 3's process")
+        os.kill(pid, 9)
+        job.wait(timeout=JOB_TIMEOUT_S)
+        text = output.read_text()
+        self.assertEqual(job.returncode, 0, text)
+        self.assertIn("rank 3 failed: signal 9 (SIGKILL)", text)
+        self.assertIn("restarting the workers (restart 1 of 1)", text)
+        self.assertIn("step 60/60", text)
+
+    def test_scancel_term_checkpoints_and_exits_cleanly(self):
+        name = "term"
+        checkpoints = WORK / name / "ckpt"
+        job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 100000, extra=f'checkpoint: {{dir: {checkpoints}}}')} "
+                                   "--nproc-per-node 2", wait=False)
+        wait_for(lambda: steps_logged(name) >= 3, JOB_TIMEOUT_S, "3 steps")
+        job_id = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
+        job.wait(timeout=JOB_TIMEOUT_S)
+        text = output.read_text()
+        self.assertEqual(job.returncode, 0, text)
+        self.assertIn("stopped by SIGTERM", text)
+        self.assertTrue((checkpoints / "latest").exists(), text)
+        latest = (checkpoints / "latest").read_text().strip()
+        self.assertTrue((checkpoints / latest / "manifest.json").exists(), latest)
+
+
+def main():
+    global DTRAIN, WORK
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtrain", required=True)
+    args, rest = parser.parse_known_args()
+    DTRAIN = str(pathlib.Path(args.dtrain).resolve())
+    if os.geteuid() != 0:
+        print("the Slurm test cluster needs root (munged, slurmd); skipping", file=sys.stderr)
+        return 77
+    WORK = pathlib.Path(tempfile.mkdtemp(prefix="dtrain_slurm_"))
+    try:
+        result = unittest.main(argv=[sys.argv[0]] + rest, exit=False, verbosity=2).result
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)
+    return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

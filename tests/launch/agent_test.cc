@@ -1,0 +1,305 @@
+// `dtrain launch` standalone (the agent on this machine, real worker processes on loopback):
+// training end to end, worker failure with and without restarts, the root-cause report, and the
+// agent's death taking its workers with it.
+#include "launch/agent.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "launch/worker_process.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/run_dtrain.h"
+
+namespace dtrain {
+namespace {
+
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// A recipe small enough for a few ranks on two cores; `steps` sets how long it runs.
+std::string Recipe(const std::string& name, int steps) {
+  std::string text;
+  for (int i = 0; i < 300; ++i) absl::StrAppend(&text, "Pack my box with ", i % 7, " jugs.\n");
+  const std::string data = testing::WriteTempFile("agent_text.txt", text);
+  return testing::WriteTempFile(
+      name + ".yaml",
+      absl::StrCat(R"(
+run: {name: agent, seed: 5, threads: 1}
+model: {n_layer: 2, n_head: 2, d_model: 32, max_seq_len: 32}
+data: {train: [)",
+                   data, R"(]}
+train: {steps: )",
+                   steps, R"(, batch_size: 8, micro_batch: 2, seq_len: 16, warmup_steps: 1,
+        eval_every: 0, export_to: ""}
+parallel: {bucket_mb: 0.01, timeout_s: 20}
+logging: {sample_tokens: 0}
+)"));
+}
+
+std::string OutDir(const std::string& name) {
+  const std::string dir = testing::TempPath("agent_" + name);
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+std::vector<double> Losses(const std::string& out_dir) {
+  std::vector<double> losses;
+  std::ifstream in(out_dir + "/agent/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  }
+  return losses;
+}
+
+std::vector<std::string> Environment() {
+  std::vector<std::string> entries;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    // The test may itself run under a launcher; the agent must see a plain machine.
+    if (absl::StartsWith(*entry, "SLURM_") || absl::StartsWith(*entry, "RANK=") ||
+        absl::StartsWith(*entry, "WORLD_SIZE=") || absl::StartsWith(*entry, "MASTER_")) {
+      continue;
+    }
+    entries.push_back(*entry);
+  }
+  return entries;
+}
+
+// `dtrain launch ...` running in the background; its output is collected by Pump.
+class Launch {
+ public:
+  explicit Launch(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {DTRAIN_BINARY, "launch"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    absl::StatusOr<std::unique_ptr<WorkerProcess>> process =
+        WorkerProcess::Spawn(argv, Environment());
+    EXPECT_TRUE(process.ok()) << process.status();
+    if (process.ok()) process_ = *std::move(process);
+  }
+
+  // Reads output until `done` holds or the agent exits, for at most `timeout`.
+  bool Pump(
+      absl::Duration timeout, const std::function<bool()>& done = [] { return false; }) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      Read(process_->stdout_fd());
+      Read(process_->stderr_fd());
+      if (done()) return true;
+      if (process_->Poll()) {
+        Read(process_->stdout_fd());
+        Read(process_->stderr_fd());
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
+  // Runs to the end; the exit code, or -1 after `timeout` (then the agent is killed).
+  int Wait(absl::Duration timeout) {
+    if (!Pump(timeout) || !process_->exit_status()) return -1;
+    const ExitStatus exit = *process_->exit_status();
+    return exit.signal ? 128 + exit.signal : exit.code;
+  }
+
+  // The agent's worker processes: its children, by rank.
+  std::vector<std::pair<int, pid_t>> Workers() const {
+    std::vector<std::pair<int, pid_t>> workers;
+    std::ifstream children(
+        absl::StrCat("/proc/", process_->pid(), "/task/", process_->pid(), "/children"));
+    for (pid_t pid; children >> pid;) {
+      std::ifstream environ_file(absl::StrCat("/proc/", pid, "/environ"));
+      std::string environment((std::istreambuf_iterator<char>(environ_file)), {});
+      for (const absl::string_view entry : absl::StrSplit(environment, '\0')) {
+        if (absl::StartsWith(entry, "DTRAIN_RANK=")) {
+          workers.push_back({std::stoi(std::string(entry.substr(12))), pid});
+        }
+      }
+    }
+    std::sort(workers.begin(), workers.end());
+    return workers;
+  }
+
+  WorkerProcess& process() { return *process_; }
+  const std::string& output() const { return output_; }
+
+ private:
+  void Read(int fd) {
+    if (fd < 0) return;
+    char buffer[4096];
+    for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) output_.append(buffer, n);
+  }
+
+  std::unique_ptr<WorkerProcess> process_;
+  std::string output_;
+};
+
+bool Alive(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  // "pid (comm) S ...": a zombie (Z) has already died.
+  const size_t state = line.rfind(')') + 2;
+  return state < line.size() && line[state] != 'Z';
+}
+
+// Lines of metrics.jsonl written so far.
+int StepsLogged(const std::string& out_dir) { return static_cast<int>(Losses(out_dir).size()); }
+
+TEST(AgentTest, WorkerEnvironmentReplacesLauncherRanks) {
+  WorldEnvironment node;
+  node.node_rank = 1;
+  node.num_nodes = 2;
+  node.master_addr = "n1";
+  node.master_port = 23456;
+  node.run_id = "77.0";
+  node.rdzv_token = "secret";
+  AgentOptions options;
+  options.nproc_per_node = 2;
+  options.max_restarts = 3;
+  options.gpus = {"4", "5"};
+  options.environment = {"PATH=/bin",
+                         "RANK=9",
+                         "SLURM_PROCID=1",
+                         "DTRAIN_RANK=7",
+                         "CUDA_VISIBLE_DEVICES=4,5",
+                         "TORCHELASTIC_RUN_ID=old"};
+  const std::vector<std::string> env = WorkerEnvironment(node, options, 1, 2);
+  for (const char* expected : {"PATH=/bin",
+                               "SLURM_PROCID=1",
+                               "DTRAIN_RANK=3",
+                               "RANK=3",
+                               "DTRAIN_LOCAL_RANK=1",
+                               "LOCAL_RANK=1",
+                               "DTRAIN_WORLD_SIZE=4",
+                               "WORLD_SIZE=4",
+                               "LOCAL_WORLD_SIZE=2",
+                               "DTRAIN_NODE_RANK=1",
+                               "GROUP_RANK=1",
+                               "DTRAIN_NUM_NODES=2",
+                               "MASTER_ADDR=n1",
+                               "DTRAIN_MASTER_PORT=23456",
+                               "DTRAIN_RUN_ID=77.0",
+                               "TORCHELASTIC_RUN_ID=77.0",
+                               "DTRAIN_RESTART_COUNT=2",
+                               "TORCHELASTIC_RESTART_COUNT=2",
+                               "TORCHELASTIC_MAX_RESTARTS=3",
+                               "DTRAIN_AGENT_STORE=1",
+                               "DTRAIN_RDZV_TOKEN=secret",
+                               "CUDA_VISIBLE_DEVICES=5",
+                               "OMP_NUM_THREADS=1"}) {
+    EXPECT_THAT(env, Contains(std::string(expected)));
+  }
+  for (const char* stale :
+       {"RANK=9", "DTRAIN_RANK=7", "CUDA_VISIBLE_DEVICES=4,5", "TORCHELASTIC_RUN_ID=old"}) {
+    EXPECT_THAT(env, Not(Contains(std::string(stale))));
+  }
+  options.environment.push_back("OMP_NUM_THREADS=4");  // the user's choice is kept
+  EXPECT_THAT(WorkerEnvironment(node, options, 0, 0), Contains(std::string("OMP_NUM_THREADS=4")));
+  EXPECT_THAT(WorkerEnvironment(node, options, 0, 0),
+              Not(Contains(std::string("OMP_NUM_THREADS=1"))));
+}
+
+TEST(AgentTest, WorkerProcessReportsExitAndSignal) {
+  auto exits = WorkerProcess::Spawn({"/bin/sh", "-c", "echo out; echo err >&2; exit 3"}, {});
+  ASSERT_TRUE(exits.ok()) << exits.status();
+  while (!(*exits)->Poll()) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ((*exits)->exit_status()->ToString(), "exit code 3");
+  char buffer[16] = {};
+  EXPECT_EQ(read((*exits)->stdout_fd(), buffer, sizeof(buffer)), 4);
+  EXPECT_EQ(std::string(buffer), "out\n");
+
+  // A signal reaches the child's whole process group, grandchildren included.
+  auto sleeper = WorkerProcess::Spawn({"/bin/sh", "-c", "sleep 30 & wait"}, {});
+  ASSERT_TRUE(sleeper.ok());
+  (*sleeper)->Signal(SIGTERM);
+  while (!(*sleeper)->Poll()) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ((*sleeper)->exit_status()->ToString(), "signal 15 (SIGTERM)");
+
+  const auto missing = WorkerProcess::Spawn({"/no/such/dtrain"}, {});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(), HasSubstr("cannot run /no/such/dtrain"));
+}
+
+TEST(AgentTest, StandaloneLaunchTrainsLikeOneProcess) {
+  const std::string single = OutDir("single");
+  const testing::Outcome one =
+      testing::RunDtrain(absl::StrCat("train ", Recipe("one", 6), " --set run.out_dir=", single));
+  ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
+
+  const std::string out = OutDir("two");
+  Launch launch({Recipe("two", 6), "--nproc-per-node=2", "--set", "run.out_dir=" + out});
+  ASSERT_EQ(launch.Wait(absl::Seconds(120)), 0) << launch.output();
+  EXPECT_THAT(launch.output(), HasSubstr("all 2 workers past rendezvous"));
+  EXPECT_THAT(launch.output(), HasSubstr("[rank 0] "));
+  const std::vector<double> reference = Losses(single), losses = Losses(out);
+  ASSERT_EQ(losses.size(), reference.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    EXPECT_NEAR(losses[i], reference[i], 1e-5 * reference[i]) << "step " << i + 1;
+  }
+}
+
+TEST(AgentTest, KilledWorkerWithoutRestartsEndsWithTheRootCause) {
+  const std::string out = OutDir("fail");
+  Launch launch({Recipe("fail", 100000), "--nproc-per-node=2", "--set", "run.out_dir=" + out});
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
+      << launch.output();
+  const auto workers = launch.Workers();
+  ASSERT_EQ(workers.size(), 2u) << launch.output();
+  kill(workers[1].second, SIGKILL);
+  EXPECT_EQ(launch.Wait(absl::Seconds(60)), 1) << launch.output();
+  EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
+  EXPECT_THAT(launch.output(), HasSubstr("signal 9 (SIGKILL)"));
+  for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
+}
+
+TEST(AgentTest, KilledWorkerRestartsTheGroup) {
+  const std::string out = OutDir("restart");
+  Launch launch({Recipe("restart", 40), "--nproc-per-node=2", "--max-restarts=1", "--set",
+                 "run.out_dir=" + out});
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
+      << launch.output();
+  const auto first = launch.Workers();
+  ASSERT_EQ(first.size(), 2u);
+  kill(first[0].second, SIGKILL);
+  EXPECT_EQ(launch.Wait(absl::Seconds(180)), 0) << launch.output();
+  EXPECT_THAT(launch.output(), HasSubstr("restarting the workers (restart 1 of 1)"));
+  EXPECT_THAT(launch.output(), HasSubstr("every worker finished"));
+  EXPECT_THAT(launch.output(), HasSubstr("step 40/40"));
+}
+
+TEST(AgentTest, SigkilledAgentLeavesNoWorkerBehind) {
+  const std::string out = OutDir("orphans");
+  Launch launch({Recipe("orphans", 100000), "--nproc-per-node=2", "--set", "run.out_dir=" + out});
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return launch.Workers().size() == 2; }))
+      << launch.output();
+  const auto workers = launch.Workers();
+  kill(launch.process().pid(), SIGKILL);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (const auto& [rank, pid] : workers) {
+    while (Alive(pid) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+    EXPECT_FALSE(Alive(pid)) << "rank " << rank << " (pid " << pid << ") outlived its agent";
+  }
+}
+
+TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {
+  const testing::Outcome outcome =
+      testing::RunDtrain("launch --nproc-per-node=2 --set train.stepz=3");
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("train.stepz"));
+}
+
+}  // namespace
+}  // namespace dtrain
