@@ -26,6 +26,8 @@ namespace {
 
 constexpr int kStderrTailLines = 20;
 constexpr absl::Duration kMonitorInterval = absl::Milliseconds(100);
+// Until every worker is past rendezvous: node 0 reports that moment closely.
+constexpr absl::Duration kRendezvousInterval = absl::Milliseconds(10);
 // How long node 0 keeps the store up for the other agents to read the final state.
 constexpr absl::Duration kExitTimeout = absl::Seconds(30);
 
@@ -202,7 +204,7 @@ absl::Status Agent::StartWorkers(int attempt) {
   workers_.clear();
   workers_.resize(options_.nproc_per_node);
   started_at_ = absl::Now();
-  reported_rendezvous_ = false;
+  reported_rendezvous_ = node_.node_rank != 0;  // node 0 reports it
   for (int local = 0; local < options_.nproc_per_node; ++local) {
     Worker& worker = workers_[local];
     worker.local_rank = local;
@@ -286,7 +288,8 @@ Outcome Agent::Watch(int attempt) {
       fds.push_back({worker.process->stdout_fd(), POLLIN, 0});
       fds.push_back({worker.process->stderr_fd(), POLLIN, 0});
     }
-    poll(fds.data(), fds.size(), absl::ToInt64Milliseconds(kMonitorInterval));
+    const absl::Duration interval = reported_rendezvous_ ? kMonitorInterval : kRendezvousInterval;
+    poll(fds.data(), fds.size(), absl::ToInt64Milliseconds(interval));
     HandleSignals();
     for (Worker& worker : workers_) {
       Drain(worker, 0);
@@ -316,7 +319,7 @@ Outcome Agent::Watch(int attempt) {
     if (succeeded == static_cast<int>(workers_.size())) return Outcome::kSucceeded;
 
     if (absl::Now() < next_store_check) continue;
-    next_store_check = absl::Now() + kMonitorInterval;
+    next_store_check = absl::Now() + interval;
     const absl::StatusOr<int64_t> failed = Counter(Key(attempt, "failed"));
     const absl::StatusOr<int64_t> stop = Counter(Key(attempt, "stop"));
     if (!failed.ok() || !stop.ok()) {
