@@ -63,6 +63,9 @@ void AddLaunchCommand(CLI::App& app) {
                    "Seconds workers get to checkpoint after SIGTERM before SIGKILL (default 20; "
                    "keep it below Slurm's KillWait)")
       ->check(CLI::NonNegativeNumber);
+  command->add_flag("--requeue", args->launch.requeue,
+                    "Under Slurm: after SIGTERM (time limit, preemption) and a clean checkpoint, "
+                    "requeue the job so that it resumes (submit with sbatch --requeue)");
   command->callback([args] {
     // Check the recipe here, once, before any process starts.
     absl::StatusOr<Recipe> recipe =

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
@@ -148,6 +149,7 @@ class Agent {
   // Writes this node's failed workers to the store (a JSON list, possibly empty).
   absl::Status PublishFailures(int attempt);
   void PrintRootCause(int attempt);
+  void Requeue();
   int Finish(int exit_code);
 
   WorldEnvironment node_;  // master_port becomes the bound one on a single node
@@ -461,6 +463,22 @@ void Agent::PrintRootCause(int attempt) {
       first["rank"].get<int>(), tail);
 }
 
+void Agent::Requeue() {
+  const std::string command = absl::StrJoin(options_.requeue_argv, " ");
+  absl::StatusOr<std::unique_ptr<WorkerProcess>> process =
+      WorkerProcess::Spawn(options_.requeue_argv, options_.environment);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (process.ok() && !(*process)->Poll() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (process.ok() && (*process)->exit_status() && (*process)->exit_status()->ok()) {
+    LogInfo("requeued the job: %s", command);
+  } else {
+    LogError("could not requeue the job with `%s`%s; resubmit it to resume from the checkpoint",
+             command, process.ok() ? "" : absl::StrCat(": ", process.status().message()));
+  }
+}
+
 int Agent::Finish(int exit_code) {
   // Node 0 hosts the store: it stays up until every agent has read the outcome.
   if (store_->Add("agent/exited", 1).ok() && node_.node_rank == 0) {
@@ -490,6 +508,7 @@ absl::StatusOr<int> Agent::Run() {
         });
         LogInfo("node %d: workers stopped%s", node_.node_rank,
                 clean ? " cleanly" : "; some did not exit cleanly (see their logs)");
+        if (clean && node_.node_rank == 0 && !options_.requeue_argv.empty()) Requeue();
         return Finish(clean ? 0 : 1);
       }
       case Outcome::kLostStore:

@@ -9,8 +9,8 @@
 //   resumes from the newest complete checkpoint); otherwise the agent exits 1 and node 0 prints
 //   the root cause: the first failing rank, its node, exit code or signal, its last stderr lines.
 // - SIGTERM or SIGINT (time limit, preemption) is forwarded to the workers, which checkpoint and
-//   exit; whatever still runs after the stop grace is killed. Every agent learns of it through the
-//   store. SIGUSR1 and SIGUSR2 are forwarded without teardown.
+//   exit; whatever still runs after the stop grace is killed; then node 0 may requeue the job.
+//   Every agent learns of it through the store. SIGUSR1 and SIGUSR2 are forwarded without teardown.
 // - Worker output goes to the agent's stdout and stderr, each line prefixed "[rank R] ", or to
 //   `<log_dir>/rank-<R>.log`.
 #pragma once
@@ -41,6 +41,9 @@ struct AgentOptions {
   std::vector<std::string> gpus;
   // The agent's environment, which workers inherit ("NAME=value").
   std::vector<std::string> environment;
+  // Run by node 0 once the workers stopped cleanly after SIGTERM (`scontrol requeue JOB`), so a
+  // preempted or timed-out job comes back and resumes from its checkpoint. Empty: none.
+  std::vector<std::string> requeue_argv;
 };
 
 // The environment of worker `local_rank` in restart `attempt`: `options.environment` without

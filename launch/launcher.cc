@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "launch/agent.h"
@@ -40,6 +41,19 @@ std::vector<std::string> EnvironmentEntries(const EnvironmentMap& env) {
   for (const auto& [name, value] : env) entries.push_back(absl::StrCat(name, "=", value));
   std::sort(entries.begin(), entries.end());
   return entries;
+}
+
+// The first `name` in the directories of PATH, as execvp would find it.
+absl::StatusOr<std::string> FindOnPath(const EnvironmentMap& env, const std::string& name) {
+  const auto path = env.find("PATH");
+  if (path != env.end()) {
+    for (const absl::string_view dir : absl::StrSplit(path->second, ':')) {
+      const std::string candidate = absl::StrCat(dir, "/", name);
+      if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat(name, " is not on PATH; run where Slurm's client commands are installed"));
 }
 
 int UsableCpus() {
@@ -98,6 +112,7 @@ std::vector<std::string> LaunchCommandLine(const std::string& dtrain_path,
   argv.push_back(
       absl::StrCat("--rdzv-timeout-s=", absl::ToInt64Seconds(options.rendezvous_timeout)));
   argv.push_back(absl::StrCat("--stop-grace-s=", absl::ToInt64Seconds(options.stop_grace)));
+  if (options.requeue) argv.push_back("--requeue");
   return argv;
 }
 
@@ -160,6 +175,14 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
   agent.rendezvous_timeout = options.rendezvous_timeout;
   agent.stop_grace = options.stop_grace;
   agent.environment = EnvironmentEntries(env);
+  if (options.requeue) {
+    if (!node.in_slurm_allocation) {
+      return absl::InvalidArgumentError(
+          "--requeue needs a Slurm job to requeue; drop it outside Slurm");
+    }
+    ASSIGN_OR_RETURN(const std::string scontrol, FindOnPath(env, "scontrol"));
+    agent.requeue_argv = {scontrol, "requeue", node.slurm_job_id};
+  }
   if (!agent.log_dir.empty()) {
     std::error_code error;
     std::filesystem::create_directories(agent.log_dir, error);

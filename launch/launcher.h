@@ -28,6 +28,8 @@ struct LaunchOptions {
   std::string log_dir;
   absl::Duration rendezvous_timeout = absl::Minutes(5);
   absl::Duration stop_grace = absl::Seconds(20);
+  // After a clean stop on SIGTERM, requeue the Slurm job (`scontrol requeue`).
+  bool requeue = false;
 };
 
 // The command line that starts the same launch again (for srun to run on every node).

@@ -294,6 +294,31 @@ TEST(AgentTest, SigkilledAgentLeavesNoWorkerBehind) {
   }
 }
 
+TEST(AgentTest, SigtermCheckpointsAndStopsCleanly) {
+  const std::string out = OutDir("term");
+  Launch launch({Recipe("term", 100000), "--nproc-per-node=2", "--set", "run.out_dir=" + out});
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
+      << launch.output();
+  // SIGUSR1 is forwarded without teardown: a checkpoint, and training goes on.
+  kill(launch.process().pid(), SIGUSR1);
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] {
+    return std::filesystem::exists(out + "/agent/checkpoints/latest");
+  })) << launch.output();
+  const int steps_at_usr1 = StepsLogged(out);
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) > steps_at_usr1 + 1; }))
+      << launch.output();
+  EXPECT_THAT(launch.output(), HasSubstr("forwarding USR1 to the workers"));
+
+  kill(launch.process().pid(), SIGTERM);
+  EXPECT_EQ(launch.Wait(absl::Seconds(60)), 0) << launch.output();
+  EXPECT_THAT(launch.output(), HasSubstr("stopped by SIGTERM at step"));
+  EXPECT_THAT(launch.output(), HasSubstr("workers stopped cleanly"));
+  std::ifstream latest(out + "/agent/checkpoints/latest");
+  std::string step_dir;
+  latest >> step_dir;
+  EXPECT_EQ(step_dir, absl::StrCat("step-", StepsLogged(out))) << launch.output();
+}
+
 TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {
   const testing::Outcome outcome =
       testing::RunDtrain("launch --nproc-per-node=2 --set train.stepz=3");
