@@ -9,6 +9,7 @@ packages=(
   fortunes            # the demo's real English text: /usr/share/games/fortunes
   python3 python3-torch python3-numpy  # the PyTorch reference and peer (tests, benchmarks)
   clang               # libFuzzer for tests/fuzz (DTRAIN_FUZZ=ON)
+  slurmctld slurmd slurm-client munge  # Slurm test cluster: scripts/slurm/cluster.sh
 )
 missing=()
 for p in "${packages[@]}"; do
