@@ -352,6 +352,59 @@ absl::Status DataParallelEngine::CheckReplicas() {
                    "corrupted reduction)"));
 }
 
+// ---- checkpoints ------------------------------------------------------------------------
+
+float* DataParallelEngine::ParamAt(const Unit& unit, size_t position) {
+  if (!sharded_params()) return params_.data() + layout_.padded(unit, position);
+  return params_.data() + unit.shard_begin + (position - layout_.slice(unit, rank()).first);
+}
+
+std::pair<size_t, size_t> DataParallelEngine::OptimizerRange(size_t u) const {
+  const Unit& unit = layout_.units()[u];
+  if (layout_.ranks() == 1) return {unit.begin, unit.end};
+  return layout_.slice(unit, rank());
+}
+
+std::vector<StateRange> DataParallelEngine::SavedState() {
+  std::vector<StateRange> ranges;
+  for (size_t u = 0; u < layout_.units().size(); ++u) {
+    const Unit& unit = layout_.units()[u];
+    // This rank's 1/N share; under sharding exactly its slice.
+    const size_t share = (unit.end - unit.begin + ranks() - 1) / ranks();
+    const size_t begin = std::min(unit.end, unit.begin + rank() * share);
+    const size_t end = std::min(unit.end, begin + share);
+    if (begin == end) continue;
+    AdamW& optimizer = optimizers_[u];
+    const size_t moment_offset = begin - OptimizerRange(u).first;
+    ranges.push_back({StateKind::kParameters, begin, end, ParamAt(unit, begin)});
+    ranges.push_back({StateKind::kMomentM, begin, end, optimizer.m().data() + moment_offset});
+    ranges.push_back({StateKind::kMomentV, begin, end, optimizer.v().data() + moment_offset});
+  }
+  return ranges;
+}
+
+std::vector<StateRange> DataParallelEngine::HeldState() {
+  std::vector<StateRange> ranges;
+  for (size_t u = 0; u < layout_.units().size(); ++u) {
+    const Unit& unit = layout_.units()[u];
+    const auto [param_begin, param_end] =
+        sharded_params() ? layout_.slice(unit, rank()) : std::pair{unit.begin, unit.end};
+    if (param_begin < param_end) {
+      ranges.push_back(
+          {StateKind::kParameters, param_begin, param_end, ParamAt(unit, param_begin)});
+    }
+    const auto [begin, end] = OptimizerRange(u);
+    if (begin >= end) continue;
+    ranges.push_back({StateKind::kMomentM, begin, end, optimizers_[u].m().data()});
+    ranges.push_back({StateKind::kMomentV, begin, end, optimizers_[u].v().data()});
+  }
+  return ranges;
+}
+
+void DataParallelEngine::SetOptimizerStep(int64_t step) {
+  for (AdamW& optimizer : optimizers_) optimizer.set_step(step);
+}
+
 EngineMemory DataParallelEngine::memory() const {
   EngineMemory memory;
   memory.parameter_bytes = params_.size() * sizeof(float);

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/backend/backend.h"
+#include "core/checkpoint/format.h"
 #include "core/model/block_parameters.h"
 #include "core/model/model_config.h"
 #include "core/model/param_table.h"
@@ -43,6 +44,14 @@ struct StepTotals {
   double loss = 0;             // mean token loss over the global batch
   double grad_norm = 0;        // before clipping
   double exposed_comm_ms = 0;  // time this rank waited on communication during the step
+};
+
+// Table positions [begin, end) of one kind of model state that this rank stores at `values`.
+struct StateRange {
+  StateKind kind = StateKind::kParameters;
+  size_t begin = 0;
+  size_t end = 0;
+  float* values = nullptr;
 };
 
 class DataParallelEngine : public BlockParameters {
@@ -73,6 +82,17 @@ class DataParallelEngine : public BlockParameters {
   absl::Status SumOverRanks(double& a, double& b);
   // Checks that every rank holds the same replicated parameters (no-op when sharded).
   absl::Status CheckReplicas();
+
+  // Checkpoints (parallel/checkpointing.h). What this rank saves: its own slices of sharded
+  // state, and of replicated state an equal 1/N share of each unit (the slice a ZeRO rank of
+  // this world would own), so the ranks together save every value once, in parallel.
+  std::vector<StateRange> SavedState();
+  // Everything this rank holds (parameters, whole or its shard, and its moments), to be filled
+  // from a checkpoint of any layout. Call LoadedState after filling it.
+  std::vector<StateRange> HeldState();
+  // AdamW's step count (the same for every slice).
+  int64_t optimizer_step() const { return optimizers_.front().step(); }
+  void SetOptimizerStep(int64_t step);
 
   EngineMemory memory() const;
   const ShardingStrategy& strategy() const { return strategy_; }
@@ -110,6 +130,10 @@ class DataParallelEngine : public BlockParameters {
   // Pointer to this rank's slice of `unit` in the parameter storage (full or shard).
   float* OwnParams(const Unit& unit);
   float* OwnGrads(const Unit& unit);
+  // Where table position `position` of `unit` lives in the parameter storage (it must be held).
+  float* ParamAt(const Unit& unit, size_t position);
+  // Table range of the optimizer slice of unit `u` (the whole unit when unsharded).
+  std::pair<size_t, size_t> OptimizerRange(size_t u) const;
 
   const ParamTable& table_;
   ShardingStrategy strategy_;

@@ -1,6 +1,8 @@
 #include "parallel/trainer.h"
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -16,6 +18,8 @@
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "launch/environment.h"
+#include "nlohmann/json.hpp"
+#include "parallel/checkpointing.h"
 #include "parallel/data_parallel.h"
 #include "parallel/planner/auto_layout.h"
 #include "parallel/process_group.h"
@@ -111,6 +115,63 @@ absl::Status CheckBatchSplit(const TrainSection& train, int ranks) {
 
 std::string MiB(size_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
+// SIGTERM (save, then stop) and SIGUSR1 (save, then go on), which a launcher forwards on
+// preemption. The handlers only set flags; the ranks agree on them at a step boundary.
+std::atomic<bool> sigterm_received{false};
+std::atomic<bool> sigusr1_received{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+extern "C" void OnCheckpointSignal(int signal) {
+  (signal == SIGTERM ? sigterm_received : sigusr1_received).store(true);
+}
+
+class CheckpointSignals {
+ public:
+  CheckpointSignals() {
+    sigterm_received = false;
+    sigusr1_received = false;
+    struct sigaction action = {};
+    action.sa_handler = OnCheckpointSignal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGTERM, &action, &old_term_);
+    sigaction(SIGUSR1, &action, &old_usr1_);
+  }
+  ~CheckpointSignals() {
+    sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGUSR1, &old_usr1_, nullptr);
+  }
+
+ private:
+  struct sigaction old_term_ = {}, old_usr1_ = {};
+};
+
+// metrics.jsonl of a resumed run: the earlier run's lines up to the resumed step stay, later
+// ones (steps redone after the resume) go, so the file reads as one uninterrupted run.
+// The resumed step's own line comes from the checkpoint when the file lacks it (a run killed
+// between its save and writing the line).
+absl::Status OpenMetrics(const std::string& path, int64_t resumed_step,
+                         const std::string& resumed_line, std::ofstream& metrics) {
+  std::string kept;
+  if (resumed_step > 0) {
+    std::ifstream in(path);
+    int64_t last_kept = 0;
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("step") && j["step"].get<int64_t>() <= resumed_step) {
+        kept += line + "\n";
+        last_kept = j["step"].get<int64_t>();
+      }
+    }
+    if (!kept.empty() && last_kept < resumed_step && !resumed_line.empty()) {
+      kept += resumed_line + "\n";
+    }
+  }
+  metrics.open(path, std::ios::trunc);
+  if (!metrics) return absl::FailedPreconditionError(absl::StrCat("cannot write ", path));
+  metrics << kept << std::flush;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunTraining(const Recipe& requested) {
@@ -147,7 +208,19 @@ absl::Status RunTraining(const Recipe& requested) {
   DataParallelEngine engine(table, strategy, train, backend, comm);
   Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len,
                     recipe.parallel.activation_checkpointing);
-  if (train.init_from.empty()) {
+  ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, world.rank, world.world_size));
+  const CheckpointSignals signals;
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainingCheckpoints> checkpoints,
+                   TrainingCheckpoints::Create(recipe, table, engine, comm));
+  ASSIGN_OR_RETURN(const int64_t resumed_step, checkpoints->Resume(*data.train));
+  if (resumed_step > 0) {
+    // Parameters, moments, AdamW's count and the data cursor came from the checkpoint; the
+    // schedule follows from the step.
+    if (resumed_step >= train.steps && leader) {
+      LogInfo("the checkpoint is at step %d, train.steps is %d: nothing left to train",
+              resumed_step, train.steps);
+    }
+  } else if (train.init_from.empty()) {
     engine.InitParameters(config, recipe.run.seed);
   } else {
     std::vector<float> full(table.total_numel());
@@ -160,7 +233,6 @@ absl::Status RunTraining(const Recipe& requested) {
     engine.LoadParameters(full.data());
     LogInfo("initialised from %s", train.init_from);
   }
-  ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, world.rank, world.world_size));
 
   const double peak_flops = MeasureGemmFlops(backend);
   const double flops_per_token = config.flops_per_token(train.seq_len);
@@ -185,24 +257,21 @@ absl::Status RunTraining(const Recipe& requested) {
 
   std::ofstream metrics;
   if (leader) {
-    metrics.open(run_dir / recipe.logging.metrics_file, std::ios::trunc);
-    if (!metrics) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot write ", (run_dir / recipe.logging.metrics_file).string()));
-    }
+    RETURN_IF_ERROR(OpenMetrics((run_dir / recipe.logging.metrics_file).string(), resumed_step,
+                                checkpoints->resumed_metrics_line(), metrics));
   }
   const MicroBatchSource next_micro_batch = [&](int32_t* in, int32_t* out) {
     return data.train->Next(train.micro_batch, in, out);
   };
   double elapsed_s = 0;
-  for (int step = 0; step < train.steps; ++step) {
+  for (int step = static_cast<int>(resumed_step); step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(const StepResult result,
                      TrainStep(model, engine, train, step, micro_batches, next_micro_batch));
     const std::chrono::duration<double> step_time = std::chrono::steady_clock::now() - start;
     elapsed_s += step_time.count();
     if (recipe.parallel.check_replicas) RETURN_IF_ERROR(engine.CheckReplicas());
-    if (step == 0 && leader) {
+    if (step == resumed_step && leader) {
       const EngineMemory memory = engine.memory();
       LogInfo(
           "model state per rank (%s over %d ranks): parameters %s, gradients %s, "
@@ -224,20 +293,42 @@ absl::Status RunTraining(const Recipe& requested) {
     m.exposed_comm_ms = result.exposed_comm_ms;
     m.data_wait_ms = result.data_wait_ms;
     m.peak_rss_mib = PeakRssMib();
-    m.eta_s = elapsed_s / m.step * (train.steps - m.step);
+    m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);
     const bool last = m.step == train.steps;
     if (train.eval_every > 0 && (m.step % train.eval_every == 0 || last)) {
       ASSIGN_OR_RETURN(m.val_loss, Evaluate(model, engine, *data.val, recipe));
     }
     std::string sample;
     if (m.val_loss && recipe.logging.sample_tokens > 0) sample = SampleText(model, recipe, m.step);
-    if (!leader) continue;
-    if (m.step % recipe.logging.every == 0 || last || m.val_loss) {
-      LogInfo("%s", FormatStepLine(m));
+
+    // Checkpoint triggers, agreed by all ranks so that they save the same step: any rank
+    // signalled means all save.
+    double stop = sigterm_received.load() ? 1 : 0;
+    double save_now = sigusr1_received.exchange(false) ? 1 : 0;
+    RETURN_IF_ERROR(engine.SumOverRanks(stop, save_now));
+    const int interval = recipe.checkpoint.interval;
+    if ((interval > 0 && m.step % interval == 0) || last || stop > 0 || save_now > 0) {
+      ASSIGN_OR_RETURN(m.ckpt_blocked_ms,
+                       checkpoints->Save(m.step, m.lr, data.train->state(), StepMetricsJson(m)));
     }
-    metrics << StepMetricsJson(m) << '\n' << std::flush;
-    if (!sample.empty()) LogInfo("sample at step %d:\n%s", m.step, sample);
+    if (leader) {
+      if (m.step % recipe.logging.every == 0 || last || m.val_loss || m.ckpt_blocked_ms ||
+          stop > 0) {
+        LogInfo("%s", FormatStepLine(m));
+      }
+      metrics << StepMetricsJson(m) << '\n' << std::flush;
+      if (!sample.empty()) LogInfo("sample at step %d:\n%s", m.step, sample);
+    }
+    if (stop > 0) {
+      RETURN_IF_ERROR(checkpoints->Finish());
+      if (leader) {
+        LogInfo("stopped by SIGTERM at step %d after saving %s/%s", m.step, checkpoints->dir(),
+                StepDirName(m.step));
+      }
+      return absl::OkStatus();
+    }
   }
+  RETURN_IF_ERROR(checkpoints->Finish());
 
   if (!train.export_to.empty()) {
     ASSIGN_OR_RETURN(const std::vector<float> full, engine.GatherParameters());

@@ -28,6 +28,7 @@ std::string FormatStepLine(const StepMetrics& m) {
       m.peak_rss_mib, FormatDuration(m.eta_s), m.data_wait_ms);
   if (m.exposed_comm_ms > 0) absl::StrAppendFormat(&line, " | comm %.1f ms", m.exposed_comm_ms);
   if (m.val_loss) absl::StrAppendFormat(&line, " | val %.4f", *m.val_loss);
+  if (m.ckpt_blocked_ms) absl::StrAppendFormat(&line, " | ckpt %.1f ms", *m.ckpt_blocked_ms);
   return line;
 }
 
@@ -44,6 +45,7 @@ std::string StepMetricsJson(const StepMetrics& m) {
                       {"peak_rss_mib", m.peak_rss_mib},
                       {"eta_s", m.eta_s}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
+  if (m.ckpt_blocked_ms) j["ckpt_blocked_ms"] = *m.ckpt_blocked_ms;
   return j.dump();
 }
 

@@ -24,11 +24,14 @@ struct StepMetrics {
   double peak_rss_mib = 0;
   double eta_s = 0;
   std::optional<double> val_loss;
+  // At a step that saved a checkpoint: how long training waited for it (the whole write when
+  // synchronous; the copy to staging memory, plus any wait for the previous save, when async).
+  std::optional<double> ckpt_blocked_ms;
 };
 
 // "step 12/300 | loss 2.3456 | lr 1.00e-03 | norm 0.81 | 312.5 ms | 6554 tok/s | MFU 41.2% |
 //  rss 312 MiB | eta 1m32s | data 0.1 ms", with "| comm 3.1 ms" (exposed communication) when
-//  there is any.
+//  there is any, "| val 2.1" at evaluations and "| ckpt 4.2 ms" at checkpoints.
 std::string FormatStepLine(const StepMetrics& m);
 // One line of JSON, no trailing newline.
 std::string StepMetricsJson(const StepMetrics& m);

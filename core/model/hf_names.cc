@@ -157,6 +157,17 @@ absl::StatusOr<std::vector<HfTensor>> HfTensorsFor(const ModelConfig& config,
 absl::Status ExportHfSafetensors(const ModelConfig& config, const ParamTable& table,
                                  const float* params, const std::string& path,
                                  const SafetensorsMetadata& metadata) {
+  return ExportHfSafetensorsStreamed(
+      config, table,
+      [params](const TensorEntry& entry) -> absl::StatusOr<const float*> {
+        return params + entry.offset;
+      },
+      path, metadata);
+}
+
+absl::Status ExportHfSafetensorsStreamed(const ModelConfig& config, const ParamTable& table,
+                                         const TensorValuesFn& read_tensor, const std::string& path,
+                                         const SafetensorsMetadata& metadata) {
   RETURN_IF_ERROR(CheckWholeModel(config, table));
   std::vector<std::pair<const TensorEntry*, HfTensor>> pieces;
   std::vector<TensorSpec> specs;
@@ -172,9 +183,15 @@ absl::Status ExportHfSafetensors(const ModelConfig& config, const ParamTable& ta
   ASSIGN_OR_RETURN(SafetensorsWriter writer,
                    SafetensorsWriter::Create(path, std::move(specs), all_metadata));
   std::vector<float> transposed;
+  const TensorEntry* current = nullptr;
+  const float* values = nullptr;  // of `current`
   for (const auto& [entry, t] : pieces) {
+    if (entry != current) {
+      ASSIGN_OR_RETURN(values, read_tensor(*entry));
+      current = entry;
+    }
     const int64_t cols = Cols(entry->shape);
-    const float* rows = params + entry->offset + t.row_begin * cols;  // (num_rows, cols)
+    const float* rows = values + t.row_begin * cols;  // (num_rows, cols)
     if (!t.transposed) {
       RETURN_IF_ERROR(writer.WriteTensor(t.name, rows));
       continue;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,14 @@ absl::StatusOr<std::vector<HfTensor>> HfTensorsFor(const ModelConfig& config,
 absl::Status ExportHfSafetensors(const ModelConfig& config, const ParamTable& table,
                                  const float* params, const std::string& path,
                                  const SafetensorsMetadata& metadata = {});
+
+// The same, with each internal tensor's values (entry.numel floats) from `read_tensor`, called
+// once per tensor in table order; the pointer it returns must stay valid until the next call.
+// `dtrain ckpt export` streams a checkpoint through it with one tensor in memory.
+using TensorValuesFn = std::function<absl::StatusOr<const float*>(const TensorEntry& entry)>;
+absl::Status ExportHfSafetensorsStreamed(const ModelConfig& config, const ParamTable& table,
+                                         const TensorValuesFn& read_tensor, const std::string& path,
+                                         const SafetensorsMetadata& metadata = {});
 
 // Fills all of `params` (table.total_numel() floats) from a Hugging Face safetensors file (F32,
 // F16 or BF16). Every expected tensor must be present with its shape; any other tensor is an

@@ -24,6 +24,8 @@ class AdamW {
   void Step(Backend& backend, float* params, const float* grads, float lr);
 
   int64_t step() const { return step_; }
+  // Restores the step count from a checkpoint (the moments are restored through m() and v()).
+  void set_step(int64_t step) { step_ = step; }
   size_t numel() const { return end_ - begin_; }
   std::vector<float>& m() { return m_; }
   std::vector<float>& v() { return v_; }

@@ -249,6 +249,26 @@ const std::vector<KeySpec>& Keys() {
       {DTRAIN_RECIPE_KEY(parallel, check_replicas),
        "after every step, check that ranks holding replicated parameters hold the same bits "
        "(costs one pass over the parameters)"},
+      // checkpoint
+      {DTRAIN_RECIPE_KEY(checkpoint, dir),
+       "folder of the checkpoints (step-<N>/ each, and `latest`); empty = <run folder>/"
+       "checkpoints; a relative path is relative to the run folder"},
+      {DTRAIN_RECIPE_KEY(checkpoint, interval),
+       "steps between checkpoints; 0 = none on the way (one is still written at the end and on "
+       "SIGTERM or SIGUSR1)",
+       {},
+       AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(checkpoint, keep_last),
+       "complete checkpoints kept; an older one is removed only once a newer one is complete",
+       {},
+       AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(checkpoint, async),
+       "copy the state to host memory at the step and write it on a background thread (one "
+       "save in flight); false = training waits for the write"},
+      {DTRAIN_RECIPE_KEY(checkpoint, resume),
+       "auto: continue from the newest complete checkpoint in checkpoint.dir, if any; never: "
+       "start fresh; or the path of a step-<N> folder (or of a checkpoint folder) to load, into "
+       "any world size or strategy"},
       // cluster
       {DTRAIN_RECIPE_KEY(cluster, nodes), "machines the run is planned for", {}, AtLeast(1)},
       {DTRAIN_RECIPE_KEY(cluster, gpus_per_node), "GPUs in each machine", {}, AtLeast(1)},
@@ -875,6 +895,12 @@ int Recipe::d_ff() const {
 }
 
 std::string Recipe::run_dir() const { return absl::StrCat(run.out_dir, "/", run.name); }
+
+std::string Recipe::checkpoint_dir() const {
+  if (checkpoint.dir.empty()) return absl::StrCat(run_dir(), "/checkpoints");
+  if (checkpoint.dir[0] == '/') return checkpoint.dir;
+  return absl::StrCat(run_dir(), "/", checkpoint.dir);
+}
 
 absl::StatusOr<Recipe> ParseRecipe(const std::string& yaml_text, const std::string& source_name,
                                    const std::vector<std::string>& overrides) {

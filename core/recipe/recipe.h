@@ -87,6 +87,16 @@ struct ParallelSection {
   bool check_replicas = false;     // compare replicated parameters across ranks every step
 };
 
+// Sharded, resumable checkpoints (core/checkpoint/): <dir>/step-<N>/ holds one file per rank and
+// a manifest written last; <dir>/latest names the newest complete one.
+struct CheckpointSection {
+  std::string dir;    // empty = <run dir>/checkpoints; relative paths are from the run dir
+  int interval = 0;   // steps between saves; 0 = only at the end and on SIGTERM / SIGUSR1
+  int keep_last = 3;  // complete checkpoints kept; older ones go once a newer is complete
+  bool async = true;  // copy to host staging memory, write on a background thread
+  std::string resume = "auto";  // auto (newest complete in dir, if any) | never | PATH
+};
+
 // The machines a run is planned for (`dtrain plan`, parallel.strategy: auto). Names refer to the
 // planner's catalog (parallel/planner/catalog.h); a 0 figure takes the catalog's value.
 struct ClusterSection {
@@ -118,6 +128,7 @@ struct Recipe {
   DataSection data;
   TrainSection train;
   ParallelSection parallel;
+  CheckpointSection checkpoint;
   ClusterSection cluster;
   LoggingSection logging;
 
@@ -127,6 +138,8 @@ struct Recipe {
   int n_kv_head() const { return model.n_kv_head > 0 ? model.n_kv_head : model.n_head; }
   int d_ff() const;
   std::string run_dir() const;  // <run.out_dir>/<run.name>
+  // checkpoint.dir resolved: <run dir>/checkpoints when empty, relative to the run dir.
+  std::string checkpoint_dir() const;
 };
 
 // Reads, overrides (each "a.b=value"), validates. Errors are InvalidArgument with a message

@@ -1,0 +1,78 @@
+// `dtrain ckpt inspect DIR`, `dtrain ckpt export DIR --out FILE [--format safetensors|llmc]` and
+// `dtrain ckpt bench DIR` (the measurement behind scripts/bench/ckpt_throughput.sh).
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "cli/commands.h"
+#include "core/checkpoint/tools.h"
+
+namespace dtrain::cli {
+
+void AddCkptCommand(CLI::App& app) {
+  CLI::App* ckpt = app.add_subcommand("ckpt", "Inspect, validate and export checkpoints");
+  ckpt->require_subcommand(1);
+
+  auto inspect_path = std::make_shared<std::string>();
+  CLI::App* inspect = ckpt->add_subcommand(
+      "inspect",
+      "Summarise a checkpoint (step, tensors, world layout, sizes) and verify every chunk's "
+      "checksum; exits 1 naming the bad file or chunk when invalid");
+  inspect->add_option("dir", *inspect_path, "A step-<N> folder, or a checkpoint folder (all)")
+      ->required();
+  inspect->callback([inspect_path] {
+    const InspectReport report = InspectCheckpoints(*inspect_path);
+    std::cout << report.text;
+    if (!report.valid) {
+      Fail(absl::DataLossError(
+               absl::StrCat(*inspect_path, " is not a valid checkpoint (see above)")),
+           kExitFailure);
+    }
+  });
+
+  struct ExportArgs {
+    std::string dir, out, format = "safetensors";
+  };
+  auto export_args = std::make_shared<ExportArgs>();
+  CLI::App* export_command = ckpt->add_subcommand(
+      "export",
+      "Write the consolidated model weights of a checkpoint, from any number of ranks, one "
+      "tensor in memory at a time");
+  export_command
+      ->add_option("dir", export_args->dir,
+                   "A step-<N> folder, or a checkpoint folder (its newest complete checkpoint)")
+      ->required();
+  export_command->add_option("--out", export_args->out, "The file to write")->required();
+  export_command
+      ->add_option("--format", export_args->format,
+                   "safetensors (Hugging Face names) or llmc (llm.c's GPT-2 model file)")
+      ->capture_default_str();
+  export_command->callback([export_args] {
+    if (absl::Status status =
+            ExportCheckpoint(export_args->dir, export_args->out, export_args->format);
+        !status.ok()) {
+      Fail(status, kExitFailure);
+    }
+    std::cout << "wrote " << export_args->out << " (" << export_args->format << ")\n";
+  });
+
+  struct BenchArgs {
+    std::string dir;
+    int64_t values = int64_t{124} << 20;
+  };
+  auto bench_args = std::make_shared<BenchArgs>();
+  CLI::App* bench = ckpt->add_subcommand(
+      "bench", "Time saving and loading parameters + AdamW moments (sync and async), one rank");
+  bench->add_option("dir", bench_args->dir, "Scratch folder (emptied)")->required();
+  bench->add_option("--values", bench_args->values, "Parameter count; the state is 3x it")
+      ->capture_default_str();
+  bench->callback([bench_args] {
+    absl::StatusOr<std::string> line = BenchCheckpointIo(bench_args->dir, bench_args->values);
+    if (!line.ok()) Fail(line.status(), kExitFailure);
+    std::cout << *line << "\n";
+  });
+}
+
+}  // namespace dtrain::cli

@@ -1,0 +1,240 @@
+#include "core/checkpoint/format.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/util/status.h"
+#include "nlohmann/json.hpp"
+
+namespace dtrain {
+namespace {
+
+using Json = nlohmann::json;
+
+Json ChunkToJson(const ChunkRecord& c) {
+  return Json{{"tensor", c.tensor},
+              {"begin", c.begin},
+              {"end", c.end},
+              {"file", c.file},
+              {"offset", c.offset},
+              {"bytes", c.bytes},
+              {"crc32c", absl::StrFormat("%08x", c.crc32c)}};
+}
+
+ChunkRecord ChunkFromJson(const Json& j) {
+  ChunkRecord c;
+  c.tensor = j.at("tensor").get<std::string>();
+  c.begin = j.at("begin").get<int64_t>();
+  c.end = j.at("end").get<int64_t>();
+  c.file = j.at("file").get<std::string>();
+  c.offset = j.at("offset").get<uint64_t>();
+  c.bytes = j.at("bytes").get<uint64_t>();
+  c.crc32c = static_cast<uint32_t>(std::stoul(j.at("crc32c").get<std::string>(), nullptr, 16));
+  return c;
+}
+
+Json DataToJson(const LoaderState& state) {
+  return Json{{"consumed_sequences", state.consumed_sequences}, {"cursor", state.cursor}};
+}
+
+LoaderState DataFromJson(const Json& j) {
+  return LoaderState{j.at("consumed_sequences").get<int64_t>(), j.at("cursor").get<std::string>()};
+}
+
+template <typename T, typename Parse>
+absl::StatusOr<T> ParseJson(const std::string& text, const std::string& path, Parse parse) {
+  try {
+    return parse(Json::parse(text));
+  } catch (const Json::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat(path, " is not a valid checkpoint file (", e.what(),
+                     "); it is damaged or from another program, so this checkpoint cannot load"));
+  } catch (const std::exception& e) {
+    return absl::DataLossError(absl::StrCat(path, " has an invalid value (", e.what(), ")"));
+  }
+}
+
+}  // namespace
+
+std::string StateTensorName(StateKind kind, const std::string& tensor) {
+  switch (kind) {
+    case StateKind::kParameters:
+      return tensor;
+    case StateKind::kMomentM:
+      return "optim.m/" + tensor;
+    case StateKind::kMomentV:
+      return "optim.v/" + tensor;
+  }
+  return tensor;
+}
+
+const TensorRecord* Manifest::FindTensor(const std::string& name) const {
+  for (const TensorRecord& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+uint64_t Manifest::total_bytes() const {
+  uint64_t total = 0;
+  for (const File& f : files) total += f.bytes;
+  return total;
+}
+
+std::string ManifestToJson(const Manifest& m) {
+  Json tensors = Json::array();
+  for (const TensorRecord& t : m.tensors) {
+    tensors.push_back(Json{{"name", t.name}, {"shape", t.shape}, {"numel", t.numel}});
+  }
+  Json chunks = Json::array();
+  for (const ChunkRecord& c : m.chunks) chunks.push_back(ChunkToJson(c));
+  Json files = Json::array();
+  for (const Manifest::File& f : m.files)
+    files.push_back(Json{{"name", f.name}, {"bytes", f.bytes}});
+  Json data = Json::array();
+  for (const LoaderState& s : m.data) data.push_back(DataToJson(s));
+  Json j{{"format", "dtrain-checkpoint"},
+         {"format_version", m.format_version},
+         {"dtrain_version", m.dtrain_version},
+         {"step", m.step},
+         {"optimizer_step", m.optimizer_step},
+         {"seed", m.seed},
+         {"lr", m.lr},
+         {"recipe_hash", m.recipe_hash},
+         {"world",
+          {{"world_size", m.world.world_size},
+           {"strategy", m.world.strategy},
+           {"dp", m.world.dp},
+           {"tp", m.world.tp},
+           {"pp", m.world.pp}}},
+         {"tensors", tensors},
+         {"files", files},
+         {"data", data},
+         {"chunks", chunks},
+         {"metrics_line", m.metrics_line},
+         {"recipe", m.recipe_yaml}};
+  return j.dump(1) + "\n";
+}
+
+absl::StatusOr<Manifest> ManifestFromJson(const std::string& text, const std::string& path) {
+  return ParseJson<Manifest>(text, path, [&](const Json& j) {
+    if (j.at("format").get<std::string>() != "dtrain-checkpoint") {
+      throw std::runtime_error("\"format\" is not dtrain-checkpoint");
+    }
+    Manifest m;
+    m.format_version = j.at("format_version").get<int>();
+    if (m.format_version != kCheckpointFormatVersion) {
+      throw std::runtime_error(absl::StrCat("format_version ", m.format_version,
+                                            " is not the supported ", kCheckpointFormatVersion));
+    }
+    m.dtrain_version = j.at("dtrain_version").get<std::string>();
+    m.step = j.at("step").get<int64_t>();
+    m.optimizer_step = j.at("optimizer_step").get<int64_t>();
+    m.seed = j.at("seed").get<uint64_t>();
+    m.lr = j.at("lr").get<double>();
+    m.recipe_hash = j.at("recipe_hash").get<std::string>();
+    m.recipe_yaml = j.at("recipe").get<std::string>();
+    m.metrics_line = j.value("metrics_line", "");
+    const Json& w = j.at("world");
+    m.world = WorldRecord{w.at("world_size").get<int>(), w.at("strategy").get<std::string>(),
+                          w.at("dp").get<int>(), w.at("tp").get<int>(), w.at("pp").get<int>()};
+    for (const Json& t : j.at("tensors")) {
+      m.tensors.push_back(TensorRecord{t.at("name").get<std::string>(),
+                                       t.at("shape").get<std::vector<int64_t>>(),
+                                       t.at("numel").get<int64_t>()});
+    }
+    for (const Json& f : j.at("files")) {
+      m.files.push_back(
+          Manifest::File{f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>()});
+    }
+    for (const Json& d : j.at("data")) m.data.push_back(DataFromJson(d));
+    for (const Json& c : j.at("chunks")) m.chunks.push_back(ChunkFromJson(c));
+    return m;
+  });
+}
+
+std::string RankIndexToJson(const RankIndex& index) {
+  Json chunks = Json::array();
+  for (const ChunkRecord& c : index.chunks) chunks.push_back(ChunkToJson(c));
+  const Json j{{"nonce", absl::StrFormat("%016x", index.nonce)},
+               {"step", index.step},
+               {"rank", index.rank},
+               {"file", index.file},
+               {"file_bytes", index.file_bytes},
+               {"data", DataToJson(index.data)},
+               {"chunks", chunks}};
+  return j.dump(1) + "\n";
+}
+
+absl::StatusOr<RankIndex> RankIndexFromJson(const std::string& text, const std::string& path) {
+  return ParseJson<RankIndex>(text, path, [&](const Json& j) {
+    RankIndex index;
+    index.nonce = std::stoull(j.at("nonce").get<std::string>(), nullptr, 16);
+    index.step = j.at("step").get<int64_t>();
+    index.rank = j.at("rank").get<int>();
+    index.file = j.at("file").get<std::string>();
+    index.file_bytes = j.at("file_bytes").get<uint64_t>();
+    index.data = DataFromJson(j.at("data"));
+    for (const Json& c : j.at("chunks")) index.chunks.push_back(ChunkFromJson(c));
+    return index;
+  });
+}
+
+std::string StepDirName(int64_t step) { return absl::StrCat("step-", step); }
+std::string RankFileName(int rank) { return absl::StrCat("rank-", rank, ".bin"); }
+std::string RankIndexName(int rank) { return absl::StrCat("rank-", rank, ".json"); }
+
+absl::Status FsyncDirectory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open folder ", path));
+  const int result = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (result != 0) return absl::ErrnoToStatus(error, absl::StrCat("fsync folder ", path));
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileDurably(const std::string& path, const std::string& contents) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("create ", tmp));
+  size_t done = 0;
+  while (done < contents.size()) {
+    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      ::close(fd);
+      return absl::ErrnoToStatus(error, absl::StrCat("write ", tmp));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return absl::ErrnoToStatus(error, absl::StrCat("fsync ", tmp));
+  }
+  ::close(fd);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
+  }
+  const size_t slash = path.find_last_of('/');
+  return FsyncDirectory(slash == std::string::npos ? "." : path.substr(0, slash));
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, " does not exist or cannot be read"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace dtrain

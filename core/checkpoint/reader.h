@@ -1,0 +1,53 @@
+// Reading a checkpoint (format.h): the manifest, then any element range of any saved tensor from
+// the chunks that overlap it, each chunk's CRC32C checked as it is read. Finding the checkpoint
+// to resume from is the caller's loop over CheckpointCandidates, since a corrupt chunk is only
+// found by the ranks that read it (see parallel/checkpointing.h).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/checkpoint/format.h"
+
+namespace dtrain {
+
+// The step-<N> folders in `dir`, newest first, complete or not; empty when `dir` does not exist.
+std::vector<std::string> CheckpointCandidates(const std::string& dir);
+// What `<dir>/latest` names ("" when absent).
+std::string LatestName(const std::string& dir);
+
+class CheckpointReader {
+ public:
+  // Reads and checks the manifest: the format, every tensor covered by its chunks exactly once,
+  // every rank file present and as long as its chunks need. DataLoss naming the folder and the
+  // file or chunk when not; NotFound when the manifest is missing (an incomplete save).
+  static absl::StatusOr<CheckpointReader> Open(const std::string& step_dir);
+  CheckpointReader(CheckpointReader&&) = default;
+  ~CheckpointReader();
+
+  const std::string& path() const { return dir_; }
+  const Manifest& manifest() const { return manifest_; }
+
+  // Fills elements [begin, end) of `tensor` into `out`, reading only overlapping chunks and
+  // checking each chunk's checksum (a partly needed chunk is read whole to check it). Errors name
+  // the chunk (tensor, range), the file and the byte offset.
+  absl::Status Read(const std::string& tensor, int64_t begin, int64_t end, float* out);
+  // Reads every chunk and checks its checksum; returns one line per bad chunk (empty: all good).
+  std::vector<std::string> VerifyAll();
+
+ private:
+  CheckpointReader(std::string dir, Manifest manifest);
+  absl::Status ReadChunk(const ChunkRecord& chunk, float* out);
+  absl::StatusOr<int> FileFd(const std::string& name);
+
+  std::string dir_;
+  Manifest manifest_;
+  std::map<std::string, std::vector<size_t>> chunks_of_;  // tensor -> chunk indexes by begin
+  std::map<std::string, int> fds_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace dtrain

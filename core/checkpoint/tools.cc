@@ -1,0 +1,279 @@
+#include "core/checkpoint/tools.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/checkpoint/reader.h"
+#include "core/checkpoint/writer.h"
+#include "core/model/hf_names.h"
+#include "core/model/model_config.h"
+#include "core/model/param_table.h"
+#include "core/recipe/recipe.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool IsStepFolder(const std::string& path) {
+  std::error_code error;
+  return fs::exists(fs::path(path) / kManifestName, error) ||
+         fs::path(path).filename().string().rfind("step-", 0) == 0;
+}
+
+std::string MiB(uint64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
+
+// The summary of one checkpoint and its validation; false when invalid.
+bool InspectOne(const std::string& dir, std::string& text) {
+  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir);
+  if (!reader.ok()) {
+    absl::StrAppend(&text, dir, ": INVALID: ", reader.status().message(), "\n");
+    return false;
+  }
+  const Manifest& m = reader->manifest();
+  int64_t parameter_values = 0, moment_values = 0;
+  for (const TensorRecord& t : m.tensors) {
+    (t.name.rfind("optim.", 0) == 0 ? moment_values : parameter_values) += t.numel;
+  }
+  absl::StrAppendFormat(&text, "%s\n", dir);
+  absl::StrAppendFormat(&text, "  step %d (AdamW step %d, lr %.3e), dtrain %s, format %d\n", m.step,
+                        m.optimizer_step, m.lr, m.dtrain_version, m.format_version);
+  absl::StrAppendFormat(&text, "  saved by %d rank(s): %s, dp %d x tp %d x pp %d\n",
+                        m.world.world_size, m.world.strategy, m.world.dp, m.world.tp, m.world.pp);
+  absl::StrAppendFormat(&text,
+                        "  tensors: %d (%.3fM parameter values, %.3fM optimizer-moment values) "
+                        "in %d chunks\n",
+                        m.tensors.size(), parameter_values / 1e6, moment_values / 1e6,
+                        m.chunks.size());
+  std::vector<std::string> files;
+  for (const Manifest::File& f : m.files) files.push_back(absl::StrCat(f.name, " ", MiB(f.bytes)));
+  absl::StrAppendFormat(&text, "  files: %s; total %s\n", absl::StrJoin(files, ", "),
+                        MiB(m.total_bytes()));
+  if (!m.data.empty()) {
+    absl::StrAppendFormat(&text, "  data: %d sequences consumed, %d rank cursor(s)\n",
+                          m.data[0].consumed_sequences, m.data.size());
+  }
+  absl::StrAppendFormat(&text, "  seed %d, recipe hash %s\n", m.seed, m.recipe_hash);
+  const std::vector<std::string> problems = reader->VerifyAll();
+  if (problems.empty()) {
+    absl::StrAppendFormat(&text, "  checksums: all %d chunks valid (CRC32C)\n", m.chunks.size());
+    return true;
+  }
+  absl::StrAppendFormat(&text, "  INVALID: %d of %d chunks fail their checksum:\n", problems.size(),
+                        m.chunks.size());
+  for (const std::string& p : problems) absl::StrAppend(&text, "    ", p, "\n");
+  return false;
+}
+
+absl::Status WriteAllTo(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* next = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, next, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::ErrnoToStatus(errno, absl::StrCat("write ", path));
+    next += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// llm.c's train_gpt2.c model file, version 3: 256 int32 header, then float32 tensors grouped
+// by kind over the layers (wte padded to Vp rows, wpe, ln1w, ln1b, qkvw, ...).
+absl::Status ExportLlmc(const ModelConfig& config, const ParamTable& table,
+                        CheckpointReader& reader, const std::string& out) {
+  if (config.family != ModelFamily::kGpt2 || config.d_ff != 4 * config.d_model) {
+    return absl::InvalidArgumentError(
+        "--format llmc writes llm.c's GPT-2 file: the checkpoint must be model.family gpt2 with "
+        "d_ff = 4 * d_model; use --format safetensors");
+  }
+  const int padded_vocab = (config.vocab_size + 127) / 128 * 128;
+  int32_t header[256] = {};
+  header[0] = 20240326;
+  header[1] = 3;
+  header[2] = config.max_seq_len;
+  header[3] = config.vocab_size;
+  header[4] = config.n_layer;
+  header[5] = config.n_head;
+  header[6] = config.d_model;
+  header[7] = padded_vocab;
+  const std::string tmp = out + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("create ", tmp));
+  std::vector<float> values;
+  const auto write_tensor = [&](const std::string& name, size_t pad_to) -> absl::Status {
+    const TensorEntry* entry = table.Find(name);
+    if (entry == nullptr) return absl::InternalError("no tensor " + name);
+    values.assign(std::max(entry->numel, pad_to), 0.0f);
+    RETURN_IF_ERROR(reader.Read(name, 0, static_cast<int64_t>(entry->numel), values.data()));
+    return WriteAllTo(fd, values.data(), values.size() * sizeof(float), tmp);
+  };
+  absl::Status status = WriteAllTo(fd, header, sizeof(header), tmp);
+  if (status.ok()) {
+    status = write_tensor("embed.tokens", static_cast<size_t>(padded_vocab) * config.d_model);
+  }
+  if (status.ok()) status = write_tensor("embed.positions", 0);
+  for (const char* kind : {"norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias",
+                           "attn.out.weight", "attn.out.bias", "norm2.weight", "norm2.bias",
+                           "mlp.up.weight", "mlp.up.bias", "mlp.down.weight", "mlp.down.bias"}) {
+    for (int layer = 0; layer < config.n_layer && status.ok(); ++layer) {
+      status = write_tensor(absl::StrCat("blocks.", layer, ".", kind), 0);
+    }
+  }
+  if (status.ok()) status = write_tensor("final_norm.weight", 0);
+  if (status.ok()) status = write_tensor("final_norm.bias", 0);
+  if (status.ok() && ::fsync(fd) != 0) status = absl::ErrnoToStatus(errno, "fsync " + tmp);
+  ::close(fd);
+  if (status.ok() && std::rename(tmp.c_str(), out.c_str()) != 0) {
+    status = absl::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", out));
+  }
+  if (!status.ok()) ::unlink(tmp.c_str());
+  return status;
+}
+
+double Seconds(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
+  std::error_code error;
+  if (!fs::exists(path, error)) {
+    return absl::NotFoundError(absl::StrCat(path, " does not exist"));
+  }
+  if (IsStepFolder(path)) return path;
+  for (const std::string& candidate : CheckpointCandidates(path)) {
+    if (CheckpointReader::Open(candidate).ok()) return candidate;
+  }
+  return absl::NotFoundError(
+      absl::StrCat(path, " holds no complete checkpoint (no step-<N> folder with a manifest)"));
+}
+
+InspectReport InspectCheckpoints(const std::string& path) {
+  InspectReport report;
+  std::error_code error;
+  if (!fs::exists(path, error)) {
+    report.text = absl::StrCat(path, " does not exist\n");
+    return report;
+  }
+  if (IsStepFolder(path)) {
+    report.valid = InspectOne(path, report.text);
+    return report;
+  }
+  const std::vector<std::string> candidates = CheckpointCandidates(path);
+  if (candidates.empty()) {
+    report.text = absl::StrCat(path, " holds no step-<N> checkpoint folders\n");
+    return report;
+  }
+  const std::string latest = LatestName(path);
+  absl::StrAppendFormat(&report.text, "%s: %d checkpoint(s); latest names %s\n", path,
+                        candidates.size(), latest.empty() ? "nothing" : latest);
+  report.valid = true;
+  for (const std::string& candidate : candidates) {
+    report.valid = InspectOne(candidate, report.text) && report.valid;
+  }
+  return report;
+}
+
+absl::Status ExportCheckpoint(const std::string& path, const std::string& out,
+                              const std::string& format) {
+  ASSIGN_OR_RETURN(const std::string dir, ResolveCheckpoint(path));
+  ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(dir));
+  ASSIGN_OR_RETURN(const Recipe recipe,
+                   ParseRecipe(reader.manifest().recipe_yaml, dir + "/manifest.json (recipe)"));
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  const ParamTable table(config, ModelSlice{});
+  if (format == "llmc") return ExportLlmc(config, table, reader, out);
+  if (format != "safetensors") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format ", format, " is not known; use safetensors or llmc"));
+  }
+  std::vector<float> values;
+  return ExportHfSafetensorsStreamed(
+      config, table,
+      [&](const TensorEntry& entry) -> absl::StatusOr<const float*> {
+        values.resize(entry.numel);
+        RETURN_IF_ERROR(
+            reader.Read(entry.name, 0, static_cast<int64_t>(entry.numel), values.data()));
+        return values.data();
+      },
+      out, {{"dtrain_checkpoint", dir}, {"step", std::to_string(reader.manifest().step)}});
+}
+
+absl::StatusOr<std::string> BenchCheckpointIo(const std::string& dir, int64_t numel) {
+  std::error_code error;
+  fs::remove_all(dir, error);
+  fs::create_directories(dir, error);
+  // Parameters and two moments as 64 MiB chunks of three tensors, like a model's big matrices.
+  constexpr int64_t kChunk = int64_t{16} << 20;
+  std::vector<float> state(static_cast<size_t>(3 * numel));
+  for (size_t i = 0; i < state.size(); ++i) state[i] = static_cast<float>(i % 1000) * 1e-3f;
+  const char* names[3] = {"params", "optim.m/params", "optim.v/params"};
+  Manifest manifest;
+  manifest.dtrain_version = DTRAIN_VERSION;
+  for (const char* name : names) manifest.tensors.push_back({name, {numel}, numel});
+  const auto request = [&](int64_t step, const float* base) {
+    SaveRequest r;
+    r.dir = dir;
+    r.step = step;
+    r.nonce = 0x5eed + static_cast<uint64_t>(step);
+    r.keep_last = 1;
+    r.manifest = manifest;
+    for (int t = 0; t < 3; ++t) {
+      for (int64_t begin = 0; begin < numel; begin += kChunk) {
+        const int64_t end = std::min(numel, begin + kChunk);
+        r.chunks.push_back({names[t], begin, end, base + t * numel + begin});
+      }
+    }
+    return r;
+  };
+  const uint64_t bytes = state.size() * sizeof(float);
+
+  // Synchronous save: what training would wait for without async.
+  CheckpointWriter sync(false);
+  auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(sync.Save(request(1, state.data())));
+  const double save_s = Seconds(start);
+
+  // Asynchronous saves: blocked = staging copy (and the wait for the previous save).
+  CheckpointWriter async(true);
+  double blocked_s[2] = {0, 0};
+  double async_total_s = 0;
+  for (int i = 0; i < 2; ++i) {
+    start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(float* staging, async.Stage(state.size()));
+    std::memcpy(staging, state.data(), bytes);
+    RETURN_IF_ERROR(async.Save(request(2 + i, staging)));
+    blocked_s[i] = Seconds(start);
+    RETURN_IF_ERROR(async.Wait());
+    async_total_s = Seconds(start);
+  }
+
+  // Load: the newest, every chunk read and checksummed.
+  ::sync();
+  std::vector<float> loaded(state.size());
+  start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(dir + "/step-3"));
+  for (int t = 0; t < 3; ++t) {
+    RETURN_IF_ERROR(reader.Read(names[t], 0, numel, loaded.data() + t * numel));
+  }
+  const double load_s = Seconds(start);
+  if (std::memcmp(loaded.data(), state.data(), bytes) != 0) {
+    return absl::InternalError("the loaded state differs from the saved one");
+  }
+  return absl::StrFormat(
+      "bytes=%d save_s=%.3f load_s=%.3f async_blocked_first_s=%.4f async_blocked_s=%.4f "
+      "async_total_s=%.3f",
+      bytes, save_s, load_s, blocked_s[0], blocked_s[1], async_total_s);
+}
+
+}  // namespace dtrain

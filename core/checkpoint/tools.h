@@ -1,0 +1,36 @@
+// What `dtrain ckpt` does with a checkpoint on its own, outside a training run: inspect (summary
+// and full checksum validation), export (consolidated weights, streamed one tensor at a time)
+// and a save/load throughput measurement for scripts/bench/ckpt_throughput.sh.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace dtrain {
+
+// `path` is a step-<N> folder, or a checkpoint folder: then its newest complete checkpoint.
+absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path);
+
+struct InspectReport {
+  std::string text;  // the summary, then one line per problem
+  bool valid = false;
+};
+// Inspects `path`: a step-<N> folder, or every step-<N> folder of a checkpoint folder (newest
+// first, with what `latest` names). Invalid when any inspected one is incomplete or corrupt.
+InspectReport InspectCheckpoints(const std::string& path);
+
+// Writes the model's parameters of the checkpoint at `path` (ResolveCheckpoint) to `out`:
+// format "safetensors" (Hugging Face names and layouts) or "llmc" (llm.c's GPT-2 model file,
+// version 3: float32, vocabulary padded to a multiple of 128; GPT-2 with d_ff = 4 d_model only).
+// Host memory stays near one tensor. Every chunk read is checksum-verified.
+absl::Status ExportCheckpoint(const std::string& path, const std::string& out,
+                              const std::string& format);
+
+// Saves `numel` floats of parameters plus AdamW's two moments (one rank) into `dir` synchronously
+// and asynchronously, and loads them back; returns one line of key=value figures (bytes,
+// save_s, load_s, async_blocked_s, ...). `dir` is emptied first.
+absl::StatusOr<std::string> BenchCheckpointIo(const std::string& dir, int64_t numel);
+
+}  // namespace dtrain

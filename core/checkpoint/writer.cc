@@ -1,0 +1,236 @@
+#include "core/checkpoint/writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "core/checkpoint/crc32c.h"
+#include "core/util/log.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+double MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* next = static_cast<const char*>(data);
+  while (bytes > 0) {
+    // Linux writes at most ~2 GiB per call.
+    const ssize_t n = ::write(fd, next, std::min<size_t>(bytes, size_t{1} << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::ErrnoToStatus(errno, absl::StrCat("write ", path));
+    next += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+std::string StageDir(const SaveRequest& r) {
+  return absl::StrFormat("%s/.%s.%016x", r.dir, StepDirName(r.step), r.nonce);
+}
+
+// This rank's file and index in the stage folder.
+absl::StatusOr<uint64_t> WriteRankFiles(const SaveRequest& r, const std::string& stage) {
+  const std::string file = RankFileName(r.rank);
+  const std::string path = stage + "/" + file;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("create ", path));
+  RankIndex index{r.nonce, r.step, r.rank, file, 0, {}, r.data};
+  absl::Status status;
+  for (const ChunkSource& chunk : r.chunks) {
+    const uint64_t bytes = static_cast<uint64_t>(chunk.end - chunk.begin) * sizeof(float);
+    index.chunks.push_back(ChunkRecord{chunk.tensor, chunk.begin, chunk.end, file, index.file_bytes,
+                                       bytes, Crc32c(0, chunk.values, bytes)});
+    status = WriteAll(fd, chunk.values, bytes, path);
+    if (!status.ok()) break;
+    index.file_bytes += bytes;
+  }
+  if (status.ok() && ::fsync(fd) != 0) status = absl::ErrnoToStatus(errno, "fsync " + path);
+  ::close(fd);
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(WriteFileDurably(stage + "/" + RankIndexName(r.rank), RankIndexToJson(index)));
+  return index.file_bytes;
+}
+
+// Rank 0: every rank's index of this attempt, waiting for them up to the timeout.
+absl::StatusOr<std::vector<RankIndex>> CollectIndexes(const SaveRequest& r,
+                                                      const std::string& stage) {
+  std::vector<RankIndex> indexes(r.world);
+  std::vector<bool> found(r.world, false);
+  const absl::Time deadline = absl::Now() + absl::Seconds(r.timeout_s);
+  for (;;) {
+    std::vector<int> missing;
+    for (int rank = 0; rank < r.world; ++rank) {
+      if (found[rank]) continue;
+      const std::string path = stage + "/" + RankIndexName(rank);
+      absl::StatusOr<std::string> text = ReadWholeFile(path);
+      if (text.ok()) {
+        absl::StatusOr<RankIndex> index = RankIndexFromJson(*text, path);
+        if (index.ok() && index->nonce == r.nonce && index->step == r.step) {
+          indexes[rank] = *std::move(index);
+          found[rank] = true;
+          continue;
+        }
+      }
+      missing.push_back(rank);
+    }
+    if (missing.empty()) return indexes;
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "checkpoint ", StepDirName(r.step), ": rank(s) ", absl::StrJoin(missing, ", "),
+          " did not report their files in ", stage, " within ", r.timeout_s,
+          "s (parallel.timeout_s); is checkpoint.dir on a filesystem all ranks share?"));
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+// The complete checkpoints in `dir` (those with a manifest), oldest first.
+std::vector<int64_t> CompleteSteps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) != 0) continue;
+    int64_t step = 0;
+    const std::string digits = name.substr(5);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    step = std::stoll(digits);
+    if (fs::exists(entry.path() / kManifestName, error)) steps.push_back(step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+absl::Status Commit(const SaveRequest& r, const std::string& stage) {
+  ASSIGN_OR_RETURN(std::vector<RankIndex> indexes, CollectIndexes(r, stage));
+  Manifest manifest = r.manifest;
+  manifest.step = r.step;
+  manifest.chunks.clear();
+  manifest.files.clear();
+  manifest.data.clear();
+  for (RankIndex& index : indexes) {
+    manifest.files.push_back({index.file, index.file_bytes});
+    manifest.data.push_back(index.data);
+    for (ChunkRecord& chunk : index.chunks) manifest.chunks.push_back(std::move(chunk));
+  }
+  RETURN_IF_ERROR(WriteFileDurably(stage + "/" + kManifestName, ManifestToJson(manifest)));
+
+  const std::string final_dir = r.dir + "/" + StepDirName(r.step);
+  std::error_code error;
+  if (fs::exists(final_dir, error)) {
+    // Never overwrite: an earlier step-<N> (a damaged one that resume skipped, or one of another
+    // run) moves aside and stays for inspection.
+    const std::string aside = absl::StrFormat("%s.replaced-%016x", final_dir, r.nonce);
+    fs::rename(final_dir, aside, error);
+    if (error) {
+      return absl::InternalError(absl::StrCat("cannot move the existing ", final_dir, " aside to ",
+                                              aside, ": ", error.message()));
+    }
+    LogWarn("checkpoint: %s existed and was moved to %s", final_dir, aside);
+  }
+  fs::rename(stage, final_dir, error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", stage, " to ", final_dir, ": ", error.message()));
+  }
+  RETURN_IF_ERROR(FsyncDirectory(r.dir));
+  RETURN_IF_ERROR(WriteFileDurably(r.dir + "/" + kLatestName, StepDirName(r.step) + "\n"));
+
+  // Older complete checkpoints beyond keep_last go only now that this one is complete.
+  if (r.keep_last > 0) {
+    std::vector<int64_t> steps = CompleteSteps(r.dir);
+    steps.erase(std::remove_if(steps.begin(), steps.end(), [&](int64_t s) { return s > r.step; }),
+                steps.end());
+    for (size_t i = 0; i + r.keep_last < steps.size(); ++i) {
+      fs::remove_all(r.dir + "/" + StepDirName(steps[i]), error);
+    }
+  }
+  // Stage folders of earlier attempts (killed while saving) are garbage.
+  const std::string own_suffix = absl::StrFormat(".%016x", r.nonce);
+  for (const fs::directory_entry& entry : fs::directory_iterator(r.dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".step-", 0) == 0 && !name.ends_with(own_suffix)) {
+      fs::remove_all(entry.path(), error);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SaveStats> WriteCheckpoint(const SaveRequest& request) {
+  SaveStats stats;
+  const std::string stage = StageDir(request);
+  std::error_code error;
+  fs::create_directories(stage, error);
+  if (error) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot create the checkpoint folder ", stage,
+                                                      ": ", error.message(),
+                                                      "; set checkpoint.dir to a writable folder"));
+  }
+  auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<uint64_t> bytes = WriteRankFiles(request, stage);
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code(),
+                        absl::StrCat("checkpoint ", StepDirName(request.step), ", rank ",
+                                     request.rank, ": ", bytes.status().message()));
+  }
+  stats.bytes = *bytes;
+  stats.write_ms = MsSince(start);
+  if (request.rank == 0) {
+    start = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(Commit(request, stage));
+    stats.commit_ms = MsSince(start);
+  }
+  return stats;
+}
+
+CheckpointWriter::~CheckpointWriter() { (void)Wait(); }
+
+absl::StatusOr<float*> CheckpointWriter::Stage(size_t floats) {
+  RETURN_IF_ERROR(Wait());
+  if (staging_.size() < floats) staging_.resize(floats);
+  return staging_.data();
+}
+
+absl::Status CheckpointWriter::Save(SaveRequest request) {
+  RETURN_IF_ERROR(Wait());
+  if (!async_) {
+    ASSIGN_OR_RETURN(stats_, WriteCheckpoint(request));
+    return absl::OkStatus();
+  }
+  thread_ = std::thread([this, request = std::move(request)] {
+    absl::StatusOr<SaveStats> stats = WriteCheckpoint(request);
+    if (stats.ok()) {
+      stats_ = *stats;
+    } else {
+      result_ = stats.status();
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::Wait() {
+  if (thread_.joinable()) thread_.join();
+  absl::Status result = result_;
+  result_ = absl::OkStatus();
+  return result;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,81 @@
+// Writing a checkpoint (format.h). Every rank writes its chunks into the stage folder
+// <dir>/.step-<N>.<nonce>/ and then its index; rank 0 waits for all ranks' indexes (polling the
+// shared folder, as PyTorch DCP relies on a shared filesystem too), writes the manifest, renames
+// the folder to step-<N>, points `latest` at it and removes the complete checkpoints beyond
+// keep_last. No collective runs here, so a save may run on a background thread next to the
+// engine's communicator. A crash at any point leaves the earlier checkpoints untouched and no
+// step-<N> folder, or a complete one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/checkpoint/format.h"
+#include "core/data/loader.h"
+
+namespace dtrain {
+
+// Elements [begin, end) of the global tensor `tensor`, held at `values`.
+struct ChunkSource {
+  std::string tensor;
+  int64_t begin = 0;
+  int64_t end = 0;
+  const float* values = nullptr;
+};
+
+struct SaveRequest {
+  std::string dir;  // the checkpoint folder (checkpoint.dir)
+  int64_t step = 0;
+  int rank = 0;
+  int world = 1;
+  uint64_t nonce = 0;      // the same on every rank of one run attempt, new for each attempt
+  double timeout_s = 300;  // rank 0's wait for the other ranks' indexes
+  int keep_last = 0;       // 0 = keep all
+  std::vector<ChunkSource> chunks;
+  LoaderState data;
+  Manifest manifest;  // rank 0: everything but chunks, files and data, which the indexes give
+};
+
+// What a save cost this rank.
+struct SaveStats {
+  uint64_t bytes = 0;    // this rank's file
+  double write_ms = 0;   // writing and syncing it
+  double commit_ms = 0;  // rank 0: waiting for the others and committing
+};
+
+// Runs a whole save on the calling thread. Errors name the file and the rank.
+absl::StatusOr<SaveStats> WriteCheckpoint(const SaveRequest& request);
+
+// One save at a time, synchronous or on a background thread. Not thread-safe (the training
+// thread calls it); the destructor waits for the save in flight.
+class CheckpointWriter {
+ public:
+  explicit CheckpointWriter(bool async) : async_(async) {}
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  bool async() const { return async_; }
+  // Waits for the save in flight, then returns a host buffer of `floats` that the next Save's
+  // chunks may point into (kept between saves, so only the first save pays for its pages).
+  absl::StatusOr<float*> Stage(size_t floats);
+  // Synchronous: writes now and returns the outcome. Asynchronous: starts the write and returns;
+  // the chunks' values must stay unchanged until it finishes (point them into Stage's buffer).
+  absl::Status Save(SaveRequest request);
+  // The outcome of the save in flight (OK when none).
+  absl::Status Wait();
+  const SaveStats& last_stats() const { return stats_; }
+
+ private:
+  bool async_;
+  std::thread thread_;
+  absl::Status result_;
+  SaveStats stats_;
+  std::vector<float> staging_;
+};
+
+}  // namespace dtrain

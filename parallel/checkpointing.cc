@@ -1,0 +1,298 @@
+#include "parallel/checkpointing.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/checkpoint/reader.h"
+#include "core/util/fnv.h"
+#include "core/util/log.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Keys whose change makes a checkpoint unloadable: the state's shapes or the data position.
+const std::set<std::string>& ShapeKeys() {
+  static const auto* const keys = new std::set<std::string>{
+      "model.family", "model.n_layer",    "model.n_head",      "model.n_kv_head", "model.d_model",
+      "model.d_ff",   "model.vocab_size", "model.max_seq_len", "train.seq_len",   "data.format"};
+  return *keys;
+}
+
+// Keys that differ between two resolved recipes ("section.key").
+std::vector<std::string> DifferingKeys(const std::string& saved, const std::string& current) {
+  std::vector<std::string> keys;
+  YAML::Node a, b;
+  try {
+    a = YAML::Load(saved);
+    b = YAML::Load(current);
+  } catch (const YAML::Exception&) {
+    return {"(the saved recipe does not parse)"};
+  }
+  for (auto section = b.begin(); section != b.end(); ++section) {
+    const std::string name = section->first.Scalar();
+    const YAML::Node old_section = a[name];
+    for (auto key = section->second.begin(); key != section->second.end(); ++key) {
+      const std::string path = absl::StrCat(name, ".", key->first.Scalar());
+      const YAML::Node old_value = old_section ? old_section[key->first.Scalar()] : YAML::Node();
+      if (!old_value || YAML::Dump(old_value) != YAML::Dump(key->second)) keys.push_back(path);
+    }
+  }
+  return keys;
+}
+
+// Calls fn(entry, begin, end) for each piece [begin, end) (table positions) of the tensors that
+// overlap [lo, hi).
+template <typename Fn>
+void ForEachTensorPiece(const ParamTable& table, size_t lo, size_t hi, Fn fn) {
+  for (const TensorEntry& entry : table.entries()) {
+    const size_t begin = std::max(lo, entry.offset);
+    const size_t end = std::min(hi, entry.offset + entry.numel);
+    if (begin < end) fn(entry, begin, end);
+  }
+}
+
+uint64_t AgreeOnNonce(Communicator* comm) {
+  std::random_device device;
+  uint64_t nonce =
+      (static_cast<uint64_t>(device()) << 32) ^ device() ^
+      static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  if (comm == nullptr) return nonce;
+  // Two floats carry the bits; a broadcast moves them without arithmetic.
+  float words[2];
+  std::memcpy(words, &nonce, sizeof(nonce));
+  if (std::unique_ptr<Work> work = comm->Broadcast(words, 2, 0); work) (void)work->Wait();
+  std::memcpy(&nonce, words, sizeof(nonce));
+  return nonce;
+}
+
+}  // namespace
+
+TrainingCheckpoints::TrainingCheckpoints(const Recipe& recipe, const ParamTable& table,
+                                         DataParallelEngine& engine, Communicator* comm,
+                                         uint64_t nonce)
+    : recipe_(recipe),
+      table_(table),
+      engine_(engine),
+      comm_(comm),
+      rank_(comm ? comm->rank() : 0),
+      world_(comm ? comm->size() : 1),
+      nonce_(nonce),
+      dir_(recipe.checkpoint_dir()),
+      recipe_yaml_(ResolvedRecipeYaml(recipe)),
+      writer_(recipe.checkpoint.async) {}
+
+absl::StatusOr<std::unique_ptr<TrainingCheckpoints>> TrainingCheckpoints::Create(
+    const Recipe& recipe, const ParamTable& table, DataParallelEngine& engine, Communicator* comm) {
+  return std::unique_ptr<TrainingCheckpoints>(
+      new TrainingCheckpoints(recipe, table, engine, comm, AgreeOnNonce(comm)));
+}
+
+absl::StatusOr<double> TrainingCheckpoints::Save(int64_t step, double lr, const LoaderState& data,
+                                                 const std::string& metrics_line) {
+  const auto start = std::chrono::steady_clock::now();
+  SaveRequest request;
+  request.dir = dir_;
+  request.step = step;
+  request.rank = rank_;
+  request.world = world_;
+  request.nonce = nonce_;
+  request.timeout_s = recipe_.parallel.timeout_s;
+  request.keep_last = recipe_.checkpoint.keep_last;
+  request.data = data;
+  if (rank_ == 0) {
+    Manifest& m = request.manifest;
+    m.dtrain_version = DTRAIN_VERSION;
+    m.step = step;
+    m.optimizer_step = engine_.optimizer_step();
+    m.seed = recipe_.run.seed;
+    m.lr = lr;
+    m.recipe_yaml = recipe_yaml_;
+    m.metrics_line = metrics_line;
+    m.recipe_hash = absl::StrFormat("%016x", Fnv1a(recipe_yaml_));
+    m.world = WorldRecord{world_, engine_.strategy().name, world_, recipe_.parallel.tp,
+                          recipe_.parallel.pp};
+    for (const TensorEntry& entry : table_.entries()) {
+      for (const StateKind kind :
+           {StateKind::kParameters, StateKind::kMomentM, StateKind::kMomentV}) {
+        m.tensors.push_back(TensorRecord{StateTensorName(kind, entry.name), entry.shape,
+                                         static_cast<int64_t>(entry.numel)});
+      }
+    }
+  }
+  const std::vector<StateRange> ranges = engine_.SavedState();
+  float* staging = nullptr;
+  if (writer_.async()) {
+    size_t total = 0;
+    for (const StateRange& range : ranges) total += range.end - range.begin;
+    ASSIGN_OR_RETURN(staging, writer_.Stage(total));
+  }
+  for (const StateRange& range : ranges) {
+    const float* values = range.values;
+    if (staging != nullptr) {
+      std::memcpy(staging, range.values, (range.end - range.begin) * sizeof(float));
+      values = staging;
+      staging += range.end - range.begin;
+    }
+    ForEachTensorPiece(
+        table_, range.begin, range.end, [&](const TensorEntry& entry, size_t begin, size_t end) {
+          request.chunks.push_back(ChunkSource{
+              StateTensorName(range.kind, entry.name), static_cast<int64_t>(begin - entry.offset),
+              static_cast<int64_t>(end - entry.offset), values + (begin - range.begin)});
+        });
+  }
+  RETURN_IF_ERROR(writer_.Save(std::move(request)));
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+absl::Status TrainingCheckpoints::TryLoad(const std::string& step_dir, LoaderState& data,
+                                          int64_t& step, std::string& origin, bool& fatal) {
+  fatal = false;
+  ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
+  const Manifest& m = reader.manifest();
+  std::vector<std::string> blocking, changed;
+  for (const std::string& key : DifferingKeys(m.recipe_yaml, recipe_yaml_)) {
+    (ShapeKeys().count(key) ? blocking : changed).push_back(key);
+  }
+  if (!blocking.empty()) {
+    fatal = true;
+    return absl::FailedPreconditionError(absl::StrCat(
+        step_dir, " was saved with a different ", absl::StrJoin(blocking, ", "),
+        ": the model or data shape changed, so it cannot load; restore those keys, or set "
+        "checkpoint.resume: never (or another checkpoint.dir) to start fresh"));
+  }
+  for (const TensorEntry& entry : table_.entries()) {
+    const TensorRecord* record = m.FindTensor(entry.name);
+    if (record == nullptr || record->numel != static_cast<int64_t>(entry.numel)) {
+      fatal = true;
+      return absl::FailedPreconditionError(
+          absl::StrCat(step_dir, " holds no tensor ", entry.name, " of ", entry.numel,
+                       " values; it was saved from a different model"));
+    }
+  }
+  if (!changed.empty() && rank_ == 0) {
+    LogWarn("resuming from %s with changed recipe keys: %s", step_dir,
+            absl::StrJoin(changed, ", "));
+  }
+  for (const StateRange& range : engine_.HeldState()) {
+    absl::Status status;
+    ForEachTensorPiece(
+        table_, range.begin, range.end, [&](const TensorEntry& entry, size_t begin, size_t end) {
+          if (!status.ok()) return;
+          status = reader.Read(
+              StateTensorName(range.kind, entry.name), static_cast<int64_t>(begin - entry.offset),
+              static_cast<int64_t>(end - entry.offset), range.values + (begin - range.begin));
+        });
+    RETURN_IF_ERROR(status);
+  }
+  engine_.SetOptimizerStep(m.optimizer_step);
+  if (m.data.empty()) return absl::DataLossError(step_dir + " holds no data-loader state");
+  if (m.world.world_size == world_ && static_cast<int>(m.data.size()) == world_) {
+    data = m.data[rank_];
+  } else {
+    ASSIGN_OR_RETURN(data, MergeLoaderStates(m.data));
+  }
+  step = m.step;
+  resumed_metrics_line_ = m.metrics_line;
+  origin = absl::StrFormat("saved by %d rank(s) with %s", m.world.world_size, m.world.strategy);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
+  const std::string& resume = recipe_.checkpoint.resume;
+  if (resume == "never") return 0;
+  std::vector<std::string> candidates;
+  std::string folder = dir_;
+  bool explicit_path = resume != "auto";
+  if (explicit_path) {
+    std::error_code error;
+    if (!fs::exists(resume, error)) {
+      return absl::NotFoundError(absl::StrCat("checkpoint.resume: ", resume,
+                                              " does not exist; give a step-<N> folder, a "
+                                              "checkpoint folder, auto or never"));
+    }
+    if (fs::exists(fs::path(resume) / kManifestName, error) ||
+        fs::path(resume).filename().string().rfind("step-", 0) == 0) {
+      candidates.push_back(resume);
+      folder = fs::path(resume).parent_path().string();
+    } else {
+      candidates = CheckpointCandidates(resume);
+      folder = resume;
+      if (candidates.empty()) {
+        return absl::NotFoundError(
+            absl::StrCat("checkpoint.resume: ", resume, " holds no step-<N> checkpoint folder"));
+      }
+    }
+  } else {
+    candidates = CheckpointCandidates(dir_);
+  }
+  const std::string latest = LatestName(folder);
+  for (const std::string& candidate : candidates) {
+    LoaderState data;
+    int64_t step = 0;
+    bool fatal = false;
+    std::string origin;
+    const absl::Status status = TryLoad(candidate, data, step, origin, fatal);
+    if (fatal) return status;
+    double failed = status.ok() ? 0 : 1, unused = 0;
+    RETURN_IF_ERROR(engine_.SumOverRanks(failed, unused));
+    if (failed == 0) {
+      if (absl::Status restored = loader.Restore(data); !restored.ok()) {
+        return absl::Status(restored.code(),
+                            absl::StrCat("resuming from ", candidate, ": ", restored.message()));
+      }
+      if (rank_ == 0) {
+        LogInfo("resumed from %s at step %d (%s; now %d rank(s) with %s)", candidate, step, origin,
+                world_, engine_.strategy().name);
+      }
+      const std::string name = fs::path(candidate).filename().string();
+      if (rank_ == 0 && !latest.empty() && latest != name) {
+        LogWarn("%s/latest names %s, but %s is the newest complete checkpoint; latest is stale",
+                folder, latest, name);
+      }
+      return step;
+    }
+    if (!status.ok()) {
+      LogWarn("skipping checkpoint %s: %s; trying the previous one", candidate, status.message());
+    } else if (rank_ == 0) {
+      LogWarn(
+          "skipping checkpoint %s: another rank found it damaged (see its warning); trying "
+          "the previous one",
+          candidate);
+    }
+    if (explicit_path && candidates.size() == 1) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint.resume: ", candidate,
+          " cannot load: ", status.ok() ? "another rank found it damaged" : status.message()));
+    }
+  }
+  // Nothing loaded: a partial load may have written into the moments.
+  for (const StateRange& range : engine_.HeldState()) {
+    if (range.kind != StateKind::kParameters)
+      std::fill(range.values, range.values + (range.end - range.begin), 0.0f);
+  }
+  engine_.SetOptimizerStep(0);
+  if (!candidates.empty()) {
+    if (explicit_path) {
+      return absl::DataLossError(absl::StrCat("checkpoint.resume: no complete checkpoint in ",
+                                              folder, " loads (see the warnings above)"));
+    }
+    if (rank_ == 0) LogWarn("no checkpoint in %s could be loaded; starting fresh", folder);
+  }
+  return 0;
+}
+
+}  // namespace dtrain

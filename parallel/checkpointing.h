@@ -1,0 +1,82 @@
+// Checkpoints of a training run (format: core/checkpoint/format.h): the data-parallel engine's
+// state, the data cursor and the step, saved by every rank in parallel and loaded into any world
+// size or strategy.
+//
+// Resume (checkpoint.resume): auto takes the newest complete checkpoint in checkpoint.dir (none:
+// a fresh start); never starts fresh; a path loads that step-<N> folder (or the newest complete
+// one in that checkpoint folder). A checkpoint that is incomplete or corrupt (missing manifest,
+// truncated or missing rank file, a chunk whose CRC32C does not match) is skipped with a warning
+// naming it and the previous one is tried: every rank checks the chunks it reads, and the ranks
+// agree collectively, so all of them load the same one. A stale `latest` is reported, not
+// trusted: the folders themselves are the truth.
+//
+// Recipe changes across a resume: keys that change the shape of the saved state or of the data
+// position (model.family, n_layer, n_head, n_kv_head, d_model, d_ff, vocab_size, max_seq_len;
+// train.seq_len; data.format) stop the run with an error naming them, since nothing meaningful
+// can load. Any other change (learning rate, steps, strategy, world size, batch split, logging,
+// ...) is allowed and listed in one warning: fine-tuning a schedule or moving to another cluster
+// are the reasons to resume with a different recipe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/checkpoint/writer.h"
+#include "core/data/loader.h"
+#include "core/model/param_table.h"
+#include "core/recipe/recipe.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/data_parallel.h"
+
+namespace dtrain {
+
+class TrainingCheckpoints {
+ public:
+  // `comm` is the world (null for one process); the ranks agree on a nonce naming this attempt's
+  // stage folders (a collective: every rank calls Create).
+  static absl::StatusOr<std::unique_ptr<TrainingCheckpoints>> Create(const Recipe& recipe,
+                                                                     const ParamTable& table,
+                                                                     DataParallelEngine& engine,
+                                                                     Communicator* comm);
+
+  // Loads per checkpoint.resume into the engine and `loader` and returns the step to continue at;
+  // 0 when nothing was loaded (the engine's moments are then zero; the caller initialises the
+  // parameters). Collective.
+  absl::StatusOr<int64_t> Resume(SequenceLoader& loader);
+
+  // Saves the state after `step` steps. Returns the milliseconds training was blocked: the whole
+  // write when synchronous; waiting for the previous save plus the copy into staging memory when
+  // asynchronous. Every rank calls it at the same step (no collective inside).
+  absl::StatusOr<double> Save(int64_t step, double lr, const LoaderState& data,
+                              const std::string& metrics_line);
+  // Waits for the save in flight.
+  absl::Status Finish() { return writer_.Wait(); }
+
+  const std::string& dir() const { return dir_; }
+  // After Resume: the metrics.jsonl line of the resumed step ("" when none was saved).
+  const std::string& resumed_metrics_line() const { return resumed_metrics_line_; }
+
+ private:
+  TrainingCheckpoints(const Recipe& recipe, const ParamTable& table, DataParallelEngine& engine,
+                      Communicator* comm, uint64_t nonce);
+  // Fills the engine from `step_dir`; the loader state to restore goes to `data`. A fatal error
+  // (an incompatible recipe) sets `fatal`.
+  absl::Status TryLoad(const std::string& step_dir, LoaderState& data, int64_t& step,
+                       std::string& origin, bool& fatal);
+
+  const Recipe& recipe_;
+  const ParamTable& table_;
+  DataParallelEngine& engine_;
+  Communicator* comm_;
+  int rank_ = 0;
+  int world_ = 1;
+  uint64_t nonce_ = 0;
+  std::string dir_;
+  std::string recipe_yaml_;
+  CheckpointWriter writer_;
+  std::string resumed_metrics_line_;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,122 @@
+#include "core/checkpoint/writer.h"
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint/reader.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/core/checkpoint/checkpoint_test_util.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(CheckpointWriterTest, RanksWriteSharesAndTheManifestNamesEveryChunk) {
+  const std::string dir = testing::FreshDir("ckpt_roundtrip");
+  ASSERT_TRUE(testing::SaveStep(dir, 3).ok());
+  EXPECT_EQ(LatestName(dir), "step-3");
+  EXPECT_TRUE(fs::exists(dir + "/step-3/rank-0.bin"));
+  EXPECT_TRUE(fs::exists(dir + "/step-3/rank-1.bin"));
+  // Each value written once: 17 floats in all, no padding.
+  EXPECT_EQ(fs::file_size(dir + "/step-3/rank-0.bin") + fs::file_size(dir + "/step-3/rank-1.bin"),
+            17 * sizeof(float));
+  // No temporary or stage files remain.
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    EXPECT_THAT(entry.path().filename().string(), ::testing::Not(HasSubstr("tmp")));
+    EXPECT_NE(entry.path().filename().string()[0], '.');
+  }
+
+  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-3");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const Manifest& m = reader->manifest();
+  EXPECT_EQ(m.step, 3);
+  EXPECT_EQ(m.optimizer_step, 3);
+  EXPECT_EQ(m.chunks.size(), 4u);
+  ASSERT_EQ(m.data.size(), 2u);
+  EXPECT_EQ(m.data[1].consumed_sequences, 24);
+  EXPECT_EQ(m.data[1].cursor, "cursor of rank 1\n");
+  // A range across both ranks' chunks.
+  std::vector<float> out(6);
+  ASSERT_TRUE(reader->Read("a", 2, 8, out.data()).ok());
+  EXPECT_THAT(out, ElementsAre(5, 6, 7, 8, 9, 10));
+  std::vector<float> b(7);
+  ASSERT_TRUE(reader->Read("b", 0, 7, b.data()).ok());
+  EXPECT_EQ(b, testing::TensorValues("b", 3));
+  EXPECT_TRUE(reader->VerifyAll().empty());
+}
+
+TEST(CheckpointWriterTest, KeepsTheLastCompleteOnesAndPointsLatestAtTheNewest) {
+  const std::string dir = testing::FreshDir("ckpt_keep");
+  for (int step : {2, 4, 6}) ASSERT_TRUE(testing::SaveStep(dir, step).ok());
+  EXPECT_FALSE(fs::exists(dir + "/step-2"));  // keep_last 2
+  EXPECT_TRUE(fs::exists(dir + "/step-4/manifest.json"));
+  EXPECT_TRUE(fs::exists(dir + "/step-6/manifest.json"));
+  EXPECT_EQ(LatestName(dir), "step-6");
+  EXPECT_THAT(CheckpointCandidates(dir), ElementsAre(dir + "/step-6", dir + "/step-4"));
+}
+
+TEST(CheckpointWriterTest, ARankThatNeverReportsLeavesNoCheckpointAndThePreviousIntact) {
+  const std::string dir = testing::FreshDir("ckpt_killed");
+  ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
+  // Step 4: rank 1 "dies" before writing; rank 0 writes its part and times out.
+  const std::vector<std::vector<float>> tensors = {testing::TensorValues("a", 4),
+                                                   testing::TensorValues("b", 4)};
+  SaveRequest request = testing::RequestFor(dir, 4, 0, 2, tensors);
+  request.timeout_s = 0.2;
+  const absl::StatusOr<SaveStats> stats = WriteCheckpoint(request);
+  ASSERT_FALSE(stats.ok());
+  EXPECT_THAT(stats.status().message(), HasSubstr("rank(s) 1 did not report"));
+  EXPECT_FALSE(fs::exists(dir + "/step-4"));
+  EXPECT_EQ(LatestName(dir), "step-2");
+  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-2");
+  ASSERT_TRUE(reader.ok());
+  EXPECT_TRUE(reader->VerifyAll().empty());
+  // The next attempt's save cleans the dead stage folder up.
+  ASSERT_TRUE(testing::SaveStep(dir, 6).ok());
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    EXPECT_NE(entry.path().filename().string()[0], '.') << entry.path();
+  }
+}
+
+TEST(CheckpointWriterTest, AnExistingStepFolderIsMovedAsideNotOverwritten) {
+  const std::string dir = testing::FreshDir("ckpt_aside");
+  ASSERT_TRUE(testing::SaveStep(dir, 4).ok());
+  std::filesystem::remove(dir + "/step-4/manifest.json");  // a damaged one
+  ASSERT_TRUE(testing::SaveStep(dir, 4).ok());
+  bool found_aside = false;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().filename().string().rfind("step-4.replaced-", 0) == 0) found_aside = true;
+  }
+  EXPECT_TRUE(found_aside);
+  EXPECT_TRUE(CheckpointReader::Open(dir + "/step-4").ok());
+}
+
+TEST(CheckpointWriterTest, AsyncWriterSavesFromStagingAndReportsErrors) {
+  const std::string dir = testing::FreshDir("ckpt_async");
+  CheckpointWriter writer(/*async=*/true);
+  const std::vector<std::vector<float>> tensors = {testing::TensorValues("a", 5),
+                                                   testing::TensorValues("b", 5)};
+  absl::StatusOr<float*> staging = writer.Stage(17);
+  ASSERT_TRUE(staging.ok());
+  std::copy(tensors[0].begin(), tensors[0].end(), *staging);
+  std::copy(tensors[1].begin(), tensors[1].end(), *staging + 10);
+  SaveRequest request = testing::RequestFor(dir, 5, 0, 1, tensors);
+  request.chunks = {{"a", 0, 10, *staging}, {"b", 0, 7, *staging + 10}};
+  ASSERT_TRUE(writer.Save(request).ok());
+  ASSERT_TRUE(writer.Wait().ok());
+  EXPECT_EQ(LatestName(dir), "step-5");
+
+  request.dir = "/proc/no/such/folder";
+  ASSERT_TRUE(writer.Save(request).ok());  // started; the failure comes with Wait
+  const absl::Status failed = writer.Wait();
+  EXPECT_FALSE(failed.ok());
+  EXPECT_THAT(failed.message(), HasSubstr("/proc/no/such/folder"));
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,249 @@
+// Checkpoints across real processes (torchrun's variables on loopback): a run killed with SIGKILL
+// and resumed continues bit-identically; checkpoints load into other world sizes and strategies;
+// SIGTERM makes every rank save and exit 0.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/multi_process.h"
+#include "tests/testing/run_dtrain.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+// Ranks started as processes that the test can signal while they run.
+class Ranks {
+ public:
+  Ranks(int world, const std::vector<std::string>& argv) : logs_(world) {
+    const int port = testing::FreeTcpPort();
+    for (int rank = 0; rank < world; ++rank) {
+      logs_[rank] = testing::TempPath(absl::StrCat("ckpt_rank", rank, "_", port, ".log"));
+      const pid_t pid = fork();
+      if (pid == 0) {
+        const int fd = ::open(logs_[rank].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        setenv("RANK", std::to_string(rank).c_str(), 1);
+        setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+        setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+        setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+        std::vector<char*> args;
+        for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+        args.push_back(nullptr);
+        execv(args[0], args.data());
+        _exit(127);
+      }
+      pids_.push_back(pid);
+    }
+  }
+  ~Ranks() { (void)Wait(absl::Seconds(1)); }
+
+  void Signal(int signal) {
+    for (const pid_t pid : pids_) {
+      if (pid > 0) kill(pid, signal);
+    }
+  }
+  // Exit codes (128 + signal when killed); stragglers past the timeout are SIGKILLed.
+  std::vector<int> Wait(absl::Duration timeout) {
+    std::vector<int> codes(pids_.size(), -1);
+    const absl::Time deadline = absl::Now() + timeout;
+    for (size_t r = 0; r < pids_.size(); ++r) {
+      if (pids_[r] <= 0) continue;
+      int status = 0;
+      while (waitpid(pids_[r], &status, WNOHANG) == 0) {
+        if (absl::Now() > deadline) kill(pids_[r], SIGKILL);
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+      codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      pids_[r] = -1;
+    }
+    return codes;
+  }
+  std::string Log(int rank) const {
+    std::ifstream in(logs_[rank]);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  std::vector<pid_t> pids_;
+  std::vector<std::string> logs_;
+};
+
+std::string RecipeFile(int d_model) {
+  std::string text;
+  for (int i = 0; i < 500; ++i)
+    absl::StrAppend(&text, "How vexingly quick daft zebras jump ", i % 9, "!\n");
+  const std::string data = testing::WriteTempFile("ckpt_mp_text.txt", text);
+  return testing::WriteTempFile(absl::StrCat("ckpt_mp_", d_model, ".yaml"),
+                                absl::StrCat(R"(
+run: {name: mp, seed: 11, threads: 1}
+model: {n_layer: 2, n_head: 2, d_model: )",
+                                             d_model, R"(, max_seq_len: 32}
+data: {train: [)",
+                                             data, R"(]}
+train: {steps: 12, batch_size: 12, micro_batch: 1, seq_len: 16, warmup_steps: 2, eval_every: 0,
+        export_to: model.safetensors}
+parallel: {bucket_mb: 0.01, prefetch_bucket_mb: 0.01, timeout_s: 30}
+checkpoint: {interval: 3, keep_last: 10}
+)"));
+}
+
+std::string OutDir(const std::string& name) {
+  const std::string dir = testing::TempPath("ckpt_mp_" + name);
+  fs::remove_all(dir);
+  return dir;
+}
+
+std::vector<std::string> TrainArgs(const std::string& recipe, const std::string& out,
+                                   const std::vector<std::string>& sets) {
+  std::vector<std::string> argv = {DTRAIN_BINARY, "train", recipe, "--set", "run.out_dir=" + out};
+  for (const std::string& set : sets) {
+    argv.push_back("--set");
+    argv.push_back(set);
+  }
+  return argv;
+}
+
+// Runs to the end; every rank must exit 0.
+void RunToEnd(int world, const std::vector<std::string>& argv) {
+  Ranks ranks(world, argv);
+  const std::vector<int> codes = ranks.Wait(absl::Seconds(120));
+  for (int r = 0; r < world; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r << ":\n" << ranks.Log(r);
+}
+
+std::vector<nlohmann::json> Metrics(const std::string& out) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(out + "/mp/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// 2N steps straight vs killed after a checkpoint, resumed: identical losses and parameters.
+void ExpectBitIdenticalAfterSigkill(const std::string& strategy, bool async) {
+  const std::string recipe = RecipeFile(64);
+  const std::vector<std::string> sets = {
+      "parallel.strategy=" + strategy, absl::StrCat("checkpoint.async=", async ? "true" : "false"),
+      "train.steps=40", "checkpoint.interval=4"};
+  const std::string straight = OutDir(strategy + "_straight");
+  RunToEnd(2, TrainArgs(recipe, straight, sets));
+  if (::testing::Test::HasFatalFailure()) return;
+
+  const std::string killed = OutDir(strategy + "_killed");
+  {
+    Ranks ranks(2, TrainArgs(recipe, killed, sets));
+    const std::string latest = killed + "/mp/checkpoints/latest";
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (!fs::exists(latest) && absl::Now() < deadline) absl::SleepFor(absl::Microseconds(500));
+    ranks.Signal(SIGKILL);
+    const std::vector<int> codes = ranks.Wait(absl::Seconds(10));
+    EXPECT_EQ(codes[0], 128 + SIGKILL) << ranks.Log(0);
+  }
+  ASSERT_FALSE(fs::exists(killed + "/mp/checkpoints/step-40")) << "the run ended before the kill";
+  Ranks resumed(2, TrainArgs(recipe, killed, sets));
+  const std::vector<int> codes = resumed.Wait(absl::Seconds(120));
+  ASSERT_EQ(codes[0], 0) << resumed.Log(0);
+  ASSERT_EQ(codes[1], 0) << resumed.Log(1);
+  EXPECT_THAT(resumed.Log(0), HasSubstr("resumed from"));
+
+  const std::vector<nlohmann::json> a = Metrics(straight), b = Metrics(killed);
+  ASSERT_EQ(a.size(), 40u);
+  ASSERT_EQ(b.size(), 40u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>())
+        << strategy << " step " << i + 1;
+    EXPECT_EQ(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>());
+  }
+  const std::string weights = FileBytes(straight + "/mp/model.safetensors");
+  ASSERT_FALSE(weights.empty());
+  EXPECT_TRUE(weights == FileBytes(killed + "/mp/model.safetensors"))
+      << strategy << ": the final parameters differ";
+}
+
+TEST(CheckpointMultiProcessTest, DdpContinuesBitIdenticallyAfterSigkill) {
+  ExpectBitIdenticalAfterSigkill("ddp", /*async=*/true);
+}
+
+TEST(CheckpointMultiProcessTest, Zero3ContinuesBitIdenticallyAfterSigkill) {
+  ExpectBitIdenticalAfterSigkill("zero3", /*async=*/false);
+}
+
+struct Layout {
+  const char* strategy;
+  int world;
+};
+
+TEST(CheckpointMultiProcessTest, CheckpointsLoadIntoOtherWorldSizesAndStrategies) {
+  const std::string recipe = RecipeFile(32);
+  const std::pair<Layout, Layout> pairs[] = {{{"zero3", 4}, {"ddp", 2}},
+                                             {{"ddp", 2}, {"zero2", 3}},
+                                             {{"fsdp", 2}, {"ddp", 1}},
+                                             {{"ddp", 1}, {"zero1", 2}}};
+  for (const auto& [saved, loaded] : pairs) {
+    const std::string name =
+        absl::StrCat(saved.strategy, saved.world, "_", loaded.strategy, loaded.world);
+    SCOPED_TRACE(name);
+    const std::string first = OutDir(name + "_a");
+    RunToEnd(saved.world,
+             TrainArgs(recipe, first, {absl::StrCat("parallel.strategy=", saved.strategy)}));
+    const std::string second = OutDir(name + "_b");
+    RunToEnd(loaded.world, TrainArgs(recipe, second,
+                                     {absl::StrCat("parallel.strategy=", loaded.strategy),
+                                      "checkpoint.resume=" + first + "/mp/checkpoints/step-6"}));
+    const std::vector<nlohmann::json> reference = Metrics(first), resumed = Metrics(second);
+    ASSERT_EQ(reference.size(), 12u);
+    ASSERT_EQ(resumed.size(), 6u);  // steps 7..12
+    for (size_t i = 0; i < resumed.size(); ++i) {
+      ASSERT_EQ(resumed[i]["step"].get<int>(), static_cast<int>(i) + 7);
+      const double expected = reference[i + 6]["loss"].get<double>();
+      EXPECT_NEAR(resumed[i]["loss"].get<double>(), expected, 1e-5 * expected) << "step " << i + 7;
+    }
+  }
+}
+
+TEST(CheckpointMultiProcessTest, SigtermMakesEveryRankSaveAndExitCleanly) {
+  const std::string recipe = RecipeFile(32);
+  const std::string out = OutDir("sigterm");
+  Ranks ranks(
+      2, TrainArgs(recipe, out,
+                   {"parallel.strategy=zero2", "train.steps=100000", "checkpoint.interval=0"}));
+  const std::string metrics = out + "/mp/metrics.jsonl";
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline && (!fs::exists(metrics) || fs::file_size(metrics) < 500)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ranks.Signal(SIGTERM);
+  const std::vector<int> codes = ranks.Wait(absl::Seconds(60));
+  ASSERT_EQ(codes[0], 0) << ranks.Log(0);
+  ASSERT_EQ(codes[1], 0) << ranks.Log(1);
+  EXPECT_THAT(ranks.Log(0), HasSubstr("stopped by SIGTERM at step"));
+  const std::string latest = FileBytes(out + "/mp/checkpoints/latest");
+  ASSERT_THAT(latest, HasSubstr("step-"));
+  const std::string step_dir = out + "/mp/checkpoints/" + latest.substr(0, latest.size() - 1);
+  const testing::Outcome inspect = testing::RunDtrain("ckpt inspect " + step_dir);
+  EXPECT_EQ(inspect.exit_code, 0) << inspect.stdout_text;
+  EXPECT_THAT(inspect.stdout_text, HasSubstr("saved by 2 rank(s): zero2"));
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,174 @@
+// Resume through `dtrain train` in one process: damaged checkpoints are skipped and named, the
+// previous one is used, nothing is overwritten, and recipe changes are judged.
+#include "parallel/checkpointing.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/run_dtrain.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string RecipeFile() {
+  std::string text;
+  for (int i = 0; i < 300; ++i) absl::StrAppend(&text, "Sphinx of black quartz ", i % 11, ".\n");
+  const std::string data = testing::WriteTempFile("ckpt_text.txt", text);
+  return testing::WriteTempFile("ckpt_recipe.yaml", absl::StrCat(R"(
+run: {name: ck, seed: 3, threads: 1}
+model: {n_layer: 2, n_head: 2, d_model: 32, max_seq_len: 32}
+data: {train: [)",
+                                                                 data, R"(]}
+train: {steps: 8, batch_size: 8, micro_batch: 4, seq_len: 16, warmup_steps: 1, eval_every: 0,
+        export_to: ""}
+checkpoint: {interval: 2, keep_last: 4}
+)"));
+}
+
+std::vector<double> Losses(const std::string& out_dir) {
+  std::vector<double> losses;
+  std::ifstream in(out_dir + "/ck/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  }
+  return losses;
+}
+
+testing::Outcome Train(const std::string& out_dir, const std::string& extra = "") {
+  return testing::RunDtrain(
+      absl::StrCat("train ", RecipeFile(), " --set run.out_dir=", out_dir, " ", extra));
+}
+
+// An 8-step run with checkpoints at 2, 4, 6, 8; then step-8 removed and step-6 damaged by
+// `damage`: the rerun must skip step-6, resume from step-4 and redo steps 5..8 identically.
+void ExpectFallbackToStep4(const std::string& name,
+                           const std::function<void(const std::string& step6)>& damage,
+                           const std::string& expected_reason) {
+  const std::string out = testing::TempPath(name);
+  fs::remove_all(out);
+  const testing::Outcome first = Train(out);
+  ASSERT_EQ(first.exit_code, 0) << first.stderr_text;
+  const std::vector<double> reference = Losses(out);
+  ASSERT_EQ(reference.size(), 8u);
+  const std::string dir = out + "/ck/checkpoints";
+  fs::remove_all(dir + "/step-8");
+  damage(dir + "/step-6");
+  std::ofstream(dir + "/latest") << "step-8\n";  // stale: names a folder that is gone
+
+  const testing::Outcome second = Train(out);
+  ASSERT_EQ(second.exit_code, 0) << second.stderr_text;
+  EXPECT_THAT(second.stderr_text, HasSubstr("skipping checkpoint " + dir + "/step-6"));
+  EXPECT_THAT(second.stderr_text, HasSubstr(expected_reason));
+  EXPECT_THAT(second.stderr_text, HasSubstr("resumed from " + dir + "/step-4 at step 4"));
+  EXPECT_THAT(second.stderr_text, HasSubstr("latest names step-8"));
+  EXPECT_EQ(Losses(out), reference);  // metrics.jsonl keeps steps 1-4, then 5-8 again
+  // The damaged checkpoint was moved aside, not overwritten; a new step-6 is complete.
+  bool aside = false;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    aside |= entry.path().filename().string().rfind("step-6.replaced-", 0) == 0;
+  }
+  EXPECT_TRUE(aside);
+  EXPECT_TRUE(fs::exists(dir + "/step-6/manifest.json"));
+  EXPECT_EQ(testing::RunDtrain("ckpt inspect " + dir + "/step-8").exit_code, 0);
+}
+
+TEST(CheckpointingTest, AFlippedByteIsSkippedAndThePreviousOneUsed) {
+  ExpectFallbackToStep4(
+      "ckpt_flip_run",
+      [](const std::string& step6) {
+        std::fstream file(step6 + "/rank-0.bin", std::ios::in | std::ios::out | std::ios::binary);
+        file.seekp(100);
+        file.put('\x7f');
+      },
+      "checksum");
+}
+
+TEST(CheckpointingTest, ATruncatedRankFileIsSkipped) {
+  ExpectFallbackToStep4(
+      "ckpt_trunc_run",
+      [](const std::string& step6) { fs::resize_file(step6 + "/rank-0.bin", 1000); },
+      "rank-0.bin holds 1000 bytes");
+}
+
+TEST(CheckpointingTest, AMissingManifestIsSkipped) {
+  ExpectFallbackToStep4(
+      "ckpt_nomanifest_run", [](const std::string& step6) { fs::remove(step6 + "/manifest.json"); },
+      "did not complete");
+}
+
+TEST(CheckpointingTest, InspectNamesTheBadChunkAndFails) {
+  const std::string out = testing::TempPath("ckpt_inspect_run");
+  fs::remove_all(out);
+  ASSERT_EQ(Train(out, "--set train.steps=2").exit_code, 0);
+  const std::string step = out + "/ck/checkpoints/step-2";
+  const testing::Outcome good = testing::RunDtrain("ckpt inspect " + step);
+  EXPECT_EQ(good.exit_code, 0) << good.stderr_text;
+  EXPECT_THAT(good.stdout_text, HasSubstr("step 2 (AdamW step 2"));
+  EXPECT_THAT(good.stdout_text, HasSubstr("chunks valid"));
+  {
+    std::fstream file(step + "/rank-0.bin", std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(8);
+    file.put('\x01');
+  }
+  const testing::Outcome bad = testing::RunDtrain("ckpt inspect " + step);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.stdout_text, HasSubstr("in rank-0.bin at byte 0"));
+}
+
+TEST(CheckpointingTest, ExportWritesHuggingFaceAndLlmcFiles) {
+  const std::string out = testing::TempPath("ckpt_export_run");
+  fs::remove_all(out);
+  ASSERT_EQ(Train(out, "--set train.steps=2 --set train.export_to=model.safetensors").exit_code, 0);
+  const std::string exported = out + "/from_ckpt.safetensors";
+  const testing::Outcome result =
+      testing::RunDtrain(absl::StrCat("ckpt export ", out, "/ck/checkpoints --out ", exported));
+  ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  // The same tensors as the trainer's own export, apart from the metadata in the header.
+  std::ifstream a(out + "/ck/model.safetensors", std::ios::binary), b(exported, std::ios::binary);
+  const std::string trained((std::istreambuf_iterator<char>(a)), {});
+  const std::string from_checkpoint((std::istreambuf_iterator<char>(b)), {});
+  ASSERT_GT(trained.size(), 1000u);
+  const size_t tail = 4 * 1000;  // the last tensors' bytes
+  EXPECT_EQ(trained.substr(trained.size() - tail),
+            from_checkpoint.substr(from_checkpoint.size() - tail));
+
+  const std::string llmc = out + "/model.bin";
+  const testing::Outcome l = testing::RunDtrain(
+      absl::StrCat("ckpt export ", out, "/ck/checkpoints/step-2 --format llmc --out ", llmc));
+  ASSERT_EQ(l.exit_code, 0) << l.stderr_text;
+  std::ifstream in(llmc, std::ios::binary);
+  int32_t header[8];
+  in.read(reinterpret_cast<char*>(header), sizeof(header));
+  EXPECT_EQ(header[0], 20240326);
+  EXPECT_EQ(header[1], 3);
+  EXPECT_EQ(header[7], 256);  // vocabulary 256 padded to a multiple of 128
+}
+
+TEST(CheckpointingTest, AShapeChangeBlocksAndOtherChangesWarn) {
+  const std::string out = testing::TempPath("ckpt_recipe_run");
+  fs::remove_all(out);
+  ASSERT_EQ(Train(out, "--set train.steps=4").exit_code, 0);
+  const testing::Outcome wider = Train(out, "--set train.steps=6 --set model.d_model=64");
+  EXPECT_EQ(wider.exit_code, 1);
+  EXPECT_THAT(wider.stderr_text, HasSubstr("model.d_model"));
+  EXPECT_THAT(wider.stderr_text, HasSubstr("checkpoint.resume: never"));
+  const testing::Outcome longer = Train(out, "--set train.steps=6 --set train.lr=0.002");
+  EXPECT_EQ(longer.exit_code, 0) << longer.stderr_text;
+  EXPECT_THAT(longer.stderr_text, HasSubstr("changed recipe keys: train.steps, train.lr"));
+  EXPECT_THAT(longer.stderr_text, HasSubstr("at step 4"));
+  const testing::Outcome fresh = Train(out, "--set train.steps=2 --set checkpoint.resume=never");
+  EXPECT_EQ(fresh.exit_code, 0);
+  EXPECT_THAT(fresh.stderr_text, ::testing::Not(HasSubstr("resumed")));
+}
+
+}  // namespace
+}  // namespace dtrain
