@@ -67,9 +67,10 @@ int UsableCpus() {
 absl::Status ExecAgentsThroughSrun(const LaunchOptions& options, const WorldEnvironment& shell,
                                    EnvironmentMap env) {
   ASSIGN_OR_RETURN(const std::string dtrain, DtrainPath());
-  std::vector<std::string> argv = {"srun", "--ntasks-per-node=1",
-                                   absl::StrCat("--nodes=", shell.slurm_job_num_nodes),
-                                   "--kill-on-bad-exit=1"};
+  // --ntasks too: the batch shell exports SLURM_NTASKS of the job, which srun would read back.
+  std::vector<std::string> argv = {
+      "srun", "--ntasks-per-node=1", absl::StrCat("--nodes=", shell.slurm_job_num_nodes),
+      absl::StrCat("--ntasks=", shell.slurm_job_num_nodes), "--kill-on-bad-exit=1"};
   // The agent's workers need the node's CPUs, not the one CPU of a default task.
   if (int cpus = 0; absl::SimpleAtoi(env["SLURM_CPUS_ON_NODE"], &cpus) && cpus > 1) {
     argv.push_back(absl::StrCat("--cpus-per-task=", cpus));

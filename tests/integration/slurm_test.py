@@ -65,8 +65,8 @@ def sbatch(name, script, nodes=2, tasks_per_node=1, wait=True):
                                text=True)
     if not wait:
         return process, output
-    process.wait(timeout=JOB_TIMEOUT_S)
-    return process.returncode, output.read_text() if output.exists() else process.stdout.read()
+    printed, _ = process.communicate(timeout=JOB_TIMEOUT_S)
+    return process.returncode, output.read_text() if output.exists() else printed
 
 
 def wait_for(predicate, timeout_s, what):
@@ -150,7 +150,7 @@ class SlurmTest(unittest.TestCase):
         pid = worker_pid(3, f"{name}.yaml")
         self.assertIsNotNone(pid, "rank 3's process")
         os.kill(pid, 9)
-        job.wait(timeout=JOB_TIMEOUT_S)
+        job.communicate(timeout=JOB_TIMEOUT_S)
         text = output.read_text()
         self.assertEqual(job.returncode, 0, text)
         self.assertIn("rank 3 failed: signal 9 (SIGKILL)", text)
@@ -166,7 +166,7 @@ class SlurmTest(unittest.TestCase):
         job_id = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True,
                                 text=True, check=True).stdout.strip()
         subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
-        job.wait(timeout=JOB_TIMEOUT_S)
+        job.communicate(timeout=JOB_TIMEOUT_S)
         text = output.read_text()
         self.assertEqual(job.returncode, 0, text)
         self.assertIn("stopped by SIGTERM", text)
