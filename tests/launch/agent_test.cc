@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "launch/worker_process.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/multi_process.h"
 #include "tests/testing/run_dtrain.h"
 
 namespace dtrain {
@@ -80,11 +81,14 @@ std::vector<std::string> Environment() {
 // `dtrain launch ...` running in the background; its output is collected by Pump.
 class Launch {
  public:
-  explicit Launch(const std::vector<std::string>& args) {
+  explicit Launch(const std::vector<std::string>& args,
+                  const std::vector<std::string>& extra_environment = {}) {
     std::vector<std::string> argv = {DTRAIN_BINARY, "launch"};
     argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<std::string> environment = Environment();
+    environment.insert(environment.end(), extra_environment.begin(), extra_environment.end());
     absl::StatusOr<std::unique_ptr<WorkerProcess>> process =
-        WorkerProcess::Spawn(argv, Environment());
+        WorkerProcess::Spawn(argv, environment);
     EXPECT_TRUE(process.ok()) << process.status();
     if (process.ok()) process_ = *std::move(process);
   }
@@ -244,6 +248,38 @@ TEST(AgentTest, StandaloneLaunchTrainsLikeOneProcess) {
   ASSERT_EQ(launch.Wait(absl::Seconds(120)), 0) << launch.output();
   EXPECT_THAT(launch.output(), HasSubstr("all 2 workers past rendezvous"));
   EXPECT_THAT(launch.output(), HasSubstr("[rank 0] "));
+  const std::vector<double> reference = Losses(single), losses = Losses(out);
+  ASSERT_EQ(losses.size(), reference.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    EXPECT_NEAR(losses[i], reference[i], 1e-5 * reference[i]) << "step " << i + 1;
+  }
+}
+
+// Two pods of a Kubeflow TrainJob (PET_* variables) on one machine: each `dtrain launch` is its
+// node's agent, they meet at node 0's store, and the four ranks train as one process would.
+TEST(AgentTest, TwoKubeflowPodsTrainTogether) {
+  const std::string single = OutDir("pods_single");
+  const testing::Outcome one = testing::RunDtrain(
+      absl::StrCat("train ", Recipe("pods_one", 4), " --set run.out_dir=", single));
+  ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
+
+  const std::string out = OutDir("pods");
+  const std::string recipe = Recipe("pods", 4);
+  const int port = testing::FreeTcpPort();
+  std::vector<std::unique_ptr<Launch>> pods;
+  for (int pod = 0; pod < 2; ++pod) {
+    pods.push_back(std::make_unique<Launch>(
+        std::vector<std::string>{recipe, "--set", "run.out_dir=" + out},
+        std::vector<std::string>{"PET_NNODES=2", "PET_NPROC_PER_NODE=2",
+                                 absl::StrCat("PET_NODE_RANK=", pod), "PET_MASTER_ADDR=127.0.0.1",
+                                 absl::StrCat("PET_MASTER_PORT=", port),
+                                 "DTRAIN_RDZV_TOKEN=pods-test-token"}));
+  }
+  for (int pod = 1; pod >= 0; --pod) {
+    EXPECT_EQ(pods[pod]->Wait(absl::Seconds(120)), 0) << pods[pod]->output();
+  }
+  EXPECT_THAT(pods[1]->output(), HasSubstr("node 1 of 2 (trainer-v2): 2 workers"));
+  EXPECT_THAT(pods[0]->output(), HasSubstr("all 4 workers past rendezvous"));
   const std::vector<double> reference = Losses(single), losses = Losses(out);
   ASSERT_EQ(losses.size(), reference.size());
   for (size_t i = 0; i < losses.size(); ++i) {
