@@ -640,32 +640,38 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   }
   UniqueFd listener;
   int bind_errno = 0;
-  for (addrinfo* address = addresses; address != nullptr && !listener.valid();
-       address = address->ai_next) {
-    UniqueFd fd(::socket(address->ai_family, address->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                         address->ai_protocol));
-    if (!fd.valid()) {
-      bind_errno = errno;
-      continue;
+  // A port still held by the last attempt's dying process frees within seconds: retry it.
+  const absl::Time bind_deadline = absl::Now() + options.bind_retry;
+  while (true) {
+    for (addrinfo* address = addresses; address != nullptr && !listener.valid();
+         address = address->ai_next) {
+      UniqueFd fd(::socket(address->ai_family, address->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                           address->ai_protocol));
+      if (!fd.valid()) {
+        bind_errno = errno;
+        continue;
+      }
+      // Lets a restarted job reuse the port while connections of the last one sit in
+      // TIME_WAIT; Linux still refuses a second listener on it.
+      const int one = 1;
+      ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (::bind(fd.get(), address->ai_addr, address->ai_addrlen) != 0 ||
+          ::listen(fd.get(), SOMAXCONN) != 0) {
+        bind_errno = errno;
+        continue;
+      }
+      listener = std::move(fd);
     }
-    // Lets a restarted job reuse the port while connections of the last one sit in TIME_WAIT;
-    // Linux still refuses a second listener on it.
-    const int one = 1;
-    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd.get(), address->ai_addr, address->ai_addrlen) != 0 ||
-        ::listen(fd.get(), SOMAXCONN) != 0) {
-      bind_errno = errno;
-      continue;
-    }
-    listener = std::move(fd);
+    if (listener.valid() || bind_errno != EADDRINUSE || absl::Now() >= bind_deadline) break;
+    absl::SleepFor(absl::Milliseconds(200));
   }
   ::freeaddrinfo(addresses);
   if (!listener.valid()) {
     if (bind_errno == EADDRINUSE) {
       return absl::UnavailableError(absl::StrFormat(
-          "cannot start the rendezvous store on %s: address already in use; pick another port "
-          "(MASTER_PORT) or stop the other job that is using it",
-          where));
+          "cannot start the rendezvous store on %s: address already in use (retried for %s); "
+          "pick another port (MASTER_PORT) or stop the other job that is using it",
+          where, absl::FormatDuration(options.bind_retry)));
     }
     return absl::UnavailableError(absl::StrFormat(
         "cannot start the rendezvous store on %s: %s (is the host an address of this machine? "

@@ -29,6 +29,8 @@ struct TcpStoreServerOptions {
   // A connection that has not finished the handshake by then is closed (a stuck or hostile
   // peer cannot hold a slot forever).
   absl::Duration handshake_timeout = absl::Seconds(30);
+  // How long an occupied port is retried before Start fails.
+  absl::Duration bind_retry = absl::Seconds(10);
 };
 
 class TcpStoreServer {

@@ -272,6 +272,7 @@ TEST(TcpStoreServerTest, AddressInUseNamesThePortAndTheFix) {
   auto first = StartServer();
   TcpStoreServerOptions options;
   options.token = std::string();
+  options.bind_retry = absl::Milliseconds(300);
   absl::StatusOr<std::unique_ptr<TcpStoreServer>> second =
       TcpStoreServer::Start("127.0.0.1", first->port(), options);
   ASSERT_FALSE(second.ok());
@@ -280,6 +281,23 @@ TEST(TcpStoreServerTest, AddressInUseNamesThePortAndTheFix) {
       << message;
   EXPECT_NE(message.find("address already in use"), std::string::npos) << message;
   EXPECT_NE(message.find("MASTER_PORT"), std::string::npos) << message;
+}
+
+TEST(TcpStoreServerTest, PortFreedWhileRetryingIsTaken) {
+  auto first = StartServer();
+  const int port = first->port();
+  std::thread release([&first] {
+    absl::SleepFor(absl::Milliseconds(300));
+    first.reset();
+  });
+  TcpStoreServerOptions options;
+  options.token = std::string();
+  options.bind_retry = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> second =
+      TcpStoreServer::Start("127.0.0.1", port, options);
+  release.join();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ((*second)->port(), port);
 }
 
 // An IPv4 address of this machine other than loopback, or "" when it has none.
