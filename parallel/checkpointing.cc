@@ -96,8 +96,15 @@ TrainingCheckpoints::TrainingCheckpoints(const Recipe& recipe, const ParamTable&
 
 absl::StatusOr<std::unique_ptr<TrainingCheckpoints>> TrainingCheckpoints::Create(
     const Recipe& recipe, const ParamTable& table, DataParallelEngine& engine, Communicator* comm) {
-  return std::unique_ptr<TrainingCheckpoints>(
+  std::unique_ptr<TrainingCheckpoints> checkpoints(
       new TrainingCheckpoints(recipe, table, engine, comm, AgreeOnNonce(comm)));
+  if (recipe.checkpoint.async) {
+    // The staging memory is allocated (and its pages touched) now, so that no save pays for it.
+    size_t total = 0;
+    for (const StateRange& range : engine.SavedState()) total += range.end - range.begin;
+    RETURN_IF_ERROR(checkpoints->writer_.Stage(total).status());
+  }
+  return checkpoints;
 }
 
 absl::StatusOr<double> TrainingCheckpoints::Save(int64_t step, double lr, const LoaderState& data,

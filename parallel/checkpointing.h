@@ -35,7 +35,8 @@ namespace dtrain {
 class TrainingCheckpoints {
  public:
   // `comm` is the world (null for one process); the ranks agree on a nonce naming this attempt's
-  // stage folders (a collective: every rank calls Create).
+  // stage folders (a collective: every rank calls Create). With checkpoint.async the staging
+  // memory (this rank's saved share of parameters and moments) is allocated here.
   static absl::StatusOr<std::unique_ptr<TrainingCheckpoints>> Create(const Recipe& recipe,
                                                                      const ParamTable& table,
                                                                      DataParallelEngine& engine,

@@ -59,6 +59,7 @@ class Ranks {
       if (pid > 0) kill(pid, signal);
     }
   }
+  void SignalRank(int rank, int signal) { kill(pids_[rank], signal); }
   // Exit codes (128 + signal when killed); stragglers past the timeout are SIGKILLed.
   std::vector<int> Wait(absl::Duration timeout) {
     std::vector<int> codes(pids_.size(), -1);
@@ -243,6 +244,39 @@ TEST(CheckpointMultiProcessTest, SigtermMakesEveryRankSaveAndExitCleanly) {
   const testing::Outcome inspect = testing::RunDtrain("ckpt inspect " + step_dir);
   EXPECT_EQ(inspect.exit_code, 0) << inspect.stdout_text;
   EXPECT_THAT(inspect.stdout_text, HasSubstr("saved by 2 rank(s): zero2"));
+}
+
+TEST(CheckpointMultiProcessTest, Sigusr1ToOneRankMakesAllSaveAndContinue) {
+  const std::string recipe = RecipeFile(32);
+  const std::string out = OutDir("sigusr1");
+  Ranks ranks(
+      2, TrainArgs(recipe, out,
+                   {"parallel.strategy=zero3", "train.steps=100000", "checkpoint.interval=0"}));
+  const std::string metrics = out + "/mp/metrics.jsonl";
+  const std::string latest = out + "/mp/checkpoints/latest";
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline && (!fs::exists(metrics) || fs::file_size(metrics) < 500)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ranks.SignalRank(1, SIGUSR1);  // only rank 1: both must save the same step
+  while (absl::Now() < deadline && !fs::exists(latest)) absl::SleepFor(absl::Milliseconds(5));
+  const std::string first = FileBytes(latest);
+  ASSERT_THAT(first, HasSubstr("step-"));
+  const size_t lines_at_save = Metrics(out).size();
+  // Training goes on after the save.
+  while (absl::Now() < deadline && Metrics(out).size() < lines_at_save + 5) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ranks.Signal(SIGTERM);
+  const std::vector<int> codes = ranks.Wait(absl::Seconds(60));
+  ASSERT_EQ(codes[0], 0) << ranks.Log(0);
+  ASSERT_EQ(codes[1], 0) << ranks.Log(1);
+  const std::string second = FileBytes(latest);
+  EXPECT_NE(first, second);
+  const std::string first_dir = out + "/mp/checkpoints/" + first.substr(0, first.size() - 1);
+  const testing::Outcome inspect = testing::RunDtrain("ckpt inspect " + first_dir);
+  EXPECT_EQ(inspect.exit_code, 0) << inspect.stdout_text;
+  EXPECT_THAT(inspect.stdout_text, HasSubstr("rank-1.bin"));
 }
 
 }  // namespace
