@@ -6,7 +6,6 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include <cstdlib>
 #include <cstring>
 
 namespace dtrain {
@@ -26,12 +25,6 @@ std::string Proof(std::string_view label, std::string_view token, std::string_vi
 }
 
 }  // namespace
-
-std::string ResolveRdzvToken(const std::optional<std::string>& explicit_token) {
-  if (explicit_token.has_value()) return *explicit_token;
-  const char* from_env = std::getenv("DTRAIN_RDZV_TOKEN");
-  return from_env == nullptr ? std::string() : std::string(from_env);
-}
 
 absl::StatusOr<std::string> RandomNonce() {
   std::string nonce(kStoreNonceBytes, '\0');

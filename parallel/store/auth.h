@@ -5,7 +5,6 @@
 
 #include <sys/socket.h>
 
-#include <optional>
 #include <string>
 #include <string_view>
 
@@ -15,10 +14,6 @@ namespace dtrain {
 
 inline constexpr size_t kStoreNonceBytes = 32;
 inline constexpr size_t kStoreProofBytes = 32;  // SHA-256 output.
-
-// The job's token: `explicit_token` when the launcher passes one, otherwise DTRAIN_RDZV_TOKEN
-// from the environment; an empty result means the job has no token.
-std::string ResolveRdzvToken(const std::optional<std::string>& explicit_token);
 
 // Cryptographically random bytes (OpenSSL RAND_bytes); fails only when the RNG is not seeded.
 absl::StatusOr<std::string> RandomNonce();

@@ -200,8 +200,8 @@ absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
     absl::StatusOr<UniqueFd> fd = ConnectOnce(host_string, port, deadline);
     if (fd.ok()) {
       TuneSocket(fd->get());
-      const std::string token = ResolveRdzvToken(options.token);
-      RETURN_IF_ERROR(Handshake(fd->get(), address, token, absl::Now() + options.reply_timeout));
+      RETURN_IF_ERROR(
+          Handshake(fd->get(), address, options.token, absl::Now() + options.reply_timeout));
       return std::unique_ptr<TcpStoreClient>(new TcpStoreClient(address, std::move(*fd), options));
     }
     const absl::Time now = absl::Now();

@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,9 +24,9 @@
 namespace dtrain {
 
 struct TcpStoreClientOptions {
-  // The job's token (see ResolveRdzvToken): nullopt reads DTRAIN_RDZV_TOKEN. It must match the
-  // server's: a client with a token also refuses a server without one (it could be an impostor).
-  std::optional<std::string> token;
+  // The job's token (WorldEnvironment::rdzv_token; empty: none). It must match the server's: a
+  // client with a token also refuses a server without one (it could be an impostor).
+  std::string token;
   StoreWireLimits limits;
   // How long Connect retries a refused or unreachable server: ranks may start before rank 0.
   absl::Duration connect_timeout = absl::Seconds(300);

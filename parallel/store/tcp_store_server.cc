@@ -698,7 +698,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     return absl::InternalError(absl::StrFormat(
         "cannot start the rendezvous store on %s: epoll_ctl: %s", where, std::strerror(errno)));
   }
-  std::string token = ResolveRdzvToken(options.token);
+  std::string token = options.token;
   LogInfo("rendezvous store listening on %s (%s)",
           FormatHostPort(host.empty() ? "0.0.0.0" : host, bound_port),
           token.empty() ? "no DTRAIN_RDZV_TOKEN: loopback clients only" : "token required");

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -22,9 +21,9 @@
 namespace dtrain {
 
 struct TcpStoreServerOptions {
-  // The job's token (see ResolveRdzvToken): nullopt reads DTRAIN_RDZV_TOKEN. Without a token
-  // only loopback clients are admitted.
-  std::optional<std::string> token;
+  // The job's token (WorldEnvironment::rdzv_token). Without one (empty) only loopback clients
+  // are admitted.
+  std::string token;
   StoreWireLimits limits;
   // A connection that has not finished the handshake by then is closed (a stuck or hostile
   // peer cannot hold a slot forever).

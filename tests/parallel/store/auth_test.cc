@@ -50,14 +50,5 @@ TEST(StoreAuthTest, ProofsDependOnTokenNoncesAndDirection) {
   EXPECT_FALSE(ProofsEqual(proof, proof.substr(1)));
 }
 
-TEST(StoreAuthTest, ExplicitTokenWinsOverEnvironment) {
-  ASSERT_EQ(setenv("DTRAIN_RDZV_TOKEN", "from-env", 1), 0);
-  EXPECT_EQ(ResolveRdzvToken(std::nullopt), "from-env");
-  EXPECT_EQ(ResolveRdzvToken(std::string("given")), "given");
-  EXPECT_EQ(ResolveRdzvToken(std::string()), "");
-  ASSERT_EQ(unsetenv("DTRAIN_RDZV_TOKEN"), 0);
-  EXPECT_EQ(ResolveRdzvToken(std::nullopt), "");
-}
-
 }  // namespace
 }  // namespace dtrain
