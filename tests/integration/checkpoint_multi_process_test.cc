@@ -207,6 +207,15 @@ TEST(CheckpointMultiProcessTest, CheckpointsLoadIntoOtherWorldSizesAndStrategies
     const std::string first = OutDir(name + "_a");
     RunToEnd(saved.world,
              TrainArgs(recipe, first, {absl::StrCat("parallel.strategy=", saved.strategy)}));
+    // Every value is written once, whatever the layout: the files hold exactly the state.
+    std::ifstream manifest_file(first + "/mp/checkpoints/step-6/manifest.json");
+    const nlohmann::json manifest = nlohmann::json::parse(manifest_file);
+    int64_t state_bytes = 0, file_bytes = 0;
+    for (const auto& tensor : manifest["tensors"])
+      state_bytes += 4 * tensor["numel"].get<int64_t>();
+    for (const auto& file : manifest["files"]) file_bytes += file["bytes"].get<int64_t>();
+    EXPECT_EQ(file_bytes, state_bytes);
+    EXPECT_EQ(manifest["files"].size(), static_cast<size_t>(saved.world));
     const std::string second = OutDir(name + "_b");
     RunToEnd(loaded.world, TrainArgs(recipe, second,
                                      {absl::StrCat("parallel.strategy=", loaded.strategy),
