@@ -1,7 +1,8 @@
 // The Gloo backend of Communicator: host (float) buffers over Gloo's TCP transport. One Gloo
 // context per communicator, connected through the rendezvous Store under the group's key
-// prefix; the collectives are rings over Gloo's unbound buffers, pipelined in 1 MiB segments,
-// so that the bytes counted in stats() are exactly the bytes sent.
+// prefix; the collectives are rings over Gloo's unbound buffers, pipelined in segments (at
+// most 1 MiB, and at least two per chunk of 32 KiB or more), so that the bytes counted in stats()
+// are exactly the bytes sent.
 //
 // Failure: every wait inside an operation is bounded by the per-operation timeout. Before a
 // collective each rank records (asynchronously, off the critical path) the sequence number of
@@ -118,11 +119,16 @@ class GlooCommunicator : public Communicator {
   int64_t collective_seq_ = 0;
   absl::Status broken_;
 
+  // The worker and the publisher wait on separate condition variables, and the worker wakes
+  // the publisher only when it sleeps idle: on two cores every needless wake-up of a thread
+  // preempts the worker or Gloo's I/O thread in the middle of a collective.
   mutable std::mutex mu_;
-  std::condition_variable queue_changed_;
+  std::condition_variable queue_changed_;   // worker: an operation was issued, or stopping_
+  std::condition_variable publisher_wake_;  // publisher: a collective started, or stopping_
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
-  int64_t started_seq_ = 0;  // the newest collective started, for the publisher
+  int64_t started_seq_ = 0;      // the newest collective started, for the publisher
+  bool publisher_idle_ = false;  // the publisher waits for a collective to start
   CommStats stats_;
 
   std::thread worker_;

@@ -70,6 +70,7 @@ gloo_rank() {
     "$iters"
 }
 
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for ((run = 0; run < runs; run++)); do
   run_ranks "$scratch/dtrain.$run" dtrain_rank
   awk '$1 == "all_reduce" { print $2, $6 }' "$scratch/dtrain.$run" >"$scratch/d.$run"
@@ -79,8 +80,11 @@ done
 
 echo "all_reduce float32 sum, $world local processes, median of $runs alternating runs," \
   "$iters timed operations per size"
-echo "busbw GB/s = bytes / time x 2(n-1)/n (nccl-tests); ratio = dtrain / gloo"
-printf "%12s %14s %14s %7s\n" bytes "dtrain busbw" "gloo busbw" ratio
+echo "busbw GB/s = bytes / time x 2(n-1)/n (nccl-tests); ratio = dtrain / gloo (medians);" \
+  "min-max = the spread over the runs"
+echo "load average (1, 5, 15 min): $load_before before, $(cut -d' ' -f1-3 /proc/loadavg) after" \
+  "on $(nproc) CPUs"
+printf "%12s %14s %15s %14s %15s %7s\n" bytes "dtrain busbw" "min-max" "gloo busbw" "min-max" ratio
 python3 - "$scratch" "$runs" <<'PY'
 import statistics, sys
 scratch, runs = sys.argv[1], int(sys.argv[2])
@@ -90,9 +94,12 @@ def load(prefix):
         for line in open(f"{scratch}/{prefix}.{run}"):
             size, busbw = line.split()
             table.setdefault(int(size), []).append(float(busbw))
-    return {size: statistics.median(values) for size, values in table.items()}
+    return table
+nan = float("nan")
 dtrain, gloo = load("d"), load("g")
 for size in sorted(dtrain):
-    d, g = dtrain[size], gloo.get(size, float("nan"))
-    print(f"{size:12d} {d:14.3f} {g:14.3f} {d / g:7.2f}")
+    d, g = dtrain[size], gloo.get(size, [nan])
+    spread = lambda v: f"{min(v):.3f}-{max(v):.3f}"
+    dm, gm = statistics.median(d), statistics.median(g)
+    print(f"{size:12d} {dm:14.3f} {spread(d):>15} {gm:14.3f} {spread(g):>15} {dm / gm:7.2f}")
 PY

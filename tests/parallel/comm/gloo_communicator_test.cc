@@ -154,6 +154,30 @@ TEST_P(GlooCollectiveTest, ByteCountersEqualTheRingTheory) {
   });
 }
 
+// Chunks above the 1 MiB segment limit are cut into several segments of unequal length (the
+// counts above stay within two segments per chunk); every element must still arrive once.
+TEST(GlooCommunicatorTest, CollectivesOverManySegmentsPerChunk) {
+  testing::RunRanksInThreads(2, absl::Seconds(30), [](Communicator& comm) {
+    const size_t count = 1600003;  // chunks of 800002 elements: 4 segments, the last shorter
+    std::vector<float> data(2 * count);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = Value(comm.rank(), i);
+    const std::vector<float> input = data;
+    ASSERT_TRUE(comm.AllReduce(data.data(), count, ReduceOp::kSum)->Wait().ok());
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], Value(0, i) + Value(1, i)) << i;
+
+    std::vector<float> shard(count, -1.0f);
+    ASSERT_TRUE(comm.ReduceScatter(input.data(), shard.data(), count, ReduceOp::kSum)->Wait().ok());
+    for (size_t i = 0; i < count; ++i) {
+      const size_t j = comm.rank() * count + i;
+      ASSERT_EQ(shard[i], Value(0, j) + Value(1, j)) << i;
+    }
+
+    std::vector<float> root_data = input;
+    ASSERT_TRUE(comm.Broadcast(root_data.data(), root_data.size(), 1)->Wait().ok());
+    for (size_t i = 0; i < root_data.size(); ++i) ASSERT_EQ(root_data[i], Value(1, i)) << i;
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, GlooCollectiveTest, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return absl::StrCat(info.param, "ranks"); });
 
