@@ -288,5 +288,47 @@ TEST(CheckpointMultiProcessTest, Sigusr1ToOneRankMakesAllSaveAndContinue) {
   EXPECT_THAT(inspect.stdout_text, HasSubstr("rank-1.bin"));
 }
 
+TEST(CheckpointMultiProcessTest, WebDatasetCursorContinuesInAnotherWorldSize) {
+  const std::string shards = OutDir("wds_shards");
+  std::string inputs;
+  for (int d = 0; d < 24; ++d) {
+    std::string text;
+    for (int line = 0; line < 20; ++line) {
+      absl::StrAppend(&text, "Document ", d, " line ", line, ": five boxing wizards jump.\n");
+    }
+    absl::StrAppend(&inputs, " ", testing::WriteTempFile(absl::StrCat("wds_doc", d, ".txt"), text));
+  }
+  const testing::Outcome pack =
+      testing::RunDtrain(absl::StrCat("data pack", inputs, " --out ", shards, " --shard-size 8KB"));
+  ASSERT_EQ(pack.exit_code, 0) << pack.stderr_text;
+  // "... in N shards: DIR/shard-{000000..00000K}.tar"
+  const size_t pattern_at = pack.stdout_text.find(shards + "/shard-{");
+  ASSERT_NE(pattern_at, std::string::npos) << pack.stdout_text;
+  const std::string pattern = pack.stdout_text.substr(
+      pattern_at, pack.stdout_text.find(".tar", pattern_at) + 4 - pattern_at);
+  const std::vector<std::string> sets = {"data.format=webdataset", "data.shards=" + pattern,
+                                         "data.streams=4", "data.shuffle_buffer=64",
+                                         "data.train=[]"};
+  const std::string recipe = RecipeFile(32);
+  const std::string first = OutDir("wds_a");
+  std::vector<std::string> a = sets;
+  a.push_back("parallel.strategy=ddp");
+  RunToEnd(2, TrainArgs(recipe, first, a));
+  if (::testing::Test::HasFatalFailure()) return;
+  const std::string second = OutDir("wds_b");
+  std::vector<std::string> b = sets;
+  b.push_back("parallel.strategy=zero3");
+  b.push_back("checkpoint.resume=" + first + "/mp/checkpoints/step-6");
+  RunToEnd(4, TrainArgs(recipe, second, b));
+  if (::testing::Test::HasFatalFailure()) return;
+  const std::vector<nlohmann::json> reference = Metrics(first), resumed = Metrics(second);
+  ASSERT_EQ(reference.size(), 12u);
+  ASSERT_EQ(resumed.size(), 6u);
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    const double expected = reference[i + 6]["loss"].get<double>();
+    EXPECT_NEAR(resumed[i]["loss"].get<double>(), expected, 1e-5 * expected) << "step " << i + 7;
+  }
+}
+
 }  // namespace
 }  // namespace dtrain
