@@ -40,6 +40,8 @@ class CheckpointReader {
 
  private:
   CheckpointReader(std::string dir, Manifest manifest);
+  // Reads `chunk` into `out` (null: into one reused block, only to check it) a block at a time,
+  // checksumming each block while it is still in cache, as the kernel reads ahead the next.
   absl::Status ReadChunk(const ChunkRecord& chunk, float* out);
   absl::StatusOr<int> FileFd(const std::string& name);
 
@@ -47,7 +49,8 @@ class CheckpointReader {
   Manifest manifest_;
   std::map<std::string, std::vector<size_t>> chunks_of_;  // tensor -> chunk indexes by begin
   std::map<std::string, int> fds_;
-  std::vector<float> scratch_;
+  std::vector<float> scratch_;     // a partly needed chunk
+  std::vector<char> check_block_;  // ReadChunk without a destination
 };
 
 }  // namespace dtrain
