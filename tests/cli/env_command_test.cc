@@ -1,10 +1,5 @@
 // Runs `dtrain env` in a controlled environment (env -i, so the test machine's own variables do
 // not leak in) and checks the printed values, their provenance and the JSON form.
-#include <sys/wait.h>
-
-#include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -23,21 +18,7 @@ using testing::Outcome;
 
 // `env -i <assignments> dtrain <args>`: only the given variables reach the binary.
 Outcome RunDtrainInEnvironment(const std::string& assignments, const std::string& args) {
-  const std::string err_path = testing::TempPath("dtrain_env_stderr.txt");
-  const std::string command =
-      absl::StrCat("env -i ", assignments, " ", DTRAIN_BINARY, " ", args, " 2>", err_path);
-  Outcome outcome;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return outcome;
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) {
-    outcome.stdout_text.append(buffer, n);
-  }
-  const int status = pclose(pipe);
-  outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream err(err_path);
-  outcome.stderr_text.assign(std::istreambuf_iterator<char>(err), {});
-  return outcome;
+  return testing::RunDtrain(args, "env -i " + assignments);
 }
 
 constexpr char kSlurmTask[] =

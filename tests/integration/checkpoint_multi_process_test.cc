@@ -105,11 +105,7 @@ checkpoint: {interval: 3, keep_last: 10}
 )"));
 }
 
-std::string OutDir(const std::string& name) {
-  const std::string dir = testing::TempPath("ckpt_mp_" + name);
-  fs::remove_all(dir);
-  return dir;
-}
+std::string OutDir(const std::string& name) { return testing::FreshTempDir("ckpt_mp_" + name); }
 
 std::vector<std::string> TrainArgs(const std::string& recipe, const std::string& out,
                                    const std::vector<std::string>& sets) {

@@ -19,7 +19,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "launch/worker_process.h"
-#include "nlohmann/json.hpp"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/run_dtrain.h"
 
@@ -50,19 +49,10 @@ logging: {sample_tokens: 0}
 )"));
 }
 
-std::string OutDir(const std::string& name) {
-  const std::string dir = testing::TempPath("agent_" + name);
-  std::filesystem::remove_all(dir);
-  return dir;
-}
+std::string OutDir(const std::string& name) { return testing::FreshTempDir("agent_" + name); }
 
 std::vector<double> Losses(const std::string& out_dir) {
-  std::vector<double> losses;
-  std::ifstream in(out_dir + "/agent/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  }
-  return losses;
+  return testing::MetricsLosses(out_dir + "/agent/metrics.jsonl");
 }
 
 std::vector<std::string> Environment() {

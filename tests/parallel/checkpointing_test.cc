@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "tests/testing/run_dtrain.h"
 
 namespace dtrain {
@@ -35,12 +34,7 @@ checkpoint: {interval: 2, keep_last: 4}
 }
 
 std::vector<double> Losses(const std::string& out_dir) {
-  std::vector<double> losses;
-  std::ifstream in(out_dir + "/ck/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  }
-  return losses;
+  return testing::MetricsLosses(out_dir + "/ck/metrics.jsonl");
 }
 
 testing::Outcome Train(const std::string& out_dir, const std::string& extra = "") {

@@ -1,13 +1,10 @@
 // `dtrain train` as separate processes on loopback (torchrun's variables), against one process.
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/run_dtrain.h"
 
@@ -33,19 +30,10 @@ logging: {sample_tokens: 8}
 }
 
 std::vector<double> Losses(const std::string& out_dir) {
-  std::vector<double> losses;
-  std::ifstream in(out_dir + "/mp/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  }
-  return losses;
+  return testing::MetricsLosses(out_dir + "/mp/metrics.jsonl");
 }
 
-std::string OutDir(const std::string& name) {
-  const std::string dir = testing::TempPath("mp_" + name);
-  std::filesystem::remove_all(dir);
-  return dir;
-}
+std::string OutDir(const std::string& name) { return testing::FreshTempDir("mp_" + name); }
 
 TEST(TrainMultiProcessTest, TwoRanksFollowTheSingleProcessTrajectory) {
   const std::string single = OutDir("single");

@@ -5,12 +5,15 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace dtrain::testing {
 
@@ -26,10 +29,11 @@ inline std::string TempPath(const std::string& name) {
   return absl::StrCat(::testing::TempDir(), "/", getpid(), "_", name);
 }
 
-// Runs `dtrain <args>` through the shell, capturing both streams.
-inline Outcome RunDtrain(const std::string& args) {
+// Runs `<prefix> dtrain <args>` through the shell, capturing both streams. `prefix` may set the
+// environment, e.g. "env -i RANK=1".
+inline Outcome RunDtrain(const std::string& args, const std::string& prefix = "") {
   const std::string err_path = TempPath("dtrain_stderr.txt");
-  const std::string command = absl::StrCat(DTRAIN_BINARY, " ", args, " 2>", err_path);
+  const std::string command = absl::StrCat(prefix, " ", DTRAIN_BINARY, " ", args, " 2>", err_path);
   Outcome outcome;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return outcome;
@@ -42,6 +46,23 @@ inline Outcome RunDtrain(const std::string& args) {
   std::ifstream err(err_path);
   outcome.stderr_text.assign(std::istreambuf_iterator<char>(err), {});
   return outcome;
+}
+
+// TempPath(name) as an empty folder's path (whatever an earlier run left there is removed).
+inline std::string FreshTempDir(const std::string& name) {
+  const std::string dir = TempPath(name);
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// The "loss" of every line of a run's metrics.jsonl, in step order.
+inline std::vector<double> MetricsLosses(const std::string& metrics_path) {
+  std::vector<double> losses;
+  std::ifstream in(metrics_path);
+  for (std::string line; std::getline(in, line);) {
+    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  }
+  return losses;
 }
 
 // Writes `text` to TempPath(name); returns the path.
