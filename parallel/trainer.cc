@@ -176,6 +176,8 @@ absl::Status OpenMetrics(const std::string& path, int64_t resumed_step,
 
 absl::Status RunTraining(const Recipe& requested) {
   ASSIGN_OR_RETURN(const WorldEnvironment world, WorldFromEnvironment());
+  // A master that does not resolve fails now, named, not after the rendezvous timeout.
+  if (world.world_size > 1) RETURN_IF_ERROR(CheckMasterResolves(world));
   if (world.world_size > 1) SetLogRank(world.rank);
   ASSIGN_OR_RETURN(const Recipe recipe, ResolveStrategy(requested, world.world_size));
   const TrainSection& train = recipe.train;

@@ -174,6 +174,25 @@ class SlurmTest(unittest.TestCase):
         latest = (checkpoints / "latest").read_text().strip()
         self.assertTrue((checkpoints / latest / "manifest.json").exists(), latest)
 
+    def test_term_with_requeue_puts_the_job_back_in_the_queue(self):
+        name = "requeue"
+        job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 100000)} --nproc-per-node 2 "
+                                   "--requeue", wait=False)
+        wait_for(lambda: steps_logged(name) >= 2, JOB_TIMEOUT_S, "2 steps")
+        job_id = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
+
+        def state():
+            return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"],
+                                  capture_output=True, text=True).stdout.strip()
+        # Slurm holds a requeued job back for a while (BeginTime): PENDING is enough.
+        wait_for(lambda: state() == "PENDING", 60, "the job to be requeued")
+        text = output.read_text()
+        self.assertIn("requeued the job", text)
+        subprocess.run(["scancel", job_id], check=True)
+        job.communicate(timeout=JOB_TIMEOUT_S)
+
 
 def main():
     global DTRAIN, WORK

@@ -277,6 +277,19 @@ TEST(AgentTest, TwoKubeflowPodsTrainTogether) {
   }
 }
 
+TEST(AgentTest, LogDirHoldsOneFilePerRank) {
+  const std::string out = OutDir("logs");
+  const std::string logs = out + "/logs";
+  Launch launch({Recipe("logs", 3), "--nproc-per-node=2", "--log-dir=" + logs, "--set",
+                 "run.out_dir=" + out});
+  ASSERT_EQ(launch.Wait(absl::Seconds(120)), 0) << launch.output();
+  EXPECT_THAT(launch.output(), Not(HasSubstr("[rank 0] ")));
+  std::ifstream rank0(logs + "/rank-0.log");
+  const std::string text((std::istreambuf_iterator<char>(rank0)), {});
+  EXPECT_THAT(text, HasSubstr("step 3/3"));
+  EXPECT_TRUE(std::filesystem::exists(logs + "/rank-1.log"));
+}
+
 TEST(AgentTest, KilledWorkerWithoutRestartsEndsWithTheRootCause) {
   const std::string out = OutDir("fail");
   Launch launch({Recipe("fail", 100000), "--nproc-per-node=2", "--set", "run.out_dir=" + out});

@@ -82,5 +82,15 @@ TEST(TrainMultiProcessTest, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
 }
 
+TEST(TrainMultiProcessTest, UnresolvableMasterFailsAtOnceNamingIt) {
+  const testing::Outcome outcome = testing::RunDtrain(
+      absl::StrCat("train ", Recipe("unresolvable")),
+      "env RANK=1 WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=29555");
+  EXPECT_EQ(outcome.exit_code, 1);
+  EXPECT_THAT(outcome.stderr_text,
+              HasSubstr("master address 'no-such-host.invalid' (MASTER_ADDR=no-such-host.invalid) "
+                        "does not resolve"));
+}
+
 }  // namespace
 }  // namespace dtrain
