@@ -178,7 +178,9 @@ absl::Status RunTraining(const Recipe& requested) {
   ASSIGN_OR_RETURN(const WorldEnvironment world, WorldFromEnvironment());
   // A master that does not resolve fails now, named, not after the rendezvous timeout.
   if (world.world_size > 1) RETURN_IF_ERROR(CheckMasterResolves(world));
-  if (world.world_size > 1) SetLogRank(world.rank);
+  // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
+  // file per rank).
+  if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);
   ASSIGN_OR_RETURN(const Recipe recipe, ResolveStrategy(requested, world.world_size));
   const TrainSection& train = recipe.train;
   RETURN_IF_ERROR(CheckBatchSplit(train, world.world_size));
