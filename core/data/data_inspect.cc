@@ -21,7 +21,7 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
   int64_t samples = 0;
   int64_t tokens = 0;
   int64_t bytes = 0;
-  std::vector<int32_t> ids;
+  TokenDocument document;  // ids as training reads them: validated, not widened
   Sample sample;
   for (const std::string& url : urls) {
     ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> source, OpenShard(url, options.source));
@@ -30,18 +30,20 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
     while (true) {
       ASSIGN_OR_RETURN(const bool more, grouper.Next(&sample));
       if (!more) break;
+      const bool listed =
+          !options.summary_only && (options.max_samples < 0 || samples < options.max_samples);
+      std::string fields;  // before TakeSampleTokens takes the token field's bytes
+      if (listed) {
+        for (const SampleField& field : sample.fields) {
+          absl::StrAppend(&fields, " .", field.extension, "(", field.data.size(), " B)");
+        }
+      }
       const absl::Status decoded =
-          DecodeSampleTokens(sample, std::numeric_limits<int32_t>::max(), &ids);
-      const int64_t sample_tokens = decoded.ok() ? static_cast<int64_t>(ids.size()) : 0;
+          TakeSampleTokens(&sample, std::numeric_limits<int32_t>::max(), &document);
+      const int64_t sample_tokens = decoded.ok() ? document.size() : 0;
       tokens += sample_tokens;
       ++samples;
-      if (options.summary_only || (options.max_samples >= 0 && samples > options.max_samples)) {
-        continue;
-      }
-      std::string fields;
-      for (const SampleField& field : sample.fields) {
-        absl::StrAppend(&fields, " .", field.extension, "(", field.data.size(), " B)");
-      }
+      if (!listed) continue;
       out << url << "  " << sample.key << ":" << fields << "  "
           << (decoded.ok() ? absl::StrCat(sample_tokens, " tokens") : "no tokens") << "\n";
     }

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,6 +33,19 @@ absl::StatusOr<size_t> ReadFd(int fd, char* buffer, size_t n, const std::string&
   }
 }
 
+// readv(2) of `buffer` then `tail`, until it returns without EINTR.
+absl::StatusOr<size_t> ReadFdWithTail(int fd, char* buffer, size_t n, char* tail, size_t tail_n,
+                                      const std::string& url) {
+  iovec parts[2] = {{.iov_base = buffer, .iov_len = n}, {.iov_base = tail, .iov_len = tail_n}};
+  while (true) {
+    const ssize_t got = ::readv(fd, parts, 2);
+    if (got >= 0) return static_cast<size_t>(got);
+    if (errno != EINTR) {
+      return absl::DataLossError(absl::StrCat(url, ": read failed: ", strerror(errno)));
+    }
+  }
+}
+
 class FileSource final : public ByteSource {
  public:
   FileSource(int fd, std::string url) : fd_(fd), url_(std::move(url)) {}
@@ -39,6 +53,9 @@ class FileSource final : public ByteSource {
 
   absl::StatusOr<size_t> Read(char* buffer, size_t n) override {
     return ReadFd(fd_, buffer, n, url_);
+  }
+  absl::StatusOr<size_t> ReadWithTail(char* buffer, size_t n, char* tail, size_t tail_n) override {
+    return ReadFdWithTail(fd_, buffer, n, tail, tail_n, url_);
   }
   absl::Status Close() override { return absl::OkStatus(); }
   const std::string& url() const override { return url_; }
@@ -63,6 +80,9 @@ class PipeSource final : public ByteSource {
 
   absl::StatusOr<size_t> Read(char* buffer, size_t n) override {
     return ReadFd(fd_, buffer, n, url_);
+  }
+  absl::StatusOr<size_t> ReadWithTail(char* buffer, size_t n, char* tail, size_t tail_n) override {
+    return ReadFdWithTail(fd_, buffer, n, tail, tail_n, url_);
   }
 
   absl::Status Close() override {
@@ -119,16 +139,23 @@ class MemoryByteSource final : public ByteSource {
   MemoryByteSource(std::string data, std::string name)
       : data_(std::move(data)), name_(std::move(name)) {}
 
-  absl::StatusOr<size_t> Read(char* buffer, size_t n) override {
-    const size_t count = std::min(n, data_.size() - position_);
-    std::copy_n(data_.data() + position_, count, buffer);
-    position_ += count;
-    return count;
+  absl::StatusOr<size_t> Read(char* buffer, size_t n) override { return Copy(buffer, n); }
+  // Like readv(2), so tests go through the reader's tail path as files do.
+  absl::StatusOr<size_t> ReadWithTail(char* buffer, size_t n, char* tail, size_t tail_n) override {
+    const size_t count = Copy(buffer, n);
+    return count < n ? count : count + Copy(tail, tail_n);
   }
   absl::Status Close() override { return absl::OkStatus(); }
   const std::string& url() const override { return name_; }
 
  private:
+  size_t Copy(char* buffer, size_t n) {
+    const size_t count = std::min(n, data_.size() - position_);
+    std::copy_n(data_.data() + position_, count, buffer);
+    position_ += count;
+    return count;
+  }
+
   std::string data_;
   std::string name_;
   size_t position_ = 0;

@@ -18,6 +18,15 @@ class ByteSource {
 
   // Reads up to `n` bytes into `buffer` and returns how many: 0 only at the end of the data.
   virtual absl::StatusOr<size_t> Read(char* buffer, size_t n) = 0;
+  // Reads up to `n` + `tail_n` bytes: into `buffer` first, then any more into `tail`. Returns
+  // how many in all; 0 only at the end. Files and pipes fill both in one readv(2), so a reader
+  // can take a member's data and the next headers in one system call; this default only
+  // fills `buffer`.
+  virtual absl::StatusOr<size_t> ReadWithTail(char* buffer, size_t n, char* tail, size_t tail_n) {
+    (void)tail;
+    (void)tail_n;
+    return Read(buffer, n);
+  }
   // Reports what only shows at the end (a pipe command's exit status); call after the last
   // Read. Sources release their resources on destruction whether or not Close was called.
   virtual absl::Status Close() = 0;

@@ -99,7 +99,7 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
   return absl::OkStatus();
 }
 
-absl::Status ShardStream::ReadSample(bool decode, std::vector<int32_t>* tokens) {
+absl::Status ShardStream::ReadSample(bool decode, TokenDocument* tokens) {
   while (true) {
     if (grouper_ == nullptr) {
       const absl::Status opened = OpenSlot();
@@ -120,7 +120,7 @@ absl::Status ShardStream::ReadSample(bool decode, std::vector<int32_t>* tokens) 
       continue;
     }
     absl::Status status = more.status();
-    if (status.ok() && decode) status = DecodeSampleTokens(sample_, config_->vocab_size, tokens);
+    if (status.ok() && decode) status = TakeSampleTokens(&sample_, config_->vocab_size, tokens);
     if (!status.ok()) {
       RETURN_IF_ERROR(ShardFailed(status));
       continue;
@@ -158,7 +158,7 @@ absl::Status ShardStream::LoadBlock() {
 absl::Status ShardStream::Next(int32_t* inputs, int32_t* targets) {
   while (true) {
     if (cursor_.block >= 0 && cursor_.next < static_cast<int64_t>(order_.size())) {
-      const std::vector<int32_t>& doc = docs_[static_cast<size_t>(order_[cursor_.next])];
+      const TokenDocument& doc = docs_[static_cast<size_t>(order_[cursor_.next])];
       if (packer_.Fill(doc, &cursor_.offset)) {
         packer_.Emit(inputs, targets);
         ++cursor_.windows;
@@ -190,7 +190,7 @@ absl::Status ShardStream::Restore(const StreamCursor& cursor) {
     order_.clear();
     return absl::OkStatus();
   }
-  std::vector<int32_t> unused;
+  TokenDocument unused;
   for (int64_t i = 0; i < cursor.block_sample; ++i) {
     RETURN_IF_ERROR(ReadSample(/*decode=*/false, &unused));
   }

@@ -19,6 +19,7 @@
 #include "core/data/sample_grouper.h"
 #include "core/data/shard_source.h"
 #include "core/data/tar_reader.h"
+#include "core/data/token_decode.h"
 
 namespace dtrain {
 
@@ -68,7 +69,7 @@ class ShardStream {
  private:
   absl::Status LoadBlock();
   // Next sample's tokens; `decode` false skips decoding (for Restore). OutOfRange at the end.
-  absl::Status ReadSample(bool decode, std::vector<int32_t>* tokens);
+  absl::Status ReadSample(bool decode, TokenDocument* tokens);
   absl::Status OpenSlot();
   void CloseSlot();
   absl::Status ShardFailed(const absl::Status& status);
@@ -77,8 +78,8 @@ class ShardStream {
   int stream_;
   Packer packer_;
   StreamCursor cursor_;
-  std::vector<std::vector<int32_t>> docs_;  // the current block in reading order
-  std::vector<int64_t> order_;              // shuffled order of docs_
+  std::vector<TokenDocument> docs_;  // the current block in reading order
+  std::vector<int64_t> order_;       // shuffled order of docs_
   // Reading position.
   int64_t slot_;
   int64_t slot_samples_ = 0;  // samples read from slot_

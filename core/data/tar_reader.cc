@@ -15,7 +15,11 @@ namespace dtrain {
 namespace {
 
 constexpr size_t kBlock = 512;
-constexpr size_t kReadAheadBytes = size_t{16} << 10;     // headers and small members
+constexpr size_t kReadAheadBytes = size_t{16} << 10;  // headers and small members
+// Read behind a large member's data in the same system call: its padding and the next pax +
+// ustar header pair (at most 511 + 1024 + 512 bytes for Python's writer), and little of the
+// next member's data, which would be copied out of the read-ahead buffer once more.
+constexpr size_t kTailBytes = 2048;
 constexpr int64_t kMaxMetadataBytes = int64_t{1} << 20;  // pax and GNU long-name records
 constexpr int64_t kFirstDataChunk = int64_t{1} << 20;    // member buffers grow from this
 
@@ -56,12 +60,16 @@ bool ParseNumber(const char* field, size_t size, int64_t* value) {
 bool ChecksumMatches(const char* block) {
   int64_t stored = 0;
   if (!ParseNumber(block + 148, 8, &stored)) return false;
-  int64_t unsigned_sum = 0;
-  int64_t signed_sum = 0;
+  // Whole-block sums (a loop the compiler vectorizes), then the field swapped for spaces.
+  int32_t unsigned_sum = 0;
+  int32_t signed_sum = 0;
   for (size_t i = 0; i < kBlock; ++i) {
-    const bool in_field = i >= 148 && i < 156;
-    unsigned_sum += in_field ? ' ' : static_cast<unsigned char>(block[i]);
-    signed_sum += in_field ? ' ' : static_cast<signed char>(block[i]);
+    unsigned_sum += static_cast<unsigned char>(block[i]);
+    signed_sum += static_cast<signed char>(block[i]);
+  }
+  for (size_t i = 148; i < 156; ++i) {
+    unsigned_sum += ' ' - static_cast<unsigned char>(block[i]);
+    signed_sum += ' ' - static_cast<signed char>(block[i]);
   }
   return stored == unsigned_sum || stored == signed_sum;
 }
@@ -110,21 +118,22 @@ absl::StatusOr<size_t> TarReader::ReadUpTo(char* out, size_t n) {
       done += count;
       continue;
     }
-    // Large reads bypass the read-ahead buffer: one copy, as `cat` makes.
-    const bool direct = n - done >= buffer_.size();
-    absl::StatusOr<size_t> got = direct ? source_->Read(out + done, n - done)
-                                        : source_->Read(buffer_.data(), buffer_.size());
+    // Large reads bypass the read-ahead buffer (one copy, as `cat` makes); what arrives beyond
+    // them lands in the empty read-ahead buffer.
+    const size_t wanted = n - done;
+    const bool direct = wanted >= buffer_.size();
+    absl::StatusOr<size_t> got =
+        direct ? source_->ReadWithTail(out + done, wanted, buffer_.data(), kTailBytes)
+               : source_->Read(buffer_.data(), buffer_.size());
     if (!got.ok()) {
       return absl::Status(got.status().code(), absl::StrCat(got.status().message(), " (at byte ",
                                                             offset_ + int64_t(done), ")"));
     }
     if (*got == 0) break;
-    if (direct) {
-      done += *got;
-    } else {
-      buffer_head_ = 0;
-      buffer_end_ = *got;
-    }
+    const size_t into_out = direct ? std::min(*got, wanted) : 0;
+    done += into_out;
+    buffer_head_ = 0;
+    buffer_end_ = *got - into_out;
   }
   offset_ += static_cast<int64_t>(done);
   return done;
@@ -212,11 +221,16 @@ absl::StatusOr<bool> TarReader::Next(TarMember* member) {
       ended_ = true;
       // Drain the rest (writers pad to a 10 KiB record), so a pipe's writer finishes cleanly
       // and an HTTP body is read to its end.
-      // (ReadUpTo of a whole buffer's worth reads straight from the source into it.)
+      offset_ += static_cast<int64_t>(buffer_end_ - buffer_head_);
       buffer_head_ = buffer_end_;
       while (true) {
-        ASSIGN_OR_RETURN(const size_t got, ReadUpTo(buffer_.data(), buffer_.size()));
-        if (got == 0) break;
+        absl::StatusOr<size_t> got = source_->Read(buffer_.data(), buffer_.size());
+        if (!got.ok()) {
+          return absl::Status(got.status().code(),
+                              absl::StrCat(got.status().message(), " (at byte ", offset_, ")"));
+        }
+        if (*got == 0) break;
+        offset_ += static_cast<int64_t>(*got);
       }
       return false;
     }

@@ -1,11 +1,14 @@
 #include "core/data/token_decode.h"
 
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/util/status.h"
 
 namespace dtrain {
 namespace {
@@ -18,35 +21,74 @@ absl::Status SampleError(const Sample& sample, const std::string& what) {
 // Little-endian `Word`s; this file assumes a little-endian host, as every
 // machine dtrain targets is.
 template <typename Word>
-absl::Status DecodeWords(const Sample& sample, const SampleField& field, int vocab_size,
-                         std::vector<int32_t>* tokens) {
+Word LoadWord(const char* bytes) {
+  Word word;
+  std::memcpy(&word, bytes, sizeof(Word));
+  return word;
+}
+
+template <typename Word>
+void Widen(const char* bytes, int64_t count, int32_t* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    out[i] = static_cast<int32_t>(LoadWord<Word>(bytes + i * sizeof(Word)));
+  }
+}
+
+void WidenWords(const char* bytes, int width, int64_t count, int32_t* out) {
+  switch (width) {
+    case 1:
+      return Widen<uint8_t>(bytes, count, out);
+    case 2:
+      return Widen<uint16_t>(bytes, count, out);
+    default:
+      return Widen<uint32_t>(bytes, count, out);
+  }
+}
+
+// Checks that the field holds whole `Word`s, each below vocab_size.
+template <typename Word>
+absl::Status CheckWords(const Sample& sample, const SampleField& field, int vocab_size) {
   if (field.data.size() % sizeof(Word) != 0) {
     return SampleError(sample, absl::StrCat(".", field.extension, " holds ", field.data.size(),
                                             " bytes, not a whole number of ", sizeof(Word),
                                             "-byte tokens; write it again"));
   }
+  // A vocabulary wider than the word (uint16 tokens, 50k+ vocabularies or the 2^31 - 1 of
+  // `dtrain data inspect`) admits every word: nothing to scan.
+  if (vocab_size > 0 &&
+      static_cast<uint64_t>(std::numeric_limits<Word>::max()) < static_cast<uint64_t>(vocab_size)) {
+    return absl::OkStatus();
+  }
   const size_t count = field.data.size() / sizeof(Word);
-  tokens->resize(count);
   const char* bytes = field.data.data();
   Word max_word = 0;
   for (size_t i = 0; i < count; ++i) {
-    Word word;
-    std::memcpy(&word, bytes + i * sizeof(Word), sizeof(Word));
+    const Word word = LoadWord<Word>(bytes + i * sizeof(Word));
     max_word = word > max_word ? word : max_word;
-    (*tokens)[i] = static_cast<int32_t>(word);
   }
   // One branch-free pass above; only a bad sample pays for finding the culprit.
   if (count > 0 && static_cast<uint64_t>(max_word) >= static_cast<uint64_t>(vocab_size)) {
     for (size_t i = 0; i < count; ++i) {
-      if (static_cast<uint32_t>((*tokens)[i]) >= static_cast<uint32_t>(vocab_size)) {
-        return SampleError(sample, absl::StrCat(".", field.extension, " token ", i, " is ",
-                                                static_cast<uint32_t>((*tokens)[i]),
+      const uint64_t word = LoadWord<Word>(bytes + i * sizeof(Word));
+      if (word >= static_cast<uint64_t>(vocab_size)) {
+        return SampleError(sample, absl::StrCat(".", field.extension, " token ", i, " is ", word,
                                                 ", not below model.vocab_size ", vocab_size,
                                                 "; raise vocab_size or fix the tokenizer"));
       }
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckField(const Sample& sample, const SampleField& field, int width, int vocab_size) {
+  switch (width) {
+    case 1:
+      return CheckWords<uint8_t>(sample, field, vocab_size);
+    case 2:
+      return CheckWords<uint16_t>(sample, field, vocab_size);
+    default:
+      return CheckWords<uint32_t>(sample, field, vocab_size);
+  }
 }
 
 absl::Status DecodeJson(const Sample& sample, const SampleField& field, int vocab_size,
@@ -69,21 +111,14 @@ absl::Status DecodeJson(const Sample& sample, const SampleField& field, int voca
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status DecodeSampleTokens(const Sample& sample, int vocab_size,
-                                std::vector<int32_t>* tokens) {
-  if (const SampleField* field = sample.Find("tokens")) {
-    return DecodeWords<uint16_t>(sample, *field, vocab_size, tokens);
-  }
-  if (const SampleField* field = sample.Find("tokens32")) {
-    return DecodeWords<uint32_t>(sample, *field, vocab_size, tokens);
-  }
-  if (const SampleField* field = sample.Find("json")) {
-    return DecodeJson(sample, *field, vocab_size, tokens);
-  }
-  if (const SampleField* field = sample.Find("txt")) {
-    return DecodeWords<uint8_t>(sample, *field, vocab_size, tokens);
+// The field tokens come from, by preference, and its word width in bytes (0 for JSON).
+absl::StatusOr<std::pair<size_t, int>> FindTokenField(const Sample& sample) {
+  constexpr std::pair<const char*, int> kFormats[] = {
+      {"tokens", 2}, {"tokens32", 4}, {"json", 0}, {"txt", 1}};
+  for (const auto& [extension, width] : kFormats) {
+    if (const SampleField* field = sample.Find(extension)) {
+      return std::make_pair(static_cast<size_t>(field - sample.fields.data()), width);
+    }
   }
   std::vector<std::string> extensions;
   for (const SampleField& field : sample.fields) extensions.push_back("." + field.extension);
@@ -91,6 +126,41 @@ absl::Status DecodeSampleTokens(const Sample& sample, int vocab_size,
       sample, absl::StrCat("no token field among its files (", absl::StrJoin(extensions, ", "),
                            "); give each sample a .tokens, .tokens32, .json or "
                            ".txt file, e.g. with 'dtrain data pack'"));
+}
+
+}  // namespace
+
+void TokenDocument::CopyTo(int64_t first, int64_t count, int32_t* out) const {
+  WidenWords(words.data() + first * width, width, count, out);
+}
+
+absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* document) {
+  ASSIGN_OR_RETURN(const auto found, FindTokenField(*sample));
+  const auto [index, width] = found;
+  SampleField& field = sample->fields[index];
+  if (width == 0) {
+    std::vector<int32_t> ids;
+    RETURN_IF_ERROR(DecodeJson(*sample, field, vocab_size, &ids));
+    document->words.assign(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int32_t));
+    document->width = sizeof(int32_t);
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(CheckField(*sample, field, width, vocab_size));
+  std::swap(document->words, field.data);
+  document->width = width;
+  return absl::OkStatus();
+}
+
+absl::Status DecodeSampleTokens(const Sample& sample, int vocab_size,
+                                std::vector<int32_t>* tokens) {
+  ASSIGN_OR_RETURN(const auto found, FindTokenField(sample));
+  const auto [index, width] = found;
+  const SampleField& field = sample.fields[index];
+  if (width == 0) return DecodeJson(sample, field, vocab_size, tokens);
+  RETURN_IF_ERROR(CheckField(sample, field, width, vocab_size));
+  tokens->resize(field.data.size() / static_cast<size_t>(width));
+  WidenWords(field.data.data(), width, static_cast<int64_t>(tokens->size()), tokens->data());
+  return absl::OkStatus();
 }
 
 }  // namespace dtrain

@@ -1,15 +1,34 @@
 // Token ids from a WebDataset sample, from the first field present among: "tokens" (uint16
 // little-endian), "tokens32" (uint32 little-endian), "json" (a JSON list of ids) and "txt"
-// (one token per byte, for byte-level vocabularies). Pure function.
+// (one token per byte, for byte-level vocabularies). Pure functions.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "core/data/sample_grouper.h"
 
 namespace dtrain {
+
+// A document's token ids as they were stored: little-endian words of `width` bytes (1, 2 or 4;
+// JSON ids are stored as 4-byte words). Ids are widened to int32 only where they are copied
+// out (into a training window), so streaming pays one pass over the bytes, not a decode pass
+// and then a copy of twice as many bytes.
+struct TokenDocument {
+  std::string words;
+  int width = 4;
+
+  int64_t size() const { return static_cast<int64_t>(words.size()) / width; }
+  // Writes ids [first, first + count) as int32 to `out`; the range must lie inside size().
+  void CopyTo(int64_t first, int64_t count, int32_t* out) const;
+};
+
+// Moves the sample's token field into *document (binary formats swap buffers, so the field
+// gets the document's old bytes back for reuse; nothing is copied) after checking it. Errors
+// are DecodeSampleTokens's; on an error *document is unspecified.
+absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* document);
 
 // Replaces *tokens with the sample's ids. DataLoss naming the shard, the sample key and the fix
 // for: no token field, a byte count that is not a whole number of tokens, malformed JSON, an id

@@ -49,5 +49,26 @@ TEST(PackerTest, CarriesLeftoversAcrossDocumentsAndLongDocumentsSpanWindows) {
   EXPECT_EQ(packer.carry(), (std::vector<int32_t>{5, 6}));
 }
 
+TEST(PackerTest, TokenDocumentsPackLikeTheirIds) {
+  const std::vector<std::vector<int32_t>> docs = {{1, 2, 3}, {4}, {5, 6, 7, 8, 300, 9}, {}};
+  for (int width : {2, 4}) {
+    Packer packer(3, 9);
+    std::vector<std::vector<int32_t>> windows;
+    for (const std::vector<int32_t>& ids : docs) {
+      TokenDocument document{.words = {}, .width = width};
+      for (int32_t id : ids) document.words.append(reinterpret_cast<const char*>(&id), width);
+      int64_t position = 0;
+      while (packer.Fill(document, &position)) {
+        std::vector<int32_t> inputs(3), targets(3);
+        packer.Emit(inputs.data(), targets.data());
+        inputs.push_back(targets.back());
+        windows.push_back(inputs);
+      }
+      EXPECT_EQ(position, packer.Length(document));
+    }
+    EXPECT_EQ(windows, Pack(docs, 3, 9)) << width;
+  }
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -1,10 +1,12 @@
 #include "core/data/tar_reader.h"
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/core/data/tar_test_util.h"
 
@@ -108,6 +110,56 @@ TEST(TarReaderTest, RejectsACorruptHeaderChecksum) {
   ASSERT_FALSE(members.ok());
   EXPECT_TRUE(absl::StrContains(members.status().message(), "byte 1024: header checksum"))
       << members.status();
+}
+
+// Members of every size around the 16 KiB read-ahead and the 2 KiB read behind large members,
+// read from a file (readv) and from memory, byte for byte, with the offset at the file's end.
+TEST(TarReaderTest, ReadsMembersOfEverySizeFromFilesAndMemory) {
+  std::vector<std::pair<std::string, std::string>> members;
+  const int64_t sizes[] = {100000, 5, 16384, 16383, 16385, 0, 2048, 70000, 511, 100000, 1};
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    std::string data(static_cast<size_t>(sizes[i]), '\0');
+    for (size_t j = 0; j < data.size(); ++j) data[j] = static_cast<char>((i * 131 + j * 7) % 251);
+    members.emplace_back(absl::StrCat("m", i, ".bin"), std::move(data));
+  }
+  const std::string tar = TarArchive(members) + std::string(10240, '\0');  // writers' padding
+  testing::TempDir dir;
+  const std::string path = dir / "sizes.tar";
+  testing::WriteFile(path, tar);
+  for (const std::string& url : {path, std::string("memory")}) {
+    absl::StatusOr<std::unique_ptr<ByteSource>> source =
+        url == "memory" ? absl::StatusOr<std::unique_ptr<ByteSource>>(MemorySource(tar, "mem.tar"))
+                        : OpenShard(url, ShardSourceOptions{});
+    ASSERT_TRUE(source.ok()) << source.status();
+    TarReader reader(source->get());
+    TarMember member;
+    for (const auto& [name, data] : members) {
+      absl::StatusOr<bool> more = reader.Next(&member);
+      ASSERT_TRUE(more.ok() && *more) << url << " " << name << " " << more.status();
+      EXPECT_EQ(member.name, name);
+      EXPECT_TRUE(member.data == data) << url << " " << name;
+    }
+    absl::StatusOr<bool> more = reader.Next(&member);
+    ASSERT_TRUE(more.ok() && !*more) << url << " " << more.status();
+    EXPECT_EQ(reader.offset(), static_cast<int64_t>(tar.size())) << url;
+  }
+}
+
+TEST(TarReaderTest, ReportsAFileCutInsideALargeMember) {
+  std::string tar = TarArchive({{"a.bin", std::string(100000, 'a')}, {"b.bin", "b"}});
+  tar.resize(512 + 60000);
+  testing::TempDir dir;
+  const std::string path = dir / "cut.tar";
+  testing::WriteFile(path, tar);
+  absl::StatusOr<std::unique_ptr<ByteSource>> source = OpenShard(path, ShardSourceOptions{});
+  ASSERT_TRUE(source.ok()) << source.status();
+  TarReader reader(source->get());
+  TarMember member;
+  absl::StatusOr<bool> more = reader.Next(&member);
+  ASSERT_FALSE(more.ok());
+  EXPECT_TRUE(absl::StrContains(more.status().message(), "'a.bin' (header at byte 0)"))
+      << more.status();
+  EXPECT_TRUE(absl::StrContains(more.status().message(), "after 60000 of them")) << more.status();
 }
 
 TEST(TarReaderTest, RejectsSizesAboveTheLimit) {

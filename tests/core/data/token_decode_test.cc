@@ -1,5 +1,6 @@
 #include "core/data/token_decode.h"
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,51 @@ TEST(TokenDecodeTest, ErrorsNameTheSampleAndTheProblem) {
   status = DecodeSampleTokens(OneField("png", "x"), 10, &tokens);
   EXPECT_TRUE(absl::StrContains(status.message(), "no token field among its files (.png)"))
       << status;
+}
+
+TEST(TokenDecodeTest, TakesTokenBytesWithoutCopyingAndWidensOnCopyOut) {
+  Sample sample = OneField("tokens", std::string("\x01\x02\xff\x00\x07\x00", 6));
+  TokenDocument document{.words = "old", .width = 4};
+  ASSERT_TRUE(TakeSampleTokens(&sample, 1 << 16, &document).ok());
+  EXPECT_EQ(document.width, 2);
+  EXPECT_EQ(document.size(), 3);
+  EXPECT_EQ(sample.fields[0].data, "old");  // the document's old buffer, for reuse
+  int32_t out[2];
+  document.CopyTo(1, 2, out);
+  EXPECT_EQ(out[0], 0xff);
+  EXPECT_EQ(out[1], 7);
+
+  sample = OneField("tokens32", std::string("\x01\x00\x01\x00", 4));
+  ASSERT_TRUE(TakeSampleTokens(&sample, 1 << 20, &document).ok());
+  document.CopyTo(0, 1, out);
+  EXPECT_EQ(out[0], 0x10001);
+  sample = OneField("json", "[5, 0, 7]");
+  ASSERT_TRUE(TakeSampleTokens(&sample, 8, &document).ok());
+  ASSERT_EQ(document.size(), 3);
+  document.CopyTo(1, 2, out);
+  EXPECT_EQ(out[0], 0);
+  EXPECT_EQ(out[1], 7);
+  sample = OneField("txt", "hi\xff");
+  ASSERT_TRUE(TakeSampleTokens(&sample, 256, &document).ok());
+  document.CopyTo(2, 1, out);
+  EXPECT_EQ(out[0], 255);
+}
+
+TEST(TokenDecodeTest, TakeChecksLikeDecode) {
+  TokenDocument document;
+  Sample sample = OneField("tokens", std::string("\x01\x00\x10\xc4", 4));  // 1, 50192
+  EXPECT_TRUE(TakeSampleTokens(&sample, 50257, &document).ok());
+  sample = OneField("tokens", std::string("\x01\x00\x51\xc4", 4));  // 1, 50257
+  absl::Status status = TakeSampleTokens(&sample, 50257, &document);
+  EXPECT_TRUE(absl::StrContains(status.message(), "token 1 is 50257")) << status;
+  sample = OneField("tokens", "abc");
+  status = TakeSampleTokens(&sample, 1 << 16, &document);
+  EXPECT_TRUE(absl::StrContains(status.message(), "3 bytes")) << status;
+  sample = OneField("tokens32", std::string("\x00\x00\x00\x80", 4));  // 2^31
+  status = TakeSampleTokens(&sample, std::numeric_limits<int32_t>::max(), &document);
+  EXPECT_TRUE(absl::StrContains(status.message(), "token 0 is 2147483648")) << status;
+  sample = OneField("png", "x");
+  EXPECT_FALSE(TakeSampleTokens(&sample, 10, &document).ok());
 }
 
 }  // namespace
