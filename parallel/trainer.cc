@@ -221,8 +221,10 @@ absl::Status RunTraining(const Recipe& requested) {
     // Parameters, moments, AdamW's count and the data cursor came from the checkpoint; the
     // schedule follows from the step.
     if (resumed_step >= train.steps && leader) {
-      LogInfo("the checkpoint is at step %d, train.steps is %d: nothing left to train",
-              resumed_step, train.steps);
+      LogInfo(
+          "the checkpoint is at step %d, train.steps is %d: nothing left to train (raise "
+          "train.steps to go on, or --set checkpoint.resume=never to start over)",
+          resumed_step, train.steps);
     }
   } else if (train.init_from.empty()) {
     engine.InitParameters(config, recipe.run.seed);
