@@ -113,9 +113,10 @@ bench() {
   done
   awk -v label="$label" -v d="$(median "${d_tps[@]}")" -v t="$(median "${t_tps[@]}")" \
       -v flops="$flops_per_token" -v d_rss="$(median "${d_rss[@]}")" \
-      -v t_rss="$(median "${t_rss[@]}")" 'BEGIN {
-    printf "%-26s %12.0f %12.0f %7.2f %12.1f %12.1f %10.0f %10.0f\n",
-           label, d, t, d / t, d * flops / 1e9, t * flops / 1e9, d_rss, t_rss }'
+      -v t_rss="$(median "${t_rss[@]}")" -v sgemm="${sgemm#gflops=}" 'BEGIN {
+    printf "%-26s %12.0f %12.0f %7.2f %12.1f %12.1f %8.0f%% %10.0f %10.0f\n",
+           label, d, t, d / t, d * flops / 1e9, t * flops / 1e9, 100 * d * flops / 1e9 / sgemm,
+           d_rss, t_rss }'
 }
 
 sgemm=$("$python" "$repo/scripts/bench/torch_sgemm.py" --threads "$threads")
@@ -127,8 +128,9 @@ echo
 echo "tok/s: training tokens per second; ratio: dtrain tok/s / torch tok/s"
 echo "GF/s: model GFLOP/s = FLOPs per token (6N + 6LTC, N = parameters except" \
   "position embeddings) x tok/s"
+echo "of sgemm: dtrain GF/s / the reference GEMM's GF/s"
 echo "RSS MiB: peak resident memory of the whole process (/usr/bin/time %M)"
-printf "%-26s %12s %12s %7s %12s %12s %10s %10s\n" shape "dtrain tok/s" "torch tok/s" ratio \
-  "dtrain GF/s" "torch GF/s" "dtrain RSS" "torch RSS"
+printf "%-26s %12s %12s %7s %12s %12s %9s %10s %10s\n" shape "dtrain tok/s" "torch tok/s" ratio \
+  "dtrain GF/s" "torch GF/s" "of sgemm" "dtrain RSS" "torch RSS"
 bench "tiny L4 C256 B16 T128" "${TINY_STEPS:-12}" "${tiny[@]}"
 bench "gpt2-124M L12 C768 B4 T256" "${GPT2_STEPS:-6}" "${gpt2_124m[@]}"

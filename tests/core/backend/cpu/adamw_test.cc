@@ -1,6 +1,8 @@
 #include "core/backend/cpu/adamw.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/backend/cpu/cpu_backend.h"
@@ -50,6 +52,29 @@ TEST(AdamWTest, ThreeStepsMatchHandComputedReference) {
       // float state: a few float roundings per step, relative to O(1) values.
       EXPECT_NEAR(p_f[i], reference[i].p, 1e-6) << "step " << step << " value " << i;
     }
+  }
+}
+
+// Float runs 8 values at a time with a padded last group; the split of the range across threads
+// must not change any value.
+TEST(AdamWTest, FloatIsBitIdenticalWhateverTheThreadSplit) {
+  const size_t n = (size_t{1} << 16) + 13;  // more than one chunk per thread, a partial group
+  const auto p0 = RandomVector(n, 2);
+  const auto grad_d = RandomVector(n, 3);
+  const std::vector<float> grad(grad_d.begin(), grad_d.end());
+  std::vector<std::vector<float>> results;
+  for (int threads : {0, 1, 2, 3}) {
+    std::vector<float> p(p0.begin(), p0.end()), m(n), v(n);
+    ThreadPool pool(std::max(threads, 1));
+    for (int step = 1; step <= kSteps; ++step) {
+      AdamW(p.data(), grad.data(), m.data(), v.data(), n, kLr, kBeta1, kBeta2, kEps, kWeightDecay,
+            step, threads == 0 ? nullptr : &pool);
+    }
+    results.push_back(p);
+  }
+  for (size_t r = 1; r < results.size(); ++r) {
+    EXPECT_EQ(std::memcmp(results[r].data(), results[0].data(), n * sizeof(float)), 0)
+        << "split " << r;
   }
 }
 
