@@ -101,6 +101,11 @@ def worker_pid(rank, marker):
     return None
 
 
+def queued_job_id(name):
+    return subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
 class SlurmTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -163,8 +168,7 @@ class SlurmTest(unittest.TestCase):
         job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 100000, extra=f'checkpoint: {{dir: {checkpoints}}}')} "
                                    "--nproc-per-node 2", wait=False)
         wait_for(lambda: steps_logged(name) >= 3, JOB_TIMEOUT_S, "3 steps")
-        job_id = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True,
-                                text=True, check=True).stdout.strip()
+        job_id = queued_job_id(name)
         subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
         job.communicate(timeout=JOB_TIMEOUT_S)
         text = output.read_text()
@@ -179,8 +183,7 @@ class SlurmTest(unittest.TestCase):
         job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 100000)} --nproc-per-node 2 "
                                    "--requeue", wait=False)
         wait_for(lambda: steps_logged(name) >= 2, JOB_TIMEOUT_S, "2 steps")
-        job_id = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True,
-                                text=True, check=True).stdout.strip()
+        job_id = queued_job_id(name)
         subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
 
         def state():
