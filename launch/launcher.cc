@@ -56,6 +56,11 @@ absl::StatusOr<std::string> FindOnPath(const EnvironmentMap& env, const std::str
       absl::StrCat(name, " is not on PATH; run where Slurm's client commands are installed"));
 }
 
+// `--set KEY=VALUE` for each recipe override, as the agent and its workers take them.
+void AppendOverrides(const std::vector<std::string>& overrides, std::vector<std::string>& argv) {
+  for (const std::string& override : overrides) argv.insert(argv.end(), {"--set", override});
+}
+
 int UsableCpus() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
@@ -98,9 +103,7 @@ std::vector<std::string> LaunchCommandLine(const std::string& dtrain_path,
                                            const LaunchOptions& options) {
   std::vector<std::string> argv = {dtrain_path, "launch"};
   if (!options.recipe_path.empty()) argv.push_back(options.recipe_path);
-  for (const std::string& override : options.overrides) {
-    argv.insert(argv.end(), {"--set", override});
-  }
+  AppendOverrides(options.overrides, argv);
   const WorldOverrides& world = options.world;
   if (world.nproc_per_node) {
     argv.push_back(absl::StrCat("--nproc-per-node=", *world.nproc_per_node));
@@ -161,9 +164,7 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
   ASSIGN_OR_RETURN(const std::string dtrain, DtrainPath());
   agent.worker_argv = {dtrain, "train"};
   if (!options.recipe_path.empty()) agent.worker_argv.push_back(options.recipe_path);
-  for (const std::string& override : options.overrides) {
-    agent.worker_argv.insert(agent.worker_argv.end(), {"--set", override});
-  }
+  AppendOverrides(options.overrides, agent.worker_argv);
   agent.nproc_per_node = *node_flags.nproc_per_node;
   // CPU workers share the node's cores instead of each taking all of them.
   if (options.recipe_threads == 0 && agent.nproc_per_node > 1) {
