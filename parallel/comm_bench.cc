@@ -98,7 +98,11 @@ absl::StatusOr<std::vector<CommBenchRow>> RunCommBench(Communicator& comm,
         ASSIGN_OR_RETURN(auto work, Issue(comm, op, full, shard, count));
         works.push_back(std::move(work));
       }
-      for (auto& work : works) RETURN_IF_ERROR(work->Wait());
+      // Operations complete in issue order: waiting for the last one first sleeps once per size,
+      // as nccl-tests synchronizes its stream once, rather than waking for every operation.
+      for (auto work = works.rbegin(); work != works.rend(); ++work) {
+        RETURN_IF_ERROR((*work)->Wait());
+      }
       float time_us = absl::ToDoubleMicroseconds(absl::Now() - start) / options.iters;
       RETURN_IF_ERROR(comm.AllReduce(&time_us, 1, ReduceOp::kAvg)->Wait());
 
