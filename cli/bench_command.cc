@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "launch/environment.h"
 #include "parallel/comm_bench.h"
 
 namespace dtrain::cli {
@@ -51,7 +52,9 @@ void AddBenchCommand(CLI::App& app) {
     if (!max_bytes.ok()) Fail(max_bytes.status(), kExitUsage);
     args->options.min_bytes = *min_bytes;
     args->options.max_bytes = *max_bytes;
-    absl::StatusOr<std::string> table = RunGlooCommBenchFromEnv(args->options, args->hostname);
+    absl::StatusOr<WorldEnvironment> world = RankWorldFromEnvironment();
+    if (!world.ok()) Fail(world.status(), kExitFailure);
+    absl::StatusOr<std::string> table = RunGlooCommBench(args->options, *world, args->hostname);
     if (!table.ok()) Fail(table.status(), kExitFailure);
     std::cout << *table << std::flush;
   });

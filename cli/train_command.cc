@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "core/recipe/recipe.h"
 #include "embedded_tiny_recipe.h"
+#include "launch/environment.h"
 #include "parallel/trainer.h"
 
 namespace dtrain::cli {
@@ -28,7 +29,11 @@ void AddTrainCommand(CLI::App& app) {
             ? ParseRecipe(kEmbeddedTinyRecipe, "<built-in configs/tiny.yaml>", args->overrides)
             : LoadRecipe(args->recipe_path, args->overrides);
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
-    if (absl::Status status = RunTraining(*recipe); !status.ok()) Fail(status, kExitFailure);
+    absl::StatusOr<WorldEnvironment> world = RankWorldFromEnvironment();
+    if (!world.ok()) Fail(world.status(), kExitFailure);
+    if (absl::Status status = RunTraining(*recipe, *world); !status.ok()) {
+      Fail(status, kExitFailure);
+    }
   });
 }
 

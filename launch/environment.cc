@@ -761,6 +761,12 @@ absl::StatusOr<WorldEnvironment> WorldFromEnvironment() {
   return ResolveWorld(ProcessEnvironment(), WorldOverrides{});
 }
 
+absl::StatusOr<WorldEnvironment> RankWorldFromEnvironment() {
+  ASSIGN_OR_RETURN(WorldEnvironment world, WorldFromEnvironment());
+  if (world.world_size > 1) RETURN_IF_ERROR(CheckMasterResolves(world));
+  return world;
+}
+
 absl::Status CheckMasterResolves(const WorldEnvironment& world) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

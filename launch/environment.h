@@ -28,6 +28,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "parallel/world_membership.h"
 
 namespace dtrain {
 
@@ -53,21 +54,16 @@ enum class WorldSource {
 // "leaderworkerset", "openmpi", "pmi", "single".
 const char* WorldSourceName(WorldSource source);
 
-struct WorldEnvironment {
-  int rank = 0;
-  int world_size = 1;
+// The membership fields (rank, world_size, master_addr, master_port, restart_count, rdzv_token
+// from DTRAIN_RDZV_TOKEN, agent_hosts_store from DTRAIN_AGENT_STORE=1) and the rest of the
+// placement.
+struct WorldEnvironment : WorldMembership {
   int local_rank = 0;
   int local_world_size = 1;
   int node_rank = 0;
   int num_nodes = 1;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-  std::string run_id;  // empty when no launcher names the run
-  int restart_count = 0;
-  int max_restarts = 0;            // DTRAIN_MAX_RESTARTS, TORCHELASTIC_MAX_RESTARTS
-  std::string rdzv_token;          // DTRAIN_RDZV_TOKEN; a secret: never print it
-  bool agent_hosts_store = false;  // DTRAIN_AGENT_STORE=1: rank 0 joins the agent's store
-                                   // as a client instead of hosting it
+  std::string run_id;    // empty when no launcher names the run
+  int max_restarts = 0;  // DTRAIN_MAX_RESTARTS, TORCHELASTIC_MAX_RESTARTS
 
   // Who placed this process: kFlags when flags set the rank, world size, node rank or node
   // count; kDtrain when DTRAIN_RANK or DTRAIN_WORLD_SIZE is set (a dtrain agent's worker); else
@@ -136,5 +132,10 @@ absl::StatusOr<WorldEnvironment> WorldFromEnvironment();
 // Checks that world.master_addr resolves (getaddrinfo); the error names the host and where it
 // came from. Not pure: asks the resolver.
 absl::Status CheckMasterResolves(const WorldEnvironment& world);
+
+// The world of a rank about to join the others (`dtrain train`, `dtrain bench comm`):
+// WorldFromEnvironment, and in a world of more than one, a master that does not resolve fails
+// now, named, rather than after the rendezvous timeout.
+absl::StatusOr<WorldEnvironment> RankWorldFromEnvironment();
 
 }  // namespace dtrain

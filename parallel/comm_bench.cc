@@ -8,7 +8,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "core/util/status.h"
-#include "launch/environment.h"
 #include "parallel/process_group.h"
 
 namespace dtrain {
@@ -138,9 +137,9 @@ std::string FormatCommBenchTable(const std::vector<CommBenchRow>& rows, std::str
   return out;
 }
 
-absl::StatusOr<std::string> RunGlooCommBenchFromEnv(const CommBenchOptions& options,
-                                                    const std::string& hostname) {
-  ASSIGN_OR_RETURN(const WorldEnvironment world, WorldFromEnvironment());
+absl::StatusOr<std::string> RunGlooCommBench(const CommBenchOptions& options,
+                                             const WorldMembership& world,
+                                             const std::string& hostname) {
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
                    ProcessGroup::Connect(world, absl::Seconds(300), "bench/", hostname));
   ASSIGN_OR_RETURN(std::vector<CommBenchRow> rows, RunCommBench(group->world(), options));

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/world_membership.h"
 
 namespace dtrain {
 
@@ -46,10 +47,11 @@ absl::StatusOr<std::vector<CommBenchRow>> RunCommBench(Communicator& comm,
 std::string FormatCommBenchTable(const std::vector<CommBenchRow>& rows, std::string_view backend,
                                  int world_size);
 
-// The whole command on this process, in the environment's world (launch/environment.h): joins
-// the process group (its Gloo device on `hostname`; empty = 127.0.0.1 for a loopback master,
-// else this host's name) and runs the bench; returns rank 0's table ("" on other ranks).
-absl::StatusOr<std::string> RunGlooCommBenchFromEnv(const CommBenchOptions& options,
-                                                    const std::string& hostname);
+// The whole command on this rank of `world`: joins the process group (its Gloo device on
+// `hostname`; empty = 127.0.0.1 for a loopback master, else this host's name) and runs the
+// bench; returns rank 0's table ("" on other ranks).
+absl::StatusOr<std::string> RunGlooCommBench(const CommBenchOptions& options,
+                                             const WorldMembership& world,
+                                             const std::string& hostname);
 
 }  // namespace dtrain

@@ -9,7 +9,7 @@
 
 namespace dtrain {
 
-absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldEnvironment& world,
+absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldMembership& world,
                                                                     absl::Duration timeout,
                                                                     const std::string& key_prefix,
                                                                     const std::string& hostname) {

@@ -7,10 +7,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "launch/environment.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/store/store.h"
 #include "parallel/store/tcp_store_server.h"
+#include "parallel/world_membership.h"
 
 namespace dtrain {
 
@@ -21,7 +21,7 @@ class ProcessGroup {
   // within `timeout` fail the call, named. `key_prefix` separates jobs (and restarts) sharing one
   // store. `hostname` is the address peers reach this rank's Gloo device at; empty = 127.0.0.1 for
   // a loopback master, else this host's name.
-  static absl::StatusOr<std::unique_ptr<ProcessGroup>> Connect(const WorldEnvironment& world,
+  static absl::StatusOr<std::unique_ptr<ProcessGroup>> Connect(const WorldMembership& world,
                                                                absl::Duration timeout,
                                                                const std::string& key_prefix,
                                                                const std::string& hostname = "");

@@ -17,7 +17,6 @@
 #include "core/model/transformer.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
-#include "launch/environment.h"
 #include "nlohmann/json.hpp"
 #include "parallel/checkpointing.h"
 #include "parallel/data_parallel.h"
@@ -174,10 +173,7 @@ absl::Status OpenMetrics(const std::string& path, int64_t resumed_step,
 
 }  // namespace
 
-absl::Status RunTraining(const Recipe& requested) {
-  ASSIGN_OR_RETURN(const WorldEnvironment world, WorldFromEnvironment());
-  // A master that does not resolve fails now, named, not after the rendezvous timeout.
-  if (world.world_size > 1) RETURN_IF_ERROR(CheckMasterResolves(world));
+absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) {
   // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
   // file per rank).
   if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);

@@ -4,10 +4,12 @@
 
 #include "absl/status/status.h"
 #include "core/recipe/recipe.h"
+#include "parallel/world_membership.h"
 
 namespace dtrain {
 
-// Runs the whole job described by `recipe` in this process. Errors name what failed and why.
-absl::Status RunTraining(const Recipe& recipe);
+// Runs this rank's part of the job described by `recipe` (the whole job in a world of one).
+// Errors name what failed and why.
+absl::Status RunTraining(const Recipe& recipe, const WorldMembership& world);
 
 }  // namespace dtrain

@@ -24,7 +24,7 @@
 namespace dtrain {
 
 struct TcpStoreClientOptions {
-  // The job's token (WorldEnvironment::rdzv_token; empty: none). It must match the server's: a
+  // The job's token (WorldMembership::rdzv_token; empty: none). It must match the server's: a
   // client with a token also refuses a server without one (it could be an impostor).
   std::string token;
   StoreWireLimits limits;

@@ -21,7 +21,7 @@
 namespace dtrain {
 
 struct TcpStoreServerOptions {
-  // The job's token (WorldEnvironment::rdzv_token). Without one (empty) only loopback clients
+  // The job's token (WorldMembership::rdzv_token). Without one (empty) only loopback clients
   // are admitted.
   std::string token;
   StoreWireLimits limits;
