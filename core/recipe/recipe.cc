@@ -263,8 +263,9 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(checkpoint, async),
-       "copy the state to host memory at the step and write it on a background thread (one "
-       "save in flight); false = training waits for the write"},
+       "periodic saves (checkpoint.interval > 0) copy the state to host memory at the step and "
+       "write it on a background thread (one save in flight); false = training waits for the "
+       "write. The saves that end a run are written directly"},
       {DTRAIN_RECIPE_KEY(checkpoint, resume),
        "auto: continue from the newest complete checkpoint in checkpoint.dir, if any; never: "
        "start fresh; or the path of a step-<N> folder (or of a checkpoint folder) to load, into "

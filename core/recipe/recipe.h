@@ -93,7 +93,7 @@ struct CheckpointSection {
   std::string dir;    // empty = <run dir>/checkpoints; relative paths are from the run dir
   int interval = 0;   // steps between saves; 0 = only at the end and on SIGTERM / SIGUSR1
   int keep_last = 3;  // complete checkpoints kept; older ones go once a newer is complete
-  bool async = true;  // copy to host staging memory, write on a background thread
+  bool async = true;  // periodic saves: copy to host staging memory, write on a background thread
   std::string resume = "auto";  // auto (newest complete in dir, if any) | never | PATH
 };
 
