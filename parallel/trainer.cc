@@ -171,6 +171,84 @@ absl::Status OpenMetrics(const std::string& path, int64_t resumed_step,
   return absl::OkStatus();
 }
 
+// Rank 0 creates the run folder and records the resolved recipe in it.
+absl::Status PrepareRunFolder(const Recipe& recipe) {
+  const std::filesystem::path run_dir = recipe.run_dir();
+  std::error_code error;
+  std::filesystem::create_directories(run_dir, error);
+  if (error) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot create the run folder ",
+                                                      run_dir.string(), ": ", error.message(),
+                                                      "; set run.out_dir to a writable folder"));
+  }
+  std::ofstream(run_dir / "recipe.yaml") << ResolvedRecipeYaml(recipe);
+  return absl::OkStatus();
+}
+
+// A fresh run's parameters: seeded initialisation, or train.init_from's weights.
+absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& config,
+                                  const ParamTable& table, DataParallelEngine& engine) {
+  if (recipe.train.init_from.empty()) {
+    engine.InitParameters(config, recipe.run.seed);
+    return absl::OkStatus();
+  }
+  std::vector<float> full(table.total_numel());
+  if (absl::Status status = ImportHfSafetensors(config, table, recipe.train.init_from, full.data());
+      !status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("train.init_from: ", status.message(),
+                                                    "; point it at weights of this model's shape"));
+  }
+  engine.LoadParameters(full.data());
+  LogInfo("initialised from %s", recipe.train.init_from);
+  return absl::OkStatus();
+}
+
+void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const Datasets& data,
+                 const Transformer& model, int world_size, int micro_batches, double peak_flops,
+                 int threads) {
+  const TrainSection& train = recipe.train;
+  LogInfo("model: %s, %d layers, d_model %d, %d heads (%d kv), vocab %d: %.2fM parameters",
+          FamilyName(config.family), config.n_layer, config.d_model, config.n_head,
+          config.n_kv_head, config.vocab_size, config.num_parameters() / 1e6);
+  LogInfo("data: %d tokens for training, %d for validation", data.train_tokens, data.val_tokens);
+  LogInfo(
+      "batch: %d sequences x %d tokens = %d tokens/step; %d ranks x %d micro-batches of "
+      "%d; activations %s%s",
+      train.batch_size, train.seq_len, static_cast<int64_t>(train.batch_size) * train.seq_len,
+      world_size, micro_batches, train.micro_batch, MiB(model.activation_bytes()),
+      recipe.parallel.activation_checkpointing ? " (checkpointed)" : "");
+  LogInfo(
+      "MFU is stated against %.1f GFLOP/s per rank, the best measured float32 GEMM of "
+      "this CPU backend (%d threads)",
+      peak_flops / 1e9, threads);
+}
+
+// The checkpoint signals, agreed by all ranks so that they save the same step: any rank
+// signalled means all act.
+struct CheckpointRequest {
+  bool stop = false;  // SIGTERM: save, then stop
+  bool save = false;  // SIGUSR1: save, then go on
+};
+
+absl::StatusOr<CheckpointRequest> AgreeOnCheckpointSignals(DataParallelEngine& engine) {
+  double stop = sigterm_received.load() ? 1 : 0;
+  double save = sigusr1_received.exchange(false) ? 1 : 0;
+  RETURN_IF_ERROR(engine.SumOverRanks(stop, save));
+  return CheckpointRequest{stop > 0, save > 0};
+}
+
+// train.export_to: the full parameters, gathered from every rank, written by rank 0.
+absl::Status ExportWeights(const Recipe& recipe, const ModelConfig& config, const ParamTable& table,
+                           DataParallelEngine& engine, bool leader) {
+  ASSIGN_OR_RETURN(const std::vector<float> full, engine.GatherParameters());
+  if (!leader) return absl::OkStatus();
+  const std::string path =
+      (std::filesystem::path(recipe.run_dir()) / recipe.train.export_to).string();
+  RETURN_IF_ERROR(ExportHfSafetensors(config, table, full.data(), path));
+  LogInfo("weights written to %s (Hugging Face names)", path);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) {
@@ -182,18 +260,7 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   RETURN_IF_ERROR(CheckBatchSplit(train, world.world_size));
   ASSIGN_OR_RETURN(const ShardingStrategy strategy, ShardingStrategyFromRecipe(recipe.parallel));
   const bool leader = world.rank == 0;
-
-  const std::filesystem::path run_dir = recipe.run_dir();
-  if (leader) {
-    std::error_code error;
-    std::filesystem::create_directories(run_dir, error);
-    if (error) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot create the run folder ",
-                                                        run_dir.string(), ": ", error.message(),
-                                                        "; set run.out_dir to a writable folder"));
-    }
-    std::ofstream(run_dir / "recipe.yaml") << ResolvedRecipeYaml(recipe);
-  }
+  if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
 
   std::unique_ptr<ProcessGroup> group;
   if (world.world_size > 1) {
@@ -212,55 +279,28 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   const CheckpointSignals signals;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingCheckpoints> checkpoints,
                    TrainingCheckpoints::Create(recipe, table, engine, comm));
+  // A resumed run's parameters, moments, AdamW's count and data cursor come from the
+  // checkpoint; the schedule follows from the step.
   ASSIGN_OR_RETURN(const int64_t resumed_step, checkpoints->Resume(*data.train));
-  if (resumed_step > 0) {
-    // Parameters, moments, AdamW's count and the data cursor came from the checkpoint; the
-    // schedule follows from the step.
-    if (resumed_step >= train.steps && leader) {
-      LogInfo(
-          "the checkpoint is at step %d, train.steps is %d: nothing left to train (raise "
-          "train.steps to go on, or --set checkpoint.resume=never to start over)",
-          resumed_step, train.steps);
-    }
-  } else if (train.init_from.empty()) {
-    engine.InitParameters(config, recipe.run.seed);
-  } else {
-    std::vector<float> full(table.total_numel());
-    if (absl::Status status = ImportHfSafetensors(config, table, train.init_from, full.data());
-        !status.ok()) {
-      return absl::Status(status.code(),
-                          absl::StrCat("train.init_from: ", status.message(),
-                                       "; point it at weights of this model's shape"));
-    }
-    engine.LoadParameters(full.data());
-    LogInfo("initialised from %s", train.init_from);
+  if (resumed_step == 0) RETURN_IF_ERROR(InitialiseParameters(recipe, config, table, engine));
+  if (resumed_step >= train.steps && leader) {
+    LogInfo(
+        "the checkpoint is at step %d, train.steps is %d: nothing left to train (raise "
+        "train.steps to go on, or --set checkpoint.resume=never to start over)",
+        resumed_step, train.steps);
   }
 
   const double peak_flops = MeasureGemmFlops(backend);
   const double flops_per_token = config.flops_per_token(train.seq_len);
   const int micro_batches = train.batch_size / (train.micro_batch * world.world_size);
   const int64_t tokens_per_step = static_cast<int64_t>(train.batch_size) * train.seq_len;
-  if (leader) {
-    LogInfo("model: %s, %d layers, d_model %d, %d heads (%d kv), vocab %d: %.2fM parameters",
-            FamilyName(config.family), config.n_layer, config.d_model, config.n_head,
-            config.n_kv_head, config.vocab_size, config.num_parameters() / 1e6);
-    LogInfo("data: %d tokens for training, %d for validation", data.train_tokens, data.val_tokens);
-    LogInfo(
-        "batch: %d sequences x %d tokens = %d tokens/step; %d ranks x %d micro-batches of "
-        "%d; activations %s%s",
-        train.batch_size, train.seq_len, tokens_per_step, world.world_size, micro_batches,
-        train.micro_batch, MiB(model.activation_bytes()),
-        recipe.parallel.activation_checkpointing ? " (checkpointed)" : "");
-    LogInfo(
-        "MFU is stated against %.1f GFLOP/s per rank, the best measured float32 GEMM of "
-        "this CPU backend (%d threads)",
-        peak_flops / 1e9, backend.num_threads());
-  }
-
   std::ofstream metrics;
   if (leader) {
-    RETURN_IF_ERROR(OpenMetrics((run_dir / recipe.logging.metrics_file).string(), resumed_step,
-                                checkpoints->resumed_metrics_line(), metrics));
+    LogRunSetup(recipe, config, data, model, world.world_size, micro_batches, peak_flops,
+                backend.num_threads());
+    RETURN_IF_ERROR(OpenMetrics(
+        (std::filesystem::path(recipe.run_dir()) / recipe.logging.metrics_file).string(),
+        resumed_step, checkpoints->resumed_metrics_line(), metrics));
   }
   const MicroBatchSource next_micro_batch = [&](int32_t* in, int32_t* out) {
     return data.train->Next(train.micro_batch, in, out);
@@ -303,25 +343,21 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
     std::string sample;
     if (m.val_loss && recipe.logging.sample_tokens > 0) sample = SampleText(model, recipe, m.step);
 
-    // Checkpoint triggers, agreed by all ranks so that they save the same step: any rank
-    // signalled means all save.
-    double stop = sigterm_received.load() ? 1 : 0;
-    double save_now = sigusr1_received.exchange(false) ? 1 : 0;
-    RETURN_IF_ERROR(engine.SumOverRanks(stop, save_now));
+    ASSIGN_OR_RETURN(const CheckpointRequest request, AgreeOnCheckpointSignals(engine));
     const int interval = recipe.checkpoint.interval;
-    if ((interval > 0 && m.step % interval == 0) || last || stop > 0 || save_now > 0) {
+    if ((interval > 0 && m.step % interval == 0) || last || request.stop || request.save) {
       ASSIGN_OR_RETURN(m.ckpt_blocked_ms,
                        checkpoints->Save(m.step, m.lr, data.train->state(), StepMetricsJson(m)));
     }
     if (leader) {
       if (m.step % recipe.logging.every == 0 || last || m.val_loss || m.ckpt_blocked_ms ||
-          stop > 0) {
+          request.stop) {
         LogInfo("%s", FormatStepLine(m));
       }
       metrics << StepMetricsJson(m) << '\n' << std::flush;
       if (!sample.empty()) LogInfo("sample at step %d:\n%s", m.step, sample);
     }
-    if (stop > 0) {
+    if (request.stop) {
       RETURN_IF_ERROR(checkpoints->Finish());
       if (leader) {
         LogInfo("stopped by SIGTERM at step %d after saving %s/%s", m.step, checkpoints->dir(),
@@ -331,16 +367,8 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
     }
   }
   RETURN_IF_ERROR(checkpoints->Finish());
-
-  if (!train.export_to.empty()) {
-    ASSIGN_OR_RETURN(const std::vector<float> full, engine.GatherParameters());
-    if (leader) {
-      const std::string path = (run_dir / train.export_to).string();
-      RETURN_IF_ERROR(ExportHfSafetensors(config, table, full.data(), path));
-      LogInfo("weights written to %s (Hugging Face names)", path);
-    }
-  }
-  return absl::OkStatus();
+  if (train.export_to.empty()) return absl::OkStatus();
+  return ExportWeights(recipe, config, table, engine, leader);
 }
 
 }  // namespace dtrain
