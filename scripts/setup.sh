@@ -8,6 +8,7 @@ packages=(
   libopenblas-dev libgloo-dev nlohmann-json3-dev libgtest-dev libgmock-dev
   fortunes            # the demo's real English text: /usr/share/games/fortunes
   python3 python3-torch python3-numpy  # the PyTorch reference and peer (tests, benchmarks)
+  python3-yaml        # tests/integration/k8s_manifests_test.py reads the Kubernetes manifests
   clang               # libFuzzer for tests/fuzz (DTRAIN_FUZZ=ON)
   slurmctld slurmd slurm-client munge  # Slurm test cluster: scripts/slurm/cluster.sh
 )
