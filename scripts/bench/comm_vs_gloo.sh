@@ -5,7 +5,7 @@
 # on speed.
 #
 # Usage: scripts/bench/comm_vs_gloo.sh [BUILD_DIR]        (default: build/ in the repository)
-# Environment: RUNS (5) alternating runs of each program, ITERS (50) timed all-reduces per size,
+# Environment: RUNS (5) alternating runs of each program, ITERS (200) timed all-reduces per size,
 # MIN_BYTES (1M), MAX_BYTES (64M) in bytes or with a K/M suffix, PORT (29650) first port used.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -14,7 +14,7 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$repo/build}
 dtrain=$build/dtrain
 runs=${RUNS:-5}
-iters=${ITERS:-50}
+iters=${ITERS:-200}
 port=${PORT:-29650}
 world=2
 
