@@ -298,9 +298,9 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   if (leader) {
     LogRunSetup(recipe, config, data, model, world.world_size, micro_batches, peak_flops,
                 backend.num_threads());
-    RETURN_IF_ERROR(OpenMetrics(
-        (std::filesystem::path(recipe.run_dir()) / recipe.logging.metrics_file).string(),
-        resumed_step, checkpoints->resumed_metrics_line(), metrics));
+    const std::filesystem::path run_dir = recipe.run_dir();
+    RETURN_IF_ERROR(OpenMetrics((run_dir / recipe.logging.metrics_file).string(), resumed_step,
+                                checkpoints->resumed_metrics_line(), metrics));
   }
   const MicroBatchSource next_micro_batch = [&](int32_t* in, int32_t* out) {
     return data.train->Next(train.micro_batch, in, out);
