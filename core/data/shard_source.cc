@@ -119,11 +119,22 @@ absl::StatusOr<std::unique_ptr<ByteSource>> OpenPipe(const std::string& url) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  // The command gets SIGPIPE's default action even where this process ignores it (a trainer's
+  // communicator does): a command whose reader closed early ends as in a shell pipeline, not
+  // with "Broken pipe" errors.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t default_signals;
+  sigemptyset(&default_signals);
+  sigaddset(&default_signals, SIGPIPE);
+  posix_spawnattr_setsigdefault(&attributes, &default_signals);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF);
   const std::string command = url.substr(5);
   char* argv[] = {const_cast<char*>("sh"), const_cast<char*>("-c"),
                   const_cast<char*>(command.c_str()), nullptr};
   pid_t pid = 0;
-  const int error = ::posix_spawn(&pid, "/bin/sh", &actions, nullptr, argv, environ);
+  const int error = ::posix_spawn(&pid, "/bin/sh", &actions, &attributes, argv, environ);
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   ::close(fds[1]);
   if (error != 0) {

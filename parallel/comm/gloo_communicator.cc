@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <exception>
 #include <utility>
@@ -177,6 +178,11 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
         absl::StrFormat("communicator '%s': %d world ranks listed for a group of size %d",
                         options.name, options.world_ranks.size(), options.size));
   }
+  // Gloo writes with writev, which raises SIGPIPE once a peer's socket is gone. A dead peer must
+  // be an error this rank reports, not a signal that kills it (the launcher would then name this
+  // rank as the root cause). Process-wide, as Python, and so every torch.distributed worker, has
+  // it from start-up.
+  std::signal(SIGPIPE, SIG_IGN);
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;

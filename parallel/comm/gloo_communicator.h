@@ -8,6 +8,8 @@
 // collective each rank records (asynchronously, off the critical path) the sequence number of
 // the collective it is starting under "<key_prefix>started/<rank>"; a failed or timed-out rank
 // reads those counters and names the ranks that never started the operation.
+// A peer that dies is an error of the operations that need it: Create makes the process ignore
+// SIGPIPE, which Gloo's writes to a dead peer's socket would otherwise raise.
 // Thread-safety: as Communicator; Create and the destructor must not race with other calls.
 #pragma once
 

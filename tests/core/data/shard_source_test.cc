@@ -1,8 +1,12 @@
 #include "core/data/shard_source.h"
 
+#include <csignal>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "tests/core/data/http_test_server.h"
 #include "tests/core/data/tar_test_util.h"
@@ -58,6 +62,21 @@ TEST(ShardSourceTest, PipesReadStdoutAndReportTheExitStatus) {
   EXPECT_TRUE(
       absl::StrContains(failed.status().message(), "'printf x; exit 3' exited with status 3"))
       << failed.status();
+}
+
+// A trainer ignores SIGPIPE once its communicator exists; the commands it starts must not inherit
+// that (their reader closing early ends them, as in a shell pipeline).
+TEST(ShardSourceTest, PipeCommandsGetTheDefaultSigpipe) {
+  struct sigaction ignore = {}, previous = {};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(sigaction(SIGPIPE, &ignore, &previous), 0);
+  absl::StatusOr<std::string> status = ReadAll("pipe:grep SigIgn /proc/self/status", FastOptions());
+  sigaction(SIGPIPE, &previous, nullptr);
+  ASSERT_TRUE(status.ok()) << status.status();
+  const std::vector<std::string> fields = absl::StrSplit(*status, '\t');
+  ASSERT_EQ(fields.size(), 2u) << *status;
+  const uint64_t ignored = std::stoull(fields[1], nullptr, 16);
+  EXPECT_EQ(ignored & (uint64_t{1} << (SIGPIPE - 1)), 0u) << "SigIgn " << fields[1];
 }
 
 TEST(ShardSourceTest, StreamsHttpThroughABoundedBuffer) {

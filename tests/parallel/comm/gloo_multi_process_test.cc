@@ -1,7 +1,11 @@
 // Ranks as separate processes over the TCP rendezvous store: the `dtrain bench comm` command
 // end to end, and a rank whose process exits in the middle of a run.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -63,6 +67,32 @@ TEST(GlooMultiProcessTest, RankThatExitsIsNamedPromptly) {
               std::string::npos)
         << results[rank].output;
   }
+}
+
+// Gloo writes with writev, which raises SIGPIPE when the peer's socket is gone: a rank whose peer
+// died must get an error Status, not be killed by the signal (a launcher would then blame it for
+// the peer's death; seen as "rank 0 ... signal 13 (SIGPIPE)" when rank 1 was SIGKILLed). Once a
+// communicator exists, a write to a closed socket is EPIPE.
+TEST(GlooMultiProcessTest, AWriteToADeadPeerIsAnErrorNotSigpipe) {
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  const std::vector<testing::RankResult> results =
+      testing::RunRanksAsProcesses(1, port, absl::Seconds(30), [port](int) {
+        signal(SIGPIPE, SIG_DFL);  // whatever the test runner set
+        absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+            TcpStoreClient::Connect("127.0.0.1", port);
+        if (!client.ok()) return 3;
+        auto comm = GlooCommunicator::Create(std::move(*client), GlooCommunicatorOptions{});
+        if (!comm.ok()) return 4;
+        int fds[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return 5;
+        close(fds[1]);  // the dead peer
+        const char byte = 0;
+        const ssize_t written = write(fds[0], &byte, 1);
+        return written < 0 && errno == EPIPE ? 0 : 6;
+      });
+  EXPECT_EQ(results[0].exit_code, 0) << "128 + 13 = killed by SIGPIPE: " << results[0].output;
 }
 
 }  // namespace
