@@ -1,5 +1,5 @@
 // Ranks as separate processes over the TCP rendezvous store: the `dtrain bench comm` command
-// end to end, and a rank whose process exits in the middle of a run.
+// end to end, a rank whose process exits in the middle of a run, and writes to a dead peer.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
