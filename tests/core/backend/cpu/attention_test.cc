@@ -138,6 +138,7 @@ TEST(AttentionTest, FloatBackendMatchesDoubleAndIsIndependentOfThreads) {
   ExpectFloatMatches(one.lse, lse, "lse");
   ExpectFloatMatches(one.dqkv, dqkv, "dqkv");
 
+  // Bit for bit: each (batch, head) runs the same serial GEMMs whichever thread takes it.
   const FloatResult two = RunFloat(2, shape, ToFloat(qkv), ToFloat(dout));
   EXPECT_EQ(one.out, two.out);
   EXPECT_EQ(one.lse, two.lse);
