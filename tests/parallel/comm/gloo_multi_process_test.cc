@@ -33,31 +33,31 @@ TEST(GlooMultiProcessTest, BenchCommandPrintsTheTableOnRankZero) {
   EXPECT_EQ(results[1].output.find("all_reduce"), std::string::npos) << results[1].output;
 }
 
-// Rank 2 exits after the first all-reduce; the others must fail fast, naming it. Rank 0 hosts
-// the store in the parent, so that it outlives every rank.
+// Rank 2 exits after the first all-reduce; the others must fail fast, naming it: its closed
+// sockets end the operation (Unavailable), not the timeout (DeadlineExceeded), which is long
+// enough that no load on the machine reaches it. Rank 0 hosts the store in the parent, so that
+// it outlives every rank.
 TEST(GlooMultiProcessTest, RankThatExitsIsNamedPromptly) {
   absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
   const std::vector<testing::RankResult> results =
-      testing::RunRanksAsProcesses(3, port, absl::Seconds(30), [port](int rank) {
+      testing::RunRanksAsProcesses(3, port, absl::Seconds(120), [port](int rank) {
         absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
             TcpStoreClient::Connect("127.0.0.1", port);
         if (!client.ok()) return 3;
         GlooCommunicatorOptions options;
         options.rank = rank;
         options.size = 3;
-        options.timeout = absl::Seconds(20);
+        options.timeout = absl::Seconds(60);
         auto comm = GlooCommunicator::Create(std::move(*client), options);
         if (!comm.ok()) return 4;
         std::vector<float> data(100000, 1.0f);
         if (!(*comm)->AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait().ok()) return 5;
         if (rank == 2) _exit(0);  // dies without closing anything
-        const absl::Time start = absl::Now();
         absl::Status status = (*comm)->AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait();
         fprintf(stderr, "%s\n", status.ToString().c_str());
-        const bool prompt = absl::Now() - start < absl::Seconds(5);
-        return !status.ok() && prompt ? 0 : 6;
+        return absl::IsUnavailable(status) ? 0 : 6;
       });
   for (int rank = 0; rank < 3; ++rank) {
     EXPECT_EQ(results[rank].exit_code, 0) << "rank " << rank << ": " << results[rank].output;
