@@ -1,6 +1,5 @@
 #include "core/data/data_pack.h"
 
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -11,31 +10,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/data/tar_writer.h"
 #include "core/util/status.h"
 
 namespace dtrain {
 namespace {
-
-// ustar header of a regular file; names here are short, so no prefix or extensions.
-std::string UstarHeader(const std::string& name, int64_t size) {
-  std::string block(512, '\0');
-  name.copy(block.data(), 99);
-  std::snprintf(block.data() + 100, 8, "%07o", 0644);
-  std::snprintf(block.data() + 108, 8, "%07o", 0);
-  std::snprintf(block.data() + 116, 8, "%07o", 0);
-  std::snprintf(block.data() + 124, 12, "%011llo", static_cast<unsigned long long>(size));
-  std::snprintf(block.data() + 136, 12, "%011o", 0);
-  block[156] = '0';
-  std::memcpy(block.data() + 257,
-              "ustar\0"
-              "00",
-              8);
-  std::memset(block.data() + 148, ' ', 8);
-  unsigned sum = 0;
-  for (const char c : block) sum += static_cast<unsigned char>(c);
-  std::snprintf(block.data() + 148, 8, "%06o", sum);
-  return block;
-}
 
 class ShardWriter {
  public:
@@ -53,15 +32,15 @@ class ShardWriter {
       result->shards.push_back(path);
       written_ = 0;
     }
-    out_ << UstarHeader(name, static_cast<int64_t>(data.size())) << data
-         << std::string((512 - data.size() % 512) % 512, '\0');
+    const int64_t size = static_cast<int64_t>(data.size());
+    out_ << TarHeader(name, size) << data << TarPadding(size);
     written_ += bytes;
     return absl::OkStatus();
   }
 
   absl::Status Finish() {
     if (!out_.is_open()) return absl::OkStatus();
-    out_ << std::string(1024, '\0');  // the two zero end blocks
+    out_ << TarEnd();
     out_.close();
     if (!out_) return absl::DataLossError("writing a shard failed (disk full?)");
     return absl::OkStatus();

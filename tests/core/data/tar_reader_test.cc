@@ -14,7 +14,6 @@ namespace dtrain {
 namespace {
 
 using testing::TarArchive;
-using testing::TarHeader;
 
 // Every regular member as (name, data), or the error.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ReadAll(std::string tar) {
@@ -72,7 +71,7 @@ TEST(TarReaderTest, ReadsUstarPrefixes) {
 
 TEST(TarReaderTest, ReadsBase256SizesAndSkipsNonRegularEntries) {
   std::string tar = TarHeader("dir/", 0, '5');
-  tar += TarArchive({{"dir/x.txt", std::string(700, 'z')}}, /*base256=*/true);
+  tar += TarArchive({{"dir/x.txt", std::string(700, 'z')}}, TarSizeField::kBase256);
   auto members = ReadAll(tar);
   ASSERT_TRUE(members.ok()) << members.status();
   ASSERT_EQ(members->size(), 1u);
@@ -163,7 +162,7 @@ TEST(TarReaderTest, ReportsAFileCutInsideALargeMember) {
 }
 
 TEST(TarReaderTest, RejectsSizesAboveTheLimit) {
-  std::string tar = TarHeader("big.bin", int64_t{1} << 40, '0', true) + std::string(1024, '\0');
+  std::string tar = TarHeader("big.bin", int64_t{1} << 40) + TarEnd();  // too big for octal
   std::unique_ptr<ByteSource> source = MemorySource(tar, "big.tar");
   TarReader reader(source.get(), /*max_member_bytes=*/1 << 20);
   TarMember member;

@@ -3,10 +3,7 @@
 
 #include <stdlib.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -14,48 +11,19 @@
 #include <utility>
 #include <vector>
 
+#include "core/data/tar_writer.h"
+
 namespace dtrain::testing {
-
-// One 512-byte ustar header; `base256` writes the size in GNU base-256 form.
-inline std::string TarHeader(const std::string& name, int64_t size, char type = '0',
-                             bool base256 = false) {
-  std::string block(512, '\0');
-  name.copy(block.data(), std::min<size_t>(name.size(), 100));
-  std::snprintf(block.data() + 100, 8, "%07o", 0644);
-  std::snprintf(block.data() + 108, 8, "%07o", 0);
-  std::snprintf(block.data() + 116, 8, "%07o", 0);
-  if (base256) {
-    block[124] = static_cast<char>(0x80);
-    for (int i = 0; i < 8; ++i) block[135 - i] = static_cast<char>((size >> (8 * i)) & 0xff);
-  } else {
-    std::snprintf(block.data() + 124, 12, "%011llo", static_cast<unsigned long long>(size));
-  }
-  std::snprintf(block.data() + 136, 12, "%011o", 0);
-  block[156] = type;
-  std::memcpy(block.data() + 257,
-              "ustar\0"
-              "00",
-              8);
-  std::memset(block.data() + 148, ' ', 8);
-  unsigned sum = 0;
-  for (unsigned char c : block) sum += c;
-  std::snprintf(block.data() + 148, 8, "%06o", sum);
-  return block;
-}
-
-inline std::string Padded(std::string data) {
-  data.resize((data.size() + 511) / 512 * 512, '\0');
-  return data;
-}
 
 // A whole archive of regular files, with the two zero end blocks.
 inline std::string TarArchive(const std::vector<std::pair<std::string, std::string>>& members,
-                              bool base256 = false) {
+                              TarSizeField size_field = TarSizeField::kOctalWhereItFits) {
   std::string tar;
   for (const auto& [name, data] : members) {
-    tar += TarHeader(name, static_cast<int64_t>(data.size()), '0', base256) + Padded(data);
+    const int64_t size = static_cast<int64_t>(data.size());
+    tar += TarHeader(name, size, '0', size_field) + data + TarPadding(size);
   }
-  return tar + std::string(1024, '\0');
+  return tar + TarEnd();
 }
 
 inline std::string ReadFile(const std::string& path) {
