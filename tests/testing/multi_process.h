@@ -5,9 +5,7 @@
 #pragma once
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +18,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "tests/testing/free_port.h"  // callers pass its port as master_port
 
 namespace dtrain::testing {
 
@@ -28,19 +27,6 @@ struct RankResult {
   bool timed_out = false;
   std::string output;  // stdout and stderr interleaved
 };
-
-// A TCP port that was free a moment ago (bind to 0, read it, close).
-inline int FreeTcpPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // Starts world_size children; each sets the environment, sends its output to a temporary file
 // and runs `child(rank)`, whose return value is its exit code (it should exec or _exit-safe work).

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_format.h"
 #include "parallel/store/tcp_store_server.h"
+#include "tests/testing/free_port.h"
 
 namespace dtrain {
 namespace {
@@ -42,13 +43,6 @@ std::unique_ptr<TcpStoreClient> ConnectClient(int port, std::string token = "") 
       TcpStoreClient::Connect("127.0.0.1", port, ClientOptions(std::move(token)));
   EXPECT_TRUE(client.ok()) << client.status();
   return client.ok() ? std::move(*client) : nullptr;
-}
-
-// A port that nothing listens on (just released by a server; the kernel does not hand out the
-// same ephemeral port again at once).
-int UnusedPort() {
-  std::unique_ptr<TcpStoreServer> server = StartServer();
-  return server->port();
 }
 
 bool Contains(const absl::Status& status, std::string_view text) {
@@ -204,7 +198,7 @@ TEST(TcpStoreClientTest, TimeoutsNameTheMissingKeys) {
 }
 
 TEST(TcpStoreClientTest, ConnectRetriesUntilTheServerStarts) {
-  const int port = UnusedPort();
+  const int port = testing::FreeTcpPort();
   std::unique_ptr<TcpStoreServer> server;
   std::thread late_start([&] {
     absl::SleepFor(absl::Milliseconds(300));
@@ -221,7 +215,7 @@ TEST(TcpStoreClientTest, ConnectRetriesUntilTheServerStarts) {
 }
 
 TEST(TcpStoreClientTest, ConnectGivesUpWithTheLikelyCauses) {
-  const int port = UnusedPort();
+  const int port = testing::FreeTcpPort();
   TcpStoreClientOptions options = ClientOptions();
   options.connect_timeout = absl::Milliseconds(300);
   const absl::Time start = absl::Now();
