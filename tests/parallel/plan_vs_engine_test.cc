@@ -3,7 +3,6 @@
 #include <map>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
@@ -12,17 +11,12 @@
 #include "parallel/planner/cost_model.h"
 #include "parallel/train_step.h"
 #include "tests/parallel/comm/test_store.h"
+#include "tests/testing/configs.h"
 
 namespace dtrain {
 namespace {
 
 constexpr int kRanks = 2;
-
-Recipe LoadConfig(const std::string& file) {
-  absl::StatusOr<Recipe> recipe = LoadRecipe(absl::StrCat(DTRAIN_SOURCE_DIR, "/configs/", file));
-  EXPECT_TRUE(recipe.ok()) << recipe.status();
-  return *recipe;
-}
 
 Estimate Plan(const Recipe& recipe, Strategy strategy) {
   Workload workload = WorkloadFromRecipe(recipe);
@@ -79,12 +73,12 @@ TEST(PlanVsEngineTest, ModelStateMemoryMatchesThePlan) {
                                                       {"zero1", Strategy::kZero1},
                                                       {"zero2", Strategy::kZero2},
                                                       {"zero3", Strategy::kZero3}};
-  for (const char* file : {"tiny.yaml", "gpt2-124m.yaml"}) {
-    const Recipe recipe = LoadConfig(file);
+  for (const char* config : {"tiny", "gpt2-124m"}) {
+    const Recipe recipe = testing::ShippedRecipe(config);
     for (const auto& [name, strategy] : strategies) {
       const double planned = Plan(recipe, strategy).memory.model_state_bytes();
       const double measured = Measure(recipe, name, false)[0].memory.kept();
-      EXPECT_NEAR(measured, planned, 0.10 * planned) << file << " " << name;
+      EXPECT_NEAR(measured, planned, 0.10 * planned) << config << " " << name;
     }
   }
 }
@@ -93,7 +87,7 @@ TEST(PlanVsEngineTest, ModelStateMemoryMatchesThePlan) {
 // all-reduce, reduce-scatter and all-gather), apart from the step's 8-byte loss/norm
 // all-reduce.
 TEST(PlanVsEngineTest, CommunicatedBytesMatchThePlan) {
-  Recipe recipe = LoadConfig("tiny.yaml");
+  Recipe recipe = testing::ShippedRecipe("tiny");
   recipe.train.batch_size = 4;
   recipe.train.micro_batch = 2;
   recipe.train.seq_len = 16;

@@ -6,18 +6,12 @@
 #include "core/recipe/recipe.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/configs.h"
 
 namespace dtrain {
 namespace {
 
 using ::testing::HasSubstr;
-
-Recipe Load(const std::string& name, const std::vector<std::string>& overrides = {}) {
-  absl::StatusOr<Recipe> recipe =
-      LoadRecipe(std::string(DTRAIN_SOURCE_DIR) + "/configs/" + name + ".yaml", overrides);
-  EXPECT_TRUE(recipe.ok()) << recipe.status();
-  return *recipe;
-}
 
 // What a trainer with DDP and ZeRO engines but no tensor or pipeline parallelism can run.
 SearchOptions DataParallelOnly() {
@@ -32,7 +26,7 @@ SearchOptions DataParallelOnly() {
 }
 
 TEST(AutoLayoutTest, PicksARunnableLayoutAndReportsTheBetterOne) {
-  const Recipe recipe = Load("llama-70b", {"parallel.strategy=auto"});
+  const Recipe recipe = testing::ShippedRecipe("llama-70b", {"parallel.strategy=auto"});
   absl::StatusOr<AutoLayout> resolved = ResolveAutoLayout(recipe, 64, DataParallelOnly());
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   EXPECT_EQ(resolved->layout.tp, 1);
@@ -48,7 +42,7 @@ TEST(AutoLayoutTest, PicksARunnableLayoutAndReportsTheBetterOne) {
 }
 
 TEST(AutoLayoutTest, NoNoteWhenTheBestLayoutIsRunnable) {
-  const Recipe recipe = Load("gpt2-124m", {"train.batch_size=64"});
+  const Recipe recipe = testing::ShippedRecipe("gpt2-124m", {"train.batch_size=64"});
   absl::StatusOr<AutoLayout> resolved = ResolveAutoLayout(recipe, 2, SearchOptions{});
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   EXPECT_EQ(resolved->note, "");
@@ -56,7 +50,7 @@ TEST(AutoLayoutTest, NoNoteWhenTheBestLayoutIsRunnable) {
 }
 
 TEST(AutoLayoutTest, ErrorsNameTheProblem) {
-  const Recipe recipe = Load("llama-70b");
+  const Recipe recipe = testing::ShippedRecipe("llama-70b");
   absl::StatusOr<AutoLayout> odd = ResolveAutoLayout(recipe, 12, DataParallelOnly());
   ASSERT_FALSE(odd.ok());
   EXPECT_THAT(std::string(odd.status().message()),
@@ -68,7 +62,7 @@ TEST(AutoLayoutTest, ErrorsNameTheProblem) {
 }
 
 TEST(AutoLayoutTest, ApplyLayoutRefusesWhatTheRecipeCannotSay) {
-  Recipe recipe = Load("gpt2-124m");
+  Recipe recipe = testing::ShippedRecipe("gpt2-124m");
   EXPECT_FALSE(
       ApplyLayout({.strategy = Strategy::kZero2, .recompute = Recompute::kSelective}, recipe).ok());
   EXPECT_FALSE(ApplyLayout({.strategy = Strategy::kZero2, .offload = true}, recipe).ok());

@@ -1,33 +1,11 @@
 #include "parallel/planner/cost_model.h"
 
-#include <string>
-
-#include "absl/status/statusor.h"
-#include "core/model/model_config.h"
-#include "core/recipe/recipe.h"
 #include "gtest/gtest.h"
 #include "parallel/planner/catalog.h"
+#include "tests/testing/configs.h"
 
 namespace dtrain {
 namespace {
-
-ModelConfig ConfigOf(const std::string& name) {
-  absl::StatusOr<Recipe> recipe =
-      LoadRecipe(std::string(DTRAIN_SOURCE_DIR) + "/configs/" + name + ".yaml");
-  EXPECT_TRUE(recipe.ok()) << recipe.status();
-  return ModelConfigFromRecipe(recipe->model, recipe->d_ff());
-}
-
-// Parameter counts as published (GPT-2 with V = 50257, s = 1024; Llama 2 from Meta's release).
-TEST(CostModelTest, ParameterCountsMatchPublishedModels) {
-  EXPECT_EQ(ConfigOf("gpt2-124m").num_parameters(), 124'439'808);
-  EXPECT_EQ(ConfigOf("gpt2-350m").num_parameters(), 354'823'168);
-  EXPECT_EQ(ConfigOf("gpt2-774m").num_parameters(), 774'030'080);
-  EXPECT_EQ(ConfigOf("gpt2-1.5b").num_parameters(), 1'557'611'200);
-  EXPECT_EQ(ConfigOf("llama-7b").num_parameters(), 6'738'415'616);
-  EXPECT_EQ(ConfigOf("llama-13b").num_parameters(), 13'015'864'320);
-  EXPECT_EQ(ConfigOf("llama-70b").num_parameters(), 68'976'648'192);
-}
 
 // ZeRO paper (Rajbhandari et al. 2020), figure 1: 7.5B parameters, N_d = 64, K = 12.
 TEST(CostModelTest, ModelStatesMatchZeroPaper) {
@@ -72,20 +50,10 @@ TEST(CostModelTest, ActivationsMatchKorthikanti) {
   EXPECT_DOUBLE_EQ(bytes(t, false, Recompute::kFull), 2 * sbh);
 }
 
-ClusterSpec Cluster(int nodes, const std::string& gpu, const std::string& network) {
-  ClusterSection section;
-  section.nodes = nodes;
-  section.gpu = gpu;
-  section.network = network;
-  absl::StatusOr<ClusterSpec> cluster = ResolveCluster(section);
-  EXPECT_TRUE(cluster.ok()) << cluster.status();
-  return *cluster;
-}
-
 // nccl-tests: time = algbw-size x factor / busbw, factor 2(n-1)/n for all-reduce, (n-1)/n for
 // all-gather and reduce-scatter; latency on top.
 TEST(CostModelTest, CollectiveTimeFollowsBusBandwidth) {
-  const ClusterSpec cluster = Cluster(4, "h100-sxm", "ib-ndr");
+  const ClusterSpec cluster = testing::CatalogCluster(4, "h100-sxm", "ib-ndr");
   const double gb = 1e9;
   const double in_node = CollectiveMs(Collective::kAllReduce, gb, 8, 8, cluster);
   EXPECT_NEAR(in_node, 1e3 * 2 * 7.0 / 8 * gb / 370e9, 0.05);
@@ -99,7 +67,7 @@ TEST(CostModelTest, CollectiveTimeFollowsBusBandwidth) {
 
 Workload Gpt2Workload(int batch_size) {
   Workload workload;
-  workload.model = ConfigOf("gpt2-350m");
+  workload.model = testing::ShippedModelConfig("gpt2-350m");
   workload.batch_size = batch_size;
   workload.seq_len = 1024;
   return workload;
@@ -108,7 +76,7 @@ Workload Gpt2Workload(int batch_size) {
 // The per-step traffic the communicator will be compared with: 2Ψ per step for DDP, 3 x 2Ψ per
 // micro-batch for ZeRO-3, 4 all-reduces of b*s*h per layer per micro-batch for TP.
 TEST(CostModelTest, TrafficPerStepFollowsTheStrategy) {
-  const ClusterSpec cluster = Cluster(2, "a100-80gb", "ib-hdr");
+  const ClusterSpec cluster = testing::CatalogCluster(2, "a100-80gb", "ib-hdr");
   const Workload workload = Gpt2Workload(64);
   const double psi = static_cast<double>(workload.model.num_parameters());
   Layout ddp{.strategy = Strategy::kDdp, .dp = 16, .micro_batch = 2};
@@ -130,7 +98,7 @@ TEST(CostModelTest, TrafficPerStepFollowsTheStrategy) {
 }
 
 TEST(CostModelTest, PipelineBubbleIsStagesMinusOneOverMicroBatches) {
-  const ClusterSpec cluster = Cluster(4, "a100-80gb", "ib-hdr");
+  const ClusterSpec cluster = testing::CatalogCluster(4, "a100-80gb", "ib-hdr");
   const Workload workload = Gpt2Workload(256);
   const Layout layout{.pp = 4, .dp = 8, .micro_batch = 2};
   const Estimate estimate = EstimateLayout(workload, cluster, layout);
@@ -140,7 +108,7 @@ TEST(CostModelTest, PipelineBubbleIsStagesMinusOneOverMicroBatches) {
 }
 
 TEST(CostModelTest, RecomputationTradesMemoryForTime) {
-  const ClusterSpec cluster = Cluster(1, "a100-80gb", "ib-hdr");
+  const ClusterSpec cluster = testing::CatalogCluster(1, "a100-80gb", "ib-hdr");
   const Workload workload = Gpt2Workload(64);
   Layout layout{.dp = 8, .micro_batch = 8};
   const Estimate none = EstimateLayout(workload, cluster, layout);

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "parallel/planner/catalog.h"
 #include "parallel/planner/search.h"
+#include "tests/testing/configs.h"
 
 namespace dtrain {
 namespace {
@@ -16,12 +17,10 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 Plan PlanFor(const std::string& config, const std::vector<std::string>& overrides) {
-  absl::StatusOr<Recipe> recipe =
-      LoadRecipe(std::string(DTRAIN_SOURCE_DIR) + "/configs/" + config + ".yaml", overrides);
-  EXPECT_TRUE(recipe.ok()) << recipe.status();
-  absl::StatusOr<ClusterSpec> cluster = ResolveCluster(recipe->cluster);
+  const Recipe recipe = testing::ShippedRecipe(config, overrides);
+  absl::StatusOr<ClusterSpec> cluster = ResolveCluster(recipe.cluster);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
-  absl::StatusOr<Plan> plan = SearchLayouts(WorkloadFromRecipe(*recipe), *cluster);
+  absl::StatusOr<Plan> plan = SearchLayouts(WorkloadFromRecipe(recipe), *cluster);
   EXPECT_TRUE(plan.ok()) << plan.status();
   return *plan;
 }

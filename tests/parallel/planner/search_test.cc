@@ -11,27 +11,15 @@
 #include "gtest/gtest.h"
 #include "parallel/planner/catalog.h"
 #include "parallel/planner/cost_model.h"
+#include "tests/testing/configs.h"
 
 namespace dtrain {
 namespace {
 
 using ::testing::HasSubstr;
 
-ClusterSpec Cluster(int nodes, const std::string& gpu, const std::string& network) {
-  ClusterSection section;
-  section.nodes = nodes;
-  section.gpu = gpu;
-  section.network = network;
-  absl::StatusOr<ClusterSpec> cluster = ResolveCluster(section);
-  EXPECT_TRUE(cluster.ok()) << cluster.status();
-  return *cluster;
-}
-
 Workload FromConfig(const std::string& name, const std::vector<std::string>& overrides = {}) {
-  absl::StatusOr<Recipe> recipe =
-      LoadRecipe(std::string(DTRAIN_SOURCE_DIR) + "/configs/" + name + ".yaml", overrides);
-  EXPECT_TRUE(recipe.ok()) << recipe.status();
-  return WorkloadFromRecipe(*recipe);
+  return WorkloadFromRecipe(testing::ShippedRecipe(name, overrides));
 }
 
 Layout Recommend(const Workload& workload, const ClusterSpec& cluster,
@@ -52,7 +40,7 @@ bool Sharded(Strategy strategy) {
 // TP 4 and no pipeline; above 13B parameter sharding or a pipeline, with tensor parallelism
 // (TP 4-8 within the factor of 2 the Megatron comparison allows).
 TEST(SearchTest, ReproducesTheSizeTableOnEightGpuInfinibandNodes) {
-  const ClusterSpec cluster = Cluster(8, "h100-sxm", "ib-ndr");
+  const ClusterSpec cluster = testing::CatalogCluster(8, "h100-sxm", "ib-ndr");
   const Layout small = Recommend(FromConfig("gpt2-1.5b", {"train.batch_size=512"}), cluster);
   EXPECT_EQ(small.tp, 1) << DescribeLayout(small);
   EXPECT_EQ(small.pp, 1) << DescribeLayout(small);
@@ -106,7 +94,7 @@ TEST(SearchTest, AgreesWithMegatronWeakScaling) {
     workload.seq_len = 2048;
     EXPECT_NEAR(workload.model.num_parameters() / 1e9, row.billions, 0.05 * row.billions);
     const Layout layout =
-        Recommend(workload, Cluster(row.gpus / 8, "a100-80gb", "ib-hdr"), options);
+        Recommend(workload, testing::CatalogCluster(row.gpus / 8, "a100-80gb", "ib-hdr"), options);
     std::printf("Megatron %.1fB on %d GPUs: published tp%d pp%d, planned %s\n", row.billions,
                 row.gpus, row.tp, row.pp, DescribeLayout(layout).c_str());
     EXPECT_LE(layout.tp, 2 * row.tp) << row.billions << "B: " << DescribeLayout(layout);
@@ -118,7 +106,7 @@ TEST(SearchTest, AgreesWithMegatronWeakScaling) {
 
 TEST(SearchTest, EveryRejectedLayoutKeepsItsReason) {
   const absl::StatusOr<Plan> plan =
-      SearchLayouts(FromConfig("llama-70b"), Cluster(8, "a100-80gb", "ib-hdr"));
+      SearchLayouts(FromConfig("llama-70b"), testing::CatalogCluster(8, "a100-80gb", "ib-hdr"));
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_NE(plan->recommendation(), nullptr);
   int over_memory = 0;
@@ -159,7 +147,7 @@ TEST(SearchTest, NothingFitsIsAPlanWithoutARecommendation) {
 
 TEST(SearchTest, CheckLayoutNamesWhatDoesNotDivide) {
   const Workload workload = FromConfig("gpt2-124m", {"train.batch_size=64"});
-  const ClusterSpec cluster = Cluster(2, "h100-sxm", "ib-ndr");
+  const ClusterSpec cluster = testing::CatalogCluster(2, "h100-sxm", "ib-ndr");
   EXPECT_TRUE(CheckLayout(workload, cluster, {.tp = 4, .pp = 2, .dp = 2}).ok());
   EXPECT_THAT(std::string(CheckLayout(workload, cluster, {.dp = 8}).message()),
               HasSubstr("= 8 ranks, but the cluster has 16"));
@@ -185,7 +173,7 @@ TEST(SearchTest, InvalidClusterIsAnError) {
 // The benchmark of issue 7: a 1024-GPU cluster. Printed, not asserted (timings vary by machine).
 TEST(SearchTest, PlansAThousandGpusQuickly) {
   const absl::StatusOr<Plan> plan =
-      SearchLayouts(FromConfig("llama-70b"), Cluster(128, "h100-sxm", "ib-ndr"));
+      SearchLayouts(FromConfig("llama-70b"), testing::CatalogCluster(128, "h100-sxm", "ib-ndr"));
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_NE(plan->recommendation(), nullptr);
   std::printf("1024 GPUs: %zu layouts in %.2f ms; recommended %s\n", plan->candidates.size(),
