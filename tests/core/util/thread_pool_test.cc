@@ -1,7 +1,11 @@
 #include "core/util/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -44,13 +48,29 @@ TEST(ThreadPoolTest, ZeroItemsNeverCallsTheBody) {
   EXPECT_FALSE(called);
 }
 
+// Four chunks on a pool of four run at the same time, on four threads: each chunk waits until
+// all four have started, which a pool that ran them one after another never reaches (the waits
+// give up 60 s after the start, a generous cap, so that such a pool fails instead of hanging).
 TEST(ThreadPoolTest, SplitsWorkAcrossThreads) {
   ThreadPool pool(4);
-  std::vector<int> chunks_per_thread(pool.size(), 0);
-  pool.ParallelFor(4, 1, [&](size_t, size_t, int thread) { ++chunks_per_thread[thread]; });
-  int total = 0;
-  for (int c : chunks_per_thread) total += c;
-  EXPECT_EQ(total, 4);
+  std::mutex mu;
+  std::condition_variable all_started;
+  int started = 0;
+  std::set<std::thread::id> os_threads;
+  std::set<int> thread_indices;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  pool.ParallelFor(4, 1, [&](size_t begin, size_t end, int thread) {
+    EXPECT_EQ(end - begin, 1u);
+    std::unique_lock<std::mutex> lock(mu);
+    os_threads.insert(std::this_thread::get_id());
+    thread_indices.insert(thread);
+    ++started;
+    all_started.notify_all();
+    EXPECT_TRUE(all_started.wait_until(lock, deadline, [&] { return started == 4; }))
+        << "chunk " << begin << " ran while only " << started << " of 4 had started";
+  });
+  EXPECT_EQ(os_threads.size(), 4u);
+  EXPECT_EQ(thread_indices, (std::set<int>{0, 1, 2, 3}));
 }
 
 TEST(ThreadPoolTest, ManyCallsInARow) {
