@@ -5,27 +5,15 @@
 
 #include "core/backend/cpu/cpu_backend.h"
 #include "gtest/gtest.h"
+#include "tests/testing/small_model.h"
 
 namespace dtrain {
 namespace {
 
-ModelConfig SmallGpt2() {
-  ModelConfig config;
-  config.n_layer = 1;
-  config.n_head = 2;
-  config.n_kv_head = 2;
-  config.d_model = 4;
-  config.head_dim = 2;
-  config.d_ff = 8;
-  config.vocab_size = 5;
-  config.max_seq_len = 3;
-  return config;
-}
-
 // With a zero gradient, AdamW only decays: p *= 1 - lr * wd for decayed tensors, unchanged for
 // those matching train.no_decay.
 TEST(AdamWTest, NoDecayPatternsSelectTensorsByName) {
-  const ParamTable table(SmallGpt2(), ModelSlice{});
+  const ParamTable table(testing::SmallModelConfig(ModelFamily::kGpt2), ModelSlice{});
   TrainSection train;
   train.weight_decay = 0.5;
   train.no_decay = {"*.bias", "*norm*", "embed.positions"};
@@ -51,7 +39,7 @@ TEST(AdamWTest, NoDecayPatternsSelectTensorsByName) {
 // A sharded optimizer updates only its own range, and its result there equals the unsharded
 // optimizer's.
 TEST(AdamWTest, RangeStepMatchesTheWholeBufferStep) {
-  const ParamTable table(SmallGpt2(), ModelSlice{});
+  const ParamTable table(testing::SmallModelConfig(ModelFamily::kGpt2), ModelSlice{});
   TrainSection train;
   std::vector<float> whole(table.total_numel()), grads(table.total_numel());
   for (size_t i = 0; i < whole.size(); ++i) {
@@ -69,6 +57,7 @@ TEST(AdamWTest, RangeStepMatchesTheWholeBufferStep) {
   }
   for (size_t i = 0; i < whole.size(); ++i) {
     if (i >= begin && i < end) {
+      // Bit for bit: every value takes the same instructions wherever the range starts.
       EXPECT_EQ(sharded[i], whole[i]) << i;
     } else {
       EXPECT_EQ(sharded[i], std::sin(0.1f * i)) << i;  // untouched outside the shard
