@@ -358,6 +358,48 @@ TEST(AgentTest, SigtermCheckpointsAndStopsCleanly) {
   EXPECT_EQ(step_dir, absl::StrCat("step-", StepsLogged(out))) << launch.output();
 }
 
+// WebDataset shards of a few small documents (`dtrain data pack`); returns their brace pattern,
+// DIR/shard-{000000..00000K}.tar, with at least two shards.
+std::string PackShards(const std::string& dir) {
+  std::string inputs;
+  for (int document = 0; document < 8; ++document) {
+    std::string text;
+    for (int line = 0; line < 100; ++line)
+      absl::StrAppend(&text, "Document ", document, ": jugs.\n");
+    absl::StrAppend(&inputs, " ",
+                    testing::WriteTempFile(absl::StrCat("agent_doc", document, ".txt"), text));
+  }
+  const testing::Outcome pack =
+      testing::RunDtrain(absl::StrCat("data pack", inputs, " --out ", dir, " --shard-size 8KB"));
+  EXPECT_EQ(pack.exit_code, 0) << pack.stderr_text;
+  const size_t at = pack.stdout_text.find(dir + "/shard-{");
+  if (at == std::string::npos) return "";
+  return pack.stdout_text.substr(at, pack.stdout_text.find(".tar", at) + 4 - at);
+}
+
+// A shard only rank 1 reads is missing: rank 1 fails at its first batch and must not wait for
+// its peers; rank 0, in the step's all-reduce, fails at once naming rank 1 and its error. The
+// default timeout (300 s) stays: the 30 s cap only allows for start-up on a loaded machine.
+TEST(AgentTest, OneRanksErrorEndsTheJobAtOnceNamingIt) {
+  const std::string out = OutDir("missing_shard");
+  const std::string shards = PackShards(out + "/shards");
+  ASSERT_FALSE(shards.empty());
+  // Two streams, unshuffled: stream 1, which only rank 1 reads, starts with shard 1.
+  const std::string missing = out + "/shards/shard-000001.tar";
+  ASSERT_TRUE(std::filesystem::remove(missing));
+  const absl::Time start = absl::Now();
+  Launch launch({Recipe("missing_shard", 100000), "--nproc-per-node=2", "--set",
+                 "run.out_dir=" + out, "--set", "parallel.timeout_s=300", "--set",
+                 "data.format=webdataset", "--set", "data.shards=" + shards, "--set",
+                 "data.train=[]", "--set", "data.streams=2", "--set", "data.shard_shuffle=false"});
+  EXPECT_EQ(launch.Wait(absl::Seconds(30)), 1) << launch.output();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
+  EXPECT_THAT(launch.output(), HasSubstr(missing));
+  // Rank 0's own error begins with rank 1's.
+  EXPECT_THAT(launch.output(), HasSubstr("rank 1 failed: cannot open shard " + missing));
+}
+
 TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {
   const testing::Outcome outcome =
       testing::RunDtrain("launch --nproc-per-node=2 --set train.stepz=3");
