@@ -400,6 +400,56 @@ TEST(AgentTest, OneRanksErrorEndsTheJobAtOnceNamingIt) {
   EXPECT_THAT(launch.output(), HasSubstr("rank 1 failed: cannot open shard " + missing));
 }
 
+// An agent on this machine running `worker_argv` for 2 ranks, without restarts; returns what it
+// wrote to stderr (its log and the workers' stderr lines).
+std::string RunAgentCapturingStderr(const std::vector<std::string>& worker_argv, int* exit_code) {
+  WorldEnvironment node;
+  node.node_rank = 0;
+  node.num_nodes = 1;
+  node.master_addr = "127.0.0.1";
+  node.master_port = 0;
+  AgentOptions options;
+  options.worker_argv = worker_argv;
+  options.nproc_per_node = 2;
+  options.environment = Environment();
+  ::testing::internal::CaptureStderr();
+  const absl::StatusOr<int> code = RunAgent(node, options);
+  const std::string text = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(code.ok()) << code.status();
+  *exit_code = code.value_or(-1);
+  return text;
+}
+
+// Rank 1 exits 0 at once, before the job is done; rank 0 then waits for it in rendezvous and
+// fails. The early exit is the failure, not rank 0's timeout.
+TEST(AgentTest, AnEarlyExitZeroIsTheRootCause) {
+  const std::string script = absl::StrCat(
+      "if [ \"$RANK\" = 1 ]; then exit 0; fi; exec ", DTRAIN_BINARY, " train ", Recipe("early", 3),
+      " --set run.out_dir=", OutDir("early"), " --set parallel.timeout_s=3");
+  int exit_code = -1;
+  const std::string output = RunAgentCapturingStderr({"/bin/sh", "-c", script}, &exit_code);
+  EXPECT_EQ(exit_code, 1) << output;
+  EXPECT_THAT(output, HasSubstr("Root cause: rank 1 on node 0"));
+  EXPECT_THAT(output, HasSubstr("exit code 0 before the job finished"));
+}
+
+// Rank 1 is stopped (SIGSTOP) mid-training: rank 0's all-reduce times out naming rank 1 as the
+// rank that never started it, the agent then kills rank 1, and the headline names rank 1.
+TEST(AgentTest, AHungRankIsTheRootCause) {
+  const std::string out = OutDir("hung");
+  Launch launch({Recipe("hung", 100000), "--nproc-per-node=2", "--set", "run.out_dir=" + out,
+                 "--set", "parallel.timeout_s=3"});
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
+      << launch.output();
+  const auto workers = launch.Workers();
+  ASSERT_EQ(workers.size(), 2u) << launch.output();
+  kill(workers[1].second, SIGSTOP);
+  EXPECT_EQ(launch.Wait(absl::Seconds(60)), 1) << launch.output();
+  EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
+  EXPECT_THAT(launch.output(), HasSubstr("hung"));
+  for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
+}
+
 TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {
   const testing::Outcome outcome =
       testing::RunDtrain("launch --nproc-per-node=2 --set train.stepz=3");
