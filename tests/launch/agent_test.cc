@@ -364,8 +364,9 @@ std::string PackShards(const std::string& dir) {
   std::string inputs;
   for (int document = 0; document < 8; ++document) {
     std::string text;
-    for (int line = 0; line < 100; ++line)
+    for (int line = 0; line < 100; ++line) {
       absl::StrAppend(&text, "Document ", document, ": jugs.\n");
+    }
     absl::StrAppend(&inputs, " ",
                     testing::WriteTempFile(absl::StrCat("agent_doc", document, ".txt"), text));
   }
@@ -378,8 +379,9 @@ std::string PackShards(const std::string& dir) {
 }
 
 // A shard only rank 1 reads is missing: rank 1 fails at its first batch and must not wait for
-// its peers; rank 0, in the step's all-reduce, fails at once naming rank 1 and its error. The
-// default timeout (300 s) stays: the 30 s cap only allows for start-up on a loaded machine.
+// its peers (what rank 0 then reports is checked without an agent, in
+// train_multi_process_test.cc: here the agent may end rank 0 first). The default timeout (300 s)
+// stays: the 30 s cap only allows for start-up on a loaded machine.
 TEST(AgentTest, OneRanksErrorEndsTheJobAtOnceNamingIt) {
   const std::string out = OutDir("missing_shard");
   const std::string shards = PackShards(out + "/shards");
@@ -395,9 +397,7 @@ TEST(AgentTest, OneRanksErrorEndsTheJobAtOnceNamingIt) {
   EXPECT_EQ(launch.Wait(absl::Seconds(30)), 1) << launch.output();
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
   EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
-  EXPECT_THAT(launch.output(), HasSubstr(missing));
-  // Rank 0's own error begins with rank 1's.
-  EXPECT_THAT(launch.output(), HasSubstr("rank 1 failed: cannot open shard " + missing));
+  EXPECT_THAT(launch.output(), HasSubstr("cannot open shard " + missing));
 }
 
 // An agent on this machine running `worker_argv` for 2 ranks, without restarts; returns what it
@@ -420,8 +420,8 @@ std::string RunAgentCapturingStderr(const std::vector<std::string>& worker_argv,
   return text;
 }
 
-// Rank 1 exits 0 at once, before the job is done; rank 0 then waits for it in rendezvous and
-// fails. The early exit is the failure, not rank 0's timeout.
+// Rank 1 exits 0 at once, before the job is done; rank 0 would wait for it in rendezvous and
+// time out. The early exit is the root cause, not rank 0's timeout.
 TEST(AgentTest, AnEarlyExitZeroIsTheRootCause) {
   const std::string script = absl::StrCat(
       "if [ \"$RANK\" = 1 ]; then exit 0; fi; exec ", DTRAIN_BINARY, " train ", Recipe("early", 3),

@@ -106,7 +106,8 @@ TEST(TrainMultiProcessTest, ARankThatFailsEndsTheOthersAtOnceNamingIt) {
     EXPECT_EQ(ranks[rank].exit_code, 1) << "rank " << rank << ranks[rank].output;
     EXPECT_THAT(ranks[rank].output, HasSubstr(missing)) << "rank " << rank;
   }
-  EXPECT_THAT(ranks[0].output, HasSubstr("rank 1 failed: ")) << ranks[0].output;
+  EXPECT_THAT(ranks[0].output, HasSubstr("rank 1 failed: data.train: file pattern '" + missing))
+      << ranks[0].output;
 }
 
 TEST(TrainMultiProcessTest, UnresolvableMasterFailsAtOnceNamingIt) {
