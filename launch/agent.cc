@@ -12,15 +12,18 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "launch/worker_process.h"
 #include "parallel/store/tcp_store_client.h"
 #include "parallel/store/tcp_store_server.h"
+#include "parallel/world_membership.h"
 
 namespace dtrain {
 namespace {
@@ -104,6 +107,20 @@ std::string Hostname() {
   return gethostname(name, sizeof(name) - 1) == 0 ? name : "?";
 }
 
+// The first record that a failure (earliest first) blames, and that failure; null if none.
+std::pair<const nlohmann::json*, const nlohmann::json*> FirstBlamed(
+    const std::vector<nlohmann::json>& records,
+    const std::vector<const nlohmann::json*>& failures) {
+  for (const nlohmann::json* failure : failures) {
+    for (const int blamed : (*failure)["blames"]) {
+      for (const nlohmann::json& record : records) {
+        if (record["rank"].get<int>() == blamed) return {&record, failure};
+      }
+    }
+  }
+  return {nullptr, nullptr};
+}
+
 struct Worker {
   int rank = 0;
   int local_rank = 0;
@@ -113,6 +130,8 @@ struct Worker {
   int log_fd = -1;
   absl::Time exited_at;
   bool told_to_stop = false;
+  // Exited 0 without having finished its part (ProcessGroup::Leave): its peers still needed it.
+  bool left_early = false;
 };
 
 // Why Watch returned.
@@ -143,6 +162,9 @@ class Agent {
   Outcome AwaitOthers(int attempt);
   void StopWorkers(absl::Duration grace);
   void Drain(Worker& worker, int stream);
+  // A worker that exited 0 without recording that it finished (a world of one always has).
+  bool LeftEarly(int attempt, int rank);
+  std::string ExitText(const Worker& worker);
   void EmitLine(Worker& worker, int stream, const std::string& line);
   void HandleSignals();
   absl::StatusOr<int64_t> Counter(const std::string& key) { return store_->Add(key, 0); }
@@ -311,8 +333,9 @@ Outcome Agent::Watch(int attempt) {
         Drain(worker, 0);
         Drain(worker, 1);
       }
-      if (!exit->ok()) {
-        LogError("node %d: rank %d failed: %s", node_.node_rank, worker.rank, exit->ToString());
+      worker.left_early = exit->ok() && LeftEarly(attempt, worker.rank);
+      if (!exit->ok() || worker.left_early) {
+        LogError("node %d: rank %d failed: %s", node_.node_rank, worker.rank, ExitText(worker));
         (void)store_->Add(Key(attempt, "failed"), 1);
         return Outcome::kFailed;
       }
@@ -336,8 +359,7 @@ Outcome Agent::Watch(int attempt) {
       return Outcome::kStopping;
     }
     if (node_.node_rank == 0 && !reported_rendezvous_) {
-      const absl::StatusOr<int64_t> connected =
-          Counter(absl::StrCat("workers/attempt-", attempt, "/connected"));
+      const absl::StatusOr<int64_t> connected = Counter(AgentKey(attempt, "connected"));
       if (connected.ok() && *connected == world_size_) {
         reported_rendezvous_ = true;
         LogInfo("all %d workers past rendezvous %.3f s after they were started", world_size_,
@@ -400,9 +422,23 @@ void Agent::StopWorkers(absl::Duration grace) {
   }
   for (Worker& worker : workers_) {
     while (!worker.process->Poll()) absl::SleepFor(absl::Milliseconds(5));
+    if (worker.exited_at == absl::Time()) worker.exited_at = absl::Now();
     Drain(worker, 0);
     Drain(worker, 1);
   }
+}
+
+bool Agent::LeftEarly(int attempt, int rank) {
+  // A world of one has no peers to leave behind (and no process group to record finishing).
+  if (world_size_ == 1) return false;
+  const absl::StatusOr<int64_t> finished =
+      Counter(AgentKey(attempt, absl::StrCat("finished/", rank)));
+  return finished.ok() && *finished == 0;
+}
+
+std::string Agent::ExitText(const Worker& worker) {
+  if (worker.left_early) return "exit code 0 before the job finished";
+  return worker.process->exit_status()->ToString();
 }
 
 absl::Status Agent::PublishFailures(int attempt) {
@@ -410,14 +446,25 @@ absl::Status Agent::PublishFailures(int attempt) {
   const std::string host = Hostname();
   for (const Worker& worker : workers_) {
     const std::optional<ExitStatus>& exit = worker.process->exit_status();
-    if (!exit || exit->ok() || worker.told_to_stop) continue;
+    if (!exit || (exit->ok() && !worker.left_early)) continue;
     std::string tail;
     for (const std::string& line : worker.stderr_tail) absl::StrAppend(&tail, line, "\n");
+    // The ranks this worker's error blames, for the root cause: a hung rank is blamed by the
+    // peers that timed out waiting for it, and only ends when this agent kills it.
+    std::vector<int> blames;
+    const absl::StatusOr<std::string> blamed =
+        store_->Get(AgentKey(attempt, absl::StrCat("blame/", worker.rank)), absl::Milliseconds(1));
+    for (const absl::string_view field :
+         absl::StrSplit(blamed.value_or(""), ',', absl::SkipEmpty())) {
+      if (int rank = 0; absl::SimpleAtoi(field, &rank)) blames.push_back(rank);
+    }
     failures.push_back({{"rank", worker.rank},
                         {"node", node_.node_rank},
                         {"host", host},
-                        {"exit", exit->ToString()},
+                        {"exit", ExitText(worker)},
                         {"signal", exit->signal},
+                        {"stopped", worker.told_to_stop},
+                        {"blames", blames},
                         {"time_us", absl::ToUnixMicros(worker.exited_at)},
                         {"stderr", tail}});
   }
@@ -426,41 +473,60 @@ absl::Status Agent::PublishFailures(int attempt) {
 }
 
 void Agent::PrintRootCause(int attempt) {
-  std::vector<nlohmann::json> failures;
+  // Every node's workers that failed, and those its agent had to stop.
+  std::vector<nlohmann::json> records;
   for (int node = 0; node < node_.num_nodes; ++node) {
     const absl::StatusOr<std::string> value =
         store_->Get(Key(attempt, absl::StrCat("failures/node-", node)), absl::Seconds(5));
     if (!value.ok()) continue;
-    for (const nlohmann::json& failure : nlohmann::json::parse(*value, nullptr, false)) {
-      failures.push_back(failure);
+    for (const nlohmann::json& record : nlohmann::json::parse(*value, nullptr, false)) {
+      records.push_back(record);
     }
+  }
+  std::sort(records.begin(), records.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+    return a["time_us"].get<int64_t>() < b["time_us"].get<int64_t>();
+  });
+  std::vector<const nlohmann::json*> failures;
+  for (const nlohmann::json& record : records) {
+    if (!record["stopped"].get<bool>()) failures.push_back(&record);
   }
   if (failures.empty()) {
     LogError("the job failed but no worker recorded a failure (an agent was lost?)");
     return;
   }
-  // The root cause is the earliest exit; the others usually follow from it (a dead peer breaks
-  // every collective).
-  std::sort(failures.begin(), failures.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
-    return a["time_us"].get<int64_t>() < b["time_us"].get<int64_t>();
-  });
+  // The root cause is the first rank a failure blames (one that never started the collective
+  // its peers failed in: hung, stopped or gone), else the earliest failure; the others usually
+  // follow from it (a dead peer breaks every collective).
+  auto [root, blamer] = FirstBlamed(records, failures);
+  if (root == nullptr) root = failures.front();
+  const bool hung = (*root)["stopped"].get<bool>();
+  if (hung) failures.push_back(root);
   std::string table =
       absl::StrFormat("%-6s %-6s %-20s %-24s %s\n", "rank", "node", "host", "exit", "time");
-  for (const nlohmann::json& f : failures) {
-    absl::StrAppendFormat(&table, "%-6d %-6d %-20s %-24s %s\n", f["rank"].get<int>(),
-                          f["node"].get<int>(), f["host"].get<std::string>(),
-                          f["exit"].get<std::string>(),
-                          ClockTime(absl::FromUnixMicros(f["time_us"].get<int64_t>())));
+  for (const nlohmann::json* f : failures) {
+    absl::StrAppendFormat(
+        &table, "%-6d %-6d %-20s %-24s %s\n", (*f)["rank"].get<int>(), (*f)["node"].get<int>(),
+        (*f)["host"].get<std::string>(),
+        (*f)["stopped"].get<bool>() ? "hung: ended by the agent" : (*f)["exit"].get<std::string>(),
+        ClockTime(absl::FromUnixMicros((*f)["time_us"].get<int64_t>())));
   }
-  const nlohmann::json& first = failures.front();
-  std::string tail = first["stderr"].get<std::string>();
-  if (tail.empty()) tail = "(nothing on stderr)\n";
+  const std::string what =
+      hung ? absl::StrFormat(
+                 "hung: rank %d's error names it as a rank that never started the failed "
+                 "collective; the agent then ended it (%s)",
+                 (*blamer)["rank"].get<int>(), (*root)["exit"].get<std::string>())
+           : (*root)["exit"].get<std::string>();
+  auto tail_of = [](const nlohmann::json& record) {
+    std::string tail = record["stderr"].get<std::string>();
+    return absl::StrFormat("Last lines of rank %d's stderr:\n%s", record["rank"].get<int>(),
+                           tail.empty() ? "(nothing on stderr)\n" : tail);
+  };
   LogError(
       "the job failed (%d restarts used of %d). Root cause: rank %d on node %d (%s), %s.\n"
-      "Failed workers, first failure first:\n%sLast lines of rank %d's stderr:\n%s",
-      attempt, options_.max_restarts, first["rank"].get<int>(), first["node"].get<int>(),
-      first["host"].get<std::string>(), first["exit"].get<std::string>(), table,
-      first["rank"].get<int>(), tail);
+      "Failed workers, first failure first:\n%s%s%s",
+      attempt, options_.max_restarts, (*root)["rank"].get<int>(), (*root)["node"].get<int>(),
+      (*root)["host"].get<std::string>(), what, table, tail_of(*root),
+      blamer != nullptr && blamer != root ? tail_of(*blamer) : "");
 }
 
 void Agent::Requeue() {

@@ -142,8 +142,9 @@ absl::StatusOr<std::string> RunGlooCommBench(const CommBenchOptions& options,
                                              const std::string& hostname) {
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
                    ProcessGroup::Connect(world, absl::Seconds(300), "bench/", hostname));
-  ASSIGN_OR_RETURN(std::vector<CommBenchRow> rows, RunCommBench(group->world(), options));
-  return world.rank == 0 ? FormatCommBenchTable(rows, "gloo", world.world_size) : "";
+  const absl::StatusOr<std::vector<CommBenchRow>> rows = RunCommBench(group->world(), options);
+  RETURN_IF_ERROR(group->Leave(rows.status()));
+  return world.rank == 0 ? FormatCommBenchTable(*rows, "gloo", world.world_size) : "";
 }
 
 }  // namespace dtrain

@@ -2,8 +2,12 @@
 
 #include <unistd.h>
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/util/status.h"
+#include "parallel/comm/faulty_ranks.h"
 #include "parallel/comm/gloo_communicator.h"
 #include "parallel/store/tcp_store_client.h"
 
@@ -14,6 +18,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldM
                                                                     const std::string& key_prefix,
                                                                     const std::string& hostname) {
   std::unique_ptr<ProcessGroup> group(new ProcessGroup());
+  group->membership_ = world;
   if (world.rank == 0 && !world.agent_hosts_store) {
     TcpStoreServerOptions server_options;
     server_options.token = world.rdzv_token;
@@ -32,6 +37,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldM
   // A restarted group must not meet the keys of the attempt before it in the agent's store.
   const std::string attempt = absl::StrCat("attempt-", world.restart_count);
   options.key_prefix = absl::StrCat(key_prefix, attempt, "/comm/world/");
+  group->failure_key_ = absl::StrCat(key_prefix, attempt, "/failure");
   options.rank = world.rank;
   options.size = world.world_size;
   options.timeout = timeout;
@@ -45,14 +51,39 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldM
   ASSIGN_OR_RETURN(group->world_, GlooCommunicator::Create(group->store_, options));
   // The agent reports when every worker is past rendezvous.
   if (world.agent_hosts_store) {
-    RETURN_IF_ERROR(
-        group->store_->Add(absl::StrCat("workers/", attempt, "/connected"), 1).status());
+    RETURN_IF_ERROR(group->store_->Add(AgentKey(world.restart_count, "connected"), 1).status());
   }
   return group;
 }
 
-ProcessGroup::~ProcessGroup() {
-  if (world_) (void)world_->Barrier();
+absl::Status ProcessGroup::Leave(absl::Status outcome) {
+  if (outcome.ok()) outcome = world_->Barrier();
+  if (!outcome.ok()) return Fail(outcome);
+  if (!membership_.agent_hosts_store) return outcome;
+  return store_
+      ->Add(AgentKey(membership_.restart_count, absl::StrCat("finished/", membership_.rank)), 1)
+      .status();
+}
+
+absl::Status ProcessGroup::Fail(const absl::Status& error) {
+  const int rank = membership_.rank;
+  if (const std::vector<int> blamed = FaultyRanks(error);
+      !blamed.empty() && membership_.agent_hosts_store) {
+    (void)store_->Set(AgentKey(membership_.restart_count, absl::StrCat("blame/", rank)),
+                      absl::StrJoin(blamed, ","));
+  }
+  const std::string own = absl::StrCat("rank ", rank, " failed: ", error.message());
+  const absl::StatusOr<std::string> first = store_->CompareSet(failure_key_, "", own);
+  if (!first.ok()) {
+    return absl::Status(
+        error.code(),
+        absl::StrCat(error.message(), " (the other ranks' errors are unknown: the store ",
+                     membership_.agent_hosts_store ? "of the node-0 agent" : "hosted by rank 0",
+                     " is unreachable: ", first.status().message(), ")"));
+  }
+  if (*first == own) return error;
+  return absl::Status(error.code(),
+                      absl::StrCat(*first, "; then rank ", rank, " failed too: ", error.message()));
 }
 
 }  // namespace dtrain

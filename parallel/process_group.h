@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -25,9 +26,17 @@ class ProcessGroup {
                                                                absl::Duration timeout,
                                                                const std::string& key_prefix,
                                                                const std::string& hostname = "");
-  // Waits until every rank is done with the store, so that rank 0 does not take it away from
-  // ranks still using it.
-  ~ProcessGroup();
+
+  // The last call on the group, with this rank's outcome; returns the status to report.
+  // OK: waits until every rank is done (rank 0 may host the store the others still use) and,
+  // under an agent, records that this rank finished: the agent counts a worker that exits 0
+  // without it as one that left early.
+  // An error (or a peer's failure met while waiting): returns at once, after publishing "rank R
+  // failed: <error>" in the store unless another rank's failure came first; under an agent also
+  // the ranks the error blames (faulty_ranks.h). The peers then fail on this rank's closed
+  // connections instead of waiting out the timeout, and report the first failure before their
+  // own; so does this rank when another rank's came first.
+  absl::Status Leave(absl::Status outcome);
 
   Communicator& world() { return *world_; }
   Store& store() { return *store_; }
@@ -35,6 +44,10 @@ class ProcessGroup {
  private:
   ProcessGroup() = default;
 
+  absl::Status Fail(const absl::Status& error);
+
+  WorldMembership membership_;
+  std::string failure_key_;                 // the first failure of this attempt
   std::unique_ptr<TcpStoreServer> server_;  // rank 0 only
   std::shared_ptr<Store> store_;
   std::unique_ptr<Communicator> world_;

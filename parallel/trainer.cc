@@ -249,25 +249,13 @@ absl::Status ExportWeights(const Recipe& recipe, const ModelConfig& config, cons
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) {
-  // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
-  // file per rank).
-  if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);
-  ASSIGN_OR_RETURN(const Recipe recipe, ResolveStrategy(requested, world.world_size));
+// This rank's part of the training, from the run folder to the exported weights; `comm` is null
+// in a world of one.
+absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, Communicator* comm) {
   const TrainSection& train = recipe.train;
-  RETURN_IF_ERROR(CheckBatchSplit(train, world.world_size));
   ASSIGN_OR_RETURN(const ShardingStrategy strategy, ShardingStrategyFromRecipe(recipe.parallel));
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
-
-  std::unique_ptr<ProcessGroup> group;
-  if (world.world_size > 1) {
-    ASSIGN_OR_RETURN(group, ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
-                                                  absl::StrCat("dtrain/", recipe.run.name, "/")));
-  }
-  Communicator* comm = group ? &group->world() : nullptr;
 
   CpuBackend backend(recipe.run.threads);
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
@@ -369,6 +357,22 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   RETURN_IF_ERROR(checkpoints->Finish());
   if (train.export_to.empty()) return absl::OkStatus();
   return ExportWeights(recipe, config, table, engine, leader);
+}
+
+}  // namespace
+
+absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) {
+  // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
+  // file per rank).
+  if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);
+  ASSIGN_OR_RETURN(const Recipe recipe, ResolveStrategy(requested, world.world_size));
+  RETURN_IF_ERROR(CheckBatchSplit(recipe.train, world.world_size));
+  if (world.world_size == 1) return TrainRank(recipe, world, nullptr);
+  // Every error after this point goes through Leave, which tells the other ranks at once.
+  ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
+                   ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
+                                         absl::StrCat("dtrain/", recipe.run.name, "/")));
+  return group->Leave(TrainRank(recipe, world, &group->world()));
 }
 
 }  // namespace dtrain

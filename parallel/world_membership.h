@@ -5,6 +5,9 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
 namespace dtrain {
 
 struct WorldMembership {
@@ -18,5 +21,13 @@ struct WorldMembership {
                                    // as a client instead of hosting it, and the agent prefixes
                                    // the rank to every log line
 };
+
+// A key of the store through which the workers of restart `restart_count` report to a `dtrain
+// launch` agent (launch/agent.h): "connected" (a counter of the ranks past rendezvous),
+// "finished/<rank>" (a rank that completed its part), "blame/<rank>" (the ranks that rank's
+// error blames, comma-separated).
+inline std::string AgentKey(int restart_count, absl::string_view name) {
+  return absl::StrCat("workers/attempt-", restart_count, "/", name);
+}
 
 }  // namespace dtrain

@@ -16,6 +16,7 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "parallel/comm/faulty_ranks.h"
 #include "parallel/comm/gloo_store_adapter.h"
 
 namespace dtrain {
@@ -208,11 +209,13 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
                                 ? "every rank joined, but a connection failed"
                                 : absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "),
                                                " never joined (exited, crashed or not started)");
-    return absl::UnavailableError(absl::StrFormat(
+    absl::Status error = absl::UnavailableError(absl::StrFormat(
         "communicator '%s': rank %d of %d could not connect to its peers through %s within "
         "%s: %s; check that every rank started and that peers can reach this address (%s)",
         options.name, options.rank, options.size, options.hostname,
         absl::FormatDuration(options.timeout), who, e.what()));
+    SetFaultyRanks(error, missing);
+    return error;
   }
 }
 
@@ -317,13 +320,15 @@ std::unique_ptr<Work> GlooCommunicator::EnqueueCollective(
     } catch (const std::exception& e) {
       const std::string what = e.what();
       const bool timed_out = what.find("Timed out") != std::string::npos;
+      std::vector<int> never_started;
       const std::string message = absl::StrFormat(
           "%s #%d on group '%s' (%d ranks) failed at rank %d after %s%s: %s; transport: %s",
           op_name, seq, options_.name, options_.size, WorldRank(options_.rank),
           absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
           timed_out ? absl::StrCat(" (timeout ", absl::FormatDuration(options_.timeout), ")") : "",
-          DescribeArrivals(seq), what);
+          DescribeArrivals(seq, never_started), what);
       status = timed_out ? absl::DeadlineExceededError(message) : absl::UnavailableError(message);
+      SetFaultyRanks(status, never_started);
       broken_ = status;
     }
     if (stats_field == nullptr) return status;
@@ -336,7 +341,7 @@ std::unique_ptr<Work> GlooCommunicator::EnqueueCollective(
   });
 }
 
-std::string GlooCommunicator::DescribeArrivals(int64_t seq) {
+std::string GlooCommunicator::DescribeArrivals(int64_t seq, std::vector<int>& never_started) {
   absl::SleepFor(kPublishSettle);
   std::vector<std::string> missing;
   for (int r = 0; r < options_.size; ++r) {
@@ -347,6 +352,7 @@ std::string GlooCommunicator::DescribeArrivals(int64_t seq) {
                           started.status().message());
     }
     if (*started < seq) {
+      never_started.push_back(WorldRank(r));
       missing.push_back(
           *started == 0 ? absl::StrFormat("rank %d (started no collective)", WorldRank(r))
                         : absl::StrFormat("rank %d (last started #%d)", WorldRank(r), *started));

@@ -7,7 +7,8 @@
 // Failure: every wait inside an operation is bounded by the per-operation timeout. Before a
 // collective each rank records (asynchronously, off the critical path) the sequence number of
 // the collective it is starting under "<key_prefix>started/<rank>"; a failed or timed-out rank
-// reads those counters and names the ranks that never started the operation.
+// reads those counters and names the ranks that never started the operation, in its message and
+// as the status payload of faulty_ranks.h.
 // A peer that dies is an error of the operations that need it: Create makes the process ignore
 // SIGPIPE, which Gloo's writes to a dead peer's socket would otherwise raise.
 // Thread-safety: as Communicator; Create and the destructor must not race with other calls.
@@ -103,8 +104,9 @@ class GlooCommunicator : public Communicator {
                      OpStats& delta);
   void ChainBroadcast(float* data, size_t count, int root, absl::Time deadline, OpStats& delta);
 
-  // Names the ranks that never started collective `seq` (reads the store).
-  std::string DescribeArrivals(int64_t seq);
+  // Names the ranks that never started collective `seq` (reads the store); their world ranks
+  // are appended to `never_started`.
+  std::string DescribeArrivals(int64_t seq, std::vector<int>& never_started);
   int WorldRank(int group_rank) const;
   std::string StartedKey(int group_rank) const;
 

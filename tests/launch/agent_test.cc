@@ -358,6 +358,98 @@ TEST(AgentTest, SigtermCheckpointsAndStopsCleanly) {
   EXPECT_EQ(step_dir, absl::StrCat("step-", StepsLogged(out))) << launch.output();
 }
 
+// WebDataset shards of a few small documents (`dtrain data pack`); returns their brace pattern,
+// DIR/shard-{000000..00000K}.tar, with at least two shards.
+std::string PackShards(const std::string& dir) {
+  std::string inputs;
+  for (int document = 0; document < 8; ++document) {
+    std::string text;
+    for (int line = 0; line < 100; ++line) {
+      absl::StrAppend(&text, "Document ", document, ": jugs.\n");
+    }
+    absl::StrAppend(&inputs, " ",
+                    testing::WriteTempFile(absl::StrCat("agent_doc", document, ".txt"), text));
+  }
+  const testing::Outcome pack =
+      testing::RunDtrain(absl::StrCat("data pack", inputs, " --out ", dir, " --shard-size 8KB"));
+  EXPECT_EQ(pack.exit_code, 0) << pack.stderr_text;
+  const size_t at = pack.stdout_text.find(dir + "/shard-{");
+  if (at == std::string::npos) return "";
+  return pack.stdout_text.substr(at, pack.stdout_text.find(".tar", at) + 4 - at);
+}
+
+// A shard only rank 1 reads is missing: rank 1 fails at its first batch and must not wait for
+// its peers (what rank 0 then reports is checked without an agent, in
+// train_multi_process_test.cc: here the agent may end rank 0 first). The default timeout (300 s)
+// stays: the 30 s cap only allows for start-up on a loaded machine.
+TEST(AgentTest, OneRanksErrorEndsTheJobAtOnceNamingIt) {
+  const std::string out = OutDir("missing_shard");
+  const std::string shards = PackShards(out + "/shards");
+  ASSERT_FALSE(shards.empty());
+  // Two streams, unshuffled: stream 1, which only rank 1 reads, starts with shard 1.
+  const std::string missing = out + "/shards/shard-000001.tar";
+  ASSERT_TRUE(std::filesystem::remove(missing));
+  const absl::Time start = absl::Now();
+  Launch launch({Recipe("missing_shard", 100000), "--nproc-per-node=2", "--set",
+                 "run.out_dir=" + out, "--set", "parallel.timeout_s=300", "--set",
+                 "data.format=webdataset", "--set", "data.shards=" + shards, "--set",
+                 "data.train=[]", "--set", "data.streams=2", "--set", "data.shard_shuffle=false"});
+  EXPECT_EQ(launch.Wait(absl::Seconds(30)), 1) << launch.output();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
+  EXPECT_THAT(launch.output(), HasSubstr("cannot open shard " + missing));
+}
+
+// An agent on this machine running `worker_argv` for 2 ranks, without restarts; returns what it
+// wrote to stderr (its log and the workers' stderr lines).
+std::string RunAgentCapturingStderr(const std::vector<std::string>& worker_argv, int* exit_code) {
+  WorldEnvironment node;
+  node.node_rank = 0;
+  node.num_nodes = 1;
+  node.master_addr = "127.0.0.1";
+  node.master_port = 0;
+  AgentOptions options;
+  options.worker_argv = worker_argv;
+  options.nproc_per_node = 2;
+  options.environment = Environment();
+  ::testing::internal::CaptureStderr();
+  const absl::StatusOr<int> code = RunAgent(node, options);
+  const std::string text = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(code.ok()) << code.status();
+  *exit_code = code.value_or(-1);
+  return text;
+}
+
+// Rank 1 exits 0 at once, before the job is done; rank 0 would wait for it in rendezvous and
+// time out. The early exit is the root cause, not rank 0's timeout.
+TEST(AgentTest, AnEarlyExitZeroIsTheRootCause) {
+  const std::string script = absl::StrCat(
+      "if [ \"$RANK\" = 1 ]; then exit 0; fi; exec ", DTRAIN_BINARY, " train ", Recipe("early", 3),
+      " --set run.out_dir=", OutDir("early"), " --set parallel.timeout_s=3");
+  int exit_code = -1;
+  const std::string output = RunAgentCapturingStderr({"/bin/sh", "-c", script}, &exit_code);
+  EXPECT_EQ(exit_code, 1) << output;
+  EXPECT_THAT(output, HasSubstr("Root cause: rank 1 on node 0"));
+  EXPECT_THAT(output, HasSubstr("exit code 0 before the job finished"));
+}
+
+// Rank 1 is stopped (SIGSTOP) mid-training: rank 0's all-reduce times out naming rank 1 as the
+// rank that never started it, the agent then kills rank 1, and the headline names rank 1.
+TEST(AgentTest, AHungRankIsTheRootCause) {
+  const std::string out = OutDir("hung");
+  Launch launch({Recipe("hung", 100000), "--nproc-per-node=2", "--set", "run.out_dir=" + out,
+                 "--set", "parallel.timeout_s=3"});
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
+      << launch.output();
+  const auto workers = launch.Workers();
+  ASSERT_EQ(workers.size(), 2u) << launch.output();
+  kill(workers[1].second, SIGSTOP);
+  EXPECT_EQ(launch.Wait(absl::Seconds(60)), 1) << launch.output();
+  EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
+  EXPECT_THAT(launch.output(), HasSubstr("hung"));
+  for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
+}
+
 TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {
   const testing::Outcome outcome =
       testing::RunDtrain("launch --nproc-per-node=2 --set train.stepz=3");

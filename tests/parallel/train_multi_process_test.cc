@@ -80,6 +80,34 @@ TEST(TrainMultiProcessTest, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
   EXPECT_THAT(ranks[0].output, HasSubstr("rank(s) 1 never joined"));
 }
 
+// Rank 1's data file is missing (rank 0's is there): rank 1 fails after rendezvous and must not
+// wait for rank 0, and rank 0, in its first collective, fails at once naming rank 1 and its error,
+// long before the 300 s timeout.
+TEST(TrainMultiProcessTest, ARankThatFailsEndsTheOthersAtOnceNamingIt) {
+  const std::string recipe = Recipe("fails");
+  const std::string out = OutDir("fails");
+  const std::string missing = testing::TempPath("mp_missing.txt");
+  const auto ranks =
+      testing::RunRanksAsProcesses(2, testing::FreeTcpPort(), absl::Seconds(60), [&](int rank) {
+        std::vector<std::string> argv = {
+            DTRAIN_BINARY,           "train", recipe, "--set", "run.out_dir=" + out, "--set",
+            "parallel.timeout_s=300"};
+        if (rank == 1) argv.insert(argv.end(), {"--set", "data.train=[" + missing + "]"});
+        std::vector<char*> args;
+        for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+        args.push_back(nullptr);
+        execv(args[0], args.data());
+        return 127;
+      });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_FALSE(ranks[rank].timed_out) << "rank " << rank << ranks[rank].output;
+    EXPECT_EQ(ranks[rank].exit_code, 1) << "rank " << rank << ranks[rank].output;
+    EXPECT_THAT(ranks[rank].output, HasSubstr(missing)) << "rank " << rank;
+  }
+  EXPECT_THAT(ranks[0].output, HasSubstr("rank 1 failed: data.train: file pattern '" + missing))
+      << ranks[0].output;
+}
+
 TEST(TrainMultiProcessTest, UnresolvableMasterFailsAtOnceNamingIt) {
   const testing::Outcome outcome = testing::RunDtrain(
       absl::StrCat("train ", Recipe("unresolvable")),

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "parallel/comm/faulty_ranks.h"
 #include "tests/parallel/comm/test_store.h"
 
 namespace dtrain {
@@ -226,6 +227,7 @@ TEST(GlooCommunicatorTest, RankThatNeverArrivesIsNamedWithinTheTimeout) {
     EXPECT_NE(status.message().find("all_reduce #2 on group 'world'"), std::string::npos) << status;
     EXPECT_NE(status.message().find("never started by rank 2 (last started #1)"), std::string::npos)
         << status;
+    EXPECT_EQ(FaultyRanks(status), std::vector<int>{2}) << status;
     // Not before the timeout; after it, only a generous cap that a loaded machine cannot break.
     EXPECT_GE(elapsed, timeout - absl::Milliseconds(50));
     EXPECT_LT(elapsed, timeout + absl::Seconds(60));
@@ -259,6 +261,8 @@ TEST(GlooCommunicatorTest, RendezvousWithoutPeersFailsWithinTheTimeout) {
   absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm = GlooCommunicator::Create(store, options);
   ASSERT_FALSE(comm.ok());
   EXPECT_NE(comm.status().message().find("rank 0 of 2"), std::string::npos) << comm.status();
+  // The rank that never joined, by its world rank.
+  EXPECT_EQ(FaultyRanks(comm.status()), std::vector<int>{6}) << comm.status();
 
   options.world_ranks = {4};
   EXPECT_EQ(GlooCommunicator::Create(store, options).status().code(),
