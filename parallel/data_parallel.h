@@ -78,7 +78,7 @@ class DataParallelEngine : public BlockParameters {
   // token losses over `global_tokens`), clip, AdamW, gather. Errors name the failed collective.
   absl::StatusOr<StepTotals> FinishStep(double local_loss_sum, int64_t global_tokens,
                                         double grad_clip, double lr);
-  // Sums a and b over the data-parallel ranks (in float: losses and norms, not parameters).
+  // Sums a and b over the data-parallel ranks, in double: exact for counts below 2^53.
   absl::Status SumOverRanks(double& a, double& b);
   // Checks that every rank holds the same replicated parameters (no-op when sharded).
   absl::Status CheckReplicas();
