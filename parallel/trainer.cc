@@ -80,9 +80,8 @@ absl::StatusOr<double> Evaluate(Transformer& model, DataParallelEngine& engine,
 }
 
 // parallel.strategy: auto -> the planner's layout for this world among those the trainer runs
-// (data parallelism of every kind, full recomputation or none; no tensor or pipeline
-// parallelism, offload or selective recomputation yet). A better layout it cannot run is
-// reported, never silently replaced.
+// (data parallelism of every kind, every recomputation; no tensor or pipeline parallelism or
+// offload yet). A better layout it cannot run is reported, never silently replaced.
 absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, int world_size) {
   if (recipe.parallel.strategy != "auto") return recipe;
   SearchOptions runnable;
@@ -90,15 +89,14 @@ absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, int world_size) {
                          Strategy::kFsdp};
   runnable.max_tp = 1;
   runnable.max_pp = 1;
-  runnable.recompute = {Recompute::kNone, Recompute::kFull};
+  runnable.recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   runnable.allow_offload = false;
   runnable.allow_sequence_parallel = false;
   ASSIGN_OR_RETURN(const AutoLayout chosen, ResolveAutoLayout(recipe, world_size, runnable));
   Recipe resolved = recipe;
   RETURN_IF_ERROR(ApplyLayout(chosen.layout, resolved));
-  LogInfo("parallel.strategy auto: %s, micro_batch %d%s (the plan for %d ranks)",
-          resolved.parallel.strategy, resolved.train.micro_batch,
-          resolved.parallel.activation_checkpointing ? ", activation checkpointing" : "",
+  LogInfo("parallel.strategy auto: %s, micro_batch %d, recompute %s (the plan for %d ranks)",
+          resolved.parallel.strategy, resolved.train.micro_batch, resolved.parallel.recompute,
           world_size);
   if (!chosen.note.empty()) LogInfo("%s", chosen.note);
   return resolved;
@@ -213,10 +211,10 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const Datasets
   LogInfo("data: %d tokens for training, %d for validation", data.train_tokens, data.val_tokens);
   LogInfo(
       "batch: %d sequences x %d tokens = %d tokens/step; %d ranks x %d micro-batches of "
-      "%d; activations %s%s",
+      "%d; activations %s (recompute %s)",
       train.batch_size, train.seq_len, static_cast<int64_t>(train.batch_size) * train.seq_len,
       world_size, micro_batches, train.micro_batch, MiB(model.activation_bytes()),
-      recipe.parallel.activation_checkpointing ? " (checkpointed)" : "");
+      recipe.parallel.recompute);
   LogInfo(
       "MFU is stated against %.1f GFLOP/s per rank, the best measured float32 GEMM of "
       "this CPU backend (%d threads)",
@@ -273,8 +271,8 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const ParamTable table(config, ModelSlice{});
   DataParallelEngine engine(table, strategy, train, backend, comm);
-  Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len,
-                    recipe.parallel.activation_checkpointing);
+  ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(recipe.parallel.recompute));
+  Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len, recompute);
   ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, world.rank, world.world_size));
   const CheckpointSignals signals;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingCheckpoints> checkpoints,
