@@ -254,7 +254,7 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
     const absl::Status status = TryLoad(candidate, data, step, origin, fatal);
     if (fatal) return status;
     double failed = status.ok() ? 0 : 1, unused = 0;
-    RETURN_IF_ERROR(engine_.SumOverRanks(failed, unused));
+    RETURN_IF_ERROR(SumOverRanks(comm_, failed, unused));
     if (failed == 0) {
       if (absl::Status restored = loader.Restore(data); !restored.ok()) {
         return absl::Status(restored.code(),
