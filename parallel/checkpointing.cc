@@ -70,11 +70,7 @@ uint64_t AgreeOnNonce(Communicator* comm) {
       (static_cast<uint64_t>(device()) << 32) ^ device() ^
       static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   if (comm == nullptr) return nonce;
-  // Two floats carry the bits; a broadcast moves them without arithmetic.
-  float words[2];
-  std::memcpy(words, &nonce, sizeof(nonce));
-  if (std::unique_ptr<Work> work = comm->Broadcast(words, 2, 0); work) (void)work->Wait();
-  std::memcpy(&nonce, words, sizeof(nonce));
+  if (std::unique_ptr<Work> work = comm->Broadcast(&nonce, 1, 0); work) (void)work->Wait();
   return nonce;
 }
 
@@ -258,7 +254,7 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
     const absl::Status status = TryLoad(candidate, data, step, origin, fatal);
     if (fatal) return status;
     double failed = status.ok() ? 0 : 1, unused = 0;
-    RETURN_IF_ERROR(engine_.SumOverRanks(failed, unused));
+    RETURN_IF_ERROR(SumOverRanks(comm_, failed, unused));
     if (failed == 0) {
       if (absl::Status restored = loader.Restore(data); !restored.ok()) {
         return absl::Status(restored.code(),

@@ -4,7 +4,6 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -321,9 +320,18 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   return totals;
 }
 
+absl::Status SumOverRanks(Communicator* comm, double& a, double& b) {
+  if (!comm) return absl::OkStatus();
+  double sums[2] = {a, b};
+  RETURN_IF_ERROR(comm->AllReduce(sums, 2, ReduceOp::kSum)->Wait());
+  a = sums[0];
+  b = sums[1];
+  return absl::OkStatus();
+}
+
 absl::Status DataParallelEngine::SumOverRanks(double& a, double& b) {
   if (!comm_) return absl::OkStatus();
-  float sums[2] = {static_cast<float>(a), static_cast<float>(b)};
+  double sums[2] = {a, b};
   std::unique_ptr<Work> work = comm_->AllReduce(sums, 2, ReduceOp::kSum);
   RETURN_IF_ERROR(Wait(work));
   a = sums[0];
@@ -334,15 +342,12 @@ absl::Status DataParallelEngine::SumOverRanks(double& a, double& b) {
 absl::Status DataParallelEngine::CheckReplicas() {
   if (!comm_ || sharded_params()) return absl::OkStatus();
   const uint64_t fingerprint = Fingerprint(params_);
-  // Two floats carry the 64 bits; all-gather moves them without arithmetic.
-  const float mine[2] = {std::bit_cast<float>(static_cast<uint32_t>(fingerprint)),
-                         std::bit_cast<float>(static_cast<uint32_t>(fingerprint >> 32))};
-  std::vector<float> all(2 * ranks());
-  std::unique_ptr<Work> work = comm_->AllGather(mine, all.data(), 2);
+  std::vector<uint64_t> all(ranks());
+  std::unique_ptr<Work> work = comm_->AllGather(&fingerprint, all.data(), 1);
   RETURN_IF_ERROR(Wait(work));
   std::vector<int> differing;
   for (int r = 1; r < ranks(); ++r) {
-    if (std::memcmp(&all[2 * r], &all[0], 2 * sizeof(float)) != 0) differing.push_back(r);
+    if (all[r] != all[0]) differing.push_back(r);
   }
   if (differing.empty()) return absl::OkStatus();
   return absl::InternalError(

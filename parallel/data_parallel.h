@@ -54,6 +54,11 @@ struct StateRange {
   float* values = nullptr;
 };
 
+// Sums a and b over the ranks of `comm` and waits (no communicator: unchanged), in double:
+// exact for counts below 2^53. The agreements of the trainer (evaluation, checkpoint signals,
+// resume) call it with the group that must agree.
+absl::Status SumOverRanks(Communicator* comm, double& a, double& b);
+
 class DataParallelEngine : public BlockParameters {
  public:
   // `comm` is the data-parallel group (null for one process). `table` must outlive the engine.
@@ -78,8 +83,6 @@ class DataParallelEngine : public BlockParameters {
   // token losses over `global_tokens`), clip, AdamW, gather. Errors name the failed collective.
   absl::StatusOr<StepTotals> FinishStep(double local_loss_sum, int64_t global_tokens,
                                         double grad_clip, double lr);
-  // Sums a and b over the data-parallel ranks (in float: losses and norms, not parameters).
-  absl::Status SumOverRanks(double& a, double& b);
   // Checks that every rank holds the same replicated parameters (no-op when sharded).
   absl::Status CheckReplicas();
 
@@ -122,6 +125,8 @@ class DataParallelEngine : public BlockParameters {
   int rank() const { return comm_ ? comm_->rank() : 0; }
   int ranks() const { return comm_ ? comm_->size() : 1; }
   absl::Status Wait(std::unique_ptr<Work>& work);
+  // The step's loss and squared norm summed over the data-parallel ranks, waited as Wait does.
+  absl::Status SumOverRanks(double& a, double& b);
   GatheredUnit& Gather(int unit);
   void Prefetch(int region, Pass pass);
   // Returns a unit-gradient buffer whose reduction finished, folding the result into the shard.

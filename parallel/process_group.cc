@@ -32,28 +32,47 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldM
                    TcpStoreClient::Connect(world.master_addr, world.master_port, client_options));
   group->store_ = std::move(client);
 
-  GlooCommunicatorOptions options;
-  options.name = "world";
   // A restarted group must not meet the keys of the attempt before it in the agent's store.
   const std::string attempt = absl::StrCat("attempt-", world.restart_count);
-  options.key_prefix = absl::StrCat(key_prefix, attempt, "/comm/world/");
+  group->comm_namespace_ = absl::StrCat(key_prefix, attempt, "/comm/");
   group->failure_key_ = absl::StrCat(key_prefix, attempt, "/failure");
-  options.rank = world.rank;
-  options.size = world.world_size;
-  options.timeout = timeout;
-  options.hostname = hostname;
-  if (options.hostname.empty()) {
+  group->timeout_ = timeout;
+  group->hostname_ = hostname;
+  if (group->hostname_.empty()) {
     // Peers reach this rank by its host name, or over loopback when the master is local.
     const bool loopback = world.master_addr == "127.0.0.1" || world.master_addr == "localhost";
     char name[256] = {};
-    options.hostname = loopback || gethostname(name, sizeof(name) - 1) != 0 ? "127.0.0.1" : name;
+    group->hostname_ = loopback || gethostname(name, sizeof(name) - 1) != 0 ? "127.0.0.1" : name;
   }
+  GlooCommunicatorOptions options;
+  options.name = "world";
+  options.key_prefix = group->comm_namespace_ + "world/";
+  options.rank = world.rank;
+  options.size = world.world_size;
+  options.timeout = timeout;
+  options.hostname = group->hostname_;
   ASSIGN_OR_RETURN(group->world_, GlooCommunicator::Create(group->store_, options));
   // The agent reports when every worker is past rendezvous.
   if (world.agent_hosts_store) {
     RETURN_IF_ERROR(group->store_->Add(AgentKey(world.restart_count, "connected"), 1).status());
   }
   return group;
+}
+
+absl::StatusOr<MeshCommunicators> ProcessGroup::ConnectMesh(const Mesh& mesh) {
+  return mesh.CreateCommunicators(
+      [this](const GroupSpec& spec) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+        GlooCommunicatorOptions options;
+        options.name = spec.name;
+        options.key_prefix = spec.key_prefix;
+        options.rank = spec.rank;
+        options.size = static_cast<int>(spec.world_ranks.size());
+        options.world_ranks = spec.world_ranks;
+        options.timeout = timeout_;
+        options.hostname = hostname_;
+        return GlooCommunicator::Create(store_, options);
+      },
+      comm_namespace_);
 }
 
 absl::Status ProcessGroup::Leave(absl::Status outcome) {

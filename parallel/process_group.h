@@ -1,6 +1,6 @@
 // The connections of one rank to the others: the rendezvous store (hosted by the node-0 agent of
 // `dtrain launch`, or by rank 0 when ranks are started otherwise, e.g. by srun or torchrun) and
-// the world communicator (Gloo on CPU).
+// the world communicator (Gloo on CPU), and the communicators of this rank's mesh groups.
 #pragma once
 
 #include <memory>
@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/mesh.h"
 #include "parallel/store/store.h"
 #include "parallel/store/tcp_store_server.h"
 #include "parallel/world_membership.h"
@@ -41,6 +42,11 @@ class ProcessGroup {
   Communicator& world() { return *world_; }
   Store& store() { return *store_; }
 
+  // Joins this rank's tp, dp and pp groups of `mesh` (Gloo, under this job and attempt's store
+  // namespace, with the world's address and timeout). Every rank calls it, in the same order
+  // relative to its other group creations.
+  absl::StatusOr<MeshCommunicators> ConnectMesh(const Mesh& mesh);
+
  private:
   ProcessGroup() = default;
 
@@ -51,6 +57,9 @@ class ProcessGroup {
   std::unique_ptr<TcpStoreServer> server_;  // rank 0 only
   std::shared_ptr<Store> store_;
   std::unique_ptr<Communicator> world_;
+  std::string comm_namespace_;  // "<job prefix>attempt-<n>/comm/"
+  std::string hostname_;        // the address peers reach this rank's Gloo devices at
+  absl::Duration timeout_;
 };
 
 }  // namespace dtrain

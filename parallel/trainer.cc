@@ -59,8 +59,8 @@ std::string SampleText(Transformer& model, const Recipe& recipe, int step) {
 
 // Mean token loss over the validation set's first eval_batches micro-batches of every rank
 // (the same ones at every evaluation, so the numbers compare).
-absl::StatusOr<double> Evaluate(Transformer& model, DataParallelEngine& engine,
-                                ValidationLoader& val, const Recipe& recipe) {
+absl::StatusOr<double> Evaluate(Transformer& model, Communicator* world, ValidationLoader& val,
+                                const Recipe& recipe) {
   const int b = recipe.train.micro_batch;
   const int t = recipe.train.seq_len;
   std::vector<int32_t> inputs(static_cast<size_t>(b) * t), targets(inputs.size());
@@ -74,15 +74,14 @@ absl::StatusOr<double> Evaluate(Transformer& model, DataParallelEngine& engine,
     loss_sum += model.ForwardLoss(inputs.data(), targets.data(), rows, t);
     tokens += static_cast<double>(rows) * t;
   }
-  RETURN_IF_ERROR(engine.SumOverRanks(loss_sum, tokens));
+  RETURN_IF_ERROR(SumOverRanks(world, loss_sum, tokens));
   if (tokens == 0) return absl::FailedPreconditionError("the validation set is empty");
   return loss_sum / tokens;
 }
 
 // parallel.strategy: auto -> the planner's layout for this world among those the trainer runs
-// (data parallelism of every kind, full recomputation or none; no tensor or pipeline
-// parallelism, offload or selective recomputation yet). A better layout it cannot run is
-// reported, never silently replaced.
+// (data parallelism of every kind, every recomputation; no tensor or pipeline parallelism or
+// offload yet). A better layout it cannot run is reported, never silently replaced.
 absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, int world_size) {
   if (recipe.parallel.strategy != "auto") return recipe;
   SearchOptions runnable;
@@ -90,15 +89,14 @@ absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, int world_size) {
                          Strategy::kFsdp};
   runnable.max_tp = 1;
   runnable.max_pp = 1;
-  runnable.recompute = {Recompute::kNone, Recompute::kFull};
+  runnable.recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   runnable.allow_offload = false;
   runnable.allow_sequence_parallel = false;
   ASSIGN_OR_RETURN(const AutoLayout chosen, ResolveAutoLayout(recipe, world_size, runnable));
   Recipe resolved = recipe;
   RETURN_IF_ERROR(ApplyLayout(chosen.layout, resolved));
-  LogInfo("parallel.strategy auto: %s, micro_batch %d%s (the plan for %d ranks)",
-          resolved.parallel.strategy, resolved.train.micro_batch,
-          resolved.parallel.activation_checkpointing ? ", activation checkpointing" : "",
+  LogInfo("parallel.strategy auto: %s, micro_batch %d, recompute %s (the plan for %d ranks)",
+          resolved.parallel.strategy, resolved.train.micro_batch, resolved.parallel.recompute,
           world_size);
   if (!chosen.note.empty()) LogInfo("%s", chosen.note);
   return resolved;
@@ -204,7 +202,7 @@ absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& confi
 }
 
 void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const Datasets& data,
-                 const Transformer& model, int world_size, int micro_batches, double peak_flops,
+                 const Transformer& model, int dp_size, int micro_batches, double peak_flops,
                  int threads) {
   const TrainSection& train = recipe.train;
   LogInfo("model: %s, %d layers, d_model %d, %d heads (%d kv), vocab %d: %.2fM parameters",
@@ -212,11 +210,11 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const Datasets
           config.n_kv_head, config.vocab_size, config.num_parameters() / 1e6);
   LogInfo("data: %d tokens for training, %d for validation", data.train_tokens, data.val_tokens);
   LogInfo(
-      "batch: %d sequences x %d tokens = %d tokens/step; %d ranks x %d micro-batches of "
-      "%d; activations %s%s",
+      "batch: %d sequences x %d tokens = %d tokens/step; %d data-parallel ranks x %d "
+      "micro-batches of %d; activations %s (recompute %s)",
       train.batch_size, train.seq_len, static_cast<int64_t>(train.batch_size) * train.seq_len,
-      world_size, micro_batches, train.micro_batch, MiB(model.activation_bytes()),
-      recipe.parallel.activation_checkpointing ? " (checkpointed)" : "");
+      dp_size, micro_batches, train.micro_batch, MiB(model.activation_bytes()),
+      recipe.parallel.recompute);
   LogInfo(
       "MFU is stated against %.1f GFLOP/s per rank, the best measured float32 GEMM of "
       "this CPU backend (%d threads)",
@@ -230,10 +228,10 @@ struct CheckpointRequest {
   bool save = false;  // SIGUSR1: save, then go on
 };
 
-absl::StatusOr<CheckpointRequest> AgreeOnCheckpointSignals(DataParallelEngine& engine) {
+absl::StatusOr<CheckpointRequest> AgreeOnCheckpointSignals(Communicator* world) {
   double stop = sigterm_received.load() ? 1 : 0;
   double save = sigusr1_received.exchange(false) ? 1 : 0;
-  RETURN_IF_ERROR(engine.SumOverRanks(stop, save));
+  RETURN_IF_ERROR(SumOverRanks(world, stop, save));
   return CheckpointRequest{stop > 0, save > 0};
 }
 
@@ -249,24 +247,37 @@ absl::Status ExportWeights(const Recipe& recipe, const ModelConfig& config, cons
   return absl::OkStatus();
 }
 
-// This rank's part of the training, from the run folder to the exported weights; `comm` is null
+// This rank's part of the training, from the run folder to the exported weights; `group` is null
 // in a world of one.
-absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, Communicator* comm) {
+absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const Mesh& mesh,
+                       ProcessGroup* group) {
   const TrainSection& train = recipe.train;
+  // The ranks of one tp group read the same samples: the data-parallel rank picks the data and
+  // the data-parallel size splits the batch.
+  const int dp_size = mesh.shape().dp;
+  const int dp_rank = mesh.coords().dp;
   ASSIGN_OR_RETURN(const ShardingStrategy strategy, ShardingStrategyFromRecipe(recipe.parallel));
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
 
+  MeshCommunicators groups;
+  if (group) {
+    ASSIGN_OR_RETURN(groups, group->ConnectMesh(mesh));
+  }
+  // Gradients and the step's loss reduce over the dp group; what every rank must agree on
+  // (evaluation, checkpoint signals, resume) goes through the world.
+  Communicator* world_comm = group ? &group->world() : nullptr;
+
   CpuBackend backend(recipe.run.threads);
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const ParamTable table(config, ModelSlice{});
-  DataParallelEngine engine(table, strategy, train, backend, comm);
-  Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len,
-                    recipe.parallel.activation_checkpointing);
-  ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, world.rank, world.world_size));
+  DataParallelEngine engine(table, strategy, train, backend, groups.dp.get());
+  ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(recipe.parallel.recompute));
+  Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len, recompute);
+  ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, dp_rank, dp_size));
   const CheckpointSignals signals;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingCheckpoints> checkpoints,
-                   TrainingCheckpoints::Create(recipe, table, engine, comm));
+                   TrainingCheckpoints::Create(recipe, table, engine, world_comm));
   // A resumed run's parameters, moments, AdamW's count and data cursor come from the
   // checkpoint; the schedule follows from the step.
   ASSIGN_OR_RETURN(const int64_t resumed_step, checkpoints->Resume(*data.train));
@@ -280,11 +291,11 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, Commu
 
   const double peak_flops = MeasureGemmFlops(backend);
   const double flops_per_token = config.flops_per_token(train.seq_len);
-  const int micro_batches = train.batch_size / (train.micro_batch * world.world_size);
+  const int micro_batches = train.batch_size / (train.micro_batch * dp_size);
   const int64_t tokens_per_step = static_cast<int64_t>(train.batch_size) * train.seq_len;
   std::ofstream metrics;
   if (leader) {
-    LogRunSetup(recipe, config, data, model, world.world_size, micro_batches, peak_flops,
+    LogRunSetup(recipe, config, data, model, dp_size, micro_batches, peak_flops,
                 backend.num_threads());
     const std::filesystem::path run_dir = recipe.run_dir();
     RETURN_IF_ERROR(OpenMetrics((run_dir / recipe.logging.metrics_file).string(), resumed_step,
@@ -306,7 +317,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, Commu
       LogInfo(
           "model state per rank (%s over %d ranks): parameters %s, gradients %s, "
           "optimizer %s; at most %s gathered and %s of gradient units in flight",
-          strategy.name, world.world_size, MiB(memory.parameter_bytes), MiB(memory.gradient_bytes),
+          strategy.name, dp_size, MiB(memory.parameter_bytes), MiB(memory.gradient_bytes),
           MiB(memory.optimizer_bytes), MiB(memory.gathered_peak_bytes),
           MiB(memory.gradient_buffer_peak_bytes));
     }
@@ -326,12 +337,12 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, Commu
     m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);
     const bool last = m.step == train.steps;
     if (train.eval_every > 0 && (m.step % train.eval_every == 0 || last)) {
-      ASSIGN_OR_RETURN(m.val_loss, Evaluate(model, engine, *data.val, recipe));
+      ASSIGN_OR_RETURN(m.val_loss, Evaluate(model, world_comm, *data.val, recipe));
     }
     std::string sample;
     if (m.val_loss && recipe.logging.sample_tokens > 0) sample = SampleText(model, recipe, m.step);
 
-    ASSIGN_OR_RETURN(const CheckpointRequest request, AgreeOnCheckpointSignals(engine));
+    ASSIGN_OR_RETURN(const CheckpointRequest request, AgreeOnCheckpointSignals(world_comm));
     const int interval = recipe.checkpoint.interval;
     if ((interval > 0 && m.step % interval == 0) || last || request.stop || request.save) {
       ASSIGN_OR_RETURN(m.ckpt_blocked_ms,
@@ -366,13 +377,19 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   // file per rank).
   if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);
   ASSIGN_OR_RETURN(const Recipe recipe, ResolveStrategy(requested, world.world_size));
-  RETURN_IF_ERROR(CheckBatchSplit(recipe.train, world.world_size));
-  if (world.world_size == 1) return TrainRank(recipe, world, nullptr);
+  // The dp x pp x tp mesh, tp innermost.
+  const int tp_pp = recipe.parallel.tp * recipe.parallel.pp;
+  ASSIGN_OR_RETURN(const Mesh mesh, Mesh::Create({.dp = world.world_size / tp_pp,
+                                                  .pp = recipe.parallel.pp,
+                                                  .tp = recipe.parallel.tp},
+                                                 world.world_size, world.rank));
+  RETURN_IF_ERROR(CheckBatchSplit(recipe.train, mesh.shape().dp));
+  if (world.world_size == 1) return TrainRank(recipe, world, mesh, nullptr);
   // Every error after this point goes through Leave, which tells the other ranks at once.
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
                    ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
                                          absl::StrCat("dtrain/", recipe.run.name, "/")));
-  return group->Leave(TrainRank(recipe, world, &group->world()));
+  return group->Leave(TrainRank(recipe, world, mesh, group.get()));
 }
 
 }  // namespace dtrain

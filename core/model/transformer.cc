@@ -10,12 +10,12 @@ constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
 
 Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
                          BlockParameters& parameters, Backend& backend, int max_batch, int max_time,
-                         bool activation_checkpointing)
+                         Recompute recompute)
     : config_(config),
       table_(table),
       parameters_(parameters),
       backend_(backend),
-      checkpointing_(activation_checkpointing),
+      recompute_(recompute),
       last_region_(table.last_region()) {
   AllocateActivations(max_batch, max_time);
 }
@@ -47,10 +47,13 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
   const size_t f = config_.d_ff;
   const size_t up = config_.family == ModelFamily::kLlama ? 2 * f : f;
   const size_t lse = static_cast<size_t>(max_batch) * config_.n_head * max_time;
-  const size_t per_block = n * (4 * c + 4 + qkv + hd + up + f) + lse;
-  const int saved_blocks = checkpointing_ ? 1 : config_.n_layer;
+  const size_t core = n * hd + lse;  // the attention core's output and log-sum-exp
+  const size_t per_block = n * (4 * c + 4 + qkv + up + f);
+  const int saved_blocks = recompute_ == Recompute::kFull ? 1 : config_.n_layer;
+  const int saved_cores = recompute_ == Recompute::kNone ? config_.n_layer : 1;
   const size_t total = (config_.n_layer + 1) * n * c       // block inputs and the last output
                        + saved_blocks * per_block          // saved activations
+                       + saved_cores * core                // saved attention cores
                        + n * (c + 2)                       // final norm
                        + n * (3 * c + qkv + hd + up + f);  // backward scratch, branch output
   acts_.assign(total, 0.0f);
@@ -69,14 +72,21 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
     a.norm1_mean = take(n);
     a.norm1_rstd = take(n);
     a.qkv = take(n * qkv);
-    a.attn = take(n * hd);
-    a.lse = take(lse);
     a.resid_mid = take(n * c);
     a.norm2 = take(n * c);
     a.norm2_mean = take(n);
     a.norm2_rstd = take(n);
     a.mlp_up = take(n * up);
     a.mlp_act = take(n * f);
+  }
+  // Under kSelective every block shares core 0; otherwise block i has core i.
+  for (int i = 0; i < saved_cores; ++i) {
+    float* attn = take(n * hd);
+    float* lse_values = take(lse);
+    for (size_t j = i; j < blocks_.size(); j += saved_cores) {
+      blocks_[j].attn = attn;
+      blocks_[j].lse = lse_values;
+    }
   }
   final_norm_ = take(n * c);
   final_mean_ = take(n);
@@ -91,7 +101,7 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
 }
 
 Transformer::BlockActivations& Transformer::ActivationsFor(int layer) {
-  return blocks_[checkpointing_ ? 0 : layer];
+  return blocks_[recompute_ == Recompute::kFull ? 0 : layer];
 }
 
 void Transformer::BlockForward(int layer, const RegionView& params, BlockActivations& a,
@@ -237,7 +247,10 @@ double Transformer::ForwardBackward(const int32_t* inputs, const int32_t* target
   for (int l = config_.n_layer - 1; l >= 0; --l) {
     BlockActivations& a = ActivationsFor(l);
     const RegionView block_params = Params(l, Pass::kBackward);
-    if (checkpointing_) BlockForward(l, block_params, a, resid_[l], nullptr, b, t);
+    if (recompute_ == Recompute::kFull) BlockForward(l, block_params, a, resid_[l], nullptr, b, t);
+    if (recompute_ == Recompute::kSelective) {
+      backend_.AttentionForward(a.attn, a.lse, a.qkv, Shape(b, t));
+    }
     BlockBackward(l, block_params, Grads(l), a, resid_[l], d_resid_, b, t);
     parameters_.GradientsReady(l);
     parameters_.Release(l, Pass::kBackward);

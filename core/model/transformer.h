@@ -13,16 +13,26 @@
 #include "core/model/block_parameters.h"
 #include "core/model/model_config.h"
 #include "core/model/param_table.h"
+#include "core/model/recompute.h"
 
 namespace dtrain {
 
 class Transformer {
  public:
-  // Sizes the activation arena for micro-batches of up to max_batch x max_time tokens. With
-  // activation_checkpointing, only each block's input is kept and backward re-runs the block.
+  // Sizes the activation arena for micro-batches of up to max_batch x max_time tokens, keeping
+  // what `recompute` says:
+  // - kNone: every block's activations below.
+  // - kSelective: every block's, except the attention core's output (N, H*D) and log-sum-exp
+  //   (B, H, T), which live in one pair shared by all blocks; backward re-runs the core
+  //   (scores, softmax, times V) from the block's saved qkv before the output projection's
+  //   backward. The attention kernel never keeps the (B, H, T, T) probabilities in any mode
+  //   (its backward recomputes them from the log-sum-exp), so this is what selective drops:
+  //   (n_layer - 1) x (N*H*D + B*H*T) floats, for one attention forward per block.
+  // - kFull: only each block's input; backward re-runs the block's forward.
+  // The gradients are bit-identical in every mode: the same kernels recompute the same values.
   // `table` describes the layout `parameters` holds; both must outlive the model.
   Transformer(const ModelConfig& config, const ParamTable& table, BlockParameters& parameters,
-              Backend& backend, int max_batch, int max_time, bool activation_checkpointing);
+              Backend& backend, int max_batch, int max_time, Recompute recompute);
 
   const ModelConfig& config() const { return config_; }
   size_t activation_bytes() const { return acts_.size() * sizeof(float); }
@@ -86,13 +96,13 @@ class Transformer {
   const ParamTable& table_;
   BlockParameters& parameters_;
   Backend& backend_;
-  bool checkpointing_;
+  Recompute recompute_;
   int last_region_;                       // n_layer: the final norm and head
   RegionView embeddings_;                 // acquired during Forward
   RegionView final_region_;               // acquired during Forward until ReleaseHead
   std::vector<float> acts_;               // the arena
   std::vector<float*> resid_;             // n_layer + 1 block inputs / outputs, (N, C) each
-  std::vector<BlockActivations> blocks_;  // one per layer, or one shared when checkpointing
+  std::vector<BlockActivations> blocks_;  // one per layer, or one shared under kFull
   float* final_norm_ = nullptr;           // (N, C)
   float* final_mean_ = nullptr;           // (N)
   float* final_rstd_ = nullptr;           // (N)

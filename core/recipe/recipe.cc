@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
+#include "core/util/log.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -231,8 +232,12 @@ const std::vector<KeySpec>& Keys() {
        "pipeline-parallel stages (only 1 in this release)",
        {},
        AtLeast(1)},
-      {DTRAIN_RECIPE_KEY(parallel, activation_checkpointing),
-       "recompute each block's forward in backward: less activation memory, ~1/3 more compute"},
+      {DTRAIN_RECIPE_KEY(parallel, recompute),
+       "what backward recomputes instead of keeping: none; selective: each block's attention "
+       "core (scores, softmax, times V) from its saved q, k, v; full: each block's forward, "
+       "keeping only block inputs (~1/3 more compute). Replaces activation_checkpointing "
+       "(true = full), still read with a warning",
+       {"none", "selective", "full"}},
       {DTRAIN_RECIPE_KEY(parallel, bucket_mb),
        "MiB of gradients reduced together as backward produces them (ddp, zero1, zero2)",
        {},
@@ -330,6 +335,9 @@ const std::vector<KeySpec>& Keys() {
 }
 
 #undef DTRAIN_RECIPE_KEY
+
+// The bool that parallel.recompute replaced; still read (see Parser::ReadRenamedKey).
+constexpr absl::string_view kRenamedCheckpointingKey = "parallel.activation_checkpointing";
 
 absl::string_view SectionOf(absl::string_view path) { return path.substr(0, path.find('.')); }
 absl::string_view NameOf(absl::string_view path) { return path.substr(path.find('.') + 1); }
@@ -644,6 +652,11 @@ class Parser {
                                                        section, "' must be a plain word"));
       }
       const std::string path = absl::StrCat(section, ".", key_node.Scalar());
+      const YAML::Mark value_mark = it->second.Mark();
+      const Entry entry{.value = it->second,
+                        .mark = value_mark.is_null() ? key_node.Mark() : value_mark};
+      ASSIGN_OR_RETURN(const bool renamed, ReadRenamedKey(path, entry));
+      if (renamed) continue;
       if (FindKey(path) == nullptr) {
         return absl::InvalidArgumentError(
             absl::StrCat("unknown key ", path, " at ", At(key_node.Mark()), " (did you mean ",
@@ -654,11 +667,38 @@ class Parser {
                                                        ": set twice (first at ",
                                                        At(seen->second.mark), ")"));
       }
-      const YAML::Mark value_mark = it->second.Mark();
-      entries_[path] =
-          Entry{.value = it->second, .mark = value_mark.is_null() ? key_node.Mark() : value_mark};
+      entries_[path] = entry;
     }
     return absl::OkStatus();
+  }
+
+  // parallel.activation_checkpointing, the bool that parallel.recompute replaced, still reads:
+  // true as full, false as none, with a warning. False for every other key.
+  absl::StatusOr<bool> ReadRenamedKey(const std::string& path, const Entry& entry) {
+    constexpr absl::string_view kNew = "parallel.recompute";
+    if (path != kRenamedCheckpointingKey) return false;
+    const std::string subject = entry.from_override.empty()
+                                    ? absl::StrCat(path, " at ", At(entry.mark))
+                                    : entry.from_override;
+    const YAML::Node& node = entry.value;
+    if (!node.IsScalar() || IsQuoted(node) ||
+        (node.Scalar() != "true" && node.Scalar() != "false")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(subject, ": expected true or false, got ", DescribeNode(node),
+                       "; better, replace it with parallel.recompute: none | selective | full"));
+    }
+    const auto seen = entries_.find(kNew);
+    if (entry.from_override.empty() && seen != entries_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(subject, ": sets ", kNew, ", set at ",
+                                                     At(seen->second.mark),
+                                                     "; keep only parallel.recompute"));
+    }
+    const std::string value = node.Scalar() == "true" ? "full" : "none";
+    LogWarn("%s: parallel.activation_checkpointing is deprecated; read as parallel.recompute: %s",
+            subject, value);
+    entries_[std::string(kNew)] =
+        Entry{.value = YAML::Node(value), .mark = entry.mark, .from_override = entry.from_override};
+    return true;
   }
 
   absl::Status ApplyOverride(const std::string& text) {
@@ -670,7 +710,7 @@ class Parser {
     }
     const std::string path(absl::StripAsciiWhitespace(text.substr(0, equals)));
     const std::string value_text = text.substr(equals + 1);
-    if (FindKey(path) == nullptr) {
+    if (path != kRenamedCheckpointingKey && FindKey(path) == nullptr) {
       const size_t dot = path.find('.');
       const absl::string_view section = dot == std::string::npos ? "" : SectionOf(path);
       const absl::string_view name = dot == std::string::npos ? path : NameOf(path);
@@ -685,7 +725,9 @@ class Parser {
                                                      e.msg, "); quote it, e.g. '\"", value_text,
                                                      "\"'"));
     }
-    entries_[path] = Entry{.value = value, .from_override = subject};
+    const Entry entry{.value = value, .from_override = subject};
+    ASSIGN_OR_RETURN(const bool renamed, ReadRenamedKey(path, entry));
+    if (!renamed) entries_[path] = entry;
     return absl::OkStatus();
   }
 

@@ -80,7 +80,7 @@ struct ParallelSection {
   std::string strategy = "ddp";  // ddp | zero1 | zero2 | zero3 | fsdp | auto (the planner picks)
   int tp = 1;
   int pp = 1;
-  bool activation_checkpointing = false;  // recompute each block's forward in backward
+  std::string recompute = "none";  // none | selective | full (core/model/recompute.h)
   double bucket_mb = 25;           // gradient all-reduce / reduce-scatter bucket (ddp, zero1/2)
   double prefetch_bucket_mb = 50;  // parameter all-gather unit of zero3
   double timeout_s = 300;          // a collective or rendezvous wait longer than this fails

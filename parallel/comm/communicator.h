@@ -14,13 +14,42 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/status.h"
 
 namespace dtrain {
 
-// kAvg is the sum divided by size(), applied once to the reduced result.
+// kAvg is the sum divided by size(), applied once to the reduced result; floating types only.
 enum class ReduceOp { kSum, kAvg };
+
+// The element type of a buffer. Integers travel as integers and sum exactly (wrapping on
+// overflow); kBF16 (raw bfloat16 bits) reduces in float and rounds each partial sum to bf16, as
+// NCCL does.
+enum class DataType { kF32, kBF16, kF64, kI64, kU64 };
+
+size_t DataTypeBytes(DataType type);
+const char* DataTypeName(DataType type);  // "f32", "bf16", ...
+
+// The DataType of a C++ element type; bf16 has none (pass its buffers untyped, with kBF16).
+template <typename T>
+constexpr DataType DataTypeOf() {
+  if constexpr (std::is_same_v<T, float>) {
+    return DataType::kF32;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return DataType::kF64;
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    return DataType::kI64;
+  } else {
+    static_assert(std::is_same_v<T, uint64_t>, "collectives move float, double, int64_t, uint64_t");
+    return DataType::kU64;
+  }
+}
+
+// OK when `op` applies to `type`; otherwise an InvalidArgument naming the operation, the group
+// and the fix. Backends check before issuing, so every rank rejects the same call alike.
+absl::Status CheckReduction(DataType type, ReduceOp op, const char* op_name,
+                            const std::string& group);
 
 // The handle of one issued operation. Wait blocks until it finished and returns its outcome;
 // calling Wait again returns the same outcome. Destroying an unwaited Work waits for it.
@@ -29,6 +58,10 @@ class Work {
   virtual ~Work() = default;
   virtual absl::Status Wait() = 0;
 };
+
+// A Work that has already finished with `status`: the answer to an operation rejected before
+// it was issued.
+std::unique_ptr<Work> FinishedWork(absl::Status status);
 
 // Bytes this rank moved through the transport for one kind of operation, as the algorithm
 // sends them (payload only, no protocol headers). Local copies are not counted.
@@ -57,21 +90,52 @@ class Communicator {
   // The group's name for messages and logs ("world", "dp", ...).
   virtual const std::string& name() const = 0;
 
+  // Every operation moves `count` elements of `type`; byte sizes follow from DataTypeBytes.
   // data (count): reduced across the group in place.
-  virtual std::unique_ptr<Work> AllReduce(float* data, size_t count, ReduceOp op) = 0;
+  virtual std::unique_ptr<Work> AllReduce(void* data, size_t count, DataType type, ReduceOp op) = 0;
   // input (size() * count) -> output (count): output = reduction of every rank's slice
   // [rank() * count, (rank() + 1) * count) of its input. A padded flat buffer's shard.
-  virtual std::unique_ptr<Work> ReduceScatter(const float* input, float* output, size_t count,
-                                              ReduceOp op) = 0;
+  virtual std::unique_ptr<Work> ReduceScatter(const void* input, void* output, size_t count,
+                                              DataType type, ReduceOp op) = 0;
   // input (count) -> output (size() * count): rank r's input lands at output[r * count].
-  virtual std::unique_ptr<Work> AllGather(const float* input, float* output, size_t count) = 0;
+  virtual std::unique_ptr<Work> AllGather(const void* input, void* output, size_t count,
+                                          DataType type) = 0;
   // data (count): root's values replace everyone else's.
-  virtual std::unique_ptr<Work> Broadcast(float* data, size_t count, int root) = 0;
+  virtual std::unique_ptr<Work> Broadcast(void* data, size_t count, DataType type, int root) = 0;
   // Point to point: the n-th Send to a peer matches that peer's n-th Recv from this rank. A
   // Send does not wait for the matching Recv to be issued, so two ranks may Send to each other
   // before either Recvs.
-  virtual std::unique_ptr<Work> Send(const float* data, size_t count, int peer) = 0;
-  virtual std::unique_ptr<Work> Recv(float* data, size_t count, int peer) = 0;
+  virtual std::unique_ptr<Work> Send(const void* data, size_t count, DataType type, int peer) = 0;
+  virtual std::unique_ptr<Work> Recv(void* data, size_t count, DataType type, int peer) = 0;
+
+  // The same operations on typed buffers: the element type names the data type.
+  template <typename T>
+  std::unique_ptr<Work> AllReduce(T* data, size_t count, ReduceOp op) {
+    return AllReduce(static_cast<void*>(data), count, DataTypeOf<T>(), op);
+  }
+  template <typename T>
+  std::unique_ptr<Work> ReduceScatter(const T* input, T* output, size_t count, ReduceOp op) {
+    return ReduceScatter(static_cast<const void*>(input), static_cast<void*>(output), count,
+                         DataTypeOf<T>(), op);
+  }
+  template <typename T>
+  std::unique_ptr<Work> AllGather(const T* input, T* output, size_t count) {
+    return AllGather(static_cast<const void*>(input), static_cast<void*>(output), count,
+                     DataTypeOf<T>());
+  }
+  template <typename T>
+  std::unique_ptr<Work> Broadcast(T* data, size_t count, int root) {
+    return Broadcast(static_cast<void*>(data), count, DataTypeOf<T>(), root);
+  }
+  template <typename T>
+  std::unique_ptr<Work> Send(const T* data, size_t count, int peer) {
+    return Send(static_cast<const void*>(data), count, DataTypeOf<T>(), peer);
+  }
+  template <typename T>
+  std::unique_ptr<Work> Recv(T* data, size_t count, int peer) {
+    return Recv(static_cast<void*>(data), count, DataTypeOf<T>(), peer);
+  }
+
   // Blocks until every rank of the group has reached the barrier (after its earlier operations).
   virtual absl::Status Barrier() = 0;
 

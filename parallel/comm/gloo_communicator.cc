@@ -1,6 +1,7 @@
 #include "parallel/comm/gloo_communicator.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/io/safetensors.h"
 #include "core/util/status.h"
 #include "gloo/barrier.h"
 #include "gloo/common/error.h"
@@ -27,12 +29,13 @@ using gloo::transport::UnboundBuffer;
 // Ring transfers are cut into segments so that reducing (or forwarding) one segment overlaps
 // receiving the next: every chunk is at least kMinSegmentsPerChunk segments, each at most 1 MiB
 // (per-message overhead small, scratch cache-friendly) and, where the chunk allows, at least
-// kMinSegmentElements (tiny messages cost more in handshakes than they win in overlap). Gloo's
+// kMinSegmentBytes (tiny messages cost more in handshakes than they win in overlap). Gloo's
 // own ring all-reduce makes the same choice; with a single segment per chunk, the receive, the
 // reduction and the forward of a chunk run one after another and 1-2 MiB all-reduces on two
-// ranks ran at 0.4-0.8x of gloo::allreduce.
-constexpr size_t kSegmentElements = (1 << 20) / sizeof(float);
-constexpr size_t kMinSegmentElements = (16 << 10) / sizeof(float);
+// ranks ran at 0.4-0.8x of gloo::allreduce. Sizes are in bytes, so that every data type cuts
+// its chunks where f32 does in bytes.
+constexpr size_t kSegmentBytes = 1 << 20;
+constexpr size_t kMinSegmentBytes = 16 << 10;
 constexpr size_t kMinSegmentsPerChunk = 2;
 // Receives in flight per ring, and scratch segments (twice as many, so that a segment being
 // forwarded is not overwritten by a newer receive before its send completed).
@@ -66,14 +69,76 @@ void WaitSend(UnboundBuffer& buffer, absl::Time deadline) {
   if (!buffer.waitSend(Remaining(deadline))) throw gloo::IoException("send aborted");
 }
 
-// dst = a + b over n floats (dst may alias a or b).
-void Add(float* dst, const float* a, const float* b, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
+// Round to nearest even; a NaN stays a (quiet) NaN.
+uint16_t FloatToBFloat16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-void Scale(float* data, size_t count, int size) {
+// dst = a + b over n elements (dst may alias a or b).
+template <typename T>
+void Add(void* dst, const void* a, const void* b, size_t n) {
+  T* d = static_cast<T*>(dst);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) d[i] = x[i] + y[i];
+}
+
+void AddBFloat16(void* dst, const void* a, const void* b, size_t n) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    d[i] = FloatToBFloat16(BFloat16ToFloat(x[i]) + BFloat16ToFloat(y[i]));
+  }
+}
+
+template <typename T>
+void Divide(void* data, size_t count, int size) {
+  T* values = static_cast<T*>(data);
+  const T divisor = static_cast<T>(size);
+  for (size_t i = 0; i < count; ++i) values[i] /= divisor;
+}
+
+void DivideBFloat16(void* data, size_t count, int size) {
+  uint16_t* values = static_cast<uint16_t*>(data);
   const float divisor = static_cast<float>(size);
-  for (size_t i = 0; i < count; ++i) data[i] /= divisor;
+  for (size_t i = 0; i < count; ++i) {
+    values[i] = FloatToBFloat16(BFloat16ToFloat(values[i]) / divisor);
+  }
+}
+
+}  // namespace
+
+// The arithmetic of one data type, called once per segment: the element loops stay as tight as
+// a float-only ring's. `divide` is null for the integers (CheckReduction rejects their kAvg).
+struct GlooCommunicator::ElementOps {
+  size_t bytes;
+  void (*add)(void* dst, const void* a, const void* b, size_t n);
+  void (*divide)(void* data, size_t count, int size);
+};
+
+namespace {
+
+const GlooCommunicator::ElementOps& OpsOf(DataType type) {
+  static constexpr GlooCommunicator::ElementOps kF32{4, Add<float>, Divide<float>};
+  static constexpr GlooCommunicator::ElementOps kBF16{2, AddBFloat16, DivideBFloat16};
+  static constexpr GlooCommunicator::ElementOps kF64{8, Add<double>, Divide<double>};
+  // i64 adds as u64: the same bits, wrapping where a signed overflow would be undefined.
+  static constexpr GlooCommunicator::ElementOps kU64{8, Add<uint64_t>, nullptr};
+  switch (type) {
+    case DataType::kF32:
+      return kF32;
+    case DataType::kBF16:
+      return kBF16;
+    case DataType::kF64:
+      return kF64;
+    case DataType::kI64:
+    case DataType::kU64:
+      return kU64;
+  }
+  return kF32;
 }
 
 // Chunk c of an all-reduce spans [offsets[c], offsets[c + 1]): as equal as possible.
@@ -91,12 +156,14 @@ std::vector<size_t> EqualOffsets(size_t count, int size) {
   return offsets;
 }
 
-// The segments of chunk [begin, end): (offset, length) pairs in elements. A function of the
-// chunk alone, so that the sender and the receiver of a chunk cut it alike.
-std::vector<std::pair<size_t, size_t>> Segments(size_t begin, size_t end) {
+// The segments of chunk [begin, end): (offset, length) pairs in elements of `element_bytes`. A
+// function of the chunk and the type alone, so that the sender and the receiver cut it alike.
+std::vector<std::pair<size_t, size_t>> Segments(size_t begin, size_t end, size_t element_bytes) {
+  const size_t segment_elements_max = kSegmentBytes / element_bytes;
+  const size_t min_segment_elements = kMinSegmentBytes / element_bytes;
   const size_t length = end - begin;
-  const size_t count = std::max((length + kSegmentElements - 1) / kSegmentElements,
-                                std::min(kMinSegmentsPerChunk, length / kMinSegmentElements));
+  const size_t count = std::max((length + segment_elements_max - 1) / segment_elements_max,
+                                std::min(kMinSegmentsPerChunk, length / min_segment_elements));
   std::vector<std::pair<size_t, size_t>> segments;
   if (count <= 1) {
     if (length > 0) segments.emplace_back(begin, length);
@@ -109,9 +176,9 @@ std::vector<std::pair<size_t, size_t>> Segments(size_t begin, size_t end) {
   return segments;
 }
 
-std::unique_ptr<UnboundBuffer> Buffer(gloo::Context& context, const float* data, size_t count) {
+std::unique_ptr<UnboundBuffer> Buffer(gloo::Context& context, const void* data, size_t bytes) {
   // Gloo's buffers are read-write by type; a send never writes.
-  return context.createUnboundBuffer(const_cast<float*>(data), count * sizeof(float));
+  return context.createUnboundBuffer(const_cast<void*>(data), bytes);
 }
 
 int Mod(int a, int n) { return ((a % n) + n) % n; }
@@ -224,7 +291,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, GlooCommunicato
     : options_(std::move(options)),
       store_(std::move(store)),
       context_(std::move(context)),
-      scratch_(kScratchSegments * kSegmentElements) {
+      scratch_(kScratchSegments * kSegmentBytes) {
   worker_ = std::thread([this] { WorkerLoop(); });
   publisher_ = std::thread([this] { PublisherLoop(); });
 }
@@ -375,17 +442,20 @@ std::string GlooCommunicator::StartedKey(int group_rank) const {
 // receives chunk r-t-2 from rank r-1, adds its own contribution and forwards it at step t+1;
 // after n-1 steps chunk r holds every rank's sum. With `in_place` (all-reduce) the partial sums
 // accumulate in the caller's buffer; otherwise in the receive scratch, and the last step writes
-// `output`. Receives are posted kRecvWindow segments ahead.
-void GlooCommunicator::RingReduceScatter(const float* input, float* in_place, float* output,
+// `output`. Receives are posted kRecvWindow segments ahead. Offsets and lengths are in
+// elements; `at` turns them into byte addresses.
+void GlooCommunicator::RingReduceScatter(const std::byte* input, std::byte* in_place,
+                                         std::byte* output, const ElementOps& ops,
                                          const std::vector<size_t>& offsets, absl::Time deadline,
                                          OpStats& delta) {
   const int n = options_.size;
   const int r = options_.rank;
   const int left = Mod(r - 1, n);
   const int right = Mod(r + 1, n);
+  const size_t e = ops.bytes;
   const uint64_t slot = Slot(kReduceScatterSlot, static_cast<uint32_t>(collective_seq_));
   if (n == 1) {
-    if (in_place == nullptr) std::memcpy(output, input, offsets[1] * sizeof(float));
+    if (in_place == nullptr) std::memcpy(output, input, offsets[1] * e);
     return;
   }
   gloo::Context& context = *context_;
@@ -398,17 +468,18 @@ void GlooCommunicator::RingReduceScatter(const float* input, float* in_place, fl
   std::vector<Item> receives;
   for (int t = 0; t + 1 < n; ++t) {
     const int c = Mod(r - t - 2, n);
-    for (auto [offset, length] : Segments(offsets[c], offsets[c + 1])) {
+    for (auto [offset, length] : Segments(offsets[c], offsets[c + 1], e)) {
       receives.push_back({t, offset, length});
     }
   }
 
-  std::unique_ptr<UnboundBuffer> source = Buffer(context, in_place ? in_place : input, offsets[n]);
+  std::unique_ptr<UnboundBuffer> source =
+      Buffer(context, in_place ? in_place : input, offsets[n] * e);
   int source_sends = 0;
   std::vector<std::unique_ptr<UnboundBuffer>> scratch(kScratchSegments);
   std::vector<bool> scratch_sending(kScratchSegments, false);
   for (size_t s = 0; s < kScratchSegments; ++s) {
-    scratch[s] = Buffer(context, scratch_.data() + s * kSegmentElements, kSegmentElements);
+    scratch[s] = Buffer(context, scratch_.data() + s * kSegmentBytes, kSegmentBytes);
   }
   auto post_receive = [&](size_t k) {
     const size_t s = k % kScratchSegments;
@@ -416,35 +487,37 @@ void GlooCommunicator::RingReduceScatter(const float* input, float* in_place, fl
       WaitSend(*scratch[s], deadline);
       scratch_sending[s] = false;
     }
-    scratch[s]->recv(left, slot, 0, receives[k].length * sizeof(float));
-    delta.bytes_received += receives[k].length * sizeof(float);
+    scratch[s]->recv(left, slot, 0, receives[k].length * e);
+    delta.bytes_received += receives[k].length * e;
   };
 
   // Step 0 forwards this rank's own contribution to chunk r-1.
   const int first = Mod(r - 1, n);
-  for (auto [offset, length] : Segments(offsets[first], offsets[first + 1])) {
-    source->send(right, slot, offset * sizeof(float), length * sizeof(float));
-    delta.bytes_sent += length * sizeof(float);
+  for (auto [offset, length] : Segments(offsets[first], offsets[first + 1], e)) {
+    source->send(right, slot, offset * e, length * e);
+    delta.bytes_sent += length * e;
     ++source_sends;
   }
   for (size_t k = 0; k < std::min(kRecvWindow, receives.size()); ++k) post_receive(k);
   for (size_t k = 0; k < receives.size(); ++k) {
     const Item& item = receives[k];
     const size_t s = k % kScratchSegments;
-    float* received = scratch_.data() + s * kSegmentElements;
+    std::byte* received = scratch_.data() + s * kSegmentBytes;
     WaitRecv(*scratch[s], deadline);
     const bool last = item.step == n - 2;
-    const size_t bytes = item.length * sizeof(float);
+    const size_t bytes = item.length * e;
     if (in_place != nullptr) {
-      Add(in_place + item.offset, in_place + item.offset, received, item.length);
+      std::byte* partial = in_place + item.offset * e;
+      ops.add(partial, partial, received, item.length);
       if (!last) {
-        source->send(right, slot, item.offset * sizeof(float), bytes);
+        source->send(right, slot, item.offset * e, bytes);
         ++source_sends;
       }
     } else if (last) {
-      Add(output + (item.offset - offsets[r]), input + item.offset, received, item.length);
+      ops.add(output + (item.offset - offsets[r]) * e, input + item.offset * e, received,
+              item.length);
     } else {
-      Add(received, received, input + item.offset, item.length);
+      ops.add(received, received, input + item.offset * e, item.length);
       scratch[s]->send(right, slot, 0, bytes);
       scratch_sending[s] = true;
     }
@@ -459,34 +532,36 @@ void GlooCommunicator::RingReduceScatter(const float* input, float* in_place, fl
 
 // All-gather on a ring, in place: chunk r is already in `data`; at step t rank r forwards chunk
 // r-t to rank r+1 and receives chunk r-t-1 from rank r-1, straight into `data`.
-void GlooCommunicator::RingAllGather(float* data, const std::vector<size_t>& offsets,
-                                     absl::Time deadline, OpStats& delta) {
+void GlooCommunicator::RingAllGather(std::byte* data, size_t element_bytes,
+                                     const std::vector<size_t>& offsets, absl::Time deadline,
+                                     OpStats& delta) {
   const int n = options_.size;
   const int r = options_.rank;
   const int left = Mod(r - 1, n);
   const int right = Mod(r + 1, n);
+  const size_t e = element_bytes;
   const uint64_t slot = Slot(kAllGatherSlot, static_cast<uint32_t>(collective_seq_));
-  std::unique_ptr<UnboundBuffer> buffer = Buffer(*context_, data, offsets[n]);
+  std::unique_ptr<UnboundBuffer> buffer = Buffer(*context_, data, offsets[n] * e);
   int receives = 0;
   int sends = 0;
   // Every receive targets its own range, so all can be posted at once; they complete in order.
   for (int t = 0; t + 1 < n; ++t) {
     const int c = Mod(r - t - 1, n);
-    for (auto [offset, length] : Segments(offsets[c], offsets[c + 1])) {
-      buffer->recv(left, slot, offset * sizeof(float), length * sizeof(float));
-      delta.bytes_received += length * sizeof(float);
+    for (auto [offset, length] : Segments(offsets[c], offsets[c + 1], e)) {
+      buffer->recv(left, slot, offset * e, length * e);
+      delta.bytes_received += length * e;
       ++receives;
     }
   }
   for (int t = 0; t + 1 < n; ++t) {
     const int c = Mod(r - t, n);
-    for (auto [offset, length] : Segments(offsets[c], offsets[c + 1])) {
+    for (auto [offset, length] : Segments(offsets[c], offsets[c + 1], e)) {
       if (t > 0) {  // chunk r-t arrived at step t-1
         WaitRecv(*buffer, deadline);
         --receives;
       }
-      buffer->send(right, slot, offset * sizeof(float), length * sizeof(float));
-      delta.bytes_sent += length * sizeof(float);
+      buffer->send(right, slot, offset * e, length * e);
+      delta.bytes_sent += length * e;
       ++sends;
     }
   }
@@ -496,27 +571,28 @@ void GlooCommunicator::RingAllGather(float* data, const std::vector<size_t>& off
 
 // Broadcast along the chain root, root+1, ...: each rank forwards a segment as soon as it has
 // it, so large messages move at link speed (the latency is n-1 segment hops).
-void GlooCommunicator::ChainBroadcast(float* data, size_t count, int root, absl::Time deadline,
-                                      OpStats& delta) {
+void GlooCommunicator::ChainBroadcast(std::byte* data, size_t count, size_t element_bytes, int root,
+                                      absl::Time deadline, OpStats& delta) {
   const int n = options_.size;
   const int position = Mod(options_.rank - root, n);
   const int previous = Mod(options_.rank - 1, n);
   const int next = Mod(options_.rank + 1, n);
   const bool forwards = position < n - 1;
+  const size_t e = element_bytes;
   const uint64_t slot = Slot(kBroadcastSlot, static_cast<uint32_t>(collective_seq_));
-  std::unique_ptr<UnboundBuffer> buffer = Buffer(*context_, data, count);
-  const auto segments = Segments(0, count);
+  std::unique_ptr<UnboundBuffer> buffer = Buffer(*context_, data, count * e);
+  const auto segments = Segments(0, count, e);
   if (position > 0) {
     for (auto [offset, length] : segments) {
-      buffer->recv(previous, slot, offset * sizeof(float), length * sizeof(float));
-      delta.bytes_received += length * sizeof(float);
+      buffer->recv(previous, slot, offset * e, length * e);
+      delta.bytes_received += length * e;
     }
   }
   for (auto [offset, length] : segments) {
     if (position > 0) WaitRecv(*buffer, deadline);
     if (forwards) {
-      buffer->send(next, slot, offset * sizeof(float), length * sizeof(float));
-      delta.bytes_sent += length * sizeof(float);
+      buffer->send(next, slot, offset * e, length * e);
+      delta.bytes_sent += length * e;
     }
   }
   if (forwards) {
@@ -524,48 +600,68 @@ void GlooCommunicator::ChainBroadcast(float* data, size_t count, int root, absl:
   }
 }
 
-std::unique_ptr<Work> GlooCommunicator::AllReduce(float* data, size_t count, ReduceOp op) {
+std::unique_ptr<Work> GlooCommunicator::AllReduce(void* data, size_t count, DataType type,
+                                                  ReduceOp op) {
+  if (absl::Status valid = CheckReduction(type, op, "all_reduce", options_.name); !valid.ok()) {
+    return FinishedWork(std::move(valid));
+  }
+  const ElementOps* ops = &OpsOf(type);
+  std::byte* bytes = static_cast<std::byte*>(data);
   return EnqueueCollective("all_reduce", &CommStats::all_reduce,
-                           [this, data, count, op](absl::Time deadline, OpStats& delta) {
+                           [this, bytes, count, ops, op](absl::Time deadline, OpStats& delta) {
                              if (count == 0) return;
                              const auto offsets = BalancedOffsets(count, options_.size);
-                             RingReduceScatter(data, data, nullptr, offsets, deadline, delta);
-                             RingAllGather(data, offsets, deadline, delta);
-                             if (op == ReduceOp::kAvg) Scale(data, count, options_.size);
+                             RingReduceScatter(bytes, bytes, nullptr, *ops, offsets, deadline,
+                                               delta);
+                             RingAllGather(bytes, ops->bytes, offsets, deadline, delta);
+                             if (op == ReduceOp::kAvg) ops->divide(bytes, count, options_.size);
                            });
 }
 
-std::unique_ptr<Work> GlooCommunicator::ReduceScatter(const float* input, float* output,
-                                                      size_t count, ReduceOp op) {
+std::unique_ptr<Work> GlooCommunicator::ReduceScatter(const void* input, void* output, size_t count,
+                                                      DataType type, ReduceOp op) {
+  if (absl::Status valid = CheckReduction(type, op, "reduce_scatter", options_.name); !valid.ok()) {
+    return FinishedWork(std::move(valid));
+  }
+  const ElementOps* ops = &OpsOf(type);
+  const std::byte* in = static_cast<const std::byte*>(input);
+  std::byte* out = static_cast<std::byte*>(output);
   return EnqueueCollective("reduce_scatter", &CommStats::reduce_scatter,
-                           [this, input, output, count, op](absl::Time deadline, OpStats& delta) {
+                           [this, in, out, count, ops, op](absl::Time deadline, OpStats& delta) {
                              if (count == 0) return;
-                             RingReduceScatter(input, nullptr, output,
+                             RingReduceScatter(in, nullptr, out, *ops,
                                                EqualOffsets(count, options_.size), deadline, delta);
-                             if (op == ReduceOp::kAvg) Scale(output, count, options_.size);
+                             if (op == ReduceOp::kAvg) ops->divide(out, count, options_.size);
                            });
 }
 
-std::unique_ptr<Work> GlooCommunicator::AllGather(const float* input, float* output, size_t count) {
+std::unique_ptr<Work> GlooCommunicator::AllGather(const void* input, void* output, size_t count,
+                                                  DataType type) {
+  const size_t e = DataTypeBytes(type);
+  const std::byte* in = static_cast<const std::byte*>(input);
+  std::byte* out = static_cast<std::byte*>(output);
   return EnqueueCollective("all_gather", &CommStats::all_gather,
-                           [this, input, output, count](absl::Time deadline, OpStats& delta) {
+                           [this, in, out, count, e](absl::Time deadline, OpStats& delta) {
                              if (count == 0) return;
-                             float* own = output + options_.rank * count;
-                             if (own != input) std::memcpy(own, input, count * sizeof(float));
-                             RingAllGather(output, EqualOffsets(count, options_.size), deadline,
+                             std::byte* own = out + options_.rank * count * e;
+                             if (own != in) std::memcpy(own, in, count * e);
+                             RingAllGather(out, e, EqualOffsets(count, options_.size), deadline,
                                            delta);
                            });
 }
 
-std::unique_ptr<Work> GlooCommunicator::Broadcast(float* data, size_t count, int root) {
+std::unique_ptr<Work> GlooCommunicator::Broadcast(void* data, size_t count, DataType type,
+                                                  int root) {
+  const size_t e = DataTypeBytes(type);
+  std::byte* bytes = static_cast<std::byte*>(data);
   return EnqueueCollective("broadcast", &CommStats::broadcast,
-                           [this, data, count, root](absl::Time deadline, OpStats& delta) {
+                           [this, bytes, count, e, root](absl::Time deadline, OpStats& delta) {
                              if (root < 0 || root >= options_.size) {
                                throw gloo::InvalidOperationException(
                                    absl::StrCat("broadcast root ", root, " is not a group rank"));
                              }
                              if (count == 0) return;
-                             ChainBroadcast(data, count, root, deadline, delta);
+                             ChainBroadcast(bytes, count, e, root, deadline, delta);
                            });
 }
 
@@ -580,14 +676,13 @@ absl::Status GlooCommunicator::Barrier() {
       ->Wait();
 }
 
-std::unique_ptr<Work> GlooCommunicator::EnqueuePointToPoint(bool is_send, float* data, size_t count,
+std::unique_ptr<Work> GlooCommunicator::EnqueuePointToPoint(bool is_send, void* data, size_t bytes,
                                                             int peer) {
-  return Enqueue([this, is_send, data, count, peer](WorkState& state) -> absl::Status {
-    const std::string description =
-        absl::StrFormat("%s of %d bytes %s rank %d on group '%s' (this is rank %d)",
-                        is_send ? "send" : "recv", count * sizeof(float), is_send ? "to" : "from",
-                        peer >= 0 && peer < options_.size ? WorldRank(peer) : peer, options_.name,
-                        WorldRank(options_.rank));
+  return Enqueue([this, is_send, data, bytes, peer](WorkState& state) -> absl::Status {
+    const std::string description = absl::StrFormat(
+        "%s of %d bytes %s rank %d on group '%s' (this is rank %d)", is_send ? "send" : "recv",
+        bytes, is_send ? "to" : "from", peer >= 0 && peer < options_.size ? WorldRank(peer) : peer,
+        options_.name, WorldRank(options_.rank));
     if (peer < 0 || peer >= options_.size || peer == options_.rank) {
       return absl::InvalidArgumentError(
           absl::StrCat(description, ": the peer must be another rank of the group"));
@@ -600,11 +695,11 @@ std::unique_ptr<Work> GlooCommunicator::EnqueuePointToPoint(bool is_send, float*
       std::lock_guard lock(mu_);
       OpStats& total = is_send ? stats_.send : stats_.recv;
       total.calls += 1;
-      (is_send ? total.bytes_sent : total.bytes_received) += count * sizeof(float);
+      (is_send ? total.bytes_sent : total.bytes_received) += bytes;
     }
-    if (count == 0) return absl::OkStatus();
+    if (bytes == 0) return absl::OkStatus();
     try {
-      state.transfer = Buffer(*context_, data, count);
+      state.transfer = Buffer(*context_, data, bytes);
       if (is_send) {
         state.transfer->send(peer, kPointToPointSlot << 56);
       } else {
@@ -620,12 +715,13 @@ std::unique_ptr<Work> GlooCommunicator::EnqueuePointToPoint(bool is_send, float*
   });
 }
 
-std::unique_ptr<Work> GlooCommunicator::Send(const float* data, size_t count, int peer) {
-  return EnqueuePointToPoint(true, const_cast<float*>(data), count, peer);
+std::unique_ptr<Work> GlooCommunicator::Send(const void* data, size_t count, DataType type,
+                                             int peer) {
+  return EnqueuePointToPoint(true, const_cast<void*>(data), count * DataTypeBytes(type), peer);
 }
 
-std::unique_ptr<Work> GlooCommunicator::Recv(float* data, size_t count, int peer) {
-  return EnqueuePointToPoint(false, data, count, peer);
+std::unique_ptr<Work> GlooCommunicator::Recv(void* data, size_t count, DataType type, int peer) {
+  return EnqueuePointToPoint(false, data, count * DataTypeBytes(type), peer);
 }
 
 CommStats GlooCommunicator::stats() const {

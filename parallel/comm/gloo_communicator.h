@@ -1,5 +1,5 @@
-// The Gloo backend of Communicator: host (float) buffers over Gloo's TCP transport. One Gloo
-// context per communicator, connected through the rendezvous Store under the group's key
+// The Gloo backend of Communicator: host buffers of every DataType over Gloo's TCP transport. One
+// Gloo context per communicator, connected through the rendezvous Store under the group's key
 // prefix; the collectives are rings over Gloo's unbound buffers, pipelined in segments (at
 // most 1 MiB, and at least two per chunk of 32 KiB or more), so that the bytes counted in stats()
 // are exactly the bytes sent.
@@ -15,6 +15,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -69,17 +70,25 @@ class GlooCommunicator : public Communicator {
   int size() const override { return options_.size; }
   const std::string& name() const override { return options_.name; }
 
-  std::unique_ptr<Work> AllReduce(float* data, size_t count, ReduceOp op) override;
-  std::unique_ptr<Work> ReduceScatter(const float* input, float* output, size_t count,
+  using Communicator::AllGather;
+  using Communicator::AllReduce;
+  using Communicator::Broadcast;
+  using Communicator::Recv;
+  using Communicator::ReduceScatter;
+  using Communicator::Send;
+  std::unique_ptr<Work> AllReduce(void* data, size_t count, DataType type, ReduceOp op) override;
+  std::unique_ptr<Work> ReduceScatter(const void* input, void* output, size_t count, DataType type,
                                       ReduceOp op) override;
-  std::unique_ptr<Work> AllGather(const float* input, float* output, size_t count) override;
-  std::unique_ptr<Work> Broadcast(float* data, size_t count, int root) override;
-  std::unique_ptr<Work> Send(const float* data, size_t count, int peer) override;
-  std::unique_ptr<Work> Recv(float* data, size_t count, int peer) override;
+  std::unique_ptr<Work> AllGather(const void* input, void* output, size_t count,
+                                  DataType type) override;
+  std::unique_ptr<Work> Broadcast(void* data, size_t count, DataType type, int root) override;
+  std::unique_ptr<Work> Send(const void* data, size_t count, DataType type, int peer) override;
+  std::unique_ptr<Work> Recv(void* data, size_t count, DataType type, int peer) override;
   absl::Status Barrier() override;
   CommStats stats() const override;
 
-  struct WorkState;  // one operation's outcome, shared by its Work and the worker thread
+  struct WorkState;   // one operation's outcome, shared by its Work and the worker thread
+  struct ElementOps;  // a data type's size and arithmetic, for the ring
 
  private:
   // What runs on the worker thread: the operation's body. Collective bodies return the status
@@ -94,15 +103,17 @@ class GlooCommunicator : public Communicator {
   // failure diagnosis and stats (added to stats_.*stats_field unless it is null).
   std::unique_ptr<Work> EnqueueCollective(const char* op_name, OpStats CommStats::*stats_field,
                                           std::function<void(absl::Time, OpStats&)> body);
-  std::unique_ptr<Work> EnqueuePointToPoint(bool is_send, float* data, size_t count, int peer);
+  std::unique_ptr<Work> EnqueuePointToPoint(bool is_send, void* data, size_t bytes, int peer);
 
   // The ring algorithms (worker thread only). Chunk c of the buffers spans
   // [offsets[c], offsets[c + 1]) elements.
-  void RingReduceScatter(const float* input, float* in_place, float* output,
-                         const std::vector<size_t>& offsets, absl::Time deadline, OpStats& delta);
-  void RingAllGather(float* data, const std::vector<size_t>& offsets, absl::Time deadline,
-                     OpStats& delta);
-  void ChainBroadcast(float* data, size_t count, int root, absl::Time deadline, OpStats& delta);
+  void RingReduceScatter(const std::byte* input, std::byte* in_place, std::byte* output,
+                         const ElementOps& ops, const std::vector<size_t>& offsets,
+                         absl::Time deadline, OpStats& delta);
+  void RingAllGather(std::byte* data, size_t element_bytes, const std::vector<size_t>& offsets,
+                     absl::Time deadline, OpStats& delta);
+  void ChainBroadcast(std::byte* data, size_t count, size_t element_bytes, int root,
+                      absl::Time deadline, OpStats& delta);
 
   // Names the ranks that never started collective `seq` (reads the store); their world ranks
   // are appended to `never_started`.
@@ -117,9 +128,10 @@ class GlooCommunicator : public Communicator {
   const std::shared_ptr<Store> store_;
   const std::shared_ptr<gloo::Context> context_;
 
-  // Worker-thread state: the receive scratch (kScratchSegments x 1 MiB), the collective
-  // sequence number and the first failure, after which every operation fails fast.
-  std::vector<float> scratch_;
+  // Worker-thread state: the receive scratch (kScratchSegments x 1 MiB; operator new aligns it
+  // for every DataType), the collective sequence number and the first failure, after which
+  // every operation fails fast.
+  std::vector<std::byte> scratch_;
   int64_t collective_seq_ = 0;
   absl::Status broken_;
 

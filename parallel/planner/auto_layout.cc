@@ -67,15 +67,15 @@ absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_siz
 }
 
 absl::Status ApplyLayout(const Layout& layout, Recipe& recipe) {
-  if (layout.recompute == Recompute::kSelective || layout.offload) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the layout ", DescribeLayout(layout),
-        " needs selective recomputation or offload, which the recipe cannot express yet"));
+  if (layout.offload) {
+    return absl::InvalidArgumentError(absl::StrCat("the layout ", DescribeLayout(layout),
+                                                   " needs optimizer offload, which the recipe "
+                                                   "cannot express yet"));
   }
   recipe.parallel.strategy = std::string(StrategyName(layout.strategy));
   recipe.parallel.tp = layout.tp;
   recipe.parallel.pp = layout.pp;
-  recipe.parallel.activation_checkpointing = layout.recompute == Recompute::kFull;
+  recipe.parallel.recompute = std::string(RecomputeName(layout.recompute));
   recipe.train.micro_batch = layout.micro_batch;
   return absl::OkStatus();
 }

@@ -30,8 +30,8 @@ struct AutoLayout {
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
                                              const SearchOptions& runnable);
 
-// Sets parallel.strategy/tp/pp/activation_checkpointing and train.micro_batch from `layout`.
-// InvalidArgument for a layout the recipe cannot express (selective recomputation, offload).
+// Sets parallel.strategy/tp/pp/recompute and train.micro_batch from `layout`.
+// InvalidArgument for a layout the recipe cannot express (optimizer offload).
 absl::Status ApplyLayout(const Layout& layout, Recipe& recipe);
 
 }  // namespace dtrain

@@ -73,18 +73,6 @@ absl::string_view StrategyName(Strategy strategy) {
   return "?";
 }
 
-absl::string_view RecomputeName(Recompute recompute) {
-  switch (recompute) {
-    case Recompute::kNone:
-      return "none";
-    case Recompute::kSelective:
-      return "selective";
-    case Recompute::kFull:
-      return "full";
-  }
-  return "?";
-}
-
 Workload WorkloadFromRecipe(const Recipe& recipe) {
   Workload workload;
   workload.model = ModelConfigFromRecipe(recipe.model, recipe.d_ff());

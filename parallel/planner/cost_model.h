@@ -10,6 +10,7 @@
 
 #include "absl/strings/string_view.h"
 #include "core/model/model_config.h"
+#include "core/model/recompute.h"
 #include "core/recipe/recipe.h"
 #include "parallel/planner/catalog.h"
 
@@ -18,10 +19,8 @@ namespace dtrain {
 // The data-parallel engine, in the recipe's order of increasing sharding. zero3 and fsdp shard
 // the same state (DESIGN.md: one family) and cost the same here.
 enum class Strategy { kDdp, kZero1, kZero2, kZero3, kFsdp };
-enum class Recompute { kNone, kSelective, kFull };
 
-absl::string_view StrategyName(Strategy strategy);     // the recipe's spelling: "zero2"
-absl::string_view RecomputeName(Recompute recompute);  // "none" | "selective" | "full"
+absl::string_view StrategyName(Strategy strategy);  // the recipe's spelling: "zero2"
 
 // Bytes per parameter of each model state. Mixed precision (the default) is the ZeRO paper's
 // setting: bf16 parameters and gradients, K = 12 bytes of fp32 master weights and Adam moments.

@@ -232,12 +232,8 @@ double CollectiveTimeoutS(double step_ms) {
 
 std::string RecipeLines(const Layout& layout) {
   std::string out = absl::StrFormat(
-      "parallel:\n  strategy: %s\n  tp: %d\n  pp: %d\n  activation_checkpointing: %s\n",
-      StrategyName(layout.strategy), layout.tp, layout.pp,
-      layout.recompute == Recompute::kFull ? "true" : "false");
-  if (layout.recompute == Recompute::kSelective) {
-    absl::StrAppend(&out, "  # selective recomputation (attention only): no recipe key yet\n");
-  }
+      "parallel:\n  strategy: %s\n  tp: %d\n  pp: %d\n  recompute: %s\n",
+      StrategyName(layout.strategy), layout.tp, layout.pp, RecomputeName(layout.recompute));
   if (layout.sequence_parallel) {
     absl::StrAppend(&out, "  # sequence parallelism in the TP group: no recipe key yet\n");
   }

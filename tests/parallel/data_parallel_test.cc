@@ -56,7 +56,7 @@ RunResult Train(ModelFamily family, const ShardingStrategy& strategy, Communicat
   CpuBackend backend(1);
   DataParallelEngine engine(table, strategy, train, backend, comm);
   engine.InitParameters(config, 42);
-  Transformer model(config, table, engine, backend, kMicroBatch, kSeqLen, false);
+  Transformer model(config, table, engine, backend, kMicroBatch, kSeqLen, Recompute::kNone);
   RunResult result;
   const int per_rank = kBatch / ranks;
   for (int step = 0; step < kSteps; ++step) {

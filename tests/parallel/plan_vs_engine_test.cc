@@ -49,7 +49,8 @@ std::vector<Measured> Measure(const Recipe& recipe, const std::string& strategy_
     DataParallelEngine engine(table, strategy, train, backend, &comm);
     if (train_one_step) {
       engine.InitParameters(config, 1);
-      Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len, false);
+      Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len,
+                        Recompute::kNone);
       const MicroBatchSource source = [&](int32_t* inputs, int32_t* targets) {
         const size_t n = static_cast<size_t>(train.micro_batch) * train.seq_len;
         for (size_t i = 0; i < n; ++i) {

@@ -62,8 +62,8 @@ absl::Status Run(const Options& options) {
   const ParamTable table(config, ModelSlice{});
   ASSIGN_OR_RETURN(const ShardingStrategy strategy, ShardingStrategyFromRecipe(recipe.parallel));
   DataParallelEngine engine(table, strategy, train, backend, /*comm=*/nullptr);
-  Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len,
-                    recipe.parallel.activation_checkpointing);
+  ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(recipe.parallel.recompute));
+  Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len, recompute);
   {
     std::vector<float> weights(table.total_numel());
     RETURN_IF_ERROR(ImportHfSafetensors(config, table, options.weights, weights.data()));

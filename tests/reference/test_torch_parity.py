@@ -95,7 +95,7 @@ def recipe_yaml(case, data_file):
                   "vocab_size": s.vocab_size, "max_seq_len": s.max_seq_len,
                   "norm_eps": s.norm_eps, "rope_theta": s.rope_theta},
         "train": {**t.__dict__, "no_decay": ["*.bias", "*norm*"]},
-        "parallel": {"activation_checkpointing": case.activation_checkpointing},
+        "parallel": {"recompute": "full" if case.activation_checkpointing else "none"},
         # Required by recipe validation; the probe reads its batch from the batch file. Token
         # shards (llmc) rather than byte text, so that vocabularies under 256 are valid.
         "data": {"format": "llmc", "train": [data_file]},

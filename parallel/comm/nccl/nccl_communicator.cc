@@ -76,6 +76,22 @@ absl::Status CudaStatus(cudaError_t error, const char* what) {
 
 ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kAvg ? ncclAvg : ncclSum; }
 
+ncclDataType_t NcclType(DataType type) {
+  switch (type) {
+    case DataType::kF32:
+      return ncclFloat32;
+    case DataType::kBF16:
+      return ncclBfloat16;
+    case DataType::kF64:
+      return ncclFloat64;
+    case DataType::kI64:
+      return ncclInt64;
+    case DataType::kU64:
+      return ncclUint64;
+  }
+  return ncclFloat32;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
@@ -183,50 +199,63 @@ void NcclCommunicator::OrderAfterCollectives(cudaStream_t side) {
   cudaEventDestroy(event);  // released once the wait is satisfied
 }
 
-std::unique_ptr<Work> NcclCommunicator::AllReduce(float* data, size_t count, ReduceOp op) {
-  const int64_t ring_bytes =
-      2 * (options_.size - 1) * static_cast<int64_t>(count) * 4 / options_.size;
+std::unique_ptr<Work> NcclCommunicator::AllReduce(void* data, size_t count, DataType type,
+                                                  ReduceOp op) {
+  if (absl::Status valid = CheckReduction(type, op, "all_reduce", options_.name); !valid.ok()) {
+    return FinishedWork(std::move(valid));
+  }
+  const int64_t bytes = static_cast<int64_t>(count) * DataTypeBytes(type);
+  const int64_t ring_bytes = 2 * (options_.size - 1) * bytes / options_.size;
   Count(&CommStats::all_reduce, ring_bytes, ring_bytes);
   return Finish("all_reduce",
-                ncclAllReduce(data, data, count, ncclFloat32, NcclOp(op), comm_, stream_), stream_);
+                ncclAllReduce(data, data, count, NcclType(type), NcclOp(op), comm_, stream_),
+                stream_);
 }
 
-std::unique_ptr<Work> NcclCommunicator::ReduceScatter(const float* input, float* output,
-                                                      size_t count, ReduceOp op) {
-  const int64_t ring_bytes = (options_.size - 1) * static_cast<int64_t>(count) * 4;
+std::unique_ptr<Work> NcclCommunicator::ReduceScatter(const void* input, void* output, size_t count,
+                                                      DataType type, ReduceOp op) {
+  if (absl::Status valid = CheckReduction(type, op, "reduce_scatter", options_.name); !valid.ok()) {
+    return FinishedWork(std::move(valid));
+  }
+  const int64_t ring_bytes =
+      (options_.size - 1) * static_cast<int64_t>(count) * DataTypeBytes(type);
   Count(&CommStats::reduce_scatter, ring_bytes, ring_bytes);
   return Finish("reduce_scatter",
-                ncclReduceScatter(input, output, count, ncclFloat32, NcclOp(op), comm_, stream_),
+                ncclReduceScatter(input, output, count, NcclType(type), NcclOp(op), comm_, stream_),
                 stream_);
 }
 
-std::unique_ptr<Work> NcclCommunicator::AllGather(const float* input, float* output, size_t count) {
-  const int64_t ring_bytes = (options_.size - 1) * static_cast<int64_t>(count) * 4;
+std::unique_ptr<Work> NcclCommunicator::AllGather(const void* input, void* output, size_t count,
+                                                  DataType type) {
+  const int64_t ring_bytes =
+      (options_.size - 1) * static_cast<int64_t>(count) * DataTypeBytes(type);
   Count(&CommStats::all_gather, ring_bytes, ring_bytes);
-  return Finish("all_gather", ncclAllGather(input, output, count, ncclFloat32, comm_, stream_),
+  return Finish("all_gather", ncclAllGather(input, output, count, NcclType(type), comm_, stream_),
                 stream_);
 }
 
-std::unique_ptr<Work> NcclCommunicator::Broadcast(float* data, size_t count, int root) {
+std::unique_ptr<Work> NcclCommunicator::Broadcast(void* data, size_t count, DataType type,
+                                                  int root) {
   // NCCL's broadcast is a chain from the root: every rank but the last forwards the buffer.
   const int position = (options_.rank - root + options_.size) % options_.size;
-  const int64_t bytes = static_cast<int64_t>(count) * 4;
+  const int64_t bytes = static_cast<int64_t>(count) * DataTypeBytes(type);
   Count(&CommStats::broadcast, position < options_.size - 1 ? bytes : 0, position > 0 ? bytes : 0);
-  return Finish("broadcast", ncclBroadcast(data, data, count, ncclFloat32, root, comm_, stream_),
+  return Finish("broadcast", ncclBroadcast(data, data, count, NcclType(type), root, comm_, stream_),
                 stream_);
 }
 
-std::unique_ptr<Work> NcclCommunicator::Send(const float* data, size_t count, int peer) {
-  Count(&CommStats::send, static_cast<int64_t>(count) * 4, 0);
+std::unique_ptr<Work> NcclCommunicator::Send(const void* data, size_t count, DataType type,
+                                             int peer) {
+  Count(&CommStats::send, static_cast<int64_t>(count) * DataTypeBytes(type), 0);
   OrderAfterCollectives(send_stream_);
-  return Finish("send", ncclSend(data, count, ncclFloat32, peer, comm_, send_stream_),
+  return Finish("send", ncclSend(data, count, NcclType(type), peer, comm_, send_stream_),
                 send_stream_);
 }
 
-std::unique_ptr<Work> NcclCommunicator::Recv(float* data, size_t count, int peer) {
-  Count(&CommStats::recv, 0, static_cast<int64_t>(count) * 4);
+std::unique_ptr<Work> NcclCommunicator::Recv(void* data, size_t count, DataType type, int peer) {
+  Count(&CommStats::recv, 0, static_cast<int64_t>(count) * DataTypeBytes(type));
   OrderAfterCollectives(recv_stream_);
-  return Finish("recv", ncclRecv(data, count, ncclFloat32, peer, comm_, recv_stream_),
+  return Finish("recv", ncclRecv(data, count, NcclType(type), peer, comm_, recv_stream_),
                 recv_stream_);
 }
 

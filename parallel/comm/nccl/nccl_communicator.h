@@ -1,5 +1,5 @@
-// The NCCL backend of Communicator: device (float) buffers of the current CUDA device. Built
-// only with the CUDA toolkit (DTRAIN_HAVE_NCCL). Rank 0 of the group creates the 128-byte
+// The NCCL backend of Communicator: device buffers of the current CUDA device, every DataType.
+// Built only with the CUDA toolkit (DTRAIN_HAVE_NCCL). Rank 0 of the group creates the 128-byte
 // ncclUniqueId and Sets it under "<key_prefix>nccl_id"; the others Get it; ncclCommInitRank.
 // Each group (tp/dp/pp) has its own key prefix and so its own id and communicator.
 //
@@ -47,13 +47,20 @@ class NcclCommunicator : public Communicator {
   int size() const override { return options_.size; }
   const std::string& name() const override { return options_.name; }
 
-  std::unique_ptr<Work> AllReduce(float* data, size_t count, ReduceOp op) override;
-  std::unique_ptr<Work> ReduceScatter(const float* input, float* output, size_t count,
+  using Communicator::AllGather;
+  using Communicator::AllReduce;
+  using Communicator::Broadcast;
+  using Communicator::Recv;
+  using Communicator::ReduceScatter;
+  using Communicator::Send;
+  std::unique_ptr<Work> AllReduce(void* data, size_t count, DataType type, ReduceOp op) override;
+  std::unique_ptr<Work> ReduceScatter(const void* input, void* output, size_t count, DataType type,
                                       ReduceOp op) override;
-  std::unique_ptr<Work> AllGather(const float* input, float* output, size_t count) override;
-  std::unique_ptr<Work> Broadcast(float* data, size_t count, int root) override;
-  std::unique_ptr<Work> Send(const float* data, size_t count, int peer) override;
-  std::unique_ptr<Work> Recv(float* data, size_t count, int peer) override;
+  std::unique_ptr<Work> AllGather(const void* input, void* output, size_t count,
+                                  DataType type) override;
+  std::unique_ptr<Work> Broadcast(void* data, size_t count, DataType type, int root) override;
+  std::unique_ptr<Work> Send(const void* data, size_t count, DataType type, int peer) override;
+  std::unique_ptr<Work> Recv(void* data, size_t count, DataType type, int peer) override;
   absl::Status Barrier() override;
   CommStats stats() const override;
 

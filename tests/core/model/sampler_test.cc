@@ -16,7 +16,7 @@ TEST(SamplerTest, SameSeedSameTextAndTopOneIsGreedy) {
   const ParamTable table(config, ModelSlice{});
   FlatParameters parameters(table);
   InitParameters(config, table, 2, 0, table.total_numel(), parameters.params().data());
-  Transformer model(config, table, parameters, backend, 1, 8, false);
+  Transformer model(config, table, parameters, backend, 1, 8, Recompute::kNone);
   SamplingOptions options;
   options.max_new_tokens = 12;
   options.seed = 7;

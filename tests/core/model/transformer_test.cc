@@ -21,10 +21,10 @@ std::vector<int32_t> Tokens(size_t n, int vocab, int salt) {
 // A model with its own flat parameters, initialised from `seed`.
 struct TestModel {
   TestModel(const ModelConfig& config, Backend& backend, int max_batch, int max_time,
-            bool checkpointing, uint64_t seed)
+            Recompute recompute, uint64_t seed)
       : table(config, ModelSlice{}),
         parameters(table),
-        model(config, table, parameters, backend, max_batch, max_time, checkpointing) {
+        model(config, table, parameters, backend, max_batch, max_time, recompute) {
     InitParameters(config, table, seed, 0, table.total_numel(), parameters.params().data());
   }
   ParamTable table;
@@ -34,29 +34,48 @@ struct TestModel {
 
 class TransformerTest : public ::testing::TestWithParam<ModelFamily> {};
 
-// Re-running each block's forward in backward must not change a single bit of the gradients.
-TEST_P(TransformerTest, ActivationCheckpointingGivesIdenticalGradients) {
+// Recomputing the attention core (selective) or each block's forward (full) in backward must not
+// change a single bit of the loss or the gradients, and must keep fewer activations.
+TEST_P(TransformerTest, RecomputationGivesIdenticalGradients) {
   const ModelConfig config = testing::SmallModelConfig(GetParam());
   CpuBackend backend(2);
-  TestModel plain(config, backend, 2, 11, false, 5);
-  TestModel checkpointed(config, backend, 2, 11, true, 5);
+  TestModel plain(config, backend, 2, 11, Recompute::kNone, 5);
   const auto inputs = Tokens(22, config.vocab_size, 1), targets = Tokens(22, config.vocab_size, 2);
-  const double loss_a = plain.model.ForwardBackward(inputs.data(), targets.data(), 2, 11, 0.5f);
-  const double loss_b =
-      checkpointed.model.ForwardBackward(inputs.data(), targets.data(), 2, 11, 0.5f);
-  EXPECT_EQ(loss_a, loss_b);
-  const auto a = plain.parameters.grads(), b = checkpointed.parameters.grads();
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << i;
-  EXPECT_LT(checkpointed.model.activation_bytes(), plain.model.activation_bytes());
+  const double loss = plain.model.ForwardBackward(inputs.data(), targets.data(), 2, 11, 0.5f);
+  const auto grads = plain.parameters.grads();
+  size_t previous_bytes = plain.model.activation_bytes();
+  for (Recompute recompute : {Recompute::kSelective, Recompute::kFull}) {
+    SCOPED_TRACE(RecomputeName(recompute));
+    TestModel recomputed(config, backend, 2, 11, recompute, 5);
+    EXPECT_EQ(recomputed.model.ForwardBackward(inputs.data(), targets.data(), 2, 11, 0.5f), loss);
+    const auto recomputed_grads = recomputed.parameters.grads();
+    ASSERT_EQ(recomputed_grads.size(), grads.size());
+    for (size_t i = 0; i < grads.size(); ++i) ASSERT_EQ(recomputed_grads[i], grads[i]) << i;
+    EXPECT_LT(recomputed.model.activation_bytes(), previous_bytes);
+    previous_bytes = recomputed.model.activation_bytes();
+  }
+}
+
+// Selective drops exactly the attention cores of all blocks but one: the output (N, H*D) and
+// the log-sum-exp (B, H, T) of each.
+TEST_P(TransformerTest, SelectiveDropsTheAttentionCoresOfAllBlocksButOne) {
+  const ModelConfig config = testing::SmallModelConfig(GetParam());
+  CpuBackend backend(1);
+  const int b = 2, t = 11;
+  TestModel plain(config, backend, b, t, Recompute::kNone, 5);
+  TestModel selective(config, backend, b, t, Recompute::kSelective, 5);
+  const size_t core_floats = static_cast<size_t>(b) * t * config.n_head * config.head_dim +
+                             static_cast<size_t>(b) * config.n_head * t;
+  EXPECT_EQ(plain.model.activation_bytes() - selective.model.activation_bytes(),
+            (config.n_layer - 1) * core_floats * sizeof(float));
 }
 
 // Two micro-batches accumulate to the gradient of the whole batch (up to float rounding).
 TEST_P(TransformerTest, MicroBatchesAccumulateToTheWholeBatchGradient) {
   const ModelConfig config = testing::SmallModelConfig(GetParam());
   CpuBackend backend(1);
-  TestModel whole(config, backend, 4, 8, false, 9);
-  TestModel halves(config, backend, 2, 8, false, 9);
+  TestModel whole(config, backend, 4, 8, Recompute::kNone, 9);
+  TestModel halves(config, backend, 2, 8, Recompute::kNone, 9);
   const auto inputs = Tokens(32, config.vocab_size, 3), targets = Tokens(32, config.vocab_size, 4);
   const float scale = 1.0f / 32;
   const double loss = whole.model.ForwardBackward(inputs.data(), targets.data(), 4, 8, scale);
@@ -77,7 +96,7 @@ TEST_P(TransformerTest, MicroBatchesAccumulateToTheWholeBatchGradient) {
 TEST_P(TransformerTest, LossLogitsAndTrainingPathsAgree) {
   const ModelConfig config = testing::SmallModelConfig(GetParam());
   CpuBackend backend(2);
-  TestModel test_model(config, backend, 2, 9, false, 1);
+  TestModel test_model(config, backend, 2, 9, Recompute::kNone, 1);
   Transformer& model = test_model.model;
   const auto inputs = Tokens(18, config.vocab_size, 5), targets = Tokens(18, config.vocab_size, 6);
   const double loss = model.ForwardLoss(inputs.data(), targets.data(), 2, 9);
@@ -123,7 +142,7 @@ TEST_P(TransformerTest, InitFollowsGpt2) {
   config.head_dim = 64;
   config.d_ff = 512;
   CpuBackend backend(1);
-  TestModel model(config, backend, 1, 4, false, 3);
+  TestModel model(config, backend, 1, 4, Recompute::kNone, 3);
   const auto params = model.parameters.params();
   auto stddev = [&](const std::string& name) {
     const TensorEntry* entry = model.table.Find(name);

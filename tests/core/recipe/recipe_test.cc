@@ -54,7 +54,7 @@ TEST(RecipeTest, ReadsEveryType) {
       "model: {family: llama, n_kv_head: 2, d_ff: 100, norm_eps: 1e-6}\n"
       "data: {train: [a.txt, 'b c.txt'], val: []}\n"
       "train: {lr: 3e-4, no_decay: []}\n"
-      "parallel: {activation_checkpointing: true, strategy: fsdp}\n",
+      "parallel: {recompute: selective, strategy: fsdp}\n",
       "t.yaml");
   ASSERT_TRUE(recipe.ok()) << recipe.status();
   EXPECT_EQ(recipe->run.seed, 18446744073709551615ull);
@@ -65,7 +65,7 @@ TEST(RecipeTest, ReadsEveryType) {
   EXPECT_EQ(recipe->data.train, (std::vector<std::string>{"a.txt", "b c.txt"}));
   EXPECT_DOUBLE_EQ(recipe->train.lr, 3e-4);
   EXPECT_TRUE(recipe->train.no_decay.empty());
-  EXPECT_TRUE(recipe->parallel.activation_checkpointing);
+  EXPECT_EQ(recipe->parallel.recompute, "selective");
   EXPECT_EQ(recipe->parallel.strategy, "fsdp");
 }
 
@@ -133,10 +133,10 @@ TEST(RecipeTest, WrongTypeInteger) {
 }
 
 TEST(RecipeTest, WrongTypeBool) {
-  EXPECT_THAT(ErrorOf(WithMinimal("parallel:\n  activation_checkpointing: yes\n")),
-              AllOf(HasSubstr("parallel.activation_checkpointing at t.yaml:4:29"),
+  EXPECT_THAT(ErrorOf(WithMinimal("parallel:\n  check_replicas: yes\n")),
+              AllOf(HasSubstr("parallel.check_replicas at t.yaml:4:19"),
                     HasSubstr("expected true or false, got 'yes'")));
-  EXPECT_THAT(ErrorOf(WithMinimal("parallel:\n  activation_checkpointing: 1\n")),
+  EXPECT_THAT(ErrorOf(WithMinimal("parallel:\n  check_replicas: 1\n")),
               HasSubstr("expected true or false"));
 }
 
@@ -236,14 +236,56 @@ TEST(RecipeTest, OverridesWinOverFile) {
   absl::StatusOr<Recipe> recipe =
       ParseRecipe(WithMinimal("train:\n  lr: 0.1\n  steps: 50\n"), "t.yaml",
                   {"train.lr=0.01", "data.train=[x.txt, y.txt]", "run.name=hello world",
-                   "parallel.activation_checkpointing=true", "train.init_from="});
+                   "parallel.recompute=full", "train.init_from="});
   ASSERT_TRUE(recipe.ok()) << recipe.status();
   EXPECT_DOUBLE_EQ(recipe->train.lr, 0.01);
   EXPECT_EQ(recipe->train.steps, 50);
   EXPECT_EQ(recipe->data.train, (std::vector<std::string>{"x.txt", "y.txt"}));
   EXPECT_EQ(recipe->run.name, "hello world");
-  EXPECT_TRUE(recipe->parallel.activation_checkpointing);
+  EXPECT_EQ(recipe->parallel.recompute, "full");
   EXPECT_EQ(recipe->train.init_from, "");
+}
+
+TEST(RecipeTest, RecomputeTakesNoneSelectiveOrFull) {
+  EXPECT_EQ(ParseRecipe(kMinimal, "t.yaml")->parallel.recompute, "none");
+  EXPECT_THAT(ErrorOf(WithMinimal("parallel:\n  recompute: attention\n")),
+              AllOf(HasSubstr("parallel.recompute at t.yaml:4:14"),
+                    HasSubstr("'attention' is not allowed; use one of none, selective, full")));
+}
+
+// The bool that parallel.recompute replaced still reads, from the file and from --set, with a
+// warning that names the new spelling.
+TEST(RecipeTest, ActivationCheckpointingReadsAsRecomputeWithAWarning) {
+  ::testing::internal::CaptureStderr();
+  absl::StatusOr<Recipe> on =
+      ParseRecipe(WithMinimal("parallel:\n  activation_checkpointing: true\n"), "t.yaml");
+  const std::string warning = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->parallel.recompute, "full");
+  EXPECT_THAT(warning, AllOf(HasSubstr("parallel.activation_checkpointing at t.yaml:4:29"),
+                             HasSubstr("deprecated; read as parallel.recompute: full")));
+
+  absl::StatusOr<Recipe> off =
+      ParseRecipe(WithMinimal("parallel:\n  activation_checkpointing: false\n"), "t.yaml");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->parallel.recompute, "none");
+
+  // --set overrides the file, in either spelling.
+  absl::StatusOr<Recipe> set = ParseRecipe(WithMinimal("parallel:\n  recompute: selective\n"),
+                                           "t.yaml", {"parallel.activation_checkpointing=true"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->parallel.recompute, "full");
+
+  EXPECT_THAT(ErrorOf(WithMinimal("parallel:\n  activation_checkpointing: yes\n")),
+              AllOf(HasSubstr("parallel.activation_checkpointing at t.yaml:4:29"),
+                    HasSubstr("expected true or false, got 'yes'"),
+                    HasSubstr("replace it with parallel.recompute")));
+  EXPECT_THAT(ErrorOf(WithMinimal("parallel:\n  recompute: full\n  activation_checkpointing: "
+                                  "true\n")),
+              HasSubstr("keep only parallel.recompute"));
+  EXPECT_THAT(ErrorOf(WithMinimal("parallel:\n  activation_checkpointing: true\n  recompute: "
+                                  "full\n")),
+              HasSubstr("parallel.recompute at t.yaml:5:3: set twice (first at t.yaml:4:29)"));
 }
 
 TEST(RecipeTest, OverrideOfUnknownKey) {

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bit>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
@@ -176,6 +178,146 @@ TEST(GlooCommunicatorTest, CollectivesOverManySegmentsPerChunk) {
     std::vector<float> root_data = input;
     ASSERT_TRUE(comm.Broadcast(root_data.data(), root_data.size(), 1)->Wait().ok());
     for (size_t i = 0; i < root_data.size(); ++i) ASSERT_EQ(root_data[i], Value(1, i)) << i;
+  });
+}
+
+// Sums above 2^24 that float would round: int64 travels and adds as an integer. Beyond one
+// segment (300001 x 8 bytes), so that the typed segment cuts agree between the ranks.
+TEST_P(GlooCollectiveTest, Int64SumsAreExact) {
+  const int n = GetParam();
+  testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {
+    auto value = [](int rank, size_t i) {
+      return (int64_t{1} << 40) + static_cast<int64_t>(i) * 3 - rank * 1000003;
+    };
+    for (size_t count : kCounts) {
+      std::vector<int64_t> data(count);
+      for (size_t i = 0; i < count; ++i) data[i] = value(comm.rank(), i);
+      ASSERT_TRUE(comm.AllReduce(data.data(), count, ReduceOp::kSum)->Wait().ok());
+      std::vector<int64_t> input(n * count);
+      for (size_t i = 0; i < input.size(); ++i) input[i] = value(comm.rank(), i);
+      std::vector<int64_t> shard(count);
+      ASSERT_TRUE(
+          comm.ReduceScatter(input.data(), shard.data(), count, ReduceOp::kSum)->Wait().ok());
+      for (size_t i = 0; i < count; ++i) {
+        int64_t expected = 0;
+        int64_t expected_shard = 0;
+        for (int r = 0; r < n; ++r) {
+          expected += value(r, i);
+          expected_shard += value(r, comm.rank() * count + i);
+        }
+        ASSERT_EQ(data[i], expected) << "count " << count << " element " << i;
+        ASSERT_EQ(shard[i], expected_shard) << "count " << count << " element " << i;
+      }
+    }
+    EXPECT_EQ(comm.stats().all_reduce.bytes_sent % 8, 0);
+  });
+}
+
+// Values 1 + k * 2^-40 are not floats; their sums and averages over up to 4 ranks are exact in
+// double whatever the order, so they compare bit for bit.
+TEST_P(GlooCollectiveTest, Float64ReducesInDouble) {
+  const int n = GetParam();
+  testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {
+    auto value = [](int rank, size_t i) {
+      return 1.0 + static_cast<double>((rank * 7 + i) % 1000) * 0x1.0p-40;
+    };
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      for (size_t count : kCounts) {
+        std::vector<double> data(count);
+        for (size_t i = 0; i < count; ++i) data[i] = value(comm.rank(), i);
+        ASSERT_TRUE(comm.AllReduce(data.data(), count, op)->Wait().ok());
+        for (size_t i = 0; i < count; ++i) {
+          double expected = 0;
+          for (int r = 0; r < n; ++r) expected += value(r, i);
+          if (op == ReduceOp::kAvg) expected /= n;
+          ASSERT_EQ(data[i], expected) << "count " << count << " element " << i;
+        }
+      }
+    }
+  });
+}
+
+// 64-bit fingerprints, including words that read as float NaNs, arrive bit for bit.
+TEST_P(GlooCollectiveTest, Uint64MovesBitForBit) {
+  const int n = GetParam();
+  testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {
+    auto value = [](int rank, size_t i) {
+      return 0x7fc000017f800001ull * (static_cast<uint64_t>(rank) + 1) ^
+             (i * 0x9e3779b97f4a7c15ull);
+    };
+    for (size_t count : kCounts) {
+      for (int root = 0; root < n; ++root) {
+        std::vector<uint64_t> data(count);
+        for (size_t i = 0; i < count; ++i) data[i] = value(comm.rank(), i);
+        ASSERT_TRUE(comm.Broadcast(data.data(), count, root)->Wait().ok());
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(data[i], value(root, i)) << "root " << root;
+      }
+      std::vector<uint64_t> input(count);
+      for (size_t i = 0; i < count; ++i) input[i] = value(comm.rank(), i);
+      std::vector<uint64_t> all(n * count);
+      ASSERT_TRUE(comm.AllGather(input.data(), all.data(), count)->Wait().ok());
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(all[r * count + i], value(r, i));
+      }
+    }
+    const int right = (comm.rank() + 1) % n;
+    const int left = (comm.rank() + n - 1) % n;
+    const uint64_t out = value(comm.rank(), 0);
+    uint64_t in = 0;
+    std::unique_ptr<Work> send = comm.Send(&out, 1, right);
+    std::unique_ptr<Work> recv = comm.Recv(&in, 1, left);
+    ASSERT_TRUE(send->Wait().ok());
+    ASSERT_TRUE(recv->Wait().ok());
+    EXPECT_EQ(in, value(left, 0));
+    EXPECT_EQ(comm.stats().send.bytes_sent, 8);
+  });
+}
+
+// bfloat16 travels as its 2-byte bits and sums in float, rounding each partial sum: small
+// integers are exact at every step.
+TEST_P(GlooCollectiveTest, BFloat16ReducesInFloat) {
+  const int n = GetParam();
+  testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {
+    auto bits = [](float value) {
+      return static_cast<uint16_t>(std::bit_cast<uint32_t>(value) >> 16);
+    };
+    for (size_t count : kCounts) {
+      std::vector<uint16_t> data(count);
+      for (size_t i = 0; i < count; ++i) data[i] = bits(Value(comm.rank(), i));
+      ASSERT_TRUE(comm.AllReduce(data.data(), count, DataType::kBF16, ReduceOp::kSum)->Wait().ok());
+      for (size_t i = 0; i < count; ++i) {
+        float expected = 0;
+        for (int r = 0; r < n; ++r) expected += Value(r, i);
+        ASSERT_EQ(data[i], bits(expected)) << "count " << count << " element " << i;
+      }
+    }
+    const size_t count = 1000;
+    std::vector<uint16_t> mine(count, bits(static_cast<float>(comm.rank())));
+    std::vector<uint16_t> all(n * count);
+    const CommStats before = comm.stats();
+    ASSERT_TRUE(comm.AllGather(mine.data(), all.data(), count, DataType::kBF16)->Wait().ok());
+    for (int r = 0; r < n; ++r) ASSERT_EQ(all[r * count], bits(static_cast<float>(r)));
+    EXPECT_EQ(comm.stats().all_gather.bytes_sent - before.all_gather.bytes_sent,
+              static_cast<int64_t>(2 * (n - 1) * count));
+  });
+}
+
+TEST_P(GlooCollectiveTest, IntegerAverageIsRejectedAndTheCommunicatorStaysUsable) {
+  const int n = GetParam();
+  testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {
+    std::vector<int64_t> data(10, 1);
+    absl::Status status = comm.AllReduce(data.data(), data.size(), ReduceOp::kAvg)->Wait();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("all_reduce on group 'world': an average of i64"),
+              std::string::npos)
+        << status;
+    std::vector<uint64_t> shard(10);
+    std::vector<uint64_t> input(10 * n);
+    EXPECT_EQ(comm.ReduceScatter(input.data(), shard.data(), 10, ReduceOp::kAvg)->Wait().code(),
+              absl::StatusCode::kInvalidArgument);
+    ASSERT_TRUE(comm.AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait().ok());
+    EXPECT_EQ(data[0], n);
+    EXPECT_EQ(comm.stats().all_reduce.calls, 1);
   });
 }
 

@@ -78,8 +78,7 @@ TEST(PlanReportTest, RecipeLinesSayWhatTheRecipeCannot) {
                                          .recompute = Recompute::kSelective,
                                          .sequence_parallel = true});
   EXPECT_EQ(lines,
-            "parallel:\n  strategy: fsdp\n  tp: 4\n  pp: 1\n  activation_checkpointing: false\n"
-            "  # selective recomputation (attention only): no recipe key yet\n"
+            "parallel:\n  strategy: fsdp\n  tp: 4\n  pp: 1\n  recompute: selective\n"
             "  # sequence parallelism in the TP group: no recipe key yet\n"
             "train:\n  micro_batch: 2\n");
 }

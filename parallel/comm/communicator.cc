@@ -1,0 +1,66 @@
+#include "parallel/comm/communicator.h"
+
+#include <utility>
+
+#include "absl/strings/str_format.h"
+
+namespace dtrain {
+namespace {
+
+class FinishedWorkImpl : public Work {
+ public:
+  explicit FinishedWorkImpl(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Wait() override { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+}  // namespace
+
+size_t DataTypeBytes(DataType type) {
+  switch (type) {
+    case DataType::kBF16:
+      return 2;
+    case DataType::kF32:
+      return 4;
+    case DataType::kF64:
+    case DataType::kI64:
+    case DataType::kU64:
+      return 8;
+  }
+  return 0;
+}
+
+const char* DataTypeName(DataType type) {
+  switch (type) {
+    case DataType::kF32:
+      return "f32";
+    case DataType::kBF16:
+      return "bf16";
+    case DataType::kF64:
+      return "f64";
+    case DataType::kI64:
+      return "i64";
+    case DataType::kU64:
+      return "u64";
+  }
+  return "unknown";
+}
+
+absl::Status CheckReduction(DataType type, ReduceOp op, const char* op_name,
+                            const std::string& group) {
+  if (op == ReduceOp::kAvg && (type == DataType::kI64 || type == DataType::kU64)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s on group '%s': an average of %s values is not an integer; sum them and divide "
+        "where the rounding is known",
+        op_name, group, DataTypeName(type)));
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<Work> FinishedWork(absl::Status status) {
+  return std::make_unique<FinishedWorkImpl>(std::move(status));
+}
+
+}  // namespace dtrain

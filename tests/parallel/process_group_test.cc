@@ -1,0 +1,56 @@
+#include "parallel/process_group.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "parallel/mesh.h"
+#include "tests/testing/multi_process.h"
+
+namespace dtrain {
+namespace {
+
+// Four ranks as threads on a dp 2 x tp 2 mesh: each of a rank's groups reduces over exactly its
+// own members (rank r contributes bit r), under the job's store namespace next to the world.
+TEST(ProcessGroupTest, ConnectMeshJoinsEachGroupOfTheMesh) {
+  const int port = testing::FreeTcpPort();
+  const int n = 4;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      const WorldMembership world{.rank = r, .world_size = n, .master_port = port};
+      absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
+          ProcessGroup::Connect(world, absl::Seconds(30), "test/");
+      ASSERT_TRUE(group.ok()) << group.status();
+      absl::StatusOr<Mesh> mesh = Mesh::Create({.dp = 2, .pp = 1, .tp = 2}, n, r);
+      ASSERT_TRUE(mesh.ok()) << mesh.status();
+      absl::StatusOr<MeshCommunicators> groups = (*group)->ConnectMesh(*mesh);
+      ASSERT_TRUE(groups.ok()) << groups.status();
+      const MeshCoords me = mesh->coords();
+      int64_t expected_tp = 0;
+      int64_t expected_dp = 0;
+      for (int i = 0; i < 2; ++i) {
+        expected_tp += int64_t{1} << mesh->RankAt({.dp = me.dp, .pp = me.pp, .tp = i});
+        expected_dp += int64_t{1} << mesh->RankAt({.dp = i, .pp = me.pp, .tp = me.tp});
+      }
+      int64_t tp_sum = int64_t{1} << r;
+      int64_t dp_sum = int64_t{1} << r;
+      int64_t pp_sum = int64_t{1} << r;
+      ASSERT_TRUE(groups->tp->AllReduce(&tp_sum, 1, ReduceOp::kSum)->Wait().ok());
+      ASSERT_TRUE(groups->dp->AllReduce(&dp_sum, 1, ReduceOp::kSum)->Wait().ok());
+      ASSERT_TRUE(groups->pp->AllReduce(&pp_sum, 1, ReduceOp::kSum)->Wait().ok());
+      EXPECT_EQ(tp_sum, expected_tp);
+      EXPECT_EQ(dp_sum, expected_dp);
+      EXPECT_EQ(pp_sum, int64_t{1} << r);
+      EXPECT_EQ(groups->dp->name(), "dp");
+      EXPECT_EQ(groups->dp->rank(), me.dp);
+      EXPECT_EQ((*group)->world().size(), n);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+}  // namespace
+}  // namespace dtrain
