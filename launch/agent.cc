@@ -18,7 +18,7 @@
 #include "absl/time/clock.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
-#include "launch/worker_process.h"
+#include "core/util/subprocess.h"
 #include "parallel/store/tcp_store_client.h"
 #include "parallel/store/tcp_store_server.h"
 
@@ -95,6 +95,21 @@ bool IsRankVariable(const std::string& name) {
          name == "CUDA_VISIBLE_DEVICES";
 }
 
+// The agent's children: in their own process group (a signal reaches everything a worker
+// started), gone with the agent (a SIGKILLed agent leaves no worker behind), reading /dev/null,
+// writing into pipes that the agent drains.
+SubprocessOptions ChildOptions(std::vector<std::string> environment) {
+  SubprocessOptions options;
+  options.stdin_stream = SubprocessOptions::Stream::kNull;
+  options.stdout_stream = SubprocessOptions::Stream::kPipe;
+  options.stderr_stream = SubprocessOptions::Stream::kPipe;
+  options.nonblocking_pipes = true;
+  options.environment = std::move(environment);
+  options.own_process_group = true;
+  options.die_with_parent = true;
+  return options;
+}
+
 std::string ClockTime(absl::Time time) {
   return absl::FormatTime("%H:%M:%E3S", time, absl::LocalTimeZone());
 }
@@ -107,7 +122,7 @@ std::string Hostname() {
 struct Worker {
   int rank = 0;
   int local_rank = 0;
-  std::unique_ptr<WorkerProcess> process;
+  std::unique_ptr<Subprocess> process;
   std::string partial[2];  // stdout, stderr: the unfinished last line
   std::deque<std::string> stderr_tail;
   int log_fd = -1;
@@ -220,9 +235,15 @@ absl::Status Agent::StartWorkers(int attempt) {
                          "; point --log-dir at a writable folder"));
       }
     }
-    ASSIGN_OR_RETURN(worker.process,
-                     WorkerProcess::Spawn(options_.worker_argv,
-                                          WorkerEnvironment(node_, options_, local, attempt)));
+    absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Spawn(
+        options_.worker_argv, ChildOptions(WorkerEnvironment(node_, options_, local, attempt)));
+    if (!process.ok()) {
+      return absl::Status(process.status().code(),
+                          absl::StrCat(process.status().message(),
+                                       "; check that the dtrain binary is at that path on every "
+                                       "node"));
+    }
+    worker.process = *std::move(process);
   }
   LogInfo("node %d: started ranks %d-%d (attempt %d of %d)", node_.node_rank, workers_.front().rank,
           workers_.back().rank, attempt + 1, options_.max_restarts + 1);
@@ -465,8 +486,8 @@ void Agent::PrintRootCause(int attempt) {
 
 void Agent::Requeue() {
   const std::string command = absl::StrJoin(options_.requeue_argv, " ");
-  absl::StatusOr<std::unique_ptr<WorkerProcess>> process =
-      WorkerProcess::Spawn(options_.requeue_argv, options_.environment);
+  absl::StatusOr<std::unique_ptr<Subprocess>> process =
+      Subprocess::Spawn(options_.requeue_argv, ChildOptions(options_.environment));
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (process.ok() && !(*process)->Poll() && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));

@@ -16,9 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "core/util/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "launch/worker_process.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/run_dtrain.h"
 
@@ -77,8 +77,13 @@ class Launch {
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<std::string> environment = Environment();
     environment.insert(environment.end(), extra_environment.begin(), extra_environment.end());
-    absl::StatusOr<std::unique_ptr<WorkerProcess>> process =
-        WorkerProcess::Spawn(argv, environment);
+    SubprocessOptions options;
+    options.stdout_stream = SubprocessOptions::Stream::kPipe;
+    options.stderr_stream = SubprocessOptions::Stream::kPipe;
+    options.nonblocking_pipes = true;
+    options.environment = std::move(environment);
+    options.die_with_parent = true;
+    absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Spawn(argv, options);
     EXPECT_TRUE(process.ok()) << process.status();
     if (process.ok()) process_ = *std::move(process);
   }
@@ -126,7 +131,7 @@ class Launch {
     return workers;
   }
 
-  WorkerProcess& process() { return *process_; }
+  Subprocess& process() { return *process_; }
   const std::string& output() const { return output_; }
 
  private:
@@ -136,7 +141,7 @@ class Launch {
     for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) output_.append(buffer, n);
   }
 
-  std::unique_ptr<WorkerProcess> process_;
+  std::unique_ptr<Subprocess> process_;
   std::string output_;
 };
 
@@ -204,27 +209,6 @@ TEST(AgentTest, WorkerEnvironmentReplacesLauncherRanks) {
   EXPECT_THAT(WorkerEnvironment(node, options, 0, 0), Contains(std::string("OMP_NUM_THREADS=4")));
   EXPECT_THAT(WorkerEnvironment(node, options, 0, 0),
               Not(Contains(std::string("OMP_NUM_THREADS=1"))));
-}
-
-TEST(AgentTest, WorkerProcessReportsExitAndSignal) {
-  auto exits = WorkerProcess::Spawn({"/bin/sh", "-c", "echo out; echo err >&2; exit 3"}, {});
-  ASSERT_TRUE(exits.ok()) << exits.status();
-  while (!(*exits)->Poll()) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_EQ((*exits)->exit_status()->ToString(), "exit code 3");
-  char buffer[16] = {};
-  EXPECT_EQ(read((*exits)->stdout_fd(), buffer, sizeof(buffer)), 4);
-  EXPECT_EQ(std::string(buffer), "out\n");
-
-  // A signal reaches the child's whole process group, grandchildren included.
-  auto sleeper = WorkerProcess::Spawn({"/bin/sh", "-c", "sleep 30 & wait"}, {});
-  ASSERT_TRUE(sleeper.ok());
-  (*sleeper)->Signal(SIGTERM);
-  while (!(*sleeper)->Poll()) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_EQ((*sleeper)->exit_status()->ToString(), "signal 15 (SIGTERM)");
-
-  const auto missing = WorkerProcess::Spawn({"/no/such/dtrain"}, {});
-  ASSERT_FALSE(missing.ok());
-  EXPECT_THAT(missing.status().message(), HasSubstr("cannot run /no/such/dtrain"));
 }
 
 TEST(AgentTest, StandaloneLaunchTrainsLikeOneProcess) {
