@@ -31,6 +31,14 @@ constexpr absl::Duration kMonitorInterval = absl::Milliseconds(100);
 constexpr absl::Duration kRendezvousInterval = absl::Milliseconds(10);
 // How long node 0 keeps the store up for the other agents to read the final state.
 constexpr absl::Duration kExitTimeout = absl::Seconds(30);
+// How often an agent blocked in a barrier looks for agents that were lost meanwhile.
+constexpr absl::Duration kBarrierLivenessInterval = absl::Seconds(1);
+// Agent liveness. Each agent asks the store to count its connection's close (the store sees it
+// at once when the agent exits or is killed, and when its host is gone once the connection
+// resets); an agent that ends normally counts itself as exited first. More closes than exits
+// means an agent was lost.
+constexpr char kClosedKey[] = "agent/closed";
+constexpr char kExitedKey[] = "agent/exited";
 
 // Signals reach the monitor loop through a self-pipe: the handler only writes the number.
 int signal_pipe_write_fd = -1;
@@ -136,6 +144,13 @@ enum class Outcome {
   kFailed,     // a worker failed here or on another node
   kStopping,   // SIGTERM/SIGINT here or on another node
   kLostStore,  // the store (node 0's agent) is gone: nobody can coordinate a restart
+  kLostAgent,  // another node's agent is gone: its workers with it
+};
+
+// Another node's agent that left without finishing.
+struct LostAgent {
+  int node = 0;
+  std::string host;
 };
 
 class Agent {
@@ -161,6 +176,22 @@ class Agent {
   void EmitLine(Worker& worker, int stream, const std::string& line);
   void HandleSignals();
   absl::StatusOr<int64_t> Counter(const std::string& key) { return store_->Add(key, 0); }
+  std::string NodeKey(const std::string& name, int node) const {
+    return absl::StrCat(name, "/node-", node);
+  }
+  // The other agents whose store connection closed before they finished (none when the store
+  // cannot be read: that is kLostStore's to report).
+  std::vector<LostAgent> LostAgents();
+  // Logs each lost agent once, as the cause of what this node does next.
+  void ReportLost(const std::vector<LostAgent>& lost);
+  // On SIGTERM/SIGINT here: a stop, unless the store or another agent is gone (a Slurm step
+  // torn down because an agent died delivers SIGTERM too).
+  Outcome OnStopRequest(int attempt);
+  void PrintLostRootCause(int attempt, const std::vector<LostAgent>& lost);
+  // Once the workers stopped: when an agent was lost, node 0 names it as the root cause and the
+  // job ends (exit code 1) without a restart, since the lost agent does not come back to
+  // rendezvous (under Slurm its step is torn down). nullopt when no agent was lost.
+  std::optional<int> FinishIfAgentLost(int attempt);
   // Writes this node's failed workers to the store (a JSON list, possibly empty).
   absl::Status PublishFailures(int attempt);
   void PrintRootCause(int attempt);
@@ -175,6 +206,8 @@ class Agent {
   SignalPipe signals_;
   std::vector<Worker> workers_;
   bool stop_requested_ = false;
+  int stop_signal_ = 0;
+  std::vector<int> reported_lost_;
   absl::Time started_at_;
   bool reported_rendezvous_ = false;
 };
@@ -201,14 +234,29 @@ absl::Status Agent::Connect() {
   }
   store_ = *std::move(client);
   node_.master_port = port;  // node 0 may have chosen it
-  return absl::OkStatus();
+  RETURN_IF_ERROR(store_->Set(NodeKey("agent/host", node_.node_rank), Hostname()));
+  RETURN_IF_ERROR(store_->AddOnClose(NodeKey(kClosedKey, node_.node_rank), 1));
+  return store_->AddOnClose(kClosedKey, 1);
 }
 
 absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) {
   ASSIGN_OR_RETURN(const int64_t arrived, store_->Add(counter, 1));
   if (arrived == node_.num_nodes) return store_->Set(counter + "/open", "1");
-  absl::Status status = store_->Wait({counter + "/open"}, timeout);
-  if (status.ok()) return status;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    absl::Status status =
+        store_->Wait({counter + "/open"}, std::min(left, kBarrierLivenessInterval));
+    if (!absl::IsDeadlineExceeded(status)) return status;
+    if (const std::vector<LostAgent> lost = LostAgents(); !lost.empty()) {
+      ReportLost(lost);
+      return absl::UnavailableError(absl::StrFormat(
+          "node %d (host %s): agent lost while the others waited at '%s' (its connection to the "
+          "rendezvous store closed: the agent was killed or crashed, or its host went down)",
+          lost.front().node, lost.front().host, counter));
+    }
+    if (left <= kBarrierLivenessInterval) break;
+  }
   const int64_t seen = Counter(counter).value_or(-1);
   return absl::DeadlineExceededError(absl::StrFormat(
       "only %d of %d node agents reached '%s' within %s; check that `dtrain launch` runs on every "
@@ -295,10 +343,7 @@ void Agent::HandleSignals() {
       for (Worker& worker : workers_) worker.process->Signal(signal);
       continue;
     }
-    if (!stop_requested_) {
-      LogInfo("node %d: SIG%s received: asking the workers to checkpoint and stop (grace %s)",
-              node_.node_rank, sigabbrev_np(signal), absl::FormatDuration(options_.stop_grace));
-    }
+    if (!stop_requested_) stop_signal_ = signal;
     stop_requested_ = true;
   }
 }
@@ -318,10 +363,7 @@ Outcome Agent::Watch(int attempt) {
       Drain(worker, 0);
       Drain(worker, 1);
     }
-    if (stop_requested_) {
-      (void)store_->Add(Key(attempt, "stop"), 1);
-      return Outcome::kStopping;
-    }
+    if (stop_requested_) return OnStopRequest(attempt);
     int succeeded = 0;
     for (Worker& worker : workers_) {
       const bool was_running = !worker.process->exit_status().has_value();
@@ -346,10 +388,16 @@ Outcome Agent::Watch(int attempt) {
     const absl::StatusOr<int64_t> failed = Counter(Key(attempt, "failed"));
     const absl::StatusOr<int64_t> stop = Counter(Key(attempt, "stop"));
     if (!failed.ok() || !stop.ok()) {
-      LogError("node %d: lost the rendezvous store at %s:%d (%s); stopping the workers",
-               node_.node_rank, node_.master_addr, node_.master_port,
-               (failed.ok() ? stop.status() : failed.status()).message());
+      LogError(
+          "node %d: lost the rendezvous store at %s:%d (%s): node 0's agent was lost (killed, "
+          "crashed, or its host went down); stopping the workers",
+          node_.node_rank, node_.master_addr, node_.master_port,
+          (failed.ok() ? stop.status() : failed.status()).message());
       return Outcome::kLostStore;
+    }
+    if (const std::vector<LostAgent> lost = LostAgents(); !lost.empty()) {
+      ReportLost(lost);
+      return Outcome::kLostAgent;
     }
     if (*failed > 0) return Outcome::kFailed;
     if (*stop > 0) {
@@ -373,10 +421,14 @@ Outcome Agent::AwaitOthers(int attempt) {
   const absl::Time deadline = absl::Now() + options_.rendezvous_timeout;
   while (absl::Now() < deadline) {
     HandleSignals();
-    if (stop_requested_) return Outcome::kStopping;
+    if (stop_requested_) return OnStopRequest(attempt);
     const absl::StatusOr<int64_t> succeeded = Counter(Key(attempt, "succeeded"));
     const absl::StatusOr<int64_t> failed = Counter(Key(attempt, "failed"));
     if (!succeeded.ok() || !failed.ok()) return Outcome::kLostStore;
+    if (const std::vector<LostAgent> lost = LostAgents(); !lost.empty()) {
+      ReportLost(lost);
+      return Outcome::kLostAgent;
+    }
     if (*failed > 0) return Outcome::kFailed;
     if (*succeeded == node_.num_nodes) return Outcome::kSucceeded;
     absl::SleepFor(kMonitorInterval);
@@ -501,14 +553,92 @@ void Agent::Requeue() {
 }
 
 int Agent::Finish(int exit_code) {
-  // Node 0 hosts the store: it stays up until every agent has read the outcome.
-  if (store_->Add("agent/exited", 1).ok() && node_.node_rank == 0) {
+  // Exited before the connection closes, so that the close does not count as a lost agent.
+  const bool reachable = store_->Set(NodeKey(kExitedKey, node_.node_rank), "1").ok() &&
+                         store_->Add(kExitedKey, 1).ok();
+  // Node 0 hosts the store: it stays up until every other agent has read the outcome and gone
+  // (a lost one is gone already).
+  if (reachable && node_.node_rank == 0) {
     const absl::Time deadline = absl::Now() + kExitTimeout;
-    while (absl::Now() < deadline && Counter("agent/exited").value_or(0) < node_.num_nodes) {
+    while (absl::Now() < deadline && Counter(kClosedKey).value_or(0) < node_.num_nodes - 1) {
       absl::SleepFor(absl::Milliseconds(20));
     }
   }
   return exit_code;
+}
+
+std::vector<LostAgent> Agent::LostAgents() {
+  const absl::StatusOr<int64_t> closed = Counter(kClosedKey);
+  const absl::StatusOr<int64_t> exited = Counter(kExitedKey);
+  if (!closed.ok() || !exited.ok() || *closed <= *exited) return {};
+  std::vector<LostAgent> lost;
+  for (int node = 0; node < node_.num_nodes; ++node) {
+    if (node == node_.node_rank || Counter(NodeKey(kClosedKey, node)).value_or(0) == 0) continue;
+    if (store_->Get(NodeKey(kExitedKey, node), absl::ZeroDuration()).ok()) continue;
+    const absl::StatusOr<std::string> host =
+        store_->Get(NodeKey("agent/host", node), absl::ZeroDuration());
+    lost.push_back({node, host.ok() ? *host : "?"});
+  }
+  return lost;
+}
+
+void Agent::ReportLost(const std::vector<LostAgent>& lost) {
+  for (const LostAgent& agent : lost) {
+    if (std::find(reported_lost_.begin(), reported_lost_.end(), agent.node) !=
+        reported_lost_.end()) {
+      continue;
+    }
+    reported_lost_.push_back(agent.node);
+    LogError(
+        "node %d: node %d (host %s): agent lost (its connection to the rendezvous store closed "
+        "before it finished)",
+        node_.node_rank, agent.node, agent.host);
+  }
+}
+
+Outcome Agent::OnStopRequest(int attempt) {
+  const char* signal = sigabbrev_np(stop_signal_);
+  if (const absl::Status reachable = store_->Ping(); !reachable.ok()) {
+    LogError(
+        "node %d: SIG%s received and the rendezvous store at %s:%d is gone (%s): node 0's agent "
+        "was lost (killed, crashed, or its host went down); stopping the workers",
+        node_.node_rank, signal, node_.master_addr, node_.master_port, reachable.message());
+    return Outcome::kLostStore;
+  }
+  if (const std::vector<LostAgent> lost = LostAgents(); !lost.empty()) {
+    LogInfo("node %d: SIG%s received after another node's agent was lost: not a preemption",
+            node_.node_rank, signal);
+    ReportLost(lost);
+    return Outcome::kLostAgent;
+  }
+  (void)store_->Add(Key(attempt, "stop"), 1);
+  LogInfo("node %d: SIG%s received: asking the workers to checkpoint and stop (grace %s)",
+          node_.node_rank, signal, absl::FormatDuration(options_.stop_grace));
+  return Outcome::kStopping;
+}
+
+std::optional<int> Agent::FinishIfAgentLost(int attempt) {
+  const std::vector<LostAgent> lost = LostAgents();
+  if (lost.empty()) return std::nullopt;
+  ReportLost(lost);
+  if (node_.node_rank == 0) PrintLostRootCause(attempt, lost);
+  return Finish(1);
+}
+
+void Agent::PrintLostRootCause(int attempt, const std::vector<LostAgent>& lost) {
+  std::string others;
+  for (size_t i = 1; i < lost.size(); ++i) {
+    absl::StrAppendFormat(&others, "%s node %d (host %s)", i == 1 ? "; also lost:" : ",",
+                          lost[i].node, lost[i].host);
+  }
+  const LostAgent& first = lost.front();
+  LogError(
+      "the job failed (%d restarts used of %d). Root cause: node %d (host %s): agent lost (its "
+      "connection to the rendezvous store closed before it finished: the agent was killed or "
+      "crashed, or its host went down), and ranks %d-%d with it%s. Workers that failed after "
+      "it lost their peers.",
+      attempt, options_.max_restarts, first.node, first.host, first.node * options_.nproc_per_node,
+      (first.node + 1) * options_.nproc_per_node - 1, others);
 }
 
 absl::StatusOr<int> Agent::Run() {
@@ -524,6 +654,8 @@ absl::StatusOr<int> Agent::Run() {
         return Finish(0);
       case Outcome::kStopping: {
         StopWorkers(options_.stop_grace);
+        // The close of a lost agent may reach the store after the SIGTERM that followed it.
+        if (const std::optional<int> lost = FinishIfAgentLost(attempt)) return *lost;
         const bool clean = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) {
           return w.process->exit_status()->ok();
         });
@@ -535,10 +667,13 @@ absl::StatusOr<int> Agent::Run() {
       case Outcome::kLostStore:
         StopWorkers(options_.failure_grace);
         return 1;
+      case Outcome::kLostAgent:
       case Outcome::kFailed:
         break;
     }
     StopWorkers(options_.failure_grace);
+    // Workers fail when an agent is lost (their peers die with it): it is the cause.
+    if (const std::optional<int> lost = FinishIfAgentLost(attempt)) return *lost;
     RETURN_IF_ERROR(PublishFailures(attempt));
     RETURN_IF_ERROR(Barrier(Key(attempt, "stopped"), options_.rendezvous_timeout));
     if (attempt < options_.max_restarts) {

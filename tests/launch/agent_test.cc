@@ -261,6 +261,66 @@ TEST(AgentTest, TwoKubeflowPodsTrainTogether) {
   }
 }
 
+// Two pods of `dtrain launch` (node 0 hosts the store) running a long job; the tests below kill
+// one agent and watch the other.
+std::vector<std::unique_ptr<Launch>> StartTwoPods(const std::string& name) {
+  const std::string out = OutDir(name);
+  const std::string recipe = Recipe(name, 100000);
+  const int port = testing::FreeTcpPort();
+  std::vector<std::unique_ptr<Launch>> pods;
+  for (int pod = 0; pod < 2; ++pod) {
+    pods.push_back(std::make_unique<Launch>(
+        std::vector<std::string>{recipe, "--set", "run.out_dir=" + out},
+        std::vector<std::string>{"PET_NNODES=2", "PET_NPROC_PER_NODE=1",
+                                 absl::StrCat("PET_NODE_RANK=", pod), "PET_MASTER_ADDR=127.0.0.1",
+                                 absl::StrCat("PET_MASTER_PORT=", port),
+                                 "DTRAIN_RDZV_TOKEN=lost-agent-test-token"}));
+  }
+  EXPECT_TRUE(pods[0]->Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
+      << pods[0]->output();
+  return pods;
+}
+
+void KillAgent(Launch& pod) {
+  const pid_t pid = pod.process().pid();
+  kill(pid, SIGKILL);
+  pod.Wait(absl::Seconds(30));  // reaped: its connections are closed
+}
+
+// Node 1's agent dies (its workers with it): node 0 names it as the root cause and ends, rather
+// than failing its own workers and waiting for node 1 at the next rendezvous.
+TEST(AgentTest, LostAgentIsTheRootCause) {
+  std::vector<std::unique_ptr<Launch>> pods = StartTwoPods("lost");
+  KillAgent(*pods[1]);
+  EXPECT_EQ(pods[0]->Wait(absl::Seconds(60)), 1) << pods[0]->output();
+  EXPECT_THAT(pods[0]->output(), HasSubstr("Root cause: node 1 (host "));
+  EXPECT_THAT(pods[0]->output(), HasSubstr("agent lost (its connection to the rendezvous store "
+                                           "closed before it finished"));
+}
+
+// As a Slurm step is torn down after one task died: node 1's agent is killed, then node 0's
+// gets SIGTERM. That is not a preemption: no checkpoint is asked for, the lost agent is named.
+TEST(AgentTest, SigtermAfterALostAgentIsNotAPreemption) {
+  std::vector<std::unique_ptr<Launch>> pods = StartTwoPods("lost_term");
+  KillAgent(*pods[1]);
+  kill(pods[0]->process().pid(), SIGTERM);
+  EXPECT_EQ(pods[0]->Wait(absl::Seconds(60)), 1) << pods[0]->output();
+  EXPECT_THAT(pods[0]->output(), Not(HasSubstr("asking the workers to checkpoint")));
+  EXPECT_THAT(pods[0]->output(), HasSubstr("Root cause: node 1 (host "));
+}
+
+// Node 0's agent (the store) dies: node 1 stops its workers and says so.
+TEST(AgentTest, LostStoreStopsTheOtherNodes) {
+  std::vector<std::unique_ptr<Launch>> pods = StartTwoPods("lost_store");
+  const std::vector<std::pair<int, pid_t>> workers = pods[1]->Workers();
+  KillAgent(*pods[0]);
+  kill(pods[1]->process().pid(), SIGTERM);
+  EXPECT_EQ(pods[1]->Wait(absl::Seconds(60)), 1) << pods[1]->output();
+  EXPECT_THAT(pods[1]->output(), HasSubstr("node 0's agent was lost"));
+  EXPECT_THAT(pods[1]->output(), Not(HasSubstr("asking the workers to checkpoint")));
+  for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
+}
+
 TEST(AgentTest, LogDirHoldsOneFilePerRank) {
   const std::string out = OutDir("logs");
   const std::string logs = out + "/logs";
