@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -35,10 +36,11 @@ constexpr absl::Duration kExitTimeout = absl::Seconds(30);
 constexpr absl::Duration kBarrierLivenessInterval = absl::Seconds(1);
 // Agent liveness. Each agent asks the store to count its connection's close (the store sees it
 // at once when the agent exits or is killed, and when its host is gone once the connection
-// resets); an agent that ends normally counts itself as exited first. More closes than exits
-// means an agent was lost.
+// resets). A close is settled when the agent said it finished first, or when a new agent of its
+// node (the next incarnation) took its place. More closes than settled ones: an agent was lost.
 constexpr char kClosedKey[] = "agent/closed";
-constexpr char kExitedKey[] = "agent/exited";
+constexpr char kSettledKey[] = "agent/settled";
+constexpr char kReplacedKey[] = "agent/replaced";
 
 // Signals reach the monitor loop through a self-pipe: the handler only writes the number.
 int signal_pipe_write_fd = -1;
@@ -151,6 +153,7 @@ enum class Outcome {
 struct LostAgent {
   int node = 0;
   std::string host;
+  int incarnation = 1;  // how many agents that node has had, this one included
 };
 
 class Agent {
@@ -179,18 +182,29 @@ class Agent {
   std::string NodeKey(const std::string& name, int node) const {
     return absl::StrCat(name, "/node-", node);
   }
+  std::string NodeKey(const std::string& name, int node, int incarnation) const {
+    return absl::StrCat(name, "/node-", node, "/", incarnation);
+  }
+  // A new agent of a node whose last one was lost: waits until node 0 restarts the job with it
+  // and returns that attempt; 0 for a node's first agent.
+  absl::StatusOr<int> Rejoin();
   // The other agents whose store connection closed before they finished (none when the store
   // cannot be read: that is kLostStore's to report).
   std::vector<LostAgent> LostAgents();
+  // The agents lost in `attempt`: those lost now and those any agent recorded as lost in it (a
+  // replacement may have rejoined meanwhile). Records the ones found now.
+  std::vector<LostAgent> LostIn(int attempt);
+  // With a restart left after `lost`: node 0 invites their replacements to the next attempt.
+  void AwaitRejoin(int attempt, const std::vector<LostAgent>& lost);
   // Logs each lost agent once, as the cause of what this node does next.
   void ReportLost(const std::vector<LostAgent>& lost);
   // On SIGTERM/SIGINT here: a stop, unless the store or another agent is gone (a Slurm step
   // torn down because an agent died delivers SIGTERM too).
   Outcome OnStopRequest(int attempt);
   void PrintLostRootCause(int attempt, const std::vector<LostAgent>& lost);
-  // Once the workers stopped: when an agent was lost, node 0 names it as the root cause and the
-  // job ends (exit code 1) without a restart, since the lost agent does not come back to
-  // rendezvous (under Slurm its step is torn down). nullopt when no agent was lost.
+  // Once the workers stopped after SIGTERM: when an agent was lost, node 0 names it as the root
+  // cause and the job ends (exit code 1), since a stop was asked for (under Slurm the step is
+  // being torn down). nullopt when no agent was lost.
   std::optional<int> FinishIfAgentLost(int attempt);
   // Writes this node's failed workers to the store (a JSON list, possibly empty).
   absl::Status PublishFailures(int attempt);
@@ -207,7 +221,11 @@ class Agent {
   std::vector<Worker> workers_;
   bool stop_requested_ = false;
   int stop_signal_ = 0;
-  std::vector<int> reported_lost_;
+  int incarnation_ = 1;
+  // Between a restart after lost agents and the next attempt's rendezvous: those agents, whose
+  // nodes are expected back, not a reason to give up (unless SIGTERM comes first).
+  std::vector<LostAgent> rejoining_;
+  std::vector<std::pair<int, int>> reported_lost_;  // (node, incarnation)
   absl::Time started_at_;
   bool reported_rendezvous_ = false;
 };
@@ -234,9 +252,40 @@ absl::Status Agent::Connect() {
   }
   store_ = *std::move(client);
   node_.master_port = port;  // node 0 may have chosen it
+  ASSIGN_OR_RETURN(const int64_t incarnation,
+                   store_->Add(NodeKey("agent/incarnation", node_.node_rank), 1));
+  incarnation_ = static_cast<int>(incarnation);
   RETURN_IF_ERROR(store_->Set(NodeKey("agent/host", node_.node_rank), Hostname()));
-  RETURN_IF_ERROR(store_->AddOnClose(NodeKey(kClosedKey, node_.node_rank), 1));
+  RETURN_IF_ERROR(store_->AddOnClose(NodeKey(kClosedKey, node_.node_rank, incarnation_), 1));
   return store_->AddOnClose(kClosedKey, 1);
+}
+
+absl::StatusOr<int> Agent::Rejoin() {
+  if (incarnation_ == 1) return 0;
+  const int node = node_.node_rank;
+  if (Counter(NodeKey(kClosedKey, node, incarnation_ - 1)).value_or(0) == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "node %d already has a running agent; start one `dtrain launch` per node", node));
+  }
+  LogInfo(
+      "node %d: this node's last agent was lost; waiting up to %s for node 0 to restart the "
+      "job with this one",
+      node, absl::FormatDuration(options_.rendezvous_timeout));
+  const absl::StatusOr<std::string> attempt_text =
+      store_->Get(NodeKey("agent/rejoin", node, incarnation_), options_.rendezvous_timeout);
+  int attempt = 0;
+  if (!attempt_text.ok() || !absl::SimpleAtoi(*attempt_text, &attempt)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", node,
+                     " cannot rejoin the job: node 0 did not restart it with this node (no "
+                     "restart left, see --max-restarts, or the job ended): ",
+                     attempt_text.status().message()));
+  }
+  // Settled only now: until node 0 took this node back, the others must see its last agent lost.
+  RETURN_IF_ERROR(store_->Add(kSettledKey, 1).status());
+  RETURN_IF_ERROR(store_->Add(kReplacedKey, 1).status());
+  LogInfo("node %d: rejoining the job at restart %d of %d", node, attempt, options_.max_restarts);
+  return attempt;
 }
 
 absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) {
@@ -248,6 +297,16 @@ absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) 
     absl::Status status =
         store_->Wait({counter + "/open"}, std::min(left, kBarrierLivenessInterval));
     if (!absl::IsDeadlineExceeded(status)) return status;
+    if (!rejoining_.empty()) {
+      HandleSignals();
+      if (stop_requested_) {
+        return absl::CancelledError(absl::StrFormat(
+            "SIG%s received while waiting at '%s' for node %d to come back: no restart",
+            sigabbrev_np(stop_signal_), counter, rejoining_.front().node));
+      }
+      if (left <= kBarrierLivenessInterval) break;
+      continue;
+    }
     if (const std::vector<LostAgent> lost = LostAgents(); !lost.empty()) {
       ReportLost(lost);
       return absl::UnavailableError(absl::StrFormat(
@@ -462,7 +521,9 @@ void Agent::StopWorkers(absl::Duration grace) {
     }
     if (!running) return;
     if (absl::Now() >= deadline) break;
-    signals_.Take();  // a second SIGTERM changes nothing; the grace is already running
+    // A SIGTERM now shortens nothing (the grace is already running) but must not be lost: it
+    // rules out a restart.
+    HandleSignals();
     absl::SleepFor(absl::Milliseconds(20));
   }
   for (Worker& worker : workers_) {
@@ -553,14 +614,17 @@ void Agent::Requeue() {
 }
 
 int Agent::Finish(int exit_code) {
-  // Exited before the connection closes, so that the close does not count as a lost agent.
-  const bool reachable = store_->Set(NodeKey(kExitedKey, node_.node_rank), "1").ok() &&
-                         store_->Add(kExitedKey, 1).ok();
+  // Settled before the connection closes, so that the close does not count as a lost agent.
+  const bool reachable =
+      store_->Set(NodeKey("agent/exited", node_.node_rank, incarnation_), "1").ok() &&
+      store_->Add(kSettledKey, 1).ok();
   // Node 0 hosts the store: it stays up until every other agent has read the outcome and gone
-  // (a lost one is gone already).
+  // (a lost one is gone already; a replaced one closed too).
   if (reachable && node_.node_rank == 0) {
     const absl::Time deadline = absl::Now() + kExitTimeout;
-    while (absl::Now() < deadline && Counter(kClosedKey).value_or(0) < node_.num_nodes - 1) {
+    while (absl::Now() < deadline &&
+           Counter(kClosedKey).value_or(0) - Counter(kReplacedKey).value_or(0) <
+               node_.num_nodes - 1) {
       absl::SleepFor(absl::Milliseconds(20));
     }
   }
@@ -569,26 +633,74 @@ int Agent::Finish(int exit_code) {
 
 std::vector<LostAgent> Agent::LostAgents() {
   const absl::StatusOr<int64_t> closed = Counter(kClosedKey);
-  const absl::StatusOr<int64_t> exited = Counter(kExitedKey);
-  if (!closed.ok() || !exited.ok() || *closed <= *exited) return {};
+  const absl::StatusOr<int64_t> settled = Counter(kSettledKey);
+  if (!closed.ok() || !settled.ok() || *closed <= *settled) return {};
   std::vector<LostAgent> lost;
   for (int node = 0; node < node_.num_nodes; ++node) {
-    if (node == node_.node_rank || Counter(NodeKey(kClosedKey, node)).value_or(0) == 0) continue;
-    if (store_->Get(NodeKey(kExitedKey, node), absl::ZeroDuration()).ok()) continue;
+    if (node == node_.node_rank) continue;
+    const int incarnation =
+        static_cast<int>(Counter(NodeKey("agent/incarnation", node)).value_or(0));
+    if (Counter(NodeKey(kClosedKey, node, incarnation)).value_or(0) == 0) continue;
+    if (store_->Get(NodeKey("agent/exited", node, incarnation), absl::ZeroDuration()).ok()) {
+      continue;
+    }
     const absl::StatusOr<std::string> host =
         store_->Get(NodeKey("agent/host", node), absl::ZeroDuration());
-    lost.push_back({node, host.ok() ? *host : "?"});
+    lost.push_back({node, host.ok() ? *host : "?", incarnation});
   }
   return lost;
 }
 
+std::vector<LostAgent> Agent::LostIn(int attempt) {
+  std::vector<LostAgent> lost = LostAgents();
+  const absl::StatusOr<std::string> recorded_text =
+      store_->Get(Key(attempt, "lost"), absl::ZeroDuration());
+  const nlohmann::json recorded =
+      nlohmann::json::parse(recorded_text.value_or("[]"), nullptr, false);
+  for (const nlohmann::json& entry : recorded.is_array() ? recorded : nlohmann::json::array()) {
+    const LostAgent agent{entry["node"].get<int>(), entry["host"].get<std::string>(),
+                          entry["incarnation"].get<int>()};
+    const bool known = std::any_of(lost.begin(), lost.end(), [&](const LostAgent& a) {
+      return a.node == agent.node && a.incarnation == agent.incarnation;
+    });
+    if (!known) lost.push_back(agent);
+  }
+  if (!recorded.is_array() || lost.size() > recorded.size()) {
+    nlohmann::json record = nlohmann::json::array();
+    for (const LostAgent& agent : lost) {
+      record.push_back(
+          {{"node", agent.node}, {"host", agent.host}, {"incarnation", agent.incarnation}});
+    }
+    (void)store_->Set(Key(attempt, "lost"), record.dump());
+  }
+  return lost;
+}
+
+void Agent::AwaitRejoin(int attempt, const std::vector<LostAgent>& lost) {
+  std::string nodes;
+  for (const LostAgent& agent : lost) {
+    absl::StrAppend(&nodes, nodes.empty() ? "" : ", ", agent.node);
+    if (node_.node_rank == 0) {
+      (void)store_->Set(NodeKey("agent/rejoin", agent.node, agent.incarnation + 1),
+                        absl::StrCat(attempt + 1));
+    }
+  }
+  (void)store_->Add(Key(attempt, "failed"), 1);  // nodes still watching this attempt stop too
+  LogWarn(
+      "node %d: restarting the workers (restart %d of %d) once node %s has an agent again: start "
+      "`dtrain launch` there as before (waiting up to %s)",
+      node_.node_rank, attempt + 1, options_.max_restarts, nodes,
+      absl::FormatDuration(options_.rendezvous_timeout));
+  rejoining_ = lost;
+}
+
 void Agent::ReportLost(const std::vector<LostAgent>& lost) {
   for (const LostAgent& agent : lost) {
-    if (std::find(reported_lost_.begin(), reported_lost_.end(), agent.node) !=
-        reported_lost_.end()) {
+    const std::pair<int, int> id = {agent.node, agent.incarnation};
+    if (std::find(reported_lost_.begin(), reported_lost_.end(), id) != reported_lost_.end()) {
       continue;
     }
-    reported_lost_.push_back(agent.node);
+    reported_lost_.push_back(id);
     LogError(
         "node %d: node %d (host %s): agent lost (its connection to the rendezvous store closed "
         "before it finished)",
@@ -643,8 +755,17 @@ void Agent::PrintLostRootCause(int attempt, const std::vector<LostAgent>& lost) 
 
 absl::StatusOr<int> Agent::Run() {
   RETURN_IF_ERROR(Connect());
-  for (int attempt = 0;; ++attempt) {
-    RETURN_IF_ERROR(Barrier(Key(attempt, "arrived"), options_.rendezvous_timeout));
+  ASSIGN_OR_RETURN(const int first_attempt, Rejoin());
+  for (int attempt = first_attempt;; ++attempt) {
+    if (const absl::Status arrived = Barrier(Key(attempt, "arrived"), options_.rendezvous_timeout);
+        !arrived.ok()) {
+      if (rejoining_.empty()) return arrived;
+      // The lost agents did not come back: they remain the root cause.
+      LogError("node %d: %s", node_.node_rank, arrived.message());
+      if (node_.node_rank == 0) PrintLostRootCause(attempt - 1, rejoining_);
+      return Finish(1);
+    }
+    rejoining_.clear();
     RETURN_IF_ERROR(StartWorkers(attempt));
     Outcome outcome = Watch(attempt);
     if (outcome == Outcome::kSucceeded) outcome = AwaitOthers(attempt);
@@ -672,8 +793,17 @@ absl::StatusOr<int> Agent::Run() {
         break;
     }
     StopWorkers(options_.failure_grace);
-    // Workers fail when an agent is lost (their peers die with it): it is the cause.
-    if (const std::optional<int> lost = FinishIfAgentLost(attempt)) return *lost;
+    // Workers fail when an agent is lost (their peers die with it): it is the cause. The lost
+    // node cannot reach this attempt's barriers; the next attempt's rendezvous waits for it.
+    if (const std::vector<LostAgent> lost = LostIn(attempt); !lost.empty()) {
+      ReportLost(lost);
+      if (attempt < options_.max_restarts && !stop_requested_) {
+        AwaitRejoin(attempt, lost);
+        continue;
+      }
+      if (node_.node_rank == 0) PrintLostRootCause(attempt, lost);
+      return Finish(1);
+    }
     RETURN_IF_ERROR(PublishFailures(attempt));
     RETURN_IF_ERROR(Barrier(Key(attempt, "stopped"), options_.rendezvous_timeout));
     if (attempt < options_.max_restarts) {

@@ -7,9 +7,9 @@ machine, brought up by scripts/slurm/cluster.sh. Jobs are submitted with sbatch,
 - a worker SIGKILLed mid-run under `dtrain launch --max-restarts 1`: the group restarts and the
   job completes;
 - `scancel --signal=TERM`: the workers write a checkpoint and the job exits cleanly;
-- an agent SIGKILLed under `dtrain launch`: Slurm tears the step down (SIGTERM), and the other
-  agent names the lost agent as the root cause and ends by itself, before KillWait, instead of
-  treating the teardown as a preemption.
+- an agent SIGKILLed under `dtrain launch` (with a restart left): Slurm tears the step down
+  (SIGTERM), and the other agent names the lost agent as the root cause and ends by itself,
+  before KillWait, instead of treating the teardown as a preemption or waiting for the node.
 
 Usage: slurm_test.py --dtrain BUILD/dtrain (as root; ctest runs it with RESOURCE_LOCK slurm).
 """
@@ -183,11 +183,11 @@ class SlurmTest(unittest.TestCase):
         self.assertIn("restarting the workers (restart 1 of 1)", text)
         self.assertIn("step 60/60", text)
 
-    def kill_agent(self, name, node):
+    def kill_agent(self, name, node, flags=""):
         """Runs a long `dtrain launch` job, SIGKILLs node `node`'s agent after 3 steps and
         returns the job's output once it ended."""
-        job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 100000)} --nproc-per-node 2",
-                             wait=False)
+        job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 100000)} --nproc-per-node 2 "
+                                   f"{flags}", wait=False)
         wait_for(lambda: steps_logged(name) >= 3, JOB_TIMEOUT_S, "3 steps")
         pid = agent_pid(node, f"{name}.yaml")
         self.assertIsNotNone(pid, f"node {node}'s agent")
@@ -203,7 +203,8 @@ class SlurmTest(unittest.TestCase):
         return text
 
     def test_killed_agent_is_named_as_the_root_cause(self):
-        text = self.kill_agent("lost_agent", 1)
+        # A restart left changes nothing: srun tears the step down, the node cannot come back.
+        text = self.kill_agent("lost_agent", 1, "--max-restarts 1")
         self.assertIn("Root cause: node 1 (host ", text)
         self.assertIn("agent lost (its connection to the rendezvous store closed", text)
 

@@ -261,25 +261,31 @@ TEST(AgentTest, TwoKubeflowPodsTrainTogether) {
   }
 }
 
-// Two pods of `dtrain launch` (node 0 hosts the store) running a long job; the tests below kill
-// one agent and watch the other.
-std::vector<std::unique_ptr<Launch>> StartTwoPods(const std::string& name) {
-  const std::string out = OutDir(name);
-  const std::string recipe = Recipe(name, 100000);
-  const int port = testing::FreeTcpPort();
-  std::vector<std::unique_ptr<Launch>> pods;
-  for (int pod = 0; pod < 2; ++pod) {
-    pods.push_back(std::make_unique<Launch>(
-        std::vector<std::string>{recipe, "--set", "run.out_dir=" + out},
-        std::vector<std::string>{"PET_NNODES=2", "PET_NPROC_PER_NODE=1",
-                                 absl::StrCat("PET_NODE_RANK=", pod), "PET_MASTER_ADDR=127.0.0.1",
-                                 absl::StrCat("PET_MASTER_PORT=", port),
-                                 "DTRAIN_RDZV_TOKEN=lost-agent-test-token"}));
+// Two pods of `dtrain launch` (node 0 hosts the store, one worker each); the tests below kill
+// one agent after two steps and watch the other.
+struct TwoPods {
+  TwoPods(const std::string& name, int steps, std::vector<std::string> flags = {})
+      : out(OutDir(name)), port(testing::FreeTcpPort()) {
+    args = {Recipe(name, steps), "--set", "run.out_dir=" + out};
+    args.insert(args.end(), flags.begin(), flags.end());
+    for (int pod = 0; pod < 2; ++pod) pods.push_back(Start(pod));
+    EXPECT_TRUE(pods[0]->Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
+        << pods[0]->output();
   }
-  EXPECT_TRUE(pods[0]->Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
-      << pods[0]->output();
-  return pods;
-}
+  // Pod `pod`'s agent, as its first start or after a restart of the pod.
+  std::unique_ptr<Launch> Start(int pod) const {
+    return std::make_unique<Launch>(
+        args, std::vector<std::string>{
+                  "PET_NNODES=2", "PET_NPROC_PER_NODE=1", absl::StrCat("PET_NODE_RANK=", pod),
+                  "PET_MASTER_ADDR=127.0.0.1", absl::StrCat("PET_MASTER_PORT=", port),
+                  "DTRAIN_RDZV_TOKEN=lost-agent-test-token"});
+  }
+
+  std::string out;
+  int port;
+  std::vector<std::string> args;
+  std::vector<std::unique_ptr<Launch>> pods;
+};
 
 void KillAgent(Launch& pod) {
   const pid_t pid = pod.process().pid();
@@ -290,7 +296,8 @@ void KillAgent(Launch& pod) {
 // Node 1's agent dies (its workers with it): node 0 names it as the root cause and ends, rather
 // than failing its own workers and waiting for node 1 at the next rendezvous.
 TEST(AgentTest, LostAgentIsTheRootCause) {
-  std::vector<std::unique_ptr<Launch>> pods = StartTwoPods("lost");
+  TwoPods job("lost", 100000);
+  std::vector<std::unique_ptr<Launch>>& pods = job.pods;
   KillAgent(*pods[1]);
   EXPECT_EQ(pods[0]->Wait(absl::Seconds(60)), 1) << pods[0]->output();
   EXPECT_THAT(pods[0]->output(), HasSubstr("Root cause: node 1 (host "));
@@ -301,7 +308,8 @@ TEST(AgentTest, LostAgentIsTheRootCause) {
 // As a Slurm step is torn down after one task died: node 1's agent is killed, then node 0's
 // gets SIGTERM. That is not a preemption: no checkpoint is asked for, the lost agent is named.
 TEST(AgentTest, SigtermAfterALostAgentIsNotAPreemption) {
-  std::vector<std::unique_ptr<Launch>> pods = StartTwoPods("lost_term");
+  TwoPods job("lost_term", 100000);
+  std::vector<std::unique_ptr<Launch>>& pods = job.pods;
   KillAgent(*pods[1]);
   kill(pods[0]->process().pid(), SIGTERM);
   EXPECT_EQ(pods[0]->Wait(absl::Seconds(60)), 1) << pods[0]->output();
@@ -309,9 +317,40 @@ TEST(AgentTest, SigtermAfterALostAgentIsNotAPreemption) {
   EXPECT_THAT(pods[0]->output(), HasSubstr("Root cause: node 1 (host "));
 }
 
+// With a restart left, node 0 waits for node 1 to have an agent again (a pod restarted by
+// Kubernetes), and the job restarts with it and completes.
+TEST(AgentTest, LostAgentRejoinsAndTheGroupRestarts) {
+  TwoPods job("rejoin", 30, {"--max-restarts=1"});
+  KillAgent(*job.pods[1]);
+  ASSERT_TRUE(job.pods[0]->Pump(absl::Seconds(60), [&] {
+    return absl::StrContains(job.pods[0]->output(), "once node 1 has an agent again");
+  })) << job.pods[0]->output();
+  std::unique_ptr<Launch> replacement = job.Start(1);
+  EXPECT_EQ(job.pods[0]->Wait(absl::Seconds(120)), 0) << job.pods[0]->output();
+  EXPECT_EQ(replacement->Wait(absl::Seconds(60)), 0) << replacement->output();
+  EXPECT_THAT(replacement->output(), HasSubstr("rejoining the job at restart 1 of 1"));
+  EXPECT_THAT(job.pods[0]->output(), HasSubstr("step 30/30"));
+  EXPECT_THAT(job.pods[0]->output(), HasSubstr("every worker finished"));
+}
+
+// SIGTERM while node 0 waits for the lost node (a Slurm step being torn down): the job ends at
+// once, naming the lost agent, instead of waiting out the rendezvous timeout.
+TEST(AgentTest, SigtermWhileWaitingForALostNodeEndsTheJob) {
+  TwoPods job("rejoin_term", 100000, {"--max-restarts=1"});
+  KillAgent(*job.pods[1]);
+  ASSERT_TRUE(job.pods[0]->Pump(absl::Seconds(60), [&] {
+    return absl::StrContains(job.pods[0]->output(), "once node 1 has an agent again");
+  })) << job.pods[0]->output();
+  kill(job.pods[0]->process().pid(), SIGTERM);
+  EXPECT_EQ(job.pods[0]->Wait(absl::Seconds(60)), 1) << job.pods[0]->output();
+  EXPECT_THAT(job.pods[0]->output(), HasSubstr("SIGTERM received while waiting"));
+  EXPECT_THAT(job.pods[0]->output(), HasSubstr("Root cause: node 1 (host "));
+}
+
 // Node 0's agent (the store) dies: node 1 stops its workers and says so.
 TEST(AgentTest, LostStoreStopsTheOtherNodes) {
-  std::vector<std::unique_ptr<Launch>> pods = StartTwoPods("lost_store");
+  TwoPods job("lost_store", 100000);
+  std::vector<std::unique_ptr<Launch>>& pods = job.pods;
   const std::vector<std::pair<int, pid_t>> workers = pods[1]->Workers();
   KillAgent(*pods[0]);
   kill(pods[1]->process().pid(), SIGTERM);
