@@ -35,9 +35,10 @@ constexpr absl::Duration kExitTimeout = absl::Seconds(30);
 // How often an agent blocked in a barrier looks for agents that were lost meanwhile.
 constexpr absl::Duration kBarrierLivenessInterval = absl::Seconds(1);
 // Agent liveness. Each agent asks the store to count its connection's close (the store sees it
-// at once when the agent exits or is killed, and when its host is gone once the connection
-// resets). A close is settled when the agent said it finished first, or when a new agent of its
-// node (the next incarnation) took its place. More closes than settled ones: an agent was lost.
+// at once when the agent exits or is killed, and within its dead-peer timeout when the agent's
+// host stops answering). A close is settled when the agent said it finished first, or when a new
+// agent of its node (the next incarnation) took its place. More closes than settled ones: an agent
+// was lost.
 constexpr char kClosedKey[] = "agent/closed";
 constexpr char kSettledKey[] = "agent/settled";
 constexpr char kReplacedKey[] = "agent/replaced";

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -66,6 +67,22 @@ struct Connection {
   // kAddOnClose registrations: (key, delta) applied when the connection closes.
   std::vector<std::pair<std::string, int64_t>> on_close;
 };
+
+// Keepalive probes start after half the timeout idle and go every tenth of it; five unanswered
+// ones end the connection.
+void SetDeadPeerTimeout(int fd, absl::Duration timeout) {
+  const int seconds = std::max<int>(1, absl::ToInt64Seconds(timeout));
+  const int one = 1;
+  const int idle_s = std::max(1, seconds / 2);
+  const int interval_s = std::max(1, seconds / 10);
+  const int probes = 5;
+  const unsigned int user_timeout_ms = static_cast<unsigned int>(seconds) * 1000;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
+}
 
 std::string ErrorFrame(absl::StatusCode code, std::string_view message) {
   return FrameWriter(StoreMessage::kError).U8(static_cast<uint8_t>(code)).Bytes(message).Finish();
@@ -235,6 +252,7 @@ void TcpStoreServer::Loop::AcceptAll() {
     }
     const int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    SetDeadPeerTimeout(fd, options_.dead_peer_timeout);
     auto conn = std::make_unique<Connection>();
     conn->id = next_id_++;
     conn->fd = std::move(owned);
