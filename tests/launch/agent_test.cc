@@ -1,6 +1,7 @@
 // `dtrain launch` standalone (the agent on this machine, real worker processes on loopback):
-// training end to end, worker failure with and without restarts, the root-cause report, and the
-// agent's death taking its workers with it.
+// training end to end, worker failure with and without restarts, the root-cause report, the
+// agent's death taking its workers with it, and two pods' agents losing each other (a lost agent
+// as the root cause, its replacement rejoining while a restart is left, a lost store).
 #include "launch/agent.h"
 
 #include <signal.h>
