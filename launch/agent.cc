@@ -20,7 +20,7 @@
 #include "absl/time/clock.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
-#include "launch/worker_process.h"
+#include "core/util/subprocess.h"
 #include "parallel/store/tcp_store_client.h"
 #include "parallel/store/tcp_store_server.h"
 #include "parallel/world_membership.h"
@@ -34,6 +34,16 @@ constexpr absl::Duration kMonitorInterval = absl::Milliseconds(100);
 constexpr absl::Duration kRendezvousInterval = absl::Milliseconds(10);
 // How long node 0 keeps the store up for the other agents to read the final state.
 constexpr absl::Duration kExitTimeout = absl::Seconds(30);
+// How often an agent blocked in a barrier looks for agents that were lost meanwhile.
+constexpr absl::Duration kBarrierLivenessInterval = absl::Seconds(1);
+// Agent liveness. Each agent asks the store to count its connection's close (the store sees it
+// at once when the agent exits or is killed, and within its dead-peer timeout when the agent's
+// host stops answering). A close is settled when the agent said it finished first, or when a new
+// agent of its node (the next incarnation) took its place. More closes than settled ones: an agent
+// was lost.
+constexpr char kClosedKey[] = "agent/closed";
+constexpr char kSettledKey[] = "agent/settled";
+constexpr char kReplacedKey[] = "agent/replaced";
 
 // Signals reach the monitor loop through a self-pipe: the handler only writes the number.
 int signal_pipe_write_fd = -1;
@@ -98,6 +108,21 @@ bool IsRankVariable(const std::string& name) {
          name == "CUDA_VISIBLE_DEVICES";
 }
 
+// The agent's children: in their own process group (a signal reaches everything a worker
+// started), gone with the agent (a SIGKILLed agent leaves no worker behind), reading /dev/null,
+// writing into pipes that the agent drains.
+SubprocessOptions ChildOptions(std::vector<std::string> environment) {
+  SubprocessOptions options;
+  options.stdin_stream = SubprocessOptions::Stream::kNull;
+  options.stdout_stream = SubprocessOptions::Stream::kPipe;
+  options.stderr_stream = SubprocessOptions::Stream::kPipe;
+  options.nonblocking_pipes = true;
+  options.environment = std::move(environment);
+  options.own_process_group = true;
+  options.die_with_parent = true;
+  return options;
+}
+
 std::string ClockTime(absl::Time time) {
   return absl::FormatTime("%H:%M:%E3S", time, absl::LocalTimeZone());
 }
@@ -124,7 +149,7 @@ std::pair<const nlohmann::json*, const nlohmann::json*> FirstBlamed(
 struct Worker {
   int rank = 0;
   int local_rank = 0;
-  std::unique_ptr<WorkerProcess> process;
+  std::unique_ptr<Subprocess> process;
   std::string partial[2];  // stdout, stderr: the unfinished last line
   std::deque<std::string> stderr_tail;
   int log_fd = -1;
@@ -140,6 +165,14 @@ enum class Outcome {
   kFailed,     // a worker failed here or on another node
   kStopping,   // SIGTERM/SIGINT here or on another node
   kLostStore,  // the store (node 0's agent) is gone: nobody can coordinate a restart
+  kLostAgent,  // another node's agent is gone: its workers with it
+};
+
+// Another node's agent that left without finishing.
+struct LostAgent {
+  int node = 0;
+  std::string host;
+  int incarnation = 1;  // how many agents that node has had, this one included
 };
 
 class Agent {
@@ -168,6 +201,33 @@ class Agent {
   void EmitLine(Worker& worker, int stream, const std::string& line);
   void HandleSignals();
   absl::StatusOr<int64_t> Counter(const std::string& key) { return store_->Add(key, 0); }
+  std::string NodeKey(const std::string& name, int node) const {
+    return absl::StrCat(name, "/node-", node);
+  }
+  std::string NodeKey(const std::string& name, int node, int incarnation) const {
+    return absl::StrCat(name, "/node-", node, "/", incarnation);
+  }
+  // A new agent of a node whose last one was lost: waits until node 0 restarts the job with it
+  // and returns that attempt; 0 for a node's first agent.
+  absl::StatusOr<int> Rejoin();
+  // The other agents whose store connection closed before they finished (none when the store
+  // cannot be read: that is kLostStore's to report).
+  std::vector<LostAgent> LostAgents();
+  // The agents lost in `attempt`: those lost now and those any agent recorded as lost in it (a
+  // replacement may have rejoined meanwhile). Records the ones found now.
+  std::vector<LostAgent> LostIn(int attempt);
+  // With a restart left after `lost`: node 0 invites their replacements to the next attempt.
+  void AwaitRejoin(int attempt, const std::vector<LostAgent>& lost);
+  // Logs each lost agent once, as the cause of what this node does next.
+  void ReportLost(const std::vector<LostAgent>& lost);
+  // On SIGTERM/SIGINT here: a stop, unless the store or another agent is gone (a Slurm step
+  // torn down because an agent died delivers SIGTERM too).
+  Outcome OnStopRequest(int attempt);
+  void PrintLostRootCause(int attempt, const std::vector<LostAgent>& lost);
+  // Once the workers stopped after SIGTERM: when an agent was lost, node 0 names it as the root
+  // cause and the job ends (exit code 1), since a stop was asked for (under Slurm the step is
+  // being torn down). nullopt when no agent was lost.
+  std::optional<int> FinishIfAgentLost(int attempt);
   // Writes this node's failed workers to the store (a JSON list, possibly empty).
   absl::Status PublishFailures(int attempt);
   void PrintRootCause(int attempt);
@@ -182,6 +242,12 @@ class Agent {
   SignalPipe signals_;
   std::vector<Worker> workers_;
   bool stop_requested_ = false;
+  int stop_signal_ = 0;
+  int incarnation_ = 1;
+  // Between a restart after lost agents and the next attempt's rendezvous: those agents, whose
+  // nodes are expected back, not a reason to give up (unless SIGTERM comes first).
+  std::vector<LostAgent> rejoining_;
+  std::vector<std::pair<int, int>> reported_lost_;  // (node, incarnation)
   absl::Time started_at_;
   bool reported_rendezvous_ = false;
 };
@@ -208,14 +274,70 @@ absl::Status Agent::Connect() {
   }
   store_ = *std::move(client);
   node_.master_port = port;  // node 0 may have chosen it
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int64_t incarnation,
+                   store_->Add(NodeKey("agent/incarnation", node_.node_rank), 1));
+  incarnation_ = static_cast<int>(incarnation);
+  RETURN_IF_ERROR(store_->Set(NodeKey("agent/host", node_.node_rank), Hostname()));
+  RETURN_IF_ERROR(store_->AddOnClose(NodeKey(kClosedKey, node_.node_rank, incarnation_), 1));
+  return store_->AddOnClose(kClosedKey, 1);
+}
+
+absl::StatusOr<int> Agent::Rejoin() {
+  if (incarnation_ == 1) return 0;
+  const int node = node_.node_rank;
+  if (Counter(NodeKey(kClosedKey, node, incarnation_ - 1)).value_or(0) == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "node %d already has a running agent; start one `dtrain launch` per node", node));
+  }
+  LogInfo(
+      "node %d: this node's last agent was lost; waiting up to %s for node 0 to restart the "
+      "job with this one",
+      node, absl::FormatDuration(options_.rendezvous_timeout));
+  const absl::StatusOr<std::string> attempt_text =
+      store_->Get(NodeKey("agent/rejoin", node, incarnation_), options_.rendezvous_timeout);
+  int attempt = 0;
+  if (!attempt_text.ok() || !absl::SimpleAtoi(*attempt_text, &attempt)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", node,
+                     " cannot rejoin the job: node 0 did not restart it with this node (no "
+                     "restart left, see --max-restarts, or the job ended): ",
+                     attempt_text.status().message()));
+  }
+  // Settled only now: until node 0 took this node back, the others must see its last agent lost.
+  RETURN_IF_ERROR(store_->Add(kSettledKey, 1).status());
+  RETURN_IF_ERROR(store_->Add(kReplacedKey, 1).status());
+  LogInfo("node %d: rejoining the job at restart %d of %d", node, attempt, options_.max_restarts);
+  return attempt;
 }
 
 absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) {
   ASSIGN_OR_RETURN(const int64_t arrived, store_->Add(counter, 1));
   if (arrived == node_.num_nodes) return store_->Set(counter + "/open", "1");
-  absl::Status status = store_->Wait({counter + "/open"}, timeout);
-  if (status.ok()) return status;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    absl::Status status =
+        store_->Wait({counter + "/open"}, std::min(left, kBarrierLivenessInterval));
+    if (!absl::IsDeadlineExceeded(status)) return status;
+    if (!rejoining_.empty()) {
+      HandleSignals();
+      if (stop_requested_) {
+        return absl::CancelledError(absl::StrFormat(
+            "SIG%s received while waiting at '%s' for node %d to come back: no restart",
+            sigabbrev_np(stop_signal_), counter, rejoining_.front().node));
+      }
+      if (left <= kBarrierLivenessInterval) break;
+      continue;
+    }
+    if (const std::vector<LostAgent> lost = LostAgents(); !lost.empty()) {
+      ReportLost(lost);
+      return absl::UnavailableError(absl::StrFormat(
+          "node %d (host %s): agent lost while the others waited at '%s' (its connection to the "
+          "rendezvous store closed: the agent was killed or crashed, or its host went down)",
+          lost.front().node, lost.front().host, counter));
+    }
+    if (left <= kBarrierLivenessInterval) break;
+  }
   const int64_t seen = Counter(counter).value_or(-1);
   return absl::DeadlineExceededError(absl::StrFormat(
       "only %d of %d node agents reached '%s' within %s; check that `dtrain launch` runs on every "
@@ -242,9 +364,15 @@ absl::Status Agent::StartWorkers(int attempt) {
                          "; point --log-dir at a writable folder"));
       }
     }
-    ASSIGN_OR_RETURN(worker.process,
-                     WorkerProcess::Spawn(options_.worker_argv,
-                                          WorkerEnvironment(node_, options_, local, attempt)));
+    absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Spawn(
+        options_.worker_argv, ChildOptions(WorkerEnvironment(node_, options_, local, attempt)));
+    if (!process.ok()) {
+      return absl::Status(process.status().code(),
+                          absl::StrCat(process.status().message(),
+                                       "; check that the dtrain binary is at that path on every "
+                                       "node"));
+    }
+    worker.process = *std::move(process);
   }
   LogInfo("node %d: started ranks %d-%d (attempt %d of %d)", node_.node_rank, workers_.front().rank,
           workers_.back().rank, attempt + 1, options_.max_restarts + 1);
@@ -296,10 +424,7 @@ void Agent::HandleSignals() {
       for (Worker& worker : workers_) worker.process->Signal(signal);
       continue;
     }
-    if (!stop_requested_) {
-      LogInfo("node %d: SIG%s received: asking the workers to checkpoint and stop (grace %s)",
-              node_.node_rank, sigabbrev_np(signal), absl::FormatDuration(options_.stop_grace));
-    }
+    if (!stop_requested_) stop_signal_ = signal;
     stop_requested_ = true;
   }
 }
@@ -319,10 +444,7 @@ Outcome Agent::Watch(int attempt) {
       Drain(worker, 0);
       Drain(worker, 1);
     }
-    if (stop_requested_) {
-      (void)store_->Add(Key(attempt, "stop"), 1);
-      return Outcome::kStopping;
-    }
+    if (stop_requested_) return OnStopRequest(attempt);
     int succeeded = 0;
     for (Worker& worker : workers_) {
       const bool was_running = !worker.process->exit_status().has_value();
@@ -348,10 +470,16 @@ Outcome Agent::Watch(int attempt) {
     const absl::StatusOr<int64_t> failed = Counter(Key(attempt, "failed"));
     const absl::StatusOr<int64_t> stop = Counter(Key(attempt, "stop"));
     if (!failed.ok() || !stop.ok()) {
-      LogError("node %d: lost the rendezvous store at %s:%d (%s); stopping the workers",
-               node_.node_rank, node_.master_addr, node_.master_port,
-               (failed.ok() ? stop.status() : failed.status()).message());
+      LogError(
+          "node %d: lost the rendezvous store at %s:%d (%s): node 0's agent was lost (killed, "
+          "crashed, or its host went down); stopping the workers",
+          node_.node_rank, node_.master_addr, node_.master_port,
+          (failed.ok() ? stop.status() : failed.status()).message());
       return Outcome::kLostStore;
+    }
+    if (const std::vector<LostAgent> lost = LostAgents(); !lost.empty()) {
+      ReportLost(lost);
+      return Outcome::kLostAgent;
     }
     if (*failed > 0) return Outcome::kFailed;
     if (*stop > 0) {
@@ -374,10 +502,14 @@ Outcome Agent::AwaitOthers(int attempt) {
   const absl::Time deadline = absl::Now() + options_.rendezvous_timeout;
   while (absl::Now() < deadline) {
     HandleSignals();
-    if (stop_requested_) return Outcome::kStopping;
+    if (stop_requested_) return OnStopRequest(attempt);
     const absl::StatusOr<int64_t> succeeded = Counter(Key(attempt, "succeeded"));
     const absl::StatusOr<int64_t> failed = Counter(Key(attempt, "failed"));
     if (!succeeded.ok() || !failed.ok()) return Outcome::kLostStore;
+    if (const std::vector<LostAgent> lost = LostAgents(); !lost.empty()) {
+      ReportLost(lost);
+      return Outcome::kLostAgent;
+    }
     if (*failed > 0) return Outcome::kFailed;
     if (*succeeded == node_.num_nodes) return Outcome::kSucceeded;
     absl::SleepFor(kMonitorInterval);
@@ -411,7 +543,9 @@ void Agent::StopWorkers(absl::Duration grace) {
     }
     if (!running) return;
     if (absl::Now() >= deadline) break;
-    signals_.Take();  // a second SIGTERM changes nothing; the grace is already running
+    // A SIGTERM now shortens nothing (the grace is already running) but must not be lost: it
+    // rules out a restart.
+    HandleSignals();
     absl::SleepFor(absl::Milliseconds(20));
   }
   for (Worker& worker : workers_) {
@@ -531,8 +665,8 @@ void Agent::PrintRootCause(int attempt) {
 
 void Agent::Requeue() {
   const std::string command = absl::StrJoin(options_.requeue_argv, " ");
-  absl::StatusOr<std::unique_ptr<WorkerProcess>> process =
-      WorkerProcess::Spawn(options_.requeue_argv, options_.environment);
+  absl::StatusOr<std::unique_ptr<Subprocess>> process =
+      Subprocess::Spawn(options_.requeue_argv, ChildOptions(options_.environment));
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (process.ok() && !(*process)->Poll() && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
@@ -546,20 +680,158 @@ void Agent::Requeue() {
 }
 
 int Agent::Finish(int exit_code) {
-  // Node 0 hosts the store: it stays up until every agent has read the outcome.
-  if (store_->Add("agent/exited", 1).ok() && node_.node_rank == 0) {
+  // Settled before the connection closes, so that the close does not count as a lost agent.
+  const bool reachable =
+      store_->Set(NodeKey("agent/exited", node_.node_rank, incarnation_), "1").ok() &&
+      store_->Add(kSettledKey, 1).ok();
+  // Node 0 hosts the store: it stays up until every other agent has read the outcome and gone
+  // (a lost one is gone already; a replaced one closed too).
+  if (reachable && node_.node_rank == 0) {
     const absl::Time deadline = absl::Now() + kExitTimeout;
-    while (absl::Now() < deadline && Counter("agent/exited").value_or(0) < node_.num_nodes) {
+    while (absl::Now() < deadline &&
+           Counter(kClosedKey).value_or(0) - Counter(kReplacedKey).value_or(0) <
+               node_.num_nodes - 1) {
       absl::SleepFor(absl::Milliseconds(20));
     }
   }
   return exit_code;
 }
 
+std::vector<LostAgent> Agent::LostAgents() {
+  const absl::StatusOr<int64_t> closed = Counter(kClosedKey);
+  const absl::StatusOr<int64_t> settled = Counter(kSettledKey);
+  if (!closed.ok() || !settled.ok() || *closed <= *settled) return {};
+  std::vector<LostAgent> lost;
+  for (int node = 0; node < node_.num_nodes; ++node) {
+    if (node == node_.node_rank) continue;
+    const int incarnation =
+        static_cast<int>(Counter(NodeKey("agent/incarnation", node)).value_or(0));
+    if (Counter(NodeKey(kClosedKey, node, incarnation)).value_or(0) == 0) continue;
+    if (store_->Get(NodeKey("agent/exited", node, incarnation), absl::ZeroDuration()).ok()) {
+      continue;
+    }
+    const absl::StatusOr<std::string> host =
+        store_->Get(NodeKey("agent/host", node), absl::ZeroDuration());
+    lost.push_back({node, host.ok() ? *host : "?", incarnation});
+  }
+  return lost;
+}
+
+std::vector<LostAgent> Agent::LostIn(int attempt) {
+  std::vector<LostAgent> lost = LostAgents();
+  const absl::StatusOr<std::string> recorded_text =
+      store_->Get(Key(attempt, "lost"), absl::ZeroDuration());
+  const nlohmann::json recorded =
+      nlohmann::json::parse(recorded_text.value_or("[]"), nullptr, false);
+  for (const nlohmann::json& entry : recorded.is_array() ? recorded : nlohmann::json::array()) {
+    const LostAgent agent{entry["node"].get<int>(), entry["host"].get<std::string>(),
+                          entry["incarnation"].get<int>()};
+    const bool known = std::any_of(lost.begin(), lost.end(), [&](const LostAgent& a) {
+      return a.node == agent.node && a.incarnation == agent.incarnation;
+    });
+    if (!known) lost.push_back(agent);
+  }
+  if (!recorded.is_array() || lost.size() > recorded.size()) {
+    nlohmann::json record = nlohmann::json::array();
+    for (const LostAgent& agent : lost) {
+      record.push_back(
+          {{"node", agent.node}, {"host", agent.host}, {"incarnation", agent.incarnation}});
+    }
+    (void)store_->Set(Key(attempt, "lost"), record.dump());
+  }
+  return lost;
+}
+
+void Agent::AwaitRejoin(int attempt, const std::vector<LostAgent>& lost) {
+  std::string nodes;
+  for (const LostAgent& agent : lost) {
+    absl::StrAppend(&nodes, nodes.empty() ? "" : ", ", agent.node);
+    if (node_.node_rank == 0) {
+      (void)store_->Set(NodeKey("agent/rejoin", agent.node, agent.incarnation + 1),
+                        absl::StrCat(attempt + 1));
+    }
+  }
+  (void)store_->Add(Key(attempt, "failed"), 1);  // nodes still watching this attempt stop too
+  LogWarn(
+      "node %d: restarting the workers (restart %d of %d) once node %s has an agent again: start "
+      "`dtrain launch` there as before (waiting up to %s)",
+      node_.node_rank, attempt + 1, options_.max_restarts, nodes,
+      absl::FormatDuration(options_.rendezvous_timeout));
+  rejoining_ = lost;
+}
+
+void Agent::ReportLost(const std::vector<LostAgent>& lost) {
+  for (const LostAgent& agent : lost) {
+    const std::pair<int, int> id = {agent.node, agent.incarnation};
+    if (std::find(reported_lost_.begin(), reported_lost_.end(), id) != reported_lost_.end()) {
+      continue;
+    }
+    reported_lost_.push_back(id);
+    LogError(
+        "node %d: node %d (host %s): agent lost (its connection to the rendezvous store closed "
+        "before it finished)",
+        node_.node_rank, agent.node, agent.host);
+  }
+}
+
+Outcome Agent::OnStopRequest(int attempt) {
+  const char* signal = sigabbrev_np(stop_signal_);
+  if (const absl::Status reachable = store_->Ping(); !reachable.ok()) {
+    LogError(
+        "node %d: SIG%s received and the rendezvous store at %s:%d is gone (%s): node 0's agent "
+        "was lost (killed, crashed, or its host went down); stopping the workers",
+        node_.node_rank, signal, node_.master_addr, node_.master_port, reachable.message());
+    return Outcome::kLostStore;
+  }
+  if (const std::vector<LostAgent> lost = LostAgents(); !lost.empty()) {
+    LogInfo("node %d: SIG%s received after another node's agent was lost: not a preemption",
+            node_.node_rank, signal);
+    ReportLost(lost);
+    return Outcome::kLostAgent;
+  }
+  (void)store_->Add(Key(attempt, "stop"), 1);
+  LogInfo("node %d: SIG%s received: asking the workers to checkpoint and stop (grace %s)",
+          node_.node_rank, signal, absl::FormatDuration(options_.stop_grace));
+  return Outcome::kStopping;
+}
+
+std::optional<int> Agent::FinishIfAgentLost(int attempt) {
+  const std::vector<LostAgent> lost = LostAgents();
+  if (lost.empty()) return std::nullopt;
+  ReportLost(lost);
+  if (node_.node_rank == 0) PrintLostRootCause(attempt, lost);
+  return Finish(1);
+}
+
+void Agent::PrintLostRootCause(int attempt, const std::vector<LostAgent>& lost) {
+  std::string others;
+  for (size_t i = 1; i < lost.size(); ++i) {
+    absl::StrAppendFormat(&others, "%s node %d (host %s)", i == 1 ? "; also lost:" : ",",
+                          lost[i].node, lost[i].host);
+  }
+  const LostAgent& first = lost.front();
+  LogError(
+      "the job failed (%d restarts used of %d). Root cause: node %d (host %s): agent lost (its "
+      "connection to the rendezvous store closed before it finished: the agent was killed or "
+      "crashed, or its host went down), and ranks %d-%d with it%s. Workers that failed after "
+      "it lost their peers.",
+      attempt, options_.max_restarts, first.node, first.host, first.node * options_.nproc_per_node,
+      (first.node + 1) * options_.nproc_per_node - 1, others);
+}
+
 absl::StatusOr<int> Agent::Run() {
   RETURN_IF_ERROR(Connect());
-  for (int attempt = 0;; ++attempt) {
-    RETURN_IF_ERROR(Barrier(Key(attempt, "arrived"), options_.rendezvous_timeout));
+  ASSIGN_OR_RETURN(const int first_attempt, Rejoin());
+  for (int attempt = first_attempt;; ++attempt) {
+    if (const absl::Status arrived = Barrier(Key(attempt, "arrived"), options_.rendezvous_timeout);
+        !arrived.ok()) {
+      if (rejoining_.empty()) return arrived;
+      // The lost agents did not come back: they remain the root cause.
+      LogError("node %d: %s", node_.node_rank, arrived.message());
+      if (node_.node_rank == 0) PrintLostRootCause(attempt - 1, rejoining_);
+      return Finish(1);
+    }
+    rejoining_.clear();
     RETURN_IF_ERROR(StartWorkers(attempt));
     Outcome outcome = Watch(attempt);
     if (outcome == Outcome::kSucceeded) outcome = AwaitOthers(attempt);
@@ -569,6 +841,8 @@ absl::StatusOr<int> Agent::Run() {
         return Finish(0);
       case Outcome::kStopping: {
         StopWorkers(options_.stop_grace);
+        // The close of a lost agent may reach the store after the SIGTERM that followed it.
+        if (const std::optional<int> lost = FinishIfAgentLost(attempt)) return *lost;
         const bool clean = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) {
           return w.process->exit_status()->ok();
         });
@@ -580,10 +854,22 @@ absl::StatusOr<int> Agent::Run() {
       case Outcome::kLostStore:
         StopWorkers(options_.failure_grace);
         return 1;
+      case Outcome::kLostAgent:
       case Outcome::kFailed:
         break;
     }
     StopWorkers(options_.failure_grace);
+    // Workers fail when an agent is lost (their peers die with it): it is the cause. The lost
+    // node cannot reach this attempt's barriers; the next attempt's rendezvous waits for it.
+    if (const std::vector<LostAgent> lost = LostIn(attempt); !lost.empty()) {
+      ReportLost(lost);
+      if (attempt < options_.max_restarts && !stop_requested_) {
+        AwaitRejoin(attempt, lost);
+        continue;
+      }
+      if (node_.node_rank == 0) PrintLostRootCause(attempt, lost);
+      return Finish(1);
+    }
     RETURN_IF_ERROR(PublishFailures(attempt));
     RETURN_IF_ERROR(Barrier(Key(attempt, "stopped"), options_.rendezvous_timeout));
     if (attempt < options_.max_restarts) {

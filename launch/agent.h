@@ -14,6 +14,11 @@
 // - SIGTERM or SIGINT (time limit, preemption) is forwarded to the workers, which checkpoint and
 //   exit; whatever still runs after the stop grace is killed; then node 0 may requeue the job.
 //   Every agent learns of it through the store. SIGUSR1 and SIGUSR2 are forwarded without teardown.
+// - An agent whose store connection closes before it finished (killed, crashed, host gone) is
+//   lost: the others stop their workers (failure grace). While restarts remain they wait for a new
+//   agent on that node (it rejoins at the next attempt); otherwise, or on SIGTERM (Slurm tearing
+//   down the step, which is then not a preemption), node 0 names the lost agent as the root cause
+//   and the job exits 1. Without node 0's agent the store is gone: the others stop and exit 1.
 // - Worker output goes to the agent's stdout and stderr, each line prefixed "[rank R] ", or to
 //   `<log_dir>/rank-<R>.log`.
 #pragma once

@@ -173,6 +173,53 @@ Layer TorchrunLayer(const Env& env, bool node_level) {
   return layer;
 }
 
+// The node of a Slurm task, as an index into its step's tasks per node (`counts`).
+struct TaskNode {
+  int index = 0;
+  Candidate candidate;   // where `index` came from; or unusable, naming what is missing
+  bool derived = false;  // not SLURM_NODEID itself: a node rank the layer must offer too
+};
+
+// SLURM_NODEID when set; without it, the node that holds SLURM_PROCID under srun's default block
+// distribution (node 0's tasks first), which `-m cyclic` or `plane` would break.
+TaskNode NodeOfTask(const Env& env, const std::vector<int>& counts, const Candidate& tasks) {
+  const int nodes = static_cast<int>(counts.size());
+  if (const std::optional<Candidate> node_id = env.First({"SLURM_NODEID"})) {
+    absl::StatusOr<int> index = ParseInt(*node_id);
+    if (index.ok() && (*index < 0 || *index >= nodes)) {
+      index = absl::InvalidArgumentError(
+          absl::StrCat(node_id->from, " has no entry in ", tasks.from, " (", nodes,
+                       " nodes); this is not a consistent Slurm step environment"));
+    }
+    if (!index.ok()) return {0, Unusable(node_id->from, index.status())};
+    return {*index, *node_id};
+  }
+  const std::optional<Candidate> rank = env.First({"SLURM_PROCID"});
+  const std::string distribution = env.Get("SLURM_DISTRIBUTION").value_or("block");
+  const auto missing = [&](const std::string& why) {
+    return TaskNode{0, Unusable("SLURM_NODEID unset",
+                                absl::InvalidArgumentError(absl::StrCat(
+                                    "SLURM_NODEID is unset and ", why, ": this node's entry in ",
+                                    tasks.from, " is unknown; set SLURM_NODEID")))};
+  };
+  if (!rank.has_value()) return missing("so is SLURM_PROCID");
+  if (!absl::StartsWith(distribution, "block")) {
+    return missing(absl::StrCat("SLURM_DISTRIBUTION=", distribution,
+                                " places ranks across nodes in an order not derived here"));
+  }
+  absl::StatusOr<int> task = ParseInt(*rank);
+  if (!task.ok()) return {0, Unusable(rank->from, task.status())};
+  const std::string from = absl::StrCat("the node of ", rank->from, " (block distribution)");
+  int first = 0;
+  for (int node = 0; node < nodes; ++node) {
+    if (*task >= first && *task < first + counts[node]) {
+      return {node, Derived(absl::StrCat(node), from), true};
+    }
+    first += counts[node];
+  }
+  return missing(absl::StrCat(rank->from, " is outside the ", first, " tasks of ", tasks.from));
+}
+
 // A task of a Slurm step (srun). The batch shell has no SLURM_STEP_ID and gives nothing here.
 Layer SlurmLayer(const Env& env, bool node_level) {
   Layer layer{.source = WorldSource::kSlurm};
@@ -188,7 +235,6 @@ Layer SlurmLayer(const Env& env, bool node_level) {
     if (std::optional<Candidate> tasks =
             env.First({"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})) {
       absl::StatusOr<std::vector<int>> counts = ExpandTasksPerNode(tasks->text);
-      const std::optional<Candidate> node = env.First({"SLURM_NODEID"});
       if (!counts.ok()) {
         layer.Add("local_world_size",
                   Unusable(tasks->from, absl::InvalidArgumentError(absl::StrCat(
@@ -196,19 +242,14 @@ Layer SlurmLayer(const Env& env, bool node_level) {
       } else {
         layer.tasks_per_node = *counts;
         layer.tasks_per_node_from = tasks->from;
-        absl::StatusOr<int> node_id = node.has_value() ? ParseInt(*node) : 0;
-        const std::string from =
-            absl::StrCat(tasks->from, " at ", node.has_value() ? node->from : "node 0");
-        if (!node_id.ok()) {
-          layer.Add("local_world_size", Unusable(from, node_id.status()));
-        } else if (*node_id < 0 || *node_id >= static_cast<int>(counts->size())) {
-          layer.Add("local_world_size", Unusable(from, absl::InvalidArgumentError(absl::StrCat(
-                                                           node->from, " has no entry in ",
-                                                           tasks->from, " (", counts->size(),
-                                                           " nodes); this is not a consistent "
-                                                           "Slurm step environment"))));
+        const TaskNode node = NodeOfTask(env, *counts, *tasks);
+        if (node.derived) layer.Add("node_rank", node.candidate);
+        if (!node.candidate.error.ok()) {
+          layer.Add("local_world_size", Unusable(node.candidate.from, node.candidate.error));
         } else {
-          layer.Add("local_world_size", Derived(absl::StrCat((*counts)[*node_id]), from));
+          layer.Add("local_world_size",
+                    Derived(absl::StrCat((*counts)[node.index]),
+                            absl::StrCat(tasks->from, " at ", node.candidate.from)));
         }
       }
     }

@@ -4,10 +4,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <string.h>
 #include <sys/uio.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,8 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/data/http_source.h"
-
-extern char** environ;
+#include "core/util/subprocess.h"
 
 namespace dtrain {
 namespace {
@@ -65,84 +62,53 @@ class FileSource final : public ByteSource {
   std::string url_;
 };
 
-// CMD runs under /bin/sh with its stdout on a pipe; stdin and stderr are the trainer's.
+// CMD runs under /bin/sh with its stdout on a pipe; stdin and stderr are the trainer's. It gets
+// SIGPIPE's default action (Subprocess does that), so a command whose reader closed early ends as
+// in a shell pipeline, not with "Broken pipe" errors.
 class PipeSource final : public ByteSource {
  public:
-  PipeSource(pid_t pid, int fd, std::string url) : pid_(pid), fd_(fd), url_(std::move(url)) {}
+  PipeSource(std::unique_ptr<Subprocess> process, std::string url)
+      : process_(std::move(process)), url_(std::move(url)) {}
   ~PipeSource() override {
-    if (pid_ > 0) {
-      // Abandoned early (an error elsewhere): stop the command rather than leave it blocked.
-      ::kill(pid_, SIGTERM);
-      (void)Wait();
-    }
-    if (fd_ >= 0) ::close(fd_);
+    // Abandoned early (an error elsewhere): stop the command rather than leave it blocked.
+    process_->Signal(SIGTERM);
+    process_->Wait();
   }
 
   absl::StatusOr<size_t> Read(char* buffer, size_t n) override {
-    return ReadFd(fd_, buffer, n, url_);
+    return ReadFd(process_->stdout_fd(), buffer, n, url_);
   }
   absl::StatusOr<size_t> ReadWithTail(char* buffer, size_t n, char* tail, size_t tail_n) override {
-    return ReadFdWithTail(fd_, buffer, n, tail, tail_n, url_);
+    return ReadFdWithTail(process_->stdout_fd(), buffer, n, tail, tail_n, url_);
   }
 
   absl::Status Close() override {
-    ::close(fd_);
-    fd_ = -1;
-    return Wait();
+    process_->CloseOutput(process_->stdout_fd());
+    const ExitStatus exit = process_->Wait();
+    if (exit.ok()) return absl::OkStatus();
+    const std::string how = exit.signal != 0 ? absl::StrCat("was killed by signal ", exit.signal)
+                                             : absl::StrCat("exited with status ", exit.code);
+    return absl::DataLossError(absl::StrCat("shard command '", url_.substr(5), "' ", how,
+                                            "; run it in a shell to see why"));
   }
   const std::string& url() const override { return url_; }
 
  private:
-  absl::Status Wait() {
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-    pid_ = -1;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return absl::OkStatus();
-    const std::string how = WIFSIGNALED(status)
-                                ? absl::StrCat("was killed by signal ", WTERMSIG(status))
-                                : absl::StrCat("exited with status ", WEXITSTATUS(status));
-    return absl::DataLossError(absl::StrCat("shard command '", url_.substr(5), "' ", how,
-                                            "; run it in a shell to see why"));
-  }
-
-  pid_t pid_;
-  int fd_;
+  std::unique_ptr<Subprocess> process_;
   std::string url_;
 };
 
 absl::StatusOr<std::unique_ptr<ByteSource>> OpenPipe(const std::string& url) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(url, ": pipe failed: ", strerror(errno)));
-  }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  // The command gets SIGPIPE's default action even where this process ignores it (a trainer's
-  // communicator does): a command whose reader closed early ends as in a shell pipeline, not
-  // with "Broken pipe" errors.
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  sigset_t default_signals;
-  sigemptyset(&default_signals);
-  sigaddset(&default_signals, SIGPIPE);
-  posix_spawnattr_setsigdefault(&attributes, &default_signals);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF);
   const std::string command = url.substr(5);
-  char* argv[] = {const_cast<char*>("sh"), const_cast<char*>("-c"),
-                  const_cast<char*>(command.c_str()), nullptr};
-  pid_t pid = 0;
-  const int error = ::posix_spawn(&pid, "/bin/sh", &actions, &attributes, argv, environ);
-  posix_spawnattr_destroy(&attributes);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(fds[1]);
-  if (error != 0) {
-    ::close(fds[0]);
+  SubprocessOptions options;
+  options.stdout_stream = SubprocessOptions::Stream::kPipe;
+  absl::StatusOr<std::unique_ptr<Subprocess>> process =
+      Subprocess::Spawn({"/bin/sh", "-c", command}, options);
+  if (!process.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cannot start shard command '", command, "': ", strerror(error)));
+        absl::StrCat("cannot start shard command '", command, "': ", process.status().message()));
   }
-  return std::unique_ptr<ByteSource>(new PipeSource(pid, fds[0], url));
+  return std::unique_ptr<ByteSource>(new PipeSource(*std::move(process), url));
 }
 
 class MemoryByteSource final : public ByteSource {

@@ -377,6 +377,16 @@ absl::StatusOr<int64_t> TcpStoreClient::NumKeys() {
   return reader.I64();
 }
 
+absl::Status TcpStoreClient::AddOnClose(std::string_view key, int64_t delta) {
+  RETURN_IF_ERROR(CheckKey(key));
+  const std::string what = absl::StrFormat("ADD_ON_CLOSE %s", ShortKey(key));
+  ASSIGN_OR_RETURN(const Reply reply,
+                   Call(FrameWriter(StoreMessage::kAddOnClose).Bytes(key).I64(delta).Finish(),
+                        absl::Now() + options_.reply_timeout, what));
+  if (reply.type != StoreMessage::kOk) return Unexpected(reply, what);
+  return absl::OkStatus();
+}
+
 absl::Status TcpStoreClient::Ping() {
   ASSIGN_OR_RETURN(const Reply reply, Call(FrameWriter(StoreMessage::kPing).Finish(),
                                            absl::Now() + options_.reply_timeout, "PING"));

@@ -51,6 +51,10 @@ class TcpStoreClient final : public Store {
   absl::StatusOr<bool> Delete(std::string_view key) override;
   absl::StatusOr<int64_t> NumKeys() override;
   absl::Status Ping() override;
+  // When this connection closes, however that happens (this client destroyed, its process
+  // killed, its host gone and the connection reset), the server adds `delta` to `key`: how a
+  // participant tells the others that it is gone.
+  absl::Status AddOnClose(std::string_view key, int64_t delta);
 
   // "host:port" as given to Connect, for messages.
   const std::string& address() const { return address_; }

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -63,7 +64,25 @@ struct Connection {
   // The handshake deadline, then a parked waiter's; an entry of Loop::timers_.
   std::optional<absl::Time> deadline;
   bool doomed = false;  // Closed at the end of the current loop iteration.
+  // kAddOnClose registrations: (key, delta) applied when the connection closes.
+  std::vector<std::pair<std::string, int64_t>> on_close;
 };
+
+// Keepalive probes start after half the timeout idle and go every tenth of it; five unanswered
+// ones end the connection.
+void SetDeadPeerTimeout(int fd, absl::Duration timeout) {
+  const int seconds = std::max<int>(1, absl::ToInt64Seconds(timeout));
+  const int one = 1;
+  const int idle_s = std::max(1, seconds / 2);
+  const int interval_s = std::max(1, seconds / 10);
+  const int probes = 5;
+  const unsigned int user_timeout_ms = static_cast<unsigned int>(seconds) * 1000;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
+}
 
 std::string ErrorFrame(absl::StatusCode code, std::string_view message) {
   return FrameWriter(StoreMessage::kError).U8(static_cast<uint8_t>(code)).Bytes(message).Finish();
@@ -100,6 +119,8 @@ class TcpStoreServer::Loop {
   absl::Status HandleHello(Connection& conn, FrameReader& reader);
   absl::Status HandleAuth(Connection& conn, FrameReader& reader);
   absl::Status HandleRequest(Connection& conn, StoreMessage type, FrameReader& reader);
+  // kAdd's arithmetic; wakes the key's waiters on success.
+  absl::StatusOr<int64_t> AddTo(const std::string& key, int64_t delta);
   void Park(Connection& conn, StoreMessage type, std::vector<std::string> keys, int64_t timeout_ms);
   // Answers `conn`'s waiter if all its keys exist, else indexes it under the next missing key.
   void Recheck(Connection& conn);
@@ -111,6 +132,7 @@ class TcpStoreServer::Loop {
   void Reply(Connection& conn, std::string frame);
   // Closes `conn` at the end of this iteration; `reason` is logged when not empty.
   void Doom(Connection& conn, std::string_view reason);
+  // Closes the doomed connections and applies their kAddOnClose registrations.
   void ReapDoomed();
   int NextWakeMs() const;
   const std::string* FirstMissing(const std::vector<std::string>& keys) const;
@@ -163,14 +185,15 @@ void TcpStoreServer::Loop::Run() {
       }
     }
     ExpireTimers();
-    while (!to_pump_.empty()) {
+    // A closed connection's kAddOnClose may answer waiters, which may pump more frames.
+    while (!to_pump_.empty() || !doomed_.empty()) {
       std::vector<uint64_t> ids;
       ids.swap(to_pump_);
       for (const uint64_t id : ids) {
         if (Connection* conn = Find(id); conn != nullptr && !conn->doomed) Pump(*conn);
       }
+      ReapDoomed();
     }
-    ReapDoomed();
   }
 }
 
@@ -229,6 +252,7 @@ void TcpStoreServer::Loop::AcceptAll() {
     }
     const int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    SetDeadPeerTimeout(fd, options_.dead_peer_timeout);
     auto conn = std::make_unique<Connection>();
     conn->id = next_id_++;
     conn->fd = std::move(owned);
@@ -426,24 +450,18 @@ absl::Status TcpStoreServer::Loop::HandleRequest(Connection& conn, StoreMessage 
       ASSIGN_OR_RETURN(std::string key, reader.Bytes(limits.max_key_bytes));
       ASSIGN_OR_RETURN(const int64_t delta, reader.I64());
       RETURN_IF_ERROR(reader.ExpectEnd());
-      int64_t current = 0;
-      auto it = data_.find(key);
-      if (it != data_.end() && !absl::SimpleAtoi(absl::string_view(it->second), &current)) {
-        Reply(conn, ErrorFrame(
-                        absl::StatusCode::kInvalidArgument,
-                        absl::StrFormat("cannot add to key %s: its value is not an integer", key)));
-        return absl::OkStatus();
-      }
-      int64_t updated = 0;
-      if (__builtin_add_overflow(current, delta, &updated)) {
-        Reply(conn, ErrorFrame(absl::StatusCode::kOutOfRange,
-                               absl::StrFormat("adding %d to key %s (%d) overflows int64", delta,
-                                               key, current)));
-        return absl::OkStatus();
-      }
-      data_[key] = absl::StrFormat("%d", updated);
-      Notify(key);
-      Reply(conn, FrameWriter(StoreMessage::kInt).I64(updated).Finish());
+      const absl::StatusOr<int64_t> updated = AddTo(key, delta);
+      Reply(conn, updated.ok() ? FrameWriter(StoreMessage::kInt).I64(*updated).Finish()
+                               : ErrorFrame(updated.status().code(),
+                                            std::string(updated.status().message())));
+      return absl::OkStatus();
+    }
+    case StoreMessage::kAddOnClose: {
+      ASSIGN_OR_RETURN(std::string key, reader.Bytes(limits.max_key_bytes));
+      ASSIGN_OR_RETURN(const int64_t delta, reader.I64());
+      RETURN_IF_ERROR(reader.ExpectEnd());
+      conn.on_close.emplace_back(std::move(key), delta);
+      Reply(conn, FrameWriter(StoreMessage::kOk).Finish());
       return absl::OkStatus();
     }
     case StoreMessage::kCompareSet: {
@@ -501,6 +519,23 @@ absl::Status TcpStoreServer::Loop::HandleRequest(Connection& conn, StoreMessage 
           absl::StrFormat("sent a frame of type %s (%d), which is not a request",
                           StoreMessageName(type), static_cast<int>(type)));
   }
+}
+
+absl::StatusOr<int64_t> TcpStoreServer::Loop::AddTo(const std::string& key, int64_t delta) {
+  int64_t current = 0;
+  auto it = data_.find(key);
+  if (it != data_.end() && !absl::SimpleAtoi(absl::string_view(it->second), &current)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cannot add to key %s: its value is not an integer", key));
+  }
+  int64_t updated = 0;
+  if (__builtin_add_overflow(current, delta, &updated)) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("adding %d to key %s (%d) overflows int64", delta, key, current));
+  }
+  data_[key] = absl::StrFormat("%d", updated);
+  Notify(key);
+  return updated;
 }
 
 const std::string* TcpStoreServer::Loop::FirstMissing(const std::vector<std::string>& keys) const {
@@ -609,8 +644,23 @@ void TcpStoreServer::Loop::Doom(Connection& conn, std::string_view reason) {
 }
 
 void TcpStoreServer::Loop::ReapDoomed() {
-  for (const uint64_t id : doomed_) connections_.erase(id);
-  doomed_.clear();
+  // Notify may doom further connections (a failed reply): they join doomed_ and close here too.
+  while (!doomed_.empty()) {
+    std::vector<uint64_t> ids;
+    ids.swap(doomed_);
+    for (const uint64_t id : ids) {
+      auto it = connections_.find(id);
+      std::vector<std::pair<std::string, int64_t>> on_close = std::move(it->second->on_close);
+      const std::string peer = it->second->peer;
+      connections_.erase(it);
+      for (const auto& [key, delta] : on_close) {
+        if (absl::StatusOr<int64_t> added = AddTo(key, delta); !added.ok()) {
+          LogWarn("rendezvous store: on closing the connection from %s: %s", peer,
+                  added.status().message());
+        }
+      }
+    }
+  }
 }
 
 TcpStoreServer::TcpStoreServer(int port, std::unique_ptr<Loop> loop)

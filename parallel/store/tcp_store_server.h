@@ -30,6 +30,11 @@ struct TcpStoreServerOptions {
   absl::Duration handshake_timeout = absl::Seconds(30);
   // How long an occupied port is retried before Start fails.
   absl::Duration bind_retry = absl::Seconds(10);
+  // A client whose host stops answering (it crashed, or the network to it is gone: nothing
+  // closes the connection) is closed after about this long, by TCP keepalive probes on an idle
+  // connection and TCP_USER_TIMEOUT on one with unacknowledged replies. A live client's kernel
+  // answers the probes however idle the client is.
+  absl::Duration dead_peer_timeout = absl::Seconds(20);
 };
 
 class TcpStoreServer {

@@ -47,6 +47,8 @@ const char* StoreMessageName(StoreMessage type) {
       return "NUM_KEYS";
     case StoreMessage::kPing:
       return "PING";
+    case StoreMessage::kAddOnClose:
+      return "ADD_ON_CLOSE";
     case StoreMessage::kOk:
       return "OK";
     case StoreMessage::kValue:

@@ -23,6 +23,9 @@
 //   kDelete      key                           -> kBool existed
 //   kNumKeys                                   -> kInt count
 //   kPing                                      -> kOk
+//   kAddOnClose  key, delta i64                -> kOk; when this connection closes (the client
+//                exits, is killed, or its host is gone) the server adds `delta` to `key`, as
+//                kAdd would: how the others learn that a participant is lost
 // kTimeout carries `count u32, keys` still missing; kError carries `code u8, message`.
 // A negative timeout_ms waits forever.
 #pragma once
@@ -40,7 +43,7 @@ namespace dtrain {
 
 // "DTRS" read as a little-endian u32: the first field of every kHello.
 inline constexpr uint32_t kStoreMagic = 0x53525444;
-inline constexpr uint32_t kStoreProtocolVersion = 1;
+inline constexpr uint32_t kStoreProtocolVersion = 2;
 
 enum class StoreMessage : uint8_t {
   // Handshake.
@@ -56,6 +59,7 @@ enum class StoreMessage : uint8_t {
   kDelete = 15,
   kNumKeys = 16,
   kPing = 17,
+  kAddOnClose = 18,
   // Replies.
   kOk = 30,
   kValue = 31,

@@ -6,7 +6,10 @@ machine, brought up by scripts/slurm/cluster.sh. Jobs are submitted with sbatch,
   global batch (1e-5 relative);
 - a worker SIGKILLed mid-run under `dtrain launch --max-restarts 1`: the group restarts and the
   job completes;
-- `scancel --signal=TERM`: the workers write a checkpoint and the job exits cleanly.
+- `scancel --signal=TERM`: the workers write a checkpoint and the job exits cleanly;
+- an agent SIGKILLed under `dtrain launch` (with a restart left): Slurm tears the step down
+  (SIGTERM), and the other agent names the lost agent as the root cause and ends by itself,
+  before KillWait, instead of treating the teardown as a preemption or waiting for the node.
 
 Usage: slurm_test.py --dtrain BUILD/dtrain (as root; ctest runs it with RESOURCE_LOCK slurm).
 """
@@ -101,6 +104,24 @@ def worker_pid(rank, marker):
     return None
 
 
+def agent_pid(node, marker):
+    """The pid of the `dtrain launch` agent of node `node` (SLURM_NODEID) whose command line
+    mentions `marker` (not srun, whose command line names it too)."""
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (len(cmdline) > 2 and cmdline[0].endswith(b"dtrain") and cmdline[1] == b"launch"
+                and any(marker.encode() in arg for arg in cmdline)
+                and b"SLURM_STEP_ID=0" in environ and f"SLURM_NODEID={node}".encode() in environ):
+            return int(entry.name)
+    return None
+
+
 def queued_job_id(name):
     return subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True,
                           text=True, check=True).stdout.strip()
@@ -161,6 +182,35 @@ class SlurmTest(unittest.TestCase):
         self.assertIn("rank 3 failed: signal 9 (SIGKILL)", text)
         self.assertIn("restarting the workers (restart 1 of 1)", text)
         self.assertIn("step 60/60", text)
+
+    def kill_agent(self, name, node, flags=""):
+        """Runs a long `dtrain launch` job, SIGKILLs node `node`'s agent after 3 steps and
+        returns the job's output once it ended."""
+        job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 100000)} --nproc-per-node 2 "
+                                   f"{flags}", wait=False)
+        wait_for(lambda: steps_logged(name) >= 3, JOB_TIMEOUT_S, "3 steps")
+        pid = agent_pid(node, f"{name}.yaml")
+        self.assertIsNotNone(pid, f"node {node}'s agent")
+        os.kill(pid, 9)
+        job.communicate(timeout=JOB_TIMEOUT_S)
+        text = output.read_text()
+        self.assertNotEqual(job.returncode, 0, text)
+        # srun's teardown SIGTERM is not a preemption; and the survivor exits by itself, so Slurm
+        # reports an exit code for it rather than killing it after KillWait.
+        self.assertNotIn("asking the workers to checkpoint", text)
+        survivor = 1 - node
+        self.assertIn(f"task {survivor}: Exited with exit code 1", text)
+        return text
+
+    def test_killed_agent_is_named_as_the_root_cause(self):
+        # A restart left changes nothing: srun tears the step down, the node cannot come back.
+        text = self.kill_agent("lost_agent", 1, "--max-restarts 1")
+        self.assertIn("Root cause: node 1 (host ", text)
+        self.assertIn("agent lost (its connection to the rendezvous store closed", text)
+
+    def test_killed_store_agent_stops_the_other_node(self):
+        text = self.kill_agent("lost_store", 0)
+        self.assertIn("node 0's agent was lost", text)
 
     def test_scancel_term_checkpoints_and_exits_cleanly(self):
         name = "term"

@@ -1,6 +1,7 @@
 // `dtrain launch` standalone (the agent on this machine, real worker processes on loopback):
-// training end to end, worker failure with and without restarts, the root-cause report, and the
-// agent's death taking its workers with it.
+// training end to end, worker failure with and without restarts, the root-cause report, the
+// agent's death taking its workers with it, and two pods' agents losing each other (a lost agent
+// as the root cause, its replacement rejoining while a restart is left, a lost store).
 #include "launch/agent.h"
 
 #include <signal.h>
@@ -16,9 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "core/util/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "launch/worker_process.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/run_dtrain.h"
 
@@ -77,8 +78,13 @@ class Launch {
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<std::string> environment = Environment();
     environment.insert(environment.end(), extra_environment.begin(), extra_environment.end());
-    absl::StatusOr<std::unique_ptr<WorkerProcess>> process =
-        WorkerProcess::Spawn(argv, environment);
+    SubprocessOptions options;
+    options.stdout_stream = SubprocessOptions::Stream::kPipe;
+    options.stderr_stream = SubprocessOptions::Stream::kPipe;
+    options.nonblocking_pipes = true;
+    options.environment = std::move(environment);
+    options.die_with_parent = true;
+    absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Spawn(argv, options);
     EXPECT_TRUE(process.ok()) << process.status();
     if (process.ok()) process_ = *std::move(process);
   }
@@ -126,7 +132,7 @@ class Launch {
     return workers;
   }
 
-  WorkerProcess& process() { return *process_; }
+  Subprocess& process() { return *process_; }
   const std::string& output() const { return output_; }
 
  private:
@@ -136,7 +142,7 @@ class Launch {
     for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) output_.append(buffer, n);
   }
 
-  std::unique_ptr<WorkerProcess> process_;
+  std::unique_ptr<Subprocess> process_;
   std::string output_;
 };
 
@@ -206,27 +212,6 @@ TEST(AgentTest, WorkerEnvironmentReplacesLauncherRanks) {
               Not(Contains(std::string("OMP_NUM_THREADS=1"))));
 }
 
-TEST(AgentTest, WorkerProcessReportsExitAndSignal) {
-  auto exits = WorkerProcess::Spawn({"/bin/sh", "-c", "echo out; echo err >&2; exit 3"}, {});
-  ASSERT_TRUE(exits.ok()) << exits.status();
-  while (!(*exits)->Poll()) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_EQ((*exits)->exit_status()->ToString(), "exit code 3");
-  char buffer[16] = {};
-  EXPECT_EQ(read((*exits)->stdout_fd(), buffer, sizeof(buffer)), 4);
-  EXPECT_EQ(std::string(buffer), "out\n");
-
-  // A signal reaches the child's whole process group, grandchildren included.
-  auto sleeper = WorkerProcess::Spawn({"/bin/sh", "-c", "sleep 30 & wait"}, {});
-  ASSERT_TRUE(sleeper.ok());
-  (*sleeper)->Signal(SIGTERM);
-  while (!(*sleeper)->Poll()) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_EQ((*sleeper)->exit_status()->ToString(), "signal 15 (SIGTERM)");
-
-  const auto missing = WorkerProcess::Spawn({"/no/such/dtrain"}, {});
-  ASSERT_FALSE(missing.ok());
-  EXPECT_THAT(missing.status().message(), HasSubstr("cannot run /no/such/dtrain"));
-}
-
 TEST(AgentTest, StandaloneLaunchTrainsLikeOneProcess) {
   const std::string single = OutDir("single");
   const testing::Outcome one =
@@ -275,6 +260,105 @@ TEST(AgentTest, TwoKubeflowPodsTrainTogether) {
   for (size_t i = 0; i < losses.size(); ++i) {
     EXPECT_NEAR(losses[i], reference[i], 1e-5 * reference[i]) << "step " << i + 1;
   }
+}
+
+// Two pods of `dtrain launch` (node 0 hosts the store, one worker each); the tests below kill
+// one agent after two steps and watch the other.
+struct TwoPods {
+  TwoPods(const std::string& name, int steps, std::vector<std::string> flags = {})
+      : out(OutDir(name)), port(testing::FreeTcpPort()) {
+    args = {Recipe(name, steps), "--set", "run.out_dir=" + out};
+    args.insert(args.end(), flags.begin(), flags.end());
+    for (int pod = 0; pod < 2; ++pod) pods.push_back(Start(pod));
+    EXPECT_TRUE(pods[0]->Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
+        << pods[0]->output();
+  }
+  // Pod `pod`'s agent, as its first start or after a restart of the pod.
+  std::unique_ptr<Launch> Start(int pod) const {
+    return std::make_unique<Launch>(
+        args, std::vector<std::string>{
+                  "PET_NNODES=2", "PET_NPROC_PER_NODE=1", absl::StrCat("PET_NODE_RANK=", pod),
+                  "PET_MASTER_ADDR=127.0.0.1", absl::StrCat("PET_MASTER_PORT=", port),
+                  "DTRAIN_RDZV_TOKEN=lost-agent-test-token"});
+  }
+
+  std::string out;
+  int port;
+  std::vector<std::string> args;
+  std::vector<std::unique_ptr<Launch>> pods;
+};
+
+void KillAgent(Launch& pod) {
+  const pid_t pid = pod.process().pid();
+  kill(pid, SIGKILL);
+  pod.Wait(absl::Seconds(30));  // reaped: its connections are closed
+}
+
+// Node 1's agent dies (its workers with it): node 0 names it as the root cause and ends, rather
+// than failing its own workers and waiting for node 1 at the next rendezvous.
+TEST(AgentTest, LostAgentIsTheRootCause) {
+  TwoPods job("lost", 100000);
+  std::vector<std::unique_ptr<Launch>>& pods = job.pods;
+  KillAgent(*pods[1]);
+  EXPECT_EQ(pods[0]->Wait(absl::Seconds(60)), 1) << pods[0]->output();
+  EXPECT_THAT(pods[0]->output(), HasSubstr("Root cause: node 1 (host "));
+  EXPECT_THAT(pods[0]->output(), HasSubstr("agent lost (its connection to the rendezvous store "
+                                           "closed before it finished"));
+}
+
+// As a Slurm step is torn down after one task died: node 1's agent is killed, then node 0's
+// gets SIGTERM. That is not a preemption: no checkpoint is asked for, the lost agent is named.
+TEST(AgentTest, SigtermAfterALostAgentIsNotAPreemption) {
+  TwoPods job("lost_term", 100000);
+  std::vector<std::unique_ptr<Launch>>& pods = job.pods;
+  KillAgent(*pods[1]);
+  kill(pods[0]->process().pid(), SIGTERM);
+  EXPECT_EQ(pods[0]->Wait(absl::Seconds(60)), 1) << pods[0]->output();
+  EXPECT_THAT(pods[0]->output(), Not(HasSubstr("asking the workers to checkpoint")));
+  EXPECT_THAT(pods[0]->output(), HasSubstr("Root cause: node 1 (host "));
+}
+
+// With a restart left, node 0 waits for node 1 to have an agent again (a pod restarted by
+// Kubernetes), and the job restarts with it and completes.
+TEST(AgentTest, LostAgentRejoinsAndTheGroupRestarts) {
+  TwoPods job("rejoin", 30, {"--max-restarts=1"});
+  KillAgent(*job.pods[1]);
+  ASSERT_TRUE(job.pods[0]->Pump(absl::Seconds(60), [&] {
+    return absl::StrContains(job.pods[0]->output(), "once node 1 has an agent again");
+  })) << job.pods[0]->output();
+  std::unique_ptr<Launch> replacement = job.Start(1);
+  EXPECT_EQ(job.pods[0]->Wait(absl::Seconds(120)), 0) << job.pods[0]->output();
+  EXPECT_EQ(replacement->Wait(absl::Seconds(60)), 0) << replacement->output();
+  EXPECT_THAT(replacement->output(), HasSubstr("rejoining the job at restart 1 of 1"));
+  EXPECT_THAT(job.pods[0]->output(), HasSubstr("step 30/30"));
+  EXPECT_THAT(job.pods[0]->output(), HasSubstr("every worker finished"));
+}
+
+// SIGTERM while node 0 waits for the lost node (a Slurm step being torn down): the job ends at
+// once, naming the lost agent, instead of waiting out the rendezvous timeout.
+TEST(AgentTest, SigtermWhileWaitingForALostNodeEndsTheJob) {
+  TwoPods job("rejoin_term", 100000, {"--max-restarts=1"});
+  KillAgent(*job.pods[1]);
+  ASSERT_TRUE(job.pods[0]->Pump(absl::Seconds(60), [&] {
+    return absl::StrContains(job.pods[0]->output(), "once node 1 has an agent again");
+  })) << job.pods[0]->output();
+  kill(job.pods[0]->process().pid(), SIGTERM);
+  EXPECT_EQ(job.pods[0]->Wait(absl::Seconds(60)), 1) << job.pods[0]->output();
+  EXPECT_THAT(job.pods[0]->output(), HasSubstr("SIGTERM received while waiting"));
+  EXPECT_THAT(job.pods[0]->output(), HasSubstr("Root cause: node 1 (host "));
+}
+
+// Node 0's agent (the store) dies: node 1 stops its workers and says so.
+TEST(AgentTest, LostStoreStopsTheOtherNodes) {
+  TwoPods job("lost_store", 100000);
+  std::vector<std::unique_ptr<Launch>>& pods = job.pods;
+  const std::vector<std::pair<int, pid_t>> workers = pods[1]->Workers();
+  KillAgent(*pods[0]);
+  kill(pods[1]->process().pid(), SIGTERM);
+  EXPECT_EQ(pods[1]->Wait(absl::Seconds(60)), 1) << pods[1]->output();
+  EXPECT_THAT(pods[1]->output(), HasSubstr("node 0's agent was lost"));
+  EXPECT_THAT(pods[1]->output(), Not(HasSubstr("asking the workers to checkpoint")));
+  for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
 }
 
 TEST(AgentTest, LogDirHoldsOneFilePerRank) {

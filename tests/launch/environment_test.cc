@@ -238,6 +238,35 @@ TEST(EnvironmentTest, SlurmUnevenTasksPerNodeIndexedByNodeId) {
   EXPECT_EQ(world.world_size, 4);
 }
 
+TEST(EnvironmentTest, SlurmTasksPerNodeWithoutNodeIdUsesTheRanksOwnNode) {
+  // Rank 6 of `2(x3),1` is the one task of the last node; node 0 runs two.
+  EnvironmentMap env = SlurmStepTask();
+  env.erase("SLURM_NODEID");
+  env.erase("SLURM_STEP_TASKS_PER_NODE");
+  env["SLURM_TASKS_PER_NODE"] = "2(x3),1";
+  env["SLURM_STEP_NUM_NODES"] = "4";
+  env["SLURM_NTASKS"] = "7";
+  env["SLURM_PROCID"] = "6";
+  env["SLURM_LOCALID"] = "0";
+  const WorldEnvironment world = Resolve(env);
+  EXPECT_EQ(world.local_world_size, 1);
+  EXPECT_EQ(world.node_rank, 3);
+  EXPECT_EQ(world.provenance.at("local_world_size"),
+            "SLURM_TASKS_PER_NODE=2(x3),1 at the node of SLURM_PROCID=6 (block distribution)");
+  EXPECT_EQ(world.provenance.at("node_rank"), "the node of SLURM_PROCID=6 (block distribution)");
+
+  env["SLURM_PROCID"] = "3";  // the second task of node 1
+  env["SLURM_LOCALID"] = "1";
+  EXPECT_EQ(Resolve(env).local_world_size, 2);
+  EXPECT_EQ(Resolve(env).node_rank, 1);
+
+  env["SLURM_DISTRIBUTION"] = "cyclic";  // rank 3 is on node 3 then: not derived, an error
+  EXPECT_THAT(Error(env), HasSubstr("SLURM_NODEID is unset and SLURM_DISTRIBUTION=cyclic places "
+                                    "ranks across nodes in an order not derived here: this "
+                                    "node's entry in SLURM_TASKS_PER_NODE=2(x3),1 is unknown; set "
+                                    "SLURM_NODEID"));
+}
+
 TEST(EnvironmentTest, SlurmWorldThatDiffersFromTasksPerNode) {
   EnvironmentMap env = SlurmStepTask();
   env["SLURM_NTASKS"] = "16";

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -288,6 +290,48 @@ TEST(TcpStoreClientTest, ClientWithTokenRefusesAServerWithout) {
   ASSERT_FALSE(client.ok());
   EXPECT_TRUE(absl::IsPermissionDenied(client.status())) << client.status();
   EXPECT_TRUE(Contains(client.status(), "does not check tokens")) << client.status();
+}
+
+TEST(TcpStoreClientTest, AddOnCloseCountsAClientThatIsGone) {
+  auto server = StartServer();
+  auto watcher = ConnectClient(server->port());
+  auto leaver = ConnectClient(server->port());
+  ASSERT_TRUE(leaver->AddOnClose("gone", 1).ok());
+  ASSERT_TRUE(leaver->AddOnClose("gone/leaver", 5).ok());
+  EXPECT_EQ(*watcher->Add("gone", 0), 0) << "nothing happens while the connection is open";
+  absl::Status waited;
+  std::thread blocked([&] { waited = watcher->Wait({"gone/leaver"}, absl::Seconds(30)); });
+  leaver.reset();
+  blocked.join();
+  EXPECT_TRUE(waited.ok()) << "the close must wake a waiter on the key: " << waited;
+  EXPECT_EQ(*watcher->Add("gone", 0), 1);
+  EXPECT_EQ(*watcher->Add("gone/leaver", 0), 5);
+}
+
+TEST(TcpStoreClientTest, AddOnCloseCountsAKilledProcess) {
+  auto server = StartServer();
+  auto watcher = ConnectClient(server->port());
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    // No gtest assertions in the child: exit codes say what went wrong.
+    absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+        TcpStoreClient::Connect("127.0.0.1", server->port(), ClientOptions());
+    if (!client.ok() || !(*client)->AddOnClose("killed", 1).ok()) _exit(1);
+    (void)!write(ready[1], "1", 1);
+    pause();
+    _exit(0);
+  }
+  char byte = 0;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1) << "the child could not register";
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(watcher->Wait({"killed"}, absl::Seconds(30)).ok());
+  EXPECT_EQ(*watcher->Add("killed", 0), 1);
+  close(ready[0]);
+  close(ready[1]);
 }
 
 TEST(TcpStoreClientTest, FailsPromptlyAfterTheServerStops) {

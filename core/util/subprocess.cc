@@ -1,0 +1,203 @@
+#include "core/util/subprocess.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace dtrain {
+namespace {
+
+using Stream = SubprocessOptions::Stream;
+
+std::vector<char*> NullTerminated(const std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  for (const std::string& s : strings) pointers.push_back(const_cast<char*>(s.c_str()));
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+// Everything the child needs between fork and exec, prepared before the fork.
+struct ChildSetup {
+  char* const* argv;
+  char* const* envp;
+  const SubprocessOptions* options;
+  pid_t parent;
+  int stdout_write = -1;  // write ends of the output pipes, -1 without one
+  int stderr_write = -1;
+  int exec_error_write = -1;  // close-on-exec: a successful exec closes it silently
+};
+
+// Points `target` at /dev/null or `pipe_fd` as `stream` says; kInherit leaves it.
+void Redirect(Stream stream, int pipe_fd, int null_fd, int target) {
+  if (stream == Stream::kNull && null_fd >= 0) dup2(null_fd, target);
+  if (stream == Stream::kPipe) dup2(pipe_fd, target);
+}
+
+// Runs in the child between fork and exec: async-signal-safe calls only. On failure writes
+// errno to the exec error pipe.
+[[noreturn]] void ExecChild(const ChildSetup& setup) {
+  const SubprocessOptions& options = *setup.options;
+  if (options.own_process_group) setpgid(0, 0);
+  if (options.die_with_parent) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != setup.parent) _exit(127);  // the parent died before prctl took effect
+  }
+  struct sigaction default_action {};
+  default_action.sa_handler = SIG_DFL;
+  sigaction(SIGPIPE, &default_action, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  const bool any_null = options.stdin_stream == Stream::kNull ||
+                        options.stdout_stream == Stream::kNull ||
+                        options.stderr_stream == Stream::kNull;
+  const int null_fd = any_null ? open("/dev/null", O_RDWR) : -1;
+  Redirect(options.stdin_stream, -1, null_fd, STDIN_FILENO);
+  Redirect(options.stdout_stream, setup.stdout_write, null_fd, STDOUT_FILENO);
+  Redirect(options.stderr_stream, setup.stderr_write, null_fd, STDERR_FILENO);
+  execve(setup.argv[0], setup.argv, setup.envp);
+  const int error = errno;
+  (void)!write(setup.exec_error_write, &error, sizeof(error));
+  _exit(127);
+}
+
+// A pipe for `stream` when it is kPipe; both ends close on exec.
+bool OpenPipe(Stream stream, bool nonblocking, int fds[2]) {
+  if (stream != Stream::kPipe) return true;
+  if (pipe2(fds, O_CLOEXEC) != 0) return false;
+  if (nonblocking) fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+  return true;
+}
+
+void ClosePipe(int fds[2]) {
+  for (int i = 0; i < 2; ++i) {
+    if (fds[i] >= 0) close(fds[i]);
+    fds[i] = -1;
+  }
+}
+
+}  // namespace
+
+std::string ExitStatus::ToString() const {
+  if (signal == 0) return absl::StrCat("exit code ", code);
+  const char* name = sigabbrev_np(signal);
+  return absl::StrCat("signal ", signal, name ? absl::StrCat(" (SIG", name, ")") : "");
+}
+
+absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<std::string>& argv,
+                                                              const SubprocessOptions& options) {
+  const std::vector<char*> args = NullTerminated(argv);
+  const std::vector<char*> envp =
+      options.environment ? NullTerminated(*options.environment) : std::vector<char*>();
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, exec_error[2] = {-1, -1};
+  if (!OpenPipe(options.stdout_stream, options.nonblocking_pipes, out) ||
+      !OpenPipe(options.stderr_stream, options.nonblocking_pipes, err) ||
+      pipe2(exec_error, O_CLOEXEC) != 0) {
+    const int error = errno;
+    ClosePipe(out);
+    ClosePipe(err);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot create pipes for ", argv[0], ": ", strerror(error)));
+  }
+  const ChildSetup setup{.argv = args.data(),
+                         .envp = options.environment ? envp.data() : environ,
+                         .options = &options,
+                         .parent = getpid(),
+                         .stdout_write = out[1],
+                         .stderr_write = err[1],
+                         .exec_error_write = exec_error[1]};
+  const pid_t pid = fork();
+  if (pid == 0) ExecChild(setup);
+  const int fork_error = errno;
+  for (int* fds : {out, err, exec_error}) {
+    if (fds[1] >= 0) close(fds[1]);
+    fds[1] = -1;
+  }
+  if (pid < 0) {
+    for (int* fds : {out, err, exec_error}) ClosePipe(fds);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start ", argv[0], ": fork failed: ", strerror(fork_error)));
+  }
+  // Also here, so that Signal() reaches the group before the child ran setpgid.
+  if (options.own_process_group) setpgid(pid, pid);
+  auto process =
+      std::unique_ptr<Subprocess>(new Subprocess(pid, options.own_process_group, out[0], err[0]));
+  int error = 0;
+  ssize_t got;
+  while ((got = read(exec_error[0], &error, sizeof(error))) < 0 && errno == EINTR) {
+  }
+  close(exec_error[0]);
+  if (got == sizeof(error)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot run ", argv[0], ": ", strerror(error)));
+  }
+  return process;
+}
+
+Subprocess::~Subprocess() {
+  if (!exit_status_) {
+    Signal(SIGKILL);
+    Reap(/*block=*/true);
+  }
+  CloseOutput(stdout_fd_);
+  CloseOutput(stderr_fd_);
+}
+
+void Subprocess::CloseOutput(int fd) {
+  if (fd < 0) return;
+  close(fd);
+  if (fd == stdout_fd_) stdout_fd_ = -1;
+  if (fd == stderr_fd_) stderr_fd_ = -1;
+}
+
+void Subprocess::Signal(int signal) {
+  // After the child was reaped its pid (and group id) may belong to someone else.
+  if (!exit_status_) kill(own_process_group_ ? -pid_ : pid_, signal);
+}
+
+std::optional<ExitStatus> Subprocess::Poll() { return Reap(/*block=*/false); }
+
+ExitStatus Subprocess::Wait() {
+  std::optional<ExitStatus> exit;
+  while (!(exit = Reap(/*block=*/true))) {
+  }
+  return *exit;
+}
+
+std::optional<ExitStatus> Subprocess::Reap(bool block) {
+  if (exit_status_) return exit_status_;
+  siginfo_t info{};
+  // WNOWAIT: look without reaping, so that the group id cannot be reused before the kill below.
+  const int flags = WEXITED | WNOWAIT | (block ? 0 : WNOHANG);
+  if (waitid(P_PID, pid_, &info, flags) != 0) {
+    // Interrupted, or reaped elsewhere (ECHILD: nobody can tell how it ended).
+    if (errno != ECHILD) return std::nullopt;
+    exit_status_ = ExitStatus{.code = -1};
+    return exit_status_;
+  }
+  if (info.si_pid != pid_) return std::nullopt;
+  // The child's own children (its process group) must not outlive it.
+  if (own_process_group_) kill(-pid_, SIGKILL);
+  int status = 0;
+  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  ExitStatus exit;
+  if (WIFSIGNALED(status)) {
+    exit.signal = WTERMSIG(status);
+  } else {
+    exit.code = WEXITSTATUS(status);
+  }
+  exit_status_ = exit;
+  return exit_status_;
+}
+
+}  // namespace dtrain
