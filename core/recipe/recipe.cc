@@ -29,6 +29,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "core/util/status.h"
+#include "core/util/utf8.h"
 
 namespace dtrain {
 namespace {
@@ -591,6 +592,7 @@ class Parser {
   }
 
   absl::Status ReadTree(const std::string& yaml_text) {
+    source_text_ = yaml_text;
     std::vector<YAML::Node> documents;
     try {
       documents = YAML::LoadAll(yaml_text);
@@ -662,6 +664,11 @@ class Parser {
   }
 
   absl::Status ApplyOverride(const std::string& text) {
+    if (const std::string bad = DescribeInvalidUtf8(text); !bad.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--set ", EscapeInvalidUtf8(text), ": ", bad,
+                       "; recipe text must be UTF-8, so pass the value in a UTF-8 locale"));
+    }
     const std::string subject = absl::StrCat("--set ", text);
     const size_t equals = text.find('=');
     if (equals == std::string::npos) {
@@ -689,10 +696,60 @@ class Parser {
     return absl::OkStatus();
   }
 
+  // yaml-cpp reads a quoted scalar up to its closing quote, across lines: a quote left open
+  // swallows the keys below it into the value, so the run would differ from what the file shows.
+  // A recipe's quoted value closes on the line it opens. `item` is 1-based in a list, else 0.
+  absl::Status CheckQuoteClosesOnItsLine(const KeySpec& key, const Entry& entry,
+                                         const YAML::Node& node, size_t item) const {
+    if (!entry.from_override.empty() || !node.IsScalar() || !IsQuoted(node)) {
+      return absl::OkStatus();
+    }
+    const YAML::Mark mark = node.Mark();
+    if (mark.is_null() || static_cast<size_t>(mark.pos) >= source_text_.size()) {
+      return absl::OkStatus();
+    }
+    const absl::string_view text = source_text_;
+    const char quote = text[mark.pos];
+    if (quote != '"' && quote != '\'') return absl::OkStatus();  // a block scalar, | or >
+    size_t close = mark.pos + 1;
+    for (; close < text.size(); ++close) {
+      const bool doubled = quote == '\'' && text[close] == quote && close + 1 < text.size() &&
+                           text[close + 1] == quote;
+      if (text[close] == quote && !doubled) break;
+      // An escape (or a doubled single quote) is two characters, neither of them the close.
+      if ((quote == '"' && text[close] == '\\' && close + 1 < text.size() &&
+           text[close + 1] != '\n') ||
+          doubled) {
+        ++close;
+      }
+    }
+    const auto lines = std::count(text.begin() + mark.pos, text.begin() + close, '\n');
+    if (lines == 0) return absl::OkStatus();
+    const std::string closes = close == text.size()
+                                   ? "is never closed, so every line after it is read as part of it"
+                                   : absl::StrCat("closes on line ", mark.line + 1 + lines,
+                                                  ", so the lines between are read as part of it");
+    return Error(key.path, absl::StrCat(item > 0 ? absl::StrCat("item ", item, ": ") : "",
+                                        "the quoted value opened on line ", mark.line + 1, " ",
+                                        closes, "; close the quote on line ", mark.line + 1));
+  }
+
+  // Text leaves the process as JSON (checkpoint manifests, metrics), which cannot carry a byte
+  // that is not UTF-8; such a byte is refused here rather than at the first checkpoint.
+  absl::Status CheckText(const KeySpec& key, const std::string& text, size_t item) const {
+    const std::string bad = DescribeInvalidUtf8(text);
+    if (bad.empty()) return absl::OkStatus();
+    return Error(key.path,
+                 absl::StrCat(item > 0 ? absl::StrCat("item ", item, ": ") : "", bad, " ('",
+                              EscapeInvalidUtf8(text),
+                              "'); recipe text must be UTF-8, so save the file as UTF-8"));
+  }
+
   absl::Status ReadValue(const KeySpec& key, const Entry& entry, Recipe& recipe) const {
     const YAML::Node& node = entry.value;
     const FieldPtr field = key.field(recipe);
     const std::string got = DescribeNode(node);
+    RETURN_IF_ERROR(CheckQuoteClosesOnItsLine(key, entry, node, 0));
 
     if (auto* out = std::get_if<bool*>(&field)) {
       if (node.IsScalar() && !IsQuoted(node) &&
@@ -707,6 +764,7 @@ class Parser {
       if (node.IsNull()) {
         **out = "";
       } else if (node.IsScalar()) {
+        RETURN_IF_ERROR(CheckText(key, node.Scalar(), 0));
         **out = node.Scalar();
       } else {
         return Error(key.path, absl::StrCat("expected a string, got ", got));
@@ -734,6 +792,8 @@ class Parser {
           return Error(key.path, absl::StrCat("expected a list of strings, item ", i + 1, " is ",
                                               DescribeNode(node[i])));
         }
+        RETURN_IF_ERROR(CheckQuoteClosesOnItsLine(key, entry, node[i], i + 1));
+        RETURN_IF_ERROR(CheckText(key, node[i].Scalar(), i + 1));
         items.push_back(node[i].Scalar());
       }
       **out = std::move(items);
@@ -880,6 +940,7 @@ class Parser {
   }
 
   std::string source_name_;
+  std::string source_text_;
   absl::flat_hash_map<std::string, Entry> entries_;  // by key path
   absl::flat_hash_map<std::string, YAML::Mark> seen_sections_;
 };

@@ -49,6 +49,27 @@ TEST(CliTest, TrainWithBadRecipeExits2BeforeRunning) {
   EXPECT_THAT(missing.stderr_text, HasSubstr("/nonexistent/recipe.yaml"));
 }
 
+// Bad input ends in exit 2 and a message, never in an abort (exit 134).
+TEST(CliTest, RecipeCheckRefusesTextThatIsNotUtf8) {
+  const std::string path = testing::WriteTempFile("latin1.yaml",
+                                                  "run:\n  name: \"sm\xff"
+                                                  "all\"\ndata:\n  train: [x]\n");
+  const Outcome outcome = RunDtrain(absl::StrCat("recipe check ", path));
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("run.name at " + path + ":2:9: byte 3 (0xff)"));
+  const Outcome train = RunDtrain(absl::StrCat("train ", path));
+  EXPECT_EQ(train.exit_code, 2);
+  EXPECT_THAT(train.stderr_text, HasSubstr("not valid UTF-8"));
+}
+
+TEST(CliTest, RecipeCheckRefusesAnUnclosedQuote) {
+  const std::string path = testing::WriteTempFile(
+      "quote.yaml", "data:\n  train: [x]\nrun:\n  name: \"tiny\nmodel:\n  n_layer: 3\n");
+  const Outcome outcome = RunDtrain(absl::StrCat("recipe check ", path));
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("close the quote on line 4"));
+}
+
 TEST(CliTest, RecipeReferencePrintsTable) {
   const Outcome outcome = RunDtrain("recipe reference");
   EXPECT_EQ(outcome.exit_code, 0);
