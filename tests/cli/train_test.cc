@@ -127,5 +127,21 @@ TEST(TrainTest, InitFromAnotherShapeFailsNamingTheTensor) {
   EXPECT_THAT(wrong.stderr_text, HasSubstr("wte.weight"));
 }
 
+// The resolved recipe names its file, and the checkpoint manifest embeds it: a file name that
+// is not UTF-8 must not make the save throw (it used to abort at the first checkpoint).
+TEST(TrainTest, RecipeFileNameThatIsNotUtf8StillCheckpoints) {
+  const std::string odd = testing::TempPath("recipe_\xff.yaml");
+  std::filesystem::copy_file(SmallRecipe(), odd, std::filesystem::copy_options::overwrite_existing);
+  const std::string out_dir = RunDir("odd_name");
+  std::filesystem::remove_all(out_dir);
+  const testing::Outcome run =
+      testing::RunDtrain(absl::StrCat("train '", odd, "' --set run.out_dir=", out_dir,
+                                      " --set train.steps=2 --set train.eval_every=0"));
+  ASSERT_EQ(run.exit_code, 0) << run.stderr_text;
+  std::ifstream manifest(out_dir + "/small/checkpoints/step-2/manifest.json");
+  const nlohmann::json json = nlohmann::json::parse(manifest);
+  EXPECT_THAT(json["recipe"].get<std::string>(), HasSubstr("recipe_\xef\xbf\xbd.yaml"));
+}
+
 }  // namespace
 }  // namespace dtrain
