@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -977,6 +978,12 @@ absl::StatusOr<Recipe> LoadRecipe(const std::string& path,
     return absl::NotFoundError(absl::StrCat("cannot open recipe file '", path,
                                             "'; check the path, or run 'dtrain train' with no "
                                             "file for the built-in tiny recipe"));
+  }
+  // A directory opens and reads as nothing, which would parse as an empty recipe.
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the recipe path '", path, "' is a directory; give the recipe's YAML file inside it"));
   }
   std::stringstream text;
   text << file.rdbuf();

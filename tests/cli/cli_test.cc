@@ -62,6 +62,13 @@ TEST(CliTest, RecipeCheckRefusesTextThatIsNotUtf8) {
   EXPECT_THAT(train.stderr_text, HasSubstr("not valid UTF-8"));
 }
 
+TEST(CliTest, RecipeCheckOfADirectorySaysSo) {
+  const std::string dir = ::testing::TempDir();
+  const Outcome outcome = RunDtrain(absl::StrCat("recipe check ", dir));
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("the recipe path '" + dir + "' is a directory"));
+}
+
 TEST(CliTest, RecipeCheckRefusesAnUnclosedQuote) {
   const std::string path = testing::WriteTempFile(
       "quote.yaml", "data:\n  train: [x]\nrun:\n  name: \"tiny\nmodel:\n  n_layer: 3\n");

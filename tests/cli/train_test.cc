@@ -127,6 +127,15 @@ TEST(TrainTest, InitFromAnotherShapeFailsNamingTheTensor) {
   EXPECT_THAT(wrong.stderr_text, HasSubstr("wte.weight"));
 }
 
+// A directory as a data file used to read as 2^63 - 1 bytes and abort in bad_alloc.
+TEST(TrainTest, DataDirectoryFailsNamingIt) {
+  const std::string dir = testing::FreshTempDir("data_dir");
+  std::filesystem::create_directories(dir);
+  const testing::Outcome run = Train(RunDir("data_dir"), "--set data.train=[" + dir + "]");
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.stderr_text, HasSubstr("data file " + dir + " is a directory"));
+}
+
 // The resolved recipe names its file, and the checkpoint manifest embeds it: a file name that
 // is not UTF-8 must not make the save throw (it used to abort at the first checkpoint).
 TEST(TrainTest, RecipeFileNameThatIsNotUtf8StillCheckpoints) {

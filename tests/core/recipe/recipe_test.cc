@@ -326,6 +326,16 @@ TEST(RecipeTest, MissingFileNamesPath) {
   EXPECT_THAT(std::string(recipe.status().message()), HasSubstr("/nonexistent/dir/r.yaml"));
 }
 
+TEST(RecipeTest, DirectoryAsRecipePathSaysSo) {
+  const std::string dir = ::testing::TempDir();
+  absl::StatusOr<Recipe> recipe = LoadRecipe(dir);
+  ASSERT_FALSE(recipe.ok());
+  EXPECT_EQ(recipe.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(recipe.status().message()),
+              AllOf(HasSubstr(absl::StrCat("the recipe path '", dir, "' is a directory")),
+                    Not(HasSubstr("data.train"))));
+}
+
 void ExpectSameValues(const Recipe& a, const Recipe& b) {
   // The resolved text prints every key, so equal text means equal values.
   Recipe a_copy = a, b_copy = b;
