@@ -15,6 +15,7 @@
 #include "core/model/hf_names.h"
 #include "core/model/sampler.h"
 #include "core/model/transformer.h"
+#include "core/util/allocate.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "nlohmann/json.hpp"
@@ -22,6 +23,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/planner/auto_layout.h"
 #include "parallel/process_group.h"
+#include "parallel/rank_memory.h"
 #include "parallel/train_step.h"
 
 namespace dtrain {
@@ -259,6 +261,9 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   const TrainSection& train = recipe.train;
   RETURN_IF_ERROR(CheckBatchSplit(train, world.world_size));
   ASSIGN_OR_RETURN(const ShardingStrategy strategy, ShardingStrategyFromRecipe(recipe.parallel));
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, world.world_size);
+  RETURN_IF_ERROR(CheckRankMemory(memory, PhysicalMemoryBytes(), strategy, world.world_size));
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
 
@@ -270,11 +275,18 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   Communicator* comm = group ? &group->world() : nullptr;
 
   CpuBackend backend(recipe.run.threads);
-  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const ParamTable table(config, ModelSlice{});
-  DataParallelEngine engine(table, strategy, train, backend, comm);
-  Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len,
-                    recipe.parallel.activation_checkpointing);
+  ASSIGN_OR_RETURN(const std::unique_ptr<DataParallelEngine> engine_owner,
+                   AllocateOrError<DataParallelEngine>(
+                       "allocating parameters, gradients and optimizer state",
+                       memory.model_state_bytes(), table, strategy, train, backend, comm));
+  DataParallelEngine& engine = *engine_owner;
+  ASSIGN_OR_RETURN(
+      const std::unique_ptr<Transformer> model_owner,
+      AllocateOrError<Transformer>("allocating activations", memory.activation_bytes, config, table,
+                                   engine, backend, train.micro_batch, train.seq_len,
+                                   recipe.parallel.activation_checkpointing));
+  Transformer& model = *model_owner;
   ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, world.rank, world.world_size));
   const CheckpointSignals signals;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingCheckpoints> checkpoints,

@@ -6,7 +6,32 @@
 namespace dtrain {
 namespace {
 constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
+
+// The activation arena's size in floats: in size_t to allocate it, in double to check a size
+// before allocating without overflow (AllocateActivations lays it out in this order).
+template <typename T>
+T ArenaFloats(const ModelConfig& config, int max_batch, int max_time, bool checkpointing) {
+  const T n = static_cast<T>(max_batch) * static_cast<T>(max_time);
+  const T c = static_cast<T>(config.d_model);
+  const T hd = static_cast<T>(config.n_head) * static_cast<T>(config.head_dim);
+  const T qkv = static_cast<T>(config.n_head + 2 * config.n_kv_head) * config.head_dim;
+  const T f = static_cast<T>(config.d_ff);
+  const T up = config.family == ModelFamily::kLlama ? 2 * f : f;
+  const T lse = static_cast<T>(max_batch) * static_cast<T>(config.n_head) * max_time;
+  const T per_block = n * (4 * c + 4 + qkv + hd + up + f) + lse;
+  const T saved_blocks = static_cast<T>(checkpointing ? 1 : config.n_layer);
+  return (static_cast<T>(config.n_layer) + 1) * n * c  // block inputs and the last output
+         + saved_blocks * per_block                    // saved activations
+         + n * (c + 2)                                 // final norm
+         + n * (3 * c + qkv + hd + up + f);            // backward scratch, branch output
+}
+
 }  // namespace
+
+double Transformer::ActivationBytes(const ModelConfig& config, int max_batch, int max_time,
+                                    bool activation_checkpointing) {
+  return ArenaFloats<double>(config, max_batch, max_time, activation_checkpointing) * sizeof(float);
+}
 
 Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
                          BlockParameters& parameters, Backend& backend, int max_batch, int max_time,
@@ -47,13 +72,8 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
   const size_t f = config_.d_ff;
   const size_t up = config_.family == ModelFamily::kLlama ? 2 * f : f;
   const size_t lse = static_cast<size_t>(max_batch) * config_.n_head * max_time;
-  const size_t per_block = n * (4 * c + 4 + qkv + hd + up + f) + lse;
   const int saved_blocks = checkpointing_ ? 1 : config_.n_layer;
-  const size_t total = (config_.n_layer + 1) * n * c       // block inputs and the last output
-                       + saved_blocks * per_block          // saved activations
-                       + n * (c + 2)                       // final norm
-                       + n * (3 * c + qkv + hd + up + f);  // backward scratch, branch output
-  acts_.assign(total, 0.0f);
+  acts_.assign(ArenaFloats<size_t>(config_, max_batch, max_time, checkpointing_), 0.0f);
 
   float* cursor = acts_.data();
   auto take = [&cursor](size_t count) {

@@ -61,6 +61,14 @@ struct Range {
 };
 
 constexpr Range AtLeast(double min) { return Range{.min = min}; }
+constexpr Range Between(double min, double max) { return Range{.min = min, .max = max}; }
+
+// Upper bounds of the model's sizes, far above any real model (hundreds of layers, widths in the
+// tens of thousands), so that the 64-bit parameter count and buffer sizes derived from them cannot
+// overflow. Whether the model fits a machine is checked later (core/model/model_size.h).
+constexpr double kMaxLayers = 65536;
+constexpr double kMaxWidth = 1 << 20;
+constexpr double kMaxTokens = 1 << 30;  // vocabulary and sequence length
 constexpr Range Positive() { return Range{.min = 0, .min_open = true}; }
 constexpr Range UnitInterval() { return Range{.min = 0, .max = 1, .max_open = true}; }  // [0, 1)
 
@@ -92,7 +100,7 @@ const std::vector<KeySpec>& Keys() {
        "gpt2: LayerNorm, learned positions, GELU, tied head; llama: RMSNorm, RoPE, SwiGLU, "
        "grouped-query attention",
        {"gpt2", "llama"}},
-      {DTRAIN_RECIPE_KEY(model, n_layer), "transformer blocks", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(model, n_layer), "transformer blocks", {}, Between(1, kMaxLayers)},
       {DTRAIN_RECIPE_KEY(model, n_head),
        "attention heads; head size is d_model / n_head",
        {},
@@ -101,19 +109,22 @@ const std::vector<KeySpec>& Keys() {
        "key/value heads for grouped-query attention (llama only); 0 = n_head",
        {},
        AtLeast(0)},
-      {DTRAIN_RECIPE_KEY(model, d_model), "width of the residual stream", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(model, d_model),
+       "width of the residual stream",
+       {},
+       Between(1, kMaxWidth)},
       {DTRAIN_RECIPE_KEY(model, d_ff),
        "MLP hidden width; 0 = 4*d_model (gpt2) or 256*ceil((8*d_model/3)/256) (llama)",
        {},
-       AtLeast(0)},
+       Between(0, 4 * kMaxWidth)},
       {DTRAIN_RECIPE_KEY(model, vocab_size),
        "token ids are below this; text data needs >= 256 (one token per byte)",
        {},
-       AtLeast(1)},
+       Between(1, kMaxTokens)},
       {DTRAIN_RECIPE_KEY(model, max_seq_len),
        "longest sequence the model accepts, in tokens (gpt2: rows of the position table)",
        {},
-       AtLeast(1)},
+       Between(1, kMaxTokens)},
       {DTRAIN_RECIPE_KEY(model, norm_eps),
        "epsilon added to the variance in LayerNorm/RMSNorm",
        {},

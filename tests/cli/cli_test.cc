@@ -69,6 +69,23 @@ TEST(CliTest, RecipeCheckOfADirectorySaysSo) {
   EXPECT_THAT(outcome.stderr_text, HasSubstr("the recipe path '" + dir + "' is a directory"));
 }
 
+TEST(CliTest, RecipeCheckRefusesAbsurdModelSizes) {
+  const std::string path = testing::WriteTempFile("absurd.yaml", "data:\n  train: [x]\n");
+  const Outcome layers =
+      RunDtrain(absl::StrCat("recipe check ", path, " --set model.n_layer=2000000000"));
+  EXPECT_EQ(layers.exit_code, 2);
+  EXPECT_THAT(layers.stderr_text,
+              HasSubstr("--set model.n_layer=2000000000: must be in [1, 65536]"));
+  const Outcome product = RunDtrain(
+      absl::StrCat("recipe check ", path, " --set model.n_layer=65536 --set model.d_model=65536"));
+  EXPECT_EQ(product.exit_code, 2);
+  EXPECT_THAT(product.stderr_text, HasSubstr("above dtrain's bound of 1e+13 parameters"));
+  const Outcome train = RunDtrain(
+      absl::StrCat("train ", path, " --set model.n_layer=65536 --set model.d_model=65536"));
+  EXPECT_EQ(train.exit_code, 2);
+  EXPECT_THAT(train.stderr_text, HasSubstr("above dtrain's bound of 1e+13 parameters"));
+}
+
 TEST(CliTest, RecipeCheckRefusesAnUnclosedQuote) {
   const std::string path = testing::WriteTempFile(
       "quote.yaml", "data:\n  train: [x]\nrun:\n  name: \"tiny\nmodel:\n  n_layer: 3\n");

@@ -136,6 +136,16 @@ TEST(TrainTest, DataDirectoryFailsNamingIt) {
   EXPECT_THAT(run.stderr_text, HasSubstr("data file " + dir + " is a directory"));
 }
 
+// Within dtrain's size bound but far beyond this machine: refused before allocating, naming
+// what one rank needs.
+TEST(TrainTest, ModelTooLargeForTheMachineFailsBeforeAllocating) {
+  const testing::Outcome run =
+      Train(RunDir("huge"), "--set model.n_layer=4096 --set model.d_model=8192");
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.stderr_text, HasSubstr("error: one rank needs "));
+  EXPECT_THAT(run.stderr_text, HasSubstr("but this machine has"));
+}
+
 // The resolved recipe names its file, and the checkpoint manifest embeds it: a file name that
 // is not UTF-8 must not make the save throw (it used to abort at the first checkpoint).
 TEST(TrainTest, RecipeFileNameThatIsNotUtf8StillCheckpoints) {

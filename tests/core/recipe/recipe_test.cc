@@ -165,12 +165,23 @@ TEST(RecipeTest, OutOfRange) {
             "train.lr at t.yaml:4:7: must be > 0, got 0");
   EXPECT_THAT(ErrorOf(WithMinimal("train:\n  beta2: 1.0\n")),
               HasSubstr("train.beta2 at t.yaml:4:10: must be in [0, 1), got 1.0"));
-  EXPECT_THAT(ErrorOf(WithMinimal("model:\n  n_layer: 0\n")), HasSubstr("must be >= 1, got 0"));
-
+  EXPECT_THAT(ErrorOf(WithMinimal("model:\n  n_layer: 0\n")),
+              HasSubstr("must be in [1, 65536], got 0"));
   EXPECT_EQ(ErrorOf(kMinimal, {"data.val_fraction=1"}),
             "--set data.val_fraction=1: must be in [0, 1), got 1");
   EXPECT_THAT(ErrorOf(WithMinimal("logging:\n  sample_top_k: -1\n")),
               AllOf(HasSubstr("logging.sample_top_k"), HasSubstr("must be >= 0")));
+}
+
+// Sizes far beyond any model are refused where they are read, before anything allocates.
+TEST(RecipeTest, ModelSizesHaveUpperBounds) {
+  EXPECT_EQ(ErrorOf(WithMinimal("model:\n  n_layer: 2000000000\n")),
+            "model.n_layer at t.yaml:4:12: must be in [1, 65536], got 2000000000");
+  EXPECT_EQ(ErrorOf(WithMinimal("model:\n  d_model: 1000000000\n")),
+            "model.d_model at t.yaml:4:12: must be in [1, 1048576], got 1000000000");
+  EXPECT_THAT(ErrorOf(kMinimal, {"model.vocab_size=2000000000"}),
+              HasSubstr("--set model.vocab_size=2000000000: must be in [1, 1073741824]"));
+  EXPECT_EQ(ErrorOf(WithMinimal("model:\n  n_layer: 65536\n  d_ff: 4194304\n")), "");
 }
 
 TEST(RecipeTest, TextMustBeUtf8) {
