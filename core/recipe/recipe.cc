@@ -220,7 +220,10 @@ const std::vector<KeySpec>& Keys() {
        "clip the global gradient L2 norm to this; 0 = off",
        {},
        AtLeast(0)},
-      {DTRAIN_RECIPE_KEY(train, no_decay), "globs on tensor names exempt from weight decay"},
+      {DTRAIN_RECIPE_KEY(train, no_decay),
+       "globs naming tensors exempt from weight decay; a glob matches a tensor's dtrain name "
+       "(blocks.N.norm1.weight) or its Hugging Face name for model.family (gpt2: "
+       "h.N.ln_1.weight; llama: model.layers.N.input_layernorm.weight)"},
       {DTRAIN_RECIPE_KEY(train, eval_every),
        "steps between validation-loss evaluations; 0 = off",
        {},
