@@ -61,6 +61,13 @@ absl::StatusOr<T> ParseJson(const std::string& text, const std::string& path, Pa
   }
 }
 
+// The manifest and the rank index are written in a save, which must not throw: a byte that is
+// not UTF-8 (recipe values are checked when read, but the recipe's source path is not) is
+// written as U+FFFD instead.
+std::string DumpForSave(const Json& j) {
+  return j.dump(1, ' ', false, Json::error_handler_t::replace) + "\n";
+}
+
 }  // namespace
 
 std::string StateTensorName(StateKind kind, const std::string& tensor) {
@@ -120,7 +127,7 @@ std::string ManifestToJson(const Manifest& m) {
          {"chunks", chunks},
          {"metrics_line", m.metrics_line},
          {"recipe", m.recipe_yaml}};
-  return j.dump(1) + "\n";
+  return DumpForSave(j);
 }
 
 absl::StatusOr<Manifest> ManifestFromJson(const std::string& text, const std::string& path) {
@@ -170,7 +177,7 @@ std::string RankIndexToJson(const RankIndex& index) {
                {"file_bytes", index.file_bytes},
                {"data", DataToJson(index.data)},
                {"chunks", chunks}};
-  return j.dump(1) + "\n";
+  return DumpForSave(j);
 }
 
 absl::StatusOr<RankIndex> RankIndexFromJson(const std::string& text, const std::string& path) {

@@ -11,7 +11,7 @@ namespace {
 constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
 }  // namespace
 
-ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice) {
+ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice) : config_(config) {
   const int64_t c = config.d_model;
   const int64_t d = config.head_dim;
   const int64_t heads = config.n_head / slice.tp_size;

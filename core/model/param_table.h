@@ -33,6 +33,8 @@ class ParamTable {
  public:
   ParamTable(const ModelConfig& config, const ModelSlice& slice);
 
+  // The whole model's configuration the table was built from.
+  const ModelConfig& config() const { return config_; }
   const std::vector<TensorEntry>& entries() const { return entries_; }
   size_t total_numel() const { return total_numel_; }
   const TensorEntry* Find(const std::string& name) const;
@@ -55,6 +57,7 @@ class ParamTable {
  private:
   size_t Add(std::string name, std::vector<int64_t> shape, int block);
 
+  ModelConfig config_;
   std::vector<TensorEntry> entries_;
   std::vector<BlockOffsets> blocks_;
   size_t total_numel_ = 0;
