@@ -50,6 +50,27 @@ TEST(CheckpointWriterTest, RanksWriteSharesAndTheManifestNamesEveryChunk) {
   EXPECT_TRUE(reader->VerifyAll().empty());
 }
 
+TEST(CheckpointWriterTest, AFlatShareAcrossARowIsSavedAsBoxesAndReadsBack) {
+  const std::string dir = testing::FreshDir("ckpt_flat_share");
+  // Three ranks share "a" (2, 5) as [0, 4), [4, 8), [8, 10): rank 1's share ends row 0 and
+  // starts row 1, two boxes.
+  ASSERT_TRUE(testing::SaveStep(dir, 3, /*world=*/3).ok());
+  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-3");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<std::string> boxes;
+  for (const ChunkRecord& c : reader->manifest().chunks) {
+    if (c.tensor == "a") boxes.push_back(absl::StrCat(BoxToString(c.box), " ", c.file));
+  }
+  EXPECT_THAT(boxes, ElementsAre("[0:1, 0:4] rank-0.bin", "[0:1, 4:5] rank-1.bin",
+                                 "[1:2, 0:3] rank-1.bin", "[1:2, 3:5] rank-2.bin"));
+  std::vector<float> a(10);
+  ASSERT_TRUE(reader->Read("a", 0, 10, a.data()).ok());
+  EXPECT_EQ(a, testing::TensorValues("a", 3));
+  std::vector<float> b(7);
+  ASSERT_TRUE(reader->Read("b", 0, 7, b.data()).ok());
+  EXPECT_EQ(b, testing::TensorValues("b", 3));
+}
+
 TEST(CheckpointWriterTest, KeepsTheLastCompleteOnesAndPointsLatestAtTheNewest) {
   const std::string dir = testing::FreshDir("ckpt_keep");
   for (int step : {2, 4, 6}) ASSERT_TRUE(testing::SaveStep(dir, step).ok());
@@ -106,7 +127,7 @@ TEST(CheckpointWriterTest, AsyncWriterSavesFromStagingAndReportsErrors) {
   std::copy(tensors[0].begin(), tensors[0].end(), *staging);
   std::copy(tensors[1].begin(), tensors[1].end(), *staging + 10);
   SaveRequest request = testing::RequestFor(dir, 5, 0, 1, tensors);
-  request.chunks = {{"a", 0, 10, *staging}, {"b", 0, 7, *staging + 10}};
+  request.chunks = {{"a", Box{{0, 0}, {2, 5}}, *staging}, {"b", Box{{0}, {7}}, *staging + 10}};
   ASSERT_TRUE(writer.Save(request).ok());
   ASSERT_TRUE(writer.Wait().ok());
   EXPECT_EQ(LatestName(dir), "step-5");
