@@ -70,6 +70,16 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_
   reader.extents_.resize(m.chunks.size());
   for (const TensorRecord& tensor : m.tensors) {
     const std::vector<int64_t> shape = ChunkShape(m, tensor);
+    int64_t numel = 1;
+    bool valid_shape = true;
+    for (const int64_t n : shape) {
+      valid_shape = valid_shape && n >= 0 && !__builtin_mul_overflow(numel, n, &numel);
+    }
+    if (!valid_shape || numel != tensor.numel) {
+      return absl::DataLossError(absl::StrCat(manifest_path, ": tensor ", tensor.name,
+                                              " has shape ", BoxToString(WholeBox(shape)), " but ",
+                                              tensor.numel, " elements; the manifest is damaged"));
+    }
     std::vector<size_t>& list = reader.chunks_of_[tensor.name];
     int64_t covered = 0;
     for (const size_t i : list) {

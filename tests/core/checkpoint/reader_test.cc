@@ -246,6 +246,20 @@ TEST(CheckpointReaderTest, OverlappingChunksAreADamagedManifest) {
               HasSubstr("chunk w[0:4, 0:3] in rank-0.bin at byte 0 overlaps chunk w[0:4, 2:5]"));
 }
 
+TEST(CheckpointReaderTest, AShapeThatDisagreesWithTheElementCountIsADamagedManifest) {
+  const std::string dir = testing::FreshDir("ckpt_badshape");
+  ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
+  const std::string path = dir + "/step-2/manifest.json";
+  absl::StatusOr<Manifest> manifest = ManifestFromJson(*ReadWholeFile(path), path);
+  ASSERT_TRUE(manifest.ok());
+  manifest->tensors[0].shape = {int64_t{1} << 40, int64_t{1} << 40};  // overflows int64
+  std::ofstream(path) << ManifestToJson(*manifest);
+  const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-2");
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(reader.status().message(), HasSubstr("tensor a has shape"));
+  EXPECT_THAT(reader.status().message(), HasSubstr("but 10 elements"));
+}
+
 TEST(CheckpointReaderTest, AChunkOutsideItsTensorIsADamagedManifest) {
   const std::string dir = testing::FreshDir("ckpt_outside");
   ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
