@@ -10,7 +10,7 @@
 // with its global shape and data type. A chunk is a box of a tensor (core/checkpoint/box.h: an
 // offset and a length per dimension of the global shape, whatever the layout that wrote it) whose
 // elements are stored in the box's row-major order at (file, offset) with its CRC32C. A
-// tensor-parallel shard sliced by rows or columns is one chunk; a flat element range of a
+// tensor-parallel shard sliced by rows or columns fits one chunk; a flat element range of a
 // data-parallel shard is a few (box.h). The chunks of a tensor cover it exactly once, so a
 // checkpoint loads into any world size or layout by reading the chunks that overlap what a rank
 // holds. Replicated state is split among the ranks that hold it, so the bytes written are the
