@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/checkpoint/reader.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -69,6 +70,39 @@ TEST(CheckpointWriterTest, AFlatShareAcrossARowIsSavedAsBoxesAndReadsBack) {
   std::vector<float> b(7);
   ASSERT_TRUE(reader->Read("b", 0, 7, b.data()).ok());
   EXPECT_EQ(b, testing::TensorValues("b", 3));
+}
+
+TEST(CheckpointWriterTest, EveryRangeAndBoxLoadsWhateverTheNumberOfSavingRanks) {
+  const std::vector<float> a = testing::TensorValues("a", 3);  // (2, 5)
+  for (int world = 1; world <= 4; ++world) {
+    const std::string dir = testing::FreshDir(absl::StrCat("ckpt_any_", world));
+    ASSERT_TRUE(testing::SaveStep(dir, 3, world).ok());
+    absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-3");
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    for (int64_t begin = 0; begin <= 10; ++begin) {
+      for (int64_t end = begin; end <= 10; ++end) {
+        std::vector<float> out(static_cast<size_t>(end - begin));
+        ASSERT_TRUE(reader->Read("a", begin, end, out.data()).ok());
+        EXPECT_EQ(out, std::vector<float>(a.begin() + begin, a.begin() + end))
+            << world << " ranks, [" << begin << ", " << end << ")";
+      }
+    }
+    for (int64_t row = 0; row < 2; ++row) {
+      for (int64_t rows = 1; row + rows <= 2; ++rows) {
+        for (int64_t col = 0; col < 5; ++col) {
+          for (int64_t cols = 1; col + cols <= 5; ++cols) {
+            const Box box{{row, col}, {rows, cols}};
+            std::vector<float> out(static_cast<size_t>(rows * cols)), expected;
+            for (int64_t r = row; r < row + rows; ++r) {
+              for (int64_t c = col; c < col + cols; ++c) expected.push_back(a[r * 5 + c]);
+            }
+            ASSERT_TRUE(reader->ReadBox("a", box, out.data()).ok());
+            EXPECT_EQ(out, expected) << world << " ranks, box " << BoxToString(box);
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(CheckpointWriterTest, KeepsTheLastCompleteOnesAndPointsLatestAtTheNewest) {
