@@ -84,30 +84,37 @@ TEST(BoxTest, ContiguityAndPositionInABox) {
   EXPECT_EQ(PositionInBox({0, 2}, outer), 0);
 }
 
-TEST(BoxTest, CopyingARegionMovesExactlyItsElementsBetweenAnyTwoBoxes) {
+// Copies between every pair of `boxes` of a (3, 4, 5) tensor whose elements are `T` holding their
+// flat positions; checks the region arrives and nothing else changes.
+template <typename T>
+void ExpectRegionCopies(const std::vector<Box>& boxes) {
   const std::vector<int64_t> shape = {3, 4, 5};
-  // Each element's value is its flat position, so a wrong copy shows.
-  const std::vector<Box> boxes = {Box{{0, 0, 0}, {3, 4, 5}}, Box{{1, 1, 0}, {2, 3, 5}},
-                                  Box{{0, 2, 1}, {3, 2, 3}}, Box{{2, 0, 0}, {1, 4, 5}},
-                                  Box{{0, 1, 4}, {2, 3, 1}}, Box{{1, 0, 2}, {1, 1, 3}}};
   for (const Box& src_box : boxes) {
-    std::vector<float> src;
-    for (const int64_t p : FlatPositions(src_box, shape)) src.push_back(static_cast<float>(p));
+    std::vector<T> src;
+    for (const int64_t p : FlatPositions(src_box, shape)) src.push_back(static_cast<T>(p));
     for (const Box& dst_box : boxes) {
       const std::optional<Box> region = IntersectBoxes(src_box, dst_box);
       if (!region) continue;
-      std::vector<float> dst(static_cast<size_t>(BoxNumel(dst_box)), -1.0f);
-      CopyBoxRegion(*region, src_box, src.data(), dst_box, dst.data(), sizeof(float));
+      std::vector<T> dst(static_cast<size_t>(BoxNumel(dst_box)), static_cast<T>(-1));
+      CopyBoxRegion(*region, src_box, src.data(), dst_box, dst.data(), sizeof(T));
       const std::vector<int64_t> in_region = FlatPositions(*region, shape);
       const std::vector<int64_t> positions = FlatPositions(dst_box, shape);
       for (size_t i = 0; i < positions.size(); ++i) {
         const bool inside =
             std::find(in_region.begin(), in_region.end(), positions[i]) != in_region.end();
-        EXPECT_EQ(dst[i], inside ? static_cast<float>(positions[i]) : -1.0f)
+        EXPECT_EQ(dst[i], inside ? static_cast<T>(positions[i]) : static_cast<T>(-1))
             << BoxToString(src_box) << " -> " << BoxToString(dst_box) << " element " << i;
       }
     }
   }
+}
+
+TEST(BoxTest, CopyingARegionMovesExactlyItsElementsBetweenAnyTwoBoxes) {
+  const std::vector<Box> boxes = {Box{{0, 0, 0}, {3, 4, 5}}, Box{{1, 1, 0}, {2, 3, 5}},
+                                  Box{{0, 2, 1}, {3, 2, 3}}, Box{{2, 0, 0}, {1, 4, 5}},
+                                  Box{{0, 1, 4}, {2, 3, 1}}, Box{{1, 0, 2}, {1, 1, 3}}};
+  ExpectRegionCopies<float>(boxes);
+  ExpectRegionCopies<uint16_t>(boxes);  // the width of a bf16 element
 }
 
 }  // namespace
