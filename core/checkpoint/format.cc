@@ -19,20 +19,31 @@ namespace {
 using Json = nlohmann::json;
 
 Json ChunkToJson(const ChunkRecord& c) {
-  return Json{{"tensor", c.tensor},
-              {"begin", c.begin},
-              {"end", c.end},
-              {"file", c.file},
-              {"offset", c.offset},
-              {"bytes", c.bytes},
-              {"crc32c", absl::StrFormat("%08x", c.crc32c)}};
+  return Json{{"tensor", c.tensor},       {"offsets", c.box.offsets},
+              {"lengths", c.box.lengths}, {"dtype", DataTypeName(c.dtype)},
+              {"file", c.file},           {"offset", c.offset},
+              {"bytes", c.bytes},         {"crc32c", absl::StrFormat("%08x", c.crc32c)}};
 }
 
-ChunkRecord ChunkFromJson(const Json& j) {
+DataType DataTypeFromJson(const Json& j) {
+  absl::StatusOr<DataType> type = ParseDataType(j.get<std::string>());
+  if (!type.ok()) throw std::runtime_error(std::string(type.status().message()));
+  return *type;
+}
+
+// A version 1 chunk is the flat element range [begin, end): a box of the tensor viewed as one
+// dimension (ChunkShape).
+ChunkRecord ChunkFromJson(const Json& j, int format_version) {
   ChunkRecord c;
   c.tensor = j.at("tensor").get<std::string>();
-  c.begin = j.at("begin").get<int64_t>();
-  c.end = j.at("end").get<int64_t>();
+  if (format_version == 1) {
+    const int64_t begin = j.at("begin").get<int64_t>();
+    c.box = Box{{begin}, {j.at("end").get<int64_t>() - begin}};
+  } else {
+    c.box = Box{j.at("offsets").get<std::vector<int64_t>>(),
+                j.at("lengths").get<std::vector<int64_t>>()};
+    c.dtype = DataTypeFromJson(j.at("dtype"));
+  }
   c.file = j.at("file").get<std::string>();
   c.offset = j.at("offset").get<uint64_t>();
   c.bytes = j.at("bytes").get<uint64_t>();
@@ -70,6 +81,33 @@ std::string DumpForSave(const Json& j) {
 
 }  // namespace
 
+std::string DataTypeName(DataType type) {
+  switch (type) {
+    case DataType::kF32:
+      return "f32";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<DataType> ParseDataType(const std::string& name) {
+  if (name == "f32") return DataType::kF32;
+  return absl::InvalidArgumentError(
+      absl::StrCat("data type \"", name, "\" is not known to this dtrain (it reads f32)"));
+}
+
+size_t DataTypeBytes(DataType type) {
+  switch (type) {
+    case DataType::kF32:
+      return 4;
+  }
+  return 0;
+}
+
+std::vector<int64_t> ChunkShape(const Manifest& manifest, const TensorRecord& tensor) {
+  if (manifest.format_version == 1) return {tensor.numel};
+  return tensor.shape;
+}
+
 std::string StateTensorName(StateKind kind, const std::string& tensor) {
   switch (kind) {
     case StateKind::kParameters:
@@ -98,7 +136,10 @@ uint64_t Manifest::total_bytes() const {
 std::string ManifestToJson(const Manifest& m) {
   Json tensors = Json::array();
   for (const TensorRecord& t : m.tensors) {
-    tensors.push_back(Json{{"name", t.name}, {"shape", t.shape}, {"numel", t.numel}});
+    tensors.push_back(Json{{"name", t.name},
+                           {"shape", t.shape},
+                           {"numel", t.numel},
+                           {"dtype", DataTypeName(t.dtype)}});
   }
   Json chunks = Json::array();
   for (const ChunkRecord& c : m.chunks) chunks.push_back(ChunkToJson(c));
@@ -137,9 +178,10 @@ absl::StatusOr<Manifest> ManifestFromJson(const std::string& text, const std::st
     }
     Manifest m;
     m.format_version = j.at("format_version").get<int>();
-    if (m.format_version != kCheckpointFormatVersion) {
+    if (m.format_version < 1 || m.format_version > kCheckpointFormatVersion) {
       throw std::runtime_error(absl::StrCat("format_version ", m.format_version,
-                                            " is not the supported ", kCheckpointFormatVersion));
+                                            " is not one this dtrain reads (1 to ",
+                                            kCheckpointFormatVersion, "); use a newer dtrain"));
     }
     m.dtrain_version = j.at("dtrain_version").get<std::string>();
     m.step = j.at("step").get<int64_t>();
@@ -153,16 +195,17 @@ absl::StatusOr<Manifest> ManifestFromJson(const std::string& text, const std::st
     m.world = WorldRecord{w.at("world_size").get<int>(), w.at("strategy").get<std::string>(),
                           w.at("dp").get<int>(), w.at("tp").get<int>(), w.at("pp").get<int>()};
     for (const Json& t : j.at("tensors")) {
-      m.tensors.push_back(TensorRecord{t.at("name").get<std::string>(),
-                                       t.at("shape").get<std::vector<int64_t>>(),
-                                       t.at("numel").get<int64_t>()});
+      m.tensors.push_back(
+          TensorRecord{t.at("name").get<std::string>(), t.at("shape").get<std::vector<int64_t>>(),
+                       t.at("numel").get<int64_t>(),
+                       m.format_version == 1 ? DataType::kF32 : DataTypeFromJson(t.at("dtype"))});
     }
     for (const Json& f : j.at("files")) {
       m.files.push_back(
           Manifest::File{f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>()});
     }
     for (const Json& d : j.at("data")) m.data.push_back(DataFromJson(d));
-    for (const Json& c : j.at("chunks")) m.chunks.push_back(ChunkFromJson(c));
+    for (const Json& c : j.at("chunks")) m.chunks.push_back(ChunkFromJson(c, m.format_version));
     return m;
   });
 }
@@ -189,7 +232,10 @@ absl::StatusOr<RankIndex> RankIndexFromJson(const std::string& text, const std::
     index.file = j.at("file").get<std::string>();
     index.file_bytes = j.at("file_bytes").get<uint64_t>();
     index.data = DataFromJson(j.at("data"));
-    for (const Json& c : j.at("chunks")) index.chunks.push_back(ChunkFromJson(c));
+    // Read only by the save that wrote it.
+    for (const Json& c : j.at("chunks")) {
+      index.chunks.push_back(ChunkFromJson(c, kCheckpointFormatVersion));
+    }
     return index;
   });
 }
