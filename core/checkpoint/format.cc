@@ -25,10 +25,14 @@ Json ChunkToJson(const ChunkRecord& c) {
               {"bytes", c.bytes},         {"crc32c", absl::StrFormat("%08x", c.crc32c)}};
 }
 
+// Training saves float32 state only; a chunk of another type is from a newer dtrain.
 DataType DataTypeFromJson(const Json& j) {
-  absl::StatusOr<DataType> type = ParseDataType(j.get<std::string>());
-  if (!type.ok()) throw std::runtime_error(std::string(type.status().message()));
-  return *type;
+  const std::string name = j.get<std::string>();
+  if (name != DataTypeName(DataType::kF32)) {
+    throw std::runtime_error(
+        absl::StrCat("data type \"", name, "\" is not one this dtrain loads (it reads f32)"));
+  }
+  return DataType::kF32;
 }
 
 // A version 1 chunk is the flat element range [begin, end): a box of the tensor viewed as one
@@ -80,28 +84,6 @@ std::string DumpForSave(const Json& j) {
 }
 
 }  // namespace
-
-std::string DataTypeName(DataType type) {
-  switch (type) {
-    case DataType::kF32:
-      return "f32";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<DataType> ParseDataType(const std::string& name) {
-  if (name == "f32") return DataType::kF32;
-  return absl::InvalidArgumentError(
-      absl::StrCat("data type \"", name, "\" is not known to this dtrain (it reads f32)"));
-}
-
-size_t DataTypeBytes(DataType type) {
-  switch (type) {
-    case DataType::kF32:
-      return 4;
-  }
-  return 0;
-}
 
 std::vector<int64_t> ChunkShape(const Manifest& manifest, const TensorRecord& tensor) {
   if (manifest.format_version == 1) return {tensor.numel};

@@ -32,18 +32,11 @@
 #include "absl/status/statusor.h"
 #include "core/checkpoint/box.h"
 #include "core/data/loader.h"
+#include "core/util/data_type.h"
 
 namespace dtrain {
 
 inline constexpr int kCheckpointFormatVersion = 2;
-
-// The element type of a saved tensor or chunk; float32 is all training saves today, a bf16 or
-// fp8 state would add its entry here.
-enum class DataType { kF32 };
-// "f32".
-std::string DataTypeName(DataType type);
-absl::StatusOr<DataType> ParseDataType(const std::string& name);
-size_t DataTypeBytes(DataType type);
 
 enum class StateKind { kParameters, kMomentM, kMomentV };
 

@@ -40,13 +40,13 @@ TEST(AdamWTest, NoDecayPatternsSelectTensorsByName) {
 // tensor holds several Hugging Face tensors (Llama's fused q/k/v rows) only the matching rows
 // are exempt.
 TEST(AdamWTest, NoDecayPatternsMatchHuggingFaceNames) {
-  const ParamTable gpt2(SmallGpt2(), ModelSlice{});
+  const ParamTable gpt2(testing::SmallModelConfig(ModelFamily::kGpt2), ModelSlice{});
   TrainSection train;
   train.no_decay = {"h.*.ln_1.weight"};
   EXPECT_EQ(AdamW(gpt2, train, 0, gpt2.total_numel()).decayed_numel(),
             gpt2.total_numel() - gpt2.Find("blocks.0.norm1.weight")->numel);
 
-  ModelConfig config = SmallGpt2();
+  ModelConfig config = testing::SmallModelConfig(ModelFamily::kGpt2);
   config.family = ModelFamily::kLlama;
   config.n_kv_head = 1;
   const ParamTable llama(config, ModelSlice{});
