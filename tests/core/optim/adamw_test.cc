@@ -40,11 +40,12 @@ TEST(AdamWTest, NoDecayPatternsSelectTensorsByName) {
 // tensor holds several Hugging Face tensors (Llama's fused q/k/v rows) only the matching rows
 // are exempt.
 TEST(AdamWTest, NoDecayPatternsMatchHuggingFaceNames) {
-  const ParamTable gpt2(testing::SmallModelConfig(ModelFamily::kGpt2), ModelSlice{});
+  const ModelConfig small = testing::SmallModelConfig(ModelFamily::kGpt2);
+  const ParamTable gpt2(small, ModelSlice{});
   TrainSection train;
-  train.no_decay = {"h.*.ln_1.weight"};
+  train.no_decay = {"h.*.ln_1.weight"};  // blocks.N.norm1.weight of every block
   EXPECT_EQ(AdamW(gpt2, train, 0, gpt2.total_numel()).decayed_numel(),
-            gpt2.total_numel() - gpt2.Find("blocks.0.norm1.weight")->numel);
+            gpt2.total_numel() - small.n_layer * gpt2.Find("blocks.0.norm1.weight")->numel);
 
   ModelConfig config = testing::SmallModelConfig(ModelFamily::kGpt2);
   config.family = ModelFamily::kLlama;
