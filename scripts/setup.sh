@@ -11,6 +11,7 @@ packages=(
   python3-yaml        # tests/integration/k8s_manifests_test.py reads the Kubernetes manifests
   clang               # libFuzzer for tests/fuzz (DTRAIN_FUZZ=ON)
   slurmctld slurmd slurm-client munge  # Slurm test cluster: scripts/slurm/cluster.sh
+  iproute2            # network namespaces: tests/integration/store_lost_host_test.cc
 )
 missing=()
 for p in "${packages[@]}"; do
