@@ -59,20 +59,31 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldM
   return group;
 }
 
-absl::StatusOr<MeshCommunicators> ProcessGroup::ConnectMesh(const Mesh& mesh) {
-  return mesh.CreateCommunicators(
-      [this](const GroupSpec& spec) -> absl::StatusOr<std::unique_ptr<Communicator>> {
-        GlooCommunicatorOptions options;
-        options.name = spec.name;
-        options.key_prefix = spec.key_prefix;
-        options.rank = spec.rank;
-        options.size = static_cast<int>(spec.world_ranks.size());
-        options.world_ranks = spec.world_ranks;
-        options.timeout = timeout_;
-        options.hostname = hostname_;
-        return GlooCommunicator::Create(store_, options);
-      },
-      comm_namespace_);
+absl::StatusOr<std::unique_ptr<Communicator>> ProcessGroup::CreateGroup(
+    const GroupSpec& spec) const {
+  const size_t size = spec.world_ranks.size();
+  if (size == 1 || size == static_cast<size_t>(world_->size())) return nullptr;
+  GlooCommunicatorOptions options;
+  options.name = spec.name;
+  options.key_prefix = spec.key_prefix;
+  options.rank = spec.rank;
+  options.size = static_cast<int>(size);
+  options.world_ranks = spec.world_ranks;
+  options.timeout = timeout_;
+  options.hostname = hostname_;
+  return GlooCommunicator::Create(store_, options);
+}
+
+absl::StatusOr<ProcessGroup::MeshGroups> ProcessGroup::ConnectMesh(const Mesh& mesh) {
+  ASSIGN_OR_RETURN(
+      mesh_, mesh.CreateCommunicators([this](const GroupSpec& spec) { return CreateGroup(spec); },
+                                      comm_namespace_));
+  const auto view = [this](const std::unique_ptr<Communicator>& created, int size) {
+    if (created) return created.get();
+    return size > 1 ? world_.get() : nullptr;
+  };
+  const MeshShape& shape = mesh.shape();
+  return MeshGroups{view(mesh_.tp, shape.tp), view(mesh_.dp, shape.dp), view(mesh_.pp, shape.pp)};
 }
 
 absl::Status ProcessGroup::Leave(absl::Status outcome) {

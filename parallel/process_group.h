@@ -42,21 +42,32 @@ class ProcessGroup {
   Communicator& world() { return *world_; }
   Store& store() { return *store_; }
 
-  // Joins this rank's tp, dp and pp groups of `mesh` (Gloo, under this job and attempt's store
-  // namespace, with the world's address and timeout). Every rank calls it, in the same order
-  // relative to its other group creations.
-  absl::StatusOr<MeshCommunicators> ConnectMesh(const Mesh& mesh);
+  // This rank's tp, dp and pp groups of a mesh: null for a group of one rank (nothing to
+  // communicate), the world communicator for a group of every rank, else a communicator the
+  // process group owns.
+  struct MeshGroups {
+    Communicator* tp = nullptr;
+    Communicator* dp = nullptr;
+    Communicator* pp = nullptr;
+  };
+  // Joins this rank's groups of `mesh` (Gloo, under this job and attempt's store namespace, with
+  // the world's address and timeout). Every rank calls it once, right after Connect, so that a
+  // rank failing later fails the others' next collective at once instead of their rendezvous.
+  absl::StatusOr<MeshGroups> ConnectMesh(const Mesh& mesh);
 
  private:
   ProcessGroup() = default;
 
   absl::Status Fail(const absl::Status& error);
+  // A communicator for a group of the mesh; none for a group of one rank or of every rank.
+  absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(const GroupSpec& spec) const;
 
   WorldMembership membership_;
   std::string failure_key_;                 // the first failure of this attempt
   std::unique_ptr<TcpStoreServer> server_;  // rank 0 only
   std::shared_ptr<Store> store_;
   std::unique_ptr<Communicator> world_;
+  MeshCommunicators mesh_;      // the groups of ConnectMesh that are neither one rank nor the world
   std::string comm_namespace_;  // "<job prefix>attempt-<n>/comm/"
   std::string hostname_;        // the address peers reach this rank's Gloo devices at
   absl::Duration timeout_;

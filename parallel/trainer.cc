@@ -82,7 +82,7 @@ absl::StatusOr<double> Evaluate(Transformer& model, Communicator* world, Validat
 }
 
 // parallel.strategy: auto -> the planner's layout for this world among those the trainer runs
-// (data parallelism of every kind, every recomputation; no tensor or pipeline parallelism or
+// (data parallelism of every kind, no or full recomputation; no tensor or pipeline parallelism or
 // offload yet). A better layout it cannot run is reported, never silently replaced.
 absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, int world_size) {
   if (recipe.parallel.strategy != "auto") return recipe;
@@ -91,7 +91,10 @@ absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, int world_size) {
                          Strategy::kFsdp};
   runnable.max_tp = 1;
   runnable.max_pp = 1;
-  runnable.recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  // Not selective: the planner's activation model (Korthikanti et al.) charges kNone with the
+  // attention scores, which dtrain's attention never keeps, so it would pick selective (one more
+  // attention forward per block) where none fits.
+  runnable.recompute = {Recompute::kNone, Recompute::kFull};
   runnable.allow_offload = false;
   runnable.allow_sequence_parallel = false;
   ASSIGN_OR_RETURN(const AutoLayout chosen, ResolveAutoLayout(recipe, world_size, runnable));
@@ -249,10 +252,11 @@ absl::Status ExportWeights(const Recipe& recipe, const ModelConfig& config, cons
   return absl::OkStatus();
 }
 
-// This rank's part of the training, from the run folder to the exported weights; `group` is null
-// in a world of one.
+// This rank's part of the training, from the run folder to the exported weights. What every rank
+// must agree on (evaluation, checkpoint signals, resume) goes through `world_comm`; gradients and
+// the step's loss reduce over the dp group. Both are null in a world of one.
 absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const Mesh& mesh,
-                       ProcessGroup* group) {
+                       Communicator* world_comm, const ProcessGroup::MeshGroups& groups) {
   const TrainSection& train = recipe.train;
   // The ranks of one tp group read the same samples: the data-parallel rank picks the data and
   // the data-parallel size splits the batch.
@@ -266,21 +270,12 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
 
-  MeshCommunicators groups;
-  if (group) {
-    ASSIGN_OR_RETURN(groups, group->ConnectMesh(mesh));
-  }
-  // Gradients and the step's loss reduce over the dp group; what every rank must agree on
-  // (evaluation, checkpoint signals, resume) goes through the world.
-  Communicator* world_comm = group ? &group->world() : nullptr;
-
   CpuBackend backend(recipe.run.threads);
   const ParamTable table(config, ModelSlice{});
-  ASSIGN_OR_RETURN(
-      const std::unique_ptr<DataParallelEngine> engine_owner,
-      AllocateOrError<DataParallelEngine>("allocating parameters, gradients and optimizer state",
-                                          memory.model_state_bytes(), table, strategy, train,
-                                          backend, groups.dp.get()));
+  ASSIGN_OR_RETURN(const std::unique_ptr<DataParallelEngine> engine_owner,
+                   AllocateOrError<DataParallelEngine>(
+                       "allocating parameters, gradients and optimizer state",
+                       memory.model_state_bytes(), table, strategy, train, backend, groups.dp));
   DataParallelEngine& engine = *engine_owner;
   ASSIGN_OR_RETURN(
       const std::unique_ptr<Transformer> model_owner,
@@ -397,12 +392,14 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
                                                   .tp = recipe.parallel.tp},
                                                  world.world_size, world.rank));
   RETURN_IF_ERROR(CheckBatchSplit(recipe.train, mesh.shape().dp));
-  if (world.world_size == 1) return TrainRank(recipe, world, mesh, nullptr);
+  if (world.world_size == 1) return TrainRank(recipe, world, mesh, nullptr, {});
   // Every error after this point goes through Leave, which tells the other ranks at once.
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
                    ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
                                          absl::StrCat("dtrain/", recipe.run.name, "/")));
-  return group->Leave(TrainRank(recipe, world, mesh, group.get()));
+  absl::StatusOr<ProcessGroup::MeshGroups> groups = group->ConnectMesh(mesh);
+  if (!groups.ok()) return group->Leave(groups.status());
+  return group->Leave(TrainRank(recipe, world, mesh, &group->world(), *groups));
 }
 
 }  // namespace dtrain

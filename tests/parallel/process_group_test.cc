@@ -13,7 +13,8 @@ namespace dtrain {
 namespace {
 
 // Four ranks as threads on a dp 2 x tp 2 mesh: each of a rank's groups reduces over exactly its
-// own members (rank r contributes bit r), under the job's store namespace next to the world.
+// own members (rank r contributes bit r), under the job's store namespace next to the world; the
+// pp group of one rank has no communicator.
 TEST(ProcessGroupTest, ConnectMeshJoinsEachGroupOfTheMesh) {
   const int port = testing::FreeTcpPort();
   const int n = 4;
@@ -26,7 +27,7 @@ TEST(ProcessGroupTest, ConnectMeshJoinsEachGroupOfTheMesh) {
       ASSERT_TRUE(group.ok()) << group.status();
       absl::StatusOr<Mesh> mesh = Mesh::Create({.dp = 2, .pp = 1, .tp = 2}, n, r);
       ASSERT_TRUE(mesh.ok()) << mesh.status();
-      absl::StatusOr<MeshCommunicators> groups = (*group)->ConnectMesh(*mesh);
+      absl::StatusOr<ProcessGroup::MeshGroups> groups = (*group)->ConnectMesh(*mesh);
       ASSERT_TRUE(groups.ok()) << groups.status();
       const MeshCoords me = mesh->coords();
       int64_t expected_tp = 0;
@@ -37,16 +38,38 @@ TEST(ProcessGroupTest, ConnectMeshJoinsEachGroupOfTheMesh) {
       }
       int64_t tp_sum = int64_t{1} << r;
       int64_t dp_sum = int64_t{1} << r;
-      int64_t pp_sum = int64_t{1} << r;
       ASSERT_TRUE(groups->tp->AllReduce(&tp_sum, 1, ReduceOp::kSum)->Wait().ok());
       ASSERT_TRUE(groups->dp->AllReduce(&dp_sum, 1, ReduceOp::kSum)->Wait().ok());
-      ASSERT_TRUE(groups->pp->AllReduce(&pp_sum, 1, ReduceOp::kSum)->Wait().ok());
       EXPECT_EQ(tp_sum, expected_tp);
       EXPECT_EQ(dp_sum, expected_dp);
-      EXPECT_EQ(pp_sum, int64_t{1} << r);
+      EXPECT_EQ(groups->pp, nullptr);
       EXPECT_EQ(groups->dp->name(), "dp");
       EXPECT_EQ(groups->dp->rank(), me.dp);
       EXPECT_EQ((*group)->world().size(), n);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+// A group of every rank (data parallelism alone) is the world communicator, not a second Gloo
+// context over the same ranks.
+TEST(ProcessGroupTest, AGroupOfEveryRankIsTheWorld) {
+  const int port = testing::FreeTcpPort();
+  const int n = 2;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      const WorldMembership world{.rank = r, .world_size = n, .master_port = port};
+      absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
+          ProcessGroup::Connect(world, absl::Seconds(30), "test/");
+      ASSERT_TRUE(group.ok()) << group.status();
+      absl::StatusOr<Mesh> mesh = Mesh::Create({.dp = n}, n, r);
+      ASSERT_TRUE(mesh.ok()) << mesh.status();
+      absl::StatusOr<ProcessGroup::MeshGroups> groups = (*group)->ConnectMesh(*mesh);
+      ASSERT_TRUE(groups.ok()) << groups.status();
+      EXPECT_EQ(groups->dp, &(*group)->world());
+      EXPECT_EQ(groups->tp, nullptr);
+      EXPECT_EQ(groups->pp, nullptr);
     });
   }
   for (std::thread& thread : threads) thread.join();
