@@ -128,7 +128,8 @@ absl::StatusOr<double> TrainingCheckpoints::Save(int64_t step, double lr, const 
     m.recipe_yaml = recipe_yaml_;
     m.metrics_line = metrics_line;
     m.recipe_hash = absl::StrFormat("%016x", Fnv1a(recipe_yaml_));
-    m.world = WorldRecord{world_, engine_.strategy().name, world_, recipe_.parallel.tp,
+    const int tp_pp = recipe_.parallel.tp * recipe_.parallel.pp;
+    m.world = WorldRecord{world_, engine_.strategy().name, world_ / tp_pp, recipe_.parallel.tp,
                           recipe_.parallel.pp};
     for (const TensorEntry& entry : table_.entries()) {
       for (const StateKind kind :
