@@ -70,7 +70,9 @@ class PipeSource final : public ByteSource {
   PipeSource(std::unique_ptr<Subprocess> process, std::string url)
       : process_(std::move(process)), url_(std::move(url)) {}
   ~PipeSource() override {
-    // Abandoned early (an error elsewhere): stop the command rather than leave it blocked.
+    // Abandoned early (an error elsewhere): stop the command rather than leave it blocked. The
+    // pipe closes first, so a command that ignores SIGTERM while it writes ends by SIGPIPE.
+    process_->CloseOutput(process_->stdout_fd());
     process_->Signal(SIGTERM);
     process_->Wait();
   }
@@ -86,10 +88,8 @@ class PipeSource final : public ByteSource {
     process_->CloseOutput(process_->stdout_fd());
     const ExitStatus exit = process_->Wait();
     if (exit.ok()) return absl::OkStatus();
-    const std::string how = exit.signal != 0 ? absl::StrCat("was killed by signal ", exit.signal)
-                                             : absl::StrCat("exited with status ", exit.code);
-    return absl::DataLossError(absl::StrCat("shard command '", url_.substr(5), "' ", how,
-                                            "; run it in a shell to see why"));
+    return absl::DataLossError(absl::StrCat("shard command '", url_.substr(5), "' ended with ",
+                                            exit.ToString(), "; run it in a shell to see why"));
   }
   const std::string& url() const override { return url_; }
 

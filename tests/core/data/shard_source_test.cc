@@ -7,6 +7,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/core/data/http_test_server.h"
 #include "tests/core/data/tar_test_util.h"
@@ -60,8 +62,22 @@ TEST(ShardSourceTest, PipesReadStdoutAndReportTheExitStatus) {
   absl::StatusOr<std::string> failed = ReadAll("pipe:printf x; exit 3", FastOptions());
   ASSERT_FALSE(failed.ok());
   EXPECT_TRUE(
-      absl::StrContains(failed.status().message(), "'printf x; exit 3' exited with status 3"))
+      absl::StrContains(failed.status().message(), "'printf x; exit 3' ended with exit code 3"))
       << failed.status();
+}
+
+// A source abandoned mid-stream ends its command, even one that ignores SIGTERM while it blocks
+// writing into the full pipe (its destructor waited for it forever). `timeout` caps the command
+// at 60 s so that a regression fails instead of hanging.
+TEST(ShardSourceTest, AnAbandonedPipeEndsACommandThatIgnoresSigterm) {
+  absl::StatusOr<std::unique_ptr<ByteSource>> source =
+      OpenShard("pipe:trap '' TERM; exec timeout -s KILL 60 yes", FastOptions());
+  ASSERT_TRUE(source.ok()) << source.status();
+  char buffer[4096];
+  ASSERT_TRUE((*source)->Read(buffer, sizeof(buffer)).ok());
+  const absl::Time start = absl::Now();
+  source->reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the command outlived its reader";
 }
 
 // A trainer ignores SIGPIPE once its communicator exists; the commands it starts must not inherit
