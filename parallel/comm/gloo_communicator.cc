@@ -361,15 +361,22 @@ std::unique_ptr<Work> GlooCommunicator::Enqueue(Task task) {
   return std::make_unique<GlooWork>(std::move(state));
 }
 
+absl::Status GlooCommunicator::FailedEarlier(const std::string& operation) const {
+  // The ranks the first failure blamed stay blamed: the status a caller reports may be this one
+  // (an earlier Work's status can be dropped unwaited).
+  absl::Status status = absl::FailedPreconditionError(
+      absl::StrCat(operation, " not run: the communicator failed earlier: ", broken_.message()));
+  SetFaultyRanks(status, FaultyRanks(broken_));
+  return status;
+}
+
 std::unique_ptr<Work> GlooCommunicator::EnqueueCollective(
     const char* op_name, OpStats CommStats::*stats_field,
     std::function<void(absl::Time, OpStats&)> body) {
   return Enqueue([this, op_name, stats_field, body = std::move(body)](WorkState&) {
     const int64_t seq = ++collective_seq_;
     if (!broken_.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("%s #%d on group '%s' not run: the communicator failed earlier: %s",
-                          op_name, seq, options_.name, broken_.message()));
+      return FailedEarlier(absl::StrFormat("%s #%d on group '%s'", op_name, seq, options_.name));
     }
     bool wake_publisher;
     {
@@ -687,10 +694,7 @@ std::unique_ptr<Work> GlooCommunicator::EnqueuePointToPoint(bool is_send, void* 
       return absl::InvalidArgumentError(
           absl::StrCat(description, ": the peer must be another rank of the group"));
     }
-    if (!broken_.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          description, " not run: the communicator failed earlier: ", broken_.message()));
-    }
+    if (!broken_.ok()) return FailedEarlier(description);
     {
       std::lock_guard lock(mu_);
       OpStats& total = is_send ? stats_.send : stats_.recv;

@@ -104,6 +104,8 @@ class GlooCommunicator : public Communicator {
   std::unique_ptr<Work> EnqueueCollective(const char* op_name, OpStats CommStats::*stats_field,
                                           std::function<void(absl::Time, OpStats&)> body);
   std::unique_ptr<Work> EnqueuePointToPoint(bool is_send, void* data, size_t bytes, int peer);
+  // FailedPrecondition for `operation` after the communicator failed, blaming the same ranks.
+  absl::Status FailedEarlier(const std::string& operation) const;
 
   // The ring algorithms (worker thread only). Chunk c of the buffers spans
   // [offsets[c], offsets[c + 1]) elements.

@@ -376,6 +376,7 @@ TEST(GlooCommunicatorTest, RankThatNeverArrivesIsNamedWithinTheTimeout) {
     // The communicator is unusable afterwards and says so at once.
     absl::Status next = comm.AllReduce(data.data(), 1, ReduceOp::kSum)->Wait();
     EXPECT_EQ(next.code(), absl::StatusCode::kFailedPrecondition) << next;
+    EXPECT_EQ(FaultyRanks(next), std::vector<int>{2}) << next;
   });
 }
 
