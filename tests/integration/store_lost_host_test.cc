@@ -3,6 +3,7 @@
 // agents' liveness rests on it). The "host" is a network namespace joined by a veth pair; it
 // vanishes when its end of the link goes down. Needs root and `ip netns`; skipped otherwise.
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -85,8 +86,13 @@ TEST(StoreLostHostTest, ClientWhoseHostVanishesIsCountedAsClosed) {
     _exit(0);
   }
   close(ready[1]);
+  // The child forked from a process with threads (the server's): bound the wait for it, so that a
+  // child stuck before it registers fails the test instead of hanging it.
+  pollfd waiting{.fd = ready[0], .events = POLLIN};
   char byte = 0;
-  ASSERT_EQ(read(ready[0], &byte, 1), 1) << "the client in the namespace could not register";
+  const bool registered = poll(&waiting, 1, 30000) == 1 && read(ready[0], &byte, 1) == 1;
+  if (!registered) kill(child, SIGKILL);
+  ASSERT_TRUE(registered) << "the client in the namespace could not register within 30 s";
   ASSERT_TRUE(host.Vanish());
   // Generous cap: the server gives up on the peer after about 2 s.
   const absl::Status closed = (*watcher)->Wait({"vanished"}, absl::Seconds(60));
