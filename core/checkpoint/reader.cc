@@ -92,6 +92,12 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_
                          DataTypeName(tensor.dtype), "; the manifest is damaged"));
       }
       reader.extents_[i] = {FlatIndexOfFirst(c.box, shape), FlatIndexOfLast(c.box, shape)};
+      // Each box fits the tensor, so stopping at more than the tensor keeps the sum in int64.
+      if (BoxNumel(c.box) > tensor.numel - covered) {
+        return absl::DataLossError(absl::StrCat(manifest_path, ": the chunks of tensor ",
+                                                tensor.name, " hold more than its ", tensor.numel,
+                                                " elements; the manifest is damaged"));
+      }
       covered += BoxNumel(c.box);
     }
     std::sort(list.begin(), list.end(),

@@ -246,6 +246,22 @@ TEST(CheckpointReaderTest, OverlappingChunksAreADamagedManifest) {
               HasSubstr("chunk w[0:4, 0:3] in rank-0.bin at byte 0 overlaps chunk w[0:4, 2:5]"));
 }
 
+// Chunks that add up to more than their tensor are damage, found before their sum could overflow
+// (two chunks of a tensor of 2^62 elements would).
+TEST(CheckpointReaderTest, ChunksHoldingMoreThanTheirTensorAreADamagedManifest) {
+  const std::string dir = testing::FreshDir("ckpt_surplus");
+  std::vector<float> w(24);
+  ASSERT_TRUE(SaveColumnSlices(dir, w).ok());
+  const std::string path = dir + "/step-1/manifest.json";
+  absl::StatusOr<Manifest> manifest = ManifestFromJson(*ReadWholeFile(path), path);
+  ASSERT_TRUE(manifest.ok());
+  manifest->chunks.push_back(manifest->chunks[0]);
+  std::ofstream(path) << ManifestToJson(*manifest);
+  const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-1");
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(reader.status().message(), HasSubstr("the chunks of tensor w hold more than its 24"));
+}
+
 TEST(CheckpointReaderTest, AShapeThatDisagreesWithTheElementCountIsADamagedManifest) {
   const std::string dir = testing::FreshDir("ckpt_badshape");
   ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
