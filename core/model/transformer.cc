@@ -13,6 +13,7 @@ Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
                          Recompute recompute)
     : config_(config),
       table_(table),
+      dims_(table.dims()),
       parameters_(parameters),
       backend_(backend),
       recompute_(recompute),
@@ -35,18 +36,18 @@ Transformer::RegionView Transformer::Grads(int region) {
 }
 
 AttentionShape Transformer::Shape(int b, int t) const {
-  return AttentionShape{b, t, config_.n_head, config_.n_kv_head, config_.head_dim};
+  return AttentionShape{b, t, dims_.heads, dims_.kv_heads, dims_.head_dim};
 }
 
 void Transformer::AllocateActivations(int max_batch, int max_time) {
   const size_t n = static_cast<size_t>(max_batch) * max_time;
   max_tokens_ = static_cast<int>(n);
-  const size_t c = config_.d_model;
-  const size_t hd = static_cast<size_t>(config_.n_head) * config_.head_dim;
-  const size_t qkv = Shape(1, 1).qkv_width();
-  const size_t f = config_.d_ff;
-  const size_t up = config_.family == ModelFamily::kLlama ? 2 * f : f;
-  const size_t lse = static_cast<size_t>(max_batch) * config_.n_head * max_time;
+  const size_t c = dims_.d_model;
+  const size_t hd = dims_.attn_width();
+  const size_t qkv = dims_.qkv_width();
+  const size_t f = dims_.mlp_width;
+  const size_t up = dims_.mlp_up_width;
+  const size_t lse = static_cast<size_t>(max_batch) * dims_.heads * max_time;
   const size_t core = n * hd + lse;  // the attention core's output and log-sum-exp
   const size_t per_block = n * (4 * c + 4 + qkv + up + f);
   const int saved_blocks = recompute_ == Recompute::kFull ? 1 : config_.n_layer;
@@ -108,10 +109,10 @@ void Transformer::BlockForward(int layer, const RegionView& params, BlockActivat
                                const float* in, float* out, int b, int t) {
   const BlockOffsets& w = table_.block(layer);
   const int n = b * t;
-  const int c = config_.d_model;
-  const int hd = config_.n_head * config_.head_dim;
+  const int c = dims_.d_model;
+  const int hd = dims_.attn_width();
   const AttentionShape shape = Shape(b, t);
-  const int f = config_.d_ff;
+  const int f = dims_.mlp_width;
   const bool llama = config_.family == ModelFamily::kLlama;
 
   if (llama) {
@@ -147,10 +148,10 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
                                 BlockActivations& a, const float* in, float* dresid, int b, int t) {
   const BlockOffsets& w = table_.block(layer);
   const int n = b * t;
-  const int c = config_.d_model;
-  const int hd = config_.n_head * config_.head_dim;
+  const int c = dims_.d_model;
+  const int hd = dims_.attn_width();
   const AttentionShape shape = Shape(b, t);
-  const int f = config_.d_ff;
+  const int f = dims_.mlp_width;
   const bool llama = config_.family == ModelFamily::kLlama;
 
   // MLP branch: out = resid_mid + down(act(up(norm2(resid_mid)))).

@@ -30,7 +30,8 @@ class Transformer {
   //   (n_layer - 1) x (N*H*D + B*H*T) floats, for one attention forward per block.
   // - kFull: only each block's input; backward re-runs the block's forward.
   // The gradients are bit-identical in every mode: the same kernels recompute the same values.
-  // `table` describes the layout `parameters` holds; both must outlive the model.
+  // `table` describes the layout `parameters` holds, and its LocalDims the sizes this rank
+  // computes with; both must outlive the model.
   Transformer(const ModelConfig& config, const ParamTable& table, BlockParameters& parameters,
               Backend& backend, int max_batch, int max_time, Recompute recompute);
 
@@ -54,7 +55,7 @@ class Transformer {
     float* norm1_mean;  // (N) LayerNorm only
     float* norm1_rstd;  // (N)
     float* qkv;         // (N, qkv_width), after RoPE
-    float* attn;        // (N, H*D) attention output before the projection
+    float* attn;        // (N, H*D) attention output before the projection (H, F: this rank's)
     float* lse;         // (B, H, T)
     float* resid_mid;   // (N, C) block input + attention branch
     float* norm2;       // (N, C)
@@ -94,6 +95,7 @@ class Transformer {
 
   ModelConfig config_;
   const ParamTable& table_;
+  const LocalDims& dims_;
   BlockParameters& parameters_;
   Backend& backend_;
   Recompute recompute_;
