@@ -155,6 +155,25 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
   }
 }
 
+// Hooks built without the kv replica group for a model that replicates kv heads: the first
+// ReduceKvReplicas is an error naming both keys, kept for the caller, and the hooks do nothing
+// afterwards (every later collective would be out of step with the other ranks).
+TEST(CommTensorParallelTest, MissingKvReplicaGroupIsKeptAsTheStepsError) {
+  testing::RunRanksInThreads(1, absl::Seconds(20), [](Communicator& comm) {
+    CommTensorParallel ops(comm, nullptr);
+    std::vector<float> x = {1.0f, 2.0f};
+    ops.ReduceForward(x.data(), x.size());
+    EXPECT_TRUE(ops.status().ok()) << ops.status();
+    ops.ReduceKvReplicas(x.data(), x.size());
+    EXPECT_EQ(ops.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(ops.status().message().find("model.n_kv_head"), std::string::npos) << ops.status();
+    EXPECT_NE(ops.status().message().find("parallel.tp"), std::string::npos) << ops.status();
+    ops.ReduceBackward(x.data(), x.size());
+    EXPECT_EQ(ops.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(x, (std::vector<float>{1.0f, 2.0f}));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Models, TensorParallelTest,
     ::testing::Values(Case{ModelFamily::kGpt2, 2, Recompute::kNone},
