@@ -107,6 +107,31 @@ size_t ParamTable::Add(std::string name, std::vector<int64_t> shape, int block,
   return entries_.back().offset;
 }
 
+std::vector<std::pair<size_t, size_t>> ParamTable::CountedRanges() const {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  auto count = [&ranges](size_t begin, size_t end) {
+    if (begin == end) return;
+    if (!ranges.empty() && ranges.back().second == begin) {
+      ranges.back().second = end;
+    } else {
+      ranges.emplace_back(begin, end);
+    }
+  };
+  const bool first_kv_holder = slice_.tp_rank % dims_.kv_replicas == 0;
+  for (const TensorEntry& entry : entries_) {
+    if (entry.shape == entry.global_shape) {  // replicated on every tensor-parallel rank
+      if (slice_.tp_rank == 0) count(entry.offset, entry.offset + entry.numel);
+    } else if (absl::StrContains(entry.name, "attn.qkv.") && !first_kv_holder) {
+      // Only the query rows (the first range) are this rank's alone.
+      const size_t cols = entry.numel / entry.shape[0];
+      count(entry.offset, entry.offset + entry.rows[0].count * cols);
+    } else {
+      count(entry.offset, entry.offset + entry.numel);
+    }
+  }
+  return ranges;
+}
+
 const TensorEntry* ParamTable::Find(const std::string& name) const {
   for (const TensorEntry& entry : entries_) {
     if (entry.name == name) return &entry;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/model/model_config.h"
@@ -95,6 +96,12 @@ class ParamTable {
   // [begin, end) float range of region `block`'s tensors in the flat buffer: -1 the embeddings,
   // 0..n_layer-1 a block, n_layer the final norm and head ({0, 0} when this slice lacks it).
   std::pair<size_t, size_t> BlockRange(int block) const;
+
+  // The [begin, end) table ranges whose values this rank counts toward whole-model totals such
+  // as the gradient norm, so that the tensor-parallel ranks together count every element of the
+  // whole model exactly once: all of a shard, a replicated tensor on tp rank 0 only, a
+  // replicated kv head on the first of the ranks holding it. Ascending, adjacent ranges merged.
+  std::vector<std::pair<size_t, size_t>> CountedRanges() const;
 
   const BlockOffsets& block(int i) const { return blocks_[i - first_block_]; }
   size_t token_embedding() const { return token_embedding_; }

@@ -141,6 +141,23 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
       });
     }
   }
+  // The ranks' counted ranges add up to the whole model's squared gradient norm. Each counted
+  // gradient a is within delta = 1e-5 max_abs of its whole-model b (checked above), so
+  // |sum a^2 - sum b^2| = |sum (a - b)(a + b)| <= delta sum (2 |b| + delta).
+  double sum_squares = 0, reference_sum_squares = 0, bound = 0;
+  const double delta = 1e-5 * max_abs;
+  for (float g : reference.grads) {
+    reference_sum_squares += static_cast<double>(g) * g;
+    bound += delta * (2 * std::abs(g) + delta);
+  }
+  for (int rank = 0; rank < c.tp; ++rank) {
+    for (const auto& [begin, end] : tables[rank]->CountedRanges()) {
+      for (size_t i = begin; i < end; ++i) {
+        sum_squares += static_cast<double>(results[rank].grads[i]) * results[rank].grads[i];
+      }
+    }
+  }
+  EXPECT_NEAR(sum_squares, reference_sum_squares, bound);
   // Replicated tensors (norms, row-parallel biases, embeddings, head) get the same gradient
   // on every rank, bit for bit: the same kernels see the same all-reduced inputs.
   for (const TensorEntry& entry : tables[0]->entries()) {

@@ -119,6 +119,40 @@ TEST(ParamTableTest, TensorParallelShardsAreSlicesOfTheWholeModel) {
   EXPECT_EQ(gpt2.Find("blocks.0.attn.out.weight")->column_begin, 16);
 }
 
+// Whole-model totals (the gradient norm) count each element once: the ranks' counted ranges
+// cover every element of the whole model exactly once, replicated tensors and kv heads
+// included; the whole model counts everything.
+TEST(ParamTableTest, TensorParallelRanksCountEveryElementOnce) {
+  for (ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    const ModelConfig config = testing::SmallModelConfig(family);
+    const ParamTable whole(config, ModelSlice{});
+    EXPECT_EQ(whole.CountedRanges(),
+              (std::vector<std::pair<size_t, size_t>>{{0, whole.total_numel()}}));
+    for (int tp : {2, 4}) {
+      SCOPED_TRACE(::testing::Message() << FamilyName(family) << " tp " << tp);
+      std::vector<int> counted(whole.total_numel(), 0);
+      for (int rank = 0; rank < tp; ++rank) {
+        const ParamTable shard(config, ModelSlice{.tp_rank = rank, .tp_size = tp});
+        for (const auto& [begin, end] : shard.CountedRanges()) {
+          for (const TensorEntry& entry : shard.entries()) {
+            const size_t lo = std::max(begin, entry.offset);
+            const size_t hi = std::min(end, entry.offset + entry.numel);
+            if (lo >= hi) continue;
+            const size_t global_offset = whole.Find(entry.name)->offset;
+            ForEachGlobalRun(entry, lo - entry.offset, hi - entry.offset,
+                             [&](size_t, size_t global, size_t count) {
+                               for (size_t i = 0; i < count; ++i) {
+                                 ++counted[global_offset + global + i];
+                               }
+                             });
+          }
+        }
+      }
+      for (size_t i = 0; i < counted.size(); ++i) ASSERT_EQ(counted[i], 1) << i;
+    }
+  }
+}
+
 // Llama with 2 kv heads: tp 2 splits them, tp 4 replicates each on two ranks (ranks 2 and 3
 // hold kv head 1).
 TEST(ParamTableTest, GroupedQueryKvHeadsSplitOrReplicate) {
