@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/recipe/recipe.h"
 
 namespace dtrain::cli {
 
@@ -26,6 +28,11 @@ void AddLaunchCommand(CLI::App& app);
 
 // The `--set section.key=value` option shared by every command that reads a recipe.
 void AddOverrideOption(CLI::App& command, std::vector<std::string>& overrides);
+
+// The recipe a training command runs: RECIPE (the built-in tiny recipe when empty) with the
+// overrides, validated, its model within dtrain's size bound (core/model/model_size.h).
+absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
+                                          const std::vector<std::string>& overrides);
 
 // Prints "error: <message>" to stderr and ends the command with `exit_code`.
 [[noreturn]] void Fail(const absl::Status& status, int exit_code);

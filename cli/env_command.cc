@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
+#include "core/util/utf8.h"
 #include "launch/environment.h"
 #include "nlohmann/json.hpp"
 
@@ -58,6 +59,22 @@ std::string WorldText(const WorldEnvironment& world) {
                     "(srun dtrain train ...) or let dtrain launch do it\n");
   }
   return text;
+}
+
+// JSON carries only UTF-8: a variable holding another byte is named rather than printed.
+absl::Status CheckFieldsAreUtf8(const WorldEnvironment& world) {
+  for (const auto& [field, value] : FieldValues(world)) {
+    const std::string text = value.is_string() ? value.get<std::string>() : "";
+    const std::string provenance = Provenance(world, field);
+    if (FirstInvalidUtf8Byte(text) == absl::string_view::npos &&
+        FirstInvalidUtf8Byte(provenance) == absl::string_view::npos) {
+      continue;
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " '", EscapeInvalidUtf8(text), "' (from ", EscapeInvalidUtf8(provenance),
+        ") is not UTF-8 text; set the variable to UTF-8 text (a host name is ASCII)"));
+  }
+  return absl::OkStatus();
 }
 
 nlohmann::ordered_json WorldJson(const WorldEnvironment& world) {
@@ -121,6 +138,7 @@ void AddEnvCommand(CLI::App& app) {
     absl::StatusOr<WorldEnvironment> world = ResolveWorld(ProcessEnvironment(), flags);
     if (!world.ok()) Fail(world.status(), kExitUsage);
     if (args->json) {
+      if (absl::Status utf8 = CheckFieldsAreUtf8(*world); !utf8.ok()) Fail(utf8, kExitUsage);
       std::cout << WorldJson(*world).dump(2) << "\n";
     } else {
       std::cout << WorldText(*world);

@@ -7,7 +7,6 @@
 
 #include "cli/commands.h"
 #include "core/recipe/recipe.h"
-#include "embedded_tiny_recipe.h"
 #include "launch/launcher.h"
 
 namespace dtrain::cli {
@@ -69,10 +68,7 @@ void AddLaunchCommand(CLI::App& app) {
   command->callback([args] {
     // Check the recipe here, once, before any process starts.
     absl::StatusOr<Recipe> recipe =
-        args->launch.recipe_path.empty()
-            ? ParseRecipe(kEmbeddedTinyRecipe, "<built-in configs/tiny.yaml>",
-                          args->launch.overrides)
-            : LoadRecipe(args->launch.recipe_path, args->launch.overrides);
+        LoadTrainingRecipe(args->launch.recipe_path, args->launch.overrides);
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     LaunchOptions& launch = args->launch;
     launch.recipe_threads = recipe->run.threads;

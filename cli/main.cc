@@ -3,6 +3,9 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "core/model/model_size.h"
+#include "core/util/status.h"
+#include "embedded_tiny_recipe.h"
 
 namespace dtrain::cli {
 
@@ -14,6 +17,16 @@ void AddOverrideOption(CLI::App& command, std::vector<std::string>& overrides) {
       ->type_name("KEY=VALUE")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
+absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
+                                          const std::vector<std::string>& overrides) {
+  absl::StatusOr<Recipe> recipe =
+      path.empty() ? ParseRecipe(kEmbeddedTinyRecipe, "<built-in configs/tiny.yaml>", overrides)
+                   : LoadRecipe(path, overrides);
+  if (!recipe.ok()) return recipe.status();
+  RETURN_IF_ERROR(CheckModelSize(*recipe));
+  return recipe;
 }
 
 void Fail(const absl::Status& status, int exit_code) {

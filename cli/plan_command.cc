@@ -53,7 +53,9 @@ void AddPlanCommand(CLI::App& app) {
     absl::StatusOr<Plan> plan = SearchLayouts(WorkloadFromRecipe(*recipe), *cluster);
     if (!plan.ok()) Fail(plan.status(), kExitUsage);
     if (args->json) {
-      std::cout << PlanJson(*plan, args->recipe_path, args->top).dump(2) << "\n";
+      std::cout << PlanJson(*plan, args->recipe_path, args->top)
+                       .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+                << "\n";
     } else {
       std::cout << PlanText(*plan, args->recipe_path, args->top);
     }

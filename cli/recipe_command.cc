@@ -24,7 +24,7 @@ void AddRecipeCommand(CLI::App& app) {
   check->add_option("recipe", args->recipe_path, "Recipe YAML file")->required();
   AddOverrideOption(*check, args->overrides);
   check->callback([args] {
-    absl::StatusOr<Recipe> loaded = LoadRecipe(args->recipe_path, args->overrides);
+    absl::StatusOr<Recipe> loaded = LoadTrainingRecipe(args->recipe_path, args->overrides);
     if (!loaded.ok()) Fail(loaded.status(), kExitUsage);
     std::cout << ResolvedRecipeYaml(*loaded);
   });

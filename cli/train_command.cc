@@ -6,7 +6,6 @@
 
 #include "cli/commands.h"
 #include "core/recipe/recipe.h"
-#include "embedded_tiny_recipe.h"
 #include "launch/environment.h"
 #include "parallel/trainer.h"
 
@@ -24,10 +23,7 @@ void AddTrainCommand(CLI::App& app) {
                       "Recipe YAML file; none = the built-in tiny recipe (configs/tiny.yaml)");
   AddOverrideOption(*command, args->overrides);
   command->callback([args] {
-    absl::StatusOr<Recipe> recipe =
-        args->recipe_path.empty()
-            ? ParseRecipe(kEmbeddedTinyRecipe, "<built-in configs/tiny.yaml>", args->overrides)
-            : LoadRecipe(args->recipe_path, args->overrides);
+    absl::StatusOr<Recipe> recipe = LoadTrainingRecipe(args->recipe_path, args->overrides);
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     absl::StatusOr<WorldEnvironment> world = RankWorldFromEnvironment();
     if (!world.ok()) Fail(world.status(), kExitFailure);

@@ -602,8 +602,9 @@ absl::Status Agent::PublishFailures(int attempt) {
                         {"time_us", absl::ToUnixMicros(worker.exited_at)},
                         {"stderr", tail}});
   }
+  // A worker's stderr may hold any bytes: they travel as U+FFFD rather than throw.
   return store_->Set(Key(attempt, absl::StrCat("failures/node-", node_.node_rank)),
-                     failures.dump());
+                     failures.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 void Agent::PrintRootCause(int attempt) {
@@ -737,7 +738,8 @@ std::vector<LostAgent> Agent::LostIn(int attempt) {
       record.push_back(
           {{"node", agent.node}, {"host", agent.host}, {"incarnation", agent.incarnation}});
     }
-    (void)store_->Set(Key(attempt, "lost"), record.dump());
+    (void)store_->Set(Key(attempt, "lost"),
+                      record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
   return lost;
 }

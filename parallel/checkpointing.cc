@@ -152,12 +152,13 @@ absl::StatusOr<double> TrainingCheckpoints::Save(int64_t step, double lr, const 
       values = staging;
       staging += range.end - range.begin;
     }
-    ForEachTensorPiece(
-        table_, range.begin, range.end, [&](const TensorEntry& entry, size_t begin, size_t end) {
-          request.chunks.push_back(ChunkSource{
-              StateTensorName(range.kind, entry.name), static_cast<int64_t>(begin - entry.offset),
-              static_cast<int64_t>(end - entry.offset), values + (begin - range.begin)});
-        });
+    ForEachTensorPiece(table_, range.begin, range.end,
+                       [&](const TensorEntry& entry, size_t begin, size_t end) {
+                         AppendFlatRangeChunks(StateTensorName(range.kind, entry.name), entry.shape,
+                                               static_cast<int64_t>(begin - entry.offset),
+                                               static_cast<int64_t>(end - entry.offset),
+                                               values + (begin - range.begin), request.chunks);
+                       });
   }
   RETURN_IF_ERROR(writer_.Save(std::move(request)));
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)

@@ -15,6 +15,7 @@
 #include "core/model/hf_names.h"
 #include "core/model/sampler.h"
 #include "core/model/transformer.h"
+#include "core/util/allocate.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "nlohmann/json.hpp"
@@ -22,6 +23,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/planner/auto_layout.h"
 #include "parallel/process_group.h"
+#include "parallel/rank_memory.h"
 #include "parallel/train_step.h"
 
 namespace dtrain {
@@ -257,6 +259,10 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   const int dp_size = mesh.shape().dp;
   const int dp_rank = mesh.coords().dp;
   ASSIGN_OR_RETURN(const ShardingStrategy strategy, ShardingStrategyFromRecipe(recipe.parallel));
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(recipe.parallel.recompute));
+  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, recompute, dp_size);
+  RETURN_IF_ERROR(CheckRankMemory(memory, PhysicalMemoryBytes(), strategy, dp_size));
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
 
@@ -269,11 +275,18 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   Communicator* world_comm = group ? &group->world() : nullptr;
 
   CpuBackend backend(recipe.run.threads);
-  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const ParamTable table(config, ModelSlice{});
-  DataParallelEngine engine(table, strategy, train, backend, groups.dp.get());
-  ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(recipe.parallel.recompute));
-  Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len, recompute);
+  ASSIGN_OR_RETURN(
+      const std::unique_ptr<DataParallelEngine> engine_owner,
+      AllocateOrError<DataParallelEngine>("allocating parameters, gradients and optimizer state",
+                                          memory.model_state_bytes(), table, strategy, train,
+                                          backend, groups.dp.get()));
+  DataParallelEngine& engine = *engine_owner;
+  ASSIGN_OR_RETURN(
+      const std::unique_ptr<Transformer> model_owner,
+      AllocateOrError<Transformer>("allocating activations", memory.activation_bytes, config, table,
+                                   engine, backend, train.micro_batch, train.seq_len, recompute));
+  Transformer& model = *model_owner;
   ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, dp_rank, dp_size));
   const CheckpointSignals signals;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingCheckpoints> checkpoints,

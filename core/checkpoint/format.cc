@@ -19,20 +19,35 @@ namespace {
 using Json = nlohmann::json;
 
 Json ChunkToJson(const ChunkRecord& c) {
-  return Json{{"tensor", c.tensor},
-              {"begin", c.begin},
-              {"end", c.end},
-              {"file", c.file},
-              {"offset", c.offset},
-              {"bytes", c.bytes},
-              {"crc32c", absl::StrFormat("%08x", c.crc32c)}};
+  return Json{{"tensor", c.tensor},       {"offsets", c.box.offsets},
+              {"lengths", c.box.lengths}, {"dtype", DataTypeName(c.dtype)},
+              {"file", c.file},           {"offset", c.offset},
+              {"bytes", c.bytes},         {"crc32c", absl::StrFormat("%08x", c.crc32c)}};
 }
 
-ChunkRecord ChunkFromJson(const Json& j) {
+// Training saves float32 state only; a chunk of another type is from a newer dtrain.
+DataType DataTypeFromJson(const Json& j) {
+  const std::string name = j.get<std::string>();
+  if (name != DataTypeName(DataType::kF32)) {
+    throw std::runtime_error(
+        absl::StrCat("data type \"", name, "\" is not one this dtrain loads (it reads f32)"));
+  }
+  return DataType::kF32;
+}
+
+// A version 1 chunk is the flat element range [begin, end): a box of the tensor viewed as one
+// dimension (ChunkShape).
+ChunkRecord ChunkFromJson(const Json& j, int format_version) {
   ChunkRecord c;
   c.tensor = j.at("tensor").get<std::string>();
-  c.begin = j.at("begin").get<int64_t>();
-  c.end = j.at("end").get<int64_t>();
+  if (format_version == 1) {
+    const int64_t begin = j.at("begin").get<int64_t>();
+    c.box = Box{{begin}, {j.at("end").get<int64_t>() - begin}};
+  } else {
+    c.box = Box{j.at("offsets").get<std::vector<int64_t>>(),
+                j.at("lengths").get<std::vector<int64_t>>()};
+    c.dtype = DataTypeFromJson(j.at("dtype"));
+  }
   c.file = j.at("file").get<std::string>();
   c.offset = j.at("offset").get<uint64_t>();
   c.bytes = j.at("bytes").get<uint64_t>();
@@ -61,7 +76,19 @@ absl::StatusOr<T> ParseJson(const std::string& text, const std::string& path, Pa
   }
 }
 
+// The manifest and the rank index are written in a save, which must not throw: a byte that is
+// not UTF-8 (recipe values are checked when read, but the recipe's source path is not) is
+// written as U+FFFD instead.
+std::string DumpForSave(const Json& j) {
+  return j.dump(1, ' ', false, Json::error_handler_t::replace) + "\n";
+}
+
 }  // namespace
+
+std::vector<int64_t> ChunkShape(const Manifest& manifest, const TensorRecord& tensor) {
+  if (manifest.format_version == 1) return {tensor.numel};
+  return tensor.shape;
+}
 
 std::string StateTensorName(StateKind kind, const std::string& tensor) {
   switch (kind) {
@@ -91,7 +118,10 @@ uint64_t Manifest::total_bytes() const {
 std::string ManifestToJson(const Manifest& m) {
   Json tensors = Json::array();
   for (const TensorRecord& t : m.tensors) {
-    tensors.push_back(Json{{"name", t.name}, {"shape", t.shape}, {"numel", t.numel}});
+    tensors.push_back(Json{{"name", t.name},
+                           {"shape", t.shape},
+                           {"numel", t.numel},
+                           {"dtype", DataTypeName(t.dtype)}});
   }
   Json chunks = Json::array();
   for (const ChunkRecord& c : m.chunks) chunks.push_back(ChunkToJson(c));
@@ -120,7 +150,7 @@ std::string ManifestToJson(const Manifest& m) {
          {"chunks", chunks},
          {"metrics_line", m.metrics_line},
          {"recipe", m.recipe_yaml}};
-  return j.dump(1) + "\n";
+  return DumpForSave(j);
 }
 
 absl::StatusOr<Manifest> ManifestFromJson(const std::string& text, const std::string& path) {
@@ -130,9 +160,10 @@ absl::StatusOr<Manifest> ManifestFromJson(const std::string& text, const std::st
     }
     Manifest m;
     m.format_version = j.at("format_version").get<int>();
-    if (m.format_version != kCheckpointFormatVersion) {
+    if (m.format_version < 1 || m.format_version > kCheckpointFormatVersion) {
       throw std::runtime_error(absl::StrCat("format_version ", m.format_version,
-                                            " is not the supported ", kCheckpointFormatVersion));
+                                            " is not one this dtrain reads (1 to ",
+                                            kCheckpointFormatVersion, "); use a newer dtrain"));
     }
     m.dtrain_version = j.at("dtrain_version").get<std::string>();
     m.step = j.at("step").get<int64_t>();
@@ -146,16 +177,17 @@ absl::StatusOr<Manifest> ManifestFromJson(const std::string& text, const std::st
     m.world = WorldRecord{w.at("world_size").get<int>(), w.at("strategy").get<std::string>(),
                           w.at("dp").get<int>(), w.at("tp").get<int>(), w.at("pp").get<int>()};
     for (const Json& t : j.at("tensors")) {
-      m.tensors.push_back(TensorRecord{t.at("name").get<std::string>(),
-                                       t.at("shape").get<std::vector<int64_t>>(),
-                                       t.at("numel").get<int64_t>()});
+      m.tensors.push_back(
+          TensorRecord{t.at("name").get<std::string>(), t.at("shape").get<std::vector<int64_t>>(),
+                       t.at("numel").get<int64_t>(),
+                       m.format_version == 1 ? DataType::kF32 : DataTypeFromJson(t.at("dtype"))});
     }
     for (const Json& f : j.at("files")) {
       m.files.push_back(
           Manifest::File{f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>()});
     }
     for (const Json& d : j.at("data")) m.data.push_back(DataFromJson(d));
-    for (const Json& c : j.at("chunks")) m.chunks.push_back(ChunkFromJson(c));
+    for (const Json& c : j.at("chunks")) m.chunks.push_back(ChunkFromJson(c, m.format_version));
     return m;
   });
 }
@@ -170,7 +202,7 @@ std::string RankIndexToJson(const RankIndex& index) {
                {"file_bytes", index.file_bytes},
                {"data", DataToJson(index.data)},
                {"chunks", chunks}};
-  return j.dump(1) + "\n";
+  return DumpForSave(j);
 }
 
 absl::StatusOr<RankIndex> RankIndexFromJson(const std::string& text, const std::string& path) {
@@ -182,7 +214,10 @@ absl::StatusOr<RankIndex> RankIndexFromJson(const std::string& text, const std::
     index.file = j.at("file").get<std::string>();
     index.file_bytes = j.at("file_bytes").get<uint64_t>();
     index.data = DataFromJson(j.at("data"));
-    for (const Json& c : j.at("chunks")) index.chunks.push_back(ChunkFromJson(c));
+    // Read only by the save that wrote it.
+    for (const Json& c : j.at("chunks")) {
+      index.chunks.push_back(ChunkFromJson(c, kCheckpointFormatVersion));
+    }
     return index;
   });
 }

@@ -1,18 +1,23 @@
 // The checkpoint format. A checkpoint of step N is the folder <dir>/step-<N>/ holding
-//   rank-<r>.bin   the values rank r wrote: float32 little-endian chunks, back to back
+//   rank-<r>.bin   the values rank r wrote: little-endian chunks, back to back
 //   rank-<r>.json  rank r's index of its chunks (what it reported; kept for inspection)
 //   manifest.json  written last, by rank 0, once every rank's files are durable
 // and <dir>/latest names the newest complete one ("step-<N>\n"). A folder appears under its
 // final name only complete: ranks write into <dir>/.step-<N>.<nonce>/ and rank 0 renames it.
 //
 // The state is a set of named global tensors: the model's parameters under their table names
-// ("blocks.0.attn.qkv.weight"), AdamW's moments as "optim.m/<name>" and "optim.v/<name>". A chunk
-// is a range [begin, end) of a tensor's elements (row-major, counted over the whole tensor,
-// whatever the layout that wrote it) stored at (file, offset) with its CRC32C. The chunks of a
-// tensor cover it exactly once, so a checkpoint loads into any world size or strategy by reading
-// the chunks that overlap what a rank holds. Replicated state is split among the ranks that
-// hold it, so the bytes written are the model state's size, never a multiple of it; padding is
-// never written.
+// ("blocks.0.attn.qkv.weight"), AdamW's moments as "optim.m/<name>" and "optim.v/<name>", each
+// with its global shape and data type. A chunk is a box of a tensor (core/checkpoint/box.h: an
+// offset and a length per dimension of the global shape, whatever the layout that wrote it) whose
+// elements are stored in the box's row-major order at (file, offset) with its CRC32C. A
+// tensor-parallel shard sliced by rows or columns fits one chunk; a flat element range of a
+// data-parallel shard is a few (box.h). The chunks of a tensor cover it exactly once, so a
+// checkpoint loads into any world size or layout by reading the chunks that overlap what a rank
+// holds. Replicated state is split among the ranks that hold it, so the bytes written are the
+// model state's size, never a multiple of it; padding is never written.
+//
+// Version 1 (before tensor parallelism) stored a chunk as a flat element range [begin, end); it
+// still loads: its chunks read as boxes of the tensor viewed as one dimension (ChunkShape).
 //
 // The manifest also holds the step (and so the LR schedule position, a function of the step),
 // AdamW's step count, the seed (data order and sampling are functions of seed and step; there is
@@ -25,11 +30,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/checkpoint/box.h"
 #include "core/data/loader.h"
+#include "core/util/data_type.h"
 
 namespace dtrain {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;
 
 enum class StateKind { kParameters, kMomentM, kMomentV };
 
@@ -38,20 +45,22 @@ std::string StateTensorName(StateKind kind, const std::string& tensor);
 
 struct ChunkRecord {
   std::string tensor;
-  int64_t begin = 0;  // element range of the global tensor
-  int64_t end = 0;
+  Box box;  // of the global tensor (of ChunkShape)
+  DataType dtype = DataType::kF32;
   std::string file;     // in the step folder
   uint64_t offset = 0;  // bytes
-  uint64_t bytes = 0;   // (end - begin) * 4
+  uint64_t bytes = 0;   // BoxNumel(box) * DataTypeBytes(dtype)
   uint32_t crc32c = 0;
 };
 
 struct TensorRecord {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // global
   int64_t numel = 0;
+  DataType dtype = DataType::kF32;
 };
 
+// The layout that wrote the checkpoint (for inspection: any layout loads any checkpoint).
 struct WorldRecord {
   int world_size = 1;
   std::string strategy;  // the data-parallel engine that wrote it: ddp, zero1, ...
@@ -94,6 +103,10 @@ struct Manifest {
   const TensorRecord* FindTensor(const std::string& name) const;
   uint64_t total_bytes() const;
 };
+
+// The shape a chunk's box of `tensor` indexes: the tensor's shape, or {numel} in a version 1
+// manifest, whose chunks were flat element ranges.
+std::vector<int64_t> ChunkShape(const Manifest& manifest, const TensorRecord& tensor);
 
 std::string ManifestToJson(const Manifest& manifest);
 // `path` names the file in messages.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -20,7 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string Describe(const ChunkRecord& c) {
-  return absl::StrCat("chunk ", c.tensor, "[", c.begin, ":", c.end, ") in ", c.file, " at byte ",
+  return absl::StrCat("chunk ", c.tensor, BoxToString(c.box), " in ", c.file, " at byte ",
                       c.offset);
 }
 
@@ -66,25 +67,52 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_
   CheckpointReader reader(step_dir, std::move(manifest));
   const Manifest& m = reader.manifest_;
   for (size_t i = 0; i < m.chunks.size(); ++i) reader.chunks_of_[m.chunks[i].tensor].push_back(i);
+  reader.extents_.resize(m.chunks.size());
   for (const TensorRecord& tensor : m.tensors) {
+    const std::vector<int64_t> shape = ChunkShape(m, tensor);
+    int64_t numel = 1;
+    bool valid_shape = true;
+    for (const int64_t n : shape) {
+      valid_shape = valid_shape && n >= 0 && !__builtin_mul_overflow(numel, n, &numel);
+    }
+    if (!valid_shape || numel != tensor.numel) {
+      return absl::DataLossError(absl::StrCat(manifest_path, ": tensor ", tensor.name,
+                                              " has shape ", BoxToString(WholeBox(shape)), " but ",
+                                              tensor.numel, " elements; the manifest is damaged"));
+    }
     std::vector<size_t>& list = reader.chunks_of_[tensor.name];
-    std::sort(list.begin(), list.end(),
-              [&](size_t a, size_t b) { return m.chunks[a].begin < m.chunks[b].begin; });
     int64_t covered = 0;
     for (const size_t i : list) {
       const ChunkRecord& c = m.chunks[i];
-      if (c.begin != covered || c.end <= c.begin ||
-          c.bytes != static_cast<uint64_t>(c.end - c.begin) * sizeof(float)) {
-        return absl::DataLossError(absl::StrCat(manifest_path, ": ", Describe(c),
-                                                " does not continue the tensor at element ",
-                                                covered, "; the manifest is damaged"));
+      if (!BoxInShape(c.box, shape) || c.dtype != tensor.dtype ||
+          c.bytes != static_cast<uint64_t>(BoxNumel(c.box)) * DataTypeBytes(c.dtype)) {
+        return absl::DataLossError(
+            absl::StrCat(manifest_path, ": ", Describe(c), " does not fit tensor ", tensor.name,
+                         " of shape ", BoxToString(WholeBox(shape)), " and type ",
+                         DataTypeName(tensor.dtype), "; the manifest is damaged"));
       }
-      covered = c.end;
+      reader.extents_[i] = {FlatIndexOfFirst(c.box, shape), FlatIndexOfLast(c.box, shape)};
+      covered += BoxNumel(c.box);
+    }
+    std::sort(list.begin(), list.end(),
+              [&](size_t a, size_t b) { return reader.extents_[a] < reader.extents_[b]; });
+    // Only chunks whose flat extents overlap can share an element: for the flat ranges of a
+    // data-parallel save this compares each chunk with its successor only.
+    for (size_t a = 0; a < list.size(); ++a) {
+      for (size_t b = a + 1;
+           b < list.size() && reader.extents_[list[b]].first <= reader.extents_[list[a]].second;
+           ++b) {
+        if (IntersectBoxes(m.chunks[list[a]].box, m.chunks[list[b]].box)) {
+          return absl::DataLossError(absl::StrCat(manifest_path, ": ", Describe(m.chunks[list[a]]),
+                                                  " overlaps ", Describe(m.chunks[list[b]]),
+                                                  "; the manifest is damaged"));
+        }
+      }
     }
     if (covered != tensor.numel) {
-      return absl::DataLossError(absl::StrCat(manifest_path, ": tensor ", tensor.name,
-                                              " is covered up to element ", covered, " of ",
-                                              tensor.numel, "; the manifest is damaged"));
+      return absl::DataLossError(absl::StrCat(manifest_path, ": the chunks of tensor ", tensor.name,
+                                              " cover ", covered, " of its ", tensor.numel,
+                                              " elements; the manifest is damaged"));
     }
   }
   if (reader.chunks_of_.size() != m.tensors.size()) {
@@ -156,19 +184,65 @@ absl::Status CheckpointReader::Read(const std::string& tensor, int64_t begin, in
     return absl::InvalidArgumentError(absl::StrCat(dir_, ": elements [", begin, ", ", end, ") of ",
                                                    tensor, " are outside its ", record->numel));
   }
-  for (const size_t i : chunks_of_[tensor]) {
+  const std::vector<Box> boxes = FlatRangeToBoxes(ChunkShape(manifest_, *record), begin, end);
+  std::vector<float*> outs;
+  for (const Box& box : boxes) {
+    outs.push_back(out);
+    out += BoxNumel(box);
+  }
+  return ReadBoxes(*record, boxes, outs);
+}
+
+absl::Status CheckpointReader::ReadBox(const std::string& tensor, const Box& box, float* out) {
+  const TensorRecord* record = manifest_.FindTensor(tensor);
+  if (record == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat(dir_, " has no tensor ", tensor, "; it was saved from a different model"));
+  }
+  const std::vector<int64_t> shape = ChunkShape(manifest_, *record);
+  if (!BoxInShape(box, shape)) {
+    return absl::InvalidArgumentError(absl::StrCat(dir_, ": box ", BoxToString(box), " of ", tensor,
+                                                   " is outside its shape ",
+                                                   BoxToString(WholeBox(shape))));
+  }
+  return ReadBoxes(*record, {box}, {out});
+}
+
+absl::Status CheckpointReader::ReadBoxes(const TensorRecord& tensor, const std::vector<Box>& boxes,
+                                         const std::vector<float*>& outs) {
+  if (tensor.dtype != DataType::kF32) {
+    return absl::UnimplementedError(absl::StrCat(dir_, ": tensor ", tensor.name, " is stored as ",
+                                                 DataTypeName(tensor.dtype),
+                                                 "; this dtrain loads f32 tensors only"));
+  }
+  if (boxes.empty()) return absl::OkStatus();
+  const std::vector<int64_t> shape = ChunkShape(manifest_, tensor);
+  const int64_t first = FlatIndexOfFirst(boxes.front(), shape);
+  const int64_t last = FlatIndexOfLast(boxes.back(), shape);
+  std::vector<std::optional<Box>> regions(boxes.size());
+  for (const size_t i : chunks_of_[tensor.name]) {
+    if (extents_[i].first > last) break;
+    if (extents_[i].second < first) continue;
     const ChunkRecord& c = manifest_.chunks[i];
-    if (c.end <= begin || c.begin >= end) continue;
-    if (c.begin >= begin && c.end <= end) {
-      RETURN_IF_ERROR(ReadChunk(c, out + (c.begin - begin)));
+    bool needed = false;
+    size_t home = boxes.size();  // a requested box the chunk is one run of
+    for (size_t k = 0; k < boxes.size(); ++k) {
+      regions[k] = IntersectBoxes(c.box, boxes[k]);
+      needed = needed || regions[k].has_value();
+      if (regions[k] == c.box && ContiguousInBox(c.box, boxes[k])) home = k;
+    }
+    if (home < boxes.size()) {
+      RETURN_IF_ERROR(ReadChunk(c, outs[home] + PositionInBox(c.box.offsets, boxes[home])));
       continue;
     }
-    scratch_.resize(static_cast<size_t>(c.end - c.begin));
+    if (!needed) continue;
+    scratch_.resize(static_cast<size_t>(BoxNumel(c.box)));
     RETURN_IF_ERROR(ReadChunk(c, scratch_.data()));
-    const int64_t lo = std::max(begin, c.begin);
-    const int64_t hi = std::min(end, c.end);
-    std::copy(scratch_.begin() + (lo - c.begin), scratch_.begin() + (hi - c.begin),
-              out + (lo - begin));
+    for (size_t k = 0; k < boxes.size(); ++k) {
+      if (regions[k]) {
+        CopyBoxRegion(*regions[k], c.box, scratch_.data(), boxes[k], outs[k], sizeof(float));
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -33,6 +33,25 @@ bool IsStepFolder(const std::string& path) {
 
 std::string MiB(uint64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
+// One line per tensor: its shape and type, then each chunk as a box of it (a version 1 chunk is a
+// flat element range) with its file.
+void AppendChunkLayout(const Manifest& m, std::string& text) {
+  std::map<std::string, std::vector<const ChunkRecord*>> chunks_of;
+  for (const ChunkRecord& c : m.chunks) chunks_of[c.tensor].push_back(&c);
+  absl::StrAppend(
+      &text, "  chunks per tensor (",
+      m.format_version == 1 ? "flat element ranges, start:stop" : "boxes, start:stop per dimension",
+      "):\n");
+  for (const TensorRecord& t : m.tensors) {
+    std::vector<std::string> boxes;
+    for (const ChunkRecord* c : chunks_of[t.name]) {
+      boxes.push_back(absl::StrCat(BoxToString(c->box), " ", c->file));
+    }
+    absl::StrAppendFormat(&text, "    %s (%s) %s: %s\n", t.name, absl::StrJoin(t.shape, ", "),
+                          DataTypeName(t.dtype), absl::StrJoin(boxes, ", "));
+  }
+}
+
 // The summary of one checkpoint and its validation; false when invalid.
 bool InspectOne(const std::string& dir, std::string& text) {
   absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir);
@@ -64,6 +83,7 @@ bool InspectOne(const std::string& dir, std::string& text) {
                           m.data[0].consumed_sequences, m.data.size());
   }
   absl::StrAppendFormat(&text, "  seed %d, recipe hash %s\n", m.seed, m.recipe_hash);
+  AppendChunkLayout(m, text);
   const std::vector<std::string> problems = reader->VerifyAll();
   if (problems.empty()) {
     absl::StrAppendFormat(&text, "  checksums: all %d chunks valid (CRC32C)\n", m.chunks.size());
@@ -232,7 +252,7 @@ absl::StatusOr<std::string> BenchCheckpointIo(const std::string& dir, int64_t nu
     for (int t = 0; t < 3; ++t) {
       for (int64_t begin = 0; begin < numel; begin += kChunk) {
         const int64_t end = std::min(numel, begin + kChunk);
-        r.chunks.push_back({names[t], begin, end, base + t * numel + begin});
+        AppendFlatRangeChunks(names[t], {numel}, begin, end, base + t * numel + begin, r.chunks);
       }
     }
     return r;

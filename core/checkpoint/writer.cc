@@ -53,8 +53,8 @@ absl::StatusOr<uint64_t> WriteRankFiles(const SaveRequest& r, const std::string&
   RankIndex index{r.nonce, r.step, r.rank, file, 0, {}, r.data};
   absl::Status status;
   for (const ChunkSource& chunk : r.chunks) {
-    const uint64_t bytes = static_cast<uint64_t>(chunk.end - chunk.begin) * sizeof(float);
-    index.chunks.push_back(ChunkRecord{chunk.tensor, chunk.begin, chunk.end, file, index.file_bytes,
+    const uint64_t bytes = static_cast<uint64_t>(BoxNumel(chunk.box)) * DataTypeBytes(chunk.dtype);
+    index.chunks.push_back(ChunkRecord{chunk.tensor, chunk.box, chunk.dtype, file, index.file_bytes,
                                        bytes, Crc32c(0, chunk.values, bytes)});
     status = WriteAll(fd, chunk.values, bytes, path);
     if (!status.ok()) break;
@@ -173,6 +173,16 @@ absl::Status Commit(const SaveRequest& r, const std::string& stage) {
 }
 
 }  // namespace
+
+void AppendFlatRangeChunks(const std::string& tensor, const std::vector<int64_t>& shape,
+                           int64_t begin, int64_t end, const float* values,
+                           std::vector<ChunkSource>& chunks) {
+  for (Box& box : FlatRangeToBoxes(shape, begin, end)) {
+    const int64_t numel = BoxNumel(box);
+    chunks.push_back(ChunkSource{tensor, std::move(box), values});
+    values += numel;
+  }
+}
 
 absl::StatusOr<SaveStats> WriteCheckpoint(const SaveRequest& request) {
   SaveStats stats;

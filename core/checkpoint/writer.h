@@ -19,13 +19,20 @@
 
 namespace dtrain {
 
-// Elements [begin, end) of the global tensor `tensor`, held at `values`.
+// The elements of `box` of the global tensor `tensor`, held at `values` in the box's row-major
+// order (AppendFlatRangeChunks makes the chunks of a flat element range).
 struct ChunkSource {
   std::string tensor;
-  int64_t begin = 0;
-  int64_t end = 0;
-  const float* values = nullptr;
+  Box box;
+  const void* values = nullptr;
+  DataType dtype = DataType::kF32;
 };
+
+// Appends the chunks of elements [begin, end) (row-major) of the tensor `tensor` of `shape`, held
+// at `values`: the boxes of FlatRangeToBoxes, each pointing at its part of `values`.
+void AppendFlatRangeChunks(const std::string& tensor, const std::vector<int64_t>& shape,
+                           int64_t begin, int64_t end, const float* values,
+                           std::vector<ChunkSource>& chunks);
 
 struct SaveRequest {
   std::string dir;  // the checkpoint folder (checkpoint.dir)

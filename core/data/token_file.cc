@@ -1,6 +1,7 @@
 #include "core/data/token_file.h"
 
 #include <glob.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -23,13 +24,19 @@ using File = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
 absl::StatusOr<File> OpenFile(const std::string& path, uint64_t* bytes) {
   File file(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (file == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("opening data file ", path));
-  if (std::fseek(file.get(), 0, SEEK_END) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("seeking in data file ", path));
+  // The size comes from fstat, not from seeking to the end: a directory opens too, and ext4
+  // answers a seek to its end with 2^63 - 1.
+  struct stat info;
+  if (::fstat(::fileno(file.get()), &info) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("sizing data file ", path));
   }
-  const long size = std::ftell(file.get());
-  if (size < 0) return absl::ErrnoToStatus(errno, absl::StrCat("sizing data file ", path));
-  std::rewind(file.get());
-  *bytes = static_cast<uint64_t>(size);
+  if (!S_ISREG(info.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data file ", path, " is ", S_ISDIR(info.st_mode) ? "a directory" : "not a regular file",
+        "; name the files inside it in data.train or data.val (a glob such as ", path,
+        "/* works)"));
+  }
+  *bytes = static_cast<uint64_t>(info.st_size);
   return file;
 }
 

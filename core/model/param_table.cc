@@ -11,22 +11,30 @@ namespace {
 constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
 }  // namespace
 
-ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice) : slice_(slice) {
-  const int tp = slice.tp_size, r = slice.tp_rank;
+LocalDims LocalDimsOf(const ModelConfig& config, const ModelSlice& slice) {
+  const int tp = slice.tp_size;
+  LocalDims dims;
+  dims.d_model = config.d_model;
+  dims.head_dim = config.head_dim;
+  dims.heads = config.n_head / tp;
+  // Fewer kv heads than ranks: each rank holds the one kv head its query heads read.
+  const bool split_kv = config.n_kv_head % tp == 0;
+  dims.kv_heads = split_kv ? config.n_kv_head / tp : 1;
+  dims.kv_replicas = split_kv ? 1 : tp / config.n_kv_head;
+  dims.mlp_width = config.d_ff / tp;
+  dims.mlp_up_width = config.family == ModelFamily::kGpt2 ? dims.mlp_width : 2 * dims.mlp_width;
+  dims.vocab_begin = 0;  // the vocabulary is whole on every rank (vocab-parallel: a later step)
+  dims.vocab_end = config.vocab_size;
+  return dims;
+}
+
+ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice)
+    : config_(config), dims_(LocalDimsOf(config, slice)), slice_(slice) {
+  const int r = slice.tp_rank;
   const int64_t c = config.d_model;
   const int64_t d = config.head_dim;
   const bool gpt2 = config.family == ModelFamily::kGpt2;
-  dims_.d_model = config.d_model;
-  dims_.head_dim = config.head_dim;
-  dims_.heads = config.n_head / tp;
-  // Fewer kv heads than ranks: each rank holds the one kv head its query heads read.
-  const bool split_kv = config.n_kv_head % tp == 0;
-  dims_.kv_heads = split_kv ? config.n_kv_head / tp : 1;
-  dims_.kv_replicas = split_kv ? 1 : tp / config.n_kv_head;
-  dims_.mlp_width = config.d_ff / tp;
-  dims_.mlp_up_width = gpt2 ? dims_.mlp_width : 2 * dims_.mlp_width;
-  dims_.vocab_begin = 0;
-  dims_.vocab_end = config.vocab_size;
+  const bool split_kv = dims_.kv_replicas == 1;
   const int64_t heads = dims_.heads, kv_heads = dims_.kv_heads, ff = dims_.mlp_width;
   const int64_t v = config.vocab_size;
   const int64_t first_kv = split_kv ? r * kv_heads : r / dims_.kv_replicas;

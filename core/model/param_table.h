@@ -76,6 +76,10 @@ struct LocalDims {
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
 };
 
+// The sizes a rank holding `slice` computes with (its tensor-parallel size must pass
+// CheckTensorParallel).
+LocalDims LocalDimsOf(const ModelConfig& config, const ModelSlice& slice);
+
 // The tensors of one block, as offsets into the flat buffer (SIZE_MAX when absent).
 struct BlockOffsets {
   size_t norm1_w, norm1_b, qkv_w, qkv_b, attn_out_w, attn_out_b;
@@ -87,6 +91,8 @@ class ParamTable {
   // The slice's tensor-parallel size must pass CheckTensorParallel.
   ParamTable(const ModelConfig& config, const ModelSlice& slice);
 
+  // The whole model's configuration the table was built from.
+  const ModelConfig& config() const { return config_; }
   const LocalDims& dims() const { return dims_; }
   const ModelSlice& slice() const { return slice_; }
 
@@ -121,6 +127,7 @@ class ParamTable {
              std::vector<int64_t> global_shape = {}, std::vector<RowRange> rows = {},
              int64_t column_begin = 0);
 
+  ModelConfig config_;
   LocalDims dims_;
   ModelSlice slice_;
   std::vector<TensorEntry> entries_;

@@ -6,7 +6,39 @@
 namespace dtrain {
 namespace {
 constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
+
+// The activation arena's size in floats: in size_t to allocate it, in double to check a size
+// before allocating without overflow (AllocateActivations lays it out in this order).
+template <typename T>
+T ArenaFloats(const ModelConfig& config, const LocalDims& dims, int max_batch, int max_time,
+              Recompute recompute) {
+  const T n = static_cast<T>(max_batch) * static_cast<T>(max_time);
+  const T c = static_cast<T>(dims.d_model);
+  const T hd = static_cast<T>(dims.attn_width());
+  const T qkv = static_cast<T>(dims.qkv_width());
+  const T f = static_cast<T>(dims.mlp_width);
+  const T up = static_cast<T>(dims.mlp_up_width);
+  const T lse = static_cast<T>(max_batch) * static_cast<T>(dims.heads) * max_time;
+  const T core = n * hd + lse;  // the attention core's output and log-sum-exp
+  const T per_block = n * (4 * c + 4 + qkv + up + f);
+  const T saved_blocks = static_cast<T>(recompute == Recompute::kFull ? 1 : config.n_layer);
+  const T saved_cores = static_cast<T>(recompute == Recompute::kNone ? config.n_layer : 1);
+  const T qkv_weight_grad = dims.kv_replicas > 1 ? qkv * c : 0;
+  return (static_cast<T>(config.n_layer) + 1) * n * c  // block inputs and the last output
+         + saved_blocks * per_block                    // saved activations
+         + saved_cores * core                          // saved attention cores
+         + n * (c + 2)                                 // final norm
+         + n * (3 * c + qkv + hd + up + f)             // backward scratch, branch output
+         + qkv_weight_grad;                            // replicated kv heads' weight gradient
+}
+
 }  // namespace
+
+double Transformer::ActivationBytes(const ModelConfig& config, int max_batch, int max_time,
+                                    Recompute recompute, const ModelSlice& slice) {
+  return ArenaFloats<double>(config, LocalDimsOf(config, slice), max_batch, max_time, recompute) *
+         sizeof(float);
+}
 
 Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
                          BlockParameters& parameters, Backend& backend, int max_batch, int max_time,
@@ -62,17 +94,9 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
   const size_t up = dims_.mlp_up_width;
   const size_t lse = static_cast<size_t>(max_batch) * dims_.heads * max_time;
   const size_t qkv_weight_grad = dims_.kv_replicas > 1 ? qkv * c : 0;
-  const size_t core = n * hd + lse;  // the attention core's output and log-sum-exp
-  const size_t per_block = n * (4 * c + 4 + qkv + up + f);
   const int saved_blocks = recompute_ == Recompute::kFull ? 1 : config_.n_layer;
   const int saved_cores = recompute_ == Recompute::kNone ? config_.n_layer : 1;
-  const size_t total = (config_.n_layer + 1) * n * c      // block inputs and the last output
-                       + saved_blocks * per_block         // saved activations
-                       + saved_cores * core               // saved attention cores
-                       + n * (c + 2)                      // final norm
-                       + n * (3 * c + qkv + hd + up + f)  // backward scratch, branch output
-                       + qkv_weight_grad;                 // replicated kv heads' weight gradient
-  acts_.assign(total, 0.0f);
+  acts_.assign(ArenaFloats<size_t>(config_, dims_, max_batch, max_time, recompute_), 0.0f);
 
   float* cursor = acts_.data();
   auto take = [&cursor](size_t count) {

@@ -40,6 +40,10 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   size_t activation_bytes() const { return acts_.size() * sizeof(float); }
+  // What activation_bytes() will be on a rank holding `slice`, without allocating; in double, so
+  // any size is exact enough to compare with the memory there is.
+  static double ActivationBytes(const ModelConfig& config, int max_batch, int max_time,
+                                Recompute recompute, const ModelSlice& slice = {});
 
   // One micro-batch: inputs and targets (b, t). Adds grad_scale * d(sum of token losses) to the
   // gradients, region by region (the last, the embeddings, is ready when this returns), and

@@ -15,8 +15,8 @@ namespace dtrain {
 
 class AdamW {
  public:
-  // Tensors whose names match any glob in train.no_decay get no weight decay. The moments
-  // cover table positions [begin, end).
+  // Tensors matching any glob in train.no_decay, by their internal or their Hugging Face name
+  // (core/model/hf_names.h), get no weight decay. The moments cover table positions [begin, end).
   AdamW(const ParamTable& table, const TrainSection& train, size_t begin, size_t end);
 
   // One step on the range [begin, end): params and grads point at the range's first value

@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "absl/strings/string_view.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
+#include "core/util/utf8.h"
 
 namespace dtrain {
 namespace {
@@ -60,6 +62,14 @@ struct Range {
 };
 
 constexpr Range AtLeast(double min) { return Range{.min = min}; }
+constexpr Range Between(double min, double max) { return Range{.min = min, .max = max}; }
+
+// Upper bounds of the model's sizes, far above any real model (hundreds of layers, widths in the
+// tens of thousands), so that the 64-bit parameter count and buffer sizes derived from them cannot
+// overflow. Whether the model fits a machine is checked later (core/model/model_size.h).
+constexpr double kMaxLayers = 65536;
+constexpr double kMaxWidth = 1 << 20;
+constexpr double kMaxTokens = 1 << 30;  // vocabulary and sequence length
 constexpr Range Positive() { return Range{.min = 0, .min_open = true}; }
 constexpr Range UnitInterval() { return Range{.min = 0, .max = 1, .max_open = true}; }  // [0, 1)
 
@@ -91,7 +101,7 @@ const std::vector<KeySpec>& Keys() {
        "gpt2: LayerNorm, learned positions, GELU, tied head; llama: RMSNorm, RoPE, SwiGLU, "
        "grouped-query attention",
        {"gpt2", "llama"}},
-      {DTRAIN_RECIPE_KEY(model, n_layer), "transformer blocks", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(model, n_layer), "transformer blocks", {}, Between(1, kMaxLayers)},
       {DTRAIN_RECIPE_KEY(model, n_head),
        "attention heads; head size is d_model / n_head",
        {},
@@ -100,19 +110,22 @@ const std::vector<KeySpec>& Keys() {
        "key/value heads for grouped-query attention (llama only); 0 = n_head",
        {},
        AtLeast(0)},
-      {DTRAIN_RECIPE_KEY(model, d_model), "width of the residual stream", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(model, d_model),
+       "width of the residual stream",
+       {},
+       Between(1, kMaxWidth)},
       {DTRAIN_RECIPE_KEY(model, d_ff),
        "MLP hidden width; 0 = 4*d_model (gpt2) or 256*ceil((8*d_model/3)/256) (llama)",
        {},
-       AtLeast(0)},
+       Between(0, 4 * kMaxWidth)},
       {DTRAIN_RECIPE_KEY(model, vocab_size),
        "token ids are below this; text data needs >= 256 (one token per byte)",
        {},
-       AtLeast(1)},
+       Between(1, kMaxTokens)},
       {DTRAIN_RECIPE_KEY(model, max_seq_len),
        "longest sequence the model accepts, in tokens (gpt2: rows of the position table)",
        {},
-       AtLeast(1)},
+       Between(1, kMaxTokens)},
       {DTRAIN_RECIPE_KEY(model, norm_eps),
        "epsilon added to the variance in LayerNorm/RMSNorm",
        {},
@@ -208,7 +221,10 @@ const std::vector<KeySpec>& Keys() {
        "clip the global gradient L2 norm to this; 0 = off",
        {},
        AtLeast(0)},
-      {DTRAIN_RECIPE_KEY(train, no_decay), "globs on tensor names exempt from weight decay"},
+      {DTRAIN_RECIPE_KEY(train, no_decay),
+       "globs naming tensors exempt from weight decay; a glob matches a tensor's dtrain name "
+       "(blocks.N.norm1.weight) or its Hugging Face name for model.family (gpt2: "
+       "h.N.ln_1.weight; llama: model.layers.N.input_layernorm.weight)"},
       {DTRAIN_RECIPE_KEY(train, eval_every),
        "steps between validation-loss evaluations; 0 = off",
        {},
@@ -599,6 +615,7 @@ class Parser {
   }
 
   absl::Status ReadTree(const std::string& yaml_text) {
+    source_text_ = yaml_text;
     std::vector<YAML::Node> documents;
     try {
       documents = YAML::LoadAll(yaml_text);
@@ -702,6 +719,11 @@ class Parser {
   }
 
   absl::Status ApplyOverride(const std::string& text) {
+    if (const std::string bad = DescribeInvalidUtf8(text); !bad.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--set ", EscapeInvalidUtf8(text), ": ", bad,
+                       "; recipe text must be UTF-8, so pass the value in a UTF-8 locale"));
+    }
     const std::string subject = absl::StrCat("--set ", text);
     const size_t equals = text.find('=');
     if (equals == std::string::npos) {
@@ -731,10 +753,60 @@ class Parser {
     return absl::OkStatus();
   }
 
+  // yaml-cpp reads a quoted scalar up to its closing quote, across lines: a quote left open
+  // swallows the keys below it into the value, so the run would differ from what the file shows.
+  // A recipe's quoted value closes on the line it opens. `item` is 1-based in a list, else 0.
+  absl::Status CheckQuoteClosesOnItsLine(const KeySpec& key, const Entry& entry,
+                                         const YAML::Node& node, size_t item) const {
+    if (!entry.from_override.empty() || !node.IsScalar() || !IsQuoted(node)) {
+      return absl::OkStatus();
+    }
+    const YAML::Mark mark = node.Mark();
+    if (mark.is_null() || static_cast<size_t>(mark.pos) >= source_text_.size()) {
+      return absl::OkStatus();
+    }
+    const absl::string_view text = source_text_;
+    const char quote = text[mark.pos];
+    if (quote != '"' && quote != '\'') return absl::OkStatus();  // a block scalar, | or >
+    size_t close = mark.pos + 1;
+    for (; close < text.size(); ++close) {
+      const bool doubled = quote == '\'' && text[close] == quote && close + 1 < text.size() &&
+                           text[close + 1] == quote;
+      if (text[close] == quote && !doubled) break;
+      // An escape (or a doubled single quote) is two characters, neither of them the close.
+      if ((quote == '"' && text[close] == '\\' && close + 1 < text.size() &&
+           text[close + 1] != '\n') ||
+          doubled) {
+        ++close;
+      }
+    }
+    const auto lines = std::count(text.begin() + mark.pos, text.begin() + close, '\n');
+    if (lines == 0) return absl::OkStatus();
+    const std::string closes = close == text.size()
+                                   ? "is never closed, so every line after it is read as part of it"
+                                   : absl::StrCat("closes on line ", mark.line + 1 + lines,
+                                                  ", so the lines between are read as part of it");
+    return Error(key.path, absl::StrCat(item > 0 ? absl::StrCat("item ", item, ": ") : "",
+                                        "the quoted value opened on line ", mark.line + 1, " ",
+                                        closes, "; close the quote on line ", mark.line + 1));
+  }
+
+  // Text leaves the process as JSON (checkpoint manifests, metrics), which cannot carry a byte
+  // that is not UTF-8; such a byte is refused here rather than at the first checkpoint.
+  absl::Status CheckText(const KeySpec& key, const std::string& text, size_t item) const {
+    const std::string bad = DescribeInvalidUtf8(text);
+    if (bad.empty()) return absl::OkStatus();
+    return Error(key.path,
+                 absl::StrCat(item > 0 ? absl::StrCat("item ", item, ": ") : "", bad, " ('",
+                              EscapeInvalidUtf8(text),
+                              "'); recipe text must be UTF-8, so save the file as UTF-8"));
+  }
+
   absl::Status ReadValue(const KeySpec& key, const Entry& entry, Recipe& recipe) const {
     const YAML::Node& node = entry.value;
     const FieldPtr field = key.field(recipe);
     const std::string got = DescribeNode(node);
+    RETURN_IF_ERROR(CheckQuoteClosesOnItsLine(key, entry, node, 0));
 
     if (auto* out = std::get_if<bool*>(&field)) {
       if (node.IsScalar() && !IsQuoted(node) &&
@@ -749,6 +821,7 @@ class Parser {
       if (node.IsNull()) {
         **out = "";
       } else if (node.IsScalar()) {
+        RETURN_IF_ERROR(CheckText(key, node.Scalar(), 0));
         **out = node.Scalar();
       } else {
         return Error(key.path, absl::StrCat("expected a string, got ", got));
@@ -776,6 +849,8 @@ class Parser {
           return Error(key.path, absl::StrCat("expected a list of strings, item ", i + 1, " is ",
                                               DescribeNode(node[i])));
         }
+        RETURN_IF_ERROR(CheckQuoteClosesOnItsLine(key, entry, node[i], i + 1));
+        RETURN_IF_ERROR(CheckText(key, node[i].Scalar(), i + 1));
         items.push_back(node[i].Scalar());
       }
       **out = std::move(items);
@@ -922,6 +997,7 @@ class Parser {
   }
 
   std::string source_name_;
+  std::string source_text_;
   absl::flat_hash_map<std::string, Entry> entries_;  // by key path
   absl::flat_hash_map<std::string, YAML::Mark> seen_sections_;
 };
@@ -958,6 +1034,12 @@ absl::StatusOr<Recipe> LoadRecipe(const std::string& path,
     return absl::NotFoundError(absl::StrCat("cannot open recipe file '", path,
                                             "'; check the path, or run 'dtrain train' with no "
                                             "file for the built-in tiny recipe"));
+  }
+  // A directory opens and reads as nothing, which would parse as an empty recipe.
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the recipe path '", path, "' is a directory; give the recipe's YAML file inside it"));
   }
   std::stringstream text;
   text << file.rdbuf();

@@ -18,36 +18,6 @@ class FinishedWorkImpl : public Work {
 
 }  // namespace
 
-size_t DataTypeBytes(DataType type) {
-  switch (type) {
-    case DataType::kBF16:
-      return 2;
-    case DataType::kF32:
-      return 4;
-    case DataType::kF64:
-    case DataType::kI64:
-    case DataType::kU64:
-      return 8;
-  }
-  return 0;
-}
-
-const char* DataTypeName(DataType type) {
-  switch (type) {
-    case DataType::kF32:
-      return "f32";
-    case DataType::kBF16:
-      return "bf16";
-    case DataType::kF64:
-      return "f64";
-    case DataType::kI64:
-      return "i64";
-    case DataType::kU64:
-      return "u64";
-  }
-  return "unknown";
-}
-
 absl::Status CheckReduction(DataType type, ReduceOp op, const char* op_name,
                             const std::string& group) {
   if (op == ReduceOp::kAvg && (type == DataType::kI64 || type == DataType::kU64)) {

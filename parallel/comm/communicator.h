@@ -14,37 +14,17 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <type_traits>
 
 #include "absl/status/status.h"
+#include "core/util/data_type.h"
 
 namespace dtrain {
 
 // kAvg is the sum divided by size(), applied once to the reduced result; floating types only.
 enum class ReduceOp { kSum, kAvg };
 
-// The element type of a buffer. Integers travel as integers and sum exactly (wrapping on
-// overflow); kBF16 (raw bfloat16 bits) reduces in float and rounds each partial sum to bf16, as
-// NCCL does.
-enum class DataType { kF32, kBF16, kF64, kI64, kU64 };
-
-size_t DataTypeBytes(DataType type);
-const char* DataTypeName(DataType type);  // "f32", "bf16", ...
-
-// The DataType of a C++ element type; bf16 has none (pass its buffers untyped, with kBF16).
-template <typename T>
-constexpr DataType DataTypeOf() {
-  if constexpr (std::is_same_v<T, float>) {
-    return DataType::kF32;
-  } else if constexpr (std::is_same_v<T, double>) {
-    return DataType::kF64;
-  } else if constexpr (std::is_same_v<T, int64_t>) {
-    return DataType::kI64;
-  } else {
-    static_assert(std::is_same_v<T, uint64_t>, "collectives move float, double, int64_t, uint64_t");
-    return DataType::kU64;
-  }
-}
+// Integers travel as integers and sum exactly (wrapping on overflow); kBF16 reduces in float and
+// rounds each partial sum to bf16, as NCCL does.
 
 // OK when `op` applies to `type`; otherwise an InvalidArgument naming the operation, the group
 // and the fix. Backends check before issuing, so every rank rejects the same call alike.

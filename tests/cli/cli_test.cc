@@ -49,6 +49,51 @@ TEST(CliTest, TrainWithBadRecipeExits2BeforeRunning) {
   EXPECT_THAT(missing.stderr_text, HasSubstr("/nonexistent/recipe.yaml"));
 }
 
+// Bad input ends in exit 2 and a message, never in an abort (exit 134).
+TEST(CliTest, RecipeCheckRefusesTextThatIsNotUtf8) {
+  const std::string path = testing::WriteTempFile("latin1.yaml",
+                                                  "run:\n  name: \"sm\xff"
+                                                  "all\"\ndata:\n  train: [x]\n");
+  const Outcome outcome = RunDtrain(absl::StrCat("recipe check ", path));
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("run.name at " + path + ":2:9: byte 3 (0xff)"));
+  const Outcome train = RunDtrain(absl::StrCat("train ", path));
+  EXPECT_EQ(train.exit_code, 2);
+  EXPECT_THAT(train.stderr_text, HasSubstr("not valid UTF-8"));
+}
+
+TEST(CliTest, RecipeCheckOfADirectorySaysSo) {
+  const std::string dir = ::testing::TempDir();
+  const Outcome outcome = RunDtrain(absl::StrCat("recipe check ", dir));
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("the recipe path '" + dir + "' is a directory"));
+}
+
+TEST(CliTest, RecipeCheckRefusesAbsurdModelSizes) {
+  const std::string path = testing::WriteTempFile("absurd.yaml", "data:\n  train: [x]\n");
+  const Outcome layers =
+      RunDtrain(absl::StrCat("recipe check ", path, " --set model.n_layer=2000000000"));
+  EXPECT_EQ(layers.exit_code, 2);
+  EXPECT_THAT(layers.stderr_text,
+              HasSubstr("--set model.n_layer=2000000000: must be in [1, 65536]"));
+  const Outcome product = RunDtrain(
+      absl::StrCat("recipe check ", path, " --set model.n_layer=65536 --set model.d_model=65536"));
+  EXPECT_EQ(product.exit_code, 2);
+  EXPECT_THAT(product.stderr_text, HasSubstr("above dtrain's bound of 1e+13 parameters"));
+  const Outcome train = RunDtrain(
+      absl::StrCat("train ", path, " --set model.n_layer=65536 --set model.d_model=65536"));
+  EXPECT_EQ(train.exit_code, 2);
+  EXPECT_THAT(train.stderr_text, HasSubstr("above dtrain's bound of 1e+13 parameters"));
+}
+
+TEST(CliTest, RecipeCheckRefusesAnUnclosedQuote) {
+  const std::string path = testing::WriteTempFile(
+      "quote.yaml", "data:\n  train: [x]\nrun:\n  name: \"tiny\nmodel:\n  n_layer: 3\n");
+  const Outcome outcome = RunDtrain(absl::StrCat("recipe check ", path));
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("close the quote on line 4"));
+}
+
 TEST(CliTest, RecipeReferencePrintsTable) {
   const Outcome outcome = RunDtrain("recipe reference");
   EXPECT_EQ(outcome.exit_code, 0);

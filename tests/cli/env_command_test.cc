@@ -11,6 +11,7 @@
 namespace dtrain {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using ::testing::Not;
@@ -98,6 +99,16 @@ TEST(EnvCommandTest, InconsistentEnvironmentExits2WithTheMessage) {
   EXPECT_EQ(outcome.exit_code, 2);
   EXPECT_THAT(outcome.stderr_text, HasSubstr("error: world size 2 (WORLD_SIZE=2) but MASTER_ADDR "
                                              "is not set"));
+  EXPECT_EQ(outcome.stdout_text, "");
+}
+
+// JSON cannot carry the byte 0xff: the variable is named instead of aborting in the writer.
+TEST(EnvCommandTest, JsonOfAVariableThatIsNotUtf8NamesIt) {
+  const Outcome outcome =
+      RunDtrainInEnvironment("MASTER_ADDR=\"$(printf 'host\\377')\"", "env --json");
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_THAT(outcome.stderr_text, AllOf(HasSubstr("master_addr 'host\\xff' (from MASTER_ADDR"),
+                                         HasSubstr("is not UTF-8 text")));
   EXPECT_EQ(outcome.stdout_text, "");
 }
 

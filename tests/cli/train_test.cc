@@ -127,5 +127,40 @@ TEST(TrainTest, InitFromAnotherShapeFailsNamingTheTensor) {
   EXPECT_THAT(wrong.stderr_text, HasSubstr("wte.weight"));
 }
 
+// A directory as a data file used to read as 2^63 - 1 bytes and abort in bad_alloc.
+TEST(TrainTest, DataDirectoryFailsNamingIt) {
+  const std::string dir = testing::FreshTempDir("data_dir");
+  std::filesystem::create_directories(dir);
+  const testing::Outcome run = Train(RunDir("data_dir"), "--set data.train=[" + dir + "]");
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.stderr_text, HasSubstr("data file " + dir + " is a directory"));
+}
+
+// Within dtrain's size bound but far beyond this machine: refused before allocating, naming
+// what one rank needs.
+TEST(TrainTest, ModelTooLargeForTheMachineFailsBeforeAllocating) {
+  const testing::Outcome run =
+      Train(RunDir("huge"), "--set model.n_layer=4096 --set model.d_model=8192");
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.stderr_text, HasSubstr("error: one rank needs "));
+  EXPECT_THAT(run.stderr_text, HasSubstr("but this machine has"));
+}
+
+// The resolved recipe names its file, and the checkpoint manifest embeds it: a file name that
+// is not UTF-8 must not make the save throw (it used to abort at the first checkpoint).
+TEST(TrainTest, RecipeFileNameThatIsNotUtf8StillCheckpoints) {
+  const std::string odd = testing::TempPath("recipe_\xff.yaml");
+  std::filesystem::copy_file(SmallRecipe(), odd, std::filesystem::copy_options::overwrite_existing);
+  const std::string out_dir = RunDir("odd_name");
+  std::filesystem::remove_all(out_dir);
+  const testing::Outcome run =
+      testing::RunDtrain(absl::StrCat("train '", odd, "' --set run.out_dir=", out_dir,
+                                      " --set train.steps=2 --set train.eval_every=0"));
+  ASSERT_EQ(run.exit_code, 0) << run.stderr_text;
+  std::ifstream manifest(out_dir + "/small/checkpoints/step-2/manifest.json");
+  const nlohmann::json json = nlohmann::json::parse(manifest);
+  EXPECT_THAT(json["recipe"].get<std::string>(), HasSubstr("recipe_\xef\xbf\xbd.yaml"));
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -517,6 +517,18 @@ TEST(AgentTest, AnEarlyExitZeroIsTheRootCause) {
   EXPECT_THAT(output, HasSubstr("exit code 0 before the job finished"));
 }
 
+// A worker's stderr is any bytes: a tail that is not UTF-8 still reaches the root cause (it aborted
+// the agent while it published the failures).
+TEST(AgentTest, StderrThatIsNotUtf8StillGivesTheRootCause) {
+  int exit_code = -1;
+  const std::string output = RunAgentCapturingStderr(
+      {"/bin/sh", "-c", "printf 'bad byte \\377 here\\n' >&2; exit 3"}, &exit_code);
+  EXPECT_EQ(exit_code, 1) << output;
+  EXPECT_THAT(output, HasSubstr("Root cause: rank "));
+  EXPECT_THAT(output, HasSubstr("exit code 3"));
+  EXPECT_THAT(output, HasSubstr("bad byte"));
+}
+
 // Rank 1 is stopped (SIGSTOP) mid-training: rank 0's all-reduce times out naming rank 1 as the
 // rank that never started it, the agent then kills rank 1, and the headline names rank 1.
 TEST(AgentTest, AHungRankIsTheRootCause) {

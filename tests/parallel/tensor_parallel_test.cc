@@ -55,6 +55,9 @@ RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Reco
   }
   CpuBackend backend(1);
   Transformer model(config, table, parameters, backend, kBatch, kTime, recompute, tensor_parallel);
+  // The memory estimate knows the rank's local sizes (and the replicated kv heads' scratch).
+  EXPECT_EQ(Transformer::ActivationBytes(config, kBatch, kTime, recompute, table.slice()),
+            static_cast<double>(model.activation_bytes()));
   const auto inputs = Tokens(config.vocab_size, 1), targets = Tokens(config.vocab_size, 2);
   RankResult result;
   result.loss = model.ForwardBackward(inputs.data(), targets.data(), kBatch, kTime, 0.25f);

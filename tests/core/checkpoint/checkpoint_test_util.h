@@ -44,12 +44,13 @@ inline SaveRequest RequestFor(const std::string& dir, int64_t step, int rank, in
   r.data = LoaderState{step * 8, absl::StrCat("cursor of rank ", rank, "\n")};
   r.manifest = BaseManifest();
   r.manifest.optimizer_step = step;
-  const char* names[2] = {"a", "b"};
   for (int t = 0; t < 2; ++t) {
+    const TensorRecord& record = r.manifest.tensors[t];
     const int64_t n = static_cast<int64_t>(tensors[t].size());
     const int64_t share = (n + world - 1) / world;
     const int64_t begin = std::min(n, rank * share), end = std::min(n, begin + share);
-    if (begin < end) r.chunks.push_back({names[t], begin, end, tensors[t].data() + begin});
+    AppendFlatRangeChunks(record.name, record.shape, begin, end, tensors[t].data() + begin,
+                          r.chunks);
   }
   return r;
 }

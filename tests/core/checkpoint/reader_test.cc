@@ -2,9 +2,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "core/checkpoint/crc32c.h"
+#include "core/checkpoint/tools.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/checkpoint/checkpoint_test_util.h"
@@ -13,6 +19,7 @@ namespace dtrain {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 void FlipByte(const std::string& path, std::streamoff offset) {
@@ -34,7 +41,7 @@ TEST(CheckpointReaderTest, AFlippedByteIsNamedByChunkAndFile) {
   std::vector<float> out(10);
   const absl::Status status = reader->Read("a", 0, 10, out.data());
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(status.message(), HasSubstr("chunk a[5:10) in rank-1.bin at byte 0"));
+  EXPECT_THAT(status.message(), HasSubstr("chunk a[1:2, 0:5] in rank-1.bin at byte 0"));
   EXPECT_THAT(status.message(), HasSubstr("checksum"));
   const std::vector<std::string> problems = reader->VerifyAll();
   ASSERT_EQ(problems.size(), 1u);
@@ -75,7 +82,8 @@ TEST(CheckpointReaderTest, ManifestRoundTripsThroughJson) {
   Manifest m = testing::BaseManifest();
   m.step = 9;
   m.world = WorldRecord{4, "zero3", 4, 1, 1};
-  m.chunks = {{"a", 0, 10, "rank-0.bin", 0, 40, 0xdeadbeef}, {"b", 0, 7, "rank-0.bin", 40, 28, 1}};
+  m.chunks = {{"a", Box{{0, 0}, {2, 5}}, DataType::kF32, "rank-0.bin", 0, 40, 0xdeadbeef},
+              {"b", Box{{0}, {7}}, DataType::kF32, "rank-0.bin", 40, 28, 1}};
   m.files = {{"rank-0.bin", 68}};
   m.data = {LoaderState{72, "x\ny\n"}};
   absl::StatusOr<Manifest> back = ManifestFromJson(ManifestToJson(m), "m.json");
@@ -85,6 +93,184 @@ TEST(CheckpointReaderTest, ManifestRoundTripsThroughJson) {
   EXPECT_EQ(back->chunks[0].crc32c, 0xdeadbeefu);
   EXPECT_EQ(back->data[0].cursor, "x\ny\n");
   EXPECT_EQ(back->total_bytes(), 68u);
+}
+
+// A version 1 checkpoint as the code before tensor parallelism wrote it (the manifest's fields and
+// layout as its ManifestToJson dumped them): "a" (2, 5) saved as the flat ranges [0, 3) by rank 0
+// and [3, 10) by rank 1, which are no single boxes of it; "b" (7) whole by rank 0.
+std::string WriteVersion1Checkpoint(const std::string& name) {
+  const std::string dir = testing::FreshDir(name) + "/step-4";
+  fs::create_directories(dir);
+  const std::vector<float> a = testing::TensorValues("a", 4), b = testing::TensorValues("b", 4);
+  std::vector<float> rank0(a.begin(), a.begin() + 3);
+  rank0.insert(rank0.end(), b.begin(), b.end());
+  const std::vector<float> rank1(a.begin() + 3, a.end());
+  std::ofstream(dir + "/rank-0.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(rank0.data()), rank0.size() * sizeof(float));
+  std::ofstream(dir + "/rank-1.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(rank1.data()), rank1.size() * sizeof(float));
+  const auto crc = [](const float* values, size_t n) {
+    return absl::StrFormat("%08x", Crc32c(0, values, n * sizeof(float)));
+  };
+  const std::string manifest = absl::StrReplaceAll(R"({
+ "chunks": [
+  {"begin": 0, "bytes": 12, "crc32c": "CRC_A0", "end": 3, "file": "rank-0.bin", "offset": 0,
+   "tensor": "a"},
+  {"begin": 0, "bytes": 28, "crc32c": "CRC_B", "end": 7, "file": "rank-0.bin", "offset": 12,
+   "tensor": "b"},
+  {"begin": 3, "bytes": 28, "crc32c": "CRC_A1", "end": 10, "file": "rank-1.bin", "offset": 0,
+   "tensor": "a"}
+ ],
+ "data": [{"consumed_sequences": 32, "cursor": "c0"}, {"consumed_sequences": 32, "cursor": "c1"}],
+ "dtrain_version": "0.1.0",
+ "files": [{"bytes": 40, "name": "rank-0.bin"}, {"bytes": 28, "name": "rank-1.bin"}],
+ "format": "dtrain-checkpoint",
+ "format_version": 1,
+ "lr": 0.001,
+ "metrics_line": "",
+ "optimizer_step": 4,
+ "recipe": "run:\n  seed: 1\n",
+ "recipe_hash": "0000000000000000",
+ "seed": 1,
+ "step": 4,
+ "tensors": [{"name": "a", "numel": 10, "shape": [2, 5]}, {"name": "b", "numel": 7, "shape": [7]}],
+ "world": {"dp": 2, "pp": 1, "strategy": "zero1", "tp": 1, "world_size": 2}
+}
+)",
+                                                   {{"CRC_A0", crc(rank0.data(), 3)},
+                                                    {"CRC_B", crc(rank0.data() + 3, 7)},
+                                                    {"CRC_A1", crc(rank1.data(), 7)}});
+  std::ofstream(dir + "/manifest.json") << manifest;
+  return dir;
+}
+
+TEST(CheckpointReaderTest, AVersion1CheckpointLoads) {
+  const std::string dir = WriteVersion1Checkpoint("ckpt_v1");
+  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->manifest().format_version, 1);
+  EXPECT_EQ(reader->manifest().tensors[0].shape, (std::vector<int64_t>{2, 5}));
+  std::vector<float> a(10);
+  ASSERT_TRUE(reader->Read("a", 0, 10, a.data()).ok());
+  EXPECT_EQ(a, testing::TensorValues("a", 4));
+  std::vector<float> part(6);
+  ASSERT_TRUE(reader->Read("a", 1, 7, part.data()).ok());  // across both ranks' chunks
+  EXPECT_THAT(part, ElementsAre(5, 6, 7, 8, 9, 10));
+  std::vector<float> b(7);
+  ASSERT_TRUE(reader->Read("b", 0, 7, b.data()).ok());
+  EXPECT_EQ(b, testing::TensorValues("b", 4));
+  EXPECT_TRUE(reader->VerifyAll().empty());
+  const InspectReport report = InspectCheckpoints(dir);
+  EXPECT_TRUE(report.valid) << report.text;
+  EXPECT_THAT(report.text, HasSubstr("format 1"));
+  EXPECT_THAT(report.text, HasSubstr("a (2, 5) f32: [0:3] rank-0.bin, [3:10] rank-1.bin"));
+}
+
+TEST(CheckpointReaderTest, AVersion1ChecksumErrorNamesTheFlatRange) {
+  const std::string dir = WriteVersion1Checkpoint("ckpt_v1_flip");
+  FlipByte(dir + "/rank-1.bin", 2);
+  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<float> a(10);
+  const absl::Status status = reader->Read("a", 0, 10, a.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("chunk a[3:10] in rank-1.bin at byte 0"));
+}
+
+// Tensor-parallel shards of a (4, 6) matrix by columns: each rank's slice is one chunk.
+absl::Status SaveColumnSlices(const std::string& dir, const std::vector<float>& w) {
+  std::vector<std::vector<float>> slices(2);
+  for (int64_t row = 0; row < 4; ++row) {
+    for (int64_t col = 0; col < 6; ++col) slices[col / 3].push_back(w[row * 6 + col]);
+  }
+  const auto request = [&](int rank) {
+    SaveRequest r;
+    r.dir = dir;
+    r.step = 1;
+    r.rank = rank;
+    r.world = 2;
+    r.nonce = 7;
+    r.timeout_s = 10;
+    r.manifest = testing::BaseManifest();
+    r.manifest.tensors = {{"w", {4, 6}, 24}};
+    r.chunks.push_back({"w", Box{{0, 3 * rank}, {4, 3}}, slices[rank].data()});
+    return r;
+  };
+  std::thread other([&] { (void)WriteCheckpoint(request(1)); });
+  const absl::StatusOr<SaveStats> stats = WriteCheckpoint(request(0));
+  other.join();
+  return stats.status();
+}
+
+TEST(CheckpointReaderTest, ColumnSlicesAreOneChunkEachAndLoadAsAnyRangeOrBox) {
+  const std::string dir = testing::FreshDir("ckpt_columns");
+  std::vector<float> w(24);
+  std::iota(w.begin(), w.end(), 0.0f);
+  ASSERT_TRUE(SaveColumnSlices(dir, w).ok());
+  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-1");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->manifest().format_version, 2);
+  ASSERT_EQ(reader->manifest().chunks.size(), 2u);
+  EXPECT_EQ(reader->manifest().chunks[1].box, (Box{{0, 3}, {4, 3}}));
+  // A flat range (what a data-parallel shard holds): a partial row, a whole row, a partial row.
+  std::vector<float> range(15);
+  ASSERT_TRUE(reader->Read("w", 5, 20, range.data()).ok());
+  EXPECT_EQ(range, std::vector<float>(w.begin() + 5, w.begin() + 20));
+  std::vector<float> all(24);
+  ASSERT_TRUE(reader->Read("w", 0, 24, all.data()).ok());
+  EXPECT_EQ(all, w);
+  // A row slice across both column chunks, and a box inside one.
+  std::vector<float> rows(12);
+  ASSERT_TRUE(reader->ReadBox("w", Box{{1, 0}, {2, 6}}, rows.data()).ok());
+  EXPECT_EQ(rows, std::vector<float>(w.begin() + 6, w.begin() + 18));
+  std::vector<float> inner(4);
+  ASSERT_TRUE(reader->ReadBox("w", Box{{2, 1}, {2, 2}}, inner.data()).ok());
+  EXPECT_THAT(inner, ElementsAre(13, 14, 19, 20));
+  const absl::Status outside = reader->ReadBox("w", Box{{3, 0}, {2, 6}}, inner.data());
+  EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(outside.message(), HasSubstr("box [3:5, 0:6] of w is outside its shape [0:4, 0:6]"));
+}
+
+TEST(CheckpointReaderTest, OverlappingChunksAreADamagedManifest) {
+  const std::string dir = testing::FreshDir("ckpt_overlap");
+  std::vector<float> w(24);
+  ASSERT_TRUE(SaveColumnSlices(dir, w).ok());
+  const std::string path = dir + "/step-1/manifest.json";
+  absl::StatusOr<Manifest> manifest = ManifestFromJson(*ReadWholeFile(path), path);
+  ASSERT_TRUE(manifest.ok());
+  manifest->chunks[1].box = Box{{0, 2}, {4, 3}};  // columns 2..4: column 2 twice
+  std::ofstream(path) << ManifestToJson(*manifest);
+  const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-1");
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(reader.status().message(),
+              HasSubstr("chunk w[0:4, 0:3] in rank-0.bin at byte 0 overlaps chunk w[0:4, 2:5]"));
+}
+
+TEST(CheckpointReaderTest, AShapeThatDisagreesWithTheElementCountIsADamagedManifest) {
+  const std::string dir = testing::FreshDir("ckpt_badshape");
+  ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
+  const std::string path = dir + "/step-2/manifest.json";
+  absl::StatusOr<Manifest> manifest = ManifestFromJson(*ReadWholeFile(path), path);
+  ASSERT_TRUE(manifest.ok());
+  manifest->tensors[0].shape = {int64_t{1} << 40, int64_t{1} << 40};  // overflows int64
+  std::ofstream(path) << ManifestToJson(*manifest);
+  const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-2");
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(reader.status().message(), HasSubstr("tensor a has shape"));
+  EXPECT_THAT(reader.status().message(), HasSubstr("but 10 elements"));
+}
+
+TEST(CheckpointReaderTest, AChunkOutsideItsTensorIsADamagedManifest) {
+  const std::string dir = testing::FreshDir("ckpt_outside");
+  ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
+  const std::string path = dir + "/step-2/manifest.json";
+  absl::StatusOr<Manifest> manifest = ManifestFromJson(*ReadWholeFile(path), path);
+  ASSERT_TRUE(manifest.ok());
+  manifest->chunks[0].box.offsets[0] = 2;  // row 2 of a (2, 5) tensor
+  std::ofstream(path) << ManifestToJson(*manifest);
+  const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-2");
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(reader.status().message(), HasSubstr("does not fit tensor a of shape [0:2, 0:5]"));
 }
 
 }  // namespace

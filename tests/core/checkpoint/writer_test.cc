@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/checkpoint/reader.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -48,6 +49,60 @@ TEST(CheckpointWriterTest, RanksWriteSharesAndTheManifestNamesEveryChunk) {
   ASSERT_TRUE(reader->Read("b", 0, 7, b.data()).ok());
   EXPECT_EQ(b, testing::TensorValues("b", 3));
   EXPECT_TRUE(reader->VerifyAll().empty());
+}
+
+TEST(CheckpointWriterTest, AFlatShareAcrossARowIsSavedAsBoxesAndReadsBack) {
+  const std::string dir = testing::FreshDir("ckpt_flat_share");
+  // Three ranks share "a" (2, 5) as [0, 4), [4, 8), [8, 10): rank 1's share ends row 0 and
+  // starts row 1, two boxes.
+  ASSERT_TRUE(testing::SaveStep(dir, 3, /*world=*/3).ok());
+  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-3");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<std::string> boxes;
+  for (const ChunkRecord& c : reader->manifest().chunks) {
+    if (c.tensor == "a") boxes.push_back(absl::StrCat(BoxToString(c.box), " ", c.file));
+  }
+  EXPECT_THAT(boxes, ElementsAre("[0:1, 0:4] rank-0.bin", "[0:1, 4:5] rank-1.bin",
+                                 "[1:2, 0:3] rank-1.bin", "[1:2, 3:5] rank-2.bin"));
+  std::vector<float> a(10);
+  ASSERT_TRUE(reader->Read("a", 0, 10, a.data()).ok());
+  EXPECT_EQ(a, testing::TensorValues("a", 3));
+  std::vector<float> b(7);
+  ASSERT_TRUE(reader->Read("b", 0, 7, b.data()).ok());
+  EXPECT_EQ(b, testing::TensorValues("b", 3));
+}
+
+TEST(CheckpointWriterTest, EveryRangeAndBoxLoadsWhateverTheNumberOfSavingRanks) {
+  const std::vector<float> a = testing::TensorValues("a", 3);  // (2, 5)
+  for (int world = 1; world <= 4; ++world) {
+    const std::string dir = testing::FreshDir(absl::StrCat("ckpt_any_", world));
+    ASSERT_TRUE(testing::SaveStep(dir, 3, world).ok());
+    absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-3");
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    for (int64_t begin = 0; begin <= 10; ++begin) {
+      for (int64_t end = begin; end <= 10; ++end) {
+        std::vector<float> out(static_cast<size_t>(end - begin));
+        ASSERT_TRUE(reader->Read("a", begin, end, out.data()).ok());
+        EXPECT_EQ(out, std::vector<float>(a.begin() + begin, a.begin() + end))
+            << world << " ranks, [" << begin << ", " << end << ")";
+      }
+    }
+    for (int64_t row = 0; row < 2; ++row) {
+      for (int64_t rows = 1; row + rows <= 2; ++rows) {
+        for (int64_t col = 0; col < 5; ++col) {
+          for (int64_t cols = 1; col + cols <= 5; ++cols) {
+            const Box box{{row, col}, {rows, cols}};
+            std::vector<float> out(static_cast<size_t>(rows * cols)), expected;
+            for (int64_t r = row; r < row + rows; ++r) {
+              for (int64_t c = col; c < col + cols; ++c) expected.push_back(a[r * 5 + c]);
+            }
+            ASSERT_TRUE(reader->ReadBox("a", box, out.data()).ok());
+            EXPECT_EQ(out, expected) << world << " ranks, box " << BoxToString(box);
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(CheckpointWriterTest, KeepsTheLastCompleteOnesAndPointsLatestAtTheNewest) {
@@ -106,7 +161,7 @@ TEST(CheckpointWriterTest, AsyncWriterSavesFromStagingAndReportsErrors) {
   std::copy(tensors[0].begin(), tensors[0].end(), *staging);
   std::copy(tensors[1].begin(), tensors[1].end(), *staging + 10);
   SaveRequest request = testing::RequestFor(dir, 5, 0, 1, tensors);
-  request.chunks = {{"a", 0, 10, *staging}, {"b", 0, 7, *staging + 10}};
+  request.chunks = {{"a", Box{{0, 0}, {2, 5}}, *staging}, {"b", Box{{0}, {7}}, *staging + 10}};
   ASSERT_TRUE(writer.Save(request).ok());
   ASSERT_TRUE(writer.Wait().ok());
   EXPECT_EQ(LatestName(dir), "step-5");

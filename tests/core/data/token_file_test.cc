@@ -133,6 +133,18 @@ TEST_F(TokenFileTest, MissingFileIsAnError) {
   EXPECT_TRUE(HasText(status.message(), Path("absent.txt")));
 }
 
+// A directory opens like a file; its size must not come from seeking to its end (2^63 - 1 on
+// ext4, which used to end in bad_alloc).
+TEST_F(TokenFileTest, DirectoryIsAnErrorNamingIt) {
+  std::filesystem::create_directory(Path("shards"));
+  for (const TokenFormat format : {TokenFormat::kText, TokenFormat::kLlmc}) {
+    const absl::Status status = LoadTokenFiles({Path("shards")}, format, 256).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(HasText(status.message(), "data file " + Path("shards") + " is a directory"));
+    EXPECT_TRUE(HasText(status.message(), Path("shards") + "/*"));
+  }
+}
+
 TEST_F(TokenFileTest, ParsesFormats) {
   EXPECT_EQ(*ParseTokenFormat("text"), TokenFormat::kText);
   EXPECT_EQ(*ParseTokenFormat("llmc"), TokenFormat::kLlmc);

@@ -70,6 +70,18 @@ TEST_P(TransformerTest, SelectiveDropsTheAttentionCoresOfAllBlocksButOne) {
             (config.n_layer - 1) * core_floats * sizeof(float));
 }
 
+// The size checks before allocation (core/model/model_size.h, parallel/rank_memory.h) rest on
+// this estimate: it must be what the model allocates.
+TEST_P(TransformerTest, ActivationBytesIsWhatTheModelAllocates) {
+  const ModelConfig config = testing::SmallModelConfig(GetParam());
+  CpuBackend backend(1);
+  for (const Recompute recompute : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    TestModel test(config, backend, 3, 7, recompute, 5);
+    EXPECT_EQ(Transformer::ActivationBytes(config, 3, 7, recompute),
+              static_cast<double>(test.model.activation_bytes()));
+  }
+}
+
 // Two micro-batches accumulate to the gradient of the whole batch (up to float rounding).
 TEST_P(TransformerTest, MicroBatchesAccumulateToTheWholeBatchGradient) {
   const ModelConfig config = testing::SmallModelConfig(GetParam());

@@ -36,6 +36,37 @@ TEST(AdamWTest, NoDecayPatternsSelectTensorsByName) {
   EXPECT_EQ(optimizer.decayed_numel(), decayed_numel);
 }
 
+// Users know Hugging Face names: a glob matches a tensor by either name, and where one internal
+// tensor holds several Hugging Face tensors (Llama's fused q/k/v rows) only the matching rows
+// are exempt.
+TEST(AdamWTest, NoDecayPatternsMatchHuggingFaceNames) {
+  const ParamTable gpt2(testing::SmallModelConfig(ModelFamily::kGpt2), ModelSlice{});
+  TrainSection train;
+  train.no_decay = {"h.*.ln_1.weight"};
+  EXPECT_EQ(AdamW(gpt2, train, 0, gpt2.total_numel()).decayed_numel(),
+            gpt2.total_numel() - gpt2.Find("blocks.0.norm1.weight")->numel);
+
+  ModelConfig config = testing::SmallModelConfig(ModelFamily::kGpt2);
+  config.family = ModelFamily::kLlama;
+  config.n_kv_head = 1;
+  const ParamTable llama(config, ModelSlice{});
+  const TensorEntry& qkv = *llama.Find("blocks.0.attn.qkv.weight");
+  train.no_decay = {"model.layers.0.self_attn.q_proj.weight", "model.norm.weight"};
+  const size_t q_numel = static_cast<size_t>(config.n_head) * config.head_dim * config.d_model;
+  AdamW optimizer(llama, train, 0, llama.total_numel());
+  EXPECT_EQ(optimizer.decayed_numel(),
+            llama.total_numel() - q_numel - llama.Find("final_norm.weight")->numel);
+
+  // The exempt rows are the query rows, the first of the fused tensor.
+  train.weight_decay = 0.5;
+  AdamW decaying(llama, train, 0, llama.total_numel());
+  std::vector<float> params(llama.total_numel(), 1.0f), grads(llama.total_numel(), 0.0f);
+  CpuBackend backend(1);
+  decaying.Step(backend, params.data(), grads.data(), 0.1f);
+  EXPECT_EQ(params[qkv.offset + q_numel - 1], 1.0f);
+  EXPECT_FLOAT_EQ(params[qkv.offset + q_numel], 1.0f - 0.1f * 0.5f);
+}
+
 // A sharded optimizer updates only its own range, and its result there equals the unsharded
 // optimizer's.
 TEST(AdamWTest, RangeStepMatchesTheWholeBufferStep) {

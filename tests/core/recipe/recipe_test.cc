@@ -165,11 +165,79 @@ TEST(RecipeTest, OutOfRange) {
             "train.lr at t.yaml:4:7: must be > 0, got 0");
   EXPECT_THAT(ErrorOf(WithMinimal("train:\n  beta2: 1.0\n")),
               HasSubstr("train.beta2 at t.yaml:4:10: must be in [0, 1), got 1.0"));
-  EXPECT_THAT(ErrorOf(WithMinimal("model:\n  n_layer: 0\n")), HasSubstr("must be >= 1, got 0"));
+  EXPECT_THAT(ErrorOf(WithMinimal("model:\n  n_layer: 0\n")),
+              HasSubstr("must be in [1, 65536], got 0"));
   EXPECT_EQ(ErrorOf(kMinimal, {"data.val_fraction=1"}),
             "--set data.val_fraction=1: must be in [0, 1), got 1");
   EXPECT_THAT(ErrorOf(WithMinimal("logging:\n  sample_top_k: -1\n")),
               AllOf(HasSubstr("logging.sample_top_k"), HasSubstr("must be >= 0")));
+}
+
+// Sizes far beyond any model are refused where they are read, before anything allocates.
+TEST(RecipeTest, ModelSizesHaveUpperBounds) {
+  EXPECT_EQ(ErrorOf(WithMinimal("model:\n  n_layer: 2000000000\n")),
+            "model.n_layer at t.yaml:4:12: must be in [1, 65536], got 2000000000");
+  EXPECT_EQ(ErrorOf(WithMinimal("model:\n  d_model: 1000000000\n")),
+            "model.d_model at t.yaml:4:12: must be in [1, 1048576], got 1000000000");
+  EXPECT_THAT(ErrorOf(kMinimal, {"model.vocab_size=2000000000"}),
+              HasSubstr("--set model.vocab_size=2000000000: must be in [1, 1073741824]"));
+  EXPECT_EQ(ErrorOf(WithMinimal("model:\n  n_layer: 65536\n  d_ff: 4194304\n")), "");
+}
+
+TEST(RecipeTest, TextMustBeUtf8) {
+  EXPECT_EQ(ErrorOf(WithMinimal("run:\n  name: \"sm\xff"
+                                "all\"\n")),
+            "run.name at t.yaml:4:9: byte 3 (0xff) is not valid UTF-8 ('sm\\xffall'); recipe "
+            "text must be UTF-8, so save the file as UTF-8");
+  EXPECT_THAT(ErrorOf("data:\n  train: [a.txt, b\xc3.txt]\n"),
+              AllOf(HasSubstr("data.train at t.yaml:2:10: item 2: byte 2 (0xc3)"),
+                    HasSubstr("'b\\xc3.txt'")));
+  EXPECT_EQ(ErrorOf(kMinimal, {"run.name=sm\xff"
+                               "all"}),
+            "--set run.name=sm\\xffall: byte 12 (0xff) is not valid UTF-8; recipe text must be "
+            "UTF-8, so pass the value in a UTF-8 locale");
+  // UTF-8 beyond ASCII, and YAML's escapes of any code point, are text like any other.
+  absl::StatusOr<Recipe> recipe = ParseRecipe(WithMinimal("run:\n  name: \"gr\xc3\xb6\xc3\x9f"
+                                                          "e \\xff\"\n"),
+                                              "t.yaml");
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->run.name,
+            "gr\xc3\xb6\xc3\x9f"
+            "e \xc3\xbf");
+}
+
+// yaml-cpp continues a quoted scalar over lines, so an unclosed quote would swallow the keys
+// after it; the recipe says where the quote opened instead.
+TEST(RecipeTest, QuoteMustCloseOnItsLine) {
+  EXPECT_EQ(ErrorOf("data:\n  train: [data/fortunes.txt]\nrun:\n  name: \"tiny\nmodel:\n"
+                    "  n_layer: 3\n  d_model: 64\"\n"),
+            "run.name at t.yaml:4:9: the quoted value opened on line 4 closes on line 7, so the "
+            "lines between are read as part of it; close the quote on line 4");
+  EXPECT_EQ(ErrorOf("data:\n  train: [data/fortunes.txt]\nrun:\n  name: 'tiny\nmodel:\n"
+                    "  n_layer: 3\n"),
+            "run.name at t.yaml:4:9: the quoted value opened on line 4 is never closed, so every "
+            "line after it is read as part of it; close the quote on line 4");
+  EXPECT_THAT(ErrorOf("data:\n  train: [\"a.txt,\n          b.txt\"]\n"),
+              HasSubstr("data.train at t.yaml:2:10: item 1: the quoted value opened on line 2 "
+                        "closes on line 3"));
+  EXPECT_THAT(ErrorOf(WithMinimal("train:\n  lr: \"3e-4\n  steps: 5\"\n")),
+              HasSubstr("train.lr at t.yaml:4:7: the quoted value opened on line 4 closes"));
+  // Escaped and doubled quotes do not close a value; a block scalar may span lines.
+  absl::StatusOr<Recipe> recipe =
+      ParseRecipe(WithMinimal("run:\n  name: \"a \\\" b\"\n  out_dir: 'c '' d'\ntrain:\n"
+                              "  schedule: 'linear'\n  init_from: \"\xc3\xa9\"\n  export_to: 'x'\n"
+                              "logging:\n  sample_prompt: |\n    two\n    lines\n"),
+                  "t.yaml");
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->run.name, "a \" b");
+  EXPECT_EQ(recipe->run.out_dir, "c ' d");
+  EXPECT_EQ(recipe->train.schedule, "linear");
+  EXPECT_EQ(recipe->train.export_to, "x");
+  // After a character of two bytes, the check still finds the quote it looks at.
+  EXPECT_THAT(ErrorOf(WithMinimal("train:\n  init_from: \"\xc3\xa9\"\n  export_to: 'x\n"
+                                  "  schedule: linear'\n")),
+              HasSubstr("train.export_to at t.yaml:5:14: the quoted value opened on line 5"));
+  EXPECT_EQ(recipe->logging.sample_prompt, "two\nlines\n");
 }
 
 TEST(RecipeTest, EnumValueNotAllowed) {
@@ -309,6 +377,16 @@ TEST(RecipeTest, MissingFileNamesPath) {
   ASSERT_FALSE(recipe.ok());
   EXPECT_EQ(recipe.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(recipe.status().message()), HasSubstr("/nonexistent/dir/r.yaml"));
+}
+
+TEST(RecipeTest, DirectoryAsRecipePathSaysSo) {
+  const std::string dir = ::testing::TempDir();
+  absl::StatusOr<Recipe> recipe = LoadRecipe(dir);
+  ASSERT_FALSE(recipe.ok());
+  EXPECT_EQ(recipe.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(recipe.status().message()),
+              AllOf(HasSubstr(absl::StrCat("the recipe path '", dir, "' is a directory")),
+                    Not(HasSubstr("data.train"))));
 }
 
 void ExpectSameValues(const Recipe& a, const Recipe& b) {

@@ -1,0 +1,73 @@
+#include "parallel/rank_memory.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/model/transformer.h"
+#include "parallel/planner/cost_model.h"
+
+namespace dtrain {
+namespace {
+
+// The planner's strategy with the same sharding (zero3 and fsdp shard alike).
+Strategy PlannerStrategy(Sharding sharding) {
+  switch (sharding) {
+    case Sharding::kNone:
+      return Strategy::kDdp;
+    case Sharding::kOptimizer:
+      return Strategy::kZero1;
+    case Sharding::kGradients:
+      return Strategy::kZero2;
+    case Sharding::kParameters:
+      break;
+  }
+  return Strategy::kZero3;
+}
+
+}  // namespace
+
+RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
+                              const ShardingStrategy& strategy, Recompute recompute,
+                              int world_size) {
+  const MemoryEstimate state = ModelStateBytes(PlannerStrategy(strategy.sharding),
+                                               static_cast<double>(config.num_parameters()),
+                                               world_size, Precision::Fp32(), /*offload=*/false);
+  RankMemory memory;
+  memory.parameter_bytes = state.param_bytes;
+  memory.gradient_bytes = state.grad_bytes;
+  memory.optimizer_bytes = state.optimizer_bytes;
+  memory.activation_bytes = Transformer::ActivationBytes(config, recipe.train.micro_batch,
+                                                         recipe.train.seq_len, recompute);
+  return memory;
+}
+
+double PhysicalMemoryBytes() {
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+std::string FormatBytes(double bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit + 1 < static_cast<int>(std::size(kUnits))) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.1f %s", bytes, kUnits[unit]);
+}
+
+absl::Status CheckRankMemory(const RankMemory& memory, double machine_bytes,
+                             const ShardingStrategy& strategy, int world_size) {
+  if (memory.total_bytes() <= machine_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "one rank needs ", FormatBytes(memory.total_bytes()), " (parameters ",
+      FormatBytes(memory.parameter_bytes), ", gradients ", FormatBytes(memory.gradient_bytes),
+      ", optimizer ", FormatBytes(memory.optimizer_bytes), " with ", strategy.name, " over ",
+      world_size, world_size == 1 ? " rank" : " ranks", "; activations ",
+      FormatBytes(memory.activation_bytes), ") but this machine has ", FormatBytes(machine_bytes),
+      "; make the model smaller (model.n_layer, model.d_model), lower train.micro_batch, set "
+      "parallel.recompute: full, or shard the state over more ranks "
+      "(parallel.strategy: zero3)"));
+}
+
+}  // namespace dtrain

@@ -1,0 +1,45 @@
+// What one training rank allocates, estimated before it allocates anything, and the check that
+// it fits the machine: a model too large for this machine is an error naming the bytes and the
+// keys to change, not an allocation failure or the kernel's OOM killer halfway through setup.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "core/model/model_config.h"
+#include "core/model/recompute.h"
+#include "core/recipe/recipe.h"
+#include "parallel/sharding.h"
+
+namespace dtrain {
+
+// Bytes one rank keeps for the run, float32 (the CPU backend). The model state follows the
+// ZeRO formulas of the planner (parallel/planner/cost_model.h) for the strategy and world size;
+// transient buffers (gathered units, gradient buckets) come on top.
+struct RankMemory {
+  double parameter_bytes = 0;
+  double gradient_bytes = 0;
+  double optimizer_bytes = 0;
+  double activation_bytes = 0;
+
+  double model_state_bytes() const { return parameter_bytes + gradient_bytes + optimizer_bytes; }
+  double total_bytes() const { return model_state_bytes() + activation_bytes; }
+};
+
+RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
+                              const ShardingStrategy& strategy, Recompute recompute,
+                              int world_size);
+
+// This machine's physical memory in bytes (sysconf).
+double PhysicalMemoryBytes();
+
+// ResourceExhausted when `memory` is more than `machine_bytes`, naming each part, the machine
+// and what to change; OK otherwise.
+absl::Status CheckRankMemory(const RankMemory& memory, double machine_bytes,
+                             const ShardingStrategy& strategy, int world_size);
+
+// "1.5 GiB", "3.2 TiB": bytes for messages.
+std::string FormatBytes(double bytes);
+
+}  // namespace dtrain

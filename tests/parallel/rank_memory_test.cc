@@ -1,0 +1,67 @@
+#include "parallel/rank_memory.h"
+
+#include <string>
+
+#include "core/backend/cpu/cpu_backend.h"
+#include "core/model/param_table.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "parallel/data_parallel.h"
+
+namespace dtrain {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+Recipe SmallRecipe(const std::string& strategy) {
+  absl::StatusOr<Recipe> recipe = ParseRecipe(
+      "data:\n  train: [x.txt]\nmodel: {n_layer: 2, n_head: 2, d_model: 32, max_seq_len: 16}\n"
+      "train: {batch_size: 4, micro_batch: 2, seq_len: 16}\n",
+      "t.yaml", {"parallel.strategy=" + strategy});
+  EXPECT_TRUE(recipe.ok()) << recipe.status();
+  return *recipe;
+}
+
+// One process holds everything: the estimate is what the engine allocates.
+TEST(RankMemoryTest, EstimateIsWhatOneProcessAllocates) {
+  const Recipe recipe = SmallRecipe("ddp");
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  const ParamTable table(config, ModelSlice{});
+  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
+  CpuBackend backend(1);
+  const DataParallelEngine engine(table, strategy, recipe.train, backend, nullptr);
+  const RankMemory estimate = EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 1);
+  EXPECT_EQ(estimate.parameter_bytes, static_cast<double>(engine.memory().parameter_bytes));
+  EXPECT_EQ(estimate.gradient_bytes, static_cast<double>(engine.memory().gradient_bytes));
+  EXPECT_EQ(estimate.optimizer_bytes, static_cast<double>(engine.memory().optimizer_bytes));
+}
+
+// Sharding divides the state over the ranks (ZeRO), activations stay whole on every rank.
+TEST(RankMemoryTest, ShardedStateDividesOverRanks) {
+  const Recipe ddp = SmallRecipe("ddp"), zero3 = SmallRecipe("zero3");
+  const ModelConfig config = ModelConfigFromRecipe(ddp.model, ddp.d_ff());
+  const RankMemory whole = EstimateRankMemory(
+      ddp, config, *ShardingStrategyFromRecipe(ddp.parallel), Recompute::kNone, 4);
+  const RankMemory quarter = EstimateRankMemory(
+      zero3, config, *ShardingStrategyFromRecipe(zero3.parallel), Recompute::kNone, 4);
+  EXPECT_DOUBLE_EQ(quarter.model_state_bytes(), whole.model_state_bytes() / 4);
+  EXPECT_EQ(quarter.activation_bytes, whole.activation_bytes);
+}
+
+TEST(RankMemoryTest, TooLargeForTheMachineNamesEachPartAndTheFix) {
+  const Recipe recipe = SmallRecipe("ddp");
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
+  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 1);
+  EXPECT_TRUE(CheckRankMemory(memory, memory.total_bytes(), strategy, 1).ok());
+  const absl::Status status = CheckRankMemory(memory, 1024, strategy, 1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(status.message()),
+              AllOf(HasSubstr("one rank needs "), HasSubstr("with ddp over 1 rank"),
+                    HasSubstr("this machine has 1.0 KiB"), HasSubstr("parallel.strategy: zero3")));
+  EXPECT_GT(PhysicalMemoryBytes(), 0);
+}
+
+}  // namespace
+}  // namespace dtrain
