@@ -37,6 +37,9 @@ class Backend {
   // Linear layer: out (N, OC) = inp (N, IC) @ weight (OC, IC)^T + bias (OC; may be null).
   virtual void LinearForward(float* out, const float* inp, const float* weight, const float* bias,
                              int n, int in_features, int out_features) = 0;
+  // out (N, C) += bias (C) on every row: a row-parallel layer's bias, added once after the
+  // partial outputs are summed over the tensor-parallel ranks.
+  virtual void AddBias(float* out, const float* bias, int n, int c) = 0;
   // dinp (N, IC) = dout @ weight (may be null: not needed); dweight += dout^T @ inp;
   // dbias += column sums of dout (may be null).
   virtual void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,

@@ -21,10 +21,16 @@ void InitParameters(const ModelConfig& config, const ParamTable& table, uint64_t
       continue;
     }
     const float std = entry.residual_projection ? residual_std : config.init_std;
-    // The tensor name picks its stream: stable across builds, ranks and shardings.
+    // The tensor name picks its stream and the element's index in the whole model's tensor its
+    // place in it: stable across builds, ranks and shardings, tensor-parallel ones included.
     CounterRng rng(seed, Fnv1a(entry.name));
-    rng.set_counter(2 * (lo - entry.offset));  // normal() takes two draws per value
-    for (size_t i = lo; i < hi; ++i) *p++ = std * static_cast<float>(rng.normal());
+    ForEachGlobalRun(entry, lo - entry.offset, hi - entry.offset,
+                     [&](size_t, size_t global, size_t count) {
+                       rng.set_counter(2 * global);  // normal() takes two draws per value
+                       for (size_t i = 0; i < count; ++i) {
+                         *p++ = std * static_cast<float>(rng.normal());
+                       }
+                     });
   }
 }
 

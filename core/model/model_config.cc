@@ -1,5 +1,7 @@
 #include "core/model/model_config.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace dtrain {
 
 ModelConfig ModelConfigFromRecipe(const ModelSection& model, int d_ff) {
@@ -17,6 +19,28 @@ ModelConfig ModelConfigFromRecipe(const ModelSection& model, int d_ff) {
   config.rope_theta = static_cast<float>(model.rope_theta);
   config.init_std = static_cast<float>(model.init_std);
   return config;
+}
+
+absl::Status CheckTensorParallel(const ModelConfig& config, int tp) {
+  if (tp < 1)
+    return absl::InvalidArgumentError(absl::StrCat("parallel.tp = ", tp, " must be >= 1"));
+  if (config.n_head % tp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.n_head = ", config.n_head, " does not divide by parallel.tp = ", tp,
+                     ": tensor parallelism gives every rank the same number of heads"));
+  }
+  if (config.d_ff % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model.d_ff = ", config.d_ff,
+                                                   " does not divide by parallel.tp = ", tp,
+                                                   ": set model.d_ff to a multiple of it"));
+  }
+  if (config.n_kv_head % tp != 0 && tp % config.n_kv_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.n_kv_head = ", config.n_kv_head, " and parallel.tp = ", tp,
+        " do not fit: the kv heads split over the ranks when n_kv_head % tp == 0 and are "
+        "replicated when tp % n_kv_head == 0; change either key"));
+  }
+  return absl::OkStatus();
 }
 
 const char* FamilyName(ModelFamily family) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "core/recipe/recipe.h"
 
 namespace dtrain {
@@ -41,13 +42,18 @@ ModelConfig ModelConfigFromRecipe(const ModelSection& model, int d_ff);
 const char* FamilyName(ModelFamily family);
 
 // The part of the model one rank holds: a contiguous range of blocks (a pipeline stage) and a
-// share of each block's heads and MLP width (tensor parallel). This issue builds only the whole
-// model (the default); the table and the layers already use the local sizes.
+// share of each block's heads and MLP width (tensor parallel). The ParamTable sizes the tensors
+// from it and the layers compute with its LocalDims.
 struct ModelSlice {
   int first_block = 0;
   int num_blocks = -1;  // -1 = through the last block
   int tp_rank = 0;
   int tp_size = 1;
 };
+
+// OK when `tp` ranks can share the model Megatron-style: n_head and d_ff divide by tp, and the
+// kv heads either split (n_kv_head % tp == 0) or are replicated (tp % n_kv_head == 0). The
+// error names the recipe keys at fault.
+absl::Status CheckTensorParallel(const ModelConfig& config, int tp);
 
 }  // namespace dtrain

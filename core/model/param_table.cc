@@ -11,14 +11,43 @@ namespace {
 constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
 }  // namespace
 
-ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice) : config_(config) {
+LocalDims LocalDimsOf(const ModelConfig& config, const ModelSlice& slice) {
+  const int tp = slice.tp_size;
+  LocalDims dims;
+  dims.d_model = config.d_model;
+  dims.head_dim = config.head_dim;
+  dims.heads = config.n_head / tp;
+  // Fewer kv heads than ranks: each rank holds the one kv head its query heads read.
+  const bool split_kv = config.n_kv_head % tp == 0;
+  dims.kv_heads = split_kv ? config.n_kv_head / tp : 1;
+  dims.kv_replicas = split_kv ? 1 : tp / config.n_kv_head;
+  dims.mlp_width = config.d_ff / tp;
+  dims.mlp_up_width = config.family == ModelFamily::kGpt2 ? dims.mlp_width : 2 * dims.mlp_width;
+  dims.vocab_begin = 0;  // the vocabulary is whole on every rank (vocab-parallel: a later step)
+  dims.vocab_end = config.vocab_size;
+  return dims;
+}
+
+ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice)
+    : config_(config), dims_(LocalDimsOf(config, slice)), slice_(slice) {
+  const int r = slice.tp_rank;
   const int64_t c = config.d_model;
   const int64_t d = config.head_dim;
-  const int64_t heads = config.n_head / slice.tp_size;
-  const int64_t kv_heads = config.n_kv_head / slice.tp_size;
-  const int64_t ff = config.d_ff / slice.tp_size;
-  const int64_t v = config.vocab_size;
   const bool gpt2 = config.family == ModelFamily::kGpt2;
+  const bool split_kv = dims_.kv_replicas == 1;
+  const int64_t heads = dims_.heads, kv_heads = dims_.kv_heads, ff = dims_.mlp_width;
+  const int64_t v = config.vocab_size;
+  const int64_t first_kv = split_kv ? r * kv_heads : r / dims_.kv_replicas;
+  // The fused qkv rows are [Q (all heads); K; V]: a rank's rows are its heads' rows of each.
+  const std::vector<RowRange> qkv_rows = {
+      {r * heads * d, heads * d},
+      {(config.n_head + first_kv) * d, kv_heads * d},
+      {(config.n_head + config.n_kv_head + first_kv) * d, kv_heads * d}};
+  const int64_t global_qkv = (config.n_head + 2 * config.n_kv_head) * d;
+  // Llama's up is [gate; up], each d_ff rows: a rank holds its rows of both.
+  std::vector<RowRange> up_rows = {{r * ff, ff}};
+  if (!gpt2) up_rows.push_back({config.d_ff + r * ff, ff});
+  const int64_t global_up = gpt2 ? config.d_ff : 2 * config.d_ff;
   first_block_ = slice.first_block;
   n_layer_ = config.n_layer;
   const int last_block =
@@ -38,15 +67,19 @@ ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice) : con
     BlockOffsets b;
     b.norm1_w = Add(p + "norm1.weight", {c}, i);
     b.norm1_b = gpt2 ? Add(p + "norm1.bias", {c}, i) : kAbsent;
-    b.qkv_w = Add(p + "attn.qkv.weight", {(heads + 2 * kv_heads) * d, c}, i);
-    b.qkv_b = gpt2 ? Add(p + "attn.qkv.bias", {(heads + 2 * kv_heads) * d}, i) : kAbsent;
-    b.attn_out_w = Add(p + "attn.out.weight", {c, heads * d}, i);
+    // Column-parallel: a rank holds rows of qkv and mlp.up (and their biases).
+    b.qkv_w = Add(p + "attn.qkv.weight", {dims_.qkv_width(), c}, i, {global_qkv, c}, qkv_rows);
+    b.qkv_b =
+        gpt2 ? Add(p + "attn.qkv.bias", {dims_.qkv_width()}, i, {global_qkv}, qkv_rows) : kAbsent;
+    // Row-parallel: a rank holds columns of attn.out and mlp.down; the bias is whole.
+    b.attn_out_w = Add(p + "attn.out.weight", {c, heads * d}, i, {c, config.n_head * d}, {{0, c}},
+                       r * heads * d);
     b.attn_out_b = gpt2 ? Add(p + "attn.out.bias", {c}, i) : kAbsent;
     b.norm2_w = Add(p + "norm2.weight", {c}, i);
     b.norm2_b = gpt2 ? Add(p + "norm2.bias", {c}, i) : kAbsent;
-    b.mlp_up_w = Add(p + "mlp.up.weight", {gpt2 ? ff : 2 * ff, c}, i);
-    b.mlp_up_b = gpt2 ? Add(p + "mlp.up.bias", {ff}, i) : kAbsent;
-    b.mlp_down_w = Add(p + "mlp.down.weight", {c, ff}, i);
+    b.mlp_up_w = Add(p + "mlp.up.weight", {dims_.mlp_up_width, c}, i, {global_up, c}, up_rows);
+    b.mlp_up_b = gpt2 ? Add(p + "mlp.up.bias", {ff}, i, {global_up}, up_rows) : kAbsent;
+    b.mlp_down_w = Add(p + "mlp.down.weight", {c, ff}, i, {c, config.d_ff}, {{0, c}}, r * ff);
     b.mlp_down_b = gpt2 ? Add(p + "mlp.down.bias", {c}, i) : kAbsent;
     blocks_.push_back(b);
   }
@@ -60,8 +93,13 @@ ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice) : con
   }
 }
 
-size_t ParamTable::Add(std::string name, std::vector<int64_t> shape, int block) {
+size_t ParamTable::Add(std::string name, std::vector<int64_t> shape, int block,
+                       std::vector<int64_t> global_shape, std::vector<RowRange> rows,
+                       int64_t column_begin) {
   TensorEntry entry;
+  entry.global_shape = global_shape.empty() ? shape : std::move(global_shape);
+  entry.rows = rows.empty() ? std::vector<RowRange>{{0, shape[0]}} : std::move(rows);
+  entry.column_begin = column_begin;
   entry.numel = 1;
   for (int64_t dim : shape) entry.numel *= static_cast<size_t>(dim);
   entry.offset = total_numel_;
@@ -75,6 +113,31 @@ size_t ParamTable::Add(std::string name, std::vector<int64_t> shape, int block) 
   total_numel_ += entry.numel;
   entries_.push_back(std::move(entry));
   return entries_.back().offset;
+}
+
+std::vector<std::pair<size_t, size_t>> ParamTable::CountedRanges() const {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  auto count = [&ranges](size_t begin, size_t end) {
+    if (begin == end) return;
+    if (!ranges.empty() && ranges.back().second == begin) {
+      ranges.back().second = end;
+    } else {
+      ranges.emplace_back(begin, end);
+    }
+  };
+  const bool first_kv_holder = slice_.tp_rank % dims_.kv_replicas == 0;
+  for (const TensorEntry& entry : entries_) {
+    if (entry.shape == entry.global_shape) {  // replicated on every tensor-parallel rank
+      if (slice_.tp_rank == 0) count(entry.offset, entry.offset + entry.numel);
+    } else if (absl::StrContains(entry.name, "attn.qkv.") && !first_kv_holder) {
+      // Only the query rows (the first range) are this rank's alone.
+      const size_t cols = entry.numel / entry.shape[0];
+      count(entry.offset, entry.offset + entry.rows[0].count * cols);
+    } else {
+      count(entry.offset, entry.offset + entry.numel);
+    }
+  }
+  return ranges;
 }
 
 const TensorEntry* ParamTable::Find(const std::string& name) const {

@@ -10,37 +10,43 @@ constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
 // The activation arena's size in floats: in size_t to allocate it, in double to check a size
 // before allocating without overflow (AllocateActivations lays it out in this order).
 template <typename T>
-T ArenaFloats(const ModelConfig& config, int max_batch, int max_time, Recompute recompute) {
+T ArenaFloats(const ModelConfig& config, const LocalDims& dims, int max_batch, int max_time,
+              Recompute recompute) {
   const T n = static_cast<T>(max_batch) * static_cast<T>(max_time);
-  const T c = static_cast<T>(config.d_model);
-  const T hd = static_cast<T>(config.n_head) * static_cast<T>(config.head_dim);
-  const T qkv = static_cast<T>(config.n_head + 2 * config.n_kv_head) * config.head_dim;
-  const T f = static_cast<T>(config.d_ff);
-  const T up = config.family == ModelFamily::kLlama ? 2 * f : f;
-  const T lse = static_cast<T>(max_batch) * static_cast<T>(config.n_head) * max_time;
+  const T c = static_cast<T>(dims.d_model);
+  const T hd = static_cast<T>(dims.attn_width());
+  const T qkv = static_cast<T>(dims.qkv_width());
+  const T f = static_cast<T>(dims.mlp_width);
+  const T up = static_cast<T>(dims.mlp_up_width);
+  const T lse = static_cast<T>(max_batch) * static_cast<T>(dims.heads) * max_time;
   const T core = n * hd + lse;  // the attention core's output and log-sum-exp
   const T per_block = n * (4 * c + 4 + qkv + up + f);
   const T saved_blocks = static_cast<T>(recompute == Recompute::kFull ? 1 : config.n_layer);
   const T saved_cores = static_cast<T>(recompute == Recompute::kNone ? config.n_layer : 1);
+  const T qkv_weight_grad = dims.kv_replicas > 1 ? qkv * c : 0;
   return (static_cast<T>(config.n_layer) + 1) * n * c  // block inputs and the last output
          + saved_blocks * per_block                    // saved activations
          + saved_cores * core                          // saved attention cores
          + n * (c + 2)                                 // final norm
-         + n * (3 * c + qkv + hd + up + f);            // backward scratch, branch output
+         + n * (3 * c + qkv + hd + up + f)             // backward scratch, branch output
+         + qkv_weight_grad;                            // replicated kv heads' weight gradient
 }
 
 }  // namespace
 
 double Transformer::ActivationBytes(const ModelConfig& config, int max_batch, int max_time,
-                                    Recompute recompute) {
-  return ArenaFloats<double>(config, max_batch, max_time, recompute) * sizeof(float);
+                                    Recompute recompute, const ModelSlice& slice) {
+  return ArenaFloats<double>(config, LocalDimsOf(config, slice), max_batch, max_time, recompute) *
+         sizeof(float);
 }
 
 Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
                          BlockParameters& parameters, Backend& backend, int max_batch, int max_time,
-                         Recompute recompute)
+                         Recompute recompute, TensorParallelOps* tensor_parallel)
     : config_(config),
       table_(table),
+      dims_(table.dims()),
+      tp_(tensor_parallel != nullptr ? *tensor_parallel : no_tensor_parallel_),
       parameters_(parameters),
       backend_(backend),
       recompute_(recompute),
@@ -63,21 +69,34 @@ Transformer::RegionView Transformer::Grads(int region) {
 }
 
 AttentionShape Transformer::Shape(int b, int t) const {
-  return AttentionShape{b, t, config_.n_head, config_.n_kv_head, config_.head_dim};
+  return AttentionShape{b, t, dims_.heads, dims_.kv_heads, dims_.head_dim};
+}
+
+void Transformer::RowParallelForward(float* out, const float* inp, const float* weight,
+                                     const float* bias, int n, int in_features) {
+  const int c = dims_.d_model;
+  if (table_.slice().tp_size == 1) {  // nothing to sum: the GEMM adds the bias in its pass
+    backend_.LinearForward(out, inp, weight, bias, n, in_features, c);
+    return;
+  }
+  backend_.LinearForward(out, inp, weight, nullptr, n, in_features, c);
+  tp_.ReduceForward(out, static_cast<size_t>(n) * c);
+  if (bias != nullptr) backend_.AddBias(out, bias, n, c);
 }
 
 void Transformer::AllocateActivations(int max_batch, int max_time) {
   const size_t n = static_cast<size_t>(max_batch) * max_time;
   max_tokens_ = static_cast<int>(n);
-  const size_t c = config_.d_model;
-  const size_t hd = static_cast<size_t>(config_.n_head) * config_.head_dim;
-  const size_t qkv = Shape(1, 1).qkv_width();
-  const size_t f = config_.d_ff;
-  const size_t up = config_.family == ModelFamily::kLlama ? 2 * f : f;
-  const size_t lse = static_cast<size_t>(max_batch) * config_.n_head * max_time;
+  const size_t c = dims_.d_model;
+  const size_t hd = dims_.attn_width();
+  const size_t qkv = dims_.qkv_width();
+  const size_t f = dims_.mlp_width;
+  const size_t up = dims_.mlp_up_width;
+  const size_t lse = static_cast<size_t>(max_batch) * dims_.heads * max_time;
+  const size_t qkv_weight_grad = dims_.kv_replicas > 1 ? qkv * c : 0;
   const int saved_blocks = recompute_ == Recompute::kFull ? 1 : config_.n_layer;
   const int saved_cores = recompute_ == Recompute::kNone ? config_.n_layer : 1;
-  acts_.assign(ArenaFloats<size_t>(config_, max_batch, max_time, recompute_), 0.0f);
+  acts_.assign(ArenaFloats<size_t>(config_, dims_, max_batch, max_time, recompute_), 0.0f);
 
   float* cursor = acts_.data();
   auto take = [&cursor](size_t count) {
@@ -119,6 +138,7 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
   d_mlp_up_ = take(n * up);
   d_mlp_act_ = take(n * f);
   branch_out_ = take(n * c);
+  d_qkv_weight_ = qkv_weight_grad > 0 ? take(qkv_weight_grad) : nullptr;
 }
 
 Transformer::BlockActivations& Transformer::ActivationsFor(int layer) {
@@ -129,10 +149,10 @@ void Transformer::BlockForward(int layer, const RegionView& params, BlockActivat
                                const float* in, float* out, int b, int t) {
   const BlockOffsets& w = table_.block(layer);
   const int n = b * t;
-  const int c = config_.d_model;
-  const int hd = config_.n_head * config_.head_dim;
+  const int c = dims_.d_model;
+  const int hd = dims_.attn_width();
   const AttentionShape shape = Shape(b, t);
-  const int f = config_.d_ff;
+  const int f = dims_.mlp_width;
   const bool llama = config_.family == ModelFamily::kLlama;
 
   if (llama) {
@@ -144,7 +164,7 @@ void Transformer::BlockForward(int layer, const RegionView& params, BlockActivat
   backend_.LinearForward(a.qkv, a.norm1, params(w.qkv_w), params(w.qkv_b), n, c, shape.qkv_width());
   if (llama) backend_.RopeForward(a.qkv, shape, config_.rope_theta, 0);
   backend_.AttentionForward(a.attn, a.lse, a.qkv, shape);
-  backend_.LinearForward(branch_out_, a.attn, params(w.attn_out_w), params(w.attn_out_b), n, hd, c);
+  RowParallelForward(branch_out_, a.attn, params(w.attn_out_w), params(w.attn_out_b), n, hd);
   backend_.Add(a.resid_mid, in, branch_out_, static_cast<size_t>(n) * c);
 
   if (llama) {
@@ -159,8 +179,7 @@ void Transformer::BlockForward(int layer, const RegionView& params, BlockActivat
     backend_.GeluForward(a.mlp_act, a.mlp_up, static_cast<size_t>(n) * f);
   }
   if (out == nullptr) return;
-  backend_.LinearForward(branch_out_, a.mlp_act, params(w.mlp_down_w), params(w.mlp_down_b), n, f,
-                         c);
+  RowParallelForward(branch_out_, a.mlp_act, params(w.mlp_down_w), params(w.mlp_down_b), n, f);
   backend_.Add(out, a.resid_mid, branch_out_, static_cast<size_t>(n) * c);
 }
 
@@ -168,10 +187,10 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
                                 BlockActivations& a, const float* in, float* dresid, int b, int t) {
   const BlockOffsets& w = table_.block(layer);
   const int n = b * t;
-  const int c = config_.d_model;
-  const int hd = config_.n_head * config_.head_dim;
+  const int c = dims_.d_model;
+  const int hd = dims_.attn_width();
   const AttentionShape shape = Shape(b, t);
-  const int f = config_.d_ff;
+  const int f = dims_.mlp_width;
   const bool llama = config_.family == ModelFamily::kLlama;
 
   // MLP branch: out = resid_mid + down(act(up(norm2(resid_mid)))).
@@ -181,12 +200,14 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
     backend_.SwiGluBackward(d_mlp_up_, a.mlp_up, d_mlp_act_, n, f);
     backend_.LinearBackward(d_norm_, grads(w.mlp_up_w), nullptr, d_mlp_up_, a.norm2,
                             params(w.mlp_up_w), n, c, 2 * f);
+    tp_.ReduceBackward(d_norm_, static_cast<size_t>(n) * c);  // f: before the column-parallel up
     backend_.RmsNormBackward(dresid, grads(w.norm2_w), d_norm_, a.resid_mid, params(w.norm2_w),
                              a.norm2_rstd, n, c);
   } else {
     backend_.GeluBackward(d_mlp_up_, a.mlp_up, d_mlp_act_, static_cast<size_t>(n) * f);
     backend_.LinearBackward(d_norm_, grads(w.mlp_up_w), grads(w.mlp_up_b), d_mlp_up_, a.norm2,
                             params(w.mlp_up_w), n, c, f);
+    tp_.ReduceBackward(d_norm_, static_cast<size_t>(n) * c);
     backend_.LayerNormBackward(dresid, grads(w.norm2_w), grads(w.norm2_b), d_norm_, a.resid_mid,
                                params(w.norm2_w), a.norm2_mean, a.norm2_rstd, n, c);
   }
@@ -196,8 +217,20 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
                           params(w.attn_out_w), n, hd, c);
   backend_.AttentionBackward(d_qkv_, d_attn_, a.qkv, a.attn, a.lse, shape);
   if (llama) backend_.RopeBackward(d_qkv_, shape, config_.rope_theta, 0);
-  backend_.LinearBackward(d_norm_, grads(w.qkv_w), grads(w.qkv_b), d_qkv_, a.norm1, params(w.qkv_w),
-                          n, c, shape.qkv_width());
+  // Each rank holding a replicated kv head computed its query heads' share of the head's
+  // gradient: the shares are summed before they join the accumulated gradient. (GPT-2 never
+  // replicates: its kv heads are its heads, which split evenly.)
+  const size_t qkv_weight_size = static_cast<size_t>(shape.qkv_width()) * c;
+  float* dqkv_weight = d_qkv_weight_ != nullptr ? d_qkv_weight_ : grads(w.qkv_w);
+  if (d_qkv_weight_ != nullptr) backend_.Zero(d_qkv_weight_, qkv_weight_size);
+  backend_.LinearBackward(d_norm_, dqkv_weight, grads(w.qkv_b), d_qkv_, a.norm1, params(w.qkv_w), n,
+                          c, shape.qkv_width());
+  if (d_qkv_weight_ != nullptr) {
+    const size_t q_size = static_cast<size_t>(hd) * c;
+    tp_.ReduceKvReplicas(d_qkv_weight_ + q_size, qkv_weight_size - q_size);
+    backend_.Add(grads(w.qkv_w), grads(w.qkv_w), d_qkv_weight_, qkv_weight_size);
+  }
+  tp_.ReduceBackward(d_norm_, static_cast<size_t>(n) * c);  // f: before the column-parallel qkv
   if (llama) {
     backend_.RmsNormBackward(dresid, grads(w.norm1_w), d_norm_, in, params(w.norm1_w), a.norm1_rstd,
                              n, c);

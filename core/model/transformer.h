@@ -14,6 +14,7 @@
 #include "core/model/model_config.h"
 #include "core/model/param_table.h"
 #include "core/model/recompute.h"
+#include "core/model/tensor_parallel.h"
 
 namespace dtrain {
 
@@ -30,16 +31,19 @@ class Transformer {
   //   (n_layer - 1) x (N*H*D + B*H*T) floats, for one attention forward per block.
   // - kFull: only each block's input; backward re-runs the block's forward.
   // The gradients are bit-identical in every mode: the same kernels recompute the same values.
-  // `table` describes the layout `parameters` holds; both must outlive the model.
+  // `table` describes the layout `parameters` holds, and its LocalDims the sizes this rank
+  // computes with. `tensor_parallel` communicates over the table's tensor-parallel group (null:
+  // tp = 1). All of them must outlive the model.
   Transformer(const ModelConfig& config, const ParamTable& table, BlockParameters& parameters,
-              Backend& backend, int max_batch, int max_time, Recompute recompute);
+              Backend& backend, int max_batch, int max_time, Recompute recompute,
+              TensorParallelOps* tensor_parallel = nullptr);
 
   const ModelConfig& config() const { return config_; }
   size_t activation_bytes() const { return acts_.size() * sizeof(float); }
-  // What activation_bytes() will be, without allocating; in double, so any size is exact enough
-  // to compare with the memory there is.
+  // What activation_bytes() will be on a rank holding `slice`, without allocating; in double, so
+  // any size is exact enough to compare with the memory there is.
   static double ActivationBytes(const ModelConfig& config, int max_batch, int max_time,
-                                Recompute recompute);
+                                Recompute recompute, const ModelSlice& slice = {});
 
   // One micro-batch: inputs and targets (b, t). Adds grad_scale * d(sum of token losses) to the
   // gradients, region by region (the last, the embeddings, is ready when this returns), and
@@ -58,7 +62,7 @@ class Transformer {
     float* norm1_mean;  // (N) LayerNorm only
     float* norm1_rstd;  // (N)
     float* qkv;         // (N, qkv_width), after RoPE
-    float* attn;        // (N, H*D) attention output before the projection
+    float* attn;        // (N, H*D) attention output before the projection (H, F: this rank's)
     float* lse;         // (B, H, T)
     float* resid_mid;   // (N, C) block input + attention branch
     float* norm2;       // (N, C)
@@ -80,6 +84,10 @@ class Transformer {
   AttentionShape Shape(int b, int t) const;
   RegionView Params(int region, Pass pass);
   RegionView Grads(int region);
+  // out (N, C) = the row-parallel layer's output summed over the tensor-parallel ranks (g),
+  // plus the bias once.
+  void RowParallelForward(float* out, const float* inp, const float* weight, const float* bias,
+                          int n, int in_features);
   // Block `layer` from resid_[layer] into resid_[layer + 1] (the output is skipped when
   // `out` is null: recomputation only needs the saved activations).
   void BlockForward(int layer, const RegionView& params, BlockActivations& a, const float* in,
@@ -98,6 +106,9 @@ class Transformer {
 
   ModelConfig config_;
   const ParamTable& table_;
+  const LocalDims& dims_;
+  NoTensorParallel no_tensor_parallel_;
+  TensorParallelOps& tp_;
   BlockParameters& parameters_;
   Backend& backend_;
   Recompute recompute_;
@@ -118,6 +129,9 @@ class Transformer {
   float* d_mlp_up_ = nullptr;    // (N, F or 2F)
   float* d_mlp_act_ = nullptr;   // (N, F)
   float* branch_out_ = nullptr;  // (N, C) attention or MLP branch output before the residual add
+  // (qkv_width, C): one micro-batch's qkv weight gradient, whose replicated kv rows are summed
+  // over their ranks before it is added (only when kv heads are replicated).
+  float* d_qkv_weight_ = nullptr;
   int max_tokens_ = 0;
 };
 

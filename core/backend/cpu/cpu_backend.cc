@@ -33,6 +33,10 @@ void CpuBackend::LinearForward(float* out, const float* inp, const float* weight
   cpu::LinearForward(out, inp, weight, bias, n, in_features, out_features, &pool_);
 }
 
+void CpuBackend::AddBias(float* out, const float* bias, int n, int c) {
+  cpu::AddBias(out, bias, n, c, &pool_);
+}
+
 void CpuBackend::LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                 const float* inp, const float* weight, int n, int in_features,
                                 int out_features) {

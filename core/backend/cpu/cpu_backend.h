@@ -23,6 +23,7 @@ class CpuBackend : public Backend {
 
   void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int n,
                      int in_features, int out_features) override;
+  void AddBias(float* out, const float* bias, int n, int c) override;
   void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                       const float* inp, const float* weight, int n, int in_features,
                       int out_features) override;

@@ -35,6 +35,16 @@ void LinearBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
 }
 
 template <typename T>
+void AddBias(T* out, const T* bias, int n, int c, ThreadPool* pool) {
+  ParallelFor(pool, n, 64, [&](size_t begin, size_t end, int) {
+    for (size_t i = begin; i < end; ++i) {
+      T* __restrict row = out + i * c;
+      for (int j = 0; j < c; ++j) row[j] += bias[j];
+    }
+  });
+}
+
+template <typename T>
 void AddColumnSums(T* sums, const T* x, int n, int c, ThreadPool* pool) {
   ParallelFor(pool, c, 64, [&](size_t begin, size_t end, int) {
     T* __restrict s = sums + begin;
@@ -50,6 +60,7 @@ void AddColumnSums(T* sums, const T* x, int n, int c, ThreadPool* pool) {
   template void LinearForward<T>(T*, const T*, const T*, const T*, int, int, int, ThreadPool*); \
   template void LinearBackward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int,      \
                                   ThreadPool*);                                                 \
+  template void AddBias<T>(T*, const T*, int, int, ThreadPool*);                                \
   template void AddColumnSums<T>(T*, const T*, int, int, ThreadPool*);
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(double)

@@ -19,6 +19,9 @@ void LinearBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
                     int n, int in_features, int out_features, ThreadPool* pool);
 
 // sums (C) += column sums of x (N, C), each column in row order.
+// out (N, C) += bias (C) on every row.
+template <typename T>
+void AddBias(T* out, const T* bias, int n, int c, ThreadPool* pool);
 template <typename T>
 void AddColumnSums(T* sums, const T* x, int n, int c, ThreadPool* pool);
 

@@ -1,7 +1,11 @@
 #include "core/model/param_table.h"
 
+#include <vector>
+
+#include "core/model/init.h"
 #include "gtest/gtest.h"
 #include "tests/testing/configs.h"
+#include "tests/testing/small_model.h"
 
 namespace dtrain {
 namespace {
@@ -63,6 +67,125 @@ TEST(ParamTableTest, GroupedQueryAttentionShapesTheQkvProjection) {
   EXPECT_EQ(qkv->shape, (std::vector<int64_t>{(64 + 2 * 8) * 128, 8192}));
   EXPECT_EQ(table.Find("blocks.1.attn.qkv.weight"), nullptr);  // the slice holds block 0 only
   EXPECT_EQ(table.Find("final_norm.weight"), nullptr);
+}
+
+// A tensor-parallel rank holds its heads' rows of each of Q, K and V (not a contiguous third of
+// the fused weight), a column block of attn.out, rows of mlp.up (both of Llama's gate and up),
+// a column block of mlp.down; its shard initialises bit for bit as that slice of the whole
+// model (the same code draws the same stream positions), and the ranks together cover every
+// element of every tensor.
+TEST(ParamTableTest, TensorParallelShardsAreSlicesOfTheWholeModel) {
+  for (ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    const ModelConfig config = testing::SmallModelConfig(family);  // llama: 4 heads, 2 kv heads
+    const ParamTable whole(config, ModelSlice{});
+    std::vector<float> whole_params(whole.total_numel());
+    InitParameters(config, whole, 7, 0, whole.total_numel(), whole_params.data());
+    for (int tp : {2, 4}) {
+      SCOPED_TRACE(::testing::Message() << FamilyName(family) << " tp " << tp);
+      std::vector<int> covered(whole.total_numel(), 0);
+      for (int rank = 0; rank < tp; ++rank) {
+        const ParamTable shard(config, ModelSlice{.tp_rank = rank, .tp_size = tp});
+        EXPECT_EQ(shard.dims().heads, 4 / tp);
+        EXPECT_EQ(shard.dims().mlp_width, 48 / tp);
+        std::vector<float> params(shard.total_numel());
+        InitParameters(config, shard, 7, 0, shard.total_numel(), params.data());
+        for (const TensorEntry& entry : shard.entries()) {
+          const TensorEntry* global = whole.Find(entry.name);
+          ASSERT_NE(global, nullptr) << entry.name;
+          EXPECT_EQ(entry.global_shape, global->shape) << entry.name;
+          ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t g, size_t count) {
+            ASSERT_LE(g + count, global->numel) << entry.name;
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(params[entry.offset + local + i], whole_params[global->offset + g + i])
+                  << entry.name << " local " << local + i;
+              ++covered[global->offset + g + i];
+            }
+          });
+        }
+      }
+      for (size_t i = 0; i < covered.size(); ++i) ASSERT_GT(covered[i], 0) << i;
+    }
+  }
+  // Rank 1 of 2 in GPT-2: Q rows [16, 32), K rows 32 + [16, 32), V rows 64 + [16, 32) of the
+  // (96, 32) weight; attn.out columns [16, 32) of (32, 32).
+  const ParamTable gpt2(testing::SmallModelConfig(ModelFamily::kGpt2),
+                        ModelSlice{.tp_rank = 1, .tp_size = 2});
+  const TensorEntry& qkv = *gpt2.Find("blocks.0.attn.qkv.weight");
+  EXPECT_EQ(qkv.shape, (std::vector<int64_t>{48, 32}));
+  ASSERT_EQ(qkv.rows.size(), 3u);
+  EXPECT_EQ(qkv.rows[0].global_begin, 16);
+  EXPECT_EQ(qkv.rows[1].global_begin, 48);
+  EXPECT_EQ(qkv.rows[2].global_begin, 80);
+  EXPECT_EQ(gpt2.Find("blocks.0.attn.out.weight")->column_begin, 16);
+}
+
+// Whole-model totals (the gradient norm) count each element once: the ranks' counted ranges
+// cover every element of the whole model exactly once, replicated tensors and kv heads
+// included; the whole model counts everything.
+TEST(ParamTableTest, TensorParallelRanksCountEveryElementOnce) {
+  for (ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    const ModelConfig config = testing::SmallModelConfig(family);
+    const ParamTable whole(config, ModelSlice{});
+    EXPECT_EQ(whole.CountedRanges(),
+              (std::vector<std::pair<size_t, size_t>>{{0, whole.total_numel()}}));
+    for (int tp : {2, 4}) {
+      SCOPED_TRACE(::testing::Message() << FamilyName(family) << " tp " << tp);
+      std::vector<int> counted(whole.total_numel(), 0);
+      for (int rank = 0; rank < tp; ++rank) {
+        const ParamTable shard(config, ModelSlice{.tp_rank = rank, .tp_size = tp});
+        for (const auto& [begin, end] : shard.CountedRanges()) {
+          for (const TensorEntry& entry : shard.entries()) {
+            const size_t lo = std::max(begin, entry.offset);
+            const size_t hi = std::min(end, entry.offset + entry.numel);
+            if (lo >= hi) continue;
+            const size_t global_offset = whole.Find(entry.name)->offset;
+            ForEachGlobalRun(entry, lo - entry.offset, hi - entry.offset,
+                             [&](size_t, size_t global, size_t count) {
+                               for (size_t i = 0; i < count; ++i) {
+                                 ++counted[global_offset + global + i];
+                               }
+                             });
+          }
+        }
+      }
+      for (size_t i = 0; i < counted.size(); ++i) ASSERT_EQ(counted[i], 1) << i;
+    }
+  }
+}
+
+// Llama with 2 kv heads: tp 2 splits them, tp 4 replicates each on two ranks (ranks 2 and 3
+// hold kv head 1).
+TEST(ParamTableTest, GroupedQueryKvHeadsSplitOrReplicate) {
+  const ModelConfig config = testing::SmallModelConfig(ModelFamily::kLlama);
+  const ParamTable split(config, ModelSlice{.tp_rank = 1, .tp_size = 2});
+  EXPECT_EQ(split.dims().kv_heads, 1);
+  EXPECT_EQ(split.dims().kv_replicas, 1);
+  const ParamTable replicated(config, ModelSlice{.tp_rank = 3, .tp_size = 4});
+  EXPECT_EQ(replicated.dims().heads, 1);
+  EXPECT_EQ(replicated.dims().kv_heads, 1);
+  EXPECT_EQ(replicated.dims().kv_replicas, 2);
+  const TensorEntry& qkv = *replicated.Find("blocks.2.attn.qkv.weight");
+  ASSERT_EQ(qkv.rows.size(), 3u);
+  EXPECT_EQ(qkv.rows[0].global_begin, 3 * 8);        // query head 3
+  EXPECT_EQ(qkv.rows[1].global_begin, (4 + 1) * 8);  // kv head 1's key
+  EXPECT_EQ(qkv.rows[2].global_begin, (4 + 2 + 1) * 8);
+}
+
+TEST(ParamTableTest, TensorParallelSizesThatDoNotFitAreRecipeErrors) {
+  ModelConfig config = testing::SmallModelConfig(ModelFamily::kLlama);
+  EXPECT_TRUE(CheckTensorParallel(config, 1).ok());
+  EXPECT_TRUE(CheckTensorParallel(config, 2).ok());
+  EXPECT_TRUE(CheckTensorParallel(config, 4).ok());
+  EXPECT_NE(CheckTensorParallel(config, 8).message().find("model.n_head"), std::string::npos);
+  config.n_head = 24;
+  config.n_kv_head = 3;
+  const absl::Status status = CheckTensorParallel(config, 2);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("model.n_kv_head = 3"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("parallel.tp = 2"), std::string::npos) << status;
+  config.n_kv_head = 24;
+  config.d_ff = 50;
+  EXPECT_NE(CheckTensorParallel(config, 4).message().find("model.d_ff"), std::string::npos);
 }
 
 }  // namespace

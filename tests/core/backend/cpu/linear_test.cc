@@ -19,6 +19,21 @@ using testing::ToFloat;
 
 constexpr int kRows = 5, kIn = 4, kOut = 3;
 
+// A row-parallel layer adds its bias after the reduction: the forward without a bias, then
+// AddBias, gives the forward with it (to rounding: the bias joins the sum at another point).
+TEST(LinearTest, AddBiasCompletesALinearWithoutBias) {
+  const auto inp = RandomVector(kRows * kIn, 1);
+  const auto weight = RandomVector(kOut * kIn, 2);
+  const auto bias = RandomVector(kOut, 3);
+  std::vector<double> with_bias(kRows * kOut), added(kRows * kOut);
+  LinearForward(with_bias.data(), inp.data(), weight.data(), bias.data(), kRows, kIn, kOut,
+                nullptr);
+  LinearForward(added.data(), inp.data(), weight.data(), static_cast<const double*>(nullptr), kRows,
+                kIn, kOut, nullptr);
+  AddBias(added.data(), bias.data(), kRows, kOut, nullptr);
+  for (size_t i = 0; i < added.size(); ++i) EXPECT_DOUBLE_EQ(added[i], with_bias[i]) << i;
+}
+
 TEST(LinearTest, BackwardMatchesFiniteDifferences) {
   auto inp = RandomVector(kRows * kIn, 1);
   auto weight = RandomVector(kOut * kIn, 2);

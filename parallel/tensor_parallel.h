@@ -1,0 +1,36 @@
+// The tensor-parallel hooks of the model over communicators: the tensor-parallel group's for
+// the f and g all-reduces, and, when grouped-query attention replicates kv heads (tp >
+// n_kv_head), the group of ranks holding the same kv head: tp ranks [g k, (g + 1) k) for
+// k = LocalDims::kv_replicas and g = tp_rank / k.
+#pragma once
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "core/model/tensor_parallel.h"
+#include "parallel/comm/communicator.h"
+
+namespace dtrain {
+
+class CommTensorParallel final : public TensorParallelOps {
+ public:
+  // `kv_replicas` is null when no kv head is replicated. Both must outlive this.
+  CommTensorParallel(Communicator& tp, Communicator* kv_replicas);
+
+  void ReduceForward(float* x, size_t n) override;
+  void ReduceBackward(float* dx, size_t n) override;
+  void ReduceKvReplicas(float* dx, size_t n) override;
+
+  // The first failed collective (OK when none). After a failure the hooks do nothing, so the
+  // step runs to its end on garbage and the caller reports this instead of its result.
+  const absl::Status& status() const { return error_; }
+
+ private:
+  void SumOver(Communicator* comm, float* x, size_t n);
+
+  Communicator& tp_;
+  Communicator* kv_replicas_;
+  absl::Status error_;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,210 @@
+#include "parallel/tensor_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/backend/cpu/cpu_backend.h"
+#include "core/model/flat_parameters.h"
+#include "core/model/init.h"
+#include "core/model/transformer.h"
+#include "gtest/gtest.h"
+#include "parallel/comm/gloo_communicator.h"
+#include "tests/parallel/comm/test_store.h"
+#include "tests/testing/small_model.h"
+
+namespace dtrain {
+namespace {
+
+constexpr int kBatch = 2, kTime = 7;
+constexpr uint64_t kSeed = 11;
+
+std::vector<int32_t> Tokens(int vocab, int salt) {
+  std::vector<int32_t> tokens(kBatch * kTime);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>((i * 5 + salt * 17) % vocab);
+  }
+  return tokens;
+}
+
+// What one model (whole or one tensor-parallel rank) computed.
+struct RankResult {
+  double loss = 0;
+  std::vector<float> grads;
+};
+
+// One training micro-batch (and, under kFull, its recomputation) on the model `table` holds.
+RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Recompute recompute,
+                        TensorParallelOps* tensor_parallel) {
+  FlatParameters parameters(table);
+  InitParameters(config, table, kSeed, 0, table.total_numel(), parameters.params().data());
+  // Init leaves biases 0 and norm weights 1, under which a bias counted on every rank or a
+  // norm weight's slip would go unseen: give them distinct values, by global index.
+  for (const TensorEntry& entry : table.entries()) {
+    if (!entry.is_bias && !entry.is_norm_weight) continue;
+    ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t global, size_t count) {
+      for (size_t i = 0; i < count; ++i) {
+        parameters.params()[entry.offset + local + i] +=
+            0.05f * static_cast<float>(static_cast<int>((global + i) % 7) - 3);
+      }
+    });
+  }
+  CpuBackend backend(1);
+  Transformer model(config, table, parameters, backend, kBatch, kTime, recompute, tensor_parallel);
+  // The memory estimate knows the rank's local sizes (and the replicated kv heads' scratch).
+  EXPECT_EQ(Transformer::ActivationBytes(config, kBatch, kTime, recompute, table.slice()),
+            static_cast<double>(model.activation_bytes()));
+  const auto inputs = Tokens(config.vocab_size, 1), targets = Tokens(config.vocab_size, 2);
+  RankResult result;
+  result.loss = model.ForwardBackward(inputs.data(), targets.data(), kBatch, kTime, 0.25f);
+  result.grads.assign(parameters.grads().begin(), parameters.grads().end());
+  return result;
+}
+
+struct Case {
+  ModelFamily family;
+  int tp;
+  Recompute recompute;
+};
+
+class TensorParallelTest : public ::testing::TestWithParam<Case> {};
+
+// A model split over tp ranks (threads here, each with Gloo communicators for the tensor-
+// parallel group and, when kv heads are replicated, for the ranks sharing one) gives the whole
+// model's loss and, on every rank, its slice of the whole model's gradients: the f and g
+// all-reduces sit where Megatron puts them, row-parallel biases count once, and replicated kv
+// heads sum their gradients over the ranks that hold them.
+//
+// Tolerance: both sides compute the same sums of float products, in another order (a rank's
+// partial GEMM over its heads or MLP columns, then the all-reduce), so they differ by float32
+// rounding, a few units of 2^-24 relative to the magnitudes summed, compounded through 3
+// blocks: 1e-5 of the model's largest gradient, as for micro-batch accumulation in
+// transformer_test.cc.
+TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
+  const Case c = GetParam();
+  const ModelConfig config = testing::SmallModelConfig(c.family);  // llama: 2 kv heads
+  ASSERT_TRUE(CheckTensorParallel(config, c.tp).ok());
+  const ParamTable whole(config, ModelSlice{});
+  const RankResult reference = TrainOneStep(config, whole, c.recompute, nullptr);
+  float max_abs = 0;
+  for (float g : reference.grads) max_abs = std::max(max_abs, std::abs(g));
+  ASSERT_GT(max_abs, 0);
+
+  std::vector<RankResult> results(c.tp);
+  std::vector<std::unique_ptr<ParamTable>> tables(c.tp);
+  auto store = std::make_shared<testing::InMemoryStore>();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < c.tp; ++rank) {
+    tables[rank] =
+        std::make_unique<ParamTable>(config, ModelSlice{.tp_rank = rank, .tp_size = c.tp});
+    threads.emplace_back([&, rank] {
+      const ParamTable& table = *tables[rank];
+      GlooCommunicatorOptions options;
+      options.name = "tp";
+      options.key_prefix = "comm/tp/";
+      options.rank = rank;
+      options.size = c.tp;
+      options.timeout = absl::Seconds(60);
+      auto tp = GlooCommunicator::Create(store, options);
+      ASSERT_TRUE(tp.ok()) << tp.status();
+      std::unique_ptr<GlooCommunicator> kv;
+      const int replicas = table.dims().kv_replicas;
+      if (replicas > 1) {
+        options.name = "kv";
+        options.key_prefix = absl::StrCat("comm/kv.", rank / replicas, "/");
+        options.rank = rank % replicas;
+        options.size = replicas;
+        auto created = GlooCommunicator::Create(store, options);
+        ASSERT_TRUE(created.ok()) << created.status();
+        kv = *std::move(created);
+      }
+      CommTensorParallel ops(**tp, kv.get());
+      results[rank] = TrainOneStep(config, table, c.recompute, &ops);
+      EXPECT_TRUE(ops.status().ok()) << ops.status();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+
+  for (int rank = 0; rank < c.tp; ++rank) {
+    SCOPED_TRACE(::testing::Message() << "rank " << rank);
+    EXPECT_NEAR(results[rank].loss, reference.loss, 1e-6 * reference.loss);
+    ASSERT_EQ(results[rank].grads.size(), tables[rank]->total_numel());
+    for (const TensorEntry& entry : tables[rank]->entries()) {
+      const TensorEntry& global = *whole.Find(entry.name);
+      ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t g, size_t count) {
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_NEAR(results[rank].grads[entry.offset + local + i],
+                      reference.grads[global.offset + g + i], 1e-5 * max_abs)
+              << entry.name << " local " << local + i;
+        }
+      });
+    }
+  }
+  // The ranks' counted ranges add up to the whole model's squared gradient norm. Each counted
+  // gradient a is within delta = 1e-5 max_abs of its whole-model b (checked above), so
+  // |sum a^2 - sum b^2| = |sum (a - b)(a + b)| <= delta sum (2 |b| + delta).
+  double sum_squares = 0, reference_sum_squares = 0, bound = 0;
+  const double delta = 1e-5 * max_abs;
+  for (float g : reference.grads) {
+    reference_sum_squares += static_cast<double>(g) * g;
+    bound += delta * (2 * std::abs(g) + delta);
+  }
+  for (int rank = 0; rank < c.tp; ++rank) {
+    for (const auto& [begin, end] : tables[rank]->CountedRanges()) {
+      for (size_t i = begin; i < end; ++i) {
+        sum_squares += static_cast<double>(results[rank].grads[i]) * results[rank].grads[i];
+      }
+    }
+  }
+  EXPECT_NEAR(sum_squares, reference_sum_squares, bound);
+  // Replicated tensors (norms, row-parallel biases, embeddings, head) get the same gradient
+  // on every rank, bit for bit: the same kernels see the same all-reduced inputs.
+  for (const TensorEntry& entry : tables[0]->entries()) {
+    if (entry.shape != entry.global_shape) continue;
+    for (int rank = 1; rank < c.tp; ++rank) {
+      const TensorEntry& other = *tables[rank]->Find(entry.name);
+      ASSERT_TRUE(std::equal(results[0].grads.begin() + entry.offset,
+                             results[0].grads.begin() + entry.offset + entry.numel,
+                             results[rank].grads.begin() + other.offset))
+          << entry.name << " rank " << rank;
+    }
+  }
+}
+
+// Hooks built without the kv replica group for a model that replicates kv heads: the first
+// ReduceKvReplicas is an error naming both keys, kept for the caller, and the hooks do nothing
+// afterwards (every later collective would be out of step with the other ranks).
+TEST(CommTensorParallelTest, MissingKvReplicaGroupIsKeptAsTheStepsError) {
+  testing::RunRanksInThreads(1, absl::Seconds(20), [](Communicator& comm) {
+    CommTensorParallel ops(comm, nullptr);
+    std::vector<float> x = {1.0f, 2.0f};
+    ops.ReduceForward(x.data(), x.size());
+    EXPECT_TRUE(ops.status().ok()) << ops.status();
+    ops.ReduceKvReplicas(x.data(), x.size());
+    EXPECT_EQ(ops.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(ops.status().message().find("model.n_kv_head"), std::string::npos) << ops.status();
+    EXPECT_NE(ops.status().message().find("parallel.tp"), std::string::npos) << ops.status();
+    ops.ReduceBackward(x.data(), x.size());
+    EXPECT_EQ(ops.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(x, (std::vector<float>{1.0f, 2.0f}));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, TensorParallelTest,
+    ::testing::Values(Case{ModelFamily::kGpt2, 2, Recompute::kNone},
+                      Case{ModelFamily::kGpt2, 4, Recompute::kFull},
+                      Case{ModelFamily::kLlama, 2, Recompute::kNone},  // kv heads split
+                      Case{ModelFamily::kLlama, 4, Recompute::kNone},  // kv heads replicated
+                      Case{ModelFamily::kLlama, 4, Recompute::kSelective}),
+    [](const auto& info) {
+      return absl::StrCat(FamilyName(info.param.family), "_tp", info.param.tp, "_",
+                          RecomputeName(info.param.recompute));
+    });
+
+}  // namespace
+}  // namespace dtrain
