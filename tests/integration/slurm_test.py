@@ -86,9 +86,8 @@ def steps_logged(name):
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def worker_pid(rank, marker):
-    """The pid of the `dtrain train` process with DTRAIN_RANK (or SLURM_PROCID) = rank whose
-    command line mentions `marker`."""
+def find_pid(matches):
+    """The pid of a process whose command line and environment (lists of bytes) `matches`."""
     for entry in pathlib.Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -97,29 +96,26 @@ def worker_pid(rank, marker):
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"train" not in cmdline or not any(marker.encode() in arg for arg in cmdline):
-            continue
-        if f"DTRAIN_RANK={rank}".encode() in environ:
+        if matches(cmdline, environ):
             return int(entry.name)
     return None
+
+
+def worker_pid(rank, marker):
+    """The pid of the `dtrain train` process with DTRAIN_RANK (or SLURM_PROCID) = rank whose
+    command line mentions `marker`."""
+    return find_pid(lambda cmdline, environ: (
+        b"train" in cmdline and any(marker.encode() in arg for arg in cmdline)
+        and f"DTRAIN_RANK={rank}".encode() in environ))
 
 
 def agent_pid(node, marker):
     """The pid of the `dtrain launch` agent of node `node` (SLURM_NODEID) whose command line
     mentions `marker` (not srun, whose command line names it too)."""
-    for entry in pathlib.Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (len(cmdline) > 2 and cmdline[0].endswith(b"dtrain") and cmdline[1] == b"launch"
-                and any(marker.encode() in arg for arg in cmdline)
-                and b"SLURM_STEP_ID=0" in environ and f"SLURM_NODEID={node}".encode() in environ):
-            return int(entry.name)
-    return None
+    return find_pid(lambda cmdline, environ: (
+        len(cmdline) > 2 and cmdline[0].endswith(b"dtrain") and cmdline[1] == b"launch"
+        and any(marker.encode() in arg for arg in cmdline)
+        and b"SLURM_STEP_ID=0" in environ and f"SLURM_NODEID={node}".encode() in environ))
 
 
 def queued_job_id(name):

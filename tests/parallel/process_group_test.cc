@@ -12,12 +12,11 @@
 namespace dtrain {
 namespace {
 
-// Four ranks as threads on a dp 2 x tp 2 mesh: each of a rank's groups reduces over exactly its
-// own members (rank r contributes bit r), under the job's store namespace next to the world; the
-// pp group of one rank has no communicator.
-TEST(ProcessGroupTest, ConnectMeshJoinsEachGroupOfTheMesh) {
+// Runs `check(group, mesh, groups)` for every rank of a `shape` mesh, ranks as threads.
+template <typename Check>
+void ForEachRankOfMesh(const MeshShape& shape, const Check& check) {
   const int port = testing::FreeTcpPort();
-  const int n = 4;
+  const int n = shape.dp * shape.pp * shape.tp;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -25,54 +24,51 @@ TEST(ProcessGroupTest, ConnectMeshJoinsEachGroupOfTheMesh) {
       absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
           ProcessGroup::Connect(world, absl::Seconds(30), "test/");
       ASSERT_TRUE(group.ok()) << group.status();
-      absl::StatusOr<Mesh> mesh = Mesh::Create({.dp = 2, .pp = 1, .tp = 2}, n, r);
+      absl::StatusOr<Mesh> mesh = Mesh::Create(shape, n, r);
       ASSERT_TRUE(mesh.ok()) << mesh.status();
       absl::StatusOr<ProcessGroup::MeshGroups> groups = (*group)->ConnectMesh(*mesh);
       ASSERT_TRUE(groups.ok()) << groups.status();
-      const MeshCoords me = mesh->coords();
-      int64_t expected_tp = 0;
-      int64_t expected_dp = 0;
-      for (int i = 0; i < 2; ++i) {
-        expected_tp += int64_t{1} << mesh->RankAt({.dp = me.dp, .pp = me.pp, .tp = i});
-        expected_dp += int64_t{1} << mesh->RankAt({.dp = i, .pp = me.pp, .tp = me.tp});
-      }
-      int64_t tp_sum = int64_t{1} << r;
-      int64_t dp_sum = int64_t{1} << r;
-      ASSERT_TRUE(groups->tp->AllReduce(&tp_sum, 1, ReduceOp::kSum)->Wait().ok());
-      ASSERT_TRUE(groups->dp->AllReduce(&dp_sum, 1, ReduceOp::kSum)->Wait().ok());
-      EXPECT_EQ(tp_sum, expected_tp);
-      EXPECT_EQ(dp_sum, expected_dp);
-      EXPECT_EQ(groups->pp, nullptr);
-      EXPECT_EQ(groups->dp->name(), "dp");
-      EXPECT_EQ(groups->dp->rank(), me.dp);
-      EXPECT_EQ((*group)->world().size(), n);
+      check(**group, *mesh, *groups);
     });
   }
   for (std::thread& thread : threads) thread.join();
 }
 
+// Four ranks on a dp 2 x tp 2 mesh: each of a rank's groups reduces over exactly its own members
+// (rank r contributes bit r), under the job's store namespace next to the world; the pp group of
+// one rank has no communicator.
+TEST(ProcessGroupTest, ConnectMeshJoinsEachGroupOfTheMesh) {
+  ForEachRankOfMesh({.dp = 2, .pp = 1, .tp = 2}, [](ProcessGroup& group, const Mesh& mesh,
+                                                    const ProcessGroup::MeshGroups& groups) {
+    const MeshCoords me = mesh.coords();
+    int64_t expected_tp = 0;
+    int64_t expected_dp = 0;
+    for (int i = 0; i < 2; ++i) {
+      expected_tp += int64_t{1} << mesh.RankAt({.dp = me.dp, .pp = me.pp, .tp = i});
+      expected_dp += int64_t{1} << mesh.RankAt({.dp = i, .pp = me.pp, .tp = me.tp});
+    }
+    int64_t tp_sum = int64_t{1} << mesh.rank();
+    int64_t dp_sum = int64_t{1} << mesh.rank();
+    ASSERT_TRUE(groups.tp->AllReduce(&tp_sum, 1, ReduceOp::kSum)->Wait().ok());
+    ASSERT_TRUE(groups.dp->AllReduce(&dp_sum, 1, ReduceOp::kSum)->Wait().ok());
+    EXPECT_EQ(tp_sum, expected_tp);
+    EXPECT_EQ(dp_sum, expected_dp);
+    EXPECT_EQ(groups.pp, nullptr);
+    EXPECT_EQ(groups.dp->name(), "dp");
+    EXPECT_EQ(groups.dp->rank(), me.dp);
+    EXPECT_EQ(group.world().size(), 4);
+  });
+}
+
 // A group of every rank (data parallelism alone) is the world communicator, not a second Gloo
 // context over the same ranks.
 TEST(ProcessGroupTest, AGroupOfEveryRankIsTheWorld) {
-  const int port = testing::FreeTcpPort();
-  const int n = 2;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      const WorldMembership world{.rank = r, .world_size = n, .master_port = port};
-      absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
-          ProcessGroup::Connect(world, absl::Seconds(30), "test/");
-      ASSERT_TRUE(group.ok()) << group.status();
-      absl::StatusOr<Mesh> mesh = Mesh::Create({.dp = n}, n, r);
-      ASSERT_TRUE(mesh.ok()) << mesh.status();
-      absl::StatusOr<ProcessGroup::MeshGroups> groups = (*group)->ConnectMesh(*mesh);
-      ASSERT_TRUE(groups.ok()) << groups.status();
-      EXPECT_EQ(groups->dp, &(*group)->world());
-      EXPECT_EQ(groups->tp, nullptr);
-      EXPECT_EQ(groups->pp, nullptr);
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
+  ForEachRankOfMesh({.dp = 2},
+                    [](ProcessGroup& group, const Mesh&, const ProcessGroup::MeshGroups& groups) {
+                      EXPECT_EQ(groups.dp, &group.world());
+                      EXPECT_EQ(groups.tp, nullptr);
+                      EXPECT_EQ(groups.pp, nullptr);
+                    });
 }
 
 }  // namespace
