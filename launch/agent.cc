@@ -21,6 +21,7 @@
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/subprocess.h"
+#include "parallel/store/socket.h"
 #include "parallel/store/tcp_store_client.h"
 #include "parallel/store/tcp_store_server.h"
 #include "parallel/world_membership.h"
@@ -152,7 +153,7 @@ struct Worker {
   std::unique_ptr<Subprocess> process;
   std::string partial[2];  // stdout, stderr: the unfinished last line
   std::deque<std::string> stderr_tail;
-  int log_fd = -1;
+  UniqueFd log_fd;  // --log-dir: closed with the worker, so restarts leak none
   absl::Time exited_at;
   bool told_to_stop = false;
   // Exited 0 without having finished its part (ProcessGroup::Leave): its peers still needed it.
@@ -357,8 +358,8 @@ absl::Status Agent::StartWorkers(int attempt) {
     worker.rank = node_.node_rank * options_.nproc_per_node + local;
     if (!options_.log_dir.empty()) {
       const std::string path = absl::StrCat(options_.log_dir, "/rank-", worker.rank, ".log");
-      worker.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (worker.log_fd < 0) {
+      worker.log_fd = UniqueFd(open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+      if (!worker.log_fd.valid()) {
         return absl::FailedPreconditionError(
             absl::StrCat("cannot write the worker log ", path, ": ", strerror(errno),
                          "; point --log-dir at a writable folder"));
@@ -384,10 +385,11 @@ void Agent::EmitLine(Worker& worker, int stream, const std::string& line) {
     worker.stderr_tail.emplace_back(line);
     if (worker.stderr_tail.size() > kStderrTailLines) worker.stderr_tail.pop_front();
   }
-  const std::string text = worker.log_fd >= 0
+  const std::string text = worker.log_fd.valid()
                                ? absl::StrCat(line, "\n")
                                : absl::StrCat("[rank ", worker.rank, "] ", line, "\n");
-  const int fd = worker.log_fd >= 0 ? worker.log_fd : (stream == 0 ? STDOUT_FILENO : STDERR_FILENO);
+  const int fd =
+      worker.log_fd.valid() ? worker.log_fd.get() : (stream == 0 ? STDOUT_FILENO : STDERR_FILENO);
   (void)!write(fd, text.data(), text.size());
 }
 

@@ -372,6 +372,7 @@ TEST(AgentTest, LogDirHoldsOneFilePerRank) {
   const std::string text((std::istreambuf_iterator<char>(rank0)), {});
   EXPECT_THAT(text, HasSubstr("step 3/3"));
   EXPECT_TRUE(std::filesystem::exists(logs + "/rank-1.log"));
+  const std::string dir = std::filesystem::canonical(logs).string();  // as /proc names it
 }
 
 TEST(AgentTest, KilledWorkerWithoutRestartsEndsWithTheRootCause) {
@@ -484,21 +485,32 @@ TEST(AgentTest, OneRanksErrorEndsTheJobAtOnceNamingIt) {
   EXPECT_THAT(launch.output(), HasSubstr("cannot open shard " + missing));
 }
 
-// An agent on this machine running `worker_argv` for 2 ranks, without restarts; returns what it
-// wrote to stderr (its log and the workers' stderr lines).
-std::string RunAgentCapturingStderr(const std::vector<std::string>& worker_argv, int* exit_code) {
+// Node 0's agent in this process: of a job of `num_nodes` (the others are FakeAgents of the
+// test; port 0: a single node), running `worker_argv` for 2 ranks, without restarts.
+struct NodeZero {
+  NodeZero(const std::vector<std::string>& worker_argv, int num_nodes = 1, int port = 0) {
+    node.node_rank = 0;
+    node.num_nodes = num_nodes;
+    node.master_addr = "127.0.0.1";
+    node.master_port = port;
+    options.worker_argv = worker_argv;
+    options.nproc_per_node = 2;
+    options.environment = Environment();
+  }
+  // Runs it to the end; returns what it wrote to stderr (its log and the workers' stderr lines).
+  std::string Run(absl::StatusOr<int>* result) const {
+    ::testing::internal::CaptureStderr();
+    *result = RunAgent(node, options);
+    return ::testing::internal::GetCapturedStderr();
+  }
+
   WorldEnvironment node;
-  node.node_rank = 0;
-  node.num_nodes = 1;
-  node.master_addr = "127.0.0.1";
-  node.master_port = 0;
   AgentOptions options;
-  options.worker_argv = worker_argv;
-  options.nproc_per_node = 2;
-  options.environment = Environment();
-  ::testing::internal::CaptureStderr();
-  const absl::StatusOr<int> code = RunAgent(node, options);
-  const std::string text = ::testing::internal::GetCapturedStderr();
+};
+
+std::string RunAgentCapturingStderr(const std::vector<std::string>& worker_argv, int* exit_code) {
+  absl::StatusOr<int> code;
+  const std::string text = NodeZero(worker_argv).Run(&code);
   EXPECT_TRUE(code.ok()) << code.status();
   *exit_code = code.value_or(-1);
   return text;
@@ -544,6 +556,26 @@ TEST(AgentTest, AHungRankIsTheRootCause) {
   EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
   EXPECT_THAT(launch.output(), HasSubstr("hung"));
   for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
+}
+
+// The worker logs of every attempt are closed (each restart leaked one fd per worker).
+TEST(AgentTest, RestartsLeakNoLogFile) {
+  const std::string logs = OutDir("log_fds");
+  std::filesystem::create_directories(logs);
+  NodeZero agent({"/bin/sh", "-c", "exit 3"});
+  agent.options.log_dir = logs;
+  agent.options.max_restarts = 2;
+  absl::StatusOr<int> result;
+  const std::string output = agent.Run(&result);
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
+  EXPECT_EQ(*result, 1) << output;
+  EXPECT_TRUE(std::filesystem::exists(logs + "/rank-1.log"));
+  const std::string dir = std::filesystem::canonical(logs).string();  // as /proc names it
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::filesystem::path target = std::filesystem::read_symlink(fd.path(), error);
+    EXPECT_FALSE(absl::StartsWith(target.string(), dir)) << target << " is still open";
+  }
 }
 
 TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {
