@@ -35,6 +35,8 @@ constexpr absl::Duration kMonitorInterval = absl::Milliseconds(100);
 constexpr absl::Duration kRendezvousInterval = absl::Milliseconds(10);
 // How long node 0 keeps the store up for the other agents to read the final state.
 constexpr absl::Duration kExitTimeout = absl::Seconds(30);
+// How long node 0 waits for the requeue command (`scontrol requeue`) to answer.
+constexpr absl::Duration kRequeueTimeout = absl::Seconds(30);
 // How often an agent blocked in a barrier looks for agents that were lost meanwhile.
 constexpr absl::Duration kBarrierLivenessInterval = absl::Seconds(1);
 // Agent liveness. Each agent asks the store to count its connection's close (the store sees it
@@ -670,16 +672,21 @@ void Agent::Requeue() {
   const std::string command = absl::StrJoin(options_.requeue_argv, " ");
   absl::StatusOr<std::unique_ptr<Subprocess>> process =
       Subprocess::Spawn(options_.requeue_argv, ChildOptions(options_.environment));
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  const absl::Time deadline = absl::Now() + kRequeueTimeout;
   while (process.ok() && !(*process)->Poll() && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   if (process.ok() && (*process)->exit_status() && (*process)->exit_status()->ok()) {
     LogInfo("requeued the job: %s", command);
-  } else {
-    LogError("could not requeue the job with `%s`%s; resubmit it to resume from the checkpoint",
-             command, process.ok() ? "" : absl::StrCat(": ", process.status().message()));
+    return;
   }
+  const std::string reason =
+      !process.ok() ? std::string(process.status().message())
+      : (*process)->exit_status()
+          ? (*process)->exit_status()->ToString()
+          : absl::StrCat("no answer within ", absl::FormatDuration(kRequeueTimeout));
+  LogError("could not requeue the job with `%s`: %s; resubmit it to resume from the checkpoint",
+           command, reason);
 }
 
 int Agent::Finish(int exit_code) {

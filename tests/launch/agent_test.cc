@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -576,6 +577,31 @@ TEST(AgentTest, RestartsLeakNoLogFile) {
     const std::filesystem::path target = std::filesystem::read_symlink(fd.path(), error);
     EXPECT_FALSE(absl::StartsWith(target.string(), dir)) << target << " is still open";
   }
+}
+
+// The requeue command fails: the message says how.
+TEST(AgentTest, FailedRequeueSaysWhy) {
+  const std::string dir = OutDir("requeue");
+  std::filesystem::create_directories(dir);
+  const std::string started = dir + "/started";
+  NodeZero agent({"/bin/sh", "-c",
+                  absl::StrCat("touch ", started, "-$RANK; trap 'exit 0' TERM; ",
+                               "while :; do sleep 0.1; done")});
+  agent.options.requeue_argv = {"/bin/sh", "-c", "exit 4"};
+  std::thread stopper([&] {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (!(std::filesystem::exists(started + "-0") && std::filesystem::exists(started + "-1")) &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    kill(getpid(), SIGTERM);  // the agent's handler takes it: a stop, as from Slurm
+  });
+  absl::StatusOr<int> result;
+  const std::string output = agent.Run(&result);
+  stopper.join();
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
+  EXPECT_EQ(*result, 0) << output;
+  EXPECT_THAT(output, HasSubstr("could not requeue the job with `/bin/sh -c exit 4`: exit code 4"));
 }
 
 TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {
