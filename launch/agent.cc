@@ -135,14 +135,45 @@ std::string Hostname() {
   return gethostname(name, sizeof(name) - 1) == 0 ? name : "?";
 }
 
+// One failed (or stopped) worker as an agent published it for the root cause.
+struct FailureRecord {
+  int rank = 0;
+  int node = 0;
+  std::string host;
+  std::string exit;
+  bool stopped = false;  // ended by its agent
+  std::vector<int> blames;
+  int64_t time_us = 0;
+  std::string stderr_tail;
+};
+
+// The records in one node's `failures` value; nullopt when it is not what PublishFailures
+// writes (anything that holds the store token can write the key).
+std::optional<std::vector<FailureRecord>> ParseFailures(const std::string& text) {
+  const nlohmann::json list = nlohmann::json::parse(text, nullptr, false);
+  if (!list.is_array()) return std::nullopt;
+  std::vector<FailureRecord> records;
+  try {
+    for (const nlohmann::json& entry : list) {
+      records.push_back(
+          {entry.at("rank").get<int>(), entry.at("node").get<int>(),
+           entry.at("host").get<std::string>(), entry.at("exit").get<std::string>(),
+           entry.at("stopped").get<bool>(), entry.at("blames").get<std::vector<int>>(),
+           entry.at("time_us").get<int64_t>(), entry.at("stderr").get<std::string>()});
+    }
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+  return records;
+}
+
 // The first record that a failure (earliest first) blames, and that failure; null if none.
-std::pair<const nlohmann::json*, const nlohmann::json*> FirstBlamed(
-    const std::vector<nlohmann::json>& records,
-    const std::vector<const nlohmann::json*>& failures) {
-  for (const nlohmann::json* failure : failures) {
-    for (const int blamed : (*failure)["blames"]) {
-      for (const nlohmann::json& record : records) {
-        if (record["rank"].get<int>() == blamed) return {&record, failure};
+std::pair<const FailureRecord*, const FailureRecord*> FirstBlamed(
+    const std::vector<FailureRecord>& records, const std::vector<const FailureRecord*>& failures) {
+  for (const FailureRecord* failure : failures) {
+    for (const int blamed : failure->blames) {
+      for (const FailureRecord& record : records) {
+        if (record.rank == blamed) return {&record, failure};
       }
     }
   }
@@ -613,21 +644,26 @@ absl::Status Agent::PublishFailures(int attempt) {
 
 void Agent::PrintRootCause(int attempt) {
   // Every node's workers that failed, and those its agent had to stop.
-  std::vector<nlohmann::json> records;
+  std::vector<FailureRecord> records;
   for (int node = 0; node < node_.num_nodes; ++node) {
-    const absl::StatusOr<std::string> value =
-        store_->Get(Key(attempt, absl::StrCat("failures/node-", node)), absl::Seconds(5));
+    const std::string key = Key(attempt, absl::StrCat("failures/node-", node));
+    const absl::StatusOr<std::string> value = store_->Get(key, absl::Seconds(5));
     if (!value.ok()) continue;
-    for (const nlohmann::json& record : nlohmann::json::parse(*value, nullptr, false)) {
-      records.push_back(record);
+    std::optional<std::vector<FailureRecord>> parsed = ParseFailures(*value);
+    if (!parsed) {
+      LogWarn(
+          "ignoring node %d's failed workers: store key '%s' does not hold the JSON list an "
+          "agent writes (another program with the job's token wrote it?)",
+          node, key);
+      continue;
     }
+    records.insert(records.end(), parsed->begin(), parsed->end());
   }
-  std::sort(records.begin(), records.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
-    return a["time_us"].get<int64_t>() < b["time_us"].get<int64_t>();
-  });
-  std::vector<const nlohmann::json*> failures;
-  for (const nlohmann::json& record : records) {
-    if (!record["stopped"].get<bool>()) failures.push_back(&record);
+  std::sort(records.begin(), records.end(),
+            [](const FailureRecord& a, const FailureRecord& b) { return a.time_us < b.time_us; });
+  std::vector<const FailureRecord*> failures;
+  for (const FailureRecord& record : records) {
+    if (!record.stopped) failures.push_back(&record);
   }
   if (failures.empty()) {
     LogError("the job failed but no worker recorded a failure (an agent was lost?)");
@@ -638,34 +674,31 @@ void Agent::PrintRootCause(int attempt) {
   // follow from it (a dead peer breaks every collective).
   auto [root, blamer] = FirstBlamed(records, failures);
   if (root == nullptr) root = failures.front();
-  const bool hung = (*root)["stopped"].get<bool>();
+  const bool hung = root->stopped;
   if (hung) failures.push_back(root);
   std::string table =
       absl::StrFormat("%-6s %-6s %-20s %-24s %s\n", "rank", "node", "host", "exit", "time");
-  for (const nlohmann::json* f : failures) {
-    absl::StrAppendFormat(
-        &table, "%-6d %-6d %-20s %-24s %s\n", (*f)["rank"].get<int>(), (*f)["node"].get<int>(),
-        (*f)["host"].get<std::string>(),
-        (*f)["stopped"].get<bool>() ? "hung: ended by the agent" : (*f)["exit"].get<std::string>(),
-        ClockTime(absl::FromUnixMicros((*f)["time_us"].get<int64_t>())));
+  for (const FailureRecord* f : failures) {
+    absl::StrAppendFormat(&table, "%-6d %-6d %-20s %-24s %s\n", f->rank, f->node, f->host,
+                          f->stopped ? "hung: ended by the agent" : f->exit,
+                          ClockTime(absl::FromUnixMicros(f->time_us)));
   }
   const std::string what =
       hung ? absl::StrFormat(
                  "hung: rank %d's error names it as a rank that never started the failed "
                  "collective; the agent then ended it (%s)",
-                 (*blamer)["rank"].get<int>(), (*root)["exit"].get<std::string>())
-           : (*root)["exit"].get<std::string>();
-  auto tail_of = [](const nlohmann::json& record) {
-    std::string tail = record["stderr"].get<std::string>();
-    return absl::StrFormat("Last lines of rank %d's stderr:\n%s", record["rank"].get<int>(),
-                           tail.empty() ? "(nothing on stderr)\n" : tail);
+                 blamer->rank, root->exit)
+           : root->exit;
+  auto tail_of = [](const FailureRecord& record) {
+    return absl::StrFormat(
+        "Last lines of rank %d's stderr:\n%s", record.rank,
+        record.stderr_tail.empty() ? "(nothing on stderr)\n" : record.stderr_tail);
   };
   LogError(
       "the job failed (%d restarts used of %d). Root cause: rank %d on node %d (%s), %s.\n"
       "Failed workers, first failure first:\n%s%s%s",
-      attempt, options_.max_restarts, (*root)["rank"].get<int>(), (*root)["node"].get<int>(),
-      (*root)["host"].get<std::string>(), what, table, tail_of(*root),
-      blamer != nullptr && blamer != root ? tail_of(*blamer) : "");
+      attempt, options_.max_restarts, root->rank, root->node, root->host, what, table,
+      tail_of(*root), blamer != nullptr && blamer != root ? tail_of(*blamer) : "");
 }
 
 void Agent::Requeue() {
@@ -733,15 +766,23 @@ std::vector<LostAgent> Agent::LostIn(int attempt) {
       store_->Get(Key(attempt, "lost"), absl::ZeroDuration());
   const nlohmann::json recorded =
       nlohmann::json::parse(recorded_text.value_or("[]"), nullptr, false);
+  // Anything that holds the store token can write the key: entries unlike ours are dropped.
+  bool rewrite = !recorded.is_array();
   for (const nlohmann::json& entry : recorded.is_array() ? recorded : nlohmann::json::array()) {
-    const LostAgent agent{entry["node"].get<int>(), entry["host"].get<std::string>(),
-                          entry["incarnation"].get<int>()};
+    LostAgent agent;
+    try {
+      agent = {entry.at("node").get<int>(), entry.at("host").get<std::string>(),
+               entry.at("incarnation").get<int>()};
+    } catch (const nlohmann::json::exception&) {
+      rewrite = true;
+      continue;
+    }
     const bool known = std::any_of(lost.begin(), lost.end(), [&](const LostAgent& a) {
       return a.node == agent.node && a.incarnation == agent.incarnation;
     });
     if (!known) lost.push_back(agent);
   }
-  if (!recorded.is_array() || lost.size() > recorded.size()) {
+  if (rewrite || lost.size() > recorded.size()) {
     nlohmann::json record = nlohmann::json::array();
     for (const LostAgent& agent : lost) {
       record.push_back(

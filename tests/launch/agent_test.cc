@@ -21,6 +21,7 @@
 #include "core/util/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/store/tcp_store_client.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/run_dtrain.h"
 
@@ -517,6 +518,49 @@ std::string RunAgentCapturingStderr(const std::vector<std::string>& worker_argv,
   return text;
 }
 
+// Another node's agent as node 0's store sees it (the keys Agent::Connect and Agent::Barrier
+// write), driven step by step by the test.
+class FakeAgent {
+ public:
+  FakeAgent(int port, int node) : node_(node) {
+    TcpStoreClientOptions options;
+    options.connect_timeout = absl::Seconds(60);
+    absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+        TcpStoreClient::Connect("127.0.0.1", port, options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (!client.ok()) return;
+    store_ = *std::move(client);
+    EXPECT_EQ(store_->Add(absl::StrCat("agent/incarnation/node-", node), 1).value_or(0), 1);
+    EXPECT_TRUE(store_->Set(absl::StrCat("agent/host/node-", node), "fake-host").ok());
+    EXPECT_TRUE(store_->AddOnClose(absl::StrCat("agent/closed/node-", node, "/1"), 1).ok());
+    EXPECT_TRUE(store_->AddOnClose("agent/closed", 1).ok());
+  }
+  bool connected() const { return store_ != nullptr; }
+  TcpStoreClient& store() { return *store_; }
+  // Arrives at barrier `name` of `attempt`, without waiting for the others.
+  void Arrive(int attempt, const std::string& name, int num_nodes) {
+    const std::string counter = absl::StrCat("agent/attempt-", attempt, "/", name);
+    if (store_->Add(counter, 1).value_or(0) == num_nodes) {
+      EXPECT_TRUE(store_->Set(counter + "/open", "1").ok());
+    }
+  }
+  // Waits until node 0 wrote `key` (what it does right before a barrier).
+  void AwaitKey(const std::string& key) {
+    EXPECT_TRUE(store_->Get(key, absl::Seconds(60)).ok()) << key;
+  }
+  // Ends as an agent that finished (its close is settled), or as a lost one.
+  void Finish() {
+    EXPECT_TRUE(store_->Set(absl::StrCat("agent/exited/node-", node_, "/1"), "1").ok());
+    EXPECT_TRUE(store_->Add("agent/settled", 1).ok());
+    store_.reset();
+  }
+  void Lose() { store_.reset(); }
+
+ private:
+  int node_;
+  std::unique_ptr<TcpStoreClient> store_;
+};
+
 // Rank 1 exits 0 at once, before the job is done; rank 0 would wait for it in rendezvous and
 // time out. The early exit is the root cause, not rank 0's timeout.
 TEST(AgentTest, AnEarlyExitZeroIsTheRootCause) {
@@ -557,6 +601,44 @@ TEST(AgentTest, AHungRankIsTheRootCause) {
   EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
   EXPECT_THAT(launch.output(), HasSubstr("hung"));
   for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
+}
+
+// Anything with the store token can write the agents' records: failure lists and lost-agent
+// records that are not what an agent writes are skipped (they aborted node 0's agent), and the
+// root cause still comes from node 0's own record.
+TEST(AgentTest, MalformedRecordsInTheStoreDoNotAbortTheAgent) {
+  const int port = testing::FreeTcpPort();
+  NodeZero agent({"/bin/sh", "-c", "exit 3"}, 4, port);
+  agent.options.nproc_per_node = 1;
+  const std::string bad_failures[] = {"not json", R"({"rank": 1})", R"([7, {"rank": "one"}, {}])"};
+  std::vector<std::thread> others;
+  for (int node = 1; node <= 3; ++node) {
+    others.emplace_back([port, node, &bad_failures] {
+      FakeAgent fake(port, node);
+      if (!fake.connected()) return;
+      if (node == 1) {
+        EXPECT_TRUE(fake.store().Set("agent/attempt-0/lost", R"([7, {"node": "x"}])").ok());
+      }
+      fake.Arrive(0, "arrived", 4);
+      fake.AwaitKey("agent/attempt-0/failures/node-0");
+      EXPECT_TRUE(
+          fake.store()
+              .Set(absl::StrCat("agent/attempt-0/failures/node-", node), bad_failures[node - 1])
+              .ok());
+      fake.Arrive(0, "stopped", 4);
+      fake.Finish();
+    });
+  }
+  absl::StatusOr<int> result;
+  const std::string output = agent.Run(&result);
+  for (std::thread& other : others) other.join();
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
+  EXPECT_EQ(*result, 1) << output;
+  EXPECT_THAT(output, HasSubstr("Root cause: rank 0 on node 0"));
+  EXPECT_THAT(output, HasSubstr("exit code 3"));
+  for (int node = 1; node <= 3; ++node) {
+    EXPECT_THAT(output, HasSubstr(absl::StrCat("ignoring node ", node, "'s failed workers")));
+  }
 }
 
 // The worker logs of every attempt are closed (each restart leaked one fd per worker).
