@@ -266,6 +266,9 @@ class Agent {
   absl::Status PublishFailures(int attempt);
   void PrintRootCause(int attempt);
   void Requeue();
+  // Records that this agent ended on purpose, before its connection closes, so that the close
+  // does not count as a lost agent. False when the store is gone.
+  bool Settle();
   int Finish(int exit_code);
 
   WorldEnvironment node_;  // master_port becomes the bound one on a single node
@@ -308,6 +311,18 @@ absl::Status Agent::Connect() {
   }
   store_ = *std::move(client);
   node_.master_port = port;  // node 0 may have chosen it
+  // A second agent for a node must leave the running one alone: checked before this agent
+  // becomes the node's newest (whose close the others would then take for the node's loss).
+  const int node = node_.node_rank;
+  const int64_t previous = Counter(NodeKey("agent/incarnation", node)).value_or(0);
+  if (previous > 0 && Counter(NodeKey(kClosedKey, node, previous)).value_or(0) == 0) {
+    const absl::StatusOr<std::string> host =
+        store_->Get(NodeKey("agent/host", node), absl::ZeroDuration());
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "node %d already has a running agent (on host %s); start one `dtrain launch` per node, "
+        "each with its own node rank",
+        node, host.value_or("?")));
+  }
   ASSIGN_OR_RETURN(const int64_t incarnation,
                    store_->Add(NodeKey("agent/incarnation", node_.node_rank), 1));
   incarnation_ = static_cast<int>(incarnation);
@@ -319,10 +334,6 @@ absl::Status Agent::Connect() {
 absl::StatusOr<int> Agent::Rejoin() {
   if (incarnation_ == 1) return 0;
   const int node = node_.node_rank;
-  if (Counter(NodeKey(kClosedKey, node, incarnation_ - 1)).value_or(0) == 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "node %d already has a running agent; start one `dtrain launch` per node", node));
-  }
   LogInfo(
       "node %d: this node's last agent was lost; waiting up to %s for node 0 to restart the "
       "job with this one",
@@ -331,6 +342,8 @@ absl::StatusOr<int> Agent::Rejoin() {
       store_->Get(NodeKey("agent/rejoin", node, incarnation_), options_.rendezvous_timeout);
   int attempt = 0;
   if (!attempt_text.ok() || !absl::SimpleAtoi(*attempt_text, &attempt)) {
+    // This agent gives up, like one that finished: its close is no new loss of the node.
+    (void)Settle();
     return absl::FailedPreconditionError(
         absl::StrCat("node ", node,
                      " cannot rejoin the job: node 0 did not restart it with this node (no "
@@ -722,11 +735,13 @@ void Agent::Requeue() {
            command, reason);
 }
 
+bool Agent::Settle() {
+  return store_->Set(NodeKey("agent/exited", node_.node_rank, incarnation_), "1").ok() &&
+         store_->Add(kSettledKey, 1).ok();
+}
+
 int Agent::Finish(int exit_code) {
-  // Settled before the connection closes, so that the close does not count as a lost agent.
-  const bool reachable =
-      store_->Set(NodeKey("agent/exited", node_.node_rank, incarnation_), "1").ok() &&
-      store_->Add(kSettledKey, 1).ok();
+  const bool reachable = Settle();
   // Node 0 hosts the store: it stays up until every other agent has read the outcome and gone
   // (a lost one is gone already; a replaced one closed too).
   if (reachable && node_.node_rank == 0) {

@@ -641,6 +641,24 @@ TEST(AgentTest, MalformedRecordsInTheStoreDoNotAbortTheAgent) {
   }
 }
 
+// A second `dtrain launch` for a node whose agent runs is turned away before it registers, and
+// the job goes on: its exit looked like the loss of the running agent, which ended the job (at
+// once: more steps than fit into the agents' 100 ms check interval).
+TEST(AgentTest, SecondAgentForARunningNodeLeavesTheJobAlone) {
+  TwoPods job("duplicate", 100000);
+  std::unique_ptr<Launch> duplicate = job.Start(1);
+  EXPECT_NE(duplicate->Wait(absl::Seconds(60)), 0) << duplicate->output();
+  EXPECT_THAT(duplicate->output(), HasSubstr("node 1 already has a running agent (on host "));
+  const int steps = StepsLogged(job.out);
+  ASSERT_TRUE(job.pods[0]->Pump(absl::Seconds(60), [&] {
+    job.pods[1]->Pump(absl::Milliseconds(1));  // its output must not fill the pipe and stall it
+    return StepsLogged(job.out) > steps + 10;
+  })) << job.pods[0]->output();
+  for (const auto& pod : job.pods) EXPECT_FALSE(pod->process().Poll()) << pod->output();
+  EXPECT_THAT(job.pods[0]->output(), Not(HasSubstr("agent lost")));
+  for (const auto& pod : job.pods) KillAgent(*pod);
+}
+
 // The worker logs of every attempt are closed (each restart leaked one fd per worker).
 TEST(AgentTest, RestartsLeakNoLogFile) {
   const std::string logs = OutDir("log_fds");
