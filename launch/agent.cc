@@ -202,6 +202,12 @@ enum class Outcome {
   kLostAgent,  // another node's agent is gone: its workers with it
 };
 
+// What the agents do after losing one.
+enum class AfterLoss {
+  kRestart,  // a restart is left: the next attempt waits for the lost nodes' new agents
+  kEnd,      // node 0 printed the lost agent as the root cause; the job exits 1
+};
+
 // Another node's agent that left without finishing.
 struct LostAgent {
   int node = 0;
@@ -252,6 +258,9 @@ class Agent {
   std::vector<LostAgent> LostIn(int attempt);
   // With a restart left after `lost`: node 0 invites their replacements to the next attempt.
   void AwaitRejoin(int attempt, const std::vector<LostAgent>& lost);
+  // Agents `lost` in `attempt` (not empty): restarts with their replacements while a restart is
+  // left and no stop was asked for, else ends with them as the root cause.
+  AfterLoss HandleLost(int attempt, const std::vector<LostAgent>& lost);
   // Logs each lost agent once, as the cause of what this node does next.
   void ReportLost(const std::vector<LostAgent>& lost);
   // On SIGTERM/SIGINT here: a stop, unless the store or another agent is gone (a Slurm step
@@ -827,6 +836,16 @@ void Agent::AwaitRejoin(int attempt, const std::vector<LostAgent>& lost) {
   rejoining_ = lost;
 }
 
+AfterLoss Agent::HandleLost(int attempt, const std::vector<LostAgent>& lost) {
+  ReportLost(lost);
+  if (attempt < options_.max_restarts && !stop_requested_) {
+    AwaitRejoin(attempt, lost);
+    return AfterLoss::kRestart;
+  }
+  if (node_.node_rank == 0) PrintLostRootCause(attempt, lost);
+  return AfterLoss::kEnd;
+}
+
 void Agent::ReportLost(const std::vector<LostAgent>& lost) {
   for (const LostAgent& agent : lost) {
     const std::pair<int, int> id = {agent.node, agent.incarnation};
@@ -892,7 +911,14 @@ absl::StatusOr<int> Agent::Run() {
   for (int attempt = first_attempt;; ++attempt) {
     if (const absl::Status arrived = Barrier(Key(attempt, "arrived"), options_.rendezvous_timeout);
         !arrived.ok()) {
-      if (rejoining_.empty()) return arrived;
+      if (rejoining_.empty()) {
+        // An agent lost between attempts (not at the first rendezvous, which only gathers them).
+        const std::vector<LostAgent> lost =
+            attempt > first_attempt ? LostIn(attempt) : std::vector<LostAgent>();
+        if (lost.empty()) return arrived;
+        if (HandleLost(attempt, lost) == AfterLoss::kRestart) continue;
+        return Finish(1);
+      }
       // The lost agents did not come back: they remain the root cause.
       LogError("node %d: %s", node_.node_rank, arrived.message());
       if (node_.node_rank == 0) PrintLostRootCause(attempt - 1, rejoining_);
@@ -929,16 +955,19 @@ absl::StatusOr<int> Agent::Run() {
     // Workers fail when an agent is lost (their peers die with it): it is the cause. The lost
     // node cannot reach this attempt's barriers; the next attempt's rendezvous waits for it.
     if (const std::vector<LostAgent> lost = LostIn(attempt); !lost.empty()) {
-      ReportLost(lost);
-      if (attempt < options_.max_restarts && !stop_requested_) {
-        AwaitRejoin(attempt, lost);
-        continue;
-      }
-      if (node_.node_rank == 0) PrintLostRootCause(attempt, lost);
+      if (HandleLost(attempt, lost) == AfterLoss::kRestart) continue;
       return Finish(1);
     }
     RETURN_IF_ERROR(PublishFailures(attempt));
-    RETURN_IF_ERROR(Barrier(Key(attempt, "stopped"), options_.rendezvous_timeout));
+    // A lost host may show up only here: its workers' peers time out in Gloo before the store
+    // notices that the host stopped answering.
+    if (const absl::Status stopped = Barrier(Key(attempt, "stopped"), options_.rendezvous_timeout);
+        !stopped.ok()) {
+      const std::vector<LostAgent> lost = LostIn(attempt);
+      if (lost.empty()) return stopped;
+      if (HandleLost(attempt, lost) == AfterLoss::kRestart) continue;
+      return Finish(1);
+    }
     if (attempt < options_.max_restarts) {
       LogWarn("node %d: restarting the workers (restart %d of %d)", node_.node_rank, attempt + 1,
               options_.max_restarts);

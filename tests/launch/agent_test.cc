@@ -603,6 +603,54 @@ TEST(AgentTest, AHungRankIsTheRootCause) {
   for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
 }
 
+// Node 1's agent is lost while node 0 waits for it to stop its workers (a vanished host: the
+// workers' peers time out before the store notices, so the loss shows up only in that barrier).
+// Node 0 names it as the root cause and exits 1, rather than returning the barrier's error.
+TEST(AgentTest, AgentLostInTheStoppedBarrierIsTheRootCause) {
+  const int port = testing::FreeTcpPort();
+  NodeZero agent({"/bin/sh", "-c", "exit 3"}, 2, port);
+  agent.options.nproc_per_node = 1;
+  std::thread node1([port] {
+    FakeAgent fake(port, 1);
+    if (!fake.connected()) return;
+    fake.Arrive(0, "arrived", 2);
+    fake.AwaitKey("agent/attempt-0/failures/node-0");
+    fake.Lose();
+  });
+  absl::StatusOr<int> result;
+  const std::string output = agent.Run(&result);
+  node1.join();
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
+  EXPECT_EQ(*result, 1) << output;
+  EXPECT_THAT(output, HasSubstr("Root cause: node 1 (host fake-host): agent lost"));
+}
+
+// The same between attempts: node 1's agent is lost after the first attempt failed, while node 0
+// waits at the second attempt's rendezvous; the restart is used up, so the lost agent is named.
+TEST(AgentTest, AgentLostBeforeARestartIsTheRootCause) {
+  const int port = testing::FreeTcpPort();
+  NodeZero agent({"/bin/sh", "-c", "exit 3"}, 2, port);
+  agent.options.nproc_per_node = 1;
+  agent.options.max_restarts = 1;
+  std::thread node1([port] {
+    FakeAgent fake(port, 1);
+    if (!fake.connected()) return;
+    fake.Arrive(0, "arrived", 2);
+    fake.AwaitKey("agent/attempt-0/failures/node-0");
+    EXPECT_TRUE(fake.store().Set("agent/attempt-0/failures/node-1", "[]").ok());
+    fake.Arrive(0, "stopped", 2);
+    fake.AwaitKey("agent/attempt-1/arrived");
+    fake.Lose();
+  });
+  absl::StatusOr<int> result;
+  const std::string output = agent.Run(&result);
+  node1.join();
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
+  EXPECT_EQ(*result, 1) << output;
+  EXPECT_THAT(output, HasSubstr("the job failed (1 restarts used of 1). Root cause: node 1 (host "
+                                "fake-host): agent lost"));
+}
+
 // Anything with the store token can write the agents' records: failure lists and lost-agent
 // records that are not what an agent writes are skipped (they aborted node 0's agent), and the
 // root cause still comes from node 0's own record.
