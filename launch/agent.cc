@@ -21,6 +21,7 @@
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/subprocess.h"
+#include "parallel/store/socket.h"
 #include "parallel/store/tcp_store_client.h"
 #include "parallel/store/tcp_store_server.h"
 #include "parallel/world_membership.h"
@@ -34,6 +35,8 @@ constexpr absl::Duration kMonitorInterval = absl::Milliseconds(100);
 constexpr absl::Duration kRendezvousInterval = absl::Milliseconds(10);
 // How long node 0 keeps the store up for the other agents to read the final state.
 constexpr absl::Duration kExitTimeout = absl::Seconds(30);
+// How long node 0 waits for the requeue command (`scontrol requeue`) to answer.
+constexpr absl::Duration kRequeueTimeout = absl::Seconds(30);
 // How often an agent blocked in a barrier looks for agents that were lost meanwhile.
 constexpr absl::Duration kBarrierLivenessInterval = absl::Seconds(1);
 // Agent liveness. Each agent asks the store to count its connection's close (the store sees it
@@ -132,14 +135,45 @@ std::string Hostname() {
   return gethostname(name, sizeof(name) - 1) == 0 ? name : "?";
 }
 
+// One failed (or stopped) worker as an agent published it for the root cause.
+struct FailureRecord {
+  int rank = 0;
+  int node = 0;
+  std::string host;
+  std::string exit;
+  bool stopped = false;  // ended by its agent
+  std::vector<int> blames;
+  int64_t time_us = 0;
+  std::string stderr_tail;
+};
+
+// The records in one node's `failures` value; nullopt when it is not what PublishFailures
+// writes (anything that holds the store token can write the key).
+std::optional<std::vector<FailureRecord>> ParseFailures(const std::string& text) {
+  const nlohmann::json list = nlohmann::json::parse(text, nullptr, false);
+  if (!list.is_array()) return std::nullopt;
+  std::vector<FailureRecord> records;
+  try {
+    for (const nlohmann::json& entry : list) {
+      records.push_back(
+          {entry.at("rank").get<int>(), entry.at("node").get<int>(),
+           entry.at("host").get<std::string>(), entry.at("exit").get<std::string>(),
+           entry.at("stopped").get<bool>(), entry.at("blames").get<std::vector<int>>(),
+           entry.at("time_us").get<int64_t>(), entry.at("stderr").get<std::string>()});
+    }
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+  return records;
+}
+
 // The first record that a failure (earliest first) blames, and that failure; null if none.
-std::pair<const nlohmann::json*, const nlohmann::json*> FirstBlamed(
-    const std::vector<nlohmann::json>& records,
-    const std::vector<const nlohmann::json*>& failures) {
-  for (const nlohmann::json* failure : failures) {
-    for (const int blamed : (*failure)["blames"]) {
-      for (const nlohmann::json& record : records) {
-        if (record["rank"].get<int>() == blamed) return {&record, failure};
+std::pair<const FailureRecord*, const FailureRecord*> FirstBlamed(
+    const std::vector<FailureRecord>& records, const std::vector<const FailureRecord*>& failures) {
+  for (const FailureRecord* failure : failures) {
+    for (const int blamed : failure->blames) {
+      for (const FailureRecord& record : records) {
+        if (record.rank == blamed) return {&record, failure};
       }
     }
   }
@@ -152,7 +186,7 @@ struct Worker {
   std::unique_ptr<Subprocess> process;
   std::string partial[2];  // stdout, stderr: the unfinished last line
   std::deque<std::string> stderr_tail;
-  int log_fd = -1;
+  UniqueFd log_fd;  // --log-dir: closed with the worker, so restarts leak none
   absl::Time exited_at;
   bool told_to_stop = false;
   // Exited 0 without having finished its part (ProcessGroup::Leave): its peers still needed it.
@@ -166,6 +200,12 @@ enum class Outcome {
   kStopping,   // SIGTERM/SIGINT here or on another node
   kLostStore,  // the store (node 0's agent) is gone: nobody can coordinate a restart
   kLostAgent,  // another node's agent is gone: its workers with it
+};
+
+// What the agents do after losing one.
+enum class AfterLoss {
+  kRestart,  // a restart is left: the next attempt waits for the lost nodes' new agents
+  kEnd,      // node 0 printed the lost agent as the root cause; the job exits 1
 };
 
 // Another node's agent that left without finishing.
@@ -218,6 +258,9 @@ class Agent {
   std::vector<LostAgent> LostIn(int attempt);
   // With a restart left after `lost`: node 0 invites their replacements to the next attempt.
   void AwaitRejoin(int attempt, const std::vector<LostAgent>& lost);
+  // Agents `lost` in `attempt` (not empty): restarts with their replacements while a restart is
+  // left and no stop was asked for, else ends with them as the root cause.
+  AfterLoss HandleLost(int attempt, const std::vector<LostAgent>& lost);
   // Logs each lost agent once, as the cause of what this node does next.
   void ReportLost(const std::vector<LostAgent>& lost);
   // On SIGTERM/SIGINT here: a stop, unless the store or another agent is gone (a Slurm step
@@ -232,6 +275,9 @@ class Agent {
   absl::Status PublishFailures(int attempt);
   void PrintRootCause(int attempt);
   void Requeue();
+  // Records that this agent ended on purpose, before its connection closes, so that the close
+  // does not count as a lost agent. False when the store is gone.
+  bool Settle();
   int Finish(int exit_code);
 
   WorldEnvironment node_;  // master_port becomes the bound one on a single node
@@ -274,6 +320,18 @@ absl::Status Agent::Connect() {
   }
   store_ = *std::move(client);
   node_.master_port = port;  // node 0 may have chosen it
+  // A second agent for a node must leave the running one alone: checked before this agent
+  // becomes the node's newest (whose close the others would then take for the node's loss).
+  const int node = node_.node_rank;
+  const int64_t previous = Counter(NodeKey("agent/incarnation", node)).value_or(0);
+  if (previous > 0 && Counter(NodeKey(kClosedKey, node, previous)).value_or(0) == 0) {
+    const absl::StatusOr<std::string> host =
+        store_->Get(NodeKey("agent/host", node), absl::ZeroDuration());
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "node %d already has a running agent (on host %s); start one `dtrain launch` per node, "
+        "each with its own node rank",
+        node, host.value_or("?")));
+  }
   ASSIGN_OR_RETURN(const int64_t incarnation,
                    store_->Add(NodeKey("agent/incarnation", node_.node_rank), 1));
   incarnation_ = static_cast<int>(incarnation);
@@ -285,10 +343,6 @@ absl::Status Agent::Connect() {
 absl::StatusOr<int> Agent::Rejoin() {
   if (incarnation_ == 1) return 0;
   const int node = node_.node_rank;
-  if (Counter(NodeKey(kClosedKey, node, incarnation_ - 1)).value_or(0) == 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "node %d already has a running agent; start one `dtrain launch` per node", node));
-  }
   LogInfo(
       "node %d: this node's last agent was lost; waiting up to %s for node 0 to restart the "
       "job with this one",
@@ -297,6 +351,8 @@ absl::StatusOr<int> Agent::Rejoin() {
       store_->Get(NodeKey("agent/rejoin", node, incarnation_), options_.rendezvous_timeout);
   int attempt = 0;
   if (!attempt_text.ok() || !absl::SimpleAtoi(*attempt_text, &attempt)) {
+    // This agent gives up, like one that finished: its close is no new loss of the node.
+    (void)Settle();
     return absl::FailedPreconditionError(
         absl::StrCat("node ", node,
                      " cannot rejoin the job: node 0 did not restart it with this node (no "
@@ -357,8 +413,8 @@ absl::Status Agent::StartWorkers(int attempt) {
     worker.rank = node_.node_rank * options_.nproc_per_node + local;
     if (!options_.log_dir.empty()) {
       const std::string path = absl::StrCat(options_.log_dir, "/rank-", worker.rank, ".log");
-      worker.log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (worker.log_fd < 0) {
+      worker.log_fd = UniqueFd(open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+      if (!worker.log_fd.valid()) {
         return absl::FailedPreconditionError(
             absl::StrCat("cannot write the worker log ", path, ": ", strerror(errno),
                          "; point --log-dir at a writable folder"));
@@ -384,10 +440,11 @@ void Agent::EmitLine(Worker& worker, int stream, const std::string& line) {
     worker.stderr_tail.emplace_back(line);
     if (worker.stderr_tail.size() > kStderrTailLines) worker.stderr_tail.pop_front();
   }
-  const std::string text = worker.log_fd >= 0
+  const std::string text = worker.log_fd.valid()
                                ? absl::StrCat(line, "\n")
                                : absl::StrCat("[rank ", worker.rank, "] ", line, "\n");
-  const int fd = worker.log_fd >= 0 ? worker.log_fd : (stream == 0 ? STDOUT_FILENO : STDERR_FILENO);
+  const int fd =
+      worker.log_fd.valid() ? worker.log_fd.get() : (stream == 0 ? STDOUT_FILENO : STDERR_FILENO);
   (void)!write(fd, text.data(), text.size());
 }
 
@@ -609,21 +666,26 @@ absl::Status Agent::PublishFailures(int attempt) {
 
 void Agent::PrintRootCause(int attempt) {
   // Every node's workers that failed, and those its agent had to stop.
-  std::vector<nlohmann::json> records;
+  std::vector<FailureRecord> records;
   for (int node = 0; node < node_.num_nodes; ++node) {
-    const absl::StatusOr<std::string> value =
-        store_->Get(Key(attempt, absl::StrCat("failures/node-", node)), absl::Seconds(5));
+    const std::string key = Key(attempt, absl::StrCat("failures/node-", node));
+    const absl::StatusOr<std::string> value = store_->Get(key, absl::Seconds(5));
     if (!value.ok()) continue;
-    for (const nlohmann::json& record : nlohmann::json::parse(*value, nullptr, false)) {
-      records.push_back(record);
+    std::optional<std::vector<FailureRecord>> parsed = ParseFailures(*value);
+    if (!parsed) {
+      LogWarn(
+          "ignoring node %d's failed workers: store key '%s' does not hold the JSON list an "
+          "agent writes (another program with the job's token wrote it?)",
+          node, key);
+      continue;
     }
+    records.insert(records.end(), parsed->begin(), parsed->end());
   }
-  std::sort(records.begin(), records.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
-    return a["time_us"].get<int64_t>() < b["time_us"].get<int64_t>();
-  });
-  std::vector<const nlohmann::json*> failures;
-  for (const nlohmann::json& record : records) {
-    if (!record["stopped"].get<bool>()) failures.push_back(&record);
+  std::sort(records.begin(), records.end(),
+            [](const FailureRecord& a, const FailureRecord& b) { return a.time_us < b.time_us; });
+  std::vector<const FailureRecord*> failures;
+  for (const FailureRecord& record : records) {
+    if (!record.stopped) failures.push_back(&record);
   }
   if (failures.empty()) {
     LogError("the job failed but no worker recorded a failure (an agent was lost?)");
@@ -634,57 +696,61 @@ void Agent::PrintRootCause(int attempt) {
   // follow from it (a dead peer breaks every collective).
   auto [root, blamer] = FirstBlamed(records, failures);
   if (root == nullptr) root = failures.front();
-  const bool hung = (*root)["stopped"].get<bool>();
+  const bool hung = root->stopped;
   if (hung) failures.push_back(root);
   std::string table =
       absl::StrFormat("%-6s %-6s %-20s %-24s %s\n", "rank", "node", "host", "exit", "time");
-  for (const nlohmann::json* f : failures) {
-    absl::StrAppendFormat(
-        &table, "%-6d %-6d %-20s %-24s %s\n", (*f)["rank"].get<int>(), (*f)["node"].get<int>(),
-        (*f)["host"].get<std::string>(),
-        (*f)["stopped"].get<bool>() ? "hung: ended by the agent" : (*f)["exit"].get<std::string>(),
-        ClockTime(absl::FromUnixMicros((*f)["time_us"].get<int64_t>())));
+  for (const FailureRecord* f : failures) {
+    absl::StrAppendFormat(&table, "%-6d %-6d %-20s %-24s %s\n", f->rank, f->node, f->host,
+                          f->stopped ? "hung: ended by the agent" : f->exit,
+                          ClockTime(absl::FromUnixMicros(f->time_us)));
   }
   const std::string what =
       hung ? absl::StrFormat(
                  "hung: rank %d's error names it as a rank that never started the failed "
                  "collective; the agent then ended it (%s)",
-                 (*blamer)["rank"].get<int>(), (*root)["exit"].get<std::string>())
-           : (*root)["exit"].get<std::string>();
-  auto tail_of = [](const nlohmann::json& record) {
-    std::string tail = record["stderr"].get<std::string>();
-    return absl::StrFormat("Last lines of rank %d's stderr:\n%s", record["rank"].get<int>(),
-                           tail.empty() ? "(nothing on stderr)\n" : tail);
+                 blamer->rank, root->exit)
+           : root->exit;
+  auto tail_of = [](const FailureRecord& record) {
+    return absl::StrFormat(
+        "Last lines of rank %d's stderr:\n%s", record.rank,
+        record.stderr_tail.empty() ? "(nothing on stderr)\n" : record.stderr_tail);
   };
   LogError(
       "the job failed (%d restarts used of %d). Root cause: rank %d on node %d (%s), %s.\n"
       "Failed workers, first failure first:\n%s%s%s",
-      attempt, options_.max_restarts, (*root)["rank"].get<int>(), (*root)["node"].get<int>(),
-      (*root)["host"].get<std::string>(), what, table, tail_of(*root),
-      blamer != nullptr && blamer != root ? tail_of(*blamer) : "");
+      attempt, options_.max_restarts, root->rank, root->node, root->host, what, table,
+      tail_of(*root), blamer != nullptr && blamer != root ? tail_of(*blamer) : "");
 }
 
 void Agent::Requeue() {
   const std::string command = absl::StrJoin(options_.requeue_argv, " ");
   absl::StatusOr<std::unique_ptr<Subprocess>> process =
       Subprocess::Spawn(options_.requeue_argv, ChildOptions(options_.environment));
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  const absl::Time deadline = absl::Now() + kRequeueTimeout;
   while (process.ok() && !(*process)->Poll() && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   if (process.ok() && (*process)->exit_status() && (*process)->exit_status()->ok()) {
     LogInfo("requeued the job: %s", command);
-  } else {
-    LogError("could not requeue the job with `%s`%s; resubmit it to resume from the checkpoint",
-             command, process.ok() ? "" : absl::StrCat(": ", process.status().message()));
+    return;
   }
+  const std::string reason =
+      !process.ok() ? std::string(process.status().message())
+      : (*process)->exit_status()
+          ? (*process)->exit_status()->ToString()
+          : absl::StrCat("no answer within ", absl::FormatDuration(kRequeueTimeout));
+  LogError("could not requeue the job with `%s`: %s; resubmit it to resume from the checkpoint",
+           command, reason);
+}
+
+bool Agent::Settle() {
+  return store_->Set(NodeKey("agent/exited", node_.node_rank, incarnation_), "1").ok() &&
+         store_->Add(kSettledKey, 1).ok();
 }
 
 int Agent::Finish(int exit_code) {
-  // Settled before the connection closes, so that the close does not count as a lost agent.
-  const bool reachable =
-      store_->Set(NodeKey("agent/exited", node_.node_rank, incarnation_), "1").ok() &&
-      store_->Add(kSettledKey, 1).ok();
+  const bool reachable = Settle();
   // Node 0 hosts the store: it stays up until every other agent has read the outcome and gone
   // (a lost one is gone already; a replaced one closed too).
   if (reachable && node_.node_rank == 0) {
@@ -724,15 +790,23 @@ std::vector<LostAgent> Agent::LostIn(int attempt) {
       store_->Get(Key(attempt, "lost"), absl::ZeroDuration());
   const nlohmann::json recorded =
       nlohmann::json::parse(recorded_text.value_or("[]"), nullptr, false);
+  // Anything that holds the store token can write the key: entries unlike ours are dropped.
+  bool rewrite = !recorded.is_array();
   for (const nlohmann::json& entry : recorded.is_array() ? recorded : nlohmann::json::array()) {
-    const LostAgent agent{entry["node"].get<int>(), entry["host"].get<std::string>(),
-                          entry["incarnation"].get<int>()};
+    LostAgent agent;
+    try {
+      agent = {entry.at("node").get<int>(), entry.at("host").get<std::string>(),
+               entry.at("incarnation").get<int>()};
+    } catch (const nlohmann::json::exception&) {
+      rewrite = true;
+      continue;
+    }
     const bool known = std::any_of(lost.begin(), lost.end(), [&](const LostAgent& a) {
       return a.node == agent.node && a.incarnation == agent.incarnation;
     });
     if (!known) lost.push_back(agent);
   }
-  if (!recorded.is_array() || lost.size() > recorded.size()) {
+  if (rewrite || lost.size() > recorded.size()) {
     nlohmann::json record = nlohmann::json::array();
     for (const LostAgent& agent : lost) {
       record.push_back(
@@ -760,6 +834,16 @@ void Agent::AwaitRejoin(int attempt, const std::vector<LostAgent>& lost) {
       node_.node_rank, attempt + 1, options_.max_restarts, nodes,
       absl::FormatDuration(options_.rendezvous_timeout));
   rejoining_ = lost;
+}
+
+AfterLoss Agent::HandleLost(int attempt, const std::vector<LostAgent>& lost) {
+  ReportLost(lost);
+  if (attempt < options_.max_restarts && !stop_requested_) {
+    AwaitRejoin(attempt, lost);
+    return AfterLoss::kRestart;
+  }
+  if (node_.node_rank == 0) PrintLostRootCause(attempt, lost);
+  return AfterLoss::kEnd;
 }
 
 void Agent::ReportLost(const std::vector<LostAgent>& lost) {
@@ -827,7 +911,14 @@ absl::StatusOr<int> Agent::Run() {
   for (int attempt = first_attempt;; ++attempt) {
     if (const absl::Status arrived = Barrier(Key(attempt, "arrived"), options_.rendezvous_timeout);
         !arrived.ok()) {
-      if (rejoining_.empty()) return arrived;
+      if (rejoining_.empty()) {
+        // An agent lost between attempts (not at the first rendezvous, which only gathers them).
+        const std::vector<LostAgent> lost =
+            attempt > first_attempt ? LostIn(attempt) : std::vector<LostAgent>();
+        if (lost.empty()) return arrived;
+        if (HandleLost(attempt, lost) == AfterLoss::kRestart) continue;
+        return Finish(1);
+      }
       // The lost agents did not come back: they remain the root cause.
       LogError("node %d: %s", node_.node_rank, arrived.message());
       if (node_.node_rank == 0) PrintLostRootCause(attempt - 1, rejoining_);
@@ -864,16 +955,19 @@ absl::StatusOr<int> Agent::Run() {
     // Workers fail when an agent is lost (their peers die with it): it is the cause. The lost
     // node cannot reach this attempt's barriers; the next attempt's rendezvous waits for it.
     if (const std::vector<LostAgent> lost = LostIn(attempt); !lost.empty()) {
-      ReportLost(lost);
-      if (attempt < options_.max_restarts && !stop_requested_) {
-        AwaitRejoin(attempt, lost);
-        continue;
-      }
-      if (node_.node_rank == 0) PrintLostRootCause(attempt, lost);
+      if (HandleLost(attempt, lost) == AfterLoss::kRestart) continue;
       return Finish(1);
     }
     RETURN_IF_ERROR(PublishFailures(attempt));
-    RETURN_IF_ERROR(Barrier(Key(attempt, "stopped"), options_.rendezvous_timeout));
+    // A lost host may show up only here: its workers' peers time out in Gloo before the store
+    // notices that the host stopped answering.
+    if (const absl::Status stopped = Barrier(Key(attempt, "stopped"), options_.rendezvous_timeout);
+        !stopped.ok()) {
+      const std::vector<LostAgent> lost = LostIn(attempt);
+      if (lost.empty()) return stopped;
+      if (HandleLost(attempt, lost) == AfterLoss::kRestart) continue;
+      return Finish(1);
+    }
     if (attempt < options_.max_restarts) {
       LogWarn("node %d: restarting the workers (restart %d of %d)", node_.node_rank, attempt + 1,
               options_.max_restarts);

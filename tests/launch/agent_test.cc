@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -20,6 +21,7 @@
 #include "core/util/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/store/tcp_store_client.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/run_dtrain.h"
 
@@ -372,6 +374,7 @@ TEST(AgentTest, LogDirHoldsOneFilePerRank) {
   const std::string text((std::istreambuf_iterator<char>(rank0)), {});
   EXPECT_THAT(text, HasSubstr("step 3/3"));
   EXPECT_TRUE(std::filesystem::exists(logs + "/rank-1.log"));
+  const std::string dir = std::filesystem::canonical(logs).string();  // as /proc names it
 }
 
 TEST(AgentTest, KilledWorkerWithoutRestartsEndsWithTheRootCause) {
@@ -484,25 +487,79 @@ TEST(AgentTest, OneRanksErrorEndsTheJobAtOnceNamingIt) {
   EXPECT_THAT(launch.output(), HasSubstr("cannot open shard " + missing));
 }
 
-// An agent on this machine running `worker_argv` for 2 ranks, without restarts; returns what it
-// wrote to stderr (its log and the workers' stderr lines).
-std::string RunAgentCapturingStderr(const std::vector<std::string>& worker_argv, int* exit_code) {
+// Node 0's agent in this process: of a job of `num_nodes` (the others are FakeAgents of the
+// test; port 0: a single node), running `worker_argv` for 2 ranks, without restarts.
+struct NodeZero {
+  NodeZero(const std::vector<std::string>& worker_argv, int num_nodes = 1, int port = 0) {
+    node.node_rank = 0;
+    node.num_nodes = num_nodes;
+    node.master_addr = "127.0.0.1";
+    node.master_port = port;
+    options.worker_argv = worker_argv;
+    options.nproc_per_node = 2;
+    options.environment = Environment();
+  }
+  // Runs it to the end; returns what it wrote to stderr (its log and the workers' stderr lines).
+  std::string Run(absl::StatusOr<int>* result) const {
+    ::testing::internal::CaptureStderr();
+    *result = RunAgent(node, options);
+    return ::testing::internal::GetCapturedStderr();
+  }
+
   WorldEnvironment node;
-  node.node_rank = 0;
-  node.num_nodes = 1;
-  node.master_addr = "127.0.0.1";
-  node.master_port = 0;
   AgentOptions options;
-  options.worker_argv = worker_argv;
-  options.nproc_per_node = 2;
-  options.environment = Environment();
-  ::testing::internal::CaptureStderr();
-  const absl::StatusOr<int> code = RunAgent(node, options);
-  const std::string text = ::testing::internal::GetCapturedStderr();
+};
+
+std::string RunAgentCapturingStderr(const std::vector<std::string>& worker_argv, int* exit_code) {
+  absl::StatusOr<int> code;
+  const std::string text = NodeZero(worker_argv).Run(&code);
   EXPECT_TRUE(code.ok()) << code.status();
   *exit_code = code.value_or(-1);
   return text;
 }
+
+// Another node's agent as node 0's store sees it (the keys Agent::Connect and Agent::Barrier
+// write), driven step by step by the test.
+class FakeAgent {
+ public:
+  FakeAgent(int port, int node) : node_(node) {
+    TcpStoreClientOptions options;
+    options.connect_timeout = absl::Seconds(60);
+    absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+        TcpStoreClient::Connect("127.0.0.1", port, options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (!client.ok()) return;
+    store_ = *std::move(client);
+    EXPECT_EQ(store_->Add(absl::StrCat("agent/incarnation/node-", node), 1).value_or(0), 1);
+    EXPECT_TRUE(store_->Set(absl::StrCat("agent/host/node-", node), "fake-host").ok());
+    EXPECT_TRUE(store_->AddOnClose(absl::StrCat("agent/closed/node-", node, "/1"), 1).ok());
+    EXPECT_TRUE(store_->AddOnClose("agent/closed", 1).ok());
+  }
+  bool connected() const { return store_ != nullptr; }
+  TcpStoreClient& store() { return *store_; }
+  // Arrives at barrier `name` of `attempt`, without waiting for the others.
+  void Arrive(int attempt, const std::string& name, int num_nodes) {
+    const std::string counter = absl::StrCat("agent/attempt-", attempt, "/", name);
+    if (store_->Add(counter, 1).value_or(0) == num_nodes) {
+      EXPECT_TRUE(store_->Set(counter + "/open", "1").ok());
+    }
+  }
+  // Waits until node 0 wrote `key` (what it does right before a barrier).
+  void AwaitKey(const std::string& key) {
+    EXPECT_TRUE(store_->Get(key, absl::Seconds(60)).ok()) << key;
+  }
+  // Ends as an agent that finished (its close is settled), or as a lost one.
+  void Finish() {
+    EXPECT_TRUE(store_->Set(absl::StrCat("agent/exited/node-", node_, "/1"), "1").ok());
+    EXPECT_TRUE(store_->Add("agent/settled", 1).ok());
+    store_.reset();
+  }
+  void Lose() { store_.reset(); }
+
+ private:
+  int node_;
+  std::unique_ptr<TcpStoreClient> store_;
+};
 
 // Rank 1 exits 0 at once, before the job is done; rank 0 would wait for it in rendezvous and
 // time out. The early exit is the root cause, not rank 0's timeout.
@@ -544,6 +601,155 @@ TEST(AgentTest, AHungRankIsTheRootCause) {
   EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
   EXPECT_THAT(launch.output(), HasSubstr("hung"));
   for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
+}
+
+// Node 1's agent is lost while node 0 waits for it to stop its workers (a vanished host: the
+// workers' peers time out before the store notices, so the loss shows up only in that barrier).
+// Node 0 names it as the root cause and exits 1, rather than returning the barrier's error.
+TEST(AgentTest, AgentLostInTheStoppedBarrierIsTheRootCause) {
+  const int port = testing::FreeTcpPort();
+  NodeZero agent({"/bin/sh", "-c", "exit 3"}, 2, port);
+  agent.options.nproc_per_node = 1;
+  std::thread node1([port] {
+    FakeAgent fake(port, 1);
+    if (!fake.connected()) return;
+    fake.Arrive(0, "arrived", 2);
+    fake.AwaitKey("agent/attempt-0/failures/node-0");
+    fake.Lose();
+  });
+  absl::StatusOr<int> result;
+  const std::string output = agent.Run(&result);
+  node1.join();
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
+  EXPECT_EQ(*result, 1) << output;
+  EXPECT_THAT(output, HasSubstr("Root cause: node 1 (host fake-host): agent lost"));
+}
+
+// The same between attempts: node 1's agent is lost after the first attempt failed, while node 0
+// waits at the second attempt's rendezvous; the restart is used up, so the lost agent is named.
+TEST(AgentTest, AgentLostBeforeARestartIsTheRootCause) {
+  const int port = testing::FreeTcpPort();
+  NodeZero agent({"/bin/sh", "-c", "exit 3"}, 2, port);
+  agent.options.nproc_per_node = 1;
+  agent.options.max_restarts = 1;
+  std::thread node1([port] {
+    FakeAgent fake(port, 1);
+    if (!fake.connected()) return;
+    fake.Arrive(0, "arrived", 2);
+    fake.AwaitKey("agent/attempt-0/failures/node-0");
+    EXPECT_TRUE(fake.store().Set("agent/attempt-0/failures/node-1", "[]").ok());
+    fake.Arrive(0, "stopped", 2);
+    fake.AwaitKey("agent/attempt-1/arrived");
+    fake.Lose();
+  });
+  absl::StatusOr<int> result;
+  const std::string output = agent.Run(&result);
+  node1.join();
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
+  EXPECT_EQ(*result, 1) << output;
+  EXPECT_THAT(output, HasSubstr("the job failed (1 restarts used of 1). Root cause: node 1 (host "
+                                "fake-host): agent lost"));
+}
+
+// Anything with the store token can write the agents' records: failure lists and lost-agent
+// records that are not what an agent writes are skipped (they aborted node 0's agent), and the
+// root cause still comes from node 0's own record.
+TEST(AgentTest, MalformedRecordsInTheStoreDoNotAbortTheAgent) {
+  const int port = testing::FreeTcpPort();
+  NodeZero agent({"/bin/sh", "-c", "exit 3"}, 4, port);
+  agent.options.nproc_per_node = 1;
+  const std::string bad_failures[] = {"not json", R"({"rank": 1})", R"([7, {"rank": "one"}, {}])"};
+  std::vector<std::thread> others;
+  for (int node = 1; node <= 3; ++node) {
+    others.emplace_back([port, node, &bad_failures] {
+      FakeAgent fake(port, node);
+      if (!fake.connected()) return;
+      if (node == 1) {
+        EXPECT_TRUE(fake.store().Set("agent/attempt-0/lost", R"([7, {"node": "x"}])").ok());
+      }
+      fake.Arrive(0, "arrived", 4);
+      fake.AwaitKey("agent/attempt-0/failures/node-0");
+      EXPECT_TRUE(
+          fake.store()
+              .Set(absl::StrCat("agent/attempt-0/failures/node-", node), bad_failures[node - 1])
+              .ok());
+      fake.Arrive(0, "stopped", 4);
+      fake.Finish();
+    });
+  }
+  absl::StatusOr<int> result;
+  const std::string output = agent.Run(&result);
+  for (std::thread& other : others) other.join();
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
+  EXPECT_EQ(*result, 1) << output;
+  EXPECT_THAT(output, HasSubstr("Root cause: rank 0 on node 0"));
+  EXPECT_THAT(output, HasSubstr("exit code 3"));
+  for (int node = 1; node <= 3; ++node) {
+    EXPECT_THAT(output, HasSubstr(absl::StrCat("ignoring node ", node, "'s failed workers")));
+  }
+}
+
+// A second `dtrain launch` for a node whose agent runs is turned away before it registers, and
+// the job goes on: its exit looked like the loss of the running agent, which ended the job (at
+// once: more steps than fit into the agents' 100 ms check interval).
+TEST(AgentTest, SecondAgentForARunningNodeLeavesTheJobAlone) {
+  TwoPods job("duplicate", 100000);
+  std::unique_ptr<Launch> duplicate = job.Start(1);
+  EXPECT_NE(duplicate->Wait(absl::Seconds(60)), 0) << duplicate->output();
+  EXPECT_THAT(duplicate->output(), HasSubstr("node 1 already has a running agent (on host "));
+  const int steps = StepsLogged(job.out);
+  ASSERT_TRUE(job.pods[0]->Pump(absl::Seconds(60), [&] {
+    job.pods[1]->Pump(absl::Milliseconds(1));  // its output must not fill the pipe and stall it
+    return StepsLogged(job.out) > steps + 10;
+  })) << job.pods[0]->output();
+  for (const auto& pod : job.pods) EXPECT_FALSE(pod->process().Poll()) << pod->output();
+  EXPECT_THAT(job.pods[0]->output(), Not(HasSubstr("agent lost")));
+  for (const auto& pod : job.pods) KillAgent(*pod);
+}
+
+// The worker logs of every attempt are closed (each restart leaked one fd per worker).
+TEST(AgentTest, RestartsLeakNoLogFile) {
+  const std::string logs = OutDir("log_fds");
+  std::filesystem::create_directories(logs);
+  NodeZero agent({"/bin/sh", "-c", "exit 3"});
+  agent.options.log_dir = logs;
+  agent.options.max_restarts = 2;
+  absl::StatusOr<int> result;
+  const std::string output = agent.Run(&result);
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
+  EXPECT_EQ(*result, 1) << output;
+  EXPECT_TRUE(std::filesystem::exists(logs + "/rank-1.log"));
+  const std::string dir = std::filesystem::canonical(logs).string();  // as /proc names it
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::filesystem::path target = std::filesystem::read_symlink(fd.path(), error);
+    EXPECT_FALSE(absl::StartsWith(target.string(), dir)) << target << " is still open";
+  }
+}
+
+// The requeue command fails: the message says how.
+TEST(AgentTest, FailedRequeueSaysWhy) {
+  const std::string dir = OutDir("requeue");
+  std::filesystem::create_directories(dir);
+  const std::string started = dir + "/started";
+  NodeZero agent({"/bin/sh", "-c",
+                  absl::StrCat("touch ", started, "-$RANK; trap 'exit 0' TERM; ",
+                               "while :; do sleep 0.1; done")});
+  agent.options.requeue_argv = {"/bin/sh", "-c", "exit 4"};
+  std::thread stopper([&] {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (!(std::filesystem::exists(started + "-0") && std::filesystem::exists(started + "-1")) &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    kill(getpid(), SIGTERM);  // the agent's handler takes it: a stop, as from Slurm
+  });
+  absl::StatusOr<int> result;
+  const std::string output = agent.Run(&result);
+  stopper.join();
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
+  EXPECT_EQ(*result, 0) << output;
+  EXPECT_THAT(output, HasSubstr("could not requeue the job with `/bin/sh -c exit 4`: exit code 4"));
 }
 
 TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {
