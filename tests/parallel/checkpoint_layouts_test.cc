@@ -3,7 +3,9 @@
 // the elements it holds. Ranks are threads with Gloo communicators over one in-memory store;
 // the engines are filled directly (no training), so every value is a known function of its
 // place in the whole model and the comparisons are exact (values are only copied).
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -12,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/checkpoint/reader.h"
+#include "core/checkpoint/tools.h"
 #include "core/model/param_table.h"
 #include "gtest/gtest.h"
 #include "parallel/checkpointing.h"
@@ -255,6 +258,39 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat(info.param.family, "_", Name(info.param.saved),
                           info.param.saved.async ? "_async" : "");
     });
+
+// `dtrain ckpt inspect` and `export` read the whole model's tensors, whatever layout saved them.
+// (Export reads the saved recipe, so this needs a recipe check that accepts parallel.tp > 1.)
+
+// The tensor bytes of a safetensors file (after its header, whose metadata names the folder).
+std::string SafetensorsData(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  uint64_t header = 0;
+  if (bytes.size() < sizeof(header)) return "";
+  std::memcpy(&header, bytes.data(), sizeof(header));
+  return bytes.size() < sizeof(header) + header ? "" : bytes.substr(sizeof(header) + header);
+}
+
+TEST(CheckpointLayoutsExportTest, ATensorParallelCheckpointExportsAsTheSameModel) {
+  std::vector<std::string> exported;
+  for (const Layout& layout : {Layout{1, 1, "ddp"}, Layout{2, 2, "zero3"}}) {
+    const std::string dir = testing::TempPath("ckpt_layouts_export_" + Name(layout));
+    fs::remove_all(dir);
+    const Recipe recipe = BaseRecipe("llama", dir);
+    ASSERT_FALSE(HasFailure());
+    RunLayout(recipe, layout, nullptr);
+    ASSERT_FALSE(HasFailure());
+    const InspectReport report = InspectCheckpoints(dir);
+    EXPECT_TRUE(report.valid) << report.text;
+    exported.push_back(dir + ".safetensors");
+    const absl::Status status = ExportCheckpoint(dir, exported.back(), "safetensors");
+    ASSERT_TRUE(status.ok()) << Name(layout) << ": " << status;
+  }
+  const std::string whole = SafetensorsData(exported[0]);
+  EXPECT_GT(whole.size(), 10000u);
+  EXPECT_TRUE(whole == SafetensorsData(exported[1]));
+}
 
 }  // namespace
 }  // namespace dtrain
