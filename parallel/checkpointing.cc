@@ -268,12 +268,14 @@ absl::Status TrainingCheckpoints::TryLoad(const std::string& step_dir, LoaderSta
             status.Update(absl::DataLossError(absl::StrCat(step_dir, " holds no tensor ", name)));
             return;
           }
+          std::vector<Box> boxes;
+          std::vector<float*> outs;
           ForEachGlobalBox(entry, ChunkShape(m, *record), begin - entry.offset, end - entry.offset,
                            [&](size_t local, const Box& box) {
-                             if (!status.ok()) return;
-                             status = reader.ReadBox(
-                                 name, box, range.values + (entry.offset + local - range.begin));
+                             boxes.push_back(box);
+                             outs.push_back(range.values + (entry.offset + local - range.begin));
                            });
+          if (status.ok()) status = reader.ReadBoxes(name, boxes, outs);
         });
     RETURN_IF_ERROR(status);
   }
