@@ -21,6 +21,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/sharding.h"
 #include "tests/parallel/comm/test_store.h"
+#include "tests/testing/checkpoint_v1.h"
 #include "tests/testing/run_dtrain.h"
 
 namespace dtrain {
@@ -258,6 +259,23 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat(info.param.family, "_", Name(info.param.saved),
                           info.param.saved.async ? "_async" : "");
     });
+
+// A version 1 checkpoint (before tensor parallelism: flat ranges of each tensor, here saved by
+// two ZeRO-3 ranks) loads under tensor parallelism too.
+TEST(CheckpointLayoutsVersion1Test, LoadsUnderTensorParallelism) {
+  const std::string dir = testing::TempPath("ckpt_layouts_v1");
+  fs::remove_all(dir);
+  const Recipe recipe = BaseRecipe("llama", dir);
+  ASSERT_FALSE(HasFailure());
+  const Layout saved{1, 2, "zero3"};
+  RunLayout(recipe, saved, nullptr);
+  ASSERT_FALSE(HasFailure());
+  testing::RewriteAsVersion1(absl::StrCat(dir, "/step-", kStep));
+  for (const Layout& load : {Layout{2, 1, "ddp"}, Layout{4, 1, "zero3"}, Layout{2, 2, "zero3"}}) {
+    SCOPED_TRACE(absl::StrCat("loaded as ", Name(load)));
+    RunLayout(recipe, load, &saved);
+  }
+}
 
 // `dtrain ckpt inspect` and `export` read the whole model's tensors, whatever layout saved them.
 // (Export reads the saved recipe, so this needs a recipe check that accepts parallel.tp > 1.)
