@@ -93,8 +93,9 @@ void ForEachGlobalBox(const TensorEntry& entry, const std::vector<int64_t>& shap
     for (Box& box : FlatRangeToBoxes(shape, static_cast<int64_t>(global),
                                      static_cast<int64_t>(global + count))) {
       const size_t numel = static_cast<size_t>(BoxNumel(box));
-      if (pending && Stacks(*pending, box) &&
-          pending_local + static_cast<size_t>(BoxNumel(*pending)) == local) {
+      // The runs cover [lo, hi) in order, so a box that stacks onto the pending one also
+      // follows it locally.
+      if (pending && Stacks(*pending, box)) {
         pending->lengths[0] += box.lengths[0];
       } else {
         if (pending) fn(pending_local, *pending);
