@@ -7,12 +7,14 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/checkpoint/box.h"
 #include "core/checkpoint/reader.h"
 #include "core/util/fnv.h"
 #include "core/util/log.h"
@@ -62,6 +64,54 @@ void ForEachTensorPiece(const ParamTable& table, size_t lo, size_t hi, Fn fn) {
     const size_t end = std::min(hi, entry.offset + entry.numel);
     if (begin < end) fn(entry, begin, end);
   }
+}
+
+// True when box `b` continues box `a` along the first dimension with the same extent in the
+// others, so that the two are one box whose row-major order is a's elements, then b's.
+bool Stacks(const Box& a, const Box& b) {
+  if (a.offsets.empty() || a.offsets.size() != b.offsets.size() ||
+      a.offsets[0] + a.lengths[0] != b.offsets[0]) {
+    return false;
+  }
+  for (size_t d = 1; d < a.offsets.size(); ++d) {
+    if (a.offsets[d] != b.offsets[d] || a.lengths[d] != b.lengths[d]) return false;
+  }
+  return true;
+}
+
+// Calls fn(local, box) for boxes of the whole model's tensor, indexed as `shape` (its global
+// shape, or the one dimension a version 1 checkpoint indexes), that together hold the entry's
+// local elements [lo, hi), each box's elements being the local elements local, local + 1, ...
+// Consecutive runs of a column block stack into one box, so a tensor-parallel shard is a few
+// boxes rather than one per row.
+template <typename Fn>
+void ForEachGlobalBox(const TensorEntry& entry, const std::vector<int64_t>& shape, size_t lo,
+                      size_t hi, Fn fn) {
+  std::optional<Box> pending;
+  size_t pending_local = 0;
+  ForEachGlobalRun(entry, lo, hi, [&](size_t local, size_t global, size_t count) {
+    for (Box& box : FlatRangeToBoxes(shape, static_cast<int64_t>(global),
+                                     static_cast<int64_t>(global + count))) {
+      const size_t numel = static_cast<size_t>(BoxNumel(box));
+      // The runs cover [lo, hi) in order, so a box that stacks onto the pending one also
+      // follows it locally.
+      if (pending && Stacks(*pending, box)) {
+        pending->lengths[0] += box.lengths[0];
+      } else {
+        if (pending) fn(pending_local, *pending);
+        pending = std::move(box);
+        pending_local = local;
+      }
+      local += numel;
+    }
+  });
+  if (pending) fn(pending_local, *pending);
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t numel = 1;
+  for (const int64_t n : shape) numel *= n;
+  return numel;
 }
 
 uint64_t AgreeOnNonce(Communicator* comm) {
@@ -131,7 +181,10 @@ absl::StatusOr<double> TrainingCheckpoints::Save(int64_t step, double lr, const 
     const int tp_pp = recipe_.parallel.tp * recipe_.parallel.pp;
     m.world = WorldRecord{world_, engine_.strategy().name, world_ / tp_pp, recipe_.parallel.tp,
                           recipe_.parallel.pp};
-    for (const TensorEntry& entry : table_.entries()) {
+    // The whole model's tensors, whatever slice this rank holds, so that checkpoints of every
+    // layout name and shape them alike.
+    const ParamTable whole(table_.config(), ModelSlice{});
+    for (const TensorEntry& entry : whole.entries()) {
       for (const StateKind kind :
            {StateKind::kParameters, StateKind::kMomentM, StateKind::kMomentV}) {
         m.tensors.push_back(TensorRecord{StateTensorName(kind, entry.name), entry.shape,
@@ -139,6 +192,10 @@ absl::StatusOr<double> TrainingCheckpoints::Save(int64_t step, double lr, const 
       }
     }
   }
+  // What this rank writes: its data-parallel share of what its tensor-parallel slice counts, so
+  // that a tensor replicated over tensor-parallel ranks (whole, or a kv head held by several)
+  // is written once, and the chunks of all ranks cover each tensor exactly once.
+  const std::vector<std::pair<size_t, size_t>> counted = table_.CountedRanges();
   const std::vector<StateRange> ranges = engine_.SavedState();
   float* staging = nullptr;
   if (writer_.async()) {
@@ -153,13 +210,19 @@ absl::StatusOr<double> TrainingCheckpoints::Save(int64_t step, double lr, const 
       values = staging;
       staging += range.end - range.begin;
     }
-    ForEachTensorPiece(table_, range.begin, range.end,
-                       [&](const TensorEntry& entry, size_t begin, size_t end) {
-                         AppendFlatRangeChunks(StateTensorName(range.kind, entry.name), entry.shape,
-                                               static_cast<int64_t>(begin - entry.offset),
-                                               static_cast<int64_t>(end - entry.offset),
-                                               values + (begin - range.begin), request.chunks);
-                       });
+    for (const auto& [counted_begin, counted_end] : counted) {
+      const size_t lo = std::max(range.begin, counted_begin);
+      const size_t hi = std::min(range.end, counted_end);
+      if (lo >= hi) continue;
+      ForEachTensorPiece(table_, lo, hi, [&](const TensorEntry& entry, size_t begin, size_t end) {
+        ForEachGlobalBox(
+            entry, entry.global_shape, begin - entry.offset, end - entry.offset,
+            [&](size_t local, const Box& box) {
+              request.chunks.push_back(ChunkSource{StateTensorName(range.kind, entry.name), box,
+                                                   values + (entry.offset + local - range.begin)});
+            });
+      });
+    }
   }
   RETURN_IF_ERROR(writer_.Save(std::move(request)));
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -184,10 +247,10 @@ absl::Status TrainingCheckpoints::TryLoad(const std::string& step_dir, LoaderSta
   }
   for (const TensorEntry& entry : table_.entries()) {
     const TensorRecord* record = m.FindTensor(entry.name);
-    if (record == nullptr || record->numel != static_cast<int64_t>(entry.numel)) {
+    if (record == nullptr || record->numel != Numel(entry.global_shape)) {
       fatal = true;
       return absl::FailedPreconditionError(
-          absl::StrCat(step_dir, " holds no tensor ", entry.name, " of ", entry.numel,
+          absl::StrCat(step_dir, " holds no tensor ", entry.name, " of ", Numel(entry.global_shape),
                        " values; it was saved from a different model"));
     }
   }
@@ -195,23 +258,46 @@ absl::Status TrainingCheckpoints::TryLoad(const std::string& step_dir, LoaderSta
     LogWarn("resuming from %s with changed recipe keys: %s", step_dir,
             absl::StrJoin(changed, ", "));
   }
+  // Each held element from where the whole model's tensor has it, whatever layout saved it.
   for (const StateRange& range : engine_.HeldState()) {
     absl::Status status;
     ForEachTensorPiece(
         table_, range.begin, range.end, [&](const TensorEntry& entry, size_t begin, size_t end) {
-          if (!status.ok()) return;
-          status = reader.Read(
-              StateTensorName(range.kind, entry.name), static_cast<int64_t>(begin - entry.offset),
-              static_cast<int64_t>(end - entry.offset), range.values + (begin - range.begin));
+          const std::string name = StateTensorName(range.kind, entry.name);
+          const TensorRecord* record = m.FindTensor(name);
+          if (record == nullptr) {
+            status.Update(absl::DataLossError(absl::StrCat(step_dir, " holds no tensor ", name)));
+            return;
+          }
+          std::vector<Box> boxes;
+          std::vector<float*> outs;
+          ForEachGlobalBox(entry, ChunkShape(m, *record), begin - entry.offset, end - entry.offset,
+                           [&](size_t local, const Box& box) {
+                             boxes.push_back(box);
+                             outs.push_back(range.values + (entry.offset + local - range.begin));
+                           });
+          if (status.ok()) status = reader.ReadBoxes(name, boxes, outs);
         });
     RETURN_IF_ERROR(status);
   }
   engine_.SetOptimizerStep(m.optimizer_step);
   if (m.data.empty()) return absl::DataLossError(step_dir + " holds no data-loader state");
-  if (m.world.world_size == world_ && static_cast<int>(m.data.size()) == world_) {
+  const WorldRecord& saved = m.world;
+  if (saved.world_size == world_ && saved.tp == recipe_.parallel.tp &&
+      saved.pp == recipe_.parallel.pp && static_cast<int>(m.data.size()) == world_) {
     data = m.data[rank_];
   } else {
-    ASSIGN_OR_RETURN(data, MergeLoaderStates(m.data));
+    // One loader state per data-parallel rank: the tensor- and pipeline-parallel ranks of a
+    // data-parallel rank read the same data, so only the first of them (tp and pp index 0,
+    // mesh.h) is merged (all of them when the record does not describe the saved ranks).
+    const bool mesh = saved.dp * saved.tp * saved.pp == static_cast<int>(m.data.size());
+    std::vector<LoaderState> loaders;
+    for (size_t r = 0; r < m.data.size(); ++r) {
+      if (!mesh || (r % saved.tp == 0 && r < static_cast<size_t>(saved.dp * saved.tp))) {
+        loaders.push_back(m.data[r]);
+      }
+    }
+    ASSIGN_OR_RETURN(data, MergeLoaderStates(loaders));
   }
   step = m.step;
   resumed_metrics_line_ = m.metrics_line;

@@ -1,6 +1,9 @@
 // Checkpoints of a training run (format: core/checkpoint/format.h): the data-parallel engine's
 // state, the data cursor and the step, saved by every rank in parallel and loaded into any world
-// size or strategy.
+// size, strategy or tensor-parallel size. The checkpoint holds the whole model's tensors: each
+// rank writes the boxes of them that its slice holds (a tensor-parallel shard's rows and column
+// block), a value held by several ranks (data-parallel replicas, tensors or kv heads replicated
+// over tensor-parallel ranks) written by one of them; each rank reads back the boxes it holds.
 //
 // Resume (checkpoint.resume): auto takes the newest complete checkpoint in checkpoint.dir (none:
 // a fresh start); never starts fresh; a path loads that step-<N> folder (or the newest complete

@@ -200,18 +200,34 @@ absl::Status CheckpointReader::Read(const std::string& tensor, int64_t begin, in
 }
 
 absl::Status CheckpointReader::ReadBox(const std::string& tensor, const Box& box, float* out) {
+  return ReadBoxes(tensor, {box}, {out});
+}
+
+absl::Status CheckpointReader::ReadBoxes(const std::string& tensor, const std::vector<Box>& boxes,
+                                         const std::vector<float*>& outs) {
   const TensorRecord* record = manifest_.FindTensor(tensor);
   if (record == nullptr) {
     return absl::NotFoundError(
         absl::StrCat(dir_, " has no tensor ", tensor, "; it was saved from a different model"));
   }
   const std::vector<int64_t> shape = ChunkShape(manifest_, *record);
-  if (!BoxInShape(box, shape)) {
-    return absl::InvalidArgumentError(absl::StrCat(dir_, ": box ", BoxToString(box), " of ", tensor,
-                                                   " is outside its shape ",
-                                                   BoxToString(WholeBox(shape))));
+  for (size_t k = 0; k < boxes.size(); ++k) {
+    if (!BoxInShape(boxes[k], shape)) {
+      return absl::InvalidArgumentError(absl::StrCat(dir_, ": box ", BoxToString(boxes[k]), " of ",
+                                                     tensor, " is outside its shape ",
+                                                     BoxToString(WholeBox(shape))));
+    }
+    if (k > 0 && FlatIndexOfFirst(boxes[k], shape) <= FlatIndexOfLast(boxes[k - 1], shape)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir_, ": boxes of ", tensor, " out of flat order: ", BoxToString(boxes[k]),
+                       " starts before ", BoxToString(boxes[k - 1]), " ends"));
+    }
   }
-  return ReadBoxes(*record, {box}, {out});
+  if (outs.size() != boxes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(dir_, ": ", boxes.size(), " boxes of ", tensor,
+                                                   " but ", outs.size(), " destinations"));
+  }
+  return ReadBoxes(*record, boxes, outs);
 }
 
 absl::Status CheckpointReader::ReadBoxes(const TensorRecord& tensor, const std::vector<Box>& boxes,

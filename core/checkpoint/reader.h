@@ -39,6 +39,11 @@ class CheckpointReader {
   absl::Status Read(const std::string& tensor, int64_t begin, int64_t end, float* out);
   // Fills `box` of `tensor` (a box of ChunkShape) into `out` in the box's row-major order.
   absl::Status ReadBox(const std::string& tensor, const Box& box, float* out);
+  // Fills each of `boxes` of `tensor` into the matching `outs`, reading every chunk once (a
+  // tensor-parallel shard is several boxes that one saved chunk may all overlap). The boxes
+  // must come in flat order: each box's first element after the previous box's last.
+  absl::Status ReadBoxes(const std::string& tensor, const std::vector<Box>& boxes,
+                         const std::vector<float*>& outs);
   // Reads every chunk and checks its checksum; returns one line per bad chunk (empty: all good).
   std::vector<std::string> VerifyAll();
 

@@ -4,15 +4,13 @@
 
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/checkpoint/box.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
+#include "tests/testing/checkpoint_v1.h"
 #include "tests/testing/run_dtrain.h"
 
 namespace dtrain {
@@ -102,30 +100,6 @@ TEST(CheckpointingTest, AMissingManifestIsSkipped) {
       "did not complete");
 }
 
-// Rewrites a checkpoint's manifest the way format version 1 wrote it: chunks as flat element
-// ranges [begin, end), no data types. Every chunk the trainer writes is one run of its tensor, so
-// its range starts at its first element's flat position.
-void RewriteAsVersion1(const std::string& step_dir) {
-  using Json = nlohmann::json;
-  const std::string path = step_dir + "/manifest.json";
-  Json manifest = Json::parse(std::ifstream(path));
-  manifest["format_version"] = 1;
-  std::map<std::string, std::vector<int64_t>> shapes;
-  for (Json& tensor : manifest["tensors"]) {
-    shapes[tensor["name"]] = tensor["shape"].get<std::vector<int64_t>>();
-    tensor.erase("dtype");
-  }
-  for (Json& chunk : manifest["chunks"]) {
-    const Box box{chunk["offsets"].get<std::vector<int64_t>>(),
-                  chunk["lengths"].get<std::vector<int64_t>>()};
-    const int64_t begin = FlatIndexOfFirst(box, shapes[chunk["tensor"]]);
-    chunk["begin"] = begin;
-    chunk["end"] = begin + BoxNumel(box);
-    for (const char* key : {"offsets", "lengths", "dtype"}) chunk.erase(key);
-  }
-  std::ofstream(path) << manifest.dump(1);
-}
-
 TEST(CheckpointingTest, AVersion1CheckpointResumesIdentically) {
   const std::string out = testing::TempPath("ckpt_v1_run");
   fs::remove_all(out);
@@ -135,7 +109,7 @@ TEST(CheckpointingTest, AVersion1CheckpointResumesIdentically) {
   const std::string dir = out + "/ck/checkpoints";
   fs::remove_all(dir + "/step-6");
   fs::remove_all(dir + "/step-8");
-  RewriteAsVersion1(dir + "/step-4");
+  testing::RewriteAsVersion1(dir + "/step-4");
   EXPECT_THAT(testing::RunDtrain("ckpt inspect " + dir + "/step-4").stdout_text,
               HasSubstr("format 1"));
 

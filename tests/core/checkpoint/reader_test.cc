@@ -231,6 +231,26 @@ TEST(CheckpointReaderTest, ColumnSlicesAreOneChunkEachAndLoadAsAnyRangeOrBox) {
   EXPECT_THAT(outside.message(), HasSubstr("box [3:5, 0:6] of w is outside its shape [0:4, 0:6]"));
 }
 
+// What a tensor-parallel rank reads: several boxes at once (here the two middle rows of both
+// column chunks, as two row boxes, and a partial last row), in flat order.
+TEST(CheckpointReaderTest, SeveralBoxesLoadTogetherInFlatOrder) {
+  const std::string dir = testing::FreshDir("ckpt_boxes");
+  std::vector<float> w(24);
+  std::iota(w.begin(), w.end(), 0.0f);
+  ASSERT_TRUE(SaveColumnSlices(dir, w).ok());
+  absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-1");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<float> rows(12), last(2);
+  const std::vector<Box> boxes = {Box{{1, 0}, {2, 6}}, Box{{3, 4}, {1, 2}}};
+  ASSERT_TRUE(reader->ReadBoxes("w", boxes, {rows.data(), last.data()}).ok());
+  EXPECT_EQ(rows, std::vector<float>(w.begin() + 6, w.begin() + 18));
+  EXPECT_THAT(last, ElementsAre(22, 23));
+  const absl::Status unordered =
+      reader->ReadBoxes("w", {boxes[1], boxes[0]}, {last.data(), rows.data()});
+  EXPECT_EQ(unordered.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unordered.message(), HasSubstr("boxes of w out of flat order"));
+}
+
 TEST(CheckpointReaderTest, OverlappingChunksAreADamagedManifest) {
   const std::string dir = testing::FreshDir("ckpt_overlap");
   std::vector<float> w(24);
