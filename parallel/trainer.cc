@@ -304,14 +304,14 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   ASSIGN_OR_RETURN(const ShardingStrategy strategy, ShardingStrategyFromRecipe(recipe.parallel));
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(recipe.parallel.recompute));
-  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, recompute, dp_size);
+  const ModelSlice slice{.tp_rank = mesh.coords().tp, .tp_size = mesh.shape().tp};
+  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice);
   RETURN_IF_ERROR(CheckRankMemory(memory, PhysicalMemoryBytes(), strategy, dp_size));
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
 
   CpuBackend backend(recipe.run.threads);
-  const ParamTable table(config,
-                         ModelSlice{.tp_rank = mesh.coords().tp, .tp_size = mesh.shape().tp});
+  const ParamTable table(config, slice);
   std::unique_ptr<CommTensorParallel> tensor_parallel;
   if (groups.tp) tensor_parallel = std::make_unique<CommTensorParallel>(*groups.tp, kv_replicas);
   ASSIGN_OR_RETURN(
