@@ -209,9 +209,9 @@ absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& confi
   return absl::OkStatus();
 }
 
-void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const Datasets& data,
-                 const Transformer& model, int dp_size, int micro_batches, double peak_flops,
-                 int threads) {
+void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDims& dims,
+                 const Datasets& data, const Transformer& model, int dp_size, int micro_batches,
+                 double peak_flops, int threads) {
   const TrainSection& train = recipe.train;
   LogInfo("model: %s, %d layers, d_model %d, %d heads (%d kv), vocab %d: %.2fM parameters",
           FamilyName(config.family), config.n_layer, config.d_model, config.n_head,
@@ -223,6 +223,12 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const Datasets
       train.batch_size, train.seq_len, static_cast<int64_t>(train.batch_size) * train.seq_len,
       dp_size, micro_batches, train.micro_batch, MiB(model.activation_bytes()),
       recipe.parallel.recompute);
+  if (recipe.parallel.tp > 1) {
+    LogInfo(
+        "tensor parallel: %d ranks share each block's heads and MLP width (%d query heads, %d kv "
+        "heads, MLP width %d on each)",
+        recipe.parallel.tp, dims.heads, dims.kv_heads, dims.mlp_width);
+  }
   LogInfo(
       "MFU is stated against %.1f GFLOP/s per rank, the best measured float32 GEMM of "
       "this CPU backend (%d threads)",
@@ -346,7 +352,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   const int64_t tokens_per_step = static_cast<int64_t>(train.batch_size) * train.seq_len;
   std::ofstream metrics;
   if (leader) {
-    LogRunSetup(recipe, config, data, model, dp_size, micro_batches, peak_flops,
+    LogRunSetup(recipe, config, table.dims(), data, model, dp_size, micro_batches, peak_flops,
                 backend.num_threads());
     const std::filesystem::path run_dir = recipe.run_dir();
     RETURN_IF_ERROR(OpenMetrics((run_dir / recipe.logging.metrics_file).string(), resumed_step,

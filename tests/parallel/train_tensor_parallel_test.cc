@@ -101,6 +101,8 @@ void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<
     for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
     EXPECT_THAT(ranks[0].output,
                 HasSubstr(absl::StrCat(layout.world / layout.tp, " data-parallel ranks")));
+    EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("tensor parallel: ", layout.tp,
+                                                        " ranks share each block's heads")));
     const Metrics metrics = ReadMetrics(out);
     ASSERT_EQ(metrics.loss.size(), reference.loss.size());
     ASSERT_EQ(metrics.val_loss.size(), reference.val_loss.size());
