@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "core/recipe/recipe.h"
 #include "launch/launcher.h"
+#include "parallel/trainer.h"
 
 namespace dtrain::cli {
 
@@ -72,6 +73,9 @@ void AddLaunchCommand(CLI::App& app) {
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     LaunchOptions& launch = args->launch;
     launch.recipe_threads = recipe->run.threads;
+    launch.check_world = [layout = *recipe](int world_size) {
+      return CheckLayoutFitsWorld(layout, world_size);
+    };
     if (args->nproc_per_node > 0) launch.world.nproc_per_node = args->nproc_per_node;
     if (args->node_rank >= 0) launch.world.node_rank = args->node_rank;
     if (args->num_nodes > 0) launch.world.num_nodes = args->num_nodes;

@@ -27,6 +27,9 @@ void AddTrainCommand(CLI::App& app) {
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     absl::StatusOr<WorldEnvironment> world = RankWorldFromEnvironment();
     if (!world.ok()) Fail(world.status(), kExitFailure);
+    if (absl::Status status = CheckLayoutFitsWorld(*recipe, world->world_size); !status.ok()) {
+      Fail(status, kExitUsage);
+    }
     if (absl::Status status = RunTraining(*recipe, *world); !status.ok()) {
       Fail(status, kExitFailure);
     }

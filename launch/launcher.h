@@ -9,6 +9,7 @@
 //   (loopback master, a free port, a generated token).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,7 +24,10 @@ struct LaunchOptions {
   std::string recipe_path;             // empty: the built-in tiny recipe
   std::vector<std::string> overrides;  // --set key=value, passed on to every worker
   int recipe_threads = 0;              // run.threads of the resolved recipe (0 = all cores)
-  WorldOverrides world;                // --nproc-per-node, --node-rank, --nnodes, --master-*
+  // The recipe's rules that need the world size, checked before any worker starts (none: no
+  // check).
+  std::function<absl::Status(int world_size)> check_world;
+  WorldOverrides world;  // --nproc-per-node, --node-rank, --nnodes, --master-*
   int max_restarts = 0;
   std::string log_dir;
   absl::Duration rendezvous_timeout = absl::Minutes(5);

@@ -28,11 +28,13 @@ uint64_t Fingerprint(const std::vector<float>& values) {
 
 DataParallelEngine::DataParallelEngine(const ParamTable& table, const ShardingStrategy& strategy,
                                        const TrainSection& train, Backend& backend,
-                                       Communicator* comm)
+                                       Communicator* comm, Communicator* tensor_parallel)
     : table_(table),
       strategy_(strategy),
       backend_(backend),
       comm_(comm),
+      tensor_parallel_(tensor_parallel),
+      counted_(table.CountedRanges()),
       layout_(table, strategy.unit_bytes,
               strategy.sharding == Sharding::kNone || comm == nullptr ? 1 : comm->size()) {
   params_.assign(sharded_params() ? layout_.shard_size() : layout_.padded_size(), 0.0f);
@@ -280,15 +282,17 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   }
   RETURN_IF_ERROR(error_);
 
-  double sum_squares = 0;
-  for (const Unit& unit : layout_.units()) {
-    sum_squares += backend_.SumSquares(OwnGrads(unit), unit.shard);
-  }
+  double sum_squares = CountedSumSquares();
   StepTotals totals;
   // One all-reduce for the loss and the squared norm. Replicated gradients (ddp) are counted
   // once, by rank 0.
   if (layout_.ranks() == 1 && rank() > 0) sum_squares = 0;
   RETURN_IF_ERROR(SumOverRanks(local_loss_sum, sum_squares));
+  // The loss is the same on every tensor-parallel rank; the norm's parts are not.
+  if (tensor_parallel_) {
+    std::unique_ptr<Work> work = tensor_parallel_->AllReduce(&sum_squares, 1, ReduceOp::kSum);
+    RETURN_IF_ERROR(Wait(work));
+  }
   totals.loss = local_loss_sum / static_cast<double>(global_tokens);
   totals.grad_norm = std::sqrt(sum_squares);
   if (!std::isfinite(totals.grad_norm) || !std::isfinite(totals.loss)) {
@@ -318,6 +322,21 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   }
   totals.exposed_comm_ms = exposed_comm_ms_;
   return totals;
+}
+
+double DataParallelEngine::CountedSumSquares() {
+  double sum_squares = 0;
+  for (size_t u = 0; u < layout_.units().size(); ++u) {
+    const Unit& unit = layout_.units()[u];
+    // The gradient slice this rank holds starts where its optimizer slice does.
+    const auto [begin, end] = OptimizerRange(u);
+    const float* grads = OwnGrads(unit);
+    for (const auto& [counted_begin, counted_end] : counted_) {
+      const size_t lo = std::max(begin, counted_begin), hi = std::min(end, counted_end);
+      if (lo < hi) sum_squares += backend_.SumSquares(grads + (lo - begin), hi - lo);
+    }
+  }
+  return sum_squares;
 }
 
 absl::Status SumOverRanks(Communicator* comm, double& a, double& b) {

@@ -61,9 +61,13 @@ absl::Status SumOverRanks(Communicator* comm, double& a, double& b);
 
 class DataParallelEngine : public BlockParameters {
  public:
-  // `comm` is the data-parallel group (null for one process). `table` must outlive the engine.
+  // `comm` is the data-parallel group (null for one process). `tensor_parallel` is the group of
+  // the ranks holding the other tensor-parallel shards of the model (null without tensor
+  // parallelism): the gradient norm sums over it too, each rank counting its table's
+  // CountedRanges so that replicated tensors count once. `table` must outlive the engine.
   DataParallelEngine(const ParamTable& table, const ShardingStrategy& strategy,
-                     const TrainSection& train, Backend& backend, Communicator* comm);
+                     const TrainSection& train, Backend& backend, Communicator* comm,
+                     Communicator* tensor_parallel = nullptr);
 
   // Fills this rank's parameters from the whole model's, given in table layout.
   void LoadParameters(const float* full);
@@ -139,11 +143,15 @@ class DataParallelEngine : public BlockParameters {
   float* ParamAt(const Unit& unit, size_t position);
   // Table range of the optimizer slice of unit `u` (the whole unit when unsharded).
   std::pair<size_t, size_t> OptimizerRange(size_t u) const;
+  // This rank's share of the squared gradient norm: its gradient slices' counted elements.
+  double CountedSumSquares();
 
   const ParamTable& table_;
   ShardingStrategy strategy_;
   Backend& backend_;
   Communicator* comm_;
+  Communicator* tensor_parallel_;
+  std::vector<std::pair<size_t, size_t>> counted_;  // table_.CountedRanges()
   UnitLayout layout_;
   std::vector<float> params_;             // padded full buffer, or this rank's shard (kParameters)
   std::vector<float> grads_;              // padded full buffer, or this rank's shard (kGradients+)

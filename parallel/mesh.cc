@@ -70,6 +70,15 @@ GroupSpec Mesh::PpGroup(const std::string& key_namespace) const {
                    [&](int i) { return MeshCoords{.dp = me.dp, .pp = i, .tp = me.tp}; });
 }
 
+GroupSpec Mesh::KvReplicaGroup(int replicas, const std::string& key_namespace) const {
+  const MeshCoords me = coords();
+  const int group = me.tp / replicas;
+  const int groups_per_tp = shape_.tp / replicas;
+  return MakeGroup(
+      *this, "kv", key_namespace, (me.pp * shape_.dp + me.dp) * groups_per_tp + group, replicas,
+      [&](int i) { return MeshCoords{.dp = me.dp, .pp = me.pp, .tp = group * replicas + i}; });
+}
+
 absl::StatusOr<MeshCommunicators> Mesh::CreateCommunicators(
     const CommunicatorFactory& factory, const std::string& key_namespace) const {
   MeshCommunicators comms;

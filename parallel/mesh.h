@@ -62,6 +62,9 @@ class Mesh {
   GroupSpec TpGroup(const std::string& key_namespace = "comm/") const;
   GroupSpec DpGroup(const std::string& key_namespace = "comm/") const;
   GroupSpec PpGroup(const std::string& key_namespace = "comm/") const;
+  // The ranks of this rank's tp group holding the same replicated kv head (tensor_parallel.h):
+  // tp ranks [g k, (g + 1) k) for k = `replicas` and g = tp rank / k.
+  GroupSpec KvReplicaGroup(int replicas, const std::string& key_namespace = "comm/") const;
 
   // Creates tp, then dp, then pp (every rank in the same order, so rendezvous cannot
   // deadlock); `key_namespace` separates meshes built more than once in one job (e.g. after a

@@ -78,12 +78,18 @@ absl::StatusOr<ProcessGroup::MeshGroups> ProcessGroup::ConnectMesh(const Mesh& m
   ASSIGN_OR_RETURN(
       mesh_, mesh.CreateCommunicators([this](const GroupSpec& spec) { return CreateGroup(spec); },
                                       comm_namespace_));
-  const auto view = [this](const std::unique_ptr<Communicator>& created, int size) {
-    if (created) return created.get();
-    return size > 1 ? world_.get() : nullptr;
-  };
   const MeshShape& shape = mesh.shape();
-  return MeshGroups{view(mesh_.tp, shape.tp), view(mesh_.dp, shape.dp), view(mesh_.pp, shape.pp)};
+  return MeshGroups{View(mesh_.tp, shape.tp), View(mesh_.dp, shape.dp), View(mesh_.pp, shape.pp)};
+}
+
+absl::StatusOr<Communicator*> ProcessGroup::ConnectKvReplicas(const Mesh& mesh, int replicas) {
+  ASSIGN_OR_RETURN(kv_replicas_, CreateGroup(mesh.KvReplicaGroup(replicas, comm_namespace_)));
+  return View(kv_replicas_, replicas);
+}
+
+Communicator* ProcessGroup::View(const std::unique_ptr<Communicator>& created, int size) const {
+  if (created) return created.get();
+  return size > 1 ? world_.get() : nullptr;
 }
 
 absl::Status ProcessGroup::Leave(absl::Status outcome) {

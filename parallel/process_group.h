@@ -54,6 +54,9 @@ class ProcessGroup {
   // the world's address and timeout). Every rank calls it once, right after Connect, so that a
   // rank failing later fails the others' next collective at once instead of their rendezvous.
   absl::StatusOr<MeshGroups> ConnectMesh(const Mesh& mesh);
+  // Joins this rank's group of Mesh::KvReplicaGroup (after ConnectMesh, every rank of the mesh
+  // with the same `replicas`), null or the world as ConnectMesh's groups.
+  absl::StatusOr<Communicator*> ConnectKvReplicas(const Mesh& mesh, int replicas);
 
  private:
   ProcessGroup() = default;
@@ -61,15 +64,19 @@ class ProcessGroup {
   absl::Status Fail(const absl::Status& error);
   // A communicator for a group of the mesh; none for a group of one rank or of every rank.
   absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(const GroupSpec& spec) const;
+  // A group of `size` ranks as callers see it: the created communicator, else the world's for
+  // a group of every rank, null for one rank.
+  Communicator* View(const std::unique_ptr<Communicator>& created, int size) const;
 
   WorldMembership membership_;
   std::string failure_key_;                 // the first failure of this attempt
   std::unique_ptr<TcpStoreServer> server_;  // rank 0 only
   std::shared_ptr<Store> store_;
   std::unique_ptr<Communicator> world_;
-  MeshCommunicators mesh_;      // the groups of ConnectMesh that are neither one rank nor the world
-  std::string comm_namespace_;  // "<job prefix>attempt-<n>/comm/"
-  std::string hostname_;        // the address peers reach this rank's Gloo devices at
+  MeshCommunicators mesh_;  // the groups of ConnectMesh that are neither one rank nor the world
+  std::unique_ptr<Communicator> kv_replicas_;  // ConnectKvReplicas's, on the same terms
+  std::string comm_namespace_;                 // "<job prefix>attempt-<n>/comm/"
+  std::string hostname_;  // the address peers reach this rank's Gloo devices at
   absl::Duration timeout_;
 };
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/model/param_table.h"
 #include "core/model/transformer.h"
 #include "parallel/planner/cost_model.h"
 
@@ -28,17 +29,17 @@ Strategy PlannerStrategy(Sharding sharding) {
 }  // namespace
 
 RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
-                              const ShardingStrategy& strategy, Recompute recompute,
-                              int world_size) {
-  const MemoryEstimate state = ModelStateBytes(PlannerStrategy(strategy.sharding),
-                                               static_cast<double>(config.num_parameters()),
+                              const ShardingStrategy& strategy, Recompute recompute, int world_size,
+                              const ModelSlice& slice) {
+  const double parameters = static_cast<double>(ParamTable(config, slice).total_numel());
+  const MemoryEstimate state = ModelStateBytes(PlannerStrategy(strategy.sharding), parameters,
                                                world_size, Precision::Fp32(), /*offload=*/false);
   RankMemory memory;
   memory.parameter_bytes = state.param_bytes;
   memory.gradient_bytes = state.grad_bytes;
   memory.optimizer_bytes = state.optimizer_bytes;
   memory.activation_bytes = Transformer::ActivationBytes(config, recipe.train.micro_batch,
-                                                         recipe.train.seq_len, recompute);
+                                                         recipe.train.seq_len, recompute, slice);
   return memory;
 }
 

@@ -27,9 +27,11 @@ struct RankMemory {
   double total_bytes() const { return model_state_bytes() + activation_bytes; }
 };
 
+// `world_size` ranks share the state of the part of the model `slice` holds (a tensor-parallel
+// shard holds its heads' and MLP columns' share and the replicated tensors).
 RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
-                              const ShardingStrategy& strategy, Recompute recompute,
-                              int world_size);
+                              const ShardingStrategy& strategy, Recompute recompute, int world_size,
+                              const ModelSlice& slice = {});
 
 // This machine's physical memory in bytes (sysconf).
 double PhysicalMemoryBytes();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/data/datasets.h"
 #include "core/metrics/step_metrics.h"
@@ -24,6 +25,7 @@
 #include "parallel/planner/auto_layout.h"
 #include "parallel/process_group.h"
 #include "parallel/rank_memory.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/train_step.h"
 
 namespace dtrain {
@@ -59,9 +61,10 @@ std::string SampleText(Transformer& model, const Recipe& recipe, int step) {
   return ids;
 }
 
-// Mean token loss over the validation set's first eval_batches micro-batches of every rank
-// (the same ones at every evaluation, so the numbers compare).
-absl::StatusOr<double> Evaluate(Transformer& model, Communicator* world, ValidationLoader& val,
+// Mean token loss over the validation set's first eval_batches micro-batches of every
+// data-parallel rank (the same ones at every evaluation, so the numbers compare). The ranks of a
+// tensor-parallel group compute one loss together, so it is summed over `dp` only.
+absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, ValidationLoader& val,
                                 const Recipe& recipe) {
   const int b = recipe.train.micro_batch;
   const int t = recipe.train.seq_len;
@@ -76,7 +79,7 @@ absl::StatusOr<double> Evaluate(Transformer& model, Communicator* world, Validat
     loss_sum += model.ForwardLoss(inputs.data(), targets.data(), rows, t);
     tokens += static_cast<double>(rows) * t;
   }
-  RETURN_IF_ERROR(SumOverRanks(world, loss_sum, tokens));
+  RETURN_IF_ERROR(SumOverRanks(dp, loss_sum, tokens));
   if (tokens == 0) return absl::FailedPreconditionError("the validation set is empty");
   return loss_sum / tokens;
 }
@@ -206,9 +209,9 @@ absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& confi
   return absl::OkStatus();
 }
 
-void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const Datasets& data,
-                 const Transformer& model, int dp_size, int micro_batches, double peak_flops,
-                 int threads) {
+void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDims& dims,
+                 const Datasets& data, const Transformer& model, int dp_size, int micro_batches,
+                 double peak_flops, int threads) {
   const TrainSection& train = recipe.train;
   LogInfo("model: %s, %d layers, d_model %d, %d heads (%d kv), vocab %d: %.2fM parameters",
           FamilyName(config.family), config.n_layer, config.d_model, config.n_head,
@@ -220,6 +223,12 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const Datasets
       train.batch_size, train.seq_len, static_cast<int64_t>(train.batch_size) * train.seq_len,
       dp_size, micro_batches, train.micro_batch, MiB(model.activation_bytes()),
       recipe.parallel.recompute);
+  if (recipe.parallel.tp > 1) {
+    LogInfo(
+        "tensor parallel: %d ranks share each block's heads and MLP width (%d query heads, %d kv "
+        "heads, MLP width %d on each)",
+        recipe.parallel.tp, dims.heads, dims.kv_heads, dims.mlp_width);
+  }
   LogInfo(
       "MFU is stated against %.1f GFLOP/s per rank, the best measured float32 GEMM of "
       "this CPU backend (%d threads)",
@@ -240,23 +249,59 @@ absl::StatusOr<CheckpointRequest> AgreeOnCheckpointSignals(Communicator* world) 
   return CheckpointRequest{stop > 0, save > 0};
 }
 
-// train.export_to: the full parameters, gathered from every rank, written by rank 0.
-absl::Status ExportWeights(const Recipe& recipe, const ModelConfig& config, const ParamTable& table,
-                           DataParallelEngine& engine, bool leader) {
-  ASSIGN_OR_RETURN(const std::vector<float> full, engine.GatherParameters());
+// The whole model's parameters (table layout of ParamTable(config, {})) from the tensor-parallel
+// ranks' shards: all-gathered over `tp` (every rank's table has the same size), then each
+// rank's pieces placed at their global positions.
+absl::StatusOr<std::vector<float>> GatherTensorParallel(const ModelConfig& config,
+                                                        const ParamTable& whole,
+                                                        const std::vector<float>& own,
+                                                        Communicator& tp) {
+  std::vector<float> shards(own.size() * tp.size());
+  RETURN_IF_ERROR(tp.AllGather(own.data(), shards.data(), own.size())->Wait());
+  std::vector<float> full(whole.total_numel());
+  for (int rank = 0; rank < tp.size(); ++rank) {
+    const ParamTable table(config, ModelSlice{.tp_rank = rank, .tp_size = tp.size()});
+    const float* shard = shards.data() + rank * own.size();
+    for (const TensorEntry& entry : table.entries()) {
+      const size_t global_offset = whole.Find(entry.name)->offset;
+      ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t global, size_t count) {
+        std::copy_n(shard + entry.offset + local, count, full.begin() + global_offset + global);
+      });
+    }
+  }
+  return full;
+}
+
+// train.export_to: the whole model's parameters, gathered from every rank, written by rank 0.
+absl::Status ExportWeights(const Recipe& recipe, const ModelConfig& config,
+                           DataParallelEngine& engine, Communicator* tp, bool leader) {
+  ASSIGN_OR_RETURN(std::vector<float> full, engine.GatherParameters());
+  const ParamTable whole(config, ModelSlice{});
+  if (tp) {
+    ASSIGN_OR_RETURN(full, GatherTensorParallel(config, whole, full, *tp));
+  }
   if (!leader) return absl::OkStatus();
   const std::string path =
       (std::filesystem::path(recipe.run_dir()) / recipe.train.export_to).string();
-  RETURN_IF_ERROR(ExportHfSafetensors(config, table, full.data(), path));
+  RETURN_IF_ERROR(ExportHfSafetensors(config, whole, full.data(), path));
   LogInfo("weights written to %s (Hugging Face names)", path);
   return absl::OkStatus();
 }
 
+// The first failed collective of the tensor-parallel hooks, named (OK without them).
+absl::Status TensorParallelStatus(const CommTensorParallel* ops) {
+  if (!ops || ops->status().ok()) return absl::OkStatus();
+  return absl::Status(ops->status().code(),
+                      absl::StrCat("tensor-parallel all-reduce: ", ops->status().message()));
+}
+
 // This rank's part of the training, from the run folder to the exported weights. What every rank
-// must agree on (evaluation, checkpoint signals, resume) goes through `world_comm`; gradients and
-// the step's loss reduce over the dp group. Both are null in a world of one.
+// must agree on (checkpoint signals, resume) goes through `world_comm`; gradients, the step's
+// loss and evaluation reduce over the dp group, the model's activations over the tp group (and
+// `kv_replicas`, the ranks holding the same replicated kv head). All are null in a world of one.
 absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const Mesh& mesh,
-                       Communicator* world_comm, const ProcessGroup::MeshGroups& groups) {
+                       Communicator* world_comm, const ProcessGroup::MeshGroups& groups,
+                       Communicator* kv_replicas) {
   const TrainSection& train = recipe.train;
   // The ranks of one tp group read the same samples: the data-parallel rank picks the data and
   // the data-parallel size splits the batch.
@@ -265,22 +310,26 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   ASSIGN_OR_RETURN(const ShardingStrategy strategy, ShardingStrategyFromRecipe(recipe.parallel));
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(recipe.parallel.recompute));
-  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, recompute, dp_size);
+  const ModelSlice slice{.tp_rank = mesh.coords().tp, .tp_size = mesh.shape().tp};
+  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice);
   RETURN_IF_ERROR(CheckRankMemory(memory, PhysicalMemoryBytes(), strategy, dp_size));
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
 
   CpuBackend backend(recipe.run.threads);
-  const ParamTable table(config, ModelSlice{});
-  ASSIGN_OR_RETURN(const std::unique_ptr<DataParallelEngine> engine_owner,
-                   AllocateOrError<DataParallelEngine>(
-                       "allocating parameters, gradients and optimizer state",
-                       memory.model_state_bytes(), table, strategy, train, backend, groups.dp));
-  DataParallelEngine& engine = *engine_owner;
+  const ParamTable table(config, slice);
+  std::unique_ptr<CommTensorParallel> tensor_parallel;
+  if (groups.tp) tensor_parallel = std::make_unique<CommTensorParallel>(*groups.tp, kv_replicas);
   ASSIGN_OR_RETURN(
-      const std::unique_ptr<Transformer> model_owner,
-      AllocateOrError<Transformer>("allocating activations", memory.activation_bytes, config, table,
-                                   engine, backend, train.micro_batch, train.seq_len, recompute));
+      const std::unique_ptr<DataParallelEngine> engine_owner,
+      AllocateOrError<DataParallelEngine>("allocating parameters, gradients and optimizer state",
+                                          memory.model_state_bytes(), table, strategy, train,
+                                          backend, groups.dp, groups.tp));
+  DataParallelEngine& engine = *engine_owner;
+  ASSIGN_OR_RETURN(const std::unique_ptr<Transformer> model_owner,
+                   AllocateOrError<Transformer>("allocating activations", memory.activation_bytes,
+                                                config, table, engine, backend, train.micro_batch,
+                                                train.seq_len, recompute, tensor_parallel.get()));
   Transformer& model = *model_owner;
   ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, dp_rank, dp_size));
   const CheckpointSignals signals;
@@ -303,7 +352,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   const int64_t tokens_per_step = static_cast<int64_t>(train.batch_size) * train.seq_len;
   std::ofstream metrics;
   if (leader) {
-    LogRunSetup(recipe, config, data, model, dp_size, micro_batches, peak_flops,
+    LogRunSetup(recipe, config, table.dims(), data, model, dp_size, micro_batches, peak_flops,
                 backend.num_threads());
     const std::filesystem::path run_dir = recipe.run_dir();
     RETURN_IF_ERROR(OpenMetrics((run_dir / recipe.logging.metrics_file).string(), resumed_step,
@@ -315,8 +364,11 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   double elapsed_s = 0;
   for (int step = static_cast<int>(resumed_step); step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(const StepResult result,
-                     TrainStep(model, engine, train, step, micro_batches, next_micro_batch));
+    absl::StatusOr<StepResult> stepped =
+        TrainStep(model, engine, train, step, micro_batches, next_micro_batch);
+    // A failed tp all-reduce left the step to run on garbage: its error is the one to report.
+    RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
+    ASSIGN_OR_RETURN(const StepResult result, std::move(stepped));
     const std::chrono::duration<double> step_time = std::chrono::steady_clock::now() - start;
     elapsed_s += step_time.count();
     if (recipe.parallel.check_replicas) RETURN_IF_ERROR(engine.CheckReplicas());
@@ -345,10 +397,15 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);
     const bool last = m.step == train.steps;
     if (train.eval_every > 0 && (m.step % train.eval_every == 0 || last)) {
-      ASSIGN_OR_RETURN(m.val_loss, Evaluate(model, world_comm, *data.val, recipe));
+      absl::StatusOr<double> val_loss = Evaluate(model, groups.dp, *data.val, recipe);
+      RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
+      ASSIGN_OR_RETURN(m.val_loss, std::move(val_loss));
     }
     std::string sample;
-    if (m.val_loss && recipe.logging.sample_tokens > 0) sample = SampleText(model, recipe, m.step);
+    if (m.val_loss && recipe.logging.sample_tokens > 0) {
+      sample = SampleText(model, recipe, m.step);
+      RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
+    }
 
     ASSIGN_OR_RETURN(const CheckpointRequest request, AgreeOnCheckpointSignals(world_comm));
     const int interval = recipe.checkpoint.interval;
@@ -375,16 +432,30 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   }
   RETURN_IF_ERROR(checkpoints->Finish());
   if (train.export_to.empty()) return absl::OkStatus();
-  return ExportWeights(recipe, config, table, engine, leader);
+  return ExportWeights(recipe, config, engine, groups.tp, leader);
 }
 
 }  // namespace
+
+absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
+  const int tp = recipe.parallel.tp, pp = recipe.parallel.pp;
+  if (world_size % (tp * pp) == 0) return absl::OkStatus();
+  std::vector<int> fits;
+  for (int size = 1; size <= world_size; ++size) {
+    if (world_size % (size * pp) == 0) fits.push_back(size);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "parallel.tp = ", tp, " x parallel.pp = ", pp, " does not divide the world of ", world_size,
+      " ranks: every data-parallel replica needs tp x pp ranks; set parallel.tp to one of ",
+      absl::StrJoin(fits, ", "), ", or run ", tp * pp, " x k ranks"));
+}
 
 absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) {
   // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
   // file per rank).
   if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);
   ASSIGN_OR_RETURN(const Recipe recipe, ResolveStrategy(requested, world.world_size));
+  RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world.world_size));
   // The dp x pp x tp mesh, tp innermost.
   const int tp_pp = recipe.parallel.tp * recipe.parallel.pp;
   ASSIGN_OR_RETURN(const Mesh mesh, Mesh::Create({.dp = world.world_size / tp_pp,
@@ -392,14 +463,26 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
                                                   .tp = recipe.parallel.tp},
                                                  world.world_size, world.rank));
   RETURN_IF_ERROR(CheckBatchSplit(recipe.train, mesh.shape().dp));
-  if (world.world_size == 1) return TrainRank(recipe, world, mesh, nullptr, {});
+  if (world.world_size == 1) return TrainRank(recipe, world, mesh, nullptr, {}, nullptr);
   // Every error after this point goes through Leave, which tells the other ranks at once.
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
                    ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
                                          absl::StrCat("dtrain/", recipe.run.name, "/")));
   absl::StatusOr<ProcessGroup::MeshGroups> groups = group->ConnectMesh(mesh);
   if (!groups.ok()) return group->Leave(groups.status());
-  return group->Leave(TrainRank(recipe, world, mesh, &group->world(), *groups));
+  // Grouped-query attention with more tp ranks than kv heads replicates each kv head on
+  // kv_replicas ranks, whose gradients sum over them.
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  const int kv_replicas =
+      LocalDimsOf(config, ModelSlice{.tp_rank = mesh.coords().tp, .tp_size = mesh.shape().tp})
+          .kv_replicas;
+  Communicator* kv_group = nullptr;
+  if (kv_replicas > 1) {
+    absl::StatusOr<Communicator*> connected = group->ConnectKvReplicas(mesh, kv_replicas);
+    if (!connected.ok()) return group->Leave(connected.status());
+    kv_group = *connected;
+  }
+  return group->Leave(TrainRank(recipe, world, mesh, &group->world(), *groups, kv_group));
 }
 
 }  // namespace dtrain

@@ -12,4 +12,8 @@ namespace dtrain {
 // Errors name what failed and why.
 absl::Status RunTraining(const Recipe& recipe, const WorldMembership& world);
 
+// InvalidArgument naming parallel.tp, parallel.pp and the world size unless the model-parallel
+// ranks (tp x pp) divide the world; callers check it before training starts.
+absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size);
+
 }  // namespace dtrain

@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
+#include "core/model/model_config.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/utf8.h"
@@ -241,7 +242,8 @@ const std::vector<KeySpec>& Keys() {
        "recommends for the actual world, among those the trainer runs",
        {"ddp", "zero1", "zero2", "zero3", "fsdp", "auto"}},
       {DTRAIN_RECIPE_KEY(parallel, tp),
-       "tensor-parallel degree (only 1 in this release)",
+       "tensor-parallel degree: ranks sharing each block's heads and MLP width (Megatron-style; "
+       "divides the world size)",
        {},
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(parallel, pp),
@@ -893,6 +895,24 @@ class Parser {
     return absl::OkStatus();
   }
 
+  // parallel.tp against the model's shape (CheckTensorParallel's rules), with the nearest sizes
+  // that fit; whether it divides the world is checked where the world is known.
+  absl::Status CheckTensorParallelSize(const Recipe& r) const {
+    const ModelConfig config = ModelConfigFromRecipe(r.model, r.d_ff());
+    const absl::Status status = CheckTensorParallel(config, r.parallel.tp);
+    if (status.ok()) return status;
+    int below = 1, above = 0;
+    for (int tp = 1; tp <= config.n_head; ++tp) {
+      if (!CheckTensorParallel(config, tp).ok()) continue;
+      if (tp < r.parallel.tp) below = tp;
+      if (tp > r.parallel.tp && above == 0) above = tp;
+    }
+    const std::string nearest = above == 0 ? absl::StrCat("parallel.tp: ", below)
+                                           : absl::StrCat("parallel.tp: ", below, " or ", above);
+    return Error("parallel.tp",
+                 absl::StrCat(status.message(), " (the nearest sizes that fit: ", nearest, ")"));
+  }
+
   // Rules that tie keys together. Each names the keys, their values and the fix.
   absl::Status CheckConsistency(const Recipe& r) const {
     const ModelSection& m = r.model;
@@ -901,9 +921,6 @@ class Parser {
                    absl::StrCat("'", r.run.device,
                                 "' is not available yet: the CUDA backend arrives in a later "
                                 "release; set run.device: cpu"));
-    }
-    if (r.parallel.tp != 1) {
-      return Error("parallel.tp", "tensor parallel arrives in a later release; set parallel.tp: 1");
     }
     if (r.parallel.pp != 1) {
       return Error("parallel.pp",
@@ -935,6 +952,14 @@ class Parser {
                                 " = ", m.d_model / m.n_head,
                                 " is odd; RoPE rotates pairs of dimensions, so choose d_model "
                                 "and n_head with an even head size"));
+    }
+    RETURN_IF_ERROR(CheckTensorParallelSize(r));
+    if (r.parallel.tp > 1 && r.parallel.strategy == "auto") {
+      return Error(
+          "parallel.strategy",
+          absl::StrCat("auto plans data parallelism only, not parallel.tp = ", r.parallel.tp,
+                       "; name the data-parallel strategy (e.g. ddp or zero1), or set "
+                       "parallel.tp: 1"));
     }
     if (r.train.batch_size % r.train.micro_batch != 0) {
       return Error("train.batch_size",

@@ -41,9 +41,9 @@ TEST(CliTest, RecipeCheckBadOverrideExits2) {
 }
 
 TEST(CliTest, TrainWithBadRecipeExits2BeforeRunning) {
-  const Outcome outcome = RunDtrain("train --set parallel.tp=2");
+  const Outcome outcome = RunDtrain("train --set parallel.tp=3");
   EXPECT_EQ(outcome.exit_code, 2);
-  EXPECT_THAT(outcome.stderr_text, HasSubstr("tensor parallel"));
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("parallel.tp"));
   const Outcome missing = RunDtrain("train /nonexistent/recipe.yaml");
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_THAT(missing.stderr_text, HasSubstr("/nonexistent/recipe.yaml"));

@@ -759,5 +759,17 @@ TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {
   EXPECT_THAT(outcome.stderr_text, HasSubstr("train.stepz"));
 }
 
+// parallel.tp must divide the world the launch makes (nodes x --nproc-per-node): exit 2 before
+// any worker starts, naming the key and the sizes that fit.
+TEST(AgentTest, TensorParallelSizeThatDoesNotDivideTheWorldFailsBeforeAnyWorkerStarts) {
+  const testing::Outcome outcome =
+      testing::RunDtrain("launch --nproc-per-node=3 --set parallel.tp=2");
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("parallel.tp = 2 x parallel.pp = 1 does not divide "
+                                             "the world of 3 ranks"));
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("set parallel.tp to one of 1, 3"));
+  EXPECT_THAT(outcome.stderr_text, Not(HasSubstr("workers")));
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -64,6 +64,26 @@ TEST(MeshTest, GroupKeyPrefixesAreSharedByMembersAndDistinctAcrossGroups) {
   EXPECT_EQ(prefixes.size(), 12u);
 }
 
+// Replicated kv heads: in a dp 2 x tp 4 mesh with each kv head on 2 ranks, the kv replica groups
+// are tp ranks {0, 1} and {2, 3} of each tp group, with one key prefix per group.
+TEST(MeshTest, KvReplicaGroupsPairConsecutiveTpRanksOfOneTpGroup) {
+  const MeshShape shape{.dp = 2, .pp = 1, .tp = 4};
+  std::set<std::pair<std::string, std::vector<int>>> groups;
+  for (int rank = 0; rank < 8; ++rank) {
+    const Mesh mesh = *Mesh::Create(shape, 8, rank);
+    const GroupSpec kv = mesh.KvReplicaGroup(2, "x/");
+    const int first = rank / 2 * 2;
+    EXPECT_EQ(kv.world_ranks, (std::vector<int>{first, first + 1})) << "rank " << rank;
+    EXPECT_EQ(kv.rank, rank % 2);
+    EXPECT_EQ(kv.key_prefix.rfind("x/kv.", 0), 0u) << kv.key_prefix;
+    groups.insert({kv.key_prefix, kv.world_ranks});
+  }
+  EXPECT_EQ(groups.size(), 4u);  // 4 groups, each with its own prefix
+  std::set<std::string> prefixes;
+  for (const auto& g : groups) prefixes.insert(g.first);
+  EXPECT_EQ(prefixes.size(), 4u);
+}
+
 TEST(MeshTest, SizesThatDoNotMultiplyToTheWorldAreRejected) {
   absl::StatusOr<Mesh> mesh = Mesh::Create(MeshShape{.dp = 2, .pp = 2, .tp = 3}, 8, 0);
   ASSERT_FALSE(mesh.ok());

@@ -4,6 +4,7 @@
 
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/model/param_table.h"
+#include "core/model/transformer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/data_parallel.h"
@@ -35,6 +36,26 @@ TEST(RankMemoryTest, EstimateIsWhatOneProcessAllocates) {
   EXPECT_EQ(estimate.parameter_bytes, static_cast<double>(engine.memory().parameter_bytes));
   EXPECT_EQ(estimate.gradient_bytes, static_cast<double>(engine.memory().gradient_bytes));
   EXPECT_EQ(estimate.optimizer_bytes, static_cast<double>(engine.memory().optimizer_bytes));
+}
+
+// A tensor-parallel rank's estimate is what its engine allocates for its shard of the model.
+TEST(RankMemoryTest, EstimateOfATensorParallelRankIsWhatItsEngineAllocates) {
+  const Recipe recipe = SmallRecipe("ddp");
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  const ModelSlice slice{.tp_rank = 1, .tp_size = 2};
+  const ParamTable table(config, slice);
+  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
+  CpuBackend backend(1);
+  const DataParallelEngine engine(table, strategy, recipe.train, backend, nullptr);
+  const RankMemory estimate =
+      EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 1, slice);
+  EXPECT_EQ(estimate.parameter_bytes, static_cast<double>(engine.memory().parameter_bytes));
+  EXPECT_EQ(estimate.optimizer_bytes, static_cast<double>(engine.memory().optimizer_bytes));
+  EXPECT_LT(estimate.parameter_bytes,
+            EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 1).parameter_bytes);
+  EXPECT_EQ(estimate.activation_bytes,
+            Transformer::ActivationBytes(config, recipe.train.micro_batch, recipe.train.seq_len,
+                                         Recompute::kNone, slice));
 }
 
 // Sharding divides the state over the ranks (ZeRO), activations stay whole on every rank.

@@ -287,10 +287,33 @@ INSTANTIATE_TEST_SUITE_P(
                         {"model.vocab_size", "data.format text", "vocab_size >= 256"}},
         ConsistencyCase{{"data.val_fraction=0"},
                         {"train.eval_every", "no validation data", "eval_every: 0"}},
-        ConsistencyCase{{"parallel.tp=2"}, {"parallel.tp", "tensor parallel", "later release"}},
+        // parallel.tp: the model's shape must split over it; the nearest sizes that fit.
+        ConsistencyCase{{"parallel.tp=3"},
+                        {"--set parallel.tp=3", "model.n_head = 4", "parallel.tp: 2 or 4"}},
+        ConsistencyCase{{"parallel.tp=4", "model.d_ff=102"},
+                        {"parallel.tp", "model.d_ff = 102",
+                         "the nearest sizes that fit: "
+                         "parallel.tp: 2)"}},
+        ConsistencyCase{
+            {"model.family=llama", "model.n_head=12", "model.n_kv_head=4", "model.d_model=96",
+             "model.d_ff=120", "parallel.tp=6"},
+            {"parallel.tp", "model.n_kv_head = 4 and parallel.tp = 6", "parallel.tp: 4 or 12"}},
+        ConsistencyCase{
+            {"parallel.tp=2", "parallel.strategy=auto"},
+            {"parallel.strategy", "auto plans data parallelism only", "parallel.tp: 1"}},
         ConsistencyCase{{"parallel.pp=2"}, {"parallel.pp", "pipeline parallel", "later release"}},
         ConsistencyCase{{"run.device=cuda"},
                         {"run.device", "CUDA", "later release", "run.device: cpu"}}));
+
+TEST(RecipeTest, TensorParallelSizesThatFitTheModelAreAccepted) {
+  absl::StatusOr<Recipe> recipe = ParseRecipe(kMinimal, "t.yaml", {"parallel.tp=4"});
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->parallel.tp, 4);
+  // Llama's 2 kv heads are replicated over 4 ranks.
+  EXPECT_TRUE(
+      ParseRecipe(kMinimal, "t.yaml", {"model.family=llama", "model.n_kv_head=2", "parallel.tp=4"})
+          .ok());
+}
 
 TEST(RecipeTest, ConsistencyNamesFileLocation) {
   EXPECT_THAT(ErrorOf(WithMinimal("train:\n  seq_len: 512\n")),

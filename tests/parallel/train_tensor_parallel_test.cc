@@ -1,0 +1,184 @@
+// `dtrain train` with parallel.tp > 1 as separate processes on loopback (torchrun's variables),
+// against one process: tensor parallelism alone and composed with data parallelism.
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/io/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/multi_process.h"
+#include "tests/testing/run_dtrain.h"
+
+namespace dtrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A tiny model whose heads, kv heads and MLP width split over 2 and 4 ranks; llama's 2 kv heads
+// are replicated at tp 4.
+std::string Recipe(const std::string& family) {
+  std::string text;
+  for (int i = 0; i < 300; ++i) absl::StrAppend(&text, "Pack my box with ", i % 7, " jugs.\n");
+  const std::string data = testing::WriteTempFile("tp_text.txt", text);
+  const std::string model = family == "llama"
+                                ? "{family: llama, n_layer: 2, n_head: 4, n_kv_head: 2, "
+                                  "d_model: 32, d_ff: 64, max_seq_len: 32}"
+                                : "{n_layer: 2, n_head: 4, d_model: 32, max_seq_len: 32}";
+  return testing::WriteTempFile(absl::StrCat("tp_", family, ".yaml"), absl::StrCat(R"(
+run: {name: tp, seed: 5, threads: 1}
+model: )",
+                                                                                   model, R"(
+data: {train: [)",
+                                                                                   data, R"(]}
+train: {steps: 10, batch_size: 8, micro_batch: 2, seq_len: 16, warmup_steps: 1, eval_every: 5,
+        eval_batches: 1, export_to: ""}
+parallel: {bucket_mb: 0.01, prefetch_bucket_mb: 0.01, check_replicas: true, timeout_s: 30}
+checkpoint: {resume: never}
+logging: {sample_tokens: 4}
+)"));
+}
+
+struct Metrics {
+  std::vector<double> loss, grad_norm, val_loss;
+};
+
+Metrics ReadMetrics(const std::string& out_dir) {
+  Metrics metrics;
+  std::ifstream in(out_dir + "/tp/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    metrics.loss.push_back(j["loss"].get<double>());
+    metrics.grad_norm.push_back(j["grad_norm"].get<double>());
+    if (j.contains("val_loss") && !j["val_loss"].is_null()) {
+      metrics.val_loss.push_back(j["val_loss"].get<double>());
+    }
+  }
+  return metrics;
+}
+
+std::vector<testing::RankResult> RunRanks(const std::string& recipe, int world,
+                                          const std::vector<std::string>& sets) {
+  std::vector<std::string> argv = {DTRAIN_BINARY, "train", recipe};
+  for (const std::string& set : sets) argv.insert(argv.end(), {"--set", set});
+  return testing::RunLocalProcesses(argv, world, testing::FreeTcpPort(), absl::Seconds(240));
+}
+
+struct Layout {
+  int world;
+  int tp;
+  const char* strategy;
+};
+
+// Every layout follows the single process's trajectory: the same loss and gradient norm at every
+// step, and without data parallelism the same validation loss.
+//
+// Tolerance: the ranks compute the same sums in another order (a rank's partial GEMMs over its
+// heads or MLP columns, then the all-reduce; the data-parallel reduction), so every step differs
+// by float32 rounding, which AdamW carries into the next steps: 1e-5 relative for the loss, as
+// for data parallelism in train_multi_process_test.cc. The gradient norm, a sum of squares of
+// values each a few float32 roundings off, gets 1e-4 relative.
+void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<Layout>& layouts) {
+  const std::string recipe = Recipe(family);
+  const std::string single = testing::FreshTempDir("tp_single_" + family);
+  const testing::Outcome one =
+      testing::RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", single));
+  ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
+  const Metrics reference = ReadMetrics(single);
+  ASSERT_EQ(reference.loss.size(), 10u);
+  ASSERT_EQ(reference.val_loss.size(), 2u);
+
+  for (const Layout& layout : layouts) {
+    const std::string name = absl::StrCat(family, "_tp", layout.tp, "_dp", layout.world / layout.tp,
+                                          "_", layout.strategy);
+    SCOPED_TRACE(name);
+    const std::string out = testing::FreshTempDir("tp_" + name);
+    const auto ranks = RunRanks(recipe, layout.world,
+                                {"run.out_dir=" + out, absl::StrCat("parallel.tp=", layout.tp),
+                                 absl::StrCat("parallel.strategy=", layout.strategy)});
+    for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+    EXPECT_THAT(ranks[0].output,
+                HasSubstr(absl::StrCat(layout.world / layout.tp, " data-parallel ranks")));
+    EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("tensor parallel: ", layout.tp,
+                                                        " ranks share each block's heads")));
+    const Metrics metrics = ReadMetrics(out);
+    ASSERT_EQ(metrics.loss.size(), reference.loss.size());
+    ASSERT_EQ(metrics.val_loss.size(), reference.val_loss.size());
+    for (size_t i = 0; i < metrics.loss.size(); ++i) {
+      EXPECT_NEAR(metrics.loss[i], reference.loss[i], 1e-5 * reference.loss[i]) << "step " << i;
+      EXPECT_NEAR(metrics.grad_norm[i], reference.grad_norm[i], 1e-4 * reference.grad_norm[i])
+          << "step " << i;
+    }
+    // Each data-parallel rank evaluates its own validation batches: only a tp-only layout
+    // evaluates the single process's.
+    if (layout.world != layout.tp) continue;
+    for (size_t i = 0; i < metrics.val_loss.size(); ++i) {
+      EXPECT_NEAR(metrics.val_loss[i], reference.val_loss[i], 1e-5 * reference.val_loss[i]);
+    }
+  }
+}
+
+TEST(TrainTensorParallelTest, Gpt2FollowsTheSingleProcessTrajectory) {
+  ExpectLayoutsFollowOneProcess("gpt2",
+                                {{2, 2, "ddp"}, {4, 4, "ddp"}, {4, 2, "zero1"}, {4, 2, "zero3"}});
+}
+
+TEST(TrainTensorParallelTest, LlamaFollowsTheSingleProcessTrajectory) {
+  // tp 4 over 2 kv heads: each kv head on 2 ranks.
+  ExpectLayoutsFollowOneProcess("llama", {{2, 2, "ddp"}, {4, 4, "ddp"}, {4, 2, "ddp"}});
+}
+
+// train.export_to at tp 2 x dp 2 (zero3) writes the whole model, every tensor under its name
+// and shape, with the single process's values.
+//
+// Tolerance: two AdamW steps move every parameter by at most about 2 lr = 2e-3 (the update is
+// normalised), and the layouts' updates differ only by the rounding of the gradients behind them,
+// so the parameters agree to far below 1e-6; a shard placed at the wrong rows or columns is off
+// by the initial values' spread, 0.02.
+TEST(TrainTensorParallelTest, ExportGathersTheWholeModel) {
+  const std::string recipe = Recipe("llama");
+  const std::vector<std::string> sets = {"train.steps=2", "train.lr=1e-3", "train.eval_every=0",
+                                         "train.export_to=model.safetensors"};
+  const std::string single = testing::FreshTempDir("tp_export_single");
+  std::string command = absl::StrCat("train ", recipe, " --set run.out_dir=", single);
+  for (const std::string& set : sets) absl::StrAppend(&command, " --set ", set);
+  const testing::Outcome one = testing::RunDtrain(command);
+  ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
+  const absl::StatusOr<SafetensorsContents> expected =
+      ReadSafetensors(single + "/tp/model.safetensors");
+  ASSERT_TRUE(expected.ok()) << expected.status();
+
+  const std::string out = testing::FreshTempDir("tp_export_tp2");
+  std::vector<std::string> tp_sets = sets;
+  tp_sets.insert(tp_sets.end(), {"run.out_dir=" + out, "parallel.tp=2", "parallel.strategy=zero3"});
+  const auto ranks = RunRanks(recipe, 4, tp_sets);
+  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  const absl::StatusOr<SafetensorsContents> exported =
+      ReadSafetensors(out + "/tp/model.safetensors");
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->shapes, expected->shapes);
+  for (const auto& [name, values] : expected->floats) {
+    const auto it = exported->floats.find(name);
+    ASSERT_NE(it, exported->floats.end()) << name;
+    ASSERT_EQ(it->second.size(), values.size()) << name;
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSERT_NEAR(it->second[i], values[i], 1e-6) << name << " element " << i;
+    }
+  }
+}
+
+// parallel.tp must divide the world: exit 2 before training, naming the keys, the world size
+// and the sizes that fit.
+TEST(TrainTensorParallelTest, TpThatDoesNotDivideTheWorldExits2) {
+  const testing::Outcome outcome =
+      testing::RunDtrain(absl::StrCat("train ", Recipe("gpt2"), " --set parallel.tp=2"));
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("parallel.tp = 2 x parallel.pp = 1 does not divide "
+                                             "the world of 1 ranks"));
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("set parallel.tp to one of 1"));
+}
+
+}  // namespace
+}  // namespace dtrain
