@@ -1,6 +1,7 @@
 // `dtrain train` with parallel.tp > 1 as separate processes on loopback (torchrun's variables),
 // against one process: tensor parallelism alone and composed with data parallelism.
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -166,6 +167,62 @@ TEST(TrainTensorParallelTest, ExportGathersTheWholeModel) {
     for (size_t i = 0; i < values.size(); ++i) {
       ASSERT_NEAR(it->second[i], values[i], 1e-6) << name << " element " << i;
     }
+  }
+}
+
+// The losses of metrics.jsonl by step (1-based).
+std::map<int, double> LossByStep(const std::string& out_dir) {
+  std::map<int, double> losses;
+  std::ifstream in(out_dir + "/tp/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    losses[j["step"].get<int>()] = j["loss"].get<double>();
+  }
+  return losses;
+}
+
+// A checkpoint moves between tensor- and data-parallel layouts through the trainer: tp 2 x dp 2
+// (zero3) -> tp 1 x dp 4 (ddp) -> tp 4 -> tp 2 x dp 2, each run resuming the one before and
+// continuing the single process's trajectory (a constant schedule, so that train.steps only says
+// where each run stops). Tolerance as in ExpectLayoutsFollowOneProcess.
+TEST(TrainTensorParallelTest, CheckpointsMoveBetweenLayouts) {
+  const std::string recipe = Recipe("gpt2");
+  const std::vector<std::string> common = {"train.schedule=constant", "train.eval_every=0",
+                                           "logging.sample_tokens=0", "checkpoint.interval=3"};
+  const std::string single = testing::FreshTempDir("tp_moves_single");
+  std::string command = absl::StrCat("train ", recipe, " --set run.out_dir=", single);
+  for (const std::string& set : common) absl::StrAppend(&command, " --set ", set);
+  const testing::Outcome one = testing::RunDtrain(command);
+  ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
+  const std::map<int, double> reference = LossByStep(single);
+  ASSERT_EQ(reference.size(), 10u);
+
+  struct Leg {
+    int world, tp, steps;
+    const char* strategy;
+  };
+  std::string previous;
+  for (const Leg& leg :
+       {Leg{4, 2, 3, "zero3"}, Leg{4, 1, 6, "ddp"}, Leg{4, 4, 9, "ddp"}, Leg{4, 2, 10, "zero3"}}) {
+    SCOPED_TRACE(absl::StrCat("tp ", leg.tp, " ", leg.strategy, " to step ", leg.steps));
+    const std::string out = testing::FreshTempDir(absl::StrCat("tp_moves_", leg.steps));
+    std::vector<std::string> sets = common;
+    sets.insert(sets.end(), {"run.out_dir=" + out, absl::StrCat("parallel.tp=", leg.tp),
+                             absl::StrCat("parallel.strategy=", leg.strategy),
+                             absl::StrCat("train.steps=", leg.steps),
+                             "checkpoint.resume=" + (previous.empty() ? "never" : previous)});
+    const auto ranks = RunRanks(recipe, leg.world, sets);
+    for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+    // A fresh start would follow the same trajectory: the run must have resumed.
+    if (!previous.empty()) {
+      EXPECT_THAT(ranks[0].output, HasSubstr("resumed from " + previous));
+    }
+    const std::map<int, double> losses = LossByStep(out);
+    ASSERT_TRUE(losses.count(leg.steps)) << ranks[0].output;
+    for (const auto& [step, loss] : losses) {
+      EXPECT_NEAR(loss, reference.at(step), 1e-5 * reference.at(step)) << "step " << step;
+    }
+    previous = absl::StrCat(out, "/tp/checkpoints/step-", leg.steps);
   }
 }
 
