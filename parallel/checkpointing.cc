@@ -301,7 +301,8 @@ absl::Status TrainingCheckpoints::TryLoad(const std::string& step_dir, LoaderSta
   }
   step = m.step;
   resumed_metrics_line_ = m.metrics_line;
-  origin = absl::StrFormat("saved by %d rank(s) with %s", m.world.world_size, m.world.strategy);
+  origin = absl::StrFormat("saved by %d rank(s): %s, dp %d x tp %d x pp %d", m.world.world_size,
+                           m.world.strategy, m.world.dp, m.world.tp, m.world.pp);
   return absl::OkStatus();
 }
 
@@ -349,8 +350,10 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
                             absl::StrCat("resuming from ", candidate, ": ", restored.message()));
       }
       if (rank_ == 0) {
-        LogInfo("resumed from %s at step %d (%s; now %d rank(s) with %s)", candidate, step, origin,
-                world_, engine_.strategy().name);
+        const int tp_pp = recipe_.parallel.tp * recipe_.parallel.pp;
+        LogInfo("resumed from %s at step %d (%s; now %d rank(s): %s, dp %d x tp %d x pp %d)",
+                candidate, step, origin, world_, engine_.strategy().name, world_ / tp_pp,
+                recipe_.parallel.tp, recipe_.parallel.pp);
       }
       const std::string name = fs::path(candidate).filename().string();
       if (rank_ == 0 && !latest.empty() && latest != name) {
