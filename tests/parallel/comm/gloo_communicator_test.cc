@@ -365,7 +365,11 @@ TEST(GlooCommunicatorTest, RankThatNeverArrivesIsNamedWithinTheTimeout) {
     absl::Status status = comm.AllReduce(data.data(), data.size(), ReduceOp::kSum)->Wait();
     const absl::Duration elapsed = absl::Now() - start;
     failed.fetch_add(1);
-    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+    // Its own deadline, or (on a loaded machine, when the other waiting rank's deadline came
+    // first and its failure closed their connection) the closed socket: rank 2 is named either way.
+    EXPECT_TRUE(status.code() == absl::StatusCode::kDeadlineExceeded ||
+                status.code() == absl::StatusCode::kUnavailable)
+        << status;
     EXPECT_NE(status.message().find("all_reduce #2 on group 'world'"), std::string::npos) << status;
     EXPECT_NE(status.message().find("never started by rank 2 (last started #1)"), std::string::npos)
         << status;
