@@ -377,18 +377,29 @@ TEST(AgentTest, LogDirHoldsOneFilePerRank) {
   const std::string dir = std::filesystem::canonical(logs).string();  // as /proc names it
 }
 
-TEST(AgentTest, KilledWorkerWithoutRestartsEndsWithTheRootCause) {
-  const std::string out = OutDir("fail");
-  Launch launch({Recipe("fail", 100000), "--nproc-per-node=2", "--set", "run.out_dir=" + out});
+// Rank 1 of a two-worker launch gets `signal` mid-training: the launch exits 1 with rank 1 as the
+// root cause, its headline saying `cause`, and leaves no worker alive.
+void ExpectSignalledRank1IsTheRootCause(const std::string& name, int signal,
+                                        const std::vector<std::string>& sets,
+                                        const std::string& cause) {
+  const std::string out = OutDir(name);
+  std::vector<std::string> args = {Recipe(name, 100000), "--nproc-per-node=2", "--set",
+                                   "run.out_dir=" + out};
+  for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
+  Launch launch(args);
   ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
       << launch.output();
   const auto workers = launch.Workers();
   ASSERT_EQ(workers.size(), 2u) << launch.output();
-  kill(workers[1].second, SIGKILL);
+  kill(workers[1].second, signal);
   EXPECT_EQ(launch.Wait(absl::Seconds(60)), 1) << launch.output();
   EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
-  EXPECT_THAT(launch.output(), HasSubstr("signal 9 (SIGKILL)"));
+  EXPECT_THAT(launch.output(), HasSubstr(cause));
   for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
+}
+
+TEST(AgentTest, KilledWorkerWithoutRestartsEndsWithTheRootCause) {
+  ExpectSignalledRank1IsTheRootCause("fail", SIGKILL, {}, "signal 9 (SIGKILL)");
 }
 
 TEST(AgentTest, KilledWorkerRestartsTheGroup) {
@@ -589,18 +600,7 @@ TEST(AgentTest, StderrThatIsNotUtf8StillGivesTheRootCause) {
 // Rank 1 is stopped (SIGSTOP) mid-training: rank 0's all-reduce times out naming rank 1 as the
 // rank that never started it, the agent then kills rank 1, and the headline names rank 1.
 TEST(AgentTest, AHungRankIsTheRootCause) {
-  const std::string out = OutDir("hung");
-  Launch launch({Recipe("hung", 100000), "--nproc-per-node=2", "--set", "run.out_dir=" + out,
-                 "--set", "parallel.timeout_s=3"});
-  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
-      << launch.output();
-  const auto workers = launch.Workers();
-  ASSERT_EQ(workers.size(), 2u) << launch.output();
-  kill(workers[1].second, SIGSTOP);
-  EXPECT_EQ(launch.Wait(absl::Seconds(60)), 1) << launch.output();
-  EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
-  EXPECT_THAT(launch.output(), HasSubstr("hung"));
-  for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
+  ExpectSignalledRank1IsTheRootCause("hung", SIGSTOP, {"parallel.timeout_s=3"}, "hung");
 }
 
 // Node 1's agent is lost while node 0 waits for it to stop its workers (a vanished host: the
