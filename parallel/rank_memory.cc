@@ -29,11 +29,11 @@ Strategy PlannerStrategy(Sharding sharding) {
 }  // namespace
 
 RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
-                              const ShardingStrategy& strategy, Recompute recompute, int world_size,
+                              const ShardingStrategy& strategy, Recompute recompute, int dp_size,
                               const ModelSlice& slice) {
   const double parameters = static_cast<double>(ParamTable(config, slice).total_numel());
   const MemoryEstimate state = ModelStateBytes(PlannerStrategy(strategy.sharding), parameters,
-                                               world_size, Precision::Fp32(), /*offload=*/false);
+                                               dp_size, Precision::Fp32(), /*offload=*/false);
   RankMemory memory;
   memory.parameter_bytes = state.param_bytes;
   memory.gradient_bytes = state.grad_bytes;
@@ -58,13 +58,17 @@ std::string FormatBytes(double bytes) {
 }
 
 absl::Status CheckRankMemory(const RankMemory& memory, double machine_bytes,
-                             const ShardingStrategy& strategy, int world_size) {
-  if (memory.total_bytes() <= machine_bytes) return absl::OkStatus();
+                             const ShardingStrategy& strategy, int dp_size, int local_world_size) {
+  if (memory.total_bytes() * local_world_size <= machine_bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
+      local_world_size == 1
+          ? ""
+          : absl::StrCat(local_world_size, " ranks on this machine need ",
+                         FormatBytes(memory.total_bytes() * local_world_size), "; "),
       "one rank needs ", FormatBytes(memory.total_bytes()), " (parameters ",
       FormatBytes(memory.parameter_bytes), ", gradients ", FormatBytes(memory.gradient_bytes),
       ", optimizer ", FormatBytes(memory.optimizer_bytes), " with ", strategy.name, " over ",
-      world_size, world_size == 1 ? " rank" : " ranks", "; activations ",
+      dp_size, dp_size == 1 ? " rank" : " ranks", "; activations ",
       FormatBytes(memory.activation_bytes), ") but this machine has ", FormatBytes(machine_bytes),
       "; make the model smaller (model.n_layer, model.d_model), lower train.micro_batch, set "
       "parallel.recompute: full, or shard the state over more ranks "

@@ -27,19 +27,19 @@ struct RankMemory {
   double total_bytes() const { return model_state_bytes() + activation_bytes; }
 };
 
-// `world_size` ranks share the state of the part of the model `slice` holds (a tensor-parallel
+// `dp_size` ranks share the state of the part of the model `slice` holds (a tensor-parallel
 // shard holds its heads' and MLP columns' share and the replicated tensors).
 RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
-                              const ShardingStrategy& strategy, Recompute recompute, int world_size,
+                              const ShardingStrategy& strategy, Recompute recompute, int dp_size,
                               const ModelSlice& slice = {});
 
 // This machine's physical memory in bytes (sysconf).
 double PhysicalMemoryBytes();
 
-// ResourceExhausted when `memory` is more than `machine_bytes`, naming each part, the machine
-// and what to change; OK otherwise.
+// ResourceExhausted when `local_world_size` ranks of `memory` each (the ranks on this machine)
+// need more than `machine_bytes`, naming each part, the machine and what to change; OK otherwise.
 absl::Status CheckRankMemory(const RankMemory& memory, double machine_bytes,
-                             const ShardingStrategy& strategy, int world_size);
+                             const ShardingStrategy& strategy, int dp_size, int local_world_size);
 
 // "1.5 GiB", "3.2 TiB": bytes for messages.
 std::string FormatBytes(double bytes);

@@ -312,7 +312,8 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(recipe.parallel.recompute));
   const ModelSlice slice{.tp_rank = mesh.coords().tp, .tp_size = mesh.shape().tp};
   const RankMemory memory = EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice);
-  RETURN_IF_ERROR(CheckRankMemory(memory, PhysicalMemoryBytes(), strategy, dp_size));
+  RETURN_IF_ERROR(
+      CheckRankMemory(memory, PhysicalMemoryBytes(), strategy, dp_size, world.local_world_size));
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
 

@@ -20,6 +20,7 @@ struct WorldMembership {
   bool agent_hosts_store = false;  // a `dtrain launch` agent hosts the store: rank 0 joins it
                                    // as a client instead of hosting it, and the agent prefixes
                                    // the rank to every log line
+  int local_world_size = 1;        // ranks on this machine, which share its memory
 };
 
 // A key of the store through which the workers of restart `restart_count` report to a `dtrain

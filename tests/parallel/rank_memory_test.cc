@@ -75,13 +75,26 @@ TEST(RankMemoryTest, TooLargeForTheMachineNamesEachPartAndTheFix) {
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
   const RankMemory memory = EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 1);
-  EXPECT_TRUE(CheckRankMemory(memory, memory.total_bytes(), strategy, 1).ok());
-  const absl::Status status = CheckRankMemory(memory, 1024, strategy, 1);
+  EXPECT_TRUE(CheckRankMemory(memory, memory.total_bytes(), strategy, 1, 1).ok());
+  const absl::Status status = CheckRankMemory(memory, 1024, strategy, 1, 1);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(status.message()),
               AllOf(HasSubstr("one rank needs "), HasSubstr("with ddp over 1 rank"),
                     HasSubstr("this machine has 1.0 KiB"), HasSubstr("parallel.strategy: zero3")));
   EXPECT_GT(PhysicalMemoryBytes(), 0);
+}
+
+// The ranks of one machine share its memory: two that each fit alone do not fit together.
+TEST(RankMemoryTest, RanksOnOneMachineShareItsMemory) {
+  const Recipe recipe = SmallRecipe("ddp");
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
+  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 2);
+  const double machine = memory.total_bytes() * 1.5;
+  EXPECT_TRUE(CheckRankMemory(memory, machine, strategy, 2, 1).ok());
+  const absl::Status status = CheckRankMemory(memory, machine, strategy, 2, 2);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("2 ranks on this machine need"));
 }
 
 }  // namespace
