@@ -339,15 +339,6 @@ double DataParallelEngine::CountedSumSquares() {
   return sum_squares;
 }
 
-absl::Status SumOverRanks(Communicator* comm, double& a, double& b) {
-  if (!comm) return absl::OkStatus();
-  double sums[2] = {a, b};
-  RETURN_IF_ERROR(comm->AllReduce(sums, 2, ReduceOp::kSum)->Wait());
-  a = sums[0];
-  b = sums[1];
-  return absl::OkStatus();
-}
-
 absl::Status DataParallelEngine::SumOverRanks(double& a, double& b) {
   if (!comm_) return absl::OkStatus();
   double sums[2] = {a, b};

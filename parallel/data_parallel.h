@@ -54,11 +54,6 @@ struct StateRange {
   float* values = nullptr;
 };
 
-// Sums a and b over the ranks of `comm` and waits (no communicator: unchanged), in double:
-// exact for counts below 2^53. The agreements of the trainer (evaluation, checkpoint signals,
-// resume) call it with the group that must agree.
-absl::Status SumOverRanks(Communicator* comm, double& a, double& b);
-
 class DataParallelEngine : public BlockParameters {
  public:
   // `comm` is the data-parallel group (null for one process). `tensor_parallel` is the group of
@@ -129,7 +124,9 @@ class DataParallelEngine : public BlockParameters {
   int rank() const { return comm_ ? comm_->rank() : 0; }
   int ranks() const { return comm_ ? comm_->size() : 1; }
   absl::Status Wait(std::unique_ptr<Work>& work);
-  // The step's loss and squared norm summed over the data-parallel ranks, waited as Wait does.
+  // The step's loss and squared norm summed over the data-parallel ranks; unlike the free
+  // SumOverRanks (communicator.h) it waits through Wait, so the time counts as exposed
+  // communication in the step log.
   absl::Status SumOverRanks(double& a, double& b);
   GatheredUnit& Gather(int unit);
   void Prefetch(int region, Pass pass);

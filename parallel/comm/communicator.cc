@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "core/util/status.h"
 
 namespace dtrain {
 namespace {
@@ -31,6 +32,15 @@ absl::Status CheckReduction(DataType type, ReduceOp op, const char* op_name,
 
 std::unique_ptr<Work> FinishedWork(absl::Status status) {
   return std::make_unique<FinishedWorkImpl>(std::move(status));
+}
+
+absl::Status SumOverRanks(Communicator* comm, double& a, double& b) {
+  if (!comm) return absl::OkStatus();
+  double sums[2] = {a, b};
+  RETURN_IF_ERROR(comm->AllReduce(sums, 2, ReduceOp::kSum)->Wait());
+  a = sums[0];
+  b = sums[1];
+  return absl::OkStatus();
 }
 
 }  // namespace dtrain

@@ -123,4 +123,9 @@ class Communicator {
   virtual CommStats stats() const = 0;
 };
 
+// Sums a and b over the ranks of `comm` and waits (no communicator: unchanged), in double:
+// exact for counts below 2^53. What a group must agree on (evaluation, checkpoint signals,
+// resume) goes through it.
+absl::Status SumOverRanks(Communicator* comm, double& a, double& b);
+
 }  // namespace dtrain
