@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -516,6 +517,17 @@ struct NodeZero {
     *result = RunAgent(node, options);
     return ::testing::internal::GetCapturedStderr();
   }
+  // Runs it to the end while `beside` runs on a thread (another node, a signal sender); its exit
+  // code goes to `exit_code` (-1 when RunAgent failed, which fails the test).
+  std::string RunBeside(const std::function<void()>& beside, int* exit_code) const {
+    std::thread thread(beside);
+    absl::StatusOr<int> result;
+    const std::string output = Run(&result);
+    thread.join();
+    EXPECT_TRUE(result.ok()) << result.status() << "\n" << output;
+    *exit_code = result.value_or(-1);
+    return output;
+  }
 
   WorldEnvironment node;
   AgentOptions options;
@@ -610,18 +622,17 @@ TEST(AgentTest, AgentLostInTheStoppedBarrierIsTheRootCause) {
   const int port = testing::FreeTcpPort();
   NodeZero agent({"/bin/sh", "-c", "exit 3"}, 2, port);
   agent.options.nproc_per_node = 1;
-  std::thread node1([port] {
-    FakeAgent fake(port, 1);
-    if (!fake.connected()) return;
-    fake.Arrive(0, "arrived", 2);
-    fake.AwaitKey("agent/attempt-0/failures/node-0");
-    fake.Lose();
-  });
-  absl::StatusOr<int> result;
-  const std::string output = agent.Run(&result);
-  node1.join();
-  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
-  EXPECT_EQ(*result, 1) << output;
+  int exit_code = -1;
+  const std::string output = agent.RunBeside(
+      [port] {
+        FakeAgent fake(port, 1);
+        if (!fake.connected()) return;
+        fake.Arrive(0, "arrived", 2);
+        fake.AwaitKey("agent/attempt-0/failures/node-0");
+        fake.Lose();
+      },
+      &exit_code);
+  EXPECT_EQ(exit_code, 1) << output;
   EXPECT_THAT(output, HasSubstr("Root cause: node 1 (host fake-host): agent lost"));
 }
 
@@ -632,21 +643,20 @@ TEST(AgentTest, AgentLostBeforeARestartIsTheRootCause) {
   NodeZero agent({"/bin/sh", "-c", "exit 3"}, 2, port);
   agent.options.nproc_per_node = 1;
   agent.options.max_restarts = 1;
-  std::thread node1([port] {
-    FakeAgent fake(port, 1);
-    if (!fake.connected()) return;
-    fake.Arrive(0, "arrived", 2);
-    fake.AwaitKey("agent/attempt-0/failures/node-0");
-    EXPECT_TRUE(fake.store().Set("agent/attempt-0/failures/node-1", "[]").ok());
-    fake.Arrive(0, "stopped", 2);
-    fake.AwaitKey("agent/attempt-1/arrived");
-    fake.Lose();
-  });
-  absl::StatusOr<int> result;
-  const std::string output = agent.Run(&result);
-  node1.join();
-  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
-  EXPECT_EQ(*result, 1) << output;
+  int exit_code = -1;
+  const std::string output = agent.RunBeside(
+      [port] {
+        FakeAgent fake(port, 1);
+        if (!fake.connected()) return;
+        fake.Arrive(0, "arrived", 2);
+        fake.AwaitKey("agent/attempt-0/failures/node-0");
+        EXPECT_TRUE(fake.store().Set("agent/attempt-0/failures/node-1", "[]").ok());
+        fake.Arrive(0, "stopped", 2);
+        fake.AwaitKey("agent/attempt-1/arrived");
+        fake.Lose();
+      },
+      &exit_code);
+  EXPECT_EQ(exit_code, 1) << output;
   EXPECT_THAT(output, HasSubstr("the job failed (1 restarts used of 1). Root cause: node 1 (host "
                                 "fake-host): agent lost"));
 }
@@ -736,19 +746,19 @@ TEST(AgentTest, FailedRequeueSaysWhy) {
                   absl::StrCat("touch ", started, "-$RANK; trap 'exit 0' TERM; ",
                                "while :; do sleep 0.1; done")});
   agent.options.requeue_argv = {"/bin/sh", "-c", "exit 4"};
-  std::thread stopper([&] {
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (!(std::filesystem::exists(started + "-0") && std::filesystem::exists(started + "-1")) &&
-           absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    kill(getpid(), SIGTERM);  // the agent's handler takes it: a stop, as from Slurm
-  });
-  absl::StatusOr<int> result;
-  const std::string output = agent.Run(&result);
-  stopper.join();
-  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
-  EXPECT_EQ(*result, 0) << output;
+  int exit_code = -1;
+  const std::string output = agent.RunBeside(
+      [&] {
+        const absl::Time deadline = absl::Now() + absl::Seconds(60);
+        while (
+            !(std::filesystem::exists(started + "-0") && std::filesystem::exists(started + "-1")) &&
+            absl::Now() < deadline) {
+          absl::SleepFor(absl::Milliseconds(20));
+        }
+        kill(getpid(), SIGTERM);  // the agent's handler takes it: a stop, as from Slurm
+      },
+      &exit_code);
+  EXPECT_EQ(exit_code, 0) << output;
   EXPECT_THAT(output, HasSubstr("could not requeue the job with `/bin/sh -c exit 4`: exit code 4"));
 }
 
