@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/model/param_table.h"
+
 namespace dtrain {
 namespace {
 
@@ -284,16 +286,34 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   }
 
   // ---- Tensor-parallel traffic: never overlapped. ----
-  // Megatron: 4 all-reduces of b*s*h per layer per micro-batch (2 forward, 2 backward), 6 when
-  // full recomputation repeats the forward; sequence parallelism replaces each by a
-  // reduce-scatter plus an all-gather of the same total.
+  // Every collective of a step inside the tp group and its subgroups, one line per kind
+  // (Megatron-LM's f and g). Each records `calls` equal all-reduces of `bytes` in total over
+  // `group` ranks of one node.
+  const auto record_tp = [&](double bytes, double calls, int group) {
+    estimate.tp.payload_bytes += bytes;
+    estimate.tp.sent_bytes += bytes * RingFactor(Collective::kAllReduce, group);
+    estimate.tp.time_ms +=
+        calls * CollectiveMs(Collective::kAllReduce, bytes / calls, group, group, cluster);
+  };
   if (t > 1) {
-    const int per_layer = layout.recompute == Recompute::kFull ? 6 : 4;
-    const double bytes = static_cast<double>(s) * b * h * precision.activation_bytes;
-    const double calls = static_cast<double>(m) * layers * per_layer;
-    estimate.tp.payload_bytes = calls * bytes;
-    estimate.tp.sent_bytes = calls * bytes * RingFactor(Collective::kAllReduce, t);
-    estimate.tp.time_ms = calls * CollectiveMs(Collective::kAllReduce, bytes, t, t, cluster);
+    const double block_calls = static_cast<double>(m) * layers;  // blocks x micro-batches
+    const double activation = static_cast<double>(s) * b * h * precision.activation_bytes;
+    const double kv_rows = 2.0 * model.head_dim * h * precision.grad_bytes;  // one k and v head
+    const int kv_replicas = LocalDimsOf(model, ModelSlice{.tp_size = t}).kv_replicas;
+    // g forward: the partial outputs of attn.out and mlp.down.
+    record_tp(2 * block_calls * activation, 2 * block_calls, t);
+    // f backward: the input gradients of qkv and mlp.up.
+    record_tp(2 * block_calls * activation, 2 * block_calls, t);
+    // Full recomputation repeats attn.out's g; not mlp.down's, whose sum is the block's output,
+    // which backward does not need (Transformer::BlockForward with no output).
+    if (layout.recompute == Recompute::kFull) record_tp(block_calls * activation, block_calls, t);
+    // tp > n_kv_head replicates each kv head on tp / n_kv_head ranks, which sum its weight
+    // gradient rows (their subgroup's links are the tp group's).
+    if (kv_replicas > 1) record_tp(block_calls * kv_rows, block_calls, kv_replicas);
+    // The gradient norm's partial sums of squares: one double per step (data_parallel.cc).
+    record_tp(sizeof(double), 1, t);
+    // Sequence parallelism would replace each g and f all-reduce by a reduce-scatter plus an
+    // all-gather of the same payload; not counted separately yet.
     estimate.tp.exposed_ms = estimate.tp.time_ms;
   }
 

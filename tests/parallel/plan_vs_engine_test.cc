@@ -6,9 +6,11 @@
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
+#include "parallel/comm/gloo_communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/planner/catalog.h"
 #include "parallel/planner/cost_model.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/train_step.h"
 #include "tests/parallel/comm/test_store.h"
 #include "tests/testing/configs.h"
@@ -33,6 +35,18 @@ struct Measured {
   CommStats comm;
 };
 
+// The tokens rank `rank` trains on.
+MicroBatchSource Tokens(const ModelConfig& config, const TrainSection& train, int rank) {
+  return [&config, &train, rank](int32_t* inputs, int32_t* targets) {
+    const size_t n = static_cast<size_t>(train.micro_batch) * train.seq_len;
+    for (size_t i = 0; i < n; ++i) {
+      inputs[i] = static_cast<int32_t>((i * 7 + rank) % config.vocab_size);
+      targets[i] = static_cast<int32_t>((i * 11 + rank) % config.vocab_size);
+    }
+    return absl::OkStatus();
+  };
+}
+
 // One engine per rank; with `train_one_step`, one step of random tokens.
 std::vector<Measured> Measure(const Recipe& recipe, const std::string& strategy_name,
                               bool train_one_step) {
@@ -51,16 +65,9 @@ std::vector<Measured> Measure(const Recipe& recipe, const std::string& strategy_
       engine.InitParameters(config, 1);
       Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len,
                         Recompute::kNone);
-      const MicroBatchSource source = [&](int32_t* inputs, int32_t* targets) {
-        const size_t n = static_cast<size_t>(train.micro_batch) * train.seq_len;
-        for (size_t i = 0; i < n; ++i) {
-          inputs[i] = static_cast<int32_t>((i * 7 + rank) % config.vocab_size);
-          targets[i] = static_cast<int32_t>((i * 11 + rank) % config.vocab_size);
-        }
-        return absl::OkStatus();
-      };
       const int micro_batches = train.batch_size / (train.micro_batch * kRanks);
-      ASSERT_TRUE(TrainStep(model, engine, train, 0, micro_batches, source).ok());
+      ASSERT_TRUE(
+          TrainStep(model, engine, train, 0, micro_batches, Tokens(config, train, rank)).ok());
     }
     measured[rank] = {engine.memory(), comm.stats()};
   });
@@ -100,6 +107,84 @@ TEST(PlanVsEngineTest, CommunicatedBytesMatchThePlan) {
                             stats.all_gather.bytes_sent);
     const double planned = Plan(recipe, strategy).dp.sent_bytes;
     EXPECT_NEAR(sent, planned, 64 + 1e-3 * planned) << name;
+  }
+}
+
+struct TensorParallelCase {
+  std::string config;
+  std::vector<std::string> overrides;
+  Recompute recompute;
+};
+
+// Bytes one rank of a tp 2 group (dp 1, threads with Gloo communicators) sent in one step, in
+// the tp group and, when kv heads are replicated, in its kv replica group: the f and g
+// all-reduces, the replicated kv heads' gradient rows and the gradient norm's partial sum.
+double MeasureTensorParallelBytes(const Recipe& recipe, Recompute recompute) {
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
+  const TrainSection& train = recipe.train;
+  auto kv_store = std::make_shared<testing::InMemoryStore>();
+  std::vector<double> sent(kRanks);
+  testing::RunRanksInThreads(kRanks, absl::Seconds(60), [&](Communicator& tp) {
+    const int rank = tp.rank();
+    const ParamTable table(config, ModelSlice{.tp_rank = rank, .tp_size = kRanks});
+    std::unique_ptr<GlooCommunicator> kv;
+    const int replicas = table.dims().kv_replicas;
+    if (replicas > 1) {
+      ASSERT_EQ(replicas, kRanks);  // one kv head: the replica group is the whole tp group
+      GlooCommunicatorOptions options{.name = "kv", .rank = rank, .size = replicas};
+      options.timeout = absl::Seconds(60);
+      auto created = GlooCommunicator::Create(kv_store, options);
+      ASSERT_TRUE(created.ok()) << created.status();
+      kv = *std::move(created);
+    }
+    CommTensorParallel ops(tp, kv.get());
+    CpuBackend backend(1);
+    DataParallelEngine engine(table, strategy, train, backend, nullptr, &tp);
+    engine.InitParameters(config, 1);
+    Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len, recompute,
+                      &ops);
+    const int micro_batches = train.batch_size / train.micro_batch;
+    ASSERT_TRUE(TrainStep(model, engine, train, 0, micro_batches, Tokens(config, train, 0)).ok());
+    ASSERT_TRUE(ops.status().ok()) << ops.status();
+    const CommStats stats = tp.stats();
+    EXPECT_EQ(stats.reduce_scatter.calls + stats.all_gather.calls + stats.broadcast.calls, 0);
+    sent[rank] = static_cast<double>(stats.all_reduce.bytes_sent) +
+                 (kv ? static_cast<double>(kv->stats().all_reduce.bytes_sent) : 0);
+  });
+  EXPECT_EQ(sent[0], sent[1]);
+  return sent[0];
+}
+
+// The plan's tensor-parallel traffic is exactly what the model's hooks and the engine send, for
+// gpt2 and llama (kv heads split, and one kv head replicated on both ranks), with and without
+// full recomputation. On 2 ranks a ring all-reduce sends exactly its payload, so the payload
+// and the sent bytes are checked at once.
+TEST(PlanVsEngineTest, TensorParallelBytesMatchThePlanExactly) {
+  const std::vector<TensorParallelCase> cases = {
+      {"tiny", {}, Recompute::kNone},
+      {"tiny", {}, Recompute::kFull},
+      {"llama-tiny", {}, Recompute::kNone},
+      {"llama-tiny", {}, Recompute::kFull},
+      {"llama-tiny", {"model.n_kv_head=1"}, Recompute::kNone},
+  };
+  for (const TensorParallelCase& c : cases) {
+    std::vector<std::string> overrides = c.overrides;
+    for (const char* small : {"train.batch_size=4", "train.micro_batch=2", "train.seq_len=16"}) {
+      overrides.push_back(small);
+    }
+    const Recipe recipe = testing::ShippedRecipe(c.config, overrides);
+    Workload workload = WorkloadFromRecipe(recipe);
+    workload.precision = Precision::Fp32();
+    const Layout layout{
+        .tp = kRanks, .dp = 1, .micro_batch = recipe.train.micro_batch, .recompute = c.recompute};
+    const Estimate planned = EstimateLayout(workload, *ResolveCluster(recipe.cluster), layout);
+    const double measured = MeasureTensorParallelBytes(recipe, c.recompute);
+    SCOPED_TRACE(::testing::Message() << c.config << " " << RecomputeName(c.recompute)
+                                      << (c.overrides.empty() ? "" : " n_kv_head=1"));
+    EXPECT_GT(measured, 0);
+    EXPECT_EQ(measured, planned.tp.payload_bytes);
+    EXPECT_EQ(measured, planned.tp.sent_bytes);
   }
 }
 
