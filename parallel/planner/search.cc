@@ -155,11 +155,8 @@ absl::Status CheckLayout(const Workload& workload, const ClusterSpec& cluster,
     return invalid("tp ", layout.tp, " does not divide the ", cluster.gpus_per_node,
                    " GPUs of a node (tensor parallelism stays inside a node)");
   }
-  if (model.n_head % layout.tp != 0 || model.n_kv_head % layout.tp != 0 ||
-      model.d_ff % layout.tp != 0) {
-    return invalid("tp ", layout.tp, " does not divide the heads (", model.n_head, ", ",
-                   model.n_kv_head, " key/value) and d_ff (", model.d_ff, ")");
-  }
+  // The model's own rule: heads and d_ff split, kv heads split or are replicated.
+  RETURN_IF_ERROR(CheckTensorParallel(model, layout.tp));
   if (model.n_layer % layout.pp != 0) {
     return invalid("pp ", layout.pp, " does not divide the ", model.n_layer, " layers");
   }

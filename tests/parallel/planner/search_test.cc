@@ -154,7 +154,10 @@ TEST(SearchTest, CheckLayoutNamesWhatDoesNotDivide) {
   EXPECT_THAT(std::string(CheckLayout(workload, cluster, {.pp = 16, .dp = 1}).message()),
               HasSubstr("pp 16 does not divide the 12 layers"));
   EXPECT_THAT(std::string(CheckLayout(workload, cluster, {.tp = 8, .dp = 2}).message()),
-              HasSubstr("tp 8 does not divide the heads"));
+              HasSubstr("model.n_head = 12 does not divide by parallel.tp = 8"));
+  // More tp ranks than kv heads replicate them, as the trainer does.
+  const Workload one_kv_head = FromConfig("llama-tiny", {"model.n_kv_head=1"});
+  EXPECT_TRUE(CheckLayout(one_kv_head, cluster, {.tp = 2, .dp = 8}).ok());
   EXPECT_THAT(std::string(CheckLayout(workload, cluster, {.dp = 16, .micro_batch = 8}).message()),
               HasSubstr("batch 64 sequences is not a multiple of dp 16 x micro-batch 8"));
   EXPECT_THAT(std::string(CheckLayout(workload, cluster, {.dp = 16, .offload = true}).message()),
