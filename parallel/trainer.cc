@@ -85,27 +85,16 @@ absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, Validation
 }
 
 // parallel.strategy: auto -> the planner's layout for this world among those the trainer runs
-// (data parallelism of every kind, no or full recomputation; no tensor or pipeline parallelism or
-// offload yet). A better layout it cannot run is reported, never silently replaced.
+// (TrainerLayouts). A better layout it cannot run is reported, never silently replaced.
 absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, int world_size) {
   if (recipe.parallel.strategy != "auto") return recipe;
-  SearchOptions runnable;
-  runnable.strategies = {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3,
-                         Strategy::kFsdp};
-  runnable.max_tp = 1;
-  runnable.max_pp = 1;
-  // Not selective: the planner's activation model (Korthikanti et al.) charges kNone with the
-  // attention scores, which dtrain's attention never keeps, so it would pick selective (one more
-  // attention forward per block) where none fits.
-  runnable.recompute = {Recompute::kNone, Recompute::kFull};
-  runnable.allow_offload = false;
-  runnable.allow_sequence_parallel = false;
+  const SearchOptions runnable = TrainerLayouts();
   ASSIGN_OR_RETURN(const AutoLayout chosen, ResolveAutoLayout(recipe, world_size, runnable));
   Recipe resolved = recipe;
   RETURN_IF_ERROR(ApplyLayout(chosen.layout, resolved));
-  LogInfo("parallel.strategy auto: %s, micro_batch %d, recompute %s (the plan for %d ranks)",
-          resolved.parallel.strategy, resolved.train.micro_batch, resolved.parallel.recompute,
-          world_size);
+  LogInfo("parallel.strategy auto: %s, tp %d, micro_batch %d, recompute %s (the plan for %d ranks)",
+          resolved.parallel.strategy, resolved.parallel.tp, resolved.train.micro_batch,
+          resolved.parallel.recompute, world_size);
   if (!chosen.note.empty()) LogInfo("%s", chosen.note);
   return resolved;
 }

@@ -957,9 +957,10 @@ class Parser {
     if (r.parallel.tp > 1 && r.parallel.strategy == "auto") {
       return Error(
           "parallel.strategy",
-          absl::StrCat("auto plans data parallelism only, not parallel.tp = ", r.parallel.tp,
-                       "; name the data-parallel strategy (e.g. ddp or zero1), or set "
-                       "parallel.tp: 1"));
+          absl::StrCat(
+              "auto picks the tensor-parallel degree itself, so parallel.tp = ", r.parallel.tp,
+              " contradicts it; set parallel.tp: 1 to let auto choose, or name the "
+              "data-parallel strategy (e.g. ddp or zero1) to keep this tp"));
     }
     if (r.train.batch_size % r.train.micro_batch != 0) {
       return Error("train.batch_size",

@@ -32,6 +32,20 @@ absl::StatusOr<ClusterSpec> ClusterForWorld(const ClusterSection& section, int w
 
 }  // namespace
 
+SearchOptions TrainerLayouts() {
+  SearchOptions runnable;
+  runnable.strategies = {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3,
+                         Strategy::kFsdp};
+  runnable.max_pp = 1;
+  // Not selective: the planner's activation model (Korthikanti et al.) charges kNone with the
+  // attention scores, which dtrain's attention never keeps, so it would pick selective (one more
+  // attention forward per block) where none fits.
+  runnable.recompute = {Recompute::kNone, Recompute::kFull};
+  runnable.allow_offload = false;
+  runnable.allow_sequence_parallel = false;
+  return runnable;
+}
+
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
                                              const SearchOptions& runnable) {
   ASSIGN_OR_RETURN(const ClusterSpec cluster, ClusterForWorld(recipe.cluster, world_size));

@@ -24,6 +24,11 @@ struct AutoLayout {
   std::string note;
 };
 
+// The layouts the trainer runs today: every data-parallel engine, tensor parallelism inside a
+// node (kv heads split or replicated), no or full recomputation; no pipeline, sequence
+// parallelism or offload yet.
+SearchOptions TrainerLayouts();
+
 // Plans recipe's model and batch for `world_size` ranks, with recipe.cluster's hardware: nodes
 // are world_size / cluster.gpus_per_node (one node of world_size GPUs when fewer).
 // `runnable` restricts the search to what the trainer implements.

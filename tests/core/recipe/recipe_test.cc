@@ -298,9 +298,9 @@ INSTANTIATE_TEST_SUITE_P(
             {"model.family=llama", "model.n_head=12", "model.n_kv_head=4", "model.d_model=96",
              "model.d_ff=120", "parallel.tp=6"},
             {"parallel.tp", "model.n_kv_head = 4 and parallel.tp = 6", "parallel.tp: 4 or 12"}},
-        ConsistencyCase{
-            {"parallel.tp=2", "parallel.strategy=auto"},
-            {"parallel.strategy", "auto plans data parallelism only", "parallel.tp: 1"}},
+        ConsistencyCase{{"parallel.tp=2", "parallel.strategy=auto"},
+                        {"parallel.strategy", "auto picks the tensor-parallel degree itself",
+                         "parallel.tp: 1"}},
         ConsistencyCase{{"parallel.pp=2"}, {"parallel.pp", "pipeline parallel", "later release"}},
         ConsistencyCase{{"run.device=cuda"},
                         {"run.device", "CUDA", "later release", "run.device: cpu"}}));

@@ -41,6 +41,25 @@ TEST(AutoLayoutTest, PicksARunnableLayoutAndReportsTheBetterOne) {
   EXPECT_EQ(applied.train.micro_batch, resolved->layout.micro_batch);
 }
 
+// What the trainer runs includes tensor parallelism: a 13B model on 16 ranks shards its blocks
+// over GPUs of a node, and the recipe says so; no pipeline, sequence parallelism or offload.
+TEST(AutoLayoutTest, TrainerLayoutsIncludeTensorParallelism) {
+  const Recipe recipe = testing::ShippedRecipe("llama-13b", {"parallel.strategy=auto"});
+  absl::StatusOr<AutoLayout> resolved = ResolveAutoLayout(recipe, 16, TrainerLayouts());
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  const Layout& layout = resolved->layout;
+  EXPECT_GT(layout.tp, 1) << DescribeLayout(layout);
+  EXPECT_EQ(layout.pp, 1);
+  EXPECT_FALSE(layout.sequence_parallel);
+  EXPECT_FALSE(layout.offload);
+  EXPECT_NE(layout.recompute, Recompute::kSelective);
+
+  Recipe applied = recipe;
+  ASSERT_TRUE(ApplyLayout(layout, applied).ok());
+  EXPECT_EQ(applied.parallel.tp, layout.tp);
+  EXPECT_EQ(applied.parallel.pp, 1);
+}
+
 TEST(AutoLayoutTest, NoNoteWhenTheBestLayoutIsRunnable) {
   const Recipe recipe = testing::ShippedRecipe("gpt2-124m", {"train.batch_size=64"});
   absl::StatusOr<AutoLayout> resolved = ResolveAutoLayout(recipe, 2, SearchOptions{});
