@@ -1,5 +1,6 @@
 #include "parallel/trainer.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -284,6 +285,40 @@ absl::Status TensorParallelStatus(const CommTensorParallel* ops) {
                       absl::StrCat("tensor-parallel all-reduce: ", ops->status().message()));
 }
 
+// Bytes this rank has sent over `comms`, every kind of operation. Null ones are skipped, and a
+// communicator given twice counts once (a group spanning the world is the world's communicator).
+int64_t SentBytes(std::initializer_list<const Communicator*> comms) {
+  int64_t sent = 0;
+  for (auto it = comms.begin(); it != comms.end(); ++it) {
+    const Communicator* comm = *it;
+    if (comm == nullptr || std::find(comms.begin(), it, comm) != it) continue;
+    const CommStats stats = comm->stats();
+    for (const OpStats& op :
+         {stats.all_reduce, stats.reduce_scatter, stats.all_gather, stats.broadcast, stats.send}) {
+      sent += op.bytes_sent;
+    }
+  }
+  return sent;
+}
+
+// The planner's estimate of this rank's layout, in the CPU backend's float32, for comparing its
+// traffic with what the step sent.
+Estimate PlannedLayout(const Recipe& recipe, const Mesh& mesh, Recompute recompute) {
+  Workload workload = WorkloadFromRecipe(recipe);
+  workload.precision = Precision::Fp32();
+  Layout layout{.tp = mesh.shape().tp,
+                .pp = mesh.shape().pp,
+                .dp = mesh.shape().dp,
+                .micro_batch = recipe.train.micro_batch,
+                .recompute = recompute};
+  for (Strategy strategy :
+       {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3, Strategy::kFsdp}) {
+    if (StrategyName(strategy) == recipe.parallel.strategy) layout.strategy = strategy;
+  }
+  // The cluster's links set the estimated times only, not the bytes compared here.
+  return EstimateLayout(workload, ResolveCluster(recipe.cluster).value_or(ClusterSpec{}), layout);
+}
+
 // This rank's part of the training, from the run folder to the exported weights. What every rank
 // must agree on (checkpoint signals, resume) goes through `world_comm`; gradients, the step's
 // loss and evaluation reduce over the dp group, the model's activations over the tp group (and
@@ -354,12 +389,16 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   double elapsed_s = 0;
   for (int step = static_cast<int>(resumed_step); step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
+    const int64_t dp_sent_before = SentBytes({groups.dp});
+    const int64_t tp_sent_before = SentBytes({groups.tp, kv_replicas});
     absl::StatusOr<StepResult> stepped =
         TrainStep(model, engine, train, step, micro_batches, next_micro_batch);
     // A failed tp all-reduce left the step to run on garbage: its error is the one to report.
     RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
     ASSIGN_OR_RETURN(const StepResult result, std::move(stepped));
     const std::chrono::duration<double> step_time = std::chrono::steady_clock::now() - start;
+    const int64_t dp_sent = SentBytes({groups.dp}) - dp_sent_before;
+    const int64_t tp_sent = SentBytes({groups.tp, kv_replicas}) - tp_sent_before;
     elapsed_s += step_time.count();
     if (recipe.parallel.check_replicas) RETURN_IF_ERROR(engine.CheckReplicas());
     if (step == resumed_step && leader) {
@@ -370,6 +409,13 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
           strategy.name, dp_size, MiB(memory.parameter_bytes), MiB(memory.gradient_bytes),
           MiB(memory.optimizer_bytes), MiB(memory.gathered_peak_bytes),
           MiB(memory.gradient_buffer_peak_bytes));
+    }
+    if (step == resumed_step && leader && world_comm != nullptr) {
+      const Estimate planned = PlannedLayout(recipe, mesh, recompute);
+      LogInfo(
+          "sent by this rank in step %d: tp group %d bytes (the plan: %.0f), dp group %d bytes "
+          "(the plan: %.0f)",
+          step + 1, tp_sent, planned.tp.sent_bytes, dp_sent, planned.dp.sent_bytes);
     }
 
     StepMetrics m;
@@ -382,6 +428,8 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     m.tokens_per_s = static_cast<double>(tokens_per_step) / step_time.count();
     m.mfu_percent = 100.0 * flops_per_token * m.tokens_per_s / (peak_flops * world.world_size);
     m.exposed_comm_ms = result.exposed_comm_ms;
+    m.dp_sent_bytes = dp_sent;
+    m.tp_sent_bytes = tp_sent;
     m.data_wait_ms = result.data_wait_ms;
     m.peak_rss_mib = PeakRssMib();
     m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);

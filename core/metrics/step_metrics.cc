@@ -42,6 +42,8 @@ std::string StepMetricsJson(const StepMetrics& m) {
                       {"mfu_percent", m.mfu_percent},
                       {"exposed_comm_ms", m.exposed_comm_ms},
                       {"data_wait_ms", m.data_wait_ms},
+                      {"dp_sent_bytes", m.dp_sent_bytes},
+                      {"tp_sent_bytes", m.tp_sent_bytes},
                       {"peak_rss_mib", m.peak_rss_mib},
                       {"eta_s", m.eta_s}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;

@@ -2,6 +2,7 @@
 // against one process: tensor parallelism alone and composed with data parallelism.
 #include <fstream>
 #include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -43,7 +44,7 @@ logging: {sample_tokens: 4}
 }
 
 struct Metrics {
-  std::vector<double> loss, grad_norm, val_loss;
+  std::vector<double> loss, grad_norm, val_loss, tp_sent_bytes;
 };
 
 Metrics ReadMetrics(const std::string& out_dir) {
@@ -53,6 +54,7 @@ Metrics ReadMetrics(const std::string& out_dir) {
     const nlohmann::json j = nlohmann::json::parse(line);
     metrics.loss.push_back(j["loss"].get<double>());
     metrics.grad_norm.push_back(j["grad_norm"].get<double>());
+    metrics.tp_sent_bytes.push_back(j["tp_sent_bytes"].get<double>());
     if (j.contains("val_loss") && !j["val_loss"].is_null()) {
       metrics.val_loss.push_back(j["val_loss"].get<double>());
     }
@@ -112,6 +114,18 @@ void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<
       EXPECT_NEAR(metrics.grad_norm[i], reference.grad_norm[i], 1e-4 * reference.grad_norm[i])
           << "step " << i;
     }
+    // Rank 0's tensor-parallel bytes in its first step, in metrics.jsonl and logged beside the
+    // planner's figure: equal with 2 ranks, where a ring all-reduce sends exactly its payload;
+    // at tp 4 the activations' all-reduces still split evenly, but the gradient norm's single
+    // double goes whole to one chunk: a rank sends 0 or 8 bytes of it where the plan counts
+    // 8 x 2 (n - 1) / n = 12, so within 12 bytes.
+    std::smatch logged;
+    const std::regex line(R"(tp group (\d+) bytes \(the plan: (\d+)\))");
+    ASSERT_TRUE(std::regex_search(ranks[0].output, logged, line)) << ranks[0].output;
+    const double measured = std::stod(logged[1]), planned = std::stod(logged[2]);
+    EXPECT_GT(measured, 0);
+    EXPECT_EQ(metrics.tp_sent_bytes[0], measured);
+    EXPECT_NEAR(measured, planned, layout.tp == 2 ? 0 : 12);
     // Each data-parallel rank evaluates its own validation batches: only a tp-only layout
     // evaluates the single process's.
     if (layout.world != layout.tp) continue;
