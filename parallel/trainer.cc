@@ -87,9 +87,10 @@ absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, Validation
 
 // parallel.strategy: auto -> the planner's layout for this world among those the trainer runs
 // (TrainerLayouts). A better layout it cannot run is reported, never silently replaced.
-absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, int world_size) {
+absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, const WorldMembership& world) {
   if (recipe.parallel.strategy != "auto") return recipe;
-  const SearchOptions runnable = TrainerLayouts();
+  const int world_size = world.world_size;
+  const SearchOptions runnable = TrainerLayouts(world.local_world_size);
   ASSIGN_OR_RETURN(const AutoLayout chosen, ResolveAutoLayout(recipe, world_size, runnable));
   Recipe resolved = recipe;
   RETURN_IF_ERROR(ApplyLayout(chosen.layout, resolved));
@@ -492,7 +493,7 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
   // file per rank).
   if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);
-  ASSIGN_OR_RETURN(const Recipe recipe, ResolveStrategy(requested, world.world_size));
+  ASSIGN_OR_RETURN(const Recipe recipe, ResolveStrategy(requested, world));
   RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world.world_size));
   // The dp x pp x tp mesh, tp innermost.
   const int tp_pp = recipe.parallel.tp * recipe.parallel.pp;

@@ -1,5 +1,6 @@
 #include "parallel/planner/auto_layout.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -32,10 +33,13 @@ absl::StatusOr<ClusterSpec> ClusterForWorld(const ClusterSection& section, int w
 
 }  // namespace
 
-SearchOptions TrainerLayouts() {
+SearchOptions TrainerLayouts(int ranks_per_node) {
   SearchOptions runnable;
   runnable.strategies = {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3,
                          Strategy::kFsdp};
+  // The recipe's cluster.gpus_per_node may describe other machines than these: a tp group
+  // spanning two would all-reduce every block's activations over the network.
+  runnable.max_tp = std::max(ranks_per_node, 1);
   runnable.max_pp = 1;
   // Not selective: the planner's activation model (Korthikanti et al.) charges kNone with the
   // attention scores, which dtrain's attention never keeps, so it would pick selective (one more

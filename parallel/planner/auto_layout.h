@@ -24,10 +24,11 @@ struct AutoLayout {
   std::string note;
 };
 
-// The layouts the trainer runs today: every data-parallel engine, tensor parallelism inside a
-// node (kv heads split or replicated), no or full recomputation; no pipeline, sequence
-// parallelism or offload yet.
-SearchOptions TrainerLayouts();
+// The layouts the trainer runs today: every data-parallel engine, tensor parallelism among the
+// `ranks_per_node` ranks of one machine (kv heads split or replicated), no or full
+// recomputation; no pipeline, sequence parallelism or offload yet. Every machine must run the
+// same number of ranks, so that every rank picks the same layout.
+SearchOptions TrainerLayouts(int ranks_per_node);
 
 // Plans recipe's model and batch for `world_size` ranks, with recipe.cluster's hardware: nodes
 // are world_size / cluster.gpus_per_node (one node of world_size GPUs when fewer).

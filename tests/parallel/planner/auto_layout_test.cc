@@ -41,11 +41,15 @@ TEST(AutoLayoutTest, PicksARunnableLayoutAndReportsTheBetterOne) {
   EXPECT_EQ(applied.train.micro_batch, resolved->layout.micro_batch);
 }
 
-// What the trainer runs includes tensor parallelism: a 13B model on 16 ranks shards its blocks
-// over GPUs of a node, and the recipe says so; no pipeline, sequence parallelism or offload.
-TEST(AutoLayoutTest, TrainerLayoutsIncludeTensorParallelism) {
+// What the trainer runs includes tensor parallelism: a 13B model on 16 ranks, 8 per machine,
+// shards its blocks over ranks of one machine, and the recipe says so; no pipeline, sequence
+// parallelism or offload. With one rank per machine, tp stays 1.
+TEST(AutoLayoutTest, TrainerLayoutsIncludeTensorParallelismInsideAMachine) {
   const Recipe recipe = testing::ShippedRecipe("llama-13b", {"parallel.strategy=auto"});
-  absl::StatusOr<AutoLayout> resolved = ResolveAutoLayout(recipe, 16, TrainerLayouts());
+  absl::StatusOr<AutoLayout> one_per_machine = ResolveAutoLayout(recipe, 16, TrainerLayouts(1));
+  ASSERT_TRUE(one_per_machine.ok()) << one_per_machine.status();
+  EXPECT_EQ(one_per_machine->layout.tp, 1);
+  absl::StatusOr<AutoLayout> resolved = ResolveAutoLayout(recipe, 16, TrainerLayouts(8));
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   const Layout& layout = resolved->layout;
   EXPECT_GT(layout.tp, 1) << DescribeLayout(layout);
