@@ -13,8 +13,8 @@
 // needs it (kForward / kBackward of the same micro-batch and chunk, later in the list) waits for
 // it. A send is posted after its compute and waited for only when its buffer is reused. The
 // n-th send from stage a to stage b carries what b's n-th receive from a expects (the
-// Communicator matches per peer in order), so an activation can never be taken for a gradient;
-// for that a receive is sometimes listed before computes that come ahead of its own (two
+// Communicator matches per peer in order), so an activation can never be taken for a gradient.
+// To keep that order, a receive may be listed a few computes before the one that needs it (two
 // stages with interleaving, where one neighbour sends both kinds). Neither a send nor a receive
 // is listed between chunks on the same stage (stages == 1). No schedule deadlocks when sends
 // are posted without waiting for the peer's receive (Communicator::Send's contract).
@@ -32,7 +32,7 @@
 namespace dtrain {
 
 enum class PipelineSchedule {
-  kGpipe,        // every forward, then every backward: m micro-batches' activations live
+  kGpipe,        // every forward, then every backward (micro-batch order): m activations live
   kOneFOneB,     // Megatron's 1F1B: warm-up forwards, then one forward one backward, cool-down
   kInterleaved,  // Megatron's interleaved 1F1B over virtual_stages chunks per stage
 };
