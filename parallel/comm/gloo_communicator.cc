@@ -745,7 +745,11 @@ std::unique_ptr<Work> GlooCommunicator::EnqueuePointToPoint(bool is_send, void* 
         state.transfer->recv(peer, kPointToPointSlot << 56);
       }
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat(description, " failed: ", e.what()));
+      absl::Status status =
+          absl::UnavailableError(absl::StrCat(description, " failed: ", e.what()));
+      SetFaultyRanks(status, {WorldRank(peer)});
+      broken_ = status;
+      return status;
     }
     state.is_send = is_send;
     state.bytes = bytes;
