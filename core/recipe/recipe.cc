@@ -247,7 +247,19 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(parallel, pp),
-       "pipeline-parallel stages (only 1 in this release)",
+       "pipeline-parallel stages (only 1 in this release); at most model.n_layer",
+       {},
+       AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(parallel, pp_schedule),
+       "pipeline schedule: 1f1b (Megatron's one forward one backward: a stage holds at most pp "
+       "micro-batches' activations); interleaved (Megatron's interleaved 1F1B over "
+       "pp_virtual_stages chunks per stage: a bubble pp_virtual_stages times smaller, as many "
+       "times the point-to-point traffic); gpipe (all forwards, then all backwards: every "
+       "micro-batch's activations held)",
+       {"1f1b", "interleaved", "gpipe"}},
+      {DTRAIN_RECIPE_KEY(parallel, pp_virtual_stages),
+       "model chunks per pipeline stage, for pp_schedule: interleaved; must divide the "
+       "model.n_layer / pp blocks of a stage",
        {},
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(parallel, recompute),
@@ -913,6 +925,66 @@ class Parser {
                  absl::StrCat(status.message(), " (the nearest sizes that fit: ", nearest, ")"));
   }
 
+  // The pipeline keys against the model and the batch (parallel/pipeline/schedule.h builds the
+  // schedules; the names are the key table's).
+  absl::Status CheckPipeline(const Recipe& r) const {
+    const ParallelSection& p = r.parallel;
+    const int n_layer = r.model.n_layer;
+    if (p.pp > n_layer) {
+      return Error("parallel.pp",
+                   absl::StrCat(p.pp, " stages exceed the model.n_layer = ", n_layer,
+                                " blocks; every stage runs at least one, so set parallel.pp to "
+                                "at most ",
+                                n_layer));
+    }
+    const int v = p.pp_virtual_stages;
+    if (v > 1) {
+      if (p.pp_schedule != "interleaved") {
+        return Error(
+            "parallel.pp_virtual_stages",
+            absl::StrCat(v, " needs parallel.pp_schedule: interleaved (it is ", p.pp_schedule,
+                         "); set pp_schedule: interleaved, or pp_virtual_stages: 1"));
+      }
+      if (p.pp == 1) {
+        return Error("parallel.pp_virtual_stages",
+                     absl::StrCat(v,
+                                  " chunks interleave over pipeline stages, and parallel.pp is "
+                                  "1; set pp_virtual_stages: 1, or parallel.pp above 1"));
+      }
+      if (n_layer % (p.pp * v) != 0) {
+        // 1 always fits (no interleaving); above it, v with pp x v dividing n_layer.
+        int below = 1, above = 0;
+        for (int candidate = 2; candidate <= n_layer / p.pp; ++candidate) {
+          if (n_layer % (p.pp * candidate) != 0) continue;
+          if (candidate < v) below = candidate;
+          if (candidate > v && above == 0) above = candidate;
+        }
+        const std::string blocks =
+            n_layer % p.pp == 0 ? absl::StrCat("the ", n_layer / p.pp, " blocks per stage")
+                                : absl::StrCat("blocks per stage (model.n_layer = ", n_layer,
+                                               " is not a multiple of parallel.pp = ", p.pp, ")");
+        return Error(
+            "parallel.pp_virtual_stages",
+            absl::StrCat(v, " does not divide ", blocks,
+                         "; each stage's blocks split into equal chunks (the nearest "
+                         "values that fit: parallel.pp_virtual_stages: ",
+                         above == 0 ? absl::StrCat(below) : absl::StrCat(below, " or ", above),
+                         ")"));
+      }
+    }
+    // The batch split is checked before; with data parallelism each pipeline gets fewer.
+    const int micro_batches = r.train.batch_size / r.train.micro_batch;
+    if (p.pp > 1 && micro_batches < p.pp) {
+      LogWarn(
+          "%s: train.batch_size / train.micro_batch = %d micro-batches per step, fewer than "
+          "parallel.pp = %d stages: the pipeline idles at least %d of every %d micro-batch slots "
+          "(the bubble); raise train.batch_size or lower train.micro_batch to %d or more "
+          "micro-batches",
+          source_name_, micro_batches, p.pp, p.pp - 1, micro_batches + p.pp - 1, p.pp);
+    }
+    return absl::OkStatus();
+  }
+
   // Rules that tie keys together. Each names the keys, their values and the fix.
   absl::Status CheckConsistency(const Recipe& r) const {
     const ModelSection& m = r.model;
@@ -921,10 +993,6 @@ class Parser {
                    absl::StrCat("'", r.run.device,
                                 "' is not available yet: the CUDA backend arrives in a later "
                                 "release; set run.device: cpu"));
-    }
-    if (r.parallel.pp != 1) {
-      return Error("parallel.pp",
-                   "pipeline parallel arrives in a later release; set parallel.pp: 1");
     }
     if (m.d_model % m.n_head != 0) {
       return Error("model.d_model",
@@ -968,6 +1036,11 @@ class Parser {
                                 r.train.micro_batch,
                                 "); a step accumulates whole micro-batches, so make batch_size a "
                                 "multiple of micro_batch"));
+    }
+    RETURN_IF_ERROR(CheckPipeline(r));
+    if (r.parallel.pp != 1) {
+      return Error("parallel.pp",
+                   "pipeline parallel arrives in a later release; set parallel.pp: 1");
     }
     if (r.train.seq_len > m.max_seq_len) {
       return Error("train.seq_len",

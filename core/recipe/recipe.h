@@ -80,6 +80,9 @@ struct ParallelSection {
   std::string strategy = "ddp";  // ddp | zero1 | zero2 | zero3 | fsdp | auto (the planner picks)
   int tp = 1;
   int pp = 1;
+  std::string pp_schedule = "1f1b";  // 1f1b | interleaved | gpipe (parallel/pipeline/schedule.h)
+  int pp_virtual_stages = 1;         // model chunks per pipeline stage (interleaved)
+
   std::string recompute = "none";  // none | selective | full (core/model/recompute.h)
   double bucket_mb = 25;           // gradient all-reduce / reduce-scatter bucket (ddp, zero1/2)
   double prefetch_bucket_mb = 50;  // parameter all-gather unit of zero3

@@ -185,6 +185,24 @@ int Mod(int a, int n) { return ((a % n) + n) % n; }
 
 }  // namespace
 
+struct GlooCommunicator::PointToPointLedger {
+  std::mutex mu;
+  OpStats send;
+  OpStats recv;
+  absl::Status failure;  // the first
+
+  void Completed(bool is_send, size_t bytes) {
+    std::lock_guard lock(mu);
+    OpStats& total = is_send ? send : recv;
+    total.calls += 1;
+    (is_send ? total.bytes_sent : total.bytes_received) += static_cast<int64_t>(bytes);
+  }
+  void Failed(const absl::Status& status) {
+    std::lock_guard lock(mu);
+    if (failure.ok()) failure = status;
+  }
+};
+
 struct GlooCommunicator::WorkState {
   std::mutex mu;
   std::condition_variable ran_cv;
@@ -193,8 +211,12 @@ struct GlooCommunicator::WorkState {
   // Point to point only: the posted transfer, completed by the first Wait.
   std::unique_ptr<UnboundBuffer> transfer;
   bool is_send = false;
+  size_t bytes = 0;
+  int peer_world_rank = -1;
   absl::Time deadline;
+  absl::Duration timeout;
   std::string description;  // "send of N bytes to rank R on group 'g'"
+  std::shared_ptr<PointToPointLedger> ledger;
 };
 
 namespace {
@@ -216,12 +238,19 @@ class GlooWork : public Work {
       } else {
         WaitRecv(*state.transfer, state.deadline);
       }
+      state.ledger->Completed(state.is_send, state.bytes);
     } catch (const std::exception& e) {
+      // The peer is the one at fault: it never issued the matching operation, or it failed.
+      const std::string what = e.what();
+      const bool timed_out = what.find("Timed out") != std::string::npos;
+      const std::string message = absl::StrCat(
+          state.description, " did not complete",
+          timed_out ? absl::StrCat(" (timeout ", absl::FormatDuration(state.timeout), ")") : "",
+          ": the peer failed or never issued the matching operation; transport: ", what);
       state.status =
-          absl::UnavailableError(absl::StrCat(state.description,
-                                              " did not complete: the peer failed or never issued "
-                                              "the matching operation; transport: ",
-                                              e.what()));
+          timed_out ? absl::DeadlineExceededError(message) : absl::UnavailableError(message);
+      SetFaultyRanks(state.status, {state.peer_world_rank});
+      state.ledger->Failed(state.status);
     }
     state.transfer.reset();
     return state.status;
@@ -291,6 +320,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, GlooCommunicato
     : options_(std::move(options)),
       store_(std::move(store)),
       context_(std::move(context)),
+      ledger_(std::make_shared<PointToPointLedger>()),
       scratch_(kScratchSegments * kSegmentBytes) {
   worker_ = std::thread([this] { WorkerLoop(); });
   publisher_ = std::thread([this] { PublisherLoop(); });
@@ -361,6 +391,14 @@ std::unique_ptr<Work> GlooCommunicator::Enqueue(Task task) {
   return std::make_unique<GlooWork>(std::move(state));
 }
 
+bool GlooCommunicator::Broken() {
+  if (broken_.ok()) {
+    std::lock_guard lock(ledger_->mu);
+    broken_ = ledger_->failure;
+  }
+  return !broken_.ok();
+}
+
 absl::Status GlooCommunicator::FailedEarlier(const std::string& operation) const {
   // The ranks the first failure blamed stay blamed: the status a caller reports may be this one
   // (an earlier Work's status can be dropped unwaited).
@@ -375,7 +413,7 @@ std::unique_ptr<Work> GlooCommunicator::EnqueueCollective(
     std::function<void(absl::Time, OpStats&)> body) {
   return Enqueue([this, op_name, stats_field, body = std::move(body)](WorkState&) {
     const int64_t seq = ++collective_seq_;
-    if (!broken_.ok()) {
+    if (Broken()) {
       return FailedEarlier(absl::StrFormat("%s #%d on group '%s'", op_name, seq, options_.name));
     }
     bool wake_publisher;
@@ -694,14 +732,11 @@ std::unique_ptr<Work> GlooCommunicator::EnqueuePointToPoint(bool is_send, void* 
       return absl::InvalidArgumentError(
           absl::StrCat(description, ": the peer must be another rank of the group"));
     }
-    if (!broken_.ok()) return FailedEarlier(description);
-    {
-      std::lock_guard lock(mu_);
-      OpStats& total = is_send ? stats_.send : stats_.recv;
-      total.calls += 1;
-      (is_send ? total.bytes_sent : total.bytes_received) += bytes;
+    if (Broken()) return FailedEarlier(description);
+    if (bytes == 0) {
+      ledger_->Completed(is_send, 0);
+      return absl::OkStatus();
     }
-    if (bytes == 0) return absl::OkStatus();
     try {
       state.transfer = Buffer(*context_, data, bytes);
       if (is_send) {
@@ -710,11 +745,19 @@ std::unique_ptr<Work> GlooCommunicator::EnqueuePointToPoint(bool is_send, void* 
         state.transfer->recv(peer, kPointToPointSlot << 56);
       }
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat(description, " failed: ", e.what()));
+      absl::Status status =
+          absl::UnavailableError(absl::StrCat(description, " failed: ", e.what()));
+      SetFaultyRanks(status, {WorldRank(peer)});
+      broken_ = status;
+      return status;
     }
     state.is_send = is_send;
+    state.bytes = bytes;
+    state.peer_world_rank = WorldRank(peer);
     state.deadline = absl::Now() + options_.timeout;
+    state.timeout = options_.timeout;
     state.description = description;
+    state.ledger = ledger_;
     return absl::OkStatus();
   });
 }
@@ -729,8 +772,15 @@ std::unique_ptr<Work> GlooCommunicator::Recv(void* data, size_t count, DataType 
 }
 
 CommStats GlooCommunicator::stats() const {
-  std::lock_guard lock(mu_);
-  return stats_;
+  CommStats stats;
+  {
+    std::lock_guard lock(mu_);
+    stats = stats_;
+  }
+  std::lock_guard lock(ledger_->mu);
+  stats.send = ledger_->send;
+  stats.recv = ledger_->recv;
+  return stats;
 }
 
 }  // namespace dtrain

@@ -8,7 +8,9 @@
 // collective each rank records (asynchronously, off the critical path) the sequence number of
 // the collective it is starting under "<key_prefix>started/<rank>"; a failed or timed-out rank
 // reads those counters and names the ranks that never started the operation, in its message and
-// as the status payload of faulty_ranks.h.
+// as the status payload of faulty_ranks.h. A point-to-point operation completes in Work::Wait,
+// within the timeout from when it was posted; a failed one blames its peer in that payload,
+// counts nothing in stats(), and fails the communicator like a failed collective.
 // A peer that dies is an error of the operations that need it: Create makes the process ignore
 // SIGPIPE, which Gloo's writes to a dead peer's socket would otherwise raise.
 // Thread-safety: as Communicator; Create and the destructor must not race with other calls.
@@ -89,6 +91,9 @@ class GlooCommunicator : public Communicator {
 
   struct WorkState;   // one operation's outcome, shared by its Work and the worker thread
   struct ElementOps;  // a data type's size and arithmetic, for the ring
+  // Point-to-point operations complete in Work::Wait, on the caller's thread: their totals and
+  // the first failure, shared with the Works (which may outlive the communicator).
+  struct PointToPointLedger;
 
  private:
   // What runs on the worker thread: the operation's body. Collective bodies return the status
@@ -104,6 +109,9 @@ class GlooCommunicator : public Communicator {
   std::unique_ptr<Work> EnqueueCollective(const char* op_name, OpStats CommStats::*stats_field,
                                           std::function<void(absl::Time, OpStats&)> body);
   std::unique_ptr<Work> EnqueuePointToPoint(bool is_send, void* data, size_t bytes, int peer);
+  // Whether an operation failed (worker thread only): a collective, or a point-to-point
+  // operation whose Wait failed, which it takes over as broken_.
+  bool Broken();
   // FailedPrecondition for `operation` after the communicator failed, blaming the same ranks.
   absl::Status FailedEarlier(const std::string& operation) const;
 
@@ -129,6 +137,7 @@ class GlooCommunicator : public Communicator {
   const GlooCommunicatorOptions options_;
   const std::shared_ptr<Store> store_;
   const std::shared_ptr<gloo::Context> context_;
+  const std::shared_ptr<PointToPointLedger> ledger_;
 
   // Worker-thread state: the receive scratch (kScratchSegments x 1 MiB; operator new aligns it
   // for every DataType), the collective sequence number and the first failure, after which

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/model/param_table.h"
 
@@ -50,6 +51,21 @@ double ExposedMs(double total_ms, double window_ms, int calls) {
   if (total_ms <= 0) return 0;
   const double last_ms = total_ms / std::max(calls, 1);
   return std::min(total_ms, std::max(0.0, total_ms - window_ms) + last_ms);
+}
+
+// PipelineFlopsPerToken's terms.
+double BlockFlopsPerToken(const ModelConfig& model, int seq_len, Recompute recompute) {
+  const double s = seq_len, h = model.d_model;
+  double flops = 6.0 * SplitParams(model).per_layer + 6.0 * s * h;
+  // Full recomputation repeats the blocks' forward (a third of their training FLOPs), selective
+  // only the attention scores' forward (Korthikanti et al.).
+  if (recompute == Recompute::kFull) flops += flops / 3;
+  if (recompute == Recompute::kSelective) flops += 2.0 * s * h;
+  return flops;
+}
+
+double HeadFlopsPerToken(const ModelConfig& model) {
+  return 6.0 * model.vocab_size * static_cast<double>(model.d_model);
 }
 
 double RingFactor(Collective collective, int group_size) {
@@ -147,6 +163,13 @@ double CollectiveMs(Collective collective, double bytes, int group_size, int ran
   return 1e3 * transfer_s + 1e-3 * hops * latency_us;
 }
 
+PipelineCosts PipelineFlopsPerToken(const ModelConfig& model, int seq_len, Recompute recompute) {
+  return {
+      .embedding = 0,
+      .blocks = std::vector<double>(model.n_layer, BlockFlopsPerToken(model, seq_len, recompute)),
+      .head = HeadFlopsPerToken(model)};
+}
+
 double ParamsPerRank(const ModelConfig& model, int tp, int pp) {
   const ParamSplit split = SplitParams(model);
   const double blocks = split.per_layer * (model.n_layer / pp);
@@ -208,20 +231,14 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   // ---- Compute. ----
   // Model FLOPs per token: 6 per matmul parameter plus attention (ModelConfig, the definition
   // the trainer's MFU uses). A pipeline runs at the pace of its heaviest stage, the last, which
-  // also holds the output head. Full recomputation repeats the blocks' forward (a third of their
-  // training FLOPs), selective only the attention scores' forward (Korthikanti et al.).
+  // also holds the output head.
   const double tokens = static_cast<double>(workload.batch_size) * s;
   const double model_flops = model.flops_per_token(s) * tokens / layout.world_size();
-  const double layer_flops_per_token = 6.0 * split.per_layer + 6.0 * s * static_cast<double>(h);
-  const double head_flops_per_token = 6.0 * model.vocab_size * static_cast<double>(h);
-  const double stage_flops_per_token = layers * layer_flops_per_token + head_flops_per_token;
-  double executed_flops_per_token = stage_flops_per_token;
-  if (layout.recompute == Recompute::kFull) {
-    executed_flops_per_token += layers * layer_flops_per_token / 3;
-  }
-  if (layout.recompute == Recompute::kSelective) {
-    executed_flops_per_token += layers * 2.0 * s * static_cast<double>(h);
-  }
+  const double head_flops_per_token = HeadFlopsPerToken(model);
+  const double stage_flops_per_token =
+      layers * BlockFlopsPerToken(model, s, Recompute::kNone) + head_flops_per_token;
+  const double executed_flops_per_token =
+      layers * BlockFlopsPerToken(model, s, layout.recompute) + head_flops_per_token;
   const double peak_flops = cluster.peak_tflops * 1e12;
   const double flops_per_ms = 1e-3 * peak_flops * t * GemmEfficiency(workload, layout, assumptions);
   const double micro_batch_tokens = static_cast<double>(b) * s;

@@ -12,6 +12,7 @@
 #include "core/model/model_config.h"
 #include "core/model/recompute.h"
 #include "core/recipe/recipe.h"
+#include "parallel/pipeline/stage_assignment.h"
 #include "parallel/planner/catalog.h"
 
 namespace dtrain {
@@ -141,6 +142,13 @@ enum class Collective { kAllReduce, kAllGather, kReduceScatter };
 // `group_size` ranks with `ranks_per_node` of them in each node.
 double CollectiveMs(Collective collective, double bytes, int group_size, int ranks_per_node,
                     const ClusterSpec& cluster);
+
+// Training FLOPs per token of each piece a pipeline stage holds, as EstimateLayout counts them:
+// forward and backward of every block (6 per matmul parameter plus attention) with what
+// `recompute` repeats, and of the head's output projection. The embedding is a lookup with no
+// matmul: 0 (what the first stage carries more is memory, which ParamsPerRank counts). The
+// stage assignment balances on these (parallel/pipeline/stage_assignment.h).
+PipelineCosts PipelineFlopsPerToken(const ModelConfig& model, int seq_len, Recompute recompute);
 
 // Parameters one rank of the most loaded pipeline stage holds (TP and PP division).
 double ParamsPerRank(const ModelConfig& model, int tp, int pp);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "parallel/pipeline/stage_assignment.h"
 
 namespace dtrain {
 namespace {
@@ -243,6 +244,20 @@ std::string RecipeLines(const Layout& layout) {
   return out;
 }
 
+std::string PipelineStagesLine(const Workload& workload, const Layout& layout) {
+  const absl::StatusOr<StageAssignment> assignment = AssignStages(
+      PipelineFlopsPerToken(workload.model, workload.seq_len, layout.recompute), layout.pp, 1);
+  if (!assignment.ok()) return std::string(assignment.status().message());
+  double heaviest = 0, total = 0;
+  for (int stage = 0; stage < layout.pp; ++stage) {
+    heaviest = std::max(heaviest, assignment->StageCost(stage));
+    total += assignment->StageCost(stage);
+  }
+  return absl::StrFormat("%s; heaviest stage %.2f GFLOP per token, %.1f%% above the mean",
+                         FormatStageAssignment(*assignment), heaviest / 1e9,
+                         100 * (heaviest * layout.pp / total - 1));
+}
+
 std::string SbatchLines(const ClusterSpec& cluster, const std::string& recipe_path) {
   return absl::StrFormat(
       "#SBATCH --nodes=%d\n#SBATCH --ntasks-per-node=%d\n#SBATCH --gpus-per-node=%d\n"
@@ -293,6 +308,9 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
     absl::StrAppendFormat(&out,
                           "  speed    MFU %.1f%%, computing %.1f%% of the time, %.0f tokens/s\n",
                           100 * t.mfu, 100 * t.compute_fraction, t.tokens_per_s);
+    if (chosen->layout.pp > 1) {
+      absl::StrAppendFormat(&out, "  stages   %s\n", PipelineStagesLine(w, chosen->layout));
+    }
     if (t.compute_fraction < 0.5) {
       absl::StrAppendFormat(
           &out,
@@ -371,6 +389,7 @@ nlohmann::json PlanJson(const Plan& plan, const std::string& recipe_path, int to
     out["collective_timeout_s"] = CollectiveTimeoutS(chosen->estimate.time.step_ms);
     out["recipe_lines"] = RecipeLines(chosen->layout);
     out["sbatch_lines"] = SbatchLines(c, recipe_path);
+    if (chosen->layout.pp > 1) out["pipeline_stages"] = PipelineStagesLine(w, chosen->layout);
   }
   out["assumptions"] = AssumptionsLine(plan);
   out["search"] = {{"layouts", plan.candidates.size()},

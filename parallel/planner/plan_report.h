@@ -26,6 +26,10 @@ double CollectiveTimeoutS(double step_ms);
 // The recipe lines that select `layout` (comments for what the recipe cannot express yet).
 std::string RecipeLines(const Layout& layout);
 
+// The pipeline stages of `layout` (pp > 1, one virtual stage): blocks balanced on the cost
+// model's FLOPs per token (parallel/pipeline/stage_assignment.h) and the heaviest stage's load.
+std::string PipelineStagesLine(const Workload& workload, const Layout& layout);
+
 // #SBATCH lines and the srun line that start one rank per GPU for `recipe_path`.
 std::string SbatchLines(const ClusterSpec& cluster, const std::string& recipe_path);
 

@@ -50,6 +50,20 @@ TEST(CliTest, TrainWithBadRecipeExits2BeforeRunning) {
 }
 
 // Bad input ends in exit 2 and a message, never in an abort (exit 134).
+// The issue's bad pipeline inputs: exit 2 naming the keys and the nearest valid values.
+TEST(CliTest, TrainWithABadPipelineExits2NamingTheKeys) {
+  const Outcome too_deep = RunDtrain("train --set parallel.pp=64");
+  EXPECT_EQ(too_deep.exit_code, 2);
+  EXPECT_THAT(too_deep.stderr_text,
+              HasSubstr("--set parallel.pp=64: 64 stages exceed the model.n_layer = "));
+  const Outcome chunks = RunDtrain(
+      "train --set parallel.pp=2 --set parallel.pp_schedule=interleaved "
+      "--set parallel.pp_virtual_stages=3");
+  EXPECT_EQ(chunks.exit_code, 2);
+  EXPECT_THAT(chunks.stderr_text, HasSubstr("parallel.pp_virtual_stages=3: 3 does not divide"));
+  EXPECT_THAT(chunks.stderr_text, HasSubstr("nearest values that fit: parallel.pp_virtual_stages"));
+}
+
 TEST(CliTest, RecipeCheckRefusesTextThatIsNotUtf8) {
   const std::string path = testing::WriteTempFile("latin1.yaml",
                                                   "run:\n  name: \"sm\xff"

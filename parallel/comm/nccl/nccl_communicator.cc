@@ -164,12 +164,18 @@ NcclCommunicator::~NcclCommunicator() {
   ncclCommDestroy(comm_);
 }
 
-std::unique_ptr<Work> NcclCommunicator::Finish(const char* op_name, ncclResult_t enqueued,
+int NcclCommunicator::WorldRank(int group_rank) const {
+  // A peer outside the group (NCCL refuses it) is named as given.
+  if (options_.world_ranks.empty() || group_rank < 0 || group_rank >= options_.size) {
+    return group_rank;
+  }
+  return options_.world_ranks[group_rank];
+}
+
+std::unique_ptr<Work> NcclCommunicator::Finish(absl::string_view op_name, ncclResult_t enqueued,
                                                cudaStream_t stream) {
-  const int world_rank =
-      options_.world_ranks.empty() ? options_.rank : options_.world_ranks[options_.rank];
   std::string description = absl::StrFormat("%s on group '%s' (%d ranks) at rank %d", op_name,
-                                            options_.name, options_.size, world_rank);
+                                            options_.name, options_.size, WorldRank(options_.rank));
   absl::Status status;
   cudaEvent_t event = nullptr;
   if (enqueued != ncclSuccess) {
@@ -248,15 +254,15 @@ std::unique_ptr<Work> NcclCommunicator::Send(const void* data, size_t count, Dat
                                              int peer) {
   Count(&CommStats::send, static_cast<int64_t>(count) * DataTypeBytes(type), 0);
   OrderAfterCollectives(send_stream_);
-  return Finish("send", ncclSend(data, count, NcclType(type), peer, comm_, send_stream_),
-                send_stream_);
+  return Finish(absl::StrCat("send to rank ", WorldRank(peer)),
+                ncclSend(data, count, NcclType(type), peer, comm_, send_stream_), send_stream_);
 }
 
 std::unique_ptr<Work> NcclCommunicator::Recv(void* data, size_t count, DataType type, int peer) {
   Count(&CommStats::recv, 0, static_cast<int64_t>(count) * DataTypeBytes(type));
   OrderAfterCollectives(recv_stream_);
-  return Finish("recv", ncclRecv(data, count, NcclType(type), peer, comm_, recv_stream_),
-                recv_stream_);
+  return Finish(absl::StrCat("recv from rank ", WorldRank(peer)),
+                ncclRecv(data, count, NcclType(type), peer, comm_, recv_stream_), recv_stream_);
 }
 
 absl::Status NcclCommunicator::Barrier() {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/store/store.h"
@@ -72,7 +73,10 @@ class NcclCommunicator : public Communicator {
                    cudaStream_t send_stream, cudaStream_t recv_stream, float* barrier_scalar);
 
   // Records the enqueue outcome and an event on `stream` into a Work.
-  std::unique_ptr<Work> Finish(const char* op_name, ncclResult_t enqueued, cudaStream_t stream);
+  int WorldRank(int group_rank) const;
+  // `op_name` names the operation in messages ("all_reduce", "send to rank 3").
+  std::unique_ptr<Work> Finish(absl::string_view op_name, ncclResult_t enqueued,
+                               cudaStream_t stream);
   void Count(OpStats CommStats::*field, int64_t sent, int64_t received);
   // Makes `side` wait for the work already on the collective stream.
   void OrderAfterCollectives(cudaStream_t side);

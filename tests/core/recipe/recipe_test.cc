@@ -302,6 +302,35 @@ INSTANTIATE_TEST_SUITE_P(
                         {"parallel.strategy", "auto picks the tensor-parallel degree itself",
                          "parallel.tp: 1"}},
         ConsistencyCase{{"parallel.pp=2"}, {"parallel.pp", "pipeline parallel", "later release"}},
+        // The pipeline keys: checked before that, so a recipe learns every fix it needs.
+        ConsistencyCase{{"parallel.pp=8"},
+                        {"--set parallel.pp=8", "8 stages exceed the model.n_layer = 4 blocks",
+                         "parallel.pp to at most 4"}},
+        ConsistencyCase{
+            {"parallel.pp_virtual_stages=2"},
+            {"--set parallel.pp_virtual_stages=2",
+             "needs parallel.pp_schedule: interleaved (it is 1f1b)", "or pp_virtual_stages: 1"}},
+        ConsistencyCase{{"parallel.pp_schedule=interleaved", "parallel.pp_virtual_stages=2"},
+                        {"parallel.pp_virtual_stages", "parallel.pp is 1"}},
+        ConsistencyCase{
+            {"parallel.pp_schedule=interleaved", "parallel.pp=2", "parallel.pp_virtual_stages=3"},
+            {"parallel.pp_virtual_stages", "3 does not divide the 2 blocks per stage",
+             "nearest values that fit: parallel.pp_virtual_stages: 2)"}},
+        ConsistencyCase{
+            {"model.n_layer=12", "parallel.pp_schedule=interleaved", "parallel.pp=4",
+             "parallel.pp_virtual_stages=2"},
+            {"2 does not divide the 3 blocks per stage", "parallel.pp_virtual_stages: 1 or 3)"}},
+        ConsistencyCase{{"model.n_layer=10", "parallel.pp_schedule=interleaved", "parallel.pp=4",
+                         "parallel.pp_virtual_stages=2"},
+                        {"model.n_layer = 10 is not a multiple of parallel.pp = 4",
+                         "parallel.pp_virtual_stages: 1)"}},
+        ConsistencyCase{
+            {"parallel.pp_schedule=zb"},
+            {"parallel.pp_schedule", "'zb' is not allowed", "1f1b, interleaved, gpipe"}},
+        // A valid pipeline passes its checks and reaches the release's refusal.
+        ConsistencyCase{
+            {"parallel.pp_schedule=interleaved", "parallel.pp=2", "parallel.pp_virtual_stages=2"},
+            {"parallel.pp", "later release"}},
         ConsistencyCase{{"run.device=cuda"},
                         {"run.device", "CUDA", "later release", "run.device: cpu"}}));
 
@@ -342,6 +371,22 @@ TEST(RecipeTest, RecomputeTakesNoneSelectiveOrFull) {
   EXPECT_THAT(ErrorOf(WithMinimal("parallel:\n  recompute: attention\n")),
               AllOf(HasSubstr("parallel.recompute at t.yaml:4:14"),
                     HasSubstr("'attention' is not allowed; use one of none, selective, full")));
+}
+
+// Fewer micro-batches than stages is allowed, with a warning about the bubble.
+TEST(RecipeTest, FewerMicroBatchesThanStagesWarnOfTheBubble) {
+  ::testing::internal::CaptureStderr();
+  const std::string error =
+      ErrorOf(kMinimal, {"parallel.pp=4", "train.batch_size=6", "train.micro_batch=2"});
+  const std::string warning = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(warning, AllOf(HasSubstr("train.batch_size / train.micro_batch = 3 micro-batches "
+                                       "per step, fewer than parallel.pp = 4 stages"),
+                             HasSubstr("idles at least 3 of every 6 micro-batch slots")));
+  EXPECT_THAT(error, HasSubstr("later release"));  // what this release says about pp > 1
+
+  ::testing::internal::CaptureStderr();
+  ErrorOf(kMinimal, {"parallel.pp=2", "train.batch_size=4", "train.micro_batch=2"});
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(), Not(HasSubstr("bubble")));
 }
 
 // The bool that parallel.recompute replaced still reads, from the file and from --set, with a

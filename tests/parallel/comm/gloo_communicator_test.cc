@@ -1,5 +1,6 @@
 #include "parallel/comm/gloo_communicator.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -115,6 +116,56 @@ TEST_P(GlooCollectiveTest, SendAndRecvAroundTheRingWithoutDeadlock) {
     }
     EXPECT_EQ(comm.stats().send.bytes_sent, (1 + 300001) * 4);
     EXPECT_EQ(comm.stats().recv.bytes_received, (1 + 300001) * 4);
+  });
+}
+
+// Every data type there and back between neighbours, with everyone sending before receiving
+// in both directions (a pipeline's activations forward, its gradients backward): the n-th send
+// to a peer matches that peer's n-th receive, whatever the types in between. The counters hold
+// the bytes each direction moved.
+TEST_P(GlooCollectiveTest, TypedSendRecvRoundTripBothWays) {
+  const int n = GetParam();
+  testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {
+    const int r = comm.rank();
+    const int right = (r + 1) % n;
+    const int left = (r + n - 1) % n;
+    const size_t count = 1001;
+    std::vector<double> f64(count), f64_back(count), f64_in(count);
+    std::vector<int64_t> i64(count), i64_in(count);
+    std::vector<uint16_t> bf16(count), bf16_in(count);
+    for (size_t i = 0; i < count; ++i) {
+      f64[i] = r + i * 0.1;
+      i64[i] = (int64_t{1} << 60) + r * 1000 + static_cast<int64_t>(i);
+      bf16[i] = static_cast<uint16_t>(r * 7 + i);
+    }
+    std::vector<std::unique_ptr<Work>> works;
+    // Forward: f64 then i64 to the right; backward: bf16 to the left. All sends first.
+    works.push_back(comm.Send(f64.data(), count, right));
+    works.push_back(comm.Send(i64.data(), count, right));
+    works.push_back(comm.Send(bf16.data(), count, DataType::kBF16, left));
+    works.push_back(comm.Recv(f64_in.data(), count, left));
+    works.push_back(comm.Recv(i64_in.data(), count, left));
+    works.push_back(comm.Recv(bf16_in.data(), count, DataType::kBF16, right));
+    for (auto& work : works) ASSERT_TRUE(work->Wait().ok());
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(f64_in[i], left + i * 0.1);
+      ASSERT_EQ(i64_in[i], (int64_t{1} << 60) + left * 1000 + static_cast<int64_t>(i));
+      ASSERT_EQ(bf16_in[i], static_cast<uint16_t>(right * 7 + i));
+    }
+    // And back: what came from the left returns to it.
+    std::unique_ptr<Work> send = comm.Send(f64_in.data(), count, left);
+    std::unique_ptr<Work> recv = comm.Recv(f64_back.data(), count, right);
+    ASSERT_TRUE(send->Wait().ok());
+    ASSERT_TRUE(recv->Wait().ok());
+    EXPECT_EQ(f64_back, f64);
+
+    const CommStats stats = comm.stats();
+    EXPECT_EQ(stats.send.calls, 4);
+    EXPECT_EQ(stats.recv.calls, 4);
+    EXPECT_EQ(stats.send.bytes_sent, static_cast<int64_t>(count * (8 + 8 + 2 + 8)));
+    EXPECT_EQ(stats.recv.bytes_received, static_cast<int64_t>(count * (8 + 8 + 2 + 8)));
+    EXPECT_EQ(stats.send.bytes_received, 0);
+    EXPECT_EQ(stats.recv.bytes_sent, 0);
   });
 }
 
@@ -381,6 +432,40 @@ TEST(GlooCommunicatorTest, RankThatNeverArrivesIsNamedWithinTheTimeout) {
     absl::Status next = comm.AllReduce(data.data(), 1, ReduceOp::kSum)->Wait();
     EXPECT_EQ(next.code(), absl::StatusCode::kFailedPrecondition) << next;
     EXPECT_EQ(FaultyRanks(next), std::vector<int>{2}) << next;
+  });
+}
+
+// A receive from a peer that never sends ends at the per-operation timeout, naming the peer and
+// the group, blaming the peer (the launcher reports it as the root cause), counting no bytes,
+// and leaving the communicator failed.
+TEST(GlooCommunicatorTest, RecvFromAPeerThatNeverSendsTimesOutNamingIt) {
+  const absl::Duration timeout = absl::Seconds(3);
+  std::atomic<bool> done{false};
+  testing::RunRanksInThreads(3, timeout, [&](Communicator& comm) {
+    if (comm.rank() != 0) {
+      // Alive, connected and silent until rank 0 has seen its failure.
+      while (!done.load()) absl::SleepFor(absl::Milliseconds(10));
+      return;
+    }
+    std::vector<float> data(100);
+    const absl::Time start = absl::Now();
+    const absl::Status status = comm.Recv(data.data(), data.size(), 2)->Wait();
+    const absl::Duration elapsed = absl::Now() - start;
+    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::HasSubstr("recv of 400 bytes from rank 2 on group 'world'"));
+    EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("timeout 3s"));
+    EXPECT_EQ(FaultyRanks(status), std::vector<int>{2}) << status;
+    // Not before the timeout; after it, only a generous cap that a loaded machine cannot break.
+    EXPECT_GE(elapsed, timeout - absl::Milliseconds(50));
+    EXPECT_LT(elapsed, timeout + absl::Seconds(60));
+    EXPECT_EQ(comm.stats().recv.bytes_received, 0);
+    EXPECT_EQ(comm.stats().recv.calls, 0);
+    // Unusable afterwards, and it says so at once, blaming the same peer.
+    const absl::Status next = comm.Send(data.data(), data.size(), 1)->Wait();
+    EXPECT_EQ(next.code(), absl::StatusCode::kFailedPrecondition) << next;
+    EXPECT_EQ(FaultyRanks(next), std::vector<int>{2}) << next;
+    done.store(true);
   });
 }
 

@@ -34,6 +34,26 @@ TEST(CostModelTest, Fp32StatesAreSixteenBytesWithoutAMasterCopy) {
   EXPECT_DOUBLE_EQ(memory.model_state_bytes(), 4e6 + 4e6 + 8e6 / 2);
 }
 
+// The pipeline's pieces add up to the model FLOPs the MFU counts (ModelConfig::flops_per_token),
+// but for the final norm's 2 d_model parameters (a norm, not a matmul); recomputation adds to the
+// blocks only.
+TEST(CostModelTest, PipelinePiecesAddUpToTheModelFlops) {
+  for (const char* config : {"gpt2-124m", "llama-7b"}) {
+    const ModelConfig model = testing::ShippedModelConfig(config);
+    const int s = 1024;
+    const PipelineCosts none = PipelineFlopsPerToken(model, s, Recompute::kNone);
+    ASSERT_EQ(static_cast<int>(none.blocks.size()), model.n_layer);
+    double sum = none.embedding + none.head;
+    for (double block : none.blocks) sum += block;
+    EXPECT_NEAR(sum, model.flops_per_token(s), 6.0 * 2 * model.d_model) << config;
+    EXPECT_EQ(none.embedding, 0);
+    EXPECT_DOUBLE_EQ(none.head, 6.0 * model.vocab_size * model.d_model);
+    const PipelineCosts full = PipelineFlopsPerToken(model, s, Recompute::kFull);
+    EXPECT_DOUBLE_EQ(full.blocks[0], none.blocks[0] * 4 / 3);
+    EXPECT_EQ(full.head, none.head);
+  }
+}
+
 // Korthikanti et al. 2022, table 2, for the 530B-like shape of their paper's experiments.
 TEST(CostModelTest, ActivationsMatchKorthikanti) {
   const int s = 2048, b = 1, h = 20480, a = 128, t = 8;

@@ -1,5 +1,6 @@
 #include "parallel/planner/plan_report.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -81,6 +82,27 @@ TEST(PlanReportTest, RecipeLinesSayWhatTheRecipeCannot) {
             "parallel:\n  strategy: fsdp\n  tp: 4\n  pp: 1\n  recompute: selective\n"
             "  # sequence parallelism in the TP group: no recipe key yet\n"
             "train:\n  micro_batch: 2\n");
+}
+
+// A pipeline's stages carry the embedding first and the head last. GPT-2 small's head
+// (50257 x 768) costs 3.7 to 4.9 of its blocks (by recomputation), so the last of 4 stages runs
+// one block where an even split would give it 3.
+TEST(PlanReportTest, PipelineLayoutsPrintTheirStageAssignment) {
+  Plan plan = PlanFor("gpt2-124m", {});
+  const auto pipelined = std::find_if(
+      plan.candidates.begin(), plan.candidates.end(),
+      [](const Candidate& c) { return c.layout.pp == 4 && c.verdict != Verdict::kInvalid; });
+  ASSERT_NE(pipelined, plan.candidates.end());
+  plan.recommended = static_cast<int>(pipelined - plan.candidates.begin());
+  const std::string text = PlanText(plan, "gpt2-124m.yaml", 3);
+  EXPECT_THAT(text, HasSubstr("  stages   stage 0: embedding + block"));
+  EXPECT_THAT(text, HasSubstr("; stage 3: block 11 + head; heaviest stage "));
+  EXPECT_EQ(PlanJson(plan, "gpt2-124m.yaml", 3)["pipeline_stages"],
+            PipelineStagesLine(plan.workload, pipelined->layout));
+  // Without a pipeline, no stages line.
+  const Plan unpipelined = PlanFor("llama-13b", {"cluster.nodes=8"});
+  ASSERT_EQ(unpipelined.recommendation()->layout.pp, 1);
+  EXPECT_THAT(PlanText(unpipelined, "x.yaml", 3), Not(HasSubstr("  stages ")));
 }
 
 TEST(PlanReportTest, AlternativesShowEachStrategyOnce) {
