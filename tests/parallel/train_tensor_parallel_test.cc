@@ -71,10 +71,14 @@ struct Layout {
   int world;
   int tp;
   const char* strategy;
+  const char* recompute = "none";
 };
 
-// Every layout follows the single process's trajectory: the same loss and gradient norm at every
-// step, and without data parallelism the same validation loss.
+// The horizon: 20 steps, long enough for AdamW to carry each step's rounding forward.
+constexpr int kLayoutSteps = 20;
+
+// Every layout follows the single process's trajectory (which recomputes nothing): the same loss
+// and gradient norm at every step, and without data parallelism the same validation loss.
 //
 // Tolerance: the ranks compute the same sums in another order (a rank's partial GEMMs over its
 // heads or MLP columns, then the all-reduce; the data-parallel reduction), so every step differs
@@ -84,24 +88,28 @@ struct Layout {
 void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<Layout>& layouts) {
   const std::string recipe = Recipe(family);
   const std::string single = testing::FreshTempDir("tp_single_" + family);
-  const testing::Outcome one =
-      testing::RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", single));
+  const std::string steps = absl::StrCat("train.steps=", kLayoutSteps);
+  const testing::Outcome one = testing::RunDtrain(
+      absl::StrCat("train ", recipe, " --set run.out_dir=", single, " --set ", steps));
   ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
   const Metrics reference = ReadMetrics(single);
-  ASSERT_EQ(reference.loss.size(), 10u);
-  ASSERT_EQ(reference.val_loss.size(), 2u);
+  ASSERT_EQ(reference.loss.size(), static_cast<size_t>(kLayoutSteps));
+  ASSERT_EQ(reference.val_loss.size(), static_cast<size_t>(kLayoutSteps / 5));
 
   for (const Layout& layout : layouts) {
     const std::string name = absl::StrCat(family, "_tp", layout.tp, "_dp", layout.world / layout.tp,
-                                          "_", layout.strategy);
+                                          "_", layout.strategy, "_recompute_", layout.recompute);
     SCOPED_TRACE(name);
     const std::string out = testing::FreshTempDir("tp_" + name);
-    const auto ranks = RunRanks(recipe, layout.world,
-                                {"run.out_dir=" + out, absl::StrCat("parallel.tp=", layout.tp),
-                                 absl::StrCat("parallel.strategy=", layout.strategy)});
+    const auto ranks =
+        RunRanks(recipe, layout.world,
+                 {"run.out_dir=" + out, steps, absl::StrCat("parallel.tp=", layout.tp),
+                  absl::StrCat("parallel.strategy=", layout.strategy),
+                  absl::StrCat("parallel.recompute=", layout.recompute)});
     for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
     EXPECT_THAT(ranks[0].output,
                 HasSubstr(absl::StrCat(layout.world / layout.tp, " data-parallel ranks")));
+    EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("(recompute ", layout.recompute, ")")));
     EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("tensor parallel: ", layout.tp,
                                                         " ranks share each block's heads")));
     const Metrics metrics = ReadMetrics(out);
@@ -121,14 +129,25 @@ void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<
   }
 }
 
+// tp 2 x dp 2 runs under every sharding strategy for each family; recomputation (selective and
+// full) rides on two of those runs rather than adding its own.
 TEST(TrainTensorParallelTest, Gpt2FollowsTheSingleProcessTrajectory) {
-  ExpectLayoutsFollowOneProcess("gpt2",
-                                {{2, 2, "ddp"}, {4, 4, "ddp"}, {4, 2, "zero1"}, {4, 2, "zero3"}});
+  ExpectLayoutsFollowOneProcess("gpt2", {{2, 2, "ddp"},
+                                         {4, 4, "ddp"},
+                                         {4, 2, "ddp", "selective"},
+                                         {4, 2, "zero1"},
+                                         {4, 2, "zero3", "full"},
+                                         {4, 2, "fsdp"}});
 }
 
 TEST(TrainTensorParallelTest, LlamaFollowsTheSingleProcessTrajectory) {
   // tp 4 over 2 kv heads: each kv head on 2 ranks.
-  ExpectLayoutsFollowOneProcess("llama", {{2, 2, "ddp"}, {4, 4, "ddp"}, {4, 2, "ddp"}});
+  ExpectLayoutsFollowOneProcess("llama", {{2, 2, "ddp"},
+                                          {4, 4, "ddp"},
+                                          {4, 2, "ddp"},
+                                          {4, 2, "zero1", "full"},
+                                          {4, 2, "zero3"},
+                                          {4, 2, "fsdp", "selective"}});
 }
 
 // train.export_to at tp 2 x dp 2 (zero3) writes the whole model, every tensor under its name
