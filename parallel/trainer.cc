@@ -288,11 +288,15 @@ absl::Status ExportWeights(const Recipe& recipe, const ModelConfig& config,
   return absl::OkStatus();
 }
 
-// The first failed collective of the tensor-parallel hooks, named (OK without them).
+// The first failed collective of the tensor-parallel hooks, named (OK without them). Its payload
+// stays: the ranks it blames (parallel/comm/faulty_ranks.h).
 absl::Status TensorParallelStatus(const CommTensorParallel* ops) {
   if (!ops || ops->status().ok()) return absl::OkStatus();
-  return absl::Status(ops->status().code(),
-                      absl::StrCat("tensor-parallel all-reduce: ", ops->status().message()));
+  absl::Status named(ops->status().code(),
+                     absl::StrCat("tensor-parallel all-reduce: ", ops->status().message()));
+  ops->status().ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { named.SetPayload(url, payload); });
+  return named;
 }
 
 // This rank's part of the training, from the run folder to the exported weights. What every rank
