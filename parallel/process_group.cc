@@ -2,10 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <map>
+#include <set>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/util/status.h"
 #include "parallel/comm/faulty_ranks.h"
 #include "parallel/comm/gloo_communicator.h"
@@ -103,8 +108,8 @@ absl::Status ProcessGroup::Leave(absl::Status outcome) {
 
 absl::Status ProcessGroup::Fail(const absl::Status& error) {
   const int rank = membership_.rank;
-  if (const std::vector<int> blamed = FaultyRanks(error);
-      !blamed.empty() && membership_.agent_hosts_store) {
+  const std::vector<int> blamed = FaultyRanks(error);
+  if (!blamed.empty() && membership_.agent_hosts_store) {
     (void)store_->Set(AgentKey(membership_.restart_count, absl::StrCat("blame/", rank)),
                       absl::StrJoin(blamed, ","));
   }
@@ -117,9 +122,88 @@ absl::Status ProcessGroup::Fail(const absl::Status& error) {
                      membership_.agent_hosts_store ? "of the node-0 agent" : "hosted by rank 0",
                      " is unreachable: ", first.status().message(), ")"));
   }
-  if (*first == own) return error;
-  return absl::Status(error.code(),
-                      absl::StrCat(*first, "; then rank ", rank, " failed too: ", error.message()));
+  std::string reported =
+      *first == own ? std::string(error.message())
+                    : absl::StrCat(*first, "; then rank ", rank, " failed too: ", error.message());
+  // An agent names the root cause itself, from the blamed ranks.
+  if (!membership_.agent_hosts_store) {
+    (void)store_->Set(FailedKey(rank),
+                      absl::StrCat(absl::StrJoin(blamed, ","), "\n", error.message()));
+    const std::map<int, RankFailure> failures = AwaitPeersFailing(rank, blamed);
+    // Whichever failure came first may blame no one (a rank that timed out waiting for a peer
+    // stuck behind the dead one) while a later one names the dead or hung rank.
+    const auto blames = [&](const auto& failure) {
+      return !failure.second.blamed.empty() &&
+             (failure.first == rank ||
+              *first == absl::StrCat("rank ", failure.first, " failed: ", failure.second.message));
+    };
+    const auto cause = std::find_if(failures.begin(), failures.end(), [](const auto& failure) {
+      return !failure.second.blamed.empty();
+    });
+    if (cause != failures.end() && std::none_of(failures.begin(), failures.end(), blames)) {
+      absl::StrAppend(&reported, "; rank ", cause->first, "'s error blames rank(s) ",
+                      absl::StrJoin(cause->second.blamed, ", "), ": ", cause->second.message);
+    }
+  }
+  if (reported == error.message()) return error;  // with its payload
+  return absl::Status(error.code(), reported);
+}
+
+// Rank 0's process hosts the store in which the other ranks read the first failure, so every
+// rank stays until the others have failed too (or the timeout), and rank 0 until they have read
+// each other's errors. The communicators close first, so that the peers fail on the closed
+// connections at once; a dead or hung rank never fails here, but some rank's error blames it.
+std::map<int, ProcessGroup::RankFailure> ProcessGroup::AwaitPeersFailing(
+    int rank, const std::vector<int>& blamed) {
+  kv_replicas_.reset();
+  mesh_ = {};
+  world_.reset();
+  std::map<int, RankFailure> failures;
+  std::set<int> pending;
+  for (int r = 0; r < membership_.world_size; ++r) {
+    if (r != rank) pending.insert(r);
+  }
+  for (const int r : blamed) pending.erase(r);
+  const absl::Time deadline = absl::Now() + timeout_;
+  bool store_lost = false;
+  while (!pending.empty() && !store_lost && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    std::vector<int> newly_blamed;
+    for (auto it = pending.begin(); it != pending.end();) {
+      const absl::StatusOr<std::string> value = store_->Get(FailedKey(*it), absl::ZeroDuration());
+      if (!value.ok()) {
+        store_lost = !absl::IsDeadlineExceeded(value.status());  // rank 0 has gone
+        ++it;
+        continue;
+      }
+      const std::pair<std::string, std::string> fields =
+          absl::StrSplit(*value, absl::MaxSplits('\n', 1));
+      RankFailure& failure = failures[*it];
+      failure.message = fields.second;
+      for (const absl::string_view field : absl::StrSplit(fields.first, ',', absl::SkipEmpty())) {
+        if (int r = 0; absl::SimpleAtoi(field, &r)) failure.blamed.push_back(r);
+      }
+      newly_blamed.insert(newly_blamed.end(), failure.blamed.begin(), failure.blamed.end());
+      it = pending.erase(it);
+    }
+    for (const int r : newly_blamed) pending.erase(r);
+  }
+  const std::string read_key = failure_key_ + "/read";
+  if (!server_) {
+    (void)store_->Add(read_key, 1);
+  } else {
+    while (absl::Now() < deadline) {
+      const absl::StatusOr<int64_t> read = store_->Add(read_key, 0);
+      if (!read.ok() || *read >= static_cast<int64_t>(failures.size())) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  failures[rank] = RankFailure{blamed, ""};
+  return failures;
+}
+
+std::string ProcessGroup::FailedKey(int rank) const {
+  return absl::StrCat(failure_key_, "/rank-", rank);
 }
 
 }  // namespace dtrain

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "parallel/comm/faulty_ranks.h"
 #include "parallel/mesh.h"
 #include "tests/testing/multi_process.h"
 
@@ -69,6 +70,32 @@ TEST(ProcessGroupTest, AGroupOfEveryRankIsTheWorld) {
                       EXPECT_EQ(groups.tp, nullptr);
                       EXPECT_EQ(groups.pp, nullptr);
                     });
+}
+
+// Without an agent, the first failure may blame no rank (rank 2 timed out waiting for a peer that
+// was itself stuck behind the dead rank 1) while a later one does (rank 0's names rank 1): rank
+// 2's message adds rank 0's error, and rank 0, whose own error already names rank 1, adds nothing.
+TEST(ProcessGroupTest, AFailureThatBlamesNoRankGetsTheErrorThatDoes) {
+  std::vector<absl::Status> left(3);
+  ForEachRankOfMesh({.dp = 3}, [&](ProcessGroup& group, const Mesh& mesh,
+                                   const ProcessGroup::MeshGroups&) {
+    const int rank = mesh.rank();
+    if (rank == 1) return;  // dead: never fails through the group
+    if (rank == 2) {
+      left[2] = group.Leave(absl::DeadlineExceededError("all_reduce #7 on group 'dp' timed out"));
+      return;
+    }
+    ASSERT_TRUE(group.store().Get("test/attempt-0/failure", absl::Seconds(30)).ok());
+    absl::Status blaming = absl::DeadlineExceededError("all_reduce #9 on group 'tp': rank 1 hung");
+    SetFaultyRanks(blaming, {1});
+    left[0] = group.Leave(blaming);
+  });
+  EXPECT_EQ(left[2].message(),
+            "all_reduce #7 on group 'dp' timed out; rank 0's error blames rank(s) 1: all_reduce "
+            "#9 on group 'tp': rank 1 hung");
+  EXPECT_EQ(left[0].message(),
+            "rank 2 failed: all_reduce #7 on group 'dp' timed out; then rank 0 failed too: "
+            "all_reduce #9 on group 'tp': rank 1 hung");
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // `dtrain train` with parallel.tp > 1 as separate processes on loopback (torchrun's variables),
 // against one process: tensor parallelism alone and composed with data parallelism.
+#include <signal.h>
+
 #include <fstream>
 #include <map>
 #include <string>
@@ -16,6 +18,7 @@
 namespace dtrain {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 // A tiny model whose heads, kv heads and MLP width split over 2 and 4 ranks; llama's 2 kv heads
@@ -243,6 +246,58 @@ TEST(TrainTensorParallelTest, CheckpointsMoveBetweenLayouts) {
     }
     previous = absl::StrCat(out, "/tp/checkpoints/step-", leg.steps);
   }
+}
+
+// tp 2 x dp 2 (world ranks 0 1 | 2 3 the tp groups, 0 2 | 1 3 the dp groups) with a 10 s
+// parallel.timeout_s; rank 1 (not rank 0, which hosts the store) gets `signal` once two steps
+// are logged. Returns every rank's result; a stopped rank 1 is killed once the others have ended.
+std::vector<testing::RankResult> SignalTpRankMidRun(const std::string& name, int signal) {
+  const std::string out = testing::FreshTempDir("tp_signal_" + name);
+  const std::vector<std::string> argv = {
+      DTRAIN_BINARY,          "train", Recipe("gpt2"),       "--set", "run.out_dir=" + out, "--set",
+      "train.steps=100000",   "--set", "train.eval_every=0", "--set", "parallel.tp=2",      "--set",
+      "parallel.timeout_s=10"};
+  bool signalled = false;
+  return testing::RunLocalProcesses(
+      argv, 4, testing::FreeTcpPort(), absl::Seconds(120), [&](const std::vector<pid_t>& pids) {
+        if (!signalled && pids[1] > 0 &&
+            testing::MetricsLosses(out + "/tp/metrics.jsonl").size() >= 2) {
+          kill(pids[1], signal);
+          signalled = true;
+        }
+        if (signalled && pids[1] > 0 && pids[0] < 0 && pids[2] < 0 && pids[3] < 0) {
+          kill(pids[1], SIGKILL);
+        }
+      });
+}
+
+// The ranks that outlive a dead or hung tensor-parallel rank 1 fail on their own within the
+// timeout (not the test's 120 s cap, which would SIGKILL them), each naming rank 1 (the first
+// failure, or the first error that blames a rank); rank 0 names its collective with rank 1:
+// mostly one of the model's all-reduces over 'tp', else the step's agreement over 'world'.
+void ExpectSurvivorsNameTpRank1(const std::vector<testing::RankResult>& ranks) {
+  ASSERT_EQ(ranks.size(), 4u);
+  for (const int rank : {0, 2, 3}) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    EXPECT_FALSE(ranks[rank].timed_out) << ranks[rank].output;
+    EXPECT_EQ(ranks[rank].exit_code, 1) << ranks[rank].output;
+    EXPECT_THAT(ranks[rank].output,
+                ContainsRegex("(never started by rank 1 |blames rank\\(s\\) 1:)"))
+        << ranks[rank].output;
+  }
+  EXPECT_THAT(ranks[0].output, ContainsRegex("on group '(tp|world)'")) << ranks[0].output;
+}
+
+TEST(TrainTensorParallelTest, AKilledTpRankIsNamedWithItsGroup) {
+  const auto ranks = SignalTpRankMidRun("kill", SIGKILL);
+  EXPECT_EQ(ranks[1].exit_code, 128 + SIGKILL);
+  ExpectSurvivorsNameTpRank1(ranks);
+}
+
+TEST(TrainTensorParallelTest, AHungTpRankIsNamedWithItsGroupWithinTheTimeout) {
+  const auto ranks = SignalTpRankMidRun("stop", SIGSTOP);
+  ExpectSurvivorsNameTpRank1(ranks);
+  EXPECT_THAT(ranks[0].output, HasSubstr("(timeout 10s)")) << ranks[0].output;
 }
 
 // parallel.tp must divide the world: exit 2 before training, naming the keys, the world size
