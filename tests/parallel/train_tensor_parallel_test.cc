@@ -86,8 +86,8 @@ constexpr int kLayoutSteps = 20;
 // Tolerance: the ranks compute the same sums in another order (a rank's partial GEMMs over its
 // heads or MLP columns, then the all-reduce; the data-parallel reduction), so every step differs
 // by float32 rounding, which AdamW carries into the next steps: 1e-5 relative for the loss, as
-// for data parallelism in train_multi_process_test.cc. The gradient norm, a sum of squares of
-// values each a few float32 roundings off, gets 1e-4 relative.
+// for data parallelism in train_multi_process_test.cc, and the same for the gradient norm (the
+// issue's bar); over these 20 steps both stayed within 1e-7 relative in every layout.
 void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<Layout>& layouts) {
   const std::string recipe = Recipe(family);
   const std::string single = testing::FreshTempDir("tp_single_" + family);
@@ -120,7 +120,7 @@ void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<
     ASSERT_EQ(metrics.val_loss.size(), reference.val_loss.size());
     for (size_t i = 0; i < metrics.loss.size(); ++i) {
       EXPECT_NEAR(metrics.loss[i], reference.loss[i], 1e-5 * reference.loss[i]) << "step " << i;
-      EXPECT_NEAR(metrics.grad_norm[i], reference.grad_norm[i], 1e-4 * reference.grad_norm[i])
+      EXPECT_NEAR(metrics.grad_norm[i], reference.grad_norm[i], 1e-5 * reference.grad_norm[i])
           << "step " << i;
     }
     // Each data-parallel rank evaluates its own validation batches: only a tp-only layout
