@@ -130,17 +130,26 @@ absl::Status ProcessGroup::Fail(const absl::Status& error) {
     (void)store_->Set(FailedKey(rank),
                       absl::StrCat(absl::StrJoin(blamed, ","), "\n", error.message()));
     const std::map<int, RankFailure> failures = AwaitPeersFailing(rank, blamed);
-    // Whichever failure came first may blame no one (a rank that timed out waiting for a peer
-    // stuck behind the dead one) while a later one names the dead or hung rank.
-    const auto blames = [&](const auto& failure) {
-      return !failure.second.blamed.empty() &&
+    // The root causes: ranks an error blames that never failed themselves (dead or hung). An
+    // error may blame a rank that was only stuck behind one (it failed too), or none at all (a
+    // peer's closed connection); then the first error that blames a root cause is added.
+    std::set<int> roots;
+    for (const auto& [r, failure] : failures) {
+      for (const int b : failure.blamed) {
+        if (!failures.contains(b)) roots.insert(b);
+      }
+    }
+    const auto blames_root = [&](const auto& failure) {
+      return std::any_of(failure.second.blamed.begin(), failure.second.blamed.end(),
+                         [&](int b) { return roots.contains(b); });
+    };
+    const auto reported_root = [&](const auto& failure) {
+      return blames_root(failure) &&
              (failure.first == rank ||
               *first == absl::StrCat("rank ", failure.first, " failed: ", failure.second.message));
     };
-    const auto cause = std::find_if(failures.begin(), failures.end(), [](const auto& failure) {
-      return !failure.second.blamed.empty();
-    });
-    if (cause != failures.end() && std::none_of(failures.begin(), failures.end(), blames)) {
+    const auto cause = std::find_if(failures.begin(), failures.end(), blames_root);
+    if (cause != failures.end() && std::none_of(failures.begin(), failures.end(), reported_root)) {
       absl::StrAppend(&reported, "; rank ", cause->first, "'s error blames rank(s) ",
                       absl::StrJoin(cause->second.blamed, ", "), ": ", cause->second.message);
     }
@@ -152,41 +161,45 @@ absl::Status ProcessGroup::Fail(const absl::Status& error) {
 // Rank 0's process hosts the store in which the other ranks read the first failure, so every
 // rank stays until the others have failed too (or the timeout), and rank 0 until they have read
 // each other's errors. The communicators close first, so that the peers fail on the closed
-// connections at once; a dead or hung rank never fails here, but some rank's error blames it.
+// connections at once. A dead or hung rank never fails here, but some rank's error blames it;
+// a blamed rank that was only stuck behind it fails about when the first error came (its
+// collective started about when theirs did), so blamed ranks get kBlamedGrace to fail too.
 std::map<int, ProcessGroup::RankFailure> ProcessGroup::AwaitPeersFailing(
     int rank, const std::vector<int>& blamed) {
+  constexpr absl::Duration kBlamedGrace = absl::Seconds(2);
   kv_replicas_.reset();
   mesh_ = {};
   world_.reset();
   std::map<int, RankFailure> failures;
-  std::set<int> pending;
-  for (int r = 0; r < membership_.world_size; ++r) {
-    if (r != rank) pending.insert(r);
-  }
-  for (const int r : blamed) pending.erase(r);
+  failures[rank] = RankFailure{blamed, ""};
+  std::set<int> all_blamed(blamed.begin(), blamed.end());
   const absl::Time deadline = absl::Now() + timeout_;
+  absl::Time grace_end = absl::InfiniteFuture();
   bool store_lost = false;
-  while (!pending.empty() && !store_lost && absl::Now() < deadline) {
+  while (!store_lost && absl::Now() < std::min(deadline, grace_end)) {
     absl::SleepFor(absl::Milliseconds(20));
-    std::vector<int> newly_blamed;
-    for (auto it = pending.begin(); it != pending.end();) {
-      const absl::StatusOr<std::string> value = store_->Get(FailedKey(*it), absl::ZeroDuration());
+    bool waiting_for_unblamed = false;
+    for (int r = 0; r < membership_.world_size && !store_lost; ++r) {
+      if (failures.contains(r)) continue;
+      const absl::StatusOr<std::string> value = store_->Get(FailedKey(r), absl::ZeroDuration());
       if (!value.ok()) {
         store_lost = !absl::IsDeadlineExceeded(value.status());  // rank 0 has gone
-        ++it;
+        waiting_for_unblamed |= !all_blamed.contains(r);
         continue;
       }
       const std::pair<std::string, std::string> fields =
           absl::StrSplit(*value, absl::MaxSplits('\n', 1));
-      RankFailure& failure = failures[*it];
+      RankFailure& failure = failures[r];
       failure.message = fields.second;
       for (const absl::string_view field : absl::StrSplit(fields.first, ',', absl::SkipEmpty())) {
-        if (int r = 0; absl::SimpleAtoi(field, &r)) failure.blamed.push_back(r);
+        if (int b = 0; absl::SimpleAtoi(field, &b)) failure.blamed.push_back(b);
       }
-      newly_blamed.insert(newly_blamed.end(), failure.blamed.begin(), failure.blamed.end());
-      it = pending.erase(it);
+      all_blamed.insert(failure.blamed.begin(), failure.blamed.end());
     }
-    for (const int r : newly_blamed) pending.erase(r);
+    if (failures.size() == static_cast<size_t>(membership_.world_size)) break;
+    if (!waiting_for_unblamed && grace_end == absl::InfiniteFuture()) {
+      grace_end = absl::Now() + kBlamedGrace;
+    }
   }
   const std::string read_key = failure_key_ + "/read";
   if (!server_) {
@@ -194,11 +207,10 @@ std::map<int, ProcessGroup::RankFailure> ProcessGroup::AwaitPeersFailing(
   } else {
     while (absl::Now() < deadline) {
       const absl::StatusOr<int64_t> read = store_->Add(read_key, 0);
-      if (!read.ok() || *read >= static_cast<int64_t>(failures.size())) break;
+      if (!read.ok() || *read >= static_cast<int64_t>(failures.size()) - 1) break;
       absl::SleepFor(absl::Milliseconds(20));
     }
   }
-  failures[rank] = RankFailure{blamed, ""};
   return failures;
 }
 

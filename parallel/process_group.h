@@ -74,8 +74,8 @@ class ProcessGroup {
     std::string message;
   };
   // Fail's wait without an agent, after this rank's own error blamed `blamed`: the failures of
-  // the ranks, by rank, once each has failed or is blamed (or the timeout passed); this rank's
-  // own entry has no message.
+  // the ranks, by rank, once each has failed or is blamed and the blamed ones had a grace to
+  // fail (or the timeout passed); this rank's own entry has no message.
   std::map<int, RankFailure> AwaitPeersFailing(int rank, const std::vector<int>& blamed);
   std::string FailedKey(int rank) const;
   // A communicator for a group of the mesh; none for a group of one rank or of every rank.
