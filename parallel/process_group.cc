@@ -2,10 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <map>
+#include <set>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/util/status.h"
 #include "parallel/comm/faulty_ranks.h"
 #include "parallel/comm/gloo_communicator.h"
@@ -103,8 +108,8 @@ absl::Status ProcessGroup::Leave(absl::Status outcome) {
 
 absl::Status ProcessGroup::Fail(const absl::Status& error) {
   const int rank = membership_.rank;
-  if (const std::vector<int> blamed = FaultyRanks(error);
-      !blamed.empty() && membership_.agent_hosts_store) {
+  const std::vector<int> blamed = FaultyRanks(error);
+  if (!blamed.empty() && membership_.agent_hosts_store) {
     (void)store_->Set(AgentKey(membership_.restart_count, absl::StrCat("blame/", rank)),
                       absl::StrJoin(blamed, ","));
   }
@@ -117,9 +122,100 @@ absl::Status ProcessGroup::Fail(const absl::Status& error) {
                      membership_.agent_hosts_store ? "of the node-0 agent" : "hosted by rank 0",
                      " is unreachable: ", first.status().message(), ")"));
   }
-  if (*first == own) return error;
-  return absl::Status(error.code(),
-                      absl::StrCat(*first, "; then rank ", rank, " failed too: ", error.message()));
+  std::string reported =
+      *first == own ? std::string(error.message())
+                    : absl::StrCat(*first, "; then rank ", rank, " failed too: ", error.message());
+  // An agent names the root cause itself, from the blamed ranks.
+  if (!membership_.agent_hosts_store) {
+    (void)store_->Set(FailedKey(rank),
+                      absl::StrCat(absl::StrJoin(blamed, ","), "\n", error.message()));
+    const std::map<int, RankFailure> failures = AwaitPeersFailing(rank, blamed);
+    // The root causes: ranks an error blames that never failed themselves (dead or hung). An
+    // error may blame a rank that was only stuck behind one (it failed too), or none at all (a
+    // peer's closed connection); then the first error that blames a root cause is added.
+    std::set<int> roots;
+    for (const auto& [r, failure] : failures) {
+      for (const int b : failure.blamed) {
+        if (!failures.contains(b)) roots.insert(b);
+      }
+    }
+    const auto blames_root = [&](const auto& failure) {
+      return std::any_of(failure.second.blamed.begin(), failure.second.blamed.end(),
+                         [&](int b) { return roots.contains(b); });
+    };
+    const auto reported_root = [&](const auto& failure) {
+      return blames_root(failure) &&
+             (failure.first == rank ||
+              *first == absl::StrCat("rank ", failure.first, " failed: ", failure.second.message));
+    };
+    const auto cause = std::find_if(failures.begin(), failures.end(), blames_root);
+    if (cause != failures.end() && std::none_of(failures.begin(), failures.end(), reported_root)) {
+      absl::StrAppend(&reported, "; rank ", cause->first, "'s error blames rank(s) ",
+                      absl::StrJoin(cause->second.blamed, ", "), ": ", cause->second.message);
+    }
+  }
+  if (reported == error.message()) return error;  // with its payload
+  return absl::Status(error.code(), reported);
+}
+
+// Rank 0's process hosts the store in which the other ranks read the first failure, so every
+// rank stays until the others have failed too (or the timeout), and rank 0 until they have read
+// each other's errors. The communicators close first, so that the peers fail on the closed
+// connections at once. A dead or hung rank never fails here, but some rank's error blames it;
+// a blamed rank that was only stuck behind it fails about when the first error came (its
+// collective started about when theirs did), so blamed ranks get kBlamedGrace to fail too.
+std::map<int, ProcessGroup::RankFailure> ProcessGroup::AwaitPeersFailing(
+    int rank, const std::vector<int>& blamed) {
+  constexpr absl::Duration kBlamedGrace = absl::Seconds(2);
+  kv_replicas_.reset();
+  mesh_ = {};
+  world_.reset();
+  std::map<int, RankFailure> failures;
+  failures[rank] = RankFailure{blamed, ""};
+  std::set<int> all_blamed(blamed.begin(), blamed.end());
+  const absl::Time deadline = absl::Now() + timeout_;
+  absl::Time grace_end = absl::InfiniteFuture();
+  bool store_lost = false;
+  while (!store_lost && absl::Now() < std::min(deadline, grace_end)) {
+    absl::SleepFor(absl::Milliseconds(20));
+    bool waiting_for_unblamed = false;
+    for (int r = 0; r < membership_.world_size && !store_lost; ++r) {
+      if (failures.contains(r)) continue;
+      const absl::StatusOr<std::string> value = store_->Get(FailedKey(r), absl::ZeroDuration());
+      if (!value.ok()) {
+        store_lost = !absl::IsDeadlineExceeded(value.status());  // rank 0 has gone
+        waiting_for_unblamed |= !all_blamed.contains(r);
+        continue;
+      }
+      const std::pair<std::string, std::string> fields =
+          absl::StrSplit(*value, absl::MaxSplits('\n', 1));
+      RankFailure& failure = failures[r];
+      failure.message = fields.second;
+      for (const absl::string_view field : absl::StrSplit(fields.first, ',', absl::SkipEmpty())) {
+        if (int b = 0; absl::SimpleAtoi(field, &b)) failure.blamed.push_back(b);
+      }
+      all_blamed.insert(failure.blamed.begin(), failure.blamed.end());
+    }
+    if (failures.size() == static_cast<size_t>(membership_.world_size)) break;
+    if (!waiting_for_unblamed && grace_end == absl::InfiniteFuture()) {
+      grace_end = absl::Now() + kBlamedGrace;
+    }
+  }
+  const std::string read_key = failure_key_ + "/read";
+  if (!server_) {
+    (void)store_->Add(read_key, 1);
+  } else {
+    while (absl::Now() < deadline) {
+      const absl::StatusOr<int64_t> read = store_->Add(read_key, 0);
+      if (!read.ok() || *read >= static_cast<int64_t>(failures.size()) - 1) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  return failures;
+}
+
+std::string ProcessGroup::FailedKey(int rank) const {
+  return absl::StrCat(failure_key_, "/rank-", rank);
 }
 
 }  // namespace dtrain

@@ -3,8 +3,10 @@
 // the world communicator (Gloo on CPU), and the communicators of this rank's mesh groups.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -32,11 +34,15 @@ class ProcessGroup {
   // OK: waits until every rank is done (rank 0 may host the store the others still use) and,
   // under an agent, records that this rank finished: the agent counts a worker that exits 0
   // without it as one that left early.
-  // An error (or a peer's failure met while waiting): returns at once, after publishing "rank R
-  // failed: <error>" in the store unless another rank's failure came first; under an agent also
-  // the ranks the error blames (faulty_ranks.h). The peers then fail on this rank's closed
+  // An error (or a peer's failure met while waiting): publishes "rank R failed: <error>" in the
+  // store unless another rank's failure came first; under an agent also the ranks the error
+  // blames (faulty_ranks.h), and returns at once. The peers then fail on this rank's closed
   // connections instead of waiting out the timeout, and report the first failure before their
-  // own; so does this rank when another rank's came first.
+  // own; so does this rank when another rank's came first. Without an agent, every rank closes
+  // its connections and returns only once every other rank has failed too or is blamed by some
+  // rank's error (dead or hung), or after the timeout: rank 0 hosts the store the others read
+  // the first failure from; and when no failure the message holds blames a rank, the first
+  // error that does is added to it.
   absl::Status Leave(absl::Status outcome);
 
   Communicator& world() { return *world_; }
@@ -62,6 +68,16 @@ class ProcessGroup {
   ProcessGroup() = default;
 
   absl::Status Fail(const absl::Status& error);
+  // A rank's error as Fail records it for the others (without an agent).
+  struct RankFailure {
+    std::vector<int> blamed;  // world ranks, faulty_ranks.h
+    std::string message;
+  };
+  // Fail's wait without an agent, after this rank's own error blamed `blamed`: the failures of
+  // the ranks, by rank, once each has failed or is blamed and the blamed ones had a grace to
+  // fail (or the timeout passed); this rank's own entry has no message.
+  std::map<int, RankFailure> AwaitPeersFailing(int rank, const std::vector<int>& blamed);
+  std::string FailedKey(int rank) const;
   // A communicator for a group of the mesh; none for a group of one rank or of every rank.
   absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(const GroupSpec& spec) const;
   // A group of `size` ranks as callers see it: the created communicator, else the world's for

@@ -182,20 +182,39 @@ absl::Status PrepareRunFolder(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
-// A fresh run's parameters: seeded initialisation, or train.init_from's weights.
+// Calls fn(shard_index, whole_index, count) for the runs of a tensor-parallel shard's table
+// (`shard`) that are contiguous in the whole model's (`whole`, ParamTable(config, {})): shard
+// element shard_index + i is whole element whole_index + i, for i < count.
+template <typename F>
+void ForEachShardRun(const ParamTable& whole, const ParamTable& shard, F&& fn) {
+  for (const TensorEntry& entry : shard.entries()) {
+    const size_t whole_offset = whole.Find(entry.name)->offset;
+    ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t global, size_t count) {
+      fn(entry.offset + local, whole_offset + global, count);
+    });
+  }
+}
+
+// A fresh run's parameters: seeded initialisation, or train.init_from's weights (the whole
+// model's, of which a tensor-parallel rank keeps its shard).
 absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& config,
                                   const ParamTable& table, DataParallelEngine& engine) {
   if (recipe.train.init_from.empty()) {
     engine.InitParameters(config, recipe.run.seed);
     return absl::OkStatus();
   }
-  std::vector<float> full(table.total_numel());
-  if (absl::Status status = ImportHfSafetensors(config, table, recipe.train.init_from, full.data());
+  const ParamTable whole(config, ModelSlice{});
+  std::vector<float> full(whole.total_numel());
+  if (absl::Status status = ImportHfSafetensors(config, whole, recipe.train.init_from, full.data());
       !status.ok()) {
     return absl::Status(status.code(), absl::StrCat("train.init_from: ", status.message(),
                                                     "; point it at weights of this model's shape"));
   }
-  engine.LoadParameters(full.data());
+  std::vector<float> own(table.total_numel());
+  ForEachShardRun(whole, table, [&](size_t shard_index, size_t whole_index, size_t count) {
+    std::copy_n(full.begin() + whole_index, count, own.begin() + shard_index);
+  });
+  engine.LoadParameters(own.data());
   LogInfo("initialised from %s", recipe.train.init_from);
   return absl::OkStatus();
 }
@@ -253,12 +272,9 @@ absl::StatusOr<std::vector<float>> GatherTensorParallel(const ModelConfig& confi
   for (int rank = 0; rank < tp.size(); ++rank) {
     const ParamTable table(config, ModelSlice{.tp_rank = rank, .tp_size = tp.size()});
     const float* shard = shards.data() + rank * own.size();
-    for (const TensorEntry& entry : table.entries()) {
-      const size_t global_offset = whole.Find(entry.name)->offset;
-      ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t global, size_t count) {
-        std::copy_n(shard + entry.offset + local, count, full.begin() + global_offset + global);
-      });
-    }
+    ForEachShardRun(whole, table, [&](size_t shard_index, size_t whole_index, size_t count) {
+      std::copy_n(shard + shard_index, count, full.begin() + whole_index);
+    });
   }
   return full;
 }
@@ -279,11 +295,15 @@ absl::Status ExportWeights(const Recipe& recipe, const ModelConfig& config,
   return absl::OkStatus();
 }
 
-// The first failed collective of the tensor-parallel hooks, named (OK without them).
+// The first failed collective of the tensor-parallel hooks, named (OK without them). Its payload
+// stays: the ranks it blames (parallel/comm/faulty_ranks.h).
 absl::Status TensorParallelStatus(const CommTensorParallel* ops) {
   if (!ops || ops->status().ok()) return absl::OkStatus();
-  return absl::Status(ops->status().code(),
-                      absl::StrCat("tensor-parallel all-reduce: ", ops->status().message()));
+  absl::Status named(ops->status().code(),
+                     absl::StrCat("tensor-parallel all-reduce: ", ops->status().message()));
+  ops->status().ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { named.SetPayload(url, payload); });
+  return named;
 }
 
 // Bytes this rank has sent over `comms`, every kind of operation. Null ones are skipped, and a

@@ -615,6 +615,13 @@ TEST(AgentTest, AHungRankIsTheRootCause) {
   ExpectSignalledRank1IsTheRootCause("hung", SIGSTOP, {"parallel.timeout_s=3"}, "hung");
 }
 
+// The same at tp 2, where rank 0 mostly waits in the model's tensor-parallel all-reduces: the
+// error the trainer reports from them must still blame rank 1.
+TEST(AgentTest, AHungTensorParallelRankIsTheRootCause) {
+  ExpectSignalledRank1IsTheRootCause("hung_tp", SIGSTOP, {"parallel.timeout_s=3", "parallel.tp=2"},
+                                     "hung");
+}
+
 // Node 1's agent is lost while node 0 waits for it to stop its workers (a vanished host: the
 // workers' peers time out before the store notices, so the loss shows up only in that barrier).
 // Node 0 names it as the root cause and exits 1, rather than returning the barrier's error.

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "parallel/comm/faulty_ranks.h"
 #include "parallel/mesh.h"
 #include "tests/testing/multi_process.h"
 
@@ -69,6 +70,40 @@ TEST(ProcessGroupTest, AGroupOfEveryRankIsTheWorld) {
                       EXPECT_EQ(groups.tp, nullptr);
                       EXPECT_EQ(groups.pp, nullptr);
                     });
+}
+
+// Without an agent, the first failure may blame no rank (rank 2: a peer's closed connection) or
+// a rank only stuck behind the dead one (rank 3 blames rank 0), while a later one names the rank
+// that never failed (rank 0's names the dead rank 1): ranks 2 and 3 add rank 0's error, and rank
+// 0, whose own error already names rank 1, adds nothing.
+TEST(ProcessGroupTest, AFailureThatBlamesNoRootCauseGetsTheErrorThatDoes) {
+  const auto failing = [](const std::string& message, std::vector<int> blamed) {
+    absl::Status status = absl::DeadlineExceededError(message);
+    SetFaultyRanks(status, blamed);
+    return status;
+  };
+  std::vector<absl::Status> left(4);
+  ForEachRankOfMesh(
+      {.dp = 4}, [&](ProcessGroup& group, const Mesh& mesh, const ProcessGroup::MeshGroups&) {
+        const int rank = mesh.rank();
+        if (rank == 1) return;  // dead: never fails through the group
+        if (rank == 2) {
+          left[2] = group.Leave(failing("rank 3 closed the connection", {}));
+          return;
+        }
+        ASSERT_TRUE(group.store().Get("test/attempt-0/failure", absl::Seconds(30)).ok());
+        left[rank] = group.Leave(rank == 3 ? failing("rank 0 never started #7", {0})
+                                           : failing("rank 1 never started #9", {1}));
+      });
+  const std::string cause = "; rank 0's error blames rank(s) 1: rank 1 never started #9";
+  EXPECT_EQ(left[2].message(), "rank 3 closed the connection" + cause);
+  EXPECT_EQ(left[3].message(),
+            "rank 2 failed: rank 3 closed the connection; then rank 3 failed too: rank 0 never "
+            "started #7" +
+                cause);
+  EXPECT_EQ(left[0].message(),
+            "rank 2 failed: rank 3 closed the connection; then rank 0 failed too: rank 1 never "
+            "started #9");
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // `dtrain train` with parallel.tp > 1 as separate processes on loopback (torchrun's variables),
 // against one process: tensor parallelism alone and composed with data parallelism.
+#include <signal.h>
+
 #include <fstream>
 #include <map>
 #include <regex>
@@ -17,6 +19,7 @@
 namespace dtrain {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 // A tiny model whose heads, kv heads and MLP width split over 2 and 4 ranks; llama's 2 kv heads
@@ -73,37 +76,45 @@ struct Layout {
   int world;
   int tp;
   const char* strategy;
+  const char* recompute = "none";
 };
 
-// Every layout follows the single process's trajectory: the same loss and gradient norm at every
-// step, and without data parallelism the same validation loss.
+// The horizon: 20 steps, long enough for AdamW to carry each step's rounding forward.
+constexpr int kLayoutSteps = 20;
+
+// Every layout follows the single process's trajectory (which recomputes nothing): the same loss
+// and gradient norm at every step, and without data parallelism the same validation loss.
 //
 // Tolerance: the ranks compute the same sums in another order (a rank's partial GEMMs over its
 // heads or MLP columns, then the all-reduce; the data-parallel reduction), so every step differs
 // by float32 rounding, which AdamW carries into the next steps: 1e-5 relative for the loss, as
-// for data parallelism in train_multi_process_test.cc. The gradient norm, a sum of squares of
-// values each a few float32 roundings off, gets 1e-4 relative.
+// for data parallelism in train_multi_process_test.cc, and the same for the gradient norm (the
+// issue's bar); over these 20 steps both stayed within 1e-7 relative in every layout.
 void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<Layout>& layouts) {
   const std::string recipe = Recipe(family);
   const std::string single = testing::FreshTempDir("tp_single_" + family);
-  const testing::Outcome one =
-      testing::RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", single));
+  const std::string steps = absl::StrCat("train.steps=", kLayoutSteps);
+  const testing::Outcome one = testing::RunDtrain(
+      absl::StrCat("train ", recipe, " --set run.out_dir=", single, " --set ", steps));
   ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
   const Metrics reference = ReadMetrics(single);
-  ASSERT_EQ(reference.loss.size(), 10u);
-  ASSERT_EQ(reference.val_loss.size(), 2u);
+  ASSERT_EQ(reference.loss.size(), static_cast<size_t>(kLayoutSteps));
+  ASSERT_EQ(reference.val_loss.size(), static_cast<size_t>(kLayoutSteps / 5));
 
   for (const Layout& layout : layouts) {
     const std::string name = absl::StrCat(family, "_tp", layout.tp, "_dp", layout.world / layout.tp,
-                                          "_", layout.strategy);
+                                          "_", layout.strategy, "_recompute_", layout.recompute);
     SCOPED_TRACE(name);
     const std::string out = testing::FreshTempDir("tp_" + name);
-    const auto ranks = RunRanks(recipe, layout.world,
-                                {"run.out_dir=" + out, absl::StrCat("parallel.tp=", layout.tp),
-                                 absl::StrCat("parallel.strategy=", layout.strategy)});
+    const auto ranks =
+        RunRanks(recipe, layout.world,
+                 {"run.out_dir=" + out, steps, absl::StrCat("parallel.tp=", layout.tp),
+                  absl::StrCat("parallel.strategy=", layout.strategy),
+                  absl::StrCat("parallel.recompute=", layout.recompute)});
     for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
     EXPECT_THAT(ranks[0].output,
                 HasSubstr(absl::StrCat(layout.world / layout.tp, " data-parallel ranks")));
+    EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("(recompute ", layout.recompute, ")")));
     EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("tensor parallel: ", layout.tp,
                                                         " ranks share each block's heads")));
     const Metrics metrics = ReadMetrics(out);
@@ -111,7 +122,7 @@ void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<
     ASSERT_EQ(metrics.val_loss.size(), reference.val_loss.size());
     for (size_t i = 0; i < metrics.loss.size(); ++i) {
       EXPECT_NEAR(metrics.loss[i], reference.loss[i], 1e-5 * reference.loss[i]) << "step " << i;
-      EXPECT_NEAR(metrics.grad_norm[i], reference.grad_norm[i], 1e-4 * reference.grad_norm[i])
+      EXPECT_NEAR(metrics.grad_norm[i], reference.grad_norm[i], 1e-5 * reference.grad_norm[i])
           << "step " << i;
     }
     // Rank 0's tensor-parallel bytes in its first step, in metrics.jsonl and logged beside the
@@ -135,14 +146,25 @@ void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<
   }
 }
 
+// tp 2 x dp 2 runs under every sharding strategy for each family; recomputation (selective and
+// full) rides on two of those runs rather than adding its own.
 TEST(TrainTensorParallelTest, Gpt2FollowsTheSingleProcessTrajectory) {
-  ExpectLayoutsFollowOneProcess("gpt2",
-                                {{2, 2, "ddp"}, {4, 4, "ddp"}, {4, 2, "zero1"}, {4, 2, "zero3"}});
+  ExpectLayoutsFollowOneProcess("gpt2", {{2, 2, "ddp"},
+                                         {4, 4, "ddp"},
+                                         {4, 2, "ddp", "selective"},
+                                         {4, 2, "zero1"},
+                                         {4, 2, "zero3", "full"},
+                                         {4, 2, "fsdp"}});
 }
 
 TEST(TrainTensorParallelTest, LlamaFollowsTheSingleProcessTrajectory) {
   // tp 4 over 2 kv heads: each kv head on 2 ranks.
-  ExpectLayoutsFollowOneProcess("llama", {{2, 2, "ddp"}, {4, 4, "ddp"}, {4, 2, "ddp"}});
+  ExpectLayoutsFollowOneProcess("llama", {{2, 2, "ddp"},
+                                          {4, 4, "ddp"},
+                                          {4, 2, "ddp"},
+                                          {4, 2, "zero1", "full"},
+                                          {4, 2, "zero3"},
+                                          {4, 2, "fsdp", "selective"}});
 }
 
 // train.export_to at tp 2 x dp 2 (zero3) writes the whole model, every tensor under its name
@@ -238,6 +260,58 @@ TEST(TrainTensorParallelTest, CheckpointsMoveBetweenLayouts) {
     }
     previous = absl::StrCat(out, "/tp/checkpoints/step-", leg.steps);
   }
+}
+
+// tp 2 x dp 2 (world ranks 0 1 | 2 3 the tp groups, 0 2 | 1 3 the dp groups) with a 10 s
+// parallel.timeout_s; rank 1 (not rank 0, which hosts the store) gets `signal` once two steps
+// are logged. Returns every rank's result; a stopped rank 1 is killed once the others have ended.
+std::vector<testing::RankResult> SignalTpRankMidRun(const std::string& name, int signal) {
+  const std::string out = testing::FreshTempDir("tp_signal_" + name);
+  const std::vector<std::string> argv = {
+      DTRAIN_BINARY,          "train", Recipe("gpt2"),       "--set", "run.out_dir=" + out, "--set",
+      "train.steps=100000",   "--set", "train.eval_every=0", "--set", "parallel.tp=2",      "--set",
+      "parallel.timeout_s=10"};
+  bool signalled = false;
+  return testing::RunLocalProcesses(
+      argv, 4, testing::FreeTcpPort(), absl::Seconds(120), [&](const std::vector<pid_t>& pids) {
+        if (!signalled && pids[1] > 0 &&
+            testing::MetricsLosses(out + "/tp/metrics.jsonl").size() >= 2) {
+          kill(pids[1], signal);
+          signalled = true;
+        }
+        if (signalled && pids[1] > 0 && pids[0] < 0 && pids[2] < 0 && pids[3] < 0) {
+          kill(pids[1], SIGKILL);
+        }
+      });
+}
+
+// The ranks that outlive a dead or hung tensor-parallel rank 1 fail on their own within the
+// timeout (not the test's 120 s cap, which would SIGKILL them), each naming rank 1 (the first
+// failure, or the first error that blames a rank); rank 0 names its collective with rank 1:
+// mostly one of the model's all-reduces over 'tp', else the step's agreement over 'world'.
+void ExpectSurvivorsNameTpRank1(const std::vector<testing::RankResult>& ranks) {
+  ASSERT_EQ(ranks.size(), 4u);
+  for (const int rank : {0, 2, 3}) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    EXPECT_FALSE(ranks[rank].timed_out) << ranks[rank].output;
+    EXPECT_EQ(ranks[rank].exit_code, 1) << ranks[rank].output;
+    EXPECT_THAT(ranks[rank].output,
+                ContainsRegex("(never started by rank 1 |blames rank\\(s\\) 1:)"))
+        << ranks[rank].output;
+  }
+  EXPECT_THAT(ranks[0].output, ContainsRegex("on group '(tp|world)'")) << ranks[0].output;
+}
+
+TEST(TrainTensorParallelTest, AKilledTpRankIsNamedWithItsGroup) {
+  const auto ranks = SignalTpRankMidRun("kill", SIGKILL);
+  EXPECT_EQ(ranks[1].exit_code, 128 + SIGKILL);
+  ExpectSurvivorsNameTpRank1(ranks);
+}
+
+TEST(TrainTensorParallelTest, AHungTpRankIsNamedWithItsGroupWithinTheTimeout) {
+  const auto ranks = SignalTpRankMidRun("stop", SIGSTOP);
+  ExpectSurvivorsNameTpRank1(ranks);
+  EXPECT_THAT(ranks[0].output, HasSubstr("(timeout 10s)")) << ranks[0].output;
 }
 
 // parallel.tp must divide the world: exit 2 before training, naming the keys, the world size

@@ -8,6 +8,13 @@ batch into a temporary folder, runs `parity_probe` (built next to dtrain), runs 
 training in PyTorch float32 and compares: step-0 logits, loss and every parameter gradient,
 the loss and gradient norm of every step, and every parameter after the last step.
 
+A case with tp > 1 runs `dtrain train` instead, as tp local processes (torchrun's variables) on
+the same weights (train.init_from): the loss and gradient norm of every step from metrics.jsonl,
+every parameter after the last step from train.export_to (step 0's logits and gradients are not
+visible from outside). Its token file holds exactly batch_size windows, so that every step
+trains on all of them whatever order the loader's shuffle picks; the reference takes them in
+file order, and the mean loss and summed gradients differ only by the rounding of that order.
+
 Metric: for each tensor, max |dtrain - torch| / max |torch| (relative to the tensor's largest
 magnitude, so near-zero entries do not dominate); every value must be <= TOLERANCE.
 
@@ -16,8 +23,11 @@ compares the reference in float32 against itself in float64 under the same metri
 the tolerance is attainable in float32 for these cases.
 """
 import argparse
+import array
 import json
 import os
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -42,6 +52,7 @@ class Case:
     train: tt.TrainSettings
     activation_checkpointing: bool = False
     seed: int = 0
+    tp: int = 1  # > 1: `dtrain train` over tp processes instead of parity_probe
 
 
 def gpt2(**overrides):
@@ -79,6 +90,10 @@ CASES = [
     Case("llama_gqa", llama(n_kv_head=2), steps(micro_batch=2, schedule="linear")),
     Case("llama_checkpointing_odd_t", llama(n_kv_head=2), steps(seq_len=11, grad_clip=0.05),
          activation_checkpointing=True),
+    # Tensor parallelism: heads and MLP width split over 2 ranks, the reference single-process.
+    Case("gpt2_tp2", gpt2(), steps(), tp=2),
+    Case("llama_gqa_tp2_checkpointing", llama(n_kv_head=2), steps(micro_batch=2, grad_clip=0.05),
+         activation_checkpointing=True, tp=2),
 ]
 
 
@@ -86,8 +101,9 @@ CASES = [
 # Inputs
 
 
-def recipe_yaml(case, data_file):
-    """The dtrain recipe of a case. Strings and lists are written as JSON, which YAML reads."""
+def recipe_yaml(case, data_file, extra=None):
+    """The dtrain recipe of a case, with `extra`'s keys added to its sections. Strings and lists
+    are written as JSON, which YAML reads."""
     s, t = case.shape, case.train
     sections = {
         "model": {"family": s.family, "n_layer": s.n_layer, "n_head": s.n_head,
@@ -100,6 +116,8 @@ def recipe_yaml(case, data_file):
         # shards (llmc) rather than byte text, so that vocabularies under 256 are valid.
         "data": {"format": "llmc", "train": [data_file]},
     }
+    for section, keys in (extra or {}).items():
+        sections[section] = {**sections.get(section, {}), **keys}
     lines = []
     for section, keys in sections.items():
         lines.append(f"{section}:")
@@ -113,6 +131,17 @@ def random_batches(case):
     generator = torch.Generator().manual_seed(case.seed + 1)
     return torch.randint(0, case.shape.vocab_size, (t.steps, t.batch_size, t.seq_len + 1),
                          generator=generator)
+
+
+def windows(case):
+    """A `dtrain train` case's token file, int64 (batch_size * seq_len + 1) random tokens, and
+    its batch_size windows (batch_size, seq_len + 1), neighbours sharing their boundary token as
+    the loader cuts them."""
+    t = case.train
+    generator = torch.Generator().manual_seed(case.seed + 1)
+    tokens = torch.randint(0, case.shape.vocab_size, (t.batch_size * t.seq_len + 1,),
+                           generator=generator)
+    return tokens, tokens.unfold(0, t.seq_len + 1, t.seq_len)
 
 
 def reference_run(case, weights, batches, dtype):
@@ -140,6 +169,69 @@ def run_probe(probe, case, weights, batches, folder):
     return {name: tensor.double() for name, tensor in safetensors_io.load(paths["out"]).items()}
 
 
+def write_llmc(path, tokens):
+    """An llm.c token shard: a 256 x int32 header (magic, version, count), then uint16 tokens."""
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+        f.write(array.array("H", tokens.tolist()).tobytes())
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_train(dtrain, case, weights, tokens, folder):
+    """`dtrain train` over case.tp local processes from `weights` on `tokens`; returns what it
+    reports in the probe's names: loss, grad_norm and final.<name>."""
+    names = {"recipe": "recipe.yaml", "weights": "weights.safetensors", "data": "tokens.bin"}
+    paths = {key: os.path.join(folder, name) for key, name in names.items()}
+    write_llmc(paths["data"], tokens)
+    safetensors_io.save(paths["weights"], weights)
+    extra = {
+        "run": {"name": "parity", "out_dir": folder, "seed": case.seed, "threads": 1},
+        "train": {"init_from": paths["weights"], "export_to": "final.safetensors",
+                  "eval_every": 0},
+        "parallel": {"tp": case.tp},
+        "data": {"val": [paths["data"]]},
+        "checkpoint": {"resume": "never"},
+        "logging": {"sample_tokens": 0},
+    }
+    with open(paths["recipe"], "w") as f:
+        f.write(recipe_yaml(case, paths["data"], extra))
+    port = free_port()
+    ranks = []
+    for rank in range(case.tp):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(case.tp),
+                   LOCAL_WORLD_SIZE=str(case.tp), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        log = open(os.path.join(folder, f"rank-{rank}.log"), "w+")
+        ranks.append((subprocess.Popen([dtrain, "train", paths["recipe"]], env=env, stdout=log,
+                                       stderr=subprocess.STDOUT), log))
+    failures = []
+    for rank, (process, log) in enumerate(ranks):
+        try:
+            code = process.wait(timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            for other, _ in ranks:
+                other.kill()
+            code = process.wait()
+        log.seek(0)
+        if code != 0:
+            failures.append(f"rank {rank} exited {code}:\n{log.read()[-3000:]}")
+        log.close()
+    if failures:
+        raise RuntimeError(f"dtrain train at tp {case.tp}: " + "\n".join(failures))
+    run_dir = os.path.join(folder, "parity")
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f]
+    got = {"loss": torch.tensor([m["loss"] for m in metrics], dtype=torch.float64),
+           "grad_norm": torch.tensor([m["grad_norm"] for m in metrics], dtype=torch.float64)}
+    final = safetensors_io.load(os.path.join(run_dir, "final.safetensors"))
+    got.update({f"final.{name}": tensor.double() for name, tensor in final.items()})
+    return got
+
+
 # ---------------------------------------------------------------------------------------------
 # Comparison
 
@@ -161,30 +253,49 @@ def check_outputs(got, want):
 
 
 def compare(got, want):
-    """{quantity: (worst relative error, the tensor it was in)}."""
+    """{quantity: (worst relative error, the tensor it was in)}; step 0's logits and gradients
+    only where `got` has them."""
     def worst(prefix):
         return max((relative_error(got[n], want[n]), n) for n in want if n.startswith(prefix))
 
-    return {"logits": (relative_error(got["logits"], want["logits"]), "logits"),
-            "loss0": (relative_error(got["loss"][:1], want["loss"][:1]), "loss[0]"),
-            "grads": worst("grad."),
-            "losses": (relative_error(got["loss"], want["loss"]), "loss"),
-            "grad_norms": (relative_error(got["grad_norm"], want["grad_norm"]), "grad_norm"),
-            "final": worst("final.")}
+    errors = {}
+    if "logits" in got:
+        errors["logits"] = (relative_error(got["logits"], want["logits"]), "logits")
+    errors["loss0"] = (relative_error(got["loss"][:1], want["loss"][:1]), "loss[0]")
+    if "logits" in got:
+        errors["grads"] = worst("grad.")
+    errors.update({
+        "losses": (relative_error(got["loss"], want["loss"]), "loss"),
+        "grad_norms": (relative_error(got["grad_norm"], want["grad_norm"]), "grad_norm"),
+        "final": worst("final.")})
+    return errors
 
 
-def run_case(case, probe):
-    """Returns (ok, line). Compares the probe against torch float32, or without a probe torch
-    float32 against torch float64."""
+def train_outputs(want):
+    """The part of the reference's outputs that `dtrain train` reports."""
+    return {n: v for n, v in want.items() if n in ("loss", "grad_norm") or n.startswith("final.")}
+
+
+def run_case(case, dtrain, probe):
+    """Returns (ok, line). Compares the probe (or, for tp > 1, `dtrain train`) against torch
+    float32, or without a probe torch float32 against torch float64."""
     model = tm.build_model(case.shape)
     weights = tm.random_weights(model, case.seed)
-    batches = random_batches(case)
+    if case.tp > 1:
+        tokens, rows = windows(case)
+        batches = rows.expand(case.train.steps, -1, -1)
+    else:
+        batches = random_batches(case)
     want = reference_run(case, weights, batches, torch.float32)
-    if probe:
+    if not probe:
+        got, want = want, reference_run(case, weights, batches, torch.float64)
+    elif case.tp > 1:
+        want = train_outputs(want)
+        with tempfile.TemporaryDirectory(prefix=f"parity_{case.name}_") as folder:
+            got = run_train(dtrain, case, weights, tokens, folder)
+    else:
         with tempfile.TemporaryDirectory(prefix=f"parity_{case.name}_") as folder:
             got = run_probe(probe, case, weights, batches, folder)
-    else:
-        got, want = want, reference_run(case, weights, batches, torch.float64)
     check_outputs(got, want)
     errors = compare(got, want)
     ok = all(err <= TOLERANCE for err, _ in errors.values())
@@ -220,7 +331,7 @@ def main():
         if args.case and case.name not in args.case:
             continue
         try:
-            ok, line = run_case(case, probe)
+            ok, line = run_case(case, args.dtrain, probe)
         except (RuntimeError, subprocess.TimeoutExpired) as error:
             ok, line = False, f"{case.name:28s} {error}"
         results.append(ok)

@@ -28,11 +28,16 @@ struct RankResult {
   std::string output;  // stdout and stderr interleaved
 };
 
+// The ranks' process ids while they run, -1 for a rank that has ended; `watch` may signal them.
+using RankWatch = std::function<void(const std::vector<pid_t>& pids)>;
+
 // Starts world_size children; each sets the environment, sends its output to a temporary file
 // and runs `child(rank)`, whose return value is its exit code (it should exec or _exit-safe work).
+// `watch`, when set, runs every 10 ms until every rank has ended.
 inline std::vector<RankResult> RunRanksAsProcesses(int world_size, int master_port,
                                                    absl::Duration timeout,
-                                                   const std::function<int(int rank)>& child) {
+                                                   const std::function<int(int rank)>& child,
+                                                   const RankWatch& watch = nullptr) {
   std::vector<pid_t> pids(world_size, -1);
   std::vector<std::string> logs(world_size);
   for (int rank = 0; rank < world_size; ++rank) {
@@ -72,6 +77,7 @@ inline std::vector<RankResult> RunRanksAsProcesses(int world_size, int master_po
         --running;
       }
     }
+    if (watch && running > 0) watch(pids);
     absl::SleepFor(absl::Milliseconds(10));
   }
   for (int rank = 0; rank < world_size; ++rank) {
@@ -87,14 +93,18 @@ inline std::vector<RankResult> RunRanksAsProcesses(int world_size, int master_po
 // The same for a program: every rank execs argv.
 inline std::vector<RankResult> RunLocalProcesses(const std::vector<std::string>& argv,
                                                  int world_size, int master_port,
-                                                 absl::Duration timeout) {
-  return RunRanksAsProcesses(world_size, master_port, timeout, [&](int) {
-    std::vector<char*> args;
-    for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    return 127;  // exec failed
-  });
+                                                 absl::Duration timeout,
+                                                 const RankWatch& watch = nullptr) {
+  return RunRanksAsProcesses(
+      world_size, master_port, timeout,
+      [&](int) {
+        std::vector<char*> args;
+        for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+        args.push_back(nullptr);
+        execv(args[0], args.data());
+        return 127;  // exec failed
+      },
+      watch);
 }
 
 }  // namespace dtrain::testing
