@@ -1,5 +1,6 @@
 // `dtrain train` with parallel.tp > 1 as separate processes on loopback (torchrun's variables),
 // against one process: tensor parallelism alone and composed with data parallelism.
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <string>
@@ -67,10 +68,14 @@ std::vector<testing::RankResult> RunRanks(const std::string& recipe, int world,
   return testing::RunLocalProcesses(argv, world, testing::FreeTcpPort(), absl::Seconds(240));
 }
 
+constexpr char kSequenceParallelSet[] = "parallel.sequence_parallel=true";
+const std::vector<std::string> kSequenceParallel = {kSequenceParallelSet};
+
 struct Layout {
   int world;
   int tp;
   const char* strategy;
+  std::vector<std::string> sets = {};  // more --set overrides for this layout
 };
 
 // Every layout follows the single process's trajectory: the same loss and gradient norm at every
@@ -81,29 +86,40 @@ struct Layout {
 // by float32 rounding, which AdamW carries into the next steps: 1e-5 relative for the loss, as
 // for data parallelism in train_multi_process_test.cc. The gradient norm, a sum of squares of
 // values each a few float32 roundings off, gets 1e-4 relative.
-void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<Layout>& layouts) {
+void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<Layout>& layouts,
+                                   int steps = 10) {
   const std::string recipe = Recipe(family);
   const std::string single = testing::FreshTempDir("tp_single_" + family);
-  const testing::Outcome one =
-      testing::RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", single));
+  const std::string steps_set = absl::StrCat("train.steps=", steps);
+  const testing::Outcome one = testing::RunDtrain(
+      absl::StrCat("train ", recipe, " --set run.out_dir=", single, " --set ", steps_set));
   ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
   const Metrics reference = ReadMetrics(single);
-  ASSERT_EQ(reference.loss.size(), 10u);
-  ASSERT_EQ(reference.val_loss.size(), 2u);
+  ASSERT_EQ(reference.loss.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(reference.val_loss.size(), static_cast<size_t>(steps / 5));
 
-  for (const Layout& layout : layouts) {
+  for (size_t l = 0; l < layouts.size(); ++l) {
+    const Layout& layout = layouts[l];
     const std::string name = absl::StrCat(family, "_tp", layout.tp, "_dp", layout.world / layout.tp,
-                                          "_", layout.strategy);
+                                          "_", layout.strategy, layout.sets.empty() ? "" : "_", l);
     SCOPED_TRACE(name);
     const std::string out = testing::FreshTempDir("tp_" + name);
-    const auto ranks = RunRanks(recipe, layout.world,
-                                {"run.out_dir=" + out, absl::StrCat("parallel.tp=", layout.tp),
-                                 absl::StrCat("parallel.strategy=", layout.strategy)});
+    std::vector<std::string> sets = {"run.out_dir=" + out, steps_set,
+                                     absl::StrCat("parallel.tp=", layout.tp),
+                                     absl::StrCat("parallel.strategy=", layout.strategy)};
+    sets.insert(sets.end(), layout.sets.begin(), layout.sets.end());
+    const auto ranks = RunRanks(recipe, layout.world, sets);
     for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
     EXPECT_THAT(ranks[0].output,
                 HasSubstr(absl::StrCat(layout.world / layout.tp, " data-parallel ranks")));
     EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("tensor parallel: ", layout.tp,
                                                         " ranks share each block's heads")));
+    if (std::count(layout.sets.begin(), layout.sets.end(), kSequenceParallelSet) > 0) {
+      EXPECT_THAT(ranks[0].output,
+                  HasSubstr(absl::StrCat("sequence parallel: each rank's norms and residual adds "
+                                         "run on ",
+                                         2 * 16 / layout.tp, " of a micro-batch's 32 tokens")));
+    }
     const Metrics metrics = ReadMetrics(out);
     ASSERT_EQ(metrics.loss.size(), reference.loss.size());
     ASSERT_EQ(metrics.val_loss.size(), reference.val_loss.size());
@@ -129,6 +145,29 @@ TEST(TrainTensorParallelTest, Gpt2FollowsTheSingleProcessTrajectory) {
 TEST(TrainTensorParallelTest, LlamaFollowsTheSingleProcessTrajectory) {
   // tp 4 over 2 kv heads: each kv head on 2 ranks.
   ExpectLayoutsFollowOneProcess("llama", {{2, 2, "ddp"}, {4, 4, "ddp"}, {4, 2, "ddp"}});
+}
+
+// Sequence parallelism (each rank's norms and residual adds on 16 / tp of a sequence's tokens,
+// the norms' gradients summed over the tp group) over 20 steps, alone, with zero1 data
+// parallelism and under both recompute modes; the evaluation and the samples run through it too.
+TEST(TrainTensorParallelTest, Gpt2SequenceParallelFollowsTheSingleProcessTrajectory) {
+  ExpectLayoutsFollowOneProcess(
+      "gpt2",
+      {{2, 2, "ddp", kSequenceParallel},
+       {4, 4, "ddp", kSequenceParallel},
+       {4, 2, "zero1", kSequenceParallel},
+       {2, 2, "ddp", {kSequenceParallelSet, "parallel.recompute=selective"}},
+       {2, 2, "ddp", {kSequenceParallelSet, "parallel.recompute=full"}}},
+      20);
+}
+
+TEST(TrainTensorParallelTest, LlamaSequenceParallelFollowsTheSingleProcessTrajectory) {
+  ExpectLayoutsFollowOneProcess("llama",
+                                {{2, 2, "ddp", kSequenceParallel},
+                                 {4, 4, "ddp", kSequenceParallel},
+                                 {4, 2, "zero1", kSequenceParallel},
+                                 {2, 2, "ddp", {kSequenceParallelSet, "parallel.recompute=full"}}},
+                                20);
 }
 
 // train.export_to at tp 2 x dp 2 (zero3) writes the whole model, every tensor under its name
