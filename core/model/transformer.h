@@ -41,14 +41,18 @@ class Transformer {
   // chunks of ceil(N / tp) rows, chunk r on tp rank r; cutting the flattened tokens is the same
   // math as Megatron's cut of the sequence dimension for the row-wise layers. The residual
   // stream, the norms and the residual adds hold and compute only this rank's chunk; f gathers
-  // the norm outputs into all N rows before a column-parallel layer (which keeps the gathered
-  // copy for its weight gradient, so backward communicates no more than plain tp); g
-  // reduce-scatters a row-parallel output into the chunk, whose bias is then added once. Norm
-  // weight gradients come from the chunk only and are summed over the group before the
-  // region's gradients are ready. Where tp does not divide N (sampling prefixes; the recipe makes
-  // training and evaluation shapes divide), the last chunk is padded with rows that never reach
-  // attention, the head or a gradient: layers that mix rows see the first N rows of a gathered
-  // buffer, and every buffer that is reduce-scattered has its padding zeroed first.
+  // the norm outputs into all N rows before a column-parallel layer (the gathered copy is kept
+  // for its weight gradient: unlike Megatron, backward does not gather it again, for two (N, C)
+  // per block of memory); g reduce-scatters a row-parallel output into the chunk, whose bias is
+  // then added once. The whole-vocabulary embedding and head run on all N rows on every rank:
+  // a rank keeps its rows of the embedding output, the final norm's output is gathered for the
+  // head, d(embedding output) is gathered for the embedding's backward. Norm weight gradients
+  // come from the chunk only and are summed over the group (one all-reduce of the block's, one
+  // of the final norm's) before the region's gradients are ready. Where tp does not divide N
+  // (sampling prefixes; the recipe makes training and evaluation shapes divide), the last chunk
+  // is padded with rows that never reach attention, the head or a gradient: layers that mix rows
+  // see the first N rows of a gathered buffer, and every buffer that is reduce-scattered has its
+  // padding zeroed first.
   Transformer(const ModelConfig& config, const ParamTable& table, BlockParameters& parameters,
               Backend& backend, int max_batch, int max_time, Recompute recompute,
               TensorParallelOps* tensor_parallel = nullptr, bool sequence_parallel = false);
