@@ -38,8 +38,9 @@ RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
   memory.parameter_bytes = state.param_bytes;
   memory.gradient_bytes = state.grad_bytes;
   memory.optimizer_bytes = state.optimizer_bytes;
-  memory.activation_bytes = Transformer::ActivationBytes(config, recipe.train.micro_batch,
-                                                         recipe.train.seq_len, recompute, slice);
+  memory.activation_bytes =
+      Transformer::ActivationBytes(config, recipe.train.micro_batch, recipe.train.seq_len,
+                                   recompute, slice, recipe.parallel.sequence_parallel);
   return memory;
 }
 

@@ -18,6 +18,18 @@ void CommTensorParallel::ReduceKvReplicas(float* dx, size_t n) {
   SumOver(kv_replicas_, dx, n);
 }
 
+void CommTensorParallel::GatherRows(const float* own, float* gathered, size_t count) {
+  if (!error_.ok()) return;
+  error_ = tp_.AllGather(own, gathered, count)->Wait();
+}
+
+void CommTensorParallel::ScatterRows(const float* partial, float* own, size_t count) {
+  if (!error_.ok()) return;
+  error_ = tp_.ReduceScatter(partial, own, count, ReduceOp::kSum)->Wait();
+}
+
+void CommTensorParallel::SumRowGradients(float* grad, size_t n) { SumOver(&tp_, grad, n); }
+
 void CommTensorParallel::SumOver(Communicator* comm, float* x, size_t n) {
   if (!error_.ok()) return;
   error_ = comm->AllReduce(x, n, ReduceOp::kSum)->Wait();

@@ -1,7 +1,7 @@
 // The tensor-parallel hooks of the model over communicators: the tensor-parallel group's for
-// the f and g all-reduces, and, when grouped-query attention replicates kv heads (tp >
-// n_kv_head), the group of ranks holding the same kv head: tp ranks [g k, (g + 1) k) for
-// k = LocalDims::kv_replicas and g = tp_rank / k.
+// the f and g all-reduces (all-gathers and reduce-scatters under sequence parallelism), and, when
+// grouped-query attention replicates kv heads (tp > n_kv_head), the group of ranks holding the same
+// kv head: tp ranks [g k, (g + 1) k) for k = LocalDims::kv_replicas and g = tp_rank / k.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +20,9 @@ class CommTensorParallel final : public TensorParallelOps {
   void ReduceForward(float* x, size_t n) override;
   void ReduceBackward(float* dx, size_t n) override;
   void ReduceKvReplicas(float* dx, size_t n) override;
+  void GatherRows(const float* own, float* gathered, size_t count) override;
+  void ScatterRows(const float* partial, float* own, size_t count) override;
+  void SumRowGradients(float* grad, size_t n) override;
 
   // The first failed collective (OK when none). After a failure the hooks do nothing, so the
   // step runs to its end on garbage and the caller reports this instead of its result.

@@ -238,6 +238,13 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDim
         "tensor parallel: %d ranks share each block's heads and MLP width (%d query heads, %d kv "
         "heads, MLP width %d on each)",
         recipe.parallel.tp, dims.heads, dims.kv_heads, dims.mlp_width);
+    if (recipe.parallel.sequence_parallel) {
+      LogInfo(
+          "sequence parallel: each rank's norms and residual adds run on %d of a micro-batch's "
+          "%d tokens",
+          train.micro_batch * train.seq_len / recipe.parallel.tp,
+          train.micro_batch * train.seq_len);
+    }
   }
   LogInfo(
       "MFU is stated against %.1f GFLOP/s per rank, the best measured float32 GEMM of "
@@ -300,7 +307,7 @@ absl::Status ExportWeights(const Recipe& recipe, const ModelConfig& config,
 absl::Status TensorParallelStatus(const CommTensorParallel* ops) {
   if (!ops || ops->status().ok()) return absl::OkStatus();
   absl::Status named(ops->status().code(),
-                     absl::StrCat("tensor-parallel all-reduce: ", ops->status().message()));
+                     absl::StrCat("tensor-parallel collective: ", ops->status().message()));
   ops->status().ForEachPayload(
       [&](absl::string_view url, const absl::Cord& payload) { named.SetPayload(url, payload); });
   return named;
@@ -372,10 +379,11 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
                                           memory.model_state_bytes(), table, strategy, train,
                                           backend, groups.dp, groups.tp));
   DataParallelEngine& engine = *engine_owner;
-  ASSIGN_OR_RETURN(const std::unique_ptr<Transformer> model_owner,
-                   AllocateOrError<Transformer>("allocating activations", memory.activation_bytes,
-                                                config, table, engine, backend, train.micro_batch,
-                                                train.seq_len, recompute, tensor_parallel.get()));
+  ASSIGN_OR_RETURN(
+      const std::unique_ptr<Transformer> model_owner,
+      AllocateOrError<Transformer>("allocating activations", memory.activation_bytes, config, table,
+                                   engine, backend, train.micro_batch, train.seq_len, recompute,
+                                   tensor_parallel.get(), recipe.parallel.sequence_parallel));
   Transformer& model = *model_owner;
   ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, dp_rank, dp_size));
   const CheckpointSignals signals;

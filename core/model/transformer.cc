@@ -1,5 +1,6 @@
 #include "core/model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -7,12 +8,20 @@ namespace dtrain {
 namespace {
 constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
 
+// Rows of the residual stream one of `chunks` ranks holds for `tokens` token rows (the
+// constructor's split; chunks = 1 without sequence parallelism).
+int64_t OwnRows(int64_t tokens, int chunks) { return (tokens + chunks - 1) / chunks; }
+
 // The activation arena's size in floats: in size_t to allocate it, in double to check a size
-// before allocating without overflow (AllocateActivations lays it out in this order).
+// before allocating without overflow (AllocateActivations lays it out in this order). `chunks`
+// is tp under sequence parallelism, else 1.
 template <typename T>
 T ArenaFloats(const ModelConfig& config, const LocalDims& dims, int max_batch, int max_time,
-              Recompute recompute) {
-  const T n = static_cast<T>(max_batch) * static_cast<T>(max_time);
+              Recompute recompute, int chunks) {
+  const int64_t tokens = static_cast<int64_t>(max_batch) * max_time;
+  const T n = static_cast<T>(tokens);
+  const T r = static_cast<T>(OwnRows(tokens, chunks));           // rows this rank holds
+  const T g = static_cast<T>(OwnRows(tokens, chunks) * chunks);  // gathered rows
   const T c = static_cast<T>(dims.d_model);
   const T hd = static_cast<T>(dims.attn_width());
   const T qkv = static_cast<T>(dims.qkv_width());
@@ -20,29 +29,39 @@ T ArenaFloats(const ModelConfig& config, const LocalDims& dims, int max_batch, i
   const T up = static_cast<T>(dims.mlp_up_width);
   const T lse = static_cast<T>(max_batch) * static_cast<T>(dims.heads) * max_time;
   const T core = n * hd + lse;  // the attention core's output and log-sum-exp
-  const T per_block = n * (4 * c + 4 + qkv + up + f);
+  const T per_block = 2 * g * c + r * (2 * c + 4) + n * (qkv + up + f);
   const T saved_blocks = static_cast<T>(recompute == Recompute::kFull ? 1 : config.n_layer);
   const T saved_cores = static_cast<T>(recompute == Recompute::kNone ? config.n_layer : 1);
   const T qkv_weight_grad = dims.kv_replicas > 1 ? qkv * c : 0;
-  return (static_cast<T>(config.n_layer) + 1) * n * c  // block inputs and the last output
-         + saved_blocks * per_block                    // saved activations
-         + saved_cores * core                          // saved attention cores
-         + n * (c + 2)                                 // final norm
-         + n * (3 * c + qkv + hd + up + f)             // backward scratch, branch output
-         + qkv_weight_grad;                            // replicated kv heads' weight gradient
+  const T sequence_parallel = chunks > 1 ? r * c + 4 * c : 0;
+  return (static_cast<T>(config.n_layer) + 1) * r * c   // block inputs and the last output
+         + saved_blocks * per_block                     // saved activations
+         + saved_cores * core                           // saved attention cores
+         + g * c + 2 * r                                // final norm
+         + r * c + 2 * g * c + n * (qkv + hd + up + f)  // backward scratch, branch output
+         + sequence_parallel                            // own rows of d(norm), norm gradients
+         + qkv_weight_grad;                             // replicated kv heads' weight gradient
+}
+
+// The number of ranks the residual stream is split over.
+int RowChunks(const ModelSlice& slice, bool sequence_parallel) {
+  return sequence_parallel && slice.tp_size > 1 ? slice.tp_size : 1;
 }
 
 }  // namespace
 
 double Transformer::ActivationBytes(const ModelConfig& config, int max_batch, int max_time,
-                                    Recompute recompute, const ModelSlice& slice) {
-  return ArenaFloats<double>(config, LocalDimsOf(config, slice), max_batch, max_time, recompute) *
+                                    Recompute recompute, const ModelSlice& slice,
+                                    bool sequence_parallel) {
+  return ArenaFloats<double>(config, LocalDimsOf(config, slice), max_batch, max_time, recompute,
+                             RowChunks(slice, sequence_parallel)) *
          sizeof(float);
 }
 
 Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
                          BlockParameters& parameters, Backend& backend, int max_batch, int max_time,
-                         Recompute recompute, TensorParallelOps* tensor_parallel)
+                         Recompute recompute, TensorParallelOps* tensor_parallel,
+                         bool sequence_parallel)
     : config_(config),
       table_(table),
       dims_(table.dims()),
@@ -50,7 +69,8 @@ Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
       parameters_(parameters),
       backend_(backend),
       recompute_(recompute),
-      last_region_(table.last_region()) {
+      last_region_(table.last_region()),
+      sequence_parallel_(RowChunks(table.slice(), sequence_parallel) > 1) {
   AllocateActivations(max_batch, max_time);
 }
 
@@ -72,21 +92,113 @@ AttentionShape Transformer::Shape(int b, int t) const {
   return AttentionShape{b, t, dims_.heads, dims_.kv_heads, dims_.head_dim};
 }
 
-void Transformer::RowParallelForward(float* out, const float* inp, const float* weight,
-                                     const float* bias, int n, int in_features) {
+Transformer::RowSplit Transformer::SplitRows(int n) const {
+  if (!sequence_parallel_) return {.n = n, .own = n, .begin = 0, .padded = n};
+  const int chunks = table_.slice().tp_size;
+  const int own = static_cast<int>(OwnRows(n, chunks));
+  return {.n = n, .own = own, .begin = table_.slice().tp_rank * own, .padded = own * chunks};
+}
+
+void Transformer::RowParallelResidual(float* resid_out, const float* resid_in, const float* inp,
+                                      const float* weight, const float* bias, const RowSplit& rows,
+                                      int in_features) {
   const int c = dims_.d_model;
+  const size_t own_size = static_cast<size_t>(rows.own) * c;
   if (table_.slice().tp_size == 1) {  // nothing to sum: the GEMM adds the bias in its pass
-    backend_.LinearForward(out, inp, weight, bias, n, in_features, c);
+    backend_.LinearForward(branch_out_, inp, weight, bias, rows.n, in_features, c);
+  } else if (!sequence_parallel_) {
+    backend_.LinearForward(branch_out_, inp, weight, nullptr, rows.n, in_features, c);
+    tp_.ReduceForward(branch_out_, own_size);
+    if (bias != nullptr) backend_.AddBias(branch_out_, bias, rows.n, c);
+  } else {
+    backend_.LinearForward(branch_out_, inp, weight, nullptr, rows.n, in_features, c);
+    backend_.Zero(branch_out_ + static_cast<size_t>(rows.n) * c,
+                  static_cast<size_t>(rows.padded - rows.n) * c);
+    // Reduce-scattered straight into the output: the residual add below reads it back in place.
+    tp_.ScatterRows(branch_out_, resid_out, own_size);
+    if (bias != nullptr) backend_.AddBias(resid_out, bias, rows.own, c);
+    backend_.Add(resid_out, resid_in, resid_out, own_size);
     return;
   }
-  backend_.LinearForward(out, inp, weight, nullptr, n, in_features, c);
-  tp_.ReduceForward(out, static_cast<size_t>(n) * c);
-  if (bias != nullptr) backend_.AddBias(out, bias, n, c);
+  backend_.Add(resid_out, resid_in, branch_out_, own_size);
+}
+
+void Transformer::GatherNormOutput(float* norm_out, const RowSplit& rows) {
+  if (!sequence_parallel_) return;
+  const size_t own_size = static_cast<size_t>(rows.own) * dims_.d_model;
+  tp_.GatherRows(norm_out + static_cast<size_t>(rows.begin) * dims_.d_model, norm_out, own_size);
+}
+
+const float* Transformer::BranchOutputGrad(const float* dresid, const RowSplit& rows) {
+  if (!sequence_parallel_) return dresid;
+  tp_.GatherRows(dresid, branch_out_, static_cast<size_t>(rows.own) * dims_.d_model);
+  return branch_out_;
+}
+
+const float* Transformer::NormOutputGrad(const RowSplit& rows) {
+  const int c = dims_.d_model;
+  if (!sequence_parallel_) {
+    tp_.ReduceBackward(d_norm_, static_cast<size_t>(rows.n) * c);
+    return d_norm_;
+  }
+  backend_.Zero(d_norm_ + static_cast<size_t>(rows.n) * c,
+                static_cast<size_t>(rows.padded - rows.n) * c);
+  tp_.ScatterRows(d_norm_, d_own_rows_, static_cast<size_t>(rows.own) * c);
+  return d_own_rows_;
+}
+
+float* Transformer::NormGrad(const RegionView& grads, size_t offset, int slot) {
+  if (!sequence_parallel_ || offset == kAbsent) return grads(offset);
+  return norm_grads_ + static_cast<size_t>(slot) * dims_.d_model;
+}
+
+void Transformer::BeginNormGrads() {
+  if (sequence_parallel_) backend_.Zero(norm_grads_, 4 * static_cast<size_t>(dims_.d_model));
+}
+
+void Transformer::FinishNormGrads(const RegionView& grads, std::initializer_list<size_t> offsets) {
+  if (!sequence_parallel_) return;
+  const size_t c = dims_.d_model;
+  size_t present = 0;
+  for (const size_t offset : offsets) present += offset != kAbsent ? 1 : 0;
+  tp_.SumRowGradients(norm_grads_, present * c);
+  size_t slot = 0;
+  for (const size_t offset : offsets) {
+    if (offset == kAbsent) continue;
+    backend_.Add(grads(offset), grads(offset), norm_grads_ + slot * c, c);
+    ++slot;
+  }
+}
+
+void Transformer::EmbedOwnRows(const int32_t* inputs, int b, int t, const RowSplit& rows) {
+  const int c = config_.d_model;
+  const float* token = embeddings_(table_.token_embedding());
+  const float* position = embeddings_(table_.position_embedding());
+  if (!sequence_parallel_) {
+    backend_.EmbeddingForward(resid_[0], inputs, token, position, b, t, c);
+    return;
+  }
+  backend_.EmbeddingForward(branch_out_, inputs, token, position, b, t, c);
+  backend_.Zero(branch_out_ + static_cast<size_t>(rows.n) * c,
+                static_cast<size_t>(rows.padded - rows.n) * c);
+  // A host copy: the whole-vocabulary embedding is computed on every rank, so the own rows need
+  // no communication.
+  std::copy_n(branch_out_ + static_cast<size_t>(rows.begin) * c, static_cast<size_t>(rows.own) * c,
+              resid_[0]);
+}
+
+void Transformer::EmbeddingBackward(const int32_t* inputs, int b, int t, const RowSplit& rows) {
+  const RegionView grads = Grads(-1);
+  backend_.EmbeddingBackward(grads(table_.token_embedding()), grads(table_.position_embedding()),
+                             BranchOutputGrad(d_resid_, rows), inputs, b, t, config_.d_model);
 }
 
 void Transformer::AllocateActivations(int max_batch, int max_time) {
   const size_t n = static_cast<size_t>(max_batch) * max_time;
   max_tokens_ = static_cast<int>(n);
+  const int chunks = RowChunks(table_.slice(), sequence_parallel_);
+  const size_t r = OwnRows(max_tokens_, chunks);
+  const size_t g = r * chunks;
   const size_t c = dims_.d_model;
   const size_t hd = dims_.attn_width();
   const size_t qkv = dims_.qkv_width();
@@ -96,7 +208,7 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
   const size_t qkv_weight_grad = dims_.kv_replicas > 1 ? qkv * c : 0;
   const int saved_blocks = recompute_ == Recompute::kFull ? 1 : config_.n_layer;
   const int saved_cores = recompute_ == Recompute::kNone ? config_.n_layer : 1;
-  acts_.assign(ArenaFloats<size_t>(config_, dims_, max_batch, max_time, recompute_), 0.0f);
+  acts_.assign(ArenaFloats<size_t>(config_, dims_, max_batch, max_time, recompute_, chunks), 0.0f);
 
   float* cursor = acts_.data();
   auto take = [&cursor](size_t count) {
@@ -105,17 +217,17 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
     return p;
   };
   resid_.clear();
-  for (int l = 0; l <= config_.n_layer; ++l) resid_.push_back(take(n * c));
+  for (int l = 0; l <= config_.n_layer; ++l) resid_.push_back(take(r * c));
   blocks_.assign(saved_blocks, BlockActivations{});
   for (BlockActivations& a : blocks_) {
-    a.norm1 = take(n * c);
-    a.norm1_mean = take(n);
-    a.norm1_rstd = take(n);
+    a.norm1 = take(g * c);
+    a.norm1_mean = take(r);
+    a.norm1_rstd = take(r);
     a.qkv = take(n * qkv);
-    a.resid_mid = take(n * c);
-    a.norm2 = take(n * c);
-    a.norm2_mean = take(n);
-    a.norm2_rstd = take(n);
+    a.resid_mid = take(r * c);
+    a.norm2 = take(g * c);
+    a.norm2_mean = take(r);
+    a.norm2_rstd = take(r);
     a.mlp_up = take(n * up);
     a.mlp_act = take(n * f);
   }
@@ -128,16 +240,20 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
       blocks_[j].lse = lse_values;
     }
   }
-  final_norm_ = take(n * c);
-  final_mean_ = take(n);
-  final_rstd_ = take(n);
-  d_resid_ = take(n * c);
-  d_norm_ = take(n * c);
+  final_norm_ = take(g * c);
+  final_mean_ = take(r);
+  final_rstd_ = take(r);
+  d_resid_ = take(r * c);
+  d_norm_ = take(g * c);
   d_qkv_ = take(n * qkv);
   d_attn_ = take(n * hd);
   d_mlp_up_ = take(n * up);
   d_mlp_act_ = take(n * f);
-  branch_out_ = take(n * c);
+  branch_out_ = take(g * c);
+  if (chunks > 1) {
+    d_own_rows_ = take(r * c);
+    norm_grads_ = take(4 * c);
+  }
   d_qkv_weight_ = qkv_weight_grad > 0 ? take(qkv_weight_grad) : nullptr;
 }
 
@@ -154,33 +270,41 @@ void Transformer::BlockForward(int layer, const RegionView& params, BlockActivat
   const AttentionShape shape = Shape(b, t);
   const int f = dims_.mlp_width;
   const bool llama = config_.family == ModelFamily::kLlama;
+  // The norms run on this rank's rows of the residual stream, into their place in the gathered
+  // output.
+  const RowSplit rows = SplitRows(n);
+  const size_t own_offset = static_cast<size_t>(rows.begin) * c;
 
   if (llama) {
-    backend_.RmsNormForward(a.norm1, a.norm1_rstd, in, params(w.norm1_w), n, c, config_.norm_eps);
+    backend_.RmsNormForward(a.norm1 + own_offset, a.norm1_rstd, in, params(w.norm1_w), rows.own, c,
+                            config_.norm_eps);
   } else {
-    backend_.LayerNormForward(a.norm1, a.norm1_mean, a.norm1_rstd, in, params(w.norm1_w),
-                              params(w.norm1_b), n, c, config_.norm_eps);
+    backend_.LayerNormForward(a.norm1 + own_offset, a.norm1_mean, a.norm1_rstd, in,
+                              params(w.norm1_w), params(w.norm1_b), rows.own, c, config_.norm_eps);
   }
+  GatherNormOutput(a.norm1, rows);
   backend_.LinearForward(a.qkv, a.norm1, params(w.qkv_w), params(w.qkv_b), n, c, shape.qkv_width());
   if (llama) backend_.RopeForward(a.qkv, shape, config_.rope_theta, 0);
   backend_.AttentionForward(a.attn, a.lse, a.qkv, shape);
-  RowParallelForward(branch_out_, a.attn, params(w.attn_out_w), params(w.attn_out_b), n, hd);
-  backend_.Add(a.resid_mid, in, branch_out_, static_cast<size_t>(n) * c);
+  RowParallelResidual(a.resid_mid, in, a.attn, params(w.attn_out_w), params(w.attn_out_b), rows,
+                      hd);
 
   if (llama) {
-    backend_.RmsNormForward(a.norm2, a.norm2_rstd, a.resid_mid, params(w.norm2_w), n, c,
-                            config_.norm_eps);
+    backend_.RmsNormForward(a.norm2 + own_offset, a.norm2_rstd, a.resid_mid, params(w.norm2_w),
+                            rows.own, c, config_.norm_eps);
+    GatherNormOutput(a.norm2, rows);
     backend_.LinearForward(a.mlp_up, a.norm2, params(w.mlp_up_w), nullptr, n, c, 2 * f);
     backend_.SwiGluForward(a.mlp_act, a.mlp_up, n, f);
   } else {
-    backend_.LayerNormForward(a.norm2, a.norm2_mean, a.norm2_rstd, a.resid_mid, params(w.norm2_w),
-                              params(w.norm2_b), n, c, config_.norm_eps);
+    backend_.LayerNormForward(a.norm2 + own_offset, a.norm2_mean, a.norm2_rstd, a.resid_mid,
+                              params(w.norm2_w), params(w.norm2_b), rows.own, c, config_.norm_eps);
+    GatherNormOutput(a.norm2, rows);
     backend_.LinearForward(a.mlp_up, a.norm2, params(w.mlp_up_w), params(w.mlp_up_b), n, c, f);
     backend_.GeluForward(a.mlp_act, a.mlp_up, static_cast<size_t>(n) * f);
   }
   if (out == nullptr) return;
-  RowParallelForward(branch_out_, a.mlp_act, params(w.mlp_down_w), params(w.mlp_down_b), n, f);
-  backend_.Add(out, a.resid_mid, branch_out_, static_cast<size_t>(n) * c);
+  RowParallelResidual(out, a.resid_mid, a.mlp_act, params(w.mlp_down_w), params(w.mlp_down_b), rows,
+                      f);
 }
 
 void Transformer::BlockBackward(int layer, const RegionView& params, const RegionView& grads,
@@ -192,29 +316,36 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
   const AttentionShape shape = Shape(b, t);
   const int f = dims_.mlp_width;
   const bool llama = config_.family == ModelFamily::kLlama;
+  // dresid and the norms cover this rank's rows; the row-parallel layers' output gradients
+  // (their bias gradients then complete on every rank) and everything between cover all n.
+  const RowSplit rows = SplitRows(n);
+  BeginNormGrads();
 
   // MLP branch: out = resid_mid + down(act(up(norm2(resid_mid)))).
-  backend_.LinearBackward(d_mlp_act_, grads(w.mlp_down_w), grads(w.mlp_down_b), dresid, a.mlp_act,
-                          params(w.mlp_down_w), n, f, c);
+  backend_.LinearBackward(d_mlp_act_, grads(w.mlp_down_w), grads(w.mlp_down_b),
+                          BranchOutputGrad(dresid, rows), a.mlp_act, params(w.mlp_down_w), n, f, c);
   if (llama) {
     backend_.SwiGluBackward(d_mlp_up_, a.mlp_up, d_mlp_act_, n, f);
     backend_.LinearBackward(d_norm_, grads(w.mlp_up_w), nullptr, d_mlp_up_, a.norm2,
                             params(w.mlp_up_w), n, c, 2 * f);
-    tp_.ReduceBackward(d_norm_, static_cast<size_t>(n) * c);  // f: before the column-parallel up
-    backend_.RmsNormBackward(dresid, grads(w.norm2_w), d_norm_, a.resid_mid, params(w.norm2_w),
-                             a.norm2_rstd, n, c);
   } else {
     backend_.GeluBackward(d_mlp_up_, a.mlp_up, d_mlp_act_, static_cast<size_t>(n) * f);
     backend_.LinearBackward(d_norm_, grads(w.mlp_up_w), grads(w.mlp_up_b), d_mlp_up_, a.norm2,
                             params(w.mlp_up_w), n, c, f);
-    tp_.ReduceBackward(d_norm_, static_cast<size_t>(n) * c);
-    backend_.LayerNormBackward(dresid, grads(w.norm2_w), grads(w.norm2_b), d_norm_, a.resid_mid,
-                               params(w.norm2_w), a.norm2_mean, a.norm2_rstd, n, c);
+  }
+  const float* dnorm2 = NormOutputGrad(rows);  // f: before the column-parallel up
+  if (llama) {
+    backend_.RmsNormBackward(dresid, NormGrad(grads, w.norm2_w, 0), dnorm2, a.resid_mid,
+                             params(w.norm2_w), a.norm2_rstd, rows.own, c);
+  } else {
+    backend_.LayerNormBackward(dresid, NormGrad(grads, w.norm2_w, 0), NormGrad(grads, w.norm2_b, 2),
+                               dnorm2, a.resid_mid, params(w.norm2_w), a.norm2_mean, a.norm2_rstd,
+                               rows.own, c);
   }
 
   // Attention branch: resid_mid = in + out_proj(attention(rope(qkv(norm1(in))))).
-  backend_.LinearBackward(d_attn_, grads(w.attn_out_w), grads(w.attn_out_b), dresid, a.attn,
-                          params(w.attn_out_w), n, hd, c);
+  backend_.LinearBackward(d_attn_, grads(w.attn_out_w), grads(w.attn_out_b),
+                          BranchOutputGrad(dresid, rows), a.attn, params(w.attn_out_w), n, hd, c);
   backend_.AttentionBackward(d_qkv_, d_attn_, a.qkv, a.attn, a.lse, shape);
   if (llama) backend_.RopeBackward(d_qkv_, shape, config_.rope_theta, 0);
   // Each rank holding a replicated kv head computed its query heads' share of the head's
@@ -230,22 +361,23 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
     tp_.ReduceKvReplicas(d_qkv_weight_ + q_size, qkv_weight_size - q_size);
     backend_.Add(grads(w.qkv_w), grads(w.qkv_w), d_qkv_weight_, qkv_weight_size);
   }
-  tp_.ReduceBackward(d_norm_, static_cast<size_t>(n) * c);  // f: before the column-parallel qkv
+  const float* dnorm1 = NormOutputGrad(rows);  // f: before the column-parallel qkv
   if (llama) {
-    backend_.RmsNormBackward(dresid, grads(w.norm1_w), d_norm_, in, params(w.norm1_w), a.norm1_rstd,
-                             n, c);
+    backend_.RmsNormBackward(dresid, NormGrad(grads, w.norm1_w, 1), dnorm1, in, params(w.norm1_w),
+                             a.norm1_rstd, rows.own, c);
   } else {
-    backend_.LayerNormBackward(dresid, grads(w.norm1_w), grads(w.norm1_b), d_norm_, in,
-                               params(w.norm1_w), a.norm1_mean, a.norm1_rstd, n, c);
+    backend_.LayerNormBackward(dresid, NormGrad(grads, w.norm1_w, 1), NormGrad(grads, w.norm1_b, 3),
+                               dnorm1, in, params(w.norm1_w), a.norm1_mean, a.norm1_rstd, rows.own,
+                               c);
   }
+  FinishNormGrads(grads, {w.norm2_w, w.norm1_w, w.norm2_b, w.norm1_b});
 }
 
 void Transformer::Forward(const int32_t* inputs, int b, int t) {
-  const int n = b * t;
   const int c = config_.d_model;
+  const RowSplit rows = SplitRows(b * t);
   embeddings_ = Params(-1, Pass::kForward);
-  backend_.EmbeddingForward(resid_[0], inputs, embeddings_(table_.token_embedding()),
-                            embeddings_(table_.position_embedding()), b, t, c);
+  EmbedOwnRows(inputs, b, t, rows);
   if (!config_.tied_head()) parameters_.Release(-1, Pass::kForward);
   for (int l = 0; l < config_.n_layer; ++l) {
     BlockForward(l, Params(l, Pass::kForward), ActivationsFor(l), resid_[l], resid_[l + 1], b, t);
@@ -254,14 +386,16 @@ void Transformer::Forward(const int32_t* inputs, int b, int t) {
   final_region_ = Params(last_region_, Pass::kForward);
   const RegionView& params = final_region_;
   const float* last = resid_[config_.n_layer];
+  // On this rank's rows, gathered for the head (which runs on all rows).
+  float* own = final_norm_ + static_cast<size_t>(rows.begin) * c;
   if (config_.family == ModelFamily::kLlama) {
-    backend_.RmsNormForward(final_norm_, final_rstd_, last, params(table_.final_norm_w()), n, c,
+    backend_.RmsNormForward(own, final_rstd_, last, params(table_.final_norm_w()), rows.own, c,
                             config_.norm_eps);
   } else {
-    backend_.LayerNormForward(final_norm_, final_mean_, final_rstd_, last,
-                              params(table_.final_norm_w()), params(table_.final_norm_b()), n, c,
-                              config_.norm_eps);
+    backend_.LayerNormForward(own, final_mean_, final_rstd_, last, params(table_.final_norm_w()),
+                              params(table_.final_norm_b()), rows.own, c, config_.norm_eps);
   }
+  GatherNormOutput(final_norm_, rows);
 }
 
 const float* Transformer::HeadWeight() const {
@@ -286,16 +420,24 @@ double Transformer::ForwardBackward(const int32_t* inputs, const int32_t* target
   // The classifier's backward runs with its forward, so the (N, V) logits never exist whole.
   const double loss_sum = backend_.ClassifierForwardBackward(
       d_norm_, dhead, final_norm_, HeadWeight(), targets, n, c, config_.vocab_size, grad_scale);
-  backend_.Zero(d_resid_, static_cast<size_t>(n) * c);
+  const RowSplit rows = SplitRows(n);
+  // The head ran on every row on every rank, so d_norm_ is whole everywhere: the final norm's
+  // backward takes this rank's rows of it without communication (padding zeroed).
+  backend_.Zero(d_norm_ + static_cast<size_t>(n) * c, static_cast<size_t>(rows.padded - n) * c);
+  const float* dnorm = d_norm_ + static_cast<size_t>(rows.begin) * c;
+  backend_.Zero(d_resid_, static_cast<size_t>(rows.own) * c);
   const float* last = resid_[config_.n_layer];
+  BeginNormGrads();
   if (config_.family == ModelFamily::kLlama) {
-    backend_.RmsNormBackward(d_resid_, grads(table_.final_norm_w()), d_norm_, last,
-                             params(table_.final_norm_w()), final_rstd_, n, c);
+    backend_.RmsNormBackward(d_resid_, NormGrad(grads, table_.final_norm_w(), 0), dnorm, last,
+                             params(table_.final_norm_w()), final_rstd_, rows.own, c);
   } else {
-    backend_.LayerNormBackward(d_resid_, grads(table_.final_norm_w()), grads(table_.final_norm_b()),
-                               d_norm_, last, params(table_.final_norm_w()), final_mean_,
-                               final_rstd_, n, c);
+    backend_.LayerNormBackward(d_resid_, NormGrad(grads, table_.final_norm_w(), 0),
+                               NormGrad(grads, table_.final_norm_b(), 1), dnorm, last,
+                               params(table_.final_norm_w()), final_mean_, final_rstd_, rows.own,
+                               c);
   }
+  FinishNormGrads(grads, {table_.final_norm_w(), table_.final_norm_b()});
   parameters_.GradientsReady(last_region_);
   ReleaseHead();
   for (int l = config_.n_layer - 1; l >= 0; --l) {
@@ -309,10 +451,7 @@ double Transformer::ForwardBackward(const int32_t* inputs, const int32_t* target
     parameters_.GradientsReady(l);
     parameters_.Release(l, Pass::kBackward);
   }
-  const RegionView embedding_grads = Grads(-1);
-  backend_.EmbeddingBackward(embedding_grads(table_.token_embedding()),
-                             embedding_grads(table_.position_embedding()), d_resid_, inputs, b, t,
-                             c);
+  EmbeddingBackward(inputs, b, t, rows);
   parameters_.GradientsReady(-1);
   return loss_sum;
 }

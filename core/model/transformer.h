@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "core/backend/backend.h"
@@ -34,16 +35,35 @@ class Transformer {
   // `table` describes the layout `parameters` holds, and its LocalDims the sizes this rank
   // computes with. `tensor_parallel` communicates over the table's tensor-parallel group (null:
   // tp = 1). All of them must outlive the model.
+  //
+  // `sequence_parallel` (with tp > 1; ignored at tp 1): Megatron's sequence parallelism. A
+  // call's N = b*t token rows (row-major (B, T, C), so any chunk is contiguous) are cut into tp
+  // chunks of ceil(N / tp) rows, chunk r on tp rank r; cutting the flattened tokens is the same
+  // math as Megatron's cut of the sequence dimension for the row-wise layers. The residual
+  // stream, the norms and the residual adds hold and compute only this rank's chunk; f gathers
+  // the norm outputs into all N rows before a column-parallel layer (the gathered copy is kept
+  // for its weight gradient: unlike Megatron, backward does not gather it again, for two (N, C)
+  // per block of memory); g reduce-scatters a row-parallel output into the chunk, whose bias is
+  // then added once. The whole-vocabulary embedding and head run on all N rows on every rank:
+  // a rank keeps its rows of the embedding output, the final norm's output is gathered for the
+  // head, d(embedding output) is gathered for the embedding's backward. Norm weight gradients
+  // come from the chunk only and are summed over the group (one all-reduce of the block's, one
+  // of the final norm's) before the region's gradients are ready. Where tp does not divide N
+  // (sampling prefixes; the recipe makes training and evaluation shapes divide), the last chunk
+  // is padded with rows that never reach attention, the head or a gradient: layers that mix rows
+  // see the first N rows of a gathered buffer, and every buffer that is reduce-scattered has its
+  // padding zeroed first.
   Transformer(const ModelConfig& config, const ParamTable& table, BlockParameters& parameters,
               Backend& backend, int max_batch, int max_time, Recompute recompute,
-              TensorParallelOps* tensor_parallel = nullptr);
+              TensorParallelOps* tensor_parallel = nullptr, bool sequence_parallel = false);
 
   const ModelConfig& config() const { return config_; }
   size_t activation_bytes() const { return acts_.size() * sizeof(float); }
   // What activation_bytes() will be on a rank holding `slice`, without allocating; in double, so
   // any size is exact enough to compare with the memory there is.
   static double ActivationBytes(const ModelConfig& config, int max_batch, int max_time,
-                                Recompute recompute, const ModelSlice& slice = {});
+                                Recompute recompute, const ModelSlice& slice = {},
+                                bool sequence_parallel = false);
 
   // One micro-batch: inputs and targets (b, t). Adds grad_scale * d(sum of token losses) to the
   // gradients, region by region (the last, the embeddings, is ready when this returns), and
@@ -56,18 +76,20 @@ class Transformer {
   void ForwardLogits(const int32_t* inputs, int b, int t, bool last_only, float* logits);
 
  private:
-  // Saved activations of one block, pointers into the arena. (N = b*t tokens.)
+  // Saved activations of one block, pointers into the arena. (N = b*t tokens; R the rows of the
+  // residual stream this rank holds and G = tp * R the gathered rows: both N without sequence
+  // parallelism.)
   struct BlockActivations {
-    float* norm1;       // (N, C)
-    float* norm1_mean;  // (N) LayerNorm only
-    float* norm1_rstd;  // (N)
+    float* norm1;       // (G, C) every rank's chunk, gathered
+    float* norm1_mean;  // (R) LayerNorm only
+    float* norm1_rstd;  // (R)
     float* qkv;         // (N, qkv_width), after RoPE
     float* attn;        // (N, H*D) attention output before the projection (H, F: this rank's)
     float* lse;         // (B, H, T)
-    float* resid_mid;   // (N, C) block input + attention branch
-    float* norm2;       // (N, C)
-    float* norm2_mean;  // (N)
-    float* norm2_rstd;  // (N)
+    float* resid_mid;   // (R, C) block input + attention branch
+    float* norm2;       // (G, C) gathered
+    float* norm2_mean;  // (R)
+    float* norm2_rstd;  // (R)
     float* mlp_up;      // (N, F) gpt2, (N, 2F) llama: before the activation
     float* mlp_act;     // (N, F)
   };
@@ -80,14 +102,49 @@ class Transformer {
     float* operator()(size_t offset) const;  // null for an absent tensor
   };
 
+  // How a call's n token rows split over the tensor-parallel ranks (see the constructor): this
+  // rank holds rows [begin, begin + own) of `padded` = tp * own (without sequence parallelism:
+  // all n, begin 0).
+  struct RowSplit {
+    int n = 0;
+    int own = 0;
+    int begin = 0;
+    int padded = 0;
+  };
+
   void AllocateActivations(int max_batch, int max_time);
   AttentionShape Shape(int b, int t) const;
   RegionView Params(int region, Pass pass);
   RegionView Grads(int region);
-  // out (N, C) = the row-parallel layer's output summed over the tensor-parallel ranks (g),
-  // plus the bias once.
-  void RowParallelForward(float* out, const float* inp, const float* weight, const float* bias,
-                          int n, int in_features);
+  RowSplit SplitRows(int n) const;
+  // resid_out (R, C) = resid_in + the row-parallel layer's output (N rows) summed over the
+  // tensor-parallel ranks (g: an all-reduce, or a reduce-scatter into this rank's rows), plus
+  // the bias once.
+  void RowParallelResidual(float* resid_out, const float* resid_in, const float* inp,
+                           const float* weight, const float* bias, const RowSplit& rows,
+                           int in_features);
+  // The norm output (G, C) whose own rows the norm just wrote, gathered for a column-parallel
+  // layer (f forward under sequence parallelism; nothing otherwise).
+  void GatherNormOutput(float* norm_out, const RowSplit& rows);
+  // d(row-parallel output) for all N rows from dresid (R, C): gathered into branch_out_ under
+  // sequence parallelism (g backward), dresid itself otherwise.
+  const float* BranchOutputGrad(const float* dresid, const RowSplit& rows);
+  // d(norm output) for this rank's rows from d_norm_ (N, C), the column-parallel layer's partial
+  // input gradient: summed over the ranks (f backward), by an all-reduce, or under sequence
+  // parallelism a reduce-scatter into d_own_rows_.
+  const float* NormOutputGrad(const RowSplit& rows);
+  // Where a norm's weight or bias gradient (table offset) accumulates: slot `slot` of
+  // norm_grads_ under sequence parallelism, where FinishNormGrads sums it over the ranks and adds
+  // it to the gradient; the gradient itself otherwise.
+  float* NormGrad(const RegionView& grads, size_t offset, int slot);
+  void BeginNormGrads();
+  // `offsets` in slot order, absent tensors (kAbsent) last.
+  void FinishNormGrads(const RegionView& grads, std::initializer_list<size_t> offsets);
+  // The embedding's output rows this rank holds into resid_[0], and the embedding backward from
+  // d_resid_ (R, C): under sequence parallelism every rank embeds all N rows and keeps its own,
+  // so backward first gathers every rank's rows.
+  void EmbedOwnRows(const int32_t* inputs, int b, int t, const RowSplit& rows);
+  void EmbeddingBackward(const int32_t* inputs, int b, int t, const RowSplit& rows);
   // Block `layer` from resid_[layer] into resid_[layer + 1] (the output is skipped when
   // `out` is null: recomputation only needs the saved activations).
   void BlockForward(int layer, const RegionView& params, BlockActivations& a, const float* in,
@@ -118,21 +175,28 @@ class Transformer {
   std::vector<float> acts_;               // the arena
   std::vector<float*> resid_;             // n_layer + 1 block inputs / outputs, (N, C) each
   std::vector<BlockActivations> blocks_;  // one per layer, or one shared under kFull
-  float* final_norm_ = nullptr;           // (N, C)
-  float* final_mean_ = nullptr;           // (N)
-  float* final_rstd_ = nullptr;           // (N)
+  float* final_norm_ = nullptr;           // (G, C) gathered
+  float* final_mean_ = nullptr;           // (R)
+  float* final_rstd_ = nullptr;           // (R)
   // Backward scratch.
-  float* d_resid_ = nullptr;     // (N, C)
-  float* d_norm_ = nullptr;      // (N, C)
-  float* d_qkv_ = nullptr;       // (N, qkv_width)
-  float* d_attn_ = nullptr;      // (N, H*D)
-  float* d_mlp_up_ = nullptr;    // (N, F or 2F)
-  float* d_mlp_act_ = nullptr;   // (N, F)
-  float* branch_out_ = nullptr;  // (N, C) attention or MLP branch output before the residual add
+  float* d_resid_ = nullptr;    // (R, C)
+  float* d_norm_ = nullptr;     // (G, C)
+  float* d_qkv_ = nullptr;      // (N, qkv_width)
+  float* d_attn_ = nullptr;     // (N, H*D)
+  float* d_mlp_up_ = nullptr;   // (N, F or 2F)
+  float* d_mlp_act_ = nullptr;  // (N, F)
+  // (G, C) attention or MLP branch output before the residual add (before the reduce-scatter
+  // under sequence parallelism); in backward, d(branch output) gathered, and the embedding's.
+  float* branch_out_ = nullptr;
+  // Sequence parallelism only: (R, C) this rank's rows of a reduce-scattered d(norm output), and
+  // (4, C) a block's (or the final) norm weight and bias gradients before they are summed.
+  float* d_own_rows_ = nullptr;
+  float* norm_grads_ = nullptr;
   // (qkv_width, C): one micro-batch's qkv weight gradient, whose replicated kv rows are summed
   // over their ranks before it is added (only when kv heads are replicated).
   float* d_qkv_weight_ = nullptr;
   int max_tokens_ = 0;
+  bool sequence_parallel_ = false;  // requested and tp > 1
 };
 
 }  // namespace dtrain

@@ -268,6 +268,11 @@ const std::vector<KeySpec>& Keys() {
        "keeping only block inputs (~1/3 more compute). Replaces activation_checkpointing "
        "(true = full), still read with a warning",
        {"none", "selective", "full"}},
+      {DTRAIN_RECIPE_KEY(parallel, sequence_parallel),
+       "with parallel.tp > 1: norms and residual adds run on train.seq_len / tp of the tokens "
+       "on each rank (Megatron's sequence parallelism; the tp all-reduces become reduce-scatters "
+       "and all-gathers of the same bytes), so those activations take 1/tp of the memory; "
+       "needs seq_len divisible by tp; no effect (with a warning) at tp 1"},
       {DTRAIN_RECIPE_KEY(parallel, bucket_mb),
        "MiB of gradients reduced together as backward produces them (ddp, zero1, zero2)",
        {},
@@ -985,6 +990,52 @@ class Parser {
     return absl::OkStatus();
   }
 
+  // parallel.sequence_parallel splits every micro-batch's tokens evenly over the tp ranks, which
+  // the model does by whole positions only when tp divides train.seq_len (as Megatron requires);
+  // the fixes offered are the nearest seq_len multiples of tp and the nearest tp sizes that both
+  // divide seq_len and fit the model. At tp 1 there is nothing to split: like Megatron, it warns
+  // and runs without it.
+  absl::Status CheckSequenceParallel(const Recipe& r) const {
+    const int tp = r.parallel.tp, seq_len = r.train.seq_len;
+    if (!r.parallel.sequence_parallel) return absl::OkStatus();
+    if (tp == 1) {
+      LogWarn(
+          "%s: true has no effect with parallel.tp: 1 (one rank holds every token); set "
+          "parallel.tp > 1 to split the norms' tokens over ranks, or remove the key",
+          Subject("parallel.sequence_parallel"));
+      return absl::OkStatus();
+    }
+    if (seq_len % tp == 0) return absl::OkStatus();
+    std::vector<std::string> lengths;
+    if (seq_len > tp) lengths.push_back(absl::StrCat(seq_len / tp * tp));
+    if (seq_len / tp * tp + tp <= r.model.max_seq_len) {
+      lengths.push_back(absl::StrCat(seq_len / tp * tp + tp));
+    }
+    const ModelConfig config = ModelConfigFromRecipe(r.model, r.d_ff());
+    int tp_below = 0, tp_above = 0;
+    for (int size = 2; size <= config.n_head; ++size) {
+      if (seq_len % size != 0 || !CheckTensorParallel(config, size).ok()) continue;
+      if (size < tp) tp_below = size;
+      if (size > tp && tp_above == 0) tp_above = size;
+    }
+    std::vector<std::string> sizes;
+    for (const int size : {tp_below, tp_above}) {
+      if (size > 0) sizes.push_back(absl::StrCat(size));
+    }
+    std::string fixes;
+    if (!lengths.empty())
+      absl::StrAppend(&fixes, "train.seq_len: ", absl::StrJoin(lengths, " or "));
+    if (!sizes.empty()) {
+      absl::StrAppend(&fixes, fixes.empty() ? "" : ", ",
+                      "parallel.tp: ", absl::StrJoin(sizes, " or "));
+    }
+    absl::StrAppend(&fixes, fixes.empty() ? "" : ", or ", "parallel.sequence_parallel: false");
+    return Error("parallel.sequence_parallel",
+                 absl::StrCat("splits each sequence's train.seq_len = ", seq_len,
+                              " tokens over parallel.tp = ", tp,
+                              " ranks, which needs seq_len divisible by tp; set ", fixes));
+  }
+
   // Rules that tie keys together. Each names the keys, their values and the fix.
   absl::Status CheckConsistency(const Recipe& r) const {
     const ModelSection& m = r.model;
@@ -1022,6 +1073,7 @@ class Parser {
                                 "and n_head with an even head size"));
     }
     RETURN_IF_ERROR(CheckTensorParallelSize(r));
+    RETURN_IF_ERROR(CheckSequenceParallel(r));
     if (r.parallel.tp > 1 && r.parallel.strategy == "auto") {
       return Error(
           "parallel.strategy",

@@ -84,6 +84,7 @@ struct ParallelSection {
   int pp_virtual_stages = 1;         // model chunks per pipeline stage (interleaved)
 
   std::string recompute = "none";  // none | selective | full (core/model/recompute.h)
+  bool sequence_parallel = false;  // Megatron sequence parallelism in the tp group (tp > 1)
   double bucket_mb = 25;           // gradient all-reduce / reduce-scatter bucket (ddp, zero1/2)
   double prefetch_bucket_mb = 50;  // parameter all-gather unit of zero3
   double timeout_s = 300;          // a collective or rendezvous wait longer than this fails

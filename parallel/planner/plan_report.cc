@@ -236,7 +236,7 @@ std::string RecipeLines(const Layout& layout) {
       "parallel:\n  strategy: %s\n  tp: %d\n  pp: %d\n  recompute: %s\n",
       StrategyName(layout.strategy), layout.tp, layout.pp, RecomputeName(layout.recompute));
   if (layout.sequence_parallel) {
-    absl::StrAppend(&out, "  # sequence parallelism in the TP group: no recipe key yet\n");
+    absl::StrAppend(&out, "  sequence_parallel: true\n");
   }
   if (layout.offload)
     absl::StrAppend(&out, "  # optimizer offload to the host: no recipe key yet\n");

@@ -11,7 +11,9 @@
 namespace dtrain {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 using testing::Outcome;
 using testing::RunDtrain;
@@ -38,6 +40,24 @@ TEST(CliTest, RecipeCheckBadOverrideExits2) {
       absl::StrCat("recipe check ", DTRAIN_SOURCE_DIR, "/configs/tiny.yaml --set train.lr=abc"));
   EXPECT_EQ(outcome.exit_code, 2);
   EXPECT_THAT(outcome.stderr_text, HasSubstr("--set train.lr=abc: expected a number"));
+}
+
+// parallel.sequence_parallel with a tp that does not divide train.seq_len: exit 2 naming the
+// keys and the nearest values, from `recipe check` and from `train` before any rank starts.
+TEST(CliTest, SequenceParallelSeqLenNotDivisibleByTpExits2) {
+  const std::string sets =
+      " --set parallel.tp=4 --set parallel.sequence_parallel=true --set train.seq_len=126";
+  for (const std::string& command :
+       {"recipe check " + std::string(DTRAIN_SOURCE_DIR) + "/configs/tiny.yaml" + sets,
+        "train" + sets}) {
+    SCOPED_TRACE(command);
+    const Outcome outcome = RunDtrain(command);
+    EXPECT_EQ(outcome.exit_code, 2);
+    EXPECT_THAT(outcome.stderr_text,
+                AllOf(HasSubstr("parallel.sequence_parallel"),
+                      HasSubstr("train.seq_len: 124 or 128"), HasSubstr("parallel.tp: 2")));
+    EXPECT_THAT(outcome.stderr_text, Not(HasSubstr("step ")));
+  }
 }
 
 TEST(CliTest, TrainWithBadRecipeExits2BeforeRunning) {

@@ -58,6 +58,25 @@ TEST(RankMemoryTest, EstimateOfATensorParallelRankIsWhatItsEngineAllocates) {
                                          Recompute::kNone, slice));
 }
 
+// Under sequence parallelism the estimate is what the model allocates when it holds half of the
+// residual stream's rows: less than plain tensor parallelism keeps.
+TEST(RankMemoryTest, SequenceParallelEstimateSeesTheSmallerActivations) {
+  Recipe recipe = SmallRecipe("ddp");
+  recipe.parallel.tp = 2;
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  const ModelSlice slice{.tp_rank = 1, .tp_size = 2};
+  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
+  const double plain =
+      EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 1, slice).activation_bytes;
+  recipe.parallel.sequence_parallel = true;
+  const double split =
+      EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 1, slice).activation_bytes;
+  EXPECT_EQ(split, Transformer::ActivationBytes(config, recipe.train.micro_batch,
+                                                recipe.train.seq_len, Recompute::kNone, slice,
+                                                /*sequence_parallel=*/true));
+  EXPECT_LT(split, plain);
+}
+
 // Sharding divides the state over the ranks (ZeRO), activations stay whole on every rank.
 TEST(RankMemoryTest, ShardedStateDividesOverRanks) {
   const Recipe ddp = SmallRecipe("ddp"), zero3 = SmallRecipe("zero3");

@@ -20,7 +20,10 @@
 namespace dtrain {
 namespace {
 
+// 14 tokens: sequence parallelism over 4 ranks pads the last chunk (4 rows each, 2 padding).
 constexpr int kBatch = 2, kTime = 7;
+// A sampling prefix whose 5 rows leave 3 of 4 ranks' chunks padded or empty.
+constexpr int kPrefix = 5;
 constexpr uint64_t kSeed = 11;
 
 std::vector<int32_t> Tokens(int vocab, int salt) {
@@ -35,11 +38,13 @@ std::vector<int32_t> Tokens(int vocab, int salt) {
 struct RankResult {
   double loss = 0;
   std::vector<float> grads;
+  std::vector<float> logits;  // (kPrefix, V) of the first sequence's prefix, after the step
 };
 
-// One training micro-batch (and, under kFull, its recomputation) on the model `table` holds.
+// One training micro-batch (and, under kFull, its recomputation) on the model `table` holds,
+// then the logits of a short prefix.
 RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Recompute recompute,
-                        TensorParallelOps* tensor_parallel) {
+                        TensorParallelOps* tensor_parallel, bool sequence_parallel = false) {
   FlatParameters parameters(table);
   InitParameters(config, table, kSeed, 0, table.total_numel(), parameters.params().data());
   // Init leaves biases 0 and norm weights 1, under which a bias counted on every rank or a
@@ -54,14 +59,19 @@ RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Reco
     });
   }
   CpuBackend backend(1);
-  Transformer model(config, table, parameters, backend, kBatch, kTime, recompute, tensor_parallel);
-  // The memory estimate knows the rank's local sizes (and the replicated kv heads' scratch).
-  EXPECT_EQ(Transformer::ActivationBytes(config, kBatch, kTime, recompute, table.slice()),
+  Transformer model(config, table, parameters, backend, kBatch, kTime, recompute, tensor_parallel,
+                    sequence_parallel);
+  // The memory estimate knows the rank's local sizes (and the replicated kv heads' scratch, and
+  // under sequence parallelism the rows it holds).
+  EXPECT_EQ(Transformer::ActivationBytes(config, kBatch, kTime, recompute, table.slice(),
+                                         sequence_parallel),
             static_cast<double>(model.activation_bytes()));
   const auto inputs = Tokens(config.vocab_size, 1), targets = Tokens(config.vocab_size, 2);
   RankResult result;
   result.loss = model.ForwardBackward(inputs.data(), targets.data(), kBatch, kTime, 0.25f);
   result.grads.assign(parameters.grads().begin(), parameters.grads().end());
+  result.logits.resize(static_cast<size_t>(kPrefix) * config.vocab_size);
+  model.ForwardLogits(inputs.data(), 1, kPrefix, /*last_only=*/false, result.logits.data());
   return result;
 }
 
@@ -69,6 +79,7 @@ struct Case {
   ModelFamily family;
   int tp;
   Recompute recompute;
+  bool sequence_parallel = false;
 };
 
 class TensorParallelTest : public ::testing::TestWithParam<Case> {};
@@ -77,7 +88,9 @@ class TensorParallelTest : public ::testing::TestWithParam<Case> {};
 // parallel group and, when kv heads are replicated, for the ranks sharing one) gives the whole
 // model's loss and, on every rank, its slice of the whole model's gradients: the f and g
 // all-reduces sit where Megatron puts them, row-parallel biases count once, and replicated kv
-// heads sum their gradients over the ranks that hold them.
+// heads sum their gradients over the ranks that hold them. Under sequence parallelism the
+// same, with the norms' gradients summed over the ranks' rows, also where tp does not divide the
+// tokens (the padded chunks); and the logits of a prefix (5 rows over up to 4 ranks) too.
 //
 // Tolerance: both sides compute the same sums of float products, in another order (a rank's
 // partial GEMM over its heads or MLP columns, then the all-reduce), so they differ by float32
@@ -90,6 +103,8 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
   ASSERT_TRUE(CheckTensorParallel(config, c.tp).ok());
   const ParamTable whole(config, ModelSlice{});
   const RankResult reference = TrainOneStep(config, whole, c.recompute, nullptr);
+  float max_logit = 0;
+  for (float l : reference.logits) max_logit = std::max(max_logit, std::abs(l));
   float max_abs = 0;
   for (float g : reference.grads) max_abs = std::max(max_abs, std::abs(g));
   ASSERT_GT(max_abs, 0);
@@ -123,8 +138,28 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
         kv = *std::move(created);
       }
       CommTensorParallel ops(**tp, kv.get());
-      results[rank] = TrainOneStep(config, table, c.recompute, &ops);
+      results[rank] = TrainOneStep(config, table, c.recompute, &ops, c.sequence_parallel);
       EXPECT_TRUE(ops.status().ok()) << ops.status();
+      // The tp group's collectives for one ForwardBackward and one ForwardLogits, L blocks. Plain
+      // tp: an all-reduce per f and g, 4 per block in the step (5 under kFull, whose recomputed
+      // forward sums the attention output again), 2 per block in the logits' forward. Sequence
+      // parallel: each becomes a reduce-scatter or an all-gather (kFull's recomputation gathers
+      // both norm outputs and reduce-scatters the attention output: 3 per block); the final norm
+      // output is gathered for the head in both forwards and d(embedding output) for the
+      // embedding's backward; the norms' weight gradients are summed once per block and once
+      // for the final norm.
+      const int64_t layers = config.n_layer;
+      const int64_t full = c.recompute == Recompute::kFull ? 1 : 0;
+      const CommStats stats = (*tp)->stats();
+      const int64_t plain = 6 * layers + full * layers;
+      if (c.sequence_parallel) {
+        EXPECT_EQ(stats.reduce_scatter.calls, plain);
+        EXPECT_EQ(stats.all_gather.calls, plain + 2 * full * layers - full * layers + 3);
+        EXPECT_EQ(stats.all_reduce.calls, layers + 1);
+      } else {
+        EXPECT_EQ(stats.all_reduce.calls, plain);
+        EXPECT_EQ(stats.reduce_scatter.calls + stats.all_gather.calls, 0);
+      }
     });
   }
   for (std::thread& thread : threads) thread.join();
@@ -132,6 +167,10 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
   for (int rank = 0; rank < c.tp; ++rank) {
     SCOPED_TRACE(::testing::Message() << "rank " << rank);
     EXPECT_NEAR(results[rank].loss, reference.loss, 1e-6 * reference.loss);
+    ASSERT_EQ(results[rank].logits.size(), reference.logits.size());
+    for (size_t i = 0; i < reference.logits.size(); ++i) {
+      ASSERT_NEAR(results[rank].logits[i], reference.logits[i], 1e-5 * max_logit) << "logit " << i;
+    }
     ASSERT_EQ(results[rank].grads.size(), tables[rank]->total_numel());
     for (const TensorEntry& entry : tables[rank]->entries()) {
       const TensorEntry& global = *whole.Find(entry.name);
@@ -194,16 +233,65 @@ TEST(CommTensorParallelTest, MissingKvReplicaGroupIsKeptAsTheStepsError) {
   });
 }
 
+// Sequence parallelism's reduce-scatter plus all-gather of an (N, C) activation moves the same
+// bytes through the tensor-parallel group as the all-reduce it replaces (a ring all-reduce is a
+// reduce-scatter then an all-gather), and the hooks compute the sum and the gather.
+TEST(CommTensorParallelTest, SequenceParallelMovesTheAllReducesBytes) {
+  constexpr int kRanks = 4;
+  constexpr size_t kOwn = 6;  // elements of one rank's rows
+  testing::RunRanksInThreads(kRanks, absl::Seconds(30), [](Communicator& comm) {
+    CommTensorParallel ops(comm, nullptr);
+    const int rank = comm.rank();
+    std::vector<float> partial(kRanks * kOwn);
+    for (size_t i = 0; i < partial.size(); ++i) partial[i] = static_cast<float>(i + rank);
+    std::vector<float> summed = partial;
+    ops.ReduceForward(summed.data(), summed.size());
+    const CommStats after_all_reduce = comm.stats();
+
+    std::vector<float> own(kOwn), gathered(kRanks * kOwn);
+    ops.ScatterRows(partial.data(), own.data(), kOwn);
+    ops.GatherRows(own.data(), gathered.data(), kOwn);
+    ASSERT_TRUE(ops.status().ok()) << ops.status();
+    EXPECT_EQ(gathered, summed);
+    const CommStats stats = comm.stats();
+    const int64_t sp_sent = stats.reduce_scatter.bytes_sent + stats.all_gather.bytes_sent;
+    const int64_t sp_received =
+        stats.reduce_scatter.bytes_received + stats.all_gather.bytes_received;
+    EXPECT_GT(after_all_reduce.all_reduce.bytes_sent, 0);
+    EXPECT_EQ(sp_sent, after_all_reduce.all_reduce.bytes_sent);
+    EXPECT_EQ(sp_received, after_all_reduce.all_reduce.bytes_received);
+    EXPECT_EQ(stats.reduce_scatter.calls, 1);
+    EXPECT_EQ(stats.all_gather.calls, 1);
+    // Gathering in place: this rank's rows already sit at their place in the output.
+    std::vector<float> in_place(kRanks * kOwn, -1.0f);
+    std::copy(own.begin(), own.end(), in_place.begin() + rank * kOwn);
+    ops.GatherRows(in_place.data() + rank * kOwn, in_place.data(), kOwn);
+    EXPECT_EQ(in_place, summed);
+    // A replicated parameter's gradient from each rank's rows: summed over the group.
+    std::vector<float> grad = {static_cast<float>(rank), 1.0f};
+    ops.SumRowGradients(grad.data(), grad.size());
+    EXPECT_EQ(grad, (std::vector<float>{6.0f, 4.0f}));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Models, TensorParallelTest,
     ::testing::Values(Case{ModelFamily::kGpt2, 2, Recompute::kNone},
                       Case{ModelFamily::kGpt2, 4, Recompute::kFull},
                       Case{ModelFamily::kLlama, 2, Recompute::kNone},  // kv heads split
                       Case{ModelFamily::kLlama, 4, Recompute::kNone},  // kv heads replicated
-                      Case{ModelFamily::kLlama, 4, Recompute::kSelective}),
+                      Case{ModelFamily::kLlama, 4, Recompute::kSelective},
+                      // Sequence parallel: 14 tokens split evenly over 2 ranks, padded over 4.
+                      Case{ModelFamily::kGpt2, 2, Recompute::kNone, true},
+                      Case{ModelFamily::kGpt2, 2, Recompute::kSelective, true},
+                      Case{ModelFamily::kGpt2, 4, Recompute::kFull, true},
+                      Case{ModelFamily::kLlama, 2, Recompute::kFull, true},
+                      Case{ModelFamily::kLlama, 4, Recompute::kNone, true},
+                      Case{ModelFamily::kLlama, 4, Recompute::kSelective, true}),
     [](const auto& info) {
       return absl::StrCat(FamilyName(info.param.family), "_tp", info.param.tp, "_",
-                          RecomputeName(info.param.recompute));
+                          RecomputeName(info.param.recompute),
+                          info.param.sequence_parallel ? "_sp" : "");
     });
 
 }  // namespace

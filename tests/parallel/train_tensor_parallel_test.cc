@@ -2,6 +2,7 @@
 // against one process: tensor parallelism alone and composed with data parallelism.
 #include <signal.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -72,11 +73,15 @@ std::vector<testing::RankResult> RunRanks(const std::string& recipe, int world,
   return testing::RunLocalProcesses(argv, world, testing::FreeTcpPort(), absl::Seconds(240));
 }
 
+constexpr char kSequenceParallelSet[] = "parallel.sequence_parallel=true";
+const std::vector<std::string> kSequenceParallel = {kSequenceParallelSet};
+
 struct Layout {
   int world;
   int tp;
   const char* strategy;
   const char* recompute = "none";
+  std::vector<std::string> sets = {};  // more --set overrides for this layout
 };
 
 // The horizon: 20 steps, long enough for AdamW to carry each step's rounding forward.
@@ -102,21 +107,31 @@ void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<
   ASSERT_EQ(reference.val_loss.size(), static_cast<size_t>(kLayoutSteps / 5));
 
   for (const Layout& layout : layouts) {
+    const bool sequence_parallel =
+        std::count(layout.sets.begin(), layout.sets.end(), kSequenceParallelSet) > 0;
     const std::string name = absl::StrCat(family, "_tp", layout.tp, "_dp", layout.world / layout.tp,
-                                          "_", layout.strategy, "_recompute_", layout.recompute);
+                                          "_", layout.strategy, "_recompute_", layout.recompute,
+                                          sequence_parallel ? "_sp" : "");
     SCOPED_TRACE(name);
     const std::string out = testing::FreshTempDir("tp_" + name);
-    const auto ranks =
-        RunRanks(recipe, layout.world,
-                 {"run.out_dir=" + out, steps, absl::StrCat("parallel.tp=", layout.tp),
-                  absl::StrCat("parallel.strategy=", layout.strategy),
-                  absl::StrCat("parallel.recompute=", layout.recompute)});
+    std::vector<std::string> sets = {"run.out_dir=" + out, steps,
+                                     absl::StrCat("parallel.tp=", layout.tp),
+                                     absl::StrCat("parallel.strategy=", layout.strategy),
+                                     absl::StrCat("parallel.recompute=", layout.recompute)};
+    sets.insert(sets.end(), layout.sets.begin(), layout.sets.end());
+    const auto ranks = RunRanks(recipe, layout.world, sets);
     for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
     EXPECT_THAT(ranks[0].output,
                 HasSubstr(absl::StrCat(layout.world / layout.tp, " data-parallel ranks")));
     EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("(recompute ", layout.recompute, ")")));
     EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("tensor parallel: ", layout.tp,
                                                         " ranks share each block's heads")));
+    if (sequence_parallel) {
+      EXPECT_THAT(ranks[0].output,
+                  HasSubstr(absl::StrCat("sequence parallel: each rank's norms and residual adds "
+                                         "run on ",
+                                         2 * 16 / layout.tp, " of a micro-batch's 32 tokens")));
+    }
     const Metrics metrics = ReadMetrics(out);
     ASSERT_EQ(metrics.loss.size(), reference.loss.size());
     ASSERT_EQ(metrics.val_loss.size(), reference.val_loss.size());
@@ -165,6 +180,24 @@ TEST(TrainTensorParallelTest, LlamaFollowsTheSingleProcessTrajectory) {
                                           {4, 2, "zero1", "full"},
                                           {4, 2, "zero3"},
                                           {4, 2, "fsdp", "selective"}});
+}
+
+// Sequence parallelism (each rank's norms and residual adds on 16 / tp of a sequence's tokens,
+// the norms' gradients summed over the tp group) over 20 steps, alone, with zero1 data
+// parallelism and under both recompute modes; the evaluation and the samples run through it too.
+TEST(TrainTensorParallelTest, Gpt2SequenceParallelFollowsTheSingleProcessTrajectory) {
+  ExpectLayoutsFollowOneProcess("gpt2", {{2, 2, "ddp", "none", kSequenceParallel},
+                                         {4, 4, "ddp", "none", kSequenceParallel},
+                                         {4, 2, "zero1", "none", kSequenceParallel},
+                                         {2, 2, "ddp", "selective", kSequenceParallel},
+                                         {2, 2, "ddp", "full", kSequenceParallel}});
+}
+
+TEST(TrainTensorParallelTest, LlamaSequenceParallelFollowsTheSingleProcessTrajectory) {
+  ExpectLayoutsFollowOneProcess("llama", {{2, 2, "ddp", "none", kSequenceParallel},
+                                          {4, 4, "ddp", "none", kSequenceParallel},
+                                          {4, 2, "zero1", "none", kSequenceParallel},
+                                          {2, 2, "ddp", "full", kSequenceParallel}});
 }
 
 // train.export_to at tp 2 x dp 2 (zero3) writes the whole model, every tensor under its name

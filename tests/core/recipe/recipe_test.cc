@@ -301,6 +301,15 @@ INSTANTIATE_TEST_SUITE_P(
         ConsistencyCase{{"parallel.tp=2", "parallel.strategy=auto"},
                         {"parallel.strategy", "auto picks the tensor-parallel degree itself",
                          "parallel.tp: 1"}},
+        // Sequence parallelism splits every sequence's tokens over the tp ranks: the nearest
+        // seq_len multiples of tp, and the nearest tp sizes dividing seq_len that fit the model.
+        ConsistencyCase{
+            {"parallel.tp=4", "parallel.sequence_parallel=true", "train.seq_len=126"},
+            {"--set parallel.sequence_parallel=true", "train.seq_len = 126", "parallel.tp = 4",
+             "train.seq_len: 124 or 128", "parallel.tp: 2,", "parallel.sequence_parallel: false"}},
+        ConsistencyCase{
+            {"parallel.tp=2", "parallel.sequence_parallel=true", "train.seq_len=1"},
+            {"train.seq_len = 1 ", "train.seq_len: 2,", "parallel.sequence_parallel: false"}},
         ConsistencyCase{{"parallel.pp=2"}, {"parallel.pp", "pipeline parallel", "later release"}},
         // The pipeline keys: checked before that, so a recipe learns every fix it needs.
         ConsistencyCase{{"parallel.pp=8"},
@@ -342,6 +351,35 @@ TEST(RecipeTest, TensorParallelSizesThatFitTheModelAreAccepted) {
   EXPECT_TRUE(
       ParseRecipe(kMinimal, "t.yaml", {"model.family=llama", "model.n_kv_head=2", "parallel.tp=4"})
           .ok());
+}
+
+TEST(RecipeTest, SequenceParallelNeedsTpDividingSeqLen) {
+  absl::StatusOr<Recipe> recipe =
+      ParseRecipe(WithMinimal("parallel:\n  tp: 4\n  sequence_parallel: true\n"), "t.yaml", {});
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_TRUE(recipe->parallel.sequence_parallel);
+  EXPECT_FALSE(Recipe().parallel.sequence_parallel);
+  EXPECT_THAT(ErrorOf(WithMinimal("parallel:\n  tp: 4\n  sequence_parallel: true\n"),
+                      {"train.seq_len=130"}),
+              AllOf(HasSubstr("parallel.sequence_parallel at t.yaml:5:22"),
+                    HasSubstr("train.seq_len: 128 or 132")));
+}
+
+// As in Megatron, sequence parallelism at tp 1 (nothing to split) warns and runs without it.
+TEST(RecipeTest, SequenceParallelAtTp1WarnsAndHasNoEffect) {
+  ::testing::internal::CaptureStderr();
+  absl::StatusOr<Recipe> recipe =
+      ParseRecipe(WithMinimal("parallel:\n  sequence_parallel: true\n"), "t.yaml");
+  const std::string warning = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_THAT(warning, AllOf(HasSubstr("parallel.sequence_parallel at t.yaml:4:22"),
+                             HasSubstr("no effect with parallel.tp: 1")));
+  // A seq_len that tp 1 trivially divides: no error either.
+  ::testing::internal::CaptureStderr();
+  EXPECT_TRUE(
+      ParseRecipe(kMinimal, "t.yaml", {"parallel.sequence_parallel=true", "train.seq_len=127"})
+          .ok());
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(), HasSubstr("no effect"));
 }
 
 TEST(RecipeTest, ConsistencyNamesFileLocation) {

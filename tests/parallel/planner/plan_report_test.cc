@@ -80,7 +80,7 @@ TEST(PlanReportTest, RecipeLinesSayWhatTheRecipeCannot) {
                                          .sequence_parallel = true});
   EXPECT_EQ(lines,
             "parallel:\n  strategy: fsdp\n  tp: 4\n  pp: 1\n  recompute: selective\n"
-            "  # sequence parallelism in the TP group: no recipe key yet\n"
+            "  sequence_parallel: true\n"
             "train:\n  micro_batch: 2\n");
 }
 
