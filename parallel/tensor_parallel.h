@@ -20,13 +20,16 @@ class CommTensorParallel final : public TensorParallelOps {
   void ReduceForward(float* x, size_t n) override;
   void ReduceBackward(float* dx, size_t n) override;
   void ReduceKvReplicas(float* dx, size_t n) override;
+  void VocabMax(float* x, size_t n) override;
+  void VocabSum(float* x, size_t n) override;
+  void GatherVocab(const float* local, float* all, size_t n) override;
 
   // The first failed collective (OK when none). After a failure the hooks do nothing, so the
   // step runs to its end on garbage and the caller reports this instead of its result.
   const absl::Status& status() const { return error_; }
 
  private:
-  void SumOver(Communicator* comm, float* x, size_t n);
+  void ReduceOver(Communicator* comm, float* x, size_t n, ReduceOp op);
 
   Communicator& tp_;
   Communicator* kv_replicas_;

@@ -226,8 +226,10 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDim
   if (recipe.parallel.tp > 1) {
     LogInfo(
         "tensor parallel: %d ranks share each block's heads and MLP width (%d query heads, %d kv "
-        "heads, MLP width %d on each)",
-        recipe.parallel.tp, dims.heads, dims.kv_heads, dims.mlp_width);
+        "heads, MLP width %d on each) and the vocabulary (%d padded to %d, %d rows a rank; "
+        "padded rows are never stored)",
+        recipe.parallel.tp, dims.heads, dims.kv_heads, dims.mlp_width, config.vocab_size,
+        dims.vocab_slot * recipe.parallel.tp, dims.vocab_slot);
   }
   LogInfo(
       "MFU is stated against %.1f GFLOP/s per rank, the best measured float32 GEMM of "
@@ -250,19 +252,27 @@ absl::StatusOr<CheckpointRequest> AgreeOnCheckpointSignals(Communicator* world) 
 }
 
 // The whole model's parameters (table layout of ParamTable(config, {})) from the tensor-parallel
-// ranks' shards: all-gathered over `tp` (every rank's table has the same size), then each
-// rank's pieces placed at their global positions.
+// ranks' shards: all-gathered over `tp`, each padded to the largest rank's table (the
+// vocabulary-parallel embedding and head give ranks different row counts), then each rank's
+// pieces placed at their global positions.
 absl::StatusOr<std::vector<float>> GatherTensorParallel(const ModelConfig& config,
                                                         const ParamTable& whole,
                                                         const std::vector<float>& own,
                                                         Communicator& tp) {
-  std::vector<float> shards(own.size() * tp.size());
-  RETURN_IF_ERROR(tp.AllGather(own.data(), shards.data(), own.size())->Wait());
+  std::vector<ParamTable> tables;
+  size_t largest = 0;
+  for (int rank = 0; rank < tp.size(); ++rank) {
+    tables.emplace_back(config, ModelSlice{.tp_rank = rank, .tp_size = tp.size()});
+    largest = std::max(largest, tables.back().total_numel());
+  }
+  std::vector<float> padded(largest);
+  std::copy(own.begin(), own.end(), padded.begin());
+  std::vector<float> shards(largest * tp.size());
+  RETURN_IF_ERROR(tp.AllGather(padded.data(), shards.data(), largest)->Wait());
   std::vector<float> full(whole.total_numel());
   for (int rank = 0; rank < tp.size(); ++rank) {
-    const ParamTable table(config, ModelSlice{.tp_rank = rank, .tp_size = tp.size()});
-    const float* shard = shards.data() + rank * own.size();
-    for (const TensorEntry& entry : table.entries()) {
+    const float* shard = shards.data() + rank * largest;
+    for (const TensorEntry& entry : tables[rank].entries()) {
       const size_t global_offset = whole.Find(entry.name)->offset;
       ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t global, size_t count) {
         std::copy_n(shard + entry.offset + local, count, full.begin() + global_offset + global);

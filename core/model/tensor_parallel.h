@@ -2,7 +2,11 @@
 // block's column-parallel layers (qkv, mlp.up) each start with f: identity forward, all-reduce
 // of the input gradient in backward. Its row-parallel layers (attn.out, mlp.down) each end with
 // g: all-reduce of the partial outputs in forward (the bias added once, after it), identity
-// backward. The model calls these hooks at those points; an implementation over a
+// backward. The vocabulary-parallel embedding is a row-parallel layer (its partial lookups summed
+// by g), the vocabulary-parallel head a column-parallel one (its input gradient summed by f); the
+// head's softmax also combines per-row statistics over the ranks' vocabulary slots (VocabMax,
+// VocabSum) and sampling gathers the slots' logits (GatherVocab). The model calls these hooks at
+// those points; an implementation over a
 // communicator lives in parallel/, so the CPU and a GPU backend share the model code.
 //
 // Every rank of the tensor-parallel group makes the same calls in the same order with the same
@@ -10,6 +14,7 @@
 // model has no Status path): the buffers then hold unspecified values.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 
 namespace dtrain {
@@ -27,6 +32,13 @@ class TensorParallelOps {
   // gradient: dx (n) becomes the sum over the ranks holding the same kv head. Called by every
   // rank of the group, and only when kv heads are replicated.
   virtual void ReduceKvReplicas(float* dx, size_t n) = 0;
+  // The vocabulary-parallel softmax's per-row statistics, all-reduces whatever else the layout
+  // splits: x (n) becomes the maximum (VocabMax) or the sum (VocabSum) over the ranks' values.
+  virtual void VocabMax(float* x, size_t n) = 0;
+  virtual void VocabSum(float* x, size_t n) = 0;
+  // local (n) of every rank -> all (tp * n), rank r's at all[r * n]: the logits of each rank's
+  // vocabulary slot, for sampling.
+  virtual void GatherVocab(const float* local, float* all, size_t n) = 0;
 };
 
 // tp = 1: nothing to communicate.
@@ -35,6 +47,11 @@ class NoTensorParallel final : public TensorParallelOps {
   void ReduceForward(float*, size_t) override {}
   void ReduceBackward(float*, size_t) override {}
   void ReduceKvReplicas(float*, size_t) override {}
+  void VocabMax(float*, size_t) override {}
+  void VocabSum(float*, size_t) override {}
+  void GatherVocab(const float* local, float* all, size_t n) override {
+    std::copy(local, local + n, all);
+  }
 };
 
 }  // namespace dtrain

@@ -11,6 +11,7 @@
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/model/flat_parameters.h"
 #include "core/model/init.h"
+#include "core/model/sampler.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
 #include "parallel/comm/gloo_communicator.h"
@@ -35,6 +36,9 @@ std::vector<int32_t> Tokens(int vocab, int salt) {
 struct RankResult {
   double loss = 0;
   std::vector<float> grads;
+  double eval_loss = 0;                    // ForwardLoss after the step
+  std::vector<float> logits, last_logits;  // ForwardLogits (b, t, V) and (b, V)
+  std::vector<int32_t> sample;             // greedy Generate from the inputs
 };
 
 // One training micro-batch (and, under kFull, its recomputation) on the model `table` holds.
@@ -62,6 +66,16 @@ RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Reco
   RankResult result;
   result.loss = model.ForwardBackward(inputs.data(), targets.data(), kBatch, kTime, 0.25f);
   result.grads.assign(parameters.grads().begin(), parameters.grads().end());
+  // Evaluation and sampling run the same vocabulary-parallel phases without gradients.
+  result.eval_loss = model.ForwardLoss(inputs.data(), targets.data(), kBatch, kTime);
+  result.logits.resize(static_cast<size_t>(kBatch) * kTime * config.vocab_size);
+  model.ForwardLogits(inputs.data(), kBatch, kTime, false, result.logits.data());
+  result.last_logits.resize(static_cast<size_t>(kBatch) * config.vocab_size);
+  model.ForwardLogits(inputs.data(), kBatch, kTime, true, result.last_logits.data());
+  SamplingOptions sampling;
+  sampling.max_new_tokens = 6;
+  sampling.temperature = 1.0f;
+  result.sample = Generate(model, {inputs.begin(), inputs.begin() + kTime}, kTime, sampling);
   return result;
 }
 
@@ -69,6 +83,7 @@ struct Case {
   ModelFamily family;
   int tp;
   Recompute recompute;
+  int vocab = 61;  // the small model's: all of it on rank 0, the other ranks' slots padding
 };
 
 class TensorParallelTest : public ::testing::TestWithParam<Case> {};
@@ -86,7 +101,8 @@ class TensorParallelTest : public ::testing::TestWithParam<Case> {};
 // transformer_test.cc.
 TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
   const Case c = GetParam();
-  const ModelConfig config = testing::SmallModelConfig(c.family);  // llama: 2 kv heads
+  ModelConfig config = testing::SmallModelConfig(c.family);  // llama: 2 kv heads
+  config.vocab_size = c.vocab;
   ASSERT_TRUE(CheckTensorParallel(config, c.tp).ok());
   const ParamTable whole(config, ModelSlice{});
   const RankResult reference = TrainOneStep(config, whole, c.recompute, nullptr);
@@ -132,6 +148,18 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
   for (int rank = 0; rank < c.tp; ++rank) {
     SCOPED_TRACE(::testing::Message() << "rank " << rank);
     EXPECT_NEAR(results[rank].loss, reference.loss, 1e-6 * reference.loss);
+    EXPECT_NEAR(results[rank].eval_loss, reference.eval_loss, 1e-6 * reference.eval_loss);
+    // Logits of order 1 from sums of C = 32 products, each side rounded differently: 1e-5.
+    ASSERT_EQ(results[rank].logits.size(), reference.logits.size());
+    for (size_t i = 0; i < reference.logits.size(); ++i) {
+      ASSERT_NEAR(results[rank].logits[i], reference.logits[i], 1e-5) << "logit " << i;
+    }
+    for (size_t i = 0; i < reference.last_logits.size(); ++i) {
+      ASSERT_NEAR(results[rank].last_logits[i], reference.last_logits[i], 1e-5) << "logit " << i;
+    }
+    // Every rank samples the same real tokens (the sampler draws from the V real logits only).
+    EXPECT_EQ(results[rank].sample, results[0].sample);
+    for (int32_t token : results[rank].sample) EXPECT_LT(token, c.vocab);
     ASSERT_EQ(results[rank].grads.size(), tables[rank]->total_numel());
     for (const TensorEntry& entry : tables[rank]->entries()) {
       const TensorEntry& global = *whole.Find(entry.name);
@@ -167,6 +195,7 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
     if (entry.shape != entry.global_shape) continue;
     for (int rank = 1; rank < c.tp; ++rank) {
       const TensorEntry& other = *tables[rank]->Find(entry.name);
+      if (other.shape != entry.shape) continue;  // a vocabulary all in rank 0's slot
       ASSERT_TRUE(std::equal(results[0].grads.begin() + entry.offset,
                              results[0].grads.begin() + entry.offset + entry.numel,
                              results[rank].grads.begin() + other.offset))
@@ -200,10 +229,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{ModelFamily::kGpt2, 4, Recompute::kFull},
                       Case{ModelFamily::kLlama, 2, Recompute::kNone},  // kv heads split
                       Case{ModelFamily::kLlama, 4, Recompute::kNone},  // kv heads replicated
-                      Case{ModelFamily::kLlama, 4, Recompute::kSelective}),
+                      Case{ModelFamily::kLlama, 4, Recompute::kSelective},
+                      // Vocabulary 97, padded to 128 (tp 2: rows 64 + 33) or 256 (tp 4: 64 + 33
+                      // and two ranks holding no real row).
+                      Case{ModelFamily::kGpt2, 2, Recompute::kNone, 97},
+                      Case{ModelFamily::kGpt2, 4, Recompute::kNone, 97},
+                      Case{ModelFamily::kLlama, 2, Recompute::kNone, 97},
+                      Case{ModelFamily::kLlama, 4, Recompute::kFull, 97}),
     [](const auto& info) {
       return absl::StrCat(FamilyName(info.param.family), "_tp", info.param.tp, "_",
-                          RecomputeName(info.param.recompute));
+                          RecomputeName(info.param.recompute), "_vocab", info.param.vocab);
     });
 
 }  // namespace
