@@ -270,7 +270,7 @@ void Transformer::EmbeddingForward(const int32_t* inputs, int b, int t) {
     return;
   }
   // Exactly one rank looks up each token, so the sum adds only zeros to it: the embedding is
-  // the single process's bit for bit.
+  // the single process's bit for bit (up to the sign of a zero).
   backend_.EmbeddingForward(resid_[0], inputs, tokens, nullptr, b, t, c, dims_.vocab_begin,
                             dims_.vocab_end);
   tp_.ReduceForward(resid_[0], static_cast<size_t>(b) * t * c);
