@@ -302,7 +302,7 @@ absl::Status ExportWeights(const Recipe& recipe, const ModelConfig& config,
 absl::Status TensorParallelStatus(const CommTensorParallel* ops) {
   if (!ops || ops->status().ok()) return absl::OkStatus();
   return absl::Status(ops->status().code(),
-                      absl::StrCat("tensor-parallel all-reduce: ", ops->status().message()));
+                      absl::StrCat("tensor-parallel collective: ", ops->status().message()));
 }
 
 // This rank's part of the training, from the run folder to the exported weights. What every rank

@@ -6,8 +6,8 @@
 // by g), the vocabulary-parallel head a column-parallel one (its input gradient summed by f); the
 // head's softmax also combines per-row statistics over the ranks' vocabulary slots (VocabMax,
 // VocabSum) and sampling gathers the slots' logits (GatherVocab). The model calls these hooks at
-// those points; an implementation over a
-// communicator lives in parallel/, so the CPU and a GPU backend share the model code.
+// those points; an implementation over a communicator lives in parallel/, so the CPU and a GPU
+// backend share the model code.
 //
 // Every rank of the tensor-parallel group makes the same calls in the same order with the same
 // counts. A failed collective is kept by the implementation and reported after the step (the
