@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -79,6 +80,48 @@ RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Reco
   return result;
 }
 
+// Runs fn(table, ops) for every rank of a tp-way split of `config` on its own thread, each with
+// Gloo communicators for the tensor-parallel group and, when kv heads are replicated, for the
+// ranks sharing one. Returns the ranks' tables.
+std::vector<std::unique_ptr<ParamTable>> RunTensorParallelRanks(
+    const ModelConfig& config, int tp_size,
+    const std::function<void(const ParamTable&, TensorParallelOps*)>& fn) {
+  std::vector<std::unique_ptr<ParamTable>> tables(tp_size);
+  auto store = std::make_shared<testing::InMemoryStore>();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < tp_size; ++rank) {
+    tables[rank] =
+        std::make_unique<ParamTable>(config, ModelSlice{.tp_rank = rank, .tp_size = tp_size});
+    threads.emplace_back([&, rank] {
+      const ParamTable& table = *tables[rank];
+      GlooCommunicatorOptions options;
+      options.name = "tp";
+      options.key_prefix = "comm/tp/";
+      options.rank = rank;
+      options.size = tp_size;
+      options.timeout = absl::Seconds(60);
+      auto tp = GlooCommunicator::Create(store, options);
+      ASSERT_TRUE(tp.ok()) << tp.status();
+      std::unique_ptr<GlooCommunicator> kv;
+      const int replicas = table.dims().kv_replicas;
+      if (replicas > 1) {
+        options.name = "kv";
+        options.key_prefix = absl::StrCat("comm/kv.", rank / replicas, "/");
+        options.rank = rank % replicas;
+        options.size = replicas;
+        auto created = GlooCommunicator::Create(store, options);
+        ASSERT_TRUE(created.ok()) << created.status();
+        kv = *std::move(created);
+      }
+      CommTensorParallel ops(**tp, kv.get());
+      fn(table, &ops);
+      EXPECT_TRUE(ops.status().ok()) << ops.status();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return tables;
+}
+
 struct Case {
   ModelFamily family;
   int tp;
@@ -111,39 +154,10 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
   ASSERT_GT(max_abs, 0);
 
   std::vector<RankResult> results(c.tp);
-  std::vector<std::unique_ptr<ParamTable>> tables(c.tp);
-  auto store = std::make_shared<testing::InMemoryStore>();
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < c.tp; ++rank) {
-    tables[rank] =
-        std::make_unique<ParamTable>(config, ModelSlice{.tp_rank = rank, .tp_size = c.tp});
-    threads.emplace_back([&, rank] {
-      const ParamTable& table = *tables[rank];
-      GlooCommunicatorOptions options;
-      options.name = "tp";
-      options.key_prefix = "comm/tp/";
-      options.rank = rank;
-      options.size = c.tp;
-      options.timeout = absl::Seconds(60);
-      auto tp = GlooCommunicator::Create(store, options);
-      ASSERT_TRUE(tp.ok()) << tp.status();
-      std::unique_ptr<GlooCommunicator> kv;
-      const int replicas = table.dims().kv_replicas;
-      if (replicas > 1) {
-        options.name = "kv";
-        options.key_prefix = absl::StrCat("comm/kv.", rank / replicas, "/");
-        options.rank = rank % replicas;
-        options.size = replicas;
-        auto created = GlooCommunicator::Create(store, options);
-        ASSERT_TRUE(created.ok()) << created.status();
-        kv = *std::move(created);
-      }
-      CommTensorParallel ops(**tp, kv.get());
-      results[rank] = TrainOneStep(config, table, c.recompute, &ops);
-      EXPECT_TRUE(ops.status().ok()) << ops.status();
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
+  const std::vector<std::unique_ptr<ParamTable>> tables =
+      RunTensorParallelRanks(config, c.tp, [&](const ParamTable& table, TensorParallelOps* ops) {
+        results[table.slice().tp_rank] = TrainOneStep(config, table, c.recompute, ops);
+      });
 
   for (int rank = 0; rank < c.tp; ++rank) {
     SCOPED_TRACE(::testing::Message() << "rank " << rank);
@@ -201,6 +215,69 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
                              results[rank].grads.begin() + other.offset))
           << entry.name << " rank " << rank;
     }
+  }
+}
+
+// A vocabulary of 349,526 at tp 2 gives slots of 174,784 columns, for which the classifier's
+// chunks are 128 rows (Transformer::VocabChunkRows): a micro-batch of 10 x 16 = 160 tokens runs
+// two chunks, each with its own max and sums all-reduced, and still gives the whole model's loss
+// and head gradient. (A tiny model otherwise: 1 block, d_model 8.) Tolerance as in
+// ShardsGiveTheWholeModelsLossAndGradients.
+TEST(TensorParallelChunksTest, TheClassifierRunsInSeveralChunksOfRows) {
+  ModelConfig config = testing::SmallModelConfig(ModelFamily::kGpt2);
+  config.n_layer = 1;
+  config.n_head = 2;
+  config.n_kv_head = 2;
+  config.head_dim = 4;
+  config.d_model = 8;
+  config.d_ff = 16;
+  config.vocab_size = 349526;
+  const int b = 10, t = 16;
+  ASSERT_EQ(
+      Transformer::VocabChunkRows(LocalDimsOf(config, {.tp_rank = 0, .tp_size = 2}).vocab_slot),
+      128);
+  std::vector<int32_t> inputs(b * t), targets(b * t);
+  for (int i = 0; i < b * t; ++i) {
+    inputs[i] = (i * 7919) % config.vocab_size;
+    targets[i] = i % 13 == 0 ? -1 : (i * 104729 + 3) % config.vocab_size;
+  }
+  struct Result {
+    double loss = 0, eval_loss = 0;
+    std::vector<float> grads;
+  };
+  auto run = [&](const ParamTable& table, TensorParallelOps* ops) {
+    FlatParameters parameters(table);
+    InitParameters(config, table, kSeed, 0, table.total_numel(), parameters.params().data());
+    CpuBackend backend(1);
+    Transformer model(config, table, parameters, backend, b, t, Recompute::kNone, ops);
+    Result result;
+    result.loss = model.ForwardBackward(inputs.data(), targets.data(), b, t, 0.5f);
+    result.eval_loss = model.ForwardLoss(inputs.data(), targets.data(), b, t);
+    result.grads.assign(parameters.grads().begin(), parameters.grads().end());
+    return result;
+  };
+  const ParamTable whole(config, ModelSlice{});
+  const Result reference = run(whole, nullptr);
+  float max_abs = 0;
+  for (float g : reference.grads) max_abs = std::max(max_abs, std::abs(g));
+  std::vector<Result> results(2);
+  const auto tables =
+      RunTensorParallelRanks(config, 2, [&](const ParamTable& table, TensorParallelOps* ops) {
+        results[table.slice().tp_rank] = run(table, ops);
+      });
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(::testing::Message() << "rank " << rank);
+    EXPECT_NEAR(results[rank].loss, reference.loss, 1e-6 * reference.loss);
+    EXPECT_NEAR(results[rank].eval_loss, reference.eval_loss, 1e-6 * reference.eval_loss);
+    const TensorEntry& entry = *tables[rank]->Find("embed.tokens");
+    const TensorEntry& global = *whole.Find("embed.tokens");
+    ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t g, size_t count) {
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_NEAR(results[rank].grads[entry.offset + local + i],
+                    reference.grads[global.offset + g + i], 1e-5 * max_abs)
+            << "embed.tokens local " << local + i;
+      }
+    });
   }
 }
 
