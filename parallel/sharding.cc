@@ -29,8 +29,9 @@ UnitLayout::UnitLayout(const ParamTable& table, size_t unit_bytes, int ranks) : 
   const int last = table.last_region();
   unit_of_.assign(last + 2, -1);
   for (int region = -1; region <= last; ++region) {
+    if (!table.HasRegion(region)) continue;  // a pipeline stage without this region
+    // A held region may be empty (a vocabulary slot of padding only): a unit of no elements.
     const auto [begin, end] = table.BlockRange(region);
-    if (begin == end) continue;  // a pipeline stage without this region
     const bool own_unit = region == -1 || region == last;
     const bool merge = !units_.empty() && !own_unit && units_.back().last_region != -1 &&
                        (units_.back().end - units_.back().begin) * sizeof(float) < unit_bytes;

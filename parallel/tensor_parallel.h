@@ -23,13 +23,15 @@ class CommTensorParallel final : public TensorParallelOps {
   void GatherRows(const float* own, float* gathered, size_t count) override;
   void ScatterRows(const float* partial, float* own, size_t count) override;
   void SumRowGradients(float* grad, size_t n) override;
+  void VocabMax(float* x, size_t n) override;
+  void VocabSum(float* x, size_t n) override;
 
   // The first failed collective (OK when none). After a failure the hooks do nothing, so the
   // step runs to its end on garbage and the caller reports this instead of its result.
   const absl::Status& status() const { return error_; }
 
  private:
-  void SumOver(Communicator* comm, float* x, size_t n);
+  void ReduceOver(Communicator* comm, float* x, size_t n, ReduceOp op);
 
   Communicator& tp_;
   Communicator* kv_replicas_;

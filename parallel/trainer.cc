@@ -94,9 +94,11 @@ absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, const WorldMembersh
   ASSIGN_OR_RETURN(const AutoLayout chosen, ResolveAutoLayout(recipe, world_size, runnable));
   Recipe resolved = recipe;
   RETURN_IF_ERROR(ApplyLayout(chosen.layout, resolved));
-  LogInfo("parallel.strategy auto: %s, tp %d, micro_batch %d, recompute %s (the plan for %d ranks)",
-          resolved.parallel.strategy, resolved.parallel.tp, resolved.train.micro_batch,
-          resolved.parallel.recompute, world_size);
+  LogInfo(
+      "parallel.strategy auto: %s, tp %d%s, micro_batch %d, recompute %s (the plan for %d ranks)",
+      resolved.parallel.strategy, resolved.parallel.tp,
+      resolved.parallel.sequence_parallel ? " with sequence parallelism" : "",
+      resolved.train.micro_batch, resolved.parallel.recompute, world_size);
   if (!chosen.note.empty()) LogInfo("%s", chosen.note);
   return resolved;
 }
@@ -236,8 +238,10 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDim
   if (recipe.parallel.tp > 1) {
     LogInfo(
         "tensor parallel: %d ranks share each block's heads and MLP width (%d query heads, %d kv "
-        "heads, MLP width %d on each)",
-        recipe.parallel.tp, dims.heads, dims.kv_heads, dims.mlp_width);
+        "heads, MLP width %d on each) and the vocabulary (%d padded to %d, %d rows a rank; "
+        "padded rows are never stored)",
+        recipe.parallel.tp, dims.heads, dims.kv_heads, dims.mlp_width, config.vocab_size,
+        dims.vocab_slot * recipe.parallel.tp, dims.vocab_slot);
     if (recipe.parallel.sequence_parallel) {
       LogInfo(
           "sequence parallel: each rank's norms and residual adds run on %d of a micro-batch's "
@@ -267,19 +271,27 @@ absl::StatusOr<CheckpointRequest> AgreeOnCheckpointSignals(Communicator* world) 
 }
 
 // The whole model's parameters (table layout of ParamTable(config, {})) from the tensor-parallel
-// ranks' shards: all-gathered over `tp` (every rank's table has the same size), then each
-// rank's pieces placed at their global positions.
+// ranks' shards: all-gathered over `tp`, each padded to the largest rank's table (the
+// vocabulary-parallel embedding and head give ranks different row counts), then each rank's
+// pieces placed at their global positions.
 absl::StatusOr<std::vector<float>> GatherTensorParallel(const ModelConfig& config,
                                                         const ParamTable& whole,
                                                         const std::vector<float>& own,
                                                         Communicator& tp) {
-  std::vector<float> shards(own.size() * tp.size());
-  RETURN_IF_ERROR(tp.AllGather(own.data(), shards.data(), own.size())->Wait());
+  std::vector<ParamTable> tables;
+  size_t largest = 0;
+  for (int rank = 0; rank < tp.size(); ++rank) {
+    tables.emplace_back(config, ModelSlice{.tp_rank = rank, .tp_size = tp.size()});
+    largest = std::max(largest, tables.back().total_numel());
+  }
+  std::vector<float> padded(largest);
+  std::copy(own.begin(), own.end(), padded.begin());
+  std::vector<float> shards(largest * tp.size());
+  RETURN_IF_ERROR(tp.AllGather(padded.data(), shards.data(), largest)->Wait());
   std::vector<float> full(whole.total_numel());
   for (int rank = 0; rank < tp.size(); ++rank) {
-    const ParamTable table(config, ModelSlice{.tp_rank = rank, .tp_size = tp.size()});
-    const float* shard = shards.data() + rank * own.size();
-    ForEachShardRun(whole, table, [&](size_t shard_index, size_t whole_index, size_t count) {
+    const float* shard = shards.data() + rank * largest;
+    ForEachShardRun(whole, tables[rank], [&](size_t shard_index, size_t whole_index, size_t count) {
       std::copy_n(shard + shard_index, count, full.begin() + whole_index);
     });
   }
@@ -338,7 +350,8 @@ Estimate PlannedLayout(const Recipe& recipe, const Mesh& mesh, Recompute recompu
                 .pp = mesh.shape().pp,
                 .dp = mesh.shape().dp,
                 .micro_batch = recipe.train.micro_batch,
-                .recompute = recompute};
+                .recompute = recompute,
+                .sequence_parallel = recipe.parallel.sequence_parallel && mesh.shape().tp > 1};
   for (Strategy strategy :
        {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3, Strategy::kFsdp}) {
     if (StrategyName(strategy) == recipe.parallel.strategy) layout.strategy = strategy;

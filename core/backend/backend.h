@@ -83,11 +83,16 @@ class Backend {
   virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                  const float* lse, const AttentionShape& shape) = 0;
 
-  // out (B*T, C) = token_embedding[tokens] + position_embedding[t] (may be null).
+  // out (B*T, C) = token_embedding[tokens] + position_embedding[t] (may be null). The token
+  // table holds the vocabulary rows [vocab_begin, vocab_end) (all of them: [0, V)); a token
+  // outside them looks up zeros (a vocabulary-parallel rank's share, summed over the ranks).
   virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
-                                const float* position_embedding, int b, int t, int c) = 0;
+                                const float* position_embedding, int b, int t, int c,
+                                int vocab_begin, int vocab_end) = 0;
+  // Accumulates only the rows [vocab_begin, vocab_end) of the token table.
   virtual void EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
-                                 const float* dout, const int32_t* tokens, int b, int t, int c) = 0;
+                                 const float* dout, const int32_t* tokens, int b, int t, int c,
+                                 int vocab_begin, int vocab_end) = 0;
 
   // Output layer fused with softmax and cross-entropy, never holding all (N, V) logits:
   // logits = x (N, C) @ weight (V, C)^T; returns the sum over rows of -log p(target). Rows with
@@ -96,6 +101,28 @@ class Backend {
   virtual double ClassifierForwardBackward(float* dx, float* dweight, const float* x,
                                            const float* weight, const int32_t* targets, int n,
                                            int c, int v, float grad_scale) = 0;
+
+  // The same classifier split over the vocabulary (tensor parallelism), in phases between which
+  // the model combines per-row statistics over the ranks. A rank holds the head's rows
+  // [vocab_begin, vocab_begin + v) (v may be 0) and, per chunk of N rows, computes its logits
+  // (N, v) with LinearForward, then:
+  //  1. ClassifierRowMax: max (N) = each row's maximum logit (-inf when v = 0); the model takes
+  //     the maximum over the ranks.
+  //  2. ClassifierExpSums: logits (N, v) become exp(logit - max), sums (N) their row sums and
+  //     target_logits (N) the target's logit where this rank holds it (0 elsewhere and for
+  //     targets < 0); the model sums both over the ranks.
+  //  3. ClassifierLossSum: the sum over rows of max + log(sum) - target logit, in double, rows
+  //     with target < 0 ignored.
+  //  4. For gradients, ClassifierLogitsBackward: the exponentials become
+  //     dlogits = (exp / sum - onehot(target)) * grad_scale (0 for ignored rows), from which
+  //     LinearBackward gives the rank's partial dx (summed over the ranks) and dweight.
+  virtual void ClassifierRowMax(float* max, const float* logits, int n, int v) = 0;
+  virtual void ClassifierExpSums(float* logits, float* sums, float* target_logits, const float* max,
+                                 const int32_t* targets, int n, int v, int vocab_begin) = 0;
+  virtual double ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
+                                   const int32_t* targets, int n) = 0;
+  virtual void ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets,
+                                        int n, int v, int vocab_begin, float grad_scale) = 0;
 
   // out = a + b, elementwise.
   virtual void Add(float* out, const float* a, const float* b, size_t n) = 0;

@@ -1,5 +1,6 @@
 #include "core/model/param_table.h"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -23,8 +24,14 @@ LocalDims LocalDimsOf(const ModelConfig& config, const ModelSlice& slice) {
   dims.kv_replicas = split_kv ? 1 : tp / config.n_kv_head;
   dims.mlp_width = config.d_ff / tp;
   dims.mlp_up_width = config.family == ModelFamily::kGpt2 ? dims.mlp_width : 2 * dims.mlp_width;
-  dims.vocab_begin = 0;  // the vocabulary is whole on every rank (vocab-parallel: a later step)
-  dims.vocab_end = config.vocab_size;
+  // Multiples of 64 keep each slot's logits GEMM aligned (Megatron-LM pads the same way); tp = 1
+  // pads nothing, so its tables, checkpoints and numerics are those of an unsplit model.
+  const int v = config.vocab_size;
+  const int granule = 64 * tp;
+  dims.vocab_parallel = tp > 1;
+  dims.vocab_slot = tp == 1 ? v : (v + granule - 1) / granule * granule / tp;
+  dims.vocab_begin = std::min(v, slice.tp_rank * dims.vocab_slot);
+  dims.vocab_end = std::min(v, (slice.tp_rank + 1) * dims.vocab_slot);
   return dims;
 }
 
@@ -37,6 +44,9 @@ ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice)
   const bool split_kv = dims_.kv_replicas == 1;
   const int64_t heads = dims_.heads, kv_heads = dims_.kv_heads, ff = dims_.mlp_width;
   const int64_t v = config.vocab_size;
+  // The vocabulary-parallel embedding and head: this rank's real vocabulary rows.
+  const std::vector<RowRange> vocab_rows = {{dims_.vocab_begin, dims_.vocab_rows()}};
+  const int64_t local_v = dims_.vocab_rows();
   const int64_t first_kv = split_kv ? r * kv_heads : r / dims_.kv_replicas;
   // The fused qkv rows are [Q (all heads); K; V]: a rank's rows are its heads' rows of each.
   const std::vector<RowRange> qkv_rows = {
@@ -57,7 +67,7 @@ ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice)
 
   token_embedding_ = position_embedding_ = final_norm_w_ = final_norm_b_ = head_ = kAbsent;
   if (has_embedding) {
-    token_embedding_ = Add("embed.tokens", {v, c}, -1);
+    token_embedding_ = Add("embed.tokens", {local_v, c}, -1, {v, c}, vocab_rows);
     if (config.has_position_embedding()) {
       position_embedding_ = Add("embed.positions", {config.max_seq_len, c}, -1);
     }
@@ -88,8 +98,9 @@ ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice)
     if (gpt2) final_norm_b_ = Add("final_norm.bias", {c}, config.n_layer);
     // GPT-2 ties the output layer to the token embedding; a pipeline's last stage without the
     // embedding would hold its own copy (a later issue).
-    head_ = config.tied_head() && has_embedding ? token_embedding_
-                                                : Add("head.weight", {v, c}, config.n_layer);
+    head_ = config.tied_head() && has_embedding
+                ? token_embedding_
+                : Add("head.weight", {local_v, c}, config.n_layer, {v, c}, vocab_rows);
   }
 }
 
@@ -145,6 +156,11 @@ const TensorEntry* ParamTable::Find(const std::string& name) const {
     if (entry.name == name) return &entry;
   }
   return nullptr;
+}
+
+bool ParamTable::HasRegion(int block) const {
+  return std::any_of(entries_.begin(), entries_.end(),
+                     [block](const TensorEntry& entry) { return entry.block == block; });
 }
 
 std::pair<size_t, size_t> ParamTable::BlockRange(int block) const {

@@ -70,8 +70,16 @@ struct LocalDims {
   int head_dim = 0;
   int mlp_width = 0;     // F: the MLP's hidden width (per SwiGLU branch)
   int mlp_up_width = 0;  // F (GPT-2) or 2F (Llama: gate and up)
-  int vocab_begin = 0;   // the vocabulary rows held, [vocab_begin, vocab_end)
+  // Vocabulary parallelism: at tp > 1 the vocabulary is padded to a multiple of tp x 64 and
+  // rank r owns the slot [r * vocab_slot, (r + 1) * vocab_slot) of it; it holds (and computes
+  // logits for) only the slot's real rows, [vocab_begin, vocab_end) = the slot clipped to
+  // [0, V), which may be empty. Padded rows are never stored, so they never reach the loss, a
+  // sample, a checkpoint or an export. At tp = 1: the whole vocabulary, vocab_slot = V.
+  bool vocab_parallel = false;  // tp > 1
+  int vocab_begin = 0;
   int vocab_end = 0;
+  int vocab_slot = 0;
+  int vocab_rows() const { return vocab_end - vocab_begin; }
   int attn_width() const { return heads * head_dim; }
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
 };
@@ -102,6 +110,9 @@ class ParamTable {
   // [begin, end) float range of region `block`'s tensors in the flat buffer: -1 the embeddings,
   // 0..n_layer-1 a block, n_layer the final norm and head ({0, 0} when this slice lacks it).
   std::pair<size_t, size_t> BlockRange(int block) const;
+  // Whether this slice holds region `block`, even with no elements: a Llama tensor-parallel
+  // rank whose vocabulary slot is all padding holds the embeddings region as an empty tensor.
+  bool HasRegion(int block) const;
 
   // The [begin, end) table ranges whose values this rank counts toward whole-model totals such
   // as the gradient norm, so that the tensor-parallel ranks together count every element of the

@@ -2,8 +2,12 @@
 // block's column-parallel layers (qkv, mlp.up) each start with f: identity forward, all-reduce
 // of the input gradient in backward. Its row-parallel layers (attn.out, mlp.down) each end with
 // g: all-reduce of the partial outputs in forward (the bias added once, after it), identity
-// backward. The model calls these hooks at those points; an implementation over a
-// communicator lives in parallel/, so the CPU and a GPU backend share the model code.
+// backward. The vocabulary-parallel embedding is a row-parallel layer (its partial lookups summed
+// by g), the vocabulary-parallel head a column-parallel one (its input gradient summed by f); the
+// head's softmax also combines per-row statistics over the ranks' vocabulary slots (VocabMax,
+// VocabSum) and sampling gathers the slots' logits (GatherRows). The model calls these hooks at
+// those points; an implementation over a communicator lives in parallel/, so the CPU and a GPU
+// backend share the model code.
 //
 // Under sequence parallelism the norms and residual adds between those layers run on a chunk of
 // the micro-batch's token rows on each rank: f becomes an all-gather of the chunks forward (a
@@ -44,6 +48,10 @@ class TensorParallelOps {
   // A parameter every rank holds whole but applied to its own rows only (a norm under sequence
   // parallelism): its gradient grad (n) becomes the sum over the group.
   virtual void SumRowGradients(float* grad, size_t n) = 0;
+  // The vocabulary-parallel softmax's per-row statistics, all-reduces whatever else the layout
+  // splits: x (n) becomes the maximum (VocabMax) or the sum (VocabSum) over the ranks' values.
+  virtual void VocabMax(float* x, size_t n) = 0;
+  virtual void VocabSum(float* x, size_t n) = 0;
 };
 
 // tp = 1: nothing to communicate.
@@ -59,6 +67,8 @@ class NoTensorParallel final : public TensorParallelOps {
     std::copy_n(partial, count, own);
   }
   void SumRowGradients(float*, size_t) override {}
+  void VocabMax(float*, size_t) override {}
+  void VocabSum(float*, size_t) override {}
 };
 
 }  // namespace dtrain

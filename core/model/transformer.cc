@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace dtrain {
 namespace {
@@ -11,6 +12,13 @@ constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
 // Rows of the residual stream one of `chunks` ranks holds for `tokens` token rows (the
 // constructor's split; chunks = 1 without sequence parallelism).
 int64_t OwnRows(int64_t tokens, int chunks) { return (tokens + chunks - 1) / chunks; }
+
+// The vocabulary-parallel classifier's chunk rows for micro-batches of up to max_tokens (0 at
+// tp = 1, whose fused kernel keeps its chunk in the backend's scratch).
+int VocabChunkCapacity(const LocalDims& dims, int max_tokens) {
+  return dims.vocab_parallel ? std::min(max_tokens, Transformer::VocabChunkRows(dims.vocab_slot))
+                             : 0;
+}
 
 // The activation arena's size in floats: in size_t to allocate it, in double to check a size
 // before allocating without overflow (AllocateActivations lays it out in this order). `chunks`
@@ -34,13 +42,15 @@ T ArenaFloats(const ModelConfig& config, const LocalDims& dims, int max_batch, i
   const T saved_cores = static_cast<T>(recompute == Recompute::kNone ? config.n_layer : 1);
   const T qkv_weight_grad = dims.kv_replicas > 1 ? qkv * c : 0;
   const T sequence_parallel = chunks > 1 ? r * c + 4 * c : 0;
+  const T vocab_rows = static_cast<T>(VocabChunkCapacity(dims, static_cast<int>(tokens)));
   return (static_cast<T>(config.n_layer) + 1) * r * c   // block inputs and the last output
          + saved_blocks * per_block                     // saved activations
          + saved_cores * core                           // saved attention cores
          + g * c + 2 * r                                // final norm
          + r * c + 2 * g * c + n * (qkv + hd + up + f)  // backward scratch, branch output
          + sequence_parallel                            // own rows of d(norm), norm gradients
-         + qkv_weight_grad;                             // replicated kv heads' weight gradient
+         + qkv_weight_grad                              // replicated kv heads' weight gradient
+         + vocab_rows * (dims.vocab_rows() + 3);        // vocabulary-parallel logits and stats
 }
 
 // The number of ranks the residual stream is split over.
@@ -49,6 +59,13 @@ int RowChunks(const ModelSlice& slice, bool sequence_parallel) {
 }
 
 }  // namespace
+
+int Transformer::VocabChunkRows(int vocab_slot) {
+  constexpr size_t kBudgetValues = (size_t{128} << 20) / sizeof(float);
+  const size_t rows = kBudgetValues / static_cast<size_t>(std::max(vocab_slot, 1));
+  if (rows >= (size_t{1} << 30)) return 1 << 30;
+  return std::max(128, static_cast<int>(rows / 64 * 64));
+}
 
 double Transformer::ActivationBytes(const ModelConfig& config, int max_batch, int max_time,
                                     Recompute recompute, const ModelSlice& slice,
@@ -170,27 +187,37 @@ void Transformer::FinishNormGrads(const RegionView& grads, std::initializer_list
   }
 }
 
-void Transformer::EmbedOwnRows(const int32_t* inputs, int b, int t, const RowSplit& rows) {
+void Transformer::EmbeddingForward(const int32_t* inputs, int b, int t, const RowSplit& rows) {
   const int c = config_.d_model;
-  const float* token = embeddings_(table_.token_embedding());
-  const float* position = embeddings_(table_.position_embedding());
+  const float* tokens = embeddings_(table_.token_embedding());
+  // Vocabulary-parallel (tp > 1): each rank looks up only the tokens in its rows (zeros for the
+  // others) and g sums the ranks' lookups; the replicated position embedding joins on tp rank 0
+  // only. Exactly one rank contributes each of the two terms, so the sum adds only zeros to
+  // them: the embedding is the single process's bit for bit (up to the sign of a zero).
+  const float* positions =
+      table_.slice().tp_rank == 0 ? embeddings_(table_.position_embedding()) : nullptr;
   if (!sequence_parallel_) {
-    backend_.EmbeddingForward(resid_[0], inputs, token, position, b, t, c);
+    backend_.EmbeddingForward(resid_[0], inputs, tokens, positions, b, t, c, dims_.vocab_begin,
+                              dims_.vocab_end);
+    if (dims_.vocab_parallel) tp_.ReduceForward(resid_[0], static_cast<size_t>(b) * t * c);
     return;
   }
-  backend_.EmbeddingForward(branch_out_, inputs, token, position, b, t, c);
+  // Under sequence parallelism g is a reduce-scatter into this rank's rows of the stream.
+  backend_.EmbeddingForward(branch_out_, inputs, tokens, positions, b, t, c, dims_.vocab_begin,
+                            dims_.vocab_end);
   backend_.Zero(branch_out_ + static_cast<size_t>(rows.n) * c,
                 static_cast<size_t>(rows.padded - rows.n) * c);
-  // A host copy: the whole-vocabulary embedding is computed on every rank, so the own rows need
-  // no communication.
-  std::copy_n(branch_out_ + static_cast<size_t>(rows.begin) * c, static_cast<size_t>(rows.own) * c,
-              resid_[0]);
+  tp_.ScatterRows(branch_out_, resid_[0], static_cast<size_t>(rows.own) * c);
 }
 
 void Transformer::EmbeddingBackward(const int32_t* inputs, int b, int t, const RowSplit& rows) {
+  // Every rank needs d(embedding output) for all rows (gathered under sequence parallelism), and
+  // adds it to the token rows it holds; the position embedding's gradient is then the same on
+  // every rank.
   const RegionView grads = Grads(-1);
   backend_.EmbeddingBackward(grads(table_.token_embedding()), grads(table_.position_embedding()),
-                             BranchOutputGrad(d_resid_, rows), inputs, b, t, config_.d_model);
+                             BranchOutputGrad(d_resid_, rows), inputs, b, t, config_.d_model,
+                             dims_.vocab_begin, dims_.vocab_end);
 }
 
 void Transformer::AllocateActivations(int max_batch, int max_time) {
@@ -255,6 +282,9 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
     norm_grads_ = take(4 * c);
   }
   d_qkv_weight_ = qkv_weight_grad > 0 ? take(qkv_weight_grad) : nullptr;
+  vocab_chunk_rows_ = VocabChunkCapacity(dims_, max_tokens_);
+  vocab_logits_ = take(static_cast<size_t>(vocab_chunk_rows_) * dims_.vocab_rows());
+  vocab_stats_ = take(3 * static_cast<size_t>(vocab_chunk_rows_));
 }
 
 Transformer::BlockActivations& Transformer::ActivationsFor(int layer) {
@@ -373,11 +403,48 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
   FinishNormGrads(grads, {w.norm2_w, w.norm1_w, w.norm2_b, w.norm1_b});
 }
 
+double Transformer::Classifier(float* dx, float* dhead, const int32_t* targets, int n,
+                               float grad_scale) {
+  const int c = config_.d_model;
+  if (!dims_.vocab_parallel) {
+    return backend_.ClassifierForwardBackward(dx, dhead, final_norm_, HeadWeight(), targets, n, c,
+                                              config_.vocab_size, grad_scale);
+  }
+  const int v = dims_.vocab_rows();  // may be 0: this rank's slot is all padding
+  const float* weight = HeadWeight();
+  double loss = 0;
+  for (int r0 = 0; r0 < n; r0 += vocab_chunk_rows_) {
+    const int rows = std::min(vocab_chunk_rows_, n - r0);
+    const float* x = final_norm_ + static_cast<size_t>(r0) * c;
+    const int32_t* chunk_targets = targets + r0;
+    float* max = vocab_stats_;  // (rows)
+    float* sums = max + rows;   // (rows), then target_logits (rows)
+    float* target_logits = sums + rows;
+    if (v > 0) backend_.LinearForward(vocab_logits_, x, weight, nullptr, rows, c, v);
+    backend_.ClassifierRowMax(max, vocab_logits_, rows, v);
+    tp_.VocabMax(max, rows);
+    backend_.ClassifierExpSums(vocab_logits_, sums, target_logits, max, chunk_targets, rows, v,
+                               dims_.vocab_begin);
+    tp_.VocabSum(sums, 2 * static_cast<size_t>(rows));
+    loss += backend_.ClassifierLossSum(max, sums, target_logits, chunk_targets, rows);
+    if (dx == nullptr) continue;
+    float* dx_chunk = dx + static_cast<size_t>(r0) * c;
+    if (v == 0) {
+      backend_.Zero(dx_chunk, static_cast<size_t>(rows) * c);
+      continue;
+    }
+    backend_.ClassifierLogitsBackward(vocab_logits_, sums, chunk_targets, rows, v,
+                                      dims_.vocab_begin, grad_scale);
+    backend_.LinearBackward(dx_chunk, dhead, nullptr, vocab_logits_, x, weight, rows, c, v);
+  }
+  return loss;
+}
+
 void Transformer::Forward(const int32_t* inputs, int b, int t) {
   const int c = config_.d_model;
   const RowSplit rows = SplitRows(b * t);
   embeddings_ = Params(-1, Pass::kForward);
-  EmbedOwnRows(inputs, b, t, rows);
+  EmbeddingForward(inputs, b, t, rows);
   if (!config_.tied_head()) parameters_.Release(-1, Pass::kForward);
   for (int l = 0; l < config_.n_layer; ++l) {
     BlockForward(l, Params(l, Pass::kForward), ActivationsFor(l), resid_[l], resid_[l + 1], b, t);
@@ -418,13 +485,10 @@ double Transformer::ForwardBackward(const int32_t* inputs, const int32_t* target
   // backward, at the very end).
   float* dhead = config_.tied_head() ? Grads(-1)(table_.head()) : grads(table_.head());
   // The classifier's backward runs with its forward, so the (N, V) logits never exist whole.
-  const double loss_sum = backend_.ClassifierForwardBackward(
-      d_norm_, dhead, final_norm_, HeadWeight(), targets, n, c, config_.vocab_size, grad_scale);
+  const double loss_sum = Classifier(d_norm_, dhead, targets, n, grad_scale);
   const RowSplit rows = SplitRows(n);
-  // The head ran on every row on every rank, so d_norm_ is whole everywhere: the final norm's
-  // backward takes this rank's rows of it without communication (padding zeroed).
-  backend_.Zero(d_norm_ + static_cast<size_t>(n) * c, static_cast<size_t>(rows.padded - n) * c);
-  const float* dnorm = d_norm_ + static_cast<size_t>(rows.begin) * c;
+  // f of the column-parallel head: every rank's share of d(final norm output), summed.
+  const float* dnorm = NormOutputGrad(rows);
   backend_.Zero(d_resid_, static_cast<size_t>(rows.own) * c);
   const float* last = resid_[config_.n_layer];
   BeginNormGrads();
@@ -458,9 +522,7 @@ double Transformer::ForwardBackward(const int32_t* inputs, const int32_t* target
 
 double Transformer::ForwardLoss(const int32_t* inputs, const int32_t* targets, int b, int t) {
   Forward(inputs, b, t);
-  const double loss =
-      backend_.ClassifierForwardBackward(nullptr, nullptr, final_norm_, HeadWeight(), targets,
-                                         b * t, config_.d_model, config_.vocab_size, 0.0f);
+  const double loss = Classifier(nullptr, nullptr, targets, b * t, 0.0f);
   ReleaseHead();
   return loss;
 }
@@ -470,14 +532,53 @@ void Transformer::ForwardLogits(const int32_t* inputs, int b, int t, bool last_o
   Forward(inputs, b, t);
   const int c = config_.d_model;
   const int v = config_.vocab_size;
-  if (last_only) {
-    for (int i = 0; i < b; ++i) {
-      const float* row = final_norm_ + (static_cast<size_t>(i) * t + t - 1) * c;
-      backend_.LinearForward(logits + static_cast<size_t>(i) * v, row, HeadWeight(), nullptr, 1, c,
-                             v);
+  const int rows = last_only ? b : b * t;
+  // Output row r's input: the final norm of its token.
+  auto input_row = [&](int r) {
+    return final_norm_ + (last_only ? static_cast<size_t>(r) * t + t - 1 : r) * c;
+  };
+  if (!dims_.vocab_parallel) {
+    if (last_only) {
+      for (int i = 0; i < b; ++i) {
+        backend_.LinearForward(logits + static_cast<size_t>(i) * v, input_row(i), HeadWeight(),
+                               nullptr, 1, c, v);
+      }
+    } else {
+      backend_.LinearForward(logits, final_norm_, HeadWeight(), nullptr, b * t, c, v);
     }
-  } else {
-    backend_.LinearForward(logits, final_norm_, HeadWeight(), nullptr, b * t, c, v);
+    ReleaseHead();
+    return;
+  }
+  // Each rank computes its slot's real logits; the slots, gathered in rank order, are the
+  // padded vocabulary, of which the first V columns are the real tokens.
+  const int slot = dims_.vocab_slot;
+  const int local_v = dims_.vocab_rows();
+  const int tp = table_.slice().tp_size;
+  std::vector<float> local(static_cast<size_t>(std::min(rows, vocab_chunk_rows_)) * slot);
+  std::vector<float> all(local.size() * tp);
+  for (int r0 = 0; r0 < rows; r0 += vocab_chunk_rows_) {
+    const int chunk = std::min(vocab_chunk_rows_, rows - r0);
+    if (local_v > 0 && last_only) {
+      for (int i = 0; i < chunk; ++i) {
+        backend_.LinearForward(vocab_logits_ + static_cast<size_t>(i) * local_v, input_row(r0 + i),
+                               HeadWeight(), nullptr, 1, c, local_v);
+      }
+    } else if (local_v > 0) {
+      backend_.LinearForward(vocab_logits_, input_row(r0), HeadWeight(), nullptr, chunk, c,
+                             local_v);
+    }
+    for (int i = 0; i < chunk; ++i) {
+      const float* row = vocab_logits_ + static_cast<size_t>(i) * local_v;
+      std::copy(row, row + local_v, local.begin() + static_cast<size_t>(i) * slot);
+    }
+    tp_.GatherRows(local.data(), all.data(), static_cast<size_t>(chunk) * slot);
+    for (int rank = 0; rank < tp; ++rank) {
+      const int begin = std::min(v, rank * slot), end = std::min(v, (rank + 1) * slot);
+      for (int i = 0; i < chunk; ++i) {
+        const float* from = all.data() + (static_cast<size_t>(rank) * chunk + i) * slot;
+        std::copy(from, from + (end - begin), logits + static_cast<size_t>(r0 + i) * v + begin);
+      }
+    }
   }
   ReleaseHead();
 }

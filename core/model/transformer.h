@@ -72,8 +72,16 @@ class Transformer {
                          float grad_scale);
   // Sum of token losses, no gradients.
   double ForwardLoss(const int32_t* inputs, const int32_t* targets, int b, int t);
-  // Logits (b, t, V), or only the last position's (b, V) when last_only.
+  // Logits (b, t, V), or only the last position's (b, V) when last_only: the V real tokens'
+  // only, whatever the vocabulary's padding for tensor parallelism.
   void ForwardLogits(const int32_t* inputs, int b, int t, bool last_only, float* logits);
+
+  // Rows per chunk of the vocabulary-parallel classifier (tp > 1) for a vocabulary slot of
+  // `vocab_slot` columns (LocalDims::vocab_slot): as many as fit in 128 MiB of logits, a
+  // multiple of 64 and at least 128 (the CPU fused kernel's budget). A function of the model
+  // and tp only, so every rank cuts a micro-batch of n rows into the same ceil(n / rows) chunks
+  // and issues the same collectives.
+  static int VocabChunkRows(int vocab_slot);
 
  private:
   // Saved activations of one block, pointers into the arena. (N = b*t tokens; R the rows of the
@@ -140,10 +148,13 @@ class Transformer {
   void BeginNormGrads();
   // `offsets` in slot order, absent tensors (kAbsent) last.
   void FinishNormGrads(const RegionView& grads, std::initializer_list<size_t> offsets);
-  // The embedding's output rows this rank holds into resid_[0], and the embedding backward from
-  // d_resid_ (R, C): under sequence parallelism every rank embeds all N rows and keeps its own,
-  // so backward first gathers every rank's rows.
-  void EmbedOwnRows(const int32_t* inputs, int b, int t, const RowSplit& rows);
+  // resid_[0] (R, C) = this rank's rows of the inputs' token (and position) embeddings. At
+  // tp > 1 vocabulary-parallel: each rank looks up the tokens in its rows (zeros for the others)
+  // and g sums the ranks' lookups (a reduce-scatter into this rank's rows under sequence
+  // parallelism).
+  void EmbeddingForward(const int32_t* inputs, int b, int t, const RowSplit& rows);
+  // Adds d(embedding output), from d_resid_ (R, C) and gathered from every rank under sequence
+  // parallelism, to the token rows this rank holds and to the position embedding.
   void EmbeddingBackward(const int32_t* inputs, int b, int t, const RowSplit& rows);
   // Block `layer` from resid_[layer] into resid_[layer + 1] (the output is skipped when
   // `out` is null: recomputation only needs the saved activations).
@@ -152,6 +163,12 @@ class Transformer {
   // dresid holds d(block output) on entry and d(block input) on return.
   void BlockBackward(int layer, const RegionView& params, const RegionView& grads,
                      BlockActivations& a, const float* in, float* dresid, int b, int t);
+  // The classifier on final_norm_ (N, C): returns the sum of token losses (targets < 0 ignored);
+  // when dx is not null also writes dx (N, C) and accumulates dhead for the loss sum scaled by
+  // grad_scale. At tp = 1 the backend's fused kernel; at tp > 1 its vocabulary-parallel phases
+  // per chunk of VocabChunkRows rows (the max and the sums combined over the ranks), each rank's
+  // dx its slot's share (the caller's f, NormOutputGrad, sums them).
+  double Classifier(float* dx, float* dhead, const int32_t* targets, int n, float grad_scale);
   // Embedding, all blocks and the final norm, whose output is left in final_norm_. The final
   // region (and, when the head is tied, the embeddings) stay acquired: the caller uses the
   // head, then calls ReleaseHead.
@@ -192,6 +209,12 @@ class Transformer {
   // (4, C) a block's (or the final) norm weight and bias gradients before they are summed.
   float* d_own_rows_ = nullptr;
   float* norm_grads_ = nullptr;
+  // Vocabulary-parallel classifier scratch (tp > 1 only): one chunk's logits (rows, vocab_rows)
+  // and its per-row max, sums and target logits (3, rows), the last two adjacent so that one
+  // all-reduce sums them.
+  float* vocab_logits_ = nullptr;
+  float* vocab_stats_ = nullptr;
+  int vocab_chunk_rows_ = 0;
   // (qkv_width, C): one micro-batch's qkv weight gradient, whose replicated kv rows are summed
   // over their ranks before it is added (only when kv heads are replicated).
   float* d_qkv_weight_ = nullptr;

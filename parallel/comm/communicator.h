@@ -21,7 +21,9 @@
 namespace dtrain {
 
 // kAvg is the sum divided by size(), applied once to the reduced result; floating types only.
-enum class ReduceOp { kSum, kAvg };
+// kMax is the elementwise maximum (i64 signed, u64 unsigned; a bf16 maximum rounds nothing): the
+// vocabulary-parallel softmax's row maximum.
+enum class ReduceOp { kSum, kAvg, kMax };
 
 // Integers travel as integers and sum exactly (wrapping on overflow); kBF16 reduces in float and
 // rounds each partial sum to bf16, as NCCL does.

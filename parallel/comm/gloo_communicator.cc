@@ -85,6 +85,24 @@ void Add(void* dst, const void* a, const void* b, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = x[i] + y[i];
 }
 
+// dst = max(a, b) over n elements (dst may alias a or b).
+template <typename T>
+void Max(void* dst, const void* a, const void* b, size_t n) {
+  T* d = static_cast<T*>(dst);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) d[i] = std::max(x[i], y[i]);
+}
+
+void MaxBFloat16(void* dst, const void* a, const void* b, size_t n) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    d[i] = BFloat16ToFloat(x[i]) >= BFloat16ToFloat(y[i]) ? x[i] : y[i];
+  }
+}
+
 void AddBFloat16(void* dst, const void* a, const void* b, size_t n) {
   uint16_t* d = static_cast<uint16_t*>(dst);
   const uint16_t* x = static_cast<const uint16_t*>(a);
@@ -111,32 +129,41 @@ void DivideBFloat16(void* data, size_t count, int size) {
 
 }  // namespace
 
-// The arithmetic of one data type, called once per segment: the element loops stay as tight as
-// a float-only ring's. `divide` is null for the integers (CheckReduction rejects their kAvg).
+// The arithmetic of one data type and reduction, called once per segment: the element loops
+// stay as tight as a float-only ring's. `combine` adds for kSum and kAvg and takes the maximum
+// for kMax; `divide` is null for the integers (CheckReduction rejects their kAvg).
 struct GlooCommunicator::ElementOps {
   size_t bytes;
-  void (*add)(void* dst, const void* a, const void* b, size_t n);
+  void (*combine)(void* dst, const void* a, const void* b, size_t n);
   void (*divide)(void* data, size_t count, int size);
 };
 
 namespace {
 
-const GlooCommunicator::ElementOps& OpsOf(DataType type) {
-  static constexpr GlooCommunicator::ElementOps kF32{4, Add<float>, Divide<float>};
-  static constexpr GlooCommunicator::ElementOps kBF16{2, AddBFloat16, DivideBFloat16};
-  static constexpr GlooCommunicator::ElementOps kF64{8, Add<double>, Divide<double>};
+const GlooCommunicator::ElementOps& OpsOf(DataType type, ReduceOp op) {
+  using Ops = GlooCommunicator::ElementOps;
+  static constexpr Ops kF32{4, Add<float>, Divide<float>};
+  static constexpr Ops kBF16{2, AddBFloat16, DivideBFloat16};
+  static constexpr Ops kF64{8, Add<double>, Divide<double>};
   // i64 adds as u64: the same bits, wrapping where a signed overflow would be undefined.
-  static constexpr GlooCommunicator::ElementOps kU64{8, Add<uint64_t>, nullptr};
+  static constexpr Ops kU64{8, Add<uint64_t>, nullptr};
+  static constexpr Ops kF32Max{4, Max<float>, nullptr};
+  static constexpr Ops kBF16Max{2, MaxBFloat16, nullptr};
+  static constexpr Ops kF64Max{8, Max<double>, nullptr};
+  static constexpr Ops kI64Max{8, Max<int64_t>, nullptr};
+  static constexpr Ops kU64Max{8, Max<uint64_t>, nullptr};
+  const bool max = op == ReduceOp::kMax;
   switch (type) {
     case DataType::kF32:
-      return kF32;
+      return max ? kF32Max : kF32;
     case DataType::kBF16:
-      return kBF16;
+      return max ? kBF16Max : kBF16;
     case DataType::kF64:
-      return kF64;
+      return max ? kF64Max : kF64;
     case DataType::kI64:
+      return max ? kI64Max : kU64;
     case DataType::kU64:
-      return kU64;
+      return max ? kU64Max : kU64;
   }
   return kF32;
 }
@@ -553,16 +580,16 @@ void GlooCommunicator::RingReduceScatter(const std::byte* input, std::byte* in_p
     const size_t bytes = item.length * e;
     if (in_place != nullptr) {
       std::byte* partial = in_place + item.offset * e;
-      ops.add(partial, partial, received, item.length);
+      ops.combine(partial, partial, received, item.length);
       if (!last) {
         source->send(right, slot, item.offset * e, bytes);
         ++source_sends;
       }
     } else if (last) {
-      ops.add(output + (item.offset - offsets[r]) * e, input + item.offset * e, received,
-              item.length);
+      ops.combine(output + (item.offset - offsets[r]) * e, input + item.offset * e, received,
+                  item.length);
     } else {
-      ops.add(received, received, input + item.offset * e, item.length);
+      ops.combine(received, received, input + item.offset * e, item.length);
       scratch[s]->send(right, slot, 0, bytes);
       scratch_sending[s] = true;
     }
@@ -650,7 +677,7 @@ std::unique_ptr<Work> GlooCommunicator::AllReduce(void* data, size_t count, Data
   if (absl::Status valid = CheckReduction(type, op, "all_reduce", options_.name); !valid.ok()) {
     return FinishedWork(std::move(valid));
   }
-  const ElementOps* ops = &OpsOf(type);
+  const ElementOps* ops = &OpsOf(type, op);
   std::byte* bytes = static_cast<std::byte*>(data);
   return EnqueueCollective("all_reduce", &CommStats::all_reduce,
                            [this, bytes, count, ops, op](absl::Time deadline, OpStats& delta) {
@@ -668,7 +695,7 @@ std::unique_ptr<Work> GlooCommunicator::ReduceScatter(const void* input, void* o
   if (absl::Status valid = CheckReduction(type, op, "reduce_scatter", options_.name); !valid.ok()) {
     return FinishedWork(std::move(valid));
   }
-  const ElementOps* ops = &OpsOf(type);
+  const ElementOps* ops = &OpsOf(type, op);
   const std::byte* in = static_cast<const std::byte*>(input);
   std::byte* out = static_cast<std::byte*>(output);
   return EnqueueCollective("reduce_scatter", &CommStats::reduce_scatter,

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/model/param_table.h"
+#include "core/model/transformer.h"
 
 namespace dtrain {
 namespace {
@@ -306,31 +307,67 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   // Every collective of a step inside the tp group and its subgroups, one line per kind
   // (Megatron-LM's f and g). Each records `calls` equal all-reduces of `bytes` in total over
   // `group` ranks of one node.
-  const auto record_tp = [&](double bytes, double calls, int group) {
+  const auto record_tp = [&](Collective kind, double bytes, double calls, int group) {
     estimate.tp.payload_bytes += bytes;
-    estimate.tp.sent_bytes += bytes * RingFactor(Collective::kAllReduce, group);
-    estimate.tp.time_ms +=
-        calls * CollectiveMs(Collective::kAllReduce, bytes / calls, group, group, cluster);
+    estimate.tp.sent_bytes += bytes * RingFactor(kind, group);
+    estimate.tp.time_ms += calls * CollectiveMs(kind, bytes / calls, group, group, cluster);
+  };
+  // An all-reduce, or under sequence parallelism its reduce-scatter and all-gather halves (the
+  // same bytes, in twice the calls).
+  const auto record_f_g = [&](double bytes, double calls) {
+    if (!sp) return record_tp(Collective::kAllReduce, bytes, calls, t);
+    record_tp(Collective::kReduceScatter, bytes, calls, t);
+    record_tp(Collective::kAllGather, bytes, calls, t);
   };
   if (t > 1) {
     const double block_calls = static_cast<double>(m) * layers;  // blocks x micro-batches
     const double activation = static_cast<double>(s) * b * h * precision.activation_bytes;
     const double kv_rows = 2.0 * model.head_dim * h * precision.grad_bytes;  // one k and v head
     const int kv_replicas = LocalDimsOf(model, ModelSlice{.tp_size = t}).kv_replicas;
+    // Pipelined, the estimate is the first stage's: it holds the embedding, not the head.
+    const bool first_stage = true, last_stage = p == 1;
     // g forward: the partial outputs of attn.out and mlp.down.
-    record_tp(2 * block_calls * activation, 2 * block_calls, t);
+    record_f_g(2 * block_calls * activation, 2 * block_calls);
     // f backward: the input gradients of qkv and mlp.up.
-    record_tp(2 * block_calls * activation, 2 * block_calls, t);
+    record_f_g(2 * block_calls * activation, 2 * block_calls);
     // Full recomputation repeats attn.out's g; not mlp.down's, whose sum is the block's output,
-    // which backward does not need (Transformer::BlockForward with no output).
-    if (layout.recompute == Recompute::kFull) record_tp(block_calls * activation, block_calls, t);
+    // which backward does not need (Transformer::BlockForward with no output). Under sequence
+    // parallelism it also gathers the mlp's norm output again.
+    if (layout.recompute == Recompute::kFull) {
+      record_f_g(block_calls * activation, block_calls);
+      if (sp) record_tp(Collective::kAllGather, block_calls * activation, block_calls, t);
+    }
     // tp > n_kv_head replicates each kv head on tp / n_kv_head ranks, which sum its weight
     // gradient rows (their subgroup's links are the tp group's).
-    if (kv_replicas > 1) record_tp(block_calls * kv_rows, block_calls, kv_replicas);
+    if (kv_replicas > 1) {
+      record_tp(Collective::kAllReduce, block_calls * kv_rows, block_calls, kv_replicas);
+    }
+    // Sequence parallelism: the norms' weight (and bias) gradients from each rank's rows,
+    // summed per block and for the final norm (LayerNorm: weight and bias; RMSNorm: weight).
+    const double norm_vectors = model.family == ModelFamily::kGpt2 ? 2 : 1;
+    if (sp) {
+      record_tp(Collective::kAllReduce, 2 * norm_vectors * h * precision.grad_bytes * block_calls,
+                block_calls, t);
+    }
+    // The vocabulary-parallel embedding's g (first stage) and head's f (last stage); under
+    // sequence parallelism the head's input is gathered and d(embedding output) too, which is
+    // the other half of each.
+    if (first_stage) record_f_g(m * activation, m);
+    if (last_stage) {
+      record_f_g(m * activation, m);
+      if (sp) {
+        record_tp(Collective::kAllReduce, norm_vectors * h * precision.grad_bytes * m, m, t);
+      }
+      // The vocabulary-parallel softmax: each token's max, then its sum of exponentials and
+      // target logit, in float32 (Transformer::Classifier), in as many calls as chunks of rows.
+      const int slot = LocalDimsOf(model, ModelSlice{.tp_size = t}).vocab_slot;
+      const double chunks =
+          std::ceil(static_cast<double>(s) * b / Transformer::VocabChunkRows(slot));
+      const double tokens = static_cast<double>(m) * s * b;
+      record_tp(Collective::kAllReduce, 3 * tokens * sizeof(float), 2 * m * chunks, t);
+    }
     // The gradient norm's partial sums of squares: one double per step (data_parallel.cc).
-    record_tp(sizeof(double), 1, t);
-    // Sequence parallelism would replace each g and f all-reduce by a reduce-scatter plus an
-    // all-gather of the same payload; not counted separately yet.
+    record_tp(Collective::kAllReduce, sizeof(double), 1, t);
     estimate.tp.exposed_ms = estimate.tp.time_ms;
   }
 

@@ -2,6 +2,7 @@
 // communicator over loopback) against one process with the same global batch.
 #include "parallel/data_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -186,6 +187,50 @@ TEST(DataParallelMemoryTest, ShardedStrategiesKeepAboutOneNthOfDdp) {
     EXPECT_NEAR(memory["zero3"].kept(), memory["ddp"].kept() / ranks, padding) << ranks;
     EXPECT_GT(memory["zero3"].gathered_peak_bytes, 0u);
     EXPECT_LT(memory["zero3"].gathered_peak_bytes, psi_bytes);  // never the whole model
+  }
+}
+
+// A tensor-parallel rank whose vocabulary slot is all padding (Llama, vocabulary 97 at tp 4:
+// rank 2) holds the embeddings region as one empty tensor. Every strategy runs a step over
+// 2 data-parallel ranks with that region as a unit of no elements: each rank gives gradient 1
+// to everything it holds, and the norm is the square root of the elements counted.
+TEST(DataParallelEmptyRegionTest, AnEmptyVocabularySlotStepsUnderEveryStrategy) {
+  ModelConfig config = testing::SmallModelConfig(ModelFamily::kLlama);
+  config.vocab_size = 97;
+  const ParamTable table(config, ModelSlice{.tp_rank = 2, .tp_size = 4});
+  ASSERT_TRUE(table.HasRegion(-1));
+  ASSERT_EQ(table.BlockRange(-1).first, table.BlockRange(-1).second);
+  double counted = 0;
+  for (const auto& [begin, end] : table.CountedRanges()) counted += end - begin;
+  ParallelSection parallel;
+  parallel.prefetch_bucket_mb = 0.02;
+  for (const char* name : {"ddp", "zero1", "zero2", "zero3"}) {
+    SCOPED_TRACE(name);
+    parallel.strategy = name;
+    const ShardingStrategy strategy = *ShardingStrategyFromRecipe(parallel);
+    testing::RunRanksInThreads(2, absl::Seconds(30), [&](Communicator& comm) {
+      CpuBackend backend(1);
+      TrainSection train;
+      DataParallelEngine engine(table, strategy, train, backend, &comm);
+      engine.InitParameters(config, 1);
+      engine.BeginStep();
+      engine.BeginMicroBatch(true);
+      for (int region = -1; region <= table.last_region(); ++region) {
+        engine.Acquire(region, Pass::kForward);
+        engine.Release(region, Pass::kForward);
+      }
+      for (int region = table.last_region(); region >= -1; --region) {
+        engine.Acquire(region, Pass::kBackward);
+        const auto [begin, end] = table.BlockRange(region);
+        float* grads = engine.Gradients(region);
+        std::fill(grads, grads + (end - begin), 0.5f);  // summed over the 2 ranks: 1
+        engine.GradientsReady(region);
+        engine.Release(region, Pass::kBackward);
+      }
+      absl::StatusOr<StepTotals> totals = engine.FinishStep(1.0, 1, 0.0, 1e-3);
+      ASSERT_TRUE(totals.ok()) << totals.status();
+      EXPECT_NEAR(totals->grad_norm, std::sqrt(counted), 1e-6 * std::sqrt(counted));
+    });
   }
 }
 

@@ -114,12 +114,15 @@ struct TensorParallelCase {
   std::string config;
   std::vector<std::string> overrides;
   Recompute recompute;
+  bool sequence_parallel = false;
 };
 
 // Bytes one rank of a tp 2 group (dp 1, threads with Gloo communicators) sent in one step, in
 // the tp group and, when kv heads are replicated, in its kv replica group: the f and g
-// all-reduces, the replicated kv heads' gradient rows and the gradient norm's partial sum.
-double MeasureTensorParallelBytes(const Recipe& recipe, Recompute recompute) {
+// all-reduces (reduce-scatters and all-gathers under sequence parallelism), the vocabulary's,
+// the replicated kv heads' gradient rows and the gradient norm's partial sum.
+double MeasureTensorParallelBytes(const Recipe& recipe, Recompute recompute,
+                                  bool sequence_parallel) {
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
   const TrainSection& train = recipe.train;
@@ -143,13 +146,17 @@ double MeasureTensorParallelBytes(const Recipe& recipe, Recompute recompute) {
     DataParallelEngine engine(table, strategy, train, backend, nullptr, &tp);
     engine.InitParameters(config, 1);
     Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len, recompute,
-                      &ops);
+                      &ops, sequence_parallel);
     const int micro_batches = train.batch_size / train.micro_batch;
     ASSERT_TRUE(TrainStep(model, engine, train, 0, micro_batches, Tokens(config, train, 0)).ok());
     ASSERT_TRUE(ops.status().ok()) << ops.status();
     const CommStats stats = tp.stats();
-    EXPECT_EQ(stats.reduce_scatter.calls + stats.all_gather.calls + stats.broadcast.calls, 0);
-    sent[rank] = static_cast<double>(stats.all_reduce.bytes_sent) +
+    EXPECT_EQ(stats.broadcast.calls, 0);
+    if (!sequence_parallel) {
+      EXPECT_EQ(stats.reduce_scatter.calls + stats.all_gather.calls, 0);
+    }
+    sent[rank] = static_cast<double>(stats.all_reduce.bytes_sent + stats.reduce_scatter.bytes_sent +
+                                     stats.all_gather.bytes_sent) +
                  (kv ? static_cast<double>(kv->stats().all_reduce.bytes_sent) : 0);
   });
   EXPECT_EQ(sent[0], sent[1]);
@@ -158,8 +165,8 @@ double MeasureTensorParallelBytes(const Recipe& recipe, Recompute recompute) {
 
 // The plan's tensor-parallel traffic is exactly what the model's hooks and the engine send, for
 // gpt2 and llama (kv heads split, and one kv head replicated on both ranks), with and without
-// full recomputation. On 2 ranks a ring all-reduce sends exactly its payload, so the payload
-// and the sent bytes are checked at once.
+// full recomputation and sequence parallelism. On 2 ranks a ring all-reduce sends exactly its
+// payload, so the payload and the sent bytes are checked at once.
 TEST(PlanVsEngineTest, TensorParallelBytesMatchThePlanExactly) {
   const std::vector<TensorParallelCase> cases = {
       {"tiny", {}, Recompute::kNone},
@@ -167,6 +174,10 @@ TEST(PlanVsEngineTest, TensorParallelBytesMatchThePlanExactly) {
       {"llama-tiny", {}, Recompute::kNone},
       {"llama-tiny", {}, Recompute::kFull},
       {"llama-tiny", {"model.n_kv_head=1"}, Recompute::kNone},
+      {"tiny", {}, Recompute::kNone, true},
+      {"tiny", {}, Recompute::kFull, true},
+      {"llama-tiny", {}, Recompute::kNone, true},
+      {"llama-tiny", {"model.n_kv_head=1"}, Recompute::kFull, true},
   };
   for (const TensorParallelCase& c : cases) {
     std::vector<std::string> overrides = c.overrides;
@@ -176,14 +187,22 @@ TEST(PlanVsEngineTest, TensorParallelBytesMatchThePlanExactly) {
     const Recipe recipe = testing::ShippedRecipe(c.config, overrides);
     Workload workload = WorkloadFromRecipe(recipe);
     workload.precision = Precision::Fp32();
-    const Layout layout{
-        .tp = kRanks, .dp = 1, .micro_batch = recipe.train.micro_batch, .recompute = c.recompute};
+    const Layout layout{.tp = kRanks,
+                        .dp = 1,
+                        .micro_batch = recipe.train.micro_batch,
+                        .recompute = c.recompute,
+                        .sequence_parallel = c.sequence_parallel};
     const Estimate planned = EstimateLayout(workload, *ResolveCluster(recipe.cluster), layout);
-    const double measured = MeasureTensorParallelBytes(recipe, c.recompute);
+    const double measured = MeasureTensorParallelBytes(recipe, c.recompute, c.sequence_parallel);
     SCOPED_TRACE(::testing::Message() << c.config << " " << RecomputeName(c.recompute)
-                                      << (c.overrides.empty() ? "" : " n_kv_head=1"));
+                                      << (c.overrides.empty() ? "" : " n_kv_head=1")
+                                      << (c.sequence_parallel ? " sp" : ""));
     EXPECT_GT(measured, 0);
-    EXPECT_EQ(measured, planned.tp.payload_bytes);
+    // A reduce-scatter and an all-gather each hand the whole activation to the group (payload)
+    // and send half of it on 2 ranks.
+    if (!c.sequence_parallel) {
+      EXPECT_EQ(measured, planned.tp.payload_bytes);
+    }
     EXPECT_EQ(measured, planned.tp.sent_bytes);
   }
 }

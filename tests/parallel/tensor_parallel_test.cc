@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/model/flat_parameters.h"
 #include "core/model/init.h"
+#include "core/model/sampler.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
 #include "parallel/comm/gloo_communicator.h"
@@ -20,10 +22,7 @@
 namespace dtrain {
 namespace {
 
-// 14 tokens: sequence parallelism over 4 ranks pads the last chunk (4 rows each, 2 padding).
 constexpr int kBatch = 2, kTime = 7;
-// A sampling prefix whose 5 rows leave 3 of 4 ranks' chunks padded or empty.
-constexpr int kPrefix = 5;
 constexpr uint64_t kSeed = 11;
 
 std::vector<int32_t> Tokens(int vocab, int salt) {
@@ -38,13 +37,18 @@ std::vector<int32_t> Tokens(int vocab, int salt) {
 struct RankResult {
   double loss = 0;
   std::vector<float> grads;
-  std::vector<float> logits;  // (kPrefix, V) of the first sequence's prefix, after the step
+  double eval_loss = 0;                    // ForwardLoss after the step
+  std::vector<float> logits, last_logits;  // ForwardLogits (b, t, V) and (b, V)
+  std::vector<int32_t> sample;             // greedy Generate from the inputs
+  CommStats step;                          // the tp group's collectives in ForwardBackward
 };
 
 // One training micro-batch (and, under kFull, its recomputation) on the model `table` holds,
-// then the logits of a short prefix.
+// then evaluation, logits and sampling. `tp` is the communicator under `tensor_parallel` (null
+// without one).
 RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Recompute recompute,
-                        TensorParallelOps* tensor_parallel, bool sequence_parallel = false) {
+                        TensorParallelOps* tensor_parallel, const Communicator* tp = nullptr,
+                        bool sequence_parallel = false) {
   FlatParameters parameters(table);
   InitParameters(config, table, kSeed, 0, table.total_numel(), parameters.params().data());
   // Init leaves biases 0 and norm weights 1, under which a bias counted on every rank or a
@@ -61,8 +65,8 @@ RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Reco
   CpuBackend backend(1);
   Transformer model(config, table, parameters, backend, kBatch, kTime, recompute, tensor_parallel,
                     sequence_parallel);
-  // The memory estimate knows the rank's local sizes (and the replicated kv heads' scratch, and
-  // under sequence parallelism the rows it holds).
+  // The memory estimate knows the rank's local sizes (and the replicated kv heads' scratch, the
+  // sequence-parallel rows).
   EXPECT_EQ(Transformer::ActivationBytes(config, kBatch, kTime, recompute, table.slice(),
                                          sequence_parallel),
             static_cast<double>(model.activation_bytes()));
@@ -70,59 +74,39 @@ RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Reco
   RankResult result;
   result.loss = model.ForwardBackward(inputs.data(), targets.data(), kBatch, kTime, 0.25f);
   result.grads.assign(parameters.grads().begin(), parameters.grads().end());
-  result.logits.resize(static_cast<size_t>(kPrefix) * config.vocab_size);
-  model.ForwardLogits(inputs.data(), 1, kPrefix, /*last_only=*/false, result.logits.data());
+  if (tp != nullptr) result.step = tp->stats();
+  // Evaluation and sampling run the same vocabulary-parallel phases without gradients.
+  result.eval_loss = model.ForwardLoss(inputs.data(), targets.data(), kBatch, kTime);
+  result.logits.resize(static_cast<size_t>(kBatch) * kTime * config.vocab_size);
+  model.ForwardLogits(inputs.data(), kBatch, kTime, false, result.logits.data());
+  result.last_logits.resize(static_cast<size_t>(kBatch) * config.vocab_size);
+  model.ForwardLogits(inputs.data(), kBatch, kTime, true, result.last_logits.data());
+  SamplingOptions sampling;
+  sampling.max_new_tokens = 6;
+  sampling.temperature = 1.0f;
+  result.sample = Generate(model, {inputs.begin(), inputs.begin() + kTime}, kTime, sampling);
   return result;
 }
 
-struct Case {
-  ModelFamily family;
-  int tp;
-  Recompute recompute;
-  bool sequence_parallel = false;
-};
-
-class TensorParallelTest : public ::testing::TestWithParam<Case> {};
-
-// A model split over tp ranks (threads here, each with Gloo communicators for the tensor-
-// parallel group and, when kv heads are replicated, for the ranks sharing one) gives the whole
-// model's loss and, on every rank, its slice of the whole model's gradients: the f and g
-// all-reduces sit where Megatron puts them, row-parallel biases count once, and replicated kv
-// heads sum their gradients over the ranks that hold them. Under sequence parallelism the
-// same, with the norms' gradients summed over the ranks' rows, also where tp does not divide the
-// tokens (the padded chunks); and the logits of a prefix (5 rows over up to 4 ranks) too.
-//
-// Tolerance: both sides compute the same sums of float products, in another order (a rank's
-// partial GEMM over its heads or MLP columns, then the all-reduce), so they differ by float32
-// rounding, a few units of 2^-24 relative to the magnitudes summed, compounded through 3
-// blocks: 1e-5 of the model's largest gradient, as for micro-batch accumulation in
-// transformer_test.cc.
-TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
-  const Case c = GetParam();
-  const ModelConfig config = testing::SmallModelConfig(c.family);  // llama: 2 kv heads
-  ASSERT_TRUE(CheckTensorParallel(config, c.tp).ok());
-  const ParamTable whole(config, ModelSlice{});
-  const RankResult reference = TrainOneStep(config, whole, c.recompute, nullptr);
-  float max_logit = 0;
-  for (float l : reference.logits) max_logit = std::max(max_logit, std::abs(l));
-  float max_abs = 0;
-  for (float g : reference.grads) max_abs = std::max(max_abs, std::abs(g));
-  ASSERT_GT(max_abs, 0);
-
-  std::vector<RankResult> results(c.tp);
-  std::vector<std::unique_ptr<ParamTable>> tables(c.tp);
+// Runs fn(table, ops) for every rank of a tp-way split of `config` on its own thread, each with
+// Gloo communicators for the tensor-parallel group (passed too, for its stats) and, when kv heads
+// are replicated, for the ranks sharing one. Returns the ranks' tables.
+std::vector<std::unique_ptr<ParamTable>> RunTensorParallelRanks(
+    const ModelConfig& config, int tp_size,
+    const std::function<void(const ParamTable&, TensorParallelOps*, const Communicator&)>& fn) {
+  std::vector<std::unique_ptr<ParamTable>> tables(tp_size);
   auto store = std::make_shared<testing::InMemoryStore>();
   std::vector<std::thread> threads;
-  for (int rank = 0; rank < c.tp; ++rank) {
+  for (int rank = 0; rank < tp_size; ++rank) {
     tables[rank] =
-        std::make_unique<ParamTable>(config, ModelSlice{.tp_rank = rank, .tp_size = c.tp});
+        std::make_unique<ParamTable>(config, ModelSlice{.tp_rank = rank, .tp_size = tp_size});
     threads.emplace_back([&, rank] {
       const ParamTable& table = *tables[rank];
       GlooCommunicatorOptions options;
       options.name = "tp";
       options.key_prefix = "comm/tp/";
       options.rank = rank;
-      options.size = c.tp;
+      options.size = tp_size;
       options.timeout = absl::Seconds(60);
       auto tp = GlooCommunicator::Create(store, options);
       ASSERT_TRUE(tp.ok()) << tp.status();
@@ -138,39 +122,91 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
         kv = *std::move(created);
       }
       CommTensorParallel ops(**tp, kv.get());
-      results[rank] = TrainOneStep(config, table, c.recompute, &ops, c.sequence_parallel);
+      fn(table, &ops, **tp);
       EXPECT_TRUE(ops.status().ok()) << ops.status();
-      // The tp group's collectives for one ForwardBackward and one ForwardLogits, L blocks. Plain
-      // tp: an all-reduce per f and g, 4 per block in the step (5 under kFull, whose recomputed
-      // forward sums the attention output again), 2 per block in the logits' forward. Sequence
-      // parallel: each becomes a reduce-scatter or an all-gather (kFull's recomputation gathers
-      // both norm outputs and reduce-scatters the attention output: 3 per block); the final norm
-      // output is gathered for the head in both forwards and d(embedding output) for the
-      // embedding's backward; the norms' weight gradients are summed once per block and once
-      // for the final norm.
-      const int64_t layers = config.n_layer;
-      const int64_t full = c.recompute == Recompute::kFull ? 1 : 0;
-      const CommStats stats = (*tp)->stats();
-      const int64_t plain = 6 * layers + full * layers;
-      if (c.sequence_parallel) {
-        EXPECT_EQ(stats.reduce_scatter.calls, plain);
-        EXPECT_EQ(stats.all_gather.calls, plain + 2 * full * layers - full * layers + 3);
-        EXPECT_EQ(stats.all_reduce.calls, layers + 1);
-      } else {
-        EXPECT_EQ(stats.all_reduce.calls, plain);
-        EXPECT_EQ(stats.reduce_scatter.calls + stats.all_gather.calls, 0);
-      }
     });
   }
   for (std::thread& thread : threads) thread.join();
+  return tables;
+}
+
+struct Case {
+  ModelFamily family;
+  int tp;
+  Recompute recompute;
+  int vocab = 61;  // the small model's: all of it on rank 0, the other ranks' slots padding
+  bool sequence_parallel = false;
+};
+
+class TensorParallelTest : public ::testing::TestWithParam<Case> {};
+
+// A model split over tp ranks (threads here, each with Gloo communicators for the tensor-
+// parallel group and, when kv heads are replicated, for the ranks sharing one) gives the whole
+// model's loss and, on every rank, its slice of the whole model's gradients: the f and g
+// all-reduces sit where Megatron puts them, row-parallel biases count once, and replicated kv
+// heads sum their gradients over the ranks that hold them.
+//
+// Tolerance: both sides compute the same sums of float products, in another order (a rank's
+// partial GEMM over its heads or MLP columns, then the all-reduce), so they differ by float32
+// rounding, a few units of 2^-24 relative to the magnitudes summed, compounded through 3
+// blocks: 1e-5 of the model's largest gradient, as for micro-batch accumulation in
+// transformer_test.cc.
+TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
+  const Case c = GetParam();
+  ModelConfig config = testing::SmallModelConfig(c.family);  // llama: 2 kv heads
+  config.vocab_size = c.vocab;
+  ASSERT_TRUE(CheckTensorParallel(config, c.tp).ok());
+  const ParamTable whole(config, ModelSlice{});
+  const RankResult reference = TrainOneStep(config, whole, c.recompute, nullptr);
+  float max_abs = 0;
+  for (float g : reference.grads) max_abs = std::max(max_abs, std::abs(g));
+  ASSERT_GT(max_abs, 0);
+
+  std::vector<RankResult> results(c.tp);
+  const std::vector<std::unique_ptr<ParamTable>> tables = RunTensorParallelRanks(
+      config, c.tp, [&](const ParamTable& table, TensorParallelOps* ops, const Communicator& tp) {
+        results[table.slice().tp_rank] =
+            TrainOneStep(config, table, c.recompute, ops, &tp, c.sequence_parallel);
+      });
+
+  // The tp group's collectives in one ForwardBackward of L blocks (one classifier chunk). Plain
+  // tp: an all-reduce per f and g, 4 per block (5 under kFull, whose recomputed forward sums the
+  // attention output again), and 4 for the vocabulary: the embedding's g, the head's f, each
+  // row's max and its sums. Sequence parallel: each f and g becomes a reduce-scatter or an
+  // all-gather (kFull's recomputation gathers both norm outputs and reduce-scatters the
+  // attention output: 3 per block), the final norm's output is gathered for the head and
+  // d(embedding output) for the embedding's backward, and the norms' weight gradients are summed
+  // once per block and once for the final norm.
+  const int64_t layers = config.n_layer;
+  const int64_t full = c.recompute == Recompute::kFull ? 1 : 0;
+  for (int rank = 0; rank < c.tp; ++rank) {
+    SCOPED_TRACE(::testing::Message() << "rank " << rank);
+    const CommStats& step = results[rank].step;
+    if (c.sequence_parallel) {
+      EXPECT_EQ(step.reduce_scatter.calls, 4 * layers + 2 + full * layers);
+      EXPECT_EQ(step.all_gather.calls, 4 * layers + 2 + 2 * full * layers);
+      EXPECT_EQ(step.all_reduce.calls, layers + 3);
+    } else {
+      EXPECT_EQ(step.all_reduce.calls, 4 * layers + 4 + full * layers);
+      EXPECT_EQ(step.reduce_scatter.calls + step.all_gather.calls, 0);
+    }
+  }
 
   for (int rank = 0; rank < c.tp; ++rank) {
     SCOPED_TRACE(::testing::Message() << "rank " << rank);
     EXPECT_NEAR(results[rank].loss, reference.loss, 1e-6 * reference.loss);
+    EXPECT_NEAR(results[rank].eval_loss, reference.eval_loss, 1e-6 * reference.eval_loss);
+    // Logits of order 1 from sums of C = 32 products, each side rounded differently: 1e-5.
     ASSERT_EQ(results[rank].logits.size(), reference.logits.size());
     for (size_t i = 0; i < reference.logits.size(); ++i) {
-      ASSERT_NEAR(results[rank].logits[i], reference.logits[i], 1e-5 * max_logit) << "logit " << i;
+      ASSERT_NEAR(results[rank].logits[i], reference.logits[i], 1e-5) << "logit " << i;
     }
+    for (size_t i = 0; i < reference.last_logits.size(); ++i) {
+      ASSERT_NEAR(results[rank].last_logits[i], reference.last_logits[i], 1e-5) << "logit " << i;
+    }
+    // Every rank samples the same real tokens (the sampler draws from the V real logits only).
+    EXPECT_EQ(results[rank].sample, results[0].sample);
+    for (int32_t token : results[rank].sample) EXPECT_LT(token, c.vocab);
     ASSERT_EQ(results[rank].grads.size(), tables[rank]->total_numel());
     for (const TensorEntry& entry : tables[rank]->entries()) {
       const TensorEntry& global = *whole.Find(entry.name);
@@ -206,11 +242,75 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
     if (entry.shape != entry.global_shape) continue;
     for (int rank = 1; rank < c.tp; ++rank) {
       const TensorEntry& other = *tables[rank]->Find(entry.name);
+      if (other.shape != entry.shape) continue;  // a vocabulary all in rank 0's slot
       ASSERT_TRUE(std::equal(results[0].grads.begin() + entry.offset,
                              results[0].grads.begin() + entry.offset + entry.numel,
                              results[rank].grads.begin() + other.offset))
           << entry.name << " rank " << rank;
     }
+  }
+}
+
+// A vocabulary of 349,526 at tp 2 gives slots of 174,784 columns, for which the classifier's
+// chunks are 128 rows (Transformer::VocabChunkRows): a micro-batch of 10 x 16 = 160 tokens runs
+// two chunks, each with its own max and sums all-reduced, and still gives the whole model's loss
+// and head gradient. (A tiny model otherwise: 1 block, d_model 8.) Tolerance as in
+// ShardsGiveTheWholeModelsLossAndGradients.
+TEST(TensorParallelChunksTest, TheClassifierRunsInSeveralChunksOfRows) {
+  ModelConfig config = testing::SmallModelConfig(ModelFamily::kGpt2);
+  config.n_layer = 1;
+  config.n_head = 2;
+  config.n_kv_head = 2;
+  config.head_dim = 4;
+  config.d_model = 8;
+  config.d_ff = 16;
+  config.vocab_size = 349526;
+  const int b = 10, t = 16;
+  ASSERT_EQ(
+      Transformer::VocabChunkRows(LocalDimsOf(config, {.tp_rank = 0, .tp_size = 2}).vocab_slot),
+      128);
+  std::vector<int32_t> inputs(b * t), targets(b * t);
+  for (int i = 0; i < b * t; ++i) {
+    inputs[i] = (i * 7919) % config.vocab_size;
+    targets[i] = i % 13 == 0 ? -1 : (i * 104729 + 3) % config.vocab_size;
+  }
+  struct Result {
+    double loss = 0, eval_loss = 0;
+    std::vector<float> grads;
+  };
+  auto run = [&](const ParamTable& table, TensorParallelOps* ops) {
+    FlatParameters parameters(table);
+    InitParameters(config, table, kSeed, 0, table.total_numel(), parameters.params().data());
+    CpuBackend backend(1);
+    Transformer model(config, table, parameters, backend, b, t, Recompute::kNone, ops);
+    Result result;
+    result.loss = model.ForwardBackward(inputs.data(), targets.data(), b, t, 0.5f);
+    result.eval_loss = model.ForwardLoss(inputs.data(), targets.data(), b, t);
+    result.grads.assign(parameters.grads().begin(), parameters.grads().end());
+    return result;
+  };
+  const ParamTable whole(config, ModelSlice{});
+  const Result reference = run(whole, nullptr);
+  float max_abs = 0;
+  for (float g : reference.grads) max_abs = std::max(max_abs, std::abs(g));
+  std::vector<Result> results(2);
+  const auto tables = RunTensorParallelRanks(
+      config, 2, [&](const ParamTable& table, TensorParallelOps* ops, const Communicator&) {
+        results[table.slice().tp_rank] = run(table, ops);
+      });
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(::testing::Message() << "rank " << rank);
+    EXPECT_NEAR(results[rank].loss, reference.loss, 1e-6 * reference.loss);
+    EXPECT_NEAR(results[rank].eval_loss, reference.eval_loss, 1e-6 * reference.eval_loss);
+    const TensorEntry& entry = *tables[rank]->Find("embed.tokens");
+    const TensorEntry& global = *whole.Find("embed.tokens");
+    ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t g, size_t count) {
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_NEAR(results[rank].grads[entry.offset + local + i],
+                    reference.grads[global.offset + g + i], 1e-5 * max_abs)
+            << "embed.tokens local " << local + i;
+      }
+    });
   }
 }
 
@@ -281,16 +381,22 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{ModelFamily::kLlama, 2, Recompute::kNone},  // kv heads split
                       Case{ModelFamily::kLlama, 4, Recompute::kNone},  // kv heads replicated
                       Case{ModelFamily::kLlama, 4, Recompute::kSelective},
+                      // Vocabulary 97, padded to 128 (tp 2: rows 64 + 33) or 256 (tp 4: 64 + 33
+                      // and two ranks holding no real row).
+                      Case{ModelFamily::kGpt2, 2, Recompute::kNone, 97},
+                      Case{ModelFamily::kGpt2, 4, Recompute::kNone, 97},
+                      Case{ModelFamily::kLlama, 2, Recompute::kNone, 97},
+                      Case{ModelFamily::kLlama, 4, Recompute::kFull, 97},
                       // Sequence parallel: 14 tokens split evenly over 2 ranks, padded over 4.
-                      Case{ModelFamily::kGpt2, 2, Recompute::kNone, true},
-                      Case{ModelFamily::kGpt2, 2, Recompute::kSelective, true},
-                      Case{ModelFamily::kGpt2, 4, Recompute::kFull, true},
-                      Case{ModelFamily::kLlama, 2, Recompute::kFull, true},
-                      Case{ModelFamily::kLlama, 4, Recompute::kNone, true},
-                      Case{ModelFamily::kLlama, 4, Recompute::kSelective, true}),
+                      Case{ModelFamily::kGpt2, 2, Recompute::kNone, 61, true},
+                      Case{ModelFamily::kGpt2, 2, Recompute::kSelective, 61, true},
+                      Case{ModelFamily::kGpt2, 4, Recompute::kFull, 97, true},
+                      Case{ModelFamily::kLlama, 2, Recompute::kFull, 61, true},
+                      Case{ModelFamily::kLlama, 4, Recompute::kNone, 97, true},
+                      Case{ModelFamily::kLlama, 4, Recompute::kSelective, 61, true}),
     [](const auto& info) {
       return absl::StrCat(FamilyName(info.param.family), "_tp", info.param.tp, "_",
-                          RecomputeName(info.param.recompute),
+                          RecomputeName(info.param.recompute), "_vocab", info.param.vocab,
                           info.param.sequence_parallel ? "_sp" : "");
     });
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/backend/cpu/gemm.h"
@@ -56,6 +57,66 @@ double ClassifierForwardBackward(T* dx, T* dweight, const T* x, const T* weight,
   }
   return loss;
 }
+
+template <typename T>
+void ClassifierRowMax(T* max, const T* logits, int n, int v, ThreadPool* pool) {
+  ParallelFor(pool, n, 16, [&](size_t begin, size_t end, int) {
+    for (size_t r = begin; r < end; ++r) {
+      max[r] = v > 0 ? MaxOf(logits + r * v, v) : -std::numeric_limits<T>::infinity();
+    }
+  });
+}
+
+template <typename T>
+void ClassifierExpSums(T* logits, T* sums, T* target_logits, const T* max, const int32_t* targets,
+                       int n, int v, int vocab_begin, ThreadPool* pool) {
+  ParallelFor(pool, n, 1, [&](size_t begin, size_t end, int) {
+    for (size_t r = begin; r < end; ++r) {
+      T* __restrict row = logits + r * v;
+      const int32_t target = targets[r] - vocab_begin;
+      target_logits[r] = targets[r] >= 0 && target >= 0 && target < v ? row[target] : T(0);
+      ExpShifted(row, v, max[r]);
+      sums[r] = static_cast<T>(SumOf(row, v));
+    }
+  });
+}
+
+template <typename T>
+double ClassifierLossSum(const T* max, const T* sums, const T* target_logits,
+                         const int32_t* targets, int n) {
+  double loss = 0;
+  for (int r = 0; r < n; ++r) {
+    if (targets[r] < 0) continue;
+    loss += max[r] + std::log(static_cast<double>(sums[r])) - target_logits[r];
+  }
+  return loss;
+}
+
+template <typename T>
+void ClassifierLogitsBackward(T* logits, const T* sums, const int32_t* targets, int n, int v,
+                              int vocab_begin, T grad_scale, ThreadPool* pool) {
+  ParallelFor(pool, n, 1, [&](size_t begin, size_t end, int) {
+    for (size_t r = begin; r < end; ++r) {
+      T* __restrict row = logits + r * v;
+      const bool ignored = targets[r] < 0;
+      const T factor = ignored ? T(0) : static_cast<T>(grad_scale / static_cast<double>(sums[r]));
+      for (int j = 0; j < v; ++j) row[j] *= factor;
+      const int32_t target = targets[r] - vocab_begin;
+      if (!ignored && target >= 0 && target < v) row[target] -= grad_scale;
+    }
+  });
+}
+
+#define DTRAIN_INSTANTIATE(T)                                                               \
+  template void ClassifierRowMax<T>(T*, const T*, int, int, ThreadPool*);                   \
+  template void ClassifierExpSums<T>(T*, T*, T*, const T*, const int32_t*, int, int, int,   \
+                                     ThreadPool*);                                          \
+  template double ClassifierLossSum<T>(const T*, const T*, const T*, const int32_t*, int);  \
+  template void ClassifierLogitsBackward<T>(T*, const T*, const int32_t*, int, int, int, T, \
+                                            ThreadPool*);
+DTRAIN_INSTANTIATE(float)
+DTRAIN_INSTANTIATE(double)
+#undef DTRAIN_INSTANTIATE
 
 template double ClassifierForwardBackward<float>(float*, float*, const float*, const float*,
                                                  const int32_t*, int, int, int, float, int, float*,

@@ -30,4 +30,19 @@ double ClassifierForwardBackward(T* dx, T* dweight, const T* x, const T* weight,
                                  const int32_t* targets, int n, int c, int v, T grad_scale,
                                  int chunk_rows, T* scratch, ThreadPool* pool);
 
+// The vocabulary-parallel phases (Backend::ClassifierRowMax and the rest): the same arithmetic
+// per row as the fused kernel, on the logits (N, v) of the vocabulary rows [vocab_begin,
+// vocab_begin + v), so that a rank holding the whole vocabulary computes what it does.
+template <typename T>
+void ClassifierRowMax(T* max, const T* logits, int n, int v, ThreadPool* pool);
+template <typename T>
+void ClassifierExpSums(T* logits, T* sums, T* target_logits, const T* max, const int32_t* targets,
+                       int n, int v, int vocab_begin, ThreadPool* pool);
+template <typename T>
+double ClassifierLossSum(const T* max, const T* sums, const T* target_logits,
+                         const int32_t* targets, int n);
+template <typename T>
+void ClassifierLogitsBackward(T* logits, const T* sums, const int32_t* targets, int n, int v,
+                              int vocab_begin, T grad_scale, ThreadPool* pool);
+
 }  // namespace dtrain::cpu

@@ -105,13 +105,17 @@ void CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* 
 }
 
 void CpuBackend::EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
-                                  const float* position_embedding, int b, int t, int c) {
-  cpu::EmbeddingForward(out, tokens, token_embedding, position_embedding, b, t, c, &pool_);
+                                  const float* position_embedding, int b, int t, int c,
+                                  int vocab_begin, int vocab_end) {
+  cpu::EmbeddingForward(out, tokens, token_embedding, position_embedding, b, t, c, vocab_begin,
+                        vocab_end, &pool_);
 }
 
 void CpuBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
-                                   const float* dout, const int32_t* tokens, int b, int t, int c) {
-  cpu::EmbeddingBackward(dtoken_embedding, dposition_embedding, dout, tokens, b, t, c, &pool_);
+                                   const float* dout, const int32_t* tokens, int b, int t, int c,
+                                   int vocab_begin, int vocab_end) {
+  cpu::EmbeddingBackward(dtoken_embedding, dposition_embedding, dout, tokens, b, t, c, vocab_begin,
+                         vocab_end, &pool_);
 }
 
 double CpuBackend::ClassifierForwardBackward(float* dx, float* dweight, const float* x,
@@ -121,6 +125,26 @@ double CpuBackend::ClassifierForwardBackward(float* dx, float* dweight, const fl
   float* scratch = Scratch(cpu::ClassifierScratchSize(chunk_rows, v));
   return cpu::ClassifierForwardBackward(dx, dweight, x, weight, targets, n, c, v, grad_scale,
                                         chunk_rows, scratch, &pool_);
+}
+
+void CpuBackend::ClassifierRowMax(float* max, const float* logits, int n, int v) {
+  cpu::ClassifierRowMax(max, logits, n, v, &pool_);
+}
+
+void CpuBackend::ClassifierExpSums(float* logits, float* sums, float* target_logits,
+                                   const float* max, const int32_t* targets, int n, int v,
+                                   int vocab_begin) {
+  cpu::ClassifierExpSums(logits, sums, target_logits, max, targets, n, v, vocab_begin, &pool_);
+}
+
+double CpuBackend::ClassifierLossSum(const float* max, const float* sums,
+                                     const float* target_logits, const int32_t* targets, int n) {
+  return cpu::ClassifierLossSum(max, sums, target_logits, targets, n);
+}
+
+void CpuBackend::ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets,
+                                          int n, int v, int vocab_begin, float grad_scale) {
+  cpu::ClassifierLogitsBackward(logits, sums, targets, n, v, vocab_begin, grad_scale, &pool_);
 }
 
 void CpuBackend::Add(float* out, const float* a, const float* b, size_t n) {

@@ -53,13 +53,22 @@ class CpuBackend : public Backend {
                          const float* lse, const AttentionShape& shape) override;
 
   void EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
-                        const float* position_embedding, int b, int t, int c) override;
+                        const float* position_embedding, int b, int t, int c, int vocab_begin,
+                        int vocab_end) override;
   void EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding, const float* dout,
-                         const int32_t* tokens, int b, int t, int c) override;
+                         const int32_t* tokens, int b, int t, int c, int vocab_begin,
+                         int vocab_end) override;
 
   double ClassifierForwardBackward(float* dx, float* dweight, const float* x, const float* weight,
                                    const int32_t* targets, int n, int c, int v,
                                    float grad_scale) override;
+  void ClassifierRowMax(float* max, const float* logits, int n, int v) override;
+  void ClassifierExpSums(float* logits, float* sums, float* target_logits, const float* max,
+                         const int32_t* targets, int n, int v, int vocab_begin) override;
+  double ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
+                           const int32_t* targets, int n) override;
+  void ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets, int n,
+                                int v, int vocab_begin, float grad_scale) override;
 
   void Add(float* out, const float* a, const float* b, size_t n) override;
   double SumSquares(const float* x, size_t n) override;

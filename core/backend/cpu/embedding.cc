@@ -8,11 +8,22 @@ namespace dtrain::cpu {
 
 template <typename T>
 void EmbeddingForward(T* out, const int32_t* tokens, const T* token_embedding,
-                      const T* position_embedding, int b, int t, int c, ThreadPool* pool) {
+                      const T* position_embedding, int b, int t, int c, int vocab_begin,
+                      int vocab_end, ThreadPool* pool) {
   ParallelFor(pool, static_cast<size_t>(b) * t, 16, [&](size_t begin, size_t end, int) {
     for (size_t row = begin; row < end; ++row) {
-      const T* __restrict wte = token_embedding + static_cast<size_t>(tokens[row]) * c;
       T* __restrict y = out + row * c;
+      const int32_t token = tokens[row];
+      if (token < vocab_begin || token >= vocab_end) {
+        if (position_embedding == nullptr) {
+          std::fill(y, y + c, T(0));
+        } else {
+          const T* __restrict wpe = position_embedding + (row % t) * c;
+          std::copy(wpe, wpe + c, y);
+        }
+        continue;
+      }
+      const T* __restrict wte = token_embedding + static_cast<size_t>(token - vocab_begin) * c;
       if (position_embedding == nullptr) {
         std::copy(wte, wte + c, y);
         continue;
@@ -25,14 +36,19 @@ void EmbeddingForward(T* out, const int32_t* tokens, const T* token_embedding,
 
 template <typename T>
 void EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const T* dout,
-                       const int32_t* tokens, int b, int t, int c, ThreadPool* pool) {
+                       const int32_t* tokens, int b, int t, int c, int vocab_begin, int vocab_end,
+                       ThreadPool* pool) {
   const size_t rows = static_cast<size_t>(b) * t;
   ParallelFor(pool, c, 64, [&](size_t begin, size_t end, int) {
     const size_t width = end - begin;
     for (size_t row = 0; row < rows; ++row) {
       const T* __restrict dy = dout + row * c + begin;
-      T* __restrict dwte = dtoken_embedding + static_cast<size_t>(tokens[row]) * c + begin;
-      for (size_t j = 0; j < width; ++j) dwte[j] += dy[j];
+      const int32_t token = tokens[row];
+      if (token >= vocab_begin && token < vocab_end) {
+        T* __restrict dwte =
+            dtoken_embedding + static_cast<size_t>(token - vocab_begin) * c + begin;
+        for (size_t j = 0; j < width; ++j) dwte[j] += dy[j];
+      }
       if (dposition_embedding == nullptr) continue;
       T* __restrict dwpe = dposition_embedding + (row % t) * c + begin;
       for (size_t j = 0; j < width; ++j) dwpe[j] += dy[j];
@@ -40,10 +56,11 @@ void EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const T* dou
   });
 }
 
-#define DTRAIN_INSTANTIATE(T)                                                              \
-  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int, \
-                                    ThreadPool*);                                          \
-  template void EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, int, int, int, ThreadPool*);
+#define DTRAIN_INSTANTIATE(T)                                                                   \
+  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int, int, \
+                                    int, ThreadPool*);                                          \
+  template void EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, int, \
+                                     ThreadPool*);
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(double)
 #undef DTRAIN_INSTANTIATE

@@ -74,7 +74,17 @@ absl::Status CudaStatus(cudaError_t error, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
 }
 
-ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kAvg ? ncclAvg : ncclSum; }
+ncclRedOp_t NcclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMax:
+      return ncclMax;
+  }
+  return ncclSum;
+}
 
 ncclDataType_t NcclType(DataType type) {
   switch (type) {

@@ -1,5 +1,6 @@
 #include "core/model/param_table.h"
 
+#include <utility>
 #include <vector>
 
 #include "core/model/init.h"
@@ -74,14 +75,19 @@ TEST(ParamTableTest, GroupedQueryAttentionShapesTheQkvProjection) {
 // a column block of mlp.down; its shard initialises bit for bit as that slice of the whole
 // model (the same code draws the same stream positions), and the ranks together cover every
 // element of every tensor.
+// Vocabulary 97 splits into slots of 64 (tp 2: 64 + 33 real rows; tp 4: 64 + 33 + 0 + 0).
 TEST(ParamTableTest, TensorParallelShardsAreSlicesOfTheWholeModel) {
-  for (ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
-    const ModelConfig config = testing::SmallModelConfig(family);  // llama: 4 heads, 2 kv heads
+  for (const auto& [family, vocab] :
+       {std::pair{ModelFamily::kGpt2, 61}, std::pair{ModelFamily::kLlama, 61},
+        std::pair{ModelFamily::kGpt2, 97}, std::pair{ModelFamily::kLlama, 97}}) {
+    ModelConfig config = testing::SmallModelConfig(family);  // llama: 4 heads, 2 kv heads
+    config.vocab_size = vocab;
     const ParamTable whole(config, ModelSlice{});
     std::vector<float> whole_params(whole.total_numel());
     InitParameters(config, whole, 7, 0, whole.total_numel(), whole_params.data());
     for (int tp : {2, 4}) {
-      SCOPED_TRACE(::testing::Message() << FamilyName(family) << " tp " << tp);
+      SCOPED_TRACE(::testing::Message()
+                   << FamilyName(family) << " vocab " << vocab << " tp " << tp);
       std::vector<int> covered(whole.total_numel(), 0);
       for (int rank = 0; rank < tp; ++rank) {
         const ParamTable shard(config, ModelSlice{.tp_rank = rank, .tp_size = tp});
@@ -119,17 +125,52 @@ TEST(ParamTableTest, TensorParallelShardsAreSlicesOfTheWholeModel) {
   EXPECT_EQ(gpt2.Find("blocks.0.attn.out.weight")->column_begin, 16);
 }
 
+// At tp > 1 the vocabulary is padded to a multiple of tp x 64 and each rank holds the real rows
+// of its slot (none when the slot is all padding); tp = 1 pads nothing. The token embedding
+// (GPT-2's tied head) and Llama's head are split alike, as (rows, C) shards of (V, C).
+TEST(ParamTableTest, VocabularySlotsArePaddedAndHoldOnlyRealRows) {
+  struct Expected {
+    int tp, rank, slot, begin, end;
+  };
+  for (const Expected& e :
+       {Expected{1, 0, 97, 0, 97}, Expected{2, 0, 64, 0, 64}, Expected{2, 1, 64, 64, 97},
+        Expected{4, 1, 64, 64, 97}, Expected{4, 2, 64, 97, 97}, Expected{4, 3, 64, 97, 97}}) {
+    SCOPED_TRACE(::testing::Message() << "tp " << e.tp << " rank " << e.rank);
+    for (ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+      ModelConfig config = testing::SmallModelConfig(family);
+      config.vocab_size = 97;
+      const ParamTable table(config, ModelSlice{.tp_rank = e.rank, .tp_size = e.tp});
+      EXPECT_EQ(table.dims().vocab_parallel, e.tp > 1);
+      EXPECT_EQ(table.dims().vocab_slot, e.slot);
+      EXPECT_EQ(table.dims().vocab_begin, e.begin);
+      EXPECT_EQ(table.dims().vocab_end, e.end);
+      for (const char* name : {"embed.tokens", "head.weight"}) {
+        const TensorEntry* entry = table.Find(name);
+        if (entry == nullptr) continue;  // GPT-2 ties its head
+        EXPECT_EQ(entry->shape, (std::vector<int64_t>{e.end - e.begin, 32})) << name;
+        EXPECT_EQ(entry->global_shape, (std::vector<int64_t>{97, 32})) << name;
+        ASSERT_EQ(entry->rows.size(), 1u);
+        EXPECT_EQ(entry->rows[0].global_begin, e.begin) << name;
+      }
+    }
+  }
+}
+
 // Whole-model totals (the gradient norm) count each element once: the ranks' counted ranges
 // cover every element of the whole model exactly once, replicated tensors and kv heads
 // included; the whole model counts everything.
 TEST(ParamTableTest, TensorParallelRanksCountEveryElementOnce) {
-  for (ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
-    const ModelConfig config = testing::SmallModelConfig(family);
+  for (const auto& [family, vocab] :
+       {std::pair{ModelFamily::kGpt2, 61}, std::pair{ModelFamily::kLlama, 61},
+        std::pair{ModelFamily::kGpt2, 97}, std::pair{ModelFamily::kLlama, 97}}) {
+    ModelConfig config = testing::SmallModelConfig(family);
+    config.vocab_size = vocab;
     const ParamTable whole(config, ModelSlice{});
     EXPECT_EQ(whole.CountedRanges(),
               (std::vector<std::pair<size_t, size_t>>{{0, whole.total_numel()}}));
     for (int tp : {2, 4}) {
-      SCOPED_TRACE(::testing::Message() << FamilyName(family) << " tp " << tp);
+      SCOPED_TRACE(::testing::Message()
+                   << FamilyName(family) << " vocab " << vocab << " tp " << tp);
       std::vector<int> counted(whole.total_numel(), 0);
       for (int rank = 0; rank < tp; ++rank) {
         const ParamTable shard(config, ModelSlice{.tp_rank = rank, .tp_size = tp});

@@ -353,6 +353,47 @@ TEST_P(GlooCollectiveTest, BFloat16ReducesInFloat) {
   });
 }
 
+// The maximum over ranks, for every type, through the all-reduce and the reduce-scatter: rank
+// r's value at i is largest on the rank (i % n), negative values included, so a sum or a
+// maximum of the wrong operands shows. Signed i64 must not compare as u64.
+TEST_P(GlooCollectiveTest, MaxReducesToTheLargestValueOfEveryType) {
+  const int n = GetParam();
+  testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {
+    // -10 - i everywhere except on rank i % n, which holds i (rank 0 holds -0 at i = 0: max 0).
+    auto value = [n](int rank, size_t i) {
+      return rank == static_cast<int>(i % n) ? static_cast<double>(i) : -10.0 - i;
+    };
+    auto check = [&](auto zero) {
+      using T = decltype(zero);
+      for (size_t count : kCounts) {
+        std::vector<T> data(count);
+        for (size_t i = 0; i < count; ++i) data[i] = static_cast<T>(value(comm.rank(), i));
+        ASSERT_TRUE(comm.AllReduce(data.data(), count, ReduceOp::kMax)->Wait().ok());
+        std::vector<T> input(n * count);
+        for (size_t i = 0; i < input.size(); ++i) input[i] = static_cast<T>(value(comm.rank(), i));
+        std::vector<T> shard(count);
+        ASSERT_TRUE(
+            comm.ReduceScatter(input.data(), shard.data(), count, ReduceOp::kMax)->Wait().ok());
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(data[i], static_cast<T>(i)) << "count " << count << " element " << i;
+          ASSERT_EQ(shard[i], static_cast<T>(comm.rank() * count + i)) << "count " << count;
+        }
+      }
+    };
+    check(float{0});
+    check(double{0});
+    check(int64_t{0});
+    // bf16 (a float's upper half) holds these small integers exactly.
+    auto bits = [](double value) {
+      return static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(value)) >> 16);
+    };
+    std::vector<uint16_t> bf16(n);
+    for (int i = 0; i < n; ++i) bf16[i] = bits(value(comm.rank(), i));
+    ASSERT_TRUE(comm.AllReduce(bf16.data(), n, DataType::kBF16, ReduceOp::kMax)->Wait().ok());
+    for (int i = 0; i < n; ++i) EXPECT_EQ(bf16[i], bits(i)) << "element " << i;
+  });
+}
+
 TEST_P(GlooCollectiveTest, IntegerAverageIsRejectedAndTheCommunicatorStaysUsable) {
   const int n = GetParam();
   testing::RunRanksInThreads(n, absl::Seconds(20), [&](Communicator& comm) {

@@ -94,8 +94,8 @@ Workload Gpt2Workload(int batch_size) {
 }
 
 // The per-step traffic the communicator will be compared with: 2Ψ per step for DDP, 3 x 2Ψ per
-// micro-batch for ZeRO-3, 4 all-reduces of b*s*h per layer per micro-batch for TP (and the
-// gradient norm's one double per step).
+// micro-batch for ZeRO-3, 4 all-reduces of b*s*h per layer per micro-batch for TP, 2 more for
+// the vocabulary-parallel embedding and head (and the gradient norm's one double per step).
 TEST(CostModelTest, TrafficPerStepFollowsTheStrategy) {
   const ClusterSpec cluster = testing::CatalogCluster(2, "a100-80gb", "ib-hdr");
   const Workload workload = Gpt2Workload(64);
@@ -113,8 +113,12 @@ TEST(CostModelTest, TrafficPerStepFollowsTheStrategy) {
   Layout tp{.strategy = Strategy::kDdp, .tp = 4, .dp = 4, .micro_batch = 4};
   const Estimate tp_estimate = EstimateLayout(workload, cluster, tp);
   const double per_all_reduce = 4.0 * 1024 * 1024 * 2;  // b*s*h bf16
+  // Per micro-batch: 4 per layer, the embedding's and the head's, and the vocabulary-parallel
+  // softmax's max, sum and target logit per token in float32.
+  const double softmax_stats = 3.0 * 4 * 1024 * sizeof(float);
   EXPECT_DOUBLE_EQ(tp_estimate.tp.payload_bytes,
-                   tp_estimate.micro_batches * 24 * 4 * per_all_reduce + sizeof(double));
+                   tp_estimate.micro_batches * ((24 * 4 + 2) * per_all_reduce + softmax_stats) +
+                       sizeof(double));
   EXPECT_DOUBLE_EQ(tp_estimate.dp.payload_bytes, 2 * ParamsPerRank(workload.model, 4, 1));
 }
 

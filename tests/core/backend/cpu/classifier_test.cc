@@ -1,6 +1,7 @@
 #include "core/backend/cpu/classifier.h"
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "core/backend/cpu/cpu_backend.h"
@@ -85,6 +86,77 @@ TEST(ClassifierTest, GradientsMatchFiniteDifferencesOfScaledLoss) {
                                     nullptr);
   ExpectGradientMatches(x, loss, dx, "dx");
   ExpectGradientMatches(w, loss, Difference(dw, dw0), "dweight");
+}
+
+// The vocabulary-parallel phases over slots [0, 4), [4, 7) and an empty [7, 7) of the
+// vocabulary, the ranks' statistics combined here as the all-reduces would (maximum, then sums),
+// give the fused kernel's loss, dx (the ranks' partial dx summed) and dweight (each slot's rows).
+// In double both sides agree to rounding: 1e-12.
+TEST(ClassifierTest, VocabularyParallelPhasesMatchTheFusedKernel) {
+  const auto x = RandomVector(kRows * kChannels, 1, -2, 2);
+  const auto w = RandomVector(kVocab * kChannels, 2, -2, 2);
+  const auto targets = Targets(kRows, kVocab);
+  const double grad_scale = 0.37;
+  std::vector<double> scratch(ClassifierScratchSize(kRows, kVocab));
+  std::vector<double> dx(x.size()), dw(w.size());
+  const double loss = ClassifierForwardBackward<double>(dx.data(), dw.data(), x.data(), w.data(),
+                                                        targets.data(), kRows, kChannels, kVocab,
+                                                        grad_scale, kRows, scratch.data(), nullptr);
+
+  const std::vector<std::pair<int, int>> slots = {{0, 4}, {4, 7}, {7, 7}};
+  std::vector<std::vector<double>> logits;
+  std::vector<double> max(kRows, -INFINITY), sums(kRows), target_logits(kRows);
+  for (const auto& [begin, end] : slots) {
+    const int v = end - begin;
+    logits.emplace_back(static_cast<size_t>(kRows) * v);
+    for (int i = 0; i < kRows; ++i) {
+      for (int j = 0; j < v; ++j) {
+        for (int k = 0; k < kChannels; ++k) {
+          logits.back()[i * v + j] += x[i * kChannels + k] * w[(begin + j) * kChannels + k];
+        }
+      }
+    }
+    std::vector<double> rank_max(kRows);
+    ClassifierRowMax<double>(rank_max.data(), logits.back().data(), kRows, v, nullptr);
+    for (int i = 0; i < kRows; ++i) max[i] = std::max(max[i], rank_max[i]);
+  }
+  for (size_t s = 0; s < slots.size(); ++s) {
+    const auto [begin, end] = slots[s];
+    std::vector<double> rank_sums(kRows), rank_targets(kRows);
+    ClassifierExpSums<double>(logits[s].data(), rank_sums.data(), rank_targets.data(), max.data(),
+                              targets.data(), kRows, end - begin, begin, nullptr);
+    for (int i = 0; i < kRows; ++i) {
+      sums[i] += rank_sums[i];
+      target_logits[i] += rank_targets[i];
+    }
+  }
+  EXPECT_NEAR(ClassifierLossSum<double>(max.data(), sums.data(), target_logits.data(),
+                                        targets.data(), kRows),
+              loss, 1e-12 * loss);
+  std::vector<double> split_dx(x.size());
+  for (size_t s = 0; s < slots.size(); ++s) {
+    const auto [begin, end] = slots[s];
+    const int v = end - begin;
+    ClassifierLogitsBackward<double>(logits[s].data(), sums.data(), targets.data(), kRows, v, begin,
+                                     grad_scale, nullptr);
+    for (int i = 0; i < kRows; ++i) {
+      for (int j = 0; j < v; ++j) {
+        const double g = logits[s][i * v + j];
+        for (int k = 0; k < kChannels; ++k) {
+          split_dx[i * kChannels + k] += g * w[(begin + j) * kChannels + k];
+        }
+      }
+    }
+    // dweight rows of this slot: dlogits^T x.
+    for (int j = 0; j < v; ++j) {
+      for (int k = 0; k < kChannels; ++k) {
+        double g = 0;
+        for (int i = 0; i < kRows; ++i) g += logits[s][i * v + j] * x[i * kChannels + k];
+        EXPECT_NEAR(g, dw[(begin + j) * kChannels + k], 1e-12) << "row " << begin + j;
+      }
+    }
+  }
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_NEAR(split_dx[i], dx[i], 1e-12) << "dx " << i;
 }
 
 TEST(ClassifierTest, ChunkRowsFitTheScratchBudget) {
