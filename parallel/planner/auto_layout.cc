@@ -46,7 +46,6 @@ SearchOptions TrainerLayouts(int ranks_per_node) {
   // attention forward per block) where none fits.
   runnable.recompute = {Recompute::kNone, Recompute::kFull};
   runnable.allow_offload = false;
-  runnable.allow_sequence_parallel = false;
   return runnable;
 }
 
@@ -93,6 +92,7 @@ absl::Status ApplyLayout(const Layout& layout, Recipe& recipe) {
   recipe.parallel.strategy = std::string(StrategyName(layout.strategy));
   recipe.parallel.tp = layout.tp;
   recipe.parallel.pp = layout.pp;
+  recipe.parallel.sequence_parallel = layout.sequence_parallel;
   recipe.parallel.recompute = std::string(RecomputeName(layout.recompute));
   recipe.train.micro_batch = layout.micro_batch;
   return absl::OkStatus();

@@ -25,8 +25,8 @@ struct AutoLayout {
 };
 
 // The layouts the trainer runs today: every data-parallel engine, tensor parallelism among the
-// `ranks_per_node` ranks of one machine (kv heads split or replicated), no or full
-// recomputation; no pipeline, sequence parallelism or offload yet. Every machine must run the
+// `ranks_per_node` ranks of one machine (kv heads split or replicated, with sequence
+// parallelism), no or full recomputation; no pipeline or offload yet. Every machine must run the
 // same number of ranks, so that every rank picks the same layout.
 SearchOptions TrainerLayouts(int ranks_per_node);
 

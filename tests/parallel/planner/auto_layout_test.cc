@@ -54,7 +54,8 @@ TEST(AutoLayoutTest, TrainerLayoutsIncludeTensorParallelismInsideAMachine) {
   const Layout& layout = resolved->layout;
   EXPECT_GT(layout.tp, 1) << DescribeLayout(layout);
   EXPECT_EQ(layout.pp, 1);
-  EXPECT_FALSE(layout.sequence_parallel);
+  // Sequence parallelism with it: the same bytes, less activation memory.
+  EXPECT_TRUE(layout.sequence_parallel);
   EXPECT_FALSE(layout.offload);
   EXPECT_NE(layout.recompute, Recompute::kSelective);
 
@@ -62,6 +63,7 @@ TEST(AutoLayoutTest, TrainerLayoutsIncludeTensorParallelismInsideAMachine) {
   ASSERT_TRUE(ApplyLayout(layout, applied).ok());
   EXPECT_EQ(applied.parallel.tp, layout.tp);
   EXPECT_EQ(applied.parallel.pp, 1);
+  EXPECT_TRUE(applied.parallel.sequence_parallel);
 }
 
 TEST(AutoLayoutTest, NoNoteWhenTheBestLayoutIsRunnable) {
