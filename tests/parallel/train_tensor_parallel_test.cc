@@ -26,28 +26,34 @@ namespace {
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
-// A tiny model whose heads, kv heads and MLP width split over 2 and 4 ranks; llama's 2 kv heads
-// are replicated at tp 4.
-std::string Recipe(const std::string& family) {
-  std::string text;
-  for (int i = 0; i < 300; ++i) absl::StrAppend(&text, "Pack my box with ", i % 7, " jugs.\n");
-  const std::string data = testing::WriteTempFile("tp_text.txt", text);
-  const std::string model = family == "llama"
-                                ? "{family: llama, n_layer: 2, n_head: 4, n_kv_head: 2, "
-                                  "d_model: 32, d_ff: 64, max_seq_len: 32}"
-                                : "{n_layer: 2, n_head: 4, d_model: 32, max_seq_len: 32}";
-  return testing::WriteTempFile(absl::StrCat("tp_", family, ".yaml"), absl::StrCat(R"(
-run: {name: tp, seed: 5, threads: 1}
-model: )",
-                                                                                   model, R"(
-data: {train: [)",
-                                                                                   data, R"(]}
+// A tiny model whose heads, kv heads and MLP width split over 2 and 4 ranks (llama's 2 kv heads
+// are replicated at tp 4), with `model_extra` keys, trained on `data` (a YAML mapping's
+// entries) for 10 steps, evaluated every 5 with `sample_tokens` sampled; the file is
+// tp_<name>.yaml.
+std::string TinyRecipe(const std::string& name, const std::string& family,
+                       const std::string& model_extra, const std::string& data, int sample_tokens) {
+  const std::string model =
+      family == "llama"
+          ? "family: llama, n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 32, d_ff: 64, "
+            "max_seq_len: 32"
+          : "n_layer: 2, n_head: 4, d_model: 32, max_seq_len: 32";
+  return testing::WriteTempFile(absl::StrCat("tp_", name, ".yaml"),
+                                absl::StrCat("run: {name: tp, seed: 5, threads: 1}\nmodel: {",
+                                             model, model_extra, "}\ndata: {", data, R"(}
 train: {steps: 10, batch_size: 8, micro_batch: 2, seq_len: 16, warmup_steps: 1, eval_every: 5,
         eval_batches: 1, export_to: ""}
 parallel: {bucket_mb: 0.01, prefetch_bucket_mb: 0.01, check_replicas: true, timeout_s: 30}
 checkpoint: {resume: never}
-logging: {sample_tokens: 4}
-)"));
+logging: {sample_tokens: )",
+                                             sample_tokens, "}\n"));
+}
+
+// The tiny model on byte-level text.
+std::string Recipe(const std::string& family) {
+  std::string text;
+  for (int i = 0; i < 300; ++i) absl::StrAppend(&text, "Pack my box with ", i % 7, " jugs.\n");
+  const std::string data = testing::WriteTempFile("tp_text.txt", text);
+  return TinyRecipe(family, family, "", absl::StrCat("train: [", data, "]"), 4);
 }
 
 struct Metrics {
@@ -191,8 +197,8 @@ void ExpectLayoutsFollowOneProcess(const std::string& family, const std::vector<
 }
 
 // A vocabulary of 97 tokens (an llm.c token shard): tensor parallelism pads it to 128 (tp 2:
-// 64 + 33 rows) or 256 (tp 4: 64 + 33 rows and two ranks with none), 20 steps, evaluations
-// every 5, samples at each.
+// 64 + 33 rows) or 256 (tp 4: 64 + 33 rows and two ranks with none), with 8 tokens sampled at
+// each evaluation.
 std::string PaddedVocabularyRecipe(const std::string& family) {
   constexpr int kVocab = 97, kTokens = 6000;
   std::string shard(1024 + 2 * kTokens, '\0');
@@ -204,20 +210,8 @@ std::string PaddedVocabularyRecipe(const std::string& family) {
     std::memcpy(shard.data() + 1024 + 2 * i, &token, 2);
   }
   const std::string data = testing::WriteTempFile("tp_vocab97.bin", shard);
-  const std::string model = family == "llama"
-                                ? "{family: llama, n_layer: 2, n_head: 4, n_kv_head: 2, "
-                                  "d_model: 32, d_ff: 64, vocab_size: 97, max_seq_len: 32}"
-                                : "{n_layer: 2, n_head: 4, d_model: 32, vocab_size: 97, "
-                                  "max_seq_len: 32}";
-  return testing::WriteTempFile(absl::StrCat("tp_vocab97_", family, ".yaml"),
-                                absl::StrCat("run: {name: tp, seed: 5, threads: 1}\nmodel: ", model,
-                                             "\ndata: {format: llmc, train: [", data, R"(]}
-train: {steps: 20, batch_size: 8, micro_batch: 2, seq_len: 16, warmup_steps: 1, eval_every: 5,
-        eval_batches: 1, export_to: ""}
-parallel: {bucket_mb: 0.01, prefetch_bucket_mb: 0.01, check_replicas: true, timeout_s: 30}
-checkpoint: {resume: never}
-logging: {sample_tokens: 8}
-)"));
+  return TinyRecipe(absl::StrCat("vocab97_", family), family, ", vocab_size: 97",
+                    absl::StrCat("format: llmc, train: [", data, "]"), 8);
 }
 
 // The token ids of every "sample at step" line in a rank's output.
