@@ -1,11 +1,9 @@
 #include "parallel/pipeline/executor.h"
 
 #include <algorithm>
-#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -246,8 +244,8 @@ TEST(PipelineExecutorTest, OneFOneBBuffersDoNotGrowWithMicroBatches) {
     EXPECT_EQ(more[s].stats.peak_live_activations, p - s);
     EXPECT_EQ(more[s].stats.peak_buffers_in_use, fewer[s].stats.peak_buffers_in_use);
     EXPECT_EQ(more[s].stats.buffers_allocated, fewer[s].stats.buffers_allocated);
-    // Gpipe, for contrast, holds every micro-batch's input on the stages that receive one.
   }
+  // Gpipe, for contrast, holds every micro-batch's input on the stages that receive one.
   const std::vector<StageResult> gpipe =
       RunPipeline({PipelineSchedule::kGpipe, p, 1, 4 * p + 1}, 1);
   for (int s = 1; s < p; ++s) {
