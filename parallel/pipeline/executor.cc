@@ -1,0 +1,304 @@
+#include "parallel/pipeline/executor.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace dtrain {
+namespace {
+
+using Kind = PipelineActionKind;
+
+bool IsRecv(Kind kind) { return kind == Kind::kRecvForward || kind == Kind::kRecvBackward; }
+bool IsSend(Kind kind) { return kind == Kind::kSendForward || kind == Kind::kSendBackward; }
+
+// The status `cause` with `message` in place of its message: the code and the payloads (the
+// faulty ranks the launcher reports) survive.
+absl::Status Renamed(const absl::Status& cause, const std::string& message) {
+  absl::Status status(cause.code(), message);
+  cause.ForEachPayload([&](absl::string_view type_url, const absl::Cord& payload) {
+    status.SetPayload(type_url, payload);
+  });
+  return status;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
+    const PipelineShape& shape, int stage, Communicator* comm) {
+  absl::StatusOr<std::vector<PipelineAction>> actions = StageActions(shape, stage);
+  if (!actions.ok()) return actions.status();
+  if (shape.stages > 1 &&
+      (comm == nullptr || comm->size() != shape.stages || comm->rank() != stage)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline stage ", stage, " of ", shape.stages, ": the pipeline group needs ",
+                     shape.stages, " ranks with this stage at rank ", stage, ", but ",
+                     comm == nullptr ? std::string("there is no communicator")
+                                     : absl::StrCat("group '", comm->name(), "' has ", comm->size(),
+                                                    " ranks and this is rank ", comm->rank())));
+  }
+  return std::unique_ptr<PipelineExecutor>(
+      new PipelineExecutor(shape, stage, comm, *std::move(actions)));
+}
+
+PipelineExecutor::PipelineExecutor(const PipelineShape& shape, int stage, Communicator* comm,
+                                   std::vector<PipelineAction> actions)
+    : shape_(shape), stage_(stage), comm_(comm), actions_(std::move(actions)) {
+  const int p = shape.stages;
+  send_safe_after_.resize(p);
+  sends_.resize(p);
+  recvs_posted_.assign(p, 0);
+  recvs_completed_.assign(p, 0);
+  sends_posted_.assign(p, 0);
+  // For each send to a neighbour: where, in the neighbour's own list, it posts the matching
+  // receive (its n-th receive from this stage matches this stage's n-th send), and which of its
+  // sends back to this stage it lists after that. Once that message has arrived here, the
+  // neighbour has posted the receive, and waiting for the send cannot block on it.
+  for (int peer = 0; peer < p; ++peer) {
+    const bool neighbour =
+        std::any_of(actions_.begin(), actions_.end(),
+                    [peer](const PipelineAction& a) { return IsSend(a.kind) && a.peer == peer; });
+    if (!neighbour) continue;
+    // StageActions cannot fail for a stage of a shape it accepted.
+    const std::vector<PipelineAction> theirs = *StageActions(shape, peer);
+    int sends_back = 0;
+    for (const PipelineAction& a : theirs) {
+      if (IsRecv(a.kind) && a.peer == stage) send_safe_after_[peer].push_back(sends_back);
+      if (IsSend(a.kind) && a.peer == stage) ++sends_back;
+    }
+    for (int& ordinal : send_safe_after_[peer]) {
+      if (ordinal >= sends_back) ordinal = std::numeric_limits<int>::max();
+    }
+  }
+}
+
+PipelineExecutor::~PipelineExecutor() { Abandon(); }
+
+std::vector<float> PipelineExecutor::Acquire(size_t count) {
+  std::vector<float> buffer;
+  // The smallest pooled buffer that holds `count` avoids a reallocation; any other grows.
+  auto best = pool_.end();
+  for (auto it = pool_.begin(); it != pool_.end(); ++it) {
+    if (it->capacity() >= count && (best == pool_.end() || it->capacity() < best->capacity())) {
+      best = it;
+    }
+  }
+  if (best == pool_.end() && !pool_.empty()) best = pool_.begin();
+  if (best != pool_.end()) {
+    buffer = std::move(*best);
+    pool_.erase(best);
+  } else {
+    ++stats_.buffers_allocated;
+  }
+  buffer.resize(count);
+  stats_.peak_buffers_in_use = std::max(stats_.peak_buffers_in_use, ++in_use_);
+  return buffer;
+}
+
+void PipelineExecutor::Release(std::vector<float> buffer) {
+  --in_use_;
+  pool_.push_back(std::move(buffer));
+}
+
+absl::Status PipelineExecutor::Failed(const PipelineAction& action,
+                                      const absl::Status& cause) const {
+  std::string where = absl::StrCat("pipeline stage ", stage_, " of ", shape_.stages);
+  if (comm_ != nullptr) absl::StrAppend(&where, " on group '", comm_->name(), "'");
+  const std::string peer =
+      action.peer >= 0
+          ? absl::StrCat(IsSend(action.kind) ? " to stage " : " from stage ", action.peer)
+          : "";
+  return Renamed(
+      cause, absl::StrCat(where, ": ", FormatAction(action), peer, " failed: ", cause.message()));
+}
+
+void PipelineExecutor::PostRecv(const PipelineAction& action, size_t count,
+                                std::map<Key, Slot>& into) {
+  Slot slot;
+  slot.buffer = Acquire(count);
+  slot.work = comm_->Recv<float>(slot.buffer.data(), count, action.peer);
+  slot.action = action;
+  slot.ordinal = recvs_posted_[action.peer]++;
+  into[{action.micro_batch, action.chunk}] = std::move(slot);
+}
+
+absl::Status PipelineExecutor::PostSend(const PipelineAction& action, std::map<Key, Slot>& from) {
+  auto it = from.find({action.micro_batch, action.chunk});
+  if (it == from.end()) {
+    return Failed(action, absl::InternalError("the schedule sends what no compute produced"));
+  }
+  Slot slot = std::move(it->second);
+  from.erase(it);
+  slot.work = comm_->Send<float>(slot.buffer.data(), slot.buffer.size(), action.peer);
+  slot.action = action;
+  slot.ordinal = sends_posted_[action.peer]++;
+  sends_[action.peer].push_back(std::move(slot));
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::ReclaimSends(int peer, bool all) {
+  std::vector<Slot>& pending = sends_[peer];
+  size_t done = 0;
+  absl::Status status;
+  for (; done < pending.size(); ++done) {
+    Slot& send = pending[done];
+    if (!all && send_safe_after_[peer][send.ordinal] >= recvs_completed_[peer]) break;
+    status = send.work->Wait();
+    send.work.reset();
+    if (!status.ok()) {
+      status = Failed(send.action, status);
+      break;
+    }
+    Release(std::move(send.buffer));
+  }
+  if (status.ok()) pending.erase(pending.begin(), pending.begin() + done);
+  return status;
+}
+
+absl::Status PipelineExecutor::WaitRecv(Slot& slot) {
+  if (slot.work == nullptr) return absl::OkStatus();
+  absl::Status status = slot.work->Wait();
+  slot.work.reset();
+  if (!status.ok()) return Failed(slot.action, status);
+  const int peer = slot.action.peer;
+  recvs_completed_[peer] = std::max(recvs_completed_[peer], slot.ordinal + 1);
+  return ReclaimSends(peer, /*all=*/false);
+}
+
+absl::Status PipelineExecutor::RunForward(const PipelineAction& action, PipelineStage& stage) {
+  const int p = shape_.stages;
+  const int model_chunk = action.chunk * p + stage_;
+  const Key key{action.micro_batch, action.chunk};
+  const float* input = nullptr;
+  if (model_chunk > 0) {
+    auto it = inputs_.find(key);
+    if (it == inputs_.end()) {
+      return Failed(action, absl::InternalError("the schedule never received its input"));
+    }
+    if (absl::Status status = WaitRecv(it->second); !status.ok()) return status;
+    input = it->second.buffer.data();
+  }
+  const bool last = model_chunk == p * shape_.virtual_stages - 1;
+  std::vector<float> output;
+  if (!last) output = Acquire(stage.OutputCount(action.chunk));
+  if (absl::Status status =
+          stage.Forward(action.micro_batch, action.chunk, input, last ? nullptr : output.data());
+      !status.ok()) {
+    if (!last) Release(std::move(output));
+    return Failed(action, status);
+  }
+  stats_.peak_live_activations = std::max(stats_.peak_live_activations, ++live_);
+  if (last) return absl::OkStatus();
+  Slot slot;
+  slot.buffer = std::move(output);
+  // One stage: the next model chunk is here, and takes the output as its input directly.
+  if (p == 1) {
+    inputs_[{action.micro_batch, action.chunk + 1}] = std::move(slot);
+  } else {
+    to_send_[key] = std::move(slot);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::RunBackward(const PipelineAction& action, PipelineStage& stage) {
+  const int p = shape_.stages;
+  const int model_chunk = action.chunk * p + stage_;
+  const Key key{action.micro_batch, action.chunk};
+  const bool last = model_chunk == p * shape_.virtual_stages - 1;
+  const float* d_output = nullptr;
+  if (!last) {
+    auto it = d_outputs_.find(key);
+    if (it == d_outputs_.end()) {
+      return Failed(action,
+                    absl::InternalError("the schedule never received its output's gradient"));
+    }
+    if (absl::Status status = WaitRecv(it->second); !status.ok()) return status;
+    d_output = it->second.buffer.data();
+  }
+  std::vector<float> d_input;
+  if (model_chunk > 0) d_input = Acquire(stage.InputCount(action.chunk));
+  absl::Status status = stage.Backward(action.micro_batch, action.chunk, d_output,
+                                       model_chunk > 0 ? d_input.data() : nullptr);
+  if (!status.ok()) {
+    if (model_chunk > 0) Release(std::move(d_input));
+    return Failed(action, status);
+  }
+  --live_;
+  // The input was kept for this backward, and the output's gradient was only needed here.
+  for (std::map<Key, Slot>* done : {&inputs_, &d_outputs_}) {
+    auto it = done->find(key);
+    if (it == done->end()) continue;
+    Release(std::move(it->second.buffer));
+    done->erase(it);
+  }
+  if (model_chunk == 0) return absl::OkStatus();
+  Slot slot;
+  slot.buffer = std::move(d_input);
+  if (p == 1) {
+    d_outputs_[{action.micro_batch, action.chunk - 1}] = std::move(slot);
+  } else {
+    to_send_[key] = std::move(slot);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::RunAction(const PipelineAction& action, PipelineStage& stage) {
+  switch (action.kind) {
+    case Kind::kRecvForward:
+      PostRecv(action, stage.InputCount(action.chunk), inputs_);
+      return absl::OkStatus();
+    case Kind::kRecvBackward:
+      PostRecv(action, stage.OutputCount(action.chunk), d_outputs_);
+      return absl::OkStatus();
+    case Kind::kForward:
+      return RunForward(action, stage);
+    case Kind::kBackward:
+      return RunBackward(action, stage);
+    case Kind::kSendForward:
+    case Kind::kSendBackward:
+      return PostSend(action, to_send_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::RunStep(PipelineStage& stage) {
+  std::fill(recvs_posted_.begin(), recvs_posted_.end(), 0);
+  std::fill(recvs_completed_.begin(), recvs_completed_.end(), 0);
+  std::fill(sends_posted_.begin(), sends_posted_.end(), 0);
+  live_ = 0;
+  stats_.peak_live_activations = 0;
+  stats_.peak_buffers_in_use = 0;
+  absl::Status status;
+  for (const PipelineAction& action : actions_) {
+    status = RunAction(action, stage);
+    if (!status.ok()) break;
+  }
+  for (int peer = 0; peer < shape_.stages && status.ok(); ++peer) {
+    status = ReclaimSends(peer, /*all=*/true);
+  }
+  if (!status.ok()) {
+    Abandon();
+    return status;
+  }
+  if (!inputs_.empty() || !d_outputs_.empty() || !to_send_.empty()) {
+    Abandon();
+    return absl::InternalError(absl::StrCat("pipeline stage ", stage_,
+                                            ": the schedule left buffers unconsumed at the end of "
+                                            "the step"));
+  }
+  return absl::OkStatus();
+}
+
+void PipelineExecutor::Abandon() {
+  // Destroying a Slot waits for its operation before its buffer goes (Slot's member order).
+  inputs_.clear();
+  d_outputs_.clear();
+  to_send_.clear();
+  for (std::vector<Slot>& pending : sends_) pending.clear();
+  in_use_ = 0;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,143 @@
+// Runs one stage's pipeline actions (schedule.h's StageActions) for one optimizer step: the
+// computes through a PipelineStage, the activations and gradients between stages through the
+// pipeline group's Communicator (group rank = stage).
+//
+// The schedule's contract, kept here: a receive is posted where it is listed and waited for by
+// the compute that needs it; a send is posted after its compute and never waited for where it
+// would block on the peer. A send's buffer returns to the pool once the peer has provably posted
+// the matching receive (it has since sent this stage a message it lists after that receive, so
+// the wait returns at once), and the rest at the end of the step. Every wait is bounded by the
+// communicator's per-operation timeout, so a stage that dies or hangs makes its neighbours fail
+// within that timeout, and theirs in turn, never hang.
+//
+// Not thread-safe; one executor per stage, reused across steps (its buffers are pooled).
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/pipeline/schedule.h"
+
+namespace dtrain {
+
+// What the model implements for the chunks of one stage. `chunk` is the virtual chunk on this
+// stage (0 .. virtual_stages - 1), model chunk chunk * stages + stage (schedule.h). Activations
+// and their gradients cross stage boundaries as float32 (b * t * C for a transformer).
+class PipelineStage {
+ public:
+  virtual ~PipelineStage() = default;
+
+  // Elements of the chunk's input activation (0 on model chunk 0, which reads the tokens) and of
+  // its output (0 on the last model chunk, which ends in the loss). The output count of model
+  // chunk k must equal the input count of model chunk k + 1 on the next stage.
+  virtual size_t InputCount(int chunk) const = 0;
+  virtual size_t OutputCount(int chunk) const = 0;
+
+  // Forward of (micro_batch, chunk). input (InputCount): null on model chunk 0; it stays valid
+  // and unchanged until Backward of the same (micro_batch, chunk) returns, so the stage may keep
+  // a pointer to it instead of a copy. output (OutputCount): null on the last model chunk; the
+  // executor sends it (or hands it to the next chunk on this stage) once Forward returns.
+  virtual absl::Status Forward(int micro_batch, int chunk, const float* input, float* output) = 0;
+  // Backward of (micro_batch, chunk), after its Forward: accumulates the chunk's parameter
+  // gradients and frees what Forward kept. d_output (OutputCount): the loss gradient of the
+  // chunk's output, valid during the call; null on the last model chunk (its loss is the
+  // output). d_input (InputCount): written with the gradient of the input; null on model chunk 0.
+  virtual absl::Status Backward(int micro_batch, int chunk, const float* d_output,
+                                float* d_input) = 0;
+};
+
+// Counters of the last RunStep, for tests and memory logs.
+struct PipelineExecutorStats {
+  // Most (micro_batch, chunk) forwarded and not yet backwarded at once: the activations the
+  // stage holds (1F1B: at most stages - stage; gpipe: every micro-batch).
+  int peak_live_activations = 0;
+  // Most float buffers the executor held at once (inputs kept for backward, gradients received,
+  // sends in flight), and the buffers it owns in all, pooled across steps.
+  int peak_buffers_in_use = 0;
+  int buffers_allocated = 0;
+};
+
+class PipelineExecutor {
+ public:
+  // `comm` is the pipeline group: size() == shape.stages, rank() == stage. It may be null for a
+  // pipeline of one stage, which moves nothing. Errors: StageActions', and InvalidArgument when
+  // the communicator does not match the shape.
+  static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(const PipelineShape& shape,
+                                                                  int stage, Communicator* comm);
+
+  // Runs every action of one step, in order. On an error (a compute's, or a send or receive
+  // that failed or timed out) it waits for the operations already posted (each bounded by the
+  // communicator's timeout) and returns a Status that keeps the cause's code and faulty-ranks
+  // payload and names this stage, the action (FormatAction), the peer stage and the group. The
+  // communicator is then unusable (communicator.h), and so is the step.
+  absl::Status RunStep(PipelineStage& stage);
+
+  const PipelineExecutorStats& stats() const { return stats_; }
+
+  ~PipelineExecutor();
+  PipelineExecutor(const PipelineExecutor&) = delete;
+  PipelineExecutor& operator=(const PipelineExecutor&) = delete;
+
+ private:
+  // One buffer and the operation that reads or fills it, if any. The Work is declared after
+  // the buffer so that it is destroyed first: destroying an unwaited Work waits for it, while
+  // the buffer is still alive.
+  struct Slot {
+    std::vector<float> buffer;
+    std::unique_ptr<Work> work;  // null once waited, or for a local hand-over
+    PipelineAction action;       // the receive or send, for messages
+    int ordinal = 0;             // its index among this stage's receives from / sends to the peer
+  };
+  using Key = std::pair<int, int>;  // (micro_batch, chunk)
+
+  PipelineExecutor(const PipelineShape& shape, int stage, Communicator* comm,
+                   std::vector<PipelineAction> actions);
+
+  absl::Status RunAction(const PipelineAction& action, PipelineStage& stage);
+  absl::Status RunForward(const PipelineAction& action, PipelineStage& stage);
+  absl::Status RunBackward(const PipelineAction& action, PipelineStage& stage);
+  // Posts a receive of `count` elements into a new slot of `into`.
+  void PostRecv(const PipelineAction& action, size_t count, std::map<Key, Slot>& into);
+  // Posts the send of the slot a compute left in `from`.
+  absl::Status PostSend(const PipelineAction& action, std::map<Key, Slot>& from);
+  // Waits for the receive of `slot`, if still pending; then returns the sends to its peer that
+  // are now known to be complete.
+  absl::Status WaitRecv(Slot& slot);
+  absl::Status ReclaimSends(int peer, bool all);
+
+  std::vector<float> Acquire(size_t count);
+  void Release(std::vector<float> buffer);
+  // Waits for every posted operation and drops the step's slots (after a failure).
+  void Abandon();
+  absl::Status Failed(const PipelineAction& action, const absl::Status& cause) const;
+
+  const PipelineShape shape_;
+  const int stage_;
+  Communicator* const comm_;
+  const std::vector<PipelineAction> actions_;
+  // Per peer, per send ordinal to it: the ordinal of the first receive from that peer which the
+  // peer sends after posting the receive matching the send (INT32_MAX: none this step).
+  std::vector<std::vector<int>> send_safe_after_;
+
+  // Per step.
+  std::map<Key, Slot> inputs_;     // forward inputs, kept until the backward
+  std::map<Key, Slot> d_outputs_;  // gradients of the outputs, until the backward
+  std::map<Key, Slot> to_send_;    // computed, not yet posted (forward outputs, input gradients)
+  std::vector<std::vector<Slot>> sends_;  // per peer, posted and not yet waited, in order
+  std::vector<int> recvs_posted_;         // per peer
+  std::vector<int> recvs_completed_;      // per peer: one past the newest receive waited for
+  std::vector<int> sends_posted_;         // per peer
+  int live_ = 0;
+  int in_use_ = 0;
+
+  std::vector<std::vector<float>> pool_;
+  PipelineExecutorStats stats_;
+};
+
+}  // namespace dtrain
