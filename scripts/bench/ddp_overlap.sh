@@ -22,21 +22,8 @@ tiny=(model.n_layer=4 model.n_head=4 model.d_model=256 model.vocab_size=256
 gpt2_124m=(model.n_layer=12 model.n_head=12 model.d_model=768 model.vocab_size=50257
            model.max_seq_len=1024 train.seq_len=256 train.batch_size=4)
 
-# run_ranks LOG_PREFIX COMMAND...: one process per rank with torchrun's variables; waits.
-run_ranks() {
-  local prefix=$1 port
-  shift
-  port=$((20000 + RANDOM % 20000))
-  local pids=()
-  for ((rank = 0; rank < ranks; rank++)); do
-    RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=$ranks MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      "$@" >"$prefix.$rank.log" 2>&1 &
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do
-    wait "$pid" || { cat "$prefix".*.log >&2; exit 1; }
-  done
-}
+# shellcheck source=run_ranks.sh
+source "$repo/scripts/bench/run_ranks.sh"
 
 # dtrain_row LABEL STRATEGY STEPS KEY=VALUE... -> "step_ms exposed_ms"
 dtrain_run() {
@@ -49,7 +36,7 @@ dtrain_run() {
     sets+=(--set "$kv")
   done
   rm -rf "$out"
-  run_ranks "$scratch/dtrain" "$build/dtrain" train "$repo/configs/tiny.yaml" "${sets[@]}"
+  run_ranks "$ranks" "$scratch/dtrain" "$build/dtrain" train "$repo/configs/tiny.yaml" "${sets[@]}"
   "$python" - "$out/overlap/metrics.jsonl" "$warmup" <<'PY'
 import json, statistics, sys
 steps = [json.loads(line) for line in open(sys.argv[1])][int(sys.argv[2]):]
@@ -63,7 +50,7 @@ torch_run() {
   shift
   local sets=()
   for kv in "$@"; do sets+=(--set "$kv"); done
-  run_ranks "$scratch/torch" "$python" "$repo/scripts/bench/torch_ddp_train.py" --data "$data" \
+  run_ranks "$ranks" "$scratch/torch" "$python" "$repo/scripts/bench/torch_ddp_train.py" --data "$data" \
     --threads 1 --steps "$steps" --discard "$warmup" "${sets[@]}"
   sed -n 's/^step_ms=//p' "$scratch/torch.0.log"
 }

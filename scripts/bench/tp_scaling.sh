@@ -25,21 +25,8 @@ gpt2_124m=(model.family=gpt2 model.n_layer=12 model.n_head=12 model.d_model=768 
            model.vocab_size=50257 model.max_seq_len=1024 train.seq_len=256 train.batch_size=4
            train.micro_batch=2)
 
-# run_ranks RANKS LOG_PREFIX COMMAND...: one process per rank with torchrun's variables; waits.
-run_ranks() {
-  local ranks=$1 prefix=$2 port
-  shift 2
-  port=$((20000 + RANDOM % 20000))
-  local pids=()
-  for ((rank = 0; rank < ranks; rank++)); do
-    RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=$ranks MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      "$@" >"$prefix.$rank.log" 2>&1 &
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do
-    wait "$pid" || { cat "$prefix".*.log >&2; exit 1; }
-  done
-}
+# shellcheck source=run_ranks.sh
+source "$repo/scripts/bench/run_ranks.sh"
 
 # dtrain_run NAME RANKS THREADS KEY=VALUE... -> "step_ms tp_sent_bytes planned_tp_bytes"
 # (medians over the steps after the warm-up; the plan's figure from rank 0's log, or "-").
