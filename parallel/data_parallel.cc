@@ -120,6 +120,47 @@ absl::Status DataParallelEngine::Wait(std::unique_ptr<Work>& work) {
 void DataParallelEngine::BeginStep() {
   backend_.Zero(grads_.data(), grads_.size());
   exposed_comm_ms_ = 0;
+  pipelined_ = false;
+  keep_gathered_ = false;
+}
+
+void DataParallelEngine::BeginPipelinedStep(int micro_batches, bool keep_gathered) {
+  BeginStep();
+  pipelined_ = true;
+  keep_gathered_ = keep_gathered && sharded_params();
+  backwards_.assign(std::max(micro_batches, 0), false);
+  backwards_begun_ = 0;
+  // The forwards before the first backward: nothing to reduce or to release for good.
+  last_micro_batch_ = false;
+}
+
+absl::Status DataParallelEngine::BeginBackward(int micro_batch) {
+  const int micro_batches = static_cast<int>(backwards_.size());
+  if (!pipelined_ || micro_batch < 0 || micro_batch >= micro_batches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BeginBackward(", micro_batch, "): not a micro-batch of the pipelined step (",
+                     pipelined_ ? absl::StrCat(micro_batches, " micro-batches")
+                                : "BeginPipelinedStep not called",
+                     ")"));
+  }
+  if (backwards_[micro_batch]) {
+    return absl::InvalidArgumentError(absl::StrCat("BeginBackward(", micro_batch,
+                                                   "): the micro-batch's backward already ran "
+                                                   "in this step; each runs once per step"));
+  }
+  backwards_[micro_batch] = true;
+  const bool last = ++backwards_begun_ == micro_batches;
+  if (last && keep_gathered_ && table_.HasRegion(-1)) {
+    // Every forward is done and the embedding backward needs no parameters: untied embeddings
+    // (no longer held by the head) are used no more this step.
+    const auto it = gathered_.find(layout_.unit_index(-1));
+    if (it != gathered_.end() && it->second.users <= 0) {
+      (void)Wait(it->second.pending);
+      gathered_.erase(it);
+    }
+  }
+  BeginMicroBatch(last);
+  return absl::OkStatus();
 }
 
 void DataParallelEngine::BeginMicroBatch(bool last) {
@@ -172,7 +213,11 @@ void DataParallelEngine::Release(int region, Pass pass) {
   if (it == gathered_.end()) return;
   const bool leaves_unit =
       pass == Pass::kForward ? region == unit.last_region : region == unit.first_region;
-  if (--it->second.users <= 0 && leaves_unit) {
+  // Kept for the whole step, a unit is done in the last backward, where backward leaves it or
+  // the head's hold from its forward (the last region, the tied embeddings) ends.
+  const bool done =
+      keep_gathered_ ? last_micro_batch_ && (pass == Pass::kForward || leaves_unit) : leaves_unit;
+  if (--it->second.users <= 0 && done) {
     (void)Wait(it->second.pending);
     gathered_.erase(it);
   }
@@ -247,6 +292,8 @@ void DataParallelEngine::GradientsReady(int region) {
     reductions_.push_back(std::move(reduction));
     return;
   }
+  // A pipelined step's buffers accumulate every backward's contribution until the last one.
+  if (pipelined_ && !last_micro_batch_) return;
   GradientUnit& buffer = GradientBufferFor(unit_index);
   if (++buffer.regions_ready < regions) return;
   if (comm_) {
@@ -281,6 +328,16 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
     gradient_units_.pop_front();
   }
   RETURN_IF_ERROR(error_);
+  const bool missing_backwards =
+      pipelined_ && backwards_begun_ < static_cast<int>(backwards_.size());
+  // Evaluation between steps gathers and frees as the single-stage path does.
+  pipelined_ = keep_gathered_ = false;
+  if (missing_backwards) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the pipelined step ran ", backwards_begun_, " of its ", backwards_.size(),
+                     " micro-batches' backwards: its gradients are not reduced; call "
+                     "BeginBackward before each"));
+  }
 
   double sum_squares = CountedSumSquares();
   StepTotals totals;
@@ -414,6 +471,15 @@ std::vector<StateRange> DataParallelEngine::HeldState() {
     ranges.push_back({StateKind::kMomentV, begin, end, optimizers_[u].v().data()});
   }
   return ranges;
+}
+
+std::vector<GradientSlice> DataParallelEngine::ReducedGradients() {
+  std::vector<GradientSlice> slices;
+  for (size_t u = 0; u < layout_.units().size(); ++u) {
+    const auto [begin, end] = OptimizerRange(u);
+    if (begin < end) slices.push_back({begin, end, OwnGrads(layout_.units()[u])});
+  }
+  return slices;
 }
 
 void DataParallelEngine::SetOptimizerStep(int64_t step) {
