@@ -120,6 +120,7 @@ absl::Status DataParallelEngine::Wait(std::unique_ptr<Work>& work) {
 void DataParallelEngine::BeginStep() {
   backend_.Zero(grads_.data(), grads_.size());
   exposed_comm_ms_ = 0;
+  units_completed_ = 0;
   pipelined_ = false;
   keep_gathered_ = false;
 }
@@ -278,7 +279,9 @@ void DataParallelEngine::GradientsReady(int region) {
   const int regions = unit.last_region - unit.first_region + 1;
   if (!sharded_grads()) {
     // Like DDP's no_sync: micro-batches before the last accumulate locally.
-    if (!last_micro_batch_ || ++regions_ready_[unit_index] < regions || !comm_) return;
+    if (!last_micro_batch_ || ++regions_ready_[unit_index] < regions) return;
+    ++units_completed_;
+    if (!comm_) return;
     PendingReduction reduction{unit_index};
     if (strategy_.sharding == Sharding::kNone) {
       reduction.work = comm_->AllReduce(grads_.data() + unit.padded_begin, unit.end - unit.begin,
@@ -296,6 +299,7 @@ void DataParallelEngine::GradientsReady(int region) {
   if (pipelined_ && !last_micro_batch_) return;
   GradientUnit& buffer = GradientBufferFor(unit_index);
   if (++buffer.regions_ready < regions) return;
+  ++units_completed_;
   if (comm_) {
     buffer.pending = comm_->ReduceScatter(buffer.values.data(), buffer.reduced.data(), unit.shard,
                                           ReduceOp::kSum);
@@ -328,15 +332,21 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
     gradient_units_.pop_front();
   }
   RETURN_IF_ERROR(error_);
-  const bool missing_backwards =
-      pipelined_ && backwards_begun_ < static_cast<int>(backwards_.size());
+  const bool pipelined = pipelined_;
   // Evaluation between steps gathers and frees as the single-stage path does.
   pipelined_ = keep_gathered_ = false;
-  if (missing_backwards) {
+  if (pipelined && backwards_begun_ < static_cast<int>(backwards_.size())) {
     return absl::FailedPreconditionError(
         absl::StrCat("the pipelined step ran ", backwards_begun_, " of its ", backwards_.size(),
                      " micro-batches' backwards: its gradients are not reduced; call "
                      "BeginBackward before each"));
+  }
+  if (pipelined && units_completed_ < layout_.units().size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the pipelined step's last backward completed ", units_completed_, " of the stage's ",
+        layout_.units().size(),
+        " units; the others' last backward came earlier, so their gradients were never reduced "
+        "(several model chunks on one rank need one engine each)"));
   }
 
   double sum_squares = CountedSumSquares();

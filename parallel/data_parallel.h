@@ -94,7 +94,9 @@ class DataParallelEngine : public BlockParameters {
   // under ZeRO-2/3 and FSDP too. Under parameter sharding with `keep_gathered`, a unit is
   // gathered at its first Acquire of the step and kept until its last use in the last backward
   // (torchtitan's reshard_after_forward = false under pipelining): one all-gather per unit per
-  // step instead of two per micro-batch, for holding the stage's whole parameters.
+  // step instead of two per micro-batch, for holding the stage's whole parameters. Every unit's
+  // last backward must be the step's last: several model chunks on one rank (interleaved
+  // schedules) need one engine each; FinishStep fails otherwise.
   void BeginPipelinedStep(int micro_batches, bool keep_gathered);
   // Before the backward of micro-batch `micro_batch` of a pipelined step: each of
   // [0, micro_batches) once, in any order; the one that completes the set is the step's last.
@@ -199,7 +201,8 @@ class DataParallelEngine : public BlockParameters {
   bool keep_gathered_ = false;
   std::vector<bool> backwards_;
   int backwards_begun_ = 0;
-  absl::Status error_;  // the first communication failure; reported by FinishStep
+  size_t units_completed_ = 0;  // units whose regions were all ready in the last backward
+  absl::Status error_;          // the first communication failure; reported by FinishStep
   double exposed_comm_ms_ = 0;
   size_t peak_gathered_values_ = 0;
   size_t peak_gradient_unit_values_ = 0;

@@ -292,5 +292,30 @@ TEST(PipelinedEngineTest, EveryMicroBatchBackwardIsAnnouncedOnce) {
   EXPECT_NE(totals.status().message().find("1 of its 2"), std::string::npos) << totals.status();
 }
 
+// Two model chunks on one engine (an interleaved schedule): the step's last backward is chunk
+// 0's, so the units of the later blocks and the head, whose last backward came before, would
+// never be reduced.
+TEST(PipelinedEngineTest, AUnitWhoseLastBackwardIsNotTheStepsIsAnError) {
+  const ModelConfig config = testing::SmallModelConfig(ModelFamily::kLlama);
+  const ParamTable table(config, ModelSlice{});
+  TrainSection train;
+  CpuBackend backend(1);
+  DataParallelEngine engine(table, ShardingStrategy{"ddp", Sharding::kNone, 0}, train, backend,
+                            nullptr);
+  engine.BeginPipelinedStep(2, false);
+  for (int micro = 0; micro < 2; ++micro) {
+    ASSERT_TRUE(engine.BeginBackward(micro).ok());
+    // Micro-batch 1's backward only reaches the embeddings and the first block.
+    for (int region = micro == 0 ? table.last_region() : 0; region >= -1; --region) {
+      engine.Gradients(region);
+      engine.GradientsReady(region);
+    }
+  }
+  const absl::StatusOr<StepTotals> totals = engine.FinishStep(0, 1, 0, 1e-3);
+  EXPECT_EQ(totals.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(totals.status().message().find("completed 2 of the stage's 5 units"), std::string::npos)
+      << totals.status();
+}
+
 }  // namespace
 }  // namespace dtrain
