@@ -120,6 +120,48 @@ absl::Status DataParallelEngine::Wait(std::unique_ptr<Work>& work) {
 void DataParallelEngine::BeginStep() {
   backend_.Zero(grads_.data(), grads_.size());
   exposed_comm_ms_ = 0;
+  units_completed_ = 0;
+  pipelined_ = false;
+  keep_gathered_ = false;
+}
+
+void DataParallelEngine::BeginPipelinedStep(int micro_batches, bool keep_gathered) {
+  BeginStep();
+  pipelined_ = true;
+  keep_gathered_ = keep_gathered && sharded_params();
+  backwards_.assign(std::max(micro_batches, 0), false);
+  backwards_begun_ = 0;
+  // The forwards before the first backward: nothing to reduce or to release for good.
+  last_micro_batch_ = false;
+}
+
+absl::Status DataParallelEngine::BeginBackward(int micro_batch) {
+  const int micro_batches = static_cast<int>(backwards_.size());
+  if (!pipelined_ || micro_batch < 0 || micro_batch >= micro_batches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BeginBackward(", micro_batch, "): not a micro-batch of the pipelined step (",
+                     pipelined_ ? absl::StrCat(micro_batches, " micro-batches")
+                                : "BeginPipelinedStep not called",
+                     ")"));
+  }
+  if (backwards_[micro_batch]) {
+    return absl::InvalidArgumentError(absl::StrCat("BeginBackward(", micro_batch,
+                                                   "): the micro-batch's backward already ran "
+                                                   "in this step; each runs once per step"));
+  }
+  backwards_[micro_batch] = true;
+  const bool last = ++backwards_begun_ == micro_batches;
+  if (last && keep_gathered_ && table_.HasRegion(-1)) {
+    // Every forward is done and the embedding backward needs no parameters: untied embeddings
+    // (no longer held by the head) are used no more this step.
+    const auto it = gathered_.find(layout_.unit_index(-1));
+    if (it != gathered_.end() && it->second.users <= 0) {
+      (void)Wait(it->second.pending);
+      gathered_.erase(it);
+    }
+  }
+  BeginMicroBatch(last);
+  return absl::OkStatus();
 }
 
 void DataParallelEngine::BeginMicroBatch(bool last) {
@@ -172,7 +214,11 @@ void DataParallelEngine::Release(int region, Pass pass) {
   if (it == gathered_.end()) return;
   const bool leaves_unit =
       pass == Pass::kForward ? region == unit.last_region : region == unit.first_region;
-  if (--it->second.users <= 0 && leaves_unit) {
+  // Kept for the whole step, a unit is done in the last backward, where backward leaves it or
+  // the head's hold from its forward (the last region, the tied embeddings) ends.
+  const bool done =
+      keep_gathered_ ? last_micro_batch_ && (pass == Pass::kForward || leaves_unit) : leaves_unit;
+  if (--it->second.users <= 0 && done) {
     (void)Wait(it->second.pending);
     gathered_.erase(it);
   }
@@ -233,7 +279,9 @@ void DataParallelEngine::GradientsReady(int region) {
   const int regions = unit.last_region - unit.first_region + 1;
   if (!sharded_grads()) {
     // Like DDP's no_sync: micro-batches before the last accumulate locally.
-    if (!last_micro_batch_ || ++regions_ready_[unit_index] < regions || !comm_) return;
+    if (!last_micro_batch_ || ++regions_ready_[unit_index] < regions) return;
+    ++units_completed_;
+    if (!comm_) return;
     PendingReduction reduction{unit_index};
     if (strategy_.sharding == Sharding::kNone) {
       reduction.work = comm_->AllReduce(grads_.data() + unit.padded_begin, unit.end - unit.begin,
@@ -247,8 +295,11 @@ void DataParallelEngine::GradientsReady(int region) {
     reductions_.push_back(std::move(reduction));
     return;
   }
+  // A pipelined step's buffers accumulate every backward's contribution until the last one.
+  if (pipelined_ && !last_micro_batch_) return;
   GradientUnit& buffer = GradientBufferFor(unit_index);
   if (++buffer.regions_ready < regions) return;
+  ++units_completed_;
   if (comm_) {
     buffer.pending = comm_->ReduceScatter(buffer.values.data(), buffer.reduced.data(), unit.shard,
                                           ReduceOp::kSum);
@@ -281,6 +332,22 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
     gradient_units_.pop_front();
   }
   RETURN_IF_ERROR(error_);
+  const bool pipelined = pipelined_;
+  // Evaluation between steps gathers and frees as the single-stage path does.
+  pipelined_ = keep_gathered_ = false;
+  if (pipelined && backwards_begun_ < static_cast<int>(backwards_.size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the pipelined step ran ", backwards_begun_, " of its ", backwards_.size(),
+                     " micro-batches' backwards: its gradients are not reduced; call "
+                     "BeginBackward before each"));
+  }
+  if (pipelined && units_completed_ < layout_.units().size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the pipelined step's last backward completed ", units_completed_, " of the stage's ",
+        layout_.units().size(),
+        " units; the others' last backward came earlier, so their gradients were never reduced "
+        "(several model chunks on one rank need one engine each)"));
+  }
 
   double sum_squares = CountedSumSquares();
   StepTotals totals;
@@ -414,6 +481,15 @@ std::vector<StateRange> DataParallelEngine::HeldState() {
     ranges.push_back({StateKind::kMomentV, begin, end, optimizers_[u].v().data()});
   }
   return ranges;
+}
+
+std::vector<GradientSlice> DataParallelEngine::ReducedGradients() {
+  std::vector<GradientSlice> slices;
+  for (size_t u = 0; u < layout_.units().size(); ++u) {
+    const auto [begin, end] = OptimizerRange(u);
+    if (begin < end) slices.push_back({begin, end, OwnGrads(layout_.units()[u])});
+  }
+  return slices;
 }
 
 void DataParallelEngine::SetOptimizerStep(int64_t step) {

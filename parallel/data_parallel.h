@@ -54,6 +54,12 @@ struct StateRange {
   float* values = nullptr;
 };
 
+struct GradientSlice {
+  size_t begin = 0;
+  size_t end = 0;
+  const float* values = nullptr;
+};
+
 class DataParallelEngine : public BlockParameters {
  public:
   // `comm` is the data-parallel group (null for one process). `tensor_parallel` is the group of
@@ -78,6 +84,25 @@ class DataParallelEngine : public BlockParameters {
   void BeginStep();
   // Before each micro-batch; gradients are reduced across ranks only after the last one.
   void BeginMicroBatch(bool last);
+
+  // A pipelined step instead (BeginStep and BeginMicroBatch are the single-stage path): the
+  // forwards and backwards of the step's `micro_batches` micro-batches may interleave on this
+  // stage (1F1B: F0 F1 B0 F2 B1 B2 ...), each backward announced by BeginBackward. Every
+  // strategy accumulates the stage's gradients locally, as DDP's no_sync does, and reduces each
+  // unit once per step (all-reduce, or reduce-scatter under any sharding), as soon as its regions
+  // are ready in the step's last backward: the stage's whole gradient is held during the step
+  // under ZeRO-2/3 and FSDP too. Under parameter sharding with `keep_gathered`, a unit is
+  // gathered at its first Acquire of the step and kept until its last use in the last backward
+  // (torchtitan's reshard_after_forward = false under pipelining): one all-gather per unit per
+  // step instead of two per micro-batch, for holding the stage's whole parameters. Every unit's
+  // last backward must be the step's last: several model chunks on one rank (interleaved
+  // schedules) need one engine each; FinishStep fails otherwise.
+  void BeginPipelinedStep(int micro_batches, bool keep_gathered);
+  // Before the backward of micro-batch `micro_batch` of a pipelined step: each of
+  // [0, micro_batches) once, in any order; the one that completes the set is the step's last.
+  // Forwards of later micro-batches may follow. InvalidArgument for a micro-batch out of range
+  // or announced twice; FinishStep fails unless every micro-batch was announced.
+  absl::Status BeginBackward(int micro_batch);
   // After the last micro-batch: wait for the reductions, reduce the loss (this rank's sum of
   // token losses over `global_tokens`), clip, AdamW, gather. Errors name the failed collective.
   absl::StatusOr<StepTotals> FinishStep(double local_loss_sum, int64_t global_tokens,
@@ -95,6 +120,10 @@ class DataParallelEngine : public BlockParameters {
   // AdamW's step count (the same for every slice).
   int64_t optimizer_step() const { return optimizers_.front().step(); }
   void SetOptimizerStep(int64_t step);
+
+  // This rank's reduced gradient after FinishStep (clipped, as AdamW used it): for each unit,
+  // the table positions [begin, end) of its optimizer slice and their values.
+  std::vector<GradientSlice> ReducedGradients();
 
   EngineMemory memory() const;
   const ShardingStrategy& strategy() const { return strategy_; }
@@ -166,7 +195,14 @@ class DataParallelEngine : public BlockParameters {
   std::vector<int> regions_ready_;  // unsharded gradients: per unit, this micro-batch
   std::vector<PendingReduction> reductions_;
   bool last_micro_batch_ = true;
-  absl::Status error_;  // the first communication failure; reported by FinishStep
+  // The pipelined step (BeginPipelinedStep); `backwards_` has one flag per micro-batch, set by
+  // its BeginBackward.
+  bool pipelined_ = false;
+  bool keep_gathered_ = false;
+  std::vector<bool> backwards_;
+  int backwards_begun_ = 0;
+  size_t units_completed_ = 0;  // units whose regions were all ready in the last backward
+  absl::Status error_;          // the first communication failure; reported by FinishStep
   double exposed_comm_ms_ = 0;
   size_t peak_gathered_values_ = 0;
   size_t peak_gradient_unit_values_ = 0;

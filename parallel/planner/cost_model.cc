@@ -219,11 +219,19 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   memory.activation_bytes = std::max(first_stage, last_stage);
   const bool sharded_params =
       layout.strategy == Strategy::kZero3 || layout.strategy == Strategy::kFsdp;
-  if (sharded_params) {
+  if (sharded_params && p > 1) {
+    // Pipelined, the stage's parameters stay gathered from the first forward to the last
+    // backward of the step, and its whole gradient accumulates until the reduce-scatter after
+    // the last backward (DataParallelEngine::BeginPipelinedStep).
+    memory.temporary_bytes = params * (precision.param_bytes + precision.grad_bytes);
+  } else if (sharded_params) {
     // A unit (one block, or the embedding) gathered for compute, the next one prefetched, and
     // the unit's full gradient before its reduce-scatter.
     const double unit = std::max(split.per_layer, split.embedding) / t;
     memory.temporary_bytes = unit * (2 * precision.param_bytes + precision.grad_bytes);
+  } else if (layout.strategy == Strategy::kZero2 && p > 1) {
+    // Pipelined, the stage's whole gradient accumulates until the step's last backward.
+    memory.temporary_bytes = params * precision.grad_bytes;
   } else {
     memory.temporary_bytes = 2 * assumptions.bucket_mib * kMiB;  // bucket being filled + in flight
   }
@@ -273,7 +281,10 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
     // all-gather and reduce-scatter backward). Gradients reduce once per step under DDP and
     // ZeRO-1 (accumulated locally), once per micro-batch under ZeRO-2 and ZeRO-3, whose
     // gradients are sharded; each overlaps that micro-batch's backward. The parameter
-    // all-gather after the optimizer step waits.
+    // all-gather after the optimizer step waits. Pipelined (p > 1), every strategy reduces once
+    // per step, after the stage's last backward, and ZeRO-3 keeps the stage gathered from the
+    // first forward: one all-gather per step (torchtitan), 2Ψ of the stage per rank.
+    const int reductions = p > 1 ? 1 : m;
     double& exposed = estimate.dp.exposed_ms;
     switch (layout.strategy) {
       case Strategy::kDdp:
@@ -286,18 +297,21 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
                   record(Collective::kAllGather, param_bytes, buckets, 1);
         break;
       case Strategy::kZero2:
-        exposed = m * ExposedMs(record(Collective::kReduceScatter, grad_bytes, buckets, m),
+        exposed = reductions *
+                      ExposedMs(record(Collective::kReduceScatter, grad_bytes, buckets, reductions),
                                 backward_ms, buckets) +
                   record(Collective::kAllGather, param_bytes, buckets, 1);
         break;
       case Strategy::kZero3:
       case Strategy::kFsdp: {
         // One unit per block, prefetched one ahead of the compute.
-        const double forward_gather_ms = record(Collective::kAllGather, param_bytes, layers, m);
-        const double backward_comm_ms = record(Collective::kAllGather, param_bytes, layers, m) +
-                                        record(Collective::kReduceScatter, grad_bytes, layers, m);
-        exposed = m * (ExposedMs(forward_gather_ms, forward_ms, layers) +
-                       ExposedMs(backward_comm_ms, backward_ms, layers));
+        const double forward_gather_ms =
+            record(Collective::kAllGather, param_bytes, layers, reductions);
+        const double backward_comm_ms =
+            (p > 1 ? 0 : record(Collective::kAllGather, param_bytes, layers, m)) +
+            record(Collective::kReduceScatter, grad_bytes, layers, reductions);
+        exposed = reductions * (ExposedMs(forward_gather_ms, forward_ms, layers) +
+                                ExposedMs(backward_comm_ms, backward_ms, layers));
         break;
       }
     }

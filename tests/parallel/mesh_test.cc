@@ -7,7 +7,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/recipe/recipe.h"
 #include "parallel/comm/gloo_communicator.h"
+#include "parallel/trainer.h"
 #include "tests/parallel/comm/test_store.h"
 
 namespace dtrain {
@@ -93,6 +95,23 @@ TEST(MeshTest, SizesThatDoNotMultiplyToTheWorldAreRejected) {
       << mesh.status();
   EXPECT_FALSE(Mesh::Create(MeshShape{.dp = 0, .pp = 1, .tp = 1}, 0, 0).ok());
   EXPECT_FALSE(Mesh::Create(MeshShape{.dp = 2, .pp = 1, .tp = 1}, 2, 2).ok());
+}
+
+// The trainer's check before it builds its mesh of dp = world / (tp x pp): with pipeline stages,
+// tp x pp must divide the world; the message lists the tp sizes that fit with that pp.
+TEST(MeshTest, ALayoutWithPipelineStagesFitsAWorldThatTpTimesPpDivides) {
+  Recipe recipe;
+  recipe.parallel.tp = 2;
+  recipe.parallel.pp = 2;
+  EXPECT_TRUE(CheckLayoutFitsWorld(recipe, 8).ok());
+  EXPECT_TRUE(Mesh::Create(MeshShape{.dp = 8 / 4, .pp = 2, .tp = 2}, 8, 7).ok());
+  const absl::Status status = CheckLayoutFitsWorld(recipe, 6);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("parallel.tp = 2 x parallel.pp = 2 does not divide the world "
+                                  "of 6 ranks"),
+            std::string::npos)
+      << status;
+  EXPECT_NE(status.message().find("set parallel.tp to one of 1, 3"), std::string::npos) << status;
 }
 
 // A 2x2 mesh (dp 2, tp 2) of threads: each group all-reduces its members' world ranks.

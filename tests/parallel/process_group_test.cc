@@ -61,6 +61,39 @@ TEST(ProcessGroupTest, ConnectMeshJoinsEachGroupOfTheMesh) {
   });
 }
 
+// Eight ranks on a dp 2 x pp 2 x tp 2 mesh: each rank's pp group is its own communicator of the
+// two ranks dp * tp = 4 apart (the same dp and tp coordinates, pp 0 and 1), in stage order; an
+// all-reduce sums exactly those two, and a send reaches the other stage's rank, which gets the
+// sender's world rank.
+TEST(ProcessGroupTest, ConnectMeshJoinsThePipelineGroupsOfA3DMesh) {
+  ForEachRankOfMesh({.dp = 2, .pp = 2, .tp = 2}, [](ProcessGroup& group, const Mesh& mesh,
+                                                    const ProcessGroup::MeshGroups& groups) {
+    const MeshCoords me = mesh.coords();
+    ASSERT_NE(groups.pp, nullptr);
+    EXPECT_NE(groups.pp, &group.world());
+    EXPECT_EQ(groups.pp->name(), "pp");
+    EXPECT_EQ(groups.pp->size(), 2);
+    EXPECT_EQ(groups.pp->rank(), me.pp);
+    const int peer_pp = 1 - me.pp;
+    const int peer = mesh.RankAt({.dp = me.dp, .pp = peer_pp, .tp = me.tp});
+    EXPECT_EQ(peer, mesh.rank() + (peer_pp - me.pp) * 4);
+    int64_t pp_sum = int64_t{1} << mesh.rank();
+    ASSERT_TRUE(groups.pp->AllReduce(&pp_sum, 1, ReduceOp::kSum)->Wait().ok());
+    EXPECT_EQ(pp_sum, (int64_t{1} << mesh.rank()) + (int64_t{1} << peer));
+    const int64_t sent = mesh.rank();
+    int64_t received = -1;
+    std::unique_ptr<Work> send = groups.pp->Send(&sent, 1, peer_pp);
+    std::unique_ptr<Work> recv = groups.pp->Recv(&received, 1, peer_pp);
+    ASSERT_TRUE(send->Wait().ok());
+    ASSERT_TRUE(recv->Wait().ok());
+    EXPECT_EQ(received, peer);
+    // The other groups are still right: tp of consecutive ranks, dp 2 apart within the stage.
+    EXPECT_EQ(groups.tp->size(), 2);
+    EXPECT_EQ(groups.dp->size(), 2);
+    EXPECT_EQ(groups.dp->rank(), me.dp);
+  });
+}
+
 // A group of every rank (data parallelism alone) is the world communicator, not a second Gloo
 // context over the same ranks.
 TEST(ProcessGroupTest, AGroupOfEveryRankIsTheWorld) {

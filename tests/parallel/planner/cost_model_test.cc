@@ -132,6 +132,24 @@ TEST(CostModelTest, PipelineBubbleIsStagesMinusOneOverMicroBatches) {
   EXPECT_GT(estimate.pp.exposed_ms, 0);
 }
 
+// Pipelined, the sharded strategies reduce-scatter a stage's gradient once per step, after its
+// last backward, and ZeRO-3 / FSDP gather the stage once per step (DataParallelEngine::
+// BeginPipelinedStep): Ψ of the stage gathered and Ψ reduce-scattered, in bf16, whatever the 16
+// micro-batches; the stage's gathered parameters and whole gradient are held meanwhile.
+TEST(CostModelTest, PipelinedShardingMovesTheStageOncePerStep) {
+  const ClusterSpec cluster = testing::CatalogCluster(4, "a100-80gb", "ib-hdr");
+  const Workload workload = Gpt2Workload(256);
+  const double stage = ParamsPerRank(workload.model, 1, 4);
+  for (const Strategy strategy : {Strategy::kZero2, Strategy::kZero3, Strategy::kFsdp}) {
+    const Layout layout{.strategy = strategy, .pp = 4, .dp = 8, .micro_batch = 2};
+    const Estimate estimate = EstimateLayout(workload, cluster, layout);
+    EXPECT_EQ(estimate.micro_batches, 16);
+    EXPECT_DOUBLE_EQ(estimate.dp.payload_bytes, 2 * 2 * stage);
+    const double held = strategy == Strategy::kZero2 ? 2 * stage : 2 * 2 * stage;
+    EXPECT_DOUBLE_EQ(estimate.memory.temporary_bytes, held);
+  }
+}
+
 TEST(CostModelTest, RecomputationTradesMemoryForTime) {
   const ClusterSpec cluster = testing::CatalogCluster(1, "a100-80gb", "ib-hdr");
   const Workload workload = Gpt2Workload(64);
