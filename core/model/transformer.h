@@ -262,7 +262,9 @@ class Transformer {
   RegionView final_region_;  // acquired from FinalNormForward until ReleaseHead
   std::vector<float> acts_;  // the arena
   std::vector<Slot> slots_;
-  BlockActivations full_block_;   // kFull: the one block's activations every block recomputes
+  // kFull: the one block's activations every block recomputes; kSelective and kFull: the
+  // attention core every block shares.
+  BlockActivations full_block_;
   float* last_output_ = nullptr;  // last stage: (R, C) the last block's output
   float* final_norm_ = nullptr;   // (G, C) gathered
   float* final_mean_ = nullptr;   // (R)
