@@ -96,11 +96,16 @@ ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice)
   if (has_head) {
     final_norm_w_ = Add("final_norm.weight", {c}, config.n_layer);
     if (gpt2) final_norm_b_ = Add("final_norm.bias", {c}, config.n_layer);
-    // GPT-2 ties the output layer to the token embedding; a pipeline's last stage without the
-    // embedding would hold its own copy (a later issue).
-    head_ = config.tied_head() && has_embedding
-                ? token_embedding_
-                : Add("head.weight", {local_v, c}, config.n_layer, {v, c}, vocab_rows);
+    // GPT-2 ties the output layer to the token embedding. A pipeline's last stage without the
+    // embedding holds its own copy in the final region, under the embedding's name: it
+    // initialises to the same values (init is a function of the name), loads from the same
+    // checkpoint chunks, and CountedRanges leaves it to the first stage.
+    if (config.tied_head() && has_embedding) {
+      head_ = token_embedding_;
+    } else {
+      head_ = Add(config.tied_head() ? "embed.tokens" : "head.weight", {local_v, c}, config.n_layer,
+                  {v, c}, vocab_rows);
+    }
   }
 }
 
@@ -138,6 +143,7 @@ std::vector<std::pair<size_t, size_t>> ParamTable::CountedRanges() const {
   };
   const bool first_kv_holder = slice_.tp_rank % dims_.kv_replicas == 0;
   for (const TensorEntry& entry : entries_) {
+    if (IsTiedHeadCopy(entry)) continue;      // the first stage's embedding counts
     if (entry.shape == entry.global_shape) {  // replicated on every tensor-parallel rank
       if (slice_.tp_rank == 0) count(entry.offset, entry.offset + entry.numel);
     } else if (absl::StrContains(entry.name, "attn.qkv.") && !first_kv_holder) {
@@ -149,6 +155,10 @@ std::vector<std::pair<size_t, size_t>> ParamTable::CountedRanges() const {
     }
   }
   return ranges;
+}
+
+bool ParamTable::IsTiedHeadCopy(const TensorEntry& entry) const {
+  return entry.block == n_layer_ && entry.name == "embed.tokens";
 }
 
 const TensorEntry* ParamTable::Find(const std::string& name) const {

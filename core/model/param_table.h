@@ -115,17 +115,26 @@ class ParamTable {
   bool HasRegion(int block) const;
 
   // The [begin, end) table ranges whose values this rank counts toward whole-model totals such
-  // as the gradient norm, so that the tensor-parallel ranks together count every element of the
-  // whole model exactly once: all of a shard, a replicated tensor on tp rank 0 only, a
-  // replicated kv head on the first of the ranks holding it. Ascending, adjacent ranges merged.
+  // as the gradient norm and the checkpoint's chunks, so that the tensor-parallel and pipeline
+  // ranks together count every element of the whole model exactly once: all of a shard, a
+  // replicated tensor on tp rank 0 only, a replicated kv head on the first of the ranks holding
+  // it, a tied head's copy never (the first stage's embedding counts). Ascending, adjacent
+  // ranges merged.
   std::vector<std::pair<size_t, size_t>> CountedRanges() const;
+  // Whether `entry` is a pipeline's last stage's copy of the tied embedding (GPT-2 without the
+  // embedding in the slice): named "embed.tokens" like the embedding, in region n_layer. The
+  // two copies start equal and stay equal when their gradients are summed over the two stages
+  // every step.
+  bool IsTiedHeadCopy(const TensorEntry& entry) const;
 
   const BlockOffsets& block(int i) const { return blocks_[i - first_block_]; }
   size_t token_embedding() const { return token_embedding_; }
   size_t position_embedding() const { return position_embedding_; }  // SIZE_MAX when absent
   size_t final_norm_w() const { return final_norm_w_; }
   size_t final_norm_b() const { return final_norm_b_; }  // SIZE_MAX when absent
-  size_t head() const { return head_; }                  // the token embedding when tied
+  // The output head's weight: the token embedding when tied and this slice holds it, the tied
+  // copy (IsTiedHeadCopy) on a last stage without it.
+  size_t head() const { return head_; }
 
   int first_block() const { return first_block_; }
   // The highest region index: n_layer (the final norm and head). Regions run from -1.

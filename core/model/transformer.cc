@@ -13,19 +13,31 @@ constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
 // constructor's split; chunks = 1 without sequence parallelism).
 int64_t OwnRows(int64_t tokens, int chunks) { return (tokens + chunks - 1) / chunks; }
 
+// The blocks a rank holding `slice` runs, and whether it is the last stage (the final norm,
+// the head and the loss), as the ParamTable lays them out.
+struct StageExtent {
+  int blocks = 0;
+  bool has_head = false;
+};
+StageExtent ExtentOf(const ModelConfig& config, const ModelSlice& slice) {
+  const int blocks = slice.num_blocks < 0 ? config.n_layer - slice.first_block : slice.num_blocks;
+  return {blocks, slice.first_block + blocks == config.n_layer};
+}
+
 // The vocabulary-parallel classifier's chunk rows for micro-batches of up to max_tokens (0 at
-// tp = 1, whose fused kernel keeps its chunk in the backend's scratch).
-int VocabChunkCapacity(const LocalDims& dims, int max_tokens) {
-  return dims.vocab_parallel ? std::min(max_tokens, Transformer::VocabChunkRows(dims.vocab_slot))
-                             : 0;
+// tp = 1, whose fused kernel keeps its chunk in the backend's scratch, and without the head).
+int VocabChunkCapacity(const LocalDims& dims, bool has_head, int max_tokens) {
+  return dims.vocab_parallel && has_head
+             ? std::min(max_tokens, Transformer::VocabChunkRows(dims.vocab_slot))
+             : 0;
 }
 
 // The activation arena's size in floats: in size_t to allocate it, in double to check a size
-// before allocating without overflow (AllocateActivations lays it out in this order). `chunks`
-// is tp under sequence parallelism, else 1.
+// before allocating without overflow (AllocateActivations lays it out). `chunks` is tp under
+// sequence parallelism, else 1.
 template <typename T>
-T ArenaFloats(const ModelConfig& config, const LocalDims& dims, int max_batch, int max_time,
-              Recompute recompute, int chunks) {
+T ArenaFloats(const LocalDims& dims, int max_batch, int max_time, Recompute recompute, int chunks,
+              StageExtent stage, int activation_slots) {
   const int64_t tokens = static_cast<int64_t>(max_batch) * max_time;
   const T n = static_cast<T>(tokens);
   const T r = static_cast<T>(OwnRows(tokens, chunks));           // rows this rank holds
@@ -38,15 +50,21 @@ T ArenaFloats(const ModelConfig& config, const LocalDims& dims, int max_batch, i
   const T lse = static_cast<T>(max_batch) * static_cast<T>(dims.heads) * max_time;
   const T core = n * hd + lse;  // the attention core's output and log-sum-exp
   const T per_block = 2 * g * c + r * (2 * c + 4) + n * (qkv + up + f);
-  const T saved_blocks = static_cast<T>(recompute == Recompute::kFull ? 1 : config.n_layer);
-  const T saved_cores = static_cast<T>(recompute == Recompute::kNone ? config.n_layer : 1);
+  const T slots = static_cast<T>(activation_slots);
+  const T slot_blocks = slots * static_cast<T>(stage.blocks);
+  const T saved_blocks = recompute == Recompute::kFull ? 1 : slot_blocks;
+  const T saved_cores = recompute == Recompute::kNone ? slot_blocks : 1;
+  const T head = stage.has_head ? 1 : 0;
+  // One slot needs no d(last output) of its own: the backward scratch keeps it.
+  const T d_last = stage.has_head && activation_slots > 1 ? slots * r * c : 0;
   const T qkv_weight_grad = dims.kv_replicas > 1 ? qkv * c : 0;
   const T sequence_parallel = chunks > 1 ? r * c + 4 * c : 0;
-  const T vocab_rows = static_cast<T>(VocabChunkCapacity(dims, static_cast<int>(tokens)));
-  return (static_cast<T>(config.n_layer) + 1) * r * c   // block inputs and the last output
+  const T vocab_rows =
+      static_cast<T>(VocabChunkCapacity(dims, stage.has_head, static_cast<int>(tokens)));
+  return slot_blocks * r * c + head * r * c             // block inputs and the last output
          + saved_blocks * per_block                     // saved activations
          + saved_cores * core                           // saved attention cores
-         + g * c + 2 * r                                // final norm
+         + head * (g * c + 2 * r) + d_last              // final norm, d(last output) per slot
          + r * c + 2 * g * c + n * (qkv + hd + up + f)  // backward scratch, branch output
          + sequence_parallel                            // own rows of d(norm), norm gradients
          + qkv_weight_grad                              // replicated kv heads' weight gradient
@@ -69,16 +87,17 @@ int Transformer::VocabChunkRows(int vocab_slot) {
 
 double Transformer::ActivationBytes(const ModelConfig& config, int max_batch, int max_time,
                                     Recompute recompute, const ModelSlice& slice,
-                                    bool sequence_parallel) {
-  return ArenaFloats<double>(config, LocalDimsOf(config, slice), max_batch, max_time, recompute,
-                             RowChunks(slice, sequence_parallel)) *
+                                    bool sequence_parallel, int activation_slots) {
+  return ArenaFloats<double>(LocalDimsOf(config, slice), max_batch, max_time, recompute,
+                             RowChunks(slice, sequence_parallel), ExtentOf(config, slice),
+                             activation_slots) *
          sizeof(float);
 }
 
 Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
                          BlockParameters& parameters, Backend& backend, int max_batch, int max_time,
                          Recompute recompute, TensorParallelOps* tensor_parallel,
-                         bool sequence_parallel)
+                         bool sequence_parallel, int activation_slots)
     : config_(config),
       table_(table),
       dims_(table.dims()),
@@ -87,8 +106,14 @@ Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
       backend_(backend),
       recompute_(recompute),
       last_region_(table.last_region()),
+      first_block_(table.first_block()),
+      num_blocks_(table.num_blocks()),
+      has_embedding_(table.first_block() == 0),
+      has_head_(ExtentOf(config, table.slice()).has_head),
+      // With the head present, head() == token_embedding() only when both are one tensor.
+      head_is_embedding_(has_head_ && table.head() == table.token_embedding()),
       sequence_parallel_(RowChunks(table.slice(), sequence_parallel) > 1) {
-  AllocateActivations(max_batch, max_time);
+  AllocateActivations(max_batch, max_time, activation_slots);
 }
 
 float* Transformer::RegionView::operator()(size_t offset) const {
@@ -187,7 +212,8 @@ void Transformer::FinishNormGrads(const RegionView& grads, std::initializer_list
   }
 }
 
-void Transformer::EmbeddingForward(const int32_t* inputs, int b, int t, const RowSplit& rows) {
+void Transformer::EmbeddingForward(const int32_t* inputs, int b, int t, const RowSplit& rows,
+                                   float* out) {
   const int c = config_.d_model;
   const float* tokens = embeddings_(table_.token_embedding());
   // Vocabulary-parallel (tp > 1): each rank looks up only the tokens in its rows (zeros for the
@@ -197,9 +223,9 @@ void Transformer::EmbeddingForward(const int32_t* inputs, int b, int t, const Ro
   const float* positions =
       table_.slice().tp_rank == 0 ? embeddings_(table_.position_embedding()) : nullptr;
   if (!sequence_parallel_) {
-    backend_.EmbeddingForward(resid_[0], inputs, tokens, positions, b, t, c, dims_.vocab_begin,
+    backend_.EmbeddingForward(out, inputs, tokens, positions, b, t, c, dims_.vocab_begin,
                               dims_.vocab_end);
-    if (dims_.vocab_parallel) tp_.ReduceForward(resid_[0], static_cast<size_t>(b) * t * c);
+    if (dims_.vocab_parallel) tp_.ReduceForward(out, static_cast<size_t>(b) * t * c);
     return;
   }
   // Under sequence parallelism g is a reduce-scatter into this rank's rows of the stream.
@@ -207,20 +233,21 @@ void Transformer::EmbeddingForward(const int32_t* inputs, int b, int t, const Ro
                             dims_.vocab_end);
   backend_.Zero(branch_out_ + static_cast<size_t>(rows.n) * c,
                 static_cast<size_t>(rows.padded - rows.n) * c);
-  tp_.ScatterRows(branch_out_, resid_[0], static_cast<size_t>(rows.own) * c);
+  tp_.ScatterRows(branch_out_, out, static_cast<size_t>(rows.own) * c);
 }
 
-void Transformer::EmbeddingBackward(const int32_t* inputs, int b, int t, const RowSplit& rows) {
+void Transformer::EmbeddingBackward(const int32_t* inputs, int b, int t, const RowSplit& rows,
+                                    const float* dresid) {
   // Every rank needs d(embedding output) for all rows (gathered under sequence parallelism), and
   // adds it to the token rows it holds; the position embedding's gradient is then the same on
   // every rank.
   const RegionView grads = Grads(-1);
   backend_.EmbeddingBackward(grads(table_.token_embedding()), grads(table_.position_embedding()),
-                             BranchOutputGrad(d_resid_, rows), inputs, b, t, config_.d_model,
+                             BranchOutputGrad(dresid, rows), inputs, b, t, config_.d_model,
                              dims_.vocab_begin, dims_.vocab_end);
 }
 
-void Transformer::AllocateActivations(int max_batch, int max_time) {
+void Transformer::AllocateActivations(int max_batch, int max_time, int activation_slots) {
   const size_t n = static_cast<size_t>(max_batch) * max_time;
   max_tokens_ = static_cast<int>(n);
   const int chunks = RowChunks(table_.slice(), sequence_parallel_);
@@ -233,9 +260,9 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
   const size_t up = dims_.mlp_up_width;
   const size_t lse = static_cast<size_t>(max_batch) * dims_.heads * max_time;
   const size_t qkv_weight_grad = dims_.kv_replicas > 1 ? qkv * c : 0;
-  const int saved_blocks = recompute_ == Recompute::kFull ? 1 : config_.n_layer;
-  const int saved_cores = recompute_ == Recompute::kNone ? config_.n_layer : 1;
-  acts_.assign(ArenaFloats<size_t>(config_, dims_, max_batch, max_time, recompute_, chunks), 0.0f);
+  acts_.assign(ArenaFloats<size_t>(dims_, max_batch, max_time, recompute_, chunks,
+                                   ExtentOf(config_, table_.slice()), activation_slots),
+               0.0f);
 
   float* cursor = acts_.data();
   auto take = [&cursor](size_t count) {
@@ -243,10 +270,7 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
     cursor += count;
     return p;
   };
-  resid_.clear();
-  for (int l = 0; l <= config_.n_layer; ++l) resid_.push_back(take(r * c));
-  blocks_.assign(saved_blocks, BlockActivations{});
-  for (BlockActivations& a : blocks_) {
+  auto take_block = [&](BlockActivations& a) {
     a.norm1 = take(g * c);
     a.norm1_mean = take(r);
     a.norm1_rstd = take(r);
@@ -257,20 +281,45 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
     a.norm2_rstd = take(r);
     a.mlp_up = take(n * up);
     a.mlp_act = take(n * f);
-  }
-  // Under kSelective every block shares core 0; otherwise block i has core i.
-  for (int i = 0; i < saved_cores; ++i) {
-    float* attn = take(n * hd);
-    float* lse_values = take(lse);
-    for (size_t j = i; j < blocks_.size(); j += saved_cores) {
-      blocks_[j].attn = attn;
-      blocks_[j].lse = lse_values;
+  };
+  auto take_core = [&](BlockActivations& a) {
+    a.attn = take(n * hd);
+    a.lse = take(lse);
+  };
+  slots_.assign(activation_slots, Slot{});
+  for (Slot& slot : slots_) {
+    for (int i = 0; i < num_blocks_; ++i) slot.inputs.push_back(take(r * c));
+    if (recompute_ == Recompute::kFull) continue;
+    slot.blocks.assign(num_blocks_, BlockActivations{});
+    for (BlockActivations& a : slot.blocks) {
+      take_block(a);
+      if (recompute_ == Recompute::kNone) take_core(a);
     }
   }
-  final_norm_ = take(g * c);
-  final_mean_ = take(r);
-  final_rstd_ = take(r);
+  // Under kSelective every block of every slot shares one core; under kFull the one block has it.
+  if (recompute_ == Recompute::kFull) take_block(full_block_);
+  if (recompute_ != Recompute::kNone) {
+    take_core(full_block_);
+    for (Slot& slot : slots_) {
+      for (BlockActivations& a : slot.blocks) {
+        a.attn = full_block_.attn;
+        a.lse = full_block_.lse;
+      }
+    }
+  }
+  if (has_head_) {
+    last_output_ = take(r * c);
+    final_norm_ = take(g * c);
+    final_mean_ = take(r);
+    final_rstd_ = take(r);
+    if (activation_slots > 1) {
+      for (Slot& slot : slots_) slot.d_last = take(r * c);
+    }
+  }
   d_resid_ = take(r * c);
+  // One slot: nothing else can be in flight between its forward and backward, so the backward
+  // scratch keeps d(last output).
+  if (has_head_ && activation_slots == 1) slots_[0].d_last = d_resid_;
   d_norm_ = take(g * c);
   d_qkv_ = take(n * qkv);
   d_attn_ = take(n * hd);
@@ -282,13 +331,13 @@ void Transformer::AllocateActivations(int max_batch, int max_time) {
     norm_grads_ = take(4 * c);
   }
   d_qkv_weight_ = qkv_weight_grad > 0 ? take(qkv_weight_grad) : nullptr;
-  vocab_chunk_rows_ = VocabChunkCapacity(dims_, max_tokens_);
+  vocab_chunk_rows_ = VocabChunkCapacity(dims_, has_head_, max_tokens_);
   vocab_logits_ = take(static_cast<size_t>(vocab_chunk_rows_) * dims_.vocab_rows());
   vocab_stats_ = take(3 * static_cast<size_t>(vocab_chunk_rows_));
 }
 
-Transformer::BlockActivations& Transformer::ActivationsFor(int layer) {
-  return blocks_[recompute_ == Recompute::kFull ? 0 : layer];
+Transformer::BlockActivations& Transformer::ActivationsFor(int slot, int index) {
+  return recompute_ == Recompute::kFull ? full_block_ : slots_[slot].blocks[index];
 }
 
 void Transformer::BlockForward(int layer, const RegionView& params, BlockActivations& a,
@@ -440,83 +489,138 @@ double Transformer::Classifier(float* dx, float* dhead, const int32_t* targets, 
   return loss;
 }
 
-void Transformer::Forward(const int32_t* inputs, int b, int t) {
-  const int c = config_.d_model;
+void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, float* output) {
+  Slot& slot = slots_[slot_index];
+  slot.b = args.b;
+  slot.t = args.t;
+  slot.tokens = args.tokens;
+  const int b = args.b, t = args.t;
   const RowSplit rows = SplitRows(b * t);
-  embeddings_ = Params(-1, Pass::kForward);
-  EmbeddingForward(inputs, b, t, rows);
-  if (!config_.tied_head()) parameters_.Release(-1, Pass::kForward);
-  for (int l = 0; l < config_.n_layer; ++l) {
-    BlockForward(l, Params(l, Pass::kForward), ActivationsFor(l), resid_[l], resid_[l + 1], b, t);
-    parameters_.Release(l, Pass::kForward);
+  if (has_embedding_) {
+    embeddings_ = Params(-1, Pass::kForward);
+    EmbeddingForward(args.tokens, b, t, rows, slot.inputs[0]);
+    if (!head_is_embedding_) parameters_.Release(-1, Pass::kForward);
+  } else {
+    std::copy(args.input, args.input + static_cast<size_t>(rows.own) * config_.d_model,
+              slot.inputs[0]);
   }
+  for (int i = 0; i < num_blocks_; ++i) {
+    const int layer = first_block_ + i;
+    float* out = i + 1 < num_blocks_ ? slot.inputs[i + 1] : output;
+    BlockForward(layer, Params(layer, Pass::kForward), ActivationsFor(slot_index, i),
+                 slot.inputs[i], out, b, t);
+    parameters_.Release(layer, Pass::kForward);
+  }
+}
+
+void Transformer::FinalNormForward(const RowSplit& rows) {
+  const int c = config_.d_model;
   final_region_ = Params(last_region_, Pass::kForward);
   const RegionView& params = final_region_;
-  const float* last = resid_[config_.n_layer];
   // On this rank's rows, gathered for the head (which runs on all rows).
   float* own = final_norm_ + static_cast<size_t>(rows.begin) * c;
   if (config_.family == ModelFamily::kLlama) {
-    backend_.RmsNormForward(own, final_rstd_, last, params(table_.final_norm_w()), rows.own, c,
-                            config_.norm_eps);
+    backend_.RmsNormForward(own, final_rstd_, last_output_, params(table_.final_norm_w()), rows.own,
+                            c, config_.norm_eps);
   } else {
-    backend_.LayerNormForward(own, final_mean_, final_rstd_, last, params(table_.final_norm_w()),
-                              params(table_.final_norm_b()), rows.own, c, config_.norm_eps);
+    backend_.LayerNormForward(own, final_mean_, final_rstd_, last_output_,
+                              params(table_.final_norm_w()), params(table_.final_norm_b()),
+                              rows.own, c, config_.norm_eps);
   }
   GatherNormOutput(final_norm_, rows);
 }
 
+void Transformer::Forward(const int32_t* inputs, int b, int t) {
+  ForwardBlocks(0, {.b = b, .t = t, .tokens = inputs}, last_output_);
+  FinalNormForward(SplitRows(b * t));
+}
+
 const float* Transformer::HeadWeight() const {
-  return config_.tied_head() ? embeddings_(table_.head()) : final_region_(table_.head());
+  return head_is_embedding_ ? embeddings_(table_.head()) : final_region_(table_.head());
 }
 
 void Transformer::ReleaseHead() {
   parameters_.Release(last_region_, Pass::kForward);
-  if (config_.tied_head()) parameters_.Release(-1, Pass::kForward);
+  if (head_is_embedding_) parameters_.Release(-1, Pass::kForward);
 }
 
-double Transformer::ForwardBackward(const int32_t* inputs, const int32_t* targets, int b, int t,
-                                    float grad_scale) {
-  Forward(inputs, b, t);
-  const int n = b * t;
+double Transformer::LossBackward(const int32_t* targets, const RowSplit& rows, float grad_scale,
+                                 float* d_last) {
   const int c = config_.d_model;
   const RegionView& params = final_region_;
   const RegionView grads = Grads(last_region_);
-  // The head's gradient: the token embedding's when tied (complete only after the embedding
-  // backward, at the very end).
-  float* dhead = config_.tied_head() ? Grads(-1)(table_.head()) : grads(table_.head());
+  // The head's gradient: the token embedding's when it is that tensor (complete only after the
+  // embedding backward, at the very end).
+  float* dhead = head_is_embedding_ ? Grads(-1)(table_.head()) : grads(table_.head());
   // The classifier's backward runs with its forward, so the (N, V) logits never exist whole.
-  const double loss_sum = Classifier(d_norm_, dhead, targets, n, grad_scale);
-  const RowSplit rows = SplitRows(n);
+  const double loss_sum = Classifier(d_norm_, dhead, targets, rows.n, grad_scale);
   // f of the column-parallel head: every rank's share of d(final norm output), summed.
   const float* dnorm = NormOutputGrad(rows);
-  backend_.Zero(d_resid_, static_cast<size_t>(rows.own) * c);
-  const float* last = resid_[config_.n_layer];
+  backend_.Zero(d_last, static_cast<size_t>(rows.own) * c);
   BeginNormGrads();
   if (config_.family == ModelFamily::kLlama) {
-    backend_.RmsNormBackward(d_resid_, NormGrad(grads, table_.final_norm_w(), 0), dnorm, last,
+    backend_.RmsNormBackward(d_last, NormGrad(grads, table_.final_norm_w(), 0), dnorm, last_output_,
                              params(table_.final_norm_w()), final_rstd_, rows.own, c);
   } else {
-    backend_.LayerNormBackward(d_resid_, NormGrad(grads, table_.final_norm_w(), 0),
-                               NormGrad(grads, table_.final_norm_b(), 1), dnorm, last,
+    backend_.LayerNormBackward(d_last, NormGrad(grads, table_.final_norm_w(), 0),
+                               NormGrad(grads, table_.final_norm_b(), 1), dnorm, last_output_,
                                params(table_.final_norm_w()), final_mean_, final_rstd_, rows.own,
                                c);
   }
   FinishNormGrads(grads, {table_.final_norm_w(), table_.final_norm_b()});
   parameters_.GradientsReady(last_region_);
   ReleaseHead();
-  for (int l = config_.n_layer - 1; l >= 0; --l) {
-    BlockActivations& a = ActivationsFor(l);
-    const RegionView block_params = Params(l, Pass::kBackward);
-    if (recompute_ == Recompute::kFull) BlockForward(l, block_params, a, resid_[l], nullptr, b, t);
+  return loss_sum;
+}
+
+double Transformer::StageForward(int slot, const StageForwardArgs& args) {
+  if (!has_head_) {
+    ForwardBlocks(slot, args, args.output);
+    return 0;
+  }
+  ForwardBlocks(slot, args, last_output_);
+  const RowSplit rows = SplitRows(args.b * args.t);
+  FinalNormForward(rows);
+  return LossBackward(args.targets, rows, args.grad_scale, slots_[slot].d_last);
+}
+
+void Transformer::StageBackward(int slot_index, const float* d_output, float* d_input) {
+  Slot& slot = slots_[slot_index];
+  const int b = slot.b, t = slot.t;
+  const RowSplit rows = SplitRows(b * t);
+  // The gradient runs back through the blocks in place: in d_input when the previous stage
+  // takes it, else in the scratch.
+  float* dresid = has_embedding_ || d_input == nullptr ? d_resid_ : d_input;
+  const float* d_stage_output = has_head_ ? slot.d_last : d_output;
+  if (d_stage_output != dresid) {
+    std::copy(d_stage_output, d_stage_output + static_cast<size_t>(rows.own) * config_.d_model,
+              dresid);
+  }
+  for (int i = num_blocks_ - 1; i >= 0; --i) {
+    const int layer = first_block_ + i;
+    BlockActivations& a = ActivationsFor(slot_index, i);
+    const RegionView block_params = Params(layer, Pass::kBackward);
+    if (recompute_ == Recompute::kFull) {
+      BlockForward(layer, block_params, a, slot.inputs[i], nullptr, b, t);
+    }
     if (recompute_ == Recompute::kSelective) {
       backend_.AttentionForward(a.attn, a.lse, a.qkv, Shape(b, t));
     }
-    BlockBackward(l, block_params, Grads(l), a, resid_[l], d_resid_, b, t);
-    parameters_.GradientsReady(l);
-    parameters_.Release(l, Pass::kBackward);
+    BlockBackward(layer, block_params, Grads(layer), a, slot.inputs[i], dresid, b, t);
+    parameters_.GradientsReady(layer);
+    parameters_.Release(layer, Pass::kBackward);
   }
-  EmbeddingBackward(inputs, b, t, rows);
-  parameters_.GradientsReady(-1);
+  if (has_embedding_) {
+    EmbeddingBackward(slot.tokens, b, t, rows, dresid);
+    parameters_.GradientsReady(-1);
+  }
+}
+
+double Transformer::ForwardBackward(const int32_t* inputs, const int32_t* targets, int b, int t,
+                                    float grad_scale) {
+  const double loss_sum = StageForward(
+      0, {.b = b, .t = t, .tokens = inputs, .targets = targets, .grad_scale = grad_scale});
+  StageBackward(0, nullptr, nullptr);
   return loss_sum;
 }
 

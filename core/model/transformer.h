@@ -1,7 +1,8 @@
 // A decoder-only transformer (GPT-2 or Llama family) with hand-written forward and backward,
 // one function pair per layer. Parameters and gradients belong to a BlockParameters (laid out
 // by the ParamTable), which the model asks for region by region; activations live in one arena
-// sized for the largest micro-batch.
+// sized for the largest micro-batch, with one slot per micro-batch in flight. The model may be
+// one pipeline stage: StageForward and StageBackward run its part of a micro-batch.
 //
 // Not thread-safe: one step at a time. The kernels it calls may use the backend's threads.
 #pragma once
@@ -53,28 +54,71 @@ class Transformer {
   // is padded with rows that never reach attention, the head or a gradient: layers that mix rows
   // see the first N rows of a gathered buffer, and every buffer that is reduce-scattered has its
   // padding zeroed first.
+  //
+  // Pipeline stages: the table's slice may hold a stage, blocks [first_block, first_block +
+  // num_blocks) (at least one), with the embedding only on the first stage and the final norm
+  // and head only on the last (param_table.h). `activation_slots` is how many micro-batches may
+  // be in flight between their StageForward and StageBackward (the schedule's most, p for
+  // 1F1B); each slot keeps what its backward needs under `recompute` (every block's input and,
+  // below kFull, its saved activations), the scratch is shared.
   Transformer(const ModelConfig& config, const ParamTable& table, BlockParameters& parameters,
               Backend& backend, int max_batch, int max_time, Recompute recompute,
-              TensorParallelOps* tensor_parallel = nullptr, bool sequence_parallel = false);
+              TensorParallelOps* tensor_parallel = nullptr, bool sequence_parallel = false,
+              int activation_slots = 1);
 
   const ModelConfig& config() const { return config_; }
   size_t activation_bytes() const { return acts_.size() * sizeof(float); }
-  // What activation_bytes() will be on a rank holding `slice`, without allocating; in double, so
-  // any size is exact enough to compare with the memory there is.
+  // What activation_bytes() will be on a rank holding `slice` with `activation_slots` slots,
+  // without allocating; in double, so any size is exact enough to compare with the memory there
+  // is.
   static double ActivationBytes(const ModelConfig& config, int max_batch, int max_time,
                                 Recompute recompute, const ModelSlice& slice = {},
-                                bool sequence_parallel = false);
+                                bool sequence_parallel = false, int activation_slots = 1);
 
-  // One micro-batch: inputs and targets (b, t). Adds grad_scale * d(sum of token losses) to the
-  // gradients, region by region (the last, the embeddings, is ready when this returns), and
-  // returns the sum of token losses (targets < 0 are ignored).
+  // One micro-batch through the whole model (the table holds every block): StageForward then
+  // StageBackward in slot 0. Inputs and targets (b, t). Adds grad_scale * d(sum of token losses)
+  // to the gradients, region by region (the last, the embeddings, is ready when this returns),
+  // and returns the sum of token losses (targets < 0 are ignored).
   double ForwardBackward(const int32_t* inputs, const int32_t* targets, int b, int t,
                          float grad_scale);
-  // Sum of token losses, no gradients.
+  // Whole model only, using slot 0 (none may be in flight): the sum of token losses, no
+  // gradients.
   double ForwardLoss(const int32_t* inputs, const int32_t* targets, int b, int t);
-  // Logits (b, t, V), or only the last position's (b, V) when last_only: the V real tokens'
-  // only, whatever the vocabulary's padding for tensor parallelism.
+  // Whole model only, as ForwardLoss: logits (b, t, V), or only the last position's (b, V) when
+  // last_only: the V real tokens' only, whatever the vocabulary's padding for tensor parallelism.
   void ForwardLogits(const int32_t* inputs, int b, int t, bool last_only, float* logits);
+
+  // One micro-batch of b x t tokens through this rank's stage. Activations between stages are
+  // this rank's rows of the residual stream, (R, C) with R = b*t, or ceil(b*t / tp) under
+  // sequence parallelism (Megatron's (s/t, b, h)).
+  struct StageForwardArgs {
+    int b = 0;
+    int t = 0;
+    // First stage: the token ids (b, t), which must stay valid until the slot's StageBackward
+    // (the embedding's backward reads them again). Other stages: the previous stage's output
+    // (R, C), copied into the slot during the call.
+    const int32_t* tokens = nullptr;
+    const float* input = nullptr;
+    // Last stage: the targets (b, t) and the scale of the loss sum's gradient. Other stages: the
+    // output (R, C) for the next stage, written during the call.
+    const int32_t* targets = nullptr;
+    float grad_scale = 1.0f;
+    float* output = nullptr;
+  };
+  // The forward of the stage's regions into activation slot `slot` (0 .. activation_slots - 1,
+  // not in flight). The last stage also runs the loss and its backward through the head and the
+  // final norm at once, as ForwardBackward always has (so the (N, V) logits never exist whole
+  // and the head's GEMM runs once): it adds grad_scale * d(sum of token losses) to the final
+  // region's gradients, calls GradientsReady(n_layer), keeps d(last block's output) in the slot,
+  // and returns the sum of token losses; other stages return 0.
+  double StageForward(int slot, const StageForwardArgs& args);
+  // The backward of the stage's blocks (and the embedding on the first stage) for the
+  // micro-batch in `slot`, which it frees: accumulates the gradients region by region, calling
+  // GradientsReady as each completes. `d_output` (R, C) is d(this stage's output) from the next
+  // stage (ignored, may be null, on the last stage); `d_input` (R, C) receives d(this stage's
+  // input) for the previous stage (ignored, may be null, on the first stage) and may be
+  // d_output itself (then nothing is copied).
+  void StageBackward(int slot, const float* d_output, float* d_input);
 
   // Rows per chunk of the vocabulary-parallel classifier (tp > 1) for a vocabulary slot of
   // `vocab_slot` columns (LocalDims::vocab_slot): as many as fit in 128 MiB of logits, a
@@ -120,7 +164,18 @@ class Transformer {
     int padded = 0;
   };
 
-  void AllocateActivations(int max_batch, int max_time);
+  // One micro-batch in flight, from its StageForward to its StageBackward: what its backward
+  // needs.
+  struct Slot {
+    std::vector<float*> inputs;            // (R, C) each of the stage's blocks' input, in order
+    std::vector<BlockActivations> blocks;  // each block's saved activations (none under kFull)
+    float* d_last = nullptr;               // last stage: (R, C) d(last block's output)
+    const int32_t* tokens = nullptr;       // first stage: the micro-batch's token ids
+    int b = 0;
+    int t = 0;
+  };
+
+  void AllocateActivations(int max_batch, int max_time, int activation_slots);
   AttentionShape Shape(int b, int t) const;
   RegionView Params(int region, Pass pass);
   RegionView Grads(int region);
@@ -148,16 +203,17 @@ class Transformer {
   void BeginNormGrads();
   // `offsets` in slot order, absent tensors (kAbsent) last.
   void FinishNormGrads(const RegionView& grads, std::initializer_list<size_t> offsets);
-  // resid_[0] (R, C) = this rank's rows of the inputs' token (and position) embeddings. At
+  // out (R, C) = this rank's rows of the inputs' token (and position) embeddings. At
   // tp > 1 vocabulary-parallel: each rank looks up the tokens in its rows (zeros for the others)
   // and g sums the ranks' lookups (a reduce-scatter into this rank's rows under sequence
   // parallelism).
-  void EmbeddingForward(const int32_t* inputs, int b, int t, const RowSplit& rows);
-  // Adds d(embedding output), from d_resid_ (R, C) and gathered from every rank under sequence
+  void EmbeddingForward(const int32_t* inputs, int b, int t, const RowSplit& rows, float* out);
+  // Adds d(embedding output), from dresid (R, C) and gathered from every rank under sequence
   // parallelism, to the token rows this rank holds and to the position embedding.
-  void EmbeddingBackward(const int32_t* inputs, int b, int t, const RowSplit& rows);
-  // Block `layer` from resid_[layer] into resid_[layer + 1] (the output is skipped when
-  // `out` is null: recomputation only needs the saved activations).
+  void EmbeddingBackward(const int32_t* inputs, int b, int t, const RowSplit& rows,
+                         const float* dresid);
+  // Block `layer` from `in` into `out` (the output is skipped when `out` is null: recomputation
+  // only needs the saved activations).
   void BlockForward(int layer, const RegionView& params, BlockActivations& a, const float* in,
                     float* out, int b, int t);
   // dresid holds d(block output) on entry and d(block input) on return.
@@ -169,14 +225,24 @@ class Transformer {
   // per chunk of VocabChunkRows rows (the max and the sums combined over the ranks), each rank's
   // dx its slot's share (the caller's f, NormOutputGrad, sums them).
   double Classifier(float* dx, float* dhead, const int32_t* targets, int n, float grad_scale);
-  // Embedding, all blocks and the final norm, whose output is left in final_norm_. The final
-  // region (and, when the head is tied, the embeddings) stay acquired: the caller uses the
-  // head, then calls ReleaseHead.
+  // The embedding (first stage) or a copy of args.input into the slot, then the stage's
+  // blocks, the last one's output into `output`. When the head is the token embedding, the
+  // embeddings stay acquired for it.
+  void ForwardBlocks(int slot, const StageForwardArgs& args, float* output);
+  // The final norm of last_output_ into final_norm_ (gathered); the final region stays
+  // acquired: the caller uses the head, then calls ReleaseHead.
+  void FinalNormForward(const RowSplit& rows);
+  // The whole model's forward in slot 0 up to final_norm_, for ForwardLoss and ForwardLogits.
   void Forward(const int32_t* inputs, int b, int t);
+  // The loss on final_norm_ and its backward through the head and the final norm into d_last
+  // (R, C); the final region's gradients are ready and the head released on return.
+  double LossBackward(const int32_t* targets, const RowSplit& rows, float grad_scale,
+                      float* d_last);
   void ReleaseHead();
   // The output head's weight (V, C) among the acquired regions.
   const float* HeadWeight() const;
-  BlockActivations& ActivationsFor(int layer);
+  // Block `index` of the stage (0 .. num_blocks - 1) in `slot`.
+  BlockActivations& ActivationsFor(int slot, int index);
 
   ModelConfig config_;
   const ParamTable& table_;
@@ -186,15 +252,23 @@ class Transformer {
   BlockParameters& parameters_;
   Backend& backend_;
   Recompute recompute_;
-  int last_region_;                       // n_layer: the final norm and head
-  RegionView embeddings_;                 // acquired during Forward
-  RegionView final_region_;               // acquired during Forward until ReleaseHead
-  std::vector<float> acts_;               // the arena
-  std::vector<float*> resid_;             // n_layer + 1 block inputs / outputs, (N, C) each
-  std::vector<BlockActivations> blocks_;  // one per layer, or one shared under kFull
-  float* final_norm_ = nullptr;           // (G, C) gathered
-  float* final_mean_ = nullptr;           // (R)
-  float* final_rstd_ = nullptr;           // (R)
+  int last_region_;  // n_layer: the final norm and head
+  int first_block_;  // the stage's blocks: [first_block_, first_block_ + num_blocks_)
+  int num_blocks_;
+  bool has_embedding_;       // first stage
+  bool has_head_;            // last stage: the final norm, the head and the loss
+  bool head_is_embedding_;   // the tied head is this stage's own token embedding tensor
+  RegionView embeddings_;    // acquired during the embedding's forward (and the head's use)
+  RegionView final_region_;  // acquired from FinalNormForward until ReleaseHead
+  std::vector<float> acts_;  // the arena
+  std::vector<Slot> slots_;
+  // kFull: the one block's activations every block recomputes; kSelective and kFull: the
+  // attention core every block shares.
+  BlockActivations full_block_;
+  float* last_output_ = nullptr;  // last stage: (R, C) the last block's output
+  float* final_norm_ = nullptr;   // (G, C) gathered
+  float* final_mean_ = nullptr;   // (R)
+  float* final_rstd_ = nullptr;   // (R)
   // Backward scratch.
   float* d_resid_ = nullptr;    // (R, C)
   float* d_norm_ = nullptr;     // (G, C)

@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,9 +13,9 @@
 #include "core/model/sampler.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
-#include "parallel/comm/gloo_communicator.h"
 #include "tests/parallel/comm/test_store.h"
 #include "tests/testing/small_model.h"
+#include "tests/testing/tensor_parallel_ranks.h"
 
 namespace dtrain {
 namespace {
@@ -88,48 +86,6 @@ RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Reco
   return result;
 }
 
-// Runs fn(table, ops) for every rank of a tp-way split of `config` on its own thread, each with
-// Gloo communicators for the tensor-parallel group (passed too, for its stats) and, when kv heads
-// are replicated, for the ranks sharing one. Returns the ranks' tables.
-std::vector<std::unique_ptr<ParamTable>> RunTensorParallelRanks(
-    const ModelConfig& config, int tp_size,
-    const std::function<void(const ParamTable&, TensorParallelOps*, const Communicator&)>& fn) {
-  std::vector<std::unique_ptr<ParamTable>> tables(tp_size);
-  auto store = std::make_shared<testing::InMemoryStore>();
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < tp_size; ++rank) {
-    tables[rank] =
-        std::make_unique<ParamTable>(config, ModelSlice{.tp_rank = rank, .tp_size = tp_size});
-    threads.emplace_back([&, rank] {
-      const ParamTable& table = *tables[rank];
-      GlooCommunicatorOptions options;
-      options.name = "tp";
-      options.key_prefix = "comm/tp/";
-      options.rank = rank;
-      options.size = tp_size;
-      options.timeout = absl::Seconds(60);
-      auto tp = GlooCommunicator::Create(store, options);
-      ASSERT_TRUE(tp.ok()) << tp.status();
-      std::unique_ptr<GlooCommunicator> kv;
-      const int replicas = table.dims().kv_replicas;
-      if (replicas > 1) {
-        options.name = "kv";
-        options.key_prefix = absl::StrCat("comm/kv.", rank / replicas, "/");
-        options.rank = rank % replicas;
-        options.size = replicas;
-        auto created = GlooCommunicator::Create(store, options);
-        ASSERT_TRUE(created.ok()) << created.status();
-        kv = *std::move(created);
-      }
-      CommTensorParallel ops(**tp, kv.get());
-      fn(table, &ops, **tp);
-      EXPECT_TRUE(ops.status().ok()) << ops.status();
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  return tables;
-}
-
 struct Case {
   ModelFamily family;
   int tp;
@@ -163,7 +119,7 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
   ASSERT_GT(max_abs, 0);
 
   std::vector<RankResult> results(c.tp);
-  const std::vector<std::unique_ptr<ParamTable>> tables = RunTensorParallelRanks(
+  const std::vector<std::unique_ptr<ParamTable>> tables = testing::RunTensorParallelRanks(
       config, c.tp, [&](const ParamTable& table, TensorParallelOps* ops, const Communicator& tp) {
         results[table.slice().tp_rank] =
             TrainOneStep(config, table, c.recompute, ops, &tp, c.sequence_parallel);
@@ -294,7 +250,7 @@ TEST(TensorParallelChunksTest, TheClassifierRunsInSeveralChunksOfRows) {
   float max_abs = 0;
   for (float g : reference.grads) max_abs = std::max(max_abs, std::abs(g));
   std::vector<Result> results(2);
-  const auto tables = RunTensorParallelRanks(
+  const auto tables = testing::RunTensorParallelRanks(
       config, 2, [&](const ParamTable& table, TensorParallelOps* ops, const Communicator&) {
         results[table.slice().tp_rank] = run(table, ops);
       });

@@ -1,5 +1,6 @@
 #include "core/model/param_table.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -187,6 +188,66 @@ TEST(ParamTableTest, TensorParallelRanksCountEveryElementOnce) {
                                }
                              });
           }
+        }
+      }
+      for (size_t i = 0; i < counted.size(); ++i) ASSERT_EQ(counted[i], 1) << i;
+    }
+  }
+}
+
+// Pipeline stages (with and without tensor parallelism inside) together count every element of
+// the whole model once. GPT-2's last stage, without the embedding, holds the tied head as its
+// own copy named like the embedding, in the final region: initialised to the embedding's
+// values, and never counted (the first stage's embedding is).
+TEST(ParamTableTest, PipelineStagesCountEveryElementOnceAndCopyTheTiedHead) {
+  for (const ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    const ModelConfig config = testing::SmallModelConfig(family);  // 3 blocks
+    const ParamTable whole(config, ModelSlice{});
+    for (int tp : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << FamilyName(family) << " tp " << tp);
+      std::vector<int> counted(whole.total_numel(), 0);
+      for (int stage = 0; stage < 3; ++stage) {
+        for (int rank = 0; rank < tp; ++rank) {
+          const ParamTable table(
+              config,
+              ModelSlice{.first_block = stage, .num_blocks = 1, .tp_rank = rank, .tp_size = tp});
+          for (const auto& [begin, end] : table.CountedRanges()) {
+            for (const TensorEntry& entry : table.entries()) {
+              const size_t lo = std::max(begin, entry.offset);
+              const size_t hi = std::min(end, entry.offset + entry.numel);
+              if (lo >= hi) continue;
+              const size_t global_offset = whole.Find(entry.name)->offset;
+              ForEachGlobalRun(entry, lo - entry.offset, hi - entry.offset,
+                               [&](size_t, size_t global, size_t count) {
+                                 for (size_t i = 0; i < count; ++i) {
+                                   ++counted[global_offset + global + i];
+                                 }
+                               });
+            }
+          }
+          if (stage < 2) {
+            EXPECT_FALSE(table.HasRegion(config.n_layer));
+            continue;
+          }
+          EXPECT_FALSE(table.HasRegion(-1));
+          const TensorEntry* head = table.Find(config.tied_head() ? "embed.tokens" : "head.weight");
+          ASSERT_NE(head, nullptr);
+          EXPECT_EQ(head->block, config.n_layer);
+          EXPECT_EQ(head->offset, table.head());
+          EXPECT_EQ(table.IsTiedHeadCopy(*head), config.tied_head());
+          if (!config.tied_head()) continue;
+          const ParamTable first(
+              config,
+              ModelSlice{.first_block = 0, .num_blocks = 1, .tp_rank = rank, .tp_size = tp});
+          const TensorEntry& embedding = *first.Find("embed.tokens");
+          EXPECT_FALSE(first.IsTiedHeadCopy(embedding));
+          ASSERT_EQ(head->numel, embedding.numel);
+          std::vector<float> copy(table.total_numel()), original(first.total_numel());
+          InitParameters(config, table, 7, 0, copy.size(), copy.data());
+          InitParameters(config, first, 7, 0, original.size(), original.data());
+          EXPECT_TRUE(std::equal(copy.begin() + head->offset,
+                                 copy.begin() + head->offset + head->numel,
+                                 original.begin() + embedding.offset));
         }
       }
       for (size_t i = 0; i < counted.size(); ++i) ASSERT_EQ(counted[i], 1) << i;

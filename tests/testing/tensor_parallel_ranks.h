@@ -1,0 +1,62 @@
+// Tensor-parallel ranks as threads of one process, each with Gloo communicators over an
+// in-memory store: what tests of tensor-parallel models share.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "core/model/param_table.h"
+#include "gtest/gtest.h"
+#include "parallel/comm/gloo_communicator.h"
+#include "parallel/tensor_parallel.h"
+#include "tests/parallel/comm/test_store.h"
+
+namespace dtrain::testing {
+
+// Runs fn(table, ops) for every rank of a tp-way split of `config` on its own thread, each with
+// Gloo communicators for the tensor-parallel group (passed too, for its stats) and, when kv heads
+// are replicated, for the ranks sharing one. Returns the ranks' tables.
+inline std::vector<std::unique_ptr<ParamTable>> RunTensorParallelRanks(
+    const ModelConfig& config, int tp_size,
+    const std::function<void(const ParamTable&, TensorParallelOps*, const Communicator&)>& fn) {
+  std::vector<std::unique_ptr<ParamTable>> tables(tp_size);
+  auto store = std::make_shared<InMemoryStore>();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < tp_size; ++rank) {
+    tables[rank] =
+        std::make_unique<ParamTable>(config, ModelSlice{.tp_rank = rank, .tp_size = tp_size});
+    threads.emplace_back([&, rank] {
+      const ParamTable& table = *tables[rank];
+      GlooCommunicatorOptions options;
+      options.name = "tp";
+      options.key_prefix = "comm/tp/";
+      options.rank = rank;
+      options.size = tp_size;
+      options.timeout = absl::Seconds(60);
+      auto tp = GlooCommunicator::Create(store, options);
+      ASSERT_TRUE(tp.ok()) << tp.status();
+      std::unique_ptr<GlooCommunicator> kv;
+      const int replicas = table.dims().kv_replicas;
+      if (replicas > 1) {
+        options.name = "kv";
+        options.key_prefix = absl::StrCat("comm/kv.", rank / replicas, "/");
+        options.rank = rank % replicas;
+        options.size = replicas;
+        auto created = GlooCommunicator::Create(store, options);
+        ASSERT_TRUE(created.ok()) << created.status();
+        kv = *std::move(created);
+      }
+      CommTensorParallel ops(**tp, kv.get());
+      fn(table, &ops, **tp);
+      EXPECT_TRUE(ops.status().ok()) << ops.status();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return tables;
+}
+
+}  // namespace dtrain::testing
