@@ -24,11 +24,7 @@ constexpr int kBatch = 2, kTime = 7;
 constexpr uint64_t kSeed = 11;
 
 std::vector<int32_t> Tokens(int vocab, int salt) {
-  std::vector<int32_t> tokens(kBatch * kTime);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<int32_t>((i * 5 + salt * 17) % vocab);
-  }
-  return tokens;
+  return testing::PatternTokens(kBatch * kTime, vocab, salt);
 }
 
 // What one model (whole or one tensor-parallel rank) computed.

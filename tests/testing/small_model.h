@@ -2,6 +2,10 @@
 // (grouped-query with 2 kv heads for llama), vocabulary 61, up to 16 positions.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
 #include "core/model/model_config.h"
 
 namespace dtrain::testing {
@@ -18,6 +22,16 @@ inline ModelConfig SmallModelConfig(ModelFamily family) {
   config.vocab_size = 61;
   config.max_seq_len = 16;
   return config;
+}
+
+// `count` token ids below `vocab`, a fixed pattern that `salt` shifts (inputs and targets of one
+// micro-batch use two salts).
+inline std::vector<int32_t> PatternTokens(size_t count, int vocab, int salt) {
+  std::vector<int32_t> tokens(count);
+  for (size_t i = 0; i < count; ++i) {
+    tokens[i] = static_cast<int32_t>((i * 5 + salt * 17) % vocab);
+  }
+  return tokens;
 }
 
 }  // namespace dtrain::testing

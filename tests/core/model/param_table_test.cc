@@ -157,6 +157,23 @@ TEST(ParamTableTest, VocabularySlotsArePaddedAndHoldOnlyRealRows) {
   }
 }
 
+// Adds 1 to counted[i] for every element i of the whole model's table that `part`'s counted
+// ranges hold.
+void CountInWhole(const ParamTable& whole, const ParamTable& part, std::vector<int>& counted) {
+  for (const auto& [begin, end] : part.CountedRanges()) {
+    for (const TensorEntry& entry : part.entries()) {
+      const size_t lo = std::max(begin, entry.offset);
+      const size_t hi = std::min(end, entry.offset + entry.numel);
+      if (lo >= hi) continue;
+      const size_t global_offset = whole.Find(entry.name)->offset;
+      ForEachGlobalRun(entry, lo - entry.offset, hi - entry.offset,
+                       [&](size_t, size_t global, size_t count) {
+                         for (size_t i = 0; i < count; ++i) ++counted[global_offset + global + i];
+                       });
+    }
+  }
+}
+
 // Whole-model totals (the gradient norm) count each element once: the ranks' counted ranges
 // cover every element of the whole model exactly once, replicated tensors and kv heads
 // included; the whole model counts everything.
@@ -175,20 +192,7 @@ TEST(ParamTableTest, TensorParallelRanksCountEveryElementOnce) {
       std::vector<int> counted(whole.total_numel(), 0);
       for (int rank = 0; rank < tp; ++rank) {
         const ParamTable shard(config, ModelSlice{.tp_rank = rank, .tp_size = tp});
-        for (const auto& [begin, end] : shard.CountedRanges()) {
-          for (const TensorEntry& entry : shard.entries()) {
-            const size_t lo = std::max(begin, entry.offset);
-            const size_t hi = std::min(end, entry.offset + entry.numel);
-            if (lo >= hi) continue;
-            const size_t global_offset = whole.Find(entry.name)->offset;
-            ForEachGlobalRun(entry, lo - entry.offset, hi - entry.offset,
-                             [&](size_t, size_t global, size_t count) {
-                               for (size_t i = 0; i < count; ++i) {
-                                 ++counted[global_offset + global + i];
-                               }
-                             });
-          }
-        }
+        CountInWhole(whole, shard, counted);
       }
       for (size_t i = 0; i < counted.size(); ++i) ASSERT_EQ(counted[i], 1) << i;
     }
@@ -211,20 +215,7 @@ TEST(ParamTableTest, PipelineStagesCountEveryElementOnceAndCopyTheTiedHead) {
           const ParamTable table(
               config,
               ModelSlice{.first_block = stage, .num_blocks = 1, .tp_rank = rank, .tp_size = tp});
-          for (const auto& [begin, end] : table.CountedRanges()) {
-            for (const TensorEntry& entry : table.entries()) {
-              const size_t lo = std::max(begin, entry.offset);
-              const size_t hi = std::min(end, entry.offset + entry.numel);
-              if (lo >= hi) continue;
-              const size_t global_offset = whole.Find(entry.name)->offset;
-              ForEachGlobalRun(entry, lo - entry.offset, hi - entry.offset,
-                               [&](size_t, size_t global, size_t count) {
-                                 for (size_t i = 0; i < count; ++i) {
-                                   ++counted[global_offset + global + i];
-                                 }
-                               });
-            }
-          }
+          CountInWhole(whole, table, counted);
           if (stage < 2) {
             EXPECT_FALSE(table.HasRegion(config.n_layer));
             continue;

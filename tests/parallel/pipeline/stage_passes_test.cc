@@ -30,11 +30,7 @@ constexpr uint64_t kSeed = 21;
 constexpr float kGradScale = 1.0f / (kMicroBatches * kBatch * kTime);
 
 std::vector<int32_t> Tokens(int vocab, int salt) {
-  std::vector<int32_t> tokens(kBatch * kTime);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<int32_t>((i * 5 + salt * 17) % vocab);
-  }
-  return tokens;
+  return testing::PatternTokens(kBatch * kTime, vocab, salt);
 }
 
 // A model (whole or one stage) with its own parameters: the seed's init, with biases and norm
