@@ -1,5 +1,6 @@
 // `dtrain train` with parallel.pp > 1 as separate processes on loopback (torchrun's variables),
 // against one process: pipeline parallelism alone (one model chunk per stage).
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -113,6 +114,70 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<PipelineCase>& info) {
       return absl::StrCat(info.param.family, "_pp", info.param.pp, "_", info.param.schedule);
     });
+
+struct ReshardCase {
+  const char* family;
+  int save_pp;
+  int load_pp;
+};
+
+class PipelineCheckpointTest : public ::testing::TestWithParam<ReshardCase> {};
+
+// A checkpoint saved at one stage count loads at another: the run saved at step 6 and resumed
+// there in the other layout follows the single process's trajectory to the end (steps 7-12),
+// within the tolerance of FollowsOneProcess. GPT-2's last stage holds a copy of the tied
+// embedding, which the checkpoint stores once.
+TEST_P(PipelineCheckpointTest, LoadsAtAnotherStageCount) {
+  const ReshardCase& c = GetParam();
+  const std::string recipe = Recipe(c.family);
+  const std::string single = testing::FreshTempDir(absl::StrCat("pp_ckpt_single_", c.family));
+  const testing::Outcome one =
+      testing::RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", single));
+  ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
+  const Metrics reference = ReadMetrics(single);
+  ASSERT_EQ(reference.loss.size(), static_cast<size_t>(kSteps));
+
+  const std::string tag = absl::StrCat(c.family, "_", c.save_pp, "_to_", c.load_pp);
+  const std::string saved = testing::FreshTempDir("pp_ckpt_save_" + tag);
+  for (const auto& rank :
+       RunRanks(recipe, c.save_pp,
+                {"run.out_dir=" + saved, absl::StrCat("parallel.pp=", c.save_pp),
+                 "checkpoint.interval=6", "checkpoint.keep_last=5", "checkpoint.async=false"})) {
+    ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  }
+  std::string step6;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(saved)) {
+    if (entry.path().filename() == "step-6") step6 = entry.path().string();
+  }
+  ASSERT_FALSE(step6.empty()) << "no step-6 checkpoint under " << saved;
+
+  const std::string loaded = testing::FreshTempDir("pp_ckpt_load_" + tag);
+  const auto ranks = RunRanks(recipe, c.load_pp,
+                              {"run.out_dir=" + loaded, absl::StrCat("parallel.pp=", c.load_pp),
+                               "checkpoint.resume=" + step6});
+  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  EXPECT_THAT(ranks[0].output, HasSubstr("resumed from " + step6 + " at step 6"));
+  EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("pp ", c.load_pp, ")")));
+  // A fresh start (the checkpoint not loaded) would write 12 lines: the resumed run writes
+  // steps 7-12 only.
+  const Metrics metrics = ReadMetrics(loaded);
+  ASSERT_EQ(metrics.loss.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    const size_t step = 6 + i;
+    EXPECT_NEAR(metrics.loss[i], reference.loss[step], 1e-5 * reference.loss[step])
+        << "step " << step + 1;
+    EXPECT_NEAR(metrics.grad_norm[i], reference.grad_norm[step], 1e-5 * reference.grad_norm[step])
+        << "step " << step + 1;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, PipelineCheckpointTest,
+                         ::testing::Values(ReshardCase{"gpt2", 2, 1}, ReshardCase{"gpt2", 1, 2},
+                                           ReshardCase{"llama", 2, 1}, ReshardCase{"llama", 1, 2}),
+                         [](const ::testing::TestParamInfo<ReshardCase>& info) {
+                           return absl::StrCat(info.param.family, "_pp", info.param.save_pp,
+                                               "_to_pp", info.param.load_pp);
+                         });
 
 // What does not run yet is refused before any rank connects, exit 2, naming the keys.
 TEST(PipelineParallelRefusalTest, DataParallelReplicasAndEvaluationAreNotYetSupported) {
