@@ -392,7 +392,9 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     slice.first_block = assignment.first_block[stage];
     slice.num_blocks = assignment.first_block[stage + 1] - slice.first_block;
   }
-  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice);
+  const int activation_slots = pp > 1 ? PipelineActivationSlots(shape, stage) : 1;
+  const RankMemory memory =
+      EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice, activation_slots);
   RETURN_IF_ERROR(
       CheckRankMemory(memory, PhysicalMemoryBytes(), strategy, dp_size, world.local_world_size));
   const bool leader = world.rank == 0;
@@ -419,12 +421,11 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   }
   BlockParameters& parameters =
       pipeline_stage ? static_cast<BlockParameters&>(*pipeline_stage) : engine;
-  ASSIGN_OR_RETURN(
-      const std::unique_ptr<Transformer> model_owner,
-      AllocateOrError<Transformer>("allocating activations", memory.activation_bytes, config, table,
-                                   parameters, backend, train.micro_batch, train.seq_len, recompute,
-                                   tensor_parallel.get(), recipe.parallel.sequence_parallel,
-                                   pp > 1 ? PipelineActivationSlots(shape, stage) : 1));
+  ASSIGN_OR_RETURN(const std::unique_ptr<Transformer> model_owner,
+                   AllocateOrError<Transformer>(
+                       "allocating activations", memory.activation_bytes, config, table, parameters,
+                       backend, train.micro_batch, train.seq_len, recompute, tensor_parallel.get(),
+                       recipe.parallel.sequence_parallel, activation_slots));
   Transformer& model = *model_owner;
   ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, dp_rank, dp_size));
   const CheckpointSignals signals;
