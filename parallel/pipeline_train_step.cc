@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 
 #include "core/optim/lr_schedule.h"
 #include "core/util/status.h"
@@ -72,26 +73,34 @@ void TransformerPipelineStage::GradientsReady(int region) {
 namespace {
 
 // GPT-2's tied embedding: the first stage's embedding and the last stage's head copy take the
-// sum of both gradients, so that the copies, equal at the start, stay equal. Every stage joins
-// the all-reduce (the others with zeros), in the pipeline group the stages already share.
+// sum of both gradients, so that the copies, equal at the start, stay equal. The two stages
+// swap their gradients and each adds the other's to its own: a + b == b + a exactly, so the
+// copies stay bit-identical; the stages between them take no part.
 absl::Status SumTiedEmbeddingGradients(DataParallelEngine& engine, const ParamTable& table,
                                        Communicator& pp) {
   const ModelConfig& config = table.config();
   if (!config.tied_head()) return absl::OkStatus();
-  const bool first = pp.rank() == 0;
-  const bool last = pp.rank() + 1 == pp.size();
-  const size_t count = static_cast<size_t>(config.vocab_size) * config.d_model;
+  const int last_stage = pp.size() - 1;
   float* own = nullptr;
-  if (first) {
+  int peer = 0;
+  if (pp.rank() == 0) {
     own = engine.Gradients(-1) + (table.token_embedding() - table.BlockRange(-1).first);
-  } else if (last) {
+    peer = last_stage;
+  } else if (pp.rank() == last_stage) {
     own = engine.Gradients(table.last_region()) +
           (table.head() - table.BlockRange(table.last_region()).first);
+  } else {
+    return absl::OkStatus();
   }
-  std::vector<float> sum(count, 0.0f);
-  if (own != nullptr) std::copy_n(own, count, sum.data());
-  RETURN_IF_ERROR(pp.AllReduce(sum.data(), count, ReduceOp::kSum)->Wait());
-  if (own != nullptr) std::copy_n(sum.data(), count, own);
+  const size_t count = static_cast<size_t>(config.vocab_size) * config.d_model;
+  std::vector<float> other(count);
+  std::unique_ptr<Work> sent = pp.Send(own, count, peer);
+  std::unique_ptr<Work> received = pp.Recv(other.data(), count, peer);
+  const absl::Status receive_status = received->Wait();
+  const absl::Status send_status = sent->Wait();
+  RETURN_IF_ERROR(receive_status);
+  RETURN_IF_ERROR(send_status);
+  for (size_t i = 0; i < count; ++i) own[i] += other[i];
   return absl::OkStatus();
 }
 
