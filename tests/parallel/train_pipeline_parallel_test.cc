@@ -68,6 +68,9 @@ struct PipelineCase {
   const char* family;
   int pp;
   const char* schedule;
+  // One more --set for both runs, and its name in the test's.
+  std::string set = "";
+  std::string label = "";
 };
 
 class PipelineParallelTrainTest : public ::testing::TestWithParam<PipelineCase> {};
@@ -81,18 +84,19 @@ class PipelineParallelTrainTest : public ::testing::TestWithParam<PipelineCase> 
 TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
   const PipelineCase& c = GetParam();
   const std::string recipe = Recipe(c.family);
-  const std::string single = testing::FreshTempDir(absl::StrCat("pp_single_", c.family));
-  const testing::Outcome one =
-      testing::RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", single));
+  const std::string name = absl::StrCat(c.family, "_", c.pp, "_", c.schedule, c.label);
+  const std::string single = testing::FreshTempDir("pp_single_" + name);
+  const testing::Outcome one = testing::RunDtrain(absl::StrCat(
+      "train ", recipe, " --set run.out_dir=", single, c.set.empty() ? "" : " --set ", c.set));
   ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
   const Metrics reference = ReadMetrics(single);
   ASSERT_EQ(reference.loss.size(), static_cast<size_t>(kSteps));
 
-  const std::string out =
-      testing::FreshTempDir(absl::StrCat("pp_", c.family, "_", c.pp, "_", c.schedule));
-  const auto ranks = RunRanks(recipe, c.pp,
-                              {"run.out_dir=" + out, absl::StrCat("parallel.pp=", c.pp),
-                               absl::StrCat("parallel.pp_schedule=", c.schedule)});
+  const std::string out = testing::FreshTempDir("pp_" + name);
+  std::vector<std::string> sets = {"run.out_dir=" + out, absl::StrCat("parallel.pp=", c.pp),
+                                   absl::StrCat("parallel.pp_schedule=", c.schedule)};
+  if (!c.set.empty()) sets.push_back(c.set);
+  const auto ranks = RunRanks(recipe, c.pp, sets);
   for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
   EXPECT_THAT(ranks[0].output,
               HasSubstr(absl::StrCat("pipeline parallel: ", c.pp, " stages, schedule ", c.schedule,
@@ -110,9 +114,16 @@ TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
 INSTANTIATE_TEST_SUITE_P(
     Layouts, PipelineParallelTrainTest,
     ::testing::Values(PipelineCase{"llama", 2, "1f1b"}, PipelineCase{"llama", 4, "gpipe"},
-                      PipelineCase{"gpt2", 2, "gpipe"}, PipelineCase{"gpt2", 4, "1f1b"}),
+                      PipelineCase{"gpt2", 2, "gpipe"}, PipelineCase{"gpt2", 4, "1f1b"},
+                      // Recomputation keeps each slot's block inputs only.
+                      PipelineCase{"llama", 2, "1f1b", "parallel.recompute=full", "_recompute"},
+                      PipelineCase{"gpt2", 4, "gpipe", "parallel.recompute=selective",
+                                   "_selective"},
+                      // 2 micro-batches on 4 stages: the bubble, and fewer slots than stages.
+                      PipelineCase{"gpt2", 4, "1f1b", "train.batch_size=4", "_2_micro_batches"}),
     [](const ::testing::TestParamInfo<PipelineCase>& info) {
-      return absl::StrCat(info.param.family, "_pp", info.param.pp, "_", info.param.schedule);
+      return absl::StrCat(info.param.family, "_pp", info.param.pp, "_", info.param.schedule,
+                          info.param.label);
     });
 
 struct ReshardCase {
