@@ -89,6 +89,39 @@ absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, Validation
   return loss_sum / tokens;
 }
 
+// Evaluate's pipeline: each validation micro-batch forward through the stages in turn, the
+// activations passed on over `pp`; the last stage's loss and token count summed to every stage.
+absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, ValidationLoader& val,
+                                        const Recipe& recipe) {
+  const int b = recipe.train.micro_batch;
+  const int t = recipe.train.seq_len;
+  const bool first = pp.rank() == 0;
+  const bool last = pp.rank() + 1 == pp.size();
+  std::vector<int32_t> inputs(static_cast<size_t>(b) * t), targets(inputs.size());
+  std::vector<float> input(inputs.size() * model.config().d_model), output(input.size());
+  val.Reset();
+  double loss_sum = 0;
+  double tokens = 0;
+  for (int i = 0; i < recipe.train.eval_batches; ++i) {
+    // Every stage reads the same batch (one data-parallel replica).
+    ASSIGN_OR_RETURN(const int rows, val.Next(b, inputs.data(), targets.data()));
+    if (rows == 0) continue;
+    const size_t count = static_cast<size_t>(rows) * t * model.config().d_model;
+    if (!first) RETURN_IF_ERROR(pp.Recv(input.data(), count, pp.rank() - 1)->Wait());
+    loss_sum += model.StageForwardLoss({.b = rows,
+                                        .t = t,
+                                        .tokens = inputs.data(),
+                                        .input = input.data(),
+                                        .targets = targets.data(),
+                                        .output = output.data()});
+    if (!last) RETURN_IF_ERROR(pp.Send(output.data(), count, pp.rank() + 1)->Wait());
+    if (last) tokens += static_cast<double>(rows) * t;
+  }
+  RETURN_IF_ERROR(SumOverRanks(&pp, loss_sum, tokens));
+  if (tokens == 0) return absl::FailedPreconditionError("the validation set is empty");
+  return loss_sum / tokens;
+}
+
 // parallel.strategy: auto -> the planner's layout for this world among those the trainer runs
 // (TrainerLayouts). A better layout it cannot run is reported, never silently replaced.
 absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, const WorldMembership& world) {
@@ -511,7 +544,9 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);
     const bool last = m.step == train.steps;
     if (train.eval_every > 0 && (m.step % train.eval_every == 0 || last)) {
-      absl::StatusOr<double> val_loss = Evaluate(model, groups.dp, *data.val, recipe);
+      absl::StatusOr<double> val_loss = pp > 1
+                                            ? EvaluatePipeline(model, *groups.pp, *data.val, recipe)
+                                            : Evaluate(model, groups.dp, *data.val, recipe);
       RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
       ASSIGN_OR_RETURN(m.val_loss, std::move(val_loss));
     }
@@ -551,7 +586,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
 
 // What runs of pipeline parallelism so far (the recipe refuses interleaving and tp with it):
 // stages of one data-parallel replica, with unsharded gradients (the tied embedding's copies sum
-// their gradients in place), no evaluation and no export.
+// their gradients in place), no sampling and no export.
 absl::Status CheckPipelineSupported(const Recipe& recipe, int dp) {
   const ParallelSection& p = recipe.parallel;
   if (p.pp == 1) return absl::OkStatus();
@@ -568,10 +603,11 @@ absl::Status CheckPipelineSupported(const Recipe& recipe, int dp) {
         "parallel.strategy ", p.strategy, " with parallel.pp = ", p.pp,
         " is not yet supported; set parallel.strategy: ddp (one replica shards nothing)"));
   }
-  if (recipe.train.eval_every > 0) {
+  if (recipe.train.eval_every > 0 && recipe.logging.sample_tokens > 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("evaluation with parallel.pp = ", p.pp,
-                     " is not yet supported; set train.eval_every: 0, or parallel.pp: 1"));
+        absl::StrCat("sampling with parallel.pp = ", p.pp,
+                     " is not yet supported; set logging.sample_tokens: 0 (evaluation runs), or "
+                     "parallel.pp: 1"));
   }
   if (!recipe.train.export_to.empty()) {
     return absl::InvalidArgumentError(

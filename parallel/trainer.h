@@ -14,7 +14,7 @@ absl::Status RunTraining(const Recipe& recipe, const WorldMembership& world);
 
 // InvalidArgument naming parallel.tp, parallel.pp and the world size unless the model-parallel
 // ranks (tp x pp) divide the world, or naming what pp > 1 does not yet run with (data-parallel
-// replicas, gradient sharding, evaluation, export); callers check it before training starts.
+// replicas, gradient sharding, sampling, export); callers check it before training starts.
 absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size);
 
 }  // namespace dtrain

@@ -18,7 +18,7 @@ namespace {
 using ::testing::HasSubstr;
 
 // A tiny model of 4 blocks (so 4 stages each run one), trained on byte-level text for
-// `kSteps` steps of 4 micro-batches, without evaluation (not yet under pp).
+// `kSteps` steps of 4 micro-batches, evaluated every 6, without samples (not yet under pp).
 constexpr int kSteps = 12;
 
 std::string Recipe(const std::string& family) {
@@ -35,7 +35,7 @@ std::string Recipe(const std::string& family) {
       absl::StrCat("run: {name: pp, seed: 5, threads: 1}\nmodel: {", model, "}\ndata: {train: [",
                    data, "]}\n", R"(train: {steps: )", kSteps,
                    R"(, batch_size: 8, micro_batch: 2, seq_len: 16, warmup_steps: 1,
-        eval_every: 0, export_to: ""}
+        eval_every: 6, eval_batches: 2, export_to: ""}
 parallel: {timeout_s: 30}
 checkpoint: {resume: never}
 logging: {sample_tokens: 0}
@@ -43,7 +43,7 @@ logging: {sample_tokens: 0}
 }
 
 struct Metrics {
-  std::vector<double> loss, grad_norm;
+  std::vector<double> loss, grad_norm, val_loss;
 };
 
 Metrics ReadMetrics(const std::string& out_dir) {
@@ -53,6 +53,9 @@ Metrics ReadMetrics(const std::string& out_dir) {
     const nlohmann::json j = nlohmann::json::parse(line);
     metrics.loss.push_back(j["loss"].get<double>());
     metrics.grad_norm.push_back(j["grad_norm"].get<double>());
+    if (j.contains("val_loss") && !j["val_loss"].is_null()) {
+      metrics.val_loss.push_back(j["val_loss"].get<double>());
+    }
   }
   return metrics;
 }
@@ -91,6 +94,7 @@ TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
   ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
   const Metrics reference = ReadMetrics(single);
   ASSERT_EQ(reference.loss.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(reference.val_loss.size(), 2u);
 
   const std::string out = testing::FreshTempDir("pp_" + name);
   std::vector<std::string> sets = {"run.out_dir=" + out, absl::StrCat("parallel.pp=", c.pp),
@@ -108,6 +112,12 @@ TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
     EXPECT_NEAR(metrics.loss[i], reference.loss[i], 1e-5 * reference.loss[i]) << "step " << i;
     EXPECT_NEAR(metrics.grad_norm[i], reference.grad_norm[i], 1e-5 * reference.grad_norm[i])
         << "step " << i;
+  }
+  // Evaluation runs the micro-batches through the stages in turn: the same validation loss.
+  ASSERT_EQ(metrics.val_loss.size(), reference.val_loss.size());
+  for (size_t i = 0; i < metrics.val_loss.size(); ++i) {
+    EXPECT_NEAR(metrics.val_loss[i], reference.val_loss[i], 1e-5 * reference.val_loss[i])
+        << "evaluation " << i;
   }
 }
 
@@ -191,14 +201,14 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineCheckpointTest,
                          });
 
 // What does not run yet is refused before any rank connects, exit 2, naming the keys.
-TEST(PipelineParallelRefusalTest, DataParallelReplicasAndEvaluationAreNotYetSupported) {
+TEST(PipelineParallelRefusalTest, DataParallelReplicasAndSamplingAreNotYetSupported) {
   const std::string recipe = Recipe("llama");
   for (const auto& rank : RunRanks(recipe, 2,
                                    {"run.out_dir=" + testing::FreshTempDir("pp_eval"),
-                                    "parallel.pp=2", "train.eval_every=5"})) {
+                                    "parallel.pp=2", "logging.sample_tokens=4"})) {
     EXPECT_EQ(rank.exit_code, 2) << rank.output;
-    EXPECT_THAT(rank.output, HasSubstr("evaluation with parallel.pp = 2 is not yet supported; set "
-                                       "train.eval_every: 0"));
+    EXPECT_THAT(rank.output, HasSubstr("sampling with parallel.pp = 2 is not yet supported; set "
+                                       "logging.sample_tokens: 0"));
   }
   const auto ranks =
       RunRanks(recipe, 4, {"run.out_dir=" + testing::FreshTempDir("pp_dp"), "parallel.pp=2"});
