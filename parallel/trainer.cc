@@ -584,12 +584,25 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   return ExportWeights(recipe, config, engine, groups.tp, leader);
 }
 
-// What runs of pipeline parallelism so far (the recipe refuses interleaving and tp with it):
-// stages of one data-parallel replica, with unsharded gradients (the tied embedding's copies sum
-// their gradients in place), no sampling and no export.
-absl::Status CheckPipelineSupported(const Recipe& recipe, int dp) {
+}  // namespace
+
+absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
+  const int tp = recipe.parallel.tp, pp = recipe.parallel.pp;
+  if (world_size % (tp * pp) == 0) return absl::OkStatus();
+  std::vector<int> fits;
+  for (int size = 1; size <= world_size; ++size) {
+    if (world_size % (size * pp) == 0) fits.push_back(size);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "parallel.tp = ", tp, " x parallel.pp = ", pp, " does not divide the world of ", world_size,
+      " ranks: every data-parallel replica needs tp x pp ranks; set parallel.tp to one of ",
+      absl::StrJoin(fits, ", "), ", or run ", tp * pp, " x k ranks"));
+}
+
+absl::Status CheckPipelineSupported(const Recipe& recipe, int world_size) {
   const ParallelSection& p = recipe.parallel;
   if (p.pp == 1) return absl::OkStatus();
+  const int dp = world_size / (p.tp * p.pp);
   if (dp > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parallel.pp = ", p.pp, " with ", dp,
@@ -617,27 +630,13 @@ absl::Status CheckPipelineSupported(const Recipe& recipe, int dp) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
-  const int tp = recipe.parallel.tp, pp = recipe.parallel.pp;
-  if (world_size % (tp * pp) == 0) return CheckPipelineSupported(recipe, world_size / (tp * pp));
-  std::vector<int> fits;
-  for (int size = 1; size <= world_size; ++size) {
-    if (world_size % (size * pp) == 0) fits.push_back(size);
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "parallel.tp = ", tp, " x parallel.pp = ", pp, " does not divide the world of ", world_size,
-      " ranks: every data-parallel replica needs tp x pp ranks; set parallel.tp to one of ",
-      absl::StrJoin(fits, ", "), ", or run ", tp * pp, " x k ranks"));
-}
-
 absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) {
   // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
   // file per rank).
   if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);
   ASSIGN_OR_RETURN(const Recipe recipe, ResolveStrategy(requested, world));
   RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world.world_size));
+  RETURN_IF_ERROR(CheckPipelineSupported(recipe, world.world_size));
   // The dp x pp x tp mesh, tp innermost.
   const int tp_pp = recipe.parallel.tp * recipe.parallel.pp;
   ASSIGN_OR_RETURN(const Mesh mesh, Mesh::Create({.dp = world.world_size / tp_pp,

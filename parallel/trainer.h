@@ -13,8 +13,12 @@ namespace dtrain {
 absl::Status RunTraining(const Recipe& recipe, const WorldMembership& world);
 
 // InvalidArgument naming parallel.tp, parallel.pp and the world size unless the model-parallel
-// ranks (tp x pp) divide the world, or naming what pp > 1 does not yet run with (data-parallel
-// replicas, gradient sharding, sampling, export); callers check it before training starts.
+// ranks (tp x pp) divide the world; callers check it before training starts.
 absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size);
+
+// For parallel.pp > 1, InvalidArgument naming what the trainer does not yet run with a pipeline
+// (data-parallel replicas in a world of `world_size`, gradient sharding, sampling, export; the
+// recipe refuses interleaving and tp); callers check it after CheckLayoutFitsWorld.
+absl::Status CheckPipelineSupported(const Recipe& recipe, int world_size);
 
 }  // namespace dtrain
