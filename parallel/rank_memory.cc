@@ -30,7 +30,7 @@ Strategy PlannerStrategy(Sharding sharding) {
 
 RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
                               const ShardingStrategy& strategy, Recompute recompute, int dp_size,
-                              const ModelSlice& slice) {
+                              const ModelSlice& slice, int activation_slots) {
   const double parameters = static_cast<double>(ParamTable(config, slice).total_numel());
   const MemoryEstimate state = ModelStateBytes(PlannerStrategy(strategy.sharding), parameters,
                                                dp_size, Precision::Fp32(), /*offload=*/false);
@@ -38,9 +38,9 @@ RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
   memory.parameter_bytes = state.param_bytes;
   memory.gradient_bytes = state.grad_bytes;
   memory.optimizer_bytes = state.optimizer_bytes;
-  memory.activation_bytes =
-      Transformer::ActivationBytes(config, recipe.train.micro_batch, recipe.train.seq_len,
-                                   recompute, slice, recipe.parallel.sequence_parallel);
+  memory.activation_bytes = Transformer::ActivationBytes(
+      config, recipe.train.micro_batch, recipe.train.seq_len, recompute, slice,
+      recipe.parallel.sequence_parallel, activation_slots);
   return memory;
 }
 

@@ -28,10 +28,11 @@ struct RankMemory {
 };
 
 // `dp_size` ranks share the state of the part of the model `slice` holds (a tensor-parallel
-// shard holds its heads' and MLP columns' share and the replicated tensors).
+// shard holds its heads' and MLP columns' share and the replicated tensors); a pipeline stage
+// keeps `activation_slots` micro-batches' activations (PipelineActivationSlots).
 RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
                               const ShardingStrategy& strategy, Recompute recompute, int dp_size,
-                              const ModelSlice& slice = {});
+                              const ModelSlice& slice = {}, int activation_slots = 1);
 
 // This machine's physical memory in bytes (sysconf).
 double PhysicalMemoryBytes();

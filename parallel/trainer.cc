@@ -23,7 +23,11 @@
 #include "nlohmann/json.hpp"
 #include "parallel/checkpointing.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/stage_assignment.h"
+#include "parallel/pipeline_train_step.h"
 #include "parallel/planner/auto_layout.h"
+#include "parallel/planner/cost_model.h"
 #include "parallel/process_group.h"
 #include "parallel/rank_memory.h"
 #include "parallel/tensor_parallel.h"
@@ -81,6 +85,39 @@ absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, Validation
     tokens += static_cast<double>(rows) * t;
   }
   RETURN_IF_ERROR(SumOverRanks(dp, loss_sum, tokens));
+  if (tokens == 0) return absl::FailedPreconditionError("the validation set is empty");
+  return loss_sum / tokens;
+}
+
+// Evaluate's pipeline: each validation micro-batch forward through the stages in turn, the
+// activations passed on over `pp`; the last stage's loss and token count summed to every stage.
+absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, ValidationLoader& val,
+                                        const Recipe& recipe) {
+  const int b = recipe.train.micro_batch;
+  const int t = recipe.train.seq_len;
+  const bool first = pp.rank() == 0;
+  const bool last = pp.rank() + 1 == pp.size();
+  std::vector<int32_t> inputs(static_cast<size_t>(b) * t), targets(inputs.size());
+  std::vector<float> input(inputs.size() * model.config().d_model), output(input.size());
+  val.Reset();
+  double loss_sum = 0;
+  double tokens = 0;
+  for (int i = 0; i < recipe.train.eval_batches; ++i) {
+    // Every stage reads the same batch (one data-parallel replica).
+    ASSIGN_OR_RETURN(const int rows, val.Next(b, inputs.data(), targets.data()));
+    if (rows == 0) continue;
+    const size_t count = static_cast<size_t>(rows) * t * model.config().d_model;
+    if (!first) RETURN_IF_ERROR(pp.Recv(input.data(), count, pp.rank() - 1)->Wait());
+    loss_sum += model.StageForwardLoss({.b = rows,
+                                        .t = t,
+                                        .tokens = inputs.data(),
+                                        .input = input.data(),
+                                        .targets = targets.data(),
+                                        .output = output.data()});
+    if (!last) RETURN_IF_ERROR(pp.Send(output.data(), count, pp.rank() + 1)->Wait());
+    if (last) tokens += static_cast<double>(rows) * t;
+  }
+  RETURN_IF_ERROR(SumOverRanks(&pp, loss_sum, tokens));
   if (tokens == 0) return absl::FailedPreconditionError("the validation set is empty");
   return loss_sum / tokens;
 }
@@ -375,8 +412,22 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   ASSIGN_OR_RETURN(const ShardingStrategy strategy, ShardingStrategyFromRecipe(recipe.parallel));
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(recipe.parallel.recompute));
-  const ModelSlice slice{.tp_rank = mesh.coords().tp, .tp_size = mesh.shape().tp};
-  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice);
+  ModelSlice slice{.tp_rank = mesh.coords().tp, .tp_size = mesh.shape().tp};
+  const int pp = mesh.shape().pp;
+  const int stage = mesh.coords().pp;
+  const int micro_batches = train.batch_size / (train.micro_batch * dp_size);
+  StageAssignment assignment;
+  PipelineShape shape{.stages = pp, .micro_batches = micro_batches};
+  if (pp > 1) {
+    ASSIGN_OR_RETURN(assignment,
+                     AssignStages(PipelineFlopsPerToken(config, train.seq_len, recompute), pp, 1));
+    ASSIGN_OR_RETURN(shape.schedule, ParsePipelineSchedule(recipe.parallel.pp_schedule));
+    slice.first_block = assignment.first_block[stage];
+    slice.num_blocks = assignment.first_block[stage + 1] - slice.first_block;
+  }
+  const int activation_slots = pp > 1 ? PipelineActivationSlots(shape, stage) : 1;
+  const RankMemory memory =
+      EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice, activation_slots);
   RETURN_IF_ERROR(
       CheckRankMemory(memory, PhysicalMemoryBytes(), strategy, dp_size, world.local_world_size));
   const bool leader = world.rank == 0;
@@ -386,17 +437,28 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   const ParamTable table(config, slice);
   std::unique_ptr<CommTensorParallel> tensor_parallel;
   if (groups.tp) tensor_parallel = std::make_unique<CommTensorParallel>(*groups.tp, kv_replicas);
+  // The gradient norm sums over the ranks holding other parts of the model: the tp group, or
+  // (pp > 1, where tp is 1) the pipeline's stages.
   ASSIGN_OR_RETURN(
       const std::unique_ptr<DataParallelEngine> engine_owner,
       AllocateOrError<DataParallelEngine>("allocating parameters, gradients and optimizer state",
                                           memory.model_state_bytes(), table, strategy, train,
-                                          backend, groups.dp, groups.tp));
+                                          backend, groups.dp, pp > 1 ? groups.pp : groups.tp));
   DataParallelEngine& engine = *engine_owner;
-  ASSIGN_OR_RETURN(
-      const std::unique_ptr<Transformer> model_owner,
-      AllocateOrError<Transformer>("allocating activations", memory.activation_bytes, config, table,
-                                   engine, backend, train.micro_batch, train.seq_len, recompute,
-                                   tensor_parallel.get(), recipe.parallel.sequence_parallel));
+  std::unique_ptr<TransformerPipelineStage> pipeline_stage;
+  std::unique_ptr<PipelineExecutor> executor;
+  if (pp > 1) {
+    pipeline_stage = std::make_unique<TransformerPipelineStage>(table, engine, shape, stage,
+                                                                train.micro_batch, train.seq_len);
+    ASSIGN_OR_RETURN(executor, PipelineExecutor::Create(shape, stage, groups.pp));
+  }
+  BlockParameters& parameters =
+      pipeline_stage ? static_cast<BlockParameters&>(*pipeline_stage) : engine;
+  ASSIGN_OR_RETURN(const std::unique_ptr<Transformer> model_owner,
+                   AllocateOrError<Transformer>(
+                       "allocating activations", memory.activation_bytes, config, table, parameters,
+                       backend, train.micro_batch, train.seq_len, recompute, tensor_parallel.get(),
+                       recipe.parallel.sequence_parallel, activation_slots));
   Transformer& model = *model_owner;
   ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, dp_rank, dp_size));
   const CheckpointSignals signals;
@@ -415,12 +477,15 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
 
   const double peak_flops = MeasureGemmFlops(backend);
   const double flops_per_token = config.flops_per_token(train.seq_len);
-  const int micro_batches = train.batch_size / (train.micro_batch * dp_size);
   const int64_t tokens_per_step = static_cast<int64_t>(train.batch_size) * train.seq_len;
   std::ofstream metrics;
   if (leader) {
     LogRunSetup(recipe, config, table.dims(), data, model, dp_size, micro_batches, peak_flops,
                 backend.num_threads());
+    if (pp > 1) {
+      LogInfo("pipeline parallel: %d stages, schedule %s; %s", pp,
+              PipelineScheduleName(shape.schedule), FormatStageAssignment(assignment));
+    }
     const std::filesystem::path run_dir = recipe.run_dir();
     RETURN_IF_ERROR(OpenMetrics((run_dir / recipe.logging.metrics_file).string(), resumed_step,
                                 checkpoints->resumed_metrics_line(), metrics));
@@ -434,7 +499,9 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     const int64_t dp_sent_before = SentBytes({groups.dp});
     const int64_t tp_sent_before = SentBytes({groups.tp, kv_replicas});
     absl::StatusOr<StepResult> stepped =
-        TrainStep(model, engine, train, step, micro_batches, next_micro_batch);
+        pp > 1 ? PipelineTrainStep(model, *pipeline_stage, engine, *executor, table, *groups.pp,
+                                   train, step, micro_batches, next_micro_batch)
+               : TrainStep(model, engine, train, step, micro_batches, next_micro_batch);
     // A failed tp all-reduce left the step to run on garbage: its error is the one to report.
     RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
     ASSIGN_OR_RETURN(const StepResult result, std::move(stepped));
@@ -477,7 +544,9 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);
     const bool last = m.step == train.steps;
     if (train.eval_every > 0 && (m.step % train.eval_every == 0 || last)) {
-      absl::StatusOr<double> val_loss = Evaluate(model, groups.dp, *data.val, recipe);
+      absl::StatusOr<double> val_loss = pp > 1
+                                            ? EvaluatePipeline(model, *groups.pp, *data.val, recipe)
+                                            : Evaluate(model, groups.dp, *data.val, recipe);
       RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
       ASSIGN_OR_RETURN(m.val_loss, std::move(val_loss));
     }
@@ -530,12 +599,44 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
       absl::StrJoin(fits, ", "), ", or run ", tp * pp, " x k ranks"));
 }
 
+absl::Status CheckPipelineSupported(const Recipe& recipe, int world_size) {
+  const ParallelSection& p = recipe.parallel;
+  if (p.pp == 1) return absl::OkStatus();
+  const int dp = world_size / (p.tp * p.pp);
+  if (dp > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.pp = ", p.pp, " with ", dp,
+        " data-parallel replicas is not yet supported; run parallel.pp x parallel.tp = ", p.pp,
+        " ranks, or set parallel.pp: 1"));
+  }
+  // auto is checked once resolved (RunTraining).
+  const absl::StatusOr<ShardingStrategy> strategy = ShardingStrategyFromRecipe(p);
+  if (p.strategy != "auto" && strategy.ok() && strategy->sharding >= Sharding::kGradients) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.strategy ", p.strategy, " with parallel.pp = ", p.pp,
+        " is not yet supported; set parallel.strategy: ddp (one replica shards nothing)"));
+  }
+  if (recipe.train.eval_every > 0 && recipe.logging.sample_tokens > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling with parallel.pp = ", p.pp,
+                     " is not yet supported; set logging.sample_tokens: 0 (evaluation runs), or "
+                     "parallel.pp: 1"));
+  }
+  if (!recipe.train.export_to.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.export_to with parallel.pp = ", p.pp,
+                     " is not yet supported; set train.export_to: '' or parallel.pp: 1"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) {
   // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
   // file per rank).
   if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);
   ASSIGN_OR_RETURN(const Recipe recipe, ResolveStrategy(requested, world));
   RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world.world_size));
+  RETURN_IF_ERROR(CheckPipelineSupported(recipe, world.world_size));
   // The dp x pp x tp mesh, tp innermost.
   const int tp_pp = recipe.parallel.tp * recipe.parallel.pp;
   ASSIGN_OR_RETURN(const Mesh mesh, Mesh::Create({.dp = world.world_size / tp_pp,

@@ -16,4 +16,9 @@ absl::Status RunTraining(const Recipe& recipe, const WorldMembership& world);
 // ranks (tp x pp) divide the world; callers check it before training starts.
 absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size);
 
+// For parallel.pp > 1, InvalidArgument naming what the trainer does not yet run with a pipeline
+// (data-parallel replicas in a world of `world_size`, gradient sharding, sampling, export; the
+// recipe refuses interleaving and tp); callers check it after CheckLayoutFitsWorld.
+absl::Status CheckPipelineSupported(const Recipe& recipe, int world_size);
+
 }  // namespace dtrain

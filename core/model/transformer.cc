@@ -584,6 +584,19 @@ double Transformer::StageForward(int slot, const StageForwardArgs& args) {
   return LossBackward(args.targets, rows, args.grad_scale, slots_[slot].d_last);
 }
 
+double Transformer::StageForwardLoss(const StageForwardArgs& args) {
+  if (!has_head_) {
+    ForwardBlocks(0, args, args.output);
+    return 0;
+  }
+  ForwardBlocks(0, args, last_output_);
+  const int n = args.b * args.t;
+  FinalNormForward(SplitRows(n));
+  const double loss = Classifier(nullptr, nullptr, args.targets, n, 0.0f);
+  ReleaseHead();
+  return loss;
+}
+
 void Transformer::StageBackward(int slot_index, const float* d_output, float* d_input) {
   Slot& slot = slots_[slot_index];
   const int b = slot.b, t = slot.t;

@@ -119,6 +119,10 @@ class Transformer {
   // input) for the previous stage (ignored, may be null, on the first stage) and may be
   // d_output itself (then nothing is copied).
   void StageBackward(int slot, const float* d_output, float* d_input);
+  // The forward of the stage without gradients, in slot 0 (none may be in flight), for
+  // evaluation: writes args.output on a stage without the head, and returns the sum of token
+  // losses of args.targets on the last stage (0 elsewhere). args.grad_scale is unused.
+  double StageForwardLoss(const StageForwardArgs& args);
 
   // Rows per chunk of the vocabulary-parallel classifier (tp > 1) for a vocabulary slot of
   // `vocab_slot` columns (LocalDims::vocab_slot): as many as fit in 128 MiB of logits, a

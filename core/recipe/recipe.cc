@@ -1082,6 +1082,14 @@ class Parser {
               " contradicts it; set parallel.tp: 1 to let auto choose, or name the "
               "data-parallel strategy (e.g. ddp or zero1) to keep this tp"));
     }
+    if (r.parallel.pp > 1 && r.parallel.strategy == "auto") {
+      return Error("parallel.strategy",
+                   absl::StrCat("auto does not plan pipelines yet (it runs parallel.pp: 1), so "
+                                "parallel.pp = ",
+                                r.parallel.pp,
+                                " contradicts it; name the strategy (parallel.strategy: ddp) to "
+                                "keep this pp"));
+    }
     if (r.train.batch_size % r.train.micro_batch != 0) {
       return Error("train.batch_size",
                    absl::StrCat(r.train.batch_size, " is not a multiple of train.micro_batch (",
@@ -1090,9 +1098,17 @@ class Parser {
                                 "multiple of micro_batch"));
     }
     RETURN_IF_ERROR(CheckPipeline(r));
-    if (r.parallel.pp != 1) {
+    // What the trainer runs of the pipeline so far: one model chunk per stage (1f1b, gpipe),
+    // with neither tensor parallelism nor (checked against the world) data parallelism.
+    if (r.parallel.pp > 1 && r.parallel.pp_schedule == "interleaved") {
+      return Error("parallel.pp_schedule",
+                   "interleaved pipelines are not yet supported by dtrain train; set "
+                   "pp_schedule: 1f1b or gpipe (with pp_virtual_stages: 1)");
+    }
+    if (r.parallel.pp > 1 && r.parallel.tp > 1) {
       return Error("parallel.pp",
-                   "pipeline parallel arrives in a later release; set parallel.pp: 1");
+                   absl::StrCat("pipeline parallel with parallel.tp = ", r.parallel.tp,
+                                " is not yet supported; set parallel.tp: 1 or parallel.pp: 1"));
     }
     if (r.train.seq_len > m.max_seq_len) {
       return Error("train.seq_len",

@@ -77,6 +77,23 @@ TEST(RankMemoryTest, SequenceParallelEstimateSeesTheSmallerActivations) {
   EXPECT_LT(split, plain);
 }
 
+// A pipeline stage keeps the activations of every micro-batch in flight: what the model
+// allocates with that many slots.
+TEST(RankMemoryTest, PipelineStageEstimateCountsEveryActivationSlot) {
+  const Recipe recipe = SmallRecipe("ddp");
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  const ModelSlice slice{.first_block = 0, .num_blocks = 1};
+  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
+  const double one =
+      EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 1, slice).activation_bytes;
+  const double four =
+      EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 1, slice, 4).activation_bytes;
+  EXPECT_EQ(four, Transformer::ActivationBytes(config, recipe.train.micro_batch,
+                                               recipe.train.seq_len, Recompute::kNone, slice,
+                                               /*sequence_parallel=*/false, 4));
+  EXPECT_GT(four, one);
+}
+
 // Sharding divides the state over the ranks (ZeRO), activations stay whole on every rank.
 TEST(RankMemoryTest, ShardedStateDividesOverRanks) {
   const Recipe ddp = SmallRecipe("ddp"), zero3 = SmallRecipe("zero3");

@@ -267,6 +267,40 @@ TEST_P(StagePassesTest, StagesGiveTheWholeModelsLossAndGradients) {
   ExpectWholeModelGradients(whole, pipeline, 0, kTiedTolerance);
 }
 
+// Evaluation's pass (StageForwardLoss) through the stages in turn is the whole model's
+// ForwardLoss bit for bit (the same kernels on the same values), and touches no gradient.
+TEST_P(StagePassesTest, ForwardLossThroughTheStagesIsTheWholeModels) {
+  const Case c = GetParam();
+  const ModelConfig config = testing::SmallModelConfig(c.family);
+  CpuBackend backend(1);
+  const Batches batches(config.vocab_size);
+  StageModel whole(config, ModelSlice{}, backend, c.recompute, 1);
+  const double reference =
+      whole.model.ForwardLoss(batches.inputs[1].data(), batches.targets[1].data(), kBatch, kTime);
+
+  Pipeline pipeline(config,
+                    {.schedule = c.schedule, .stages = c.stages, .micro_batches = kMicroBatches},
+                    backend, c.recompute);
+  std::vector<float> input(pipeline.rows), output(pipeline.rows);
+  double loss = 0;
+  for (int s = 0; s < c.stages; ++s) {
+    const bool first = s == 0, last = s + 1 == c.stages;
+    loss += pipeline.stages[s]->model.StageForwardLoss(
+        {.b = kBatch,
+         .t = kTime,
+         .tokens = first ? batches.inputs[1].data() : nullptr,
+         .input = first ? nullptr : input.data(),
+         .targets = last ? batches.targets[1].data() : nullptr,
+         .output = last ? nullptr : output.data()});
+    std::swap(input, output);
+  }
+  EXPECT_EQ(loss, reference);
+  for (const auto& stage : pipeline.stages) {
+    const auto grads = stage->parameters.grads();
+    EXPECT_TRUE(std::all_of(grads.begin(), grads.end(), [](float g) { return g == 0.0f; }));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Splits, StagePassesTest,
     ::testing::Values(Case{ModelFamily::kGpt2, 2, Recompute::kNone},

@@ -1,0 +1,84 @@
+// One optimizer step of a pipeline stage (parallel.pp > 1, one model chunk per stage): the
+// step's micro-batches forward and backward through this stage's part of the Transformer in the
+// schedule's order (PipelineExecutor), the activations crossing stages over the pipeline group;
+// then the tied embedding's two copies (GPT-2: the first stage's and the last stage's head)
+// sum their gradients, the loss comes from the last stage to every stage, the squared gradient
+// norm sums over the stages, and the engine clips and steps as in TrainStep.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/model/param_table.h"
+#include "core/model/transformer.h"
+#include "core/recipe/recipe.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/data_parallel.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/train_step.h"
+
+namespace dtrain {
+
+// Micro-batches in flight at once on `stage` (the Transformer's activation_slots): the warm-up
+// forwards and the steady phase's one, at most every micro-batch of the step.
+int PipelineActivationSlots(const PipelineShape& shape, int stage);
+
+// The model as a PipelineStage of one chunk. It sits between the Transformer and the engine
+// (the Transformer's BlockParameters) because the last stage runs the head's backward inside
+// its forward: the head's GradientsReady is held back until that micro-batch's Backward has
+// told the engine (BeginBackward), so that the engine sees the step's last backward complete
+// every unit of the stage.
+class TransformerPipelineStage : public PipelineStage, public BlockParameters {
+ public:
+  // `engine` must be in a pipelined step of shape.micro_batches (BeginPipelinedStep) while the
+  // executor runs. The model must be built over this object with PipelineActivationSlots slots.
+  TransformerPipelineStage(const ParamTable& table, DataParallelEngine& engine,
+                           const PipelineShape& shape, int stage, int micro_batch, int seq_len);
+
+  void set_model(Transformer* model) { model_ = model; }
+  // The step's data: every micro-batch's inputs and targets, (micro_batches, b, t) each, valid
+  // until the step's last Backward; and the scale of the loss sum's gradient.
+  void BeginStep(const int32_t* inputs, const int32_t* targets, float grad_scale);
+  // The sum of token losses of the step's micro-batches (0 except on the last stage).
+  double loss_sum() const { return loss_sum_; }
+
+  // PipelineStage.
+  size_t InputCount(int chunk) const override;
+  size_t OutputCount(int chunk) const override;
+  absl::Status Forward(int micro_batch, int chunk, const float* input, float* output) override;
+  absl::Status Backward(int micro_batch, int chunk, const float* d_output, float* d_input) override;
+
+  // BlockParameters: the engine's, but for the head's readiness on the last stage.
+  const float* Acquire(int region, Pass pass) override { return engine_.Acquire(region, pass); }
+  void Release(int region, Pass pass) override { engine_.Release(region, pass); }
+  float* Gradients(int region) override { return engine_.Gradients(region); }
+  void GradientsReady(int region) override;
+
+ private:
+  const ParamTable& table_;
+  DataParallelEngine& engine_;
+  Transformer* model_ = nullptr;
+  const bool first_;
+  const bool last_;
+  const int slots_;
+  const int b_;
+  const int t_;
+  const size_t activation_count_;  // b * t * d_model
+  const int32_t* inputs_ = nullptr;
+  const int32_t* targets_ = nullptr;
+  float grad_scale_ = 1.0f;
+  double loss_sum_ = 0;
+  int held_head_ready_ = 0;  // the head's GradientsReady calls not yet passed on
+};
+
+// One step of this stage. `pp` is the pipeline group (rank = stage); `next_micro_batch` is
+// called for every micro-batch of the step on every stage, so that the stages' data cursors
+// stay together. StepResult as TrainStep's, the same on every stage.
+absl::StatusOr<StepResult> PipelineTrainStep(Transformer& model, TransformerPipelineStage& stage,
+                                             DataParallelEngine& engine, PipelineExecutor& executor,
+                                             const ParamTable& table, Communicator& pp,
+                                             const TrainSection& train, int step, int micro_batches,
+                                             const MicroBatchSource& next_micro_batch);
+
+}  // namespace dtrain
