@@ -247,7 +247,8 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(parallel, pp),
-       "pipeline-parallel stages (only 1 in this release); at most model.n_layer",
+       "pipeline-parallel stages, at most model.n_layer (this release: one pipeline of pp ranks, "
+       "with tp 1 and no data-parallel replicas)",
        {},
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(parallel, pp_schedule),
@@ -255,7 +256,7 @@ const std::vector<KeySpec>& Keys() {
        "micro-batches' activations); interleaved (Megatron's interleaved 1F1B over "
        "pp_virtual_stages chunks per stage: a bubble pp_virtual_stages times smaller, as many "
        "times the point-to-point traffic); gpipe (all forwards, then all backwards: every "
-       "micro-batch's activations held)",
+       "micro-batch's activations held); interleaved is not run by the trainer yet",
        {"1f1b", "interleaved", "gpipe"}},
       {DTRAIN_RECIPE_KEY(parallel, pp_virtual_stages),
        "model chunks per pipeline stage, for pp_schedule: interleaved; must divide the "
