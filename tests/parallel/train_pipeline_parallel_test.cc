@@ -42,29 +42,10 @@ logging: {sample_tokens: 0}
 )"));
 }
 
-struct Metrics {
-  std::vector<double> loss, grad_norm, val_loss;
-};
+using Metrics = testing::RunMetrics;
 
 Metrics ReadMetrics(const std::string& out_dir) {
-  Metrics metrics;
-  std::ifstream in(out_dir + "/pp/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    metrics.loss.push_back(j["loss"].get<double>());
-    metrics.grad_norm.push_back(j["grad_norm"].get<double>());
-    if (j.contains("val_loss") && !j["val_loss"].is_null()) {
-      metrics.val_loss.push_back(j["val_loss"].get<double>());
-    }
-  }
-  return metrics;
-}
-
-std::vector<testing::RankResult> RunRanks(const std::string& recipe, int world,
-                                          const std::vector<std::string>& sets) {
-  std::vector<std::string> argv = {DTRAIN_BINARY, "train", recipe};
-  for (const std::string& set : sets) argv.insert(argv.end(), {"--set", set});
-  return testing::RunLocalProcesses(argv, world, testing::FreeTcpPort(), absl::Seconds(240));
+  return testing::ReadRunMetrics(out_dir + "/pp/metrics.jsonl");
 }
 
 struct PipelineCase {
@@ -100,7 +81,7 @@ TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
   std::vector<std::string> sets = {"run.out_dir=" + out, absl::StrCat("parallel.pp=", c.pp),
                                    absl::StrCat("parallel.pp_schedule=", c.schedule)};
   if (!c.set.empty()) sets.push_back(c.set);
-  const auto ranks = RunRanks(recipe, c.pp, sets);
+  const auto ranks = testing::RunTrainRanks(recipe, c.pp, sets);
   for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
   EXPECT_THAT(ranks[0].output,
               HasSubstr(absl::StrCat("pipeline parallel: ", c.pp, " stages, schedule ", c.schedule,
@@ -160,10 +141,10 @@ TEST_P(PipelineCheckpointTest, LoadsAtAnotherStageCount) {
 
   const std::string tag = absl::StrCat(c.family, "_", c.save_pp, "_to_", c.load_pp);
   const std::string saved = testing::FreshTempDir("pp_ckpt_save_" + tag);
-  for (const auto& rank :
-       RunRanks(recipe, c.save_pp,
-                {"run.out_dir=" + saved, absl::StrCat("parallel.pp=", c.save_pp),
-                 "checkpoint.interval=6", "checkpoint.keep_last=5", "checkpoint.async=false"})) {
+  for (const auto& rank : testing::RunTrainRanks(
+           recipe, c.save_pp,
+           {"run.out_dir=" + saved, absl::StrCat("parallel.pp=", c.save_pp),
+            "checkpoint.interval=6", "checkpoint.keep_last=5", "checkpoint.async=false"})) {
     ASSERT_EQ(rank.exit_code, 0) << rank.output;
   }
   std::string step6;
@@ -173,9 +154,10 @@ TEST_P(PipelineCheckpointTest, LoadsAtAnotherStageCount) {
   ASSERT_FALSE(step6.empty()) << "no step-6 checkpoint under " << saved;
 
   const std::string loaded = testing::FreshTempDir("pp_ckpt_load_" + tag);
-  const auto ranks = RunRanks(recipe, c.load_pp,
-                              {"run.out_dir=" + loaded, absl::StrCat("parallel.pp=", c.load_pp),
-                               "checkpoint.resume=" + step6});
+  const auto ranks =
+      testing::RunTrainRanks(recipe, c.load_pp,
+                             {"run.out_dir=" + loaded, absl::StrCat("parallel.pp=", c.load_pp),
+                              "checkpoint.resume=" + step6});
   for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
   EXPECT_THAT(ranks[0].output, HasSubstr("resumed from " + step6 + " at step 6"));
   EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("pp ", c.load_pp, ")")));
@@ -203,15 +185,15 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineCheckpointTest,
 // What does not run yet is refused before any rank connects, exit 2, naming the keys.
 TEST(PipelineParallelRefusalTest, DataParallelReplicasAndSamplingAreNotYetSupported) {
   const std::string recipe = Recipe("llama");
-  for (const auto& rank : RunRanks(recipe, 2,
-                                   {"run.out_dir=" + testing::FreshTempDir("pp_eval"),
-                                    "parallel.pp=2", "logging.sample_tokens=4"})) {
+  for (const auto& rank : testing::RunTrainRanks(recipe, 2,
+                                                 {"run.out_dir=" + testing::FreshTempDir("pp_eval"),
+                                                  "parallel.pp=2", "logging.sample_tokens=4"})) {
     EXPECT_EQ(rank.exit_code, 2) << rank.output;
     EXPECT_THAT(rank.output, HasSubstr("sampling with parallel.pp = 2 is not yet supported; set "
                                        "logging.sample_tokens: 0"));
   }
-  const auto ranks =
-      RunRanks(recipe, 4, {"run.out_dir=" + testing::FreshTempDir("pp_dp"), "parallel.pp=2"});
+  const auto ranks = testing::RunTrainRanks(
+      recipe, 4, {"run.out_dir=" + testing::FreshTempDir("pp_dp"), "parallel.pp=2"});
   for (const auto& rank : ranks) {
     EXPECT_EQ(rank.exit_code, 2) << rank.output;
     EXPECT_THAT(rank.output, HasSubstr("parallel.pp = 2 with 2 data-parallel replicas is not yet "

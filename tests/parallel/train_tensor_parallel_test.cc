@@ -56,30 +56,10 @@ std::string Recipe(const std::string& family) {
   return TinyRecipe(family, family, "", absl::StrCat("train: [", data, "]"), 4);
 }
 
-struct Metrics {
-  std::vector<double> loss, grad_norm, val_loss, tp_sent_bytes;
-};
+using Metrics = testing::RunMetrics;
 
 Metrics ReadMetrics(const std::string& out_dir) {
-  Metrics metrics;
-  std::ifstream in(out_dir + "/tp/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    metrics.loss.push_back(j["loss"].get<double>());
-    metrics.grad_norm.push_back(j["grad_norm"].get<double>());
-    metrics.tp_sent_bytes.push_back(j["tp_sent_bytes"].get<double>());
-    if (j.contains("val_loss") && !j["val_loss"].is_null()) {
-      metrics.val_loss.push_back(j["val_loss"].get<double>());
-    }
-  }
-  return metrics;
-}
-
-std::vector<testing::RankResult> RunRanks(const std::string& recipe, int world,
-                                          const std::vector<std::string>& sets) {
-  std::vector<std::string> argv = {DTRAIN_BINARY, "train", recipe};
-  for (const std::string& set : sets) argv.insert(argv.end(), {"--set", set});
-  return testing::RunLocalProcesses(argv, world, testing::FreeTcpPort(), absl::Seconds(240));
+  return testing::ReadRunMetrics(out_dir + "/tp/metrics.jsonl");
 }
 
 constexpr char kSequenceParallelSet[] = "parallel.sequence_parallel=true";
@@ -135,7 +115,7 @@ std::vector<std::string> ExpectRecipeLayoutsFollowOneProcess(const std::string& 
                                      absl::StrCat("parallel.strategy=", layout.strategy),
                                      absl::StrCat("parallel.recompute=", layout.recompute)};
     sets.insert(sets.end(), layout.sets.begin(), layout.sets.end());
-    const auto ranks = RunRanks(recipe, layout.world, sets);
+    const auto ranks = testing::RunTrainRanks(recipe, layout.world, sets);
     bool all_ok = true;
     for (const auto& rank : ranks) {
       EXPECT_EQ(rank.exit_code, 0) << rank.output;
@@ -314,7 +294,7 @@ TEST(TrainTensorParallelTest, ExportGathersTheWholeModel) {
     std::vector<std::string> tp_sets = sets;
     tp_sets.insert(tp_sets.end(),
                    {"run.out_dir=" + out, "parallel.tp=2", "parallel.strategy=zero3"});
-    const auto ranks = RunRanks(recipe, 4, tp_sets);
+    const auto ranks = testing::RunTrainRanks(recipe, 4, tp_sets);
     for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
     const absl::StatusOr<SafetensorsContents> exported =
         ReadSafetensors(out + "/tp/model.safetensors");
@@ -372,7 +352,7 @@ TEST(TrainTensorParallelTest, CheckpointsMoveBetweenLayouts) {
                              absl::StrCat("parallel.strategy=", leg.strategy),
                              absl::StrCat("train.steps=", leg.steps),
                              "checkpoint.resume=" + (previous.empty() ? "never" : previous)});
-    const auto ranks = RunRanks(recipe, leg.world, sets);
+    const auto ranks = testing::RunTrainRanks(recipe, leg.world, sets);
     for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
     // A fresh start would follow the same trajectory: the run must have resumed.
     if (!previous.empty()) {

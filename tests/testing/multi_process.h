@@ -107,4 +107,13 @@ inline std::vector<RankResult> RunLocalProcesses(const std::vector<std::string>&
       watch);
 }
 
+// `dtrain train recipe --set ...` (DTRAIN_BINARY) as `world` local ranks on a free port, within
+// 240 s.
+inline std::vector<RankResult> RunTrainRanks(const std::string& recipe, int world,
+                                             const std::vector<std::string>& sets) {
+  std::vector<std::string> argv = {DTRAIN_BINARY, "train", recipe};
+  for (const std::string& set : sets) argv.insert(argv.end(), {"--set", set});
+  return RunLocalProcesses(argv, world, FreeTcpPort(), absl::Seconds(240));
+}
+
 }  // namespace dtrain::testing

@@ -65,6 +65,27 @@ inline std::vector<double> MetricsLosses(const std::string& metrics_path) {
   return losses;
 }
 
+// What a run's metrics.jsonl says, each in step order (val_loss: the steps that evaluated;
+// tp_sent_bytes: 0 where the line has none).
+struct RunMetrics {
+  std::vector<double> loss, grad_norm, val_loss, tp_sent_bytes;
+};
+
+inline RunMetrics ReadRunMetrics(const std::string& metrics_path) {
+  RunMetrics metrics;
+  std::ifstream in(metrics_path);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    metrics.loss.push_back(j["loss"].get<double>());
+    metrics.grad_norm.push_back(j["grad_norm"].get<double>());
+    metrics.tp_sent_bytes.push_back(j.value("tp_sent_bytes", 0.0));
+    if (j.contains("val_loss") && !j["val_loss"].is_null()) {
+      metrics.val_loss.push_back(j["val_loss"].get<double>());
+    }
+  }
+  return metrics;
+}
+
 // Writes `text` to TempPath(name); returns the path.
 inline std::string WriteTempFile(const std::string& name, const std::string& text) {
   const std::string path = TempPath(name);

@@ -116,9 +116,9 @@ TEST(CostModelTest, TrafficPerStepFollowsTheStrategy) {
   // Per micro-batch: 4 per layer, the embedding's and the head's, and the vocabulary-parallel
   // softmax's max, sum and target logit per token in float32.
   const double softmax_stats = 3.0 * 4 * 1024 * sizeof(float);
-  EXPECT_DOUBLE_EQ(tp_estimate.tp.payload_bytes,
-                   tp_estimate.micro_batches * ((24 * 4 + 2) * per_all_reduce + softmax_stats) +
-                       sizeof(double));
+  EXPECT_DOUBLE_EQ(
+      tp_estimate.tp.payload_bytes,
+      tp_estimate.micro_batches * ((24 * 4 + 2) * per_all_reduce + softmax_stats) + sizeof(double));
   EXPECT_DOUBLE_EQ(tp_estimate.dp.payload_bytes, 2 * ParamsPerRank(workload.model, 4, 1));
 }
 
