@@ -4,7 +4,6 @@
 #include <chrono>
 #include <memory>
 
-#include "core/optim/lr_schedule.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -119,8 +118,7 @@ absl::StatusOr<StepResult> PipelineTrainStep(Transformer& model, TransformerPipe
     RETURN_IF_ERROR(next_micro_batch(inputs.data() + micro * micro_tokens,
                                      targets.data() + micro * micro_tokens));
   }
-  StepResult result;
-  result.data_wait_ms =
+  const double data_wait_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   stage.set_model(&model);
   stage.BeginStep(inputs.data(), targets.data(), 1.0f / static_cast<float>(global_tokens));
@@ -131,13 +129,10 @@ absl::StatusOr<StepResult> PipelineTrainStep(Transformer& model, TransformerPipe
   double loss_sum = stage.loss_sum();
   double unused = 0;
   RETURN_IF_ERROR(SumOverRanks(&pp, loss_sum, unused));
-  result.lr = LearningRate(train, step);
-  ASSIGN_OR_RETURN(const StepTotals totals,
-                   engine.FinishStep(loss_sum, global_tokens, train.grad_clip, result.lr));
-  result.loss = totals.loss;
-  result.grad_norm = totals.grad_norm;
-  result.exposed_comm_ms = totals.exposed_comm_ms;
-  return result;
+  ASSIGN_OR_RETURN(StepResult finished,
+                   FinishTrainStep(engine, train, step, loss_sum, global_tokens));
+  finished.data_wait_ms = data_wait_ms;
+  return finished;
 }
 
 }  // namespace dtrain

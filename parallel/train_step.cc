@@ -32,6 +32,14 @@ absl::StatusOr<StepResult> TrainStep(Transformer& model, DataParallelEngine& eng
                                       train.seq_len, grad_scale);
   }
   if (inspect_gradients) inspect_gradients();
+  ASSIGN_OR_RETURN(StepResult result,
+                   FinishTrainStep(engine, train, step, loss_sum, global_tokens));
+  result.data_wait_ms = data_wait_ms;
+  return result;
+}
+
+absl::StatusOr<StepResult> FinishTrainStep(DataParallelEngine& engine, const TrainSection& train,
+                                           int step, double loss_sum, int64_t global_tokens) {
   StepResult result;
   result.lr = LearningRate(train, step);
   ASSIGN_OR_RETURN(const StepTotals totals,
@@ -39,7 +47,6 @@ absl::StatusOr<StepResult> TrainStep(Transformer& model, DataParallelEngine& eng
   result.loss = totals.loss;
   result.grad_norm = totals.grad_norm;
   result.exposed_comm_ms = totals.exposed_comm_ms;
-  result.data_wait_ms = data_wait_ms;
   return result;
 }
 

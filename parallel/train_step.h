@@ -32,4 +32,10 @@ absl::StatusOr<StepResult> TrainStep(Transformer& model, DataParallelEngine& eng
                                      const MicroBatchSource& next_micro_batch,
                                      const std::function<void()>& inspect_gradients = nullptr);
 
+// The engine's end of a step whose gradients are in (`loss_sum` over this rank's tokens of the
+// global batch's `global_tokens`): clipping, the schedule's learning rate, AdamW; the result
+// without data_wait_ms. Shared by TrainStep and the pipelined step.
+absl::StatusOr<StepResult> FinishTrainStep(DataParallelEngine& engine, const TrainSection& train,
+                                           int step, double loss_sum, int64_t global_tokens);
+
 }  // namespace dtrain
