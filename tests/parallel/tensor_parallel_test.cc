@@ -44,18 +44,7 @@ RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Reco
                         TensorParallelOps* tensor_parallel, const Communicator* tp = nullptr,
                         bool sequence_parallel = false) {
   FlatParameters parameters(table);
-  InitParameters(config, table, kSeed, 0, table.total_numel(), parameters.params().data());
-  // Init leaves biases 0 and norm weights 1, under which a bias counted on every rank or a
-  // norm weight's slip would go unseen: give them distinct values, by global index.
-  for (const TensorEntry& entry : table.entries()) {
-    if (!entry.is_bias && !entry.is_norm_weight) continue;
-    ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t global, size_t count) {
-      for (size_t i = 0; i < count; ++i) {
-        parameters.params()[entry.offset + local + i] +=
-            0.05f * static_cast<float>(static_cast<int>((global + i) % 7) - 3);
-      }
-    });
-  }
+  testing::InitDistinctParameters(config, table, kSeed, parameters.params().data());
   CpuBackend backend(1);
   Transformer model(config, table, parameters, backend, kBatch, kTime, recompute, tensor_parallel,
                     sequence_parallel);

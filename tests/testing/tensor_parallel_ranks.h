@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "core/model/init.h"
 #include "core/model/param_table.h"
 #include "gtest/gtest.h"
 #include "parallel/comm/gloo_communicator.h"
@@ -16,6 +17,23 @@
 #include "tests/parallel/comm/test_store.h"
 
 namespace dtrain::testing {
+
+// The seed's initial values of `table`'s tensors into params, with biases and norm weights moved
+// off 0 and 1 by global index: under init's 0 and 1 a bias counted on every rank, or a shard
+// reading another's norm, would go unseen. Any split of the model gets the same values.
+inline void InitDistinctParameters(const ModelConfig& config, const ParamTable& table,
+                                   uint64_t seed, float* params) {
+  InitParameters(config, table, seed, 0, table.total_numel(), params);
+  for (const TensorEntry& entry : table.entries()) {
+    if (!entry.is_bias && !entry.is_norm_weight) continue;
+    ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t global, size_t count) {
+      for (size_t i = 0; i < count; ++i) {
+        params[entry.offset + local + i] +=
+            0.05f * static_cast<float>(static_cast<int>((global + i) % 7) - 3);
+      }
+    });
+  }
+}
 
 // Runs fn(table, ops) for every rank of a tp-way split of `config` on its own thread, each with
 // Gloo communicators for the tensor-parallel group (passed too, for its stats) and, when kv heads

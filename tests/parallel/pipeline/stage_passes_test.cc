@@ -44,16 +44,7 @@ struct StageModel {
         parameters(table),
         model(config, table, parameters, backend, kBatch, kTime, recompute, ops, sequence_parallel,
               slots) {
-    InitParameters(config, table, kSeed, 0, table.total_numel(), parameters.params().data());
-    for (const TensorEntry& entry : table.entries()) {
-      if (!entry.is_bias && !entry.is_norm_weight) continue;
-      ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t global, size_t count) {
-        for (size_t i = 0; i < count; ++i) {
-          parameters.params()[entry.offset + local + i] +=
-              0.05f * static_cast<float>(static_cast<int>((global + i) % 7) - 3);
-        }
-      });
-    }
+    testing::InitDistinctParameters(config, table, kSeed, parameters.params().data());
     // The memory check's estimate is what the stage allocates.
     EXPECT_EQ(Transformer::ActivationBytes(config, kBatch, kTime, recompute, slice,
                                            sequence_parallel, slots),
