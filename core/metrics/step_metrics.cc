@@ -44,6 +44,7 @@ std::string StepMetricsJson(const StepMetrics& m) {
                       {"data_wait_ms", m.data_wait_ms},
                       {"dp_sent_bytes", m.dp_sent_bytes},
                       {"tp_sent_bytes", m.tp_sent_bytes},
+                      {"pp_sent_bytes", m.pp_sent_bytes},
                       {"peak_rss_mib", m.peak_rss_mib},
                       {"eta_s", m.eta_s}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;

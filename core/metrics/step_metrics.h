@@ -21,10 +21,11 @@ struct StepMetrics {
   double mfu_percent = 0;      // model FLOP/s over the stated peak
   double exposed_comm_ms = 0;  // time the step waited on communication (0 on one process)
   double data_wait_ms = 0;     // time the step waited for data (a stall when large)
-  // Bytes this rank sent in the step's collectives over its data-parallel group and its
-  // tensor-parallel group (with the replicated kv heads' subgroup); 0 without the group.
+  // Bytes this rank sent in the step over its data-parallel group, its tensor-parallel group
+  // (with the replicated kv heads' subgroup) and its pipeline group; 0 without the group.
   int64_t dp_sent_bytes = 0;
   int64_t tp_sent_bytes = 0;
+  int64_t pp_sent_bytes = 0;
   double peak_rss_mib = 0;
   double eta_s = 0;
   std::optional<double> val_loss;

@@ -1099,17 +1099,11 @@ class Parser {
                                 "multiple of micro_batch"));
     }
     RETURN_IF_ERROR(CheckPipeline(r));
-    // What the trainer runs of the pipeline so far: one model chunk per stage (1f1b, gpipe),
-    // with neither tensor parallelism nor (checked against the world) data parallelism.
+    // What the trainer runs of the pipeline so far: one model chunk per stage (1f1b, gpipe).
     if (r.parallel.pp > 1 && r.parallel.pp_schedule == "interleaved") {
       return Error("parallel.pp_schedule",
                    "interleaved pipelines are not yet supported by dtrain train; set "
                    "pp_schedule: 1f1b or gpipe (with pp_virtual_stages: 1)");
-    }
-    if (r.parallel.pp > 1 && r.parallel.tp > 1) {
-      return Error("parallel.pp",
-                   absl::StrCat("pipeline parallel with parallel.tp = ", r.parallel.tp,
-                                " is not yet supported; set parallel.tp: 1 or parallel.pp: 1"));
     }
     if (r.train.seq_len > m.max_seq_len) {
       return Error("train.seq_len",

@@ -52,10 +52,21 @@ struct PipelineCase {
   const char* family;
   int pp;
   const char* schedule;
+  // The rest of the layout (pp x tp x dp ranks): one process takes none of these.
+  int tp = 1;
+  int dp = 1;
+  const char* strategy = "ddp";
+  bool sequence_parallel = false;
   // One more --set for both runs, and its name in the test's.
   std::string set = "";
   std::string label = "";
 };
+
+std::string CaseName(const PipelineCase& c) {
+  return absl::StrCat(c.family, "_pp", c.pp, "_", c.schedule,
+                      c.tp > 1 ? absl::StrCat("_tp", c.tp, c.sequence_parallel ? "_sp" : "") : "",
+                      c.dp > 1 ? absl::StrCat("_dp", c.dp, "_", c.strategy) : "", c.label);
+}
 
 class PipelineParallelTrainTest : public ::testing::TestWithParam<PipelineCase> {};
 
@@ -68,7 +79,7 @@ class PipelineParallelTrainTest : public ::testing::TestWithParam<PipelineCase> 
 TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
   const PipelineCase& c = GetParam();
   const std::string recipe = Recipe(c.family);
-  const std::string name = absl::StrCat(c.family, "_", c.pp, "_", c.schedule, c.label);
+  const std::string name = CaseName(c);
   const std::string single = testing::FreshTempDir("pp_single_" + name);
   const testing::Outcome one = testing::RunDtrain(absl::StrCat(
       "train ", recipe, " --set run.out_dir=", single, c.set.empty() ? "" : " --set ", c.set));
@@ -78,10 +89,15 @@ TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
   ASSERT_EQ(reference.val_loss.size(), 2u);
 
   const std::string out = testing::FreshTempDir("pp_" + name);
-  std::vector<std::string> sets = {"run.out_dir=" + out, absl::StrCat("parallel.pp=", c.pp),
-                                   absl::StrCat("parallel.pp_schedule=", c.schedule)};
+  std::vector<std::string> sets = {
+      "run.out_dir=" + out, absl::StrCat("parallel.pp=", c.pp),
+      absl::StrCat("parallel.pp_schedule=", c.schedule), absl::StrCat("parallel.tp=", c.tp),
+      absl::StrCat("parallel.strategy=", c.strategy),
+      absl::StrCat("parallel.sequence_parallel=", c.sequence_parallel ? "true" : "false"),
+      // GPT-2's tied embedding copies, on the first and the last stage, stay bit-identical.
+      "parallel.check_replicas=true"};
   if (!c.set.empty()) sets.push_back(c.set);
-  const auto ranks = testing::RunTrainRanks(recipe, c.pp, sets);
+  const auto ranks = testing::RunTrainRanks(recipe, c.pp * c.tp * c.dp, sets);
   for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
   EXPECT_THAT(ranks[0].output,
               HasSubstr(absl::StrCat("pipeline parallel: ", c.pp, " stages, schedule ", c.schedule,
@@ -95,7 +111,9 @@ TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
         << "step " << i;
   }
   // Evaluation runs the micro-batches through the stages in turn: the same validation loss.
+  // (Data-parallel replicas evaluate eval_batches micro-batches each, so other data.)
   ASSERT_EQ(metrics.val_loss.size(), reference.val_loss.size());
+  if (c.dp > 1) return;
   for (size_t i = 0; i < metrics.val_loss.size(); ++i) {
     EXPECT_NEAR(metrics.val_loss[i], reference.val_loss[i], 1e-5 * reference.val_loss[i])
         << "evaluation " << i;
@@ -104,18 +122,56 @@ TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, PipelineParallelTrainTest,
-    ::testing::Values(PipelineCase{"llama", 2, "1f1b"}, PipelineCase{"llama", 4, "gpipe"},
-                      PipelineCase{"gpt2", 2, "gpipe"}, PipelineCase{"gpt2", 4, "1f1b"},
-                      // Recomputation keeps each slot's block inputs only.
-                      PipelineCase{"llama", 2, "1f1b", "parallel.recompute=full", "_recompute"},
-                      PipelineCase{"gpt2", 4, "gpipe", "parallel.recompute=selective",
-                                   "_selective"},
-                      // 2 micro-batches on 4 stages: the bubble, and fewer slots than stages.
-                      PipelineCase{"gpt2", 4, "1f1b", "train.batch_size=4", "_2_micro_batches"}),
-    [](const ::testing::TestParamInfo<PipelineCase>& info) {
-      return absl::StrCat(info.param.family, "_pp", info.param.pp, "_", info.param.schedule,
-                          info.param.label);
-    });
+    ::testing::Values(
+        PipelineCase{"llama", 2, "1f1b"}, PipelineCase{"llama", 4, "gpipe"},
+        PipelineCase{"gpt2", 2, "gpipe"}, PipelineCase{"gpt2", 4, "1f1b"},
+        // Recomputation keeps each slot's block inputs only.
+        PipelineCase{.family = "llama",
+                     .pp = 2,
+                     .schedule = "1f1b",
+                     .set = "parallel.recompute=full",
+                     .label = "_recompute"},
+        PipelineCase{.family = "gpt2",
+                     .pp = 4,
+                     .schedule = "gpipe",
+                     .set = "parallel.recompute=selective",
+                     .label = "_selective"},
+        // 2 micro-batches on 4 stages: the bubble, and fewer slots than stages.
+        PipelineCase{.family = "gpt2",
+                     .pp = 4,
+                     .schedule = "1f1b",
+                     .set = "train.batch_size=4",
+                     .label = "_2_micro_batches"},
+        // 3D: the stages' tp groups and data-parallel replicas.
+        PipelineCase{.family = "llama", .pp = 2, .schedule = "1f1b", .tp = 2},
+        PipelineCase{.family = "gpt2", .pp = 2, .schedule = "1f1b", .tp = 2},
+        PipelineCase{
+            .family = "gpt2", .pp = 2, .schedule = "gpipe", .tp = 2, .sequence_parallel = true},
+        PipelineCase{.family = "llama", .pp = 2, .schedule = "1f1b", .dp = 2, .strategy = "zero1"},
+        PipelineCase{.family = "gpt2", .pp = 2, .schedule = "1f1b", .dp = 2, .strategy = "zero1"},
+        PipelineCase{.family = "gpt2", .pp = 2, .schedule = "1f1b", .dp = 2, .strategy = "zero2"},
+        // Four replicas sum the tied copies' gradients in the same order on both stages
+        // (check_replicas).
+        PipelineCase{.family = "gpt2",
+                     .pp = 2,
+                     .schedule = "1f1b",
+                     .dp = 4,
+                     .strategy = "zero1",
+                     .set = "train.batch_size=16",
+                     .label = "_batch_16"},
+        // Parameters gathered once per step, kept across the micro-batches.
+        PipelineCase{.family = "llama", .pp = 2, .schedule = "1f1b", .dp = 2, .strategy = "zero3"},
+        PipelineCase{.family = "gpt2", .pp = 2, .schedule = "gpipe", .dp = 2, .strategy = "fsdp"},
+        PipelineCase{
+            .family = "llama", .pp = 2, .schedule = "1f1b", .tp = 2, .dp = 2, .strategy = "zero1"},
+        PipelineCase{.family = "gpt2",
+                     .pp = 2,
+                     .schedule = "1f1b",
+                     .tp = 2,
+                     .dp = 2,
+                     .strategy = "ddp",
+                     .sequence_parallel = true}),
+    [](const ::testing::TestParamInfo<PipelineCase>& info) { return CaseName(info.param); });
 
 struct ReshardCase {
   const char* family;
@@ -183,7 +239,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineCheckpointTest,
                          });
 
 // What does not run yet is refused before any rank connects, exit 2, naming the keys.
-TEST(PipelineParallelRefusalTest, DataParallelReplicasAndSamplingAreNotYetSupported) {
+TEST(PipelineParallelRefusalTest, SamplingIsNotYetSupported) {
   const std::string recipe = Recipe("llama");
   for (const auto& rank : testing::RunTrainRanks(recipe, 2,
                                                  {"run.out_dir=" + testing::FreshTempDir("pp_eval"),
@@ -191,13 +247,6 @@ TEST(PipelineParallelRefusalTest, DataParallelReplicasAndSamplingAreNotYetSuppor
     EXPECT_EQ(rank.exit_code, 2) << rank.output;
     EXPECT_THAT(rank.output, HasSubstr("sampling with parallel.pp = 2 is not yet supported; set "
                                        "logging.sample_tokens: 0"));
-  }
-  const auto ranks = testing::RunTrainRanks(
-      recipe, 4, {"run.out_dir=" + testing::FreshTempDir("pp_dp"), "parallel.pp=2"});
-  for (const auto& rank : ranks) {
-    EXPECT_EQ(rank.exit_code, 2) << rank.output;
-    EXPECT_THAT(rank.output, HasSubstr("parallel.pp = 2 with 2 data-parallel replicas is not yet "
-                                       "supported"));
   }
 }
 
