@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "cli/commands.h"
 #include "core/recipe/recipe.h"
+#include "parallel/pipeline/schedule.h"
 #include "parallel/planner/catalog.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/plan_report.h"
@@ -54,6 +55,9 @@ void AddPlanCommand(CLI::App& app) {
     // stays 1 until the trainer runs pipelines.
     SearchOptions options;
     options.max_pp = 1;
+    absl::StatusOr<PipelineSchedule> schedule = ParsePipelineSchedule(recipe->parallel.pp_schedule);
+    if (!schedule.ok()) Fail(schedule.status(), kExitUsage);
+    options.pipeline_schedule = *schedule;
     absl::StatusOr<Plan> plan = SearchLayouts(WorkloadFromRecipe(*recipe), *cluster, options);
     if (!plan.ok()) Fail(plan.status(), kExitUsage);
     if (args->json) {

@@ -154,6 +154,24 @@ absl::Status CheckBatchSplit(const TrainSection& train, int ranks) {
 
 std::string MiB(size_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
+// Every stage's own line at the end of a pipelined run (rank 0's metrics show stage 0 only):
+// its idle share, and the activations it held against what the start-up estimate sized
+// (EstimateRankMemory, which does not count the executor's send and receive buffers).
+void LogPipelineStage(const Recipe& recipe, const ModelConfig& config, const ModelSlice& slice,
+                      Recompute recompute, int stage, int stages, int activation_slots,
+                      double estimated_bytes, const PipelineStepTimes& times,
+                      const PipelineExecutorStats& stats) {
+  const double held_bytes = Transformer::ActivationBytes(
+      config, recipe.train.micro_batch, recipe.train.seq_len, recompute, slice,
+      recipe.parallel.sequence_parallel, stats.peak_live_activations);
+  LogInfo(
+      "pipeline stage %d of %d: %s; activations: at most %d micro-batches in flight in %d "
+      "slots, %s (the estimate: %s), plus %s of send and receive buffers",
+      stage, stages, times.Format(), stats.peak_live_activations, activation_slots,
+      MiB(static_cast<size_t>(held_bytes)), MiB(static_cast<size_t>(estimated_bytes)),
+      MiB(stats.peak_buffer_bytes));
+}
+
 // SIGTERM (save, then stop) and SIGUSR1 (save, then go on), which a launcher forwards on
 // preemption. The handlers only set flags; the ranks agree on them at a step boundary.
 std::atomic<bool> sigterm_received{false};
@@ -498,6 +516,8 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     return data.train->Next(train.micro_batch, in, out);
   };
   double elapsed_s = 0;
+  // Steps after the first (which pays for first-touch allocations), or the only one.
+  PipelineStepTimes pipeline_times;
   for (int step = static_cast<int>(resumed_step); step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const int64_t dp_sent_before = SentBytes({groups.dp});
@@ -515,6 +535,9 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     const int64_t tp_sent = SentBytes({groups.tp, kv_replicas}) - tp_sent_before;
     const int64_t pp_sent = SentBytes({groups.pp}) - pp_sent_before;
     elapsed_s += step_time.count();
+    if (executor != nullptr && (step > resumed_step || step + 1 == train.steps)) {
+      pipeline_times.Add(executor->stats());
+    }
     if (recipe.parallel.check_replicas) {
       RETURN_IF_ERROR(engine.CheckReplicas());
       if (pipeline_stage) {
@@ -553,6 +576,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     m.tp_sent_bytes = tp_sent;
     m.pp_sent_bytes = pp_sent;
     m.data_wait_ms = result.data_wait_ms;
+    if (executor != nullptr) m.pp_wait_ms = executor->stats().wait_ms;
     m.peak_rss_mib = PeakRssMib();
     m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);
     const bool last = m.step == train.steps;
@@ -593,6 +617,10 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     }
   }
   RETURN_IF_ERROR(checkpoints->Finish());
+  if (executor != nullptr && pipeline_times.steps > 0) {
+    LogPipelineStage(recipe, config, slice, recompute, stage, pp, activation_slots,
+                     memory.activation_bytes, pipeline_times, executor->stats());
+  }
   if (train.export_to.empty()) return absl::OkStatus();
   return ExportWeights(recipe, config, engine, groups.tp, leader);
 }

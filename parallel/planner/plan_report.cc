@@ -108,10 +108,11 @@ nlohmann::json CandidateJson(const Candidate& c) {
 std::string AssumptionsLine(const Plan& plan) {
   const CostAssumptions& a = plan.options.assumptions;
   return absl::StrFormat(
-      "GEMMs at %.0f%% of peak (half that at width %.0f), 1F1B pipeline, DP communication "
+      "GEMMs at %.0f%% of peak (half that at width %.0f), %s pipeline schedule, DP communication "
       "overlapped with backward except the last bucket, TP not overlapped; %.0f%% of GPU memory "
       "kept free; a simpler layout within %.0f%% of the fastest is preferred",
-      100 * a.gemm_peak_fraction, a.gemm_half_efficiency_width, 100 * plan.options.memory_margin,
+      100 * a.gemm_peak_fraction, a.gemm_half_efficiency_width,
+      PipelineScheduleName(plan.options.pipeline_schedule), 100 * plan.options.memory_margin,
       100 * plan.options.simpler_within);
 }
 

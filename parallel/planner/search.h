@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "parallel/pipeline/schedule.h"
 #include "parallel/planner/catalog.h"
 #include "parallel/planner/cost_model.h"
 
@@ -27,6 +28,8 @@ struct SearchOptions {
   bool allow_sequence_parallel = true;  // with tp > 1; it only saves memory in this model
   double memory_margin = 0.10;          // share of GPU memory kept free (fragmentation, spikes)
   double simpler_within = 0.03;         // a simpler layout this much slower is still preferred
+  // The recipe's parallel.pp_schedule, which the plan's assumptions line names.
+  PipelineSchedule pipeline_schedule = PipelineSchedule::kOneFOneB;
   CostAssumptions assumptions;
 };
 

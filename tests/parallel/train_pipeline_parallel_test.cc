@@ -15,6 +15,7 @@
 namespace dtrain {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 // A tiny model of 4 blocks (so 4 stages each run one), trained on byte-level text for
@@ -237,6 +238,38 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineCheckpointTest,
                            return absl::StrCat(info.param.family, "_pp", info.param.save_pp,
                                                "_to_pp", info.param.load_pp);
                          });
+
+// Every stage reports its own pipeline figures once training ends (rank 0's metrics and step
+// lines carry stage 0's wait per step): its idle share over the steps after the first, and the
+// micro-batches it held against the slots the start-up estimate sized. 1F1B on 2 stages with 4
+// micro-batches: stage 0 holds 2, stage 1 one.
+TEST(PipelineParallelReportTest, EveryStageLogsItsIdleShareAndActivations) {
+  const std::string out = testing::FreshTempDir("pp_report");
+  const auto ranks = testing::RunTrainRanks(
+      Recipe("gpt2"), 2, {"run.out_dir=" + out, "parallel.pp=2", "train.steps=3"});
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_EQ(ranks[s].exit_code, 0) << ranks[s].output;
+    EXPECT_THAT(
+        ranks[s].output,
+        ContainsRegex(absl::StrCat(
+            "pipeline stage ", s,
+            " of 2: waited [0-9.]+ ms of [0-9.]+ ms \\([0-9.]+%\\) in 2 steps, "
+            "computing [0-9.]+ ms; activations: at most ",
+            2 - s, " micro-batches in flight in ", 2 - s,
+            " slots, [0-9.]+ MiB \\(the estimate: [0-9.]+ MiB\\), plus [0-9.]+ MiB of send and "
+            "receive buffers")));
+  }
+  EXPECT_THAT(ranks[0].output, HasSubstr(" | pp wait "));
+  std::ifstream metrics(out + "/pp/metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line); ++steps) {
+    const nlohmann::json step = nlohmann::json::parse(line);
+    ASSERT_TRUE(step.contains("pp_wait_ms")) << line;
+    EXPECT_GT(step["pp_wait_ms"].get<double>(), 0) << line;
+    EXPECT_LE(step["pp_wait_ms"].get<double>(), step["step_ms"].get<double>()) << line;
+  }
+  EXPECT_EQ(steps, 3);
+}
 
 // What does not run yet is refused before any rank connects, exit 2, naming the keys.
 TEST(PipelineParallelRefusalTest, SamplingIsNotYetSupported) {
