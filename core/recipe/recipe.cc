@@ -247,8 +247,8 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(parallel, pp),
-       "pipeline-parallel stages, at most model.n_layer (this release: one pipeline of pp ranks, "
-       "with tp 1 and no data-parallel replicas)",
+       "pipeline-parallel stages, at most model.n_layer; each data-parallel replica is pp x tp "
+       "ranks (tp innermost)",
        {},
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(parallel, pp_schedule),
