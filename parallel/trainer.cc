@@ -32,6 +32,7 @@
 #include "parallel/rank_memory.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/train_step.h"
+#include "parallel/whole_model.h"
 
 namespace dtrain {
 namespace {
@@ -221,19 +222,6 @@ absl::Status PrepareRunFolder(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
-// Calls fn(shard_index, whole_index, count) for the runs of a tensor-parallel shard's table
-// (`shard`) that are contiguous in the whole model's (`whole`, ParamTable(config, {})): shard
-// element shard_index + i is whole element whole_index + i, for i < count.
-template <typename F>
-void ForEachShardRun(const ParamTable& whole, const ParamTable& shard, F&& fn) {
-  for (const TensorEntry& entry : shard.entries()) {
-    const size_t whole_offset = whole.Find(entry.name)->offset;
-    ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t global, size_t count) {
-      fn(entry.offset + local, whole_offset + global, count);
-    });
-  }
-}
-
 // A fresh run's parameters: seeded initialisation, or train.init_from's weights (the whole
 // model's, of which a tensor-parallel rank keeps its shard).
 absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& config,
@@ -307,43 +295,16 @@ absl::StatusOr<CheckpointRequest> AgreeOnCheckpointSignals(Communicator* world) 
   return CheckpointRequest{stop > 0, save > 0};
 }
 
-// The whole model's parameters (table layout of ParamTable(config, {})) from the tensor-parallel
-// ranks' shards: all-gathered over `tp`, each padded to the largest rank's table (the
-// vocabulary-parallel embedding and head give ranks different row counts), then each rank's
-// pieces placed at their global positions.
-absl::StatusOr<std::vector<float>> GatherTensorParallel(const ModelConfig& config,
-                                                        const ParamTable& whole,
-                                                        const std::vector<float>& own,
-                                                        Communicator& tp) {
-  std::vector<ParamTable> tables;
-  size_t largest = 0;
-  for (int rank = 0; rank < tp.size(); ++rank) {
-    tables.emplace_back(config, ModelSlice{.tp_rank = rank, .tp_size = tp.size()});
-    largest = std::max(largest, tables.back().total_numel());
-  }
-  std::vector<float> padded(largest);
-  std::copy(own.begin(), own.end(), padded.begin());
-  std::vector<float> shards(largest * tp.size());
-  RETURN_IF_ERROR(tp.AllGather(padded.data(), shards.data(), largest)->Wait());
-  std::vector<float> full(whole.total_numel());
-  for (int rank = 0; rank < tp.size(); ++rank) {
-    const float* shard = shards.data() + rank * largest;
-    ForEachShardRun(whole, tables[rank], [&](size_t shard_index, size_t whole_index, size_t count) {
-      std::copy_n(shard + shard_index, count, full.begin() + whole_index);
-    });
-  }
-  return full;
-}
-
 // train.export_to: the whole model's parameters, gathered from every rank, written by rank 0.
-absl::Status ExportWeights(const Recipe& recipe, const ModelConfig& config,
-                           DataParallelEngine& engine, Communicator* tp, bool leader) {
-  ASSIGN_OR_RETURN(std::vector<float> full, engine.GatherParameters());
-  const ParamTable whole(config, ModelSlice{});
-  if (tp) {
-    ASSIGN_OR_RETURN(full, GatherTensorParallel(config, whole, full, *tp));
-  }
+absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
+                           DataParallelEngine& engine, const ProcessGroup::MeshGroups& groups,
+                           bool leader) {
+  ASSIGN_OR_RETURN(std::vector<float> own, engine.GatherParameters());
+  ASSIGN_OR_RETURN(const std::vector<float> full,
+                   GatherWholeModel(table, std::move(own), groups.tp, groups.pp));
   if (!leader) return absl::OkStatus();
+  const ModelConfig& config = table.config();
+  const ParamTable whole(config, ModelSlice{});
   const std::string path =
       (std::filesystem::path(recipe.run_dir()) / recipe.train.export_to).string();
   RETURN_IF_ERROR(ExportHfSafetensors(config, whole, full.data(), path));
@@ -581,7 +542,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   }
   RETURN_IF_ERROR(checkpoints->Finish());
   if (train.export_to.empty()) return absl::OkStatus();
-  return ExportWeights(recipe, config, engine, groups.tp, leader);
+  return ExportWeights(recipe, table, engine, groups, leader);
 }
 
 }  // namespace
@@ -621,11 +582,6 @@ absl::Status CheckPipelineSupported(const Recipe& recipe, int world_size) {
         absl::StrCat("sampling with parallel.pp = ", p.pp,
                      " is not yet supported; set logging.sample_tokens: 0 (evaluation runs), or "
                      "parallel.pp: 1"));
-  }
-  if (!recipe.train.export_to.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.export_to with parallel.pp = ", p.pp,
-                     " is not yet supported; set train.export_to: '' or parallel.pp: 1"));
   }
   return absl::OkStatus();
 }
