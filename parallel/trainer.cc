@@ -24,6 +24,7 @@
 #include "parallel/checkpointing.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/sampling.h"
 #include "parallel/pipeline/stage_assignment.h"
 #include "parallel/pipeline_train_step.h"
 #include "parallel/planner/auto_layout.h"
@@ -50,8 +51,10 @@ std::string BytesToText(const std::vector<int32_t>& tokens) {
   return text;
 }
 
-// Every rank generates (sharded parameters need all of them); rank 0 prints.
-std::string SampleText(Transformer& model, const Recipe& recipe, int step) {
+// Every rank generates (sharded parameters need all of them; under pp > 1 every stage, `model`
+// being this rank's); rank 0 prints.
+absl::StatusOr<std::string> SampleText(Transformer& model, Communicator* pp, const Recipe& recipe,
+                                       int step) {
   std::vector<int32_t> prompt;
   for (const unsigned char ch : recipe.logging.sample_prompt) prompt.push_back(ch);
   if (prompt.empty() || recipe.data.format != "text") prompt.assign(1, 0);
@@ -60,7 +63,12 @@ std::string SampleText(Transformer& model, const Recipe& recipe, int step) {
   options.temperature = static_cast<float>(recipe.logging.sample_temperature);
   options.top_k = recipe.logging.sample_top_k;
   options.seed = recipe.run.seed + static_cast<uint64_t>(step);
-  const std::vector<int32_t> tokens = Generate(model, prompt, recipe.train.seq_len, options);
+  std::vector<int32_t> tokens;
+  if (pp != nullptr) {
+    ASSIGN_OR_RETURN(tokens, GeneratePipelined(model, *pp, prompt, recipe.train.seq_len, options));
+  } else {
+    tokens = Generate(model, prompt, recipe.train.seq_len, options);
+  }
   if (recipe.data.format == "text") return BytesToText(tokens);
   std::string ids;
   for (size_t i = prompt.size(); i < tokens.size(); ++i) absl::StrAppend(&ids, tokens[i], " ");
@@ -513,8 +521,9 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     }
     std::string sample;
     if (m.val_loss && recipe.logging.sample_tokens > 0) {
-      sample = SampleText(model, recipe, m.step);
+      absl::StatusOr<std::string> sampled = SampleText(model, groups.pp, recipe, m.step);
       RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
+      ASSIGN_OR_RETURN(sample, std::move(sampled));
     }
 
     ASSIGN_OR_RETURN(const CheckpointRequest request, AgreeOnCheckpointSignals(world_comm));
@@ -576,12 +585,6 @@ absl::Status CheckPipelineSupported(const Recipe& recipe, int world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parallel.strategy ", p.strategy, " with parallel.pp = ", p.pp,
         " is not yet supported; set parallel.strategy: ddp (one replica shards nothing)"));
-  }
-  if (recipe.train.eval_every > 0 && recipe.logging.sample_tokens > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sampling with parallel.pp = ", p.pp,
-                     " is not yet supported; set logging.sample_tokens: 0 (evaluation runs), or "
-                     "parallel.pp: 1"));
   }
   return absl::OkStatus();
 }

@@ -2,6 +2,8 @@
 // against one process: pipeline parallelism alone (one model chunk per stage).
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,7 +21,7 @@ namespace {
 using ::testing::HasSubstr;
 
 // A tiny model of 4 blocks (so 4 stages each run one), trained on byte-level text for
-// `kSteps` steps of 4 micro-batches, evaluated every 6, without samples (not yet under pp).
+// `kSteps` steps of 4 micro-batches, evaluated every 6, without samples unless a test asks.
 constexpr int kSteps = 12;
 
 std::string Recipe(const std::string& family) {
@@ -239,16 +241,64 @@ TEST(PipelineParallelExportTest, ExportGathersTheStages) {
   }
 }
 
-// What does not run yet is refused before any rank connects, exit 2, naming the keys.
-TEST(PipelineParallelRefusalTest, DataParallelReplicasAndSamplingAreNotYetSupported) {
-  const std::string recipe = Recipe("llama");
-  for (const auto& rank : testing::RunTrainRanks(recipe, 2,
-                                                 {"run.out_dir=" + testing::FreshTempDir("pp_eval"),
-                                                  "parallel.pp=2", "logging.sample_tokens=4"})) {
-    EXPECT_EQ(rank.exit_code, 2) << rank.output;
-    EXPECT_THAT(rank.output, HasSubstr("sampling with parallel.pp = 2 is not yet supported; set "
-                                       "logging.sample_tokens: 0"));
+class PipelineSamplingTest : public ::testing::TestWithParam<std::string> {};
+
+// The text logged as "sample at step <step>:" in a run's output: the lines after it up to the
+// next log line ("I 12:34:56 ..."); empty when there is none.
+std::string LoggedSample(const std::string& output, int step) {
+  const std::string marker = absl::StrCat("sample at step ", step, ":\n");
+  const size_t at = output.find(marker);
+  if (at == std::string::npos) return "";
+  const std::regex log_line(R"(^[A-Z?] \d\d:\d\d:\d\d )");
+  std::istringstream lines(output.substr(at + marker.size()));
+  std::string sample;
+  for (std::string line; std::getline(lines, line) && !std::regex_search(line, log_line);) {
+    sample += line + "\n";
   }
+  return sample;
+}
+
+// Samples at evaluation run through the stages: the pp 2 run logs the single process's text at
+// every evaluation, at the default temperature and top-k. The learning rate is 1e-30 (the recipe
+// wants it positive) so that both runs keep their initial parameters: AdamW's normalised update
+// moves a parameter by about lr, below half a float32 ulp of any nonzero initial value (norm
+// weights 1, weights from N(0, 0.02) above 1e-22 but for a vanishing few), and GPT-2's zero
+// biases become about 1e-30, which vanishes when added to any activation above 1e-22. So the
+// stages compute the single process's logits bit for bit (the same kernels on the same values)
+// and draw the same tokens from them.
+TEST_P(PipelineSamplingTest, SamplesTheSingleProcesssText) {
+  const std::string family = GetParam();
+  const std::string recipe = Recipe(family);
+  const std::vector<std::string> sets = {"train.steps=2", "train.eval_every=1", "train.lr=1e-30",
+                                         "train.min_lr=0", "logging.sample_tokens=24"};
+  const std::string single = testing::FreshTempDir("pp_sample_single_" + family);
+  std::string command = absl::StrCat("train ", recipe, " --set run.out_dir=", single);
+  for (const std::string& set : sets) absl::StrAppend(&command, " --set ", set);
+  const testing::Outcome one = testing::RunDtrain(command);
+  ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
+
+  const std::string out = testing::FreshTempDir("pp_sample_pp2_" + family);
+  std::vector<std::string> pp_sets = sets;
+  pp_sets.insert(pp_sets.end(), {"run.out_dir=" + out, "parallel.pp=2"});
+  const auto ranks = testing::RunTrainRanks(recipe, 2, pp_sets);
+  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  for (const int step : {1, 2}) {
+    const std::string expected = LoggedSample(one.stderr_text, step);
+    EXPECT_GT(expected.size(), 24u) << one.stderr_text;  // the prompt and 24 tokens
+    EXPECT_EQ(LoggedSample(ranks[0].output, step), expected) << "step " << step;
+  }
+  // Each evaluation samples with its own seed: the two texts differ.
+  EXPECT_NE(LoggedSample(one.stderr_text, 1), LoggedSample(one.stderr_text, 2));
+  // Only rank 0 logs the sample.
+  EXPECT_EQ(LoggedSample(ranks[1].output, 1), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, PipelineSamplingTest, ::testing::Values("gpt2", "llama"),
+                         [](const auto& info) { return info.param; });
+
+// What does not run yet is refused before any rank connects, exit 2, naming the keys.
+TEST(PipelineParallelRefusalTest, DataParallelReplicasAreNotYetSupported) {
+  const std::string recipe = Recipe("llama");
   const auto ranks = testing::RunTrainRanks(
       recipe, 4, {"run.out_dir=" + testing::FreshTempDir("pp_dp"), "parallel.pp=2"});
   for (const auto& rank : ranks) {
