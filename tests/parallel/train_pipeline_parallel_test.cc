@@ -185,13 +185,6 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineCheckpointTest,
                                                "_to_pp", info.param.load_pp);
                          });
 
-// The tensors of a safetensors file, or a test failure naming it.
-SafetensorsContents ReadWeights(const std::string& path) {
-  absl::StatusOr<SafetensorsContents> contents = ReadSafetensors(path);
-  EXPECT_TRUE(contents.ok()) << contents.status();
-  return contents.ok() ? *std::move(contents) : SafetensorsContents{};
-}
-
 // train.export_to under pp 2 writes the whole model, every tensor under its name and shape, with
 // the single process's values: the last stage's blocks and head gathered to the first, GPT-2's
 // tied embedding once (the first stage's, not the last stage's head copy). `dtrain ckpt export`
@@ -213,8 +206,7 @@ TEST(PipelineParallelExportTest, ExportGathersTheStages) {
     for (const std::string& set : sets) absl::StrAppend(&command, " --set ", set);
     const testing::Outcome one = testing::RunDtrain(command);
     ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
-    const SafetensorsContents expected = ReadWeights(single + "/pp/model.safetensors");
-    ASSERT_FALSE(expected.floats.empty());
+    const SafetensorsContents expected = testing::ReadWeights(single + "/pp/model.safetensors");
 
     const std::string out = testing::FreshTempDir("pp_export_pp2_" + family);
     std::vector<std::string> pp_sets = sets;
@@ -222,22 +214,14 @@ TEST(PipelineParallelExportTest, ExportGathersTheStages) {
     for (const auto& rank : testing::RunTrainRanks(recipe, 2, pp_sets)) {
       ASSERT_EQ(rank.exit_code, 0) << rank.output;
     }
-    const SafetensorsContents exported = ReadWeights(out + "/pp/model.safetensors");
-    EXPECT_EQ(exported.shapes, expected.shapes);
-    for (const auto& [name, values] : expected.floats) {
-      const auto it = exported.floats.find(name);
-      ASSERT_NE(it, exported.floats.end()) << name;
-      ASSERT_EQ(it->second.size(), values.size()) << name;
-      for (size_t i = 0; i < values.size(); ++i) {
-        ASSERT_NEAR(it->second[i], values[i], 1e-6) << name << " element " << i;
-      }
-    }
+    const SafetensorsContents exported = testing::ReadWeights(out + "/pp/model.safetensors");
+    testing::ExpectWeightsNear(exported, expected, 1e-6);
 
     const std::string from_checkpoint = out + "/from_checkpoint.safetensors";
     const testing::Outcome result = testing::RunDtrain(
         absl::StrCat("ckpt export ", out, "/pp/checkpoints --out ", from_checkpoint));
     ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
-    EXPECT_EQ(ReadWeights(from_checkpoint).floats, exported.floats);
+    EXPECT_EQ(testing::ReadWeights(from_checkpoint).floats, exported.floats);
   }
 }
 
