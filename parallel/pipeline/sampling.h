@@ -15,10 +15,11 @@ namespace dtrain {
 // Generate through the stages: every rank of `pp` calls it with its stage (`stage` holds stage
 // pp.rank()'s blocks, whole-model order) and the same prompt and options. For each token the
 // context goes forward through the stages in turn, its activations sent over `pp`; the last
-// stage's logits are broadcast to every stage, and each stage samples from them with the same
-// generator: every rank returns the same tokens, those of the whole model's Generate (the stage
-// passes compute the whole model's logits bit for bit). Errors: a failed send, receive or
-// broadcast, naming the group (then on every rank).
+// stage's logits are broadcast to every stage (vocabulary floats a token, where sending the
+// token would take one: samples are short and rare, and the sampling stays in Generate alone),
+// and each stage samples from them with the same generator: every rank returns the same tokens,
+// those of Generate on the model the stages split (the stage passes compute its logits bit for
+// bit). Errors: a failed send, receive or broadcast, as the communicator names it.
 absl::StatusOr<std::vector<int32_t>> GeneratePipelined(Transformer& stage, Communicator& pp,
                                                        std::vector<int32_t> prompt, int max_time,
                                                        const SamplingOptions& options);
