@@ -24,6 +24,7 @@
 #include "parallel/checkpointing.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/sampling.h"
 #include "parallel/pipeline/stage_assignment.h"
 #include "parallel/pipeline_train_step.h"
 #include "parallel/planner/auto_layout.h"
@@ -32,6 +33,7 @@
 #include "parallel/rank_memory.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/train_step.h"
+#include "parallel/whole_model.h"
 
 namespace dtrain {
 namespace {
@@ -49,8 +51,10 @@ std::string BytesToText(const std::vector<int32_t>& tokens) {
   return text;
 }
 
-// Every rank generates (sharded parameters need all of them); rank 0 prints.
-std::string SampleText(Transformer& model, const Recipe& recipe, int step) {
+// Every rank generates (sharded parameters need all of them; under pp > 1 every stage, `model`
+// being this rank's); rank 0 prints.
+absl::StatusOr<std::string> SampleText(Transformer& model, Communicator* pp, const Recipe& recipe,
+                                       int step) {
   std::vector<int32_t> prompt;
   for (const unsigned char ch : recipe.logging.sample_prompt) prompt.push_back(ch);
   if (prompt.empty() || recipe.data.format != "text") prompt.assign(1, 0);
@@ -59,7 +63,12 @@ std::string SampleText(Transformer& model, const Recipe& recipe, int step) {
   options.temperature = static_cast<float>(recipe.logging.sample_temperature);
   options.top_k = recipe.logging.sample_top_k;
   options.seed = recipe.run.seed + static_cast<uint64_t>(step);
-  const std::vector<int32_t> tokens = Generate(model, prompt, recipe.train.seq_len, options);
+  std::vector<int32_t> tokens;
+  if (pp != nullptr) {
+    ASSIGN_OR_RETURN(tokens, GeneratePipelined(model, *pp, prompt, recipe.train.seq_len, options));
+  } else {
+    tokens = Generate(model, prompt, recipe.train.seq_len, options);
+  }
   if (recipe.data.format == "text") return BytesToText(tokens);
   std::string ids;
   for (size_t i = prompt.size(); i < tokens.size(); ++i) absl::StrAppend(&ids, tokens[i], " ");
@@ -243,19 +252,6 @@ absl::Status PrepareRunFolder(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
-// Calls fn(shard_index, whole_index, count) for the runs of a tensor-parallel shard's table
-// (`shard`) that are contiguous in the whole model's (`whole`, ParamTable(config, {})): shard
-// element shard_index + i is whole element whole_index + i, for i < count.
-template <typename F>
-void ForEachShardRun(const ParamTable& whole, const ParamTable& shard, F&& fn) {
-  for (const TensorEntry& entry : shard.entries()) {
-    const size_t whole_offset = whole.Find(entry.name)->offset;
-    ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t global, size_t count) {
-      fn(entry.offset + local, whole_offset + global, count);
-    });
-  }
-}
-
 // A fresh run's parameters: seeded initialisation, or train.init_from's weights (the whole
 // model's, of which a tensor-parallel rank keeps its shard).
 absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& config,
@@ -329,43 +325,16 @@ absl::StatusOr<CheckpointRequest> AgreeOnCheckpointSignals(Communicator* world) 
   return CheckpointRequest{stop > 0, save > 0};
 }
 
-// The whole model's parameters (table layout of ParamTable(config, {})) from the tensor-parallel
-// ranks' shards: all-gathered over `tp`, each padded to the largest rank's table (the
-// vocabulary-parallel embedding and head give ranks different row counts), then each rank's
-// pieces placed at their global positions.
-absl::StatusOr<std::vector<float>> GatherTensorParallel(const ModelConfig& config,
-                                                        const ParamTable& whole,
-                                                        const std::vector<float>& own,
-                                                        Communicator& tp) {
-  std::vector<ParamTable> tables;
-  size_t largest = 0;
-  for (int rank = 0; rank < tp.size(); ++rank) {
-    tables.emplace_back(config, ModelSlice{.tp_rank = rank, .tp_size = tp.size()});
-    largest = std::max(largest, tables.back().total_numel());
-  }
-  std::vector<float> padded(largest);
-  std::copy(own.begin(), own.end(), padded.begin());
-  std::vector<float> shards(largest * tp.size());
-  RETURN_IF_ERROR(tp.AllGather(padded.data(), shards.data(), largest)->Wait());
-  std::vector<float> full(whole.total_numel());
-  for (int rank = 0; rank < tp.size(); ++rank) {
-    const float* shard = shards.data() + rank * largest;
-    ForEachShardRun(whole, tables[rank], [&](size_t shard_index, size_t whole_index, size_t count) {
-      std::copy_n(shard + shard_index, count, full.begin() + whole_index);
-    });
-  }
-  return full;
-}
-
 // train.export_to: the whole model's parameters, gathered from every rank, written by rank 0.
-absl::Status ExportWeights(const Recipe& recipe, const ModelConfig& config,
-                           DataParallelEngine& engine, Communicator* tp, bool leader) {
-  ASSIGN_OR_RETURN(std::vector<float> full, engine.GatherParameters());
-  const ParamTable whole(config, ModelSlice{});
-  if (tp) {
-    ASSIGN_OR_RETURN(full, GatherTensorParallel(config, whole, full, *tp));
-  }
+absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
+                           DataParallelEngine& engine, const ProcessGroup::MeshGroups& groups,
+                           bool leader) {
+  ASSIGN_OR_RETURN(std::vector<float> own, engine.GatherParameters());
+  ASSIGN_OR_RETURN(const std::vector<float> full,
+                   GatherWholeModel(table, std::move(own), groups.tp, groups.pp));
   if (!leader) return absl::OkStatus();
+  const ModelConfig& config = table.config();
+  const ParamTable whole(config, ModelSlice{});
   const std::string path =
       (std::filesystem::path(recipe.run_dir()) / recipe.train.export_to).string();
   RETURN_IF_ERROR(ExportHfSafetensors(config, whole, full.data(), path));
@@ -589,8 +558,9 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     }
     std::string sample;
     if (m.val_loss && recipe.logging.sample_tokens > 0) {
-      sample = SampleText(model, recipe, m.step);
+      absl::StatusOr<std::string> sampled = SampleText(model, groups.pp, recipe, m.step);
       RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
+      ASSIGN_OR_RETURN(sample, std::move(sampled));
     }
 
     ASSIGN_OR_RETURN(const CheckpointRequest request, AgreeOnCheckpointSignals(world_comm));
@@ -622,7 +592,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
                      memory.activation_bytes, pipeline_times, executor->stats());
   }
   if (train.export_to.empty()) return absl::OkStatus();
-  return ExportWeights(recipe, config, engine, groups.tp, leader);
+  return ExportWeights(recipe, table, engine, groups, leader);
 }
 
 }  // namespace
@@ -640,30 +610,12 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
       absl::StrJoin(fits, ", "), ", or run ", tp * pp, " x k ranks"));
 }
 
-absl::Status CheckPipelineSupported(const Recipe& recipe) {
-  const ParallelSection& p = recipe.parallel;
-  if (p.pp == 1) return absl::OkStatus();
-  if (recipe.train.eval_every > 0 && recipe.logging.sample_tokens > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sampling with parallel.pp = ", p.pp,
-                     " is not yet supported; set logging.sample_tokens: 0 (evaluation runs), or "
-                     "parallel.pp: 1"));
-  }
-  if (!recipe.train.export_to.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.export_to with parallel.pp = ", p.pp,
-                     " is not yet supported; set train.export_to: '' or parallel.pp: 1"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) {
   // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
   // file per rank).
   if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);
   ASSIGN_OR_RETURN(const Recipe recipe, ResolveStrategy(requested, world));
   RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world.world_size));
-  RETURN_IF_ERROR(CheckPipelineSupported(recipe));
   // The dp x pp x tp mesh, tp innermost.
   const int tp_pp = recipe.parallel.tp * recipe.parallel.pp;
   ASSIGN_OR_RETURN(const Mesh mesh, Mesh::Create({.dp = world.world_size / tp_pp,

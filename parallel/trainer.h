@@ -16,9 +16,4 @@ absl::Status RunTraining(const Recipe& recipe, const WorldMembership& world);
 // ranks (tp x pp) divide the world; callers check it before training starts.
 absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size);
 
-// For parallel.pp > 1, InvalidArgument naming what the trainer does not yet run with a pipeline
-// (sampling, export; the recipe refuses interleaving); callers check it after
-// CheckLayoutFitsWorld.
-absl::Status CheckPipelineSupported(const Recipe& recipe);
-
 }  // namespace dtrain

@@ -3,20 +3,22 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "core/util/rng.h"
+#include "core/util/status.h"
 
 namespace dtrain {
 
-std::vector<int32_t> Generate(Transformer& model, std::vector<int32_t> prompt, int max_time,
-                              const SamplingOptions& options) {
-  const int vocab = model.config().vocab_size;
+absl::StatusOr<std::vector<int32_t>> Generate(const NextTokenLogits& next_logits, int vocab,
+                                              std::vector<int32_t> prompt, int max_time,
+                                              const SamplingOptions& options) {
   std::vector<float> logits(vocab);
   std::vector<int> order(vocab);
   CounterRng rng(options.seed, /*stream=*/0);
   for (int i = 0; i < options.max_new_tokens; ++i) {
     const int context = std::min<int>(static_cast<int>(prompt.size()), max_time);
-    model.ForwardLogits(prompt.data() + prompt.size() - context, 1, context, true, logits.data());
+    RETURN_IF_ERROR(next_logits(prompt.data() + prompt.size() - context, context, logits.data()));
     int next = 0;
     if (options.temperature <= 0.0f) {
       next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -45,6 +47,16 @@ std::vector<int32_t> Generate(Transformer& model, std::vector<int32_t> prompt, i
     prompt.push_back(next);
   }
   return prompt;
+}
+
+std::vector<int32_t> Generate(Transformer& model, std::vector<int32_t> prompt, int max_time,
+                              const SamplingOptions& options) {
+  const NextTokenLogits whole_model = [&](const int32_t* context, int t, float* logits) {
+    model.ForwardLogits(context, 1, t, /*last_only=*/true, logits);
+    return absl::OkStatus();
+  };
+  // The whole model's logits never fail.
+  return *Generate(whole_model, model.config().vocab_size, std::move(prompt), max_time, options);
 }
 
 }  // namespace dtrain

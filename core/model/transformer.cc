@@ -646,7 +646,17 @@ double Transformer::ForwardLoss(const int32_t* inputs, const int32_t* targets, i
 
 void Transformer::ForwardLogits(const int32_t* inputs, int b, int t, bool last_only,
                                 float* logits) {
-  Forward(inputs, b, t);
+  StageForwardLogits({.b = b, .t = t, .tokens = inputs}, last_only, logits);
+}
+
+void Transformer::StageForwardLogits(const StageForwardArgs& args, bool last_only, float* logits) {
+  if (!has_head_) {
+    ForwardBlocks(0, args, args.output);
+    return;
+  }
+  ForwardBlocks(0, args, last_output_);
+  const int b = args.b, t = args.t;
+  FinalNormForward(SplitRows(b * t));
   const int c = config_.d_model;
   const int v = config_.vocab_size;
   const int rows = last_only ? b : b * t;

@@ -128,6 +128,9 @@ class Transformer {
   // evaluation: writes args.output on a stage without the head, and returns the sum of token
   // losses of args.targets on the last stage (0 elsewhere). args.grad_scale is unused.
   double StageForwardLoss(const StageForwardArgs& args);
+  // The same pass for sampling: writes args.output on a stage without the head, and on the last
+  // stage the logits as ForwardLogits does (args.targets is unused).
+  void StageForwardLogits(const StageForwardArgs& args, bool last_only, float* logits);
 
   // Rows per chunk of the vocabulary-parallel classifier (tp > 1) for a vocabulary slot of
   // `vocab_slot` columns (LocalDims::vocab_slot): as many as fit in 128 MiB of logits, a
@@ -241,7 +244,7 @@ class Transformer {
   // The final norm of last_output_ into final_norm_ (gathered); the final region stays
   // acquired: the caller uses the head, then calls ReleaseHead.
   void FinalNormForward(const RowSplit& rows);
-  // The whole model's forward in slot 0 up to final_norm_, for ForwardLoss and ForwardLogits.
+  // The whole model's forward in slot 0 up to final_norm_, for ForwardLoss.
   void Forward(const int32_t* inputs, int b, int t);
   // The loss on final_norm_ and its backward through the head and the final norm into d_last
   // (R, C); the final region's gradients are ready and the head released on return.

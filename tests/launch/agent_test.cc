@@ -776,15 +776,6 @@ TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {
   EXPECT_THAT(outcome.stderr_text, HasSubstr("train.stepz"));
 }
 
-// A pipeline sampling at evaluation (not yet supported): exit 2 before any worker starts.
-TEST(AgentTest, UnsupportedPipelineLayoutFailsBeforeAnyWorkerStarts) {
-  const testing::Outcome outcome =
-      testing::RunDtrain("launch --nproc-per-node=4 --set parallel.pp=2");
-  EXPECT_EQ(outcome.exit_code, 2);
-  EXPECT_THAT(outcome.stderr_text, HasSubstr("sampling with parallel.pp = 2 is not yet supported"));
-  EXPECT_THAT(outcome.stderr_text, Not(HasSubstr("workers")));
-}
-
 // parallel.tp must divide the world the launch makes (nodes x --nproc-per-node): exit 2 before
 // any worker starts, naming the key and the sizes that fit.
 TEST(AgentTest, TensorParallelSizeThatDoesNotDivideTheWorldFailsBeforeAnyWorkerStarts) {

@@ -286,9 +286,7 @@ TEST(TrainTensorParallelTest, ExportGathersTheWholeModel) {
     for (const std::string& set : sets) absl::StrAppend(&command, " --set ", set);
     const testing::Outcome one = testing::RunDtrain(command);
     ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
-    const absl::StatusOr<SafetensorsContents> expected =
-        ReadSafetensors(single + "/tp/model.safetensors");
-    ASSERT_TRUE(expected.ok()) << expected.status();
+    const SafetensorsContents expected = testing::ReadWeights(single + "/tp/model.safetensors");
 
     const std::string out = testing::FreshTempDir("tp_export_tp2_" + tag);
     std::vector<std::string> tp_sets = sets;
@@ -296,18 +294,7 @@ TEST(TrainTensorParallelTest, ExportGathersTheWholeModel) {
                    {"run.out_dir=" + out, "parallel.tp=2", "parallel.strategy=zero3"});
     const auto ranks = testing::RunTrainRanks(recipe, 4, tp_sets);
     for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
-    const absl::StatusOr<SafetensorsContents> exported =
-        ReadSafetensors(out + "/tp/model.safetensors");
-    ASSERT_TRUE(exported.ok()) << exported.status();
-    EXPECT_EQ(exported->shapes, expected->shapes);
-    for (const auto& [name, values] : expected->floats) {
-      const auto it = exported->floats.find(name);
-      ASSERT_NE(it, exported->floats.end()) << name;
-      ASSERT_EQ(it->second.size(), values.size()) << name;
-      for (size_t i = 0; i < values.size(); ++i) {
-        ASSERT_NEAR(it->second[i], values[i], 1e-6) << name << " element " << i;
-      }
-    }
+    testing::ExpectWeightsNear(testing::ReadWeights(out + "/tp/model.safetensors"), expected, 1e-6);
   }
 }
 

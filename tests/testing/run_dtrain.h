@@ -9,9 +9,12 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "core/io/safetensors.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -85,6 +88,30 @@ inline RunMetrics ReadRunMetrics(const std::string& metrics_path) {
     }
   }
   return metrics;
+}
+
+// The tensors of the safetensors file at `path` (nothing, with a test failure naming it, when it
+// cannot be read): a run's exported weights.
+inline SafetensorsContents ReadWeights(const std::string& path) {
+  absl::StatusOr<SafetensorsContents> contents = ReadSafetensors(path);
+  EXPECT_TRUE(contents.ok()) << path << ": " << contents.status();
+  return contents.ok() ? *std::move(contents) : SafetensorsContents{};
+}
+
+// `actual` holds every tensor of `expected` (which must hold some) under the same name and shape,
+// each value within `tolerance` of expected's.
+inline void ExpectWeightsNear(const SafetensorsContents& actual,
+                              const SafetensorsContents& expected, double tolerance) {
+  ASSERT_FALSE(expected.floats.empty());
+  EXPECT_EQ(actual.shapes, expected.shapes);
+  for (const auto& [name, values] : expected.floats) {
+    const auto it = actual.floats.find(name);
+    ASSERT_NE(it, actual.floats.end()) << name;
+    ASSERT_EQ(it->second.size(), values.size()) << name;
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSERT_NEAR(it->second[i], values[i], tolerance) << name << " element " << i;
+    }
+  }
 }
 
 // Writes `text` to TempPath(name); returns the path.

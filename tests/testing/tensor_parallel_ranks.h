@@ -1,9 +1,10 @@
-// Tensor-parallel ranks as threads of one process, each with Gloo communicators over an
-// in-memory store: what tests of tensor-parallel models share.
+// Tensor-parallel (and pipeline) ranks as threads of one process, each with Gloo communicators
+// over an in-memory store: what tests of split models share.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -75,6 +76,43 @@ inline std::vector<std::unique_ptr<ParamTable>> RunTensorParallelRanks(
   }
   for (std::thread& thread : threads) thread.join();
   return tables;
+}
+
+// Runs fn(stage, tp_rank, tp, pp) for every rank of a pipeline of `stages` stages of `tp_size`
+// tensor-parallel ranks each (one data-parallel replica) on its own thread, with Gloo
+// communicators for its tensor-parallel group (its stage's ranks) and its pipeline group (its tp
+// rank's stages, rank = stage); as ProcessGroup::MeshGroups, null for a group of one rank.
+inline void RunStageGridRanks(
+    int stages, int tp_size,
+    const std::function<void(int stage, int tp_rank, Communicator* tp, Communicator* pp)>& fn) {
+  auto store = std::make_shared<InMemoryStore>();
+  auto connect = [&](const std::string& name, const std::string& prefix, int rank, int size) {
+    std::unique_ptr<GlooCommunicator> comm;
+    if (size == 1) return comm;
+    GlooCommunicatorOptions options;
+    options.name = name;
+    options.key_prefix = prefix;
+    options.rank = rank;
+    options.size = size;
+    options.timeout = absl::Seconds(60);
+    absl::StatusOr<std::unique_ptr<GlooCommunicator>> created =
+        GlooCommunicator::Create(store, options);
+    EXPECT_TRUE(created.ok()) << created.status();
+    if (created.ok()) comm = *std::move(created);
+    return comm;
+  };
+  std::vector<std::thread> threads;
+  for (int stage = 0; stage < stages; ++stage) {
+    for (int tp_rank = 0; tp_rank < tp_size; ++tp_rank) {
+      threads.emplace_back([&, stage, tp_rank] {
+        const auto tp = connect("tp", absl::StrCat("comm/tp.", stage, "/"), tp_rank, tp_size);
+        const auto pp = connect("pp", absl::StrCat("comm/pp.", tp_rank, "/"), stage, stages);
+        if ((tp_size > 1 && tp == nullptr) || (stages > 1 && pp == nullptr)) return;
+        fn(stage, tp_rank, tp.get(), pp.get());
+      });
+    }
+  }
+  for (std::thread& thread : threads) thread.join();
 }
 
 }  // namespace dtrain::testing
