@@ -1084,12 +1084,11 @@ class Parser {
               "data-parallel strategy (e.g. ddp or zero1) to keep this tp"));
     }
     if (r.parallel.pp > 1 && r.parallel.strategy == "auto") {
-      return Error("parallel.strategy",
-                   absl::StrCat("auto does not plan pipelines yet (it runs parallel.pp: 1), so "
-                                "parallel.pp = ",
-                                r.parallel.pp,
-                                " contradicts it; name the strategy (parallel.strategy: ddp) to "
-                                "keep this pp"));
+      return Error(
+          "parallel.strategy",
+          absl::StrCat("auto picks the pipeline degree itself, so parallel.pp = ", r.parallel.pp,
+                       " contradicts it; set parallel.pp: 1 to let auto choose, or name "
+                       "the data-parallel strategy (e.g. ddp or zero1) to keep this pp"));
     }
     if (r.train.batch_size % r.train.micro_batch != 0) {
       return Error("train.batch_size",

@@ -312,7 +312,7 @@ INSTANTIATE_TEST_SUITE_P(
             {"train.seq_len = 1 ", "train.seq_len: 2,", "parallel.sequence_parallel: false"}},
         ConsistencyCase{
             {"parallel.pp=2", "parallel.strategy=auto"},
-            {"parallel.strategy", "auto does not plan pipelines yet", "parallel.strategy: ddp"}},
+            {"parallel.strategy", "auto picks the pipeline degree itself", "parallel.pp: 1"}},
         ConsistencyCase{{"parallel.pp=2", "parallel.tp=2"},
                         {"parallel.pp", "parallel.tp = 2 is not yet supported", "parallel.tp: 1"}},
         // The pipeline keys: checked before that, so a recipe learns every fix it needs.
