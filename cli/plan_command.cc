@@ -50,11 +50,9 @@ void AddPlanCommand(CLI::App& app) {
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     absl::StatusOr<ClusterSpec> cluster = ResolveCluster(recipe->cluster);
     if (!cluster.ok()) Fail(cluster.status(), kExitUsage);
-    // Only layouts a recipe can select, so that the printed recipe lines are one: parallel.pp
-    // stays 1 until the trainer runs pipelines.
-    SearchOptions options;
-    options.max_pp = 1;
-    absl::StatusOr<Plan> plan = SearchLayouts(WorkloadFromRecipe(*recipe), *cluster, options);
+    // Pipelines only in the schedules the trainer runs (SearchOptions' default), so that the
+    // printed recipe lines are a recipe that dtrain train accepts.
+    absl::StatusOr<Plan> plan = SearchLayouts(WorkloadFromRecipe(*recipe), *cluster);
     if (!plan.ok()) Fail(plan.status(), kExitUsage);
     if (args->json) {
       std::cout << PlanJson(*plan, args->recipe_path, args->top)

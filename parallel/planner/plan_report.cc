@@ -83,6 +83,7 @@ nlohmann::json CandidateJson(const Candidate& c) {
                         {"offload", l.offload},
                         {"verdict", VerdictName(c.verdict)},
                         {"reason", c.reason}};
+  if (l.pp > 1) out["pp_schedule"] = PipelineScheduleName(l.schedule);
   if (c.verdict == Verdict::kInvalid) return out;
   const Estimate& e = c.estimate;
   const MemoryEstimate& m = e.memory;
@@ -235,6 +236,9 @@ std::string RecipeLines(const Layout& layout) {
   std::string out = absl::StrFormat(
       "parallel:\n  strategy: %s\n  tp: %d\n  pp: %d\n  recompute: %s\n",
       StrategyName(layout.strategy), layout.tp, layout.pp, RecomputeName(layout.recompute));
+  if (layout.pp > 1) {
+    absl::StrAppendFormat(&out, "  pp_schedule: %s\n", PipelineScheduleName(layout.schedule));
+  }
   if (layout.sequence_parallel) {
     absl::StrAppend(&out, "  sequence_parallel: true\n");
   }
