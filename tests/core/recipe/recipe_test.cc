@@ -275,7 +275,10 @@ INSTANTIATE_TEST_SUITE_P(
         ConsistencyCase{{"model.family=llama", "model.d_model=12", "model.n_head=4"},
                         {"model.n_head", "= 3", "RoPE", "even"}},
         ConsistencyCase{{"train.batch_size=10", "train.micro_batch=4"},
-                        {"train.batch_size", "train.micro_batch (4)", "multiple of micro_batch"}},
+                        {"train.batch_size", "train.micro_batch (4)", "multiple of micro_batch",
+                         "train.batch_size: 8 or 12, or train.micro_batch: 2 or 5)"}},
+        ConsistencyCase{{"train.batch_size=3", "train.micro_batch=4"},
+                        {"train.batch_size: 4, or train.micro_batch: 3)"}},
         ConsistencyCase{
             {"train.seq_len=512"},
             {"--set train.seq_len=512", "model.max_seq_len (256)", "raise max_seq_len"}},
