@@ -182,6 +182,21 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineCheckpointTest,
                                                "_to_pp", info.param.load_pp);
                          });
 
+// parallel.strategy: auto pipelines what nothing else splits: one sequence per step leaves no
+// rows for a second replica and one attention head nothing for a second tp rank, so the plan for
+// 2 ranks is 2 stages, which the trainer logs and runs.
+TEST(PipelineAutoTest, AutoPipelinesWhatReplicasAndTensorParallelismCannotSplit) {
+  const std::string out = testing::FreshTempDir("pp_auto");
+  const auto ranks =
+      testing::RunTrainRanks(Recipe("gpt2"), 2,
+                             {"run.out_dir=" + out, "parallel.strategy=auto", "model.n_head=1",
+                              "train.batch_size=1", "train.micro_batch=1"});
+  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  EXPECT_THAT(ranks[0].output, HasSubstr(", pp 2 1f1b, micro_batch 1"));
+  EXPECT_THAT(ranks[0].output, HasSubstr("pipeline parallel: 2 stages, schedule 1f1b"));
+  EXPECT_EQ(ReadMetrics(out).loss.size(), static_cast<size_t>(kSteps));
+}
+
 // What does not run yet is refused before any rank connects, exit 2, naming the keys.
 TEST(PipelineParallelRefusalTest, DataParallelReplicasAndSamplingAreNotYetSupported) {
   const std::string recipe = Recipe("llama");
