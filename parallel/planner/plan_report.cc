@@ -233,12 +233,12 @@ double CollectiveTimeoutS(double step_ms) {
 }
 
 std::string RecipeLines(const Layout& layout) {
-  std::string out = absl::StrFormat(
-      "parallel:\n  strategy: %s\n  tp: %d\n  pp: %d\n  recompute: %s\n",
-      StrategyName(layout.strategy), layout.tp, layout.pp, RecomputeName(layout.recompute));
+  std::string out = absl::StrFormat("parallel:\n  strategy: %s\n  tp: %d\n  pp: %d\n",
+                                    StrategyName(layout.strategy), layout.tp, layout.pp);
   if (layout.pp > 1) {
     absl::StrAppendFormat(&out, "  pp_schedule: %s\n", PipelineScheduleName(layout.schedule));
   }
+  absl::StrAppendFormat(&out, "  recompute: %s\n", RecomputeName(layout.recompute));
   if (layout.sequence_parallel) {
     absl::StrAppend(&out, "  sequence_parallel: true\n");
   }

@@ -92,8 +92,8 @@ TEST(PlanReportTest, PipelineRecipeLinesNameTheSchedule) {
                       .micro_batch = 1,
                       .schedule = PipelineSchedule::kOneFOneB};
   EXPECT_EQ(RecipeLines(layout),
-            "parallel:\n  strategy: zero1\n  tp: 1\n  pp: 4\n  recompute: none\n"
-            "  pp_schedule: 1f1b\n"
+            "parallel:\n  strategy: zero1\n  tp: 1\n  pp: 4\n  pp_schedule: 1f1b\n"
+            "  recompute: none\n"
             "train:\n  micro_batch: 1\n");
   EXPECT_EQ(DescribeLayout(layout), "zero1 tp1 pp4 dp2 mb1 1f1b");
 }
