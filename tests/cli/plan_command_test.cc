@@ -52,15 +52,24 @@ std::string RecipeLinesAsOverrides(const std::string& plan_text) {
   return sets.empty() ? "" : absl::StrCat(" --set ", absl::StrJoin(sets, " --set "));
 }
 
+// The stems of the recipes under configs/ ("llama-7b"), sorted.
+std::vector<std::string> ShippedConfigs() {
+  std::vector<std::string> names;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(DTRAIN_SOURCE_DIR) + "/configs")) {
+    if (entry.path().extension() == ".yaml") names.push_back(entry.path().stem().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 // Every shipped config's plan prints recipe lines that `dtrain recipe check` accepts when
 // applied to that config.
 TEST(PlanCommandTest, RecipeLinesOfEveryShippedConfigAreAValidRecipe) {
-  int configs = 0;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(std::string(DTRAIN_SOURCE_DIR) + "/configs")) {
-    if (entry.path().extension() != ".yaml") continue;
-    ++configs;
-    const std::string path = entry.path().string();
+  const std::vector<std::string> configs = ShippedConfigs();
+  EXPECT_GE(configs.size(), 9u);
+  for (const std::string& name : configs) {
+    const std::string path = absl::StrCat(DTRAIN_SOURCE_DIR, "/configs/", name, ".yaml");
     SCOPED_TRACE(path);
     const testing::Outcome plan = testing::RunDtrain(absl::StrCat("plan ", path));
     ASSERT_EQ(plan.exit_code, 0) << plan.stderr_text;
@@ -70,7 +79,6 @@ TEST(PlanCommandTest, RecipeLinesOfEveryShippedConfigAreAValidRecipe) {
         testing::RunDtrain(absl::StrCat("recipe check ", path, overrides));
     EXPECT_EQ(check.exit_code, 0) << overrides << "\n" << check.stderr_text;
   }
-  EXPECT_GE(configs, 9);
 }
 
 // What the trainer is asked to run, scaled down: a model of the recommendation's family small
@@ -95,17 +103,6 @@ parallel: {timeout_s: 60}
 checkpoint: {resume: never}
 logging: {sample_tokens: 0}
 )"));
-}
-
-// The stems of the recipes under configs/ ("llama-7b"), sorted.
-std::vector<std::string> ShippedConfigs() {
-  std::vector<std::string> names;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(std::string(DTRAIN_SOURCE_DIR) + "/configs")) {
-    if (entry.path().extension() == ".yaml") names.push_back(entry.path().stem().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 class PlanRecommendationTrainsTest : public ::testing::TestWithParam<std::string> {};
