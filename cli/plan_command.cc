@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "cli/commands.h"
 #include "core/recipe/recipe.h"
+#include "parallel/planner/auto_layout.h"
 #include "parallel/planner/catalog.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/plan_report.h"
@@ -50,9 +51,11 @@ void AddPlanCommand(CLI::App& app) {
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     absl::StatusOr<ClusterSpec> cluster = ResolveCluster(recipe->cluster);
     if (!cluster.ok()) Fail(cluster.status(), kExitUsage);
-    // Pipelines only in the schedules the trainer runs (SearchOptions' default), so that the
-    // printed recipe lines are a recipe that dtrain train accepts.
-    absl::StatusOr<Plan> plan = SearchLayouts(WorkloadFromRecipe(*recipe), *cluster);
+    // Pipelines in the recipe's schedule where the trainer runs it (else the ones it runs), so
+    // that the printed recipe lines are a recipe that dtrain train accepts.
+    SearchOptions options;
+    options.pp_schedules = SchedulesFor(*recipe, TrainerLayouts(cluster->gpus_per_node));
+    absl::StatusOr<Plan> plan = SearchLayouts(WorkloadFromRecipe(*recipe), *cluster, options);
     if (!plan.ok()) Fail(plan.status(), kExitUsage);
     if (args->json) {
       std::cout << PlanJson(*plan, args->recipe_path, args->top)

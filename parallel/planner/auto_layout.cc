@@ -53,16 +53,18 @@ SearchOptions TrainerLayouts(int ranks_per_node) {
   return runnable;
 }
 
+std::vector<PipelineSchedule> SchedulesFor(const Recipe& recipe, const SearchOptions& runnable) {
+  const absl::StatusOr<PipelineSchedule> asked = ParsePipelineSchedule(recipe.parallel.pp_schedule);
+  if (asked.ok() && absl::c_linear_search(runnable.pp_schedules, *asked)) return {*asked};
+  return runnable.pp_schedules;
+}
+
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
                                              const SearchOptions& runnable) {
   ASSIGN_OR_RETURN(const ClusterSpec cluster, ClusterForWorld(recipe.cluster, world_size));
   const Workload workload = WorkloadFromRecipe(recipe);
   SearchOptions options = runnable;
-  // The recipe's schedule is the user's choice for a pipeline, kept where the trainer runs it.
-  const absl::StatusOr<PipelineSchedule> asked = ParsePipelineSchedule(recipe.parallel.pp_schedule);
-  if (asked.ok() && absl::c_linear_search(options.pp_schedules, *asked)) {
-    options.pp_schedules = {*asked};
-  }
+  options.pp_schedules = SchedulesFor(recipe, runnable);
   ASSIGN_OR_RETURN(const Plan restricted, SearchLayouts(workload, cluster, options));
   const Candidate* chosen = restricted.recommendation();
   if (chosen == nullptr) {

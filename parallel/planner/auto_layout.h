@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,10 +32,13 @@ struct AutoLayout {
 // every rank picks the same layout.
 SearchOptions TrainerLayouts(int ranks_per_node);
 
+// The pipeline schedules to search for `recipe`: its parallel.pp_schedule (the user's choice)
+// where `runnable` has it, else every one `runnable` has.
+std::vector<PipelineSchedule> SchedulesFor(const Recipe& recipe, const SearchOptions& runnable);
+
 // Plans recipe's model and batch for `world_size` ranks, with recipe.cluster's hardware: nodes
 // are world_size / cluster.gpus_per_node (one node of world_size GPUs when fewer).
-// `runnable` restricts the search to what the trainer implements; a pipeline keeps the recipe's
-// parallel.pp_schedule where `runnable` has it.
+// `runnable` restricts the search to what the trainer implements, its schedules to SchedulesFor's.
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
                                              const SearchOptions& runnable);
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/multi_process.h"
@@ -18,6 +19,8 @@
 
 namespace dtrain {
 namespace {
+
+using ::testing::HasSubstr;
 
 // A plan's recipe lines as "section.key=value" overrides: "section:" lines open a section,
 // "  key: value" lines set a key in it, comments (what the recipe cannot say) are skipped.
@@ -79,6 +82,22 @@ TEST(PlanCommandTest, RecipeLinesOfEveryShippedConfigAreAValidRecipe) {
         testing::RunDtrain(absl::StrCat("recipe check ", path, overrides));
     EXPECT_EQ(check.exit_code, 0) << overrides << "\n" << check.stderr_text;
   }
+}
+
+// A pipeline's recipe lines keep the recipe's schedule where the trainer runs it: gpt2-1.5b's 8
+// sequences on 8 nodes pipeline the GPUs that replicas cannot use.
+TEST(PlanCommandTest, PipelinesKeepTheRecipesSchedule) {
+  const std::string path = absl::StrCat(DTRAIN_SOURCE_DIR, "/configs/gpt2-1.5b.yaml");
+  const testing::Outcome one_f_one_b =
+      testing::RunDtrain(absl::StrCat("plan ", path, " --set cluster.nodes=8"));
+  ASSERT_EQ(one_f_one_b.exit_code, 0) << one_f_one_b.stderr_text;
+  EXPECT_THAT(RecipeLinesAsOverrides(one_f_one_b.stdout_text),
+              HasSubstr("--set parallel.pp_schedule=1f1b"));
+  const testing::Outcome gpipe = testing::RunDtrain(
+      absl::StrCat("plan ", path, " --set cluster.nodes=8 --set parallel.pp_schedule=gpipe"));
+  ASSERT_EQ(gpipe.exit_code, 0) << gpipe.stderr_text;
+  EXPECT_THAT(RecipeLinesAsOverrides(gpipe.stdout_text),
+              HasSubstr("--set parallel.pp_schedule=gpipe"));
 }
 
 // What the trainer is asked to run, scaled down: a model of the recommendation's family small
