@@ -76,7 +76,7 @@ void AddLaunchCommand(CLI::App& app) {
     launch.recipe_threads = recipe->run.threads;
     launch.check_world = [layout = *recipe](int world_size) {
       RETURN_IF_ERROR(CheckLayoutFitsWorld(layout, world_size));
-      return CheckPipelineSupported(layout, world_size);
+      return CheckPipelineSupported(layout);
     };
     if (args->nproc_per_node > 0) launch.world.nproc_per_node = args->nproc_per_node;
     if (args->node_rank >= 0) launch.world.node_rank = args->node_rank;

@@ -30,7 +30,7 @@ void AddTrainCommand(CLI::App& app) {
     if (absl::Status status = CheckLayoutFitsWorld(*recipe, world->world_size); !status.ok()) {
       Fail(status, kExitUsage);
     }
-    if (absl::Status status = CheckPipelineSupported(*recipe, world->world_size); !status.ok()) {
+    if (absl::Status status = CheckPipelineSupported(*recipe); !status.ok()) {
       Fail(status, kExitUsage);
     }
     if (absl::Status status = RunTraining(*recipe, *world); !status.ok()) {

@@ -28,12 +28,14 @@ uint64_t Fingerprint(const std::vector<float>& values) {
 
 DataParallelEngine::DataParallelEngine(const ParamTable& table, const ShardingStrategy& strategy,
                                        const TrainSection& train, Backend& backend,
-                                       Communicator* comm, Communicator* tensor_parallel)
+                                       Communicator* comm, Communicator* tensor_parallel,
+                                       Communicator* pipeline)
     : table_(table),
       strategy_(strategy),
       backend_(backend),
       comm_(comm),
       tensor_parallel_(tensor_parallel),
+      pipeline_(pipeline),
       counted_(table.CountedRanges()),
       layout_(table, strategy.unit_bytes,
               strategy.sharding == Sharding::kNone || comm == nullptr ? 1 : comm->size()) {
@@ -151,13 +153,20 @@ absl::Status DataParallelEngine::BeginBackward(int micro_batch) {
   }
   backwards_[micro_batch] = true;
   const bool last = ++backwards_begun_ == micro_batches;
-  if (last && keep_gathered_ && table_.HasRegion(-1)) {
-    // Every forward is done and the embedding backward needs no parameters: untied embeddings
-    // (no longer held by the head) are used no more this step.
-    const auto it = gathered_.find(layout_.unit_index(-1));
-    if (it != gathered_.end() && it->second.users <= 0) {
+  if (last && keep_gathered_) {
+    // Every forward is done, and backward needs no parameters but the blocks': the embedding's
+    // backward reads none, and the final norm's and the head's ran in the last stage's forward.
+    // Units of those alone that nobody holds (an untied embedding, a last stage's head) are
+    // used no more this step.
+    for (auto it = gathered_.begin(); it != gathered_.end();) {
+      const Unit& unit = layout_.units()[it->first];
+      const bool holds_block = unit.last_region >= 0 && unit.first_region < table_.last_region();
+      if (it->second.users > 0 || holds_block) {
+        ++it;
+        continue;
+      }
       (void)Wait(it->second.pending);
-      gathered_.erase(it);
+      it = gathered_.erase(it);
     }
   }
   BeginMicroBatch(last);
@@ -355,9 +364,12 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   // once, by rank 0.
   if (layout_.ranks() == 1 && rank() > 0) sum_squares = 0;
   RETURN_IF_ERROR(SumOverRanks(local_loss_sum, sum_squares));
-  // The loss is the same on every tensor-parallel rank; the norm's parts are not.
-  if (tensor_parallel_) {
-    std::unique_ptr<Work> work = tensor_parallel_->AllReduce(&sum_squares, 1, ReduceOp::kSum);
+  // The loss is the same on every tensor-parallel rank (and, summed by the caller, on every
+  // stage); the norm's parts are not. Each sum's result is the same on every rank of its group,
+  // so the stages then sum equal tp totals, and every rank clips by the same norm.
+  for (Communicator* model_parallel : {tensor_parallel_, pipeline_}) {
+    if (model_parallel == nullptr) continue;
+    std::unique_ptr<Work> work = model_parallel->AllReduce(&sum_squares, 1, ReduceOp::kSum);
     RETURN_IF_ERROR(Wait(work));
   }
   totals.loss = local_loss_sum / static_cast<double>(global_tokens);

@@ -64,11 +64,12 @@ class DataParallelEngine : public BlockParameters {
  public:
   // `comm` is the data-parallel group (null for one process). `tensor_parallel` is the group of
   // the ranks holding the other tensor-parallel shards of the model (null without tensor
-  // parallelism): the gradient norm sums over it too, each rank counting its table's
-  // CountedRanges so that replicated tensors count once. `table` must outlive the engine.
+  // parallelism), `pipeline` the group of the other pipeline stages (null without): the
+  // gradient norm sums over them too, each rank counting its table's CountedRanges so that
+  // replicated tensors count once. `table` must outlive the engine.
   DataParallelEngine(const ParamTable& table, const ShardingStrategy& strategy,
                      const TrainSection& train, Backend& backend, Communicator* comm,
-                     Communicator* tensor_parallel = nullptr);
+                     Communicator* tensor_parallel = nullptr, Communicator* pipeline = nullptr);
 
   // Fills this rank's parameters from the whole model's, given in table layout.
   void LoadParameters(const float* full);
@@ -177,6 +178,7 @@ class DataParallelEngine : public BlockParameters {
   Backend& backend_;
   Communicator* comm_;
   Communicator* tensor_parallel_;
+  Communicator* pipeline_;
   std::vector<std::pair<size_t, size_t>> counted_;  // table_.CountedRanges()
   UnitLayout layout_;
   std::vector<float> params_;             // padded full buffer, or this rank's shard (kParameters)

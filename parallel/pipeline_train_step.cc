@@ -4,6 +4,7 @@
 #include <chrono>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -11,6 +12,15 @@ namespace dtrain {
 int PipelineActivationSlots(const PipelineShape& shape, int stage) {
   return std::min(WarmupForwards(shape, stage) + 1, shape.micro_batches * shape.virtual_stages);
 }
+
+namespace {
+
+std::optional<int> TiedRegion(const ParamTable& table, bool first, bool last) {
+  if (!table.config().tied_head() || first == last) return std::nullopt;
+  return first ? -1 : table.last_region();
+}
+
+}  // namespace
 
 TransformerPipelineStage::TransformerPipelineStage(const ParamTable& table,
                                                    DataParallelEngine& engine,
@@ -20,10 +30,10 @@ TransformerPipelineStage::TransformerPipelineStage(const ParamTable& table,
       engine_(engine),
       first_(stage == 0),
       last_(stage + 1 == shape.stages),
+      tied_region_(TiedRegion(table, first_, last_)),
       slots_(PipelineActivationSlots(shape, stage)),
       b_(micro_batch),
-      t_(seq_len),
-      activation_count_(static_cast<size_t>(micro_batch) * seq_len * table.config().d_model) {}
+      t_(seq_len) {}
 
 void TransformerPipelineStage::BeginStep(const int32_t* inputs, const int32_t* targets,
                                          float grad_scale) {
@@ -34,8 +44,12 @@ void TransformerPipelineStage::BeginStep(const int32_t* inputs, const int32_t* t
   held_head_ready_ = 0;
 }
 
-size_t TransformerPipelineStage::InputCount(int) const { return first_ ? 0 : activation_count_; }
-size_t TransformerPipelineStage::OutputCount(int) const { return last_ ? 0 : activation_count_; }
+size_t TransformerPipelineStage::InputCount(int) const {
+  return first_ ? 0 : model_->StageActivationCount(b_, t_);
+}
+size_t TransformerPipelineStage::OutputCount(int) const {
+  return last_ ? 0 : model_->StageActivationCount(b_, t_);
+}
 
 absl::Status TransformerPipelineStage::Forward(int micro_batch, int, const float* input,
                                                float* output) {
@@ -62,6 +76,7 @@ absl::Status TransformerPipelineStage::Backward(int micro_batch, int, const floa
 }
 
 void TransformerPipelineStage::GradientsReady(int region) {
+  if (region == tied_region_) return;
   if (region == table_.last_region()) {
     ++held_head_ready_;
     return;
@@ -71,35 +86,59 @@ void TransformerPipelineStage::GradientsReady(int region) {
 
 namespace {
 
-// GPT-2's tied embedding: the first stage's embedding and the last stage's head copy take the
-// sum of both gradients, so that the copies, equal at the start, stay equal. The two stages
-// swap their gradients and each adds the other's to its own: a + b == b + a exactly, so the
-// copies stay bit-identical; the stages between them take no part.
-absl::Status SumTiedEmbeddingGradients(DataParallelEngine& engine, const ParamTable& table,
-                                       Communicator& pp) {
-  const ModelConfig& config = table.config();
-  if (!config.tied_head()) return absl::OkStatus();
-  const int last_stage = pp.size() - 1;
-  float* own = nullptr;
-  int peer = 0;
-  if (pp.rank() == 0) {
-    own = engine.Gradients(-1) + (table.token_embedding() - table.BlockRange(-1).first);
-    peer = last_stage;
-  } else if (pp.rank() == last_stage) {
-    own = engine.Gradients(table.last_region()) +
-          (table.head() - table.BlockRange(table.last_region()).first);
-  } else {
-    return absl::OkStatus();
-  }
-  const size_t count = static_cast<size_t>(config.vocab_size) * config.d_model;
+// The other copy of the tied embedding: `count` elements of `own` sent to the other end of the
+// pipeline (the first stage's peer is the last, and back), the peer's received.
+absl::StatusOr<std::vector<float>> SwapTiedCopies(const float* own, size_t count,
+                                                  Communicator& pp) {
+  const int peer = pp.rank() == 0 ? pp.size() - 1 : 0;
   std::vector<float> other(count);
+  if (count == 0) return other;
   std::unique_ptr<Work> sent = pp.Send(own, count, peer);
   std::unique_ptr<Work> received = pp.Recv(other.data(), count, peer);
   const absl::Status receive_status = received->Wait();
   const absl::Status send_status = sent->Wait();
   RETURN_IF_ERROR(receive_status);
   RETURN_IF_ERROR(send_status);
+  return other;
+}
+
+size_t TiedOffset(const ParamTable& table, int region) {
+  return region == -1 ? table.token_embedding() : table.head();
+}
+
+size_t TiedCount(const ParamTable& table) {
+  return static_cast<size_t>(table.dims().vocab_rows()) * table.config().d_model;
+}
+
+// GPT-2's tied embedding: the first stage's embedding and the last stage's head copy take the
+// sum of both gradients, so that the copies, equal at the start, stay bit-identical. The two
+// stages (of the same tp rank, so holding the same vocabulary rows) swap their local gradients
+// and each adds the other's to its own: a + b == b + a exactly. This runs before the
+// data-parallel reduction, which is linear; then the engine is told the region is ready.
+// Stages between take no part.
+//
+// The engine's reduction sums each element over the replicas in an order set by its position
+// in its unit, which differs between the two stages' tables. Two replicas' sums commute
+// exactly; from three on, the stages would round differently. There the copy is first summed
+// over the replicas alone (one buffer, the same positions on both stages), and each replica
+// hands the engine S / dp: the sum of dp equal terms rounds the same in any order.
+absl::Status SumTiedEmbeddingGradients(DataParallelEngine& engine,
+                                       const TransformerPipelineStage& stage,
+                                       const ParamTable& table, Communicator& pp,
+                                       Communicator* dp) {
+  const std::optional<int> region = stage.tied_region();
+  if (!region) return absl::OkStatus();
+  float* own =
+      engine.Gradients(*region) + (TiedOffset(table, *region) - table.BlockRange(*region).first);
+  const size_t count = TiedCount(table);
+  ASSIGN_OR_RETURN(const std::vector<float> other, SwapTiedCopies(own, count, pp));
   for (size_t i = 0; i < count; ++i) own[i] += other[i];
+  if (dp != nullptr && dp->size() > 2 && count > 0) {
+    RETURN_IF_ERROR(dp->AllReduce(own, count, ReduceOp::kSum)->Wait());
+    const float replicas = static_cast<float>(dp->size());
+    for (size_t i = 0; i < count; ++i) own[i] /= replicas;
+  }
+  engine.GradientsReady(*region);
   return absl::OkStatus();
 }
 
@@ -108,7 +147,8 @@ absl::Status SumTiedEmbeddingGradients(DataParallelEngine& engine, const ParamTa
 absl::StatusOr<StepResult> PipelineTrainStep(Transformer& model, TransformerPipelineStage& stage,
                                              DataParallelEngine& engine, PipelineExecutor& executor,
                                              const ParamTable& table, Communicator& pp,
-                                             const TrainSection& train, int step, int micro_batches,
+                                             Communicator* dp, const TrainSection& train, int step,
+                                             int micro_batches,
                                              const MicroBatchSource& next_micro_batch) {
   const size_t micro_tokens = static_cast<size_t>(train.micro_batch) * train.seq_len;
   const int64_t global_tokens = static_cast<int64_t>(train.batch_size) * train.seq_len;
@@ -122,10 +162,11 @@ absl::StatusOr<StepResult> PipelineTrainStep(Transformer& model, TransformerPipe
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   stage.set_model(&model);
   stage.BeginStep(inputs.data(), targets.data(), 1.0f / static_cast<float>(global_tokens));
-  engine.BeginPipelinedStep(micro_batches, /*keep_gathered=*/false);
+  // ZeRO-3 and FSDP gather each unit once per step, not once per micro-batch.
+  engine.BeginPipelinedStep(micro_batches, /*keep_gathered=*/true);
   RETURN_IF_ERROR(executor.RunStep(stage));
-  RETURN_IF_ERROR(SumTiedEmbeddingGradients(engine, table, pp));
-  // The loss is the last stage's; every stage reports it (the engine sums it over dp only).
+  RETURN_IF_ERROR(SumTiedEmbeddingGradients(engine, stage, table, pp, dp));
+  // The loss is the last stage's; every stage reports it (the engine sums it over dp).
   double loss_sum = stage.loss_sum();
   double unused = 0;
   RETURN_IF_ERROR(SumOverRanks(&pp, loss_sum, unused));
@@ -133,6 +174,24 @@ absl::StatusOr<StepResult> PipelineTrainStep(Transformer& model, TransformerPipe
                    FinishTrainStep(engine, train, step, loss_sum, global_tokens));
   finished.data_wait_ms = data_wait_ms;
   return finished;
+}
+
+absl::Status CheckTiedEmbeddingCopies(DataParallelEngine& engine,
+                                      const TransformerPipelineStage& stage,
+                                      const ParamTable& table, Communicator& pp) {
+  const std::optional<int> region = stage.tied_region();
+  if (!region) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const std::vector<float> full, engine.GatherParameters());
+  const float* own = full.data() + TiedOffset(table, *region);
+  const size_t count = TiedCount(table);
+  ASSIGN_OR_RETURN(const std::vector<float> other, SwapTiedCopies(own, count, pp));
+  size_t differing = 0;
+  for (size_t i = 0; i < count; ++i) differing += own[i] != other[i];
+  if (differing == 0) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("the tied embedding's copies on stage 0 (embed.tokens) and stage ",
+                   pp.size() - 1, " (the head) differ in ", differing, " of ", count,
+                   " elements after the update: their gradients were not summed alike"));
 }
 
 }  // namespace dtrain

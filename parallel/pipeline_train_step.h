@@ -6,6 +6,7 @@
 // norm sums over the stages, and the engine clips and steps as in TrainStep.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,7 +29,9 @@ int PipelineActivationSlots(const PipelineShape& shape, int stage);
 // (the Transformer's BlockParameters) because the last stage runs the head's backward inside
 // its forward: the head's GradientsReady is held back until that micro-batch's Backward has
 // told the engine (BeginBackward), so that the engine sees the step's last backward complete
-// every unit of the stage.
+// every unit of the stage. A tied embedding's copy (GPT-2's embedding on the first stage, its
+// head copy on the last) is held back for the whole step: its gradient is complete only once
+// the other copy's is added (PipelineTrainStep), before the data-parallel reduction.
 class TransformerPipelineStage : public PipelineStage, public BlockParameters {
  public:
   // `engine` must be in a pipelined step of shape.micro_batches (BeginPipelinedStep) while the
@@ -37,6 +40,9 @@ class TransformerPipelineStage : public PipelineStage, public BlockParameters {
                            const PipelineShape& shape, int stage, int micro_batch, int seq_len);
 
   void set_model(Transformer* model) { model_ = model; }
+  // The region holding this stage's copy of the tied embedding, whose readiness the step tells
+  // the engine itself; none without a tied head, or on a stage between the first and the last.
+  std::optional<int> tied_region() const { return tied_region_; }
   // The step's data: every micro-batch's inputs and targets, (micro_batches, b, t) each, valid
   // until the step's last Backward; and the scale of the loss sum's gradient.
   void BeginStep(const int32_t* inputs, const int32_t* targets, float grad_scale);
@@ -61,10 +67,10 @@ class TransformerPipelineStage : public PipelineStage, public BlockParameters {
   Transformer* model_ = nullptr;
   const bool first_;
   const bool last_;
+  const std::optional<int> tied_region_;
   const int slots_;
   const int b_;
   const int t_;
-  const size_t activation_count_;  // b * t * d_model
   const int32_t* inputs_ = nullptr;
   const int32_t* targets_ = nullptr;
   float grad_scale_ = 1.0f;
@@ -72,13 +78,23 @@ class TransformerPipelineStage : public PipelineStage, public BlockParameters {
   int held_head_ready_ = 0;  // the head's GradientsReady calls not yet passed on
 };
 
-// One step of this stage. `pp` is the pipeline group (rank = stage); `next_micro_batch` is
+// One step of this stage. `pp` is the pipeline group (rank = stage), `dp` the stage's
+// data-parallel group (null without replicas); `next_micro_batch` is
 // called for every micro-batch of the step on every stage, so that the stages' data cursors
 // stay together. StepResult as TrainStep's, the same on every stage.
 absl::StatusOr<StepResult> PipelineTrainStep(Transformer& model, TransformerPipelineStage& stage,
                                              DataParallelEngine& engine, PipelineExecutor& executor,
                                              const ParamTable& table, Communicator& pp,
-                                             const TrainSection& train, int step, int micro_batches,
+                                             Communicator* dp, const TrainSection& train, int step,
+                                             int micro_batches,
                                              const MicroBatchSource& next_micro_batch);
+
+// parallel.check_replicas under a pipeline: GPT-2's tied embedding copies, on the first and
+// the last stage, must be bit-identical after the update. Every rank of the stage's
+// data-parallel group calls it (the parameters are gathered over it); InternalError naming the
+// stages and the count of differing elements otherwise.
+absl::Status CheckTiedEmbeddingCopies(DataParallelEngine& engine,
+                                      const TransformerPipelineStage& stage,
+                                      const ParamTable& table, Communicator& pp);
 
 }  // namespace dtrain

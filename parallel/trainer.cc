@@ -90,34 +90,38 @@ absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, Validation
 }
 
 // Evaluate's pipeline: each validation micro-batch forward through the stages in turn, the
-// activations passed on over `pp`; the last stage's loss and token count summed to every stage.
-absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, ValidationLoader& val,
-                                        const Recipe& recipe) {
+// activations passed on over `pp`; the last stage's loss and token count summed to every stage,
+// then over the data-parallel replicas `dp`.
+absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, Communicator* dp,
+                                        ValidationLoader& val, const Recipe& recipe) {
   const int b = recipe.train.micro_batch;
   const int t = recipe.train.seq_len;
   const bool first = pp.rank() == 0;
   const bool last = pp.rank() + 1 == pp.size();
   std::vector<int32_t> inputs(static_cast<size_t>(b) * t), targets(inputs.size());
-  std::vector<float> input(inputs.size() * model.config().d_model), output(input.size());
+  std::vector<float> input(model.StageActivationCount(b, t)), output(input.size());
   val.Reset();
   double loss_sum = 0;
   double tokens = 0;
   for (int i = 0; i < recipe.train.eval_batches; ++i) {
-    // Every stage reads the same batch (one data-parallel replica).
+    // Every stage of a replica reads the same batch. Each runs the forward, on an empty batch
+    // too: sharded parameters are gathered collectively over the replicas.
     ASSIGN_OR_RETURN(const int rows, val.Next(b, inputs.data(), targets.data()));
-    if (rows == 0) continue;
-    const size_t count = static_cast<size_t>(rows) * t * model.config().d_model;
-    if (!first) RETURN_IF_ERROR(pp.Recv(input.data(), count, pp.rank() - 1)->Wait());
+    const size_t count = model.StageActivationCount(rows, t);
+    if (!first && count > 0) {
+      RETURN_IF_ERROR(pp.Recv(input.data(), count, pp.rank() - 1)->Wait());
+    }
     loss_sum += model.StageForwardLoss({.b = rows,
                                         .t = t,
                                         .tokens = inputs.data(),
                                         .input = input.data(),
                                         .targets = targets.data(),
                                         .output = output.data()});
-    if (!last) RETURN_IF_ERROR(pp.Send(output.data(), count, pp.rank() + 1)->Wait());
+    if (!last && count > 0) RETURN_IF_ERROR(pp.Send(output.data(), count, pp.rank() + 1)->Wait());
     if (last) tokens += static_cast<double>(rows) * t;
   }
   RETURN_IF_ERROR(SumOverRanks(&pp, loss_sum, tokens));
+  RETURN_IF_ERROR(SumOverRanks(dp, loss_sum, tokens));
   if (tokens == 0) return absl::FailedPreconditionError("the validation set is empty");
   return loss_sum / tokens;
 }
@@ -151,6 +155,24 @@ absl::Status CheckBatchSplit(const TrainSection& train, int ranks) {
 }
 
 std::string MiB(size_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
+
+// Every stage's own line at the end of a pipelined run (rank 0's metrics show stage 0 only):
+// its idle share, and the activations it held against what the start-up estimate sized
+// (EstimateRankMemory, which does not count the executor's send and receive buffers).
+void LogPipelineStage(const Recipe& recipe, const ModelConfig& config, const ModelSlice& slice,
+                      Recompute recompute, int stage, int stages, int activation_slots,
+                      double estimated_bytes, const PipelineStepTimes& times,
+                      const PipelineExecutorStats& stats) {
+  const double held_bytes = Transformer::ActivationBytes(
+      config, recipe.train.micro_batch, recipe.train.seq_len, recompute, slice,
+      recipe.parallel.sequence_parallel, stats.peak_live_activations);
+  LogInfo(
+      "pipeline stage %d of %d: %s; activations: at most %d micro-batches in flight in %d "
+      "slots, %s (the estimate: %s), plus %s of send and receive buffers",
+      stage, stages, times.Format(), stats.peak_live_activations, activation_slots,
+      MiB(static_cast<size_t>(held_bytes)), MiB(static_cast<size_t>(estimated_bytes)),
+      MiB(stats.peak_buffer_bytes));
+}
 
 // SIGTERM (save, then stop) and SIGUSR1 (save, then go on), which a launcher forwards on
 // preemption. The handlers only set flags; the ranks agree on them at a step boundary.
@@ -439,13 +461,13 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   const ParamTable table(config, slice);
   std::unique_ptr<CommTensorParallel> tensor_parallel;
   if (groups.tp) tensor_parallel = std::make_unique<CommTensorParallel>(*groups.tp, kv_replicas);
-  // The gradient norm sums over the ranks holding other parts of the model: the tp group, or
-  // (pp > 1, where tp is 1) the pipeline's stages.
+  // The gradient norm sums over the ranks holding other parts of the model: the tp group and
+  // the pipeline's stages.
   ASSIGN_OR_RETURN(
       const std::unique_ptr<DataParallelEngine> engine_owner,
       AllocateOrError<DataParallelEngine>("allocating parameters, gradients and optimizer state",
                                           memory.model_state_bytes(), table, strategy, train,
-                                          backend, groups.dp, pp > 1 ? groups.pp : groups.tp));
+                                          backend, groups.dp, groups.tp, groups.pp));
   DataParallelEngine& engine = *engine_owner;
   std::unique_ptr<TransformerPipelineStage> pipeline_stage;
   std::unique_ptr<PipelineExecutor> executor;
@@ -496,13 +518,16 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     return data.train->Next(train.micro_batch, in, out);
   };
   double elapsed_s = 0;
+  // Steps after the first (which pays for first-touch allocations), or the only one.
+  PipelineStepTimes pipeline_times;
   for (int step = static_cast<int>(resumed_step); step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const int64_t dp_sent_before = SentBytes({groups.dp});
     const int64_t tp_sent_before = SentBytes({groups.tp, kv_replicas});
+    const int64_t pp_sent_before = SentBytes({groups.pp});
     absl::StatusOr<StepResult> stepped =
         pp > 1 ? PipelineTrainStep(model, *pipeline_stage, engine, *executor, table, *groups.pp,
-                                   train, step, micro_batches, next_micro_batch)
+                                   groups.dp, train, step, micro_batches, next_micro_batch)
                : TrainStep(model, engine, train, step, micro_batches, next_micro_batch);
     // A failed tp all-reduce left the step to run on garbage: its error is the one to report.
     RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
@@ -510,8 +535,17 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     const std::chrono::duration<double> step_time = std::chrono::steady_clock::now() - start;
     const int64_t dp_sent = SentBytes({groups.dp}) - dp_sent_before;
     const int64_t tp_sent = SentBytes({groups.tp, kv_replicas}) - tp_sent_before;
+    const int64_t pp_sent = SentBytes({groups.pp}) - pp_sent_before;
     elapsed_s += step_time.count();
-    if (recipe.parallel.check_replicas) RETURN_IF_ERROR(engine.CheckReplicas());
+    if (executor != nullptr && (step > resumed_step || step + 1 == train.steps)) {
+      pipeline_times.Add(executor->stats());
+    }
+    if (recipe.parallel.check_replicas) {
+      RETURN_IF_ERROR(engine.CheckReplicas());
+      if (pipeline_stage) {
+        RETURN_IF_ERROR(CheckTiedEmbeddingCopies(engine, *pipeline_stage, table, *groups.pp));
+      }
+    }
     if (step == resumed_step && leader) {
       const EngineMemory memory = engine.memory();
       LogInfo(
@@ -525,8 +559,9 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
       const Estimate planned = PlannedLayout(recipe, mesh, recompute);
       LogInfo(
           "sent by this rank in step %d: tp group %d bytes (the plan: %.0f), dp group %d bytes "
-          "(the plan: %.0f)",
-          step + 1, tp_sent, planned.tp.sent_bytes, dp_sent, planned.dp.sent_bytes);
+          "(the plan: %.0f), pp group %d bytes (the plan: %.0f)",
+          step + 1, tp_sent, planned.tp.sent_bytes, dp_sent, planned.dp.sent_bytes, pp_sent,
+          planned.pp.sent_bytes);
     }
 
     StepMetrics m;
@@ -541,14 +576,16 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     m.exposed_comm_ms = result.exposed_comm_ms;
     m.dp_sent_bytes = dp_sent;
     m.tp_sent_bytes = tp_sent;
+    m.pp_sent_bytes = pp_sent;
     m.data_wait_ms = result.data_wait_ms;
+    if (executor != nullptr) m.pp_wait_ms = executor->stats().wait_ms;
     m.peak_rss_mib = PeakRssMib();
     m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);
     const bool last = m.step == train.steps;
     if (train.eval_every > 0 && (m.step % train.eval_every == 0 || last)) {
-      absl::StatusOr<double> val_loss = pp > 1
-                                            ? EvaluatePipeline(model, *groups.pp, *data.val, recipe)
-                                            : Evaluate(model, groups.dp, *data.val, recipe);
+      absl::StatusOr<double> val_loss =
+          pp > 1 ? EvaluatePipeline(model, *groups.pp, groups.dp, *data.val, recipe)
+                 : Evaluate(model, groups.dp, *data.val, recipe);
       RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
       ASSIGN_OR_RETURN(m.val_loss, std::move(val_loss));
     }
@@ -582,6 +619,10 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     }
   }
   RETURN_IF_ERROR(checkpoints->Finish());
+  if (executor != nullptr && pipeline_times.steps > 0) {
+    LogPipelineStage(recipe, config, slice, recompute, stage, pp, activation_slots,
+                     memory.activation_bytes, pipeline_times, executor->stats());
+  }
   if (train.export_to.empty()) return absl::OkStatus();
   return ExportWeights(recipe, config, engine, groups.tp, leader);
 }
@@ -601,23 +642,9 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
       absl::StrJoin(fits, ", "), ", or run ", tp * pp, " x k ranks"));
 }
 
-absl::Status CheckPipelineSupported(const Recipe& recipe, int world_size) {
+absl::Status CheckPipelineSupported(const Recipe& recipe) {
   const ParallelSection& p = recipe.parallel;
   if (p.pp == 1) return absl::OkStatus();
-  const int dp = world_size / (p.tp * p.pp);
-  if (dp > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallel.pp = ", p.pp, " with ", dp,
-        " data-parallel replicas is not yet supported; run parallel.pp x parallel.tp = ", p.pp,
-        " ranks, or set parallel.pp: 1"));
-  }
-  // auto is checked once resolved (RunTraining).
-  const absl::StatusOr<ShardingStrategy> strategy = ShardingStrategyFromRecipe(p);
-  if (p.strategy != "auto" && strategy.ok() && strategy->sharding >= Sharding::kGradients) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallel.strategy ", p.strategy, " with parallel.pp = ", p.pp,
-        " is not yet supported; set parallel.strategy: ddp (one replica shards nothing)"));
-  }
   if (recipe.train.eval_every > 0 && recipe.logging.sample_tokens > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("sampling with parallel.pp = ", p.pp,
@@ -638,7 +665,7 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);
   ASSIGN_OR_RETURN(const Recipe recipe, ResolveStrategy(requested, world));
   RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world.world_size));
-  RETURN_IF_ERROR(CheckPipelineSupported(recipe, world.world_size));
+  RETURN_IF_ERROR(CheckPipelineSupported(recipe));
   // The dp x pp x tp mesh, tp innermost.
   const int tp_pp = recipe.parallel.tp * recipe.parallel.pp;
   ASSIGN_OR_RETURN(const Mesh mesh, Mesh::Create({.dp = world.world_size / tp_pp,

@@ -17,8 +17,8 @@ absl::Status RunTraining(const Recipe& recipe, const WorldMembership& world);
 absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size);
 
 // For parallel.pp > 1, InvalidArgument naming what the trainer does not yet run with a pipeline
-// (data-parallel replicas in a world of `world_size`, gradient sharding, sampling, export; the
-// recipe refuses interleaving and tp); callers check it after CheckLayoutFitsWorld.
-absl::Status CheckPipelineSupported(const Recipe& recipe, int world_size);
+// (sampling, export; the recipe refuses interleaving); callers check it after
+// CheckLayoutFitsWorld.
+absl::Status CheckPipelineSupported(const Recipe& recipe);
 
 }  // namespace dtrain

@@ -27,6 +27,7 @@ std::string FormatStepLine(const StepMetrics& m) {
       m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.step_ms, m.tokens_per_s, m.mfu_percent,
       m.peak_rss_mib, FormatDuration(m.eta_s), m.data_wait_ms);
   if (m.exposed_comm_ms > 0) absl::StrAppendFormat(&line, " | comm %.1f ms", m.exposed_comm_ms);
+  if (m.pp_wait_ms > 0) absl::StrAppendFormat(&line, " | pp wait %.1f ms", m.pp_wait_ms);
   if (m.val_loss) absl::StrAppendFormat(&line, " | val %.4f", *m.val_loss);
   if (m.ckpt_blocked_ms) absl::StrAppendFormat(&line, " | ckpt %.1f ms", *m.ckpt_blocked_ms);
   return line;
@@ -42,8 +43,10 @@ std::string StepMetricsJson(const StepMetrics& m) {
                       {"mfu_percent", m.mfu_percent},
                       {"exposed_comm_ms", m.exposed_comm_ms},
                       {"data_wait_ms", m.data_wait_ms},
+                      {"pp_wait_ms", m.pp_wait_ms},
                       {"dp_sent_bytes", m.dp_sent_bytes},
                       {"tp_sent_bytes", m.tp_sent_bytes},
+                      {"pp_sent_bytes", m.pp_sent_bytes},
                       {"peak_rss_mib", m.peak_rss_mib},
                       {"eta_s", m.eta_s}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;

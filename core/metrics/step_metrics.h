@@ -21,10 +21,14 @@ struct StepMetrics {
   double mfu_percent = 0;      // model FLOP/s over the stated peak
   double exposed_comm_ms = 0;  // time the step waited on communication (0 on one process)
   double data_wait_ms = 0;     // time the step waited for data (a stall when large)
-  // Bytes this rank sent in the step's collectives over its data-parallel group and its
-  // tensor-parallel group (with the replicated kv heads' subgroup); 0 without the group.
+  // Time this rank's pipeline stage waited on its neighbours' activations and gradients (the
+  // bubble as it sees it; parallel.pp > 1 only, else 0).
+  double pp_wait_ms = 0;
+  // Bytes this rank sent in the step over its data-parallel group, its tensor-parallel group
+  // (with the replicated kv heads' subgroup) and its pipeline group; 0 without the group.
   int64_t dp_sent_bytes = 0;
   int64_t tp_sent_bytes = 0;
+  int64_t pp_sent_bytes = 0;
   double peak_rss_mib = 0;
   double eta_s = 0;
   std::optional<double> val_loss;
@@ -34,8 +38,9 @@ struct StepMetrics {
 };
 
 // "step 12/300 | loss 2.3456 | lr 1.00e-03 | norm 0.81 | 312.5 ms | 6554 tok/s | MFU 41.2% |
-//  rss 312 MiB | eta 1m32s | data 0.1 ms", with "| comm 3.1 ms" (exposed communication) when
-//  there is any, "| val 2.1" at evaluations and "| ckpt 4.2 ms" at checkpoints.
+//  rss 312 MiB | eta 1m32s | data 0.1 ms", with "| comm 3.1 ms" (exposed communication) and
+//  "| pp wait 5.0 ms" (the pipeline stage's wait) when there is any, "| val 2.1" at evaluations
+//  and "| ckpt 4.2 ms" at checkpoints.
 std::string FormatStepLine(const StepMetrics& m);
 // One line of JSON, no trailing newline.
 std::string StepMetricsJson(const StepMetrics& m);

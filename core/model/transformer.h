@@ -119,6 +119,11 @@ class Transformer {
   // input) for the previous stage (ignored, may be null, on the first stage) and may be
   // d_output itself (then nothing is copied).
   void StageBackward(int slot, const float* d_output, float* d_input);
+  // Elements of the activation (and of its gradient) between this stage and the next for a
+  // micro-batch of b x t tokens: (R, C) as above.
+  size_t StageActivationCount(int b, int t) const {
+    return static_cast<size_t>(SplitRows(b * t).own) * config_.d_model;
+  }
   // The forward of the stage without gradients, in slot 0 (none may be in flight), for
   // evaluation: writes args.output on a stage without the head, and returns the sum of token
   // losses of args.targets on the last stage (0 elsewhere). args.grad_scale is unused.

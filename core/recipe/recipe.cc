@@ -247,8 +247,8 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(parallel, pp),
-       "pipeline-parallel stages, at most model.n_layer (this release: one pipeline of pp ranks, "
-       "with tp 1 and no data-parallel replicas)",
+       "pipeline-parallel stages, at most model.n_layer; each data-parallel replica is pp x tp "
+       "ranks (tp innermost)",
        {},
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(parallel, pp_schedule),
@@ -1113,17 +1113,11 @@ class Parser {
                        absl::StrJoin(batches, " or "), ", or train.micro_batch: ", micros, ")"));
     }
     RETURN_IF_ERROR(CheckPipeline(r));
-    // What the trainer runs of the pipeline so far: one model chunk per stage (1f1b, gpipe),
-    // with neither tensor parallelism nor (checked against the world) data parallelism.
+    // What the trainer runs of the pipeline so far: one model chunk per stage (1f1b, gpipe).
     if (r.parallel.pp > 1 && r.parallel.pp_schedule == "interleaved") {
       return Error("parallel.pp_schedule",
                    "interleaved pipelines are not yet supported by dtrain train; set "
                    "pp_schedule: 1f1b or gpipe (with pp_virtual_stages: 1)");
-    }
-    if (r.parallel.pp > 1 && r.parallel.tp > 1) {
-      return Error("parallel.pp",
-                   absl::StrCat("pipeline parallel with parallel.tp = ", r.parallel.tp,
-                                " is not yet supported; set parallel.tp: 1 or parallel.pp: 1"));
     }
     if (r.train.seq_len > m.max_seq_len) {
       return Error("train.seq_len",

@@ -1,16 +1,23 @@
 #include "parallel/pipeline/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace dtrain {
 namespace {
 
 using Kind = PipelineActionKind;
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::duration duration) {
+  return std::chrono::duration<double, std::milli>(duration).count();
+}
 
 bool IsRecv(Kind kind) { return kind == Kind::kRecvForward || kind == Kind::kRecvBackward; }
 bool IsSend(Kind kind) { return kind == Kind::kSendForward || kind == Kind::kSendBackward; }
@@ -26,6 +33,19 @@ absl::Status Renamed(const absl::Status& cause, const std::string& message) {
 }
 
 }  // namespace
+
+void PipelineStepTimes::Add(const PipelineExecutorStats& stats) {
+  ++steps;
+  step_ms += stats.step_ms;
+  compute_ms += stats.compute_ms;
+  wait_ms += stats.wait_ms;
+}
+
+std::string PipelineStepTimes::Format() const {
+  return absl::StrFormat("waited %.1f ms of %.1f ms (%.1f%%) in %d steps, computing %.1f ms",
+                         wait_ms, step_ms, step_ms > 0 ? 100 * wait_ms / step_ms : 0.0, steps,
+                         compute_ms);
+}
 
 absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
     const PipelineShape& shape, int stage, Communicator* comm) {
@@ -95,11 +115,14 @@ std::vector<float> PipelineExecutor::Acquire(size_t count) {
   }
   buffer.resize(count);
   stats_.peak_buffers_in_use = std::max(stats_.peak_buffers_in_use, ++in_use_);
+  in_use_bytes_ += count * sizeof(float);
+  stats_.peak_buffer_bytes = std::max(stats_.peak_buffer_bytes, in_use_bytes_);
   return buffer;
 }
 
 void PipelineExecutor::Release(std::vector<float> buffer) {
   --in_use_;
+  in_use_bytes_ -= buffer.size() * sizeof(float);
   pool_.push_back(std::move(buffer));
 }
 
@@ -146,7 +169,7 @@ absl::Status PipelineExecutor::ReclaimSends(int peer, bool all) {
   for (; done < pending.size(); ++done) {
     Slot& send = pending[done];
     if (!all && send_safe_after_[peer][send.ordinal] >= recvs_completed_[peer]) break;
-    status = send.work->Wait();
+    status = TimedWait(*send.work);
     send.work.reset();
     if (!status.ok()) {
       status = Failed(send.action, status);
@@ -158,9 +181,16 @@ absl::Status PipelineExecutor::ReclaimSends(int peer, bool all) {
   return status;
 }
 
+absl::Status PipelineExecutor::TimedWait(Work& work) {
+  const Clock::time_point start = Clock::now();
+  absl::Status status = work.Wait();
+  wait_time_ += Clock::now() - start;
+  return status;
+}
+
 absl::Status PipelineExecutor::WaitRecv(Slot& slot) {
   if (slot.work == nullptr) return absl::OkStatus();
-  absl::Status status = slot.work->Wait();
+  absl::Status status = TimedWait(*slot.work);
   slot.work.reset();
   if (!status.ok()) return Failed(slot.action, status);
   const int peer = slot.action.peer;
@@ -184,9 +214,11 @@ absl::Status PipelineExecutor::RunForward(const PipelineAction& action, Pipeline
   const bool last = model_chunk == p * shape_.virtual_stages - 1;
   std::vector<float> output;
   if (!last) output = Acquire(stage.OutputCount(action.chunk));
-  if (absl::Status status =
-          stage.Forward(action.micro_batch, action.chunk, input, last ? nullptr : output.data());
-      !status.ok()) {
+  const Clock::time_point start = Clock::now();
+  absl::Status status =
+      stage.Forward(action.micro_batch, action.chunk, input, last ? nullptr : output.data());
+  compute_time_ += Clock::now() - start;
+  if (!status.ok()) {
     if (!last) Release(std::move(output));
     return Failed(action, status);
   }
@@ -220,8 +252,10 @@ absl::Status PipelineExecutor::RunBackward(const PipelineAction& action, Pipelin
   }
   std::vector<float> d_input;
   if (model_chunk > 0) d_input = Acquire(stage.InputCount(action.chunk));
+  const Clock::time_point start = Clock::now();
   absl::Status status = stage.Backward(action.micro_batch, action.chunk, d_output,
                                        model_chunk > 0 ? d_input.data() : nullptr);
+  compute_time_ += Clock::now() - start;
   if (!status.ok()) {
     if (model_chunk > 0) Release(std::move(d_input));
     return Failed(action, status);
@@ -265,12 +299,15 @@ absl::Status PipelineExecutor::RunAction(const PipelineAction& action, PipelineS
 }
 
 absl::Status PipelineExecutor::RunStep(PipelineStage& stage) {
+  const Clock::time_point start = Clock::now();
+  compute_time_ = wait_time_ = Clock::duration::zero();
   std::fill(recvs_posted_.begin(), recvs_posted_.end(), 0);
   std::fill(recvs_completed_.begin(), recvs_completed_.end(), 0);
   std::fill(sends_posted_.begin(), sends_posted_.end(), 0);
   live_ = 0;
   stats_.peak_live_activations = 0;
   stats_.peak_buffers_in_use = 0;
+  stats_.peak_buffer_bytes = 0;
   absl::Status status;
   for (const PipelineAction& action : actions_) {
     status = RunAction(action, stage);
@@ -279,6 +316,9 @@ absl::Status PipelineExecutor::RunStep(PipelineStage& stage) {
   for (int peer = 0; peer < shape_.stages && status.ok(); ++peer) {
     status = ReclaimSends(peer, /*all=*/true);
   }
+  stats_.step_ms = Ms(Clock::now() - start);
+  stats_.compute_ms = Ms(compute_time_);
+  stats_.wait_ms = Ms(wait_time_);
   if (!status.ok()) {
     Abandon();
     return status;
@@ -299,6 +339,7 @@ void PipelineExecutor::Abandon() {
   to_send_.clear();
   for (std::vector<Slot>& pending : sends_) pending.clear();
   in_use_ = 0;
+  in_use_bytes_ = 0;
 }
 
 }  // namespace dtrain

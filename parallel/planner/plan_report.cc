@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "parallel/pipeline/stage_assignment.h"
 
 namespace dtrain {
@@ -109,11 +110,15 @@ nlohmann::json CandidateJson(const Candidate& c) {
 std::string AssumptionsLine(const Plan& plan) {
   const CostAssumptions& a = plan.options.assumptions;
   return absl::StrFormat(
-      "GEMMs at %.0f%% of peak (half that at width %.0f), 1F1B pipeline, DP communication "
+      "GEMMs at %.0f%% of peak (half that at width %.0f), %s pipeline schedule, DP communication "
       "overlapped with backward except the last bucket, TP not overlapped; %.0f%% of GPU memory "
       "kept free; a simpler layout within %.0f%% of the fastest is preferred",
-      100 * a.gemm_peak_fraction, a.gemm_half_efficiency_width, 100 * plan.options.memory_margin,
-      100 * plan.options.simpler_within);
+      100 * a.gemm_peak_fraction, a.gemm_half_efficiency_width,
+      absl::StrJoin(plan.options.pp_schedules, " or ",
+                    [](std::string* out, PipelineSchedule schedule) {
+                      absl::StrAppend(out, PipelineScheduleName(schedule));
+                    }),
+      100 * plan.options.memory_margin, 100 * plan.options.simpler_within);
 }
 
 int CountInvalid(const Plan& plan) {

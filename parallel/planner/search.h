@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "parallel/pipeline/schedule.h"
 #include "parallel/planner/catalog.h"
 #include "parallel/planner/cost_model.h"
 

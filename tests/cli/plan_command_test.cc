@@ -84,6 +84,20 @@ TEST(PlanCommandTest, RecipeLinesOfEveryShippedConfigAreAValidRecipe) {
   }
 }
 
+// The assumptions line names the recipe's pipeline schedule, the one the trainer runs.
+TEST(PlanCommandTest, AssumptionsNameTheRecipesPipelineSchedule) {
+  for (const char* schedule : {"1f1b", "gpipe"}) {
+    SCOPED_TRACE(schedule);
+    const testing::Outcome plan =
+        testing::RunDtrain(absl::StrCat("plan ", DTRAIN_SOURCE_DIR, "/configs/tiny.yaml --set ",
+                                        "parallel.pp_schedule=", schedule));
+    ASSERT_EQ(plan.exit_code, 0) << plan.stderr_text;
+    EXPECT_TRUE(
+        absl::StrContains(plan.stdout_text, absl::StrCat(", ", schedule, " pipeline schedule, ")))
+        << plan.stdout_text;
+  }
+}
+
 // A pipeline's recipe lines keep the recipe's schedule where the trainer runs it: gpt2-1.5b's 8
 // sequences on 8 nodes pipeline the GPUs that replicas cannot use.
 TEST(PlanCommandTest, PipelinesKeepTheRecipesSchedule) {

@@ -776,13 +776,12 @@ TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {
   EXPECT_THAT(outcome.stderr_text, HasSubstr("train.stepz"));
 }
 
-// A pipeline with data-parallel replicas (not yet supported): exit 2 before any worker starts.
+// A pipeline sampling at evaluation (not yet supported): exit 2 before any worker starts.
 TEST(AgentTest, UnsupportedPipelineLayoutFailsBeforeAnyWorkerStarts) {
   const testing::Outcome outcome =
       testing::RunDtrain("launch --nproc-per-node=4 --set parallel.pp=2");
   EXPECT_EQ(outcome.exit_code, 2);
-  EXPECT_THAT(outcome.stderr_text, HasSubstr("parallel.pp = 2 with 2 data-parallel replicas is not "
-                                             "yet supported"));
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("sampling with parallel.pp = 2 is not yet supported"));
   EXPECT_THAT(outcome.stderr_text, Not(HasSubstr("workers")));
 }
 

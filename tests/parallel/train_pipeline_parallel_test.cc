@@ -15,6 +15,7 @@
 namespace dtrain {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 // A tiny model of 4 blocks (so 4 stages each run one), trained on byte-level text for
@@ -52,10 +53,21 @@ struct PipelineCase {
   const char* family;
   int pp;
   const char* schedule;
+  // The rest of the layout (pp x tp x dp ranks): one process takes none of these.
+  int tp = 1;
+  int dp = 1;
+  const char* strategy = "ddp";
+  bool sequence_parallel = false;
   // One more --set for both runs, and its name in the test's.
   std::string set = "";
   std::string label = "";
 };
+
+std::string CaseName(const PipelineCase& c) {
+  return absl::StrCat(c.family, "_pp", c.pp, "_", c.schedule,
+                      c.tp > 1 ? absl::StrCat("_tp", c.tp, c.sequence_parallel ? "_sp" : "") : "",
+                      c.dp > 1 ? absl::StrCat("_dp", c.dp, "_", c.strategy) : "", c.label);
+}
 
 class PipelineParallelTrainTest : public ::testing::TestWithParam<PipelineCase> {};
 
@@ -68,7 +80,7 @@ class PipelineParallelTrainTest : public ::testing::TestWithParam<PipelineCase> 
 TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
   const PipelineCase& c = GetParam();
   const std::string recipe = Recipe(c.family);
-  const std::string name = absl::StrCat(c.family, "_", c.pp, "_", c.schedule, c.label);
+  const std::string name = CaseName(c);
   const std::string single = testing::FreshTempDir("pp_single_" + name);
   const testing::Outcome one = testing::RunDtrain(absl::StrCat(
       "train ", recipe, " --set run.out_dir=", single, c.set.empty() ? "" : " --set ", c.set));
@@ -78,10 +90,15 @@ TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
   ASSERT_EQ(reference.val_loss.size(), 2u);
 
   const std::string out = testing::FreshTempDir("pp_" + name);
-  std::vector<std::string> sets = {"run.out_dir=" + out, absl::StrCat("parallel.pp=", c.pp),
-                                   absl::StrCat("parallel.pp_schedule=", c.schedule)};
+  std::vector<std::string> sets = {
+      "run.out_dir=" + out, absl::StrCat("parallel.pp=", c.pp),
+      absl::StrCat("parallel.pp_schedule=", c.schedule), absl::StrCat("parallel.tp=", c.tp),
+      absl::StrCat("parallel.strategy=", c.strategy),
+      absl::StrCat("parallel.sequence_parallel=", c.sequence_parallel ? "true" : "false"),
+      // GPT-2's tied embedding copies, on the first and the last stage, stay bit-identical.
+      "parallel.check_replicas=true"};
   if (!c.set.empty()) sets.push_back(c.set);
-  const auto ranks = testing::RunTrainRanks(recipe, c.pp, sets);
+  const auto ranks = testing::RunTrainRanks(recipe, c.pp * c.tp * c.dp, sets);
   for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
   EXPECT_THAT(ranks[0].output,
               HasSubstr(absl::StrCat("pipeline parallel: ", c.pp, " stages, schedule ", c.schedule,
@@ -95,7 +112,9 @@ TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
         << "step " << i;
   }
   // Evaluation runs the micro-batches through the stages in turn: the same validation loss.
+  // (Data-parallel replicas evaluate eval_batches micro-batches each, so other data.)
   ASSERT_EQ(metrics.val_loss.size(), reference.val_loss.size());
+  if (c.dp > 1) return;
   for (size_t i = 0; i < metrics.val_loss.size(); ++i) {
     EXPECT_NEAR(metrics.val_loss[i], reference.val_loss[i], 1e-5 * reference.val_loss[i])
         << "evaluation " << i;
@@ -104,18 +123,56 @@ TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, PipelineParallelTrainTest,
-    ::testing::Values(PipelineCase{"llama", 2, "1f1b"}, PipelineCase{"llama", 4, "gpipe"},
-                      PipelineCase{"gpt2", 2, "gpipe"}, PipelineCase{"gpt2", 4, "1f1b"},
-                      // Recomputation keeps each slot's block inputs only.
-                      PipelineCase{"llama", 2, "1f1b", "parallel.recompute=full", "_recompute"},
-                      PipelineCase{"gpt2", 4, "gpipe", "parallel.recompute=selective",
-                                   "_selective"},
-                      // 2 micro-batches on 4 stages: the bubble, and fewer slots than stages.
-                      PipelineCase{"gpt2", 4, "1f1b", "train.batch_size=4", "_2_micro_batches"}),
-    [](const ::testing::TestParamInfo<PipelineCase>& info) {
-      return absl::StrCat(info.param.family, "_pp", info.param.pp, "_", info.param.schedule,
-                          info.param.label);
-    });
+    ::testing::Values(
+        PipelineCase{"llama", 2, "1f1b"}, PipelineCase{"llama", 4, "gpipe"},
+        PipelineCase{"gpt2", 2, "gpipe"}, PipelineCase{"gpt2", 4, "1f1b"},
+        // Recomputation keeps each slot's block inputs only.
+        PipelineCase{.family = "llama",
+                     .pp = 2,
+                     .schedule = "1f1b",
+                     .set = "parallel.recompute=full",
+                     .label = "_recompute"},
+        PipelineCase{.family = "gpt2",
+                     .pp = 4,
+                     .schedule = "gpipe",
+                     .set = "parallel.recompute=selective",
+                     .label = "_selective"},
+        // 2 micro-batches on 4 stages: the bubble, and fewer slots than stages.
+        PipelineCase{.family = "gpt2",
+                     .pp = 4,
+                     .schedule = "1f1b",
+                     .set = "train.batch_size=4",
+                     .label = "_2_micro_batches"},
+        // 3D: the stages' tp groups and data-parallel replicas.
+        PipelineCase{.family = "llama", .pp = 2, .schedule = "1f1b", .tp = 2},
+        PipelineCase{.family = "gpt2", .pp = 2, .schedule = "1f1b", .tp = 2},
+        PipelineCase{
+            .family = "gpt2", .pp = 2, .schedule = "gpipe", .tp = 2, .sequence_parallel = true},
+        PipelineCase{.family = "llama", .pp = 2, .schedule = "1f1b", .dp = 2, .strategy = "zero1"},
+        PipelineCase{.family = "gpt2", .pp = 2, .schedule = "1f1b", .dp = 2, .strategy = "zero1"},
+        PipelineCase{.family = "gpt2", .pp = 2, .schedule = "1f1b", .dp = 2, .strategy = "zero2"},
+        // Four replicas sum the tied copies' gradients in the same order on both stages
+        // (check_replicas).
+        PipelineCase{.family = "gpt2",
+                     .pp = 2,
+                     .schedule = "1f1b",
+                     .dp = 4,
+                     .strategy = "zero1",
+                     .set = "train.batch_size=16",
+                     .label = "_batch_16"},
+        // Parameters gathered once per step, kept across the micro-batches.
+        PipelineCase{.family = "llama", .pp = 2, .schedule = "1f1b", .dp = 2, .strategy = "zero3"},
+        PipelineCase{.family = "gpt2", .pp = 2, .schedule = "gpipe", .dp = 2, .strategy = "fsdp"},
+        PipelineCase{
+            .family = "llama", .pp = 2, .schedule = "1f1b", .tp = 2, .dp = 2, .strategy = "zero1"},
+        PipelineCase{.family = "gpt2",
+                     .pp = 2,
+                     .schedule = "1f1b",
+                     .tp = 2,
+                     .dp = 2,
+                     .strategy = "ddp",
+                     .sequence_parallel = true}),
+    [](const ::testing::TestParamInfo<PipelineCase>& info) { return CaseName(info.param); });
 
 struct ReshardCase {
   const char* family;
@@ -182,6 +239,38 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineCheckpointTest,
                                                "_to_pp", info.param.load_pp);
                          });
 
+// Every stage reports its own pipeline figures once training ends (rank 0's metrics and step
+// lines carry stage 0's wait per step): its idle share over the steps after the first, and the
+// micro-batches it held against the slots the start-up estimate sized. 1F1B on 2 stages with 4
+// micro-batches: stage 0 holds 2, stage 1 one.
+TEST(PipelineParallelReportTest, EveryStageLogsItsIdleShareAndActivations) {
+  const std::string out = testing::FreshTempDir("pp_report");
+  const auto ranks = testing::RunTrainRanks(
+      Recipe("gpt2"), 2, {"run.out_dir=" + out, "parallel.pp=2", "train.steps=3"});
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_EQ(ranks[s].exit_code, 0) << ranks[s].output;
+    EXPECT_THAT(
+        ranks[s].output,
+        ContainsRegex(absl::StrCat(
+            "pipeline stage ", s,
+            " of 2: waited [0-9.]+ ms of [0-9.]+ ms \\([0-9.]+%\\) in 2 steps, "
+            "computing [0-9.]+ ms; activations: at most ",
+            2 - s, " micro-batches in flight in ", 2 - s,
+            " slots, [0-9.]+ MiB \\(the estimate: [0-9.]+ MiB\\), plus [0-9.]+ MiB of send and "
+            "receive buffers")));
+  }
+  EXPECT_THAT(ranks[0].output, HasSubstr(" | pp wait "));
+  std::ifstream metrics(out + "/pp/metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line); ++steps) {
+    const nlohmann::json step = nlohmann::json::parse(line);
+    ASSERT_TRUE(step.contains("pp_wait_ms")) << line;
+    EXPECT_GT(step["pp_wait_ms"].get<double>(), 0) << line;
+    EXPECT_LE(step["pp_wait_ms"].get<double>(), step["step_ms"].get<double>()) << line;
+  }
+  EXPECT_EQ(steps, 3);
+}
+
 // parallel.strategy: auto pipelines what nothing else splits: one sequence per step leaves no
 // rows for a second replica and one attention head nothing for a second tp rank, so the plan for
 // 2 ranks is 2 stages, which the trainer logs and runs.
@@ -198,7 +287,7 @@ TEST(PipelineAutoTest, AutoPipelinesWhatReplicasAndTensorParallelismCannotSplit)
 }
 
 // What does not run yet is refused before any rank connects, exit 2, naming the keys.
-TEST(PipelineParallelRefusalTest, DataParallelReplicasAndSamplingAreNotYetSupported) {
+TEST(PipelineParallelRefusalTest, SamplingIsNotYetSupported) {
   const std::string recipe = Recipe("llama");
   for (const auto& rank : testing::RunTrainRanks(recipe, 2,
                                                  {"run.out_dir=" + testing::FreshTempDir("pp_eval"),
@@ -206,13 +295,6 @@ TEST(PipelineParallelRefusalTest, DataParallelReplicasAndSamplingAreNotYetSuppor
     EXPECT_EQ(rank.exit_code, 2) << rank.output;
     EXPECT_THAT(rank.output, HasSubstr("sampling with parallel.pp = 2 is not yet supported; set "
                                        "logging.sample_tokens: 0"));
-  }
-  const auto ranks = testing::RunTrainRanks(
-      recipe, 4, {"run.out_dir=" + testing::FreshTempDir("pp_dp"), "parallel.pp=2"});
-  for (const auto& rank : ranks) {
-    EXPECT_EQ(rank.exit_code, 2) << rank.output;
-    EXPECT_THAT(rank.output, HasSubstr("parallel.pp = 2 with 2 data-parallel replicas is not yet "
-                                       "supported"));
   }
 }
 

@@ -316,8 +316,6 @@ INSTANTIATE_TEST_SUITE_P(
         ConsistencyCase{
             {"parallel.pp=2", "parallel.strategy=auto"},
             {"parallel.strategy", "auto picks the pipeline degree itself", "parallel.pp: 1"}},
-        ConsistencyCase{{"parallel.pp=2", "parallel.tp=2"},
-                        {"parallel.pp", "parallel.tp = 2 is not yet supported", "parallel.tp: 1"}},
         // The pipeline keys: checked before that, so a recipe learns every fix it needs.
         ConsistencyCase{{"parallel.pp=8"},
                         {"--set parallel.pp=8", "8 stages exceed the model.n_layer = 4 blocks",

@@ -88,6 +88,9 @@ class AffineStage : public PipelineStage {
     return absl::OkStatus();
   }
 
+  // Every compute sleeps `delay` first: a slow stage.
+  void SlowDown(absl::Duration delay) { delay_ = delay; }
+
   // The compute with this index (0-based, over forwards and backwards) sleeps `hang`, then
   // fails: a stage that dies (no hang) or hangs mid-schedule.
   void FailAtCompute(int index, absl::Duration hang) {
@@ -104,6 +107,7 @@ class AffineStage : public PipelineStage {
     return ModelChunk(chunk) == shape_.stages * shape_.virtual_stages - 1;
   }
   absl::Status Fault() {
+    absl::SleepFor(delay_);
     if (computes_++ != fail_at_) return absl::OkStatus();
     absl::SleepFor(hang_);
     return absl::InternalError("injected failure");
@@ -117,6 +121,7 @@ class AffineStage : public PipelineStage {
   int computes_ = 0;
   int fail_at_ = -1;
   absl::Duration hang_;
+  absl::Duration delay_;
 };
 
 // The closed form, in double, without the pipeline: per model chunk the weight gradient, and
@@ -211,6 +216,9 @@ TEST(PipelineExecutorTest, EveryScheduleGivesTheClosedFormGradientsAndLoss) {
                     << "chunk " << c << " element " << i;
               }
             }
+            // Every buffer holds one activation or gradient of kElements floats.
+            EXPECT_EQ(result.stats.peak_buffer_bytes,
+                      result.stats.peak_buffers_in_use * kElements * sizeof(float));
             // The executor holds what the schedule says: warm-up + 1 micro-batches at once.
             EXPECT_EQ(result.stats.peak_live_activations,
                       std::min(m * v, WarmupForwards(shape, s) + 1));
@@ -251,6 +259,45 @@ TEST(PipelineExecutorTest, OneFOneBBuffersDoNotGrowWithMicroBatches) {
   for (int s = 1; s < p; ++s) {
     EXPECT_GT(gpipe[s].stats.peak_buffers_in_use, more[s].stats.peak_buffers_in_use);
   }
+}
+
+// The step's timings: a slow first stage (every compute sleeps) leaves the second stage waiting
+// for its inputs for most of the step, while the first stage computes for most of its own. Each
+// stage's waits and computes are disjoint parts of its step. Bounds, not measurements: the
+// sleeps alone are 8 x 50 ms per step on stage 0, and stage 1 computes in microseconds.
+TEST(PipelineExecutorTest, AStageDownstreamOfASlowOneWaitsForMostOfItsStep) {
+  constexpr absl::Duration kDelay = absl::Milliseconds(50);
+  const PipelineShape shape{PipelineSchedule::kOneFOneB, 2, 1, 4};
+  const std::vector<StageResult> results =
+      RunPipeline(shape, 2, absl::Seconds(60), [&](int s, AffineStage& stage) {
+        if (s == 0) stage.SlowDown(kDelay);
+      });
+  for (int s = 0; s < shape.stages; ++s) {
+    SCOPED_TRACE(absl::StrCat("stage ", s));
+    ASSERT_TRUE(results[s].status.ok()) << results[s].status;
+    const PipelineExecutorStats& stats = results[s].stats;
+    EXPECT_GT(stats.step_ms, 0);
+    // Sums of disjoint intervals of the step, each converted from integer nanoseconds: within
+    // the step up to the rounding of the conversions (1e-6 ms is far above it).
+    EXPECT_LE(stats.wait_ms + stats.compute_ms, stats.step_ms + 1e-6);
+  }
+  const PipelineExecutorStats& slow = results[0].stats;
+  const PipelineExecutorStats& waiting = results[1].stats;
+  // Stage 0's 4 forwards and 4 backwards each sleep kDelay inside the compute.
+  EXPECT_GE(slow.compute_ms, 8 * absl::ToDoubleMilliseconds(kDelay));
+  EXPECT_GT(slow.compute_ms, slow.wait_ms);
+  // Stage 1 waits for each of stage 0's forwards (at least 4 x kDelay of its step).
+  EXPECT_GT(waiting.wait_ms, 0.5 * waiting.step_ms);
+  EXPECT_GT(waiting.wait_ms, waiting.compute_ms);
+  EXPECT_GT(waiting.wait_ms / waiting.step_ms, slow.wait_ms / slow.step_ms);
+}
+
+TEST(PipelineExecutorTest, StepTimesSumStepsAndStateTheIdleShare) {
+  PipelineStepTimes times;
+  times.Add({.step_ms = 300, .compute_ms = 200, .wait_ms = 90});
+  times.Add({.step_ms = 100, .compute_ms = 80, .wait_ms = 10});
+  EXPECT_EQ(times.steps, 2);
+  EXPECT_EQ(times.Format(), "waited 100.0 ms of 400.0 ms (25.0%) in 2 steps, computing 280.0 ms");
 }
 
 // A stage that hangs mid-schedule (sleeps past the timeout, then fails) or dies (fails at once,
