@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "cli/commands.h"
 #include "core/recipe/recipe.h"
-#include "parallel/pipeline/schedule.h"
+#include "parallel/planner/auto_layout.h"
 #include "parallel/planner/catalog.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/plan_report.h"
@@ -51,13 +51,10 @@ void AddPlanCommand(CLI::App& app) {
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     absl::StatusOr<ClusterSpec> cluster = ResolveCluster(recipe->cluster);
     if (!cluster.ok()) Fail(cluster.status(), kExitUsage);
-    // Only layouts a recipe can select, so that the printed recipe lines are one: parallel.pp
-    // stays 1 until the trainer runs pipelines.
+    // Pipelines in the recipe's schedule where the trainer runs it (else the ones it runs), so
+    // that the printed recipe lines are a recipe that dtrain train accepts.
     SearchOptions options;
-    options.max_pp = 1;
-    absl::StatusOr<PipelineSchedule> schedule = ParsePipelineSchedule(recipe->parallel.pp_schedule);
-    if (!schedule.ok()) Fail(schedule.status(), kExitUsage);
-    options.pipeline_schedule = *schedule;
+    options.pp_schedules = SchedulesFor(*recipe, TrainerLayouts(cluster->gpus_per_node));
     absl::StatusOr<Plan> plan = SearchLayouts(WorkloadFromRecipe(*recipe), *cluster, options);
     if (!plan.ok()) Fail(plan.status(), kExitUsage);
     if (args->json) {

@@ -145,9 +145,11 @@ absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, const WorldMembersh
   Recipe resolved = recipe;
   RETURN_IF_ERROR(ApplyLayout(chosen.layout, resolved));
   LogInfo(
-      "parallel.strategy auto: %s, tp %d%s, micro_batch %d, recompute %s (the plan for %d ranks)",
+      "parallel.strategy auto: %s, tp %d%s, pp %d%s, micro_batch %d, recompute %s (the plan for "
+      "%d ranks)",
       resolved.parallel.strategy, resolved.parallel.tp,
-      resolved.parallel.sequence_parallel ? " with sequence parallelism" : "",
+      resolved.parallel.sequence_parallel ? " with sequence parallelism" : "", resolved.parallel.pp,
+      resolved.parallel.pp > 1 ? absl::StrCat(" ", resolved.parallel.pp_schedule) : "",
       resolved.train.micro_batch, resolved.parallel.recompute, world_size);
   if (!chosen.note.empty()) LogInfo("%s", chosen.note);
   return resolved;

@@ -1084,19 +1084,33 @@ class Parser {
               "data-parallel strategy (e.g. ddp or zero1) to keep this tp"));
     }
     if (r.parallel.pp > 1 && r.parallel.strategy == "auto") {
-      return Error("parallel.strategy",
-                   absl::StrCat("auto does not plan pipelines yet (it runs parallel.pp: 1), so "
-                                "parallel.pp = ",
-                                r.parallel.pp,
-                                " contradicts it; name the strategy (parallel.strategy: ddp) to "
-                                "keep this pp"));
+      return Error(
+          "parallel.strategy",
+          absl::StrCat("auto picks the pipeline degree itself, so parallel.pp = ", r.parallel.pp,
+                       " contradicts it; set parallel.pp: 1 to let auto choose, or name "
+                       "the data-parallel strategy (e.g. ddp or zero1) to keep this pp"));
     }
-    if (r.train.batch_size % r.train.micro_batch != 0) {
-      return Error("train.batch_size",
-                   absl::StrCat(r.train.batch_size, " is not a multiple of train.micro_batch (",
-                                r.train.micro_batch,
-                                "); a step accumulates whole micro-batches, so make batch_size a "
-                                "multiple of micro_batch"));
+    if (const int batch = r.train.batch_size, micro = r.train.micro_batch; batch % micro != 0) {
+      // The nearest batch sizes that micro_batch divides, and the nearest micro-batch sizes
+      // that divide batch_size (1 always does).
+      std::vector<std::string> batches;
+      if (batch > micro) batches.push_back(absl::StrCat(batch / micro * micro));
+      batches.push_back(absl::StrCat(batch / micro * micro + micro));
+      int below = 1, above = 0;
+      for (int size = 1; size <= batch; ++size) {
+        if (batch % size != 0) continue;
+        if (size < micro) below = size;
+        if (size > micro && above == 0) above = size;
+      }
+      const std::string micros =
+          above == 0 ? absl::StrCat(below) : absl::StrCat(below, " or ", above);
+      return Error(
+          "train.batch_size",
+          absl::StrCat(batch, " is not a multiple of train.micro_batch (", micro,
+                       "); a step accumulates whole micro-batches, so make batch_size a "
+                       "multiple of micro_batch (the nearest values that fit: "
+                       "train.batch_size: ",
+                       absl::StrJoin(batches, " or "), ", or train.micro_batch: ", micros, ")"));
     }
     RETURN_IF_ERROR(CheckPipeline(r));
     // What the trainer runs of the pipeline so far: one model chunk per stage (1f1b, gpipe).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/util/status.h"
@@ -40,7 +41,10 @@ SearchOptions TrainerLayouts(int ranks_per_node) {
   // The recipe's cluster.gpus_per_node may describe other machines than these: a tp group
   // spanning two would all-reduce every block's activations over the network.
   runnable.max_tp = std::max(ranks_per_node, 1);
-  runnable.max_pp = 1;
+  runnable.max_pp = 0;  // every stage count that divides the blocks
+  // Searched alone, 1F1B wins (SearchOptions::pp_schedules); ResolveAutoLayout keeps the
+  // recipe's parallel.pp_schedule.
+  runnable.pp_schedules = {PipelineSchedule::kOneFOneB, PipelineSchedule::kGpipe};
   // Not selective: the planner's activation model (Korthikanti et al.) charges kNone with the
   // attention scores, which dtrain's attention never keeps, so it would pick selective (one more
   // attention forward per block) where none fits.
@@ -49,11 +53,19 @@ SearchOptions TrainerLayouts(int ranks_per_node) {
   return runnable;
 }
 
+std::vector<PipelineSchedule> SchedulesFor(const Recipe& recipe, const SearchOptions& runnable) {
+  const absl::StatusOr<PipelineSchedule> asked = ParsePipelineSchedule(recipe.parallel.pp_schedule);
+  if (asked.ok() && absl::c_linear_search(runnable.pp_schedules, *asked)) return {*asked};
+  return runnable.pp_schedules;
+}
+
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
                                              const SearchOptions& runnable) {
   ASSIGN_OR_RETURN(const ClusterSpec cluster, ClusterForWorld(recipe.cluster, world_size));
   const Workload workload = WorkloadFromRecipe(recipe);
-  ASSIGN_OR_RETURN(const Plan restricted, SearchLayouts(workload, cluster, runnable));
+  SearchOptions options = runnable;
+  options.pp_schedules = SchedulesFor(recipe, runnable);
+  ASSIGN_OR_RETURN(const Plan restricted, SearchLayouts(workload, cluster, options));
   const Candidate* chosen = restricted.recommendation();
   if (chosen == nullptr) {
     const Candidate* closest = ClosestToFitting(restricted);
@@ -69,6 +81,7 @@ absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_siz
   unrestricted.assumptions = runnable.assumptions;
   unrestricted.memory_margin = runnable.memory_margin;
   unrestricted.simpler_within = runnable.simpler_within;
+  unrestricted.pp_schedules = options.pp_schedules;
   ASSIGN_OR_RETURN(const Plan full, SearchLayouts(workload, cluster, unrestricted));
   const Candidate* best = full.recommendation();
   if (best != nullptr && !(best->layout == chosen->layout)) {
@@ -92,6 +105,10 @@ absl::Status ApplyLayout(const Layout& layout, Recipe& recipe) {
   recipe.parallel.strategy = std::string(StrategyName(layout.strategy));
   recipe.parallel.tp = layout.tp;
   recipe.parallel.pp = layout.pp;
+  if (layout.pp > 1) {
+    recipe.parallel.pp_schedule = std::string(PipelineScheduleName(layout.schedule));
+    recipe.parallel.pp_virtual_stages = 1;
+  }
   recipe.parallel.sequence_parallel = layout.sequence_parallel;
   recipe.parallel.recompute = std::string(RecomputeName(layout.recompute));
   recipe.train.micro_batch = layout.micro_batch;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -26,17 +27,23 @@ struct AutoLayout {
 
 // The layouts the trainer runs today: every data-parallel engine, tensor parallelism among the
 // `ranks_per_node` ranks of one machine (kv heads split or replicated, with sequence
-// parallelism), no or full recomputation; no pipeline or offload yet. Every machine must run the
-// same number of ranks, so that every rank picks the same layout.
+// parallelism), pipelines of one model chunk per stage (1F1B, GPipe), no or full recomputation; no
+// interleaved pipeline or offload yet. Every machine must run the same number of ranks, so that
+// every rank picks the same layout.
 SearchOptions TrainerLayouts(int ranks_per_node);
+
+// The pipeline schedules to search for `recipe`: its parallel.pp_schedule (the user's choice)
+// where `runnable` has it, else every one `runnable` has.
+std::vector<PipelineSchedule> SchedulesFor(const Recipe& recipe, const SearchOptions& runnable);
 
 // Plans recipe's model and batch for `world_size` ranks, with recipe.cluster's hardware: nodes
 // are world_size / cluster.gpus_per_node (one node of world_size GPUs when fewer).
-// `runnable` restricts the search to what the trainer implements.
+// `runnable` restricts the search to what the trainer implements, its schedules to SchedulesFor's.
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
                                              const SearchOptions& runnable);
 
-// Sets parallel.strategy/tp/pp/recompute and train.micro_batch from `layout`.
+// Sets parallel.strategy/tp/pp/pp_schedule/pp_virtual_stages/sequence_parallel/recompute and
+// train.micro_batch from `layout` (the schedule only with pp > 1).
 // InvalidArgument for a layout the recipe cannot express (optimizer offload).
 absl::Status ApplyLayout(const Layout& layout, Recipe& recipe);
 

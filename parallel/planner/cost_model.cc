@@ -6,6 +6,7 @@
 
 #include "core/model/param_table.h"
 #include "core/model/transformer.h"
+#include "parallel/pipeline_train_step.h"
 
 namespace dtrain {
 namespace {
@@ -211,11 +212,18 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
           : 0;
   // fp32 logits and their gradient for the loss, vocab-parallel over t (Korthikanti's 4sbv/t).
   const double logits_bytes = 4.0 * s * b * model.vocab_size / t;
-  // Under 1F1B the first stage holds min(p, m) micro-batches in flight; the last stage one, plus
-  // the logits (Korthikanti et al. 2022, section 4.2; Narayanan et al. 2021).
+  // A stage holds the schedule's micro-batches in flight, as many activation slots as the
+  // trainer gives it: under 1F1B min(p, m) on the first stage and one on the last, which also
+  // holds the logits (Korthikanti et al. 2022, section 4.2; Narayanan et al. 2021); under GPipe
+  // every micro-batch of the step on each. Without a pipeline, one.
+  const PipelineShape shape{.schedule = layout.schedule, .stages = p, .micro_batches = m};
+  const auto in_flight = [&](int stage) {
+    return p == 1 ? 1 : PipelineActivationSlots(shape, stage);
+  };
   const double first_stage =
-      layers * per_layer_bytes * std::min(p, m) + working_bytes + (p == 1 ? logits_bytes : 0);
-  const double last_stage = layers * per_layer_bytes + working_bytes + logits_bytes;
+      layers * per_layer_bytes * in_flight(0) + working_bytes + (p == 1 ? logits_bytes : 0);
+  const double last_stage =
+      layers * per_layer_bytes * in_flight(p - 1) + working_bytes + logits_bytes;
   memory.activation_bytes = std::max(first_stage, last_stage);
   const bool sharded_params =
       layout.strategy == Strategy::kZero3 || layout.strategy == Strategy::kFsdp;
@@ -256,8 +264,8 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   const double backward_ms = micro_batch_ms - forward_ms;  // includes the recomputed forward
   TimeEstimate& time = estimate.time;
   time.compute_ms = m * micro_batch_ms;
-  // Pipeline bubble: p - 1 micro-batch slots, (p - 1) / m of the compute (Narayanan et al.
-  // 2021, 1F1B).
+  // Pipeline bubble: p - 1 micro-batch slots, (p - 1) / m of the compute, under GPipe and 1F1B
+  // alike (Narayanan et al. 2021).
   time.bubble_ms = (p - 1) * micro_batch_ms;
 
   // ---- Data-parallel traffic. ----
@@ -388,7 +396,8 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   // ---- Pipeline traffic. ----
   // Each micro-batch sends its b*s*h activation forward and its gradient back (divided by t
   // with Megatron's scatter/gather over the TP group). Neighbouring stages sit on different
-  // nodes once a stage fills a node. Under 1F1B, m + p - 1 slots each wait for one send each way.
+  // nodes once a stage fills a node. Under 1F1B and GPipe, m + p - 1 slots each wait for one send
+  // each way.
   if (p > 1) {
     const double bytes = static_cast<double>(s) * b * h * precision.activation_bytes / t;
     const bool across_nodes = t * dp >= cluster.gpus_per_node && cluster.nodes > 1;

@@ -12,6 +12,7 @@
 #include "core/model/model_config.h"
 #include "core/model/recompute.h"
 #include "core/recipe/recipe.h"
+#include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/stage_assignment.h"
 #include "parallel/planner/catalog.h"
 
@@ -54,6 +55,9 @@ struct Layout {
   int pp = 1;
   int dp = 1;
   int micro_batch = 1;  // sequences per forward/backward on one rank
+  // The pipeline's order of forwards and backwards (pp > 1; one model chunk per stage): how many
+  // micro-batches' activations a stage holds at once.
+  PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;  // Megatron sequence parallelism in the TP group (tp > 1)
   bool offload = false;            // optimizer states and step on the host (ZeRO-Offload)

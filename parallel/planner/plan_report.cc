@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "parallel/pipeline/stage_assignment.h"
 
 namespace dtrain {
@@ -83,6 +84,7 @@ nlohmann::json CandidateJson(const Candidate& c) {
                         {"offload", l.offload},
                         {"verdict", VerdictName(c.verdict)},
                         {"reason", c.reason}};
+  if (l.pp > 1) out["pp_schedule"] = PipelineScheduleName(l.schedule);
   if (c.verdict == Verdict::kInvalid) return out;
   const Estimate& e = c.estimate;
   const MemoryEstimate& m = e.memory;
@@ -112,8 +114,11 @@ std::string AssumptionsLine(const Plan& plan) {
       "overlapped with backward except the last bucket, TP not overlapped; %.0f%% of GPU memory "
       "kept free; a simpler layout within %.0f%% of the fastest is preferred",
       100 * a.gemm_peak_fraction, a.gemm_half_efficiency_width,
-      PipelineScheduleName(plan.options.pipeline_schedule), 100 * plan.options.memory_margin,
-      100 * plan.options.simpler_within);
+      absl::StrJoin(plan.options.pp_schedules, " or ",
+                    [](std::string* out, PipelineSchedule schedule) {
+                      absl::StrAppend(out, PipelineScheduleName(schedule));
+                    }),
+      100 * plan.options.memory_margin, 100 * plan.options.simpler_within);
 }
 
 int CountInvalid(const Plan& plan) {
@@ -233,9 +238,12 @@ double CollectiveTimeoutS(double step_ms) {
 }
 
 std::string RecipeLines(const Layout& layout) {
-  std::string out = absl::StrFormat(
-      "parallel:\n  strategy: %s\n  tp: %d\n  pp: %d\n  recompute: %s\n",
-      StrategyName(layout.strategy), layout.tp, layout.pp, RecomputeName(layout.recompute));
+  std::string out = absl::StrFormat("parallel:\n  strategy: %s\n  tp: %d\n  pp: %d\n",
+                                    StrategyName(layout.strategy), layout.tp, layout.pp);
+  if (layout.pp > 1) {
+    absl::StrAppendFormat(&out, "  pp_schedule: %s\n", PipelineScheduleName(layout.schedule));
+  }
+  absl::StrAppendFormat(&out, "  recompute: %s\n", RecomputeName(layout.recompute));
   if (layout.sequence_parallel) {
     absl::StrAppend(&out, "  sequence_parallel: true\n");
   }

@@ -20,12 +20,17 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // How much a layout asks of its operators, compared lexicographically: a pipeline changes the
 // schedule and the failure surface most, then tensor parallelism (the model's code path), then
-// sharding (ddp < zero1 < zero2 < zero3/fsdp), offload and recomputation.
-std::tuple<bool, bool, int, bool, int> Complexity(const Layout& layout) {
+// sharding (ddp < zero1 < zero2 < zero3/fsdp), offload and recomputation; last, a pipeline
+// schedule other than 1F1B (the recipe's default, as Megatron-LM's), chosen only where it pays.
+std::tuple<bool, bool, int, bool, int, bool> Complexity(const Layout& layout) {
   const int strategy = layout.strategy == Strategy::kFsdp ? static_cast<int>(Strategy::kZero3)
                                                           : static_cast<int>(layout.strategy);
-  return {layout.pp > 1, layout.tp > 1, strategy, layout.offload,
-          static_cast<int>(layout.recompute)};
+  return {layout.pp > 1,
+          layout.tp > 1,
+          strategy,
+          layout.offload,
+          static_cast<int>(layout.recompute),
+          layout.schedule != PipelineSchedule::kOneFOneB};
 }
 
 // What `layout` adds over `base`, for "faster, but needs ..." reasons.
@@ -121,6 +126,7 @@ void Rank(Plan& plan) {
 std::string DescribeLayout(const Layout& layout) {
   std::string out = absl::StrCat(StrategyName(layout.strategy), " tp", layout.tp, " pp", layout.pp,
                                  " dp", layout.dp, " mb", layout.micro_batch);
+  if (layout.pp > 1) absl::StrAppend(&out, " ", PipelineScheduleName(layout.schedule));
   if (layout.recompute != Recompute::kNone) {
     absl::StrAppend(&out, " recompute=", RecomputeName(layout.recompute));
   }
@@ -195,29 +201,35 @@ absl::StatusOr<Plan> SearchLayouts(const Workload& workload, const ClusterSpec& 
         plan.candidates.push_back({.layout = shape, .reason = std::string(status.message())});
         continue;
       }
+      // Without a pipeline the schedule means nothing: one candidate, the default's.
+      const std::vector<PipelineSchedule> schedules =
+          pp > 1 ? options.pp_schedules : std::vector<PipelineSchedule>{Layout().schedule};
       for (Strategy strategy : options.strategies) {
-        for (int micro_batch : MicroBatches(workload.batch_size / dp)) {
-          for (Recompute recompute : options.recompute) {
-            for (bool offload : {false, true}) {
-              if (offload && (!options.allow_offload || strategy == Strategy::kDdp)) continue;
-              Layout layout = shape;
-              layout.strategy = strategy;
-              layout.micro_batch = micro_batch;
-              layout.recompute = recompute;
-              layout.offload = offload;
-              Candidate candidate{
-                  .layout = layout,
-                  .estimate = EstimateLayout(workload, cluster, layout, options.assumptions),
-                  .verdict = Verdict::kFits};
-              const double gib = candidate.estimate.memory.device_bytes() / kGiB;
-              if (gib > plan.usable_gib) {
-                candidate.verdict = Verdict::kOverMemory;
-                candidate.reason = absl::StrFormat(
-                    "%s: %.1f GiB > %.1f GiB usable per GPU (%.1f GiB less %.0f%% margin)",
-                    StrategyName(strategy), gib, plan.usable_gib, cluster.gpu_memory_gib,
-                    100 * options.memory_margin);
+        for (PipelineSchedule schedule : schedules) {
+          for (int micro_batch : MicroBatches(workload.batch_size / dp)) {
+            for (Recompute recompute : options.recompute) {
+              for (bool offload : {false, true}) {
+                if (offload && (!options.allow_offload || strategy == Strategy::kDdp)) continue;
+                Layout layout = shape;
+                layout.strategy = strategy;
+                layout.schedule = schedule;
+                layout.micro_batch = micro_batch;
+                layout.recompute = recompute;
+                layout.offload = offload;
+                Candidate candidate{
+                    .layout = layout,
+                    .estimate = EstimateLayout(workload, cluster, layout, options.assumptions),
+                    .verdict = Verdict::kFits};
+                const double gib = candidate.estimate.memory.device_bytes() / kGiB;
+                if (gib > plan.usable_gib) {
+                  candidate.verdict = Verdict::kOverMemory;
+                  candidate.reason = absl::StrFormat(
+                      "%s: %.1f GiB > %.1f GiB usable per GPU (%.1f GiB less %.0f%% margin)",
+                      StrategyName(strategy), gib, plan.usable_gib, cluster.gpu_memory_gib,
+                      100 * options.memory_margin);
+                }
+                plan.candidates.push_back(std::move(candidate));
               }
-              plan.candidates.push_back(std::move(candidate));
             }
           }
         }

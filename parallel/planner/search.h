@@ -1,9 +1,9 @@
 // The search: every layout the cluster can run, estimated, filtered by memory and ranked.
 //
-// Enumerates (strategy, tp, pp, dp, micro-batch, recomputation, offload), rejects layouts that do
-// not divide the cluster, model or batch and those over the memory limit (each with its reason),
-// ranks the rest by estimated step time and recommends the simplest layout within a few
-// percent of the fastest. Pure and thread-safe.
+// Enumerates (strategy, tp, pp and its schedule, dp, micro-batch, recomputation, offload), rejects
+// layouts that do not divide the cluster, model or batch and those over the memory limit (each with
+// its reason), ranks the rest by estimated step time and recommends the simplest layout within a
+// few percent of the fastest. Pure and thread-safe.
 #pragma once
 
 #include <string>
@@ -23,13 +23,14 @@ struct SearchOptions {
                                       Strategy::kFsdp};
   int max_tp = 0;  // 0 = gpus_per_node (tensor parallelism stays inside a node)
   int max_pp = 0;  // 0 = n_layer
+  // Schedules tried for pp > 1. 1F1B alone by default: GPipe has the same bubble and holds every
+  // micro-batch in flight instead of at most pp, so it never costs less.
+  std::vector<PipelineSchedule> pp_schedules = {PipelineSchedule::kOneFOneB};
   std::vector<Recompute> recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   bool allow_offload = true;
   bool allow_sequence_parallel = true;  // with tp > 1; it only saves memory in this model
   double memory_margin = 0.10;          // share of GPU memory kept free (fragmentation, spikes)
   double simpler_within = 0.03;         // a simpler layout this much slower is still preferred
-  // The recipe's parallel.pp_schedule, which the plan's assumptions line names.
-  PipelineSchedule pipeline_schedule = PipelineSchedule::kOneFOneB;
   CostAssumptions assumptions;
 };
 
@@ -75,7 +76,8 @@ absl::StatusOr<Plan> SearchLayouts(const Workload& workload, const ClusterSpec& 
 // What to show when nothing fits.
 const Candidate* ClosestToFitting(const Plan& plan);
 
-// "fsdp tp4 pp2 mb1 recompute=full sp offload": one line naming a layout.
+// "fsdp tp4 pp2 dp8 mb1 1f1b recompute=full sp offload": one line naming a layout (the schedule
+// only with pp > 1).
 std::string DescribeLayout(const Layout& layout);
 
 }  // namespace dtrain

@@ -242,6 +242,38 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineCheckpointTest,
                                                "_to_pp", info.param.load_pp);
                          });
 
+// Every stage reports its own pipeline figures once training ends (rank 0's metrics and step
+// lines carry stage 0's wait per step): its idle share over the steps after the first, and the
+// micro-batches it held against the slots the start-up estimate sized. 1F1B on 2 stages with 4
+// micro-batches: stage 0 holds 2, stage 1 one.
+TEST(PipelineParallelReportTest, EveryStageLogsItsIdleShareAndActivations) {
+  const std::string out = testing::FreshTempDir("pp_report");
+  const auto ranks = testing::RunTrainRanks(
+      Recipe("gpt2"), 2, {"run.out_dir=" + out, "parallel.pp=2", "train.steps=3"});
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_EQ(ranks[s].exit_code, 0) << ranks[s].output;
+    EXPECT_THAT(
+        ranks[s].output,
+        ContainsRegex(absl::StrCat(
+            "pipeline stage ", s,
+            " of 2: waited [0-9.]+ ms of [0-9.]+ ms \\([0-9.]+%\\) in 2 steps, "
+            "computing [0-9.]+ ms; activations: at most ",
+            2 - s, " micro-batches in flight in ", 2 - s,
+            " slots, [0-9.]+ MiB \\(the estimate: [0-9.]+ MiB\\), plus [0-9.]+ MiB of send and "
+            "receive buffers")));
+  }
+  EXPECT_THAT(ranks[0].output, HasSubstr(" | pp wait "));
+  std::ifstream metrics(out + "/pp/metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(metrics, line); ++steps) {
+    const nlohmann::json step = nlohmann::json::parse(line);
+    ASSERT_TRUE(step.contains("pp_wait_ms")) << line;
+    EXPECT_GT(step["pp_wait_ms"].get<double>(), 0) << line;
+    EXPECT_LE(step["pp_wait_ms"].get<double>(), step["step_ms"].get<double>()) << line;
+  }
+  EXPECT_EQ(steps, 3);
+}
+
 // train.export_to under pp 2 (alone, and with tp 2 and two ZeRO-3 replicas) writes the whole model,
 // every tensor under its name and shape, with the single process's values: the last stage's blocks
 // and head gathered to the first, GPT-2's tied embedding once (the first stage's, not the last
@@ -301,6 +333,21 @@ TEST(PipelineParallelExportTest, ExportGathersTheStages) {
       EXPECT_EQ(testing::ReadWeights(from_checkpoint).floats, exported.floats);
     }
   }
+}
+
+// parallel.strategy: auto pipelines what nothing else splits: one sequence per step leaves no
+// rows for a second replica and one attention head nothing for a second tp rank, so the plan for
+// 2 ranks is 2 stages, which the trainer logs and runs.
+TEST(PipelineAutoTest, AutoPipelinesWhatReplicasAndTensorParallelismCannotSplit) {
+  const std::string out = testing::FreshTempDir("pp_auto");
+  const auto ranks =
+      testing::RunTrainRanks(Recipe("gpt2"), 2,
+                             {"run.out_dir=" + out, "parallel.strategy=auto", "model.n_head=1",
+                              "train.batch_size=1", "train.micro_batch=1"});
+  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  EXPECT_THAT(ranks[0].output, HasSubstr(", pp 2 1f1b, micro_batch 1"));
+  EXPECT_THAT(ranks[0].output, HasSubstr("pipeline parallel: 2 stages, schedule 1f1b"));
+  EXPECT_EQ(ReadMetrics(out).loss.size(), static_cast<size_t>(kSteps));
 }
 
 class PipelineSamplingTest : public ::testing::TestWithParam<std::string> {};

@@ -275,7 +275,10 @@ INSTANTIATE_TEST_SUITE_P(
         ConsistencyCase{{"model.family=llama", "model.d_model=12", "model.n_head=4"},
                         {"model.n_head", "= 3", "RoPE", "even"}},
         ConsistencyCase{{"train.batch_size=10", "train.micro_batch=4"},
-                        {"train.batch_size", "train.micro_batch (4)", "multiple of micro_batch"}},
+                        {"train.batch_size", "train.micro_batch (4)", "multiple of micro_batch",
+                         "train.batch_size: 8 or 12, or train.micro_batch: 2 or 5)"}},
+        ConsistencyCase{{"train.batch_size=3", "train.micro_batch=4"},
+                        {"train.batch_size: 4, or train.micro_batch: 3)"}},
         ConsistencyCase{
             {"train.seq_len=512"},
             {"--set train.seq_len=512", "model.max_seq_len (256)", "raise max_seq_len"}},
@@ -312,7 +315,7 @@ INSTANTIATE_TEST_SUITE_P(
             {"train.seq_len = 1 ", "train.seq_len: 2,", "parallel.sequence_parallel: false"}},
         ConsistencyCase{
             {"parallel.pp=2", "parallel.strategy=auto"},
-            {"parallel.strategy", "auto does not plan pipelines yet", "parallel.strategy: ddp"}},
+            {"parallel.strategy", "auto picks the pipeline degree itself", "parallel.pp: 1"}},
         // The pipeline keys: checked before that, so a recipe learns every fix it needs.
         ConsistencyCase{{"parallel.pp=8"},
                         {"--set parallel.pp=8", "8 stages exceed the model.n_layer = 4 blocks",

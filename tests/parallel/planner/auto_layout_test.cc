@@ -66,6 +66,31 @@ TEST(AutoLayoutTest, TrainerLayoutsIncludeTensorParallelismInsideAMachine) {
   EXPECT_TRUE(applied.parallel.sequence_parallel);
 }
 
+// The trainer runs pipelines: gpt2-1.5b's 8 sequences on 64 ranks, 8 per machine, at most 8
+// replicas, pipeline the rest in the recipe's schedule (1F1B by default, or GPipe), and the
+// applied recipe says so.
+TEST(AutoLayoutTest, TrainerLayoutsIncludePipelines) {
+  const Recipe recipe = testing::ShippedRecipe("gpt2-1.5b", {"parallel.strategy=auto"});
+  absl::StatusOr<AutoLayout> resolved = ResolveAutoLayout(recipe, 64, TrainerLayouts(8));
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  const Layout& layout = resolved->layout;
+  EXPECT_GT(layout.pp, 1) << DescribeLayout(layout);
+  EXPECT_EQ(layout.schedule, PipelineSchedule::kOneFOneB);
+  Recipe applied = recipe;
+  applied.parallel.pp_virtual_stages = 3;  // stale; a pipeline of one chunk per stage resets it
+  ASSERT_TRUE(ApplyLayout(layout, applied).ok());
+  EXPECT_EQ(applied.parallel.pp, layout.pp);
+  EXPECT_EQ(applied.parallel.pp_schedule, "1f1b");
+  EXPECT_EQ(applied.parallel.pp_virtual_stages, 1);
+
+  const Recipe gpipe =
+      testing::ShippedRecipe("gpt2-1.5b", {"parallel.strategy=auto", "parallel.pp_schedule=gpipe"});
+  absl::StatusOr<AutoLayout> kept = ResolveAutoLayout(gpipe, 64, TrainerLayouts(8));
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_GT(kept->layout.pp, 1) << DescribeLayout(kept->layout);
+  EXPECT_EQ(kept->layout.schedule, PipelineSchedule::kGpipe);
+}
+
 TEST(AutoLayoutTest, NoNoteWhenTheBestLayoutIsRunnable) {
   const Recipe recipe = testing::ShippedRecipe("gpt2-124m", {"train.batch_size=64"});
   absl::StatusOr<AutoLayout> resolved = ResolveAutoLayout(recipe, 2, SearchOptions{});

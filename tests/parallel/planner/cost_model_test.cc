@@ -1,5 +1,7 @@
 #include "parallel/planner/cost_model.h"
 
+#include <algorithm>
+
 #include "gtest/gtest.h"
 #include "parallel/planner/catalog.h"
 #include "tests/testing/configs.h"
@@ -130,6 +132,30 @@ TEST(CostModelTest, PipelineBubbleIsStagesMinusOneOverMicroBatches) {
   EXPECT_EQ(estimate.micro_batches, 16);
   EXPECT_DOUBLE_EQ(estimate.time.bubble_ms, 3.0 / 16 * estimate.time.compute_ms);
   EXPECT_GT(estimate.pp.exposed_ms, 0);
+}
+
+// A stage keeps the activations of the micro-batches its schedule has in flight, as many slots as
+// the trainer gives it (PipelineActivationSlots): 1F1B's first stage min(p, m) = 4 and its last
+// one (plus the logits, 4 bytes per vocabulary entry); GPipe every one of the m = 16 on each, the
+// last stage with the logits the heaviest. Same bubble, so the same time: GPipe never pays.
+TEST(CostModelTest, PipelineActivationsAreTheSchedulesMicroBatchesInFlight) {
+  const ClusterSpec cluster = testing::CatalogCluster(4, "a100-80gb", "ib-hdr");
+  const Workload workload = Gpt2Workload(256);
+  const ModelConfig& model = workload.model;
+  const int p = 4, m = 16, b = 2, s = workload.seq_len;
+  const double stage_bytes =
+      model.n_layer / p *
+      ActivationBytesPerLayer(s, b, model.d_model, model.n_head, 1, false, Recompute::kNone);
+  const double logits_bytes = 4.0 * s * b * model.vocab_size;
+  Layout layout{.pp = p, .dp = 8, .micro_batch = b};
+  const Estimate one_f_one_b = EstimateLayout(workload, cluster, layout);
+  ASSERT_EQ(one_f_one_b.micro_batches, m);
+  EXPECT_DOUBLE_EQ(one_f_one_b.memory.activation_bytes,
+                   std::max(p * stage_bytes, stage_bytes + logits_bytes));
+  layout.schedule = PipelineSchedule::kGpipe;
+  const Estimate gpipe = EstimateLayout(workload, cluster, layout);
+  EXPECT_DOUBLE_EQ(gpipe.memory.activation_bytes, m * stage_bytes + logits_bytes);
+  EXPECT_DOUBLE_EQ(gpipe.time.step_ms, one_f_one_b.time.step_ms);
 }
 
 // Pipelined, the sharded strategies reduce-scatter a stage's gradient once per step, after its

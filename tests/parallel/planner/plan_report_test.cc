@@ -84,6 +84,20 @@ TEST(PlanReportTest, RecipeLinesSayWhatTheRecipeCannot) {
             "train:\n  micro_batch: 2\n");
 }
 
+// A pipeline's lines name its schedule, which the recipe takes as parallel.pp_schedule.
+TEST(PlanReportTest, PipelineRecipeLinesNameTheSchedule) {
+  const Layout layout{.strategy = Strategy::kZero1,
+                      .pp = 4,
+                      .dp = 2,
+                      .micro_batch = 1,
+                      .schedule = PipelineSchedule::kOneFOneB};
+  EXPECT_EQ(RecipeLines(layout),
+            "parallel:\n  strategy: zero1\n  tp: 1\n  pp: 4\n  pp_schedule: 1f1b\n"
+            "  recompute: none\n"
+            "train:\n  micro_batch: 1\n");
+  EXPECT_EQ(DescribeLayout(layout), "zero1 tp1 pp4 dp2 mb1 1f1b");
+}
+
 // A pipeline's stages carry the embedding first and the head last. GPT-2 small's head
 // (50257 x 768) costs 3.7 to 4.9 of its blocks (by recomputation), so the last of 4 stages runs
 // one block where an even split would give it 3.

@@ -133,6 +133,33 @@ TEST(SearchTest, EveryRejectedLayoutKeepsItsReason) {
   EXPECT_THAT(ddp->reason, HasSubstr("ddp: "));
 }
 
+// gpt2-1.5b's batch of 8 sequences gives 64 GPUs at most 8 replicas: the rest is a pipeline, in
+// 1F1B (GPipe takes as long and holds more micro-batches, or as many), outermost in the mesh so
+// that each stage's tp x dp ranks fill whole nodes and the stages' sends cross nodes
+// (Megatron-LM: tensor parallelism inside a node, pipelines across nodes).
+TEST(SearchTest, PipelinesSpanNodesInOneFOneB) {
+  const ClusterSpec cluster = testing::CatalogCluster(8, "h100-sxm", "ib-ndr");
+  SearchOptions options;
+  options.pp_schedules = {PipelineSchedule::kGpipe, PipelineSchedule::kOneFOneB};
+  const Layout layout = Recommend(FromConfig("gpt2-1.5b"), cluster, options);
+  EXPECT_GT(layout.pp, 1) << DescribeLayout(layout);
+  EXPECT_EQ(layout.schedule, PipelineSchedule::kOneFOneB) << DescribeLayout(layout);
+  EXPECT_EQ(layout.tp * layout.dp % cluster.gpus_per_node, 0) << DescribeLayout(layout);
+  EXPECT_EQ(layout.tp * layout.pp * layout.dp, cluster.world_size());
+}
+
+// Over 25 Gb/s Ethernet, gradient traffic between nodes costs more than a pipeline's bubble:
+// 70B on 8 nodes keeps its tensor-parallel and data-parallel groups inside a node (tp x dp ranks,
+// consecutive in the mesh) and pipelines across the nodes, Megatron-LM's arrangement.
+TEST(SearchTest, OnASlowNetworkBigModelsPipelineAcrossNodes) {
+  const ClusterSpec cluster = testing::CatalogCluster(8, "a100-80gb", "eth-25");
+  const Layout layout = Recommend(FromConfig("llama-70b"), cluster);
+  EXPECT_GE(layout.pp, cluster.nodes) << DescribeLayout(layout);
+  EXPECT_GT(layout.tp, 1) << DescribeLayout(layout);
+  EXPECT_EQ(cluster.gpus_per_node % (layout.tp * layout.dp), 0) << DescribeLayout(layout);
+  EXPECT_EQ(layout.schedule, PipelineSchedule::kOneFOneB);
+}
+
 TEST(SearchTest, NothingFitsIsAPlanWithoutARecommendation) {
   ClusterSection two_gpus;
   two_gpus.gpus_per_node = 2;
