@@ -1,5 +1,7 @@
 // `dtrain train` with parallel.pp > 1 as separate processes on loopback (torchrun's variables),
 // against one process: pipeline parallelism alone (one model chunk per stage).
+#include <signal.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -338,6 +340,50 @@ TEST(PipelineParallelReportTest, EveryStageLogsItsIdleShareAndActivations) {
     EXPECT_LE(step["pp_wait_ms"].get<double>(), step["step_ms"].get<double>()) << line;
   }
   EXPECT_EQ(steps, 3);
+}
+
+// pp 2 x tp 2 x dp 2 (world ranks 0-3 stage 0, 4-7 stage 1; tp innermost, then dp) with a 10 s
+// parallel.timeout_s: rank 5 (stage 1, tp rank 1 of its first replica) gets `signal` once two
+// steps are logged. Returns every rank's result.
+std::vector<testing::RankResult> SignalStageRankMidRun(const std::string& name, int signal) {
+  const std::string out = testing::FreshTempDir("pp_signal_" + name);
+  const std::vector<std::string> argv = {
+      DTRAIN_BINARY,        "train", Recipe("gpt2"),         "--set", "run.out_dir=" + out, "--set",
+      "train.steps=100000", "--set", "train.eval_every=0",   "--set", "parallel.pp=2",      "--set",
+      "parallel.tp=2",      "--set", "parallel.timeout_s=10"};
+  return testing::SignalRankMidRun(argv, 8, 5, signal, absl::Seconds(180), [&] {
+    return testing::MetricsLosses(out + "/pp/metrics.jsonl").size() >= 2;
+  });
+}
+
+// The ranks that outlive a dead or hung rank 5 fail on their own within the timeout (not the
+// test's 180 s cap, which would SIGKILL them), each naming rank 5: in the first failure, which
+// every rank reports (its stage-0 peer's receive "from stage 1 ... from rank 5 on group 'pp'", or
+// its tp or dp peer's collective "never started by rank 5"; which of them fails first is a race),
+// or in the error that blames it. Exit 1, never a hang.
+void ExpectSurvivorsNameRank5(const std::vector<testing::RankResult>& ranks) {
+  ASSERT_EQ(ranks.size(), 8u);
+  for (const int rank : {0, 1, 2, 3, 4, 6, 7}) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    EXPECT_FALSE(ranks[rank].timed_out) << ranks[rank].output;
+    EXPECT_EQ(ranks[rank].exit_code, 1) << ranks[rank].output;
+    EXPECT_THAT(ranks[rank].output,
+                ContainsRegex("(from stage 1 failed: recv of [0-9]+ bytes from rank 5 on group "
+                              "'pp'|never started by rank 5 |blames rank\\(s\\) 5:)"))
+        << ranks[rank].output;
+  }
+}
+
+TEST(PipelineParallelFaultTest, AKilledStageRankFailsEveryRankNamingIt) {
+  const auto ranks = SignalStageRankMidRun("kill", SIGKILL);
+  EXPECT_EQ(ranks[5].exit_code, 128 + SIGKILL);
+  ExpectSurvivorsNameRank5(ranks);
+}
+
+TEST(PipelineParallelFaultTest, AHungStageRankFailsEveryRankNamingItWithinTheTimeout) {
+  const auto ranks = SignalStageRankMidRun("stop", SIGSTOP);
+  ExpectSurvivorsNameRank5(ranks);
+  EXPECT_THAT(ranks[0].output, HasSubstr("(timeout 10s)")) << ranks[0].output;
 }
 
 // What does not run yet is refused before any rank connects, exit 2, naming the keys.
