@@ -418,6 +418,49 @@ TEST(AgentTest, KilledWorkerRestartsTheGroup) {
   EXPECT_THAT(launch.output(), HasSubstr("step 40/40"));
 }
 
+// pp 2 x dp 2 (world ranks 0 1 stage 0, 2 3 stage 1), checkpointing every 4 steps, with
+// parallel.timeout_s `timeout_s`: rank 3, the last stage's second replica, gets `signal` once a
+// checkpoint exists (SIGSTOP: a hung stage, which its peers time out on). The group restarts from
+// the newest checkpoint and ends where an uninterrupted launch ends, every loss bit for bit (the
+// same code on the same values in the same order; metrics.jsonl drops the lines of the steps
+// redone).
+void ExpectPipelineRestartEndsBitIdentically(const std::string& name, int signal, int timeout_s) {
+  const std::string straight = OutDir(name + "_straight");
+  std::vector<std::string> args = {Recipe(name, 30), "--nproc-per-node=4", "--max-restarts=1",
+                                   "--set", "run.out_dir=" + straight};
+  const std::vector<std::string> sets = {"parallel.pp=2", "checkpoint.interval=4",
+                                         absl::StrCat("parallel.timeout_s=", timeout_s)};
+  for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
+  Launch uninterrupted(args);
+  ASSERT_EQ(uninterrupted.Wait(absl::Seconds(180)), 0) << uninterrupted.output();
+
+  const std::string out = OutDir(name);
+  args[4] = "run.out_dir=" + out;
+  Launch launch(args);
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] {
+    return std::filesystem::exists(out + "/agent/checkpoints/latest") && StepsLogged(out) >= 6;
+  })) << launch.output();
+  const auto first = launch.Workers();
+  ASSERT_EQ(first.size(), 4u);
+  kill(first[3].second, signal);
+  EXPECT_EQ(launch.Wait(absl::Seconds(180)), 0) << launch.output();
+  EXPECT_THAT(launch.output(), HasSubstr("restarting the workers (restart 1 of 1)"));
+  EXPECT_THAT(launch.output(), HasSubstr("resumed from " + out + "/agent/checkpoints/step-"));
+
+  const std::vector<double> reference = Losses(straight), losses = Losses(out);
+  ASSERT_EQ(reference.size(), 30u);
+  ASSERT_EQ(losses.size(), reference.size());
+  for (size_t i = 0; i < losses.size(); ++i) EXPECT_EQ(losses[i], reference[i]) << "step " << i + 1;
+}
+
+TEST(AgentTest, KilledPipelineStageRestartsAndEndsBitIdentically) {
+  ExpectPipelineRestartEndsBitIdentically("pp_killed", SIGKILL, /*timeout_s=*/20);
+}
+
+TEST(AgentTest, HungPipelineStageRestartsAndEndsBitIdentically) {
+  ExpectPipelineRestartEndsBitIdentically("pp_hung", SIGSTOP, /*timeout_s=*/5);
+}
+
 TEST(AgentTest, SigkilledAgentLeavesNoWorkerBehind) {
   const std::string out = OutDir("orphans");
   Launch launch({Recipe("orphans", 100000), "--nproc-per-node=2", "--set", "run.out_dir=" + out});
@@ -619,6 +662,12 @@ TEST(AgentTest, AHungRankIsTheRootCause) {
 // error the trainer reports from them must still blame rank 1.
 TEST(AgentTest, AHungTensorParallelRankIsTheRootCause) {
   ExpectSignalledRank1IsTheRootCause("hung_tp", SIGSTOP, {"parallel.timeout_s=3", "parallel.tp=2"},
+                                     "hung");
+}
+
+// The same at pp 2: rank 0, stage 0, waits on stage 1 in the schedule's receives.
+TEST(AgentTest, AHungPipelineStageIsTheRootCause) {
+  ExpectSignalledRank1IsTheRootCause("hung_pp", SIGSTOP, {"parallel.timeout_s=3", "parallel.pp=2"},
                                      "hung");
 }
 

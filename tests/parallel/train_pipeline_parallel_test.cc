@@ -1,5 +1,7 @@
 // `dtrain train` with parallel.pp > 1 as separate processes on loopback (torchrun's variables),
 // against one process: pipeline parallelism alone (one model chunk per stage).
+#include <signal.h>
+
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -242,6 +244,75 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineCheckpointTest,
                                                "_to_pp", info.param.load_pp);
                          });
 
+class PipelineCheckpointChainTest : public ::testing::TestWithParam<const char*> {};
+
+// A checkpoint moves between pipeline, tensor and data-parallel layouts: pp 2 x tp 2 x dp 2
+// (zero1) saves at step 3, pp 1 x dp 4 (zero2) resumes it and saves at 6, pp 4 resumes that and
+// saves at 9, pp 2 x tp 2 x dp 2 (fsdp) resumes that and runs to 12. Every run continues the
+// single process's trajectory (a constant schedule, so that train.steps only says where each run
+// stops; the global batch stays 8 sequences, re-partitioned over the replicas), within the
+// tolerance of FollowsOneProcess: each layout sums the same values in its own order, and AdamW
+// carries that rounding forward from one run into the next.
+TEST_P(PipelineCheckpointChainTest, MovesBetweenPipelineTensorAndDataParallelLayouts) {
+  const std::string family = GetParam();
+  const std::string recipe = Recipe(family);
+  const std::vector<std::string> common = {"train.schedule=constant", "train.eval_every=0",
+                                           "checkpoint.interval=3", "checkpoint.async=false"};
+  const std::string single = testing::FreshTempDir("pp_chain_single_" + family);
+  std::string command = absl::StrCat("train ", recipe, " --set run.out_dir=", single);
+  for (const std::string& set : common) absl::StrAppend(&command, " --set ", set);
+  const testing::Outcome one = testing::RunDtrain(command);
+  ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
+  const Metrics reference = ReadMetrics(single);
+  ASSERT_EQ(reference.loss.size(), static_cast<size_t>(kSteps));
+
+  struct Leg {
+    int pp, tp, dp, steps;
+    const char* strategy;
+  };
+  int resumed_step = 0;
+  std::string previous;
+  for (const Leg& leg : {Leg{2, 2, 2, 3, "zero1"}, Leg{1, 1, 4, 6, "zero2"}, Leg{4, 1, 1, 9, "ddp"},
+                         Leg{2, 2, 2, 12, "fsdp"}}) {
+    SCOPED_TRACE(absl::StrCat("pp ", leg.pp, " x tp ", leg.tp, " x dp ", leg.dp, " (", leg.strategy,
+                              ") to step ", leg.steps));
+    const std::string out =
+        testing::FreshTempDir(absl::StrCat("pp_chain_", family, "_", leg.steps));
+    std::vector<std::string> sets = common;
+    sets.insert(
+        sets.end(),
+        {"run.out_dir=" + out, absl::StrCat("parallel.pp=", leg.pp),
+         absl::StrCat("parallel.tp=", leg.tp), absl::StrCat("parallel.strategy=", leg.strategy),
+         absl::StrCat("train.steps=", leg.steps), "parallel.check_replicas=true",
+         "checkpoint.resume=" + (previous.empty() ? "never" : previous)});
+    const auto ranks = testing::RunTrainRanks(recipe, leg.pp * leg.tp * leg.dp, sets);
+    for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+    // A fresh start would write every step from 1: the run must have resumed.
+    if (!previous.empty()) {
+      EXPECT_THAT(ranks[0].output,
+                  HasSubstr(absl::StrCat("resumed from ", previous, " at step ", resumed_step)));
+    }
+    const Metrics metrics = ReadMetrics(out);
+    ASSERT_EQ(metrics.loss.size(), static_cast<size_t>(leg.steps - resumed_step));
+    for (size_t i = 0; i < metrics.loss.size(); ++i) {
+      const size_t step = resumed_step + i;
+      EXPECT_NEAR(metrics.loss[i], reference.loss[step], 1e-5 * reference.loss[step])
+          << "step " << step + 1;
+      EXPECT_NEAR(metrics.grad_norm[i], reference.grad_norm[step], 1e-5 * reference.grad_norm[step])
+          << "step " << step + 1;
+    }
+    previous = absl::StrCat(out, "/pp/checkpoints/step-", leg.steps);
+    resumed_step = leg.steps;
+  }
+}
+
+// GPT-2: the tied embedding, a copy on the first and the last stage, stored once; Llama: kv heads
+// split over tp.
+INSTANTIATE_TEST_SUITE_P(Families, PipelineCheckpointChainTest, ::testing::Values("gpt2", "llama"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
+
 // Every stage reports its own pipeline figures once training ends (rank 0's metrics and step
 // lines carry stage 0's wait per step): its idle share over the steps after the first, and the
 // micro-batches it held against the slots the start-up estimate sized. 1F1B on 2 stages with 4
@@ -333,6 +404,50 @@ TEST(PipelineParallelExportTest, ExportGathersTheStages) {
       EXPECT_EQ(testing::ReadWeights(from_checkpoint).floats, exported.floats);
     }
   }
+}
+
+// pp 2 x tp 2 x dp 2 (world ranks 0-3 stage 0, 4-7 stage 1; tp innermost, then dp) with a 10 s
+// parallel.timeout_s: rank 5 (stage 1, tp rank 1 of its first replica) gets `signal` once two
+// steps are logged. Returns every rank's result.
+std::vector<testing::RankResult> SignalStageRankMidRun(const std::string& name, int signal) {
+  const std::string out = testing::FreshTempDir("pp_signal_" + name);
+  const std::vector<std::string> argv = {
+      DTRAIN_BINARY,        "train", Recipe("gpt2"),         "--set", "run.out_dir=" + out, "--set",
+      "train.steps=100000", "--set", "train.eval_every=0",   "--set", "parallel.pp=2",      "--set",
+      "parallel.tp=2",      "--set", "parallel.timeout_s=10"};
+  return testing::SignalRankMidRun(argv, 8, 5, signal, absl::Seconds(180), [&] {
+    return testing::MetricsLosses(out + "/pp/metrics.jsonl").size() >= 2;
+  });
+}
+
+// The ranks that outlive a dead or hung rank 5 fail on their own within the timeout (not the
+// test's 180 s cap, which would SIGKILL them), each naming rank 5: in the first failure, which
+// every rank reports (its stage-0 peer's receive "from stage 1 ... from rank 5 on group 'pp'",
+// or its tp or dp peer's collective "never started by rank 5"; which of them fails first is a
+// race), or in the error that blames it. Exit 1, never a hang.
+void ExpectSurvivorsNameRank5(const std::vector<testing::RankResult>& ranks) {
+  ASSERT_EQ(ranks.size(), 8u);
+  for (const int rank : {0, 1, 2, 3, 4, 6, 7}) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    EXPECT_FALSE(ranks[rank].timed_out) << ranks[rank].output;
+    EXPECT_EQ(ranks[rank].exit_code, 1) << ranks[rank].output;
+    EXPECT_THAT(ranks[rank].output,
+                ContainsRegex("(from stage 1 failed: recv of [0-9]+ bytes from rank 5 on group "
+                              "'pp'|never started by rank 5 |blames rank\\(s\\) 5:)"))
+        << ranks[rank].output;
+  }
+}
+
+TEST(PipelineParallelFaultTest, AKilledStageRankFailsEveryRankNamingIt) {
+  const auto ranks = SignalStageRankMidRun("kill", SIGKILL);
+  EXPECT_EQ(ranks[5].exit_code, 128 + SIGKILL);
+  ExpectSurvivorsNameRank5(ranks);
+}
+
+TEST(PipelineParallelFaultTest, AHungStageRankFailsEveryRankNamingItWithinTheTimeout) {
+  const auto ranks = SignalStageRankMidRun("stop", SIGSTOP);
+  ExpectSurvivorsNameRank5(ranks);
+  EXPECT_THAT(ranks[0].output, HasSubstr("(timeout 10s)")) << ranks[0].output;
 }
 
 // parallel.strategy: auto pipelines what nothing else splits: one sequence per step leaves no

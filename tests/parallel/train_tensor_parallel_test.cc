@@ -363,18 +363,9 @@ std::vector<testing::RankResult> SignalTpRankMidRun(const std::string& name, int
       DTRAIN_BINARY,          "train", Recipe("gpt2"),       "--set", "run.out_dir=" + out, "--set",
       "train.steps=100000",   "--set", "train.eval_every=0", "--set", "parallel.tp=2",      "--set",
       "parallel.timeout_s=10"};
-  bool signalled = false;
-  return testing::RunLocalProcesses(
-      argv, 4, testing::FreeTcpPort(), absl::Seconds(120), [&](const std::vector<pid_t>& pids) {
-        if (!signalled && pids[1] > 0 &&
-            testing::MetricsLosses(out + "/tp/metrics.jsonl").size() >= 2) {
-          kill(pids[1], signal);
-          signalled = true;
-        }
-        if (signalled && pids[1] > 0 && pids[0] < 0 && pids[2] < 0 && pids[3] < 0) {
-          kill(pids[1], SIGKILL);
-        }
-      });
+  return testing::SignalRankMidRun(argv, 4, 1, signal, absl::Seconds(120), [&] {
+    return testing::MetricsLosses(out + "/tp/metrics.jsonl").size() >= 2;
+  });
 }
 
 // The ranks that outlive a dead or hung tensor-parallel rank 1 fail on their own within the

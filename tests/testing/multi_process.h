@@ -107,6 +107,28 @@ inline std::vector<RankResult> RunLocalProcesses(const std::vector<std::string>&
       watch);
 }
 
+// The same for a program whose rank `target` gets `signal` once `ready()` holds (checked every
+// 10 ms while the ranks run); a stopped target is SIGKILLed once every other rank has ended.
+inline std::vector<RankResult> SignalRankMidRun(const std::vector<std::string>& argv,
+                                                int world_size, int target, int signal,
+                                                absl::Duration timeout,
+                                                const std::function<bool()>& ready) {
+  bool signalled = false;
+  return RunLocalProcesses(argv, world_size, FreeTcpPort(), timeout,
+                           [&](const std::vector<pid_t>& pids) {
+                             if (pids[target] < 0) return;
+                             if (!signalled && ready()) {
+                               kill(pids[target], signal);
+                               signalled = true;
+                             }
+                             bool others_ended = true;
+                             for (int rank = 0; rank < world_size; ++rank) {
+                               if (rank != target && pids[rank] > 0) others_ended = false;
+                             }
+                             if (signalled && others_ended) kill(pids[target], SIGKILL);
+                           });
+}
+
 // `dtrain train recipe --set ...` (DTRAIN_BINARY) as `world` local ranks on a free port, within
 // 240 s.
 inline std::vector<RankResult> RunTrainRanks(const std::string& recipe, int world,
