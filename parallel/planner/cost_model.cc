@@ -75,6 +75,15 @@ double RingFactor(Collective collective, int group_size) {
   return collective == Collective::kAllReduce ? 2 * (n - 1) / n : (n - 1) / n;
 }
 
+// Bytes rank 0 sends in the ring all-reduce of `count` elements over `group` ranks: every chunk
+// but its own in the reduce-scatter, every chunk but the next in the all-gather, the chunks as
+// equal as can be (parallel/comm/gloo_communicator.cc). Exact for counts below the group size,
+// where RingFactor's 2 (n - 1) / n is not.
+double RankZeroAllReduceBytes(size_t count, size_t element_bytes, int group) {
+  const auto chunk = [&](size_t c) { return count / group + (c < count % group ? 1 : 0); };
+  return static_cast<double>(2 * count - chunk(0) - chunk(1)) * element_bytes;
+}
+
 }  // namespace
 
 absl::string_view StrategyName(Strategy strategy) {
@@ -394,18 +403,28 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   }
 
   // ---- Pipeline traffic. ----
-  // Each micro-batch sends its b*s*h activation forward and its gradient back (divided by t
-  // with Megatron's scatter/gather over the TP group). Neighbouring stages sit on different
-  // nodes once a stage fills a node. Under 1F1B and GPipe, m + p - 1 slots each wait for one send
-  // each way.
+  // Each micro-batch sends its activation forward and its gradient back: the rank's rows of the
+  // residual stream, b*s*h (b*s*h / t under sequence parallelism; dtrain does not split whole
+  // rows over the tp group as Megatron's scatter/gather does). Neighbouring stages sit on
+  // different nodes once a stage fills a node. Under 1F1B and GPipe, m + p - 1 slots each wait
+  // for one send each way. The bytes are the first stage's, as the tp traffic's
+  // (PipelineTrainStep): m activations forward, GPT-2's tied embedding gradient swapped with
+  // the last stage, and the step's loss and squared norm summed over the stages.
   if (p > 1) {
-    const double bytes = static_cast<double>(s) * b * h * precision.activation_bytes / t;
+    const double bytes = static_cast<double>(s) * b * h * precision.activation_bytes / (sp ? t : 1);
     const bool across_nodes = t * dp >= cluster.gpus_per_node && cluster.nodes > 1;
     const double gbps = across_nodes ? cluster.inter_gbps_per_gpu() : cluster.intra_gbps;
     const double latency_us = across_nodes ? cluster.inter_latency_us : cluster.intra_latency_us;
     const double send_ms = 1e3 * bytes / (gbps * 1e9) + 1e-3 * latency_us;
-    estimate.pp.payload_bytes = 2.0 * m * bytes;
-    estimate.pp.sent_bytes = estimate.pp.payload_bytes;
+    const double tied_bytes =
+        model.tied_head()
+            ? static_cast<double>(LocalDimsOf(model, ModelSlice{.tp_size = t}).vocab_rows()) * h *
+                  precision.grad_bytes
+            : 0;
+    // The loss sum (with its unused partner, SumOverRanks) and the squared norm, in doubles.
+    estimate.pp.payload_bytes = m * bytes + tied_bytes + 3 * sizeof(double);
+    estimate.pp.sent_bytes = m * bytes + tied_bytes + RankZeroAllReduceBytes(2, sizeof(double), p) +
+                             RankZeroAllReduceBytes(1, sizeof(double), p);
     estimate.pp.time_ms = 2.0 * m * send_ms;
     estimate.pp.exposed_ms = 2.0 * (m + p - 1) * send_ms;
   }

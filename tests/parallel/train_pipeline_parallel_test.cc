@@ -109,6 +109,13 @@ TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
               HasSubstr(absl::StrCat("pipeline parallel: ", c.pp, " stages, schedule ", c.schedule,
                                      "; stage 0: embedding + block")));
   EXPECT_THAT(ranks[0].output, HasSubstr("+ head"));
+  // The first stage's bytes in its pipeline group are the planner's to the byte: the micro-
+  // batches' activations, GPT-2's tied embedding gradient, and the loss and norm sums.
+  std::smatch sent;
+  ASSERT_TRUE(std::regex_search(ranks[0].output, sent,
+                                std::regex(R"(pp group (\d+) bytes \(the plan: (\d+)\))")))
+      << ranks[0].output;
+  EXPECT_EQ(sent[1].str(), sent[2].str());
   const Metrics metrics = ReadMetrics(out);
   ASSERT_EQ(metrics.loss.size(), reference.loss.size());
   for (size_t i = 0; i < metrics.loss.size(); ++i) {
