@@ -7,13 +7,9 @@
 # Usage: scripts/bench/ddp_overlap.sh [BUILD_DIR]. Environment: STEPS_TINY (12), STEPS_124M (4).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-build=${1:-$repo/build}
-python=/usr/bin/python3
-data=$repo/data/fortunes.txt
-[[ -x $build/dtrain ]] || { echo "no dtrain binary in $build; build it first" >&2; exit 1; }
-[[ -f $data ]] || { echo "no $data; run scripts/prepare_demo_data.sh" >&2; exit 1; }
-scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
+# shellcheck source=run_ranks.sh
+source "$repo/scripts/bench/run_ranks.sh"
+bench_setup "$repo" "${1:-}"
 ranks=2
 warmup=2
 
@@ -22,8 +18,6 @@ tiny=(model.n_layer=4 model.n_head=4 model.d_model=256 model.vocab_size=256
 gpt2_124m=(model.n_layer=12 model.n_head=12 model.d_model=768 model.vocab_size=50257
            model.max_seq_len=1024 train.seq_len=256 train.batch_size=4)
 
-# shellcheck source=run_ranks.sh
-source "$repo/scripts/bench/run_ranks.sh"
 
 # dtrain_row LABEL STRATEGY STEPS KEY=VALUE... -> "step_ms exposed_ms"
 dtrain_run() {

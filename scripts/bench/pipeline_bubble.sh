@@ -33,13 +33,9 @@
 set -euo pipefail
 shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-build=${1:-$repo/build}
-python=/usr/bin/python3
-data=$repo/data/fortunes.txt
-[[ -x $build/dtrain ]] || { echo "no dtrain binary in $build; build it first" >&2; exit 1; }
-[[ -f $data ]] || { echo "no $data; run scripts/prepare_demo_data.sh" >&2; exit 1; }
-scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
+# shellcheck source=run_ranks.sh
+source "$repo/scripts/bench/run_ranks.sh"
+bench_setup "$repo" "${1:-}"
 steps=${STEPS:-6}
 repeats=${REPEATS:-2}
 stage_counts=${STAGES:-2 4}
@@ -51,8 +47,6 @@ virtual=2  # interleaved's chunks per stage
 model=(model.family=gpt2 model.n_layer=8 model.n_head=4 model.d_model=128 model.vocab_size=256
        model.max_seq_len=64 train.seq_len=64 "train.micro_batch=$micro")
 
-# shellcheck source=run_ranks.sh
-source "$repo/scripts/bench/run_ranks.sh"
 
 # pipeline_run P SCHEDULE V M: trains, then prints one row per stage; or, when the trainer
 # refuses the layout, one line saying so with its message.

@@ -1,5 +1,18 @@
 # Sourced by the benchmarks that start local ranks.
 #
+# bench_setup REPO [BUILD_DIR]: sets build (BUILD_DIR, else REPO/build), python (Debian's, which
+# imports python3-torch), data (the demo text) and scratch (a folder removed on exit); exits 1
+# naming what to do first when the dtrain binary or the demo text is missing.
+bench_setup() {
+  build=${2:-$1/build}
+  python=/usr/bin/python3
+  data=$1/data/fortunes.txt
+  [[ -x $build/dtrain ]] || { echo "no dtrain binary in $build; build it first" >&2; exit 1; }
+  [[ -f $data ]] || { echo "no $data; run scripts/prepare_demo_data.sh" >&2; exit 1; }
+  scratch=$(mktemp -d)
+  trap 'rm -rf "$scratch"' EXIT
+}
+#
 # run_ranks RANKS LOG_PREFIX COMMAND...: one process per rank with torchrun's variables on a
 # random loopback port, each writing LOG_PREFIX.<rank>.log; waits for all, and on a failure
 # prints every rank's log and exits 1.

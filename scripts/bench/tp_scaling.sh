@@ -11,13 +11,9 @@
 set -euo pipefail
 shopt -s inherit_errexit  # a failure inside $(...) stops the script too
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-build=${1:-$repo/build}
-python=/usr/bin/python3
-data=$repo/data/fortunes.txt
-[[ -x $build/dtrain ]] || { echo "no dtrain binary in $build; build it first" >&2; exit 1; }
-[[ -f $data ]] || { echo "no $data; run scripts/prepare_demo_data.sh" >&2; exit 1; }
-scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
+# shellcheck source=run_ranks.sh
+source "$repo/scripts/bench/run_ranks.sh"
+bench_setup "$repo" "${1:-}"
 steps=${STEPS:-5}
 warmup=2
 
@@ -25,8 +21,6 @@ gpt2_124m=(model.family=gpt2 model.n_layer=12 model.n_head=12 model.d_model=768 
            model.vocab_size=50257 model.max_seq_len=1024 train.seq_len=256 train.batch_size=4
            train.micro_batch=2)
 
-# shellcheck source=run_ranks.sh
-source "$repo/scripts/bench/run_ranks.sh"
 
 # dtrain_run NAME RANKS THREADS KEY=VALUE... -> "step_ms tp_sent_bytes planned_tp_bytes"
 # (medians over the steps after the warm-up; the plan's figure from rank 0's log, or "-").
