@@ -288,7 +288,8 @@ const std::vector<KeySpec>& Keys() {
        {},
        Positive()},
       {DTRAIN_RECIPE_KEY(parallel, check_replicas),
-       "after every step, check that ranks holding replicated parameters hold the same bits "
+       "after every step, check that ranks holding replicated parameters hold the same bits, "
+       "and under pp > 1 that GPT-2's tied embedding copies on the first and the last stage do "
        "(costs one pass over the parameters)"},
       // checkpoint
       {DTRAIN_RECIPE_KEY(checkpoint, dir),
