@@ -348,11 +348,8 @@ absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
 // stays: the ranks it blames (parallel/comm/faulty_ranks.h).
 absl::Status TensorParallelStatus(const CommTensorParallel* ops) {
   if (!ops || ops->status().ok()) return absl::OkStatus();
-  absl::Status named(ops->status().code(),
-                     absl::StrCat("tensor-parallel collective: ", ops->status().message()));
-  ops->status().ForEachPayload(
-      [&](absl::string_view url, const absl::Cord& payload) { named.SetPayload(url, payload); });
-  return named;
+  return Renamed(ops->status(),
+                 absl::StrCat("tensor-parallel collective: ", ops->status().message()));
 }
 
 // Bytes this rank has sent over `comms`, every kind of operation. Null ones are skipped, and a
