@@ -665,11 +665,12 @@ TEST(AgentTest, AHungTensorParallelRankIsTheRootCause) {
                                      {"hung"});
 }
 
-// The same at pp 2: rank 0, stage 0, waits on stage 1 in the schedule's receives; its error, in
-// the report, says which stage the hung rank is.
+// The same at pp 2: rank 0, stage 0, waits on stage 1 in the schedule's receives; the headline
+// and rank 0's error say which stage the hung rank is.
 TEST(AgentTest, AHungPipelineStageIsTheRootCause) {
-  ExpectSignalledRank1IsTheRootCause("hung_pp", SIGSTOP, {"parallel.timeout_s=3", "parallel.pp=2"},
-                                     {"hung", "(rank 1: pipeline stage 1 of 2)"});
+  ExpectSignalledRank1IsTheRootCause(
+      "hung_pp", SIGSTOP, {"parallel.timeout_s=3", "parallel.pp=2"},
+      {"hung", ", pipeline stage 1 of 2), hung:", "(rank 1: pipeline stage 1 of 2)"});
 }
 
 // Node 1's agent is lost while node 0 waits for it to stop its workers (a vanished host: the
