@@ -711,16 +711,21 @@ void Agent::PrintRootCause(int attempt) {
                  "collective; the agent then ended it (%s)",
                  blamer->rank, root->exit)
            : root->exit;
+  // Where the root cause sits in a pipelined job's mesh, as its worker recorded it (ProcessGroup::
+  // ConnectMesh); none before that or without pipeline stages.
+  const absl::StatusOr<std::string> where =
+      store_->Get(AgentKey(attempt, absl::StrCat("where/", root->rank)), absl::Milliseconds(1));
   auto tail_of = [](const FailureRecord& record) {
     return absl::StrFormat(
         "Last lines of rank %d's stderr:\n%s", record.rank,
         record.stderr_tail.empty() ? "(nothing on stderr)\n" : record.stderr_tail);
   };
   LogError(
-      "the job failed (%d restarts used of %d). Root cause: rank %d on node %d (%s), %s.\n"
+      "the job failed (%d restarts used of %d). Root cause: rank %d on node %d (%s%s), %s.\n"
       "Failed workers, first failure first:\n%s%s%s",
-      attempt, options_.max_restarts, root->rank, root->node, root->host, what, table,
-      tail_of(*root), blamer != nullptr && blamer != root ? tail_of(*blamer) : "");
+      attempt, options_.max_restarts, root->rank, root->node, root->host,
+      where.ok() ? absl::StrCat(", ", *where) : "", what, table, tail_of(*root),
+      blamer != nullptr && blamer != root ? tail_of(*blamer) : "");
 }
 
 void Agent::Requeue() {

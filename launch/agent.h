@@ -8,9 +8,10 @@
 //   the failure grace); while restarts remain, all nodes start their workers again (the trainer
 //   resumes from the newest complete checkpoint); otherwise the agent exits 1 and node 0 prints
 //   the root cause: the rank a failed worker's error blames (one that never started the
-//   collective its peers failed in: hung or gone), else the first failing rank; its node, exit
-//   code or signal, its last stderr lines. A worker that exits 0 before it finished its part
-//   (ProcessGroup::Leave records that) fails too.
+//   collective its peers failed in: hung or gone), else the first failing rank; its node (and
+//   pipeline stage, which a pipelined worker records), exit code or signal, its last stderr
+//   lines. A worker that exits 0 before it finished its part (ProcessGroup::Leave records that)
+//   fails too.
 // - SIGTERM or SIGINT (time limit, preemption) is forwarded to the workers, which checkpoint and
 //   exit; whatever still runs after the stop grace is killed; then node 0 may requeue the job.
 //   Every agent learns of it through the store. SIGUSR1 and SIGUSR2 are forwarded without teardown.

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -50,6 +51,15 @@ MeshCoords Mesh::CoordsOf(int rank) const {
 
 int Mesh::RankAt(const MeshCoords& coords) const {
   return (coords.pp * shape_.dp + coords.dp) * shape_.tp + coords.tp;
+}
+
+std::string Mesh::Describe(int rank) const {
+  const MeshCoords at = CoordsOf(rank);
+  std::vector<std::string> parts;
+  if (shape_.pp > 1) parts.push_back(absl::StrCat("pipeline stage ", at.pp, " of ", shape_.pp));
+  if (shape_.tp > 1) parts.push_back(absl::StrCat("tp rank ", at.tp));
+  if (shape_.dp > 1) parts.push_back(absl::StrCat("dp rank ", at.dp));
+  return absl::StrJoin(parts, ", ");
 }
 
 GroupSpec Mesh::TpGroup(const std::string& key_namespace) const {

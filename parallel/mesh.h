@@ -57,6 +57,9 @@ class Mesh {
 
   MeshCoords CoordsOf(int rank) const;
   int RankAt(const MeshCoords& coords) const;
+  // Where `rank` sits, for messages: "pipeline stage 1 of 2, tp rank 1, dp rank 0", each
+  // dimension of size 1 left out ("" in a mesh of one rank).
+  std::string Describe(int rank) const;
 
   // This rank's groups: the ranks that differ from it only in that coordinate.
   GroupSpec TpGroup(const std::string& key_namespace = "comm/") const;

@@ -84,6 +84,13 @@ absl::StatusOr<ProcessGroup::MeshGroups> ProcessGroup::ConnectMesh(const Mesh& m
       mesh_, mesh.CreateCommunicators([this](const GroupSpec& spec) { return CreateGroup(spec); },
                                       comm_namespace_));
   const MeshShape& shape = mesh.shape();
+  // Where this rank sits in a pipelined mesh, for the agent's root cause: a dead or hung rank
+  // cannot say so itself (launch/agent.h).
+  if (membership_.agent_hosts_store && shape.pp > 1) {
+    RETURN_IF_ERROR(
+        store_->Set(AgentKey(membership_.restart_count, absl::StrCat("where/", membership_.rank)),
+                    mesh.Describe(mesh.rank())));
+  }
   return MeshGroups{View(mesh_.tp, shape.tp), View(mesh_.dp, shape.dp), View(mesh_.pp, shape.pp)};
 }
 

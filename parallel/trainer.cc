@@ -22,6 +22,7 @@
 #include "core/util/status.h"
 #include "nlohmann/json.hpp"
 #include "parallel/checkpointing.h"
+#include "parallel/comm/faulty_ranks.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/sampling.h"
@@ -348,11 +349,24 @@ absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
 // stays: the ranks it blames (parallel/comm/faulty_ranks.h).
 absl::Status TensorParallelStatus(const CommTensorParallel* ops) {
   if (!ops || ops->status().ok()) return absl::OkStatus();
-  absl::Status named(ops->status().code(),
-                     absl::StrCat("tensor-parallel collective: ", ops->status().message()));
-  ops->status().ForEachPayload(
-      [&](absl::string_view url, const absl::Cord& payload) { named.SetPayload(url, payload); });
-  return named;
+  return Renamed(ops->status(),
+                 absl::StrCat("tensor-parallel collective: ", ops->status().message()));
+}
+
+// `error` naming where each rank it blames sits in a pipelined mesh (faulty_ranks.h), which a
+// tp or dp peer's collective does not say: "... (rank 5: pipeline stage 1 of 2, tp rank 1, dp
+// rank 0)". Without pipeline stages the rank says it all.
+absl::Status NameBlamedStages(const Mesh& mesh, const absl::Status& error) {
+  const std::vector<int> blamed = FaultyRanks(error);
+  if (mesh.shape().pp == 1 || blamed.empty()) return error;
+  std::vector<std::string> where;
+  for (const int rank : blamed) {
+    if (rank >= 0 && rank < mesh.world_size()) {
+      where.push_back(absl::StrCat("rank ", rank, ": ", mesh.Describe(rank)));
+    }
+  }
+  if (where.empty()) return error;
+  return Renamed(error, absl::StrCat(error.message(), " (", absl::StrJoin(where, "; "), ")"));
 }
 
 // Bytes this rank has sent over `comms`, every kind of operation. Null ones are skipped, and a
@@ -630,8 +644,11 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
                    ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
                                          absl::StrCat("dtrain/", recipe.run.name, "/")));
+  const auto leave = [&](const absl::Status& outcome) {
+    return group->Leave(NameBlamedStages(mesh, outcome));
+  };
   absl::StatusOr<ProcessGroup::MeshGroups> groups = group->ConnectMesh(mesh);
-  if (!groups.ok()) return group->Leave(groups.status());
+  if (!groups.ok()) return leave(groups.status());
   // Grouped-query attention with more tp ranks than kv heads replicates each kv head on
   // kv_replicas ranks, whose gradients sum over them.
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
@@ -641,10 +658,10 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   Communicator* kv_group = nullptr;
   if (kv_replicas > 1) {
     absl::StatusOr<Communicator*> connected = group->ConnectKvReplicas(mesh, kv_replicas);
-    if (!connected.ok()) return group->Leave(connected.status());
+    if (!connected.ok()) return leave(connected.status());
     kv_group = *connected;
   }
-  return group->Leave(TrainRank(recipe, world, mesh, &group->world(), *groups, kv_group));
+  return leave(TrainRank(recipe, world, mesh, &group->world(), *groups, kv_group));
 }
 
 }  // namespace dtrain

@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 #define DTRAIN_CONCAT_INNER(a, b) a##b
 #define DTRAIN_CONCAT(a, b) DTRAIN_CONCAT_INNER(a, b)
@@ -23,3 +24,17 @@
   auto tmp = (expr);                          \
   if (!tmp.ok()) return tmp.status();         \
   lhs = std::move(tmp).value()
+
+namespace dtrain {
+
+// The status `cause` with `message` in place of its message: the code and the payloads (e.g. the
+// ranks a failed collective blames, parallel/comm/faulty_ranks.h) survive.
+inline absl::Status Renamed(const absl::Status& cause, absl::string_view message) {
+  absl::Status status(cause.code(), message);
+  cause.ForEachPayload([&](absl::string_view type_url, const absl::Cord& payload) {
+    status.SetPayload(type_url, payload);
+  });
+  return status;
+}
+
+}  // namespace dtrain

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/util/status.h"
 
 namespace dtrain {
 namespace {
@@ -21,16 +22,6 @@ double Ms(Clock::duration duration) {
 
 bool IsRecv(Kind kind) { return kind == Kind::kRecvForward || kind == Kind::kRecvBackward; }
 bool IsSend(Kind kind) { return kind == Kind::kSendForward || kind == Kind::kSendBackward; }
-
-// The status `cause` with `message` in place of its message: the code and the payloads (the
-// faulty ranks the launcher reports) survive.
-absl::Status Renamed(const absl::Status& cause, const std::string& message) {
-  absl::Status status(cause.code(), message);
-  cause.ForEachPayload([&](absl::string_view type_url, const absl::Cord& payload) {
-    status.SetPayload(type_url, payload);
-  });
-  return status;
-}
 
 }  // namespace
 

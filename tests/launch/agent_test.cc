@@ -379,10 +379,10 @@ TEST(AgentTest, LogDirHoldsOneFilePerRank) {
 }
 
 // Rank 1 of a two-worker launch gets `signal` mid-training: the launch exits 1 with rank 1 as the
-// root cause, its headline saying `cause`, and leaves no worker alive.
+// root cause, its report saying each of `causes`, and leaves no worker alive.
 void ExpectSignalledRank1IsTheRootCause(const std::string& name, int signal,
                                         const std::vector<std::string>& sets,
-                                        const std::string& cause) {
+                                        const std::vector<std::string>& causes) {
   const std::string out = OutDir(name);
   std::vector<std::string> args = {Recipe(name, 100000), "--nproc-per-node=2", "--set",
                                    "run.out_dir=" + out};
@@ -395,12 +395,12 @@ void ExpectSignalledRank1IsTheRootCause(const std::string& name, int signal,
   kill(workers[1].second, signal);
   EXPECT_EQ(launch.Wait(absl::Seconds(60)), 1) << launch.output();
   EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
-  EXPECT_THAT(launch.output(), HasSubstr(cause));
+  for (const std::string& cause : causes) EXPECT_THAT(launch.output(), HasSubstr(cause));
   for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
 }
 
 TEST(AgentTest, KilledWorkerWithoutRestartsEndsWithTheRootCause) {
-  ExpectSignalledRank1IsTheRootCause("fail", SIGKILL, {}, "signal 9 (SIGKILL)");
+  ExpectSignalledRank1IsTheRootCause("fail", SIGKILL, {}, {"signal 9 (SIGKILL)"});
 }
 
 TEST(AgentTest, KilledWorkerRestartsTheGroup) {
@@ -655,20 +655,22 @@ TEST(AgentTest, StderrThatIsNotUtf8StillGivesTheRootCause) {
 // Rank 1 is stopped (SIGSTOP) mid-training: rank 0's all-reduce times out naming rank 1 as the
 // rank that never started it, the agent then kills rank 1, and the headline names rank 1.
 TEST(AgentTest, AHungRankIsTheRootCause) {
-  ExpectSignalledRank1IsTheRootCause("hung", SIGSTOP, {"parallel.timeout_s=3"}, "hung");
+  ExpectSignalledRank1IsTheRootCause("hung", SIGSTOP, {"parallel.timeout_s=3"}, {"hung"});
 }
 
 // The same at tp 2, where rank 0 mostly waits in the model's tensor-parallel all-reduces: the
 // error the trainer reports from them must still blame rank 1.
 TEST(AgentTest, AHungTensorParallelRankIsTheRootCause) {
   ExpectSignalledRank1IsTheRootCause("hung_tp", SIGSTOP, {"parallel.timeout_s=3", "parallel.tp=2"},
-                                     "hung");
+                                     {"hung"});
 }
 
-// The same at pp 2: rank 0, stage 0, waits on stage 1 in the schedule's receives.
+// The same at pp 2: rank 0, stage 0, waits on stage 1 in the schedule's receives; the headline
+// and rank 0's error say which stage the hung rank is.
 TEST(AgentTest, AHungPipelineStageIsTheRootCause) {
-  ExpectSignalledRank1IsTheRootCause("hung_pp", SIGSTOP, {"parallel.timeout_s=3", "parallel.pp=2"},
-                                     "hung");
+  ExpectSignalledRank1IsTheRootCause(
+      "hung_pp", SIGSTOP, {"parallel.timeout_s=3", "parallel.pp=2"},
+      {"hung", ", pipeline stage 1 of 2), hung:", "(rank 1: pipeline stage 1 of 2)"});
 }
 
 // Node 1's agent is lost while node 0 waits for it to stop its workers (a vanished host: the

@@ -49,6 +49,21 @@ TEST(MeshTest, RanksAreTpInnermostThenDpThenPp) {
   }
 }
 
+// Any rank describes any other (what a failure that blames a peer reports), leaving out the
+// dimensions of size 1.
+TEST(MeshTest, DescribeNamesAnyRanksStageAndGroupRanks) {
+  absl::StatusOr<Mesh> mesh = Mesh::Create({.dp = 2, .pp = 2, .tp = 2}, 8, 0);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_EQ(mesh->Describe(5), "pipeline stage 1 of 2, tp rank 1, dp rank 0");
+  EXPECT_EQ(mesh->Describe(2), "pipeline stage 0 of 2, tp rank 0, dp rank 1");
+  absl::StatusOr<Mesh> pipeline = Mesh::Create({.dp = 1, .pp = 4, .tp = 1}, 4, 3);
+  ASSERT_TRUE(pipeline.ok()) << pipeline.status();
+  EXPECT_EQ(pipeline->Describe(2), "pipeline stage 2 of 4");
+  absl::StatusOr<Mesh> one = Mesh::Create({}, 1, 0);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->Describe(0), "");
+}
+
 TEST(MeshTest, GroupKeyPrefixesAreSharedByMembersAndDistinctAcrossGroups) {
   const MeshShape shape{.dp = 2, .pp = 2, .tp = 2};
   std::set<std::pair<std::string, std::vector<int>>> groups;
