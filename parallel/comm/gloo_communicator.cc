@@ -459,15 +459,23 @@ std::unique_ptr<Work> GlooCommunicator::EnqueueCollective(
     } catch (const std::exception& e) {
       const std::string what = e.what();
       const bool timed_out = what.find("Timed out") != std::string::npos;
-      std::vector<int> never_started;
+      std::vector<int> blamed;
+      std::string arrivals = DescribeArrivals(seq, blamed);
+      if (timed_out && blamed.empty() && options_.size == 2) {
+        // Both started it and this rank's wait ran out: only the peer can have held it up
+        // (stopped or hung inside the operation, or in another one of the same number).
+        blamed.push_back(WorldRank(1 - options_.rank));
+        absl::StrAppend(&arrivals, "; its one peer, rank ", blamed.front(),
+                        ", never completed its part (hung or stopped inside the operation)");
+      }
       const std::string message = absl::StrFormat(
           "%s #%d on group '%s' (%d ranks) failed at rank %d after %s%s: %s; transport: %s",
           op_name, seq, options_.name, options_.size, WorldRank(options_.rank),
           absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
           timed_out ? absl::StrCat(" (timeout ", absl::FormatDuration(options_.timeout), ")") : "",
-          DescribeArrivals(seq, never_started), what);
+          arrivals, what);
       status = timed_out ? absl::DeadlineExceededError(message) : absl::UnavailableError(message);
-      SetFaultyRanks(status, never_started);
+      SetFaultyRanks(status, blamed);
       broken_ = status;
     }
     if (stats_field == nullptr) return status;
