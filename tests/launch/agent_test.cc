@@ -801,7 +801,7 @@ TEST(AgentTest, FailedRequeueSaysWhy) {
   std::filesystem::create_directories(dir);
   const std::string started = dir + "/started";
   NodeZero agent({"/bin/sh", "-c",
-                  absl::StrCat("touch ", started, "-$RANK; trap 'exit 0' TERM; ",
+                  absl::StrCat("trap 'exit 0' TERM; touch ", started, "-$RANK; ",
                                "while :; do sleep 0.1; done")});
   agent.options.requeue_argv = {"/bin/sh", "-c", "exit 4"};
   int exit_code = -1;
