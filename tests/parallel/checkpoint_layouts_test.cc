@@ -23,6 +23,7 @@
 #include "tests/parallel/comm/test_store.h"
 #include "tests/testing/checkpoint_v1.h"
 #include "tests/testing/run_dtrain.h"
+#include "tests/testing/tensor_parallel_ranks.h"
 
 namespace dtrain {
 namespace {
@@ -179,21 +180,12 @@ void RunLayout(const Recipe& recipe, const Layout& layout, const Layout* saved) 
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world_size; ++rank) {
     threads.emplace_back([&, rank] {
-      auto connect = [&](const std::string& prefix, int group_rank, int size) {
-        GlooCommunicatorOptions options;
-        options.key_prefix = prefix;
-        options.rank = group_rank;
-        options.size = size;
-        options.timeout = absl::Seconds(30);
-        absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm =
-            GlooCommunicator::Create(store, options);
-        EXPECT_TRUE(comm.ok()) << comm.status();
-        return comm.ok() ? *std::move(comm) : nullptr;
-      };
-      std::unique_ptr<GlooCommunicator> world = connect("world/", rank, world_size);
+      std::unique_ptr<GlooCommunicator> world =
+          testing::ConnectGlooGroup(store, "world", "world/", rank, world_size, absl::Seconds(30));
       std::unique_ptr<GlooCommunicator> dp;
       if (layout.dp > 1) {
-        dp = connect(absl::StrCat("dp", rank % layout.tp, "/"), rank / layout.tp, layout.dp);
+        dp = testing::ConnectGlooGroup(store, "dp", absl::StrCat("dp", rank % layout.tp, "/"),
+                                       rank / layout.tp, layout.dp, absl::Seconds(30));
       }
       if (world == nullptr || (layout.dp > 1 && dp == nullptr)) return;
       RunRank(recipe, layout, saved, world.get(), dp.get());

@@ -78,6 +78,24 @@ inline std::vector<std::unique_ptr<ParamTable>> RunTensorParallelRanks(
   return tables;
 }
 
+// A Gloo communicator of `size` ranks named `name` under the store keys `prefix`, as `rank`;
+// null, with a test failure, when it cannot connect.
+inline std::unique_ptr<GlooCommunicator> ConnectGlooGroup(std::shared_ptr<InMemoryStore> store,
+                                                          const std::string& name,
+                                                          const std::string& prefix, int rank,
+                                                          int size, absl::Duration timeout) {
+  GlooCommunicatorOptions options;
+  options.name = name;
+  options.key_prefix = prefix;
+  options.rank = rank;
+  options.size = size;
+  options.timeout = timeout;
+  absl::StatusOr<std::unique_ptr<GlooCommunicator>> created =
+      GlooCommunicator::Create(std::move(store), options);
+  EXPECT_TRUE(created.ok()) << created.status();
+  return created.ok() ? *std::move(created) : nullptr;
+}
+
 // Runs fn(stage, tp_rank, tp, pp) for every rank of a pipeline of `stages` stages of `tp_size`
 // tensor-parallel ranks each (one data-parallel replica) on its own thread, with Gloo
 // communicators for its tensor-parallel group (its stage's ranks) and its pipeline group (its tp
@@ -87,19 +105,8 @@ inline void RunStageGridRanks(
     const std::function<void(int stage, int tp_rank, Communicator* tp, Communicator* pp)>& fn) {
   auto store = std::make_shared<InMemoryStore>();
   auto connect = [&](const std::string& name, const std::string& prefix, int rank, int size) {
-    std::unique_ptr<GlooCommunicator> comm;
-    if (size == 1) return comm;
-    GlooCommunicatorOptions options;
-    options.name = name;
-    options.key_prefix = prefix;
-    options.rank = rank;
-    options.size = size;
-    options.timeout = absl::Seconds(60);
-    absl::StatusOr<std::unique_ptr<GlooCommunicator>> created =
-        GlooCommunicator::Create(store, options);
-    EXPECT_TRUE(created.ok()) << created.status();
-    if (created.ok()) comm = *std::move(created);
-    return comm;
+    return size == 1 ? nullptr
+                     : ConnectGlooGroup(store, name, prefix, rank, size, absl::Seconds(60));
   };
   std::vector<std::thread> threads;
   for (int stage = 0; stage < stages; ++stage) {
