@@ -54,7 +54,8 @@ void AddPlanCommand(CLI::App& app) {
     // Pipelines in the recipe's schedule where the trainer runs it (else the ones it runs), so
     // that the printed recipe lines are a recipe that dtrain train accepts.
     SearchOptions options;
-    options.pp_schedules = SchedulesFor(*recipe, TrainerLayouts(cluster->gpus_per_node));
+    options.pp_schedules = TrainerLayouts(cluster->gpus_per_node).pp_schedules;
+    options = WithRecipeSchedule(*recipe, options);
     absl::StatusOr<Plan> plan = SearchLayouts(WorkloadFromRecipe(*recipe), *cluster, options);
     if (!plan.ok()) Fail(plan.status(), kExitUsage);
     if (args->json) {

@@ -131,28 +131,40 @@ void DataParallelEngine::BeginPipelinedStep(int micro_batches, bool keep_gathere
   BeginStep();
   pipelined_ = true;
   keep_gathered_ = keep_gathered && sharded_params();
-  backwards_.assign(std::max(micro_batches, 0), false);
+  micro_batches_ = std::max(micro_batches, 0);
+  const size_t chunks = table_.chunks().size();
+  backwards_.assign(micro_batches_ * chunks, false);
   backwards_begun_ = 0;
-  // The forwards before the first backward: nothing to reduce or to release for good.
-  last_micro_batch_ = false;
+  chunk_backwards_.assign(chunks, 0);
+  // Counted over the whole step: only the last backward's readiness counts.
+  std::fill(regions_ready_.begin(), regions_ready_.end(), 0);
 }
 
-absl::Status DataParallelEngine::BeginBackward(int micro_batch) {
-  const int micro_batches = static_cast<int>(backwards_.size());
-  if (!pipelined_ || micro_batch < 0 || micro_batch >= micro_batches) {
+bool DataParallelEngine::LastBackward(int region) const {
+  return pipelined_ ? chunk_backwards_[table_.ChunkOf(region)] == micro_batches_
+                    : last_micro_batch_;
+}
+
+absl::Status DataParallelEngine::BeginBackward(int micro_batch, int chunk) {
+  const int chunks = static_cast<int>(table_.chunks().size());
+  if (!pipelined_ || micro_batch < 0 || micro_batch >= micro_batches_ || chunk < 0 ||
+      chunk >= chunks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BeginBackward(", micro_batch, ", ", chunk,
+        "): not a micro-batch and chunk of the pipelined step (",
+        pipelined_ ? absl::StrCat(micro_batches_, " micro-batches, ", chunks, " chunks")
+                   : "BeginPipelinedStep not called",
+        ")"));
+  }
+  const size_t index = static_cast<size_t>(chunk) * micro_batches_ + micro_batch;
+  if (backwards_[index]) {
     return absl::InvalidArgumentError(
-        absl::StrCat("BeginBackward(", micro_batch, "): not a micro-batch of the pipelined step (",
-                     pipelined_ ? absl::StrCat(micro_batches, " micro-batches")
-                                : "BeginPipelinedStep not called",
-                     ")"));
+        absl::StrCat("BeginBackward(", micro_batch, ", ", chunk,
+                     "): the backward already ran in this step; each runs once per step"));
   }
-  if (backwards_[micro_batch]) {
-    return absl::InvalidArgumentError(absl::StrCat("BeginBackward(", micro_batch,
-                                                   "): the micro-batch's backward already ran "
-                                                   "in this step; each runs once per step"));
-  }
-  backwards_[micro_batch] = true;
-  const bool last = ++backwards_begun_ == micro_batches;
+  backwards_[index] = true;
+  ++chunk_backwards_[chunk];
+  const bool last = ++backwards_begun_ == static_cast<int>(backwards_.size());
   if (last && keep_gathered_) {
     // Every forward is done, and backward needs no parameters but the blocks': the embedding's
     // backward reads none, and the final norm's and the head's ran in the last stage's forward.
@@ -169,7 +181,6 @@ absl::Status DataParallelEngine::BeginBackward(int micro_batch) {
       it = gathered_.erase(it);
     }
   }
-  BeginMicroBatch(last);
   return absl::OkStatus();
 }
 
@@ -223,10 +234,10 @@ void DataParallelEngine::Release(int region, Pass pass) {
   if (it == gathered_.end()) return;
   const bool leaves_unit =
       pass == Pass::kForward ? region == unit.last_region : region == unit.first_region;
-  // Kept for the whole step, a unit is done in the last backward, where backward leaves it or
-  // the head's hold from its forward (the last region, the tied embeddings) ends.
-  const bool done =
-      keep_gathered_ ? last_micro_batch_ && (pass == Pass::kForward || leaves_unit) : leaves_unit;
+  // Kept for the whole step, a unit is done in its chunk's last backward, where backward leaves
+  // it or the head's hold from its forward (the last region, the tied embeddings) ends.
+  const bool done = keep_gathered_ ? LastBackward(region) && (pass == Pass::kForward || leaves_unit)
+                                   : leaves_unit;
   if (--it->second.users <= 0 && done) {
     (void)Wait(it->second.pending);
     gathered_.erase(it);
@@ -288,7 +299,7 @@ void DataParallelEngine::GradientsReady(int region) {
   const int regions = unit.last_region - unit.first_region + 1;
   if (!sharded_grads()) {
     // Like DDP's no_sync: micro-batches before the last accumulate locally.
-    if (!last_micro_batch_ || ++regions_ready_[unit_index] < regions) return;
+    if (!LastBackward(region) || ++regions_ready_[unit_index] < regions) return;
     ++units_completed_;
     if (!comm_) return;
     PendingReduction reduction{unit_index};
@@ -305,7 +316,7 @@ void DataParallelEngine::GradientsReady(int region) {
     return;
   }
   // A pipelined step's buffers accumulate every backward's contribution until the last one.
-  if (pipelined_ && !last_micro_batch_) return;
+  if (pipelined_ && !LastBackward(region)) return;
   GradientUnit& buffer = GradientBufferFor(unit_index);
   if (++buffer.regions_ready < regions) return;
   ++units_completed_;
@@ -347,15 +358,15 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   if (pipelined && backwards_begun_ < static_cast<int>(backwards_.size())) {
     return absl::FailedPreconditionError(
         absl::StrCat("the pipelined step ran ", backwards_begun_, " of its ", backwards_.size(),
-                     " micro-batches' backwards: its gradients are not reduced; call "
+                     " backwards (micro-batches x chunks): its gradients are not reduced; call "
                      "BeginBackward before each"));
   }
   if (pipelined && units_completed_ < layout_.units().size()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the pipelined step's last backward completed ", units_completed_, " of the stage's ",
+        "the pipelined step's backwards completed ", units_completed_, " of the stage's ",
         layout_.units().size(),
-        " units; the others' last backward came earlier, so their gradients were never reduced "
-        "(several model chunks on one rank need one engine each)"));
+        " units; the others' regions were not all ready after their chunk's last backward, so "
+        "their gradients were never reduced"));
   }
 
   double sum_squares = CountedSumSquares();

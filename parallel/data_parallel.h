@@ -87,23 +87,24 @@ class DataParallelEngine : public BlockParameters {
   void BeginMicroBatch(bool last);
 
   // A pipelined step instead (BeginStep and BeginMicroBatch are the single-stage path): the
-  // forwards and backwards of the step's `micro_batches` micro-batches may interleave on this
-  // stage (1F1B: F0 F1 B0 F2 B1 B2 ...), each backward announced by BeginBackward. Every
-  // strategy accumulates the stage's gradients locally, as DDP's no_sync does, and reduces each
-  // unit once per step (all-reduce, or reduce-scatter under any sharding), as soon as its regions
-  // are ready in the step's last backward: the stage's whole gradient is held during the step
-  // under ZeRO-2/3 and FSDP too. Under parameter sharding with `keep_gathered`, a unit is
-  // gathered at its first Acquire of the step and kept until its last use in the last backward
-  // (torchtitan's reshard_after_forward = false under pipelining): one all-gather per unit per
-  // step instead of two per micro-batch, for holding the stage's whole parameters. Every unit's
-  // last backward must be the step's last: several model chunks on one rank (interleaved
-  // schedules) need one engine each; FinishStep fails otherwise.
+  // forwards and backwards of the step's `micro_batches` micro-batches through each of the
+  // table's model chunks may interleave on this stage (1F1B: F0 F1 B0 F2 B1 B2 ...; interleaved
+  // schedules alternate chunks), each backward announced by BeginBackward. Every strategy
+  // accumulates the stage's gradients locally, as DDP's no_sync does, and reduces each unit once
+  // per step (all-reduce, or reduce-scatter under any sharding), as soon as its regions are
+  // ready in their chunk's last backward (a unit never spans chunks): the stage's whole gradient
+  // is held during the step under ZeRO-2/3 and FSDP too. Under parameter sharding with
+  // `keep_gathered`, a unit is gathered at its first Acquire of the step and kept until its last
+  // use in its chunk's last backward (torchtitan's reshard_after_forward = false under
+  // pipelining): one all-gather per unit per step instead of two per micro-batch, for holding
+  // the stage's whole parameters.
   void BeginPipelinedStep(int micro_batches, bool keep_gathered);
-  // Before the backward of micro-batch `micro_batch` of a pipelined step: each of
-  // [0, micro_batches) once, in any order; the one that completes the set is the step's last.
-  // Forwards of later micro-batches may follow. InvalidArgument for a micro-batch out of range
-  // or announced twice; FinishStep fails unless every micro-batch was announced.
-  absl::Status BeginBackward(int micro_batch);
+  // Before the backward of micro-batch `micro_batch` through model chunk `chunk` (an index into
+  // the table's chunks()) of a pipelined step: each pair once, in any order; the one that
+  // completes a chunk's micro-batches is that chunk's last backward. Forwards of later
+  // micro-batches may follow. InvalidArgument for a pair out of range or announced twice;
+  // FinishStep fails unless every pair was announced.
+  absl::Status BeginBackward(int micro_batch, int chunk);
   // After the last micro-batch: wait for the reductions, reduce the loss (this rank's sum of
   // token losses over `global_tokens`), clip, AdamW, gather. Errors name the failed collective.
   absl::StatusOr<StepTotals> FinishStep(double local_loss_sum, int64_t global_tokens,
@@ -170,6 +171,9 @@ class DataParallelEngine : public BlockParameters {
   float* ParamAt(const Unit& unit, size_t position);
   // Table range of the optimizer slice of unit `u` (the whole unit when unsharded).
   std::pair<size_t, size_t> OptimizerRange(size_t u) const;
+  // Whether the current backward (or micro-batch, outside a pipelined step) is the last of the
+  // step to reach `region`: its gradient is then complete.
+  bool LastBackward(int region) const;
   // This rank's share of the squared gradient norm: its gradient slices' counted elements.
   double CountedSumSquares();
 
@@ -197,11 +201,13 @@ class DataParallelEngine : public BlockParameters {
   std::vector<int> regions_ready_;  // unsharded gradients: per unit, this micro-batch
   std::vector<PendingReduction> reductions_;
   bool last_micro_batch_ = true;
-  // The pipelined step (BeginPipelinedStep); `backwards_` has one flag per micro-batch, set by
-  // its BeginBackward.
+  // The pipelined step (BeginPipelinedStep); `backwards_` has one flag per (chunk, micro-batch),
+  // set by its BeginBackward, and `chunk_backwards_` counts each chunk's.
   bool pipelined_ = false;
   bool keep_gathered_ = false;
+  int micro_batches_ = 0;
   std::vector<bool> backwards_;
+  std::vector<int> chunk_backwards_;
   int backwards_begun_ = 0;
   size_t units_completed_ = 0;  // units whose regions were all ready in the last backward
   absl::Status error_;          // the first communication failure; reported by FinishStep

@@ -30,6 +30,7 @@ TransformerPipelineStage::TransformerPipelineStage(const ParamTable& table,
       engine_(engine),
       first_(stage == 0),
       last_(stage + 1 == shape.stages),
+      head_chunk_(shape.virtual_stages - 1),
       tied_region_(TiedRegion(table, first_, last_)),
       slots_(PipelineActivationSlots(shape, stage)),
       b_(micro_batch),
@@ -42,36 +43,55 @@ void TransformerPipelineStage::BeginStep(const int32_t* inputs, const int32_t* t
   grad_scale_ = grad_scale;
   loss_sum_ = 0;
   held_head_ready_ = 0;
+  in_flight_.clear();
+  free_slots_.clear();
+  for (int slot = slots_ - 1; slot >= 0; --slot) free_slots_.push_back(slot);
 }
 
-size_t TransformerPipelineStage::InputCount(int) const {
-  return first_ ? 0 : model_->StageActivationCount(b_, t_);
+size_t TransformerPipelineStage::InputCount(int chunk) const {
+  return StartsModel(chunk) ? 0 : model_->StageActivationCount(b_, t_);
 }
-size_t TransformerPipelineStage::OutputCount(int) const {
-  return last_ ? 0 : model_->StageActivationCount(b_, t_);
+size_t TransformerPipelineStage::OutputCount(int chunk) const {
+  return EndsModel(chunk) ? 0 : model_->StageActivationCount(b_, t_);
 }
 
-absl::Status TransformerPipelineStage::Forward(int micro_batch, int, const float* input,
+absl::Status TransformerPipelineStage::Forward(int micro_batch, int chunk, const float* input,
                                                float* output) {
+  if (free_slots_.empty()) {
+    return absl::InternalError(absl::StrCat("forward of micro-batch ", micro_batch, " chunk ",
+                                            chunk, ": all ", slots_,
+                                            " activation slots are in flight; the schedule "
+                                            "holds more than PipelineActivationSlots"));
+  }
+  const int slot = free_slots_.back();
+  free_slots_.pop_back();
+  in_flight_[{micro_batch, chunk}] = slot;
   const size_t offset = static_cast<size_t>(micro_batch) * b_ * t_;
-  Transformer::StageForwardArgs args{.b = b_, .t = t_, .grad_scale = grad_scale_};
-  if (first_) args.tokens = inputs_ + offset;
+  Transformer::StageForwardArgs args{.chunk = chunk, .b = b_, .t = t_, .grad_scale = grad_scale_};
+  if (StartsModel(chunk)) args.tokens = inputs_ + offset;
   args.input = input;
-  if (last_) args.targets = targets_ + offset;
+  if (EndsModel(chunk)) args.targets = targets_ + offset;
   args.output = output;
-  // In flight micro-batches are consecutive (1F1B: a window of at most slots_; gpipe: all).
-  loss_sum_ += model_->StageForward(micro_batch % slots_, args);
+  loss_sum_ += model_->StageForward(slot, args);
   return absl::OkStatus();
 }
 
-absl::Status TransformerPipelineStage::Backward(int micro_batch, int, const float* d_output,
+absl::Status TransformerPipelineStage::Backward(int micro_batch, int chunk, const float* d_output,
                                                 float* d_input) {
-  RETURN_IF_ERROR(engine_.BeginBackward(micro_batch));
-  if (held_head_ready_ > 0) {
+  const auto it = in_flight_.find({micro_batch, chunk});
+  if (it == in_flight_.end()) {
+    return absl::InternalError(absl::StrCat("backward of micro-batch ", micro_batch, " chunk ",
+                                            chunk, " before its forward"));
+  }
+  const int slot = it->second;
+  in_flight_.erase(it);
+  RETURN_IF_ERROR(engine_.BeginBackward(micro_batch, chunk));
+  if (EndsModel(chunk) && held_head_ready_ > 0) {
     --held_head_ready_;
     engine_.GradientsReady(table_.last_region());
   }
-  model_->StageBackward(micro_batch % slots_, d_output, d_input);
+  model_->StageBackward(slot, d_output, d_input);
+  free_slots_.push_back(slot);
   return absl::OkStatus();
 }
 

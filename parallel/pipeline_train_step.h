@@ -1,12 +1,15 @@
-// One optimizer step of a pipeline stage (parallel.pp > 1, one model chunk per stage): the
-// step's micro-batches forward and backward through this stage's part of the Transformer in the
-// schedule's order (PipelineExecutor), the activations crossing stages over the pipeline group;
-// then the tied embedding's two copies (GPT-2: the first stage's and the last stage's head)
-// sum their gradients, the loss comes from the last stage to every stage, the squared gradient
-// norm sums over the stages, and the engine clips and steps as in TrainStep.
+// One optimizer step of a pipeline stage (parallel.pp > 1; one model chunk per stage, or
+// several under an interleaved schedule): the step's micro-batches forward and backward through
+// this stage's chunks of the Transformer in the schedule's order (PipelineExecutor), the
+// activations crossing stages over the pipeline group; then the tied embedding's two copies (GPT-2:
+// the first stage's and the last stage's head) sum their gradients, the loss comes from the last
+// stage to every stage, the squared gradient norm sums over the stages, and the engine clips and
+// steps as in TrainStep.
 #pragma once
 
+#include <map>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,12 +24,12 @@
 
 namespace dtrain {
 
-// Micro-batches in flight at once on `stage` (the Transformer's activation_slots): the warm-up
-// forwards and the steady phase's one, at most every micro-batch of the step.
+// (Micro-batch, chunk) passes in flight at once on `stage` (the Transformer's activation_slots):
+// the warm-up forwards and the steady phase's one, at most every pass of the step.
 int PipelineActivationSlots(const PipelineShape& shape, int stage);
 
-// The model as a PipelineStage of one chunk. It sits between the Transformer and the engine
-// (the Transformer's BlockParameters) because the last stage runs the head's backward inside
+// The model as a PipelineStage of the stage's chunks. It sits between the Transformer and the
+// engine (the Transformer's BlockParameters) because the last stage runs the head's backward inside
 // its forward: the head's GradientsReady is held back until that micro-batch's Backward has
 // told the engine (BeginBackward), so that the engine sees the step's last backward complete
 // every unit of the stage. A tied embedding's copy (GPT-2's embedding on the first stage, its
@@ -65,8 +68,13 @@ class TransformerPipelineStage : public PipelineStage, public BlockParameters {
   const ParamTable& table_;
   DataParallelEngine& engine_;
   Transformer* model_ = nullptr;
+  // Whether the stage's model chunk `chunk` starts with the embedding, or ends with the head.
+  bool StartsModel(int chunk) const { return first_ && chunk == 0; }
+  bool EndsModel(int chunk) const { return last_ && chunk == head_chunk_; }
+
   const bool first_;
   const bool last_;
+  const int head_chunk_;  // the last of the stage's chunks
   const std::optional<int> tied_region_;
   const int slots_;
   const int b_;
@@ -76,6 +84,9 @@ class TransformerPipelineStage : public PipelineStage, public BlockParameters {
   float grad_scale_ = 1.0f;
   double loss_sum_ = 0;
   int held_head_ready_ = 0;  // the head's GradientsReady calls not yet passed on
+  // The Transformer's activation slots: (micro-batch, chunk) in flight -> its slot, and the free.
+  std::map<std::pair<int, int>, int> in_flight_;
+  std::vector<int> free_slots_;
 };
 
 // One step of this stage. `pp` is the pipeline group (rank = stage), `dp` the stage's

@@ -33,7 +33,10 @@ UnitLayout::UnitLayout(const ParamTable& table, size_t unit_bytes, int ranks) : 
     // A held region may be empty (a vocabulary slot of padding only): a unit of no elements.
     const auto [begin, end] = table.BlockRange(region);
     const bool own_unit = region == -1 || region == last;
-    const bool merge = !units_.empty() && !own_unit && units_.back().last_region != -1 &&
+    // Only consecutive blocks merge: a stage's model chunks (interleaved schedules) finish
+    // their backwards at different times, and a unit is reduced when all its regions are done.
+    const bool merge = !units_.empty() && !own_unit && units_.back().last_region == region - 1 &&
+                       units_.back().last_region != -1 &&
                        (units_.back().end - units_.back().begin) * sizeof(float) < unit_bytes;
     if (merge) {
       units_.back().last_region = region;

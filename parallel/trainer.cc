@@ -25,6 +25,7 @@
 #include "parallel/comm/faulty_ranks.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/forward_pass.h"
 #include "parallel/pipeline/sampling.h"
 #include "parallel/pipeline/stage_assignment.h"
 #include "parallel/pipeline_train_step.h"
@@ -106,10 +107,8 @@ absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, Co
                                         ValidationLoader& val, const Recipe& recipe) {
   const int b = recipe.train.micro_batch;
   const int t = recipe.train.seq_len;
-  const bool first = pp.rank() == 0;
   const bool last = pp.rank() + 1 == pp.size();
   std::vector<int32_t> inputs(static_cast<size_t>(b) * t), targets(inputs.size());
-  std::vector<float> input(model.StageActivationCount(b, t)), output(input.size());
   val.Reset();
   double loss_sum = 0;
   double tokens = 0;
@@ -117,17 +116,17 @@ absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, Co
     // Every stage of a replica reads the same batch. Each runs the forward, on an empty batch
     // too: sharded parameters are gathered collectively over the replicas.
     ASSIGN_OR_RETURN(const int rows, val.Next(b, inputs.data(), targets.data()));
-    const size_t count = model.StageActivationCount(rows, t);
-    if (!first && count > 0) {
-      RETURN_IF_ERROR(pp.Recv(input.data(), count, pp.rank() - 1)->Wait());
-    }
-    loss_sum += model.StageForwardLoss({.b = rows,
-                                        .t = t,
-                                        .tokens = inputs.data(),
-                                        .input = input.data(),
-                                        .targets = targets.data(),
-                                        .output = output.data()});
-    if (!last && count > 0) RETURN_IF_ERROR(pp.Send(output.data(), count, pp.rank() + 1)->Wait());
+    RETURN_IF_ERROR(ForwardThroughStages(
+        pp, static_cast<int>(model.chunks().size()), model.StageActivationCount(rows, t),
+        [&](int chunk, const float* input, float* output) {
+          loss_sum += model.StageForwardLoss({.chunk = chunk,
+                                              .b = rows,
+                                              .t = t,
+                                              .tokens = inputs.data(),
+                                              .input = input,
+                                              .targets = targets.data(),
+                                              .output = output});
+        }));
     if (last) tokens += static_cast<double>(rows) * t;
   }
   RETURN_IF_ERROR(SumOverRanks(&pp, loss_sum, tokens));
@@ -176,10 +175,13 @@ void LogPipelineStage(const Recipe& recipe, const ModelConfig& config, const Mod
   const double held_bytes = Transformer::ActivationBytes(
       config, recipe.train.micro_batch, recipe.train.seq_len, recompute, slice,
       recipe.parallel.sequence_parallel, stats.peak_live_activations);
+  // Under interleaving a slot holds one micro-batch's pass through one model chunk.
+  const bool chunks = slice.chunks.size() > 1;
   LogInfo(
-      "pipeline stage %d of %d: %s; activations: at most %d micro-batches in flight in %d "
-      "slots, %s (the estimate: %s), plus %s of send and receive buffers",
-      stage, stages, times.Format(), stats.peak_live_activations, activation_slots,
+      "pipeline stage %d of %d: %s; activations: at most %d %s in flight in %d slots, %s (the "
+      "estimate: %s), plus %s of send and receive buffers",
+      stage, stages, times.Format(), stats.peak_live_activations,
+      chunks ? "micro-batch chunks" : "micro-batches", activation_slots,
       MiB(static_cast<size_t>(held_bytes)), MiB(static_cast<size_t>(estimated_bytes)),
       MiB(stats.peak_buffer_bytes));
 }
@@ -390,12 +392,16 @@ int64_t SentBytes(std::initializer_list<const Communicator*> comms) {
 Estimate PlannedLayout(const Recipe& recipe, const Mesh& mesh, Recompute recompute) {
   Workload workload = WorkloadFromRecipe(recipe);
   workload.precision = Precision::Fp32();
-  Layout layout{.tp = mesh.shape().tp,
-                .pp = mesh.shape().pp,
-                .dp = mesh.shape().dp,
-                .micro_batch = recipe.train.micro_batch,
-                .recompute = recompute,
-                .sequence_parallel = recipe.parallel.sequence_parallel && mesh.shape().tp > 1};
+  Layout layout{
+      .tp = mesh.shape().tp,
+      .pp = mesh.shape().pp,
+      .dp = mesh.shape().dp,
+      .micro_batch = recipe.train.micro_batch,
+      .schedule =
+          ParsePipelineSchedule(recipe.parallel.pp_schedule).value_or(PipelineSchedule::kOneFOneB),
+      .virtual_stages = recipe.parallel.pp_virtual_stages,
+      .recompute = recompute,
+      .sequence_parallel = recipe.parallel.sequence_parallel && mesh.shape().tp > 1};
   for (Strategy strategy :
        {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3, Strategy::kFsdp}) {
     if (StrategyName(strategy) == recipe.parallel.strategy) layout.strategy = strategy;
@@ -426,11 +432,12 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   StageAssignment assignment;
   PipelineShape shape{.stages = pp, .micro_batches = micro_batches};
   if (pp > 1) {
-    ASSIGN_OR_RETURN(assignment,
-                     AssignStages(PipelineFlopsPerToken(config, train.seq_len, recompute), pp, 1));
     ASSIGN_OR_RETURN(shape.schedule, ParsePipelineSchedule(recipe.parallel.pp_schedule));
-    slice.first_block = assignment.first_block[stage];
-    slice.num_blocks = assignment.first_block[stage + 1] - slice.first_block;
+    shape.virtual_stages = recipe.parallel.pp_virtual_stages;
+    ASSIGN_OR_RETURN(assignment,
+                     AssignStages(PipelineFlopsPerToken(config, train.seq_len, recompute), pp,
+                                  shape.virtual_stages));
+    slice.chunks = StageChunks(assignment, stage);
   }
   const int activation_slots = pp > 1 ? PipelineActivationSlots(shape, stage) : 1;
   const RankMemory memory =

@@ -57,14 +57,18 @@ absl::StatusOr<std::vector<float>> GatherWholeModel(const ParamTable& table, std
     ASSIGN_OR_RETURN(own, GatherSplit(ParamTable(table.config(), stage), slices, own, *tp));
   }
   if (pp != nullptr) {
-    // Each stage's blocks, from the stages themselves.
-    const int64_t blocks[2] = {table.first_block(), table.num_blocks()};
-    std::vector<int64_t> stage_blocks(2 * pp->size());
-    RETURN_IF_ERROR(pp->AllGather(blocks, stage_blocks.data(), 2)->Wait());
+    // Each stage's chunks, from the stages themselves (every stage holds as many).
+    const std::vector<BlockSpan>& chunks = table.chunks();
+    std::vector<int64_t> spans;
+    for (const BlockSpan& chunk : chunks) spans.insert(spans.end(), {chunk.first, chunk.count});
+    std::vector<int64_t> stage_spans(spans.size() * pp->size());
+    RETURN_IF_ERROR(pp->AllGather(spans.data(), stage_spans.data(), spans.size())->Wait());
     std::vector<ModelSlice> slices(pp->size());
     for (int s = 0; s < pp->size(); ++s) {
-      slices[s].first_block = static_cast<int>(stage_blocks[2 * s]);
-      slices[s].num_blocks = static_cast<int>(stage_blocks[2 * s + 1]);
+      for (size_t k = 0; k < chunks.size(); ++k) {
+        const int64_t* span = stage_spans.data() + (s * chunks.size() + k) * 2;
+        slices[s].chunks.push_back({static_cast<int>(span[0]), static_cast<int>(span[1])});
+      }
     }
     ASSIGN_OR_RETURN(own, GatherSplit(ParamTable(table.config(), {}), slices, own, *pp));
   }

@@ -95,13 +95,14 @@ std::string ListSome(const std::vector<std::string>& names) {
 }
 
 absl::Status CheckWholeModel(const ModelConfig& config, const ParamTable& table) {
-  if (table.first_block() != 0 || table.num_blocks() != config.n_layer) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Hugging Face checkpoints map to the whole model; this parameter table holds blocks ",
-        table.first_block(), "..", table.first_block() + table.num_blocks() - 1, " of ",
-        config.n_layer));
+  if (table.HoldsWholeModel()) return absl::OkStatus();
+  std::vector<std::string> spans;
+  for (const BlockSpan& chunk : table.chunks()) {
+    spans.push_back(absl::StrCat(chunk.first, "..", chunk.end() - 1));
   }
-  return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "Hugging Face checkpoints map to the whole model; this parameter table holds blocks ",
+      absl::StrJoin(spans, ", "), " of ", config.n_layer));
 }
 
 }  // namespace

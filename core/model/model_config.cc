@@ -43,6 +43,11 @@ absl::Status CheckTensorParallel(const ModelConfig& config, int tp) {
   return absl::OkStatus();
 }
 
+std::vector<BlockSpan> ChunksOf(const ModelConfig& config, const ModelSlice& slice) {
+  if (!slice.chunks.empty()) return slice.chunks;
+  return {{0, config.n_layer}};
+}
+
 const char* FamilyName(ModelFamily family) {
   return family == ModelFamily::kLlama ? "llama" : "gpt2";
 }

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "core/recipe/recipe.h"
@@ -41,15 +42,28 @@ struct ModelConfig {
 ModelConfig ModelConfigFromRecipe(const ModelSection& model, int d_ff);
 const char* FamilyName(ModelFamily family);
 
-// The part of the model one rank holds: a contiguous range of blocks (a pipeline stage) and a
-// share of each block's heads and MLP width (tensor parallel). The ParamTable sizes the tensors
-// from it and the layers compute with its LocalDims.
+// Transformer blocks [first, first + count).
+struct BlockSpan {
+  int first = 0;
+  int count = 0;
+
+  int end() const { return first + count; }
+  friend bool operator==(const BlockSpan&, const BlockSpan&) = default;
+};
+
+// The part of the model one rank holds: its pipeline stage's model chunks, each a range of
+// contiguous blocks, and a share of each block's heads and MLP width (tensor parallel). The
+// ParamTable sizes the tensors from it and the layers compute with its LocalDims.
 struct ModelSlice {
-  int first_block = 0;
-  int num_blocks = -1;  // -1 = through the last block
+  // In model order: one chunk per stage, or under an interleaved schedule several, apart (the
+  // stage's model chunks, schedule.h). Empty: every block, as one chunk.
+  std::vector<BlockSpan> chunks;
   int tp_rank = 0;
   int tp_size = 1;
 };
+
+// The slice's chunks: `slice.chunks`, or the whole model's blocks as one.
+std::vector<BlockSpan> ChunksOf(const ModelConfig& config, const ModelSlice& slice);
 
 // OK when `tp` ranks can share the model Megatron-style: n_head and d_ff divide by tp, and the
 // kv heads either split (n_kv_head % tp == 0) or are replicated (tp % n_kv_head == 0). The

@@ -58,12 +58,10 @@ ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice)
   std::vector<RowRange> up_rows = {{r * ff, ff}};
   if (!gpt2) up_rows.push_back({config.d_ff + r * ff, ff});
   const int64_t global_up = gpt2 ? config.d_ff : 2 * config.d_ff;
-  first_block_ = slice.first_block;
   n_layer_ = config.n_layer;
-  const int last_block =
-      slice.num_blocks < 0 ? config.n_layer : slice.first_block + slice.num_blocks;
-  const bool has_embedding = first_block_ == 0;
-  const bool has_head = last_block == config.n_layer;
+  chunks_ = ChunksOf(config, slice);
+  const bool has_embedding = chunks_.front().first == 0;
+  const bool has_head = chunks_.back().end() == config.n_layer;
 
   token_embedding_ = position_embedding_ = final_norm_w_ = final_norm_b_ = head_ = kAbsent;
   if (has_embedding) {
@@ -72,26 +70,30 @@ ParamTable::ParamTable(const ModelConfig& config, const ModelSlice& slice)
       position_embedding_ = Add("embed.positions", {config.max_seq_len, c}, -1);
     }
   }
-  for (int i = first_block_; i < last_block; ++i) {
-    const std::string p = absl::StrCat("blocks.", i, ".");
-    BlockOffsets b;
-    b.norm1_w = Add(p + "norm1.weight", {c}, i);
-    b.norm1_b = gpt2 ? Add(p + "norm1.bias", {c}, i) : kAbsent;
-    // Column-parallel: a rank holds rows of qkv and mlp.up (and their biases).
-    b.qkv_w = Add(p + "attn.qkv.weight", {dims_.qkv_width(), c}, i, {global_qkv, c}, qkv_rows);
-    b.qkv_b =
-        gpt2 ? Add(p + "attn.qkv.bias", {dims_.qkv_width()}, i, {global_qkv}, qkv_rows) : kAbsent;
-    // Row-parallel: a rank holds columns of attn.out and mlp.down; the bias is whole.
-    b.attn_out_w = Add(p + "attn.out.weight", {c, heads * d}, i, {c, config.n_head * d}, {{0, c}},
-                       r * heads * d);
-    b.attn_out_b = gpt2 ? Add(p + "attn.out.bias", {c}, i) : kAbsent;
-    b.norm2_w = Add(p + "norm2.weight", {c}, i);
-    b.norm2_b = gpt2 ? Add(p + "norm2.bias", {c}, i) : kAbsent;
-    b.mlp_up_w = Add(p + "mlp.up.weight", {dims_.mlp_up_width, c}, i, {global_up, c}, up_rows);
-    b.mlp_up_b = gpt2 ? Add(p + "mlp.up.bias", {ff}, i, {global_up}, up_rows) : kAbsent;
-    b.mlp_down_w = Add(p + "mlp.down.weight", {c, ff}, i, {c, config.d_ff}, {{0, c}}, r * ff);
-    b.mlp_down_b = gpt2 ? Add(p + "mlp.down.bias", {c}, i) : kAbsent;
-    blocks_.push_back(b);
+  block_index_.assign(config.n_layer, -1);
+  for (const BlockSpan& chunk : chunks_) {
+    for (int i = chunk.first; i < chunk.end(); ++i) {
+      const std::string p = absl::StrCat("blocks.", i, ".");
+      BlockOffsets b;
+      b.norm1_w = Add(p + "norm1.weight", {c}, i);
+      b.norm1_b = gpt2 ? Add(p + "norm1.bias", {c}, i) : kAbsent;
+      // Column-parallel: a rank holds rows of qkv and mlp.up (and their biases).
+      b.qkv_w = Add(p + "attn.qkv.weight", {dims_.qkv_width(), c}, i, {global_qkv, c}, qkv_rows);
+      b.qkv_b =
+          gpt2 ? Add(p + "attn.qkv.bias", {dims_.qkv_width()}, i, {global_qkv}, qkv_rows) : kAbsent;
+      // Row-parallel: a rank holds columns of attn.out and mlp.down; the bias is whole.
+      b.attn_out_w = Add(p + "attn.out.weight", {c, heads * d}, i, {c, config.n_head * d}, {{0, c}},
+                         r * heads * d);
+      b.attn_out_b = gpt2 ? Add(p + "attn.out.bias", {c}, i) : kAbsent;
+      b.norm2_w = Add(p + "norm2.weight", {c}, i);
+      b.norm2_b = gpt2 ? Add(p + "norm2.bias", {c}, i) : kAbsent;
+      b.mlp_up_w = Add(p + "mlp.up.weight", {dims_.mlp_up_width, c}, i, {global_up, c}, up_rows);
+      b.mlp_up_b = gpt2 ? Add(p + "mlp.up.bias", {ff}, i, {global_up}, up_rows) : kAbsent;
+      b.mlp_down_w = Add(p + "mlp.down.weight", {c, ff}, i, {c, config.d_ff}, {{0, c}}, r * ff);
+      b.mlp_down_b = gpt2 ? Add(p + "mlp.down.bias", {c}, i) : kAbsent;
+      block_index_[i] = static_cast<int>(blocks_.size());
+      blocks_.push_back(b);
+    }
   }
   if (has_head) {
     final_norm_w_ = Add("final_norm.weight", {c}, config.n_layer);
@@ -166,6 +168,15 @@ const TensorEntry* ParamTable::Find(const std::string& name) const {
     if (entry.name == name) return &entry;
   }
   return nullptr;
+}
+
+int ParamTable::ChunkOf(int region) const {
+  if (region < 0) return 0;
+  if (region >= n_layer_) return static_cast<int>(chunks_.size()) - 1;
+  for (size_t k = 0; k < chunks_.size(); ++k) {
+    if (region < chunks_[k].end()) return static_cast<int>(k);
+  }
+  return static_cast<int>(chunks_.size()) - 1;
 }
 
 bool ParamTable::HasRegion(int block) const {

@@ -127,7 +127,7 @@ class ParamTable {
   // every step.
   bool IsTiedHeadCopy(const TensorEntry& entry) const;
 
-  const BlockOffsets& block(int i) const { return blocks_[i - first_block_]; }
+  const BlockOffsets& block(int i) const { return blocks_[block_index_[i]]; }
   size_t token_embedding() const { return token_embedding_; }
   size_t position_embedding() const { return position_embedding_; }  // SIZE_MAX when absent
   size_t final_norm_w() const { return final_norm_w_; }
@@ -136,10 +136,14 @@ class ParamTable {
   // copy (IsTiedHeadCopy) on a last stage without it.
   size_t head() const { return head_; }
 
-  int first_block() const { return first_block_; }
+  // The model chunks this slice holds (ChunksOf): the embedding belongs to the first when it
+  // starts at block 0, the final norm and head to the last when it ends at n_layer.
+  const std::vector<BlockSpan>& chunks() const { return chunks_; }
+  // The chunk (an index into chunks()) holding region `region`, which the slice must hold.
+  int ChunkOf(int region) const;
+  bool HoldsWholeModel() const { return chunks_.size() == 1 && chunks_[0].count == n_layer_; }
   // The highest region index: n_layer (the final norm and head). Regions run from -1.
   int last_region() const { return n_layer_; }
-  int num_blocks() const { return static_cast<int>(blocks_.size()); }
 
  private:
   // A whole tensor when `rows` is empty; otherwise a shard of a tensor of global_shape.
@@ -155,7 +159,8 @@ class ParamTable {
   size_t total_numel_ = 0;
   size_t token_embedding_ = 0, position_embedding_ = 0, final_norm_w_ = 0, final_norm_b_ = 0,
          head_ = 0;
-  int first_block_ = 0;
+  std::vector<BlockSpan> chunks_;
+  std::vector<int> block_index_;  // per block of the model: its index in blocks_, or -1
   int n_layer_ = 0;
 };
 

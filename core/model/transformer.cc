@@ -13,15 +13,18 @@ constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
 // constructor's split; chunks = 1 without sequence parallelism).
 int64_t OwnRows(int64_t tokens, int chunks) { return (tokens + chunks - 1) / chunks; }
 
-// The blocks a rank holding `slice` runs, and whether it is the last stage (the final norm,
-// the head and the loss), as the ParamTable lays them out.
+// The blocks of the largest model chunk a rank holding `slice` runs (an activation slot's), and
+// whether it holds the last (the final norm, the head and the loss), as the ParamTable lays
+// them out.
 struct StageExtent {
   int blocks = 0;
   bool has_head = false;
 };
 StageExtent ExtentOf(const ModelConfig& config, const ModelSlice& slice) {
-  const int blocks = slice.num_blocks < 0 ? config.n_layer - slice.first_block : slice.num_blocks;
-  return {blocks, slice.first_block + blocks == config.n_layer};
+  const std::vector<BlockSpan> chunks = ChunksOf(config, slice);
+  StageExtent extent{.has_head = chunks.back().end() == config.n_layer};
+  for (const BlockSpan& chunk : chunks) extent.blocks = std::max(extent.blocks, chunk.count);
+  return extent;
 }
 
 // The vocabulary-parallel classifier's chunk rows for micro-batches of up to max_tokens (0 at
@@ -106,10 +109,10 @@ Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
       backend_(backend),
       recompute_(recompute),
       last_region_(table.last_region()),
-      first_block_(table.first_block()),
-      num_blocks_(table.num_blocks()),
-      has_embedding_(table.first_block() == 0),
-      has_head_(ExtentOf(config, table.slice()).has_head),
+      chunks_(table.chunks()),
+      slot_blocks_(ExtentOf(config, table.slice()).blocks),
+      has_embedding_(chunks_.front().first == 0),
+      has_head_(chunks_.back().end() == config.n_layer),
       // With the head present, head() == token_embedding() only when both are one tensor.
       head_is_embedding_(has_head_ && table.head() == table.token_embedding()),
       sequence_parallel_(RowChunks(table.slice(), sequence_parallel) > 1) {
@@ -288,9 +291,9 @@ void Transformer::AllocateActivations(int max_batch, int max_time, int activatio
   };
   slots_.assign(activation_slots, Slot{});
   for (Slot& slot : slots_) {
-    for (int i = 0; i < num_blocks_; ++i) slot.inputs.push_back(take(r * c));
+    for (int i = 0; i < slot_blocks_; ++i) slot.inputs.push_back(take(r * c));
     if (recompute_ == Recompute::kFull) continue;
-    slot.blocks.assign(num_blocks_, BlockActivations{});
+    slot.blocks.assign(slot_blocks_, BlockActivations{});
     for (BlockActivations& a : slot.blocks) {
       take_block(a);
       if (recompute_ == Recompute::kNone) take_core(a);
@@ -491,12 +494,14 @@ double Transformer::Classifier(float* dx, float* dhead, const int32_t* targets, 
 
 void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, float* output) {
   Slot& slot = slots_[slot_index];
+  slot.chunk = args.chunk;
   slot.b = args.b;
   slot.t = args.t;
   slot.tokens = args.tokens;
   const int b = args.b, t = args.t;
   const RowSplit rows = SplitRows(b * t);
-  if (has_embedding_) {
+  const BlockSpan& blocks = chunks_[args.chunk];
+  if (StartsModel(args.chunk)) {
     embeddings_ = Params(-1, Pass::kForward);
     EmbeddingForward(args.tokens, b, t, rows, slot.inputs[0]);
     if (!head_is_embedding_) parameters_.Release(-1, Pass::kForward);
@@ -504,9 +509,9 @@ void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, fl
     std::copy(args.input, args.input + static_cast<size_t>(rows.own) * config_.d_model,
               slot.inputs[0]);
   }
-  for (int i = 0; i < num_blocks_; ++i) {
-    const int layer = first_block_ + i;
-    float* out = i + 1 < num_blocks_ ? slot.inputs[i + 1] : output;
+  for (int i = 0; i < blocks.count; ++i) {
+    const int layer = blocks.first + i;
+    float* out = i + 1 < blocks.count ? slot.inputs[i + 1] : output;
     BlockForward(layer, Params(layer, Pass::kForward), ActivationsFor(slot_index, i),
                  slot.inputs[i], out, b, t);
     parameters_.Release(layer, Pass::kForward);
@@ -574,7 +579,7 @@ double Transformer::LossBackward(const int32_t* targets, const RowSplit& rows, f
 }
 
 double Transformer::StageForward(int slot, const StageForwardArgs& args) {
-  if (!has_head_) {
+  if (!EndsModel(args.chunk)) {
     ForwardBlocks(slot, args, args.output);
     return 0;
   }
@@ -585,7 +590,7 @@ double Transformer::StageForward(int slot, const StageForwardArgs& args) {
 }
 
 double Transformer::StageForwardLoss(const StageForwardArgs& args) {
-  if (!has_head_) {
+  if (!EndsModel(args.chunk)) {
     ForwardBlocks(0, args, args.output);
     return 0;
   }
@@ -601,16 +606,18 @@ void Transformer::StageBackward(int slot_index, const float* d_output, float* d_
   Slot& slot = slots_[slot_index];
   const int b = slot.b, t = slot.t;
   const RowSplit rows = SplitRows(b * t);
+  const BlockSpan& blocks = chunks_[slot.chunk];
+  const bool embedding = StartsModel(slot.chunk);
   // The gradient runs back through the blocks in place: in d_input when the previous stage
   // takes it, else in the scratch.
-  float* dresid = has_embedding_ || d_input == nullptr ? d_resid_ : d_input;
-  const float* d_stage_output = has_head_ ? slot.d_last : d_output;
+  float* dresid = embedding || d_input == nullptr ? d_resid_ : d_input;
+  const float* d_stage_output = EndsModel(slot.chunk) ? slot.d_last : d_output;
   if (d_stage_output != dresid) {
     std::copy(d_stage_output, d_stage_output + static_cast<size_t>(rows.own) * config_.d_model,
               dresid);
   }
-  for (int i = num_blocks_ - 1; i >= 0; --i) {
-    const int layer = first_block_ + i;
+  for (int i = blocks.count - 1; i >= 0; --i) {
+    const int layer = blocks.first + i;
     BlockActivations& a = ActivationsFor(slot_index, i);
     const RegionView block_params = Params(layer, Pass::kBackward);
     if (recompute_ == Recompute::kFull) {
@@ -623,7 +630,7 @@ void Transformer::StageBackward(int slot_index, const float* d_output, float* d_
     parameters_.GradientsReady(layer);
     parameters_.Release(layer, Pass::kBackward);
   }
-  if (has_embedding_) {
+  if (embedding) {
     EmbeddingBackward(slot.tokens, b, t, rows, dresid);
     parameters_.GradientsReady(-1);
   }
@@ -650,7 +657,7 @@ void Transformer::ForwardLogits(const int32_t* inputs, int b, int t, bool last_o
 }
 
 void Transformer::StageForwardLogits(const StageForwardArgs& args, bool last_only, float* logits) {
-  if (!has_head_) {
+  if (!EndsModel(args.chunk)) {
     ForwardBlocks(0, args, args.output);
     return;
   }

@@ -55,18 +55,21 @@ class Transformer {
   // see the first N rows of a gathered buffer, and every buffer that is reduce-scattered has its
   // padding zeroed first.
   //
-  // Pipeline stages: the table's slice may hold a stage, blocks [first_block, first_block +
-  // num_blocks) (at least one), with the embedding only on the first stage and the final norm
-  // and head only on the last (param_table.h). `activation_slots` is how many micro-batches may
-  // be in flight between their StageForward and StageBackward (the schedule's most, p for
-  // 1F1B); each slot keeps what its backward needs under `recompute` (every block's input and,
-  // below kFull, its saved activations), the scratch is shared.
+  // Pipeline stages: the table's slice may hold a stage, one or more model chunks of at least
+  // one block each (ParamTable::chunks), with the embedding only on the first stage's first
+  // chunk and the final norm and head only on the last stage's last chunk (param_table.h).
+  // `activation_slots` is how many (micro-batch, chunk) passes may be in flight between their
+  // StageForward and StageBackward (the schedule's most, p for 1F1B); each slot keeps what its
+  // backward needs under `recompute` (every block's input and, below kFull, its saved
+  // activations) for the largest chunk, the scratch is shared.
   Transformer(const ModelConfig& config, const ParamTable& table, BlockParameters& parameters,
               Backend& backend, int max_batch, int max_time, Recompute recompute,
               TensorParallelOps* tensor_parallel = nullptr, bool sequence_parallel = false,
               int activation_slots = 1);
 
   const ModelConfig& config() const { return config_; }
+  // The model chunks this rank runs (the table's): StageForwardArgs::chunk indexes them.
+  const std::vector<BlockSpan>& chunks() const { return chunks_; }
   size_t activation_bytes() const { return acts_.size() * sizeof(float); }
   // What activation_bytes() will be on a rank holding `slice` with `activation_slots` slots,
   // without allocating; in double, so any size is exact enough to compare with the memory there
@@ -88,10 +91,12 @@ class Transformer {
   // last_only: the V real tokens' only, whatever the vocabulary's padding for tensor parallelism.
   void ForwardLogits(const int32_t* inputs, int b, int t, bool last_only, float* logits);
 
-  // One micro-batch of b x t tokens through this rank's stage. Activations between stages are
-  // this rank's rows of the residual stream, (R, C) with R = b*t, or ceil(b*t / tp) under
-  // sequence parallelism (Megatron's (s/t, b, h)).
+  // One micro-batch of b x t tokens through one of this rank's model chunks. Activations
+  // between chunks are this rank's rows of the residual stream, (R, C) with R = b*t, or
+  // ceil(b*t / tp) under sequence parallelism (Megatron's (s/t, b, h)). "First stage" below is
+  // the chunk that starts with the embedding, "last stage" the one that ends with the head.
   struct StageForwardArgs {
+    int chunk = 0;  // index into the table's chunks()
     int b = 0;
     int t = 0;
     // First stage: the token ids (b, t), which must stay valid until the slot's StageBackward
@@ -179,7 +184,8 @@ class Transformer {
   // One micro-batch in flight, from its StageForward to its StageBackward: what its backward
   // needs.
   struct Slot {
-    std::vector<float*> inputs;            // (R, C) each of the stage's blocks' input, in order
+    int chunk = 0;
+    std::vector<float*> inputs;            // (R, C) each of the chunk's blocks' input, in order
     std::vector<BlockActivations> blocks;  // each block's saved activations (none under kFull)
     float* d_last = nullptr;               // last stage: (R, C) d(last block's output)
     const int32_t* tokens = nullptr;       // first stage: the micro-batch's token ids
@@ -253,8 +259,13 @@ class Transformer {
   void ReleaseHead();
   // The output head's weight (V, C) among the acquired regions.
   const float* HeadWeight() const;
-  // Block `index` of the stage (0 .. num_blocks - 1) in `slot`.
+  // Block `index` of the slot's chunk (from 0) in `slot`.
   BlockActivations& ActivationsFor(int slot, int index);
+  // Whether model chunk `chunk` of this rank starts with the embedding, or ends with the head.
+  bool StartsModel(int chunk) const { return has_embedding_ && chunk == 0; }
+  bool EndsModel(int chunk) const {
+    return has_head_ && chunk + 1 == static_cast<int>(chunks_.size());
+  }
 
   ModelConfig config_;
   const ParamTable& table_;
@@ -264,11 +275,11 @@ class Transformer {
   BlockParameters& parameters_;
   Backend& backend_;
   Recompute recompute_;
-  int last_region_;  // n_layer: the final norm and head
-  int first_block_;  // the stage's blocks: [first_block_, first_block_ + num_blocks_)
-  int num_blocks_;
-  bool has_embedding_;       // first stage
-  bool has_head_;            // last stage: the final norm, the head and the loss
+  int last_region_;                // n_layer: the final norm and head
+  std::vector<BlockSpan> chunks_;  // the table's
+  int slot_blocks_;                // the largest chunk's blocks
+  bool has_embedding_;             // first stage (its first chunk)
+  bool has_head_;            // last stage (its last chunk): the final norm, the head and the loss
   bool head_is_embedding_;   // the tied head is this stage's own token embedding tensor
   RegionView embeddings_;    // acquired during the embedding's forward (and the head's use)
   RegionView final_region_;  // acquired from FinalNormForward until ReleaseHead

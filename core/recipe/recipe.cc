@@ -256,7 +256,7 @@ const std::vector<KeySpec>& Keys() {
        "micro-batches' activations); interleaved (Megatron's interleaved 1F1B over "
        "pp_virtual_stages chunks per stage: a bubble pp_virtual_stages times smaller, as many "
        "times the point-to-point traffic); gpipe (all forwards, then all backwards: every "
-       "micro-batch's activations held); interleaved is not run by the trainer yet",
+       "micro-batch's activations held)",
        {"1f1b", "interleaved", "gpipe"}},
       {DTRAIN_RECIPE_KEY(parallel, pp_virtual_stages),
        "model chunks per pipeline stage, for pp_schedule: interleaved; must divide the "
@@ -1114,12 +1114,6 @@ class Parser {
                        absl::StrJoin(batches, " or "), ", or train.micro_batch: ", micros, ")"));
     }
     RETURN_IF_ERROR(CheckPipeline(r));
-    // What the trainer runs of the pipeline so far: one model chunk per stage (1f1b, gpipe).
-    if (r.parallel.pp > 1 && r.parallel.pp_schedule == "interleaved") {
-      return Error("parallel.pp_schedule",
-                   "interleaved pipelines are not yet supported by dtrain train; set "
-                   "pp_schedule: 1f1b or gpipe (with pp_virtual_stages: 1)");
-    }
     if (r.train.seq_len > m.max_seq_len) {
       return Error("train.seq_len",
                    absl::StrCat(r.train.seq_len, " exceeds model.max_seq_len (", m.max_seq_len,

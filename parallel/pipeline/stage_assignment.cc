@@ -102,6 +102,16 @@ absl::StatusOr<StageAssignment> AssignStages(const PipelineCosts& costs, int sta
   return assignment;
 }
 
+std::vector<BlockSpan> StageChunks(const StageAssignment& assignment, int stage) {
+  std::vector<BlockSpan> chunks;
+  for (int chunk = 0; chunk < assignment.virtual_stages; ++chunk) {
+    const int k = chunk * assignment.stages + stage;
+    chunks.push_back(
+        {assignment.first_block[k], assignment.first_block[k + 1] - assignment.first_block[k]});
+  }
+  return chunks;
+}
+
 std::string FormatStageAssignment(const StageAssignment& assignment) {
   std::vector<std::string> stages;
   for (int stage = 0; stage < assignment.stages; ++stage) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/model/model_config.h"
 
 namespace dtrain {
 
@@ -41,6 +42,9 @@ struct StageAssignment {
 // non-finite cost.
 absl::StatusOr<StageAssignment> AssignStages(const PipelineCosts& costs, int stages,
                                              int virtual_stages);
+
+// The model chunks `stage` runs, in model order: ModelSlice::chunks for the stage.
+std::vector<BlockSpan> StageChunks(const StageAssignment& assignment, int stage);
 
 // One line for logs and `dtrain plan`: "stage 0: embedding + blocks 0-9; stage 1: blocks 10-19
 // + head"; a stage with several chunks lists them in order, separated by commas.

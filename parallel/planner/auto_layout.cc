@@ -44,7 +44,8 @@ SearchOptions TrainerLayouts(int ranks_per_node) {
   runnable.max_pp = 0;  // every stage count that divides the blocks
   // Searched alone, 1F1B wins (SearchOptions::pp_schedules); ResolveAutoLayout keeps the
   // recipe's parallel.pp_schedule.
-  runnable.pp_schedules = {PipelineSchedule::kOneFOneB, PipelineSchedule::kGpipe};
+  runnable.pp_schedules = {PipelineSchedule::kOneFOneB, PipelineSchedule::kGpipe,
+                           PipelineSchedule::kInterleaved};
   // Not selective: the planner's activation model (Korthikanti et al.) charges kNone with the
   // attention scores, which dtrain's attention never keeps, so it would pick selective (one more
   // attention forward per block) where none fits.
@@ -53,18 +54,20 @@ SearchOptions TrainerLayouts(int ranks_per_node) {
   return runnable;
 }
 
-std::vector<PipelineSchedule> SchedulesFor(const Recipe& recipe, const SearchOptions& runnable) {
+SearchOptions WithRecipeSchedule(const Recipe& recipe, SearchOptions runnable) {
   const absl::StatusOr<PipelineSchedule> asked = ParsePipelineSchedule(recipe.parallel.pp_schedule);
-  if (asked.ok() && absl::c_linear_search(runnable.pp_schedules, *asked)) return {*asked};
-  return runnable.pp_schedules;
+  if (asked.ok() && absl::c_linear_search(runnable.pp_schedules, *asked)) {
+    runnable.pp_schedules = {*asked};
+  }
+  runnable.pp_virtual_stages = recipe.parallel.pp_virtual_stages;
+  return runnable;
 }
 
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
                                              const SearchOptions& runnable) {
   ASSIGN_OR_RETURN(const ClusterSpec cluster, ClusterForWorld(recipe.cluster, world_size));
   const Workload workload = WorkloadFromRecipe(recipe);
-  SearchOptions options = runnable;
-  options.pp_schedules = SchedulesFor(recipe, runnable);
+  const SearchOptions options = WithRecipeSchedule(recipe, runnable);
   ASSIGN_OR_RETURN(const Plan restricted, SearchLayouts(workload, cluster, options));
   const Candidate* chosen = restricted.recommendation();
   if (chosen == nullptr) {
@@ -82,6 +85,7 @@ absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_siz
   unrestricted.memory_margin = runnable.memory_margin;
   unrestricted.simpler_within = runnable.simpler_within;
   unrestricted.pp_schedules = options.pp_schedules;
+  unrestricted.pp_virtual_stages = options.pp_virtual_stages;
   ASSIGN_OR_RETURN(const Plan full, SearchLayouts(workload, cluster, unrestricted));
   const Candidate* best = full.recommendation();
   if (best != nullptr && !(best->layout == chosen->layout)) {
@@ -105,10 +109,9 @@ absl::Status ApplyLayout(const Layout& layout, Recipe& recipe) {
   recipe.parallel.strategy = std::string(StrategyName(layout.strategy));
   recipe.parallel.tp = layout.tp;
   recipe.parallel.pp = layout.pp;
-  if (layout.pp > 1) {
+  if (layout.pp > 1)
     recipe.parallel.pp_schedule = std::string(PipelineScheduleName(layout.schedule));
-    recipe.parallel.pp_virtual_stages = 1;
-  }
+  recipe.parallel.pp_virtual_stages = layout.virtual_stages;
   recipe.parallel.sequence_parallel = layout.sequence_parallel;
   recipe.parallel.recompute = std::string(RecomputeName(layout.recompute));
   recipe.train.micro_batch = layout.micro_batch;

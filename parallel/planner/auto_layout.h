@@ -27,18 +27,19 @@ struct AutoLayout {
 
 // The layouts the trainer runs today: every data-parallel engine, tensor parallelism among the
 // `ranks_per_node` ranks of one machine (kv heads split or replicated, with sequence
-// parallelism), pipelines of one model chunk per stage (1F1B, GPipe), no or full recomputation; no
-// interleaved pipeline or offload yet. Every machine must run the same number of ranks, so that
-// every rank picks the same layout.
+// parallelism), pipelines under every schedule (1F1B, GPipe, interleaved), no or full
+// recomputation; no offload yet. Every machine must run the same number of ranks, so that every
+// rank picks the same layout.
 SearchOptions TrainerLayouts(int ranks_per_node);
 
-// The pipeline schedules to search for `recipe`: its parallel.pp_schedule (the user's choice)
-// where `runnable` has it, else every one `runnable` has.
-std::vector<PipelineSchedule> SchedulesFor(const Recipe& recipe, const SearchOptions& runnable);
+// `runnable` with the recipe's pipeline schedule (the user's choice: parallel.pp_schedule where
+// `runnable` has it, else every one `runnable` has) and its parallel.pp_virtual_stages.
+SearchOptions WithRecipeSchedule(const Recipe& recipe, SearchOptions runnable);
 
 // Plans recipe's model and batch for `world_size` ranks, with recipe.cluster's hardware: nodes
 // are world_size / cluster.gpus_per_node (one node of world_size GPUs when fewer).
-// `runnable` restricts the search to what the trainer implements, its schedules to SchedulesFor's.
+// `runnable` restricts the search to what the trainer implements, its schedule to
+// WithRecipeSchedule's.
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
                                              const SearchOptions& runnable);
 

@@ -201,6 +201,7 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   const int t = layout.tp, p = layout.pp, dp = layout.dp, b = layout.micro_batch;
   const int s = workload.seq_len, h = model.d_model;
   const int layers = model.n_layer / p;
+  const int v = layout.virtual_stages;
   const int m = workload.batch_size / (dp * b);
   const double activation_scale = precision.activation_bytes / 2;  // formulas assume 2 bytes
   const bool sp = layout.sequence_parallel;
@@ -222,17 +223,20 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   // fp32 logits and their gradient for the loss, vocab-parallel over t (Korthikanti's 4sbv/t).
   const double logits_bytes = 4.0 * s * b * model.vocab_size / t;
   // A stage holds the schedule's micro-batches in flight, as many activation slots as the
-  // trainer gives it: under 1F1B min(p, m) on the first stage and one on the last, which also
-  // holds the logits (Korthikanti et al. 2022, section 4.2; Narayanan et al. 2021); under GPipe
-  // every micro-batch of the step on each. Without a pipeline, one.
-  const PipelineShape shape{.schedule = layout.schedule, .stages = p, .micro_batches = m};
+  // trainer gives it, each of one model chunk (layers / v): under 1F1B min(p, m) on the first
+  // stage and one on the last, which also holds the logits (Korthikanti et al. 2022, section
+  // 4.2; Narayanan et al. 2021); under GPipe every micro-batch of the step on each; interleaved,
+  // Megatron's warm-up of chunks. Without a pipeline, one.
+  const PipelineShape shape{
+      .schedule = layout.schedule, .stages = p, .virtual_stages = v, .micro_batches = m};
   const auto in_flight = [&](int stage) {
     return p == 1 ? 1 : PipelineActivationSlots(shape, stage);
   };
+  const double chunk_layers = static_cast<double>(layers) / v;
   const double first_stage =
-      layers * per_layer_bytes * in_flight(0) + working_bytes + (p == 1 ? logits_bytes : 0);
+      chunk_layers * per_layer_bytes * in_flight(0) + working_bytes + (p == 1 ? logits_bytes : 0);
   const double last_stage =
-      layers * per_layer_bytes * in_flight(p - 1) + working_bytes + logits_bytes;
+      chunk_layers * per_layer_bytes * in_flight(p - 1) + working_bytes + logits_bytes;
   memory.activation_bytes = std::max(first_stage, last_stage);
   const bool sharded_params =
       layout.strategy == Strategy::kZero3 || layout.strategy == Strategy::kFsdp;
@@ -274,8 +278,9 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   TimeEstimate& time = estimate.time;
   time.compute_ms = m * micro_batch_ms;
   // Pipeline bubble: p - 1 micro-batch slots, (p - 1) / m of the compute, under GPipe and 1F1B
-  // alike (Narayanan et al. 2021).
-  time.bubble_ms = (p - 1) * micro_batch_ms;
+  // alike; interleaving v chunks makes each slot a chunk's, (p - 1) / (v m) (Narayanan et al.
+  // 2021).
+  time.bubble_ms = (p - 1) * micro_batch_ms / v;
 
   // ---- Data-parallel traffic. ----
   // Mesh order tp, dp, pp: a dp group has min(dp, gpus_per_node / tp) ranks in one node.
@@ -407,9 +412,11 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   // residual stream, b*s*h (b*s*h / t under sequence parallelism; dtrain does not split whole
   // rows over the tp group as Megatron's scatter/gather does). Neighbouring stages sit on
   // different nodes once a stage fills a node. Under 1F1B and GPipe, m + p - 1 slots each wait
-  // for one send each way. The bytes are the first stage's, as the tp traffic's
-  // (PipelineTrainStep): m activations forward, GPT-2's tied embedding gradient swapped with
-  // the last stage, and the step's loss and squared norm summed over the stages.
+  // for one send each way (interleaved: m v + p - 1, of chunks). The bytes are the first
+  // stage's, as the tp traffic's (PipelineTrainStep): each micro-batch's activations out of
+  // its v chunks and the gradients into its v - 1 chunks after the first, GPT-2's tied
+  // embedding gradient swapped with the last stage, and the step's loss and squared norm summed
+  // over the stages.
   if (p > 1) {
     const double bytes = static_cast<double>(s) * b * h * precision.activation_bytes / (sp ? t : 1);
     const bool across_nodes = t * dp >= cluster.gpus_per_node && cluster.nodes > 1;
@@ -422,11 +429,13 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
                   precision.grad_bytes
             : 0;
     // The loss sum (with its unused partner, SumOverRanks) and the squared norm, in doubles.
-    estimate.pp.payload_bytes = m * bytes + tied_bytes + 3 * sizeof(double);
-    estimate.pp.sent_bytes = m * bytes + tied_bytes + RankZeroAllReduceBytes(2, sizeof(double), p) +
+    const double sends = static_cast<double>(m) * (2 * v - 1);
+    estimate.pp.payload_bytes = sends * bytes + tied_bytes + 3 * sizeof(double);
+    estimate.pp.sent_bytes = sends * bytes + tied_bytes +
+                             RankZeroAllReduceBytes(2, sizeof(double), p) +
                              RankZeroAllReduceBytes(1, sizeof(double), p);
-    estimate.pp.time_ms = 2.0 * m * send_ms;
-    estimate.pp.exposed_ms = 2.0 * (m + p - 1) * send_ms;
+    estimate.pp.time_ms = 2.0 * m * v * send_ms;
+    estimate.pp.exposed_ms = 2.0 * (m * v + p - 1) * send_ms;
   }
 
   // ---- Offload: gradients down, parameters up, the optimizer on the node's CPUs. ----

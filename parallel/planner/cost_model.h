@@ -55,9 +55,11 @@ struct Layout {
   int pp = 1;
   int dp = 1;
   int micro_batch = 1;  // sequences per forward/backward on one rank
-  // The pipeline's order of forwards and backwards (pp > 1; one model chunk per stage): how many
-  // micro-batches' activations a stage holds at once.
+  // The pipeline's order of forwards and backwards (pp > 1): how many micro-batches' activations
+  // a stage holds at once; and its model chunks per stage (interleaved schedules: a bubble
+  // virtual_stages times smaller for as many times the point-to-point messages).
   PipelineSchedule schedule = PipelineSchedule::kOneFOneB;
+  int virtual_stages = 1;
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;  // Megatron sequence parallelism in the TP group (tp > 1)
   bool offload = false;            // optimizer states and step on the host (ZeRO-Offload)

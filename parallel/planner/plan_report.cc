@@ -85,6 +85,7 @@ nlohmann::json CandidateJson(const Candidate& c) {
                         {"verdict", VerdictName(c.verdict)},
                         {"reason", c.reason}};
   if (l.pp > 1) out["pp_schedule"] = PipelineScheduleName(l.schedule);
+  if (l.virtual_stages > 1) out["pp_virtual_stages"] = l.virtual_stages;
   if (c.verdict == Verdict::kInvalid) return out;
   const Estimate& e = c.estimate;
   const MemoryEstimate& m = e.memory;
@@ -115,8 +116,12 @@ std::string AssumptionsLine(const Plan& plan) {
       "kept free; a simpler layout within %.0f%% of the fastest is preferred",
       100 * a.gemm_peak_fraction, a.gemm_half_efficiency_width,
       absl::StrJoin(plan.options.pp_schedules, " or ",
-                    [](std::string* out, PipelineSchedule schedule) {
+                    [&plan](std::string* out, PipelineSchedule schedule) {
                       absl::StrAppend(out, PipelineScheduleName(schedule));
+                      if (schedule == PipelineSchedule::kInterleaved) {
+                        absl::StrAppend(out, " (", plan.options.pp_virtual_stages,
+                                        " model chunks per stage)");
+                      }
                     }),
       100 * plan.options.memory_margin, 100 * plan.options.simpler_within);
 }
@@ -242,6 +247,9 @@ std::string RecipeLines(const Layout& layout) {
                                     StrategyName(layout.strategy), layout.tp, layout.pp);
   if (layout.pp > 1) {
     absl::StrAppendFormat(&out, "  pp_schedule: %s\n", PipelineScheduleName(layout.schedule));
+  }
+  if (layout.virtual_stages > 1) {
+    absl::StrAppendFormat(&out, "  pp_virtual_stages: %d\n", layout.virtual_stages);
   }
   absl::StrAppendFormat(&out, "  recompute: %s\n", RecomputeName(layout.recompute));
   if (layout.sequence_parallel) {

@@ -127,6 +127,7 @@ std::string DescribeLayout(const Layout& layout) {
   std::string out = absl::StrCat(StrategyName(layout.strategy), " tp", layout.tp, " pp", layout.pp,
                                  " dp", layout.dp, " mb", layout.micro_batch);
   if (layout.pp > 1) absl::StrAppend(&out, " ", PipelineScheduleName(layout.schedule));
+  if (layout.virtual_stages > 1) absl::StrAppend(&out, " v", layout.virtual_stages);
   if (layout.recompute != Recompute::kNone) {
     absl::StrAppend(&out, " recompute=", RecomputeName(layout.recompute));
   }
@@ -166,6 +167,10 @@ absl::Status CheckLayout(const Workload& workload, const ClusterSpec& cluster,
   if (model.n_layer % layout.pp != 0) {
     return invalid("pp ", layout.pp, " does not divide the ", model.n_layer, " layers");
   }
+  if (model.n_layer % (layout.pp * layout.virtual_stages) != 0) {
+    return invalid("pp ", layout.pp, " x ", layout.virtual_stages,
+                   " virtual stages does not divide the ", model.n_layer, " layers");
+  }
   if (workload.batch_size % (layout.dp * layout.micro_batch) != 0) {
     return invalid("batch ", workload.batch_size, " sequences is not a multiple of dp ", layout.dp,
                    " x micro-batch ", layout.micro_batch);
@@ -193,26 +198,28 @@ absl::StatusOr<Plan> SearchLayouts(const Workload& workload, const ClusterSpec& 
     for (int pp = 1; pp <= std::min(max_pp, world / tp); ++pp) {
       if ((world / tp) % pp != 0) continue;
       const int dp = world / (tp * pp);
-      Layout shape{.tp = tp,
-                   .pp = pp,
-                   .dp = dp,
-                   .sequence_parallel = tp > 1 && options.allow_sequence_parallel};
-      if (absl::Status status = CheckLayout(workload, cluster, shape); !status.ok()) {
-        plan.candidates.push_back({.layout = shape, .reason = std::string(status.message())});
-        continue;
-      }
       // Without a pipeline the schedule means nothing: one candidate, the default's.
       const std::vector<PipelineSchedule> schedules =
           pp > 1 ? options.pp_schedules : std::vector<PipelineSchedule>{Layout().schedule};
-      for (Strategy strategy : options.strategies) {
-        for (PipelineSchedule schedule : schedules) {
+      for (PipelineSchedule schedule : schedules) {
+        Layout shape{.tp = tp,
+                     .pp = pp,
+                     .dp = dp,
+                     .schedule = schedule,
+                     .virtual_stages =
+                         schedule == PipelineSchedule::kInterleaved ? options.pp_virtual_stages : 1,
+                     .sequence_parallel = tp > 1 && options.allow_sequence_parallel};
+        if (absl::Status status = CheckLayout(workload, cluster, shape); !status.ok()) {
+          plan.candidates.push_back({.layout = shape, .reason = std::string(status.message())});
+          continue;
+        }
+        for (Strategy strategy : options.strategies) {
           for (int micro_batch : MicroBatches(workload.batch_size / dp)) {
             for (Recompute recompute : options.recompute) {
               for (bool offload : {false, true}) {
                 if (offload && (!options.allow_offload || strategy == Strategy::kDdp)) continue;
                 Layout layout = shape;
                 layout.strategy = strategy;
-                layout.schedule = schedule;
                 layout.micro_batch = micro_batch;
                 layout.recompute = recompute;
                 layout.offload = offload;

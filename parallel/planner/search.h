@@ -26,6 +26,7 @@ struct SearchOptions {
   // Schedules tried for pp > 1. 1F1B alone by default: GPipe has the same bubble and holds every
   // micro-batch in flight instead of at most pp, so it never costs less.
   std::vector<PipelineSchedule> pp_schedules = {PipelineSchedule::kOneFOneB};
+  int pp_virtual_stages = 2;  // model chunks per stage under the interleaved schedule
   std::vector<Recompute> recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   bool allow_offload = true;
   bool allow_sequence_parallel = true;  // with tp > 1; it only saves memory in this model

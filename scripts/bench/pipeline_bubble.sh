@@ -77,7 +77,7 @@ p, schedule, v, m, repeats = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), i
                               int(sys.argv[5]))
 line = re.compile(
     r"pipeline stage (\d+) of \d+: waited ([\d.]+) ms of ([\d.]+) ms .*"
-    r"computing ([\d.]+) ms; activations: at most (\d+) micro-batches in flight in (\d+) "
+    r"computing ([\d.]+) ms; activations: at most (\d+) micro-batch(?:es| chunks) in flight in (\d+) "
     r"slots, ([\d.]+) MiB \(the estimate: ([\d.]+) MiB\), plus ([\d.]+) MiB")
 runs = []
 for k in range(repeats):

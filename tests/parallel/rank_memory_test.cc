@@ -82,7 +82,7 @@ TEST(RankMemoryTest, SequenceParallelEstimateSeesTheSmallerActivations) {
 TEST(RankMemoryTest, PipelineStageEstimateCountsEveryActivationSlot) {
   const Recipe recipe = SmallRecipe("ddp");
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
-  const ModelSlice slice{.first_block = 0, .num_blocks = 1};
+  const ModelSlice slice{.chunks = {{0, 1}}};
   const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
   const double one =
       EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 1, slice).activation_bytes;

@@ -58,6 +58,7 @@ struct PipelineCase {
   const char* family;
   int pp;
   const char* schedule;
+  int virtual_stages = 1;  // model chunks per stage (interleaved)
   // The rest of the layout (pp x tp x dp ranks): one process takes none of these.
   int tp = 1;
   int dp = 1;
@@ -70,6 +71,7 @@ struct PipelineCase {
 
 std::string CaseName(const PipelineCase& c) {
   return absl::StrCat(c.family, "_pp", c.pp, "_", c.schedule,
+                      c.virtual_stages > 1 ? absl::StrCat("_v", c.virtual_stages) : "",
                       c.tp > 1 ? absl::StrCat("_tp", c.tp, c.sequence_parallel ? "_sp" : "") : "",
                       c.dp > 1 ? absl::StrCat("_dp", c.dp, "_", c.strategy) : "", c.label);
 }
@@ -97,8 +99,9 @@ TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
   const std::string out = testing::FreshTempDir("pp_" + name);
   std::vector<std::string> sets = {
       "run.out_dir=" + out, absl::StrCat("parallel.pp=", c.pp),
-      absl::StrCat("parallel.pp_schedule=", c.schedule), absl::StrCat("parallel.tp=", c.tp),
-      absl::StrCat("parallel.strategy=", c.strategy),
+      absl::StrCat("parallel.pp_schedule=", c.schedule),
+      absl::StrCat("parallel.pp_virtual_stages=", c.virtual_stages),
+      absl::StrCat("parallel.tp=", c.tp), absl::StrCat("parallel.strategy=", c.strategy),
       absl::StrCat("parallel.sequence_parallel=", c.sequence_parallel ? "true" : "false"),
       // GPT-2's tied embedding copies, on the first and the last stage, stay bit-identical.
       "parallel.check_replicas=true"};
@@ -155,6 +158,22 @@ INSTANTIATE_TEST_SUITE_P(
                      .schedule = "1f1b",
                      .set = "train.batch_size=4",
                      .label = "_2_micro_batches"},
+        // Interleaved: two model chunks per stage (blocks 0 and 2 on stage 0, 1 and 3 on 1).
+        PipelineCase{.family = "llama", .pp = 2, .schedule = "interleaved", .virtual_stages = 2},
+        PipelineCase{.family = "gpt2", .pp = 2, .schedule = "interleaved", .virtual_stages = 2},
+        // Each chunk's units gathered once per step and reduced after the chunk's last backward.
+        PipelineCase{.family = "gpt2",
+                     .pp = 2,
+                     .schedule = "interleaved",
+                     .virtual_stages = 2,
+                     .dp = 2,
+                     .strategy = "zero3"},
+        PipelineCase{.family = "llama",
+                     .pp = 2,
+                     .schedule = "interleaved",
+                     .virtual_stages = 2,
+                     .tp = 2,
+                     .sequence_parallel = true},
         // 3D: the stages' tp groups and data-parallel replicas.
         PipelineCase{.family = "llama", .pp = 2, .schedule = "1f1b", .tp = 2},
         PipelineCase{.family = "gpt2", .pp = 2, .schedule = "1f1b", .tp = 2},
@@ -190,14 +209,32 @@ struct ReshardCase {
   const char* family;
   int save_pp;
   int load_pp;
+  // Model chunks per stage (interleaved above 1) of the saving and the loading run.
+  int save_v = 1;
+  int load_v = 1;
 };
+
+// The --set values of a pipeline of `pp` stages of `v` chunks each.
+std::vector<std::string> PipelineSets(int pp, int v) {
+  return {absl::StrCat("parallel.pp=", pp),
+          absl::StrCat("parallel.pp_schedule=", v > 1 ? "interleaved" : "1f1b"),
+          absl::StrCat("parallel.pp_virtual_stages=", v)};
+}
+
+std::string ReshardName(const ReshardCase& c) {
+  const auto layout = [](int pp, int v) {
+    return absl::StrCat("pp", pp, v > 1 ? absl::StrCat("v", v) : "");
+  };
+  return absl::StrCat(c.family, "_", layout(c.save_pp, c.save_v), "_to_",
+                      layout(c.load_pp, c.load_v));
+}
 
 class PipelineCheckpointTest : public ::testing::TestWithParam<ReshardCase> {};
 
-// A checkpoint saved at one stage count loads at another: the run saved at step 6 and resumed
-// there in the other layout follows the single process's trajectory to the end (steps 7-12),
-// within the tolerance of FollowsOneProcess. GPT-2's last stage holds a copy of the tied
-// embedding, which the checkpoint stores once.
+// A checkpoint saved at one stage count (or chunks per stage) loads at another: the run saved at
+// step 6 and resumed there in the other layout follows the single process's trajectory to the
+// end (steps 7-12), within the tolerance of FollowsOneProcess. GPT-2's last stage holds a copy of
+// the tied embedding, which the checkpoint stores once.
 TEST_P(PipelineCheckpointTest, LoadsAtAnotherStageCount) {
   const ReshardCase& c = GetParam();
   const std::string recipe = Recipe(c.family);
@@ -208,12 +245,12 @@ TEST_P(PipelineCheckpointTest, LoadsAtAnotherStageCount) {
   const Metrics reference = ReadMetrics(single);
   ASSERT_EQ(reference.loss.size(), static_cast<size_t>(kSteps));
 
-  const std::string tag = absl::StrCat(c.family, "_", c.save_pp, "_to_", c.load_pp);
+  const std::string tag = ReshardName(c);
   const std::string saved = testing::FreshTempDir("pp_ckpt_save_" + tag);
-  for (const auto& rank : testing::RunTrainRanks(
-           recipe, c.save_pp,
-           {"run.out_dir=" + saved, absl::StrCat("parallel.pp=", c.save_pp),
-            "checkpoint.interval=6", "checkpoint.keep_last=5", "checkpoint.async=false"})) {
+  std::vector<std::string> save_sets = PipelineSets(c.save_pp, c.save_v);
+  save_sets.insert(save_sets.end(), {"run.out_dir=" + saved, "checkpoint.interval=6",
+                                     "checkpoint.keep_last=5", "checkpoint.async=false"});
+  for (const auto& rank : testing::RunTrainRanks(recipe, c.save_pp, save_sets)) {
     ASSERT_EQ(rank.exit_code, 0) << rank.output;
   }
   std::string step6;
@@ -223,10 +260,9 @@ TEST_P(PipelineCheckpointTest, LoadsAtAnotherStageCount) {
   ASSERT_FALSE(step6.empty()) << "no step-6 checkpoint under " << saved;
 
   const std::string loaded = testing::FreshTempDir("pp_ckpt_load_" + tag);
-  const auto ranks =
-      testing::RunTrainRanks(recipe, c.load_pp,
-                             {"run.out_dir=" + loaded, absl::StrCat("parallel.pp=", c.load_pp),
-                              "checkpoint.resume=" + step6});
+  std::vector<std::string> load_sets = PipelineSets(c.load_pp, c.load_v);
+  load_sets.insert(load_sets.end(), {"run.out_dir=" + loaded, "checkpoint.resume=" + step6});
+  const auto ranks = testing::RunTrainRanks(recipe, c.load_pp, load_sets);
   for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
   EXPECT_THAT(ranks[0].output, HasSubstr("resumed from " + step6 + " at step 6"));
   EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("pp ", c.load_pp, ")")));
@@ -245,10 +281,12 @@ TEST_P(PipelineCheckpointTest, LoadsAtAnotherStageCount) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PipelineCheckpointTest,
                          ::testing::Values(ReshardCase{"gpt2", 2, 1}, ReshardCase{"gpt2", 1, 2},
-                                           ReshardCase{"llama", 2, 1}, ReshardCase{"llama", 1, 2}),
+                                           ReshardCase{"llama", 2, 1}, ReshardCase{"llama", 1, 2},
+                                           // Stage 0's blocks 0-1 become blocks 0 and 2.
+                                           ReshardCase{"gpt2", 2, 2, 1, 2},
+                                           ReshardCase{"llama", 2, 1, 2, 1}),
                          [](const ::testing::TestParamInfo<ReshardCase>& info) {
-                           return absl::StrCat(info.param.family, "_pp", info.param.save_pp,
-                                               "_to_pp", info.param.load_pp);
+                           return ReshardName(info.param);
                          });
 
 class PipelineCheckpointChainTest : public ::testing::TestWithParam<const char*> {};
@@ -388,6 +426,10 @@ TEST(PipelineParallelExportTest, ExportGathersTheStages) {
     };
     const std::vector<ExportLayout> layouts = {
         {"pp2", {"parallel.pp=2"}, 2, 1e-6},
+        {"pp2_interleaved_v2",
+         {"parallel.pp=2", "parallel.pp_schedule=interleaved", "parallel.pp_virtual_stages=2"},
+         2,
+         1e-6},
         {"pp2_tp2_dp2_zero3",
          {"parallel.pp=2", "parallel.tp=2", "parallel.strategy=zero3"},
          8,

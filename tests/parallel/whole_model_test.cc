@@ -19,6 +19,7 @@ struct Case {
   ModelFamily family;
   int stages;
   int tp;
+  int virtual_stages = 1;  // model chunks per stage (interleaved), one block each
 };
 
 class GatherWholeModelTest : public ::testing::TestWithParam<Case> {};
@@ -29,22 +30,22 @@ class GatherWholeModelTest : public ::testing::TestWithParam<Case> {};
 // head copy on the last stage) holds NaN there, so reading one would show.
 TEST_P(GatherWholeModelTest, EveryRankGetsTheWholeModel) {
   const Case c = GetParam();
-  const ModelConfig config = testing::SmallModelConfig(c.family);
+  ModelConfig config = testing::SmallModelConfig(c.family);
+  if (c.virtual_stages > 1) config.n_layer = c.stages * c.virtual_stages;
   const ParamTable whole(config, ModelSlice{});
   std::vector<float> expected(whole.total_numel());
   testing::InitDistinctParameters(config, whole, kSeed, expected.data());
   PipelineCosts costs;
   costs.blocks.assign(config.n_layer, 1.0);
-  const absl::StatusOr<StageAssignment> assignment = AssignStages(costs, c.stages, 1);
+  const absl::StatusOr<StageAssignment> assignment =
+      AssignStages(costs, c.stages, c.virtual_stages);
   ASSERT_TRUE(assignment.ok()) << assignment.status();
 
   testing::RunStageGridRanks(
       c.stages, c.tp, [&](int stage, int tp_rank, Communicator* tp, Communicator* pp) {
-        const int first = assignment->first_block[stage];
-        const ParamTable table(config, {.first_block = first,
-                                        .num_blocks = assignment->first_block[stage + 1] - first,
-                                        .tp_rank = tp_rank,
-                                        .tp_size = c.tp});
+        const ParamTable table(
+            config,
+            {.chunks = StageChunks(*assignment, stage), .tp_rank = tp_rank, .tp_size = c.tp});
         std::vector<float> own(table.total_numel());
         testing::InitDistinctParameters(config, table, kSeed, own.data());
         std::vector<float> uncounted(own.size(), std::numeric_limits<float>::quiet_NaN());
@@ -72,10 +73,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{ModelFamily::kGpt2, 2, 2}, Case{ModelFamily::kLlama, 2, 1},
                       // tp 4 replicates each of the 2 kv heads on 2 ranks.
                       Case{ModelFamily::kLlama, 1, 4}, Case{ModelFamily::kLlama, 3, 2},
-                      Case{ModelFamily::kLlama, 2, 4}),
+                      Case{ModelFamily::kLlama, 2, 4},
+                      // Stage 0 holds blocks 0 and 2, stage 1 blocks 1 and 3.
+                      Case{ModelFamily::kGpt2, 2, 1, 2}, Case{ModelFamily::kLlama, 2, 2, 2}),
     [](const auto& info) {
-      return absl::StrCat(FamilyName(info.param.family), "_pp", info.param.stages, "_tp",
-                          info.param.tp);
+      return absl::StrCat(
+          FamilyName(info.param.family), "_pp", info.param.stages,
+          info.param.virtual_stages > 1 ? absl::StrCat("_v", info.param.virtual_stages) : "", "_tp",
+          info.param.tp);
     });
 
 }  // namespace

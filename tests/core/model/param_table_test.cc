@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/model/init.h"
 #include "gtest/gtest.h"
 #include "tests/testing/configs.h"
@@ -63,7 +64,7 @@ TEST(ParamTableTest, Gpt2TiesTheHeadToTheTokenEmbedding) {
 
 TEST(ParamTableTest, GroupedQueryAttentionShapesTheQkvProjection) {
   const ModelConfig config = ShippedModelConfig("llama-70b");  // 64 heads, 8 kv heads of 128
-  const ParamTable table(config, ModelSlice{0, 1});
+  const ParamTable table(config, ModelSlice{.chunks = {{0, 1}}});
   const TensorEntry* qkv = table.Find("blocks.0.attn.qkv.weight");
   ASSERT_NE(qkv, nullptr);
   EXPECT_EQ(qkv->shape, (std::vector<int64_t>{(64 + 2 * 8) * 128, 8192}));
@@ -213,8 +214,7 @@ TEST(ParamTableTest, PipelineStagesCountEveryElementOnceAndCopyTheTiedHead) {
       for (int stage = 0; stage < 3; ++stage) {
         for (int rank = 0; rank < tp; ++rank) {
           const ParamTable table(
-              config,
-              ModelSlice{.first_block = stage, .num_blocks = 1, .tp_rank = rank, .tp_size = tp});
+              config, ModelSlice{.chunks = {{stage, 1}}, .tp_rank = rank, .tp_size = tp});
           CountInWhole(whole, table, counted);
           if (stage < 2) {
             EXPECT_FALSE(table.HasRegion(config.n_layer));
@@ -227,9 +227,8 @@ TEST(ParamTableTest, PipelineStagesCountEveryElementOnceAndCopyTheTiedHead) {
           EXPECT_EQ(head->offset, table.head());
           EXPECT_EQ(table.IsTiedHeadCopy(*head), config.tied_head());
           if (!config.tied_head()) continue;
-          const ParamTable first(
-              config,
-              ModelSlice{.first_block = 0, .num_blocks = 1, .tp_rank = rank, .tp_size = tp});
+          const ParamTable first(config,
+                                 ModelSlice{.chunks = {{0, 1}}, .tp_rank = rank, .tp_size = tp});
           const TensorEntry& embedding = *first.Find("embed.tokens");
           EXPECT_FALSE(first.IsTiedHeadCopy(embedding));
           ASSERT_EQ(head->numel, embedding.numel);
@@ -243,6 +242,37 @@ TEST(ParamTableTest, PipelineStagesCountEveryElementOnceAndCopyTheTiedHead) {
       }
       for (size_t i = 0; i < counted.size(); ++i) ASSERT_EQ(counted[i], 1) << i;
     }
+  }
+}
+
+// An interleaved pipeline's stages hold two model chunks each (stage 0 blocks 0 and 2, stage 1
+// blocks 1 and 3): each finds its blocks' tensors, knows which chunk holds a region, and
+// together they count every element of the whole model once.
+TEST(ParamTableTest, InterleavedStagesHoldTheirChunks) {
+  for (const ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    SCOPED_TRACE(FamilyName(family));
+    ModelConfig config = testing::SmallModelConfig(family);
+    config.n_layer = 4;
+    const ParamTable whole(config, ModelSlice{});
+    EXPECT_TRUE(whole.HoldsWholeModel());
+    std::vector<int> counted(whole.total_numel(), 0);
+    for (int stage = 0; stage < 2; ++stage) {
+      const ParamTable table(config, ModelSlice{.chunks = {{stage, 1}, {stage + 2, 1}}});
+      CountInWhole(whole, table, counted);
+      EXPECT_FALSE(table.HoldsWholeModel());
+      EXPECT_EQ(table.HasRegion(-1), stage == 0);
+      EXPECT_EQ(table.HasRegion(config.n_layer), stage == 1);
+      EXPECT_FALSE(table.HasRegion(1 - stage));
+      EXPECT_FALSE(table.HasRegion(3 - stage));
+      for (const int block : {stage, stage + 2}) {
+        EXPECT_EQ(table.ChunkOf(block), block / 2);
+        EXPECT_EQ(table.block(block).mlp_down_w,
+                  table.Find(absl::StrCat("blocks.", block, ".mlp.down.weight"))->offset);
+      }
+      EXPECT_EQ(table.ChunkOf(-1), 0);
+      EXPECT_EQ(table.ChunkOf(config.n_layer), 1);
+    }
+    for (size_t i = 0; i < counted.size(); ++i) ASSERT_EQ(counted[i], 1) << i;
   }
 }
 

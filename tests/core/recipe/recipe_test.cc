@@ -341,10 +341,6 @@ INSTANTIATE_TEST_SUITE_P(
         ConsistencyCase{
             {"parallel.pp_schedule=zb"},
             {"parallel.pp_schedule", "'zb' is not allowed", "1f1b, interleaved, gpipe"}},
-        // A valid interleaved pipeline passes its checks and reaches the trainer's refusal.
-        ConsistencyCase{
-            {"parallel.pp_schedule=interleaved", "parallel.pp=2", "parallel.pp_virtual_stages=2"},
-            {"parallel.pp_schedule", "interleaved pipelines are not yet supported"}},
         ConsistencyCase{{"run.device=cuda"},
                         {"run.device", "CUDA", "later release", "run.device: cpu"}}));
 

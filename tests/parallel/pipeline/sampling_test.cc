@@ -40,6 +40,7 @@ struct Case {
   int stages;
   int tp;
   bool sequence_parallel = false;
+  int virtual_stages = 1;  // model chunks per stage, each of one block (interleaved)
 };
 
 class GeneratePipelinedTest : public ::testing::TestWithParam<Case> {};
@@ -54,9 +55,11 @@ TEST_P(GeneratePipelinedTest, EveryStageSamplesTheUnsplitModelsTokens) {
   const Case c = GetParam();
   ModelConfig config = testing::SmallModelConfig(c.family);
   config.init_std = 0.5f;  // large logits: sampling has something to choose between
+  if (c.virtual_stages > 1) config.n_layer = c.stages * c.virtual_stages;
   PipelineCosts costs;
   costs.blocks.assign(config.n_layer, 1.0);
-  const absl::StatusOr<StageAssignment> assignment = AssignStages(costs, c.stages, 1);
+  const absl::StatusOr<StageAssignment> assignment =
+      AssignStages(costs, c.stages, c.virtual_stages);
   ASSERT_TRUE(assignment.ok()) << assignment.status();
   std::vector<SamplingOptions> runs(3);
   runs[0] = {.max_new_tokens = 14, .temperature = 0.8f, .top_k = 10, .seed = 1};
@@ -72,8 +75,7 @@ TEST_P(GeneratePipelinedTest, EveryStageSamplesTheUnsplitModelsTokens) {
         const ModelSlice shard{.tp_rank = tp_rank, .tp_size = c.tp};
         SliceModel unsplit(config, shard, backend, ops.get(), c.sequence_parallel);
         ModelSlice stage_slice = shard;
-        stage_slice.first_block = assignment->first_block[stage];
-        stage_slice.num_blocks = assignment->first_block[stage + 1] - stage_slice.first_block;
+        stage_slice.chunks = StageChunks(*assignment, stage);
         SliceModel split(config, stage_slice, backend, ops.get(), c.sequence_parallel);
         for (const std::vector<int32_t>& prompt : prompts) {
           for (const SamplingOptions& options : runs) {
@@ -97,10 +99,15 @@ INSTANTIATE_TEST_SUITE_P(
     Splits, GeneratePipelinedTest,
     ::testing::Values(Case{ModelFamily::kGpt2, 2, 1}, Case{ModelFamily::kGpt2, 3, 1},
                       Case{ModelFamily::kLlama, 2, 1}, Case{ModelFamily::kLlama, 3, 1},
-                      Case{ModelFamily::kGpt2, 2, 2}, Case{ModelFamily::kLlama, 2, 2, true}),
+                      Case{ModelFamily::kGpt2, 2, 2}, Case{ModelFamily::kLlama, 2, 2, true},
+                      // Each stage's chunks in turn: stage 0's output comes back to it.
+                      Case{ModelFamily::kGpt2, 2, 1, false, 2},
+                      Case{ModelFamily::kLlama, 2, 2, true, 2}),
     [](const auto& info) {
-      return absl::StrCat(FamilyName(info.param.family), "_pp", info.param.stages, "_tp",
-                          info.param.tp, info.param.sequence_parallel ? "_sp" : "");
+      return absl::StrCat(
+          FamilyName(info.param.family), "_pp", info.param.stages,
+          info.param.virtual_stages > 1 ? absl::StrCat("_v", info.param.virtual_stages) : "", "_tp",
+          info.param.tp, info.param.sequence_parallel ? "_sp" : "");
     });
 
 }  // namespace

@@ -92,14 +92,12 @@ struct Pipeline {
     const int tp = sequence_parallel ? tp_slice.tp_size : 1;
     rows = static_cast<size_t>((tokens + tp - 1) / tp) * config.d_model;
     for (int s = 0; s < shape.stages; ++s) {
-      const int first = assignment->first_block[s];
       // Under 1F1B a stage holds at most warm-up + 1 micro-batches (schedule.h), GPipe all:
       // that many slots suffice.
       const int slots = std::min(kMicroBatches, WarmupForwards(shape, s) + 1);
       occupant.emplace_back(slots, -1);
       ModelSlice slice = tp_slice;
-      slice.first_block = first;
-      slice.num_blocks = assignment->first_block[s + 1] - first;
+      slice.chunks = StageChunks(*assignment, s);
       stages.push_back(std::make_unique<StageModel>(config, slice, backend, recompute, slots, ops,
                                                     sequence_parallel));
       auto list = StageActions(shape, s);

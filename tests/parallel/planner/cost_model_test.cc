@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "gtest/gtest.h"
+#include "parallel/pipeline_train_step.h"
 #include "parallel/planner/catalog.h"
 #include "tests/testing/configs.h"
 
@@ -132,6 +133,41 @@ TEST(CostModelTest, PipelineBubbleIsStagesMinusOneOverMicroBatches) {
   EXPECT_EQ(estimate.micro_batches, 16);
   EXPECT_DOUBLE_EQ(estimate.time.bubble_ms, 3.0 / 16 * estimate.time.compute_ms);
   EXPECT_GT(estimate.pp.exposed_ms, 0);
+}
+
+// Interleaving v = 2 chunks per stage (Narayanan et al. 2021): the bubble is (p - 1) / (v m) of the
+// compute, half 1F1B's; the first stage sends each micro-batch's activations out of both its
+// chunks and the gradient into its second (2v - 1 = 3 messages, 1F1B's one); a slot holds one
+// chunk, half a stage's layers.
+TEST(CostModelTest, InterleavingDividesTheBubbleForMoreMessages) {
+  const ClusterSpec cluster = testing::CatalogCluster(4, "a100-80gb", "ib-hdr");
+  const Workload workload = Gpt2Workload(256);
+  Layout layout{.pp = 4, .dp = 8, .micro_batch = 2};
+  const Estimate one_f_one_b = EstimateLayout(workload, cluster, layout);
+  layout.schedule = PipelineSchedule::kInterleaved;
+  layout.virtual_stages = 2;
+  const Estimate interleaved = EstimateLayout(workload, cluster, layout);
+  EXPECT_DOUBLE_EQ(interleaved.time.bubble_ms, 3.0 / (2 * 16) * interleaved.time.compute_ms);
+  EXPECT_DOUBLE_EQ(interleaved.time.bubble_ms, one_f_one_b.time.bubble_ms / 2);
+  const double activations = static_cast<double>(workload.seq_len) * 2 * workload.model.d_model *
+                             workload.precision.activation_bytes;
+  EXPECT_DOUBLE_EQ(interleaved.pp.sent_bytes - one_f_one_b.pp.sent_bytes, 16 * 2 * activations);
+  // Stage 0 holds Megatron's interleaved warm-up plus one of half-stage chunks: 2 (p - 1) +
+  // (v - 1) p + 1 = 11 chunk slots of n_layer / 8 layers, against 1F1B's 4 micro-batches of
+  // twice as many.
+  const PipelineShape shape{.schedule = PipelineSchedule::kInterleaved,
+                            .stages = 4,
+                            .virtual_stages = 2,
+                            .micro_batches = 16};
+  ASSERT_EQ(PipelineActivationSlots(shape, 0), 11);
+  ASSERT_EQ(PipelineActivationSlots(shape, 3), 5);  // the last stage: (v - 1) p + 1
+  const ModelConfig& model = workload.model;
+  const double chunk_bytes = model.n_layer / 8 *
+                             ActivationBytesPerLayer(workload.seq_len, 2, model.d_model,
+                                                     model.n_head, 1, false, Recompute::kNone);
+  const double logits_bytes = 4.0 * workload.seq_len * 2 * model.vocab_size;
+  EXPECT_DOUBLE_EQ(interleaved.memory.activation_bytes,
+                   std::max(11 * chunk_bytes, 5 * chunk_bytes + logits_bytes));
 }
 
 // A stage keeps the activations of the micro-batches its schedule has in flight, as many slots as
