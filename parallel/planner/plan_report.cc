@@ -119,8 +119,9 @@ std::string AssumptionsLine(const Plan& plan) {
                     [&plan](std::string* out, PipelineSchedule schedule) {
                       absl::StrAppend(out, PipelineScheduleName(schedule));
                       if (schedule == PipelineSchedule::kInterleaved) {
-                        absl::StrAppend(out, " (", plan.options.pp_virtual_stages,
-                                        " model chunks per stage)");
+                        const int v = plan.options.pp_virtual_stages;
+                        absl::StrAppend(out, " (", v, v == 1 ? " model chunk" : " model chunks",
+                                        " per stage)");
                       }
                     }),
       100 * plan.options.memory_margin, 100 * plan.options.simpler_within);

@@ -124,8 +124,11 @@ done
 
 # The planner's assumptions line names the recipe's schedule.
 for schedule in $schedules; do
+  v=1
+  [[ $schedule == interleaved ]] && v=$virtual
   plan=$("$build/dtrain" plan "$repo/configs/tiny.yaml" --set parallel.pp=2 \
-    --set parallel.pp_schedule="$schedule" --set train.micro_batch=8 2>&1 || true)
-  echo "dtrain plan, parallel.pp=2 pp_schedule=$schedule:" \
+    --set parallel.pp_schedule="$schedule" --set parallel.pp_virtual_stages="$v" \
+    --set train.micro_batch=8 2>&1 || true)
+  echo "dtrain plan, parallel.pp=2 pp_schedule=$schedule pp_virtual_stages=$v:" \
     "$(grep -m 1 -e '^Assumptions: ' -e '^error: ' <<<"$plan" || echo "no assumptions line")"
 done

@@ -96,6 +96,14 @@ TEST(PlanCommandTest, AssumptionsNameTheRecipesPipelineSchedule) {
         absl::StrContains(plan.stdout_text, absl::StrCat(", ", schedule, " pipeline schedule, ")))
         << plan.stdout_text;
   }
+  const testing::Outcome interleaved = testing::RunDtrain(
+      absl::StrCat("plan ", DTRAIN_SOURCE_DIR,
+                   "/configs/tiny.yaml --set parallel.pp=2 --set parallel.pp_schedule=interleaved "
+                   "--set parallel.pp_virtual_stages=2"));
+  ASSERT_EQ(interleaved.exit_code, 0) << interleaved.stderr_text;
+  EXPECT_TRUE(absl::StrContains(interleaved.stdout_text,
+                                ", interleaved (2 model chunks per stage) pipeline schedule, "))
+      << interleaved.stdout_text;
 }
 
 // A pipeline's recipe lines keep the recipe's schedule where the trainer runs it: gpt2-1.5b's 8
