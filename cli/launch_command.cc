@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "core/recipe/recipe.h"
 #include "core/util/status.h"
+#include "launch/gpus.h"
 #include "launch/launcher.h"
 #include "parallel/trainer.h"
 
@@ -16,7 +17,7 @@ namespace dtrain::cli {
 void AddLaunchCommand(CLI::App& app) {
   struct Args {
     LaunchOptions launch;
-    int nproc_per_node = 0;
+    std::string nproc_per_node;
     int node_rank = -1;
     int num_nodes = 0;
     std::string master_addr;
@@ -33,10 +34,9 @@ void AddLaunchCommand(CLI::App& app) {
   command->add_option("recipe", args->launch.recipe_path,
                       "Recipe YAML file; none = the built-in tiny recipe (configs/tiny.yaml)");
   AddOverrideOption(*command, args->launch.overrides);
-  command
-      ->add_option("--nproc-per-node", args->nproc_per_node,
-                   "Workers on this node (default: the pod's PET_NPROC_PER_NODE, else 1)")
-      ->check(CLI::PositiveNumber);
+  command->add_option("--nproc-per-node", args->nproc_per_node,
+                      "Workers on this node: a number, or gpu for one per visible NVIDIA GPU "
+                      "(default: the pod's PET_NPROC_PER_NODE, else 1)");
   command
       ->add_option("--max-restarts", args->launch.max_restarts,
                    "Restarts of the whole group after a worker fails (default 0)")
@@ -77,7 +77,13 @@ void AddLaunchCommand(CLI::App& app) {
     launch.check_world = [layout = *recipe](int world_size) {
       return CheckLayoutFitsWorld(layout, world_size);
     };
-    if (args->nproc_per_node > 0) launch.world.nproc_per_node = args->nproc_per_node;
+    if (args->nproc_per_node == "gpu") {
+      launch.worker_per_gpu = true;  // counted on each node
+    } else if (!args->nproc_per_node.empty()) {
+      const absl::StatusOr<int> count = ParseProcessesPerNode(args->nproc_per_node, {});
+      if (!count.ok()) Fail(count.status(), kExitUsage);
+      launch.world.nproc_per_node = *count;
+    }
     if (args->node_rank >= 0) launch.world.node_rank = args->node_rank;
     if (args->num_nodes > 0) launch.world.num_nodes = args->num_nodes;
     if (!args->master_addr.empty()) launch.world.master_addr = args->master_addr;

@@ -16,6 +16,7 @@
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "launch/agent.h"
+#include "launch/gpus.h"
 #include "parallel/store/auth.h"
 
 namespace dtrain {
@@ -105,7 +106,9 @@ std::vector<std::string> LaunchCommandLine(const std::string& dtrain_path,
   if (!options.recipe_path.empty()) argv.push_back(options.recipe_path);
   AppendOverrides(options.overrides, argv);
   const WorldOverrides& world = options.world;
-  if (world.nproc_per_node) {
+  if (options.worker_per_gpu) {
+    argv.push_back("--nproc-per-node=gpu");
+  } else if (world.nproc_per_node) {
     argv.push_back(absl::StrCat("--nproc-per-node=", *world.nproc_per_node));
   }
   if (world.master_port) argv.push_back(absl::StrCat("--master-port=", *world.master_port));
@@ -143,6 +146,9 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
       process.source == WorldSource::kPyTorchJob || process.source == WorldSource::kTrainerV2 ||
       process.source == WorldSource::kJobSet || process.source == WorldSource::kIndexedJob ||
       process.source == WorldSource::kLeaderWorkerSet;
+  if (options.worker_per_gpu) {
+    ASSIGN_OR_RETURN(node_flags.nproc_per_node, ParseProcessesPerNode("gpu", FindGpus(env)));
+  }
   if (!node_flags.nproc_per_node)
     node_flags.nproc_per_node = pod_level ? process.local_world_size : 1;
   ASSIGN_OR_RETURN(WorldEnvironment node, ResolveWorld(env, node_flags));

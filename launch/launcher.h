@@ -28,6 +28,8 @@ struct LaunchOptions {
   // check).
   std::function<absl::Status(int world_size)> check_world;
   WorldOverrides world;  // --nproc-per-node, --node-rank, --nnodes, --master-*
+  // --nproc-per-node gpu: one worker per GPU visible to each node's agent (launch/gpus.h).
+  bool worker_per_gpu = false;
   int max_restarts = 0;
   std::string log_dir;
   absl::Duration rendezvous_timeout = absl::Minutes(5);

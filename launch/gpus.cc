@@ -1,0 +1,73 @@
+#include "launch/gpus.h"
+
+#include <filesystem>
+#include <set>
+#include <system_error>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace dtrain {
+namespace {
+
+// CUDA_VISIBLE_DEVICES' GPUs among `installed`: its entries up to the first invalid one.
+int VisibleOf(const std::string& list, int installed) {
+  if (list.empty() || list == "NoDevFiles") return 0;
+  std::set<int> indices;
+  int visible = 0;
+  for (absl::string_view entry : absl::StrSplit(list, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (absl::StartsWith(entry, "GPU-") || absl::StartsWith(entry, "MIG-")) {
+      ++visible;
+      continue;
+    }
+    int index = -1;
+    if (!absl::SimpleAtoi(entry, &index) || index < 0 || index >= installed ||
+        !indices.insert(index).second) {
+      break;
+    }
+    ++visible;
+  }
+  return visible;
+}
+
+}  // namespace
+
+GpuInventory FindGpus(const EnvironmentMap& env, const std::string& proc_root) {
+  GpuInventory gpus;
+  const std::filesystem::path folder = std::filesystem::path(proc_root) / "driver/nvidia/gpus";
+  std::error_code error;
+  for (std::filesystem::directory_iterator it(folder, error), end; !error && it != end;
+       it.increment(error)) {
+    if (it->is_directory(error)) ++gpus.installed;
+  }
+  gpus.description =
+      absl::StrCat(gpus.installed, gpus.installed == 1 ? " GPU" : " GPUs", " in ", folder.string());
+  const auto listed = env.find("CUDA_VISIBLE_DEVICES");
+  if (listed == env.end()) {
+    gpus.visible = gpus.installed;
+  } else {
+    gpus.visible = VisibleOf(listed->second, gpus.installed);
+    absl::StrAppend(&gpus.description, ", CUDA_VISIBLE_DEVICES=", listed->second);
+  }
+  return gpus;
+}
+
+absl::StatusOr<int> ParseProcessesPerNode(const std::string& value, const GpuInventory& gpus) {
+  if (value == "gpu") {
+    if (gpus.visible > 0) return gpus.visible;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nproc-per-node gpu: no NVIDIA GPU is visible here (", gpus.description,
+                     "); give the number of workers instead, e.g. --nproc-per-node 2"));
+  }
+  int count = 0;
+  if (absl::SimpleAtoi(value, &count) && count > 0) return count;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--nproc-per-node ", value,
+                   ": give a positive number of workers, or gpu for one per visible GPU"));
+}
+
+}  // namespace dtrain

@@ -1,0 +1,32 @@
+// The NVIDIA GPUs a process on this machine may use, found without nvidia-smi, the driver's
+// libraries or the CUDA runtime (so a CPU-only machine, or a login node, answers too): the
+// driver's /proc/driver/nvidia/gpus/<PCI bus id> entries, one per GPU, narrowed by
+// CUDA_VISIBLE_DEVICES as the CUDA runtime narrows them.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "launch/environment.h"
+
+namespace dtrain {
+
+struct GpuInventory {
+  int installed = 0;  // the driver's GPU entries
+  int visible = 0;    // of them, those CUDA_VISIBLE_DEVICES leaves to this process
+  // What was read, for messages: "2 GPUs in /proc/driver/nvidia/gpus, CUDA_VISIBLE_DEVICES=1".
+  std::string description;
+};
+
+// Reads `proc_root`/driver/nvidia/gpus (no such folder: no driver, no GPU). CUDA_VISIBLE_DEVICES
+// from `env`: unset, every GPU; otherwise its comma-separated entries up to the first that names
+// no GPU, as CUDA reads it (an index below `installed` not listed before, or a GPU-/MIG- UUID,
+// which only the driver could check and is counted); empty or Slurm's "NoDevFiles", none.
+GpuInventory FindGpus(const EnvironmentMap& env, const std::string& proc_root = "/proc");
+
+// `--nproc-per-node`'s value: a positive count, or "gpu" (torchrun's spelling) for one worker per
+// visible GPU. InvalidArgument naming the flag and the fix for anything else, or "gpu" where no
+// GPU is visible.
+absl::StatusOr<int> ParseProcessesPerNode(const std::string& value, const GpuInventory& gpus);
+
+}  // namespace dtrain
