@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/backend/device_buffer.h"
+
 namespace dtrain {
 
 // The layout of the attention input: one row per token holding H query heads, then Hkv key
@@ -28,6 +30,21 @@ struct AttentionShape {
 class Backend {
  public:
   virtual ~Backend() = default;
+
+  // ---- Memory. Every tensor below lives in memory this backend allocated. ----
+  // `count` elements of `dtype`, zero-filled, aligned for vector loads. Throws std::bad_alloc
+  // when the memory is not there (the caller names the phase: AllocateOrError in the trainer).
+  virtual DeviceBuffer Allocate(size_t count, DataType dtype = DataType::kF32) = 0;
+  // Frees what Allocate returned (DeviceBuffer's destructor calls it).
+  virtual void Free(void* data) = 0;
+  // Copies `bytes` between this backend's memory (dst and src may not overlap), or to and from
+  // host memory. Ordered after every kernel issued before them.
+  virtual void Copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void CopyToHost(void* host, const void* src, size_t bytes) = 0;
+  virtual void CopyFromHost(void* dst, const void* host, size_t bytes) = 0;
+  // Waits until every kernel and copy issued so far has finished (the CPU backend's are done
+  // when they return).
+  virtual void Synchronize() = 0;
 
   // C (M,N) = alpha * op(A) op(B) + beta * C, op = transpose when the flag is set.
   virtual void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,

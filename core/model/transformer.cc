@@ -263,11 +263,11 @@ void Transformer::AllocateActivations(int max_batch, int max_time, int activatio
   const size_t up = dims_.mlp_up_width;
   const size_t lse = static_cast<size_t>(max_batch) * dims_.heads * max_time;
   const size_t qkv_weight_grad = dims_.kv_replicas > 1 ? qkv * c : 0;
-  acts_.assign(ArenaFloats<size_t>(dims_, max_batch, max_time, recompute_, chunks,
-                                   ExtentOf(config_, table_.slice()), activation_slots),
-               0.0f);
+  acts_ =
+      backend_.Allocate(ArenaFloats<size_t>(dims_, max_batch, max_time, recompute_, chunks,
+                                            ExtentOf(config_, table_.slice()), activation_slots));
 
-  float* cursor = acts_.data();
+  float* cursor = acts_.floats();
   auto take = [&cursor](size_t count) {
     float* p = cursor;
     cursor += count;
@@ -506,8 +506,8 @@ void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, fl
     EmbeddingForward(args.tokens, b, t, rows, slot.inputs[0]);
     if (!head_is_embedding_) parameters_.Release(-1, Pass::kForward);
   } else {
-    std::copy(args.input, args.input + static_cast<size_t>(rows.own) * config_.d_model,
-              slot.inputs[0]);
+    backend_.Copy(slot.inputs[0], args.input,
+                  static_cast<size_t>(rows.own) * config_.d_model * sizeof(float));
   }
   for (int i = 0; i < blocks.count; ++i) {
     const int layer = blocks.first + i;
@@ -613,8 +613,8 @@ void Transformer::StageBackward(int slot_index, const float* d_output, float* d_
   float* dresid = embedding || d_input == nullptr ? d_resid_ : d_input;
   const float* d_stage_output = EndsModel(slot.chunk) ? slot.d_last : d_output;
   if (d_stage_output != dresid) {
-    std::copy(d_stage_output, d_stage_output + static_cast<size_t>(rows.own) * config_.d_model,
-              dresid);
+    backend_.Copy(dresid, d_stage_output,
+                  static_cast<size_t>(rows.own) * config_.d_model * sizeof(float));
   }
   for (int i = blocks.count - 1; i >= 0; --i) {
     const int layer = blocks.first + i;

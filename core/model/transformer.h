@@ -70,7 +70,7 @@ class Transformer {
   const ModelConfig& config() const { return config_; }
   // The model chunks this rank runs (the table's): StageForwardArgs::chunk indexes them.
   const std::vector<BlockSpan>& chunks() const { return chunks_; }
-  size_t activation_bytes() const { return acts_.size() * sizeof(float); }
+  size_t activation_bytes() const { return acts_.bytes(); }
   // What activation_bytes() will be on a rank holding `slice` with `activation_slots` slots,
   // without allocating; in double, so any size is exact enough to compare with the memory there
   // is.
@@ -283,7 +283,7 @@ class Transformer {
   bool head_is_embedding_;   // the tied head is this stage's own token embedding tensor
   RegionView embeddings_;    // acquired during the embedding's forward (and the head's use)
   RegionView final_region_;  // acquired from FinalNormForward until ReleaseHead
-  std::vector<float> acts_;  // the arena
+  DeviceBuffer acts_;        // the arena
   std::vector<Slot> slots_;
   // kFull: the one block's activations every block recomputes; kSelective and kFull: the
   // attention core every block shares.

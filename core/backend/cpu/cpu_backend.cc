@@ -1,6 +1,8 @@
 #include "core/backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cstring>
+#include <new>
 
 #include "core/backend/cpu/activation.h"
 #include "core/backend/cpu/adamw.h"
@@ -16,6 +18,26 @@
 namespace dtrain {
 
 CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {}
+
+namespace {
+// A cache line, and the widest vector load (AVX-512).
+constexpr std::align_val_t kAlignment{64};
+}  // namespace
+
+DeviceBuffer CpuBackend::Allocate(size_t count, DataType dtype) {
+  const size_t bytes = count * DataTypeBytes(dtype);
+  void* data = ::operator new(std::max<size_t>(bytes, 1), kAlignment);
+  std::memset(data, 0, bytes);
+  return DeviceBuffer(this, data, count, dtype);
+}
+
+void CpuBackend::Free(void* data) { ::operator delete(data, kAlignment); }
+
+void CpuBackend::Copy(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+void CpuBackend::CopyToHost(void* host, const void* src, size_t bytes) { Copy(host, src, bytes); }
+void CpuBackend::CopyFromHost(void* dst, const void* host, size_t bytes) { Copy(dst, host, bytes); }
 
 float* CpuBackend::Scratch(size_t size) {
   if (scratch_.size() < size) scratch_.resize(size);

@@ -18,6 +18,13 @@ class CpuBackend : public Backend {
 
   int num_threads() const { return pool_.size(); }
 
+  DeviceBuffer Allocate(size_t count, DataType dtype) override;
+  void Free(void* data) override;
+  void Copy(void* dst, const void* src, size_t bytes) override;
+  void CopyToHost(void* host, const void* src, size_t bytes) override;
+  void CopyFromHost(void* dst, const void* host, size_t bytes) override;
+  void Synchronize() override {}
+
   void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
             int lda, const float* b, int ldb, float beta, float* c, int ldc) override;
 
