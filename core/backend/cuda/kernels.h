@@ -1,0 +1,29 @@
+// Launchers of the CUDA kernels (core/backend/cuda/*.cu), for T = float or Bf16 storage: each
+// enqueues its kernel on `stream` and returns without waiting; pointers are device memory and the
+// shapes are the CPU backend's (core/backend/backend.h). Arithmetic is fp32 whatever T is; each
+// kernel's per-element or per-row arithmetic is the DTRAIN_HD function of the *_math.h header
+// named beside it, which the tests run on the host against the CPU backend. Launch errors are
+// left for the caller's cudaGetLastError, as with any kernel launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/backend/cuda/bf16.h"
+
+namespace dtrain::cuda {
+
+// activation_math.h. out, inp, dinp, dout (n); gate_up, dgate_up (N, 2F); swiglu out (N, F).
+template <typename T>
+void GeluForward(T* out, const T* inp, size_t n, cudaStream_t stream);
+template <typename T>
+void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n, cudaStream_t stream);
+template <typename T>
+void SwiGluForward(T* out, const T* gate_up, int n, int f, cudaStream_t stream);
+template <typename T>
+void SwiGluBackward(T* dgate_up, const T* gate_up, const T* dout, int n, int f,
+                    cudaStream_t stream);
+
+}  // namespace dtrain::cuda
