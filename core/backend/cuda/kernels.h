@@ -26,4 +26,21 @@ template <typename T>
 void SwiGluBackward(T* dgate_up, const T* gate_up, const T* dout, int n, int f,
                     cudaStream_t stream);
 
+// norm_math.h, one warp per row. out, inp (N, C); mean, rstd (N) fp32; weight, bias (C). With
+// residual (N, C) not null, the row normalised is residual + inp, also written to residual_out.
+// dinp (N, C) +=, dweight, dbias (C) +=; inp there is the normalised x (residual_out if fused).
+template <typename T>
+void LayerNormForward(T* out, float* mean, float* rstd, T* residual_out, const T* residual,
+                      const T* inp, const T* weight, const T* bias, int n, int c, float eps,
+                      cudaStream_t stream);
+template <typename T>
+void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                       const float* mean, const float* rstd, int n, int c, cudaStream_t stream);
+template <typename T>
+void RmsNormForward(T* out, float* rstd, T* residual_out, const T* residual, const T* inp,
+                    const T* weight, int n, int c, float eps, cudaStream_t stream);
+template <typename T>
+void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                     const float* rstd, int n, int c, cudaStream_t stream);
+
 }  // namespace dtrain::cuda

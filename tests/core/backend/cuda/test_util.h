@@ -39,6 +39,20 @@ inline std::vector<Bf16> ToBf16(const std::vector<float>& values) {
   return out;
 }
 
+// values as storage T holds them (rounded for bf16), and back to fp32.
+template <typename T>
+std::vector<T> Store(const std::vector<float>& values) {
+  std::vector<T> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = FromFloat<T>(values[i]);
+  return out;
+}
+template <typename T>
+std::vector<float> Load(const std::vector<T>& values) {
+  std::vector<float> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = ToFloat(values[i]);
+  return out;
+}
+
 inline void ExpectFloatMatches(const std::vector<float>& actual, const std::vector<float>& expected,
                                const char* what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;
@@ -59,6 +73,16 @@ inline void ExpectBf16Matches(const std::vector<Bf16>& actual, const std::vector
     const double bound = std::ldexp(std::abs(double{expected[i]}) + f, -8) + f;
     ASSERT_NEAR(ToFloat(actual[i]), expected[i], bound) << what << "[" << i << "]";
   }
+}
+
+// ExpectFloatMatches or ExpectBf16Matches, by the storage of `actual`.
+inline void ExpectMatches(const std::vector<float>& actual, const std::vector<float>& expected,
+                          const char* what) {
+  ExpectFloatMatches(actual, expected, what);
+}
+inline void ExpectMatches(const std::vector<Bf16>& actual, const std::vector<float>& expected,
+                          const char* what) {
+  ExpectBf16Matches(actual, expected, what);
 }
 
 // One lane of a warp emulated on the host: the row functions' Warp (see
