@@ -43,4 +43,11 @@ template <typename T>
 void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
                      const float* rstd, int n, int c, cudaStream_t stream);
 
+// classifier_math.h, one warp per row, after the logits GEMM: logits (N, V) become dlogits when
+// write_gradient (0 for targets < 0); losses (N) fp32 get each row's -log p(target) (0 when
+// ignored), to be summed by the caller.
+template <typename T>
+void ClassifierSoftmaxCrossEntropy(T* logits, float* losses, const int32_t* targets, int n, int v,
+                                   float grad_scale, bool write_gradient, cudaStream_t stream);
+
 }  // namespace dtrain::cuda
