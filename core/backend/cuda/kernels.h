@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/backend/cuda/adamw_math.h"
 #include "core/backend/cuda/bf16.h"
 
 namespace dtrain::cuda {
@@ -49,5 +50,11 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
 template <typename T>
 void ClassifierSoftmaxCrossEntropy(T* logits, float* losses, const int32_t* targets, int n, int v,
                                    float grad_scale, bool write_gradient, cudaStream_t stream);
+
+// adamw_math.h, over n values: param, m, v (n) fp32 masters and moments, grad (n) fp32 or bf16;
+// param_copy (n) gets the bf16 parameters when not null. k from cpu::MakeAdamWCoefficients<float>.
+template <typename G>
+void AdamW(float* param, Bf16* param_copy, const G* grad, float* m, float* v, size_t n,
+           const AdamWCoefficients& k, cudaStream_t stream);
 
 }  // namespace dtrain::cuda
