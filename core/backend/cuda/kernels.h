@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/backend/backend.h"
 #include "core/backend/cuda/adamw_math.h"
 #include "core/backend/cuda/bf16.h"
 
@@ -56,5 +57,14 @@ void ClassifierSoftmaxCrossEntropy(T* logits, float* losses, const int32_t* targ
 template <typename G>
 void AdamW(float* param, Bf16* param_copy, const G* grad, float* m, float* v, size_t n,
            const AdamWCoefficients& k, cudaStream_t stream);
+
+// rope_math.h, one thread per rotated pair: qkv, dqkv (B, T, qkv_width) in place, the query and
+// key heads of each row rotated (backward: rotated back).
+template <typename T>
+void RopeForward(T* qkv, const AttentionShape& shape, double theta, int pos_offset,
+                 cudaStream_t stream);
+template <typename T>
+void RopeBackward(T* dqkv, const AttentionShape& shape, double theta, int pos_offset,
+                  cudaStream_t stream);
 
 }  // namespace dtrain::cuda
