@@ -67,4 +67,16 @@ template <typename T>
 void RopeBackward(T* dqkv, const AttentionShape& shape, double theta, int pos_offset,
                   cudaStream_t stream);
 
+// embedding_math.h. tokens (B, T); token_embedding (vocab_end - vocab_begin, C); position_embedding
+// (maxT, C) or null; out (B*T, C). Forward: one thread per 16-byte pack of out. Backward: the
+// tables += (the position table skipped when null), one thread per column.
+template <typename T>
+void EmbeddingForward(T* out, const int32_t* tokens, const T* token_embedding,
+                      const T* position_embedding, int b, int t, int c, int vocab_begin,
+                      int vocab_end, cudaStream_t stream);
+template <typename T>
+void EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const T* dout,
+                       const int32_t* tokens, int b, int t, int c, int vocab_begin, int vocab_end,
+                       cudaStream_t stream);
+
 }  // namespace dtrain::cuda
