@@ -86,4 +86,14 @@ void SumSquares(double* sum_squares, float* block_sums, const T* x, size_t n, cu
 template <typename T>
 void Scale(T* x, float factor, size_t n, cudaStream_t stream);
 
+// attention_math.h, one warp per row. qkv, dqkv (B, T, qkv_width); out, dout (B, T, H*D); lse
+// (B, H, T) fp32. Backward writes dqkv whole. cudaErrorInvalidValue, launching nothing, when
+// head_dim exceeds kAttentionMaxHeadDim or H is not a multiple of Hkv.
+template <typename T>
+cudaError_t AttentionForward(T* out, float* lse, const T* qkv, const AttentionShape& shape,
+                             cudaStream_t stream);
+template <typename T>
+cudaError_t AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                              const AttentionShape& shape, cudaStream_t stream);
+
 }  // namespace dtrain::cuda

@@ -4,16 +4,15 @@
 
 #include "core/backend/cpu/activation.h"
 #include "gtest/gtest.h"
-#include "tests/core/backend/cpu/test_util.h"
 #include "tests/core/backend/cuda/test_util.h"
 
 namespace dtrain::cuda {
 namespace {
 
-using cpu::testing::RandomVector;
 using testing::Bf16Rounded;
 using testing::ExpectBf16Matches;
 using testing::ExpectFloatMatches;
+using testing::RandomFloats;
 
 constexpr int kRows = 7, kFeatures = 45;  // 45: rows are not a whole number of 16-byte packs
 
@@ -59,8 +58,8 @@ Outputs<float> RunCpu(const std::vector<float>& inp, const std::vector<float>& d
 }
 
 TEST(CudaActivationTest, Fp32MatchesCpuBackend) {
-  const auto inp = cpu::testing::ToFloat(RandomVector(kRows * 2 * kFeatures, 1, -6, 6));
-  const auto dout = cpu::testing::ToFloat(RandomVector(kRows * 2 * kFeatures, 2));
+  const auto inp = RandomFloats(kRows * 2 * kFeatures, 1, -6, 6);
+  const auto dout = RandomFloats(kRows * 2 * kFeatures, 2);
   const Outputs<float> actual = RunKernelMath(inp, dout, kRows, kFeatures);
   const Outputs<float> expected = RunCpu(inp, dout, kRows, kFeatures);
   ExpectFloatMatches(actual.gelu, expected.gelu, "gelu");
@@ -71,9 +70,8 @@ TEST(CudaActivationTest, Fp32MatchesCpuBackend) {
 
 // bf16 storage: the CPU backend on the bf16-rounded inputs, then the output's rounding.
 TEST(CudaActivationTest, Bf16MatchesCpuBackendOnRoundedInputs) {
-  const auto inp =
-      Bf16Rounded(cpu::testing::ToFloat(RandomVector(kRows * 2 * kFeatures, 3, -6, 6)));
-  const auto dout = Bf16Rounded(cpu::testing::ToFloat(RandomVector(kRows * 2 * kFeatures, 4)));
+  const auto inp = Bf16Rounded(RandomFloats(kRows * 2 * kFeatures, 3, -6, 6));
+  const auto dout = Bf16Rounded(RandomFloats(kRows * 2 * kFeatures, 4));
   const Outputs<Bf16> actual =
       RunKernelMath(testing::ToBf16(inp), testing::ToBf16(dout), kRows, kFeatures);
   const Outputs<float> expected = RunCpu(inp, dout, kRows, kFeatures);

@@ -4,7 +4,6 @@
 
 #include "core/backend/cpu/adamw.h"
 #include "gtest/gtest.h"
-#include "tests/core/backend/cpu/test_util.h"
 #include "tests/core/backend/cuda/test_util.h"
 
 namespace dtrain::cuda {
@@ -18,20 +17,16 @@ using testing::Store;
 constexpr size_t kValues = 37;
 constexpr double kLr = 3e-2, kBeta1 = 0.9, kBeta2 = 0.95, kEps = 1e-8, kWeightDecay = 0.1;
 
-std::vector<float> Random(size_t n, unsigned seed) {
-  return cpu::testing::ToFloat(cpu::testing::RandomVector(n, seed));
-}
-
 // Three steps with gradients stored as G: AdamWValue over every index, as the kernel runs it,
 // against the CPU backend's AdamW on the same (widened) gradients; the bf16 copy of the
 // parameters against the CPU's fp32 parameters.
 template <typename G>
 void CheckAdamW() {
-  std::vector<float> param = Random(kValues, 1), m(kValues), v(kValues);
+  std::vector<float> param = testing::RandomFloats(kValues, 1), m(kValues), v(kValues);
   std::vector<float> param_cpu = param, m_cpu = m, v_cpu = v;
   std::vector<Bf16> copy(kValues);
   for (int step = 1; step <= 3; ++step) {
-    const std::vector<G> grad = Store<G>(Random(kValues, 10 + step));
+    const std::vector<G> grad = Store<G>(testing::RandomFloats(kValues, 10 + step));
     const AdamWCoefficients k =
         cpu::MakeAdamWCoefficients<float>(kLr, kBeta1, kBeta2, kEps, kWeightDecay, step);
     for (size_t i = 0; i < kValues; ++i) {

@@ -5,7 +5,6 @@
 
 #include "core/backend/cpu/classifier.h"
 #include "gtest/gtest.h"
-#include "tests/core/backend/cpu/test_util.h"
 #include "tests/core/backend/cuda/test_util.h"
 
 namespace dtrain::cuda {
@@ -46,7 +45,7 @@ void CheckClassifier(int v) {
   SCOPED_TRACE(::testing::Message() << "v " << v);
   const std::vector<int32_t> targets = {3 % v, -1, 0, v - 1, v / 2};
   const int n = static_cast<int>(targets.size());
-  std::vector<float> values = cpu::testing::ToFloat(cpu::testing::RandomVector(n * v, 1, -4, 4));
+  std::vector<float> values = testing::RandomFloats(n * v, 1, -4, 4);
   for (int j = 0; j < v; ++j) values[static_cast<size_t>(n - 1) * v + j] += 60.0f;
   std::vector<T> logits = Store<T>(values);
   const std::vector<float> stored = Load(logits);

@@ -4,7 +4,6 @@
 
 #include "core/backend/cpu/elementwise.h"
 #include "gtest/gtest.h"
-#include "tests/core/backend/cpu/test_util.h"
 #include "tests/core/backend/cuda/test_util.h"
 
 namespace dtrain::cuda {
@@ -21,7 +20,7 @@ constexpr size_t kValues = 3 * kSumSquaresBlock + 123;
 
 template <typename T>
 void CheckSumSquaresAndScale() {
-  std::vector<T> x = Store<T>(cpu::testing::ToFloat(cpu::testing::RandomVector(kValues, 1, -2, 2)));
+  std::vector<T> x = Store<T>(testing::RandomFloats(kValues, 1, -2, 2));
   const size_t blocks = SumSquaresBlocks(kValues);
   ASSERT_EQ(blocks, 4u);
   std::vector<float> block_sums(blocks);

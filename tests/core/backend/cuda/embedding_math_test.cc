@@ -7,7 +7,6 @@
 
 #include "core/backend/cpu/embedding.h"
 #include "gtest/gtest.h"
-#include "tests/core/backend/cpu/test_util.h"
 #include "tests/core/backend/cuda/test_util.h"
 
 namespace dtrain::cuda {
@@ -23,19 +22,15 @@ using testing::Store;
 constexpr int kB = 2, kT = 4, kC = 20, kMaxT = 6, kVocabBegin = 2, kVocabEnd = 7;
 const std::vector<int32_t> kTokens = {5, 0, 3, 5, 7, 6, 5, 2};
 
-std::vector<float> Random(size_t n, unsigned seed) {
-  return cpu::testing::ToFloat(cpu::testing::RandomVector(n, seed));
-}
-
 template <typename T>
 void CheckEmbedding(bool with_positions) {
   SCOPED_TRACE(with_positions ? "with positions" : "without positions");
   const size_t vocab_rows = kVocabEnd - kVocabBegin;
-  const std::vector<T> wte = Store<T>(Random(vocab_rows * kC, 1));
-  const std::vector<T> wpe = Store<T>(Random(kMaxT * kC, 2));
-  const std::vector<T> dout = Store<T>(Random(kB * kT * kC, 3));
-  const std::vector<T> dwte0 = Store<T>(Random(vocab_rows * kC, 4));
-  const std::vector<T> dwpe0 = Store<T>(Random(kMaxT * kC, 5));
+  const std::vector<T> wte = Store<T>(testing::RandomFloats(vocab_rows * kC, 1));
+  const std::vector<T> wpe = Store<T>(testing::RandomFloats(kMaxT * kC, 2));
+  const std::vector<T> dout = Store<T>(testing::RandomFloats(kB * kT * kC, 3));
+  const std::vector<T> dwte0 = Store<T>(testing::RandomFloats(vocab_rows * kC, 4));
+  const std::vector<T> dwpe0 = Store<T>(testing::RandomFloats(kMaxT * kC, 5));
   const T* position_table = with_positions ? wpe.data() : nullptr;
 
   // The kernels' index spaces: every (row, j) of out; every column of the token table; every

@@ -5,7 +5,6 @@
 #include "core/backend/cpu/elementwise.h"
 #include "core/backend/cpu/norm.h"
 #include "gtest/gtest.h"
-#include "tests/core/backend/cpu/test_util.h"
 #include "tests/core/backend/cuda/test_util.h"
 
 namespace dtrain::cuda {
@@ -21,22 +20,18 @@ using testing::Store;
 constexpr int kRows = 5;
 constexpr float kEps = 1e-5f;
 
-std::vector<float> Random(size_t n, unsigned seed, double lo = -1, double hi = 1) {
-  return cpu::testing::ToFloat(cpu::testing::RandomVector(n, seed, lo, hi));
-}
-
 // The inputs of one test, stored as T.
 template <typename T>
 struct NormInputs {
   NormInputs(int c)
-      : inp(Store<T>(Random(kRows * c, 1, -2, 2))),
-        residual(Store<T>(Random(kRows * c, 2))),
-        weight(Store<T>(Random(c, 3, 0.5, 1.5))),
-        bias(Store<T>(Random(c, 4))),
-        dout(Store<T>(Random(kRows * c, 5))),
-        dinp(Store<T>(Random(kRows * c, 6))),
-        dweight(Store<T>(Random(c, 7))),
-        dbias(Store<T>(Random(c, 8))) {}
+      : inp(Store<T>(testing::RandomFloats(kRows * c, 1))),
+        residual(Store<T>(testing::RandomFloats(kRows * c, 2))),
+        weight(Store<T>(testing::RandomFloats(c, 3, 0.5, 1.5))),
+        bias(Store<T>(testing::RandomFloats(c, 4))),
+        dout(Store<T>(testing::RandomFloats(kRows * c, 5))),
+        dinp(Store<T>(testing::RandomFloats(kRows * c, 6))),
+        dweight(Store<T>(testing::RandomFloats(c, 7))),
+        dbias(Store<T>(testing::RandomFloats(c, 8))) {}
   std::vector<T> inp, residual, weight, bias, dout, dinp, dweight, dbias;
 };
 

@@ -4,7 +4,6 @@
 
 #include "core/backend/cpu/rope.h"
 #include "gtest/gtest.h"
-#include "tests/core/backend/cpu/test_util.h"
 #include "tests/core/backend/cuda/test_util.h"
 
 namespace dtrain::cuda {
@@ -40,7 +39,7 @@ void RotateAll(std::vector<T>& qkv, float direction) {
 template <typename T>
 void CheckRope() {
   const size_t size = static_cast<size_t>(kShape.batch) * kShape.time * kShape.qkv_width();
-  std::vector<T> qkv = Store<T>(cpu::testing::ToFloat(cpu::testing::RandomVector(size, 1)));
+  std::vector<T> qkv = Store<T>(testing::RandomFloats(size, 1));
   std::vector<float> expected = Load(qkv);
   RotateAll(qkv, 1.0f);
   cpu::RopeForward(expected.data(), kShape, kTheta, kPosOffset, nullptr);

@@ -16,16 +16,23 @@
 #include "core/backend/cuda/bf16.h"
 #include "core/backend/cuda/host_device.h"
 #include "gtest/gtest.h"
+#include "tests/core/backend/cpu/test_util.h"
 
 namespace dtrain::cuda::testing {
 
 // The kernels' fp32 arithmetic against the CPU backend's fp32 on the same inputs, relative to
-// max(1, |expected|). Both sides evaluate one formula in fp32 and differ only in the order of
-// their sums (a warp's 32 strided partial sums and a 5-level tree against one running sum) and
-// in the CPU's compiler contracting or vectorizing; the tests keep sums to n <= 128 terms of
-// magnitude <= ~1, whose rounding error in any order is at most n * 2^-24 ~ 7.6e-6 of the
-// magnitude (Higham's gamma_n), and the other operations add a few ulps (~1e-7).
+// max(1, |expected|). Both sides round every operation to fp32 and differ only in the order of
+// their sums (a warp's 32 strided partial sums and a 5-level tree against a running sum or a BLAS
+// kernel). A sum of n terms of magnitude <= m then differs by at most n * 2^-24 of the result when
+// the terms share a sign (sums of squares, softmax sums), and by about n * 2^-24 * m for random
+// signs (a random walk of sqrt(n) rounding errors, each at most sqrt(n) * m * 2^-24); the tests
+// keep n <= 128 and m <= 1, so both stay below 7.6e-6, and the other operations add a few ulps.
 inline constexpr double kFloatTolerance = 1e-5;
+
+// n uniform values in [lo, hi), as the CPU tests draw them, in fp32.
+inline std::vector<float> RandomFloats(size_t n, unsigned seed, double lo = -1, double hi = 1) {
+  return cpu::testing::ToFloat(cpu::testing::RandomVector(n, seed, lo, hi));
+}
 
 inline std::vector<float> Bf16Rounded(const std::vector<float>& values) {
   std::vector<float> rounded(values.size());
