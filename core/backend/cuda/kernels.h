@@ -14,6 +14,7 @@
 #include "core/backend/backend.h"
 #include "core/backend/cuda/adamw_math.h"
 #include "core/backend/cuda/bf16.h"
+#include "core/backend/cuda/elementwise_math.h"
 
 namespace dtrain::cuda {
 
