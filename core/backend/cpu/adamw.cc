@@ -12,16 +12,10 @@
 namespace dtrain::cpu {
 namespace {
 
-// The per-step scalars of the update, rounded to T.
-template <typename T>
-struct Coefficients {
-  T decay, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bias_correction2_sqrt, eps;
-};
-
 // The update of values [begin, end), in the order the header states.
 template <typename T>
 void UpdateScalar(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
-                  size_t begin, size_t end, const Coefficients<T>& k) {
+                  size_t begin, size_t end, const AdamWCoefficients<T>& k) {
   for (size_t i = begin; i < end; ++i) {
     p[i] = p[i] * k.decay;
     m[i] = m[i] + k.one_minus_beta1 * (g[i] - m[i]);
@@ -34,7 +28,7 @@ void UpdateScalar(T* __restrict p, const T* __restrict g, T* __restrict m, T* __
 #if defined(__AVX__)
 // The per-step scalars broadcast to 8 lanes.
 struct Coefficients8 {
-  explicit Coefficients8(const Coefficients<float>& k)
+  explicit Coefficients8(const AdamWCoefficients<float>& k)
       : decay(_mm256_set1_ps(k.decay)),
         one_minus_beta1(_mm256_set1_ps(k.one_minus_beta1)),
         beta2(_mm256_set1_ps(k.beta2)),
@@ -67,7 +61,7 @@ inline void Update8(float* p, const float* g, float* m, float* v, const Coeffici
 // multiply-adds of Update8, so the last partial group goes through Update8 too, padded: every
 // value takes the same instructions wherever the thread split falls (bit-identical runs).
 void Update(float* p, const float* g, float* m, float* v, size_t begin, size_t end,
-            const Coefficients<float>& k) {
+            const AdamWCoefficients<float>& k) {
 #if defined(__AVX__)
   const Coefficients8 k8(k);
   size_t i = begin;
@@ -90,7 +84,7 @@ void Update(float* p, const float* g, float* m, float* v, size_t begin, size_t e
 }
 
 void Update(double* p, const double* g, double* m, double* v, size_t begin, size_t end,
-            const Coefficients<double>& k) {
+            const AdamWCoefficients<double>& k) {
   UpdateScalar(p, g, m, v, begin, end, k);
 }
 
@@ -99,16 +93,8 @@ void Update(double* p, const double* g, double* m, double* v, size_t begin, size
 template <typename T>
 void AdamW(T* param, const T* grad, T* m, T* v, size_t n, double lr, double beta1, double beta2,
            double eps, double weight_decay, int64_t step, ThreadPool* pool) {
-  const double t = static_cast<double>(step);
-  const Coefficients<T> k{
-      .decay = static_cast<T>(1.0 - lr * weight_decay),
-      .one_minus_beta1 = static_cast<T>(1.0 - beta1),
-      .beta2 = static_cast<T>(beta2),
-      .one_minus_beta2 = static_cast<T>(1.0 - beta2),
-      .neg_step_size = static_cast<T>(-lr / (1.0 - std::pow(beta1, t))),
-      .bias_correction2_sqrt = static_cast<T>(std::sqrt(1.0 - std::pow(beta2, t))),
-      .eps = static_cast<T>(eps),
-  };
+  const AdamWCoefficients<T> k =
+      MakeAdamWCoefficients<T>(lr, beta1, beta2, eps, weight_decay, step);
   ParallelFor(pool, n, 1 << 15,
               [&](size_t begin, size_t end, int) { Update(param, grad, m, v, begin, end, k); });
 }

@@ -10,12 +10,35 @@
 // threads gives bit-identical values.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
 #include "core/util/thread_pool.h"
 
 namespace dtrain::cpu {
+
+// The per-step scalars of the update, computed in double and rounded to T; the CUDA kernel
+// (core/backend/cuda/adamw_math.h) takes them too.
+template <typename T>
+struct AdamWCoefficients {
+  T decay, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bias_correction2_sqrt, eps;
+};
+
+template <typename T>
+AdamWCoefficients<T> MakeAdamWCoefficients(double lr, double beta1, double beta2, double eps,
+                                           double weight_decay, int64_t step) {
+  const double t = static_cast<double>(step);
+  return {
+      .decay = static_cast<T>(1.0 - lr * weight_decay),
+      .one_minus_beta1 = static_cast<T>(1.0 - beta1),
+      .beta2 = static_cast<T>(beta2),
+      .one_minus_beta2 = static_cast<T>(1.0 - beta2),
+      .neg_step_size = static_cast<T>(-lr / (1.0 - std::pow(beta1, t))),
+      .bias_correction2_sqrt = static_cast<T>(std::sqrt(1.0 - std::pow(beta2, t))),
+      .eps = static_cast<T>(eps),
+  };
+}
 
 template <typename T>
 void AdamW(T* param, const T* grad, T* m, T* v, size_t n, double lr, double beta1, double beta2,

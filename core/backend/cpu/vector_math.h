@@ -3,7 +3,8 @@
 // -ffast-math the compiler may not reorder one max or sum accumulator, and std::exp is a libm
 // call per value. So reductions keep kLanes independent accumulators, and float exp is a
 // branch-free Cephes-style polynomial (about 2 ulp over the softmax range). Double keeps
-// std::exp: it is the finite-difference reference and must be exact to ~1e-16.
+// std::exp: it is the finite-difference reference and must be exact to ~1e-16. The float exp and
+// tanh are DTRAIN_HD: the CUDA kernels call them too (core/backend/cuda/*_math.h).
 #pragma once
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+
+#include "core/backend/cuda/host_device.h"
 
 namespace dtrain::cpu {
 
@@ -48,7 +51,7 @@ double SumOf(const T* __restrict x, size_t n) {
 // exp(a) for float without a libm call, so loops over it vectorize. exp(a) = 2^k exp(r),
 // k = round(a / ln 2), |r| <= ln 2 / 2. The clamp keeps 2^k a normal float; below -87 the
 // result (~1e-38) is zero next to any sum it enters.
-inline float FastExp(float a) {
+DTRAIN_HD inline float FastExp(float a) {
   a = std::clamp(a, -87.0f, 88.0f);
   // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a libm call.
   const float k = (a * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
@@ -65,12 +68,12 @@ inline float FastExp(float a) {
 
 // The exp the kernels use: the polynomial for float, exact std::exp for double (the
 // finite-difference reference).
-inline float Exp(float a) { return FastExp(a); }
+DTRAIN_HD inline float Exp(float a) { return FastExp(a); }
 inline double Exp(double a) { return std::exp(a); }
 
 // tanh through exp: 1 - 2 / (exp(2a) + 1), absolute error about 1e-7 in float.
 template <typename T>
-T Tanh(T a) {
+DTRAIN_HD T Tanh(T a) {
   return T(1) - T(2) / (Exp(T(2) * a) + T(1));
 }
 

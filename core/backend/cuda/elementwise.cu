@@ -1,0 +1,59 @@
+// The global norm's sum of squares (a warp per block of values, then one warp over the block
+// sums) and the clipping scale (a thread per 16-byte pack); arithmetic in elementwise_math.h.
+#include "core/backend/cuda/elementwise_math.h"
+#include "core/backend/cuda/kernels.h"
+#include "core/backend/cuda/pack.cuh"
+#include "core/backend/cuda/warp.cuh"
+
+namespace dtrain::cuda {
+namespace {
+
+template <typename T>
+__global__ void SumSquaresOfBlocksKernel(float* block_sums, const T* x, size_t n, size_t blocks) {
+  const size_t block = static_cast<size_t>(WarpRow());
+  if (block >= blocks) return;
+  const float sum = SumSquaresOfBlock(DeviceWarp{}, x, n, block);
+  if (threadIdx.x % kWarpSize == 0) block_sums[block] = sum;
+}
+
+// One warp.
+__global__ void SumOfBlockSumsKernel(double* sum_squares, const float* block_sums, size_t blocks) {
+  const double sum = SumOfBlockSums(DeviceWarp{}, block_sums, blocks);
+  if (threadIdx.x == 0) *sum_squares = sum;
+}
+
+template <typename T>
+__global__ void ScaleKernel(T* x, float factor, size_t n) {
+  const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kPackSize<T>;
+  if (i >= n) return;
+  Pack<T> pack = LoadPack(x, i, n, T{});
+  for (int k = 0; k < kPackSize<T>; ++k) pack.values[k] = ScaleValue(pack.values[k], factor);
+  StorePack(x, i, n, pack);
+}
+
+}  // namespace
+
+template <typename T>
+void SumSquares(double* sum_squares, float* block_sums, const T* x, size_t n, cudaStream_t stream) {
+  const size_t blocks = SumSquaresBlocks(n);
+  if (blocks > 0) {
+    SumSquaresOfBlocksKernel<<<RowBlocks(static_cast<int>(blocks)), kRowWarpsPerBlock * kWarpSize,
+                               0, stream>>>(block_sums, x, n, blocks);
+  }
+  SumOfBlockSumsKernel<<<1, kWarpSize, 0, stream>>>(sum_squares, block_sums, blocks);
+}
+
+template <typename T>
+void Scale(T* x, float factor, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  ScaleKernel<<<PackBlocks<T>(n), kElementwiseThreads, 0, stream>>>(x, factor, n);
+}
+
+#define DTRAIN_INSTANTIATE(T)                                                   \
+  template void SumSquares<T>(double*, float*, const T*, size_t, cudaStream_t); \
+  template void Scale<T>(T*, float, size_t, cudaStream_t);
+DTRAIN_INSTANTIATE(float)
+DTRAIN_INSTANTIATE(Bf16)
+#undef DTRAIN_INSTANTIATE
+
+}  // namespace dtrain::cuda

@@ -1,0 +1,50 @@
+// The gradient's global norm and its clipping (core/backend/cpu/elementwise.h has the CPU's).
+// The sum of squares runs in two deterministic steps, each one warp (warp_math.h): every block of
+// kSumSquaresBlock values gets its fp32 sum (a lane adds 128 squares, the lanes combine), then
+// one warp adds the block sums in double. All terms are positive, so the fp32 step's relative
+// error stays below (128 + 5) * 2^-24 ~ 8e-6 whatever the values; the double step keeps the
+// sum over a model's hundreds of millions of values from losing more.
+#pragma once
+
+#include <cstddef>
+
+#include "core/backend/cuda/bf16.h"
+#include "core/backend/cuda/host_device.h"
+#include "core/backend/cuda/warp_math.h"
+
+namespace dtrain::cuda {
+
+inline constexpr size_t kSumSquaresBlock = 4096;
+
+inline size_t SumSquaresBlocks(size_t n) { return (n + kSumSquaresBlock - 1) / kSumSquaresBlock; }
+
+struct AddDoubles {
+  DTRAIN_HD double operator()(double a, double b) const { return a + b; }
+};
+
+// The sum of squares of x's values [block * kSumSquaresBlock, +kSumSquaresBlock) ∩ [0, n).
+template <typename Warp, typename T>
+DTRAIN_HD float SumSquaresOfBlock(const Warp& warp, const T* x, size_t n, size_t block) {
+  const size_t first = block * kSumSquaresBlock;
+  const size_t last = first + kSumSquaresBlock < n ? first + kSumSquaresBlock : n;
+  float sum = 0;
+  for (size_t i = first + warp.lane(); i < last; i += kWarpSize)
+    sum += ToFloat(x[i]) * ToFloat(x[i]);
+  return WarpSum(warp, sum);
+}
+
+// The sum of the blocks' sums, in double.
+template <typename Warp>
+DTRAIN_HD double SumOfBlockSums(const Warp& warp, const float* block_sums, size_t blocks) {
+  double sum = 0;
+  for (size_t b = warp.lane(); b < blocks; b += kWarpSize) sum += block_sums[b];
+  return warp.Butterfly(sum, AddDoubles{});
+}
+
+// One value scaled by the clipping factor.
+template <typename T>
+DTRAIN_HD T ScaleValue(T x, float factor) {
+  return FromFloat<T>(ToFloat(x) * factor);
+}
+
+}  // namespace dtrain::cuda

@@ -1,0 +1,54 @@
+// Token plus position embedding, the CPU backend's arithmetic (core/backend/cpu/embedding.h):
+// out (B*T, C) = token_embedding[token - vocab_begin] + position_embedding[t], a token outside
+// the rank's rows [vocab_begin, vocab_end) looking up zeros, a null position table adding
+// nothing. Backward accumulates deterministically, without atomics: one thread owns a column
+// and adds the rows in order, as the CPU backend does, so repeated tokens sum in the same order
+// on every run. For bf16 tables each addition into the token table rounds.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/backend/cuda/bf16.h"
+#include "core/backend/cuda/host_device.h"
+
+namespace dtrain::cuda {
+
+// The token table's row for `token`, or null for a token outside [vocab_begin, vocab_end).
+template <typename T>
+DTRAIN_HD T* TokenRow(T* token_embedding, int32_t token, int c, int vocab_begin, int vocab_end) {
+  if (token < vocab_begin || token >= vocab_end) return nullptr;
+  return token_embedding + static_cast<size_t>(token - vocab_begin) * c;
+}
+
+// One output value from its token table value and position table value (either may be null).
+template <typename T>
+DTRAIN_HD T EmbeddingValue(const T* token_value, const T* position_value) {
+  if (token_value == nullptr) return position_value == nullptr ? FromFloat<T>(0) : *position_value;
+  if (position_value == nullptr) return *token_value;
+  return FromFloat<T>(ToFloat(*token_value) + ToFloat(*position_value));
+}
+
+// dposition_embedding[position, j] += dout[(batch, position), j] over the batches, in order.
+template <typename T>
+DTRAIN_HD void PositionEmbeddingGrad(T* dposition_embedding, const T* dout, int b, int t, int c,
+                                     int position, int j) {
+  const size_t at = static_cast<size_t>(position) * c + j;
+  float sum = ToFloat(dposition_embedding[at]);
+  for (int batch = 0; batch < b; ++batch) {
+    sum += ToFloat(dout[(static_cast<size_t>(batch) * t + position) * c + j]);
+  }
+  dposition_embedding[at] = FromFloat<T>(sum);
+}
+
+// Column j of dtoken_embedding (vocab_end - vocab_begin, C) += dout's rows (B*T, C), in order.
+template <typename T>
+DTRAIN_HD void TokenEmbeddingGradColumn(T* dtoken_embedding, const T* dout, const int32_t* tokens,
+                                        size_t rows, int c, int vocab_begin, int vocab_end, int j) {
+  for (size_t row = 0; row < rows; ++row) {
+    T* dwte = TokenRow(dtoken_embedding, tokens[row], c, vocab_begin, vocab_end);
+    if (dwte != nullptr) dwte[j] = FromFloat<T>(ToFloat(dwte[j]) + ToFloat(dout[row * c + j]));
+  }
+}
+
+}  // namespace dtrain::cuda

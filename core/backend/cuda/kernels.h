@@ -1,0 +1,100 @@
+// Launchers of the CUDA kernels (core/backend/cuda/*.cu), for T = float or Bf16 storage: each
+// enqueues its kernel on `stream` and returns without waiting; pointers are device memory and the
+// shapes are the CPU backend's (core/backend/backend.h). Arithmetic is fp32 whatever T is; each
+// kernel's per-element or per-row arithmetic is the DTRAIN_HD function of the *_math.h header
+// named beside it, which the tests run on the host against the CPU backend. Launch errors are
+// left for the caller's cudaGetLastError, as with any kernel launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/backend/backend.h"
+#include "core/backend/cuda/adamw_math.h"
+#include "core/backend/cuda/bf16.h"
+#include "core/backend/cuda/elementwise_math.h"
+
+namespace dtrain::cuda {
+
+// activation_math.h. out, inp, dinp, dout (n); gate_up, dgate_up (N, 2F); swiglu out (N, F).
+template <typename T>
+void GeluForward(T* out, const T* inp, size_t n, cudaStream_t stream);
+template <typename T>
+void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n, cudaStream_t stream);
+template <typename T>
+void SwiGluForward(T* out, const T* gate_up, int n, int f, cudaStream_t stream);
+template <typename T>
+void SwiGluBackward(T* dgate_up, const T* gate_up, const T* dout, int n, int f,
+                    cudaStream_t stream);
+
+// norm_math.h, one warp per row. out, inp (N, C); mean, rstd (N) fp32; weight, bias (C). With
+// residual (N, C) not null, the row normalised is residual + inp, also written to residual_out.
+// dinp (N, C) +=, dweight, dbias (C) +=; inp there is the normalised x (residual_out if fused).
+template <typename T>
+void LayerNormForward(T* out, float* mean, float* rstd, T* residual_out, const T* residual,
+                      const T* inp, const T* weight, const T* bias, int n, int c, float eps,
+                      cudaStream_t stream);
+template <typename T>
+void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                       const float* mean, const float* rstd, int n, int c, cudaStream_t stream);
+template <typename T>
+void RmsNormForward(T* out, float* rstd, T* residual_out, const T* residual, const T* inp,
+                    const T* weight, int n, int c, float eps, cudaStream_t stream);
+template <typename T>
+void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                     const float* rstd, int n, int c, cudaStream_t stream);
+
+// classifier_math.h, one warp per row, after the logits GEMM: logits (N, V) become dlogits when
+// write_gradient (0 for targets < 0); losses (N) fp32 get each row's -log p(target) (0 when
+// ignored), to be summed by the caller.
+template <typename T>
+void ClassifierSoftmaxCrossEntropy(T* logits, float* losses, const int32_t* targets, int n, int v,
+                                   float grad_scale, bool write_gradient, cudaStream_t stream);
+
+// adamw_math.h, over n values: param, m, v (n) fp32 masters and moments, grad (n) fp32 or bf16;
+// param_copy (n) gets the bf16 parameters when not null. k from cpu::MakeAdamWCoefficients<float>.
+template <typename G>
+void AdamW(float* param, Bf16* param_copy, const G* grad, float* m, float* v, size_t n,
+           const AdamWCoefficients& k, cudaStream_t stream);
+
+// rope_math.h, one thread per rotated pair: qkv, dqkv (B, T, qkv_width) in place, the query and
+// key heads of each row rotated (backward: rotated back).
+template <typename T>
+void RopeForward(T* qkv, const AttentionShape& shape, double theta, int pos_offset,
+                 cudaStream_t stream);
+template <typename T>
+void RopeBackward(T* dqkv, const AttentionShape& shape, double theta, int pos_offset,
+                  cudaStream_t stream);
+
+// embedding_math.h. tokens (B, T); token_embedding (vocab_end - vocab_begin, C); position_embedding
+// (maxT, C) or null; out (B*T, C). Forward: one thread per 16-byte pack of out. Backward: the
+// tables += (the position table skipped when null), one thread per column.
+template <typename T>
+void EmbeddingForward(T* out, const int32_t* tokens, const T* token_embedding,
+                      const T* position_embedding, int b, int t, int c, int vocab_begin,
+                      int vocab_end, cudaStream_t stream);
+template <typename T>
+void EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const T* dout,
+                       const int32_t* tokens, int b, int t, int c, int vocab_begin, int vocab_end,
+                       cudaStream_t stream);
+
+// elementwise_math.h. *sum_squares (one double, device memory) = the sum of squares of x (n);
+// block_sums: scratch of SumSquaresBlocks(n) floats. Scale: x (n) *= factor.
+template <typename T>
+void SumSquares(double* sum_squares, float* block_sums, const T* x, size_t n, cudaStream_t stream);
+template <typename T>
+void Scale(T* x, float factor, size_t n, cudaStream_t stream);
+
+// attention_math.h, one warp per row. qkv, dqkv (B, T, qkv_width); out, dout (B, T, H*D); lse
+// (B, H, T) fp32. Backward writes dqkv whole. cudaErrorInvalidValue, launching nothing, when
+// head_dim exceeds kAttentionMaxHeadDim or H is not a multiple of Hkv.
+template <typename T>
+cudaError_t AttentionForward(T* out, float* lse, const T* qkv, const AttentionShape& shape,
+                             cudaStream_t stream);
+template <typename T>
+cudaError_t AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                              const AttentionShape& shape, cudaStream_t stream);
+
+}  // namespace dtrain::cuda

@@ -1,0 +1,126 @@
+// LayerNorm and RMSNorm: one warp per row, arithmetic in norm_math.h; the parameter gradients
+// with one thread per column.
+#include "core/backend/cuda/kernels.h"
+#include "core/backend/cuda/norm_math.h"
+#include "core/backend/cuda/pack.cuh"
+#include "core/backend/cuda/warp.cuh"
+
+namespace dtrain::cuda {
+namespace {
+
+template <typename T>
+__global__ void LayerNormForwardKernel(T* out, float* mean, float* rstd, T* residual_out,
+                                       const T* residual, const T* inp, const T* weight,
+                                       const T* bias, int n, int c, float eps) {
+  const int row = WarpRow();
+  if (row >= n) return;
+  const size_t at = static_cast<size_t>(row) * c;
+  LayerNormForwardRow(DeviceWarp{}, out + at, mean + row, rstd + row,
+                      residual == nullptr ? nullptr : residual_out + at,
+                      residual == nullptr ? nullptr : residual + at, inp + at, weight, bias, c,
+                      eps);
+}
+
+template <typename T>
+__global__ void LayerNormBackwardKernel(T* dinp, const T* dout, const T* inp, const T* weight,
+                                        const float* mean, const float* rstd, int n, int c) {
+  const int row = WarpRow();
+  if (row >= n) return;
+  const size_t at = static_cast<size_t>(row) * c;
+  LayerNormBackwardRow(DeviceWarp{}, dinp + at, dout + at, inp + at, weight, mean[row], rstd[row],
+                       c);
+}
+
+template <typename T>
+__global__ void LayerNormParamGradKernel(T* dweight, T* dbias, const T* dout, const T* inp,
+                                         const float* mean, const float* rstd, int n, int c) {
+  const int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (j < c) LayerNormParamGradColumn(dweight, dbias, dout, inp, mean, rstd, n, c, j);
+}
+
+template <typename T>
+__global__ void RmsNormForwardKernel(T* out, float* rstd, T* residual_out, const T* residual,
+                                     const T* inp, const T* weight, int n, int c, float eps) {
+  const int row = WarpRow();
+  if (row >= n) return;
+  const size_t at = static_cast<size_t>(row) * c;
+  RmsNormForwardRow(DeviceWarp{}, out + at, rstd + row,
+                    residual == nullptr ? nullptr : residual_out + at,
+                    residual == nullptr ? nullptr : residual + at, inp + at, weight, c, eps);
+}
+
+template <typename T>
+__global__ void RmsNormBackwardKernel(T* dinp, const T* dout, const T* inp, const T* weight,
+                                      const float* rstd, int n, int c) {
+  const int row = WarpRow();
+  if (row >= n) return;
+  const size_t at = static_cast<size_t>(row) * c;
+  RmsNormBackwardRow(DeviceWarp{}, dinp + at, dout + at, inp + at, weight, rstd[row], c);
+}
+
+template <typename T>
+__global__ void RmsNormWeightGradKernel(T* dweight, const T* dout, const T* inp, const float* rstd,
+                                        int n, int c) {
+  const int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (j < c) RmsNormWeightGradColumn(dweight, dout, inp, rstd, n, c, j);
+}
+
+constexpr int kRowThreads = kRowWarpsPerBlock * kWarpSize;
+
+unsigned ColumnBlocks(int c) {
+  return static_cast<unsigned>((c + kElementwiseThreads - 1) / kElementwiseThreads);
+}
+
+}  // namespace
+
+template <typename T>
+void LayerNormForward(T* out, float* mean, float* rstd, T* residual_out, const T* residual,
+                      const T* inp, const T* weight, const T* bias, int n, int c, float eps,
+                      cudaStream_t stream) {
+  if (n == 0) return;
+  LayerNormForwardKernel<<<RowBlocks(n), kRowThreads, 0, stream>>>(
+      out, mean, rstd, residual_out, residual, inp, weight, bias, n, c, eps);
+}
+
+template <typename T>
+void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                       const float* mean, const float* rstd, int n, int c, cudaStream_t stream) {
+  if (n == 0 || c == 0) return;
+  LayerNormBackwardKernel<<<RowBlocks(n), kRowThreads, 0, stream>>>(dinp, dout, inp, weight, mean,
+                                                                    rstd, n, c);
+  LayerNormParamGradKernel<<<ColumnBlocks(c), kElementwiseThreads, 0, stream>>>(
+      dweight, dbias, dout, inp, mean, rstd, n, c);
+}
+
+template <typename T>
+void RmsNormForward(T* out, float* rstd, T* residual_out, const T* residual, const T* inp,
+                    const T* weight, int n, int c, float eps, cudaStream_t stream) {
+  if (n == 0) return;
+  RmsNormForwardKernel<<<RowBlocks(n), kRowThreads, 0, stream>>>(out, rstd, residual_out, residual,
+                                                                 inp, weight, n, c, eps);
+}
+
+template <typename T>
+void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                     const float* rstd, int n, int c, cudaStream_t stream) {
+  if (n == 0 || c == 0) return;
+  RmsNormBackwardKernel<<<RowBlocks(n), kRowThreads, 0, stream>>>(dinp, dout, inp, weight, rstd, n,
+                                                                  c);
+  RmsNormWeightGradKernel<<<ColumnBlocks(c), kElementwiseThreads, 0, stream>>>(dweight, dout, inp,
+                                                                               rstd, n, c);
+}
+
+#define DTRAIN_INSTANTIATE(T)                                                                    \
+  template void LayerNormForward<T>(T*, float*, float*, T*, const T*, const T*, const T*,        \
+                                    const T*, int, int, float, cudaStream_t);                    \
+  template void LayerNormBackward<T>(T*, T*, T*, const T*, const T*, const T*, const float*,     \
+                                     const float*, int, int, cudaStream_t);                      \
+  template void RmsNormForward<T>(T*, float*, T*, const T*, const T*, const T*, int, int, float, \
+                                  cudaStream_t);                                                 \
+  template void RmsNormBackward<T>(T*, T*, const T*, const T*, const T*, const float*, int, int, \
+                                   cudaStream_t);
+DTRAIN_INSTANTIATE(float)
+DTRAIN_INSTANTIATE(Bf16)
+#undef DTRAIN_INSTANTIATE
+
+}  // namespace dtrain::cuda

@@ -1,0 +1,25 @@
+// What the row kernels share: a row is one warp's, lane l takes the row's elements l, l + 32,
+// ..., and the lanes combine their partial results with a butterfly (each lane, for offset 16,
+// 8, 4, 2, 1: v = combine(v, the value of lane ^ offset)), after which every lane holds the
+// same result. A row function takes the warp as a template parameter `Warp` with
+//   int lane() const;                             // in [0, kWarpSize)
+//   V Butterfly(V v, Combine combine) const;      // V trivially copyable, 4-byte multiple
+// DeviceWarp (warp.cuh) is the GPU's, with __shfl_xor_sync; tests/core/backend/cuda/test_util.h
+// emulates one on host threads, so the host runs the row functions in the device's order.
+#pragma once
+
+#include "core/backend/cuda/host_device.h"
+
+namespace dtrain::cuda {
+
+struct AddFloats {
+  DTRAIN_HD float operator()(float a, float b) const { return a + b; }
+};
+
+// The sum over the warp of each lane's `partial`.
+template <typename Warp>
+DTRAIN_HD float WarpSum(const Warp& warp, float partial) {
+  return warp.Butterfly(partial, AddFloats{});
+}
+
+}  // namespace dtrain::cuda

@@ -1,0 +1,202 @@
+// The CUDA kernels themselves, on a GPU, against the CPU backend with the tolerances of the
+// host tests (test_util.h): built where the toolkit is, skipped where no GPU is visible. The
+// *_math_test.cc files check the same arithmetic on every machine.
+#include <gtest/gtest.h>
+
+#ifdef DTRAIN_HAVE_CUDA_KERNELS
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/backend/cpu/activation.h"
+#include "core/backend/cpu/adamw.h"
+#include "core/backend/cpu/attention.h"
+#include "core/backend/cpu/elementwise.h"
+#include "core/backend/cpu/norm.h"
+#include "core/backend/cuda/kernels.h"
+#include "tests/core/backend/cuda/test_util.h"
+#endif
+
+namespace dtrain::cuda {
+namespace {
+
+#ifdef DTRAIN_HAVE_CUDA_KERNELS
+using testing::ExpectFloatMatches;
+using testing::ExpectMatches;
+using testing::Load;
+using testing::RandomFloats;
+using testing::Store;
+
+bool HaveDevice() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+// A device copy of a host vector, copied back by Read after the stream's work.
+template <typename T>
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<T>& host) : size_(host.size()) {
+    EXPECT_EQ(cudaMalloc(&data_, size_ * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(data_, host.data(), size_ * sizeof(T), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  explicit DeviceBuffer(size_t size) : DeviceBuffer(std::vector<T>(size)) {}
+  ~DeviceBuffer() { cudaFree(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* get() { return data_; }
+  std::vector<T> Read() const {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<T> host(size_);
+    EXPECT_EQ(cudaMemcpy(host.data(), data_, size_ * sizeof(T), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return host;
+  }
+
+ private:
+  size_t size_;
+  T* data_ = nullptr;
+};
+
+// 45 values a row: rows are not whole 16-byte packs, so both load paths run.
+constexpr int kRows = 7, kWidth = 45;
+
+template <typename T>
+void CheckActivations() {
+  const std::vector<T> inp = Store<T>(RandomFloats(kRows * 2 * kWidth, 1, -6, 6));
+  const std::vector<T> dout = Store<T>(RandomFloats(kRows * 2 * kWidth, 2));
+  const size_t n = inp.size();
+  DeviceBuffer<T> d_inp(inp), d_dout(dout), gelu(n), dgelu(n), swiglu(kRows * kWidth), dswiglu(n);
+  GeluForward(gelu.get(), d_inp.get(), n, nullptr);
+  GeluBackward(dgelu.get(), d_inp.get(), d_dout.get(), n, nullptr);
+  SwiGluForward(swiglu.get(), d_inp.get(), kRows, kWidth, nullptr);
+  SwiGluBackward(dswiglu.get(), d_inp.get(), d_dout.get(), kRows, kWidth, nullptr);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+
+  const std::vector<float> x = Load(inp), dy = Load(dout);
+  std::vector<float> gelu_cpu(n), dgelu_cpu(n), swiglu_cpu(kRows * kWidth), dswiglu_cpu(n);
+  cpu::GeluForward(gelu_cpu.data(), x.data(), n, nullptr);
+  cpu::GeluBackward(dgelu_cpu.data(), x.data(), dy.data(), n, nullptr);
+  cpu::SwiGluForward(swiglu_cpu.data(), x.data(), kRows, kWidth, nullptr);
+  cpu::SwiGluBackward(dswiglu_cpu.data(), x.data(), dy.data(), kRows, kWidth, nullptr);
+  ExpectMatches(gelu.Read(), gelu_cpu, "gelu");
+  ExpectMatches(dgelu.Read(), dgelu_cpu, "dgelu");
+  ExpectMatches(swiglu.Read(), swiglu_cpu, "swiglu");
+  ExpectMatches(dswiglu.Read(), dswiglu_cpu, "dswiglu");
+}
+
+TEST(CudaDeviceTest, Activations) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  CheckActivations<float>();
+  CheckActivations<Bf16>();
+}
+
+// The fused residual add and LayerNorm, forward and backward.
+template <typename T>
+void CheckLayerNorm() {
+  constexpr int c = 96;
+  constexpr float eps = 1e-5f;
+  const std::vector<T> inp = Store<T>(RandomFloats(kRows * c, 1));
+  const std::vector<T> residual = Store<T>(RandomFloats(kRows * c, 2));
+  const std::vector<T> weight = Store<T>(RandomFloats(c, 3, 0.5, 1.5));
+  const std::vector<T> bias = Store<T>(RandomFloats(c, 4));
+  const std::vector<T> dout = Store<T>(RandomFloats(kRows * c, 5));
+  DeviceBuffer<T> d_inp(inp), d_residual(residual), d_weight(weight), d_bias(bias), d_dout(dout);
+  DeviceBuffer<T> out(kRows * c), residual_out(kRows * c), dinp(kRows * c), dweight(c), dbias(c);
+  DeviceBuffer<float> mean(kRows), rstd(kRows);
+  LayerNormForward(out.get(), mean.get(), rstd.get(), residual_out.get(), d_residual.get(),
+                   d_inp.get(), d_weight.get(), d_bias.get(), kRows, c, eps, nullptr);
+  LayerNormBackward(dinp.get(), dweight.get(), dbias.get(), d_dout.get(), residual_out.get(),
+                    d_weight.get(), mean.get(), rstd.get(), kRows, c, nullptr);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+
+  std::vector<float> sum(kRows * c);
+  cpu::Add(sum.data(), Load(residual).data(), Load(inp).data(), sum.size(), nullptr);
+  const std::vector<float> x = Load(Store<T>(sum)), w = Load(weight), dy = Load(dout);
+  std::vector<float> out_cpu(kRows * c), mean_cpu(kRows), rstd_cpu(kRows);
+  cpu::LayerNormForward(out_cpu.data(), mean_cpu.data(), rstd_cpu.data(), x.data(), w.data(),
+                        Load(bias).data(), kRows, c, eps, nullptr);
+  std::vector<float> dinp_cpu(kRows * c), dweight_cpu(c), dbias_cpu(c);
+  cpu::LayerNormBackward(dinp_cpu.data(), dweight_cpu.data(), dbias_cpu.data(), dy.data(), x.data(),
+                         w.data(), mean_cpu.data(), rstd_cpu.data(), kRows, c, nullptr);
+  ExpectMatches(residual_out.Read(), sum, "residual_out");
+  ExpectMatches(out.Read(), out_cpu, "out");
+  ExpectFloatMatches(mean.Read(), mean_cpu, "mean");
+  ExpectFloatMatches(rstd.Read(), rstd_cpu, "rstd");
+  ExpectMatches(dinp.Read(), dinp_cpu, "dinp");
+  ExpectMatches(dweight.Read(), dweight_cpu, "dweight");
+  ExpectMatches(dbias.Read(), dbias_cpu, "dbias");
+}
+
+TEST(CudaDeviceTest, LayerNorm) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  CheckLayerNorm<float>();
+  CheckLayerNorm<Bf16>();
+}
+
+template <typename T>
+void CheckAttention() {
+  constexpr AttentionShape shape{.batch = 2, .time = 6, .heads = 4, .kv_heads = 2, .head_dim = 40};
+  const size_t rows = static_cast<size_t>(shape.batch) * shape.time;
+  const size_t out_size = rows * shape.heads * shape.head_dim;
+  const size_t lse_size = static_cast<size_t>(shape.batch) * shape.heads * shape.time;
+  const std::vector<T> qkv = Store<T>(RandomFloats(rows * shape.qkv_width(), 1));
+  const std::vector<T> dout = Store<T>(RandomFloats(out_size, 2));
+  DeviceBuffer<T> d_qkv(qkv), d_dout(dout), out(out_size), dqkv(qkv.size());
+  DeviceBuffer<float> lse(lse_size);
+  ASSERT_EQ(AttentionForward(out.get(), lse.get(), d_qkv.get(), shape, nullptr), cudaSuccess);
+  ASSERT_EQ(AttentionBackward(dqkv.get(), d_dout.get(), d_qkv.get(), out.get(), lse.get(), shape,
+                              nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+
+  std::vector<float> scratch(cpu::AttentionScratchSize(shape));
+  std::vector<float> out_cpu(out_size), lse_cpu(lse_size), dqkv_cpu(qkv.size());
+  cpu::AttentionForward(out_cpu.data(), lse_cpu.data(), Load(qkv).data(), shape, scratch.data(),
+                        nullptr);
+  const std::vector<T> out_device = out.Read();
+  const std::vector<float> lse_device = lse.Read();
+  ExpectMatches(out_device, out_cpu, "out");
+  ExpectFloatMatches(lse_device, lse_cpu, "lse");
+  cpu::AttentionBackward(dqkv_cpu.data(), Load(dout).data(), Load(qkv).data(),
+                         Load(out_device).data(), lse_device.data(), shape, scratch.data(),
+                         nullptr);
+  ExpectMatches(dqkv.Read(), dqkv_cpu, "dqkv");
+}
+
+TEST(CudaDeviceTest, Attention) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  CheckAttention<float>();
+  CheckAttention<Bf16>();
+}
+
+TEST(CudaDeviceTest, AdamWAndSumSquares) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  constexpr size_t n = 3 * 4096 + 123;
+  const std::vector<float> param = RandomFloats(n, 1), grad = RandomFloats(n, 2);
+  DeviceBuffer<float> d_param(param), d_grad(grad), m(n), v(n);
+  DeviceBuffer<Bf16> copy(n);
+  const AdamWCoefficients k = cpu::MakeAdamWCoefficients<float>(1e-2, 0.9, 0.95, 1e-8, 0.1, 1);
+  AdamW(d_param.get(), copy.get(), d_grad.get(), m.get(), v.get(), n, k, nullptr);
+  DeviceBuffer<double> sum_squares(1);
+  DeviceBuffer<float> block_sums(SumSquaresBlocks(n));
+  SumSquares(sum_squares.get(), block_sums.get(), d_grad.get(), n, nullptr);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+
+  std::vector<float> param_cpu = param, m_cpu(n), v_cpu(n);
+  cpu::AdamW(param_cpu.data(), grad.data(), m_cpu.data(), v_cpu.data(), n, 1e-2, 0.9, 0.95, 1e-8,
+             0.1, 1, nullptr);
+  ExpectFloatMatches(d_param.Read(), param_cpu, "param");
+  ExpectFloatMatches(m.Read(), m_cpu, "m");
+  ExpectFloatMatches(v.Read(), v_cpu, "v");
+  testing::ExpectBf16Matches(copy.Read(), param_cpu, "bf16 copy");
+  const double expected = cpu::SumSquares(grad.data(), n, nullptr);
+  EXPECT_NEAR(sum_squares.Read()[0], expected, 1e-5 * expected);
+}
+#endif
+
+}  // namespace
+}  // namespace dtrain::cuda

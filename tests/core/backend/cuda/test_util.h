@@ -1,0 +1,137 @@
+// Helpers for the tests of the CUDA kernels' host/device arithmetic: bf16 rounding of test
+// inputs, the comparisons against the CPU backend, and a warp emulated on host threads so a row
+// function written for one warp runs on the host exactly as on the device.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <barrier>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "core/backend/cuda/bf16.h"
+#include "core/backend/cuda/host_device.h"
+#include "gtest/gtest.h"
+#include "tests/core/backend/cpu/test_util.h"
+
+namespace dtrain::cuda::testing {
+
+// The kernels' fp32 arithmetic against the CPU backend's fp32 on the same inputs, relative to
+// max(1, |expected|). Both sides round every operation to fp32 and differ only in the order of
+// their sums (a warp's 32 strided partial sums and a 5-level tree against a running sum or a BLAS
+// kernel). A sum of n terms of magnitude <= m then differs by at most n * 2^-24 of the result when
+// the terms share a sign (sums of squares, softmax sums), and by about n * 2^-24 * m for random
+// signs (a random walk of sqrt(n) rounding errors, each at most sqrt(n) * m * 2^-24); the tests
+// keep n <= 128 and m <= 1, so both stay below 7.6e-6, and the other operations add a few ulps.
+inline constexpr double kFloatTolerance = 1e-5;
+
+// n uniform values in [lo, hi), as the CPU tests draw them, in fp32.
+inline std::vector<float> RandomFloats(size_t n, unsigned seed, double lo = -1, double hi = 1) {
+  return cpu::testing::ToFloat(cpu::testing::RandomVector(n, seed, lo, hi));
+}
+
+inline std::vector<float> Bf16Rounded(const std::vector<float>& values) {
+  std::vector<float> rounded(values.size());
+  for (size_t i = 0; i < values.size(); ++i) rounded[i] = ToFloat(FromFloat<Bf16>(values[i]));
+  return rounded;
+}
+
+inline std::vector<Bf16> ToBf16(const std::vector<float>& values) {
+  std::vector<Bf16> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = FromFloat<Bf16>(values[i]);
+  return out;
+}
+
+// values as storage T holds them (rounded for bf16), and back to fp32.
+template <typename T>
+std::vector<T> Store(const std::vector<float>& values) {
+  std::vector<T> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = FromFloat<T>(values[i]);
+  return out;
+}
+template <typename T>
+std::vector<float> Load(const std::vector<T>& values) {
+  std::vector<float> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = ToFloat(values[i]);
+  return out;
+}
+
+inline void ExpectFloatMatches(const std::vector<float>& actual, const std::vector<float>& expected,
+                               const char* what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_NEAR(actual[i], expected[i], kFloatTolerance * std::max(1.0f, std::abs(expected[i])))
+        << what << "[" << i << "]";
+  }
+}
+
+// A bf16 output against the CPU's fp32 `expected` on the same (bf16-rounded) inputs: the
+// kernel's fp32 value y is within f = kFloatTolerance * max(1, |expected|) of expected, and
+// rounding y to bf16 moves it by at most half an ulp, 2^-8 |y| <= 2^-8 (|expected| + f).
+inline void ExpectBf16Matches(const std::vector<Bf16>& actual, const std::vector<float>& expected,
+                              const char* what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double f = kFloatTolerance * std::max(1.0, std::abs(double{expected[i]}));
+    const double bound = std::ldexp(std::abs(double{expected[i]}) + f, -8) + f;
+    ASSERT_NEAR(ToFloat(actual[i]), expected[i], bound) << what << "[" << i << "]";
+  }
+}
+
+// ExpectFloatMatches or ExpectBf16Matches, by the storage of `actual`.
+inline void ExpectMatches(const std::vector<float>& actual, const std::vector<float>& expected,
+                          const char* what) {
+  ExpectFloatMatches(actual, expected, what);
+}
+inline void ExpectMatches(const std::vector<Bf16>& actual, const std::vector<float>& expected,
+                          const char* what) {
+  ExpectBf16Matches(actual, expected, what);
+}
+
+// One lane of a warp emulated on the host: the row functions' Warp (see
+// core/backend/cuda/warp.cuh for the device one). Butterfly exchanges values between lanes as
+// __shfl_xor_sync does, so every lane combines the same values in the same order as on the GPU.
+class HostWarp {
+ public:
+  struct Shared {
+    std::barrier<> sync{kWarpSize};
+    std::array<std::array<std::byte, 16>, kWarpSize> slots;
+  };
+  HostWarp(int lane, Shared* shared) : lane_(lane), shared_(shared) {}
+
+  int lane() const { return lane_; }
+
+  template <typename V, typename Combine>
+  V Butterfly(V v, Combine combine) const {
+    static_assert(sizeof(V) <= 16);
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      std::memcpy(shared_->slots[lane_].data(), &v, sizeof(V));
+      shared_->sync.arrive_and_wait();
+      V other;
+      std::memcpy(&other, shared_->slots[lane_ ^ offset].data(), sizeof(V));
+      shared_->sync.arrive_and_wait();
+      v = combine(v, other);
+    }
+    return v;
+  }
+
+ private:
+  int lane_;
+  Shared* shared_;
+};
+
+// Runs body(warp) on each of the 32 lanes of one emulated warp, one thread per lane.
+inline void RunOnHostWarp(const std::function<void(const HostWarp&)>& body) {
+  HostWarp::Shared shared;
+  std::vector<std::thread> lanes;
+  for (int lane = 0; lane < kWarpSize; ++lane) {
+    lanes.emplace_back([&, lane] { body(HostWarp(lane, &shared)); });
+  }
+  for (std::thread& lane : lanes) lane.join();
+}
+
+}  // namespace dtrain::cuda::testing
