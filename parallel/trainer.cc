@@ -285,9 +285,7 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDim
                  const Datasets& data, const Transformer& model, int dp_size, int micro_batches,
                  double peak_flops, int threads) {
   const TrainSection& train = recipe.train;
-  LogInfo("model: %s, %d layers, d_model %d, %d heads (%d kv), vocab %d: %.2fM parameters",
-          FamilyName(config.family), config.n_layer, config.d_model, config.n_head,
-          config.n_kv_head, config.vocab_size, config.num_parameters() / 1e6);
+  LogInfo("model: %s", ModelShapeLine(config));
   LogInfo("data: %d tokens for training, %d for validation", data.train_tokens, data.val_tokens);
   LogInfo(
       "batch: %d sequences x %d tokens = %d tokens/step; %d data-parallel ranks x %d "
