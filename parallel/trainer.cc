@@ -569,6 +569,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     if (executor != nullptr) m.pp_wait_ms = executor->stats().wait_ms;
     m.peak_rss_mib = PeakRssMib();
     m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);
+    if (step == resumed_step && resumed_step > 0) m.resumed_from_step = resumed_step;
     const bool last = m.step == train.steps;
     if (train.eval_every > 0 && (m.step % train.eval_every == 0 || last)) {
       absl::StatusOr<double> val_loss =
