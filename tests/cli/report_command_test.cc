@@ -88,6 +88,14 @@ TEST_F(ReportCommandTest, AMissingRunFolderOrMetricsIsExit2NamingIt) {
   EXPECT_THAT(no_metrics.stderr_text, HasSubstr(missing + "/metrics.jsonl"));
 }
 
+TEST_F(ReportCommandTest, AnUnwritableOutIsExit1NamingIt) {
+  const std::string out = testing::FreshTempDir("report_no_folder") + "/report.html";
+  const testing::Outcome report =
+      testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", out));
+  EXPECT_EQ(report.exit_code, 1);
+  EXPECT_THAT(report.stderr_text, HasSubstr("cannot write " + out));
+}
+
 TEST_F(ReportCommandTest, RendersInHeadlessChromium) {
   // A copy of the run whose metrics end in a line cut short, as a run killed mid-write leaves.
   const std::string killed = testing::FreshTempDir("report_killed");
