@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
   dtrain::cli::AddCkptCommand(app);
   dtrain::cli::AddEnvCommand(app);
   dtrain::cli::AddLaunchCommand(app);
+  dtrain::cli::AddReportCommand(app);
   dtrain::cli::AddHelpCommand(app);
 
   try {

@@ -285,9 +285,7 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDim
                  const Datasets& data, const Transformer& model, int dp_size, int micro_batches,
                  double peak_flops, int threads) {
   const TrainSection& train = recipe.train;
-  LogInfo("model: %s, %d layers, d_model %d, %d heads (%d kv), vocab %d: %.2fM parameters",
-          FamilyName(config.family), config.n_layer, config.d_model, config.n_head,
-          config.n_kv_head, config.vocab_size, config.num_parameters() / 1e6);
+  LogInfo("model: %s", ModelShapeLine(config));
   LogInfo("data: %d tokens for training, %d for validation", data.train_tokens, data.val_tokens);
   LogInfo(
       "batch: %d sequences x %d tokens = %d tokens/step; %d data-parallel ranks x %d "
@@ -571,6 +569,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     if (executor != nullptr) m.pp_wait_ms = executor->stats().wait_ms;
     m.peak_rss_mib = PeakRssMib();
     m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);
+    if (step == resumed_step && resumed_step > 0) m.resumed_from_step = resumed_step;
     const bool last = m.step == train.steps;
     if (train.eval_every > 0 && (m.step % train.eval_every == 0 || last)) {
       absl::StatusOr<double> val_loss =

@@ -12,6 +12,7 @@ packages=(
   clang               # libFuzzer for tests/fuzz (DTRAIN_FUZZ=ON)
   slurmctld slurmd slurm-client munge  # Slurm test cluster: scripts/slurm/cluster.sh
   iproute2            # network namespaces: tests/integration/store_lost_host_test.cc
+  chromium            # headless rendering of `dtrain report` pages: tests/cli/report_command_test.cc
 )
 missing=()
 for p in "${packages[@]}"; do

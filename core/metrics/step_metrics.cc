@@ -3,9 +3,13 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/util/status.h"
 #include "nlohmann/json.hpp"
 
 namespace dtrain {
@@ -16,6 +20,35 @@ std::string FormatDuration(double seconds) {
   if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
   if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
   return absl::StrFormat("%ds", s);
+}
+
+// The number at `key` into `field`. A missing key leaves `field` as it is: lines written by an
+// older dtrain lack the newer keys.
+template <typename T>
+absl::Status ReadNumber(const nlohmann::json& j, const char* key, T& field) {
+  const auto it = j.find(key);
+  if (it == j.end()) return absl::OkStatus();
+  // JSON has no NaN or infinity: the writer prints them as null (a diverged run's loss).
+  if constexpr (std::is_floating_point_v<T>) {
+    if (it->is_null()) {
+      field = std::numeric_limits<T>::quiet_NaN();
+      return absl::OkStatus();
+    }
+  }
+  if (!it->is_number()) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" is not a number"));
+  }
+  field = it->get<T>();
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status ReadNumber(const nlohmann::json& j, const char* key, std::optional<T>& field) {
+  if (!j.contains(key)) return absl::OkStatus();
+  T value{};
+  RETURN_IF_ERROR(ReadNumber(j, key, value));
+  field = value;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -51,7 +84,36 @@ std::string StepMetricsJson(const StepMetrics& m) {
                       {"eta_s", m.eta_s}};
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.ckpt_blocked_ms) j["ckpt_blocked_ms"] = *m.ckpt_blocked_ms;
+  if (m.resumed_from_step) j["resumed_from_step"] = *m.resumed_from_step;
   return j.dump();
+}
+
+absl::StatusOr<StepMetrics> ParseStepMetricsJson(std::string_view line) {
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  for (const char* key : {"step", "loss"}) {
+    if (!j.contains(key)) return absl::InvalidArgumentError(absl::StrCat("no \"", key, "\""));
+  }
+  StepMetrics m;
+  RETURN_IF_ERROR(ReadNumber(j, "step", m.step));
+  RETURN_IF_ERROR(ReadNumber(j, "loss", m.loss));
+  RETURN_IF_ERROR(ReadNumber(j, "lr", m.lr));
+  RETURN_IF_ERROR(ReadNumber(j, "grad_norm", m.grad_norm));
+  RETURN_IF_ERROR(ReadNumber(j, "step_ms", m.step_ms));
+  RETURN_IF_ERROR(ReadNumber(j, "tokens_per_s", m.tokens_per_s));
+  RETURN_IF_ERROR(ReadNumber(j, "mfu_percent", m.mfu_percent));
+  RETURN_IF_ERROR(ReadNumber(j, "exposed_comm_ms", m.exposed_comm_ms));
+  RETURN_IF_ERROR(ReadNumber(j, "data_wait_ms", m.data_wait_ms));
+  RETURN_IF_ERROR(ReadNumber(j, "pp_wait_ms", m.pp_wait_ms));
+  RETURN_IF_ERROR(ReadNumber(j, "dp_sent_bytes", m.dp_sent_bytes));
+  RETURN_IF_ERROR(ReadNumber(j, "tp_sent_bytes", m.tp_sent_bytes));
+  RETURN_IF_ERROR(ReadNumber(j, "pp_sent_bytes", m.pp_sent_bytes));
+  RETURN_IF_ERROR(ReadNumber(j, "peak_rss_mib", m.peak_rss_mib));
+  RETURN_IF_ERROR(ReadNumber(j, "eta_s", m.eta_s));
+  RETURN_IF_ERROR(ReadNumber(j, "val_loss", m.val_loss));
+  RETURN_IF_ERROR(ReadNumber(j, "ckpt_blocked_ms", m.ckpt_blocked_ms));
+  RETURN_IF_ERROR(ReadNumber(j, "resumed_from_step", m.resumed_from_step));
+  return m;
 }
 
 double PeakRssMib() {

@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
+#include "absl/status/statusor.h"
 #include "core/backend/backend.h"
 
 namespace dtrain {
@@ -35,6 +37,10 @@ struct StepMetrics {
   // At a step that saved a checkpoint: how long training waited for it (the whole write when
   // synchronous; the copy to staging memory, plus any wait for the previous save, when async).
   std::optional<double> ckpt_blocked_ms;
+  // At the first step a resumed run trains: the checkpoint's step it continued from. metrics.jsonl
+  // of a resumed run reads as one run (the trainer drops the redone steps' lines), so this is
+  // what records a restart there; JSON only, the log says "resumed from" itself.
+  std::optional<int64_t> resumed_from_step;
 };
 
 // "step 12/300 | loss 2.3456 | lr 1.00e-03 | norm 0.81 | 312.5 ms | 6554 tok/s | MFU 41.2% |
@@ -44,6 +50,9 @@ struct StepMetrics {
 std::string FormatStepLine(const StepMetrics& m);
 // One line of JSON, no trailing newline.
 std::string StepMetricsJson(const StepMetrics& m);
+// The inverse of StepMetricsJson (total_steps stays 0: the line does not carry it). An error
+// (InvalidArgument) for a line that is not such an object, e.g. one cut short by a killed run.
+absl::StatusOr<StepMetrics> ParseStepMetricsJson(std::string_view line);
 
 // Peak resident set size of this process, MiB.
 double PeakRssMib();

@@ -1,6 +1,7 @@
 #include "core/model/model_config.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace dtrain {
 
@@ -50,6 +51,12 @@ std::vector<BlockSpan> ChunksOf(const ModelConfig& config, const ModelSlice& sli
 
 const char* FamilyName(ModelFamily family) {
   return family == ModelFamily::kLlama ? "llama" : "gpt2";
+}
+
+std::string ModelShapeLine(const ModelConfig& config) {
+  return absl::StrFormat("%s, %d layers, d_model %d, %d heads (%d kv), vocab %d: %.2fM parameters",
+                         FamilyName(config.family), config.n_layer, config.d_model, config.n_head,
+                         config.n_kv_head, config.vocab_size, config.num_parameters() / 1e6);
 }
 
 int64_t ModelConfig::num_parameters() const {

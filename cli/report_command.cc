@@ -1,0 +1,36 @@
+// `dtrain report RUN_DIR [--out FILE]`: one self-contained HTML page of a run's curves, speed,
+// time per step, checkpoints and restarts (core/metrics/run_report.h).
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cli/commands.h"
+#include "core/metrics/run_report.h"
+
+namespace dtrain::cli {
+
+void AddReportCommand(CLI::App& app) {
+  struct ReportArgs {
+    std::string run_dir, out;
+  };
+  auto args = std::make_shared<ReportArgs>();
+  CLI::App* report = app.add_subcommand(
+      "report",
+      "Write one self-contained HTML page of a run folder: loss and validation curves, tokens/s, "
+      "MFU, the time of each step by part, checkpoints and restarts marked");
+  report->add_option("run_dir", args->run_dir, "The run folder, <run.out_dir>/<run.name>")
+      ->required();
+  report->add_option("--out", args->out, "The HTML file to write (default: RUN_DIR/report.html)");
+  report->callback([args] {
+    absl::StatusOr<RunFolder> run = ReadRunFolder(args->run_dir);
+    if (!run.ok()) Fail(run.status(), kExitUsage);
+    const std::string out = args->out.empty() ? args->run_dir + "/report.html" : args->out;
+    if (absl::Status status = WriteRunReport(*run, out); !status.ok()) Fail(status, kExitFailure);
+    for (const std::string& note : ReportNotes(*run)) std::cerr << "note: " << note << "\n";
+    std::cout << "wrote " << out << " (" << run->metrics.steps.size() << " steps)\n";
+  });
+}
+
+}  // namespace dtrain::cli

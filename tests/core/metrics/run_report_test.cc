@@ -1,0 +1,160 @@
+// The run report from a run folder: lines cut short are skipped and noted, missing folders and
+// files are named with the fix, the summary and the page say what the metrics say.
+#include "core/metrics/run_report.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/run_dtrain.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+StepMetrics Step(int step, double tokens_per_s) {
+  StepMetrics m;
+  m.step = step;
+  m.loss = 5.0 - 0.1 * step;
+  m.step_ms = 100;
+  m.data_wait_ms = 10;
+  m.tokens_per_s = tokens_per_s;
+  m.mfu_percent = tokens_per_s / 100;
+  return m;
+}
+
+// Steps 1..4: a checkpoint at 2, evaluations at 2 and 4, a restart from 2 before step 3.
+std::vector<StepMetrics> FourSteps() {
+  std::vector<StepMetrics> steps = {Step(1, 100), Step(2, 200), Step(3, 300), Step(4, 400)};
+  steps[1].ckpt_blocked_ms = 20;
+  steps[1].val_loss = 4.9;
+  steps[3].val_loss = 4.7;
+  steps[2].resumed_from_step = 2;
+  return steps;
+}
+
+std::string MetricsText(const std::vector<StepMetrics>& steps) {
+  std::string text;
+  for (const StepMetrics& m : steps) absl::StrAppend(&text, StepMetricsJson(m), "\n");
+  return text;
+}
+
+// A run folder holding `metrics` as metrics.jsonl (and no recipe.yaml).
+std::string RunFolderWith(const std::string& name, const std::string& metrics) {
+  const std::string dir = testing::FreshTempDir(name);
+  fs::create_directories(dir);
+  std::ofstream(dir + "/metrics.jsonl") << metrics;
+  return dir;
+}
+
+TEST(RunReportTest, ACutShortLastLineIsSkippedWithANote) {
+  const std::string full = MetricsText(FourSteps());
+  const std::string dir = RunFolderWith("report_cut", full + R"({"step":5,"loss":3.)");
+  const absl::StatusOr<MetricsLog> log = ReadMetricsLog(dir + "/metrics.jsonl");
+  ASSERT_TRUE(log.ok()) << log.status();
+  ASSERT_EQ(log->steps.size(), 4u);
+  EXPECT_EQ(log->steps.back().step, 4);
+  ASSERT_EQ(log->skipped.size(), 1u);
+  EXPECT_THAT(log->skipped[0], HasSubstr("line 5 (the last)"));
+  EXPECT_THAT(log->skipped[0], HasSubstr("cut short"));
+}
+
+TEST(RunReportTest, ABadLineInTheMiddleIsSkippedNamingIt) {
+  const std::vector<StepMetrics> steps = FourSteps();
+  const std::string text =
+      absl::StrCat(StepMetricsJson(steps[0]), "\n{\"step\":2,\"loss\":\"x\"}\n",
+                   StepMetricsJson(steps[2]), "\n");
+  const absl::StatusOr<MetricsLog> log =
+      ReadMetricsLog(RunFolderWith("report_bad", text) + "/metrics.jsonl");
+  ASSERT_TRUE(log.ok()) << log.status();
+  ASSERT_EQ(log->steps.size(), 2u);
+  ASSERT_EQ(log->skipped.size(), 1u);
+  EXPECT_THAT(log->skipped[0], HasSubstr("line 2 of"));
+  EXPECT_THAT(log->skipped[0], HasSubstr("\"loss\" is not a number"));
+}
+
+TEST(RunReportTest, AMissingFolderOrMetricsFileIsNamedWithTheFix) {
+  const std::string missing = testing::FreshTempDir("report_missing");
+  const absl::StatusOr<RunFolder> no_dir = ReadRunFolder(missing);
+  EXPECT_EQ(no_dir.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(no_dir.status().message(), HasSubstr(missing));
+  EXPECT_THAT(no_dir.status().message(), HasSubstr("<run.out_dir>/<run.name>"));
+
+  fs::create_directories(missing);
+  const absl::StatusOr<RunFolder> no_metrics = ReadRunFolder(missing);
+  EXPECT_EQ(no_metrics.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(no_metrics.status().message(), HasSubstr(missing + "/metrics.jsonl"));
+  EXPECT_THAT(no_metrics.status().message(), HasSubstr("trained at least one step"));
+}
+
+TEST(RunReportTest, AnEmptyRunSaysSo) {
+  const absl::StatusOr<RunFolder> run = ReadRunFolder(RunFolderWith("report_empty", ""));
+  ASSERT_TRUE(run.ok()) << run.status();
+  const std::string html = RunReportHtml(*run);
+  EXPECT_THAT(html, HasSubstr("holds no steps: the run has not finished its first step"));
+  EXPECT_THAT(html, HasSubstr("no recipe.yaml"));
+  EXPECT_THAT(html, Not(HasSubstr("<svg")));
+}
+
+TEST(RunReportTest, TheSummaryLeavesOutEachProcesssFirstStep) {
+  const RunSummary s = SummarizeRun(FourSteps());
+  EXPECT_EQ(s.steps, 4);
+  EXPECT_EQ(s.first_step, 1);
+  EXPECT_EQ(s.last_step, 4);
+  EXPECT_EQ(s.final_loss, 5.0 - 0.4);
+  EXPECT_EQ(s.best_val_loss, 4.7);
+  EXPECT_EQ(s.best_val_step, 4);
+  // Steps 1 and 3 (the first after the restart) are warm-up: (200 + 400) / 2.
+  EXPECT_EQ(s.mean_tokens_per_s, 300);
+  EXPECT_EQ(s.mean_mfu_percent, 3);
+  EXPECT_EQ(s.checkpoint_steps, std::vector<int>{2});
+  EXPECT_EQ(s.resumed_from_steps, std::vector<int64_t>{2});
+  EXPECT_NEAR(s.train_time_s, 0.42, 1e-12);  // 4 x 100 ms + 20 ms of checkpoint
+}
+
+TEST(RunReportTest, ThePageHasEveryChartAndMarkerAndFetchesNothing) {
+  const absl::StatusOr<RunFolder> run =
+      ReadRunFolder(RunFolderWith("report_page", MetricsText(FourSteps())));
+  ASSERT_TRUE(run.ok()) << run.status();
+  const std::string html = RunReportHtml(*run);
+  EXPECT_THAT(html, HasSubstr("<title>dtrain report: " + fs::path(run->dir).filename().string()));
+  for (const char* id : {"chart-loss", "chart-tokens", "chart-mfu", "chart-time"}) {
+    EXPECT_THAT(html, HasSubstr(absl::StrCat("id=\"", id, "\""))) << id;
+  }
+  EXPECT_THAT(html, HasSubstr("data-series=\"validation loss\""));
+  for (const char* layer : {"compute", "data wait", "exposed comm", "pp wait", "checkpoint wait"}) {
+    EXPECT_THAT(html, HasSubstr(absl::StrCat("<polygon class=\"layer\" data-series=\"", layer)));
+  }
+  EXPECT_THAT(html, HasSubstr(">ckpt 2</text>"));
+  EXPECT_THAT(html, HasSubstr(">restart: resumed from 2</text>"));
+  EXPECT_THAT(html, HasSubstr("<td>at steps 2</td>"));
+  // Self-contained: nothing that a browser would fetch.
+  for (const char* fetch : {"<script", "<link", "<img", "src=", "href=", "url(", "@import"}) {
+    EXPECT_THAT(html, Not(HasSubstr(fetch))) << fetch;
+  }
+}
+
+TEST(RunReportTest, TheRecipeGivesTheNameModelAndLayout) {
+  const std::string dir = RunFolderWith("report_recipe", MetricsText(FourSteps()));
+  std::ofstream(dir + "/recipe.yaml")
+      << "run: {name: my<run>}\nmodel: {n_layer: 2, n_head: 2, d_model: 64}\n"
+         "data: {train: [corpus.txt]}\nparallel: {strategy: zero1}\ntrain: {steps: 10, "
+         "warmup_steps: 1}\n";
+  const absl::StatusOr<RunFolder> run = ReadRunFolder(dir);
+  ASSERT_TRUE(run.ok()) << run.status();
+  const std::string html = RunReportHtml(*run);
+  EXPECT_THAT(html, HasSubstr("<title>dtrain report: my&lt;run&gt;</title>"));
+  EXPECT_THAT(html, HasSubstr("gpt2, 2 layers, d_model 64, 2 heads (2 kv)"));
+  EXPECT_THAT(html, HasSubstr("strategy zero1, tp 1, pp 1"));
+  EXPECT_THAT(html, HasSubstr("of train.steps 10"));
+}
+
+}  // namespace
+}  // namespace dtrain
