@@ -48,7 +48,7 @@ struct FlightRecord {
   bool point_to_point() const { return op == "send" || op == "recv"; }
 };
 
-// One JSON line of a dump, and its inverse (nullopt-like error: InvalidArgument naming the field).
+// One JSON line of a dump, and its inverse (InvalidArgument naming the field that is wrong).
 std::string FlightRecordJson(const FlightRecord& record);
 absl::StatusOr<FlightRecord> ParseFlightRecord(const std::string& line);
 

@@ -1,7 +1,7 @@
 // The flight recorder on 4 local `dtrain train` ranks (data parallel, the dp group is 'world'):
 // a rank that skips an all-reduce, one that calls a different size at the same sequence number
 // (DTRAIN_TEST_COLLECTIVE_FAULT, flight_recorder.h) and a stopped rank; rank 0, which hosts the
-// store, prints the diagnosis naming the rank and the operation.
+// store, prints the diagnosis naming the rank and the operation. SIGUSR2 dumps without failing.
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/comm/flight_recorder_diagnosis.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/run_dtrain.h"
 
@@ -100,6 +101,29 @@ TEST(FlightRecorderMultiProcessTest, AStoppedRankIsNamedAsNeverHavingEntered) {
                             "'world'.*which ranks 0, 2, 3 entered"))
       << ranks[0].output;
   EXPECT_THAT(ranks[0].output, HasSubstr("rank 1 (no dump"));
+}
+
+// SIGUSR2 dumps the ring of the rank it reaches, at its next operation, and training goes on.
+TEST(FlightRecorderMultiProcessTest, Sigusr2DumpsAndTrainingGoesOn) {
+  const std::string out = testing::FreshTempDir("fr_usr2");
+  const std::vector<std::string> argv = {DTRAIN_BINARY,        "train", Recipe(),         "--set",
+                                         "run.out_dir=" + out, "--set", "train.steps=200"};
+  bool signalled = false;
+  const auto ranks = testing::RunLocalProcesses(
+      argv, 2, testing::FreeTcpPort(), absl::Seconds(120), [&](const std::vector<pid_t>& pids) {
+        if (signalled || pids[1] < 0) return;
+        if (testing::MetricsLosses(out + "/fr/metrics.jsonl").size() >= 2) {
+          kill(pids[1], SIGUSR2);
+          signalled = true;
+        }
+      });
+  ASSERT_TRUE(signalled);
+  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  EXPECT_THAT(ranks[1].output, HasSubstr("flight recorder dumped to "));
+  const FlightDump dump = LoadFlightDump(1, out + "/fr/flight_recorder/rank-1.jsonl");
+  EXPECT_EQ(dump.problem, "");
+  EXPECT_FALSE(dump.records.empty());
+  EXPECT_FALSE(std::filesystem::exists(out + "/fr/flight_recorder/rank-0.jsonl"));
 }
 
 }  // namespace
