@@ -29,6 +29,10 @@ std::string Describe(const FlightRecord& record) {
                          record.group, record.count, DataTypeName(record.type));
 }
 
+bool SameCall(const FlightRecord& a, const FlightRecord& b) {
+  return a.op == b.op && a.count == b.count && a.type == b.type;
+}
+
 // Group members' collectives by sequence number: rank -> seq -> record.
 using Sequences = std::map<int, std::map<int64_t, const FlightRecord*>>;
 
@@ -73,10 +77,8 @@ std::optional<Finding> CompareGroup(const std::vector<int>& members, const Seque
     for (const auto& [rank, record] : entered) {
       entered_ranks.push_back(rank);
       if (record->state != FlightState::kCompleted) unfinished.push_back(rank);
-      auto same = std::find_if(variants.begin(), variants.end(), [&](const auto& v) {
-        return v.first->op == record->op && v.first->count == record->count &&
-               v.first->type == record->type;
-      });
+      auto same = std::find_if(variants.begin(), variants.end(),
+                               [&](const auto& v) { return SameCall(*v.first, *record); });
       if (same == variants.end()) {
         variants.push_back({record, {rank}});
       } else {
@@ -93,6 +95,19 @@ std::optional<Finding> CompareGroup(const std::vector<int>& members, const Seque
       finding.text = absl::StrFormat(
           "desynchronised program: at collective #%d on group '%s' the ranks disagree: %s", seq,
           reference.group, absl::StrJoin(sides, "; "));
+      // A rank that skipped a collective calls the others' next one at its number.
+      const auto& [majority, majority_ranks] = *std::max_element(
+          variants.begin(), variants.end(),
+          [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+      const auto next = sequences.at(majority_ranks.front()).find(seq + 1);
+      for (const auto& [record, ranks] : variants) {
+        if (next == sequences.at(majority_ranks.front()).end() || record == majority) continue;
+        if (SameCall(*record, *next->second)) {
+          absl::StrAppendFormat(
+              &finding.text, " (%s's #%d is the others' #%d: %s probably skipped %s)", Ranks(ranks),
+              seq, seq + 1, ranks.size() == 1 ? "it" : "they", Describe(*majority));
+        }
+      }
       return finding;
     }
     if (!absent.empty()) {

@@ -1,10 +1,12 @@
 // The comparison of the ranks' flight-recorder dumps (flight_recorder.h) after a failure: per
 // group (name and members), the collectives at each sequence number from where every rank's ring
 // still holds them. The first number at which the ranks that entered disagree on the operation,
-// element count or data type is a desynchronised program; the first at which some rank with a
+// element count or data type is a desynchronised program (a rank whose call there is the others'
+// next one probably skipped theirs: said as such); the first at which some rank with a
 // dump has no entry while others have one names the rank that never entered it; the first that
 // some rank did not complete while every dump agrees names the ranks without a dump (stopped, hung
-// or dead) as never having entered it, or else says that every rank entered and none finished.
+// or dead) as never having entered it, or else says that every rank entered it and which did not
+// finish it.
 // A missing, corrupt or partial dump is reported as such and never stops the comparison.
 #pragma once
 

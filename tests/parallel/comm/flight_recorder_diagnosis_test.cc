@@ -71,6 +71,23 @@ TEST(FlightRecorderDiagnosisTest, DifferentSizesAtOneSequenceNumberAreADesync) {
   EXPECT_THAT(diagnosis, Not(HasSubstr("all_gather")));
 }
 
+// A rank that really skipped #3 numbers the others' #4 as its #3: a desync, and the shift says it.
+TEST(FlightRecorderDiagnosisTest, ADesyncShiftedByOneIsAProbableSkip) {
+  std::vector<FlightDump> dumps = Agreeing(6);
+  auto& records = dumps[0].records;
+  records.erase(records.begin() + 2);  // #3
+  for (size_t i = 2; i < records.size(); ++i) --records[i].seq;
+  EXPECT_THAT(DiagnoseFlightDumps(dumps),
+              HasSubstr("desynchronised program: at collective #3 on group 'dp' the ranks "
+                        "disagree: rank 0 called all_reduce of 40 f32 elements; ranks 1, 2, 3 "
+                        "called all_reduce of 30 f32 elements (rank 0's #3 is the others' #4: it "
+                        "probably skipped all_reduce #3 on group 'dp' (30 f32 elements))"));
+  // Another size that is not the next call's says nothing of a skip.
+  dumps = Agreeing(6);
+  dumps[0].records[2].count = 31;
+  EXPECT_THAT(DiagnoseFlightDumps(dumps), Not(HasSubstr("skipped")));
+}
+
 TEST(FlightRecorderDiagnosisTest, ARankWithoutADumpIsTheOneTheOthersWaitFor) {
   std::vector<FlightDump> dumps = Agreeing(6);
   dumps[1] = LoadFlightDump(1, "");
