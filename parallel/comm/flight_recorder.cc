@@ -269,7 +269,6 @@ absl::StatusOr<FlightRecord> ParseFlightRecord(const std::string& line) {
 
 FlightRecorder::FlightRecorder(int rank, int world_size, size_t capacity, std::string dump_dir)
     : rank_(rank), world_size_(world_size), capacity_(capacity), dump_dir_(std::move(dump_dir)) {
-  ring_.reserve(capacity_);
 }
 
 uint64_t FlightRecorder::Record(FlightRecord record) {
