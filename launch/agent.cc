@@ -21,6 +21,7 @@
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/subprocess.h"
+#include "parallel/comm/flight_recorder_diagnosis.h"
 #include "parallel/store/socket.h"
 #include "parallel/store/tcp_store_client.h"
 #include "parallel/store/tcp_store_server.h"
@@ -720,11 +721,16 @@ void Agent::PrintRootCause(int attempt) {
         "Last lines of rank %d's stderr:\n%s", record.rank,
         record.stderr_tail.empty() ? "(nothing on stderr)\n" : record.stderr_tail);
   };
+  // The workers' flight-recorder dumps compared, when they wrote any (parallel/comm/
+  // flight_recorder_diagnosis.h): which rank never entered which operation, or a desync.
+  const std::optional<std::string> flights =
+      DiagnosePublishedFlightDumps(*store_, attempt, world_size_);
   LogError(
       "the job failed (%d restarts used of %d). Root cause: rank %d on node %d (%s%s), %s.\n"
-      "Failed workers, first failure first:\n%s%s%s",
+      "%sFailed workers, first failure first:\n%s%s%s",
       attempt, options_.max_restarts, root->rank, root->node, root->host,
-      where.ok() ? absl::StrCat(", ", *where) : "", what, table, tail_of(*root),
+      where.ok() ? absl::StrCat(", ", *where) : "", what,
+      flights ? absl::StrCat("Flight recorder: ", *flights, "\n") : "", table, tail_of(*root),
       blamer != nullptr && blamer != root ? tail_of(*blamer) : "");
 }
 

@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <exception>
 #include <map>
 #include <set>
 #include <vector>
@@ -11,8 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/util/log.h"
 #include "core/util/status.h"
 #include "parallel/comm/faulty_ranks.h"
+#include "parallel/comm/flight_recorder_diagnosis.h"
 #include "parallel/comm/gloo_communicator.h"
 #include "parallel/store/tcp_store_client.h"
 
@@ -76,7 +81,62 @@ absl::StatusOr<std::unique_ptr<Communicator>> ProcessGroup::CreateGroup(
   options.world_ranks = spec.world_ranks;
   options.timeout = timeout_;
   options.hostname = hostname_;
-  return GlooCommunicator::Create(store_, options);
+  ASSIGN_OR_RETURN(std::unique_ptr<Communicator> created,
+                   GlooCommunicator::Create(store_, options));
+  return FlightRecorder::Wrap(recorder_, std::move(created), spec.world_ranks);
+}
+
+namespace {
+
+// The process group a terminating process dumps the flight recorder of, and the handler before.
+std::atomic<ProcessGroup*> recording_group{nullptr};
+std::terminate_handler terminate_before_recording = nullptr;
+
+}  // namespace
+
+void ProcessGroup::EnableFlightRecorder(size_t entries, const std::string& dump_dir) {
+  if (entries == 0) return;
+  recorder_ =
+      std::make_shared<FlightRecorder>(membership_.rank, membership_.world_size, entries, dump_dir);
+  world_ = FlightRecorder::Wrap(recorder_, std::move(world_), {});
+  FlightRecorder::InstallDumpSignal();
+  ProcessGroup* expected = nullptr;
+  if (recording_group.compare_exchange_strong(expected, this)) {
+    terminate_before_recording = std::set_terminate(&ProcessGroup::DumpAndTerminate);
+  }
+}
+
+ProcessGroup::~ProcessGroup() {
+  ProcessGroup* expected = this;
+  if (recording_group.compare_exchange_strong(expected, nullptr)) {
+    std::set_terminate(terminate_before_recording);
+  }
+}
+
+void ProcessGroup::DumpAndTerminate() {
+  // Any thread may terminate; the first one dumps. The store calls are bounded by their timeouts.
+  if (ProcessGroup* group = recording_group.exchange(nullptr)) {
+    std::string what = "an uncaught exception";
+    if (const std::exception_ptr exception = std::current_exception()) {
+      try {
+        std::rethrow_exception(exception);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+    }
+    group->PublishFlightDump(
+        absl::InternalError(absl::StrCat("the process terminates on an exception: ", what)));
+  }
+  if (terminate_before_recording != nullptr) terminate_before_recording();
+  std::abort();
+}
+
+void ProcessGroup::PublishFlightDump(const absl::Status& error) {
+  if (!recorder_) return;
+  absl::StatusOr<std::string> path = recorder_->Dump(std::string(error.message()));
+  if (!path.ok()) LogWarn("flight recorder: %s", path.status().message());
+  (void)store_->Set(FlightDumpKey(membership_.restart_count, membership_.rank), path.value_or(""));
 }
 
 absl::StatusOr<ProcessGroup::MeshGroups> ProcessGroup::ConnectMesh(const Mesh& mesh) {
@@ -116,6 +176,7 @@ absl::Status ProcessGroup::Leave(absl::Status outcome) {
 absl::Status ProcessGroup::Fail(const absl::Status& error) {
   const int rank = membership_.rank;
   const std::vector<int> blamed = FaultyRanks(error);
+  PublishFlightDump(error);
   if (!blamed.empty() && membership_.agent_hosts_store) {
     (void)store_->Set(AgentKey(membership_.restart_count, absl::StrCat("blame/", rank)),
                       absl::StrJoin(blamed, ","));
@@ -137,6 +198,13 @@ absl::Status ProcessGroup::Fail(const absl::Status& error) {
     (void)store_->Set(FailedKey(rank),
                       absl::StrCat(absl::StrJoin(blamed, ","), "\n", error.message()));
     const std::map<int, RankFailure> failures = AwaitPeersFailing(rank, blamed);
+    // Every rank that failed dumped before it recorded its failure: the dumps are all there.
+    if (server_ && recorder_) {
+      if (const std::optional<std::string> diagnosis = DiagnosePublishedFlightDumps(
+              *store_, membership_.restart_count, membership_.world_size)) {
+        LogError("flight recorder: %s", *diagnosis);
+      }
+    }
     // The root causes: ranks an error blames that never failed themselves (dead or hung). An
     // error may blame a rank that was only stuck behind one (it failed too), or none at all (a
     // peer's closed connection); then the first error that blames a root cause is added.

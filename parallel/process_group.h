@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/comm/flight_recorder.h"
 #include "parallel/mesh.h"
 #include "parallel/store/store.h"
 #include "parallel/store/tcp_store_server.h"
@@ -29,6 +30,7 @@ class ProcessGroup {
                                                                absl::Duration timeout,
                                                                const std::string& key_prefix,
                                                                const std::string& hostname = "");
+  ~ProcessGroup();
 
   // The last call on the group, with this rank's outcome; returns the status to report.
   // OK: waits until every rank is done (rank 0 may host the store the others still use) and,
@@ -43,7 +45,18 @@ class ProcessGroup {
   // rank's error (dead or hung), or after the timeout: rank 0 hosts the store the others read
   // the first failure from; and when no failure the message holds blames a rank, the first
   // error that does is added to it.
+  // With a flight recorder (EnableFlightRecorder), an error also dumps this rank's ring and
+  // publishes its path under AgentKey "flight_recorder/<rank>"; without an agent, rank 0 then
+  // compares the dumps of every rank and logs the diagnosis (flight_recorder_diagnosis.h); under
+  // an agent, the agent does.
   absl::Status Leave(absl::Status outcome);
+
+  // Records this rank's last `entries` operations of every group (parallel/comm/flight_recorder.h)
+  // for dumps into `dump_dir`, and dumps on SIGUSR2 and when the process terminates on an
+  // uncaught exception (Gloo's I/O thread throws one when a peer sends more bytes than a
+  // desynchronised receive expects). Call right after Connect, before ConnectMesh; 0 entries:
+  // nothing is recorded. One process group per process records.
+  void EnableFlightRecorder(size_t entries, const std::string& dump_dir);
 
   Communicator& world() { return *world_; }
   Store& store() { return *store_; }
@@ -78,6 +91,11 @@ class ProcessGroup {
   // fail (or the timeout passed); this rank's own entry has no message.
   std::map<int, RankFailure> AwaitPeersFailing(int rank, const std::vector<int>& blamed);
   std::string FailedKey(int rank) const;
+  // Dumps the flight recorder (if any) after `error` and publishes the path (or the failure to
+  // write it, as an empty path) for whoever diagnoses.
+  void PublishFlightDump(const absl::Status& error);
+  // The std::terminate handler while a process group records: dumps, then the previous handler.
+  [[noreturn]] static void DumpAndTerminate();
   // A communicator for a group of the mesh; none for a group of one rank or of every rank.
   absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(const GroupSpec& spec) const;
   // A group of `size` ranks as callers see it: the created communicator, else the world's for
@@ -94,6 +112,7 @@ class ProcessGroup {
   std::string comm_namespace_;                 // "<job prefix>attempt-<n>/comm/"
   std::string hostname_;  // the address peers reach this rank's Gloo devices at
   absl::Duration timeout_;
+  std::shared_ptr<FlightRecorder> recorder_;  // null: off
 };
 
 }  // namespace dtrain

@@ -653,6 +653,9 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   const auto leave = [&](const absl::Status& outcome) {
     return group->Leave(NameBlamedStages(mesh, outcome));
   };
+  group->EnableFlightRecorder(
+      recipe.logging.flight_recorder_entries,
+      (std::filesystem::path(recipe.run_dir()) / "flight_recorder").string());
   absl::StatusOr<ProcessGroup::MeshGroups> groups = group->ConnectMesh(mesh);
   if (!groups.ok()) return leave(groups.status());
   // Grouped-query attention with more tp ranks than kv heads replicates each kv head on

@@ -26,7 +26,7 @@ struct WorldMembership {
 // A key of the store through which the workers of restart `restart_count` report to a `dtrain
 // launch` agent (launch/agent.h): "connected" (a counter of the ranks past rendezvous),
 // "finished/<rank>" (a rank that completed its part), "blame/<rank>" (the ranks that rank's
-// error blames, comma-separated).
+// error blames, comma-separated), "flight_recorder/<rank>" (the path of its flight-recorder dump).
 inline std::string AgentKey(int restart_count, absl::string_view name) {
   return absl::StrCat("workers/attempt-", restart_count, "/", name);
 }

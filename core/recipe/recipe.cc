@@ -367,6 +367,12 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(logging, sample_prompt), "text the samples continue"},
+      {DTRAIN_RECIPE_KEY(logging, flight_recorder_entries),
+       "collectives and point-to-point operations each rank keeps for the flight recorder, "
+       "dumped to <run folder>/flight_recorder/ on a failure or SIGUSR2 and compared across "
+       "ranks; 0 = off",
+       {},
+       AtLeast(0)},
   };
   return *keys;
 }

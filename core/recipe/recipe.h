@@ -124,6 +124,7 @@ struct LoggingSection {
   double sample_temperature = 0.8;
   int sample_top_k = 40;
   std::string sample_prompt = "\n";
+  int flight_recorder_entries = 256;  // per rank, every group; 0 = off
 };
 
 struct Recipe {

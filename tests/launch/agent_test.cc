@@ -395,7 +395,8 @@ void ExpectSignalledRank1IsTheRootCause(const std::string& name, int signal,
   kill(workers[1].second, signal);
   EXPECT_EQ(launch.Wait(absl::Seconds(60)), 1) << launch.output();
   EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
-  for (const std::string& cause : causes) EXPECT_THAT(launch.output(), HasSubstr(cause));
+  for (const std::string& cause : causes)
+    EXPECT_THAT(launch.output(), HasSubstr(cause)) << launch.output();
   for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
 }
 
@@ -653,9 +654,13 @@ TEST(AgentTest, StderrThatIsNotUtf8StillGivesTheRootCause) {
 }
 
 // Rank 1 is stopped (SIGSTOP) mid-training: rank 0's all-reduce times out naming rank 1 as the
-// rank that never started it, the agent then kills rank 1, and the headline names rank 1.
+// rank that never started it, the agent then kills rank 1, and the headline names rank 1. The
+// flight recorder's comparison, from rank 0's dump and rank 1's missing one, says the same.
 TEST(AgentTest, AHungRankIsTheRootCause) {
-  ExpectSignalledRank1IsTheRootCause("hung", SIGSTOP, {"parallel.timeout_s=3"}, {"hung"});
+  ExpectSignalledRank1IsTheRootCause(
+      "hung", SIGSTOP, {"parallel.timeout_s=3"},
+      {"hung", "Flight recorder: rank 1 never entered ", "which rank 0 entered and wait in",
+       "/agent/flight_recorder/rank-0.jsonl, rank 1 (no dump"});
 }
 
 // The same at tp 2, where rank 0 mostly waits in the model's tensor-parallel all-reduces: the
