@@ -197,19 +197,22 @@ absl::StatusOr<double> TrainingCheckpoints::Save(int64_t step, double lr, const 
   // is written once, and the chunks of all ranks cover each tensor exactly once.
   const std::vector<std::pair<size_t, size_t>> counted = table_.CountedRanges();
   const std::vector<StateRange> ranges = engine_.SavedState();
+  // The state is the backend's memory: copied to the host, into the writer's staging when it
+  // writes in the background, else into a buffer that lives until Save returns.
+  size_t total = 0;
+  for (const StateRange& range : ranges) total += range.end - range.begin;
+  std::vector<float> host;
   float* staging = nullptr;
   if (writer_.async()) {
-    size_t total = 0;
-    for (const StateRange& range : ranges) total += range.end - range.begin;
     ASSIGN_OR_RETURN(staging, writer_.Stage(total));
+  } else {
+    host.resize(total);
+    staging = host.data();
   }
   for (const StateRange& range : ranges) {
-    const float* values = range.values;
-    if (staging != nullptr) {
-      std::memcpy(staging, range.values, (range.end - range.begin) * sizeof(float));
-      values = staging;
-      staging += range.end - range.begin;
-    }
+    const float* values = staging;
+    engine_.backend().CopyToHost(staging, range.values, (range.end - range.begin) * sizeof(float));
+    staging += range.end - range.begin;
     for (const auto& [counted_begin, counted_end] : counted) {
       const size_t lo = std::max(range.begin, counted_begin);
       const size_t hi = std::min(range.end, counted_end);
@@ -258,8 +261,12 @@ absl::Status TrainingCheckpoints::TryLoad(const std::string& step_dir, LoaderSta
     LogWarn("resuming from %s with changed recipe keys: %s", step_dir,
             absl::StrJoin(changed, ", "));
   }
-  // Each held element from where the whole model's tensor has it, whatever layout saved it.
+  // Each held element from where the whole model's tensor has it, whatever layout saved it: read
+  // on the host, then copied into the backend's memory.
+  std::vector<float> host;
   for (const StateRange& range : engine_.HeldState()) {
+    host.assign(range.end - range.begin, 0.0f);
+    engine_.backend().CopyToHost(host.data(), range.values, host.size() * sizeof(float));
     absl::Status status;
     ForEachTensorPiece(
         table_, range.begin, range.end, [&](const TensorEntry& entry, size_t begin, size_t end) {
@@ -274,11 +281,12 @@ absl::Status TrainingCheckpoints::TryLoad(const std::string& step_dir, LoaderSta
           ForEachGlobalBox(entry, ChunkShape(m, *record), begin - entry.offset, end - entry.offset,
                            [&](size_t local, const Box& box) {
                              boxes.push_back(box);
-                             outs.push_back(range.values + (entry.offset + local - range.begin));
+                             outs.push_back(host.data() + (entry.offset + local - range.begin));
                            });
           if (status.ok()) status = reader.ReadBoxes(name, boxes, outs);
         });
     RETURN_IF_ERROR(status);
+    engine_.backend().CopyFromHost(range.values, host.data(), host.size() * sizeof(float));
   }
   engine_.SetOptimizerStep(m.optimizer_step);
   if (m.data.empty()) return absl::DataLossError(step_dir + " holds no data-loader state");
@@ -378,8 +386,9 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
   }
   // Nothing loaded: a partial load may have written into the moments.
   for (const StateRange& range : engine_.HeldState()) {
-    if (range.kind != StateKind::kParameters)
-      std::fill(range.values, range.values + (range.end - range.begin), 0.0f);
+    if (range.kind != StateKind::kParameters) {
+      engine_.backend().Zero(range.values, range.end - range.begin);
+    }
   }
   engine_.SetOptimizerStep(0);
   if (!candidates.empty()) {

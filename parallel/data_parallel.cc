@@ -24,6 +24,8 @@ uint64_t Fingerprint(const std::vector<float>& values) {
   return hash;
 }
 
+constexpr size_t kFloat = sizeof(float);
+
 }  // namespace
 
 DataParallelEngine::DataParallelEngine(const ParamTable& table, const ShardingStrategy& strategy,
@@ -39,26 +41,26 @@ DataParallelEngine::DataParallelEngine(const ParamTable& table, const ShardingSt
       counted_(table.CountedRanges()),
       layout_(table, strategy.unit_bytes,
               strategy.sharding == Sharding::kNone || comm == nullptr ? 1 : comm->size()) {
-  params_.assign(sharded_params() ? layout_.shard_size() : layout_.padded_size(), 0.0f);
-  grads_.assign(sharded_grads() ? layout_.shard_size() : layout_.padded_size(), 0.0f);
+  params_ = backend_.Allocate(sharded_params() ? layout_.shard_size() : layout_.padded_size());
+  grads_ = backend_.Allocate(sharded_grads() ? layout_.shard_size() : layout_.padded_size());
   const int slice_rank = layout_.ranks() == 1 ? 0 : rank();
   for (const Unit& unit : layout_.units()) {
     const auto [begin, end] = layout_.slice(unit, slice_rank);
-    optimizers_.emplace_back(table, train, begin, std::max(begin, end));
+    optimizers_.emplace_back(table, train, backend_, begin, std::max(begin, end));
   }
   regions_ready_.assign(layout_.units().size(), 0);
 }
 
 float* DataParallelEngine::OwnParams(const Unit& unit) {
-  if (sharded_params()) return params_.data() + unit.shard_begin;
+  if (sharded_params()) return params_.floats() + unit.shard_begin;
   const int slice_rank = layout_.ranks() == 1 ? 0 : rank();
-  return params_.data() + unit.padded_begin + slice_rank * unit.shard;
+  return params_.floats() + unit.padded_begin + slice_rank * unit.shard;
 }
 
 float* DataParallelEngine::OwnGrads(const Unit& unit) {
-  if (sharded_grads()) return grads_.data() + unit.shard_begin;
+  if (sharded_grads()) return grads_.floats() + unit.shard_begin;
   const int slice_rank = layout_.ranks() == 1 ? 0 : rank();
-  return grads_.data() + unit.padded_begin + slice_rank * unit.shard;
+  return grads_.floats() + unit.padded_begin + slice_rank * unit.shard;
 }
 
 void DataParallelEngine::LoadParameters(const float* full) {
@@ -66,46 +68,49 @@ void DataParallelEngine::LoadParameters(const float* full) {
     if (sharded_params()) {
       const auto [begin, end] = layout_.slice(unit, rank());
       float* own = OwnParams(unit);
-      std::fill(own, own + unit.shard, 0.0f);
-      std::copy(full + begin, full + end, own);
+      backend_.Zero(own, unit.shard);
+      backend_.CopyFromHost(own, full + begin, (end - begin) * kFloat);
     } else {
-      std::copy(full + unit.begin, full + unit.end, params_.data() + unit.padded_begin);
+      backend_.CopyFromHost(params_.floats() + unit.padded_begin, full + unit.begin,
+                            (unit.end - unit.begin) * kFloat);
     }
   }
 }
 
 void DataParallelEngine::InitParameters(const ModelConfig& config, uint64_t seed) {
+  // Initialised on the host, one unit's values at a time, then copied into place.
+  std::vector<float> staged;
   for (const Unit& unit : layout_.units()) {
-    if (sharded_params()) {
-      const auto [begin, end] = layout_.slice(unit, rank());
-      dtrain::InitParameters(config, table_, seed, begin, end, OwnParams(unit));
-    } else {
-      dtrain::InitParameters(config, table_, seed, unit.begin, unit.end,
-                             params_.data() + unit.padded_begin);
-    }
+    const auto [begin, end] =
+        sharded_params() ? layout_.slice(unit, rank()) : std::pair{unit.begin, unit.end};
+    staged.assign(end - begin, 0.0f);
+    dtrain::InitParameters(config, table_, seed, begin, end, staged.data());
+    float* own = sharded_params() ? OwnParams(unit) : params_.floats() + unit.padded_begin;
+    backend_.CopyFromHost(own, staged.data(), staged.size() * kFloat);
   }
 }
 
 absl::StatusOr<std::vector<float>> DataParallelEngine::GatherParameters() {
   std::vector<float> full(table_.total_numel());
-  std::vector<float> gathered;
+  DeviceBuffer gathered;
   for (const Unit& unit : layout_.units()) {
-    const float* source = params_.data() + unit.padded_begin;
+    const float* source = params_.floats() + unit.padded_begin;
     if (sharded_params()) {
-      gathered.resize(unit.shard * ranks());
+      if (gathered.size() < unit.shard * ranks())
+        gathered = backend_.Allocate(unit.shard * ranks());
       std::unique_ptr<Work> work =
-          comm_ ? comm_->AllGather(OwnParams(unit), gathered.data(), unit.shard) : nullptr;
-      if (!work) std::copy(OwnParams(unit), OwnParams(unit) + unit.shard, gathered.begin());
+          comm_ ? comm_->AllGather(OwnParams(unit), gathered.floats(), unit.shard) : nullptr;
+      if (!work) backend_.Copy(gathered.floats(), OwnParams(unit), unit.shard * kFloat);
       RETURN_IF_ERROR(Wait(work));
-      source = gathered.data();
+      source = gathered.floats();
     }
-    std::copy(source, source + (unit.end - unit.begin), full.begin() + unit.begin);
+    backend_.CopyToHost(full.data() + unit.begin, source, (unit.end - unit.begin) * kFloat);
   }
   return full;
 }
 
 const float* DataParallelEngine::full_gradients() const {
-  return sharded_grads() || layout_.ranks() > 1 ? nullptr : grads_.data();
+  return sharded_grads() || layout_.ranks() > 1 ? nullptr : grads_.floats();
 }
 
 absl::Status DataParallelEngine::Wait(std::unique_ptr<Work>& work) {
@@ -120,7 +125,7 @@ absl::Status DataParallelEngine::Wait(std::unique_ptr<Work>& work) {
 }
 
 void DataParallelEngine::BeginStep() {
-  backend_.Zero(grads_.data(), grads_.size());
+  backend_.Zero(grads_.floats(), grads_.size());
   exposed_comm_ms_ = 0;
   units_completed_ = 0;
   pipelined_ = false;
@@ -196,11 +201,11 @@ DataParallelEngine::GatheredUnit& DataParallelEngine::Gather(int unit_index) {
   GatheredUnit& gathered = it->second;
   if (!inserted) return gathered;
   const Unit& unit = layout_.units()[unit_index];
-  gathered.values.resize(unit.shard * ranks());
+  gathered.values = backend_.Allocate(unit.shard * ranks());
   if (comm_) {
-    gathered.pending = comm_->AllGather(OwnParams(unit), gathered.values.data(), unit.shard);
+    gathered.pending = comm_->AllGather(OwnParams(unit), gathered.values.floats(), unit.shard);
   } else {
-    std::copy(OwnParams(unit), OwnParams(unit) + unit.shard, gathered.values.begin());
+    backend_.Copy(gathered.values.floats(), OwnParams(unit), unit.shard * kFloat);
   }
   size_t live = 0;
   for (const auto& [index, g] : gathered_) live += g.values.size();
@@ -219,12 +224,12 @@ void DataParallelEngine::Prefetch(int region, Pass pass) {
 const float* DataParallelEngine::Acquire(int region, Pass pass) {
   const Unit& unit = layout_.unit_of(region);
   const size_t region_begin = table_.BlockRange(region).first;
-  if (!sharded_params()) return params_.data() + layout_.padded(unit, region_begin);
+  if (!sharded_params()) return params_.floats() + layout_.padded(unit, region_begin);
   GatheredUnit& gathered = Gather(layout_.unit_index(region));
   (void)Wait(gathered.pending);  // a failure is reported by FinishStep
   ++gathered.users;
   Prefetch(region, pass);
-  return gathered.values.data() + (region_begin - unit.begin);
+  return gathered.values.floats() + (region_begin - unit.begin);
 }
 
 void DataParallelEngine::Release(int region, Pass pass) {
@@ -268,8 +273,13 @@ DataParallelEngine::GradientUnit& DataParallelEngine::GradientBufferFor(int unit
   const Unit& unit = layout_.units()[unit_index];
   buffer.unit = unit_index;
   buffer.regions_ready = 0;
-  buffer.values.assign(unit.shard * ranks(), 0.0f);
-  buffer.reduced.resize(unit.shard);
+  // A recycled buffer of the unit's size is reused, zeroed: gradients accumulate into it.
+  if (buffer.values.size() != unit.shard * ranks()) {
+    buffer.values = backend_.Allocate(unit.shard * ranks());
+  } else {
+    backend_.Zero(buffer.values.floats(), buffer.values.size());
+  }
+  if (buffer.reduced.size() != unit.shard) buffer.reduced = backend_.Allocate(unit.shard);
   gradient_units_.push_back(std::move(buffer));
   size_t live = 0;
   for (const GradientUnit& b : gradient_units_) live += b.values.size() + b.reduced.size();
@@ -281,7 +291,7 @@ absl::Status DataParallelEngine::Retire(GradientUnit& buffer) {
   const Unit& unit = layout_.units()[buffer.unit];
   RETURN_IF_ERROR(Wait(buffer.pending));
   float* shard = OwnGrads(unit);
-  backend_.Add(shard, shard, buffer.reduced.data(), unit.shard);
+  backend_.Add(shard, shard, buffer.reduced.floats(), unit.shard);
   buffer.unit = -1;
   return absl::OkStatus();
 }
@@ -289,8 +299,9 @@ absl::Status DataParallelEngine::Retire(GradientUnit& buffer) {
 float* DataParallelEngine::Gradients(int region) {
   const Unit& unit = layout_.unit_of(region);
   const size_t region_begin = table_.BlockRange(region).first;
-  if (!sharded_grads()) return grads_.data() + layout_.padded(unit, region_begin);
-  return GradientBufferFor(layout_.unit_index(region)).values.data() + (region_begin - unit.begin);
+  if (!sharded_grads()) return grads_.floats() + layout_.padded(unit, region_begin);
+  return GradientBufferFor(layout_.unit_index(region)).values.floats() +
+         (region_begin - unit.begin);
 }
 
 void DataParallelEngine::GradientsReady(int region) {
@@ -304,13 +315,13 @@ void DataParallelEngine::GradientsReady(int region) {
     if (!comm_) return;
     PendingReduction reduction{unit_index};
     if (strategy_.sharding == Sharding::kNone) {
-      reduction.work = comm_->AllReduce(grads_.data() + unit.padded_begin, unit.end - unit.begin,
+      reduction.work = comm_->AllReduce(grads_.floats() + unit.padded_begin, unit.end - unit.begin,
                                         ReduceOp::kSum);
     } else {
       // ZeRO-1 updates only its slice: a reduce-scatter moves half an all-reduce's bytes.
-      reduction.shard.resize(unit.shard);
-      reduction.work = comm_->ReduceScatter(grads_.data() + unit.padded_begin,
-                                            reduction.shard.data(), unit.shard, ReduceOp::kSum);
+      reduction.shard = backend_.Allocate(unit.shard);
+      reduction.work = comm_->ReduceScatter(grads_.floats() + unit.padded_begin,
+                                            reduction.shard.floats(), unit.shard, ReduceOp::kSum);
     }
     reductions_.push_back(std::move(reduction));
     return;
@@ -321,11 +332,11 @@ void DataParallelEngine::GradientsReady(int region) {
   if (++buffer.regions_ready < regions) return;
   ++units_completed_;
   if (comm_) {
-    buffer.pending = comm_->ReduceScatter(buffer.values.data(), buffer.reduced.data(), unit.shard,
-                                          ReduceOp::kSum);
+    buffer.pending = comm_->ReduceScatter(buffer.values.floats(), buffer.reduced.floats(),
+                                          unit.shard, ReduceOp::kSum);
   } else {
     // One rank: its shard is the whole unit.
-    std::copy(buffer.values.begin(), buffer.values.begin() + unit.shard, buffer.reduced.begin());
+    backend_.Copy(buffer.reduced.floats(), buffer.values.floats(), unit.shard * kFloat);
     (void)Retire(buffer);
     const auto it = std::find_if(gradient_units_.begin(), gradient_units_.end(),
                                  [&](const GradientUnit& b) { return &b == &buffer; });
@@ -341,8 +352,8 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
                                                           double lr) {
   for (PendingReduction& reduction : reductions_) {
     if (!Wait(reduction.work).ok()) continue;
-    std::copy(reduction.shard.begin(), reduction.shard.end(),
-              OwnGrads(layout_.units()[reduction.unit]));
+    backend_.Copy(OwnGrads(layout_.units()[reduction.unit]), reduction.shard.floats(),
+                  reduction.shard.bytes());
   }
   reductions_.clear();
   while (!gradient_units_.empty()) {
@@ -400,13 +411,14 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
 
   if (comm_ && strategy_.sharding != Sharding::kNone && !sharded_params()) {
     // Every rank updated its slices; gather the whole model back.
-    std::vector<std::vector<float>> own(layout_.units().size());
+    std::vector<DeviceBuffer> own(layout_.units().size());
     std::vector<std::unique_ptr<Work>> gathers;
     for (size_t u = 0; u < layout_.units().size(); ++u) {
       const Unit& unit = layout_.units()[u];
-      own[u].assign(OwnParams(unit), OwnParams(unit) + unit.shard);
+      own[u] = backend_.Allocate(unit.shard);
+      backend_.Copy(own[u].floats(), OwnParams(unit), unit.shard * kFloat);
       gathers.push_back(
-          comm_->AllGather(own[u].data(), params_.data() + unit.padded_begin, unit.shard));
+          comm_->AllGather(own[u].floats(), params_.floats() + unit.padded_begin, unit.shard));
     }
     for (std::unique_ptr<Work>& work : gathers) RETURN_IF_ERROR(Wait(work));
   }
@@ -441,7 +453,9 @@ absl::Status DataParallelEngine::SumOverRanks(double& a, double& b) {
 
 absl::Status DataParallelEngine::CheckReplicas() {
   if (!comm_ || sharded_params()) return absl::OkStatus();
-  const uint64_t fingerprint = Fingerprint(params_);
+  std::vector<float> values(params_.size());
+  backend_.CopyToHost(values.data(), params_.floats(), params_.bytes());
+  const uint64_t fingerprint = Fingerprint(values);
   std::vector<uint64_t> all(ranks());
   std::unique_ptr<Work> work = comm_->AllGather(&fingerprint, all.data(), 1);
   RETURN_IF_ERROR(Wait(work));
@@ -460,8 +474,8 @@ absl::Status DataParallelEngine::CheckReplicas() {
 // ---- checkpoints ------------------------------------------------------------------------
 
 float* DataParallelEngine::ParamAt(const Unit& unit, size_t position) {
-  if (!sharded_params()) return params_.data() + layout_.padded(unit, position);
-  return params_.data() + unit.shard_begin + (position - layout_.slice(unit, rank()).first);
+  if (!sharded_params()) return params_.floats() + layout_.padded(unit, position);
+  return params_.floats() + unit.shard_begin + (position - layout_.slice(unit, rank()).first);
 }
 
 std::pair<size_t, size_t> DataParallelEngine::OptimizerRange(size_t u) const {
@@ -482,8 +496,8 @@ std::vector<StateRange> DataParallelEngine::SavedState() {
     AdamW& optimizer = optimizers_[u];
     const size_t moment_offset = begin - OptimizerRange(u).first;
     ranges.push_back({StateKind::kParameters, begin, end, ParamAt(unit, begin)});
-    ranges.push_back({StateKind::kMomentM, begin, end, optimizer.m().data() + moment_offset});
-    ranges.push_back({StateKind::kMomentV, begin, end, optimizer.v().data() + moment_offset});
+    ranges.push_back({StateKind::kMomentM, begin, end, optimizer.m() + moment_offset});
+    ranges.push_back({StateKind::kMomentV, begin, end, optimizer.v() + moment_offset});
   }
   return ranges;
 }
@@ -500,8 +514,8 @@ std::vector<StateRange> DataParallelEngine::HeldState() {
     }
     const auto [begin, end] = OptimizerRange(u);
     if (begin >= end) continue;
-    ranges.push_back({StateKind::kMomentM, begin, end, optimizers_[u].m().data()});
-    ranges.push_back({StateKind::kMomentV, begin, end, optimizers_[u].v().data()});
+    ranges.push_back({StateKind::kMomentM, begin, end, optimizers_[u].m()});
+    ranges.push_back({StateKind::kMomentV, begin, end, optimizers_[u].v()});
   }
   return ranges;
 }
@@ -521,8 +535,8 @@ void DataParallelEngine::SetOptimizerStep(int64_t step) {
 
 EngineMemory DataParallelEngine::memory() const {
   EngineMemory memory;
-  memory.parameter_bytes = params_.size() * sizeof(float);
-  memory.gradient_bytes = grads_.size() * sizeof(float);
+  memory.parameter_bytes = params_.bytes();
+  memory.gradient_bytes = grads_.bytes();
   memory.gathered_peak_bytes = peak_gathered_values_ * sizeof(float);
   memory.gradient_buffer_peak_bytes = peak_gradient_unit_values_ * sizeof(float);
   for (const AdamW& optimizer : optimizers_) {

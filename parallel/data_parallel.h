@@ -46,7 +46,8 @@ struct StepTotals {
   double exposed_comm_ms = 0;  // time this rank waited on communication during the step
 };
 
-// Table positions [begin, end) of one kind of model state that this rank stores at `values`.
+// Table positions [begin, end) of one kind of model state that this rank stores at `values`, in
+// the engine's backend's memory (DataParallelEngine::backend()).
 struct StateRange {
   StateKind kind = StateKind::kParameters;
   size_t begin = 0;
@@ -129,6 +130,8 @@ class DataParallelEngine : public BlockParameters {
 
   EngineMemory memory() const;
   const ShardingStrategy& strategy() const { return strategy_; }
+  // The backend whose memory SavedState's, HeldState's and ReducedGradients' values are.
+  Backend& backend() const { return backend_; }
 
   // BlockParameters.
   const float* Acquire(int region, Pass pass) override;
@@ -138,14 +141,14 @@ class DataParallelEngine : public BlockParameters {
 
  private:
   struct GatheredUnit {
-    std::vector<float> values;  // ranks * shard
+    DeviceBuffer values;  // ranks * shard
     std::unique_ptr<Work> pending;
     int users = 0;
   };
   struct GradientUnit {
     int unit = -1;
-    std::vector<float> values;   // ranks * shard, zeroed when handed out
-    std::vector<float> reduced;  // shard: this rank's part after the reduce-scatter
+    DeviceBuffer values;   // ranks * shard, zeroed when handed out
+    DeviceBuffer reduced;  // shard: this rank's part after the reduce-scatter
     std::unique_ptr<Work> pending;
     int regions_ready = 0;
   };
@@ -185,8 +188,10 @@ class DataParallelEngine : public BlockParameters {
   Communicator* pipeline_;
   std::vector<std::pair<size_t, size_t>> counted_;  // table_.CountedRanges()
   UnitLayout layout_;
-  std::vector<float> params_;             // padded full buffer, or this rank's shard (kParameters)
-  std::vector<float> grads_;              // padded full buffer, or this rank's shard (kGradients+)
+  // The backend's memory: the padded full buffer, or this rank's shard (kParameters; kGradients+
+  // for the gradients).
+  DeviceBuffer params_;
+  DeviceBuffer grads_;
   std::vector<AdamW> optimizers_;         // one per unit slice this rank owns (one when unsharded)
   std::map<int, GatheredUnit> gathered_;  // kParameters: unit -> gathered values
   std::deque<GradientUnit> gradient_units_;  // kGradients+: buffers in use, oldest first
@@ -196,7 +201,7 @@ class DataParallelEngine : public BlockParameters {
   struct PendingReduction {
     int unit = -1;
     std::unique_ptr<Work> work;
-    std::vector<float> shard;
+    DeviceBuffer shard;
   };
   std::vector<int> regions_ready_;  // unsharded gradients: per unit, this micro-batch
   std::vector<PendingReduction> reductions_;

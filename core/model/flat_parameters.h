@@ -1,11 +1,12 @@
-// The whole model's parameters and gradients in two flat buffers, as the ParamTable lays them
-// out: what one process without data parallelism (and the tests) hand to the model. Gradients
-// accumulate across micro-batches until ZeroGradients.
+// The whole model's parameters and gradients in two flat buffers of the backend's memory, as the
+// ParamTable lays them out: what one process without data parallelism (and the tests) hand to
+// the model. Gradients accumulate across micro-batches until ZeroGradients.
 #pragma once
 
 #include <span>
 #include <vector>
 
+#include "core/backend/backend.h"
 #include "core/model/block_parameters.h"
 #include "core/model/param_table.h"
 
@@ -13,25 +14,27 @@ namespace dtrain {
 
 class FlatParameters : public BlockParameters {
  public:
-  explicit FlatParameters(const ParamTable& table);
+  FlatParameters(const ParamTable& table, Backend& backend);
 
-  std::span<float> params() { return params_; }
-  std::span<const float> params() const { return params_; }
-  std::span<float> grads() { return grads_; }
-  std::span<const float> grads() const { return grads_; }
-  void ZeroGradients();
+  // The buffers as host spans: for a backend whose memory is the host's (the CPU backend).
+  std::span<float> params() { return {params_.floats(), params_.size()}; }
+  std::span<const float> params() const { return {params_.floats(), params_.size()}; }
+  std::span<float> grads() { return {grads_.floats(), grads_.size()}; }
+  std::span<const float> grads() const { return {grads_.floats(), grads_.size()}; }
+  void ZeroGradients() { backend_.Zero(grads_.floats(), grads_.size()); }
 
-  const float* Acquire(int region, Pass) override { return params_.data() + begin(region); }
+  const float* Acquire(int region, Pass) override { return params_.floats() + begin(region); }
   void Release(int, Pass) override {}
-  float* Gradients(int region) override { return grads_.data() + begin(region); }
+  float* Gradients(int region) override { return grads_.floats() + begin(region); }
   void GradientsReady(int) override {}
 
  private:
   size_t begin(int region) const { return region_begin_[region + 1]; }
 
+  Backend& backend_;
   std::vector<size_t> region_begin_;  // indexed by region + 1
-  std::vector<float> params_;
-  std::vector<float> grads_;
+  DeviceBuffer params_;
+  DeviceBuffer grads_;
 };
 
 }  // namespace dtrain

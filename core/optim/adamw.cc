@@ -41,15 +41,16 @@ std::vector<DecayPiece> DecayPieces(const ModelConfig& config, const TensorEntry
 
 }  // namespace
 
-AdamW::AdamW(const ParamTable& table, const TrainSection& train, size_t begin, size_t end)
+AdamW::AdamW(const ParamTable& table, const TrainSection& train, Backend& backend, size_t begin,
+             size_t end)
     : begin_(begin),
       end_(end),
       beta1_(static_cast<float>(train.beta1)),
       beta2_(static_cast<float>(train.beta2)),
       eps_(static_cast<float>(train.eps)),
       weight_decay_(static_cast<float>(train.weight_decay)),
-      m_(end_ - begin_),
-      v_(end_ - begin_) {
+      m_(backend.Allocate(end_ - begin_)),
+      v_(backend.Allocate(end_ - begin_)) {
   for (const TensorEntry& entry : table.entries()) {
     for (const auto& [offset, numel, exempt] : DecayPieces(table.config(), entry, train.no_decay)) {
       const size_t lo = std::max(begin_, offset);
@@ -63,8 +64,8 @@ void AdamW::Step(Backend& backend, float* params, const float* grads, float lr) 
   ++step_;
   for (const Range& r : ranges_) {
     const size_t at = r.begin - begin_;
-    backend.AdamW(params + at, grads + at, m_.data() + at, v_.data() + at, r.end - r.begin, lr,
-                  beta1_, beta2_, eps_, r.decay ? weight_decay_ : 0.0f, step_);
+    backend.AdamW(params + at, grads + at, m() + at, v() + at, r.end - r.begin, lr, beta1_, beta2_,
+                  eps_, r.decay ? weight_decay_ : 0.0f, step_);
   }
 }
 

@@ -17,7 +17,9 @@ class AdamW {
  public:
   // Tensors matching any glob in train.no_decay, by their internal or their Hugging Face name
   // (core/model/hf_names.h), get no weight decay. The moments cover table positions [begin, end).
-  AdamW(const ParamTable& table, const TrainSection& train, size_t begin, size_t end);
+  // The moments are `backend`'s memory, zero.
+  AdamW(const ParamTable& table, const TrainSection& train, Backend& backend, size_t begin,
+        size_t end);
 
   // One step on the range [begin, end): params and grads point at the range's first value
   // (table position `begin`). Increments the step count used for bias correction.
@@ -27,8 +29,8 @@ class AdamW {
   // Restores the step count from a checkpoint (the moments are restored through m() and v()).
   void set_step(int64_t step) { step_ = step; }
   size_t numel() const { return end_ - begin_; }
-  std::vector<float>& m() { return m_; }
-  std::vector<float>& v() { return v_; }
+  float* m() const { return m_.floats(); }
+  float* v() const { return v_.floats(); }
   // How many values get weight decay, for the log.
   size_t decayed_numel() const;
 
@@ -41,7 +43,7 @@ class AdamW {
   size_t begin_, end_;
   float beta1_, beta2_, eps_, weight_decay_;
   int64_t step_ = 0;
-  std::vector<float> m_, v_;
+  DeviceBuffer m_, v_;
 };
 
 }  // namespace dtrain

@@ -65,10 +65,10 @@ struct ModelRun {
 };
 
 ModelRun RunModel(const ModelConfig& config, const ParamTable& table) {
-  FlatParameters flat(table);
+  CpuBackend backend(1);
+  FlatParameters flat(table, backend);
   InitParameters(config, table, 7, 0, table.total_numel(), flat.params().data());
   Recorder recorder(flat);
-  CpuBackend backend(1);
   Transformer model(config, table, recorder, backend, 1, kSeqLen, Recompute::kNone);
   ModelRun run;
   run.params.assign(flat.params().begin(), flat.params().end());

@@ -43,9 +43,9 @@ struct RankResult {
 RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Recompute recompute,
                         TensorParallelOps* tensor_parallel, const Communicator* tp = nullptr,
                         bool sequence_parallel = false) {
-  FlatParameters parameters(table);
-  testing::InitDistinctParameters(config, table, kSeed, parameters.params().data());
   CpuBackend backend(1);
+  FlatParameters parameters(table, backend);
+  testing::InitDistinctParameters(config, table, kSeed, parameters.params().data());
   Transformer model(config, table, parameters, backend, kBatch, kTime, recompute, tensor_parallel,
                     sequence_parallel);
   // The memory estimate knows the rank's local sizes (and the replicated kv heads' scratch, the
@@ -220,9 +220,9 @@ TEST(TensorParallelChunksTest, TheClassifierRunsInSeveralChunksOfRows) {
     std::vector<float> grads;
   };
   auto run = [&](const ParamTable& table, TensorParallelOps* ops) {
-    FlatParameters parameters(table);
-    InitParameters(config, table, kSeed, 0, table.total_numel(), parameters.params().data());
     CpuBackend backend(1);
+    FlatParameters parameters(table, backend);
+    InitParameters(config, table, kSeed, 0, table.total_numel(), parameters.params().data());
     Transformer model(config, table, parameters, backend, b, t, Recompute::kNone, ops);
     Result result;
     result.loss = model.ForwardBackward(inputs.data(), targets.data(), b, t, 0.5f);

@@ -14,7 +14,7 @@ TEST(SamplerTest, SameSeedSameTextAndTopOneIsGreedy) {
   ModelConfig config = testing::SmallModelConfig(ModelFamily::kGpt2);
   config.init_std = 0.5f;  // large logits: sampling has something to choose between
   const ParamTable table(config, ModelSlice{});
-  FlatParameters parameters(table);
+  FlatParameters parameters(table, backend);
   InitParameters(config, table, 2, 0, table.total_numel(), parameters.params().data());
   Transformer model(config, table, parameters, backend, 1, 8, Recompute::kNone);
   SamplingOptions options;

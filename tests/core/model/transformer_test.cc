@@ -23,7 +23,7 @@ struct TestModel {
   TestModel(const ModelConfig& config, Backend& backend, int max_batch, int max_time,
             Recompute recompute, uint64_t seed)
       : table(config, ModelSlice{}),
-        parameters(table),
+        parameters(table, backend),
         model(config, table, parameters, backend, max_batch, max_time, recompute) {
     InitParameters(config, table, seed, 0, table.total_numel(), parameters.params().data());
   }

@@ -25,7 +25,7 @@ struct SliceModel {
   SliceModel(const ModelConfig& config, const ModelSlice& slice, Backend& backend,
              TensorParallelOps* ops, bool sequence_parallel)
       : table(config, slice),
-        parameters(table),
+        parameters(table, backend),
         model(config, table, parameters, backend, 1, kMaxTime, Recompute::kNone, ops,
               sequence_parallel) {
     testing::InitDistinctParameters(config, table, kSeed, parameters.params().data());

@@ -41,7 +41,7 @@ struct StageModel {
              Recompute recompute, int slots, TensorParallelOps* ops = nullptr,
              bool sequence_parallel = false)
       : table(config, slice),
-        parameters(table),
+        parameters(table, backend),
         model(config, table, parameters, backend, kBatch, kTime, recompute, ops, sequence_parallel,
               slots) {
     testing::InitDistinctParameters(config, table, kSeed, parameters.params().data());
