@@ -176,12 +176,12 @@ void LogPipelineStage(const Recipe& recipe, const ModelConfig& config, const Mod
       config, recipe.train.micro_batch, recipe.train.seq_len, recompute, slice,
       recipe.parallel.sequence_parallel, stats.peak_live_activations);
   // Under interleaving a slot holds one micro-batch's pass through one model chunk.
-  const bool chunks = slice.chunks.size() > 1;
+  const bool interleaved = slice.chunks.size() > 1;
   LogInfo(
       "pipeline stage %d of %d: %s; activations: at most %d %s in flight in %d slots, %s (the "
       "estimate: %s), plus %s of send and receive buffers",
       stage, stages, times.Format(), stats.peak_live_activations,
-      chunks ? "micro-batch chunks" : "micro-batches", activation_slots,
+      interleaved ? "micro-batch chunks" : "micro-batches", activation_slots,
       MiB(static_cast<size_t>(held_bytes)), MiB(static_cast<size_t>(estimated_bytes)),
       MiB(stats.peak_buffer_bytes));
 }
