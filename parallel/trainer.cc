@@ -117,8 +117,8 @@ absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, Co
     // too: sharded parameters are gathered collectively over the replicas.
     ASSIGN_OR_RETURN(const int rows, val.Next(b, inputs.data(), targets.data()));
     RETURN_IF_ERROR(ForwardThroughStages(
-        pp, static_cast<int>(model.chunks().size()), model.StageActivationCount(rows, t),
-        [&](int chunk, const float* input, float* output) {
+        pp, model.backend(), static_cast<int>(model.chunks().size()),
+        model.StageActivationCount(rows, t), [&](int chunk, const float* input, float* output) {
           loss_sum += model.StageForwardLoss({.chunk = chunk,
                                               .b = rows,
                                               .t = t,
@@ -462,7 +462,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   if (pp > 1) {
     pipeline_stage = std::make_unique<TransformerPipelineStage>(table, engine, shape, stage,
                                                                 train.micro_batch, train.seq_len);
-    ASSIGN_OR_RETURN(executor, PipelineExecutor::Create(shape, stage, groups.pp));
+    ASSIGN_OR_RETURN(executor, PipelineExecutor::Create(shape, stage, groups.pp, backend));
   }
   BlockParameters& parameters =
       pipeline_stage ? static_cast<BlockParameters&>(*pipeline_stage) : engine;

@@ -68,6 +68,8 @@ class Transformer {
               int activation_slots = 1);
 
   const ModelConfig& config() const { return config_; }
+  // The backend it computes on: activations passed in and out of the stage passes are its memory.
+  Backend& backend() const { return backend_; }
   // The model chunks this rank runs (the table's): StageForwardArgs::chunk indexes them.
   const std::vector<BlockSpan>& chunks() const { return chunks_; }
   size_t activation_bytes() const { return acts_.bytes(); }

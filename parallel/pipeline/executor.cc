@@ -39,7 +39,7 @@ std::string PipelineStepTimes::Format() const {
 }
 
 absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
-    const PipelineShape& shape, int stage, Communicator* comm) {
+    const PipelineShape& shape, int stage, Communicator* comm, Backend& backend) {
   absl::StatusOr<std::vector<PipelineAction>> actions = StageActions(shape, stage);
   if (!actions.ok()) return actions.status();
   if (shape.stages > 1 &&
@@ -52,12 +52,12 @@ absl::StatusOr<std::unique_ptr<PipelineExecutor>> PipelineExecutor::Create(
                                                     " ranks and this is rank ", comm->rank())));
   }
   return std::unique_ptr<PipelineExecutor>(
-      new PipelineExecutor(shape, stage, comm, *std::move(actions)));
+      new PipelineExecutor(shape, stage, comm, backend, *std::move(actions)));
 }
 
 PipelineExecutor::PipelineExecutor(const PipelineShape& shape, int stage, Communicator* comm,
-                                   std::vector<PipelineAction> actions)
-    : shape_(shape), stage_(stage), comm_(comm), actions_(std::move(actions)) {
+                                   Backend& backend, std::vector<PipelineAction> actions)
+    : shape_(shape), stage_(stage), comm_(comm), backend_(backend), actions_(std::move(actions)) {
   const int p = shape.stages;
   send_safe_after_.resize(p);
   sends_.resize(p);
@@ -88,14 +88,13 @@ PipelineExecutor::PipelineExecutor(const PipelineShape& shape, int stage, Commun
 
 PipelineExecutor::~PipelineExecutor() { Abandon(); }
 
-std::vector<float> PipelineExecutor::Acquire(size_t count) {
-  std::vector<float> buffer;
+PipelineExecutor::Buffer PipelineExecutor::Acquire(size_t count) {
+  Buffer buffer;
   // The smallest pooled buffer that holds `count` avoids a reallocation; any other grows.
   auto best = pool_.end();
   for (auto it = pool_.begin(); it != pool_.end(); ++it) {
-    if (it->capacity() >= count && (best == pool_.end() || it->capacity() < best->capacity())) {
-      best = it;
-    }
+    const size_t capacity = it->memory.size();
+    if (capacity >= count && (best == pool_.end() || capacity < best->memory.size())) best = it;
   }
   if (best == pool_.end() && !pool_.empty()) best = pool_.begin();
   if (best != pool_.end()) {
@@ -104,16 +103,17 @@ std::vector<float> PipelineExecutor::Acquire(size_t count) {
   } else {
     ++stats_.buffers_allocated;
   }
-  buffer.resize(count);
+  if (buffer.memory.size() < count) buffer.memory = backend_.Allocate(count);
+  buffer.count = count;
   stats_.peak_buffers_in_use = std::max(stats_.peak_buffers_in_use, ++in_use_);
   in_use_bytes_ += count * sizeof(float);
   stats_.peak_buffer_bytes = std::max(stats_.peak_buffer_bytes, in_use_bytes_);
   return buffer;
 }
 
-void PipelineExecutor::Release(std::vector<float> buffer) {
+void PipelineExecutor::Release(Buffer buffer) {
   --in_use_;
-  in_use_bytes_ -= buffer.size() * sizeof(float);
+  in_use_bytes_ -= buffer.count * sizeof(float);
   pool_.push_back(std::move(buffer));
 }
 
@@ -146,7 +146,7 @@ absl::Status PipelineExecutor::PostSend(const PipelineAction& action, std::map<K
   }
   Slot slot = std::move(it->second);
   from.erase(it);
-  slot.work = comm_->Send<float>(slot.buffer.data(), slot.buffer.size(), action.peer);
+  slot.work = comm_->Send<float>(slot.buffer.data(), slot.buffer.count, action.peer);
   slot.action = action;
   slot.ordinal = sends_posted_[action.peer]++;
   sends_[action.peer].push_back(std::move(slot));
@@ -203,7 +203,7 @@ absl::Status PipelineExecutor::RunForward(const PipelineAction& action, Pipeline
     input = it->second.buffer.data();
   }
   const bool last = model_chunk == p * shape_.virtual_stages - 1;
-  std::vector<float> output;
+  Buffer output;
   if (!last) output = Acquire(stage.OutputCount(action.chunk));
   const Clock::time_point start = Clock::now();
   absl::Status status =
@@ -241,7 +241,7 @@ absl::Status PipelineExecutor::RunBackward(const PipelineAction& action, Pipelin
     if (absl::Status status = WaitRecv(it->second); !status.ok()) return status;
     d_output = it->second.buffer.data();
   }
-  std::vector<float> d_input;
+  Buffer d_input;
   if (model_chunk > 0) d_input = Acquire(stage.InputCount(action.chunk));
   const Clock::time_point start = Clock::now();
   absl::Status status = stage.Backward(action.micro_batch, action.chunk, d_output,

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/backend/backend.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/pipeline/schedule.h"
 
@@ -90,10 +91,12 @@ struct PipelineStepTimes {
 class PipelineExecutor {
  public:
   // `comm` is the pipeline group: size() == shape.stages, rank() == stage. It may be null for a
-  // pipeline of one stage, which moves nothing. Errors: StageActions', and InvalidArgument when
-  // the communicator does not match the shape.
+  // pipeline of one stage, which moves nothing. The buffers are `backend`'s memory (the
+  // stage's). Errors: StageActions', and InvalidArgument when the communicator does not match
+  // the shape.
   static absl::StatusOr<std::unique_ptr<PipelineExecutor>> Create(const PipelineShape& shape,
-                                                                  int stage, Communicator* comm);
+                                                                  int stage, Communicator* comm,
+                                                                  Backend& backend);
 
   // Runs every action of one step, in order. On an error (a compute's, or a send or receive
   // that failed or timed out) it waits for the operations already posted (each bounded by the
@@ -109,18 +112,24 @@ class PipelineExecutor {
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;
 
  private:
+  // Backend memory from the pool, of which the first `count` floats are in use.
+  struct Buffer {
+    DeviceBuffer memory;
+    size_t count = 0;
+    float* data() const { return memory.floats(); }
+  };
   // One buffer and the operation that reads or fills it, if any. The Work is declared after
   // the buffer so that it is destroyed first: destroying an unwaited Work waits for it, while
   // the buffer is still alive.
   struct Slot {
-    std::vector<float> buffer;
+    Buffer buffer;
     std::unique_ptr<Work> work;  // null once waited, or for a local hand-over
     PipelineAction action;       // the receive or send, for messages
     int ordinal = 0;             // its index among this stage's receives from / sends to the peer
   };
   using Key = std::pair<int, int>;  // (micro_batch, chunk)
 
-  PipelineExecutor(const PipelineShape& shape, int stage, Communicator* comm,
+  PipelineExecutor(const PipelineShape& shape, int stage, Communicator* comm, Backend& backend,
                    std::vector<PipelineAction> actions);
 
   absl::Status RunAction(const PipelineAction& action, PipelineStage& stage);
@@ -137,8 +146,8 @@ class PipelineExecutor {
   absl::Status TimedWait(Work& work);
   absl::Status ReclaimSends(int peer, bool all);
 
-  std::vector<float> Acquire(size_t count);
-  void Release(std::vector<float> buffer);
+  Buffer Acquire(size_t count);
+  void Release(Buffer buffer);
   // Waits for every posted operation and drops the step's slots (after a failure).
   void Abandon();
   absl::Status Failed(const PipelineAction& action, const absl::Status& cause) const;
@@ -146,6 +155,7 @@ class PipelineExecutor {
   const PipelineShape shape_;
   const int stage_;
   Communicator* const comm_;
+  Backend& backend_;
   const std::vector<PipelineAction> actions_;
   // Per peer, per send ordinal to it: the ordinal of the first receive from that peer which the
   // peer sends after posting the receive matching the send (INT32_MAX: none this step).
@@ -165,7 +175,7 @@ class PipelineExecutor {
   std::chrono::steady_clock::duration compute_time_{};
   std::chrono::steady_clock::duration wait_time_{};
 
-  std::vector<std::vector<float>> pool_;
+  std::vector<Buffer> pool_;
   PipelineExecutorStats stats_;
 };
 

@@ -1,25 +1,23 @@
 #include "parallel/pipeline/forward_pass.h"
 
-#include <vector>
-
 #include "core/util/status.h"
 
 namespace dtrain {
 
 absl::Status ForwardThroughStages(
-    Communicator& pp, int chunks, size_t count,
+    Communicator& pp, Backend& backend, int chunks, size_t count,
     const std::function<void(int chunk, const float* input, float* output)>& forward) {
   const int stages = pp.size(), stage = pp.rank();
   const int previous = (stage + stages - 1) % stages, next = (stage + 1) % stages;
-  std::vector<float> input(count), output(count);
+  const DeviceBuffer input = backend.Allocate(count), output = backend.Allocate(count);
   for (int chunk = 0; chunk < chunks; ++chunk) {
     const int model_chunk = chunk * stages + stage;
     if (model_chunk > 0 && count > 0) {
-      RETURN_IF_ERROR(pp.Recv(input.data(), count, previous)->Wait());
+      RETURN_IF_ERROR(pp.Recv(input.floats(), count, previous)->Wait());
     }
-    forward(chunk, input.data(), output.data());
+    forward(chunk, input.floats(), output.floats());
     if (model_chunk + 1 < chunks * stages && count > 0) {
-      RETURN_IF_ERROR(pp.Send(output.data(), count, next)->Wait());
+      RETURN_IF_ERROR(pp.Send(output.floats(), count, next)->Wait());
     }
   }
   return absl::OkStatus();

@@ -16,7 +16,7 @@ absl::StatusOr<std::vector<int32_t>> GeneratePipelined(Transformer& stage, Commu
   const NextTokenLogits through_stages = [&](const int32_t* context, int t,
                                              float* logits) -> absl::Status {
     RETURN_IF_ERROR(ForwardThroughStages(
-        pp, chunks, stage.StageActivationCount(1, t),
+        pp, stage.backend(), chunks, stage.StageActivationCount(1, t),
         [&](int chunk, const float* input, float* output) {
           stage.StageForwardLogits(
               {.chunk = chunk, .b = 1, .t = t, .tokens = context, .input = input, .output = output},

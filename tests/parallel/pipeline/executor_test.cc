@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/backend/cpu/cpu_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "parallel/comm/faulty_ranks.h"
@@ -170,8 +171,9 @@ std::vector<StageResult> RunPipeline(const PipelineShape& shape, int steps, absl
     StageResult& result = results[s];
     AffineStage stage(shape, s);
     prepare(s, stage);
+    CpuBackend backend(1);
     absl::StatusOr<std::unique_ptr<PipelineExecutor>> executor =
-        PipelineExecutor::Create(shape, s, &comm);
+        PipelineExecutor::Create(shape, s, &comm, backend);
     ASSERT_TRUE(executor.ok()) << executor.status();
     const absl::Time start = absl::Now();
     for (int step = 0; step < steps && result.status.ok(); ++step) {
@@ -333,22 +335,25 @@ TEST(PipelineExecutorTest, AHungOrDeadStageFailsEveryStageNamingIt) {
 }
 
 TEST(PipelineExecutorTest, CreateChecksTheGroupAgainstTheShape) {
-  EXPECT_THAT(PipelineExecutor::Create({PipelineSchedule::kOneFOneB, 2, 1, 2}, 0, nullptr)
+  CpuBackend backend(1);
+  EXPECT_THAT(PipelineExecutor::Create({PipelineSchedule::kOneFOneB, 2, 1, 2}, 0, nullptr, backend)
                   .status()
                   .message(),
               HasSubstr("pipeline stage 0 of 2: the pipeline group needs 2 ranks"));
-  EXPECT_THAT(PipelineExecutor::Create({PipelineSchedule::kOneFOneB, 2, 2, 2}, 0, nullptr)
+  EXPECT_THAT(PipelineExecutor::Create({PipelineSchedule::kOneFOneB, 2, 2, 2}, 0, nullptr, backend)
                   .status()
                   .message(),
               HasSubstr("parallel.pp_virtual_stages"));
-  testing::RunRanksInThreads(3, absl::Seconds(60), [](Communicator& comm) {
-    EXPECT_THAT(PipelineExecutor::Create({PipelineSchedule::kOneFOneB, 2, 1, 2}, 0, &comm)
+  testing::RunRanksInThreads(3, absl::Seconds(60), [&backend](Communicator& comm) {
+    EXPECT_THAT(PipelineExecutor::Create({PipelineSchedule::kOneFOneB, 2, 1, 2}, 0, &comm, backend)
                     .status()
                     .message(),
                 HasSubstr("group 'world' has 3 ranks"));
   });
   // One stage moves nothing and needs no group.
-  EXPECT_TRUE(PipelineExecutor::Create({PipelineSchedule::kInterleaved, 1, 3, 2}, 0, nullptr).ok());
+  EXPECT_TRUE(
+      PipelineExecutor::Create({PipelineSchedule::kInterleaved, 1, 3, 2}, 0, nullptr, backend)
+          .ok());
 }
 
 }  // namespace
