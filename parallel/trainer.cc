@@ -4,16 +4,25 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/data/datasets.h"
 #include "core/metrics/step_metrics.h"
+#include "core/metrics/stragglers.h"
 #include "core/model/hf_names.h"
 #include "core/model/sampler.h"
 #include "core/model/transformer.h"
@@ -39,6 +48,20 @@
 
 namespace dtrain {
 namespace {
+
+// Test-only: DTRAIN_TEST_SLOW_RANK=<rank>:<ms> (unset in every real run) makes that world rank
+// sleep that long at the start of every step, a straggler for the tests to find.
+absl::Duration TestSlowdown(int rank) {
+  const char* text = std::getenv("DTRAIN_TEST_SLOW_RANK");
+  if (text == nullptr) return absl::ZeroDuration();
+  const std::pair<std::string, std::string> parts = absl::StrSplit(text, ':');
+  int slow_rank = -1, ms = 0;
+  if (!absl::SimpleAtoi(parts.first, &slow_rank) || !absl::SimpleAtoi(parts.second, &ms) ||
+      slow_rank != rank) {
+    return absl::ZeroDuration();
+  }
+  return absl::Milliseconds(ms);
+}
 
 // Byte tokens as readable text: printable ASCII and newlines kept, anything else as \xNN.
 std::string BytesToText(const std::vector<int32_t>& tokens) {
@@ -508,8 +531,12 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   double elapsed_s = 0;
   // Steps after the first (which pays for first-touch allocations), or the only one.
   PipelineStepTimes pipeline_times;
+  StragglerTracker stragglers(recipe.logging.straggler_pct);
+  const bool track_stragglers = recipe.logging.straggler_pct > 0 && world_comm != nullptr;
+  const absl::Duration slowed_by = TestSlowdown(world.rank);
   for (int step = static_cast<int>(resumed_step); step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
+    if (slowed_by > absl::ZeroDuration()) absl::SleepFor(slowed_by);
     const int64_t dp_sent_before = SentBytes({groups.dp});
     const int64_t tp_sent_before = SentBytes({groups.tp, kv_replicas});
     const int64_t pp_sent_before = SentBytes({groups.pp});
@@ -570,6 +597,17 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     m.peak_rss_mib = PeakRssMib();
     m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);
     if (step == resumed_step && resumed_step > 0) m.resumed_from_step = resumed_step;
+    if (track_stragglers) {
+      // This rank's own work in the step: what it did not spend waiting for data or for others.
+      const double compute_ms =
+          std::max(0.0, m.step_ms - m.exposed_comm_ms - m.data_wait_ms - m.pp_wait_ms);
+      std::vector<double> all(world.world_size);
+      RETURN_IF_ERROR(world_comm->AllGather(&compute_ms, all.data(), 1)->Wait());
+      if (const std::optional<Straggler> slowest = stragglers.Add(all)) {
+        m.straggler_rank = slowest->rank;
+        m.straggler_lag_pct = slowest->lag_pct;
+      }
+    }
     const bool last = m.step == train.steps;
     if (train.eval_every > 0 && (m.step % train.eval_every == 0 || last)) {
       absl::StatusOr<double> val_loss =
@@ -609,6 +647,9 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     }
   }
   RETURN_IF_ERROR(checkpoints->Finish());
+  if (const std::string slow = stragglers.PersistentSummary(); leader && !slow.empty()) {
+    LogWarn("persistently slow: %s (logging.straggler_pct %g)", slow, recipe.logging.straggler_pct);
+  }
   if (executor != nullptr && pipeline_times.steps > 0) {
     LogPipelineStage(recipe, config, slice, recompute, stage, pp, activation_slots,
                      memory.activation_bytes, pipeline_times, executor->stats());

@@ -63,6 +63,10 @@ std::string FormatStepLine(const StepMetrics& m) {
   if (m.pp_wait_ms > 0) absl::StrAppendFormat(&line, " | pp wait %.1f ms", m.pp_wait_ms);
   if (m.val_loss) absl::StrAppendFormat(&line, " | val %.4f", *m.val_loss);
   if (m.ckpt_blocked_ms) absl::StrAppendFormat(&line, " | ckpt %.1f ms", *m.ckpt_blocked_ms);
+  if (m.straggler_rank && m.straggler_lag_pct) {
+    absl::StrAppendFormat(&line, " | straggler rank %d +%.0f%%", *m.straggler_rank,
+                          *m.straggler_lag_pct);
+  }
   return line;
 }
 
@@ -85,6 +89,8 @@ std::string StepMetricsJson(const StepMetrics& m) {
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.ckpt_blocked_ms) j["ckpt_blocked_ms"] = *m.ckpt_blocked_ms;
   if (m.resumed_from_step) j["resumed_from_step"] = *m.resumed_from_step;
+  if (m.straggler_rank) j["straggler_rank"] = *m.straggler_rank;
+  if (m.straggler_lag_pct) j["straggler_lag_pct"] = *m.straggler_lag_pct;
   return j.dump();
 }
 
@@ -113,6 +119,8 @@ absl::StatusOr<StepMetrics> ParseStepMetricsJson(std::string_view line) {
   RETURN_IF_ERROR(ReadNumber(j, "val_loss", m.val_loss));
   RETURN_IF_ERROR(ReadNumber(j, "ckpt_blocked_ms", m.ckpt_blocked_ms));
   RETURN_IF_ERROR(ReadNumber(j, "resumed_from_step", m.resumed_from_step));
+  RETURN_IF_ERROR(ReadNumber(j, "straggler_rank", m.straggler_rank));
+  RETURN_IF_ERROR(ReadNumber(j, "straggler_lag_pct", m.straggler_lag_pct));
   return m;
 }
 

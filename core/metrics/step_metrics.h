@@ -41,12 +41,16 @@ struct StepMetrics {
   // of a resumed run reads as one run (the trainer drops the redone steps' lines), so this is
   // what records a restart there; JSON only, the log says "resumed from" itself.
   std::optional<int64_t> resumed_from_step;
+  // The step's straggler (core/metrics/stragglers.h), when one rank's compute time lay more than
+  // logging.straggler_pct above the ranks' median.
+  std::optional<int64_t> straggler_rank;
+  std::optional<double> straggler_lag_pct;
 };
 
 // "step 12/300 | loss 2.3456 | lr 1.00e-03 | norm 0.81 | 312.5 ms | 6554 tok/s | MFU 41.2% |
 //  rss 312 MiB | eta 1m32s | data 0.1 ms", with "| comm 3.1 ms" (exposed communication) and
-//  "| pp wait 5.0 ms" (the pipeline stage's wait) when there is any, "| val 2.1" at evaluations
-//  and "| ckpt 4.2 ms" at checkpoints.
+//  "| pp wait 5.0 ms" (the pipeline stage's wait) when there is any, "| val 2.1" at evaluations,
+//  "| ckpt 4.2 ms" at checkpoints and "| straggler rank 3 +25%" when a rank lagged.
 std::string FormatStepLine(const StepMetrics& m);
 // One line of JSON, no trailing newline.
 std::string StepMetricsJson(const StepMetrics& m);

@@ -373,6 +373,12 @@ const std::vector<KeySpec>& Keys() {
        "ranks; 0 = off",
        {},
        AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(logging, straggler_pct),
+       "a rank whose compute time in a step lies this many percent above the ranks' median is "
+       "named in the step log and metrics (straggler_rank), and ranks that were so in half of "
+       "the steps at the end of the run; 0 = off (no per-step exchange of the times)",
+       {},
+       AtLeast(0)},
   };
   return *keys;
 }

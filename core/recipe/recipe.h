@@ -125,6 +125,7 @@ struct LoggingSection {
   int sample_top_k = 40;
   std::string sample_prompt = "\n";
   int flight_recorder_entries = 256;  // per rank, every group; 0 = off
+  double straggler_pct = 10;          // lag above the median that names a straggler; 0 = off
 };
 
 struct Recipe {

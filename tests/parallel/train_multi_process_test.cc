@@ -1,4 +1,6 @@
 // `dtrain train` as separate processes on loopback (torchrun's variables), against one process.
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -116,6 +118,29 @@ TEST(TrainMultiProcessTest, UnresolvableMasterFailsAtOnceNamingIt) {
   EXPECT_THAT(outcome.stderr_text,
               HasSubstr("master address 'no-such-host.invalid' (MASTER_ADDR=no-such-host.invalid) "
                         "does not resolve"));
+}
+
+// A rank slowed by 80 ms a step (DTRAIN_TEST_SLOW_RANK, test only) among three is the straggler
+// of every step: named in the step log and metrics.jsonl, and at the end as persistently slow.
+// The others' steps take a few ms of compute, so its lag is far beyond the 10% threshold.
+TEST(TrainMultiProcessTest, ASlowRankIsNamedAsTheStraggler) {
+  const std::string out = OutDir("straggler");
+  setenv("DTRAIN_TEST_SLOW_RANK", "1:80", 1);
+  const auto ranks = testing::RunLocalProcesses(
+      {DTRAIN_BINARY, "train", Recipe("straggler"), "--set", "run.out_dir=" + out, "--set",
+       "train.eval_every=0", "--set", "logging.sample_tokens=0", "--set", "train.batch_size=6"},
+      3, testing::FreeTcpPort(), absl::Seconds(120));
+  unsetenv("DTRAIN_TEST_SLOW_RANK");
+  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  EXPECT_THAT(ranks[0].output, HasSubstr("| straggler rank 1 +"));
+  EXPECT_THAT(ranks[0].output,
+              HasSubstr("persistently slow: rank 1 was the straggler in 8 of 8 steps"));
+  std::ifstream metrics(out + "/mp/metrics.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(metrics, line); ++lines) {
+    EXPECT_THAT(line, HasSubstr("\"straggler_rank\":1")) << line;
+  }
+  EXPECT_EQ(lines, 8);
 }
 
 }  // namespace

@@ -1,0 +1,40 @@
+#include "core/metrics/stragglers.h"
+
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The slowest rank against the median of all ranks (an odd and an even count), named only beyond
+// the threshold.
+TEST(StragglersTest, TheSlowestRankBeyondTheThresholdAboveTheMedian) {
+  const std::optional<Straggler> found = FindStraggler({100, 130, 98, 102}, 10);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->rank, 1);
+  EXPECT_DOUBLE_EQ(found->lag_pct, 100.0 * (130 - 101) / 101);   // median (100 + 102) / 2
+  EXPECT_FALSE(FindStraggler({100, 109, 100}, 10).has_value());  // 9% above the median
+  EXPECT_EQ(FindStraggler({100, 100, 111}, 10)->rank, 2);
+  EXPECT_FALSE(FindStraggler({100}, 10).has_value());      // one rank has no peers
+  EXPECT_FALSE(FindStraggler({0, 0, 5}, 10).has_value());  // no median to compare with
+}
+
+TEST(StragglersTest, PersistentStragglersAreThoseOfHalfTheSteps) {
+  StragglerTracker tracker(10);
+  EXPECT_EQ(tracker.Add({100, 100, 150})->rank, 2);
+  EXPECT_EQ(tracker.Add({100, 100, 130})->rank, 2);
+  EXPECT_EQ(tracker.Add({140, 100, 100})->rank, 0);
+  EXPECT_FALSE(tracker.Add({100, 100, 100}).has_value());
+  // Rank 2 in 2 of 4 steps (lags 50% and 30%: median 40%); rank 0 in 1 of 4 is not persistent.
+  EXPECT_EQ(tracker.PersistentSummary(),
+            "rank 2 was the straggler in 2 of 4 steps (median lag +40.0%)");
+  EXPECT_FALSE(tracker.Add({100, 100, 100}).has_value());
+  EXPECT_EQ(tracker.PersistentSummary(), "");  // 2 of 5 steps
+}
+
+}  // namespace
+}  // namespace dtrain
