@@ -38,8 +38,13 @@ std::optional<uint64_t> ProcessMemlockBytes() {
 
 }  // namespace
 
-CheckResult MemlockCheck(std::optional<uint64_t> limit_bytes, bool rdma_needed) {
+CheckResult MemlockCheck(std::optional<uint64_t> limit_bytes, bool rdma_needed, bool rdma_present) {
   if (!limit_bytes.has_value()) return Result("node.memlock", Verdict::kOk, "ulimit -l unlimited");
+  if (!rdma_needed && !rdma_present) {
+    return Result(
+        "node.memlock", Verdict::kInfo,
+        absl::StrFormat("ulimit -l is %d KiB; no RDMA port here needs more", *limit_bytes / 1024));
+  }
   return Result("node.memlock", rdma_needed ? Verdict::kFail : Verdict::kWarn,
                 absl::StrFormat("ulimit -l is %d KiB; RDMA pins its buffers and needs unlimited",
                                 *limit_bytes / 1024),
@@ -146,11 +151,11 @@ absl::StatusOr<std::vector<CheckResult>> RunNodeChecks(const DoctorOptions& opti
     cluster = *resolved;
   }
   const ClusterSpec* spec = cluster.has_value() ? &*cluster : nullptr;
-  std::vector<CheckResult> results =
-      NetworkChecks(ReadNetwork(options.sys_root), options.env, spec);
+  const NetworkInventory network = ReadNetwork(options.sys_root);
+  std::vector<CheckResult> results = NetworkChecks(network, options.env, spec);
   results.push_back(MemlockCheck(
       options.memlock_bytes.has_value() ? *options.memlock_bytes : ProcessMemlockBytes(),
-      RecipeNeedsRdma(spec)));
+      RecipeNeedsRdma(spec), !network.ports.empty()));
   results.push_back(ShmCheck(options.shm_path));
   results.push_back(GpuCheck(FindGpus(options.env, options.proc_root), options.recipe));
   if (options.recipe != nullptr) {

@@ -32,8 +32,9 @@ struct DoctorOptions {
 absl::StatusOr<std::vector<CheckResult>> RunNodeChecks(const DoctorOptions& options);
 
 // RDMA registers (pins) its buffers, so a bounded memlock limit fails NCCL's registration; a
-// failure when the recipe needs RDMA, a warning otherwise. `limit_bytes` nullopt is unlimited.
-CheckResult MemlockCheck(std::optional<uint64_t> limit_bytes, bool rdma_needed);
+// failure when the recipe needs RDMA, a warning on a node with RDMA ports, information on a node
+// without. `limit_bytes` nullopt is unlimited.
+CheckResult MemlockCheck(std::optional<uint64_t> limit_bytes, bool rdma_needed, bool rdma_present);
 
 // NCCL's shared-memory transport puts its buffers in /dev/shm; a container's 64 MiB default is
 // too small for a node of GPUs.

@@ -27,12 +27,13 @@ std::string ProcWithGpus(const std::string& name, int count) {
 }
 
 TEST(DoctorTest, MemlockMustBeUnlimitedForRdma) {
-  EXPECT_EQ(MemlockCheck(std::nullopt, true).verdict, Verdict::kOk);
-  const CheckResult bounded = MemlockCheck(64 * 1024, true);
+  EXPECT_EQ(MemlockCheck(std::nullopt, true, true).verdict, Verdict::kOk);
+  const CheckResult bounded = MemlockCheck(64 * 1024, true, true);
   EXPECT_EQ(bounded.verdict, Verdict::kFail);
   EXPECT_THAT(bounded.detail, HasSubstr("ulimit -l is 64 KiB"));
   EXPECT_THAT(bounded.fix, HasSubstr("memlock unlimited"));
-  EXPECT_EQ(MemlockCheck(64 * 1024, false).verdict, Verdict::kWarn);
+  EXPECT_EQ(MemlockCheck(64 * 1024, false, true).verdict, Verdict::kWarn);
+  EXPECT_EQ(MemlockCheck(64 * 1024, false, false).verdict, Verdict::kInfo);
 }
 
 TEST(DoctorTest, ShmThatCannotBeReadIsNamed) {
