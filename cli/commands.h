@@ -26,6 +26,7 @@ void AddCkptCommand(CLI::App& app);
 void AddEnvCommand(CLI::App& app);
 void AddLaunchCommand(CLI::App& app);
 void AddReportCommand(CLI::App& app);
+void AddDoctorCommand(CLI::App& app);
 
 // The `--set section.key=value` option shared by every command that reads a recipe.
 void AddOverrideOption(CLI::App& command, std::vector<std::string>& overrides);

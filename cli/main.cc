@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   dtrain::cli::AddEnvCommand(app);
   dtrain::cli::AddLaunchCommand(app);
   dtrain::cli::AddReportCommand(app);
+  dtrain::cli::AddDoctorCommand(app);
   dtrain::cli::AddHelpCommand(app);
 
   try {

@@ -1,0 +1,168 @@
+#include "launch/doctor/doctor.h"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "launch/doctor/network.h"
+
+namespace dtrain::doctor {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+// Below this /dev/shm is a container default (64 MiB) or close to it: NCCL's shared-memory
+// buffers for eight GPUs already take hundreds of MiB.
+constexpr double kMinShmGib = 1.0;
+
+CheckResult Result(std::string name, Verdict verdict, std::string detail, std::string fix = "") {
+  return CheckResult{std::move(name), verdict, std::move(detail), std::move(fix)};
+}
+
+std::optional<uint64_t> ProcessMemlockBytes() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return std::nullopt;
+  }
+  return static_cast<uint64_t>(limit.rlim_cur);
+}
+
+}  // namespace
+
+CheckResult MemlockCheck(std::optional<uint64_t> limit_bytes, bool rdma_needed, bool rdma_present) {
+  if (!limit_bytes.has_value()) return Result("node.memlock", Verdict::kOk, "ulimit -l unlimited");
+  if (!rdma_needed && !rdma_present) {
+    return Result(
+        "node.memlock", Verdict::kInfo,
+        absl::StrFormat("ulimit -l is %d KiB; no RDMA port here needs more", *limit_bytes / 1024));
+  }
+  return Result("node.memlock", rdma_needed ? Verdict::kFail : Verdict::kWarn,
+                absl::StrFormat("ulimit -l is %d KiB; RDMA pins its buffers and needs unlimited",
+                                *limit_bytes / 1024),
+                "raise it to unlimited: 'memlock unlimited' in /etc/security/limits.conf, "
+                "LimitMEMLOCK=infinity for slurmd, --ulimit memlock=-1 for docker");
+}
+
+CheckResult ShmCheck(const std::string& shm_path) {
+  struct statvfs stats {};
+  if (statvfs(shm_path.c_str(), &stats) != 0) {
+    return Result("node.shm", Verdict::kWarn, absl::StrCat(shm_path, ": ", std::strerror(errno)),
+                  "mount a tmpfs at /dev/shm; NCCL's shared-memory transport needs it");
+  }
+  const double size_gib = static_cast<double>(stats.f_blocks) * stats.f_frsize / kGiB;
+  const std::string detail = absl::StrFormat("%s is %.2f GiB", shm_path, size_gib);
+  if (size_gib < kMinShmGib) {
+    return Result("node.shm", Verdict::kWarn, absl::StrCat(detail, "; NCCL needs more"),
+                  "enlarge it: docker --shm-size=16g, a Kubernetes emptyDir with medium: Memory "
+                  "at /dev/shm, or mount -o remount,size=16G /dev/shm");
+  }
+  return Result("node.shm", Verdict::kOk, detail);
+}
+
+CheckResult GpuCheck(const GpuInventory& gpus, const Recipe* recipe) {
+  const bool wants_gpus = recipe != nullptr && recipe->run.device == "cuda";
+  if (!wants_gpus) {
+    return Result("node.gpus", Verdict::kInfo,
+                  absl::StrCat(gpus.description,
+                               recipe == nullptr ? "" : "; run.device is cpu, so none is used"));
+  }
+  const int wanted = recipe->cluster.gpus_per_node;
+  if (gpus.installed < wanted || gpus.visible == 0) {
+    return Result(
+        "node.gpus", Verdict::kFail,
+        absl::StrCat(gpus.description, ", but run.device is cuda with cluster.gpus_per_node ",
+                     wanted),
+        gpus.installed == 0
+            ? "run on a GPU node with the NVIDIA driver loaded, or set run.device: cpu"
+            : absl::StrCat("set cluster.gpus_per_node to ", gpus.installed, " (or run where ",
+                           wanted, " GPUs are), and leave CUDA_VISIBLE_DEVICES to the launcher"));
+  }
+  if (gpus.installed > wanted) {
+    return Result("node.gpus", Verdict::kWarn,
+                  absl::StrCat(gpus.description, "; cluster.gpus_per_node is ", wanted,
+                               ", so some stay idle"),
+                  absl::StrCat("set cluster.gpus_per_node to ", gpus.installed));
+  }
+  return Result("node.gpus", Verdict::kOk, gpus.description);
+}
+
+CheckResult CheckpointFolderCheck(const std::string& dir) {
+  std::error_code error;
+  fs::path existing = fs::absolute(dir, error);
+  while (!existing.empty() && !fs::exists(existing, error) && existing != existing.parent_path()) {
+    existing = existing.parent_path();
+  }
+  const bool exists = existing == fs::absolute(dir, error);
+  const fs::path probe = existing / absl::StrCat(".dtrain-doctor-probe-", getpid());
+  const int fd = open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd < 0) {
+    const std::string why = std::strerror(errno);
+    return Result(
+        "node.checkpoint_dir", Verdict::kFail,
+        absl::StrCat(
+            exists ? dir : absl::StrCat(dir, " does not exist and its parent ", existing.string()),
+            " is not writable: ", why),
+        "make it writable for this user (chown, chmod u+w), or set checkpoint.dir to a "
+        "writable folder that every node shares");
+  }
+  close(fd);
+  fs::remove(probe, error);
+  return Result("node.checkpoint_dir", Verdict::kOk,
+                exists ? absl::StrCat(dir, " is writable")
+                       : absl::StrCat(dir, " does not exist yet; ", existing.string(),
+                                      " is writable, so dtrain can create it"));
+}
+
+CheckResult MasterCheck(const EnvironmentMap& env) {
+  absl::StatusOr<WorldEnvironment> world = ResolveWorld(env, {});
+  if (!world.ok()) {
+    return Result("launch.master", Verdict::kFail, std::string(world.status().message()),
+                  "correct the variable the message names (dtrain env shows each value's source)");
+  }
+  if (world->world_size == 1) {
+    return Result(
+        "launch.master", Verdict::kInfo,
+        absl::StrCat("a world of one (", WorldSourceName(world->source), "): no master to reach"));
+  }
+  const std::string where = absl::StrCat(world->master_addr, ":", world->master_port);
+  if (absl::Status resolves = CheckMasterResolves(*world); !resolves.ok()) {
+    return Result("launch.master", Verdict::kFail, std::string(resolves.message()),
+                  "set MASTER_ADDR to a host name every node resolves (getent hosts NAME)");
+  }
+  return Result("launch.master", Verdict::kOk,
+                absl::StrCat(where, " resolves (", world->provenance["master_addr"], "), world of ",
+                             world->world_size, " from ", WorldSourceName(world->source)));
+}
+
+absl::StatusOr<std::vector<CheckResult>> RunNodeChecks(const DoctorOptions& options) {
+  std::optional<ClusterSpec> cluster;
+  if (options.recipe != nullptr) {
+    absl::StatusOr<ClusterSpec> resolved = ResolveCluster(options.recipe->cluster);
+    if (!resolved.ok()) return resolved.status();
+    cluster = *resolved;
+  }
+  const ClusterSpec* spec = cluster.has_value() ? &*cluster : nullptr;
+  const NetworkInventory network = ReadNetwork(options.sys_root);
+  std::vector<CheckResult> results = NetworkChecks(network, options.env, spec);
+  results.push_back(MemlockCheck(
+      options.memlock_bytes.has_value() ? *options.memlock_bytes : ProcessMemlockBytes(),
+      RecipeNeedsRdma(spec), !network.ports.empty()));
+  results.push_back(ShmCheck(options.shm_path));
+  results.push_back(GpuCheck(FindGpus(options.env, options.proc_root), options.recipe));
+  if (options.recipe != nullptr) {
+    results.push_back(CheckpointFolderCheck(options.recipe->checkpoint_dir()));
+  }
+  results.push_back(MasterCheck(options.env));
+  return results;
+}
+
+}  // namespace dtrain::doctor
