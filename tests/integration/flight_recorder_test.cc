@@ -72,7 +72,7 @@ TEST(FlightRecorderMultiProcessTest, ARankThatSkipsAnAllReduceIsNamedWithTheOper
   ExpectFailedWithDumps(ranks, out, {0, 1, 2, 3});
   EXPECT_THAT(ranks[0].output,
               ContainsRegex("flight recorder: rank 2 never entered all_reduce #[0-9]+ on group "
-                            "'world' \\([0-9]+ f32 elements\\), which ranks 0, 1, 3 entered"))
+                            "'world' \\([0-9]+ (f32|f64) elements\\), which ranks 0, 1, 3 entered"))
       << ranks[0].output;
 }
 
@@ -80,10 +80,11 @@ TEST(FlightRecorderMultiProcessTest, ARankCallingAnotherSizeIsNamedAsADesync) {
   const std::string out = testing::FreshTempDir("fr_resize");
   const auto ranks = RunWithFault(out, "resize:1:world:20");
   ExpectFailedWithDumps(ranks, out, {0, 1, 2, 3});
-  EXPECT_THAT(ranks[0].output,
-              ContainsRegex("flight recorder: desynchronised program: at collective #[0-9]+ on "
-                            "group 'world' the ranks disagree: ranks 0, 2, 3 called all_reduce of "
-                            "([0-9]+) f32 elements; rank 1 called all_reduce of [0-9]+ f32"))
+  EXPECT_THAT(
+      ranks[0].output,
+      ContainsRegex("flight recorder: desynchronised program: at collective #[0-9]+ on "
+                    "group 'world' the ranks disagree: ranks 0, 2, 3 called all_reduce of "
+                    "[0-9]+ (f32|f64) elements; rank 1 called all_reduce of [0-9]+ (f32|f64)"))
       << ranks[0].output;
 }
 
