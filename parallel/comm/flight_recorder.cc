@@ -268,8 +268,7 @@ absl::StatusOr<FlightRecord> ParseFlightRecord(const std::string& line) {
 }
 
 FlightRecorder::FlightRecorder(int rank, int world_size, size_t capacity, std::string dump_dir)
-    : rank_(rank), world_size_(world_size), capacity_(capacity), dump_dir_(std::move(dump_dir)) {
-}
+    : rank_(rank), world_size_(world_size), capacity_(capacity), dump_dir_(std::move(dump_dir)) {}
 
 uint64_t FlightRecorder::Record(FlightRecord record) {
   record.start_us = NowMicros();
