@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/data/datasets.h"
+#include "core/metrics/step_exporter.h"
 #include "core/metrics/step_metrics.h"
 #include "core/model/hf_names.h"
 #include "core/model/sampler.h"
@@ -444,6 +445,16 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
       CheckRankMemory(memory, PhysicalMemoryBytes(), strategy, dp_size, world.local_world_size));
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
+  // Each worker serves its own /metrics (no hop through the agent, so it works the same under
+  // `dtrain launch`, srun and torchrun); the workers of a node take consecutive ports.
+  std::unique_ptr<StepExporter> exporter;
+  if (recipe.logging.metrics_port > 0) {
+    exporter = StepExporter::Start(recipe.logging.metrics_port + world.local_rank,
+                                   {{"rank", absl::StrCat(world.rank)},
+                                    {"node", absl::StrCat(world.node_rank)},
+                                    {"job", world.run_id.empty() ? recipe.run.name : world.run_id}},
+                                   world.restart_count);
+  }
 
   CpuBackend backend(recipe.run.threads);
   const ParamTable table(config, slice);
@@ -591,6 +602,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
       ASSIGN_OR_RETURN(m.ckpt_blocked_ms,
                        checkpoints->Save(m.step, m.lr, data.train->state(), StepMetricsJson(m)));
     }
+    if (exporter != nullptr) exporter->Record(m);
     if (leader) {
       if (m.step % recipe.logging.every == 0 || last || m.val_loss || m.ckpt_blocked_ms ||
           request.stop) {

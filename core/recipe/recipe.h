@@ -125,6 +125,7 @@ struct LoggingSection {
   int sample_top_k = 40;
   std::string sample_prompt = "\n";
   int flight_recorder_entries = 256;  // per rank, every group; 0 = off
+  int metrics_port = 0;               // Prometheus /metrics at this + local rank; 0 = off
 };
 
 struct Recipe {
