@@ -55,13 +55,10 @@ enum class WorldSource {
 const char* WorldSourceName(WorldSource source);
 
 // The membership fields (rank, world_size, master_addr, master_port, restart_count, rdzv_token
-// from DTRAIN_RDZV_TOKEN, agent_hosts_store from DTRAIN_AGENT_STORE=1, local_world_size) and the
-// rest of the placement.
+// from DTRAIN_RDZV_TOKEN, agent_hosts_store from DTRAIN_AGENT_STORE=1, local_world_size,
+// local_rank, node_rank, run_id) and the rest of the placement.
 struct WorldEnvironment : WorldMembership {
-  int local_rank = 0;
-  int node_rank = 0;
   int num_nodes = 1;
-  std::string run_id;    // empty when no launcher names the run
   int max_restarts = 0;  // DTRAIN_MAX_RESTARTS, TORCHELASTIC_MAX_RESTARTS
 
   // Who placed this process: kFlags when flags set the rank, world size, node rank or node

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/data/datasets.h"
+#include "core/metrics/step_exporter.h"
 #include "core/metrics/step_metrics.h"
 #include "core/metrics/stragglers.h"
 #include "core/model/hf_names.h"
@@ -467,6 +468,16 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
       CheckRankMemory(memory, PhysicalMemoryBytes(), strategy, dp_size, world.local_world_size));
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
+  // Each worker serves its own /metrics (no hop through the agent, so it works the same under
+  // `dtrain launch`, srun and torchrun); the workers of a node take consecutive ports.
+  std::unique_ptr<StepExporter> exporter;
+  if (recipe.logging.metrics_port > 0) {
+    exporter = StepExporter::Start(recipe.logging.metrics_port + world.local_rank,
+                                   {{"rank", absl::StrCat(world.rank)},
+                                    {"node", absl::StrCat(world.node_rank)},
+                                    {"job", world.run_id.empty() ? recipe.run.name : world.run_id}},
+                                   world.restart_count);
+  }
 
   CpuBackend backend(recipe.run.threads);
   const ParamTable table(config, slice);
@@ -629,6 +640,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
       ASSIGN_OR_RETURN(m.ckpt_blocked_ms,
                        checkpoints->Save(m.step, m.lr, data.train->state(), StepMetricsJson(m)));
     }
+    if (exporter != nullptr) exporter->Record(m);
     if (leader) {
       if (m.step % recipe.logging.every == 0 || last || m.val_loss || m.ckpt_blocked_ms ||
           request.stop) {

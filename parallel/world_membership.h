@@ -21,6 +21,9 @@ struct WorldMembership {
                                    // as a client instead of hosting it, and the agent prefixes
                                    // the rank to every log line
   int local_world_size = 1;        // ranks on this machine, which share its memory
+  int local_rank = 0;
+  int node_rank = 0;
+  std::string run_id;  // empty when no launcher names the run
 };
 
 // A key of the store through which the workers of restart `restart_count` report to a `dtrain

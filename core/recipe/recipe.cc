@@ -379,6 +379,11 @@ const std::vector<KeySpec>& Keys() {
        "the steps at the end of the run; 0 = off (no per-step exchange of the times)",
        {},
        AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(logging, metrics_port),
+       "Prometheus /metrics (text format 0.0.4): each worker serves on this port + its local "
+       "rank, on all interfaces; a busy port warns and training goes on; 0 = off",
+       {},
+       Between(0, 65535)},
   };
   return *keys;
 }

@@ -126,6 +126,7 @@ struct LoggingSection {
   std::string sample_prompt = "\n";
   int flight_recorder_entries = 256;  // per rank, every group; 0 = off
   double straggler_pct = 10;          // lag above the median that names a straggler; 0 = off
+  int metrics_port = 0;               // Prometheus /metrics at this + local rank; 0 = off
 };
 
 struct Recipe {

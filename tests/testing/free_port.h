@@ -22,4 +22,29 @@ inline int FreeTcpPort() {
   return ntohs(addr.sin_port);
 }
 
+// A free port held by a socket listening on every interface, as another process would hold it,
+// until destroyed.
+class HeldTcpPort {
+ public:
+  HeldTcpPort() : port_(FreeTcpPort()), fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = htons(port_);
+    bound_ =
+        bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 && listen(fd_, 1) == 0;
+  }
+  ~HeldTcpPort() { close(fd_); }
+  HeldTcpPort(const HeldTcpPort&) = delete;
+  HeldTcpPort& operator=(const HeldTcpPort&) = delete;
+
+  int port() const { return port_; }
+  bool bound() const { return bound_; }  // false: the port was taken meanwhile; pick another
+
+ private:
+  int port_;
+  int fd_;
+  bool bound_ = false;
+};
+
 }  // namespace dtrain::testing

@@ -1,0 +1,44 @@
+#include "core/metrics/metrics_server.h"
+
+#include <sys/socket.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "httplib.h"
+
+namespace dtrain {
+
+MetricsServer::MetricsServer(std::unique_ptr<httplib::Server> server)
+    : server_(std::move(server)), thread_([this] { server_->listen_after_bind(); }) {
+  // httplib's stop() does nothing before the loop runs, so a server destroyed at once would
+  // never end its thread; the loop starts on a bound socket without waiting for anything.
+  while (!server_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+MetricsServer::~MetricsServer() {
+  server_->stop();
+  thread_.join();
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const MetricsRegistry& registry,
+                                                                    int port) {
+  auto server = std::make_unique<httplib::Server>();
+  // httplib's default sets SO_REUSEPORT, which would let a second job bind the same port and
+  // answer half of the scrapes; SO_REUSEADDR alone still rebinds a port a restarted worker left
+  // in TIME_WAIT.
+  server->set_socket_options([](int socket) {
+    const int yes = 1;
+    setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  server->Get("/metrics", [&registry](const httplib::Request&, httplib::Response& response) {
+    response.set_content(registry.Render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  if (!server->bind_to_port("0.0.0.0", port)) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on port ", port, " for /metrics (is another process on it?)"));
+  }
+  return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(server)));
+}
+
+}  // namespace dtrain

@@ -1,0 +1,53 @@
+#include "core/metrics/metrics_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "tests/testing/free_port.h"
+
+namespace dtrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(MetricsServerTest, ServesTheRegistryAsExpositionText) {
+  MetricsRegistry registry(MetricLabels{{"rank", "0"}});
+  registry.SetGauge("dtrain_step", "steps", 1);
+  const int port = testing::FreeTcpPort();
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(registry, port);
+  ASSERT_TRUE(server.ok()) << server.status();
+  registry.SetGauge("dtrain_step", "steps", 2);  // a scrape sees the registry as it is now
+
+  httplib::Client client("127.0.0.1", port);
+  const httplib::Result response = client.Get("/metrics");
+  ASSERT_TRUE(response) << httplib::to_string(response.error());
+  EXPECT_EQ(response->status, 200);
+  EXPECT_EQ(response->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_THAT(response->body, HasSubstr("dtrain_step{rank=\"0\"} 2\n"));
+  EXPECT_EQ(client.Get("/")->status, 404);
+}
+
+TEST(MetricsServerTest, ABusyPortIsAnErrorNamingIt) {
+  const testing::HeldTcpPort held;
+  ASSERT_TRUE(held.bound());
+  MetricsRegistry registry(MetricLabels{});
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start(registry, held.port());
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(server.status().message(), HasSubstr(absl::StrCat("port ", held.port())));
+}
+
+// Two jobs on one port: the second must fail to bind, not share the port's scrapes (httplib's
+// default socket options would let it, through SO_REUSEPORT).
+TEST(MetricsServerTest, ASecondServerOnTheSamePortFails) {
+  MetricsRegistry registry(MetricLabels{});
+  const int port = testing::FreeTcpPort();
+  absl::StatusOr<std::unique_ptr<MetricsServer>> first = MetricsServer::Start(registry, port);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(MetricsServer::Start(registry, port).ok());
+}
+
+}  // namespace
+}  // namespace dtrain
