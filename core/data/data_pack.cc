@@ -55,11 +55,6 @@ class ShardWriter {
 
 }  // namespace
 
-void ByteTokenizer::Encode(std::string_view text, std::vector<int32_t>* ids) const {
-  ids->assign(text.size(), 0);
-  for (size_t i = 0; i < text.size(); ++i) (*ids)[i] = static_cast<unsigned char>(text[i]);
-}
-
 absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
   static constexpr std::pair<const char*, double> kUnits[] = {
       {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"kb", 1e3}, {"mb", 1e6},
@@ -98,7 +93,8 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
   std::vector<int32_t> ids;
   std::string bytes;
   const auto add_document = [&](std::string_view text) -> absl::Status {
-    tokenizer.Encode(text, &ids);
+    ids.clear();
+    RETURN_IF_ERROR(tokenizer.Encode(text, &ids));
     bytes.resize(ids.size() * width);
     for (size_t i = 0; i < ids.size(); ++i) {
       const uint32_t id = static_cast<uint32_t>(ids[i]);

@@ -8,26 +8,12 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/data/tokenizer.h"
 
 namespace dtrain {
-
-class Tokenizer {
- public:
-  virtual ~Tokenizer() = default;
-  virtual int vocab_size() const = 0;
-  virtual void Encode(std::string_view text, std::vector<int32_t>* ids) const = 0;
-};
-
-// One token per byte (vocab 256), the tokenizer of data.format text and .txt samples.
-class ByteTokenizer final : public Tokenizer {
- public:
-  int vocab_size() const override { return 256; }
-  void Encode(std::string_view text, std::vector<int32_t>* ids) const override;
-};
 
 struct PackResult {
   std::vector<std::string> shards;  // written paths
