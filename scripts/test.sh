@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/python_env.sh > /dev/null
 bash scripts/build.sh
 bash scripts/prepare_demo_data.sh
 
