@@ -1,4 +1,5 @@
-// `dtrain ckpt inspect DIR`, `dtrain ckpt export DIR --out FILE [--format safetensors|llmc]` and
+// `dtrain ckpt inspect DIR`, `dtrain ckpt export DIR --out PATH [--format safetensors|hf|llmc]
+// [--tokenizer PATH]` and
 // `dtrain ckpt bench DIR` (the measurement behind scripts/bench/ckpt_throughput.sh).
 #include <CLI/CLI.hpp>
 #include <iostream>
@@ -33,7 +34,7 @@ void AddCkptCommand(CLI::App& app) {
   });
 
   struct ExportArgs {
-    std::string dir, out, format = "safetensors";
+    std::string dir, out, format = "safetensors", tokenizer;
   };
   auto export_args = std::make_shared<ExportArgs>();
   CLI::App* export_command = ckpt->add_subcommand(
@@ -44,14 +45,22 @@ void AddCkptCommand(CLI::App& app) {
       ->add_option("dir", export_args->dir,
                    "A step-<N> folder, or a checkpoint folder (its newest complete checkpoint)")
       ->required();
-  export_command->add_option("--out", export_args->out, "The file to write")->required();
+  export_command
+      ->add_option("--out", export_args->out, "The file to write (the folder, for --format hf)")
+      ->required();
   export_command
       ->add_option("--format", export_args->format,
-                   "safetensors (Hugging Face names) or llmc (llm.c's GPT-2 model file)")
+                   "safetensors (Hugging Face names), hf (a folder transformers' from_pretrained "
+                   "loads: config.json, model.safetensors, tokenizer) or llmc (llm.c's GPT-2 "
+                   "model file)")
       ->capture_default_str();
+  export_command->add_option(
+      "--tokenizer", export_args->tokenizer,
+      "With --format hf: the tokenizer to include (tokenizer.json, tokenizer.model, GPT-2's "
+      "encoder.json / vocab.bpe, or a folder holding one)");
   export_command->callback([export_args] {
-    if (absl::Status status =
-            ExportCheckpoint(export_args->dir, export_args->out, export_args->format);
+    if (absl::Status status = ExportCheckpoint(export_args->dir, export_args->out,
+                                               export_args->format, export_args->tokenizer);
         !status.ok()) {
       Fail(status, kExitFailure);
     }

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -24,6 +25,7 @@
 #include "core/metrics/step_exporter.h"
 #include "core/metrics/step_metrics.h"
 #include "core/metrics/stragglers.h"
+#include "core/model/hf_folder.h"
 #include "core/model/hf_names.h"
 #include "core/model/sampler.h"
 #include "core/model/transformer.h"
@@ -291,7 +293,7 @@ absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& confi
   }
   const ParamTable whole(config, ModelSlice{});
   std::vector<float> full(whole.total_numel());
-  if (absl::Status status = ImportHfSafetensors(config, whole, recipe.train.init_from, full.data());
+  if (absl::Status status = ImportHfWeights(config, whole, recipe.train.init_from, full.data());
       !status.ok()) {
     return absl::Status(status.code(), absl::StrCat("train.init_from: ", status.message(),
                                                     "; point it at weights of this model's shape"));
@@ -352,7 +354,8 @@ absl::StatusOr<CheckpointRequest> AgreeOnCheckpointSignals(Communicator* world) 
   return CheckpointRequest{stop > 0, save > 0};
 }
 
-// train.export_to: the whole model's parameters, gathered from every rank, written by rank 0.
+// train.export_to: the whole model's parameters, gathered from every rank, written by rank 0: a
+// .safetensors file, or else a Hugging Face model folder.
 absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
                            DataParallelEngine& engine, const ProcessGroup::MeshGroups& groups,
                            bool leader) {
@@ -364,8 +367,19 @@ absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
   const ParamTable whole(config, ModelSlice{});
   const std::string path =
       (std::filesystem::path(recipe.run_dir()) / recipe.train.export_to).string();
-  RETURN_IF_ERROR(ExportHfSafetensors(config, whole, full.data(), path));
-  LogInfo("weights written to %s (Hugging Face names)", path);
+  if (absl::EndsWith(path, ".safetensors")) {
+    RETURN_IF_ERROR(ExportHfSafetensors(config, whole, full.data(), path));
+    LogInfo("weights written to %s (Hugging Face names)", path);
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(ExportHfFolder(
+      config, whole,
+      [&](const TensorEntry& entry) -> absl::StatusOr<const float*> {
+        return full.data() + entry.offset;
+      },
+      path, /*tokenizer_path=*/""));
+  LogInfo("model folder written to %s (config.json, model.safetensors; transformers loads it)",
+          path);
   return absl::OkStatus();
 }
 

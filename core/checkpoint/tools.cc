@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "core/checkpoint/reader.h"
 #include "core/checkpoint/writer.h"
+#include "core/model/hf_folder.h"
 #include "core/model/hf_names.h"
 #include "core/model/model_config.h"
 #include "core/model/param_table.h"
@@ -206,28 +207,33 @@ InspectReport InspectCheckpoints(const std::string& path) {
 }
 
 absl::Status ExportCheckpoint(const std::string& path, const std::string& out,
-                              const std::string& format) {
+                              const std::string& format, const std::string& tokenizer_path) {
   ASSIGN_OR_RETURN(const std::string dir, ResolveCheckpoint(path));
   ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(dir));
   ASSIGN_OR_RETURN(const Recipe recipe,
                    ParseRecipe(reader.manifest().recipe_yaml, dir + "/manifest.json (recipe)"));
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const ParamTable table(config, ModelSlice{});
-  if (format == "llmc") return ExportLlmc(config, table, reader, out);
-  if (format != "safetensors") {
+  if (format != "safetensors" && format != "hf" && format != "llmc") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--format ", format, " is not known; use safetensors or llmc"));
+        absl::StrCat("--format ", format, " is not known; use safetensors, hf or llmc"));
   }
+  if (!tokenizer_path.empty() && format != "hf") {
+    return absl::InvalidArgumentError(
+        "--tokenizer goes into a Hugging Face model folder: add --format hf");
+  }
+  if (format == "llmc") return ExportLlmc(config, table, reader, out);
   std::vector<float> values;
-  return ExportHfSafetensorsStreamed(
-      config, table,
-      [&](const TensorEntry& entry) -> absl::StatusOr<const float*> {
-        values.resize(entry.numel);
-        RETURN_IF_ERROR(
-            reader.Read(entry.name, 0, static_cast<int64_t>(entry.numel), values.data()));
-        return values.data();
-      },
-      out, {{"dtrain_checkpoint", dir}, {"step", std::to_string(reader.manifest().step)}});
+  const TensorValuesFn read_tensor = [&](const TensorEntry& entry) -> absl::StatusOr<const float*> {
+    values.resize(entry.numel);
+    RETURN_IF_ERROR(reader.Read(entry.name, 0, static_cast<int64_t>(entry.numel), values.data()));
+    return values.data();
+  };
+  const SafetensorsMetadata metadata = {{"dtrain_checkpoint", dir},
+                                        {"step", std::to_string(reader.manifest().step)}};
+  if (format == "hf")
+    return ExportHfFolder(config, table, read_tensor, out, tokenizer_path, metadata);
+  return ExportHfSafetensorsStreamed(config, table, read_tensor, out, metadata);
 }
 
 absl::StatusOr<std::string> BenchCheckpointIo(const std::string& dir, int64_t numel) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -208,25 +209,44 @@ absl::Status ExportHfSafetensorsStreamed(const ModelConfig& config, const ParamT
 
 absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& table,
                                  const std::string& path, float* params) {
-  RETURN_IF_ERROR(CheckWholeModel(config, table));
-  ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(path));
+  return ImportHfSafetensors(config, table, std::vector<std::string>{path}, path, params);
+}
 
-  // Canonical (unprefixed) name -> name in the file.
-  std::map<std::string, std::string> file_names;
-  for (const SafetensorsEntry& e : reader.tensors()) {
-    std::string name = e.spec.name;
-    if (config.family == ModelFamily::kGpt2 && absl::StartsWith(name, "transformer.")) {
-      name = name.substr(12);
-    }
-    if (!file_names.emplace(name, e.spec.name).second) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name,
-                                                     "' appears both with and without the "
-                                                     "'transformer.' prefix"));
+absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& table,
+                                 const std::vector<std::string>& paths, const std::string& where,
+                                 float* params) {
+  RETURN_IF_ERROR(CheckWholeModel(config, table));
+  std::vector<SafetensorsReader> readers;
+  for (const std::string& file : paths) {
+    ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(file));
+    readers.push_back(std::move(reader));
+  }
+
+  // Canonical (unprefixed) name -> name in its file, and that file's reader.
+  struct Stored {
+    std::string name;
+    const SafetensorsReader* reader = nullptr;
+    const std::string* file = nullptr;
+  };
+  std::map<std::string, Stored> file_names;
+  for (size_t i = 0; i < readers.size(); ++i) {
+    for (const SafetensorsEntry& e : readers[i].tensors()) {
+      std::string name = e.spec.name;
+      if (config.family == ModelFamily::kGpt2 && absl::StartsWith(name, "transformer.")) {
+        name = name.substr(12);
+      }
+      if (!file_names.emplace(name, Stored{e.spec.name, &readers[i], &paths[i]}).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(paths[i], ": tensor '", name,
+                         "' appears twice (with and without the 'transformer.' prefix, or in two "
+                         "files of ",
+                         where, ")"));
+      }
     }
   }
 
   // Check everything before reading, so a wrong file fails fast and leaves params untouched.
-  std::vector<std::pair<const TensorEntry*, HfTensor>> pieces;
+  std::vector<std::tuple<const TensorEntry*, HfTensor, const SafetensorsReader*>> pieces;
   std::vector<std::string> missing;
   std::set<std::string> used;
   for (const TensorEntry& entry : table.entries()) {
@@ -238,46 +258,47 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
         continue;
       }
       used.insert(it->first);
-      const std::vector<int64_t>& found = reader.Find(it->second)->spec.shape;
+      const Stored& stored = it->second;
+      const std::vector<int64_t>& found = stored.reader->Find(stored.name)->spec.shape;
       if (found != t.shape) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ": tensor '", it->second, "' has shape ", ShapeString(found),
-                         ", expected ", ShapeString(t.shape), " (for dtrain's '", entry.name,
-                         "'); make model.* in the recipe match the checkpoint's config.json"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            *stored.file, ": tensor '", stored.name, "' has shape ", ShapeString(found),
+            ", expected ", ShapeString(t.shape), " (for dtrain's '", entry.name,
+            "'); make model.* in the recipe match the checkpoint's config.json"));
       }
-      t.name = it->second;
-      pieces.emplace_back(&entry, std::move(t));
+      t.name = stored.name;
+      pieces.emplace_back(&entry, std::move(t), stored.reader);
     }
   }
   if (!missing.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": missing ", missing.size(), " tensor(s) of the ",
+        absl::StrCat(where, ": missing ", missing.size(), " tensor(s) of the ",
                      FamilyName(config.family), " model: ", ListSome(missing),
                      "; is model.family / model.n_layer right for this checkpoint?"));
   }
   std::vector<std::string> unexpected;
-  for (const auto& [name, file_name] : file_names) {
+  for (const auto& [name, stored] : file_names) {
     if (!used.contains(name) && !IsKnownBuffer(config.family, name)) {
-      unexpected.push_back(file_name);
+      unexpected.push_back(stored.name);
     }
   }
   if (!unexpected.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", unexpected.size(), " unexpected tensor(s) for a ", config.n_layer,
+        absl::StrCat(where, ": ", unexpected.size(), " unexpected tensor(s) for a ", config.n_layer,
                      "-layer ", FamilyName(config.family), " model: ", ListSome(unexpected),
                      "; is model.family / model.n_layer right for this checkpoint?"));
   }
 
   std::vector<float> transposed;
-  for (const auto& [entry, t] : pieces) {
+  for (const auto& [entry, t, reader] : pieces) {
     const int64_t cols = Cols(entry->shape);
     float* rows = params + entry->offset + t.row_begin * cols;  // (num_rows, cols)
     if (!t.transposed) {
-      RETURN_IF_ERROR(reader.ReadFloat32(t.name, rows));
+      RETURN_IF_ERROR(reader->ReadFloat32(t.name, rows));
       continue;
     }
     transposed.resize(static_cast<size_t>(t.num_rows * cols));  // (cols, num_rows)
-    RETURN_IF_ERROR(reader.ReadFloat32(t.name, transposed.data()));
+    RETURN_IF_ERROR(reader->ReadFloat32(t.name, transposed.data()));
     for (int64_t r = 0; r < t.num_rows; ++r) {
       for (int64_t c = 0; c < cols; ++c) rows[r * cols + c] = transposed[c * t.num_rows + r];
     }

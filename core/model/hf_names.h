@@ -62,4 +62,10 @@ absl::Status ExportHfSafetensorsStreamed(const ModelConfig& config, const ParamT
 absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& table,
                                  const std::string& path, float* params);
 
+// The same over the files of a sharded checkpoint (model-0000i-of-0000N.safetensors), each tensor
+// in one of them; `where` (the folder) names them all in errors.
+absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& table,
+                                 const std::vector<std::string>& paths, const std::string& where,
+                                 float* params);
+
 }  // namespace dtrain

@@ -232,9 +232,13 @@ const std::vector<KeySpec>& Keys() {
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(train, eval_batches), "micro-batches per evaluation", {}, AtLeast(1)},
       {DTRAIN_RECIPE_KEY(train, init_from),
-       "safetensors file (Hugging Face tensor names) to start from; empty = random init"},
+       "weights to start from: a safetensors file (Hugging Face tensor names) or a Hugging Face "
+       "model folder (config.json, which must match model.*, and model.safetensors or its "
+       "shards); empty = random init"},
       {DTRAIN_RECIPE_KEY(train, export_to),
-       "safetensors file written at the end, relative to the run folder; empty = none"},
+       "weights written at the end, relative to the run folder: a path ending in .safetensors "
+       "is one file; any other is a Hugging Face model folder (config.json, model.safetensors) "
+       "that transformers loads; empty = none"},
       // parallel
       {DTRAIN_RECIPE_KEY(parallel, strategy),
        "data-parallel engine: ddp replicates; zero1/zero2/zero3 shard optimizer state, "

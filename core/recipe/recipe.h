@@ -72,8 +72,9 @@ struct TrainSection {
   std::vector<std::string> no_decay = {"*.bias", "*norm*"};  // glob on tensor names
   int eval_every = 50;                                       // 0 disables evaluation
   int eval_batches = 8;                                      // micro-batches per evaluation
-  std::string init_from;  // safetensors file with Hugging Face names; empty = random init
-  std::string export_to = "model.safetensors";  // relative to the run folder; empty = none
+  std::string init_from;  // safetensors file or Hugging Face model folder; empty = random init
+  // Relative to the run folder: *.safetensors = one file, else a Hugging Face model folder.
+  std::string export_to = "model.safetensors";
 };
 
 struct ParallelSection {

@@ -14,6 +14,7 @@
 #include "CLI/CLI.hpp"
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/io/safetensors.h"
+#include "core/model/hf_folder.h"
 #include "core/model/hf_names.h"
 #include "core/model/transformer.h"
 #include "core/util/status.h"
@@ -66,7 +67,7 @@ absl::Status Run(const Options& options) {
   Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len, recompute);
   {
     std::vector<float> weights(table.total_numel());
-    RETURN_IF_ERROR(ImportHfSafetensors(config, table, options.weights, weights.data()));
+    RETURN_IF_ERROR(ImportHfWeights(config, table, options.weights, weights.data()));
     engine.LoadParameters(weights.data());
   }
 

@@ -1,0 +1,433 @@
+#include "core/model/hf_folder.h"
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/checkpoint/format.h"
+#include "core/util/status.h"
+#include "nlohmann/json.hpp"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr char kWeightsName[] = "model.safetensors";
+constexpr char kWeightsIndexName[] = "model.safetensors.index.json";
+
+absl::StatusOr<Json> ReadJson(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(path));
+  Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
+  }
+  return json;
+}
+
+Json TokenIdOrNull(const std::optional<int>& id) { return id ? Json(*id) : Json(nullptr); }
+
+// One config.json field against dtrain's value: `recipe_key`'s value `ours`; `hf_key` absent or
+// null reads as `missing` (transformers' default for it).
+struct FieldCheck {
+  std::string hf_key;
+  std::string recipe_key;
+  double ours;
+  double missing;
+};
+
+std::string Number(double value) { return absl::StrFormat("%g", value); }
+
+// "model.n_layer is 4 but n_layer is 2 (set model.n_layer: 2)" for each disagreeing field.
+void CompareFields(const Json& json, const std::vector<FieldCheck>& checks,
+                   std::vector<std::string>& problems) {
+  for (const FieldCheck& check : checks) {
+    const auto it = json.find(check.hf_key);
+    double theirs = check.missing;
+    if (it != json.end() && !it->is_null()) {
+      if (!it->is_number()) {
+        problems.push_back(absl::StrCat(check.hf_key, " is ", it->dump(), ", not a number"));
+        continue;
+      }
+      theirs = it->get<double>();
+    }
+    // Floats in config.json are decimal doubles; dtrain keeps norm_eps and rope_theta in float.
+    if (std::abs(theirs - check.ours) <= 1e-6 * std::abs(theirs)) continue;
+    problems.push_back(absl::StrCat(check.recipe_key, " is ", Number(check.ours), " but ",
+                                    check.hf_key, " is ", Number(theirs), " (set ",
+                                    check.recipe_key, ": ", Number(theirs), ")"));
+  }
+}
+
+// A field whose value dtrain's model implements only as `expected` (absent reads as `missing`).
+void RequireValue(const Json& json, const std::string& key, const Json& missing,
+                  const std::vector<Json>& expected, const std::string& why,
+                  std::vector<std::string>& problems) {
+  const auto it = json.find(key);
+  const Json& value = it == json.end() ? missing : *it;
+  for (const Json& e : expected) {
+    if (value == e) return;
+  }
+  problems.push_back(absl::StrCat(key, " is ", value.dump(), ": ", why));
+}
+
+// The tokenizer files of one kind and the config transformers needs beside them.
+struct TokenizerKind {
+  std::vector<std::pair<fs::path, std::string>> copies;  // source -> name in the folder
+  std::string tokenizer_class;
+};
+
+absl::StatusOr<TokenizerKind> FindTokenizer(const fs::path& path) {
+  std::error_code error;
+  const auto pair_in = [](const fs::path& dir, const char* vocab,
+                          const char* merges) -> std::optional<TokenizerKind> {
+    std::error_code e;
+    if (!fs::exists(dir / vocab, e) || !fs::exists(dir / merges, e)) return std::nullopt;
+    return TokenizerKind{{{dir / vocab, "vocab.json"}, {dir / merges, "merges.txt"}},
+                         "GPT2Tokenizer"};
+  };
+  if (fs::is_directory(path, error)) {
+    if (fs::exists(path / "tokenizer.json", error)) {
+      return TokenizerKind{{{path / "tokenizer.json", "tokenizer.json"}},
+                           "PreTrainedTokenizerFast"};
+    }
+    if (fs::exists(path / "tokenizer.model", error)) {
+      return TokenizerKind{{{path / "tokenizer.model", "tokenizer.model"}}, "LlamaTokenizer"};
+    }
+    if (auto kind = pair_in(path, "vocab.json", "merges.txt")) return *kind;
+    if (auto kind = pair_in(path, "encoder.json", "vocab.bpe")) return *kind;
+    return absl::NotFoundError(absl::StrCat(
+        "tokenizer folder ", path.string(),
+        " holds no tokenizer.json, tokenizer.model, vocab.json + merges.txt or encoder.json + "
+        "vocab.bpe"));
+  }
+  if (!fs::exists(path, error)) {
+    return absl::NotFoundError(absl::StrCat("tokenizer ", path.string(), " does not exist"));
+  }
+  const std::string name = path.filename().string();
+  const fs::path dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  if (name == "encoder.json" || name == "vocab.bpe" || name == "vocab.json" ||
+      name == "merges.txt") {
+    const bool openai = name == "encoder.json" || name == "vocab.bpe";
+    if (auto kind = openai ? pair_in(dir, "encoder.json", "vocab.bpe")
+                           : pair_in(dir, "vocab.json", "merges.txt")) {
+      return *kind;
+    }
+    return absl::NotFoundError(absl::StrCat("tokenizer ", path.string(), ": its pair (",
+                                            openai ? "encoder.json + vocab.bpe"
+                                                   : "vocab.json + "
+                                                     "merges.txt",
+                                            ") is not complete in ", dir.string()));
+  }
+  if (path.extension() == ".model") {
+    return TokenizerKind{{{path, "tokenizer.model"}}, "LlamaTokenizer"};
+  }
+  if (path.extension() == ".json") {
+    return TokenizerKind{{{path, "tokenizer.json"}}, "PreTrainedTokenizerFast"};
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tokenizer ", path.string(),
+      " is not a tokenizer.json, a SentencePiece .model, GPT-2's encoder.json / vocab.bpe or a "
+      "folder holding one"));
+}
+
+// Special tokens by the names the common vocabularies give them, first match wins.
+struct NamedToken {
+  std::string content;
+  int id = 0;
+};
+struct SpecialTokens {
+  std::optional<NamedToken> bos, eos, unk;
+};
+
+std::optional<NamedToken> FirstOf(const std::map<std::string, int>& vocab,
+                                  std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    if (const auto it = vocab.find(name); it != vocab.end()) return NamedToken{name, it->second};
+  }
+  return std::nullopt;
+}
+
+SpecialTokens SpecialTokensOf(const std::map<std::string, int>& vocab) {
+  return {FirstOf(vocab, {"<|begin_of_text|>", "<s>", "<|endoftext|>"}),
+          FirstOf(vocab, {"<|end_of_text|>", "</s>", "<|endoftext|>"}),
+          FirstOf(vocab, {"<unk>", "<|endoftext|>"})};
+}
+
+// The special tokens transformers would use: tokenizer.json's added tokens, GPT-2's vocabulary;
+// a SentencePiece model's are LlamaTokenizer's defaults (<s>, </s>, <unk>), ids left unset.
+absl::StatusOr<SpecialTokens> FindSpecialTokens(const TokenizerKind& kind) {
+  const fs::path& file = kind.copies.front().first;
+  if (kind.tokenizer_class == "LlamaTokenizer") {
+    return SpecialTokens{NamedToken{"<s>", -1}, NamedToken{"</s>", -1}, NamedToken{"<unk>", -1}};
+  }
+  ASSIGN_OR_RETURN(const Json json, ReadJson(file.string()));
+  std::map<std::string, int> vocab;
+  if (kind.tokenizer_class == "GPT2Tokenizer") {
+    for (const auto& [token, id] : json.items()) {
+      if (id.is_number_integer()) vocab[token] = id.get<int>();
+    }
+    return SpecialTokensOf(vocab);
+  }
+  const auto added = json.find("added_tokens");
+  if (added == json.end() || !added->is_array()) return SpecialTokens{};
+  for (const Json& token : *added) {
+    if (token.is_object() && token.value("content", Json()).is_string() &&
+        token.value("id", Json()).is_number_integer()) {
+      vocab[token["content"].get<std::string>()] = token["id"].get<int>();
+    }
+  }
+  return SpecialTokensOf(vocab);
+}
+
+absl::Status CopyFile(const fs::path& from, const fs::path& to) {
+  std::error_code error;
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing, error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("copy ", from.string(), " to ", to.string(), ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string HfConfigJson(const ModelConfig& c, const HfSpecialTokens& tokens) {
+  Json json;
+  // Decimal values as the recipe gave them, not the float dtrain rounds them to.
+  const auto decimal = [](float value) { return std::stod(absl::StrFormat("%.7g", value)); };
+  if (c.family == ModelFamily::kGpt2) {
+    json = {{"architectures", {"GPT2LMHeadModel"}},
+            {"model_type", "gpt2"},
+            {"vocab_size", c.vocab_size},
+            {"n_positions", c.max_seq_len},
+            {"n_embd", c.d_model},
+            {"n_layer", c.n_layer},
+            {"n_head", c.n_head},
+            {"n_inner", c.d_ff},
+            {"activation_function", "gelu_new"},
+            {"layer_norm_epsilon", decimal(c.norm_eps)},
+            {"initializer_range", decimal(c.init_std)},
+            // dtrain trains without dropout.
+            {"resid_pdrop", 0.0},
+            {"embd_pdrop", 0.0},
+            {"attn_pdrop", 0.0},
+            {"scale_attn_weights", true},
+            {"tie_word_embeddings", true}};
+  } else {
+    json = {{"architectures", {"LlamaForCausalLM"}},
+            {"model_type", "llama"},
+            {"vocab_size", c.vocab_size},
+            {"max_position_embeddings", c.max_seq_len},
+            {"hidden_size", c.d_model},
+            {"intermediate_size", c.d_ff},
+            {"num_hidden_layers", c.n_layer},
+            {"num_attention_heads", c.n_head},
+            {"num_key_value_heads", c.n_kv_head},
+            {"head_dim", c.head_dim},
+            {"hidden_act", "silu"},
+            {"rms_norm_eps", decimal(c.norm_eps)},
+            {"rope_theta", decimal(c.rope_theta)},
+            {"rope_scaling", nullptr},
+            {"attention_bias", false},
+            {"mlp_bias", false},
+            {"attention_dropout", 0.0},
+            {"initializer_range", decimal(c.init_std)},
+            {"tie_word_embeddings", false}};
+  }
+  json["bos_token_id"] = TokenIdOrNull(tokens.bos_id);
+  json["eos_token_id"] = TokenIdOrNull(tokens.eos_id);
+  json["torch_dtype"] = "float32";
+  json["use_cache"] = true;
+  return json.dump(2) + "\n";
+}
+
+absl::Status CheckHfConfig(const ModelConfig& c, const std::string& path) {
+  ASSIGN_OR_RETURN(const Json json, ReadJson(path));
+  const Json model_type = json.value("model_type", Json());
+  const std::string family = FamilyName(c.family);
+  if (model_type != "gpt2" && model_type != "llama") {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": model_type ", model_type.dump(),
+                                                   " is not a family dtrain runs (gpt2, llama)"));
+  }
+  if (model_type != family) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": model.family is ", family, " but model_type is ", model_type.dump(),
+                     " (set model.family: ", model_type.get<std::string>(), ")"));
+  }
+  std::vector<std::string> problems;
+  if (c.family == ModelFamily::kGpt2) {
+    const Json n_embd = json.value("n_embd", Json(768));
+    CompareFields(json,
+                  {{"n_layer", "model.n_layer", double(c.n_layer), 12},
+                   {"n_head", "model.n_head", double(c.n_head), 12},
+                   {"n_embd", "model.d_model", double(c.d_model), 768},
+                   {"n_inner", "model.d_ff", double(c.d_ff),
+                    4 * (n_embd.is_number() ? n_embd.get<double>() : 768)},
+                   {"vocab_size", "model.vocab_size", double(c.vocab_size), 50257},
+                   {"n_positions", "model.max_seq_len", double(c.max_seq_len), 1024},
+                   {"layer_norm_epsilon", "model.norm_eps", c.norm_eps, 1e-5}},
+                  problems);
+    RequireValue(json, "activation_function", "gelu_new", {"gelu_new", "gelu_pytorch_tanh"},
+                 "dtrain's GPT-2 uses GELU's tanh approximation (gelu_new)", problems);
+    RequireValue(json, "tie_word_embeddings", true, {true},
+                 "dtrain's GPT-2 ties its output head to the token embedding", problems);
+    RequireValue(json, "scale_attn_weights", true, {true},
+                 "dtrain scales attention scores by 1/sqrt(head_dim)", problems);
+    RequireValue(json, "scale_attn_by_inverse_layer_idx", false, {false},
+                 "dtrain scales attention scores by 1/sqrt(head_dim) only", problems);
+  } else {
+    const Json heads = json.value("num_attention_heads", Json(32));
+    CompareFields(json,
+                  {{"num_hidden_layers", "model.n_layer", double(c.n_layer), 32},
+                   {"num_attention_heads", "model.n_head", double(c.n_head), 32},
+                   {"num_key_value_heads", "model.n_kv_head", double(c.n_kv_head),
+                    heads.is_number() ? heads.get<double>() : 32},
+                   {"hidden_size", "model.d_model", double(c.d_model), 4096},
+                   {"intermediate_size", "model.d_ff", double(c.d_ff), 11008},
+                   {"vocab_size", "model.vocab_size", double(c.vocab_size), 32000},
+                   {"rms_norm_eps", "model.norm_eps", c.norm_eps, 1e-6},
+                   {"rope_theta", "model.rope_theta", c.rope_theta, 10000}},
+                  problems);
+    // Llama has no position tensor: any model.max_seq_len up to the trained context loads.
+    const Json positions = json.value("max_position_embeddings", Json(2048));
+    if (positions.is_number() && c.max_seq_len > positions.get<double>()) {
+      problems.push_back(absl::StrCat(
+          "model.max_seq_len is ", c.max_seq_len, " but max_position_embeddings is ",
+          positions.dump(), " (set model.max_seq_len to at most ", positions.dump(), ")"));
+    }
+    if (const auto it = json.find("head_dim"); it != json.end() && !it->is_null()) {
+      RequireValue(json, "head_dim", nullptr, {c.head_dim},
+                   "dtrain's head_dim is model.d_model / model.n_head", problems);
+    }
+    RequireValue(json, "hidden_act", "silu", {"silu"}, "dtrain's Llama MLP is SwiGLU (silu)",
+                 problems);
+    RequireValue(json, "rope_scaling", nullptr, {nullptr},
+                 "dtrain implements plain RoPE, no rope_scaling", problems);
+    RequireValue(json, "tie_word_embeddings", false, {false},
+                 "dtrain's Llama has its own output head (lm_head)", problems);
+    RequireValue(json, "attention_bias", false, {false}, "dtrain's Llama has no biases", problems);
+    RequireValue(json, "mlp_bias", false, {false}, "dtrain's Llama has no biases", problems);
+  }
+  if (problems.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, " does not match the recipe's model: ", absl::StrJoin(problems, "; ")));
+}
+
+absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_path,
+                                                const std::string& dir, int max_seq_len) {
+  ASSIGN_OR_RETURN(const TokenizerKind kind, FindTokenizer(tokenizer_path));
+  ASSIGN_OR_RETURN(const SpecialTokens special, FindSpecialTokens(kind));
+  for (const auto& [from, name] : kind.copies)
+    RETURN_IF_ERROR(CopyFile(from, fs::path(dir) / name));
+
+  // A tokenizer_config.json beside the tokenizer (a Hugging Face folder's, with its chat
+  // template) is the user's; else one that AutoTokenizer accepts.
+  const fs::path source_dir = kind.copies.front().first.parent_path();
+  std::error_code error;
+  Json names = Json::object();
+  for (const auto& [key, token] :
+       {std::pair{"bos_token", special.bos}, std::pair{"eos_token", special.eos},
+        std::pair{"unk_token", special.unk}}) {
+    if (token) names[key] = token->content;
+  }
+  if (fs::exists(source_dir / "tokenizer_config.json", error)) {
+    RETURN_IF_ERROR(
+        CopyFile(source_dir / "tokenizer_config.json", fs::path(dir) / "tokenizer_config.json"));
+  } else {
+    Json config = names;
+    config["tokenizer_class"] = kind.tokenizer_class;
+    config["model_max_length"] = max_seq_len;
+    config["clean_up_tokenization_spaces"] = false;
+    if (kind.tokenizer_class == "GPT2Tokenizer") config["add_prefix_space"] = false;
+    if (kind.tokenizer_class == "LlamaTokenizer") {
+      config["add_bos_token"] = true;
+      config["add_eos_token"] = false;
+      // legacy: plain SentencePiece encoding (the non-legacy path also needs protobuf).
+      config["legacy"] = true;
+    }
+    RETURN_IF_ERROR(WriteFileDurably((fs::path(dir) / "tokenizer_config.json").string(),
+                                     config.dump(2) + "\n"));
+  }
+  if (fs::exists(source_dir / "special_tokens_map.json", error)) {
+    RETURN_IF_ERROR(CopyFile(source_dir / "special_tokens_map.json",
+                             fs::path(dir) / "special_tokens_map.json"));
+  } else {
+    RETURN_IF_ERROR(WriteFileDurably((fs::path(dir) / "special_tokens_map.json").string(),
+                                     names.dump(2) + "\n"));
+  }
+  HfSpecialTokens ids;
+  if (special.bos && special.bos->id >= 0) ids.bos_id = special.bos->id;
+  if (special.eos && special.eos->id >= 0) ids.eos_id = special.eos->id;
+  return ids;
+}
+
+absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
+                            const TensorValuesFn& read_tensor, const std::string& dir,
+                            const std::string& tokenizer_path,
+                            const SafetensorsMetadata& metadata) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the model folder ", dir, ": ", error.message()));
+  }
+  HfSpecialTokens tokens;
+  if (!tokenizer_path.empty()) {
+    ASSIGN_OR_RETURN(tokens, CopyHfTokenizer(tokenizer_path, dir, config.max_seq_len));
+  }
+  RETURN_IF_ERROR(ExportHfSafetensorsStreamed(config, table, read_tensor,
+                                              (fs::path(dir) / kWeightsName).string(), metadata));
+  return WriteFileDurably((fs::path(dir) / "config.json").string(), HfConfigJson(config, tokens));
+}
+
+absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
+                             const std::string& path, float* params) {
+  std::error_code error;
+  if (!fs::is_directory(path, error)) return ImportHfSafetensors(config, table, path, params);
+  const fs::path dir(path);
+  if (!fs::exists(dir / "config.json", error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     " is a folder without config.json; give a .safetensors file or a Hugging "
+                     "Face model folder (config.json + model.safetensors)"));
+  }
+  RETURN_IF_ERROR(CheckHfConfig(config, (dir / "config.json").string()));
+  if (fs::exists(dir / kWeightsName, error)) {
+    return ImportHfSafetensors(config, table, (dir / kWeightsName).string(), params);
+  }
+  if (!fs::exists(dir / kWeightsIndexName, error)) {
+    return absl::NotFoundError(absl::StrCat(
+        path, " has config.json but no ", kWeightsName, " or ", kWeightsIndexName,
+        "; save the model with safetensors (save_pretrained's default; dtrain reads no "
+        "pytorch_model.bin)"));
+  }
+  const std::string index_path = (dir / kWeightsIndexName).string();
+  ASSIGN_OR_RETURN(const Json index, ReadJson(index_path));
+  const auto weight_map = index.find("weight_map");
+  if (weight_map == index.end() || !weight_map->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(index_path, " has no \"weight_map\" object (tensor name -> file)"));
+  }
+  std::set<std::string> shards;
+  for (const auto& [tensor, file] : weight_map->items()) {
+    if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, ": tensor '", tensor, "' maps to ",
+                                                     file.dump(),
+                                                     ", not a file name in the folder"));
+    }
+    shards.insert(file.get<std::string>());
+  }
+  std::vector<std::string> files;
+  for (const std::string& shard : shards) files.push_back((dir / shard).string());
+  return ImportHfSafetensors(config, table, files, path, params);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,59 @@
+// Hugging Face model folders, as transformers' save_pretrained writes them and from_pretrained
+// reads them: config.json (GPT2Config / LlamaConfig), the weights (model.safetensors, or shards
+// listed by model.safetensors.index.json) and the tokenizer files.
+//
+// Export writes tokenizer files first, then the weights, then config.json last, so a folder with
+// config.json is complete. Import checks config.json against dtrain's model before reading any
+// weight, naming every field that disagrees with both values and the recipe key to change.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "core/io/safetensors.h"
+#include "core/model/hf_names.h"
+#include "core/model/model_config.h"
+#include "core/model/param_table.h"
+
+namespace dtrain {
+
+// Token ids of the tokenizer's begin/end-of-text markers, for config.json; unset when the
+// tokenizer names none that transformers would use.
+struct HfSpecialTokens {
+  std::optional<int> bos_id;
+  std::optional<int> eos_id;
+};
+
+// config.json's text for `config` (float32 weights).
+std::string HfConfigJson(const ModelConfig& config, const HfSpecialTokens& tokens = {});
+
+// OK when the config.json at `path` describes `config`'s model; otherwise InvalidArgument listing
+// each disagreeing field, e.g. "model.n_layer is 4 but num_hidden_layers is 2 (set model.n_layer:
+// 2)". Fields dtrain does not implement (rope_scaling, untied GPT-2 heads, other activations,
+// biases on Llama) are errors that name them.
+absl::Status CheckHfConfig(const ModelConfig& config, const std::string& path);
+
+// Copies the tokenizer at `tokenizer_path` into `dir` under the names AutoTokenizer looks for:
+// a tokenizer.json (fast tokenizer), a SentencePiece tokenizer.model (LlamaTokenizer), or GPT-2's
+// encoder.json + vocab.bpe (GPT2Tokenizer's vocab.json + merges.txt); `tokenizer_path` is such a
+// file or a folder holding one. A tokenizer_config.json and special_tokens_map.json beside it are
+// copied too, else written. `max_seq_len` becomes model_max_length.
+absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_path,
+                                                const std::string& dir, int max_seq_len);
+
+// Writes the folder `dir` (created if missing): the tokenizer when `tokenizer_path` is not empty,
+// model.safetensors from `read_tensor` (ExportHfSafetensorsStreamed) with `metadata`, then
+// config.json.
+absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
+                            const TensorValuesFn& read_tensor, const std::string& dir,
+                            const std::string& tokenizer_path,
+                            const SafetensorsMetadata& metadata = {});
+
+// Fills all of `params` (table.total_numel() floats) from `path`: a safetensors file
+// (ImportHfSafetensors), or a Hugging Face model folder whose config.json passes CheckHfConfig and
+// whose weights are model.safetensors or the shards its model.safetensors.index.json lists.
+absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
+                             const std::string& path, float* params);
+
+}  // namespace dtrain
