@@ -106,6 +106,36 @@ TEST(TrainTest, ExportedWeightsInitialiseANewRun) {
   EXPECT_NEAR(first_val, final_val, 1e-5 * final_val);
 }
 
+// train.export_to without .safetensors writes a Hugging Face folder, which train.init_from takes
+// back (checking its config.json against the recipe's model first).
+TEST(TrainTest, ExportedFolderInitialisesANewRunAndItsConfigMustMatch) {
+  ASSERT_EQ(Train(RunDir("folder"), "--set train.export_to=hf-model").exit_code, 0);
+  const std::string folder = RunDir("folder") + "/small/hf-model";
+  EXPECT_TRUE(std::filesystem::exists(folder + "/model.safetensors"));
+  const nlohmann::json config =
+      nlohmann::json::parse(std::ifstream(folder + "/config.json"), nullptr, false);
+  EXPECT_EQ(config.value("model_type", ""), "gpt2");
+  EXPECT_EQ(config.value("n_embd", 0), 64);
+  const double final_val = ReadMetrics(RunDir("folder") + "/small").back()["val_loss"];
+  const std::string near_zero_lr =
+      " --set train.lr=1e-12 --set train.min_lr=1e-12 --set train.weight_decay=0"
+      " --set train.eval_every=1 --set train.steps=1 --set train.warmup_steps=0";
+  const testing::Outcome tuned =
+      Train(RunDir("from_folder"), "--set train.init_from=" + folder + near_zero_lr);
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.stderr_text;
+  EXPECT_NEAR(ReadMetrics(RunDir("from_folder") + "/small").front()["val_loss"].get<double>(),
+              final_val, 1e-5 * final_val);
+
+  const testing::Outcome wrong =
+      Train(RunDir("folder_wrong"),
+            "--set train.init_from=" + folder + " --set model.d_model=32 --set model.n_layer=3");
+  EXPECT_EQ(wrong.exit_code, 1);
+  EXPECT_THAT(wrong.stderr_text, HasSubstr(folder + "/config.json does not match"));
+  EXPECT_THAT(wrong.stderr_text, HasSubstr("model.d_model is 32 but n_embd is 64 (set "
+                                           "model.d_model: 64)"));
+  EXPECT_THAT(wrong.stderr_text, HasSubstr("model.n_layer is 3 but n_layer is 2"));
+}
+
 // parallel.strategy: auto takes the planner's layout for this world (one process here) among
 // the layouts the trainer runs, and says which.
 TEST(TrainTest, AutoStrategyRunsThePlannedLayout) {

@@ -1,0 +1,260 @@
+#include "core/model/hf_folder.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "core/checkpoint/format.h"
+#include "core/io/safetensors.h"
+#include "core/model/param_table.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+ModelConfig Gpt2Config() {
+  ModelConfig c;
+  c.family = ModelFamily::kGpt2;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_kv_head = 2;
+  c.head_dim = 4;
+  c.d_model = 8;
+  c.d_ff = 32;
+  c.vocab_size = 11;
+  c.max_seq_len = 5;
+  return c;
+}
+
+ModelConfig LlamaConfig() {
+  ModelConfig c;
+  c.family = ModelFamily::kLlama;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.head_dim = 2;
+  c.d_model = 8;
+  c.d_ff = 12;
+  c.vocab_size = 11;
+  c.max_seq_len = 5;
+  c.norm_eps = 1e-6f;
+  c.rope_theta = 500000.0f;
+  return c;
+}
+
+std::vector<float> DistinctParams(const ParamTable& table) {
+  std::vector<float> params(table.total_numel());
+  for (size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i) * 0.25f - 3.0f;
+  return params;
+}
+
+TensorValuesFn ValuesOf(const std::vector<float>& params) {
+  return [&params](const TensorEntry& entry) -> absl::StatusOr<const float*> {
+    return params.data() + entry.offset;
+  };
+}
+
+class HfFolderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "hf_folder_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  void Write(const std::string& name, const std::string& text) const {
+    fs::create_directories(fs::path(Path(name)).parent_path());
+    std::ofstream(Path(name)) << text;
+  }
+  Json ReadJson(const std::string& name) const { return Json::parse(*ReadWholeFile(Path(name))); }
+
+  fs::path dir_;
+};
+
+TEST_F(HfFolderTest, ExportedFolderLoadsBackBitForBitForBothFamilies) {
+  for (const ModelConfig& config : {Gpt2Config(), LlamaConfig()}) {
+    const ParamTable table(config, ModelSlice{});
+    const std::vector<float> params = DistinctParams(table);
+    const std::string folder = Path(FamilyName(config.family));
+    ASSERT_TRUE(ExportHfFolder(config, table, ValuesOf(params), folder, "").ok());
+    EXPECT_TRUE(fs::exists(folder + "/model.safetensors"));
+    std::vector<float> loaded(table.total_numel(), -1.0f);
+    const absl::Status status = ImportHfWeights(config, table, folder, loaded.data());
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(loaded, params) << FamilyName(config.family);
+  }
+}
+
+TEST_F(HfFolderTest, ConfigJsonCarriesTheFieldsTransformersReads) {
+  const Json gpt2 = Json::parse(HfConfigJson(Gpt2Config()));
+  EXPECT_EQ(gpt2["model_type"], "gpt2");
+  EXPECT_EQ(gpt2["architectures"], Json({"GPT2LMHeadModel"}));
+  EXPECT_EQ(gpt2["n_embd"], 8);
+  EXPECT_EQ(gpt2["n_inner"], 32);
+  EXPECT_EQ(gpt2["n_positions"], 5);
+  EXPECT_EQ(gpt2["layer_norm_epsilon"], 1e-5);  // the decimal, not float's 9.99999975e-06
+  EXPECT_EQ(gpt2["tie_word_embeddings"], true);
+  EXPECT_EQ(gpt2["torch_dtype"], "float32");
+  const Json llama = Json::parse(HfConfigJson(LlamaConfig(), {.bos_id = 1, .eos_id = 2}));
+  EXPECT_EQ(llama["architectures"], Json({"LlamaForCausalLM"}));
+  EXPECT_EQ(llama["num_key_value_heads"], 2);
+  EXPECT_EQ(llama["intermediate_size"], 12);
+  EXPECT_EQ(llama["rms_norm_eps"], 1e-6);
+  EXPECT_EQ(llama["rope_theta"], 500000.0);
+  EXPECT_EQ(llama["tie_word_embeddings"], false);
+  EXPECT_EQ(llama["bos_token_id"], 1);
+  EXPECT_EQ(llama["eos_token_id"], 2);
+}
+
+TEST_F(HfFolderTest, ConfigMismatchNamesEveryFieldWithBothValuesAndTheFix) {
+  ModelConfig saved = LlamaConfig();
+  saved.n_layer = 3;
+  saved.d_ff = 16;
+  saved.rope_theta = 10000.0f;
+  Write("cfg/config.json", HfConfigJson(saved));
+  const absl::Status status = CheckHfConfig(LlamaConfig(), Path("cfg/config.json"));
+  EXPECT_TRUE(absl::IsInvalidArgument(status));
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("config.json does not match the recipe's model"),
+                    HasSubstr("model.n_layer is 2 but num_hidden_layers is 3 (set model.n_layer: "
+                              "3)"),
+                    HasSubstr("model.d_ff is 12 but intermediate_size is 16 (set model.d_ff: 16)"),
+                    HasSubstr("model.rope_theta is 500000 but rope_theta is 10000 (set "
+                              "model.rope_theta: 10000)")));
+  EXPECT_THAT(CheckHfConfig(Gpt2Config(), Path("cfg/config.json")).message(),
+              HasSubstr("model.family is gpt2 but model_type is \"llama\" (set model.family: "
+                        "llama)"));
+}
+
+// transformers' own config.json leaves defaults out and may use features dtrain lacks.
+TEST_F(HfFolderTest, ConfigDefaultsAndUnsupportedFeatures) {
+  Json json = Json::parse(HfConfigJson(LlamaConfig()));
+  json.erase("num_key_value_heads");  // absent: as many kv heads as heads (4, not 2)
+  json["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  json["max_position_embeddings"] = 4;
+  Write("cfg/config.json", json.dump());
+  const absl::Status status = CheckHfConfig(LlamaConfig(), Path("cfg/config.json"));
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("model.n_kv_head is 2 but num_key_value_heads is 4"),
+                    HasSubstr("rope_scaling is {\"factor\":8.0,\"rope_type\":\"llama3\"}: dtrain "
+                              "implements plain RoPE"),
+                    HasSubstr("model.max_seq_len is 5 but max_position_embeddings is 4")));
+
+  Json gpt2 = Json::parse(HfConfigJson(Gpt2Config()));
+  gpt2["n_inner"] = nullptr;  // null: 4 * n_embd = 32, which Gpt2Config has
+  Write("cfg/config.json", gpt2.dump());
+  EXPECT_TRUE(CheckHfConfig(Gpt2Config(), Path("cfg/config.json")).ok());
+  gpt2["activation_function"] = "relu";
+  Write("cfg/config.json", gpt2.dump());
+  EXPECT_THAT(CheckHfConfig(Gpt2Config(), Path("cfg/config.json")).message(),
+              HasSubstr("activation_function is \"relu\": dtrain's GPT-2 uses GELU's tanh"));
+}
+
+// save_pretrained splits large models into shards listed by model.safetensors.index.json.
+TEST_F(HfFolderTest, ShardedFolderLoadsEveryTensorFromItsShard) {
+  const ModelConfig config = LlamaConfig();
+  const ParamTable table(config, ModelSlice{});
+  const std::vector<float> params = DistinctParams(table);
+  ASSERT_TRUE(ExportHfFolder(config, table, ValuesOf(params), Path("whole"), "").ok());
+  absl::StatusOr<SafetensorsContents> whole = ReadSafetensors(Path("whole/model.safetensors"));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+
+  fs::create_directories(Path("sharded"));
+  fs::copy_file(Path("whole/config.json"), Path("sharded/config.json"));
+  std::vector<TensorData> shards[2];
+  Json weight_map;
+  for (const auto& [name, values] : whole->floats) {
+    const int shard = absl::StrContains(name, "layers.1.") ? 1 : 0;
+    shards[shard].push_back({{name, DType::kF32, whole->shapes.at(name)}, values.data()});
+    weight_map[name] = absl::StrCat("model-0000", shard + 1, "-of-00002.safetensors");
+  }
+  for (int shard = 0; shard < 2; ++shard) {
+    ASSERT_TRUE(WriteSafetensors(
+                    Path(absl::StrCat("sharded/model-0000", shard + 1, "-of-00002.safetensors")),
+                    shards[shard], {{"format", "pt"}})
+                    .ok());
+  }
+  Write("sharded/model.safetensors.index.json", Json({{"weight_map", weight_map}}).dump());
+  std::vector<float> loaded(table.total_numel(), -1.0f);
+  const absl::Status status = ImportHfWeights(config, table, Path("sharded"), loaded.data());
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(loaded, params);
+
+  // A shard gone: its tensors are named as missing, for the folder.
+  fs::remove(Path("sharded/model-00002-of-00002.safetensors"));
+  EXPECT_THAT(ImportHfWeights(config, table, Path("sharded"), loaded.data()).message(),
+              HasSubstr("model-00002-of-00002.safetensors"));
+}
+
+TEST_F(HfFolderTest, FolderErrorsSayWhatIsMissing) {
+  const ModelConfig config = Gpt2Config();
+  const ParamTable table(config, ModelSlice{});
+  std::vector<float> loaded(table.total_numel());
+  fs::create_directories(Path("empty"));
+  EXPECT_THAT(ImportHfWeights(config, table, Path("empty"), loaded.data()).message(),
+              HasSubstr("is a folder without config.json"));
+  Write("bin/config.json", HfConfigJson(config));
+  Write("bin/pytorch_model.bin", "x");
+  EXPECT_THAT(ImportHfWeights(config, table, Path("bin"), loaded.data()).message(),
+              AllOf(HasSubstr("has config.json but no model.safetensors"),
+                    HasSubstr("no pytorch_model.bin")));
+  Write("bad/config.json", "{not json");
+  EXPECT_THAT(ImportHfWeights(config, table, Path("bad"), loaded.data()).message(),
+              HasSubstr("bad/config.json is not a JSON object"));
+}
+
+// GPT-2's original files become GPT2Tokenizer's vocab.json + merges.txt, its <|endoftext|> the
+// special tokens and config.json's bos/eos ids.
+TEST_F(HfFolderTest, ExportCopiesTheTokenizerUnderTheNamesAutoTokenizerReads) {
+  Write("gpt2tok/encoder.json", R"({"a": 0, "b": 1, "ab": 2, "<|endoftext|>": 3})");
+  Write("gpt2tok/vocab.bpe", "#version: 0.2\na b\n");
+  const ModelConfig config = Gpt2Config();
+  const ParamTable table(config, ModelSlice{});
+  const std::vector<float> params = DistinctParams(table);
+  const absl::Status status =
+      ExportHfFolder(config, table, ValuesOf(params), Path("out"), Path("gpt2tok/vocab.bpe"));
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(*ReadWholeFile(Path("out/merges.txt")), "#version: 0.2\na b\n");
+  EXPECT_EQ(ReadJson("out/vocab.json")["<|endoftext|>"], 3);
+  EXPECT_EQ(ReadJson("out/tokenizer_config.json")["tokenizer_class"], "GPT2Tokenizer");
+  EXPECT_EQ(ReadJson("out/tokenizer_config.json")["model_max_length"], 5);
+  EXPECT_EQ(ReadJson("out/special_tokens_map.json")["eos_token"], "<|endoftext|>");
+  EXPECT_EQ(ReadJson("out/config.json")["eos_token_id"], 3);
+
+  // A tokenizer.json's special tokens come from its added_tokens; a folder's own
+  // tokenizer_config.json (with its chat template) is kept as it is.
+  Write("fast/tokenizer.json",
+        R"({"added_tokens": [{"id": 7, "content": "<|begin_of_text|>", "special": true},
+                             {"id": 8, "content": "<|end_of_text|>", "special": true}],
+            "model": {"type": "BPE"}})");
+  Write("fast/tokenizer_config.json", R"({"chat_template": "x"})");
+  absl::StatusOr<HfSpecialTokens> tokens = CopyHfTokenizer(Path("fast"), Path("out"), 5);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(tokens->bos_id, 7);
+  EXPECT_EQ(tokens->eos_id, 8);
+  EXPECT_EQ(ReadJson("out/tokenizer_config.json")["chat_template"], "x");
+  EXPECT_EQ(ReadJson("out/special_tokens_map.json")["bos_token"], "<|begin_of_text|>");
+
+  EXPECT_THAT(CopyHfTokenizer(Path("nothing.txt"), Path("out"), 5).status().message(),
+              HasSubstr("nothing.txt does not exist"));
+  fs::create_directories(Path("none"));
+  EXPECT_THAT(CopyHfTokenizer(Path("none"), Path("out"), 5).status().message(),
+              HasSubstr("holds no tokenizer.json, tokenizer.model"));
+}
+
+}  // namespace
+}  // namespace dtrain
