@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Data-parallel overlap on 2 local ranks: how much of dtrain's step waits on communication
 # (exposed_comm_ms / step_ms from metrics.jsonl; target <= 10%) for DDP and ZeRO-2, and the
-# step time against PyTorch DDP (gloo) on the same model and global batch, as a ratio.
+# step time against PyTorch DDP (gloo) on the same model and global batch, as a ratio per peer:
+# Debian's PyTorch 1.13 and PyTorch 2 from PyPI in its best eager settings (fused attention and
+# AdamW; scripts/bench/torch2_env.sh installs it on first use, several GiB).
 # A benchmark, not a test: it prints, never fails on speed.
 #
-# Usage: scripts/bench/ddp_overlap.sh [BUILD_DIR]. Environment: STEPS_TINY (12), STEPS_124M (4).
+# Usage: scripts/bench/ddp_overlap.sh [BUILD_DIR]. Environment: STEPS_TINY (12), STEPS_124M (4),
+# SHAPES (default "tiny gpt2-124m"), PEERS (default "1.13:eager 2:fast"; add 2:compile for torch.compile under DDP, whose
+# compilation takes minutes on 2 cores).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 # shellcheck source=run_ranks.sh
@@ -12,6 +16,9 @@ source "$repo/scripts/bench/run_ranks.sh"
 bench_setup "$repo" "${1:-}"
 ranks=2
 warmup=2
+read -r -a peers <<<"${PEERS:-1.13:eager 2:fast}"
+python2=
+if [[ " ${peers[*]}" == *" 2:"* ]]; then python2=$("$repo/scripts/bench/torch2_env.sh"); fi
 
 tiny=(model.n_layer=4 model.n_head=4 model.d_model=256 model.vocab_size=256
       model.max_seq_len=256 train.seq_len=128 train.batch_size=16)
@@ -39,34 +46,50 @@ print(statistics.median(s["step_ms"] for s in steps),
 PY
 }
 
+# torch_run PEER STEPS KEY=VALUE... -> rank 0's median step_ms
 torch_run() {
-  local steps=$1
-  shift
+  local peer=$1 steps=$2 peer_python=$python
+  shift 2
+  [[ $peer == 2:* ]] && peer_python=$python2
   local sets=()
   for kv in "$@"; do sets+=(--set "$kv"); done
-  run_ranks "$ranks" "$scratch/torch" "$python" "$repo/scripts/bench/torch_ddp_train.py" --data "$data" \
-    --threads 1 --steps "$steps" --discard "$warmup" "${sets[@]}"
+  run_ranks "$ranks" "$scratch/torch" "$peer_python" "$repo/scripts/bench/torch_ddp_train.py" \
+    --data "$data" --threads 1 --steps "$steps" --discard "$warmup" --mode "${peer#*:}" \
+    "${sets[@]}"
   sed -n 's/^step_ms=//p' "$scratch/torch.0.log"
 }
 
 echo "2 ranks on this machine, 1 thread each; medians over the steps after the first $warmup"
 echo "exposed: share of dtrain's step spent waiting on communication (target <= 10%)"
+echo "PyTorch DDP (gloo) peers: ${peers[*]} (eager: the reference model as written; fast: fused" \
+  "scaled_dot_product_attention and fused AdamW; compile: fast under torch.compile)"
 echo "ratio: PyTorch DDP step time / dtrain step time (> 1: dtrain is faster)"
-printf "%-28s %-6s %12s %12s %9s %14s %7s\n" shape engine "step ms" "exposed ms" exposed \
-  "torch DDP ms" ratio
+header=$(printf "%-28s %-6s %12s %12s %9s" shape engine "step ms" "exposed ms" exposed)
+for peer in "${peers[@]}"; do header+=$(printf " %19s %7s" "torch $peer ms" ratio); done
+echo "$header"
 bench() {
   local label=$1 steps=$2
   shift 2
-  local torch_ms
-  torch_ms=$(torch_run "$steps" "$@" train.micro_batch="$micro")
+  local torch_ms=() peer
+  for peer in "${peers[@]}"; do
+    torch_ms+=("$(torch_run "$peer" "$steps" "$@" train.micro_batch="$micro")")
+  done
   for strategy in ddp zero2; do
     read -r step_ms exposed_ms <<<"$(dtrain_run "$strategy" "$steps" "$@")"
-    awk -v l="$label" -v s="$strategy" -v t="$step_ms" -v e="$exposed_ms" -v p="$torch_ms" \
-      'BEGIN { printf "%-28s %-6s %12.1f %12.1f %8.1f%% %14.1f %7.2f\n", l, s, t, e,
-               100 * e / t, p, p / t }'
+    awk -v l="$label" -v s="$strategy" -v t="$step_ms" -v e="$exposed_ms" \
+        -v peers="${torch_ms[*]}" 'BEGIN {
+      printf "%-28s %-6s %12.1f %12.1f %8.1f%%", l, s, t, e, 100 * e / t
+      n = split(peers, p, " ")
+      for (i = 1; i <= n; i++) printf " %19.1f %7.2f", p[i], p[i] / t
+      printf "\n" }'
   done
 }
-micro=8
-bench "tiny L4 C256 B16 T128" "${STEPS_TINY:-12}" "${tiny[@]}"
-micro=2
-bench "gpt2-124M L12 C768 B4 T256" "${STEPS_124M:-4}" "${gpt2_124m[@]}"
+shapes=" ${SHAPES:-tiny gpt2-124m} "
+if [[ $shapes == *" tiny "* ]]; then
+  micro=8
+  bench "tiny L4 C256 B16 T128" "${STEPS_TINY:-12}" "${tiny[@]}"
+fi
+if [[ $shapes == *" gpt2-124m "* ]]; then
+  micro=2
+  bench "gpt2-124M L12 C768 B4 T256" "${STEPS_124M:-4}" "${gpt2_124m[@]}"
+fi

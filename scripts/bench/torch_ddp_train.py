@@ -1,7 +1,8 @@
 """PyTorch DDP (gloo) peer of dtrain's data-parallel training, for scripts/bench/ddp_overlap.sh.
 
 Run one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set; each rank
-trains on batch_size / WORLD_SIZE sequences of the same model and AdamW as torch_train.py.
+trains on batch_size / WORLD_SIZE sequences of the same model and AdamW as torch_train.py, run
+as its --mode says.
 Rank 0 prints "step_ms=X" (median over the steps after --discard).
 """
 import argparse
@@ -21,11 +22,7 @@ tm, tt = torch_train.tm, torch_train.tt
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--discard", type=int, default=2)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    torch_train.add_common_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
@@ -34,11 +31,12 @@ def main():
     s = torch_train.parse_settings(args.set)
     model = tm.build_model(torch_train.model_shape(s))
     tm.load_weights(model, tm.random_weights(model, seed=1337))
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp, adamw_options = torch_train.apply_mode(torch.nn.parallel.DistributedDataParallel(model),
+                                                args.mode)
     per_rank = s["train.batch_size"] // world
     train = tt.TrainSettings(steps=args.steps, batch_size=per_rank, micro_batch=per_rank,
                              seq_len=s["train.seq_len"])
-    optimizer = tt.make_adamw(model, train)
+    optimizer = tt.make_adamw(model, train, **adamw_options)
     with open(args.data, "rb") as f:
         text = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long()
     generator = torch.Generator().manual_seed(1337 + rank)

@@ -4,6 +4,11 @@ Trains the reference model (tests/reference) on random windows of a text file's 
 same step as dtrain (forward, backward, global-norm clip, AdamW) and prints one line:
     tokens_per_s=<median over the timed steps> flops_per_token=<6N + 6LTC>
 The shape is given with dtrain's recipe keys, e.g. --set model.n_layer=12 --set train.seq_len=256.
+
+--mode picks how PyTorch runs it: eager (the reference model as written: explicit masked softmax,
+PyTorch 1.13's best), fast (PyTorch 2's best eager settings: fused scaled_dot_product_attention
+and fused AdamW) or compile (fast under torch.compile: Inductor's generated C++ on CPU; the
+compilation happens in the untimed warm-up steps).
 """
 import argparse
 import os
@@ -12,6 +17,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests", "reference"))
@@ -52,6 +58,26 @@ def flops_per_token(model, shape, seq_len):
     return 6 * n + 6 * shape.n_layer * seq_len * shape.d_model
 
 
+def apply_mode(model, mode):
+    """Switches the reference to `mode` (see the module's doc); returns (the module to call,
+    options for AdamW)."""
+    if mode == "eager":
+        return model, {}
+    if not hasattr(F, "scaled_dot_product_attention"):
+        sys.exit(f"--mode {mode} needs PyTorch 2 (this is {torch.__version__})")
+    tm.causal_attention = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return (torch.compile(model) if mode == "compile" else model), {"fused": True}
+
+
+def add_common_arguments(parser):
+    parser.add_argument("--data", required=True, help="text file; its bytes are the tokens")
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--discard", type=int, default=2, help="untimed warm-up steps")
+    parser.add_argument("--mode", choices=("eager", "fast", "compile"), default="eager")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+
+
 def random_windows(text, batch, seq_len, generator):
     """(batch, seq_len + 1) byte tokens starting at random offsets."""
     starts = torch.randint(0, len(text) - seq_len - 1, (batch,), generator=generator)
@@ -60,11 +86,7 @@ def random_windows(text, batch, seq_len, generator):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", required=True, help="text file; its bytes are the tokens")
-    parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--discard", type=int, default=2, help="untimed warm-up steps")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_common_arguments(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1337)
@@ -75,7 +97,8 @@ def main():
     tm.load_weights(model, tm.random_weights(model, seed=1337))
     train = tt.TrainSettings(steps=args.steps, batch_size=s["train.batch_size"],
                              micro_batch=s["train.micro_batch"], seq_len=s["train.seq_len"])
-    optimizer = tt.make_adamw(model, train)
+    runner, adamw_options = apply_mode(model, args.mode)
+    optimizer = tt.make_adamw(model, train, **adamw_options)
     with open(args.data, "rb") as f:
         text = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long()
     generator = torch.Generator().manual_seed(1337)
@@ -84,7 +107,7 @@ def main():
     for step in range(args.steps):
         tokens = random_windows(text, train.batch_size, train.seq_len, generator)
         start = time.perf_counter()
-        tt.forward_backward(model, tokens, train)
+        tt.forward_backward(runner, tokens, train)
         tt.clip_and_update(model, optimizer, step, train)
         step_s.append(time.perf_counter() - start)
     tokens_per_step = train.batch_size * train.seq_len

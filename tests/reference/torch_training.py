@@ -48,13 +48,14 @@ def is_no_decay(name):
     return name.endswith(".bias") or "ln_" in name or "norm" in name
 
 
-def make_adamw(model, t):
+def make_adamw(model, t, **options):
+    """`options` go to torch.optim.AdamW as they are (the benchmark's fused=True on PyTorch 2)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         (no_decay if is_no_decay(name) else decay).append(param)
     groups = [{"params": decay, "weight_decay": t.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps)
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, **options)
 
 
 def mean_cross_entropy(logits, targets):
