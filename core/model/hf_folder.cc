@@ -311,8 +311,6 @@ absl::Status CheckHfConfig(const ModelConfig& c, const std::string& path) {
                  problems);
     RequireValue(json, "rope_scaling", nullptr, {nullptr},
                  "dtrain implements plain RoPE, no rope_scaling", problems);
-    RequireValue(json, "tie_word_embeddings", false, {false},
-                 "dtrain's Llama has its own output head (lm_head)", problems);
     RequireValue(json, "attention_bias", false, {false}, "dtrain's Llama has no biases", problems);
     RequireValue(json, "mlp_bias", false, {false}, "dtrain's Llama has no biases", problems);
   }
@@ -399,9 +397,13 @@ absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
                      " is a folder without config.json; give a .safetensors file or a Hugging "
                      "Face model folder (config.json + model.safetensors)"));
   }
-  RETURN_IF_ERROR(CheckHfConfig(config, (dir / "config.json").string()));
+  const std::string config_path = (dir / "config.json").string();
+  RETURN_IF_ERROR(CheckHfConfig(config, config_path));
+  ASSIGN_OR_RETURN(const Json json, ReadJson(config_path));
+  const auto tie = json.find("tie_word_embeddings");
+  const bool tied = tie != json.end() && tie->is_boolean() && tie->get<bool>();
   if (fs::exists(dir / kWeightsName, error)) {
-    return ImportHfSafetensors(config, table, (dir / kWeightsName).string(), params);
+    return ImportHfSafetensors(config, table, {(dir / kWeightsName).string()}, path, params, tied);
   }
   if (!fs::exists(dir / kWeightsIndexName, error)) {
     return absl::NotFoundError(absl::StrCat(
@@ -427,7 +429,7 @@ absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
   }
   std::vector<std::string> files;
   for (const std::string& shard : shards) files.push_back((dir / shard).string());
-  return ImportHfSafetensors(config, table, files, path, params);
+  return ImportHfSafetensors(config, table, files, path, params, tied);
 }
 
 }  // namespace dtrain

@@ -52,7 +52,9 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
 
 // Fills all of `params` (table.total_numel() floats) from `path`: a safetensors file
 // (ImportHfSafetensors), or a Hugging Face model folder whose config.json passes CheckHfConfig and
-// whose weights are model.safetensors or the shards its model.safetensors.index.json lists.
+// whose weights are model.safetensors or the shards its model.safetensors.index.json lists. A
+// Llama with tie_word_embeddings gets its head from the embedding (ImportHfSafetensors); dtrain
+// trains the two apart and exports them untied.
 absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
                              const std::string& path, float* params);
 

@@ -214,7 +214,7 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
 
 absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& table,
                                  const std::vector<std::string>& paths, const std::string& where,
-                                 float* params) {
+                                 float* params, bool head_from_embedding) {
   RETURN_IF_ERROR(CheckWholeModel(config, table));
   std::vector<SafetensorsReader> readers;
   for (const std::string& file : paths) {
@@ -252,7 +252,11 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
   for (const TensorEntry& entry : table.entries()) {
     ASSIGN_OR_RETURN(std::vector<HfTensor> tensors, HfTensorsFor(config, entry));
     for (HfTensor& t : tensors) {
-      const auto it = file_names.find(t.name);
+      auto it = file_names.find(t.name);
+      if (it == file_names.end() && head_from_embedding && config.family == ModelFamily::kLlama &&
+          t.name == "lm_head.weight") {
+        it = file_names.find("model.embed_tokens.weight");
+      }
       if (it == file_names.end()) {
         missing.push_back(t.name);
         continue;

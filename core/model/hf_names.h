@@ -63,9 +63,11 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
                                  const std::string& path, float* params);
 
 // The same over the files of a sharded checkpoint (model-0000i-of-0000N.safetensors), each tensor
-// in one of them; `where` (the folder) names them all in errors.
+// in one of them; `where` (the folder) names them all in errors. `head_from_embedding`: a Llama
+// saved with tie_word_embeddings (Llama 3.2 1B, SmolLM) has no lm_head.weight; dtrain's own
+// head then starts as a copy of model.embed_tokens.weight.
 absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& table,
                                  const std::vector<std::string>& paths, const std::string& where,
-                                 float* params);
+                                 float* params, bool head_from_embedding = false);
 
 }  // namespace dtrain

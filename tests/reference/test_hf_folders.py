@@ -12,7 +12,7 @@ Debian's torch 1.13); nothing is downloaded: models and tokenizers are made here
   the references' own trainers (a byte-level BPE tokenizer.json, the same as GPT-2's
   encoder.json + vocab.bpe, a SentencePiece model), and encodes as the trainer's tokenizer does.
 - import: a folder that transformers' save_pretrained writes from a random-initialised config
-  (whole, and in shards with model.safetensors.index.json) trains in dtrain (parity_probe, from
+  (whole, in shards with model.safetensors.index.json, and a Llama with tied embeddings) trains in dtrain (parity_probe, from
   the folder): the step-0 loss equals transformers' loss on the same batch within TOLERANCE and
   the loss falls over the steps; `dtrain train` starts from it (train.init_from) and refuses it
   when the recipe's model disagrees with config.json, naming the field.
@@ -184,7 +184,7 @@ def check_export(dtrain, probe_path, root):
     return results
 
 
-def save_pretrained(name, model, folder, shard):
+def save_pretrained(name, model, folder, shard, tied=False):
     if name == "gpt2":
         config = transformers.GPT2Config(
             n_layer=model["n_layer"], n_head=model["n_head"], n_embd=model["d_model"],
@@ -196,7 +196,7 @@ def save_pretrained(name, model, folder, shard):
             num_key_value_heads=model["n_kv_head"], hidden_size=model["d_model"],
             intermediate_size=model["d_ff"], vocab_size=model["vocab_size"],
             max_position_embeddings=64, rms_norm_eps=model["norm_eps"],
-            rope_theta=model["rope_theta"])
+            rope_theta=model["rope_theta"], tie_word_embeddings=tied)
     torch.manual_seed(5)
     hf_model = transformers.AutoModelForCausalLM.from_config(config)
     hf_model.save_pretrained(folder, max_shard_size="40KB" if shard else "5GB")
@@ -207,12 +207,14 @@ def check_import(dtrain, probe_path, root):
     """transformers' folders train in dtrain from the first step's loss on."""
     results = []
     for name, model in MODELS.items():
-        for shard in (False, True):
-            label = f"import.{name}{'.sharded' if shard else ''}"
+        # A tied Llama (Llama 3.2 1B, SmolLM) is saved without lm_head.weight.
+        variants = [(False, False), (True, False)] + ([(False, True)] if name == "llama" else [])
+        for shard, tied in variants:
+            label = f"import.{name}{'.sharded' if shard else ''}{'.tied' if tied else ''}"
             folder = os.path.join(root, label)
             os.makedirs(folder)
             weights = os.path.join(folder, "hf")
-            hf_model = save_pretrained(name, model, weights, shard)
+            hf_model = save_pretrained(name, model, weights, shard, tied)
             sharded = os.path.exists(os.path.join(weights, "model.safetensors.index.json"))
             tokens = batches(4, model["vocab_size"], seed=7)
             with torch.no_grad():

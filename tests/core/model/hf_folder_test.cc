@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -198,6 +199,42 @@ TEST_F(HfFolderTest, ShardedFolderLoadsEveryTensorFromItsShard) {
   fs::remove(Path("sharded/model-00002-of-00002.safetensors"));
   EXPECT_THAT(ImportHfWeights(config, table, Path("sharded"), loaded.data()).message(),
               HasSubstr("model-00002-of-00002.safetensors"));
+}
+
+// transformers saves a Llama with tie_word_embeddings (Llama 3.2 1B) without lm_head.weight:
+// dtrain's head starts as the embedding. Without the flag the missing head stays an error.
+TEST_F(HfFolderTest, TiedLlamaHeadStartsAsTheEmbedding) {
+  const ModelConfig config = LlamaConfig();
+  const ParamTable table(config, ModelSlice{});
+  const std::vector<float> params = DistinctParams(table);
+  ASSERT_TRUE(ExportHfFolder(config, table, ValuesOf(params), Path("tied"), "").ok());
+  absl::StatusOr<SafetensorsContents> whole = ReadSafetensors(Path("tied/model.safetensors"));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  std::vector<TensorData> tensors;
+  for (const auto& [name, values] : whole->floats) {
+    if (name != "lm_head.weight") {
+      tensors.push_back({{name, DType::kF32, whole->shapes.at(name)}, values.data()});
+    }
+  }
+  ASSERT_TRUE(WriteSafetensors(Path("tied/model.safetensors"), tensors, {{"format", "pt"}}).ok());
+  std::vector<float> loaded(table.total_numel(), -1.0f);
+  EXPECT_THAT(ImportHfWeights(config, table, Path("tied"), loaded.data()).message(),
+              HasSubstr("missing 1 tensor(s) of the llama model: lm_head.weight"));
+
+  Json json = Json::parse(HfConfigJson(config));
+  json["tie_word_embeddings"] = true;
+  Write("tied/config.json", json.dump());
+  const absl::Status status = ImportHfWeights(config, table, Path("tied"), loaded.data());
+  ASSERT_TRUE(status.ok()) << status;
+  const TensorEntry* embed = table.Find("embed.tokens");
+  const TensorEntry* head = table.Find("head.weight");
+  ASSERT_NE(embed, nullptr);
+  ASSERT_NE(head, nullptr);
+  EXPECT_TRUE(std::equal(loaded.begin() + head->offset, loaded.begin() + head->offset + head->numel,
+                         params.begin() + embed->offset));
+  EXPECT_TRUE(std::equal(loaded.begin() + embed->offset,
+                         loaded.begin() + embed->offset + embed->numel,
+                         params.begin() + embed->offset));
 }
 
 TEST_F(HfFolderTest, FolderErrorsSayWhatIsMissing) {
