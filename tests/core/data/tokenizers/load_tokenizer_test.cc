@@ -76,13 +76,15 @@ TEST(LoadTokenizerTest, AnyBytesEncodeAndDecodeBack) {
 
 TEST(LoadTokenizerTest, ParallelEncodingGivesOneThreadsIds) {
   const std::string dir = FreshTempDir("tok_parallel");
-  WriteFile(dir, "tokenizer.json",
-            TokenizerJson({{"t", "h"}, {"th", "e"}, {" ", "the"}, {"\n", "\n"}}).dump());
+  WriteFile(
+      dir, "tokenizer.json",
+      TokenizerJson({{"t", "h"}, {"th", "e"}, {" ", "the"}, {"\n", "\n"}, {" ", "\n"}}).dump());
   absl::StatusOr<std::unique_ptr<Tokenizer>> one = LoadTokenizer(dir, 1);
   absl::StatusOr<std::unique_ptr<Tokenizer>> four = LoadTokenizer(dir, 4);
   ASSERT_TRUE(one.ok() && four.ok());
   // 3 MB of lines, some with trailing spaces and blank lines, so that cuts are both allowed
-  // and refused.
+  // and refused. A cut after " \n" would be wrong: the whole text splits " " from "\n" (the
+  // newline is followed by a letter), a chunk ending there keeps " \n" whole, a token here.
   std::mt19937 rng(7);
   const char* words[] = {"the", "them", " ", "  ", "\n", "\n\n", "x.", "there", "\t", "42"};
   std::string text;
