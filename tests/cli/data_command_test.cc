@@ -57,6 +57,24 @@ TEST(DataCommandTest, PackRecordsTheTokenizerAndInspectDecodesItsIds) {
   EXPECT_THAT(plain.stdout_text, HasSubstr("2 samples, 15 tokens"));
 }
 
+// A vocabulary past 65536 (Llama 3's 128256) needs 4-byte ids: .tokens32.
+TEST(DataCommandTest, PackWritesWideIdsForALargeVocabulary) {
+  const std::string dir = testing::FreshTempDir("data_tok_wide");
+  std::filesystem::create_directories(dir);
+  nlohmann::json tokenizer = testing::TokenizerJson({{"t", "h"}}, {"<|eot_id|>"});
+  tokenizer["added_tokens"][0]["id"] = 128255;
+  std::ofstream(dir + "/tokenizer.json") << tokenizer.dump();
+  const std::string text = testing::WriteTempFile("data_wide.txt", "th<|eot_id|>");
+  const std::string out = testing::FreshTempDir("data_wide_shards");
+  const Outcome pack =
+      RunDtrain(absl::StrCat("data pack ", text, " --out ", out, " --tokenizer ", dir));
+  ASSERT_EQ(pack.exit_code, 0) << pack.stderr_text;
+  const Outcome inspect = RunDtrain(absl::StrCat(
+      "data inspect ", out, "/shard-000000.tar --tokenizer ", dir + "/tokenizer.json"));
+  EXPECT_THAT(inspect.stdout_text, HasSubstr("000000000: .tokens32(8 B)"));
+  EXPECT_THAT(inspect.stdout_text, HasSubstr("text: \"th<|eot_id|>\""));
+}
+
 TEST(DataCommandTest, TrainRefusesShardsOfALargerVocabulary) {
   const std::string tokenizer = TokenizerDir("data_tok_train");
   const std::string shard = Pack(tokenizer, "data_pack_train");
