@@ -1,7 +1,8 @@
 // `dtrain data inspect`: what a shard pattern holds, read exactly as training reads it.
 // Prints one line per sample (key, extensions with bytes, token count) unless summary_only, then
 // totals with the read rate; with a tokenizer, each listed sample's text follows its line as a
-// JSON string. Errors name the shard and byte offset; single-threaded.
+// JSON string, and a note where the shard records another tokenizer. Errors name the shard and
+// byte offset; single-threaded.
 #pragma once
 
 #include <cstdint>

@@ -51,6 +51,11 @@ TEST(DataCommandTest, PackRecordsTheTokenizerAndInspectDecodesItsIds) {
   EXPECT_THAT(inspect.stdout_text, HasSubstr("000000001: .tokens(16 B)  8 tokens"));
   EXPECT_THAT(inspect.stdout_text, HasSubstr("text: \"the theme<|endoftext|>\\n\""));
   EXPECT_THAT(inspect.stdout_text, HasSubstr("text: \"café then\""));
+  EXPECT_THAT(inspect.stdout_text, ::testing::Not(HasSubstr("note:")));
+  // Decoding with another tokenizer than the one the shard records says so.
+  const Outcome other = RunDtrain(
+      absl::StrCat("data inspect ", shard, " --tokenizer ", TokenizerDir("data_tok_other")));
+  EXPECT_THAT(other.stdout_text, HasSubstr("note: the shard records tokenizer hf-bpe:"));
   // Without a tokenizer the record is one more field of the sample.
   const Outcome plain = RunDtrain("data inspect " + shard);
   EXPECT_EQ(plain.exit_code, 0) << plain.stderr_text;
