@@ -1,16 +1,100 @@
-// `dtrain data pack INPUT... --out DIR --shard-size SIZE` and `dtrain data inspect PATTERN`.
+// `dtrain data pack INPUT... --out DIR --shard-size SIZE`, `dtrain data inspect PATTERN` and
+// `dtrain data encode|decode --tokenizer PATH FILE`.
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
 #include "core/data/data_inspect.h"
 #include "core/data/data_pack.h"
+#include "core/data/tokenizers/load_tokenizer.h"
 
 namespace dtrain::cli {
+namespace {
+
+std::unique_ptr<Tokenizer> LoadTokenizerOrFail(const std::string& path, int threads) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(path, threads);
+  if (!tokenizer.ok()) Fail(tokenizer.status(), kExitUsage);
+  return std::move(tokenizer).value();
+}
+
+std::string ReadInputOrFail(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) Fail(absl::NotFoundError("cannot open input " + path), kExitUsage);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+void AddEncodeCommands(CLI::App* data) {
+  struct CodecArgs {
+    std::string tokenizer;
+    std::string input;
+    int threads = 1;
+    bool summary = false;
+  };
+  auto encode_args = std::make_shared<CodecArgs>();
+  CLI::App* encode = data->add_subcommand(
+      "encode",
+      "Encode a file's bytes (one text) with a model's tokenizer; print the ids as a JSON list");
+  encode->add_option("--tokenizer", encode_args->tokenizer, "tokenizer file or folder")->required();
+  encode->add_option("input", encode_args->input, "Text file")->required();
+  encode->add_option("--threads", encode_args->threads, "Encoding threads")->capture_default_str();
+  encode->add_flag("--summary", encode_args->summary,
+                   "Print the token count and the encoding rate instead of the ids");
+  encode->callback([encode_args] {
+    const auto tokenizer = LoadTokenizerOrFail(encode_args->tokenizer, encode_args->threads);
+    const std::string text = ReadInputOrFail(encode_args->input);
+    std::vector<int32_t> ids;
+    const auto start = std::chrono::steady_clock::now();
+    if (const absl::Status status = tokenizer->Encode(text, &ids); !status.ok()) {
+      Fail(absl::Status(status.code(), encode_args->input + ": " + std::string(status.message())),
+           kExitFailure);
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (encode_args->summary) {
+      std::cout << absl::StrFormat("%d bytes, %d tokens in %.3f s: %.2f MB/s (%s, %d threads)\n",
+                                   text.size(), ids.size(), seconds,
+                                   static_cast<double>(text.size()) / 1e6 / std::max(seconds, 1e-9),
+                                   tokenizer->name(), encode_args->threads);
+    } else {
+      std::cout << nlohmann::json(ids).dump() << "\n";
+    }
+  });
+
+  auto decode_args = std::make_shared<CodecArgs>();
+  CLI::App* decode = data->add_subcommand(
+      "decode",
+      "Decode a JSON list of token ids (a file) with a model's tokenizer; write the text");
+  decode->add_option("--tokenizer", decode_args->tokenizer, "tokenizer file or folder")->required();
+  decode->add_option("input", decode_args->input, "File holding a JSON list of ids")->required();
+  decode->callback([decode_args] {
+    const auto tokenizer = LoadTokenizerOrFail(decode_args->tokenizer, 1);
+    const nlohmann::json ids =
+        nlohmann::json::parse(ReadInputOrFail(decode_args->input), nullptr, false);
+    std::vector<int32_t> values;
+    for (const nlohmann::json& id : ids.is_array() ? ids : nlohmann::json::array()) {
+      if (!id.is_number_integer()) break;
+      values.push_back(id.get<int32_t>());
+    }
+    if (!ids.is_array() || values.size() != ids.size()) {
+      Fail(absl::InvalidArgumentError(decode_args->input +
+                                      " is not a JSON list of token ids like [15496, 995]"),
+           kExitUsage);
+    }
+    absl::StatusOr<std::string> text = tokenizer->Decode(values);
+    if (!text.ok()) Fail(text.status(), kExitFailure);
+    std::cout << *text;
+  });
+}
+
+}  // namespace
 
 void AddDataCommand(CLI::App& app) {
   CLI::App* data = app.add_subcommand("data", "Write and inspect WebDataset token shards");
@@ -20,21 +104,31 @@ void AddDataCommand(CLI::App& app) {
     std::vector<std::string> inputs;
     std::string out_dir;
     std::string shard_size = "256MB";
+    std::string tokenizer;
+    int threads = 0;
   };
   auto pack_args = std::make_shared<PackArgs>();
   CLI::App* pack = data->add_subcommand(
       "pack",
-      "Write token shards (byte-level tokens) from text files (one document each) and "
-      "JSON-lines files (one document per line, its \"text\")");
+      "Write token shards from text files (one document each) and JSON-lines files (one "
+      "document per line, its \"text\"), with a model's tokenizer or byte-level tokens");
   pack->add_option("inputs", pack_args->inputs, "Input .txt / .jsonl files")->required();
   pack->add_option("--out", pack_args->out_dir, "Folder for shard-000000.tar, ...")->required();
   pack->add_option("--shard-size", pack_args->shard_size, "Largest shard, e.g. 64MB or 1GiB")
       ->capture_default_str();
+  pack->add_option("--tokenizer", pack_args->tokenizer,
+                   "tokenizer.json, tokenizer.model, GPT-2's encoder.json/vocab.bpe, or their "
+                   "folder; empty = byte-level tokens");
+  pack->add_option("--threads", pack_args->threads, "Encoding threads; 0 = one per core");
   pack->callback([pack_args] {
     absl::StatusOr<int64_t> shard_bytes = ParseByteSize(pack_args->shard_size);
     if (!shard_bytes.ok()) Fail(shard_bytes.status(), kExitUsage);
+    const int threads = pack_args->threads > 0
+                            ? pack_args->threads
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const auto tokenizer = LoadTokenizerOrFail(pack_args->tokenizer, threads);
     absl::StatusOr<PackResult> result =
-        PackShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, ByteTokenizer());
+        PackShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer, threads);
     if (!result.ok()) Fail(result.status(), kExitFailure);
     std::cout << absl::StrFormat(
         "%d documents, %d tokens in %d shards: %s/shard-{000000..%06d}"
@@ -45,6 +139,7 @@ void AddDataCommand(CLI::App& app) {
 
   struct InspectArgs {
     std::string pattern;
+    std::string tokenizer;
     InspectOptions options;
   };
   auto inspect_args = std::make_shared<InspectArgs>();
@@ -59,11 +154,20 @@ void AddDataCommand(CLI::App& app) {
                     "Print only the totals and the read rate");
   inspect->add_option("--max-samples", inspect_args->options.max_samples,
                       "List at most this many samples (the totals still count all)");
+  inspect->add_option("--tokenizer", inspect_args->tokenizer,
+                      "Decode each listed sample's tokens to text with this tokenizer");
   inspect->callback([inspect_args] {
+    std::unique_ptr<Tokenizer> tokenizer;
+    if (!inspect_args->tokenizer.empty()) {
+      tokenizer = LoadTokenizerOrFail(inspect_args->tokenizer, 1);
+      inspect_args->options.tokenizer = tokenizer.get();
+    }
     const absl::Status status =
         InspectShards(inspect_args->pattern, inspect_args->options, std::cout);
     if (!status.ok()) Fail(status, kExitFailure);
   });
+
+  AddEncodeCommands(data);
 }
 
 }  // namespace dtrain::cli

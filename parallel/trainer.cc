@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/data/datasets.h"
+#include "core/data/tokenizers/load_tokenizer.h"
 #include "core/metrics/step_exporter.h"
 #include "core/metrics/step_metrics.h"
 #include "core/metrics/stragglers.h"
@@ -32,6 +33,7 @@
 #include "core/util/allocate.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
+#include "core/util/utf8.h"
 #include "nlohmann/json.hpp"
 #include "parallel/checkpointing.h"
 #include "parallel/comm/faulty_ranks.h"
@@ -79,13 +81,58 @@ std::string BytesToText(const std::vector<int32_t>& tokens) {
   return text;
 }
 
+// Token ids as text through the data's tokenizer. Ids the tokenizer lacks (a model's vocabulary
+// is often padded past it) show as <id N>; invalid UTF-8 (a character cut at the end) as \xNN.
+absl::StatusOr<std::string> TokensToText(const Tokenizer& tokenizer,
+                                         const std::vector<int32_t>& tokens) {
+  std::string text;
+  size_t run = 0;  // start of the ids not yet decoded
+  const auto flush = [&](size_t end) -> absl::Status {
+    ASSIGN_OR_RETURN(const std::string decoded,
+                     tokenizer.Decode(absl::MakeConstSpan(tokens).subspan(run, end - run)));
+    text += decoded;
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < tokenizer.vocab_size()) continue;
+    RETURN_IF_ERROR(flush(i));
+    absl::StrAppend(&text, "<id ", tokens[i], ">");
+    run = i + 1;
+  }
+  RETURN_IF_ERROR(flush(tokens.size()));
+  return EscapeInvalidUtf8(text);
+}
+
+// data.tokenizer, checked against the model's vocabulary; null when empty (bytes).
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(const Recipe& recipe) {
+  if (recipe.data.tokenizer.empty()) return nullptr;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(recipe.data.tokenizer);
+  if (!tokenizer.ok()) {
+    return absl::Status(tokenizer.status().code(),
+                        absl::StrCat("data.tokenizer: ", tokenizer.status().message()));
+  }
+  if ((*tokenizer)->vocab_size() > recipe.model.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.tokenizer ", (*tokenizer)->name(), " has a vocabulary of ",
+        (*tokenizer)->vocab_size(), ", more than model.vocab_size ", recipe.model.vocab_size,
+        "; set model.vocab_size to at least ", (*tokenizer)->vocab_size()));
+  }
+  return tokenizer;
+}
+
 // Every rank generates (sharded parameters need all of them; under pp > 1 every stage, `model`
-// being this rank's); rank 0 prints.
+// being this rank's); rank 0 prints. With a tokenizer (data.tokenizer) the prompt is encoded
+// and the sample decoded through it; otherwise tokens are bytes.
 absl::StatusOr<std::string> SampleText(Transformer& model, Communicator* pp, const Recipe& recipe,
-                                       int step) {
+                                       const Tokenizer* tokenizer, int step) {
   std::vector<int32_t> prompt;
-  for (const unsigned char ch : recipe.logging.sample_prompt) prompt.push_back(ch);
-  if (prompt.empty() || recipe.data.format != "text") prompt.assign(1, 0);
+  if (tokenizer != nullptr) {
+    RETURN_IF_ERROR(tokenizer->Encode(recipe.logging.sample_prompt, &prompt));
+  } else if (recipe.data.format == "text") {
+    for (const unsigned char ch : recipe.logging.sample_prompt) prompt.push_back(ch);
+  }
+  const bool no_prompt = prompt.empty();
+  if (no_prompt) prompt.assign(1, 0);
   SamplingOptions options;
   options.max_new_tokens = recipe.logging.sample_tokens;
   options.temperature = static_cast<float>(recipe.logging.sample_temperature);
@@ -96,6 +143,10 @@ absl::StatusOr<std::string> SampleText(Transformer& model, Communicator* pp, con
     ASSIGN_OR_RETURN(tokens, GeneratePipelined(model, *pp, prompt, recipe.train.seq_len, options));
   } else {
     tokens = Generate(model, prompt, recipe.train.seq_len, options);
+  }
+  if (tokenizer != nullptr) {
+    if (no_prompt) tokens.erase(tokens.begin());
+    return TokensToText(*tokenizer, tokens);
   }
   if (recipe.data.format == "text") return BytesToText(tokens);
   std::string ids;
@@ -480,6 +531,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
       EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice, activation_slots);
   RETURN_IF_ERROR(
       CheckRankMemory(memory, PhysicalMemoryBytes(), strategy, dp_size, world.local_world_size));
+  ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer, LoadSampleTokenizer(recipe));
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
   // Each worker serves its own /metrics (no hop through the agent, so it works the same under
@@ -643,7 +695,8 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     }
     std::string sample;
     if (m.val_loss && recipe.logging.sample_tokens > 0) {
-      absl::StatusOr<std::string> sampled = SampleText(model, groups.pp, recipe, m.step);
+      absl::StatusOr<std::string> sampled =
+          SampleText(model, groups.pp, recipe, sample_tokenizer.get(), m.step);
       RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
       ASSIGN_OR_RETURN(sample, std::move(sampled));
     }

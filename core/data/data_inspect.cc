@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,7 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
   int64_t tokens = 0;
   int64_t bytes = 0;
   TokenDocument document;  // ids as training reads them: validated, not widened
+  std::vector<int32_t> ids;
   Sample sample;
   for (const std::string& url : urls) {
     ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> source, OpenShard(url, options.source));
@@ -46,6 +48,29 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
       if (!listed) continue;
       out << url << "  " << sample.key << ":" << fields << "  "
           << (decoded.ok() ? absl::StrCat(sample_tokens, " tokens") : "no tokens") << "\n";
+      const SampleField* record = sample.Find(kTokenizerExtension);
+      if (options.tokenizer != nullptr && record != nullptr) {
+        const nlohmann::json recorded = nlohmann::json::parse(record->data, nullptr, false);
+        const std::string name = recorded.is_object() ? recorded.value("name", "") : "";
+        if (name != options.tokenizer->name()) {
+          out << "  note: the shard records tokenizer " << name << ", not "
+              << options.tokenizer->name() << "; the text below may be wrong\n";
+        }
+      }
+      if (options.tokenizer != nullptr && decoded.ok()) {
+        ids.resize(sample_tokens);
+        document.CopyTo(0, sample_tokens, ids.data());
+        absl::StatusOr<std::string> text = options.tokenizer->Decode(ids);
+        if (!text.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(url, ", sample '", sample.key,
+                                                         "': ", text.status().message(),
+                                                         "; is it the shards' tokenizer?"));
+        }
+        // Invalid UTF-8 (a byte-level token cut inside a character) shows as U+FFFD.
+        out << "  text: "
+            << nlohmann::json(*text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+            << "\n";
+      }
     }
     bytes += reader.offset();
     RETURN_IF_ERROR(source->Close());

@@ -1,6 +1,8 @@
 // `dtrain data inspect`: what a shard pattern holds, read exactly as training reads it.
 // Prints one line per sample (key, extensions with bytes, token count) unless summary_only, then
-// totals with the read rate. Errors name the shard and byte offset; single-threaded.
+// totals with the read rate; with a tokenizer, each listed sample's text follows its line as a
+// JSON string, and a note where the shard records another tokenizer. Errors name the shard and
+// byte offset; single-threaded.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "core/data/shard_source.h"
+#include "core/data/tokenizer.h"
 
 namespace dtrain {
 
@@ -16,6 +19,7 @@ struct InspectOptions {
   bool summary_only = false;
   int64_t max_samples = -1;  // per listing; -1 = all
   ShardSourceOptions source;
+  const Tokenizer* tokenizer = nullptr;  // decodes the listed samples; null = ids only
 };
 
 absl::Status InspectShards(const std::string& pattern, const InspectOptions& options,

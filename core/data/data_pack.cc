@@ -11,20 +11,30 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/data/tar_writer.h"
+#include "core/data/token_decode.h"
 #include "core/util/status.h"
+#include "core/util/thread_pool.h"
 
 namespace dtrain {
 namespace {
 
+int64_t MemberBytes(size_t size) { return 512 + (static_cast<int64_t>(size) + 511) / 512 * 512; }
+
+// Writes samples into shards of at most shard_bytes; the first sample of each shard also gets
+// the `first_field` member (the tokenizer record), so every shard names its tokenizer.
 class ShardWriter {
  public:
-  ShardWriter(std::string out_dir, int64_t shard_bytes)
-      : out_dir_(std::move(out_dir)), shard_bytes_(shard_bytes) {}
+  ShardWriter(std::string out_dir, int64_t shard_bytes, std::string first_field)
+      : out_dir_(std::move(out_dir)),
+        shard_bytes_(shard_bytes),
+        first_field_(std::move(first_field)) {}
 
-  absl::Status Add(const std::string& name, const std::string& data, PackResult* result) {
-    const int64_t bytes = 512 + (static_cast<int64_t>(data.size()) + 511) / 512 * 512;
+  absl::Status Add(const std::string& key, const std::string& extension, const std::string& data,
+                   PackResult* result) {
+    const int64_t bytes = MemberBytes(data.size());
     if (out_.is_open() && written_ + bytes + 1024 > shard_bytes_) RETURN_IF_ERROR(Finish());
-    if (!out_.is_open()) {
+    const bool first = !out_.is_open();
+    if (first) {
       const std::string path =
           absl::StrFormat("%s/shard-%06d.tar", out_dir_, result->shards.size());
       out_.open(path, std::ios::binary | std::ios::trunc);
@@ -32,9 +42,8 @@ class ShardWriter {
       result->shards.push_back(path);
       written_ = 0;
     }
-    const int64_t size = static_cast<int64_t>(data.size());
-    out_ << TarHeader(name, size) << data << TarPadding(size);
-    written_ += bytes;
+    Write(absl::StrCat(key, ".", extension), data);
+    if (first) Write(absl::StrCat(key, ".", kTokenizerExtension), first_field_);
     return absl::OkStatus();
   }
 
@@ -47,11 +56,30 @@ class ShardWriter {
   }
 
  private:
+  void Write(const std::string& name, const std::string& data) {
+    const int64_t size = static_cast<int64_t>(data.size());
+    out_ << TarHeader(name, size) << data << TarPadding(size);
+    written_ += MemberBytes(data.size());
+  }
+
   std::string out_dir_;
   int64_t shard_bytes_;
+  std::string first_field_;
   std::ofstream out_;
   int64_t written_ = 0;
 };
+
+struct Document {
+  std::string text;
+  std::string where;  // file, or file:line, for messages
+  std::vector<int32_t> ids;
+  absl::Status status;
+};
+
+// A batch is encoded once it holds this much text or this many documents; a document this
+// large is encoded on its own.
+constexpr size_t kLargeDocumentBytes = 4 << 20;
+constexpr size_t kBatchDocuments = 4096;
 
 }  // namespace
 
@@ -79,7 +107,7 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
 
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,
-                                      const Tokenizer& tokenizer) {
+                                      const Tokenizer& tokenizer, int threads) {
   std::error_code error;
   std::filesystem::create_directories(out_dir, error);
   if (error) {
@@ -88,23 +116,45 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
   }
   const bool wide = tokenizer.vocab_size() > 65536;
   const size_t width = wide ? 4 : 2;
-  ShardWriter writer(out_dir, shard_bytes);
+  const nlohmann::json record = {{"name", tokenizer.name()},
+                                 {"vocab_size", tokenizer.vocab_size()}};
+  ShardWriter writer(out_dir, shard_bytes, record.dump());
+  ThreadPool pool(threads);
   PackResult result;
-  std::vector<int32_t> ids;
+  // Documents are encoded a batch at a time, one per task, and written in input order; a large
+  // one alone, so that the tokenizer's own threads split it.
+  std::vector<Document> batch;
+  size_t batch_bytes = 0;
   std::string bytes;
-  const auto add_document = [&](std::string_view text) -> absl::Status {
-    ids.clear();
-    RETURN_IF_ERROR(tokenizer.Encode(text, &ids));
-    bytes.resize(ids.size() * width);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const uint32_t id = static_cast<uint32_t>(ids[i]);
-      std::memcpy(bytes.data() + i * width, &id, width);  // little-endian host
+  const auto flush = [&]() -> absl::Status {
+    pool.ParallelFor(batch.size(), 1, [&](size_t begin, size_t end, int) {
+      for (size_t i = begin; i < end; ++i)
+        batch[i].status = tokenizer.Encode(batch[i].text, &batch[i].ids);
+    });
+    for (Document& document : batch) {
+      if (!document.status.ok()) {
+        return absl::Status(document.status.code(),
+                            absl::StrCat(document.where, ": ", document.status.message()));
+      }
+      bytes.resize(document.ids.size() * width);
+      for (size_t i = 0; i < document.ids.size(); ++i) {
+        const uint32_t id = static_cast<uint32_t>(document.ids[i]);
+        std::memcpy(bytes.data() + i * width, &id, width);  // little-endian host
+      }
+      RETURN_IF_ERROR(writer.Add(absl::StrFormat("%09d", result.documents),
+                                 wide ? "tokens32" : "tokens", bytes, &result));
+      ++result.documents;
+      result.tokens += static_cast<int64_t>(document.ids.size());
     }
-    const std::string name =
-        absl::StrFormat("%09d.%s", result.documents, wide ? "tokens32" : "tokens");
-    RETURN_IF_ERROR(writer.Add(name, bytes, &result));
-    ++result.documents;
-    result.tokens += static_cast<int64_t>(ids.size());
+    batch.clear();
+    batch_bytes = 0;
+    return absl::OkStatus();
+  };
+  const auto add_document = [&](std::string text, std::string where) -> absl::Status {
+    if (text.size() >= kLargeDocumentBytes) RETURN_IF_ERROR(flush());
+    batch_bytes += text.size();
+    batch.push_back({std::move(text), std::move(where)});
+    if (batch_bytes >= kLargeDocumentBytes || batch.size() >= kBatchDocuments) return flush();
     return absl::OkStatus();
   };
   for (const std::string& input : inputs) {
@@ -114,18 +164,19 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
       std::string line;
       for (int64_t number = 1; std::getline(in, line); ++number) {
         if (absl::StripAsciiWhitespace(line).empty()) continue;
-        const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+        nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
         if (!record.is_object() || !record.contains("text") || !record["text"].is_string()) {
           return absl::InvalidArgumentError(
               absl::StrCat(input, ":", number, ": expected a JSON object with a \"text\" string"));
         }
-        RETURN_IF_ERROR(add_document(record["text"].get_ref<const std::string&>()));
+        RETURN_IF_ERROR(add_document(std::move(record["text"].get_ref<std::string&>()),
+                                     absl::StrCat(input, ":", number)));
       }
     } else {
-      const std::string text((std::istreambuf_iterator<char>(in)), {});
-      RETURN_IF_ERROR(add_document(text));
+      RETURN_IF_ERROR(add_document(std::string((std::istreambuf_iterator<char>(in)), {}), input));
     }
   }
+  RETURN_IF_ERROR(flush());
   RETURN_IF_ERROR(writer.Finish());
   return result;
 }

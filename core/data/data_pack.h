@@ -1,9 +1,12 @@
 // `dtrain data pack`: writes WebDataset token shards from text and JSON-lines files.
 //
-// Each .jsonl line is one document (its "text" string); any other file is one document. A
-// Tokenizer turns text into ids (bytes for now); samples are "<index>.tokens" (uint16 LE, for
-// vocabularies up to 65536) or ".tokens32", in ustar shards "<out>/shard-000000.tar", ... each
-// at most shard_bytes unless one sample is larger. Single-threaded; errors name the file and line.
+// Each .jsonl line is one document (its "text" string); any other file is one document. The
+// Tokenizer turns text into ids; samples are "<index>.tokens" (uint16 LE, for vocabularies up
+// to 65536) or ".tokens32", in ustar shards "<out>/shard-000000.tar", ... each at most
+// shard_bytes unless one sample is larger. The first sample of each shard also holds
+// "<index>.tokenizer.json" ({"name", "vocab_size"}, token_decode.h), which the trainer checks
+// against model.vocab_size. Documents are encoded on `threads` threads and written in input
+// order; errors name the file and line.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +26,7 @@ struct PackResult {
 
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,
-                                      const Tokenizer& tokenizer);
+                                      const Tokenizer& tokenizer, int threads = 1);
 
 // "64MB", "1.5GiB", "4096" (bytes): decimal (kB, MB, GB) and binary (KiB, MiB, GiB) units.
 absl::StatusOr<int64_t> ParseByteSize(const std::string& text);

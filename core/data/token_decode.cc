@@ -128,6 +128,29 @@ absl::StatusOr<std::pair<size_t, int>> FindTokenField(const Sample& sample) {
                            ".txt file, e.g. with 'dtrain data pack'"));
 }
 
+// Shards from `dtrain data pack` record their tokenizer in the first sample of each shard
+// (data_pack.h); ids from a vocabulary larger than the model's would index past its embedding.
+absl::Status CheckRecordedTokenizer(const Sample& sample, int vocab_size) {
+  const SampleField* field = sample.Find(kTokenizerExtension);
+  if (field == nullptr) return absl::OkStatus();
+  const nlohmann::json record = nlohmann::json::parse(field->data, nullptr, false);
+  if (!record.is_object() || !record.contains("vocab_size") ||
+      !record["vocab_size"].is_number_integer()) {
+    return SampleError(sample, absl::StrCat(".", kTokenizerExtension,
+                                            " is not {\"name\": ..., \"vocab_size\": N}; "
+                                            "pack the shard again"));
+  }
+  const int64_t recorded = record["vocab_size"].get<int64_t>();
+  if (recorded > vocab_size) {
+    const std::string name = record.value("name", std::string("?"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", sample.url, " holds ids of tokenizer ", name, " (vocabulary ", recorded,
+        "), which do not fit model.vocab_size ", vocab_size, "; set model.vocab_size to at least ",
+        recorded, " (the model's tokenizer), or pack the data with the model's tokenizer"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void TokenDocument::CopyTo(int64_t first, int64_t count, int32_t* out) const {
@@ -135,6 +158,7 @@ void TokenDocument::CopyTo(int64_t first, int64_t count, int32_t* out) const {
 }
 
 absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* document) {
+  RETURN_IF_ERROR(CheckRecordedTokenizer(*sample, vocab_size));
   ASSIGN_OR_RETURN(const auto found, FindTokenField(*sample));
   const auto [index, width] = found;
   SampleField& field = sample->fields[index];
@@ -153,6 +177,7 @@ absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* doc
 
 absl::Status DecodeSampleTokens(const Sample& sample, int vocab_size,
                                 std::vector<int32_t>* tokens) {
+  RETURN_IF_ERROR(CheckRecordedTokenizer(sample, vocab_size));
   ASSIGN_OR_RETURN(const auto found, FindTokenField(sample));
   const auto [index, width] = found;
   const SampleField& field = sample.fields[index];

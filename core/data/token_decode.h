@@ -1,6 +1,7 @@
 // Token ids from a WebDataset sample, from the first field present among: "tokens" (uint16
 // little-endian), "tokens32" (uint32 little-endian), "json" (a JSON list of ids) and "txt"
-// (one token per byte, for byte-level vocabularies). Pure functions.
+// (one token per byte, for byte-level vocabularies). A "tokenizer.json" field records the
+// tokenizer that wrote the ids. Pure functions.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,10 @@
 #include "core/data/sample_grouper.h"
 
 namespace dtrain {
+
+// The field `dtrain data pack` adds to the first sample of each shard: {"name": the tokenizer's
+// name(), "vocab_size": its vocabulary}.
+inline constexpr char kTokenizerExtension[] = "tokenizer.json";
 
 // A document's token ids as they were stored: little-endian words of `width` bytes (1, 2 or 4;
 // JSON ids are stored as 4-byte words). Ids are widened to int32 only where they are copied
@@ -32,7 +37,8 @@ absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* doc
 
 // Replaces *tokens with the sample's ids. DataLoss naming the shard, the sample key and the fix
 // for: no token field, a byte count that is not a whole number of tokens, malformed JSON, an id
-// >= vocab_size (with its position).
+// >= vocab_size (with its position); FailedPrecondition when the sample records a tokenizer
+// whose vocabulary is larger than vocab_size.
 absl::Status DecodeSampleTokens(const Sample& sample, int vocab_size, std::vector<int32_t>* tokens);
 
 }  // namespace dtrain

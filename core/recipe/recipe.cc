@@ -141,6 +141,9 @@ const std::vector<KeySpec>& Keys() {
        "text: files read as bytes (vocab 256); llmc: llm.c .bin token shards; webdataset: tar "
        "shards streamed from data.shards",
        {"text", "llmc", "webdataset"}},
+      {DTRAIN_RECIPE_KEY(data, tokenizer),
+       "the data's tokenizer (tokenizer.json, tokenizer.model, GPT-2's encoder.json/vocab.bpe, "
+       "or their folder): sampled text is decoded through it; empty = bytes"},
       {DTRAIN_RECIPE_KEY(data, train), "training files; glob patterns allowed"},
       {DTRAIN_RECIPE_KEY(data, val),
        "validation files; empty = hold out the last val_fraction of the training tokens"},

@@ -38,6 +38,8 @@ struct ModelSection {
 
 struct DataSection {
   std::string format = "text";  // text (bytes, vocab 256) | llmc (llm.c token shards) | webdataset
+  // The data's tokenizer file or folder, which sampled text decodes through; empty = bytes.
+  std::string tokenizer;
   std::vector<std::string> train;  // files; glob patterns allowed
   std::vector<std::string> val;    // empty = the last val_fraction of the train tokens
   double val_fraction = 0.05;

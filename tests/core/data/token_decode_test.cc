@@ -93,5 +93,27 @@ TEST(TokenDecodeTest, TakeChecksLikeDecode) {
   EXPECT_FALSE(TakeSampleTokens(&sample, 10, &document).ok());
 }
 
+// `dtrain data pack` records its tokenizer in the first sample of a shard; ids of a vocabulary
+// larger than the model's are refused before any is read, naming both sizes.
+TEST(TokenDecodeTest, RecordedTokenizerMustFitTheVocabulary) {
+  Sample sample = OneField("tokens", std::string("\x01\x00", 2));
+  sample.fields.push_back({.extension = "tokenizer.json",
+                           .data = R"({"name": "hf-bpe:gpt2/tokenizer.json#abc", )"
+                                   R"("vocab_size": 50257})"});
+  std::vector<int32_t> tokens;
+  absl::Status status = DecodeSampleTokens(sample, 256, &tokens);
+  EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
+  for (const char* part :
+       {"shard s.tar", "hf-bpe:gpt2/tokenizer.json#abc", "50257", "model.vocab_size 256"}) {
+    EXPECT_TRUE(absl::StrContains(status.message(), part)) << part << ": " << status;
+  }
+  TokenDocument document;
+  EXPECT_TRUE(absl::IsFailedPrecondition(TakeSampleTokens(&sample, 50256, &document)));
+  EXPECT_TRUE(TakeSampleTokens(&sample, 50257, &document).ok());
+  sample.fields[1].data = "[1, 2]";
+  EXPECT_TRUE(absl::StrContains(DecodeSampleTokens(sample, 1 << 16, &tokens).message(),
+                                ".tokenizer.json is not"));
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -1,0 +1,386 @@
+#include "core/data/tokenizers/byte_level_bpe.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <queue>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/data/tokenizers/regex_splitter.h"
+#include "core/util/status.h"
+#include "core/util/thread_pool.h"
+
+namespace dtrain {
+namespace {
+
+// GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes
+// for U+0100 onwards, in byte order.
+std::array<char32_t, 256> ByteToCodepoint() {
+  std::array<char32_t, 256> map{};
+  char32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    map[b] = printable ? static_cast<char32_t>(b) : next++;
+  }
+  return map;
+}
+
+// A text is cut for parallel encoding only in pieces of at least this size, where the cost of
+// a task is far above the cost of starting it.
+constexpr size_t kParallelChunkBytes = 256 * 1024;
+// Pieces up to this size are remembered per thread (words repeat; merging them is the cost).
+constexpr size_t kCachedPieceBytes = 64;
+constexpr size_t kCacheEntries = 1 << 16;
+
+std::atomic<uint64_t> next_tokenizer_serial{1};
+
+struct PieceCache {
+  uint64_t owner = 0;  // the serial of the tokenizer whose ids these are
+  absl::flat_hash_map<std::string, std::vector<int32_t>> ids;
+};
+
+struct Merge {
+  int32_t rank;
+  int32_t id;
+};
+
+uint64_t PairKey(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+
+// Debian's Abseil has its own string_view class.
+absl::string_view View(std::string_view text) { return {text.data(), text.size()}; }
+
+bool IsAsciiSpace(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+bool IsAsciiLetter(unsigned char c) { return (c | 0x20) >= 'a' && (c | 0x20) <= 'z'; }
+
+class ByteLevelBpe final : public Tokenizer {
+ public:
+  std::string name() const override { return name_; }
+  int vocab_size() const override { return static_cast<int>(id_bytes_.size()); }
+
+  absl::Status Encode(std::string_view text, std::vector<int32_t>* ids) const override {
+    std::vector<TextPiece> specials;
+    special_.Split(text, &specials);
+    std::vector<TextPiece> pieces;
+    for (const TextPiece& piece : specials) {
+      if (piece.id != TextPiece::kPlainText || normal_.empty()) {
+        pieces.push_back(piece);
+      } else {
+        normal_.Split(piece.text, &pieces);
+      }
+    }
+    for (const TextPiece& piece : pieces) {
+      if (piece.id != TextPiece::kPlainText) {
+        ids->push_back(piece.id);
+      } else {
+        RETURN_IF_ERROR(EncodePlain(piece.text, ids));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int32_t> SpecialToken(std::string_view text) const override {
+    const auto it = added_ids_.find(View(text));
+    if (it != added_ids_.end()) return it->second;
+    std::vector<std::string> known;
+    for (const auto& [content, id] : added_ids_) {
+      if (known.size() < 8) known.push_back(content);
+    }
+    std::sort(known.begin(), known.end());
+    return absl::NotFoundError(absl::StrCat(
+        "tokenizer ", name_, " has no special token '", absl::CHexEscape(View(text)), "'",
+        known.empty() ? std::string(" (it has none)")
+                      : absl::StrCat(" (it has ", absl::StrJoin(known, ", "),
+                                     added_ids_.size() > known.size() ? ", ..." : "", ")")));
+  }
+
+  absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const override {
+    std::string text;
+    for (const int32_t id : ids) {
+      if (id < 0 || id >= vocab_size() || !known_[id]) {
+        return absl::InvalidArgumentError(absl::StrCat("token id ", id,
+                                                       " is not in the vocabulary of tokenizer ",
+                                                       name_, " (size ", vocab_size(), ")"));
+      }
+      text += id_bytes_[id];
+    }
+    return text;
+  }
+
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> Make(ByteLevelBpeSpec spec, int threads) {
+    auto bpe = std::unique_ptr<ByteLevelBpe>(
+        new ByteLevelBpe(std::move(spec.special_added), std::move(spec.normal_added)));
+    bpe->name_ = std::move(spec.name);
+    int32_t max_id = -1;
+    for (const auto& [bytes, id] : spec.vocab) max_id = std::max(max_id, id);
+    for (const auto& [content, id] : bpe->added_ids_) max_id = std::max(max_id, id);
+    if (max_id < 0) return absl::InvalidArgumentError("the vocabulary is empty");
+    bpe->id_bytes_.resize(max_id + 1);
+    bpe->known_.resize(max_id + 1);
+    for (auto& [bytes, id] : spec.vocab) {
+      if (id < 0) return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is negative"));
+      bpe->id_bytes_[id] = bytes;
+      bpe->known_[id] = true;
+      bpe->token_ids_.emplace(std::move(bytes), id);
+    }
+    // An added token decodes to its text even where the model's vocabulary has other bytes.
+    for (const auto& [content, id] : bpe->added_ids_) {
+      bpe->id_bytes_[id] = content;
+      bpe->known_[id] = true;
+    }
+    for (int b = 0; b < 256; ++b) {
+      const auto it = bpe->token_ids_.find(std::string(1, static_cast<char>(b)));
+      if (it == bpe->token_ids_.end()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "byte 0x%02x has no token, so not every text can be encoded; a byte-level "
+            "vocabulary has all 256",
+            b));
+      }
+      bpe->byte_ids_[b] = it->second;
+    }
+    for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
+      const auto& [left, right] = spec.merges[rank];
+      const auto left_id = bpe->token_ids_.find(left);
+      const auto right_id = bpe->token_ids_.find(right);
+      const auto merged_id = bpe->token_ids_.find(left + right);
+      if (left_id == bpe->token_ids_.end() || right_id == bpe->token_ids_.end() ||
+          merged_id == bpe->token_ids_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "merge ", rank, " ('", absl::CHexEscape(left), "' + '", absl::CHexEscape(right),
+            "') joins or makes a token that is not in the vocabulary"));
+      }
+      // The first rank of a pair wins, as in Hugging Face's map built from the list.
+      bpe->merges_.try_emplace(PairKey(left_id->second, right_id->second),
+                               Merge{static_cast<int32_t>(rank), merged_id->second});
+    }
+    bpe->cuttable_ = !spec.add_prefix_space;
+    for (const std::string& pattern : spec.split_patterns) {
+      ASSIGN_OR_RETURN(std::unique_ptr<RegexSplitter> splitter, RegexSplitter::Compile(pattern));
+      bpe->splitters_.push_back(std::move(splitter));
+      bpe->cuttable_ =
+          bpe->cuttable_ && (pattern == kGpt2SplitPattern || pattern == kLlama3SplitPattern);
+    }
+    bpe->cuttable_ = bpe->cuttable_ && !bpe->splitters_.empty();
+    bpe->add_prefix_space_ = spec.add_prefix_space;
+    bpe->ignore_merges_ = spec.ignore_merges;
+    if (threads > 1) bpe->pool_ = std::make_unique<ThreadPool>(threads);
+    return std::unique_ptr<Tokenizer>(std::move(bpe));
+  }
+
+ private:
+  ByteLevelBpe(std::vector<AddedToken> special, std::vector<AddedToken> normal)
+      : special_(special), normal_(normal) {
+    for (const std::vector<AddedToken>* tokens : {&special, &normal}) {
+      for (const AddedToken& token : *tokens) added_ids_.emplace(token.content, token.id);
+    }
+  }
+
+  // Text without added tokens: in parallel where it is large and may be cut.
+  absl::Status EncodePlain(std::string_view text, std::vector<int32_t>* ids) const {
+    if (pool_ == nullptr || !cuttable_ || text.size() < 2 * kParallelChunkBytes) {
+      return EncodeChunk(text, ids);
+    }
+    // One parallel encode at a time; a concurrent caller encodes on its own thread.
+    std::unique_lock<std::mutex> lock(pool_mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return EncodeChunk(text, ids);
+    const std::vector<size_t> bounds = SafeCuts(text);
+    const size_t chunks = bounds.size() - 1;
+    if (chunks < 2) return EncodeChunk(text, ids);
+    std::vector<std::vector<int32_t>> chunk_ids(chunks);
+    std::vector<absl::Status> statuses(chunks);
+    pool_->ParallelFor(chunks, 1, [&](size_t begin, size_t end, int) {
+      for (size_t c = begin; c < end; ++c) {
+        statuses[c] = EncodeChunk(text.substr(bounds[c], bounds[c + 1] - bounds[c]), &chunk_ids[c]);
+      }
+    });
+    for (size_t c = 0; c < chunks; ++c) {
+      RETURN_IF_ERROR(statuses[c]);
+      ids->insert(ids->end(), chunk_ids[c].begin(), chunk_ids[c].end());
+    }
+    return absl::OkStatus();
+  }
+
+  // Chunk bounds [0, ..., text.size()]. A cut goes before an ASCII letter that starts a line
+  // whose newline follows an ASCII character that is not whitespace. With GPT-2's and Llama 3's
+  // patterns no piece holds a newline and then a letter, and that lone newline (or Llama 3's
+  // punctuation-and-newlines piece) ends the same way whether a letter or the end of the text
+  // follows it, so the pieces, and the ids, are those of the whole text.
+  std::vector<size_t> SafeCuts(std::string_view text) const {
+    const size_t target = std::max(kParallelChunkBytes, text.size() / (4 * pool_->size()) + 1);
+    std::vector<size_t> bounds = {0};
+    size_t pos = target;
+    while (pos < text.size()) {
+      const size_t newline = text.find('\n', pos);
+      if (newline == std::string_view::npos || newline + 1 >= text.size()) break;
+      const auto before = static_cast<unsigned char>(text[newline - 1]);
+      if (before < 0x80 && !IsAsciiSpace(before) &&
+          IsAsciiLetter(static_cast<unsigned char>(text[newline + 1]))) {
+        bounds.push_back(newline + 1);
+        pos = newline + 1 + target;
+      } else {
+        pos = newline + 1;
+      }
+    }
+    bounds.push_back(text.size());
+    return bounds;
+  }
+
+  absl::Status EncodeChunk(std::string_view text, std::vector<int32_t>* ids) const {
+    std::string prefixed;
+    if (add_prefix_space_ && text.front() != ' ') {
+      prefixed = absl::StrCat(" ", View(text));
+      text = prefixed;
+    }
+    thread_local PieceCache cache;
+    if (cache.owner != serial_) {
+      cache.ids.clear();
+      cache.owner = serial_;
+    }
+    return SplitAndEncode(0, text, cache, ids);
+  }
+
+  absl::Status SplitAndEncode(size_t stage, std::string_view text, PieceCache& cache,
+                              std::vector<int32_t>* ids) const {
+    if (stage == splitters_.size()) {
+      EncodePiece(text, cache, ids);
+      return absl::OkStatus();
+    }
+    absl::Status status;
+    RETURN_IF_ERROR(splitters_[stage]->Split(text, [&](std::string_view piece) {
+      if (status.ok()) status = SplitAndEncode(stage + 1, piece, cache, ids);
+    }));
+    return status;
+  }
+
+  void EncodePiece(std::string_view piece, PieceCache& cache, std::vector<int32_t>* ids) const {
+    if (piece.size() == 1) {
+      ids->push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
+      return;
+    }
+    if (ignore_merges_) {
+      const auto it = token_ids_.find(View(piece));
+      if (it != token_ids_.end()) {
+        ids->push_back(it->second);
+        return;
+      }
+    }
+    const bool cached = piece.size() <= kCachedPieceBytes;
+    if (cached) {
+      const auto it = cache.ids.find(View(piece));
+      if (it != cache.ids.end()) {
+        ids->insert(ids->end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    const size_t first = ids->size();
+    MergePiece(piece, ids);
+    if (cached) {
+      if (cache.ids.size() >= kCacheEntries) cache.ids.clear();
+      cache.ids.emplace(std::string(piece), std::vector<int32_t>(ids->begin() + first, ids->end()));
+    }
+  }
+
+  // Hugging Face's Word::merge_all: a heap of candidate merges ordered by (rank, position);
+  // a candidate whose pair has changed since it was pushed is skipped. O(n log n) in the
+  // piece's bytes, so a megabyte-long word is fine.
+  void MergePiece(std::string_view piece, std::vector<int32_t>* ids) const {
+    struct Symbol {
+      int32_t id;
+      int32_t prev;
+      int32_t next;  // -1 at either end
+    };
+    struct Candidate {
+      int32_t rank;
+      int32_t pos;
+      int32_t id;
+      bool operator>(const Candidate& other) const {
+        return rank != other.rank ? rank > other.rank : pos > other.pos;
+      }
+    };
+    const int32_t n = static_cast<int32_t>(piece.size());
+    std::vector<Symbol> symbols(n);
+    for (int32_t i = 0; i < n; ++i) {
+      symbols[i] = {byte_ids_[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1};
+    }
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+    const auto push = [&](int32_t pos) {
+      const auto it = merges_.find(PairKey(symbols[pos].id, symbols[symbols[pos].next].id));
+      if (it != merges_.end()) heap.push({it->second.rank, pos, it->second.id});
+    };
+    for (int32_t i = 0; i + 1 < n; ++i) push(i);
+    while (!heap.empty()) {
+      const Candidate top = heap.top();
+      heap.pop();
+      Symbol& left = symbols[top.pos];
+      if (left.id < 0 || left.next < 0) continue;
+      const auto it = merges_.find(PairKey(left.id, symbols[left.next].id));
+      if (it == merges_.end() || it->second.id != top.id) continue;
+      Symbol& right = symbols[left.next];
+      left.id = top.id;
+      right.id = -1;
+      left.next = right.next;
+      if (left.next >= 0) symbols[left.next].prev = top.pos;
+      if (left.prev >= 0) push(left.prev);
+      if (left.next >= 0) push(top.pos);
+    }
+    for (int32_t i = 0; i >= 0; i = symbols[i].next) ids->push_back(symbols[i].id);
+  }
+
+  std::string name_;
+  const uint64_t serial_ = next_tokenizer_serial.fetch_add(1);
+  std::array<int32_t, 256> byte_ids_{};
+  absl::flat_hash_map<std::string, int32_t> token_ids_;  // raw bytes -> id
+  absl::flat_hash_map<uint64_t, Merge> merges_;          // (left, right) -> rank, result
+  std::vector<std::string> id_bytes_;                    // id -> raw bytes, for Decode
+  std::vector<bool> known_;                              // ids that hold a token
+  std::vector<std::unique_ptr<RegexSplitter>> splitters_;
+  bool add_prefix_space_ = false;
+  bool ignore_merges_ = false;
+  bool cuttable_ = false;  // SafeCuts holds for every split pattern
+  AddedTokenMatcher special_;
+  AddedTokenMatcher normal_;
+  absl::flat_hash_map<std::string, int32_t> added_ids_;
+  std::unique_ptr<ThreadPool> pool_;  // null: one thread
+  mutable std::mutex pool_mu_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> MakeByteLevelBpe(ByteLevelBpeSpec spec, int threads) {
+  return ByteLevelBpe::Make(std::move(spec), threads);
+}
+
+bool ByteLevelToBytes(std::string_view token, std::string* bytes) {
+  static const std::array<int16_t, 512> kByteOf = [] {
+    std::array<int16_t, 512> inverse;
+    inverse.fill(-1);
+    const std::array<char32_t, 256> forward = ByteToCodepoint();
+    for (int b = 0; b < 256; ++b) inverse[forward[b]] = static_cast<int16_t>(b);
+    return inverse;
+  }();
+  bytes->clear();
+  for (size_t i = 0; i < token.size();) {
+    const auto lead = static_cast<unsigned char>(token[i]);
+    char32_t codepoint;
+    if (lead < 0x80) {
+      codepoint = lead;
+      i += 1;
+    } else if ((lead & 0xE0) == 0xC0 && i + 1 < token.size()) {
+      codepoint = ((lead & 0x1F) << 6) | (static_cast<unsigned char>(token[i + 1]) & 0x3F);
+      i += 2;
+    } else {
+      return false;  // the alphabet ends at U+0143: two bytes at most
+    }
+    if (codepoint >= kByteOf.size() || kByteOf[codepoint] < 0) return false;
+    bytes->push_back(static_cast<char>(kByteOf[codepoint]));
+  }
+  return true;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,147 @@
+// `dtrain data pack --tokenizer`, `data inspect --tokenizer`, `data encode|decode`, and the
+// trainer's check of the tokenizer the shards record.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "tests/core/data/tokenizers/tokenizer_json.h"
+#include "tests/testing/run_dtrain.h"
+
+namespace dtrain {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Outcome;
+using testing::RunDtrain;
+
+// A tokenizer.json folder whose vocabulary (259) is just above the byte-level one.
+std::string TokenizerDir(const std::string& name) {
+  const std::string dir = testing::FreshTempDir(name);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json")
+      << testing::TokenizerJson({{"t", "h"}, {"th", "e"}}, {"<|endoftext|>"}).dump();
+  return dir;
+}
+
+// Packs `text` and a JSON-lines file with the tokenizer; returns the shard pattern.
+std::string Pack(const std::string& tokenizer, const std::string& name) {
+  const std::string text = testing::WriteTempFile(name + ".txt", "the theme<|endoftext|>\n");
+  const std::string lines =
+      testing::WriteTempFile(name + ".jsonl", "{\"text\": \"caf\\u00e9 then\"}\n");
+  const std::string out = testing::FreshTempDir(name + "_shards");
+  const Outcome pack = RunDtrain(absl::StrCat("data pack ", text, " ", lines, " --out ", out,
+                                              " --tokenizer ", tokenizer, " --threads 2"));
+  EXPECT_EQ(pack.exit_code, 0) << pack.stderr_text;
+  EXPECT_THAT(pack.stdout_text, HasSubstr("2 documents, 15 tokens in 1 shards"));
+  return out + "/shard-000000.tar";
+}
+
+TEST(DataCommandTest, PackRecordsTheTokenizerAndInspectDecodesItsIds) {
+  const std::string tokenizer = TokenizerDir("data_tok");
+  const std::string shard = Pack(tokenizer, "data_pack");
+  const Outcome inspect =
+      RunDtrain(absl::StrCat("data inspect ", shard, " --tokenizer ", tokenizer));
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.stderr_text;
+  // "the", " ", "the", "m", "e", <|endoftext|>, "\n": 7 ids, and "c", "a", "f", two bytes of
+  // "é", " ", "the", "n": 8. The first sample of the shard holds the record.
+  EXPECT_THAT(inspect.stdout_text, HasSubstr("000000000: .tokens(14 B) .tokenizer.json("));
+  EXPECT_THAT(inspect.stdout_text, HasSubstr("000000001: .tokens(16 B)  8 tokens"));
+  EXPECT_THAT(inspect.stdout_text, HasSubstr("text: \"the theme<|endoftext|>\\n\""));
+  EXPECT_THAT(inspect.stdout_text, HasSubstr("text: \"café then\""));
+  EXPECT_THAT(inspect.stdout_text, ::testing::Not(HasSubstr("note:")));
+  // Decoding with another tokenizer than the one the shard records says so.
+  const Outcome other = RunDtrain(
+      absl::StrCat("data inspect ", shard, " --tokenizer ", TokenizerDir("data_tok_other")));
+  EXPECT_THAT(other.stdout_text, HasSubstr("note: the shard records tokenizer hf-bpe:"));
+  // Without a tokenizer the record is one more field of the sample.
+  const Outcome plain = RunDtrain("data inspect " + shard);
+  EXPECT_EQ(plain.exit_code, 0) << plain.stderr_text;
+  EXPECT_THAT(plain.stdout_text, HasSubstr("2 samples, 15 tokens"));
+}
+
+// A vocabulary past 65536 (Llama 3's 128256) needs 4-byte ids: .tokens32.
+TEST(DataCommandTest, PackWritesWideIdsForALargeVocabulary) {
+  const std::string dir = testing::FreshTempDir("data_tok_wide");
+  std::filesystem::create_directories(dir);
+  nlohmann::json tokenizer = testing::TokenizerJson({{"t", "h"}}, {"<|eot_id|>"});
+  tokenizer["added_tokens"][0]["id"] = 128255;
+  std::ofstream(dir + "/tokenizer.json") << tokenizer.dump();
+  const std::string text = testing::WriteTempFile("data_wide.txt", "th<|eot_id|>");
+  const std::string out = testing::FreshTempDir("data_wide_shards");
+  const Outcome pack =
+      RunDtrain(absl::StrCat("data pack ", text, " --out ", out, " --tokenizer ", dir));
+  ASSERT_EQ(pack.exit_code, 0) << pack.stderr_text;
+  const Outcome inspect = RunDtrain(absl::StrCat(
+      "data inspect ", out, "/shard-000000.tar --tokenizer ", dir + "/tokenizer.json"));
+  EXPECT_THAT(inspect.stdout_text, HasSubstr("000000000: .tokens32(8 B)"));
+  EXPECT_THAT(inspect.stdout_text, HasSubstr("text: \"th<|eot_id|>\""));
+}
+
+TEST(DataCommandTest, TrainRefusesShardsOfALargerVocabulary) {
+  const std::string tokenizer = TokenizerDir("data_tok_train");
+  const std::string shard = Pack(tokenizer, "data_pack_train");
+  const std::string out = testing::FreshTempDir("data_train_run");
+  const Outcome train = RunDtrain(
+      absl::StrCat("train --set data.format=webdataset --set data.shards=", shard,
+                   " --set data.train=[] --set model.vocab_size=256 --set train.eval_every=0 --set "
+                   "train.warmup_steps=0 --set train.steps=1 --set run.out_dir=",
+                   out));
+  EXPECT_EQ(train.exit_code, 1) << train.stderr_text;
+  EXPECT_THAT(train.stderr_text, HasSubstr("shard " + shard + " holds ids of tokenizer hf-bpe:"));
+  EXPECT_THAT(train.stderr_text,
+              HasSubstr("(vocabulary 259), which do not fit model.vocab_size 256; set "
+                        "model.vocab_size to at least 259"));
+}
+
+TEST(DataCommandTest, SampledTextDecodesThroughDataTokenizer) {
+  const std::string tokenizer = TokenizerDir("data_tok_sample");
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the theme of them\n";
+  const std::string recipe = testing::WriteTempFile(
+      "data_sample.yaml",
+      absl::StrCat("model: {n_layer: 1, n_head: 2, d_model: 32, max_seq_len: 32, vocab_size: 300}\n"
+                   "data: {train: [",
+                   testing::WriteTempFile("data_sample.txt", text), "], tokenizer: ", tokenizer,
+                   "}\n"
+                   "train: {steps: 1, warmup_steps: 0, batch_size: 2, micro_batch: 2, seq_len: 16, "
+                   "eval_every: 1, eval_batches: 1}\n"
+                   "logging: {sample_tokens: 24, sample_prompt: the}\n"));
+  const std::string out = testing::FreshTempDir("data_sample_run");
+  const Outcome train = RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", out));
+  ASSERT_EQ(train.exit_code, 0) << train.stderr_text;
+  // The prompt is the one id of "the"; the untrained model samples ids past the tokenizer's
+  // 259 too, which show as <id N> (as bytes they would be \xNNN).
+  EXPECT_THAT(train.stderr_text, HasSubstr("sample at step 1:\nthe"));
+  EXPECT_THAT(train.stderr_text, HasSubstr("<id 2"));
+  EXPECT_THAT(train.stderr_text, ::testing::Not(HasSubstr("\\x1")));
+
+  const Outcome small = RunDtrain(
+      absl::StrCat("train ", recipe, " --set model.vocab_size=256 --set run.out_dir=", out));
+  EXPECT_EQ(small.exit_code, 1) << small.stderr_text;
+  EXPECT_THAT(small.stderr_text,
+              HasSubstr("has a vocabulary of 259, more than model.vocab_size 256"));
+  const Outcome missing = RunDtrain(
+      absl::StrCat("train ", recipe, " --set data.tokenizer=/nonexistent --set run.out_dir=", out));
+  EXPECT_EQ(missing.exit_code, 1) << missing.stderr_text;
+  EXPECT_THAT(missing.stderr_text, HasSubstr("data.tokenizer: tokenizer file /nonexistent"));
+}
+
+TEST(DataCommandTest, EncodeAndDecodeRoundTrip) {
+  const std::string tokenizer = TokenizerDir("data_tok_codec");
+  const std::string text = testing::WriteTempFile("data_codec.txt", "the\xff theme");
+  const Outcome encode = RunDtrain(absl::StrCat("data encode --tokenizer ", tokenizer, " ", text));
+  ASSERT_EQ(encode.exit_code, 0) << encode.stderr_text;
+  EXPECT_EQ(encode.stdout_text, "[257,255,32,257,109,101]\n");
+  const std::string ids = testing::WriteTempFile("data_codec.json", encode.stdout_text);
+  const Outcome decode = RunDtrain(absl::StrCat("data decode --tokenizer ", tokenizer, " ", ids));
+  EXPECT_EQ(decode.stdout_text, "the\xff theme");
+  const Outcome missing = RunDtrain(absl::StrCat("data encode --tokenizer /nonexistent ", text));
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.stderr_text, HasSubstr("tokenizer file /nonexistent does not exist"));
+}
+
+}  // namespace
+}  // namespace dtrain

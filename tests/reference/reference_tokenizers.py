@@ -1,0 +1,74 @@
+"""Reference tokenizers trained by their own libraries' trainers on the demo text.
+
+    train_all(text, out_dir) -> {"gpt2": DIR, "llama3": DIR, "gpt2_files": DIR, "sentencepiece": DIR}
+
+- gpt2: a Hugging Face tokenizer.json, byte-level BPE as GPT-2's (ByteLevel pre-tokenizer with
+  its built-in regex, <|endoftext|> special);
+- llama3: a tokenizer.json as Llama 3's (its split regex, then ByteLevel without a regex,
+  ignore_merges, <|begin_of_text|>, <|eot_id|> and the other special tokens);
+- gpt2_files: gpt2's vocabulary and merges as GPT-2's original encoder.json + vocab.bpe;
+- sentencepiece: a tokenizer.model as Llama 2's (BPE, byte_fallback, split_digits, identity
+  normalization), by the sentencepiece trainer.
+"""
+import json
+import os
+
+import sentencepiece
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                   "<|end_header_id|>", "<|eot_id|>", "<|finetune_right_pad_id|>"]
+
+
+def _byte_level(model, pre_tokenizer, vocab_size, specials, lines, path):
+    tokenizer = Tokenizer(model)
+    tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(lines, trainer)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tokenizer.save(path)
+    return tokenizer
+
+
+def _gpt2_files(tokenizer_json, folder):
+    """GPT-2's own file pair from a byte-level tokenizer.json: same vocabulary, same merges."""
+    model = json.load(open(tokenizer_json, encoding="utf-8"))["model"]
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "encoder.json"), "w", encoding="utf-8") as out:
+        json.dump(model["vocab"], out, ensure_ascii=False)
+    with open(os.path.join(folder, "vocab.bpe"), "w", encoding="utf-8") as out:
+        out.write("#version: 0.2\n")
+        for merge in model["merges"]:
+            out.write((merge if isinstance(merge, str) else " ".join(merge)) + "\n")
+
+
+def train_all(text, out_dir, vocab_size=4000, sentencepiece_lines=20000, sentencepiece_model=True):
+    lines = text.splitlines(keepends=True)
+    folders = {name: os.path.join(out_dir, name)
+               for name in ("gpt2", "llama3", "gpt2_files", "sentencepiece")}
+    _byte_level(models.BPE(), pre_tokenizers.ByteLevel(add_prefix_space=False), vocab_size,
+                ["<|endoftext|>"], lines, os.path.join(folders["gpt2"], "tokenizer.json"))
+    _byte_level(
+        models.BPE(ignore_merges=True),
+        pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+        vocab_size, LLAMA3_SPECIALS, lines, os.path.join(folders["llama3"], "tokenizer.json"))
+    _gpt2_files(os.path.join(folders["gpt2"], "tokenizer.json"), folders["gpt2_files"])
+    if not sentencepiece_model:
+        return folders
+    os.makedirs(folders["sentencepiece"], exist_ok=True)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter([line.rstrip("\n") for line in lines if line.strip()]
+                               [:sentencepiece_lines]),
+        model_prefix=os.path.join(folders["sentencepiece"], "tokenizer"),
+        vocab_size=vocab_size // 2, model_type="bpe", byte_fallback=True, split_digits=True,
+        allow_whitespace_only_pieces=True, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, character_coverage=0.9995, minloglevel=2)
+    return folders
