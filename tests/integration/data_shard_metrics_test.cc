@@ -47,8 +47,8 @@ TEST(DataShardMetricsTest, ReadAndSkippedShardsAreCounted) {
     absl::StrAppend(&inputs, " ",
                     testing::WriteTempFile(absl::StrCat("shard_metrics_doc", d, ".txt"), text));
   }
-  const testing::Outcome pack =
-      testing::RunDtrain(absl::StrCat("data pack", inputs, " --out ", shards, " --shard-size 4KiB"));
+  const testing::Outcome pack = testing::RunDtrain(
+      absl::StrCat("data pack", inputs, " --out ", shards, " --shard-size 4KiB"));
   ASSERT_EQ(pack.exit_code, 0) << pack.stderr_text;
   std::vector<std::string> tars;
   for (const auto& entry : std::filesystem::directory_iterator(shards)) {
