@@ -209,6 +209,7 @@ class Session {
       node.results.push_back(ServeClock(node.rank, Label(node.node, node.rank)));
     }
     ShareCheckpointFolder(present, node_of);
+    outcome.cluster.push_back(NodeCountCheck(world_.num_nodes, options_.cluster));
     outcome.cluster.push_back(Bandwidth(static_cast<int>(present.size())));
     // The others read from the store this process hosts until they are done.
     const absl::Time done_deadline = absl::Now() + options_.timeout;
@@ -457,6 +458,21 @@ CheckResult BandwidthCheck(double busbw_gbps, int64_t bytes, int nodes,
       "the nodes talk over a slower network than cluster.network declares: check that the host "
       "names resolve to the fast interface (ip route get PEER, ethtool IFACE for its speed), or "
       "set cluster.network to the network the nodes have (dtrain plan --catalog)");
+}
+
+CheckResult NodeCountCheck(int nodes, const ClusterSpec* cluster) {
+  const std::string detail = absl::StrCat(nodes, " nodes ran the doctor");
+  if (cluster == nullptr) {
+    return Result("cluster.nodes", Verdict::kInfo, absl::StrCat(detail, "; no recipe"));
+  }
+  if (cluster->nodes == nodes) {
+    return Result("cluster.nodes", Verdict::kOk, absl::StrCat(detail, ", as cluster.nodes says"));
+  }
+  return Result("cluster.nodes", Verdict::kWarn,
+                absl::StrCat(detail, ", but cluster.nodes is ", cluster->nodes,
+                             ": the plan and the bandwidth figures assume that many"),
+                absl::StrCat("set cluster.nodes to ", nodes,
+                             ", or run the job on as many nodes as cluster.nodes says"));
 }
 
 Verdict WorstVerdict(const std::vector<CheckResult>& results) {

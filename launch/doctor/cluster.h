@@ -57,6 +57,11 @@ inline constexpr double kMinBandwidthFraction = 0.5;
 // information.
 CheckResult BandwidthCheck(double busbw_gbps, int64_t bytes, int nodes, const ClusterSpec* cluster);
 
+// The nodes that ran the doctor against the recipe's cluster.nodes, which the planner's layout
+// and the bandwidth figures assume: ok when equal, else a warning with the value to set.
+// `cluster` null (no recipe): information.
+CheckResult NodeCountCheck(int nodes, const ClusterSpec* cluster);
+
 // What node 0 knows of one node: its node checks and the cluster checks that name it.
 struct NodeReport {
   int rank = 0;

@@ -67,6 +67,15 @@ TEST(ClusterDoctorTest, BandwidthIsJudgedAgainstTheDeclaredNetwork) {
   EXPECT_EQ(BandwidthCheck(0.5, 64 << 20, 2, nullptr).verdict, Verdict::kInfo);
 }
 
+TEST(ClusterDoctorTest, NodeCountIsCheckedAgainstTheRecipe) {
+  const ClusterSpec one = testing::CatalogCluster(1, "h100-sxm", "eth-25");
+  const CheckResult more = NodeCountCheck(2, &one);
+  EXPECT_EQ(more.verdict, Verdict::kWarn);
+  EXPECT_THAT(more.fix, HasSubstr("set cluster.nodes to 2,"));
+  EXPECT_EQ(NodeCountCheck(1, &one).verdict, Verdict::kOk);
+  EXPECT_EQ(NodeCountCheck(2, nullptr).verdict, Verdict::kInfo);
+}
+
 TEST(ClusterDoctorTest, NodeVerdictIsItsWorstCheck) {
   const std::vector<NodeReport> nodes = {
       {0, "n1", {{"a", Verdict::kOk, "fine", ""}, {"b", Verdict::kInfo, "no GPU", ""}}},
@@ -137,8 +146,9 @@ TEST(ClusterDoctorTest, TwoNodesMeetAndNodeZeroSummarises) {
                                             "cluster.checkpoint_shared"))
       << text;
   EXPECT_THAT(text, HasSubstr(absl::StrCat(dir, " is node 0's folder here too")));
-  ASSERT_EQ(summary.cluster.size(), 1u);
-  EXPECT_THAT(summary.cluster[0].detail, HasSubstr("all-reduce of 1 MiB over 2 nodes")) << text;
+  ASSERT_EQ(summary.cluster.size(), 2u);
+  EXPECT_EQ(summary.cluster[0].verdict, Verdict::kOk) << text;  // cluster.nodes is 2
+  EXPECT_THAT(summary.cluster[1].detail, HasSubstr("all-reduce of 1 MiB over 2 nodes")) << text;
   EXPECT_TRUE(std::filesystem::is_empty(dir));  // the nonce file is gone
 }
 
@@ -155,7 +165,7 @@ TEST(ClusterDoctorTest, RankThatNeverArrivesIsNamedWithinTheTimeout) {
   EXPECT_THAT(outcome.nodes[1].results[0].detail,
               HasSubstr("n2 (rank 1) did not reach the master 127.0.0.1:"));
   EXPECT_THAT(outcome.nodes[1].results[0].fix, HasSubstr("nc -zv 127.0.0.1"));
-  EXPECT_EQ(outcome.cluster[0].verdict, Verdict::kInfo);  // no all-reduce without every node
+  EXPECT_EQ(outcome.cluster.back().verdict, Verdict::kInfo);  // no all-reduce without every node
 }
 
 TEST(ClusterDoctorTest, NodeThatCannotReachTheMasterSaysSo) {
