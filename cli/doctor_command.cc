@@ -1,6 +1,9 @@
 // `dtrain doctor [RECIPE] [--set key=value]... [--json]`: checks this node against what a run
 // needs (network, RDMA, NCCL variables, memlock, /dev/shm, GPUs, checkpoint folder, master
-// address) and prints each as ok / info / warn / fail with the fix. Exit 1 when a check fails.
+// address) and prints each as ok / info / warn / fail with the fix. In a world of more than one
+// (`srun --ntasks-per-node=1 dtrain doctor`), the processes then meet as training ranks do and
+// check the nodes against each other (launch/doctor/cluster.h); rank 0 prints the summary. Exit 1
+// when a check fails.
 #include <CLI/CLI.hpp>
 #include <iostream>
 #include <memory>
@@ -11,16 +14,31 @@
 #include "cli/commands.h"
 #include "core/recipe/recipe.h"
 #include "launch/doctor/check.h"
+#include "launch/doctor/cluster.h"
 #include "launch/doctor/doctor.h"
 #include "launch/environment.h"
+#include "parallel/planner/catalog.h"
 
 namespace dtrain::cli {
+namespace {
+
+void Print(const nlohmann::ordered_json& json, const std::string& text, bool as_json) {
+  if (as_json) {
+    std::cout << json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::cout << text;
+  }
+}
+
+}  // namespace
 
 void AddDoctorCommand(CLI::App& app) {
   struct Args {
     std::string recipe_path;
     std::vector<std::string> overrides;
     bool json = false;
+    double timeout_s = 30;
+    std::string hostname;
     doctor::DoctorOptions options;
   };
   auto args = std::make_shared<Args>();
@@ -28,7 +46,9 @@ void AddDoctorCommand(CLI::App& app) {
       "doctor",
       "Check this node for a run: network interfaces, InfiniBand/RoCE ports and GIDs, NCCL_* "
       "variables against them and the recipe's cluster.network, memlock, /dev/shm, GPUs, the "
-      "checkpoint folder, the master address; each ok / info / warn / fail with its fix");
+      "checkpoint folder, the master address; each ok / info / warn / fail with its fix. Under "
+      "srun (one task per node) also the nodes against each other: the master's port from every "
+      "node, clock skew, a shared checkpoint folder, all-reduce bandwidth; summary on node 0");
   command->add_option("recipe", args->recipe_path,
                       "Recipe YAML file; without one nothing is required of the node");
   AddOverrideOption(*command, args->overrides);
@@ -37,6 +57,14 @@ void AddDoctorCommand(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--proc-root", args->options.proc_root, "Where procfs is")
       ->capture_default_str();
+  command
+      ->add_option("--timeout", args->timeout_s,
+                   "Seconds a node may take to reach the master; bounds every wait")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command->add_option("--hostname", args->hostname,
+                      "Address the other nodes reach this one's Gloo device at (default: as "
+                      "training picks it, the host name)");
   command->callback([args] {
     std::optional<Recipe> recipe;
     if (!args->recipe_path.empty()) {
@@ -49,14 +77,39 @@ void AddDoctorCommand(CLI::App& app) {
     options.recipe = recipe.has_value() ? &*recipe : nullptr;
     absl::StatusOr<std::vector<doctor::CheckResult>> results = doctor::RunNodeChecks(options);
     if (!results.ok()) Fail(results.status(), kExitUsage);
-    if (args->json) {
-      std::cout << doctor::ResultsJson(*results).dump(2, ' ', false,
-                                                      nlohmann::json::error_handler_t::replace)
-                << "\n";
-    } else {
-      std::cout << doctor::ResultsText(*results);
+    const absl::StatusOr<WorldEnvironment> world = ResolveWorld(options.env, {});
+    if (!world.ok() || world->world_size == 1) {
+      // The node checks' launch.master names a world that does not resolve.
+      Print(doctor::ResultsJson(*results), doctor::ResultsText(*results), args->json);
+      if (doctor::AnyFailed(*results)) throw CLI::RuntimeError(kExitFailure);
+      return;
     }
-    if (doctor::AnyFailed(*results)) throw CLI::RuntimeError(kExitFailure);
+    std::optional<ClusterSpec> cluster;
+    doctor::ClusterDoctorOptions cluster_options;
+    cluster_options.env = options.env;
+    cluster_options.world = *world;
+    cluster_options.timeout = absl::Seconds(args->timeout_s);
+    cluster_options.hostname = args->hostname;
+    if (recipe.has_value()) {
+      cluster = *ResolveCluster(recipe->cluster);  // RunNodeChecks resolved it
+      cluster_options.cluster = &*cluster;
+      cluster_options.checkpoint_dir = recipe->checkpoint_dir();
+    }
+    const doctor::ClusterDoctorOutcome outcome =
+        doctor::RunClusterChecks(cluster_options, *std::move(results));
+    bool failed = doctor::AnyFailed(outcome.cluster);
+    for (const doctor::NodeReport& node : outcome.nodes) {
+      failed = failed || doctor::AnyFailed(node.results);
+    }
+    if (outcome.summary) {
+      Print(doctor::ClusterSummaryJson(outcome.nodes, outcome.cluster),
+            doctor::ClusterSummaryText(outcome.nodes, outcome.cluster), args->json);
+    } else if (!outcome.in_summary) {
+      // Node 0 could not hear from this node: it says what it saw itself.
+      Print(doctor::ClusterSummaryJson(outcome.nodes, {}),
+            doctor::ClusterSummaryText(outcome.nodes, {}), args->json);
+    }
+    if (failed) throw CLI::RuntimeError(kExitFailure);
   });
 }
 

@@ -23,6 +23,12 @@
 
 namespace dtrain {
 
+std::string PeerHostname(const std::string& master_addr) {
+  const bool loopback = master_addr == "127.0.0.1" || master_addr == "localhost";
+  char name[256] = {};
+  return loopback || gethostname(name, sizeof(name) - 1) != 0 ? "127.0.0.1" : name;
+}
+
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldMembership& world,
                                                                     absl::Duration timeout,
                                                                     const std::string& key_prefix,
@@ -47,13 +53,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldM
   group->comm_namespace_ = absl::StrCat(key_prefix, attempt, "/comm/");
   group->failure_key_ = absl::StrCat(key_prefix, attempt, "/failure");
   group->timeout_ = timeout;
-  group->hostname_ = hostname;
-  if (group->hostname_.empty()) {
-    // Peers reach this rank by its host name, or over loopback when the master is local.
-    const bool loopback = world.master_addr == "127.0.0.1" || world.master_addr == "localhost";
-    char name[256] = {};
-    group->hostname_ = loopback || gethostname(name, sizeof(name) - 1) != 0 ? "127.0.0.1" : name;
-  }
+  group->hostname_ = hostname.empty() ? PeerHostname(world.master_addr) : hostname;
   GlooCommunicatorOptions options;
   options.name = "world";
   options.key_prefix = group->comm_namespace_ + "world/";

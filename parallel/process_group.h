@@ -19,6 +19,10 @@
 
 namespace dtrain {
 
+// The address peers reach this rank's Gloo devices at when none is given: 127.0.0.1 for a
+// loopback master, else this host's name.
+std::string PeerHostname(const std::string& master_addr);
+
 class ProcessGroup {
  public:
   // Rank 0 starts the store at MASTER_ADDR:MASTER_PORT unless an agent hosts it; every rank

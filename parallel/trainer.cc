@@ -670,6 +670,9 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     m.tp_sent_bytes = tp_sent;
     m.pp_sent_bytes = pp_sent;
     m.data_wait_ms = result.data_wait_ms;
+    const ShardCounts shards = data.train->shard_counts();
+    m.shards_read = shards.read;
+    m.shards_skipped = shards.skipped;
     if (executor != nullptr) m.pp_wait_ms = executor->stats().wait_ms;
     m.peak_rss_mib = PeakRssMib();
     m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);

@@ -29,6 +29,13 @@ struct LoaderState {
 // must agree (InvalidArgument naming the ranks otherwise) and the cursors are concatenated.
 absl::StatusOr<LoaderState> MergeLoaderStates(const std::vector<LoaderState>& ranks);
 
+// Shards a loader has read to their end, and given up on under data.on_error: skip_shard, since
+// it was created (read ahead of training, so a little ahead of the steps). For metrics.
+struct ShardCounts {
+  int64_t read = 0;
+  int64_t skipped = 0;
+};
+
 class SequenceLoader {
  public:
   virtual ~SequenceLoader() = default;
@@ -43,6 +50,9 @@ class SequenceLoader {
   // loader's world size (consumed_sequences negative or not a multiple of the world) or lacks a
   // cursor this rank needs.
   virtual absl::Status Restore(const LoaderState& state) = 0;
+
+  // Thread-safe. Zero for loaders that read no shards (a token file, a text file).
+  virtual ShardCounts shard_counts() const { return {}; }
 };
 
 // Evaluation data: a finite, fixed sequence of batches, the same at every evaluation.

@@ -82,6 +82,7 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
         absl::StrCat(error.message(), " (data.on_error: skip_shard would skip this shard)"));
   }
   ++cursor_.skipped_shards;
+  ++shards_skipped_;
   ++failures_in_a_row_;
   LogWarn(
       "data.on_error skip_shard: skipping shard %s (data stream %d, pass %d) after %d "
@@ -116,6 +117,7 @@ absl::Status ShardStream::ReadSample(bool decode, TokenDocument* tokens) {
         RETURN_IF_ERROR(ShardFailed(closed));
         continue;
       }
+      ++shards_read_;
       CloseSlot();
       continue;
     }

@@ -8,6 +8,7 @@
 // the current block. Not thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/data/loader.h"
 #include "core/data/packer.h"
 #include "core/data/sample_grouper.h"
 #include "core/data/shard_source.h"
@@ -66,6 +68,9 @@ class ShardStream {
   // The URL of shard slot `slot`.
   const std::string& UrlOfSlot(int64_t slot);
 
+  // Shards this stream read to their end, and skipped (skip_bad_shards); thread-safe.
+  ShardCounts counts() const { return {shards_read_.load(), shards_skipped_.load()}; }
+
  private:
   absl::Status LoadBlock();
   // Next sample's tokens; `decode` false skips decoding (for Restore). OutOfRange at the end.
@@ -91,6 +96,8 @@ class ShardStream {
   Sample sample_;
   int64_t perm_pass_ = -1;  // the pass whose shard permutation perm_ holds
   std::vector<int64_t> perm_;
+  std::atomic<int64_t> shards_read_{0};
+  std::atomic<int64_t> shards_skipped_{0};
 };
 
 }  // namespace dtrain

@@ -206,6 +206,16 @@ LoaderState WebDatasetLoader::state() const {
           EncodeStreamCursors(options_.stream.num_streams, streams, consumed_)};
 }
 
+ShardCounts WebDatasetLoader::shard_counts() const {
+  ShardCounts total;
+  for (const std::unique_ptr<ShardStream>& stream : streams_) {
+    const ShardCounts counts = stream->counts();
+    total.read += counts.read;
+    total.skipped += counts.skipped;
+  }
+  return total;
+}
+
 absl::Status WebDatasetLoader::Restore(const LoaderState& state) {
   const int world = options_.world;
   const int num_streams = options_.stream.num_streams;

@@ -43,6 +43,7 @@ class WebDatasetLoader final : public SequenceLoader {
   absl::Status Next(int count, int32_t* inputs, int32_t* targets) override;
   LoaderState state() const override;
   absl::Status Restore(const LoaderState& state) override;
+  ShardCounts shard_counts() const override;
 
  private:
   struct Window {

@@ -8,6 +8,9 @@ namespace dtrain {
 namespace {
 
 constexpr char kSavesHelp[] = "checkpoints saved by this run";
+constexpr char kShardsReadHelp[] = "data shards this rank's loader read to their end";
+constexpr char kShardsSkippedHelp[] =
+    "data shards this rank's loader skipped as unreadable (data.on_error: skip_shard)";
 constexpr char kSentHelp[] =
     "bytes this rank sent over its data-, tensor- and pipeline-parallel group";
 
@@ -18,6 +21,8 @@ StepExporter::StepExporter(MetricLabels labels, int restarts) : registry_(std::m
                        restarts);
   // Counters exist from the start, so a rate over them has a first sample.
   registry_.AddCounter("dtrain_checkpoint_saves_total", kSavesHelp, 0);
+  registry_.AddCounter("dtrain_data_shards_read_total", kShardsReadHelp, 0);
+  registry_.AddCounter("dtrain_data_shards_skipped_total", kShardsSkippedHelp, 0);
   for (const char* group : {"dp", "tp", "pp"}) {
     registry_.AddCounter("dtrain_sent_bytes_total", kSentHelp, 0, {{"group", group}});
   }
@@ -75,6 +80,12 @@ void StepExporter::Record(const StepMetrics& m) {
     r.Observe("dtrain_checkpoint_block_seconds", "time training waited for a checkpoint save",
               buckets, *m.ckpt_blocked_ms / 1e3);
   }
+  r.AddCounter("dtrain_data_shards_read_total", kShardsReadHelp,
+               static_cast<double>(m.shards_read - shards_read_));
+  r.AddCounter("dtrain_data_shards_skipped_total", kShardsSkippedHelp,
+               static_cast<double>(m.shards_skipped - shards_skipped_));
+  shards_read_ = m.shards_read;
+  shards_skipped_ = m.shards_skipped;
   const std::pair<const char*, int64_t> sent[] = {
       {"dp", m.dp_sent_bytes}, {"tp", m.tp_sent_bytes}, {"pp", m.pp_sent_bytes}};
   for (const auto& [group, bytes] : sent) {

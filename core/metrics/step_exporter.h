@@ -27,6 +27,9 @@ class StepExporter {
   StepExporter(MetricLabels labels, int restarts);
 
   MetricsRegistry registry_;
+  // The loader's shard counts at the last Record: counters grow by the difference.
+  int64_t shards_read_ = 0;
+  int64_t shards_skipped_ = 0;
   std::unique_ptr<MetricsServer> server_;  // after registry_: stops before it goes
 };
 

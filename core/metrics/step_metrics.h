@@ -45,6 +45,9 @@ struct StepMetrics {
   // logging.straggler_pct above the ranks' median.
   std::optional<int64_t> straggler_rank;
   std::optional<double> straggler_lag_pct;
+  // This rank's training data loader so far (core/data/loader.h ShardCounts); Prometheus only.
+  int64_t shards_read = 0;
+  int64_t shards_skipped = 0;
 };
 
 // "step 12/300 | loss 2.3456 | lr 1.00e-03 | norm 0.81 | 312.5 ms | 6554 tok/s | MFU 41.2% |

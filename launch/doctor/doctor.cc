@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "launch/doctor/gpu_links.h"
 #include "launch/doctor/network.h"
 
 namespace dtrain::doctor {
@@ -95,12 +96,18 @@ CheckResult GpuCheck(const GpuInventory& gpus, const Recipe* recipe) {
   return Result("node.gpus", Verdict::kOk, gpus.description);
 }
 
-CheckResult CheckpointFolderCheck(const std::string& dir) {
+fs::path NearestExistingFolder(const std::string& dir) {
   std::error_code error;
   fs::path existing = fs::absolute(dir, error);
   while (!existing.empty() && !fs::exists(existing, error) && existing != existing.parent_path()) {
     existing = existing.parent_path();
   }
+  return existing;
+}
+
+CheckResult CheckpointFolderCheck(const std::string& dir) {
+  std::error_code error;
+  const fs::path existing = NearestExistingFolder(dir);
   const bool exists = existing == fs::absolute(dir, error);
   const fs::path probe = existing / absl::StrCat(".dtrain-doctor-probe-", getpid());
   const int fd = open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
@@ -157,7 +164,11 @@ absl::StatusOr<std::vector<CheckResult>> RunNodeChecks(const DoctorOptions& opti
       options.memlock_bytes.has_value() ? *options.memlock_bytes : ProcessMemlockBytes(),
       RecipeNeedsRdma(spec), !network.ports.empty()));
   results.push_back(ShmCheck(options.shm_path));
-  results.push_back(GpuCheck(FindGpus(options.env, options.proc_root), options.recipe));
+  const GpuInventory gpus = FindGpus(options.env, options.proc_root);
+  results.push_back(GpuCheck(gpus, options.recipe));
+  for (CheckResult& link : GpuLinkChecks(ReadPcieGpus(options.sys_root), gpus)) {
+    results.push_back(std::move(link));
+  }
   if (options.recipe != nullptr) {
     results.push_back(CheckpointFolderCheck(options.recipe->checkpoint_dir()));
   }

@@ -1,9 +1,11 @@
 // `dtrain doctor` on one node: the network (network.h), memlock, /dev/shm, GPUs against the
-// recipe, the checkpoint folder and the master address, each an ok / info / warn / fail with
-// its fix (check.h). Roots are parameters so that tests fake a node's /sys and /proc.
+// recipe and their PCIe links (gpu_links.h), the checkpoint folder and the master address, each
+// an ok / info / warn / fail with its fix (check.h). Roots are parameters so that tests fake a
+// node's /sys and /proc. Across nodes: cluster.h.
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +45,9 @@ CheckResult ShmCheck(const std::string& shm_path);
 // The driver's GPUs against the recipe: information without a GPU recipe, a failure when a GPU
 // recipe finds fewer than cluster.gpus_per_node.
 CheckResult GpuCheck(const GpuInventory& gpus, const Recipe* recipe);
+
+// `dir`, or where it does not exist yet, its nearest existing parent (where dtrain creates it).
+std::filesystem::path NearestExistingFolder(const std::string& dir);
 
 // Creates and removes a probe file in `dir`, or where `dir` does not exist yet, in its nearest
 // existing parent (dtrain creates the rest).

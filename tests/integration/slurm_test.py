@@ -10,6 +10,8 @@ machine, brought up by scripts/slurm/cluster.sh. Jobs are submitted with sbatch,
 - an agent SIGKILLed under `dtrain launch` (with a restart left): Slurm tears the step down
   (SIGTERM), and the other agent names the lost agent as the root cause and ends by itself,
   before KillWait, instead of treating the teardown as a preemption or waiting for the node.
+- `srun dtrain doctor` over both nodes: node 0 prints one summary in which each node reached the
+  master, sees node 0's file in the checkpoint folder and took part in the all-reduce.
 
 Usage: slurm_test.py --dtrain BUILD/dtrain (as root; ctest runs it with RESOURCE_LOCK slurm).
 """
@@ -154,6 +156,19 @@ class SlurmTest(unittest.TestCase):
         self.assertEqual(code, 0, output)
         self.assertIn("4 ranks", output)
         self.assert_follows_reference("srun4")
+
+    def test_doctor_summarises_both_nodes(self):
+        code, output = sbatch("doctor", f"srun -N2 --ntasks=2 --ntasks-per-node=1 {DTRAIN} doctor "
+                                        f"{recipe('doctor', 1)} --timeout 30")
+        # One summary, from node 0 (n1): n2's report is in it, and n2 printed nothing of its own.
+        self.assertEqual(output.count("== verdict per node"), 1, output)
+        for node, rank in (("n1", 0), ("n2", 1)):
+            self.assertEqual(output.count(f"== {node} (rank {rank})"), 1, output)
+        self.assertRegex(output, r"== n2 \(rank 1\)\n(.*\n)*ok +cluster\.reach +reached the master n1:")
+        self.assertRegex(output, r"ok +cluster\.checkpoint_shared +\S+ is node 0's folder here too")
+        self.assertRegex(output, r"ok +cluster\.clock +n2 \(rank 1\)'s clock")
+        self.assertIn("all-reduce of 64 MiB over 2 nodes (Gloo): bus bandwidth", output)
+        self.assertNotRegex(output, r"fail +cluster\.", output)
 
     def test_launch_runs_an_agent_per_node(self):
         code, output = sbatch("launch4",

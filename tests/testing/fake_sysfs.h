@@ -1,5 +1,6 @@
-// Fake sysfs trees (class/net, class/infiniband) of an InfiniBand node, a RoCE node and an
-// Ethernet-only node, laid out as the kernel lays them out, for the doctor's tests.
+// Fake sysfs trees (class/net, class/infiniband, bus/pci/devices) of an InfiniBand node, a RoCE
+// node, an Ethernet-only node and PCI devices, laid out as the kernel lays them out, for the
+// doctor's tests.
 // Header-only because tests/CMakeLists.txt compiles only *_test.cc.
 #pragma once
 
@@ -11,7 +12,7 @@
 
 namespace dtrain::testing {
 
-// A fake /sys laid out as the kernel lays out class/net and class/infiniband.
+// A fake /sys laid out as the kernel lays out class/net, class/infiniband and bus/pci/devices.
 class FakeSys {
  public:
   explicit FakeSys(const std::string& name) : root_(FreshTempDir(name)) {
@@ -37,6 +38,21 @@ class FakeSys {
     const std::string port = "class/infiniband/" + device + "/ports/1/";
     Write(port + "gids/" + std::to_string(index), gid);
     Write(port + "gid_attrs/types/" + std::to_string(index), type);
+  }
+
+  // A PCI function with its link: `width` lanes of `max_width`, speeds as sysfs writes them
+  // ("32.0 GT/s PCIe").
+  void PciDevice(const std::string& address, const std::string& vendor, const std::string& klass,
+                 int width, int max_width, const std::string& speed, const std::string& max_speed,
+                 int numa_node) {
+    const std::string device = "bus/pci/devices/" + address + "/";
+    Write(device + "vendor", vendor);
+    Write(device + "class", klass);
+    Write(device + "current_link_width", std::to_string(width));
+    Write(device + "max_link_width", std::to_string(max_width));
+    Write(device + "current_link_speed", speed);
+    Write(device + "max_link_speed", max_speed);
+    Write(device + "numa_node", std::to_string(numa_node));
   }
 
  private:
