@@ -1,5 +1,6 @@
 #include "core/data/data_pack.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/data/sft_data.h"
 #include "core/data/tar_writer.h"
 #include "core/util/status.h"
 
@@ -22,7 +24,16 @@ class ShardWriter {
       : out_dir_(std::move(out_dir)), shard_bytes_(shard_bytes) {}
 
   absl::Status Add(const std::string& name, const std::string& data, PackResult* result) {
-    const int64_t bytes = 512 + (static_cast<int64_t>(data.size()) + 511) / 512 * 512;
+    return AddSample({{name, data}}, result);
+  }
+
+  // The members of one sample, (name, data) each, in one shard: a sample never spans two.
+  absl::Status AddSample(const std::vector<std::pair<std::string, std::string>>& members,
+                         PackResult* result) {
+    int64_t bytes = 0;
+    for (const auto& [name, data] : members) {
+      bytes += 512 + (static_cast<int64_t>(data.size()) + 511) / 512 * 512;
+    }
     if (out_.is_open() && written_ + bytes + 1024 > shard_bytes_) RETURN_IF_ERROR(Finish());
     if (!out_.is_open()) {
       const std::string path =
@@ -32,8 +43,10 @@ class ShardWriter {
       result->shards.push_back(path);
       written_ = 0;
     }
-    const int64_t size = static_cast<int64_t>(data.size());
-    out_ << TarHeader(name, size) << data << TarPadding(size);
+    for (const auto& [name, data] : members) {
+      const int64_t size = static_cast<int64_t>(data.size());
+      out_ << TarHeader(name, size) << data << TarPadding(size);
+    }
     written_ += bytes;
     return absl::OkStatus();
   }
@@ -124,6 +137,54 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
     } else {
       const std::string text((std::istreambuf_iterator<char>(in)), {});
       RETURN_IF_ERROR(add_document(text));
+    }
+  }
+  RETURN_IF_ERROR(writer.Finish());
+  return result;
+}
+
+absl::StatusOr<PackResult> PackSftShards(const std::vector<std::string>& inputs,
+                                         const std::string& out_dir, int64_t shard_bytes,
+                                         const Tokenizer& tokenizer,
+                                         const ChatTemplate& chat_template) {
+  std::error_code error;
+  std::filesystem::create_directories(out_dir, error);
+  if (error) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", out_dir, ": ", error.message()));
+  }
+  const bool wide = tokenizer.vocab_size() > 65536;
+  const size_t width = wide ? 4 : 2;
+  ShardWriter writer(out_dir, shard_bytes);
+  PackResult result;
+  std::string bytes;
+  for (const std::string& input : inputs) {
+    if (!absl::EndsWith(input, ".jsonl")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(input,
+                       ": SFT data is JSON lines (.jsonl), one {\"prompt\", \"completion\"} or "
+                       "{\"messages\"} object a line"));
+    }
+    std::ifstream in(input, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot open input ", input));
+    std::string line;
+    for (int64_t number = 1; std::getline(in, line); ++number) {
+      if (absl::StripAsciiWhitespace(line).empty()) continue;
+      ASSIGN_OR_RETURN(const SftSample sample, EncodeSftLine(line, chat_template, tokenizer,
+                                                             absl::StrCat(input, ":", number)));
+      bytes.resize(sample.tokens.size() * width);
+      for (size_t i = 0; i < sample.tokens.size(); ++i) {
+        const uint32_t id = static_cast<uint32_t>(sample.tokens[i]);
+        std::memcpy(bytes.data() + i * width, &id, width);  // little-endian host
+      }
+      const std::string key = absl::StrFormat("%09d", result.documents);
+      RETURN_IF_ERROR(writer.AddSample(
+          {{key + (wide ? ".tokens32" : ".tokens"), bytes},
+           {key + ".mask", std::string(sample.trained.begin(), sample.trained.end())}},
+          &result));
+      ++result.documents;
+      result.tokens += static_cast<int64_t>(sample.tokens.size());
+      result.trained_tokens += std::count(sample.trained.begin(), sample.trained.end(), uint8_t{1});
     }
   }
   RETURN_IF_ERROR(writer.Finish());

@@ -37,7 +37,8 @@ struct ModelSection {
 };
 
 struct DataSection {
-  std::string format = "text";  // text (bytes, vocab 256) | llmc (llm.c token shards) | webdataset
+  // text (bytes, vocab 256) | llmc (llm.c token shards) | webdataset | sft (data pack --sft shards)
+  std::string format = "text";
   std::vector<std::string> train;  // files; glob patterns allowed
   std::vector<std::string> val;    // empty = the last val_fraction of the train tokens
   double val_fraction = 0.05;
@@ -53,6 +54,9 @@ struct DataSection {
   double http_timeout_s = 30;
   int http_retries = 3;
   int read_ahead_mb = 64;
+  // sft: samples packed whole into sequences with document-aware attention, or one per sequence.
+  bool packing = true;
+  std::string on_long_sample = "truncate";  // truncate | skip
 };
 
 struct TrainSection {
