@@ -106,6 +106,8 @@ void AddDataCommand(CLI::App& app) {
     std::string shard_size = "256MB";
     std::string tokenizer;
     int threads = 0;
+    bool sft = false;
+    std::string chat_template = "llama3";
   };
   auto pack_args = std::make_shared<PackArgs>();
   CLI::App* pack = data->add_subcommand(
@@ -120,6 +122,14 @@ void AddDataCommand(CLI::App& app) {
                    "tokenizer.json, tokenizer.model, GPT-2's encoder.json/vocab.bpe, or their "
                    "folder; empty = byte-level tokens");
   pack->add_option("--threads", pack_args->threads, "Encoding threads; 0 = one per core");
+  pack->add_flag("--sft", pack_args->sft,
+                 "SFT samples: each .jsonl line a {\"prompt\", \"completion\"} or "
+                 "{\"messages\": [...]} object; writes a loss mask (.mask) beside the tokens, "
+                 "for data.format sft");
+  pack->add_option("--chat-template", pack_args->chat_template,
+                   "With --sft: llama3, chatml, none (the texts as they are) or a template "
+                   "file (README.md, SFT data)")
+      ->capture_default_str();
   pack->callback([pack_args] {
     absl::StatusOr<int64_t> shard_bytes = ParseByteSize(pack_args->shard_size);
     if (!shard_bytes.ok()) Fail(shard_bytes.status(), kExitUsage);
@@ -127,9 +137,21 @@ void AddDataCommand(CLI::App& app) {
                             ? pack_args->threads
                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const auto tokenizer = LoadTokenizerOrFail(pack_args->tokenizer, threads);
-    absl::StatusOr<PackResult> result =
-        PackShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer, threads);
+    absl::StatusOr<PackResult> result;
+    if (pack_args->sft) {
+      absl::StatusOr<ChatTemplate> chat_template = LoadChatTemplate(pack_args->chat_template);
+      if (!chat_template.ok()) Fail(chat_template.status(), kExitUsage);
+      result = PackSftShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer,
+                             *chat_template);
+    } else {
+      result =
+          PackShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer, threads);
+    }
     if (!result.ok()) Fail(result.status(), kExitFailure);
+    if (pack_args->sft) {
+      std::cout << absl::StrFormat("%d of the tokens are trained (assistant/completion)\n",
+                                   result->trained_tokens);
+    }
     std::cout << absl::StrFormat(
         "%d documents, %d tokens in %d shards: %s/shard-{000000..%06d}"
         ".tar\n",

@@ -349,7 +349,7 @@ void DataParallelEngine::GradientsReady(int region) {
 
 absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
                                                           int64_t global_tokens, double grad_clip,
-                                                          double lr) {
+                                                          double lr, int64_t local_trained_tokens) {
   for (PendingReduction& reduction : reductions_) {
     if (!Wait(reduction.work).ok()) continue;
     backend_.Copy(OwnGrads(layout_.units()[reduction.unit]), reduction.shard.floats(),
@@ -385,7 +385,18 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   // One all-reduce for the loss and the squared norm. Replicated gradients (ddp) are counted
   // once, by rank 0.
   if (layout_.ranks() == 1 && rank() > 0) sum_squares = 0;
-  RETURN_IF_ERROR(SumOverRanks(local_loss_sum, sum_squares));
+  const bool masked = local_trained_tokens >= 0;
+  double sums[3] = {local_loss_sum, sum_squares, static_cast<double>(local_trained_tokens)};
+  RETURN_IF_ERROR(SumOverRanks(absl::MakeSpan(sums, masked ? 3 : 2)));
+  local_loss_sum = sums[0];
+  sum_squares = sums[1];
+  // Token counts are exact in a double up to 2^53.
+  totals.trained_tokens = masked ? static_cast<int64_t>(sums[2]) : global_tokens;
+  // Backward scaled the gradients by 1 / global_tokens; the step's mean is over the trained
+  // tokens.
+  const double rescale = totals.trained_tokens > 0 ? static_cast<double>(global_tokens) /
+                                                         static_cast<double>(totals.trained_tokens)
+                                                   : 1.0;
   // The loss is the same on every tensor-parallel rank (and, summed by the caller, on every
   // stage); the norm's parts are not. Each sum's result is the same on every rank of its group,
   // so the stages then sum equal tp totals, and every rank clips by the same norm.
@@ -394,8 +405,9 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
     std::unique_ptr<Work> work = model_parallel->AllReduce(&sum_squares, 1, ReduceOp::kSum);
     RETURN_IF_ERROR(Wait(work));
   }
-  totals.loss = local_loss_sum / static_cast<double>(global_tokens);
-  totals.grad_norm = std::sqrt(sum_squares);
+  totals.loss =
+      totals.trained_tokens > 0 ? local_loss_sum / static_cast<double>(totals.trained_tokens) : 0.0;
+  totals.grad_norm = std::sqrt(sum_squares) * rescale;
   if (!std::isfinite(totals.grad_norm) || !std::isfinite(totals.loss)) {
     return absl::InternalError(absl::StrCat("the loss is ", totals.loss, " and the gradient norm ",
                                             totals.grad_norm,
@@ -403,9 +415,11 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   }
   // The rule of torch.nn.utils.clip_grad_norm_.
   const double coef = grad_clip > 0 ? grad_clip / (totals.grad_norm + 1e-6) : 1.0;
+  // One pass applies both the rescale to the trained tokens' mean and the clipping.
+  const double scale = rescale * std::min(coef, 1.0);
   for (size_t u = 0; u < layout_.units().size(); ++u) {
     const Unit& unit = layout_.units()[u];
-    if (coef < 1.0) backend_.Scale(OwnGrads(unit), static_cast<float>(coef), unit.shard);
+    if (scale != 1.0) backend_.Scale(OwnGrads(unit), static_cast<float>(scale), unit.shard);
     optimizers_[u].Step(backend_, OwnParams(unit), OwnGrads(unit), static_cast<float>(lr));
   }
 
@@ -441,14 +455,10 @@ double DataParallelEngine::CountedSumSquares() {
   return sum_squares;
 }
 
-absl::Status DataParallelEngine::SumOverRanks(double& a, double& b) {
+absl::Status DataParallelEngine::SumOverRanks(absl::Span<double> values) {
   if (!comm_) return absl::OkStatus();
-  double sums[2] = {a, b};
-  std::unique_ptr<Work> work = comm_->AllReduce(sums, 2, ReduceOp::kSum);
-  RETURN_IF_ERROR(Wait(work));
-  a = sums[0];
-  b = sums[1];
-  return absl::OkStatus();
+  std::unique_ptr<Work> work = comm_->AllReduce(values.data(), values.size(), ReduceOp::kSum);
+  return Wait(work);
 }
 
 absl::Status DataParallelEngine::CheckReplicas() {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/backend/backend.h"
 #include "core/checkpoint/format.h"
 #include "core/model/block_parameters.h"
@@ -41,8 +42,9 @@ struct EngineMemory {
 };
 
 struct StepTotals {
-  double loss = 0;             // mean token loss over the global batch
+  double loss = 0;             // mean token loss over the global batch's trained tokens
   double grad_norm = 0;        // before clipping
+  int64_t trained_tokens = 0;  // the global batch's targets that count in the loss
   double exposed_comm_ms = 0;  // time this rank waited on communication during the step
 };
 
@@ -108,8 +110,15 @@ class DataParallelEngine : public BlockParameters {
   absl::Status BeginBackward(int micro_batch, int chunk);
   // After the last micro-batch: wait for the reductions, reduce the loss (this rank's sum of
   // token losses over `global_tokens`), clip, AdamW, gather. Errors name the failed collective.
+  // Masked targets (SFT: prompts, padding): `local_trained_tokens` is this rank's count of
+  // targets >= 0, summed over the replicas with the loss; the loss is then the mean over the
+  // global batch's trained tokens, and the gradients, scaled by 1 / global_tokens in backward,
+  // are rescaled by global_tokens / trained before clipping, so the step is the same at any
+  // split into ranks and micro-batches. -1: every target counts (trained = global_tokens). A
+  // step without a trained token has zero gradients and loss 0.
   absl::StatusOr<StepTotals> FinishStep(double local_loss_sum, int64_t global_tokens,
-                                        double grad_clip, double lr);
+                                        double grad_clip, double lr,
+                                        int64_t local_trained_tokens = -1);
   // Checks that every rank holds the same replicated parameters (no-op when sharded).
   absl::Status CheckReplicas();
 
@@ -161,7 +170,7 @@ class DataParallelEngine : public BlockParameters {
   // The step's loss and squared norm summed over the data-parallel ranks; unlike the free
   // SumOverRanks (communicator.h) it waits through Wait, so the time counts as exposed
   // communication in the step log.
-  absl::Status SumOverRanks(double& a, double& b);
+  absl::Status SumOverRanks(absl::Span<double> values);
   GatheredUnit& Gather(int unit);
   void Prefetch(int region, Pass pass);
   // Returns a unit-gradient buffer whose reduction finished, folding the result into the shard.

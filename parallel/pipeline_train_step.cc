@@ -175,8 +175,9 @@ absl::StatusOr<StepResult> PipelineTrainStep(Transformer& model, TransformerPipe
   std::vector<int32_t> inputs(micro_tokens * micro_batches), targets(inputs.size());
   const auto start = std::chrono::steady_clock::now();
   for (int micro = 0; micro < micro_batches; ++micro) {
+    // Document data (positions) is refused with pipeline stages by the trainer.
     RETURN_IF_ERROR(next_micro_batch(inputs.data() + micro * micro_tokens,
-                                     targets.data() + micro * micro_tokens));
+                                     targets.data() + micro * micro_tokens, nullptr));
   }
   const double data_wait_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

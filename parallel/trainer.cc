@@ -162,15 +162,24 @@ absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, Validation
   const int b = recipe.train.micro_batch;
   const int t = recipe.train.seq_len;
   std::vector<int32_t> inputs(static_cast<size_t>(b) * t), targets(inputs.size());
+  // Document data (SFT): positions, and the mean is over the trained (unmasked) targets.
+  const bool documents = val.documents();
+  std::vector<int32_t> positions(documents ? inputs.size() : 0);
   val.Reset();
   double loss_sum = 0;
   double tokens = 0;
   for (int i = 0; i < recipe.train.eval_batches; ++i) {
-    ASSIGN_OR_RETURN(const int rows, val.Next(b, inputs.data(), targets.data()));
+    ASSIGN_OR_RETURN(const int rows, documents ? val.NextDocuments(b, inputs.data(), targets.data(),
+                                                                   positions.data())
+                                               : val.Next(b, inputs.data(), targets.data()));
     // Every rank runs the forward, on an empty batch too: sharded parameters are gathered
     // collectively.
-    loss_sum += model.ForwardLoss(inputs.data(), targets.data(), rows, t);
-    tokens += static_cast<double>(rows) * t;
+    loss_sum += model.ForwardLoss(inputs.data(), targets.data(), rows, t,
+                                  documents ? positions.data() : nullptr);
+    tokens += documents ? static_cast<double>(std::count_if(
+                              targets.begin(), targets.begin() + static_cast<size_t>(rows) * t,
+                              [](int32_t target) { return target >= 0; }))
+                        : static_cast<double>(rows) * t;
   }
   RETURN_IF_ERROR(SumOverRanks(dp, loss_sum, tokens));
   if (tokens == 0) return absl::FailedPreconditionError("the validation set is empty");
@@ -364,6 +373,7 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDim
   const TrainSection& train = recipe.train;
   LogInfo("model: %s", ModelShapeLine(config));
   LogInfo("data: %d tokens for training, %d for validation", data.train_tokens, data.val_tokens);
+  for (const std::string& note : data.notes) LogInfo("data: %s", note);
   LogInfo(
       "batch: %d sequences x %d tokens = %d tokens/step; %d data-parallel ranks x %d "
       "micro-batches of %d; activations %s (recompute %s)",
@@ -573,6 +583,12 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
                        recipe.parallel.sequence_parallel, activation_slots));
   Transformer& model = *model_owner;
   ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, dp_rank, dp_size));
+  const bool documents = data.train->documents();
+  if (documents && pp > 1) {
+    return absl::InvalidArgumentError(
+        "data.format sft with parallel.pp > 1: the pipeline stages do not pass the samples' "
+        "positions yet; use parallel.pp: 1 (tensor and data parallelism work)");
+  }
   const CheckpointSignals signals;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingCheckpoints> checkpoints,
                    TrainingCheckpoints::Create(recipe, table, engine, world_comm));
@@ -602,8 +618,9 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     RETURN_IF_ERROR(OpenMetrics((run_dir / recipe.logging.metrics_file).string(), resumed_step,
                                 checkpoints->resumed_metrics_line(), metrics));
   }
-  const MicroBatchSource next_micro_batch = [&](int32_t* in, int32_t* out) {
-    return data.train->Next(train.micro_batch, in, out);
+  const MicroBatchSource next_micro_batch = [&](int32_t* in, int32_t* out, int32_t* positions) {
+    return documents ? data.train->NextDocuments(train.micro_batch, in, out, positions)
+                     : data.train->Next(train.micro_batch, in, out);
   };
   double elapsed_s = 0;
   // Steps after the first (which pays for first-touch allocations), or the only one.
@@ -620,7 +637,8 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     absl::StatusOr<StepResult> stepped =
         pp > 1 ? PipelineTrainStep(model, *pipeline_stage, engine, *executor, table, *groups.pp,
                                    groups.dp, train, step, micro_batches, next_micro_batch)
-               : TrainStep(model, engine, train, step, micro_batches, next_micro_batch);
+               : TrainStep(model, engine, train, step, micro_batches, next_micro_batch, nullptr,
+                           documents);
     // A failed tp all-reduce left the step to run on garbage: its error is the one to report.
     RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
     ASSIGN_OR_RETURN(const StepResult result, std::move(stepped));
@@ -663,8 +681,12 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     m.lr = result.lr;
     m.grad_norm = result.grad_norm;
     m.step_ms = step_time.count() * 1e3;
-    m.tokens_per_s = static_cast<double>(tokens_per_step) / step_time.count();
-    m.mfu_percent = 100.0 * flops_per_token * m.tokens_per_s / (peak_flops * world.world_size);
+    // SFT counts only the trained tokens (prompts and padding are not what a step learns).
+    m.tokens_per_s = static_cast<double>(documents ? result.trained_tokens : tokens_per_step) /
+                     step_time.count();
+    // MFU counts the work done: every token of the batch, trained or not.
+    m.mfu_percent = 100.0 * flops_per_token * static_cast<double>(tokens_per_step) /
+                    step_time.count() / (peak_flops * world.world_size);
     m.exposed_comm_ms = result.exposed_comm_ms;
     m.dp_sent_bytes = dp_sent;
     m.tp_sent_bytes = tp_sent;

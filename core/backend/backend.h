@@ -84,32 +84,40 @@ class Backend {
   virtual void SwiGluBackward(float* dgate_up, const float* gate_up, const float* dout, int n,
                               int f) = 0;
 
+  // Documents packed into one row (SFT samples): `positions` (B, T), in the backend's memory as
+  // the tokens are, holds each token's position in its own document, 0 at a document's first
+  // token and counting up by one within it (so row t's document starts at t - positions[t]).
+  // Null (pretraining): position t, one document per row. The kernels below that take it use
+  // it in place of t, and attention keeps to the token's own document.
+
   // Rotary embedding in place on the query and key heads of qkv (B, T, qkv_width), rotating
   // the pairs (i, i + D/2) (Hugging Face Llama's rotate_half convention) by position
   // (pos_offset + t) * theta^(-2i/D). Backward rotates the gradient back, in place.
-  virtual void RopeForward(float* qkv, const AttentionShape& shape, float theta,
-                           int pos_offset) = 0;
-  virtual void RopeBackward(float* dqkv, const AttentionShape& shape, float theta,
-                            int pos_offset) = 0;
+  virtual void RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset,
+                           const int32_t* positions) = 0;
+  virtual void RopeBackward(float* dqkv, const AttentionShape& shape, float theta, int pos_offset,
+                            const int32_t* positions) = 0;
 
-  // Causal self-attention with scale 1/sqrt(D). out (B, T, H*D); lse (B, H, T) holds each
-  // row's log-sum-exp so backward recomputes the probabilities instead of storing (B,H,T,T).
+  // Causal self-attention with scale 1/sqrt(D): token t attends to keys [t - positions[t], t]
+  // ([0, t] without positions). out (B, T, H*D); lse (B, H, T) holds each row's log-sum-exp so
+  // backward recomputes the probabilities instead of storing (B,H,T,T).
   virtual void AttentionForward(float* out, float* lse, const float* qkv,
-                                const AttentionShape& shape) = 0;
+                                const AttentionShape& shape, const int32_t* positions) = 0;
   // dqkv (B, T, qkv_width) is written.
   virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                                 const float* lse, const AttentionShape& shape) = 0;
+                                 const float* lse, const AttentionShape& shape,
+                                 const int32_t* positions) = 0;
 
   // out (B*T, C) = token_embedding[tokens] + position_embedding[t] (may be null). The token
   // table holds the vocabulary rows [vocab_begin, vocab_end) (all of them: [0, V)); a token
   // outside them looks up zeros (a vocabulary-parallel rank's share, summed over the ranks).
   virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
                                 const float* position_embedding, int b, int t, int c,
-                                int vocab_begin, int vocab_end) = 0;
+                                int vocab_begin, int vocab_end, const int32_t* positions) = 0;
   // Accumulates only the rows [vocab_begin, vocab_end) of the token table.
   virtual void EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
                                  const float* dout, const int32_t* tokens, int b, int t, int c,
-                                 int vocab_begin, int vocab_end) = 0;
+                                 int vocab_begin, int vocab_end, const int32_t* positions) = 0;
 
   // Output layer fused with softmax and cross-entropy, never holding all (N, V) logits:
   // logits = x (N, C) @ weight (V, C)^T; returns the sum over rows of -log p(target). Rows with

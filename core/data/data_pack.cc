@@ -1,5 +1,6 @@
 #include "core/data/data_pack.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/data/sft_data.h"
 #include "core/data/tar_writer.h"
 #include "core/data/token_decode.h"
 #include "core/util/status.h"
@@ -29,9 +31,13 @@ class ShardWriter {
         shard_bytes_(shard_bytes),
         first_field_(std::move(first_field)) {}
 
-  absl::Status Add(const std::string& key, const std::string& extension, const std::string& data,
-                   PackResult* result) {
-    const int64_t bytes = MemberBytes(data.size());
+  // One sample's members, (extension, data) each, under `key`, in one shard: a sample never
+  // spans two.
+  absl::Status AddSample(const std::string& key,
+                         const std::vector<std::pair<std::string, std::string>>& members,
+                         PackResult* result) {
+    int64_t bytes = 0;
+    for (const auto& member : members) bytes += MemberBytes(member.second.size());
     if (out_.is_open() && written_ + bytes + 1024 > shard_bytes_) RETURN_IF_ERROR(Finish());
     const bool first = !out_.is_open();
     if (first) {
@@ -42,7 +48,7 @@ class ShardWriter {
       result->shards.push_back(path);
       written_ = 0;
     }
-    Write(absl::StrCat(key, ".", extension), data);
+    for (const auto& [extension, data] : members) Write(absl::StrCat(key, ".", extension), data);
     if (first) Write(absl::StrCat(key, ".", kTokenizerExtension), first_field_);
     return absl::OkStatus();
   }
@@ -68,6 +74,34 @@ class ShardWriter {
   std::ofstream out_;
   int64_t written_ = 0;
 };
+
+// The shard writer for `tokenizer`'s ids in out_dir, which it creates.
+absl::StatusOr<ShardWriter> OpenShards(const std::string& out_dir, int64_t shard_bytes,
+                                       const Tokenizer& tokenizer) {
+  std::error_code error;
+  std::filesystem::create_directories(out_dir, error);
+  if (error) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", out_dir, ": ", error.message()));
+  }
+  const nlohmann::json record = {{"name", tokenizer.name()},
+                                 {"vocab_size", tokenizer.vocab_size()}};
+  return ShardWriter(out_dir, shard_bytes, record.dump());
+}
+
+// The token member of a sample: ids as uint16 (extension "tokens") while the vocabulary fits,
+// else uint32 ("tokens32"), little-endian.
+std::pair<std::string, std::string> TokenMember(const std::vector<int32_t>& ids,
+                                                const Tokenizer& tokenizer) {
+  const bool wide = tokenizer.vocab_size() > 65536;
+  const size_t width = wide ? 4 : 2;
+  std::string bytes(ids.size() * width, '\0');
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint32_t id = static_cast<uint32_t>(ids[i]);
+    std::memcpy(bytes.data() + i * width, &id, width);  // little-endian host
+  }
+  return {wide ? "tokens32" : "tokens", std::move(bytes)};
+}
 
 struct Document {
   std::string text;
@@ -108,24 +142,13 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,
                                       const Tokenizer& tokenizer, int threads) {
-  std::error_code error;
-  std::filesystem::create_directories(out_dir, error);
-  if (error) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create ", out_dir, ": ", error.message()));
-  }
-  const bool wide = tokenizer.vocab_size() > 65536;
-  const size_t width = wide ? 4 : 2;
-  const nlohmann::json record = {{"name", tokenizer.name()},
-                                 {"vocab_size", tokenizer.vocab_size()}};
-  ShardWriter writer(out_dir, shard_bytes, record.dump());
+  ASSIGN_OR_RETURN(ShardWriter writer, OpenShards(out_dir, shard_bytes, tokenizer));
   ThreadPool pool(threads);
   PackResult result;
   // Documents are encoded a batch at a time, one per task, and written in input order; a large
   // one alone, so that the tokenizer's own threads split it.
   std::vector<Document> batch;
   size_t batch_bytes = 0;
-  std::string bytes;
   const auto flush = [&]() -> absl::Status {
     pool.ParallelFor(batch.size(), 1, [&](size_t begin, size_t end, int) {
       for (size_t i = begin; i < end; ++i)
@@ -136,13 +159,8 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
         return absl::Status(document.status.code(),
                             absl::StrCat(document.where, ": ", document.status.message()));
       }
-      bytes.resize(document.ids.size() * width);
-      for (size_t i = 0; i < document.ids.size(); ++i) {
-        const uint32_t id = static_cast<uint32_t>(document.ids[i]);
-        std::memcpy(bytes.data() + i * width, &id, width);  // little-endian host
-      }
-      RETURN_IF_ERROR(writer.Add(absl::StrFormat("%09d", result.documents),
-                                 wide ? "tokens32" : "tokens", bytes, &result));
+      RETURN_IF_ERROR(writer.AddSample(absl::StrFormat("%09d", result.documents),
+                                       {TokenMember(document.ids, tokenizer)}, &result));
       ++result.documents;
       result.tokens += static_cast<int64_t>(document.ids.size());
     }
@@ -177,6 +195,40 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
     }
   }
   RETURN_IF_ERROR(flush());
+  RETURN_IF_ERROR(writer.Finish());
+  return result;
+}
+
+absl::StatusOr<PackResult> PackSftShards(const std::vector<std::string>& inputs,
+                                         const std::string& out_dir, int64_t shard_bytes,
+                                         const Tokenizer& tokenizer,
+                                         const ChatTemplate& chat_template) {
+  ASSIGN_OR_RETURN(ShardWriter writer, OpenShards(out_dir, shard_bytes, tokenizer));
+  PackResult result;
+  for (const std::string& input : inputs) {
+    if (!absl::EndsWith(input, ".jsonl")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(input,
+                       ": SFT data is JSON lines (.jsonl), one {\"prompt\", \"completion\"} or "
+                       "{\"messages\"} object a line"));
+    }
+    std::ifstream in(input, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot open input ", input));
+    std::string line;
+    for (int64_t number = 1; std::getline(in, line); ++number) {
+      if (absl::StripAsciiWhitespace(line).empty()) continue;
+      ASSIGN_OR_RETURN(const SftSample sample, EncodeSftLine(line, chat_template, tokenizer,
+                                                             absl::StrCat(input, ":", number)));
+      RETURN_IF_ERROR(writer.AddSample(
+          absl::StrFormat("%09d", result.documents),
+          {TokenMember(sample.tokens, tokenizer),
+           {"mask", std::string(sample.trained.begin(), sample.trained.end())}},
+          &result));
+      ++result.documents;
+      result.tokens += static_cast<int64_t>(sample.tokens.size());
+      result.trained_tokens += std::count(sample.trained.begin(), sample.trained.end(), uint8_t{1});
+    }
+  }
   RETURN_IF_ERROR(writer.Finish());
   return result;
 }

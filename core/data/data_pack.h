@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/data/chat_template.h"
 #include "core/data/tokenizer.h"
 
 namespace dtrain {
@@ -22,11 +23,21 @@ struct PackResult {
   std::vector<std::string> shards;  // written paths
   int64_t documents = 0;
   int64_t tokens = 0;
+  int64_t trained_tokens = 0;  // SFT: tokens the loss counts
 };
 
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,
                                       const Tokenizer& tokenizer, int threads = 1);
+
+// `dtrain data pack --sft`: each line of the .jsonl inputs is one SFT sample (sft_data.h)
+// rendered with `chat_template`; a sample is its tokens as PackShards writes them plus
+// "<index>.mask", one byte per token (1: trained). Errors name the file and line; blank lines
+// are not samples; nothing else is left out.
+absl::StatusOr<PackResult> PackSftShards(const std::vector<std::string>& inputs,
+                                         const std::string& out_dir, int64_t shard_bytes,
+                                         const Tokenizer& tokenizer,
+                                         const ChatTemplate& chat_template);
 
 // "64MB", "1.5GiB", "4096" (bytes): decimal (kB, MB, GB) and binary (KiB, MiB, GiB) units.
 absl::StatusOr<int64_t> ParseByteSize(const std::string& text);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/data/sft_data.h"
 #include "core/data/shard_urls.h"
 #include "core/data/token_file.h"
 #include "core/data/webdataset_loader.h"
@@ -72,11 +73,80 @@ absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int 
   return datasets;
 }
 
+// The SFT rows of the shards `key` lists, and a line saying how they were packed.
+absl::StatusOr<SftRows> LoadSftRows(const std::string& key,
+                                    const std::vector<std::string>& patterns, const Recipe& recipe,
+                                    std::vector<std::string>* notes) {
+  if (patterns.empty()) {
+    return absl::InvalidArgumentError(key + " is empty; list the SFT shards (globs allowed)");
+  }
+  absl::StatusOr<std::vector<std::string>> files = ExpandFilePatterns(patterns);
+  RETURN_IF_ERROR(WithContext(files.status(), key));
+  ASSIGN_OR_RETURN(const std::vector<SftSample> samples,
+                   ReadSftShards(*files, recipe.model.vocab_size));
+  ASSIGN_OR_RETURN(const LongSamplePolicy policy,
+                   ParseLongSamplePolicy(recipe.data.on_long_sample));
+  SftRows rows = PackSftRows(samples, recipe.train.seq_len, recipe.data.packing, policy);
+  notes->push_back(absl::StrCat(
+      key, ": ", rows.samples, " SFT samples in ", rows.rows, " sequences of ", rows.seq_len,
+      recipe.data.packing ? " (packed, attention within each sample)" : " (one sample each)", "; ",
+      rows.trained_tokens, " trained tokens, ", rows.padding_tokens, " padding; ", rows.truncated,
+      " truncated and ", rows.skipped, " skipped (longer than seq_len + 1 with ",
+      "data.on_long_sample: ", recipe.data.on_long_sample, ", or under 2 tokens)"));
+  return rows;
+}
+
+// data.format sft: samples read whole and packed into fixed sequences once.
+absl::StatusOr<Datasets> OpenSftDatasets(const Recipe& recipe, int dp_rank, int dp_size) {
+  const DataSection& data = recipe.data;
+  Datasets datasets;
+  ASSIGN_OR_RETURN(SftRows train, LoadSftRows("data.train", data.train, recipe, &datasets.notes));
+  SftRows val;
+  std::string val_source;
+  if (!data.val.empty()) {
+    ASSIGN_OR_RETURN(val, LoadSftRows("data.val", data.val, recipe, &datasets.notes));
+    val_source = absl::StrCat("data.val (", absl::StrJoin(data.val, ", "), ")");
+  } else if (data.val_fraction > 0) {
+    // The last rows, as the token formats hold out the last tokens.
+    const int64_t n = train.rows;
+    const int64_t split = n - static_cast<int64_t>(static_cast<double>(n) * data.val_fraction);
+    const size_t at = static_cast<size_t>(split) * train.seq_len;
+    val.seq_len = train.seq_len;
+    val.rows = n - split;
+    for (auto [from, to] : {std::pair{&train.inputs, &val.inputs},
+                            {&train.targets, &val.targets},
+                            {&train.positions, &val.positions}}) {
+      to->assign(from->begin() + static_cast<std::ptrdiff_t>(at), from->end());
+      from->resize(at);
+    }
+    train.rows = split;
+    val_source = absl::StrCat("the last data.val_fraction = ", data.val_fraction, " of the ", n,
+                              " data.train sequences");
+  }
+  if (val_source.empty() && recipe.train.eval_every > 0) {
+    return absl::InvalidArgumentError(
+        "no validation data: data.val is empty and data.val_fraction is 0; set one of them, or "
+        "train.eval_every: 0 to train without evaluation");
+  }
+  datasets.train_tokens = static_cast<int64_t>(train.inputs.size());
+  datasets.val_tokens = static_cast<int64_t>(val.inputs.size());
+  ASSIGN_OR_RETURN(datasets.train,
+                   ShuffledRowLoader::Create(
+                       std::move(train), recipe.run.seed, recipe.train.batch_size, dp_rank, dp_size,
+                       absl::StrCat("data.train (", absl::StrJoin(data.train, ", "), ")")));
+  if (!val_source.empty()) {
+    ASSIGN_OR_RETURN(datasets.val,
+                     SequentialRowLoader::Create(std::move(val), dp_rank, dp_size, val_source));
+  }
+  return datasets;
+}
+
 }  // namespace
 
 absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_size) {
   const DataSection& data = recipe.data;
   if (data.format == "webdataset") return OpenWebDatasets(recipe, dp_rank, dp_size);
+  if (data.format == "sft") return OpenSftDatasets(recipe, dp_rank, dp_size);
   const int seq_len = recipe.train.seq_len;
   ASSIGN_OR_RETURN(const TokenFormat format, ParseTokenFormat(data.format));
   ASSIGN_OR_RETURN(std::vector<int32_t> train_tokens,

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/data/loader.h"
@@ -16,6 +18,8 @@ struct Datasets {
   std::unique_ptr<ValidationLoader> val;
   int64_t train_tokens = 0;  // 0 for data.format webdataset: streamed, unknown in advance
   int64_t val_tokens = 0;
+  // Lines the leader logs about the data: for sft, how the samples were packed and counted.
+  std::vector<std::string> notes;
 };
 
 // data.format webdataset streams data.shards (and data.val_shards) instead; see

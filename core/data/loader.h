@@ -43,6 +43,14 @@ class SequenceLoader {
   // Fills inputs and targets, each (count, seq_len) row-major int32; targets are the inputs
   // shifted by one token. Every rank must call it with the same count.
   virtual absl::Status Next(int count, int32_t* inputs, int32_t* targets) = 0;
+  // Document data (SFT samples packed whole into sequences, data.format sft): targets are -1
+  // where a token is not trained, and NextDocuments replaces Next, also filling positions
+  // (count, seq_len): each token's position in its own document (core/backend/backend.h).
+  virtual bool documents() const { return false; }
+  virtual absl::Status NextDocuments(int /*count*/, int32_t* /*inputs*/, int32_t* /*targets*/,
+                                     int32_t* /*positions*/) {
+    return absl::UnimplementedError("this loader's sequences are not documents");
+  }
 
   virtual LoaderState state() const = 0;
   // Continues exactly after `state` (this rank's own, or MergeLoaderStates of all saved ranks
@@ -66,6 +74,12 @@ class ValidationLoader {
   // returns how many it filled: fewer at the end of this rank's share, then 0. Every rank must
   // call it with the same count.
   virtual absl::StatusOr<int> Next(int count, int32_t* inputs, int32_t* targets) = 0;
+  // As SequenceLoader's.
+  virtual bool documents() const { return false; }
+  virtual absl::StatusOr<int> NextDocuments(int /*count*/, int32_t* /*inputs*/,
+                                            int32_t* /*targets*/, int32_t* /*positions*/) {
+    return absl::UnimplementedError("this loader's sequences are not documents");
+  }
 };
 
 }  // namespace dtrain

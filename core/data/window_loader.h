@@ -13,8 +13,32 @@
 
 #include "absl/status/statusor.h"
 #include "core/data/loader.h"
+#include "core/data/sft_data.h"
 
 namespace dtrain {
+
+// The training order of `rows` fixed sequences (windows of a token array, packed SFT rows) for
+// rank `rank` of `world` data-parallel ranks, as described for ShuffledWindowLoader below.
+class ShuffledOrder {
+ public:
+  ShuffledOrder(int64_t rows, uint64_t seed, int global_batch, int rank, int world);
+  // Errors: global_batch not a positive multiple of world.
+  static absl::Status Check(int global_batch, int world);
+
+  // The global index of this rank's local_index-th sequence (counting from 0 over the run).
+  int64_t GlobalIndex(int64_t local_index) const;
+  // The row that global sequence `global_index` reads.
+  int64_t RowOf(int64_t global_index);
+
+ private:
+  int64_t rows_;
+  uint64_t seed_;
+  int64_t global_batch_;
+  int64_t rank_batch_;  // global_batch / world
+  int rank_;
+  int64_t perm_epoch_ = -1;  // the epoch whose permutation perm_ holds
+  std::vector<int64_t> perm_;
+};
 
 // Training order: the sequence with global index g is window perm(seed, epoch)[g % num_windows]
 // with epoch = g / num_windows, perm a Fisher-Yates shuffle drawn from CounterRng(seed, epoch).
@@ -38,9 +62,9 @@ class ShuffledWindowLoader final : public SequenceLoader {
 
   int64_t num_windows() const { return num_windows_; }
   // The global index of this rank's local_index-th sequence (counting from 0 over the run).
-  int64_t GlobalIndex(int64_t local_index) const;
+  int64_t GlobalIndex(int64_t local_index) const { return order_.GlobalIndex(local_index); }
   // The window that global sequence `global_index` reads.
-  int64_t WindowOf(int64_t global_index);
+  int64_t WindowOf(int64_t global_index) { return order_.RowOf(global_index); }
 
  private:
   ShuffledWindowLoader(std::vector<int32_t> tokens, int seq_len, uint64_t seed, int global_batch,
@@ -49,14 +73,9 @@ class ShuffledWindowLoader final : public SequenceLoader {
   std::vector<int32_t> tokens_;
   int seq_len_;
   int64_t num_windows_;
-  uint64_t seed_;
-  int64_t global_batch_;
-  int64_t rank_batch_;  // global_batch / world
-  int rank_;
+  ShuffledOrder order_;
   int world_;
   int64_t local_consumed_ = 0;
-  int64_t perm_epoch_ = -1;  // the epoch whose permutation perm_ holds
-  std::vector<int64_t> perm_;
 };
 
 // Validation order: windows in sequence, no shuffle, each read once. Each Next(count) call
@@ -83,6 +102,55 @@ class SequentialWindowLoader final : public ValidationLoader {
   int rank_;
   int world_;
   int64_t next_window_ = 0;  // first window of the next call, all ranks together
+};
+
+// Document data: SFT rows (sft_data.h) in ShuffledWindowLoader's order, rows in place of windows.
+// Next is an error: the rows need their positions (NextDocuments).
+class ShuffledRowLoader final : public SequenceLoader {
+ public:
+  // Errors: no rows, or global_batch not a positive multiple of world.
+  static absl::StatusOr<std::unique_ptr<ShuffledRowLoader>> Create(SftRows rows, uint64_t seed,
+                                                                   int global_batch, int rank,
+                                                                   int world,
+                                                                   const std::string& source);
+
+  absl::Status Next(int count, int32_t* inputs, int32_t* targets) override;
+  bool documents() const override { return true; }
+  absl::Status NextDocuments(int count, int32_t* inputs, int32_t* targets,
+                             int32_t* positions) override;
+  LoaderState state() const override { return {local_consumed_ * world_}; }
+  absl::Status Restore(const LoaderState& state) override;
+
+ private:
+  ShuffledRowLoader(SftRows rows, uint64_t seed, int global_batch, int rank, int world);
+
+  SftRows rows_;
+  ShuffledOrder order_;
+  int world_;
+  int64_t local_consumed_ = 0;
+};
+
+// Validation over SFT rows, in SequentialWindowLoader's order.
+class SequentialRowLoader final : public ValidationLoader {
+ public:
+  static absl::StatusOr<std::unique_ptr<SequentialRowLoader>> Create(SftRows rows, int rank,
+                                                                     int world,
+                                                                     const std::string& source);
+
+  void Reset() override { next_row_ = 0; }
+  absl::StatusOr<int> Next(int count, int32_t* inputs, int32_t* targets) override;
+  bool documents() const override { return true; }
+  absl::StatusOr<int> NextDocuments(int count, int32_t* inputs, int32_t* targets,
+                                    int32_t* positions) override;
+
+ private:
+  SequentialRowLoader(SftRows rows, int rank, int world)
+      : rows_(std::move(rows)), rank_(rank), world_(world) {}
+
+  SftRows rows_;
+  int rank_;
+  int world_;
+  int64_t next_row_ = 0;
 };
 
 }  // namespace dtrain

@@ -215,39 +215,39 @@ void Transformer::FinishNormGrads(const RegionView& grads, std::initializer_list
   }
 }
 
-void Transformer::EmbeddingForward(const int32_t* inputs, int b, int t, const RowSplit& rows,
-                                   float* out) {
+void Transformer::EmbeddingForward(const int32_t* inputs, const int32_t* positions, int b, int t,
+                                   const RowSplit& rows, float* out) {
   const int c = config_.d_model;
   const float* tokens = embeddings_(table_.token_embedding());
   // Vocabulary-parallel (tp > 1): each rank looks up only the tokens in its rows (zeros for the
   // others) and g sums the ranks' lookups; the replicated position embedding joins on tp rank 0
   // only. Exactly one rank contributes each of the two terms, so the sum adds only zeros to
   // them: the embedding is the single process's bit for bit (up to the sign of a zero).
-  const float* positions =
+  const float* position_table =
       table_.slice().tp_rank == 0 ? embeddings_(table_.position_embedding()) : nullptr;
   if (!sequence_parallel_) {
-    backend_.EmbeddingForward(out, inputs, tokens, positions, b, t, c, dims_.vocab_begin,
-                              dims_.vocab_end);
+    backend_.EmbeddingForward(out, inputs, tokens, position_table, b, t, c, dims_.vocab_begin,
+                              dims_.vocab_end, positions);
     if (dims_.vocab_parallel) tp_.ReduceForward(out, static_cast<size_t>(b) * t * c);
     return;
   }
   // Under sequence parallelism g is a reduce-scatter into this rank's rows of the stream.
-  backend_.EmbeddingForward(branch_out_, inputs, tokens, positions, b, t, c, dims_.vocab_begin,
-                            dims_.vocab_end);
+  backend_.EmbeddingForward(branch_out_, inputs, tokens, position_table, b, t, c, dims_.vocab_begin,
+                            dims_.vocab_end, positions);
   backend_.Zero(branch_out_ + static_cast<size_t>(rows.n) * c,
                 static_cast<size_t>(rows.padded - rows.n) * c);
   tp_.ScatterRows(branch_out_, out, static_cast<size_t>(rows.own) * c);
 }
 
-void Transformer::EmbeddingBackward(const int32_t* inputs, int b, int t, const RowSplit& rows,
-                                    const float* dresid) {
+void Transformer::EmbeddingBackward(const int32_t* inputs, const int32_t* positions, int b, int t,
+                                    const RowSplit& rows, const float* dresid) {
   // Every rank needs d(embedding output) for all rows (gathered under sequence parallelism), and
   // adds it to the token rows it holds; the position embedding's gradient is then the same on
   // every rank.
   const RegionView grads = Grads(-1);
   backend_.EmbeddingBackward(grads(table_.token_embedding()), grads(table_.position_embedding()),
                              BranchOutputGrad(dresid, rows), inputs, b, t, config_.d_model,
-                             dims_.vocab_begin, dims_.vocab_end);
+                             dims_.vocab_begin, dims_.vocab_end, positions);
 }
 
 void Transformer::AllocateActivations(int max_batch, int max_time, int activation_slots) {
@@ -344,7 +344,8 @@ Transformer::BlockActivations& Transformer::ActivationsFor(int slot, int index) 
 }
 
 void Transformer::BlockForward(int layer, const RegionView& params, BlockActivations& a,
-                               const float* in, float* out, int b, int t) {
+                               const float* in, float* out, int b, int t,
+                               const int32_t* positions) {
   const BlockOffsets& w = table_.block(layer);
   const int n = b * t;
   const int c = dims_.d_model;
@@ -366,8 +367,8 @@ void Transformer::BlockForward(int layer, const RegionView& params, BlockActivat
   }
   GatherNormOutput(a.norm1, rows);
   backend_.LinearForward(a.qkv, a.norm1, params(w.qkv_w), params(w.qkv_b), n, c, shape.qkv_width());
-  if (llama) backend_.RopeForward(a.qkv, shape, config_.rope_theta, 0);
-  backend_.AttentionForward(a.attn, a.lse, a.qkv, shape);
+  if (llama) backend_.RopeForward(a.qkv, shape, config_.rope_theta, 0, positions);
+  backend_.AttentionForward(a.attn, a.lse, a.qkv, shape, positions);
   RowParallelResidual(a.resid_mid, in, a.attn, params(w.attn_out_w), params(w.attn_out_b), rows,
                       hd);
 
@@ -390,7 +391,8 @@ void Transformer::BlockForward(int layer, const RegionView& params, BlockActivat
 }
 
 void Transformer::BlockBackward(int layer, const RegionView& params, const RegionView& grads,
-                                BlockActivations& a, const float* in, float* dresid, int b, int t) {
+                                BlockActivations& a, const float* in, float* dresid, int b, int t,
+                                const int32_t* positions) {
   const BlockOffsets& w = table_.block(layer);
   const int n = b * t;
   const int c = dims_.d_model;
@@ -428,8 +430,8 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
   // Attention branch: resid_mid = in + out_proj(attention(rope(qkv(norm1(in))))).
   backend_.LinearBackward(d_attn_, grads(w.attn_out_w), grads(w.attn_out_b),
                           BranchOutputGrad(dresid, rows), a.attn, params(w.attn_out_w), n, hd, c);
-  backend_.AttentionBackward(d_qkv_, d_attn_, a.qkv, a.attn, a.lse, shape);
-  if (llama) backend_.RopeBackward(d_qkv_, shape, config_.rope_theta, 0);
+  backend_.AttentionBackward(d_qkv_, d_attn_, a.qkv, a.attn, a.lse, shape, positions);
+  if (llama) backend_.RopeBackward(d_qkv_, shape, config_.rope_theta, 0, positions);
   // Each rank holding a replicated kv head computed its query heads' share of the head's
   // gradient: the shares are summed before they join the accumulated gradient. (GPT-2 never
   // replicates: its kv heads are its heads, which split evenly.)
@@ -498,12 +500,13 @@ void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, fl
   slot.b = args.b;
   slot.t = args.t;
   slot.tokens = args.tokens;
+  slot.positions = args.positions;
   const int b = args.b, t = args.t;
   const RowSplit rows = SplitRows(b * t);
   const BlockSpan& blocks = chunks_[args.chunk];
   if (StartsModel(args.chunk)) {
     embeddings_ = Params(-1, Pass::kForward);
-    EmbeddingForward(args.tokens, b, t, rows, slot.inputs[0]);
+    EmbeddingForward(args.tokens, args.positions, b, t, rows, slot.inputs[0]);
     if (!head_is_embedding_) parameters_.Release(-1, Pass::kForward);
   } else {
     backend_.Copy(slot.inputs[0], args.input,
@@ -513,7 +516,7 @@ void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, fl
     const int layer = blocks.first + i;
     float* out = i + 1 < blocks.count ? slot.inputs[i + 1] : output;
     BlockForward(layer, Params(layer, Pass::kForward), ActivationsFor(slot_index, i),
-                 slot.inputs[i], out, b, t);
+                 slot.inputs[i], out, b, t, args.positions);
     parameters_.Release(layer, Pass::kForward);
   }
 }
@@ -535,8 +538,8 @@ void Transformer::FinalNormForward(const RowSplit& rows) {
   GatherNormOutput(final_norm_, rows);
 }
 
-void Transformer::Forward(const int32_t* inputs, int b, int t) {
-  ForwardBlocks(0, {.b = b, .t = t, .tokens = inputs}, last_output_);
+void Transformer::Forward(const int32_t* inputs, const int32_t* positions, int b, int t) {
+  ForwardBlocks(0, {.b = b, .t = t, .tokens = inputs, .positions = positions}, last_output_);
   FinalNormForward(SplitRows(b * t));
 }
 
@@ -621,39 +624,45 @@ void Transformer::StageBackward(int slot_index, const float* d_output, float* d_
     BlockActivations& a = ActivationsFor(slot_index, i);
     const RegionView block_params = Params(layer, Pass::kBackward);
     if (recompute_ == Recompute::kFull) {
-      BlockForward(layer, block_params, a, slot.inputs[i], nullptr, b, t);
+      BlockForward(layer, block_params, a, slot.inputs[i], nullptr, b, t, slot.positions);
     }
     if (recompute_ == Recompute::kSelective) {
-      backend_.AttentionForward(a.attn, a.lse, a.qkv, Shape(b, t));
+      backend_.AttentionForward(a.attn, a.lse, a.qkv, Shape(b, t), slot.positions);
     }
-    BlockBackward(layer, block_params, Grads(layer), a, slot.inputs[i], dresid, b, t);
+    BlockBackward(layer, block_params, Grads(layer), a, slot.inputs[i], dresid, b, t,
+                  slot.positions);
     parameters_.GradientsReady(layer);
     parameters_.Release(layer, Pass::kBackward);
   }
   if (embedding) {
-    EmbeddingBackward(slot.tokens, b, t, rows, dresid);
+    EmbeddingBackward(slot.tokens, slot.positions, b, t, rows, dresid);
     parameters_.GradientsReady(-1);
   }
 }
 
 double Transformer::ForwardBackward(const int32_t* inputs, const int32_t* targets, int b, int t,
-                                    float grad_scale) {
-  const double loss_sum = StageForward(
-      0, {.b = b, .t = t, .tokens = inputs, .targets = targets, .grad_scale = grad_scale});
+                                    float grad_scale, const int32_t* positions) {
+  const double loss_sum = StageForward(0, {.b = b,
+                                           .t = t,
+                                           .tokens = inputs,
+                                           .targets = targets,
+                                           .grad_scale = grad_scale,
+                                           .positions = positions});
   StageBackward(0, nullptr, nullptr);
   return loss_sum;
 }
 
-double Transformer::ForwardLoss(const int32_t* inputs, const int32_t* targets, int b, int t) {
-  Forward(inputs, b, t);
+double Transformer::ForwardLoss(const int32_t* inputs, const int32_t* targets, int b, int t,
+                                const int32_t* positions) {
+  Forward(inputs, positions, b, t);
   const double loss = Classifier(nullptr, nullptr, targets, b * t, 0.0f);
   ReleaseHead();
   return loss;
 }
 
-void Transformer::ForwardLogits(const int32_t* inputs, int b, int t, bool last_only,
-                                float* logits) {
-  StageForwardLogits({.b = b, .t = t, .tokens = inputs}, last_only, logits);
+void Transformer::ForwardLogits(const int32_t* inputs, int b, int t, bool last_only, float* logits,
+                                const int32_t* positions) {
+  StageForwardLogits({.b = b, .t = t, .tokens = inputs, .positions = positions}, last_only, logits);
 }
 
 void Transformer::StageForwardLogits(const StageForwardArgs& args, bool last_only, float* logits) {

@@ -83,15 +83,18 @@ class Transformer {
   // One micro-batch through the whole model (the table holds every block): StageForward then
   // StageBackward in slot 0. Inputs and targets (b, t). Adds grad_scale * d(sum of token losses)
   // to the gradients, region by region (the last, the embeddings, is ready when this returns),
-  // and returns the sum of token losses (targets < 0 are ignored).
+  // and returns the sum of token losses (targets < 0 are ignored). `positions` (b, t): packed
+  // documents, as StageForwardArgs::positions.
   double ForwardBackward(const int32_t* inputs, const int32_t* targets, int b, int t,
-                         float grad_scale);
+                         float grad_scale, const int32_t* positions = nullptr);
   // Whole model only, using slot 0 (none may be in flight): the sum of token losses, no
   // gradients.
-  double ForwardLoss(const int32_t* inputs, const int32_t* targets, int b, int t);
+  double ForwardLoss(const int32_t* inputs, const int32_t* targets, int b, int t,
+                     const int32_t* positions = nullptr);
   // Whole model only, as ForwardLoss: logits (b, t, V), or only the last position's (b, V) when
   // last_only: the V real tokens' only, whatever the vocabulary's padding for tensor parallelism.
-  void ForwardLogits(const int32_t* inputs, int b, int t, bool last_only, float* logits);
+  void ForwardLogits(const int32_t* inputs, int b, int t, bool last_only, float* logits,
+                     const int32_t* positions = nullptr);
 
   // One micro-batch of b x t tokens through one of this rank's model chunks. Activations
   // between chunks are this rank's rows of the residual stream, (R, C) with R = b*t, or
@@ -111,6 +114,10 @@ class Transformer {
     const int32_t* targets = nullptr;
     float grad_scale = 1.0f;
     float* output = nullptr;
+    // Every stage: null, or documents packed into each row (SFT): each token's position in its
+    // own document (backend.h), which the position embeddings use and within which attention
+    // stays. Valid until the slot's StageBackward, as the tokens.
+    const int32_t* positions = nullptr;
   };
   // The forward of the stage's regions into activation slot `slot` (0 .. activation_slots - 1,
   // not in flight). The last stage also runs the loss and its backward through the head and the
@@ -191,6 +198,7 @@ class Transformer {
     std::vector<BlockActivations> blocks;  // each block's saved activations (none under kFull)
     float* d_last = nullptr;               // last stage: (R, C) d(last block's output)
     const int32_t* tokens = nullptr;       // first stage: the micro-batch's token ids
+    const int32_t* positions = nullptr;    // the micro-batch's document positions, or null
     int b = 0;
     int t = 0;
   };
@@ -227,18 +235,20 @@ class Transformer {
   // tp > 1 vocabulary-parallel: each rank looks up the tokens in its rows (zeros for the others)
   // and g sums the ranks' lookups (a reduce-scatter into this rank's rows under sequence
   // parallelism).
-  void EmbeddingForward(const int32_t* inputs, int b, int t, const RowSplit& rows, float* out);
+  void EmbeddingForward(const int32_t* inputs, const int32_t* positions, int b, int t,
+                        const RowSplit& rows, float* out);
   // Adds d(embedding output), from dresid (R, C) and gathered from every rank under sequence
   // parallelism, to the token rows this rank holds and to the position embedding.
-  void EmbeddingBackward(const int32_t* inputs, int b, int t, const RowSplit& rows,
-                         const float* dresid);
+  void EmbeddingBackward(const int32_t* inputs, const int32_t* positions, int b, int t,
+                         const RowSplit& rows, const float* dresid);
   // Block `layer` from `in` into `out` (the output is skipped when `out` is null: recomputation
   // only needs the saved activations).
   void BlockForward(int layer, const RegionView& params, BlockActivations& a, const float* in,
-                    float* out, int b, int t);
+                    float* out, int b, int t, const int32_t* positions);
   // dresid holds d(block output) on entry and d(block input) on return.
   void BlockBackward(int layer, const RegionView& params, const RegionView& grads,
-                     BlockActivations& a, const float* in, float* dresid, int b, int t);
+                     BlockActivations& a, const float* in, float* dresid, int b, int t,
+                     const int32_t* positions);
   // The classifier on final_norm_ (N, C): returns the sum of token losses (targets < 0 ignored);
   // when dx is not null also writes dx (N, C) and accumulates dhead for the loss sum scaled by
   // grad_scale. At tp = 1 the backend's fused kernel; at tp > 1 its vocabulary-parallel phases
@@ -253,7 +263,7 @@ class Transformer {
   // acquired: the caller uses the head, then calls ReleaseHead.
   void FinalNormForward(const RowSplit& rows);
   // The whole model's forward in slot 0 up to final_norm_, for ForwardLoss.
-  void Forward(const int32_t* inputs, int b, int t);
+  void Forward(const int32_t* inputs, const int32_t* positions, int b, int t);
   // The loss on final_norm_ and its backward through the head and the final norm into d_last
   // (R, C); the final region's gradients are ready and the head released on return.
   double LossBackward(const int32_t* targets, const RowSplit& rows, float grad_scale,

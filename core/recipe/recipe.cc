@@ -139,8 +139,9 @@ const std::vector<KeySpec>& Keys() {
       // data
       {DTRAIN_RECIPE_KEY(data, format),
        "text: files read as bytes (vocab 256); llmc: llm.c .bin token shards; webdataset: tar "
-       "shards streamed from data.shards",
-       {"text", "llmc", "webdataset"}},
+       "shards streamed from data.shards; sft: shards of `dtrain data pack --sft` (data.train), "
+       "loss on completion tokens only",
+       {"text", "llmc", "webdataset", "sft"}},
       {DTRAIN_RECIPE_KEY(data, tokenizer),
        "the data's tokenizer (tokenizer.json, tokenizer.model, GPT-2's encoder.json/vocab.bpe, "
        "or their folder): sampled text is decoded through it; empty = bytes"},
@@ -191,6 +192,12 @@ const std::vector<KeySpec>& Keys() {
        "webdataset: packed sequences read ahead of the step, in MiB per rank",
        {},
        AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(data, packing),
+       "sft: pack samples whole into each sequence, attention and positions per sample; false = "
+       "one sample per sequence, padded"},
+      {DTRAIN_RECIPE_KEY(data, on_long_sample),
+       "sft: a sample longer than train.seq_len + 1 tokens is cut to it or left out (counted)",
+       {"truncate", "skip"}},
       // train
       {DTRAIN_RECIPE_KEY(train, steps), "optimizer steps", {}, AtLeast(1)},
       {DTRAIN_RECIPE_KEY(train, batch_size),

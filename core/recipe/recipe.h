@@ -37,7 +37,8 @@ struct ModelSection {
 };
 
 struct DataSection {
-  std::string format = "text";  // text (bytes, vocab 256) | llmc (llm.c token shards) | webdataset
+  // text (bytes, vocab 256) | llmc (llm.c token shards) | webdataset | sft (data pack --sft shards)
+  std::string format = "text";
   // The data's tokenizer file or folder, which sampled text decodes through; empty = bytes.
   std::string tokenizer;
   std::vector<std::string> train;  // files; glob patterns allowed
@@ -55,6 +56,9 @@ struct DataSection {
   double http_timeout_s = 30;
   int http_retries = 3;
   int read_ahead_mb = 64;
+  // sft: samples packed whole into sequences with document-aware attention, or one per sequence.
+  bool packing = true;
+  std::string on_long_sample = "truncate";  // truncate | skip
 };
 
 struct TrainSection {

@@ -192,5 +192,57 @@ TEST(TrainTest, RecipeFileNameThatIsNotUtf8StillCheckpoints) {
   EXPECT_THAT(json["recipe"].get<std::string>(), HasSubstr("recipe_\xef\xbf\xbd.yaml"));
 }
 
+// SFT end to end: `data pack --sft` writes masked shards that `train` with data.format sft packs,
+// counts and learns (the answers are a function of the questions, so the loss falls).
+TEST(TrainTest, SftShardsPackAndTrainOnTheAnswers) {
+  std::string lines;
+  for (int i = 0; i < 300; ++i) {
+    absl::StrAppend(&lines, R"({"messages": [{"role": "user", "content": "What is )", i % 10,
+                    R"( plus one?"}, {"role": "assistant", "content": "It is )", i % 10 + 1,
+                    R"(."}]})", "\n");
+  }
+  const std::string chat = testing::WriteTempFile("chat.jsonl", lines);
+  const std::string shards = testing::TempPath("sft_shards");
+  std::filesystem::remove_all(shards);
+  const testing::Outcome packed = testing::RunDtrain(
+      absl::StrCat("data pack --sft --chat-template chatml ", chat, " --out ", shards));
+  ASSERT_EQ(packed.exit_code, 0) << packed.stderr_text;
+  EXPECT_THAT(packed.stdout_text, HasSubstr("300 documents"));
+
+  const std::string run_dir = RunDir("sft");
+  std::filesystem::remove_all(run_dir);
+  const std::string recipe =
+      testing::WriteTempFile("sft.yaml", absl::StrCat(R"(
+run: {name: sft, seed: 3}
+model: {n_layer: 2, n_head: 2, d_model: 64, max_seq_len: 192}
+data: {format: sft, train: [")",
+                                                      shards, R"(/shard-*.tar"], val_fraction: 0.1}
+train: {steps: 30, batch_size: 8, micro_batch: 4, seq_len: 192, lr: 3.0e-3, min_lr: 3.0e-4,
+        warmup_steps: 2, eval_every: 15, eval_batches: 2}
+logging: {sample_tokens: 0}
+)"));
+  const testing::Outcome trained =
+      testing::RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", run_dir));
+  ASSERT_EQ(trained.exit_code, 0) << trained.stderr_text;
+  EXPECT_THAT(trained.stderr_text,
+              HasSubstr("data.train: 300 SFT samples in 150 sequences of 192 (packed"));
+  const auto steps = ReadMetrics(run_dir + "/sft");
+  ASSERT_EQ(steps.size(), 30u);
+  EXPECT_LT(steps.back()["loss"].get<double>(), 0.5 * steps.front()["loss"].get<double>());
+
+  // Bad input: an unknown template is a usage error; a bad line names its file and line.
+  const testing::Outcome unknown = testing::RunDtrain(
+      absl::StrCat("data pack --sft --chat-template llama9 ", chat, " --out ", shards));
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.stderr_text, HasSubstr("chat template 'llama9' is neither"));
+  const std::string bad = testing::WriteTempFile(
+      "bad_chat.jsonl", absl::StrCat(R"({"prompt": "a", "completion": "b"})", "\n",
+                                     R"({"prompt": "a", "completion": null})", "\n"));
+  const testing::Outcome bad_line =
+      testing::RunDtrain(absl::StrCat("data pack --sft ", bad, " --out ", shards));
+  EXPECT_EQ(bad_line.exit_code, 1);
+  EXPECT_THAT(bad_line.stderr_text, HasSubstr(bad + ":2: no \"completion\" string"));
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -39,16 +39,32 @@ int32_t Token(int batch, int sequence, int i, int vocab) {
   return static_cast<int32_t>((batch * 131 + sequence * 31 + i * 7 + (i * i) % 5) % vocab);
 }
 
+// Document mode (SFT): sequence `sequence` holds two documents cut at a point that depends on
+// it, and in each the first tokens are prompt (target -1) as is the document's last target:
+// sequences and so ranks and micro-batches count different numbers of trained targets.
+void DocumentLayout(int sequence, int32_t* targets, int32_t* positions) {
+  const int cut = 3 + sequence % 5;
+  for (int i = 0; i < kSeqLen; ++i) {
+    const int start = i < cut ? 0 : cut;
+    const int end = i < cut ? cut : kSeqLen;
+    positions[i] = i - start;
+    if (i - start < 1 + sequence % 3 || i == end - 1) targets[i] = -1;
+  }
+}
+
 struct RunResult {
   std::vector<double> losses;
   std::vector<double> norms;
   std::vector<float> final_params;
   EngineMemory memory;
   std::string error;
+  double first_loss_independent = 0;  // documents, one process: step 1's mean, by ForwardLoss
 };
 
-// Trains kSteps steps as rank `rank` of `ranks` (comm null for one process).
-RunResult Train(ModelFamily family, const ShardingStrategy& strategy, Communicator* comm) {
+// Trains kSteps steps as rank `rank` of `ranks` (comm null for one process); with `documents`,
+// on DocumentLayout's masked documents.
+RunResult Train(ModelFamily family, const ShardingStrategy& strategy, Communicator* comm,
+                bool documents = false) {
   const int rank = comm ? comm->rank() : 0;
   const int ranks = comm ? comm->size() : 1;
   const ModelConfig config = testing::SmallModelConfig(family);
@@ -62,17 +78,31 @@ RunResult Train(ModelFamily family, const ShardingStrategy& strategy, Communicat
   const int per_rank = kBatch / ranks;
   for (int step = 0; step < kSteps; ++step) {
     int next = rank * per_rank;  // this rank's first global sequence of the step
-    const MicroBatchSource source = [&](int32_t* inputs, int32_t* targets) {
+    const MicroBatchSource source = [&](int32_t* inputs, int32_t* targets, int32_t* positions) {
       for (int b = 0; b < kMicroBatch; ++b, ++next) {
         for (int i = 0; i < kSeqLen; ++i) {
           inputs[b * kSeqLen + i] = Token(step % 2, next, i, config.vocab_size);
           targets[b * kSeqLen + i] = Token(step % 2, next, i + 1, config.vocab_size);
         }
+        if (documents) DocumentLayout(next, targets + b * kSeqLen, positions + b * kSeqLen);
       }
       return absl::OkStatus();
     };
+    if (documents && step == 0 && comm == nullptr) {
+      // The mean over the trained targets, from the loss-only path, before the step changes
+      // the parameters.
+      std::vector<int32_t> inputs(kSeqLen), targets(kSeqLen), positions(kSeqLen);
+      double sum = 0, counted = 0;
+      for (int sequence = 0; sequence < kBatch; ++sequence) {
+        (void)source(inputs.data(), targets.data(), positions.data());
+        sum += model.ForwardLoss(inputs.data(), targets.data(), 1, kSeqLen, positions.data());
+        counted += std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; });
+      }
+      result.first_loss_independent = sum / counted;
+      next = 0;
+    }
     absl::StatusOr<StepResult> step_result =
-        TrainStep(model, engine, train, step, per_rank / kMicroBatch, source);
+        TrainStep(model, engine, train, step, per_rank / kMicroBatch, source, nullptr, documents);
     if (!step_result.ok()) {
       result.error = step_result.status().ToString();
       return result;
@@ -94,11 +124,11 @@ RunResult Train(ModelFamily family, const ShardingStrategy& strategy, Communicat
   return result;
 }
 
-std::vector<RunResult> TrainOnRanks(ModelFamily family, const ShardingStrategy& strategy,
-                                    int ranks) {
+std::vector<RunResult> TrainOnRanks(ModelFamily family, const ShardingStrategy& strategy, int ranks,
+                                    bool documents = false) {
   std::vector<RunResult> results(ranks);
   testing::RunRanksInThreads(ranks, absl::Seconds(30), [&](Communicator& comm) {
-    results[comm.rank()] = Train(family, strategy, &comm);
+    results[comm.rank()] = Train(family, strategy, &comm, documents);
   });
   return results;
 }
@@ -163,6 +193,35 @@ INSTANTIATE_TEST_SUITE_P(
       return info.param.strategy + "_" + std::to_string(info.param.ranks) + "_ranks_" +
              FamilyName(info.param.family);
     });
+
+// SFT data: masked targets and packed documents. The step's loss is the mean over the global
+// batch's trained targets (step 1's equals the loss-only path's sum over them divided by their
+// count), and the trajectory is the same whether the batch's 8 sequences run as 8 micro-batches
+// of one process or 4 on each of 2 ranks (or 2 on each of 4), although each rank and micro-batch
+// counts a different number of trained targets: a mean per rank or per micro-batch would differ.
+TEST(DataParallelDocumentsTest, MaskedLossIsTheGlobalMeanAtAnySplit) {
+  for (const int ranks : {2, 4}) {
+    const ModelFamily family = ranks == 2 ? ModelFamily::kLlama : ModelFamily::kGpt2;
+    const ShardingStrategy strategy{"zero2", Sharding::kGradients, 0};
+    const RunResult reference = Train(family, strategy, nullptr, /*documents=*/true);
+    ASSERT_EQ(reference.error, "");
+    // float32 forward in both: the sums agree to ~1e-7 relative.
+    EXPECT_NEAR(reference.losses[0], reference.first_loss_independent,
+                1e-6 * reference.first_loss_independent);
+    const std::vector<RunResult> runs = TrainOnRanks(family, strategy, ranks, true);
+    for (int rank = 0; rank < ranks; ++rank) {
+      ASSERT_EQ(runs[rank].error, "") << "rank " << rank;
+      for (int step = 0; step < kSteps; ++step) {
+        EXPECT_NEAR(runs[rank].losses[step], reference.losses[step], 1e-5 * reference.losses[step])
+            << "rank " << rank << " step " << step + 1;
+        EXPECT_NEAR(runs[rank].norms[step], reference.norms[step], 1e-4 * reference.norms[step])
+            << "rank " << rank << " step " << step + 1;
+      }
+      EXPECT_LT(MaxRelativeDifference(runs[rank].final_params, reference.final_params), 1e-4);
+    }
+    EXPECT_LT(reference.losses.back(), 0.9 * reference.losses.front());
+  }
+}
 
 // What each rank keeps of parameters + gradients + optimizer state: ZeRO-3 about 1/N of DDP's
 // (within the padding of each unit to a multiple of N), ZeRO-1 and ZeRO-2 in between.

@@ -37,7 +37,7 @@ struct Measured {
 
 // The tokens rank `rank` trains on.
 MicroBatchSource Tokens(const ModelConfig& config, const TrainSection& train, int rank) {
-  return [&config, &train, rank](int32_t* inputs, int32_t* targets) {
+  return [&config, &train, rank](int32_t* inputs, int32_t* targets, int32_t*) {
     const size_t n = static_cast<size_t>(train.micro_batch) * train.seq_len;
     for (size_t i = 0; i < n; ++i) {
       inputs[i] = static_cast<int32_t>((i * 7 + rank) % config.vocab_size);

@@ -40,9 +40,11 @@ struct RankResult {
 // One training micro-batch (and, under kFull, its recomputation) on the model `table` holds,
 // then evaluation, logits and sampling. `tp` is the communicator under `tensor_parallel` (null
 // without one).
+// With `documents`, each row packs two documents (SFT): positions restart at the cut, and the
+// model attends within each.
 RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Recompute recompute,
                         TensorParallelOps* tensor_parallel, const Communicator* tp = nullptr,
-                        bool sequence_parallel = false) {
+                        bool sequence_parallel = false, bool documents = false) {
   CpuBackend backend(1);
   FlatParameters parameters(table, backend);
   testing::InitDistinctParameters(config, table, kSeed, parameters.params().data());
@@ -54,16 +56,19 @@ RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Reco
                                          sequence_parallel),
             static_cast<double>(model.activation_bytes()));
   const auto inputs = Tokens(config.vocab_size, 1), targets = Tokens(config.vocab_size, 2);
+  std::vector<int32_t> document_positions = {0, 1, 2, 0, 1, 2, 3, 0, 1, 0, 1, 2, 3, 4};
+  const int32_t* positions = documents ? document_positions.data() : nullptr;
   RankResult result;
-  result.loss = model.ForwardBackward(inputs.data(), targets.data(), kBatch, kTime, 0.25f);
+  result.loss =
+      model.ForwardBackward(inputs.data(), targets.data(), kBatch, kTime, 0.25f, positions);
   result.grads.assign(parameters.grads().begin(), parameters.grads().end());
   if (tp != nullptr) result.step = tp->stats();
   // Evaluation and sampling run the same vocabulary-parallel phases without gradients.
-  result.eval_loss = model.ForwardLoss(inputs.data(), targets.data(), kBatch, kTime);
+  result.eval_loss = model.ForwardLoss(inputs.data(), targets.data(), kBatch, kTime, positions);
   result.logits.resize(static_cast<size_t>(kBatch) * kTime * config.vocab_size);
-  model.ForwardLogits(inputs.data(), kBatch, kTime, false, result.logits.data());
+  model.ForwardLogits(inputs.data(), kBatch, kTime, false, result.logits.data(), positions);
   result.last_logits.resize(static_cast<size_t>(kBatch) * config.vocab_size);
-  model.ForwardLogits(inputs.data(), kBatch, kTime, true, result.last_logits.data());
+  model.ForwardLogits(inputs.data(), kBatch, kTime, true, result.last_logits.data(), positions);
   SamplingOptions sampling;
   sampling.max_new_tokens = 6;
   sampling.temperature = 1.0f;
@@ -77,6 +82,7 @@ struct Case {
   Recompute recompute;
   int vocab = 61;  // the small model's: all of it on rank 0, the other ranks' slots padding
   bool sequence_parallel = false;
+  bool documents = false;  // packed SFT documents (positions)
 };
 
 class TensorParallelTest : public ::testing::TestWithParam<Case> {};
@@ -98,7 +104,8 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
   config.vocab_size = c.vocab;
   ASSERT_TRUE(CheckTensorParallel(config, c.tp).ok());
   const ParamTable whole(config, ModelSlice{});
-  const RankResult reference = TrainOneStep(config, whole, c.recompute, nullptr);
+  const RankResult reference =
+      TrainOneStep(config, whole, c.recompute, nullptr, nullptr, false, c.documents);
   float max_abs = 0;
   for (float g : reference.grads) max_abs = std::max(max_abs, std::abs(g));
   ASSERT_GT(max_abs, 0);
@@ -107,7 +114,7 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
   const std::vector<std::unique_ptr<ParamTable>> tables = testing::RunTensorParallelRanks(
       config, c.tp, [&](const ParamTable& table, TensorParallelOps* ops, const Communicator& tp) {
         results[table.slice().tp_rank] =
-            TrainOneStep(config, table, c.recompute, ops, &tp, c.sequence_parallel);
+            TrainOneStep(config, table, c.recompute, ops, &tp, c.sequence_parallel, c.documents);
       });
 
   // The tp group's collectives in one ForwardBackward of L blocks (one classifier chunk). Plain
@@ -330,6 +337,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{ModelFamily::kLlama, 4, Recompute::kFull, 97},
                       // Sequence parallel: 14 tokens split evenly over 2 ranks, padded over 4.
                       Case{ModelFamily::kGpt2, 2, Recompute::kNone, 61, true},
+                      // Packed documents (SFT): positions and document-aware attention.
+                      Case{ModelFamily::kLlama, 2, Recompute::kNone, 61, false, true},
+                      Case{ModelFamily::kGpt2, 2, Recompute::kSelective, 61, true, true},
                       Case{ModelFamily::kGpt2, 2, Recompute::kSelective, 61, true},
                       Case{ModelFamily::kGpt2, 4, Recompute::kFull, 97, true},
                       Case{ModelFamily::kLlama, 2, Recompute::kFull, 61, true},
@@ -338,7 +348,8 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) {
       return absl::StrCat(FamilyName(info.param.family), "_tp", info.param.tp, "_",
                           RecomputeName(info.param.recompute), "_vocab", info.param.vocab,
-                          info.param.sequence_parallel ? "_sp" : "");
+                          info.param.sequence_parallel ? "_sp" : "",
+                          info.param.documents ? "_documents" : "");
     });
 
 }  // namespace

@@ -94,7 +94,7 @@ absl::Status Run(const Options& options) {
   absl::Status gradient_status;
   for (int step = 0; step < train.steps; ++step) {
     int next_sequence = 0;
-    const MicroBatchSource source = [&](int32_t* in, int32_t* target) {
+    const MicroBatchSource source = [&](int32_t* in, int32_t* target, int32_t*) {
       for (int i = 0; i < train.micro_batch; ++i, ++next_sequence) {
         const int32_t* src = tokens->second.data() +
                              (static_cast<size_t>(step) * train.batch_size + next_sequence) * row;

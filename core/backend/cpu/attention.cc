@@ -16,6 +16,12 @@ constexpr int kQueryBlock = 64;
 
 int BlockRows(const AttentionShape& shape) { return std::min(kQueryBlock, shape.time); }
 
+// The first key row i may attend to: its document's first row i - positions[i] (within batch
+// row `b`), or 0 without documents.
+int FirstKey(const int32_t* positions, const AttentionShape& shape, int b, int i) {
+  return positions == nullptr ? 0 : i - positions[static_cast<size_t>(b) * shape.time + i];
+}
+
 // Pointers to one head's (T, D) slice of a (B, T, qkv_width) buffer; rows are qkv_width apart.
 template <typename T>
 T* QueryHead(T* qkv, const AttentionShape& shape, int b, int h) {
@@ -46,7 +52,7 @@ size_t AttentionScratchSize(const AttentionShape& shape) {
 
 template <typename T>
 void AttentionForward(T* out, T* lse, const T* qkv, const AttentionShape& shape, T* scratch,
-                      ThreadPool* pool) {
+                      ThreadPool* pool, const int32_t* positions) {
   const int time = shape.time;
   const int d = shape.head_dim;
   const int width = shape.qkv_width();
@@ -68,22 +74,30 @@ void AttentionForward(T* out, T* lse, const T* qkv, const AttentionShape& shape,
                   T* row_lse = lse + (static_cast<size_t>(b) * shape.heads + h) * time;
                   for (int i0 = 0; i0 < time; i0 += kQueryBlock) {
                     const int rows = std::min(kQueryBlock, time - i0);
-                    const int cols = i0 + rows;
+                    // The block's keys [col0, i0 + rows): its first row's document start is the
+                    // earliest of its rows' (0 without documents).
+                    const int col0 = FirstKey(positions, shape, b, i0);
+                    const int cols = i0 + rows - col0;
+                    const size_t key_offset = static_cast<size_t>(col0) * width;
                     Gemm(false, true, rows, cols, d, scale, q + static_cast<size_t>(i0) * width,
-                         width, k, width, T(0), probs, cols);
+                         width, k + key_offset, width, T(0), probs, cols);
                     for (int r = 0; r < rows; ++r) {
                       T* __restrict p = probs + static_cast<size_t>(r) * cols;
-                      const int valid = i0 + r + 1;  // keys j <= i
-                      const T max = MaxOf(p, valid);
-                      ExpShifted(p, valid, max);
-                      const double sum = SumOf(p, valid);
+                      // Keys j in [first, i] of the block's columns.
+                      const int first = FirstKey(positions, shape, b, i0 + r) - col0;
+                      const int valid = i0 + r + 1 - col0;
+                      const int count = valid - first;
+                      const T max = MaxOf(p + first, count);
+                      ExpShifted(p + first, count, max);
+                      const double sum = SumOf(p + first, count);
                       const T inv_sum = static_cast<T>(1.0 / sum);
-                      for (int j = 0; j < valid; ++j) p[j] *= inv_sum;
+                      for (int j = first; j < valid; ++j) p[j] *= inv_sum;
+                      std::fill(p, p + first, T(0));
                       std::fill(p + valid, p + cols, T(0));
                       row_lse[i0 + r] = static_cast<T>(max + std::log(sum));
                     }
-                    Gemm(false, false, rows, d, cols, T(1), probs, cols, v, width, T(0),
-                         o + static_cast<size_t>(i0) * out_width, out_width);
+                    Gemm(false, false, rows, d, cols, T(1), probs, cols, v + key_offset, width,
+                         T(0), o + static_cast<size_t>(i0) * out_width, out_width);
                   }
                 }
               });
@@ -91,7 +105,8 @@ void AttentionForward(T* out, T* lse, const T* qkv, const AttentionShape& shape,
 
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
-                       const AttentionShape& shape, T* scratch, ThreadPool* pool) {
+                       const AttentionShape& shape, T* scratch, ThreadPool* pool,
+                       const int32_t* positions) {
   const int time = shape.time;
   const int d = shape.head_dim;
   const int width = shape.qkv_width();
@@ -126,22 +141,26 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
                     const T* row_lse = lse + (static_cast<size_t>(b) * shape.heads + h) * time;
                     for (int i0 = 0; i0 < time; i0 += kQueryBlock) {
                       const int rows = std::min(kQueryBlock, time - i0);
-                      const int cols = i0 + rows;
+                      const int col0 = FirstKey(positions, shape, b, i0);  // as in forward
+                      const int cols = i0 + rows - col0;
+                      const size_t key_offset = static_cast<size_t>(col0) * width;
                       const T* q_block = q + static_cast<size_t>(i0) * width;
                       const T* o_block = o + static_cast<size_t>(i0) * out_width;
                       const T* dout_block = dout_head + static_cast<size_t>(i0) * out_width;
-                      Gemm(false, true, rows, cols, d, scale, q_block, width, k, width, T(0), probs,
-                           cols);
+                      Gemm(false, true, rows, cols, d, scale, q_block, width, k + key_offset, width,
+                           T(0), probs, cols);
                       for (int r = 0; r < rows; ++r) {
                         T* __restrict p = probs + static_cast<size_t>(r) * cols;
-                        const int valid = i0 + r + 1;
-                        ExpShifted(p, valid, row_lse[i0 + r]);
+                        const int first = FirstKey(positions, shape, b, i0 + r) - col0;
+                        const int valid = i0 + r + 1 - col0;
+                        ExpShifted(p + first, valid - first, row_lse[i0 + r]);
+                        std::fill(p, p + first, T(0));
                         std::fill(p + valid, p + cols, T(0));
                       }
                       Gemm(true, false, cols, d, rows, T(1), probs, cols, dout_block, out_width,
-                           T(1), dv, width);
-                      Gemm(false, true, rows, cols, d, T(1), dout_block, out_width, v, width, T(0),
-                           dprobs, cols);
+                           T(1), dv + key_offset, width);
+                      Gemm(false, true, rows, cols, d, T(1), dout_block, out_width, v + key_offset,
+                           width, T(0), dprobs, cols);
                       for (int r = 0; r < rows; ++r) {
                         const T* __restrict dy = dout_block + static_cast<size_t>(r) * out_width;
                         const T* __restrict y = o_block + static_cast<size_t>(r) * out_width;
@@ -151,20 +170,21 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
                         T* __restrict ds = dprobs + static_cast<size_t>(r) * cols;
                         for (int j = 0; j < cols; ++j) ds[j] = p[j] * (ds[j] - delta);
                       }
-                      Gemm(false, false, rows, d, cols, scale, dprobs, cols, k, width, T(0),
-                           dq + static_cast<size_t>(i0) * width, width);
+                      Gemm(false, false, rows, d, cols, scale, dprobs, cols, k + key_offset, width,
+                           T(0), dq + static_cast<size_t>(i0) * width, width);
                       Gemm(true, false, cols, d, rows, scale, dprobs, cols, q_block, width, T(1),
-                           dk, width);
+                           dk + key_offset, width);
                     }
                   }
                 }
               });
 }
 
-#define DTRAIN_INSTANTIATE(T)                                                                  \
-  template void AttentionForward<T>(T*, T*, const T*, const AttentionShape&, T*, ThreadPool*); \
-  template void AttentionBackward<T>(T*, const T*, const T*, const T*, const T*,               \
-                                     const AttentionShape&, T*, ThreadPool*);
+#define DTRAIN_INSTANTIATE(T)                                                                 \
+  template void AttentionForward<T>(T*, T*, const T*, const AttentionShape&, T*, ThreadPool*, \
+                                    const int32_t*);                                          \
+  template void AttentionBackward<T>(T*, const T*, const T*, const T*, const T*,              \
+                                     const AttentionShape&, T*, ThreadPool*, const int32_t*);
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(double)
 #undef DTRAIN_INSTANTIATE

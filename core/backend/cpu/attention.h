@@ -10,6 +10,11 @@
 // Forward: S = scale Q K^T, P = softmax(S) over keys j <= i, O = P V; lse (B, H, T) keeps each
 // row's log-sum-exp. Backward recomputes P = exp(S - lse), then with D_i = rowsum(dO * O):
 //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D),  dQ = scale dS K,  dK = scale dS^T Q.
+// Document-aware (packed samples): with `positions` (B, T), each token's position in its own
+// document (0 at the document's first token), row i attends only to keys [i - positions[i], i],
+// its own document; a block's GEMMs then start at its first row's document. Null: plain causal
+// attention over the whole row, the same arithmetic as before documents existed.
+//
 // Backward runs one task per (batch, kv head) that walks all query heads of the group, so the
 // dK and dV sums never race and their order does not depend on the thread count. Masked
 // entries have P = 0 exactly and contribute exactly 0.
@@ -28,10 +33,11 @@ size_t AttentionScratchSize(const AttentionShape& shape);
 // out (B, T, H*D), lse (B, H, T); qkv (B, T, qkv_width).
 template <typename T>
 void AttentionForward(T* out, T* lse, const T* qkv, const AttentionShape& shape, T* scratch,
-                      ThreadPool* pool);
+                      ThreadPool* pool, const int32_t* positions = nullptr);
 // dqkv (B, T, qkv_width) written; dout (B, T, H*D).
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
-                       const AttentionShape& shape, T* scratch, ThreadPool* pool);
+                       const AttentionShape& shape, T* scratch, ThreadPool* pool,
+                       const int32_t* positions = nullptr);
 
 }  // namespace dtrain::cpu

@@ -104,40 +104,41 @@ void CpuBackend::SwiGluBackward(float* dgate_up, const float* gate_up, const flo
   cpu::SwiGluBackward(dgate_up, gate_up, dout, n, f, &pool_);
 }
 
-void CpuBackend::RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset) {
-  cpu::RopeForward(qkv, shape, theta, pos_offset, &pool_);
+void CpuBackend::RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset,
+                             const int32_t* positions) {
+  cpu::RopeForward(qkv, shape, theta, pos_offset, &pool_, positions);
 }
 
-void CpuBackend::RopeBackward(float* dqkv, const AttentionShape& shape, float theta,
-                              int pos_offset) {
-  cpu::RopeBackward(dqkv, shape, theta, pos_offset, &pool_);
+void CpuBackend::RopeBackward(float* dqkv, const AttentionShape& shape, float theta, int pos_offset,
+                              const int32_t* positions) {
+  cpu::RopeBackward(dqkv, shape, theta, pos_offset, &pool_, positions);
 }
 
 void CpuBackend::AttentionForward(float* out, float* lse, const float* qkv,
-                                  const AttentionShape& shape) {
+                                  const AttentionShape& shape, const int32_t* positions) {
   float* scratch = Scratch(cpu::AttentionScratchSize(shape) * pool_.size());
-  cpu::AttentionForward(out, lse, qkv, shape, scratch, &pool_);
+  cpu::AttentionForward(out, lse, qkv, shape, scratch, &pool_, positions);
 }
 
 void CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* qkv,
-                                   const float* out, const float* lse,
-                                   const AttentionShape& shape) {
+                                   const float* out, const float* lse, const AttentionShape& shape,
+                                   const int32_t* positions) {
   float* scratch = Scratch(cpu::AttentionScratchSize(shape) * pool_.size());
-  cpu::AttentionBackward(dqkv, dout, qkv, out, lse, shape, scratch, &pool_);
+  cpu::AttentionBackward(dqkv, dout, qkv, out, lse, shape, scratch, &pool_, positions);
 }
 
 void CpuBackend::EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
                                   const float* position_embedding, int b, int t, int c,
-                                  int vocab_begin, int vocab_end) {
+                                  int vocab_begin, int vocab_end, const int32_t* positions) {
   cpu::EmbeddingForward(out, tokens, token_embedding, position_embedding, b, t, c, vocab_begin,
-                        vocab_end, &pool_);
+                        vocab_end, &pool_, positions);
 }
 
 void CpuBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
                                    const float* dout, const int32_t* tokens, int b, int t, int c,
-                                   int vocab_begin, int vocab_end) {
+                                   int vocab_begin, int vocab_end, const int32_t* positions) {
   cpu::EmbeddingBackward(dtoken_embedding, dposition_embedding, dout, tokens, b, t, c, vocab_begin,
-                         vocab_end, &pool_);
+                         vocab_end, &pool_, positions);
 }
 
 double CpuBackend::ClassifierForwardBackward(float* dx, float* dweight, const float* x,

@@ -13,16 +13,17 @@
 namespace dtrain::cpu {
 
 // tokens (B, T); token_embedding (vocab_end - vocab_begin, C); position_embedding (maxT, C), may
-// be null.
+// be null. `positions` (B, T): each token's position in its document, the position table's row
+// for it (null: its time index t).
 template <typename T>
 void EmbeddingForward(T* out, const int32_t* tokens, const T* token_embedding,
                       const T* position_embedding, int b, int t, int c, int vocab_begin,
-                      int vocab_end, ThreadPool* pool);
+                      int vocab_end, ThreadPool* pool, const int32_t* positions = nullptr);
 // dtoken_embedding (vocab_end - vocab_begin, C) +=; dposition_embedding (maxT, C) += (skipped
 // when null).
 template <typename T>
 void EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const T* dout,
                        const int32_t* tokens, int b, int t, int c, int vocab_begin, int vocab_end,
-                       ThreadPool* pool);
+                       ThreadPool* pool, const int32_t* positions = nullptr);
 
 }  // namespace dtrain::cpu

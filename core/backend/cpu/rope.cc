@@ -10,8 +10,8 @@ namespace {
 
 // Rotates every query and key head of each row by +angle (direction 1) or -angle (-1).
 template <typename T>
-void Rotate(T* qkv, const AttentionShape& shape, double theta, int pos_offset, T direction,
-            ThreadPool* pool) {
+void Rotate(T* qkv, const AttentionShape& shape, double theta, int pos_offset,
+            const int32_t* positions, T direction, ThreadPool* pool) {
   const int half = shape.head_dim / 2;
   const int time = shape.time;
   std::vector<T> cos_table(static_cast<size_t>(time) * half);  // (T, D/2)
@@ -29,7 +29,9 @@ void Rotate(T* qkv, const AttentionShape& shape, double theta, int pos_offset, T
   const size_t rows = static_cast<size_t>(shape.batch) * time;
   ParallelFor(pool, rows, 16, [&](size_t begin, size_t end, int) {
     for (size_t row = begin; row < end; ++row) {
-      const size_t t = row % time;
+      // A document's positions restart at 0 and never exceed the row's time index: the table's
+      // rows cover them.
+      const size_t t = positions != nullptr ? positions[row] : row % time;
       const T* __restrict c = cos_table.data() + t * half;
       const T* __restrict s = sin_table.data() + t * half;
       for (int h = 0; h < rotated_heads; ++h) {
@@ -50,19 +52,21 @@ void Rotate(T* qkv, const AttentionShape& shape, double theta, int pos_offset, T
 
 template <typename T>
 void RopeForward(T* qkv, const AttentionShape& shape, double theta, int pos_offset,
-                 ThreadPool* pool) {
-  Rotate(qkv, shape, theta, pos_offset, T(1), pool);
+                 ThreadPool* pool, const int32_t* positions) {
+  Rotate(qkv, shape, theta, pos_offset, positions, T(1), pool);
 }
 
 template <typename T>
 void RopeBackward(T* dqkv, const AttentionShape& shape, double theta, int pos_offset,
-                  ThreadPool* pool) {
-  Rotate(dqkv, shape, theta, pos_offset, T(-1), pool);
+                  ThreadPool* pool, const int32_t* positions) {
+  Rotate(dqkv, shape, theta, pos_offset, positions, T(-1), pool);
 }
 
 #define DTRAIN_INSTANTIATE(T)                                                        \
-  template void RopeForward<T>(T*, const AttentionShape&, double, int, ThreadPool*); \
-  template void RopeBackward<T>(T*, const AttentionShape&, double, int, ThreadPool*);
+  template void RopeForward<T>(T*, const AttentionShape&, double, int, ThreadPool*,  \
+                               const int32_t*);                                      \
+  template void RopeBackward<T>(T*, const AttentionShape&, double, int, ThreadPool*, \
+                                const int32_t*);
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(double)
 #undef DTRAIN_INSTANTIATE

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/backend/cpu/cpu_backend.h"
+#include "core/data/sft_data.h"
 #include "core/model/flat_parameters.h"
 #include "core/model/init.h"
 #include "gtest/gtest.h"
@@ -182,6 +183,127 @@ TEST_P(TransformerTest, InitFollowsGpt2) {
   EXPECT_TRUE(std::equal(shard.begin(), shard.end(), params.begin() + begin));
   InitParameters(config, model.table, 4, 0, again.size(), again.data());
   EXPECT_FALSE(std::equal(again.begin(), again.end(), params.begin()));
+}
+
+// Documents packed into rows (SFT): with each token's position in its own document, every
+// document gets the logits, the loss and the gradients it gets alone in a row. Rows of 150
+// tokens span three 64-row query blocks of the attention kernel, so a block that starts inside
+// a later document is exercised too. Packed and alone run the same kernels on GEMMs of other
+// shapes (M = 300 rows against 30..70), so BLAS may sum a dot product in another order: each
+// float32 GEMM is then within gamma_K (K <= 96 terms, about 6e-6) of the exact product in
+// relative terms, and three blocks' worth of such differences stay far below 1e-4 of the largest
+// logit or gradient; a wrong mask or position moves them by O(1) of it.
+TEST_P(TransformerTest, PackedDocumentsMatchEachDocumentAlone) {
+  ModelConfig config = testing::SmallModelConfig(GetParam());
+  config.max_seq_len = 160;
+  CpuBackend backend(2);
+  const int t = 150;
+  // Two rows: documents of 70, 50 and 30 tokens, then of 30, 50 and 70.
+  const std::vector<std::vector<int>> rows = {{70, 50, 30}, {30, 50, 70}};
+  const auto inputs = Tokens(2 * t, config.vocab_size, 7);
+  auto targets = Tokens(2 * t, config.vocab_size, 8);
+  std::vector<int32_t> positions(2 * t);
+  int at = 0;
+  for (const auto& row : rows) {
+    for (const int length : row) {
+      for (int i = 0; i < length; ++i) positions[at + i] = i;
+      targets[at + length - 1] = -1;  // no target across a document's end
+      at += length;
+    }
+  }
+  TestModel packed(config, backend, 2, t, Recompute::kSelective, 3);
+  TestModel alone(config, backend, 1, t, Recompute::kSelective, 3);
+  const int v = config.vocab_size;
+  std::vector<float> packed_logits(2 * t * v);
+  packed.model.ForwardLogits(inputs.data(), 2, t, false, packed_logits.data(), positions.data());
+  const double packed_loss =
+      packed.model.ForwardBackward(inputs.data(), targets.data(), 2, t, 0.01f, positions.data());
+  double alone_loss = 0;
+  double max_logit = 0, max_logit_diff = 0;
+  at = 0;
+  for (const auto& row : rows) {
+    for (const int length : row) {
+      std::vector<float> logits(length * v);
+      alone.model.ForwardLogits(inputs.data() + at, 1, length, false, logits.data());
+      for (size_t i = 0; i < logits.size(); ++i) {
+        const double packed_value = packed_logits[static_cast<size_t>(at) * v + i];
+        max_logit = std::max(max_logit, std::abs(packed_value));
+        max_logit_diff = std::max(max_logit_diff, std::abs(packed_value - logits[i]));
+      }
+      alone_loss +=
+          alone.model.ForwardBackward(inputs.data() + at, targets.data() + at, 1, length, 0.01f);
+      at += length;
+    }
+  }
+  EXPECT_LT(max_logit_diff, 1e-4 * max_logit);
+  EXPECT_NEAR(packed_loss, alone_loss, 1e-5 * alone_loss);
+  const auto a = packed.parameters.grads(), b = alone.parameters.grads();
+  double max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    max_abs = std::max(max_abs, std::abs(static_cast<double>(b[i])));
+    max_diff = std::max(max_diff, std::abs(static_cast<double>(a[i]) - b[i]));
+  }
+  EXPECT_LT(max_diff, 1e-4 * max_abs);
+
+  // Without positions the row is one causal sequence: the later documents see the earlier ones.
+  std::vector<float> causal_logits(2 * t * v);
+  packed.model.ForwardLogits(inputs.data(), 2, t, false, causal_logits.data());
+  double causal_diff = 0;
+  for (size_t i = 0; i < causal_logits.size(); ++i) {
+    causal_diff =
+        std::max(causal_diff, std::abs(static_cast<double>(causal_logits[i]) - packed_logits[i]));
+  }
+  EXPECT_GT(causal_diff, 1e-2 * max_logit);
+}
+
+// The mask test of SFT: a packed batch of samples whose prompts are masked (targets -1). Its
+// loss sum over the counted targets, divided by their count, is the mean cross-entropy of the
+// completion tokens computed independently: from each sample's own logits, alone in a row, in
+// double. Float32 activations and other GEMM shapes (as above) keep them within 1e-5 relative.
+// A batch whose targets are all masked has loss 0 and exactly zero gradient everywhere.
+TEST_P(TransformerTest, MaskedTargetsCountNothing) {
+  const ModelConfig config = testing::SmallModelConfig(GetParam());
+  CpuBackend backend(2);
+  const int t = 16, v = config.vocab_size;
+  std::vector<SftSample> samples;
+  for (const auto& [size, prompt] : {std::pair{7, 3}, {6, 4}, {9, 2}, {5, 1}, {8, 5}}) {
+    SftSample sample;
+    sample.tokens = Tokens(size, v, size + prompt);
+    for (int i = 0; i < size; ++i) sample.trained.push_back(i >= prompt ? 1 : 0);
+    samples.push_back(sample);
+  }
+  const SftRows rows = PackSftRows(samples, t, true, LongSamplePolicy::kTruncate);
+  ASSERT_EQ(rows.rows, 3);
+  TestModel packed(config, backend, 3, t, Recompute::kNone, 4);
+  const double loss_sum =
+      packed.model.ForwardBackward(rows.inputs.data(), rows.targets.data(), 3, t,
+                                   1.0f / rows.trained_tokens, rows.positions.data());
+
+  double independent = 0;
+  int counted = 0;
+  for (const SftSample& sample : samples) {
+    const int n = static_cast<int>(sample.tokens.size()) - 1;
+    std::vector<float> logits(static_cast<size_t>(n) * v);
+    packed.model.ForwardLogits(sample.tokens.data(), 1, n, false, logits.data());
+    for (int i = 0; i < n; ++i) {
+      if (!sample.trained[i + 1]) continue;
+      const float* l = logits.data() + static_cast<size_t>(i) * v;
+      double max = l[0], sum = 0;
+      for (int j = 0; j < v; ++j) max = std::max<double>(max, l[j]);
+      for (int j = 0; j < v; ++j) sum += std::exp(l[j] - max);
+      independent += max + std::log(sum) - l[sample.tokens[i + 1]];
+      ++counted;
+    }
+  }
+  ASSERT_EQ(counted, rows.trained_tokens);
+  EXPECT_NEAR(loss_sum / counted, independent / counted, 1e-5 * independent / counted);
+
+  TestModel masked(config, backend, 3, t, Recompute::kNone, 4);
+  const std::vector<int32_t> none(rows.targets.size(), -1);
+  EXPECT_EQ(masked.model.ForwardBackward(rows.inputs.data(), none.data(), 3, t, 1.0f,
+                                         rows.positions.data()),
+            0.0);
+  for (const float g : masked.parameters.grads()) ASSERT_EQ(g, 0.0f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TransformerTest,

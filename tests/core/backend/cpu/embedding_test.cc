@@ -54,9 +54,10 @@ TEST(EmbeddingTest, FloatBackendMatchesDoubleWithAndWithoutPositions) {
     const auto wte_f = ToFloat(wte), wpe_f = ToFloat(wpe), dout_f = ToFloat(dout);
     std::vector<float> out_f(dout.size()), dwte_f(wte.size()), dwpe_f(wpe.size());
     backend.EmbeddingForward(out_f.data(), tokens.data(), wte_f.data(),
-                             positions ? wpe_f.data() : nullptr, batch, time, channels, 0, vocab);
+                             positions ? wpe_f.data() : nullptr, batch, time, channels, 0, vocab,
+                             nullptr);
     backend.EmbeddingBackward(dwte_f.data(), positions ? dwpe_f.data() : nullptr, dout_f.data(),
-                              tokens.data(), batch, time, channels, 0, vocab);
+                              tokens.data(), batch, time, channels, 0, vocab, nullptr);
     ExpectFloatMatches(out_f, out, "out");
     ExpectFloatMatches(dwte_f, dwte, "dwte");
     ExpectFloatMatches(dwpe_f, dwpe, "dwpe");

@@ -72,8 +72,8 @@ TEST(RopeTest, FloatBackendMatchesDouble) {
 
   CpuBackend backend(2);
   auto forward_f = ToFloat(qkv), backward_f = ToFloat(qkv);
-  backend.RopeForward(forward_f.data(), shape, kTheta, kPosOffset);
-  backend.RopeBackward(backward_f.data(), shape, kTheta, kPosOffset);
+  backend.RopeForward(forward_f.data(), shape, kTheta, kPosOffset, nullptr);
+  backend.RopeBackward(backward_f.data(), shape, kTheta, kPosOffset, nullptr);
   ExpectFloatMatches(forward_f, forward, "forward");
   ExpectFloatMatches(backward_f, backward, "backward");
 }

@@ -1,0 +1,61 @@
+// Chat templates: how a conversation's messages become one sample's text, and which of that text
+// the model is trained to produce (the loss mask of supervised fine-tuning).
+//
+// A template is a text at the start of every sample and, per role, a prefix and a suffix around
+// each message's content. The assistant's content and suffix are trained (the suffix holds the
+// end-of-turn token the model must learn to emit, as in Hugging Face's assistant-only loss); the
+// start text, every prefix and every other role's message are prompt, never targets. Special
+// tokens are written as their text ("<|eot_id|>"): the tokenizer turns them into their ids.
+//
+// Built in: "llama3" (Meta Llama 3 instruct), "chatml" (Qwen and others) and "none" (the
+// contents as they are: prompt then completion, nothing added). Any other template is a JSON
+// file:
+//   {"begin": "<s>",
+//    "roles": {"system":    {"prefix": "<<SYS>>\n", "suffix": "\n<</SYS>>\n\n"},
+//              "user":      {"prefix": "[INST] ", "suffix": " [/INST]"},
+//              "assistant": {"prefix": " ", "suffix": "</s>"}}}
+// "begin" and every prefix and suffix are optional (empty); "roles" must name "assistant".
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dtrain {
+
+struct ChatTurnFormat {
+  std::string prefix;
+  std::string suffix;
+};
+
+struct ChatTemplate {
+  std::string name;                             // the built-in name or the file's path
+  std::string begin;                            // once at the start of a sample
+  std::map<std::string, ChatTurnFormat> roles;  // by role name; "assistant" is trained
+};
+
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+// A piece of a rendered sample and whether its tokens count in the loss.
+struct TextSegment {
+  std::string text;
+  bool trained = false;
+};
+
+// A built-in template by name, or else a template file at that path. Errors: a name that is
+// neither (naming the built-in ones), a file that is not valid JSON of the shape above (naming
+// the file and the field).
+absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& name_or_path);
+
+// The segments of one conversation, in order. InvalidArgument for a role the template does not
+// know (naming it and the template's roles).
+absl::StatusOr<std::vector<TextSegment>> RenderConversation(
+    const ChatTemplate& chat_template, const std::vector<ChatMessage>& messages);
+
+}  // namespace dtrain

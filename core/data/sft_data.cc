@@ -1,0 +1,164 @@
+#include "core/data/sft_data.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "core/data/sample_grouper.h"
+#include "core/data/shard_source.h"
+#include "core/data/tar_reader.h"
+#include "core/data/token_decode.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+absl::Status LineError(const std::string& where, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+}
+
+// The conversation of a record in either shape.
+absl::StatusOr<std::vector<ChatMessage>> Messages(const nlohmann::json& record,
+                                                  const std::string& where) {
+  constexpr char kShapes[] =
+      "; expected {\"prompt\": \"...\", \"completion\": \"...\"} or {\"messages\": [{\"role\": "
+      "\"...\", \"content\": \"...\"}, ...]}";
+  if (!record.is_object()) return LineError(where, absl::StrCat("not a JSON object", kShapes));
+  if (record.contains("messages")) {
+    const nlohmann::json& list = record["messages"];
+    if (!list.is_array())
+      return LineError(where, absl::StrCat("\"messages\" is not a list", kShapes));
+    std::vector<ChatMessage> messages;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const nlohmann::json& m = list[i];
+      for (const char* key : {"role", "content"}) {
+        if (!m.is_object() || !m.contains(key) || !m[key].is_string()) {
+          return LineError(where,
+                           absl::StrCat("messages[", i, "] has no \"", key, "\" string", kShapes));
+        }
+      }
+      messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+    return messages;
+  }
+  for (const char* key : {"prompt", "completion"}) {
+    if (!record.contains(key) || !record[key].is_string()) {
+      return LineError(where, absl::StrCat("no \"", key, "\" string", kShapes));
+    }
+  }
+  return std::vector<ChatMessage>{{"user", record["prompt"].get<std::string>()},
+                                  {"assistant", record["completion"].get<std::string>()}};
+}
+
+}  // namespace
+
+absl::StatusOr<SftSample> EncodeSftLine(std::string_view line, const ChatTemplate& chat_template,
+                                        const Tokenizer& tokenizer, const std::string& where) {
+  const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+  if (record.is_discarded()) {
+    return LineError(where, "not valid JSON (a syntax error, or text that is not UTF-8)");
+  }
+  ASSIGN_OR_RETURN(const std::vector<ChatMessage> messages, Messages(record, where));
+  absl::StatusOr<std::vector<TextSegment>> segments = RenderConversation(chat_template, messages);
+  if (!segments.ok()) return LineError(where, std::string(segments.status().message()));
+  SftSample sample;
+  for (const TextSegment& segment : *segments) {
+    if (absl::Status status = tokenizer.Encode(segment.text, &sample.tokens); !status.ok()) {
+      return LineError(where, std::string(status.message()));
+    }
+    sample.trained.resize(sample.tokens.size(), segment.trained ? 1 : 0);
+  }
+  // The first token is never a target (nothing precedes it).
+  if (!sample.trained.empty()) sample.trained[0] = 0;
+  if (std::find(sample.trained.begin(), sample.trained.end(), 1) == sample.trained.end()) {
+    return LineError(where,
+                     "nothing to train on: no assistant message with text (the loss counts only "
+                     "the assistant's tokens); drop the line or add the answer");
+  }
+  return sample;
+}
+
+absl::StatusOr<std::vector<SftSample>> ReadSftShards(const std::vector<std::string>& files,
+                                                     int vocab_size) {
+  std::vector<SftSample> samples;
+  for (const std::string& file : files) {
+    ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> source, OpenShard(file, {}));
+    TarReader reader(source.get());
+    SampleGrouper grouper(&reader);
+    Sample sample;
+    while (true) {
+      ASSIGN_OR_RETURN(const bool more, grouper.Next(&sample));
+      if (!more) break;
+      SftSample out;
+      RETURN_IF_ERROR(DecodeSampleTokens(sample, vocab_size, &out.tokens));
+      const SampleField* mask = sample.Find("mask");
+      if (mask == nullptr || mask->data.size() != out.tokens.size()) {
+        return absl::DataLossError(absl::StrCat(
+            file, ": sample ", sample.key,
+            mask == nullptr ? " has no .mask member"
+                            : absl::StrCat("'s .mask has ", mask->data.size(), " bytes for ",
+                                           out.tokens.size(), " tokens"),
+            "; SFT data needs one mask byte per token: pack it with dtrain data pack --sft"));
+      }
+      out.trained.assign(mask->data.begin(), mask->data.end());
+      samples.push_back(std::move(out));
+    }
+  }
+  return samples;
+}
+
+absl::StatusOr<LongSamplePolicy> ParseLongSamplePolicy(const std::string& name) {
+  if (name == "truncate") return LongSamplePolicy::kTruncate;
+  if (name == "skip") return LongSamplePolicy::kSkip;
+  return absl::InvalidArgumentError(
+      absl::StrCat("data.on_long_sample: '", name, "' is not one of truncate, skip"));
+}
+
+SftRows PackSftRows(const std::vector<SftSample>& samples, int seq_len, bool packing,
+                    LongSamplePolicy on_long_sample) {
+  SftRows out;
+  out.seq_len = seq_len;
+  int used = seq_len;  // slots filled in the last row; a full row makes the first sample open one
+  auto finish_row = [&] {
+    // The tail is a padding document: it attends only to itself and has no targets.
+    for (int i = 0; used < seq_len; ++used, ++i) {
+      out.inputs.push_back(0);
+      out.targets.push_back(-1);
+      out.positions.push_back(i);
+      ++out.padding_tokens;
+    }
+  };
+  for (const SftSample& sample : samples) {
+    int64_t slots = static_cast<int64_t>(sample.tokens.size()) - 1;
+    if (slots < 1) {
+      ++out.skipped;
+      continue;
+    }
+    if (slots > seq_len) {
+      if (on_long_sample == LongSamplePolicy::kSkip) {
+        ++out.skipped;
+        continue;
+      }
+      ++out.truncated;
+      slots = seq_len;
+    }
+    if (!packing || used + slots > seq_len) {
+      finish_row();
+      used = 0;
+      ++out.rows;
+    }
+    for (int64_t i = 0; i < slots; ++i) {
+      out.inputs.push_back(sample.tokens[i]);
+      const bool trained = sample.trained[i + 1] != 0;
+      out.targets.push_back(trained ? sample.tokens[i + 1] : -1);
+      out.positions.push_back(static_cast<int32_t>(i));
+      out.trained_tokens += trained ? 1 : 0;
+    }
+    used += static_cast<int>(slots);
+    ++out.samples;
+  }
+  if (out.rows > 0) finish_row();
+  return out;
+}
+
+}  // namespace dtrain

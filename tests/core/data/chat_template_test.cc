@@ -1,0 +1,84 @@
+#include "core/data/chat_template.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace {
+
+std::string Rendered(const std::vector<TextSegment>& segments, bool trained_only) {
+  std::string text;
+  for (const TextSegment& s : segments) {
+    if (!trained_only || s.trained) text += s.text;
+  }
+  return text;
+}
+
+const std::vector<ChatMessage> kConversation = {
+    {"system", "Be brief."}, {"user", "Hi?"}, {"assistant", "Hello."}};
+
+// The texts of Hugging Face's chat templates for these models (apply_chat_template without a
+// generation prompt), with only the assistant's content and end-of-turn marker trained.
+TEST(ChatTemplateTest, Llama3AndChatMlRenderAsTheirModelsExpect) {
+  absl::StatusOr<ChatTemplate> llama3 = LoadChatTemplate("llama3");
+  ASSERT_TRUE(llama3.ok()) << llama3.status();
+  absl::StatusOr<std::vector<TextSegment>> segments = RenderConversation(*llama3, kConversation);
+  ASSERT_TRUE(segments.ok()) << segments.status();
+  EXPECT_EQ(Rendered(*segments, false),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>");
+  EXPECT_EQ(Rendered(*segments, true), "Hello.<|eot_id|>");
+
+  absl::StatusOr<ChatTemplate> chatml = LoadChatTemplate("chatml");
+  ASSERT_TRUE(chatml.ok()) << chatml.status();
+  segments = RenderConversation(*chatml, kConversation);
+  ASSERT_TRUE(segments.ok()) << segments.status();
+  EXPECT_EQ(Rendered(*segments, false),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"
+            "<|im_start|>assistant\nHello.<|im_end|>\n");
+  EXPECT_EQ(Rendered(*segments, true), "Hello.<|im_end|>\n");
+}
+
+TEST(ChatTemplateTest, TemplateFileDefinesBeginAndRoles) {
+  const std::string path = ::testing::TempDir() + "/mistral_template.json";
+  std::ofstream(path) << R"({"begin": "<s>", "roles": {
+      "user": {"prefix": "[INST] ", "suffix": " [/INST]"},
+      "assistant": {"suffix": "</s>"}}})";
+  absl::StatusOr<ChatTemplate> loaded = LoadChatTemplate(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  absl::StatusOr<std::vector<TextSegment>> segments =
+      RenderConversation(*loaded, {{"user", "Hi?"}, {"assistant", "Hello."}});
+  ASSERT_TRUE(segments.ok()) << segments.status();
+  EXPECT_EQ(Rendered(*segments, false), "<s>[INST] Hi? [/INST]Hello.</s>");
+  EXPECT_EQ(Rendered(*segments, true), "Hello.</s>");
+  // A role the template lacks is an error naming it and the roles there are.
+  segments = RenderConversation(*loaded, {{"system", "x"}});
+  EXPECT_EQ(segments.status().message(),
+            "role \"system\" is not one of " + path + "'s roles (assistant, user)");
+}
+
+TEST(ChatTemplateTest, UnknownNamesAndBadFilesAreErrorsNamingThem) {
+  EXPECT_EQ(LoadChatTemplate("llama9").status().message(),
+            "chat template 'llama9' is neither a built-in one (llama3, chatml, none) nor a "
+            "readable file");
+  const std::string dir = ::testing::TempDir();
+  for (const auto& [text, what] :
+       {std::pair{"{not json", "not a JSON object"},
+        {R"({"begin": 3, "roles": {}})", "\"begin\" is not a string"},
+        {R"({"roles": {"user": {}}})", "roles has no \"assistant\""},
+        {R"({"roles": {"assistant": {"suffix": []}}})", "roles.assistant.suffix is not a string"},
+        {R"({"begin": ""})", "no \"roles\" object"}}) {
+    const std::string path = dir + "/bad_template.json";
+    std::ofstream(path) << text;
+    const absl::Status status = LoadChatTemplate(path).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(status.message().find("chat template " + path + ": " + what), std::string::npos)
+        << status.message();
+  }
+}
+
+}  // namespace
+}  // namespace dtrain
