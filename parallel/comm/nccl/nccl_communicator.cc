@@ -1,6 +1,3 @@
-// Compiled to nothing unless CMake found the CUDA toolkit and defined DTRAIN_HAVE_NCCL, so the
-// CPU build can glob this folder.
-#ifdef DTRAIN_HAVE_NCCL
 #include "parallel/comm/nccl/nccl_communicator.h"
 
 #include <cstring>
@@ -289,5 +286,3 @@ CommStats NcclCommunicator::stats() const {
 }
 
 }  // namespace dtrain
-
-#endif  // DTRAIN_HAVE_NCCL

@@ -1,7 +1,8 @@
 // The NCCL backend of Communicator: device buffers of the current CUDA device, every DataType.
-// Built only with the CUDA toolkit (DTRAIN_HAVE_NCCL). Rank 0 of the group creates the 128-byte
-// ncclUniqueId and Sets it under "<key_prefix>nccl_id"; the others Get it; ncclCommInitRank.
-// Each group (tp/dp/pp) has its own key prefix and so its own id and communicator.
+// Built only with the CUDA toolkit, into the CUDA module (core/backend/cuda_module.h). Rank 0 of
+// the group creates the 128-byte ncclUniqueId and Sets it under "<key_prefix>nccl_id"; the others
+// Get it; ncclCommInitRank. Each group (tp/dp/pp) has its own key prefix and so its own id and
+// communicator.
 //
 // Collectives are enqueued in issue order on the communicator's stream; Send and Recv run on
 // their own streams (after the earlier collectives) so that two ranks may Send to each other
