@@ -34,6 +34,10 @@ struct NcclCommunicatorOptions {
   int size = 1;
   std::vector<int> world_ranks;  // for messages; empty = the identity
   absl::Duration timeout = absl::Seconds(300);
+  // The stream the buffers' kernels run on (the CUDA backend's), or null. When set, every
+  // operation first waits, on the device, for the work issued on it so far (an event), so that a
+  // collective never reads a buffer a kernel is still writing; the host never blocks for it.
+  cudaStream_t compute_stream = nullptr;
 };
 
 class NcclCommunicator : public Communicator {
@@ -79,8 +83,9 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<Work> Finish(absl::string_view op_name, ncclResult_t enqueued,
                                cudaStream_t stream);
   void Count(OpStats CommStats::*field, int64_t sent, int64_t received);
-  // Makes `side` wait for the work already on the collective stream.
-  void OrderAfterCollectives(cudaStream_t side);
+  // Makes `stream` wait for the work already on the compute stream (when there is one) and, for
+  // Send and Recv's streams, on the collective stream.
+  void OrderBefore(cudaStream_t stream);
 
   const NcclCommunicatorOptions options_;
   ncclComm_t comm_;
