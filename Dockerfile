@@ -30,9 +30,11 @@ COPY . .
 ENV PATH=/usr/local/cuda-13.0/bin:${PATH} CUDAARCHS="80;90"
 RUN scripts/build.sh -DDTRAIN_BUILD_TESTS=OFF && \
     install -D -m 755 build/dtrain /out/usr/local/bin/dtrain && \
+    install -m 755 build/libdtrain_cuda.so /out/usr/local/bin/libdtrain_cuda.so && \
     mkdir -p /out/usr/local/share/dtrain && cp -r configs scripts/slurm /out/usr/local/share/dtrain/
 # The Debian packages that own every shared library dtrain links: the runtime stage installs
-# exactly these, so the list follows the build (the CUDA backend adds cudart, cuBLAS, NCCL).
+# exactly these, so the list follows the build. CUDA's (cudart, cuBLASLt, NCCL) are the CUDA
+# module's, beside the binary (loaded at run time), and come from NVIDIA's repository below.
 RUN ldd build/dtrain | awk '$3 ~ /^\// {print $3}' | while read -r lib; do \
       real=$(readlink -f "$lib"); \
       dpkg -S "$real" 2>/dev/null || dpkg -S "${real#/usr}" 2>/dev/null || \
@@ -45,8 +47,8 @@ ARG CUDA_REPO
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
 ADD ${CUDA_REPO}/cuda-keyring_1.1-1_all.deb /tmp/
 COPY --from=builder /out/runtime-packages.txt /tmp/
-# cudart, cuBLAS and NCCL are installed even while dtrain does not link them yet (NCCL is also
-# loaded by the GPU workers); ca-certificates for https shards.
+# cudart, cuBLAS(Lt) and NCCL for the CUDA module, libdtrain_cuda.so beside the binary, which the
+# binary loads when run.device is cuda; ca-certificates for https shards.
 RUN dpkg -i /tmp/cuda-keyring_1.1-1_all.deb && apt-get update && \
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       $(cat /tmp/runtime-packages.txt) ca-certificates \

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/backend/make_backend.h"
 #include "core/recipe/recipe.h"
 #include "launch/environment.h"
 #include "parallel/trainer.h"
@@ -28,6 +29,11 @@ void AddTrainCommand(CLI::App& app) {
     absl::StatusOr<WorldEnvironment> world = RankWorldFromEnvironment();
     if (!world.ok()) Fail(world.status(), kExitFailure);
     if (absl::Status status = CheckLayoutFitsWorld(*recipe, world->world_size); !status.ok()) {
+      Fail(status, kExitUsage);
+    }
+    // Before anything is written: no GPU for run.device: cuda is a usage error.
+    if (absl::Status status = CheckDevice(recipe->run.device, world->local_rank, world->world_size);
+        !status.ok()) {
       Fail(status, kExitUsage);
     }
     if (absl::Status status = RunTraining(*recipe, *world); !status.ok()) {

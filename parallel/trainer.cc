@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/backend/cpu/cpu_backend.h"
+#include "core/backend/make_backend.h"
 #include "core/data/datasets.h"
 #include "core/data/tokenizers/load_tokenizer.h"
 #include "core/metrics/step_exporter.h"
@@ -369,7 +370,7 @@ absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& confi
 
 void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDims& dims,
                  const Datasets& data, const Transformer& model, int dp_size, int micro_batches,
-                 double peak_flops, int threads) {
+                 double peak_flops, const std::string& backend_name) {
   const TrainSection& train = recipe.train;
   LogInfo("model: %s", ModelShapeLine(config));
   LogInfo("data: %d tokens for training, %d for validation", data.train_tokens, data.val_tokens);
@@ -397,8 +398,8 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDim
   }
   LogInfo(
       "MFU is stated against %.1f GFLOP/s per rank, the best measured float32 GEMM of "
-      "this CPU backend (%d threads)",
-      peak_flops / 1e9, threads);
+      "this %s",
+      peak_flops / 1e9, backend_name);
 }
 
 // The checkpoint signals, agreed by all ranks so that they save the same step: any rank
@@ -555,7 +556,14 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
                                    world.restart_count);
   }
 
-  CpuBackend backend(recipe.run.threads);
+  ASSIGN_OR_RETURN(const std::unique_ptr<Backend> backend_owner,
+                   MakeBackend(recipe.run.device, recipe.run.threads, world.local_rank));
+  Backend& backend = *backend_owner;
+  const auto* cpu_backend = dynamic_cast<const CpuBackend*>(&backend);
+  const std::string backend_name =
+      cpu_backend != nullptr
+          ? absl::StrCat("CPU backend (", cpu_backend->num_threads(), " threads)")
+          : absl::StrCat("CUDA backend (GPU ", world.local_rank, ", cuBLASLt, TF32 off)");
   const ParamTable table(config, slice);
   std::unique_ptr<CommTensorParallel> tensor_parallel;
   if (groups.tp) tensor_parallel = std::make_unique<CommTensorParallel>(*groups.tp, kv_replicas);
@@ -609,7 +617,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   std::ofstream metrics;
   if (leader) {
     LogRunSetup(recipe, config, table.dims(), data, model, dp_size, micro_batches, peak_flops,
-                backend.num_threads());
+                backend_name);
     if (pp > 1) {
       LogInfo("pipeline parallel: %d stages, schedule %s; %s", pp,
               PipelineScheduleName(shape.schedule), FormatStageAssignment(assignment));
@@ -641,6 +649,10 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
                            documents);
     // A failed tp all-reduce left the step to run on garbage: its error is the one to report.
     RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
+    // A device error (a CUDA kernel that failed) is reported with the step it happened in.
+    if (const absl::Status device = DeviceStatus(recipe.run.device, backend); !device.ok()) {
+      return Renamed(device, absl::StrCat("step ", step + 1, ": ", device.message()));
+    }
     ASSIGN_OR_RETURN(const StepResult result, std::move(stepped));
     const std::chrono::duration<double> step_time = std::chrono::steady_clock::now() - start;
     const int64_t dp_sent = SentBytes({groups.dp}) - dp_sent_before;

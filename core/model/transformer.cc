@@ -337,6 +337,12 @@ void Transformer::AllocateActivations(int max_batch, int max_time, int activatio
   vocab_chunk_rows_ = VocabChunkCapacity(dims_, has_head_, max_tokens_);
   vocab_logits_ = take(static_cast<size_t>(vocab_chunk_rows_) * dims_.vocab_rows());
   vocab_stats_ = take(3 * static_cast<size_t>(vocab_chunk_rows_));
+
+  static_assert(sizeof(int32_t) == sizeof(float));
+  token_ids_ = backend_.Allocate((slots_.size() + 1) * n);
+  int32_t* ids = static_cast<int32_t*>(token_ids_.data());
+  for (size_t i = 0; i < slots_.size(); ++i) slots_[i].staged_tokens = ids + i * n;
+  staged_targets_ = ids + slots_.size() * n;
 }
 
 Transformer::BlockActivations& Transformer::ActivationsFor(int slot, int index) {
@@ -457,8 +463,10 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
   FinishNormGrads(grads, {w.norm2_w, w.norm1_w, w.norm2_b, w.norm1_b});
 }
 
-double Transformer::Classifier(float* dx, float* dhead, const int32_t* targets, int n,
+double Transformer::Classifier(float* dx, float* dhead, const int32_t* host_targets, int n,
                                float grad_scale) {
+  backend_.CopyFromHost(staged_targets_, host_targets, static_cast<size_t>(n) * sizeof(int32_t));
+  const int32_t* targets = staged_targets_;
   const int c = config_.d_model;
   if (!dims_.vocab_parallel) {
     return backend_.ClassifierForwardBackward(dx, dhead, final_norm_, HeadWeight(), targets, n, c,
@@ -499,14 +507,18 @@ void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, fl
   slot.chunk = args.chunk;
   slot.b = args.b;
   slot.t = args.t;
-  slot.tokens = args.tokens;
   slot.positions = args.positions;
   const int b = args.b, t = args.t;
   const RowSplit rows = SplitRows(b * t);
   const BlockSpan& blocks = chunks_[args.chunk];
   if (StartsModel(args.chunk)) {
+    // The token ids move to the backend's memory once a micro-batch, for the embedding's forward
+    // now and its backward later.
+    backend_.CopyFromHost(slot.staged_tokens, args.tokens,
+                          static_cast<size_t>(b) * t * sizeof(int32_t));
+    slot.tokens = slot.staged_tokens;
     embeddings_ = Params(-1, Pass::kForward);
-    EmbeddingForward(args.tokens, args.positions, b, t, rows, slot.inputs[0]);
+    EmbeddingForward(slot.tokens, args.positions, b, t, rows, slot.inputs[0]);
     if (!head_is_embedding_) parameters_.Release(-1, Pass::kForward);
   } else {
     backend_.Copy(slot.inputs[0], args.input,
@@ -681,14 +693,17 @@ void Transformer::StageForwardLogits(const StageForwardArgs& args, bool last_onl
     return final_norm_ + (last_only ? static_cast<size_t>(r) * t + t - 1 : r) * c;
   };
   if (!dims_.vocab_parallel) {
+    // Computed in the backend's memory (sampling is rare: a buffer for the call), read on the host.
+    const DeviceBuffer computed = backend_.Allocate(static_cast<size_t>(rows) * v);
     if (last_only) {
       for (int i = 0; i < b; ++i) {
-        backend_.LinearForward(logits + static_cast<size_t>(i) * v, input_row(i), HeadWeight(),
-                               nullptr, 1, c, v);
+        backend_.LinearForward(computed.floats() + static_cast<size_t>(i) * v, input_row(i),
+                               HeadWeight(), nullptr, 1, c, v);
       }
     } else {
-      backend_.LinearForward(logits, final_norm_, HeadWeight(), nullptr, b * t, c, v);
+      backend_.LinearForward(computed.floats(), final_norm_, HeadWeight(), nullptr, b * t, c, v);
     }
+    backend_.CopyToHost(logits, computed.data(), computed.bytes());
     ReleaseHead();
     return;
   }
@@ -711,8 +726,9 @@ void Transformer::StageForwardLogits(const StageForwardArgs& args, bool last_onl
                              local_v);
     }
     for (int i = 0; i < chunk; ++i) {
-      const float* row = vocab_logits_ + static_cast<size_t>(i) * local_v;
-      std::copy(row, row + local_v, local.begin() + static_cast<size_t>(i) * slot);
+      backend_.CopyToHost(local.data() + static_cast<size_t>(i) * slot,
+                          vocab_logits_ + static_cast<size_t>(i) * local_v,
+                          static_cast<size_t>(local_v) * sizeof(float));
     }
     tp_.GatherRows(local.data(), all.data(), static_cast<size_t>(chunk) * slot);
     for (int rank = 0; rank < tp; ++rank) {

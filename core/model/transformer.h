@@ -93,6 +93,7 @@ class Transformer {
                      const int32_t* positions = nullptr);
   // Whole model only, as ForwardLoss: logits (b, t, V), or only the last position's (b, V) when
   // last_only: the V real tokens' only, whatever the vocabulary's padding for tensor parallelism.
+  // `logits` is host memory (sampling reads it there).
   void ForwardLogits(const int32_t* inputs, int b, int t, bool last_only, float* logits,
                      const int32_t* positions = nullptr);
 
@@ -197,8 +198,9 @@ class Transformer {
     std::vector<float*> inputs;            // (R, C) each of the chunk's blocks' input, in order
     std::vector<BlockActivations> blocks;  // each block's saved activations (none under kFull)
     float* d_last = nullptr;               // last stage: (R, C) d(last block's output)
-    const int32_t* tokens = nullptr;       // first stage: the micro-batch's token ids
-    const int32_t* positions = nullptr;    // the micro-batch's document positions, or null
+    const int32_t* tokens = nullptr;       // first stage: the micro-batch's token ids, staged
+    int32_t* staged_tokens = nullptr;      // (max tokens) the slot's token ids in backend memory
+    const int32_t* positions = nullptr;    // the micro-batch's document positions (host), or null
     int b = 0;
     int t = 0;
   };
@@ -254,7 +256,7 @@ class Transformer {
   // grad_scale. At tp = 1 the backend's fused kernel; at tp > 1 its vocabulary-parallel phases
   // per chunk of VocabChunkRows rows (the max and the sums combined over the ranks), each rank's
   // dx its slot's share (the caller's f, NormOutputGrad, sums them).
-  double Classifier(float* dx, float* dhead, const int32_t* targets, int n, float grad_scale);
+  double Classifier(float* dx, float* dhead, const int32_t* host_targets, int n, float grad_scale);
   // The embedding (first stage) or a copy of args.input into the slot, then the stage's
   // blocks, the last one's output into `output`. When the head is the token embedding, the
   // embeddings stay acquired for it.
@@ -296,6 +298,11 @@ class Transformer {
   RegionView embeddings_;    // acquired during the embedding's forward (and the head's use)
   RegionView final_region_;  // acquired from FinalNormForward until ReleaseHead
   DeviceBuffer acts_;        // the arena
+  // The micro-batches' token ids (one (max tokens) array a slot) and targets (max tokens) staged
+  // in the backend's memory for its kernels: 4-byte int32 values in a buffer allocated as floats
+  // (the same size; DataType has no int32). Not part of the arena (a few KiB).
+  DeviceBuffer token_ids_;
+  int32_t* staged_targets_ = nullptr;
   std::vector<Slot> slots_;
   // kFull: the one block's activations every block recomputes; kSelective and kFull: the
   // attention core every block shares.

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <new>
+#include <string>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -13,6 +14,17 @@
 
 namespace dtrain {
 
+// The std::bad_alloc of a backend that knows more than "no memory": what() says how many bytes
+// were asked and how many were free on which device.
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string detail) : detail_(std::move(detail)) {}
+  const char* what() const noexcept override { return detail_.c_str(); }
+
+ private:
+  std::string detail_;
+};
+
 // make_unique<T>(args...), or ResourceExhausted naming `phase` (e.g. "allocating activations")
 // and `bytes`, the estimate of what it allocates.
 template <typename T, typename... Args>
@@ -20,6 +32,11 @@ absl::StatusOr<std::unique_ptr<T>> AllocateOrError(absl::string_view phase, doub
                                                    Args&&... args) {
   try {
     return std::make_unique<T>(std::forward<Args>(args)...);
+  } catch (const OutOfMemory& error) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "out of memory %s (about %.3g GiB in all): %s; make the model or train.micro_batch "
+        "smaller, or shard the state over more ranks",
+        phase, bytes / (1024.0 * 1024.0 * 1024.0), error.what()));
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "out of memory %s (about %.3g GiB); make the model or train.micro_batch smaller, or "

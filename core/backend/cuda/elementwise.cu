@@ -1,5 +1,6 @@
-// The global norm's sum of squares (a warp per block of values, then one warp over the block
-// sums) and the clipping scale (a thread per 16-byte pack); arithmetic in elementwise_math.h.
+// The residual add and the clipping scale (a thread per 16-byte pack) and the global norm's sum
+// of squares (a warp per block of values, then one warp over the block sums); arithmetic in
+// elementwise_math.h.
 #include "core/backend/cuda/elementwise_math.h"
 #include "core/backend/cuda/kernels.h"
 #include "core/backend/cuda/pack.cuh"
@@ -31,7 +32,23 @@ __global__ void ScaleKernel(T* x, float factor, size_t n) {
   StorePack(x, i, n, pack);
 }
 
+template <typename T>
+__global__ void AddKernel(T* out, const T* a, const T* b, size_t n) {
+  const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kPackSize<T>;
+  if (i >= n) return;
+  const Pack<T> x = LoadPack(a, i, n, T{}), y = LoadPack(b, i, n, T{});
+  Pack<T> sum;
+  for (int k = 0; k < kPackSize<T>; ++k) sum.values[k] = AddValues(x.values[k], y.values[k]);
+  StorePack(out, i, n, sum);
+}
+
 }  // namespace
+
+template <typename T>
+void Add(T* out, const T* a, const T* b, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  AddKernel<<<PackBlocks<T>(n), kElementwiseThreads, 0, stream>>>(out, a, b, n);
+}
 
 template <typename T>
 void SumSquares(double* sum_squares, float* block_sums, const T* x, size_t n, cudaStream_t stream) {
@@ -50,6 +67,7 @@ void Scale(T* x, float factor, size_t n, cudaStream_t stream) {
 }
 
 #define DTRAIN_INSTANTIATE(T)                                                   \
+  template void Add<T>(T*, const T*, const T*, size_t, cudaStream_t);           \
   template void SumSquares<T>(double*, float*, const T*, size_t, cudaStream_t); \
   template void Scale<T>(T*, float, size_t, cudaStream_t);
 DTRAIN_INSTANTIATE(float)

@@ -41,6 +41,12 @@ DTRAIN_HD double SumOfBlockSums(const Warp& warp, const float* block_sums, size_
   return warp.Butterfly(sum, AddDoubles{});
 }
 
+// One value of a + b (the residual stream's add where it is not fused into a norm).
+template <typename T>
+DTRAIN_HD T AddValues(T a, T b) {
+  return FromFloat<T>(ToFloat(a) + ToFloat(b));
+}
+
 // One value scaled by the clipping factor.
 template <typename T>
 DTRAIN_HD T ScaleValue(T x, float factor) {

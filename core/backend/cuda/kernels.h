@@ -80,8 +80,10 @@ void EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const T* dou
                        const int32_t* tokens, int b, int t, int c, int vocab_begin, int vocab_end,
                        cudaStream_t stream);
 
-// elementwise_math.h. *sum_squares (one double, device memory) = the sum of squares of x (n);
-// block_sums: scratch of SumSquaresBlocks(n) floats. Scale: x (n) *= factor.
+// elementwise_math.h. out = a + b (n). *sum_squares (one double, device memory) = the sum of
+// squares of x (n); block_sums: scratch of SumSquaresBlocks(n) floats. Scale: x (n) *= factor.
+template <typename T>
+void Add(T* out, const T* a, const T* b, size_t n, cudaStream_t stream);
 template <typename T>
 void SumSquares(double* sum_squares, float* block_sums, const T* x, size_t n, cudaStream_t stream);
 template <typename T>

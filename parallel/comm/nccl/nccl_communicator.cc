@@ -1,6 +1,3 @@
-// Compiled to nothing unless CMake found the CUDA toolkit and defined DTRAIN_HAVE_NCCL, so the
-// CPU build can glob this folder.
-#ifdef DTRAIN_HAVE_NCCL
 #include "parallel/comm/nccl/nccl_communicator.h"
 
 #include <cstring>
@@ -72,6 +69,15 @@ class NcclWork : public Work {
 absl::Status CudaStatus(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
+}
+
+// `waiting` waits on the device for the work already issued on `on`.
+void StreamWaits(cudaStream_t waiting, cudaStream_t on) {
+  cudaEvent_t event = nullptr;
+  cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  cudaEventRecord(event, on);
+  cudaStreamWaitEvent(waiting, event, 0);
+  cudaEventDestroy(event);  // released once the wait is satisfied
 }
 
 ncclRedOp_t NcclOp(ReduceOp op) {
@@ -207,12 +213,9 @@ void NcclCommunicator::Count(OpStats CommStats::*field, int64_t sent, int64_t re
   stats.bytes_received += received;
 }
 
-void NcclCommunicator::OrderAfterCollectives(cudaStream_t side) {
-  cudaEvent_t event = nullptr;
-  cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-  cudaEventRecord(event, stream_);
-  cudaStreamWaitEvent(side, event, 0);
-  cudaEventDestroy(event);  // released once the wait is satisfied
+void NcclCommunicator::OrderBefore(cudaStream_t stream) {
+  if (options_.compute_stream != nullptr) StreamWaits(stream, options_.compute_stream);
+  if (stream != stream_) StreamWaits(stream, stream_);
 }
 
 std::unique_ptr<Work> NcclCommunicator::AllReduce(void* data, size_t count, DataType type,
@@ -223,6 +226,7 @@ std::unique_ptr<Work> NcclCommunicator::AllReduce(void* data, size_t count, Data
   const int64_t bytes = static_cast<int64_t>(count) * DataTypeBytes(type);
   const int64_t ring_bytes = 2 * (options_.size - 1) * bytes / options_.size;
   Count(&CommStats::all_reduce, ring_bytes, ring_bytes);
+  OrderBefore(stream_);
   return Finish("all_reduce",
                 ncclAllReduce(data, data, count, NcclType(type), NcclOp(op), comm_, stream_),
                 stream_);
@@ -236,6 +240,7 @@ std::unique_ptr<Work> NcclCommunicator::ReduceScatter(const void* input, void* o
   const int64_t ring_bytes =
       (options_.size - 1) * static_cast<int64_t>(count) * DataTypeBytes(type);
   Count(&CommStats::reduce_scatter, ring_bytes, ring_bytes);
+  OrderBefore(stream_);
   return Finish("reduce_scatter",
                 ncclReduceScatter(input, output, count, NcclType(type), NcclOp(op), comm_, stream_),
                 stream_);
@@ -246,6 +251,7 @@ std::unique_ptr<Work> NcclCommunicator::AllGather(const void* input, void* outpu
   const int64_t ring_bytes =
       (options_.size - 1) * static_cast<int64_t>(count) * DataTypeBytes(type);
   Count(&CommStats::all_gather, ring_bytes, ring_bytes);
+  OrderBefore(stream_);
   return Finish("all_gather", ncclAllGather(input, output, count, NcclType(type), comm_, stream_),
                 stream_);
 }
@@ -256,6 +262,7 @@ std::unique_ptr<Work> NcclCommunicator::Broadcast(void* data, size_t count, Data
   const int position = (options_.rank - root + options_.size) % options_.size;
   const int64_t bytes = static_cast<int64_t>(count) * DataTypeBytes(type);
   Count(&CommStats::broadcast, position < options_.size - 1 ? bytes : 0, position > 0 ? bytes : 0);
+  OrderBefore(stream_);
   return Finish("broadcast", ncclBroadcast(data, data, count, NcclType(type), root, comm_, stream_),
                 stream_);
 }
@@ -263,14 +270,14 @@ std::unique_ptr<Work> NcclCommunicator::Broadcast(void* data, size_t count, Data
 std::unique_ptr<Work> NcclCommunicator::Send(const void* data, size_t count, DataType type,
                                              int peer) {
   Count(&CommStats::send, static_cast<int64_t>(count) * DataTypeBytes(type), 0);
-  OrderAfterCollectives(send_stream_);
+  OrderBefore(send_stream_);
   return Finish(absl::StrCat("send to rank ", WorldRank(peer)),
                 ncclSend(data, count, NcclType(type), peer, comm_, send_stream_), send_stream_);
 }
 
 std::unique_ptr<Work> NcclCommunicator::Recv(void* data, size_t count, DataType type, int peer) {
   Count(&CommStats::recv, 0, static_cast<int64_t>(count) * DataTypeBytes(type));
-  OrderAfterCollectives(recv_stream_);
+  OrderBefore(recv_stream_);
   return Finish(absl::StrCat("recv from rank ", WorldRank(peer)),
                 ncclRecv(data, count, NcclType(type), peer, comm_, recv_stream_), recv_stream_);
 }
@@ -289,5 +296,3 @@ CommStats NcclCommunicator::stats() const {
 }
 
 }  // namespace dtrain
-
-#endif  // DTRAIN_HAVE_NCCL

@@ -1,7 +1,8 @@
 // The NCCL backend of Communicator: device buffers of the current CUDA device, every DataType.
-// Built only with the CUDA toolkit (DTRAIN_HAVE_NCCL). Rank 0 of the group creates the 128-byte
-// ncclUniqueId and Sets it under "<key_prefix>nccl_id"; the others Get it; ncclCommInitRank.
-// Each group (tp/dp/pp) has its own key prefix and so its own id and communicator.
+// Built only with the CUDA toolkit, into the CUDA module (core/backend/cuda_module.h). Rank 0 of
+// the group creates the 128-byte ncclUniqueId and Sets it under "<key_prefix>nccl_id"; the others
+// Get it; ncclCommInitRank. Each group (tp/dp/pp) has its own key prefix and so its own id and
+// communicator.
 //
 // Collectives are enqueued in issue order on the communicator's stream; Send and Recv run on
 // their own streams (after the earlier collectives) so that two ranks may Send to each other
@@ -33,6 +34,10 @@ struct NcclCommunicatorOptions {
   int size = 1;
   std::vector<int> world_ranks;  // for messages; empty = the identity
   absl::Duration timeout = absl::Seconds(300);
+  // The stream the buffers' kernels run on (the CUDA backend's), or null. When set, every
+  // operation first waits, on the device, for the work issued on it so far (an event), so that a
+  // collective never reads a buffer a kernel is still writing; the host never blocks for it.
+  cudaStream_t compute_stream = nullptr;
 };
 
 class NcclCommunicator : public Communicator {
@@ -78,8 +83,9 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<Work> Finish(absl::string_view op_name, ncclResult_t enqueued,
                                cudaStream_t stream);
   void Count(OpStats CommStats::*field, int64_t sent, int64_t received);
-  // Makes `side` wait for the work already on the collective stream.
-  void OrderAfterCollectives(cudaStream_t side);
+  // Makes `stream` wait for the work already on the compute stream (when there is one) and, for
+  // Send and Recv's streams, on the collective stream.
+  void OrderBefore(cudaStream_t stream);
 
   const NcclCommunicatorOptions options_;
   ncclComm_t comm_;

@@ -35,5 +35,20 @@ TEST(AllocateTest, AllocationFailureIsAnErrorNamingPhaseAndBytes) {
       AllOf(HasSubstr("out of memory allocating activations"), HasSubstr("about 4.29e+09 GiB")));
 }
 
+// A device backend's OutOfMemory says what the device had: the message carries it after the phase.
+struct DeviceBuffer {
+  DeviceBuffer() { throw OutOfMemory("cudaMalloc of 4096 bytes on GPU 1 with 0.001 GiB free"); }
+};
+
+TEST(AllocateTest, OutOfDeviceMemoryNamesBytesAskedAndFree) {
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> buffer =
+      AllocateOrError<DeviceBuffer>("allocating parameters", 4096.0);
+  ASSERT_FALSE(buffer.ok());
+  EXPECT_EQ(buffer.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(buffer.status().message()),
+              AllOf(HasSubstr("out of memory allocating parameters"),
+                    HasSubstr("cudaMalloc of 4096 bytes on GPU 1 with 0.001 GiB free")));
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -5,6 +5,7 @@
 #ifdef DTRAIN_HAVE_NCCL
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -60,6 +61,39 @@ TEST(NcclCommunicatorTest, CollectivesMatchTheSequentialReference) {
     });
   }
   for (std::thread& thread : threads) thread.join();
+}
+// A collective reads what the compute stream's kernels wrote before it was issued, without the
+// host waiting: the shard is written on the compute stream behind a long queue of work, then
+// gathered (one rank: a copy) on NCCL's stream.
+TEST(NcclCommunicatorTest, CollectivesWaitForTheComputeStream) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t compute = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
+  NcclCommunicatorOptions options;
+  options.compute_stream = compute;
+  options.timeout = absl::Seconds(60);
+  auto comm = NcclCommunicator::Create(std::make_shared<testing::InMemoryStore>(), options);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  constexpr size_t kBusyBytes = size_t{1} << 30, kCount = 1 << 20;
+  void* busy = nullptr;
+  float* shard = nullptr;
+  float* full = nullptr;
+  ASSERT_EQ(cudaMalloc(&busy, kBusyBytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&shard, kCount * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&full, kCount * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(shard, 0, kCount * sizeof(float)), cudaSuccess);
+  for (int i = 0; i < 20; ++i) cudaMemsetAsync(busy, i, kBusyBytes, compute);
+  cudaMemsetAsync(shard, 0x3f, kCount * sizeof(float), compute);  // 0x3f3f3f3f each
+  ASSERT_TRUE((*comm)->AllGather(shard, full, kCount)->Wait().ok());
+  std::vector<uint32_t> host(kCount);
+  ASSERT_EQ(cudaMemcpy(host.data(), full, kCount * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(host[i], 0x3f3f3f3fu) << i;
+  cudaFree(busy);
+  cudaFree(shard);
+  cudaFree(full);
+  cudaStreamDestroy(compute);
 }
 #else
 TEST(NcclCommunicatorTest, CollectivesMatchTheSequentialReference) {

@@ -1,0 +1,487 @@
+#include "core/backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/backend/cpu/adamw.h"
+#include "core/backend/cpu/classifier.h"
+#include "core/backend/cuda/elementwise_math.h"
+#include "core/backend/cuda/kernels.h"
+#include "core/util/allocate.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+namespace {
+
+// cuBLASLt's workspace: 32 MiB is what its heuristics use for the largest GEMMs on sm_90.
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+// The classifier's logits chunk: at most this many floats (256 MiB), so (N, V) never exists whole.
+constexpr size_t kClassifierChunkFloats = size_t{64} << 20;
+
+// The largest power of two dividing `pointer`'s address, up to cuBLASLt's default assumption of
+// 256: views into the arena or the flat parameters are often only 4-byte aligned, and the
+// heuristic must not pick a kernel that needs more.
+uint32_t Alignment(const void* pointer) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  uint32_t alignment = 256;
+  while (alignment > 4 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+std::string GiB(size_t bytes) {
+  return absl::StrFormat("%.3f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+}
+
+}  // namespace
+
+absl::Status CudaBackend::CheckDevice(int device) {
+  int count = 0;
+  const cudaError_t counted = cudaGetDeviceCount(&count);
+  if (counted != cudaSuccess || count == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run.device is cuda but no GPU was found: the CUDA runtime says \"",
+        counted != cudaSuccess ? cudaGetErrorString(counted) : "0 devices",
+        "\" (no NVIDIA driver, or no GPU visible: see nvidia-smi and CUDA_VISIBLE_DEVICES); run on "
+        "a GPU machine, or set run.device: cpu"));
+  }
+  if (device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("local rank ", device, " needs GPU ", device, " but ", count,
+                     " GPU(s) are visible on this node; start at most one worker per GPU "
+                     "(dtrain launch --nproc-per-node gpu)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
+  RETURN_IF_ERROR(CheckDevice(device));
+  cudaError_t error = cudaSetDevice(device);
+  cudaStream_t stream = nullptr;
+  if (error == cudaSuccess) error = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (error != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot start GPU ", device, ": ", cudaGetErrorString(error)));
+  }
+  cublasLtHandle_t lt = nullptr;
+  if (const cublasStatus_t status = cublasLtCreate(&lt); status != CUBLAS_STATUS_SUCCESS) {
+    cudaStreamDestroy(stream);
+    return absl::FailedPreconditionError(absl::StrCat("cannot start cuBLASLt on GPU ", device, ": ",
+                                                      cublasLtGetStatusString(status)));
+  }
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(device, stream, lt));
+  try {
+    backend->workspace_ = backend->Allocate(kWorkspaceBytes / sizeof(float), DataType::kF32);
+  } catch (const OutOfMemory& oom) {
+    return absl::ResourceExhaustedError(absl::StrCat("cuBLASLt's workspace: ", oom.what()));
+  }
+  if (!backend->first_error_.ok()) return backend->first_error_;
+  return backend;
+}
+
+CudaBackend::CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt)
+    : device_(device), stream_(stream), lt_(lt) {}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(stream_);
+  workspace_.Reset();
+  ones_.Reset();
+  logits_.Reset();
+  losses_.Reset();
+  block_sums_.Reset();
+  cublasLtDestroy(lt_);
+  cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::Check(cudaError_t error, const char* what) {
+  if (error == cudaSuccess || !first_error_.ok()) return;
+  first_error_ = absl::InternalError(absl::StrCat(
+      "CUDA error in ", what, " on GPU ", device_, ": ", cudaGetErrorString(error),
+      " (kernels run asynchronously: an error may surface in a later call; CUDA_LAUNCH_BLOCKING=1 "
+      "names the kernel that caused it)"));
+}
+
+void CudaBackend::CheckBlas(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS || !first_error_.ok()) return;
+  first_error_ = absl::InternalError(absl::StrCat("cuBLASLt error in ", what, " on GPU ", device_,
+                                                  ": ", cublasLtGetStatusString(status)));
+}
+
+DeviceBuffer CudaBackend::Allocate(size_t count, DataType dtype) {
+  const size_t bytes = count * DataTypeBytes(dtype);
+  void* data = nullptr;
+  if (cudaMalloc(&data, std::max<size_t>(bytes, 1)) != cudaSuccess) {
+    cudaGetLastError();  // an allocation failure is not sticky: clear it
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    throw OutOfMemory(absl::StrCat("cudaMalloc of ", bytes, " bytes (", GiB(bytes), ") on GPU ",
+                                   device_, " with ", GiB(free_bytes), " free of ",
+                                   GiB(total_bytes)));
+  }
+  Check(cudaMemsetAsync(data, 0, bytes, stream_), "cudaMemsetAsync (Allocate)");
+  return DeviceBuffer(this, data, count, dtype);
+}
+
+void CudaBackend::Free(void* data) {
+  // No kernel or copy still issued may use the memory.
+  Synchronize();
+  Check(cudaFree(data), "cudaFree");
+}
+
+void CudaBackend::Copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "Copy");
+}
+
+void CudaBackend::CopyToHost(void* host, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  Check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_), "CopyToHost");
+  Synchronize();
+}
+
+void CudaBackend::CopyFromHost(void* dst, const void* host, size_t bytes) {
+  if (bytes == 0) return;
+  Check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_), "CopyFromHost");
+  // The host memory may be reused as soon as this returns.
+  Synchronize();
+}
+
+void CudaBackend::Synchronize() {
+  Check(cudaStreamSynchronize(stream_), "the kernels before a synchronisation");
+}
+
+float* CudaBackend::Scratch(DeviceBuffer& buffer, size_t count) {
+  if (buffer.size() < count) buffer = Allocate(count, DataType::kF32);
+  return buffer.floats();
+}
+
+const float* CudaBackend::Ones(size_t n) {
+  if (ones_.size() < n) {
+    ones_ = Allocate(n, DataType::kF32);
+    const std::vector<float> ones(n, 1.0f);
+    CopyFromHost(ones_.data(), ones.data(), n * sizeof(float));
+  }
+  return ones_.floats();
+}
+
+std::vector<float> CudaBackend::ToHost(const float* device, size_t n) {
+  std::vector<float> host(n);
+  CopyToHost(host.data(), device, n * sizeof(float));
+  return host;
+}
+
+std::vector<int32_t> CudaBackend::ToHost(const int32_t* device, size_t n) {
+  std::vector<int32_t> host(n);
+  CopyToHost(host.data(), device, n * sizeof(int32_t));
+  return host;
+}
+
+void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
+                         const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                         int ldc, const float* bias) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // C = beta C (+ bias): no product to take
+    if (beta == 0) {
+      for (int row = 0; row < m; ++row) Zero(c + static_cast<size_t>(row) * ldc, n);
+    } else if (beta != 1) {
+      for (int row = 0; row < m; ++row) Scale(c + static_cast<size_t>(row) * ldc, beta, n);
+    }
+    if (bias != nullptr) AddBias(c, bias, m, n);  // ldc == n wherever a bias is fused
+    return;
+  }
+  // Row-major C (M, N) is column-major C^T (N, M) = op(B)^T op(A)^T, so cuBLASLt's first operand
+  // is b and its second is a; a row-major (R, S) matrix is a column-major (S, R) one, same ld.
+  const cublasOperation_t op_first = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  // CUBLAS_COMPUTE_32F: fp32 products and sums, never TF32 (CUBLAS_COMPUTE_32F_FAST_TF32).
+  CheckBlas(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+  CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+                                           sizeof(op_first)),
+            "TRANSA");
+  CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+                                           sizeof(op_second)),
+            "TRANSB");
+  if (bias != nullptr) {
+    // The bias (N) is added to every row of row-major C: to each column of cuBLASLt's (N, M).
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                             sizeof(epilogue)),
+              "EPILOGUE");
+    CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                             sizeof(bias)),
+              "BIAS_POINTER");
+  }
+  CheckBlas(
+      cublasLtMatrixLayoutCreate(&first, CUDA_R_32F, transpose_b ? k : n, transpose_b ? n : k, ldb),
+      "MatrixLayoutCreate");
+  CheckBlas(cublasLtMatrixLayoutCreate(&second, CUDA_R_32F, transpose_a ? m : k,
+                                       transpose_a ? k : m, lda),
+            "MatrixLayoutCreate");
+  CheckBlas(cublasLtMatrixLayoutCreate(&out, CUDA_R_32F, n, m, ldc), "MatrixLayoutCreate");
+  CheckBlas(cublasLtMatmulPreferenceCreate(&preference), "MatmulPreferenceCreate");
+  const size_t workspace_bytes = kWorkspaceBytes;
+  CheckBlas(
+      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_bytes, sizeof(workspace_bytes)),
+      "MAX_WORKSPACE_BYTES");
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c}};
+  for (const auto& [attribute, pointer] : alignments) {
+    const uint32_t alignment = Alignment(pointer);
+    CheckBlas(
+        cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment, sizeof(alignment)),
+        "MIN_ALIGNMENT");
+  }
+  cublasLtMatmulHeuristicResult_t heuristic = {};
+  int found = 0;
+  CheckBlas(cublasLtMatmulAlgoGetHeuristic(lt_, desc, first, second, out, out, preference, 1,
+                                           &heuristic, &found),
+            "MatmulAlgoGetHeuristic");
+  if (found == 0) {
+    CheckBlas(CUBLAS_STATUS_NOT_SUPPORTED, "MatmulAlgoGetHeuristic (no algorithm for the GEMM)");
+  } else if (first_error_.ok()) {
+    CheckBlas(cublasLtMatmul(lt_, desc, &alpha, b, first, a, second, &beta, c, out, c, out,
+                             &heuristic.algo, workspace_.data(), kWorkspaceBytes, stream_),
+              "cublasLtMatmul");
+  }
+  cublasLtMatmulPreferenceDestroy(preference);
+  cublasLtMatrixLayoutDestroy(out);
+  cublasLtMatrixLayoutDestroy(second);
+  cublasLtMatrixLayoutDestroy(first);
+  cublasLtMatmulDescDestroy(desc);
+}
+
+void CudaBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
+                       const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                       int ldc) {
+  Matmul(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nullptr);
+}
+
+void CudaBackend::LinearForward(float* out, const float* inp, const float* weight,
+                                const float* bias, int n, int in_features, int out_features) {
+  Matmul(false, true, n, out_features, in_features, 1.0f, inp, in_features, weight, in_features,
+         0.0f, out, out_features, bias);
+}
+
+void CudaBackend::AddBias(float* out, const float* bias, int n, int c) {
+  // out (N, C) += ones (N, 1) @ bias (1, C): each product is 1 * bias, exact, as the CPU's add.
+  Matmul(false, false, n, c, 1, 1.0f, Ones(n), 1, bias, c, 1.0f, out, c, nullptr);
+}
+
+void CudaBackend::LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                 const float* inp, const float* weight, int n, int in_features,
+                                 int out_features) {
+  if (dinp != nullptr) {
+    Matmul(false, false, n, in_features, out_features, 1.0f, dout, out_features, weight,
+           in_features, 0.0f, dinp, in_features, nullptr);
+  }
+  Matmul(true, false, out_features, in_features, n, 1.0f, dout, out_features, inp, in_features,
+         1.0f, dweight, in_features, nullptr);
+  if (dbias != nullptr) {
+    // dbias (1, OC) += ones (1, N) @ dout (N, OC).
+    Matmul(false, false, 1, out_features, n, 1.0f, Ones(n), n, dout, out_features, 1.0f, dbias,
+           out_features, nullptr);
+  }
+}
+
+void CudaBackend::LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                                   const float* weight, const float* bias, int n, int c,
+                                   float eps) {
+  cuda::LayerNormForward<float>(out, mean, rstd, nullptr, nullptr, inp, weight, bias, n, c, eps,
+                                stream_);
+  CheckLaunch("LayerNormForward");
+}
+
+void CudaBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                    const float* inp, const float* weight, const float* mean,
+                                    const float* rstd, int n, int c) {
+  cuda::LayerNormBackward<float>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
+                                 stream_);
+  CheckLaunch("LayerNormBackward");
+}
+
+void CudaBackend::RmsNormForward(float* out, float* rstd, const float* inp, const float* weight,
+                                 int n, int c, float eps) {
+  cuda::RmsNormForward<float>(out, rstd, nullptr, nullptr, inp, weight, n, c, eps, stream_);
+  CheckLaunch("RmsNormForward");
+}
+
+void CudaBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                  const float* weight, const float* rstd, int n, int c) {
+  cuda::RmsNormBackward<float>(dinp, dweight, dout, inp, weight, rstd, n, c, stream_);
+  CheckLaunch("RmsNormBackward");
+}
+
+void CudaBackend::GeluForward(float* out, const float* inp, size_t n) {
+  cuda::GeluForward<float>(out, inp, n, stream_);
+  CheckLaunch("GeluForward");
+}
+
+void CudaBackend::GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) {
+  cuda::GeluBackward<float>(dinp, inp, dout, n, stream_);
+  CheckLaunch("GeluBackward");
+}
+
+void CudaBackend::SwiGluForward(float* out, const float* gate_up, int n, int f) {
+  cuda::SwiGluForward<float>(out, gate_up, n, f, stream_);
+  CheckLaunch("SwiGluForward");
+}
+
+void CudaBackend::SwiGluBackward(float* dgate_up, const float* gate_up, const float* dout, int n,
+                                 int f) {
+  cuda::SwiGluBackward<float>(dgate_up, gate_up, dout, n, f, stream_);
+  CheckLaunch("SwiGluBackward");
+}
+
+void CudaBackend::RopeForward(float* qkv, const AttentionShape& shape, float theta,
+                              int pos_offset) {
+  cuda::RopeForward<float>(qkv, shape, theta, pos_offset, stream_);
+  CheckLaunch("RopeForward");
+}
+
+void CudaBackend::RopeBackward(float* dqkv, const AttentionShape& shape, float theta,
+                               int pos_offset) {
+  cuda::RopeBackward<float>(dqkv, shape, theta, pos_offset, stream_);
+  CheckLaunch("RopeBackward");
+}
+
+void CudaBackend::AttentionForward(float* out, float* lse, const float* qkv,
+                                   const AttentionShape& shape) {
+  Check(cuda::AttentionForward<float>(out, lse, qkv, shape, stream_),
+        "AttentionForward (head_dim at most 256, heads a multiple of kv_heads)");
+  CheckLaunch("AttentionForward");
+}
+
+void CudaBackend::AttentionBackward(float* dqkv, const float* dout, const float* qkv,
+                                    const float* out, const float* lse,
+                                    const AttentionShape& shape) {
+  Check(cuda::AttentionBackward<float>(dqkv, dout, qkv, out, lse, shape, stream_),
+        "AttentionBackward (head_dim at most 256, heads a multiple of kv_heads)");
+  CheckLaunch("AttentionBackward");
+}
+
+void CudaBackend::EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
+                                   const float* position_embedding, int b, int t, int c,
+                                   int vocab_begin, int vocab_end) {
+  cuda::EmbeddingForward<float>(out, tokens, token_embedding, position_embedding, b, t, c,
+                                vocab_begin, vocab_end, stream_);
+  CheckLaunch("EmbeddingForward");
+}
+
+void CudaBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
+                                    const float* dout, const int32_t* tokens, int b, int t, int c,
+                                    int vocab_begin, int vocab_end) {
+  cuda::EmbeddingBackward<float>(dtoken_embedding, dposition_embedding, dout, tokens, b, t, c,
+                                 vocab_begin, vocab_end, stream_);
+  CheckLaunch("EmbeddingBackward");
+}
+
+double CudaBackend::ClassifierForwardBackward(float* dx, float* dweight, const float* x,
+                                              const float* weight, const int32_t* targets, int n,
+                                              int c, int v, float grad_scale) {
+  if (n == 0) return 0;
+  const int chunk_rows = static_cast<int>(
+      std::clamp<size_t>(kClassifierChunkFloats / std::max(v, 1), 1, static_cast<size_t>(n)));
+  float* logits = Scratch(logits_, static_cast<size_t>(chunk_rows) * v);  // (chunk, V)
+  float* losses = Scratch(losses_, n);                                    // (N)
+  for (int r0 = 0; r0 < n; r0 += chunk_rows) {
+    const int rows = std::min(chunk_rows, n - r0);
+    const float* x_chunk = x + static_cast<size_t>(r0) * c;
+    Matmul(false, true, rows, v, c, 1.0f, x_chunk, c, weight, c, 0.0f, logits, v, nullptr);
+    cuda::ClassifierSoftmaxCrossEntropy<float>(logits, losses + r0, targets + r0, rows, v,
+                                               grad_scale, dx != nullptr, stream_);
+    CheckLaunch("ClassifierSoftmaxCrossEntropy");
+    if (dx == nullptr) continue;
+    Matmul(false, false, rows, c, v, 1.0f, logits, v, weight, c, 0.0f,
+           dx + static_cast<size_t>(r0) * c, c, nullptr);
+    Matmul(true, false, v, c, rows, 1.0f, logits, v, x_chunk, c, 1.0f, dweight, c, nullptr);
+  }
+  // The rows' losses summed in double on the host, in row order: N floats a micro-batch.
+  const std::vector<float> row_losses = ToHost(losses, n);
+  double loss = 0;
+  for (const float row_loss : row_losses) loss += row_loss;
+  return loss;
+}
+
+void CudaBackend::ClassifierRowMax(float* max, const float* logits, int n, int v) {
+  std::vector<float> host_max(n);
+  cpu::ClassifierRowMax(host_max.data(), ToHost(logits, static_cast<size_t>(n) * v).data(), n, v,
+                        nullptr);
+  CopyFromHost(max, host_max.data(), n * sizeof(float));
+}
+
+void CudaBackend::ClassifierExpSums(float* logits, float* sums, float* target_logits,
+                                    const float* max, const int32_t* targets, int n, int v,
+                                    int vocab_begin) {
+  const size_t count = static_cast<size_t>(n) * v;
+  std::vector<float> host_logits = ToHost(logits, count), host_sums(n), host_target_logits(n);
+  cpu::ClassifierExpSums(host_logits.data(), host_sums.data(), host_target_logits.data(),
+                         ToHost(max, n).data(), ToHost(targets, n).data(), n, v, vocab_begin,
+                         nullptr);
+  CopyFromHost(logits, host_logits.data(), count * sizeof(float));
+  CopyFromHost(sums, host_sums.data(), n * sizeof(float));
+  CopyFromHost(target_logits, host_target_logits.data(), n * sizeof(float));
+}
+
+double CudaBackend::ClassifierLossSum(const float* max, const float* sums,
+                                      const float* target_logits, const int32_t* targets, int n) {
+  return cpu::ClassifierLossSum(ToHost(max, n).data(), ToHost(sums, n).data(),
+                                ToHost(target_logits, n).data(), ToHost(targets, n).data(), n);
+}
+
+void CudaBackend::ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets,
+                                           int n, int v, int vocab_begin, float grad_scale) {
+  const size_t count = static_cast<size_t>(n) * v;
+  std::vector<float> host_logits = ToHost(logits, count);
+  cpu::ClassifierLogitsBackward(host_logits.data(), ToHost(sums, n).data(),
+                                ToHost(targets, n).data(), n, v, vocab_begin, grad_scale, nullptr);
+  CopyFromHost(logits, host_logits.data(), count * sizeof(float));
+}
+
+void CudaBackend::Add(float* out, const float* a, const float* b, size_t n) {
+  cuda::Add<float>(out, a, b, n, stream_);
+  CheckLaunch("Add");
+}
+
+double CudaBackend::SumSquares(const float* x, size_t n) {
+  // The block sums, then the double (two floats' room, 8-byte aligned after an even count).
+  const size_t blocks = cuda::SumSquaresBlocks(n);
+  const size_t double_at = (blocks + 1) / 2 * 2;
+  float* scratch = Scratch(block_sums_, double_at + 2);
+  double* sum = reinterpret_cast<double*>(scratch + double_at);
+  cuda::SumSquares<float>(sum, scratch, x, n, stream_);
+  CheckLaunch("SumSquares");
+  double host_sum = 0;
+  CopyToHost(&host_sum, sum, sizeof(host_sum));
+  return host_sum;
+}
+
+void CudaBackend::Scale(float* x, float factor, size_t n) {
+  cuda::Scale<float>(x, factor, n, stream_);
+  CheckLaunch("Scale");
+}
+
+void CudaBackend::Zero(float* x, size_t n) {
+  if (n == 0) return;
+  Check(cudaMemsetAsync(x, 0, n * sizeof(float), stream_), "Zero");
+}
+
+void CudaBackend::AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                        float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+  const cuda::AdamWCoefficients k =
+      cpu::MakeAdamWCoefficients<float>(lr, beta1, beta2, eps, weight_decay, step);
+  cuda::AdamW<float>(param, nullptr, grad, m, v, n, k, stream_);
+  CheckLaunch("AdamW");
+}
+
+}  // namespace dtrain

@@ -1,0 +1,141 @@
+// The CUDA backend: float32 tensors in device memory of one GPU, every kernel on one compute
+// stream. GEMMs (and the linear layers, the bias fused as cuBLASLt's epilogue) run through
+// cuBLASLt with one workspace and fp32 arithmetic, TF32 off, so that its results stay within 1e-4
+// of the CPU backend's; everything else runs the kernels of this folder (kernels.h). Built into
+// the CUDA module (cuda_module.h), never into the binary.
+//
+// Memory: Allocate is cudaMalloc (zero-filled on the stream); running out throws OutOfMemory
+// (core/util/allocate.h) naming the bytes asked and free, which AllocateOrError reports with the
+// phase. Copies and kernels are asynchronous on the stream; CopyToHost
+// and the methods returning a number (SumSquares, the classifier's loss) wait for it. A failed
+// CUDA call or kernel is kept as status(), naming it. Not thread-safe; every call comes from
+// the thread that created it (whose current device it set).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/backend/backend.h"
+
+namespace dtrain {
+
+class CudaBackend : public Backend {
+ public:
+  // The backend on GPU `device` (a local rank: one worker per GPU). FailedPrecondition when there
+  // is no GPU (no driver, none visible) or fewer than device + 1, saying which.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device);
+  // Create's check, without starting the GPU.
+  static absl::Status CheckDevice(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+
+  DeviceBuffer Allocate(size_t count, DataType dtype) override;
+  void Free(void* data) override;
+  void Copy(void* dst, const void* src, size_t bytes) override;
+  void CopyToHost(void* host, const void* src, size_t bytes) override;
+  void CopyFromHost(void* dst, const void* host, size_t bytes) override;
+  void Synchronize() override;
+  // The first failed CUDA call or kernel since Create, naming it, or OK. Kernels run
+  // asynchronously, so callers check it where they can report it (the trainer: every step).
+  absl::Status status() const { return first_error_; }
+
+  void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
+            int lda, const float* b, int ldb, float beta, float* c, int ldc) override;
+  void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int n,
+                     int in_features, int out_features) override;
+  void AddBias(float* out, const float* bias, int n, int c) override;
+  void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                      const float* inp, const float* weight, int n, int in_features,
+                      int out_features) override;
+
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, int n, int c, float eps) override;
+  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int n, int c) override;
+  void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int n, int c,
+                      float eps) override;
+  void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                       const float* weight, const float* rstd, int n, int c) override;
+
+  void GeluForward(float* out, const float* inp, size_t n) override;
+  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) override;
+  void SwiGluForward(float* out, const float* gate_up, int n, int f) override;
+  void SwiGluBackward(float* dgate_up, const float* gate_up, const float* dout, int n,
+                      int f) override;
+
+  void RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset) override;
+  void RopeBackward(float* dqkv, const AttentionShape& shape, float theta, int pos_offset) override;
+  void AttentionForward(float* out, float* lse, const float* qkv,
+                        const AttentionShape& shape) override;
+  void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                         const float* lse, const AttentionShape& shape) override;
+
+  void EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
+                        const float* position_embedding, int b, int t, int c, int vocab_begin,
+                        int vocab_end) override;
+  void EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding, const float* dout,
+                         const int32_t* tokens, int b, int t, int c, int vocab_begin,
+                         int vocab_end) override;
+
+  double ClassifierForwardBackward(float* dx, float* dweight, const float* x, const float* weight,
+                                   const int32_t* targets, int n, int c, int v,
+                                   float grad_scale) override;
+  // The vocabulary-parallel phases run on the host over copies of their inputs: they serve
+  // tensor parallelism, which needs more than one GPU and so NCCL on device buffers (to come).
+  void ClassifierRowMax(float* max, const float* logits, int n, int v) override;
+  void ClassifierExpSums(float* logits, float* sums, float* target_logits, const float* max,
+                         const int32_t* targets, int n, int v, int vocab_begin) override;
+  double ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
+                           const int32_t* targets, int n) override;
+  void ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets, int n,
+                                int v, int vocab_begin, float grad_scale) override;
+
+  void Add(float* out, const float* a, const float* b, size_t n) override;
+  double SumSquares(const float* x, size_t n) override;
+  void Scale(float* x, float factor, size_t n) override;
+  void Zero(float* x, size_t n) override;
+  void AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+             float beta2, float eps, float weight_decay, int64_t step) override;
+
+ private:
+  CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt);
+
+  // Keeps the first failure as status(), naming `what` (a kernel or CUDA call).
+  void Check(cudaError_t error, const char* what);
+  void CheckBlas(cublasStatus_t status, const char* what);
+  // After launching kernel `kernel`: a launch error (bad configuration, an earlier fault).
+  void CheckLaunch(const char* kernel) { Check(cudaGetLastError(), kernel); }
+  // Row-major C (M, N) = alpha op(A) op(B) + beta C (+ bias (N) on every row when not null,
+  // cuBLASLt's bias epilogue), as Backend::Gemm.
+  void Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
+              int lda, const float* b, int ldb, float beta, float* c, int ldc, const float* bias);
+  // `buffer` holding at least `count` floats (grown, contents lost, when smaller).
+  float* Scratch(DeviceBuffer& buffer, size_t count);
+  // n ones (N), for the bias sums and adds as GEMMs with a vector of ones.
+  const float* Ones(size_t n);
+  // Host copies of device arrays, for the phases that run on the host.
+  std::vector<float> ToHost(const float* device, size_t n);
+  std::vector<int32_t> ToHost(const int32_t* device, size_t n);
+
+  int device_;
+  cudaStream_t stream_;
+  cublasLtHandle_t lt_;
+  DeviceBuffer workspace_;   // cuBLASLt's, kWorkspaceBytes
+  DeviceBuffer ones_;        // 1.0f each
+  DeviceBuffer logits_;      // the classifier's (chunk, V) logits
+  DeviceBuffer losses_;      // (N) the classifier's per-row losses
+  DeviceBuffer block_sums_;  // SumSquares's per-block sums, then its double
+  absl::Status first_error_;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,40 @@
+#include "core/backend/make_backend.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/backend/cpu/cpu_backend.h"
+#include "core/backend/cuda_module.h"
+#include "core/util/status.h"
+
+namespace dtrain {
+
+absl::Status CheckDevice(absl::string_view device, int local_rank, int world_size) {
+  if (device != "cuda") return absl::OkStatus();
+  ASSIGN_OR_RETURN(const CudaModule* module, LoadCudaModule());
+  RETURN_IF_ERROR(module->check_device(local_rank));
+  if (world_size > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run.device: cuda trains on one GPU in this release, and this world has ", world_size,
+        " ranks: the data-, tensor- and pipeline-parallel collectives on GPU memory (NCCL) are "
+        "not wired into training yet; run one worker, or set run.device: cpu"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view device, int cpu_threads,
+                                                     int local_rank) {
+  if (device == "cpu") return std::make_unique<CpuBackend>(cpu_threads);
+  if (device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("run.device '", device, "' is not a device; set cpu or cuda"));
+  }
+  ASSIGN_OR_RETURN(const CudaModule* module, LoadCudaModule());
+  return module->create_backend(local_rank);
+}
+
+absl::Status DeviceStatus(absl::string_view device, const Backend& backend) {
+  if (device != "cuda") return absl::OkStatus();
+  ASSIGN_OR_RETURN(const CudaModule* module, LoadCudaModule());
+  return module->device_status(backend);
+}
+
+}  // namespace dtrain

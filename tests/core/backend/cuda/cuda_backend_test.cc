@@ -1,0 +1,372 @@
+// The CUDA backend on a GPU against the CPU backend: every Backend method on random data, the
+// whole model trained 20 steps, and two GPU runs bit for bit. Built where the toolkit is (in
+// dtrain_gpu_tests, ctest label gpu), skipped, saying why, where no GPU is.
+//
+// Tolerances, relative to max(1, |expected|): 1e-5 for the kernels (test_util.h derives it:
+// both sides round every operation to fp32 and differ only in the order of short sums); 1e-4 for
+// the GEMMs and what is built on them (cuBLASLt and OpenBLAS sum K products in different orders:
+// about sqrt(K) * 2^-24 of the magnitude for random signs, below 2e-6 at K <= 256, well inside);
+// 1e-4 for 20 training steps (fp32 on both sides with TF32 off; AdamW's normalised updates keep
+// the differences of the order of the GEMMs', as the PyTorch comparison measures on CPU).
+#include "core/backend/cuda/cuda_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend/cpu/cpu_backend.h"
+#include "core/model/param_table.h"
+#include "core/model/transformer.h"
+#include "parallel/data_parallel.h"
+#include "parallel/train_step.h"
+#include "tests/core/backend/cuda/test_util.h"
+#include "tests/testing/small_model.h"
+
+namespace dtrain {
+namespace {
+
+using cuda::testing::RandomFloats;
+
+// The backend on GPU 0, or null after skipping with the reason (no driver, no device).
+std::unique_ptr<CudaBackend> GpuOrSkip(std::string* why) {
+  absl::StatusOr<std::unique_ptr<CudaBackend>> backend = CudaBackend::Create(0);
+  if (!backend.ok()) {
+    *why = std::string(backend.status().message());
+    return nullptr;
+  }
+  return *std::move(backend);
+}
+
+#define DTRAIN_GPU_OR_SKIP(name)                       \
+  std::string why;                                     \
+  std::unique_ptr<CudaBackend> name = GpuOrSkip(&why); \
+  if (name == nullptr) GTEST_SKIP() << why
+
+// Host values on both backends, read back after the work.
+class Pair {
+ public:
+  Pair(CpuBackend& cpu, CudaBackend& gpu, const std::vector<float>& values)
+      : gpu_backend_(gpu),
+        cpu_(cpu.Allocate(values.size(), DataType::kF32)),
+        gpu_(gpu.Allocate(values.size(), DataType::kF32)) {
+    cpu.CopyFromHost(cpu_.data(), values.data(), cpu_.bytes());
+    gpu.CopyFromHost(gpu_.data(), values.data(), gpu_.bytes());
+  }
+  float* cpu() const { return cpu_.floats(); }
+  float* gpu() const { return gpu_.floats(); }
+  std::vector<float> CpuValues() const { return {cpu_.floats(), cpu_.floats() + cpu_.size()}; }
+  std::vector<float> GpuValues() const {
+    std::vector<float> host(gpu_.size());
+    gpu_backend_.CopyToHost(host.data(), gpu_.data(), gpu_.bytes());
+    return host;
+  }
+
+ private:
+  CudaBackend& gpu_backend_;
+  DeviceBuffer cpu_, gpu_;
+};
+
+// Token ids (or targets) on the device, the same values the CPU side reads from the host.
+class Ids {
+ public:
+  Ids(CudaBackend& gpu, std::vector<int32_t> values)
+      : host_(std::move(values)), device_(gpu.Allocate(host_.size(), DataType::kF32)) {
+    gpu.CopyFromHost(device_.data(), host_.data(), host_.size() * sizeof(int32_t));
+  }
+  const int32_t* cpu() const { return host_.data(); }
+  const int32_t* gpu() const { return static_cast<const int32_t*>(device_.data()); }
+
+ private:
+  std::vector<int32_t> host_;
+  DeviceBuffer device_;
+};
+
+void ExpectNear(const Pair& pair, double tolerance, const std::string& what) {
+  const std::vector<float> expected = pair.CpuValues(), actual = pair.GpuValues();
+  ASSERT_EQ(expected.size(), actual.size()) << what;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double scale = std::max(1.0, std::abs(static_cast<double>(expected[i])));
+    ASSERT_LE(std::abs(static_cast<double>(actual[i]) - expected[i]), tolerance * scale)
+        << what << " [" << i << "]: " << actual[i] << " vs " << expected[i];
+  }
+}
+
+constexpr double kKernel = 1e-5, kGemm = 1e-4;
+
+TEST(CudaBackendTest, GemmsAndLinearLayers) {
+  DTRAIN_GPU_OR_SKIP(gpu);
+  CpuBackend cpu(1);
+  constexpr int m = 37, n = 29, k = 45;  // odd sizes: no tile fits exactly
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      Pair a(cpu, *gpu, RandomFloats(m * k, 1)), b(cpu, *gpu, RandomFloats(k * n, 2));
+      Pair c(cpu, *gpu, RandomFloats(m * n, 3));
+      const int lda = ta ? m : k, ldb = tb ? k : n;
+      cpu.Gemm(ta, tb, m, n, k, 0.75f, a.cpu(), lda, b.cpu(), ldb, 0.5f, c.cpu(), n);
+      gpu->Gemm(ta, tb, m, n, k, 0.75f, a.gpu(), lda, b.gpu(), ldb, 0.5f, c.gpu(), n);
+      ExpectNear(c, kGemm, absl::StrCat("gemm ta=", ta, " tb=", tb));
+    }
+  }
+  constexpr int rows = 23, in = 40, out = 33;
+  Pair inp(cpu, *gpu, RandomFloats(rows * in, 4)), weight(cpu, *gpu, RandomFloats(out * in, 5));
+  Pair bias(cpu, *gpu, RandomFloats(out, 6)), y(cpu, *gpu, std::vector<float>(rows * out));
+  cpu.LinearForward(y.cpu(), inp.cpu(), weight.cpu(), bias.cpu(), rows, in, out);
+  gpu->LinearForward(y.gpu(), inp.gpu(), weight.gpu(), bias.gpu(), rows, in, out);
+  ExpectNear(y, kGemm, "linear forward (bias epilogue)");
+  cpu.AddBias(y.cpu(), bias.cpu(), rows, out);
+  gpu->AddBias(y.gpu(), bias.gpu(), rows, out);
+  ExpectNear(y, kGemm, "add bias");
+  Pair dout(cpu, *gpu, RandomFloats(rows * out, 7)), dinp(cpu, *gpu, std::vector<float>(rows * in));
+  Pair dweight(cpu, *gpu, RandomFloats(out * in, 8)), dbias(cpu, *gpu, RandomFloats(out, 9));
+  cpu.LinearBackward(dinp.cpu(), dweight.cpu(), dbias.cpu(), dout.cpu(), inp.cpu(), weight.cpu(),
+                     rows, in, out);
+  gpu->LinearBackward(dinp.gpu(), dweight.gpu(), dbias.gpu(), dout.gpu(), inp.gpu(), weight.gpu(),
+                      rows, in, out);
+  ExpectNear(dinp, kGemm, "linear dinp");
+  ExpectNear(dweight, kGemm, "linear dweight (accumulated)");
+  ExpectNear(dbias, kGemm, "linear dbias (accumulated)");
+  EXPECT_TRUE(gpu->status().ok()) << gpu->status();
+}
+
+TEST(CudaBackendTest, NormsActivationsAndElementwise) {
+  DTRAIN_GPU_OR_SKIP(gpu);
+  CpuBackend cpu(1);
+  constexpr int n = 19, c = 96, f = 45;
+  Pair inp(cpu, *gpu, RandomFloats(n * c, 1)), weight(cpu, *gpu, RandomFloats(c, 2, 0.5, 1.5));
+  Pair bias(cpu, *gpu, RandomFloats(c, 3)), out(cpu, *gpu, std::vector<float>(n * c));
+  Pair mean(cpu, *gpu, std::vector<float>(n)), rstd(cpu, *gpu, std::vector<float>(n));
+  cpu.LayerNormForward(out.cpu(), mean.cpu(), rstd.cpu(), inp.cpu(), weight.cpu(), bias.cpu(), n, c,
+                       1e-5f);
+  gpu->LayerNormForward(out.gpu(), mean.gpu(), rstd.gpu(), inp.gpu(), weight.gpu(), bias.gpu(), n,
+                        c, 1e-5f);
+  ExpectNear(out, kKernel, "layernorm out");
+  ExpectNear(rstd, kKernel, "layernorm rstd");
+  Pair dout(cpu, *gpu, RandomFloats(n * c, 4)), dinp(cpu, *gpu, RandomFloats(n * c, 5));
+  Pair dweight(cpu, *gpu, RandomFloats(c, 6)), dbias(cpu, *gpu, RandomFloats(c, 7));
+  cpu.LayerNormBackward(dinp.cpu(), dweight.cpu(), dbias.cpu(), dout.cpu(), inp.cpu(), weight.cpu(),
+                        mean.cpu(), rstd.cpu(), n, c);
+  gpu->LayerNormBackward(dinp.gpu(), dweight.gpu(), dbias.gpu(), dout.gpu(), inp.gpu(),
+                         weight.gpu(), mean.gpu(), rstd.gpu(), n, c);
+  ExpectNear(dinp, kKernel, "layernorm dinp");
+  ExpectNear(dweight, kKernel, "layernorm dweight");
+  ExpectNear(dbias, kKernel, "layernorm dbias");
+  cpu.RmsNormForward(out.cpu(), rstd.cpu(), inp.cpu(), weight.cpu(), n, c, 1e-6f);
+  gpu->RmsNormForward(out.gpu(), rstd.gpu(), inp.gpu(), weight.gpu(), n, c, 1e-6f);
+  ExpectNear(out, kKernel, "rmsnorm out");
+  cpu.RmsNormBackward(dinp.cpu(), dweight.cpu(), dout.cpu(), inp.cpu(), weight.cpu(), rstd.cpu(), n,
+                      c);
+  gpu->RmsNormBackward(dinp.gpu(), dweight.gpu(), dout.gpu(), inp.gpu(), weight.gpu(), rstd.gpu(),
+                       n, c);
+  ExpectNear(dinp, kKernel, "rmsnorm dinp");
+  ExpectNear(dweight, kKernel, "rmsnorm dweight");
+
+  Pair x(cpu, *gpu, RandomFloats(n * 2 * f, 8, -6, 6)), dy(cpu, *gpu, RandomFloats(n * 2 * f, 9));
+  Pair y(cpu, *gpu, std::vector<float>(n * 2 * f)), dx(cpu, *gpu, std::vector<float>(n * 2 * f));
+  const size_t values = n * 2 * f;
+  cpu.GeluForward(y.cpu(), x.cpu(), values);
+  gpu->GeluForward(y.gpu(), x.gpu(), values);
+  ExpectNear(y, kKernel, "gelu");
+  cpu.GeluBackward(dx.cpu(), x.cpu(), dy.cpu(), values);
+  gpu->GeluBackward(dx.gpu(), x.gpu(), dy.gpu(), values);
+  ExpectNear(dx, kKernel, "dgelu");
+  cpu.SwiGluForward(y.cpu(), x.cpu(), n, f);
+  gpu->SwiGluForward(y.gpu(), x.gpu(), n, f);
+  ExpectNear(y, kKernel, "swiglu");
+  cpu.SwiGluBackward(dx.cpu(), x.cpu(), dy.cpu(), n, f);
+  gpu->SwiGluBackward(dx.gpu(), x.gpu(), dy.gpu(), n, f);
+  ExpectNear(dx, kKernel, "dswiglu");
+
+  cpu.Add(y.cpu(), x.cpu(), dy.cpu(), values);
+  gpu->Add(y.gpu(), x.gpu(), dy.gpu(), values);
+  ExpectNear(y, 0, "add");
+  cpu.Scale(y.cpu(), 0.37f, values);
+  gpu->Scale(y.gpu(), 0.37f, values);
+  ExpectNear(y, 0, "scale");
+  const double expected = cpu.SumSquares(y.cpu(), values),
+               actual = gpu->SumSquares(y.gpu(), values);
+  EXPECT_NEAR(actual, expected, kKernel * expected) << "sum of squares";
+  cpu.Zero(y.cpu(), values - 3);
+  gpu->Zero(y.gpu(), values - 3);
+  ExpectNear(y, 0, "zero");
+
+  Pair param(cpu, *gpu, RandomFloats(values, 10)), m(cpu, *gpu, RandomFloats(values, 11));
+  Pair v(cpu, *gpu, RandomFloats(values, 12, 0, 1));
+  cpu.AdamW(param.cpu(), dy.cpu(), m.cpu(), v.cpu(), values, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  gpu->AdamW(param.gpu(), dy.gpu(), m.gpu(), v.gpu(), values, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  ExpectNear(param, kKernel, "adamw param");
+  ExpectNear(m, kKernel, "adamw m");
+  ExpectNear(v, kKernel, "adamw v");
+  EXPECT_TRUE(gpu->status().ok()) << gpu->status();
+}
+
+TEST(CudaBackendTest, AttentionRopeEmbeddingAndClassifier) {
+  DTRAIN_GPU_OR_SKIP(gpu);
+  CpuBackend cpu(1);
+  const AttentionShape shape{.batch = 2, .time = 13, .heads = 4, .kv_heads = 2, .head_dim = 16};
+  const size_t rows = static_cast<size_t>(shape.batch) * shape.time;
+  const size_t qkv_values = rows * shape.qkv_width(), out_values = rows * shape.heads * 16;
+  Pair qkv(cpu, *gpu, RandomFloats(qkv_values, 1));
+  cpu.RopeForward(qkv.cpu(), shape, 10000.0f, 3);
+  gpu->RopeForward(qkv.gpu(), shape, 10000.0f, 3);
+  ExpectNear(qkv, kKernel, "rope forward");
+  Pair out(cpu, *gpu, std::vector<float>(out_values));
+  Pair lse(cpu, *gpu, std::vector<float>(rows * shape.heads));
+  cpu.AttentionForward(out.cpu(), lse.cpu(), qkv.cpu(), shape);
+  gpu->AttentionForward(out.gpu(), lse.gpu(), qkv.gpu(), shape);
+  ExpectNear(out, kKernel, "attention out");
+  ExpectNear(lse, kKernel, "attention lse");
+  Pair dout(cpu, *gpu, RandomFloats(out_values, 2)),
+      dqkv(cpu, *gpu, std::vector<float>(qkv_values));
+  cpu.AttentionBackward(dqkv.cpu(), dout.cpu(), qkv.cpu(), out.cpu(), lse.cpu(), shape);
+  gpu->AttentionBackward(dqkv.gpu(), dout.gpu(), qkv.gpu(), out.gpu(), lse.gpu(), shape);
+  ExpectNear(dqkv, kKernel, "attention dqkv");
+  cpu.RopeBackward(dqkv.cpu(), shape, 10000.0f, 3);
+  gpu->RopeBackward(dqkv.gpu(), shape, 10000.0f, 3);
+  ExpectNear(dqkv, kKernel, "rope backward");
+
+  constexpr int b = 2, t = 13, c = 40, v = 97, vocab_begin = 10, vocab_end = 90;
+  std::vector<int32_t> token_values(b * t), target_values(b * t);
+  for (int i = 0; i < b * t; ++i) {
+    token_values[i] = (i * 37) % v;
+    target_values[i] = i % 7 == 3 ? -1 : (i * 53 + 5) % v;  // some rows ignored
+  }
+  const Ids tokens(*gpu, token_values), targets(*gpu, target_values);
+  Pair table(cpu, *gpu, RandomFloats((vocab_end - vocab_begin) * c, 3));
+  Pair positions(cpu, *gpu, RandomFloats(t * c, 4)), emb(cpu, *gpu, std::vector<float>(b * t * c));
+  cpu.EmbeddingForward(emb.cpu(), tokens.cpu(), table.cpu(), positions.cpu(), b, t, c, vocab_begin,
+                       vocab_end);
+  gpu->EmbeddingForward(emb.gpu(), tokens.gpu(), table.gpu(), positions.gpu(), b, t, c, vocab_begin,
+                        vocab_end);
+  ExpectNear(emb, kKernel, "embedding forward");
+  Pair demb(cpu, *gpu, RandomFloats(b * t * c, 5));
+  cpu.EmbeddingBackward(table.cpu(), positions.cpu(), demb.cpu(), tokens.cpu(), b, t, c,
+                        vocab_begin, vocab_end);
+  gpu->EmbeddingBackward(table.gpu(), positions.gpu(), demb.gpu(), tokens.gpu(), b, t, c,
+                         vocab_begin, vocab_end);
+  ExpectNear(table, kKernel, "embedding dtoken (accumulated)");
+  ExpectNear(positions, kKernel, "embedding dposition (accumulated)");
+
+  const int n = b * t;
+  Pair x(cpu, *gpu, RandomFloats(n * c, 6)), head(cpu, *gpu, RandomFloats(v * c, 7));
+  Pair dx(cpu, *gpu, std::vector<float>(n * c)), dhead(cpu, *gpu, RandomFloats(v * c, 8));
+  const double loss_cpu = cpu.ClassifierForwardBackward(dx.cpu(), dhead.cpu(), x.cpu(), head.cpu(),
+                                                        targets.cpu(), n, c, v, 0.25f);
+  const double loss_gpu = gpu->ClassifierForwardBackward(dx.gpu(), dhead.gpu(), x.gpu(), head.gpu(),
+                                                         targets.gpu(), n, c, v, 0.25f);
+  EXPECT_NEAR(loss_gpu, loss_cpu, kGemm * loss_cpu) << "classifier loss";
+  ExpectNear(dx, kGemm, "classifier dx");
+  ExpectNear(dhead, kGemm, "classifier dweight (accumulated)");
+
+  // The vocabulary-parallel phases, on the logits of rows [vocab_begin, vocab_begin + 30).
+  constexpr int local_v = 30;
+  Pair logits(cpu, *gpu, RandomFloats(n * local_v, 9, -4, 4));
+  Pair max(cpu, *gpu, std::vector<float>(n)), sums(cpu, *gpu, std::vector<float>(n));
+  Pair target_logits(cpu, *gpu, std::vector<float>(n));
+  cpu.ClassifierRowMax(max.cpu(), logits.cpu(), n, local_v);
+  gpu->ClassifierRowMax(max.gpu(), logits.gpu(), n, local_v);
+  ExpectNear(max, 0, "row max");
+  cpu.ClassifierExpSums(logits.cpu(), sums.cpu(), target_logits.cpu(), max.cpu(), targets.cpu(), n,
+                        local_v, vocab_begin);
+  gpu->ClassifierExpSums(logits.gpu(), sums.gpu(), target_logits.gpu(), max.gpu(), targets.gpu(), n,
+                         local_v, vocab_begin);
+  ExpectNear(logits, kKernel, "exp");
+  ExpectNear(sums, kKernel, "exp sums");
+  ExpectNear(target_logits, kKernel, "target logits");
+  EXPECT_NEAR(gpu->ClassifierLossSum(max.gpu(), sums.gpu(), target_logits.gpu(), targets.gpu(), n),
+              cpu.ClassifierLossSum(max.cpu(), sums.cpu(), target_logits.cpu(), targets.cpu(), n),
+              1e-4);
+  cpu.ClassifierLogitsBackward(logits.cpu(), sums.cpu(), targets.cpu(), n, local_v, vocab_begin,
+                               0.5f);
+  gpu->ClassifierLogitsBackward(logits.gpu(), sums.gpu(), targets.gpu(), n, local_v, vocab_begin,
+                                0.5f);
+  ExpectNear(logits, kKernel, "dlogits");
+  EXPECT_TRUE(gpu->status().ok()) << gpu->status();
+}
+
+// 20 steps of the small model on `backend`: the losses, gradient norms and final parameters.
+struct Trajectory {
+  std::vector<double> losses, norms;
+  std::vector<float> params;
+};
+
+Trajectory Train(Backend& backend, ModelFamily family) {
+  constexpr int kSteps = 20, kMicroBatch = 2, kSeqLen = 16, kMicroBatches = 2;
+  const ModelConfig config = testing::SmallModelConfig(family);
+  TrainSection train;
+  train.steps = kSteps;
+  train.batch_size = kMicroBatch * kMicroBatches;
+  train.micro_batch = kMicroBatch;
+  train.seq_len = kSeqLen;
+  train.lr = 3e-3;
+  train.warmup_steps = 2;
+  train.grad_clip = 0.5;  // active on early steps
+  const ParamTable table(config, ModelSlice{});
+  DataParallelEngine engine(table, ShardingStrategy{}, train, backend, nullptr);
+  engine.InitParameters(config, 42);
+  Transformer model(config, table, engine, backend, kMicroBatch, kSeqLen, Recompute::kNone);
+  Trajectory trajectory;
+  for (int step = 0; step < kSteps; ++step) {
+    int salt = step % 2 * 10;
+    const MicroBatchSource source = [&](int32_t* inputs, int32_t* targets) {
+      const std::vector<int32_t> tokens =
+          testing::PatternTokens(kMicroBatch * kSeqLen + 1, config.vocab_size, salt++);
+      std::copy(tokens.begin(), tokens.end() - 1, inputs);
+      std::copy(tokens.begin() + 1, tokens.end(), targets);
+      return absl::OkStatus();
+    };
+    absl::StatusOr<StepResult> result =
+        TrainStep(model, engine, train, step, kMicroBatches, source);
+    EXPECT_TRUE(result.ok()) << result.status();
+    if (!result.ok()) return trajectory;
+    trajectory.losses.push_back(result->loss);
+    trajectory.norms.push_back(result->grad_norm);
+  }
+  absl::StatusOr<std::vector<float>> params = engine.GatherParameters();
+  EXPECT_TRUE(params.ok()) << params.status();
+  if (params.ok()) trajectory.params = *std::move(params);
+  return trajectory;
+}
+
+void ExpectClose(const std::vector<double>& actual, const std::vector<double>& expected,
+                 const char* what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], 1e-4 * std::max(1.0, std::abs(expected[i])))
+        << what << " at step " << i + 1;
+  }
+}
+
+TEST(CudaBackendTest, TwentyTrainingStepsMatchTheCpuBackend) {
+  DTRAIN_GPU_OR_SKIP(gpu);
+  for (const ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    CpuBackend cpu(1);
+    const Trajectory expected = Train(cpu, family);
+    const Trajectory actual = Train(*gpu, family);
+    ASSERT_TRUE(gpu->status().ok()) << gpu->status();
+    ExpectClose(actual.losses, expected.losses, "loss");
+    ExpectClose(actual.norms, expected.norms, "gradient norm");
+    ASSERT_EQ(actual.params.size(), expected.params.size());
+    for (size_t i = 0; i < actual.params.size(); ++i) {
+      ASSERT_NEAR(actual.params[i], expected.params[i],
+                  1e-4 * std::max(1.0f, std::abs(expected.params[i])))
+          << "parameter " << i;
+    }
+  }
+}
+
+TEST(CudaBackendTest, TwoGpuRunsAreBitIdentical) {
+  DTRAIN_GPU_OR_SKIP(gpu);
+  const Trajectory first = Train(*gpu, ModelFamily::kLlama);
+  const Trajectory second = Train(*gpu, ModelFamily::kLlama);
+  ASSERT_TRUE(gpu->status().ok()) << gpu->status();
+  EXPECT_EQ(first.losses, second.losses);
+  EXPECT_EQ(first.norms, second.norms);
+  EXPECT_EQ(first.params, second.params);
+}
+
+}  // namespace
+}  // namespace dtrain
