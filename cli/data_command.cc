@@ -144,8 +144,7 @@ void AddDataCommand(CLI::App& app) {
       result = PackSftShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer,
                              *chat_template);
     } else {
-      result =
-          PackShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer, threads);
+      result = PackShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer, threads);
     }
     if (!result.ok()) Fail(result.status(), kExitFailure);
     if (pack_args->sft) {

@@ -439,9 +439,9 @@ absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
       [&](const TensorEntry& entry) -> absl::StatusOr<const float*> {
         return full.data() + entry.offset;
       },
-      path, /*tokenizer_path=*/""));
-  LogInfo("model folder written to %s (config.json, model.safetensors; transformers loads it)",
-          path);
+      path, recipe.data.tokenizer));
+  LogInfo("model folder written to %s (config.json, model.safetensors%s; transformers loads it)",
+          path, recipe.data.tokenizer.empty() ? "" : ", the tokenizer's files");
   return absl::OkStatus();
 }
 
@@ -596,6 +596,11 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     return absl::InvalidArgumentError(
         "data.format sft with parallel.pp > 1: the pipeline stages do not pass the samples' "
         "positions yet; use parallel.pp: 1 (tensor and data parallelism work)");
+  }
+  if (documents && recipe.run.device != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.format sft with run.device ", recipe.run.device,
+        ": the CUDA kernels do not take the samples' positions yet; use run.device: cpu"));
   }
   const CheckpointSignals signals;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingCheckpoints> checkpoints,

@@ -219,11 +219,11 @@ absl::StatusOr<PackResult> PackSftShards(const std::vector<std::string>& inputs,
       if (absl::StripAsciiWhitespace(line).empty()) continue;
       ASSIGN_OR_RETURN(const SftSample sample, EncodeSftLine(line, chat_template, tokenizer,
                                                              absl::StrCat(input, ":", number)));
-      RETURN_IF_ERROR(writer.AddSample(
-          absl::StrFormat("%09d", result.documents),
-          {TokenMember(sample.tokens, tokenizer),
-           {"mask", std::string(sample.trained.begin(), sample.trained.end())}},
-          &result));
+      RETURN_IF_ERROR(
+          writer.AddSample(absl::StrFormat("%09d", result.documents),
+                           {TokenMember(sample.tokens, tokenizer),
+                            {"mask", std::string(sample.trained.begin(), sample.trained.end())}},
+                           &result));
       ++result.documents;
       result.tokens += static_cast<int64_t>(sample.tokens.size());
       result.trained_tokens += std::count(sample.trained.begin(), sample.trained.end(), uint8_t{1});

@@ -4,6 +4,8 @@
 // the second namespace's link down its node is named by node 0 and by itself, within the
 // timeout; with a private folder mounted over the checkpoint folder on the second node, the
 // shared-folder check names that node. Needs root and `ip netns`; skipped otherwise.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -28,6 +30,23 @@ constexpr char kNodeZeroAddress[] = "10.213.9.1";
 constexpr char kNodeOneAddress[] = "10.213.9.2";
 
 int Shell(const std::string& command) { return system(command.c_str()); }
+
+// ctest runs each test of this suite as its own process, two at a time: the namespace, the veth
+// pair and the addresses are one per machine, so a test holds this lock while they exist.
+class MachineLock {
+ public:
+  MachineLock() : fd_(open("/tmp/dtrain-doctor-netns.lock", O_CREAT | O_RDWR, 0644)) {
+    if (fd_ >= 0) flock(fd_, LOCK_EX);
+  }
+  ~MachineLock() {
+    if (fd_ >= 0) close(fd_);
+  }
+  MachineLock(const MachineLock&) = delete;
+  MachineLock& operator=(const MachineLock&) = delete;
+
+ private:
+  int fd_;
+};
 
 class SecondNode {
  public:
@@ -107,6 +126,7 @@ class DoctorNetnsTest : public ::testing::Test {
     return {node_zero, node_one.get()};
   }
 
+  MachineLock lock_;  // before node_: held from before it is made until after it is removed
   SecondNode node_;
   std::string out_dir_;
   int port_ = 0;

@@ -105,6 +105,14 @@ void CudaBackend::Check(cudaError_t error, const char* what) {
       "names the kernel that caused it)"));
 }
 
+void CudaBackend::RefusePositions(const int32_t* positions, const char* kernel) {
+  if (positions == nullptr || !first_error_.ok()) return;
+  first_error_ = absl::UnimplementedError(absl::StrCat(
+      kernel, " on GPU ", device_,
+      ": packed documents' positions (data.format sft) are not in the CUDA kernels yet; train "
+      "SFT data with run.device: cpu"));
+}
+
 void CudaBackend::CheckBlas(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS || !first_error_.ok()) return;
   first_error_ = absl::InternalError(absl::StrCat("cuBLASLt error in ", what, " on GPU ", device_,
@@ -343,28 +351,32 @@ void CudaBackend::SwiGluBackward(float* dgate_up, const float* gate_up, const fl
   CheckLaunch("SwiGluBackward");
 }
 
-void CudaBackend::RopeForward(float* qkv, const AttentionShape& shape, float theta,
-                              int pos_offset) {
+void CudaBackend::RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset,
+                              const int32_t* positions) {
+  RefusePositions(positions, "RopeForward");
   cuda::RopeForward<float>(qkv, shape, theta, pos_offset, stream_);
   CheckLaunch("RopeForward");
 }
 
 void CudaBackend::RopeBackward(float* dqkv, const AttentionShape& shape, float theta,
-                               int pos_offset) {
+                               int pos_offset, const int32_t* positions) {
+  RefusePositions(positions, "RopeBackward");
   cuda::RopeBackward<float>(dqkv, shape, theta, pos_offset, stream_);
   CheckLaunch("RopeBackward");
 }
 
 void CudaBackend::AttentionForward(float* out, float* lse, const float* qkv,
-                                   const AttentionShape& shape) {
+                                   const AttentionShape& shape, const int32_t* positions) {
+  RefusePositions(positions, "AttentionForward");
   Check(cuda::AttentionForward<float>(out, lse, qkv, shape, stream_),
         "AttentionForward (head_dim at most 256, heads a multiple of kv_heads)");
   CheckLaunch("AttentionForward");
 }
 
 void CudaBackend::AttentionBackward(float* dqkv, const float* dout, const float* qkv,
-                                    const float* out, const float* lse,
-                                    const AttentionShape& shape) {
+                                    const float* out, const float* lse, const AttentionShape& shape,
+                                    const int32_t* positions) {
+  RefusePositions(positions, "AttentionBackward");
   Check(cuda::AttentionBackward<float>(dqkv, dout, qkv, out, lse, shape, stream_),
         "AttentionBackward (head_dim at most 256, heads a multiple of kv_heads)");
   CheckLaunch("AttentionBackward");
@@ -372,7 +384,8 @@ void CudaBackend::AttentionBackward(float* dqkv, const float* dout, const float*
 
 void CudaBackend::EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
                                    const float* position_embedding, int b, int t, int c,
-                                   int vocab_begin, int vocab_end) {
+                                   int vocab_begin, int vocab_end, const int32_t* positions) {
+  RefusePositions(positions, "EmbeddingForward");
   cuda::EmbeddingForward<float>(out, tokens, token_embedding, position_embedding, b, t, c,
                                 vocab_begin, vocab_end, stream_);
   CheckLaunch("EmbeddingForward");
@@ -380,7 +393,8 @@ void CudaBackend::EmbeddingForward(float* out, const int32_t* tokens, const floa
 
 void CudaBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
                                     const float* dout, const int32_t* tokens, int b, int t, int c,
-                                    int vocab_begin, int vocab_end) {
+                                    int vocab_begin, int vocab_end, const int32_t* positions) {
+  RefusePositions(positions, "EmbeddingBackward");
   cuda::EmbeddingBackward<float>(dtoken_embedding, dposition_embedding, dout, tokens, b, t, c,
                                  vocab_begin, vocab_end, stream_);
   CheckLaunch("EmbeddingBackward");

@@ -210,22 +210,22 @@ TEST(CudaBackendTest, AttentionRopeEmbeddingAndClassifier) {
   const size_t rows = static_cast<size_t>(shape.batch) * shape.time;
   const size_t qkv_values = rows * shape.qkv_width(), out_values = rows * shape.heads * 16;
   Pair qkv(cpu, *gpu, RandomFloats(qkv_values, 1));
-  cpu.RopeForward(qkv.cpu(), shape, 10000.0f, 3);
-  gpu->RopeForward(qkv.gpu(), shape, 10000.0f, 3);
+  cpu.RopeForward(qkv.cpu(), shape, 10000.0f, 3, nullptr);
+  gpu->RopeForward(qkv.gpu(), shape, 10000.0f, 3, nullptr);
   ExpectNear(qkv, kKernel, "rope forward");
   Pair out(cpu, *gpu, std::vector<float>(out_values));
   Pair lse(cpu, *gpu, std::vector<float>(rows * shape.heads));
-  cpu.AttentionForward(out.cpu(), lse.cpu(), qkv.cpu(), shape);
-  gpu->AttentionForward(out.gpu(), lse.gpu(), qkv.gpu(), shape);
+  cpu.AttentionForward(out.cpu(), lse.cpu(), qkv.cpu(), shape, nullptr);
+  gpu->AttentionForward(out.gpu(), lse.gpu(), qkv.gpu(), shape, nullptr);
   ExpectNear(out, kKernel, "attention out");
   ExpectNear(lse, kKernel, "attention lse");
   Pair dout(cpu, *gpu, RandomFloats(out_values, 2)),
       dqkv(cpu, *gpu, std::vector<float>(qkv_values));
-  cpu.AttentionBackward(dqkv.cpu(), dout.cpu(), qkv.cpu(), out.cpu(), lse.cpu(), shape);
-  gpu->AttentionBackward(dqkv.gpu(), dout.gpu(), qkv.gpu(), out.gpu(), lse.gpu(), shape);
+  cpu.AttentionBackward(dqkv.cpu(), dout.cpu(), qkv.cpu(), out.cpu(), lse.cpu(), shape, nullptr);
+  gpu->AttentionBackward(dqkv.gpu(), dout.gpu(), qkv.gpu(), out.gpu(), lse.gpu(), shape, nullptr);
   ExpectNear(dqkv, kKernel, "attention dqkv");
-  cpu.RopeBackward(dqkv.cpu(), shape, 10000.0f, 3);
-  gpu->RopeBackward(dqkv.gpu(), shape, 10000.0f, 3);
+  cpu.RopeBackward(dqkv.cpu(), shape, 10000.0f, 3, nullptr);
+  gpu->RopeBackward(dqkv.gpu(), shape, 10000.0f, 3, nullptr);
   ExpectNear(dqkv, kKernel, "rope backward");
 
   constexpr int b = 2, t = 13, c = 40, v = 97, vocab_begin = 10, vocab_end = 90;
@@ -238,15 +238,15 @@ TEST(CudaBackendTest, AttentionRopeEmbeddingAndClassifier) {
   Pair table(cpu, *gpu, RandomFloats((vocab_end - vocab_begin) * c, 3));
   Pair positions(cpu, *gpu, RandomFloats(t * c, 4)), emb(cpu, *gpu, std::vector<float>(b * t * c));
   cpu.EmbeddingForward(emb.cpu(), tokens.cpu(), table.cpu(), positions.cpu(), b, t, c, vocab_begin,
-                       vocab_end);
+                       vocab_end, nullptr);
   gpu->EmbeddingForward(emb.gpu(), tokens.gpu(), table.gpu(), positions.gpu(), b, t, c, vocab_begin,
-                        vocab_end);
+                        vocab_end, nullptr);
   ExpectNear(emb, kKernel, "embedding forward");
   Pair demb(cpu, *gpu, RandomFloats(b * t * c, 5));
   cpu.EmbeddingBackward(table.cpu(), positions.cpu(), demb.cpu(), tokens.cpu(), b, t, c,
-                        vocab_begin, vocab_end);
+                        vocab_begin, vocab_end, nullptr);
   gpu->EmbeddingBackward(table.gpu(), positions.gpu(), demb.gpu(), tokens.gpu(), b, t, c,
-                         vocab_begin, vocab_end);
+                         vocab_begin, vocab_end, nullptr);
   ExpectNear(table, kKernel, "embedding dtoken (accumulated)");
   ExpectNear(positions, kKernel, "embedding dposition (accumulated)");
 
@@ -311,7 +311,7 @@ Trajectory Train(Backend& backend, ModelFamily family) {
   Trajectory trajectory;
   for (int step = 0; step < kSteps; ++step) {
     int salt = step % 2 * 10;
-    const MicroBatchSource source = [&](int32_t* inputs, int32_t* targets) {
+    const MicroBatchSource source = [&](int32_t* inputs, int32_t* targets, int32_t*) {
       const std::vector<int32_t> tokens =
           testing::PatternTokens(kMicroBatch * kSeqLen + 1, config.vocab_size, salt++);
       std::copy(tokens.begin(), tokens.end() - 1, inputs);
