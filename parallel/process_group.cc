@@ -29,24 +29,29 @@ std::string PeerHostname(const std::string& master_addr) {
   return loopback || gethostname(name, sizeof(name) - 1) != 0 ? "127.0.0.1" : name;
 }
 
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> ServeRendezvousStore(const WorldMembership& world) {
+  if (world.rank != 0 || world.agent_hosts_store) return nullptr;
+  TcpStoreServerOptions options;
+  options.token = world.rdzv_token;
+  return TcpStoreServer::Start(world.master_addr, world.master_port, options);
+}
+
+absl::StatusOr<std::unique_ptr<TcpStoreClient>> ConnectRendezvousStore(
+    const WorldMembership& world, TcpStoreClientOptions options) {
+  options.token = world.rdzv_token;
+  return TcpStoreClient::Connect(world.master_addr, world.master_port, options);
+}
+
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldMembership& world,
                                                                     absl::Duration timeout,
                                                                     const std::string& key_prefix,
                                                                     const std::string& hostname) {
   std::unique_ptr<ProcessGroup> group(new ProcessGroup());
   group->membership_ = world;
-  if (world.rank == 0 && !world.agent_hosts_store) {
-    TcpStoreServerOptions server_options;
-    server_options.token = world.rdzv_token;
-    ASSIGN_OR_RETURN(group->server_,
-                     TcpStoreServer::Start(world.master_addr, world.master_port, server_options));
-  }
+  ASSIGN_OR_RETURN(group->server_, ServeRendezvousStore(world));
   TcpStoreClientOptions client_options;
   client_options.connect_timeout = timeout;
-  client_options.token = world.rdzv_token;
-  ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreClient> client,
-                   TcpStoreClient::Connect(world.master_addr, world.master_port, client_options));
-  group->store_ = std::move(client);
+  ASSIGN_OR_RETURN(group->store_, ConnectRendezvousStore(world, client_options));
 
   // A restarted group must not meet the keys of the attempt before it in the agent's store.
   const std::string attempt = absl::StrCat("attempt-", world.restart_count);

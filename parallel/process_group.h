@@ -14,6 +14,7 @@
 #include "parallel/comm/flight_recorder.h"
 #include "parallel/mesh.h"
 #include "parallel/store/store.h"
+#include "parallel/store/tcp_store_client.h"
 #include "parallel/store/tcp_store_server.h"
 #include "parallel/world_membership.h"
 
@@ -22,6 +23,12 @@ namespace dtrain {
 // The address peers reach this rank's Gloo devices at when none is given: 127.0.0.1 for a
 // loopback master, else this host's name.
 std::string PeerHostname(const std::string& master_addr);
+
+// The world's rendezvous store as ranks meet it: rank 0 serves it at MASTER_ADDR:PORT unless an
+// agent hosts it (then null), and every rank connects with the world's token (set here).
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> ServeRendezvousStore(const WorldMembership& world);
+absl::StatusOr<std::unique_ptr<TcpStoreClient>> ConnectRendezvousStore(
+    const WorldMembership& world, TcpStoreClientOptions options);
 
 class ProcessGroup {
  public:

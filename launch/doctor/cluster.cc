@@ -22,8 +22,6 @@
 #include "parallel/comm/gloo_communicator.h"
 #include "parallel/comm_bench.h"
 #include "parallel/process_group.h"
-#include "parallel/store/tcp_store_client.h"
-#include "parallel/store/tcp_store_server.h"
 
 namespace dtrain::doctor {
 namespace {
@@ -138,27 +136,21 @@ class Session {
   // Rank 0 hosts the store as it does for `srun dtrain train`; then every rank connects.
   bool Join() {
     const absl::Time start = absl::Now();
-    if (world_.rank == 0 && !world_.agent_hosts_store) {
-      TcpStoreServerOptions server_options;
-      server_options.token = world_.rdzv_token;
-      absl::StatusOr<std::unique_ptr<TcpStoreServer>> server =
-          TcpStoreServer::Start(world_.master_addr, world_.master_port, server_options);
-      if (!server.ok()) {
-        self_.results.push_back(
-            Result("cluster.master", Verdict::kFail,
-                   absl::StrCat(Label(self_.node, 0), " cannot serve the rendezvous store at ",
-                                Where(world_), ": ", server.status().message()),
-                   "run rank 0 on the node MASTER_ADDR names, with a MASTER_PORT free there"));
-        return false;
-      }
-      server_ = *std::move(server);
+    absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = ServeRendezvousStore(world_);
+    if (!server.ok()) {
+      self_.results.push_back(
+          Result("cluster.master", Verdict::kFail,
+                 absl::StrCat(Label(self_.node, 0), " cannot serve the rendezvous store at ",
+                              Where(world_), ": ", server.status().message()),
+                 "run rank 0 on the node MASTER_ADDR names, with a MASTER_PORT free there"));
+      return false;
     }
+    server_ = *std::move(server);
     TcpStoreClientOptions client_options;
-    client_options.token = world_.rdzv_token;
     client_options.connect_timeout = options_.timeout;
     client_options.reply_timeout = options_.timeout;
     absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
-        TcpStoreClient::Connect(world_.master_addr, world_.master_port, client_options);
+        ConnectRendezvousStore(world_, client_options);
     if (!client.ok()) {
       self_.results.push_back(
           Result("cluster.reach", Verdict::kFail,

@@ -17,6 +17,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/hf_test_models.h"
+#include "tests/testing/run_dtrain.h"
 
 namespace dtrain {
 namespace {
@@ -26,41 +28,9 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
 
-ModelConfig Gpt2Config() {
-  ModelConfig c;
-  c.family = ModelFamily::kGpt2;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_kv_head = 2;
-  c.head_dim = 4;
-  c.d_model = 8;
-  c.d_ff = 32;
-  c.vocab_size = 11;
-  c.max_seq_len = 5;
-  return c;
-}
-
-ModelConfig LlamaConfig() {
-  ModelConfig c;
-  c.family = ModelFamily::kLlama;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.head_dim = 2;
-  c.d_model = 8;
-  c.d_ff = 12;
-  c.vocab_size = 11;
-  c.max_seq_len = 5;
-  c.norm_eps = 1e-6f;
-  c.rope_theta = 500000.0f;
-  return c;
-}
-
-std::vector<float> DistinctParams(const ParamTable& table) {
-  std::vector<float> params(table.total_numel());
-  for (size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i) * 0.25f - 3.0f;
-  return params;
-}
+ModelConfig Gpt2Config() { return testing::HfTestConfig(ModelFamily::kGpt2); }
+ModelConfig LlamaConfig() { return testing::HfTestConfig(ModelFamily::kLlama); }
+using testing::DistinctParams;
 
 TensorValuesFn ValuesOf(const std::vector<float>& params) {
   return [&params](const TensorEntry& entry) -> absl::StatusOr<const float*> {
@@ -71,9 +41,8 @@ TensorValuesFn ValuesOf(const std::vector<float>& params) {
 class HfFolderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "hf_folder_XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
+    dir_ = testing::FreshTempDir("hf_folder");
+    fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }

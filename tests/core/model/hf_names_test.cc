@@ -11,6 +11,7 @@
 #include "core/io/safetensors.h"
 #include "core/model/param_table.h"
 #include "gtest/gtest.h"
+#include "tests/testing/hf_test_models.h"
 
 namespace dtrain {
 namespace {
@@ -20,40 +21,9 @@ namespace {
   return ::testing::AssertionFailure() << "\"" << message << "\" lacks \"" << part << "\"";
 }
 
-ModelConfig Gpt2Config() {
-  ModelConfig c;
-  c.family = ModelFamily::kGpt2;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_kv_head = 2;
-  c.head_dim = 4;
-  c.d_model = 8;
-  c.d_ff = 32;
-  c.vocab_size = 11;
-  c.max_seq_len = 5;
-  return c;
-}
-
-ModelConfig LlamaConfig() {
-  ModelConfig c;
-  c.family = ModelFamily::kLlama;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = 2;  // grouped-query attention: k and v are narrower than q
-  c.head_dim = 2;
-  c.d_model = 8;
-  c.d_ff = 12;
-  c.vocab_size = 11;
-  c.max_seq_len = 5;
-  return c;
-}
-
-// Distinct values, so any misplaced element shows.
-std::vector<float> DistinctParams(const ParamTable& table) {
-  std::vector<float> params(table.total_numel());
-  for (size_t i = 0; i < params.size(); ++i) params[i] = static_cast<float>(i) * 0.5f + 1.0f;
-  return params;
-}
+ModelConfig Gpt2Config() { return testing::HfTestConfig(ModelFamily::kGpt2); }
+ModelConfig LlamaConfig() { return testing::HfTestConfig(ModelFamily::kLlama); }
+using testing::DistinctParams;
 
 class HfNamesTest : public ::testing::Test {
  protected:
