@@ -375,6 +375,7 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDim
   LogInfo("model: %s", ModelShapeLine(config));
   LogInfo("data: %d tokens for training, %d for validation", data.train_tokens, data.val_tokens);
   for (const std::string& note : data.notes) LogInfo("data: %s", note);
+  for (const std::string& warning : data.warnings) LogWarn("data: %s", warning);
   LogInfo(
       "batch: %d sequences x %d tokens = %d tokens/step; %d data-parallel ranks x %d "
       "micro-batches of %d; activations %s (recompute %s)",

@@ -51,6 +51,15 @@ absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int 
   config.source.http_retries = data.http_retries;
 
   Datasets datasets;
+  // Stream k reads shard slots k, k + K, ...: with fewer shards than streams, streams read the
+  // same shards side by side (each a later pass), so one batch holds the same documents.
+  if (config.urls.size() < static_cast<size_t>(data.streams)) {
+    datasets.warnings.push_back(absl::StrCat(
+        "data.shards has ", config.urls.size(), " shard(s) for data.streams = ", data.streams,
+        ": the streams read the same shards side by side, so a batch repeats documents; write "
+        "at least ",
+        data.streams, " shards (dtrain data pack --shard-size) or lower data.streams"));
+  }
   if (!data.val_shards.empty()) {
     StreamConfig val = config;
     ASSIGN_OR_RETURN(val.urls, ExpandShardUrls(data.val_shards));

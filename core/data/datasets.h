@@ -20,6 +20,8 @@ struct Datasets {
   int64_t val_tokens = 0;
   // Lines the leader logs about the data: for sft, how the samples were packed and counted.
   std::vector<std::string> notes;
+  // The same, as warnings: a setting that makes the data worse than the user likely thinks.
+  std::vector<std::string> warnings;
 };
 
 // data.format webdataset streams data.shards (and data.val_shards) instead; see

@@ -160,7 +160,8 @@ const std::vector<KeySpec>& Keys() {
        "webdataset validation shards, read in order; empty = no validation data"},
       {DTRAIN_RECIPE_KEY(data, streams),
        "webdataset logical streams; they fix the data order, so keep the value when the world "
-       "size changes; must be a multiple of the data-parallel size",
+       "size changes; must be a multiple of the data-parallel size; give it at least as many "
+       "shards (fewer is a warning: streams would read the same shards side by side)",
        {},
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(data, shard_shuffle), "webdataset: shuffle the shards at every pass"},

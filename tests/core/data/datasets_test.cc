@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "core/data/data_pack.h"
+#include "core/data/tokenizer.h"
 #include "gtest/gtest.h"
 
 namespace dtrain {
@@ -101,6 +103,29 @@ TEST_F(DatasetsTest, ErrorsNameTheKeyOrFile) {
   status = OpenDatasets(recipe_, 0, 1).status();
   EXPECT_TRUE(absl::StrContains(status.message(), "the last data.val_fraction = 0.05"));
   EXPECT_TRUE(absl::StrContains(status.message(), "fewer than one window"));
+}
+
+TEST_F(DatasetsTest, FewerShardsThanStreamsIsAWarning) {
+  ByteTokenizer bytes;
+  absl::StatusOr<PackResult> packed =
+      PackShards({WriteText("a.txt", 200), WriteText("b.txt", 200)}, (dir_ / "shards").string(),
+                 /*shard_bytes=*/300, bytes);  // one document per shard
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  ASSERT_EQ(packed->shards.size(), 2);
+  recipe_.data.format = "webdataset";
+  recipe_.data.shards = (dir_ / "shards" / "shard-{000000..000001}.tar").string();
+  recipe_.train.eval_every = 0;
+  recipe_.data.streams = 2;
+  absl::StatusOr<Datasets> data = OpenDatasets(recipe_, 0, 1);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_TRUE(data->warnings.empty());
+
+  recipe_.data.streams = 4;
+  data = OpenDatasets(recipe_, 0, 1);
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_EQ(data->warnings.size(), 1);
+  EXPECT_TRUE(absl::StrContains(data->warnings[0], "2 shard(s) for data.streams = 4"));
+  EXPECT_TRUE(absl::StrContains(data->warnings[0], "write at least 4 shards"));
 }
 
 }  // namespace
