@@ -195,7 +195,7 @@ class Bpe final : public Tokenizer {
     bpe->cuttable_ = bpe->cuttable_ && !bpe->splitters_.empty();
     bpe->add_prefix_space_ = spec.add_prefix_space;
     bpe->ignore_merges_ = spec.ignore_merges;
-    if (threads > 1) bpe->pool_ = std::make_unique<ThreadPool>(threads);
+    if (threads > 1 && spec.byte_level) bpe->pool_ = std::make_unique<ThreadPool>(threads);
     return std::unique_ptr<Tokenizer>(std::move(bpe));
   }
 

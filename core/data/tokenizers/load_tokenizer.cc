@@ -83,6 +83,11 @@ absl::Status ReadPreTokenizer(const json& node, BpeSpec* spec, bool* byte_level)
     *byte_level = true;
     return absl::OkStatus();
   }
+  if (type == "Metaspace") {
+    return absl::UnimplementedError(
+        "pre_tokenizer Metaspace inside a Sequence is not supported (dtrain reads it alone, as "
+        "Llama 2's and SentencePieceBPETokenizer's files have it)");
+  }
   if (type == "Split") {
     const json& pattern = node.value("pattern", json());
     const std::string behavior = node.value("behavior", "");

@@ -203,6 +203,10 @@ TEST(LoadTokenizerTest, BadFilesAreOneErrorNamingTheFileAndTheProblem) {
   whitespace["pre_tokenizer"] = {{"type", "Whitespace"}};
   const std::string whitespace_path = WriteFile(dir, "whitespace.json", whitespace.dump());
   EXPECT_THAT(error_of(whitespace_path), HasSubstr("pre_tokenizer Whitespace is not supported"));
+  nlohmann::json nested = SmallLlama2Json();
+  nested["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Metaspace"}}}}};
+  const std::string nested_path = WriteFile(dir, "nested.json", nested.dump());
+  EXPECT_THAT(error_of(nested_path), HasSubstr("Metaspace inside a Sequence is not supported"));
   nlohmann::json lowercase = SmallLlama2Json();
   lowercase["normalizer"] = {{"type", "Lowercase"}};
   const std::string lowercase_path = WriteFile(dir, "lowercase.json", lowercase.dump());
