@@ -185,7 +185,7 @@ def main():
             else:
                 check.expect(ids is None and "not valid UTF-8" in error and "byte offset 3" in error,
                              f"{name}/invalid_utf8: not a clear error: {error!r}")
-        # The parallel split (byte_level_bpe.h) gives the ids of one thread.
+        # The parallel split (bpe.h) gives the ids of one thread.
         demo = text[:1_500_000]
         for name in HF_JSON:
             ids, error = check.encode(folders[name], demo.encode(), threads=2)
