@@ -5,7 +5,8 @@
 #include <string>
 #include <vector>
 
-// Expected values below were read off Hugging Face tokenizers 0.20.3 on the same inputs.
+// The Metaspace values were read off Hugging Face tokenizers 0.20.3 on the same inputs (quoted
+// beside them); the others follow from the steps' definitions.
 namespace dtrain {
 namespace {
 
