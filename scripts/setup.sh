@@ -7,7 +7,8 @@ packages=(
   libyaml-cpp-dev libcli11-dev libabsl-dev libcurl4-openssl-dev libssl-dev
   libopenblas-dev libgloo-dev nlohmann-json3-dev libgtest-dev libgmock-dev
   libcpp-httplib-dev  # the HTTP server behind logging.metrics_port's /metrics
-  libpcre2-dev libsentencepiece-dev  # model tokenizers: split regexes, SentencePiece models
+  libpcre2-dev libsentencepiece-dev libicu-dev  # model tokenizers: split regexes,
+                                                 # SentencePiece models, NFKC
   prometheus          # the real Prometheus server and promtool: tests of the /metrics exposition
   fortunes            # the demo's real English text: /usr/share/games/fortunes
   python3 python3-torch python3-numpy  # the PyTorch reference and peer (tests, benchmarks)

@@ -4,11 +4,9 @@
 #include "absl/strings/str_format.h"
 
 namespace dtrain {
-namespace {
 
-// Bytes in the well-formed sequence that starts at text[i], or 0 when none does (the table of
-// RFC 3629 section 4 / Unicode 15 table 3-7).
-size_t SequenceLength(absl::string_view text, size_t i) {
+// The table of RFC 3629 section 4 / Unicode 15 table 3-7.
+size_t Utf8SequenceLength(absl::string_view text, size_t i) {
   const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
   const unsigned char lead = byte(i);
   if (lead < 0x80) return 1;
@@ -35,11 +33,9 @@ size_t SequenceLength(absl::string_view text, size_t i) {
   return length;
 }
 
-}  // namespace
-
 size_t FirstInvalidUtf8Byte(absl::string_view text) {
   for (size_t i = 0; i < text.size();) {
-    const size_t length = SequenceLength(text, i);
+    const size_t length = Utf8SequenceLength(text, i);
     if (length == 0) return i;
     i += length;
   }
@@ -56,7 +52,7 @@ std::string DescribeInvalidUtf8(absl::string_view text) {
 std::string EscapeInvalidUtf8(absl::string_view text) {
   std::string out;
   for (size_t i = 0; i < text.size();) {
-    const size_t length = SequenceLength(text, i);
+    const size_t length = Utf8SequenceLength(text, i);
     if (length == 0) {
       absl::StrAppendFormat(&out, "\\x%02x", static_cast<unsigned char>(text[i]));
       ++i;

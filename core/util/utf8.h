@@ -14,6 +14,9 @@ namespace dtrain {
 // (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF), or npos when all are.
 size_t FirstInvalidUtf8Byte(absl::string_view text);
 
+// Bytes in the well-formed UTF-8 sequence that starts at text[i], or 0 when none does.
+size_t Utf8SequenceLength(absl::string_view text, size_t i);
+
 // "byte 3 (0xff) is not valid UTF-8", for the first bad byte of `text`; empty when it is valid.
 std::string DescribeInvalidUtf8(absl::string_view text);
 

@@ -1,6 +1,7 @@
 """Reference tokenizers trained by their own libraries' trainers on the demo text.
 
-    train_all(text, out_dir) -> {"gpt2": DIR, "llama3": DIR, "gpt2_files": DIR, "sentencepiece": DIR}
+    train_all(text, out_dir) -> {"gpt2": DIR, "llama3": DIR, "gpt2_files": DIR, "sentencepiece": DIR,
+                                 "llama2": DIR, "llama2_metaspace": DIR, "sentencepiece_bpe": DIR}
 
 - gpt2: a Hugging Face tokenizer.json, byte-level BPE as GPT-2's (ByteLevel pre-tokenizer with
   its built-in regex, <|endoftext|> special);
@@ -8,13 +9,21 @@
   ignore_merges, <|begin_of_text|>, <|eot_id|> and the other special tokens);
 - gpt2_files: gpt2's vocabulary and merges as GPT-2's original encoder.json + vocab.bpe;
 - sentencepiece: a tokenizer.model as Llama 2's (BPE, byte_fallback, split_digits, identity
-  normalization), by the sentencepiece trainer.
+  normalization), by the sentencepiece trainer;
+- llama2: that model as transformers' converter writes Llama 2's tokenizer.json (Prepend and
+  Replace normalizers, BPE with byte_fallback, the Replace/ByteFallback/Fuse/Strip decoder);
+- llama2_metaspace: the same, converted with legacy=False (no normalizer; a Metaspace
+  pre-tokenizer with prepend_scheme "first" and no split);
+- sentencepiece_bpe: tokenizers' SentencePieceBPETokenizer trained by its own trainer (NFKC,
+  Metaspace with prepend_scheme "always" and split, <unk> without byte fallback).
 """
 import json
 import os
 
 import sentencepiece
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import (Regex, SentencePieceBPETokenizer, Tokenizer, decoders, models,
+                        pre_tokenizers, trainers)
+from transformers import LlamaTokenizerFast
 
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -51,7 +60,8 @@ def _gpt2_files(tokenizer_json, folder):
 def train_all(text, out_dir, vocab_size=4000, sentencepiece_lines=20000, sentencepiece_model=True):
     lines = text.splitlines(keepends=True)
     folders = {name: os.path.join(out_dir, name)
-               for name in ("gpt2", "llama3", "gpt2_files", "sentencepiece")}
+               for name in ("gpt2", "llama3", "gpt2_files", "sentencepiece", "llama2",
+                            "llama2_metaspace", "sentencepiece_bpe")}
     _byte_level(models.BPE(), pre_tokenizers.ByteLevel(add_prefix_space=False), vocab_size,
                 ["<|endoftext|>"], lines, os.path.join(folders["gpt2"], "tokenizer.json"))
     _byte_level(
@@ -71,4 +81,16 @@ def train_all(text, out_dir, vocab_size=4000, sentencepiece_lines=20000, sentenc
         vocab_size=vocab_size // 2, model_type="bpe", byte_fallback=True, split_digits=True,
         allow_whitespace_only_pieces=True, normalization_rule_name="identity",
         remove_extra_whitespaces=False, character_coverage=0.9995, minloglevel=2)
+    model_file = os.path.join(folders["sentencepiece"], "tokenizer.model")
+    for name, legacy in (("llama2", True), ("llama2_metaspace", False)):
+        # add_prefix_space=True: Llama 2's own tokenizer.json prepends "▁" (with None, 4.46's
+        # converter leaves the Prepend out).
+        LlamaTokenizerFast(vocab_file=model_file, from_slow=True, legacy=legacy,
+                           add_prefix_space=True).save_pretrained(folders[name])
+    sentencepiece_bpe = SentencePieceBPETokenizer()
+    sentencepiece_bpe.train_from_iterator(lines, vocab_size=vocab_size // 2,
+                                          special_tokens=["<unk>", "<s>", "</s>"],
+                                          show_progress=False)
+    os.makedirs(folders["sentencepiece_bpe"], exist_ok=True)
+    sentencepiece_bpe.save(os.path.join(folders["sentencepiece_bpe"], "tokenizer.json"))
     return folders

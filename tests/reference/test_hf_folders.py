@@ -10,7 +10,8 @@ Debian's torch 1.13); nothing is downloaded: models and tokenizers are made here
   loads each folder and its logits on a token batch equal parity_probe's (dtrain's forward, on
   the same folder) within TOLERANCE. AutoTokenizer loads each exported tokenizer, made here by
   the references' own trainers (a byte-level BPE tokenizer.json, the same as GPT-2's
-  encoder.json + vocab.bpe, a SentencePiece model), and encodes as the trainer's tokenizer does.
+  encoder.json + vocab.bpe, a SentencePiece model and its conversion to Llama 2's
+  tokenizer.json), and encodes as the trainer's tokenizer does.
 - import: a folder that transformers' save_pretrained writes from a random-initialised config
   (whole, in shards with model.safetensors.index.json, and a Llama with tied embeddings) trains in dtrain (parity_probe, from
   the folder): the step-0 loss equals transformers' loss on the same batch within TOLERANCE and
@@ -140,12 +141,24 @@ def make_tokenizers(folder):
     spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=spm_prefix,
                                    vocab_size=200, model_type="bpe", minloglevel=2)
     sp = spm.SentencePieceProcessor(model_file=spm_prefix + ".model")
+    # The same model as Llama 2's tokenizer.json (transformers' converter), alone in its folder:
+    # dtrain writes the tokenizer_config.json that names its <s>, </s> and <unk>.
+    llama2_dir = os.path.join(folder, "tok-llama2")
+    transformers.LlamaTokenizerFast(vocab_file=spm_prefix + ".model", from_slow=True,
+                                    add_prefix_space=True).save_pretrained(llama2_dir)
+    for name in os.listdir(llama2_dir):
+        if name != "tokenizer.json":
+            os.remove(os.path.join(llama2_dir, name))
+    llama2 = Tokenizer.from_file(os.path.join(llama2_dir, "tokenizer.json"))
     paths = {"tokenizer.json": fast_dir,
              "encoder.json + vocab.bpe": os.path.join(openai_dir, "vocab.bpe"),
-             "tokenizer.model": spm_prefix + ".model"}
+             "tokenizer.model": spm_prefix + ".model",
+             "Llama 2 tokenizer.json": llama2_dir}
     ids = {"tokenizer.json": bpe.encode(sample).ids,
            "encoder.json + vocab.bpe": bpe.encode(sample).ids,
-           "tokenizer.model": [sp.bos_id()] + sp.encode(sample)}
+           "tokenizer.model": [sp.bos_id()] + sp.encode(sample),
+           # Its post-processor adds <s>, as LlamaTokenizer does.
+           "Llama 2 tokenizer.json": llama2.encode(sample).ids}
     return paths, ids, sample
 
 
@@ -159,7 +172,7 @@ def check_export(dtrain, probe_path, root):
     results = []
     tokenizer_paths, reference_ids, sample = make_tokenizers(root)
     exports = {"gpt2": ["tokenizer.json", "encoder.json + vocab.bpe"],
-               "llama": ["tokenizer.model"]}
+               "llama": ["tokenizer.model", "Llama 2 tokenizer.json"]}
     for name, model in MODELS.items():
         folder = os.path.join(root, f"export-{name}")
         os.makedirs(folder)

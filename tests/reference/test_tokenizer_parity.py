@@ -2,18 +2,20 @@
 
     $DTRAIN_REFERENCE_PYTHON tests/reference/test_tokenizer_parity.py --dtrain build/dtrain
 
-Trains four tokenizers on the demo text with the references' own trainers
+Trains seven tokenizers on the demo text with the references' own trainers and converters
 (reference_tokenizers.py), then for each case of a varied corpus (English, CJK, emoji,
 combining marks, right-to-left scripts, whitespace runs, digits, code, very long words,
 repeated characters, special tokens in the text) compares `dtrain data encode` with:
-- Hugging Face tokenizers' encode(text, add_special_tokens=False) for the tokenizer.json files;
+- Hugging Face tokenizers' encode(text, add_special_tokens=False) for the tokenizer.json files
+  (byte-level: gpt2, llama3; SentencePiece-style: llama2, llama2_metaspace, sentencepiece_bpe);
 - transformers' GPT2Tokenizer (the original Python implementation) for encoder.json/vocab.bpe;
 - sentencepiece's encode for the .model, each stretch between special pieces (<s>, </s>,
   <unk>) encoded on its own, as dtrain does.
 `dtrain data decode` must give the text back (byte-level: exactly, invalid UTF-8 included;
-SentencePiece: what sentencepiece's decode gives). Invalid UTF-8 must encode with byte-level
-BPE and be a clear error (exit 1, naming the byte offset) with SentencePiece. A megabyte of the
-demo text is also encoded with --threads 2, whose parallel split must give the same ids.
+the others: what the reference's decode gives). Invalid UTF-8 must encode where every byte has
+a token (byte-level BPE, byte fallback) and decode back exactly, and be a clear error (exit 1,
+naming the byte offset) elsewhere (SentencePiece, sentencepiece_bpe). A megabyte of the demo
+text is also encoded with --threads 2, which must give the ids of one thread.
 """
 import argparse
 import json
@@ -56,6 +58,12 @@ SPECIAL_TEXT = {
               "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|><|eot_id",
     "sentencepiece": "<s>Hello</s> world <s> again <unk> </s",
 }
+for _name in ("llama2", "llama2_metaspace", "sentencepiece_bpe"):
+    SPECIAL_TEXT[_name] = SPECIAL_TEXT["sentencepiece"]
+HF_JSON = ("gpt2", "llama3", "llama2", "llama2_metaspace", "sentencepiece_bpe")
+BYTE_LEVEL = ("gpt2", "llama3", "gpt2_files")
+# Every byte has a token: invalid UTF-8 encodes and decodes back exactly.
+ANY_BYTES = BYTE_LEVEL + ("llama2", "llama2_metaspace")
 INVALID_UTF8 = b"abc\xff\xfe def \xc3( caf\xc3\xa9 \xe2\x82 end\x80"
 
 
@@ -107,7 +115,7 @@ def references(folders):
     import sentencepiece
 
     hf = {name: Tokenizer.from_file(os.path.join(folders[name], "tokenizer.json"))
-          for name in ("gpt2", "llama3")}
+          for name in HF_JSON}
     gpt2_slow = GPT2Tokenizer(os.path.join(folders["gpt2_files"], "encoder.json"),
                               os.path.join(folders["gpt2_files"], "vocab.bpe"))
     sp = sentencepiece.SentencePieceProcessor(
@@ -133,11 +141,12 @@ def references(folders):
             ids += sp.encode(plain)
         return ids
 
+    def hf_pair(name):
+        return (lambda t: hf[name].encode(t, add_special_tokens=False).ids,
+                lambda ids: hf[name].decode(ids, skip_special_tokens=False))
+
     return {
-        "gpt2": (lambda t: hf["gpt2"].encode(t, add_special_tokens=False).ids,
-                 lambda ids: hf["gpt2"].decode(ids, skip_special_tokens=False)),
-        "llama3": (lambda t: hf["llama3"].encode(t, add_special_tokens=False).ids,
-                   lambda ids: hf["llama3"].decode(ids, skip_special_tokens=False)),
+        **{name: hf_pair(name) for name in HF_JSON},
         "gpt2_files": (lambda t: gpt2_slow.encode(t, add_special_tokens=False),
                        lambda ids: gpt2_slow.decode(ids)),
         "sentencepiece": (sp_encode, lambda ids: sp.decode(ids)),
@@ -157,7 +166,7 @@ def main():
         refs = references(folders)
         check = Checker(args.dtrain, workdir)
         for name, (encode, decode) in refs.items():
-            byte_level = name != "sentencepiece"
+            byte_level = name in BYTE_LEVEL
             cases = dict(CORPUS, special_tokens=SPECIAL_TEXT[name], demo=text[:20000])
             for case, case_text in cases.items():
                 expected = encode(case_text)
@@ -170,15 +179,15 @@ def main():
                 want = case_text.encode() if byte_level else decode(ids).encode()
                 check.expect(decoded == want, f"{name}/{case}: decode does not round-trip")
             ids, error = check.encode(folders[name], INVALID_UTF8)
-            if byte_level:
+            if name in ANY_BYTES:
                 check.expect(ids is not None and check.decode(folders[name], ids) == INVALID_UTF8,
                              f"{name}/invalid_utf8: does not encode and round-trip: {error}")
             else:
                 check.expect(ids is None and "not valid UTF-8" in error and "byte offset 3" in error,
                              f"{name}/invalid_utf8: not a clear error: {error!r}")
-        # The parallel split (byte_level_bpe.h) gives the ids of one thread.
+        # The parallel split (bpe.h) gives the ids of one thread.
         demo = text[:1_500_000]
-        for name in ("gpt2", "llama3"):
+        for name in HF_JSON:
             ids, error = check.encode(folders[name], demo.encode(), threads=2)
             expected = refs[name][0](demo)
             check.expect(ids == expected, f"{name}/demo, 2 threads: " + (
@@ -186,7 +195,8 @@ def main():
         # Every form of naming a tokenizer: the file itself, and either file of GPT-2's pair.
         for path in (os.path.join(folders["gpt2"], "tokenizer.json"),
                      os.path.join(folders["gpt2_files"], "vocab.bpe"),
-                     os.path.join(folders["sentencepiece"], "tokenizer.model")):
+                     os.path.join(folders["sentencepiece"], "tokenizer.model"),
+                     os.path.join(folders["llama2"], "tokenizer.json")):
             ids, error = check.encode(path, b"Hello world")
             check.expect(ids is not None, f"{path}: {error}")
     print(f"{check.count - len(check.failures)} of {check.count} checks passed")

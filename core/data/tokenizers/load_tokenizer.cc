@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/data/tokenizers/byte_level_bpe.h"
+#include "core/data/tokenizers/bpe.h"
 #include "core/data/tokenizers/sentencepiece_tokenizer.h"
 #include "core/util/fnv.h"
 #include "core/util/status.h"
@@ -63,7 +63,7 @@ std::string TypeOf(const json& node) {
 
 // Hugging Face's pre-tokenizers that byte-level BPE uses: ByteLevel alone (GPT-2), or a
 // Sequence of Split regexes (behavior Isolated) and a ByteLevel (Llama 3).
-absl::Status ReadPreTokenizer(const json& node, ByteLevelBpeSpec* spec, bool* byte_level) {
+absl::Status ReadPreTokenizer(const json& node, BpeSpec* spec, bool* byte_level) {
   const std::string type = TypeOf(node);
   if (type == "Sequence" && node.contains("pretokenizers") && node["pretokenizers"].is_array()) {
     for (const json& child : node["pretokenizers"]) {
@@ -82,6 +82,11 @@ absl::Status ReadPreTokenizer(const json& node, ByteLevelBpeSpec* spec, bool* by
     if (node.value("use_regex", true)) spec->split_patterns.push_back(kGpt2SplitPattern);
     *byte_level = true;
     return absl::OkStatus();
+  }
+  if (type == "Metaspace") {
+    return absl::UnimplementedError(
+        "pre_tokenizer Metaspace inside a Sequence is not supported (dtrain reads it alone, as "
+        "Llama 2's and SentencePieceBPETokenizer's files have it)");
   }
   if (type == "Split") {
     const json& pattern = node.value("pattern", json());
@@ -102,7 +107,122 @@ absl::Status ReadPreTokenizer(const json& node, ByteLevelBpeSpec* spec, bool* by
   }
   return absl::UnimplementedError(absl::StrCat(
       "pre_tokenizer ", type,
-      " is not supported: dtrain reads byte-level BPE (ByteLevel, or Split then ByteLevel)"));
+      " is not supported: dtrain reads byte-level BPE (ByteLevel, or Split then ByteLevel) and "
+      "SentencePiece-style BPE (Metaspace, or none)"));
+}
+
+std::string StringPattern(const json& node) {
+  const json& pattern = node.value("pattern", json());
+  return pattern.is_object() && pattern.contains("String") && pattern["String"].is_string()
+             ? pattern["String"].get<std::string>()
+             : std::string();
+}
+
+// SentencePiece-style normalizers (Llama 2's Prepend and Replace, SentencePieceBPETokenizer's
+// NFKC) and Sequences of them.
+absl::Status ReadNormalizer(const json& node, std::vector<NormalizerStep>* steps) {
+  const std::string type = TypeOf(node);
+  if (type == "Sequence" && node.contains("normalizers") && node["normalizers"].is_array()) {
+    for (const json& child : node["normalizers"]) RETURN_IF_ERROR(ReadNormalizer(child, steps));
+    return absl::OkStatus();
+  }
+  if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+    steps->push_back({NormalizerStep::Kind::kUnicode, type, "", ""});
+    return absl::OkStatus();
+  }
+  if (type == "Prepend" && node.value("prepend", json()).is_string()) {
+    steps->push_back({NormalizerStep::Kind::kPrepend, "", "", node["prepend"].get<std::string>()});
+    return absl::OkStatus();
+  }
+  if (type == "Replace" && !StringPattern(node).empty() &&
+      node.value("content", json()).is_string()) {
+    steps->push_back({NormalizerStep::Kind::kReplace, "", StringPattern(node),
+                      node["content"].get<std::string>()});
+    return absl::OkStatus();
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("normalizer ", node.dump().substr(0, 200),
+                   " is not supported (dtrain reads NFC, NFD, NFKC, NFKD, Prepend, Replace of a "
+                   "String pattern, and Sequences of them)"));
+}
+
+// Metaspace's settings, as pre-tokenizer or decoder; files before tokenizers 0.19 say
+// add_prefix_space instead of prepend_scheme.
+absl::StatusOr<MetaspaceSpec> ReadMetaspace(const json& node) {
+  MetaspaceSpec spec;
+  spec.replacement = node.value("replacement", std::string(kMetaspace));
+  spec.split = node.value("split", true);
+  const std::string scheme =
+      node.value("prepend_scheme", node.value("add_prefix_space", true) ? "always" : "never");
+  if (scheme == "always") {
+    spec.prepend_scheme = PrependScheme::kAlways;
+  } else if (scheme == "first") {
+    spec.prepend_scheme = PrependScheme::kFirst;
+  } else if (scheme == "never") {
+    spec.prepend_scheme = PrependScheme::kNever;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Metaspace prepend_scheme '", scheme, "' is none of always, first, never"));
+  }
+  if (spec.replacement.empty()) {
+    return absl::InvalidArgumentError("Metaspace replacement is empty");
+  }
+  return spec;
+}
+
+// The decoders of SentencePiece-style files: Llama 2's Sequence of Replace, ByteFallback, Fuse
+// and Strip, or Metaspace.
+absl::Status ReadDecoder(const json& node, std::vector<DecoderStep>* steps) {
+  const std::string type = TypeOf(node);
+  DecoderStep step;
+  if (type == "Sequence" && node.contains("decoders") && node["decoders"].is_array()) {
+    for (const json& child : node["decoders"]) RETURN_IF_ERROR(ReadDecoder(child, steps));
+    return absl::OkStatus();
+  } else if (type == "Replace" && !StringPattern(node).empty() &&
+             node.value("content", json()).is_string()) {
+    step = {DecoderStep::Kind::kReplace, StringPattern(node), node["content"].get<std::string>()};
+  } else if (type == "ByteFallback") {
+    step.kind = DecoderStep::Kind::kByteFallback;
+  } else if (type == "Fuse") {
+    step.kind = DecoderStep::Kind::kFuse;
+  } else if (type == "Strip" && node.value("content", json()).is_string()) {
+    step = {DecoderStep::Kind::kStrip, "", node["content"].get<std::string>(),
+            node.value("start", 0), node.value("stop", 0)};
+  } else if (type == "Metaspace") {
+    step.kind = DecoderStep::Kind::kMetaspace;
+    ASSIGN_OR_RETURN(step.metaspace, ReadMetaspace(node));
+  } else {
+    return absl::UnimplementedError(absl::StrCat(
+        "decoder ", node.dump().substr(0, 200),
+        " is not supported (dtrain reads Replace, ByteFallback, Fuse, Strip, Metaspace and "
+        "Sequences of them)"));
+  }
+  steps->push_back(std::move(step));
+  return absl::OkStatus();
+}
+
+// A tokenizer.json without a ByteLevel pre-tokenizer: the character alphabet with its
+// normalizer, Metaspace pre-tokenizer (or none), byte fallback and decoder.
+absl::Status ReadSentencePieceStyle(const json& root, BpeSpec* spec) {
+  spec->byte_level = false;
+  std::vector<NormalizerStep> steps;
+  if (const json& normalizer = root.value("normalizer", json()); !normalizer.is_null()) {
+    RETURN_IF_ERROR(ReadNormalizer(normalizer, &steps));
+  }
+  ASSIGN_OR_RETURN(spec->normalizer, Normalizer::Make(std::move(steps)));
+  if (const json& pre_tokenizer = root.value("pre_tokenizer", json()); !pre_tokenizer.is_null()) {
+    ASSIGN_OR_RETURN(spec->metaspace, ReadMetaspace(pre_tokenizer));
+  }
+  if (const json& decoder = root.value("decoder", json()); !decoder.is_null()) {
+    RETURN_IF_ERROR(ReadDecoder(decoder, &spec->decoder));
+  }
+  const json& model = root["model"];
+  spec->byte_fallback = model.value("byte_fallback", false);
+  spec->fuse_unk = model.value("fuse_unk", false);
+  if (const json& unk = model.value("unk_token", json()); unk.is_string()) {
+    spec->unk_token = unk.get<std::string>();
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const fs::path& path, int threads) {
@@ -120,30 +240,29 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const fs::path& p
   const json& model = root["model"];
   if (model.value("type", "BPE") != "BPE") {
     return unsupported(absl::StrCat("model type ", model["type"].dump(),
-                                    " is not supported: dtrain reads byte-level BPE from "
-                                    "tokenizer.json and SentencePiece from tokenizer.model"));
-  }
-  if (root.contains("normalizer") && !root["normalizer"].is_null()) {
-    return unsupported(absl::StrCat("normalizer ", TypeOf(root["normalizer"]),
-                                    " is not supported (byte-level BPE has none)"));
+                                    " is not supported: dtrain reads BPE from tokenizer.json "
+                                    "and SentencePiece models from tokenizer.model"));
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"}) {
     if (model.contains(key) && !model[key].is_null() && model[key] != "") {
       return unsupported(absl::StrCat("model.", key, " is not supported"));
     }
   }
-  ByteLevelBpeSpec spec;
+  BpeSpec spec;
   bool byte_level = false;
-  if (root.contains("pre_tokenizer") && !root["pre_tokenizer"].is_null()) {
-    if (absl::Status status = ReadPreTokenizer(root["pre_tokenizer"], &spec, &byte_level);
-        !status.ok()) {
+  const json& pre_tokenizer = root.value("pre_tokenizer", json());
+  if (!pre_tokenizer.is_null() && TypeOf(pre_tokenizer) != "Metaspace") {
+    if (absl::Status status = ReadPreTokenizer(pre_tokenizer, &spec, &byte_level); !status.ok()) {
       return FileError(path, status);
     }
   }
-  if (!byte_level) {
-    return unsupported(
-        "no ByteLevel pre_tokenizer: dtrain reads byte-level BPE (GPT-2, Llama 3); for a "
-        "SentencePiece-style BPE give the tokenizer.model beside it");
+  if (byte_level) {
+    if (root.contains("normalizer") && !root["normalizer"].is_null()) {
+      return unsupported(absl::StrCat("normalizer ", TypeOf(root["normalizer"]),
+                                      " is not supported (byte-level BPE has none)"));
+    }
+  } else if (absl::Status status = ReadSentencePieceStyle(root, &spec); !status.ok()) {
+    return FileError(path, status);
   }
   if (!model.contains("vocab") || !model["vocab"].is_object()) {
     return invalid("model.vocab is not an object of token: id");
@@ -151,7 +270,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const fs::path& p
   for (const auto& [token, id] : model["vocab"].items()) {
     if (!id.is_number_integer())
       return invalid(absl::StrCat("model.vocab[\"", token, "\"] is not an id"));
-    spec.vocab.emplace_back(TokenBytes(token), id.get<int32_t>());
+    spec.vocab.emplace_back(byte_level ? TokenBytes(token) : token, id.get<int32_t>());
   }
   const json& merges = model.value("merges", json::array());
   if (!merges.is_array()) return invalid("model.merges is not a list");
@@ -173,7 +292,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const fs::path& p
     } else {
       return invalid(absl::StrCat("model.merges[", i, "] is not a pair of tokens"));
     }
-    spec.merges.emplace_back(TokenBytes(left), TokenBytes(right));
+    if (byte_level) {
+      spec.merges.emplace_back(TokenBytes(left), TokenBytes(right));
+    } else {
+      spec.merges.emplace_back(std::move(left), std::move(right));
+    }
   }
   spec.ignore_merges = model.value("ignore_merges", false);
   for (const json& added : root.value("added_tokens", json::array())) {
@@ -191,7 +314,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const fs::path& p
         .push_back(std::move(token));
   }
   spec.name = TokenizerName("hf-bpe", path, Fnv1a(text));
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = MakeByteLevelBpe(std::move(spec), threads);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = MakeBpe(std::move(spec), threads);
   if (!tokenizer.ok()) return FileError(path, tokenizer.status());
   return tokenizer;
 }
@@ -207,7 +330,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadGpt2Files(const fs::path& encoder
     return absl::InvalidArgumentError(
         absl::StrCat(encoder_path.string(), ": not a JSON object of token: id"));
   }
-  ByteLevelBpeSpec spec;
+  BpeSpec spec;
   for (const auto& [token, id] : encoder.items()) {
     if (!id.is_number_integer()) {
       return absl::InvalidArgumentError(
@@ -238,7 +361,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadGpt2Files(const fs::path& encoder
   uint64_t hash = Fnv1a(encoder_text);
   for (const unsigned char c : merges_text) hash = FnvMix(hash, c);
   spec.name = TokenizerName("gpt2-bpe", encoder_path, hash);
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = MakeByteLevelBpe(std::move(spec), threads);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = MakeBpe(std::move(spec), threads);
   if (!tokenizer.ok()) return FileError(merges_path, tokenizer.status());
   return tokenizer;
 }

@@ -1,11 +1,12 @@
 // A model's tokenizer from the files its users already have:
-//   - a Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama 3, ...);
+//   - a Hugging Face tokenizer.json with a BPE model: byte-level (GPT-2, Llama 3, ...) or
+//     SentencePiece-style (Llama 2, Mistral, TinyLlama, SentencePieceBPETokenizer; bpe.h);
 //   - GPT-2's encoder.json + vocab.bpe (or Hugging Face's names for them, vocab.json +
 //     merges.txt): either file's path, or their folder;
 //   - a SentencePiece model (tokenizer.model, Llama 2), a file ending in .model;
 //   - a folder: its tokenizer.json, else tokenizer.model, else the GPT-2 pair. A tokenizer.json
-//     whose model dtrain does not read (Llama 2's Metaspace BPE) gives way to a tokenizer.model
-//     beside it.
+//     whose model or stages dtrain does not read (a Unigram model) gives way to a
+//     tokenizer.model beside it.
 // An empty path is the byte-level tokenizer. name() is "<kind>:<folder>/<file>#<hash>", the
 // hash (FNV-1a of the files' bytes, 12 hex digits) telling tokenizers with the same file name
 // apart. Errors name the file and what is wrong with it.
@@ -19,7 +20,7 @@
 
 namespace dtrain {
 
-// threads > 1: large texts encode in parallel where the tokenizer allows (byte_level_bpe.h).
+// threads > 1: large texts encode in parallel where the tokenizer allows (bpe.h).
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path, int threads = 1);
 
 }  // namespace dtrain

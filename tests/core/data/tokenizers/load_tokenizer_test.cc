@@ -94,6 +94,83 @@ TEST(LoadTokenizerTest, ParallelEncodingGivesOneThreadsIds) {
   EXPECT_EQ(*(*four)->Decode(expected), text);
 }
 
+const std::string kSpace = "\xe2\x96\x81";  // "▁"
+
+// Llama 2's shape: ids 259.. are the characters, then the merges' results.
+nlohmann::json SmallLlama2Json() {
+  return testing::Llama2TokenizerJson({kSpace, "a", "b", "c"},
+                                      {{kSpace, "a"}, {"a", "b"}, {kSpace + "a", "b"}});
+}
+constexpr int32_t kByte0 = 3, kSpaceId = 259, kC = 262, kSpaceA = 263, kSpaceAb = 265;
+
+TEST(LoadTokenizerTest, Llama2JsonPrependsMergesAcrossSpacesAndFallsBackToBytes) {
+  const std::string dir = FreshTempDir("tok_llama2");
+  WriteFile(dir, "tokenizer.json", SmallLlama2Json().dump());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  // "▁ab▁ab": ▁+a first (rank 0), then ▁a+b; "ab" (rank 1) never forms.
+  EXPECT_EQ(EncodeOk(**tokenizer, "ab ab"), (std::vector<int32_t>{kSpaceAb, kSpaceAb}));
+  // The euro sign has no token: its three bytes' tokens.
+  EXPECT_EQ(EncodeOk(**tokenizer, "c\xe2\x82\xac"),
+            (std::vector<int32_t>{kSpaceId, kC, kByte0 + 0xe2, kByte0 + 0x82, kByte0 + 0xac}));
+  // Each stretch after a special token is normalized on its own, so prepended again.
+  EXPECT_EQ(EncodeOk(**tokenizer, "<s>ab</s>a"), (std::vector<int32_t>{1, kSpaceAb, 2, kSpaceA}));
+  for (const std::string text : {"ab ab", "c\xe2\x82\xac  a", "ab\xff\xfe c"}) {
+    EXPECT_EQ(*(*tokenizer)->Decode(EncodeOk(**tokenizer, text)), text);
+  }
+  EXPECT_EQ(*(*tokenizer)->Decode(std::vector<int32_t>{1, kSpaceAb}), "<s> ab");
+  EXPECT_EQ(*(*tokenizer)->SpecialToken("</s>"), 2);
+  EXPECT_EQ((*tokenizer)->vocab_size(), 266);
+}
+
+TEST(LoadTokenizerTest, MetaspaceJsonSplitsWordsAndWritesUnknownCharactersAsUnk) {
+  const std::string dir = FreshTempDir("tok_metaspace_unk");
+  nlohmann::json json = SmallLlama2Json();
+  json["normalizer"] = nullptr;
+  const nlohmann::json metaspace = {{"type", "Metaspace"},
+                                    {"replacement", kSpace},
+                                    {"prepend_scheme", "always"},
+                                    {"split", true}};
+  json["pre_tokenizer"] = metaspace;
+  json["decoder"] = metaspace;
+  json["model"]["byte_fallback"] = false;
+  WriteFile(dir, "tokenizer.json", json.dump());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  // Words "▁ab", "▁zzc": split keeps ▁ab whole, z z fuse into one <unk>.
+  EXPECT_EQ(EncodeOk(**tokenizer, "ab zzc"), (std::vector<int32_t>{kSpaceAb, kSpaceId, 0, kC}));
+  EXPECT_EQ(*(*tokenizer)->Decode(std::vector<int32_t>{kSpaceAb, kSpaceA}), "ab a");
+  json["model"]["fuse_unk"] = false;
+  WriteFile(dir, "tokenizer.json", json.dump());
+  tokenizer = LoadTokenizer(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_EQ(EncodeOk(**tokenizer, "zz"), (std::vector<int32_t>{kSpaceId, 0, 0}));
+  // Without byte fallback invalid UTF-8 has no tokens: an error naming the byte.
+  std::vector<int32_t> ids;
+  EXPECT_THAT(std::string((*tokenizer)->Encode("ab\xff", &ids).message()),
+              HasSubstr("byte offset 2"));
+  // Without an unk_token either, an unknown character is an error, not dropped.
+  json["model"]["unk_token"] = nullptr;
+  WriteFile(dir, "tokenizer.json", json.dump());
+  tokenizer = LoadTokenizer(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_THAT(std::string((*tokenizer)->Encode("az", &ids).message()),
+              HasSubstr("'z' has no token"));
+}
+
+TEST(LoadTokenizerTest, SentencePieceStyleEncodesOnOneThreadsIds) {
+  const std::string dir = FreshTempDir("tok_llama2_parallel");
+  WriteFile(dir, "tokenizer.json", SmallLlama2Json().dump());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> one = LoadTokenizer(dir, 1);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> four = LoadTokenizer(dir, 4);
+  ASSERT_TRUE(one.ok() && four.ok());
+  std::mt19937 rng(7);
+  const char* words[] = {"ab", " ", "\n", "c", "a", "\n\n"};
+  std::string text;
+  while (text.size() < (1 << 20)) text += words[rng() % 6];
+  EXPECT_EQ(EncodeOk(**four, text), EncodeOk(**one, text));
+}
+
 TEST(LoadTokenizerTest, FolderFallsBackToGpt2Files) {
   const std::string dir = FreshTempDir("tok_gpt2");
   nlohmann::json encoder = TokenizerJson({{"a", "b"}})["model"]["vocab"];
@@ -122,10 +199,28 @@ TEST(LoadTokenizerTest, BadFilesAreOneErrorNamingTheFileAndTheProblem) {
   unigram["model"]["type"] = "Unigram";
   const std::string unigram_path = WriteFile(dir, "unigram.json", unigram.dump());
   EXPECT_THAT(error_of(unigram_path), HasSubstr("model type \"Unigram\" is not supported"));
-  nlohmann::json metaspace = TokenizerJson({});
-  metaspace["pre_tokenizer"] = {{"type", "Metaspace"}};
-  const std::string metaspace_path = WriteFile(dir, "metaspace.json", metaspace.dump());
-  EXPECT_THAT(error_of(metaspace_path), HasSubstr("pre_tokenizer Metaspace is not supported"));
+  nlohmann::json whitespace = TokenizerJson({});
+  whitespace["pre_tokenizer"] = {{"type", "Whitespace"}};
+  const std::string whitespace_path = WriteFile(dir, "whitespace.json", whitespace.dump());
+  EXPECT_THAT(error_of(whitespace_path), HasSubstr("pre_tokenizer Whitespace is not supported"));
+  nlohmann::json nested = SmallLlama2Json();
+  nested["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Metaspace"}}}}};
+  const std::string nested_path = WriteFile(dir, "nested.json", nested.dump());
+  EXPECT_THAT(error_of(nested_path), HasSubstr("Metaspace inside a Sequence is not supported"));
+  nlohmann::json lowercase = SmallLlama2Json();
+  lowercase["normalizer"] = {{"type", "Lowercase"}};
+  const std::string lowercase_path = WriteFile(dir, "lowercase.json", lowercase.dump());
+  EXPECT_THAT(error_of(lowercase_path),
+              HasSubstr(lowercase_path + ": normalizer {\"type\":\"Lowercase\"} is not supported"));
+  nlohmann::json wordpiece_decoder = SmallLlama2Json();
+  wordpiece_decoder["decoder"] = {{"type", "WordPiece"}};
+  const std::string decoder_path = WriteFile(dir, "decoder.json", wordpiece_decoder.dump());
+  EXPECT_THAT(error_of(decoder_path),
+              HasSubstr("decoder {\"type\":\"WordPiece\"} is not supported"));
+  nlohmann::json bad_unk = SmallLlama2Json();
+  bad_unk["model"]["unk_token"] = "<unknown>";
+  const std::string bad_unk_path = WriteFile(dir, "bad_unk.json", bad_unk.dump());
+  EXPECT_THAT(error_of(bad_unk_path), HasSubstr("unk_token '<unknown>' is not in the vocabulary"));
   nlohmann::json no_byte = TokenizerJson({});
   no_byte["model"]["vocab"].erase(ByteLevelChar(0xff));
   const std::string no_byte_path = WriteFile(dir, "no_byte.json", no_byte.dump());

@@ -1,4 +1,4 @@
-#include "core/data/tokenizers/byte_level_bpe.h"
+#include "core/data/tokenizers/bpe.h"
 
 #include <algorithm>
 #include <array>
@@ -14,6 +14,7 @@
 #include "core/data/tokenizers/regex_splitter.h"
 #include "core/util/status.h"
 #include "core/util/thread_pool.h"
+#include "core/util/utf8.h"
 
 namespace dtrain {
 namespace {
@@ -59,27 +60,50 @@ absl::string_view View(std::string_view text) { return {text.data(), text.size()
 bool IsAsciiSpace(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 bool IsAsciiLetter(unsigned char c) { return (c | 0x20) >= 'a' && (c | 0x20) <= 'z'; }
 
-class ByteLevelBpe final : public Tokenizer {
+class Bpe final : public Tokenizer {
  public:
   std::string name() const override { return name_; }
   int vocab_size() const override { return static_cast<int>(id_bytes_.size()); }
 
   absl::Status Encode(std::string_view text, std::vector<int32_t>* ids) const override {
-    std::vector<TextPiece> specials;
-    special_.Split(text, &specials);
-    std::vector<TextPiece> pieces;
-    for (const TextPiece& piece : specials) {
-      if (piece.id != TextPiece::kPlainText || normal_.empty()) {
-        pieces.push_back(piece);
-      } else {
-        normal_.Split(piece.text, &pieces);
+    if (!byte_level_ && !byte_fallback_) {
+      if (const size_t bad = FirstInvalidUtf8Byte(View(text)); bad != std::string_view::npos) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            DescribeInvalidUtf8(View(text)), " (byte offset ", bad, " of the text); tokenizer ",
+            name_,
+            " has no byte_fallback, so it encodes UTF-8 only: fix or drop that text, or use a "
+            "tokenizer with byte fallback or a byte-level one, which encode any bytes"));
       }
     }
-    for (const TextPiece& piece : pieces) {
-      if (piece.id != TextPiece::kPlainText) {
-        ids->push_back(piece.id);
+    std::vector<TextPiece> stretches;
+    special_.Split(text, &stretches);
+    for (const TextPiece& stretch : stretches) {
+      if (stretch.id != TextPiece::kPlainText) {
+        ids->push_back(stretch.id);
+        continue;
+      }
+      // Hugging Face normalizes the stretches between special tokens, then finds the other
+      // added tokens in the normalized text.
+      std::string normalized;
+      std::string_view plain = stretch.text;
+      if (!normalizer_.empty()) {
+        normalized = normalizer_.Apply(plain);
+        plain = normalized;
+      }
+      const bool at_text_start = stretch.text.data() == text.data();
+      std::vector<TextPiece> pieces;
+      if (normal_.empty()) {
+        if (!plain.empty()) pieces.push_back({plain, TextPiece::kPlainText});
       } else {
-        RETURN_IF_ERROR(EncodePlain(piece.text, ids));
+        normal_.Split(plain, &pieces);
+      }
+      for (const TextPiece& piece : pieces) {
+        if (piece.id != TextPiece::kPlainText) {
+          ids->push_back(piece.id);
+        } else {
+          RETURN_IF_ERROR(
+              EncodePlain(piece.text, at_text_start && piece.text.data() == plain.data(), ids));
+        }
       }
     }
     return absl::OkStatus();
@@ -101,21 +125,21 @@ class ByteLevelBpe final : public Tokenizer {
   }
 
   absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const override {
-    std::string text;
+    std::vector<std::string> tokens;
     for (const int32_t id : ids) {
       if (id < 0 || id >= vocab_size() || !known_[id]) {
         return absl::InvalidArgumentError(absl::StrCat("token id ", id,
                                                        " is not in the vocabulary of tokenizer ",
                                                        name_, " (size ", vocab_size(), ")"));
       }
-      text += id_bytes_[id];
+      tokens.push_back(id_bytes_[id]);
     }
-    return text;
+    return DecodeTokens(decoder_, std::move(tokens));
   }
 
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> Make(ByteLevelBpeSpec spec, int threads) {
-    auto bpe = std::unique_ptr<ByteLevelBpe>(
-        new ByteLevelBpe(std::move(spec.special_added), std::move(spec.normal_added)));
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> Make(BpeSpec spec, int threads) {
+    auto bpe =
+        std::unique_ptr<Bpe>(new Bpe(std::move(spec.special_added), std::move(spec.normal_added)));
     bpe->name_ = std::move(spec.name);
     int32_t max_id = -1;
     for (const auto& [bytes, id] : spec.vocab) max_id = std::max(max_id, id);
@@ -134,7 +158,9 @@ class ByteLevelBpe final : public Tokenizer {
       bpe->id_bytes_[id] = content;
       bpe->known_[id] = true;
     }
-    for (int b = 0; b < 256; ++b) {
+    bpe->byte_level_ = spec.byte_level;
+    if (!spec.byte_level) RETURN_IF_ERROR(bpe->SetCharacterAlphabet(spec));
+    for (int b = 0; b < 256 && spec.byte_level; ++b) {
       const auto it = bpe->token_ids_.find(std::string(1, static_cast<char>(b)));
       if (it == bpe->token_ids_.end()) {
         return absl::InvalidArgumentError(absl::StrFormat(
@@ -169,20 +195,55 @@ class ByteLevelBpe final : public Tokenizer {
     bpe->cuttable_ = bpe->cuttable_ && !bpe->splitters_.empty();
     bpe->add_prefix_space_ = spec.add_prefix_space;
     bpe->ignore_merges_ = spec.ignore_merges;
-    if (threads > 1) bpe->pool_ = std::make_unique<ThreadPool>(threads);
+    if (threads > 1 && spec.byte_level) bpe->pool_ = std::make_unique<ThreadPool>(threads);
     return std::unique_ptr<Tokenizer>(std::move(bpe));
   }
 
  private:
-  ByteLevelBpe(std::vector<AddedToken> special, std::vector<AddedToken> normal)
+  Bpe(std::vector<AddedToken> special, std::vector<AddedToken> normal)
       : special_(special), normal_(normal) {
     for (const std::vector<AddedToken>* tokens : {&special, &normal}) {
       for (const AddedToken& token : *tokens) added_ids_.emplace(token.content, token.id);
     }
   }
 
-  // Text without added tokens: in parallel where it is large and may be cut.
-  absl::Status EncodePlain(std::string_view text, std::vector<int32_t>* ids) const {
+  absl::Status SetCharacterAlphabet(BpeSpec& spec) {
+    byte_fallback_ = spec.byte_fallback;
+    // Hugging Face falls back to bytes only where each byte of a character has a token.
+    byte_ids_.fill(-1);
+    for (const auto& [token, id] : token_ids_) {
+      if (const int byte = ByteFallbackByte(token); byte >= 0) byte_ids_[byte] = id;
+    }
+    if (!spec.unk_token.empty()) {
+      const auto it = token_ids_.find(spec.unk_token);
+      if (it == token_ids_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model.unk_token '", absl::CHexEscape(spec.unk_token), "' is not in the vocabulary"));
+      }
+      unk_id_ = it->second;
+    }
+    fuse_unk_ = spec.fuse_unk;
+    normalizer_ = std::move(spec.normalizer);
+    metaspace_ = std::move(spec.metaspace);
+    decoder_ = std::move(spec.decoder);
+    return absl::OkStatus();
+  }
+
+  // Text without added tokens (normalized): in parallel where it is large and may be cut.
+  absl::Status EncodePlain(std::string_view text, bool at_text_start,
+                           std::vector<int32_t>* ids) const {
+    if (!byte_level_) {
+      // One thread: a stretch's start changes its first word (a Prepend normalizer, Metaspace's
+      // prepend schemes) and without a Metaspace split (Llama 2's files) the whole stretch is
+      // one word that merges may cross anywhere, so no cut provably keeps the ids.
+      PieceCache& cache = ThreadCache();
+      if (!metaspace_) return EncodePiece(text, cache, ids);
+      absl::Status status;
+      MetaspaceWords(*metaspace_, text, at_text_start, [&](std::string_view word) {
+        if (status.ok()) status = EncodePiece(word, cache, ids);
+      });
+      return status;
+    }
     if (pool_ == nullptr || !cuttable_ || text.size() < 2 * kParallelChunkBytes) {
       return EncodeChunk(text, ids);
     }
@@ -237,20 +298,21 @@ class ByteLevelBpe final : public Tokenizer {
       prefixed = absl::StrCat(" ", View(text));
       text = prefixed;
     }
+    return SplitAndEncode(0, text, ThreadCache(), ids);
+  }
+
+  PieceCache& ThreadCache() const {
     thread_local PieceCache cache;
     if (cache.owner != serial_) {
       cache.ids.clear();
       cache.owner = serial_;
     }
-    return SplitAndEncode(0, text, cache, ids);
+    return cache;
   }
 
   absl::Status SplitAndEncode(size_t stage, std::string_view text, PieceCache& cache,
                               std::vector<int32_t>* ids) const {
-    if (stage == splitters_.size()) {
-      EncodePiece(text, cache, ids);
-      return absl::OkStatus();
-    }
+    if (stage == splitters_.size()) return EncodePiece(text, cache, ids);
     absl::Status status;
     RETURN_IF_ERROR(splitters_[stage]->Split(text, [&](std::string_view piece) {
       if (status.ok()) status = SplitAndEncode(stage + 1, piece, cache, ids);
@@ -258,16 +320,17 @@ class ByteLevelBpe final : public Tokenizer {
     return status;
   }
 
-  void EncodePiece(std::string_view piece, PieceCache& cache, std::vector<int32_t>* ids) const {
-    if (piece.size() == 1) {
+  absl::Status EncodePiece(std::string_view piece, PieceCache& cache,
+                           std::vector<int32_t>* ids) const {
+    if (byte_level_ && piece.size() == 1) {
       ids->push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
-      return;
+      return absl::OkStatus();
     }
     if (ignore_merges_) {
       const auto it = token_ids_.find(View(piece));
       if (it != token_ids_.end()) {
         ids->push_back(it->second);
-        return;
+        return absl::OkStatus();
       }
     }
     const bool cached = piece.size() <= kCachedPieceBytes;
@@ -275,21 +338,64 @@ class ByteLevelBpe final : public Tokenizer {
       const auto it = cache.ids.find(View(piece));
       if (it != cache.ids.end()) {
         ids->insert(ids->end(), it->second.begin(), it->second.end());
-        return;
+        return absl::OkStatus();
       }
     }
+    thread_local std::vector<int32_t> symbols;
+    symbols.clear();
+    if (byte_level_) {
+      for (const char c : piece) symbols.push_back(byte_ids_[static_cast<unsigned char>(c)]);
+    } else {
+      RETURN_IF_ERROR(CharacterSymbols(piece, &symbols));
+    }
     const size_t first = ids->size();
-    MergePiece(piece, ids);
+    MergeSymbols(symbols, ids);
     if (cached) {
       if (cache.ids.size() >= kCacheEntries) cache.ids.clear();
       cache.ids.emplace(std::string(piece), std::vector<int32_t>(ids->begin() + first, ids->end()));
     }
+    return absl::OkStatus();
+  }
+
+  // Hugging Face's BPE::merge_word: each character's token, else its bytes' <0xNN> tokens
+  // (byte_fallback, where all exist), else the unknown token (consecutive ones fused with
+  // fuse_unk). A byte that is not UTF-8 is a character without a token.
+  absl::Status CharacterSymbols(std::string_view word, std::vector<int32_t>* symbols) const {
+    int32_t pending_unk = -1;  // an unknown token not yet added: it may fuse with the next
+    for (size_t i = 0; i < word.size();) {
+      const size_t length = std::max<size_t>(1, Utf8SequenceLength(View(word), i));
+      const std::string_view character = word.substr(i, length);
+      i += length;
+      if (const auto it = token_ids_.find(View(character)); it != token_ids_.end()) {
+        if (pending_unk >= 0) symbols->push_back(pending_unk);
+        pending_unk = -1;
+        symbols->push_back(it->second);
+        continue;
+      }
+      if (byte_fallback_ && std::all_of(character.begin(), character.end(), [&](char c) {
+            return byte_ids_[static_cast<unsigned char>(c)] >= 0;
+          })) {
+        // Before a pending unknown token, as Hugging Face adds them.
+        for (const char c : character) symbols->push_back(byte_ids_[static_cast<unsigned char>(c)]);
+        continue;
+      }
+      if (unk_id_ < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "'", absl::CHexEscape(View(character)), "' has no token in tokenizer ", name_,
+            ", which has neither byte fallback nor an unk_token to write it with; Hugging Face "
+            "would drop it silently"));
+      }
+      if (pending_unk >= 0 && !fuse_unk_) symbols->push_back(pending_unk);
+      pending_unk = unk_id_;
+    }
+    if (pending_unk >= 0) symbols->push_back(pending_unk);
+    return absl::OkStatus();
   }
 
   // Hugging Face's Word::merge_all: a heap of candidate merges ordered by (rank, position);
   // a candidate whose pair has changed since it was pushed is skipped. O(n log n) in the
-  // piece's bytes, so a megabyte-long word is fine.
-  void MergePiece(std::string_view piece, std::vector<int32_t>* ids) const {
+  // piece's symbols, so a megabyte-long word is fine.
+  void MergeSymbols(const std::vector<int32_t>& initial, std::vector<int32_t>* ids) const {
     struct Symbol {
       int32_t id;
       int32_t prev;
@@ -303,11 +409,10 @@ class ByteLevelBpe final : public Tokenizer {
         return rank != other.rank ? rank > other.rank : pos > other.pos;
       }
     };
-    const int32_t n = static_cast<int32_t>(piece.size());
+    const int32_t n = static_cast<int32_t>(initial.size());
+    if (n == 0) return;
     std::vector<Symbol> symbols(n);
-    for (int32_t i = 0; i < n; ++i) {
-      symbols[i] = {byte_ids_[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1};
-    }
+    for (int32_t i = 0; i < n; ++i) symbols[i] = {initial[i], i - 1, i + 1 < n ? i + 1 : -1};
     std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
     const auto push = [&](int32_t pos) {
       const auto it = merges_.find(PairKey(symbols[pos].id, symbols[symbols[pos].next].id));
@@ -334,6 +439,8 @@ class ByteLevelBpe final : public Tokenizer {
 
   std::string name_;
   const uint64_t serial_ = next_tokenizer_serial.fetch_add(1);
+  bool byte_level_ = true;
+  // Byte-level: each byte's token. Character alphabet: each <0xNN> token, -1 where none.
   std::array<int32_t, 256> byte_ids_{};
   absl::flat_hash_map<std::string, int32_t> token_ids_;  // raw bytes -> id
   absl::flat_hash_map<uint64_t, Merge> merges_;          // (left, right) -> rank, result
@@ -346,14 +453,21 @@ class ByteLevelBpe final : public Tokenizer {
   AddedTokenMatcher special_;
   AddedTokenMatcher normal_;
   absl::flat_hash_map<std::string, int32_t> added_ids_;
+  // The character alphabet's stages (bpe.h).
+  Normalizer normalizer_;
+  std::optional<MetaspaceSpec> metaspace_;
+  bool byte_fallback_ = false;
+  int32_t unk_id_ = -1;
+  bool fuse_unk_ = false;
+  std::vector<DecoderStep> decoder_;  // byte-level: none, the bytes are the text
   std::unique_ptr<ThreadPool> pool_;  // null: one thread
   mutable std::mutex pool_mu_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> MakeByteLevelBpe(ByteLevelBpeSpec spec, int threads) {
-  return ByteLevelBpe::Make(std::move(spec), threads);
+absl::StatusOr<std::unique_ptr<Tokenizer>> MakeBpe(BpeSpec spec, int threads) {
+  return Bpe::Make(std::move(spec), threads);
 }
 
 bool ByteLevelToBytes(std::string_view token, std::string* bytes) {
