@@ -1,5 +1,11 @@
-// Causal attention: one warp per query row forward and for dq, one warp per key row for dk and
-// dv; arithmetic in attention_math.h.
+// Causal attention, tiled (arithmetic in attention_math.h): a block of kThreads threads is
+// kRows = kThreads / kLanes rows of kLanes lanes each. Forward and dq: a block's rows are kRows
+// consecutive query rows of one (batch, head); the keys and values they attend to pass through
+// shared memory kRows at a time. dk and dv: a block's rows are kRows consecutive key rows of one
+// (batch, kv head); the query and dout rows of every head of the group, from the block's first
+// key on, pass through shared memory kRows at a time, with their lse and delta.
+#include <algorithm>
+
 #include "core/backend/cuda/attention_math.h"
 #include "core/backend/cuda/kernels.h"
 #include "core/backend/cuda/warp.cuh"
@@ -7,57 +13,196 @@
 namespace dtrain::cuda {
 namespace {
 
-constexpr int kRowThreads = kRowWarpsPerBlock * kWarpSize;
+constexpr int kThreads = 256;
 
-// Warp row r = ((b * heads) + h) * T + t over `heads` heads (H for queries, Hkv for keys).
-struct RowIndex {
-  int batch, head, time;
-};
-__device__ inline RowIndex SplitRow(int row, int heads, int time) {
-  return {row / (heads * time), row / time % heads, row % time};
+template <int kLanes>
+constexpr int kRows = kThreads / kLanes;
+
+// rows [first, first + count) of a head's (T, d) block (row r at base + r * stride) into tile
+// (count, d) in fp32.
+template <typename T>
+__device__ void LoadTile(float* tile, const T* base, size_t stride, int first, int count, int d) {
+  for (int i = static_cast<int>(threadIdx.x); i < count * d; i += kThreads) {
+    const int r = i / d;
+    tile[i] = ToFloat(base[(first + r) * stride + (i - r * d)]);
+  }
 }
 
-template <typename T>
-__global__ void AttentionForwardKernel(T* out, float* lse, const T* qkv, AttentionDims dims,
-                                       int rows) {
-  const int row = WarpRow();
-  if (row >= rows) return;
-  const RowIndex at = SplitRow(row, dims.heads, dims.time);
-  const size_t b = at.batch;
-  AttentionForwardRow(DeviceWarp{}, out + b * dims.time * dims.out_width,
-                      lse + b * dims.heads * dims.time, qkv + b * dims.time * dims.qkv_width, dims,
-                      at.head, at.time);
+// Grid: (B * H, query tiles).
+template <int kLanes, typename T>
+__global__ void __launch_bounds__(kThreads)
+    AttentionForwardKernel(T* out, float* lse, const T* qkv, AttentionDims dims) {
+  extern __shared__ float shared[];
+  float* keys = shared;
+  float* values = shared + kRows<kLanes> * dims.head_dim;
+  const int b = blockIdx.x / dims.heads, h = blockIdx.x % dims.heads;
+  const int kv = h / (dims.heads / dims.kv_heads);
+  const int first = blockIdx.y * kRows<kLanes>;
+  const int t = first + threadIdx.x / kLanes;
+  const int end = min(first + kRows<kLanes>, dims.time);  // one past the block's last query
+  qkv += static_cast<size_t>(b) * dims.time * dims.qkv_width;
+  const DeviceLanes<kLanes> lanes;
+  AttentionForwardState row;
+  if (t < dims.time) row.q = LoadSlice(lanes, QueryAt(qkv, dims, h, t), dims.head_dim);
+  for (int tile = 0; tile < end; tile += kRows<kLanes>) {
+    const int count = min(kRows<kLanes>, end - tile);
+    LoadTile(keys, KeyAt(qkv, dims, kv, 0), dims.qkv_width, tile, count, dims.head_dim);
+    LoadTile(values, ValueAt(qkv, dims, kv, 0), dims.qkv_width, tile, count, dims.head_dim);
+    __syncthreads();
+    if (t < dims.time) {
+      AttendKeys(lanes, row, keys, values, dims.head_dim, min(count, t + 1 - tile), dims);
+    }
+    __syncthreads();
+  }
+  if (t < dims.time) {
+    FinishForwardRow(lanes, row, out + static_cast<size_t>(b) * dims.time * dims.out_width,
+                     lse + static_cast<size_t>(b) * dims.heads * dims.time, dims, h, t);
+  }
 }
 
-template <typename T>
-__global__ void AttentionQueryGradKernel(T* dqkv, const T* dout, const T* qkv, const T* out,
-                                         const float* lse, AttentionDims dims, int rows) {
-  const int row = WarpRow();
-  if (row >= rows) return;
-  const RowIndex at = SplitRow(row, dims.heads, dims.time);
-  const size_t b = at.batch;
-  AttentionQueryGradRow(DeviceWarp{}, dqkv + b * dims.time * dims.qkv_width,
-                        dout + b * dims.time * dims.out_width, qkv + b * dims.time * dims.qkv_width,
-                        out + b * dims.time * dims.out_width, lse + b * dims.heads * dims.time,
-                        dims, at.head, at.time);
+// Grid: (B * H, query tiles).
+template <int kLanes, typename T>
+__global__ void __launch_bounds__(kThreads)
+    AttentionQueryGradKernel(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                             AttentionDims dims) {
+  extern __shared__ float shared[];
+  float* keys = shared;
+  float* values = shared + kRows<kLanes> * dims.head_dim;
+  const int b = blockIdx.x / dims.heads, h = blockIdx.x % dims.heads;
+  const int kv = h / (dims.heads / dims.kv_heads);
+  const int first = blockIdx.y * kRows<kLanes>;
+  const int t = first + threadIdx.x / kLanes;
+  const int end = min(first + kRows<kLanes>, dims.time);
+  const size_t qkv_offset = static_cast<size_t>(b) * dims.time * dims.qkv_width;
+  const size_t out_offset = static_cast<size_t>(b) * dims.time * dims.out_width;
+  qkv += qkv_offset;
+  const DeviceLanes<kLanes> lanes;
+  AttentionQueryGradState row;
+  if (t < dims.time) {
+    row.q = LoadSlice(lanes, QueryAt(qkv, dims, h, t), dims.head_dim);
+    row.dy = LoadSlice(lanes, OutAt(dout + out_offset, dims, h, t), dims.head_dim);
+    row.delta = LanesDot(lanes, row.dy, OutAt(out + out_offset, dims, h, t), dims.head_dim);
+    row.lse = lse[(static_cast<size_t>(b) * dims.heads + h) * dims.time + t];
+  }
+  for (int tile = 0; tile < end; tile += kRows<kLanes>) {
+    const int count = min(kRows<kLanes>, end - tile);
+    LoadTile(keys, KeyAt(qkv, dims, kv, 0), dims.qkv_width, tile, count, dims.head_dim);
+    LoadTile(values, ValueAt(qkv, dims, kv, 0), dims.qkv_width, tile, count, dims.head_dim);
+    __syncthreads();
+    if (t < dims.time) {
+      QueryGradOverKeys(lanes, row, keys, values, dims.head_dim, min(count, t + 1 - tile), dims);
+    }
+    __syncthreads();
+  }
+  if (t < dims.time) {
+    StoreSlice(lanes, QueryAt(dqkv + qkv_offset, dims, h, t), dims.head_dim, row.acc, dims.scale);
+  }
 }
 
-template <typename T>
-__global__ void AttentionKeyValueGradKernel(T* dqkv, const T* dout, const T* qkv, const T* out,
-                                            const float* lse, AttentionDims dims, int rows) {
-  const int row = WarpRow();
-  if (row >= rows) return;
-  const RowIndex at = SplitRow(row, dims.kv_heads, dims.time);
-  const size_t b = at.batch;
-  AttentionKeyValueGradRow(
-      DeviceWarp{}, dqkv + b * dims.time * dims.qkv_width, dout + b * dims.time * dims.out_width,
-      qkv + b * dims.time * dims.qkv_width, out + b * dims.time * dims.out_width,
-      lse + b * dims.heads * dims.time, dims, at.head, at.time);
+// Grid: (B * Hkv, key tiles).
+template <int kLanes, typename T>
+__global__ void __launch_bounds__(kThreads)
+    AttentionKeyValueGradKernel(T* dqkv, const T* dout, const T* qkv, const T* out,
+                                const float* lse, AttentionDims dims) {
+  extern __shared__ float shared[];
+  float* queries = shared;
+  float* dys = queries + kRows<kLanes> * dims.head_dim;
+  float* tile_lse = dys + kRows<kLanes> * dims.head_dim;
+  float* tile_delta = tile_lse + kRows<kLanes>;
+  const int b = blockIdx.x / dims.kv_heads, kv = blockIdx.x % dims.kv_heads;
+  const int group = dims.heads / dims.kv_heads;
+  const int first = blockIdx.y * kRows<kLanes>;
+  const int r = threadIdx.x / kLanes;
+  const int s = first + r;
+  const size_t qkv_offset = static_cast<size_t>(b) * dims.time * dims.qkv_width;
+  const size_t out_offset = static_cast<size_t>(b) * dims.time * dims.out_width;
+  qkv += qkv_offset;
+  dout += out_offset;
+  out += out_offset;
+  lse += static_cast<size_t>(b) * dims.heads * dims.time;
+  const DeviceLanes<kLanes> lanes;
+  AttentionKeyGradState row;
+  if (s < dims.time) {
+    row.k = LoadSlice(lanes, KeyAt(qkv, dims, kv, s), dims.head_dim);
+    row.v = LoadSlice(lanes, ValueAt(qkv, dims, kv, s), dims.head_dim);
+  }
+  for (int h = kv * group; h < (kv + 1) * group; ++h) {
+    for (int tile = first; tile < dims.time; tile += kRows<kLanes>) {
+      const int count = min(kRows<kLanes>, dims.time - tile);
+      LoadTile(queries, QueryAt(qkv, dims, h, 0), dims.qkv_width, tile, count, dims.head_dim);
+      LoadTile(dys, OutAt(dout, dims, h, 0), dims.out_width, tile, count, dims.head_dim);
+      if (r < count) {  // this row's lanes compute query row tile + r's delta, as dq's kernel does
+        const int t = tile + r;
+        const LaneSlice dy = LoadSlice(lanes, OutAt(dout, dims, h, t), dims.head_dim);
+        const float delta = LanesDot(lanes, dy, OutAt(out, dims, h, t), dims.head_dim);
+        if (lanes.lane() == 0) {
+          tile_delta[r] = delta;
+          tile_lse[r] = lse[static_cast<size_t>(h) * dims.time + t];
+        }
+      }
+      __syncthreads();
+      if (s < dims.time) {
+        const int skip = max(s - tile, 0);  // query rows t < s do not see key s
+        KeyGradOverQueries(lanes, row, queries + skip * dims.head_dim, dys + skip * dims.head_dim,
+                           dims.head_dim, tile_lse + skip, tile_delta + skip, count - skip, dims);
+      }
+      __syncthreads();
+    }
+  }
+  if (s < dims.time) {
+    StoreSlice(lanes, KeyAt(dqkv + qkv_offset, dims, kv, s), dims.head_dim, row.dk, dims.scale);
+    StoreSlice(lanes, ValueAt(dqkv + qkv_offset, dims, kv, s), dims.head_dim, row.dv, 1.0f);
+  }
 }
 
 bool Supported(const AttentionShape& shape) {
-  return shape.head_dim <= kAttentionMaxHeadDim && shape.kv_heads > 0 &&
+  return shape.head_dim > 0 && shape.head_dim <= kAttentionMaxHeadDim && shape.kv_heads > 0 &&
          shape.heads % shape.kv_heads == 0;
+}
+
+unsigned Tiles(int time, int rows) { return static_cast<unsigned>((time + rows - 1) / rows); }
+
+template <int kLanes, typename T>
+void LaunchForward(T* out, float* lse, const T* qkv, const AttentionShape& shape,
+                   cudaStream_t stream) {
+  const AttentionDims dims = MakeAttentionDims(shape);
+  const dim3 grid(static_cast<unsigned>(shape.batch * shape.heads),
+                  Tiles(shape.time, kRows<kLanes>));
+  const size_t bytes = 2 * sizeof(float) * kRows<kLanes> * shape.head_dim;
+  AttentionForwardKernel<kLanes><<<grid, kThreads, bytes, stream>>>(out, lse, qkv, dims);
+}
+
+template <int kLanes, typename T>
+void LaunchBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                    const AttentionShape& shape, cudaStream_t stream) {
+  const AttentionDims dims = MakeAttentionDims(shape);
+  const unsigned tiles = Tiles(shape.time, kRows<kLanes>);
+  const size_t tile_bytes = 2 * sizeof(float) * kRows<kLanes> * shape.head_dim;
+  AttentionQueryGradKernel<kLanes>
+      <<<dim3(static_cast<unsigned>(shape.batch * shape.heads), tiles), kThreads, tile_bytes,
+         stream>>>(dqkv, dout, qkv, out, lse, dims);
+  AttentionKeyValueGradKernel<kLanes>
+      <<<dim3(static_cast<unsigned>(shape.batch * shape.kv_heads), tiles), kThreads,
+         tile_bytes + 2 * sizeof(float) * kRows<kLanes>, stream>>>(dqkv, dout, qkv, out, lse, dims);
+}
+
+// launch.template operator()<kLanes>() for the lanes head_dim needs.
+template <typename Launch>
+void WithLanes(int head_dim, const Launch& launch) {
+  switch (AttentionLanes(head_dim)) {
+    case 1:
+      return launch.template operator()<1>();
+    case 2:
+      return launch.template operator()<2>();
+    case 4:
+      return launch.template operator()<4>();
+    case 8:
+      return launch.template operator()<8>();
+    case 16:
+      return launch.template operator()<16>();
+    default:
+      return launch.template operator()<32>();
+  }
 }
 
 }  // namespace
@@ -66,10 +211,9 @@ template <typename T>
 cudaError_t AttentionForward(T* out, float* lse, const T* qkv, const AttentionShape& shape,
                              cudaStream_t stream) {
   if (!Supported(shape)) return cudaErrorInvalidValue;
-  const int rows = shape.batch * shape.heads * shape.time;
-  if (rows == 0) return cudaSuccess;
-  AttentionForwardKernel<<<RowBlocks(rows), kRowThreads, 0, stream>>>(
-      out, lse, qkv, MakeAttentionDims(shape), rows);
+  if (shape.batch == 0 || shape.time == 0) return cudaSuccess;
+  WithLanes(shape.head_dim,
+            [&]<int kLanes>() { LaunchForward<kLanes>(out, lse, qkv, shape, stream); });
   return cudaSuccess;
 }
 
@@ -77,14 +221,10 @@ template <typename T>
 cudaError_t AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                               const AttentionShape& shape, cudaStream_t stream) {
   if (!Supported(shape)) return cudaErrorInvalidValue;
-  const AttentionDims dims = MakeAttentionDims(shape);
-  const int query_rows = shape.batch * shape.heads * shape.time;
-  const int key_rows = shape.batch * shape.kv_heads * shape.time;
-  if (query_rows == 0) return cudaSuccess;
-  AttentionQueryGradKernel<<<RowBlocks(query_rows), kRowThreads, 0, stream>>>(
-      dqkv, dout, qkv, out, lse, dims, query_rows);
-  AttentionKeyValueGradKernel<<<RowBlocks(key_rows), kRowThreads, 0, stream>>>(dqkv, dout, qkv, out,
-                                                                               lse, dims, key_rows);
+  if (shape.batch == 0 || shape.time == 0) return cudaSuccess;
+  WithLanes(shape.head_dim, [&]<int kLanes>() {
+    LaunchBackward<kLanes>(dqkv, dout, qkv, out, lse, shape, stream);
+  });
   return cudaSuccess;
 }
 

@@ -89,7 +89,7 @@ void SumSquares(double* sum_squares, float* block_sums, const T* x, size_t n, cu
 template <typename T>
 void Scale(T* x, float factor, size_t n, cudaStream_t stream);
 
-// attention_math.h, one warp per row. qkv, dqkv (B, T, qkv_width); out, dout (B, T, H*D); lse
+// attention_math.h, tiled (attention.cu). qkv, dqkv (B, T, qkv_width); out, dout (B, T, H*D); lse
 // (B, H, T) fp32. Backward writes dqkv whole. cudaErrorInvalidValue, launching nothing, when
 // head_dim exceeds kAttentionMaxHeadDim or H is not a multiple of Hkv.
 template <typename T>

@@ -1,8 +1,7 @@
 // LayerNorm and RMSNorm: one warp per row, arithmetic in norm_math.h; the parameter gradients
-// with one thread per column.
+// with kColumnSlices threads per column.
 #include "core/backend/cuda/kernels.h"
 #include "core/backend/cuda/norm_math.h"
-#include "core/backend/cuda/pack.cuh"
 #include "core/backend/cuda/warp.cuh"
 
 namespace dtrain::cuda {
@@ -31,11 +30,24 @@ __global__ void LayerNormBackwardKernel(T* dinp, const T* dout, const T* inp, co
                        c);
 }
 
+// Grid: column tiles of kWarpSize; block (kWarpSize, kColumnSlices): thread (x, y) sums slice y
+// of column tile * kWarpSize + x (a warp reads kWarpSize consecutive columns of a row), then the
+// slices' sums are added in slice order (norm_math.h).
+template <typename T, typename SliceSums>
+__device__ void ColumnGradsOfTile(T* dweight, T* dbias, int c, const SliceSums& slice_sums) {
+  __shared__ ColumnGrads slices[kWarpSize][kColumnSlices];
+  const int j = static_cast<int>(blockIdx.x) * kWarpSize + static_cast<int>(threadIdx.x);
+  if (j < c) slices[threadIdx.x][threadIdx.y] = slice_sums(j, static_cast<int>(threadIdx.y));
+  __syncthreads();
+  if (j < c && threadIdx.y == 0) AddColumnGrads(dweight, dbias, slices[threadIdx.x], j);
+}
+
 template <typename T>
 __global__ void LayerNormParamGradKernel(T* dweight, T* dbias, const T* dout, const T* inp,
                                          const float* mean, const float* rstd, int n, int c) {
-  const int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (j < c) LayerNormParamGradColumn(dweight, dbias, dout, inp, mean, rstd, n, c, j);
+  ColumnGradsOfTile(dweight, dbias, c, [&](int j, int slice) {
+    return LayerNormParamGradSlice(dout, inp, mean, rstd, n, c, j, slice);
+  });
 }
 
 template <typename T>
@@ -61,15 +73,15 @@ __global__ void RmsNormBackwardKernel(T* dinp, const T* dout, const T* inp, cons
 template <typename T>
 __global__ void RmsNormWeightGradKernel(T* dweight, const T* dout, const T* inp, const float* rstd,
                                         int n, int c) {
-  const int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (j < c) RmsNormWeightGradColumn(dweight, dout, inp, rstd, n, c, j);
+  ColumnGradsOfTile(dweight, static_cast<T*>(nullptr), c, [&](int j, int slice) {
+    return RmsNormWeightGradSlice(dout, inp, rstd, n, c, j, slice);
+  });
 }
 
 constexpr int kRowThreads = kRowWarpsPerBlock * kWarpSize;
 
-unsigned ColumnBlocks(int c) {
-  return static_cast<unsigned>((c + kElementwiseThreads - 1) / kElementwiseThreads);
-}
+unsigned ColumnBlocks(int c) { return static_cast<unsigned>((c + kWarpSize - 1) / kWarpSize); }
+const dim3 kColumnThreads(kWarpSize, kColumnSlices);
 
 }  // namespace
 
@@ -88,8 +100,8 @@ void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* in
   if (n == 0 || c == 0) return;
   LayerNormBackwardKernel<<<RowBlocks(n), kRowThreads, 0, stream>>>(dinp, dout, inp, weight, mean,
                                                                     rstd, n, c);
-  LayerNormParamGradKernel<<<ColumnBlocks(c), kElementwiseThreads, 0, stream>>>(
-      dweight, dbias, dout, inp, mean, rstd, n, c);
+  LayerNormParamGradKernel<<<ColumnBlocks(c), kColumnThreads, 0, stream>>>(dweight, dbias, dout,
+                                                                           inp, mean, rstd, n, c);
 }
 
 template <typename T>
@@ -106,8 +118,8 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
   if (n == 0 || c == 0) return;
   RmsNormBackwardKernel<<<RowBlocks(n), kRowThreads, 0, stream>>>(dinp, dout, inp, weight, rstd, n,
                                                                   c);
-  RmsNormWeightGradKernel<<<ColumnBlocks(c), kElementwiseThreads, 0, stream>>>(dweight, dout, inp,
-                                                                               rstd, n, c);
+  RmsNormWeightGradKernel<<<ColumnBlocks(c), kColumnThreads, 0, stream>>>(dweight, dout, inp, rstd,
+                                                                          n, c);
 }
 
 #define DTRAIN_INSTANTIATE(T)                                                                    \

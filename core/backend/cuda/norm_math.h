@@ -77,20 +77,42 @@ DTRAIN_HD void LayerNormBackwardRow(const Warp& warp, T* dinp, const T* dout, co
   }
 }
 
-// Column j of dweight, dbias (C) +=, summing the n rows of dout, inp (N, C) in order.
+// The parameters' gradients are column sums over the N rows. The column kernels split column j's
+// rows into kColumnSlices interleaved slices (rows slice, slice + kColumnSlices, ...), sum each
+// slice on its own thread and add the slices' sums in slice order: deterministic without atomics,
+// with kColumnSlices threads a column.
+inline constexpr int kColumnSlices = 32;
+
+struct ColumnGrads {
+  float dweight = 0, dbias = 0;
+};
+
+// LayerNorm's sums over one slice of column j of dout, inp (N, C).
 template <typename T>
-DTRAIN_HD void LayerNormParamGradColumn(T* dweight, T* dbias, const T* dout, const T* inp,
-                                        const float* mean, const float* rstd, int n, int c, int j) {
-  float dw = ToFloat(dweight[j]);
-  float db = ToFloat(dbias[j]);
-  for (int i = 0; i < n; ++i) {
+DTRAIN_HD ColumnGrads LayerNormParamGradSlice(const T* dout, const T* inp, const float* mean,
+                                              const float* rstd, int n, int c, int j, int slice) {
+  ColumnGrads sums;
+  for (int i = slice; i < n; i += kColumnSlices) {
     const size_t at = static_cast<size_t>(i) * c + j;
     const float dy = ToFloat(dout[at]);
-    dw += (ToFloat(inp[at]) - mean[i]) * rstd[i] * dy;
-    db += dy;
+    sums.dweight += (ToFloat(inp[at]) - mean[i]) * rstd[i] * dy;
+    sums.dbias += dy;
+  }
+  return sums;
+}
+
+// dweight[j] (and dbias[j], unless dbias is null) += the sums of slices[0..kColumnSlices), in
+// order.
+template <typename T>
+DTRAIN_HD void AddColumnGrads(T* dweight, T* dbias, const ColumnGrads* slices, int j) {
+  float dw = ToFloat(dweight[j]);
+  float db = dbias == nullptr ? 0 : ToFloat(dbias[j]);
+  for (int slice = 0; slice < kColumnSlices; ++slice) {
+    dw += slices[slice].dweight;
+    db += slices[slice].dbias;
   }
   dweight[j] = FromFloat<T>(dw);
-  dbias[j] = FromFloat<T>(db);
+  if (dbias != nullptr) dbias[j] = FromFloat<T>(db);
 }
 
 // RMSNorm: out = x * rstd * weight; the same row layout as LayerNormForwardRow.
@@ -123,15 +145,16 @@ DTRAIN_HD void RmsNormBackwardRow(const Warp& warp, T* dinp, const T* dout, cons
   }
 }
 
+// RMSNorm's weight sums over one slice of column j (dbias stays 0).
 template <typename T>
-DTRAIN_HD void RmsNormWeightGradColumn(T* dweight, const T* dout, const T* inp, const float* rstd,
-                                       int n, int c, int j) {
-  float dw = ToFloat(dweight[j]);
-  for (int i = 0; i < n; ++i) {
+DTRAIN_HD ColumnGrads RmsNormWeightGradSlice(const T* dout, const T* inp, const float* rstd, int n,
+                                             int c, int j, int slice) {
+  ColumnGrads sums;
+  for (int i = slice; i < n; i += kColumnSlices) {
     const size_t at = static_cast<size_t>(i) * c + j;
-    dw += ToFloat(inp[at]) * rstd[i] * ToFloat(dout[at]);
+    sums.dweight += ToFloat(inp[at]) * rstd[i] * ToFloat(dout[at]);
   }
-  dweight[j] = FromFloat<T>(dw);
+  return sums;
 }
 
 }  // namespace dtrain::cuda

@@ -1,5 +1,5 @@
 // The device's Warp for the row functions (warp_math.h): the warp of the calling thread, every
-// lane of which must make the same Butterfly calls.
+// lane of which must make the same Butterfly calls, or a group of its lanes.
 #pragma once
 
 #include <cstdint>
@@ -9,17 +9,24 @@
 
 namespace dtrain::cuda {
 
-struct DeviceWarp {
-  __device__ int lane() const { return threadIdx.x % kWarpSize; }
+// A group of kLanes consecutive lanes of the calling thread's warp (a power of two dividing the
+// warp), every lane of which must make the same Butterfly calls; the other groups of the warp may
+// have diverged.
+template <int kLanes>
+struct DeviceLanes {
+  static_assert(kLanes > 0 && kLanes <= kWarpSize && kWarpSize % kLanes == 0);
+  __device__ int lane() const { return threadIdx.x % kLanes; }
 
   template <typename V, typename Combine>
   __device__ V Butterfly(V v, Combine combine) const {
     static_assert(sizeof(V) % sizeof(uint32_t) == 0);
     constexpr int kWords = sizeof(V) / sizeof(uint32_t);
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    constexpr uint32_t kGroupBits = kLanes == kWarpSize ? 0xffffffffu : (1u << kLanes) - 1;
+    const uint32_t mask = kGroupBits << (threadIdx.x % kWarpSize / kLanes * kLanes);
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) {
       uint32_t words[kWords];
       std::memcpy(words, &v, sizeof(V));
-      for (int w = 0; w < kWords; ++w) words[w] = __shfl_xor_sync(0xffffffffu, words[w], offset);
+      for (int w = 0; w < kWords; ++w) words[w] = __shfl_xor_sync(mask, words[w], offset, kLanes);
       V other;
       std::memcpy(&other, words, sizeof(V));
       v = combine(v, other);
@@ -27,6 +34,8 @@ struct DeviceWarp {
     return v;
   }
 };
+
+using DeviceWarp = DeviceLanes<kWarpSize>;
 
 // Warps per block of the row kernels, and the blocks that give each of `rows` rows a warp.
 inline constexpr int kRowWarpsPerBlock = 8;

@@ -1,5 +1,7 @@
 #include "core/backend/cuda/attention_math.h"
 
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "core/backend/cpu/attention.h"
@@ -11,20 +13,38 @@ namespace {
 
 using testing::ExpectFloatMatches;
 using testing::ExpectMatches;
-using testing::HostWarp;
 using testing::Load;
-using testing::RunOnHostWarp;
+using testing::RunOnHostLanes;
 using testing::Store;
 
-// Grouped-query heads (4 query heads on 2 kv heads); D = 40, so lanes 0-7 hold two dims and the
-// others one.
+// Grouped-query heads (4 query heads on 2 kv heads); D = 40 takes 4 lanes, of which lanes 0-1
+// hold 16 dims, lane 2 holds 8 and lane 3 none.
 constexpr AttentionShape kShape{.batch = 2, .time = 6, .heads = 4, .kv_heads = 2, .head_dim = 40};
+constexpr int kLanes = AttentionLanes(kShape.head_dim);
+static_assert(kLanes == 4);
+using Lanes = testing::HostLanes<kLanes>;
+// Rows a tile, as the kernels cut the keys (and query rows) into tiles: T = 6 is a tile of 4
+// then one of 2, so a row's state carries across tiles.
+constexpr int kTile = 4;
+
+// Rows [first, first + count) of a head's block (row r at base + r * stride), in fp32, as the
+// kernels copy them into shared memory.
+template <typename T>
+std::vector<float> Tile(const T* base, size_t stride, int first, int count, int d) {
+  std::vector<float> tile(static_cast<size_t>(count) * d);
+  for (int r = 0; r < count; ++r) {
+    for (int c = 0; c < d; ++c) tile[r * d + c] = ToFloat(base[(first + r) * stride + c]);
+  }
+  return tile;
+}
 
 // Forward, then backward from the forward's own out and lse, each over the kernels' rows (every
-// (b, h, t) query row; every (b, kv, s) key row), against the CPU backend given the same inputs.
+// (b, h, t) query row; every (b, kv, s) key row) and tiles, against the CPU backend given the
+// same inputs.
 template <typename T>
 void CheckAttention() {
   const AttentionDims dims = MakeAttentionDims(kShape);
+  const int d = dims.head_dim, group = kShape.heads / kShape.kv_heads;
   const size_t rows = static_cast<size_t>(kShape.batch) * kShape.time;
   const std::vector<T> qkv = Store<T>(testing::RandomFloats(rows * dims.qkv_width, 1));
   const std::vector<T> dout = Store<T>(testing::RandomFloats(rows * dims.out_width, 2));
@@ -36,24 +56,66 @@ void CheckAttention() {
     const T* dout_b = dout.data() + b * kShape.time * dims.out_width;
     T* dqkv_b = dqkv.data() + b * kShape.time * dims.qkv_width;
     float* lse_b = lse.data() + b * kShape.heads * kShape.time;
+    const auto key_tiles = [&](int kv, int tile, int count) {
+      return std::pair(Tile(KeyAt(qkv_b, dims, kv, 0), dims.qkv_width, tile, count, d),
+                       Tile(ValueAt(qkv_b, dims, kv, 0), dims.qkv_width, tile, count, d));
+    };
     for (int h = 0; h < kShape.heads; ++h) {
       for (int t = 0; t < kShape.time; ++t) {
-        RunOnHostWarp([&](const HostWarp& warp) {
-          AttentionForwardRow(warp, out_b, lse_b, qkv_b, dims, h, t);
+        RunOnHostLanes<kLanes>([&](const Lanes& lanes) {
+          AttentionForwardState row;
+          row.q = LoadSlice(lanes, QueryAt(qkv_b, dims, h, t), d);
+          for (int tile = 0; tile <= t; tile += kTile) {
+            const int count = std::min(kTile, t + 1 - tile);
+            const auto [keys, values] = key_tiles(h / group, tile, count);
+            AttendKeys(lanes, row, keys.data(), values.data(), d, count, dims);
+          }
+          FinishForwardRow(lanes, row, out_b, lse_b, dims, h, t);
         });
       }
     }
     for (int h = 0; h < kShape.heads; ++h) {
       for (int t = 0; t < kShape.time; ++t) {
-        RunOnHostWarp([&](const HostWarp& warp) {
-          AttentionQueryGradRow(warp, dqkv_b, dout_b, qkv_b, out_b, lse_b, dims, h, t);
+        RunOnHostLanes<kLanes>([&](const Lanes& lanes) {
+          AttentionQueryGradState row;
+          row.q = LoadSlice(lanes, QueryAt(qkv_b, dims, h, t), d);
+          row.dy = LoadSlice(lanes, OutAt(dout_b, dims, h, t), d);
+          row.delta = LanesDot(lanes, row.dy, OutAt(out_b, dims, h, t), d);
+          row.lse = lse_b[h * kShape.time + t];
+          for (int tile = 0; tile <= t; tile += kTile) {
+            const int count = std::min(kTile, t + 1 - tile);
+            const auto [keys, values] = key_tiles(h / group, tile, count);
+            QueryGradOverKeys(lanes, row, keys.data(), values.data(), d, count, dims);
+          }
+          StoreSlice(lanes, QueryAt(dqkv_b, dims, h, t), d, row.acc, dims.scale);
         });
       }
     }
     for (int kv = 0; kv < kShape.kv_heads; ++kv) {
       for (int s = 0; s < kShape.time; ++s) {
-        RunOnHostWarp([&](const HostWarp& warp) {
-          AttentionKeyValueGradRow(warp, dqkv_b, dout_b, qkv_b, out_b, lse_b, dims, kv, s);
+        RunOnHostLanes<kLanes>([&](const Lanes& lanes) {
+          AttentionKeyGradState row;
+          row.k = LoadSlice(lanes, KeyAt(qkv_b, dims, kv, s), d);
+          row.v = LoadSlice(lanes, ValueAt(qkv_b, dims, kv, s), d);
+          for (int h = kv * group; h < (kv + 1) * group; ++h) {
+            for (int tile = s; tile < kShape.time; tile += kTile) {
+              const int count = std::min(kTile, kShape.time - tile);
+              const std::vector<float> queries =
+                  Tile(QueryAt(qkv_b, dims, h, 0), dims.qkv_width, tile, count, d);
+              const std::vector<float> dys =
+                  Tile(OutAt(dout_b, dims, h, 0), dims.out_width, tile, count, d);
+              std::vector<float> tile_lse(count), tile_delta(count);
+              for (int j = 0; j < count; ++j) {
+                const LaneSlice dy = LoadSlice(lanes, OutAt(dout_b, dims, h, tile + j), d);
+                tile_delta[j] = LanesDot(lanes, dy, OutAt(out_b, dims, h, tile + j), d);
+                tile_lse[j] = lse_b[h * kShape.time + tile + j];
+              }
+              KeyGradOverQueries(lanes, row, queries.data(), dys.data(), d, tile_lse.data(),
+                                 tile_delta.data(), count, dims);
+            }
+          }
+          StoreSlice(lanes, KeyAt(dqkv_b, dims, kv, s), d, row.dk, dims.scale);
+          StoreSlice(lanes, ValueAt(dqkv_b, dims, kv, s), d, row.dv, 1.0f);
         });
       }
     }

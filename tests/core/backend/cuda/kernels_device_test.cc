@@ -138,8 +138,8 @@ TEST(CudaDeviceTest, LayerNorm) {
 }
 
 template <typename T>
-void CheckAttention() {
-  constexpr AttentionShape shape{.batch = 2, .time = 6, .heads = 4, .kv_heads = 2, .head_dim = 40};
+void CheckAttention(const AttentionShape& shape) {
+  SCOPED_TRACE(::testing::Message() << "T " << shape.time << " D " << shape.head_dim);
   const size_t rows = static_cast<size_t>(shape.batch) * shape.time;
   const size_t out_size = rows * shape.heads * shape.head_dim;
   const size_t lse_size = static_cast<size_t>(shape.batch) * shape.heads * shape.time;
@@ -167,10 +167,16 @@ void CheckAttention() {
   ExpectMatches(dqkv.Read(), dqkv_cpu, "dqkv");
 }
 
+// D = 40 (4 lanes a row, one tile of 64 rows: T = 6) and D = 64 with T = 100 (two tiles, so the
+// rows' state carries across tiles and the last tile is partial), grouped-query heads.
 TEST(CudaDeviceTest, Attention) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
-  CheckAttention<float>();
-  CheckAttention<Bf16>();
+  for (const AttentionShape& shape :
+       {AttentionShape{.batch = 2, .time = 6, .heads = 4, .kv_heads = 2, .head_dim = 40},
+        AttentionShape{.batch = 2, .time = 100, .heads = 4, .kv_heads = 2, .head_dim = 64}}) {
+    CheckAttention<float>(shape);
+    CheckAttention<Bf16>(shape);
+  }
 }
 
 TEST(CudaDeviceTest, AdamWAndSumSquares) {

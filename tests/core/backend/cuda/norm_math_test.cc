@@ -17,7 +17,8 @@ using testing::Load;
 using testing::RunOnHostWarp;
 using testing::Store;
 
-constexpr int kRows = 5;
+// More rows than the parameter gradients have slices (kColumnSlices): slices 0-4 sum two rows.
+constexpr int kRows = kColumnSlices + 5;
 constexpr float kEps = 1e-5f;
 
 // The inputs of one test, stored as T.
@@ -72,8 +73,12 @@ void CheckLayerNorm(int c, bool fused) {
     });
   }
   for (int j = 0; j < c; ++j) {
-    LayerNormParamGradColumn(dweight.data(), dbias.data(), in.dout.data(), x.data(), mean.data(),
-                             rstd.data(), kRows, c, j);
+    ColumnGrads slices[kColumnSlices];
+    for (int slice = 0; slice < kColumnSlices; ++slice) {
+      slices[slice] = LayerNormParamGradSlice(in.dout.data(), x.data(), mean.data(), rstd.data(),
+                                              kRows, c, j, slice);
+    }
+    AddColumnGrads(dweight.data(), dbias.data(), slices, j);
   }
 
   std::vector<float> sum;
@@ -120,7 +125,12 @@ void CheckRmsNorm(int c, bool fused) {
     });
   }
   for (int j = 0; j < c; ++j) {
-    RmsNormWeightGradColumn(dweight.data(), in.dout.data(), x.data(), rstd.data(), kRows, c, j);
+    ColumnGrads slices[kColumnSlices];
+    for (int slice = 0; slice < kColumnSlices; ++slice) {
+      slices[slice] =
+          RmsNormWeightGradSlice(in.dout.data(), x.data(), rstd.data(), kRows, c, j, slice);
+    }
+    AddColumnGrads(dweight.data(), static_cast<T*>(nullptr), slices, j);
   }
 
   std::vector<float> sum;

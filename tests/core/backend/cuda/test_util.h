@@ -92,23 +92,25 @@ inline void ExpectMatches(const std::vector<Bf16>& actual, const std::vector<flo
   ExpectBf16Matches(actual, expected, what);
 }
 
-// One lane of a warp emulated on the host: the row functions' Warp (see
-// core/backend/cuda/warp.cuh for the device one). Butterfly exchanges values between lanes as
-// __shfl_xor_sync does, so every lane combines the same values in the same order as on the GPU.
-class HostWarp {
+// One lane of a warp (or of a group of kLanes lanes) emulated on the host: the row functions'
+// Warp (see core/backend/cuda/warp.cuh for the device one). Butterfly exchanges values between
+// lanes as __shfl_xor_sync does, so every lane combines the same values in the same order as on
+// the GPU.
+template <int kLanes>
+class HostLanes {
  public:
   struct Shared {
-    std::barrier<> sync{kWarpSize};
-    std::array<std::array<std::byte, 16>, kWarpSize> slots;
+    std::barrier<> sync{kLanes};
+    std::array<std::array<std::byte, 16>, kLanes> slots;
   };
-  HostWarp(int lane, Shared* shared) : lane_(lane), shared_(shared) {}
 
+  HostLanes(int lane, Shared* shared) : lane_(lane), shared_(shared) {}
   int lane() const { return lane_; }
 
   template <typename V, typename Combine>
   V Butterfly(V v, Combine combine) const {
     static_assert(sizeof(V) <= 16);
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) {
       std::memcpy(shared_->slots[lane_].data(), &v, sizeof(V));
       shared_->sync.arrive_and_wait();
       V other;
@@ -124,14 +126,21 @@ class HostWarp {
   Shared* shared_;
 };
 
-// Runs body(warp) on each of the 32 lanes of one emulated warp, one thread per lane.
-inline void RunOnHostWarp(const std::function<void(const HostWarp&)>& body) {
-  HostWarp::Shared shared;
+using HostWarp = HostLanes<kWarpSize>;
+
+// Runs body(lanes) on each of the kLanes lanes of one emulated group, one thread per lane.
+template <int kLanes = kWarpSize>
+void RunOnHostLanes(const std::function<void(const HostLanes<kLanes>&)>& body) {
+  typename HostLanes<kLanes>::Shared shared;
   std::vector<std::thread> lanes;
-  for (int lane = 0; lane < kWarpSize; ++lane) {
-    lanes.emplace_back([&, lane] { body(HostWarp(lane, &shared)); });
+  for (int lane = 0; lane < kLanes; ++lane) {
+    lanes.emplace_back([&, lane] { body(HostLanes<kLanes>(lane, &shared)); });
   }
   for (std::thread& lane : lanes) lane.join();
+}
+
+inline void RunOnHostWarp(const std::function<void(const HostWarp&)>& body) {
+  RunOnHostLanes<kWarpSize>(body);
 }
 
 }  // namespace dtrain::cuda::testing
