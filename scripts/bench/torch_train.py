@@ -9,6 +9,8 @@ The shape is given with dtrain's recipe keys, e.g. --set model.n_layer=12 --set 
 PyTorch 1.13's best), fast (PyTorch 2's best eager settings: fused scaled_dot_product_attention
 and fused AdamW) or compile (fast under torch.compile: Inductor's generated C++ on CPU; the
 compilation happens in the untimed warm-up steps).
+--device cuda runs it on the GPU in float32 with TF32 off, as dtrain's CUDA backend computes
+(scripts/gpu/bench.sh); the step time then includes waiting for the GPU to finish.
 """
 import argparse
 import os
@@ -76,6 +78,7 @@ def add_common_arguments(parser):
     parser.add_argument("--discard", type=int, default=2, help="untimed warm-up steps")
     parser.add_argument("--mode", choices=("eager", "fast", "compile"), default="eager")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
 
 
 def random_windows(text, batch, seq_len, generator):
@@ -95,6 +98,11 @@ def main():
     shape = model_shape(s)
     model = tm.build_model(shape)
     tm.load_weights(model, tm.random_weights(model, seed=1337))
+    device = torch.device(args.device)
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        model.to(device)
     train = tt.TrainSettings(steps=args.steps, batch_size=s["train.batch_size"],
                              micro_batch=s["train.micro_batch"], seq_len=s["train.seq_len"])
     runner, adamw_options = apply_mode(model, args.mode)
@@ -105,15 +113,19 @@ def main():
 
     step_s = []
     for step in range(args.steps):
-        tokens = random_windows(text, train.batch_size, train.seq_len, generator)
+        tokens = random_windows(text, train.batch_size, train.seq_len, generator).to(device)
         start = time.perf_counter()
         tt.forward_backward(runner, tokens, train)
         tt.clip_and_update(model, optimizer, step, train)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         step_s.append(time.perf_counter() - start)
     tokens_per_step = train.batch_size * train.seq_len
     tokens_per_s = statistics.median(tokens_per_step / t for t in step_s[args.discard:])
     print(f"tokens_per_s={tokens_per_s:.1f} "
-          f"flops_per_token={flops_per_token(model, shape, train.seq_len)}")
+          f"flops_per_token={flops_per_token(model, shape, train.seq_len)}"
+          + (f" peak_mib={torch.cuda.max_memory_allocated() / 2**20:.0f}"
+             if args.device == "cuda" else ""))
 
 
 if __name__ == "__main__":

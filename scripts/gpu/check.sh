@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU (never run yet: no GPU machine was available where this was
-# written): builds dtrain with the CUDA toolkit for this machine's GPU and runs the tests that
-# need one (dtrain_gpu_tests, ctest label gpu), which skip everywhere else: the CUDA kernels and
-# every CudaBackend method against the CPU backend, the small model trained 20 steps on GPU
-# against CPU and twice on GPU bit for bit (CudaBackendTest), NCCL collectives against a
-# sequential reference (NcclCommunicatorTest); then `dtrain train` of the built-in tiny recipe
-# with run.device: cuda, through the CUDA module the binary loads. Here a skip is a failure: the
-# script says which test found no device. The training benchmark (GPT-2 124M and a Llama ~1B
-# shape, tokens/s and MFU next to llm.c's figure) needs bf16, still to come.
+# On a machine with an NVIDIA GPU (run on one H200: README.md, "On one GPU"): builds dtrain
+# with the CUDA toolkit for this machine's GPU and runs the tests that need one
+# (dtrain_gpu_tests, ctest label gpu), which skip everywhere else: the CUDA kernels and every
+# CudaBackend method against the CPU backend, the small model trained 20 steps on GPU against CPU
+# and twice on GPU bit for bit (CudaBackendTest), NCCL collectives against a sequential reference
+# (NcclCommunicatorTest); then `dtrain train` of the built-in tiny recipe with run.device: cuda,
+# through the CUDA module the binary loads; last the training benchmark (scripts/gpu/bench.sh:
+# GPT-2 124M and a Llama ~1B shape against PyTorch 2 on the same GPU, in float32 until bf16
+# lands). Here a skip is a failure: the script says which test found no device.
 #
-# Usage: scripts/gpu/check.sh [BUILD_DIR] (default build-gpu). CMAKE_CUDA_ARCHITECTURES
-# overrides the architecture (default: native, this machine's GPU).
+# Usage: scripts/gpu/check.sh [--prebuilt] [BUILD_DIR] (default build-gpu). --prebuilt uses the
+# binaries already in BUILD_DIR, built on another machine for this GPU's architecture (a GPU
+# machine without dtrain's Debian libraries: the build machine's libraries then travel beside
+# them, on LD_LIBRARY_PATH). CMAKE_CUDA_ARCHITECTURES overrides the architecture of a build here
+# (default: native, this machine's GPU).
 set -euo pipefail
 shopt -s inherit_errexit
 repo=$(cd "$(dirname "$0")/../.." && pwd)
+prebuilt=false
+if [[ ${1:-} == --prebuilt ]]; then
+  prebuilt=true
+  shift
+fi
 build=${1:-$repo/build-gpu}
 gpus=()
 [[ -d /proc/driver/nvidia/gpus ]] && mapfile -t gpus < <(find /proc/driver/nvidia/gpus \
@@ -23,11 +31,13 @@ if ((${#gpus[@]} == 0)); then
     "machine" >&2
   exit 1
 fi
-command -v nvcc > /dev/null || { echo "nvcc is not on PATH: install the CUDA toolkit" >&2; exit 1; }
 echo "GPUs: ${#gpus[@]} (PCI ${gpus[*]})"
-cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-native}" > /dev/null
-ninja -C "$build" dtrain dtrain_gpu_tests
+if ! $prebuilt; then
+  command -v nvcc > /dev/null || { echo "nvcc is not on PATH: install the CUDA toolkit" >&2; exit 1; }
+  cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-native}" > /dev/null
+  ninja -C "$build" dtrain dtrain_gpu_tests
+fi
 log=$(mktemp)
 runs=$(mktemp -d)
 trap 'rm -rf "$log" "$runs"' EXIT
@@ -42,3 +52,4 @@ echo "GPU tests passed"
 (cd "$repo" && timeout 120 "$build/dtrain" train --set run.device=cuda \
   --set run.out_dir="$runs" --set train.steps=20)
 echo "dtrain train on the GPU finished (metrics in the log above)"
+bash "$repo/scripts/gpu/bench.sh" "$build"

@@ -153,12 +153,12 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def rope_cos_sin(seq_len, head_dim, theta, dtype):
+def rope_cos_sin(seq_len, head_dim, theta, dtype, device=None):
     """cos and sin (T, D) of angle pos * theta^(-2i/D), each frequency used for both halves."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     angles = torch.arange(seq_len, dtype=torch.float64)[:, None] * inv_freq[None, :]
     angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    return angles.cos().to(dtype=dtype, device=device), angles.sin().to(dtype=dtype, device=device)
 
 
 def apply_rope(x, cos, sin):  # x (B, H, T, D), cos and sin (T, D)
@@ -177,7 +177,7 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x):  # x (B, T, C)
         s = self.shape
-        cos, sin = rope_cos_sin(x.shape[1], s.head_dim, s.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(x.shape[1], s.head_dim, s.rope_theta, x.dtype, x.device)
         q = apply_rope(split_heads(self.q_proj(x), s.n_head), cos, sin)
         k = apply_rope(split_heads(self.k_proj(x), s.n_kv_head), cos, sin)
         v = split_heads(self.v_proj(x), s.n_kv_head)
