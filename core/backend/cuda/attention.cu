@@ -28,53 +28,65 @@ __device__ void LoadTile(float* tile, const T* base, size_t stride, int first, i
   }
 }
 
-// Grid: (B * H, query tiles).
-template <int kLanes, typename T>
-__global__ void __launch_bounds__(kThreads)
-    AttentionForwardKernel(T* out, float* lse, const T* qkv, AttentionDims dims) {
+// A block of the forward and dq kernels (grid (B * H, query tiles)): kRows consecutive query rows
+// of one (batch, head); t is the calling thread's row.
+template <int kLanes>
+struct QueryBlock {
+  int b, h, kv, t;
+  int end;  // one past the block's last query row
+  __device__ explicit QueryBlock(const AttentionDims& dims)
+      : b(static_cast<int>(blockIdx.x) / dims.heads),
+        h(static_cast<int>(blockIdx.x) % dims.heads),
+        kv(h / (dims.heads / dims.kv_heads)),
+        t(static_cast<int>(blockIdx.y) * kRows<kLanes> + static_cast<int>(threadIdx.x) / kLanes),
+        end(min((static_cast<int>(blockIdx.y) + 1) * kRows<kLanes>, dims.time)) {}
+};
+
+// Streams key and value rows [0, block.end) of the block's kv head (qkv: its batch element's)
+// through shared memory, kRows at a time: visit(keys, values, count) with the first `count` rows
+// of each tile that row t sees, for rows t < T.
+template <int kLanes, typename T, typename Visit>
+__device__ void StreamKeys(const T* qkv, const AttentionDims& dims, const QueryBlock<kLanes>& block,
+                           const Visit& visit) {
   extern __shared__ float shared[];
   float* keys = shared;
   float* values = shared + kRows<kLanes> * dims.head_dim;
-  const int b = blockIdx.x / dims.heads, h = blockIdx.x % dims.heads;
-  const int kv = h / (dims.heads / dims.kv_heads);
-  const int first = blockIdx.y * kRows<kLanes>;
-  const int t = first + threadIdx.x / kLanes;
-  const int end = min(first + kRows<kLanes>, dims.time);  // one past the block's last query
-  qkv += static_cast<size_t>(b) * dims.time * dims.qkv_width;
-  const DeviceLanes<kLanes> lanes;
-  AttentionForwardState row;
-  if (t < dims.time) row.q = LoadSlice(lanes, QueryAt(qkv, dims, h, t), dims.head_dim);
-  for (int tile = 0; tile < end; tile += kRows<kLanes>) {
-    const int count = min(kRows<kLanes>, end - tile);
-    LoadTile(keys, KeyAt(qkv, dims, kv, 0), dims.qkv_width, tile, count, dims.head_dim);
-    LoadTile(values, ValueAt(qkv, dims, kv, 0), dims.qkv_width, tile, count, dims.head_dim);
+  for (int tile = 0; tile < block.end; tile += kRows<kLanes>) {
+    const int count = min(kRows<kLanes>, block.end - tile);
+    LoadTile(keys, KeyAt(qkv, dims, block.kv, 0), dims.qkv_width, tile, count, dims.head_dim);
+    LoadTile(values, ValueAt(qkv, dims, block.kv, 0), dims.qkv_width, tile, count, dims.head_dim);
     __syncthreads();
-    if (t < dims.time) {
-      AttendKeys(lanes, row, keys, values, dims.head_dim, min(count, t + 1 - tile), dims);
-    }
+    if (block.t < dims.time) visit(keys, values, min(count, block.t + 1 - tile));
     __syncthreads();
-  }
-  if (t < dims.time) {
-    FinishForwardRow(lanes, row, out + static_cast<size_t>(b) * dims.time * dims.out_width,
-                     lse + static_cast<size_t>(b) * dims.heads * dims.time, dims, h, t);
   }
 }
 
-// Grid: (B * H, query tiles).
+template <int kLanes, typename T>
+__global__ void __launch_bounds__(kThreads)
+    AttentionForwardKernel(T* out, float* lse, const T* qkv, AttentionDims dims) {
+  const QueryBlock<kLanes> block(dims);
+  const int h = block.h, t = block.t;
+  qkv += static_cast<size_t>(block.b) * dims.time * dims.qkv_width;
+  const DeviceLanes<kLanes> lanes;
+  AttentionForwardState row;
+  if (t < dims.time) row.q = LoadSlice(lanes, QueryAt(qkv, dims, h, t), dims.head_dim);
+  StreamKeys(qkv, dims, block, [&](const float* keys, const float* values, int count) {
+    AttendKeys(lanes, row, keys, values, dims.head_dim, count, dims);
+  });
+  if (t < dims.time) {
+    FinishForwardRow(lanes, row, out + static_cast<size_t>(block.b) * dims.time * dims.out_width,
+                     lse + static_cast<size_t>(block.b) * dims.heads * dims.time, dims, h, t);
+  }
+}
+
 template <int kLanes, typename T>
 __global__ void __launch_bounds__(kThreads)
     AttentionQueryGradKernel(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                              AttentionDims dims) {
-  extern __shared__ float shared[];
-  float* keys = shared;
-  float* values = shared + kRows<kLanes> * dims.head_dim;
-  const int b = blockIdx.x / dims.heads, h = blockIdx.x % dims.heads;
-  const int kv = h / (dims.heads / dims.kv_heads);
-  const int first = blockIdx.y * kRows<kLanes>;
-  const int t = first + threadIdx.x / kLanes;
-  const int end = min(first + kRows<kLanes>, dims.time);
-  const size_t qkv_offset = static_cast<size_t>(b) * dims.time * dims.qkv_width;
-  const size_t out_offset = static_cast<size_t>(b) * dims.time * dims.out_width;
+  const QueryBlock<kLanes> block(dims);
+  const int h = block.h, t = block.t;
+  const size_t qkv_offset = static_cast<size_t>(block.b) * dims.time * dims.qkv_width;
+  const size_t out_offset = static_cast<size_t>(block.b) * dims.time * dims.out_width;
   qkv += qkv_offset;
   const DeviceLanes<kLanes> lanes;
   AttentionQueryGradState row;
@@ -82,18 +94,11 @@ __global__ void __launch_bounds__(kThreads)
     row.q = LoadSlice(lanes, QueryAt(qkv, dims, h, t), dims.head_dim);
     row.dy = LoadSlice(lanes, OutAt(dout + out_offset, dims, h, t), dims.head_dim);
     row.delta = LanesDot(lanes, row.dy, OutAt(out + out_offset, dims, h, t), dims.head_dim);
-    row.lse = lse[(static_cast<size_t>(b) * dims.heads + h) * dims.time + t];
+    row.lse = lse[(static_cast<size_t>(block.b) * dims.heads + h) * dims.time + t];
   }
-  for (int tile = 0; tile < end; tile += kRows<kLanes>) {
-    const int count = min(kRows<kLanes>, end - tile);
-    LoadTile(keys, KeyAt(qkv, dims, kv, 0), dims.qkv_width, tile, count, dims.head_dim);
-    LoadTile(values, ValueAt(qkv, dims, kv, 0), dims.qkv_width, tile, count, dims.head_dim);
-    __syncthreads();
-    if (t < dims.time) {
-      QueryGradOverKeys(lanes, row, keys, values, dims.head_dim, min(count, t + 1 - tile), dims);
-    }
-    __syncthreads();
-  }
+  StreamKeys(qkv, dims, block, [&](const float* keys, const float* values, int count) {
+    QueryGradOverKeys(lanes, row, keys, values, dims.head_dim, count, dims);
+  });
   if (t < dims.time) {
     StoreSlice(lanes, QueryAt(dqkv + qkv_offset, dims, h, t), dims.head_dim, row.acc, dims.scale);
   }
