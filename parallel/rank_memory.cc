@@ -1,7 +1,5 @@
 #include "parallel/rank_memory.h"
 
-#include <unistd.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/model/param_table.h"
@@ -44,10 +42,6 @@ RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
   return memory;
 }
 
-double PhysicalMemoryBytes() {
-  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-}
-
 std::string FormatBytes(double bytes) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int unit = 0;
@@ -58,19 +52,20 @@ std::string FormatBytes(double bytes) {
   return absl::StrFormat("%.1f %s", bytes, kUnits[unit]);
 }
 
-absl::Status CheckRankMemory(const RankMemory& memory, double machine_bytes,
+absl::Status CheckRankMemory(const RankMemory& memory, const Backend::Memory& available,
                              const ShardingStrategy& strategy, int dp_size, int local_world_size) {
-  if (memory.total_bytes() * local_world_size <= machine_bytes) return absl::OkStatus();
+  const int sharing = available.shared_by_local_ranks ? local_world_size : 1;
+  if (memory.total_bytes() * sharing <= available.bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
-      local_world_size == 1
-          ? ""
-          : absl::StrCat(local_world_size, " ranks on this machine need ",
-                         FormatBytes(memory.total_bytes() * local_world_size), "; "),
+      sharing == 1 ? ""
+                   : absl::StrCat(sharing, " ranks on ", available.name, " need ",
+                                  FormatBytes(memory.total_bytes() * sharing), "; "),
       "one rank needs ", FormatBytes(memory.total_bytes()), " (parameters ",
       FormatBytes(memory.parameter_bytes), ", gradients ", FormatBytes(memory.gradient_bytes),
       ", optimizer ", FormatBytes(memory.optimizer_bytes), " with ", strategy.name, " over ",
       dp_size, dp_size == 1 ? " rank" : " ranks", "; activations ",
-      FormatBytes(memory.activation_bytes), ") but this machine has ", FormatBytes(machine_bytes),
+      FormatBytes(memory.activation_bytes), ") but ", available.name, " has ",
+      FormatBytes(available.bytes), available.shared_by_local_ranks ? "" : " free",
       "; make the model smaller (model.n_layer, model.d_model), lower train.micro_batch, set "
       "parallel.recompute: full, or shard the state over more ranks "
       "(parallel.strategy: zero3)"));

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "core/backend/backend.h"
 #include "core/model/model_config.h"
 #include "core/model/recompute.h"
 #include "core/recipe/recipe.h"
@@ -34,12 +35,10 @@ RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
                               const ShardingStrategy& strategy, Recompute recompute, int dp_size,
                               const ModelSlice& slice = {}, int activation_slots = 1);
 
-// This machine's physical memory in bytes (sysconf).
-double PhysicalMemoryBytes();
-
-// ResourceExhausted when `local_world_size` ranks of `memory` each (the ranks on this machine)
-// need more than `machine_bytes`, naming each part, the machine and what to change; OK otherwise.
-absl::Status CheckRankMemory(const RankMemory& memory, double machine_bytes,
+// ResourceExhausted when a rank's `memory` does not fit what its backend has (`available`, which
+// the `local_world_size` ranks on this machine share when it is the machine's RAM), naming each
+// part, the memory and what to change; OK otherwise.
+absl::Status CheckRankMemory(const RankMemory& memory, const Backend::Memory& available,
                              const ShardingStrategy& strategy, int dp_size, int local_world_size);
 
 // "1.5 GiB", "3.2 TiB": bytes for messages.

@@ -541,8 +541,11 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   const int activation_slots = pp > 1 ? PipelineActivationSlots(shape, stage) : 1;
   const RankMemory memory =
       EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice, activation_slots);
-  RETURN_IF_ERROR(
-      CheckRankMemory(memory, PhysicalMemoryBytes(), strategy, dp_size, world.local_world_size));
+  ASSIGN_OR_RETURN(const std::unique_ptr<Backend> backend_owner,
+                   MakeBackend(recipe.run.device, recipe.run.threads, world.local_rank));
+  Backend& backend = *backend_owner;
+  RETURN_IF_ERROR(CheckRankMemory(memory, backend.AvailableMemory(), strategy, dp_size,
+                                  world.local_world_size));
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer, LoadSampleTokenizer(recipe));
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
@@ -557,9 +560,6 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
                                    world.restart_count);
   }
 
-  ASSIGN_OR_RETURN(const std::unique_ptr<Backend> backend_owner,
-                   MakeBackend(recipe.run.device, recipe.run.threads, world.local_rank));
-  Backend& backend = *backend_owner;
   const auto* cpu_backend = dynamic_cast<const CpuBackend*>(&backend);
   const std::string backend_name =
       cpu_backend != nullptr

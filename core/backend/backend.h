@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/backend/device_buffer.h"
 
@@ -45,6 +46,16 @@ class Backend {
   // Waits until every kernel and copy issued so far has finished (the CPU backend's are done
   // when they return).
   virtual void Synchronize() = 0;
+
+  // The memory Allocate draws from, for the trainer's check before it allocates: the machine's
+  // RAM, which every rank on the machine shares (CPU), or what was free on this rank's GPU when
+  // the backend started (CUDA).
+  struct Memory {
+    std::string name;  // "this machine", "GPU 3"
+    double bytes = 0;
+    bool shared_by_local_ranks = false;
+  };
+  virtual Memory AvailableMemory() const = 0;
 
   // C (M,N) = alpha * op(A) op(B) + beta * C, op = transpose when the flag is set.
   virtual void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,

@@ -111,13 +111,32 @@ TEST(RankMemoryTest, TooLargeForTheMachineNamesEachPartAndTheFix) {
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
   const RankMemory memory = EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 1);
-  EXPECT_TRUE(CheckRankMemory(memory, memory.total_bytes(), strategy, 1, 1).ok());
-  const absl::Status status = CheckRankMemory(memory, 1024, strategy, 1, 1);
+  const Backend::Memory machine = CpuBackend(1).AvailableMemory();
+  EXPECT_EQ(machine.name, "this machine");
+  EXPECT_GT(machine.bytes, 0);
+  EXPECT_TRUE(machine.shared_by_local_ranks);
+  const Backend::Memory fits{"this machine", memory.total_bytes(), true};
+  EXPECT_TRUE(CheckRankMemory(memory, fits, strategy, 1, 1).ok());
+  const absl::Status status = CheckRankMemory(memory, {"this machine", 1024, true}, strategy, 1, 1);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(status.message()),
               AllOf(HasSubstr("one rank needs "), HasSubstr("with ddp over 1 rank"),
-                    HasSubstr("this machine has 1.0 KiB"), HasSubstr("parallel.strategy: zero3")));
-  EXPECT_GT(PhysicalMemoryBytes(), 0);
+                    HasSubstr("this machine has 1.0 KiB;"), HasSubstr("parallel.strategy: zero3")));
+}
+
+// A GPU's memory is its rank's own (one worker per GPU): ranks on one machine do not add up, and
+// the message names the GPU and its free memory.
+TEST(RankMemoryTest, EachRankChecksItsOwnGpu) {
+  const Recipe recipe = SmallRecipe("ddp");
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
+  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 8);
+  const Backend::Memory gpu{"GPU 3", memory.total_bytes() * 1.5, false};
+  EXPECT_TRUE(CheckRankMemory(memory, gpu, strategy, 8, 8).ok());
+  const absl::Status status = CheckRankMemory(memory, {"GPU 3", 2048, false}, strategy, 8, 8);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(status.message()), AllOf(::testing::StartsWith("one rank needs "),
+                                                   HasSubstr("GPU 3 has 2.0 KiB free;")));
 }
 
 // The ranks of one machine share its memory: two that each fit alone do not fit together.
@@ -126,7 +145,7 @@ TEST(RankMemoryTest, RanksOnOneMachineShareItsMemory) {
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
   const RankMemory memory = EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 2);
-  const double machine = memory.total_bytes() * 1.5;
+  const Backend::Memory machine{"this machine", memory.total_bytes() * 1.5, true};
   EXPECT_TRUE(CheckRankMemory(memory, machine, strategy, 2, 1).ok());
   const absl::Status status = CheckRankMemory(memory, machine, strategy, 2, 2);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);

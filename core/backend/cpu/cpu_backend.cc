@@ -1,5 +1,7 @@
 #include "core/backend/cpu/cpu_backend.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -38,6 +40,13 @@ void CpuBackend::Copy(void* dst, const void* src, size_t bytes) {
 }
 void CpuBackend::CopyToHost(void* host, const void* src, size_t bytes) { Copy(host, src, bytes); }
 void CpuBackend::CopyFromHost(void* dst, const void* host, size_t bytes) { Copy(dst, host, bytes); }
+
+Backend::Memory CpuBackend::AvailableMemory() const {
+  return {.name = "this machine",
+          .bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                   static_cast<double>(sysconf(_SC_PAGESIZE)),
+          .shared_by_local_ranks = true};
+}
 
 float* CpuBackend::Scratch(size_t size) {
   if (scratch_.size() < size) scratch_.resize(size);

@@ -73,7 +73,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
     return absl::FailedPreconditionError(absl::StrCat("cannot start cuBLASLt on GPU ", device, ": ",
                                                       cublasLtGetStatusString(status)));
   }
-  std::unique_ptr<CudaBackend> backend(new CudaBackend(device, stream, lt));
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaMemGetInfo(&free_bytes, &total_bytes);
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(device, stream, lt, free_bytes));
   try {
     backend->workspace_ = backend->Allocate(kWorkspaceBytes / sizeof(float), DataType::kF32);
   } catch (const OutOfMemory& oom) {
@@ -83,8 +85,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   return backend;
 }
 
-CudaBackend::CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt)
-    : device_(device), stream_(stream), lt_(lt) {}
+CudaBackend::CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, size_t free_bytes)
+    : device_(device), stream_(stream), lt_(lt), free_at_start_(free_bytes) {}
+
+Backend::Memory CudaBackend::AvailableMemory() const {
+  return {.name = absl::StrCat("GPU ", device_),
+          .bytes = static_cast<double>(free_at_start_),
+          .shared_by_local_ranks = false};
+}
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);

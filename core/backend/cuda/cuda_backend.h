@@ -36,6 +36,7 @@ class CudaBackend : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   int device() const { return device_; }
+  Memory AvailableMemory() const override;
   cudaStream_t stream() const { return stream_; }
 
   DeviceBuffer Allocate(size_t count, DataType dtype) override;
@@ -111,7 +112,7 @@ class CudaBackend : public Backend {
              float beta2, float eps, float weight_decay, int64_t step) override;
 
  private:
-  CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt);
+  CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, size_t free_bytes);
 
   // Keeps the first failure as status(), naming `what` (a kernel or CUDA call).
   void Check(cudaError_t error, const char* what);
@@ -136,6 +137,7 @@ class CudaBackend : public Backend {
   int device_;
   cudaStream_t stream_;
   cublasLtHandle_t lt_;
+  size_t free_at_start_;     // the GPU's free memory before this backend allocated any
   DeviceBuffer workspace_;   // cuBLASLt's, kWorkspaceBytes
   DeviceBuffer ones_;        // 1.0f each
   DeviceBuffer logits_;      // the classifier's (chunk, V) logits
