@@ -11,20 +11,22 @@ reference.sft_chain. The steps, each by the tool a user would use:
    (one document each)
    and exports a model folder; transformers loads it and saves it again (save_pretrained), so the
    fine-tuning starts from a folder transformers wrote: the user's "Hugging Face weights".
-3. The chat data: every fortune ending in an attribution ("-- Mark Twain") becomes a
-   conversation, the quote and "Who said this?" from the user, the name from the assistant.
+3. The chat data: every fortune ending in an attribution ("-- Mark Twain") whose author has 5
+   quotes or more becomes a conversation, the quote and "Who said this?" from the user, the
+   author's name from the assistant.
 4. `dtrain data pack --sft --chat-template llama3 --tokenizer <folder>` and `dtrain train
    configs/sft-llama-tiny.yaml` (paths pointed at --out), which exports runs' hf folder.
 5. transformers loads the fine-tuned folder with its tokenizer, renders held-out and trained
    questions with apply_chat_template and answers them greedily.
 
 Checks (exit 1 naming the first that fails): the fine-tuning's validation loss falls from its
-first evaluation to its last; its first training loss is below the untrained model's (it started
-from the pretrained weights, not from scratch); the fine-tuned folder's chat template renders a
+first evaluation to its last; its first loss is not that of the same fine-tuning from the
+seed's random weights (it started from the pretrained folder); the fine-tuned folder's chat template renders a
 conversation to the ids `dtrain data pack --sft` trained on; every generated answer ends at
 <|eot_id|> (the turn's end the mask taught) within its token budget. The answers are printed.
 """
 import argparse
+import collections
 import json
 import os
 import re
@@ -62,17 +64,21 @@ def run(command, log=None):
     return done
 
 
-def attributed_quotes(text):
-    """(quote, author) for every fortune whose last line is '-- Author'."""
+def attributed_quotes(text, min_quotes=5):
+    """(quote, author) for every fortune whose last line is '-- Author', the author cut to the
+    name ('Larry Wall in <...>', 'Ambrose Bierce, "The Devil's Dictionary"' -> the name), of the
+    authors with at least `min_quotes` quotes: names a small model can learn to give."""
     pairs = []
     for fortune in re.split(r"\n\s*\n", text):
         lines = fortune.rstrip().split("\n")
         attribution = re.match(r"^\s*--\s*(.+)$", lines[-1])
         if attribution and len(lines) > 1:
             quote = " ".join(line.strip() for line in lines[:-1]).strip()
-            if quote:
-                pairs.append((quote, attribution.group(1).strip()))
-    return pairs
+            author = re.split(r",| in | \(|\[", attribution.group(1))[0].strip()
+            if quote and author:
+                pairs.append((quote, author))
+    counts = collections.Counter(author for _, author in pairs)
+    return [(quote, author) for quote, author in pairs if counts[author] >= min_quotes]
 
 
 def first_sample_tokens(shard):
@@ -186,18 +192,23 @@ def main():
     val = losses(metrics, "val_loss")
     if not val[-1] < val[0]:
         failures.append(f"the fine-tuning's validation loss did not fall: {val}")
+    # The same fine-tuning from random weights, which the seed makes the same weights every run:
+    # had train.init_from been ignored, the fine-tuning's first step would have the same loss.
+    # (Its first loss need not be lower: the pretrained model has never seen the chat markers
+    # and starts more wrongly confident about <|eot_id|> than a uniform guess.)
     run([dtrain, "train", "configs/sft-llama-tiny.yaml", "--set", f"run.out_dir={work}",
-         "--set", "run.name=sft-untrained", "--set", f"data.train=[{sft_shards}/shard-*.tar]",
-         "--set", f"data.tokenizer={base}", "--set", "train.init_from=", "--set", "train.steps=1",
-         "--set", "train.warmup_steps=0", "--set", "train.eval_every=0",
+         "--set", "run.name=sft-scratch", "--set", f"data.train=[{sft_shards}/shard-*.tar]",
+         "--set", f"data.tokenizer={base}", "--set", "train.init_from=",
+         "--set", f"train.steps={sft_steps}", "--set", f"train.eval_every={sft_steps}",
          "--set", "train.export_to="])
-    first = losses(metrics, "loss")[0]
-    scratch = losses(os.path.join(work, "sft-untrained", "metrics.jsonl"), "loss")[0]
-    print(f"first fine-tuning loss {first:.3f} (from scratch: {scratch:.3f}); "
-          f"validation {val[0]:.3f} -> {val[-1]:.3f}")
-    if not first < scratch:
-        failures.append(f"the fine-tuning started at loss {first}, not below an untrained "
-                        f"model's {scratch}: train.init_from was not used")
+    scratch_metrics = os.path.join(work, "sft-scratch", "metrics.jsonl")
+    first, scratch_first = losses(metrics, "loss")[0], losses(scratch_metrics, "loss")[0]
+    print(f"fine-tuning: first loss {first:.3f}, validation {val[0]:.3f} -> {val[-1]:.3f} in "
+          f"{sft_steps} steps; from random weights: first loss {scratch_first:.3f}, validation "
+          f"{losses(scratch_metrics, 'val_loss')[-1]:.3f}")
+    if abs(first - scratch_first) < 1e-3:
+        failures.append(f"the fine-tuning's first loss {first} is the random weights' "
+                        f"{scratch_first}: train.init_from was not used")
 
     tuned = os.path.join(work, "sft-llama-tiny", "hf")
     model = AutoModelForCausalLM.from_pretrained(tuned).eval()
