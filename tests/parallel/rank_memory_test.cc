@@ -24,6 +24,18 @@ Recipe SmallRecipe(const std::string& strategy) {
   return *recipe;
 }
 
+// SmallRecipe("ddp") on `dp_size` ranks: its strategy and one rank's estimate.
+struct SmallDdp {
+  explicit SmallDdp(int dp_size)
+      : recipe(SmallRecipe("ddp")),
+        strategy(*ShardingStrategyFromRecipe(recipe.parallel)),
+        memory(EstimateRankMemory(recipe, ModelConfigFromRecipe(recipe.model, recipe.d_ff()),
+                                  strategy, Recompute::kNone, dp_size)) {}
+  Recipe recipe;
+  ShardingStrategy strategy;
+  RankMemory memory;
+};
+
 // One process holds everything: the estimate is what the engine allocates.
 TEST(RankMemoryTest, EstimateIsWhatOneProcessAllocates) {
   const Recipe recipe = SmallRecipe("ddp");
@@ -107,10 +119,9 @@ TEST(RankMemoryTest, ShardedStateDividesOverRanks) {
 }
 
 TEST(RankMemoryTest, TooLargeForTheMachineNamesEachPartAndTheFix) {
-  const Recipe recipe = SmallRecipe("ddp");
-  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
-  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
-  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 1);
+  const SmallDdp ddp(1);
+  const ShardingStrategy& strategy = ddp.strategy;
+  const RankMemory& memory = ddp.memory;
   const Backend::Memory machine = CpuBackend(1).AvailableMemory();
   EXPECT_EQ(machine.name, "this machine");
   EXPECT_GT(machine.bytes, 0);
@@ -127,10 +138,9 @@ TEST(RankMemoryTest, TooLargeForTheMachineNamesEachPartAndTheFix) {
 // A GPU's memory is its rank's own (one worker per GPU): ranks on one machine do not add up, and
 // the message names the GPU and its free memory.
 TEST(RankMemoryTest, EachRankChecksItsOwnGpu) {
-  const Recipe recipe = SmallRecipe("ddp");
-  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
-  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
-  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 8);
+  const SmallDdp ddp(8);
+  const ShardingStrategy& strategy = ddp.strategy;
+  const RankMemory& memory = ddp.memory;
   const Backend::Memory gpu{"GPU 3", memory.total_bytes() * 1.5, false};
   EXPECT_TRUE(CheckRankMemory(memory, gpu, strategy, 8, 8).ok());
   const absl::Status status = CheckRankMemory(memory, {"GPU 3", 2048, false}, strategy, 8, 8);
@@ -141,10 +151,9 @@ TEST(RankMemoryTest, EachRankChecksItsOwnGpu) {
 
 // The ranks of one machine share its memory: two that each fit alone do not fit together.
 TEST(RankMemoryTest, RanksOnOneMachineShareItsMemory) {
-  const Recipe recipe = SmallRecipe("ddp");
-  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
-  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(recipe.parallel);
-  const RankMemory memory = EstimateRankMemory(recipe, config, strategy, Recompute::kNone, 2);
+  const SmallDdp ddp(2);
+  const ShardingStrategy& strategy = ddp.strategy;
+  const RankMemory& memory = ddp.memory;
   const Backend::Memory machine{"this machine", memory.total_bytes() * 1.5, true};
   EXPECT_TRUE(CheckRankMemory(memory, machine, strategy, 2, 1).ok());
   const absl::Status status = CheckRankMemory(memory, machine, strategy, 2, 2);
