@@ -294,8 +294,11 @@ class CheckpointSignals {
     sigaction(SIGTERM, &action, &old_term_);
     sigaction(SIGUSR1, &action, &old_usr1_);
   }
+  // After a SIGTERM the process is on its way out, its checkpoint saved: the handler stays, so
+  // that a second one cannot kill it in the ranks' closing barrier (Slurm's scancel signals the
+  // workers as well as their agent, which forwards its own).
   ~CheckpointSignals() {
-    sigaction(SIGTERM, &old_term_, nullptr);
+    if (!sigterm_received) sigaction(SIGTERM, &old_term_, nullptr);
     sigaction(SIGUSR1, &old_usr1_, nullptr);
   }
 
