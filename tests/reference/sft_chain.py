@@ -20,10 +20,11 @@ reference.sft_chain. The steps, each by the tool a user would use:
    questions with apply_chat_template and answers them greedily.
 
 Checks (exit 1 naming the first that fails): the fine-tuning's validation loss falls from its
-first evaluation to its last; its first loss is not that of the same fine-tuning from the
-seed's random weights (it started from the pretrained folder); the fine-tuned folder's chat template renders a
-conversation to the ids `dtrain data pack --sft` trained on; every generated answer ends at
-<|eot_id|> (the turn's end the mask taught) within its token budget. The answers are printed.
+first evaluation to its last; its first loss is not that of the same fine-tuning from the seed's
+random weights (it started from the pretrained folder); the fine-tuned folder's chat template
+renders a conversation to the ids `dtrain data pack --sft` trained on; every generated answer
+ends at <|eot_id|> (the turn's end the mask taught) within its token budget. The answers are
+printed.
 """
 import argparse
 import collections
