@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "core/backend/cpu/adamw.h"
 #include "core/backend/cpu/classifier.h"
+#include "core/backend/cuda/attention_math.h"
 #include "core/backend/cuda/elementwise_math.h"
 #include "core/backend/cuda/kernels.h"
 #include "core/util/allocate.h"
@@ -373,11 +374,14 @@ void CudaBackend::RopeBackward(float* dqkv, const AttentionShape& shape, float t
   CheckLaunch("RopeBackward");
 }
 
+// The attention messages below state the kernels' limit.
+static_assert(cuda::kAttentionMaxHeadDim == 512);
+
 void CudaBackend::AttentionForward(float* out, float* lse, const float* qkv,
                                    const AttentionShape& shape, const int32_t* positions) {
   RefusePositions(positions, "AttentionForward");
   Check(cuda::AttentionForward<float>(out, lse, qkv, shape, stream_),
-        "AttentionForward (head_dim at most 256, heads a multiple of kv_heads)");
+        "AttentionForward (head_dim at most 512, heads a multiple of kv_heads)");
   CheckLaunch("AttentionForward");
 }
 
@@ -386,7 +390,7 @@ void CudaBackend::AttentionBackward(float* dqkv, const float* dout, const float*
                                     const int32_t* positions) {
   RefusePositions(positions, "AttentionBackward");
   Check(cuda::AttentionBackward<float>(dqkv, dout, qkv, out, lse, shape, stream_),
-        "AttentionBackward (head_dim at most 256, heads a multiple of kv_heads)");
+        "AttentionBackward (head_dim at most 512, heads a multiple of kv_heads)");
   CheckLaunch("AttentionBackward");
 }
 
