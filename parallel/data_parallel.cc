@@ -43,6 +43,7 @@ DataParallelEngine::DataParallelEngine(const ParamTable& table, const ShardingSt
               strategy.sharding == Sharding::kNone || comm == nullptr ? 1 : comm->size()) {
   params_ = backend_.Allocate(sharded_params() ? layout_.shard_size() : layout_.padded_size());
   grads_ = backend_.Allocate(sharded_grads() ? layout_.shard_size() : layout_.padded_size());
+  sum_squares_ = backend_.Allocate(1, DataType::kF64);
   const int slice_rank = layout_.ranks() == 1 ? 0 : rank();
   for (const Unit& unit : layout_.units()) {
     const auto [begin, end] = layout_.slice(unit, slice_rank);
@@ -441,7 +442,8 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
 }
 
 double DataParallelEngine::CountedSumSquares() {
-  double sum_squares = 0;
+  double* sum = static_cast<double*>(sum_squares_.data());
+  ZeroScalar(backend_, sum);
   for (size_t u = 0; u < layout_.units().size(); ++u) {
     const Unit& unit = layout_.units()[u];
     // The gradient slice this rank holds starts where its optimizer slice does.
@@ -449,10 +451,10 @@ double DataParallelEngine::CountedSumSquares() {
     const float* grads = OwnGrads(unit);
     for (const auto& [counted_begin, counted_end] : counted_) {
       const size_t lo = std::max(begin, counted_begin), hi = std::min(end, counted_end);
-      if (lo < hi) sum_squares += backend_.SumSquares(grads + (lo - begin), hi - lo);
+      if (lo < hi) backend_.SumSquares(grads + (lo - begin), hi - lo, sum);
     }
   }
-  return sum_squares;
+  return ReadScalar(backend_, sum);
 }
 
 absl::Status DataParallelEngine::SumOverRanks(absl::Span<double> values) {

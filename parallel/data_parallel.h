@@ -201,6 +201,7 @@ class DataParallelEngine : public BlockParameters {
   // for the gradients).
   DeviceBuffer params_;
   DeviceBuffer grads_;
+  DeviceBuffer sum_squares_;              // one double: CountedSumSquares' sum, read once a step
   std::vector<AdamW> optimizers_;         // one per unit slice this rank owns (one when unsharded)
   std::map<int, GatheredUnit> gathered_;  // kParameters: unit -> gathered values
   std::deque<GradientUnit> gradient_units_;  // kGradients+: buffers in use, oldest first

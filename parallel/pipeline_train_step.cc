@@ -37,11 +37,11 @@ TransformerPipelineStage::TransformerPipelineStage(const ParamTable& table,
       t_(seq_len) {}
 
 void TransformerPipelineStage::BeginStep(const int32_t* inputs, const int32_t* targets,
-                                         float grad_scale) {
+                                         const int32_t* positions, float grad_scale) {
   inputs_ = inputs;
   targets_ = targets;
+  positions_ = positions;
   grad_scale_ = grad_scale;
-  loss_sum_ = 0;
   held_head_ready_ = 0;
   in_flight_.clear();
   free_slots_.clear();
@@ -71,8 +71,9 @@ absl::Status TransformerPipelineStage::Forward(int micro_batch, int chunk, const
   if (StartsModel(chunk)) args.tokens = inputs_ + offset;
   args.input = input;
   if (EndsModel(chunk)) args.targets = targets_ + offset;
+  if (positions_ != nullptr) args.positions = positions_ + offset;
   args.output = output;
-  loss_sum_ += model_->StageForward(slot, args);
+  model_->StageForward(slot, args);
   return absl::OkStatus();
 }
 
@@ -169,30 +170,36 @@ absl::StatusOr<StepResult> PipelineTrainStep(Transformer& model, TransformerPipe
                                              const ParamTable& table, Communicator& pp,
                                              Communicator* dp, const TrainSection& train, int step,
                                              int micro_batches,
-                                             const MicroBatchSource& next_micro_batch) {
+                                             const MicroBatchSource& next_micro_batch,
+                                             bool documents) {
   const size_t micro_tokens = static_cast<size_t>(train.micro_batch) * train.seq_len;
   const int64_t global_tokens = static_cast<int64_t>(train.batch_size) * train.seq_len;
   std::vector<int32_t> inputs(micro_tokens * micro_batches), targets(inputs.size());
+  std::vector<int32_t> positions(documents ? inputs.size() : 0);
+  int32_t* positions_or_null = documents ? positions.data() : nullptr;
   const auto start = std::chrono::steady_clock::now();
   for (int micro = 0; micro < micro_batches; ++micro) {
-    // Document data (positions) is refused with pipeline stages by the trainer.
-    RETURN_IF_ERROR(next_micro_batch(inputs.data() + micro * micro_tokens,
-                                     targets.data() + micro * micro_tokens, nullptr));
+    const size_t offset = micro * micro_tokens;
+    RETURN_IF_ERROR(next_micro_batch(inputs.data() + offset, targets.data() + offset,
+                                     documents ? positions.data() + offset : nullptr));
   }
   const double data_wait_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   stage.set_model(&model);
-  stage.BeginStep(inputs.data(), targets.data(), 1.0f / static_cast<float>(global_tokens));
+  stage.BeginStep(inputs.data(), targets.data(), positions_or_null,
+                  1.0f / static_cast<float>(global_tokens));
   // ZeRO-3 and FSDP gather each unit once per step, not once per micro-batch.
   engine.BeginPipelinedStep(micro_batches, /*keep_gathered=*/true);
   RETURN_IF_ERROR(executor.RunStep(stage));
   RETURN_IF_ERROR(SumTiedEmbeddingGradients(engine, stage, table, pp, dp));
   // The loss is the last stage's; every stage reports it (the engine sums it over dp).
-  double loss_sum = stage.loss_sum();
+  double loss_sum = model.TakeLossSum();
   double unused = 0;
   RETURN_IF_ERROR(SumOverRanks(&pp, loss_sum, unused));
+  // Every stage read the same targets, so each counts the trained tokens the engine sums over dp.
   ASSIGN_OR_RETURN(StepResult finished,
-                   FinishTrainStep(engine, train, step, loss_sum, global_tokens));
+                   FinishTrainStep(engine, train, step, loss_sum, global_tokens,
+                                   documents ? TrainedTokens(targets.data(), targets.size()) : -1));
   finished.data_wait_ms = data_wait_ms;
   return finished;
 }

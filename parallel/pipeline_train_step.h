@@ -46,11 +46,11 @@ class TransformerPipelineStage : public PipelineStage, public BlockParameters {
   // The region holding this stage's copy of the tied embedding, whose readiness the step tells
   // the engine itself; none without a tied head, or on a stage between the first and the last.
   std::optional<int> tied_region() const { return tied_region_; }
-  // The step's data: every micro-batch's inputs and targets, (micro_batches, b, t) each, valid
-  // until the step's last Backward; and the scale of the loss sum's gradient.
-  void BeginStep(const int32_t* inputs, const int32_t* targets, float grad_scale);
-  // The sum of token losses of the step's micro-batches (0 except on the last stage).
-  double loss_sum() const { return loss_sum_; }
+  // The step's data: every micro-batch's inputs, targets and, for document data, positions (or
+  // null), (micro_batches, b, t) each, valid until the step's last Backward; and the scale of the
+  // loss sum's gradient.
+  void BeginStep(const int32_t* inputs, const int32_t* targets, const int32_t* positions,
+                 float grad_scale);
 
   // PipelineStage.
   size_t InputCount(int chunk) const override;
@@ -81,8 +81,8 @@ class TransformerPipelineStage : public PipelineStage, public BlockParameters {
   const int t_;
   const int32_t* inputs_ = nullptr;
   const int32_t* targets_ = nullptr;
+  const int32_t* positions_ = nullptr;
   float grad_scale_ = 1.0f;
-  double loss_sum_ = 0;
   int held_head_ready_ = 0;  // the head's GradientsReady calls not yet passed on
   // The Transformer's activation slots: (micro-batch, chunk) in flight -> its slot, and the free.
   std::map<std::pair<int, int>, int> in_flight_;
@@ -92,13 +92,14 @@ class TransformerPipelineStage : public PipelineStage, public BlockParameters {
 // One step of this stage. `pp` is the pipeline group (rank = stage), `dp` the stage's
 // data-parallel group (null without replicas); `next_micro_batch` is
 // called for every micro-batch of the step on every stage, so that the stages' data cursors
-// stay together. StepResult as TrainStep's, the same on every stage.
+// stay together; `documents` as TrainStep's. StepResult as TrainStep's, the same on every stage.
 absl::StatusOr<StepResult> PipelineTrainStep(Transformer& model, TransformerPipelineStage& stage,
                                              DataParallelEngine& engine, PipelineExecutor& executor,
                                              const ParamTable& table, Communicator& pp,
                                              Communicator* dp, const TrainSection& train, int step,
                                              int micro_batches,
-                                             const MicroBatchSource& next_micro_batch);
+                                             const MicroBatchSource& next_micro_batch,
+                                             bool documents = false);
 
 // parallel.check_replicas under a pipeline: GPT-2's tied embedding copies, on the first and
 // the last stage, must be bit-identical after the update. Every rank of the stage's

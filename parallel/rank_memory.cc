@@ -4,7 +4,9 @@
 #include "absl/strings/str_format.h"
 #include "core/model/param_table.h"
 #include "core/model/transformer.h"
+#include "parallel/planner/auto_layout.h"
 #include "parallel/planner/cost_model.h"
+#include "parallel/planner/plan_report.h"
 
 namespace dtrain {
 namespace {
@@ -52,10 +54,44 @@ std::string FormatBytes(double bytes) {
   return absl::StrFormat("%.1f %s", bytes, kUnits[unit]);
 }
 
-absl::Status CheckRankMemory(const RankMemory& memory, const Backend::Memory& available,
-                             const ShardingStrategy& strategy, int dp_size, int local_world_size) {
+namespace {
+
+// The planner's layout for `world_size` ranks (`local_world_size` a machine) of
+// `bytes_per_rank` each, as the --set options that select it; or why there is none.
+std::string FittingLayoutHint(const Recipe& recipe, int world_size, int local_world_size,
+                              double bytes_per_rank) {
+  const absl::StatusOr<Plan> plan =
+      PlanForMemory(recipe, world_size / local_world_size, local_world_size, bytes_per_rank,
+                    TrainerLayouts(local_world_size));
+  if (!plan.ok()) {
+    return absl::StrCat("the planner cannot search layouts for this recipe: ",
+                        plan.status().message());
+  }
+  const std::string ranks = absl::StrCat(world_size, world_size == 1 ? " rank of " : " ranks of ",
+                                         FormatBytes(bytes_per_rank));
+  const Candidate* fitting = plan->recommendation();
+  if (fitting == nullptr) {
+    return absl::StrCat("the planner finds no layout for ", ranks,
+                        ": add ranks and shard the state over them (parallel.strategy: zero3), or "
+                        "make the model smaller (model.n_layer, model.d_model)");
+  }
+  std::string options;
+  for (const auto& [key, value] : LayoutSettings(fitting->layout)) {
+    absl::StrAppend(&options, options.empty() ? "" : " ", "--set ", key, "=", value);
+  }
+  return absl::StrCat("the planner's layout for ", ranks, ": ", DescribeLayout(fitting->layout),
+                      " (", options, ")");
+}
+
+}  // namespace
+
+absl::Status CheckRankMemory(const Recipe& recipe, const RankMemory& memory,
+                             const Backend::Memory& available, const ShardingStrategy& strategy,
+                             int dp_size, int world_size, int local_world_size) {
   const int sharing = available.shared_by_local_ranks ? local_world_size : 1;
   if (memory.total_bytes() * sharing <= available.bytes) return absl::OkStatus();
+  const std::string fitting =
+      FittingLayoutHint(recipe, world_size, local_world_size, available.bytes / sharing);
   return absl::ResourceExhaustedError(absl::StrCat(
       sharing == 1 ? ""
                    : absl::StrCat(sharing, " ranks on ", available.name, " need ",
@@ -65,10 +101,7 @@ absl::Status CheckRankMemory(const RankMemory& memory, const Backend::Memory& av
       ", optimizer ", FormatBytes(memory.optimizer_bytes), " with ", strategy.name, " over ",
       dp_size, dp_size == 1 ? " rank" : " ranks", "; activations ",
       FormatBytes(memory.activation_bytes), ") but ", available.name, " has ",
-      FormatBytes(available.bytes), available.shared_by_local_ranks ? "" : " free",
-      "; make the model smaller (model.n_layer, model.d_model), lower train.micro_batch, set "
-      "parallel.recompute: full, or shard the state over more ranks "
-      "(parallel.strategy: zero3)"));
+      FormatBytes(available.bytes), available.shared_by_local_ranks ? "" : " free", "; ", fitting));
 }
 
 }  // namespace dtrain

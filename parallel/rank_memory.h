@@ -37,9 +37,11 @@ RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
 
 // ResourceExhausted when a rank's `memory` does not fit what its backend has (`available`, which
 // the `local_world_size` ranks on this machine share when it is the machine's RAM), naming each
-// part, the memory and what to change; OK otherwise.
-absl::Status CheckRankMemory(const RankMemory& memory, const Backend::Memory& available,
-                             const ShardingStrategy& strategy, int dp_size, int local_world_size);
+// part, the memory, the planner's layout of recipe for the `world_size` ranks that fits it
+// (FittingLayoutHint) and what else to change; OK otherwise.
+absl::Status CheckRankMemory(const Recipe& recipe, const RankMemory& memory,
+                             const Backend::Memory& available, const ShardingStrategy& strategy,
+                             int dp_size, int world_size, int local_world_size);
 
 // "1.5 GiB", "3.2 TiB": bytes for messages.
 std::string FormatBytes(double bytes);

@@ -26,7 +26,6 @@ absl::StatusOr<StepResult> TrainStep(Transformer& model, DataParallelEngine& eng
   // micro-batches: summing over ranks gives it exactly. With masked targets the count of trained
   // tokens is known only after the all-reduce: FinishStep rescales.
   const float grad_scale = 1.0f / static_cast<float>(global_tokens);
-  double loss_sum = 0;
   double data_wait_ms = 0;
   for (int micro = 0; micro < micro_batches; ++micro) {
     engine.BeginMicroBatch(micro + 1 == micro_batches);
@@ -34,18 +33,20 @@ absl::StatusOr<StepResult> TrainStep(Transformer& model, DataParallelEngine& eng
     RETURN_IF_ERROR(next_micro_batch(inputs.data(), targets.data(), positions_or_null));
     data_wait_ms +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    loss_sum += model.ForwardBackward(inputs.data(), targets.data(), train.micro_batch,
-                                      train.seq_len, grad_scale, positions_or_null);
-    if (documents) {
-      trained_tokens +=
-          std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t >= 0; });
-    }
+    model.ForwardBackward(inputs.data(), targets.data(), train.micro_batch, train.seq_len,
+                          grad_scale, positions_or_null);
+    if (documents) trained_tokens += TrainedTokens(targets.data(), targets.size());
   }
   if (inspect_gradients) inspect_gradients();
-  ASSIGN_OR_RETURN(StepResult result, FinishTrainStep(engine, train, step, loss_sum, global_tokens,
-                                                      documents ? trained_tokens : -1));
+  ASSIGN_OR_RETURN(StepResult result,
+                   FinishTrainStep(engine, train, step, model.TakeLossSum(), global_tokens,
+                                   documents ? trained_tokens : -1));
   result.data_wait_ms = data_wait_ms;
   return result;
+}
+
+int64_t TrainedTokens(const int32_t* targets, size_t n) {
+  return std::count_if(targets, targets + n, [](int32_t target) { return target >= 0; });
 }
 
 absl::StatusOr<StepResult> FinishTrainStep(DataParallelEngine& engine, const TrainSection& train,

@@ -39,6 +39,9 @@ absl::StatusOr<StepResult> TrainStep(Transformer& model, DataParallelEngine& eng
                                      const std::function<void()>& inspect_gradients = nullptr,
                                      bool documents = false);
 
+// The targets among targets[0, n) that count (>= 0; masked ones are < 0).
+int64_t TrainedTokens(const int32_t* targets, size_t n);
+
 // The engine's end of a step whose gradients are in (`loss_sum` over this rank's tokens of the
 // global batch's `global_tokens`): clipping, the schedule's learning rate, AdamW; the result
 // without data_wait_ms. Shared by TrainStep and the pipelined step.

@@ -155,6 +155,12 @@ absl::StatusOr<std::string> SampleText(Transformer& model, Communicator* pp, con
   return ids;
 }
 
+// The targets among the first n that the mean loss counts: the trained ones of document data,
+// else all.
+double CountedTargets(const std::vector<int32_t>& targets, int n, bool documents) {
+  return static_cast<double>(documents ? TrainedTokens(targets.data(), n) : n);
+}
+
 // Mean token loss over the validation set's first eval_batches micro-batches of every
 // data-parallel rank (the same ones at every evaluation, so the numbers compare). The ranks of a
 // tensor-parallel group compute one loss together, so it is summed over `dp` only.
@@ -177,10 +183,7 @@ absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, Validation
     // collectively.
     loss_sum += model.ForwardLoss(inputs.data(), targets.data(), rows, t,
                                   documents ? positions.data() : nullptr);
-    tokens += documents ? static_cast<double>(std::count_if(
-                              targets.begin(), targets.begin() + static_cast<size_t>(rows) * t,
-                              [](int32_t target) { return target >= 0; }))
-                        : static_cast<double>(rows) * t;
+    tokens += CountedTargets(targets, rows * t, documents);
   }
   RETURN_IF_ERROR(SumOverRanks(dp, loss_sum, tokens));
   if (tokens == 0) return absl::FailedPreconditionError("the validation set is empty");
@@ -196,13 +199,17 @@ absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, Co
   const int t = recipe.train.seq_len;
   const bool last = pp.rank() + 1 == pp.size();
   std::vector<int32_t> inputs(static_cast<size_t>(b) * t), targets(inputs.size());
+  const bool documents = val.documents();
+  std::vector<int32_t> positions(documents ? inputs.size() : 0);
   val.Reset();
   double loss_sum = 0;
   double tokens = 0;
   for (int i = 0; i < recipe.train.eval_batches; ++i) {
     // Every stage of a replica reads the same batch. Each runs the forward, on an empty batch
     // too: sharded parameters are gathered collectively over the replicas.
-    ASSIGN_OR_RETURN(const int rows, val.Next(b, inputs.data(), targets.data()));
+    ASSIGN_OR_RETURN(const int rows, documents ? val.NextDocuments(b, inputs.data(), targets.data(),
+                                                                   positions.data())
+                                               : val.Next(b, inputs.data(), targets.data()));
     RETURN_IF_ERROR(ForwardThroughStages(
         pp, model.backend(), static_cast<int>(model.chunks().size()),
         model.StageActivationCount(rows, t), [&](int chunk, const float* input, float* output) {
@@ -212,9 +219,11 @@ absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, Co
                                               .tokens = inputs.data(),
                                               .input = input,
                                               .targets = targets.data(),
-                                              .output = output});
+                                              .output = output,
+                                              .positions = documents ? positions.data() : nullptr});
         }));
-    if (last) tokens += static_cast<double>(rows) * t;
+    if (!last) continue;
+    tokens += CountedTargets(targets, rows * t, documents);
   }
   RETURN_IF_ERROR(SumOverRanks(&pp, loss_sum, tokens));
   RETURN_IF_ERROR(SumOverRanks(dp, loss_sum, tokens));
@@ -547,8 +556,8 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   ASSIGN_OR_RETURN(const std::unique_ptr<Backend> backend_owner,
                    MakeBackend(recipe.run.device, recipe.run.threads, world.local_rank));
   Backend& backend = *backend_owner;
-  RETURN_IF_ERROR(CheckRankMemory(memory, backend.AvailableMemory(), strategy, dp_size,
-                                  world.local_world_size));
+  RETURN_IF_ERROR(CheckRankMemory(recipe, memory, backend.AvailableMemory(), strategy, dp_size,
+                                  world.world_size, world.local_world_size));
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer, LoadSampleTokenizer(recipe));
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
@@ -596,16 +605,6 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   Transformer& model = *model_owner;
   ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, dp_rank, dp_size));
   const bool documents = data.train->documents();
-  if (documents && pp > 1) {
-    return absl::InvalidArgumentError(
-        "data.format sft with parallel.pp > 1: the pipeline stages do not pass the samples' "
-        "positions yet; use parallel.pp: 1 (tensor and data parallelism work)");
-  }
-  if (documents && recipe.run.device != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.format sft with run.device ", recipe.run.device,
-        ": the CUDA kernels do not take the samples' positions yet; use run.device: cpu"));
-  }
   const CheckpointSignals signals;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingCheckpoints> checkpoints,
                    TrainingCheckpoints::Create(recipe, table, engine, world_comm));
@@ -652,10 +651,11 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     const int64_t tp_sent_before = SentBytes({groups.tp, kv_replicas});
     const int64_t pp_sent_before = SentBytes({groups.pp});
     absl::StatusOr<StepResult> stepped =
-        pp > 1 ? PipelineTrainStep(model, *pipeline_stage, engine, *executor, table, *groups.pp,
-                                   groups.dp, train, step, micro_batches, next_micro_batch)
-               : TrainStep(model, engine, train, step, micro_batches, next_micro_batch, nullptr,
-                           documents);
+        pp > 1
+            ? PipelineTrainStep(model, *pipeline_stage, engine, *executor, table, *groups.pp,
+                                groups.dp, train, step, micro_batches, next_micro_batch, documents)
+            : TrainStep(model, engine, train, step, micro_batches, next_micro_batch, nullptr,
+                        documents);
     // A failed tp all-reduce left the step to run on garbage: its error is the one to report.
     RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
     // A device error (a CUDA kernel that failed) is reported with the step it happened in.

@@ -3,6 +3,9 @@
 // later, a CUDA one. All tensors are row-major float32 in the backend's memory; shapes are given
 // in the comments as (rows, cols) with B batch, T time, C channels, V vocab, H heads, D head dim.
 //
+// Scalars: the loss and the squared gradient norm ADD into a double in the backend's memory
+// (`double*` below), which the caller reads once a step, so that no kernel waits on the host.
+//
 // Gradient conventions, the same for every kernel:
 //  - parameter gradients (dweight, dbias, ...) ACCUMULATE (+=): micro-batches add up;
 //  - input gradients are WRITTEN (=), except the norms' dinp, which ACCUMULATES into the
@@ -131,12 +134,12 @@ class Backend {
                                  int vocab_begin, int vocab_end, const int32_t* positions) = 0;
 
   // Output layer fused with softmax and cross-entropy, never holding all (N, V) logits:
-  // logits = x (N, C) @ weight (V, C)^T; returns the sum over rows of -log p(target). Rows with
-  // target < 0 are ignored. When dx is not null, also writes dx (N, C) and accumulates dweight
-  // (V, C) for the loss sum scaled by grad_scale.
-  virtual double ClassifierForwardBackward(float* dx, float* dweight, const float* x,
-                                           const float* weight, const int32_t* targets, int n,
-                                           int c, int v, float grad_scale) = 0;
+  // logits = x (N, C) @ weight (V, C)^T; adds the sum over rows of -log p(target) to *loss_sum.
+  // Rows with target < 0 are ignored. When dx is not null, also writes dx (N, C) and accumulates
+  // dweight (V, C) for the loss sum scaled by grad_scale.
+  virtual void ClassifierForwardBackward(float* dx, float* dweight, const float* x,
+                                         const float* weight, const int32_t* targets, int n, int c,
+                                         int v, float grad_scale, double* loss_sum) = 0;
 
   // The same classifier split over the vocabulary (tensor parallelism), in phases between which
   // the model combines per-row statistics over the ranks. A rank holds the head's rows
@@ -147,23 +150,23 @@ class Backend {
   //  2. ClassifierExpSums: logits (N, v) become exp(logit - max), sums (N) their row sums and
   //     target_logits (N) the target's logit where this rank holds it (0 elsewhere and for
   //     targets < 0); the model sums both over the ranks.
-  //  3. ClassifierLossSum: the sum over rows of max + log(sum) - target logit, in double, rows
-  //     with target < 0 ignored.
+  //  3. ClassifierLossSum: adds the sum over rows of max + log(sum) - target logit, in double,
+  //     rows with target < 0 ignored, to *loss_sum.
   //  4. For gradients, ClassifierLogitsBackward: the exponentials become
   //     dlogits = (exp / sum - onehot(target)) * grad_scale (0 for ignored rows), from which
   //     LinearBackward gives the rank's partial dx (summed over the ranks) and dweight.
   virtual void ClassifierRowMax(float* max, const float* logits, int n, int v) = 0;
   virtual void ClassifierExpSums(float* logits, float* sums, float* target_logits, const float* max,
                                  const int32_t* targets, int n, int v, int vocab_begin) = 0;
-  virtual double ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
-                                   const int32_t* targets, int n) = 0;
+  virtual void ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
+                                 const int32_t* targets, int n, double* loss_sum) = 0;
   virtual void ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets,
                                         int n, int v, int vocab_begin, float grad_scale) = 0;
 
   // out = a + b, elementwise.
   virtual void Add(float* out, const float* a, const float* b, size_t n) = 0;
-  // Sum of squares of x, accumulated in double.
-  virtual double SumSquares(const float* x, size_t n) = 0;
+  // Adds the sum of squares of x, accumulated in double, to *sum.
+  virtual void SumSquares(const float* x, size_t n, double* sum) = 0;
   virtual void Scale(float* x, float factor, size_t n) = 0;
   virtual void Zero(float* x, size_t n) = 0;
 
@@ -172,5 +175,16 @@ class Backend {
   virtual void AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, int64_t step) = 0;
 };
+
+// A scalar of the kind above, one double in `backend`'s memory: its value (waiting for the
+// kernels before), and set to 0 (all zero bits, as a double and as two floats).
+inline double ReadScalar(Backend& backend, const double* scalar) {
+  double value = 0;
+  backend.CopyToHost(&value, scalar, sizeof(value));
+  return value;
+}
+inline void ZeroScalar(Backend& backend, double* scalar) {
+  backend.Zero(reinterpret_cast<float*>(scalar), sizeof(double) / sizeof(float));
+}
 
 }  // namespace dtrain

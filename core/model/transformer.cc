@@ -339,10 +339,16 @@ void Transformer::AllocateActivations(int max_batch, int max_time, int activatio
   vocab_stats_ = take(3 * static_cast<size_t>(vocab_chunk_rows_));
 
   static_assert(sizeof(int32_t) == sizeof(float));
-  token_ids_ = backend_.Allocate((slots_.size() + 1) * n);
+  // Each slot's token ids and document positions, then the targets.
+  token_ids_ = backend_.Allocate((2 * slots_.size() + 1) * n);
   int32_t* ids = static_cast<int32_t*>(token_ids_.data());
-  for (size_t i = 0; i < slots_.size(); ++i) slots_[i].staged_tokens = ids + i * n;
-  staged_targets_ = ids + slots_.size() * n;
+  for (Slot& slot : slots_) {
+    slot.staged_tokens = ids;
+    slot.staged_positions = ids + n;
+    ids += 2 * n;
+  }
+  staged_targets_ = ids;
+  loss_sums_ = backend_.Allocate(2, DataType::kF64);
 }
 
 Transformer::BlockActivations& Transformer::ActivationsFor(int slot, int index) {
@@ -463,18 +469,18 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
   FinishNormGrads(grads, {w.norm2_w, w.norm1_w, w.norm2_b, w.norm1_b});
 }
 
-double Transformer::Classifier(float* dx, float* dhead, const int32_t* host_targets, int n,
-                               float grad_scale) {
+void Transformer::Classifier(float* dx, float* dhead, const int32_t* host_targets, int n,
+                             float grad_scale, double* loss_sum) {
   backend_.CopyFromHost(staged_targets_, host_targets, static_cast<size_t>(n) * sizeof(int32_t));
   const int32_t* targets = staged_targets_;
   const int c = config_.d_model;
   if (!dims_.vocab_parallel) {
-    return backend_.ClassifierForwardBackward(dx, dhead, final_norm_, HeadWeight(), targets, n, c,
-                                              config_.vocab_size, grad_scale);
+    backend_.ClassifierForwardBackward(dx, dhead, final_norm_, HeadWeight(), targets, n, c,
+                                       config_.vocab_size, grad_scale, loss_sum);
+    return;
   }
   const int v = dims_.vocab_rows();  // may be 0: this rank's slot is all padding
   const float* weight = HeadWeight();
-  double loss = 0;
   for (int r0 = 0; r0 < n; r0 += vocab_chunk_rows_) {
     const int rows = std::min(vocab_chunk_rows_, n - r0);
     const float* x = final_norm_ + static_cast<size_t>(r0) * c;
@@ -488,7 +494,7 @@ double Transformer::Classifier(float* dx, float* dhead, const int32_t* host_targ
     backend_.ClassifierExpSums(vocab_logits_, sums, target_logits, max, chunk_targets, rows, v,
                                dims_.vocab_begin);
     tp_.VocabSum(sums, 2 * static_cast<size_t>(rows));
-    loss += backend_.ClassifierLossSum(max, sums, target_logits, chunk_targets, rows);
+    backend_.ClassifierLossSum(max, sums, target_logits, chunk_targets, rows, loss_sum);
     if (dx == nullptr) continue;
     float* dx_chunk = dx + static_cast<size_t>(r0) * c;
     if (v == 0) {
@@ -499,7 +505,6 @@ double Transformer::Classifier(float* dx, float* dhead, const int32_t* host_targ
                                       dims_.vocab_begin, grad_scale);
     backend_.LinearBackward(dx_chunk, dhead, nullptr, vocab_logits_, x, weight, rows, c, v);
   }
-  return loss;
 }
 
 void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, float* output) {
@@ -507,8 +512,13 @@ void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, fl
   slot.chunk = args.chunk;
   slot.b = args.b;
   slot.t = args.t;
-  slot.positions = args.positions;
   const int b = args.b, t = args.t;
+  slot.positions = nullptr;
+  if (args.positions != nullptr) {
+    backend_.CopyFromHost(slot.staged_positions, args.positions,
+                          static_cast<size_t>(b) * t * sizeof(int32_t));
+    slot.positions = slot.staged_positions;
+  }
   const RowSplit rows = SplitRows(b * t);
   const BlockSpan& blocks = chunks_[args.chunk];
   if (StartsModel(args.chunk)) {
@@ -518,7 +528,7 @@ void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, fl
                           static_cast<size_t>(b) * t * sizeof(int32_t));
     slot.tokens = slot.staged_tokens;
     embeddings_ = Params(-1, Pass::kForward);
-    EmbeddingForward(slot.tokens, args.positions, b, t, rows, slot.inputs[0]);
+    EmbeddingForward(slot.tokens, slot.positions, b, t, rows, slot.inputs[0]);
     if (!head_is_embedding_) parameters_.Release(-1, Pass::kForward);
   } else {
     backend_.Copy(slot.inputs[0], args.input,
@@ -528,7 +538,7 @@ void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, fl
     const int layer = blocks.first + i;
     float* out = i + 1 < blocks.count ? slot.inputs[i + 1] : output;
     BlockForward(layer, Params(layer, Pass::kForward), ActivationsFor(slot_index, i),
-                 slot.inputs[i], out, b, t, args.positions);
+                 slot.inputs[i], out, b, t, slot.positions);
     parameters_.Release(layer, Pass::kForward);
   }
 }
@@ -564,8 +574,8 @@ void Transformer::ReleaseHead() {
   if (head_is_embedding_) parameters_.Release(-1, Pass::kForward);
 }
 
-double Transformer::LossBackward(const int32_t* targets, const RowSplit& rows, float grad_scale,
-                                 float* d_last) {
+void Transformer::LossBackward(const int32_t* targets, const RowSplit& rows, float grad_scale,
+                               float* d_last) {
   const int c = config_.d_model;
   const RegionView& params = final_region_;
   const RegionView grads = Grads(last_region_);
@@ -573,7 +583,7 @@ double Transformer::LossBackward(const int32_t* targets, const RowSplit& rows, f
   // embedding backward, at the very end).
   float* dhead = head_is_embedding_ ? Grads(-1)(table_.head()) : grads(table_.head());
   // The classifier's backward runs with its forward, so the (N, V) logits never exist whole.
-  const double loss_sum = Classifier(d_norm_, dhead, targets, rows.n, grad_scale);
+  Classifier(d_norm_, dhead, targets, rows.n, grad_scale, TrainingLossSum());
   // f of the column-parallel head: every rank's share of d(final norm output), summed.
   const float* dnorm = NormOutputGrad(rows);
   backend_.Zero(d_last, static_cast<size_t>(rows.own) * c);
@@ -590,18 +600,17 @@ double Transformer::LossBackward(const int32_t* targets, const RowSplit& rows, f
   FinishNormGrads(grads, {table_.final_norm_w(), table_.final_norm_b()});
   parameters_.GradientsReady(last_region_);
   ReleaseHead();
-  return loss_sum;
 }
 
-double Transformer::StageForward(int slot, const StageForwardArgs& args) {
+void Transformer::StageForward(int slot, const StageForwardArgs& args) {
   if (!EndsModel(args.chunk)) {
     ForwardBlocks(slot, args, args.output);
-    return 0;
+    return;
   }
   ForwardBlocks(slot, args, last_output_);
   const RowSplit rows = SplitRows(args.b * args.t);
   FinalNormForward(rows);
-  return LossBackward(args.targets, rows, args.grad_scale, slots_[slot].d_last);
+  LossBackward(args.targets, rows, args.grad_scale, slots_[slot].d_last);
 }
 
 double Transformer::StageForwardLoss(const StageForwardArgs& args) {
@@ -612,7 +621,7 @@ double Transformer::StageForwardLoss(const StageForwardArgs& args) {
   ForwardBlocks(0, args, last_output_);
   const int n = args.b * args.t;
   FinalNormForward(SplitRows(n));
-  const double loss = Classifier(nullptr, nullptr, args.targets, n, 0.0f);
+  const double loss = EvaluationLoss(args.targets, n);
   ReleaseHead();
   return loss;
 }
@@ -652,22 +661,35 @@ void Transformer::StageBackward(int slot_index, const float* d_output, float* d_
   }
 }
 
-double Transformer::ForwardBackward(const int32_t* inputs, const int32_t* targets, int b, int t,
-                                    float grad_scale, const int32_t* positions) {
-  const double loss_sum = StageForward(0, {.b = b,
-                                           .t = t,
-                                           .tokens = inputs,
-                                           .targets = targets,
-                                           .grad_scale = grad_scale,
-                                           .positions = positions});
+void Transformer::ForwardBackward(const int32_t* inputs, const int32_t* targets, int b, int t,
+                                  float grad_scale, const int32_t* positions) {
+  StageForward(0, {.b = b,
+                   .t = t,
+                   .tokens = inputs,
+                   .targets = targets,
+                   .grad_scale = grad_scale,
+                   .positions = positions});
   StageBackward(0, nullptr, nullptr);
-  return loss_sum;
+}
+
+double Transformer::TakeLossSum() { return ReadAndZero(TrainingLossSum()); }
+
+double Transformer::ReadAndZero(double* scalar) {
+  const double value = ReadScalar(backend_, scalar);
+  ZeroScalar(backend_, scalar);
+  return value;
+}
+
+double Transformer::EvaluationLoss(const int32_t* host_targets, int n) {
+  double* loss_sum = static_cast<double*>(loss_sums_.data()) + 1;
+  Classifier(nullptr, nullptr, host_targets, n, 0.0f, loss_sum);
+  return ReadAndZero(loss_sum);
 }
 
 double Transformer::ForwardLoss(const int32_t* inputs, const int32_t* targets, int b, int t,
                                 const int32_t* positions) {
   Forward(inputs, positions, b, t);
-  const double loss = Classifier(nullptr, nullptr, targets, b * t, 0.0f);
+  const double loss = EvaluationLoss(targets, b * t);
   ReleaseHead();
   return loss;
 }

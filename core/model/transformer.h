@@ -83,10 +83,13 @@ class Transformer {
   // One micro-batch through the whole model (the table holds every block): StageForward then
   // StageBackward in slot 0. Inputs and targets (b, t). Adds grad_scale * d(sum of token losses)
   // to the gradients, region by region (the last, the embeddings, is ready when this returns),
-  // and returns the sum of token losses (targets < 0 are ignored). `positions` (b, t): packed
-  // documents, as StageForwardArgs::positions.
-  double ForwardBackward(const int32_t* inputs, const int32_t* targets, int b, int t,
-                         float grad_scale, const int32_t* positions = nullptr);
+  // and the sum of token losses (targets < 0 are ignored) to TakeLossSum's. `positions` (b, t):
+  // packed documents, as StageForwardArgs::positions.
+  void ForwardBackward(const int32_t* inputs, const int32_t* targets, int b, int t,
+                       float grad_scale, const int32_t* positions = nullptr);
+  // The sum of token losses that ForwardBackward and StageForward added since the last call,
+  // kept in the backend's memory until now: reading it is the step's one wait on the loss.
+  double TakeLossSum();
   // Whole model only, using slot 0 (none may be in flight): the sum of token losses, no
   // gradients.
   double ForwardLoss(const int32_t* inputs, const int32_t* targets, int b, int t,
@@ -105,9 +108,8 @@ class Transformer {
     int chunk = 0;  // index into the table's chunks()
     int b = 0;
     int t = 0;
-    // First stage: the token ids (b, t), which must stay valid until the slot's StageBackward
-    // (the embedding's backward reads them again). Other stages: the previous stage's output
-    // (R, C), copied into the slot during the call.
+    // First stage: the token ids (b, t) (host memory). Other stages: the previous stage's output
+    // (R, C). Both are copied into the slot during the call.
     const int32_t* tokens = nullptr;
     const float* input = nullptr;
     // Last stage: the targets (b, t) and the scale of the loss sum's gradient. Other stages: the
@@ -116,8 +118,8 @@ class Transformer {
     float grad_scale = 1.0f;
     float* output = nullptr;
     // Every stage: null, or documents packed into each row (SFT): each token's position in its
-    // own document (backend.h), which the position embeddings use and within which attention
-    // stays. Valid until the slot's StageBackward, as the tokens.
+    // own document (backend.h; host memory), which the position embeddings use and within which
+    // attention stays. Copied into the slot during the call, as the tokens.
     const int32_t* positions = nullptr;
   };
   // The forward of the stage's regions into activation slot `slot` (0 .. activation_slots - 1,
@@ -125,8 +127,8 @@ class Transformer {
   // final norm at once, as ForwardBackward always has (so the (N, V) logits never exist whole
   // and the head's GEMM runs once): it adds grad_scale * d(sum of token losses) to the final
   // region's gradients, calls GradientsReady(n_layer), keeps d(last block's output) in the slot,
-  // and returns the sum of token losses; other stages return 0.
-  double StageForward(int slot, const StageForwardArgs& args);
+  // and adds the sum of token losses to TakeLossSum's.
+  void StageForward(int slot, const StageForwardArgs& args);
   // The backward of the stage's blocks (and the embedding on the first stage) for the
   // micro-batch in `slot`, which it frees: accumulates the gradients region by region, calling
   // GradientsReady as each completes. `d_output` (R, C) is d(this stage's output) from the next
@@ -200,7 +202,8 @@ class Transformer {
     float* d_last = nullptr;               // last stage: (R, C) d(last block's output)
     const int32_t* tokens = nullptr;       // first stage: the micro-batch's token ids, staged
     int32_t* staged_tokens = nullptr;      // (max tokens) the slot's token ids in backend memory
-    const int32_t* positions = nullptr;    // the micro-batch's document positions (host), or null
+    const int32_t* positions = nullptr;    // the micro-batch's document positions, staged, or null
+    int32_t* staged_positions = nullptr;   // (max tokens) in backend memory
     int b = 0;
     int t = 0;
   };
@@ -251,12 +254,19 @@ class Transformer {
   void BlockBackward(int layer, const RegionView& params, const RegionView& grads,
                      BlockActivations& a, const float* in, float* dresid, int b, int t,
                      const int32_t* positions);
-  // The classifier on final_norm_ (N, C): returns the sum of token losses (targets < 0 ignored);
-  // when dx is not null also writes dx (N, C) and accumulates dhead for the loss sum scaled by
+  // The classifier on final_norm_ (N, C): adds the sum of token losses (targets < 0 ignored) to
+  // *loss_sum (backend memory); when dx is not null also writes dx (N, C) and accumulates dhead
+  // for the loss sum scaled by
   // grad_scale. At tp = 1 the backend's fused kernel; at tp > 1 its vocabulary-parallel phases
   // per chunk of VocabChunkRows rows (the max and the sums combined over the ranks), each rank's
   // dx its slot's share (the caller's f, NormOutputGrad, sums them).
-  double Classifier(float* dx, float* dhead, const int32_t* host_targets, int n, float grad_scale);
+  void Classifier(float* dx, float* dhead, const int32_t* host_targets, int n, float grad_scale,
+                  double* loss_sum);
+  // The evaluation passes' classifier without gradients: the loss sum, read at once.
+  double EvaluationLoss(const int32_t* host_targets, int n);
+  double* TrainingLossSum() { return static_cast<double*>(loss_sums_.data()); }
+  // *scalar (backend memory), which becomes 0.
+  double ReadAndZero(double* scalar);
   // The embedding (first stage) or a copy of args.input into the slot, then the stage's
   // blocks, the last one's output into `output`. When the head is the token embedding, the
   // embeddings stay acquired for it.
@@ -266,10 +276,10 @@ class Transformer {
   void FinalNormForward(const RowSplit& rows);
   // The whole model's forward in slot 0 up to final_norm_, for ForwardLoss.
   void Forward(const int32_t* inputs, const int32_t* positions, int b, int t);
-  // The loss on final_norm_ and its backward through the head and the final norm into d_last
-  // (R, C); the final region's gradients are ready and the head released on return.
-  double LossBackward(const int32_t* targets, const RowSplit& rows, float grad_scale,
-                      float* d_last);
+  // The loss on final_norm_ (added to TakeLossSum's) and its backward through the head and the
+  // final norm into d_last (R, C); the final region's gradients are ready and the head released
+  // on return.
+  void LossBackward(const int32_t* targets, const RowSplit& rows, float grad_scale, float* d_last);
   void ReleaseHead();
   // The output head's weight (V, C) among the acquired regions.
   const float* HeadWeight() const;
@@ -298,11 +308,15 @@ class Transformer {
   RegionView embeddings_;    // acquired during the embedding's forward (and the head's use)
   RegionView final_region_;  // acquired from FinalNormForward until ReleaseHead
   DeviceBuffer acts_;        // the arena
-  // The micro-batches' token ids (one (max tokens) array a slot) and targets (max tokens) staged
-  // in the backend's memory for its kernels: 4-byte int32 values in a buffer allocated as floats
-  // (the same size; DataType has no int32). Not part of the arena (a few KiB).
+  // The micro-batches' token ids and document positions (two (max tokens) arrays a slot) and
+  // targets (max tokens) staged in the backend's memory for its kernels: 4-byte int32 values in
+  // a buffer allocated as floats (the same size; DataType has no int32). Not part of the arena
+  // (a few KiB).
   DeviceBuffer token_ids_;
   int32_t* staged_targets_ = nullptr;
+  // Two doubles in the backend's memory: the training passes' loss sum (TakeLossSum) and an
+  // evaluation pass's.
+  DeviceBuffer loss_sums_;
   std::vector<Slot> slots_;
   // kFull: the one block's activations every block recomputes; kSelective and kFull: the
   // attention core every block shares.

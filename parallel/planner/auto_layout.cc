@@ -100,6 +100,20 @@ absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_siz
   return result;
 }
 
+absl::StatusOr<Plan> PlanForMemory(const Recipe& recipe, int nodes, int ranks_per_node,
+                                   double bytes_per_rank, SearchOptions runnable) {
+  ClusterSection section = recipe.cluster;
+  section.nodes = nodes;
+  section.gpus_per_node = ranks_per_node;
+  ASSIGN_OR_RETURN(ClusterSpec cluster, ResolveCluster(section));
+  cluster.gpu_memory_gib = bytes_per_rank / kGiB;
+  Workload workload = WorkloadFromRecipe(recipe);
+  workload.precision = Precision::Fp32();
+  runnable.assumptions.runtime_gib = 0;
+  runnable.assumptions.bucket_mib = recipe.parallel.bucket_mb;
+  return SearchLayouts(workload, cluster, WithRecipeSchedule(recipe, std::move(runnable)));
+}
+
 absl::Status ApplyLayout(const Layout& layout, Recipe& recipe) {
   if (layout.offload) {
     return absl::InvalidArgumentError(absl::StrCat("the layout ", DescribeLayout(layout),

@@ -11,7 +11,6 @@
 namespace dtrain {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kMiB = 1024.0 * 1024.0;
 
 // Parameters of the token (and, for gpt2, position) embedding, the untied output head and the

@@ -18,6 +18,9 @@
 
 namespace dtrain {
 
+// Bytes in a GiB: the planner states memory in GiB.
+inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
 // The data-parallel engine, in the recipe's order of increasing sharding. zero3 and fsdp shard
 // the same state (DESIGN.md: one family) and cost the same here.
 enum class Strategy { kDdp, kZero1, kZero2, kZero3, kFsdp };

@@ -15,8 +15,6 @@
 namespace dtrain {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 absl::string_view VerdictName(Verdict verdict) {
   switch (verdict) {
     case Verdict::kRecommended:
@@ -243,22 +241,37 @@ double CollectiveTimeoutS(double step_ms) {
   return std::max(600.0, std::ceil(20 * step_ms / 1e3 / 60) * 60);
 }
 
-std::string RecipeLines(const Layout& layout) {
-  std::string out = absl::StrFormat("parallel:\n  strategy: %s\n  tp: %d\n  pp: %d\n",
-                                    StrategyName(layout.strategy), layout.tp, layout.pp);
+std::vector<std::pair<std::string, std::string>> LayoutSettings(const Layout& layout) {
+  std::vector<std::pair<std::string, std::string>> settings = {
+      {"parallel.strategy", std::string(StrategyName(layout.strategy))},
+      {"parallel.tp", absl::StrCat(layout.tp)},
+      {"parallel.pp", absl::StrCat(layout.pp)}};
   if (layout.pp > 1) {
-    absl::StrAppendFormat(&out, "  pp_schedule: %s\n", PipelineScheduleName(layout.schedule));
+    settings.emplace_back("parallel.pp_schedule", PipelineScheduleName(layout.schedule));
   }
   if (layout.virtual_stages > 1) {
-    absl::StrAppendFormat(&out, "  pp_virtual_stages: %d\n", layout.virtual_stages);
+    settings.emplace_back("parallel.pp_virtual_stages", absl::StrCat(layout.virtual_stages));
   }
-  absl::StrAppendFormat(&out, "  recompute: %s\n", RecomputeName(layout.recompute));
-  if (layout.sequence_parallel) {
-    absl::StrAppend(&out, "  sequence_parallel: true\n");
+  settings.emplace_back("parallel.recompute", RecomputeName(layout.recompute));
+  if (layout.sequence_parallel) settings.emplace_back("parallel.sequence_parallel", "true");
+  settings.emplace_back("train.micro_batch", absl::StrCat(layout.micro_batch));
+  return settings;
+}
+
+std::string RecipeLines(const Layout& layout) {
+  std::string out, section;
+  for (const auto& [key, value] : LayoutSettings(layout)) {
+    const size_t dot = key.find('.');
+    if (key.substr(0, dot) != section) {
+      // The parallel section ends here: say what it cannot express before the next one.
+      if (section == "parallel" && layout.offload) {
+        absl::StrAppend(&out, "  # optimizer offload to the host: no recipe key yet\n");
+      }
+      section = key.substr(0, dot);
+      absl::StrAppend(&out, section, ":\n");
+    }
+    absl::StrAppend(&out, "  ", key.substr(dot + 1), ": ", value, "\n");
   }
-  if (layout.offload)
-    absl::StrAppend(&out, "  # optimizer offload to the host: no recipe key yet\n");
-  absl::StrAppendFormat(&out, "train:\n  micro_batch: %d\n", layout.micro_batch);
   return out;
 }
 

@@ -23,6 +23,10 @@ std::vector<const Candidate*> Alternatives(const Plan& plan, int top_n);
 std::vector<std::pair<std::string, std::string>> NetworkEnvironment(const ClusterSpec& cluster);
 double CollectiveTimeoutS(double step_ms);
 
+// The recipe keys that select `layout` and their values, in the recipe's order
+// ("parallel.strategy", "fsdp"), ..., ("train.micro_batch", "2"); optimizer offload has no key yet.
+std::vector<std::pair<std::string, std::string>> LayoutSettings(const Layout& layout);
+
 // The recipe lines that select `layout` (comments for what the recipe cannot express yet).
 std::string RecipeLines(const Layout& layout);
 

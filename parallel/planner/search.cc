@@ -16,8 +16,6 @@
 namespace dtrain {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 // How much a layout asks of its operators, compared lexicographically: a pipeline changes the
 // schedule and the failure surface most, then tensor parallelism (the model's code path), then
 // sharding (ddp < zero1 < zero2 < zero3/fsdp), offload and recomputation; last, a pipeline

@@ -1,7 +1,9 @@
 #include "parallel/rank_memory.h"
 
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_split.h"
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/model/param_table.h"
 #include "core/model/transformer.h"
@@ -15,11 +17,16 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-Recipe SmallRecipe(const std::string& strategy) {
-  absl::StatusOr<Recipe> recipe = ParseRecipe(
+// A small model's recipe with `sets` ("parallel.strategy=ddp", ...) applied.
+absl::StatusOr<Recipe> SmallRecipeWith(const std::vector<std::string>& sets) {
+  return ParseRecipe(
       "data:\n  train: [x.txt]\nmodel: {n_layer: 2, n_head: 2, d_model: 32, max_seq_len: 16}\n"
       "train: {batch_size: 4, micro_batch: 2, seq_len: 16}\n",
-      "t.yaml", {"parallel.strategy=" + strategy});
+      "t.yaml", sets);
+}
+
+Recipe SmallRecipe(const std::string& strategy) {
+  absl::StatusOr<Recipe> recipe = SmallRecipeWith({"parallel.strategy=" + strategy});
   EXPECT_TRUE(recipe.ok()) << recipe.status();
   return *recipe;
 }
@@ -127,12 +134,15 @@ TEST(RankMemoryTest, TooLargeForTheMachineNamesEachPartAndTheFix) {
   EXPECT_GT(machine.bytes, 0);
   EXPECT_TRUE(machine.shared_by_local_ranks);
   const Backend::Memory fits{"this machine", memory.total_bytes(), true};
-  EXPECT_TRUE(CheckRankMemory(memory, fits, strategy, 1, 1).ok());
-  const absl::Status status = CheckRankMemory(memory, {"this machine", 1024, true}, strategy, 1, 1);
+  EXPECT_TRUE(CheckRankMemory(ddp.recipe, memory, fits, strategy, 1, 1, 1).ok());
+  const absl::Status status =
+      CheckRankMemory(ddp.recipe, memory, {"this machine", 1024, true}, strategy, 1, 1, 1);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(status.message()),
               AllOf(HasSubstr("one rank needs "), HasSubstr("with ddp over 1 rank"),
-                    HasSubstr("this machine has 1.0 KiB;"), HasSubstr("parallel.strategy: zero3")));
+                    HasSubstr("this machine has 1.0 KiB; the planner finds no layout for 1 rank "
+                              "of 1.0 KiB"),
+                    HasSubstr("parallel.strategy: zero3")));
 }
 
 // A GPU's memory is its rank's own (one worker per GPU): ranks on one machine do not add up, and
@@ -142,11 +152,50 @@ TEST(RankMemoryTest, EachRankChecksItsOwnGpu) {
   const ShardingStrategy& strategy = ddp.strategy;
   const RankMemory& memory = ddp.memory;
   const Backend::Memory gpu{"GPU 3", memory.total_bytes() * 1.5, false};
-  EXPECT_TRUE(CheckRankMemory(memory, gpu, strategy, 8, 8).ok());
-  const absl::Status status = CheckRankMemory(memory, {"GPU 3", 2048, false}, strategy, 8, 8);
+  EXPECT_TRUE(CheckRankMemory(ddp.recipe, memory, gpu, strategy, 8, 8, 8).ok());
+  const absl::Status status =
+      CheckRankMemory(ddp.recipe, memory, {"GPU 3", 2048, false}, strategy, 8, 8, 8);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(status.message()), AllOf(::testing::StartsWith("one rank needs "),
                                                    HasSubstr("GPU 3 has 2.0 KiB free;")));
+}
+
+// Where another layout fits, the message names the planner's as the options that select it, and
+// that layout does fit by the trainer's own estimate. One rank (so that the estimate needs no
+// pipeline stage or tensor-parallel shard) whose activations, micro-batches of 64, dominate
+// (with gradient buckets of 1 MB).
+TEST(RankMemoryTest, TooLargeNamesThePlannersLayoutThatFits) {
+  const std::vector<std::string> big_batches = {"model.d_model=64", "train.batch_size=64",
+                                                "train.micro_batch=64", "parallel.bucket_mb=1"};
+  const absl::StatusOr<Recipe> recipe = SmallRecipeWith(big_batches);
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  const ShardingStrategy ddp = *ShardingStrategyFromRecipe(recipe->parallel);
+  const RankMemory needed = EstimateRankMemory(
+      *recipe, ModelConfigFromRecipe(recipe->model, recipe->d_ff()), ddp, Recompute::kNone, 1);
+  const Backend::Memory gpu{"GPU 0", needed.total_bytes() / 2, false};
+  const absl::Status status = CheckRankMemory(*recipe, needed, gpu, ddp, 1, 1, 1);
+  ASSERT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(status.message());
+  const std::string intro = "the planner's layout for 1 rank of ";
+  ASSERT_THAT(message, HasSubstr(intro)) << message;
+  // "(--set parallel.strategy=zero3 --set parallel.tp=1 ... --set train.micro_batch=2)"
+  const size_t open = message.find("(--set ", message.find(intro));
+  const std::vector<std::string> words =
+      absl::StrSplit(message.substr(open + 1, message.find(')', open) - open - 1), ' ');
+  std::vector<std::string> sets;
+  for (size_t i = 0; i + 1 < words.size(); i += 2) {
+    ASSERT_EQ(words[i], "--set") << message;
+    sets.push_back(words[i + 1]);
+  }
+  sets.insert(sets.begin(), big_batches.begin(), big_batches.end());
+  absl::StatusOr<Recipe> fitting = SmallRecipeWith(sets);
+  ASSERT_TRUE(fitting.ok()) << fitting.status();
+  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(fitting->parallel);
+  const RankMemory memory =
+      EstimateRankMemory(*fitting, ModelConfigFromRecipe(fitting->model, fitting->d_ff()), strategy,
+                         *ParseRecompute(fitting->parallel.recompute), 1);
+  EXPECT_LT(memory.total_bytes(), needed.total_bytes()) << message;
+  EXPECT_TRUE(CheckRankMemory(*fitting, memory, gpu, strategy, 1, 1, 1).ok()) << message;
 }
 
 // The ranks of one machine share its memory: two that each fit alone do not fit together.
@@ -155,8 +204,8 @@ TEST(RankMemoryTest, RanksOnOneMachineShareItsMemory) {
   const ShardingStrategy& strategy = ddp.strategy;
   const RankMemory& memory = ddp.memory;
   const Backend::Memory machine{"this machine", memory.total_bytes() * 1.5, true};
-  EXPECT_TRUE(CheckRankMemory(memory, machine, strategy, 2, 1).ok());
-  const absl::Status status = CheckRankMemory(memory, machine, strategy, 2, 2);
+  EXPECT_TRUE(CheckRankMemory(ddp.recipe, memory, machine, strategy, 2, 2, 1).ok());
+  const absl::Status status = CheckRankMemory(ddp.recipe, memory, machine, strategy, 2, 2, 2);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(status.message()), HasSubstr("2 ranks on this machine need"));
 }

@@ -59,8 +59,8 @@ RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Reco
   std::vector<int32_t> document_positions = {0, 1, 2, 0, 1, 2, 3, 0, 1, 0, 1, 2, 3, 4};
   const int32_t* positions = documents ? document_positions.data() : nullptr;
   RankResult result;
-  result.loss =
-      model.ForwardBackward(inputs.data(), targets.data(), kBatch, kTime, 0.25f, positions);
+  result.loss = testing::ForwardBackwardLoss(model, inputs.data(), targets.data(), kBatch, kTime,
+                                             0.25f, positions);
   result.grads.assign(parameters.grads().begin(), parameters.grads().end());
   if (tp != nullptr) result.step = tp->stats();
   // Evaluation and sampling run the same vocabulary-parallel phases without gradients.
@@ -232,7 +232,7 @@ TEST(TensorParallelChunksTest, TheClassifierRunsInSeveralChunksOfRows) {
     InitParameters(config, table, kSeed, 0, table.total_numel(), parameters.params().data());
     Transformer model(config, table, parameters, backend, b, t, Recompute::kNone, ops);
     Result result;
-    result.loss = model.ForwardBackward(inputs.data(), targets.data(), b, t, 0.5f);
+    result.loss = testing::ForwardBackwardLoss(model, inputs.data(), targets.data(), b, t, 0.5f);
     result.eval_loss = model.ForwardLoss(inputs.data(), targets.data(), b, t);
     result.grads.assign(parameters.grads().begin(), parameters.grads().end());
     return result;

@@ -27,20 +27,45 @@ using ::testing::HasSubstr;
 // `kSteps` steps of 4 micro-batches, evaluated every 6, without samples unless a test asks.
 constexpr int kSteps = 12;
 
-std::string Recipe(const std::string& family) {
+// SFT shards of short chats (`data pack --sft`), packed once for the tests that train on them.
+std::string SftShards() {
+  static const std::string shards = [] {
+    std::string lines;
+    for (int i = 0; i < 200; ++i) {
+      absl::StrAppend(&lines, R"({"messages": [{"role": "user", "content": ")", i % 10,
+                      R"( + 1?"}, {"role": "assistant", "content": ")", i % 10 + 1, R"("}]})",
+                      "\n");
+    }
+    const std::string chat = testing::WriteTempFile("pp_chat.jsonl", lines);
+    const std::string dir = testing::FreshTempDir("pp_sft_shards");
+    const testing::Outcome packed = testing::RunDtrain(
+        absl::StrCat("data pack --sft --chat-template chatml ", chat, " --out ", dir));
+    EXPECT_EQ(packed.exit_code, 0) << packed.stderr_text;
+    return dir;
+  }();
+  return shards;
+}
+
+// sft: the SFT shards, documents packed into the rows (positions, masked prompts), instead of
+// byte-level text; rows of 96 tokens, which a chat of about 70 fills alone.
+std::string Recipe(const std::string& family, bool sft = false) {
+  const int seq_len = sft ? 96 : 16;
   std::string text;
   for (int i = 0; i < 300; ++i) absl::StrAppend(&text, "Pack my box with ", i % 7, " jugs.\n");
-  const std::string data = testing::WriteTempFile("pp_text.txt", text);
-  const std::string model =
+  const std::string data =
+      sft ? absl::StrCat("format: sft, val_fraction: 0.2, train: [\"", SftShards(),
+                         "/shard-*.tar\"]")
+          : absl::StrCat("train: [", testing::WriteTempFile("pp_text.txt", text), "]");
+  const std::string model = absl::StrCat(
       family == "llama"
           ? "family: llama, n_layer: 4, n_head: 4, n_kv_head: 2, d_model: 32, d_ff: 64, "
-            "max_seq_len: 32"
-          : "n_layer: 4, n_head: 4, d_model: 32, max_seq_len: 32";
+          : "n_layer: 4, n_head: 4, d_model: 32, ",
+      "max_seq_len: ", std::max(seq_len, 32));
   return testing::WriteTempFile(
-      absl::StrCat("pp_", family, ".yaml"),
-      absl::StrCat("run: {name: pp, seed: 5, threads: 1}\nmodel: {", model, "}\ndata: {train: [",
-                   data, "]}\n", R"(train: {steps: )", kSteps,
-                   R"(, batch_size: 8, micro_batch: 2, seq_len: 16, warmup_steps: 1,
+      absl::StrCat("pp_", family, sft ? "_sft" : "", ".yaml"),
+      absl::StrCat("run: {name: pp, seed: 5, threads: 1}\nmodel: {", model, "}\ndata: {", data,
+                   "}\n", R"(train: {steps: )", kSteps,
+                   ", batch_size: 8, micro_batch: 2, seq_len: ", seq_len, R"(, warmup_steps: 1,
         eval_every: 6, eval_batches: 2, export_to: ""}
 parallel: {timeout_s: 30}
 checkpoint: {resume: never}
@@ -67,13 +92,15 @@ struct PipelineCase {
   // One more --set for both runs, and its name in the test's.
   std::string set = "";
   std::string label = "";
+  bool sft = false;  // train on SFT documents (Recipe)
 };
 
 std::string CaseName(const PipelineCase& c) {
   return absl::StrCat(c.family, "_pp", c.pp, "_", c.schedule,
                       c.virtual_stages > 1 ? absl::StrCat("_v", c.virtual_stages) : "",
                       c.tp > 1 ? absl::StrCat("_tp", c.tp, c.sequence_parallel ? "_sp" : "") : "",
-                      c.dp > 1 ? absl::StrCat("_dp", c.dp, "_", c.strategy) : "", c.label);
+                      c.dp > 1 ? absl::StrCat("_dp", c.dp, "_", c.strategy) : "",
+                      c.sft ? "_sft" : "", c.label);
 }
 
 class PipelineParallelTrainTest : public ::testing::TestWithParam<PipelineCase> {};
@@ -86,7 +113,7 @@ class PipelineParallelTrainTest : public ::testing::TestWithParam<PipelineCase> 
 // and tensor-parallel runs (train_tensor_parallel_test.cc).
 TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
   const PipelineCase& c = GetParam();
-  const std::string recipe = Recipe(c.family);
+  const std::string recipe = Recipe(c.family, c.sft);
   const std::string name = CaseName(c);
   const std::string single = testing::FreshTempDir("pp_single_" + name);
   const testing::Outcome one = testing::RunDtrain(absl::StrCat(
@@ -202,7 +229,21 @@ INSTANTIATE_TEST_SUITE_P(
                      .tp = 2,
                      .dp = 2,
                      .strategy = "ddp",
-                     .sequence_parallel = true}),
+                     .sequence_parallel = true},
+        // SFT: every chunk takes the documents' positions, the loss is over the trained tokens
+        // (counted by every stage, summed over the replicas).
+        PipelineCase{.family = "gpt2", .pp = 2, .schedule = "1f1b", .sft = true},
+        PipelineCase{.family = "llama",
+                     .pp = 2,
+                     .schedule = "interleaved",
+                     .virtual_stages = 2,
+                     .sft = true},
+        PipelineCase{.family = "gpt2",
+                     .pp = 2,
+                     .schedule = "1f1b",
+                     .dp = 2,
+                     .strategy = "zero1",
+                     .sft = true}),
     [](const ::testing::TestParamInfo<PipelineCase>& info) { return CaseName(info.param); });
 
 struct ReshardCase {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/model/model_config.h"
+#include "core/model/transformer.h"
 
 namespace dtrain::testing {
 
@@ -32,6 +33,14 @@ inline std::vector<int32_t> PatternTokens(size_t count, int vocab, int salt) {
     tokens[i] = static_cast<int32_t>((i * 5 + salt * 17) % vocab);
   }
   return tokens;
+}
+
+// model.ForwardBackward, then the loss sum it added (TakeLossSum).
+inline double ForwardBackwardLoss(Transformer& model, const int32_t* inputs, const int32_t* targets,
+                                  int b, int t, float grad_scale,
+                                  const int32_t* positions = nullptr) {
+  model.ForwardBackward(inputs, targets, b, t, grad_scale, positions);
+  return model.TakeLossSum();
 }
 
 }  // namespace dtrain::testing

@@ -150,13 +150,13 @@ void CpuBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_emb
                          vocab_end, &pool_, positions);
 }
 
-double CpuBackend::ClassifierForwardBackward(float* dx, float* dweight, const float* x,
-                                             const float* weight, const int32_t* targets, int n,
-                                             int c, int v, float grad_scale) {
+void CpuBackend::ClassifierForwardBackward(float* dx, float* dweight, const float* x,
+                                           const float* weight, const int32_t* targets, int n,
+                                           int c, int v, float grad_scale, double* loss_sum) {
   const int chunk_rows = std::min(n, cpu::ClassifierChunkRows(v));
   float* scratch = Scratch(cpu::ClassifierScratchSize(chunk_rows, v));
-  return cpu::ClassifierForwardBackward(dx, dweight, x, weight, targets, n, c, v, grad_scale,
-                                        chunk_rows, scratch, &pool_);
+  *loss_sum += cpu::ClassifierForwardBackward(dx, dweight, x, weight, targets, n, c, v, grad_scale,
+                                              chunk_rows, scratch, &pool_);
 }
 
 void CpuBackend::ClassifierRowMax(float* max, const float* logits, int n, int v) {
@@ -169,9 +169,9 @@ void CpuBackend::ClassifierExpSums(float* logits, float* sums, float* target_log
   cpu::ClassifierExpSums(logits, sums, target_logits, max, targets, n, v, vocab_begin, &pool_);
 }
 
-double CpuBackend::ClassifierLossSum(const float* max, const float* sums,
-                                     const float* target_logits, const int32_t* targets, int n) {
-  return cpu::ClassifierLossSum(max, sums, target_logits, targets, n);
+void CpuBackend::ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
+                                   const int32_t* targets, int n, double* loss_sum) {
+  *loss_sum += cpu::ClassifierLossSum(max, sums, target_logits, targets, n);
 }
 
 void CpuBackend::ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets,
@@ -183,7 +183,9 @@ void CpuBackend::Add(float* out, const float* a, const float* b, size_t n) {
   cpu::Add(out, a, b, n, &pool_);
 }
 
-double CpuBackend::SumSquares(const float* x, size_t n) { return cpu::SumSquares(x, n, &pool_); }
+void CpuBackend::SumSquares(const float* x, size_t n, double* sum) {
+  *sum += cpu::SumSquares(x, n, &pool_);
+}
 
 void CpuBackend::Scale(float* x, float factor, size_t n) { cpu::Scale(x, factor, n, &pool_); }
 

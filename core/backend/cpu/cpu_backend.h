@@ -70,19 +70,19 @@ class CpuBackend : public Backend {
                          const int32_t* tokens, int b, int t, int c, int vocab_begin, int vocab_end,
                          const int32_t* positions) override;
 
-  double ClassifierForwardBackward(float* dx, float* dweight, const float* x, const float* weight,
-                                   const int32_t* targets, int n, int c, int v,
-                                   float grad_scale) override;
+  void ClassifierForwardBackward(float* dx, float* dweight, const float* x, const float* weight,
+                                 const int32_t* targets, int n, int c, int v, float grad_scale,
+                                 double* loss_sum) override;
   void ClassifierRowMax(float* max, const float* logits, int n, int v) override;
   void ClassifierExpSums(float* logits, float* sums, float* target_logits, const float* max,
                          const int32_t* targets, int n, int v, int vocab_begin) override;
-  double ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
-                           const int32_t* targets, int n) override;
+  void ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
+                         const int32_t* targets, int n, double* loss_sum) override;
   void ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets, int n,
                                 int v, int vocab_begin, float grad_scale) override;
 
   void Add(float* out, const float* a, const float* b, size_t n) override;
-  double SumSquares(const float* x, size_t n) override;
+  void SumSquares(const float* x, size_t n, double* sum) override;
   void Scale(float* x, float factor, size_t n) override;
   void Zero(float* x, size_t n) override;
 

@@ -2,12 +2,15 @@
 // kRows = kThreads / kLanes rows of kLanes lanes each. Forward and dq: a block's rows are kRows
 // consecutive query rows of one (batch, head); the keys and values they attend to pass through
 // shared memory kRows at a time. dk and dv: a block's rows are kRows consecutive key rows of one
-// (batch, kv head); the query and dout rows of every head of the group, from the block's first
-// key on, pass through shared memory kRows at a time, with their lse and delta.
+// (batch, kv head); the query and dout rows of every head of the group that see them pass through
+// shared memory kRows at a time, with their lse and delta. With documents packed into the rows
+// (positions_math.h) a row sees only its own document's rows, and a block streams only the rows
+// its rows' documents span.
 #include <algorithm>
 
 #include "core/backend/cuda/attention_math.h"
 #include "core/backend/cuda/kernels.h"
+#include "core/backend/cuda/positions_math.h"
 #include "core/backend/cuda/warp.cuh"
 
 namespace dtrain::cuda {
@@ -28,43 +31,59 @@ __device__ void LoadTile(float* tile, const T* base, size_t stride, int first, i
   }
 }
 
+// The batch element's T positions, or null without documents.
+__device__ const int32_t* RowPositions(const int32_t* positions, int b, const AttentionDims& dims) {
+  return positions == nullptr ? nullptr : positions + static_cast<size_t>(b) * dims.time;
+}
+
 // A block of the forward and dq kernels (grid (B * H, query tiles)): kRows consecutive query rows
 // of one (batch, head); t is the calling thread's row.
 template <int kLanes>
 struct QueryBlock {
   int b, h, kv, t;
-  int end;  // one past the block's last query row
-  __device__ explicit QueryBlock(const AttentionDims& dims)
+  int first;                 // the block's first query row
+  int end;                   // one past its last
+  const int32_t* positions;  // the batch element's, or null
+  __device__ QueryBlock(const AttentionDims& dims, const int32_t* all_positions)
       : b(static_cast<int>(blockIdx.x) / dims.heads),
         h(static_cast<int>(blockIdx.x) % dims.heads),
         kv(h / (dims.heads / dims.kv_heads)),
         t(static_cast<int>(blockIdx.y) * kRows<kLanes> + static_cast<int>(threadIdx.x) / kLanes),
-        end(min((static_cast<int>(blockIdx.y) + 1) * kRows<kLanes>, dims.time)) {}
+        first(static_cast<int>(blockIdx.y) * kRows<kLanes>),
+        end(min(first + kRows<kLanes>, dims.time)),
+        positions(RowPositions(all_positions, b, dims)) {}
 };
 
-// Streams key and value rows [0, block.end) of the block's kv head (qkv: its batch element's)
-// through shared memory, kRows at a time: visit(keys, values, count) with the first `count` rows
-// of each tile that row t sees, for rows t < T.
+// Streams the key and value rows of the block's kv head (qkv: its batch element's) that its rows
+// see, from its first row's first visible key to its last row, through shared memory kRows at a
+// time: visit(keys, values, count) with the `count` consecutive rows of each tile that row t
+// sees, for rows t < T that see any.
 template <int kLanes, typename T, typename Visit>
 __device__ void StreamKeys(const T* qkv, const AttentionDims& dims, const QueryBlock<kLanes>& block,
                            const Visit& visit) {
   extern __shared__ float shared[];
   float* keys = shared;
   float* values = shared + kRows<kLanes> * dims.head_dim;
-  for (int tile = 0; tile < block.end; tile += kRows<kLanes>) {
+  const int d = dims.head_dim;
+  const RowRange visible = VisibleKeys(block.positions, min(block.t, dims.time - 1));
+  for (int tile = VisibleKeys(block.positions, block.first).begin; tile < block.end;
+       tile += kRows<kLanes>) {
     const int count = min(kRows<kLanes>, block.end - tile);
-    LoadTile(keys, KeyAt(qkv, dims, block.kv, 0), dims.qkv_width, tile, count, dims.head_dim);
-    LoadTile(values, ValueAt(qkv, dims, block.kv, 0), dims.qkv_width, tile, count, dims.head_dim);
+    LoadTile(keys, KeyAt(qkv, dims, block.kv, 0), dims.qkv_width, tile, count, d);
+    LoadTile(values, ValueAt(qkv, dims, block.kv, 0), dims.qkv_width, tile, count, d);
     __syncthreads();
-    if (block.t < dims.time) visit(keys, values, min(count, block.t + 1 - tile));
+    int offset = 0;
+    const int seen = ClipToRun(visible, tile, count, &offset);
+    if (block.t < dims.time && seen > 0) visit(keys + offset * d, values + offset * d, seen);
     __syncthreads();
   }
 }
 
 template <int kLanes, typename T>
 __global__ void __launch_bounds__(kThreads)
-    AttentionForwardKernel(T* out, float* lse, const T* qkv, AttentionDims dims) {
-  const QueryBlock<kLanes> block(dims);
+    AttentionForwardKernel(T* out, float* lse, const T* qkv, const int32_t* positions,
+                           AttentionDims dims) {
+  const QueryBlock<kLanes> block(dims, positions);
   const int h = block.h, t = block.t;
   qkv += static_cast<size_t>(block.b) * dims.time * dims.qkv_width;
   const DeviceLanes<kLanes> lanes;
@@ -82,8 +101,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int kLanes, typename T>
 __global__ void __launch_bounds__(kThreads)
     AttentionQueryGradKernel(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                             AttentionDims dims) {
-  const QueryBlock<kLanes> block(dims);
+                             const int32_t* positions, AttentionDims dims) {
+  const QueryBlock<kLanes> block(dims, positions);
   const int h = block.h, t = block.t;
   const size_t qkv_offset = static_cast<size_t>(block.b) * dims.time * dims.qkv_width;
   const size_t out_offset = static_cast<size_t>(block.b) * dims.time * dims.out_width;
@@ -108,7 +127,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int kLanes, typename T>
 __global__ void __launch_bounds__(kThreads)
     AttentionKeyValueGradKernel(T* dqkv, const T* dout, const T* qkv, const T* out,
-                                const float* lse, AttentionDims dims) {
+                                const float* lse, const int32_t* positions, AttentionDims dims) {
   extern __shared__ float shared[];
   float* queries = shared;
   float* dys = queries + kRows<kLanes> * dims.head_dim;
@@ -119,6 +138,12 @@ __global__ void __launch_bounds__(kThreads)
   const int first = blockIdx.y * kRows<kLanes>;
   const int r = threadIdx.x / kLanes;
   const int s = first + r;
+  const int d = dims.head_dim;
+  positions = RowPositions(positions, b, dims);
+  // The query rows that see the block's keys end where its last key's document does.
+  const int end =
+      VisibleQueries(positions, dims.time, min(first + kRows<kLanes>, dims.time) - 1).end;
+  const RowRange queries_of_s = VisibleQueries(positions, dims.time, min(s, dims.time - 1));
   const size_t qkv_offset = static_cast<size_t>(b) * dims.time * dims.qkv_width;
   const size_t out_offset = static_cast<size_t>(b) * dims.time * dims.out_width;
   qkv += qkv_offset;
@@ -132,8 +157,8 @@ __global__ void __launch_bounds__(kThreads)
     row.v = LoadSlice(lanes, ValueAt(qkv, dims, kv, s), dims.head_dim);
   }
   for (int h = kv * group; h < (kv + 1) * group; ++h) {
-    for (int tile = first; tile < dims.time; tile += kRows<kLanes>) {
-      const int count = min(kRows<kLanes>, dims.time - tile);
+    for (int tile = first; tile < end; tile += kRows<kLanes>) {
+      const int count = min(kRows<kLanes>, end - tile);
       LoadTile(queries, QueryAt(qkv, dims, h, 0), dims.qkv_width, tile, count, dims.head_dim);
       LoadTile(dys, OutAt(dout, dims, h, 0), dims.out_width, tile, count, dims.head_dim);
       if (r < count) {  // this row's lanes compute query row tile + r's delta, as dq's kernel does
@@ -146,10 +171,11 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       __syncthreads();
-      if (s < dims.time) {
-        const int skip = max(s - tile, 0);  // query rows t < s do not see key s
-        KeyGradOverQueries(lanes, row, queries + skip * dims.head_dim, dys + skip * dims.head_dim,
-                           dims.head_dim, tile_lse + skip, tile_delta + skip, count - skip, dims);
+      int offset = 0;
+      const int seen = ClipToRun(queries_of_s, tile, count, &offset);
+      if (s < dims.time && seen > 0) {
+        KeyGradOverQueries(lanes, row, queries + offset * d, dys + offset * d, d, tile_lse + offset,
+                           tile_delta + offset, seen, dims);
       }
       __syncthreads();
     }
@@ -169,26 +195,27 @@ unsigned Tiles(int time, int rows) { return static_cast<unsigned>((time + rows -
 
 template <int kLanes, typename T>
 void LaunchForward(T* out, float* lse, const T* qkv, const AttentionShape& shape,
-                   cudaStream_t stream) {
+                   const int32_t* positions, cudaStream_t stream) {
   const AttentionDims dims = MakeAttentionDims(shape);
   const dim3 grid(static_cast<unsigned>(shape.batch * shape.heads),
                   Tiles(shape.time, kRows<kLanes>));
   const size_t bytes = 2 * sizeof(float) * kRows<kLanes> * shape.head_dim;
-  AttentionForwardKernel<kLanes><<<grid, kThreads, bytes, stream>>>(out, lse, qkv, dims);
+  AttentionForwardKernel<kLanes><<<grid, kThreads, bytes, stream>>>(out, lse, qkv, positions, dims);
 }
 
 template <int kLanes, typename T>
 void LaunchBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                    const AttentionShape& shape, cudaStream_t stream) {
+                    const AttentionShape& shape, const int32_t* positions, cudaStream_t stream) {
   const AttentionDims dims = MakeAttentionDims(shape);
   const unsigned tiles = Tiles(shape.time, kRows<kLanes>);
   const size_t tile_bytes = 2 * sizeof(float) * kRows<kLanes> * shape.head_dim;
   AttentionQueryGradKernel<kLanes>
       <<<dim3(static_cast<unsigned>(shape.batch * shape.heads), tiles), kThreads, tile_bytes,
-         stream>>>(dqkv, dout, qkv, out, lse, dims);
+         stream>>>(dqkv, dout, qkv, out, lse, positions, dims);
   AttentionKeyValueGradKernel<kLanes>
       <<<dim3(static_cast<unsigned>(shape.batch * shape.kv_heads), tiles), kThreads,
-         tile_bytes + 2 * sizeof(float) * kRows<kLanes>, stream>>>(dqkv, dout, qkv, out, lse, dims);
+         tile_bytes + 2 * sizeof(float) * kRows<kLanes>, stream>>>(dqkv, dout, qkv, out, lse,
+                                                                   positions, dims);
 }
 
 // launch.template operator()<kLanes>() for the lanes head_dim needs.
@@ -214,30 +241,31 @@ void WithLanes(int head_dim, const Launch& launch) {
 
 template <typename T>
 cudaError_t AttentionForward(T* out, float* lse, const T* qkv, const AttentionShape& shape,
-                             cudaStream_t stream) {
+                             const int32_t* positions, cudaStream_t stream) {
   if (!Supported(shape)) return cudaErrorInvalidValue;
   if (shape.batch == 0 || shape.time == 0) return cudaSuccess;
   WithLanes(shape.head_dim,
-            [&]<int kLanes>() { LaunchForward<kLanes>(out, lse, qkv, shape, stream); });
+            [&]<int kLanes>() { LaunchForward<kLanes>(out, lse, qkv, shape, positions, stream); });
   return cudaSuccess;
 }
 
 template <typename T>
 cudaError_t AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                              const AttentionShape& shape, cudaStream_t stream) {
+                              const AttentionShape& shape, const int32_t* positions,
+                              cudaStream_t stream) {
   if (!Supported(shape)) return cudaErrorInvalidValue;
   if (shape.batch == 0 || shape.time == 0) return cudaSuccess;
   WithLanes(shape.head_dim, [&]<int kLanes>() {
-    LaunchBackward<kLanes>(dqkv, dout, qkv, out, lse, shape, stream);
+    LaunchBackward<kLanes>(dqkv, dout, qkv, out, lse, shape, positions, stream);
   });
   return cudaSuccess;
 }
 
 #define DTRAIN_INSTANTIATE(T)                                                               \
   template cudaError_t AttentionForward<T>(T*, float*, const T*, const AttentionShape&,     \
-                                           cudaStream_t);                                   \
+                                           const int32_t*, cudaStream_t);                   \
   template cudaError_t AttentionBackward<T>(T*, const T*, const T*, const T*, const float*, \
-                                            const AttentionShape&, cudaStream_t);
+                                            const AttentionShape&, const int32_t*, cudaStream_t);
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(Bf16)
 #undef DTRAIN_INSTANTIATE

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,11 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 // The classifier's logits chunk: at most this many floats (256 MiB), so (N, V) never exists whole.
 constexpr size_t kClassifierChunkFloats = size_t{64} << 20;
+// Pinned staging for CopyFromHost: slots of 1 MiB (a micro-batch's token ids, targets and
+// positions up to 256K tokens), 8 of them, so that a slot comes round again only after the
+// copies of two more micro-batches were issued.
+constexpr size_t kStagingSlotBytes = size_t{1} << 20;
+constexpr int kStagingSlots = 8;
 
 // The largest power of two dividing `pointer`'s address, up to cuBLASLt's default assumption of
 // 256: views into the arena or the flat parameters are often only 4-byte aligned, and the
@@ -82,6 +88,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   } catch (const OutOfMemory& oom) {
     return absl::ResourceExhaustedError(absl::StrCat("cuBLASLt's workspace: ", oom.what()));
   }
+  backend->staging_.resize(kStagingSlots);
+  for (StagingSlot& slot : backend->staging_) {
+    backend->Check(cudaHostAlloc(&slot.pinned, kStagingSlotBytes, cudaHostAllocDefault),
+                   "cudaHostAlloc (staging)");
+    backend->Check(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming),
+                   "cudaEventCreate (staging)");
+  }
   if (!backend->first_error_.ok()) return backend->first_error_;
   return backend;
 }
@@ -102,6 +115,10 @@ CudaBackend::~CudaBackend() {
   logits_.Reset();
   losses_.Reset();
   block_sums_.Reset();
+  for (const StagingSlot& slot : staging_) {
+    if (slot.copied != nullptr) cudaEventDestroy(slot.copied);
+    if (slot.pinned != nullptr) cudaFreeHost(slot.pinned);
+  }
   cublasLtDestroy(lt_);
   cudaStreamDestroy(stream_);
 }
@@ -112,14 +129,6 @@ void CudaBackend::Check(cudaError_t error, const char* what) {
       "CUDA error in ", what, " on GPU ", device_, ": ", cudaGetErrorString(error),
       " (kernels run asynchronously: an error may surface in a later call; CUDA_LAUNCH_BLOCKING=1 "
       "names the kernel that caused it)"));
-}
-
-void CudaBackend::RefusePositions(const int32_t* positions, const char* kernel) {
-  if (positions == nullptr || !first_error_.ok()) return;
-  first_error_ = absl::UnimplementedError(absl::StrCat(
-      kernel, " on GPU ", device_,
-      ": packed documents' positions (data.format sft) are not in the CUDA kernels yet; train "
-      "SFT data with run.device: cpu"));
 }
 
 void CudaBackend::CheckBlas(cublasStatus_t status, const char* what) {
@@ -162,9 +171,21 @@ void CudaBackend::CopyToHost(void* host, const void* src, size_t bytes) {
 
 void CudaBackend::CopyFromHost(void* dst, const void* host, size_t bytes) {
   if (bytes == 0) return;
-  Check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_), "CopyFromHost");
-  // The host memory may be reused as soon as this returns.
-  Synchronize();
+  if (bytes > kStagingSlotBytes || staging_.empty()) {
+    Check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_), "CopyFromHost");
+    // The host memory may be reused as soon as this returns.
+    Synchronize();
+    return;
+  }
+  // Through the next pinned slot, without waiting for the stream: the host's bytes are in the
+  // slot when this returns, and the slot is reused only once the copy out of it has run (an
+  // event never recorded counts as done).
+  StagingSlot& slot = staging_[next_slot_];
+  next_slot_ = (next_slot_ + 1) % staging_.size();
+  Check(cudaEventSynchronize(slot.copied), "the copy out of a staging slot");
+  std::memcpy(slot.pinned, host, bytes);
+  Check(cudaMemcpyAsync(dst, slot.pinned, bytes, cudaMemcpyHostToDevice, stream_), "CopyFromHost");
+  Check(cudaEventRecord(slot.copied, stream_), "cudaEventRecord (staging)");
 }
 
 void CudaBackend::Synchronize() {
@@ -362,15 +383,13 @@ void CudaBackend::SwiGluBackward(float* dgate_up, const float* gate_up, const fl
 
 void CudaBackend::RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset,
                               const int32_t* positions) {
-  RefusePositions(positions, "RopeForward");
-  cuda::RopeForward<float>(qkv, shape, theta, pos_offset, stream_);
+  cuda::RopeForward<float>(qkv, shape, theta, pos_offset, positions, stream_);
   CheckLaunch("RopeForward");
 }
 
 void CudaBackend::RopeBackward(float* dqkv, const AttentionShape& shape, float theta,
                                int pos_offset, const int32_t* positions) {
-  RefusePositions(positions, "RopeBackward");
-  cuda::RopeBackward<float>(dqkv, shape, theta, pos_offset, stream_);
+  cuda::RopeBackward<float>(dqkv, shape, theta, pos_offset, positions, stream_);
   CheckLaunch("RopeBackward");
 }
 
@@ -379,8 +398,7 @@ static_assert(cuda::kAttentionMaxHeadDim == 512);
 
 void CudaBackend::AttentionForward(float* out, float* lse, const float* qkv,
                                    const AttentionShape& shape, const int32_t* positions) {
-  RefusePositions(positions, "AttentionForward");
-  Check(cuda::AttentionForward<float>(out, lse, qkv, shape, stream_),
+  Check(cuda::AttentionForward<float>(out, lse, qkv, shape, positions, stream_),
         "AttentionForward (head_dim at most 512, heads a multiple of kv_heads)");
   CheckLaunch("AttentionForward");
 }
@@ -388,8 +406,7 @@ void CudaBackend::AttentionForward(float* out, float* lse, const float* qkv,
 void CudaBackend::AttentionBackward(float* dqkv, const float* dout, const float* qkv,
                                     const float* out, const float* lse, const AttentionShape& shape,
                                     const int32_t* positions) {
-  RefusePositions(positions, "AttentionBackward");
-  Check(cuda::AttentionBackward<float>(dqkv, dout, qkv, out, lse, shape, stream_),
+  Check(cuda::AttentionBackward<float>(dqkv, dout, qkv, out, lse, shape, positions, stream_),
         "AttentionBackward (head_dim at most 512, heads a multiple of kv_heads)");
   CheckLaunch("AttentionBackward");
 }
@@ -397,25 +414,23 @@ void CudaBackend::AttentionBackward(float* dqkv, const float* dout, const float*
 void CudaBackend::EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
                                    const float* position_embedding, int b, int t, int c,
                                    int vocab_begin, int vocab_end, const int32_t* positions) {
-  RefusePositions(positions, "EmbeddingForward");
   cuda::EmbeddingForward<float>(out, tokens, token_embedding, position_embedding, b, t, c,
-                                vocab_begin, vocab_end, stream_);
+                                vocab_begin, vocab_end, positions, stream_);
   CheckLaunch("EmbeddingForward");
 }
 
 void CudaBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
                                     const float* dout, const int32_t* tokens, int b, int t, int c,
                                     int vocab_begin, int vocab_end, const int32_t* positions) {
-  RefusePositions(positions, "EmbeddingBackward");
   cuda::EmbeddingBackward<float>(dtoken_embedding, dposition_embedding, dout, tokens, b, t, c,
-                                 vocab_begin, vocab_end, stream_);
+                                 vocab_begin, vocab_end, positions, stream_);
   CheckLaunch("EmbeddingBackward");
 }
 
-double CudaBackend::ClassifierForwardBackward(float* dx, float* dweight, const float* x,
-                                              const float* weight, const int32_t* targets, int n,
-                                              int c, int v, float grad_scale) {
-  if (n == 0) return 0;
+void CudaBackend::ClassifierForwardBackward(float* dx, float* dweight, const float* x,
+                                            const float* weight, const int32_t* targets, int n,
+                                            int c, int v, float grad_scale, double* loss_sum) {
+  if (n == 0) return;
   const int chunk_rows = static_cast<int>(
       std::clamp<size_t>(kClassifierChunkFloats / std::max(v, 1), 1, static_cast<size_t>(n)));
   float* logits = Scratch(logits_, static_cast<size_t>(chunk_rows) * v);  // (chunk, V)
@@ -432,11 +447,8 @@ double CudaBackend::ClassifierForwardBackward(float* dx, float* dweight, const f
            dx + static_cast<size_t>(r0) * c, c, nullptr);
     Matmul(true, false, v, c, rows, 1.0f, logits, v, x_chunk, c, 1.0f, dweight, c, nullptr);
   }
-  // The rows' losses summed in double on the host, in row order: N floats a micro-batch.
-  const std::vector<float> row_losses = ToHost(losses, n);
-  double loss = 0;
-  for (const float row_loss : row_losses) loss += row_loss;
-  return loss;
+  cuda::AddSum(loss_sum, losses, n, stream_);
+  CheckLaunch("AddSum (classifier loss)");
 }
 
 void CudaBackend::ClassifierRowMax(float* max, const float* logits, int n, int v) {
@@ -459,10 +471,13 @@ void CudaBackend::ClassifierExpSums(float* logits, float* sums, float* target_lo
   CopyFromHost(target_logits, host_target_logits.data(), n * sizeof(float));
 }
 
-double CudaBackend::ClassifierLossSum(const float* max, const float* sums,
-                                      const float* target_logits, const int32_t* targets, int n) {
-  return cpu::ClassifierLossSum(ToHost(max, n).data(), ToHost(sums, n).data(),
-                                ToHost(target_logits, n).data(), ToHost(targets, n).data(), n);
+void CudaBackend::ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
+                                    const int32_t* targets, int n, double* loss_sum) {
+  double total = 0;
+  CopyToHost(&total, loss_sum, sizeof(total));
+  total += cpu::ClassifierLossSum(ToHost(max, n).data(), ToHost(sums, n).data(),
+                                  ToHost(target_logits, n).data(), ToHost(targets, n).data(), n);
+  CopyFromHost(loss_sum, &total, sizeof(total));
 }
 
 void CudaBackend::ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets,
@@ -479,17 +494,9 @@ void CudaBackend::Add(float* out, const float* a, const float* b, size_t n) {
   CheckLaunch("Add");
 }
 
-double CudaBackend::SumSquares(const float* x, size_t n) {
-  // The block sums, then the double (two floats' room, 8-byte aligned after an even count).
-  const size_t blocks = cuda::SumSquaresBlocks(n);
-  const size_t double_at = (blocks + 1) / 2 * 2;
-  float* scratch = Scratch(block_sums_, double_at + 2);
-  double* sum = reinterpret_cast<double*>(scratch + double_at);
-  cuda::SumSquares<float>(sum, scratch, x, n, stream_);
+void CudaBackend::SumSquares(const float* x, size_t n, double* sum) {
+  cuda::SumSquares<float>(sum, Scratch(block_sums_, cuda::SumSquaresBlocks(n)), x, n, stream_);
   CheckLaunch("SumSquares");
-  double host_sum = 0;
-  CopyToHost(&host_sum, sum, sizeof(host_sum));
-  return host_sum;
 }
 
 void CudaBackend::Scale(float* x, float factor, size_t n) {

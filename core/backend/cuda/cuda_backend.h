@@ -6,10 +6,12 @@
 //
 // Memory: Allocate is cudaMalloc (zero-filled on the stream); running out throws OutOfMemory
 // (core/util/allocate.h) naming the bytes asked and free, which AllocateOrError reports with the
-// phase. Copies and kernels are asynchronous on the stream; CopyToHost
-// and the methods returning a number (SumSquares, the classifier's loss) wait for it. A failed
-// CUDA call or kernel is kept as status(), naming it. Not thread-safe; every call comes from
-// the thread that created it (whose current device it set).
+// phase. Copies and kernels are asynchronous on the stream, the loss and the sums of squares
+// included (they add into device doubles), and so are copies from the host of up to 1 MiB (the
+// micro-batches' token ids, targets and positions: through pinned staging slots); CopyToHost
+// and larger copies from the host wait for it. A failed CUDA call or kernel is kept as
+// status(), naming it. Not thread-safe; every call comes from the thread that created it (whose
+// current device it set).
 #pragma once
 
 #include <cublasLt.h>
@@ -91,21 +93,21 @@ class CudaBackend : public Backend {
                          const int32_t* tokens, int b, int t, int c, int vocab_begin, int vocab_end,
                          const int32_t* positions) override;
 
-  double ClassifierForwardBackward(float* dx, float* dweight, const float* x, const float* weight,
-                                   const int32_t* targets, int n, int c, int v,
-                                   float grad_scale) override;
+  void ClassifierForwardBackward(float* dx, float* dweight, const float* x, const float* weight,
+                                 const int32_t* targets, int n, int c, int v, float grad_scale,
+                                 double* loss_sum) override;
   // The vocabulary-parallel phases run on the host over copies of their inputs: they serve
   // tensor parallelism, which needs more than one GPU and so NCCL on device buffers (to come).
   void ClassifierRowMax(float* max, const float* logits, int n, int v) override;
   void ClassifierExpSums(float* logits, float* sums, float* target_logits, const float* max,
                          const int32_t* targets, int n, int v, int vocab_begin) override;
-  double ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
-                           const int32_t* targets, int n) override;
+  void ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
+                         const int32_t* targets, int n, double* loss_sum) override;
   void ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets, int n,
                                 int v, int vocab_begin, float grad_scale) override;
 
   void Add(float* out, const float* a, const float* b, size_t n) override;
-  double SumSquares(const float* x, size_t n) override;
+  void SumSquares(const float* x, size_t n, double* sum) override;
   void Scale(float* x, float factor, size_t n) override;
   void Zero(float* x, size_t n) override;
   void AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
@@ -119,9 +121,6 @@ class CudaBackend : public Backend {
   void CheckBlas(cublasStatus_t status, const char* what);
   // After launching kernel `kernel`: a launch error (bad configuration, an earlier fault).
   void CheckLaunch(const char* kernel) { Check(cudaGetLastError(), kernel); }
-  // Packed documents' positions are not in the kernels yet (the recipe refuses data.format sft
-  // on cuda); a call with them records an error naming the kernel instead of ignoring them.
-  void RefusePositions(const int32_t* positions, const char* kernel);
   // Row-major C (M, N) = alpha op(A) op(B) + beta C (+ bias (N) on every row when not null,
   // cuBLASLt's bias epilogue), as Backend::Gemm.
   void Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
@@ -142,7 +141,14 @@ class CudaBackend : public Backend {
   DeviceBuffer ones_;        // 1.0f each
   DeviceBuffer logits_;      // the classifier's (chunk, V) logits
   DeviceBuffer losses_;      // (N) the classifier's per-row losses
-  DeviceBuffer block_sums_;  // SumSquares's per-block sums, then its double
+  DeviceBuffer block_sums_;  // SumSquares's per-block sums
+  // CopyFromHost's pinned slots, used in turn; `copied` is recorded after the copy out of one.
+  struct StagingSlot {
+    void* pinned = nullptr;
+    cudaEvent_t copied = nullptr;
+  };
+  std::vector<StagingSlot> staging_;
+  size_t next_slot_ = 0;
   absl::Status first_error_;
 };
 

@@ -17,10 +17,10 @@ __global__ void SumSquaresOfBlocksKernel(float* block_sums, const T* x, size_t n
   if (threadIdx.x % kWarpSize == 0) block_sums[block] = sum;
 }
 
-// One warp.
-__global__ void SumOfBlockSumsKernel(double* sum_squares, const float* block_sums, size_t blocks) {
-  const double sum = SumOfBlockSums(DeviceWarp{}, block_sums, blocks);
-  if (threadIdx.x == 0) *sum_squares = sum;
+// One warp: *total += the sum of values (n) in double.
+__global__ void AddSumKernel(double* total, const float* values, size_t n) {
+  const double sum = SumInDouble(DeviceWarp{}, values, n);
+  if (threadIdx.x == 0) *total += sum;
 }
 
 template <typename T>
@@ -57,7 +57,11 @@ void SumSquares(double* sum_squares, float* block_sums, const T* x, size_t n, cu
     SumSquaresOfBlocksKernel<<<RowBlocks(static_cast<int>(blocks)), kRowWarpsPerBlock * kWarpSize,
                                0, stream>>>(block_sums, x, n, blocks);
   }
-  SumOfBlockSumsKernel<<<1, kWarpSize, 0, stream>>>(sum_squares, block_sums, blocks);
+  AddSum(sum_squares, block_sums, blocks, stream);
+}
+
+void AddSum(double* total, const float* values, size_t n, cudaStream_t stream) {
+  AddSumKernel<<<1, kWarpSize, 0, stream>>>(total, values, n);
 }
 
 template <typename T>

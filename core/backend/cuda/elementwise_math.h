@@ -1,4 +1,5 @@
-// The gradient's global norm and its clipping (core/backend/cpu/elementwise.h has the CPU's).
+// The gradient's global norm and its clipping (core/backend/cpu/elementwise.h has the CPU's), and
+// the sum of the classifier's row losses.
 // The sum of squares runs in two deterministic steps, each one warp (warp_math.h): every block of
 // kSumSquaresBlock values gets its fp32 sum (a lane adds 128 squares, the lanes combine), then
 // one warp adds the block sums in double. All terms are positive, so the fp32 step's relative
@@ -33,11 +34,11 @@ DTRAIN_HD float SumSquaresOfBlock(const Warp& warp, const T* x, size_t n, size_t
   return WarpSum(warp, sum);
 }
 
-// The sum of the blocks' sums, in double.
+// The sum of n values in double: the blocks' sums, or the classifier's row losses.
 template <typename Warp>
-DTRAIN_HD double SumOfBlockSums(const Warp& warp, const float* block_sums, size_t blocks) {
+DTRAIN_HD double SumInDouble(const Warp& warp, const float* values, size_t n) {
   double sum = 0;
-  for (size_t b = warp.lane(); b < blocks; b += kWarpSize) sum += block_sums[b];
+  for (size_t i = warp.lane(); i < n; i += kWarpSize) sum += values[i];
   return warp.Butterfly(sum, AddDoubles{});
 }
 

@@ -1,9 +1,11 @@
 // Token plus position embedding, the CPU backend's arithmetic (core/backend/cpu/embedding.h):
-// out (B*T, C) = token_embedding[token - vocab_begin] + position_embedding[t], a token outside
-// the rank's rows [vocab_begin, vocab_end) looking up zeros, a null position table adding
-// nothing. Backward accumulates deterministically, without atomics: one thread owns a column
-// and adds the rows in order, as the CPU backend does, so repeated tokens sum in the same order
-// on every run. For bf16 tables each addition into the token table rounds.
+// out (B*T, C) = token_embedding[token - vocab_begin] + position_embedding[position], a token
+// outside the rank's rows [vocab_begin, vocab_end) looking up zeros, a null position table adding
+// nothing; the position is t, or the token's position in its document (positions_math.h).
+// Backward accumulates deterministically, without atomics: one thread owns a column and adds the
+// rows in order, as the CPU backend does, so repeated tokens (or, with documents, repeated
+// positions) sum in the same order on every run. For bf16 tables each addition into the table
+// rounds.
 #pragma once
 
 #include <cstddef>
@@ -29,7 +31,8 @@ DTRAIN_HD T EmbeddingValue(const T* token_value, const T* position_value) {
   return FromFloat<T>(ToFloat(*token_value) + ToFloat(*position_value));
 }
 
-// dposition_embedding[position, j] += dout[(batch, position), j] over the batches, in order.
+// Without documents: dposition_embedding[position, j] += dout[(batch, position), j] over the
+// batches, in order.
 template <typename T>
 DTRAIN_HD void PositionEmbeddingGrad(T* dposition_embedding, const T* dout, int b, int t, int c,
                                      int position, int j) {
@@ -41,13 +44,17 @@ DTRAIN_HD void PositionEmbeddingGrad(T* dposition_embedding, const T* dout, int 
   dposition_embedding[at] = FromFloat<T>(sum);
 }
 
-// Column j of dtoken_embedding (vocab_end - vocab_begin, C) += dout's rows (B*T, C), in order.
+// Column j of a table's gradient dtable (id_end - id_begin, C) += dout's rows (B*T, C), in order,
+// row r into the table's row for ids[r]: the token table with the token ids, or the position
+// table with the documents' positions (ids [0, T)).
 template <typename T>
-DTRAIN_HD void TokenEmbeddingGradColumn(T* dtoken_embedding, const T* dout, const int32_t* tokens,
-                                        size_t rows, int c, int vocab_begin, int vocab_end, int j) {
+DTRAIN_HD void EmbeddingGradColumn(T* dtable, const T* dout, const int32_t* ids, size_t rows, int c,
+                                   int id_begin, int id_end, int j) {
   for (size_t row = 0; row < rows; ++row) {
-    T* dwte = TokenRow(dtoken_embedding, tokens[row], c, vocab_begin, vocab_end);
-    if (dwte != nullptr) dwte[j] = FromFloat<T>(ToFloat(dwte[j]) + ToFloat(dout[row * c + j]));
+    T* grad_row = TokenRow(dtable, ids[row], c, id_begin, id_end);
+    if (grad_row != nullptr) {
+      grad_row[j] = FromFloat<T>(ToFloat(grad_row[j]) + ToFloat(dout[row * c + j]));
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // Launchers of the CUDA kernels (core/backend/cuda/*.cu), for T = float or Bf16 storage: each
 // enqueues its kernel on `stream` and returns without waiting; pointers are device memory and the
-// shapes are the CPU backend's (core/backend/backend.h). Arithmetic is fp32 whatever T is; each
+// shapes are the CPU backend's (core/backend/backend.h), `positions` (B, T) included: documents
+// packed into the rows, or null (positions_math.h). Arithmetic is fp32 whatever T is; each
 // kernel's per-element or per-row arithmetic is the DTRAIN_HD function of the *_math.h header
 // named beside it, which the tests run on the host against the CPU backend. Launch errors are
 // left for the caller's cudaGetLastError, as with any kernel launch.
@@ -63,10 +64,10 @@ void AdamW(float* param, Bf16* param_copy, const G* grad, float* m, float* v, si
 // key heads of each row rotated (backward: rotated back).
 template <typename T>
 void RopeForward(T* qkv, const AttentionShape& shape, double theta, int pos_offset,
-                 cudaStream_t stream);
+                 const int32_t* positions, cudaStream_t stream);
 template <typename T>
 void RopeBackward(T* dqkv, const AttentionShape& shape, double theta, int pos_offset,
-                  cudaStream_t stream);
+                  const int32_t* positions, cudaStream_t stream);
 
 // embedding_math.h. tokens (B, T); token_embedding (vocab_end - vocab_begin, C); position_embedding
 // (maxT, C) or null; out (B*T, C). Forward: one thread per 16-byte pack of out. Backward: the
@@ -74,18 +75,20 @@ void RopeBackward(T* dqkv, const AttentionShape& shape, double theta, int pos_of
 template <typename T>
 void EmbeddingForward(T* out, const int32_t* tokens, const T* token_embedding,
                       const T* position_embedding, int b, int t, int c, int vocab_begin,
-                      int vocab_end, cudaStream_t stream);
+                      int vocab_end, const int32_t* positions, cudaStream_t stream);
 template <typename T>
 void EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const T* dout,
                        const int32_t* tokens, int b, int t, int c, int vocab_begin, int vocab_end,
-                       cudaStream_t stream);
+                       const int32_t* positions, cudaStream_t stream);
 
-// elementwise_math.h. out = a + b (n). *sum_squares (one double, device memory) = the sum of
-// squares of x (n); block_sums: scratch of SumSquaresBlocks(n) floats. Scale: x (n) *= factor.
+// elementwise_math.h. out = a + b (n). *sum_squares (one double, device memory) += the sum of
+// squares of x (n); block_sums: scratch of SumSquaresBlocks(n) floats. AddSum: *total (one
+// double) += the sum of values (n) in double, one warp. Scale: x (n) *= factor.
 template <typename T>
 void Add(T* out, const T* a, const T* b, size_t n, cudaStream_t stream);
 template <typename T>
 void SumSquares(double* sum_squares, float* block_sums, const T* x, size_t n, cudaStream_t stream);
+void AddSum(double* total, const float* values, size_t n, cudaStream_t stream);
 template <typename T>
 void Scale(T* x, float factor, size_t n, cudaStream_t stream);
 
@@ -94,9 +97,10 @@ void Scale(T* x, float factor, size_t n, cudaStream_t stream);
 // head_dim exceeds kAttentionMaxHeadDim or H is not a multiple of Hkv.
 template <typename T>
 cudaError_t AttentionForward(T* out, float* lse, const T* qkv, const AttentionShape& shape,
-                             cudaStream_t stream);
+                             const int32_t* positions, cudaStream_t stream);
 template <typename T>
 cudaError_t AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                              const AttentionShape& shape, cudaStream_t stream);
+                              const AttentionShape& shape, const int32_t* positions,
+                              cudaStream_t stream);
 
 }  // namespace dtrain::cuda

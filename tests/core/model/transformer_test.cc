@@ -42,13 +42,16 @@ TEST_P(TransformerTest, RecomputationGivesIdenticalGradients) {
   CpuBackend backend(2);
   TestModel plain(config, backend, 2, 11, Recompute::kNone, 5);
   const auto inputs = Tokens(22, config.vocab_size, 1), targets = Tokens(22, config.vocab_size, 2);
-  const double loss = plain.model.ForwardBackward(inputs.data(), targets.data(), 2, 11, 0.5f);
+  const double loss =
+      testing::ForwardBackwardLoss(plain.model, inputs.data(), targets.data(), 2, 11, 0.5f);
   const auto grads = plain.parameters.grads();
   size_t previous_bytes = plain.model.activation_bytes();
   for (Recompute recompute : {Recompute::kSelective, Recompute::kFull}) {
     SCOPED_TRACE(RecomputeName(recompute));
     TestModel recomputed(config, backend, 2, 11, recompute, 5);
-    EXPECT_EQ(recomputed.model.ForwardBackward(inputs.data(), targets.data(), 2, 11, 0.5f), loss);
+    EXPECT_EQ(
+        testing::ForwardBackwardLoss(recomputed.model, inputs.data(), targets.data(), 2, 11, 0.5f),
+        loss);
     const auto recomputed_grads = recomputed.parameters.grads();
     ASSERT_EQ(recomputed_grads.size(), grads.size());
     for (size_t i = 0; i < grads.size(); ++i) ASSERT_EQ(recomputed_grads[i], grads[i]) << i;
@@ -91,9 +94,12 @@ TEST_P(TransformerTest, MicroBatchesAccumulateToTheWholeBatchGradient) {
   TestModel halves(config, backend, 2, 8, Recompute::kNone, 9);
   const auto inputs = Tokens(32, config.vocab_size, 3), targets = Tokens(32, config.vocab_size, 4);
   const float scale = 1.0f / 32;
-  const double loss = whole.model.ForwardBackward(inputs.data(), targets.data(), 4, 8, scale);
-  double loss_halves = halves.model.ForwardBackward(inputs.data(), targets.data(), 2, 8, scale);
-  loss_halves += halves.model.ForwardBackward(inputs.data() + 16, targets.data() + 16, 2, 8, scale);
+  const double loss =
+      testing::ForwardBackwardLoss(whole.model, inputs.data(), targets.data(), 4, 8, scale);
+  double loss_halves =
+      testing::ForwardBackwardLoss(halves.model, inputs.data(), targets.data(), 2, 8, scale);
+  loss_halves += testing::ForwardBackwardLoss(halves.model, inputs.data() + 16, targets.data() + 16,
+                                              2, 8, scale);
   EXPECT_NEAR(loss_halves, loss, 1e-6 * loss);  // float32 activations
   double max_abs = 0, max_diff = 0;
   const auto a = whole.parameters.grads(), b = halves.parameters.grads();
@@ -125,7 +131,7 @@ TEST_P(TransformerTest, LossLogitsAndTrainingPathsAgree) {
   }
   EXPECT_NEAR(loss, from_logits, 1e-5 * loss);
   // Bit for bit: both run the same classifier kernel on the same (18, C) x (C, V) product.
-  EXPECT_EQ(model.ForwardBackward(inputs.data(), targets.data(), 2, 9, 1.0f), loss);
+  EXPECT_EQ(testing::ForwardBackwardLoss(model, inputs.data(), targets.data(), 2, 9, 1.0f), loss);
   EXPECT_NEAR(loss / 18, std::log(static_cast<double>(config.vocab_size)), 0.1);
 
   // The last positions' logits come from (1, C) x (C, V) products, the others from one
@@ -216,8 +222,8 @@ TEST_P(TransformerTest, PackedDocumentsMatchEachDocumentAlone) {
   const int v = config.vocab_size;
   std::vector<float> packed_logits(2 * t * v);
   packed.model.ForwardLogits(inputs.data(), 2, t, false, packed_logits.data(), positions.data());
-  const double packed_loss =
-      packed.model.ForwardBackward(inputs.data(), targets.data(), 2, t, 0.01f, positions.data());
+  const double packed_loss = testing::ForwardBackwardLoss(
+      packed.model, inputs.data(), targets.data(), 2, t, 0.01f, positions.data());
   double alone_loss = 0;
   double max_logit = 0, max_logit_diff = 0;
   at = 0;
@@ -230,8 +236,8 @@ TEST_P(TransformerTest, PackedDocumentsMatchEachDocumentAlone) {
         max_logit = std::max(max_logit, std::abs(packed_value));
         max_logit_diff = std::max(max_logit_diff, std::abs(packed_value - logits[i]));
       }
-      alone_loss +=
-          alone.model.ForwardBackward(inputs.data() + at, targets.data() + at, 1, length, 0.01f);
+      alone_loss += testing::ForwardBackwardLoss(alone.model, inputs.data() + at,
+                                                 targets.data() + at, 1, length, 0.01f);
       at += length;
     }
   }
@@ -276,7 +282,7 @@ TEST_P(TransformerTest, MaskedTargetsCountNothing) {
   ASSERT_EQ(rows.rows, 3);
   TestModel packed(config, backend, 3, t, Recompute::kNone, 4);
   const double loss_sum =
-      packed.model.ForwardBackward(rows.inputs.data(), rows.targets.data(), 3, t,
+      testing::ForwardBackwardLoss(packed.model, rows.inputs.data(), rows.targets.data(), 3, t,
                                    1.0f / rows.trained_tokens, rows.positions.data());
 
   double independent = 0;
@@ -300,7 +306,7 @@ TEST_P(TransformerTest, MaskedTargetsCountNothing) {
 
   TestModel masked(config, backend, 3, t, Recompute::kNone, 4);
   const std::vector<int32_t> none(rows.targets.size(), -1);
-  EXPECT_EQ(masked.model.ForwardBackward(rows.inputs.data(), none.data(), 3, t, 1.0f,
+  EXPECT_EQ(testing::ForwardBackwardLoss(masked.model, rows.inputs.data(), none.data(), 3, t, 1.0f,
                                          rows.positions.data()),
             0.0);
   for (const float g : masked.parameters.grads()) ASSERT_EQ(g, 0.0f);

@@ -71,8 +71,8 @@ struct Batches {
 double TrainWholeModel(StageModel& whole, const Batches& batches) {
   double loss = 0;
   for (int m = 0; m < kMicroBatches; ++m) {
-    loss += whole.model.ForwardBackward(batches.inputs[m].data(), batches.targets[m].data(), kBatch,
-                                        kTime, kGradScale);
+    loss += testing::ForwardBackwardLoss(whole.model, batches.inputs[m].data(),
+                                         batches.targets[m].data(), kBatch, kTime, kGradScale);
   }
   return loss;
 }
@@ -135,14 +135,13 @@ struct Pipeline {
             }
             std::vector<float>& output = outputs[s][mb];
             output.assign(last ? 0 : rows, 0.0f);
-            *loss +=
-                model.StageForward(slot, {.b = kBatch,
-                                          .t = kTime,
-                                          .tokens = first ? batches.inputs[mb].data() : nullptr,
-                                          .input = first ? nullptr : input.data(),
-                                          .targets = last ? batches.targets[mb].data() : nullptr,
-                                          .grad_scale = kGradScale,
-                                          .output = last ? nullptr : output.data()});
+            model.StageForward(slot, {.b = kBatch,
+                                      .t = kTime,
+                                      .tokens = first ? batches.inputs[mb].data() : nullptr,
+                                      .input = first ? nullptr : input.data(),
+                                      .targets = last ? batches.targets[mb].data() : nullptr,
+                                      .grad_scale = kGradScale,
+                                      .output = last ? nullptr : output.data()});
           } else if (action.kind == PipelineActionKind::kBackward) {
             if (!last && gradients[s].empty()) break;
             ASSERT_EQ(occupant[s][slot], mb) << "stage " << s;
@@ -168,7 +167,10 @@ struct Pipeline {
         }
       }
     }
-    for (int s = 0; s < p; ++s) ASSERT_EQ(next[s], actions[s].size()) << "stage " << s;
+    for (int s = 0; s < p; ++s) {
+      ASSERT_EQ(next[s], actions[s].size()) << "stage " << s;
+      *loss += stages[s]->model.TakeLossSum();  // 0 but on the last stage
+    }
   }
 
   PipelineShape shape;

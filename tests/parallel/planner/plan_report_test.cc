@@ -77,10 +77,12 @@ TEST(PlanReportTest, RecipeLinesSayWhatTheRecipeCannot) {
                                          .dp = 2,
                                          .micro_batch = 2,
                                          .recompute = Recompute::kSelective,
-                                         .sequence_parallel = true});
+                                         .sequence_parallel = true,
+                                         .offload = true});
   EXPECT_EQ(lines,
             "parallel:\n  strategy: fsdp\n  tp: 4\n  pp: 1\n  recompute: selective\n"
             "  sequence_parallel: true\n"
+            "  # optimizer offload to the host: no recipe key yet\n"
             "train:\n  micro_batch: 2\n");
 }
 

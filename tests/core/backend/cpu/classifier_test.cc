@@ -180,16 +180,18 @@ TEST(ClassifierTest, FloatBackendMatchesDouble) {
   CpuBackend backend(2);
   const auto x_f = ToFloat(x), w_f = ToFloat(w);
   std::vector<float> dx_f(x.size()), dw_f(w.size());
-  const double loss_f =
-      backend.ClassifierForwardBackward(dx_f.data(), dw_f.data(), x_f.data(), w_f.data(),
-                                        targets.data(), n, c, v, static_cast<float>(grad_scale));
+  double loss_f = 0;
+  backend.ClassifierForwardBackward(dx_f.data(), dw_f.data(), x_f.data(), w_f.data(),
+                                    targets.data(), n, c, v, static_cast<float>(grad_scale),
+                                    &loss_f);
   EXPECT_NEAR(loss_f, loss, testing::kFloatTolerance * loss);
   ExpectFloatMatches(dx_f, dx, "dx");
   ExpectFloatMatches(dw_f, dw, "dweight");
-  // The loss-only call returns the same loss, bit for bit: the same GEMM and row loop.
-  EXPECT_EQ(backend.ClassifierForwardBackward(nullptr, nullptr, x_f.data(), w_f.data(),
-                                              targets.data(), n, c, v, 1.0f),
-            loss_f);
+  // The loss-only call adds the same loss, bit for bit: the same GEMM and row loop.
+  double loss_twice = loss_f;
+  backend.ClassifierForwardBackward(nullptr, nullptr, x_f.data(), w_f.data(), targets.data(), n, c,
+                                    v, 1.0f, &loss_twice);
+  EXPECT_EQ(loss_twice, 2 * loss_f);
 }
 
 }  // namespace

@@ -37,11 +37,20 @@ TEST(ElementwiseTest, SumSquaresIsAccurateAndIndependentOfThreads) {
   double expected_f = 0;
   for (float v : x_f) expected_f += static_cast<double>(v) * v;
   CpuBackend one(1), two(2), three(3);
-  const double sum = one.SumSquares(x_f.data(), kSize);
+  // The backend adds into its scalar.
+  const auto sum_squares = [&](CpuBackend& backend, size_t n) {
+    double sum = 0;
+    backend.SumSquares(x_f.data(), n, &sum);
+    return sum;
+  };
+  const double sum = sum_squares(one, kSize);
   EXPECT_NEAR(sum, expected_f, 1e-12 * expected_f);
-  EXPECT_EQ(two.SumSquares(x_f.data(), kSize), sum);
-  EXPECT_EQ(three.SumSquares(x_f.data(), kSize), sum);
-  EXPECT_EQ(one.SumSquares(x_f.data(), 0), 0.0);
+  EXPECT_EQ(sum_squares(two, kSize), sum);
+  EXPECT_EQ(sum_squares(three, kSize), sum);
+  EXPECT_EQ(sum_squares(one, 0), 0.0);
+  double twice = sum;
+  one.SumSquares(x_f.data(), kSize, &twice);
+  EXPECT_EQ(twice, 2 * sum);
 }
 
 }  // namespace

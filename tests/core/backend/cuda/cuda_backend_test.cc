@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -82,6 +83,21 @@ class Ids {
 
  private:
   std::vector<int32_t> host_;
+  DeviceBuffer device_;
+};
+
+// One double in the GPU's memory, as the backend's scalars are, starting at `initial`.
+class DeviceScalar {
+ public:
+  DeviceScalar(CudaBackend& gpu, double initial)
+      : gpu_(gpu), device_(gpu.Allocate(1, DataType::kF64)) {
+    gpu.CopyFromHost(device_.data(), &initial, sizeof(initial));
+  }
+  double* get() const { return static_cast<double*>(device_.data()); }
+  double Value() const { return ReadScalar(gpu_, get()); }
+
+ private:
+  CudaBackend& gpu_;
   DeviceBuffer device_;
 };
 
@@ -186,9 +202,12 @@ TEST(CudaBackendTest, NormsActivationsAndElementwise) {
   cpu.Scale(y.cpu(), 0.37f, values);
   gpu->Scale(y.gpu(), 0.37f, values);
   ExpectNear(y, 0, "scale");
-  const double expected = cpu.SumSquares(y.cpu(), values),
-               actual = gpu->SumSquares(y.gpu(), values);
-  EXPECT_NEAR(actual, expected, kKernel * expected) << "sum of squares";
+  // Both add into their scalar, which starts at 2.
+  double expected = 2;
+  cpu.SumSquares(y.cpu(), values, &expected);
+  const DeviceScalar actual(*gpu, 2);
+  gpu->SumSquares(y.gpu(), values, actual.get());
+  EXPECT_NEAR(actual.Value(), expected, kKernel * expected) << "sum of squares";
   cpu.Zero(y.cpu(), values - 3);
   gpu->Zero(y.gpu(), values - 3);
   ExpectNear(y, 0, "zero");
@@ -203,61 +222,110 @@ TEST(CudaBackendTest, NormsActivationsAndElementwise) {
   EXPECT_TRUE(gpu->status().ok()) << gpu->status();
 }
 
-TEST(CudaBackendTest, AttentionRopeEmbeddingAndClassifier) {
+// Copies from the host of up to a staging slot return without waiting for the stream: the host
+// reuses its buffer at once, more copies are issued than there are slots, and each arrives; a
+// larger copy (which waits) arrives too.
+TEST(CudaBackendTest, CopiesFromTheHostArriveWhileTheHostReusesItsBuffer) {
   DTRAIN_GPU_OR_SKIP(gpu);
-  CpuBackend cpu(1);
+  constexpr int kCopies = 20;
+  constexpr size_t kValues = 1000;
+  const DeviceBuffer device = gpu->Allocate(kCopies * kValues, DataType::kF32);
+  std::vector<float> host(kValues);
+  for (int i = 0; i < kCopies; ++i) {
+    std::fill(host.begin(), host.end(), static_cast<float>(i));
+    gpu->CopyFromHost(device.floats() + i * kValues, host.data(), kValues * sizeof(float));
+  }
+  const std::vector<float> large(size_t{1} << 19, 7.0f);  // 2 MiB
+  const DeviceBuffer large_device = gpu->Allocate(large.size(), DataType::kF32);
+  gpu->CopyFromHost(large_device.data(), large.data(), large_device.bytes());
+  std::vector<float> arrived(kCopies * kValues), large_arrived(large.size());
+  gpu->CopyToHost(arrived.data(), device.data(), device.bytes());
+  gpu->CopyToHost(large_arrived.data(), large_device.data(), large_device.bytes());
+  ASSERT_TRUE(gpu->status().ok()) << gpu->status();
+  for (size_t i = 0; i < arrived.size(); ++i) {
+    ASSERT_EQ(arrived[i], static_cast<float>(i / kValues)) << i;
+  }
+  EXPECT_EQ(large_arrived, large);
+}
+
+// Rows of 13 tokens holding documents [0, 5), [5, 6), [6, 13), then [0, 9), [9, 13).
+const std::vector<int32_t> kDocuments = {0, 1, 2, 3, 4, 0, 0, 1, 2, 3, 4, 5, 6,
+                                         0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 2, 3};
+
+// Rope, attention and the embeddings, forward and backward, with one document a row (documents
+// empty) or with documents packed into the rows.
+void CheckPositionKernels(CpuBackend& cpu, CudaBackend& gpu,
+                          const std::vector<int32_t>& documents) {
+  SCOPED_TRACE(documents.empty() ? "one document a row" : "documents");
+  const Ids document_ids(gpu, documents);
+  const int32_t* cpu_positions = documents.empty() ? nullptr : document_ids.cpu();
+  const int32_t* gpu_positions = documents.empty() ? nullptr : document_ids.gpu();
   const AttentionShape shape{.batch = 2, .time = 13, .heads = 4, .kv_heads = 2, .head_dim = 16};
   const size_t rows = static_cast<size_t>(shape.batch) * shape.time;
   const size_t qkv_values = rows * shape.qkv_width(), out_values = rows * shape.heads * 16;
-  Pair qkv(cpu, *gpu, RandomFloats(qkv_values, 1));
-  cpu.RopeForward(qkv.cpu(), shape, 10000.0f, 3, nullptr);
-  gpu->RopeForward(qkv.gpu(), shape, 10000.0f, 3, nullptr);
+  Pair qkv(cpu, gpu, RandomFloats(qkv_values, 1));
+  cpu.RopeForward(qkv.cpu(), shape, 10000.0f, 3, cpu_positions);
+  gpu.RopeForward(qkv.gpu(), shape, 10000.0f, 3, gpu_positions);
   ExpectNear(qkv, kKernel, "rope forward");
-  Pair out(cpu, *gpu, std::vector<float>(out_values));
-  Pair lse(cpu, *gpu, std::vector<float>(rows * shape.heads));
-  cpu.AttentionForward(out.cpu(), lse.cpu(), qkv.cpu(), shape, nullptr);
-  gpu->AttentionForward(out.gpu(), lse.gpu(), qkv.gpu(), shape, nullptr);
+  Pair out(cpu, gpu, std::vector<float>(out_values));
+  Pair lse(cpu, gpu, std::vector<float>(rows * shape.heads));
+  cpu.AttentionForward(out.cpu(), lse.cpu(), qkv.cpu(), shape, cpu_positions);
+  gpu.AttentionForward(out.gpu(), lse.gpu(), qkv.gpu(), shape, gpu_positions);
   ExpectNear(out, kKernel, "attention out");
   ExpectNear(lse, kKernel, "attention lse");
-  Pair dout(cpu, *gpu, RandomFloats(out_values, 2)),
-      dqkv(cpu, *gpu, std::vector<float>(qkv_values));
-  cpu.AttentionBackward(dqkv.cpu(), dout.cpu(), qkv.cpu(), out.cpu(), lse.cpu(), shape, nullptr);
-  gpu->AttentionBackward(dqkv.gpu(), dout.gpu(), qkv.gpu(), out.gpu(), lse.gpu(), shape, nullptr);
+  Pair dout(cpu, gpu, RandomFloats(out_values, 2)), dqkv(cpu, gpu, std::vector<float>(qkv_values));
+  cpu.AttentionBackward(dqkv.cpu(), dout.cpu(), qkv.cpu(), out.cpu(), lse.cpu(), shape,
+                        cpu_positions);
+  gpu.AttentionBackward(dqkv.gpu(), dout.gpu(), qkv.gpu(), out.gpu(), lse.gpu(), shape,
+                        gpu_positions);
   ExpectNear(dqkv, kKernel, "attention dqkv");
-  cpu.RopeBackward(dqkv.cpu(), shape, 10000.0f, 3, nullptr);
-  gpu->RopeBackward(dqkv.gpu(), shape, 10000.0f, 3, nullptr);
+  cpu.RopeBackward(dqkv.cpu(), shape, 10000.0f, 3, cpu_positions);
+  gpu.RopeBackward(dqkv.gpu(), shape, 10000.0f, 3, gpu_positions);
   ExpectNear(dqkv, kKernel, "rope backward");
 
   constexpr int b = 2, t = 13, c = 40, v = 97, vocab_begin = 10, vocab_end = 90;
-  std::vector<int32_t> token_values(b * t), target_values(b * t);
+  std::vector<int32_t> token_values(b * t);
+  for (int i = 0; i < b * t; ++i) token_values[i] = (i * 37) % v;
+  const Ids tokens(gpu, token_values);
+  Pair table(cpu, gpu, RandomFloats((vocab_end - vocab_begin) * c, 3));
+  Pair position_table(cpu, gpu, RandomFloats(t * c, 4));
+  Pair emb(cpu, gpu, std::vector<float>(b * t * c));
+  cpu.EmbeddingForward(emb.cpu(), tokens.cpu(), table.cpu(), position_table.cpu(), b, t, c,
+                       vocab_begin, vocab_end, cpu_positions);
+  gpu.EmbeddingForward(emb.gpu(), tokens.gpu(), table.gpu(), position_table.gpu(), b, t, c,
+                       vocab_begin, vocab_end, gpu_positions);
+  ExpectNear(emb, kKernel, "embedding forward");
+  Pair demb(cpu, gpu, RandomFloats(b * t * c, 5));
+  cpu.EmbeddingBackward(table.cpu(), position_table.cpu(), demb.cpu(), tokens.cpu(), b, t, c,
+                        vocab_begin, vocab_end, cpu_positions);
+  gpu.EmbeddingBackward(table.gpu(), position_table.gpu(), demb.gpu(), tokens.gpu(), b, t, c,
+                        vocab_begin, vocab_end, gpu_positions);
+  ExpectNear(table, kKernel, "embedding dtoken (accumulated)");
+  ExpectNear(position_table, kKernel, "embedding dposition (accumulated)");
+}
+
+TEST(CudaBackendTest, AttentionRopeEmbeddingAndClassifier) {
+  DTRAIN_GPU_OR_SKIP(gpu);
+  CpuBackend cpu(1);
+  CheckPositionKernels(cpu, *gpu, {});
+  CheckPositionKernels(cpu, *gpu, kDocuments);
+
+  constexpr int b = 2, t = 13, c = 40, v = 97, vocab_begin = 10;
+  std::vector<int32_t> target_values(b * t);
   for (int i = 0; i < b * t; ++i) {
-    token_values[i] = (i * 37) % v;
     target_values[i] = i % 7 == 3 ? -1 : (i * 53 + 5) % v;  // some rows ignored
   }
-  const Ids tokens(*gpu, token_values), targets(*gpu, target_values);
-  Pair table(cpu, *gpu, RandomFloats((vocab_end - vocab_begin) * c, 3));
-  Pair positions(cpu, *gpu, RandomFloats(t * c, 4)), emb(cpu, *gpu, std::vector<float>(b * t * c));
-  cpu.EmbeddingForward(emb.cpu(), tokens.cpu(), table.cpu(), positions.cpu(), b, t, c, vocab_begin,
-                       vocab_end, nullptr);
-  gpu->EmbeddingForward(emb.gpu(), tokens.gpu(), table.gpu(), positions.gpu(), b, t, c, vocab_begin,
-                        vocab_end, nullptr);
-  ExpectNear(emb, kKernel, "embedding forward");
-  Pair demb(cpu, *gpu, RandomFloats(b * t * c, 5));
-  cpu.EmbeddingBackward(table.cpu(), positions.cpu(), demb.cpu(), tokens.cpu(), b, t, c,
-                        vocab_begin, vocab_end, nullptr);
-  gpu->EmbeddingBackward(table.gpu(), positions.gpu(), demb.gpu(), tokens.gpu(), b, t, c,
-                         vocab_begin, vocab_end, nullptr);
-  ExpectNear(table, kKernel, "embedding dtoken (accumulated)");
-  ExpectNear(positions, kKernel, "embedding dposition (accumulated)");
-
+  const Ids targets(*gpu, target_values);
   const int n = b * t;
   Pair x(cpu, *gpu, RandomFloats(n * c, 6)), head(cpu, *gpu, RandomFloats(v * c, 7));
   Pair dx(cpu, *gpu, std::vector<float>(n * c)), dhead(cpu, *gpu, RandomFloats(v * c, 8));
-  const double loss_cpu = cpu.ClassifierForwardBackward(dx.cpu(), dhead.cpu(), x.cpu(), head.cpu(),
-                                                        targets.cpu(), n, c, v, 0.25f);
-  const double loss_gpu = gpu->ClassifierForwardBackward(dx.gpu(), dhead.gpu(), x.gpu(), head.gpu(),
-                                                         targets.gpu(), n, c, v, 0.25f);
-  EXPECT_NEAR(loss_gpu, loss_cpu, kGemm * loss_cpu) << "classifier loss";
+  double loss_cpu = 3;
+  cpu.ClassifierForwardBackward(dx.cpu(), dhead.cpu(), x.cpu(), head.cpu(), targets.cpu(), n, c, v,
+                                0.25f, &loss_cpu);
+  const DeviceScalar loss_gpu(*gpu, 3);
+  gpu->ClassifierForwardBackward(dx.gpu(), dhead.gpu(), x.gpu(), head.gpu(), targets.gpu(), n, c, v,
+                                 0.25f, loss_gpu.get());
+  EXPECT_NEAR(loss_gpu.Value(), loss_cpu, kGemm * loss_cpu) << "classifier loss";
   ExpectNear(dx, kGemm, "classifier dx");
   ExpectNear(dhead, kGemm, "classifier dweight (accumulated)");
 
@@ -276,9 +344,13 @@ TEST(CudaBackendTest, AttentionRopeEmbeddingAndClassifier) {
   ExpectNear(logits, kKernel, "exp");
   ExpectNear(sums, kKernel, "exp sums");
   ExpectNear(target_logits, kKernel, "target logits");
-  EXPECT_NEAR(gpu->ClassifierLossSum(max.gpu(), sums.gpu(), target_logits.gpu(), targets.gpu(), n),
-              cpu.ClassifierLossSum(max.cpu(), sums.cpu(), target_logits.cpu(), targets.cpu(), n),
-              1e-4);
+  double loss_sum_cpu = 1;
+  cpu.ClassifierLossSum(max.cpu(), sums.cpu(), target_logits.cpu(), targets.cpu(), n,
+                        &loss_sum_cpu);
+  const DeviceScalar loss_sum_gpu(*gpu, 1);
+  gpu->ClassifierLossSum(max.gpu(), sums.gpu(), target_logits.gpu(), targets.gpu(), n,
+                         loss_sum_gpu.get());
+  EXPECT_NEAR(loss_sum_gpu.Value(), loss_sum_cpu, 1e-4);
   cpu.ClassifierLogitsBackward(logits.cpu(), sums.cpu(), targets.cpu(), n, local_v, vocab_begin,
                                0.5f);
   gpu->ClassifierLogitsBackward(logits.gpu(), sums.gpu(), targets.gpu(), n, local_v, vocab_begin,
@@ -293,7 +365,9 @@ struct Trajectory {
   std::vector<float> params;
 };
 
-Trajectory Train(Backend& backend, ModelFamily family) {
+// documents: each row packs documents of 5 and 11 tokens (first row) or 9 and 7 (second), whose
+// first two targets are masked as an SFT prompt's are.
+Trajectory Train(Backend& backend, ModelFamily family, bool documents = false) {
   constexpr int kSteps = 20, kMicroBatch = 2, kSeqLen = 16, kMicroBatches = 2;
   const ModelConfig config = testing::SmallModelConfig(family);
   TrainSection train;
@@ -311,15 +385,24 @@ Trajectory Train(Backend& backend, ModelFamily family) {
   Trajectory trajectory;
   for (int step = 0; step < kSteps; ++step) {
     int salt = step % 2 * 10;
-    const MicroBatchSource source = [&](int32_t* inputs, int32_t* targets, int32_t*) {
+    const MicroBatchSource source = [&](int32_t* inputs, int32_t* targets, int32_t* positions) {
       const std::vector<int32_t> tokens =
           testing::PatternTokens(kMicroBatch * kSeqLen + 1, config.vocab_size, salt++);
       std::copy(tokens.begin(), tokens.end() - 1, inputs);
       std::copy(tokens.begin() + 1, tokens.end(), targets);
+      if (!documents) return absl::OkStatus();
+      for (int row = 0; row < kMicroBatch; ++row) {
+        const int first_length = row % 2 == 0 ? 5 : 9;
+        for (int t = 0; t < kSeqLen; ++t) {
+          const int position = t < first_length ? t : t - first_length;
+          positions[row * kSeqLen + t] = position;
+          if (position < 2) targets[row * kSeqLen + t] = -1;
+        }
+      }
       return absl::OkStatus();
     };
     absl::StatusOr<StepResult> result =
-        TrainStep(model, engine, train, step, kMicroBatches, source);
+        TrainStep(model, engine, train, step, kMicroBatches, source, nullptr, documents);
     EXPECT_TRUE(result.ok()) << result.status();
     if (!result.ok()) return trajectory;
     trajectory.losses.push_back(result->loss);
@@ -340,20 +423,24 @@ void ExpectClose(const std::vector<double>& actual, const std::vector<double>& e
   }
 }
 
+// Pretraining rows, and SFT's documents packed into the rows.
 TEST(CudaBackendTest, TwentyTrainingStepsMatchTheCpuBackend) {
   DTRAIN_GPU_OR_SKIP(gpu);
   for (const ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
-    CpuBackend cpu(1);
-    const Trajectory expected = Train(cpu, family);
-    const Trajectory actual = Train(*gpu, family);
-    ASSERT_TRUE(gpu->status().ok()) << gpu->status();
-    ExpectClose(actual.losses, expected.losses, "loss");
-    ExpectClose(actual.norms, expected.norms, "gradient norm");
-    ASSERT_EQ(actual.params.size(), expected.params.size());
-    for (size_t i = 0; i < actual.params.size(); ++i) {
-      ASSERT_NEAR(actual.params[i], expected.params[i],
-                  1e-4 * std::max(1.0f, std::abs(expected.params[i])))
-          << "parameter " << i;
+    for (const bool documents : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << FamilyName(family) << (documents ? ", documents" : ""));
+      CpuBackend cpu(1);
+      const Trajectory expected = Train(cpu, family, documents);
+      const Trajectory actual = Train(*gpu, family, documents);
+      ASSERT_TRUE(gpu->status().ok()) << gpu->status();
+      ExpectClose(actual.losses, expected.losses, "loss");
+      ExpectClose(actual.norms, expected.norms, "gradient norm");
+      ASSERT_EQ(actual.params.size(), expected.params.size());
+      for (size_t i = 0; i < actual.params.size(); ++i) {
+        ASSERT_NEAR(actual.params[i], expected.params[i],
+                    1e-4 * std::max(1.0f, std::abs(expected.params[i])))
+            << "parameter " << i;
+      }
     }
   }
 }

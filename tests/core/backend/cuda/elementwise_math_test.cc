@@ -32,7 +32,7 @@ void CheckSumSquaresAndScale() {
   }
   double sum_squares = 0;
   RunOnHostWarp([&](const HostWarp& warp) {
-    const double sum = SumOfBlockSums(warp, block_sums.data(), blocks);
+    const double sum = SumInDouble(warp, block_sums.data(), blocks);
     if (warp.lane() == 0) sum_squares = sum;
   });
   // The CPU sums in double: the fp32 block sums' relative error bound (elementwise_math.h).
@@ -55,7 +55,7 @@ TEST(CudaElementwiseTest, EmptyIsZero) {
   EXPECT_EQ(SumSquaresBlocks(0), 0u);
   double sum = -1;
   RunOnHostWarp([&](const HostWarp& warp) {
-    const double s = SumOfBlockSums(warp, static_cast<const float*>(nullptr), 0);
+    const double s = SumInDouble(warp, static_cast<const float*>(nullptr), 0);
     if (warp.lane() == 0) sum = s;
   });
   EXPECT_EQ(sum, 0.0);

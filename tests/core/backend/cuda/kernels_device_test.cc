@@ -137,9 +137,27 @@ TEST(CudaDeviceTest, LayerNorm) {
   CheckLayerNorm<Bf16>();
 }
 
+// Documents of the given lengths, in turn, packed into each of `batch` rows of `time` tokens
+// (the last one cut at the row's end): each token's position in its document.
+std::vector<int32_t> PackedPositions(int batch, int time, const std::vector<int>& lengths) {
+  std::vector<int32_t> positions;
+  for (int b = 0; b < batch; ++b) {
+    for (int t = 0, doc = b, position = 0; t < time; ++t, ++position) {
+      if (position == lengths[doc % lengths.size()]) {
+        position = 0;
+        ++doc;
+      }
+      positions.push_back(position);
+    }
+  }
+  return positions;
+}
+
+// host_positions: documents packed into the rows, or empty for one document a row.
 template <typename T>
-void CheckAttention(const AttentionShape& shape) {
-  SCOPED_TRACE(::testing::Message() << "T " << shape.time << " D " << shape.head_dim);
+void CheckAttention(const AttentionShape& shape, const std::vector<int32_t>& host_positions) {
+  SCOPED_TRACE(::testing::Message() << "T " << shape.time << " D " << shape.head_dim
+                                    << (host_positions.empty() ? "" : ", documents"));
   const size_t rows = static_cast<size_t>(shape.batch) * shape.time;
   const size_t out_size = rows * shape.heads * shape.head_dim;
   const size_t lse_size = static_cast<size_t>(shape.batch) * shape.heads * shape.time;
@@ -147,35 +165,46 @@ void CheckAttention(const AttentionShape& shape) {
   const std::vector<T> dout = Store<T>(RandomFloats(out_size, 2));
   DeviceBuffer<T> d_qkv(qkv), d_dout(dout), out(out_size), dqkv(qkv.size());
   DeviceBuffer<float> lse(lse_size);
-  ASSERT_EQ(AttentionForward(out.get(), lse.get(), d_qkv.get(), shape, nullptr), cudaSuccess);
+  DeviceBuffer<int32_t> d_positions(host_positions.empty() ? std::vector<int32_t>{0}
+                                                           : host_positions);
+  const int32_t* positions = host_positions.empty() ? nullptr : d_positions.get();
+  const int32_t* cpu_positions = host_positions.empty() ? nullptr : host_positions.data();
+  ASSERT_EQ(AttentionForward(out.get(), lse.get(), d_qkv.get(), shape, positions, nullptr),
+            cudaSuccess);
   ASSERT_EQ(AttentionBackward(dqkv.get(), d_dout.get(), d_qkv.get(), out.get(), lse.get(), shape,
-                              nullptr),
+                              positions, nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
 
   std::vector<float> scratch(cpu::AttentionScratchSize(shape));
   std::vector<float> out_cpu(out_size), lse_cpu(lse_size), dqkv_cpu(qkv.size());
   cpu::AttentionForward(out_cpu.data(), lse_cpu.data(), Load(qkv).data(), shape, scratch.data(),
-                        nullptr);
+                        nullptr, cpu_positions);
   const std::vector<T> out_device = out.Read();
   const std::vector<float> lse_device = lse.Read();
   ExpectMatches(out_device, out_cpu, "out");
   ExpectFloatMatches(lse_device, lse_cpu, "lse");
   cpu::AttentionBackward(dqkv_cpu.data(), Load(dout).data(), Load(qkv).data(),
-                         Load(out_device).data(), lse_device.data(), shape, scratch.data(),
-                         nullptr);
+                         Load(out_device).data(), lse_device.data(), shape, scratch.data(), nullptr,
+                         cpu_positions);
   ExpectMatches(dqkv.Read(), dqkv_cpu, "dqkv");
 }
 
 // D = 40 (4 lanes a row, one tile of 64 rows: T = 6) and D = 64 with T = 100 (two tiles, so the
-// rows' state carries across tiles and the last tile is partial), grouped-query heads.
+// rows' state carries across tiles and the last tile is partial), grouped-query heads; each with
+// one document a row and with documents packed into the rows (at T = 100 they cross the tiles'
+// boundary at row 64, and a block's rows see keys from before the block).
 TEST(CudaDeviceTest, Attention) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   for (const AttentionShape& shape :
        {AttentionShape{.batch = 2, .time = 6, .heads = 4, .kv_heads = 2, .head_dim = 40},
         AttentionShape{.batch = 2, .time = 100, .heads = 4, .kv_heads = 2, .head_dim = 64}}) {
-    CheckAttention<float>(shape);
-    CheckAttention<Bf16>(shape);
+    const std::vector<int32_t> documents =
+        PackedPositions(shape.batch, shape.time, {3, 1, 50, 17, 2});
+    for (const std::vector<int32_t>& positions : {std::vector<int32_t>{}, documents}) {
+      CheckAttention<float>(shape, positions);
+      CheckAttention<Bf16>(shape, positions);
+    }
   }
 }
 
@@ -187,9 +216,12 @@ TEST(CudaDeviceTest, AdamWAndSumSquares) {
   DeviceBuffer<Bf16> copy(n);
   const AdamWCoefficients k = cpu::MakeAdamWCoefficients<float>(1e-2, 0.9, 0.95, 1e-8, 0.1, 1);
   AdamW(d_param.get(), copy.get(), d_grad.get(), m.get(), v.get(), n, k, nullptr);
-  DeviceBuffer<double> sum_squares(1);
+  // SumSquares adds into its double, here 0.5 to start with; AddSum too.
+  DeviceBuffer<double> sum_squares(std::vector<double>{0.5});
   DeviceBuffer<float> block_sums(SumSquaresBlocks(n));
   SumSquares(sum_squares.get(), block_sums.get(), d_grad.get(), n, nullptr);
+  DeviceBuffer<double> total(std::vector<double>{0.25});
+  AddSum(total.get(), d_param.get(), n, nullptr);
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
 
   std::vector<float> param_cpu = param, m_cpu(n), v_cpu(n);
@@ -199,8 +231,11 @@ TEST(CudaDeviceTest, AdamWAndSumSquares) {
   ExpectFloatMatches(m.Read(), m_cpu, "m");
   ExpectFloatMatches(v.Read(), v_cpu, "v");
   testing::ExpectBf16Matches(copy.Read(), param_cpu, "bf16 copy");
-  const double expected = cpu::SumSquares(grad.data(), n, nullptr);
+  const double expected = 0.5 + cpu::SumSquares(grad.data(), n, nullptr);
   EXPECT_NEAR(sum_squares.Read()[0], expected, 1e-5 * expected);
+  double param_sum = 0.25;  // of the updated parameters, within the AdamW tolerance each
+  for (const float p : param_cpu) param_sum += p;
+  EXPECT_NEAR(total.Read()[0], param_sum, 1e-5 * n);
 }
 #endif
 
