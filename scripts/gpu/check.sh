@@ -5,7 +5,8 @@
 # CudaBackend method against the CPU backend, the small model trained 20 steps on GPU against CPU
 # and twice on GPU bit for bit (CudaBackendTest), NCCL collectives against a sequential reference
 # (NcclCommunicatorTest); then `dtrain train` of the built-in tiny recipe with run.device: cuda,
-# through the CUDA module the binary loads; last the training benchmark (scripts/gpu/bench.sh:
+# through the CUDA module the binary loads; SFT's packed documents trained on the GPU against the
+# CPU (scripts/gpu/sft_check.sh); last the training benchmark (scripts/gpu/bench.sh:
 # GPT-2 124M and a Llama ~1B shape against PyTorch 2 on the same GPU, in float32 until bf16
 # lands). Here a skip is a failure: the script says which test found no device.
 #
@@ -52,4 +53,5 @@ echo "GPU tests passed"
 (cd "$repo" && timeout 120 "$build/dtrain" train --set run.device=cuda \
   --set run.out_dir="$runs" --set train.steps=20)
 echo "dtrain train on the GPU finished (metrics in the log above)"
+bash "$repo/scripts/gpu/sft_check.sh" "$build" "$runs/sft"
 bash "$repo/scripts/gpu/bench.sh" "$build"

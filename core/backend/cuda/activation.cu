@@ -30,11 +30,11 @@ __global__ void GeluBackwardKernel(T* dinp, const T* inp, const T* dout, size_t 
   StorePack(dinp, i, n, dx);
 }
 
-// Grid: (packs per row, rows); row r's gate is gate_up[r, :F] and its up gate_up[r, F:].
+// Grid: RowPackGrid; row r's gate is gate_up[r, :F] and its up gate_up[r, F:].
 template <typename T>
 __global__ void SwiGluForwardKernel(T* out, const T* gate_up, int f) {
-  const size_t row = blockIdx.y;
-  const size_t j = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kPackSize<T>;
+  const size_t row = RowOfGrid();
+  const size_t j = PackOfRow<T>();
   if (j >= static_cast<size_t>(f)) return;
   const T* gate = gate_up + row * 2 * f;
   const Pack<T> g = LoadPack(gate, j, f, T{});
@@ -48,8 +48,8 @@ __global__ void SwiGluForwardKernel(T* out, const T* gate_up, int f) {
 
 template <typename T>
 __global__ void SwiGluBackwardKernel(T* dgate_up, const T* gate_up, const T* dout, int f) {
-  const size_t row = blockIdx.y;
-  const size_t j = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kPackSize<T>;
+  const size_t row = RowOfGrid();
+  const size_t j = PackOfRow<T>();
   if (j >= static_cast<size_t>(f)) return;
   const T* gate = gate_up + row * 2 * f;
   const Pack<T> g = LoadPack(gate, j, f, T{});
@@ -84,7 +84,7 @@ void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n, cudaStream_t s
 template <typename T>
 void SwiGluForward(T* out, const T* gate_up, int n, int f, cudaStream_t stream) {
   if (n == 0 || f == 0) return;
-  const dim3 grid(PackBlocks<T>(f), n);
+  const dim3 grid = RowPackGrid<T>(n, f);
   SwiGluForwardKernel<<<grid, kElementwiseThreads, 0, stream>>>(out, gate_up, f);
 }
 
@@ -92,7 +92,7 @@ template <typename T>
 void SwiGluBackward(T* dgate_up, const T* gate_up, const T* dout, int n, int f,
                     cudaStream_t stream) {
   if (n == 0 || f == 0) return;
-  const dim3 grid(PackBlocks<T>(f), n);
+  const dim3 grid = RowPackGrid<T>(n, f);
   SwiGluBackwardKernel<<<grid, kElementwiseThreads, 0, stream>>>(dgate_up, gate_up, dout, f);
 }
 

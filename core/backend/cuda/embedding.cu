@@ -9,13 +9,13 @@
 namespace dtrain::cuda {
 namespace {
 
-// Grid: (packs per row, B*T rows).
+// Grid: RowPackGrid over the B*T rows.
 template <typename T>
 __global__ void EmbeddingForwardKernel(T* out, const int32_t* tokens, const T* token_embedding,
                                        const T* position_embedding, const int32_t* positions, int t,
                                        int c, int vocab_begin, int vocab_end) {
-  const size_t row = blockIdx.y;
-  const size_t j = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kPackSize<T>;
+  const size_t row = RowOfGrid();
+  const size_t j = PackOfRow<T>();
   if (j >= static_cast<size_t>(c)) return;
   const T* wte = TokenRow(token_embedding, tokens[row], c, vocab_begin, vocab_end);
   const T* wpe =
@@ -59,7 +59,7 @@ void EmbeddingForward(T* out, const int32_t* tokens, const T* token_embedding,
                       const T* position_embedding, int b, int t, int c, int vocab_begin,
                       int vocab_end, const int32_t* positions, cudaStream_t stream) {
   if (b == 0 || t == 0 || c == 0) return;
-  const dim3 grid(PackBlocks<T>(c), static_cast<unsigned>(b) * t);
+  const dim3 grid = RowPackGrid<T>(static_cast<size_t>(b) * t, c);
   EmbeddingForwardKernel<<<grid, kElementwiseThreads, 0, stream>>>(
       out, tokens, token_embedding, position_embedding, positions, t, c, vocab_begin, vocab_end);
 }

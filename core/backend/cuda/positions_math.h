@@ -28,12 +28,22 @@ DTRAIN_HD inline RowRange VisibleKeys(const int32_t* row_positions, int t) {
   return {row_positions != nullptr ? t - row_positions[t] : 0, t + 1};
 }
 
-// The query rows that attend to key row s: s and its document's later rows (of `time`).
+// The query rows that attend to key row s: s and its document's later rows (of `time`). A row
+// r > s is in s's document exactly when positions[r] == positions[s] + (r - s): true up to the
+// document's end, false from there on (a later document restarts below that), so a binary
+// search finds the end in log2(T) reads.
 DTRAIN_HD inline RowRange VisibleQueries(const int32_t* row_positions, int time, int s) {
   if (row_positions == nullptr) return {s, time};
-  int end = s + 1;
-  while (end < time && row_positions[end] != 0) ++end;
-  return {s, end};
+  int lo = s + 1, hi = time;  // the end is in [lo, hi]
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (row_positions[mid] == row_positions[s] + (mid - s)) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return {s, lo};
 }
 
 // The rows of `range` within the run of rows [first, first + count): returns how many (<= 0 for

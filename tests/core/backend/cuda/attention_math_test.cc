@@ -1,6 +1,7 @@
 #include "core/backend/cuda/attention_math.h"
 
 #include <algorithm>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -167,6 +168,29 @@ TEST(CudaAttentionTest, Fp32MatchesCpuBackend) {
 TEST(CudaAttentionTest, Bf16MatchesCpuBackendOnRoundedInputs) {
   CheckAttention<Bf16>(nullptr);
   CheckAttention<Bf16>(kPositions.data());
+}
+
+// Over random packings (documents of 1 to 12 rows, rows of 1 to 40): a query row's keys start at
+// its document's first row, and a key row's queries end at the first later row whose position
+// is 0, the document's end by a linear scan.
+TEST(CudaAttentionTest, VisibleRowsOfRandomPackings) {
+  std::mt19937 random(7);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int time = std::uniform_int_distribution<int>(1, 40)(random);
+    std::vector<int32_t> positions;
+    while (static_cast<int>(positions.size()) < time) {
+      const int length = std::uniform_int_distribution<int>(1, 12)(random);
+      for (int i = 0; i < length && static_cast<int>(positions.size()) < time; ++i) {
+        positions.push_back(i);
+      }
+    }
+    for (int s = 0; s < time; ++s) {
+      int end = s + 1;
+      while (end < time && positions[end] != 0) ++end;
+      ASSERT_EQ(VisibleQueries(positions.data(), time, s).end, end) << "trial " << trial;
+      ASSERT_EQ(VisibleKeys(positions.data(), s).begin, s - positions[s]) << "trial " << trial;
+    }
+  }
 }
 
 // The rows a row sees, and their clipping to a tile, from the positions alone.
