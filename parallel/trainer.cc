@@ -553,8 +553,11 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   const int activation_slots = pp > 1 ? PipelineActivationSlots(shape, stage) : 1;
   const RankMemory memory =
       EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice, activation_slots);
-  ASSIGN_OR_RETURN(const std::unique_ptr<Backend> backend_owner,
-                   MakeBackend(recipe.run.device, recipe.run.threads, world.local_rank));
+  ASSIGN_OR_RETURN(const MatmulPrecision matmul_precision,
+                   ParseMatmulPrecision(recipe.run.matmul_precision));
+  ASSIGN_OR_RETURN(
+      const std::unique_ptr<Backend> backend_owner,
+      MakeBackend(recipe.run.device, recipe.run.threads, world.local_rank, matmul_precision));
   Backend& backend = *backend_owner;
   RETURN_IF_ERROR(CheckRankMemory(recipe, memory, backend.AvailableMemory(), strategy, dp_size,
                                   world.world_size, world.local_world_size));
@@ -573,10 +576,10 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   }
 
   const auto* cpu_backend = dynamic_cast<const CpuBackend*>(&backend);
-  const std::string backend_name =
-      cpu_backend != nullptr
-          ? absl::StrCat("CPU backend (", cpu_backend->num_threads(), " threads)")
-          : absl::StrCat("CUDA backend (GPU ", world.local_rank, ", cuBLASLt, TF32 off)");
+  const std::string backend_name = absl::StrCat(
+      cpu_backend != nullptr ? absl::StrCat("CPU backend (", cpu_backend->num_threads(), " threads")
+                             : absl::StrCat("CUDA backend (GPU ", world.local_rank, ", cuBLASLt"),
+      ", matmul precision ", MatmulPrecisionName(matmul_precision), ")");
   const ParamTable table(config, slice);
   std::unique_ptr<CommTensorParallel> tensor_parallel;
   if (groups.tp) tensor_parallel = std::make_unique<CommTensorParallel>(*groups.tp, kv_replicas);

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/backend/backend.h"
+#include "core/backend/matmul_precision.h"
 
 namespace dtrain {
 
@@ -19,9 +20,11 @@ struct CudaModule {
   const char* dtrain_version;  // DTRAIN_VERSION the module was built with
   // OK when GPU `device` exists, without starting it; else why not, as create_backend says.
   absl::Status (*check_device)(int device);
-  // The CUDA backend on GPU `device` (the local rank: one worker per GPU). An error says why
-  // there is no such GPU (no driver, no device, fewer devices than local ranks).
-  absl::StatusOr<std::unique_ptr<Backend>> (*create_backend)(int device);
+  // The CUDA backend on GPU `device` (the local rank: one worker per GPU), its GEMMs at
+  // `matmul_precision`. An error says why there is no such GPU (no driver, no device, fewer
+  // devices than local ranks).
+  absl::StatusOr<std::unique_ptr<Backend>> (*create_backend)(int device,
+                                                             MatmulPrecision matmul_precision);
   // The first device error of a backend create_backend made (a failed kernel, named), or OK.
   absl::Status (*device_status)(const Backend& backend);
 };
@@ -29,7 +32,7 @@ struct CudaModule {
 // The module's file name and its one exported symbol, a function returning the CudaModule. A
 // module with another layout of CudaModule exports another name (_v2, ...).
 inline constexpr char kCudaModuleFile[] = "libdtrain_cuda.so";
-inline constexpr char kCudaModuleEntry[] = "dtrain_cuda_module_v1";
+inline constexpr char kCudaModuleEntry[] = "dtrain_cuda_module_v2";
 extern "C" {
 using CudaModuleEntry = const CudaModule* (*)();
 }

@@ -21,14 +21,15 @@ absl::Status CheckDevice(absl::string_view device, int local_rank, int world_siz
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view device, int cpu_threads,
-                                                     int local_rank) {
-  if (device == "cpu") return std::make_unique<CpuBackend>(cpu_threads);
+                                                     int local_rank,
+                                                     MatmulPrecision matmul_precision) {
+  if (device == "cpu") return std::make_unique<CpuBackend>(cpu_threads, matmul_precision);
   if (device != "cuda") {
     return absl::InvalidArgumentError(
         absl::StrCat("run.device '", device, "' is not a device; set cpu or cuda"));
   }
   ASSIGN_OR_RETURN(const CudaModule* module, LoadCudaModule());
-  return module->create_backend(local_rank);
+  return module->create_backend(local_rank, matmul_precision);
 }
 
 absl::Status DeviceStatus(absl::string_view device, const Backend& backend) {

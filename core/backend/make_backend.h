@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/backend/backend.h"
+#include "core/backend/matmul_precision.h"
 
 namespace dtrain {
 
@@ -17,10 +18,11 @@ namespace dtrain {
 absl::Status CheckDevice(absl::string_view device, int local_rank, int world_size);
 
 // `device` is run.device ("cpu" or "cuda"); `cpu_threads` is run.threads (CPU only);
-// `local_rank` picks the GPU. FailedPrecondition when CUDA is asked for and there is no module or
-// no such GPU, saying which and why.
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view device, int cpu_threads,
-                                                     int local_rank);
+// `local_rank` picks the GPU; `matmul_precision` is run.matmul_precision's. FailedPrecondition
+// when CUDA is asked for and there is no module or no such GPU, saying which and why.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
+    absl::string_view device, int cpu_threads, int local_rank,
+    MatmulPrecision matmul_precision = MatmulPrecision::kHighest);
 
 // The first device error of `backend`, which MakeBackend(device, ...) made: a CUDA kernel or call
 // that failed, named; always OK on the CPU. Device work is asynchronous, so callers check it

@@ -98,6 +98,11 @@ const std::vector<KeySpec>& Keys() {
        "worker threads for CPU kernels; 0 = all cores",
        {},
        AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(run, matmul_precision),
+       "inputs of the linear layers' and the head's float32 GEMMs, as PyTorch's "
+       "set_float32_matmul_precision: highest float32, high TF32, medium bfloat16 (tensor cores "
+       "on the GPU; the CPU rounds the inputs alike); float32 sums and values at every level",
+       {"highest", "high", "medium"}},
       // model
       {DTRAIN_RECIPE_KEY(model, family),
        "gpt2: LayerNorm, learned positions, GELU, tied head; llama: RMSNorm, RoPE, SwiGLU, "

@@ -18,8 +18,9 @@ struct RunSection {
   std::string name = "dtrain";  // names the run's output folder <out_dir>/<name>
   std::string out_dir = "runs";
   uint64_t seed = 1337;
-  std::string device = "cpu";  // cpu | cuda
-  int threads = 0;             // worker threads for CPU kernels; 0 = all cores
+  std::string device = "cpu";                // cpu | cuda
+  int threads = 0;                           // worker threads for CPU kernels; 0 = all cores
+  std::string matmul_precision = "highest";  // highest | high | medium (matmul_precision.h)
 };
 
 struct ModelSection {

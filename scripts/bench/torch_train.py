@@ -9,8 +9,10 @@ The shape is given with dtrain's recipe keys, e.g. --set model.n_layer=12 --set 
 PyTorch 1.13's best), fast (PyTorch 2's best eager settings: fused scaled_dot_product_attention
 and fused AdamW) or compile (fast under torch.compile: Inductor's generated C++ on CPU; the
 compilation happens in the untimed warm-up steps).
---device cuda runs it on the GPU in float32 with TF32 off, as dtrain's CUDA backend computes
-(scripts/gpu/bench.sh); the step time then includes waiting for the GPU to finish.
+--device cuda runs it on the GPU in float32 (scripts/gpu/bench.sh), its matmuls at
+--set run.matmul_precision (torch.set_float32_matmul_precision: highest, TF32 off, as dtrain's
+default; high TF32; medium bfloat16), as dtrain's CUDA backend computes them; the step time then
+includes waiting for the GPU to finish.
 """
 import argparse
 import os
@@ -30,7 +32,7 @@ import torch_training as tt  # noqa: E402
 DEFAULTS = {"model.family": "gpt2", "model.n_layer": 4, "model.n_head": 4, "model.n_kv_head": 0,
             "model.d_model": 128, "model.d_ff": 0, "model.vocab_size": 256,
             "model.max_seq_len": 256, "train.seq_len": 128, "train.batch_size": 16,
-            "train.micro_batch": 16}
+            "train.micro_batch": 16, "run.matmul_precision": "highest"}
 
 
 def parse_settings(assignments):
@@ -100,7 +102,7 @@ def main():
     tm.load_weights(model, tm.random_weights(model, seed=1337))
     device = torch.device(args.device)
     if args.device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.set_float32_matmul_precision(s["run.matmul_precision"])
         torch.backends.cudnn.allow_tf32 = False
         model.to(device)
     train = tt.TrainSettings(steps=args.steps, batch_size=s["train.batch_size"],

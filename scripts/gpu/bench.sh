@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Training throughput on one GPU: dtrain's CUDA backend against PyTorch 2 on the same GPU
 # (scripts/bench/torch_train.py --device cuda --mode fast: fused attention and fused AdamW), both
-# in float32 with TF32 off, the precision dtrain's CUDA backend has today (bf16 is still to
-# come). Shapes: GPT-2 124M (B 16, T 1024) and a Llama ~1B shape (16 layers, d_model 2048, 32
-# query and 8 kv heads, d_ff 8192, B 8, T 1024), on the demo text's bytes. Prints one table row
-# per shape: tokens/s of both and their ratio, MFU against the GPU's dense float32 peak
-# (datasheet) and against the planner catalog's bf16 peak, and the peak device memory each
-# process held (nvidia-smi, sampled every 100 ms). A benchmark: it prints, never fails on speed.
+# with float32 values, at each matmul precision of MATMUL_PRECISIONS (run.matmul_precision and
+# torch.set_float32_matmul_precision alike: highest float32, TF32 off; medium bf16 tensor cores;
+# full bf16 storage is still to come). Shapes: GPT-2 124M (B 16, T 1024) and a Llama ~1B shape
+# (16 layers, d_model 2048, 32 query and 8 kv heads, d_ff 8192, B 8, T 1024), on the demo text's
+# bytes. Prints one table row per shape and precision: tokens/s of both and their ratio, MFU
+# against the GPU's dense float32 peak (datasheet) and against the planner catalog's bf16 peak,
+# and the peak device memory each process held (nvidia-smi, sampled every 100 ms). A benchmark:
+# it prints, never fails on speed.
 #
 # Usage: scripts/gpu/bench.sh BUILD_DIR (a build with the CUDA module, for this GPU)
 # Environment: STEPS (10) steps of each run, the first 3 untimed; PYTHON (python3), a python
-# with PyTorch 2 and CUDA; FP32_PEAK_TFLOPS (67, H100/H200 SXM) and BF16_PEAK_TFLOPS (989).
+# with PyTorch 2 and CUDA; FP32_PEAK_TFLOPS (67, H100/H200 SXM) and BF16_PEAK_TFLOPS (989);
+# MATMUL_PRECISIONS ("highest medium").
 set -euo pipefail
 shopt -s inherit_errexit
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -20,6 +23,7 @@ steps=${STEPS:-10}
 warmup_steps=3
 fp32_peak=${FP32_PEAK_TFLOPS:-67}
 bf16_peak=${BF16_PEAK_TFLOPS:-989}
+read -r -a precisions <<< "${MATMUL_PRECISIONS:-highest medium}"
 data=$repo/data/fortunes.txt
 [[ -f $data ]] || { echo "no $data: run scripts/prepare_demo_data.sh first" >&2; exit 1; }
 "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' ||
@@ -95,10 +99,14 @@ EOF
 
 echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0);" \
   "PyTorch $("$python" -c 'import torch; print(torch.__version__)'); $steps steps a run," \
-  "the first $warmup_steps untimed; float32, TF32 off on both sides"
+  "the first $warmup_steps untimed; float32 values, the same matmul precision on both sides"
 echo "| shape | dtrain tok/s | PyTorch 2 tok/s | ratio | dtrain MFU fp32 / bf16 peak" \
   "| PyTorch MFU fp32 / bf16 peak | dtrain peak MiB | PyTorch peak MiB |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
-run_shape gpt2 "GPT-2 124M, B 16, T 1024" "${gpt2_124m[@]}"
-run_shape llama "Llama ~1B, B 8, T 1024" "${llama_1b[@]}"
+for precision in "${precisions[@]}"; do
+  run_shape "gpt2-$precision" "GPT-2 124M, B 16, T 1024, matmul $precision" "${gpt2_124m[@]}" \
+    run.matmul_precision="$precision"
+  run_shape "llama-$precision" "Llama ~1B, B 8, T 1024, matmul $precision" "${llama_1b[@]}" \
+    run.matmul_precision="$precision"
+done
 grep -h "MFU is stated" "$scratch"/dtrain-*.log | head -n 1

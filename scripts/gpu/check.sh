@@ -7,8 +7,9 @@
 # (NcclCommunicatorTest); then `dtrain train` of the built-in tiny recipe with run.device: cuda,
 # through the CUDA module the binary loads; SFT's packed documents trained on the GPU against the
 # CPU (scripts/gpu/sft_check.sh); last the training benchmark (scripts/gpu/bench.sh:
-# GPT-2 124M and a Llama ~1B shape against PyTorch 2 on the same GPU, in float32 until bf16
-# lands). Here a skip is a failure: the script says which test found no device.
+# GPT-2 124M and a Llama ~1B shape against PyTorch 2 on the same GPU, float32 values with float32
+# and bf16 tensor-core matmuls). Here a skip is a failure: the script says which test found no
+# device.
 #
 # Usage: scripts/gpu/check.sh [--prebuilt] [BUILD_DIR] (default build-gpu). --prebuilt uses the
 # binaries already in BUILD_DIR, built on another machine for this GPU's architecture (a GPU

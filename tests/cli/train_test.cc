@@ -69,6 +69,28 @@ TEST(TrainTest, SameRecipeAndSeedGiveBitIdenticalRuns) {
   EXPECT_EQ(steps_a[5]["val_loss"].dump(), steps_b[5]["val_loss"].dump());
 }
 
+// run.matmul_precision medium multiplies bfloat16-rounded inputs (the CPU rounds them as the
+// tensor cores do): the run says so, and it follows the float32 run closely (the logits and
+// gradients move by bf16's 2^-8 relative rounding, which training averages out: within 2% of
+// the loss at each of the 12 steps) while not computing the same bits.
+TEST(TrainTest, MediumMatmulPrecisionFollowsFloat32) {
+  const testing::Outcome medium = Train(RunDir("medium"), "--set run.matmul_precision=medium");
+  ASSERT_EQ(medium.exit_code, 0) << medium.stderr_text;
+  EXPECT_THAT(medium.stderr_text, HasSubstr("matmul precision medium)"));
+  ASSERT_EQ(Train(RunDir("highest")).exit_code, 0);
+  const auto rounded = ReadMetrics(RunDir("medium") + "/small");
+  const auto exact = ReadMetrics(RunDir("highest") + "/small");
+  ASSERT_EQ(rounded.size(), exact.size());
+  bool differs = false;
+  for (size_t i = 0; i < exact.size(); ++i) {
+    const double loss = exact[i]["loss"];
+    EXPECT_NEAR(rounded[i]["loss"].get<double>(), loss, 0.02 * loss) << "step " << i + 1;
+    differs = differs || rounded[i]["loss"].dump() != exact[i]["loss"].dump();
+  }
+  EXPECT_TRUE(differs) << "medium computed float32's bits: the inputs were not rounded";
+  EXPECT_LT(rounded.back()["loss"].get<double>(), 0.8 * rounded.front()["loss"].get<double>());
+}
+
 TEST(TrainTest, LearnsLogsUnitsAndShowsSamples) {
   const testing::Outcome run = Train(RunDir("learn"));
   ASSERT_EQ(run.exit_code, 0) << run.stderr_text;

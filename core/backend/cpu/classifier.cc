@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/backend/cpu/gemm.h"
@@ -24,7 +25,8 @@ size_t ClassifierScratchSize(int chunk_rows, int v) { return static_cast<size_t>
 template <typename T>
 double ClassifierForwardBackward(T* dx, T* dweight, const T* x, const T* weight,
                                  const int32_t* targets, int n, int c, int v, T grad_scale,
-                                 int chunk_rows, T* scratch, ThreadPool* pool) {
+                                 int chunk_rows, T* scratch, ThreadPool* pool,
+                                 MatmulPrecision precision) {
   chunk_rows = std::min(chunk_rows, n);
   std::vector<double> row_loss(chunk_rows);
   double loss = 0;
@@ -47,6 +49,11 @@ double ClassifierForwardBackward(T* dx, T* dweight, const T* x, const T* weight,
         const T factor = target >= 0 ? static_cast<T>(grad_scale / sum) : T(0);
         for (int j = 0; j < v; ++j) row[j] *= factor;
         if (target >= 0) row[target] -= grad_scale;
+        if constexpr (std::is_same_v<T, float>) {
+          if (precision != MatmulPrecision::kHighest) {
+            for (int j = 0; j < v; ++j) row[j] = RoundForMatmul(row[j], precision);
+          }
+        }
       }
     });
     for (int r = 0; r < rows; ++r) loss += row_loss[r];
@@ -120,9 +127,9 @@ DTRAIN_INSTANTIATE(double)
 
 template double ClassifierForwardBackward<float>(float*, float*, const float*, const float*,
                                                  const int32_t*, int, int, int, float, int, float*,
-                                                 ThreadPool*);
+                                                 ThreadPool*, MatmulPrecision);
 template double ClassifierForwardBackward<double>(double*, double*, const double*, const double*,
                                                   const int32_t*, int, int, int, double, int,
-                                                  double*, ThreadPool*);
+                                                  double*, ThreadPool*, MatmulPrecision);
 
 }  // namespace dtrain::cpu

@@ -15,11 +15,13 @@
 #include "core/backend/cpu/gemm.h"
 #include "core/backend/cpu/linear.h"
 #include "core/backend/cpu/norm.h"
+#include "core/backend/cpu/parallel.h"
 #include "core/backend/cpu/rope.h"
 
 namespace dtrain {
 
-CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {}
+CpuBackend::CpuBackend(int num_threads, MatmulPrecision matmul_precision)
+    : pool_(num_threads), matmul_precision_(matmul_precision) {}
 
 namespace {
 // A cache line, and the widest vector load (AVX-512).
@@ -53,6 +55,18 @@ float* CpuBackend::Scratch(size_t size) {
   return scratch_.data();
 }
 
+const float* CpuBackend::MatmulOperand(const float* x, size_t count, int slot) {
+  if (matmul_precision_ == MatmulPrecision::kHighest || x == nullptr) return x;
+  std::vector<float>& rounded = operands_[slot];
+  if (rounded.size() < count) rounded.resize(count);
+  float* out = rounded.data();
+  const MatmulPrecision precision = matmul_precision_;
+  cpu::ParallelFor(&pool_, count, 4096, [&](size_t begin, size_t end, int) {
+    for (size_t i = begin; i < end; ++i) out[i] = RoundForMatmul(x[i], precision);
+  });
+  return out;
+}
+
 void CpuBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
                       const float* a, int lda, const float* b, int ldb, float beta, float* c,
                       int ldc) {
@@ -61,7 +75,9 @@ void CpuBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, f
 
 void CpuBackend::LinearForward(float* out, const float* inp, const float* weight, const float* bias,
                                int n, int in_features, int out_features) {
-  cpu::LinearForward(out, inp, weight, bias, n, in_features, out_features, &pool_);
+  cpu::LinearForward(out, MatmulOperand(inp, static_cast<size_t>(n) * in_features, 0),
+                     MatmulOperand(weight, static_cast<size_t>(out_features) * in_features, 1),
+                     bias, n, in_features, out_features, &pool_);
 }
 
 void CpuBackend::AddBias(float* out, const float* bias, int n, int c) {
@@ -71,8 +87,13 @@ void CpuBackend::AddBias(float* out, const float* bias, int n, int c) {
 void CpuBackend::LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                 const float* inp, const float* weight, int n, int in_features,
                                 int out_features) {
-  cpu::LinearBackward(dinp, dweight, dbias, dout, inp, weight, n, in_features, out_features,
-                      &pool_);
+  // The bias gradient sums dout itself: it is no GEMM on the GPU either.
+  cpu::LinearBackward<float>(
+      dinp, dweight, nullptr, MatmulOperand(dout, static_cast<size_t>(n) * out_features, 0),
+      MatmulOperand(inp, static_cast<size_t>(n) * in_features, 1),
+      MatmulOperand(weight, static_cast<size_t>(out_features) * in_features, 2), n, in_features,
+      out_features, &pool_);
+  if (dbias != nullptr) cpu::AddColumnSums(dbias, dout, n, out_features, &pool_);
 }
 
 void CpuBackend::LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
@@ -155,8 +176,10 @@ void CpuBackend::ClassifierForwardBackward(float* dx, float* dweight, const floa
                                            int c, int v, float grad_scale, double* loss_sum) {
   const int chunk_rows = std::min(n, cpu::ClassifierChunkRows(v));
   float* scratch = Scratch(cpu::ClassifierScratchSize(chunk_rows, v));
-  *loss_sum += cpu::ClassifierForwardBackward(dx, dweight, x, weight, targets, n, c, v, grad_scale,
-                                              chunk_rows, scratch, &pool_);
+  *loss_sum += cpu::ClassifierForwardBackward(
+      dx, dweight, MatmulOperand(x, static_cast<size_t>(n) * c, 0),
+      MatmulOperand(weight, static_cast<size_t>(v) * c, 1), targets, n, c, v, grad_scale,
+      chunk_rows, scratch, &pool_, matmul_precision_);
 }
 
 void CpuBackend::ClassifierRowMax(float* max, const float* logits, int n, int v) {

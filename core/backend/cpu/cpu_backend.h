@@ -1,12 +1,15 @@
 // The CPU backend: OpenBLAS GEMMs plus loops threaded on one ThreadPool. Every method forwards
 // to the float instantiation of a kernel template in this folder (the double instantiation is
-// what the tests finite-difference). Not thread-safe: one caller at a time, since the pool and
-// the scratch buffer are shared by all calls.
+// what the tests finite-difference). Below matmul precision highest, the linear layers' and the
+// classifier's GEMMs multiply their inputs rounded as tensor cores round them
+// (matmul_precision.h). Not thread-safe: one caller at a time, since the pool and the scratch
+// buffers are shared by all calls.
 #pragma once
 
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "core/backend/matmul_precision.h"
 #include "core/util/thread_pool.h"
 
 namespace dtrain {
@@ -14,7 +17,8 @@ namespace dtrain {
 class CpuBackend : public Backend {
  public:
   // num_threads <= 0 means one per hardware thread.
-  explicit CpuBackend(int num_threads);
+  explicit CpuBackend(int num_threads,
+                      MatmulPrecision matmul_precision = MatmulPrecision::kHighest);
 
   int num_threads() const { return pool_.size(); }
 
@@ -92,8 +96,13 @@ class CpuBackend : public Backend {
  private:
   // Grows the shared scratch to at least `size` values and returns it.
   float* Scratch(size_t size);
+  // The GEMM input x (count values) as matmul_precision_ has it multiplied: x itself at highest,
+  // else rounded into operand scratch `slot` (0-2: a GEMM call's operands at once).
+  const float* MatmulOperand(const float* x, size_t count, int slot);
 
   ThreadPool pool_;
+  MatmulPrecision matmul_precision_;
+  std::vector<float> operands_[3];
   // Attention's per-thread score blocks and the classifier's logits chunk; kept between calls
   // so a step does not reallocate tens of MB.
   std::vector<float> scratch_;

@@ -65,7 +65,8 @@ absl::Status CudaBackend::CheckDevice(int device) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
+                                                                 MatmulPrecision matmul_precision) {
   RETURN_IF_ERROR(CheckDevice(device));
   cudaError_t error = cudaSetDevice(device);
   cudaStream_t stream = nullptr;
@@ -82,7 +83,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   }
   size_t free_bytes = 0, total_bytes = 0;
   cudaMemGetInfo(&free_bytes, &total_bytes);
-  std::unique_ptr<CudaBackend> backend(new CudaBackend(device, stream, lt, free_bytes));
+  std::unique_ptr<CudaBackend> backend(
+      new CudaBackend(device, stream, lt, free_bytes, matmul_precision));
   try {
     backend->workspace_ = backend->Allocate(kWorkspaceBytes / sizeof(float), DataType::kF32);
   } catch (const OutOfMemory& oom) {
@@ -99,8 +101,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   return backend;
 }
 
-CudaBackend::CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, size_t free_bytes)
-    : device_(device), stream_(stream), lt_(lt), free_at_start_(free_bytes) {}
+CudaBackend::CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, size_t free_bytes,
+                         MatmulPrecision matmul_precision)
+    : device_(device),
+      stream_(stream),
+      lt_(lt),
+      free_at_start_(free_bytes),
+      matmul_precision_(matmul_precision) {}
 
 Backend::Memory CudaBackend::AvailableMemory() const {
   return {.name = absl::StrCat("GPU ", device_),
@@ -220,7 +227,7 @@ std::vector<int32_t> CudaBackend::ToHost(const int32_t* device, size_t n) {
 
 void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
                          const float* a, int lda, const float* b, int ldb, float beta, float* c,
-                         int ldc, const float* bias) {
+                         int ldc, const float* bias, bool exact) {
   if (m == 0 || n == 0) return;
   if (k == 0) {  // C = beta C (+ bias): no product to take
     if (beta == 0) {
@@ -238,8 +245,14 @@ void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
   cublasLtMatmulPreference_t preference = nullptr;
-  // CUBLAS_COMPUTE_32F: fp32 products and sums, never TF32 (CUBLAS_COMPUTE_32F_FAST_TF32).
-  CheckBlas(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+  // Float32 sums at every precision; the products' inputs rounded to TF32 or bf16 on the tensor
+  // cores below highest (matmul_precision.h).
+  const MatmulPrecision precision = exact ? MatmulPrecision::kHighest : matmul_precision_;
+  const cublasComputeType_t compute =
+      precision == MatmulPrecision::kHigh     ? CUBLAS_COMPUTE_32F_FAST_TF32
+      : precision == MatmulPrecision::kMedium ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                              : CUBLAS_COMPUTE_32F;
+  CheckBlas(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F), "MatmulDescCreate");
   CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
                                            sizeof(op_first)),
             "TRANSA");
@@ -313,7 +326,7 @@ void CudaBackend::LinearForward(float* out, const float* inp, const float* weigh
 
 void CudaBackend::AddBias(float* out, const float* bias, int n, int c) {
   // out (N, C) += ones (N, 1) @ bias (1, C): each product is 1 * bias, exact, as the CPU's add.
-  Matmul(false, false, n, c, 1, 1.0f, Ones(n), 1, bias, c, 1.0f, out, c, nullptr);
+  Matmul(false, false, n, c, 1, 1.0f, Ones(n), 1, bias, c, 1.0f, out, c, nullptr, true);
 }
 
 void CudaBackend::LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
@@ -328,7 +341,7 @@ void CudaBackend::LinearBackward(float* dinp, float* dweight, float* dbias, cons
   if (dbias != nullptr) {
     // dbias (1, OC) += ones (1, N) @ dout (N, OC).
     Matmul(false, false, 1, out_features, n, 1.0f, Ones(n), n, dout, out_features, 1.0f, dbias,
-           out_features, nullptr);
+           out_features, nullptr, true);
   }
 }
 

@@ -1,8 +1,10 @@
 // The CUDA backend: float32 tensors in device memory of one GPU, every kernel on one compute
 // stream. GEMMs (and the linear layers, the bias fused as cuBLASLt's epilogue) run through
-// cuBLASLt with one workspace and fp32 arithmetic, TF32 off, so that its results stay within 1e-4
-// of the CPU backend's; everything else runs the kernels of this folder (kernels.h). Built into
-// the CUDA module (cuda_module.h), never into the binary.
+// cuBLASLt with one workspace and fp32 sums, their inputs float32 (TF32 off) or, at
+// run.matmul_precision high or medium, rounded to TF32 or bf16 on the tensor cores
+// (matmul_precision.h), so that its results stay within 1e-4 of the CPU backend's at the same
+// precision; everything else runs the kernels of this folder (kernels.h). Built into the CUDA
+// module (cuda_module.h), never into the binary.
 //
 // Memory: Allocate is cudaMalloc (zero-filled on the stream); running out throws OutOfMemory
 // (core/util/allocate.h) naming the bytes asked and free, which AllocateOrError reports with the
@@ -23,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/backend/backend.h"
+#include "core/backend/matmul_precision.h"
 
 namespace dtrain {
 
@@ -30,7 +33,8 @@ class CudaBackend : public Backend {
  public:
   // The backend on GPU `device` (a local rank: one worker per GPU). FailedPrecondition when there
   // is no GPU (no driver, none visible) or fewer than device + 1, saying which.
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device);
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(
+      int device, MatmulPrecision matmul_precision = MatmulPrecision::kHighest);
   // Create's check, without starting the GPU.
   static absl::Status CheckDevice(int device);
   ~CudaBackend() override;
@@ -114,7 +118,8 @@ class CudaBackend : public Backend {
              float beta2, float eps, float weight_decay, int64_t step) override;
 
  private:
-  CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, size_t free_bytes);
+  CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, size_t free_bytes,
+              MatmulPrecision matmul_precision);
 
   // Keeps the first failure as status(), naming `what` (a kernel or CUDA call).
   void Check(cudaError_t error, const char* what);
@@ -122,9 +127,11 @@ class CudaBackend : public Backend {
   // After launching kernel `kernel`: a launch error (bad configuration, an earlier fault).
   void CheckLaunch(const char* kernel) { Check(cudaGetLastError(), kernel); }
   // Row-major C (M, N) = alpha op(A) op(B) + beta C (+ bias (N) on every row when not null,
-  // cuBLASLt's bias epilogue), as Backend::Gemm.
+  // cuBLASLt's bias epilogue), as Backend::Gemm, at run.matmul_precision; `exact`: in float32
+  // whatever it is (the GEMMs with a vector of ones that add and sum biases).
   void Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
-              int lda, const float* b, int ldb, float beta, float* c, int ldc, const float* bias);
+              int lda, const float* b, int ldb, float beta, float* c, int ldc, const float* bias,
+              bool exact = false);
   // `buffer` holding at least `count` floats (grown, contents lost, when smaller).
   float* Scratch(DeviceBuffer& buffer, size_t count);
   // n ones (N), for the bias sums and adds as GEMMs with a vector of ones.
@@ -136,7 +143,8 @@ class CudaBackend : public Backend {
   int device_;
   cudaStream_t stream_;
   cublasLtHandle_t lt_;
-  size_t free_at_start_;     // the GPU's free memory before this backend allocated any
+  size_t free_at_start_;  // the GPU's free memory before this backend allocated any
+  MatmulPrecision matmul_precision_;
   DeviceBuffer workspace_;   // cuBLASLt's, kWorkspaceBytes
   DeviceBuffer ones_;        // 1.0f each
   DeviceBuffer logits_;      // the classifier's (chunk, V) logits

@@ -7,8 +7,10 @@
 namespace dtrain {
 namespace {
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(int device) {
-  absl::StatusOr<std::unique_ptr<CudaBackend>> backend = CudaBackend::Create(device);
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(int device,
+                                                       MatmulPrecision matmul_precision) {
+  absl::StatusOr<std::unique_ptr<CudaBackend>> backend =
+      CudaBackend::Create(device, matmul_precision);
   if (!backend.ok()) return backend.status();
   return std::unique_ptr<Backend>(std::move(*backend));
 }
@@ -28,6 +30,6 @@ constexpr CudaModule kModule{.dtrain_version = DTRAIN_VERSION,
 }  // namespace dtrain
 
 extern "C" __attribute__((visibility("default"))) const dtrain::CudaModule*
-dtrain_cuda_module_v1() {
+dtrain_cuda_module_v2() {
   return &dtrain::kModule;
 }

@@ -33,8 +33,9 @@ namespace {
 using cuda::testing::RandomFloats;
 
 // The backend on GPU 0, or null after skipping with the reason (no driver, no device).
-std::unique_ptr<CudaBackend> GpuOrSkip(std::string* why) {
-  absl::StatusOr<std::unique_ptr<CudaBackend>> backend = CudaBackend::Create(0);
+std::unique_ptr<CudaBackend> GpuOrSkip(
+    std::string* why, MatmulPrecision matmul_precision = MatmulPrecision::kHighest) {
+  absl::StatusOr<std::unique_ptr<CudaBackend>> backend = CudaBackend::Create(0, matmul_precision);
   if (!backend.ok()) {
     *why = std::string(backend.status().message());
     return nullptr;
@@ -441,6 +442,40 @@ TEST(CudaBackendTest, TwentyTrainingStepsMatchTheCpuBackend) {
                     1e-4 * std::max(1.0f, std::abs(expected.params[i])))
             << "parameter " << i;
       }
+    }
+  }
+}
+
+// run.matmul_precision high and medium: cuBLASLt's TF32 and bf16 tensor cores against the CPU
+// backend's rounded inputs (matmul_precision.h), which differ in the order of the float32 sums
+// only (1e-4, as the float32 GEMMs); then 20 training steps, where a value that lands on the
+// other side of a bf16 rounding boundary moves by 2^-8 and training carries it on: 1e-2.
+TEST(CudaBackendTest, TensorCorePrecisionsMatchTheCpuRounding) {
+  for (const MatmulPrecision precision : {MatmulPrecision::kHigh, MatmulPrecision::kMedium}) {
+    SCOPED_TRACE(MatmulPrecisionName(precision));
+    std::string why;
+    const std::unique_ptr<CudaBackend> gpu = GpuOrSkip(&why, precision);
+    if (gpu == nullptr) GTEST_SKIP() << why;
+    CpuBackend cpu(1, precision);
+    constexpr int n = 64, in = 96, out = 80;
+    Pair x(cpu, *gpu, RandomFloats(n * in, 1)), w(cpu, *gpu, RandomFloats(out * in, 2));
+    Pair bias(cpu, *gpu, RandomFloats(out, 3)), y(cpu, *gpu, std::vector<float>(n * out));
+    cpu.LinearForward(y.cpu(), x.cpu(), w.cpu(), bias.cpu(), n, in, out);
+    gpu->LinearForward(y.gpu(), x.gpu(), w.gpu(), bias.gpu(), n, in, out);
+    ExpectNear(y, kGemm, "linear forward");
+    Pair dy(cpu, *gpu, RandomFloats(n * out, 4)), dx(cpu, *gpu, std::vector<float>(n * in));
+    Pair dw(cpu, *gpu, std::vector<float>(out * in)), db(cpu, *gpu, std::vector<float>(out));
+    cpu.LinearBackward(dx.cpu(), dw.cpu(), db.cpu(), dy.cpu(), x.cpu(), w.cpu(), n, in, out);
+    gpu->LinearBackward(dx.gpu(), dw.gpu(), db.gpu(), dy.gpu(), x.gpu(), w.gpu(), n, in, out);
+    ExpectNear(dx, kGemm, "linear dinp");
+    ExpectNear(dw, kGemm, "linear dweight");
+    ExpectNear(db, kGemm, "linear dbias");
+    const Trajectory expected = Train(cpu, ModelFamily::kLlama);
+    const Trajectory actual = Train(*gpu, ModelFamily::kLlama);
+    ASSERT_TRUE(gpu->status().ok()) << gpu->status();
+    ASSERT_EQ(actual.losses.size(), expected.losses.size());
+    for (size_t i = 0; i < expected.losses.size(); ++i) {
+      EXPECT_NEAR(actual.losses[i], expected.losses[i], 1e-2 * expected.losses[i]) << "step " << i;
     }
   }
 }
