@@ -4,19 +4,18 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "core/backend/cuda/bf16.h"
 
 namespace dtrain {
 namespace {
 
-// x with its lowest `dropped` mantissa bits rounded away, to nearest, ties to even: adding half
-// less one, plus the kept part's lowest bit, carries into the kept part exactly when the dropped
-// bits exceed half, or equal half and the kept part is odd.
-float RoundMantissa(float x, int dropped) {
-  uint32_t bits = std::bit_cast<uint32_t>(x);
+// x with 10 mantissa bits, to nearest, ties to even, as bf16.h rounds to 7: adding 0xfff, plus
+// the kept part's lowest bit, carries into the kept part exactly when the dropped 13 bits exceed
+// half, or equal half and the kept part is odd.
+float RoundToTf32(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
   if ((bits & 0x7f800000u) == 0x7f800000u) return x;  // NaN, infinity
-  const uint32_t half = 1u << (dropped - 1);
-  bits += half - 1 + ((bits >> dropped) & 1u);
-  return std::bit_cast<float>(bits & ~((1u << dropped) - 1));
+  return std::bit_cast<float>((bits + 0xfffu + ((bits >> 13) & 1u)) & ~0x1fffu);
 }
 
 }  // namespace
@@ -46,9 +45,9 @@ float RoundForMatmul(float x, MatmulPrecision precision) {
     case MatmulPrecision::kHighest:
       return x;
     case MatmulPrecision::kHigh:
-      return RoundMantissa(x, 23 - 10);
+      return RoundToTf32(x);
     case MatmulPrecision::kMedium:
-      return RoundMantissa(x, 23 - 7);
+      return cuda::Bf16BitsToFloat(cuda::FloatToBf16Bits(x));
   }
   return x;
 }

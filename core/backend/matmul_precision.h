@@ -22,7 +22,8 @@ absl::StatusOr<MatmulPrecision> ParseMatmulPrecision(absl::string_view name);
 const char* MatmulPrecisionName(MatmulPrecision precision);  // "highest" | "high" | "medium"
 
 // x as a GEMM at `precision` multiplies it: unchanged (highest), or rounded to nearest, ties to
-// even, to TF32 (high) or bfloat16 (medium). NaN and infinity pass unchanged.
+// even, to TF32 (high; NaN and infinity unchanged) or bfloat16 (medium: the CUDA kernels' bf16
+// rounding, core/backend/cuda/bf16.h).
 float RoundForMatmul(float x, MatmulPrecision precision);
 
 }  // namespace dtrain

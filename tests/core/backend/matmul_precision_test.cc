@@ -1,5 +1,7 @@
 #include "core/backend/matmul_precision.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "core/backend/cpu/cpu_backend.h"
-#include "core/backend/cuda/bf16.h"
 #include "gtest/gtest.h"
 #include "tests/core/backend/cpu/test_util.h"
 
@@ -26,19 +27,28 @@ TEST(MatmulPrecisionTest, NamesRoundTripAndAnUnknownOneIsNamed) {
   EXPECT_EQ(bad.status().message(), "run.matmul_precision 'bf16' is none of highest, high, medium");
 }
 
-// medium is bfloat16's rounding (the independent integer routine of the CUDA kernels, bf16.h)
-// on every kind of float; high keeps 10 mantissa bits, to nearest, ties to even.
-TEST(MatmulPrecisionTest, RoundsAsBfloat16AndTf32) {
+// x rounded to 10 mantissa bits, to nearest, ties to even, in double arithmetic: x divided by the
+// spacing of 10-bit values at its exponent (subnormals: at the least normal exponent), rounded
+// by nearbyint (ties to even), multiplied back; past the largest float it overflows to infinity.
+float Tf32Reference(float x) {
+  const double spacing = std::ldexp(1.0, std::max(std::ilogb(x), -126) - 10);
+  return static_cast<float>(std::nearbyint(x / spacing) * spacing);
+}
+
+// high keeps 10 mantissa bits, to nearest, ties to even, on every kind of finite float (an
+// independent reference in double); medium is bf16.h's rounding (tested against PyTorch there).
+TEST(MatmulPrecisionTest, RoundsAsTf32AndBfloat16) {
   std::mt19937 random(3);
   std::uniform_int_distribution<uint32_t> bits;
   for (int i = 0; i < 100000; ++i) {
     const float x = std::bit_cast<float>(bits(random));
-    if (std::isnan(x)) continue;
-    EXPECT_EQ(RoundForMatmul(x, MatmulPrecision::kMedium),
-              cuda::Bf16BitsToFloat(cuda::FloatToBf16Bits(x)))
-        << x;
-    EXPECT_EQ(RoundForMatmul(x, MatmulPrecision::kHighest), x);
+    if (!std::isfinite(x) || x == 0) continue;
+    ASSERT_EQ(RoundForMatmul(x, MatmulPrecision::kHigh), Tf32Reference(x)) << x;
+    ASSERT_EQ(RoundForMatmul(x, MatmulPrecision::kHighest), x);
   }
+  EXPECT_EQ(RoundForMatmul(1 + std::ldexp(1.0f, -8), MatmulPrecision::kMedium), 1.0f);  // a tie
+  EXPECT_EQ(RoundForMatmul(1 + 3 * std::ldexp(1.0f, -8), MatmulPrecision::kMedium),
+            1 + std::ldexp(1.0f, -6));  // a tie, to the even 1 + 2 ulp
   const auto high = [](float x) { return RoundForMatmul(x, MatmulPrecision::kHigh); };
   const float ulp = std::ldexp(1.0f, -10);                        // of [1, 2) with 10 mantissa bits
   EXPECT_EQ(high(1 + ulp / 2), 1.0f);                             // a tie, to the even 1
