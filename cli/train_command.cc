@@ -32,8 +32,7 @@ void AddTrainCommand(CLI::App& app) {
       Fail(status, kExitUsage);
     }
     // Before anything is written: no GPU for run.device: cuda is a usage error.
-    if (absl::Status status = CheckDevice(recipe->run.device, world->local_rank, world->world_size);
-        !status.ok()) {
+    if (absl::Status status = CheckDevice(recipe->run.device, world->local_rank); !status.ok()) {
       Fail(status, kExitUsage);
     }
     if (absl::Status status = RunTraining(*recipe, *world); !status.ok()) {

@@ -10,6 +10,7 @@
 #include "core/model/init.h"
 #include "core/util/fnv.h"
 #include "core/util/status.h"
+#include "parallel/comm/host_values.h"
 
 namespace dtrain {
 namespace {
@@ -43,7 +44,7 @@ DataParallelEngine::DataParallelEngine(const ParamTable& table, const ShardingSt
               strategy.sharding == Sharding::kNone || comm == nullptr ? 1 : comm->size()) {
   params_ = backend_.Allocate(sharded_params() ? layout_.shard_size() : layout_.padded_size());
   grads_ = backend_.Allocate(sharded_grads() ? layout_.shard_size() : layout_.padded_size());
-  sum_squares_ = backend_.Allocate(1, DataType::kF64);
+  scalars_ = backend_.Allocate(3, DataType::kF64);
   const int slice_rank = layout_.ranks() == 1 ? 0 : rank();
   for (const Unit& unit : layout_.units()) {
     const auto [begin, end] = layout_.slice(unit, slice_rank);
@@ -388,7 +389,7 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   if (layout_.ranks() == 1 && rank() > 0) sum_squares = 0;
   const bool masked = local_trained_tokens >= 0;
   double sums[3] = {local_loss_sum, sum_squares, static_cast<double>(local_trained_tokens)};
-  RETURN_IF_ERROR(SumOverRanks(absl::MakeSpan(sums, masked ? 3 : 2)));
+  RETURN_IF_ERROR(ReduceStepSums(comm_, absl::MakeSpan(sums, masked ? 3 : 2)));
   local_loss_sum = sums[0];
   sum_squares = sums[1];
   // Token counts are exact in a double up to 2^53.
@@ -402,9 +403,7 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   // stage); the norm's parts are not. Each sum's result is the same on every rank of its group,
   // so the stages then sum equal tp totals, and every rank clips by the same norm.
   for (Communicator* model_parallel : {tensor_parallel_, pipeline_}) {
-    if (model_parallel == nullptr) continue;
-    std::unique_ptr<Work> work = model_parallel->AllReduce(&sum_squares, 1, ReduceOp::kSum);
-    RETURN_IF_ERROR(Wait(work));
+    RETURN_IF_ERROR(ReduceStepSums(model_parallel, absl::MakeSpan(&sum_squares, 1)));
   }
   totals.loss =
       totals.trained_tokens > 0 ? local_loss_sum / static_cast<double>(totals.trained_tokens) : 0.0;
@@ -442,7 +441,7 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
 }
 
 double DataParallelEngine::CountedSumSquares() {
-  double* sum = static_cast<double*>(sum_squares_.data());
+  double* sum = static_cast<double*>(scalars_.data());
   ZeroScalar(backend_, sum);
   for (size_t u = 0; u < layout_.units().size(); ++u) {
     const Unit& unit = layout_.units()[u];
@@ -457,10 +456,15 @@ double DataParallelEngine::CountedSumSquares() {
   return ReadScalar(backend_, sum);
 }
 
-absl::Status DataParallelEngine::SumOverRanks(absl::Span<double> values) {
-  if (!comm_) return absl::OkStatus();
-  std::unique_ptr<Work> work = comm_->AllReduce(values.data(), values.size(), ReduceOp::kSum);
-  return Wait(work);
+absl::Status DataParallelEngine::ReduceStepSums(Communicator* group, absl::Span<double> values) {
+  if (group == nullptr) return absl::OkStatus();
+  // The group works on backend memory (backend_memory_guard.h).
+  backend_.CopyFromHost(scalars_.data(), values.data(), values.size() * sizeof(double));
+  std::unique_ptr<Work> work =
+      group->AllReduce(static_cast<double*>(scalars_.data()), values.size(), ReduceOp::kSum);
+  RETURN_IF_ERROR(Wait(work));
+  backend_.CopyToHost(values.data(), scalars_.data(), values.size() * sizeof(double));
+  return absl::OkStatus();
 }
 
 absl::Status DataParallelEngine::CheckReplicas() {
@@ -469,8 +473,7 @@ absl::Status DataParallelEngine::CheckReplicas() {
   backend_.CopyToHost(values.data(), params_.floats(), params_.bytes());
   const uint64_t fingerprint = Fingerprint(values);
   std::vector<uint64_t> all(ranks());
-  std::unique_ptr<Work> work = comm_->AllGather(&fingerprint, all.data(), 1);
-  RETURN_IF_ERROR(Wait(work));
+  RETURN_IF_ERROR(AllGatherHost(*comm_, backend_, &fingerprint, all.data(), 1));
   std::vector<int> differing;
   for (int r = 1; r < ranks(); ++r) {
     if (all[r] != all[0]) differing.push_back(r);

@@ -167,10 +167,10 @@ class DataParallelEngine : public BlockParameters {
   int rank() const { return comm_ ? comm_->rank() : 0; }
   int ranks() const { return comm_ ? comm_->size() : 1; }
   absl::Status Wait(std::unique_ptr<Work>& work);
-  // The step's loss and squared norm summed over the data-parallel ranks; unlike the free
-  // SumOverRanks (communicator.h) it waits through Wait, so the time counts as exposed
-  // communication in the step log.
-  absl::Status SumOverRanks(absl::Span<double> values);
+  // The step's loss, squared norm and token count (up to 3 values) summed over `group` (null:
+  // unchanged) through scalars_; unlike SumOverGroup (host_values.h) it waits through Wait, so
+  // the time counts as exposed communication in the step log.
+  absl::Status ReduceStepSums(Communicator* group, absl::Span<double> values);
   GatheredUnit& Gather(int unit);
   void Prefetch(int region, Pass pass);
   // Returns a unit-gradient buffer whose reduction finished, folding the result into the shard.
@@ -201,7 +201,7 @@ class DataParallelEngine : public BlockParameters {
   // for the gradients).
   DeviceBuffer params_;
   DeviceBuffer grads_;
-  DeviceBuffer sum_squares_;              // one double: CountedSumSquares' sum, read once a step
+  DeviceBuffer scalars_;  // 3 doubles: CountedSumSquares' sum, read once a step; ReduceStepSums'
   std::vector<AdamW> optimizers_;         // one per unit slice this rank owns (one when unsharded)
   std::map<int, GatheredUnit> gathered_;  // kParameters: unit -> gathered values
   std::deque<GradientUnit> gradient_units_;  // kGradients+: buffers in use, oldest first

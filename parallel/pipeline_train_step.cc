@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/util/status.h"
+#include "parallel/comm/host_values.h"
 
 namespace dtrain {
 
@@ -107,15 +108,15 @@ void TransformerPipelineStage::GradientsReady(int region) {
 
 namespace {
 
-// The other copy of the tied embedding: `count` elements of `own` sent to the other end of the
-// pipeline (the first stage's peer is the last, and back), the peer's received.
-absl::StatusOr<std::vector<float>> SwapTiedCopies(const float* own, size_t count,
-                                                  Communicator& pp) {
+// The other copy of the tied embedding: `count` elements of `own` (backend memory) sent to the
+// other end of the pipeline (the first stage's peer is the last, and back), the peer's received.
+absl::StatusOr<DeviceBuffer> SwapTiedCopies(Backend& backend, const float* own, size_t count,
+                                            Communicator& pp) {
   const int peer = pp.rank() == 0 ? pp.size() - 1 : 0;
-  std::vector<float> other(count);
+  DeviceBuffer other = backend.Allocate(count);
   if (count == 0) return other;
   std::unique_ptr<Work> sent = pp.Send(own, count, peer);
-  std::unique_ptr<Work> received = pp.Recv(other.data(), count, peer);
+  std::unique_ptr<Work> received = pp.Recv(other.floats(), count, peer);
   const absl::Status receive_status = received->Wait();
   const absl::Status send_status = sent->Wait();
   RETURN_IF_ERROR(receive_status);
@@ -142,7 +143,7 @@ size_t TiedCount(const ParamTable& table) {
 // in its unit, which differs between the two stages' tables. Two replicas' sums commute
 // exactly; from three on, the stages would round differently. There the copy is first summed
 // over the replicas alone (one buffer, the same positions on both stages), and each replica
-// hands the engine S / dp: the sum of dp equal terms rounds the same in any order.
+// hands the engine S * (1 / dp): the sum of dp equal terms rounds the same in any order.
 absl::Status SumTiedEmbeddingGradients(DataParallelEngine& engine,
                                        const TransformerPipelineStage& stage,
                                        const ParamTable& table, Communicator& pp,
@@ -152,12 +153,12 @@ absl::Status SumTiedEmbeddingGradients(DataParallelEngine& engine,
   float* own =
       engine.Gradients(*region) + (TiedOffset(table, *region) - table.BlockRange(*region).first);
   const size_t count = TiedCount(table);
-  ASSIGN_OR_RETURN(const std::vector<float> other, SwapTiedCopies(own, count, pp));
-  for (size_t i = 0; i < count; ++i) own[i] += other[i];
+  Backend& backend = engine.backend();
+  ASSIGN_OR_RETURN(const DeviceBuffer other, SwapTiedCopies(backend, own, count, pp));
+  backend.Add(own, own, other.floats(), count);
   if (dp != nullptr && dp->size() > 2 && count > 0) {
     RETURN_IF_ERROR(dp->AllReduce(own, count, ReduceOp::kSum)->Wait());
-    const float replicas = static_cast<float>(dp->size());
-    for (size_t i = 0; i < count; ++i) own[i] /= replicas;
+    backend.Scale(own, 1.0f / static_cast<float>(dp->size()), count);
   }
   engine.GradientsReady(*region);
   return absl::OkStatus();
@@ -195,7 +196,7 @@ absl::StatusOr<StepResult> PipelineTrainStep(Transformer& model, TransformerPipe
   // The loss is the last stage's; every stage reports it (the engine sums it over dp).
   double loss_sum = model.TakeLossSum();
   double unused = 0;
-  RETURN_IF_ERROR(SumOverRanks(&pp, loss_sum, unused));
+  RETURN_IF_ERROR(SumOverGroup(&pp, engine.backend(), loss_sum, unused));
   // Every stage read the same targets, so each counts the trained tokens the engine sums over dp.
   ASSIGN_OR_RETURN(StepResult finished,
                    FinishTrainStep(engine, train, step, loss_sum, global_tokens,
@@ -212,7 +213,12 @@ absl::Status CheckTiedEmbeddingCopies(DataParallelEngine& engine,
   ASSIGN_OR_RETURN(const std::vector<float> full, engine.GatherParameters());
   const float* own = full.data() + TiedOffset(table, *region);
   const size_t count = TiedCount(table);
-  ASSIGN_OR_RETURN(const std::vector<float> other, SwapTiedCopies(own, count, pp));
+  Backend& backend = engine.backend();
+  DeviceBuffer staged = backend.Allocate(count);
+  backend.CopyFromHost(staged.floats(), own, count * sizeof(float));
+  ASSIGN_OR_RETURN(const DeviceBuffer swapped, SwapTiedCopies(backend, staged.floats(), count, pp));
+  std::vector<float> other(count);
+  backend.CopyToHost(other.data(), swapped.floats(), count * sizeof(float));
   size_t differing = 0;
   for (size_t i = 0; i < count; ++i) differing += own[i] != other[i];
   if (differing == 0) return absl::OkStatus();

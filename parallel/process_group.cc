@@ -16,9 +16,11 @@
 #include "absl/strings/str_split.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
+#include "parallel/comm/backend_memory_guard.h"
 #include "parallel/comm/faulty_ranks.h"
 #include "parallel/comm/flight_recorder_diagnosis.h"
 #include "parallel/comm/gloo_communicator.h"
+#include "parallel/comm/nccl_module.h"
 #include "parallel/store/tcp_store_client.h"
 
 namespace dtrain {
@@ -77,7 +79,18 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldM
 absl::StatusOr<std::unique_ptr<Communicator>> ProcessGroup::CreateGroup(
     const GroupSpec& spec) const {
   const size_t size = spec.world_ranks.size();
-  if (size == 1 || size == static_cast<size_t>(world_->size())) return nullptr;
+  if (size == 1) return nullptr;
+  if (nccl_) {
+    ASSIGN_OR_RETURN(const NcclModule* module, LoadNcclModule());
+    ASSIGN_OR_RETURN(std::unique_ptr<Communicator> created,
+                     module->create_communicator(store_, spec, timeout_, *backend_));
+    return std::make_unique<BackendMemoryGuard>(
+        FlightRecorder::Wrap(recorder_, std::move(created), spec.world_ranks), *backend_);
+  }
+  // Gloo's world communicator serves a group of every rank (and records its operations).
+  if (size == static_cast<size_t>(world_->size())) {
+    return std::make_unique<BackendMemoryGuard>(*world_, spec.name, *backend_);
+  }
   GlooCommunicatorOptions options;
   options.name = spec.name;
   options.key_prefix = spec.key_prefix;
@@ -88,7 +101,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> ProcessGroup::CreateGroup(
   options.hostname = hostname_;
   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> created,
                    GlooCommunicator::Create(store_, options));
-  return FlightRecorder::Wrap(recorder_, std::move(created), spec.world_ranks);
+  return std::make_unique<BackendMemoryGuard>(
+      FlightRecorder::Wrap(recorder_, std::move(created), spec.world_ranks), *backend_);
 }
 
 namespace {
@@ -144,7 +158,11 @@ void ProcessGroup::PublishFlightDump(const absl::Status& error) {
   (void)store_->Set(FlightDumpKey(membership_.restart_count, membership_.rank), path.value_or(""));
 }
 
-absl::StatusOr<ProcessGroup::MeshGroups> ProcessGroup::ConnectMesh(const Mesh& mesh) {
+absl::StatusOr<ProcessGroup::MeshGroups> ProcessGroup::ConnectMesh(const Mesh& mesh,
+                                                                   Backend& backend,
+                                                                   absl::string_view device) {
+  backend_ = &backend;
+  nccl_ = device == "cuda";
   ASSIGN_OR_RETURN(
       mesh_, mesh.CreateCommunicators([this](const GroupSpec& spec) { return CreateGroup(spec); },
                                       comm_namespace_));
@@ -156,17 +174,12 @@ absl::StatusOr<ProcessGroup::MeshGroups> ProcessGroup::ConnectMesh(const Mesh& m
         store_->Set(AgentKey(membership_.restart_count, absl::StrCat("where/", membership_.rank)),
                     mesh.Describe(mesh.rank())));
   }
-  return MeshGroups{View(mesh_.tp, shape.tp), View(mesh_.dp, shape.dp), View(mesh_.pp, shape.pp)};
+  return MeshGroups{mesh_.tp.get(), mesh_.dp.get(), mesh_.pp.get()};
 }
 
 absl::StatusOr<Communicator*> ProcessGroup::ConnectKvReplicas(const Mesh& mesh, int replicas) {
   ASSIGN_OR_RETURN(kv_replicas_, CreateGroup(mesh.KvReplicaGroup(replicas, comm_namespace_)));
-  return View(kv_replicas_, replicas);
-}
-
-Communicator* ProcessGroup::View(const std::unique_ptr<Communicator>& created, int size) const {
-  if (created) return created.get();
-  return size > 1 ? world_.get() : nullptr;
+  return kv_replicas_.get();
 }
 
 absl::Status ProcessGroup::Leave(absl::Status outcome) {

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "core/backend/backend.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/comm/flight_recorder.h"
 #include "parallel/mesh.h"
@@ -72,20 +74,23 @@ class ProcessGroup {
   Communicator& world() { return *world_; }
   Store& store() { return *store_; }
 
-  // This rank's tp, dp and pp groups of a mesh: null for a group of one rank (nothing to
-  // communicate), the world communicator for a group of every rank, else a communicator the
-  // process group owns.
+  // This rank's tp, dp and pp groups of a mesh, owned by the process group: null for a group of
+  // one rank (nothing to communicate). Their collectives run on the backend's memory
+  // (BackendMemoryGuard); host values cross them through it (host_values.h).
   struct MeshGroups {
     Communicator* tp = nullptr;
     Communicator* dp = nullptr;
     Communicator* pp = nullptr;
   };
-  // Joins this rank's groups of `mesh` (Gloo, under this job and attempt's store namespace, with
-  // the world's address and timeout). Every rank calls it once, right after Connect, so that a
-  // rank failing later fails the others' next collective at once instead of their rendezvous.
-  absl::StatusOr<MeshGroups> ConnectMesh(const Mesh& mesh);
+  // Joins this rank's groups of `mesh` under this job and attempt's store namespace, with the
+  // world's timeout, on `backend`'s memory: NCCL for run.device `device` cuda, else Gloo at the
+  // world's address (a group of every rank is then the world's communicator). Every rank calls
+  // it once, right after Connect, so that a rank failing later fails the others' next
+  // collective at once instead of their rendezvous. `backend` must outlive the process group.
+  absl::StatusOr<MeshGroups> ConnectMesh(const Mesh& mesh, Backend& backend,
+                                         absl::string_view device);
   // Joins this rank's group of Mesh::KvReplicaGroup (after ConnectMesh, every rank of the mesh
-  // with the same `replicas`), null or the world as ConnectMesh's groups.
+  // with the same `replicas`), on the same terms as ConnectMesh's groups.
   absl::StatusOr<Communicator*> ConnectKvReplicas(const Mesh& mesh, int replicas);
 
  private:
@@ -107,18 +112,17 @@ class ProcessGroup {
   void PublishFlightDump(const absl::Status& error);
   // The std::terminate handler while a process group records: dumps, then the previous handler.
   [[noreturn]] static void DumpAndTerminate();
-  // A communicator for a group of the mesh; none for a group of one rank or of every rank.
+  // The communicator of a group of the mesh as ConnectMesh describes it; none for one rank.
   absl::StatusOr<std::unique_ptr<Communicator>> CreateGroup(const GroupSpec& spec) const;
-  // A group of `size` ranks as callers see it: the created communicator, else the world's for
-  // a group of every rank, null for one rank.
-  Communicator* View(const std::unique_ptr<Communicator>& created, int size) const;
 
   WorldMembership membership_;
   std::string failure_key_;                 // the first failure of this attempt
   std::unique_ptr<TcpStoreServer> server_;  // rank 0 only
   std::shared_ptr<Store> store_;
   std::unique_ptr<Communicator> world_;
-  MeshCommunicators mesh_;  // the groups of ConnectMesh that are neither one rank nor the world
+  Backend* backend_ = nullptr;                 // ConnectMesh's: the groups' memory
+  bool nccl_ = false;                          // the groups are NCCL's (run.device: cuda)
+  MeshCommunicators mesh_;                     // the groups of ConnectMesh of more than one rank
   std::unique_ptr<Communicator> kv_replicas_;  // ConnectKvReplicas's, on the same terms
   std::string comm_namespace_;                 // "<job prefix>attempt-<n>/comm/"
   std::string hostname_;  // the address peers reach this rank's Gloo devices at

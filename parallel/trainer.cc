@@ -38,6 +38,7 @@
 #include "nlohmann/json.hpp"
 #include "parallel/checkpointing.h"
 #include "parallel/comm/faulty_ranks.h"
+#include "parallel/comm/host_values.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/forward_pass.h"
@@ -185,7 +186,7 @@ absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, Validation
                                   documents ? positions.data() : nullptr);
     tokens += CountedTargets(targets, rows * t, documents);
   }
-  RETURN_IF_ERROR(SumOverRanks(dp, loss_sum, tokens));
+  RETURN_IF_ERROR(SumOverGroup(dp, model.backend(), loss_sum, tokens));
   if (tokens == 0) return absl::FailedPreconditionError("the validation set is empty");
   return loss_sum / tokens;
 }
@@ -225,8 +226,8 @@ absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, Co
     if (!last) continue;
     tokens += CountedTargets(targets, rows * t, documents);
   }
-  RETURN_IF_ERROR(SumOverRanks(&pp, loss_sum, tokens));
-  RETURN_IF_ERROR(SumOverRanks(dp, loss_sum, tokens));
+  RETURN_IF_ERROR(SumOverGroup(&pp, model.backend(), loss_sum, tokens));
+  RETURN_IF_ERROR(SumOverGroup(dp, model.backend(), loss_sum, tokens));
   if (tokens == 0) return absl::FailedPreconditionError("the validation set is empty");
   return loss_sum / tokens;
 }
@@ -436,7 +437,7 @@ absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
                            bool leader) {
   ASSIGN_OR_RETURN(std::vector<float> own, engine.GatherParameters());
   ASSIGN_OR_RETURN(const std::vector<float> full,
-                   GatherWholeModel(table, std::move(own), groups.tp, groups.pp));
+                   GatherWholeModel(table, std::move(own), engine.backend(), groups.tp, groups.pp));
   if (!leader) return absl::OkStatus();
   const ModelConfig& config = table.config();
   const ParamTable whole(config, ModelSlice{});
@@ -521,13 +522,14 @@ Estimate PlannedLayout(const Recipe& recipe, const Mesh& mesh, Recompute recompu
   return EstimateLayout(workload, ResolveCluster(recipe.cluster).value_or(ClusterSpec{}), layout);
 }
 
-// This rank's part of the training, from the run folder to the exported weights. What every rank
-// must agree on (checkpoint signals, resume) goes through `world_comm`; gradients, the step's
-// loss and evaluation reduce over the dp group, the model's activations over the tp group (and
-// `kv_replicas`, the ranks holding the same replicated kv head). All are null in a world of one.
+// This rank's part of the training on `backend`, from the run folder to the exported weights.
+// What every rank must agree on (checkpoint signals, resume) goes through `world_comm` (host
+// memory); gradients, the step's loss and evaluation reduce over the dp group, the model's
+// activations over the tp group (and `kv_replicas`, the ranks holding the same replicated kv
+// head), on the backend's memory. All are null in a world of one.
 absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const Mesh& mesh,
-                       Communicator* world_comm, const ProcessGroup::MeshGroups& groups,
-                       Communicator* kv_replicas) {
+                       Backend& backend, Communicator* world_comm,
+                       const ProcessGroup::MeshGroups& groups, Communicator* kv_replicas) {
   const TrainSection& train = recipe.train;
   // The ranks of one tp group read the same samples: the data-parallel rank picks the data and
   // the data-parallel size splits the batch.
@@ -553,12 +555,6 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   const int activation_slots = pp > 1 ? PipelineActivationSlots(shape, stage) : 1;
   const RankMemory memory =
       EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice, activation_slots);
-  ASSIGN_OR_RETURN(const MatmulPrecision matmul_precision,
-                   ParseMatmulPrecision(recipe.run.matmul_precision));
-  ASSIGN_OR_RETURN(
-      const std::unique_ptr<Backend> backend_owner,
-      MakeBackend(recipe.run.device, recipe.run.threads, world.local_rank, matmul_precision));
-  Backend& backend = *backend_owner;
   RETURN_IF_ERROR(CheckRankMemory(recipe, memory, backend.AvailableMemory(), strategy, dp_size,
                                   world.world_size, world.local_world_size));
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer, LoadSampleTokenizer(recipe));
@@ -579,7 +575,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   const std::string backend_name = absl::StrCat(
       cpu_backend != nullptr ? absl::StrCat("CPU backend (", cpu_backend->num_threads(), " threads")
                              : absl::StrCat("CUDA backend (GPU ", world.local_rank, ", cuBLASLt"),
-      ", matmul precision ", MatmulPrecisionName(matmul_precision), ")");
+      ", matmul precision ", recipe.run.matmul_precision, ")");
   const ParamTable table(config, slice);
   std::unique_ptr<CommTensorParallel> tensor_parallel;
   if (groups.tp) tensor_parallel = std::make_unique<CommTensorParallel>(*groups.tp, kv_replicas);
@@ -814,7 +810,17 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
                                                   .tp = recipe.parallel.tp},
                                                  world.world_size, world.rank));
   RETURN_IF_ERROR(CheckBatchSplit(recipe.train, mesh.shape().dp));
-  if (world.world_size == 1) return TrainRank(recipe, world, mesh, nullptr, {}, nullptr);
+  ASSIGN_OR_RETURN(const MatmulPrecision matmul_precision,
+                   ParseMatmulPrecision(recipe.run.matmul_precision));
+  const auto make_backend = [&] {
+    return MakeBackend(recipe.run.device, recipe.run.threads, world.local_rank, matmul_precision);
+  };
+  if (world.world_size == 1) {
+    ASSIGN_OR_RETURN(const std::unique_ptr<Backend> backend, make_backend());
+    return TrainRank(recipe, world, mesh, *backend, nullptr, {}, nullptr);
+  }
+  // Released after the process group, whose mesh groups run on its memory.
+  std::unique_ptr<Backend> backend;
   // Every error after this point goes through Leave, which tells the other ranks at once.
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
                    ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
@@ -825,7 +831,11 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
   group->EnableFlightRecorder(
       recipe.logging.flight_recorder_entries,
       (std::filesystem::path(recipe.run_dir()) / "flight_recorder").string());
-  absl::StatusOr<ProcessGroup::MeshGroups> groups = group->ConnectMesh(mesh);
+  absl::StatusOr<std::unique_ptr<Backend>> made = make_backend();
+  if (!made.ok()) return leave(made.status());
+  backend = *std::move(made);
+  absl::StatusOr<ProcessGroup::MeshGroups> groups =
+      group->ConnectMesh(mesh, *backend, recipe.run.device);
   if (!groups.ok()) return leave(groups.status());
   // Grouped-query attention with more tp ranks than kv heads replicates each kv head on
   // kv_replicas ranks, whose gradients sum over them.
@@ -839,7 +849,7 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
     if (!connected.ok()) return leave(connected.status());
     kv_group = *connected;
   }
-  return leave(TrainRank(recipe, world, mesh, &group->world(), *groups, kv_group));
+  return leave(TrainRank(recipe, world, mesh, *backend, &group->world(), *groups, kv_group));
 }
 
 }  // namespace dtrain

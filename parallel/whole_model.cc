@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/util/status.h"
+#include "parallel/comm/host_values.h"
 
 namespace dtrain {
 namespace {
@@ -15,7 +16,8 @@ namespace {
 // Elements of `target` no rank counts (a stage's tied head copy) stay 0.
 absl::StatusOr<std::vector<float>> GatherSplit(const ParamTable& target,
                                                const std::vector<ModelSlice>& slices,
-                                               const std::vector<float>& own, Communicator& comm) {
+                                               const std::vector<float>& own, Backend& backend,
+                                               Communicator& comm) {
   std::vector<ParamTable> sources;
   size_t largest = 0;
   for (const ModelSlice& slice : slices) {
@@ -25,7 +27,7 @@ absl::StatusOr<std::vector<float>> GatherSplit(const ParamTable& target,
   std::vector<float> padded(largest);
   std::copy(own.begin(), own.end(), padded.begin());
   std::vector<float> gathered(largest * comm.size());
-  RETURN_IF_ERROR(comm.AllGather(padded.data(), gathered.data(), largest)->Wait());
+  RETURN_IF_ERROR(AllGatherHost(comm, backend, padded.data(), gathered.data(), largest));
   std::vector<float> assembled(target.total_numel());
   for (int rank = 0; rank < comm.size(); ++rank) {
     const float* values = gathered.data() + rank * largest;
@@ -47,14 +49,16 @@ absl::StatusOr<std::vector<float>> GatherSplit(const ParamTable& target,
 }  // namespace
 
 absl::StatusOr<std::vector<float>> GatherWholeModel(const ParamTable& table, std::vector<float> own,
-                                                    Communicator* tp, Communicator* pp) {
+                                                    Backend& backend, Communicator* tp,
+                                                    Communicator* pp) {
   ModelSlice stage = table.slice();
   if (tp != nullptr) {
     std::vector<ModelSlice> slices(tp->size(), stage);
     for (int rank = 0; rank < tp->size(); ++rank) slices[rank].tp_rank = rank;
     stage.tp_rank = 0;
     stage.tp_size = 1;
-    ASSIGN_OR_RETURN(own, GatherSplit(ParamTable(table.config(), stage), slices, own, *tp));
+    ASSIGN_OR_RETURN(own,
+                     GatherSplit(ParamTable(table.config(), stage), slices, own, backend, *tp));
   }
   if (pp != nullptr) {
     // Each stage's chunks, from the stages themselves (every stage holds as many).
@@ -62,7 +66,7 @@ absl::StatusOr<std::vector<float>> GatherWholeModel(const ParamTable& table, std
     std::vector<int64_t> spans;
     for (const BlockSpan& chunk : chunks) spans.insert(spans.end(), {chunk.first, chunk.count});
     std::vector<int64_t> stage_spans(spans.size() * pp->size());
-    RETURN_IF_ERROR(pp->AllGather(spans.data(), stage_spans.data(), spans.size())->Wait());
+    RETURN_IF_ERROR(AllGatherHost(*pp, backend, spans.data(), stage_spans.data(), spans.size()));
     std::vector<ModelSlice> slices(pp->size());
     for (int s = 0; s < pp->size(); ++s) {
       for (size_t k = 0; k < chunks.size(); ++k) {
@@ -70,7 +74,7 @@ absl::StatusOr<std::vector<float>> GatherWholeModel(const ParamTable& table, std
         slices[s].chunks.push_back({static_cast<int>(span[0]), static_cast<int>(span[1])});
       }
     }
-    ASSIGN_OR_RETURN(own, GatherSplit(ParamTable(table.config(), {}), slices, own, *pp));
+    ASSIGN_OR_RETURN(own, GatherSplit(ParamTable(table.config(), {}), slices, own, backend, *pp));
   }
   return own;
 }

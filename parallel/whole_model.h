@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/backend/backend.h"
 #include "core/model/param_table.h"
 #include "parallel/comm/communicator.h"
 
@@ -31,9 +32,11 @@ void ForEachShardRun(const ParamTable& whole, const ParamTable& shard, F&& fn) {
 // group `pp` (rank s holding stage s) into the whole model. A null group is a group of one.
 // Every rank of both groups calls it and gets the whole model. Each element comes from the one
 // rank that counts it (ParamTable::CountedRanges): a replicated tensor from tp rank 0, GPT-2's
-// tied embedding from the first stage, never from the last stage's head copy.
+// tied embedding from the first stage, never from the last stage's head copy. The groups work on
+// `backend`'s memory, through which the values travel (host_values.h).
 // Errors: a failed collective (the result is then unusable on every rank).
 absl::StatusOr<std::vector<float>> GatherWholeModel(const ParamTable& table, std::vector<float> own,
-                                                    Communicator* tp, Communicator* pp);
+                                                    Backend& backend, Communicator* tp,
+                                                    Communicator* pp);
 
 }  // namespace dtrain

@@ -41,6 +41,10 @@ class Backend {
   virtual DeviceBuffer Allocate(size_t count, DataType dtype = DataType::kF32) = 0;
   // Frees what Allocate returned (DeviceBuffer's destructor calls it).
   virtual void Free(void* data) = 0;
+  // Whether [data, data + bytes) lies within one live allocation of this backend (always for 0
+  // bytes): what the communicators of backend memory check their buffers against, since a host
+  // pointer handed to NCCL would fault on the GPU (parallel/comm/backend_memory_guard.h).
+  virtual bool Holds(const void* data, size_t bytes) const = 0;
   // Copies `bytes` between this backend's memory (dst and src may not overlap), or to and from
   // host memory. Ordered after every kernel issued before them.
   virtual void Copy(void* dst, const void* src, size_t bytes) = 0;

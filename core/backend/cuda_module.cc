@@ -8,11 +8,19 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/util/status.h"
 
 namespace dtrain {
 namespace {
 
-absl::StatusOr<const CudaModule*> Load() {
+// The module's file, opened once per process, and the fix every failure to use it names.
+struct OpenedModule {
+  void* handle = nullptr;  // stays open for the life of the process
+  std::string path;
+  std::string fix;
+};
+
+absl::StatusOr<OpenedModule> Open() {
   std::error_code error;
   const std::filesystem::path binary = std::filesystem::read_symlink("/proc/self/exe", error);
   if (error) {
@@ -20,36 +28,49 @@ absl::StatusOr<const CudaModule*> Load() {
         absl::StrCat("cannot find the CUDA module: /proc/self/exe does not name this binary (",
                      error.message(), ")"));
   }
-  const std::string path = (binary.parent_path() / kCudaModuleFile).string();
-  const std::string fix = absl::StrCat(
-      "; install ", kCudaModuleFile, " from the same dtrain build beside ", binary.string(),
-      " (a build with the CUDA toolkit makes it), or set run.device: cpu");
-  if (!std::filesystem::exists(path, error)) {
+  OpenedModule opened;
+  opened.path = (binary.parent_path() / kCudaModuleFile).string();
+  opened.fix = absl::StrCat("; install ", kCudaModuleFile, " from the same dtrain build beside ",
+                            binary.string(),
+                            " (a build with the CUDA toolkit makes it), or set run.device: cpu");
+  if (!std::filesystem::exists(opened.path, error)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("run.device is cuda but ", path, " does not exist", fix));
+        absl::StrCat("run.device is cuda but ", opened.path, " does not exist", opened.fix));
   }
   // RTLD_NOW: a missing CUDA library or symbol fails here, naming itself, not at first use.
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("run.device is cuda but ", path, " cannot be loaded: ", dlerror(), fix));
+  opened.handle = dlopen(opened.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (opened.handle == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run.device is cuda but ", opened.path, " cannot be loaded: ", dlerror(), opened.fix));
   }
-  auto entry = reinterpret_cast<CudaModuleEntry>(dlsym(handle, kCudaModuleEntry));
-  if (entry == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("run.device is cuda but ", path,
-                                                      " has no entry point ", kCudaModuleEntry,
-                                                      ": it is from another dtrain version", fix));
-  }
-  const CudaModule* module = entry();
+  return opened;
+}
+
+absl::StatusOr<const CudaModule*> Load() {
+  ASSIGN_OR_RETURN(void* symbol, FindCudaModuleSymbol(kCudaModuleEntry));
+  const CudaModule* module = reinterpret_cast<CudaModuleEntry>(symbol)();
   if (std::string(module->dtrain_version) != DTRAIN_VERSION) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("run.device is cuda but ", path, " is from dtrain ", module->dtrain_version,
-                     " and this binary is dtrain ", DTRAIN_VERSION, fix));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run.device is cuda but ", kCudaModuleFile, " is from dtrain ", module->dtrain_version,
+        " and this binary is dtrain ", DTRAIN_VERSION, "; install the module of the same build"));
   }
-  return module;  // the handle stays open for the life of the process
+  return module;
 }
 
 }  // namespace
+
+absl::StatusOr<void*> FindCudaModuleSymbol(const char* name) {
+  static const absl::StatusOr<OpenedModule>* const opened =
+      new absl::StatusOr<OpenedModule>(Open());
+  if (!opened->ok()) return opened->status();
+  void* symbol = dlsym((*opened)->handle, name);
+  if (symbol == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("run.device is cuda but ", (*opened)->path, " has no entry point ", name,
+                     ": it is from another dtrain version", (*opened)->fix));
+  }
+  return symbol;
+}
 
 absl::StatusOr<const CudaModule*> LoadCudaModule() {
   static const absl::StatusOr<const CudaModule*>* const module =

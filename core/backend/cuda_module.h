@@ -29,7 +29,7 @@ struct CudaModule {
   absl::Status (*device_status)(const Backend& backend);
 };
 
-// The module's file name and its one exported symbol, a function returning the CudaModule. A
+// The module's file name and the exported symbol of a function returning the CudaModule. A
 // module with another layout of CudaModule exports another name (_v2, ...).
 inline constexpr char kCudaModuleFile[] = "libdtrain_cuda.so";
 inline constexpr char kCudaModuleEntry[] = "dtrain_cuda_module_v2";
@@ -42,5 +42,10 @@ using CudaModuleEntry = const CudaModule* (*)();
 // loader's reason (dlerror) when it is absent, cannot load (a CUDA library missing) or is from
 // another build.
 absl::StatusOr<const CudaModule*> LoadCudaModule();
+
+// Another entry point of the same module, loaded as LoadCudaModule loads it (the NCCL
+// communicators', parallel/comm/nccl_module.h, which this layer does not know); an error names
+// the file and the fix.
+absl::StatusOr<void*> FindCudaModuleSymbol(const char* name);
 
 }  // namespace dtrain

@@ -7,17 +7,10 @@
 
 namespace dtrain {
 
-absl::Status CheckDevice(absl::string_view device, int local_rank, int world_size) {
+absl::Status CheckDevice(absl::string_view device, int local_rank) {
   if (device != "cuda") return absl::OkStatus();
   ASSIGN_OR_RETURN(const CudaModule* module, LoadCudaModule());
-  RETURN_IF_ERROR(module->check_device(local_rank));
-  if (world_size > 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "run.device: cuda trains on one GPU in this release, and this world has ", world_size,
-        " ranks: the data-, tensor- and pipeline-parallel collectives on GPU memory (NCCL) are "
-        "not wired into training yet; run one worker, or set run.device: cpu"));
-  }
-  return absl::OkStatus();
+  return module->check_device(local_rank);
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view device, int cpu_threads,

@@ -11,11 +11,10 @@
 
 namespace dtrain {
 
-// Whether a worker at `local_rank` of a world of `world_size` ranks can compute on `device`
-// (run.device), checked before anything is written so that a missing GPU is a usage error: OK
-// for cpu; for cuda, the module loads, the GPU exists, and the world is one rank (the
-// communicators on GPU memory are not wired into training yet). FailedPrecondition otherwise.
-absl::Status CheckDevice(absl::string_view device, int local_rank, int world_size);
+// Whether a worker at `local_rank` can compute on `device` (run.device), checked before anything
+// is written so that a missing GPU is a usage error: OK for cpu; for cuda, the module loads and
+// the node has a GPU for every local rank (one worker per GPU). FailedPrecondition otherwise.
+absl::Status CheckDevice(absl::string_view device, int local_rank);
 
 // `device` is run.device ("cpu" or "cuda"); `cpu_threads` is run.threads (CPU only);
 // `local_rank` picks the GPU; `matmul_precision` is run.matmul_precision's. FailedPrecondition

@@ -734,8 +734,11 @@ void Transformer::StageForwardLogits(const StageForwardArgs& args, bool last_onl
   const int slot = dims_.vocab_slot;
   const int local_v = dims_.vocab_rows();
   const int tp = table_.slice().tp_size;
-  std::vector<float> local(static_cast<size_t>(std::min(rows, vocab_chunk_rows_)) * slot);
-  std::vector<float> all(local.size() * tp);
+  // The slots travel in backend memory (the tp group's collectives run there).
+  DeviceBuffer local =
+      backend_.Allocate(static_cast<size_t>(std::min(rows, vocab_chunk_rows_)) * slot);
+  DeviceBuffer gathered = backend_.Allocate(local.size() * tp);
+  std::vector<float> all(gathered.size());
   for (int r0 = 0; r0 < rows; r0 += vocab_chunk_rows_) {
     const int chunk = std::min(vocab_chunk_rows_, rows - r0);
     if (local_v > 0 && last_only) {
@@ -748,11 +751,13 @@ void Transformer::StageForwardLogits(const StageForwardArgs& args, bool last_onl
                              local_v);
     }
     for (int i = 0; i < chunk; ++i) {
-      backend_.CopyToHost(local.data() + static_cast<size_t>(i) * slot,
-                          vocab_logits_ + static_cast<size_t>(i) * local_v,
-                          static_cast<size_t>(local_v) * sizeof(float));
+      backend_.Copy(local.floats() + static_cast<size_t>(i) * slot,
+                    vocab_logits_ + static_cast<size_t>(i) * local_v,
+                    static_cast<size_t>(local_v) * sizeof(float));
     }
-    tp_.GatherRows(local.data(), all.data(), static_cast<size_t>(chunk) * slot);
+    tp_.GatherRows(local.floats(), gathered.floats(), static_cast<size_t>(chunk) * slot);
+    backend_.CopyToHost(all.data(), gathered.floats(),
+                        static_cast<size_t>(chunk) * slot * tp * sizeof(float));
     for (int rank = 0; rank < tp; ++rank) {
       const int begin = std::min(v, rank * slot), end = std::min(v, (rank + 1) * slot);
       for (int i = 0; i < chunk; ++i) {

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "core/util/status.h"
+#include "parallel/comm/host_values.h"
 #include "parallel/pipeline/forward_pass.h"
 
 namespace dtrain {
@@ -22,7 +23,7 @@ absl::StatusOr<std::vector<int32_t>> GeneratePipelined(Transformer& stage, Commu
               {.chunk = chunk, .b = 1, .t = t, .tokens = context, .input = input, .output = output},
               /*last_only=*/true, logits);
         }));
-    return pp.Broadcast(logits, vocab, last)->Wait();
+    return BroadcastHost(pp, stage.backend(), logits, vocab, last);
   };
   return Generate(through_stages, vocab, std::move(prompt), max_time, options);
 }

@@ -6,7 +6,9 @@
 # and twice on GPU bit for bit (CudaBackendTest), NCCL collectives against a sequential reference
 # (NcclCommunicatorTest); then `dtrain train` of the built-in tiny recipe with run.device: cuda,
 # through the CUDA module the binary loads; SFT's packed documents trained on the GPU against the
-# CPU (scripts/gpu/sft_check.sh); last the training benchmark (scripts/gpu/bench.sh:
+# CPU (scripts/gpu/sft_check.sh); with several GPUs, DDP, ZeRO, tensor and pipeline parallelism
+# over NCCL against the same layouts on the CPU (scripts/gpu/multi_gpu_check.sh); last the
+# training benchmark (scripts/gpu/bench.sh:
 # GPT-2 124M and a Llama ~1B shape against PyTorch 2 on the same GPU, float32 values with float32
 # and bf16 tensor-core matmuls). Here a skip is a failure: the script says which test found no
 # device.
@@ -55,4 +57,5 @@ echo "GPU tests passed"
   --set run.out_dir="$runs" --set train.steps=20)
 echo "dtrain train on the GPU finished (metrics in the log above)"
 bash "$repo/scripts/gpu/sft_check.sh" "$build" "$runs/sft"
+bash "$repo/scripts/gpu/multi_gpu_check.sh" "$build" "$runs/multi" "${#gpus[@]}"
 bash "$repo/scripts/gpu/bench.sh" "$build"

@@ -33,16 +33,5 @@ for device in cpu cuda; do
   timeout 300 "$build/dtrain" train "$work/sft.yaml" --set run.device=$device \
     --set run.out_dir="$work/$device"
 done
-python3 - "$work/cpu/sft/metrics.jsonl" "$work/cuda/sft/metrics.jsonl" <<'PY'
-import json, sys
-cpu, gpu = ([json.loads(line) for line in open(path)] for path in sys.argv[1:])
-assert len(cpu) == len(gpu) == 20, (len(cpu), len(gpu))
-worst = 0.0
-for step, (c, g) in enumerate(zip(cpu, gpu), 1):
-    for key in ("loss", "grad_norm"):
-        worst = max(worst, abs(g[key] - c[key]) / abs(c[key]))
-        if abs(g[key] - c[key]) > 1e-3 * abs(c[key]):
-            sys.exit(f"SFT step {step}: {key} {g[key]} on the GPU, {c[key]} on the CPU")
-print(f"SFT on the GPU: 20 steps' losses and norms the CPU's within {worst:.1e} relative "
-      f"(loss {cpu[0]['loss']:.4f} -> {cpu[-1]['loss']:.4f})")
-PY
+python3 "$(dirname "$0")/compare_metrics.py" SFT 20 1e-3 "$work/cpu/sft/metrics.jsonl" \
+  "$work/cuda/sft/metrics.jsonl"

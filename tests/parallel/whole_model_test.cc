@@ -42,7 +42,8 @@ TEST_P(GatherWholeModelTest, EveryRankGetsTheWholeModel) {
   ASSERT_TRUE(assignment.ok()) << assignment.status();
 
   testing::RunStageGridRanks(
-      c.stages, c.tp, [&](int stage, int tp_rank, Communicator* tp, Communicator* pp) {
+      c.stages, c.tp,
+      [&](int stage, int tp_rank, Backend& backend, Communicator* tp, Communicator* pp) {
         const ParamTable table(
             config,
             {.chunks = StageChunks(*assignment, stage), .tp_rank = tp_rank, .tp_size = c.tp});
@@ -53,7 +54,7 @@ TEST_P(GatherWholeModelTest, EveryRankGetsTheWholeModel) {
           std::copy(own.begin() + begin, own.begin() + end, uncounted.begin() + begin);
         }
         const absl::StatusOr<std::vector<float>> gathered =
-            GatherWholeModel(table, uncounted, tp, pp);
+            GatherWholeModel(table, uncounted, backend, tp, pp);
         ASSERT_TRUE(gathered.ok()) << gathered.status();
         ASSERT_EQ(gathered->size(), expected.size());
         for (const TensorEntry& entry : whole.entries()) {

@@ -10,9 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "core/backend/cpu/cpu_backend.h"
 #include "core/model/init.h"
 #include "core/model/param_table.h"
 #include "gtest/gtest.h"
+#include "parallel/comm/backend_memory_guard.h"
 #include "parallel/comm/gloo_communicator.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/parallel/comm/test_store.h"
@@ -96,26 +98,33 @@ inline std::unique_ptr<GlooCommunicator> ConnectGlooGroup(std::shared_ptr<InMemo
   return created.ok() ? *std::move(created) : nullptr;
 }
 
-// Runs fn(stage, tp_rank, tp, pp) for every rank of a pipeline of `stages` stages of `tp_size`
-// tensor-parallel ranks each (one data-parallel replica) on its own thread, with Gloo
-// communicators for its tensor-parallel group (its stage's ranks) and its pipeline group (its tp
-// rank's stages, rank = stage); as ProcessGroup::MeshGroups, null for a group of one rank.
-inline void RunStageGridRanks(
-    int stages, int tp_size,
-    const std::function<void(int stage, int tp_rank, Communicator* tp, Communicator* pp)>& fn) {
+// Runs fn(stage, tp_rank, backend, tp, pp) for every rank of a pipeline of `stages` stages of
+// `tp_size` tensor-parallel ranks each (one data-parallel replica) on its own thread, with a CPU
+// backend and Gloo communicators for its tensor-parallel group (its stage's ranks) and its
+// pipeline group (its tp rank's stages, rank = stage); as ProcessGroup::MeshGroups, null for a
+// group of one rank, and guarded: their buffers must be the backend's memory.
+inline void RunStageGridRanks(int stages, int tp_size,
+                              const std::function<void(int stage, int tp_rank, Backend& backend,
+                                                       Communicator* tp, Communicator* pp)>& fn) {
   auto store = std::make_shared<InMemoryStore>();
-  auto connect = [&](const std::string& name, const std::string& prefix, int rank, int size) {
-    return size == 1 ? nullptr
-                     : ConnectGlooGroup(store, name, prefix, rank, size, absl::Seconds(60));
+  auto connect = [&](const Backend& backend, const std::string& name, const std::string& prefix,
+                     int rank, int size) -> std::unique_ptr<Communicator> {
+    if (size == 1) return nullptr;
+    std::unique_ptr<GlooCommunicator> gloo =
+        ConnectGlooGroup(store, name, prefix, rank, size, absl::Seconds(60));
+    return gloo ? std::make_unique<BackendMemoryGuard>(std::move(gloo), backend) : nullptr;
   };
   std::vector<std::thread> threads;
   for (int stage = 0; stage < stages; ++stage) {
     for (int tp_rank = 0; tp_rank < tp_size; ++tp_rank) {
       threads.emplace_back([&, stage, tp_rank] {
-        const auto tp = connect("tp", absl::StrCat("comm/tp.", stage, "/"), tp_rank, tp_size);
-        const auto pp = connect("pp", absl::StrCat("comm/pp.", tp_rank, "/"), stage, stages);
+        CpuBackend backend(1);
+        const auto tp =
+            connect(backend, "tp", absl::StrCat("comm/tp.", stage, "/"), tp_rank, tp_size);
+        const auto pp =
+            connect(backend, "pp", absl::StrCat("comm/pp.", tp_rank, "/"), stage, stages);
         if ((tp_size > 1 && tp == nullptr) || (stages > 1 && pp == nullptr)) return;
-        fn(stage, tp_rank, tp.get(), pp.get());
+        fn(stage, tp_rank, backend, tp.get(), pp.get());
       });
     }
   }

@@ -32,10 +32,14 @@ DeviceBuffer CpuBackend::Allocate(size_t count, DataType dtype) {
   const size_t bytes = count * DataTypeBytes(dtype);
   void* data = ::operator new(std::max<size_t>(bytes, 1), kAlignment);
   std::memset(data, 0, bytes);
+  allocations_.Add(data, bytes);
   return DeviceBuffer(this, data, count, dtype);
 }
 
-void CpuBackend::Free(void* data) { ::operator delete(data, kAlignment); }
+void CpuBackend::Free(void* data) {
+  allocations_.Remove(data);
+  ::operator delete(data, kAlignment);
+}
 
 void CpuBackend::Copy(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, bytes);

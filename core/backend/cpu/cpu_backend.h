@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "core/backend/allocations.h"
 #include "core/backend/backend.h"
 #include "core/backend/matmul_precision.h"
 #include "core/util/thread_pool.h"
@@ -24,6 +25,9 @@ class CpuBackend : public Backend {
 
   DeviceBuffer Allocate(size_t count, DataType dtype) override;
   void Free(void* data) override;
+  bool Holds(const void* data, size_t bytes) const override {
+    return allocations_.Holds(data, bytes);
+  }
   void Copy(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* host, const void* src, size_t bytes) override;
   void CopyFromHost(void* dst, const void* host, size_t bytes) override;
@@ -102,6 +106,7 @@ class CpuBackend : public Backend {
 
   ThreadPool pool_;
   MatmulPrecision matmul_precision_;
+  Allocations allocations_;
   std::vector<float> operands_[3];
   // Attention's per-thread score blocks and the classifier's logits chunk; kept between calls
   // so a step does not reallocate tens of MB.

@@ -156,12 +156,14 @@ DeviceBuffer CudaBackend::Allocate(size_t count, DataType dtype) {
                                    GiB(total_bytes)));
   }
   Check(cudaMemsetAsync(data, 0, bytes, stream_), "cudaMemsetAsync (Allocate)");
+  allocations_.Add(data, bytes);
   return DeviceBuffer(this, data, count, dtype);
 }
 
 void CudaBackend::Free(void* data) {
   // No kernel or copy still issued may use the memory.
   Synchronize();
+  allocations_.Remove(data);
   Check(cudaFree(data), "cudaFree");
 }
 

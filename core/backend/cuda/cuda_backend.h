@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/backend/allocations.h"
 #include "core/backend/backend.h"
 #include "core/backend/matmul_precision.h"
 
@@ -47,6 +48,9 @@ class CudaBackend : public Backend {
 
   DeviceBuffer Allocate(size_t count, DataType dtype) override;
   void Free(void* data) override;
+  bool Holds(const void* data, size_t bytes) const override {
+    return allocations_.Holds(data, bytes);
+  }
   void Copy(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* host, const void* src, size_t bytes) override;
   void CopyFromHost(void* dst, const void* host, size_t bytes) override;
@@ -145,6 +149,7 @@ class CudaBackend : public Backend {
   cublasLtHandle_t lt_;
   size_t free_at_start_;  // the GPU's free memory before this backend allocated any
   MatmulPrecision matmul_precision_;
+  Allocations allocations_;  // before the buffers below, which free into it
   DeviceBuffer workspace_;   // cuBLASLt's, kWorkspaceBytes
   DeviceBuffer ones_;        // 1.0f each
   DeviceBuffer logits_;      // the classifier's (chunk, V) logits

@@ -133,6 +133,19 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     }
     std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
   }
+  // ncclCommInitRank waits for every member without a timeout: the members meet in the store
+  // first, so that one that never comes fails the others here, after the timeout, named.
+  const std::string joined_key = options.key_prefix + "nccl_joined";
+  const std::string ready_key = options.key_prefix + "nccl_ready";
+  ASSIGN_OR_RETURN(const int64_t joined, store->Add(joined_key, 1));
+  if (joined == options.size) RETURN_IF_ERROR(store->Set(ready_key, "1"));
+  if (absl::Status ready = store->Wait({ready_key}, options.timeout); !ready.ok()) {
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "communicator '%s': %d of %d ranks joined within %s (the others never reached their "
+        "NCCL setup: see their logs): %s",
+        options.name, store->Add(joined_key, 0).value_or(joined), options.size,
+        absl::FormatDuration(options.timeout), ready.message()));
+  }
   ncclComm_t comm = nullptr;
   if (ncclResult_t result = ncclCommInitRank(&comm, options.size, id, options.rank);
       result != ncclSuccess) {

@@ -68,8 +68,8 @@ TEST_P(GeneratePipelinedTest, EveryStageSamplesTheUnsplitModelsTokens) {
   const std::vector<std::vector<int32_t>> prompts = {{5}, {7, 1, 30, 2, 9, 11, 3, 8, 40, 12}};
 
   testing::RunStageGridRanks(
-      c.stages, c.tp, [&](int stage, int tp_rank, Communicator* tp, Communicator* pp) {
-        CpuBackend backend(1);
+      c.stages, c.tp,
+      [&](int stage, int tp_rank, Backend& backend, Communicator* tp, Communicator* pp) {
         std::unique_ptr<CommTensorParallel> ops;
         if (tp != nullptr) ops = std::make_unique<CommTensorParallel>(*tp, nullptr);
         const ModelSlice shard{.tp_rank = tp_rank, .tp_size = c.tp};

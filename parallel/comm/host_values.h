@@ -1,0 +1,47 @@
+// Host values over a group whose collectives run on backend memory (the mesh groups,
+// backend_memory_guard.h): each call copies the values into a buffer of `backend`, runs the
+// collective there, waits, and copies the result back. For the few values a group must agree on
+// (the step's and evaluation's sums, fingerprints, sampled logits, exported weights); the
+// model's tensors are backend memory already and travel as they are.
+#pragma once
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "core/backend/backend.h"
+#include "parallel/comm/communicator.h"
+
+namespace dtrain {
+
+// values (count): reduced over the group.
+absl::Status AllReduceHost(Communicator& group, Backend& backend, void* values, size_t count,
+                           DataType type, ReduceOp op);
+// own (count) -> all (group.size() * count), rank r's at all[r * count].
+absl::Status AllGatherHost(Communicator& group, Backend& backend, const void* own, void* all,
+                           size_t count, DataType type);
+// values (count): root's replace everyone else's.
+absl::Status BroadcastHost(Communicator& group, Backend& backend, void* values, size_t count,
+                           DataType type, int root);
+
+template <typename T>
+absl::Status AllReduceHost(Communicator& group, Backend& backend, T* values, size_t count,
+                           ReduceOp op) {
+  return AllReduceHost(group, backend, static_cast<void*>(values), count, DataTypeOf<T>(), op);
+}
+template <typename T>
+absl::Status AllGatherHost(Communicator& group, Backend& backend, const T* own, T* all,
+                           size_t count) {
+  return AllGatherHost(group, backend, static_cast<const void*>(own), static_cast<void*>(all),
+                       count, DataTypeOf<T>());
+}
+template <typename T>
+absl::Status BroadcastHost(Communicator& group, Backend& backend, T* values, size_t count,
+                           int root) {
+  return BroadcastHost(group, backend, static_cast<void*>(values), count, DataTypeOf<T>(), root);
+}
+
+// SumOverRanks (communicator.h) over a group of backend memory: a and b summed over `group`
+// (null: unchanged), in double.
+absl::Status SumOverGroup(Communicator* group, Backend& backend, double& a, double& b);
+
+}  // namespace dtrain
