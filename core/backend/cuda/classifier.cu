@@ -1,4 +1,5 @@
-// The classifier's softmax and cross-entropy: one warp per row, arithmetic in classifier_math.h.
+// The classifier's softmax and cross-entropy, fused and in the vocabulary-parallel phases: one
+// warp per row, arithmetic in classifier_math.h.
 #include "core/backend/cuda/classifier_math.h"
 #include "core/backend/cuda/kernels.h"
 #include "core/backend/cuda/warp.cuh"
@@ -15,6 +16,38 @@ __global__ void ClassifierKernel(T* logits, float* losses, const int32_t* target
                 grad_scale, write_gradient);
 }
 
+template <typename T>
+__global__ void VocabRowMaxKernel(float* max, const T* logits, int n, int v) {
+  const int row = WarpRow();
+  if (row >= n) return;
+  VocabRowMax(DeviceWarp{}, logits + static_cast<size_t>(row) * v, max + row, v);
+}
+
+template <typename T>
+__global__ void VocabExpSumsKernel(T* logits, float* sums, float* target_logits, const float* max,
+                                   const int32_t* targets, int n, int v, int vocab_begin) {
+  const int row = WarpRow();
+  if (row >= n) return;
+  VocabRowExpSum(DeviceWarp{}, logits + static_cast<size_t>(row) * v, sums + row,
+                 target_logits + row, max[row], targets[row], v, vocab_begin);
+}
+
+__global__ void VocabLossesKernel(float* losses, const float* max, const float* sums,
+                                  const float* target_logits, const int32_t* targets, int n) {
+  const int row = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (row >= n) return;
+  losses[row] = VocabRowLoss(max[row], sums[row], target_logits[row], targets[row]);
+}
+
+template <typename T>
+__global__ void VocabLogitsBackwardKernel(T* logits, const float* sums, const int32_t* targets,
+                                          int n, int v, int vocab_begin, float grad_scale) {
+  const int row = WarpRow();
+  if (row >= n) return;
+  VocabRowLogitsBackward(DeviceWarp{}, logits + static_cast<size_t>(row) * v, sums[row],
+                         targets[row], v, vocab_begin, grad_scale);
+}
+
 }  // namespace
 
 template <typename T>
@@ -25,6 +58,41 @@ void ClassifierSoftmaxCrossEntropy(T* logits, float* losses, const int32_t* targ
       logits, losses, targets, n, v, grad_scale, write_gradient);
 }
 
+template <typename T>
+void VocabRowMax(float* max, const T* logits, int n, int v, cudaStream_t stream) {
+  if (n == 0) return;
+  VocabRowMaxKernel<<<RowBlocks(n), kRowWarpsPerBlock * kWarpSize, 0, stream>>>(max, logits, n, v);
+}
+
+template <typename T>
+void VocabExpSums(T* logits, float* sums, float* target_logits, const float* max,
+                  const int32_t* targets, int n, int v, int vocab_begin, cudaStream_t stream) {
+  if (n == 0) return;
+  VocabExpSumsKernel<<<RowBlocks(n), kRowWarpsPerBlock * kWarpSize, 0, stream>>>(
+      logits, sums, target_logits, max, targets, n, v, vocab_begin);
+}
+
+void VocabLosses(float* losses, const float* max, const float* sums, const float* target_logits,
+                 const int32_t* targets, int n, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  VocabLossesKernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      losses, max, sums, target_logits, targets, n);
+}
+
+template <typename T>
+void VocabLogitsBackward(T* logits, const float* sums, const int32_t* targets, int n, int v,
+                         int vocab_begin, float grad_scale, cudaStream_t stream) {
+  if (n == 0) return;
+  VocabLogitsBackwardKernel<<<RowBlocks(n), kRowWarpsPerBlock * kWarpSize, 0, stream>>>(
+      logits, sums, targets, n, v, vocab_begin, grad_scale);
+}
+
+template void VocabRowMax<float>(float*, const float*, int, int, cudaStream_t);
+template void VocabExpSums<float>(float*, float*, float*, const float*, const int32_t*, int, int,
+                                  int, cudaStream_t);
+template void VocabLogitsBackward<float>(float*, const float*, const int32_t*, int, int, int, float,
+                                         cudaStream_t);
 template void ClassifierSoftmaxCrossEntropy<float>(float*, float*, const int32_t*, int, int, float,
                                                    bool, cudaStream_t);
 template void ClassifierSoftmaxCrossEntropy<Bf16>(Bf16*, float*, const int32_t*, int, int, float,

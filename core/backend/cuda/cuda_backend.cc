@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/backend/cpu/adamw.h"
-#include "core/backend/cpu/classifier.h"
 #include "core/backend/cuda/attention_math.h"
 #include "core/backend/cuda/elementwise_math.h"
 #include "core/backend/cuda/kernels.h"
@@ -213,18 +212,6 @@ const float* CudaBackend::Ones(size_t n) {
     CopyFromHost(ones_.data(), ones.data(), n * sizeof(float));
   }
   return ones_.floats();
-}
-
-std::vector<float> CudaBackend::ToHost(const float* device, size_t n) {
-  std::vector<float> host(n);
-  CopyToHost(host.data(), device, n * sizeof(float));
-  return host;
-}
-
-std::vector<int32_t> CudaBackend::ToHost(const int32_t* device, size_t n) {
-  std::vector<int32_t> host(n);
-  CopyToHost(host.data(), device, n * sizeof(int32_t));
-  return host;
 }
 
 void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
@@ -467,41 +454,31 @@ void CudaBackend::ClassifierForwardBackward(float* dx, float* dweight, const flo
 }
 
 void CudaBackend::ClassifierRowMax(float* max, const float* logits, int n, int v) {
-  std::vector<float> host_max(n);
-  cpu::ClassifierRowMax(host_max.data(), ToHost(logits, static_cast<size_t>(n) * v).data(), n, v,
-                        nullptr);
-  CopyFromHost(max, host_max.data(), n * sizeof(float));
+  cuda::VocabRowMax<float>(max, logits, n, v, stream_);
+  CheckLaunch("VocabRowMax");
 }
 
 void CudaBackend::ClassifierExpSums(float* logits, float* sums, float* target_logits,
                                     const float* max, const int32_t* targets, int n, int v,
                                     int vocab_begin) {
-  const size_t count = static_cast<size_t>(n) * v;
-  std::vector<float> host_logits = ToHost(logits, count), host_sums(n), host_target_logits(n);
-  cpu::ClassifierExpSums(host_logits.data(), host_sums.data(), host_target_logits.data(),
-                         ToHost(max, n).data(), ToHost(targets, n).data(), n, v, vocab_begin,
-                         nullptr);
-  CopyFromHost(logits, host_logits.data(), count * sizeof(float));
-  CopyFromHost(sums, host_sums.data(), n * sizeof(float));
-  CopyFromHost(target_logits, host_target_logits.data(), n * sizeof(float));
+  cuda::VocabExpSums<float>(logits, sums, target_logits, max, targets, n, v, vocab_begin, stream_);
+  CheckLaunch("VocabExpSums");
 }
 
 void CudaBackend::ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
                                     const int32_t* targets, int n, double* loss_sum) {
-  double total = 0;
-  CopyToHost(&total, loss_sum, sizeof(total));
-  total += cpu::ClassifierLossSum(ToHost(max, n).data(), ToHost(sums, n).data(),
-                                  ToHost(target_logits, n).data(), ToHost(targets, n).data(), n);
-  CopyFromHost(loss_sum, &total, sizeof(total));
+  if (n == 0) return;
+  float* losses = Scratch(losses_, n);
+  cuda::VocabLosses(losses, max, sums, target_logits, targets, n, stream_);
+  CheckLaunch("VocabLosses");
+  cuda::AddSum(loss_sum, losses, n, stream_);
+  CheckLaunch("AddSum (vocabulary-parallel loss)");
 }
 
 void CudaBackend::ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets,
                                            int n, int v, int vocab_begin, float grad_scale) {
-  const size_t count = static_cast<size_t>(n) * v;
-  std::vector<float> host_logits = ToHost(logits, count);
-  cpu::ClassifierLogitsBackward(host_logits.data(), ToHost(sums, n).data(),
-                                ToHost(targets, n).data(), n, v, vocab_begin, grad_scale, nullptr);
-  CopyFromHost(logits, host_logits.data(), count * sizeof(float));
+  cuda::VocabLogitsBackward<float>(logits, sums, targets, n, v, vocab_begin, grad_scale, stream_);
+  CheckLaunch("VocabLogitsBackward");
 }
 
 void CudaBackend::Add(float* out, const float* a, const float* b, size_t n) {

@@ -140,9 +140,6 @@ class CudaBackend : public Backend {
   float* Scratch(DeviceBuffer& buffer, size_t count);
   // n ones (N), for the bias sums and adds as GEMMs with a vector of ones.
   const float* Ones(size_t n);
-  // Host copies of device arrays, for the phases that run on the host.
-  std::vector<float> ToHost(const float* device, size_t n);
-  std::vector<int32_t> ToHost(const int32_t* device, size_t n);
 
   int device_;
   cudaStream_t stream_;

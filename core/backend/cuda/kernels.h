@@ -53,6 +53,19 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
 template <typename T>
 void ClassifierSoftmaxCrossEntropy(T* logits, float* losses, const int32_t* targets, int n, int v,
                                    float grad_scale, bool write_gradient, cudaStream_t stream);
+// The vocabulary-parallel phases (Backend::ClassifierRowMax ... ClassifierLogitsBackward), a
+// rank's logits (N, v) one warp per row; max, sums, target_logits (N) fp32. VocabLosses writes
+// each row's loss into losses (N), one thread per row, for the caller's AddSum.
+template <typename T>
+void VocabRowMax(float* max, const T* logits, int n, int v, cudaStream_t stream);
+template <typename T>
+void VocabExpSums(T* logits, float* sums, float* target_logits, const float* max,
+                  const int32_t* targets, int n, int v, int vocab_begin, cudaStream_t stream);
+void VocabLosses(float* losses, const float* max, const float* sums, const float* target_logits,
+                 const int32_t* targets, int n, cudaStream_t stream);
+template <typename T>
+void VocabLogitsBackward(T* logits, const float* sums, const int32_t* targets, int n, int v,
+                         int vocab_begin, float grad_scale, cudaStream_t stream);
 
 // adamw_math.h, over n values: param, m, v (n) fp32 masters and moments, grad (n) fp32 or bf16;
 // param_copy (n) gets the bf16 parameters when not null. k from cpu::MakeAdamWCoefficients<float>.

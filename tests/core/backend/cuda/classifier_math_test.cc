@@ -1,6 +1,8 @@
 #include "core/backend/cuda/classifier_math.h"
 
+#include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/backend/cpu/classifier.h"
@@ -77,6 +79,66 @@ TEST(CudaClassifierTest, Fp32MatchesCpuBackend) {
 
 TEST(CudaClassifierTest, Bf16MatchesCpuBackendOnRoundedInputs) {
   for (int v : {20, 100, 128}) CheckClassifier<Bf16>(v);
+}
+
+// The vocabulary-parallel phases on one rank's slice of V = 100 logits per row, as the model
+// runs them (the max and the sums taken as this rank's alone, which the phases do not tell
+// apart), against the CPU backend's: targets on this rank, on another one, ignored, and at the
+// slice's first and last column; the slices [0, 48), [48, 100) and an empty one (a rank whose
+// vocabulary slot is all padding).
+template <typename T>
+void CheckVocabParallel(int v, int vocab_begin) {
+  SCOPED_TRACE(::testing::Message() << "v " << v << " from " << vocab_begin);
+  const std::vector<int32_t> targets = {vocab_begin, -1, 7, 99, vocab_begin + v - 1, 50};
+  const int n = static_cast<int>(targets.size());
+  std::vector<float> values = testing::RandomFloats(static_cast<size_t>(n) * v, 2, -4, 4);
+  for (int j = 0; j < v; ++j) values[j] += 60.0f;  // exp would overflow without the max shift
+  std::vector<T> logits = Store<T>(values);
+  std::vector<float> stored = Load(logits);
+
+  std::vector<float> max(n), sums(n), target_logits(n, -1.0f), losses(n);
+  for (int row = 0; row < n; ++row) {
+    const size_t at = static_cast<size_t>(row) * v;
+    RunOnHostWarp(
+        [&](const HostWarp& warp) { VocabRowMax(warp, logits.data() + at, &max[row], v); });
+    RunOnHostWarp([&](const HostWarp& warp) {
+      VocabRowExpSum(warp, logits.data() + at, &sums[row], &target_logits[row], max[row],
+                     targets[row], v, vocab_begin);
+    });
+    losses[row] = VocabRowLoss(max[row], sums[row], target_logits[row], targets[row]);
+  }
+  std::vector<float> max_cpu(n), sums_cpu(n), target_logits_cpu(n);
+  cpu::ClassifierRowMax(max_cpu.data(), stored.data(), n, v, nullptr);
+  EXPECT_EQ(max, max_cpu) << "the maximum is exact";
+  cpu::ClassifierExpSums(stored.data(), sums_cpu.data(), target_logits_cpu.data(), max_cpu.data(),
+                         targets.data(), n, v, vocab_begin, nullptr);
+  EXPECT_EQ(target_logits, target_logits_cpu);
+  ExpectMatches(logits, stored, "exponentials");
+  ExpectFloatMatches(sums, sums_cpu, "sums");
+  if (v == 0) return;  // log(0): no row's loss or gradient comes from this rank alone
+  double loss = 0;
+  for (const float row_loss : losses) loss += row_loss;
+  const double loss_cpu = cpu::ClassifierLossSum(max_cpu.data(), sums_cpu.data(),
+                                                 target_logits_cpu.data(), targets.data(), n);
+  EXPECT_NEAR(loss, loss_cpu, testing::kFloatTolerance * std::abs(loss_cpu));
+
+  stored = Load(logits);
+  for (int row = 0; row < n; ++row) {
+    RunOnHostWarp([&](const HostWarp& warp) {
+      VocabRowLogitsBackward(warp, logits.data() + static_cast<size_t>(row) * v, sums[row],
+                             targets[row], v, vocab_begin, kGradScale);
+    });
+  }
+  cpu::ClassifierLogitsBackward(stored.data(), sums.data(), targets.data(), n, v, vocab_begin,
+                                kGradScale, nullptr);
+  ExpectMatches(logits, stored, "dlogits");
+}
+
+TEST(CudaClassifierTest, VocabParallelPhasesMatchCpuBackend) {
+  for (const auto& [v, begin] : {std::pair{48, 0}, std::pair{52, 48}, std::pair{0, 100}}) {
+    CheckVocabParallel<float>(v, begin);
+    CheckVocabParallel<Bf16>(v, begin);
+  }
 }
 
 }  // namespace
