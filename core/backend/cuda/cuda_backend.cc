@@ -80,10 +80,24 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
     return absl::FailedPreconditionError(absl::StrCat("cannot start cuBLASLt on GPU ", device, ": ",
                                                       cublasLtGetStatusString(status)));
   }
+  // Allocate draws from the device's stream-ordered pool, which keeps what is freed for the next
+  // allocation (as PyTorch's caching allocator) instead of returning it to the driver.
+  cudaMemPool_t pool = nullptr;
+  uint64_t keep_everything = UINT64_MAX;
+  error = cudaDeviceGetDefaultMemPool(&pool, device);
+  if (error == cudaSuccess) {
+    error = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything);
+  }
+  if (error != cudaSuccess) {
+    cublasLtDestroy(lt);
+    cudaStreamDestroy(stream);
+    return absl::FailedPreconditionError(absl::StrCat("cannot set up the memory pool of GPU ",
+                                                      device, ": ", cudaGetErrorString(error)));
+  }
   size_t free_bytes = 0, total_bytes = 0;
   cudaMemGetInfo(&free_bytes, &total_bytes);
   std::unique_ptr<CudaBackend> backend(
-      new CudaBackend(device, stream, lt, free_bytes, matmul_precision));
+      new CudaBackend(device, stream, lt, pool, free_bytes, matmul_precision));
   try {
     backend->workspace_ = backend->Allocate(kWorkspaceBytes / sizeof(float), DataType::kF32);
   } catch (const OutOfMemory& oom) {
@@ -100,11 +114,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
   return backend;
 }
 
-CudaBackend::CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, size_t free_bytes,
-                         MatmulPrecision matmul_precision)
+CudaBackend::CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, cudaMemPool_t pool,
+                         size_t free_bytes, MatmulPrecision matmul_precision)
     : device_(device),
       stream_(stream),
       lt_(lt),
+      pool_(pool),
       free_at_start_(free_bytes),
       matmul_precision_(matmul_precision) {}
 
@@ -146,12 +161,24 @@ void CudaBackend::CheckBlas(cublasStatus_t status, const char* what) {
 DeviceBuffer CudaBackend::Allocate(size_t count, DataType dtype) {
   const size_t bytes = count * DataTypeBytes(dtype);
   void* data = nullptr;
-  if (cudaMalloc(&data, std::max<size_t>(bytes, 1)) != cudaSuccess) {
+  const auto allocate = [&] {
+    if (cudaMallocAsync(&data, std::max<size_t>(bytes, 1), stream_) == cudaSuccess) return true;
     cudaGetLastError();  // an allocation failure is not sticky: clear it
+    return false;
+  };
+  bool allocated = allocate();
+  if (!allocated) {
+    // The pool may hold freed blocks too small or fragmented for this one: once the frees
+    // issued so far have run, give them back to the driver and ask again.
+    Synchronize();
+    cudaMemPoolTrimTo(pool_, 0);
+    allocated = allocate();
+  }
+  if (!allocated) {
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
-    throw OutOfMemory(absl::StrCat("cudaMalloc of ", bytes, " bytes (", GiB(bytes), ") on GPU ",
-                                   device_, " with ", GiB(free_bytes), " free of ",
+    throw OutOfMemory(absl::StrCat("cudaMallocAsync of ", bytes, " bytes (", GiB(bytes),
+                                   ") on GPU ", device_, " with ", GiB(free_bytes), " free of ",
                                    GiB(total_bytes)));
   }
   Check(cudaMemsetAsync(data, 0, bytes, stream_), "cudaMemsetAsync (Allocate)");
@@ -160,10 +187,10 @@ DeviceBuffer CudaBackend::Allocate(size_t count, DataType dtype) {
 }
 
 void CudaBackend::Free(void* data) {
-  // No kernel or copy still issued may use the memory.
-  Synchronize();
+  // Back to the pool once the kernels and copies issued on the stream so far have run (the
+  // communicators' operations on it were waited for by then), without waiting here.
   allocations_.Remove(data);
-  Check(cudaFree(data), "cudaFree");
+  Check(cudaFreeAsync(data, stream_), "cudaFreeAsync");
 }
 
 void CudaBackend::Copy(void* dst, const void* src, size_t bytes) {

@@ -6,7 +6,9 @@
 // precision; everything else runs the kernels of this folder (kernels.h). Built into the CUDA
 // module (cuda_module.h), never into the binary.
 //
-// Memory: Allocate is cudaMalloc (zero-filled on the stream); running out throws OutOfMemory
+// Memory: Allocate is cudaMallocAsync on the stream from the device's pool, which keeps freed
+// memory for reuse, zero-filled on the stream; Free returns it on the stream without waiting.
+// Running out (after giving the pool's free blocks back to the driver) throws OutOfMemory
 // (core/util/allocate.h) naming the bytes asked and free, which AllocateOrError reports with the
 // phase. Copies and kernels are asynchronous on the stream, the loss and the sums of squares
 // included (they add into device doubles), and so are copies from the host of up to 1 MiB (the
@@ -122,8 +124,8 @@ class CudaBackend : public Backend {
              float beta2, float eps, float weight_decay, int64_t step) override;
 
  private:
-  CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, size_t free_bytes,
-              MatmulPrecision matmul_precision);
+  CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, cudaMemPool_t pool,
+              size_t free_bytes, MatmulPrecision matmul_precision);
 
   // Keeps the first failure as status(), naming `what` (a kernel or CUDA call).
   void Check(cudaError_t error, const char* what);
@@ -144,6 +146,7 @@ class CudaBackend : public Backend {
   int device_;
   cudaStream_t stream_;
   cublasLtHandle_t lt_;
+  cudaMemPool_t pool_;    // the device's default pool, which Allocate draws from
   size_t free_at_start_;  // the GPU's free memory before this backend allocated any
   MatmulPrecision matmul_precision_;
   Allocations allocations_;  // before the buffers below, which free into it

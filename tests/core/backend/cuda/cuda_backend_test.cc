@@ -22,6 +22,7 @@
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/model/param_table.h"
 #include "core/model/transformer.h"
+#include "core/util/allocate.h"
 #include "parallel/data_parallel.h"
 #include "parallel/train_step.h"
 #include "tests/core/backend/cuda/test_util.h"
@@ -226,6 +227,42 @@ TEST(CudaBackendTest, NormsActivationsAndElementwise) {
 // Copies from the host of up to a staging slot return without waiting for the stream: the host
 // reuses its buffer at once, more copies are issued than there are slots, and each arrives; a
 // larger copy (which waits) arrives too.
+// Memory comes from the device's pool, which keeps a freed block; more than the GPU has throws
+// OutOfMemory naming the bytes asked (after the pool gave back its free blocks), and the backend
+// works on afterwards; Holds answers for the live blocks only.
+TEST(CudaBackendTest, MemoryComesFromAPoolAndRunningOutIsNamed) {
+  DTRAIN_GPU_OR_SKIP(gpu);
+  const size_t count = size_t{64} << 20;  // 256 MiB
+  void* first = nullptr;
+  {
+    DeviceBuffer buffer = gpu->Allocate(count, DataType::kF32);
+    first = buffer.data();
+    EXPECT_TRUE(gpu->Holds(first, count * sizeof(float)));
+  }
+  EXPECT_FALSE(gpu->Holds(first, 4));
+  gpu->Synchronize();
+  cudaMemPool_t pool = nullptr;
+  ASSERT_EQ(cudaDeviceGetDefaultMemPool(&pool, 0), cudaSuccess);
+  uint64_t reserved = 0;
+  ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved),
+            cudaSuccess);
+  EXPECT_GE(reserved, count * sizeof(float)) << "the pool keeps the freed block";
+  const size_t too_many = static_cast<size_t>(gpu->AvailableMemory().bytes) * 2 / sizeof(float);
+  try {
+    DeviceBuffer huge = gpu->Allocate(too_many, DataType::kF32);
+    ADD_FAILURE() << "allocating twice the GPU's memory succeeded";
+  } catch (const OutOfMemory& oom) {
+    EXPECT_NE(std::string(oom.what()).find(std::to_string(too_many * sizeof(float)) + " bytes"),
+              std::string::npos)
+        << oom.what();
+  }
+  const std::vector<float> values = RandomFloats(1000, 7);
+  CpuBackend cpu(1);
+  Pair pair(cpu, *gpu, values);
+  EXPECT_EQ(pair.GpuValues(), values);
+  EXPECT_TRUE(gpu->status().ok()) << gpu->status();
+}
+
 TEST(CudaBackendTest, CopiesFromTheHostArriveWhileTheHostReusesItsBuffer) {
   DTRAIN_GPU_OR_SKIP(gpu);
   constexpr int kCopies = 20;
