@@ -126,6 +126,38 @@ absl::Status DataParallelEngine::Wait(std::unique_ptr<Work>& work) {
   return status;
 }
 
+std::unique_ptr<Work> DataParallelEngine::AllReduceGradients(float* grads, size_t count,
+                                                             Wire& wire) {
+  if (strategy_.reduce_type == DataType::kF32) {
+    return comm_->AllReduce(grads, count, ReduceOp::kSum);
+  }
+  wire.input = backend_.Allocate(count, DataType::kBF16);
+  auto* bits = static_cast<uint16_t*>(wire.input.data());
+  backend_.RoundToBf16(bits, grads, count);
+  return comm_->AllReduce(bits, count, DataType::kBF16, ReduceOp::kSum);
+}
+
+std::unique_ptr<Work> DataParallelEngine::ReduceScatterGradients(const float* input, float* output,
+                                                                 size_t shard, Wire& wire) {
+  if (strategy_.reduce_type == DataType::kF32) {
+    return comm_->ReduceScatter(input, output, shard, ReduceOp::kSum);
+  }
+  const size_t count = shard * ranks();
+  wire.input = backend_.Allocate(count, DataType::kBF16);
+  wire.output = backend_.Allocate(shard, DataType::kBF16);
+  backend_.RoundToBf16(static_cast<uint16_t*>(wire.input.data()), input, count);
+  return comm_->ReduceScatter(wire.input.data(), wire.output.data(), shard, DataType::kBF16,
+                              ReduceOp::kSum);
+}
+
+void DataParallelEngine::Land(Wire& wire, float* result, size_t count) {
+  const DeviceBuffer& reduced = wire.output.size() > 0 ? wire.output : wire.input;
+  if (reduced.size() > 0) {
+    backend_.WidenBf16(result, static_cast<const uint16_t*>(reduced.data()), count);
+  }
+  wire = Wire{};
+}
+
 void DataParallelEngine::BeginStep() {
   backend_.Zero(grads_.floats(), grads_.size());
   exposed_comm_ms_ = 0;
@@ -292,6 +324,7 @@ DataParallelEngine::GradientUnit& DataParallelEngine::GradientBufferFor(int unit
 absl::Status DataParallelEngine::Retire(GradientUnit& buffer) {
   const Unit& unit = layout_.units()[buffer.unit];
   RETURN_IF_ERROR(Wait(buffer.pending));
+  Land(buffer.wire, buffer.reduced.floats(), unit.shard);
   float* shard = OwnGrads(unit);
   backend_.Add(shard, shard, buffer.reduced.floats(), unit.shard);
   buffer.unit = -1;
@@ -316,14 +349,15 @@ void DataParallelEngine::GradientsReady(int region) {
     ++units_completed_;
     if (!comm_) return;
     PendingReduction reduction{unit_index};
+    float* grads = grads_.floats() + unit.padded_begin;
     if (strategy_.sharding == Sharding::kNone) {
-      reduction.work = comm_->AllReduce(grads_.floats() + unit.padded_begin, unit.end - unit.begin,
-                                        ReduceOp::kSum);
+      reduction.work = AllReduceGradients(grads, unit.end - unit.begin, reduction.wire);
     } else {
-      // ZeRO-1 updates only its slice: a reduce-scatter moves half an all-reduce's bytes.
-      reduction.shard = backend_.Allocate(unit.shard);
-      reduction.work = comm_->ReduceScatter(grads_.floats() + unit.padded_begin,
-                                            reduction.shard.floats(), unit.shard, ReduceOp::kSum);
+      // ZeRO-1 updates only its slice: a reduce-scatter moves half an all-reduce's bytes. Its
+      // output may not be its input (at bf16 it is the wire's).
+      if (strategy_.reduce_type == DataType::kF32) reduction.shard = backend_.Allocate(unit.shard);
+      reduction.work =
+          ReduceScatterGradients(grads, reduction.shard.floats(), unit.shard, reduction.wire);
     }
     reductions_.push_back(std::move(reduction));
     return;
@@ -334,8 +368,8 @@ void DataParallelEngine::GradientsReady(int region) {
   if (++buffer.regions_ready < regions) return;
   ++units_completed_;
   if (comm_) {
-    buffer.pending = comm_->ReduceScatter(buffer.values.floats(), buffer.reduced.floats(),
-                                          unit.shard, ReduceOp::kSum);
+    buffer.pending = ReduceScatterGradients(buffer.values.floats(), buffer.reduced.floats(),
+                                            unit.shard, buffer.wire);
   } else {
     // One rank: its shard is the whole unit.
     backend_.Copy(buffer.reduced.floats(), buffer.values.floats(), unit.shard * kFloat);
@@ -354,8 +388,13 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
                                                           double lr, int64_t local_trained_tokens) {
   for (PendingReduction& reduction : reductions_) {
     if (!Wait(reduction.work).ok()) continue;
-    backend_.Copy(OwnGrads(layout_.units()[reduction.unit]), reduction.shard.floats(),
-                  reduction.shard.bytes());
+    const Unit& unit = layout_.units()[reduction.unit];
+    if (strategy_.sharding == Sharding::kNone) {
+      Land(reduction.wire, grads_.floats() + unit.padded_begin, unit.end - unit.begin);
+    } else {
+      Land(reduction.wire, OwnGrads(unit), unit.shard);
+      backend_.Copy(OwnGrads(unit), reduction.shard.floats(), reduction.shard.bytes());
+    }
   }
   reductions_.clear();
   while (!gradient_units_.empty()) {

@@ -149,6 +149,12 @@ class DataParallelEngine : public BlockParameters {
   void GradientsReady(int region) override;
 
  private:
+  // A gradient reduction's bf16 copies at parallel.reduce_dtype bf16 (empty at fp32): what the
+  // communicator reads (input) and, for a reduce-scatter, writes (output).
+  struct Wire {
+    DeviceBuffer input;
+    DeviceBuffer output;
+  };
   struct GatheredUnit {
     DeviceBuffer values;  // ranks * shard
     std::unique_ptr<Work> pending;
@@ -158,6 +164,7 @@ class DataParallelEngine : public BlockParameters {
     int unit = -1;
     DeviceBuffer values;   // ranks * shard, zeroed when handed out
     DeviceBuffer reduced;  // shard: this rank's part after the reduce-scatter
+    Wire wire;
     std::unique_ptr<Work> pending;
     int regions_ready = 0;
   };
@@ -167,6 +174,13 @@ class DataParallelEngine : public BlockParameters {
   int rank() const { return comm_ ? comm_->rank() : 0; }
   int ranks() const { return comm_ ? comm_->size() : 1; }
   absl::Status Wait(std::unique_ptr<Work>& work);
+  // Gradient reductions over comm_ in strategy_.reduce_type: grads (count) summed in place, or
+  // input (ranks * shard) -> output (shard). At bf16 the values go through `wire`, and Land,
+  // after the Work's wait, widens the result into `result` (count values; nothing at fp32).
+  std::unique_ptr<Work> AllReduceGradients(float* grads, size_t count, Wire& wire);
+  std::unique_ptr<Work> ReduceScatterGradients(const float* input, float* output, size_t shard,
+                                               Wire& wire);
+  void Land(Wire& wire, float* result, size_t count);
   // The step's loss, squared norm and token count (up to 3 values) summed over `group` (null:
   // unchanged) through scalars_; unlike SumOverGroup (host_values.h) it waits through Wait, so
   // the time counts as exposed communication in the step log.
@@ -211,7 +225,8 @@ class DataParallelEngine : public BlockParameters {
   struct PendingReduction {
     int unit = -1;
     std::unique_ptr<Work> work;
-    DeviceBuffer shard;
+    DeviceBuffer shard;  // zero1 at fp32: the reduce-scatter's output
+    Wire wire;
   };
   std::vector<int> regions_ready_;  // unsharded gradients: per unit, this micro-batch
   std::vector<PendingReduction> reductions_;

@@ -3,10 +3,12 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/status.h"
 
 namespace dtrain {
+namespace {
 
-absl::StatusOr<ShardingStrategy> ShardingStrategyFromRecipe(const ParallelSection& parallel) {
+absl::StatusOr<ShardingStrategy> StrategyNamed(const ParallelSection& parallel) {
   const auto mib = [](double mb) { return static_cast<size_t>(mb * 1024 * 1024); };
   if (parallel.strategy == "ddp")
     return ShardingStrategy{"ddp", Sharding::kNone, mib(parallel.bucket_mb)};
@@ -23,6 +25,15 @@ absl::StatusOr<ShardingStrategy> ShardingStrategyFromRecipe(const ParallelSectio
   return absl::InvalidArgumentError(
       absl::StrCat("parallel.strategy: ", parallel.strategy,
                    " has no data-parallel engine; use ddp, zero1, zero2, zero3 or fsdp"));
+}
+
+}  // namespace
+
+absl::StatusOr<ShardingStrategy> ShardingStrategyFromRecipe(const ParallelSection& parallel) {
+  ASSIGN_OR_RETURN(ShardingStrategy strategy, StrategyNamed(parallel));
+  // The trainer's gradients are float32: auto reduces them as they are.
+  if (parallel.reduce_dtype == "bf16") strategy.reduce_type = DataType::kBF16;
+  return strategy;
 }
 
 UnitLayout::UnitLayout(const ParamTable& table, size_t unit_bytes, int ranks) : ranks_(ranks) {

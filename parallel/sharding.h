@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "core/model/param_table.h"
 #include "core/recipe/recipe.h"
+#include "core/util/data_type.h"
 
 namespace dtrain {
 
@@ -24,6 +25,9 @@ struct ShardingStrategy {
   std::string name;
   Sharding sharding = Sharding::kNone;
   size_t unit_bytes = 0;  // regions merge into units up to this size; 0 = one region per unit
+  // The type the float32 gradients travel in over the data-parallel ranks (parallel.reduce_dtype):
+  // kF32, or kBF16 (rounded before each reduction, widened after).
+  DataType reduce_type = DataType::kF32;
 };
 
 absl::StatusOr<ShardingStrategy> ShardingStrategyFromRecipe(const ParallelSection& parallel);

@@ -502,8 +502,7 @@ int64_t SentBytes(std::initializer_list<const Communicator*> comms) {
 // The planner's estimate of this rank's layout, in the CPU backend's float32, for comparing its
 // traffic with what the step sent.
 Estimate PlannedLayout(const Recipe& recipe, const Mesh& mesh, Recompute recompute) {
-  Workload workload = WorkloadFromRecipe(recipe);
-  workload.precision = Precision::Fp32();
+  const Workload workload = WorkloadFromRecipe(recipe, Precision::Fp32());
   Layout layout{
       .tp = mesh.shape().tp,
       .pp = mesh.shape().pp,
@@ -679,10 +678,10 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     if (step == resumed_step && leader) {
       const EngineMemory memory = engine.memory();
       LogInfo(
-          "model state per rank (%s over %d ranks): parameters %s, gradients %s, "
-          "optimizer %s; at most %s gathered and %s of gradient units in flight",
-          strategy.name, dp_size, MiB(memory.parameter_bytes), MiB(memory.gradient_bytes),
-          MiB(memory.optimizer_bytes), MiB(memory.gathered_peak_bytes),
+          "model state per rank (%s over %d ranks, gradients reduced in %s): parameters %s, "
+          "gradients %s, optimizer %s; at most %s gathered and %s of gradient units in flight",
+          strategy.name, dp_size, DataTypeName(strategy.reduce_type), MiB(memory.parameter_bytes),
+          MiB(memory.gradient_bytes), MiB(memory.optimizer_bytes), MiB(memory.gathered_peak_bytes),
           MiB(memory.gradient_buffer_peak_bytes));
     }
     if (step == resumed_step && leader && world_comm != nullptr) {

@@ -173,6 +173,11 @@ class Backend {
   virtual void SumSquares(const float* x, size_t n, double* sum) = 0;
   virtual void Scale(float* x, float factor, size_t n) = 0;
   virtual void Zero(float* x, size_t n) = 0;
+  // bfloat16 copies (as bit patterns) for the gradient reductions at parallel.reduce_dtype bf16:
+  // out (n) = x rounded to bf16, to nearest even (core/backend/cuda/bf16.h); and back, out (n) =
+  // x widened to float32 (exact).
+  virtual void RoundToBf16(uint16_t* out, const float* x, size_t n) = 0;
+  virtual void WidenBf16(float* out, const uint16_t* x, size_t n) = 0;
 
   // One AdamW step on n values with bias correction for the 1-based `step` and decoupled
   // weight decay: p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p).

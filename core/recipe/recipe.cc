@@ -303,6 +303,13 @@ const std::vector<KeySpec>& Keys() {
        "MiB of parameters zero3 gathers (and prefetches) together; fsdp gathers one block",
        {},
        Positive()},
+      {DTRAIN_RECIPE_KEY(parallel, reduce_dtype),
+       "the type gradients travel in when the data-parallel ranks reduce them (PyTorch FSDP's "
+       "reduce_dtype): fp32, or bf16 for half the bytes (rounded before, summed in float32 and "
+       "rounded per step of the reduction, widened after; PyTorch DDP's bf16 compression hook); "
+       "auto = the gradients' own type (fp32 in training today; bf16 in `dtrain plan`'s "
+       "mixed-precision estimates)",
+       {"auto", "fp32", "bf16"}},
       {DTRAIN_RECIPE_KEY(parallel, timeout_s),
        "seconds a collective or rendezvous may wait for the other ranks before failing with "
        "their names",

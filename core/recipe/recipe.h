@@ -91,12 +91,13 @@ struct ParallelSection {
   std::string pp_schedule = "1f1b";  // 1f1b | interleaved | gpipe (parallel/pipeline/schedule.h)
   int pp_virtual_stages = 1;         // model chunks per pipeline stage (interleaved)
 
-  std::string recompute = "none";  // none | selective | full (core/model/recompute.h)
-  bool sequence_parallel = false;  // Megatron sequence parallelism in the tp group (tp > 1)
-  double bucket_mb = 25;           // gradient all-reduce / reduce-scatter bucket (ddp, zero1/2)
-  double prefetch_bucket_mb = 50;  // parameter all-gather unit of zero3
-  double timeout_s = 300;          // a collective or rendezvous wait longer than this fails
-  bool check_replicas = false;     // compare replicated parameters across ranks every step
+  std::string recompute = "none";     // none | selective | full (core/model/recompute.h)
+  bool sequence_parallel = false;     // Megatron sequence parallelism in the tp group (tp > 1)
+  double bucket_mb = 25;              // gradient all-reduce / reduce-scatter bucket (ddp, zero1/2)
+  double prefetch_bucket_mb = 50;     // parameter all-gather unit of zero3
+  std::string reduce_dtype = "auto";  // auto | fp32 | bf16: the gradients' data-parallel reductions
+  double timeout_s = 300;             // a collective or rendezvous wait longer than this fails
+  bool check_replicas = false;        // compare replicated parameters across ranks every step
 };
 
 // Sharded, resumable checkpoints (core/checkpoint/): <dir>/step-<N>/ holds one file per rank and

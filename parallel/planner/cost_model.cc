@@ -101,12 +101,15 @@ absl::string_view StrategyName(Strategy strategy) {
   return "?";
 }
 
-Workload WorkloadFromRecipe(const Recipe& recipe) {
+Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision) {
   Workload workload;
   workload.model = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   workload.batch_size = recipe.train.batch_size;
   workload.seq_len = recipe.train.seq_len;
-  workload.precision = Precision::MixedBf16();
+  precision.reduce_bytes = recipe.parallel.reduce_dtype == "bf16"   ? 2
+                           : recipe.parallel.reduce_dtype == "fp32" ? 4
+                                                                    : precision.grad_bytes;
+  workload.precision = precision;
   return workload;
 }
 
@@ -285,6 +288,7 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   // Mesh order tp, dp, pp: a dp group has min(dp, gpus_per_node / tp) ranks in one node.
   const int dp_per_node = std::max(1, std::min(dp, cluster.gpus_per_node / t));
   const double grad_bytes = params * precision.grad_bytes;
+  const double reduced_bytes = params * precision.reduce_bytes;  // on the wire
   const double param_bytes = params * precision.param_bytes;
   // Records `times` repetitions of `calls` equal collectives over `bytes` in total; returns the
   // time of one repetition.
@@ -309,18 +313,18 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
     double& exposed = estimate.dp.exposed_ms;
     switch (layout.strategy) {
       case Strategy::kDdp:
-        exposed =
-            ExposedMs(record(Collective::kAllReduce, grad_bytes, buckets, 1), backward_ms, buckets);
+        exposed = ExposedMs(record(Collective::kAllReduce, reduced_bytes, buckets, 1), backward_ms,
+                            buckets);
         break;
       case Strategy::kZero1:
-        exposed = ExposedMs(record(Collective::kReduceScatter, grad_bytes, buckets, 1), backward_ms,
-                            buckets) +
+        exposed = ExposedMs(record(Collective::kReduceScatter, reduced_bytes, buckets, 1),
+                            backward_ms, buckets) +
                   record(Collective::kAllGather, param_bytes, buckets, 1);
         break;
       case Strategy::kZero2:
-        exposed = reductions *
-                      ExposedMs(record(Collective::kReduceScatter, grad_bytes, buckets, reductions),
-                                backward_ms, buckets) +
+        exposed = reductions * ExposedMs(record(Collective::kReduceScatter, reduced_bytes, buckets,
+                                                reductions),
+                                         backward_ms, buckets) +
                   record(Collective::kAllGather, param_bytes, buckets, 1);
         break;
       case Strategy::kZero3:
@@ -330,7 +334,7 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
             record(Collective::kAllGather, param_bytes, layers, reductions);
         const double backward_comm_ms =
             (p > 1 ? 0 : record(Collective::kAllGather, param_bytes, layers, m)) +
-            record(Collective::kReduceScatter, grad_bytes, layers, reductions);
+            record(Collective::kReduceScatter, reduced_bytes, layers, reductions);
         exposed = reductions * (ExposedMs(forward_gather_ms, forward_ms, layers) +
                                 ExposedMs(backward_comm_ms, backward_ms, layers));
         break;

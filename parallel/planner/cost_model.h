@@ -35,9 +35,10 @@ struct Precision {
   double grad_bytes = 2;
   double optimizer_bytes = 12;  // K
   double activation_bytes = 2;  // per activation element; Korthikanti's formulas assume 2
+  double reduce_bytes = 2;      // per gradient element in the data-parallel reductions
 
   static Precision MixedBf16() { return {}; }
-  static Precision Fp32() { return {4, 4, 8, 4}; }
+  static Precision Fp32() { return {4, 4, 8, 4, 4}; }
 };
 
 // What is trained: the model, the global batch and the precision.
@@ -48,8 +49,9 @@ struct Workload {
   Precision precision;
 };
 
-// The model and batch of a recipe, in mixed precision (what a GPU run uses).
-Workload WorkloadFromRecipe(const Recipe& recipe);
+// The model and batch of a recipe in `precision` (mixed by default: what a GPU run uses), the
+// gradients reduced at parallel.reduce_dtype (auto: in their own type).
+Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision = Precision::MixedBf16());
 
 // One way to run the workload. World ranks form a dp x pp x tp grid, tp innermost (DESIGN.md).
 struct Layout {

@@ -21,8 +21,7 @@ namespace {
 constexpr int kRanks = 2;
 
 Estimate Plan(const Recipe& recipe, Strategy strategy) {
-  Workload workload = WorkloadFromRecipe(recipe);
-  workload.precision = Precision::Fp32();
+  const Workload workload = WorkloadFromRecipe(recipe, Precision::Fp32());
   Layout layout;
   layout.strategy = strategy;
   layout.dp = kRanks;
@@ -93,20 +92,23 @@ TEST(PlanVsEngineTest, ModelStateMemoryMatchesThePlan) {
 
 // Bytes one rank put on the wire in one step equal the plan's data-parallel traffic (ring
 // all-reduce, reduce-scatter and all-gather), apart from the step's 8-byte loss/norm
-// all-reduce.
+// all-reduce, with the gradients reduced in float32 and in bf16.
 TEST(PlanVsEngineTest, CommunicatedBytesMatchThePlan) {
   Recipe recipe = testing::ShippedRecipe("tiny");
   recipe.train.batch_size = 4;
   recipe.train.micro_batch = 2;
   recipe.train.seq_len = 16;
-  for (const auto& [name, strategy] : std::map<std::string, Strategy>{
-           {"ddp", Strategy::kDdp}, {"zero1", Strategy::kZero1}, {"zero2", Strategy::kZero2}}) {
-    const CommStats stats = Measure(recipe, name, true)[0].comm;
-    const double sent =
-        static_cast<double>(stats.all_reduce.bytes_sent + stats.reduce_scatter.bytes_sent +
-                            stats.all_gather.bytes_sent);
-    const double planned = Plan(recipe, strategy).dp.sent_bytes;
-    EXPECT_NEAR(sent, planned, 64 + 1e-3 * planned) << name;
+  for (const char* reduce_dtype : {"auto", "bf16"}) {
+    recipe.parallel.reduce_dtype = reduce_dtype;
+    for (const auto& [name, strategy] : std::map<std::string, Strategy>{
+             {"ddp", Strategy::kDdp}, {"zero1", Strategy::kZero1}, {"zero2", Strategy::kZero2}}) {
+      const CommStats stats = Measure(recipe, name, true)[0].comm;
+      const double sent =
+          static_cast<double>(stats.all_reduce.bytes_sent + stats.reduce_scatter.bytes_sent +
+                              stats.all_gather.bytes_sent);
+      const double planned = Plan(recipe, strategy).dp.sent_bytes;
+      EXPECT_NEAR(sent, planned, 64 + 1e-3 * planned) << name << ", reduce_dtype " << reduce_dtype;
+    }
   }
 }
 
@@ -185,8 +187,7 @@ TEST(PlanVsEngineTest, TensorParallelBytesMatchThePlanExactly) {
       overrides.push_back(small);
     }
     const Recipe recipe = testing::ShippedRecipe(c.config, overrides);
-    Workload workload = WorkloadFromRecipe(recipe);
-    workload.precision = Precision::Fp32();
+    const Workload workload = WorkloadFromRecipe(recipe, Precision::Fp32());
     const Layout layout{.tp = kRanks,
                         .dp = 1,
                         .micro_batch = recipe.train.micro_batch,

@@ -17,6 +17,7 @@
 #include "core/backend/cpu/norm.h"
 #include "core/backend/cpu/parallel.h"
 #include "core/backend/cpu/rope.h"
+#include "core/backend/cuda/bf16.h"
 
 namespace dtrain {
 
@@ -217,6 +218,18 @@ void CpuBackend::SumSquares(const float* x, size_t n, double* sum) {
 void CpuBackend::Scale(float* x, float factor, size_t n) { cpu::Scale(x, factor, n, &pool_); }
 
 void CpuBackend::Zero(float* x, size_t n) { cpu::Zero(x, n, &pool_); }
+
+void CpuBackend::RoundToBf16(uint16_t* out, const float* x, size_t n) {
+  cpu::ParallelFor(&pool_, n, 1 << 16, [&](size_t begin, size_t end, int) {
+    for (size_t i = begin; i < end; ++i) out[i] = cuda::FloatToBf16Bits(x[i]);
+  });
+}
+
+void CpuBackend::WidenBf16(float* out, const uint16_t* x, size_t n) {
+  cpu::ParallelFor(&pool_, n, 1 << 16, [&](size_t begin, size_t end, int) {
+    for (size_t i = begin; i < end; ++i) out[i] = cuda::Bf16BitsToFloat(x[i]);
+  });
+}
 
 void CpuBackend::AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                        float beta1, float beta2, float eps, float weight_decay, int64_t step) {

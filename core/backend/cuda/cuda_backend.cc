@@ -518,6 +518,16 @@ void CudaBackend::SumSquares(const float* x, size_t n, double* sum) {
   CheckLaunch("SumSquares");
 }
 
+void CudaBackend::RoundToBf16(uint16_t* out, const float* x, size_t n) {
+  cuda::Convert(reinterpret_cast<cuda::Bf16*>(out), x, n, stream_);
+  CheckLaunch("Convert (to bf16)");
+}
+
+void CudaBackend::WidenBf16(float* out, const uint16_t* x, size_t n) {
+  cuda::Convert(out, reinterpret_cast<const cuda::Bf16*>(x), n, stream_);
+  CheckLaunch("Convert (from bf16)");
+}
+
 void CudaBackend::Scale(float* x, float factor, size_t n) {
   cuda::Scale<float>(x, factor, n, stream_);
   CheckLaunch("Scale");

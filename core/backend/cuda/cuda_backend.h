@@ -120,6 +120,8 @@ class CudaBackend : public Backend {
   void SumSquares(const float* x, size_t n, double* sum) override;
   void Scale(float* x, float factor, size_t n) override;
   void Zero(float* x, size_t n) override;
+  void RoundToBf16(uint16_t* out, const float* x, size_t n) override;
+  void WidenBf16(float* out, const uint16_t* x, size_t n) override;
   void AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, int64_t step) override;
 

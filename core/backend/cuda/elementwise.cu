@@ -32,6 +32,12 @@ __global__ void ScaleKernel(T* x, float factor, size_t n) {
   StorePack(x, i, n, pack);
 }
 
+template <typename To, typename From>
+__global__ void ConvertKernel(To* out, const From* x, size_t n) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = FromFloat<To>(ToFloat(x[i]));
+}
+
 template <typename T>
 __global__ void AddKernel(T* out, const T* a, const T* b, size_t n) {
   const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kPackSize<T>;
@@ -69,6 +75,17 @@ void Scale(T* x, float factor, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   ScaleKernel<<<PackBlocks<T>(n), kElementwiseThreads, 0, stream>>>(x, factor, n);
 }
+
+template <typename To, typename From>
+void Convert(To* out, const From* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  const unsigned blocks =
+      static_cast<unsigned>((n + kElementwiseThreads - 1) / kElementwiseThreads);
+  ConvertKernel<<<blocks, kElementwiseThreads, 0, stream>>>(out, x, n);
+}
+
+template void Convert<Bf16, float>(Bf16*, const float*, size_t, cudaStream_t);
+template void Convert<float, Bf16>(float*, const Bf16*, size_t, cudaStream_t);
 
 #define DTRAIN_INSTANTIATE(T)                                                   \
   template void Add<T>(T*, const T*, const T*, size_t, cudaStream_t);           \

@@ -104,6 +104,9 @@ void SumSquares(double* sum_squares, float* block_sums, const T* x, size_t n, cu
 void AddSum(double* total, const float* values, size_t n, cudaStream_t stream);
 template <typename T>
 void Scale(T* x, float factor, size_t n, cudaStream_t stream);
+// out (n) = x as To (bf16.h's FromFloat: to nearest even into bf16), one thread per value.
+template <typename To, typename From>
+void Convert(To* out, const From* x, size_t n, cudaStream_t stream);
 
 // attention_math.h, tiled (attention.cu). qkv, dqkv (B, T, qkv_width); out, dout (B, T, H*D); lse
 // (B, H, T) fp32. Backward writes dqkv whole. cudaErrorInvalidValue, launching nothing, when

@@ -125,6 +125,26 @@ TEST(CostModelTest, TrafficPerStepFollowsTheStrategy) {
   EXPECT_DOUBLE_EQ(tp_estimate.dp.payload_bytes, 2 * ParamsPerRank(workload.model, 4, 1));
 }
 
+// parallel.reduce_dtype sets the bytes a gradient moves in the data-parallel reductions, and
+// nothing else: auto keeps the gradients' own type (float32 here), bf16 halves the traffic,
+// fp32 doubles a mixed-precision plan's.
+TEST(CostModelTest, ReduceDtypeSetsTheGradientTraffic) {
+  Recipe recipe = testing::ShippedRecipe("gpt2-124m");
+  const ClusterSpec cluster = testing::CatalogCluster(2, "a100-80gb", "ib-hdr");
+  const Layout ddp{.strategy = Strategy::kDdp, .dp = 16, .micro_batch = 2};
+  const auto traffic = [&](const char* reduce_dtype, Precision precision) {
+    recipe.parallel.reduce_dtype = reduce_dtype;
+    return EstimateLayout(WorkloadFromRecipe(recipe, precision), cluster, ddp);
+  };
+  const Estimate fp32 = traffic("auto", Precision::Fp32());
+  const Estimate bf16 = traffic("bf16", Precision::Fp32());
+  EXPECT_DOUBLE_EQ(bf16.dp.payload_bytes, fp32.dp.payload_bytes / 2);
+  EXPECT_LT(bf16.dp.time_ms, fp32.dp.time_ms);
+  EXPECT_DOUBLE_EQ(bf16.memory.grad_bytes, fp32.memory.grad_bytes);  // gradients stay float32
+  EXPECT_DOUBLE_EQ(traffic("fp32", Precision::MixedBf16()).dp.payload_bytes,
+                   2 * traffic("auto", Precision::MixedBf16()).dp.payload_bytes);
+}
+
 TEST(CostModelTest, PipelineBubbleIsStagesMinusOneOverMicroBatches) {
   const ClusterSpec cluster = testing::CatalogCluster(4, "a100-80gb", "ib-hdr");
   const Workload workload = Gpt2Workload(256);

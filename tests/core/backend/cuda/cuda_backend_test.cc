@@ -227,6 +227,28 @@ TEST(CudaBackendTest, NormsActivationsAndElementwise) {
 // Copies from the host of up to a staging slot return without waiting for the stream: the host
 // reuses its buffer at once, more copies are issued than there are slots, and each arrives; a
 // larger copy (which waits) arrives too.
+// The bf16 copies of the gradient reductions: the same bits as the CPU's rounding, and back.
+TEST(CudaBackendTest, Bf16CopiesMatchTheCpu) {
+  DTRAIN_GPU_OR_SKIP(gpu);
+  CpuBackend cpu(1);
+  const size_t n = 100003;
+  const std::vector<float> values = RandomFloats(n, 11, -50, 50);
+  std::vector<uint16_t> expected(n), bits(n);
+  cpu.RoundToBf16(expected.data(), values.data(), n);
+  DeviceBuffer x = gpu->Allocate(n, DataType::kF32);
+  DeviceBuffer rounded = gpu->Allocate(n, DataType::kBF16);
+  gpu->CopyFromHost(x.data(), values.data(), x.bytes());
+  gpu->RoundToBf16(static_cast<uint16_t*>(rounded.data()), x.floats(), n);
+  gpu->CopyToHost(bits.data(), rounded.data(), rounded.bytes());
+  EXPECT_EQ(bits, expected);
+  gpu->WidenBf16(x.floats(), static_cast<const uint16_t*>(rounded.data()), n);
+  std::vector<float> widened(n), widened_cpu(n);
+  gpu->CopyToHost(widened.data(), x.data(), x.bytes());
+  cpu.WidenBf16(widened_cpu.data(), expected.data(), n);
+  EXPECT_EQ(widened, widened_cpu);
+  EXPECT_TRUE(gpu->status().ok()) << gpu->status();
+}
+
 // Memory comes from the device's pool, which keeps a freed block; more than the GPU has throws
 // OutOfMemory naming the bytes asked (after the pool gave back its free blocks), and the backend
 // works on afterwards; Holds answers for the live blocks only.
