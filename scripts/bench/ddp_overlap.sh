@@ -6,9 +6,12 @@
 # AdamW; scripts/bench/torch2_env.sh installs it on first use, several GiB).
 # A benchmark, not a test: it prints, never fails on speed.
 #
+# dtrain runs each engine with its gradients reduced in float32 and in bf16 (parallel.reduce_dtype);
+# the peers reduce float32 (DDP's default), so a bf16 row's ratio is against their float32 step.
+#
 # Usage: scripts/bench/ddp_overlap.sh [BUILD_DIR]. Environment: STEPS_TINY (12), STEPS_124M (4),
 # SHAPES (default "tiny gpt2-124m"), PEERS (default "1.13:eager 2:fast"; add 2:compile for torch.compile under DDP, whose
-# compilation takes minutes on 2 cores).
+# compilation takes minutes on 2 cores), REDUCE_DTYPES (default "fp32 bf16").
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 # shellcheck source=run_ranks.sh
@@ -64,7 +67,8 @@ echo "exposed: share of dtrain's step spent waiting on communication (target <= 
 echo "PyTorch DDP (gloo) peers: ${peers[*]} (eager: the reference model as written; fast: fused" \
   "scaled_dot_product_attention and fused AdamW; compile: fast under torch.compile)"
 echo "ratio: PyTorch DDP step time / dtrain step time (> 1: dtrain is faster)"
-header=$(printf "%-28s %-6s %12s %12s %9s" shape engine "step ms" "exposed ms" exposed)
+read -r -a reduce_dtypes <<<"${REDUCE_DTYPES:-fp32 bf16}"
+header=$(printf "%-28s %-6s %-6s %12s %12s %9s" shape engine reduce "step ms" "exposed ms" exposed)
 for peer in "${peers[@]}"; do header+=$(printf " %19s %7s" "torch $peer ms" ratio); done
 echo "$header"
 bench() {
@@ -75,13 +79,16 @@ bench() {
     torch_ms+=("$(torch_run "$peer" "$steps" "$@" train.micro_batch="$micro")")
   done
   for strategy in ddp zero2; do
-    read -r step_ms exposed_ms <<<"$(dtrain_run "$strategy" "$steps" "$@")"
-    awk -v l="$label" -v s="$strategy" -v t="$step_ms" -v e="$exposed_ms" \
-        -v peers="${torch_ms[*]}" 'BEGIN {
-      printf "%-28s %-6s %12.1f %12.1f %8.1f%%", l, s, t, e, 100 * e / t
-      n = split(peers, p, " ")
-      for (i = 1; i <= n; i++) printf " %19.1f %7.2f", p[i], p[i] / t
-      printf "\n" }'
+    for reduce in "${reduce_dtypes[@]}"; do
+      read -r step_ms exposed_ms <<<"$(dtrain_run "$strategy" "$steps" "$@" \
+        parallel.reduce_dtype="$reduce")"
+      awk -v l="$label" -v s="$strategy" -v r="$reduce" -v t="$step_ms" -v e="$exposed_ms" \
+          -v peers="${torch_ms[*]}" 'BEGIN {
+        printf "%-28s %-6s %-6s %12.1f %12.1f %8.1f%%", l, s, r, t, e, 100 * e / t
+        n = split(peers, p, " ")
+        for (i = 1; i <= n; i++) printf " %19.1f %7.2f", p[i], p[i] / t
+        printf "\n" }'
+    done
   done
 }
 shapes=" ${SHAPES:-tiny gpt2-124m} "
