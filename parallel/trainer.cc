@@ -572,8 +572,9 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
 
   const auto* cpu_backend = dynamic_cast<const CpuBackend*>(&backend);
   const std::string backend_name = absl::StrCat(
-      cpu_backend != nullptr ? absl::StrCat("CPU backend (", cpu_backend->num_threads(), " threads")
-                             : absl::StrCat("CUDA backend (GPU ", world.local_rank, ", cuBLASLt"),
+      cpu_backend != nullptr
+          ? absl::StrCat("CPU backend (", cpu_backend->num_threads(), " threads")
+          : absl::StrCat("CUDA backend (", backend.AvailableMemory().name, ", cuBLASLt"),
       ", matmul precision ", recipe.run.matmul_precision, ")");
   const ParamTable table(config, slice);
   std::unique_ptr<CommTensorParallel> tensor_parallel;

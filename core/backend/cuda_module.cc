@@ -59,6 +59,19 @@ absl::StatusOr<const CudaModule*> Load() {
 
 }  // namespace
 
+absl::StatusOr<int> GpuOfLocalRank(int local_rank, int visible_gpus,
+                                   const char* cuda_visible_devices) {
+  if (local_rank < visible_gpus) return local_rank;
+  const std::string visible = cuda_visible_devices == nullptr ? "" : cuda_visible_devices;
+  if (visible_gpus == 1 && !visible.empty() && visible.find(',') == std::string::npos) return 0;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "local rank ", local_rank, " needs a GPU of its own but ", visible_gpus,
+      " GPU(s) are visible to it",
+      visible.empty() ? "" : absl::StrCat(" (CUDA_VISIBLE_DEVICES=", visible, ")"),
+      "; start at most one worker per GPU (dtrain launch --nproc-per-node gpu), or bind one GPU "
+      "to each (srun --gpus-per-task=1)"));
+}
+
 absl::StatusOr<void*> FindCudaModuleSymbol(const char* name) {
   static const absl::StatusOr<OpenedModule>* const opened =
       new absl::StatusOr<OpenedModule>(Open());

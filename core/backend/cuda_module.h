@@ -18,12 +18,13 @@ namespace dtrain {
 // the same headers, so C++ types cross the boundary unchanged.
 struct CudaModule {
   const char* dtrain_version;  // DTRAIN_VERSION the module was built with
-  // OK when GPU `device` exists, without starting it; else why not, as create_backend says.
-  absl::Status (*check_device)(int device);
-  // The CUDA backend on GPU `device` (the local rank: one worker per GPU), its GEMMs at
+  // OK when the worker at `local_rank` has a GPU (GpuOfLocalRank), without starting it; else
+  // why not, as create_backend says.
+  absl::Status (*check_device)(int local_rank);
+  // The CUDA backend on the GPU of the worker at `local_rank` (GpuOfLocalRank), its GEMMs at
   // `matmul_precision`. An error says why there is no such GPU (no driver, no device, fewer
   // devices than local ranks).
-  absl::StatusOr<std::unique_ptr<Backend>> (*create_backend)(int device,
+  absl::StatusOr<std::unique_ptr<Backend>> (*create_backend)(int local_rank,
                                                              MatmulPrecision matmul_precision);
   // The first device error of a backend create_backend made (a failed kernel, named), or OK.
   absl::Status (*device_status)(const Backend& backend);
@@ -42,6 +43,14 @@ using CudaModuleEntry = const CudaModule* (*)();
 // loader's reason (dlerror) when it is absent, cannot load (a CUDA library missing) or is from
 // another build.
 absl::StatusOr<const CudaModule*> LoadCudaModule();
+
+// The GPU (an index among the visible ones) the worker at `local_rank` computes on: its local
+// rank, one worker per GPU; or, where its launcher made exactly one GPU visible to it
+// (`cuda_visible_devices`, CUDA_VISIBLE_DEVICES or null, names one device: Slurm's
+// --gpus-per-task=1, a container of one GPU), that one. FailedPrecondition naming the counts and
+// the fix when the local rank has no GPU of its own.
+absl::StatusOr<int> GpuOfLocalRank(int local_rank, int visible_gpus,
+                                   const char* cuda_visible_devices);
 
 // Another entry point of the same module, loaded as LoadCudaModule loads it (the NCCL
 // communicators', parallel/comm/nccl_module.h, which this layer does not know); an error names

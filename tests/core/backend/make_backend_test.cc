@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "core/backend/cpu/cpu_backend.h"
+#include "core/backend/cuda_module.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/run_dtrain.h"
@@ -40,6 +41,22 @@ TEST(MakeBackendTest, CpuAndUnknownDevices) {
   EXPECT_TRUE(CheckDevice("cpu", 7).ok());
   const absl::StatusOr<std::unique_ptr<Backend>> tpu = MakeBackend("tpu", 2, 0);
   EXPECT_EQ(tpu.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// One worker per GPU takes the GPU of its local rank; a worker its launcher bound to one GPU
+// (Slurm's --gpus-per-task=1: CUDA_VISIBLE_DEVICES names one device) takes that one whatever its
+// local rank; a local rank without a GPU of its own is an error naming the counts and the fix.
+TEST(MakeBackendTest, EachLocalRankTakesItsOwnGpu) {
+  EXPECT_EQ(*GpuOfLocalRank(0, 8, nullptr), 0);
+  EXPECT_EQ(*GpuOfLocalRank(5, 8, "0,1,2,3,4,5,6,7"), 5);
+  EXPECT_EQ(*GpuOfLocalRank(3, 1, "2"), 0);
+  EXPECT_EQ(*GpuOfLocalRank(3, 1, "GPU-5e1f"), 0);
+  for (const char* visible : {static_cast<const char*>(nullptr), "", "0,1"}) {
+    const absl::StatusOr<int> none = GpuOfLocalRank(2, visible == nullptr ? 1 : 2, visible);
+    EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(none.status().message(), ::testing::HasSubstr("local rank 2 needs a GPU"));
+    EXPECT_THAT(none.status().message(), ::testing::HasSubstr("--nproc-per-node gpu"));
+  }
 }
 
 TEST(MakeBackendTest, CudaWithoutAGpuIsOneErrorAtStart) {
