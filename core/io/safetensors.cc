@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/backend/cuda/bf16.h"
 #include "core/util/status.h"
 #include "nlohmann/json.hpp"
 
@@ -233,10 +234,6 @@ float HalfToFloat(uint16_t bits) {
   return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
 }
 
-float BFloat16ToFloat(uint16_t bits) {
-  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
-}
-
 int64_t NumElements(const std::vector<int64_t>& shape) {
   int64_t numel = 1;
   for (int64_t dim : shape) numel *= dim;
@@ -449,7 +446,7 @@ absl::Status SafetensorsReader::ReadFloat32(const std::string& name, float* out)
     case DType::kF16:
       return ReadConverted<uint16_t>(*this, *entry, out, HalfToFloat);
     case DType::kBF16:
-      return ReadConverted<uint16_t>(*this, *entry, out, BFloat16ToFloat);
+      return ReadConverted<uint16_t>(*this, *entry, out, cuda::Bf16BitsToFloat);
     case DType::kF64:
       return ReadConverted<double>(*this, *entry, out,
                                    [](double v) { return static_cast<float>(v); });

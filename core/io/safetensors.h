@@ -25,9 +25,9 @@ enum class DType { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
 const char* DTypeName(DType dtype);  // "F32", ...
 size_t DTypeBytes(DType dtype);
 
-// Converts IEEE half and bfloat16 bit patterns to float32 (exact: every value is representable).
+// Converts IEEE half bit patterns to float32 (exact: every value is representable); bfloat16's
+// are core/backend/cuda/bf16.h's Bf16BitsToFloat.
 float HalfToFloat(uint16_t bits);
-float BFloat16ToFloat(uint16_t bits);
 
 struct TensorSpec {
   std::string name;

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "core/io/safetensors.h"
+#include "core/backend/cuda/bf16.h"
 #include "core/util/status.h"
 #include "gloo/barrier.h"
 #include "gloo/common/error.h"
@@ -69,13 +69,6 @@ void WaitSend(UnboundBuffer& buffer, absl::Time deadline) {
   if (!buffer.waitSend(Remaining(deadline))) throw gloo::IoException("send aborted");
 }
 
-// Round to nearest even; a NaN stays a (quiet) NaN.
-uint16_t FloatToBFloat16(float value) {
-  const uint32_t bits = std::bit_cast<uint32_t>(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
 // dst = a + b over n elements (dst may alias a or b).
 template <typename T>
 void Add(void* dst, const void* a, const void* b, size_t n) {
@@ -99,7 +92,7 @@ void MaxBFloat16(void* dst, const void* a, const void* b, size_t n) {
   const uint16_t* x = static_cast<const uint16_t*>(a);
   const uint16_t* y = static_cast<const uint16_t*>(b);
   for (size_t i = 0; i < n; ++i) {
-    d[i] = BFloat16ToFloat(x[i]) >= BFloat16ToFloat(y[i]) ? x[i] : y[i];
+    d[i] = cuda::Bf16BitsToFloat(x[i]) >= cuda::Bf16BitsToFloat(y[i]) ? x[i] : y[i];
   }
 }
 
@@ -108,7 +101,7 @@ void AddBFloat16(void* dst, const void* a, const void* b, size_t n) {
   const uint16_t* x = static_cast<const uint16_t*>(a);
   const uint16_t* y = static_cast<const uint16_t*>(b);
   for (size_t i = 0; i < n; ++i) {
-    d[i] = FloatToBFloat16(BFloat16ToFloat(x[i]) + BFloat16ToFloat(y[i]));
+    d[i] = cuda::FloatToBf16Bits(cuda::Bf16BitsToFloat(x[i]) + cuda::Bf16BitsToFloat(y[i]));
   }
 }
 
@@ -123,7 +116,7 @@ void DivideBFloat16(void* data, size_t count, int size) {
   uint16_t* values = static_cast<uint16_t*>(data);
   const float divisor = static_cast<float>(size);
   for (size_t i = 0; i < count; ++i) {
-    values[i] = FloatToBFloat16(BFloat16ToFloat(values[i]) / divisor);
+    values[i] = cuda::FloatToBf16Bits(cuda::Bf16BitsToFloat(values[i]) / divisor);
   }
 }
 
