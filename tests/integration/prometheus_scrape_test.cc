@@ -185,8 +185,11 @@ TEST(PrometheusScrapeTest, PrometheusScrapesBothRanksOfARunningJob) {
   EXPECT_GE(counts_by_rank.at("1"), 1);
 }
 
+// Rank 1 listens on the held port + 1, which must stay free: both come from below the ephemeral
+// range, where no other test's outgoing connection lands.
 TEST(PrometheusScrapeTest, ABusyMetricsPortWarnsAndTrainingFinishes) {
-  const testing::HeldTcpPort held;
+  const testing::HeldTcpPort held(testing::FreeTcpPortPairBelowEphemeral());
+  ASSERT_GT(held.port(), 0) << "no free pair of ports below the ephemeral range";
   ASSERT_TRUE(held.bound());
   // Rank 0 finds its port (metrics_port + 0) taken; rank 1 serves on the next one.
   const std::vector<testing::RankResult> ranks =
