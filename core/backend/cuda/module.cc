@@ -1,4 +1,5 @@
-// The CUDA module's entry point (core/backend/cuda_module.h): the one symbol the binary looks up.
+// The CUDA module's backend entry point (core/backend/cuda_module.h); the NCCL communicators' is
+// parallel/comm/nccl/module.cc.
 #include <cstdlib>
 #include <memory>
 
