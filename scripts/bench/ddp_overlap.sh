@@ -41,12 +41,7 @@ dtrain_run() {
   done
   rm -rf "$out"
   run_ranks "$ranks" "$scratch/dtrain" "$build/dtrain" train "$repo/configs/tiny.yaml" "${sets[@]}"
-  "$python" - "$out/overlap/metrics.jsonl" "$warmup" <<'PY'
-import json, statistics, sys
-steps = [json.loads(line) for line in open(sys.argv[1])][int(sys.argv[2]):]
-print(statistics.median(s["step_ms"] for s in steps),
-      statistics.median(s["exposed_comm_ms"] for s in steps))
-PY
+  step_medians "$out/overlap/metrics.jsonl" "$warmup"
 }
 
 # torch_run PEER STEPS KEY=VALUE... -> rank 0's median step_ms

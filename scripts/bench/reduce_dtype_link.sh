@@ -64,12 +64,7 @@ run() {
     pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || { cat "$scratch"/link.*.log >&2; exit 1; }; done
-  "$python" - "$out/link/metrics.jsonl" "$warmup" > "$scratch/result" <<'PY'
-import json, statistics, sys
-steps = [json.loads(line) for line in open(sys.argv[1])][int(sys.argv[2]):]
-print(statistics.median(s["step_ms"] for s in steps),
-      statistics.median(s["exposed_comm_ms"] for s in steps))
-PY
+  step_medians "$out/link/metrics.jsonl" "$warmup" > "$scratch/result"
 }
 
 echo "2 ranks in two network namespaces over a $rate link each way (tc tbf), 1 thread each;" \

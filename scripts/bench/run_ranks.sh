@@ -30,3 +30,14 @@ run_ranks() {
     wait "$pid" || { cat "$prefix".*.log >&2; exit 1; }
   done
 }
+#
+# step_medians METRICS_JSONL WARMUP: "step_ms exposed_comm_ms" of a dtrain run, the medians over
+# the steps after the first WARMUP.
+step_medians() {
+  "$python" - "$1" "$2" <<'PY'
+import json, statistics, sys
+steps = [json.loads(line) for line in open(sys.argv[1])][int(sys.argv[2]):]
+print(statistics.median(s["step_ms"] for s in steps),
+      statistics.median(s["exposed_comm_ms"] for s in steps))
+PY
+}
