@@ -391,9 +391,10 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
     const Unit& unit = layout_.units()[reduction.unit];
     if (strategy_.sharding == Sharding::kNone) {
       Land(reduction.wire, grads_.floats() + unit.padded_begin, unit.end - unit.begin);
+    } else if (strategy_.reduce_type == DataType::kF32) {
+      backend_.Copy(OwnGrads(unit), reduction.shard.floats(), reduction.shard.bytes());
     } else {
       Land(reduction.wire, OwnGrads(unit), unit.shard);
-      backend_.Copy(OwnGrads(unit), reduction.shard.floats(), reduction.shard.bytes());
     }
   }
   reductions_.clear();

@@ -1,7 +1,6 @@
 #include "parallel/comm/gloo_communicator.h"
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <csignal>
 #include <cstring>

@@ -3,36 +3,47 @@
 #include "core/util/status.h"
 
 namespace dtrain {
+namespace {
+
+// Runs `collective` on a backend buffer of `in_count` values copied from `in`, then copies
+// `out_count` values of its result (`out_offset` values in) back to `out`.
+template <typename Collective>
+absl::Status ThroughBackend(Backend& backend, DataType type, const void* in, size_t in_count,
+                            void* out, size_t out_offset, size_t out_count,
+                            const Collective& collective) {
+  if (out_count == 0) return absl::OkStatus();
+  const size_t bytes = DataTypeBytes(type);
+  DeviceBuffer staged = backend.Allocate(out_offset + out_count, type);
+  backend.CopyFromHost(staged.data(), in, in_count * bytes);
+  RETURN_IF_ERROR(
+      collective(staged.data(), static_cast<char*>(staged.data()) + out_offset * bytes)->Wait());
+  backend.CopyToHost(out, static_cast<char*>(staged.data()) + out_offset * bytes,
+                     out_count * bytes);
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status AllReduceHost(Communicator& group, Backend& backend, void* values, size_t count,
                            DataType type, ReduceOp op) {
-  if (count == 0) return absl::OkStatus();
-  DeviceBuffer staged = backend.Allocate(count, type);
-  backend.CopyFromHost(staged.data(), values, staged.bytes());
-  RETURN_IF_ERROR(group.AllReduce(staged.data(), count, type, op)->Wait());
-  backend.CopyToHost(values, staged.data(), staged.bytes());
-  return absl::OkStatus();
+  return ThroughBackend(backend, type, values, count, values, 0, count, [&](void* staged, void*) {
+    return group.AllReduce(staged, count, type, op);
+  });
 }
 
 absl::Status AllGatherHost(Communicator& group, Backend& backend, const void* own, void* all,
                            size_t count, DataType type) {
-  if (count == 0) return absl::OkStatus();
-  DeviceBuffer staged_own = backend.Allocate(count, type);
-  DeviceBuffer staged_all = backend.Allocate(count * group.size(), type);
-  backend.CopyFromHost(staged_own.data(), own, staged_own.bytes());
-  RETURN_IF_ERROR(group.AllGather(staged_own.data(), staged_all.data(), count, type)->Wait());
-  backend.CopyToHost(all, staged_all.data(), staged_all.bytes());
-  return absl::OkStatus();
+  // One buffer: this rank's values, then the gathered ones.
+  return ThroughBackend(
+      backend, type, own, count, all, count, count * group.size(),
+      [&](void* staged, void* gathered) { return group.AllGather(staged, gathered, count, type); });
 }
 
 absl::Status BroadcastHost(Communicator& group, Backend& backend, void* values, size_t count,
                            DataType type, int root) {
-  if (count == 0) return absl::OkStatus();
-  DeviceBuffer staged = backend.Allocate(count, type);
-  backend.CopyFromHost(staged.data(), values, staged.bytes());
-  RETURN_IF_ERROR(group.Broadcast(staged.data(), count, type, root)->Wait());
-  backend.CopyToHost(values, staged.data(), staged.bytes());
-  return absl::OkStatus();
+  return ThroughBackend(backend, type, values, count, values, 0, count, [&](void* staged, void*) {
+    return group.Broadcast(staged, count, type, root);
+  });
 }
 
 absl::Status SumOverGroup(Communicator* group, Backend& backend, double& a, double& b) {
