@@ -287,6 +287,7 @@ absl::Status TrainingCheckpoints::TryLoad(const std::string& step_dir, LoaderSta
     RETURN_IF_ERROR(status);
     engine_.backend().CopyFromHost(range.values, host.data(), host.size() * sizeof(float));
   }
+  engine_.LoadedState();
   engine_.SetOptimizerStep(m.optimizer_step);
   if (m.data.empty()) return absl::DataLossError(step_dir + " holds no data-loader state");
   const WorldRecord& saved = m.world;
@@ -383,12 +384,14 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
           " cannot load: ", status.ok() ? "another rank found it damaged" : status.message()));
     }
   }
-  // Nothing loaded: a partial load may have written into the moments.
+  // Nothing loaded: a partial load may have written into the moments, and into the parameters,
+  // which the engine's masters then follow.
   for (const StateRange& range : engine_.HeldState()) {
     if (range.kind != StateKind::kParameters) {
       engine_.backend().Zero(range.values, range.end - range.begin);
     }
   }
+  engine_.LoadedState();
   engine_.SetOptimizerStep(0);
   if (!candidates.empty()) {
     if (explicit_path) {

@@ -44,6 +44,7 @@ DataParallelEngine::DataParallelEngine(const ParamTable& table, const ShardingSt
               strategy.sharding == Sharding::kNone || comm == nullptr ? 1 : comm->size()) {
   params_ = backend_.Allocate(sharded_params() ? layout_.shard_size() : layout_.padded_size());
   grads_ = backend_.Allocate(sharded_grads() ? layout_.shard_size() : layout_.padded_size());
+  if (bf16_params() && !sharded_params()) masters_ = backend_.Allocate(layout_.shard_size());
   scalars_ = backend_.Allocate(3, DataType::kF64);
   const int slice_rank = layout_.ranks() == 1 ? 0 : rank();
   for (const Unit& unit : layout_.units()) {
@@ -57,6 +58,10 @@ float* DataParallelEngine::OwnParams(const Unit& unit) {
   if (sharded_params()) return params_.floats() + unit.shard_begin;
   const int slice_rank = layout_.ranks() == 1 ? 0 : rank();
   return params_.floats() + unit.padded_begin + slice_rank * unit.shard;
+}
+
+float* DataParallelEngine::MasterParams(const Unit& unit) {
+  return masters_.size() > 0 ? masters_.floats() + unit.shard_begin : OwnParams(unit);
 }
 
 float* DataParallelEngine::OwnGrads(const Unit& unit) {
@@ -77,6 +82,7 @@ void DataParallelEngine::LoadParameters(const float* full) {
                             (unit.end - unit.begin) * kFloat);
     }
   }
+  LoadedState();
 }
 
 void DataParallelEngine::InitParameters(const ModelConfig& config, uint64_t seed) {
@@ -90,6 +96,7 @@ void DataParallelEngine::InitParameters(const ModelConfig& config, uint64_t seed
     float* own = sharded_params() ? OwnParams(unit) : params_.floats() + unit.padded_begin;
     backend_.CopyFromHost(own, staged.data(), staged.size() * kFloat);
   }
+  LoadedState();
 }
 
 absl::StatusOr<std::vector<float>> DataParallelEngine::GatherParameters() {
@@ -97,12 +104,13 @@ absl::StatusOr<std::vector<float>> DataParallelEngine::GatherParameters() {
   DeviceBuffer gathered;
   for (const Unit& unit : layout_.units()) {
     const float* source = params_.floats() + unit.padded_begin;
-    if (sharded_params()) {
-      if (gathered.size() < unit.shard * ranks())
-        gathered = backend_.Allocate(unit.shard * ranks());
+    if (sharded_params() || masters_.size() > 0) {
+      const size_t count = unit.shard * layout_.ranks();
+      if (gathered.size() < count) gathered = backend_.Allocate(count);
       std::unique_ptr<Work> work =
-          comm_ ? comm_->AllGather(OwnParams(unit), gathered.floats(), unit.shard) : nullptr;
-      if (!work) backend_.Copy(gathered.floats(), OwnParams(unit), unit.shard * kFloat);
+          layout_.ranks() > 1 ? comm_->AllGather(MasterParams(unit), gathered.floats(), unit.shard)
+                              : nullptr;
+      if (!work) backend_.Copy(gathered.floats(), MasterParams(unit), unit.shard * kFloat);
       RETURN_IF_ERROR(Wait(work));
       source = gathered.floats();
     }
@@ -148,6 +156,22 @@ std::unique_ptr<Work> DataParallelEngine::ReduceScatterGradients(const float* in
   backend_.RoundToBf16(static_cast<uint16_t*>(wire.input.data()), input, count);
   return comm_->ReduceScatter(wire.input.data(), wire.output.data(), shard, DataType::kBF16,
                               ReduceOp::kSum);
+}
+
+std::unique_ptr<Work> DataParallelEngine::GatherParams(const float* own, float* output,
+                                                       size_t shard, Wire& wire) {
+  if (!bf16_params()) return comm_->AllGather(own, output, shard);
+  wire.input = backend_.Allocate(shard, DataType::kBF16);
+  wire.output = backend_.Allocate(shard * ranks(), DataType::kBF16);
+  backend_.RoundToBf16(static_cast<uint16_t*>(wire.input.data()), own, shard);
+  return comm_->AllGather(wire.input.data(), wire.output.data(), shard, DataType::kBF16);
+}
+
+void DataParallelEngine::RoundParams(float* out, const float* masters, size_t count) {
+  if (round_bits_.size() < count) round_bits_ = backend_.Allocate(count, DataType::kBF16);
+  auto* bits = static_cast<uint16_t*>(round_bits_.data());
+  backend_.RoundToBf16(bits, masters, count);
+  backend_.WidenBf16(out, bits, count);
 }
 
 void DataParallelEngine::Land(Wire& wire, float* result, size_t count) {
@@ -237,7 +261,10 @@ DataParallelEngine::GatheredUnit& DataParallelEngine::Gather(int unit_index) {
   const Unit& unit = layout_.units()[unit_index];
   gathered.values = backend_.Allocate(unit.shard * ranks());
   if (comm_) {
-    gathered.pending = comm_->AllGather(OwnParams(unit), gathered.values.floats(), unit.shard);
+    gathered.pending =
+        GatherParams(OwnParams(unit), gathered.values.floats(), unit.shard, gathered.wire);
+  } else if (bf16_params()) {
+    RoundParams(gathered.values.floats(), OwnParams(unit), unit.shard);
   } else {
     backend_.Copy(gathered.values.floats(), OwnParams(unit), unit.shard * kFloat);
   }
@@ -261,6 +288,7 @@ const float* DataParallelEngine::Acquire(int region, Pass pass) {
   if (!sharded_params()) return params_.floats() + layout_.padded(unit, region_begin);
   GatheredUnit& gathered = Gather(layout_.unit_index(region));
   (void)Wait(gathered.pending);  // a failure is reported by FinishStep
+  Land(gathered.wire, gathered.values.floats(), gathered.values.size());
   ++gathered.users;
   Prefetch(region, pass);
   return gathered.values.floats() + (region_begin - unit.begin);
@@ -460,21 +488,35 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   for (size_t u = 0; u < layout_.units().size(); ++u) {
     const Unit& unit = layout_.units()[u];
     if (scale != 1.0) backend_.Scale(OwnGrads(unit), static_cast<float>(scale), unit.shard);
-    optimizers_[u].Step(backend_, OwnParams(unit), OwnGrads(unit), static_cast<float>(lr));
+    optimizers_[u].Step(backend_, MasterParams(unit), OwnGrads(unit), static_cast<float>(lr));
   }
 
-  if (comm_ && strategy_.sharding != Sharding::kNone && !sharded_params()) {
+  if (layout_.ranks() > 1 && !sharded_params()) {
     // Every rank updated its slices; gather the whole model back.
     std::vector<DeviceBuffer> own(layout_.units().size());
+    std::vector<Wire> wires(layout_.units().size());
     std::vector<std::unique_ptr<Work>> gathers;
     for (size_t u = 0; u < layout_.units().size(); ++u) {
       const Unit& unit = layout_.units()[u];
+      float* output = params_.floats() + unit.padded_begin;
+      if (bf16_params()) {
+        gathers.push_back(GatherParams(MasterParams(unit), output, unit.shard, wires[u]));
+        continue;
+      }
+      // The input may not lie in the output.
       own[u] = backend_.Allocate(unit.shard);
       backend_.Copy(own[u].floats(), OwnParams(unit), unit.shard * kFloat);
-      gathers.push_back(
-          comm_->AllGather(own[u].floats(), params_.floats() + unit.padded_begin, unit.shard));
+      gathers.push_back(comm_->AllGather(own[u].floats(), output, unit.shard));
     }
-    for (std::unique_ptr<Work>& work : gathers) RETURN_IF_ERROR(Wait(work));
+    for (size_t u = 0; u < gathers.size(); ++u) {
+      RETURN_IF_ERROR(Wait(gathers[u]));
+      const Unit& unit = layout_.units()[u];
+      Land(wires[u], params_.floats() + unit.padded_begin, unit.shard * layout_.ranks());
+    }
+  } else if (masters_.size() > 0) {
+    for (const Unit& unit : layout_.units()) {
+      RoundParams(params_.floats() + unit.padded_begin, MasterParams(unit), unit.shard);
+    }
   }
   totals.exposed_comm_ms = exposed_comm_ms_;
   return totals;
@@ -533,6 +575,12 @@ float* DataParallelEngine::ParamAt(const Unit& unit, size_t position) {
   return params_.floats() + unit.shard_begin + (position - layout_.slice(unit, rank()).first);
 }
 
+float* DataParallelEngine::MasterAt(size_t u, size_t position) {
+  const Unit& unit = layout_.units()[u];
+  if (masters_.size() == 0) return ParamAt(unit, position);
+  return masters_.floats() + unit.shard_begin + (position - OptimizerRange(u).first);
+}
+
 std::pair<size_t, size_t> DataParallelEngine::OptimizerRange(size_t u) const {
   const Unit& unit = layout_.units()[u];
   if (layout_.ranks() == 1) return {unit.begin, unit.end};
@@ -550,7 +598,7 @@ std::vector<StateRange> DataParallelEngine::SavedState() {
     if (begin == end) continue;
     AdamW& optimizer = optimizers_[u];
     const size_t moment_offset = begin - OptimizerRange(u).first;
-    ranges.push_back({StateKind::kParameters, begin, end, ParamAt(unit, begin)});
+    ranges.push_back({StateKind::kParameters, begin, end, MasterAt(u, begin)});
     ranges.push_back({StateKind::kMomentM, begin, end, optimizer.m() + moment_offset});
     ranges.push_back({StateKind::kMomentV, begin, end, optimizer.v() + moment_offset});
   }
@@ -575,6 +623,15 @@ std::vector<StateRange> DataParallelEngine::HeldState() {
   return ranges;
 }
 
+void DataParallelEngine::LoadedState() {
+  if (!bf16_params() || sharded_params()) return;  // a shard is rounded as it is gathered
+  for (const Unit& unit : layout_.units()) {
+    backend_.Copy(MasterParams(unit), OwnParams(unit), unit.shard * kFloat);
+    float* values = params_.floats() + unit.padded_begin;
+    RoundParams(values, values, unit.shard * layout_.ranks());
+  }
+}
+
 std::vector<GradientSlice> DataParallelEngine::ReducedGradients() {
   std::vector<GradientSlice> slices;
   for (size_t u = 0; u < layout_.units().size(); ++u) {
@@ -591,6 +648,7 @@ void DataParallelEngine::SetOptimizerStep(int64_t step) {
 EngineMemory DataParallelEngine::memory() const {
   EngineMemory memory;
   memory.parameter_bytes = params_.bytes();
+  memory.optimizer_bytes = masters_.bytes();  // with the moments: the ZeRO paper's K
   memory.gradient_bytes = grads_.bytes();
   memory.gathered_peak_bytes = peak_gathered_values_ * sizeof(float);
   memory.gradient_buffer_peak_bytes = peak_gradient_unit_values_ * sizeof(float);

@@ -74,11 +74,14 @@ class DataParallelEngine : public BlockParameters {
                      const TrainSection& train, Backend& backend, Communicator* comm,
                      Communicator* tensor_parallel = nullptr, Communicator* pipeline = nullptr);
 
-  // Fills this rank's parameters from the whole model's, given in table layout.
+  // Fills this rank's parameters from the whole model's, given in table layout. At bf16
+  // parameters (ShardingStrategy::param_type) these are the float32 masters, and the model
+  // computes with them rounded (as after InitParameters and a checkpoint's load).
   void LoadParameters(const float* full);
   // Initialises this rank's parameters (GPT-2 style, see core/model/init.h).
   void InitParameters(const ModelConfig& config, uint64_t seed);
-  // The whole model's parameters in table layout (gathered when sharded; every rank calls).
+  // The whole model's parameters in table layout, the float32 masters (gathered when sharded;
+  // every rank calls).
   absl::StatusOr<std::vector<float>> GatherParameters();
   // The full gradient in table layout; only without gradient sharding (for tests and the
   // PyTorch parity probe).
@@ -129,6 +132,10 @@ class DataParallelEngine : public BlockParameters {
   // Everything this rank holds (parameters, whole or its shard, and its moments), to be filled
   // from a checkpoint of any layout. Call LoadedState after filling it.
   std::vector<StateRange> HeldState();
+  // After HeldState's parameters were filled with float32 masters: at bf16 parameters, keeps
+  // this rank's slices of them as its masters and rounds what the model computes with. Local (no
+  // communication).
+  void LoadedState();
   // AdamW's step count (the same for every slice).
   int64_t optimizer_step() const { return optimizers_.front().step(); }
   void SetOptimizerStep(int64_t step);
@@ -149,8 +156,9 @@ class DataParallelEngine : public BlockParameters {
   void GradientsReady(int region) override;
 
  private:
-  // A gradient reduction's bf16 copies at parallel.reduce_dtype bf16 (empty at fp32): what the
-  // communicator reads (input) and, for a reduce-scatter, writes (output).
+  // A collective's bf16 copies, of gradients at parallel.reduce_dtype bf16 or of parameters at
+  // bf16 parameters (empty at fp32): what the communicator reads (input) and, for a
+  // reduce-scatter or an all-gather, writes (output).
   struct Wire {
     DeviceBuffer input;
     DeviceBuffer output;
@@ -158,6 +166,7 @@ class DataParallelEngine : public BlockParameters {
   struct GatheredUnit {
     DeviceBuffer values;  // ranks * shard
     std::unique_ptr<Work> pending;
+    Wire wire;
     int users = 0;
   };
   struct GradientUnit {
@@ -171,6 +180,7 @@ class DataParallelEngine : public BlockParameters {
 
   bool sharded_params() const { return strategy_.sharding == Sharding::kParameters; }
   bool sharded_grads() const { return strategy_.sharding >= Sharding::kGradients; }
+  bool bf16_params() const { return strategy_.param_type == DataType::kBF16; }
   int rank() const { return comm_ ? comm_->rank() : 0; }
   int ranks() const { return comm_ ? comm_->size() : 1; }
   absl::Status Wait(std::unique_ptr<Work>& work);
@@ -181,6 +191,12 @@ class DataParallelEngine : public BlockParameters {
   std::unique_ptr<Work> ReduceScatterGradients(const float* input, float* output, size_t shard,
                                                Wire& wire);
   void Land(Wire& wire, float* result, size_t count);
+  // All-gathers this rank's `shard` parameters `own` into `output` (ranks * shard): at bf16
+  // parameters rounded into `wire`, and widened into `output` by Land after the Work's wait.
+  std::unique_ptr<Work> GatherParams(const float* own, float* output, size_t shard, Wire& wire);
+  // out (count) = masters rounded to bf16 and widened back (out may be masters), through
+  // round_bits_.
+  void RoundParams(float* out, const float* masters, size_t count);
   // The step's loss, squared norm and token count (up to 3 values) summed over `group` (null:
   // unchanged) through scalars_; unlike SumOverGroup (host_values.h) it waits through Wait, so
   // the time counts as exposed communication in the step log.
@@ -192,6 +208,11 @@ class DataParallelEngine : public BlockParameters {
   GradientUnit& GradientBufferFor(int unit);
   // Pointer to this rank's slice of `unit` in the parameter storage (full or shard).
   float* OwnParams(const Unit& unit);
+  // This rank's optimizer slice of `unit`'s float32 masters, which AdamW updates: in masters_
+  // when it is held, else OwnParams.
+  float* MasterParams(const Unit& unit);
+  // Where table position `position` of unit `u`'s optimizer slice is among the masters.
+  float* MasterAt(size_t u, size_t position);
   float* OwnGrads(const Unit& unit);
   // Where table position `position` of `unit` lives in the parameter storage (it must be held).
   float* ParamAt(const Unit& unit, size_t position);
@@ -215,7 +236,13 @@ class DataParallelEngine : public BlockParameters {
   // for the gradients).
   DeviceBuffer params_;
   DeviceBuffer grads_;
-  DeviceBuffer scalars_;  // 3 doubles: CountedSumSquares' sum, read once a step; ReduceStepSums'
+  // At bf16 parameters held whole (ddp, zero1, zero2), params_ holds them rounded and this the
+  // float32 masters of this rank's optimizer slices, in shard layout (Megatron's distributed
+  // optimizer under ZeRO; the whole model under ddp). Empty otherwise: under parameter sharding
+  // the shard is the masters, rounded as it is gathered.
+  DeviceBuffer masters_;
+  DeviceBuffer round_bits_;  // RoundParams' bf16 copy, kept: up to a unit a step under ddp
+  DeviceBuffer scalars_;     // 3 doubles: CountedSumSquares' sum, read once a step; ReduceStepSums'
   std::vector<AdamW> optimizers_;         // one per unit slice this rank owns (one when unsharded)
   std::map<int, GatheredUnit> gathered_;  // kParameters: unit -> gathered values
   std::deque<GradientUnit> gradient_units_;  // kGradients+: buffers in use, oldest first

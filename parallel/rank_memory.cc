@@ -32,8 +32,12 @@ RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
                               const ShardingStrategy& strategy, Recompute recompute, int dp_size,
                               const ModelSlice& slice, int activation_slots) {
   const double parameters = static_cast<double>(ParamTable(config, slice).total_numel());
-  const MemoryEstimate state = ModelStateBytes(PlannerStrategy(strategy.sharding), parameters,
-                                               dp_size, Precision::Fp32(), /*offload=*/false);
+  // bf16 parameters keep float32 masters apart, except a parameter shard, which is its own.
+  const bool masters_apart =
+      strategy.param_type == DataType::kBF16 && strategy.sharding != Sharding::kParameters;
+  const MemoryEstimate state =
+      ModelStateBytes(PlannerStrategy(strategy.sharding), parameters, dp_size,
+                      Precision::Trainer(masters_apart), /*offload=*/false);
   RankMemory memory;
   memory.parameter_bytes = state.param_bytes;
   memory.gradient_bytes = state.grad_bytes;

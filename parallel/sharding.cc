@@ -29,10 +29,13 @@ absl::StatusOr<ShardingStrategy> StrategyNamed(const ParallelSection& parallel) 
 
 }  // namespace
 
-absl::StatusOr<ShardingStrategy> ShardingStrategyFromRecipe(const ParallelSection& parallel) {
+absl::StatusOr<ShardingStrategy> ShardingStrategyFromRecipe(const ParallelSection& parallel,
+                                                            bool bf16_params) {
   ASSIGN_OR_RETURN(ShardingStrategy strategy, StrategyNamed(parallel));
-  // The trainer's gradients are float32: auto reduces them as they are.
-  if (parallel.reduce_dtype == "bf16") strategy.reduce_type = DataType::kBF16;
+  if (bf16_params) strategy.param_type = DataType::kBF16;
+  if (parallel.reduce_dtype == "bf16" || (parallel.reduce_dtype == "auto" && bf16_params)) {
+    strategy.reduce_type = DataType::kBF16;
+  }
   return strategy;
 }
 

@@ -25,12 +25,19 @@ struct ShardingStrategy {
   std::string name;
   Sharding sharding = Sharding::kNone;
   size_t unit_bytes = 0;  // regions merge into units up to this size; 0 = one region per unit
+  // The type of the parameters the model computes with (run.precision): kF32, the masters
+  // themselves, or kBF16, the float32 masters rounded after each update (to nearest even) and
+  // gathered at that width; the values are held in float32 either way.
+  DataType param_type = DataType::kF32;
   // The type the float32 gradients travel in over the data-parallel ranks (parallel.reduce_dtype):
   // kF32, or kBF16 (rounded before each reduction, widened after).
   DataType reduce_type = DataType::kF32;
 };
 
-absl::StatusOr<ShardingStrategy> ShardingStrategyFromRecipe(const ParallelSection& parallel);
+// `bf16_params`: Recipe::bf16_params(), which also makes reduce_dtype auto bf16 (PyTorch FSDP's
+// rule: gradients reduce in param_dtype unless reduce_dtype says otherwise).
+absl::StatusOr<ShardingStrategy> ShardingStrategyFromRecipe(const ParallelSection& parallel,
+                                                            bool bf16_params = false);
 
 // Units cover the regions in order; the embeddings (-1) and the final region (n_layer) are
 // always units of their own (the tied head keeps them gathered longer than any block).

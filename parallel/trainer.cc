@@ -499,10 +499,11 @@ int64_t SentBytes(std::initializer_list<const Communicator*> comms) {
   return sent;
 }
 
-// The planner's estimate of this rank's layout, in the CPU backend's float32, for comparing its
-// traffic with what the step sent.
+// The planner's estimate of this rank's layout, in what the trainer holds and sends (float32
+// values; bf16 parameters gathered at 2 bytes), for comparing its traffic with what the step
+// sent.
 Estimate PlannedLayout(const Recipe& recipe, const Mesh& mesh, Recompute recompute) {
-  const Workload workload = WorkloadFromRecipe(recipe, Precision::Fp32());
+  const Workload workload = WorkloadFromRecipe(recipe, Precision::Trainer(recipe.bf16_params()));
   Layout layout{
       .tp = mesh.shape().tp,
       .pp = mesh.shape().pp,
@@ -534,7 +535,8 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   // the data-parallel size splits the batch.
   const int dp_size = mesh.shape().dp;
   const int dp_rank = mesh.coords().dp;
-  ASSIGN_OR_RETURN(const ShardingStrategy strategy, ShardingStrategyFromRecipe(recipe.parallel));
+  ASSIGN_OR_RETURN(const ShardingStrategy strategy,
+                   ShardingStrategyFromRecipe(recipe.parallel, recipe.bf16_params()));
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(recipe.parallel.recompute));
   ModelSlice slice{.tp_rank = mesh.coords().tp, .tp_size = mesh.shape().tp};
@@ -679,9 +681,11 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     if (step == resumed_step && leader) {
       const EngineMemory memory = engine.memory();
       LogInfo(
-          "model state per rank (%s over %d ranks, gradients reduced in %s): parameters %s, "
-          "gradients %s, optimizer %s; at most %s gathered and %s of gradient units in flight",
-          strategy.name, dp_size, DataTypeName(strategy.reduce_type), MiB(memory.parameter_bytes),
+          "model state per rank (%s over %d ranks, computing with %s parameters, gradients "
+          "reduced in %s): parameters %s, gradients %s, optimizer %s; at most %s gathered and %s "
+          "of gradient units in flight",
+          strategy.name, dp_size, DataTypeName(strategy.param_type),
+          DataTypeName(strategy.reduce_type), MiB(memory.parameter_bytes),
           MiB(memory.gradient_bytes), MiB(memory.optimizer_bytes), MiB(memory.gathered_peak_bytes),
           MiB(memory.gradient_buffer_peak_bytes));
     }

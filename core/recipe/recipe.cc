@@ -103,6 +103,13 @@ const std::vector<KeySpec>& Keys() {
        "set_float32_matmul_precision: highest float32, high TF32, medium bfloat16 (tensor cores "
        "on the GPU; the CPU rounds the inputs alike); float32 sums and values at every level",
        {"highest", "high", "medium"}},
+      {DTRAIN_RECIPE_KEY(run, precision),
+       "the parameters the model computes with (PyTorch FSDP's param_dtype): bf16 = each step's "
+       "float32 master weights rounded to bfloat16 (to nearest even), which the ZeRO-1/2/3 and "
+       "FSDP all-gathers move at half the bytes, while AdamW updates the float32 masters and "
+       "checkpoints keep them; fp32 = the masters themselves; auto = bf16 on cuda, fp32 on cpu. "
+       "Activations stay float32 at either",
+       {"auto", "fp32", "bf16"}},
       // model
       {DTRAIN_RECIPE_KEY(model, family),
        "gpt2: LayerNorm, learned positions, GELU, tied head; llama: RMSNorm, RoPE, SwiGLU, "
@@ -307,8 +314,8 @@ const std::vector<KeySpec>& Keys() {
        "the type gradients travel in when the data-parallel ranks reduce them (PyTorch FSDP's "
        "reduce_dtype): fp32, or bf16 for half the bytes (rounded before, summed in float32 and "
        "rounded per step of the reduction, widened after; PyTorch DDP's bf16 compression hook); "
-       "auto = the gradients' own type (fp32 in training today; bf16 in `dtrain plan`'s "
-       "mixed-precision estimates)",
+       "auto = the parameters' type (run.precision; bf16 in `dtrain plan`'s mixed-precision "
+       "estimates)",
        {"auto", "fp32", "bf16"}},
       {DTRAIN_RECIPE_KEY(parallel, timeout_s),
        "seconds a collective or rendezvous may wait for the other ranks before failing with "
@@ -1221,6 +1228,10 @@ int Recipe::d_ff() const {
   // multiple of 256 as in Meta's reference (multiple_of = 256).
   const int64_t hidden = int64_t{2} * 4 * model.d_model / 3;
   return static_cast<int>(256 * ((hidden + 255) / 256));
+}
+
+bool Recipe::bf16_params() const {
+  return run.precision == "bf16" || (run.precision == "auto" && run.device == "cuda");
 }
 
 std::string Recipe::run_dir() const { return absl::StrCat(run.out_dir, "/", run.name); }

@@ -21,6 +21,7 @@ struct RunSection {
   std::string device = "cpu";                // cpu | cuda
   int threads = 0;                           // worker threads for CPU kernels; 0 = all cores
   std::string matmul_precision = "highest";  // highest | high | medium (matmul_precision.h)
+  std::string precision = "auto";  // auto | fp32 | bf16: the parameters the model computes with
 };
 
 struct ModelSection {
@@ -153,6 +154,9 @@ struct Recipe {
   // Values derived from the keys above.
   int n_kv_head() const { return model.n_kv_head > 0 ? model.n_kv_head : model.n_head; }
   int d_ff() const;
+  // run.precision resolved: bf16 parameters (over float32 masters) for compute, the default on
+  // cuda, or float32 throughout.
+  bool bf16_params() const;
   std::string run_dir() const;  // <run.out_dir>/<run.name>
   // checkpoint.dir resolved: <run dir>/checkpoints when empty, relative to the run dir.
   std::string checkpoint_dir() const;

@@ -106,8 +106,10 @@ Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision) {
   workload.model = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   workload.batch_size = recipe.train.batch_size;
   workload.seq_len = recipe.train.seq_len;
+  // auto: in the parameters' type, as PyTorch FSDP reduces in param_dtype.
   precision.reduce_bytes = recipe.parallel.reduce_dtype == "bf16"   ? 2
                            : recipe.parallel.reduce_dtype == "fp32" ? 4
+                           : recipe.bf16_params()                   ? 2
                                                                     : precision.grad_bytes;
   workload.precision = precision;
   return workload;
@@ -289,7 +291,7 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   const int dp_per_node = std::max(1, std::min(dp, cluster.gpus_per_node / t));
   const double grad_bytes = params * precision.grad_bytes;
   const double reduced_bytes = params * precision.reduce_bytes;  // on the wire
-  const double param_bytes = params * precision.param_bytes;
+  const double param_bytes = params * precision.gather_bytes;    // on the wire
   // Records `times` repetitions of `calls` equal collectives over `bytes` in total; returns the
   // time of one repetition.
   const auto record = [&](Collective kind, double bytes, int calls, int times) {

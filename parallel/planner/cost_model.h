@@ -36,9 +36,15 @@ struct Precision {
   double optimizer_bytes = 12;  // K
   double activation_bytes = 2;  // per activation element; Korthikanti's formulas assume 2
   double reduce_bytes = 2;      // per gradient element in the data-parallel reductions
+  double gather_bytes = 2;      // per parameter element in the data-parallel all-gathers
 
   static Precision MixedBf16() { return {}; }
-  static Precision Fp32() { return {4, 4, 8, 4, 4}; }
+  static Precision Fp32() { return {4, 4, 8, 4, 4, 4}; }
+  // What dtrain's trainer holds (float32 values on every backend) and sends: Fp32, or at bf16
+  // parameters (run.precision) also their float32 masters (K = 12) and all-gathers of 2 bytes.
+  static Precision Trainer(bool bf16_params) {
+    return bf16_params ? Precision{4, 4, 12, 4, 4, 2} : Fp32();
+  }
 };
 
 // What is trained: the model, the global batch and the precision.

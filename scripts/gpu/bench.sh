@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Training throughput on one GPU: dtrain's CUDA backend against PyTorch 2 on the same GPU
 # (scripts/bench/torch_train.py --device cuda --mode fast: fused attention and fused AdamW), both
-# with float32 values, at each matmul precision of MATMUL_PRECISIONS (run.matmul_precision and
-# torch.set_float32_matmul_precision alike: highest float32, TF32 off; medium bf16 tensor cores;
-# full bf16 storage is still to come). Shapes: GPT-2 124M (B 16, T 1024) and a Llama ~1B shape
-# (16 layers, d_model 2048, 32 query and 8 kv heads, d_ff 8192, B 8, T 1024), on the demo text's
-# bytes. Prints one table row per shape and precision: tokens/s of both and their ratio, MFU
-# against the GPU's dense float32 peak (datasheet) and against the planner catalog's bf16 peak,
-# and the peak device memory each process held (nvidia-smi, sampled every 100 ms). A benchmark:
-# it prints, never fails on speed.
+# with float32 values and parameters (run.precision fp32), at each matmul precision of
+# MATMUL_PRECISIONS (run.matmul_precision and torch.set_float32_matmul_precision alike: highest
+# float32, TF32 off; medium bf16 tensor cores; bf16 storage is still to come). Shapes: GPT-2
+# 124M (B 16, T 1024) and a Llama ~1B shape (16 layers, d_model 2048, 32 query and 8 kv heads,
+# d_ff 8192, B 8, T 1024), on the demo text's bytes. Prints one table row per shape and
+# precision: tokens/s of both and their ratio, MFU against the GPU's dense float32 peak
+# (datasheet) and against the planner catalog's bf16 peak, and the peak device memory each
+# process held (nvidia-smi, sampled every 100 ms). A benchmark: it prints, never fails on speed.
 #
 # Usage: scripts/gpu/bench.sh BUILD_DIR (a build with the CUDA module, for this GPU)
 # Environment: STEPS (10) steps of each run, the first 3 untimed; PYTHON (python3), a python
@@ -67,7 +67,8 @@ run_shape() {
   local out=$scratch/dtrain-$id
   local d_mib t_mib
   d_mib=$(peak_device_mib "$build/dtrain" train "$repo/configs/tiny.yaml" "${sets[@]}" \
-          --set run.device=cuda --set run.out_dir="$out" --set run.name=bench \
+          --set run.device=cuda --set run.precision=fp32 --set run.out_dir="$out" \
+          --set run.name=bench \
           --set train.steps="$steps" --set train.warmup_steps=1 --set train.eval_every=0 \
           --set logging.sample_tokens=0 --set train.export_to=)
   cp "$scratch/log" "$scratch/dtrain-$id.log"

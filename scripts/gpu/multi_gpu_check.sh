@@ -29,7 +29,8 @@ train() {
   for ((rank = 0; rank < gpus; rank++)); do
     (cd "$repo" && RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=$gpus LOCAL_WORLD_SIZE=$gpus \
       MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 "$build/dtrain" train \
-      --set run.device="$device" --set run.threads=1 --set run.out_dir="$work/$device-$name" \
+      --set run.device="$device" --set run.precision=fp32 --set run.threads=1 \
+      --set run.out_dir="$work/$device-$name" \
       --set train.steps=10 --set train.batch_size=$((4 * gpus)) --set train.micro_batch=2 \
       --set train.warmup_steps=2 --set train.eval_every=5 --set parallel.timeout_s=120 "$@" \
       > "$work/$device-$name.rank$rank.log" 2>&1) &

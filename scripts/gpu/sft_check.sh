@@ -31,7 +31,7 @@ logging: {sample_tokens: 0}
 YAML
 for device in cpu cuda; do
   timeout 300 "$build/dtrain" train "$work/sft.yaml" --set run.device=$device \
-    --set run.out_dir="$work/$device"
+    --set run.precision=fp32 --set run.out_dir="$work/$device"
 done
 python3 "$(dirname "$0")/compare_metrics.py" SFT 20 1e-3 "$work/cpu/sft/metrics.jsonl" \
   "$work/cuda/sft/metrics.jsonl"

@@ -21,7 +21,7 @@ namespace {
 constexpr int kRanks = 2;
 
 Estimate Plan(const Recipe& recipe, Strategy strategy) {
-  const Workload workload = WorkloadFromRecipe(recipe, Precision::Fp32());
+  const Workload workload = WorkloadFromRecipe(recipe, Precision::Trainer(recipe.bf16_params()));
   Layout layout;
   layout.strategy = strategy;
   layout.dp = kRanks;
@@ -51,7 +51,7 @@ std::vector<Measured> Measure(const Recipe& recipe, const std::string& strategy_
                               bool train_one_step) {
   ParallelSection parallel = recipe.parallel;
   parallel.strategy = strategy_name;
-  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(parallel);
+  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(parallel, recipe.bf16_params());
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const TrainSection& train = recipe.train;
   std::vector<Measured> measured(kRanks);
@@ -92,13 +92,16 @@ TEST(PlanVsEngineTest, ModelStateMemoryMatchesThePlan) {
 
 // Bytes one rank put on the wire in one step equal the plan's data-parallel traffic (ring
 // all-reduce, reduce-scatter and all-gather), apart from the step's 8-byte loss/norm
-// all-reduce, with the gradients reduced in float32 and in bf16.
+// all-reduce, with the gradients reduced in float32 and in bf16, and with float32 and bf16
+// parameters (gathered at 2 bytes; auto then reduces in bf16).
 TEST(PlanVsEngineTest, CommunicatedBytesMatchThePlan) {
   Recipe recipe = testing::ShippedRecipe("tiny");
   recipe.train.batch_size = 4;
   recipe.train.micro_batch = 2;
   recipe.train.seq_len = 16;
-  for (const char* reduce_dtype : {"auto", "bf16"}) {
+  for (const auto& [precision, reduce_dtype] : std::vector<std::pair<std::string, std::string>>{
+           {"fp32", "auto"}, {"fp32", "bf16"}, {"bf16", "auto"}, {"bf16", "fp32"}}) {
+    recipe.run.precision = precision;
     recipe.parallel.reduce_dtype = reduce_dtype;
     for (const auto& [name, strategy] : std::map<std::string, Strategy>{
              {"ddp", Strategy::kDdp}, {"zero1", Strategy::kZero1}, {"zero2", Strategy::kZero2}}) {
@@ -107,7 +110,8 @@ TEST(PlanVsEngineTest, CommunicatedBytesMatchThePlan) {
           static_cast<double>(stats.all_reduce.bytes_sent + stats.reduce_scatter.bytes_sent +
                               stats.all_gather.bytes_sent);
       const double planned = Plan(recipe, strategy).dp.sent_bytes;
-      EXPECT_NEAR(sent, planned, 64 + 1e-3 * planned) << name << ", reduce_dtype " << reduce_dtype;
+      EXPECT_NEAR(sent, planned, 64 + 1e-3 * planned)
+          << name << ", precision " << precision << ", reduce_dtype " << reduce_dtype;
     }
   }
 }

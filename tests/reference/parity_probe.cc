@@ -61,7 +61,8 @@ absl::Status Run(const Options& options) {
   CpuBackend backend(recipe.run.threads);
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const ParamTable table(config, ModelSlice{});
-  ASSIGN_OR_RETURN(const ShardingStrategy strategy, ShardingStrategyFromRecipe(recipe.parallel));
+  ASSIGN_OR_RETURN(const ShardingStrategy strategy,
+                   ShardingStrategyFromRecipe(recipe.parallel, recipe.bf16_params()));
   DataParallelEngine engine(table, strategy, train, backend, /*comm=*/nullptr);
   ASSIGN_OR_RETURN(const Recompute recompute, ParseRecompute(recipe.parallel.recompute));
   Transformer model(config, table, engine, backend, train.micro_batch, train.seq_len, recompute);

@@ -5,8 +5,11 @@ What dtrain promises, stated once here:
   accumulation over batch / micro_batch micro-batches the gradient is that of the same mean;
 - clipping is torch.nn.utils.clip_grad_norm_ on the global L2 norm (0 disables it);
 - torch.optim.AdamW with two groups: no weight decay for biases and norm weights;
-- the learning rate at 0-based step s is warmup, then cosine, linear or constant (lr_at).
+- the learning rate at 0-based step s is warmup, then cosine, linear or constant (lr_at);
+- at run.precision bf16 the model computes with its parameters rounded to bfloat16 while the
+  optimizer updates float32 masters (rounded_parameters).
 """
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -89,17 +92,39 @@ def clip_and_update(model, optimizer, step, t):
     return grad_norm
 
 
-def run_training(model, batches, t):
+@contextlib.contextmanager
+def rounded_parameters(model, bf16_params):
+    """With bf16_params, the model's parameters (the masters) are rounded to bfloat16, to
+    nearest even, inside the block and restored after it; the gradients taken inside stay, for
+    the optimizer to apply to the masters (PyTorch FSDP's param_dtype, dtrain's run.precision)."""
+    if not bf16_params:
+        yield
+        return
+    masters = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).to(p.dtype))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, master in zip(model.parameters(), masters):
+                p.copy_(master)
+
+
+def run_training(model, batches, t, bf16_params=False):
     """What parity_probe reports, from the torch side. batches: int64 (steps, batch, T+1).
 
     Returns float64 tensors: "logits" of step 0 before any update, "loss" and "grad_norm" per
-    step, "grad.<name>" the step-0 gradients before clipping, "final.<name>" after all steps."""
-    with torch.no_grad():
+    step, "grad.<name>" the step-0 gradients before clipping, "final.<name>" after all steps
+    (the masters at bf16_params)."""
+    with torch.no_grad(), rounded_parameters(model, bf16_params):
         result = {"logits": model(batches[0][:, :-1]).double()}
     optimizer = make_adamw(model, t)
     losses, grad_norms = [], []
     for step in range(t.steps):
-        losses.append(forward_backward(model, batches[step], t))
+        with rounded_parameters(model, bf16_params):
+            losses.append(forward_backward(model, batches[step], t))
         if step == 0:  # before clip_grad_norm_ scales them in place
             result.update({f"grad.{n}": p.grad.double().clone()
                            for n, p in model.named_parameters()})

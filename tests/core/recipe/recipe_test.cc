@@ -82,6 +82,21 @@ TEST(RecipeTest, DerivedFeedForwardWidth) {
   EXPECT_EQ(recipe.d_ff(), 1000);
 }
 
+// run.precision auto computes with bf16 parameters on cuda only; fp32 and bf16 hold anywhere.
+TEST(RecipeTest, PrecisionAutoIsBf16OnCudaOnly) {
+  Recipe recipe;
+  EXPECT_FALSE(recipe.bf16_params());
+  recipe.run.device = "cuda";
+  EXPECT_TRUE(recipe.bf16_params());
+  recipe.run.precision = "fp32";
+  EXPECT_FALSE(recipe.bf16_params());
+  recipe.run.device = "cpu";
+  recipe.run.precision = "bf16";
+  EXPECT_TRUE(recipe.bf16_params());
+  EXPECT_THAT(ErrorOf(WithMinimal("run: {precision: fp16}\n")),
+              AllOf(HasSubstr("run.precision"), HasSubstr("bf16")));
+}
+
 TEST(RecipeTest, UnknownKeySuggestsNearest) {
   const std::string error = ErrorOf(WithMinimal("train:\n  steps: 10\n  lrr: 0.1\n"));
   EXPECT_THAT(error, AllOf(HasSubstr("unknown key train.lrr"), HasSubstr("t.yaml:5:3"),

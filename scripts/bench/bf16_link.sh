@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# What parallel.reduce_dtype: bf16 buys where the link is the bottleneck: 2 ranks in two network
-# namespaces joined by a veth pair shaped to RATE each way (tc tbf), DDP and ZeRO-2 with their
-# gradients reduced in float32 and in bf16; the step time, the share of it spent waiting on
-# communication, and bf16's speed-up. (On loopback, scripts/bench/ddp_overlap.sh, the link is
-# never the bottleneck and bf16 only adds its rounding and Gloo's bf16 arithmetic.) PyTorch 1.13
-# DDP cannot be the peer: its Gloo refuses bf16 all-reduces ("Invalid scalar type").
+# What bf16 on the wire buys where the link is the bottleneck: 2 ranks in two network namespaces
+# joined by a veth pair shaped to RATE each way (tc tbf), DDP, ZeRO-2 and ZeRO-3 three ways: all
+# float32; gradients reduced in bf16 (parallel.reduce_dtype: bf16); bf16 parameters, gathered in
+# bf16, with their gradients (run.precision: bf16). The step time, the share of it spent waiting
+# on communication, and the speed-ups over float32. (On loopback, scripts/bench/ddp_overlap.sh,
+# the link is never the bottleneck and bf16 only adds its rounding and Gloo's bf16 arithmetic.)
+# PyTorch 1.13 DDP cannot be the peer: its Gloo refuses bf16 all-reduces ("Invalid scalar type").
 # Needs root (ip netns, tc, unshare). A benchmark, not a test: it prints, never fails on speed.
 #
-# Usage: scripts/bench/reduce_dtype_link.sh [BUILD_DIR]. Environment: RATE (1gbit), STEPS (6),
+# Usage: scripts/bench/bf16_link.sh [BUILD_DIR]. Environment: RATE (1gbit), STEPS (6),
 # SHAPES (default "tiny gpt2-124m").
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -42,16 +43,17 @@ tiny=(model.n_layer=4 model.n_head=4 model.d_model=256 model.vocab_size=256
 gpt2_124m=(model.n_layer=12 model.n_head=12 model.d_model=768 model.vocab_size=50257
   model.max_seq_len=1024 train.seq_len=256 train.batch_size=4 train.micro_batch=2)
 
-# run STRATEGY REDUCE KEY=VALUE...: "step_ms exposed_ms", medians after the warm-up steps, into
-# $scratch/result. Each rank runs in its namespace under its own host name, its address, which
+# run STRATEGY PRECISION REDUCE KEY=VALUE...: "step_ms exposed_ms", medians after the warm-up
+# steps, into $scratch/result. Each rank runs in its namespace under its own host name, its address, which
 # Gloo's peers dial; the store takes them with the job's token.
 run() {
-  local strategy=$1 reduce=$2 out=$scratch/out pids=() rank
-  shift 2
+  local strategy=$1 precision=$2 reduce=$3 out=$scratch/out pids=() rank
+  shift 3
   local sets=()
   for kv in run.out_dir="$out" run.name=link run.threads=1 train.steps="$steps" \
     train.warmup_steps=1 train.eval_every=0 logging.sample_tokens=0 train.export_to= \
-    parallel.strategy="$strategy" parallel.reduce_dtype="$reduce" "$@"; do
+    run.precision="$precision" parallel.strategy="$strategy" parallel.reduce_dtype="$reduce" \
+    "$@"; do
     sets+=(--set "$kv")
   done
   rm -rf "$out"
@@ -69,20 +71,23 @@ run() {
 
 echo "2 ranks in two network namespaces over a $rate link each way (tc tbf), 1 thread each;" \
   "medians over the steps after the first $warmup of $steps"
-printf "%-28s %-6s %10s %10s %9s %10s %10s %9s %8s\n" shape engine "fp32 ms" "exposed" share \
-  "bf16 ms" "exposed" share speed-up
+printf "%-33s %17s %24s %24s\n" "" "all fp32" "bf16 gradients" "bf16 params + grads"
+printf "%-26s %-6s %8s %8s %8s %8s %6s %8s %8s %6s\n" shape engine "step ms" exposed "step ms" \
+  exposed x "step ms" exposed x
 bench() {
   local label=$1 strategy
   shift
-  for strategy in ddp zero2; do
-    run "$strategy" fp32 "$@"
+  for strategy in ddp zero2 zero3; do
+    run "$strategy" fp32 fp32 "$@"
     read -r fp32_ms fp32_exposed < "$scratch/result"
-    run "$strategy" bf16 "$@"
-    read -r bf16_ms bf16_exposed < "$scratch/result"
-    awk -v l="$label" -v s="$strategy" -v a="$fp32_ms" -v ae="$fp32_exposed" -v b="$bf16_ms" \
-      -v be="$bf16_exposed" 'BEGIN {
-      printf "%-28s %-6s %10.1f %10.1f %8.1f%% %10.1f %10.1f %8.1f%% %8.2f\n",
-        l, s, a, ae, 100 * ae / a, b, be, 100 * be / b, a / b }'
+    run "$strategy" fp32 bf16 "$@"
+    read -r grads_ms grads_exposed < "$scratch/result"
+    run "$strategy" bf16 bf16 "$@"
+    read -r params_ms params_exposed < "$scratch/result"
+    awk -v l="$label" -v s="$strategy" -v a="$fp32_ms" -v ae="$fp32_exposed" -v g="$grads_ms" \
+      -v ge="$grads_exposed" -v p="$params_ms" -v pe="$params_exposed" 'BEGIN {
+      printf "%-26s %-6s %8.1f %8.1f %8.1f %8.1f %6.2f %8.1f %8.1f %6.2f\n",
+        l, s, a, ae, g, ge, a / g, p, pe, a / p }'
   done
 }
 shapes=" ${SHAPES:-tiny gpt2-124m} "
