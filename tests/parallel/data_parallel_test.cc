@@ -145,6 +145,21 @@ double MaxRelativeDifference(const std::vector<float>& a, const std::vector<floa
   return max_diff / max_abs;
 }
 
+// Rank `rank`'s run follows `reference`: every step's loss and gradient norm within `loss` and
+// `norm` relative, the final parameters within `params` of the largest.
+void ExpectFollows(const RunResult& run, const RunResult& reference, double loss, double norm,
+                   double params, int rank) {
+  ASSERT_EQ(run.losses.size(), static_cast<size_t>(kSteps)) << "rank " << rank;
+  for (int step = 0; step < kSteps; ++step) {
+    EXPECT_NEAR(run.losses[step], reference.losses[step], loss * reference.losses[step])
+        << "rank " << rank << " step " << step + 1;
+    EXPECT_NEAR(run.norms[step], reference.norms[step], norm * reference.norms[step])
+        << "rank " << rank << " step " << step + 1;
+  }
+  EXPECT_LT(MaxRelativeDifference(run.final_params, reference.final_params), params)
+      << "rank " << rank;
+}
+
 struct Case {
   std::string strategy;
   int ranks;
@@ -172,14 +187,7 @@ TEST_P(DataParallelTest, FollowsTheSingleProcessTrajectory) {
   for (int rank = 0; rank < c.ranks; ++rank) {
     const RunResult& run = runs[rank];
     ASSERT_EQ(run.error, "") << "rank " << rank;
-    ASSERT_EQ(run.losses.size(), static_cast<size_t>(kSteps));
-    for (int step = 0; step < kSteps; ++step) {
-      EXPECT_NEAR(run.losses[step], reference.losses[step], 1e-5 * reference.losses[step])
-          << "rank " << rank << " step " << step + 1;
-      EXPECT_NEAR(run.norms[step], reference.norms[step], 1e-4 * reference.norms[step])
-          << "rank " << rank << " step " << step + 1;
-    }
-    EXPECT_LT(MaxRelativeDifference(run.final_params, reference.final_params), 1e-4);
+    ExpectFollows(run, reference, 1e-5, 1e-4, 1e-4, rank);
     EXPECT_EQ(run.final_params, runs[0].final_params) << "rank " << rank;
   }
   EXPECT_LT(reference.losses.back(), 0.9 * reference.losses.front());  // it did learn
@@ -214,13 +222,7 @@ TEST(DataParallelDocumentsTest, MaskedLossIsTheGlobalMeanAtAnySplit) {
     const std::vector<RunResult> runs = TrainOnRanks(family, strategy, ranks, true);
     for (int rank = 0; rank < ranks; ++rank) {
       ASSERT_EQ(runs[rank].error, "") << "rank " << rank;
-      for (int step = 0; step < kSteps; ++step) {
-        EXPECT_NEAR(runs[rank].losses[step], reference.losses[step], 1e-5 * reference.losses[step])
-            << "rank " << rank << " step " << step + 1;
-        EXPECT_NEAR(runs[rank].norms[step], reference.norms[step], 1e-4 * reference.norms[step])
-            << "rank " << rank << " step " << step + 1;
-      }
-      EXPECT_LT(MaxRelativeDifference(runs[rank].final_params, reference.final_params), 1e-4);
+      ExpectFollows(runs[rank], reference, 1e-5, 1e-4, 1e-4, rank);
     }
     EXPECT_LT(reference.losses.back(), 0.9 * reference.losses.front());
   }
@@ -262,14 +264,8 @@ TEST(DataParallelReduceDtypeTest, Bf16ReductionsFollowFloat32InHalfTheBytes) {
     ASSERT_EQ(bf16.error, "");
     EXPECT_NEAR(static_cast<double>(bf16_bytes), 0.5 * static_cast<double>(fp32_bytes),
                 kSteps * 3 * sizeof(double));
-    for (int step = 0; step < kSteps; ++step) {
-      EXPECT_NEAR(bf16.losses[step], fp32.losses[step], 2e-4 * fp32.losses[step])
-          << "step " << step + 1;
-      EXPECT_NEAR(bf16.norms[step], fp32.norms[step], 1.5e-2 * fp32.norms[step])
-          << "step " << step + 1;
-    }
+    ExpectFollows(bf16, fp32, 2e-4, 1.5e-2, 2e-2, 0);
     EXPECT_NE(bf16.losses, fp32.losses) << "the reductions rounded nothing";
-    EXPECT_LT(MaxRelativeDifference(bf16.final_params, fp32.final_params), 2e-2);
   }
 }
 
@@ -348,13 +344,8 @@ TEST(DataParallelParamDtypeTest, Bf16ParametersGatherHalfTheBytesAndFollowFloat3
       Train(ModelFamily::kLlama, *ShardingStrategyFromRecipe(parallel, true), nullptr);
   ASSERT_EQ(fp32.error, "");
   ASSERT_EQ(bf16.error, "");
-  for (int step = 0; step < kSteps; ++step) {
-    EXPECT_NEAR(bf16.losses[step], fp32.losses[step], 1e-3 * fp32.losses[step])
-        << "step " << step + 1;
-    EXPECT_NEAR(bf16.norms[step], fp32.norms[step], 1e-2 * fp32.norms[step]) << "step " << step + 1;
-  }
+  ExpectFollows(bf16, fp32, 1e-3, 1e-2, 2e-2, 0);
   EXPECT_NE(bf16.losses, fp32.losses) << "the parameters rounded nothing";
-  EXPECT_LT(MaxRelativeDifference(bf16.final_params, fp32.final_params), 2e-2);
   EXPECT_LT(bf16.losses.back(), 0.9 * bf16.losses.front());
   for (const char* name : {"ddp", "zero1", "zero2", "zero3", "fsdp"}) {
     SCOPED_TRACE(name);
@@ -372,13 +363,7 @@ TEST(DataParallelParamDtypeTest, Bf16ParametersGatherHalfTheBytesAndFollowFloat3
       const double expected = std::string(name) == "ddp" ? gathered : 0.5 * gathered;
       EXPECT_NEAR(run.all_gather_bytes, expected, kSteps * sizeof(uint64_t)) << "rank " << rank;
       EXPECT_GT(gathered, std::string(name) == "ddp" ? 0 : 1000) << "rank " << rank;
-      for (int step = 0; step < kSteps; ++step) {
-        EXPECT_NEAR(run.losses[step], bf16.losses[step], 3e-5 * bf16.losses[step])
-            << "rank " << rank << " step " << step + 1;
-        EXPECT_NEAR(run.norms[step], bf16.norms[step], 1.5e-3 * bf16.norms[step])
-            << "rank " << rank << " step " << step + 1;
-      }
-      EXPECT_LT(MaxRelativeDifference(run.final_params, bf16.final_params), 1.3e-4);
+      ExpectFollows(run, bf16, 3e-5, 1.5e-3, 1.3e-4, rank);
       EXPECT_EQ(run.final_params, runs[0].final_params) << "rank " << rank;
     }
   }
