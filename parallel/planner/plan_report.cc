@@ -108,11 +108,15 @@ nlohmann::json CandidateJson(const Candidate& c) {
 
 std::string AssumptionsLine(const Plan& plan) {
   const CostAssumptions& a = plan.options.assumptions;
+  const Precision& p = plan.workload.precision;
   return absl::StrFormat(
-      "GEMMs at %.0f%% of peak (half that at width %.0f), %s pipeline schedule, DP communication "
-      "overlapped with backward except the last bucket, TP not overlapped; %.0f%% of GPU memory "
-      "kept free; a simpler layout within %.0f%% of the fastest is preferred",
-      100 * a.gemm_peak_fraction, a.gemm_half_efficiency_width,
+      "bytes a value: parameters %g, gradients %g, activations %g, optimizer state %g, "
+      "gradients reduced %g, parameters gathered %g; GEMMs at %.0f%% of peak "
+      "(half that at width %.0f), %s pipeline schedule, DP communication overlapped with "
+      "backward except the last bucket, TP not overlapped; %.0f%% of GPU memory kept free; a "
+      "simpler layout within %.0f%% of the fastest is preferred",
+      p.param_bytes, p.grad_bytes, p.activation_bytes, p.optimizer_bytes, p.reduce_bytes,
+      p.gather_bytes, 100 * a.gemm_peak_fraction, a.gemm_half_efficiency_width,
       absl::StrJoin(plan.options.pp_schedules, " or ",
                     [&plan](std::string* out, PipelineSchedule schedule) {
                       absl::StrAppend(out, PipelineScheduleName(schedule));
