@@ -384,14 +384,12 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
           " cannot load: ", status.ok() ? "another rank found it damaged" : status.message()));
     }
   }
-  // Nothing loaded: a partial load may have written into the moments, and into the parameters,
-  // which the engine's masters then follow.
+  // Nothing loaded: a partial load may have written into the moments.
   for (const StateRange& range : engine_.HeldState()) {
     if (range.kind != StateKind::kParameters) {
       engine_.backend().Zero(range.values, range.end - range.begin);
     }
   }
-  engine_.LoadedState();
   engine_.SetOptimizerStep(0);
   if (!candidates.empty()) {
     if (explicit_path) {
