@@ -44,8 +44,8 @@ gpt2_124m=(model.n_layer=12 model.n_head=12 model.d_model=768 model.vocab_size=5
   model.max_seq_len=1024 train.seq_len=256 train.batch_size=4 train.micro_batch=2)
 
 # run STRATEGY PRECISION REDUCE KEY=VALUE...: "step_ms exposed_ms", medians after the warm-up
-# steps, into $scratch/result. Each rank runs in its namespace under its own host name, its address, which
-# Gloo's peers dial; the store takes them with the job's token.
+# steps, into $scratch/result. Each rank runs in its namespace under its own host name, its
+# address, which Gloo's peers dial; the store takes them with the job's token.
 run() {
   local strategy=$1 precision=$2 reduce=$3 out=$scratch/out pids=() rank
   shift 3
