@@ -3,7 +3,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/model/param_table.h"
-#include "core/model/transformer.h"
 #include "parallel/planner/auto_layout.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/plan_report.h"
@@ -42,9 +41,9 @@ RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
   memory.parameter_bytes = state.param_bytes;
   memory.gradient_bytes = state.grad_bytes;
   memory.optimizer_bytes = state.optimizer_bytes;
-  memory.activation_bytes = Transformer::ActivationBytes(
-      config, recipe.train.micro_batch, recipe.train.seq_len, recompute, slice,
-      recipe.parallel.sequence_parallel, activation_slots);
+  memory.activation_bytes =
+      StageActivationBytes(config, recipe.train.micro_batch, recipe.train.seq_len, recompute, slice,
+                           recipe.parallel.sequence_parallel, activation_slots, sizeof(float));
   return memory;
 }
 

@@ -12,6 +12,7 @@
 //    residual stream's gradient.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -184,6 +185,20 @@ class Backend {
   virtual void AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, int64_t step) = 0;
 };
+
+// Rows of logits a classifier computes at once for a vocabulary (or a rank's vocabulary slot) of
+// v columns, so that the (N, V) matrix never exists whole: as many as fit in 128 MiB of float32
+// logits, a multiple of 64 and at least 128, since the weight-gradient GEMM, whose inner
+// dimension is the chunk, runs at half speed with 128 rows and near peak from about 512
+// (measured with OpenBLAS at V = 50257, C = 768). Every backend's fused kernel and the model's
+// vocabulary-parallel phases cut N into chunks of these rows, and the memory estimates count
+// one chunk: a function of v only, so every tensor-parallel rank cuts alike.
+inline int ClassifierChunkRows(int v) {
+  constexpr size_t kBudgetValues = (size_t{128} << 20) / sizeof(float);
+  const size_t rows = kBudgetValues / static_cast<size_t>(std::max(v, 1));
+  if (rows >= (size_t{1} << 30)) return 1 << 30;
+  return std::max(128, static_cast<int>(rows / 64 * 64));
+}
 
 // A scalar of the kind above, one double in `backend`'s memory: its value (waiting for the
 // kernels before), and set to 0 (all zero bits, as a double and as two floats).

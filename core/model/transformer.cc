@@ -31,7 +31,7 @@ StageExtent ExtentOf(const ModelConfig& config, const ModelSlice& slice) {
 // tp = 1, whose fused kernel keeps its chunk in the backend's scratch, and without the head).
 int VocabChunkCapacity(const LocalDims& dims, bool has_head, int max_tokens) {
   return dims.vocab_parallel && has_head
-             ? std::min(max_tokens, Transformer::VocabChunkRows(dims.vocab_slot))
+             ? std::min(max_tokens, ClassifierChunkRows(dims.vocab_slot))
              : 0;
 }
 
@@ -80,13 +80,6 @@ int RowChunks(const ModelSlice& slice, bool sequence_parallel) {
 }
 
 }  // namespace
-
-int Transformer::VocabChunkRows(int vocab_slot) {
-  constexpr size_t kBudgetValues = (size_t{128} << 20) / sizeof(float);
-  const size_t rows = kBudgetValues / static_cast<size_t>(std::max(vocab_slot, 1));
-  if (rows >= (size_t{1} << 30)) return 1 << 30;
-  return std::max(128, static_cast<int>(rows / 64 * 64));
-}
 
 double Transformer::ActivationBytes(const ModelConfig& config, int max_batch, int max_time,
                                     Recompute recompute, const ModelSlice& slice,

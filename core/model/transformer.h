@@ -149,13 +149,6 @@ class Transformer {
   // stage the logits as ForwardLogits does (args.targets is unused).
   void StageForwardLogits(const StageForwardArgs& args, bool last_only, float* logits);
 
-  // Rows per chunk of the vocabulary-parallel classifier (tp > 1) for a vocabulary slot of
-  // `vocab_slot` columns (LocalDims::vocab_slot): as many as fit in 128 MiB of logits, a
-  // multiple of 64 and at least 128 (the CPU fused kernel's budget). A function of the model
-  // and tp only, so every rank cuts a micro-batch of n rows into the same ceil(n / rows) chunks
-  // and issues the same collectives.
-  static int VocabChunkRows(int vocab_slot);
-
  private:
   // Saved activations of one block, pointers into the arena. (N = b*t tokens; R the rows of the
   // residual stream this rank holds and G = tp * R the gathered rows: both N without sequence
@@ -256,10 +249,10 @@ class Transformer {
                      const int32_t* positions);
   // The classifier on final_norm_ (N, C): adds the sum of token losses (targets < 0 ignored) to
   // *loss_sum (backend memory); when dx is not null also writes dx (N, C) and accumulates dhead
-  // for the loss sum scaled by
-  // grad_scale. At tp = 1 the backend's fused kernel; at tp > 1 its vocabulary-parallel phases
-  // per chunk of VocabChunkRows rows (the max and the sums combined over the ranks), each rank's
-  // dx its slot's share (the caller's f, NormOutputGrad, sums them).
+  // for the loss sum scaled by grad_scale. At tp = 1 the backend's fused kernel; at tp > 1 its
+  // vocabulary-parallel phases per chunk of ClassifierChunkRows(vocab slot) rows (the max and the
+  // sums combined over the ranks), each rank's dx its slot's share (the caller's f, NormOutputGrad,
+  // sums them).
   void Classifier(float* dx, float* dhead, const int32_t* host_targets, int n, float grad_scale,
                   double* loss_sum);
   // The evaluation passes' classifier without gradients: the loss sum, read at once.

@@ -46,10 +46,6 @@ SearchOptions TrainerLayouts(int ranks_per_node) {
   // recipe's parallel.pp_schedule.
   runnable.pp_schedules = {PipelineSchedule::kOneFOneB, PipelineSchedule::kGpipe,
                            PipelineSchedule::kInterleaved};
-  // Not selective: the planner's activation model (Korthikanti et al.) charges kNone with the
-  // attention scores, which dtrain's attention never keeps, so it would pick selective (one more
-  // attention forward per block) where none fits.
-  runnable.recompute = {Recompute::kNone, Recompute::kFull};
   runnable.allow_offload = false;
   return runnable;
 }

@@ -143,19 +143,18 @@ MemoryEstimate ModelStateBytes(Strategy strategy, double params, int dp, const P
   return memory;
 }
 
-double ActivationBytesPerLayer(int seq_len, int micro_batch, int d_model, int n_head, int tp,
-                               bool sequence_parallel, Recompute recompute) {
-  // Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-  // Table 2: sbh(10 + 24/t + 5as/(ht)) with TP; sbh(34/t + 5as/(ht)) with TP and sequence
-  // parallelism; selective recomputation drops the 5as/(ht) attention term; full recomputation
-  // keeps only the layer input, 2sbh (divided by t when sequence parallel shards it).
-  // With t = 1 the TP form is the plain sbh(34 + 5as/h).
-  const double s = seq_len, b = micro_batch, h = d_model, a = n_head, t = tp;
-  const double sbh = s * b * h;
-  const double attention = recompute == Recompute::kNone ? 5 * a * s / (h * t) : 0;
-  if (recompute == Recompute::kFull) return sequence_parallel ? 2 * sbh / t : 2 * sbh;
-  if (sequence_parallel) return sbh * (34 / t + attention);
-  return sbh * (10 + 24 / t + attention);
+double StageActivationBytes(const ModelConfig& model, int micro_batch, int seq_len,
+                            Recompute recompute, const ModelSlice& slice, bool sequence_parallel,
+                            int activation_slots, double value_bytes) {
+  const double arena = Transformer::ActivationBytes(model, micro_batch, seq_len, recompute, slice,
+                                                    sequence_parallel, activation_slots);
+  const bool has_head = ChunksOf(model, slice).back().end() == model.n_layer;
+  const double logits = has_head && slice.tp_size == 1
+                            ? std::min<double>(static_cast<double>(micro_batch) * seq_len,
+                                               ClassifierChunkRows(model.vocab_size)) *
+                                  model.vocab_size * sizeof(float)
+                            : 0;
+  return arena / sizeof(float) * value_bytes + logits;
 }
 
 double CollectiveMs(Collective collective, double bytes, int group_size, int ranks_per_node,
@@ -207,7 +206,6 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   const int layers = model.n_layer / p;
   const int v = layout.virtual_stages;
   const int m = workload.batch_size / (dp * b);
-  const double activation_scale = precision.activation_bytes / 2;  // formulas assume 2 bytes
   const bool sp = layout.sequence_parallel;
   Estimate estimate;
   estimate.micro_batches = m;
@@ -216,32 +214,25 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   const double params = ParamsPerRank(model, t, p);
   MemoryEstimate& memory = estimate.memory;
   memory = ModelStateBytes(layout.strategy, params, dp, precision, layout.offload);
-  const double per_layer_bytes =
-      activation_scale * ActivationBytesPerLayer(s, b, h, model.n_head, t, sp, layout.recompute);
-  // Full recomputation re-runs one layer at a time, whose whole activations are live then.
-  const double working_bytes =
-      layout.recompute == Recompute::kFull
-          ? activation_scale *
-                ActivationBytesPerLayer(s, b, h, model.n_head, t, sp, Recompute::kNone)
-          : 0;
-  // fp32 logits and their gradient for the loss, vocab-parallel over t (Korthikanti's 4sbv/t).
-  const double logits_bytes = 4.0 * s * b * model.vocab_size / t;
   // A stage holds the schedule's micro-batches in flight, as many activation slots as the
-  // trainer gives it, each of one model chunk (layers / v): under 1F1B min(p, m) on the first
-  // stage and one on the last, which also holds the logits (Korthikanti et al. 2022, section
-  // 4.2; Narayanan et al. 2021); under GPipe every micro-batch of the step on each; interleaved,
-  // Megatron's warm-up of chunks. Without a pipeline, one.
+  // trainer gives it (PipelineActivationSlots), each of its largest model chunk, on the blocks
+  // the trainer assigns it: under 1F1B min(p, m) on the first stage and one on the last; under
+  // GPipe every micro-batch of the step on each; interleaved, Megatron's warm-up of chunks.
   const PipelineShape shape{
       .schedule = layout.schedule, .stages = p, .virtual_stages = v, .micro_batches = m};
-  const auto in_flight = [&](int stage) {
-    return p == 1 ? 1 : PipelineActivationSlots(shape, stage);
-  };
-  const double chunk_layers = static_cast<double>(layers) / v;
-  const double first_stage =
-      chunk_layers * per_layer_bytes * in_flight(0) + working_bytes + (p == 1 ? logits_bytes : 0);
-  const double last_stage =
-      chunk_layers * per_layer_bytes * in_flight(p - 1) + working_bytes + logits_bytes;
-  memory.activation_bytes = std::max(first_stage, last_stage);
+  // A valid layout (the precondition) gives every model chunk a block.
+  const StageAssignment assignment =
+      p == 1 ? StageAssignment{}
+             : AssignStages(PipelineFlopsPerToken(model, s, layout.recompute), p, v).value();
+  for (int stage = 0; stage < p; ++stage) {
+    ModelSlice slice{.tp_size = t};
+    if (p > 1) slice.chunks = StageChunks(assignment, stage);
+    memory.activation_bytes =
+        std::max(memory.activation_bytes,
+                 StageActivationBytes(model, b, s, layout.recompute, slice, sp,
+                                      p == 1 ? 1 : PipelineActivationSlots(shape, stage),
+                                      precision.activation_bytes));
+  }
   const bool sharded_params =
       layout.strategy == Strategy::kZero3 || layout.strategy == Strategy::kFsdp;
   if (sharded_params && p > 1) {
@@ -402,8 +393,7 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
       // The vocabulary-parallel softmax: each token's max, then its sum of exponentials and
       // target logit, in float32 (Transformer::Classifier), in as many calls as chunks of rows.
       const int slot = LocalDimsOf(model, ModelSlice{.tp_size = t}).vocab_slot;
-      const double chunks =
-          std::ceil(static_cast<double>(s) * b / Transformer::VocabChunkRows(slot));
+      const double chunks = std::ceil(static_cast<double>(s) * b / ClassifierChunkRows(slot));
       const double tokens = static_cast<double>(m) * s * b;
       record_tp(Collective::kAllReduce, 3 * tokens * sizeof(float), 2 * m * chunks, t);
     }

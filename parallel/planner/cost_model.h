@@ -1,9 +1,9 @@
 // What one parallel layout costs: per-GPU memory, communication per step and step time.
 //
 // Pure arithmetic over a workload (model, batch, precision), a resolved cluster and a layout;
-// no I/O, thread-safe. Formulas and figures come from REFERENCES.md section 7 (ZeRO, Korthikanti
-// et al. 2022, Megatron-LM, nccl-tests) and are cited where used in cost_model.cc. Units are in
-// the names: bytes, GB/s (1e9 bytes/s), ms, GiB (2^30 bytes).
+// no I/O, thread-safe. Formulas and figures come from REFERENCES.md section 7 (ZeRO, Megatron-LM,
+// nccl-tests) and are cited where used in cost_model.cc; activations are the trainer's own. Units
+// are in the names: bytes, GB/s (1e9 bytes/s), ms, GiB (2^30 bytes).
 #pragma once
 
 #include <cstdint>
@@ -34,7 +34,7 @@ struct Precision {
   double param_bytes = 2;
   double grad_bytes = 2;
   double optimizer_bytes = 12;  // K
-  double activation_bytes = 2;  // per activation element; Korthikanti's formulas assume 2
+  double activation_bytes = 2;  // per activation element
   double reduce_bytes = 2;      // per gradient element in the data-parallel reductions
   double gather_bytes = 2;      // per parameter element in the data-parallel all-gathers
 
@@ -148,10 +148,17 @@ struct Estimate {
 MemoryEstimate ModelStateBytes(Strategy strategy, double params, int dp, const Precision& precision,
                                bool offload);
 
-// Activation bytes one transformer layer keeps for backward per micro-batch (Korthikanti et al.
-// 2022, 2-byte activations): s seq_len, b micro_batch, h d_model, a heads, t tp.
-double ActivationBytesPerLayer(int seq_len, int micro_batch, int d_model, int n_head, int tp,
-                               bool sequence_parallel, Recompute recompute);
+// Activation bytes a rank holding `slice` keeps with `activation_slots` micro-batches of
+// micro_batch x seq_len tokens in flight, at `value_bytes` a value: the trainer's activation
+// arena (Transformer::ActivationBytes: every tensor backward reads, the attention's log-sum-exp
+// but never its (B, H, T, T) scores, and the backward scratch), and on the rank with the head at
+// tp = 1 the fused classifier's float32 logits of one chunk of rows (ClassifierChunkRows), which
+// the backend keeps. The sizes Korthikanti et al. 2022 give (REFERENCES.md 7) count the
+// attention scores and dropout masks of Megatron-LM, which dtrain never holds: at GPT-2's
+// shapes and T 1024, 3.35 times what a block keeps.
+double StageActivationBytes(const ModelConfig& model, int micro_batch, int seq_len,
+                            Recompute recompute, const ModelSlice& slice, bool sequence_parallel,
+                            int activation_slots, double value_bytes);
 
 enum class Collective { kAllReduce, kAllGather, kReduceScatter };
 

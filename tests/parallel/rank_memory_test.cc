@@ -55,6 +55,11 @@ TEST(RankMemoryTest, EstimateIsWhatOneProcessAllocates) {
   EXPECT_EQ(estimate.parameter_bytes, static_cast<double>(engine.memory().parameter_bytes));
   EXPECT_EQ(estimate.gradient_bytes, static_cast<double>(engine.memory().gradient_bytes));
   EXPECT_EQ(estimate.optimizer_bytes, static_cast<double>(engine.memory().optimizer_bytes));
+  // The model's arena, and the fused classifier's float32 logits of the micro-batch's 2 x 16
+  // tokens (fewer than a chunk's rows), which the backend keeps.
+  EXPECT_EQ(estimate.activation_bytes,
+            Transformer::ActivationBytes(config, 2, 16, Recompute::kNone) +
+                2.0 * 16 * config.vocab_size * sizeof(float));
 }
 
 // A tensor-parallel rank's estimate is what its engine allocates for its shard of the model.

@@ -200,7 +200,7 @@ TEST_P(TensorParallelTest, ShardsGiveTheWholeModelsLossAndGradients) {
 }
 
 // A vocabulary of 349,526 at tp 2 gives slots of 174,784 columns, for which the classifier's
-// chunks are 128 rows (Transformer::VocabChunkRows): a micro-batch of 10 x 16 = 160 tokens runs
+// chunks are 128 rows (ClassifierChunkRows): a micro-batch of 10 x 16 = 160 tokens runs
 // two chunks, each with its own max and sums all-reduced, and still gives the whole model's loss
 // and head gradient. (A tiny model otherwise: 1 block, d_model 8.) Tolerance as in
 // ShardsGiveTheWholeModelsLossAndGradients.
@@ -214,9 +214,7 @@ TEST(TensorParallelChunksTest, TheClassifierRunsInSeveralChunksOfRows) {
   config.d_ff = 16;
   config.vocab_size = 349526;
   const int b = 10, t = 16;
-  ASSERT_EQ(
-      Transformer::VocabChunkRows(LocalDimsOf(config, {.tp_rank = 0, .tp_size = 2}).vocab_slot),
-      128);
+  ASSERT_EQ(ClassifierChunkRows(LocalDimsOf(config, {.tp_rank = 0, .tp_size = 2}).vocab_slot), 128);
   std::vector<int32_t> inputs(b * t), targets(b * t);
   for (int i = 0; i < b * t; ++i) {
     inputs[i] = (i * 7919) % config.vocab_size;

@@ -12,14 +12,6 @@
 
 namespace dtrain::cpu {
 
-int ClassifierChunkRows(int v) {
-  constexpr size_t kBudgetValues = (size_t{128} << 20) / sizeof(float);
-  constexpr int kMinRows = 128;
-  const size_t rows = kBudgetValues / static_cast<size_t>(v);
-  if (rows >= (size_t{1} << 30)) return 1 << 30;
-  return std::max(kMinRows, static_cast<int>(rows / 64 * 64));
-}
-
 size_t ClassifierScratchSize(int chunk_rows, int v) { return static_cast<size_t>(chunk_rows) * v; }
 
 template <typename T>

@@ -15,11 +15,6 @@
 
 namespace dtrain::cpu {
 
-// Rows per chunk for vocabulary v: as many as fit in 128 MiB of logits (at least 128), since the
-// dweight GEMM, whose inner dimension is the chunk, runs at half speed with 128 rows and near
-// peak from about 512 (measured with OpenBLAS at V = 50257, C = 768).
-int ClassifierChunkRows(int v);
-
 // Values of scratch a call with chunks of chunk_rows needs (shared by all threads).
 size_t ClassifierScratchSize(int chunk_rows, int v);
 

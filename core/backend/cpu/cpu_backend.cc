@@ -179,7 +179,7 @@ void CpuBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_emb
 void CpuBackend::ClassifierForwardBackward(float* dx, float* dweight, const float* x,
                                            const float* weight, const int32_t* targets, int n,
                                            int c, int v, float grad_scale, double* loss_sum) {
-  const int chunk_rows = std::min(n, cpu::ClassifierChunkRows(v));
+  const int chunk_rows = std::min(n, ClassifierChunkRows(v));
   float* scratch = Scratch(cpu::ClassifierScratchSize(chunk_rows, v));
   *loss_sum += cpu::ClassifierForwardBackward(
       dx, dweight, MatmulOperand(x, static_cast<size_t>(n) * c, 0),

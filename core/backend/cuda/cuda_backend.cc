@@ -21,8 +21,6 @@ namespace {
 
 // cuBLASLt's workspace: 32 MiB is what its heuristics use for the largest GEMMs on sm_90.
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-// The classifier's logits chunk: at most this many floats (256 MiB), so (N, V) never exists whole.
-constexpr size_t kClassifierChunkFloats = size_t{64} << 20;
 // Pinned staging for CopyFromHost: slots of 1 MiB (a micro-batch's token ids, targets and
 // positions up to 256K tokens), 8 of them, so that a slot comes round again only after the
 // copies of two more micro-batches were issued.
@@ -460,8 +458,7 @@ void CudaBackend::ClassifierForwardBackward(float* dx, float* dweight, const flo
                                             const float* weight, const int32_t* targets, int n,
                                             int c, int v, float grad_scale, double* loss_sum) {
   if (n == 0) return;
-  const int chunk_rows = static_cast<int>(
-      std::clamp<size_t>(kClassifierChunkFloats / std::max(v, 1), 1, static_cast<size_t>(n)));
+  const int chunk_rows = std::min(n, ClassifierChunkRows(v));
   float* logits = Scratch(logits_, static_cast<size_t>(chunk_rows) * v);  // (chunk, V)
   float* losses = Scratch(losses_, n);                                    // (N)
   for (int r0 = 0; r0 < n; r0 += chunk_rows) {

@@ -49,9 +49,7 @@ TEST(DoctorTest, GpusAreCountedAgainstTheRecipe) {
   EXPECT_EQ(GpuCheck(none, nullptr).verdict, Verdict::kInfo);
   EXPECT_EQ(GpuCheck(none, &cpu).verdict, Verdict::kInfo);
 
-  // Set in the struct: the recipe loader refuses run.device: cuda until the CUDA backend lands.
-  Recipe cuda = testing::ShippedRecipe("tiny", {"cluster.gpus_per_node=8"});
-  cuda.run.device = "cuda";
+  Recipe cuda = testing::ShippedRecipe("tiny", {"cluster.gpus_per_node=8", "run.device=cuda"});
   const CheckResult missing = GpuCheck(none, &cuda);
   EXPECT_EQ(missing.verdict, Verdict::kFail);
   EXPECT_THAT(missing.fix, HasSubstr("run.device: cpu"));

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/backend/backend.h"
 #include "core/backend/cpu/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "tests/core/backend/cpu/test_util.h"
