@@ -31,12 +31,9 @@ RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
                               const ShardingStrategy& strategy, Recompute recompute, int dp_size,
                               const ModelSlice& slice, int activation_slots) {
   const double parameters = static_cast<double>(ParamTable(config, slice).total_numel());
-  // bf16 parameters keep float32 masters apart, except a parameter shard, which is its own.
-  const bool masters_apart =
-      strategy.param_type == DataType::kBF16 && strategy.sharding != Sharding::kParameters;
-  const MemoryEstimate state =
-      ModelStateBytes(PlannerStrategy(strategy.sharding), parameters, dp_size,
-                      Precision::Trainer(masters_apart), /*offload=*/false);
+  const MemoryEstimate state = ModelStateBytes(
+      PlannerStrategy(strategy.sharding), parameters, dp_size,
+      Precision::Trainer(strategy.param_type == DataType::kBF16), /*offload=*/false);
   RankMemory memory;
   memory.parameter_bytes = state.param_bytes;
   memory.gradient_bytes = state.grad_bytes;

@@ -103,7 +103,7 @@ absl::StatusOr<Plan> PlanForMemory(const Recipe& recipe, int nodes, int ranks_pe
   section.gpus_per_node = ranks_per_node;
   ASSIGN_OR_RETURN(ClusterSpec cluster, ResolveCluster(section));
   cluster.gpu_memory_gib = bytes_per_rank / kGiB;
-  const Workload workload = WorkloadFromRecipe(recipe, Precision::Fp32());
+  const Workload workload = WorkloadFromRecipe(recipe, Precision::Trainer(recipe.bf16_params()));
   runnable.assumptions.runtime_gib = 0;
   runnable.assumptions.bucket_mib = recipe.parallel.bucket_mb;
   return SearchLayouts(workload, cluster, WithRecipeSchedule(recipe, std::move(runnable)));

@@ -43,12 +43,12 @@ SearchOptions WithRecipeSchedule(const Recipe& recipe, SearchOptions runnable);
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
                                              const SearchOptions& runnable);
 
-// For a rank that does not fit its memory: the plan of recipe's model and batch in the trainer's
-// float32 over the layouts it runs (`runnable`) on `nodes` machines of `ranks_per_node` ranks
-// that have `bytes_per_rank` each. That memory is what is free once the backend runs, so the
-// planner's allowance for the runtime (CostAssumptions::runtime_gib) is left out, and its
-// gradient buckets are the recipe's (parallel.bucket_mb). Its recommendation, if any, is the
-// layout that fits.
+// For a rank that does not fit its memory: the plan of recipe's model and batch in what the
+// trainer holds (Precision::Trainer at the recipe's run.precision) over the layouts it runs
+// (`runnable`) on `nodes` machines of `ranks_per_node` ranks that have `bytes_per_rank` each. That
+// memory is what is free once the backend runs, so the planner's allowance for the runtime
+// (CostAssumptions::runtime_gib) is left out, and its gradient buckets are the recipe's
+// (parallel.bucket_mb). Its recommendation, if any, is the layout that fits.
 absl::StatusOr<Plan> PlanForMemory(const Recipe& recipe, int nodes, int ranks_per_node,
                                    double bytes_per_rank, SearchOptions runnable);
 

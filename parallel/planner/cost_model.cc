@@ -132,9 +132,11 @@ MemoryEstimate ModelStateBytes(Strategy strategy, double params, int dp, const P
       memory = {.param_bytes = p, .grad_bytes = g / dp, .optimizer_bytes = k / dp};
       break;
     case Strategy::kZero3:
-    case Strategy::kFsdp:
-      memory = {.param_bytes = p / dp, .grad_bytes = g / dp, .optimizer_bytes = k / dp};
+    case Strategy::kFsdp: {
+      const double masters = precision.shard_is_master ? sizeof(float) * params : 0;
+      memory = {.param_bytes = p / dp, .grad_bytes = g / dp, .optimizer_bytes = (k - masters) / dp};
       break;
+    }
   }
   if (offload) {
     memory.host_bytes = memory.optimizer_bytes;

@@ -37,13 +37,17 @@ struct Precision {
   double activation_bytes = 2;  // per activation element
   double reduce_bytes = 2;      // per gradient element in the data-parallel reductions
   double gather_bytes = 2;      // per parameter element in the data-parallel all-gathers
+  // The 4 bytes of float32 master a parameter has in K are its shard under ZeRO-3 and FSDP, not
+  // a copy apart: dtrain's bf16 parameters round the shard as each unit is gathered.
+  bool shard_is_master = false;
 
   static Precision MixedBf16() { return {}; }
   static Precision Fp32() { return {4, 4, 8, 4, 4, 4}; }
   // What dtrain's trainer holds (float32 values on every backend) and sends: Fp32, or at bf16
-  // parameters (run.precision) also their float32 masters (K = 12) and all-gathers of 2 bytes.
+  // parameters (run.precision) also their float32 masters (K = 12; the shard itself under
+  // ZeRO-3 and FSDP) and all-gathers of 2 bytes.
   static Precision Trainer(bool bf16_params) {
-    return bf16_params ? Precision{4, 4, 12, 4, 4, 2} : Fp32();
+    return bf16_params ? Precision{4, 4, 12, 4, 4, 2, /*shard_is_master=*/true} : Fp32();
   }
 };
 

@@ -170,37 +170,43 @@ TEST(RankMemoryTest, EachRankChecksItsOwnGpu) {
 // pipeline stage or tensor-parallel shard) whose activations, micro-batches of 64, dominate
 // (with gradient buckets of 1 MB).
 TEST(RankMemoryTest, TooLargeNamesThePlannersLayoutThatFits) {
-  const std::vector<std::string> big_batches = {"model.d_model=64", "train.batch_size=64",
-                                                "train.micro_batch=64", "parallel.bucket_mb=1"};
-  const absl::StatusOr<Recipe> recipe = SmallRecipeWith(big_batches);
-  ASSERT_TRUE(recipe.ok()) << recipe.status();
-  const ShardingStrategy ddp = *ShardingStrategyFromRecipe(recipe->parallel);
-  const RankMemory needed = EstimateRankMemory(
-      *recipe, ModelConfigFromRecipe(recipe->model, recipe->d_ff()), ddp, Recompute::kNone, 1);
-  const Backend::Memory gpu{"GPU 0", needed.total_bytes() / 2, false};
-  const absl::Status status = CheckRankMemory(*recipe, needed, gpu, ddp, 1, 1, 1);
-  ASSERT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
-  const std::string message(status.message());
-  const std::string intro = "the planner's layout for 1 rank of ";
-  ASSERT_THAT(message, HasSubstr(intro)) << message;
-  // "(--set parallel.strategy=zero3 --set parallel.tp=1 ... --set train.micro_batch=2)"
-  const size_t open = message.find("(--set ", message.find(intro));
-  const std::vector<std::string> words =
-      absl::StrSplit(message.substr(open + 1, message.find(')', open) - open - 1), ' ');
-  std::vector<std::string> sets;
-  for (size_t i = 0; i + 1 < words.size(); i += 2) {
-    ASSERT_EQ(words[i], "--set") << message;
-    sets.push_back(words[i + 1]);
+  for (const char* precision : {"run.precision=fp32", "run.precision=bf16"}) {
+    SCOPED_TRACE(precision);
+    const std::vector<std::string> big_batches = {"model.d_model=64", "train.batch_size=64",
+                                                  "train.micro_batch=64", "parallel.bucket_mb=1",
+                                                  precision};
+    const absl::StatusOr<Recipe> recipe = SmallRecipeWith(big_batches);
+    ASSERT_TRUE(recipe.ok()) << recipe.status();
+    const ShardingStrategy ddp =
+        *ShardingStrategyFromRecipe(recipe->parallel, recipe->bf16_params());
+    const RankMemory needed = EstimateRankMemory(
+        *recipe, ModelConfigFromRecipe(recipe->model, recipe->d_ff()), ddp, Recompute::kNone, 1);
+    const Backend::Memory gpu{"GPU 0", needed.total_bytes() / 2, false};
+    const absl::Status status = CheckRankMemory(*recipe, needed, gpu, ddp, 1, 1, 1);
+    ASSERT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+    const std::string message(status.message());
+    const std::string intro = "the planner's layout for 1 rank of ";
+    ASSERT_THAT(message, HasSubstr(intro)) << message;
+    // "(--set parallel.strategy=zero3 --set parallel.tp=1 ... --set train.micro_batch=2)"
+    const size_t open = message.find("(--set ", message.find(intro));
+    const std::vector<std::string> words =
+        absl::StrSplit(message.substr(open + 1, message.find(')', open) - open - 1), ' ');
+    std::vector<std::string> sets;
+    for (size_t i = 0; i + 1 < words.size(); i += 2) {
+      ASSERT_EQ(words[i], "--set") << message;
+      sets.push_back(words[i + 1]);
+    }
+    sets.insert(sets.begin(), big_batches.begin(), big_batches.end());
+    absl::StatusOr<Recipe> fitting = SmallRecipeWith(sets);
+    ASSERT_TRUE(fitting.ok()) << fitting.status();
+    const ShardingStrategy strategy =
+        *ShardingStrategyFromRecipe(fitting->parallel, fitting->bf16_params());
+    const RankMemory memory =
+        EstimateRankMemory(*fitting, ModelConfigFromRecipe(fitting->model, fitting->d_ff()),
+                           strategy, *ParseRecompute(fitting->parallel.recompute), 1);
+    EXPECT_LT(memory.total_bytes(), needed.total_bytes()) << message;
+    EXPECT_TRUE(CheckRankMemory(*fitting, memory, gpu, strategy, 1, 1, 1).ok()) << message;
   }
-  sets.insert(sets.begin(), big_batches.begin(), big_batches.end());
-  absl::StatusOr<Recipe> fitting = SmallRecipeWith(sets);
-  ASSERT_TRUE(fitting.ok()) << fitting.status();
-  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(fitting->parallel);
-  const RankMemory memory =
-      EstimateRankMemory(*fitting, ModelConfigFromRecipe(fitting->model, fitting->d_ff()), strategy,
-                         *ParseRecompute(fitting->parallel.recompute), 1);
-  EXPECT_LT(memory.total_bytes(), needed.total_bytes()) << message;
-  EXPECT_TRUE(CheckRankMemory(*fitting, memory, gpu, strategy, 1, 1, 1).ok()) << message;
 }
 
 // The ranks of one machine share its memory: two that each fit alone do not fit together.

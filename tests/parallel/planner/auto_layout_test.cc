@@ -98,6 +98,33 @@ TEST(AutoLayoutTest, NoNoteWhenTheBestLayoutIsRunnable) {
   EXPECT_EQ(resolved->layout.world_size(), 2);
 }
 
+// The layout a rank that does not fit is told to use is planned in what the trainer holds: at
+// bf16 parameters, DDP keeps their float32 masters beside the moments (12 bytes a parameter),
+// while ZeRO-3's shard is the masters (8 bytes of moments over the ranks).
+TEST(AutoLayoutTest, PlanForMemoryCountsWhatTheTrainerHolds) {
+  for (const bool bf16 : {false, true}) {
+    const Recipe recipe =
+        testing::ShippedRecipe("tiny", {bf16 ? "run.precision=bf16" : "run.precision=fp32"});
+    const absl::StatusOr<Plan> plan = PlanForMemory(recipe, 1, 2, kGiB, TrainerLayouts(2));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const double params = static_cast<double>(plan->workload.model.num_parameters());
+    int seen = 0;
+    for (const Candidate& candidate : plan->candidates) {
+      const Layout& layout = candidate.layout;
+      if (candidate.verdict == Verdict::kInvalid || layout.dp != 2) continue;
+      const double optimizer = candidate.estimate.memory.optimizer_bytes;
+      if (layout.strategy == Strategy::kDdp) {
+        EXPECT_DOUBLE_EQ(optimizer, (bf16 ? 12 : 8) * params) << bf16;
+        ++seen;
+      } else if (layout.strategy == Strategy::kZero3) {
+        EXPECT_DOUBLE_EQ(optimizer, 8 * params / 2) << bf16;
+        ++seen;
+      }
+    }
+    EXPECT_GE(seen, 2) << bf16;
+  }
+}
+
 TEST(AutoLayoutTest, ErrorsNameTheProblem) {
   const Recipe recipe = testing::ShippedRecipe("llama-70b");
   absl::StatusOr<AutoLayout> odd = ResolveAutoLayout(recipe, 12, DataParallelOnly());
