@@ -186,16 +186,21 @@ PipelineCosts PipelineFlopsPerToken(const ModelConfig& model, int seq_len, Recom
       .head = HeadFlopsPerToken(model)};
 }
 
-double ParamsPerRank(const ModelConfig& model, int tp, int pp) {
+double StageParams(const ModelConfig& model, const ModelSlice& slice) {
   const ParamSplit split = SplitParams(model);
-  const double blocks = split.per_layer * (model.n_layer / pp);
-  if (pp == 1) return static_cast<double>(model.num_parameters()) / tp;
-  // The first stage holds the embedding; the last the final norm and the head, or for a tied
-  // head a copy of the embedding (Megatron-LM keeps one on each end and all-reduces its grads).
-  const double first = blocks + split.embedding;
-  const double last =
-      blocks + split.final_norm + (model.tied_head() ? split.embedding : split.head);
-  return std::max(first, last) / tp;
+  const std::vector<BlockSpan> chunks = ChunksOf(model, slice);
+  double params = 0;
+  for (const BlockSpan& chunk : chunks) params += split.per_layer * chunk.count;
+  // The embedding with the first block; the final norm and the head with the last, or for a
+  // tied head a copy of the embedding on a later stage (Megatron-LM keeps one on each end and
+  // all-reduces its gradients).
+  const bool first = chunks.front().first == 0;
+  if (first) params += split.embedding;
+  if (chunks.back().end() == model.n_layer) {
+    const double head_copy = static_cast<double>(model.vocab_size) * model.d_model;
+    params += split.final_norm + (!model.tied_head() ? split.head : first ? 0 : head_copy);
+  }
+  return params / slice.tp_size;
 }
 
 Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, const Layout& layout,
@@ -213,12 +218,9 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   estimate.micro_batches = m;
 
   // ---- Memory of the most loaded stage. ----
-  const double params = ParamsPerRank(model, t, p);
-  MemoryEstimate& memory = estimate.memory;
-  memory = ModelStateBytes(layout.strategy, params, dp, precision, layout.offload);
-  // A stage holds the schedule's micro-batches in flight, as many activation slots as the
-  // trainer gives it (PipelineActivationSlots), each of its largest model chunk, on the blocks
-  // the trainer assigns it: under 1F1B min(p, m) on the first stage and one on the last; under
+  // Each stage on the blocks the trainer assigns it. It holds the schedule's micro-batches in
+  // flight, as many activation slots as the trainer gives it (PipelineActivationSlots), each of
+  // its largest model chunk: under 1F1B min(p, m) on the first stage and one on the last; under
   // GPipe every micro-batch of the step on each; interleaved, Megatron's warm-up of chunks.
   const PipelineShape shape{
       .schedule = layout.schedule, .stages = p, .virtual_stages = v, .micro_batches = m};
@@ -226,32 +228,41 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   const StageAssignment assignment =
       p == 1 ? StageAssignment{}
              : AssignStages(PipelineFlopsPerToken(model, s, layout.recompute), p, v).value();
+  const bool sharded_params =
+      layout.strategy == Strategy::kZero3 || layout.strategy == Strategy::kFsdp;
+  const auto stage_memory = [&](const ModelSlice& slice, double params, int activation_slots) {
+    MemoryEstimate memory = ModelStateBytes(layout.strategy, params, dp, precision, layout.offload);
+    memory.activation_bytes = StageActivationBytes(model, b, s, layout.recompute, slice, sp,
+                                                   activation_slots, precision.activation_bytes);
+    if (sharded_params && p > 1) {
+      // Pipelined, the stage's parameters stay gathered from the first forward to the last
+      // backward of the step, and its whole gradient accumulates until the reduce-scatter after
+      // the last backward (DataParallelEngine::BeginPipelinedStep).
+      memory.temporary_bytes = params * (precision.param_bytes + precision.grad_bytes);
+    } else if (sharded_params) {
+      // A unit (one block, or the embedding) gathered for compute, the next one prefetched, and
+      // the unit's full gradient before its reduce-scatter.
+      const double unit = std::max(split.per_layer, split.embedding) / t;
+      memory.temporary_bytes = unit * (2 * precision.param_bytes + precision.grad_bytes);
+    } else if (layout.strategy == Strategy::kZero2 && p > 1) {
+      // Pipelined, the stage's whole gradient accumulates until the step's last backward.
+      memory.temporary_bytes = params * precision.grad_bytes;
+    } else {
+      memory.temporary_bytes = 2 * assumptions.bucket_mib * kMiB;  // bucket filling + in flight
+    }
+    return memory;
+  };
+  // The parameters of the stage with the most: what its data-parallel group moves.
+  double params = 0;
+  MemoryEstimate& memory = estimate.memory;
   for (int stage = 0; stage < p; ++stage) {
     ModelSlice slice{.tp_size = t};
     if (p > 1) slice.chunks = StageChunks(assignment, stage);
-    memory.activation_bytes =
-        std::max(memory.activation_bytes,
-                 StageActivationBytes(model, b, s, layout.recompute, slice, sp,
-                                      p == 1 ? 1 : PipelineActivationSlots(shape, stage),
-                                      precision.activation_bytes));
-  }
-  const bool sharded_params =
-      layout.strategy == Strategy::kZero3 || layout.strategy == Strategy::kFsdp;
-  if (sharded_params && p > 1) {
-    // Pipelined, the stage's parameters stay gathered from the first forward to the last
-    // backward of the step, and its whole gradient accumulates until the reduce-scatter after
-    // the last backward (DataParallelEngine::BeginPipelinedStep).
-    memory.temporary_bytes = params * (precision.param_bytes + precision.grad_bytes);
-  } else if (sharded_params) {
-    // A unit (one block, or the embedding) gathered for compute, the next one prefetched, and
-    // the unit's full gradient before its reduce-scatter.
-    const double unit = std::max(split.per_layer, split.embedding) / t;
-    memory.temporary_bytes = unit * (2 * precision.param_bytes + precision.grad_bytes);
-  } else if (layout.strategy == Strategy::kZero2 && p > 1) {
-    // Pipelined, the stage's whole gradient accumulates until the step's last backward.
-    memory.temporary_bytes = params * precision.grad_bytes;
-  } else {
-    memory.temporary_bytes = 2 * assumptions.bucket_mib * kMiB;  // bucket being filled + in flight
+    const double stage_params = StageParams(model, slice);
+    params = std::max(params, stage_params);
+    const MemoryEstimate stage_estimate =
+        stage_memory(slice, stage_params, p == 1 ? 1 : PipelineActivationSlots(shape, stage));
+    if (stage_estimate.device_bytes() > memory.device_bytes()) memory = stage_estimate;
   }
   memory.runtime_bytes = assumptions.runtime_gib * kGiB;
 

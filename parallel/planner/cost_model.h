@@ -174,12 +174,14 @@ double CollectiveMs(Collective collective, double bytes, int group_size, int ran
 // Training FLOPs per token of each piece a pipeline stage holds, as EstimateLayout counts them:
 // forward and backward of every block (6 per matmul parameter plus attention) with what
 // `recompute` repeats, and of the head's output projection. The embedding is a lookup with no
-// matmul: 0 (what the first stage carries more is memory, which ParamsPerRank counts). The
+// matmul: 0 (what the first stage carries more is memory, which StageParams counts). The
 // stage assignment balances on these (parallel/pipeline/stage_assignment.h).
 PipelineCosts PipelineFlopsPerToken(const ModelConfig& model, int seq_len, Recompute recompute);
 
-// Parameters one rank of the most loaded pipeline stage holds (TP and PP division).
-double ParamsPerRank(const ModelConfig& model, int tp, int pp);
+// Parameters a rank holding `slice` keeps: its blocks, the embedding with the first block, and
+// with the last the final norm and the head (for a tied head, a copy of the embedding when the
+// first block is on another stage), over slice.tp_size ranks.
+double StageParams(const ModelConfig& model, const ModelSlice& slice);
 
 // The whole estimate. Precondition: the layout is valid for the workload and cluster
 // (search.h's CheckLayout).

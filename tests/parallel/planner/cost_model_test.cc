@@ -148,7 +148,7 @@ TEST(CostModelTest, TrafficPerStepFollowsTheStrategy) {
   EXPECT_DOUBLE_EQ(
       tp_estimate.tp.payload_bytes,
       tp_estimate.micro_batches * ((24 * 4 + 2) * per_all_reduce + softmax_stats) + sizeof(double));
-  EXPECT_DOUBLE_EQ(tp_estimate.dp.payload_bytes, 2 * ParamsPerRank(workload.model, 4, 1));
+  EXPECT_DOUBLE_EQ(tp_estimate.dp.payload_bytes, 2 * StageParams(workload.model, {.tp_size = 4}));
 }
 
 // parallel.reduce_dtype sets the bytes a gradient moves in the data-parallel reductions, and
@@ -260,7 +260,8 @@ TEST(CostModelTest, PipelineActivationsAreTheSchedulesMicroBatchesInFlight) {
 TEST(CostModelTest, PipelinedShardingMovesTheStageOncePerStep) {
   const ClusterSpec cluster = testing::CatalogCluster(4, "a100-80gb", "ib-hdr");
   const Workload workload = Gpt2Workload(256);
-  const double stage = ParamsPerRank(workload.model, 1, 4);
+  // The first stage, blocks 0-6 and the embedding, has the most (PipelineActivations... above).
+  const double stage = StageParams(workload.model, {.chunks = {{0, 7}}});
   for (const Strategy strategy : {Strategy::kZero2, Strategy::kZero3, Strategy::kFsdp}) {
     const Layout layout{.strategy = strategy, .pp = 4, .dp = 8, .micro_batch = 2};
     const Estimate estimate = EstimateLayout(workload, cluster, layout);
