@@ -577,7 +577,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
       cpu_backend != nullptr
           ? absl::StrCat("CPU backend (", cpu_backend->num_threads(), " threads")
           : absl::StrCat("CUDA backend (", backend.AvailableMemory().name, ", cuBLASLt"),
-      ", matmul precision ", recipe.run.matmul_precision, ")");
+      ", matmul precision ", recipe.matmul_precision(), ")");
   const ParamTable table(config, slice);
   std::unique_ptr<CommTensorParallel> tensor_parallel;
   if (groups.tp) tensor_parallel = std::make_unique<CommTensorParallel>(*groups.tp, kv_replicas);
@@ -815,7 +815,7 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
                                                  world.world_size, world.rank));
   RETURN_IF_ERROR(CheckBatchSplit(recipe.train, mesh.shape().dp));
   ASSIGN_OR_RETURN(const MatmulPrecision matmul_precision,
-                   ParseMatmulPrecision(recipe.run.matmul_precision));
+                   ParseMatmulPrecision(recipe.matmul_precision()));
   const auto make_backend = [&] {
     return MakeBackend(recipe.run.device, recipe.run.threads, world.local_rank, matmul_precision);
   };

@@ -101,8 +101,10 @@ const std::vector<KeySpec>& Keys() {
       {DTRAIN_RECIPE_KEY(run, matmul_precision),
        "inputs of the linear layers' and the head's float32 GEMMs, as PyTorch's "
        "set_float32_matmul_precision: highest float32, high TF32, medium bfloat16 (tensor cores "
-       "on the GPU; the CPU rounds the inputs alike); float32 sums and values at every level",
-       {"highest", "high", "medium"}},
+       "on the GPU; the CPU rounds the inputs alike); float32 sums and values at every level; "
+       "auto = medium on cuda when the parameters are bf16 (run.precision; PyTorch's bf16 "
+       "autocast multiplies alike), highest otherwise",
+       {"auto", "highest", "high", "medium"}},
       {DTRAIN_RECIPE_KEY(run, precision),
        "the parameters the model computes with (PyTorch FSDP's param_dtype): bf16 = each step's "
        "float32 master weights rounded to bfloat16 (to nearest even), which the ZeRO-1/2/3 and "
@@ -1232,6 +1234,11 @@ int Recipe::d_ff() const {
 
 bool Recipe::bf16_params() const {
   return run.precision == "bf16" || (run.precision == "auto" && run.device == "cuda");
+}
+
+std::string Recipe::matmul_precision() const {
+  if (run.matmul_precision != "auto") return run.matmul_precision;
+  return run.device == "cuda" && bf16_params() ? "medium" : "highest";
 }
 
 std::string Recipe::run_dir() const { return absl::StrCat(run.out_dir, "/", run.name); }

@@ -18,9 +18,9 @@ struct RunSection {
   std::string name = "dtrain";  // names the run's output folder <out_dir>/<name>
   std::string out_dir = "runs";
   uint64_t seed = 1337;
-  std::string device = "cpu";                // cpu | cuda
-  int threads = 0;                           // worker threads for CPU kernels; 0 = all cores
-  std::string matmul_precision = "highest";  // highest | high | medium (matmul_precision.h)
+  std::string device = "cpu";             // cpu | cuda
+  int threads = 0;                        // worker threads for CPU kernels; 0 = all cores
+  std::string matmul_precision = "auto";  // auto | highest | high | medium (matmul_precision.h)
   std::string precision = "auto";  // auto | fp32 | bf16: the parameters the model computes with
 };
 
@@ -157,6 +157,9 @@ struct Recipe {
   // run.precision resolved: bf16 parameters (over float32 masters) for compute, the default on
   // cuda, or float32 throughout.
   bool bf16_params() const;
+  // run.matmul_precision resolved: auto is medium (the bf16 tensor cores, as under PyTorch's
+  // bf16 autocast) on cuda with bf16 parameters, highest otherwise.
+  std::string matmul_precision() const;
   std::string run_dir() const;  // <run.out_dir>/<run.name>
   // checkpoint.dir resolved: <run dir>/checkpoints when empty, relative to the run dir.
   std::string checkpoint_dir() const;

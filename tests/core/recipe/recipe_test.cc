@@ -97,6 +97,25 @@ TEST(RecipeTest, PrecisionAutoIsBf16OnCudaOnly) {
               AllOf(HasSubstr("run.precision"), HasSubstr("bf16")));
 }
 
+// bf16 parameters on the GPU multiply on the bf16 tensor cores unless the recipe says otherwise;
+// on the CPU, whose sgemm gains nothing from rounded inputs, and in float32, GEMMs stay float32.
+TEST(RecipeTest, MatmulPrecisionAutoIsMediumForBf16ParametersOnCuda) {
+  Recipe recipe;
+  EXPECT_EQ(recipe.run.matmul_precision, "auto");
+  EXPECT_EQ(recipe.matmul_precision(), "highest");
+  recipe.run.precision = "bf16";
+  EXPECT_EQ(recipe.matmul_precision(), "highest");
+  recipe.run.device = "cuda";
+  EXPECT_EQ(recipe.matmul_precision(), "medium");
+  recipe.run.precision = "auto";
+  EXPECT_EQ(recipe.matmul_precision(), "medium");
+  recipe.run.matmul_precision = "high";
+  EXPECT_EQ(recipe.matmul_precision(), "high");
+  recipe.run.matmul_precision = "auto";
+  recipe.run.precision = "fp32";
+  EXPECT_EQ(recipe.matmul_precision(), "highest");
+}
+
 TEST(RecipeTest, UnknownKeySuggestsNearest) {
   const std::string error = ErrorOf(WithMinimal("train:\n  steps: 10\n  lrr: 0.1\n"));
   EXPECT_THAT(error, AllOf(HasSubstr("unknown key train.lrr"), HasSubstr("t.yaml:5:3"),
