@@ -449,8 +449,11 @@ void CudaBackend::EmbeddingForward(float* out, const int32_t* tokens, const floa
 void CudaBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
                                     const float* dout, const int32_t* tokens, int b, int t, int c,
                                     int vocab_begin, int vocab_end, const int32_t* positions) {
-  cuda::EmbeddingBackward<float>(dtoken_embedding, dposition_embedding, dout, tokens, b, t, c,
-                                 vocab_begin, vocab_end, positions, stream_);
+  const size_t scratch_bytes = cuda::EmbeddingBackwardScratchBytes(static_cast<size_t>(b) * t);
+  float* scratch = Scratch(embedding_sort_, (scratch_bytes + sizeof(float) - 1) / sizeof(float));
+  Check(cuda::EmbeddingBackward<float>(dtoken_embedding, dposition_embedding, dout, tokens, b, t, c,
+                                       vocab_begin, vocab_end, positions, scratch, stream_),
+        "EmbeddingBackward's sort of the ids");
   CheckLaunch("EmbeddingBackward");
 }
 

@@ -151,12 +151,13 @@ class CudaBackend : public Backend {
   cudaMemPool_t pool_;    // the device's default pool, which Allocate draws from
   size_t free_at_start_;  // the GPU's free memory before this backend allocated any
   MatmulPrecision matmul_precision_;
-  Allocations allocations_;  // before the buffers below, which free into it
-  DeviceBuffer workspace_;   // cuBLASLt's, kWorkspaceBytes
-  DeviceBuffer ones_;        // 1.0f each
-  DeviceBuffer logits_;      // the classifier's (chunk, V) logits
-  DeviceBuffer losses_;      // (N) the classifier's per-row losses
-  DeviceBuffer block_sums_;  // SumSquares's per-block sums
+  Allocations allocations_;      // before the buffers below, which free into it
+  DeviceBuffer workspace_;       // cuBLASLt's, kWorkspaceBytes
+  DeviceBuffer ones_;            // 1.0f each
+  DeviceBuffer logits_;          // the classifier's (chunk, V) logits
+  DeviceBuffer losses_;          // (N) the classifier's per-row losses
+  DeviceBuffer block_sums_;      // SumSquares's per-block sums
+  DeviceBuffer embedding_sort_;  // EmbeddingBackward's ids sorted with their rows
   // CopyFromHost's pinned slots, used in turn; `copied` is recorded after the copy out of one.
   struct StagingSlot {
     void* pinned = nullptr;

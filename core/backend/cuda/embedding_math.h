@@ -2,10 +2,10 @@
 // out (B*T, C) = token_embedding[token - vocab_begin] + position_embedding[position], a token
 // outside the rank's rows [vocab_begin, vocab_end) looking up zeros, a null position table adding
 // nothing; the position is t, or the token's position in its document (positions_math.h).
-// Backward accumulates deterministically, without atomics: one thread owns a column and adds the
-// rows in order, as the CPU backend does, so repeated tokens (or, with documents, repeated
-// positions) sum in the same order on every run. For bf16 tables each addition into the table
-// rounds.
+// Backward accumulates deterministically, without atomics: the rows are sorted by id (stably),
+// and one thread owns an id's run in one column and adds its rows in order, as the CPU backend
+// does, so repeated tokens (or, with documents, repeated positions) sum in the same order on
+// every run. For bf16 tables a run sums in float32 and rounds once into the table.
 #pragma once
 
 #include <cstddef>
@@ -44,18 +44,31 @@ DTRAIN_HD void PositionEmbeddingGrad(T* dposition_embedding, const T* dout, int 
   dposition_embedding[at] = FromFloat<T>(sum);
 }
 
-// Column j of a table's gradient dtable (id_end - id_begin, C) += dout's rows (B*T, C), in order,
-// row r into the table's row for ids[r]: the token table with the token ids, or the position
-// table with the documents' positions (ids [0, T)).
+// A table's gradient dtable (id_end - id_begin, C) += dout's rows (B*T, C), row r into the
+// table's row for ids[r]: the token table with the token ids, or the position table with the
+// documents' positions (ids [0, T)). The ids come sorted, stably, with their row indices
+// (sorted_ids and sorted_rows, `count` each), so that the rows of one id are a run, in row order.
+
+// Whether sorted position i starts a run.
+DTRAIN_HD inline bool StartsRun(const int32_t* sorted_ids, size_t i) {
+  return i == 0 || sorted_ids[i] != sorted_ids[i - 1];
+}
+
+// For the run starting at sorted position i (StartsRun), column j of its id's table row += the
+// run's dout rows in row order, summed in float32 and rounded once (nothing for an id outside
+// [id_begin, id_end)). Each run has one owner and adds in row order as the CPU backend does:
+// deterministic, without atomics, and in float32 the CPU's sums exactly.
 template <typename T>
-DTRAIN_HD void EmbeddingGradColumn(T* dtable, const T* dout, const int32_t* ids, size_t rows, int c,
-                                   int id_begin, int id_end, int j) {
-  for (size_t row = 0; row < rows; ++row) {
-    T* grad_row = TokenRow(dtable, ids[row], c, id_begin, id_end);
-    if (grad_row != nullptr) {
-      grad_row[j] = FromFloat<T>(ToFloat(grad_row[j]) + ToFloat(dout[row * c + j]));
-    }
+DTRAIN_HD void EmbeddingGradRun(T* dtable, const T* dout, const int32_t* sorted_ids,
+                                const int32_t* sorted_rows, size_t count, int c, int id_begin,
+                                int id_end, size_t i, int j) {
+  T* grad_row = TokenRow(dtable, sorted_ids[i], c, id_begin, id_end);
+  if (grad_row == nullptr) return;
+  float sum = ToFloat(grad_row[j]);
+  for (size_t k = i; k < count && sorted_ids[k] == sorted_ids[i]; ++k) {
+    sum += ToFloat(dout[static_cast<size_t>(sorted_rows[k]) * c + j]);
   }
+  grad_row[j] = FromFloat<T>(sum);
 }
 
 }  // namespace dtrain::cuda

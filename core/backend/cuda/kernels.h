@@ -84,15 +84,21 @@ void RopeBackward(T* dqkv, const AttentionShape& shape, double theta, int pos_of
 
 // embedding_math.h. tokens (B, T); token_embedding (vocab_end - vocab_begin, C); position_embedding
 // (maxT, C) or null; out (B*T, C). Forward: one thread per 16-byte pack of out. Backward: the
-// tables += (the position table skipped when null), one thread per column.
+// tables += (the position table skipped when null): the ids sorted with their rows (CUB's stable
+// radix sort) into `scratch`, EmbeddingBackwardScratchBytes(B*T) bytes of device memory, then one
+// thread per (run of an id, column); without documents the position table one thread per
+// (position, column). Returns the sort's error if it failed to start (the kernels' show as
+// launch errors).
+size_t EmbeddingBackwardScratchBytes(size_t rows);
 template <typename T>
 void EmbeddingForward(T* out, const int32_t* tokens, const T* token_embedding,
                       const T* position_embedding, int b, int t, int c, int vocab_begin,
                       int vocab_end, const int32_t* positions, cudaStream_t stream);
 template <typename T>
-void EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const T* dout,
-                       const int32_t* tokens, int b, int t, int c, int vocab_begin, int vocab_end,
-                       const int32_t* positions, cudaStream_t stream);
+cudaError_t EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const T* dout,
+                              const int32_t* tokens, int b, int t, int c, int vocab_begin,
+                              int vocab_end, const int32_t* positions, void* scratch,
+                              cudaStream_t stream);
 
 // elementwise_math.h. out = a + b (n). *sum_squares (one double, device memory) += the sum of
 // squares of x (n); block_sums: scratch of SumSquaresBlocks(n) floats. AddSum: *total (one

@@ -1,7 +1,9 @@
 #include "core/backend/cuda/embedding_math.h"
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "core/backend/cpu/embedding.h"
@@ -18,26 +20,37 @@ using testing::Load;
 using testing::Store;
 
 // A vocabulary-parallel rank's rows [2, 7) of a 10-token vocabulary; tokens repeat (5 three
-// times) and fall outside the rank's rows on both sides (0, and 7 = vocab_end).
+// times, not in a row) and fall outside the rank's rows on both sides (0, and 7 = vocab_end).
 constexpr int kB = 2, kT = 4, kC = 20, kMaxT = 6, kVocabBegin = 2, kVocabEnd = 7;
 const std::vector<int32_t> kTokens = {5, 0, 3, 5, 7, 6, 5, 2};
 // Documents packed into the rows: [0, 2) and [2, 4), then [0, 3) and [3, 4); position 0 repeats
 // four times.
 const std::vector<int32_t> kPositions = {0, 1, 0, 1, 0, 1, 2, 0};
 
-// A table's bf16 gradient accumulated row by row against the CPU's fp32: bf16 rounds after each
-// of an entry's k additions (k <= 4 here), the CPU once; each rounding moves the partial sum by
-// at most 2^-8 of its magnitude, which stays below |initial| + sum |dout| <= 5 here.
-void ExpectAccumulated(const std::vector<Bf16>& actual, const std::vector<float>& expected,
-                       const char* what) {
-  for (size_t i = 0; i < actual.size(); ++i) {
-    ASSERT_NEAR(ToFloat(actual[i]), expected[i], 4 * std::ldexp(5.0, -8))
-        << what << "[" << i << "]";
-  }
+// The ids (rows) sorted stably with their row indices, as EmbeddingBackward's radix sort.
+struct Sorted {
+  std::vector<int32_t> ids, rows;
+};
+Sorted SortStably(const int32_t* ids, size_t count) {
+  Sorted sorted{.ids = {}, .rows = std::vector<int32_t>(count)};
+  std::iota(sorted.rows.begin(), sorted.rows.end(), 0);
+  std::stable_sort(sorted.rows.begin(), sorted.rows.end(),
+                   [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+  for (const int32_t row : sorted.rows) sorted.ids.push_back(ids[row]);
+  return sorted;
 }
-void ExpectAccumulated(const std::vector<float>& actual, const std::vector<float>& expected,
-                       const char* what) {
-  ExpectFloatMatches(actual, expected, what);
+
+// The backward kernel's index space over a table: every (sorted position, column).
+template <typename T>
+void TableGrad(T* dtable, const T* dout, const int32_t* ids, int id_begin, int id_end) {
+  const Sorted sorted = SortStably(ids, kB * kT);
+  for (size_t i = 0; i < sorted.ids.size(); ++i) {
+    if (!StartsRun(sorted.ids.data(), i)) continue;
+    for (int j = 0; j < kC; ++j) {
+      EmbeddingGradRun(dtable, dout, sorted.ids.data(), sorted.rows.data(), sorted.ids.size(), kC,
+                       id_begin, id_end, i, j);
+    }
+  }
 }
 
 // with_positions: a learned position table (GPT-2) or none (Llama); positions: documents packed
@@ -54,8 +67,8 @@ void CheckEmbedding(bool with_positions, const int32_t* positions) {
   const std::vector<T> dwpe0 = Store<T>(testing::RandomFloats(kMaxT * kC, 5));
   const T* position_table = with_positions ? wpe.data() : nullptr;
 
-  // The kernels' index spaces: every (row, j) of out; every column of the token table; every
-  // (position, j) of the position table, or with documents every column of it.
+  // The kernels' index spaces: every (row, j) of out; every (run, j) of the token table; every
+  // (position, j) of the position table, or with documents every (run, j) of it.
   std::vector<T> out(kB * kT * kC), dwte = dwte0, dwpe = dwpe0;
   for (int row = 0; row < kB * kT; ++row) {
     const T* token_row = TokenRow(wte.data(), kTokens[row], kC, kVocabBegin, kVocabEnd);
@@ -65,12 +78,9 @@ void CheckEmbedding(bool with_positions, const int32_t* positions) {
           with_positions ? position_table + TokenPosition(positions, row, kT) * kC + j : nullptr);
     }
   }
-  for (int j = 0; j < kC; ++j) {
-    EmbeddingGradColumn(dwte.data(), dout.data(), kTokens.data(), kB * kT, kC, kVocabBegin,
-                        kVocabEnd, j);
-    if (with_positions && positions != nullptr) {
-      EmbeddingGradColumn(dwpe.data(), dout.data(), positions, kB * kT, kC, 0, kT, j);
-    }
+  TableGrad(dwte.data(), dout.data(), kTokens.data(), kVocabBegin, kVocabEnd);
+  if (with_positions && positions != nullptr) {
+    TableGrad(dwpe.data(), dout.data(), positions, 0, kT);
   }
   if (with_positions && positions == nullptr) {
     for (int position = 0; position < kT; ++position) {
@@ -89,12 +99,12 @@ void CheckEmbedding(bool with_positions, const int32_t* positions) {
                          Load(dout).data(), kTokens.data(), kB, kT, kC, kVocabBegin, kVocabEnd,
                          nullptr, positions);
   ExpectMatches(out, out_cpu, "out");
-  ExpectAccumulated(dwte, dwte_cpu, "dtoken_embedding");
-  // Without documents the position table's kernel sums a column's batches in fp32 and rounds once.
-  if (positions == nullptr) {
-    ExpectMatches(dwpe, dwpe_cpu, "dposition_embedding");
-  } else {
-    ExpectAccumulated(dwpe, dwpe_cpu, "dposition_embedding");
+  // Each table entry sums its rows in the CPU's order in float32 and rounds once.
+  ExpectMatches(dwte, dwte_cpu, "dtoken_embedding");
+  ExpectMatches(dwpe, dwpe_cpu, "dposition_embedding");
+  if constexpr (std::is_same_v<T, float>) {
+    EXPECT_EQ(dwte, dwte_cpu) << "the token table's sums in the CPU's order, bit for bit";
+    EXPECT_EQ(dwpe, dwpe_cpu) << "the position table's sums in the CPU's order, bit for bit";
   }
 }
 
