@@ -268,15 +268,24 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
 
   // ---- Compute. ----
   // Model FLOPs per token: 6 per matmul parameter plus attention (ModelConfig, the definition
-  // the trainer's MFU uses). A pipeline runs at the pace of its heaviest stage, the last, which
-  // also holds the output head.
+  // the trainer's MFU uses). A pipeline runs at the pace of its heaviest stage on the blocks the
+  // trainer assigns it (the whole model without one).
   const double tokens = static_cast<double>(workload.batch_size) * s;
   const double model_flops = model.flops_per_token(s) * tokens / layout.world_size();
-  const double head_flops_per_token = HeadFlopsPerToken(model);
+  int heaviest = 0;
+  for (int stage = 1; stage < p; ++stage) {
+    if (assignment.StageCost(stage) > assignment.StageCost(heaviest)) heaviest = stage;
+  }
+  const std::vector<BlockSpan> heaviest_chunks =
+      p == 1 ? ChunksOf(model, {}) : StageChunks(assignment, heaviest);
+  int heaviest_blocks = 0;
+  for (const BlockSpan& chunk : heaviest_chunks) heaviest_blocks += chunk.count;
+  const double head_flops_per_token =
+      heaviest_chunks.back().end() == model.n_layer ? HeadFlopsPerToken(model) : 0;
   const double stage_flops_per_token =
-      layers * BlockFlopsPerToken(model, s, Recompute::kNone) + head_flops_per_token;
+      heaviest_blocks * BlockFlopsPerToken(model, s, Recompute::kNone) + head_flops_per_token;
   const double executed_flops_per_token =
-      layers * BlockFlopsPerToken(model, s, layout.recompute) + head_flops_per_token;
+      heaviest_blocks * BlockFlopsPerToken(model, s, layout.recompute) + head_flops_per_token;
   const double peak_flops = cluster.peak_tflops * 1e12;
   const double flops_per_ms = 1e-3 * peak_flops * t * GemmEfficiency(workload, layout, assumptions);
   const double micro_batch_tokens = static_cast<double>(b) * s;
