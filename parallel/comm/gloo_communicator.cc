@@ -48,14 +48,6 @@ constexpr uint64_t kBroadcastSlot = 0x42;
 constexpr uint64_t kPointToPointSlot = 0x43;
 uint64_t Slot(uint64_t prefix, uint32_t tag) { return (prefix << 56) | tag; }
 
-// Progress records reach the store at most every kPublishInterval; a failing rank waits
-// kPublishSettle, one interval and a round trip, before reading its peers' records. The interval
-// is long because every publish wakes two threads (the publisher, the store's) on a machine whose
-// cores run the collectives: at 10 ms, all-reduces on two ranks sharing 2 cores ran at 0.2-0.7x
-// of gloo::allreduce below 1 MiB and 0.74-0.86x at 1-2 MiB; diagnosis is paid once, at failure.
-constexpr absl::Duration kPublishInterval = absl::Milliseconds(250);
-const absl::Duration kPublishSettle = kPublishInterval + absl::Milliseconds(100);
-
 std::chrono::milliseconds Remaining(absl::Time deadline) {
   // Gloo treats 0 as "no timeout": never pass less than 1 ms.
   return std::max(std::chrono::milliseconds(1), absl::ToChronoMilliseconds(deadline - absl::Now()));
@@ -340,9 +332,9 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, GlooCommunicato
       store_(std::move(store)),
       context_(std::move(context)),
       ledger_(std::make_shared<PointToPointLedger>()),
-      scratch_(kScratchSegments * kSegmentBytes) {
+      scratch_(kScratchSegments * kSegmentBytes),
+      progress_(store_, options_.key_prefix, options_.rank, options_.size, options_.world_ranks) {
   worker_ = std::thread([this] { WorkerLoop(); });
-  publisher_ = std::thread([this] { PublisherLoop(); });
 }
 
 GlooCommunicator::~GlooCommunicator() {
@@ -351,9 +343,7 @@ GlooCommunicator::~GlooCommunicator() {
     stopping_ = true;
   }
   queue_changed_.notify_all();
-  publisher_wake_.notify_all();
   worker_.join();
-  publisher_.join();
 }
 
 void GlooCommunicator::WorkerLoop() {
@@ -367,28 +357,6 @@ void GlooCommunicator::WorkerLoop() {
       queue_.pop_front();
     }
     task();
-  }
-}
-
-// Publishes started_seq_ as the counter "<prefix>started/<rank>", coalescing bursts: a store
-// round trip per collective would cost ~50-100 us on the critical path; this costs at most one
-// store round trip per kPublishInterval, and a notify only when the publisher was idle.
-void GlooCommunicator::PublisherLoop() {
-  int64_t published = 0;
-  std::unique_lock lock(mu_);
-  for (;;) {
-    if (!stopping_ && started_seq_ == published) {
-      publisher_idle_ = true;
-      publisher_wake_.wait(lock, [&] { return stopping_ || started_seq_ > published; });
-      publisher_idle_ = false;
-    }
-    if (stopping_) return;
-    const int64_t target = started_seq_;
-    lock.unlock();
-    if (store_->Add(StartedKey(options_.rank), target - published).ok()) published = target;
-    lock.lock();
-    publisher_wake_.wait_for(lock, absl::ToChronoMilliseconds(kPublishInterval),
-                             [&] { return stopping_; });
   }
 }
 
@@ -435,13 +403,7 @@ std::unique_ptr<Work> GlooCommunicator::EnqueueCollective(
     if (Broken()) {
       return FailedEarlier(absl::StrFormat("%s #%d on group '%s'", op_name, seq, options_.name));
     }
-    bool wake_publisher;
-    {
-      std::lock_guard lock(mu_);
-      started_seq_ = seq;
-      wake_publisher = publisher_idle_;
-    }
-    if (wake_publisher) publisher_wake_.notify_one();
+    progress_.Started(seq);
     const absl::Time start = absl::Now();
     OpStats delta;
     delta.calls = 1;
@@ -452,14 +414,7 @@ std::unique_ptr<Work> GlooCommunicator::EnqueueCollective(
       const std::string what = e.what();
       const bool timed_out = what.find("Timed out") != std::string::npos;
       std::vector<int> blamed;
-      std::string arrivals = DescribeArrivals(seq, blamed);
-      if (timed_out && blamed.empty() && options_.size == 2) {
-        // Both started it and this rank's wait ran out: only the peer can have held it up
-        // (stopped or hung inside the operation, or in another one of the same number).
-        blamed.push_back(WorldRank(1 - options_.rank));
-        absl::StrAppend(&arrivals, "; its one peer, rank ", blamed.front(),
-                        ", never completed its part (hung or stopped inside the operation)");
-      }
+      const std::string arrivals = progress_.Diagnose(seq, timed_out, blamed);
       const std::string message = absl::StrFormat(
           "%s #%d on group '%s' (%d ranks) failed at rank %d after %s%s: %s; transport: %s",
           op_name, seq, options_.name, options_.size, WorldRank(options_.rank),
@@ -478,36 +433,6 @@ std::unique_ptr<Work> GlooCommunicator::EnqueueCollective(
     total.bytes_received += delta.bytes_received;
     return status;
   });
-}
-
-std::string GlooCommunicator::DescribeArrivals(int64_t seq, std::vector<int>& never_started) {
-  absl::SleepFor(kPublishSettle);
-  std::vector<std::string> missing;
-  for (int r = 0; r < options_.size; ++r) {
-    if (r == options_.rank) continue;
-    absl::StatusOr<int64_t> started = store_->Add(StartedKey(r), 0);
-    if (!started.ok()) {
-      return absl::StrCat("could not read the peers' progress from the store: ",
-                          started.status().message());
-    }
-    if (*started < seq) {
-      never_started.push_back(WorldRank(r));
-      missing.push_back(
-          *started == 0 ? absl::StrFormat("rank %d (started no collective)", WorldRank(r))
-                        : absl::StrFormat("rank %d (last started #%d)", WorldRank(r), *started));
-    }
-  }
-  if (missing.empty()) return "every rank started this operation";
-  return absl::StrCat("never started by ", absl::StrJoin(missing, ", "),
-                      " (exited, crashed, hung, or issued different collectives)");
-}
-
-int GlooCommunicator::WorldRank(int group_rank) const {
-  return options_.world_ranks.empty() ? group_rank : options_.world_ranks[group_rank];
-}
-
-std::string GlooCommunicator::StartedKey(int group_rank) const {
-  return absl::StrCat(options_.key_prefix, "started/", group_rank);
 }
 
 // Reduce-scatter on a ring: at step t (0 .. n-2) rank r sends chunk r-t-1 to rank r+1 and

@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "parallel/comm/collective_progress.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/store/store.h"
 
@@ -125,14 +126,9 @@ class GlooCommunicator : public Communicator {
   void ChainBroadcast(std::byte* data, size_t count, size_t element_bytes, int root,
                       absl::Time deadline, OpStats& delta);
 
-  // Names the ranks that never started collective `seq` (reads the store); their world ranks
-  // are appended to `never_started`.
-  std::string DescribeArrivals(int64_t seq, std::vector<int>& never_started);
-  int WorldRank(int group_rank) const;
-  std::string StartedKey(int group_rank) const;
+  int WorldRank(int group_rank) const { return progress_.WorldRank(group_rank); }
 
   void WorkerLoop();
-  void PublisherLoop();
 
   const GlooCommunicatorOptions options_;
   const std::shared_ptr<Store> store_;
@@ -146,20 +142,15 @@ class GlooCommunicator : public Communicator {
   int64_t collective_seq_ = 0;
   absl::Status broken_;
 
-  // The worker and the publisher wait on separate condition variables, and the worker wakes
-  // the publisher only when it sleeps idle: on two cores every needless wake-up of a thread
-  // preempts the worker or Gloo's I/O thread in the middle of a collective.
+  CollectiveProgress progress_;  // the collectives started, for the peers' diagnoses
+
   mutable std::mutex mu_;
-  std::condition_variable queue_changed_;   // worker: an operation was issued, or stopping_
-  std::condition_variable publisher_wake_;  // publisher: a collective started, or stopping_
+  std::condition_variable queue_changed_;  // worker: an operation was issued, or stopping_
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
-  int64_t started_seq_ = 0;      // the newest collective started, for the publisher
-  bool publisher_idle_ = false;  // the publisher waits for a collective to start
   CommStats stats_;
 
   std::thread worker_;
-  std::thread publisher_;
 };
 
 }  // namespace dtrain

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "core/util/status.h"
+#include "parallel/comm/faulty_ranks.h"
 
 namespace dtrain {
 namespace {
@@ -14,16 +15,26 @@ namespace {
 // How often Wait looks at its event; short against a collective, long against a spin.
 constexpr absl::Duration kPollInterval = absl::Microseconds(50);
 
+// What a failed operation blames: for collective number `seq` (> 0) the peers `progress` finds
+// never started it; for a point-to-point operation with `peer_world_rank` (>= 0) that peer, when
+// it timed out.
+struct Blame {
+  CollectiveProgress* progress = nullptr;
+  int64_t seq = 0;
+  int peer_world_rank = -1;
+};
+
 class NcclWork : public Work {
  public:
   NcclWork(absl::Status status, cudaEvent_t event, ncclComm_t comm, std::string description,
-           absl::Duration timeout)
+           absl::Duration timeout, Blame blame)
       : status_(std::move(status)),
         event_(event),
         comm_(comm),
         description_(std::move(description)),
         deadline_(absl::Now() + timeout),
-        timeout_(timeout) {}
+        timeout_(timeout),
+        blame_(blame) {}
   ~NcclWork() override {
     Wait().IgnoreError();
     if (event_ != nullptr) cudaEventDestroy(event_);
@@ -37,17 +48,18 @@ class NcclWork : public Work {
       ncclResult_t async_error = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async_error);
       if (query != cudaErrorNotReady || async_error != ncclSuccess) {
-        status_ = absl::UnavailableError(absl::StrCat(description_, " failed: ",
-                                                      async_error != ncclSuccess
-                                                          ? ncclGetErrorString(async_error)
-                                                          : cudaGetErrorString(query)));
+        Fail(absl::UnavailableError(absl::StrCat(description_, " failed: ",
+                                                 async_error != ncclSuccess
+                                                     ? ncclGetErrorString(async_error)
+                                                     : cudaGetErrorString(query))),
+             /*timed_out=*/false);
         break;
       }
       if (absl::Now() > deadline_) {
         ncclCommAbort(comm_);  // unblocks the stream; the communicator is unusable after
-        status_ = absl::DeadlineExceededError(
-            absl::StrCat(description_, " did not finish within ", absl::FormatDuration(timeout_),
-                         ": a peer never issued it, exited, or issues different collectives"));
+        Fail(absl::DeadlineExceededError(absl::StrCat(description_, " did not finish within ",
+                                                      absl::FormatDuration(timeout_))),
+             /*timed_out=*/true);
         break;
       }
       absl::SleepFor(kPollInterval);
@@ -57,12 +69,32 @@ class NcclWork : public Work {
   }
 
  private:
+  // status_ becomes `failure`, saying which peers held it up and blaming them (faulty_ranks.h),
+  // as the Gloo communicator's do.
+  void Fail(const absl::Status& failure, bool timed_out) {
+    std::vector<int> blamed;
+    std::string why;
+    if (blame_.seq > 0) {
+      why = blame_.progress->Diagnose(blame_.seq, timed_out, blamed);
+    } else if (timed_out && blame_.peer_world_rank >= 0) {
+      blamed.push_back(blame_.peer_world_rank);
+      why = absl::StrCat("rank ", blame_.peer_world_rank,
+                         " never completed its side (exited, crashed, hung, or issued other "
+                         "operations)");
+    } else {
+      why = "a peer never issued it, exited, or issues different collectives";
+    }
+    status_ = absl::Status(failure.code(), absl::StrCat(failure.message(), ": ", why));
+    SetFaultyRanks(status_, blamed);
+  }
+
   absl::Status status_;
   cudaEvent_t event_;
   ncclComm_t comm_;
   std::string description_;
   absl::Time deadline_;
   absl::Duration timeout_;
+  Blame blame_;
   bool done_ = false;
 };
 
@@ -170,14 +202,17 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     ncclCommDestroy(comm);
     return status;
   }
-  return std::unique_ptr<NcclCommunicator>(
-      new NcclCommunicator(options, comm, streams[0], streams[1], streams[2], scalar));
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
+      std::move(store), options, comm, streams[0], streams[1], streams[2], scalar));
 }
 
-NcclCommunicator::NcclCommunicator(NcclCommunicatorOptions options, ncclComm_t comm,
-                                   cudaStream_t stream, cudaStream_t send_stream,
+NcclCommunicator::NcclCommunicator(std::shared_ptr<Store> store, NcclCommunicatorOptions options,
+                                   ncclComm_t comm, cudaStream_t stream, cudaStream_t send_stream,
                                    cudaStream_t recv_stream, float* barrier_scalar)
     : options_(std::move(options)),
+      // Under its own keys: a Gloo communicator of the same prefix numbers its collectives apart.
+      progress_(std::move(store), options_.key_prefix + "nccl_", options_.rank, options_.size,
+                options_.world_ranks),
       comm_(comm),
       stream_(stream),
       send_stream_(send_stream),
@@ -202,7 +237,7 @@ int NcclCommunicator::WorldRank(int group_rank) const {
 }
 
 std::unique_ptr<Work> NcclCommunicator::Finish(absl::string_view op_name, ncclResult_t enqueued,
-                                               cudaStream_t stream) {
+                                               cudaStream_t stream, int peer) {
   std::string description = absl::StrFormat("%s on group '%s' (%d ranks) at rank %d", op_name,
                                             options_.name, options_.size, WorldRank(options_.rank));
   absl::Status status;
@@ -214,8 +249,15 @@ std::unique_ptr<Work> NcclCommunicator::Finish(absl::string_view op_name, ncclRe
              e != cudaSuccess || (e = cudaEventRecord(event, stream)) != cudaSuccess) {
     status = CudaStatus(e, "cudaEventRecord");
   }
+  Blame blame{.progress = &progress_};
+  if (peer >= 0) {
+    blame.peer_world_rank = WorldRank(peer);
+  } else if (status.ok()) {
+    blame.seq = ++collective_seq_;
+    progress_.Started(blame.seq);
+  }
   return std::make_unique<NcclWork>(std::move(status), event, comm_, std::move(description),
-                                    options_.timeout);
+                                    options_.timeout, blame);
 }
 
 void NcclCommunicator::Count(OpStats CommStats::*field, int64_t sent, int64_t received) {
@@ -285,14 +327,16 @@ std::unique_ptr<Work> NcclCommunicator::Send(const void* data, size_t count, Dat
   Count(&CommStats::send, static_cast<int64_t>(count) * DataTypeBytes(type), 0);
   OrderBefore(send_stream_);
   return Finish(absl::StrCat("send to rank ", WorldRank(peer)),
-                ncclSend(data, count, NcclType(type), peer, comm_, send_stream_), send_stream_);
+                ncclSend(data, count, NcclType(type), peer, comm_, send_stream_), send_stream_,
+                peer);
 }
 
 std::unique_ptr<Work> NcclCommunicator::Recv(void* data, size_t count, DataType type, int peer) {
   Count(&CommStats::recv, 0, static_cast<int64_t>(count) * DataTypeBytes(type));
   OrderBefore(recv_stream_);
   return Finish(absl::StrCat("recv from rank ", WorldRank(peer)),
-                ncclRecv(data, count, NcclType(type), peer, comm_, recv_stream_), recv_stream_);
+                ncclRecv(data, count, NcclType(type), peer, comm_, recv_stream_), recv_stream_,
+                peer);
 }
 
 absl::Status NcclCommunicator::Barrier() {

@@ -7,7 +7,9 @@
 // Collectives are enqueued in issue order on the communicator's stream; Send and Recv run on
 // their own streams (after the earlier collectives) so that two ranks may Send to each other
 // first. A Work records an event; Wait polls it and NCCL's async error, and on timeout aborts
-// the communicator and names the operation and group. stats() counts the bytes NCCL's ring
+// the communicator; a failure names the operation and group, and the peers that never started the
+// collective (CollectiveProgress, through the store) or a point-to-point peer that timed out,
+// whom it blames as the Gloo communicator does. stats() counts the bytes NCCL's ring
 // algorithms move (NCCL does not report them). Thread-compatible, like Communicator.
 #pragma once
 
@@ -22,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "parallel/comm/collective_progress.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/store/store.h"
 
@@ -74,20 +77,25 @@ class NcclCommunicator : public Communicator {
   cudaStream_t stream() const { return stream_; }
 
  private:
-  NcclCommunicator(NcclCommunicatorOptions options, ncclComm_t comm, cudaStream_t stream,
-                   cudaStream_t send_stream, cudaStream_t recv_stream, float* barrier_scalar);
+  NcclCommunicator(std::shared_ptr<Store> store, NcclCommunicatorOptions options, ncclComm_t comm,
+                   cudaStream_t stream, cudaStream_t send_stream, cudaStream_t recv_stream,
+                   float* barrier_scalar);
 
-  // Records the enqueue outcome and an event on `stream` into a Work.
   int WorldRank(int group_rank) const;
-  // `op_name` names the operation in messages ("all_reduce", "send to rank 3").
+  // Records the enqueue outcome and an event on `stream` into a Work. `op_name` names the
+  // operation in messages ("all_reduce", "send to rank 3"); `peer` is a point-to-point
+  // operation's group rank, -1 for a collective, which takes the next number and is published
+  // as started.
   std::unique_ptr<Work> Finish(absl::string_view op_name, ncclResult_t enqueued,
-                               cudaStream_t stream);
+                               cudaStream_t stream, int peer = -1);
   void Count(OpStats CommStats::*field, int64_t sent, int64_t received);
   // Makes `stream` wait for the work already on the compute stream (when there is one) and, for
   // Send and Recv's streams, on the collective stream.
   void OrderBefore(cudaStream_t stream);
 
   const NcclCommunicatorOptions options_;
+  CollectiveProgress progress_;  // the collectives started, for the peers' diagnoses
+  int64_t collective_seq_ = 0;
   ncclComm_t comm_;
   cudaStream_t stream_;
   cudaStream_t send_stream_;
