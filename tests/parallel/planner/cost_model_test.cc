@@ -182,7 +182,7 @@ TEST(CostModelTest, PipelineBubbleIsStagesMinusOneOverMicroBatches) {
 }
 
 // A pipeline runs at the pace of its heaviest stage on the blocks the trainer assigns it: GPT-2
-// 350M's first three stages hold 7 of the 24 blocks each, the last 3 and the head (3.5 blocks'
+// 350M's first three stages hold 7 of the 24 blocks each, the last 3 and the head (3.8 blocks'
 // FLOPs), so a micro-batch takes 7 blocks' time where the whole model takes 24 and the head's.
 TEST(CostModelTest, APipelineRunsAtItsHeaviestStagesPace) {
   const Workload workload = Gpt2Workload(256);
@@ -225,7 +225,7 @@ TEST(CostModelTest, InterleavingDividesTheBubbleForMoreMessages) {
                             .micro_batches = 16};
   ASSERT_EQ(PipelineActivationSlots(shape, 0), 11);
   ASSERT_EQ(PipelineActivationSlots(shape, 3), 5);  // the last stage: (v - 1) p + 1
-  // The trainer's assignment: the last chunk also carries the head, 3.5 blocks' FLOPs, and the
+  // The trainer's assignment: the last chunk also carries the head, 3.8 blocks' FLOPs, and the
   // first stages, which hold the most, get the fewest blocks: stage 0 runs blocks 0 and 11-14,
   // stage 3 blocks 7-10 and 23 with the head.
   const ModelConfig& model = workload.model;
@@ -251,7 +251,7 @@ TEST(CostModelTest, PipelineActivationsAreTheSchedulesMicroBatchesInFlight) {
   const ModelConfig& model = workload.model;
   const int p = 4, m = 16, b = 2, s = workload.seq_len;
   // The trainer's assignment of GPT-2 350M's 24 blocks: the last stage also carries the head,
-  // 3.5 blocks' FLOPs, and a chunk of logits.
+  // 3.8 blocks' FLOPs, and a chunk of logits.
   const StageAssignment assignment =
       *AssignStages(PipelineFlopsPerToken(model, s, Recompute::kNone), p, 1);
   ASSERT_EQ(assignment.first_block, (std::vector<int>{0, 7, 14, 21, 24}));
