@@ -5,10 +5,10 @@
 // are exactly the bytes sent.
 //
 // Failure: every wait inside an operation is bounded by the per-operation timeout. Before a
-// collective each rank records (asynchronously, off the critical path) the sequence number of
-// the collective it is starting under "<key_prefix>started/<rank>"; a failed or timed-out rank
-// reads those counters and names the ranks that never started the operation, in its message and
-// as the status payload of faulty_ranks.h. A point-to-point operation completes in Work::Wait,
+// collective each rank records the sequence number of the collective it is starting
+// (CollectiveProgress, under "<key_prefix>started/<rank>"); a failed or timed-out rank reads
+// those records and names the ranks that never started the operation, in its message and as the
+// status payload of faulty_ranks.h. A point-to-point operation completes in Work::Wait,
 // within the timeout from when it was posted; a failed one blames its peer in that payload,
 // counts nothing in stats(), and fails the communicator like a failed collective.
 // A peer that dies is an error of the operations that need it: Create makes the process ignore
