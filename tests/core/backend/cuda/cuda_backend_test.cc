@@ -364,6 +364,36 @@ void CheckPositionKernels(CpuBackend& cpu, CudaBackend& gpu,
   ExpectNear(position_table, kKernel, "embedding dposition (accumulated)");
 }
 
+// The embedding's backward on a long micro-batch whose tokens repeat about 80 times each: the ids
+// sorted on the device (CUB's stable radix sort) keep each token's rows in row order, and each
+// entry sums them in float32 from its old value as the CPU does, so both tables equal the CPU's
+// bit for bit (a vocabulary-parallel slice, tokens outside it skipped; one document per row, and
+// packed documents).
+TEST(CudaBackendTest, EmbeddingBackwardSumsEachTokensRowsInTheCpusOrder) {
+  DTRAIN_GPU_OR_SKIP(gpu);
+  CpuBackend cpu(1);
+  constexpr int b = 8, t = 512, c = 96, v = 50, vocab_begin = 5, vocab_end = 45;
+  std::vector<int32_t> token_values(b * t), position_values(b * t);
+  for (int i = 0; i < b * t; ++i) {
+    token_values[i] = (i * 7919 + i / 3) % v;
+    position_values[i] = i % t % 100;  // documents of 100 tokens
+  }
+  const Ids tokens(*gpu, token_values), positions(*gpu, position_values);
+  for (const Ids* documents : {static_cast<const Ids*>(nullptr), &positions}) {
+    Pair table(cpu, *gpu, RandomFloats((vocab_end - vocab_begin) * c, 10));
+    Pair position_table(cpu, *gpu, RandomFloats(t * c, 11));
+    Pair demb(cpu, *gpu, RandomFloats(b * t * c, 12));
+    cpu.EmbeddingBackward(table.cpu(), position_table.cpu(), demb.cpu(), tokens.cpu(), b, t, c,
+                          vocab_begin, vocab_end, documents ? documents->cpu() : nullptr);
+    gpu->EmbeddingBackward(table.gpu(), position_table.gpu(), demb.gpu(), tokens.gpu(), b, t, c,
+                           vocab_begin, vocab_end, documents ? documents->gpu() : nullptr);
+    EXPECT_EQ(table.GpuValues(), table.CpuValues()) << "token table, documents " << !!documents;
+    EXPECT_EQ(position_table.GpuValues(), position_table.CpuValues())
+        << "position table, documents " << !!documents;
+  }
+  EXPECT_TRUE(gpu->status().ok()) << gpu->status();
+}
+
 TEST(CudaBackendTest, AttentionRopeEmbeddingAndClassifier) {
   DTRAIN_GPU_OR_SKIP(gpu);
   CpuBackend cpu(1);
