@@ -4,7 +4,7 @@
 # pipeline parallelism; each layout also runs on the CPU (Gloo) with the same world, and every
 # step's loss and gradient norm on the GPUs must be the CPU's within 1e-3 relative (fp32 both;
 # the sums run in other orders). Then a hung rank: rank 1 of 2 stopped mid-run must be the
-# launcher's root cause, which rank 0's timed-out NCCL collective blames. NCCL refuses two ranks on
+# launcher's root cause, which rank 0's timed-out NCCL operation blames (data parallel and pp 2). NCCL refuses two ranks on
 # one GPU, so with fewer than 2 GPUs the check says so and passes nothing.
 #
 # Usage: scripts/gpu/multi_gpu_check.sh BUILD_DIR WORK_DIR GPUS (WORK_DIR is written over).
@@ -57,16 +57,18 @@ for layout in "${layouts[@]}"; do
     "$work"/cpu-"$name"/*/metrics.jsonl "$work"/cuda-"$name"/*/metrics.jsonl
 done
 
-# hung DEVICE: 2 ranks of the embedded recipe under `dtrain launch`; once they train, rank 1 is
-# stopped (SIGSTOP, a hung GPU or process). Rank 0's collective must time out within
-# parallel.timeout_s and blame rank 1 (its communicator reads which collectives rank 1 started),
-# so the agent's root cause is rank 1, hung, and no rank is left behind.
+# hung DEVICE NAME OVERRIDES...: 2 ranks of the embedded recipe under `dtrain launch`; once they
+# train, rank 1 is stopped (SIGSTOP, a hung GPU or process). Rank 0's collective (its
+# communicator reads which collectives rank 1 started) or, at pp 2, possibly its receive from
+# rank 1 must time out within parallel.timeout_s and blame rank 1, so the agent's root cause is
+# rank 1, hung, and no rank is left behind.
 hung() {
-  local device=$1 log=$work/hung-$1.log i pid stopped=
+  local device=$1 name=$2 log=$work/hung-$1-$2.log i pid stopped=
+  shift 2
   (cd "$repo" && timeout 300 "$build/dtrain" launch --nproc-per-node 2 \
-    --set run.device="$device" --set run.threads=1 --set run.out_dir="$work/hung-$device" \
+    --set run.device="$device" --set run.threads=1 --set run.out_dir="$work/hung-$device-$name" \
     --set train.steps=100000 --set train.batch_size=8 --set train.micro_batch=2 \
-    --set train.warmup_steps=2 --set train.eval_every=0 --set parallel.timeout_s=20 \
+    --set train.warmup_steps=2 --set train.eval_every=0 --set parallel.timeout_s=20 "$@" \
     > "$log" 2>&1) &
   local launcher=$!
   for ((i = 0; i < 120; i++)); do
@@ -85,9 +87,11 @@ hung() {
   if [[ -z $stopped ]] || ((status != 1)) || ! grep -q 'Root cause: rank 1 on node 0' "$log" \
     || ! grep -q 'hung' "$log"; then
     tail -n 30 "$log" >&2
-    echo "hung rank on $device: expected the launcher to exit 1 naming rank 1 (status $status)" >&2
+    echo "hung rank, $name on $device: expected the launcher to exit 1 naming rank 1" \
+      "(status $status)" >&2
     exit 1
   fi
-  echo "hung rank on $device: the root cause named rank 1"
+  echo "hung rank, $name on $device: the root cause named rank 1"
 }
-hung cuda
+hung cuda dp
+hung cuda pp2 --set parallel.pp=2
