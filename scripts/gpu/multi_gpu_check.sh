@@ -4,8 +4,9 @@
 # pipeline parallelism; each layout also runs on the CPU (Gloo) with the same world, and every
 # step's loss and gradient norm on the GPUs must be the CPU's within 1e-3 relative (fp32 both;
 # the sums run in other orders). Then a hung rank: rank 1 of 2 stopped mid-run must be the
-# launcher's root cause, which rank 0's timed-out NCCL operation blames (data parallel and pp 2). NCCL refuses two ranks on
-# one GPU, so with fewer than 2 GPUs the check says so and passes nothing.
+# launcher's root cause, which rank 0's timed-out NCCL operation blames (data parallel and pp 2).
+# NCCL refuses two ranks on one GPU, so with fewer than 2 GPUs the check says so and passes
+# nothing.
 #
 # Usage: scripts/gpu/multi_gpu_check.sh BUILD_DIR WORK_DIR GPUS (WORK_DIR is written over).
 set -euo pipefail
