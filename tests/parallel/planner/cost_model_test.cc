@@ -279,7 +279,7 @@ TEST(CostModelTest, PipelineActivationsAreTheSchedulesMicroBatchesInFlight) {
 TEST(CostModelTest, PipelinedShardingMovesTheStageOncePerStep) {
   const ClusterSpec cluster = testing::CatalogCluster(4, "a100-80gb", "ib-hdr");
   const Workload workload = Gpt2Workload(256);
-  // The first stage, blocks 0-6 and the embedding, has the most (PipelineActivations... above).
+  // The first stage, blocks 0-6 and the embedding, has the most (the assignment tested above).
   const double stage = StageParams(workload.model, {.chunks = {{0, 7}}});
   for (const Strategy strategy : {Strategy::kZero2, Strategy::kZero3, Strategy::kFsdp}) {
     const Layout layout{.strategy = strategy, .pp = 4, .dp = 8, .micro_batch = 2};
