@@ -140,9 +140,8 @@ std::unique_ptr<Work> DataParallelEngine::AllReduceGradients(float* grads, size_
     return comm_->AllReduce(grads, count, ReduceOp::kSum);
   }
   wire.input = backend_.Allocate(count, DataType::kBF16);
-  auto* bits = static_cast<uint16_t*>(wire.input.data());
-  backend_.RoundToBf16(bits, grads, count);
-  return comm_->AllReduce(bits, count, DataType::kBF16, ReduceOp::kSum);
+  backend_.Convert(wire.input.values(), grads, count);
+  return comm_->AllReduce(wire.input.data(), count, DataType::kBF16, ReduceOp::kSum);
 }
 
 std::unique_ptr<Work> DataParallelEngine::ReduceScatterGradients(const float* input, float* output,
@@ -153,7 +152,7 @@ std::unique_ptr<Work> DataParallelEngine::ReduceScatterGradients(const float* in
   const size_t count = shard * ranks();
   wire.input = backend_.Allocate(count, DataType::kBF16);
   wire.output = backend_.Allocate(shard, DataType::kBF16);
-  backend_.RoundToBf16(static_cast<uint16_t*>(wire.input.data()), input, count);
+  backend_.Convert(wire.input.values(), input, count);
   return comm_->ReduceScatter(wire.input.data(), wire.output.data(), shard, DataType::kBF16,
                               ReduceOp::kSum);
 }
@@ -163,21 +162,20 @@ std::unique_ptr<Work> DataParallelEngine::GatherParams(const float* own, float* 
   if (!bf16_params()) return comm_->AllGather(own, output, shard);
   wire.input = backend_.Allocate(shard, DataType::kBF16);
   wire.output = backend_.Allocate(shard * ranks(), DataType::kBF16);
-  backend_.RoundToBf16(static_cast<uint16_t*>(wire.input.data()), own, shard);
+  backend_.Convert(wire.input.values(), own, shard);
   return comm_->AllGather(wire.input.data(), wire.output.data(), shard, DataType::kBF16);
 }
 
 void DataParallelEngine::RoundParams(float* out, const float* masters, size_t count) {
   if (round_bits_.size() < count) round_bits_ = backend_.Allocate(count, DataType::kBF16);
-  auto* bits = static_cast<uint16_t*>(round_bits_.data());
-  backend_.RoundToBf16(bits, masters, count);
-  backend_.WidenBf16(out, bits, count);
+  backend_.Convert(round_bits_.values(), masters, count);
+  backend_.Convert(out, round_bits_.values(), count);
 }
 
 void DataParallelEngine::Land(Wire& wire, float* result, size_t count) {
   const DeviceBuffer& reduced = wire.output.size() > 0 ? wire.output : wire.input;
   if (reduced.size() > 0) {
-    backend_.WidenBf16(result, static_cast<const uint16_t*>(reduced.data()), count);
+    backend_.Convert(result, reduced.values(), count);
   }
   wire = Wire{};
 }

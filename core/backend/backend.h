@@ -1,7 +1,14 @@
 // The kernels a transformer step needs, behind one interface with a CPU implementation
 // (OpenBLAS GEMM plus threaded loops; the reference every other path is tested against) and,
-// later, a CUDA one. All tensors are row-major float32 in the backend's memory; shapes are given
-// in the comments as (rows, cols) with B batch, T time, C channels, V vocab, H heads, D head dim.
+// a CUDA one. All tensors are row-major in the backend's memory; shapes are given in the comments
+// as (rows, cols) with B batch, T time, C channels, V vocab, H heads, D head dim.
+//
+// Storage types: parameters and activations are Values (values.h), float32 or bf16; the
+// arithmetic is float32 whatever they are (the CPU backend widens bf16 inputs, computes as for
+// float32 and rounds its outputs to nearest even). A kernel's Values share one type, except that
+// a linear layer's output may be float32 for bf16 inputs. Everything passed as float* is float32
+// always: the parameter gradients (as Megatron-LM's main_grad, so that micro-batches and ranks
+// add up in float32), the saved statistics (mean, rstd, lse) and the classifier's row statistics.
 //
 // Scalars: the loss and the squared gradient norm ADD into a double in the backend's memory
 // (`double*` below), which the caller reads once a step, so that no kernel waits on the host.
@@ -18,6 +25,7 @@
 #include <string>
 
 #include "core/backend/device_buffer.h"
+#include "core/backend/values.h"
 
 namespace dtrain {
 
@@ -71,36 +79,35 @@ class Backend {
                     int ldc) = 0;
 
   // Linear layer: out (N, OC) = inp (N, IC) @ weight (OC, IC)^T + bias (OC; may be null).
-  virtual void LinearForward(float* out, const float* inp, const float* weight, const float* bias,
+  virtual void LinearForward(Values out, ConstValues inp, ConstValues weight, ConstValues bias,
                              int n, int in_features, int out_features) = 0;
   // out (N, C) += bias (C) on every row: a row-parallel layer's bias, added once after the
   // partial outputs are summed over the tensor-parallel ranks.
-  virtual void AddBias(float* out, const float* bias, int n, int c) = 0;
+  virtual void AddBias(Values out, ConstValues bias, int n, int c) = 0;
   // dinp (N, IC) = dout @ weight (may be null: not needed); dweight += dout^T @ inp;
   // dbias += column sums of dout (may be null).
-  virtual void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                              const float* inp, const float* weight, int n, int in_features,
+  virtual void LinearBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
+                              ConstValues inp, ConstValues weight, int n, int in_features,
                               int out_features) = 0;
 
   // LayerNorm over C: out (N,C), mean (N), rstd (N) saved for backward.
-  virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
-                                const float* weight, const float* bias, int n, int c,
-                                float eps) = 0;
-  virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                 const float* inp, const float* weight, const float* mean,
+  virtual void LayerNormForward(Values out, float* mean, float* rstd, ConstValues inp,
+                                ConstValues weight, ConstValues bias, int n, int c, float eps) = 0;
+  virtual void LayerNormBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
+                                 ConstValues inp, ConstValues weight, const float* mean,
                                  const float* rstd, int n, int c) = 0;
   // RMSNorm over C: out = inp * rstd * weight, rstd (N) saved.
-  virtual void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int n,
+  virtual void RmsNormForward(Values out, float* rstd, ConstValues inp, ConstValues weight, int n,
                               int c, float eps) = 0;
-  virtual void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
-                               const float* weight, const float* rstd, int n, int c) = 0;
+  virtual void RmsNormBackward(Values dinp, float* dweight, ConstValues dout, ConstValues inp,
+                               ConstValues weight, const float* rstd, int n, int c) = 0;
 
   // GELU, tanh approximation (GPT-2's "gelu_new"), elementwise over n values.
-  virtual void GeluForward(float* out, const float* inp, size_t n) = 0;
-  virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
+  virtual void GeluForward(Values out, ConstValues inp, size_t n) = 0;
+  virtual void GeluBackward(Values dinp, ConstValues inp, ConstValues dout, size_t n) = 0;
   // SwiGLU: gate_up (N, 2F) holds gate in [:, :F] and up in [:, F:]; out (N,F) = silu(gate)*up.
-  virtual void SwiGluForward(float* out, const float* gate_up, int n, int f) = 0;
-  virtual void SwiGluBackward(float* dgate_up, const float* gate_up, const float* dout, int n,
+  virtual void SwiGluForward(Values out, ConstValues gate_up, int n, int f) = 0;
+  virtual void SwiGluBackward(Values dgate_up, ConstValues gate_up, ConstValues dout, int n,
                               int f) = 0;
 
   // Documents packed into one row (SFT samples): `positions` (B, T), in the backend's memory as
@@ -112,38 +119,38 @@ class Backend {
   // Rotary embedding in place on the query and key heads of qkv (B, T, qkv_width), rotating
   // the pairs (i, i + D/2) (Hugging Face Llama's rotate_half convention) by position
   // (pos_offset + t) * theta^(-2i/D). Backward rotates the gradient back, in place.
-  virtual void RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset,
+  virtual void RopeForward(Values qkv, const AttentionShape& shape, float theta, int pos_offset,
                            const int32_t* positions) = 0;
-  virtual void RopeBackward(float* dqkv, const AttentionShape& shape, float theta, int pos_offset,
+  virtual void RopeBackward(Values dqkv, const AttentionShape& shape, float theta, int pos_offset,
                             const int32_t* positions) = 0;
 
   // Causal self-attention with scale 1/sqrt(D): token t attends to keys [t - positions[t], t]
   // ([0, t] without positions). out (B, T, H*D); lse (B, H, T) holds each row's log-sum-exp so
   // backward recomputes the probabilities instead of storing (B,H,T,T).
-  virtual void AttentionForward(float* out, float* lse, const float* qkv,
+  virtual void AttentionForward(Values out, float* lse, ConstValues qkv,
                                 const AttentionShape& shape, const int32_t* positions) = 0;
   // dqkv (B, T, qkv_width) is written.
-  virtual void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  virtual void AttentionBackward(Values dqkv, ConstValues dout, ConstValues qkv, ConstValues out,
                                  const float* lse, const AttentionShape& shape,
                                  const int32_t* positions) = 0;
 
   // out (B*T, C) = token_embedding[tokens] + position_embedding[t] (may be null). The token
   // table holds the vocabulary rows [vocab_begin, vocab_end) (all of them: [0, V)); a token
   // outside them looks up zeros (a vocabulary-parallel rank's share, summed over the ranks).
-  virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
-                                const float* position_embedding, int b, int t, int c,
+  virtual void EmbeddingForward(Values out, const int32_t* tokens, ConstValues token_embedding,
+                                ConstValues position_embedding, int b, int t, int c,
                                 int vocab_begin, int vocab_end, const int32_t* positions) = 0;
   // Accumulates only the rows [vocab_begin, vocab_end) of the token table.
   virtual void EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
-                                 const float* dout, const int32_t* tokens, int b, int t, int c,
+                                 ConstValues dout, const int32_t* tokens, int b, int t, int c,
                                  int vocab_begin, int vocab_end, const int32_t* positions) = 0;
 
   // Output layer fused with softmax and cross-entropy, never holding all (N, V) logits:
   // logits = x (N, C) @ weight (V, C)^T; adds the sum over rows of -log p(target) to *loss_sum.
   // Rows with target < 0 are ignored. When dx is not null, also writes dx (N, C) and accumulates
   // dweight (V, C) for the loss sum scaled by grad_scale.
-  virtual void ClassifierForwardBackward(float* dx, float* dweight, const float* x,
-                                         const float* weight, const int32_t* targets, int n, int c,
+  virtual void ClassifierForwardBackward(Values dx, float* dweight, ConstValues x,
+                                         ConstValues weight, const int32_t* targets, int n, int c,
                                          int v, float grad_scale, double* loss_sum) = 0;
 
   // The same classifier split over the vocabulary (tensor parallelism), in phases between which
@@ -160,25 +167,23 @@ class Backend {
   //  4. For gradients, ClassifierLogitsBackward: the exponentials become
   //     dlogits = (exp / sum - onehot(target)) * grad_scale (0 for ignored rows), from which
   //     LinearBackward gives the rank's partial dx (summed over the ranks) and dweight.
-  virtual void ClassifierRowMax(float* max, const float* logits, int n, int v) = 0;
-  virtual void ClassifierExpSums(float* logits, float* sums, float* target_logits, const float* max,
+  virtual void ClassifierRowMax(float* max, ConstValues logits, int n, int v) = 0;
+  virtual void ClassifierExpSums(Values logits, float* sums, float* target_logits, const float* max,
                                  const int32_t* targets, int n, int v, int vocab_begin) = 0;
   virtual void ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
                                  const int32_t* targets, int n, double* loss_sum) = 0;
-  virtual void ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets,
+  virtual void ClassifierLogitsBackward(Values logits, const float* sums, const int32_t* targets,
                                         int n, int v, int vocab_begin, float grad_scale) = 0;
 
   // out = a + b, elementwise.
-  virtual void Add(float* out, const float* a, const float* b, size_t n) = 0;
+  virtual void Add(Values out, ConstValues a, ConstValues b, size_t n) = 0;
   // Adds the sum of squares of x, accumulated in double, to *sum.
   virtual void SumSquares(const float* x, size_t n, double* sum) = 0;
-  virtual void Scale(float* x, float factor, size_t n) = 0;
-  virtual void Zero(float* x, size_t n) = 0;
-  // bfloat16 copies (as bit patterns) for the gradient reductions at parallel.reduce_dtype bf16:
-  // out (n) = x rounded to bf16, to nearest even (core/backend/cuda/bf16.h); and back, out (n) =
-  // x widened to float32 (exact).
-  virtual void RoundToBf16(uint16_t* out, const float* x, size_t n) = 0;
-  virtual void WidenBf16(float* out, const uint16_t* x, size_t n) = 0;
+  virtual void Scale(Values x, float factor, size_t n) = 0;
+  virtual void Zero(Values x, size_t n) = 0;
+  // out (n) = x in out's type: rounded to bf16 to nearest even (core/backend/cuda/bf16.h), or
+  // widened to float32 (exact), or copied. The one place where the two types may differ.
+  virtual void Convert(Values out, ConstValues x, size_t n) = 0;
 
   // One AdamW step on n values with bias correction for the 1-based `step` and decoupled
   // weight decay: p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p).

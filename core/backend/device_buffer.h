@@ -6,6 +6,7 @@
 
 #include <cstddef>
 
+#include "core/backend/values.h"
 #include "core/util/data_type.h"
 
 namespace dtrain {
@@ -27,6 +28,8 @@ class DeviceBuffer {
 
   // The elements as float32 (null when empty or of another type, so a mix-up fails loudly).
   float* floats() const { return dtype_ == DataType::kF32 ? static_cast<float*>(data_) : nullptr; }
+  // The elements as the kernels take them (float32 or bf16; others are no Values).
+  Values values() const { return {data_, dtype_}; }
   void* data() const { return data_; }
   size_t size() const { return count_; }
   size_t bytes() const { return count_ * DataTypeBytes(dtype_); }

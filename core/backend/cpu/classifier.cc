@@ -18,7 +18,9 @@ template <typename T>
 double ClassifierForwardBackward(T* dx, T* dweight, const T* x, const T* weight,
                                  const int32_t* targets, int n, int c, int v, T grad_scale,
                                  int chunk_rows, T* scratch, ThreadPool* pool,
-                                 MatmulPrecision precision) {
+                                 MatmulPrecision precision, bool bf16_logits) {
+  // The precision the logits' gradient is rounded to for the backward GEMMs.
+  const MatmulPrecision dlogits_precision = bf16_logits ? MatmulPrecision::kMedium : precision;
   chunk_rows = std::min(chunk_rows, n);
   std::vector<double> row_loss(chunk_rows);
   double loss = 0;
@@ -30,6 +32,11 @@ double ClassifierForwardBackward(T* dx, T* dweight, const T* x, const T* weight,
     ParallelFor(pool, rows, 1, [&](size_t begin, size_t end, int) {
       for (size_t r = begin; r < end; ++r) {
         T* __restrict row = logits + r * v;
+        if constexpr (std::is_same_v<T, float>) {
+          if (bf16_logits) {
+            for (int j = 0; j < v; ++j) row[j] = RoundForMatmul(row[j], MatmulPrecision::kMedium);
+          }
+        }
         const int32_t target = targets[r0 + r];
         const T max = MaxOf(row, v);
         const double target_logit = target >= 0 ? row[target] : 0.0;
@@ -42,8 +49,8 @@ double ClassifierForwardBackward(T* dx, T* dweight, const T* x, const T* weight,
         for (int j = 0; j < v; ++j) row[j] *= factor;
         if (target >= 0) row[target] -= grad_scale;
         if constexpr (std::is_same_v<T, float>) {
-          if (precision != MatmulPrecision::kHighest) {
-            for (int j = 0; j < v; ++j) row[j] = RoundForMatmul(row[j], precision);
+          if (dlogits_precision != MatmulPrecision::kHighest) {
+            for (int j = 0; j < v; ++j) row[j] = RoundForMatmul(row[j], dlogits_precision);
           }
         }
       }
@@ -119,9 +126,9 @@ DTRAIN_INSTANTIATE(double)
 
 template double ClassifierForwardBackward<float>(float*, float*, const float*, const float*,
                                                  const int32_t*, int, int, int, float, int, float*,
-                                                 ThreadPool*, MatmulPrecision);
+                                                 ThreadPool*, MatmulPrecision, bool);
 template double ClassifierForwardBackward<double>(double*, double*, const double*, const double*,
                                                   const int32_t*, int, int, int, double, int,
-                                                  double*, ThreadPool*, MatmulPrecision);
+                                                  double*, ThreadPool*, MatmulPrecision, bool);
 
 }  // namespace dtrain::cpu

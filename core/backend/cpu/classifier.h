@@ -21,12 +21,15 @@ size_t ClassifierScratchSize(int chunk_rows, int v);
 // x (N, C), weight (V, C), targets (N; < 0 ignored). Returns the sum over rows of
 // -log p(target). When dx is not null, writes dx (N, C) and accumulates dweight (V, C) for that
 // sum scaled by grad_scale. Below `precision` highest (float only), the logits' gradient is
-// rounded for the backward GEMMs as x and weight are by the caller (matmul_precision.h).
+// rounded for the backward GEMMs as x and weight are by the caller (matmul_precision.h). With
+// `bf16_logits` (float only), the logits and their gradient are rounded to bf16 as they are
+// computed, as the CUDA backend stores them for bf16 inputs.
 template <typename T>
 double ClassifierForwardBackward(T* dx, T* dweight, const T* x, const T* weight,
                                  const int32_t* targets, int n, int c, int v, T grad_scale,
                                  int chunk_rows, T* scratch, ThreadPool* pool,
-                                 MatmulPrecision precision = MatmulPrecision::kHighest);
+                                 MatmulPrecision precision = MatmulPrecision::kHighest,
+                                 bool bf16_logits = false);
 
 // The vocabulary-parallel phases (Backend::ClassifierRowMax and the rest): the same arithmetic
 // per row as the fused kernel, on the logits (N, v) of the vocabulary rows [vocab_begin,

@@ -72,129 +72,266 @@ const float* CpuBackend::MatmulOperand(const float* x, size_t count, int slot) {
   return out;
 }
 
+namespace {
+
+// Elements of an attention call's qkv (B, T, qkv_width) and out (B, T, H*D).
+size_t QkvCount(const AttentionShape& shape) {
+  return static_cast<size_t>(shape.batch) * shape.time * shape.qkv_width();
+}
+size_t OutCount(const AttentionShape& shape) {
+  return static_cast<size_t>(shape.batch) * shape.time * shape.heads * shape.head_dim;
+}
+
+// out (n) = x (n) in out's type: copied, widened or rounded to nearest even.
+void ConvertValues(Values out, ConstValues x, size_t n, ThreadPool* pool) {
+  if (out.dtype() == x.dtype()) {
+    if (n > 0) std::memcpy(out.data(), x.data(), n * DataTypeBytes(x.dtype()));
+    return;
+  }
+  if (const float* from = x.as<float>()) {
+    auto* to = out.as<Bf16>();
+    cpu::ParallelFor(pool, n, 1 << 16, [&](size_t begin, size_t end, int) {
+      for (size_t i = begin; i < end; ++i) to[i] = cuda::FromFloat<Bf16>(from[i]);
+    });
+  } else {
+    const Bf16* from_bf16 = x.as<Bf16>();
+    float* to = out.as<float>();
+    cpu::ParallelFor(pool, n, 1 << 16, [&](size_t begin, size_t end, int) {
+      for (size_t i = begin; i < end; ++i) to[i] = cuda::ToFloat(from_bf16[i]);
+    });
+  }
+}
+
+// What a kernel does with one of its Values: reads them, writes them, or reads and writes them
+// (an accumulated gradient, an update in place).
+enum class Access { kRead, kWrite, kUpdate };
+
+// Values as the float kernels of this folder take them: the values themselves when they are
+// float32 (or null); bf16 ones widened into a float32 copy (unless only written), which a view
+// of values written is rounded back from, to nearest even, when it goes away.
+class FloatView {
+ public:
+  FloatView(ConstValues values, size_t count, ThreadPool* pool) : pool_(pool) {
+    if (values.dtype() == DataType::kF32 || values.null()) {
+      data_ = const_cast<float*>(values.as<float>());
+      return;
+    }
+    copy_.resize(count);
+    data_ = copy_.data();
+    ConvertValues(data_, values, count, pool_);
+  }
+  FloatView(Values values, size_t count, Access access, ThreadPool* pool)
+      : FloatView(access == Access::kWrite ? ConstValues() : ConstValues(values), count, pool) {
+    if (values.dtype() == DataType::kF32 || values.null()) {
+      data_ = values.as<float>();
+      return;
+    }
+    if (copy_.empty()) copy_.resize(count);
+    data_ = copy_.data();
+    written_ = values;
+  }
+  ~FloatView() {
+    if (!written_.null()) ConvertValues(written_, data_, copy_.size(), pool_);
+  }
+  FloatView(const FloatView&) = delete;
+  FloatView& operator=(const FloatView&) = delete;
+
+  float* data() const { return data_; }
+  const float* cdata() const { return data_; }
+
+ private:
+  ThreadPool* pool_;
+  std::vector<float> copy_;
+  float* data_ = nullptr;
+  Values written_;  // bf16 values the copy is rounded back into
+};
+
+}  // namespace
+
 void CpuBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
                       const float* a, int lda, const float* b, int ldb, float beta, float* c,
                       int ldc) {
   cpu::Gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-void CpuBackend::LinearForward(float* out, const float* inp, const float* weight, const float* bias,
+void CpuBackend::LinearForward(Values out, ConstValues inp, ConstValues weight, ConstValues bias,
                                int n, int in_features, int out_features) {
-  cpu::LinearForward(out, MatmulOperand(inp, static_cast<size_t>(n) * in_features, 0),
-                     MatmulOperand(weight, static_cast<size_t>(out_features) * in_features, 1),
-                     bias, n, in_features, out_features, &pool_);
+  const size_t inputs = static_cast<size_t>(n) * in_features;
+  const size_t weights = static_cast<size_t>(out_features) * in_features;
+  FloatView out_f(out, static_cast<size_t>(n) * out_features, Access::kWrite, &pool_);
+  const FloatView inp_f(inp, inputs, &pool_), weight_f(weight, weights, &pool_),
+      bias_f(bias, out_features, &pool_);
+  cpu::LinearForward(out_f.data(), MatmulOperand(inp_f.data(), inputs, 0),
+                     MatmulOperand(weight_f.data(), weights, 1), bias_f.cdata(), n, in_features,
+                     out_features, &pool_);
 }
 
-void CpuBackend::AddBias(float* out, const float* bias, int n, int c) {
-  cpu::AddBias(out, bias, n, c, &pool_);
+void CpuBackend::AddBias(Values out, ConstValues bias, int n, int c) {
+  FloatView out_f(out, static_cast<size_t>(n) * c, Access::kUpdate, &pool_);
+  const FloatView bias_f(bias, c, &pool_);
+  cpu::AddBias(out_f.data(), bias_f.cdata(), n, c, &pool_);
 }
 
-void CpuBackend::LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                const float* inp, const float* weight, int n, int in_features,
+void CpuBackend::LinearBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
+                                ConstValues inp, ConstValues weight, int n, int in_features,
                                 int out_features) {
+  const size_t inputs = static_cast<size_t>(n) * in_features;
+  const size_t outputs = static_cast<size_t>(n) * out_features;
+  const size_t weights = static_cast<size_t>(out_features) * in_features;
+  FloatView dinp_f(dinp, inputs, Access::kWrite, &pool_);
+  const FloatView dout_f(dout, outputs, &pool_), inp_f(inp, inputs, &pool_),
+      weight_f(weight, weights, &pool_);
   // The bias gradient sums dout itself: it is no GEMM on the GPU either.
   cpu::LinearBackward<float>(
-      dinp, dweight, nullptr, MatmulOperand(dout, static_cast<size_t>(n) * out_features, 0),
-      MatmulOperand(inp, static_cast<size_t>(n) * in_features, 1),
-      MatmulOperand(weight, static_cast<size_t>(out_features) * in_features, 2), n, in_features,
-      out_features, &pool_);
-  if (dbias != nullptr) cpu::AddColumnSums(dbias, dout, n, out_features, &pool_);
+      dinp_f.data(), dweight, nullptr, MatmulOperand(dout_f.data(), outputs, 0),
+      MatmulOperand(inp_f.data(), inputs, 1), MatmulOperand(weight_f.data(), weights, 2), n,
+      in_features, out_features, &pool_);
+  if (dbias != nullptr) cpu::AddColumnSums(dbias, dout_f.cdata(), n, out_features, &pool_);
 }
 
-void CpuBackend::LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
-                                  const float* weight, const float* bias, int n, int c, float eps) {
-  cpu::LayerNormForward(out, mean, rstd, inp, weight, bias, n, c, eps, &pool_);
+void CpuBackend::LayerNormForward(Values out, float* mean, float* rstd, ConstValues inp,
+                                  ConstValues weight, ConstValues bias, int n, int c, float eps) {
+  const size_t count = static_cast<size_t>(n) * c;
+  FloatView out_f(out, count, Access::kWrite, &pool_);
+  const FloatView inp_f(inp, count, &pool_), weight_f(weight, c, &pool_), bias_f(bias, c, &pool_);
+  cpu::LayerNormForward(out_f.data(), mean, rstd, inp_f.cdata(), weight_f.cdata(), bias_f.cdata(),
+                        n, c, eps, &pool_);
 }
 
-void CpuBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                   const float* inp, const float* weight, const float* mean,
+void CpuBackend::LayerNormBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
+                                   ConstValues inp, ConstValues weight, const float* mean,
                                    const float* rstd, int n, int c) {
-  cpu::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c, &pool_);
+  const size_t count = static_cast<size_t>(n) * c;
+  FloatView dinp_f(dinp, count, Access::kUpdate, &pool_);
+  const FloatView dout_f(dout, count, &pool_), inp_f(inp, count, &pool_),
+      weight_f(weight, c, &pool_);
+  cpu::LayerNormBackward(dinp_f.data(), dweight, dbias, dout_f.cdata(), inp_f.cdata(),
+                         weight_f.cdata(), mean, rstd, n, c, &pool_);
 }
 
-void CpuBackend::RmsNormForward(float* out, float* rstd, const float* inp, const float* weight,
-                                int n, int c, float eps) {
-  cpu::RmsNormForward(out, rstd, inp, weight, n, c, eps, &pool_);
+void CpuBackend::RmsNormForward(Values out, float* rstd, ConstValues inp, ConstValues weight, int n,
+                                int c, float eps) {
+  const size_t count = static_cast<size_t>(n) * c;
+  FloatView out_f(out, count, Access::kWrite, &pool_);
+  const FloatView inp_f(inp, count, &pool_), weight_f(weight, c, &pool_);
+  cpu::RmsNormForward(out_f.data(), rstd, inp_f.cdata(), weight_f.cdata(), n, c, eps, &pool_);
 }
 
-void CpuBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
-                                 const float* weight, const float* rstd, int n, int c) {
-  cpu::RmsNormBackward(dinp, dweight, dout, inp, weight, rstd, n, c, &pool_);
+void CpuBackend::RmsNormBackward(Values dinp, float* dweight, ConstValues dout, ConstValues inp,
+                                 ConstValues weight, const float* rstd, int n, int c) {
+  const size_t count = static_cast<size_t>(n) * c;
+  FloatView dinp_f(dinp, count, Access::kUpdate, &pool_);
+  const FloatView dout_f(dout, count, &pool_), inp_f(inp, count, &pool_),
+      weight_f(weight, c, &pool_);
+  cpu::RmsNormBackward(dinp_f.data(), dweight, dout_f.cdata(), inp_f.cdata(), weight_f.cdata(),
+                       rstd, n, c, &pool_);
 }
 
-void CpuBackend::GeluForward(float* out, const float* inp, size_t n) {
-  cpu::GeluForward(out, inp, n, &pool_);
+void CpuBackend::GeluForward(Values out, ConstValues inp, size_t n) {
+  FloatView out_f(out, n, Access::kWrite, &pool_);
+  const FloatView inp_f(inp, n, &pool_);
+  cpu::GeluForward(out_f.data(), inp_f.cdata(), n, &pool_);
 }
 
-void CpuBackend::GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) {
-  cpu::GeluBackward(dinp, inp, dout, n, &pool_);
+void CpuBackend::GeluBackward(Values dinp, ConstValues inp, ConstValues dout, size_t n) {
+  FloatView dinp_f(dinp, n, Access::kWrite, &pool_);
+  const FloatView inp_f(inp, n, &pool_), dout_f(dout, n, &pool_);
+  cpu::GeluBackward(dinp_f.data(), inp_f.cdata(), dout_f.cdata(), n, &pool_);
 }
 
-void CpuBackend::SwiGluForward(float* out, const float* gate_up, int n, int f) {
-  cpu::SwiGluForward(out, gate_up, n, f, &pool_);
+void CpuBackend::SwiGluForward(Values out, ConstValues gate_up, int n, int f) {
+  const size_t count = static_cast<size_t>(n) * f;
+  FloatView out_f(out, count, Access::kWrite, &pool_);
+  const FloatView gate_up_f(gate_up, 2 * count, &pool_);
+  cpu::SwiGluForward(out_f.data(), gate_up_f.cdata(), n, f, &pool_);
 }
 
-void CpuBackend::SwiGluBackward(float* dgate_up, const float* gate_up, const float* dout, int n,
+void CpuBackend::SwiGluBackward(Values dgate_up, ConstValues gate_up, ConstValues dout, int n,
                                 int f) {
-  cpu::SwiGluBackward(dgate_up, gate_up, dout, n, f, &pool_);
+  const size_t count = static_cast<size_t>(n) * f;
+  FloatView dgate_up_f(dgate_up, 2 * count, Access::kWrite, &pool_);
+  const FloatView gate_up_f(gate_up, 2 * count, &pool_), dout_f(dout, count, &pool_);
+  cpu::SwiGluBackward(dgate_up_f.data(), gate_up_f.cdata(), dout_f.cdata(), n, f, &pool_);
 }
 
-void CpuBackend::RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset,
+void CpuBackend::RopeForward(Values qkv, const AttentionShape& shape, float theta, int pos_offset,
                              const int32_t* positions) {
-  cpu::RopeForward(qkv, shape, theta, pos_offset, &pool_, positions);
+  FloatView qkv_f(qkv, QkvCount(shape), Access::kUpdate, &pool_);
+  cpu::RopeForward(qkv_f.data(), shape, theta, pos_offset, &pool_, positions);
 }
 
-void CpuBackend::RopeBackward(float* dqkv, const AttentionShape& shape, float theta, int pos_offset,
+void CpuBackend::RopeBackward(Values dqkv, const AttentionShape& shape, float theta, int pos_offset,
                               const int32_t* positions) {
-  cpu::RopeBackward(dqkv, shape, theta, pos_offset, &pool_, positions);
+  FloatView dqkv_f(dqkv, QkvCount(shape), Access::kUpdate, &pool_);
+  cpu::RopeBackward(dqkv_f.data(), shape, theta, pos_offset, &pool_, positions);
 }
 
-void CpuBackend::AttentionForward(float* out, float* lse, const float* qkv,
+void CpuBackend::AttentionForward(Values out, float* lse, ConstValues qkv,
                                   const AttentionShape& shape, const int32_t* positions) {
+  FloatView out_f(out, OutCount(shape), Access::kWrite, &pool_);
+  const FloatView qkv_f(qkv, QkvCount(shape), &pool_);
   float* scratch = Scratch(cpu::AttentionScratchSize(shape) * pool_.size());
-  cpu::AttentionForward(out, lse, qkv, shape, scratch, &pool_, positions);
+  cpu::AttentionForward(out_f.data(), lse, qkv_f.cdata(), shape, scratch, &pool_, positions);
 }
 
-void CpuBackend::AttentionBackward(float* dqkv, const float* dout, const float* qkv,
-                                   const float* out, const float* lse, const AttentionShape& shape,
+void CpuBackend::AttentionBackward(Values dqkv, ConstValues dout, ConstValues qkv, ConstValues out,
+                                   const float* lse, const AttentionShape& shape,
                                    const int32_t* positions) {
+  FloatView dqkv_f(dqkv, QkvCount(shape), Access::kWrite, &pool_);
+  const FloatView dout_f(dout, OutCount(shape), &pool_), qkv_f(qkv, QkvCount(shape), &pool_),
+      out_f(out, OutCount(shape), &pool_);
   float* scratch = Scratch(cpu::AttentionScratchSize(shape) * pool_.size());
-  cpu::AttentionBackward(dqkv, dout, qkv, out, lse, shape, scratch, &pool_, positions);
+  cpu::AttentionBackward(dqkv_f.data(), dout_f.cdata(), qkv_f.cdata(), out_f.cdata(), lse, shape,
+                         scratch, &pool_, positions);
 }
 
-void CpuBackend::EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
-                                  const float* position_embedding, int b, int t, int c,
+void CpuBackend::EmbeddingForward(Values out, const int32_t* tokens, ConstValues token_embedding,
+                                  ConstValues position_embedding, int b, int t, int c,
                                   int vocab_begin, int vocab_end, const int32_t* positions) {
-  cpu::EmbeddingForward(out, tokens, token_embedding, position_embedding, b, t, c, vocab_begin,
-                        vocab_end, &pool_, positions);
+  FloatView out_f(out, static_cast<size_t>(b) * t * c, Access::kWrite, &pool_);
+  // Positions are below t, so the first t rows of the position table are all it reads.
+  const FloatView token_f(token_embedding, static_cast<size_t>(vocab_end - vocab_begin) * c,
+                          &pool_),
+      position_f(position_embedding, static_cast<size_t>(t) * c, &pool_);
+  cpu::EmbeddingForward(out_f.data(), tokens, token_f.cdata(), position_f.cdata(), b, t, c,
+                        vocab_begin, vocab_end, &pool_, positions);
 }
 
 void CpuBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
-                                   const float* dout, const int32_t* tokens, int b, int t, int c,
+                                   ConstValues dout, const int32_t* tokens, int b, int t, int c,
                                    int vocab_begin, int vocab_end, const int32_t* positions) {
-  cpu::EmbeddingBackward(dtoken_embedding, dposition_embedding, dout, tokens, b, t, c, vocab_begin,
-                         vocab_end, &pool_, positions);
+  const FloatView dout_f(dout, static_cast<size_t>(b) * t * c, &pool_);
+  cpu::EmbeddingBackward(dtoken_embedding, dposition_embedding, dout_f.cdata(), tokens, b, t, c,
+                         vocab_begin, vocab_end, &pool_, positions);
 }
 
-void CpuBackend::ClassifierForwardBackward(float* dx, float* dweight, const float* x,
-                                           const float* weight, const int32_t* targets, int n,
-                                           int c, int v, float grad_scale, double* loss_sum) {
+void CpuBackend::ClassifierForwardBackward(Values dx, float* dweight, ConstValues x,
+                                           ConstValues weight, const int32_t* targets, int n, int c,
+                                           int v, float grad_scale, double* loss_sum) {
+  const size_t inputs = static_cast<size_t>(n) * c;
+  const size_t weights = static_cast<size_t>(v) * c;
+  FloatView dx_f(dx, inputs, Access::kWrite, &pool_);
+  const FloatView x_f(x, inputs, &pool_), weight_f(weight, weights, &pool_);
   const int chunk_rows = std::min(n, ClassifierChunkRows(v));
   float* scratch = Scratch(cpu::ClassifierScratchSize(chunk_rows, v));
+  // Bf16 inputs: the logits are bf16 too, as the CUDA backend keeps them.
   *loss_sum += cpu::ClassifierForwardBackward(
-      dx, dweight, MatmulOperand(x, static_cast<size_t>(n) * c, 0),
-      MatmulOperand(weight, static_cast<size_t>(v) * c, 1), targets, n, c, v, grad_scale,
-      chunk_rows, scratch, &pool_, matmul_precision_);
+      dx_f.data(), dweight, MatmulOperand(x_f.data(), inputs, 0),
+      MatmulOperand(weight_f.data(), weights, 1), targets, n, c, v, grad_scale, chunk_rows, scratch,
+      &pool_, matmul_precision_, /*bf16_logits=*/x.dtype() == DataType::kBF16);
 }
 
-void CpuBackend::ClassifierRowMax(float* max, const float* logits, int n, int v) {
-  cpu::ClassifierRowMax(max, logits, n, v, &pool_);
+void CpuBackend::ClassifierRowMax(float* max, ConstValues logits, int n, int v) {
+  const FloatView logits_f(logits, static_cast<size_t>(n) * v, &pool_);
+  cpu::ClassifierRowMax(max, logits_f.cdata(), n, v, &pool_);
 }
 
-void CpuBackend::ClassifierExpSums(float* logits, float* sums, float* target_logits,
+void CpuBackend::ClassifierExpSums(Values logits, float* sums, float* target_logits,
                                    const float* max, const int32_t* targets, int n, int v,
                                    int vocab_begin) {
-  cpu::ClassifierExpSums(logits, sums, target_logits, max, targets, n, v, vocab_begin, &pool_);
+  FloatView logits_f(logits, static_cast<size_t>(n) * v, Access::kUpdate, &pool_);
+  cpu::ClassifierExpSums(logits_f.data(), sums, target_logits, max, targets, n, v, vocab_begin,
+                         &pool_);
 }
 
 void CpuBackend::ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
@@ -202,34 +339,34 @@ void CpuBackend::ClassifierLossSum(const float* max, const float* sums, const fl
   *loss_sum += cpu::ClassifierLossSum(max, sums, target_logits, targets, n);
 }
 
-void CpuBackend::ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets,
+void CpuBackend::ClassifierLogitsBackward(Values logits, const float* sums, const int32_t* targets,
                                           int n, int v, int vocab_begin, float grad_scale) {
-  cpu::ClassifierLogitsBackward(logits, sums, targets, n, v, vocab_begin, grad_scale, &pool_);
+  FloatView logits_f(logits, static_cast<size_t>(n) * v, Access::kUpdate, &pool_);
+  cpu::ClassifierLogitsBackward(logits_f.data(), sums, targets, n, v, vocab_begin, grad_scale,
+                                &pool_);
 }
 
-void CpuBackend::Add(float* out, const float* a, const float* b, size_t n) {
-  cpu::Add(out, a, b, n, &pool_);
+void CpuBackend::Add(Values out, ConstValues a, ConstValues b, size_t n) {
+  FloatView out_f(out, n, Access::kWrite, &pool_);
+  const FloatView a_f(a, n, &pool_), b_f(b, n, &pool_);
+  cpu::Add(out_f.data(), a_f.cdata(), b_f.cdata(), n, &pool_);
 }
 
 void CpuBackend::SumSquares(const float* x, size_t n, double* sum) {
   *sum += cpu::SumSquares(x, n, &pool_);
 }
 
-void CpuBackend::Scale(float* x, float factor, size_t n) { cpu::Scale(x, factor, n, &pool_); }
-
-void CpuBackend::Zero(float* x, size_t n) { cpu::Zero(x, n, &pool_); }
-
-void CpuBackend::RoundToBf16(uint16_t* out, const float* x, size_t n) {
-  cpu::ParallelFor(&pool_, n, 1 << 16, [&](size_t begin, size_t end, int) {
-    for (size_t i = begin; i < end; ++i) out[i] = cuda::FloatToBf16Bits(x[i]);
-  });
+void CpuBackend::Scale(Values x, float factor, size_t n) {
+  FloatView x_f(x, n, Access::kUpdate, &pool_);
+  cpu::Scale(x_f.data(), factor, n, &pool_);
 }
 
-void CpuBackend::WidenBf16(float* out, const uint16_t* x, size_t n) {
-  cpu::ParallelFor(&pool_, n, 1 << 16, [&](size_t begin, size_t end, int) {
-    for (size_t i = begin; i < end; ++i) out[i] = cuda::Bf16BitsToFloat(x[i]);
-  });
+void CpuBackend::Zero(Values x, size_t n) {
+  if (x.dtype() == DataType::kF32) return cpu::Zero(x.as<float>(), n, &pool_);
+  std::memset(x.data(), 0, n * DataTypeBytes(x.dtype()));
 }
+
+void CpuBackend::Convert(Values out, ConstValues x, size_t n) { ConvertValues(out, x, n, &pool_); }
 
 void CpuBackend::AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr,
                        float beta1, float beta2, float eps, float weight_decay, int64_t step) {

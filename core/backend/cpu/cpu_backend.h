@@ -2,8 +2,9 @@
 // to the float instantiation of a kernel template in this folder (the double instantiation is
 // what the tests finite-difference). Below matmul precision highest, the linear layers' and the
 // classifier's GEMMs multiply their inputs rounded as tensor cores round them
-// (matmul_precision.h). Not thread-safe: one caller at a time, since the pool and the scratch
-// buffers are shared by all calls.
+// (matmul_precision.h). Bf16 Values are the reference for the GPU's: widened into float32 copies,
+// computed on as float32, and the outputs rounded back to nearest even. Not thread-safe: one
+// caller at a time, since the pool and the scratch buffers are shared by all calls.
 #pragma once
 
 #include <vector>
@@ -37,64 +38,62 @@ class CpuBackend : public Backend {
   void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
             int lda, const float* b, int ldb, float beta, float* c, int ldc) override;
 
-  void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int n,
+  void LinearForward(Values out, ConstValues inp, ConstValues weight, ConstValues bias, int n,
                      int in_features, int out_features) override;
-  void AddBias(float* out, const float* bias, int n, int c) override;
-  void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                      const float* inp, const float* weight, int n, int in_features,
-                      int out_features) override;
+  void AddBias(Values out, ConstValues bias, int n, int c) override;
+  void LinearBackward(Values dinp, float* dweight, float* dbias, ConstValues dout, ConstValues inp,
+                      ConstValues weight, int n, int in_features, int out_features) override;
 
-  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                        const float* bias, int n, int c, float eps) override;
-  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                         const float* inp, const float* weight, const float* mean,
-                         const float* rstd, int n, int c) override;
-  void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int n, int c,
+  void LayerNormForward(Values out, float* mean, float* rstd, ConstValues inp, ConstValues weight,
+                        ConstValues bias, int n, int c, float eps) override;
+  void LayerNormBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
+                         ConstValues inp, ConstValues weight, const float* mean, const float* rstd,
+                         int n, int c) override;
+  void RmsNormForward(Values out, float* rstd, ConstValues inp, ConstValues weight, int n, int c,
                       float eps) override;
-  void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
-                       const float* weight, const float* rstd, int n, int c) override;
+  void RmsNormBackward(Values dinp, float* dweight, ConstValues dout, ConstValues inp,
+                       ConstValues weight, const float* rstd, int n, int c) override;
 
-  void GeluForward(float* out, const float* inp, size_t n) override;
-  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) override;
-  void SwiGluForward(float* out, const float* gate_up, int n, int f) override;
-  void SwiGluBackward(float* dgate_up, const float* gate_up, const float* dout, int n,
+  void GeluForward(Values out, ConstValues inp, size_t n) override;
+  void GeluBackward(Values dinp, ConstValues inp, ConstValues dout, size_t n) override;
+  void SwiGluForward(Values out, ConstValues gate_up, int n, int f) override;
+  void SwiGluBackward(Values dgate_up, ConstValues gate_up, ConstValues dout, int n,
                       int f) override;
 
-  void RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset,
+  void RopeForward(Values qkv, const AttentionShape& shape, float theta, int pos_offset,
                    const int32_t* positions) override;
-  void RopeBackward(float* dqkv, const AttentionShape& shape, float theta, int pos_offset,
+  void RopeBackward(Values dqkv, const AttentionShape& shape, float theta, int pos_offset,
                     const int32_t* positions) override;
 
-  void AttentionForward(float* out, float* lse, const float* qkv, const AttentionShape& shape,
+  void AttentionForward(Values out, float* lse, ConstValues qkv, const AttentionShape& shape,
                         const int32_t* positions) override;
-  void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  void AttentionBackward(Values dqkv, ConstValues dout, ConstValues qkv, ConstValues out,
                          const float* lse, const AttentionShape& shape,
                          const int32_t* positions) override;
 
-  void EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
-                        const float* position_embedding, int b, int t, int c, int vocab_begin,
+  void EmbeddingForward(Values out, const int32_t* tokens, ConstValues token_embedding,
+                        ConstValues position_embedding, int b, int t, int c, int vocab_begin,
                         int vocab_end, const int32_t* positions) override;
-  void EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding, const float* dout,
+  void EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding, ConstValues dout,
                          const int32_t* tokens, int b, int t, int c, int vocab_begin, int vocab_end,
                          const int32_t* positions) override;
 
-  void ClassifierForwardBackward(float* dx, float* dweight, const float* x, const float* weight,
+  void ClassifierForwardBackward(Values dx, float* dweight, ConstValues x, ConstValues weight,
                                  const int32_t* targets, int n, int c, int v, float grad_scale,
                                  double* loss_sum) override;
-  void ClassifierRowMax(float* max, const float* logits, int n, int v) override;
-  void ClassifierExpSums(float* logits, float* sums, float* target_logits, const float* max,
+  void ClassifierRowMax(float* max, ConstValues logits, int n, int v) override;
+  void ClassifierExpSums(Values logits, float* sums, float* target_logits, const float* max,
                          const int32_t* targets, int n, int v, int vocab_begin) override;
   void ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
                          const int32_t* targets, int n, double* loss_sum) override;
-  void ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets, int n,
+  void ClassifierLogitsBackward(Values logits, const float* sums, const int32_t* targets, int n,
                                 int v, int vocab_begin, float grad_scale) override;
 
-  void Add(float* out, const float* a, const float* b, size_t n) override;
+  void Add(Values out, ConstValues a, ConstValues b, size_t n) override;
   void SumSquares(const float* x, size_t n, double* sum) override;
-  void Scale(float* x, float factor, size_t n) override;
-  void Zero(float* x, size_t n) override;
-  void RoundToBf16(uint16_t* out, const float* x, size_t n) override;
-  void WidenBf16(float* out, const uint16_t* x, size_t n) override;
+  void Scale(Values x, float factor, size_t n) override;
+  void Zero(Values x, size_t n) override;
+  void Convert(Values out, ConstValues x, size_t n) override;
 
   void AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, int64_t step) override;

@@ -88,14 +88,16 @@ void VocabLogitsBackward(T* logits, const float* sums, const int32_t* targets, i
       logits, sums, targets, n, v, vocab_begin, grad_scale);
 }
 
-template void VocabRowMax<float>(float*, const float*, int, int, cudaStream_t);
-template void VocabExpSums<float>(float*, float*, float*, const float*, const int32_t*, int, int,
-                                  int, cudaStream_t);
-template void VocabLogitsBackward<float>(float*, const float*, const int32_t*, int, int, int, float,
-                                         cudaStream_t);
-template void ClassifierSoftmaxCrossEntropy<float>(float*, float*, const int32_t*, int, int, float,
-                                                   bool, cudaStream_t);
-template void ClassifierSoftmaxCrossEntropy<Bf16>(Bf16*, float*, const int32_t*, int, int, float,
-                                                  bool, cudaStream_t);
+#define DTRAIN_INSTANTIATE(T)                                                                    \
+  template void VocabRowMax<T>(float*, const T*, int, int, cudaStream_t);                        \
+  template void VocabExpSums<T>(T*, float*, float*, const float*, const int32_t*, int, int, int, \
+                                cudaStream_t);                                                   \
+  template void VocabLogitsBackward<T>(T*, const float*, const int32_t*, int, int, int, float,   \
+                                       cudaStream_t);                                            \
+  template void ClassifierSoftmaxCrossEntropy<T>(T*, float*, const int32_t*, int, int, float,    \
+                                                 bool, cudaStream_t);
+DTRAIN_INSTANTIATE(float)
+DTRAIN_INSTANTIATE(Bf16)
+#undef DTRAIN_INSTANTIATE
 
 }  // namespace dtrain::cuda

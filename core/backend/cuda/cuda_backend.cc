@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -129,11 +130,14 @@ Backend::Memory CudaBackend::AvailableMemory() const {
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
+  // The buffers free on the stream, so before it goes.
   workspace_.Reset();
   ones_.Reset();
+  ones_bf16_.Reset();
   logits_.Reset();
   losses_.Reset();
   block_sums_.Reset();
+  embedding_sort_.Reset();
   for (const StagingSlot& slot : staging_) {
     if (slot.copied != nullptr) cudaEventDestroy(slot.copied);
     if (slot.pinned != nullptr) cudaFreeHost(slot.pinned);
@@ -142,7 +146,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(stream_);
 }
 
-void CudaBackend::Check(cudaError_t error, const char* what) {
+void CudaBackend::Check(cudaError_t error, absl::string_view what) {
   if (error == cudaSuccess || !first_error_.ok()) return;
   first_error_ = absl::InternalError(absl::StrCat(
       "CUDA error in ", what, " on GPU ", device_, ": ", cudaGetErrorString(error),
@@ -225,23 +229,54 @@ void CudaBackend::Synchronize() {
   Check(cudaStreamSynchronize(stream_), "the kernels before a synchronisation");
 }
 
-float* CudaBackend::Scratch(DeviceBuffer& buffer, size_t count) {
-  if (buffer.size() < count) buffer = Allocate(count, DataType::kF32);
-  return buffer.floats();
+Values CudaBackend::Scratch(DeviceBuffer& buffer, size_t count, DataType dtype) {
+  if (buffer.size() < count || buffer.dtype() != dtype) buffer = Allocate(count, dtype);
+  return buffer.values();
 }
 
-const float* CudaBackend::Ones(size_t n) {
-  if (ones_.size() < n) {
-    ones_ = Allocate(n, DataType::kF32);
-    const std::vector<float> ones(n, 1.0f);
-    CopyFromHost(ones_.data(), ones.data(), n * sizeof(float));
+ConstValues CudaBackend::Ones(size_t n, DataType dtype) {
+  DeviceBuffer& ones = dtype == DataType::kBF16 ? ones_bf16_ : ones_;
+  if (ones.size() < n) {
+    ones = Allocate(n, dtype);
+    const std::vector<float> host(n, 1.0f);
+    DeviceBuffer staged = Allocate(n, DataType::kF32);
+    CopyFromHost(staged.data(), host.data(), n * sizeof(float));
+    Convert(ones.values(), staged.values(), n);
   }
-  return ones_.floats();
+  return ones.values();
 }
+
+template <typename Launch>
+void CudaBackend::LaunchTyped(const char* kernel, std::initializer_list<ConstValues> values,
+                              const Launch& launch) {
+  std::optional<DataType> type;
+  for (const ConstValues& v : values) {
+    if (v.null()) continue;
+    if (type.has_value() && *type != v.dtype()) {
+      return Check(cudaErrorInvalidValue, absl::StrCat(kernel, " (its tensors mix storage types)"));
+    }
+    type = v.dtype();
+  }
+  if (type == DataType::kBF16) {
+    launch(cuda::Bf16{});
+  } else if (!type.has_value() || type == DataType::kF32) {
+    launch(float{});
+  } else {
+    return Check(cudaErrorInvalidValue,
+                 absl::StrCat(kernel, " (values of type ", DataTypeName(*type), ")"));
+  }
+  CheckLaunch(kernel);
+}
+
+namespace {
+cudaDataType_t CudaType(DataType dtype) {
+  return dtype == DataType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+}  // namespace
 
 void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
-                         const float* a, int lda, const float* b, int ldb, float beta, float* c,
-                         int ldc, const float* bias, bool exact) {
+                         ConstValues a, int lda, ConstValues b, int ldb, float beta, Values c,
+                         int ldc, ConstValues bias, bool exact) {
   if (m == 0 || n == 0) return;
   if (k == 0) {  // C = beta C (+ bias): no product to take
     if (beta == 0) {
@@ -249,8 +284,11 @@ void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
     } else if (beta != 1) {
       for (int row = 0; row < m; ++row) Scale(c + static_cast<size_t>(row) * ldc, beta, n);
     }
-    if (bias != nullptr) AddBias(c, bias, m, n);  // ldc == n wherever a bias is fused
+    if (!bias.null()) AddBias(c, bias, m, n);  // ldc == n wherever a bias is fused
     return;
+  }
+  if (a.dtype() != b.dtype()) {
+    return Check(cudaErrorInvalidValue, "Matmul (its two inputs differ in storage type)");
   }
   // Row-major C (M, N) is column-major C^T (N, M) = op(B)^T op(A)^T, so cuBLASLt's first operand
   // is b and its second is a; a row-major (R, S) matrix is a column-major (S, R) one, same ld.
@@ -259,9 +297,10 @@ void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
   cublasLtMatmulPreference_t preference = nullptr;
-  // Float32 sums at every precision; the products' inputs rounded to TF32 or bf16 on the tensor
-  // cores below highest (matmul_precision.h).
-  const MatmulPrecision precision = exact ? MatmulPrecision::kHighest : matmul_precision_;
+  // Float32 sums at every precision. Float32 inputs are rounded to TF32 or bf16 on the tensor
+  // cores below highest (matmul_precision.h); bf16 inputs are bf16 already.
+  const MatmulPrecision precision =
+      exact || a.dtype() == DataType::kBF16 ? MatmulPrecision::kHighest : matmul_precision_;
   const cublasComputeType_t compute =
       precision == MatmulPrecision::kHigh     ? CUBLAS_COMPUTE_32F_FAST_TF32
       : precision == MatmulPrecision::kMedium ? CUBLAS_COMPUTE_32F_FAST_16BF
@@ -273,23 +312,29 @@ void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
   CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                            sizeof(op_second)),
             "TRANSB");
-  if (bias != nullptr) {
+  if (!bias.null()) {
     // The bias (N) is added to every row of row-major C: to each column of cuBLASLt's (N, M).
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const void* bias_data = bias.data();
+    const cudaDataType_t bias_type = CudaType(bias.dtype());
     CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                              sizeof(epilogue)),
               "EPILOGUE");
-    CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                             sizeof(bias)),
+    CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_data,
+                                             sizeof(bias_data)),
               "BIAS_POINTER");
+    CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                             sizeof(bias_type)),
+              "BIAS_DATA_TYPE");
   }
+  const cudaDataType_t input_type = CudaType(a.dtype());
   CheckBlas(
-      cublasLtMatrixLayoutCreate(&first, CUDA_R_32F, transpose_b ? k : n, transpose_b ? n : k, ldb),
+      cublasLtMatrixLayoutCreate(&first, input_type, transpose_b ? k : n, transpose_b ? n : k, ldb),
       "MatrixLayoutCreate");
-  CheckBlas(cublasLtMatrixLayoutCreate(&second, CUDA_R_32F, transpose_a ? m : k,
+  CheckBlas(cublasLtMatrixLayoutCreate(&second, input_type, transpose_a ? m : k,
                                        transpose_a ? k : m, lda),
             "MatrixLayoutCreate");
-  CheckBlas(cublasLtMatrixLayoutCreate(&out, CUDA_R_32F, n, m, ldc), "MatrixLayoutCreate");
+  CheckBlas(cublasLtMatrixLayoutCreate(&out, CudaType(c.dtype()), n, m, ldc), "MatrixLayoutCreate");
   CheckBlas(cublasLtMatmulPreferenceCreate(&preference), "MatmulPreferenceCreate");
   const size_t workspace_bytes = kWorkspaceBytes;
   CheckBlas(
@@ -297,10 +342,10 @@ void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
                                            &workspace_bytes, sizeof(workspace_bytes)),
       "MAX_WORKSPACE_BYTES");
   const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> alignments[] = {
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, b},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, a},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c}};
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, b.data()},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, a.data()},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c.data()},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c.data()}};
   for (const auto& [attribute, pointer] : alignments) {
     const uint32_t alignment = Alignment(pointer);
     CheckBlas(
@@ -315,9 +360,10 @@ void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
   if (found == 0) {
     CheckBlas(CUBLAS_STATUS_NOT_SUPPORTED, "MatmulAlgoGetHeuristic (no algorithm for the GEMM)");
   } else if (first_error_.ok()) {
-    CheckBlas(cublasLtMatmul(lt_, desc, &alpha, b, first, a, second, &beta, c, out, c, out,
-                             &heuristic.algo, workspace_.data(), kWorkspaceBytes, stream_),
-              "cublasLtMatmul");
+    CheckBlas(
+        cublasLtMatmul(lt_, desc, &alpha, b.data(), first, a.data(), second, &beta, c.data(), out,
+                       c.data(), out, &heuristic.algo, workspace_.data(), kWorkspaceBytes, stream_),
+        "cublasLtMatmul");
   }
   cublasLtMatmulPreferenceDestroy(preference);
   cublasLtMatrixLayoutDestroy(out);
@@ -332,21 +378,22 @@ void CudaBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, 
   Matmul(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nullptr);
 }
 
-void CudaBackend::LinearForward(float* out, const float* inp, const float* weight,
-                                const float* bias, int n, int in_features, int out_features) {
+void CudaBackend::LinearForward(Values out, ConstValues inp, ConstValues weight, ConstValues bias,
+                                int n, int in_features, int out_features) {
   Matmul(false, true, n, out_features, in_features, 1.0f, inp, in_features, weight, in_features,
          0.0f, out, out_features, bias);
 }
 
-void CudaBackend::AddBias(float* out, const float* bias, int n, int c) {
+void CudaBackend::AddBias(Values out, ConstValues bias, int n, int c) {
   // out (N, C) += ones (N, 1) @ bias (1, C): each product is 1 * bias, exact, as the CPU's add.
-  Matmul(false, false, n, c, 1, 1.0f, Ones(n), 1, bias, c, 1.0f, out, c, nullptr, true);
+  Matmul(false, false, n, c, 1, 1.0f, Ones(n, bias.dtype()), 1, bias, c, 1.0f, out, c, nullptr,
+         true);
 }
 
-void CudaBackend::LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                 const float* inp, const float* weight, int n, int in_features,
+void CudaBackend::LinearBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
+                                 ConstValues inp, ConstValues weight, int n, int in_features,
                                  int out_features) {
-  if (dinp != nullptr) {
+  if (!dinp.null()) {
     Matmul(false, false, n, in_features, out_features, 1.0f, dout, out_features, weight,
            in_features, 0.0f, dinp, in_features, nullptr);
   }
@@ -354,124 +401,143 @@ void CudaBackend::LinearBackward(float* dinp, float* dweight, float* dbias, cons
          1.0f, dweight, in_features, nullptr);
   if (dbias != nullptr) {
     // dbias (1, OC) += ones (1, N) @ dout (N, OC).
-    Matmul(false, false, 1, out_features, n, 1.0f, Ones(n), n, dout, out_features, 1.0f, dbias,
-           out_features, nullptr, true);
+    Matmul(false, false, 1, out_features, n, 1.0f, Ones(n, dout.dtype()), n, dout, out_features,
+           1.0f, dbias, out_features, nullptr, true);
   }
 }
 
-void CudaBackend::LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
-                                   const float* weight, const float* bias, int n, int c,
-                                   float eps) {
-  cuda::LayerNormForward<float>(out, mean, rstd, nullptr, nullptr, inp, weight, bias, n, c, eps,
-                                stream_);
-  CheckLaunch("LayerNormForward");
+void CudaBackend::LayerNormForward(Values out, float* mean, float* rstd, ConstValues inp,
+                                   ConstValues weight, ConstValues bias, int n, int c, float eps) {
+  LaunchTyped("LayerNormForward", {out, inp, weight, bias}, [&]<typename T>(T) {
+    cuda::LayerNormForward<T>(out.as<T>(), mean, rstd, nullptr, nullptr, inp.as<T>(),
+                              weight.as<T>(), bias.as<T>(), n, c, eps, stream_);
+  });
 }
 
-void CudaBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                    const float* inp, const float* weight, const float* mean,
+void CudaBackend::LayerNormBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
+                                    ConstValues inp, ConstValues weight, const float* mean,
                                     const float* rstd, int n, int c) {
-  cuda::LayerNormBackward<float>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c,
-                                 stream_);
-  CheckLaunch("LayerNormBackward");
+  LaunchTyped("LayerNormBackward", {dinp, dout, inp, weight}, [&]<typename T>(T) {
+    cuda::LayerNormBackward<T>(dinp.as<T>(), dweight, dbias, dout.as<T>(), inp.as<T>(),
+                               weight.as<T>(), mean, rstd, n, c, stream_);
+  });
 }
 
-void CudaBackend::RmsNormForward(float* out, float* rstd, const float* inp, const float* weight,
+void CudaBackend::RmsNormForward(Values out, float* rstd, ConstValues inp, ConstValues weight,
                                  int n, int c, float eps) {
-  cuda::RmsNormForward<float>(out, rstd, nullptr, nullptr, inp, weight, n, c, eps, stream_);
-  CheckLaunch("RmsNormForward");
+  LaunchTyped("RmsNormForward", {out, inp, weight}, [&]<typename T>(T) {
+    cuda::RmsNormForward<T>(out.as<T>(), rstd, nullptr, nullptr, inp.as<T>(), weight.as<T>(), n, c,
+                            eps, stream_);
+  });
 }
 
-void CudaBackend::RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
-                                  const float* weight, const float* rstd, int n, int c) {
-  cuda::RmsNormBackward<float>(dinp, dweight, dout, inp, weight, rstd, n, c, stream_);
-  CheckLaunch("RmsNormBackward");
+void CudaBackend::RmsNormBackward(Values dinp, float* dweight, ConstValues dout, ConstValues inp,
+                                  ConstValues weight, const float* rstd, int n, int c) {
+  LaunchTyped("RmsNormBackward", {dinp, dout, inp, weight}, [&]<typename T>(T) {
+    cuda::RmsNormBackward<T>(dinp.as<T>(), dweight, dout.as<T>(), inp.as<T>(), weight.as<T>(), rstd,
+                             n, c, stream_);
+  });
 }
 
-void CudaBackend::GeluForward(float* out, const float* inp, size_t n) {
-  cuda::GeluForward<float>(out, inp, n, stream_);
-  CheckLaunch("GeluForward");
+void CudaBackend::GeluForward(Values out, ConstValues inp, size_t n) {
+  LaunchTyped("GeluForward", {out, inp},
+              [&]<typename T>(T) { cuda::GeluForward<T>(out.as<T>(), inp.as<T>(), n, stream_); });
 }
 
-void CudaBackend::GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) {
-  cuda::GeluBackward<float>(dinp, inp, dout, n, stream_);
-  CheckLaunch("GeluBackward");
+void CudaBackend::GeluBackward(Values dinp, ConstValues inp, ConstValues dout, size_t n) {
+  LaunchTyped("GeluBackward", {dinp, inp, dout}, [&]<typename T>(T) {
+    cuda::GeluBackward<T>(dinp.as<T>(), inp.as<T>(), dout.as<T>(), n, stream_);
+  });
 }
 
-void CudaBackend::SwiGluForward(float* out, const float* gate_up, int n, int f) {
-  cuda::SwiGluForward<float>(out, gate_up, n, f, stream_);
-  CheckLaunch("SwiGluForward");
+void CudaBackend::SwiGluForward(Values out, ConstValues gate_up, int n, int f) {
+  LaunchTyped("SwiGluForward", {out, gate_up}, [&]<typename T>(T) {
+    cuda::SwiGluForward<T>(out.as<T>(), gate_up.as<T>(), n, f, stream_);
+  });
 }
 
-void CudaBackend::SwiGluBackward(float* dgate_up, const float* gate_up, const float* dout, int n,
+void CudaBackend::SwiGluBackward(Values dgate_up, ConstValues gate_up, ConstValues dout, int n,
                                  int f) {
-  cuda::SwiGluBackward<float>(dgate_up, gate_up, dout, n, f, stream_);
-  CheckLaunch("SwiGluBackward");
+  LaunchTyped("SwiGluBackward", {dgate_up, gate_up, dout}, [&]<typename T>(T) {
+    cuda::SwiGluBackward<T>(dgate_up.as<T>(), gate_up.as<T>(), dout.as<T>(), n, f, stream_);
+  });
 }
 
-void CudaBackend::RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset,
+void CudaBackend::RopeForward(Values qkv, const AttentionShape& shape, float theta, int pos_offset,
                               const int32_t* positions) {
-  cuda::RopeForward<float>(qkv, shape, theta, pos_offset, positions, stream_);
-  CheckLaunch("RopeForward");
+  LaunchTyped("RopeForward", {qkv}, [&]<typename T>(T) {
+    cuda::RopeForward<T>(qkv.as<T>(), shape, theta, pos_offset, positions, stream_);
+  });
 }
 
-void CudaBackend::RopeBackward(float* dqkv, const AttentionShape& shape, float theta,
+void CudaBackend::RopeBackward(Values dqkv, const AttentionShape& shape, float theta,
                                int pos_offset, const int32_t* positions) {
-  cuda::RopeBackward<float>(dqkv, shape, theta, pos_offset, positions, stream_);
-  CheckLaunch("RopeBackward");
+  LaunchTyped("RopeBackward", {dqkv}, [&]<typename T>(T) {
+    cuda::RopeBackward<T>(dqkv.as<T>(), shape, theta, pos_offset, positions, stream_);
+  });
 }
 
 // The attention messages below state the kernels' limit.
 static_assert(cuda::kAttentionMaxHeadDim == 512);
 
-void CudaBackend::AttentionForward(float* out, float* lse, const float* qkv,
+void CudaBackend::AttentionForward(Values out, float* lse, ConstValues qkv,
                                    const AttentionShape& shape, const int32_t* positions) {
-  Check(cuda::AttentionForward<float>(out, lse, qkv, shape, positions, stream_),
-        "AttentionForward (head_dim at most 512, heads a multiple of kv_heads)");
-  CheckLaunch("AttentionForward");
+  LaunchTyped("AttentionForward", {out, qkv}, [&]<typename T>(T) {
+    Check(cuda::AttentionForward<T>(out.as<T>(), lse, qkv.as<T>(), shape, positions, stream_),
+          "AttentionForward (head_dim at most 512, heads a multiple of kv_heads)");
+  });
 }
 
-void CudaBackend::AttentionBackward(float* dqkv, const float* dout, const float* qkv,
-                                    const float* out, const float* lse, const AttentionShape& shape,
+void CudaBackend::AttentionBackward(Values dqkv, ConstValues dout, ConstValues qkv, ConstValues out,
+                                    const float* lse, const AttentionShape& shape,
                                     const int32_t* positions) {
-  Check(cuda::AttentionBackward<float>(dqkv, dout, qkv, out, lse, shape, positions, stream_),
-        "AttentionBackward (head_dim at most 512, heads a multiple of kv_heads)");
-  CheckLaunch("AttentionBackward");
+  LaunchTyped("AttentionBackward", {dqkv, dout, qkv, out}, [&]<typename T>(T) {
+    Check(cuda::AttentionBackward<T>(dqkv.as<T>(), dout.as<T>(), qkv.as<T>(), out.as<T>(), lse,
+                                     shape, positions, stream_),
+          "AttentionBackward (head_dim at most 512, heads a multiple of kv_heads)");
+  });
 }
 
-void CudaBackend::EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
-                                   const float* position_embedding, int b, int t, int c,
+void CudaBackend::EmbeddingForward(Values out, const int32_t* tokens, ConstValues token_embedding,
+                                   ConstValues position_embedding, int b, int t, int c,
                                    int vocab_begin, int vocab_end, const int32_t* positions) {
-  cuda::EmbeddingForward<float>(out, tokens, token_embedding, position_embedding, b, t, c,
-                                vocab_begin, vocab_end, positions, stream_);
-  CheckLaunch("EmbeddingForward");
+  LaunchTyped("EmbeddingForward", {out, token_embedding, position_embedding}, [&]<typename T>(T) {
+    cuda::EmbeddingForward<T>(out.as<T>(), tokens, token_embedding.as<T>(),
+                              position_embedding.as<T>(), b, t, c, vocab_begin, vocab_end,
+                              positions, stream_);
+  });
 }
 
 void CudaBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding,
-                                    const float* dout, const int32_t* tokens, int b, int t, int c,
+                                    ConstValues dout, const int32_t* tokens, int b, int t, int c,
                                     int vocab_begin, int vocab_end, const int32_t* positions) {
   const size_t scratch_bytes = cuda::EmbeddingBackwardScratchBytes(static_cast<size_t>(b) * t);
-  float* scratch = Scratch(embedding_sort_, (scratch_bytes + sizeof(float) - 1) / sizeof(float));
-  Check(cuda::EmbeddingBackward<float>(dtoken_embedding, dposition_embedding, dout, tokens, b, t, c,
-                                       vocab_begin, vocab_end, positions, scratch, stream_),
-        "EmbeddingBackward's sort of the ids");
-  CheckLaunch("EmbeddingBackward");
+  void* scratch = Scratch(embedding_sort_, scratch_bytes, DataType::kBF16).data();
+  LaunchTyped("EmbeddingBackward", {dout}, [&]<typename T>(T) {
+    Check(cuda::EmbeddingBackward<T>(dtoken_embedding, dposition_embedding, dout.as<T>(), tokens, b,
+                                     t, c, vocab_begin, vocab_end, positions, scratch, stream_),
+          "EmbeddingBackward's sort of the ids");
+  });
 }
 
-void CudaBackend::ClassifierForwardBackward(float* dx, float* dweight, const float* x,
-                                            const float* weight, const int32_t* targets, int n,
+void CudaBackend::ClassifierForwardBackward(Values dx, float* dweight, ConstValues x,
+                                            ConstValues weight, const int32_t* targets, int n,
                                             int c, int v, float grad_scale, double* loss_sum) {
   if (n == 0) return;
   const int chunk_rows = std::min(n, ClassifierChunkRows(v));
-  float* logits = Scratch(logits_, static_cast<size_t>(chunk_rows) * v);  // (chunk, V)
-  float* losses = Scratch(losses_, n);                                    // (N)
+  // (chunk, V) in the inputs' type, as llm.c's and autocast's logits: the dx GEMM multiplies
+  // them with the weight.
+  const Values logits = Scratch(logits_, static_cast<size_t>(chunk_rows) * v, x.dtype());
+  float* losses = Scratch(losses_, n, DataType::kF32).as<float>();  // (N)
   for (int r0 = 0; r0 < n; r0 += chunk_rows) {
     const int rows = std::min(chunk_rows, n - r0);
-    const float* x_chunk = x + static_cast<size_t>(r0) * c;
+    const ConstValues x_chunk = x + static_cast<size_t>(r0) * c;
     Matmul(false, true, rows, v, c, 1.0f, x_chunk, c, weight, c, 0.0f, logits, v, nullptr);
-    cuda::ClassifierSoftmaxCrossEntropy<float>(logits, losses + r0, targets + r0, rows, v,
-                                               grad_scale, dx != nullptr, stream_);
-    CheckLaunch("ClassifierSoftmaxCrossEntropy");
-    if (dx == nullptr) continue;
+    LaunchTyped("ClassifierSoftmaxCrossEntropy", {logits}, [&]<typename T>(T) {
+      cuda::ClassifierSoftmaxCrossEntropy<T>(logits.as<T>(), losses + r0, targets + r0, rows, v,
+                                             grad_scale, !dx.null(), stream_);
+    });
+    if (dx.null()) continue;
     Matmul(false, false, rows, c, v, 1.0f, logits, v, weight, c, 0.0f,
            dx + static_cast<size_t>(r0) * c, c, nullptr);
     Matmul(true, false, v, c, rows, 1.0f, logits, v, x_chunk, c, 1.0f, dweight, c, nullptr);
@@ -480,62 +546,68 @@ void CudaBackend::ClassifierForwardBackward(float* dx, float* dweight, const flo
   CheckLaunch("AddSum (classifier loss)");
 }
 
-void CudaBackend::ClassifierRowMax(float* max, const float* logits, int n, int v) {
-  cuda::VocabRowMax<float>(max, logits, n, v, stream_);
-  CheckLaunch("VocabRowMax");
+void CudaBackend::ClassifierRowMax(float* max, ConstValues logits, int n, int v) {
+  LaunchTyped("VocabRowMax", {logits},
+              [&]<typename T>(T) { cuda::VocabRowMax<T>(max, logits.as<T>(), n, v, stream_); });
 }
 
-void CudaBackend::ClassifierExpSums(float* logits, float* sums, float* target_logits,
+void CudaBackend::ClassifierExpSums(Values logits, float* sums, float* target_logits,
                                     const float* max, const int32_t* targets, int n, int v,
                                     int vocab_begin) {
-  cuda::VocabExpSums<float>(logits, sums, target_logits, max, targets, n, v, vocab_begin, stream_);
-  CheckLaunch("VocabExpSums");
+  LaunchTyped("VocabExpSums", {logits}, [&]<typename T>(T) {
+    cuda::VocabExpSums<T>(logits.as<T>(), sums, target_logits, max, targets, n, v, vocab_begin,
+                          stream_);
+  });
 }
 
 void CudaBackend::ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
                                     const int32_t* targets, int n, double* loss_sum) {
   if (n == 0) return;
-  float* losses = Scratch(losses_, n);
+  float* losses = Scratch(losses_, n, DataType::kF32).as<float>();
   cuda::VocabLosses(losses, max, sums, target_logits, targets, n, stream_);
   CheckLaunch("VocabLosses");
   cuda::AddSum(loss_sum, losses, n, stream_);
   CheckLaunch("AddSum (vocabulary-parallel loss)");
 }
 
-void CudaBackend::ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets,
+void CudaBackend::ClassifierLogitsBackward(Values logits, const float* sums, const int32_t* targets,
                                            int n, int v, int vocab_begin, float grad_scale) {
-  cuda::VocabLogitsBackward<float>(logits, sums, targets, n, v, vocab_begin, grad_scale, stream_);
-  CheckLaunch("VocabLogitsBackward");
+  LaunchTyped("VocabLogitsBackward", {logits}, [&]<typename T>(T) {
+    cuda::VocabLogitsBackward<T>(logits.as<T>(), sums, targets, n, v, vocab_begin, grad_scale,
+                                 stream_);
+  });
 }
 
-void CudaBackend::Add(float* out, const float* a, const float* b, size_t n) {
-  cuda::Add<float>(out, a, b, n, stream_);
-  CheckLaunch("Add");
+void CudaBackend::Add(Values out, ConstValues a, ConstValues b, size_t n) {
+  LaunchTyped("Add", {out, a, b},
+              [&]<typename T>(T) { cuda::Add<T>(out.as<T>(), a.as<T>(), b.as<T>(), n, stream_); });
 }
 
 void CudaBackend::SumSquares(const float* x, size_t n, double* sum) {
-  cuda::SumSquares<float>(sum, Scratch(block_sums_, cuda::SumSquaresBlocks(n)), x, n, stream_);
+  float* block_sums = Scratch(block_sums_, cuda::SumSquaresBlocks(n), DataType::kF32).as<float>();
+  cuda::SumSquares<float>(sum, block_sums, x, n, stream_);
   CheckLaunch("SumSquares");
 }
 
-void CudaBackend::RoundToBf16(uint16_t* out, const float* x, size_t n) {
-  cuda::Convert(reinterpret_cast<cuda::Bf16*>(out), x, n, stream_);
-  CheckLaunch("Convert (to bf16)");
+void CudaBackend::Convert(Values out, ConstValues x, size_t n) {
+  if (out.dtype() == x.dtype()) return Copy(out.data(), x.data(), n * DataTypeBytes(x.dtype()));
+  if (const float* from = x.as<float>(); from != nullptr && out.as<cuda::Bf16>() != nullptr) {
+    cuda::Convert(out.as<cuda::Bf16>(), from, n, stream_);
+  } else if (x.as<cuda::Bf16>() != nullptr && out.as<float>() != nullptr) {
+    cuda::Convert(out.as<float>(), x.as<cuda::Bf16>(), n, stream_);
+  } else {
+    return Check(cudaErrorInvalidValue, "Convert (between float32 and bf16 only)");
+  }
+  CheckLaunch("Convert");
 }
 
-void CudaBackend::WidenBf16(float* out, const uint16_t* x, size_t n) {
-  cuda::Convert(out, reinterpret_cast<const cuda::Bf16*>(x), n, stream_);
-  CheckLaunch("Convert (from bf16)");
+void CudaBackend::Scale(Values x, float factor, size_t n) {
+  LaunchTyped("Scale", {x}, [&]<typename T>(T) { cuda::Scale<T>(x.as<T>(), factor, n, stream_); });
 }
 
-void CudaBackend::Scale(float* x, float factor, size_t n) {
-  cuda::Scale<float>(x, factor, n, stream_);
-  CheckLaunch("Scale");
-}
-
-void CudaBackend::Zero(float* x, size_t n) {
+void CudaBackend::Zero(Values x, size_t n) {
   if (n == 0) return;
-  Check(cudaMemsetAsync(x, 0, n * sizeof(float), stream_), "Zero");
+  Check(cudaMemsetAsync(x.data(), 0, n * DataTypeBytes(x.dtype()), stream_), "Zero");
 }
 
 void CudaBackend::AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr,

@@ -1,10 +1,11 @@
-// The CUDA backend: float32 tensors in device memory of one GPU, every kernel on one compute
-// stream. GEMMs (and the linear layers, the bias fused as cuBLASLt's epilogue) run through
-// cuBLASLt with one workspace and fp32 sums, their inputs float32 (TF32 off) or, at
-// run.matmul_precision high or medium, rounded to TF32 or bf16 on the tensor cores
-// (matmul_precision.h), so that its results stay within 1e-4 of the CPU backend's at the same
-// precision; everything else runs the kernels of this folder (kernels.h). Built into the CUDA
-// module (cuda_module.h), never into the binary.
+// The CUDA backend: tensors in device memory of one GPU, every kernel on one compute stream.
+// GEMMs (and the linear layers, the bias fused as cuBLASLt's epilogue) run through cuBLASLt with
+// one workspace and fp32 sums, their inputs bf16, or float32 (TF32 off) or, at
+// run.matmul_precision high or medium, float32 rounded to TF32 or bf16 on the tensor cores
+// (matmul_precision.h), so that float32 results stay within 1e-4 of the CPU backend's at the same
+// precision; everything else runs the kernels of this folder (kernels.h), instantiated for the
+// Values' storage type, float or bf16. Built into the CUDA module (cuda_module.h), never into the
+// binary.
 //
 // Memory: Allocate is cudaMallocAsync on the stream from the device's pool, which keeps freed
 // memory for reuse, zero-filled on the stream; Free returns it on the stream without waiting.
@@ -21,11 +22,13 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/backend/allocations.h"
 #include "core/backend/backend.h"
 #include "core/backend/matmul_precision.h"
@@ -63,65 +66,63 @@ class CudaBackend : public Backend {
 
   void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
             int lda, const float* b, int ldb, float beta, float* c, int ldc) override;
-  void LinearForward(float* out, const float* inp, const float* weight, const float* bias, int n,
+  void LinearForward(Values out, ConstValues inp, ConstValues weight, ConstValues bias, int n,
                      int in_features, int out_features) override;
-  void AddBias(float* out, const float* bias, int n, int c) override;
-  void LinearBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                      const float* inp, const float* weight, int n, int in_features,
-                      int out_features) override;
+  void AddBias(Values out, ConstValues bias, int n, int c) override;
+  void LinearBackward(Values dinp, float* dweight, float* dbias, ConstValues dout, ConstValues inp,
+                      ConstValues weight, int n, int in_features, int out_features) override;
 
-  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                        const float* bias, int n, int c, float eps) override;
-  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                         const float* inp, const float* weight, const float* mean,
-                         const float* rstd, int n, int c) override;
-  void RmsNormForward(float* out, float* rstd, const float* inp, const float* weight, int n, int c,
+  void LayerNormForward(Values out, float* mean, float* rstd, ConstValues inp, ConstValues weight,
+                        ConstValues bias, int n, int c, float eps) override;
+  void LayerNormBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
+                         ConstValues inp, ConstValues weight, const float* mean, const float* rstd,
+                         int n, int c) override;
+  void RmsNormForward(Values out, float* rstd, ConstValues inp, ConstValues weight, int n, int c,
                       float eps) override;
-  void RmsNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
-                       const float* weight, const float* rstd, int n, int c) override;
+  void RmsNormBackward(Values dinp, float* dweight, ConstValues dout, ConstValues inp,
+                       ConstValues weight, const float* rstd, int n, int c) override;
 
-  void GeluForward(float* out, const float* inp, size_t n) override;
-  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) override;
-  void SwiGluForward(float* out, const float* gate_up, int n, int f) override;
-  void SwiGluBackward(float* dgate_up, const float* gate_up, const float* dout, int n,
+  void GeluForward(Values out, ConstValues inp, size_t n) override;
+  void GeluBackward(Values dinp, ConstValues inp, ConstValues dout, size_t n) override;
+  void SwiGluForward(Values out, ConstValues gate_up, int n, int f) override;
+  void SwiGluBackward(Values dgate_up, ConstValues gate_up, ConstValues dout, int n,
                       int f) override;
 
-  void RopeForward(float* qkv, const AttentionShape& shape, float theta, int pos_offset,
+  void RopeForward(Values qkv, const AttentionShape& shape, float theta, int pos_offset,
                    const int32_t* positions) override;
-  void RopeBackward(float* dqkv, const AttentionShape& shape, float theta, int pos_offset,
+  void RopeBackward(Values dqkv, const AttentionShape& shape, float theta, int pos_offset,
                     const int32_t* positions) override;
-  void AttentionForward(float* out, float* lse, const float* qkv, const AttentionShape& shape,
+  void AttentionForward(Values out, float* lse, ConstValues qkv, const AttentionShape& shape,
                         const int32_t* positions) override;
-  void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* out,
+  void AttentionBackward(Values dqkv, ConstValues dout, ConstValues qkv, ConstValues out,
                          const float* lse, const AttentionShape& shape,
                          const int32_t* positions) override;
 
-  void EmbeddingForward(float* out, const int32_t* tokens, const float* token_embedding,
-                        const float* position_embedding, int b, int t, int c, int vocab_begin,
+  void EmbeddingForward(Values out, const int32_t* tokens, ConstValues token_embedding,
+                        ConstValues position_embedding, int b, int t, int c, int vocab_begin,
                         int vocab_end, const int32_t* positions) override;
-  void EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding, const float* dout,
+  void EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding, ConstValues dout,
                          const int32_t* tokens, int b, int t, int c, int vocab_begin, int vocab_end,
                          const int32_t* positions) override;
 
-  void ClassifierForwardBackward(float* dx, float* dweight, const float* x, const float* weight,
+  void ClassifierForwardBackward(Values dx, float* dweight, ConstValues x, ConstValues weight,
                                  const int32_t* targets, int n, int c, int v, float grad_scale,
                                  double* loss_sum) override;
   // The vocabulary-parallel phases run on the host over copies of their inputs: they serve
   // tensor parallelism, which needs more than one GPU and so NCCL on device buffers (to come).
-  void ClassifierRowMax(float* max, const float* logits, int n, int v) override;
-  void ClassifierExpSums(float* logits, float* sums, float* target_logits, const float* max,
+  void ClassifierRowMax(float* max, ConstValues logits, int n, int v) override;
+  void ClassifierExpSums(Values logits, float* sums, float* target_logits, const float* max,
                          const int32_t* targets, int n, int v, int vocab_begin) override;
   void ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
                          const int32_t* targets, int n, double* loss_sum) override;
-  void ClassifierLogitsBackward(float* logits, const float* sums, const int32_t* targets, int n,
+  void ClassifierLogitsBackward(Values logits, const float* sums, const int32_t* targets, int n,
                                 int v, int vocab_begin, float grad_scale) override;
 
-  void Add(float* out, const float* a, const float* b, size_t n) override;
+  void Add(Values out, ConstValues a, ConstValues b, size_t n) override;
   void SumSquares(const float* x, size_t n, double* sum) override;
-  void Scale(float* x, float factor, size_t n) override;
-  void Zero(float* x, size_t n) override;
-  void RoundToBf16(uint16_t* out, const float* x, size_t n) override;
-  void WidenBf16(float* out, const uint16_t* x, size_t n) override;
+  void Scale(Values x, float factor, size_t n) override;
+  void Zero(Values x, size_t n) override;
+  void Convert(Values out, ConstValues x, size_t n) override;
   void AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
              float beta2, float eps, float weight_decay, int64_t step) override;
 
@@ -130,20 +131,28 @@ class CudaBackend : public Backend {
               size_t free_bytes, MatmulPrecision matmul_precision);
 
   // Keeps the first failure as status(), naming `what` (a kernel or CUDA call).
-  void Check(cudaError_t error, const char* what);
+  void Check(cudaError_t error, absl::string_view what);
   void CheckBlas(cublasStatus_t status, const char* what);
   // After launching kernel `kernel`: a launch error (bad configuration, an earlier fault).
   void CheckLaunch(const char* kernel) { Check(cudaGetLastError(), kernel); }
   // Row-major C (M, N) = alpha op(A) op(B) + beta C (+ bias (N) on every row when not null,
-  // cuBLASLt's bias epilogue), as Backend::Gemm, at run.matmul_precision; `exact`: in float32
-  // whatever it is (the GEMMs with a vector of ones that add and sum biases).
-  void Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
-              int lda, const float* b, int ldb, float beta, float* c, int ldc, const float* bias,
+  // cuBLASLt's bias epilogue), as Backend::Gemm. A and B share a storage type; C may be float32
+  // for bf16 inputs. Float32 inputs multiply at run.matmul_precision, or in float32 when
+  // `exact` (the GEMMs with a vector of ones that add and sum biases).
+  void Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, ConstValues a,
+              int lda, ConstValues b, int ldb, float beta, Values c, int ldc, ConstValues bias,
               bool exact = false);
-  // `buffer` holding at least `count` floats (grown, contents lost, when smaller).
-  float* Scratch(DeviceBuffer& buffer, size_t count);
-  // n ones (N), for the bias sums and adds as GEMMs with a vector of ones.
-  const float* Ones(size_t n);
+  // `buffer` holding at least `count` values of `dtype` (reallocated, contents lost, when smaller
+  // or of another type).
+  Values Scratch(DeviceBuffer& buffer, size_t count, DataType dtype);
+  // n ones (N) of `dtype`, for the bias sums and adds as GEMMs with a vector of ones.
+  ConstValues Ones(size_t n, DataType dtype);
+  // Calls launch(T{}) with T the storage type of the non-null `values` (float or cuda::Bf16), then
+  // checks the launch of `kernel`; values of mixed or other types are kept as status() naming
+  // it (a caller's bug), launching nothing.
+  template <typename Launch>
+  void LaunchTyped(const char* kernel, std::initializer_list<ConstValues> values,
+                   const Launch& launch);
 
   int device_;
   cudaStream_t stream_;
@@ -154,7 +163,8 @@ class CudaBackend : public Backend {
   Allocations allocations_;      // before the buffers below, which free into it
   DeviceBuffer workspace_;       // cuBLASLt's, kWorkspaceBytes
   DeviceBuffer ones_;            // 1.0f each
-  DeviceBuffer logits_;          // the classifier's (chunk, V) logits
+  DeviceBuffer ones_bf16_;       // 1.0 each in bf16
+  DeviceBuffer logits_;          // the classifier's (chunk, V) logits, in its inputs' type
   DeviceBuffer losses_;          // (N) the classifier's per-row losses
   DeviceBuffer block_sums_;      // SumSquares's per-block sums
   DeviceBuffer embedding_sort_;  // EmbeddingBackward's ids sorted with their rows

@@ -35,7 +35,7 @@ __global__ void EmbeddingForwardKernel(T* out, const int32_t* tokens, const T* t
 }
 
 template <typename T>
-__global__ void PositionEmbeddingGradKernel(T* dposition_embedding, const T* dout, int b, int t,
+__global__ void PositionEmbeddingGradKernel(float* dposition_embedding, const T* dout, int b, int t,
                                             int c) {
   const size_t index = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= static_cast<size_t>(t) * c) return;
@@ -50,7 +50,7 @@ __global__ void RowIndicesKernel(int32_t* rows, size_t count) {
 
 // Grid: (count sorted positions, column blocks); a block whose position starts no run returns.
 template <typename T>
-__global__ void EmbeddingGradRunKernel(T* dtable, const T* dout, const int32_t* sorted_ids,
+__global__ void EmbeddingGradRunKernel(float* dtable, const T* dout, const int32_t* sorted_ids,
                                        const int32_t* sorted_rows, size_t count, int c,
                                        int id_begin, int id_end) {
   const size_t i = blockIdx.x;
@@ -96,7 +96,7 @@ SortScratch LayOut(void* scratch, size_t count) {
 // dtable += dout's rows, row r into ids[r]'s table row (embedding_math.h); the sort's error, if
 // it failed to start.
 template <typename T>
-cudaError_t TableGrad(T* dtable, const T* dout, const int32_t* ids, size_t count, int c,
+cudaError_t TableGrad(float* dtable, const T* dout, const int32_t* ids, size_t count, int c,
                       int id_begin, int id_end, const SortScratch& sort, cudaStream_t stream) {
   RowIndicesKernel<<<Blocks(count), kElementwiseThreads, 0, stream>>>(sort.rows, count);
   size_t temp_bytes = sort.temp_bytes;
@@ -128,7 +128,7 @@ void EmbeddingForward(T* out, const int32_t* tokens, const T* token_embedding,
 }
 
 template <typename T>
-cudaError_t EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const T* dout,
+cudaError_t EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding, const T* dout,
                               const int32_t* tokens, int b, int t, int c, int vocab_begin,
                               int vocab_end, const int32_t* positions, void* scratch,
                               cudaStream_t stream) {
@@ -146,11 +146,11 @@ cudaError_t EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const
   return cudaSuccess;
 }
 
-#define DTRAIN_INSTANTIATE(T)                                                                     \
-  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int, int,   \
-                                    int, const int32_t*, cudaStream_t);                           \
-  template cudaError_t EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, int, int, int, int, \
-                                            int, const int32_t*, void*, cudaStream_t);
+#define DTRAIN_INSTANTIATE(T)                                                                   \
+  template void EmbeddingForward<T>(T*, const int32_t*, const T*, const T*, int, int, int, int, \
+                                    int, const int32_t*, cudaStream_t);                         \
+  template cudaError_t EmbeddingBackward<T>(float*, float*, const T*, const int32_t*, int, int, \
+                                            int, int, int, const int32_t*, void*, cudaStream_t);
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(Bf16)
 #undef DTRAIN_INSTANTIATE

@@ -5,7 +5,7 @@
 // Backward accumulates deterministically, without atomics: the rows are sorted by id (stably),
 // and one thread owns an id's run in one column and adds its rows in order, as the CPU backend
 // does, so repeated tokens (or, with documents, repeated positions) sum in the same order on
-// every run. For bf16 tables a run sums in float32 and rounds once into the table.
+// every run. The gradient tables are float32 whatever dout's type (backend.h).
 #pragma once
 
 #include <cstddef>
@@ -34,14 +34,12 @@ DTRAIN_HD T EmbeddingValue(const T* token_value, const T* position_value) {
 // Without documents: dposition_embedding[position, j] += dout[(batch, position), j] over the
 // batches, in order.
 template <typename T>
-DTRAIN_HD void PositionEmbeddingGrad(T* dposition_embedding, const T* dout, int b, int t, int c,
+DTRAIN_HD void PositionEmbeddingGrad(float* dposition_embedding, const T* dout, int b, int t, int c,
                                      int position, int j) {
-  const size_t at = static_cast<size_t>(position) * c + j;
-  float sum = ToFloat(dposition_embedding[at]);
+  float& grad = dposition_embedding[static_cast<size_t>(position) * c + j];
   for (int batch = 0; batch < b; ++batch) {
-    sum += ToFloat(dout[(static_cast<size_t>(batch) * t + position) * c + j]);
+    grad += ToFloat(dout[(static_cast<size_t>(batch) * t + position) * c + j]);
   }
-  dposition_embedding[at] = FromFloat<T>(sum);
 }
 
 // A table's gradient dtable (id_end - id_begin, C) += dout's rows (B*T, C), row r into the
@@ -55,20 +53,19 @@ DTRAIN_HD inline bool StartsRun(const int32_t* sorted_ids, size_t i) {
 }
 
 // For the run starting at sorted position i (StartsRun), column j of its id's table row += the
-// run's dout rows in row order, summed in float32 and rounded once (nothing for an id outside
-// [id_begin, id_end)). Each run has one owner and adds in row order as the CPU backend does:
-// deterministic, without atomics, and in float32 the CPU's sums exactly.
+// run's dout rows in row order (nothing for an id outside [id_begin, id_end)). Each run has one
+// owner and adds in row order as the CPU backend does: deterministic, without atomics, and the
+// CPU's sums exactly.
 template <typename T>
-DTRAIN_HD void EmbeddingGradRun(T* dtable, const T* dout, const int32_t* sorted_ids,
+DTRAIN_HD void EmbeddingGradRun(float* dtable, const T* dout, const int32_t* sorted_ids,
                                 const int32_t* sorted_rows, size_t count, int c, int id_begin,
                                 int id_end, size_t i, int j) {
-  T* grad_row = TokenRow(dtable, sorted_ids[i], c, id_begin, id_end);
+  float* grad_row = TokenRow(dtable, sorted_ids[i], c, id_begin, id_end);
   if (grad_row == nullptr) return;
-  float sum = ToFloat(grad_row[j]);
+  float& grad = grad_row[j];
   for (size_t k = i; k < count && sorted_ids[k] == sorted_ids[i]; ++k) {
-    sum += ToFloat(dout[static_cast<size_t>(sorted_rows[k]) * c + j]);
+    grad += ToFloat(dout[static_cast<size_t>(sorted_rows[k]) * c + j]);
   }
-  grad_row[j] = FromFloat<T>(sum);
 }
 
 }  // namespace dtrain::cuda

@@ -32,19 +32,21 @@ void SwiGluBackward(T* dgate_up, const T* gate_up, const T* dout, int n, int f,
 
 // norm_math.h, one warp per row. out, inp (N, C); mean, rstd (N) fp32; weight, bias (C). With
 // residual (N, C) not null, the row normalised is residual + inp, also written to residual_out.
-// dinp (N, C) +=, dweight, dbias (C) +=; inp there is the normalised x (residual_out if fused).
+// dinp (N, C) +=, dweight, dbias (C) fp32 +=; inp there is the normalised x (residual_out if
+// fused).
 template <typename T>
 void LayerNormForward(T* out, float* mean, float* rstd, T* residual_out, const T* residual,
                       const T* inp, const T* weight, const T* bias, int n, int c, float eps,
                       cudaStream_t stream);
 template <typename T>
-void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                       const float* mean, const float* rstd, int n, int c, cudaStream_t stream);
+void LayerNormBackward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+                       const T* weight, const float* mean, const float* rstd, int n, int c,
+                       cudaStream_t stream);
 template <typename T>
 void RmsNormForward(T* out, float* rstd, T* residual_out, const T* residual, const T* inp,
                     const T* weight, int n, int c, float eps, cudaStream_t stream);
 template <typename T>
-void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+void RmsNormBackward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
                      const float* rstd, int n, int c, cudaStream_t stream);
 
 // classifier_math.h, one warp per row, after the logits GEMM: logits (N, V) become dlogits when
@@ -84,18 +86,18 @@ void RopeBackward(T* dqkv, const AttentionShape& shape, double theta, int pos_of
 
 // embedding_math.h. tokens (B, T); token_embedding (vocab_end - vocab_begin, C); position_embedding
 // (maxT, C) or null; out (B*T, C). Forward: one thread per 16-byte pack of out. Backward: the
-// tables += (the position table skipped when null): the ids sorted with their rows (CUB's stable
-// radix sort) into `scratch`, EmbeddingBackwardScratchBytes(B*T) bytes of device memory, then one
-// thread per (run of an id, column); without documents the position table one thread per
-// (position, column). Returns the sort's error if it failed to start (the kernels' show as
-// launch errors).
+// fp32 gradient tables += (the position table skipped when null): the ids sorted with their rows
+// (CUB's stable radix sort) into `scratch`, EmbeddingBackwardScratchBytes(B*T) bytes of device
+// memory, then one thread per (run of an id, column); without documents the position table one
+// thread per (position, column). Returns the sort's error if it failed to start (the kernels' show
+// as launch errors).
 size_t EmbeddingBackwardScratchBytes(size_t rows);
 template <typename T>
 void EmbeddingForward(T* out, const int32_t* tokens, const T* token_embedding,
                       const T* position_embedding, int b, int t, int c, int vocab_begin,
                       int vocab_end, const int32_t* positions, cudaStream_t stream);
 template <typename T>
-cudaError_t EmbeddingBackward(T* dtoken_embedding, T* dposition_embedding, const T* dout,
+cudaError_t EmbeddingBackward(float* dtoken_embedding, float* dposition_embedding, const T* dout,
                               const int32_t* tokens, int b, int t, int c, int vocab_begin,
                               int vocab_end, const int32_t* positions, void* scratch,
                               cudaStream_t stream);

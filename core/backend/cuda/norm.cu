@@ -33,8 +33,9 @@ __global__ void LayerNormBackwardKernel(T* dinp, const T* dout, const T* inp, co
 // Grid: column tiles of kWarpSize; block (kWarpSize, kColumnSlices): thread (x, y) sums slice y
 // of column tile * kWarpSize + x (a warp reads kWarpSize consecutive columns of a row), then the
 // slices' sums are added in slice order (norm_math.h).
-template <typename T, typename SliceSums>
-__device__ void ColumnGradsOfTile(T* dweight, T* dbias, int c, const SliceSums& slice_sums) {
+template <typename SliceSums>
+__device__ void ColumnGradsOfTile(float* dweight, float* dbias, int c,
+                                  const SliceSums& slice_sums) {
   __shared__ ColumnGrads slices[kWarpSize][kColumnSlices];
   const int j = static_cast<int>(blockIdx.x) * kWarpSize + static_cast<int>(threadIdx.x);
   if (j < c) slices[threadIdx.x][threadIdx.y] = slice_sums(j, static_cast<int>(threadIdx.y));
@@ -43,7 +44,7 @@ __device__ void ColumnGradsOfTile(T* dweight, T* dbias, int c, const SliceSums& 
 }
 
 template <typename T>
-__global__ void LayerNormParamGradKernel(T* dweight, T* dbias, const T* dout, const T* inp,
+__global__ void LayerNormParamGradKernel(float* dweight, float* dbias, const T* dout, const T* inp,
                                          const float* mean, const float* rstd, int n, int c) {
   ColumnGradsOfTile(dweight, dbias, c, [&](int j, int slice) {
     return LayerNormParamGradSlice(dout, inp, mean, rstd, n, c, j, slice);
@@ -71,9 +72,9 @@ __global__ void RmsNormBackwardKernel(T* dinp, const T* dout, const T* inp, cons
 }
 
 template <typename T>
-__global__ void RmsNormWeightGradKernel(T* dweight, const T* dout, const T* inp, const float* rstd,
-                                        int n, int c) {
-  ColumnGradsOfTile(dweight, static_cast<T*>(nullptr), c, [&](int j, int slice) {
+__global__ void RmsNormWeightGradKernel(float* dweight, const T* dout, const T* inp,
+                                        const float* rstd, int n, int c) {
+  ColumnGradsOfTile(dweight, nullptr, c, [&](int j, int slice) {
     return RmsNormWeightGradSlice(dout, inp, rstd, n, c, j, slice);
   });
 }
@@ -95,8 +96,9 @@ void LayerNormForward(T* out, float* mean, float* rstd, T* residual_out, const T
 }
 
 template <typename T>
-void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                       const float* mean, const float* rstd, int n, int c, cudaStream_t stream) {
+void LayerNormBackward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+                       const T* weight, const float* mean, const float* rstd, int n, int c,
+                       cudaStream_t stream) {
   if (n == 0 || c == 0) return;
   LayerNormBackwardKernel<<<RowBlocks(n), kRowThreads, 0, stream>>>(dinp, dout, inp, weight, mean,
                                                                     rstd, n, c);
@@ -113,7 +115,7 @@ void RmsNormForward(T* out, float* rstd, T* residual_out, const T* residual, con
 }
 
 template <typename T>
-void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+void RmsNormBackward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
                      const float* rstd, int n, int c, cudaStream_t stream) {
   if (n == 0 || c == 0) return;
   RmsNormBackwardKernel<<<RowBlocks(n), kRowThreads, 0, stream>>>(dinp, dout, inp, weight, rstd, n,
@@ -125,12 +127,12 @@ void RmsNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* 
 #define DTRAIN_INSTANTIATE(T)                                                                    \
   template void LayerNormForward<T>(T*, float*, float*, T*, const T*, const T*, const T*,        \
                                     const T*, int, int, float, cudaStream_t);                    \
-  template void LayerNormBackward<T>(T*, T*, T*, const T*, const T*, const T*, const float*,     \
-                                     const float*, int, int, cudaStream_t);                      \
+  template void LayerNormBackward<T>(T*, float*, float*, const T*, const T*, const T*,           \
+                                     const float*, const float*, int, int, cudaStream_t);        \
   template void RmsNormForward<T>(T*, float*, T*, const T*, const T*, const T*, int, int, float, \
                                   cudaStream_t);                                                 \
-  template void RmsNormBackward<T>(T*, T*, const T*, const T*, const T*, const float*, int, int, \
-                                   cudaStream_t);
+  template void RmsNormBackward<T>(T*, float*, const T*, const T*, const T*, const float*, int,  \
+                                   int, cudaStream_t);
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(Bf16)
 #undef DTRAIN_INSTANTIATE

@@ -102,17 +102,17 @@ DTRAIN_HD ColumnGrads LayerNormParamGradSlice(const T* dout, const T* inp, const
 }
 
 // dweight[j] (and dbias[j], unless dbias is null) += the sums of slices[0..kColumnSlices), in
-// order.
-template <typename T>
-DTRAIN_HD void AddColumnGrads(T* dweight, T* dbias, const ColumnGrads* slices, int j) {
-  float dw = ToFloat(dweight[j]);
-  float db = dbias == nullptr ? 0 : ToFloat(dbias[j]);
+// order. Parameter gradients are float32 whatever the values' type (backend.h).
+DTRAIN_HD inline void AddColumnGrads(float* dweight, float* dbias, const ColumnGrads* slices,
+                                     int j) {
+  float dw = dweight[j];
+  float db = dbias == nullptr ? 0 : dbias[j];
   for (int slice = 0; slice < kColumnSlices; ++slice) {
     dw += slices[slice].dweight;
     db += slices[slice].dbias;
   }
-  dweight[j] = FromFloat<T>(dw);
-  if (dbias != nullptr) dbias[j] = FromFloat<T>(db);
+  dweight[j] = dw;
+  if (dbias != nullptr) dbias[j] = db;
 }
 
 // RMSNorm: out = x * rstd * weight; the same row layout as LayerNormForwardRow.

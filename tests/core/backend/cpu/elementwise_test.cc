@@ -32,20 +32,20 @@ TEST(ElementwiseTest, AddScaleZero) {
   for (float x : out) ASSERT_EQ(x, 0.0f);
 }
 
-// The bf16 copies of the gradient reductions: each value rounds to the nearer of the two bf16
-// values around it (found by truncation and its successor, compared in double), a tie to the
-// one with an even last bit, and widening is exact. Ties and values near a power of two
-// included.
+// Convert's bf16 copies (the gradient reductions', the compute copies'): each value rounds to the
+// nearer of the two bf16 values around it (found by truncation and its successor, compared in
+// double), a tie to the one with an even last bit, and widening is exact. Ties and values near a
+// power of two included.
 TEST(ElementwiseTest, Bf16RoundsToNearestEvenAndWidensExactly) {
   std::vector<float> x = ToFloat(RandomVector(kSize, 4, -3, 3));
   const float ties[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -1.0f - 0x1p-8f,
                         2.0f - 0x1p-8f, 0x1p-130f,          0.0f};
   std::copy(std::begin(ties), std::end(ties), x.begin());
   CpuBackend backend(2);
-  std::vector<uint16_t> bits(kSize);
-  backend.RoundToBf16(bits.data(), x.data(), kSize);
+  std::vector<Bf16> rounded(kSize);
+  backend.Convert(rounded.data(), x.data(), kSize);
   std::vector<float> widened(kSize);
-  backend.WidenBf16(widened.data(), bits.data(), kSize);
+  backend.Convert(widened.data(), rounded.data(), kSize);
   for (size_t i = 0; i < kSize; ++i) {
     uint32_t raw = 0;
     std::memcpy(&raw, &x[i], sizeof(raw));
@@ -58,7 +58,7 @@ TEST(ElementwiseTest, Bf16RoundsToNearestEvenAndWidensExactly) {
     const bool down_is_even = (down_bits & 0x10000u) == 0;
     const float expected = to_down < to_up || (to_down == to_up && down_is_even) ? down : up;
     ASSERT_EQ(widened[i], expected) << i << ": " << x[i];
-    ASSERT_EQ(uint32_t{bits[i]} << 16, expected == down ? down_bits : up_bits) << i;
+    ASSERT_EQ(uint32_t{rounded[i].bits} << 16, expected == down ? down_bits : up_bits) << i;
   }
   EXPECT_EQ(widened[0], 1.0f);                // 1 + 2^-8: a tie, to the even 1
   EXPECT_EQ(widened[1], 1.0f + 4 * 0x1p-8f);  // 1 + 3 * 2^-8: a tie, to the even 1 + 2^-6

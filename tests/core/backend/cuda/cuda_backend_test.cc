@@ -224,27 +224,24 @@ TEST(CudaBackendTest, NormsActivationsAndElementwise) {
   EXPECT_TRUE(gpu->status().ok()) << gpu->status();
 }
 
-// Copies from the host of up to a staging slot return without waiting for the stream: the host
-// reuses its buffer at once, more copies are issued than there are slots, and each arrives; a
-// larger copy (which waits) arrives too.
 // The bf16 copies of the gradient reductions: the same bits as the CPU's rounding, and back.
 TEST(CudaBackendTest, Bf16CopiesMatchTheCpu) {
   DTRAIN_GPU_OR_SKIP(gpu);
   CpuBackend cpu(1);
   const size_t n = 100003;
   const std::vector<float> values = RandomFloats(n, 11, -50, 50);
-  std::vector<uint16_t> expected(n), bits(n);
-  cpu.RoundToBf16(expected.data(), values.data(), n);
+  std::vector<Bf16> expected(n), rounded_gpu(n);
+  cpu.Convert(expected.data(), values.data(), n);
   DeviceBuffer x = gpu->Allocate(n, DataType::kF32);
   DeviceBuffer rounded = gpu->Allocate(n, DataType::kBF16);
   gpu->CopyFromHost(x.data(), values.data(), x.bytes());
-  gpu->RoundToBf16(static_cast<uint16_t*>(rounded.data()), x.floats(), n);
-  gpu->CopyToHost(bits.data(), rounded.data(), rounded.bytes());
-  EXPECT_EQ(bits, expected);
-  gpu->WidenBf16(x.floats(), static_cast<const uint16_t*>(rounded.data()), n);
+  gpu->Convert(rounded.values(), x.values(), n);
+  gpu->CopyToHost(rounded_gpu.data(), rounded.data(), rounded.bytes());
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(rounded_gpu[i].bits, expected[i].bits) << i;
+  gpu->Convert(x.values(), rounded.values(), n);
   std::vector<float> widened(n), widened_cpu(n);
   gpu->CopyToHost(widened.data(), x.data(), x.bytes());
-  cpu.WidenBf16(widened_cpu.data(), expected.data(), n);
+  cpu.Convert(widened_cpu.data(), expected.data(), n);
   EXPECT_EQ(widened, widened_cpu);
   EXPECT_TRUE(gpu->status().ok()) << gpu->status();
 }
@@ -285,6 +282,9 @@ TEST(CudaBackendTest, MemoryComesFromAPoolAndRunningOutIsNamed) {
   EXPECT_TRUE(gpu->status().ok()) << gpu->status();
 }
 
+// Copies from the host of up to a staging slot return without waiting for the stream: the host
+// reuses its buffer at once, more copies are issued than there are slots, and each arrives; a
+// larger copy (which waits) arrives too.
 TEST(CudaBackendTest, CopiesFromTheHostArriveWhileTheHostReusesItsBuffer) {
   DTRAIN_GPU_OR_SKIP(gpu);
   constexpr int kCopies = 20;

@@ -31,9 +31,10 @@ struct NormInputs {
         bias(Store<T>(testing::RandomFloats(c, 4))),
         dout(Store<T>(testing::RandomFloats(kRows * c, 5))),
         dinp(Store<T>(testing::RandomFloats(kRows * c, 6))),
-        dweight(Store<T>(testing::RandomFloats(c, 7))),
-        dbias(Store<T>(testing::RandomFloats(c, 8))) {}
-  std::vector<T> inp, residual, weight, bias, dout, dinp, dweight, dbias;
+        dweight(testing::RandomFloats(c, 7)),
+        dbias(testing::RandomFloats(c, 8)) {}
+  std::vector<T> inp, residual, weight, bias, dout, dinp;
+  std::vector<float> dweight, dbias;  // parameter gradients: float32 whatever T
 };
 
 // The row x the CPU backend normalises: inp, or residual + inp stored as T (what the fused
@@ -53,7 +54,8 @@ void CheckLayerNorm(int c, bool fused) {
   SCOPED_TRACE(::testing::Message() << "c " << c << (fused ? " fused" : ""));
   const NormInputs<T> in(c);
   std::vector<T> out(kRows * c), residual_out(kRows * c);
-  std::vector<T> dinp = in.dinp, dweight = in.dweight, dbias = in.dbias;
+  std::vector<T> dinp = in.dinp;
+  std::vector<float> dweight = in.dweight, dbias = in.dbias;
   std::vector<float> mean(kRows), rstd(kRows);
   for (int row = 0; row < kRows; ++row) {
     const size_t at = static_cast<size_t>(row) * c;
@@ -87,8 +89,7 @@ void CheckLayerNorm(int c, bool fused) {
   std::vector<float> out_cpu(kRows * c), mean_cpu(kRows), rstd_cpu(kRows);
   cpu::LayerNormForward(out_cpu.data(), mean_cpu.data(), rstd_cpu.data(), x_cpu.data(),
                         weight.data(), Load(in.bias).data(), kRows, c, kEps, nullptr);
-  std::vector<float> dinp_cpu = Load(in.dinp), dweight_cpu = Load(in.dweight),
-                     dbias_cpu = Load(in.dbias);
+  std::vector<float> dinp_cpu = Load(in.dinp), dweight_cpu = in.dweight, dbias_cpu = in.dbias;
   cpu::LayerNormBackward(dinp_cpu.data(), dweight_cpu.data(), dbias_cpu.data(), dout.data(),
                          x_cpu.data(), weight.data(), mean_cpu.data(), rstd_cpu.data(), kRows, c,
                          nullptr);
@@ -106,7 +107,8 @@ void CheckRmsNorm(int c, bool fused) {
   SCOPED_TRACE(::testing::Message() << "c " << c << (fused ? " fused" : ""));
   const NormInputs<T> in(c);
   std::vector<T> out(kRows * c), residual_out(kRows * c);
-  std::vector<T> dinp = in.dinp, dweight = in.dweight;
+  std::vector<T> dinp = in.dinp;
+  std::vector<float> dweight = in.dweight;
   std::vector<float> rstd(kRows);
   for (int row = 0; row < kRows; ++row) {
     const size_t at = static_cast<size_t>(row) * c;
@@ -130,7 +132,7 @@ void CheckRmsNorm(int c, bool fused) {
       slices[slice] =
           RmsNormWeightGradSlice(in.dout.data(), x.data(), rstd.data(), kRows, c, j, slice);
     }
-    AddColumnGrads(dweight.data(), static_cast<T*>(nullptr), slices, j);
+    AddColumnGrads(dweight.data(), nullptr, slices, j);
   }
 
   std::vector<float> sum;
@@ -139,7 +141,7 @@ void CheckRmsNorm(int c, bool fused) {
   std::vector<float> out_cpu(kRows * c), rstd_cpu(kRows);
   cpu::RmsNormForward(out_cpu.data(), rstd_cpu.data(), x_cpu.data(), weight.data(), kRows, c, kEps,
                       nullptr);
-  std::vector<float> dinp_cpu = Load(in.dinp), dweight_cpu = Load(in.dweight);
+  std::vector<float> dinp_cpu = Load(in.dinp), dweight_cpu = in.dweight;
   cpu::RmsNormBackward(dinp_cpu.data(), dweight_cpu.data(), dout.data(), x_cpu.data(),
                        weight.data(), rstd_cpu.data(), kRows, c, nullptr);
   if (fused) ExpectMatches(residual_out, sum, "residual_out");
