@@ -1,7 +1,6 @@
 #include "parallel/data_parallel.h"
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 
@@ -19,9 +18,9 @@ namespace {
 // on the wire, and the tied embedding's, filled from the classifier to the end of backward.
 constexpr size_t kMaxGradientUnits = 3;
 
-uint64_t Fingerprint(const std::vector<float>& values) {
+uint64_t Fingerprint(const std::vector<uint32_t>& words) {
   uint64_t hash = kFnvOffset;
-  for (const float v : values) hash = FnvMix(hash, std::bit_cast<uint32_t>(v));
+  for (const uint32_t word : words) hash = FnvMix(hash, word);
   return hash;
 }
 
@@ -42,7 +41,10 @@ DataParallelEngine::DataParallelEngine(const ParamTable& table, const ShardingSt
       counted_(table.CountedRanges()),
       layout_(table, strategy.unit_bytes,
               strategy.sharding == Sharding::kNone || comm == nullptr ? 1 : comm->size()) {
-  params_ = backend_.Allocate(sharded_params() ? layout_.shard_size() : layout_.padded_size());
+  // Sharded, the shard is the float32 masters, gathered into compute copies unit by unit; held
+  // whole, the parameters are the compute copies themselves.
+  params_ = sharded_params() ? backend_.Allocate(layout_.shard_size())
+                             : backend_.Allocate(layout_.padded_size(), compute_type());
   grads_ = backend_.Allocate(sharded_grads() ? layout_.shard_size() : layout_.padded_size());
   if (bf16_params() && !sharded_params()) masters_ = backend_.Allocate(layout_.shard_size());
   scalars_ = backend_.Allocate(3, DataType::kF64);
@@ -54,10 +56,20 @@ DataParallelEngine::DataParallelEngine(const ParamTable& table, const ShardingSt
   regions_ready_.assign(layout_.units().size(), 0);
 }
 
-float* DataParallelEngine::OwnParams(const Unit& unit) {
-  if (sharded_params()) return params_.floats() + unit.shard_begin;
+size_t DataParallelEngine::OwnOffset(const Unit& unit) const {
+  if (sharded_params()) return unit.shard_begin;
   const int slice_rank = layout_.ranks() == 1 ? 0 : rank();
-  return params_.floats() + unit.padded_begin + slice_rank * unit.shard;
+  return unit.padded_begin + slice_rank * unit.shard;
+}
+
+float* DataParallelEngine::OwnParams(const Unit& unit) {
+  return params_.floats() + OwnOffset(unit);
+}
+
+float* DataParallelEngine::LoadedParams() {
+  if (params_.dtype() == DataType::kF32) return params_.floats();
+  if (loaded_.size() == 0) loaded_ = backend_.Allocate(params_.size());
+  return loaded_.floats();
 }
 
 float* DataParallelEngine::MasterParams(const Unit& unit) {
@@ -78,7 +90,7 @@ void DataParallelEngine::LoadParameters(const float* full) {
       backend_.Zero(own, unit.shard);
       backend_.CopyFromHost(own, full + begin, (end - begin) * kFloat);
     } else {
-      backend_.CopyFromHost(params_.floats() + unit.padded_begin, full + unit.begin,
+      backend_.CopyFromHost(LoadedParams() + unit.padded_begin, full + unit.begin,
                             (unit.end - unit.begin) * kFloat);
     }
   }
@@ -93,7 +105,7 @@ void DataParallelEngine::InitParameters(const ModelConfig& config, uint64_t seed
         sharded_params() ? layout_.slice(unit, rank()) : std::pair{unit.begin, unit.end};
     staged.assign(end - begin, 0.0f);
     dtrain::InitParameters(config, table_, seed, begin, end, staged.data());
-    float* own = sharded_params() ? OwnParams(unit) : params_.floats() + unit.padded_begin;
+    float* own = sharded_params() ? OwnParams(unit) : LoadedParams() + unit.padded_begin;
     backend_.CopyFromHost(own, staged.data(), staged.size() * kFloat);
   }
   LoadedState();
@@ -103,18 +115,21 @@ absl::StatusOr<std::vector<float>> DataParallelEngine::GatherParameters() {
   std::vector<float> full(table_.total_numel());
   DeviceBuffer gathered;
   for (const Unit& unit : layout_.units()) {
-    const float* source = params_.floats() + unit.padded_begin;
-    if (sharded_params() || masters_.size() > 0) {
-      const size_t count = unit.shard * layout_.ranks();
-      if (gathered.size() < count) gathered = backend_.Allocate(count);
-      std::unique_ptr<Work> work =
-          layout_.ranks() > 1 ? comm_->AllGather(MasterParams(unit), gathered.floats(), unit.shard)
-                              : nullptr;
-      if (!work) backend_.Copy(gathered.floats(), MasterParams(unit), unit.shard * kFloat);
-      RETURN_IF_ERROR(Wait(work));
-      source = gathered.floats();
+    const size_t count = unit.end - unit.begin;
+    if (!sharded_params() && masters_.size() == 0) {  // float32 parameters held whole
+      backend_.CopyToHost(full.data() + unit.begin, params_.floats() + unit.padded_begin,
+                          count * kFloat);
+      continue;
     }
-    backend_.CopyToHost(full.data() + unit.begin, source, (unit.end - unit.begin) * kFloat);
+    if (gathered.size() < unit.shard * layout_.ranks()) {
+      gathered = backend_.Allocate(unit.shard * layout_.ranks());
+    }
+    std::unique_ptr<Work> work =
+        layout_.ranks() > 1 ? comm_->AllGather(MasterParams(unit), gathered.floats(), unit.shard)
+                            : nullptr;
+    if (!work) backend_.Copy(gathered.floats(), MasterParams(unit), unit.shard * kFloat);
+    RETURN_IF_ERROR(Wait(work));
+    backend_.CopyToHost(full.data() + unit.begin, gathered.floats(), count * kFloat);
   }
   return full;
 }
@@ -157,19 +172,12 @@ std::unique_ptr<Work> DataParallelEngine::ReduceScatterGradients(const float* in
                               ReduceOp::kSum);
 }
 
-std::unique_ptr<Work> DataParallelEngine::GatherParams(const float* own, float* output,
+std::unique_ptr<Work> DataParallelEngine::GatherParams(const float* own, Values output,
                                                        size_t shard, Wire& wire) {
-  if (!bf16_params()) return comm_->AllGather(own, output, shard);
-  wire.input = backend_.Allocate(shard, DataType::kBF16);
-  wire.output = backend_.Allocate(shard * ranks(), DataType::kBF16);
+  if (output.dtype() == DataType::kF32) return comm_->AllGather(own, output.as<float>(), shard);
+  wire.input = backend_.Allocate(shard, output.dtype());
   backend_.Convert(wire.input.values(), own, shard);
-  return comm_->AllGather(wire.input.data(), wire.output.data(), shard, DataType::kBF16);
-}
-
-void DataParallelEngine::RoundParams(float* out, const float* masters, size_t count) {
-  if (round_bits_.size() < count) round_bits_ = backend_.Allocate(count, DataType::kBF16);
-  backend_.Convert(round_bits_.values(), masters, count);
-  backend_.Convert(out, round_bits_.values(), count);
+  return comm_->AllGather(wire.input.data(), output.data(), shard, output.dtype());
 }
 
 void DataParallelEngine::Land(Wire& wire, float* result, size_t count) {
@@ -257,14 +265,12 @@ DataParallelEngine::GatheredUnit& DataParallelEngine::Gather(int unit_index) {
   GatheredUnit& gathered = it->second;
   if (!inserted) return gathered;
   const Unit& unit = layout_.units()[unit_index];
-  gathered.values = backend_.Allocate(unit.shard * ranks());
+  gathered.values = backend_.Allocate(unit.shard * ranks(), compute_type());
   if (comm_) {
     gathered.pending =
-        GatherParams(OwnParams(unit), gathered.values.floats(), unit.shard, gathered.wire);
-  } else if (bf16_params()) {
-    RoundParams(gathered.values.floats(), OwnParams(unit), unit.shard);
+        GatherParams(OwnParams(unit), gathered.values.values(), unit.shard, gathered.wire);
   } else {
-    backend_.Copy(gathered.values.floats(), OwnParams(unit), unit.shard * kFloat);
+    backend_.Convert(gathered.values.values(), OwnParams(unit), unit.shard);
   }
   size_t live = 0;
   for (const auto& [index, g] : gathered_) live += g.values.size();
@@ -280,16 +286,16 @@ void DataParallelEngine::Prefetch(int region, Pass pass) {
   if (next_unit >= 0 && next_unit != layout_.unit_index(region)) Gather(next_unit);
 }
 
-const float* DataParallelEngine::Acquire(int region, Pass pass) {
+ConstValues DataParallelEngine::Acquire(int region, Pass pass) {
   const Unit& unit = layout_.unit_of(region);
   const size_t region_begin = table_.BlockRange(region).first;
-  if (!sharded_params()) return params_.floats() + layout_.padded(unit, region_begin);
+  if (!sharded_params()) return params_.values() + layout_.padded(unit, region_begin);
   GatheredUnit& gathered = Gather(layout_.unit_index(region));
   (void)Wait(gathered.pending);  // a failure is reported by FinishStep
-  Land(gathered.wire, gathered.values.floats(), gathered.values.size());
+  gathered.wire = Wire{};
   ++gathered.users;
   Prefetch(region, pass);
-  return gathered.values.floats() + (region_begin - unit.begin);
+  return gathered.values.values() + (region_begin - unit.begin);
 }
 
 void DataParallelEngine::Release(int region, Pass pass) {
@@ -496,24 +502,20 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
     std::vector<std::unique_ptr<Work>> gathers;
     for (size_t u = 0; u < layout_.units().size(); ++u) {
       const Unit& unit = layout_.units()[u];
-      float* output = params_.floats() + unit.padded_begin;
-      if (bf16_params()) {
+      const Values output = params_.values() + unit.padded_begin;
+      if (bf16_params()) {  // the masters rounded into the wire, gathered into the compute copy
         gathers.push_back(GatherParams(MasterParams(unit), output, unit.shard, wires[u]));
         continue;
       }
       // The input may not lie in the output.
       own[u] = backend_.Allocate(unit.shard);
       backend_.Copy(own[u].floats(), OwnParams(unit), unit.shard * kFloat);
-      gathers.push_back(comm_->AllGather(own[u].floats(), output, unit.shard));
+      gathers.push_back(comm_->AllGather(own[u].floats(), output.as<float>(), unit.shard));
     }
-    for (size_t u = 0; u < gathers.size(); ++u) {
-      RETURN_IF_ERROR(Wait(gathers[u]));
-      const Unit& unit = layout_.units()[u];
-      Land(wires[u], params_.floats() + unit.padded_begin, unit.shard * layout_.ranks());
-    }
+    for (std::unique_ptr<Work>& gather : gathers) RETURN_IF_ERROR(Wait(gather));
   } else if (masters_.size() > 0) {
     for (const Unit& unit : layout_.units()) {
-      RoundParams(params_.floats() + unit.padded_begin, MasterParams(unit), unit.shard);
+      backend_.Convert(params_.values() + unit.padded_begin, MasterParams(unit), unit.shard);
     }
   }
   totals.exposed_comm_ms = exposed_comm_ms_;
@@ -549,9 +551,9 @@ absl::Status DataParallelEngine::ReduceStepSums(Communicator* group, absl::Span<
 
 absl::Status DataParallelEngine::CheckReplicas() {
   if (!comm_ || sharded_params()) return absl::OkStatus();
-  std::vector<float> values(params_.size());
-  backend_.CopyToHost(values.data(), params_.floats(), params_.bytes());
-  const uint64_t fingerprint = Fingerprint(values);
+  std::vector<uint32_t> words((params_.bytes() + sizeof(uint32_t) - 1) / sizeof(uint32_t));
+  backend_.CopyToHost(words.data(), params_.data(), params_.bytes());
+  const uint64_t fingerprint = Fingerprint(words);
   std::vector<uint64_t> all(ranks());
   RETURN_IF_ERROR(AllGatherHost(*comm_, backend_, &fingerprint, all.data(), 1));
   std::vector<int> differing;
@@ -569,7 +571,7 @@ absl::Status DataParallelEngine::CheckReplicas() {
 // ---- checkpoints ------------------------------------------------------------------------
 
 float* DataParallelEngine::ParamAt(const Unit& unit, size_t position) {
-  if (!sharded_params()) return params_.floats() + layout_.padded(unit, position);
+  if (!sharded_params()) return LoadedParams() + layout_.padded(unit, position);
   return params_.floats() + unit.shard_begin + (position - layout_.slice(unit, rank()).first);
 }
 
@@ -623,11 +625,13 @@ std::vector<StateRange> DataParallelEngine::HeldState() {
 
 void DataParallelEngine::LoadedState() {
   if (!bf16_params() || sharded_params()) return;  // a shard is rounded as it is gathered
+  const float* loaded = LoadedParams();
   for (const Unit& unit : layout_.units()) {
-    backend_.Copy(MasterParams(unit), OwnParams(unit), unit.shard * kFloat);
-    float* values = params_.floats() + unit.padded_begin;
-    RoundParams(values, values, unit.shard * layout_.ranks());
+    backend_.Copy(MasterParams(unit), loaded + OwnOffset(unit), unit.shard * kFloat);
+    backend_.Convert(params_.values() + unit.padded_begin, loaded + unit.padded_begin,
+                     unit.shard * layout_.ranks());
   }
+  loaded_.Reset();
 }
 
 std::vector<GradientSlice> DataParallelEngine::ReducedGradients() {
@@ -648,7 +652,7 @@ EngineMemory DataParallelEngine::memory() const {
   memory.parameter_bytes = params_.bytes();
   memory.optimizer_bytes = masters_.bytes();  // with the moments: the ZeRO paper's K
   memory.gradient_bytes = grads_.bytes();
-  memory.gathered_peak_bytes = peak_gathered_values_ * sizeof(float);
+  memory.gathered_peak_bytes = peak_gathered_values_ * DataTypeBytes(compute_type());
   memory.gradient_buffer_peak_bytes = peak_gradient_unit_values_ * sizeof(float);
   for (const AdamW& optimizer : optimizers_) {
     memory.optimizer_bytes += 2 * optimizer.numel() * sizeof(float);

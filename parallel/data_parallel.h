@@ -76,7 +76,7 @@ class DataParallelEngine : public BlockParameters {
 
   // Fills this rank's parameters from the whole model's, given in table layout. At bf16
   // parameters (ShardingStrategy::param_type) these are the float32 masters, and the model
-  // computes with them rounded (as after InitParameters and a checkpoint's load).
+  // computes with bf16 copies of them (as after InitParameters and a checkpoint's load).
   void LoadParameters(const float* full);
   // Initialises this rank's parameters (GPT-2 style, see core/model/init.h).
   void InitParameters(const ModelConfig& config, uint64_t seed);
@@ -132,9 +132,10 @@ class DataParallelEngine : public BlockParameters {
   // Everything this rank holds (parameters, whole or its shard, and its moments), to be filled
   // from a checkpoint of any layout. Call LoadedState after filling it.
   std::vector<StateRange> HeldState();
-  // After HeldState's parameters were filled with float32 masters: at bf16 parameters, keeps
-  // this rank's slices of them as its masters and rounds what the model computes with. Local (no
-  // communication).
+  // After HeldState's parameters were filled with float32 masters: at bf16 parameters held
+  // whole, keeps this rank's slices of them as its masters and rounds them into the bf16 copies
+  // the model computes with (HeldState handed out a float32 staging buffer for them, freed
+  // here). Local (no communication).
   void LoadedState();
   // AdamW's step count (the same for every slice).
   int64_t optimizer_step() const { return optimizers_.front().step(); }
@@ -149,22 +150,26 @@ class DataParallelEngine : public BlockParameters {
   // The backend whose memory SavedState's, HeldState's and ReducedGradients' values are.
   Backend& backend() const { return backend_; }
 
-  // BlockParameters.
-  const float* Acquire(int region, Pass pass) override;
+  // BlockParameters. At bf16 parameters the model computes with bf16 copies: the parameters
+  // held whole, or each unit gathered in bf16 from the float32 shards.
+  DataType compute_type() const override {
+    return bf16_params() ? DataType::kBF16 : DataType::kF32;
+  }
+  ConstValues Acquire(int region, Pass pass) override;
   void Release(int region, Pass pass) override;
   float* Gradients(int region) override;
   void GradientsReady(int region) override;
 
  private:
-  // A collective's bf16 copies, of gradients at parallel.reduce_dtype bf16 or of parameters at
-  // bf16 parameters (empty at fp32): what the communicator reads (input) and, for a
-  // reduce-scatter or an all-gather, writes (output).
+  // A collective's bf16 copies, of gradients at parallel.reduce_dtype bf16 (or of the masters
+  // gathered into bf16 parameters; empty at fp32): what the communicator reads (input) and, for a
+  // reduce-scatter, writes (output).
   struct Wire {
     DeviceBuffer input;
     DeviceBuffer output;
   };
   struct GatheredUnit {
-    DeviceBuffer values;  // ranks * shard
+    DeviceBuffer values;  // ranks * shard, in compute_type()
     std::unique_ptr<Work> pending;
     Wire wire;
     int users = 0;
@@ -191,12 +196,9 @@ class DataParallelEngine : public BlockParameters {
   std::unique_ptr<Work> ReduceScatterGradients(const float* input, float* output, size_t shard,
                                                Wire& wire);
   void Land(Wire& wire, float* result, size_t count);
-  // All-gathers this rank's `shard` parameters `own` into `output` (ranks * shard): at bf16
-  // parameters rounded into `wire`, and widened into `output` by Land after the Work's wait.
-  std::unique_ptr<Work> GatherParams(const float* own, float* output, size_t shard, Wire& wire);
-  // out (count) = masters rounded to bf16 and widened back (out may be masters), through
-  // round_bits_.
-  void RoundParams(float* out, const float* masters, size_t count);
+  // All-gathers this rank's `shard` float32 parameters `own` into `output` (ranks * shard): in
+  // output's type, at bf16 rounded into `wire` first.
+  std::unique_ptr<Work> GatherParams(const float* own, Values output, size_t shard, Wire& wire);
   // The step's loss, squared norm and token count (up to 3 values) summed over `group` (null:
   // unchanged) through scalars_; unlike SumOverGroup (host_values.h) it waits through Wait, so
   // the time counts as exposed communication in the step log.
@@ -206,15 +208,22 @@ class DataParallelEngine : public BlockParameters {
   // Returns a unit-gradient buffer whose reduction finished, folding the result into the shard.
   absl::Status Retire(GradientUnit& buffer);
   GradientUnit& GradientBufferFor(int unit);
-  // Pointer to this rank's slice of `unit` in the parameter storage (full or shard).
+  // Where this rank's slice of `unit` is in the parameter storage (full or shard), and the
+  // slice's float32 values (the storage must hold float32).
+  size_t OwnOffset(const Unit& unit) const;
   float* OwnParams(const Unit& unit);
+  // The float32 parameters in params_'s layout that loading (InitParameters, LoadParameters,
+  // HeldState) fills: params_ itself, or at bf16 parameters held whole loaded_, which
+  // LoadedState rounds into params_ and frees.
+  float* LoadedParams();
   // This rank's optimizer slice of `unit`'s float32 masters, which AdamW updates: in masters_
   // when it is held, else OwnParams.
   float* MasterParams(const Unit& unit);
   // Where table position `position` of unit `u`'s optimizer slice is among the masters.
   float* MasterAt(size_t u, size_t position);
   float* OwnGrads(const Unit& unit);
-  // Where table position `position` of `unit` lives in the parameter storage (it must be held).
+  // Where table position `position` of `unit` is among the float32 parameters loading fills
+  // (LoadedParams, or the shard; it must be held).
   float* ParamAt(const Unit& unit, size_t position);
   // Table range of the optimizer slice of unit `u` (the whole unit when unsharded).
   std::pair<size_t, size_t> OptimizerRange(size_t u) const;
@@ -233,16 +242,17 @@ class DataParallelEngine : public BlockParameters {
   std::vector<std::pair<size_t, size_t>> counted_;  // table_.CountedRanges()
   UnitLayout layout_;
   // The backend's memory: the padded full buffer, or this rank's shard (kParameters; kGradients+
-  // for the gradients).
+  // for the gradients). Held whole the parameters are in compute_type(), the gradients and a
+  // shard always float32.
   DeviceBuffer params_;
   DeviceBuffer grads_;
-  // At bf16 parameters held whole (ddp, zero1, zero2), params_ holds them rounded and this the
+  // At bf16 parameters held whole (ddp, zero1, zero2), params_ holds the bf16 copies and this the
   // float32 masters of this rank's optimizer slices, in shard layout (Megatron's distributed
   // optimizer under ZeRO; the whole model under ddp). Empty otherwise: under parameter sharding
   // the shard is the masters, rounded as it is gathered.
   DeviceBuffer masters_;
-  DeviceBuffer round_bits_;  // RoundParams' bf16 copy, kept: up to a unit a step under ddp
-  DeviceBuffer scalars_;     // 3 doubles: CountedSumSquares' sum, read once a step; ReduceStepSums'
+  DeviceBuffer loaded_;   // LoadedParams' staging, between a load and LoadedState
+  DeviceBuffer scalars_;  // 3 doubles: CountedSumSquares' sum, read once a step; ReduceStepSums'
   std::vector<AdamW> optimizers_;         // one per unit slice this rank owns (one when unsharded)
   std::map<int, GatheredUnit> gathered_;  // kParameters: unit -> gathered values
   std::deque<GradientUnit> gradient_units_;  // kGradients+: buffers in use, oldest first

@@ -56,8 +56,8 @@ size_t TransformerPipelineStage::OutputCount(int chunk) const {
   return EndsModel(chunk) ? 0 : model_->StageActivationCount(b_, t_);
 }
 
-absl::Status TransformerPipelineStage::Forward(int micro_batch, int chunk, const float* input,
-                                               float* output) {
+absl::Status TransformerPipelineStage::Forward(int micro_batch, int chunk, ConstValues input,
+                                               Values output) {
   if (free_slots_.empty()) {
     return absl::InternalError(absl::StrCat("forward of micro-batch ", micro_batch, " chunk ",
                                             chunk, ": all ", slots_,
@@ -78,8 +78,8 @@ absl::Status TransformerPipelineStage::Forward(int micro_batch, int chunk, const
   return absl::OkStatus();
 }
 
-absl::Status TransformerPipelineStage::Backward(int micro_batch, int chunk, const float* d_output,
-                                                float* d_input) {
+absl::Status TransformerPipelineStage::Backward(int micro_batch, int chunk, ConstValues d_output,
+                                                Values d_input) {
   const auto it = in_flight_.find({micro_batch, chunk});
   if (it == in_flight_.end()) {
     return absl::InternalError(absl::StrCat("backward of micro-batch ", micro_batch, " chunk ",

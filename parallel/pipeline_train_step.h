@@ -53,13 +53,15 @@ class TransformerPipelineStage : public PipelineStage, public BlockParameters {
                  float grad_scale);
 
   // PipelineStage.
+  DataType ActivationType() const override { return engine_.compute_type(); }
   size_t InputCount(int chunk) const override;
   size_t OutputCount(int chunk) const override;
-  absl::Status Forward(int micro_batch, int chunk, const float* input, float* output) override;
-  absl::Status Backward(int micro_batch, int chunk, const float* d_output, float* d_input) override;
+  absl::Status Forward(int micro_batch, int chunk, ConstValues input, Values output) override;
+  absl::Status Backward(int micro_batch, int chunk, ConstValues d_output, Values d_input) override;
 
   // BlockParameters: the engine's, but for the head's readiness on the last stage.
-  const float* Acquire(int region, Pass pass) override { return engine_.Acquire(region, pass); }
+  DataType compute_type() const override { return engine_.compute_type(); }
+  ConstValues Acquire(int region, Pass pass) override { return engine_.Acquire(region, pass); }
   void Release(int region, Pass pass) override { engine_.Release(region, pass); }
   float* Gradients(int region) override { return engine_.Gradients(region); }
   void GradientsReady(int region) override;

@@ -5,11 +5,11 @@ namespace dtrain {
 CommTensorParallel::CommTensorParallel(Communicator& tp, Communicator* kv_replicas)
     : tp_(tp), kv_replicas_(kv_replicas) {}
 
-void CommTensorParallel::ReduceForward(float* x, size_t n) {
+void CommTensorParallel::ReduceForward(Values x, size_t n) {
   ReduceOver(&tp_, x, n, ReduceOp::kSum);
 }
 
-void CommTensorParallel::ReduceBackward(float* dx, size_t n) {
+void CommTensorParallel::ReduceBackward(Values dx, size_t n) {
   ReduceOver(&tp_, dx, n, ReduceOp::kSum);
 }
 
@@ -22,14 +22,15 @@ void CommTensorParallel::ReduceKvReplicas(float* dx, size_t n) {
   ReduceOver(kv_replicas_, dx, n, ReduceOp::kSum);
 }
 
-void CommTensorParallel::GatherRows(const float* own, float* gathered, size_t count) {
+void CommTensorParallel::GatherRows(ConstValues own, Values gathered, size_t count) {
   if (!error_.ok()) return;
-  error_ = tp_.AllGather(own, gathered, count)->Wait();
+  error_ = tp_.AllGather(own.data(), gathered.data(), count, own.dtype())->Wait();
 }
 
-void CommTensorParallel::ScatterRows(const float* partial, float* own, size_t count) {
+void CommTensorParallel::ScatterRows(ConstValues partial, Values own, size_t count) {
   if (!error_.ok()) return;
-  error_ = tp_.ReduceScatter(partial, own, count, ReduceOp::kSum)->Wait();
+  error_ =
+      tp_.ReduceScatter(partial.data(), own.data(), count, partial.dtype(), ReduceOp::kSum)->Wait();
 }
 
 void CommTensorParallel::SumRowGradients(float* grad, size_t n) {
@@ -40,9 +41,9 @@ void CommTensorParallel::VocabMax(float* x, size_t n) { ReduceOver(&tp_, x, n, R
 
 void CommTensorParallel::VocabSum(float* x, size_t n) { ReduceOver(&tp_, x, n, ReduceOp::kSum); }
 
-void CommTensorParallel::ReduceOver(Communicator* comm, float* x, size_t n, ReduceOp op) {
+void CommTensorParallel::ReduceOver(Communicator* comm, Values x, size_t n, ReduceOp op) {
   if (!error_.ok()) return;
-  error_ = comm->AllReduce(x, n, op)->Wait();
+  error_ = comm->AllReduce(x.data(), n, x.dtype(), op)->Wait();
 }
 
 }  // namespace dtrain

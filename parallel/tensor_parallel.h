@@ -17,11 +17,11 @@ class CommTensorParallel final : public TensorParallelOps {
   // `kv_replicas` is null when no kv head is replicated. Both must outlive this.
   CommTensorParallel(Communicator& tp, Communicator* kv_replicas);
 
-  void ReduceForward(float* x, size_t n) override;
-  void ReduceBackward(float* dx, size_t n) override;
+  void ReduceForward(Values x, size_t n) override;
+  void ReduceBackward(Values dx, size_t n) override;
   void ReduceKvReplicas(float* dx, size_t n) override;
-  void GatherRows(const float* own, float* gathered, size_t count) override;
-  void ScatterRows(const float* partial, float* own, size_t count) override;
+  void GatherRows(ConstValues own, Values gathered, size_t count) override;
+  void ScatterRows(ConstValues partial, Values own, size_t count) override;
   void SumRowGradients(float* grad, size_t n) override;
   void VocabMax(float* x, size_t n) override;
   void VocabSum(float* x, size_t n) override;
@@ -31,7 +31,7 @@ class CommTensorParallel final : public TensorParallelOps {
   const absl::Status& status() const { return error_; }
 
  private:
-  void ReduceOver(Communicator* comm, float* x, size_t n, ReduceOp op);
+  void ReduceOver(Communicator* comm, Values x, size_t n, ReduceOp op);
 
   Communicator& tp_;
   Communicator* kv_replicas_;

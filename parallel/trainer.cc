@@ -213,7 +213,8 @@ absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, Co
                                                : val.Next(b, inputs.data(), targets.data()));
     RETURN_IF_ERROR(ForwardThroughStages(
         pp, model.backend(), static_cast<int>(model.chunks().size()),
-        model.StageActivationCount(rows, t), [&](int chunk, const float* input, float* output) {
+        model.StageActivationCount(rows, t), model.activation_type(),
+        [&](int chunk, ConstValues input, Values output) {
           loss_sum += model.StageForwardLoss({.chunk = chunk,
                                               .b = rows,
                                               .t = t,
@@ -266,12 +267,12 @@ std::string MiB(size_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 10485
 // its idle share, and the activations it held against what the start-up estimate sized
 // (EstimateRankMemory, which does not count the executor's send and receive buffers).
 void LogPipelineStage(const Recipe& recipe, const ModelConfig& config, const ModelSlice& slice,
-                      Recompute recompute, int stage, int stages, int activation_slots,
-                      double estimated_bytes, const PipelineStepTimes& times,
+                      Recompute recompute, DataType activation_type, int stage, int stages,
+                      int activation_slots, double estimated_bytes, const PipelineStepTimes& times,
                       const PipelineExecutorStats& stats) {
   const double held_bytes = Transformer::ActivationBytes(
       config, recipe.train.micro_batch, recipe.train.seq_len, recompute, slice,
-      recipe.parallel.sequence_parallel, stats.peak_live_activations);
+      recipe.parallel.sequence_parallel, stats.peak_live_activations, activation_type);
   // Under interleaving a slot holds one micro-batch's pass through one model chunk.
   const bool interleaved = slice.chunks.size() > 1;
   LogInfo(
@@ -779,8 +780,8 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     LogWarn("persistently slow: %s (logging.straggler_pct %g)", slow, recipe.logging.straggler_pct);
   }
   if (executor != nullptr && pipeline_times.steps > 0) {
-    LogPipelineStage(recipe, config, slice, recompute, stage, pp, activation_slots,
-                     memory.activation_bytes, pipeline_times, executor->stats());
+    LogPipelineStage(recipe, config, slice, recompute, engine.compute_type(), stage, pp,
+                     activation_slots, memory.activation_bytes, pipeline_times, executor->stats());
   }
   if (train.export_to.empty()) return absl::OkStatus();
   return ExportWeights(recipe, table, engine, groups, leader);

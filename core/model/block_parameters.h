@@ -6,6 +6,9 @@
 // region's gradients as soon as backward has produced them.
 #pragma once
 
+#include "core/backend/values.h"
+#include "core/util/data_type.h"
+
 namespace dtrain {
 
 enum class Pass { kForward, kBackward };
@@ -14,12 +17,15 @@ class BlockParameters {
  public:
   virtual ~BlockParameters() = default;
 
+  // The type of the parameters the model computes with (Acquire's), float32 or bf16; the model
+  // keeps its activations in it too.
+  virtual DataType compute_type() const { return DataType::kF32; }
   // The region's full parameters, laid out as in the ParamTable: the tensor at table offset o
-  // is at Acquire(region)[o - region begin]. Valid until the matching Release.
-  virtual const float* Acquire(int region, Pass pass) = 0;
+  // is at Acquire(region) + (o - region begin). Valid until the matching Release.
+  virtual ConstValues Acquire(int region, Pass pass) = 0;
   virtual void Release(int region, Pass pass) = 0;
-  // Where this micro-batch's gradient of the region accumulates (same layout). The first call
-  // for a region in a micro-batch may hand out a zeroed buffer.
+  // Where this micro-batch's gradient of the region accumulates (same layout), float32 whatever
+  // the compute type. The first call for a region in a micro-batch may hand out a zeroed buffer.
   virtual float* Gradients(int region) = 0;
   // Every contribution of this micro-batch to the region's gradient is in.
   virtual void GradientsReady(int region) = 0;

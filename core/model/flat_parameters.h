@@ -23,7 +23,7 @@ class FlatParameters : public BlockParameters {
   std::span<const float> grads() const { return {grads_.floats(), grads_.size()}; }
   void ZeroGradients() { backend_.Zero(grads_.floats(), grads_.size()); }
 
-  const float* Acquire(int region, Pass) override { return params_.floats() + begin(region); }
+  ConstValues Acquire(int region, Pass) override { return params_.floats() + begin(region); }
   void Release(int, Pass) override {}
   float* Gradients(int region) override { return grads_.floats() + begin(region); }
   void GradientsReady(int) override {}

@@ -17,10 +17,15 @@
 // Every rank of the tensor-parallel group makes the same calls in the same order with the same
 // counts. A failed collective is kept by the implementation and reported after the step (the
 // model has no Status path): the buffers then hold unspecified values.
+//
+// Activations (and their gradients) move in the model's activation type, as Values, bf16 at bf16
+// activations as Megatron-LM's are; parameter gradients and the softmax's statistics in float32.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
+#include <cstring>
+
+#include "core/backend/values.h"
 
 namespace dtrain {
 
@@ -29,9 +34,9 @@ class TensorParallelOps {
   virtual ~TensorParallelOps() = default;
 
   // g forward: x (n) becomes the sum of every rank's x.
-  virtual void ReduceForward(float* x, size_t n) = 0;
+  virtual void ReduceForward(Values x, size_t n) = 0;
   // f backward: dx (n) becomes the sum of every rank's dx.
-  virtual void ReduceBackward(float* dx, size_t n) = 0;
+  virtual void ReduceBackward(Values dx, size_t n) = 0;
   // Grouped-query attention with fewer kv heads than ranks replicates each kv head on
   // tp / n_kv_head ranks, and each computes only its query heads' share of that head's
   // gradient: dx (n) becomes the sum over the ranks holding the same kv head. Called by every
@@ -41,10 +46,10 @@ class TensorParallelOps {
   // Sequence parallelism: rank r of the group holds chunk r of `count` elements.
   // gathered (size * count) receives every rank's chunk; this rank's comes from `own` (count),
   // which may be gathered's own chunk itself.
-  virtual void GatherRows(const float* own, float* gathered, size_t count) = 0;
+  virtual void GatherRows(ConstValues own, Values gathered, size_t count) = 0;
   // own (count) = this rank's chunk of the sum over ranks of `partial` (size * count); own must
   // not overlap partial.
-  virtual void ScatterRows(const float* partial, float* own, size_t count) = 0;
+  virtual void ScatterRows(ConstValues partial, Values own, size_t count) = 0;
   // A parameter every rank holds whole but applied to its own rows only (a norm under sequence
   // parallelism): its gradient grad (n) becomes the sum over the group.
   virtual void SumRowGradients(float* grad, size_t n) = 0;
@@ -57,18 +62,25 @@ class TensorParallelOps {
 // tp = 1: nothing to communicate.
 class NoTensorParallel final : public TensorParallelOps {
  public:
-  void ReduceForward(float*, size_t) override {}
-  void ReduceBackward(float*, size_t) override {}
+  void ReduceForward(Values, size_t) override {}
+  void ReduceBackward(Values, size_t) override {}
   void ReduceKvReplicas(float*, size_t) override {}
-  void GatherRows(const float* own, float* gathered, size_t count) override {
-    if (own != gathered) std::copy_n(own, count, gathered);
+  // One rank holds everything: the model never splits rows at tp 1, so these only copy, in host
+  // memory.
+  void GatherRows(ConstValues own, Values gathered, size_t count) override {
+    if (own.data() != gathered.data()) Copy(gathered, own, count);
   }
-  void ScatterRows(const float* partial, float* own, size_t count) override {
-    std::copy_n(partial, count, own);
+  void ScatterRows(ConstValues partial, Values own, size_t count) override {
+    Copy(own, partial, count);
   }
   void SumRowGradients(float*, size_t) override {}
   void VocabMax(float*, size_t) override {}
   void VocabSum(float*, size_t) override {}
+
+ private:
+  static void Copy(Values to, ConstValues from, size_t count) {
+    if (count > 0) std::memcpy(to.data(), from.data(), count * DataTypeBytes(from.dtype()));
+  }
 };
 
 }  // namespace dtrain

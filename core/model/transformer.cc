@@ -35,12 +35,18 @@ int VocabChunkCapacity(const LocalDims& dims, bool has_head, int max_tokens) {
              : 0;
 }
 
-// The activation arena's size in floats: in size_t to allocate it, in double to check a size
-// before allocating without overflow (AllocateActivations lays it out). `chunks` is tp under
-// sequence parallelism, else 1.
+// The activation arena's size: its activations (in the activation type) and its float32
+// statistics and gradient scratch, in size_t to allocate them, in double to check a size before
+// allocating without overflow (AllocateActivations lays them out). `chunks` is tp under sequence
+// parallelism, else 1.
 template <typename T>
-T ArenaFloats(const LocalDims& dims, int max_batch, int max_time, Recompute recompute, int chunks,
-              StageExtent stage, int activation_slots) {
+struct ArenaSize {
+  T values = 0;
+  T stats = 0;
+};
+template <typename T>
+ArenaSize<T> ArenaSizeOf(const LocalDims& dims, int max_batch, int max_time, Recompute recompute,
+                         int chunks, StageExtent stage, int activation_slots) {
   const int64_t tokens = static_cast<int64_t>(max_batch) * max_time;
   const T n = static_cast<T>(tokens);
   const T r = static_cast<T>(OwnRows(tokens, chunks));           // rows this rank holds
@@ -51,8 +57,11 @@ T ArenaFloats(const LocalDims& dims, int max_batch, int max_time, Recompute reco
   const T f = static_cast<T>(dims.mlp_width);
   const T up = static_cast<T>(dims.mlp_up_width);
   const T lse = static_cast<T>(max_batch) * static_cast<T>(dims.heads) * max_time;
-  const T core = n * hd + lse;  // the attention core's output and log-sum-exp
-  const T per_block = 2 * g * c + r * (2 * c + 4) + n * (qkv + up + f);
+  // The attention core's output, and its log-sum-exp among the statistics.
+  const T core = n * hd;
+  // norm1, resid_mid, norm2, qkv, mlp_up, mlp_act; each norm's mean and rstd.
+  const T per_block = 2 * g * c + r * c + n * (qkv + up + f);
+  const T per_block_stats = 4 * r;
   const T slots = static_cast<T>(activation_slots);
   const T slot_blocks = slots * static_cast<T>(stage.blocks);
   const T saved_blocks = recompute == Recompute::kFull ? 1 : slot_blocks;
@@ -61,17 +70,19 @@ T ArenaFloats(const LocalDims& dims, int max_batch, int max_time, Recompute reco
   // One slot needs no d(last output) of its own: the backward scratch keeps it.
   const T d_last = stage.has_head && activation_slots > 1 ? slots * r * c : 0;
   const T qkv_weight_grad = dims.kv_replicas > 1 ? qkv * c : 0;
-  const T sequence_parallel = chunks > 1 ? r * c + 4 * c : 0;
   const T vocab_rows =
       static_cast<T>(VocabChunkCapacity(dims, stage.has_head, static_cast<int>(tokens)));
-  return slot_blocks * r * c + head * r * c             // block inputs and the last output
-         + saved_blocks * per_block                     // saved activations
-         + saved_cores * core                           // saved attention cores
-         + head * (g * c + 2 * r) + d_last              // final norm, d(last output) per slot
-         + r * c + 2 * g * c + n * (qkv + hd + up + f)  // backward scratch, branch output
-         + sequence_parallel                            // own rows of d(norm), norm gradients
-         + qkv_weight_grad                              // replicated kv heads' weight gradient
-         + vocab_rows * (dims.vocab_rows() + 3);        // vocabulary-parallel logits and stats
+  return {.values = slot_blocks * r * c + head * r * c  // block inputs and the last output
+                    + saved_blocks * per_block + saved_cores * core  // saved activations
+                    + head * g * c + d_last  // final norm, d(last output) per slot
+                    + r * c + 2 * g * c + n * (qkv + hd + up + f)  // backward scratch, branch out
+                    + (chunks > 1 ? r * c : 0)                     // own rows of d(norm)
+                    + vocab_rows * dims.vocab_rows(),              // vocabulary-parallel logits
+          .stats = saved_blocks * per_block_stats + saved_cores * lse  // means, rstds, lse
+                   + head * 2 * r                                      // the final norm's
+                   + (chunks > 1 ? 4 * c : 0)                          // norm gradients
+                   + qkv_weight_grad   // replicated kv heads' weight gradient
+                   + vocab_rows * 3};  // vocabulary-parallel row statistics
 }
 
 // The number of ranks the residual stream is split over.
@@ -83,11 +94,13 @@ int RowChunks(const ModelSlice& slice, bool sequence_parallel) {
 
 double Transformer::ActivationBytes(const ModelConfig& config, int max_batch, int max_time,
                                     Recompute recompute, const ModelSlice& slice,
-                                    bool sequence_parallel, int activation_slots) {
-  return ArenaFloats<double>(LocalDimsOf(config, slice), max_batch, max_time, recompute,
-                             RowChunks(slice, sequence_parallel), ExtentOf(config, slice),
-                             activation_slots) *
-         sizeof(float);
+                                    bool sequence_parallel, int activation_slots,
+                                    DataType activation_type) {
+  const ArenaSize<double> size = ArenaSizeOf<double>(
+      LocalDimsOf(config, slice), max_batch, max_time, recompute,
+      RowChunks(slice, sequence_parallel), ExtentOf(config, slice), activation_slots);
+  return size.values * static_cast<double>(DataTypeBytes(activation_type)) +
+         size.stats * sizeof(float);
 }
 
 Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
@@ -112,17 +125,16 @@ Transformer::Transformer(const ModelConfig& config, const ParamTable& table,
   AllocateActivations(max_batch, max_time, activation_slots);
 }
 
-float* Transformer::RegionView::operator()(size_t offset) const {
-  return offset == kAbsent ? nullptr : base + (offset - begin);
+template <typename Base>
+Base Transformer::RegionView<Base>::operator()(size_t offset) const {
+  return offset == kAbsent ? Base() : base + (offset - begin);
 }
 
-Transformer::RegionView Transformer::Params(int region, Pass pass) {
-  // Parameters are never written through the view; the const_cast only lets one view type
-  // serve parameters and gradients.
-  return {const_cast<float*>(parameters_.Acquire(region, pass)), table_.BlockRange(region).first};
+Transformer::ParamView Transformer::Params(int region, Pass pass) {
+  return {parameters_.Acquire(region, pass), table_.BlockRange(region).first};
 }
 
-Transformer::RegionView Transformer::Grads(int region) {
+Transformer::GradView Transformer::Grads(int region) {
   return {parameters_.Gradients(region), table_.BlockRange(region).first};
 }
 
@@ -137,8 +149,8 @@ Transformer::RowSplit Transformer::SplitRows(int n) const {
   return {.n = n, .own = own, .begin = table_.slice().tp_rank * own, .padded = own * chunks};
 }
 
-void Transformer::RowParallelResidual(float* resid_out, const float* resid_in, const float* inp,
-                                      const float* weight, const float* bias, const RowSplit& rows,
+void Transformer::RowParallelResidual(Values resid_out, ConstValues resid_in, ConstValues inp,
+                                      ConstValues weight, ConstValues bias, const RowSplit& rows,
                                       int in_features) {
   const int c = dims_.d_model;
   const size_t own_size = static_cast<size_t>(rows.own) * c;
@@ -147,33 +159,33 @@ void Transformer::RowParallelResidual(float* resid_out, const float* resid_in, c
   } else if (!sequence_parallel_) {
     backend_.LinearForward(branch_out_, inp, weight, nullptr, rows.n, in_features, c);
     tp_.ReduceForward(branch_out_, own_size);
-    if (bias != nullptr) backend_.AddBias(branch_out_, bias, rows.n, c);
+    if (!bias.null()) backend_.AddBias(branch_out_, bias, rows.n, c);
   } else {
     backend_.LinearForward(branch_out_, inp, weight, nullptr, rows.n, in_features, c);
     backend_.Zero(branch_out_ + static_cast<size_t>(rows.n) * c,
                   static_cast<size_t>(rows.padded - rows.n) * c);
     // Reduce-scattered straight into the output: the residual add below reads it back in place.
     tp_.ScatterRows(branch_out_, resid_out, own_size);
-    if (bias != nullptr) backend_.AddBias(resid_out, bias, rows.own, c);
+    if (!bias.null()) backend_.AddBias(resid_out, bias, rows.own, c);
     backend_.Add(resid_out, resid_in, resid_out, own_size);
     return;
   }
   backend_.Add(resid_out, resid_in, branch_out_, own_size);
 }
 
-void Transformer::GatherNormOutput(float* norm_out, const RowSplit& rows) {
+void Transformer::GatherNormOutput(Values norm_out, const RowSplit& rows) {
   if (!sequence_parallel_) return;
   const size_t own_size = static_cast<size_t>(rows.own) * dims_.d_model;
   tp_.GatherRows(norm_out + static_cast<size_t>(rows.begin) * dims_.d_model, norm_out, own_size);
 }
 
-const float* Transformer::BranchOutputGrad(const float* dresid, const RowSplit& rows) {
+ConstValues Transformer::BranchOutputGrad(ConstValues dresid, const RowSplit& rows) {
   if (!sequence_parallel_) return dresid;
   tp_.GatherRows(dresid, branch_out_, static_cast<size_t>(rows.own) * dims_.d_model);
   return branch_out_;
 }
 
-const float* Transformer::NormOutputGrad(const RowSplit& rows) {
+ConstValues Transformer::NormOutputGrad(const RowSplit& rows) {
   const int c = dims_.d_model;
   if (!sequence_parallel_) {
     tp_.ReduceBackward(d_norm_, static_cast<size_t>(rows.n) * c);
@@ -185,7 +197,7 @@ const float* Transformer::NormOutputGrad(const RowSplit& rows) {
   return d_own_rows_;
 }
 
-float* Transformer::NormGrad(const RegionView& grads, size_t offset, int slot) {
+float* Transformer::NormGrad(const GradView& grads, size_t offset, int slot) {
   if (!sequence_parallel_ || offset == kAbsent) return grads(offset);
   return norm_grads_ + static_cast<size_t>(slot) * dims_.d_model;
 }
@@ -194,7 +206,7 @@ void Transformer::BeginNormGrads() {
   if (sequence_parallel_) backend_.Zero(norm_grads_, 4 * static_cast<size_t>(dims_.d_model));
 }
 
-void Transformer::FinishNormGrads(const RegionView& grads, std::initializer_list<size_t> offsets) {
+void Transformer::FinishNormGrads(const GradView& grads, std::initializer_list<size_t> offsets) {
   if (!sequence_parallel_) return;
   const size_t c = dims_.d_model;
   size_t present = 0;
@@ -209,14 +221,14 @@ void Transformer::FinishNormGrads(const RegionView& grads, std::initializer_list
 }
 
 void Transformer::EmbeddingForward(const int32_t* inputs, const int32_t* positions, int b, int t,
-                                   const RowSplit& rows, float* out) {
+                                   const RowSplit& rows, Values out) {
   const int c = config_.d_model;
-  const float* tokens = embeddings_(table_.token_embedding());
+  const ConstValues tokens = embeddings_(table_.token_embedding());
   // Vocabulary-parallel (tp > 1): each rank looks up only the tokens in its rows (zeros for the
   // others) and g sums the ranks' lookups; the replicated position embedding joins on tp rank 0
   // only. Exactly one rank contributes each of the two terms, so the sum adds only zeros to
   // them: the embedding is the single process's bit for bit (up to the sign of a zero).
-  const float* position_table =
+  const ConstValues position_table =
       table_.slice().tp_rank == 0 ? embeddings_(table_.position_embedding()) : nullptr;
   if (!sequence_parallel_) {
     backend_.EmbeddingForward(out, inputs, tokens, position_table, b, t, c, dims_.vocab_begin,
@@ -233,11 +245,11 @@ void Transformer::EmbeddingForward(const int32_t* inputs, const int32_t* positio
 }
 
 void Transformer::EmbeddingBackward(const int32_t* inputs, const int32_t* positions, int b, int t,
-                                    const RowSplit& rows, const float* dresid) {
+                                    const RowSplit& rows, ConstValues dresid) {
   // Every rank needs d(embedding output) for all rows (gathered under sequence parallelism), and
   // adds it to the token rows it holds; the position embedding's gradient is then the same on
   // every rank.
-  const RegionView grads = Grads(-1);
+  const GradView grads = Grads(-1);
   backend_.EmbeddingBackward(grads(table_.token_embedding()), grads(table_.position_embedding()),
                              BranchOutputGrad(dresid, rows), inputs, b, t, config_.d_model,
                              dims_.vocab_begin, dims_.vocab_end, positions);
@@ -256,31 +268,40 @@ void Transformer::AllocateActivations(int max_batch, int max_time, int activatio
   const size_t up = dims_.mlp_up_width;
   const size_t lse = static_cast<size_t>(max_batch) * dims_.heads * max_time;
   const size_t qkv_weight_grad = dims_.kv_replicas > 1 ? qkv * c : 0;
-  acts_ =
-      backend_.Allocate(ArenaFloats<size_t>(dims_, max_batch, max_time, recompute_, chunks,
-                                            ExtentOf(config_, table_.slice()), activation_slots));
+  const ArenaSize<size_t> size =
+      ArenaSizeOf<size_t>(dims_, max_batch, max_time, recompute_, chunks,
+                          ExtentOf(config_, table_.slice()), activation_slots);
+  acts_ = backend_.Allocate(size.values, parameters_.compute_type());
+  stats_ = backend_.Allocate(size.stats, DataType::kF32);
 
-  float* cursor = acts_.floats();
+  // Two cursors: activations in their type, statistics (and gradient scratch) in float32.
+  Values cursor = acts_.values();
   auto take = [&cursor](size_t count) {
-    float* p = cursor;
-    cursor += count;
+    const Values p = cursor;
+    cursor = cursor + count;
+    return p;
+  };
+  float* stats_cursor = stats_.floats();
+  auto take_stats = [&stats_cursor](size_t count) {
+    float* p = stats_cursor;
+    stats_cursor += count;
     return p;
   };
   auto take_block = [&](BlockActivations& a) {
     a.norm1 = take(g * c);
-    a.norm1_mean = take(r);
-    a.norm1_rstd = take(r);
+    a.norm1_mean = take_stats(r);
+    a.norm1_rstd = take_stats(r);
     a.qkv = take(n * qkv);
     a.resid_mid = take(r * c);
     a.norm2 = take(g * c);
-    a.norm2_mean = take(r);
-    a.norm2_rstd = take(r);
+    a.norm2_mean = take_stats(r);
+    a.norm2_rstd = take_stats(r);
     a.mlp_up = take(n * up);
     a.mlp_act = take(n * f);
   };
   auto take_core = [&](BlockActivations& a) {
     a.attn = take(n * hd);
-    a.lse = take(lse);
+    a.lse = take_stats(lse);
   };
   slots_.assign(activation_slots, Slot{});
   for (Slot& slot : slots_) {
@@ -306,8 +327,8 @@ void Transformer::AllocateActivations(int max_batch, int max_time, int activatio
   if (has_head_) {
     last_output_ = take(r * c);
     final_norm_ = take(g * c);
-    final_mean_ = take(r);
-    final_rstd_ = take(r);
+    final_mean_ = take_stats(r);
+    final_rstd_ = take_stats(r);
     if (activation_slots > 1) {
       for (Slot& slot : slots_) slot.d_last = take(r * c);
     }
@@ -324,12 +345,12 @@ void Transformer::AllocateActivations(int max_batch, int max_time, int activatio
   branch_out_ = take(g * c);
   if (chunks > 1) {
     d_own_rows_ = take(r * c);
-    norm_grads_ = take(4 * c);
+    norm_grads_ = take_stats(4 * c);
   }
-  d_qkv_weight_ = qkv_weight_grad > 0 ? take(qkv_weight_grad) : nullptr;
+  d_qkv_weight_ = qkv_weight_grad > 0 ? take_stats(qkv_weight_grad) : nullptr;
   vocab_chunk_rows_ = VocabChunkCapacity(dims_, has_head_, max_tokens_);
   vocab_logits_ = take(static_cast<size_t>(vocab_chunk_rows_) * dims_.vocab_rows());
-  vocab_stats_ = take(3 * static_cast<size_t>(vocab_chunk_rows_));
+  vocab_stats_ = take_stats(3 * static_cast<size_t>(vocab_chunk_rows_));
 
   static_assert(sizeof(int32_t) == sizeof(float));
   // Each slot's token ids and document positions, then the targets.
@@ -348,9 +369,8 @@ Transformer::BlockActivations& Transformer::ActivationsFor(int slot, int index) 
   return recompute_ == Recompute::kFull ? full_block_ : slots_[slot].blocks[index];
 }
 
-void Transformer::BlockForward(int layer, const RegionView& params, BlockActivations& a,
-                               const float* in, float* out, int b, int t,
-                               const int32_t* positions) {
+void Transformer::BlockForward(int layer, const ParamView& params, BlockActivations& a,
+                               ConstValues in, Values out, int b, int t, const int32_t* positions) {
   const BlockOffsets& w = table_.block(layer);
   const int n = b * t;
   const int c = dims_.d_model;
@@ -390,13 +410,13 @@ void Transformer::BlockForward(int layer, const RegionView& params, BlockActivat
     backend_.LinearForward(a.mlp_up, a.norm2, params(w.mlp_up_w), params(w.mlp_up_b), n, c, f);
     backend_.GeluForward(a.mlp_act, a.mlp_up, static_cast<size_t>(n) * f);
   }
-  if (out == nullptr) return;
+  if (out.null()) return;
   RowParallelResidual(out, a.resid_mid, a.mlp_act, params(w.mlp_down_w), params(w.mlp_down_b), rows,
                       f);
 }
 
-void Transformer::BlockBackward(int layer, const RegionView& params, const RegionView& grads,
-                                BlockActivations& a, const float* in, float* dresid, int b, int t,
+void Transformer::BlockBackward(int layer, const ParamView& params, const GradView& grads,
+                                BlockActivations& a, ConstValues in, Values dresid, int b, int t,
                                 const int32_t* positions) {
   const BlockOffsets& w = table_.block(layer);
   const int n = b * t;
@@ -422,7 +442,7 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
     backend_.LinearBackward(d_norm_, grads(w.mlp_up_w), grads(w.mlp_up_b), d_mlp_up_, a.norm2,
                             params(w.mlp_up_w), n, c, f);
   }
-  const float* dnorm2 = NormOutputGrad(rows);  // f: before the column-parallel up
+  const ConstValues dnorm2 = NormOutputGrad(rows);  // f: before the column-parallel up
   if (llama) {
     backend_.RmsNormBackward(dresid, NormGrad(grads, w.norm2_w, 0), dnorm2, a.resid_mid,
                              params(w.norm2_w), a.norm2_rstd, rows.own, c);
@@ -450,7 +470,7 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
     tp_.ReduceKvReplicas(d_qkv_weight_ + q_size, qkv_weight_size - q_size);
     backend_.Add(grads(w.qkv_w), grads(w.qkv_w), d_qkv_weight_, qkv_weight_size);
   }
-  const float* dnorm1 = NormOutputGrad(rows);  // f: before the column-parallel qkv
+  const ConstValues dnorm1 = NormOutputGrad(rows);  // f: before the column-parallel qkv
   if (llama) {
     backend_.RmsNormBackward(dresid, NormGrad(grads, w.norm1_w, 1), dnorm1, in, params(w.norm1_w),
                              a.norm1_rstd, rows.own, c);
@@ -462,7 +482,7 @@ void Transformer::BlockBackward(int layer, const RegionView& params, const Regio
   FinishNormGrads(grads, {w.norm2_w, w.norm1_w, w.norm2_b, w.norm1_b});
 }
 
-void Transformer::Classifier(float* dx, float* dhead, const int32_t* host_targets, int n,
+void Transformer::Classifier(Values dx, float* dhead, const int32_t* host_targets, int n,
                              float grad_scale, double* loss_sum) {
   backend_.CopyFromHost(staged_targets_, host_targets, static_cast<size_t>(n) * sizeof(int32_t));
   const int32_t* targets = staged_targets_;
@@ -473,10 +493,10 @@ void Transformer::Classifier(float* dx, float* dhead, const int32_t* host_target
     return;
   }
   const int v = dims_.vocab_rows();  // may be 0: this rank's slot is all padding
-  const float* weight = HeadWeight();
+  const ConstValues weight = HeadWeight();
   for (int r0 = 0; r0 < n; r0 += vocab_chunk_rows_) {
     const int rows = std::min(vocab_chunk_rows_, n - r0);
-    const float* x = final_norm_ + static_cast<size_t>(r0) * c;
+    const ConstValues x = final_norm_ + static_cast<size_t>(r0) * c;
     const int32_t* chunk_targets = targets + r0;
     float* max = vocab_stats_;  // (rows)
     float* sums = max + rows;   // (rows), then target_logits (rows)
@@ -488,8 +508,8 @@ void Transformer::Classifier(float* dx, float* dhead, const int32_t* host_target
                                dims_.vocab_begin);
     tp_.VocabSum(sums, 2 * static_cast<size_t>(rows));
     backend_.ClassifierLossSum(max, sums, target_logits, chunk_targets, rows, loss_sum);
-    if (dx == nullptr) continue;
-    float* dx_chunk = dx + static_cast<size_t>(r0) * c;
+    if (dx.null()) continue;
+    const Values dx_chunk = dx + static_cast<size_t>(r0) * c;
     if (v == 0) {
       backend_.Zero(dx_chunk, static_cast<size_t>(rows) * c);
       continue;
@@ -500,7 +520,7 @@ void Transformer::Classifier(float* dx, float* dhead, const int32_t* host_target
   }
 }
 
-void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, float* output) {
+void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, Values output) {
   Slot& slot = slots_[slot_index];
   slot.chunk = args.chunk;
   slot.b = args.b;
@@ -524,12 +544,11 @@ void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, fl
     EmbeddingForward(slot.tokens, slot.positions, b, t, rows, slot.inputs[0]);
     if (!head_is_embedding_) parameters_.Release(-1, Pass::kForward);
   } else {
-    backend_.Copy(slot.inputs[0], args.input,
-                  static_cast<size_t>(rows.own) * config_.d_model * sizeof(float));
+    backend_.Convert(slot.inputs[0], args.input, static_cast<size_t>(rows.own) * config_.d_model);
   }
   for (int i = 0; i < blocks.count; ++i) {
     const int layer = blocks.first + i;
-    float* out = i + 1 < blocks.count ? slot.inputs[i + 1] : output;
+    const Values out = i + 1 < blocks.count ? slot.inputs[i + 1] : output;
     BlockForward(layer, Params(layer, Pass::kForward), ActivationsFor(slot_index, i),
                  slot.inputs[i], out, b, t, slot.positions);
     parameters_.Release(layer, Pass::kForward);
@@ -539,9 +558,9 @@ void Transformer::ForwardBlocks(int slot_index, const StageForwardArgs& args, fl
 void Transformer::FinalNormForward(const RowSplit& rows) {
   const int c = config_.d_model;
   final_region_ = Params(last_region_, Pass::kForward);
-  const RegionView& params = final_region_;
+  const ParamView& params = final_region_;
   // On this rank's rows, gathered for the head (which runs on all rows).
-  float* own = final_norm_ + static_cast<size_t>(rows.begin) * c;
+  const Values own = final_norm_ + static_cast<size_t>(rows.begin) * c;
   if (config_.family == ModelFamily::kLlama) {
     backend_.RmsNormForward(own, final_rstd_, last_output_, params(table_.final_norm_w()), rows.own,
                             c, config_.norm_eps);
@@ -558,7 +577,7 @@ void Transformer::Forward(const int32_t* inputs, const int32_t* positions, int b
   FinalNormForward(SplitRows(b * t));
 }
 
-const float* Transformer::HeadWeight() const {
+ConstValues Transformer::HeadWeight() const {
   return head_is_embedding_ ? embeddings_(table_.head()) : final_region_(table_.head());
 }
 
@@ -568,17 +587,17 @@ void Transformer::ReleaseHead() {
 }
 
 void Transformer::LossBackward(const int32_t* targets, const RowSplit& rows, float grad_scale,
-                               float* d_last) {
+                               Values d_last) {
   const int c = config_.d_model;
-  const RegionView& params = final_region_;
-  const RegionView grads = Grads(last_region_);
+  const ParamView& params = final_region_;
+  const GradView grads = Grads(last_region_);
   // The head's gradient: the token embedding's when it is that tensor (complete only after the
   // embedding backward, at the very end).
   float* dhead = head_is_embedding_ ? Grads(-1)(table_.head()) : grads(table_.head());
   // The classifier's backward runs with its forward, so the (N, V) logits never exist whole.
   Classifier(d_norm_, dhead, targets, rows.n, grad_scale, TrainingLossSum());
   // f of the column-parallel head: every rank's share of d(final norm output), summed.
-  const float* dnorm = NormOutputGrad(rows);
+  const ConstValues dnorm = NormOutputGrad(rows);
   backend_.Zero(d_last, static_cast<size_t>(rows.own) * c);
   BeginNormGrads();
   if (config_.family == ModelFamily::kLlama) {
@@ -619,7 +638,7 @@ double Transformer::StageForwardLoss(const StageForwardArgs& args) {
   return loss;
 }
 
-void Transformer::StageBackward(int slot_index, const float* d_output, float* d_input) {
+void Transformer::StageBackward(int slot_index, ConstValues d_output, Values d_input) {
   Slot& slot = slots_[slot_index];
   const int b = slot.b, t = slot.t;
   const RowSplit rows = SplitRows(b * t);
@@ -627,16 +646,15 @@ void Transformer::StageBackward(int slot_index, const float* d_output, float* d_
   const bool embedding = StartsModel(slot.chunk);
   // The gradient runs back through the blocks in place: in d_input when the previous stage
   // takes it, else in the scratch.
-  float* dresid = embedding || d_input == nullptr ? d_resid_ : d_input;
-  const float* d_stage_output = EndsModel(slot.chunk) ? slot.d_last : d_output;
-  if (d_stage_output != dresid) {
-    backend_.Copy(dresid, d_stage_output,
-                  static_cast<size_t>(rows.own) * config_.d_model * sizeof(float));
+  const Values dresid = embedding || d_input.null() ? d_resid_ : d_input;
+  const ConstValues d_stage_output = EndsModel(slot.chunk) ? slot.d_last : d_output;
+  if (d_stage_output.data() != dresid.data()) {
+    backend_.Convert(dresid, d_stage_output, static_cast<size_t>(rows.own) * config_.d_model);
   }
   for (int i = blocks.count - 1; i >= 0; --i) {
     const int layer = blocks.first + i;
     BlockActivations& a = ActivationsFor(slot_index, i);
-    const RegionView block_params = Params(layer, Pass::kBackward);
+    const ParamView block_params = Params(layer, Pass::kBackward);
     if (recompute_ == Recompute::kFull) {
       BlockForward(layer, block_params, a, slot.inputs[i], nullptr, b, t, slot.positions);
     }
@@ -743,10 +761,9 @@ void Transformer::StageForwardLogits(const StageForwardArgs& args, bool last_onl
       backend_.LinearForward(vocab_logits_, input_row(r0), HeadWeight(), nullptr, chunk, c,
                              local_v);
     }
-    for (int i = 0; i < chunk; ++i) {
-      backend_.Copy(local.floats() + static_cast<size_t>(i) * slot,
-                    vocab_logits_ + static_cast<size_t>(i) * local_v,
-                    static_cast<size_t>(local_v) * sizeof(float));
+    for (int i = 0; i < chunk; ++i) {  // widened to float32 at bf16 activations
+      backend_.Convert(local.floats() + static_cast<size_t>(i) * slot,
+                       vocab_logits_ + static_cast<size_t>(i) * local_v, local_v);
     }
     tp_.GatherRows(local.floats(), gathered.floats(), static_cast<size_t>(chunk) * slot);
     backend_.CopyToHost(all.data(), gathered.floats(),

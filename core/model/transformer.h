@@ -68,17 +68,22 @@ class Transformer {
               int activation_slots = 1);
 
   const ModelConfig& config() const { return config_; }
+  // The storage type of the activations (and of the activations passed in and out of the stage
+  // passes): the parameters' (BlockParameters::compute_type), float32 or bf16. The saved
+  // statistics and the gradients the model accumulates are float32 whatever it is (backend.h).
+  DataType activation_type() const { return acts_.dtype(); }
   // The backend it computes on: activations passed in and out of the stage passes are its memory.
   Backend& backend() const { return backend_; }
   // The model chunks this rank runs (the table's): StageForwardArgs::chunk indexes them.
   const std::vector<BlockSpan>& chunks() const { return chunks_; }
-  size_t activation_bytes() const { return acts_.bytes(); }
-  // What activation_bytes() will be on a rank holding `slice` with `activation_slots` slots,
-  // without allocating; in double, so any size is exact enough to compare with the memory there
-  // is.
+  size_t activation_bytes() const { return acts_.bytes() + stats_.bytes(); }
+  // What activation_bytes() will be on a rank holding `slice` with `activation_slots` slots and
+  // activations of `activation_type`, without allocating; in double, so any size is exact enough
+  // to compare with the memory there is.
   static double ActivationBytes(const ModelConfig& config, int max_batch, int max_time,
                                 Recompute recompute, const ModelSlice& slice = {},
-                                bool sequence_parallel = false, int activation_slots = 1);
+                                bool sequence_parallel = false, int activation_slots = 1,
+                                DataType activation_type = DataType::kF32);
 
   // One micro-batch through the whole model (the table holds every block): StageForward then
   // StageBackward in slot 0. Inputs and targets (b, t). Adds grad_scale * d(sum of token losses)
@@ -111,12 +116,12 @@ class Transformer {
     // First stage: the token ids (b, t) (host memory). Other stages: the previous stage's output
     // (R, C). Both are copied into the slot during the call.
     const int32_t* tokens = nullptr;
-    const float* input = nullptr;
+    ConstValues input;
     // Last stage: the targets (b, t) and the scale of the loss sum's gradient. Other stages: the
     // output (R, C) for the next stage, written during the call.
     const int32_t* targets = nullptr;
     float grad_scale = 1.0f;
-    float* output = nullptr;
+    Values output;
     // Every stage: null, or documents packed into each row (SFT): each token's position in its
     // own document (backend.h; host memory), which the position embeddings use and within which
     // attention stays. Copied into the slot during the call, as the tokens.
@@ -135,7 +140,7 @@ class Transformer {
   // stage (ignored, may be null, on the last stage); `d_input` (R, C) receives d(this stage's
   // input) for the previous stage (ignored, may be null, on the first stage) and may be
   // d_output itself (then nothing is copied).
-  void StageBackward(int slot, const float* d_output, float* d_input);
+  void StageBackward(int slot, ConstValues d_output, Values d_input);
   // Elements of the activation (and of its gradient) between this stage and the next for a
   // micro-batch of b x t tokens: (R, C) as above.
   size_t StageActivationCount(int b, int t) const {
@@ -152,29 +157,32 @@ class Transformer {
  private:
   // Saved activations of one block, pointers into the arena. (N = b*t tokens; R the rows of the
   // residual stream this rank holds and G = tp * R the gathered rows: both N without sequence
-  // parallelism.)
+  // parallelism.) The statistics are float32, the rest in the activation type.
   struct BlockActivations {
-    float* norm1;       // (G, C) every rank's chunk, gathered
+    Values norm1;       // (G, C) every rank's chunk, gathered
     float* norm1_mean;  // (R) LayerNorm only
     float* norm1_rstd;  // (R)
-    float* qkv;         // (N, qkv_width), after RoPE
-    float* attn;        // (N, H*D) attention output before the projection (H, F: this rank's)
+    Values qkv;         // (N, qkv_width), after RoPE
+    Values attn;        // (N, H*D) attention output before the projection (H, F: this rank's)
     float* lse;         // (B, H, T)
-    float* resid_mid;   // (R, C) block input + attention branch
-    float* norm2;       // (G, C) gathered
+    Values resid_mid;   // (R, C) block input + attention branch
+    Values norm2;       // (G, C) gathered
     float* norm2_mean;  // (R)
     float* norm2_rstd;  // (R)
-    float* mlp_up;      // (N, F) gpt2, (N, 2F) llama: before the activation
-    float* mlp_act;     // (N, F)
+    Values mlp_up;      // (N, F) gpt2, (N, 2F) llama: before the activation
+    Values mlp_act;     // (N, F)
   };
 
-  // The parameters (or gradients) of one region as acquired: tensor at table offset o is at
-  // base[o - begin].
+  // The parameters (Base = ConstValues) or gradients (float*) of one region as acquired: tensor
+  // at table offset o is at base + (o - begin); an absent tensor is null.
+  template <typename Base>
   struct RegionView {
-    float* base = nullptr;
+    Base base = nullptr;
     size_t begin = 0;
-    float* operator()(size_t offset) const;  // null for an absent tensor
+    Base operator()(size_t offset) const;
   };
+  using ParamView = RegionView<ConstValues>;
+  using GradView = RegionView<float*>;
 
   // How a call's n token rows split over the tensor-parallel ranks (see the constructor): this
   // rank holds rows [begin, begin + own) of `padded` = tp * own (without sequence parallelism:
@@ -190,9 +198,9 @@ class Transformer {
   // needs.
   struct Slot {
     int chunk = 0;
-    std::vector<float*> inputs;            // (R, C) each of the chunk's blocks' input, in order
+    std::vector<Values> inputs;            // (R, C) each of the chunk's blocks' input, in order
     std::vector<BlockActivations> blocks;  // each block's saved activations (none under kFull)
-    float* d_last = nullptr;               // last stage: (R, C) d(last block's output)
+    Values d_last;                         // last stage: (R, C) d(last block's output)
     const int32_t* tokens = nullptr;       // first stage: the micro-batch's token ids, staged
     int32_t* staged_tokens = nullptr;      // (max tokens) the slot's token ids in backend memory
     const int32_t* positions = nullptr;    // the micro-batch's document positions, staged, or null
@@ -203,57 +211,56 @@ class Transformer {
 
   void AllocateActivations(int max_batch, int max_time, int activation_slots);
   AttentionShape Shape(int b, int t) const;
-  RegionView Params(int region, Pass pass);
-  RegionView Grads(int region);
+  ParamView Params(int region, Pass pass);
+  GradView Grads(int region);
   RowSplit SplitRows(int n) const;
   // resid_out (R, C) = resid_in + the row-parallel layer's output (N rows) summed over the
   // tensor-parallel ranks (g: an all-reduce, or a reduce-scatter into this rank's rows), plus
   // the bias once.
-  void RowParallelResidual(float* resid_out, const float* resid_in, const float* inp,
-                           const float* weight, const float* bias, const RowSplit& rows,
+  void RowParallelResidual(Values resid_out, ConstValues resid_in, ConstValues inp,
+                           ConstValues weight, ConstValues bias, const RowSplit& rows,
                            int in_features);
   // The norm output (G, C) whose own rows the norm just wrote, gathered for a column-parallel
   // layer (f forward under sequence parallelism; nothing otherwise).
-  void GatherNormOutput(float* norm_out, const RowSplit& rows);
+  void GatherNormOutput(Values norm_out, const RowSplit& rows);
   // d(row-parallel output) for all N rows from dresid (R, C): gathered into branch_out_ under
   // sequence parallelism (g backward), dresid itself otherwise.
-  const float* BranchOutputGrad(const float* dresid, const RowSplit& rows);
+  ConstValues BranchOutputGrad(ConstValues dresid, const RowSplit& rows);
   // d(norm output) for this rank's rows from d_norm_ (N, C), the column-parallel layer's partial
   // input gradient: summed over the ranks (f backward), by an all-reduce, or under sequence
   // parallelism a reduce-scatter into d_own_rows_.
-  const float* NormOutputGrad(const RowSplit& rows);
+  ConstValues NormOutputGrad(const RowSplit& rows);
   // Where a norm's weight or bias gradient (table offset) accumulates: slot `slot` of
   // norm_grads_ under sequence parallelism, where FinishNormGrads sums it over the ranks and adds
   // it to the gradient; the gradient itself otherwise.
-  float* NormGrad(const RegionView& grads, size_t offset, int slot);
+  float* NormGrad(const GradView& grads, size_t offset, int slot);
   void BeginNormGrads();
   // `offsets` in slot order, absent tensors (kAbsent) last.
-  void FinishNormGrads(const RegionView& grads, std::initializer_list<size_t> offsets);
+  void FinishNormGrads(const GradView& grads, std::initializer_list<size_t> offsets);
   // out (R, C) = this rank's rows of the inputs' token (and position) embeddings. At
   // tp > 1 vocabulary-parallel: each rank looks up the tokens in its rows (zeros for the others)
   // and g sums the ranks' lookups (a reduce-scatter into this rank's rows under sequence
   // parallelism).
   void EmbeddingForward(const int32_t* inputs, const int32_t* positions, int b, int t,
-                        const RowSplit& rows, float* out);
+                        const RowSplit& rows, Values out);
   // Adds d(embedding output), from dresid (R, C) and gathered from every rank under sequence
   // parallelism, to the token rows this rank holds and to the position embedding.
   void EmbeddingBackward(const int32_t* inputs, const int32_t* positions, int b, int t,
-                         const RowSplit& rows, const float* dresid);
+                         const RowSplit& rows, ConstValues dresid);
   // Block `layer` from `in` into `out` (the output is skipped when `out` is null: recomputation
   // only needs the saved activations).
-  void BlockForward(int layer, const RegionView& params, BlockActivations& a, const float* in,
-                    float* out, int b, int t, const int32_t* positions);
+  void BlockForward(int layer, const ParamView& params, BlockActivations& a, ConstValues in,
+                    Values out, int b, int t, const int32_t* positions);
   // dresid holds d(block output) on entry and d(block input) on return.
-  void BlockBackward(int layer, const RegionView& params, const RegionView& grads,
-                     BlockActivations& a, const float* in, float* dresid, int b, int t,
-                     const int32_t* positions);
+  void BlockBackward(int layer, const ParamView& params, const GradView& grads, BlockActivations& a,
+                     ConstValues in, Values dresid, int b, int t, const int32_t* positions);
   // The classifier on final_norm_ (N, C): adds the sum of token losses (targets < 0 ignored) to
   // *loss_sum (backend memory); when dx is not null also writes dx (N, C) and accumulates dhead
   // for the loss sum scaled by grad_scale. At tp = 1 the backend's fused kernel; at tp > 1 its
   // vocabulary-parallel phases per chunk of ClassifierChunkRows(vocab slot) rows (the max and the
   // sums combined over the ranks), each rank's dx its slot's share (the caller's f, NormOutputGrad,
   // sums them).
-  void Classifier(float* dx, float* dhead, const int32_t* host_targets, int n, float grad_scale,
+  void Classifier(Values dx, float* dhead, const int32_t* host_targets, int n, float grad_scale,
                   double* loss_sum);
   // The evaluation passes' classifier without gradients: the loss sum, read at once.
   double EvaluationLoss(const int32_t* host_targets, int n);
@@ -263,7 +270,7 @@ class Transformer {
   // The embedding (first stage) or a copy of args.input into the slot, then the stage's
   // blocks, the last one's output into `output`. When the head is the token embedding, the
   // embeddings stay acquired for it.
-  void ForwardBlocks(int slot, const StageForwardArgs& args, float* output);
+  void ForwardBlocks(int slot, const StageForwardArgs& args, Values output);
   // The final norm of last_output_ into final_norm_ (gathered); the final region stays
   // acquired: the caller uses the head, then calls ReleaseHead.
   void FinalNormForward(const RowSplit& rows);
@@ -272,10 +279,10 @@ class Transformer {
   // The loss on final_norm_ (added to TakeLossSum's) and its backward through the head and the
   // final norm into d_last (R, C); the final region's gradients are ready and the head released
   // on return.
-  void LossBackward(const int32_t* targets, const RowSplit& rows, float grad_scale, float* d_last);
+  void LossBackward(const int32_t* targets, const RowSplit& rows, float grad_scale, Values d_last);
   void ReleaseHead();
   // The output head's weight (V, C) among the acquired regions.
-  const float* HeadWeight() const;
+  ConstValues HeadWeight() const;
   // Block `index` of the slot's chunk (from 0) in `slot`.
   BlockActivations& ActivationsFor(int slot, int index);
   // Whether model chunk `chunk` of this rank starts with the embedding, or ends with the head.
@@ -296,11 +303,13 @@ class Transformer {
   std::vector<BlockSpan> chunks_;  // the table's
   int slot_blocks_;                // the largest chunk's blocks
   bool has_embedding_;             // first stage (its first chunk)
-  bool has_head_;            // last stage (its last chunk): the final norm, the head and the loss
-  bool head_is_embedding_;   // the tied head is this stage's own token embedding tensor
-  RegionView embeddings_;    // acquired during the embedding's forward (and the head's use)
-  RegionView final_region_;  // acquired from FinalNormForward until ReleaseHead
-  DeviceBuffer acts_;        // the arena
+  bool has_head_;           // last stage (its last chunk): the final norm, the head and the loss
+  bool head_is_embedding_;  // the tied head is this stage's own token embedding tensor
+  ParamView embeddings_;    // acquired during the embedding's forward (and the head's use)
+  ParamView final_region_;  // acquired from FinalNormForward until ReleaseHead
+  // The arena: the activations in their type, and the float32 statistics and gradient scratch.
+  DeviceBuffer acts_;
+  DeviceBuffer stats_;
   // The micro-batches' token ids and document positions (two (max tokens) arrays a slot) and
   // targets (max tokens) staged in the backend's memory for its kernels: 4-byte int32 values in
   // a buffer allocated as floats (the same size; DataType has no int32). Not part of the arena
@@ -314,28 +323,28 @@ class Transformer {
   // kFull: the one block's activations every block recomputes; kSelective and kFull: the
   // attention core every block shares.
   BlockActivations full_block_;
-  float* last_output_ = nullptr;  // last stage: (R, C) the last block's output
-  float* final_norm_ = nullptr;   // (G, C) gathered
-  float* final_mean_ = nullptr;   // (R)
-  float* final_rstd_ = nullptr;   // (R)
+  Values last_output_;           // last stage: (R, C) the last block's output
+  Values final_norm_;            // (G, C) gathered
+  float* final_mean_ = nullptr;  // (R)
+  float* final_rstd_ = nullptr;  // (R)
   // Backward scratch.
-  float* d_resid_ = nullptr;    // (R, C)
-  float* d_norm_ = nullptr;     // (G, C)
-  float* d_qkv_ = nullptr;      // (N, qkv_width)
-  float* d_attn_ = nullptr;     // (N, H*D)
-  float* d_mlp_up_ = nullptr;   // (N, F or 2F)
-  float* d_mlp_act_ = nullptr;  // (N, F)
+  Values d_resid_;    // (R, C)
+  Values d_norm_;     // (G, C)
+  Values d_qkv_;      // (N, qkv_width)
+  Values d_attn_;     // (N, H*D)
+  Values d_mlp_up_;   // (N, F or 2F)
+  Values d_mlp_act_;  // (N, F)
   // (G, C) attention or MLP branch output before the residual add (before the reduce-scatter
   // under sequence parallelism); in backward, d(branch output) gathered, and the embedding's.
-  float* branch_out_ = nullptr;
+  Values branch_out_;
   // Sequence parallelism only: (R, C) this rank's rows of a reduce-scattered d(norm output), and
   // (4, C) a block's (or the final) norm weight and bias gradients before they are summed.
-  float* d_own_rows_ = nullptr;
+  Values d_own_rows_;
   float* norm_grads_ = nullptr;
   // Vocabulary-parallel classifier scratch (tp > 1 only): one chunk's logits (rows, vocab_rows)
   // and its per-row max, sums and target logits (3, rows), the last two adjacent so that one
   // all-reduce sums them.
-  float* vocab_logits_ = nullptr;
+  Values vocab_logits_;
   float* vocab_stats_ = nullptr;
   int vocab_chunk_rows_ = 0;
   // (qkv_width, C): one micro-batch's qkv weight gradient, whose replicated kv rows are summed

@@ -88,12 +88,13 @@ PipelineExecutor::PipelineExecutor(const PipelineShape& shape, int stage, Commun
 
 PipelineExecutor::~PipelineExecutor() { Abandon(); }
 
-PipelineExecutor::Buffer PipelineExecutor::Acquire(size_t count) {
+PipelineExecutor::Buffer PipelineExecutor::Acquire(size_t count, DataType type) {
   Buffer buffer;
-  // The smallest pooled buffer that holds `count` avoids a reallocation; any other grows.
+  // The smallest pooled buffer that holds `count` avoids a reallocation; any other grows. (A
+  // step's buffers are all of one type.)
   auto best = pool_.end();
   for (auto it = pool_.begin(); it != pool_.end(); ++it) {
-    const size_t capacity = it->memory.size();
+    const size_t capacity = it->memory.dtype() == type ? it->memory.size() : 0;
     if (capacity >= count && (best == pool_.end() || capacity < best->memory.size())) best = it;
   }
   if (best == pool_.end() && !pool_.empty()) best = pool_.begin();
@@ -103,17 +104,19 @@ PipelineExecutor::Buffer PipelineExecutor::Acquire(size_t count) {
   } else {
     ++stats_.buffers_allocated;
   }
-  if (buffer.memory.size() < count) buffer.memory = backend_.Allocate(count);
+  if (buffer.memory.size() < count || buffer.memory.dtype() != type) {
+    buffer.memory = backend_.Allocate(count, type);
+  }
   buffer.count = count;
   stats_.peak_buffers_in_use = std::max(stats_.peak_buffers_in_use, ++in_use_);
-  in_use_bytes_ += count * sizeof(float);
+  in_use_bytes_ += count * DataTypeBytes(type);
   stats_.peak_buffer_bytes = std::max(stats_.peak_buffer_bytes, in_use_bytes_);
   return buffer;
 }
 
 void PipelineExecutor::Release(Buffer buffer) {
   --in_use_;
-  in_use_bytes_ -= buffer.count * sizeof(float);
+  in_use_bytes_ -= buffer.count * DataTypeBytes(buffer.memory.dtype());
   pool_.push_back(std::move(buffer));
 }
 
@@ -129,11 +132,11 @@ absl::Status PipelineExecutor::Failed(const PipelineAction& action,
       cause, absl::StrCat(where, ": ", FormatAction(action), peer, " failed: ", cause.message()));
 }
 
-void PipelineExecutor::PostRecv(const PipelineAction& action, size_t count,
+void PipelineExecutor::PostRecv(const PipelineAction& action, size_t count, DataType type,
                                 std::map<Key, Slot>& into) {
   Slot slot;
-  slot.buffer = Acquire(count);
-  slot.work = comm_->Recv<float>(slot.buffer.data(), count, action.peer);
+  slot.buffer = Acquire(count, type);
+  slot.work = comm_->Recv(slot.buffer.memory.data(), count, type, action.peer);
   slot.action = action;
   slot.ordinal = recvs_posted_[action.peer]++;
   into[{action.micro_batch, action.chunk}] = std::move(slot);
@@ -146,7 +149,8 @@ absl::Status PipelineExecutor::PostSend(const PipelineAction& action, std::map<K
   }
   Slot slot = std::move(it->second);
   from.erase(it);
-  slot.work = comm_->Send<float>(slot.buffer.data(), slot.buffer.count, action.peer);
+  slot.work = comm_->Send(slot.buffer.memory.data(), slot.buffer.count, slot.buffer.memory.dtype(),
+                          action.peer);
   slot.action = action;
   slot.ordinal = sends_posted_[action.peer]++;
   sends_[action.peer].push_back(std::move(slot));
@@ -193,7 +197,7 @@ absl::Status PipelineExecutor::RunForward(const PipelineAction& action, Pipeline
   const int p = shape_.stages;
   const int model_chunk = action.chunk * p + stage_;
   const Key key{action.micro_batch, action.chunk};
-  const float* input = nullptr;
+  ConstValues input;
   if (model_chunk > 0) {
     auto it = inputs_.find(key);
     if (it == inputs_.end()) {
@@ -204,10 +208,10 @@ absl::Status PipelineExecutor::RunForward(const PipelineAction& action, Pipeline
   }
   const bool last = model_chunk == p * shape_.virtual_stages - 1;
   Buffer output;
-  if (!last) output = Acquire(stage.OutputCount(action.chunk));
+  if (!last) output = Acquire(stage.OutputCount(action.chunk), stage.ActivationType());
   const Clock::time_point start = Clock::now();
   absl::Status status =
-      stage.Forward(action.micro_batch, action.chunk, input, last ? nullptr : output.data());
+      stage.Forward(action.micro_batch, action.chunk, input, last ? Values() : output.data());
   compute_time_ += Clock::now() - start;
   if (!status.ok()) {
     if (!last) Release(std::move(output));
@@ -231,7 +235,7 @@ absl::Status PipelineExecutor::RunBackward(const PipelineAction& action, Pipelin
   const int model_chunk = action.chunk * p + stage_;
   const Key key{action.micro_batch, action.chunk};
   const bool last = model_chunk == p * shape_.virtual_stages - 1;
-  const float* d_output = nullptr;
+  ConstValues d_output;
   if (!last) {
     auto it = d_outputs_.find(key);
     if (it == d_outputs_.end()) {
@@ -242,10 +246,10 @@ absl::Status PipelineExecutor::RunBackward(const PipelineAction& action, Pipelin
     d_output = it->second.buffer.data();
   }
   Buffer d_input;
-  if (model_chunk > 0) d_input = Acquire(stage.InputCount(action.chunk));
+  if (model_chunk > 0) d_input = Acquire(stage.InputCount(action.chunk), stage.ActivationType());
   const Clock::time_point start = Clock::now();
   absl::Status status = stage.Backward(action.micro_batch, action.chunk, d_output,
-                                       model_chunk > 0 ? d_input.data() : nullptr);
+                                       model_chunk > 0 ? d_input.data() : Values());
   compute_time_ += Clock::now() - start;
   if (!status.ok()) {
     if (model_chunk > 0) Release(std::move(d_input));
@@ -273,10 +277,10 @@ absl::Status PipelineExecutor::RunBackward(const PipelineAction& action, Pipelin
 absl::Status PipelineExecutor::RunAction(const PipelineAction& action, PipelineStage& stage) {
   switch (action.kind) {
     case Kind::kRecvForward:
-      PostRecv(action, stage.InputCount(action.chunk), inputs_);
+      PostRecv(action, stage.InputCount(action.chunk), stage.ActivationType(), inputs_);
       return absl::OkStatus();
     case Kind::kRecvBackward:
-      PostRecv(action, stage.OutputCount(action.chunk), d_outputs_);
+      PostRecv(action, stage.OutputCount(action.chunk), stage.ActivationType(), d_outputs_);
       return absl::OkStatus();
     case Kind::kForward:
       return RunForward(action, stage);

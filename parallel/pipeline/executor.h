@@ -31,10 +31,15 @@ namespace dtrain {
 
 // What the model implements for the chunks of one stage. `chunk` is the virtual chunk on this
 // stage (0 .. virtual_stages - 1), model chunk chunk * stages + stage (schedule.h). Activations
-// and their gradients cross stage boundaries as float32 (b * t * C for a transformer).
+// and their gradients cross stage boundaries in the stage's activation type (b * t * C for a
+// transformer).
 class PipelineStage {
  public:
   virtual ~PipelineStage() = default;
+
+  // The type of the activations and gradients the stages exchange, float32 or bf16: the same on
+  // every stage.
+  virtual DataType ActivationType() const = 0;
 
   // Elements of the chunk's input activation (0 on model chunk 0, which reads the tokens) and of
   // its output (0 on the last model chunk, which ends in the loss). The output count of model
@@ -46,13 +51,13 @@ class PipelineStage {
   // and unchanged until Backward of the same (micro_batch, chunk) returns, so the stage may keep
   // a pointer to it instead of a copy. output (OutputCount): null on the last model chunk; the
   // executor sends it (or hands it to the next chunk on this stage) once Forward returns.
-  virtual absl::Status Forward(int micro_batch, int chunk, const float* input, float* output) = 0;
+  virtual absl::Status Forward(int micro_batch, int chunk, ConstValues input, Values output) = 0;
   // Backward of (micro_batch, chunk), after its Forward: accumulates the chunk's parameter
   // gradients and frees what Forward kept. d_output (OutputCount): the loss gradient of the
   // chunk's output, valid during the call; null on the last model chunk (its loss is the
   // output). d_input (InputCount): written with the gradient of the input; null on model chunk 0.
-  virtual absl::Status Backward(int micro_batch, int chunk, const float* d_output,
-                                float* d_input) = 0;
+  virtual absl::Status Backward(int micro_batch, int chunk, ConstValues d_output,
+                                Values d_input) = 0;
 };
 
 // Counters and timings of the last RunStep, for tests, metrics and memory logs.
@@ -60,7 +65,7 @@ struct PipelineExecutorStats {
   // Most (micro_batch, chunk) forwarded and not yet backwarded at once: the activations the
   // stage holds (1F1B: at most stages - stage; gpipe: every micro-batch).
   int peak_live_activations = 0;
-  // Most float buffers the executor held at once (inputs kept for backward, gradients received,
+  // Most buffers the executor held at once (inputs kept for backward, gradients received,
   // sends in flight) and their bytes, and the buffers it owns in all, pooled across steps.
   int peak_buffers_in_use = 0;
   size_t peak_buffer_bytes = 0;
@@ -112,11 +117,11 @@ class PipelineExecutor {
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;
 
  private:
-  // Backend memory from the pool, of which the first `count` floats are in use.
+  // Backend memory from the pool, of which the first `count` values are in use.
   struct Buffer {
     DeviceBuffer memory;
     size_t count = 0;
-    float* data() const { return memory.floats(); }
+    Values data() const { return memory.values(); }
   };
   // One buffer and the operation that reads or fills it, if any. The Work is declared after
   // the buffer so that it is destroyed first: destroying an unwaited Work waits for it, while
@@ -135,8 +140,9 @@ class PipelineExecutor {
   absl::Status RunAction(const PipelineAction& action, PipelineStage& stage);
   absl::Status RunForward(const PipelineAction& action, PipelineStage& stage);
   absl::Status RunBackward(const PipelineAction& action, PipelineStage& stage);
-  // Posts a receive of `count` elements into a new slot of `into`.
-  void PostRecv(const PipelineAction& action, size_t count, std::map<Key, Slot>& into);
+  // Posts a receive of `count` elements of the stage's type into a new slot of `into`.
+  void PostRecv(const PipelineAction& action, size_t count, DataType type,
+                std::map<Key, Slot>& into);
   // Posts the send of the slot a compute left in `from`.
   absl::Status PostSend(const PipelineAction& action, std::map<Key, Slot>& from);
   // Waits for the receive of `slot`, if still pending; then returns the sends to its peer that
@@ -146,7 +152,7 @@ class PipelineExecutor {
   absl::Status TimedWait(Work& work);
   absl::Status ReclaimSends(int peer, bool all);
 
-  Buffer Acquire(size_t count);
+  Buffer Acquire(size_t count, DataType type);
   void Release(Buffer buffer);
   // Waits for every posted operation and drops the step's slots (after a failure).
   void Abandon();

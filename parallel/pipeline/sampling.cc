@@ -17,8 +17,8 @@ absl::StatusOr<std::vector<int32_t>> GeneratePipelined(Transformer& stage, Commu
   const NextTokenLogits through_stages = [&](const int32_t* context, int t,
                                              float* logits) -> absl::Status {
     RETURN_IF_ERROR(ForwardThroughStages(
-        pp, stage.backend(), chunks, stage.StageActivationCount(1, t),
-        [&](int chunk, const float* input, float* output) {
+        pp, stage.backend(), chunks, stage.StageActivationCount(1, t), stage.activation_type(),
+        [&](int chunk, ConstValues input, Values output) {
           stage.StageForwardLogits(
               {.chunk = chunk, .b = 1, .t = t, .tokens = context, .input = input, .output = output},
               /*last_only=*/true, logits);

@@ -134,7 +134,9 @@ MemoryEstimate ModelStateBytes(Strategy strategy, double params, int dp, const P
     case Strategy::kZero3:
     case Strategy::kFsdp: {
       const double masters = precision.shard_is_master ? sizeof(float) * params : 0;
-      memory = {.param_bytes = p / dp, .grad_bytes = g / dp, .optimizer_bytes = (k - masters) / dp};
+      const double shard = precision.shard_is_master ? masters : p;
+      memory = {
+          .param_bytes = shard / dp, .grad_bytes = g / dp, .optimizer_bytes = (k - masters) / dp};
       break;
     }
   }
@@ -148,15 +150,16 @@ MemoryEstimate ModelStateBytes(Strategy strategy, double params, int dp, const P
 double StageActivationBytes(const ModelConfig& model, int micro_batch, int seq_len,
                             Recompute recompute, const ModelSlice& slice, bool sequence_parallel,
                             int activation_slots, double value_bytes) {
+  const DataType type = value_bytes == 2 ? DataType::kBF16 : DataType::kF32;
   const double arena = Transformer::ActivationBytes(model, micro_batch, seq_len, recompute, slice,
-                                                    sequence_parallel, activation_slots);
+                                                    sequence_parallel, activation_slots, type);
   const bool has_head = ChunksOf(model, slice).back().end() == model.n_layer;
   const double logits = has_head && slice.tp_size == 1
                             ? std::min<double>(static_cast<double>(micro_batch) * seq_len,
                                                ClassifierChunkRows(model.vocab_size)) *
-                                  model.vocab_size * sizeof(float)
+                                  model.vocab_size * value_bytes
                             : 0;
-  return arena / sizeof(float) * value_bytes + logits;
+  return arena + logits;
 }
 
 double CollectiveMs(Collective collective, double bytes, int group_size, int ranks_per_node,

@@ -38,16 +38,18 @@ struct Precision {
   double reduce_bytes = 2;      // per gradient element in the data-parallel reductions
   double gather_bytes = 2;      // per parameter element in the data-parallel all-gathers
   // The 4 bytes of float32 master a parameter has in K are its shard under ZeRO-3 and FSDP, not
-  // a copy apart: dtrain's bf16 parameters round the shard as each unit is gathered.
+  // a copy apart: dtrain's bf16 parameters round the shard as each unit is gathered (a shard is
+  // then 4 bytes a parameter, counted as parameters; param_bytes sizes the gathered units).
   bool shard_is_master = false;
 
   static Precision MixedBf16() { return {}; }
   static Precision Fp32() { return {4, 4, 8, 4, 4, 4}; }
-  // What dtrain's trainer holds (float32 values on every backend) and sends: Fp32, or at bf16
-  // parameters (run.precision) also their float32 masters (K = 12; the shard itself under
-  // ZeRO-3 and FSDP) and all-gathers of 2 bytes.
+  // What dtrain's trainer holds and sends: Fp32, or at bf16 (run.precision) bf16 parameters and
+  // activations for compute with float32 gradients, float32 masters (K = 12; under ZeRO-3 and
+  // FSDP the shard itself, 4 bytes, rounded as each unit is gathered) and all-gathers of 2
+  // bytes.
   static Precision Trainer(bool bf16_params) {
-    return bf16_params ? Precision{4, 4, 12, 4, 4, 2, /*shard_is_master=*/true} : Fp32();
+    return bf16_params ? Precision{2, 4, 12, 2, 4, 2, /*shard_is_master=*/true} : Fp32();
   }
 };
 
@@ -153,13 +155,14 @@ MemoryEstimate ModelStateBytes(Strategy strategy, double params, int dp, const P
                                bool offload);
 
 // Activation bytes a rank holding `slice` keeps with `activation_slots` micro-batches of
-// micro_batch x seq_len tokens in flight, at `value_bytes` a value: the trainer's activation
-// arena (Transformer::ActivationBytes: every tensor backward reads, the attention's log-sum-exp
-// but never its (B, H, T, T) scores, and the backward scratch), and on the rank with the head at
-// tp = 1 the fused classifier's float32 logits of one chunk of rows (ClassifierChunkRows), which
-// the backend keeps. The sizes Korthikanti et al. 2022 give (REFERENCES.md 7) count the
-// attention scores and dropout masks of Megatron-LM, which dtrain never holds: at GPT-2's
-// shapes and T 1024, 3.35 times what a block keeps.
+// micro_batch x seq_len tokens in flight, at `value_bytes` an activation (4: float32, 2: bf16):
+// the trainer's activation arena (Transformer::ActivationBytes: every tensor backward reads, the
+// attention's log-sum-exp but never its (B, H, T, T) scores, the float32 statistics, and the
+// backward scratch), and on the rank with the head at tp = 1 the fused classifier's logits of
+// one chunk of rows (ClassifierChunkRows), which the backend keeps in the activations' type (the
+// CUDA backend's; the CPU reference widens them to float32). The sizes Korthikanti et al. 2022 give
+// (REFERENCES.md 7) count the attention scores and dropout masks of Megatron-LM, which dtrain never
+// holds: at GPT-2's shapes and T 1024, 3.35 times what a block keeps.
 double StageActivationBytes(const ModelConfig& model, int micro_batch, int seq_len,
                             Recompute recompute, const ModelSlice& slice, bool sequence_parallel,
                             int activation_slots, double value_bytes);

@@ -13,7 +13,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu/cpu_backend.h"
-#include "core/backend/matmul_precision.h"
 #include "core/checkpoint/reader.h"
 #include "core/checkpoint/tools.h"
 #include "core/model/param_table.h"
@@ -74,12 +73,12 @@ float Value(StateKind kind, size_t tensor, size_t index) {
   return static_cast<float>((static_cast<size_t>(kind) * 64 + tensor) * 32768 + index);
 }
 
-// Calls fn(kind, values, expected) for every element this rank holds, `expected` being its value
-// in the whole model's state (Value).
+// Calls fn(kind, values, expected) for every element of `ranges` (HeldState's or SavedState's),
+// `expected` being its value in the whole model's state (Value).
 template <typename Fn>
-void ForEachHeld(const ParamTable& table, DataParallelEngine& engine, Fn fn) {
+void ForEachIn(const ParamTable& table, const std::vector<StateRange>& ranges, Fn fn) {
   const ParamTable whole(table.config(), ModelSlice{});
-  for (const StateRange& range : engine.HeldState()) {
+  for (const StateRange& range : ranges) {
     for (const TensorEntry& entry : table.entries()) {
       const size_t begin = std::max(range.begin, entry.offset);
       const size_t end = std::min(range.end, entry.offset + entry.numel);
@@ -140,9 +139,9 @@ void RunRank(const Recipe& base, const Layout& layout, const Layout* saved, Comm
       TrainingCheckpoints::Create(recipe, table, engine, world);
   ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
   if (saved == nullptr) {
-    ForEachHeld(table, engine, [](StateKind, const std::string&, float& value, float expected) {
-      value = expected;
-    });
+    ForEachIn(
+        table, engine.HeldState(),
+        [](StateKind, const std::string&, float& value, float expected) { value = expected; });
     engine.LoadedState();  // bf16 parameters: the values are the masters
     engine.SetOptimizerStep(kStep);
     absl::StatusOr<double> saved =
@@ -166,21 +165,43 @@ void RunRank(const Recipe& base, const Layout& layout, const Layout* saved, Comm
     for (int d = 0; d < saved->dp; ++d) cursor += Cursor(d);
   }
   EXPECT_EQ(loader.state().cursor, cursor) << Name(layout) << " rank " << rank;
-  // bf16 parameters held whole are the masters rounded (the masters themselves are not held
-  // state, CheckpointMultiProcessTest resumes them bit for bit); a shard is the masters.
-  const bool rounded =
+  // bf16 parameters held whole are bf16 copies of the float32 masters, which are this rank's
+  // share of the saved state (SavedState; HeldState hands out a staging buffer to load them); a
+  // shard is the masters.
+  const bool copies =
       strategy->param_type == DataType::kBF16 && strategy->sharding != Sharding::kParameters;
   int wrong = 0;
-  ForEachHeld(
-      table, engine, [&](StateKind kind, const std::string& name, float& value, float expected) {
-        if (rounded && kind == StateKind::kParameters) {
-          expected = RoundForMatmul(expected, MatmulPrecision::kMedium);
+  const auto check = [&](StateKind kind, const std::string& name, float& value, float expected) {
+    if (value != expected && ++wrong <= 3) {
+      ADD_FAILURE() << Name(layout) << " rank " << rank << ": " << StateTensorName(kind, name)
+                    << " holds " << value << ", the saved state " << expected;
+    }
+  };
+  ForEachIn(table, engine.HeldState(),
+            [&](StateKind kind, const std::string& name, float& value, float expected) {
+              if (!copies || kind != StateKind::kParameters) check(kind, name, value, expected);
+            });
+  if (copies) {
+    ForEachIn(table, engine.SavedState(),
+              [&](StateKind kind, const std::string& name, float& value, float expected) {
+                if (kind == StateKind::kParameters) check(kind, name, value, expected);
+              });
+    // The model computes with every parameter's master rounded to bf16.
+    const absl::StatusOr<std::vector<float>> masters = engine.GatherParameters();
+    ASSERT_TRUE(masters.ok()) << masters.status();
+    for (int region = -1; region <= table.last_region(); ++region) {
+      const auto [begin, end] = table.BlockRange(region);
+      const Bf16* values = engine.Acquire(region, Pass::kForward).as<Bf16>();
+      for (size_t i = begin; i < end; ++i) {
+        if (values[i - begin].bits != cuda::FromFloat<Bf16>((*masters)[i]).bits && ++wrong <= 3) {
+          ADD_FAILURE() << Name(layout) << " rank " << rank << ": position " << i
+                        << " computes with " << cuda::ToFloat(values[i - begin]) << ", its master "
+                        << (*masters)[i];
         }
-        if (value != expected && ++wrong <= 3) {
-          ADD_FAILURE() << Name(layout) << " rank " << rank << ": " << StateTensorName(kind, name)
-                        << " holds " << value << ", the saved state " << expected;
-        }
-      });
+      }
+      engine.Release(region, Pass::kForward);
+    }
+  }
   EXPECT_EQ(wrong, 0) << Name(layout) << " rank " << rank;
 }
 

@@ -272,8 +272,9 @@ TEST(DataParallelReduceDtypeTest, Bf16ReductionsFollowFloat32InHalfTheBytes) {
 float RoundedToBf16(float x) { return RoundForMatmul(x, MatmulPrecision::kMedium); }
 
 // run.precision bf16 under every strategy on 2 ranks: every parameter a region computes with is
-// its float32 master rounded to bf16, while GatherParameters returns the masters themselves
-// (the initialisation is not bf16: they differ). Checked after initialisation and after a step.
+// a bf16 copy of its float32 master, rounded to nearest even, while GatherParameters returns the
+// masters themselves (the initialisation is not bf16: they differ). Checked after initialisation
+// and after a step.
 TEST(DataParallelParamDtypeTest, RegionsComputeWithTheMastersRoundedToBf16) {
   const ModelConfig config = testing::SmallModelConfig(ModelFamily::kGpt2);
   const ParamTable table(config, ModelSlice{});
@@ -298,10 +299,11 @@ TEST(DataParallelParamDtypeTest, RegionsComputeWithTheMastersRoundedToBf16) {
         engine.BeginMicroBatch(true);
         for (int region = -1; region <= table.last_region(); ++region) {
           const auto [begin, end] = table.BlockRange(region);
-          const float* values = engine.Acquire(region, Pass::kForward);
+          const Bf16* values = engine.Acquire(region, Pass::kForward).as<Bf16>();
+          ASSERT_NE(values, nullptr) << "region " << region << " is not bf16";
           for (size_t i = begin; i < end; ++i) {
             unrounded += RoundedToBf16((*masters)[i]) != (*masters)[i] ? 1 : 0;
-            mismatched += values[i - begin] != RoundedToBf16((*masters)[i]) ? 1 : 0;
+            mismatched += cuda::ToFloat(values[i - begin]) != RoundedToBf16((*masters)[i]) ? 1 : 0;
           }
           engine.Release(region, Pass::kForward);
         }
@@ -327,13 +329,15 @@ TEST(DataParallelParamDtypeTest, RegionsComputeWithTheMastersRoundedToBf16) {
 
 // run.precision bf16 trains under every strategy on 2 ranks (gradients reduced in float32 here,
 // to isolate the parameters): the parameter all-gathers of zero1/2/3 and fsdp send half the
-// bytes of float32's, every strategy follows one process at bf16 parameters, and that run
-// follows the float32 one within what rounding the weights to bf16 (2^-9 relative each) moves.
-// The strategies differ from one process by their reductions' float32 order, which moves a few
-// masters across a bf16 rounding boundary (2^-8 relative of that weight) and the trajectory
-// with them. Measured (default kernel and OPENBLAS_CORETYPE=Haswell): strategies within 6.2e-6
-// of one process in loss, 2.9e-4 in norm and 2.6e-5 in the final masters; bf16 against float32
-// within 2.2e-4 in loss, 2.1e-3 in norm and 4.3e-3 in the final masters. The bounds leave 5x.
+// bytes of float32's, every strategy follows one process at bf16 parameters and activations, and
+// that run follows the float32 one within what rounding the weights and activations to bf16
+// (2^-9 relative each) moves. The strategies differ from one process by their reductions'
+// float32 order, which moves a few masters across a bf16 rounding boundary (2^-8 relative of
+// that weight); the activations stored in bf16 then round differently wherever a value moved
+// across one of theirs, so the trajectories part further than at float32 activations. Measured
+// (default kernel and OPENBLAS_CORETYPE=Haswell): strategies within 1.3e-4 of one process in
+// loss, 1.9e-3 in norm and 3.9e-4 in the final masters; bf16 against float32 within 2.8e-4 in
+// loss, 2.7e-3 in norm and 5.6e-3 in the final masters. The bounds leave 3.5x or more.
 TEST(DataParallelParamDtypeTest, Bf16ParametersGatherHalfTheBytesAndFollowFloat32) {
   ParallelSection parallel;
   parallel.bucket_mb = 0.01;
@@ -363,7 +367,7 @@ TEST(DataParallelParamDtypeTest, Bf16ParametersGatherHalfTheBytesAndFollowFloat3
       const double expected = std::string(name) == "ddp" ? gathered : 0.5 * gathered;
       EXPECT_NEAR(run.all_gather_bytes, expected, kSteps * sizeof(uint64_t)) << "rank " << rank;
       EXPECT_GT(gathered, std::string(name) == "ddp" ? 0 : 1000) << "rank " << rank;
-      ExpectFollows(run, bf16, 3e-5, 1.5e-3, 1.3e-4, rank);
+      ExpectFollows(run, bf16, 5e-4, 7e-3, 1.5e-3, rank);
       EXPECT_EQ(run.final_params, runs[0].final_params) << "rank " << rank;
     }
   }

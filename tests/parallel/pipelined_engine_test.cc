@@ -35,7 +35,7 @@ struct RegionCall {
 class Recorder : public BlockParameters {
  public:
   explicit Recorder(FlatParameters& flat) : flat_(flat) {}
-  const float* Acquire(int region, Pass pass) override {
+  ConstValues Acquire(int region, Pass pass) override {
     calls.push_back({RegionCall::kAcquire, region, pass});
     return flat_.Acquire(region, pass);
   }
@@ -135,7 +135,7 @@ RankResult DriveStage(const Case& c, const ParamTable& table, const ModelRun& ru
     for (const RegionCall& call : calls) {
       switch (call.kind) {
         case RegionCall::kAcquire:
-          check_params(call.region, engine.Acquire(call.region, call.pass));
+          check_params(call.region, engine.Acquire(call.region, call.pass).as<float>());
           break;
         case RegionCall::kRelease:
           engine.Release(call.region, call.pass);

@@ -16,7 +16,8 @@ trains on all of them whatever order the loader's shuffle picks; the reference t
 file order, and the mean loss and summed gradients differ only by the rounding of that order.
 
 Metric: for each tensor, max |dtrain - torch| / max |torch| (relative to the tensor's largest
-magnitude, so near-zero entries do not dominate); every value must be <= TOLERANCE.
+magnitude, so near-zero entries do not dominate); every value must be <= TOLERANCE (at
+run.precision bf16, the measured BF16_BOUNDS).
 
 --reference-only needs no binary: it runs the reference's own checks (reference_checks.py) and
 compares the reference in float32 against itself in float64 under the same metric, which shows
@@ -24,6 +25,7 @@ the tolerance is attainable in float32 for these cases.
 """
 import argparse
 import array
+import dataclasses
 import json
 import os
 import socket
@@ -31,7 +33,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 
 import torch
 
@@ -45,7 +46,7 @@ TOLERANCE = 1e-4
 PROBE_TIMEOUT_S = 300
 
 
-@dataclass
+@dataclasses.dataclass
 class Case:
     name: str
     shape: tm.ModelShape
@@ -53,13 +54,24 @@ class Case:
     activation_checkpointing: bool = False
     seed: int = 0
     tp: int = 1  # > 1: `dtrain train` over tp processes instead of parity_probe
-    precision: str = "fp32"  # run.precision: bf16 computes with rounded float32 masters
-    # The final parameters' bound. At bf16 a master within float32 rounding of a tie between two
-    # bf16 values rounds either way on the two sides, which moves that weight by 2^-8 of itself
-    # for the step; over 10 steps the masters part by more than float32 rounding: measured 7.3e-4
-    # (dtrain vs torch) and 1.9e-4 (torch float32 vs float64), 4x margin. Step 0's logits and
-    # gradients, the losses and norms keep TOLERANCE.
-    final_tolerance: float = TOLERANCE
+    # run.precision: bf16 computes with bf16 copies of the float32 masters and stores every
+    # activation and activation gradient in bf16 (torch_model.bf16_activations).
+    precision: str = "fp32"
+    # Bounds in place of TOLERANCE for some of the compared keys (BF16_BOUNDS).
+    bounds: dict = dataclasses.field(default_factory=dict)
+
+
+# The bounds at bf16. A value within float32 rounding of a tie between two bf16 values rounds
+# either way on the two sides, which moves it by 2^-8 of itself and whatever reads it with it;
+# AdamW's normalised updates carry such a flip of a gradient near zero into a whole step of its
+# weight. So two bf16 runs part as far as their float32 arithmetic lets them round differently:
+# the reference in float32 against itself in float64 (both rounding to bf16 alike) parts as far
+# as dtrain from it. Measured (--reference-only, then dtrain; GPT-2 and Llama's worst): 4.0e-3 and
+# 4.7e-3 in step 0's gradients, 3.1e-4 and 4.8e-4 in the norms, 3.7e-2 and 3.1e-2 in the final
+# parameters (the embedding's rows of rare tokens), the losses within TOLERANCE; the bounds leave
+# 3x. The logits, 1.1e-4 from dtrain, tell a reference that keeps its activations in float32
+# (3.9e-3 and 4.6e-3) from one that stores them as dtrain does.
+BF16_BOUNDS = {"logits": 1e-3, "grads": 1.5e-2, "grad_norms": 1.5e-3, "final": 1.2e-1}
 
 
 def gpt2(**overrides):
@@ -97,10 +109,9 @@ CASES = [
     Case("llama_gqa", llama(n_kv_head=2), steps(micro_batch=2, schedule="linear")),
     Case("llama_checkpointing_odd_t", llama(n_kv_head=2), steps(seq_len=11, grad_clip=0.05),
          activation_checkpointing=True),
-    Case("gpt2_bf16_params", gpt2(), steps(batch_size=6, micro_batch=2), precision="bf16",
-         final_tolerance=3e-3),
-    Case("llama_gqa_bf16_params", llama(n_kv_head=2), steps(), precision="bf16",
-         final_tolerance=3e-3),
+    Case("gpt2_bf16", gpt2(), steps(batch_size=6, micro_batch=2), precision="bf16",
+         bounds=BF16_BOUNDS),
+    Case("llama_gqa_bf16", llama(n_kv_head=2), steps(), precision="bf16", bounds=BF16_BOUNDS),
     # Tensor parallelism: heads and MLP width split over 2 ranks, the reference single-process.
     Case("gpt2_tp2", gpt2(), steps(), tp=2),
     Case("llama_gqa_tp2_checkpointing", llama(n_kv_head=2), steps(micro_batch=2, grad_clip=0.05),
@@ -310,8 +321,7 @@ def run_case(case, dtrain, probe):
             got = run_probe(probe, case, weights, batches, folder)
     check_outputs(got, want)
     errors = compare(got, want)
-    ok = all(err <= (case.final_tolerance if key == "final" else TOLERANCE)
-             for key, (err, _) in errors.items())
+    ok = all(err <= case.bounds.get(key, TOLERANCE) for key, (err, _) in errors.items())
     detail = "  ".join(f"{key} {err:.1e}" for key, (err, _) in errors.items())
     _, worst_name = max(errors.values())
     return ok, f"{case.name:28s} {detail}  (worst: {worst_name})"
@@ -339,7 +349,8 @@ def main():
         results.append(ok)
         print(f"{'PASS' if ok else 'FAIL'} reference.{name:18s} {detail}")
     what = "dtrain vs torch f32" if probe else "torch f32 vs torch f64"
-    print(f"cases: {what}, max|a-b|/max|b| per tensor, tolerance {TOLERANCE:g}")
+    print(f"cases: {what}, max|a-b|/max|b| per tensor, tolerance {TOLERANCE:g} "
+          "(bf16: BF16_BOUNDS)")
     for case in CASES:
         if args.case and case.name not in args.case:
             continue

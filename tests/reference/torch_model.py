@@ -4,7 +4,12 @@ Parameter names and shapes are exactly those of Hugging Face transformers checkp
 (GPT2Model without prefix, LlamaForCausalLM), so weights move between this model and dtrain
 through safetensors files unchanged. Written for reading, not speed: attention is the
 explicit masked softmax, every formula is spelled out. Works in float32 and float64.
+
+Inside bf16_activations(), every tensor dtrain stores in bf16 at run.precision bf16 (the
+activations, and in backward their gradients) is rounded to bfloat16 where dtrain stores it
+(stored), while the arithmetic stays float32: what dtrain's kernels compute from bf16 inputs.
 """
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -29,6 +34,36 @@ class ModelShape:
     @property
     def head_dim(self):
         return self.d_model // self.n_head
+
+
+class _RoundedToBf16(torch.autograd.Function):
+    """The value rounded to bfloat16 (to nearest even) and back, and so is its gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(torch.bfloat16).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(torch.bfloat16).to(grad.dtype)
+
+
+_bf16_activations = False
+
+
+@contextlib.contextmanager
+def bf16_activations(enabled=True):
+    global _bf16_activations
+    saved, _bf16_activations = _bf16_activations, enabled
+    try:
+        yield
+    finally:
+        _bf16_activations = saved
+
+
+def stored(x):
+    """x as dtrain stores it: rounded to bf16 inside bf16_activations(), else unchanged."""
+    return _RoundedToBf16.apply(x) if _bf16_activations else x
 
 
 def build_model(shape, dtype=torch.float32):
@@ -89,9 +124,9 @@ class Gpt2Attention(nn.Module):
         self.c_proj = Conv1D(shape.d_model, shape.d_model)
 
     def forward(self, x):  # x (B, T, C)
-        q, k, v = self.c_attn(x).split(x.shape[-1], dim=-1)
-        y = causal_attention(*(split_heads(t, self.n_head) for t in (q, k, v)))
-        return self.c_proj(merge_heads(y))
+        q, k, v = stored(self.c_attn(x)).split(x.shape[-1], dim=-1)
+        y = stored(causal_attention(*(split_heads(t, self.n_head) for t in (q, k, v))))
+        return stored(self.c_proj(merge_heads(y)))
 
 
 class Gpt2Mlp(nn.Module):
@@ -101,7 +136,7 @@ class Gpt2Mlp(nn.Module):
         self.c_proj = Conv1D(shape.d_ff, shape.d_model)
 
     def forward(self, x):
-        return self.c_proj(gelu_tanh(self.c_fc(x)))
+        return stored(self.c_proj(stored(gelu_tanh(stored(self.c_fc(x))))))
 
 
 class Gpt2Block(nn.Module):
@@ -113,8 +148,8 @@ class Gpt2Block(nn.Module):
         self.mlp = Gpt2Mlp(shape)
 
     def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        x = stored(x + self.attn(stored(self.ln_1(x))))
+        return stored(x + self.mlp(stored(self.ln_2(x))))
 
 
 class Gpt2(nn.Module):
@@ -127,10 +162,10 @@ class Gpt2(nn.Module):
 
     def forward(self, tokens):  # tokens (B, T) -> logits (B, T, V)
         positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.wte(tokens) + self.wpe(positions)
+        x = stored(self.wte(tokens) + self.wpe(positions))
         for block in self.h:
             x = block(x)
-        return self.ln_f(x) @ self.wte.weight.T  # the output head is tied to the embedding
+        return stored(self.ln_f(x)) @ self.wte.weight.T  # the output head is tied to the embedding
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,13 +213,14 @@ class LlamaAttention(nn.Module):
     def forward(self, x):  # x (B, T, C)
         s = self.shape
         cos, sin = rope_cos_sin(x.shape[1], s.head_dim, s.rope_theta, x.dtype, x.device)
-        q = apply_rope(split_heads(self.q_proj(x), s.n_head), cos, sin)
-        k = apply_rope(split_heads(self.k_proj(x), s.n_kv_head), cos, sin)
-        v = split_heads(self.v_proj(x), s.n_kv_head)
+        # dtrain's qkv is stored, then rotated in place (stored again).
+        q = stored(apply_rope(split_heads(stored(self.q_proj(x)), s.n_head), cos, sin))
+        k = stored(apply_rope(split_heads(stored(self.k_proj(x)), s.n_kv_head), cos, sin))
+        v = split_heads(stored(self.v_proj(x)), s.n_kv_head)
         # Grouped-query attention: query head h reads kv head h // (n_head / n_kv_head).
         group = s.n_head // s.n_kv_head
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        return self.o_proj(merge_heads(causal_attention(q, k, v)))
+        return stored(self.o_proj(stored(merge_heads(causal_attention(q, k, v)))))
 
 
 class LlamaMlp(nn.Module):
@@ -197,7 +233,8 @@ class LlamaMlp(nn.Module):
         self.down_proj = nn.Linear(shape.d_ff, shape.d_model, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = stored(self.gate_proj(x)), stored(self.up_proj(x))
+        return stored(self.down_proj(stored(F.silu(gate) * up)))
 
 
 class LlamaBlock(nn.Module):
@@ -209,8 +246,8 @@ class LlamaBlock(nn.Module):
         self.mlp = LlamaMlp(shape)
 
     def forward(self, x):
-        x = x + self.self_attn(self.input_layernorm(x))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = stored(x + self.self_attn(stored(self.input_layernorm(x))))
+        return stored(x + self.mlp(stored(self.post_attention_layernorm(x))))
 
 
 class LlamaModel(nn.Module):
@@ -223,10 +260,10 @@ class LlamaModel(nn.Module):
         self.norm = RmsNorm(shape.d_model, shape.norm_eps)
 
     def forward(self, tokens):
-        x = self.embed_tokens(tokens)
+        x = stored(self.embed_tokens(tokens))
         for block in self.layers:
             x = block(x)
-        return self.norm(x)
+        return stored(self.norm(x))
 
 
 class Llama(nn.Module):

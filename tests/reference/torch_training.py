@@ -7,7 +7,8 @@ What dtrain promises, stated once here:
 - torch.optim.AdamW with two groups: no weight decay for biases and norm weights;
 - the learning rate at 0-based step s is warmup, then cosine, linear or constant (lr_at);
 - at run.precision bf16 the model computes with its parameters rounded to bfloat16 while the
-  optimizer updates float32 masters (rounded_parameters).
+  optimizer updates float32 masters (rounded_parameters), and its activations, the logits the
+  loss reads and all their gradients are stored in bfloat16 (torch_model.bf16_activations).
 """
 import contextlib
 import math
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+import torch_model as tm
 
 
 @dataclass
@@ -74,7 +77,8 @@ def forward_backward(model, tokens, t):
     loss_sum = 0.0
     for micro in tokens.split(t.micro_batch):
         share = micro.shape[0] / tokens.shape[0]
-        loss = mean_cross_entropy(model(micro[:, :-1]), micro[:, 1:]) * share
+        # The loss's logits are stored too (dtrain's fused classifier keeps them in bf16).
+        loss = mean_cross_entropy(tm.stored(model(micro[:, :-1])), micro[:, 1:]) * share
         loss.backward()
         loss_sum += loss.item()
     return loss_sum
@@ -118,12 +122,12 @@ def run_training(model, batches, t, bf16_params=False):
     Returns float64 tensors: "logits" of step 0 before any update, "loss" and "grad_norm" per
     step, "grad.<name>" the step-0 gradients before clipping, "final.<name>" after all steps
     (the masters at bf16_params)."""
-    with torch.no_grad(), rounded_parameters(model, bf16_params):
+    with torch.no_grad(), rounded_parameters(model, bf16_params), tm.bf16_activations(bf16_params):
         result = {"logits": model(batches[0][:, :-1]).double()}
     optimizer = make_adamw(model, t)
     losses, grad_norms = [], []
     for step in range(t.steps):
-        with rounded_parameters(model, bf16_params):
+        with rounded_parameters(model, bf16_params), tm.bf16_activations(bf16_params):
             losses.append(forward_backward(model, batches[step], t))
         if step == 0:  # before clip_grad_norm_ scales them in place
             result.update({f"grad.{n}": p.grad.double().clone()

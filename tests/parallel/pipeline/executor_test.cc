@@ -48,11 +48,15 @@ class AffineStage : public PipelineStage {
   AffineStage(const PipelineShape& shape, int stage)
       : shape_(shape), stage_(stage), grads_(shape.virtual_stages, std::vector<float>(kElements)) {}
 
+  DataType ActivationType() const override { return DataType::kF32; }
   size_t InputCount(int chunk) const override { return ModelChunk(chunk) == 0 ? 0 : kElements; }
   size_t OutputCount(int chunk) const override { return IsLast(chunk) ? 0 : kElements; }
 
-  absl::Status Forward(int micro_batch, int chunk, const float* input, float* output) override {
+  absl::Status Forward(int micro_batch, int chunk, ConstValues input_values,
+                       Values output_values) override {
     if (absl::Status status = Fault(); !status.ok()) return status;
+    const float* input = input_values.as<float>();
+    float* output = output_values.as<float>();
     const int k = ModelChunk(chunk);
     if ((input == nullptr) != (k == 0) || (output == nullptr) != IsLast(chunk)) {
       return absl::InternalError(absl::StrCat("F", micro_batch, ".", chunk, ": wrong buffers"));
@@ -70,9 +74,11 @@ class AffineStage : public PipelineStage {
     return absl::OkStatus();
   }
 
-  absl::Status Backward(int micro_batch, int chunk, const float* d_output,
-                        float* d_input) override {
+  absl::Status Backward(int micro_batch, int chunk, ConstValues d_output_values,
+                        Values d_input_values) override {
     if (absl::Status status = Fault(); !status.ok()) return status;
+    const float* d_output = d_output_values.as<float>();
+    float* d_input = d_input_values.as<float>();
     const int k = ModelChunk(chunk);
     auto it = inputs_.find({micro_batch, chunk});
     if (it == inputs_.end()) {
