@@ -188,7 +188,23 @@ void DataParallelEngine::Land(Wire& wire, float* result, size_t count) {
   wire = Wire{};
 }
 
+void DataParallelEngine::WaitOnDevice(std::unique_ptr<Work>& work) {
+  if (!work) return;
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status status = work->WaitOnDevice();
+  exposed_comm_ms_ +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (!status.ok() && error_.ok()) error_ = status;
+  settling_.push_back(std::move(work));
+}
+
+void DataParallelEngine::Settle() {
+  for (std::unique_ptr<Work>& work : settling_) (void)Wait(work);
+  settling_.clear();
+}
+
 void DataParallelEngine::BeginStep() {
+  Settle();  // an evaluation's gathers since the last step
   backend_.Zero(grads_.floats(), grads_.size());
   exposed_comm_ms_ = 0;
   units_completed_ = 0;
@@ -291,8 +307,8 @@ ConstValues DataParallelEngine::Acquire(int region, Pass pass) {
   const size_t region_begin = table_.BlockRange(region).first;
   if (!sharded_params()) return params_.values() + layout_.padded(unit, region_begin);
   GatheredUnit& gathered = Gather(layout_.unit_index(region));
-  (void)Wait(gathered.pending);  // a failure is reported by FinishStep
-  gathered.wire = Wire{};
+  WaitOnDevice(gathered.pending);
+  gathered.wire = Wire{};  // freed in the compute stream's order, after its wait
   ++gathered.users;
   Prefetch(region, pass);
   return gathered.values.values() + (region_begin - unit.begin);
@@ -430,6 +446,7 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
     }
   }
   reductions_.clear();
+  Settle();
   while (!gradient_units_.empty()) {
     GradientUnit& buffer = gradient_units_.front();
     if (buffer.pending) (void)Retire(buffer);

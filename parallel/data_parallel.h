@@ -189,6 +189,11 @@ class DataParallelEngine : public BlockParameters {
   int rank() const { return comm_ ? comm_->rank() : 0; }
   int ranks() const { return comm_ ? comm_->size() : 1; }
   absl::Status Wait(std::unique_ptr<Work>& work);
+  // Makes the compute stream wait for `work` without blocking the host where the communicator
+  // can (Work::WaitOnDevice), and keeps it in settling_ for a host wait at the next BeginStep or
+  // FinishStep (Settle), which reports its outcome (a failure known now is kept at once).
+  void WaitOnDevice(std::unique_ptr<Work>& work);
+  void Settle();
   // Gradient reductions over comm_ in strategy_.reduce_type: grads (count) summed in place, or
   // input (ranks * shard) -> output (shard). At bf16 the values go through `wire`, and Land,
   // after the Work's wait, widens the result into `result` (count values; nothing at fp32).
@@ -265,6 +270,8 @@ class DataParallelEngine : public BlockParameters {
     DeviceBuffer shard;  // zero1 at fp32: the reduce-scatter's output
     Wire wire;
   };
+  // Gathers the compute stream waits for on the device, not yet waited on the host (Settle).
+  std::vector<std::unique_ptr<Work>> settling_;
   std::vector<int> regions_ready_;  // unsharded gradients: per unit, this micro-batch
   std::vector<PendingReduction> reductions_;
   bool last_micro_batch_ = true;

@@ -99,18 +99,21 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(run, matmul_precision),
-       "inputs of the linear layers' and the head's float32 GEMMs, as PyTorch's "
-       "set_float32_matmul_precision: highest float32, high TF32, medium bfloat16 (tensor cores "
-       "on the GPU; the CPU rounds the inputs alike); float32 sums and values at every level; "
-       "auto = medium on cuda when the parameters are bf16 (run.precision; PyTorch's bf16 "
-       "autocast multiplies alike), highest otherwise",
+       "inputs of the float32 GEMMs (run.precision fp32's linear layers and head, and the "
+       "start-up GEMM peak that MFU is against), as PyTorch's set_float32_matmul_precision: "
+       "highest float32, high TF32, medium bfloat16 (tensor cores on the GPU; the CPU rounds the "
+       "inputs alike); float32 sums and values at every level; auto = medium on cuda at "
+       "run.precision bf16 (whose GEMMs multiply bf16 values already: the peak is then measured "
+       "on the tensor cores they use), highest otherwise",
        {"auto", "highest", "high", "medium"}},
       {DTRAIN_RECIPE_KEY(run, precision),
-       "the parameters the model computes with (PyTorch FSDP's param_dtype): bf16 = each step's "
-       "float32 master weights rounded to bfloat16 (to nearest even), which the ZeRO-1/2/3 and "
-       "FSDP all-gathers move at half the bytes, while AdamW updates the float32 masters and "
-       "checkpoints keep them; fp32 = the masters themselves; auto = bf16 on cuda, fp32 on cpu. "
-       "Activations stay float32 at either",
+       "what the model stores (PyTorch FSDP's param_dtype, Megatron-LM's bf16): bf16 = bfloat16 "
+       "copies of the float32 master weights (rounded to nearest even after each update; the "
+       "ZeRO-1/2/3 and FSDP all-gathers move them at half the bytes) and bfloat16 activations and "
+       "activation gradients, the arithmetic, parameter gradients and saved statistics float32, "
+       "while AdamW updates the masters and checkpoints keep them; fp32 = float32 throughout; "
+       "auto = bf16 on cuda, fp32 on cpu (where bf16 is the GPU's reference: each kernel widens "
+       "its bf16 inputs, computes and rounds its outputs)",
        {"auto", "fp32", "bf16"}},
       // model
       {DTRAIN_RECIPE_KEY(model, family),

@@ -35,10 +35,19 @@ absl::Status CheckReduction(DataType type, ReduceOp op, const char* op_name,
 
 // The handle of one issued operation. Wait blocks until it finished and returns its outcome;
 // calling Wait again returns the same outcome. Destroying an unwaited Work waits for it.
+//
+// WaitOnDevice orders the work issued afterwards on the buffers' compute stream (NCCL's
+// compute_stream) after the operation, on the device, and returns without blocking the host: the
+// caller may issue kernels that read the results at once, and must still call Wait (or destroy
+// the Work) later to learn the outcome, and before the buffers go. An operation that outlives
+// the timeout meanwhile is aborted by the communicator's watchdog, so the device never waits
+// forever, and Wait reports it. An error known already is returned at once. Where operations do
+// not run on a device stream (Gloo, or NCCL without a compute stream) it is Wait.
 class Work {
  public:
   virtual ~Work() = default;
   virtual absl::Status Wait() = 0;
+  virtual absl::Status WaitOnDevice() { return Wait(); }
 };
 
 // A Work that has already finished with `status`: the answer to an operation rejected before

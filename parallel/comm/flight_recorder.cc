@@ -57,6 +57,8 @@ class RecordedWork : public Work {
     }
     return status;
   }
+  // The record finishes at Wait, when the outcome is known.
+  absl::Status WaitOnDevice() override { return inner_->WaitOnDevice(); }
 
  private:
   std::unique_ptr<Work> inner_;

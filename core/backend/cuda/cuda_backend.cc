@@ -29,12 +29,12 @@ constexpr size_t kStagingSlotBytes = size_t{1} << 20;
 constexpr int kStagingSlots = 8;
 
 // The largest power of two dividing `pointer`'s address, up to cuBLASLt's default assumption of
-// 256: views into the arena or the flat parameters are often only 4-byte aligned, and the
-// heuristic must not pick a kernel that needs more.
+// 256: views into the arena or the flat parameters are often only 4-byte aligned (2-byte in
+// bf16), and the heuristic must not pick a kernel that needs more.
 uint32_t Alignment(const void* pointer) {
   const uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
   uint32_t alignment = 256;
-  while (alignment > 4 && address % alignment != 0) alignment /= 2;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
   return alignment;
 }
 
@@ -512,7 +512,7 @@ void CudaBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_em
                                     ConstValues dout, const int32_t* tokens, int b, int t, int c,
                                     int vocab_begin, int vocab_end, const int32_t* positions) {
   const size_t scratch_bytes = cuda::EmbeddingBackwardScratchBytes(static_cast<size_t>(b) * t);
-  void* scratch = Scratch(embedding_sort_, scratch_bytes, DataType::kBF16).data();
+  void* scratch = Scratch(embedding_sort_, (scratch_bytes + 3) / 4, DataType::kF32).data();
   LaunchTyped("EmbeddingBackward", {dout}, [&]<typename T>(T) {
     Check(cuda::EmbeddingBackward<T>(dtoken_embedding, dposition_embedding, dout.as<T>(), tokens, b,
                                      t, c, vocab_begin, vocab_end, positions, scratch, stream_),

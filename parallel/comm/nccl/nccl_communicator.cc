@@ -15,6 +15,11 @@ namespace {
 // How often Wait looks at its event; short against a collective, long against a spin.
 constexpr absl::Duration kPollInterval = absl::Microseconds(50);
 
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
+}
+
 // What a failed operation blames: for collective number `seq` (> 0) the peers `progress` finds
 // never started it; for a point-to-point operation with `peer_world_rank` (>= 0) that peer, when
 // it timed out.
@@ -26,27 +31,33 @@ struct Blame {
 
 class NcclWork : public Work {
  public:
-  NcclWork(absl::Status status, cudaEvent_t event, ncclComm_t comm, std::string description,
-           absl::Duration timeout, Blame blame)
+  NcclWork(absl::Status status, std::shared_ptr<NcclOperation> operation,
+           std::shared_ptr<NcclAbort> abort, NcclWatchdog* watchdog, cudaStream_t compute_stream,
+           std::string description, absl::Duration timeout, Blame blame)
       : status_(std::move(status)),
-        event_(event),
-        comm_(comm),
+        operation_(std::move(operation)),
+        abort_(std::move(abort)),
+        watchdog_(watchdog),
+        compute_stream_(compute_stream),
         description_(std::move(description)),
-        deadline_(absl::Now() + timeout),
         timeout_(timeout),
         blame_(blame) {}
-  ~NcclWork() override {
-    Wait().IgnoreError();
-    if (event_ != nullptr) cudaEventDestroy(event_);
-  }
+  ~NcclWork() override { Wait().IgnoreError(); }
 
   absl::Status Wait() override {
     if (done_ || !status_.ok()) return status_;
     for (;;) {
-      const cudaError_t query = cudaEventQuery(event_);
+      const cudaError_t query = cudaEventQuery(operation_->event);
       if (query == cudaSuccess) break;
       ncclResult_t async_error = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async_error);
+      ncclCommGetAsyncError(abort_->comm(), &async_error);
+      if (operation_->timed_out || absl::Now() > operation_->deadline) {
+        abort_->Abort();  // unblocks the streams; the communicator is unusable after
+        Fail(absl::DeadlineExceededError(absl::StrCat(description_, " did not finish within ",
+                                                      absl::FormatDuration(timeout_))),
+             /*timed_out=*/true);
+        break;
+      }
       if (query != cudaErrorNotReady || async_error != ncclSuccess) {
         Fail(absl::UnavailableError(absl::StrCat(description_, " failed: ",
                                                  async_error != ncclSuccess
@@ -55,17 +66,21 @@ class NcclWork : public Work {
              /*timed_out=*/false);
         break;
       }
-      if (absl::Now() > deadline_) {
-        ncclCommAbort(comm_);  // unblocks the stream; the communicator is unusable after
-        Fail(absl::DeadlineExceededError(absl::StrCat(description_, " did not finish within ",
-                                                      absl::FormatDuration(timeout_))),
-             /*timed_out=*/true);
-        break;
-      }
       absl::SleepFor(kPollInterval);
     }
     done_ = true;
     return status_;
+  }
+
+  absl::Status WaitOnDevice() override {
+    if (done_ || !status_.ok() || compute_stream_ == nullptr) return Wait();
+    if (const cudaError_t e = cudaStreamWaitEvent(compute_stream_, operation_->event, 0);
+        e != cudaSuccess) {
+      status_ = CudaStatus(e, "cudaStreamWaitEvent (the compute stream on a collective)");
+      return status_;
+    }
+    watchdog_->Watch(operation_);
+    return absl::OkStatus();
   }
 
  private:
@@ -89,19 +104,15 @@ class NcclWork : public Work {
   }
 
   absl::Status status_;
-  cudaEvent_t event_;
-  ncclComm_t comm_;
+  std::shared_ptr<NcclOperation> operation_;
+  std::shared_ptr<NcclAbort> abort_;
+  NcclWatchdog* watchdog_;
+  cudaStream_t compute_stream_;
   std::string description_;
-  absl::Time deadline_;
   absl::Duration timeout_;
   Blame blame_;
   bool done_ = false;
 };
-
-absl::Status CudaStatus(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
-}
 
 // `waiting` waits on the device for the work already issued on `on`.
 void StreamWaits(cudaStream_t waiting, cudaStream_t on) {
@@ -187,7 +198,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   }
   cudaStream_t streams[3] = {};
   float* scalar = nullptr;
-  absl::Status status;
+  int device = 0;
+  absl::Status status = CudaStatus(cudaGetDevice(&device), "cudaGetDevice");
   for (cudaStream_t& stream : streams) {
     if (status.ok()) {
       status =
@@ -203,17 +215,19 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     return status;
   }
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
-      std::move(store), options, comm, streams[0], streams[1], streams[2], scalar));
+      std::move(store), options, comm, device, streams[0], streams[1], streams[2], scalar));
 }
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<Store> store, NcclCommunicatorOptions options,
-                                   ncclComm_t comm, cudaStream_t stream, cudaStream_t send_stream,
-                                   cudaStream_t recv_stream, float* barrier_scalar)
+                                   ncclComm_t comm, int device, cudaStream_t stream,
+                                   cudaStream_t send_stream, cudaStream_t recv_stream,
+                                   float* barrier_scalar)
     : options_(std::move(options)),
       // Under its own keys: a Gloo communicator of the same prefix numbers its collectives apart.
       progress_(std::move(store), options_.key_prefix + "nccl_", options_.rank, options_.size,
                 options_.world_ranks),
-      comm_(comm),
+      abort_(std::make_shared<NcclAbort>(comm)),
+      watchdog_(device, abort_),
       stream_(stream),
       send_stream_(send_stream),
       recv_stream_(recv_stream),
@@ -225,7 +239,7 @@ NcclCommunicator::~NcclCommunicator() {
     cudaStreamDestroy(stream);
   }
   cudaFree(barrier_scalar_);
-  ncclCommDestroy(comm_);
+  if (!abort_->aborted()) ncclCommDestroy(abort_->comm());
 }
 
 int NcclCommunicator::WorldRank(int group_rank) const {
@@ -242,7 +256,10 @@ std::unique_ptr<Work> NcclCommunicator::Finish(absl::string_view op_name, ncclRe
                                             options_.name, options_.size, WorldRank(options_.rank));
   absl::Status status;
   cudaEvent_t event = nullptr;
-  if (enqueued != ncclSuccess) {
+  if (abort_->aborted()) {
+    status = absl::FailedPreconditionError(
+        absl::StrCat(description, ": the communicator was aborted after an operation timed out"));
+  } else if (enqueued != ncclSuccess) {
     status = absl::UnavailableError(
         absl::StrCat(description, " failed to start: ", ncclGetErrorString(enqueued)));
   } else if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
@@ -256,8 +273,9 @@ std::unique_ptr<Work> NcclCommunicator::Finish(absl::string_view op_name, ncclRe
     blame.seq = ++collective_seq_;
     progress_.Started(blame.seq);
   }
-  return std::make_unique<NcclWork>(std::move(status), event, comm_, std::move(description),
-                                    options_.timeout, blame);
+  return std::make_unique<NcclWork>(
+      std::move(status), std::make_shared<NcclOperation>(event, absl::Now() + options_.timeout),
+      abort_, &watchdog_, options_.compute_stream, std::move(description), options_.timeout, blame);
 }
 
 void NcclCommunicator::Count(OpStats CommStats::*field, int64_t sent, int64_t received) {
@@ -282,9 +300,10 @@ std::unique_ptr<Work> NcclCommunicator::AllReduce(void* data, size_t count, Data
   const int64_t ring_bytes = 2 * (options_.size - 1) * bytes / options_.size;
   Count(&CommStats::all_reduce, ring_bytes, ring_bytes);
   OrderBefore(stream_);
-  return Finish("all_reduce",
-                ncclAllReduce(data, data, count, NcclType(type), NcclOp(op), comm_, stream_),
-                stream_);
+  return Finish(
+      "all_reduce",
+      ncclAllReduce(data, data, count, NcclType(type), NcclOp(op), abort_->comm(), stream_),
+      stream_);
 }
 
 std::unique_ptr<Work> NcclCommunicator::ReduceScatter(const void* input, void* output, size_t count,
@@ -296,9 +315,10 @@ std::unique_ptr<Work> NcclCommunicator::ReduceScatter(const void* input, void* o
       (options_.size - 1) * static_cast<int64_t>(count) * DataTypeBytes(type);
   Count(&CommStats::reduce_scatter, ring_bytes, ring_bytes);
   OrderBefore(stream_);
-  return Finish("reduce_scatter",
-                ncclReduceScatter(input, output, count, NcclType(type), NcclOp(op), comm_, stream_),
-                stream_);
+  return Finish(
+      "reduce_scatter",
+      ncclReduceScatter(input, output, count, NcclType(type), NcclOp(op), abort_->comm(), stream_),
+      stream_);
 }
 
 std::unique_ptr<Work> NcclCommunicator::AllGather(const void* input, void* output, size_t count,
@@ -307,7 +327,8 @@ std::unique_ptr<Work> NcclCommunicator::AllGather(const void* input, void* outpu
       (options_.size - 1) * static_cast<int64_t>(count) * DataTypeBytes(type);
   Count(&CommStats::all_gather, ring_bytes, ring_bytes);
   OrderBefore(stream_);
-  return Finish("all_gather", ncclAllGather(input, output, count, NcclType(type), comm_, stream_),
+  return Finish("all_gather",
+                ncclAllGather(input, output, count, NcclType(type), abort_->comm(), stream_),
                 stream_);
 }
 
@@ -318,7 +339,8 @@ std::unique_ptr<Work> NcclCommunicator::Broadcast(void* data, size_t count, Data
   const int64_t bytes = static_cast<int64_t>(count) * DataTypeBytes(type);
   Count(&CommStats::broadcast, position < options_.size - 1 ? bytes : 0, position > 0 ? bytes : 0);
   OrderBefore(stream_);
-  return Finish("broadcast", ncclBroadcast(data, data, count, NcclType(type), root, comm_, stream_),
+  return Finish("broadcast",
+                ncclBroadcast(data, data, count, NcclType(type), root, abort_->comm(), stream_),
                 stream_);
 }
 
@@ -327,22 +349,22 @@ std::unique_ptr<Work> NcclCommunicator::Send(const void* data, size_t count, Dat
   Count(&CommStats::send, static_cast<int64_t>(count) * DataTypeBytes(type), 0);
   OrderBefore(send_stream_);
   return Finish(absl::StrCat("send to rank ", WorldRank(peer)),
-                ncclSend(data, count, NcclType(type), peer, comm_, send_stream_), send_stream_,
-                peer);
+                ncclSend(data, count, NcclType(type), peer, abort_->comm(), send_stream_),
+                send_stream_, peer);
 }
 
 std::unique_ptr<Work> NcclCommunicator::Recv(void* data, size_t count, DataType type, int peer) {
   Count(&CommStats::recv, 0, static_cast<int64_t>(count) * DataTypeBytes(type));
   OrderBefore(recv_stream_);
   return Finish(absl::StrCat("recv from rank ", WorldRank(peer)),
-                ncclRecv(data, count, NcclType(type), peer, comm_, recv_stream_), recv_stream_,
-                peer);
+                ncclRecv(data, count, NcclType(type), peer, abort_->comm(), recv_stream_),
+                recv_stream_, peer);
 }
 
 absl::Status NcclCommunicator::Barrier() {
   return Finish("barrier",
-                ncclAllReduce(barrier_scalar_, barrier_scalar_, 1, ncclFloat32, ncclSum, comm_,
-                              stream_),
+                ncclAllReduce(barrier_scalar_, barrier_scalar_, 1, ncclFloat32, ncclSum,
+                              abort_->comm(), stream_),
                 stream_)
       ->Wait();
 }

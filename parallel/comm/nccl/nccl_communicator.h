@@ -7,7 +7,9 @@
 // Collectives are enqueued in issue order on the communicator's stream; Send and Recv run on
 // their own streams (after the earlier collectives) so that two ranks may Send to each other
 // first. A Work records an event; Wait polls it and NCCL's async error, and on timeout aborts
-// the communicator; a failure names the operation and group, and the peers that never started the
+// the communicator; WaitOnDevice makes the compute stream wait for the event and hands it to the
+// watchdog (nccl_watchdog.h), which aborts the communicator when it outlives the timeout while
+// no host waits. A failure names the operation and group, and the peers that never started the
 // collective (CollectiveProgress, through the store) or a point-to-point peer that timed out,
 // whom it blames as the Gloo communicator does. stats() counts the bytes NCCL's ring
 // algorithms move (NCCL does not report them). Thread-compatible, like Communicator.
@@ -26,6 +28,7 @@
 #include "absl/time/time.h"
 #include "parallel/comm/collective_progress.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/comm/nccl/nccl_watchdog.h"
 #include "parallel/store/store.h"
 
 namespace dtrain {
@@ -78,8 +81,8 @@ class NcclCommunicator : public Communicator {
 
  private:
   NcclCommunicator(std::shared_ptr<Store> store, NcclCommunicatorOptions options, ncclComm_t comm,
-                   cudaStream_t stream, cudaStream_t send_stream, cudaStream_t recv_stream,
-                   float* barrier_scalar);
+                   int device, cudaStream_t stream, cudaStream_t send_stream,
+                   cudaStream_t recv_stream, float* barrier_scalar);
 
   int WorldRank(int group_rank) const;
   // Records the enqueue outcome and an event on `stream` into a Work. `op_name` names the
@@ -96,7 +99,8 @@ class NcclCommunicator : public Communicator {
   const NcclCommunicatorOptions options_;
   CollectiveProgress progress_;  // the collectives started, for the peers' diagnoses
   int64_t collective_seq_ = 0;
-  ncclComm_t comm_;
+  std::shared_ptr<NcclAbort> abort_;  // the communicator, aborted at most once
+  NcclWatchdog watchdog_;
   cudaStream_t stream_;
   cudaStream_t send_stream_;
   cudaStream_t recv_stream_;

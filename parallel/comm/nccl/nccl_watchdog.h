@@ -1,0 +1,75 @@
+// What keeps a device that waits on NCCL from waiting forever (Work::WaitOnDevice): a thread that
+// polls the operations a compute stream waits for and aborts the communicator when one outlives
+// its deadline, as PyTorch's NCCL watchdog does. The abort ends the communicator's kernels, and
+// with them the stream's wait; the operation's Work then reports the timeout.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace dtrain {
+
+// One issued operation: the event recorded after it, which this owns, and the time it must have
+// finished by.
+struct NcclOperation {
+  NcclOperation(cudaEvent_t event, absl::Time deadline) : event(event), deadline(deadline) {}
+  ~NcclOperation();
+  NcclOperation(const NcclOperation&) = delete;
+  NcclOperation& operator=(const NcclOperation&) = delete;
+
+  cudaEvent_t event;
+  absl::Time deadline;
+  std::atomic<bool> timed_out{false};  // the watchdog aborted the communicator for it
+};
+
+// ncclCommAbort of one communicator, once, from whichever thread needs it first (an abort frees
+// the communicator: its owner must not destroy it after).
+class NcclAbort {
+ public:
+  explicit NcclAbort(ncclComm_t comm) : comm_(comm) {}
+  ncclComm_t comm() const { return comm_; }
+  void Abort();
+  bool aborted() const { return aborted_; }
+
+ private:
+  ncclComm_t comm_;
+  std::mutex mu_;
+  std::atomic<bool> aborted_{false};
+};
+
+class NcclWatchdog {
+ public:
+  // Polls on GPU `device` (the communicator's) every `interval`, aborting through `abort`.
+  NcclWatchdog(int device, std::shared_ptr<NcclAbort> abort,
+               absl::Duration interval = absl::Milliseconds(10));
+  ~NcclWatchdog();
+  NcclWatchdog(const NcclWatchdog&) = delete;
+  NcclWatchdog& operator=(const NcclWatchdog&) = delete;
+
+  // Watches `operation` until its event completes (or fails: its Wait reports that) or its
+  // deadline passes, when it marks it timed out and aborts. Starts the thread on the first call.
+  void Watch(std::shared_ptr<NcclOperation> operation);
+
+ private:
+  void Run();
+
+  const int device_;
+  const std::shared_ptr<NcclAbort> abort_;
+  const absl::Duration interval_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::vector<std::shared_ptr<NcclOperation>> watched_;
+  std::thread thread_;
+};
+
+}  // namespace dtrain
