@@ -63,76 +63,73 @@ TEST(NcclCommunicatorTest, CollectivesMatchTheSequentialReference) {
   }
   for (std::thread& thread : threads) thread.join();
 }
+// One rank on GPU 0 whose operations wait for a compute stream that holds a long queue of work
+// (memsets of 1 GiB) and then the shard's write, 0x3f3f3f3f in each of kCount floats, to be
+// gathered (one rank: a copy) on NCCL's stream into `full_` and copied to `host_`.
+class GatherBehindTheComputeStream : public ::testing::Test {
+ protected:
+  static constexpr size_t kCount = 1 << 20, kBusyBytes = size_t{1} << 30;
+
+  void SetUp() override {
+    if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking), cudaSuccess);
+    NcclCommunicatorOptions options;
+    options.compute_stream = compute_;
+    options.timeout = absl::Seconds(60);
+    auto comm = NcclCommunicator::Create(std::make_shared<testing::InMemoryStore>(), options);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    comm_ = *std::move(comm);
+    ASSERT_EQ(cudaMalloc(&busy_, kBusyBytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&shard_, kCount * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&full_, kCount * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMallocHost(&host_, kCount * sizeof(uint32_t)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(shard_, 0, kCount * sizeof(float)), cudaSuccess);
+  }
+  void TearDown() override {
+    comm_.reset();
+    cudaFree(busy_);
+    cudaFree(shard_);
+    cudaFree(full_);
+    cudaFreeHost(host_);
+    if (compute_ != nullptr) cudaStreamDestroy(compute_);
+  }
+  void QueueShardWrite(int busy_memsets) {
+    for (int i = 0; i < busy_memsets; ++i) cudaMemsetAsync(busy_, i, kBusyBytes, compute_);
+    cudaMemsetAsync(shard_, 0x3f, kCount * sizeof(float), compute_);
+  }
+  void ExpectGathered() const {
+    for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(host_[i], 0x3f3f3f3fu) << i;
+  }
+
+  cudaStream_t compute_ = nullptr;
+  std::unique_ptr<NcclCommunicator> comm_;
+  void* busy_ = nullptr;
+  float* shard_ = nullptr;
+  float* full_ = nullptr;
+  uint32_t* host_ = nullptr;
+};
+
 // A collective reads what the compute stream's kernels wrote before it was issued, without the
-// host waiting: the shard is written on the compute stream behind a long queue of work, then
-// gathered (one rank: a copy) on NCCL's stream.
-TEST(NcclCommunicatorTest, CollectivesWaitForTheComputeStream) {
-  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  cudaStream_t compute = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
-  NcclCommunicatorOptions options;
-  options.compute_stream = compute;
-  options.timeout = absl::Seconds(60);
-  auto comm = NcclCommunicator::Create(std::make_shared<testing::InMemoryStore>(), options);
-  ASSERT_TRUE(comm.ok()) << comm.status();
-  constexpr size_t kBusyBytes = size_t{1} << 30, kCount = 1 << 20;
-  void* busy = nullptr;
-  float* shard = nullptr;
-  float* full = nullptr;
-  ASSERT_EQ(cudaMalloc(&busy, kBusyBytes), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&shard, kCount * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&full, kCount * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemset(shard, 0, kCount * sizeof(float)), cudaSuccess);
-  for (int i = 0; i < 20; ++i) cudaMemsetAsync(busy, i, kBusyBytes, compute);
-  cudaMemsetAsync(shard, 0x3f, kCount * sizeof(float), compute);  // 0x3f3f3f3f each
-  ASSERT_TRUE((*comm)->AllGather(shard, full, kCount)->Wait().ok());
-  std::vector<uint32_t> host(kCount);
-  ASSERT_EQ(cudaMemcpy(host.data(), full, kCount * sizeof(float), cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(host[i], 0x3f3f3f3fu) << i;
-  cudaFree(busy);
-  cudaFree(shard);
-  cudaFree(full);
-  cudaStreamDestroy(compute);
+// host waiting for them.
+TEST_F(GatherBehindTheComputeStream, CollectivesWaitForTheComputeStream) {
+  QueueShardWrite(20);
+  ASSERT_TRUE(comm_->AllGather(shard_, full_, kCount)->Wait().ok());
+  ASSERT_EQ(cudaMemcpy(host_, full_, kCount * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  ExpectGathered();
 }
 
-// Work::WaitOnDevice: the compute stream, not the host, waits for a gather. The gather waits
-// behind a long queue on the compute stream (the shard's writes), so when WaitOnDevice returns
-// the stream is still busy; a copy issued on it after reads the gathered values.
-TEST(NcclCommunicatorTest, TheComputeStreamWaitsForAGatherOnTheDevice) {
-  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  cudaStream_t compute = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaSuccess);
-  NcclCommunicatorOptions options;
-  options.compute_stream = compute;
-  options.timeout = absl::Seconds(60);
-  auto comm = NcclCommunicator::Create(std::make_shared<testing::InMemoryStore>(), options);
-  ASSERT_TRUE(comm.ok()) << comm.status();
-  constexpr size_t kBusyBytes = size_t{1} << 30, kCount = 1 << 20;
-  void* busy = nullptr;
-  float* shard = nullptr;
-  float* full = nullptr;
-  uint32_t* host = nullptr;
-  ASSERT_EQ(cudaMalloc(&busy, kBusyBytes), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&shard, kCount * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&full, kCount * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMallocHost(&host, kCount * sizeof(uint32_t)), cudaSuccess);
-  for (int i = 0; i < 100; ++i) cudaMemsetAsync(busy, i, kBusyBytes, compute);  // ~100 GiB
-  cudaMemsetAsync(shard, 0x3f, kCount * sizeof(float), compute);
-  std::unique_ptr<Work> gather = (*comm)->AllGather(shard, full, kCount);
+// Work::WaitOnDevice: the compute stream, not the host, waits for the gather: when it returns the
+// stream is still busy with its queue, and a copy issued on it after reads the gathered values.
+TEST_F(GatherBehindTheComputeStream, TheComputeStreamWaitsForAGatherOnTheDevice) {
+  QueueShardWrite(100);  // ~100 GiB of memsets, tens of ms
+  std::unique_ptr<Work> gather = comm_->AllGather(shard_, full_, kCount);
   ASSERT_TRUE(gather->WaitOnDevice().ok());
-  EXPECT_EQ(cudaStreamQuery(compute), cudaErrorNotReady) << "the host waited for the stream";
-  cudaMemcpyAsync(host, full, kCount * sizeof(float), cudaMemcpyDeviceToHost, compute);
-  ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
-  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(host[i], 0x3f3f3f3fu) << i;
+  EXPECT_EQ(cudaStreamQuery(compute_), cudaErrorNotReady) << "the host waited for the stream";
+  cudaMemcpyAsync(host_, full_, kCount * sizeof(float), cudaMemcpyDeviceToHost, compute_);
+  ASSERT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
+  ExpectGathered();
   EXPECT_TRUE(gather->Wait().ok());
-  cudaFree(busy);
-  cudaFree(shard);
-  cudaFree(full);
-  cudaFreeHost(host);
-  cudaStreamDestroy(compute);
 }
 
 // A collective one rank never issues, which the other's compute stream waits for on the device:
