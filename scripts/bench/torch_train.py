@@ -9,10 +9,12 @@ The shape is given with dtrain's recipe keys, e.g. --set model.n_layer=12 --set 
 PyTorch 1.13's best), fast (PyTorch 2's best eager settings: fused scaled_dot_product_attention
 and fused AdamW) or compile (fast under torch.compile: Inductor's generated C++ on CPU; the
 compilation happens in the untimed warm-up steps).
---device cuda runs it on the GPU in float32 (scripts/gpu/bench.sh), its matmuls at
---set run.matmul_precision (torch.set_float32_matmul_precision: highest, TF32 off, as dtrain's
-default; high TF32; medium bfloat16), as dtrain's CUDA backend computes them; the step time then
-includes waiting for the GPU to finish.
+--device cuda runs it on the GPU (scripts/gpu/bench.sh): at --set run.precision=fp32 in float32,
+its matmuls at --set run.matmul_precision (torch.set_float32_matmul_precision: highest, TF32 off,
+as dtrain's default; high TF32; medium bfloat16), as dtrain's CUDA backend computes them; at
+run.precision=bf16 under torch.autocast(bfloat16), PyTorch's mixed precision (float32 parameters
+and optimizer, bf16 matmuls and most activations), the peer of dtrain's bf16 storage. The step
+time then includes waiting for the GPU to finish.
 """
 import argparse
 import os
@@ -32,7 +34,8 @@ import torch_training as tt  # noqa: E402
 DEFAULTS = {"model.family": "gpt2", "model.n_layer": 4, "model.n_head": 4, "model.n_kv_head": 0,
             "model.d_model": 128, "model.d_ff": 0, "model.vocab_size": 256,
             "model.max_seq_len": 256, "train.seq_len": 128, "train.batch_size": 16,
-            "train.micro_batch": 16, "run.matmul_precision": "highest"}
+            "train.micro_batch": 16, "run.matmul_precision": "highest",
+            "run.precision": "fp32"}
 
 
 def parse_settings(assignments):
@@ -117,7 +120,8 @@ def main():
     for step in range(args.steps):
         tokens = random_windows(text, train.batch_size, train.seq_len, generator).to(device)
         start = time.perf_counter()
-        tt.forward_backward(runner, tokens, train)
+        with torch.autocast(args.device, torch.bfloat16, enabled=s["run.precision"] == "bf16"):
+            tt.forward_backward(runner, tokens, train)
         tt.clip_and_update(model, optimizer, step, train)
         if args.device == "cuda":
             torch.cuda.synchronize()

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Training throughput on one GPU: dtrain's CUDA backend against PyTorch 2 on the same GPU
 # (scripts/bench/torch_train.py --device cuda --mode fast: fused attention and fused AdamW), both
-# with float32 values and parameters (run.precision fp32), at each matmul precision of
-# MATMUL_PRECISIONS (run.matmul_precision and torch.set_float32_matmul_precision alike: highest
-# float32, TF32 off; medium bf16 tensor cores; bf16 storage is still to come). Shapes: GPT-2
+# at each precision of PRECISIONS: fp32/highest and fp32/medium, float32 values and parameters
+# with the GEMMs in float32 (TF32 off) or on the bf16 tensor cores (run.matmul_precision and
+# torch.set_float32_matmul_precision alike); bf16, dtrain's bf16 storage (run.precision bf16)
+# against PyTorch's bf16 autocast over float32 parameters. Shapes: GPT-2
 # 124M (B 16, T 1024) and a Llama ~1B shape (16 layers, d_model 2048, 32 query and 8 kv heads,
 # d_ff 8192, B 8, T 1024), on the demo text's bytes. Prints one table row per shape and
 # precision: tokens/s of both and their ratio, MFU against the GPU's dense float32 peak
@@ -13,7 +14,7 @@
 # Usage: scripts/gpu/bench.sh BUILD_DIR (a build with the CUDA module, for this GPU)
 # Environment: STEPS (10) steps of each run, the first 3 untimed; PYTHON (python3), a python
 # with PyTorch 2 and CUDA; FP32_PEAK_TFLOPS (67, H100/H200 SXM) and BF16_PEAK_TFLOPS (989);
-# MATMUL_PRECISIONS ("highest medium").
+# PRECISIONS ("fp32/highest fp32/medium bf16").
 set -euo pipefail
 shopt -s inherit_errexit
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,7 +24,7 @@ steps=${STEPS:-10}
 warmup_steps=3
 fp32_peak=${FP32_PEAK_TFLOPS:-67}
 bf16_peak=${BF16_PEAK_TFLOPS:-989}
-read -r -a precisions <<< "${MATMUL_PRECISIONS:-highest medium}"
+read -r -a precisions <<< "${PRECISIONS:-fp32/highest fp32/medium bf16}"
 data=$repo/data/fortunes.txt
 [[ -f $data ]] || { echo "no $data: run scripts/prepare_demo_data.sh first" >&2; exit 1; }
 "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' ||
@@ -67,7 +68,7 @@ run_shape() {
   local out=$scratch/dtrain-$id
   local d_mib t_mib
   d_mib=$(peak_device_mib "$build/dtrain" train "$repo/configs/tiny.yaml" "${sets[@]}" \
-          --set run.device=cuda --set run.precision=fp32 --set run.out_dir="$out" \
+          --set run.device=cuda --set run.out_dir="$out" \
           --set run.name=bench \
           --set train.steps="$steps" --set train.warmup_steps=1 --set train.eval_every=0 \
           --set logging.sample_tokens=0 --set train.export_to=)
@@ -100,14 +101,17 @@ EOF
 
 echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0);" \
   "PyTorch $("$python" -c 'import torch; print(torch.__version__)'); $steps steps a run," \
-  "the first $warmup_steps untimed; float32 values, the same matmul precision on both sides"
+  "the first $warmup_steps untimed; the same precision on both sides"
 echo "| shape | dtrain tok/s | PyTorch 2 tok/s | ratio | dtrain MFU fp32 / bf16 peak" \
   "| PyTorch MFU fp32 / bf16 peak | dtrain peak MiB | PyTorch peak MiB |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 for precision in "${precisions[@]}"; do
-  run_shape "gpt2-$precision" "GPT-2 124M, B 16, T 1024, matmul $precision" "${gpt2_124m[@]}" \
-    run.matmul_precision="$precision"
-  run_shape "llama-$precision" "Llama ~1B, B 8, T 1024, matmul $precision" "${llama_1b[@]}" \
-    run.matmul_precision="$precision"
+  # fp32/MATMUL or bf16 (whose GEMMs take bf16 values: the matmul precision is auto's).
+  sets=(run.precision="${precision%%/*}")
+  [[ $precision == */* ]] && sets+=(run.matmul_precision="${precision#*/}")
+  run_shape "gpt2-${precision/\//-}" "GPT-2 124M, B 16, T 1024, $precision" "${gpt2_124m[@]}" \
+    "${sets[@]}"
+  run_shape "llama-${precision/\//-}" "Llama ~1B, B 8, T 1024, $precision" "${llama_1b[@]}" \
+    "${sets[@]}"
 done
 grep -h "MFU is stated" "$scratch"/dtrain-*.log | head -n 1
