@@ -66,12 +66,14 @@ class Case:
 # AdamW's normalised updates carry such a flip of a gradient near zero into a whole step of its
 # weight. So two bf16 runs part as far as their float32 arithmetic lets them round differently:
 # the reference in float32 against itself in float64 (both rounding to bf16 alike) parts as far
-# as dtrain from it. Measured (--reference-only, then dtrain; GPT-2 and Llama's worst): 4.0e-3 and
-# 4.7e-3 in step 0's gradients, 3.1e-4 and 4.8e-4 in the norms, 3.7e-2 and 3.1e-2 in the final
-# parameters (the embedding's rows of rare tokens), the losses within TOLERANCE; the bounds leave
-# 3x. The logits, 1.1e-4 from dtrain, tell a reference that keeps its activations in float32
-# (3.9e-3 and 4.6e-3) from one that stores them as dtrain does.
-BF16_BOUNDS = {"logits": 1e-3, "grads": 1.5e-2, "grad_norms": 1.5e-3, "final": 1.2e-1}
+# as dtrain from it. Measured, worst over GPT-2, Llama, GPT-2 at tp 2 (whose all-reduces round
+# each rank's partial output to bf16 before summing) and both BLAS kernels: 2.0e-3 in step 0's
+# logits (one flipped value of the final norm), 4.7e-3 in its gradients, 1.2e-4 in the losses,
+# 1.2e-3 in the norms, 4.1e-2 in the final parameters (the embedding's rows of rare tokens); the
+# bounds leave 3x. The logits' mean error keeps TOLERANCE: at most 3.0e-5 from dtrain, while a
+# reference that kept its activations in float32 is 6.3e-4 and 6.9e-4 off.
+BF16_BOUNDS = {"logits": 6e-3, "grads": 1.5e-2, "losses": 4e-4, "grad_norms": 4e-3,
+               "final": 1.2e-1}
 
 
 def gpt2(**overrides):
@@ -116,6 +118,9 @@ CASES = [
     Case("gpt2_tp2", gpt2(), steps(), tp=2),
     Case("llama_gqa_tp2_checkpointing", llama(n_kv_head=2), steps(micro_batch=2, grad_clip=0.05),
          activation_checkpointing=True, tp=2),
+    # bf16 activations all-reduced in bf16 between the ranks (each rank's partial output rounded
+    # before the sum, the sum rounded after), against the reference's one rounding a tensor.
+    Case("gpt2_tp2_bf16", gpt2(), steps(), tp=2, precision="bf16", bounds=BF16_BOUNDS),
 ]
 
 
@@ -284,6 +289,9 @@ def compare(got, want):
     errors = {}
     if "logits" in got:
         errors["logits"] = (relative_error(got["logits"], want["logits"]), "logits")
+        # The typical error, which a few values rounded apart at bf16 do not move.
+        mean = ((got["logits"] - want["logits"]).abs().mean() / want["logits"].abs().max()).item()
+        errors["logits_mean"] = (mean, "logits")
     errors["loss0"] = (relative_error(got["loss"][:1], want["loss"][:1]), "loss[0]")
     if "logits" in got:
         errors["grads"] = worst("grad.")
