@@ -30,7 +30,7 @@ class Transformer {
   //   (scores, softmax, times V) from the block's saved qkv before the output projection's
   //   backward. The attention kernel never keeps the (B, H, T, T) probabilities in any mode
   //   (its backward recomputes them from the log-sum-exp), so this is what selective drops:
-  //   (n_layer - 1) x (N*H*D + B*H*T) floats, for one attention forward per block.
+  //   (n_layer - 1) x (N*H*D values + B*H*T floats), for one attention forward per block.
   // - kFull: only each block's input; backward re-runs the block's forward.
   // The gradients are bit-identical in every mode: the same kernels recompute the same values.
   // `table` describes the layout `parameters` holds, and its LocalDims the sizes this rank

@@ -46,7 +46,13 @@ log=$(mktemp)
 runs=$(mktemp -d)
 trap 'rm -rf "$log" "$runs"' EXIT
 # Each test binary run is bounded, so a hung kernel or collective ends the script, not the session.
-timeout 300 "$build/tests/dtrain_gpu_tests" | tee "$log"
+# The tests that need two GPUs are left out, saying so, where there is one.
+filter=()
+if (( ${#gpus[@]} < 2 )); then
+  filter=(--gtest_filter=-NcclCommunicatorTest.TheWatchdogEndsADeviceWaitOnAHungCollective)
+  echo "one GPU: leaving out NcclCommunicatorTest.TheWatchdogEndsADeviceWaitOnAHungCollective"
+fi
+timeout 300 "$build/tests/dtrain_gpu_tests" "${filter[@]}" | tee "$log"
 if grep -q '^\[  SKIPPED \]' "$log"; then
   echo "a GPU test skipped on a machine with a GPU (see its message above)" >&2
   exit 1
