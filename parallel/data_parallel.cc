@@ -535,6 +535,9 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
       backend_.Convert(params_.values() + unit.padded_begin, MasterParams(unit), unit.shard);
     }
   }
+  // The compute stream's waits on the device (Acquire's gathers), timed with events: the norm's
+  // read waited for the stream to pass them.
+  if (comm_ != nullptr) exposed_comm_ms_ += comm_->TakeDeviceWaitMs();
   totals.exposed_comm_ms = exposed_comm_ms_;
   return totals;
 }

@@ -45,7 +45,9 @@ struct StepTotals {
   double loss = 0;             // mean token loss over the global batch's trained tokens
   double grad_norm = 0;        // before clipping
   int64_t trained_tokens = 0;  // the global batch's targets that count in the loss
-  double exposed_comm_ms = 0;  // time this rank waited on communication during the step
+  // Time this rank waited on communication during the step: on the host, and (NCCL) the compute
+  // stream's waits on the device.
+  double exposed_comm_ms = 0;
 };
 
 // Table positions [begin, end) of one kind of model state that this rank stores at `values`, in

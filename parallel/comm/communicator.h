@@ -129,6 +129,10 @@ class Communicator {
 
   // Blocks until every rank of the group has reached the barrier (after its earlier operations).
   virtual absl::Status Barrier() = 0;
+  // Milliseconds the compute stream spent waiting on the device for this communicator's
+  // operations (Work::WaitOnDevice) that it has passed since the last call, timed with events:
+  // the exposed communication no host wait sees. 0 where nothing waits on a device (Gloo).
+  virtual double TakeDeviceWaitMs() { return 0; }
 
   // Totals since creation, counted when an operation finishes.
   virtual CommStats stats() const = 0;

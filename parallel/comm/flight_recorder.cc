@@ -138,6 +138,7 @@ class RecordingCommunicator : public Communicator {
     return status;
   }
   CommStats stats() const override { return inner_->stats(); }
+  double TakeDeviceWaitMs() override { return inner_->TakeDeviceWaitMs(); }
 
  private:
   FlightRecord Collective(const char* op, size_t count, DataType type, int64_t seq = 0) {

@@ -32,12 +32,14 @@ struct Blame {
 class NcclWork : public Work {
  public:
   NcclWork(absl::Status status, std::shared_ptr<NcclOperation> operation,
-           std::shared_ptr<NcclAbort> abort, NcclWatchdog* watchdog, cudaStream_t compute_stream,
-           std::string description, absl::Duration timeout, Blame blame)
+           std::shared_ptr<NcclAbort> abort, NcclWatchdog* watchdog, NcclWaitTimer* timer,
+           cudaStream_t compute_stream, std::string description, absl::Duration timeout,
+           Blame blame)
       : status_(std::move(status)),
         operation_(std::move(operation)),
         abort_(std::move(abort)),
         watchdog_(watchdog),
+        timer_(timer),
         compute_stream_(compute_stream),
         description_(std::move(description)),
         timeout_(timeout),
@@ -74,8 +76,7 @@ class NcclWork : public Work {
 
   absl::Status WaitOnDevice() override {
     if (done_ || !status_.ok() || compute_stream_ == nullptr) return Wait();
-    if (const cudaError_t e = cudaStreamWaitEvent(compute_stream_, operation_->event, 0);
-        e != cudaSuccess) {
+    if (const cudaError_t e = timer_->Wait(compute_stream_, operation_->event); e != cudaSuccess) {
       status_ = CudaStatus(e, "cudaStreamWaitEvent (the compute stream on a collective)");
       return status_;
     }
@@ -107,6 +108,7 @@ class NcclWork : public Work {
   std::shared_ptr<NcclOperation> operation_;
   std::shared_ptr<NcclAbort> abort_;
   NcclWatchdog* watchdog_;
+  NcclWaitTimer* timer_;
   cudaStream_t compute_stream_;
   std::string description_;
   absl::Duration timeout_;
@@ -275,7 +277,8 @@ std::unique_ptr<Work> NcclCommunicator::Finish(absl::string_view op_name, ncclRe
   }
   return std::make_unique<NcclWork>(
       std::move(status), std::make_shared<NcclOperation>(event, absl::Now() + options_.timeout),
-      abort_, &watchdog_, options_.compute_stream, std::move(description), options_.timeout, blame);
+      abort_, &watchdog_, &wait_timer_, options_.compute_stream, std::move(description),
+      options_.timeout, blame);
 }
 
 void NcclCommunicator::Count(OpStats CommStats::*field, int64_t sent, int64_t received) {
@@ -368,6 +371,8 @@ absl::Status NcclCommunicator::Barrier() {
                 stream_)
       ->Wait();
 }
+
+double NcclCommunicator::TakeDeviceWaitMs() { return wait_timer_.TakeMs(); }
 
 CommStats NcclCommunicator::stats() const {
   std::lock_guard lock(mu_);

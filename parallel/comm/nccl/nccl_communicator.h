@@ -75,6 +75,7 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<Work> Recv(void* data, size_t count, DataType type, int peer) override;
   absl::Status Barrier() override;
   CommStats stats() const override;
+  double TakeDeviceWaitMs() override;
 
   // The stream collectives run on, for callers that order their kernels after them.
   cudaStream_t stream() const { return stream_; }
@@ -101,6 +102,7 @@ class NcclCommunicator : public Communicator {
   int64_t collective_seq_ = 0;
   std::shared_ptr<NcclAbort> abort_;  // the communicator, aborted at most once
   NcclWatchdog watchdog_;
+  NcclWaitTimer wait_timer_;
   cudaStream_t stream_;
   cudaStream_t send_stream_;
   cudaStream_t recv_stream_;

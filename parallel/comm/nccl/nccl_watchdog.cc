@@ -17,6 +17,44 @@ void NcclAbort::Abort() {
   aborted_ = true;
 }
 
+NcclWaitTimer::~NcclWaitTimer() {
+  for (const auto& [begin, end] : waits_) {
+    cudaEventDestroy(begin);
+    cudaEventDestroy(end);
+  }
+}
+
+cudaError_t NcclWaitTimer::Wait(cudaStream_t stream, cudaEvent_t event) {
+  cudaEvent_t begin = nullptr, end = nullptr;
+  cudaError_t e = cudaEventCreate(&begin);
+  if (e == cudaSuccess) e = cudaEventCreate(&end);
+  if (e == cudaSuccess) e = cudaEventRecord(begin, stream);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, event, 0);
+  if (e == cudaSuccess) e = cudaEventRecord(end, stream);
+  if (e != cudaSuccess) {
+    if (begin != nullptr) cudaEventDestroy(begin);
+    if (end != nullptr) cudaEventDestroy(end);
+    return e;
+  }
+  std::lock_guard lock(mu_);
+  waits_.emplace_back(begin, end);
+  return cudaSuccess;
+}
+
+double NcclWaitTimer::TakeMs() {
+  std::lock_guard lock(mu_);
+  double total = 0;
+  std::erase_if(waits_, [&](const std::pair<cudaEvent_t, cudaEvent_t>& wait) {
+    if (cudaEventQuery(wait.second) != cudaSuccess) return false;  // not passed yet
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, wait.first, wait.second) == cudaSuccess) total += ms;
+    cudaEventDestroy(wait.first);
+    cudaEventDestroy(wait.second);
+    return true;
+  });
+  return total;
+}
+
 NcclWatchdog::NcclWatchdog(int device, std::shared_ptr<NcclAbort> abort, absl::Duration interval)
     : device_(device), abort_(std::move(abort)), interval_(interval) {}
 

@@ -1,7 +1,8 @@
 // What keeps a device that waits on NCCL from waiting forever (Work::WaitOnDevice): a thread that
 // polls the operations a compute stream waits for and aborts the communicator when one outlives
 // its deadline, as PyTorch's NCCL watchdog does. The abort ends the communicator's kernels, and
-// with them the stream's wait; the operation's Work then reports the timeout.
+// with them the stream's wait; the operation's Work then reports the timeout. And what times
+// those waits: the exposed communication no host wait sees.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -44,6 +46,23 @@ class NcclAbort {
   ncclComm_t comm_;
   std::mutex mu_;
   std::atomic<bool> aborted_{false};
+};
+
+// The time compute streams spent in their device waits, each bracketed by two timing events.
+// Thread-safe.
+class NcclWaitTimer {
+ public:
+  ~NcclWaitTimer();
+  // Makes `stream` wait for `event` between two timing events (0 when the operation finished
+  // before the stream got there). The CUDA error, if a call failed.
+  cudaError_t Wait(cudaStream_t stream, cudaEvent_t event);
+  // Milliseconds of the waits the streams have passed since the last call; later ones count at
+  // a later call.
+  double TakeMs();
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> waits_;  // (begin, end)
 };
 
 class NcclWatchdog {

@@ -130,6 +130,11 @@ TEST_F(GatherBehindTheComputeStream, TheComputeStreamWaitsForAGatherOnTheDevice)
   ASSERT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
   ExpectGathered();
   EXPECT_TRUE(gather->Wait().ok());
+  // The stream's wait, timed with events (the gather's copy: microseconds), is taken once.
+  const double waited_ms = comm_->TakeDeviceWaitMs();
+  EXPECT_GE(waited_ms, 0);
+  EXPECT_LT(waited_ms, 1000);
+  EXPECT_EQ(comm_->TakeDeviceWaitMs(), 0);
 }
 
 // A collective one rank never issues, which the other's compute stream waits for on the device:
