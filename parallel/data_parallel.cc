@@ -138,14 +138,19 @@ const float* DataParallelEngine::full_gradients() const {
   return sharded_grads() || layout_.ranks() > 1 ? nullptr : grads_.floats();
 }
 
-absl::Status DataParallelEngine::Wait(std::unique_ptr<Work>& work) {
-  if (!work) return absl::OkStatus();
+absl::Status DataParallelEngine::TimedWait(Work& work, bool on_device) {
   const auto start = std::chrono::steady_clock::now();
-  absl::Status status = work->Wait();
-  work.reset();
+  absl::Status status = on_device ? work.WaitOnDevice() : work.Wait();
   exposed_comm_ms_ +=
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (!status.ok() && error_.ok()) error_ = status;
+  return status;
+}
+
+absl::Status DataParallelEngine::Wait(std::unique_ptr<Work>& work) {
+  if (!work) return absl::OkStatus();
+  absl::Status status = TimedWait(*work, /*on_device=*/false);
+  work.reset();
   return status;
 }
 
@@ -190,11 +195,7 @@ void DataParallelEngine::Land(Wire& wire, float* result, size_t count) {
 
 void DataParallelEngine::WaitOnDevice(std::unique_ptr<Work>& work) {
   if (!work) return;
-  const auto start = std::chrono::steady_clock::now();
-  const absl::Status status = work->WaitOnDevice();
-  exposed_comm_ms_ +=
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  if (!status.ok() && error_.ok()) error_ = status;
+  (void)TimedWait(*work, /*on_device=*/true);
   settling_.push_back(std::move(work));
 }
 

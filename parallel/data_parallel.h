@@ -190,6 +190,9 @@ class DataParallelEngine : public BlockParameters {
   bool bf16_params() const { return strategy_.param_type == DataType::kBF16; }
   int rank() const { return comm_ ? comm_->rank() : 0; }
   int ranks() const { return comm_ ? comm_->size() : 1; }
+  // work's Wait, or with `on_device` its WaitOnDevice: the host's time in it counts as exposed
+  // communication, and a failure is kept for FinishStep.
+  absl::Status TimedWait(Work& work, bool on_device);
   absl::Status Wait(std::unique_ptr<Work>& work);
   // Makes the compute stream wait for `work` without blocking the host where the communicator
   // can (Work::WaitOnDevice), and keeps it in settling_ for a host wait at the next BeginStep or

@@ -137,7 +137,6 @@ class FloatView {
   FloatView& operator=(const FloatView&) = delete;
 
   float* data() const { return data_; }
-  const float* cdata() const { return data_; }
 
  private:
   ThreadPool* pool_;
@@ -162,14 +161,14 @@ void CpuBackend::LinearForward(Values out, ConstValues inp, ConstValues weight, 
   const FloatView inp_f(inp, inputs, &pool_), weight_f(weight, weights, &pool_),
       bias_f(bias, out_features, &pool_);
   cpu::LinearForward(out_f.data(), MatmulOperand(inp_f.data(), inputs, 0),
-                     MatmulOperand(weight_f.data(), weights, 1), bias_f.cdata(), n, in_features,
+                     MatmulOperand(weight_f.data(), weights, 1), bias_f.data(), n, in_features,
                      out_features, &pool_);
 }
 
 void CpuBackend::AddBias(Values out, ConstValues bias, int n, int c) {
   FloatView out_f(out, static_cast<size_t>(n) * c, Access::kUpdate, &pool_);
   const FloatView bias_f(bias, c, &pool_);
-  cpu::AddBias(out_f.data(), bias_f.cdata(), n, c, &pool_);
+  cpu::AddBias(out_f.data(), bias_f.data(), n, c, &pool_);
 }
 
 void CpuBackend::LinearBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
@@ -186,7 +185,7 @@ void CpuBackend::LinearBackward(Values dinp, float* dweight, float* dbias, Const
       dinp_f.data(), dweight, nullptr, MatmulOperand(dout_f.data(), outputs, 0),
       MatmulOperand(inp_f.data(), inputs, 1), MatmulOperand(weight_f.data(), weights, 2), n,
       in_features, out_features, &pool_);
-  if (dbias != nullptr) cpu::AddColumnSums(dbias, dout_f.cdata(), n, out_features, &pool_);
+  if (dbias != nullptr) cpu::AddColumnSums(dbias, dout_f.data(), n, out_features, &pool_);
 }
 
 void CpuBackend::LayerNormForward(Values out, float* mean, float* rstd, ConstValues inp,
@@ -194,8 +193,8 @@ void CpuBackend::LayerNormForward(Values out, float* mean, float* rstd, ConstVal
   const size_t count = static_cast<size_t>(n) * c;
   FloatView out_f(out, count, Access::kWrite, &pool_);
   const FloatView inp_f(inp, count, &pool_), weight_f(weight, c, &pool_), bias_f(bias, c, &pool_);
-  cpu::LayerNormForward(out_f.data(), mean, rstd, inp_f.cdata(), weight_f.cdata(), bias_f.cdata(),
-                        n, c, eps, &pool_);
+  cpu::LayerNormForward(out_f.data(), mean, rstd, inp_f.data(), weight_f.data(), bias_f.data(), n,
+                        c, eps, &pool_);
 }
 
 void CpuBackend::LayerNormBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
@@ -205,8 +204,8 @@ void CpuBackend::LayerNormBackward(Values dinp, float* dweight, float* dbias, Co
   FloatView dinp_f(dinp, count, Access::kUpdate, &pool_);
   const FloatView dout_f(dout, count, &pool_), inp_f(inp, count, &pool_),
       weight_f(weight, c, &pool_);
-  cpu::LayerNormBackward(dinp_f.data(), dweight, dbias, dout_f.cdata(), inp_f.cdata(),
-                         weight_f.cdata(), mean, rstd, n, c, &pool_);
+  cpu::LayerNormBackward(dinp_f.data(), dweight, dbias, dout_f.data(), inp_f.data(),
+                         weight_f.data(), mean, rstd, n, c, &pool_);
 }
 
 void CpuBackend::RmsNormForward(Values out, float* rstd, ConstValues inp, ConstValues weight, int n,
@@ -214,7 +213,7 @@ void CpuBackend::RmsNormForward(Values out, float* rstd, ConstValues inp, ConstV
   const size_t count = static_cast<size_t>(n) * c;
   FloatView out_f(out, count, Access::kWrite, &pool_);
   const FloatView inp_f(inp, count, &pool_), weight_f(weight, c, &pool_);
-  cpu::RmsNormForward(out_f.data(), rstd, inp_f.cdata(), weight_f.cdata(), n, c, eps, &pool_);
+  cpu::RmsNormForward(out_f.data(), rstd, inp_f.data(), weight_f.data(), n, c, eps, &pool_);
 }
 
 void CpuBackend::RmsNormBackward(Values dinp, float* dweight, ConstValues dout, ConstValues inp,
@@ -223,27 +222,27 @@ void CpuBackend::RmsNormBackward(Values dinp, float* dweight, ConstValues dout, 
   FloatView dinp_f(dinp, count, Access::kUpdate, &pool_);
   const FloatView dout_f(dout, count, &pool_), inp_f(inp, count, &pool_),
       weight_f(weight, c, &pool_);
-  cpu::RmsNormBackward(dinp_f.data(), dweight, dout_f.cdata(), inp_f.cdata(), weight_f.cdata(),
-                       rstd, n, c, &pool_);
+  cpu::RmsNormBackward(dinp_f.data(), dweight, dout_f.data(), inp_f.data(), weight_f.data(), rstd,
+                       n, c, &pool_);
 }
 
 void CpuBackend::GeluForward(Values out, ConstValues inp, size_t n) {
   FloatView out_f(out, n, Access::kWrite, &pool_);
   const FloatView inp_f(inp, n, &pool_);
-  cpu::GeluForward(out_f.data(), inp_f.cdata(), n, &pool_);
+  cpu::GeluForward(out_f.data(), inp_f.data(), n, &pool_);
 }
 
 void CpuBackend::GeluBackward(Values dinp, ConstValues inp, ConstValues dout, size_t n) {
   FloatView dinp_f(dinp, n, Access::kWrite, &pool_);
   const FloatView inp_f(inp, n, &pool_), dout_f(dout, n, &pool_);
-  cpu::GeluBackward(dinp_f.data(), inp_f.cdata(), dout_f.cdata(), n, &pool_);
+  cpu::GeluBackward(dinp_f.data(), inp_f.data(), dout_f.data(), n, &pool_);
 }
 
 void CpuBackend::SwiGluForward(Values out, ConstValues gate_up, int n, int f) {
   const size_t count = static_cast<size_t>(n) * f;
   FloatView out_f(out, count, Access::kWrite, &pool_);
   const FloatView gate_up_f(gate_up, 2 * count, &pool_);
-  cpu::SwiGluForward(out_f.data(), gate_up_f.cdata(), n, f, &pool_);
+  cpu::SwiGluForward(out_f.data(), gate_up_f.data(), n, f, &pool_);
 }
 
 void CpuBackend::SwiGluBackward(Values dgate_up, ConstValues gate_up, ConstValues dout, int n,
@@ -251,7 +250,7 @@ void CpuBackend::SwiGluBackward(Values dgate_up, ConstValues gate_up, ConstValue
   const size_t count = static_cast<size_t>(n) * f;
   FloatView dgate_up_f(dgate_up, 2 * count, Access::kWrite, &pool_);
   const FloatView gate_up_f(gate_up, 2 * count, &pool_), dout_f(dout, count, &pool_);
-  cpu::SwiGluBackward(dgate_up_f.data(), gate_up_f.cdata(), dout_f.cdata(), n, f, &pool_);
+  cpu::SwiGluBackward(dgate_up_f.data(), gate_up_f.data(), dout_f.data(), n, f, &pool_);
 }
 
 void CpuBackend::RopeForward(Values qkv, const AttentionShape& shape, float theta, int pos_offset,
@@ -271,7 +270,7 @@ void CpuBackend::AttentionForward(Values out, float* lse, ConstValues qkv,
   FloatView out_f(out, OutCount(shape), Access::kWrite, &pool_);
   const FloatView qkv_f(qkv, QkvCount(shape), &pool_);
   float* scratch = Scratch(cpu::AttentionScratchSize(shape) * pool_.size());
-  cpu::AttentionForward(out_f.data(), lse, qkv_f.cdata(), shape, scratch, &pool_, positions);
+  cpu::AttentionForward(out_f.data(), lse, qkv_f.data(), shape, scratch, &pool_, positions);
 }
 
 void CpuBackend::AttentionBackward(Values dqkv, ConstValues dout, ConstValues qkv, ConstValues out,
@@ -281,7 +280,7 @@ void CpuBackend::AttentionBackward(Values dqkv, ConstValues dout, ConstValues qk
   const FloatView dout_f(dout, OutCount(shape), &pool_), qkv_f(qkv, QkvCount(shape), &pool_),
       out_f(out, OutCount(shape), &pool_);
   float* scratch = Scratch(cpu::AttentionScratchSize(shape) * pool_.size());
-  cpu::AttentionBackward(dqkv_f.data(), dout_f.cdata(), qkv_f.cdata(), out_f.cdata(), lse, shape,
+  cpu::AttentionBackward(dqkv_f.data(), dout_f.data(), qkv_f.data(), out_f.data(), lse, shape,
                          scratch, &pool_, positions);
 }
 
@@ -293,7 +292,7 @@ void CpuBackend::EmbeddingForward(Values out, const int32_t* tokens, ConstValues
   const FloatView token_f(token_embedding, static_cast<size_t>(vocab_end - vocab_begin) * c,
                           &pool_),
       position_f(position_embedding, static_cast<size_t>(t) * c, &pool_);
-  cpu::EmbeddingForward(out_f.data(), tokens, token_f.cdata(), position_f.cdata(), b, t, c,
+  cpu::EmbeddingForward(out_f.data(), tokens, token_f.data(), position_f.data(), b, t, c,
                         vocab_begin, vocab_end, &pool_, positions);
 }
 
@@ -301,7 +300,7 @@ void CpuBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_emb
                                    ConstValues dout, const int32_t* tokens, int b, int t, int c,
                                    int vocab_begin, int vocab_end, const int32_t* positions) {
   const FloatView dout_f(dout, static_cast<size_t>(b) * t * c, &pool_);
-  cpu::EmbeddingBackward(dtoken_embedding, dposition_embedding, dout_f.cdata(), tokens, b, t, c,
+  cpu::EmbeddingBackward(dtoken_embedding, dposition_embedding, dout_f.data(), tokens, b, t, c,
                          vocab_begin, vocab_end, &pool_, positions);
 }
 
@@ -323,7 +322,7 @@ void CpuBackend::ClassifierForwardBackward(Values dx, float* dweight, ConstValue
 
 void CpuBackend::ClassifierRowMax(float* max, ConstValues logits, int n, int v) {
   const FloatView logits_f(logits, static_cast<size_t>(n) * v, &pool_);
-  cpu::ClassifierRowMax(max, logits_f.cdata(), n, v, &pool_);
+  cpu::ClassifierRowMax(max, logits_f.data(), n, v, &pool_);
 }
 
 void CpuBackend::ClassifierExpSums(Values logits, float* sums, float* target_logits,
@@ -349,7 +348,7 @@ void CpuBackend::ClassifierLogitsBackward(Values logits, const float* sums, cons
 void CpuBackend::Add(Values out, ConstValues a, ConstValues b, size_t n) {
   FloatView out_f(out, n, Access::kWrite, &pool_);
   const FloatView a_f(a, n, &pool_), b_f(b, n, &pool_);
-  cpu::Add(out_f.data(), a_f.cdata(), b_f.cdata(), n, &pool_);
+  cpu::Add(out_f.data(), a_f.data(), b_f.data(), n, &pool_);
 }
 
 void CpuBackend::SumSquares(const float* x, size_t n, double* sum) {

@@ -108,8 +108,6 @@ class CudaBackend : public Backend {
   void ClassifierForwardBackward(Values dx, float* dweight, ConstValues x, ConstValues weight,
                                  const int32_t* targets, int n, int c, int v, float grad_scale,
                                  double* loss_sum) override;
-  // The vocabulary-parallel phases run on the host over copies of their inputs: they serve
-  // tensor parallelism, which needs more than one GPU and so NCCL on device buffers (to come).
   void ClassifierRowMax(float* max, ConstValues logits, int n, int v) override;
   void ClassifierExpSums(Values logits, float* sums, float* target_logits, const float* max,
                          const int32_t* targets, int n, int v, int vocab_begin) override;
