@@ -89,6 +89,18 @@ class Backend {
   virtual void LinearBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
                               ConstValues inp, ConstValues weight, int n, int in_features,
                               int out_features) = 0;
+  // GPT-2's MLP: its up-projection fused with the GELU after it, and the down-projection's
+  // backward with GELU's (what cuBLASLt's GELU_AUX and DGELU epilogues compute). Forward:
+  // pre (N, OC) = inp @ weight^T + bias as LinearForward, and out (N, OC) = GELU(pre) as
+  // GeluForward, taken from pre's float32 sums before they are rounded to its storage type.
+  virtual void LinearGeluForward(Values out, Values pre, ConstValues inp, ConstValues weight,
+                                 ConstValues bias, int n, int in_features, int out_features) = 0;
+  // LinearBackward of a layer whose input was GELU(pre), with dinp carried back through the
+  // GELU: dpre (N, IC) = (dout @ weight) * GELU'(pre), the product in float32, rounded once.
+  virtual void LinearBackwardThroughGelu(Values dpre, float* dweight, float* dbias,
+                                         ConstValues dout, ConstValues inp, ConstValues pre,
+                                         ConstValues weight, int n, int in_features,
+                                         int out_features) = 0;
 
   // LayerNorm over C: out (N,C), mean (N), rstd (N) saved for backward.
   virtual void LayerNormForward(Values out, float* mean, float* rstd, ConstValues inp,

@@ -45,8 +45,8 @@ struct ArenaSize {
   T stats = 0;
 };
 template <typename T>
-ArenaSize<T> ArenaSizeOf(const LocalDims& dims, int max_batch, int max_time, Recompute recompute,
-                         int chunks, StageExtent stage, int activation_slots) {
+ArenaSize<T> ArenaSizeOf(ModelFamily family, const LocalDims& dims, int max_batch, int max_time,
+                         Recompute recompute, int chunks, StageExtent stage, int activation_slots) {
   const int64_t tokens = static_cast<int64_t>(max_batch) * max_time;
   const T n = static_cast<T>(tokens);
   const T r = static_cast<T>(OwnRows(tokens, chunks));           // rows this rank holds
@@ -57,6 +57,9 @@ ArenaSize<T> ArenaSizeOf(const LocalDims& dims, int max_batch, int max_time, Rec
   const T f = static_cast<T>(dims.mlp_width);
   const T up = static_cast<T>(dims.mlp_up_width);
   const T lse = static_cast<T>(max_batch) * static_cast<T>(dims.heads) * max_time;
+  // The gradient of the MLP's activation output: SwiGLU's; GPT-2 carries it through its GELU
+  // within the down-projection's backward (LinearBackwardThroughGelu).
+  const T d_act = family == ModelFamily::kLlama ? f : 0;
   // The attention core's output, and its log-sum-exp among the statistics.
   const T core = n * hd;
   // norm1, resid_mid, norm2, qkv, mlp_up, mlp_act; each norm's mean and rstd.
@@ -75,9 +78,10 @@ ArenaSize<T> ArenaSizeOf(const LocalDims& dims, int max_batch, int max_time, Rec
   return {.values = slot_blocks * r * c + head * r * c  // block inputs and the last output
                     + saved_blocks * per_block + saved_cores * core  // saved activations
                     + head * g * c + d_last  // final norm, d(last output) per slot
-                    + r * c + 2 * g * c + n * (qkv + hd + up + f)  // backward scratch, branch out
-                    + (chunks > 1 ? r * c : 0)                     // own rows of d(norm)
-                    + vocab_rows * dims.vocab_rows(),              // vocabulary-parallel logits
+                    + r * c + 2 * g * c +
+                    n * (qkv + hd + up + d_act)        // backward scratch, branch out
+                    + (chunks > 1 ? r * c : 0)         // own rows of d(norm)
+                    + vocab_rows * dims.vocab_rows(),  // vocabulary-parallel logits
           .stats = saved_blocks * per_block_stats + saved_cores * lse  // means, rstds, lse
                    + head * 2 * r                                      // the final norm's
                    + (chunks > 1 ? 4 * c : 0)                          // norm gradients
@@ -97,7 +101,7 @@ double Transformer::ActivationBytes(const ModelConfig& config, int max_batch, in
                                     bool sequence_parallel, int activation_slots,
                                     DataType activation_type) {
   const ArenaSize<double> size = ArenaSizeOf<double>(
-      LocalDimsOf(config, slice), max_batch, max_time, recompute,
+      config.family, LocalDimsOf(config, slice), max_batch, max_time, recompute,
       RowChunks(slice, sequence_parallel), ExtentOf(config, slice), activation_slots);
   return size.values * static_cast<double>(DataTypeBytes(activation_type)) +
          size.stats * sizeof(float);
@@ -269,7 +273,7 @@ void Transformer::AllocateActivations(int max_batch, int max_time, int activatio
   const size_t lse = static_cast<size_t>(max_batch) * dims_.heads * max_time;
   const size_t qkv_weight_grad = dims_.kv_replicas > 1 ? qkv * c : 0;
   const ArenaSize<size_t> size =
-      ArenaSizeOf<size_t>(dims_, max_batch, max_time, recompute_, chunks,
+      ArenaSizeOf<size_t>(config_.family, dims_, max_batch, max_time, recompute_, chunks,
                           ExtentOf(config_, table_.slice()), activation_slots);
   acts_ = backend_.Allocate(size.values, parameters_.compute_type());
   stats_ = backend_.Allocate(size.stats, DataType::kF32);
@@ -341,7 +345,7 @@ void Transformer::AllocateActivations(int max_batch, int max_time, int activatio
   d_qkv_ = take(n * qkv);
   d_attn_ = take(n * hd);
   d_mlp_up_ = take(n * up);
-  d_mlp_act_ = take(n * f);
+  if (config_.family == ModelFamily::kLlama) d_mlp_act_ = take(n * f);
   branch_out_ = take(g * c);
   if (chunks > 1) {
     d_own_rows_ = take(r * c);
@@ -407,8 +411,8 @@ void Transformer::BlockForward(int layer, const ParamView& params, BlockActivati
     backend_.LayerNormForward(a.norm2 + own_offset, a.norm2_mean, a.norm2_rstd, a.resid_mid,
                               params(w.norm2_w), params(w.norm2_b), rows.own, c, config_.norm_eps);
     GatherNormOutput(a.norm2, rows);
-    backend_.LinearForward(a.mlp_up, a.norm2, params(w.mlp_up_w), params(w.mlp_up_b), n, c, f);
-    backend_.GeluForward(a.mlp_act, a.mlp_up, static_cast<size_t>(n) * f);
+    backend_.LinearGeluForward(a.mlp_act, a.mlp_up, a.norm2, params(w.mlp_up_w), params(w.mlp_up_b),
+                               n, c, f);
   }
   if (out.null()) return;
   RowParallelResidual(out, a.resid_mid, a.mlp_act, params(w.mlp_down_w), params(w.mlp_down_b), rows,
@@ -431,17 +435,18 @@ void Transformer::BlockBackward(int layer, const ParamView& params, const GradVi
   BeginNormGrads();
 
   // MLP branch: out = resid_mid + down(act(up(norm2(resid_mid)))).
-  backend_.LinearBackward(d_mlp_act_, grads(w.mlp_down_w), grads(w.mlp_down_b),
-                          BranchOutputGrad(dresid, rows), a.mlp_act, params(w.mlp_down_w), n, f, c);
+  const ConstValues d_mlp_out = BranchOutputGrad(dresid, rows);
   if (llama) {
+    backend_.LinearBackward(d_mlp_act_, grads(w.mlp_down_w), grads(w.mlp_down_b), d_mlp_out,
+                            a.mlp_act, params(w.mlp_down_w), n, f, c);
     backend_.SwiGluBackward(d_mlp_up_, a.mlp_up, d_mlp_act_, n, f);
-    backend_.LinearBackward(d_norm_, grads(w.mlp_up_w), nullptr, d_mlp_up_, a.norm2,
-                            params(w.mlp_up_w), n, c, 2 * f);
   } else {
-    backend_.GeluBackward(d_mlp_up_, a.mlp_up, d_mlp_act_, static_cast<size_t>(n) * f);
-    backend_.LinearBackward(d_norm_, grads(w.mlp_up_w), grads(w.mlp_up_b), d_mlp_up_, a.norm2,
-                            params(w.mlp_up_w), n, c, f);
+    backend_.LinearBackwardThroughGelu(d_mlp_up_, grads(w.mlp_down_w), grads(w.mlp_down_b),
+                                       d_mlp_out, a.mlp_act, a.mlp_up, params(w.mlp_down_w), n, f,
+                                       c);
   }
+  backend_.LinearBackward(d_norm_, grads(w.mlp_up_w), grads(w.mlp_up_b), d_mlp_up_, a.norm2,
+                          params(w.mlp_up_w), n, c, dims_.mlp_up_width);
   const ConstValues dnorm2 = NormOutputGrad(rows);  // f: before the column-parallel up
   if (llama) {
     backend_.RmsNormBackward(dresid, NormGrad(grads, w.norm2_w, 0), dnorm2, a.resid_mid,

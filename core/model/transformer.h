@@ -333,7 +333,7 @@ class Transformer {
   Values d_qkv_;      // (N, qkv_width)
   Values d_attn_;     // (N, H*D)
   Values d_mlp_up_;   // (N, F or 2F)
-  Values d_mlp_act_;  // (N, F)
+  Values d_mlp_act_;  // (N, F), Llama's (GPT-2 carries it through the GELU within a GEMM)
   // (G, C) attention or MLP branch output before the residual add (before the reduce-scatter
   // under sequence parallelism); in backward, d(branch output) gathered, and the embedding's.
   Values branch_out_;

@@ -36,16 +36,21 @@ class ModelShape:
         return self.d_model // self.n_head
 
 
+def _bf16(x):
+    """x rounded to bfloat16 (to nearest even) and back."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
 class _RoundedToBf16(torch.autograd.Function):
     """The value rounded to bfloat16 (to nearest even) and back, and so is its gradient."""
 
     @staticmethod
     def forward(ctx, x):
-        return x.to(torch.bfloat16).to(x.dtype)
+        return _bf16(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.to(torch.bfloat16).to(grad.dtype)
+        return _bf16(grad)
 
 
 _bf16_activations = False
@@ -116,6 +121,33 @@ def gelu_tanh(x):
     return F.gelu(x, approximate="tanh")
 
 
+class _GeluOfSums(torch.autograd.Function):
+    """GPT-2's GELU as dtrain fuses it into the GEMMs around it (cuBLASLt's GELU_AUX and DGELU
+    epilogues): the GELU of the up-projection's float32 sums u, rounded once, u stored rounded;
+    backward, the down-projection's float32 input gradient times GELU' at the stored u, rounded
+    once."""
+
+    @staticmethod
+    def forward(ctx, u):
+        stored_u = _bf16(u)
+        ctx.save_for_backward(stored_u)
+        return _bf16(gelu_tanh(u))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (stored_u,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = stored_u.detach().requires_grad_()
+            (dx,) = torch.autograd.grad(gelu_tanh(x), x, grad)
+        return _bf16(dx)
+
+
+def gelu_of_sums(u):
+    """gelu_tanh(u) of the up-projection's output u, inside bf16_activations() as dtrain stores
+    it (_GeluOfSums)."""
+    return _GeluOfSums.apply(u) if _bf16_activations else gelu_tanh(u)
+
+
 class Gpt2Attention(nn.Module):
     def __init__(self, shape):
         super().__init__()
@@ -136,7 +168,7 @@ class Gpt2Mlp(nn.Module):
         self.c_proj = Conv1D(shape.d_ff, shape.d_model)
 
     def forward(self, x):
-        return stored(self.c_proj(stored(gelu_tanh(stored(self.c_fc(x))))))
+        return stored(self.c_proj(gelu_of_sums(self.c_fc(x))))
 
 
 class Gpt2Block(nn.Module):

@@ -31,8 +31,8 @@ template <typename T>
 void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n, ThreadPool* pool) {
   ParallelFor(pool, n, kElementGrain, [&](size_t begin, size_t end, int) {
     const T* __restrict x = inp;
-    const T* __restrict dy = dout;
-    T* __restrict dx = dinp;
+    const T* dy = dout;  // may be dx: each element is read before it is written
+    T* dx = dinp;
     for (size_t i = begin; i < end; ++i) {
       const T u = T(kSqrt2OverPi) * (x[i] + T(kGeluCubic) * x[i] * x[i] * x[i]);
       const T t = Tanh(u);

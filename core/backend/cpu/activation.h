@@ -17,6 +17,7 @@ namespace dtrain::cpu {
 
 template <typename T>
 void GeluForward(T* out, const T* inp, size_t n, ThreadPool* pool);
+// dinp may be dout (the gradient carried back through the GELU in place).
 template <typename T>
 void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n, ThreadPool* pool);
 

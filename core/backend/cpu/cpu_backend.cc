@@ -153,16 +153,29 @@ void CpuBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, f
   cpu::Gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-void CpuBackend::LinearForward(Values out, ConstValues inp, ConstValues weight, ConstValues bias,
-                               int n, int in_features, int out_features) {
+void CpuBackend::LinearInto(float* out, ConstValues inp, ConstValues weight, ConstValues bias,
+                            int n, int in_features, int out_features) {
   const size_t inputs = static_cast<size_t>(n) * in_features;
   const size_t weights = static_cast<size_t>(out_features) * in_features;
-  FloatView out_f(out, static_cast<size_t>(n) * out_features, Access::kWrite, &pool_);
   const FloatView inp_f(inp, inputs, &pool_), weight_f(weight, weights, &pool_),
       bias_f(bias, out_features, &pool_);
-  cpu::LinearForward(out_f.data(), MatmulOperand(inp_f.data(), inputs, 0),
+  cpu::LinearForward(out, MatmulOperand(inp_f.data(), inputs, 0),
                      MatmulOperand(weight_f.data(), weights, 1), bias_f.data(), n, in_features,
                      out_features, &pool_);
+}
+
+void CpuBackend::LinearForward(Values out, ConstValues inp, ConstValues weight, ConstValues bias,
+                               int n, int in_features, int out_features) {
+  FloatView out_f(out, static_cast<size_t>(n) * out_features, Access::kWrite, &pool_);
+  LinearInto(out_f.data(), inp, weight, bias, n, in_features, out_features);
+}
+
+void CpuBackend::LinearGeluForward(Values out, Values pre, ConstValues inp, ConstValues weight,
+                                   ConstValues bias, int n, int in_features, int out_features) {
+  const size_t count = static_cast<size_t>(n) * out_features;
+  FloatView pre_f(pre, count, Access::kWrite, &pool_), out_f(out, count, Access::kWrite, &pool_);
+  LinearInto(pre_f.data(), inp, weight, bias, n, in_features, out_features);
+  cpu::GeluForward(out_f.data(), pre_f.data(), count, &pool_);
 }
 
 void CpuBackend::AddBias(Values out, ConstValues bias, int n, int c) {
@@ -171,21 +184,40 @@ void CpuBackend::AddBias(Values out, ConstValues bias, int n, int c) {
   cpu::AddBias(out_f.data(), bias_f.data(), n, c, &pool_);
 }
 
-void CpuBackend::LinearBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
-                                ConstValues inp, ConstValues weight, int n, int in_features,
-                                int out_features) {
+void CpuBackend::LinearBackwardInto(float* dinp, float* dweight, float* dbias, ConstValues dout,
+                                    ConstValues inp, ConstValues weight, int n, int in_features,
+                                    int out_features) {
   const size_t inputs = static_cast<size_t>(n) * in_features;
   const size_t outputs = static_cast<size_t>(n) * out_features;
   const size_t weights = static_cast<size_t>(out_features) * in_features;
-  FloatView dinp_f(dinp, inputs, Access::kWrite, &pool_);
   const FloatView dout_f(dout, outputs, &pool_), inp_f(inp, inputs, &pool_),
       weight_f(weight, weights, &pool_);
   // The bias gradient sums dout itself: it is no GEMM on the GPU either.
-  cpu::LinearBackward<float>(
-      dinp_f.data(), dweight, nullptr, MatmulOperand(dout_f.data(), outputs, 0),
-      MatmulOperand(inp_f.data(), inputs, 1), MatmulOperand(weight_f.data(), weights, 2), n,
-      in_features, out_features, &pool_);
+  cpu::LinearBackward<float>(dinp, dweight, nullptr, MatmulOperand(dout_f.data(), outputs, 0),
+                             MatmulOperand(inp_f.data(), inputs, 1),
+                             MatmulOperand(weight_f.data(), weights, 2), n, in_features,
+                             out_features, &pool_);
   if (dbias != nullptr) cpu::AddColumnSums(dbias, dout_f.data(), n, out_features, &pool_);
+}
+
+void CpuBackend::LinearBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
+                                ConstValues inp, ConstValues weight, int n, int in_features,
+                                int out_features) {
+  FloatView dinp_f(dinp, static_cast<size_t>(n) * in_features, Access::kWrite, &pool_);
+  LinearBackwardInto(dinp_f.data(), dweight, dbias, dout, inp, weight, n, in_features,
+                     out_features);
+}
+
+void CpuBackend::LinearBackwardThroughGelu(Values dpre, float* dweight, float* dbias,
+                                           ConstValues dout, ConstValues inp, ConstValues pre,
+                                           ConstValues weight, int n, int in_features,
+                                           int out_features) {
+  const size_t count = static_cast<size_t>(n) * in_features;
+  FloatView dpre_f(dpre, count, Access::kWrite, &pool_);
+  const FloatView pre_f(pre, count, &pool_);
+  LinearBackwardInto(dpre_f.data(), dweight, dbias, dout, inp, weight, n, in_features,
+                     out_features);
+  cpu::GeluBackward(dpre_f.data(), pre_f.data(), dpre_f.data(), count, &pool_);  // in place
 }
 
 void CpuBackend::LayerNormForward(Values out, float* mean, float* rstd, ConstValues inp,

@@ -43,6 +43,11 @@ class CpuBackend : public Backend {
   void AddBias(Values out, ConstValues bias, int n, int c) override;
   void LinearBackward(Values dinp, float* dweight, float* dbias, ConstValues dout, ConstValues inp,
                       ConstValues weight, int n, int in_features, int out_features) override;
+  void LinearGeluForward(Values out, Values pre, ConstValues inp, ConstValues weight,
+                         ConstValues bias, int n, int in_features, int out_features) override;
+  void LinearBackwardThroughGelu(Values dpre, float* dweight, float* dbias, ConstValues dout,
+                                 ConstValues inp, ConstValues pre, ConstValues weight, int n,
+                                 int in_features, int out_features) override;
 
   void LayerNormForward(Values out, float* mean, float* rstd, ConstValues inp, ConstValues weight,
                         ConstValues bias, int n, int c, float eps) override;
@@ -104,6 +109,12 @@ class CpuBackend : public Backend {
   // The GEMM input x (count values) as matmul_precision_ has it multiplied: x itself at highest,
   // else rounded into operand scratch `slot` (0-2: a GEMM call's operands at once).
   const float* MatmulOperand(const float* x, size_t count, int slot);
+  // LinearForward and LinearBackward writing float32 outputs (their Values' views).
+  void LinearInto(float* out, ConstValues inp, ConstValues weight, ConstValues bias, int n,
+                  int in_features, int out_features);
+  void LinearBackwardInto(float* dinp, float* dweight, float* dbias, ConstValues dout,
+                          ConstValues inp, ConstValues weight, int n, int in_features,
+                          int out_features);
 
   ThreadPool pool_;
   MatmulPrecision matmul_precision_;

@@ -274,10 +274,12 @@ cudaDataType_t CudaType(DataType dtype) {
 }
 }  // namespace
 
-void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
+bool CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
                          ConstValues a, int lda, ConstValues b, int ldb, float beta, Values c,
-                         int ldc, ConstValues bias, bool exact) {
-  if (m == 0 || n == 0) return;
+                         int ldc, ConstValues bias, bool exact, const GeluEpilogue* gelu) {
+  if (m == 0 || n == 0) return true;
+  // The epilogue's buffer is laid out as C, whose rows (cuBLASLt's columns) are ldc apart.
+  if (gelu != nullptr && (k == 0 || ldc % 8 != 0)) return false;
   if (k == 0) {  // C = beta C (+ bias): no product to take
     if (beta == 0) {
       for (int row = 0; row < m; ++row) Zero(c + static_cast<size_t>(row) * ldc, n);
@@ -285,10 +287,11 @@ void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
       for (int row = 0; row < m; ++row) Scale(c + static_cast<size_t>(row) * ldc, beta, n);
     }
     if (!bias.null()) AddBias(c, bias, m, n);  // ldc == n wherever a bias is fused
-    return;
+    return true;
   }
   if (a.dtype() != b.dtype()) {
-    return Check(cudaErrorInvalidValue, "Matmul (its two inputs differ in storage type)");
+    Check(cudaErrorInvalidValue, "Matmul (its two inputs differ in storage type)");
+    return true;
   }
   // Row-major C (M, N) is column-major C^T (N, M) = op(B)^T op(A)^T, so cuBLASLt's first operand
   // is b and its second is a; a row-major (R, S) matrix is a column-major (S, R) one, same ld.
@@ -312,14 +315,26 @@ void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
   CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                            sizeof(op_second)),
             "TRANSB");
+  cublasLtEpilogue_t epilogue = bias.null() ? CUBLASLT_EPILOGUE_DEFAULT : CUBLASLT_EPILOGUE_BIAS;
+  if (gelu != nullptr) {
+    epilogue = gelu->pass == GeluEpilogue::Pass::kBackward ? CUBLASLT_EPILOGUE_DGELU
+               : bias.null()                               ? CUBLASLT_EPILOGUE_GELU_AUX
+                                                           : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    const int64_t input_ld = ldc;
+    CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                             &gelu->input, sizeof(gelu->input)),
+              "EPILOGUE_AUX_POINTER");
+    CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &input_ld,
+                                             sizeof(input_ld)),
+              "EPILOGUE_AUX_LD");
+  }
+  CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                           sizeof(epilogue)),
+            "EPILOGUE");
   if (!bias.null()) {
     // The bias (N) is added to every row of row-major C: to each column of cuBLASLt's (N, M).
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     const void* bias_data = bias.data();
     const cudaDataType_t bias_type = CudaType(bias.dtype());
-    CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                             sizeof(epilogue)),
-              "EPILOGUE");
     CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_data,
                                              sizeof(bias_data)),
               "BIAS_POINTER");
@@ -354,12 +369,16 @@ void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
   }
   cublasLtMatmulHeuristicResult_t heuristic = {};
   int found = 0;
-  CheckBlas(cublasLtMatmulAlgoGetHeuristic(lt_, desc, first, second, out, out, preference, 1,
-                                           &heuristic, &found),
-            "MatmulAlgoGetHeuristic");
-  if (found == 0) {
+  const cublasStatus_t searched = cublasLtMatmulAlgoGetHeuristic(lt_, desc, first, second, out, out,
+                                                                 preference, 1, &heuristic, &found);
+  if (searched != CUBLAS_STATUS_SUCCESS) found = 0;
+  // A GELU epilogue cuBLASLt has no algorithm for (NOT_SUPPORTED, or none found) is the caller's
+  // to run apart; any other GEMM's is an error.
+  if (gelu == nullptr) CheckBlas(searched, "MatmulAlgoGetHeuristic");
+  const bool ran = found > 0 || gelu == nullptr;
+  if (found == 0 && gelu == nullptr) {
     CheckBlas(CUBLAS_STATUS_NOT_SUPPORTED, "MatmulAlgoGetHeuristic (no algorithm for the GEMM)");
-  } else if (first_error_.ok()) {
+  } else if (found > 0 && first_error_.ok()) {
     CheckBlas(
         cublasLtMatmul(lt_, desc, &alpha, b.data(), first, a.data(), second, &beta, c.data(), out,
                        c.data(), out, &heuristic.algo, workspace_.data(), kWorkspaceBytes, stream_),
@@ -370,6 +389,7 @@ void CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
   cublasLtMatrixLayoutDestroy(second);
   cublasLtMatrixLayoutDestroy(first);
   cublasLtMatmulDescDestroy(desc);
+  return ran;
 }
 
 void CudaBackend::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
@@ -382,6 +402,18 @@ void CudaBackend::LinearForward(Values out, ConstValues inp, ConstValues weight,
                                 int n, int in_features, int out_features) {
   Matmul(false, true, n, out_features, in_features, 1.0f, inp, in_features, weight, in_features,
          0.0f, out, out_features, bias);
+}
+
+void CudaBackend::LinearGeluForward(Values out, Values pre, ConstValues inp, ConstValues weight,
+                                    ConstValues bias, int n, int in_features, int out_features) {
+  const GeluEpilogue gelu{GeluEpilogue::Pass::kForward, pre.data()};
+  if (Matmul(false, true, n, out_features, in_features, 1.0f, inp, in_features, weight, in_features,
+             0.0f, out, out_features, bias, false, &gelu)) {
+    return;
+  }
+  // No epilogue for this shape: the GELU takes pre as stored.
+  LinearForward(pre, inp, weight, bias, n, in_features, out_features);
+  GeluForward(out, pre, static_cast<size_t>(n) * out_features);
 }
 
 void CudaBackend::AddBias(Values out, ConstValues bias, int n, int c) {
@@ -404,6 +436,24 @@ void CudaBackend::LinearBackward(Values dinp, float* dweight, float* dbias, Cons
     Matmul(false, false, 1, out_features, n, 1.0f, Ones(n, dout.dtype()), n, dout, out_features,
            1.0f, dbias, out_features, nullptr, true);
   }
+}
+
+void CudaBackend::LinearBackwardThroughGelu(Values dpre, float* dweight, float* dbias,
+                                            ConstValues dout, ConstValues inp, ConstValues pre,
+                                            ConstValues weight, int n, int in_features,
+                                            int out_features) {
+  // dpre (N, IC) = dout @ weight, then through the GELU.
+  auto input_grad = [&](const GeluEpilogue* gelu) {
+    return Matmul(false, false, n, in_features, out_features, 1.0f, dout, out_features, weight,
+                  in_features, 0.0f, dpre, in_features, nullptr, false, gelu);
+  };
+  const GeluEpilogue gelu{GeluEpilogue::Pass::kBackward, pre.data()};
+  if (!input_grad(&gelu)) {
+    // No epilogue for this shape: dpre is rounded to its type before the GELU's gradient.
+    input_grad(nullptr);
+    GeluBackward(dpre, pre, dpre, static_cast<size_t>(n) * in_features);  // in place
+  }
+  LinearBackward(nullptr, dweight, dbias, dout, inp, weight, n, in_features, out_features);
 }
 
 void CudaBackend::LayerNormForward(Values out, float* mean, float* rstd, ConstValues inp,

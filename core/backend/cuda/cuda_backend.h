@@ -1,7 +1,7 @@
 // The CUDA backend: tensors in device memory of one GPU, every kernel on one compute stream.
-// GEMMs (and the linear layers, the bias fused as cuBLASLt's epilogue) run through cuBLASLt with
-// one workspace and fp32 sums, their inputs bf16, or float32 (TF32 off) or, at
-// run.matmul_precision high or medium, float32 rounded to TF32 or bf16 on the tensor cores
+// GEMMs (and the linear layers, the bias and GPT-2's GELU fused as cuBLASLt's epilogues) run
+// through cuBLASLt with one workspace and fp32 sums, their inputs bf16, or float32 (TF32 off) or,
+// at run.matmul_precision high or medium, float32 rounded to TF32 or bf16 on the tensor cores
 // (matmul_precision.h), so that float32 results stay within 1e-4 of the CPU backend's at the same
 // precision; everything else runs the kernels of this folder (kernels.h), instantiated for the
 // Values' storage type, float or bf16. Built into the CUDA module (cuda_module.h), never into the
@@ -71,6 +71,11 @@ class CudaBackend : public Backend {
   void AddBias(Values out, ConstValues bias, int n, int c) override;
   void LinearBackward(Values dinp, float* dweight, float* dbias, ConstValues dout, ConstValues inp,
                       ConstValues weight, int n, int in_features, int out_features) override;
+  void LinearGeluForward(Values out, Values pre, ConstValues inp, ConstValues weight,
+                         ConstValues bias, int n, int in_features, int out_features) override;
+  void LinearBackwardThroughGelu(Values dpre, float* dweight, float* dbias, ConstValues dout,
+                                 ConstValues inp, ConstValues pre, ConstValues weight, int n,
+                                 int in_features, int out_features) override;
 
   void LayerNormForward(Values out, float* mean, float* rstd, ConstValues inp, ConstValues weight,
                         ConstValues bias, int n, int c, float eps) override;
@@ -137,9 +142,19 @@ class CudaBackend : public Backend {
   // cuBLASLt's bias epilogue), as Backend::Gemm. A and B share a storage type; C may be float32
   // for bf16 inputs. Float32 inputs multiply at run.matmul_precision, or in float32 when
   // `exact` (the GEMMs with a vector of ones that add and sum biases).
-  void Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, ConstValues a,
+  //
+  // With `gelu`, cuBLASLt's GELU epilogues act on C as laid out: kForward makes C the GELU of
+  // the sums (bias included) and writes the sums to gelu->input (GELU_AUX); kBackward multiplies
+  // the sums by GELU' at gelu->input (DGELU). False, with nothing run, when cuBLASLt has no
+  // algorithm for them (C's row length not a multiple of 8, as the epilogue's buffer needs, or
+  // no kernel for the types): the caller runs the GEMM and the GELU kernel apart.
+  struct GeluEpilogue {
+    enum class Pass { kForward, kBackward } pass;
+    const void* input;  // laid out as C, of its type; written in kForward
+  };
+  bool Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, ConstValues a,
               int lda, ConstValues b, int ldb, float beta, Values c, int ldc, ConstValues bias,
-              bool exact = false);
+              bool exact = false, const GeluEpilogue* gelu = nullptr);
   // `buffer` holding at least `count` values of `dtype` (reallocated, contents lost, when smaller
   // or of another type).
   Values Scratch(DeviceBuffer& buffer, size_t count, DataType dtype);

@@ -4,7 +4,9 @@
 // the same float32 parameter gradients and statistics, bit for bit: the bf16 run widens its
 // inputs (and the outputs it accumulates into) and runs the same float32 kernels in the same
 // order. An output read where it is only written, or written where it accumulates, or a tensor
-// widened at a wrong size, breaks the equality.
+// widened at a wrong size, breaks the equality. And GPT-2's GELU fused into the linear layers
+// (LinearGeluForward, LinearBackwardThroughGelu) is in float32 the layer and the GELU one after
+// the other, bit for bit; in bf16, the float32 sums go through the GELU before any rounding.
 #include "core/backend/cpu/cpu_backend.h"
 
 #include <cstdint>
@@ -67,8 +69,10 @@ constexpr bool kRuns[] = {false, true};
 TEST(CpuBackendBf16Test, LinearLayers) {
   CpuBackend backend(2);
   Both inp(kN * kC, 1), weight(kF * kC, 2), bias(kF, 3), out(kN * kF, 4), dout(kN * kF, 5),
-      dinp(kN * kC, 6), biased(kN * kF, 7);
-  Floats dweight(kF * kC, 8), dbias(kF, 9), logits(kN * kF, 10);
+      dinp(kN * kC, 6), biased(kN * kF, 7), gelu_pre(kN * kF, 11), gelu_out(kN * kF, 12),
+      pre(kN * kC, 13, -3, 3), dpre(kN * kC, 14);
+  Floats dweight(kF * kC, 8), dbias(kF, 9), logits(kN * kF, 10), dweight2(kF * kC, 15),
+      dbias2(kF, 16);
   for (const bool bf16 : kRuns) {
     backend.LinearForward(out(bf16), inp(bf16), weight(bf16), bias(bf16), kN, kC, kF);
     // bf16 inputs into a float32 output: the vocabulary-parallel logits.
@@ -76,6 +80,11 @@ TEST(CpuBackendBf16Test, LinearLayers) {
     backend.AddBias(biased(bf16), bias(bf16), kN, kF);
     backend.LinearBackward(dinp(bf16), dweight(bf16), dbias(bf16), dout(bf16), inp(bf16),
                            weight(bf16), kN, kC, kF);
+    // The GELU fused in: in bf16 from the float32 sums, rounded once.
+    backend.LinearGeluForward(gelu_out(bf16), gelu_pre(bf16), inp(bf16), weight(bf16), bias(bf16),
+                              kN, kC, kF);
+    backend.LinearBackwardThroughGelu(dpre(bf16), dweight2(bf16), dbias2(bf16), dout(bf16),
+                                      inp(bf16), pre(bf16), weight(bf16), kN, kC, kF);
   }
   out.ExpectRounded("out");
   logits.ExpectEqual("logits");
@@ -83,6 +92,41 @@ TEST(CpuBackendBf16Test, LinearLayers) {
   dinp.ExpectRounded("dinp");
   dweight.ExpectEqual("dweight");
   dbias.ExpectEqual("dbias");
+  gelu_pre.ExpectRounded("linear + gelu: pre");
+  gelu_out.ExpectRounded("linear + gelu: out");
+  dpre.ExpectRounded("dpre through the gelu");
+  dweight2.ExpectEqual("dweight under dpre");
+  dbias2.ExpectEqual("dbias under dpre");
+}
+
+// In float32 the fused layers are the layer and the GELU run one after the other, bit for bit.
+TEST(CpuBackendTest, GeluFusedLayersAreTheLayerThenTheGelu) {
+  CpuBackend backend(2);
+  auto random = [](size_t n, unsigned seed) {
+    return cpu::testing::ToFloat(cpu::testing::RandomVector(n, seed, -2, 2));
+  };
+  const std::vector<float> inp = random(kN * kC, 1), weight = random(kF * kC, 2),
+                           bias = random(kF, 3), dout = random(kN * kF, 4),
+                           pre = random(kN * kC, 5);
+  std::vector<float> fused_pre(kN * kF), fused_out(kN * kF), pre_ref(kN * kF), out_ref(kN * kF);
+  backend.LinearGeluForward(fused_out.data(), fused_pre.data(), inp.data(), weight.data(),
+                            bias.data(), kN, kC, kF);
+  backend.LinearForward(pre_ref.data(), inp.data(), weight.data(), bias.data(), kN, kC, kF);
+  backend.GeluForward(out_ref.data(), pre_ref.data(), pre_ref.size());
+  EXPECT_EQ(fused_pre, pre_ref);
+  EXPECT_EQ(fused_out, out_ref);
+
+  std::vector<float> dpre(kN * kC), dinp_ref(kN * kC), dpre_ref(kN * kC);
+  std::vector<float> dweight = random(kF * kC, 6), dbias = random(kF, 7);
+  std::vector<float> dweight_ref = dweight, dbias_ref = dbias;
+  backend.LinearBackwardThroughGelu(dpre.data(), dweight.data(), dbias.data(), dout.data(),
+                                    inp.data(), pre.data(), weight.data(), kN, kC, kF);
+  backend.LinearBackward(dinp_ref.data(), dweight_ref.data(), dbias_ref.data(), dout.data(),
+                         inp.data(), weight.data(), kN, kC, kF);
+  backend.GeluBackward(dpre_ref.data(), pre.data(), dinp_ref.data(), dpre_ref.size());
+  EXPECT_EQ(dpre, dpre_ref);
+  EXPECT_EQ(dweight, dweight_ref);
+  EXPECT_EQ(dbias, dbias_ref);
 }
 
 TEST(CpuBackendBf16Test, Norms) {

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/backend/cpu/cpu_backend.h"
@@ -595,6 +596,55 @@ TEST(CudaBackendTest, Bf16ValuesMatchTheCpuReference) {
   dx.ExpectNear(1e-2, "classifier dx");
   ExpectNear(dhead, 1e-2, "classifier dweight (float32, accumulated)");
   EXPECT_TRUE(gpu->status().ok()) << gpu->status();
+}
+
+void ExpectNear(const Bf16Pair& pair, double tolerance, const std::string& what) {
+  pair.ExpectNear(tolerance, what);
+}
+
+// GPT-2's MLP with its GELU fused into the GEMMs on values held in PairT (Pair: float32,
+// Bf16Pair), F wide, against the CPU backend: at a width that is a multiple of 8 cuBLASLt's
+// GELU_AUX(_BIAS) and DGELU epilogues (whose GELU is the same tanh approximation), otherwise the
+// GEMM and the GELU kernel apart. The parameter gradients are float32 either way. Apart, in
+// bf16, the GELU and its gradient take pre rounded first, where the CPU's take the float32 sums:
+// one more rounding (2^-8), times the GELU's slope (at most 1.13), within 1e-2.
+template <typename PairT>
+void ExpectGeluFusedAsOnTheCpu(CpuBackend& cpu, CudaBackend& gpu, int f) {
+  constexpr int n = 26, c = 64;
+  const std::string at = absl::StrCat(" (F ", f, ")");
+  const double gelu_tolerance = std::is_same_v<PairT, Bf16Pair> && f % 8 != 0 ? 1e-2 : kGemm;
+  PairT inp(cpu, gpu, RandomFloats(n * c, 1)), weight(cpu, gpu, RandomFloats(f * c, 2));
+  PairT bias(cpu, gpu, RandomFloats(f, 3)), pre(cpu, gpu, std::vector<float>(n * f)),
+      act(cpu, gpu, std::vector<float>(n * f));
+  for (const bool biased : {true, false}) {
+    const ConstValues b_cpu = biased ? bias.cpu() : nullptr, b_gpu = biased ? bias.gpu() : nullptr;
+    cpu.LinearGeluForward(act.cpu(), pre.cpu(), inp.cpu(), weight.cpu(), b_cpu, n, c, f);
+    gpu.LinearGeluForward(act.gpu(), pre.gpu(), inp.gpu(), weight.gpu(), b_gpu, n, c, f);
+    ExpectNear(pre, kGemm, absl::StrCat("linear + gelu: pre", at, biased ? "" : ", no bias"));
+    ExpectNear(act, gelu_tolerance,
+               absl::StrCat("linear + gelu: out", at, biased ? "" : ", no bias"));
+  }
+  // The down-projection (F -> C) of act, carried back through the GELU at pre.
+  PairT down(cpu, gpu, RandomFloats(c * f, 4)), dout(cpu, gpu, RandomFloats(n * c, 5));
+  PairT dpre(cpu, gpu, std::vector<float>(n * f));
+  Pair ddown(cpu, gpu, RandomFloats(c * f, 6)), ddown_bias(cpu, gpu, RandomFloats(c, 7));
+  cpu.LinearBackwardThroughGelu(dpre.cpu(), ddown.cpu(), ddown_bias.cpu(), dout.cpu(), act.cpu(),
+                                pre.cpu(), down.cpu(), n, f, c);
+  gpu.LinearBackwardThroughGelu(dpre.gpu(), ddown.gpu(), ddown_bias.gpu(), dout.gpu(), act.gpu(),
+                                pre.gpu(), down.gpu(), n, f, c);
+  ExpectNear(dpre, gelu_tolerance, "dpre through the gelu" + at);
+  ExpectNear(ddown, kGemm, "dweight (float32, accumulated)" + at);
+  ExpectNear(ddown_bias, kGemm, "dbias (float32, accumulated)" + at);
+  EXPECT_TRUE(gpu.status().ok()) << gpu.status();
+}
+
+TEST(CudaBackendTest, GeluFusedIntoTheGemmsMatchesTheCpu) {
+  DTRAIN_GPU_OR_SKIP(gpu);
+  CpuBackend cpu(1);
+  for (const int f : {48, 45}) {
+    ExpectGeluFusedAsOnTheCpu<Pair>(cpu, *gpu, f);
+    ExpectGeluFusedAsOnTheCpu<Bf16Pair>(cpu, *gpu, f);
+  }
 }
 
 // 20 steps of the small model on `backend`: the losses, gradient norms and final parameters.
