@@ -505,24 +505,37 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   }
   // The rule of torch.nn.utils.clip_grad_norm_.
   const double coef = grad_clip > 0 ? grad_clip / (totals.grad_norm + 1e-6) : 1.0;
-  // One pass applies both the rescale to the trained tokens' mean and the clipping.
-  const double scale = rescale * std::min(coef, 1.0);
+  // AdamW applies both the rescale to the trained tokens' mean and the clipping as it reads the
+  // gradients.
+  const float grad_scale = static_cast<float>(rescale * std::min(coef, 1.0));
+  // Every rank updated its slices; the whole model is gathered back (DDP, ZeRO-1 and -2).
+  const bool gather_back = layout_.ranks() > 1 && !sharded_params();
+  std::vector<Wire> wires(layout_.units().size());
   for (size_t u = 0; u < layout_.units().size(); ++u) {
     const Unit& unit = layout_.units()[u];
-    if (scale != 1.0) backend_.Scale(OwnGrads(unit), static_cast<float>(scale), unit.shard);
-    optimizers_[u].Step(backend_, MasterParams(unit), OwnGrads(unit), static_cast<float>(lr));
+    // With bf16 compute copies beside the masters, AdamW writes the copy as it updates: into the
+    // model's copy at one rank, into the wire the gather sends across ranks. (ZeRO-3 and FSDP
+    // gather each unit from the masters as they acquire it.)
+    Values copy;
+    if (masters_.size() > 0 && gather_back) {
+      wires[u].input = backend_.Allocate(unit.shard, compute_type());
+      copy = wires[u].input.values();
+    } else if (masters_.size() > 0) {
+      copy = params_.values() + unit.padded_begin;
+    }
+    optimizers_[u].Step(backend_, MasterParams(unit), copy, OwnGrads(unit), static_cast<float>(lr),
+                        grad_scale);
   }
 
-  if (layout_.ranks() > 1 && !sharded_params()) {
-    // Every rank updated its slices; gather the whole model back.
+  if (gather_back) {
     std::vector<DeviceBuffer> own(layout_.units().size());
-    std::vector<Wire> wires(layout_.units().size());
     std::vector<std::unique_ptr<Work>> gathers;
     for (size_t u = 0; u < layout_.units().size(); ++u) {
       const Unit& unit = layout_.units()[u];
       const Values output = params_.values() + unit.padded_begin;
-      if (bf16_params()) {  // the masters rounded into the wire, gathered into the compute copy
-        gathers.push_back(GatherParams(MasterParams(unit), output, unit.shard, wires[u]));
+      if (masters_.size() > 0) {  // the copy AdamW wrote into the wire
+        gathers.push_back(
+            comm_->AllGather(wires[u].input.data(), output.data(), unit.shard, output.dtype()));
         continue;
       }
       // The input may not lie in the output.
@@ -531,10 +544,6 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
       gathers.push_back(comm_->AllGather(own[u].floats(), output.as<float>(), unit.shard));
     }
     for (std::unique_ptr<Work>& gather : gathers) RETURN_IF_ERROR(Wait(gather));
-  } else if (masters_.size() > 0) {
-    for (const Unit& unit : layout_.units()) {
-      backend_.Convert(params_.values() + unit.padded_begin, MasterParams(unit), unit.shard);
-    }
   }
   // The compute stream's waits on the device (Acquire's gathers), timed with events: the norm's
   // read waited for the stream to pass them.

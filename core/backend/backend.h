@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/backend/cuda/adamw_math.h"
 #include "core/backend/device_buffer.h"
 #include "core/backend/values.h"
 
@@ -38,6 +39,15 @@ struct AttentionShape {
   int kv_heads;  // Hkv
   int head_dim;  // D
   int qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
+};
+
+using cuda::AdamWRange;
+
+// The settings of one AdamW step.
+struct AdamWStep {
+  float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  int64_t step = 0;      // 1-based, for the bias correction
+  float grad_scale = 1;  // the gradient is grad * grad_scale (the mean over tokens, the clipping)
 };
 
 class Backend {
@@ -197,10 +207,15 @@ class Backend {
   // widened to float32 (exact), or copied. The one place where the two types may differ.
   virtual void Convert(Values out, ConstValues x, size_t n) = 0;
 
-  // One AdamW step on n values with bias correction for the 1-based `step` and decoupled
-  // weight decay: p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p).
-  virtual void AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                     float beta1, float beta2, float eps, float weight_decay, int64_t step) = 0;
+  // One AdamW step (core/backend/cpu/adamw.h) on the values of `ranges` (range_count
+  // AdamWRanges, ascending, in this backend's memory) among n: the float32 masters `param`, the
+  // moments m and v, from grad * grad_scale, with bias correction and decoupled weight decay
+  // where a range has decay: p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p). Every
+  // tensor of a parameter unit in one call (one kernel on the GPU). param_copy, when not null
+  // (bf16), gets each updated value rounded: the compute copy the forward reads.
+  virtual void AdamW(float* param, Values param_copy, const float* grad, float* m, float* v,
+                     size_t n, const AdamWRange* ranges, int range_count,
+                     const AdamWStep& step) = 0;
 };
 
 // Rows of logits a classifier computes at once for a vocabulary (or a rank's vocabulary slot) of

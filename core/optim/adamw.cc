@@ -3,6 +3,7 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "core/model/hf_names.h"
 
@@ -55,23 +56,49 @@ AdamW::AdamW(const ParamTable& table, const TrainSection& train, Backend& backen
     for (const auto& [offset, numel, exempt] : DecayPieces(table.config(), entry, train.no_decay)) {
       const size_t lo = std::max(begin_, offset);
       const size_t hi = std::min(end_, offset + numel);
-      if (lo < hi) ranges_.push_back({lo, hi, !exempt});
+      if (lo < hi) {
+        ranges_.push_back({.begin = static_cast<int64_t>(lo - begin_),
+                           .end = static_cast<int64_t>(hi - begin_),
+                           .decay = exempt ? 0 : 1});
+      }
     }
   }
+  std::sort(ranges_.begin(), ranges_.end(),
+            [](const AdamWRange& a, const AdamWRange& b) { return a.begin < b.begin; });
+  // Neighbours alike in decay are one range.
+  std::vector<AdamWRange> merged;
+  for (const AdamWRange& range : ranges_) {
+    if (!merged.empty() && merged.back().end == range.begin && merged.back().decay == range.decay) {
+      merged.back().end = range.end;
+    } else {
+      merged.push_back(range);
+    }
+  }
+  ranges_ = std::move(merged);
+  static_assert(sizeof(AdamWRange) == 3 * sizeof(int64_t));
+  ranges_on_backend_ = backend.Allocate(3 * ranges_.size(), DataType::kI64);
+  backend.CopyFromHost(ranges_on_backend_.data(), ranges_.data(), ranges_on_backend_.bytes());
 }
 
-void AdamW::Step(Backend& backend, float* params, const float* grads, float lr) {
+void AdamW::Step(Backend& backend, float* params, Values param_copy, const float* grads, float lr,
+                 float grad_scale) {
   ++step_;
-  for (const Range& r : ranges_) {
-    const size_t at = r.begin - begin_;
-    backend.AdamW(params + at, grads + at, m() + at, v() + at, r.end - r.begin, lr, beta1_, beta2_,
-                  eps_, r.decay ? weight_decay_ : 0.0f, step_);
-  }
+  if (ranges_.empty()) return;
+  const AdamWStep settings{.lr = lr,
+                           .beta1 = beta1_,
+                           .beta2 = beta2_,
+                           .eps = eps_,
+                           .weight_decay = weight_decay_,
+                           .step = step_,
+                           .grad_scale = grad_scale};
+  backend.AdamW(params, param_copy, grads, m(), v(), numel(),
+                static_cast<const AdamWRange*>(ranges_on_backend_.data()),
+                static_cast<int>(ranges_.size()), settings);
 }
 
 size_t AdamW::decayed_numel() const {
   size_t total = 0;
-  for (const Range& r : ranges_) total += r.decay ? r.end - r.begin : 0;
+  for (const AdamWRange& r : ranges_) total += r.decay ? r.end - r.begin : 0;
   return total;
 }
 

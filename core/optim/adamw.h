@@ -21,9 +21,12 @@ class AdamW {
   AdamW(const ParamTable& table, const TrainSection& train, Backend& backend, size_t begin,
         size_t end);
 
-  // One step on the range [begin, end): params and grads point at the range's first value
-  // (table position `begin`). Increments the step count used for bias correction.
-  void Step(Backend& backend, float* params, const float* grads, float lr);
+  // One step on the range [begin, end), every tensor in one backend call: params and grads point
+  // at the range's first value (table position `begin`), and the gradient is grads * grad_scale.
+  // param_copy, when not null, gets the updated parameters in bf16 (the compute copy). Increments
+  // the step count used for bias correction.
+  void Step(Backend& backend, float* params, Values param_copy, const float* grads, float lr,
+            float grad_scale);
 
   int64_t step() const { return step_; }
   // Restores the step count from a checkpoint (the moments are restored through m() and v()).
@@ -35,15 +38,12 @@ class AdamW {
   size_t decayed_numel() const;
 
  private:
-  struct Range {
-    size_t begin, end;
-    bool decay;
-  };
-  std::vector<Range> ranges_;  // the tensor ranges inside [begin_, end_)
+  std::vector<AdamWRange> ranges_;  // the tensors' pieces inside [begin_, end_), from begin_
   size_t begin_, end_;
   float beta1_, beta2_, eps_, weight_decay_;
   int64_t step_ = 0;
   DeviceBuffer m_, v_;
+  DeviceBuffer ranges_on_backend_;  // ranges_, which the backend's AdamW reads
 };
 
 }  // namespace dtrain

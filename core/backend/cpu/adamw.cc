@@ -17,9 +17,10 @@ template <typename T>
 void UpdateScalar(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
                   size_t begin, size_t end, const AdamWCoefficients<T>& k) {
   for (size_t i = begin; i < end; ++i) {
+    const T gi = g[i] * k.grad_scale;
     p[i] = p[i] * k.decay;
-    m[i] = m[i] + k.one_minus_beta1 * (g[i] - m[i]);
-    v[i] = v[i] * k.beta2 + k.one_minus_beta2 * g[i] * g[i];
+    m[i] = m[i] + k.one_minus_beta1 * (gi - m[i]);
+    v[i] = v[i] * k.beta2 + k.one_minus_beta2 * gi * gi;
     const T denom = std::sqrt(v[i]) / k.bias_correction2_sqrt + k.eps;
     p[i] = p[i] + k.neg_step_size * m[i] / denom;
   }
@@ -35,13 +36,15 @@ struct Coefficients8 {
         one_minus_beta2(_mm256_set1_ps(k.one_minus_beta2)),
         neg_step_size(_mm256_set1_ps(k.neg_step_size)),
         bias_correction2_sqrt(_mm256_set1_ps(k.bias_correction2_sqrt)),
-        eps(_mm256_set1_ps(k.eps)) {}
-  __m256 decay, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bias_correction2_sqrt, eps;
+        eps(_mm256_set1_ps(k.eps)),
+        grad_scale(_mm256_set1_ps(k.grad_scale)) {}
+  __m256 decay, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bias_correction2_sqrt, eps,
+      grad_scale;
 };
 
 // UpdateScalar's operations on 8 values.
 inline void Update8(float* p, const float* g, float* m, float* v, const Coefficients8& k) {
-  const __m256 gi = _mm256_loadu_ps(g);
+  const __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g), k.grad_scale);
   const __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p), k.decay);
   __m256 mi = _mm256_loadu_ps(m);
   mi = _mm256_add_ps(mi, _mm256_mul_ps(k.one_minus_beta1, _mm256_sub_ps(gi, mi)));
@@ -91,17 +94,15 @@ void Update(double* p, const double* g, double* m, double* v, size_t begin, size
 }  // namespace
 
 template <typename T>
-void AdamW(T* param, const T* grad, T* m, T* v, size_t n, double lr, double beta1, double beta2,
-           double eps, double weight_decay, int64_t step, ThreadPool* pool) {
-  const AdamWCoefficients<T> k =
-      MakeAdamWCoefficients<T>(lr, beta1, beta2, eps, weight_decay, step);
+void AdamW(T* param, const T* grad, T* m, T* v, size_t n, const AdamWCoefficients<T>& k,
+           ThreadPool* pool) {
   ParallelFor(pool, n, 1 << 15,
               [&](size_t begin, size_t end, int) { Update(param, grad, m, v, begin, end, k); });
 }
 
-template void AdamW<float>(float*, const float*, float*, float*, size_t, double, double, double,
-                           double, double, int64_t, ThreadPool*);
-template void AdamW<double>(double*, const double*, double*, double*, size_t, double, double,
-                            double, double, double, int64_t, ThreadPool*);
+template void AdamW<float>(float*, const float*, float*, float*, size_t,
+                           const AdamWCoefficients<float>&, ThreadPool*);
+template void AdamW<double>(double*, const double*, double*, double*, size_t,
+                            const AdamWCoefficients<double>&, ThreadPool*);
 
 }  // namespace dtrain::cpu

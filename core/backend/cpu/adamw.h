@@ -1,5 +1,6 @@
 // One AdamW step over n values, in PyTorch's order of operations (torch.optim.AdamW,
-// single-tensor path) so trajectories match it:
+// single-tensor path) so trajectories match it, from the gradient g = grad * grad_scale (the
+// mean over the step's tokens and the clipping, torch.nn.utils.clip_grad_norm_'s scaling):
 //   p = p * (1 - lr * weight_decay)
 //   m = m + (1 - beta1) * (g - m)                 (torch.lerp with weight 1 - beta1)
 //   v = v * beta2 + (1 - beta2) * g * g
@@ -22,12 +23,13 @@ namespace dtrain::cpu {
 // (core/backend/cuda/adamw_math.h) takes them too.
 template <typename T>
 struct AdamWCoefficients {
-  T decay, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bias_correction2_sqrt, eps;
+  T decay, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bias_correction2_sqrt, eps,
+      grad_scale;
 };
 
 template <typename T>
 AdamWCoefficients<T> MakeAdamWCoefficients(double lr, double beta1, double beta2, double eps,
-                                           double weight_decay, int64_t step) {
+                                           double weight_decay, int64_t step, double grad_scale) {
   const double t = static_cast<double>(step);
   return {
       .decay = static_cast<T>(1.0 - lr * weight_decay),
@@ -37,11 +39,12 @@ AdamWCoefficients<T> MakeAdamWCoefficients(double lr, double beta1, double beta2
       .neg_step_size = static_cast<T>(-lr / (1.0 - std::pow(beta1, t))),
       .bias_correction2_sqrt = static_cast<T>(std::sqrt(1.0 - std::pow(beta2, t))),
       .eps = static_cast<T>(eps),
+      .grad_scale = static_cast<T>(grad_scale),
   };
 }
 
 template <typename T>
-void AdamW(T* param, const T* grad, T* m, T* v, size_t n, double lr, double beta1, double beta2,
-           double eps, double weight_decay, int64_t step, ThreadPool* pool);
+void AdamW(T* param, const T* grad, T* m, T* v, size_t n, const AdamWCoefficients<T>& k,
+           ThreadPool* pool);
 
 }  // namespace dtrain::cpu

@@ -399,9 +399,20 @@ void CpuBackend::Zero(Values x, size_t n) {
 
 void CpuBackend::Convert(Values out, ConstValues x, size_t n) { ConvertValues(out, x, n, &pool_); }
 
-void CpuBackend::AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                       float beta1, float beta2, float eps, float weight_decay, int64_t step) {
-  cpu::AdamW(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, &pool_);
+void CpuBackend::AdamW(float* param, Values param_copy, const float* grad, float* m, float* v,
+                       size_t /*n: the ranges name the values*/, const AdamWRange* ranges,
+                       int range_count, const AdamWStep& s) {
+  const cpu::AdamWCoefficients<float> decayed = cpu::MakeAdamWCoefficients<float>(
+      s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.step, s.grad_scale);
+  const cpu::AdamWCoefficients<float> exempt =
+      cpu::MakeAdamWCoefficients<float>(s.lr, s.beta1, s.beta2, s.eps, 0, s.step, s.grad_scale);
+  for (int r = 0; r < range_count; ++r) {
+    const AdamWRange& range = ranges[r];
+    const size_t at = range.begin, count = range.end - range.begin;
+    cpu::AdamW(param + at, grad + at, m + at, v + at, count, range.decay ? decayed : exempt,
+               &pool_);
+    if (!param_copy.null()) Convert(param_copy + at, param + at, count);
+  }
 }
 
 }  // namespace dtrain

@@ -100,8 +100,8 @@ class CpuBackend : public Backend {
   void Zero(Values x, size_t n) override;
   void Convert(Values out, ConstValues x, size_t n) override;
 
-  void AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-             float beta2, float eps, float weight_decay, int64_t step) override;
+  void AdamW(float* param, Values param_copy, const float* grad, float* m, float* v, size_t n,
+             const AdamWRange* ranges, int range_count, const AdamWStep& step) override;
 
  private:
   // Grows the shared scratch to at least `size` values and returns it.

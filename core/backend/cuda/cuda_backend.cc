@@ -660,11 +660,14 @@ void CudaBackend::Zero(Values x, size_t n) {
   Check(cudaMemsetAsync(x.data(), 0, n * DataTypeBytes(x.dtype()), stream_), "Zero");
 }
 
-void CudaBackend::AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr,
-                        float beta1, float beta2, float eps, float weight_decay, int64_t step) {
-  const cuda::AdamWCoefficients k =
-      cpu::MakeAdamWCoefficients<float>(lr, beta1, beta2, eps, weight_decay, step);
-  cuda::AdamW<float>(param, nullptr, grad, m, v, n, k, stream_);
+void CudaBackend::AdamW(float* param, Values param_copy, const float* grad, float* m, float* v,
+                        size_t n, const AdamWRange* ranges, int range_count, const AdamWStep& s) {
+  if (!param_copy.null() && param_copy.dtype() != DataType::kBF16) {
+    return Check(cudaErrorInvalidValue, "AdamW (a parameter copy not in bf16)");
+  }
+  const cuda::AdamWCoefficients k = cpu::MakeAdamWCoefficients<float>(
+      s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.step, s.grad_scale);
+  cuda::AdamW(param, param_copy.as<Bf16>(), grad, m, v, n, ranges, range_count, k, stream_);
   CheckLaunch("AdamW");
 }
 

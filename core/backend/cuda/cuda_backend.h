@@ -126,8 +126,8 @@ class CudaBackend : public Backend {
   void Scale(Values x, float factor, size_t n) override;
   void Zero(Values x, size_t n) override;
   void Convert(Values out, ConstValues x, size_t n) override;
-  void AdamW(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-             float beta2, float eps, float weight_decay, int64_t step) override;
+  void AdamW(float* param, Values param_copy, const float* grad, float* m, float* v, size_t n,
+             const AdamWRange* ranges, int range_count, const AdamWStep& step) override;
 
  private:
   CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, cudaMemPool_t pool,

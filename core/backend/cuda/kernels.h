@@ -69,11 +69,11 @@ template <typename T>
 void VocabLogitsBackward(T* logits, const float* sums, const int32_t* targets, int n, int v,
                          int vocab_begin, float grad_scale, cudaStream_t stream);
 
-// adamw_math.h, over n values: param, m, v (n) fp32 masters and moments, grad (n) fp32 or bf16;
-// param_copy (n) gets the bf16 parameters when not null. k from cpu::MakeAdamWCoefficients<float>.
-template <typename G>
-void AdamW(float* param, Bf16* param_copy, const G* grad, float* m, float* v, size_t n,
-           const AdamWCoefficients& k, cudaStream_t stream);
+// adamw_math.h, over the `count` ranges (device memory) of n values: param, m, v, grad (n) fp32
+// masters, moments and gradients; param_copy (n) gets the updated values in bf16 when not null.
+// k from cpu::MakeAdamWCoefficients<float>.
+void AdamW(float* param, Bf16* param_copy, const float* grad, float* m, float* v, size_t n,
+           const AdamWRange* ranges, int count, const AdamWCoefficients& k, cudaStream_t stream);
 
 // rope_math.h, one thread per rotated pair: qkv, dqkv (B, T, qkv_width) in place, the query and
 // key heads of each row rotated (backward: rotated back).

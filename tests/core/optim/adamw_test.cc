@@ -20,7 +20,7 @@ TEST(AdamWTest, NoDecayPatternsSelectTensorsByName) {
   train.no_decay = {"*.bias", "*norm*", "embed.positions"};
   AdamW optimizer(table, train, backend, 0, table.total_numel());
   std::vector<float> params(table.total_numel(), 1.0f), grads(table.total_numel(), 0.0f);
-  optimizer.Step(backend, params.data(), grads.data(), 0.1f);
+  optimizer.Step(backend, params.data(), nullptr, grads.data(), 0.1f, 1.0f);
   for (const TensorEntry& entry : table.entries()) {
     const bool matrix =
         entry.name.ends_with(".weight") && entry.name.find("norm") == std::string::npos;
@@ -63,7 +63,7 @@ TEST(AdamWTest, NoDecayPatternsMatchHuggingFaceNames) {
   train.weight_decay = 0.5;
   AdamW decaying(llama, train, backend, 0, llama.total_numel());
   std::vector<float> params(llama.total_numel(), 1.0f), grads(llama.total_numel(), 0.0f);
-  decaying.Step(backend, params.data(), grads.data(), 0.1f);
+  decaying.Step(backend, params.data(), nullptr, grads.data(), 0.1f, 1.0f);
   EXPECT_EQ(params[qkv.offset + q_numel - 1], 1.0f);
   EXPECT_FLOAT_EQ(params[qkv.offset + q_numel], 1.0f - 0.1f * 0.5f);
 }
@@ -84,8 +84,8 @@ TEST(AdamWTest, RangeStepMatchesTheWholeBufferStep) {
   const size_t begin = 7, end = table.total_numel() - 5;
   AdamW shard(table, train, backend, begin, end);
   for (int step = 0; step < 3; ++step) {
-    full.Step(backend, whole.data(), grads.data(), 1e-2f);
-    shard.Step(backend, sharded.data() + begin, grads.data() + begin, 1e-2f);
+    full.Step(backend, whole.data(), nullptr, grads.data(), 1e-2f, 1.0f);
+    shard.Step(backend, sharded.data() + begin, nullptr, grads.data() + begin, 1e-2f, 1.0f);
   }
   for (size_t i = 0; i < whole.size(); ++i) {
     if (i >= begin && i < end) {
@@ -94,6 +94,34 @@ TEST(AdamWTest, RangeStepMatchesTheWholeBufferStep) {
     } else {
       EXPECT_EQ(sharded[i], std::sin(0.1f * i)) << i;  // untouched outside the shard
     }
+  }
+}
+
+// The step reads the gradients scaled (here by 0.5, exact, so bit for bit the step on gradients
+// scaled beforehand, as the engine did before AdamW took the scale) and writes the bf16 copy of
+// every updated value.
+TEST(AdamWTest, TheStepScalesTheGradientsAndWritesTheBf16Copy) {
+  CpuBackend backend(1);
+  const ParamTable table(testing::SmallModelConfig(ModelFamily::kGpt2), ModelSlice{});
+  TrainSection train;
+  train.weight_decay = 0.1;
+  const size_t n = table.total_numel();
+  std::vector<float> scaled_in_step(n), grads(n), halved(n);
+  for (size_t i = 0; i < n; ++i) {
+    scaled_in_step[i] = std::sin(0.1f * i);
+    grads[i] = std::cos(0.3f * i);
+    halved[i] = grads[i] * 0.5f;
+  }
+  std::vector<float> scaled_before = scaled_in_step;
+  std::vector<Bf16> copy(n);
+  AdamW fused(table, train, backend, 0, n), plain(table, train, backend, 0, n);
+  for (int step = 0; step < 3; ++step) {
+    fused.Step(backend, scaled_in_step.data(), copy.data(), grads.data(), 1e-2f, 0.5f);
+    plain.Step(backend, scaled_before.data(), nullptr, halved.data(), 1e-2f, 1.0f);
+  }
+  EXPECT_EQ(scaled_in_step, scaled_before);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(copy[i].bits, cuda::FromFloat<Bf16>(scaled_in_step[i]).bits) << i;
   }
 }
 

@@ -40,11 +40,19 @@ TEST(AdamWTest, ThreeStepsMatchHandComputedReference) {
   for (int step = 1; step <= kSteps; ++step) {
     const auto grad = RandomVector(n, 10 + step);
     for (size_t i = 0; i < n; ++i) reference[i].Step(grad[i], step);
-    AdamW(p.data(), grad.data(), m.data(), v.data(), n, kLr, kBeta1, kBeta2, kEps, kWeightDecay,
-          step, nullptr);
+    AdamW(p.data(), grad.data(), m.data(), v.data(), n,
+          MakeAdamWCoefficients<double>(kLr, kBeta1, kBeta2, kEps, kWeightDecay, step, 1.0),
+          nullptr);
     const std::vector<float> grad_f(grad.begin(), grad.end());
-    backend.AdamW(p_f.data(), grad_f.data(), m_f.data(), v_f.data(), n, kLr, kBeta1, kBeta2, kEps,
-                  kWeightDecay, step);
+    const AdamWRange all{.begin = 0, .end = static_cast<int64_t>(n), .decay = 1};
+    backend.AdamW(p_f.data(), nullptr, grad_f.data(), m_f.data(), v_f.data(), n, &all, 1,
+                  {.lr = kLr,
+                   .beta1 = kBeta1,
+                   .beta2 = kBeta2,
+                   .eps = kEps,
+                   .weight_decay = kWeightDecay,
+                   .step = step,
+                   .grad_scale = 1.0f});
     for (size_t i = 0; i < n; ++i) {
       EXPECT_NEAR(p[i], reference[i].p, 1e-14) << "step " << step << " value " << i;
       EXPECT_NEAR(m[i], reference[i].m, 1e-14);
@@ -67,8 +75,9 @@ TEST(AdamWTest, FloatIsBitIdenticalWhateverTheThreadSplit) {
     std::vector<float> p(p0.begin(), p0.end()), m(n), v(n);
     ThreadPool pool(std::max(threads, 1));
     for (int step = 1; step <= kSteps; ++step) {
-      AdamW(p.data(), grad.data(), m.data(), v.data(), n, kLr, kBeta1, kBeta2, kEps, kWeightDecay,
-            step, threads == 0 ? nullptr : &pool);
+      AdamW(p.data(), grad.data(), m.data(), v.data(), n,
+            MakeAdamWCoefficients<float>(kLr, kBeta1, kBeta2, kEps, kWeightDecay, step, 1.0),
+            threads == 0 ? nullptr : &pool);
     }
     results.push_back(p);
   }

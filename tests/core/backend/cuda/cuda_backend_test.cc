@@ -117,6 +117,38 @@ void ExpectNear(const Pair& pair, double tolerance, const std::string& what) {
 
 constexpr double kKernel = 1e-5, kGemm = 1e-4;
 
+// Host values stored in bf16 on both backends (rounded to nearest even), read back widened.
+class Bf16Pair {
+ public:
+  Bf16Pair(CpuBackend& cpu, CudaBackend& gpu, const std::vector<float>& values)
+      : gpu_backend_(gpu),
+        cpu_(cpu.Allocate(values.size(), DataType::kBF16)),
+        gpu_(gpu.Allocate(values.size(), DataType::kBF16)) {
+    std::vector<Bf16> rounded(values.size());
+    for (size_t i = 0; i < values.size(); ++i) rounded[i] = cuda::FromFloat<Bf16>(values[i]);
+    cpu.CopyFromHost(cpu_.data(), rounded.data(), cpu_.bytes());
+    gpu.CopyFromHost(gpu_.data(), rounded.data(), gpu_.bytes());
+  }
+  Values cpu() const { return cpu_.values(); }
+  Values gpu() const { return gpu_.values(); }
+  // Both sides widened; the GPU's within `tolerance` of the CPU's relative to max(1, |cpu|), plus
+  // one bf16 rounding either side of the float32 value may have taken (2^-8 of it).
+  void ExpectNear(double tolerance, const std::string& what) const {
+    std::vector<Bf16> expected(cpu_.size()), actual(gpu_.size());
+    std::memcpy(expected.data(), cpu_.data(), cpu_.bytes());
+    gpu_backend_.CopyToHost(actual.data(), gpu_.data(), gpu_.bytes());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      const double e = cuda::ToFloat(expected[i]), a = cuda::ToFloat(actual[i]);
+      const double bound = tolerance * std::max(1.0, std::abs(e)) + 0x1p-8 * std::abs(e);
+      ASSERT_LE(std::abs(a - e), bound) << what << " [" << i << "]: " << a << " vs " << e;
+    }
+  }
+
+ private:
+  CudaBackend& gpu_backend_;
+  DeviceBuffer cpu_, gpu_;
+};
+
 TEST(CudaBackendTest, GemmsAndLinearLayers) {
   DTRAIN_GPU_OR_SKIP(gpu);
   CpuBackend cpu(1);
@@ -218,11 +250,30 @@ TEST(CudaBackendTest, NormsActivationsAndElementwise) {
 
   Pair param(cpu, *gpu, RandomFloats(values, 10)), m(cpu, *gpu, RandomFloats(values, 11));
   Pair v(cpu, *gpu, RandomFloats(values, 12, 0, 1));
-  cpu.AdamW(param.cpu(), dy.cpu(), m.cpu(), v.cpu(), values, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
-  gpu->AdamW(param.gpu(), dy.gpu(), m.gpu(), v.gpu(), values, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+  // Two tensors, one without weight decay, a gap between them, and the bf16 copy.
+  const std::vector<AdamWRange> ranges = {
+      {.begin = 0, .end = 5, .decay = 1},
+      {.begin = 7, .end = static_cast<int64_t>(values), .decay = 0}};
+  DeviceBuffer cpu_ranges = cpu.Allocate(3 * ranges.size(), DataType::kI64);
+  DeviceBuffer gpu_ranges = gpu->Allocate(3 * ranges.size(), DataType::kI64);
+  cpu.CopyFromHost(cpu_ranges.data(), ranges.data(), cpu_ranges.bytes());
+  gpu->CopyFromHost(gpu_ranges.data(), ranges.data(), gpu_ranges.bytes());
+  Bf16Pair copy(cpu, *gpu, std::vector<float>(values));
+  const AdamWStep settings{.lr = 1e-3f,
+                           .beta1 = 0.9f,
+                           .beta2 = 0.95f,
+                           .eps = 1e-8f,
+                           .weight_decay = 0.1f,
+                           .step = 3,
+                           .grad_scale = 0.8f};
+  cpu.AdamW(param.cpu(), copy.cpu(), dy.cpu(), m.cpu(), v.cpu(), values,
+            static_cast<const AdamWRange*>(cpu_ranges.data()), 2, settings);
+  gpu->AdamW(param.gpu(), copy.gpu(), dy.gpu(), m.gpu(), v.gpu(), values,
+             static_cast<const AdamWRange*>(gpu_ranges.data()), 2, settings);
   ExpectNear(param, kKernel, "adamw param");
   ExpectNear(m, kKernel, "adamw m");
   ExpectNear(v, kKernel, "adamw v");
+  copy.ExpectNear(kKernel, "adamw bf16 copy");
   EXPECT_TRUE(gpu->status().ok()) << gpu->status();
 }
 
@@ -450,38 +501,6 @@ TEST(CudaBackendTest, AttentionRopeEmbeddingAndClassifier) {
   ExpectNear(logits, kKernel, "dlogits");
   EXPECT_TRUE(gpu->status().ok()) << gpu->status();
 }
-
-// Host values stored in bf16 on both backends (rounded to nearest even), read back widened.
-class Bf16Pair {
- public:
-  Bf16Pair(CpuBackend& cpu, CudaBackend& gpu, const std::vector<float>& values)
-      : gpu_backend_(gpu),
-        cpu_(cpu.Allocate(values.size(), DataType::kBF16)),
-        gpu_(gpu.Allocate(values.size(), DataType::kBF16)) {
-    std::vector<Bf16> rounded(values.size());
-    for (size_t i = 0; i < values.size(); ++i) rounded[i] = cuda::FromFloat<Bf16>(values[i]);
-    cpu.CopyFromHost(cpu_.data(), rounded.data(), cpu_.bytes());
-    gpu.CopyFromHost(gpu_.data(), rounded.data(), gpu_.bytes());
-  }
-  Values cpu() const { return cpu_.values(); }
-  Values gpu() const { return gpu_.values(); }
-  // Both sides widened; the GPU's within `tolerance` of the CPU's relative to max(1, |cpu|), plus
-  // one bf16 rounding either side of the float32 value may have taken (2^-8 of it).
-  void ExpectNear(double tolerance, const std::string& what) const {
-    std::vector<Bf16> expected(cpu_.size()), actual(gpu_.size());
-    std::memcpy(expected.data(), cpu_.data(), cpu_.bytes());
-    gpu_backend_.CopyToHost(actual.data(), gpu_.data(), gpu_.bytes());
-    for (size_t i = 0; i < expected.size(); ++i) {
-      const double e = cuda::ToFloat(expected[i]), a = cuda::ToFloat(actual[i]);
-      const double bound = tolerance * std::max(1.0, std::abs(e)) + 0x1p-8 * std::abs(e);
-      ASSERT_LE(std::abs(a - e), bound) << what << " [" << i << "]: " << a << " vs " << e;
-    }
-  }
-
- private:
-  CudaBackend& gpu_backend_;
-  DeviceBuffer cpu_, gpu_;
-};
 
 // The kernels on bf16 Values (run.precision bf16) against the CPU backend's reference, which
 // widens the same bf16 inputs, computes in float32 and rounds: the bf16 outputs within one

@@ -214,8 +214,11 @@ TEST(CudaDeviceTest, AdamWAndSumSquares) {
   const std::vector<float> param = RandomFloats(n, 1), grad = RandomFloats(n, 2);
   DeviceBuffer<float> d_param(param), d_grad(grad), m(n), v(n);
   DeviceBuffer<Bf16> copy(n);
-  const AdamWCoefficients k = cpu::MakeAdamWCoefficients<float>(1e-2, 0.9, 0.95, 1e-8, 0.1, 1);
-  AdamW(d_param.get(), copy.get(), d_grad.get(), m.get(), v.get(), n, k, nullptr);
+  // One range of every value, decayed; the gradient halved on the way in.
+  const AdamWRange all{.begin = 0, .end = static_cast<int64_t>(n), .decay = 1};
+  DeviceBuffer<AdamWRange> ranges(std::vector<AdamWRange>{all});
+  const AdamWCoefficients k = cpu::MakeAdamWCoefficients<float>(1e-2, 0.9, 0.95, 1e-8, 0.1, 1, 0.5);
+  AdamW(d_param.get(), copy.get(), d_grad.get(), m.get(), v.get(), n, ranges.get(), 1, k, nullptr);
   // SumSquares adds into its double, here 0.5 to start with; AddSum too.
   DeviceBuffer<double> sum_squares(std::vector<double>{0.5});
   DeviceBuffer<float> block_sums(SumSquaresBlocks(n));
@@ -225,8 +228,7 @@ TEST(CudaDeviceTest, AdamWAndSumSquares) {
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
 
   std::vector<float> param_cpu = param, m_cpu(n), v_cpu(n);
-  cpu::AdamW(param_cpu.data(), grad.data(), m_cpu.data(), v_cpu.data(), n, 1e-2, 0.9, 0.95, 1e-8,
-             0.1, 1, nullptr);
+  cpu::AdamW(param_cpu.data(), grad.data(), m_cpu.data(), v_cpu.data(), n, k, nullptr);
   ExpectFloatMatches(d_param.Read(), param_cpu, "param");
   ExpectFloatMatches(m.Read(), m_cpu, "m");
   ExpectFloatMatches(v.Read(), v_cpu, "v");
