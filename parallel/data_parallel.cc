@@ -508,7 +508,7 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   // AdamW applies both the rescale to the trained tokens' mean and the clipping as it reads the
   // gradients.
   const float grad_scale = static_cast<float>(rescale * std::min(coef, 1.0));
-  // Every rank updated its slices; the whole model is gathered back (DDP, ZeRO-1 and -2).
+  // Every rank updated its slices; the whole model is gathered back (ZeRO-1 and -2).
   const bool gather_back = layout_.ranks() > 1 && !sharded_params();
   std::vector<Wire> wires(layout_.units().size());
   for (size_t u = 0; u < layout_.units().size(); ++u) {

@@ -143,7 +143,8 @@ class DataParallelEngine : public BlockParameters {
   int64_t optimizer_step() const { return optimizers_.front().step(); }
   void SetOptimizerStep(int64_t step);
 
-  // This rank's reduced gradient after FinishStep (clipped, as AdamW used it): for each unit,
+  // This rank's reduced gradient after FinishStep (unscaled: AdamW applies the mean over the
+  // trained tokens and the clipping as it reads it): for each unit,
   // the table positions [begin, end) of its optimizer slice and their values.
   std::vector<GradientSlice> ReducedGradients();
 

@@ -47,8 +47,11 @@ DTRAIN_HD void ClassifierRow(const Warp& warp, T* logits, float* loss, int32_t t
                              float grad_scale, bool write_gradient) {
   SoftmaxState state;
   for (int j = warp.lane(); j < v; j += kWarpSize) state = AddLogit(state, ToFloat(logits[j]));
-  // Read before the gradient pass overwrites it; the butterfly orders the two.
-  const float target_logit = target >= 0 ? ToFloat(logits[target]) : 0.0f;
+  // Read by the lane that owns it, which overwrites it in the gradient pass after reading it (a
+  // shuffle orders no memory accesses between lanes), and summed over the warp: exact, one value
+  // and zeros.
+  const bool owns_target = target >= 0 && target % kWarpSize == warp.lane();
+  const float target_logit = WarpSum(warp, owns_target ? ToFloat(logits[target]) : 0.0f);
   state = warp.Butterfly(state, CombineSoftmax{});
   if (warp.lane() == 0) {
     *loss = target >= 0 ? state.max + std::log(state.sum) - target_logit : 0.0f;

@@ -280,6 +280,10 @@ bool CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
   if (m == 0 || n == 0) return true;
   // The epilogue's buffer is laid out as C, whose rows (cuBLASLt's columns) are ldc apart.
   if (gelu != nullptr && (k == 0 || ldc % 8 != 0)) return false;
+  if (gelu != nullptr && gelu->input.dtype() != c.dtype()) {
+    Check(cudaErrorInvalidValue, "Matmul (a GELU epilogue's input not in its output's type)");
+    return true;
+  }
   if (k == 0) {  // C = beta C (+ bias): no product to take
     if (beta == 0) {
       for (int row = 0; row < m; ++row) Zero(c + static_cast<size_t>(row) * ldc, n);
@@ -321,8 +325,9 @@ bool CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
                : bias.null()                               ? CUBLASLT_EPILOGUE_GELU_AUX
                                                            : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     const int64_t input_ld = ldc;
+    const void* input = gelu->input.data();
     CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                             &gelu->input, sizeof(gelu->input)),
+                                             &input, sizeof(input)),
               "EPILOGUE_AUX_POINTER");
     CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &input_ld,
                                              sizeof(input_ld)),
@@ -373,8 +378,10 @@ bool CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
                                                                  preference, 1, &heuristic, &found);
   if (searched != CUBLAS_STATUS_SUCCESS) found = 0;
   // A GELU epilogue cuBLASLt has no algorithm for (NOT_SUPPORTED, or none found) is the caller's
-  // to run apart; any other GEMM's is an error.
-  if (gelu == nullptr) CheckBlas(searched, "MatmulAlgoGetHeuristic");
+  // to run apart; any other failure is an error.
+  if (gelu == nullptr || searched != CUBLAS_STATUS_NOT_SUPPORTED) {
+    CheckBlas(searched, "MatmulAlgoGetHeuristic");
+  }
   const bool ran = found > 0 || gelu == nullptr;
   if (found == 0 && gelu == nullptr) {
     CheckBlas(CUBLAS_STATUS_NOT_SUPPORTED, "MatmulAlgoGetHeuristic (no algorithm for the GEMM)");
@@ -406,7 +413,7 @@ void CudaBackend::LinearForward(Values out, ConstValues inp, ConstValues weight,
 
 void CudaBackend::LinearGeluForward(Values out, Values pre, ConstValues inp, ConstValues weight,
                                     ConstValues bias, int n, int in_features, int out_features) {
-  const GeluEpilogue gelu{GeluEpilogue::Pass::kForward, pre.data()};
+  const GeluEpilogue gelu{GeluEpilogue::Pass::kForward, pre};
   if (Matmul(false, true, n, out_features, in_features, 1.0f, inp, in_features, weight, in_features,
              0.0f, out, out_features, bias, false, &gelu)) {
     return;
@@ -447,7 +454,7 @@ void CudaBackend::LinearBackwardThroughGelu(Values dpre, float* dweight, float* 
     return Matmul(false, false, n, in_features, out_features, 1.0f, dout, out_features, weight,
                   in_features, 0.0f, dpre, in_features, nullptr, false, gelu);
   };
-  const GeluEpilogue gelu{GeluEpilogue::Pass::kBackward, pre.data()};
+  const GeluEpilogue gelu{GeluEpilogue::Pass::kBackward, pre};
   if (!input_grad(&gelu)) {
     // No epilogue for this shape: dpre is rounded to its type before the GELU's gradient.
     input_grad(nullptr);

@@ -150,7 +150,7 @@ class CudaBackend : public Backend {
   // no kernel for the types): the caller runs the GEMM and the GELU kernel apart.
   struct GeluEpilogue {
     enum class Pass { kForward, kBackward } pass;
-    const void* input;  // laid out as C, of its type; written in kForward
+    ConstValues input;  // laid out as C, of its type; written in kForward
   };
   bool Matmul(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, ConstValues a,
               int lda, ConstValues b, int ldb, float beta, Values c, int ldc, ConstValues bias,
