@@ -234,6 +234,12 @@ Values CudaBackend::Scratch(DeviceBuffer& buffer, size_t count, DataType dtype) 
   return buffer.values();
 }
 
+cuda::ColumnGrads* CudaBackend::ColumnSliceSums(int n, int c) {
+  static_assert(sizeof(cuda::ColumnGrads) == 2 * sizeof(float));
+  const size_t floats = 2 * static_cast<size_t>(cuda::ColumnSlices(n)) * c;
+  return reinterpret_cast<cuda::ColumnGrads*>(Scratch(column_sums_, floats, DataType::kF32).data());
+}
+
 ConstValues CudaBackend::Ones(size_t n, DataType dtype) {
   DeviceBuffer& ones = dtype == DataType::kBF16 ? ones_bf16_ : ones_;
   if (ones.size() < n) {
@@ -475,8 +481,8 @@ void CudaBackend::LayerNormBackward(Values dinp, float* dweight, float* dbias, C
                                     ConstValues inp, ConstValues weight, const float* mean,
                                     const float* rstd, int n, int c) {
   LaunchTyped("LayerNormBackward", {dinp, dout, inp, weight}, [&]<typename T>(T) {
-    cuda::LayerNormBackward<T>(dinp.as<T>(), dweight, dbias, dout.as<T>(), inp.as<T>(),
-                               weight.as<T>(), mean, rstd, n, c, stream_);
+    cuda::LayerNormBackward<T>(dinp.as<T>(), dweight, dbias, ColumnSliceSums(n, c), dout.as<T>(),
+                               inp.as<T>(), weight.as<T>(), mean, rstd, n, c, stream_);
   });
 }
 
@@ -491,8 +497,8 @@ void CudaBackend::RmsNormForward(Values out, float* rstd, ConstValues inp, Const
 void CudaBackend::RmsNormBackward(Values dinp, float* dweight, ConstValues dout, ConstValues inp,
                                   ConstValues weight, const float* rstd, int n, int c) {
   LaunchTyped("RmsNormBackward", {dinp, dout, inp, weight}, [&]<typename T>(T) {
-    cuda::RmsNormBackward<T>(dinp.as<T>(), dweight, dout.as<T>(), inp.as<T>(), weight.as<T>(), rstd,
-                             n, c, stream_);
+    cuda::RmsNormBackward<T>(dinp.as<T>(), dweight, ColumnSliceSums(n, c), dout.as<T>(),
+                             inp.as<T>(), weight.as<T>(), rstd, n, c, stream_);
   });
 }
 

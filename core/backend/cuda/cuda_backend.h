@@ -31,6 +31,7 @@
 #include "absl/strings/string_view.h"
 #include "core/backend/allocations.h"
 #include "core/backend/backend.h"
+#include "core/backend/cuda/norm_math.h"
 #include "core/backend/matmul_precision.h"
 
 namespace dtrain {
@@ -158,6 +159,8 @@ class CudaBackend : public Backend {
   // `buffer` holding at least `count` values of `dtype` (reallocated, contents lost, when smaller
   // or of another type).
   Values Scratch(DeviceBuffer& buffer, size_t count, DataType dtype);
+  // The norms' scratch for their parameter gradients' slice sums (cuda::ColumnSlices(n) x c).
+  cuda::ColumnGrads* ColumnSliceSums(int n, int c);
   // n ones (N) of `dtype`, for the bias sums and adds as GEMMs with a vector of ones.
   ConstValues Ones(size_t n, DataType dtype);
   // Calls launch(T{}) with T the storage type of the non-null `values` (float or cuda::Bf16), then
@@ -180,6 +183,7 @@ class CudaBackend : public Backend {
   DeviceBuffer logits_;          // the classifier's (chunk, V) logits, in its inputs' type
   DeviceBuffer losses_;          // (N) the classifier's per-row losses
   DeviceBuffer block_sums_;      // SumSquares's per-block sums
+  DeviceBuffer column_sums_;     // the norms' parameter gradients' slice sums
   DeviceBuffer embedding_sort_;  // EmbeddingBackward's ids sorted with their rows
   // CopyFromHost's pinned slots, used in turn; `copied` is recorded after the copy out of one.
   struct StagingSlot {

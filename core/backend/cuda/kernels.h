@@ -16,6 +16,7 @@
 #include "core/backend/cuda/adamw_math.h"
 #include "core/backend/cuda/bf16.h"
 #include "core/backend/cuda/elementwise_math.h"
+#include "core/backend/cuda/norm_math.h"
 
 namespace dtrain::cuda {
 
@@ -33,21 +34,21 @@ void SwiGluBackward(T* dgate_up, const T* gate_up, const T* dout, int n, int f,
 // norm_math.h, one warp per row. out, inp (N, C); mean, rstd (N) fp32; weight, bias (C). With
 // residual (N, C) not null, the row normalised is residual + inp, also written to residual_out.
 // dinp (N, C) +=, dweight, dbias (C) fp32 +=; inp there is the normalised x (residual_out if
-// fused).
+// fused); slice_sums is scratch for ColumnSlices(n) x C ColumnGrads.
 template <typename T>
 void LayerNormForward(T* out, float* mean, float* rstd, T* residual_out, const T* residual,
                       const T* inp, const T* weight, const T* bias, int n, int c, float eps,
                       cudaStream_t stream);
 template <typename T>
-void LayerNormBackward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
-                       const T* weight, const float* mean, const float* rstd, int n, int c,
-                       cudaStream_t stream);
+void LayerNormBackward(T* dinp, float* dweight, float* dbias, ColumnGrads* slice_sums,
+                       const T* dout, const T* inp, const T* weight, const float* mean,
+                       const float* rstd, int n, int c, cudaStream_t stream);
 template <typename T>
 void RmsNormForward(T* out, float* rstd, T* residual_out, const T* residual, const T* inp,
                     const T* weight, int n, int c, float eps, cudaStream_t stream);
 template <typename T>
-void RmsNormBackward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
-                     const float* rstd, int n, int c, cudaStream_t stream);
+void RmsNormBackward(T* dinp, float* dweight, ColumnGrads* slice_sums, const T* dout, const T* inp,
+                     const T* weight, const float* rstd, int n, int c, cudaStream_t stream);
 
 // classifier_math.h, one warp per row, after the logits GEMM: logits (N, V) become dlogits when
 // write_gradient (0 for targets < 0); losses (N) fp32 get each row's -log p(target) (0 when

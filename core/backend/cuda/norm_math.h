@@ -78,21 +78,34 @@ DTRAIN_HD void LayerNormBackwardRow(const Warp& warp, T* dinp, const T* dout, co
 }
 
 // The parameters' gradients are column sums over the N rows. The column kernels split column j's
-// rows into kColumnSlices interleaved slices (rows slice, slice + kColumnSlices, ...), sum each
-// slice on its own thread and add the slices' sums in slice order: deterministic without atomics,
-// with kColumnSlices threads a column.
-inline constexpr int kColumnSlices = 32;
+// rows into ColumnSlices(n) interleaved slices (rows slice, slice + slices, ...), sum each slice on
+// its own thread (kSlicesPerBlock slices of kWarpSize columns a block, a column's blocks side by
+// side on the grid, so that a GPU's SMs all take part), and a second kernel adds the slices' sums
+// in slice order: deterministic without atomics.
+inline constexpr int kSlicesPerBlock = 32;
+inline constexpr int kRowsPerSlice = 64;
+inline constexpr int kMaxColumnSlices = 1024;
+
+// The slices of a column of n rows: about n / kRowsPerSlice, a multiple of kSlicesPerBlock
+// between kSlicesPerBlock and kMaxColumnSlices (GPT-2 at 16 x 1024 tokens: 256).
+DTRAIN_HD inline int ColumnSlices(int n) {
+  const int wanted = (n / kRowsPerSlice + kSlicesPerBlock - 1) / kSlicesPerBlock * kSlicesPerBlock;
+  return wanted < kSlicesPerBlock    ? kSlicesPerBlock
+         : wanted > kMaxColumnSlices ? kMaxColumnSlices
+                                     : wanted;
+}
 
 struct ColumnGrads {
   float dweight = 0, dbias = 0;
 };
 
-// LayerNorm's sums over one slice of column j of dout, inp (N, C).
+// LayerNorm's sums over one of the `slices` slices of column j of dout, inp (N, C).
 template <typename T>
 DTRAIN_HD ColumnGrads LayerNormParamGradSlice(const T* dout, const T* inp, const float* mean,
-                                              const float* rstd, int n, int c, int j, int slice) {
+                                              const float* rstd, int n, int c, int j, int slice,
+                                              int slices) {
   ColumnGrads sums;
-  for (int i = slice; i < n; i += kColumnSlices) {
+  for (int i = slice; i < n; i += slices) {
     const size_t at = static_cast<size_t>(i) * c + j;
     const float dy = ToFloat(dout[at]);
     sums.dweight += (ToFloat(inp[at]) - mean[i]) * rstd[i] * dy;
@@ -101,15 +114,17 @@ DTRAIN_HD ColumnGrads LayerNormParamGradSlice(const T* dout, const T* inp, const
   return sums;
 }
 
-// dweight[j] (and dbias[j], unless dbias is null) += the sums of slices[0..kColumnSlices), in
-// order. Parameter gradients are float32 whatever the values' type (backend.h).
-DTRAIN_HD inline void AddColumnGrads(float* dweight, float* dbias, const ColumnGrads* slices,
-                                     int j) {
+// dweight[j] (and dbias[j], unless dbias is null) += column j's sums of its `slices` slices, in
+// order: slice s's at slice_sums[s * c + j]. Parameter gradients are float32 whatever the values'
+// type (backend.h).
+DTRAIN_HD inline void AddColumnGrads(float* dweight, float* dbias, const ColumnGrads* slice_sums,
+                                     int slices, int c, int j) {
   float dw = dweight[j];
   float db = dbias == nullptr ? 0 : dbias[j];
-  for (int slice = 0; slice < kColumnSlices; ++slice) {
-    dw += slices[slice].dweight;
-    db += slices[slice].dbias;
+  for (int slice = 0; slice < slices; ++slice) {
+    const ColumnGrads& sums = slice_sums[static_cast<size_t>(slice) * c + j];
+    dw += sums.dweight;
+    db += sums.dbias;
   }
   dweight[j] = dw;
   if (dbias != nullptr) dbias[j] = db;
@@ -145,12 +160,12 @@ DTRAIN_HD void RmsNormBackwardRow(const Warp& warp, T* dinp, const T* dout, cons
   }
 }
 
-// RMSNorm's weight sums over one slice of column j (dbias stays 0).
+// RMSNorm's weight sums over one of the `slices` slices of column j (dbias stays 0).
 template <typename T>
 DTRAIN_HD ColumnGrads RmsNormWeightGradSlice(const T* dout, const T* inp, const float* rstd, int n,
-                                             int c, int j, int slice) {
+                                             int c, int j, int slice, int slices) {
   ColumnGrads sums;
-  for (int i = slice; i < n; i += kColumnSlices) {
+  for (int i = slice; i < n; i += slices) {
     const size_t at = static_cast<size_t>(i) * c + j;
     sums.dweight += ToFloat(inp[at]) * rstd[i] * ToFloat(dout[at]);
   }

@@ -94,34 +94,36 @@ TEST(CudaDeviceTest, Activations) {
   CheckActivations<Bf16>();
 }
 
-// The fused residual add and LayerNorm, forward and backward.
+// The fused residual add and LayerNorm, forward and backward, over enough rows that the
+// parameter gradients' slices take two blocks a column (ColumnSlices).
 template <typename T>
 void CheckLayerNorm() {
-  constexpr int c = 96;
+  constexpr int c = 96, rows = 2 * kSlicesPerBlock * kRowsPerSlice - 5;
   constexpr float eps = 1e-5f;
-  const std::vector<T> inp = Store<T>(RandomFloats(kRows * c, 1));
-  const std::vector<T> residual = Store<T>(RandomFloats(kRows * c, 2));
+  const std::vector<T> inp = Store<T>(RandomFloats(rows * c, 1));
+  const std::vector<T> residual = Store<T>(RandomFloats(rows * c, 2));
   const std::vector<T> weight = Store<T>(RandomFloats(c, 3, 0.5, 1.5));
   const std::vector<T> bias = Store<T>(RandomFloats(c, 4));
-  const std::vector<T> dout = Store<T>(RandomFloats(kRows * c, 5));
+  const std::vector<T> dout = Store<T>(RandomFloats(rows * c, 5));
   DeviceBuffer<T> d_inp(inp), d_residual(residual), d_weight(weight), d_bias(bias), d_dout(dout);
-  DeviceBuffer<T> out(kRows * c), residual_out(kRows * c), dinp(kRows * c);
-  DeviceBuffer<float> mean(kRows), rstd(kRows), dweight(c), dbias(c);
+  DeviceBuffer<T> out(rows * c), residual_out(rows * c), dinp(rows * c);
+  DeviceBuffer<float> mean(rows), rstd(rows), dweight(c), dbias(c);
+  DeviceBuffer<ColumnGrads> slice_sums(static_cast<size_t>(ColumnSlices(rows)) * c);
   LayerNormForward(out.get(), mean.get(), rstd.get(), residual_out.get(), d_residual.get(),
-                   d_inp.get(), d_weight.get(), d_bias.get(), kRows, c, eps, nullptr);
-  LayerNormBackward(dinp.get(), dweight.get(), dbias.get(), d_dout.get(), residual_out.get(),
-                    d_weight.get(), mean.get(), rstd.get(), kRows, c, nullptr);
+                   d_inp.get(), d_weight.get(), d_bias.get(), rows, c, eps, nullptr);
+  LayerNormBackward(dinp.get(), dweight.get(), dbias.get(), slice_sums.get(), d_dout.get(),
+                    residual_out.get(), d_weight.get(), mean.get(), rstd.get(), rows, c, nullptr);
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
 
-  std::vector<float> sum(kRows * c);
+  std::vector<float> sum(rows * c);
   cpu::Add(sum.data(), Load(residual).data(), Load(inp).data(), sum.size(), nullptr);
   const std::vector<float> x = Load(Store<T>(sum)), w = Load(weight), dy = Load(dout);
-  std::vector<float> out_cpu(kRows * c), mean_cpu(kRows), rstd_cpu(kRows);
+  std::vector<float> out_cpu(rows * c), mean_cpu(rows), rstd_cpu(rows);
   cpu::LayerNormForward(out_cpu.data(), mean_cpu.data(), rstd_cpu.data(), x.data(), w.data(),
-                        Load(bias).data(), kRows, c, eps, nullptr);
-  std::vector<float> dinp_cpu(kRows * c), dweight_cpu(c), dbias_cpu(c);
+                        Load(bias).data(), rows, c, eps, nullptr);
+  std::vector<float> dinp_cpu(rows * c), dweight_cpu(c), dbias_cpu(c);
   cpu::LayerNormBackward(dinp_cpu.data(), dweight_cpu.data(), dbias_cpu.data(), dy.data(), x.data(),
-                         w.data(), mean_cpu.data(), rstd_cpu.data(), kRows, c, nullptr);
+                         w.data(), mean_cpu.data(), rstd_cpu.data(), rows, c, nullptr);
   ExpectMatches(residual_out.Read(), sum, "residual_out");
   ExpectMatches(out.Read(), out_cpu, "out");
   ExpectFloatMatches(mean.Read(), mean_cpu, "mean");

@@ -1,5 +1,6 @@
 #include "core/backend/cuda/norm_math.h"
 
+#include <cmath>
 #include <vector>
 
 #include "core/backend/cpu/elementwise.h"
@@ -17,9 +18,23 @@ using testing::Load;
 using testing::RunOnHostWarp;
 using testing::Store;
 
-// More rows than the parameter gradients have slices (kColumnSlices): slices 0-4 sum two rows.
-constexpr int kRows = kColumnSlices + 5;
+// More rows than the parameter gradients have slices (ColumnSlices: 32 here): slices 0-4 sum two
+// rows.
+constexpr int kRows = kSlicesPerBlock + 5;
 constexpr float kEps = 1e-5f;
+
+// The column kernels on the host: every slice's sums, slice_sum(j, slice, slices), then each
+// column's added in slice order into dweight and dbias (may be null).
+template <typename SliceSum>
+void ColumnGradsOnHost(float* dweight, float* dbias, int n, int c, const SliceSum& slice_sum) {
+  const int slices = ColumnSlices(n);
+  std::vector<ColumnGrads> sums(static_cast<size_t>(slices) * c);
+  for (int slice = 0; slice < slices; ++slice) {
+    for (int j = 0; j < c; ++j)
+      sums[static_cast<size_t>(slice) * c + j] = slice_sum(j, slice, slices);
+  }
+  for (int j = 0; j < c; ++j) AddColumnGrads(dweight, dbias, sums.data(), slices, c, j);
+}
 
 // The inputs of one test, stored as T.
 template <typename T>
@@ -74,14 +89,10 @@ void CheckLayerNorm(int c, bool fused) {
                            in.weight.data(), mean[row], rstd[row], c);
     });
   }
-  for (int j = 0; j < c; ++j) {
-    ColumnGrads slices[kColumnSlices];
-    for (int slice = 0; slice < kColumnSlices; ++slice) {
-      slices[slice] = LayerNormParamGradSlice(in.dout.data(), x.data(), mean.data(), rstd.data(),
-                                              kRows, c, j, slice);
-    }
-    AddColumnGrads(dweight.data(), dbias.data(), slices, j);
-  }
+  ColumnGradsOnHost(dweight.data(), dbias.data(), kRows, c, [&](int j, int slice, int slices) {
+    return LayerNormParamGradSlice(in.dout.data(), x.data(), mean.data(), rstd.data(), kRows, c, j,
+                                   slice, slices);
+  });
 
   std::vector<float> sum;
   const std::vector<float> x_cpu = CpuNormInput(in, fused, &sum);
@@ -126,14 +137,10 @@ void CheckRmsNorm(int c, bool fused) {
                          in.weight.data(), rstd[row], c);
     });
   }
-  for (int j = 0; j < c; ++j) {
-    ColumnGrads slices[kColumnSlices];
-    for (int slice = 0; slice < kColumnSlices; ++slice) {
-      slices[slice] =
-          RmsNormWeightGradSlice(in.dout.data(), x.data(), rstd.data(), kRows, c, j, slice);
-    }
-    AddColumnGrads(dweight.data(), nullptr, slices, j);
-  }
+  ColumnGradsOnHost(dweight.data(), nullptr, kRows, c, [&](int j, int slice, int slices) {
+    return RmsNormWeightGradSlice(in.dout.data(), x.data(), rstd.data(), kRows, c, j, slice,
+                                  slices);
+  });
 
   std::vector<float> sum;
   const std::vector<float> x_cpu = CpuNormInput(in, fused, &sum);
@@ -175,6 +182,57 @@ TEST(CudaNormTest, RmsNormFp32MatchesCpuBackend) {
 TEST(CudaNormTest, RmsNormBf16MatchesCpuBackendOnRoundedInputs) {
   for (int c : kChannelCounts) {
     for (bool fused : {false, true}) CheckRmsNorm<Bf16>(c, fused);
+  }
+}
+
+// A column's slices: about one per kRowsPerSlice rows, whole blocks of kSlicesPerBlock, bounded.
+TEST(CudaNormTest, ColumnSlicesGrowWithTheRows) {
+  EXPECT_EQ(ColumnSlices(1), kSlicesPerBlock);
+  EXPECT_EQ(ColumnSlices(kRows), kSlicesPerBlock);
+  EXPECT_EQ(ColumnSlices(16 * 1024), 256);  // GPT-2 at B 16, T 1024: 8 blocks a column
+  EXPECT_EQ(ColumnSlices(3 * kSlicesPerBlock * kRowsPerSlice + 9), 3 * kSlicesPerBlock);
+  EXPECT_EQ(ColumnSlices(1 << 30), kMaxColumnSlices);
+}
+
+// The parameter gradients over rows enough for three blocks of slices a column, against sums in
+// double of the same float32 terms. Float32 sums of a slice's rows, then of the slices, are each
+// within (terms - 1) * 2^-24 of their terms' absolute sum, and each term is within 3 roundings:
+// the bound is (kRowsPerSlice + slices + 3) * 2^-24 * sum |term| per column (a slice missed or
+// counted twice moves a sum by far more).
+TEST(CudaNormTest, ParameterGradientsOverSeveralBlocksOfSlicesMatchDoubleSums) {
+  constexpr int n = 3 * kSlicesPerBlock * kRowsPerSlice + 9, c = 40;
+  const int slices = ColumnSlices(n);
+  ASSERT_EQ(slices, 3 * kSlicesPerBlock);
+  const std::vector<float> x = testing::RandomFloats(n * c, 1),
+                           dout = testing::RandomFloats(n * c, 2),
+                           mean = testing::RandomFloats(n, 3),
+                           rstd = testing::RandomFloats(n, 4, 0.5, 2);
+  std::vector<float> dweight(c), dbias(c), rms_dweight(c);
+  ColumnGradsOnHost(dweight.data(), dbias.data(), n, c, [&](int j, int slice, int count) {
+    return LayerNormParamGradSlice(dout.data(), x.data(), mean.data(), rstd.data(), n, c, j, slice,
+                                   count);
+  });
+  ColumnGradsOnHost(rms_dweight.data(), nullptr, n, c, [&](int j, int slice, int count) {
+    return RmsNormWeightGradSlice(dout.data(), x.data(), rstd.data(), n, c, j, slice, count);
+  });
+  const double unit = (kRowsPerSlice + slices + 3) * 0x1p-24;
+  for (int j = 0; j < c; ++j) {
+    double w = 0, w_abs = 0, b = 0, b_abs = 0, r = 0, r_abs = 0;
+    for (int i = 0; i < n; ++i) {
+      const size_t at = static_cast<size_t>(i) * c + j;
+      const double dy = dout[at];
+      const double layer = (static_cast<double>(x[at]) - mean[i]) * rstd[i] * dy;
+      const double rms = static_cast<double>(x[at]) * rstd[i] * dy;
+      w += layer;
+      w_abs += std::abs(layer);
+      b += dy;
+      b_abs += std::abs(dy);
+      r += rms;
+      r_abs += std::abs(rms);
+    }
+    EXPECT_NEAR(dweight[j], w, unit * w_abs) << "layernorm dweight " << j;
+    EXPECT_NEAR(dbias[j], b, unit * b_abs) << "layernorm dbias " << j;
+    EXPECT_NEAR(rms_dweight[j], r, unit * r_abs) << "rmsnorm dweight " << j;
   }
 }
 
