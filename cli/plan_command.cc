@@ -56,7 +56,8 @@ void AddPlanCommand(CLI::App& app) {
     SearchOptions options;
     options.pp_schedules = TrainerLayouts(cluster->gpus_per_node).pp_schedules;
     options = WithRecipeSchedule(*recipe, options);
-    absl::StatusOr<Plan> plan = SearchLayouts(WorkloadFromRecipe(*recipe), *cluster, options);
+    absl::StatusOr<Plan> plan =
+        SearchLayouts(WorkloadFromRecipe(*recipe, Precision::OnGpus(*recipe)), *cluster, options);
     if (!plan.ok()) Fail(plan.status(), kExitUsage);
     if (args->json) {
       std::cout << PlanJson(*plan, args->recipe_path, args->top)

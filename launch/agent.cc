@@ -746,6 +746,12 @@ void Agent::Requeue() {
     LogInfo("requeued the job: %s", command);
     return;
   }
+  // Slurm ends the processes of a job it requeues, the command's own included, with SIGTERM:
+  // that often comes before the command returns.
+  if (process.ok() && (*process)->exit_status() && (*process)->exit_status()->signal == SIGTERM) {
+    LogInfo("requeued the job: %s (ended by SIGTERM, as Slurm ends the job it requeues)", command);
+    return;
+  }
   const std::string reason =
       !process.ok() ? std::string(process.status().message())
       : (*process)->exit_status()

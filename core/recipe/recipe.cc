@@ -319,8 +319,8 @@ const std::vector<KeySpec>& Keys() {
        "the type gradients travel in when the data-parallel ranks reduce them (PyTorch FSDP's "
        "reduce_dtype): fp32, or bf16 for half the bytes (rounded before, summed in float32 and "
        "rounded per step of the reduction, widened after; PyTorch DDP's bf16 compression hook); "
-       "auto = the parameters' type (run.precision; bf16 in `dtrain plan`'s mixed-precision "
-       "estimates)",
+       "auto = the parameters' type (run.precision: bf16 on cuda, and in `dtrain plan`, which "
+       "plans for GPUs)",
        {"auto", "fp32", "bf16"}},
       {DTRAIN_RECIPE_KEY(parallel, timeout_s),
        "seconds a collective or rendezvous may wait for the other ranks before failing with "

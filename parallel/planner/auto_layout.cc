@@ -62,7 +62,7 @@ SearchOptions WithRecipeSchedule(const Recipe& recipe, SearchOptions runnable) {
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
                                              const SearchOptions& runnable) {
   ASSIGN_OR_RETURN(const ClusterSpec cluster, ClusterForWorld(recipe.cluster, world_size));
-  const Workload workload = WorkloadFromRecipe(recipe);
+  const Workload workload = WorkloadFromRecipe(recipe, Precision::Trainer(recipe.bf16_params()));
   const SearchOptions options = WithRecipeSchedule(recipe, runnable);
   ASSIGN_OR_RETURN(const Plan restricted, SearchLayouts(workload, cluster, options));
   const Candidate* chosen = restricted.recommendation();

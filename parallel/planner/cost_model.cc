@@ -101,6 +101,10 @@ absl::string_view StrategyName(Strategy strategy) {
   return "?";
 }
 
+Precision Precision::OnGpus(const Recipe& recipe) {
+  return Trainer(recipe.run.precision != "fp32");
+}
+
 Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision) {
   Workload workload;
   workload.model = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
@@ -109,8 +113,7 @@ Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision) {
   // auto: in the parameters' type, as PyTorch FSDP reduces in param_dtype.
   precision.reduce_bytes = recipe.parallel.reduce_dtype == "bf16"   ? 2
                            : recipe.parallel.reduce_dtype == "fp32" ? 4
-                           : recipe.bf16_params()                   ? 2
-                                                                    : precision.grad_bytes;
+                                                                    : precision.param_bytes;
   workload.precision = precision;
   return workload;
 }

@@ -27,9 +27,10 @@ enum class Strategy { kDdp, kZero1, kZero2, kZero3, kFsdp };
 
 absl::string_view StrategyName(Strategy strategy);  // the recipe's spelling: "zero2"
 
-// Bytes per parameter of each model state. Mixed precision (the default) is the ZeRO paper's
-// setting: bf16 parameters and gradients, K = 12 bytes of fp32 master weights and Adam moments.
-// Full fp32 (dtrain's CPU backend) keeps 4 + 4 bytes and K = 8 (the two moments).
+// Bytes per parameter of each model state. The defaults are the ZeRO paper's mixed precision
+// (MixedBf16): bf16 parameters and gradients, K = 12 bytes of fp32 master weights and Adam
+// moments. Full fp32 (dtrain's CPU backend) keeps 4 + 4 bytes and K = 8 (the two moments).
+// dtrain's own, which the planner plans with, is Trainer.
 struct Precision {
   double param_bytes = 2;
   double grad_bytes = 2;
@@ -51,6 +52,9 @@ struct Precision {
   static Precision Trainer(bool bf16_params) {
     return bf16_params ? Precision{2, 4, 12, 2, 4, 2, /*shard_is_master=*/true} : Fp32();
   }
+  // What the trainer holds for `recipe` on GPUs, which `dtrain plan` plans for: Trainer at bf16
+  // unless run.precision is fp32 (auto is bf16 on cuda), whatever run.device the recipe names.
+  static Precision OnGpus(const Recipe& recipe);
 };
 
 // What is trained: the model, the global batch and the precision.
@@ -61,9 +65,9 @@ struct Workload {
   Precision precision;
 };
 
-// The model and batch of a recipe in `precision` (mixed by default: what a GPU run uses), the
-// gradients reduced at parallel.reduce_dtype (auto: in their own type).
-Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision = Precision::MixedBf16());
+// The model and batch of a recipe in `precision`, the gradients reduced at parallel.reduce_dtype
+// (auto: in the parameters' type).
+Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision);
 
 // One way to run the workload. World ranks form a dp x pp x tp grid, tp innermost (DESIGN.md).
 struct Layout {

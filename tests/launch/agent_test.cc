@@ -800,17 +800,18 @@ TEST(AgentTest, RestartsLeakNoLogFile) {
   }
 }
 
-// The requeue command fails: the message says how.
-TEST(AgentTest, FailedRequeueSaysWhy) {
-  const std::string dir = OutDir("requeue");
+// Node 0's agent stopped by SIGTERM, as from Slurm, once both workers started, with
+// `requeue_argv` for its requeue command: what it printed, and its exit code.
+std::string StoppedWithRequeue(const std::string& name, std::vector<std::string> requeue_argv,
+                               int* exit_code) {
+  const std::string dir = OutDir(name);
   std::filesystem::create_directories(dir);
   const std::string started = dir + "/started";
   NodeZero agent({"/bin/sh", "-c",
                   absl::StrCat("trap 'exit 0' TERM; touch ", started, "-$RANK; ",
                                "while :; do sleep 0.1; done")});
-  agent.options.requeue_argv = {"/bin/sh", "-c", "exit 4"};
-  int exit_code = -1;
-  const std::string output = agent.RunBeside(
+  agent.options.requeue_argv = std::move(requeue_argv);
+  return agent.RunBeside(
       [&] {
         const absl::Time deadline = absl::Now() + absl::Seconds(60);
         while (
@@ -820,9 +821,26 @@ TEST(AgentTest, FailedRequeueSaysWhy) {
         }
         kill(getpid(), SIGTERM);  // the agent's handler takes it: a stop, as from Slurm
       },
-      &exit_code);
+      exit_code);
+}
+
+// The requeue command fails: the message says how.
+TEST(AgentTest, FailedRequeueSaysWhy) {
+  int exit_code = -1;
+  const std::string output = StoppedWithRequeue("requeue", {"/bin/sh", "-c", "exit 4"}, &exit_code);
   EXPECT_EQ(exit_code, 0) << output;
   EXPECT_THAT(output, HasSubstr("could not requeue the job with `/bin/sh -c exit 4`: exit code 4"));
+}
+
+// Slurm ends a job it requeues with SIGTERM, the requeue command included, often before that
+// returns: the requeue went through.
+TEST(AgentTest, RequeueEndedBySigtermIsTheRequeue) {
+  int exit_code = -1;
+  const std::string output =
+      StoppedWithRequeue("requeue-sigterm", {"/bin/sh", "-c", "kill -TERM $$"}, &exit_code);
+  EXPECT_EQ(exit_code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("requeued the job: /bin/sh -c kill -TERM $$ (ended by SIGTERM"));
+  EXPECT_THAT(output, Not(HasSubstr("could not requeue")));
 }
 
 TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {

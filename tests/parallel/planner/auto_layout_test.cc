@@ -45,7 +45,8 @@ TEST(AutoLayoutTest, PicksARunnableLayoutAndReportsTheBetterOne) {
 // shards its blocks over ranks of one machine with sequence parallelism, and the recipe says so;
 // no pipeline or offload. With one rank per machine, tp stays 1.
 TEST(AutoLayoutTest, TrainerLayoutsIncludeTensorParallelismInsideAMachine) {
-  const Recipe recipe = testing::ShippedRecipe("llama-70b", {"parallel.strategy=auto"});
+  const Recipe recipe =
+      testing::ShippedRecipe("llama-70b", {"parallel.strategy=auto", "run.device=cuda"});
   absl::StatusOr<AutoLayout> one_per_machine = ResolveAutoLayout(recipe, 64, TrainerLayouts(1));
   ASSERT_TRUE(one_per_machine.ok()) << one_per_machine.status();
   EXPECT_EQ(one_per_machine->layout.tp, 1);

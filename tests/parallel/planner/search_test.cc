@@ -19,7 +19,8 @@ namespace {
 using ::testing::HasSubstr;
 
 Workload FromConfig(const std::string& name, const std::vector<std::string>& overrides = {}) {
-  return WorkloadFromRecipe(testing::ShippedRecipe(name, overrides));
+  const Recipe recipe = testing::ShippedRecipe(name, overrides);
+  return WorkloadFromRecipe(recipe, Precision::OnGpus(recipe));
 }
 
 Layout Recommend(const Workload& workload, const ClusterSpec& cluster,
