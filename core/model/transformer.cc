@@ -78,10 +78,9 @@ ArenaSize<T> ArenaSizeOf(ModelFamily family, const LocalDims& dims, int max_batc
   return {.values = slot_blocks * r * c + head * r * c  // block inputs and the last output
                     + saved_blocks * per_block + saved_cores * core  // saved activations
                     + head * g * c + d_last  // final norm, d(last output) per slot
-                    + r * c + 2 * g * c +
-                    n * (qkv + hd + up + d_act)        // backward scratch, branch out
-                    + (chunks > 1 ? r * c : 0)         // own rows of d(norm)
-                    + vocab_rows * dims.vocab_rows(),  // vocabulary-parallel logits
+                    + r * c + 2 * g * c + n * (qkv + hd + up + d_act)  // backward scratch
+                    + (chunks > 1 ? r * c : 0)                         // own rows of d(norm)
+                    + vocab_rows * dims.vocab_rows(),                  // vocabulary-parallel logits
           .stats = saved_blocks * per_block_stats + saved_cores * lse  // means, rstds, lse
                    + head * 2 * r                                      // the final norm's
                    + (chunks > 1 ? 4 * c : 0)                          // norm gradients
