@@ -118,11 +118,19 @@ class Backend {
   virtual void LayerNormBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
                                  ConstValues inp, ConstValues weight, const float* mean,
                                  const float* rstd, int n, int c) = 0;
+  // The residual add fused into the norm after it: sum (N, C) = residual + inp, stored, then
+  // LayerNormForward of sum as stored.
+  virtual void AddLayerNormForward(Values sum, Values out, float* mean, float* rstd,
+                                   ConstValues residual, ConstValues inp, ConstValues weight,
+                                   ConstValues bias, int n, int c, float eps) = 0;
   // RMSNorm over C: out = inp * rstd * weight, rstd (N) saved.
   virtual void RmsNormForward(Values out, float* rstd, ConstValues inp, ConstValues weight, int n,
                               int c, float eps) = 0;
   virtual void RmsNormBackward(Values dinp, float* dweight, ConstValues dout, ConstValues inp,
                                ConstValues weight, const float* rstd, int n, int c) = 0;
+  // sum (N, C) = residual + inp, stored, then RmsNormForward of sum as stored.
+  virtual void AddRmsNormForward(Values sum, Values out, float* rstd, ConstValues residual,
+                                 ConstValues inp, ConstValues weight, int n, int c, float eps) = 0;
 
   // GELU, tanh approximation (GPT-2's "gelu_new"), elementwise over n values.
   virtual void GeluForward(Values out, ConstValues inp, size_t n) = 0;

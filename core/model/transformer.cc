@@ -155,25 +155,35 @@ Transformer::RowSplit Transformer::SplitRows(int n) const {
 void Transformer::RowParallelResidual(Values resid_out, ConstValues resid_in, ConstValues inp,
                                       ConstValues weight, ConstValues bias, const RowSplit& rows,
                                       int in_features) {
+  const ConstValues branch =
+      ProjectBranch(resid_out, resid_in, inp, weight, bias, rows, in_features);
+  if (!branch.null()) {
+    backend_.Add(resid_out, resid_in, branch, static_cast<size_t>(rows.own) * dims_.d_model);
+  }
+}
+
+ConstValues Transformer::ProjectBranch(Values resid_out, ConstValues resid_in, ConstValues inp,
+                                       ConstValues weight, ConstValues bias, const RowSplit& rows,
+                                       int in_features) {
   const int c = dims_.d_model;
   const size_t own_size = static_cast<size_t>(rows.own) * c;
   if (table_.slice().tp_size == 1) {  // nothing to sum: the GEMM adds the bias in its pass
     backend_.LinearForward(branch_out_, inp, weight, bias, rows.n, in_features, c);
-  } else if (!sequence_parallel_) {
-    backend_.LinearForward(branch_out_, inp, weight, nullptr, rows.n, in_features, c);
+    return branch_out_;
+  }
+  backend_.LinearForward(branch_out_, inp, weight, nullptr, rows.n, in_features, c);
+  if (!sequence_parallel_) {
     tp_.ReduceForward(branch_out_, own_size);
     if (!bias.null()) backend_.AddBias(branch_out_, bias, rows.n, c);
-  } else {
-    backend_.LinearForward(branch_out_, inp, weight, nullptr, rows.n, in_features, c);
-    backend_.Zero(branch_out_ + static_cast<size_t>(rows.n) * c,
-                  static_cast<size_t>(rows.padded - rows.n) * c);
-    // Reduce-scattered straight into the output: the residual add below reads it back in place.
-    tp_.ScatterRows(branch_out_, resid_out, own_size);
-    if (!bias.null()) backend_.AddBias(resid_out, bias, rows.own, c);
-    backend_.Add(resid_out, resid_in, resid_out, own_size);
-    return;
+    return branch_out_;
   }
-  backend_.Add(resid_out, resid_in, branch_out_, own_size);
+  backend_.Zero(branch_out_ + static_cast<size_t>(rows.n) * c,
+                static_cast<size_t>(rows.padded - rows.n) * c);
+  // Reduce-scattered straight into the output: the residual add below reads it back in place.
+  tp_.ScatterRows(branch_out_, resid_out, own_size);
+  if (!bias.null()) backend_.AddBias(resid_out, bias, rows.own, c);
+  backend_.Add(resid_out, resid_in, resid_out, own_size);
+  return nullptr;
 }
 
 void Transformer::GatherNormOutput(Values norm_out, const RowSplit& rows) {
@@ -397,18 +407,31 @@ void Transformer::BlockForward(int layer, const ParamView& params, BlockActivati
   backend_.LinearForward(a.qkv, a.norm1, params(w.qkv_w), params(w.qkv_b), n, c, shape.qkv_width());
   if (llama) backend_.RopeForward(a.qkv, shape, config_.rope_theta, 0, positions);
   backend_.AttentionForward(a.attn, a.lse, a.qkv, shape, positions);
-  RowParallelResidual(a.resid_mid, in, a.attn, params(w.attn_out_w), params(w.attn_out_b), rows,
-                      hd);
+  // resid_mid = in + the attention branch, the add fused into norm2 where the branch is whole.
+  const ConstValues attn_branch =
+      ProjectBranch(a.resid_mid, in, a.attn, params(w.attn_out_w), params(w.attn_out_b), rows, hd);
 
   if (llama) {
-    backend_.RmsNormForward(a.norm2 + own_offset, a.norm2_rstd, a.resid_mid, params(w.norm2_w),
-                            rows.own, c, config_.norm_eps);
+    if (attn_branch.null()) {
+      backend_.RmsNormForward(a.norm2 + own_offset, a.norm2_rstd, a.resid_mid, params(w.norm2_w),
+                              rows.own, c, config_.norm_eps);
+    } else {
+      backend_.AddRmsNormForward(a.resid_mid, a.norm2 + own_offset, a.norm2_rstd, in, attn_branch,
+                                 params(w.norm2_w), rows.own, c, config_.norm_eps);
+    }
     GatherNormOutput(a.norm2, rows);
     backend_.LinearForward(a.mlp_up, a.norm2, params(w.mlp_up_w), nullptr, n, c, 2 * f);
     backend_.SwiGluForward(a.mlp_act, a.mlp_up, n, f);
   } else {
-    backend_.LayerNormForward(a.norm2 + own_offset, a.norm2_mean, a.norm2_rstd, a.resid_mid,
-                              params(w.norm2_w), params(w.norm2_b), rows.own, c, config_.norm_eps);
+    if (attn_branch.null()) {
+      backend_.LayerNormForward(a.norm2 + own_offset, a.norm2_mean, a.norm2_rstd, a.resid_mid,
+                                params(w.norm2_w), params(w.norm2_b), rows.own, c,
+                                config_.norm_eps);
+    } else {
+      backend_.AddLayerNormForward(a.resid_mid, a.norm2 + own_offset, a.norm2_mean, a.norm2_rstd,
+                                   in, attn_branch, params(w.norm2_w), params(w.norm2_b), rows.own,
+                                   c, config_.norm_eps);
+    }
     GatherNormOutput(a.norm2, rows);
     backend_.LinearGeluForward(a.mlp_act, a.mlp_up, a.norm2, params(w.mlp_up_w), params(w.mlp_up_b),
                                n, c, f);

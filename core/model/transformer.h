@@ -220,6 +220,12 @@ class Transformer {
   void RowParallelResidual(Values resid_out, ConstValues resid_in, ConstValues inp,
                            ConstValues weight, ConstValues bias, const RowSplit& rows,
                            int in_features);
+  // RowParallelResidual but for the add, which it leaves to the caller (the norm that follows
+  // fuses it) where the summed output is whole in branch_out_ (no sequence parallelism): returns
+  // it then, else null (resid_out done).
+  ConstValues ProjectBranch(Values resid_out, ConstValues resid_in, ConstValues inp,
+                            ConstValues weight, ConstValues bias, const RowSplit& rows,
+                            int in_features);
   // The norm output (G, C) whose own rows the norm just wrote, gathered for a column-parallel
   // layer (f forward under sequence parallelism; nothing otherwise).
   void GatherNormOutput(Values norm_out, const RowSplit& rows);

@@ -240,6 +240,19 @@ void CpuBackend::LayerNormBackward(Values dinp, float* dweight, float* dbias, Co
                          weight_f.data(), mean, rstd, n, c, &pool_);
 }
 
+void CpuBackend::AddLayerNormForward(Values sum, Values out, float* mean, float* rstd,
+                                     ConstValues residual, ConstValues inp, ConstValues weight,
+                                     ConstValues bias, int n, int c, float eps) {
+  Add(sum, residual, inp, static_cast<size_t>(n) * c);
+  LayerNormForward(out, mean, rstd, sum, weight, bias, n, c, eps);
+}
+
+void CpuBackend::AddRmsNormForward(Values sum, Values out, float* rstd, ConstValues residual,
+                                   ConstValues inp, ConstValues weight, int n, int c, float eps) {
+  Add(sum, residual, inp, static_cast<size_t>(n) * c);
+  RmsNormForward(out, rstd, sum, weight, n, c, eps);
+}
+
 void CpuBackend::RmsNormForward(Values out, float* rstd, ConstValues inp, ConstValues weight, int n,
                                 int c, float eps) {
   const size_t count = static_cast<size_t>(n) * c;

@@ -486,6 +486,23 @@ void CudaBackend::LayerNormBackward(Values dinp, float* dweight, float* dbias, C
   });
 }
 
+void CudaBackend::AddLayerNormForward(Values sum, Values out, float* mean, float* rstd,
+                                      ConstValues residual, ConstValues inp, ConstValues weight,
+                                      ConstValues bias, int n, int c, float eps) {
+  LaunchTyped("LayerNormForward", {sum, out, residual, inp, weight, bias}, [&]<typename T>(T) {
+    cuda::LayerNormForward<T>(out.as<T>(), mean, rstd, sum.as<T>(), residual.as<T>(), inp.as<T>(),
+                              weight.as<T>(), bias.as<T>(), n, c, eps, stream_);
+  });
+}
+
+void CudaBackend::AddRmsNormForward(Values sum, Values out, float* rstd, ConstValues residual,
+                                    ConstValues inp, ConstValues weight, int n, int c, float eps) {
+  LaunchTyped("RmsNormForward", {sum, out, residual, inp, weight}, [&]<typename T>(T) {
+    cuda::RmsNormForward<T>(out.as<T>(), rstd, sum.as<T>(), residual.as<T>(), inp.as<T>(),
+                            weight.as<T>(), n, c, eps, stream_);
+  });
+}
+
 void CudaBackend::RmsNormForward(Values out, float* rstd, ConstValues inp, ConstValues weight,
                                  int n, int c, float eps) {
   LaunchTyped("RmsNormForward", {out, inp, weight}, [&]<typename T>(T) {

@@ -83,8 +83,13 @@ class CudaBackend : public Backend {
   void LayerNormBackward(Values dinp, float* dweight, float* dbias, ConstValues dout,
                          ConstValues inp, ConstValues weight, const float* mean, const float* rstd,
                          int n, int c) override;
+  void AddLayerNormForward(Values sum, Values out, float* mean, float* rstd, ConstValues residual,
+                           ConstValues inp, ConstValues weight, ConstValues bias, int n, int c,
+                           float eps) override;
   void RmsNormForward(Values out, float* rstd, ConstValues inp, ConstValues weight, int n, int c,
                       float eps) override;
+  void AddRmsNormForward(Values sum, Values out, float* rstd, ConstValues residual, ConstValues inp,
+                         ConstValues weight, int n, int c, float eps) override;
   void RmsNormBackward(Values dinp, float* dweight, ConstValues dout, ConstValues inp,
                        ConstValues weight, const float* rstd, int n, int c) override;
 

@@ -215,6 +215,22 @@ TEST(CudaBackendTest, NormsActivationsAndElementwise) {
                        n, c);
   ExpectNear(dinp, kKernel, "rmsnorm dinp");
   ExpectNear(dweight, kKernel, "rmsnorm dweight");
+  // The residual add fused into each norm (the norm kernels' residual_out).
+  Pair residual(cpu, *gpu, RandomFloats(n * c, 10)), sum(cpu, *gpu, std::vector<float>(n * c));
+  cpu.AddLayerNormForward(sum.cpu(), out.cpu(), mean.cpu(), rstd.cpu(), residual.cpu(), inp.cpu(),
+                          weight.cpu(), bias.cpu(), n, c, 1e-5f);
+  gpu->AddLayerNormForward(sum.gpu(), out.gpu(), mean.gpu(), rstd.gpu(), residual.gpu(), inp.gpu(),
+                           weight.gpu(), bias.gpu(), n, c, 1e-5f);
+  ExpectNear(sum, kKernel, "residual + layernorm: sum");
+  ExpectNear(out, kKernel, "residual + layernorm: out");
+  ExpectNear(mean, kKernel, "residual + layernorm: mean");
+  cpu.AddRmsNormForward(sum.cpu(), out.cpu(), rstd.cpu(), inp.cpu(), residual.cpu(), weight.cpu(),
+                        n, c, 1e-6f);
+  gpu->AddRmsNormForward(sum.gpu(), out.gpu(), rstd.gpu(), inp.gpu(), residual.gpu(), weight.gpu(),
+                         n, c, 1e-6f);
+  ExpectNear(sum, kKernel, "residual + rmsnorm: sum");
+  ExpectNear(out, kKernel, "residual + rmsnorm: out");
+  ExpectNear(rstd, kKernel, "residual + rmsnorm: rstd");
 
   Pair x(cpu, *gpu, RandomFloats(n * 2 * f, 8, -6, 6)), dy(cpu, *gpu, RandomFloats(n * 2 * f, 9));
   Pair y(cpu, *gpu, std::vector<float>(n * 2 * f)), dx(cpu, *gpu, std::vector<float>(n * 2 * f));
@@ -548,6 +564,20 @@ TEST(CudaBackendTest, Bf16ValuesMatchTheCpuReference) {
   dinp.ExpectNear(kKernel, "layernorm dinp (accumulated)");
   ExpectNear(dnorm_weight, kKernel, "layernorm dweight (float32)");
   ExpectNear(dnorm_bias, kKernel, "layernorm dbias (float32)");
+  // The residual add fused in: the sum rounded to bf16 once, then normalised as stored.
+  Bf16Pair residual(cpu, *gpu, RandomFloats(n * c, 20)), sum(cpu, *gpu, std::vector<float>(n * c));
+  cpu.AddLayerNormForward(sum.cpu(), normed.cpu(), mean.cpu(), rstd.cpu(), residual.cpu(),
+                          inp.cpu(), norm_weight.cpu(), norm_bias.cpu(), n, c, 1e-5f);
+  gpu->AddLayerNormForward(sum.gpu(), normed.gpu(), mean.gpu(), rstd.gpu(), residual.gpu(),
+                           inp.gpu(), norm_weight.gpu(), norm_bias.gpu(), n, c, 1e-5f);
+  sum.ExpectNear(kKernel, "residual + layernorm: sum");
+  normed.ExpectNear(kKernel, "residual + layernorm: out");
+  cpu.AddRmsNormForward(sum.cpu(), normed.cpu(), rstd.cpu(), residual.cpu(), inp.cpu(),
+                        norm_weight.cpu(), n, c, 1e-6f);
+  gpu->AddRmsNormForward(sum.gpu(), normed.gpu(), rstd.gpu(), residual.gpu(), inp.gpu(),
+                         norm_weight.gpu(), n, c, 1e-6f);
+  sum.ExpectNear(kKernel, "residual + rmsnorm: sum");
+  normed.ExpectNear(kKernel, "residual + rmsnorm: out");
 
   Bf16Pair x(cpu, *gpu, RandomFloats(n * 2 * f, 12, -4, 4)), dy(cpu, *gpu, RandomFloats(n * f, 13));
   Bf16Pair act(cpu, *gpu, std::vector<float>(n * f)),
