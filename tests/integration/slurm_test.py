@@ -248,18 +248,22 @@ class SlurmTest(unittest.TestCase):
         job_id = queued_job_id(name)
         subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
 
-        def requeued():
-            shown = subprocess.run(["scontrol", "show", "job", job_id],
-                                   capture_output=True, text=True).stdout
-            return re.search(r"\bRestarts=[1-9]", shown) is not None
+        def shown():
+            return subprocess.run(["scontrol", "show", "job", job_id],
+                                  capture_output=True, text=True).stdout
         # Slurm counts the requeue in Restarts, then holds the job PENDING a while (BeginTime).
         # The checkpoint, the agents' exit and Slurm's cleanup can take most of a minute on a
-        # loaded 2-core machine: the wait is the jobs' own bound.
-        wait_for(requeued, JOB_TIMEOUT_S, "the job to be requeued")
-        text = output.read_text()
-        self.assertIn("requeued the job", text)
-        subprocess.run(["scancel", job_id], check=True)
-        job.communicate(timeout=JOB_TIMEOUT_S)
+        # loaded 2-core machine: the wait is the jobs' own bound. A requeued job left in the
+        # queue would start again: it is cancelled whatever happens.
+        try:
+            wait_for(lambda: re.search(r"\bRestarts=[1-9]", shown()), JOB_TIMEOUT_S,
+                     "the job to be requeued")
+            self.assertIn("requeued the job", output.read_text())
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{output.read_text()}\n{shown()}") from None
+        finally:
+            subprocess.run(["scancel", job_id])
+            job.communicate(timeout=JOB_TIMEOUT_S)
 
 
 def main():
