@@ -1,4 +1,7 @@
-// Causal attention, tiled (arithmetic in attention_math.h): a block of kThreads threads is
+// Causal attention. bf16 with head_dim 64 or 128 on sm_80 and later runs on tensor cores
+// (flash_attention_math.h); everything else runs the CUDA-core kernels below.
+//
+// The CUDA-core kernels, tiled (arithmetic in attention_math.h): a block of kThreads threads is
 // kRows = kThreads / kLanes rows of kLanes lanes each. Forward and dq: a block's rows are kRows
 // consecutive query rows of one (batch, head); the keys and values they attend to pass through
 // shared memory kRows at a time. dk and dv: a block's rows are kRows consecutive key rows of one
@@ -7,8 +10,10 @@
 // (positions_math.h) a row sees only its own document's rows, and a block streams only the rows
 // its rows' documents span.
 #include <algorithm>
+#include <type_traits>
 
 #include "core/backend/cuda/attention_math.h"
+#include "core/backend/cuda/flash_attention_math.h"
 #include "core/backend/cuda/kernels.h"
 #include "core/backend/cuda/positions_math.h"
 #include "core/backend/cuda/warp.cuh"
@@ -237,6 +242,85 @@ void WithLanes(int head_dim, const Launch& launch) {
   }
 }
 
+// The tensor-core kernels: one block of flash_attention_math.h each.
+template <int kD>
+__global__ void __launch_bounds__(kFlashThreads)
+    FlashForwardKernel(Bf16* out, float* lse, const Bf16* qkv, const int32_t* positions,
+                       AttentionDims dims) {
+  extern __shared__ uint4 flash_shared[];
+  FlashForwardBlock<kD>(DeviceBlock{}, reinterpret_cast<Bf16*>(flash_shared), out, lse, qkv,
+                        positions, dims, blockIdx.x / dims.heads, blockIdx.x % dims.heads,
+                        blockIdx.y);
+}
+
+template <int kD>
+__global__ void __launch_bounds__(kFlashThreads)
+    FlashQueryGradKernel(Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* out,
+                         const float* lse, const int32_t* positions, AttentionDims dims) {
+  extern __shared__ uint4 flash_shared[];
+  FlashQueryGradBlock<kD>(DeviceBlock{}, reinterpret_cast<Bf16*>(flash_shared), dqkv, dout, qkv,
+                          out, lse, positions, dims, blockIdx.x / dims.heads,
+                          blockIdx.x % dims.heads, blockIdx.y);
+}
+
+template <int kD>
+__global__ void __launch_bounds__(kFlashThreads)
+    FlashKeyValueGradKernel(Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* out,
+                            const float* lse, const int32_t* positions, AttentionDims dims) {
+  extern __shared__ uint4 flash_shared[];
+  FlashKeyValueGradBlock<kD>(DeviceBlock{}, reinterpret_cast<Bf16*>(flash_shared), dqkv, dout, qkv,
+                             out, lse, positions, dims, blockIdx.x / dims.kv_heads,
+                             blockIdx.x % dims.kv_heads, blockIdx.y);
+}
+
+// Whether attention of `shape` in bf16 runs on tensor cores on the current device.
+bool OnTensorCores(const AttentionShape& shape) {
+  int device = 0, major = 0;
+  return FlashHeadDim(shape.head_dim) && cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         major >= 8;
+}
+
+// `kernel`, given `bytes` of dynamic shared memory (past the default 48 KiB where it needs more).
+template <typename Kernel>
+cudaError_t AllowShared(Kernel* kernel, size_t bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
+}
+
+template <int kD>
+cudaError_t LaunchFlashForward(Bf16* out, float* lse, const Bf16* qkv, const AttentionShape& shape,
+                               const int32_t* positions, cudaStream_t stream) {
+  constexpr size_t bytes = kFlashForwardShared<kD>;
+  if (const cudaError_t error = AllowShared(FlashForwardKernel<kD>, bytes)) return error;
+  const dim3 grid(static_cast<unsigned>(shape.batch * shape.heads), Tiles(shape.time, kFlashRows));
+  FlashForwardKernel<kD>
+      <<<grid, kFlashThreads, bytes, stream>>>(out, lse, qkv, positions, MakeAttentionDims(shape));
+  return cudaSuccess;
+}
+
+template <int kD>
+cudaError_t LaunchFlashBackward(Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* out,
+                                const float* lse, const AttentionShape& shape,
+                                const int32_t* positions, cudaStream_t stream) {
+  const AttentionDims dims = MakeAttentionDims(shape);
+  const unsigned tiles = Tiles(shape.time, kFlashRows);
+  if (const cudaError_t error = AllowShared(FlashQueryGradKernel<kD>, kFlashQueryGradShared<kD>)) {
+    return error;
+  }
+  if (const cudaError_t error =
+          AllowShared(FlashKeyValueGradKernel<kD>, kFlashKeyValueGradShared<kD>)) {
+    return error;
+  }
+  FlashQueryGradKernel<kD>
+      <<<dim3(static_cast<unsigned>(shape.batch * shape.heads), tiles), kFlashThreads,
+         kFlashQueryGradShared<kD>, stream>>>(dqkv, dout, qkv, out, lse, positions, dims);
+  FlashKeyValueGradKernel<kD>
+      <<<dim3(static_cast<unsigned>(shape.batch * shape.kv_heads), tiles), kFlashThreads,
+         kFlashKeyValueGradShared<kD>, stream>>>(dqkv, dout, qkv, out, lse, positions, dims);
+  return cudaSuccess;
+}
+
 }  // namespace
 
 template <typename T>
@@ -244,6 +328,13 @@ cudaError_t AttentionForward(T* out, float* lse, const T* qkv, const AttentionSh
                              const int32_t* positions, cudaStream_t stream) {
   if (!Supported(shape)) return cudaErrorInvalidValue;
   if (shape.batch == 0 || shape.time == 0) return cudaSuccess;
+  if constexpr (std::is_same_v<T, Bf16>) {
+    if (OnTensorCores(shape)) {
+      return shape.head_dim == 64
+                 ? LaunchFlashForward<64>(out, lse, qkv, shape, positions, stream)
+                 : LaunchFlashForward<128>(out, lse, qkv, shape, positions, stream);
+    }
+  }
   WithLanes(shape.head_dim,
             [&]<int kLanes>() { LaunchForward<kLanes>(out, lse, qkv, shape, positions, stream); });
   return cudaSuccess;
@@ -255,6 +346,13 @@ cudaError_t AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out
                               cudaStream_t stream) {
   if (!Supported(shape)) return cudaErrorInvalidValue;
   if (shape.batch == 0 || shape.time == 0) return cudaSuccess;
+  if constexpr (std::is_same_v<T, Bf16>) {
+    if (OnTensorCores(shape)) {
+      return shape.head_dim == 64
+                 ? LaunchFlashBackward<64>(dqkv, dout, qkv, out, lse, shape, positions, stream)
+                 : LaunchFlashBackward<128>(dqkv, dout, qkv, out, lse, shape, positions, stream);
+    }
+  }
   WithLanes(shape.head_dim, [&]<int kLanes>() {
     LaunchBackward<kLanes>(dqkv, dout, qkv, out, lse, shape, positions, stream);
   });

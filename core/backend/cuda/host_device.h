@@ -9,6 +9,14 @@
 #define DTRAIN_HD
 #endif
 
+// Before a loop over a register array (a tile's fragments): unrolled in device code, the array
+// stays in registers rather than local memory.
+#if defined(__CUDA_ARCH__)
+#define DTRAIN_UNROLL _Pragma("unroll")
+#else
+#define DTRAIN_UNROLL
+#endif
+
 namespace dtrain::cuda {
 
 // Threads per warp: the row kernels give each row one warp.

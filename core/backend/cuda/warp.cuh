@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/backend/cuda/host_device.h"
+#include "core/backend/cuda/mma_math.h"
 
 namespace dtrain::cuda {
 
@@ -33,9 +34,36 @@ struct DeviceLanes {
     }
     return v;
   }
+
+  // The tensor-core operations of mma_math.h, for whole warps (kLanes 32) of converged lanes.
+  __device__ float ShuffleXor(float v, int offset) const {
+    static_assert(kLanes == kWarpSize);
+    return __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  __device__ void Mma(MmaC& c, const MmaA& a, const MmaB& b) const {
+    static_assert(kLanes == kWarpSize);
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c.value[0]), "+f"(c.value[1]), "+f"(c.value[2]), "+f"(c.value[3])
+        : "r"(a.reg[0]), "r"(a.reg[1]), "r"(a.reg[2]), "r"(a.reg[3]), "r"(b.reg[0]), "r"(b.reg[1]));
+#else
+    __trap();  // the launchers use tensor-core kernels only on sm_80 and later
+#endif
+  }
 };
 
 using DeviceWarp = DeviceLanes<kWarpSize>;
+
+// The block of the calling thread, for kernels written against a Block type (thread(),
+// warp_index(), warp(), Sync()) that the host tests emulate (test_util.h's HostBlock).
+struct DeviceBlock {
+  __device__ int thread() const { return static_cast<int>(threadIdx.x); }
+  __device__ int warp_index() const { return static_cast<int>(threadIdx.x) / kWarpSize; }
+  __device__ DeviceWarp warp() const { return {}; }
+  __device__ void Sync() const { __syncthreads(); }
+};
 
 // Warps per block of the row kernels, and the blocks that give each of `rows` rows a warp.
 inline constexpr int kRowWarpsPerBlock = 8;

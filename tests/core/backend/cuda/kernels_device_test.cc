@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "core/backend/cpu/activation.h"
@@ -14,7 +15,9 @@
 #include "core/backend/cpu/attention.h"
 #include "core/backend/cpu/elementwise.h"
 #include "core/backend/cpu/norm.h"
+#include "core/backend/cuda/flash_attention_math.h"
 #include "core/backend/cuda/kernels.h"
+#include "tests/core/backend/cuda/attention_bounds.h"
 #include "tests/core/backend/cuda/test_util.h"
 #endif
 
@@ -139,22 +142,6 @@ TEST(CudaDeviceTest, LayerNorm) {
   CheckLayerNorm<Bf16>();
 }
 
-// Documents of the given lengths, in turn, packed into each of `batch` rows of `time` tokens
-// (the last one cut at the row's end): each token's position in its document.
-std::vector<int32_t> PackedPositions(int batch, int time, const std::vector<int>& lengths) {
-  std::vector<int32_t> positions;
-  for (int b = 0; b < batch; ++b) {
-    for (int t = 0, doc = b, position = 0; t < time; ++t, ++position) {
-      if (position == lengths[doc % lengths.size()]) {
-        position = 0;
-        ++doc;
-      }
-      positions.push_back(position);
-    }
-  }
-  return positions;
-}
-
 // host_positions: documents packed into the rows, or empty for one document a row.
 template <typename T>
 void CheckAttention(const AttentionShape& shape, const std::vector<int32_t>& host_positions) {
@@ -184,25 +171,36 @@ void CheckAttention(const AttentionShape& shape, const std::vector<int32_t>& hos
                         nullptr, cpu_positions);
   const std::vector<T> out_device = out.Read();
   const std::vector<float> lse_device = lse.Read();
-  ExpectMatches(out_device, out_cpu, "out");
   ExpectFloatMatches(lse_device, lse_cpu, "lse");
   cpu::AttentionBackward(dqkv_cpu.data(), Load(dout).data(), Load(qkv).data(),
                          Load(out_device).data(), lse_device.data(), shape, scratch.data(), nullptr,
                          cpu_positions);
+  if constexpr (std::is_same_v<T, Bf16>) {
+    if (FlashHeadDim(shape.head_dim)) {  // tensor cores (every GPU the build targets)
+      const testing::AttentionSums sums = testing::AttentionAbsoluteSums(
+          shape, Load(qkv), Load(dout), Load(out_device), cpu_positions);
+      testing::ExpectWithinRounding(out_device, out_cpu, sums.out, "out");
+      testing::ExpectWithinRounding(dqkv.Read(), dqkv_cpu, sums.dqkv, "dqkv");
+      return;
+    }
+  }
+  ExpectMatches(out_device, out_cpu, "out");
   ExpectMatches(dqkv.Read(), dqkv_cpu, "dqkv");
 }
 
 // D = 40 (4 lanes a row, one tile of 64 rows: T = 6) and D = 64 with T = 100 (two tiles, so the
 // rows' state carries across tiles and the last tile is partial), grouped-query heads; each with
 // one document a row and with documents packed into the rows (at T = 100 they cross the tiles'
-// boundary at row 64, and a block's rows see keys from before the block).
+// boundary at row 64, and a block's rows see keys from before the block). In bf16, D = 64 and
+// D = 128 (T = 300: five tiles) run on tensor cores.
 TEST(CudaDeviceTest, Attention) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   for (const AttentionShape& shape :
        {AttentionShape{.batch = 2, .time = 6, .heads = 4, .kv_heads = 2, .head_dim = 40},
-        AttentionShape{.batch = 2, .time = 100, .heads = 4, .kv_heads = 2, .head_dim = 64}}) {
+        AttentionShape{.batch = 2, .time = 100, .heads = 4, .kv_heads = 2, .head_dim = 64},
+        AttentionShape{.batch = 1, .time = 300, .heads = 4, .kv_heads = 1, .head_dim = 128}}) {
     const std::vector<int32_t> documents =
-        PackedPositions(shape.batch, shape.time, {3, 1, 50, 17, 2});
+        testing::PackedPositions(shape.batch, shape.time, {3, 1, 50, 17, 2});
     for (const std::vector<int32_t>& positions : {std::vector<int32_t>{}, documents}) {
       CheckAttention<float>(shape, positions);
       CheckAttention<Bf16>(shape, positions);

@@ -15,6 +15,7 @@
 
 #include "core/backend/cuda/bf16.h"
 #include "core/backend/cuda/host_device.h"
+#include "core/backend/cuda/mma_math.h"
 #include "gtest/gtest.h"
 #include "tests/core/backend/cpu/test_util.h"
 
@@ -102,6 +103,8 @@ class HostLanes {
   struct Shared {
     std::barrier<> sync{kLanes};
     std::array<std::array<std::byte, 16>, kLanes> slots;
+    std::array<MmaA, kLanes> a;
+    std::array<MmaB, kLanes> b;
   };
 
   HostLanes(int lane, Shared* shared) : lane_(lane), shared_(shared) {}
@@ -119,6 +122,41 @@ class HostLanes {
       v = combine(v, other);
     }
     return v;
+  }
+
+  float ShuffleXor(float v, int offset) const {
+    std::memcpy(shared_->slots[lane_].data(), &v, sizeof(v));
+    shared_->sync.arrive_and_wait();
+    float other;
+    std::memcpy(&other, shared_->slots[lane_ ^ offset].data(), sizeof(other));
+    shared_->sync.arrive_and_wait();
+    return other;
+  }
+
+  // mma.sync.m16n8k16 from the fragment layout of mma_math.h: the lanes post their fragments,
+  // and each sums its four elements of C in fp32 over k in order (the products of bf16 values
+  // are exact in fp32; the tensor cores' order of the sum is unspecified).
+  void Mma(MmaC& c, const MmaA& a, const MmaB& b) const {
+    static_assert(kLanes == kWarpSize);
+    shared_->a[lane_] = a;
+    shared_->b[lane_] = b;
+    shared_->sync.arrive_and_wait();
+    float a_matrix[16][16], b_matrix[16][8];
+    for (int lane = 0; lane < kLanes; ++lane) {
+      for (int e = 0; e < 8; ++e) {
+        const MatrixIndex at = MmaAIndex(lane, e);
+        a_matrix[at.row][at.col] = UnpackBf16(shared_->a[lane].reg[e / 2], e % 2);
+      }
+      for (int e = 0; e < 4; ++e) {
+        const MatrixIndex at = MmaBIndex(lane, e);
+        b_matrix[at.row][at.col] = UnpackBf16(shared_->b[lane].reg[e / 2], e % 2);
+      }
+    }
+    shared_->sync.arrive_and_wait();
+    for (int e = 0; e < 4; ++e) {
+      const MatrixIndex at = MmaCIndex(lane_, e);
+      for (int k = 0; k < 16; ++k) c.value[e] += a_matrix[at.row][k] * b_matrix[k][at.col];
+    }
   }
 
  private:
@@ -141,6 +179,39 @@ void RunOnHostLanes(const std::function<void(const HostLanes<kLanes>&)>& body) {
 
 inline void RunOnHostWarp(const std::function<void(const HostWarp&)>& body) {
   RunOnHostLanes<kWarpSize>(body);
+}
+
+// A thread of a block of kThreads threads (whole warps) emulated on host threads: the Block of
+// kernels written against one (warp.cuh's DeviceBlock on the GPU).
+template <int kThreads>
+class HostBlock {
+ public:
+  static_assert(kThreads % kWarpSize == 0);
+  struct Shared {
+    std::barrier<> sync{kThreads};
+    std::array<HostWarp::Shared, kThreads / kWarpSize> warps;
+  };
+
+  HostBlock(int thread, Shared* shared) : thread_(thread), shared_(shared) {}
+  int thread() const { return thread_; }
+  int warp_index() const { return thread_ / kWarpSize; }
+  HostWarp warp() const { return HostWarp(thread_ % kWarpSize, &shared_->warps[warp_index()]); }
+  void Sync() const { shared_->sync.arrive_and_wait(); }
+
+ private:
+  int thread_;
+  Shared* shared_;
+};
+
+// Runs body(block) on each of the kThreads threads of one emulated block.
+template <int kThreads>
+void RunOnHostBlock(const std::function<void(const HostBlock<kThreads>&)>& body) {
+  typename HostBlock<kThreads>::Shared shared;
+  std::vector<std::thread> threads;
+  for (int thread = 0; thread < kThreads; ++thread) {
+    threads.emplace_back([&, thread] { body(HostBlock<kThreads>(thread, &shared)); });
+  }
+  for (std::thread& thread : threads) thread.join();
 }
 
 }  // namespace dtrain::cuda::testing

@@ -1,0 +1,459 @@
+// Causal attention on tensor cores for bf16 with head_dim 64 or 128 (FlashAttention-2's
+// scheme): the formulas of attention_math.h, with every product of two (rows x head_dim) blocks
+// an mma.sync of mma_math.h. A block is kFlashWarps warps of 16 rows each.
+//   Forward, grid (B * H, query tiles of kFlashRows): the block's query rows stream their keys
+//     through shared memory kFlashForwardKeys at a time; a warp computes S = Q K^T for its 16
+//     rows, masks it, updates its online softmax in registers, rounds P to bf16 and adds P V.
+//   dq, grid (B * H, query tiles): keys kFlashGradTile at a time; S and dP = dO V^T give
+//     dS = P (dP - delta), and dq += dS K.
+//   dk and dv, grid (B * Hkv, key tiles of kFlashRows): the query and dout rows of every head of
+//     the group that see the block's keys stream kFlashGradTile at a time; a warp computes S^T and
+//     dP^T for its 16 keys, dv += P^T dO and dk += dS^T Q.
+// Backward is thus deterministic without atomics (dq and dk, dv each have one writer), at the
+// price of computing S and dP twice. P and dS are rounded to bf16 before they are multiplied,
+// as FlashAttention does; every sum is fp32. Softmax runs in base 2 (scores scaled by
+// scale * log2(e)); lse is stored in natural units, as the other kernels and the CPU backend
+// keep it.
+//
+// The functions below are whole blocks' work, written against a Block (warp.cuh's DeviceBlock,
+// the tests' HostBlock) and called by attention.cu's kernels with the block's coordinates; the
+// host tests run them on emulated blocks. Shared memory tiles are row-major bf16 with rows
+// padded by kFlashPad values, so the fragment loads of a warp's 32 lanes fall in distinct banks.
+#pragma once
+
+#include <cfloat>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "core/backend/cuda/attention_math.h"
+#include "core/backend/cuda/bf16.h"
+#include "core/backend/cuda/host_device.h"
+#include "core/backend/cuda/mma_math.h"
+#include "core/backend/cuda/positions_math.h"
+#include "core/backend/cuda/warp_math.h"
+
+namespace dtrain::cuda {
+
+inline constexpr int kFlashWarps = 4;
+inline constexpr int kFlashThreads = kFlashWarps * kWarpSize;
+inline constexpr int kFlashRows =
+    16 * kFlashWarps;  // a forward or dq block's queries, a dk block's keys
+inline constexpr int kFlashForwardKeys = 64;
+inline constexpr int kFlashGradTile = 32;
+inline constexpr int kFlashPad = 8;
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+DTRAIN_HD constexpr bool FlashHeadDim(int head_dim) { return head_dim == 64 || head_dim == 128; }
+
+template <int kD>
+inline constexpr int kFlashStride = kD + kFlashPad;
+
+// Shared memory of each kernel, in bytes.
+template <int kD>
+inline constexpr size_t kFlashForwardShared = 2 * kFlashRows* kFlashStride<kD> * sizeof(Bf16);
+template <int kD>
+inline constexpr size_t kFlashQueryGradShared = kFlashForwardShared<kD>;
+template <int kD>
+inline constexpr size_t kFlashKeyValueGradShared =
+    2 * (kFlashRows + kFlashGradTile) * kFlashStride<kD> * sizeof(Bf16) +
+    3 * kFlashGradTile * sizeof(float);
+
+DTRAIN_HD inline float FlashExp2(float x) {
+#if defined(__CUDA_ARCH__)
+  return exp2f(x);
+#else
+  return std::exp2(x);
+#endif
+}
+
+// rows [first, first + count) of a (T, ...) matrix (row r at base + r * stride) into `tile`
+// (rows, kD), zeros in the tile's rows from count on: every thread of the block, 16 bytes each.
+template <int kD, typename Block>
+DTRAIN_HD void StageRows(const Block& block, Bf16* tile, int rows, const Bf16* base, size_t stride,
+                         int first, int count) {
+  constexpr int kChunks = kD / 8;
+  for (int i = block.thread(); i < rows * kChunks; i += kFlashThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * 8;
+    Bf16* to = tile + r * kFlashStride<kD> + c;
+#if defined(__CUDA_ARCH__)
+    uint4 chunk = {0, 0, 0, 0};
+    if (r < count) {
+      const Bf16* from = base + (first + r) * stride + c;
+      if (reinterpret_cast<uintptr_t>(from) % 16 == 0) {
+        chunk = *reinterpret_cast<const uint4*>(from);
+      } else {
+        memcpy(&chunk, from, sizeof(chunk));  // a view into the arena, 2-byte aligned
+      }
+    }
+    *reinterpret_cast<uint4*>(to) = chunk;
+#else
+    if (r < count) {
+      std::memcpy(to, base + (first + r) * stride + c, 8 * sizeof(Bf16));
+    } else {
+      std::memset(to, 0, 8 * sizeof(Bf16));
+    }
+#endif
+  }
+}
+
+// What one lane of a 16-row warp tile holds of its C blocks: rows g and g + 8 of the warp's
+// rows; element e of a C block is row e / 2's.
+struct LaneRows {
+  int row[2];           // in the batch element's T rows (may be >= T)
+  RowRange visible[2];  // each row's keys ({0, 0} past T)
+};
+
+DTRAIN_HD inline LaneRows MakeLaneRows(int lane, int first_row, const int32_t* positions,
+                                       int time) {
+  LaneRows rows;
+  DTRAIN_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    rows.row[r] = first_row + lane / 4 + 8 * r;
+    rows.visible[r] = rows.row[r] < time ? VisibleKeys(positions, rows.row[r]) : RowRange{0, 0};
+  }
+  return rows;
+}
+
+// Whether key `key` is in `range`.
+DTRAIN_HD inline bool Sees(const RowRange& range, int key) {
+  return key >= range.begin && key < range.end;
+}
+
+// The per-row dot products of the elements two A fragments of the same rows hold: partial[r] +=
+// row r's (the lane's share; QuadSum completes it).
+DTRAIN_HD inline void AddRowDots(const MmaA& x, const MmaA& y, float (&partial)[2]) {
+  DTRAIN_UNROLL
+  for (int e = 0; e < 8; ++e) {
+    partial[e / 2 % 2] += UnpackBf16(x.reg[e / 2], e % 2) * UnpackBf16(y.reg[e / 2], e % 2);
+  }
+}
+
+// Stores a warp's 16 x kD fp32 result (C blocks acc[kD / 8]) times `scale` into rows `rows` of
+// the matrix at `base` (row t at base + t * stride), rows < time.
+template <int kD>
+DTRAIN_HD void StoreRows(int lane, const MmaC (&acc)[kD / 8], const LaneRows& rows,
+                         const float (&scale)[2], Bf16* base, size_t stride, int time) {
+  DTRAIN_UNROLL
+  for (int n = 0; n < kD / 8; ++n) {
+    DTRAIN_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int r = e / 2;
+      if (rows.row[r] >= time) continue;
+      base[rows.row[r] * stride + MmaCIndex(lane, e).col + 8 * n] =
+          FromFloat<Bf16>(acc[n].value[e] * scale[r]);
+    }
+  }
+}
+
+// The forward of query rows [tile * kFlashRows, +kFlashRows) of head h of batch element b.
+// shared: kFlashForwardShared<kD> bytes.
+template <int kD, typename Block>
+DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, float* lse,
+                                 const Bf16* qkv, const int32_t* positions,
+                                 const AttentionDims& dims, int b, int h, int tile) {
+  constexpr int kStride = kFlashStride<kD>;
+  Bf16* keys = shared;
+  Bf16* values = shared + kFlashRows * kStride;
+  const int time = dims.time, kv = h / (dims.heads / dims.kv_heads);
+  qkv += static_cast<size_t>(b) * time * dims.qkv_width;
+  out += static_cast<size_t>(b) * time * dims.out_width;
+  lse += (static_cast<size_t>(b) * dims.heads + h) * time;
+  if (positions != nullptr) positions += static_cast<size_t>(b) * time;
+  const int first = tile * kFlashRows;
+  const int end = first + kFlashRows < time ? first + kFlashRows : time;
+  const auto warp = block.warp();
+  const int lane = warp.lane(), warp_first = 16 * block.warp_index();
+
+  StageRows<kD>(block, keys, kFlashRows, QueryAt(qkv, dims, h, 0), dims.qkv_width, first,
+                end - first);
+  block.Sync();
+  MmaA q[kD / 16];
+  DTRAIN_UNROLL
+  for (int k = 0; k < kD / 16; ++k)
+    q[k] = LoadA(lane, keys + warp_first * kStride + 16 * k, kStride);
+  block.Sync();
+
+  const LaneRows rows = MakeLaneRows(lane, first + warp_first, positions, time);
+  const float scale = dims.scale * kLog2e;
+  float max[2] = {-INFINITY, -INFINITY}, sum[2] = {0, 0};  // sum: the lane's share
+  MmaC acc[kD / 8];
+  for (int key0 = VisibleKeys(positions, first).begin; key0 < end; key0 += kFlashForwardKeys) {
+    const int count = end - key0 < kFlashForwardKeys ? end - key0 : kFlashForwardKeys;
+    StageRows<kD>(block, keys, kFlashForwardKeys, KeyAt(qkv, dims, kv, 0), dims.qkv_width, key0,
+                  count);
+    StageRows<kD>(block, values, kFlashForwardKeys, ValueAt(qkv, dims, kv, 0), dims.qkv_width, key0,
+                  count);
+    block.Sync();
+    MmaC s[kFlashForwardKeys / 8];
+    DTRAIN_UNROLL
+    for (int k = 0; k < kD / 16; ++k) {
+      DTRAIN_UNROLL
+      for (int n = 0; n < kFlashForwardKeys / 8; ++n) {
+        warp.Mma(s[n], q[k], LoadBTransposed(lane, keys + 8 * n * kStride + 16 * k, kStride));
+      }
+    }
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    DTRAIN_UNROLL
+    for (int n = 0; n < kFlashForwardKeys / 8; ++n) {
+      DTRAIN_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, key = key0 + 8 * n + MmaCIndex(lane, e).col;
+        float& score = s[n].value[e];
+        score = Sees(rows.visible[r], key) ? score * scale : -INFINITY;
+        tile_max[r] = score > tile_max[r] ? score : tile_max[r];
+      }
+    }
+    float base[2];  // the rows' new max, or 0 while a row has seen no key
+    DTRAIN_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const float tile_row_max = QuadMax(warp, tile_max[r]);
+      const float new_max = tile_row_max > max[r] ? tile_row_max : max[r];
+      base[r] = new_max == -INFINITY ? 0.0f : new_max;
+      const float rescale = FlashExp2(max[r] - base[r]);
+      sum[r] *= rescale;
+      DTRAIN_UNROLL
+      for (MmaC& block_acc : acc) {
+        block_acc.value[2 * r] *= rescale;
+        block_acc.value[2 * r + 1] *= rescale;
+      }
+      max[r] = new_max;
+    }
+    DTRAIN_UNROLL
+    for (MmaC& block_s : s) {
+      DTRAIN_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        block_s.value[e] = FlashExp2(block_s.value[e] - base[e / 2]);
+        sum[e / 2] += block_s.value[e];
+      }
+    }
+    DTRAIN_UNROLL
+    for (int k = 0; k < kFlashForwardKeys / 16; ++k) {
+      const MmaA p = ToA(s[2 * k], s[2 * k + 1]);
+      DTRAIN_UNROLL
+      for (int n = 0; n < kD / 8; ++n) {
+        warp.Mma(acc[n], p, LoadB(lane, values + 16 * k * kStride + 8 * n, kStride));
+      }
+    }
+    block.Sync();
+  }
+  float inverse[2];
+  DTRAIN_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const float total = QuadSum(warp, sum[r]);
+    inverse[r] = 1.0f / total;
+    if (lane % 4 == 0 && rows.row[r] < time) lse[rows.row[r]] = (max[r] + std::log2(total)) * kLn2;
+  }
+  StoreRows<kD>(lane, acc, rows, inverse, OutAt(out, dims, h, 0), dims.out_width, time);
+}
+
+// dq of query rows [tile * kFlashRows, +kFlashRows) of head h of batch element b.
+// shared: kFlashQueryGradShared<kD> bytes.
+template <int kD, typename Block>
+DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv, const Bf16* dout,
+                                   const Bf16* qkv, const Bf16* out, const float* lse,
+                                   const int32_t* positions, const AttentionDims& dims, int b,
+                                   int h, int tile) {
+  constexpr int kStride = kFlashStride<kD>;
+  Bf16* keys = shared;
+  Bf16* values = shared + kFlashRows * kStride;
+  const int time = dims.time, kv = h / (dims.heads / dims.kv_heads);
+  const size_t qkv_offset = static_cast<size_t>(b) * time * dims.qkv_width;
+  const size_t out_offset = static_cast<size_t>(b) * time * dims.out_width;
+  qkv += qkv_offset;
+  dqkv += qkv_offset;
+  out += out_offset;
+  dout += out_offset;
+  lse += (static_cast<size_t>(b) * dims.heads + h) * time;
+  if (positions != nullptr) positions += static_cast<size_t>(b) * time;
+  const int first = tile * kFlashRows;
+  const int end = first + kFlashRows < time ? first + kFlashRows : time;
+  const auto warp = block.warp();
+  const int lane = warp.lane(), warp_first = 16 * block.warp_index();
+
+  // q and dout in registers, then delta = dout . out from out staged where q was.
+  StageRows<kD>(block, keys, kFlashRows, QueryAt(qkv, dims, h, 0), dims.qkv_width, first,
+                end - first);
+  StageRows<kD>(block, values, kFlashRows, OutAt(dout, dims, h, 0), dims.out_width, first,
+                end - first);
+  block.Sync();
+  MmaA q[kD / 16], dy[kD / 16];
+  DTRAIN_UNROLL
+  for (int k = 0; k < kD / 16; ++k) {
+    q[k] = LoadA(lane, keys + warp_first * kStride + 16 * k, kStride);
+    dy[k] = LoadA(lane, values + warp_first * kStride + 16 * k, kStride);
+  }
+  block.Sync();
+  StageRows<kD>(block, keys, kFlashRows, OutAt(out, dims, h, 0), dims.out_width, first,
+                end - first);
+  block.Sync();
+  float delta[2] = {0, 0};
+  DTRAIN_UNROLL
+  for (int k = 0; k < kD / 16; ++k) {
+    AddRowDots(dy[k], LoadA(lane, keys + warp_first * kStride + 16 * k, kStride), delta);
+  }
+  block.Sync();
+
+  const LaneRows rows = MakeLaneRows(lane, first + warp_first, positions, time);
+  float row_lse[2];
+  DTRAIN_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    delta[r] = QuadSum(warp, delta[r]);
+    row_lse[r] = rows.row[r] < time ? lse[rows.row[r]] * kLog2e : 0.0f;
+  }
+  const float scale = dims.scale * kLog2e;
+  MmaC acc[kD / 8];
+  for (int key0 = VisibleKeys(positions, first).begin; key0 < end; key0 += kFlashGradTile) {
+    const int count = end - key0 < kFlashGradTile ? end - key0 : kFlashGradTile;
+    StageRows<kD>(block, keys, kFlashGradTile, KeyAt(qkv, dims, kv, 0), dims.qkv_width, key0,
+                  count);
+    StageRows<kD>(block, values, kFlashGradTile, ValueAt(qkv, dims, kv, 0), dims.qkv_width, key0,
+                  count);
+    block.Sync();
+    MmaC s[kFlashGradTile / 8], dp[kFlashGradTile / 8];
+    DTRAIN_UNROLL
+    for (int k = 0; k < kD / 16; ++k) {
+      DTRAIN_UNROLL
+      for (int n = 0; n < kFlashGradTile / 8; ++n) {
+        warp.Mma(s[n], q[k], LoadBTransposed(lane, keys + 8 * n * kStride + 16 * k, kStride));
+        warp.Mma(dp[n], dy[k], LoadBTransposed(lane, values + 8 * n * kStride + 16 * k, kStride));
+      }
+    }
+    DTRAIN_UNROLL
+    for (int n = 0; n < kFlashGradTile / 8; ++n) {
+      DTRAIN_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2, key = key0 + 8 * n + MmaCIndex(lane, e).col;
+        const float p =
+            Sees(rows.visible[r], key) ? FlashExp2(s[n].value[e] * scale - row_lse[r]) : 0.0f;
+        s[n].value[e] = p * (dp[n].value[e] - delta[r]);  // dS
+      }
+    }
+    DTRAIN_UNROLL
+    for (int k = 0; k < kFlashGradTile / 16; ++k) {
+      const MmaA ds = ToA(s[2 * k], s[2 * k + 1]);
+      DTRAIN_UNROLL
+      for (int n = 0; n < kD / 8; ++n) {
+        warp.Mma(acc[n], ds, LoadB(lane, keys + 16 * k * kStride + 8 * n, kStride));
+      }
+    }
+    block.Sync();
+  }
+  const float scales[2] = {dims.scale, dims.scale};
+  StoreRows<kD>(lane, acc, rows, scales, QueryAt(dqkv, dims, h, 0), dims.qkv_width, time);
+}
+
+// dk and dv of key rows [tile * kFlashRows, +kFlashRows) of kv head kv of batch element b.
+// shared: kFlashKeyValueGradShared<kD> bytes.
+template <int kD, typename Block>
+DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
+                                      const Bf16* dout, const Bf16* qkv, const Bf16* out,
+                                      const float* lse, const int32_t* positions,
+                                      const AttentionDims& dims, int b, int kv, int tile) {
+  constexpr int kStride = kFlashStride<kD>;
+  Bf16* keys = shared;
+  Bf16* values = keys + kFlashRows * kStride;
+  Bf16* queries = values + kFlashRows * kStride;
+  Bf16* dys = queries + kFlashGradTile * kStride;
+  float* tile_lse = reinterpret_cast<float*>(dys + kFlashGradTile * kStride);
+  float* tile_delta = tile_lse + kFlashGradTile;
+  int* tile_first_key = reinterpret_cast<int*>(tile_delta + kFlashGradTile);
+  const int time = dims.time, group = dims.heads / dims.kv_heads;
+  const size_t qkv_offset = static_cast<size_t>(b) * time * dims.qkv_width;
+  const size_t out_offset = static_cast<size_t>(b) * time * dims.out_width;
+  qkv += qkv_offset;
+  dqkv += qkv_offset;
+  out += out_offset;
+  dout += out_offset;
+  lse += static_cast<size_t>(b) * dims.heads * time;
+  if (positions != nullptr) positions += static_cast<size_t>(b) * time;
+  const int first = tile * kFlashRows;
+  const int end = first + kFlashRows < time ? first + kFlashRows : time;
+  // The query rows that see the block's keys end where its last key's document does.
+  const int queries_end = VisibleQueries(positions, time, end - 1).end;
+  const auto warp = block.warp();
+  const int lane = warp.lane(), warp_first = 16 * block.warp_index();
+  const Bf16* warp_keys = keys + warp_first * kStride;
+  const Bf16* warp_values = values + warp_first * kStride;
+  int key[2];  // the lane's key rows of C
+  DTRAIN_UNROLL
+  for (int r = 0; r < 2; ++r) key[r] = first + warp_first + lane / 4 + 8 * r;
+
+  StageRows<kD>(block, keys, kFlashRows, KeyAt(qkv, dims, kv, 0), dims.qkv_width, first,
+                end - first);
+  StageRows<kD>(block, values, kFlashRows, ValueAt(qkv, dims, kv, 0), dims.qkv_width, first,
+                end - first);
+  const float scale = dims.scale * kLog2e;
+  MmaC dk[kD / 8], dv[kD / 8];
+  for (int h = kv * group; h < (kv + 1) * group; ++h) {
+    for (int query0 = first; query0 < queries_end; query0 += kFlashGradTile) {
+      const int count =
+          queries_end - query0 < kFlashGradTile ? queries_end - query0 : kFlashGradTile;
+      StageRows<kD>(block, queries, kFlashGradTile, QueryAt(qkv, dims, h, 0), dims.qkv_width,
+                    query0, count);
+      StageRows<kD>(block, dys, kFlashGradTile, OutAt(dout, dims, h, 0), dims.out_width, query0,
+                    count);
+      block.Sync();
+      // Each warp's lanes sum delta = dout . out of kFlashGradTile / kFlashWarps query rows.
+      for (int j = block.warp_index(); j < kFlashGradTile; j += kFlashWarps) {
+        const int t = query0 + j;
+        float partial = 0;
+        if (j < count) {
+          const Bf16* out_row = OutAt(out, dims, h, t);
+          for (int d = lane; d < kD; d += kWarpSize) {
+            partial += ToFloat(dys[j * kStride + d]) * ToFloat(out_row[d]);
+          }
+        }
+        const float delta = WarpSum(warp, partial);
+        if (lane == 0) {
+          tile_delta[j] = delta;
+          tile_lse[j] = j < count ? lse[static_cast<size_t>(h) * time + t] * kLog2e : 0.0f;
+          tile_first_key[j] = j < count ? VisibleKeys(positions, t).begin : time;
+        }
+      }
+      block.Sync();
+      MmaC s[kFlashGradTile / 8], dp[kFlashGradTile / 8];
+      DTRAIN_UNROLL
+      for (int k = 0; k < kD / 16; ++k) {
+        const MmaA k_rows = LoadA(lane, warp_keys + 16 * k, kStride);
+        const MmaA v_rows = LoadA(lane, warp_values + 16 * k, kStride);
+        DTRAIN_UNROLL
+        for (int n = 0; n < kFlashGradTile / 8; ++n) {
+          warp.Mma(s[n], k_rows,
+                   LoadBTransposed(lane, queries + 8 * n * kStride + 16 * k, kStride));
+          warp.Mma(dp[n], v_rows, LoadBTransposed(lane, dys + 8 * n * kStride + 16 * k, kStride));
+        }
+      }
+      DTRAIN_UNROLL
+      for (int n = 0; n < kFlashGradTile / 8; ++n) {
+        DTRAIN_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int j = 8 * n + MmaCIndex(lane, e).col, k_row = key[e / 2];
+          const bool sees = k_row < time && k_row >= tile_first_key[j] && k_row <= query0 + j;
+          const float p = sees ? FlashExp2(s[n].value[e] * scale - tile_lse[j]) : 0.0f;
+          s[n].value[e] = p;                                      // P^T
+          dp[n].value[e] = p * (dp[n].value[e] - tile_delta[j]);  // dS^T
+        }
+      }
+      DTRAIN_UNROLL
+      for (int k = 0; k < kFlashGradTile / 16; ++k) {
+        const MmaA p = ToA(s[2 * k], s[2 * k + 1]);
+        const MmaA ds = ToA(dp[2 * k], dp[2 * k + 1]);
+        DTRAIN_UNROLL
+        for (int n = 0; n < kD / 8; ++n) {
+          warp.Mma(dv[n], p, LoadB(lane, dys + 16 * k * kStride + 8 * n, kStride));
+          warp.Mma(dk[n], ds, LoadB(lane, queries + 16 * k * kStride + 8 * n, kStride));
+        }
+      }
+      block.Sync();
+    }
+  }
+  const LaneRows rows = {{key[0], key[1]}, {}};
+  const float dk_scale[2] = {dims.scale, dims.scale}, dv_scale[2] = {1.0f, 1.0f};
+  StoreRows<kD>(lane, dk, rows, dk_scale, KeyAt(dqkv, dims, kv, 0), dims.qkv_width, time);
+  StoreRows<kD>(lane, dv, rows, dv_scale, ValueAt(dqkv, dims, kv, 0), dims.qkv_width, time);
+}
+
+}  // namespace dtrain::cuda

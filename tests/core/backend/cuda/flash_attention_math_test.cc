@@ -1,0 +1,173 @@
+#include "core/backend/cuda/flash_attention_math.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/backend/cpu/attention.h"
+#include "core/backend/cuda/mma_math.h"
+#include "gtest/gtest.h"
+#include "tests/core/backend/cuda/attention_bounds.h"
+#include "tests/core/backend/cuda/test_util.h"
+
+namespace dtrain::cuda {
+namespace {
+
+using testing::HostBlock;
+using testing::HostWarp;
+using testing::Load;
+using testing::RandomFloats;
+using testing::RunOnHostBlock;
+using testing::RunOnHostWarp;
+using testing::ToBf16;
+
+// The fragment loaders against the layout the emulated instruction reads (mma_math.h's index
+// functions): A from a row-major tile, B both from its rows (LoadB) and from its transpose's
+// (LoadBTransposed), each product against a double one; and a product's C tiles fed back as A
+// (ToA) multiply as the product rounded to bf16.
+TEST(MmaTest, FragmentLoadersAndTheEmulatedProductAgree) {
+  constexpr int kStride = 24;  // padded rows, as the kernels' shared tiles
+  const std::vector<Bf16> a = ToBf16(RandomFloats(16 * kStride, 1));
+  const std::vector<Bf16> b = ToBf16(RandomFloats(16 * kStride, 2));  // B (16 x 16), row-major
+  std::vector<Bf16> b_transposed(16 * kStride);
+  for (int k = 0; k < 16; ++k) {
+    for (int n = 0; n < 16; ++n) b_transposed[n * kStride + k] = b[k * kStride + n];
+  }
+  std::vector<double> product(16 * 16, 0.0), rounded_twice(16 * 8, 0.0);
+  for (int m = 0; m < 16; ++m) {
+    for (int n = 0; n < 16; ++n) {
+      for (int k = 0; k < 16; ++k) {
+        product[m * 16 + n] += double{ToFloat(a[m * kStride + k])} * ToFloat(b[k * kStride + n]);
+      }
+    }
+  }
+  // (A B rounded to bf16) times B's first 8 columns.
+  for (int m = 0; m < 16; ++m) {
+    for (int n = 0; n < 8; ++n) {
+      for (int k = 0; k < 16; ++k) {
+        const float ab = ToFloat(FromFloat<Bf16>(static_cast<float>(product[m * 16 + k])));
+        rounded_twice[m * 8 + n] += double{ab} * ToFloat(b[k * kStride + n]);
+      }
+    }
+  }
+  RunOnHostWarp([&](const HostWarp& warp) {
+    const int lane = warp.lane();
+    const MmaA fragment = LoadA(lane, a.data(), kStride);
+    MmaC left, right, left_transposed, again;
+    warp.Mma(left, fragment, LoadB(lane, b.data(), kStride));
+    warp.Mma(right, fragment, LoadB(lane, b.data() + 8, kStride));
+    warp.Mma(left_transposed, fragment, LoadBTransposed(lane, b_transposed.data(), kStride));
+    warp.Mma(again, ToA(left, right), LoadB(lane, b.data(), kStride));
+    for (int e = 0; e < 4; ++e) {
+      const MatrixIndex at = MmaCIndex(lane, e);
+      EXPECT_NEAR(left.value[e], product[at.row * 16 + at.col], 1e-5) << lane << " " << e;
+      EXPECT_NEAR(right.value[e], product[at.row * 16 + at.col + 8], 1e-5) << lane << " " << e;
+      EXPECT_EQ(left_transposed.value[e], left.value[e]) << lane << " " << e;
+      EXPECT_NEAR(again.value[e], rounded_twice[at.row * 8 + at.col], 1e-4) << lane << " " << e;
+    }
+  });
+}
+
+// Every lane's C elements cover the 16 x 8 tile once, A's and B's their 16 x 16 and 16 x 8, and
+// the four lanes of a quad share rows.
+TEST(MmaTest, FragmentsCoverTheirMatricesOnce) {
+  std::vector<int> a(16 * 16), b(16 * 8), c(16 * 8);
+  for (int lane = 0; lane < kWarpSize; ++lane) {
+    for (int e = 0; e < 8; ++e) ++a[MmaAIndex(lane, e).row * 16 + MmaAIndex(lane, e).col];
+    for (int e = 0; e < 4; ++e) {
+      ++b[MmaBIndex(lane, e).row * 8 + MmaBIndex(lane, e).col];
+      ++c[MmaCIndex(lane, e).row * 8 + MmaCIndex(lane, e).col];
+      EXPECT_EQ(MmaCIndex(lane, e).row, MmaCIndex(lane / 4 * 4, e).row);
+    }
+  }
+  for (int count : a) EXPECT_EQ(count, 1);
+  for (int count : b) EXPECT_EQ(count, 1);
+  for (int count : c) EXPECT_EQ(count, 1);
+}
+
+TEST(MmaTest, QuadReductionsStayInTheQuad) {
+  RunOnHostWarp([](const HostWarp& warp) {
+    const float v = static_cast<float>(warp.lane());
+    EXPECT_EQ(QuadMax(warp, v), static_cast<float>(warp.lane() / 4 * 4 + 3));
+    EXPECT_EQ(QuadSum(warp, v), static_cast<float>(4 * (warp.lane() / 4 * 4) + 6));
+  });
+}
+
+using Block = HostBlock<kFlashThreads>;
+
+// Runs body(block, shared) on every block of a (blocks_x, blocks_y) grid, each with `bytes` of
+// zeroed shared memory.
+template <typename Body>
+void RunGrid(int blocks_x, int blocks_y, size_t bytes, const Body& body) {
+  for (int x = 0; x < blocks_x; ++x) {
+    for (int y = 0; y < blocks_y; ++y) {
+      std::vector<std::byte> shared(bytes);
+      RunOnHostBlock<kFlashThreads>(
+          [&](const Block& block) { body(block, reinterpret_cast<Bf16*>(shared.data()), x, y); });
+    }
+  }
+}
+
+// The three kernels' blocks over the whole grid on emulated blocks, against the CPU backend given
+// the same bf16 inputs, within the rounding of P and dS (attention_bounds.h).
+template <int kD>
+void CheckFlashAttention(const AttentionShape& shape, const std::vector<int32_t>& documents) {
+  SCOPED_TRACE(::testing::Message()
+               << "T " << shape.time << " D " << kD << (documents.empty() ? "" : ", documents"));
+  const int32_t* positions = documents.empty() ? nullptr : documents.data();
+  const AttentionDims dims = MakeAttentionDims(shape);
+  const size_t rows = static_cast<size_t>(shape.batch) * shape.time;
+  const std::vector<Bf16> qkv = ToBf16(RandomFloats(rows * dims.qkv_width, 1));
+  const std::vector<Bf16> dout = ToBf16(RandomFloats(rows * dims.out_width, 2));
+  std::vector<Bf16> out(rows * dims.out_width), dqkv(qkv.size());
+  std::vector<float> lse(rows * shape.heads);
+  const int tiles = (shape.time + kFlashRows - 1) / kFlashRows;
+  RunGrid(shape.batch * shape.heads, tiles, kFlashForwardShared<kD>,
+          [&](const Block& block, Bf16* shared, int x, int y) {
+            FlashForwardBlock<kD>(block, shared, out.data(), lse.data(), qkv.data(), positions,
+                                  dims, x / shape.heads, x % shape.heads, y);
+          });
+  RunGrid(shape.batch * shape.heads, tiles, kFlashQueryGradShared<kD>,
+          [&](const Block& block, Bf16* shared, int x, int y) {
+            FlashQueryGradBlock<kD>(block, shared, dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                    lse.data(), positions, dims, x / shape.heads, x % shape.heads,
+                                    y);
+          });
+  RunGrid(shape.batch * shape.kv_heads, tiles, kFlashKeyValueGradShared<kD>,
+          [&](const Block& block, Bf16* shared, int x, int y) {
+            FlashKeyValueGradBlock<kD>(block, shared, dqkv.data(), dout.data(), qkv.data(),
+                                       out.data(), lse.data(), positions, dims, x / shape.kv_heads,
+                                       x % shape.kv_heads, y);
+          });
+
+  const std::vector<float> qkv_cpu = Load(qkv), dout_cpu = Load(dout), out_kernel = Load(out);
+  std::vector<float> scratch(cpu::AttentionScratchSize(shape));
+  std::vector<float> out_cpu(out.size()), lse_cpu(lse.size()), dqkv_cpu(qkv.size());
+  cpu::AttentionForward(out_cpu.data(), lse_cpu.data(), qkv_cpu.data(), shape, scratch.data(),
+                        nullptr, positions);
+  cpu::AttentionBackward(dqkv_cpu.data(), dout_cpu.data(), qkv_cpu.data(), out_kernel.data(),
+                         lse.data(), shape, scratch.data(), nullptr, positions);
+  const testing::AttentionSums sums =
+      testing::AttentionAbsoluteSums(shape, qkv_cpu, dout_cpu, out_kernel, positions);
+  testing::ExpectWithinRounding(out, out_cpu, sums.out, "out");
+  testing::ExpectFloatMatches(lse, lse_cpu, "lse");
+  testing::ExpectWithinRounding(dqkv, dqkv_cpu, sums.dqkv, "dqkv");
+}
+
+// D = 64 with T = 100: two query tiles (the second partial), two forward key tiles, four dq key
+// tiles and dk/dv query tiles, grouped-query heads; documents cross the tiles' boundaries, so
+// rows of one block see keys from before it and rows past a document's end see none of a tile.
+TEST(FlashAttentionTest, HeadDim64MatchesCpuBackend) {
+  const AttentionShape shape{.batch = 2, .time = 100, .heads = 4, .kv_heads = 2, .head_dim = 64};
+  CheckFlashAttention<64>(shape, {});
+  CheckFlashAttention<64>(shape, testing::PackedPositions(shape.batch, shape.time, {3, 1, 50, 17}));
+}
+
+TEST(FlashAttentionTest, HeadDim128MatchesCpuBackend) {
+  const AttentionShape shape{.batch = 1, .time = 70, .heads = 2, .kv_heads = 1, .head_dim = 128};
+  CheckFlashAttention<128>(shape, {});
+  CheckFlashAttention<128>(shape, testing::PackedPositions(shape.batch, shape.time, {5, 40}));
+}
+
+}  // namespace
+}  // namespace dtrain::cuda
