@@ -242,7 +242,12 @@ void WithLanes(int head_dim, const Launch& launch) {
   }
 }
 
-// The tensor-core kernels: one block of flash_attention_math.h each.
+// The tensor-core kernels: one block of flash_attention_math.h each. A causal query tile streams
+// more keys the later it is, so the forward and dq grids start from the last tile (the longest
+// blocks first, the short ones filling in at the end); a key tile's queries shrink the later it
+// is, so dk/dv's grid is in order already.
+__device__ inline int LongestFirst() { return static_cast<int>(gridDim.y - 1 - blockIdx.y); }
+
 template <int kD>
 __global__ void __launch_bounds__(kFlashThreads)
     FlashForwardKernel(Bf16* out, float* lse, const Bf16* qkv, const int32_t* positions,
@@ -250,7 +255,7 @@ __global__ void __launch_bounds__(kFlashThreads)
   extern __shared__ uint4 flash_shared[];
   FlashForwardBlock<kD>(DeviceBlock{}, reinterpret_cast<Bf16*>(flash_shared), out, lse, qkv,
                         positions, dims, blockIdx.x / dims.heads, blockIdx.x % dims.heads,
-                        blockIdx.y);
+                        LongestFirst());
 }
 
 template <int kD>
@@ -260,7 +265,7 @@ __global__ void __launch_bounds__(kFlashThreads)
   extern __shared__ uint4 flash_shared[];
   FlashQueryGradBlock<kD>(DeviceBlock{}, reinterpret_cast<Bf16*>(flash_shared), dqkv, dout, qkv,
                           out, lse, positions, dims, blockIdx.x / dims.heads,
-                          blockIdx.x % dims.heads, blockIdx.y);
+                          blockIdx.x % dims.heads, LongestFirst());
 }
 
 template <int kD>

@@ -46,6 +46,10 @@ inline constexpr int kFlashPad = 8;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
+// The shared tiles hold kFlashRows rows (the block's own), a tile's rows are whole k-steps.
+static_assert(kFlashForwardKeys <= kFlashRows && kFlashGradTile <= kFlashRows);
+static_assert(kFlashForwardKeys % 16 == 0 && kFlashGradTile % 16 == 0);
+
 DTRAIN_HD constexpr bool FlashHeadDim(int head_dim) { return head_dim == 64 || head_dim == 128; }
 
 template <int kD>
@@ -84,8 +88,9 @@ DTRAIN_HD void StageRows(const Block& block, Bf16* tile, int rows, const Bf16* b
       const Bf16* from = base + (first + r) * stride + c;
       if (reinterpret_cast<uintptr_t>(from) % 16 == 0) {
         chunk = *reinterpret_cast<const uint4*>(from);
-      } else {
-        memcpy(&chunk, from, sizeof(chunk));  // a view into the arena, 2-byte aligned
+      } else {  // a view into the arena, 2-byte aligned
+        Bf16* values = reinterpret_cast<Bf16*>(&chunk);
+        for (int k = 0; k < 8; ++k) values[k] = from[k];
       }
     }
     *reinterpret_cast<uint4*>(to) = chunk;
