@@ -188,7 +188,7 @@ TEST(PrometheusScrapeTest, PrometheusScrapesBothRanksOfARunningJob) {
 // Rank 1 listens on the held port + 1, which must stay free: both come from below the ephemeral
 // range, where no other test's outgoing connection lands.
 TEST(PrometheusScrapeTest, ABusyMetricsPortWarnsAndTrainingFinishes) {
-  const testing::HeldTcpPort held(testing::FreeTcpPortPairBelowEphemeral());
+  const testing::HeldTcpPort held(testing::FreeTcpPorts(2));
   ASSERT_GT(held.port(), 0) << "no free pair of ports below the ephemeral range";
   ASSERT_TRUE(held.bound());
   // Rank 0 finds its port (metrics_port + 0) taken; rank 1 serves on the next one.

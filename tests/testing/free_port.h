@@ -11,20 +11,6 @@
 
 namespace dtrain::testing {
 
-// A loopback port that was free a moment ago and that nothing listens on: bound to port 0, read
-// back and closed (the kernel does not hand out the same ephemeral port again at once).
-inline int FreeTcpPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // Whether a listening socket could bind `port` on every interface just now.
 inline bool TcpPortIsFree(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -37,25 +23,32 @@ inline bool TcpPortIsFree(int port) {
   return free;
 }
 
-// A port that was free a moment ago with its successor, both below the kernel's ephemeral range
-// (net.ipv4.ip_local_port_range): no outgoing connection takes either as its local port
-// meanwhile, as one can take a port FreeTcpPort returned, or that port + 1. For a test whose
-// processes listen on consecutive ports. 0 when none is found.
-inline int FreeTcpPortPairBelowEphemeral() {
+// The first of `count` consecutive ports that were free a moment ago, below the kernel's
+// ephemeral range (net.ipv4.ip_local_port_range), so that no outgoing connection takes one as its
+// local port meanwhile. A port bound to 0, read back and closed is in that range, and under
+// ctest -j the many connections of the multi-process tests running beside took such a port before
+// the test's server bound it ("address already in use", the other ranks then waiting out their
+// timeout). Drawn at random, so tests side by side rarely draw the same; 0 when none is found.
+inline int FreeTcpPorts(int count) {
   int low = 32768;
   if (std::FILE* range = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
     if (std::fscanf(range, "%d", &low) != 1) low = 32768;
     std::fclose(range);
   }
-  std::mt19937 random(static_cast<unsigned>(getpid()));
+  static std::mt19937 random(std::random_device{}());
   const int first = 10000;
-  if (low - 2 <= first) return 0;
+  if (low - count <= first) return 0;
   for (int attempt = 0; attempt < 200; ++attempt) {
-    const int port = first + static_cast<int>(random() % static_cast<unsigned>(low - 2 - first));
-    if (TcpPortIsFree(port) && TcpPortIsFree(port + 1)) return port;
+    const int port =
+        first + static_cast<int>(random() % static_cast<unsigned>(low - count - first));
+    bool free = true;
+    for (int i = 0; i < count && free; ++i) free = TcpPortIsFree(port + i);
+    if (free) return port;
   }
   return 0;
 }
+
+inline int FreeTcpPort() { return FreeTcpPorts(1); }
 
 // A free port held by a socket listening on every interface, as another process would hold it,
 // until destroyed: FreeTcpPort's, or `port`.
