@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "core/backend/cpu/attention.h"
-#include "core/backend/cuda/mma_math.h"
 #include "gtest/gtest.h"
 #include "tests/core/backend/cuda/attention_bounds.h"
 #include "tests/core/backend/cuda/test_util.h"
@@ -14,84 +13,10 @@ namespace dtrain::cuda {
 namespace {
 
 using testing::HostBlock;
-using testing::HostWarp;
 using testing::Load;
 using testing::RandomFloats;
 using testing::RunOnHostBlock;
-using testing::RunOnHostWarp;
 using testing::ToBf16;
-
-// The fragment loaders against the layout the emulated instruction reads (mma_math.h's index
-// functions): A from a row-major tile, B both from its rows (LoadB) and from its transpose's
-// (LoadBTransposed), each product against a double one; and a product's C tiles fed back as A
-// (ToA) multiply as the product rounded to bf16.
-TEST(MmaTest, FragmentLoadersAndTheEmulatedProductAgree) {
-  constexpr int kStride = 24;  // padded rows, as the kernels' shared tiles
-  const std::vector<Bf16> a = ToBf16(RandomFloats(16 * kStride, 1));
-  const std::vector<Bf16> b = ToBf16(RandomFloats(16 * kStride, 2));  // B (16 x 16), row-major
-  std::vector<Bf16> b_transposed(16 * kStride);
-  for (int k = 0; k < 16; ++k) {
-    for (int n = 0; n < 16; ++n) b_transposed[n * kStride + k] = b[k * kStride + n];
-  }
-  std::vector<double> product(16 * 16, 0.0), rounded_twice(16 * 8, 0.0);
-  for (int m = 0; m < 16; ++m) {
-    for (int n = 0; n < 16; ++n) {
-      for (int k = 0; k < 16; ++k) {
-        product[m * 16 + n] += double{ToFloat(a[m * kStride + k])} * ToFloat(b[k * kStride + n]);
-      }
-    }
-  }
-  // (A B rounded to bf16) times B's first 8 columns.
-  for (int m = 0; m < 16; ++m) {
-    for (int n = 0; n < 8; ++n) {
-      for (int k = 0; k < 16; ++k) {
-        const float ab = ToFloat(FromFloat<Bf16>(static_cast<float>(product[m * 16 + k])));
-        rounded_twice[m * 8 + n] += double{ab} * ToFloat(b[k * kStride + n]);
-      }
-    }
-  }
-  RunOnHostWarp([&](const HostWarp& warp) {
-    const int lane = warp.lane();
-    const MmaA fragment = LoadA(lane, a.data(), kStride);
-    MmaC left, right, left_transposed, again;
-    warp.Mma(left, fragment, LoadB(lane, b.data(), kStride));
-    warp.Mma(right, fragment, LoadB(lane, b.data() + 8, kStride));
-    warp.Mma(left_transposed, fragment, LoadBTransposed(lane, b_transposed.data(), kStride));
-    warp.Mma(again, ToA(left, right), LoadB(lane, b.data(), kStride));
-    for (int e = 0; e < 4; ++e) {
-      const MatrixIndex at = MmaCIndex(lane, e);
-      EXPECT_NEAR(left.value[e], product[at.row * 16 + at.col], 1e-5) << lane << " " << e;
-      EXPECT_NEAR(right.value[e], product[at.row * 16 + at.col + 8], 1e-5) << lane << " " << e;
-      EXPECT_EQ(left_transposed.value[e], left.value[e]) << lane << " " << e;
-      EXPECT_NEAR(again.value[e], rounded_twice[at.row * 8 + at.col], 1e-4) << lane << " " << e;
-    }
-  });
-}
-
-// Every lane's C elements cover the 16 x 8 tile once, A's and B's their 16 x 16 and 16 x 8, and
-// the four lanes of a quad share rows.
-TEST(MmaTest, FragmentsCoverTheirMatricesOnce) {
-  std::vector<int> a(16 * 16), b(16 * 8), c(16 * 8);
-  for (int lane = 0; lane < kWarpSize; ++lane) {
-    for (int e = 0; e < 8; ++e) ++a[MmaAIndex(lane, e).row * 16 + MmaAIndex(lane, e).col];
-    for (int e = 0; e < 4; ++e) {
-      ++b[MmaBIndex(lane, e).row * 8 + MmaBIndex(lane, e).col];
-      ++c[MmaCIndex(lane, e).row * 8 + MmaCIndex(lane, e).col];
-      EXPECT_EQ(MmaCIndex(lane, e).row, MmaCIndex(lane / 4 * 4, e).row);
-    }
-  }
-  for (int count : a) EXPECT_EQ(count, 1);
-  for (int count : b) EXPECT_EQ(count, 1);
-  for (int count : c) EXPECT_EQ(count, 1);
-}
-
-TEST(MmaTest, QuadReductionsStayInTheQuad) {
-  RunOnHostWarp([](const HostWarp& warp) {
-    const float v = static_cast<float>(warp.lane());
-    EXPECT_EQ(QuadMax(warp, v), static_cast<float>(warp.lane() / 4 * 4 + 3));
-    EXPECT_EQ(QuadSum(warp, v), static_cast<float>(4 * (warp.lane() / 4 * 4) + 6));
-  });
-}
 
 using Block = HostBlock<kFlashThreads>;
 

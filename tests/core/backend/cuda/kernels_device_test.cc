@@ -18,6 +18,7 @@
 #include "core/backend/cuda/flash_attention_math.h"
 #include "core/backend/cuda/kernels.h"
 #include "tests/core/backend/cuda/attention_bounds.h"
+#include "tests/core/backend/cuda/mma_probe.h"
 #include "tests/core/backend/cuda/test_util.h"
 #endif
 
@@ -140,6 +141,27 @@ TEST(CudaDeviceTest, LayerNorm) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   CheckLayerNorm<float>();
   CheckLayerNorm<Bf16>();
+}
+
+// One warp's mma.sync, fragment loads and quad shuffles against the host's emulation of them
+// (mma_probe.h), which the host tests of the tensor-core attention run on: the products within
+// the difference of two fp32 sums of 16 terms (the tensor cores' order and rounding of the sum
+// are unspecified), the quad reductions exact.
+TEST(CudaDeviceTest, TheTensorCoresComputeWhatTheHostEmulates) {
+  if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
+  const testing::ProbeCase probe = testing::MakeProbeCase();
+  std::vector<float> emulated(testing::kProbeOutputs), device;
+  testing::RunOnHostWarp([&](const testing::HostWarp& warp) {
+    testing::MmaProbe(warp, probe.a.data(), probe.b.data(), probe.b_transposed.data(),
+                      emulated.data());
+  });
+  ASSERT_EQ(testing::MmaProbeOnDevice(probe, &device), cudaSuccess);
+  for (int i = 0; i < testing::kProbeProducts * 128; ++i) {
+    EXPECT_NEAR(device[i], emulated[i], 2e-5) << "product " << i / 128 << " at " << i % 128;
+  }
+  for (int i = testing::kProbeProducts * 128; i < testing::kProbeOutputs; ++i) {
+    EXPECT_EQ(device[i], emulated[i]) << "quad reduction " << i;
+  }
 }
 
 // host_positions: documents packed into the rows, or empty for one document a row.
