@@ -104,6 +104,24 @@ DTRAIN_HD void StageRows(const Block& block, Bf16* tile, int rows, const Bf16* b
   }
 }
 
+// Batch element b's part of a (B, rows, width) buffer; null stays null.
+template <typename T>
+DTRAIN_HD T* BatchPart(T* base, int b, int rows, int width) {
+  return base == nullptr ? nullptr : base + static_cast<size_t>(b) * rows * width;
+}
+
+// A block's tile, rows [first, end) of its batch element's T, and the calling thread's lane and
+// its warp's first row in the tile.
+struct FlashTile {
+  int first, end, lane, warp_first;
+};
+template <typename Block>
+DTRAIN_HD FlashTile MakeFlashTile(const Block& block, int tile, int time) {
+  const int first = tile * kFlashRows;
+  return {first, first + kFlashRows < time ? first + kFlashRows : time, block.warp().lane(),
+          16 * block.warp_index()};
+}
+
 // What one lane of a 16-row warp tile holds of its C blocks: rows g and g + 8 of the warp's
 // rows; element e of a C block is row e / 2's.
 struct LaneRows {
@@ -163,14 +181,12 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
   Bf16* keys = shared;
   Bf16* values = shared + kFlashRows * kStride;
   const int time = dims.time, kv = h / (dims.heads / dims.kv_heads);
-  qkv += static_cast<size_t>(b) * time * dims.qkv_width;
-  out += static_cast<size_t>(b) * time * dims.out_width;
-  lse += (static_cast<size_t>(b) * dims.heads + h) * time;
-  if (positions != nullptr) positions += static_cast<size_t>(b) * time;
-  const int first = tile * kFlashRows;
-  const int end = first + kFlashRows < time ? first + kFlashRows : time;
+  qkv = BatchPart(qkv, b, time, dims.qkv_width);
+  out = BatchPart(out, b, time, dims.out_width);
+  lse = BatchPart(lse, b, dims.heads, time) + static_cast<size_t>(h) * time;
+  positions = BatchPart(positions, b, time, 1);
+  const auto [first, end, lane, warp_first] = MakeFlashTile(block, tile, time);
   const auto warp = block.warp();
-  const int lane = warp.lane(), warp_first = 16 * block.warp_index();
 
   StageRows<kD>(block, keys, kFlashRows, QueryAt(qkv, dims, h, 0), dims.qkv_width, first,
                 end - first);
@@ -265,18 +281,14 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
   Bf16* keys = shared;
   Bf16* values = shared + kFlashRows * kStride;
   const int time = dims.time, kv = h / (dims.heads / dims.kv_heads);
-  const size_t qkv_offset = static_cast<size_t>(b) * time * dims.qkv_width;
-  const size_t out_offset = static_cast<size_t>(b) * time * dims.out_width;
-  qkv += qkv_offset;
-  dqkv += qkv_offset;
-  out += out_offset;
-  dout += out_offset;
-  lse += (static_cast<size_t>(b) * dims.heads + h) * time;
-  if (positions != nullptr) positions += static_cast<size_t>(b) * time;
-  const int first = tile * kFlashRows;
-  const int end = first + kFlashRows < time ? first + kFlashRows : time;
+  qkv = BatchPart(qkv, b, time, dims.qkv_width);
+  dqkv = BatchPart(dqkv, b, time, dims.qkv_width);
+  out = BatchPart(out, b, time, dims.out_width);
+  dout = BatchPart(dout, b, time, dims.out_width);
+  lse = BatchPart(lse, b, dims.heads, time) + static_cast<size_t>(h) * time;
+  positions = BatchPart(positions, b, time, 1);
+  const auto [first, end, lane, warp_first] = MakeFlashTile(block, tile, time);
   const auto warp = block.warp();
-  const int lane = warp.lane(), warp_first = 16 * block.warp_index();
 
   // q and dout in registers, then delta = dout . out from out staged where q was.
   StageRows<kD>(block, keys, kFlashRows, QueryAt(qkv, dims, h, 0), dims.qkv_width, first,
@@ -366,20 +378,16 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
   float* tile_delta = tile_lse + kFlashGradTile;
   int* tile_first_key = reinterpret_cast<int*>(tile_delta + kFlashGradTile);
   const int time = dims.time, group = dims.heads / dims.kv_heads;
-  const size_t qkv_offset = static_cast<size_t>(b) * time * dims.qkv_width;
-  const size_t out_offset = static_cast<size_t>(b) * time * dims.out_width;
-  qkv += qkv_offset;
-  dqkv += qkv_offset;
-  out += out_offset;
-  dout += out_offset;
-  lse += static_cast<size_t>(b) * dims.heads * time;
-  if (positions != nullptr) positions += static_cast<size_t>(b) * time;
-  const int first = tile * kFlashRows;
-  const int end = first + kFlashRows < time ? first + kFlashRows : time;
+  qkv = BatchPart(qkv, b, time, dims.qkv_width);
+  dqkv = BatchPart(dqkv, b, time, dims.qkv_width);
+  out = BatchPart(out, b, time, dims.out_width);
+  dout = BatchPart(dout, b, time, dims.out_width);
+  lse = BatchPart(lse, b, dims.heads, time);
+  positions = BatchPart(positions, b, time, 1);
+  const auto [first, end, lane, warp_first] = MakeFlashTile(block, tile, time);
   // The query rows that see the block's keys end where its last key's document does.
   const int queries_end = VisibleQueries(positions, time, end - 1).end;
   const auto warp = block.warp();
-  const int lane = warp.lane(), warp_first = 16 * block.warp_index();
   const Bf16* warp_keys = keys + warp_first * kStride;
   const Bf16* warp_values = values + warp_first * kStride;
   int key[2];  // the lane's key rows of C
