@@ -23,12 +23,26 @@ inline bool TcpPortIsFree(int port) {
   return free;
 }
 
+// A loopback port bound to 0, read back and closed: free a moment ago, in the ephemeral range.
+inline int KernelPickedTcpPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
 // The first of `count` consecutive ports that were free a moment ago, below the kernel's
 // ephemeral range (net.ipv4.ip_local_port_range), so that no outgoing connection takes one as its
 // local port meanwhile. A port bound to 0, read back and closed is in that range, and under
 // ctest -j the many connections of the multi-process tests running beside took such a port before
 // the test's server bound it ("address already in use", the other ranks then waiting out their
-// timeout). Drawn at random, so tests side by side rarely draw the same; 0 when none is found.
+// timeout). Drawn at random, so tests side by side rarely draw the same. Where the ephemeral
+// range leaves no room below it, one port is the kernel's pick; 0 when none is found.
 inline int FreeTcpPorts(int count) {
   int low = 32768;
   if (std::FILE* range = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
@@ -37,7 +51,7 @@ inline int FreeTcpPorts(int count) {
   }
   static std::mt19937 random(std::random_device{}());
   const int first = 10000;
-  if (low - count <= first) return 0;
+  if (low - count <= first) return count == 1 ? KernelPickedTcpPort() : 0;
   for (int attempt = 0; attempt < 200; ++attempt) {
     const int port =
         first + static_cast<int>(random() % static_cast<unsigned>(low - count - first));
