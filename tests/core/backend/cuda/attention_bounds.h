@@ -8,6 +8,7 @@
 // A is computed here in double from the inputs.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
