@@ -8,10 +8,10 @@
 # through the CUDA module the binary loads; SFT's packed documents trained on the GPU against the
 # CPU (scripts/gpu/sft_check.sh); with several GPUs, DDP, ZeRO, tensor and pipeline parallelism
 # over NCCL against the same layouts on the CPU (scripts/gpu/multi_gpu_check.sh); last the
-# training benchmark (scripts/gpu/bench.sh:
-# GPT-2 124M and a Llama ~1B shape against PyTorch 2 on the same GPU, float32 values with float32
-# and bf16 tensor-core matmuls). Here a skip is a failure: the script says which test found no
-# device.
+# training benchmark (scripts/gpu/bench.sh: GPT-2 124M and a Llama ~1B shape against PyTorch 2 on
+# the same GPU, in float32 with float32 and bf16 tensor-core matmuls, and in bf16 against
+# PyTorch's autocast). Here a skip is a failure: the script says which test found no
+# device. Every stage runs even when an earlier one fails; the failed ones are listed at the end.
 #
 # Usage: scripts/gpu/check.sh [--prebuilt] [BUILD_DIR] (default build-gpu). --prebuilt uses the
 # binaries already in BUILD_DIR, built on another machine for this GPU's architecture (a GPU
@@ -45,23 +45,47 @@ fi
 log=$(mktemp)
 runs=$(mktemp -d)
 trap 'rm -rf "$log" "$runs"' EXIT
-# Each test binary run is bounded, so a hung kernel or collective ends the script, not the session.
+# The stages below all run even when one fails, so that one pass on a GPU machine (whose time is
+# short) reports every result: the failed ones are listed at the end, and the exit status is 1.
+failed=()
+stage() {
+  local name=$1
+  shift
+  echo "== $name"
+  if "$@"; then
+    echo "== $name: passed"
+  else
+    echo "== $name: FAILED" >&2
+    failed+=("$name")
+  fi
+}
+# Each test binary run is bounded, so a hung kernel or collective ends the stage, not the session.
 # The tests that need two GPUs are left out, saying so, where there is one.
 filter=()
 if (( ${#gpus[@]} < 2 )); then
   filter=(--gtest_filter=-NcclCommunicatorTest.TheWatchdogEndsADeviceWaitOnAHungCollective)
   echo "one GPU: leaving out NcclCommunicatorTest.TheWatchdogEndsADeviceWaitOnAHungCollective"
 fi
-timeout 300 "$build/tests/dtrain_gpu_tests" "${filter[@]}" | tee "$log"
-if grep -q '^\[  SKIPPED \]' "$log"; then
-  echo "a GPU test skipped on a machine with a GPU (see its message above)" >&2
+gpu_tests() {
+  timeout 300 "$build/tests/dtrain_gpu_tests" "${filter[@]}" | tee "$log" || return 1
+  if grep -q '^\[  SKIPPED \]' "$log"; then
+    echo "a GPU test skipped on a machine with a GPU (see its message above)" >&2
+    return 1
+  fi
+}
+tiny_train() {
+  [[ -f $repo/data/fortunes.txt ]] || bash "$repo/scripts/prepare_demo_data.sh" || return 1
+  (cd "$repo" && timeout 120 "$build/dtrain" train --set run.device=cuda \
+    --set run.out_dir="$runs" --set train.steps=20)
+}
+stage "GPU tests" gpu_tests
+stage "dtrain train of the tiny recipe on the GPU" tiny_train
+stage "SFT on the GPU against the CPU" bash "$repo/scripts/gpu/sft_check.sh" "$build" "$runs/sft"
+stage "layouts over NCCL against the CPU" bash "$repo/scripts/gpu/multi_gpu_check.sh" "$build" \
+  "$runs/multi" "${#gpus[@]}"
+stage "benchmark" bash "$repo/scripts/gpu/bench.sh" "$build"
+if ((${#failed[@]} > 0)); then
+  printf 'failed: %s\n' "${failed[@]}" >&2
   exit 1
 fi
-echo "GPU tests passed"
-[[ -f $repo/data/fortunes.txt ]] || bash "$repo/scripts/prepare_demo_data.sh"
-(cd "$repo" && timeout 120 "$build/dtrain" train --set run.device=cuda \
-  --set run.out_dir="$runs" --set train.steps=20)
-echo "dtrain train on the GPU finished (metrics in the log above)"
-bash "$repo/scripts/gpu/sft_check.sh" "$build" "$runs/sft"
-bash "$repo/scripts/gpu/multi_gpu_check.sh" "$build" "$runs/multi" "${#gpus[@]}"
-bash "$repo/scripts/gpu/bench.sh" "$build"
+echo "every stage passed"
