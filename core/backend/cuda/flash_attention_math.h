@@ -254,8 +254,11 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
     for (int k = 0; k < kFlashForwardKeys / 16; ++k) {
       const MmaA p = ToA(s[2 * k], s[2 * k + 1]);
       DTRAIN_UNROLL
-      for (int n = 0; n < kD / 8; ++n) {
-        warp.Mma(acc[n], p, LoadB(lane, values + 16 * k * kStride + 8 * n, kStride));
+      for (int n = 0; n < kD / 8; n += 2) {
+        MmaB left, right;
+        LoadBPair(warp, values + 16 * k * kStride + 8 * n, kStride, left, right);
+        warp.Mma(acc[n], p, left);
+        warp.Mma(acc[n + 1], p, right);
       }
     }
     block.Sync();
@@ -352,8 +355,11 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
     for (int k = 0; k < kFlashGradTile / 16; ++k) {
       const MmaA ds = ToA(s[2 * k], s[2 * k + 1]);
       DTRAIN_UNROLL
-      for (int n = 0; n < kD / 8; ++n) {
-        warp.Mma(acc[n], ds, LoadB(lane, keys + 16 * k * kStride + 8 * n, kStride));
+      for (int n = 0; n < kD / 8; n += 2) {
+        MmaB left, right;
+        LoadBPair(warp, keys + 16 * k * kStride + 8 * n, kStride, left, right);
+        warp.Mma(acc[n], ds, left);
+        warp.Mma(acc[n + 1], ds, right);
       }
     }
     block.Sync();
@@ -455,9 +461,14 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
         const MmaA p = ToA(s[2 * k], s[2 * k + 1]);
         const MmaA ds = ToA(dp[2 * k], dp[2 * k + 1]);
         DTRAIN_UNROLL
-        for (int n = 0; n < kD / 8; ++n) {
-          warp.Mma(dv[n], p, LoadB(lane, dys + 16 * k * kStride + 8 * n, kStride));
-          warp.Mma(dk[n], ds, LoadB(lane, queries + 16 * k * kStride + 8 * n, kStride));
+        for (int n = 0; n < kD / 8; n += 2) {
+          MmaB left, right;
+          LoadBPair(warp, dys + 16 * k * kStride + 8 * n, kStride, left, right);
+          warp.Mma(dv[n], p, left);
+          warp.Mma(dv[n + 1], p, right);
+          LoadBPair(warp, queries + 16 * k * kStride + 8 * n, kStride, left, right);
+          warp.Mma(dk[n], ds, left);
+          warp.Mma(dk[n + 1], ds, right);
         }
       }
       block.Sync();

@@ -13,9 +13,13 @@
 // registers. The warp type (warp_math.h) adds
 //   void Mma(MmaC& c, const MmaA& a, const MmaB& b) const;   // c += a b, every lane
 //   float ShuffleXor(float v, int offset) const;              // the value of lane ^ offset
-// DeviceLanes (warp.cuh) runs the instruction; tests/core/backend/cuda/test_util.h emulates it
-// on host threads from the layout functions below, so the host tests run the kernels' fragment
-// code as written.
+//   void LoadMatricesTransposed(const Bf16* row, uint32_t (&reg)[4]) const;
+// the last ldmatrix.sync.m8n8.x4.trans (shared memory): lane l gives the address of row l % 8
+// of 8 x 8 matrix l / 8 (8 contiguous values, 16-byte aligned), and receives in reg[i] matrix
+// i's elements [2c][g] (low half) and [2c+1][g]: a B fragment's register, read from B's rows.
+// DeviceLanes (warp.cuh) runs the instructions; tests/core/backend/cuda/test_util.h emulates them
+// on host threads from the layouts above, so the host tests run the kernels' fragment code as
+// written.
 #pragma once
 
 #include <cstddef>
@@ -71,11 +75,6 @@ DTRAIN_HD inline uint32_t LoadBf16Pair(const Bf16* p) {
   return reg;
 #endif
 }
-// p[0], p[stride] as one register: two rows of one column.
-DTRAIN_HD inline uint32_t LoadBf16Column(const Bf16* p, int stride) {
-  return static_cast<uint32_t>(p[0].bits) | (static_cast<uint32_t>(p[stride].bits) << 16);
-}
-
 // The A fragment of the 16 x 16 block at `tile` of a row-major matrix (row r at tile + r *
 // stride).
 DTRAIN_HD inline MmaA LoadA(int lane, const Bf16* tile, int stride) {
@@ -89,10 +88,18 @@ DTRAIN_HD inline MmaB LoadBTransposed(int lane, const Bf16* tile, int stride) {
   const Bf16* p = tile + (lane / 4) * stride + 2 * (lane % 4);
   return {{LoadBf16Pair(p), LoadBf16Pair(p + 8)}};
 }
-// The B fragment of the 16 x 8 block at `tile` of a row-major matrix (P V, V's rows the keys).
-DTRAIN_HD inline MmaB LoadB(int lane, const Bf16* tile, int stride) {
-  const Bf16* p = tile + 2 * (lane % 4) * stride + lane / 4;
-  return {{LoadBf16Column(p, stride), LoadBf16Column(p + 8 * stride, stride)}};
+// The B fragments of the two 16 x 8 blocks, columns [0, 8) and [8, 16), of the 16 x 16 block at
+// `tile` of a row-major matrix (P V, V's rows the keys), in one ldmatrix: matrices 0-3 are rows
+// [0, 8) and [8, 16) of columns [0, 8), then of columns [8, 16). `tile` and `stride` keep every
+// row 16-byte aligned.
+template <typename Warp>
+DTRAIN_HD void LoadBPair(const Warp& warp, const Bf16* tile, int stride, MmaB& left, MmaB& right) {
+  const int matrix = warp.lane() / 8;
+  uint32_t reg[4];
+  warp.LoadMatricesTransposed(tile + (matrix % 2 * 8 + warp.lane() % 8) * stride + matrix / 2 * 8,
+                              reg);
+  left = {{reg[0], reg[1]}};
+  right = {{reg[2], reg[3]}};
 }
 
 // The A fragment (rounded to bf16) of the 16 x 16 product whose columns 0-7 are `left`'s and

@@ -52,6 +52,17 @@ struct DeviceLanes {
     __trap();  // the launchers use tensor-core kernels only on sm_80 and later
 #endif
   }
+  __device__ void LoadMatricesTransposed(const Bf16* row, uint32_t (&reg)[4]) const {
+    static_assert(kLanes == kWarpSize);
+#if __CUDA_ARCH__ >= 800
+    const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(reg[0]), "=r"(reg[1]), "=r"(reg[2]), "=r"(reg[3])
+                 : "r"(address));
+#else
+    __trap();
+#endif
+  }
 };
 
 using DeviceWarp = DeviceLanes<kWarpSize>;

@@ -23,20 +23,22 @@ inline constexpr int kProbeStride = 24;
 inline constexpr int kProbeProducts = 4;
 inline constexpr int kProbeOutputs = kProbeProducts * 16 * 8 + 2 * kWarpSize;
 
-// a: A (16 x 16) row-major; b: B (16 x 16) row-major; b_transposed: B^T row-major. Writes, as
-// row-major 16 x 8 tiles: A B[:, 0:8] (LoadB), A B[:, 8:16], A B[:, 0:8] again from B^T
-// (LoadBTransposed), and (A B rounded to bf16, fed back through ToA) B[:, 0:8]; then lane l's
-// QuadMax and QuadSum of l.
+// a: A (16 x 16) row-major; b: B (16 x 16) row-major; b_transposed: B^T row-major; all 16-byte
+// aligned, as shared memory. Writes, as row-major 16 x 8 tiles: A B[:, 0:8] and A B[:, 8:16]
+// (LoadBPair's ldmatrix), A B[:, 0:8] again from B^T (LoadBTransposed), and (A B rounded to bf16,
+// fed back through ToA) B[:, 0:8]; then lane l's QuadMax and QuadSum of l.
 template <typename Warp>
 DTRAIN_HD void MmaProbe(const Warp& warp, const Bf16* a, const Bf16* b, const Bf16* b_transposed,
                         float* out) {
   const int lane = warp.lane();
   const MmaA fragment = LoadA(lane, a, kProbeStride);
   MmaC products[kProbeProducts];
-  warp.Mma(products[0], fragment, LoadB(lane, b, kProbeStride));
-  warp.Mma(products[1], fragment, LoadB(lane, b + 8, kProbeStride));
+  MmaB left, right;
+  LoadBPair(warp, b, kProbeStride, left, right);
+  warp.Mma(products[0], fragment, left);
+  warp.Mma(products[1], fragment, right);
   warp.Mma(products[2], fragment, LoadBTransposed(lane, b_transposed, kProbeStride));
-  warp.Mma(products[3], ToA(products[0], products[1]), LoadB(lane, b, kProbeStride));
+  warp.Mma(products[3], ToA(products[0], products[1]), left);
   for (int p = 0; p < kProbeProducts; ++p) {
     for (int e = 0; e < 4; ++e) {
       const MatrixIndex at = MmaCIndex(lane, e);

@@ -7,8 +7,17 @@
 namespace dtrain::cuda::testing {
 namespace {
 
+// One warp: the inputs into shared memory (ldmatrix reads nothing else), then the probe.
 __global__ void MmaProbeKernel(const Bf16* a, const Bf16* b, const Bf16* b_transposed, float* out) {
-  MmaProbe(DeviceWarp{}, a, b, b_transposed, out);
+  constexpr int kValues = 16 * kProbeStride;
+  __shared__ alignas(16) Bf16 shared[3][kValues];
+  for (int i = static_cast<int>(threadIdx.x); i < kValues; i += kWarpSize) {
+    shared[0][i] = a[i];
+    shared[1][i] = b[i];
+    shared[2][i] = b_transposed[i];
+  }
+  __syncwarp();
+  MmaProbe(DeviceWarp{}, shared[0], shared[1], shared[2], out);
 }
 
 template <typename T>

@@ -105,6 +105,7 @@ class HostLanes {
     std::array<std::array<std::byte, 16>, kLanes> slots;
     std::array<MmaA, kLanes> a;
     std::array<MmaB, kLanes> b;
+    std::array<const Bf16*, kLanes> rows;
   };
 
   HostLanes(int lane, Shared* shared) : lane_(lane), shared_(shared) {}
@@ -157,6 +158,20 @@ class HostLanes {
       const MatrixIndex at = MmaCIndex(lane_, e);
       for (int k = 0; k < 16; ++k) c.value[e] += a_matrix[at.row][k] * b_matrix[k][at.col];
     }
+  }
+
+  // ldmatrix.sync.m8n8.x4.trans as mma_math.h states it: matrix i's row r is at the address lane
+  // 8i + r gave; this lane takes elements [2c][g] and [2c+1][g] of each.
+  void LoadMatricesTransposed(const Bf16* row, uint32_t (&reg)[4]) const {
+    static_assert(kLanes == kWarpSize);
+    shared_->rows[lane_] = row;
+    shared_->sync.arrive_and_wait();
+    const int g = lane_ / 4, c = lane_ % 4;
+    for (int i = 0; i < 4; ++i) {
+      reg[i] = static_cast<uint32_t>(shared_->rows[8 * i + 2 * c][g].bits) |
+               (static_cast<uint32_t>(shared_->rows[8 * i + 2 * c + 1][g].bits) << 16);
+    }
+    shared_->sync.arrive_and_wait();
   }
 
  private:
