@@ -58,7 +58,8 @@ struct DeviceLanes {
     const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(reg[0]), "=r"(reg[1]), "=r"(reg[2]), "=r"(reg[3])
-                 : "r"(address));
+                 : "r"(address)
+                 : "memory");  // it reads shared memory the compiler does not see
 #else
     __trap();
 #endif

@@ -8,6 +8,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -164,6 +165,8 @@ class HostLanes {
   // 8i + r gave; this lane takes elements [2c][g] and [2c+1][g] of each.
   void LoadMatricesTransposed(const Bf16* row, uint32_t (&reg)[4]) const {
     static_assert(kLanes == kWarpSize);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(row) % 16, 0u)
+        << "an ldmatrix row is not 16-byte aligned";
     shared_->rows[lane_] = row;
     shared_->sync.arrive_and_wait();
     const int g = lane_ / 4, c = lane_ % 4;
