@@ -21,7 +21,6 @@
 // padded by kFlashPad values, so the fragment loads of a warp's 32 lanes fall in distinct banks.
 #pragma once
 
-#include <cfloat>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -38,8 +37,8 @@ namespace dtrain::cuda {
 
 inline constexpr int kFlashWarps = 4;
 inline constexpr int kFlashThreads = kFlashWarps * kWarpSize;
-inline constexpr int kFlashRows =
-    16 * kFlashWarps;  // a forward or dq block's queries, a dk block's keys
+// A forward or dq block's query rows, a dk/dv block's key rows: 16 a warp.
+inline constexpr int kFlashRows = 16 * kFlashWarps;
 inline constexpr int kFlashForwardKeys = 64;
 inline constexpr int kFlashGradTile = 32;
 inline constexpr int kFlashPad = 8;
@@ -57,13 +56,13 @@ inline constexpr int kFlashStride = kD + kFlashPad;
 
 // Shared memory of each kernel, in bytes.
 template <int kD>
-inline constexpr size_t kFlashForwardShared = 2 * kFlashRows* kFlashStride<kD> * sizeof(Bf16);
+inline constexpr size_t kFlashForwardShared = kFlashStride<kD> * sizeof(Bf16) * 2 * kFlashRows;
 template <int kD>
 inline constexpr size_t kFlashQueryGradShared = kFlashForwardShared<kD>;
 template <int kD>
-inline constexpr size_t kFlashKeyValueGradShared =
-    2 * (kFlashRows + kFlashGradTile) * kFlashStride<kD> * sizeof(Bf16) +
-    3 * kFlashGradTile * sizeof(float);
+inline constexpr size_t kFlashKeyValueGradShared = kFlashStride<kD> * sizeof(Bf16) * 2 *
+                                                       (kFlashRows + kFlashGradTile) +
+                                                   sizeof(float) * 3 * kFlashGradTile;
 
 DTRAIN_HD inline float FlashExp2(float x) {
 #if defined(__CUDA_ARCH__)
