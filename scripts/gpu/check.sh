@@ -10,8 +10,8 @@
 # over NCCL against the same layouts on the CPU (scripts/gpu/multi_gpu_check.sh); last the
 # training benchmark (scripts/gpu/bench.sh: GPT-2 124M and a Llama ~1B shape against PyTorch 2 on
 # the same GPU, in float32 with float32 and bf16 tensor-core matmuls, and in bf16 against
-# PyTorch's autocast). Here a skip is a failure: the script says which test found no
-# device. Every stage runs even when an earlier one fails; the failed ones are listed at the end.
+# PyTorch's autocast). Here a skip is a failure: the script says which test found no device.
+# Every stage runs even when an earlier one fails; the failed ones are listed at the end.
 #
 # Usage: scripts/gpu/check.sh [--prebuilt] [BUILD_DIR] (default build-gpu). --prebuilt uses the
 # binaries already in BUILD_DIR, built on another machine for this GPU's architecture (a GPU
