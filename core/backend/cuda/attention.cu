@@ -286,9 +286,11 @@ bool OnTensorCores(const AttentionShape& shape) {
          major >= 8;
 }
 
-// `kernel`, given `bytes` of dynamic shared memory (past the default 48 KiB where it needs more).
+// `kernel` allowed `bytes` of dynamic shared memory: past the default 48 KiB, an attribute set
+// before the launch (dk/dv at head size 128); nothing to set below it.
 template <typename Kernel>
 cudaError_t AllowShared(Kernel* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(bytes));
 }

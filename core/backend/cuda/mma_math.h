@@ -22,7 +22,6 @@
 // written.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
