@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Training throughput on one GPU: dtrain's CUDA backend against PyTorch 2 on the same GPU
 # (scripts/bench/torch_train.py --device cuda --mode fast: fused attention and fused AdamW), both
-# at each precision of PRECISIONS: fp32/highest and fp32/medium, float32 values and parameters
-# with the GEMMs in float32 (TF32 off) or on the bf16 tensor cores (run.matmul_precision and
-# torch.set_float32_matmul_precision alike); bf16, dtrain's bf16 storage (run.precision bf16)
-# against PyTorch's bf16 autocast over float32 parameters. Shapes: GPT-2
+# at each precision of PRECISIONS, in this order: bf16, dtrain's bf16 storage (run.precision
+# bf16) against PyTorch's bf16 autocast over float32 parameters; fp32/medium and fp32/highest,
+# float32 values and parameters with the GEMMs on the bf16 tensor cores or in float32 (TF32 off)
+# (run.matmul_precision and torch.set_float32_matmul_precision alike). Shapes: GPT-2
 # 124M (B 16, T 1024) and a Llama ~1B shape (16 layers, d_model 2048, 32 query and 8 kv heads,
 # d_ff 8192, B 8, T 1024), on the demo text's bytes. Prints one table row per shape and
 # precision: tokens/s of both and their ratio, MFU against the GPU's dense float32 peak
@@ -14,7 +14,7 @@
 # Usage: scripts/gpu/bench.sh BUILD_DIR (a build with the CUDA module, for this GPU)
 # Environment: STEPS (10) steps of each run, the first 3 untimed; PYTHON (python3), a python
 # with PyTorch 2 and CUDA; FP32_PEAK_TFLOPS (67, H100/H200 SXM) and BF16_PEAK_TFLOPS (989);
-# PRECISIONS ("fp32/highest fp32/medium bf16").
+# PRECISIONS ("bf16 fp32/medium fp32/highest").
 set -euo pipefail
 shopt -s inherit_errexit
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -24,18 +24,13 @@ steps=${STEPS:-10}
 warmup_steps=3
 fp32_peak=${FP32_PEAK_TFLOPS:-67}
 bf16_peak=${BF16_PEAK_TFLOPS:-989}
-read -r -a precisions <<< "${PRECISIONS:-fp32/highest fp32/medium bf16}"
+read -r -a precisions <<< "${PRECISIONS:-bf16 fp32/medium fp32/highest}"
 data=$repo/data/fortunes.txt
 [[ -f $data ]] || { echo "no $data: run scripts/prepare_demo_data.sh first" >&2; exit 1; }
 "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' ||
   { echo "$python has no PyTorch with CUDA: set PYTHON" >&2; exit 1; }
 
-gpt2_124m=(model.family=gpt2 model.n_layer=12 model.n_head=12 model.d_model=768 model.d_ff=0
-           model.vocab_size=50257 model.max_seq_len=1024 train.seq_len=1024 train.batch_size=16
-           train.micro_batch=16)
-llama_1b=(model.family=llama model.n_layer=16 model.n_head=32 model.n_kv_head=8 model.d_model=2048
-          model.d_ff=8192 model.vocab_size=32000 model.max_seq_len=1024 train.seq_len=1024
-          train.batch_size=8 train.micro_batch=8)
+source "$repo/scripts/gpu/shapes.sh"
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
@@ -63,8 +58,8 @@ peak_device_mib() {
 run_shape() {
   local id=$1 name=$2
   shift 2
-  local sets=() assignment
-  for assignment in "$@"; do sets+=(--set "$assignment"); done
+  local sets
+  mapfile -t sets < <(set_flags "$@")
   local out=$scratch/dtrain-$id
   local d_mib t_mib
   d_mib=$(peak_device_mib "$build/dtrain" train "$repo/configs/tiny.yaml" "${sets[@]}" \

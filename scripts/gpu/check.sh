@@ -7,17 +7,19 @@
 # (NcclCommunicatorTest); then `dtrain train` of the built-in tiny recipe with run.device: cuda,
 # through the CUDA module the binary loads; SFT's packed documents trained on the GPU against the
 # CPU (scripts/gpu/sft_check.sh); with several GPUs, DDP, ZeRO, tensor and pipeline parallelism
-# over NCCL against the same layouts on the CPU (scripts/gpu/multi_gpu_check.sh); last the
+# over NCCL against the same layouts on the CPU (scripts/gpu/multi_gpu_check.sh); then the
 # training benchmark (scripts/gpu/bench.sh: GPT-2 124M and a Llama ~1B shape against PyTorch 2 on
-# the same GPU, in float32 with float32 and bf16 tensor-core matmuls, and in bf16 against
-# PyTorch's autocast). Here a skip is a failure: the script says which test found no device.
+# the same GPU, in bf16 against PyTorch's autocast, and in float32 with bf16 tensor-core and
+# float32 matmuls); last where a step's GPU time goes, kernel by kernel (scripts/gpu/profile.sh,
+# Nsight Compute). Here a skip is a failure: the script says which test found no device.
 # Every stage runs even when an earlier one fails; the failed ones are listed at the end.
 #
 # Usage: scripts/gpu/check.sh [--prebuilt] [BUILD_DIR] (default build-gpu). --prebuilt uses the
-# binaries already in BUILD_DIR, built on another machine for this GPU's architecture (a GPU
-# machine without dtrain's Debian libraries: the build machine's libraries then travel beside
-# them, on LD_LIBRARY_PATH). CMAKE_CUDA_ARCHITECTURES overrides the architecture of a build here
-# (default: native, this machine's GPU).
+# binaries already in BUILD_DIR, built on another machine for this GPU's architecture: a build
+# folder, or for a GPU machine without dtrain's Debian libraries the archive that
+# scripts/gpu/bundle.sh gathers (the binaries with those libraries, unpacked into a temporary
+# folder). CMAKE_CUDA_ARCHITECTURES
+# overrides the architecture of a build here (default: native, this machine's GPU).
 set -euo pipefail
 shopt -s inherit_errexit
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -41,21 +43,41 @@ if ! $prebuilt; then
   cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-native}" > /dev/null
   ninja -C "$build" dtrain dtrain_gpu_tests
+else
+  if [[ -f $build && $build == *.tar.gz ]]; then
+    unpacked=$(mktemp -d)
+    tar -C "$unpacked" -xzf "$build"
+    build=$unpacked
+  fi
+  # CUDA's and NCCL's libraries are this machine's; where the loader's paths miss one (NCCL and
+  # cuBLAS often live in a Python environment's nvidia/ packages), its folder is added.
+  module=$build/libdtrain_cuda.so
+  [[ -f $module ]] || module=$build/bin/libdtrain_cuda.so
+  [[ -f $module ]] || { echo "no libdtrain_cuda.so in $build or $build/bin" >&2; exit 1; }
+  for library in $(ldd "$module" | sed -nE 's/^\s+(\S+) => not found$/\1/p'); do
+    found=$(find /usr/local /opt /usr/lib -name "$library" \( -type f -o -type l \) -print -quit \
+            2> /dev/null)
+    [[ -n $found ]] || { echo "$library, which libdtrain_cuda.so loads, is nowhere here:" \
+      "install CUDA's libraries and NCCL" >&2; exit 1; }
+    folder=$(dirname "$found")
+    echo "$library: from $folder"
+    export LD_LIBRARY_PATH=$folder${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  done
 fi
 log=$(mktemp)
 runs=$(mktemp -d)
-trap 'rm -rf "$log" "$runs"' EXIT
+trap 'rm -rf "$log" "$runs" ${unpacked:+"$unpacked"}' EXIT
 # The stages below all run even when one fails, so that one pass on a GPU machine (whose time is
 # short) reports every result: the failed ones are listed at the end, and the exit status is 1.
 failed=()
 stage() {
-  local name=$1
+  local name=$1 start=$SECONDS
   shift
   echo "== $name"
   if "$@"; then
-    echo "== $name: passed"
+    echo "== $name: passed ($((SECONDS - start)) s)"
   else
-    echo "== $name: FAILED" >&2
+    echo "== $name: FAILED ($((SECONDS - start)) s)" >&2
     failed+=("$name")
   fi
 }
@@ -84,6 +106,7 @@ stage "SFT on the GPU against the CPU" bash "$repo/scripts/gpu/sft_check.sh" "$b
 stage "layouts over NCCL against the CPU" bash "$repo/scripts/gpu/multi_gpu_check.sh" "$build" \
   "$runs/multi" "${#gpus[@]}"
 stage "benchmark" bash "$repo/scripts/gpu/bench.sh" "$build"
+stage "kernel profile" timeout 300 bash "$repo/scripts/gpu/profile.sh" "$build"
 if ((${#failed[@]} > 0)); then
   printf 'failed: %s\n' "${failed[@]}" >&2
   exit 1
