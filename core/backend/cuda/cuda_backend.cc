@@ -303,6 +303,12 @@ bool CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
     Check(cudaErrorInvalidValue, "Matmul (its two inputs differ in storage type)");
     return true;
   }
+  // An epilogue's bias and GELU buffer take pointers aligned to 16 bytes (llm.c requires as much
+  // of every cuBLASLt pointer). A bias packed at another offset (a small model's) is added after
+  // the GEMM, and a GELU whose buffers are so placed runs apart.
+  const bool bias_fits = bias.null() || Alignment(bias.data()) >= 16;
+  if (gelu != nullptr && (!bias_fits || Alignment(gelu->input.data()) < 16)) return false;
+  const ConstValues fused_bias = bias_fits ? bias : ConstValues();
   // Row-major C (M, N) is column-major C^T (N, M) = op(B)^T op(A)^T, so cuBLASLt's first operand
   // is b and its second is a; a row-major (R, S) matrix is a column-major (S, R) one, same ld.
   const cublasOperation_t op_first = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -325,10 +331,11 @@ bool CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
   CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                            sizeof(op_second)),
             "TRANSB");
-  cublasLtEpilogue_t epilogue = bias.null() ? CUBLASLT_EPILOGUE_DEFAULT : CUBLASLT_EPILOGUE_BIAS;
+  cublasLtEpilogue_t epilogue =
+      fused_bias.null() ? CUBLASLT_EPILOGUE_DEFAULT : CUBLASLT_EPILOGUE_BIAS;
   if (gelu != nullptr) {
     epilogue = gelu->pass == GeluEpilogue::Pass::kBackward ? CUBLASLT_EPILOGUE_DGELU
-               : bias.null()                               ? CUBLASLT_EPILOGUE_GELU_AUX
+               : fused_bias.null()                         ? CUBLASLT_EPILOGUE_GELU_AUX
                                                            : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     const int64_t input_ld = ldc;
     const void* input = gelu->input.data();
@@ -342,10 +349,10 @@ bool CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
   CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                            sizeof(epilogue)),
             "EPILOGUE");
-  if (!bias.null()) {
+  if (!fused_bias.null()) {
     // The bias (N) is added to every row of row-major C: to each column of cuBLASLt's (N, M).
-    const void* bias_data = bias.data();
-    const cudaDataType_t bias_type = CudaType(bias.dtype());
+    const void* bias_data = fused_bias.data();
+    const cudaDataType_t bias_type = CudaType(fused_bias.dtype());
     CheckBlas(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_data,
                                              sizeof(bias_data)),
               "BIAS_POINTER");
@@ -402,6 +409,7 @@ bool CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
   cublasLtMatrixLayoutDestroy(second);
   cublasLtMatrixLayoutDestroy(first);
   cublasLtMatmulDescDestroy(desc);
+  if (fused_bias.null() && !bias.null()) AddBias(c, bias, m, n);  // ldc == n, as above
   return ran;
 }
 

@@ -696,6 +696,33 @@ TEST(CudaBackendTest, GeluFusedIntoTheGemmsMatchesTheCpu) {
   }
 }
 
+// A bias one value past a 16-byte boundary, as a small model's flat parameters place some: the
+// GEMM runs without the bias epilogue and adds it after, and the GELU runs apart.
+template <typename PairT>
+void ExpectOddBiasAsOnTheCpu(CpuBackend& cpu, CudaBackend& gpu) {
+  constexpr int n = 26, c = 64, f = 48;
+  PairT inp(cpu, gpu, RandomFloats(n * c, 1)), weight(cpu, gpu, RandomFloats(f * c, 2));
+  PairT bias(cpu, gpu, RandomFloats(f + 1, 3)), out(cpu, gpu, std::vector<float>(n * f)),
+      pre(cpu, gpu, std::vector<float>(n * f));
+  cpu.LinearForward(out.cpu(), inp.cpu(), weight.cpu(), bias.cpu() + 1, n, c, f);
+  gpu.LinearForward(out.gpu(), inp.gpu(), weight.gpu(), bias.gpu() + 1, n, c, f);
+  ExpectNear(out, kGemm, "linear, bias at an odd offset");
+  cpu.LinearGeluForward(out.cpu(), pre.cpu(), inp.cpu(), weight.cpu(), bias.cpu() + 1, n, c, f);
+  gpu.LinearGeluForward(out.gpu(), pre.gpu(), inp.gpu(), weight.gpu(), bias.gpu() + 1, n, c, f);
+  ExpectNear(pre, kGemm, "linear + gelu, bias at an odd offset: pre");
+  // Apart, in bf16, the GELU takes pre rounded (as ExpectGeluFusedAsOnTheCpu's odd widths).
+  ExpectNear(out, std::is_same_v<PairT, Bf16Pair> ? 1e-2 : kGemm,
+             "linear + gelu, bias at an odd offset: out");
+  EXPECT_TRUE(gpu.status().ok()) << gpu.status();
+}
+
+TEST(CudaBackendTest, ABiasOffTheVectorAlignmentIsAddedAfterTheGemm) {
+  DTRAIN_GPU_OR_SKIP(gpu);
+  CpuBackend cpu(1);
+  ExpectOddBiasAsOnTheCpu<Pair>(cpu, *gpu);
+  ExpectOddBiasAsOnTheCpu<Bf16Pair>(cpu, *gpu);
+}
+
 // 20 steps of the small model on `backend`: the losses, gradient norms and final parameters.
 struct Trajectory {
   std::vector<double> losses, norms;
