@@ -300,7 +300,8 @@ cudaError_t LaunchFlashForward(Bf16* out, float* lse, const Bf16* qkv, const Att
                                const int32_t* positions, cudaStream_t stream) {
   constexpr size_t bytes = kFlashForwardShared<kD>;
   if (const cudaError_t error = AllowShared(FlashForwardKernel<kD>, bytes)) return error;
-  const dim3 grid(static_cast<unsigned>(shape.batch * shape.heads), Tiles(shape.time, kFlashRows));
+  const dim3 grid(static_cast<unsigned>(shape.batch * shape.heads),
+                  Tiles(shape.time, kFlashQueryRows<kD>));
   FlashForwardKernel<kD>
       <<<grid, kFlashThreads, bytes, stream>>>(out, lse, qkv, positions, MakeAttentionDims(shape));
   return cudaSuccess;
@@ -311,7 +312,6 @@ cudaError_t LaunchFlashBackward(Bf16* dqkv, const Bf16* dout, const Bf16* qkv, c
                                 const float* lse, const AttentionShape& shape,
                                 const int32_t* positions, cudaStream_t stream) {
   const AttentionDims dims = MakeAttentionDims(shape);
-  const unsigned tiles = Tiles(shape.time, kFlashRows);
   if (const cudaError_t error = AllowShared(FlashQueryGradKernel<kD>, kFlashQueryGradShared<kD>)) {
     return error;
   }
@@ -319,12 +319,14 @@ cudaError_t LaunchFlashBackward(Bf16* dqkv, const Bf16* dout, const Bf16* qkv, c
           AllowShared(FlashKeyValueGradKernel<kD>, kFlashKeyValueGradShared<kD>)) {
     return error;
   }
-  FlashQueryGradKernel<kD>
-      <<<dim3(static_cast<unsigned>(shape.batch * shape.heads), tiles), kFlashThreads,
-         kFlashQueryGradShared<kD>, stream>>>(dqkv, dout, qkv, out, lse, positions, dims);
-  FlashKeyValueGradKernel<kD>
-      <<<dim3(static_cast<unsigned>(shape.batch * shape.kv_heads), tiles), kFlashThreads,
-         kFlashKeyValueGradShared<kD>, stream>>>(dqkv, dout, qkv, out, lse, positions, dims);
+  const dim3 query_tiles(static_cast<unsigned>(shape.batch * shape.heads),
+                         Tiles(shape.time, kFlashQueryRows<kD>));
+  const dim3 key_tiles(static_cast<unsigned>(shape.batch * shape.kv_heads),
+                       Tiles(shape.time, kFlashKeyRows));
+  FlashQueryGradKernel<kD><<<query_tiles, kFlashThreads, kFlashQueryGradShared<kD>, stream>>>(
+      dqkv, dout, qkv, out, lse, positions, dims);
+  FlashKeyValueGradKernel<kD><<<key_tiles, kFlashThreads, kFlashKeyValueGradShared<kD>, stream>>>(
+      dqkv, dout, qkv, out, lse, positions, dims);
   return cudaSuccess;
 }
 

@@ -1,14 +1,17 @@
 // Causal attention on tensor cores for bf16 with head_dim 64 or 128 (FlashAttention-2's
 // scheme): the formulas of attention_math.h, with every product of two (rows x head_dim) blocks
-// an mma.sync of mma_math.h. A block is kFlashWarps warps of 16 rows each.
-//   Forward, grid (B * H, query tiles of kFlashRows): the block's query rows stream their keys
-//     through shared memory kFlashForwardKeys at a time; a warp computes S = Q K^T for its 16
+// an mma.sync of mma_math.h. A block is kFlashWarps warps, each of 16-row tiles (the mma's M).
+//   Forward, grid (B * H, query tiles of kFlashQueryRows): the block's query rows stream their
+//     keys through shared memory kFlashForwardKeys at a time; a warp computes S = Q K^T for its
 //     rows, masks it, updates its online softmax in registers, rounds P to bf16 and adds P V.
-//   dq, grid (B * H, query tiles): keys kFlashGradTile at a time; S and dP = dO V^T give
-//     dS = P (dP - delta), and dq += dS K.
-//   dk and dv, grid (B * Hkv, key tiles of kFlashRows): the query and dout rows of every head of
+//   dq, grid (B * H, query tiles of kFlashQueryRows): keys kFlashGradTile at a time; S and
+//     dP = dO V^T give dS = P (dP - delta), and dq += dS K.
+//   dk and dv, grid (B * Hkv, key tiles of kFlashKeyRows): the query and dout rows of every head of
 //     the group that see the block's keys stream kFlashGradTile at a time; a warp computes S^T and
 //     dP^T for its 16 keys, dv += P^T dO and dk += dS^T Q.
+// In the forward and dq kernels a warp takes kFlashWarpTiles<kD> tiles of 16 query rows, so that
+// every key and value fragment it reads from shared memory serves each of them: at 16 rows a
+// warp, those reads (256 bytes a fragment, 128 a cycle) outlast the mma they feed.
 // Backward is thus deterministic without atomics (dq and dk, dv each have one writer), at the
 // price of computing S and dP twice. P and dS are rounded to bf16 before they are multiplied,
 // as FlashAttention does; every sum is fp32. Softmax runs in base 2 (scores scaled by
@@ -37,16 +40,24 @@ namespace dtrain::cuda {
 
 inline constexpr int kFlashWarps = 4;
 inline constexpr int kFlashThreads = kFlashWarps * kWarpSize;
-// A forward or dq block's query rows, a dk/dv block's key rows: 16 a warp.
-inline constexpr int kFlashRows = 16 * kFlashWarps;
+// A forward or dq warp's 16-row query tiles: two at head size 64 (ptxas, sm_90: 255 registers a
+// thread for the forward, 240 for dq, no spills), one at 128, where two tiles' accumulators and
+// fragments would not fit in 255.
+template <int kD>
+inline constexpr int kFlashWarpTiles = kD == 64 ? 2 : 1;
+// A forward or dq block's query rows; a dk/dv block's key rows, 16 a warp.
+template <int kD>
+inline constexpr int kFlashQueryRows = kFlashWarpTiles<kD> * 16 * kFlashWarps;
+inline constexpr int kFlashKeyRows = 16 * kFlashWarps;
 inline constexpr int kFlashForwardKeys = 64;
 inline constexpr int kFlashGradTile = 32;
 inline constexpr int kFlashPad = 8;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
-// The shared tiles hold kFlashRows rows (the block's own), a tile's rows are whole k-steps.
-static_assert(kFlashForwardKeys <= kFlashRows && kFlashGradTile <= kFlashRows);
+// The forward and dq kernels stage key tiles where their query rows (kFlashKeyRows or more)
+// were; a tile's rows are whole k-steps.
+static_assert(kFlashForwardKeys <= kFlashKeyRows && kFlashGradTile <= kFlashKeyRows);
 static_assert(kFlashForwardKeys % 16 == 0 && kFlashGradTile % 16 == 0);
 
 DTRAIN_HD constexpr bool FlashHeadDim(int head_dim) { return head_dim == 64 || head_dim == 128; }
@@ -54,14 +65,18 @@ DTRAIN_HD constexpr bool FlashHeadDim(int head_dim) { return head_dim == 64 || h
 template <int kD>
 inline constexpr int kFlashStride = kD + kFlashPad;
 
-// Shared memory of each kernel, in bytes.
+// Shared memory of each kernel, in bytes: the forward's query rows (then key tiles) and value
+// tiles; dq's query rows (then out's, then key tiles) and dout's (then value tiles); dk/dv's key
+// and value rows, a query and a dout tile, and three numbers a query row of the tile.
 template <int kD>
-inline constexpr size_t kFlashForwardShared = kFlashStride<kD> * sizeof(Bf16) * 2 * kFlashRows;
+inline constexpr size_t kFlashForwardShared = kFlashStride<kD> * sizeof(Bf16) *
+                                              (kFlashQueryRows<kD> + kFlashForwardKeys);
 template <int kD>
-inline constexpr size_t kFlashQueryGradShared = kFlashForwardShared<kD>;
+inline constexpr size_t kFlashQueryGradShared = kFlashStride<kD> * sizeof(Bf16) *
+                                                2 * kFlashQueryRows<kD>;
 template <int kD>
 inline constexpr size_t kFlashKeyValueGradShared = kFlashStride<kD> * sizeof(Bf16) * 2 *
-                                                       (kFlashRows + kFlashGradTile) +
+                                                       (kFlashKeyRows + kFlashGradTile) +
                                                    sizeof(float) * 3 * kFlashGradTile;
 
 DTRAIN_HD inline float FlashExp2(float x) {
@@ -109,16 +124,16 @@ DTRAIN_HD T* BatchPart(T* base, int b, int rows, int width) {
   return base == nullptr ? nullptr : base + static_cast<size_t>(b) * rows * width;
 }
 
-// A block's tile, rows [first, end) of its batch element's T, and the calling thread's lane and
-// its warp's first row in the tile.
+// Tile `tile` of kRows rows of a block: rows [first, end) of its batch element's T, and the
+// calling thread's lane and its warp's first row in the tile (kRows / kFlashWarps rows a warp).
 struct FlashTile {
   int first, end, lane, warp_first;
 };
-template <typename Block>
+template <int kRows, typename Block>
 DTRAIN_HD FlashTile MakeFlashTile(const Block& block, int tile, int time) {
-  const int first = tile * kFlashRows;
-  return {first, first + kFlashRows < time ? first + kFlashRows : time, block.warp().lane(),
-          16 * block.warp_index()};
+  const int first = tile * kRows;
+  return {first, first + kRows < time ? first + kRows : time, block.warp().lane(),
+          kRows / kFlashWarps * block.warp_index()};
 }
 
 // What one lane of a 16-row warp tile holds of its C blocks: rows g and g + 8 of the warp's
@@ -170,36 +185,88 @@ DTRAIN_HD void StoreRows(int lane, const MmaC (&acc)[kD / 8], const LaneRows& ro
   }
 }
 
-// The forward of query rows [tile * kFlashRows, +kFlashRows) of head h of batch element b.
-// shared: kFlashForwardShared<kD> bytes.
+// One 16-row tile's step of the online softmax over a key tile from key0: masks the scores s
+// (scaled to base 2), rescales acc and the lane's share of the rows' sums to the rows' new
+// maxima, and turns s into P (unrounded).
+template <int kD, typename Warp>
+DTRAIN_HD void SoftmaxStep(const Warp& warp, int lane, const LaneRows& rows, int key0, float scale,
+                           MmaC (&s)[kFlashForwardKeys / 8], MmaC (&acc)[kD / 8], float (&max)[2],
+                           float (&sum)[2]) {
+  float tile_max[2] = {-INFINITY, -INFINITY};
+  DTRAIN_UNROLL
+  for (int n = 0; n < kFlashForwardKeys / 8; ++n) {
+    DTRAIN_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const int r = e / 2, key = key0 + 8 * n + MmaCIndex(lane, e).col;
+      float& score = s[n].value[e];
+      score = Sees(rows.visible[r], key) ? score * scale : -INFINITY;
+      tile_max[r] = score > tile_max[r] ? score : tile_max[r];
+    }
+  }
+  float base[2];  // the rows' new max, or 0 while a row has seen no key
+  DTRAIN_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const float tile_row_max = QuadMax(warp, tile_max[r]);
+    const float new_max = tile_row_max > max[r] ? tile_row_max : max[r];
+    base[r] = new_max == -INFINITY ? 0.0f : new_max;
+    const float rescale = FlashExp2(max[r] - base[r]);
+    sum[r] *= rescale;
+    DTRAIN_UNROLL
+    for (MmaC& block_acc : acc) {
+      block_acc.value[2 * r] *= rescale;
+      block_acc.value[2 * r + 1] *= rescale;
+    }
+    max[r] = new_max;
+  }
+  DTRAIN_UNROLL
+  for (MmaC& block_s : s) {
+    DTRAIN_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      block_s.value[e] = FlashExp2(block_s.value[e] - base[e / 2]);
+      sum[e / 2] += block_s.value[e];
+    }
+  }
+}
+
+// The forward of query rows [tile * kFlashQueryRows<kD>, +kFlashQueryRows<kD>) of head h of
+// batch element b. shared: kFlashForwardShared<kD> bytes.
 template <int kD, typename Block>
 DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, float* lse,
                                  const Bf16* qkv, const int32_t* positions,
                                  const AttentionDims& dims, int b, int h, int tile) {
-  constexpr int kStride = kFlashStride<kD>;
+  constexpr int kStride = kFlashStride<kD>, kTiles = kFlashWarpTiles<kD>;
+  constexpr int kRows = kFlashQueryRows<kD>;
   Bf16* keys = shared;
-  Bf16* values = shared + kFlashRows * kStride;
+  Bf16* values = shared + kRows * kStride;
   const int time = dims.time, kv = h / (dims.heads / dims.kv_heads);
   qkv = BatchPart(qkv, b, time, dims.qkv_width);
   out = BatchPart(out, b, time, dims.out_width);
   lse = BatchPart(lse, b, dims.heads, time) + static_cast<size_t>(h) * time;
   positions = BatchPart(positions, b, time, 1);
-  const auto [first, end, lane, warp_first] = MakeFlashTile(block, tile, time);
+  const auto [first, end, lane, warp_first] = MakeFlashTile<kRows>(block, tile, time);
   const auto warp = block.warp();
 
-  StageRows<kD>(block, keys, kFlashRows, QueryAt(qkv, dims, h, 0), dims.qkv_width, first,
-                end - first);
+  StageRows<kD>(block, keys, kRows, QueryAt(qkv, dims, h, 0), dims.qkv_width, first, end - first);
   block.Sync();
-  MmaA q[kD / 16];
+  MmaA q[kTiles][kD / 16];
+  LaneRows rows[kTiles];
   DTRAIN_UNROLL
-  for (int k = 0; k < kD / 16; ++k)
-    q[k] = LoadA(lane, keys + warp_first * kStride + 16 * k, kStride);
+  for (int i = 0; i < kTiles; ++i) {
+    DTRAIN_UNROLL
+    for (int k = 0; k < kD / 16; ++k)
+      q[i][k] = LoadA(lane, keys + (warp_first + 16 * i) * kStride + 16 * k, kStride);
+    rows[i] = MakeLaneRows(lane, first + warp_first + 16 * i, positions, time);
+  }
   block.Sync();
 
-  const LaneRows rows = MakeLaneRows(lane, first + warp_first, positions, time);
   const float scale = dims.scale * kLog2e;
-  float max[2] = {-INFINITY, -INFINITY}, sum[2] = {0, 0};  // sum: the lane's share
-  MmaC acc[kD / 8];
+  float max[kTiles][2], sum[kTiles][2];  // sum: the lane's share
+  DTRAIN_UNROLL
+  for (int i = 0; i < kTiles; ++i) {
+    max[i][0] = max[i][1] = -INFINITY;
+    sum[i][0] = sum[i][1] = 0;
+  }
+  MmaC acc[kTiles][kD / 8];
   for (int key0 = VisibleKeys(positions, first).begin; key0 < end; key0 += kFlashForwardKeys) {
     const int count = end - key0 < kFlashForwardKeys ? end - key0 : kFlashForwardKeys;
     StageRows<kD>(block, keys, kFlashForwardKeys, KeyAt(qkv, dims, kv, 0), dims.qkv_width, key0,
@@ -207,81 +274,62 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
     StageRows<kD>(block, values, kFlashForwardKeys, ValueAt(qkv, dims, kv, 0), dims.qkv_width, key0,
                   count);
     block.Sync();
-    MmaC s[kFlashForwardKeys / 8];
+    MmaC s[kTiles][kFlashForwardKeys / 8];
     DTRAIN_UNROLL
     for (int k = 0; k < kD / 16; ++k) {
       DTRAIN_UNROLL
       for (int n = 0; n < kFlashForwardKeys / 8; ++n) {
-        warp.Mma(s[n], q[k], LoadBTransposed(lane, keys + 8 * n * kStride + 16 * k, kStride));
+        const MmaB key_columns = LoadBTransposed(lane, keys + 8 * n * kStride + 16 * k, kStride);
+        DTRAIN_UNROLL
+        for (int i = 0; i < kTiles; ++i) warp.Mma(s[i][n], q[i][k], key_columns);
       }
-    }
-    float tile_max[2] = {-INFINITY, -INFINITY};
-    DTRAIN_UNROLL
-    for (int n = 0; n < kFlashForwardKeys / 8; ++n) {
-      DTRAIN_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, key = key0 + 8 * n + MmaCIndex(lane, e).col;
-        float& score = s[n].value[e];
-        score = Sees(rows.visible[r], key) ? score * scale : -INFINITY;
-        tile_max[r] = score > tile_max[r] ? score : tile_max[r];
-      }
-    }
-    float base[2];  // the rows' new max, or 0 while a row has seen no key
-    DTRAIN_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      const float tile_row_max = QuadMax(warp, tile_max[r]);
-      const float new_max = tile_row_max > max[r] ? tile_row_max : max[r];
-      base[r] = new_max == -INFINITY ? 0.0f : new_max;
-      const float rescale = FlashExp2(max[r] - base[r]);
-      sum[r] *= rescale;
-      DTRAIN_UNROLL
-      for (MmaC& block_acc : acc) {
-        block_acc.value[2 * r] *= rescale;
-        block_acc.value[2 * r + 1] *= rescale;
-      }
-      max[r] = new_max;
     }
     DTRAIN_UNROLL
-    for (MmaC& block_s : s) {
-      DTRAIN_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        block_s.value[e] = FlashExp2(block_s.value[e] - base[e / 2]);
-        sum[e / 2] += block_s.value[e];
-      }
-    }
+    for (int i = 0; i < kTiles; ++i)
+      SoftmaxStep<kD>(warp, lane, rows[i], key0, scale, s[i], acc[i], max[i], sum[i]);
     DTRAIN_UNROLL
     for (int k = 0; k < kFlashForwardKeys / 16; ++k) {
-      const MmaA p = ToA(s[2 * k], s[2 * k + 1]);
+      MmaA p[kTiles];
+      DTRAIN_UNROLL
+      for (int i = 0; i < kTiles; ++i) p[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
       DTRAIN_UNROLL
       for (int n = 0; n < kD / 8; n += 2) {
         MmaB left, right;
         LoadBPair(warp, values + 16 * k * kStride + 8 * n, kStride, left, right);
-        warp.Mma(acc[n], p, left);
-        warp.Mma(acc[n + 1], p, right);
+        DTRAIN_UNROLL
+        for (int i = 0; i < kTiles; ++i) {
+          warp.Mma(acc[i][n], p[i], left);
+          warp.Mma(acc[i][n + 1], p[i], right);
+        }
       }
     }
     block.Sync();
   }
-  float inverse[2];
   DTRAIN_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    const float total = QuadSum(warp, sum[r]);
-    inverse[r] = 1.0f / total;
-    if (lane % 4 == 0 && rows.row[r] < time) lse[rows.row[r]] = (max[r] + std::log2(total)) * kLn2;
+  for (int i = 0; i < kTiles; ++i) {
+    float inverse[2];
+    DTRAIN_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const float total = QuadSum(warp, sum[i][r]);
+      inverse[r] = 1.0f / total;
+      if (lane % 4 == 0 && rows[i].row[r] < time)
+        lse[rows[i].row[r]] = (max[i][r] + std::log2(total)) * kLn2;
+    }
+    StoreRows<kD>(lane, acc[i], rows[i], inverse, OutAt(out, dims, h, 0), dims.out_width, time);
   }
-  StoreRows<kD>(lane, acc, rows, inverse, OutAt(out, dims, h, 0), dims.out_width, time);
 }
 
-// dq of query rows [tile * kFlashRows, +kFlashRows) of head h of batch element b.
-// shared: kFlashQueryGradShared<kD> bytes.
+// dq of query rows [tile * kFlashQueryRows<kD>, +kFlashQueryRows<kD>) of head h of batch
+// element b. shared: kFlashQueryGradShared<kD> bytes.
 template <int kD, typename Block>
 DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv, const Bf16* dout,
                                    const Bf16* qkv, const Bf16* out, const float* lse,
                                    const int32_t* positions, const AttentionDims& dims, int b,
                                    int h, int tile) {
-  constexpr int kStride = kFlashStride<kD>;
+  constexpr int kStride = kFlashStride<kD>, kTiles = kFlashWarpTiles<kD>;
+  constexpr int kRows = kFlashQueryRows<kD>;
   Bf16* keys = shared;
-  Bf16* values = shared + kFlashRows * kStride;
+  Bf16* values = shared + kRows * kStride;
   const int time = dims.time, kv = h / (dims.heads / dims.kv_heads);
   qkv = BatchPart(qkv, b, time, dims.qkv_width);
   dqkv = BatchPart(dqkv, b, time, dims.qkv_width);
@@ -289,41 +337,47 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
   dout = BatchPart(dout, b, time, dims.out_width);
   lse = BatchPart(lse, b, dims.heads, time) + static_cast<size_t>(h) * time;
   positions = BatchPart(positions, b, time, 1);
-  const auto [first, end, lane, warp_first] = MakeFlashTile(block, tile, time);
+  const auto [first, end, lane, warp_first] = MakeFlashTile<kRows>(block, tile, time);
   const auto warp = block.warp();
 
   // q and dout in registers, then delta = dout . out from out staged where q was.
-  StageRows<kD>(block, keys, kFlashRows, QueryAt(qkv, dims, h, 0), dims.qkv_width, first,
-                end - first);
-  StageRows<kD>(block, values, kFlashRows, OutAt(dout, dims, h, 0), dims.out_width, first,
-                end - first);
+  StageRows<kD>(block, keys, kRows, QueryAt(qkv, dims, h, 0), dims.qkv_width, first, end - first);
+  StageRows<kD>(block, values, kRows, OutAt(dout, dims, h, 0), dims.out_width, first, end - first);
   block.Sync();
-  MmaA q[kD / 16], dy[kD / 16];
+  MmaA q[kTiles][kD / 16], dy[kTiles][kD / 16];
   DTRAIN_UNROLL
-  for (int k = 0; k < kD / 16; ++k) {
-    q[k] = LoadA(lane, keys + warp_first * kStride + 16 * k, kStride);
-    dy[k] = LoadA(lane, values + warp_first * kStride + 16 * k, kStride);
+  for (int i = 0; i < kTiles; ++i) {
+    DTRAIN_UNROLL
+    for (int k = 0; k < kD / 16; ++k) {
+      const int at = (warp_first + 16 * i) * kStride + 16 * k;
+      q[i][k] = LoadA(lane, keys + at, kStride);
+      dy[i][k] = LoadA(lane, values + at, kStride);
+    }
   }
   block.Sync();
-  StageRows<kD>(block, keys, kFlashRows, OutAt(out, dims, h, 0), dims.out_width, first,
-                end - first);
+  StageRows<kD>(block, keys, kRows, OutAt(out, dims, h, 0), dims.out_width, first, end - first);
   block.Sync();
-  float delta[2] = {0, 0};
+  LaneRows rows[kTiles];
+  float delta[kTiles][2], row_lse[kTiles][2];
   DTRAIN_UNROLL
-  for (int k = 0; k < kD / 16; ++k) {
-    AddRowDots(dy[k], LoadA(lane, keys + warp_first * kStride + 16 * k, kStride), delta);
+  for (int i = 0; i < kTiles; ++i) {
+    delta[i][0] = delta[i][1] = 0;
+    DTRAIN_UNROLL
+    for (int k = 0; k < kD / 16; ++k) {
+      AddRowDots(dy[i][k], LoadA(lane, keys + (warp_first + 16 * i) * kStride + 16 * k, kStride),
+                 delta[i]);
+    }
+    rows[i] = MakeLaneRows(lane, first + warp_first + 16 * i, positions, time);
+    DTRAIN_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      delta[i][r] = QuadSum(warp, delta[i][r]);
+      row_lse[i][r] = rows[i].row[r] < time ? lse[rows[i].row[r]] * kLog2e : 0.0f;
+    }
   }
   block.Sync();
 
-  const LaneRows rows = MakeLaneRows(lane, first + warp_first, positions, time);
-  float row_lse[2];
-  DTRAIN_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    delta[r] = QuadSum(warp, delta[r]);
-    row_lse[r] = rows.row[r] < time ? lse[rows.row[r]] * kLog2e : 0.0f;
-  }
   const float scale = dims.scale * kLog2e;
-  MmaC acc[kD / 8];
+  MmaC acc[kTiles][kD / 8];
   for (int key0 = VisibleKeys(positions, first).begin; key0 < end; key0 += kFlashGradTile) {
     const int count = end - key0 < kFlashGradTile ? end - key0 : kFlashGradTile;
     StageRows<kD>(block, keys, kFlashGradTile, KeyAt(qkv, dims, kv, 0), dims.qkv_width, key0,
@@ -331,43 +385,61 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
     StageRows<kD>(block, values, kFlashGradTile, ValueAt(qkv, dims, kv, 0), dims.qkv_width, key0,
                   count);
     block.Sync();
-    MmaC s[kFlashGradTile / 8], dp[kFlashGradTile / 8];
+    MmaC s[kTiles][kFlashGradTile / 8], dp[kTiles][kFlashGradTile / 8];
     DTRAIN_UNROLL
     for (int k = 0; k < kD / 16; ++k) {
       DTRAIN_UNROLL
       for (int n = 0; n < kFlashGradTile / 8; ++n) {
-        warp.Mma(s[n], q[k], LoadBTransposed(lane, keys + 8 * n * kStride + 16 * k, kStride));
-        warp.Mma(dp[n], dy[k], LoadBTransposed(lane, values + 8 * n * kStride + 16 * k, kStride));
+        const int at = 8 * n * kStride + 16 * k;
+        const MmaB key_columns = LoadBTransposed(lane, keys + at, kStride);
+        const MmaB value_columns = LoadBTransposed(lane, values + at, kStride);
+        DTRAIN_UNROLL
+        for (int i = 0; i < kTiles; ++i) {
+          warp.Mma(s[i][n], q[i][k], key_columns);
+          warp.Mma(dp[i][n], dy[i][k], value_columns);
+        }
       }
     }
     DTRAIN_UNROLL
-    for (int n = 0; n < kFlashGradTile / 8; ++n) {
+    for (int i = 0; i < kTiles; ++i) {
       DTRAIN_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2, key = key0 + 8 * n + MmaCIndex(lane, e).col;
-        const float p =
-            Sees(rows.visible[r], key) ? FlashExp2(s[n].value[e] * scale - row_lse[r]) : 0.0f;
-        s[n].value[e] = p * (dp[n].value[e] - delta[r]);  // dS
+      for (int n = 0; n < kFlashGradTile / 8; ++n) {
+        DTRAIN_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2, key = key0 + 8 * n + MmaCIndex(lane, e).col;
+          const float p = Sees(rows[i].visible[r], key)
+                              ? FlashExp2(s[i][n].value[e] * scale - row_lse[i][r])
+                              : 0.0f;
+          s[i][n].value[e] = p * (dp[i][n].value[e] - delta[i][r]);  // dS
+        }
       }
     }
     DTRAIN_UNROLL
     for (int k = 0; k < kFlashGradTile / 16; ++k) {
-      const MmaA ds = ToA(s[2 * k], s[2 * k + 1]);
+      MmaA ds[kTiles];
+      DTRAIN_UNROLL
+      for (int i = 0; i < kTiles; ++i) ds[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
       DTRAIN_UNROLL
       for (int n = 0; n < kD / 8; n += 2) {
         MmaB left, right;
         LoadBPair(warp, keys + 16 * k * kStride + 8 * n, kStride, left, right);
-        warp.Mma(acc[n], ds, left);
-        warp.Mma(acc[n + 1], ds, right);
+        DTRAIN_UNROLL
+        for (int i = 0; i < kTiles; ++i) {
+          warp.Mma(acc[i][n], ds[i], left);
+          warp.Mma(acc[i][n + 1], ds[i], right);
+        }
       }
     }
     block.Sync();
   }
   const float scales[2] = {dims.scale, dims.scale};
-  StoreRows<kD>(lane, acc, rows, scales, QueryAt(dqkv, dims, h, 0), dims.qkv_width, time);
+  DTRAIN_UNROLL
+  for (int i = 0; i < kTiles; ++i) {
+    StoreRows<kD>(lane, acc[i], rows[i], scales, QueryAt(dqkv, dims, h, 0), dims.qkv_width, time);
+  }
 }
 
-// dk and dv of key rows [tile * kFlashRows, +kFlashRows) of kv head kv of batch element b.
+// dk and dv of key rows [tile * kFlashKeyRows, +kFlashKeyRows) of kv head kv of batch element b.
 // shared: kFlashKeyValueGradShared<kD> bytes.
 template <int kD, typename Block>
 DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
@@ -376,8 +448,8 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
                                       const AttentionDims& dims, int b, int kv, int tile) {
   constexpr int kStride = kFlashStride<kD>;
   Bf16* keys = shared;
-  Bf16* values = keys + kFlashRows * kStride;
-  Bf16* queries = values + kFlashRows * kStride;
+  Bf16* values = keys + kFlashKeyRows * kStride;
+  Bf16* queries = values + kFlashKeyRows * kStride;
   Bf16* dys = queries + kFlashGradTile * kStride;
   float* tile_lse = reinterpret_cast<float*>(dys + kFlashGradTile * kStride);
   float* tile_delta = tile_lse + kFlashGradTile;
@@ -389,7 +461,7 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
   dout = BatchPart(dout, b, time, dims.out_width);
   lse = BatchPart(lse, b, dims.heads, time);
   positions = BatchPart(positions, b, time, 1);
-  const auto [first, end, lane, warp_first] = MakeFlashTile(block, tile, time);
+  const auto [first, end, lane, warp_first] = MakeFlashTile<kFlashKeyRows>(block, tile, time);
   // The query rows that see the block's keys end where its last key's document does.
   const int queries_end = VisibleQueries(positions, time, end - 1).end;
   const auto warp = block.warp();
@@ -399,9 +471,9 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
   DTRAIN_UNROLL
   for (int r = 0; r < 2; ++r) key[r] = first + warp_first + lane / 4 + 8 * r;
 
-  StageRows<kD>(block, keys, kFlashRows, KeyAt(qkv, dims, kv, 0), dims.qkv_width, first,
+  StageRows<kD>(block, keys, kFlashKeyRows, KeyAt(qkv, dims, kv, 0), dims.qkv_width, first,
                 end - first);
-  StageRows<kD>(block, values, kFlashRows, ValueAt(qkv, dims, kv, 0), dims.qkv_width, first,
+  StageRows<kD>(block, values, kFlashKeyRows, ValueAt(qkv, dims, kv, 0), dims.qkv_width, first,
                 end - first);
   const float scale = dims.scale * kLog2e;
   MmaC dk[kD / 8], dv[kD / 8];

@@ -46,19 +46,20 @@ void CheckFlashAttention(const AttentionShape& shape, const std::vector<int32_t>
   const std::vector<Bf16> dout = ToBf16(RandomFloats(rows * dims.out_width, 2));
   std::vector<Bf16> out(rows * dims.out_width), dqkv(qkv.size());
   std::vector<float> lse(rows * shape.heads);
-  const int tiles = (shape.time + kFlashRows - 1) / kFlashRows;
-  RunGrid(shape.batch * shape.heads, tiles, kFlashForwardShared<kD>,
+  const int query_tiles = (shape.time + kFlashQueryRows<kD> - 1) / kFlashQueryRows<kD>;
+  const int key_tiles = (shape.time + kFlashKeyRows - 1) / kFlashKeyRows;
+  RunGrid(shape.batch * shape.heads, query_tiles, kFlashForwardShared<kD>,
           [&](const Block& block, Bf16* shared, int x, int y) {
             FlashForwardBlock<kD>(block, shared, out.data(), lse.data(), qkv.data(), positions,
                                   dims, x / shape.heads, x % shape.heads, y);
           });
-  RunGrid(shape.batch * shape.heads, tiles, kFlashQueryGradShared<kD>,
+  RunGrid(shape.batch * shape.heads, query_tiles, kFlashQueryGradShared<kD>,
           [&](const Block& block, Bf16* shared, int x, int y) {
             FlashQueryGradBlock<kD>(block, shared, dqkv.data(), dout.data(), qkv.data(), out.data(),
                                     lse.data(), positions, dims, x / shape.heads, x % shape.heads,
                                     y);
           });
-  RunGrid(shape.batch * shape.kv_heads, tiles, kFlashKeyValueGradShared<kD>,
+  RunGrid(shape.batch * shape.kv_heads, key_tiles, kFlashKeyValueGradShared<kD>,
           [&](const Block& block, Bf16* shared, int x, int y) {
             FlashKeyValueGradBlock<kD>(block, shared, dqkv.data(), dout.data(), qkv.data(),
                                        out.data(), lse.data(), positions, dims, x / shape.kv_heads,
@@ -79,15 +80,19 @@ void CheckFlashAttention(const AttentionShape& shape, const std::vector<int32_t>
   testing::ExpectWithinRounding(dqkv, dqkv_cpu, sums.dqkv, "dqkv");
 }
 
-// D = 64 with T = 100: two query tiles (the second partial), two forward key tiles, four dq key
-// tiles and dk/dv query tiles, grouped-query heads; documents cross the tiles' boundaries, so
-// rows of one block see keys from before it and rows past a document's end see none of a tile.
+// D = 64 with T = 140: two query tiles of 128 rows (the second partial; a warp's two 16-row
+// tiles, one of them past T in the second), three forward key tiles, five dq key tiles and dk/dv
+// query tiles, three dk/dv key tiles, grouped-query heads; documents cross the tiles'
+// boundaries, so rows of one block see keys from before it and rows past a document's end see
+// none of a tile.
 TEST(FlashAttentionTest, HeadDim64MatchesCpuBackend) {
-  const AttentionShape shape{.batch = 2, .time = 100, .heads = 4, .kv_heads = 2, .head_dim = 64};
+  const AttentionShape shape{.batch = 2, .time = 140, .heads = 4, .kv_heads = 2, .head_dim = 64};
   CheckFlashAttention<64>(shape, {});
-  CheckFlashAttention<64>(shape, testing::PackedPositions(shape.batch, shape.time, {3, 1, 50, 17}));
+  CheckFlashAttention<64>(shape,
+                          testing::PackedPositions(shape.batch, shape.time, {3, 1, 50, 17, 70}));
 }
 
+// D = 128 with T = 70: two query and key tiles of 64 rows, one 16-row tile a warp.
 TEST(FlashAttentionTest, HeadDim128MatchesCpuBackend) {
   const AttentionShape shape{.batch = 1, .time = 70, .heads = 2, .kv_heads = 1, .head_dim = 128};
   CheckFlashAttention<128>(shape, {});
