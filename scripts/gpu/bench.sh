@@ -30,6 +30,7 @@ data=$repo/data/fortunes.txt
 "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' ||
   { echo "$python has no PyTorch with CUDA: set PYTHON" >&2; exit 1; }
 
+# shellcheck source=shapes.sh
 source "$repo/scripts/gpu/shapes.sh"
 
 scratch=$(mktemp -d)

@@ -26,11 +26,13 @@ else
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
 fi
+# shellcheck source=shapes.sh
 source "$repo/scripts/gpu/shapes.sh"
 mapfile -t sets < <(set_flags "${gpt2_124m[@]}" run.device=cuda run.precision="$precision" \
   run.out_dir="$work/run" train.steps="$steps" train.warmup_steps=1 train.eval_every=0 \
   logging.sample_tokens=0 train.export_to=)
-"$ncu" --target-processes all --clock-control none --metrics gpu__time_duration.sum \
+"$ncu" --target-processes all --clock-control none --cache-control none \
+  --metrics gpu__time_duration.sum \
   --print-kernel-base function --csv --page raw --log-file "$work/kernels.csv" \
   "$build/dtrain" train "$repo/configs/tiny.yaml" "${sets[@]}" > "$work/train.log" 2>&1 ||
   { tail -n 30 "$work/train.log" >&2; exit 1; }
