@@ -11,7 +11,9 @@
 //     dP^T for its 16 keys, dv += P^T dO and dk += dS^T Q.
 // In the forward and dq kernels a warp takes kFlashWarpTiles<kD> tiles of 16 query rows, so that
 // every key and value fragment it reads from shared memory serves each of them: at 16 rows a
-// warp, those reads (256 bytes a fragment, 128 a cycle) outlast the mma they feed.
+// warp, the SM's four sub-partitions share 128 bytes a cycle of shared memory, and four warps'
+// fragments (256 bytes each) take 8 cycles, twice the ~4 of the mma they feed on sm_90. A warp
+// skips the key tiles wholly after its rows.
 // Backward is thus deterministic without atomics (dq and dk, dv each have one writer), at the
 // price of computing S and dP twice. P and dS are rounded to bf16 before they are multiplied,
 // as FlashAttention does; every sum is fp32. Softmax runs in base 2 (scores scaled by
@@ -40,7 +42,7 @@ namespace dtrain::cuda {
 
 inline constexpr int kFlashWarps = 4;
 inline constexpr int kFlashThreads = kFlashWarps * kWarpSize;
-// A forward or dq warp's 16-row query tiles: two at head size 64 (ptxas, sm_90: 255 registers a
+// A forward or dq warp's 16-row query tiles: two at head size 64 (ptxas, sm_90: 245 registers a
 // thread for the forward, 240 for dq, no spills), one at 128, where two tiles' accumulators and
 // fragments would not fit in 255.
 template <int kD>
@@ -260,6 +262,7 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
   block.Sync();
 
   const float scale = dims.scale * kLog2e;
+  const int warp_last = first + warp_first + 16 * kTiles - 1;
   float max[kTiles][2], sum[kTiles][2];  // sum: the lane's share
   DTRAIN_UNROLL
   for (int i = 0; i < kTiles; ++i) {
@@ -274,32 +277,35 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
     StageRows<kD>(block, values, kFlashForwardKeys, ValueAt(qkv, dims, kv, 0), dims.qkv_width, key0,
                   count);
     block.Sync();
-    MmaC s[kTiles][kFlashForwardKeys / 8];
-    DTRAIN_UNROLL
-    for (int k = 0; k < kD / 16; ++k) {
+    // A key tile wholly after the warp's rows (in the diagonal block) adds nothing to them.
+    if (key0 <= warp_last) {
+      MmaC s[kTiles][kFlashForwardKeys / 8];
       DTRAIN_UNROLL
-      for (int n = 0; n < kFlashForwardKeys / 8; ++n) {
-        const MmaB key_columns = LoadBTransposed(lane, keys + 8 * n * kStride + 16 * k, kStride);
+      for (int k = 0; k < kD / 16; ++k) {
         DTRAIN_UNROLL
-        for (int i = 0; i < kTiles; ++i) warp.Mma(s[i][n], q[i][k], key_columns);
+        for (int n = 0; n < kFlashForwardKeys / 8; ++n) {
+          const MmaB key_columns = LoadBTransposed(lane, keys + 8 * n * kStride + 16 * k, kStride);
+          DTRAIN_UNROLL
+          for (int i = 0; i < kTiles; ++i) warp.Mma(s[i][n], q[i][k], key_columns);
+        }
       }
-    }
-    DTRAIN_UNROLL
-    for (int i = 0; i < kTiles; ++i)
-      SoftmaxStep<kD>(warp, lane, rows[i], key0, scale, s[i], acc[i], max[i], sum[i]);
-    DTRAIN_UNROLL
-    for (int k = 0; k < kFlashForwardKeys / 16; ++k) {
-      MmaA p[kTiles];
       DTRAIN_UNROLL
-      for (int i = 0; i < kTiles; ++i) p[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
+      for (int i = 0; i < kTiles; ++i)
+        SoftmaxStep<kD>(warp, lane, rows[i], key0, scale, s[i], acc[i], max[i], sum[i]);
       DTRAIN_UNROLL
-      for (int n = 0; n < kD / 8; n += 2) {
-        MmaB left, right;
-        LoadBPair(warp, values + 16 * k * kStride + 8 * n, kStride, left, right);
+      for (int k = 0; k < kFlashForwardKeys / 16; ++k) {
+        MmaA p[kTiles];
         DTRAIN_UNROLL
-        for (int i = 0; i < kTiles; ++i) {
-          warp.Mma(acc[i][n], p[i], left);
-          warp.Mma(acc[i][n + 1], p[i], right);
+        for (int i = 0; i < kTiles; ++i) p[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
+        DTRAIN_UNROLL
+        for (int n = 0; n < kD / 8; n += 2) {
+          MmaB left, right;
+          LoadBPair(warp, values + 16 * k * kStride + 8 * n, kStride, left, right);
+          DTRAIN_UNROLL
+          for (int i = 0; i < kTiles; ++i) {
+            warp.Mma(acc[i][n], p[i], left);
+            warp.Mma(acc[i][n + 1], p[i], right);
+          }
         }
       }
     }
@@ -377,6 +383,7 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
   block.Sync();
 
   const float scale = dims.scale * kLog2e;
+  const int warp_last = first + warp_first + 16 * kTiles - 1;
   MmaC acc[kTiles][kD / 8];
   for (int key0 = VisibleKeys(positions, first).begin; key0 < end; key0 += kFlashGradTile) {
     const int count = end - key0 < kFlashGradTile ? end - key0 : kFlashGradTile;
@@ -385,48 +392,50 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
     StageRows<kD>(block, values, kFlashGradTile, ValueAt(qkv, dims, kv, 0), dims.qkv_width, key0,
                   count);
     block.Sync();
-    MmaC s[kTiles][kFlashGradTile / 8], dp[kTiles][kFlashGradTile / 8];
-    DTRAIN_UNROLL
-    for (int k = 0; k < kD / 16; ++k) {
+    if (key0 <= warp_last) {  // as in the forward
+      MmaC s[kTiles][kFlashGradTile / 8], dp[kTiles][kFlashGradTile / 8];
       DTRAIN_UNROLL
-      for (int n = 0; n < kFlashGradTile / 8; ++n) {
-        const int at = 8 * n * kStride + 16 * k;
-        const MmaB key_columns = LoadBTransposed(lane, keys + at, kStride);
-        const MmaB value_columns = LoadBTransposed(lane, values + at, kStride);
+      for (int k = 0; k < kD / 16; ++k) {
         DTRAIN_UNROLL
-        for (int i = 0; i < kTiles; ++i) {
-          warp.Mma(s[i][n], q[i][k], key_columns);
-          warp.Mma(dp[i][n], dy[i][k], value_columns);
+        for (int n = 0; n < kFlashGradTile / 8; ++n) {
+          const int at = 8 * n * kStride + 16 * k;
+          const MmaB key_columns = LoadBTransposed(lane, keys + at, kStride);
+          const MmaB value_columns = LoadBTransposed(lane, values + at, kStride);
+          DTRAIN_UNROLL
+          for (int i = 0; i < kTiles; ++i) {
+            warp.Mma(s[i][n], q[i][k], key_columns);
+            warp.Mma(dp[i][n], dy[i][k], value_columns);
+          }
         }
       }
-    }
-    DTRAIN_UNROLL
-    for (int i = 0; i < kTiles; ++i) {
       DTRAIN_UNROLL
-      for (int n = 0; n < kFlashGradTile / 8; ++n) {
+      for (int i = 0; i < kTiles; ++i) {
         DTRAIN_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int r = e / 2, key = key0 + 8 * n + MmaCIndex(lane, e).col;
-          const float p = Sees(rows[i].visible[r], key)
-                              ? FlashExp2(s[i][n].value[e] * scale - row_lse[i][r])
-                              : 0.0f;
-          s[i][n].value[e] = p * (dp[i][n].value[e] - delta[i][r]);  // dS
+        for (int n = 0; n < kFlashGradTile / 8; ++n) {
+          DTRAIN_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            const int r = e / 2, key = key0 + 8 * n + MmaCIndex(lane, e).col;
+            const float p = Sees(rows[i].visible[r], key)
+                                ? FlashExp2(s[i][n].value[e] * scale - row_lse[i][r])
+                                : 0.0f;
+            s[i][n].value[e] = p * (dp[i][n].value[e] - delta[i][r]);  // dS
+          }
         }
       }
-    }
-    DTRAIN_UNROLL
-    for (int k = 0; k < kFlashGradTile / 16; ++k) {
-      MmaA ds[kTiles];
       DTRAIN_UNROLL
-      for (int i = 0; i < kTiles; ++i) ds[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
-      DTRAIN_UNROLL
-      for (int n = 0; n < kD / 8; n += 2) {
-        MmaB left, right;
-        LoadBPair(warp, keys + 16 * k * kStride + 8 * n, kStride, left, right);
+      for (int k = 0; k < kFlashGradTile / 16; ++k) {
+        MmaA ds[kTiles];
         DTRAIN_UNROLL
-        for (int i = 0; i < kTiles; ++i) {
-          warp.Mma(acc[i][n], ds[i], left);
-          warp.Mma(acc[i][n + 1], ds[i], right);
+        for (int i = 0; i < kTiles; ++i) ds[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
+        DTRAIN_UNROLL
+        for (int n = 0; n < kD / 8; n += 2) {
+          MmaB left, right;
+          LoadBPair(warp, keys + 16 * k * kStride + 8 * n, kStride, left, right);
+          DTRAIN_UNROLL
+          for (int i = 0; i < kTiles; ++i) {
+            warp.Mma(acc[i][n], ds[i], left);
+            warp.Mma(acc[i][n + 1], ds[i], right);
+          }
         }
       }
     }

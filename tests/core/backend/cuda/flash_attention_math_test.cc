@@ -80,13 +80,13 @@ void CheckFlashAttention(const AttentionShape& shape, const std::vector<int32_t>
   testing::ExpectWithinRounding(dqkv, dqkv_cpu, sums.dqkv, "dqkv");
 }
 
-// D = 64 with T = 140: two query tiles of 128 rows (the second partial; a warp's two 16-row
-// tiles, one of them past T in the second), three forward key tiles, five dq key tiles and dk/dv
-// query tiles, three dk/dv key tiles, grouped-query heads; documents cross the tiles'
+// D = 64 with T = 152: two query tiles of 128 rows (the second partial: its first warp's second
+// 16-row tile half past T, the other warps wholly), three forward key tiles, five dq key tiles and
+// dk/dv query tiles, three dk/dv key tiles, grouped-query heads; documents cross the tiles'
 // boundaries, so rows of one block see keys from before it and rows past a document's end see
 // none of a tile.
 TEST(FlashAttentionTest, HeadDim64MatchesCpuBackend) {
-  const AttentionShape shape{.batch = 2, .time = 140, .heads = 4, .kv_heads = 2, .head_dim = 64};
+  const AttentionShape shape{.batch = 2, .time = 152, .heads = 4, .kv_heads = 2, .head_dim = 64};
   CheckFlashAttention<64>(shape, {});
   CheckFlashAttention<64>(shape,
                           testing::PackedPositions(shape.batch, shape.time, {3, 1, 50, 17, 70}));

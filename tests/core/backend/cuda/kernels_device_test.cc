@@ -210,16 +210,16 @@ void CheckAttention(const AttentionShape& shape, const std::vector<int32_t>& hos
   ExpectMatches(dqkv.Read(), dqkv_cpu, "dqkv");
 }
 
-// D = 40 (4 lanes a row, one tile of 64 rows: T = 6) and D = 64 with T = 100 (two tiles, so the
+// D = 40 (4 lanes a row, one tile of 64 rows: T = 6) and D = 64 with T = 300 (five tiles, so the
 // rows' state carries across tiles and the last tile is partial), grouped-query heads; each with
-// one document a row and with documents packed into the rows (at T = 100 they cross the tiles'
-// boundary at row 64, and a block's rows see keys from before the block). In bf16, D = 64 and
-// D = 128 (T = 300: five tiles) run on tensor cores.
+// one document a row and with documents packed into the rows (they cross the tiles' boundaries,
+// and a block's rows see keys from before the block). In bf16, D = 64 (query tiles of 128 rows,
+// the last partial) and D = 128 (T = 300: five tiles) run on tensor cores.
 TEST(CudaDeviceTest, Attention) {
   if (!HaveDevice()) GTEST_SKIP() << "no CUDA device";
   for (const AttentionShape& shape :
        {AttentionShape{.batch = 2, .time = 6, .heads = 4, .kv_heads = 2, .head_dim = 40},
-        AttentionShape{.batch = 2, .time = 100, .heads = 4, .kv_heads = 2, .head_dim = 64},
+        AttentionShape{.batch = 2, .time = 300, .heads = 4, .kv_heads = 2, .head_dim = 64},
         AttentionShape{.batch = 1, .time = 300, .heads = 4, .kv_heads = 1, .head_dim = 128}}) {
     const std::vector<int32_t> documents =
         testing::PackedPositions(shape.batch, shape.time, {3, 1, 50, 17, 2});
