@@ -301,7 +301,7 @@ cudaError_t LaunchFlashForward(Bf16* out, float* lse, const Bf16* qkv, const Att
   constexpr size_t bytes = kFlashForwardShared<kD>;
   if (const cudaError_t error = AllowShared(FlashForwardKernel<kD>, bytes)) return error;
   const dim3 grid(static_cast<unsigned>(shape.batch * shape.heads),
-                  Tiles(shape.time, kFlashQueryRows<kD>));
+                  Tiles(shape.time, kFlashBlockRows<kD>));
   FlashForwardKernel<kD>
       <<<grid, kFlashThreads, bytes, stream>>>(out, lse, qkv, positions, MakeAttentionDims(shape));
   return cudaSuccess;
@@ -320,9 +320,9 @@ cudaError_t LaunchFlashBackward(Bf16* dqkv, const Bf16* dout, const Bf16* qkv, c
     return error;
   }
   const dim3 query_tiles(static_cast<unsigned>(shape.batch * shape.heads),
-                         Tiles(shape.time, kFlashQueryRows<kD>));
+                         Tiles(shape.time, kFlashBlockRows<kD>));
   const dim3 key_tiles(static_cast<unsigned>(shape.batch * shape.kv_heads),
-                       Tiles(shape.time, kFlashKeyRows));
+                       Tiles(shape.time, kFlashBlockRows<kD>));
   FlashQueryGradKernel<kD><<<query_tiles, kFlashThreads, kFlashQueryGradShared<kD>, stream>>>(
       dqkv, dout, qkv, out, lse, positions, dims);
   FlashKeyValueGradKernel<kD><<<key_tiles, kFlashThreads, kFlashKeyValueGradShared<kD>, stream>>>(

@@ -1,24 +1,25 @@
 // Causal attention on tensor cores for bf16 with head_dim 64 or 128 (FlashAttention-2's
 // scheme): the formulas of attention_math.h, with every product of two (rows x head_dim) blocks
-// an mma.sync of mma_math.h. A block is kFlashWarps warps, each of 16-row tiles (the mma's M).
-//   Forward, grid (B * H, query tiles of kFlashQueryRows): the block's query rows stream their
-//     keys through shared memory kFlashForwardKeys at a time; a warp computes S = Q K^T for its
-//     rows, masks it, updates its online softmax in registers, rounds P to bf16 and adds P V.
-//   dq, grid (B * H, query tiles of kFlashQueryRows): keys kFlashGradTile at a time; S and
-//     dP = dO V^T give dS = P (dP - delta), and dq += dS K.
-//   dk and dv, grid (B * Hkv, key tiles of kFlashKeyRows): the query and dout rows of every head of
-//     the group that see the block's keys stream kFlashGradTile at a time; a warp computes S^T and
-//     dP^T for its 16 keys, dv += P^T dO and dk += dS^T Q.
-// In the forward and dq kernels a warp takes kFlashWarpTiles<kD> tiles of 16 query rows, so that
-// every key and value fragment it reads from shared memory serves each of them: at 16 rows a
-// warp, the SM's four sub-partitions share 128 bytes a cycle of shared memory, and four warps'
-// fragments (256 bytes each) take 8 cycles, twice the ~4 of the mma they feed on sm_90. A warp
-// skips the key tiles wholly after its rows.
+// an mma.sync of mma_math.h. A block is kFlashWarps warps, each of kFlashWarpTiles<kD> tiles of
+// 16 rows (the mma's M), kFlashBlockRows<kD> rows in all.
+//   Forward, grid (B * H, query tiles): the block's query rows stream their keys through shared
+//     memory kFlashForwardKeys at a time; a warp computes S = Q K^T for its rows, masks it,
+//     updates its online softmax in registers, rounds P to bf16 and adds P V.
+//   dq, grid (B * H, query tiles): keys kFlashGradTile at a time; S and dP = dO V^T give
+//     dS = P (dP - delta), and dq += dS K.
+//   dk and dv, grid (B * Hkv, key tiles): the query and dout rows of every head of the group that
+//     see the block's keys stream kFlashGradTile at a time; a warp computes S^T and dP^T for its
+//     keys, dv += P^T dO and dk += dS^T Q.
 // Backward is thus deterministic without atomics (dq and dk, dv each have one writer), at the
 // price of computing S and dP twice. P and dS are rounded to bf16 before they are multiplied,
 // as FlashAttention does; every sum is fp32. Softmax runs in base 2 (scores scaled by
 // scale * log2(e)); lse is stored in natural units, as the other kernels and the CPU backend
 // keep it.
+// Every fragment a warp reads from shared memory for its B operand serves each of its tiles: at
+// one tile a warp, the SM's four sub-partitions share 128 bytes a cycle of shared memory, and four
+// warps' fragments (256 bytes each) take 8 cycles, twice the ~4 of the mma they feed on sm_90. A
+// warp skips the tiles of keys (forward, dq) wholly after its rows and of queries (dk/dv) wholly
+// before them.
 //
 // The functions below are whole blocks' work, written against a Block (warp.cuh's DeviceBlock,
 // the tests' HostBlock) and called by attention.cu's kernels with the block's coordinates; the
@@ -42,25 +43,29 @@ namespace dtrain::cuda {
 
 inline constexpr int kFlashWarps = 4;
 inline constexpr int kFlashThreads = kFlashWarps * kWarpSize;
-// A forward or dq warp's 16-row query tiles: two at head size 64 (ptxas, sm_90: 245 registers a
-// thread for the forward, 240 for dq, no spills), one at 128, where two tiles' accumulators and
-// fragments would not fit in 255.
+// A warp's 16-row tiles: two at head size 64 (ptxas: 217, 240 and 250 registers a thread for the
+// forward, dq and dk/dv on sm_90, 223, 233 and 250 on sm_80, no spills), one at 128, where two
+// tiles' accumulators and fragments would not fit in 255 registers.
 template <int kD>
 inline constexpr int kFlashWarpTiles = kD == 64 ? 2 : 1;
-// A forward or dq block's query rows; a dk/dv block's key rows, 16 a warp.
+// A block's rows: query rows in the forward and dq kernels, key rows in dk/dv.
 template <int kD>
-inline constexpr int kFlashQueryRows = kFlashWarpTiles<kD> * 16 * kFlashWarps;
-inline constexpr int kFlashKeyRows = 16 * kFlashWarps;
+inline constexpr int kFlashBlockRows = kFlashWarpTiles<kD> * 16 * kFlashWarps;
 inline constexpr int kFlashForwardKeys = 64;
+// The keys a forward warp scores at once, a part of the staged tile: its scores take
+// kFlashWarpTiles<kD> * kFlashScoreKeys<kD> / 8 blocks of registers, 8 at either head size (at 64
+// keys and two tiles, sm_80's ptxas spills).
+template <int kD>
+inline constexpr int kFlashScoreKeys = kFlashForwardKeys / kFlashWarpTiles<kD>;
 inline constexpr int kFlashGradTile = 32;
 inline constexpr int kFlashPad = 8;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
-// The forward and dq kernels stage key tiles where their query rows (kFlashKeyRows or more)
-// were; a tile's rows are whole k-steps.
-static_assert(kFlashForwardKeys <= kFlashKeyRows && kFlashGradTile <= kFlashKeyRows);
-static_assert(kFlashForwardKeys % 16 == 0 && kFlashGradTile % 16 == 0);
+// The forward and dq kernels stage key tiles where their query rows (16 a warp or more) were; a
+// tile's rows are whole k-steps.
+static_assert(kFlashForwardKeys <= 16 * kFlashWarps && kFlashGradTile <= 16 * kFlashWarps);
+static_assert(kFlashScoreKeys<64> % 16 == 0 && kFlashGradTile % 16 == 0);
 
 DTRAIN_HD constexpr bool FlashHeadDim(int head_dim) { return head_dim == 64 || head_dim == 128; }
 
@@ -72,13 +77,13 @@ inline constexpr int kFlashStride = kD + kFlashPad;
 // and value rows, a query and a dout tile, and three numbers a query row of the tile.
 template <int kD>
 inline constexpr size_t kFlashForwardShared = kFlashStride<kD> * sizeof(Bf16) *
-                                              (kFlashQueryRows<kD> + kFlashForwardKeys);
+                                              (kFlashBlockRows<kD> + kFlashForwardKeys);
 template <int kD>
 inline constexpr size_t kFlashQueryGradShared = kFlashStride<kD> * sizeof(Bf16) *
-                                                2 * kFlashQueryRows<kD>;
+                                                2 * kFlashBlockRows<kD>;
 template <int kD>
 inline constexpr size_t kFlashKeyValueGradShared = kFlashStride<kD> * sizeof(Bf16) * 2 *
-                                                       (kFlashKeyRows + kFlashGradTile) +
+                                                       (kFlashBlockRows<kD> + kFlashGradTile) +
                                                    sizeof(float) * 3 * kFlashGradTile;
 
 DTRAIN_HD inline float FlashExp2(float x) {
@@ -187,16 +192,16 @@ DTRAIN_HD void StoreRows(int lane, const MmaC (&acc)[kD / 8], const LaneRows& ro
   }
 }
 
-// One 16-row tile's step of the online softmax over a key tile from key0: masks the scores s
-// (scaled to base 2), rescales acc and the lane's share of the rows' sums to the rows' new
-// maxima, and turns s into P (unrounded).
+// One 16-row tile's step of the online softmax over kFlashScoreKeys<kD> keys from key0: masks
+// the scores s (scaled to base 2), rescales acc and the lane's share of the rows' sums to the
+// rows' new maxima, and turns s into P (unrounded).
 template <int kD, typename Warp>
 DTRAIN_HD void SoftmaxStep(const Warp& warp, int lane, const LaneRows& rows, int key0, float scale,
-                           MmaC (&s)[kFlashForwardKeys / 8], MmaC (&acc)[kD / 8], float (&max)[2],
+                           MmaC (&s)[kFlashScoreKeys<kD> / 8], MmaC (&acc)[kD / 8], float (&max)[2],
                            float (&sum)[2]) {
   float tile_max[2] = {-INFINITY, -INFINITY};
   DTRAIN_UNROLL
-  for (int n = 0; n < kFlashForwardKeys / 8; ++n) {
+  for (int n = 0; n < kFlashScoreKeys<kD> / 8; ++n) {
     DTRAIN_UNROLL
     for (int e = 0; e < 4; ++e) {
       const int r = e / 2, key = key0 + 8 * n + MmaCIndex(lane, e).col;
@@ -230,14 +235,14 @@ DTRAIN_HD void SoftmaxStep(const Warp& warp, int lane, const LaneRows& rows, int
   }
 }
 
-// The forward of query rows [tile * kFlashQueryRows<kD>, +kFlashQueryRows<kD>) of head h of
+// The forward of query rows [tile * kFlashBlockRows<kD>, +kFlashBlockRows<kD>) of head h of
 // batch element b. shared: kFlashForwardShared<kD> bytes.
 template <int kD, typename Block>
 DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, float* lse,
                                  const Bf16* qkv, const int32_t* positions,
                                  const AttentionDims& dims, int b, int h, int tile) {
   constexpr int kStride = kFlashStride<kD>, kTiles = kFlashWarpTiles<kD>;
-  constexpr int kRows = kFlashQueryRows<kD>;
+  constexpr int kRows = kFlashBlockRows<kD>, kScoreKeys = kFlashScoreKeys<kD>;
   Bf16* keys = shared;
   Bf16* values = shared + kRows * kStride;
   const int time = dims.time, kv = h / (dims.heads / dims.kv_heads);
@@ -277,30 +282,32 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
     StageRows<kD>(block, values, kFlashForwardKeys, ValueAt(qkv, dims, kv, 0), dims.qkv_width, key0,
                   count);
     block.Sync();
-    // A key tile wholly after the warp's rows (in the diagonal block) adds nothing to them.
-    if (key0 <= warp_last) {
-      MmaC s[kTiles][kFlashForwardKeys / 8];
+    // The staged keys kScoreKeys at a time; keys wholly after the warp's rows (in the diagonal
+    // block) add nothing to them.
+    for (int part = 0; part < kFlashForwardKeys && key0 + part <= warp_last; part += kScoreKeys) {
+      MmaC s[kTiles][kScoreKeys / 8];
       DTRAIN_UNROLL
       for (int k = 0; k < kD / 16; ++k) {
         DTRAIN_UNROLL
-        for (int n = 0; n < kFlashForwardKeys / 8; ++n) {
-          const MmaB key_columns = LoadBTransposed(lane, keys + 8 * n * kStride + 16 * k, kStride);
+        for (int n = 0; n < kScoreKeys / 8; ++n) {
+          const MmaB key_columns =
+              LoadBTransposed(lane, keys + (part + 8 * n) * kStride + 16 * k, kStride);
           DTRAIN_UNROLL
           for (int i = 0; i < kTiles; ++i) warp.Mma(s[i][n], q[i][k], key_columns);
         }
       }
       DTRAIN_UNROLL
       for (int i = 0; i < kTiles; ++i)
-        SoftmaxStep<kD>(warp, lane, rows[i], key0, scale, s[i], acc[i], max[i], sum[i]);
+        SoftmaxStep<kD>(warp, lane, rows[i], key0 + part, scale, s[i], acc[i], max[i], sum[i]);
       DTRAIN_UNROLL
-      for (int k = 0; k < kFlashForwardKeys / 16; ++k) {
+      for (int k = 0; k < kScoreKeys / 16; ++k) {
         MmaA p[kTiles];
         DTRAIN_UNROLL
         for (int i = 0; i < kTiles; ++i) p[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
         DTRAIN_UNROLL
         for (int n = 0; n < kD / 8; n += 2) {
           MmaB left, right;
-          LoadBPair(warp, values + 16 * k * kStride + 8 * n, kStride, left, right);
+          LoadBPair(warp, values + (part + 16 * k) * kStride + 8 * n, kStride, left, right);
           DTRAIN_UNROLL
           for (int i = 0; i < kTiles; ++i) {
             warp.Mma(acc[i][n], p[i], left);
@@ -325,7 +332,7 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
   }
 }
 
-// dq of query rows [tile * kFlashQueryRows<kD>, +kFlashQueryRows<kD>) of head h of batch
+// dq of query rows [tile * kFlashBlockRows<kD>, +kFlashBlockRows<kD>) of head h of batch
 // element b. shared: kFlashQueryGradShared<kD> bytes.
 template <int kD, typename Block>
 DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv, const Bf16* dout,
@@ -333,7 +340,7 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
                                    const int32_t* positions, const AttentionDims& dims, int b,
                                    int h, int tile) {
   constexpr int kStride = kFlashStride<kD>, kTiles = kFlashWarpTiles<kD>;
-  constexpr int kRows = kFlashQueryRows<kD>;
+  constexpr int kRows = kFlashBlockRows<kD>;
   Bf16* keys = shared;
   Bf16* values = shared + kRows * kStride;
   const int time = dims.time, kv = h / (dims.heads / dims.kv_heads);
@@ -448,17 +455,18 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
   }
 }
 
-// dk and dv of key rows [tile * kFlashKeyRows, +kFlashKeyRows) of kv head kv of batch element b.
-// shared: kFlashKeyValueGradShared<kD> bytes.
+// dk and dv of key rows [tile * kFlashBlockRows<kD>, +kFlashBlockRows<kD>) of kv head kv of
+// batch element b. shared: kFlashKeyValueGradShared<kD> bytes.
 template <int kD, typename Block>
 DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
                                       const Bf16* dout, const Bf16* qkv, const Bf16* out,
                                       const float* lse, const int32_t* positions,
                                       const AttentionDims& dims, int b, int kv, int tile) {
-  constexpr int kStride = kFlashStride<kD>;
+  constexpr int kStride = kFlashStride<kD>, kTiles = kFlashWarpTiles<kD>;
+  constexpr int kRows = kFlashBlockRows<kD>;
   Bf16* keys = shared;
-  Bf16* values = keys + kFlashKeyRows * kStride;
-  Bf16* queries = values + kFlashKeyRows * kStride;
+  Bf16* values = keys + kRows * kStride;
+  Bf16* queries = values + kRows * kStride;
   Bf16* dys = queries + kFlashGradTile * kStride;
   float* tile_lse = reinterpret_cast<float*>(dys + kFlashGradTile * kStride);
   float* tile_delta = tile_lse + kFlashGradTile;
@@ -470,22 +478,22 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
   dout = BatchPart(dout, b, time, dims.out_width);
   lse = BatchPart(lse, b, dims.heads, time);
   positions = BatchPart(positions, b, time, 1);
-  const auto [first, end, lane, warp_first] = MakeFlashTile<kFlashKeyRows>(block, tile, time);
+  const auto [first, end, lane, warp_first] = MakeFlashTile<kRows>(block, tile, time);
   // The query rows that see the block's keys end where its last key's document does.
   const int queries_end = VisibleQueries(positions, time, end - 1).end;
   const auto warp = block.warp();
-  const Bf16* warp_keys = keys + warp_first * kStride;
-  const Bf16* warp_values = values + warp_first * kStride;
-  int key[2];  // the lane's key rows of C
+  int key[kTiles][2];  // the lane's key rows of C
   DTRAIN_UNROLL
-  for (int r = 0; r < 2; ++r) key[r] = first + warp_first + lane / 4 + 8 * r;
+  for (int i = 0; i < kTiles; ++i) {
+    DTRAIN_UNROLL
+    for (int r = 0; r < 2; ++r) key[i][r] = first + warp_first + 16 * i + lane / 4 + 8 * r;
+  }
 
-  StageRows<kD>(block, keys, kFlashKeyRows, KeyAt(qkv, dims, kv, 0), dims.qkv_width, first,
-                end - first);
-  StageRows<kD>(block, values, kFlashKeyRows, ValueAt(qkv, dims, kv, 0), dims.qkv_width, first,
+  StageRows<kD>(block, keys, kRows, KeyAt(qkv, dims, kv, 0), dims.qkv_width, first, end - first);
+  StageRows<kD>(block, values, kRows, ValueAt(qkv, dims, kv, 0), dims.qkv_width, first,
                 end - first);
   const float scale = dims.scale * kLog2e;
-  MmaC dk[kD / 8], dv[kD / 8];
+  MmaC dk[kTiles][kD / 8], dv[kTiles][kD / 8];
   for (int h = kv * group; h < (kv + 1) * group; ++h) {
     for (int query0 = first; query0 < queries_end; query0 += kFlashGradTile) {
       const int count =
@@ -513,51 +521,80 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
         }
       }
       block.Sync();
-      MmaC s[kFlashGradTile / 8], dp[kFlashGradTile / 8];
-      DTRAIN_UNROLL
-      for (int k = 0; k < kD / 16; ++k) {
-        const MmaA k_rows = LoadA(lane, warp_keys + 16 * k, kStride);
-        const MmaA v_rows = LoadA(lane, warp_values + 16 * k, kStride);
+      // A query tile wholly before the warp's keys (in the diagonal block) sees none of them.
+      if (query0 + kFlashGradTile > first + warp_first) {
+        MmaC s[kTiles][kFlashGradTile / 8], dp[kTiles][kFlashGradTile / 8];
         DTRAIN_UNROLL
-        for (int n = 0; n < kFlashGradTile / 8; ++n) {
-          warp.Mma(s[n], k_rows,
-                   LoadBTransposed(lane, queries + 8 * n * kStride + 16 * k, kStride));
-          warp.Mma(dp[n], v_rows, LoadBTransposed(lane, dys + 8 * n * kStride + 16 * k, kStride));
+        for (int k = 0; k < kD / 16; ++k) {
+          MmaA k_rows[kTiles], v_rows[kTiles];
+          DTRAIN_UNROLL
+          for (int i = 0; i < kTiles; ++i) {
+            const int at = (warp_first + 16 * i) * kStride + 16 * k;
+            k_rows[i] = LoadA(lane, keys + at, kStride);
+            v_rows[i] = LoadA(lane, values + at, kStride);
+          }
+          DTRAIN_UNROLL
+          for (int n = 0; n < kFlashGradTile / 8; ++n) {
+            const int at = 8 * n * kStride + 16 * k;
+            const MmaB query_columns = LoadBTransposed(lane, queries + at, kStride);
+            const MmaB dy_columns = LoadBTransposed(lane, dys + at, kStride);
+            DTRAIN_UNROLL
+            for (int i = 0; i < kTiles; ++i) {
+              warp.Mma(s[i][n], k_rows[i], query_columns);
+              warp.Mma(dp[i][n], v_rows[i], dy_columns);
+            }
+          }
         }
-      }
-      DTRAIN_UNROLL
-      for (int n = 0; n < kFlashGradTile / 8; ++n) {
         DTRAIN_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int j = 8 * n + MmaCIndex(lane, e).col, k_row = key[e / 2];
-          const bool sees = k_row < time && k_row >= tile_first_key[j] && k_row <= query0 + j;
-          const float p = sees ? FlashExp2(s[n].value[e] * scale - tile_lse[j]) : 0.0f;
-          s[n].value[e] = p;                                      // P^T
-          dp[n].value[e] = p * (dp[n].value[e] - tile_delta[j]);  // dS^T
+        for (int i = 0; i < kTiles; ++i) {
+          DTRAIN_UNROLL
+          for (int n = 0; n < kFlashGradTile / 8; ++n) {
+            DTRAIN_UNROLL
+            for (int e = 0; e < 4; ++e) {
+              const int j = 8 * n + MmaCIndex(lane, e).col, k_row = key[i][e / 2];
+              const bool sees = k_row < time && k_row >= tile_first_key[j] && k_row <= query0 + j;
+              const float p = sees ? FlashExp2(s[i][n].value[e] * scale - tile_lse[j]) : 0.0f;
+              s[i][n].value[e] = p;                                         // P^T
+              dp[i][n].value[e] = p * (dp[i][n].value[e] - tile_delta[j]);  // dS^T
+            }
+          }
         }
-      }
-      DTRAIN_UNROLL
-      for (int k = 0; k < kFlashGradTile / 16; ++k) {
-        const MmaA p = ToA(s[2 * k], s[2 * k + 1]);
-        const MmaA ds = ToA(dp[2 * k], dp[2 * k + 1]);
         DTRAIN_UNROLL
-        for (int n = 0; n < kD / 8; n += 2) {
-          MmaB left, right;
-          LoadBPair(warp, dys + 16 * k * kStride + 8 * n, kStride, left, right);
-          warp.Mma(dv[n], p, left);
-          warp.Mma(dv[n + 1], p, right);
-          LoadBPair(warp, queries + 16 * k * kStride + 8 * n, kStride, left, right);
-          warp.Mma(dk[n], ds, left);
-          warp.Mma(dk[n + 1], ds, right);
+        for (int k = 0; k < kFlashGradTile / 16; ++k) {
+          MmaA p[kTiles], ds[kTiles];
+          DTRAIN_UNROLL
+          for (int i = 0; i < kTiles; ++i) {
+            p[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
+            ds[i] = ToA(dp[i][2 * k], dp[i][2 * k + 1]);
+          }
+          DTRAIN_UNROLL
+          for (int n = 0; n < kD / 8; n += 2) {
+            MmaB left, right;
+            LoadBPair(warp, dys + 16 * k * kStride + 8 * n, kStride, left, right);
+            DTRAIN_UNROLL
+            for (int i = 0; i < kTiles; ++i) {
+              warp.Mma(dv[i][n], p[i], left);
+              warp.Mma(dv[i][n + 1], p[i], right);
+            }
+            LoadBPair(warp, queries + 16 * k * kStride + 8 * n, kStride, left, right);
+            DTRAIN_UNROLL
+            for (int i = 0; i < kTiles; ++i) {
+              warp.Mma(dk[i][n], ds[i], left);
+              warp.Mma(dk[i][n + 1], ds[i], right);
+            }
+          }
         }
       }
       block.Sync();
     }
   }
-  const LaneRows rows = {{key[0], key[1]}, {}};
   const float dk_scale[2] = {dims.scale, dims.scale}, dv_scale[2] = {1.0f, 1.0f};
-  StoreRows<kD>(lane, dk, rows, dk_scale, KeyAt(dqkv, dims, kv, 0), dims.qkv_width, time);
-  StoreRows<kD>(lane, dv, rows, dv_scale, ValueAt(dqkv, dims, kv, 0), dims.qkv_width, time);
+  DTRAIN_UNROLL
+  for (int i = 0; i < kTiles; ++i) {
+    const LaneRows rows = {{key[i][0], key[i][1]}, {}};
+    StoreRows<kD>(lane, dk[i], rows, dk_scale, KeyAt(dqkv, dims, kv, 0), dims.qkv_width, time);
+    StoreRows<kD>(lane, dv[i], rows, dv_scale, ValueAt(dqkv, dims, kv, 0), dims.qkv_width, time);
+  }
 }
 
 }  // namespace dtrain::cuda

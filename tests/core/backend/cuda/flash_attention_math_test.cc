@@ -46,20 +46,19 @@ void CheckFlashAttention(const AttentionShape& shape, const std::vector<int32_t>
   const std::vector<Bf16> dout = ToBf16(RandomFloats(rows * dims.out_width, 2));
   std::vector<Bf16> out(rows * dims.out_width), dqkv(qkv.size());
   std::vector<float> lse(rows * shape.heads);
-  const int query_tiles = (shape.time + kFlashQueryRows<kD> - 1) / kFlashQueryRows<kD>;
-  const int key_tiles = (shape.time + kFlashKeyRows - 1) / kFlashKeyRows;
-  RunGrid(shape.batch * shape.heads, query_tiles, kFlashForwardShared<kD>,
+  const int tiles = (shape.time + kFlashBlockRows<kD> - 1) / kFlashBlockRows<kD>;
+  RunGrid(shape.batch * shape.heads, tiles, kFlashForwardShared<kD>,
           [&](const Block& block, Bf16* shared, int x, int y) {
             FlashForwardBlock<kD>(block, shared, out.data(), lse.data(), qkv.data(), positions,
                                   dims, x / shape.heads, x % shape.heads, y);
           });
-  RunGrid(shape.batch * shape.heads, query_tiles, kFlashQueryGradShared<kD>,
+  RunGrid(shape.batch * shape.heads, tiles, kFlashQueryGradShared<kD>,
           [&](const Block& block, Bf16* shared, int x, int y) {
             FlashQueryGradBlock<kD>(block, shared, dqkv.data(), dout.data(), qkv.data(), out.data(),
                                     lse.data(), positions, dims, x / shape.heads, x % shape.heads,
                                     y);
           });
-  RunGrid(shape.batch * shape.kv_heads, key_tiles, kFlashKeyValueGradShared<kD>,
+  RunGrid(shape.batch * shape.kv_heads, tiles, kFlashKeyValueGradShared<kD>,
           [&](const Block& block, Bf16* shared, int x, int y) {
             FlashKeyValueGradBlock<kD>(block, shared, dqkv.data(), dout.data(), qkv.data(),
                                        out.data(), lse.data(), positions, dims, x / shape.kv_heads,
@@ -80,11 +79,10 @@ void CheckFlashAttention(const AttentionShape& shape, const std::vector<int32_t>
   testing::ExpectWithinRounding(dqkv, dqkv_cpu, sums.dqkv, "dqkv");
 }
 
-// D = 64 with T = 152: two query tiles of 128 rows (the second partial: its first warp's second
-// 16-row tile half past T, the other warps wholly), three forward key tiles, five dq key tiles and
-// dk/dv query tiles, three dk/dv key tiles, grouped-query heads; documents cross the tiles'
-// boundaries, so rows of one block see keys from before it and rows past a document's end see
-// none of a tile.
+// D = 64 with T = 152: two tiles of 128 query (and key) rows, the second partial: its first
+// warp's second 16-row tile half past T, the other warps' wholly; three forward key tiles, five dq
+// key tiles and dk/dv query tiles, grouped-query heads; documents cross the tiles' boundaries,
+// so rows of one block see keys from before it and rows past a document's end see none of a tile.
 TEST(FlashAttentionTest, HeadDim64MatchesCpuBackend) {
   const AttentionShape shape{.batch = 2, .time = 152, .heads = 4, .kv_heads = 2, .head_dim = 64};
   CheckFlashAttention<64>(shape, {});
