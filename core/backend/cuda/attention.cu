@@ -287,7 +287,7 @@ bool OnTensorCores(const AttentionShape& shape) {
 }
 
 // `kernel` allowed `bytes` of dynamic shared memory: past the default 48 KiB, an attribute set
-// before the launch (dk/dv at head size 128); nothing to set below it.
+// before the launch (dk/dv, and the forward at head size 128); nothing to set below it.
 template <typename Kernel>
 cudaError_t AllowShared(Kernel* kernel, size_t bytes) {
   if (bytes <= 48 * 1024) return cudaSuccess;

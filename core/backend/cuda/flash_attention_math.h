@@ -30,7 +30,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 #include "core/backend/cuda/attention_math.h"
 #include "core/backend/cuda/bf16.h"
@@ -43,8 +42,8 @@ namespace dtrain::cuda {
 
 inline constexpr int kFlashWarps = 4;
 inline constexpr int kFlashThreads = kFlashWarps * kWarpSize;
-// A warp's 16-row tiles: two at head size 64 (ptxas: 217, 240 and 250 registers a thread for the
-// forward, dq and dk/dv on sm_90, 223, 233 and 250 on sm_80, no spills), one at 128, where two
+// A warp's 16-row tiles: two at head size 64 (ptxas: 233, 249 and 246 registers a thread for the
+// forward, dq and dk/dv on sm_90, 239, 246 and 254 on sm_80, no spills), one at 128, where two
 // tiles' accumulators and fragments would not fit in 255 registers.
 template <int kD>
 inline constexpr int kFlashWarpTiles = kD == 64 ? 2 : 1;
@@ -62,9 +61,9 @@ inline constexpr int kFlashPad = 8;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
-// The forward and dq kernels stage key tiles where their query rows (16 a warp or more) were; a
-// tile's rows are whole k-steps.
-static_assert(kFlashForwardKeys <= 16 * kFlashWarps && kFlashGradTile <= 16 * kFlashWarps);
+// dq stages its two key tiles where its query rows (16 a warp or more) were; a tile's rows are
+// whole k-steps.
+static_assert(2 * kFlashGradTile <= 16 * kFlashWarps);
 static_assert(kFlashScoreKeys<64> % 16 == 0 && kFlashGradTile % 16 == 0);
 
 DTRAIN_HD constexpr bool FlashHeadDim(int head_dim) { return head_dim == 64 || head_dim == 128; }
@@ -72,12 +71,17 @@ DTRAIN_HD constexpr bool FlashHeadDim(int head_dim) { return head_dim == 64 || h
 template <int kD>
 inline constexpr int kFlashStride = kD + kFlashPad;
 
-// Shared memory of each kernel, in bytes: the forward's query rows (then key tiles) and value
-// tiles; dq's query rows (then out's, then key tiles) and dout's (then value tiles); dk/dv's key
-// and value rows, a query and a dout tile, and three numbers a query row of the tile.
+// Shared memory of each kernel, in bytes: the forward's query rows (then two key tiles) and two
+// value tiles; dq's query rows (then out's, then two key tiles) and dout's (then two value tiles);
+// dk/dv's key and value rows, a query and a dout tile, and three numbers a query row of the tile.
+// The forward and dq kernels stream their keys and values two tiles at a time, the next one's
+// copies landing while the warps use the other.
+template <int kD>
+inline constexpr int kFlashForwardKeysRows =
+    kFlashBlockRows<kD> > 2 * kFlashForwardKeys ? kFlashBlockRows<kD> : 2 * kFlashForwardKeys;
 template <int kD>
 inline constexpr size_t kFlashForwardShared = kFlashStride<kD> * sizeof(Bf16) *
-                                              (kFlashBlockRows<kD> + kFlashForwardKeys);
+                                              (kFlashForwardKeysRows<kD> + 2 * kFlashForwardKeys);
 template <int kD>
 inline constexpr size_t kFlashQueryGradShared = kFlashStride<kD> * sizeof(Bf16) *
                                                 2 * kFlashBlockRows<kD>;
@@ -94,35 +98,64 @@ DTRAIN_HD inline float FlashExp2(float x) {
 #endif
 }
 
-// rows [first, first + count) of a (T, ...) matrix (row r at base + r * stride) into `tile`
-// (rows, kD), zeros in the tile's rows from count on: every thread of the block, 16 bytes each.
+// Begins copying rows [first, first + count) of a (T, ...) matrix (row r at base + r * stride)
+// into `tile` (rows, kD), zeros in the tile's rows from count on (count >= 1): every thread of the
+// block, 16 bytes each, as async copies (warp.cuh) that the caller commits and waits for.
 template <int kD, typename Block>
 DTRAIN_HD void StageRows(const Block& block, Bf16* tile, int rows, const Bf16* base, size_t stride,
                          int first, int count) {
   constexpr int kChunks = kD / 8;
   for (int i = block.thread(); i < rows * kChunks; i += kFlashThreads) {
     const int r = i / kChunks, c = (i % kChunks) * 8;
-    Bf16* to = tile + r * kFlashStride<kD> + c;
-#if defined(__CUDA_ARCH__)
-    uint4 chunk = {0, 0, 0, 0};
-    if (r < count) {
-      const Bf16* from = base + (first + r) * stride + c;
-      if (reinterpret_cast<uintptr_t>(from) % 16 == 0) {
-        chunk = *reinterpret_cast<const uint4*>(from);
-      } else {  // a view into the arena, 2-byte aligned
-        Bf16* values = reinterpret_cast<Bf16*>(&chunk);
-        for (int k = 0; k < 8; ++k) values[k] = from[k];
-      }
-    }
-    *reinterpret_cast<uint4*>(to) = chunk;
-#else
-    if (r < count) {
-      std::memcpy(to, base + (first + r) * stride + c, 8 * sizeof(Bf16));
-    } else {
-      std::memset(to, 0, 8 * sizeof(Bf16));
-    }
-#endif
+    // A row past count reads nothing; its address is the first row's, which exists.
+    block.CopyAsync(tile + r * kFlashStride<kD> + c,
+                    base + (first + (r < count ? r : 0)) * stride + c, r < count);
   }
+}
+
+// Commits the copies the thread began, waits for all of them and for the block.
+template <typename Block>
+DTRAIN_HD void LandStaged(const Block& block) {
+  block.CommitAsync();
+  block.template WaitAsync<0>();
+  block.Sync();
+}
+
+// Begins staging the key and value rows [key0, key0 + rows) of kv head kv, up to end, into the
+// tiles `keys` and `values`, one group of copies.
+template <int kD, typename Block>
+DTRAIN_HD void StageKeysValues(const Block& block, Bf16* keys, Bf16* values, int rows,
+                               const Bf16* qkv, const AttentionDims& dims, int kv, int key0,
+                               int end) {
+  const int count = end - key0 < rows ? end - key0 : rows;
+  StageRows<kD>(block, keys, rows, KeyAt(qkv, dims, kv, 0), dims.qkv_width, key0, count);
+  StageRows<kD>(block, values, rows, ValueAt(qkv, dims, kv, 0), dims.qkv_width, key0, count);
+  block.CommitAsync();
+}
+
+// Begins staging the query and dout rows [query0, query0 + kFlashGradTile) of head h, up to end,
+// into the tiles `queries` and `dys`, one group of copies.
+template <int kD, typename Block>
+DTRAIN_HD void StageQueriesDouts(const Block& block, Bf16* queries, Bf16* dys, const Bf16* qkv,
+                                 const Bf16* dout, const AttentionDims& dims, int h, int query0,
+                                 int end) {
+  const int count = end - query0 < kFlashGradTile ? end - query0 : kFlashGradTile;
+  StageRows<kD>(block, queries, kFlashGradTile, QueryAt(qkv, dims, h, 0), dims.qkv_width, query0,
+                count);
+  StageRows<kD>(block, dys, kFlashGradTile, OutAt(dout, dims, h, 0), dims.out_width, query0, count);
+  block.CommitAsync();
+}
+
+// Waits for the group of copies of the tile about to be used, leaving the next tile's (begun
+// when there is one) in flight, and for the block.
+template <typename Block>
+DTRAIN_HD void LandTile(const Block& block, bool next_in_flight) {
+  if (next_in_flight) {
+    block.template WaitAsync<1>();
+  } else {
+    block.template WaitAsync<0>();
+  }
+  block.Sync();
 }
 
 // Batch element b's part of a (B, rows, width) buffer; null stays null.
@@ -243,8 +276,8 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
                                  const AttentionDims& dims, int b, int h, int tile) {
   constexpr int kStride = kFlashStride<kD>, kTiles = kFlashWarpTiles<kD>;
   constexpr int kRows = kFlashBlockRows<kD>, kScoreKeys = kFlashScoreKeys<kD>;
-  Bf16* keys = shared;
-  Bf16* values = shared + kRows * kStride;
+  Bf16* keys = shared;  // the query rows, then two key tiles
+  Bf16* values = shared + kFlashForwardKeysRows<kD> * kStride;
   const int time = dims.time, kv = h / (dims.heads / dims.kv_heads);
   qkv = BatchPart(qkv, b, time, dims.qkv_width);
   out = BatchPart(out, b, time, dims.out_width);
@@ -254,7 +287,7 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
   const auto warp = block.warp();
 
   StageRows<kD>(block, keys, kRows, QueryAt(qkv, dims, h, 0), dims.qkv_width, first, end - first);
-  block.Sync();
+  LandStaged(block);
   MmaA q[kTiles][kD / 16];
   LaneRows rows[kTiles];
   DTRAIN_UNROLL
@@ -275,13 +308,19 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
     sum[i][0] = sum[i][1] = 0;
   }
   MmaC acc[kTiles][kD / 8];
-  for (int key0 = VisibleKeys(positions, first).begin; key0 < end; key0 += kFlashForwardKeys) {
-    const int count = end - key0 < kFlashForwardKeys ? end - key0 : kFlashForwardKeys;
-    StageRows<kD>(block, keys, kFlashForwardKeys, KeyAt(qkv, dims, kv, 0), dims.qkv_width, key0,
-                  count);
-    StageRows<kD>(block, values, kFlashForwardKeys, ValueAt(qkv, dims, kv, 0), dims.qkv_width, key0,
-                  count);
-    block.Sync();
+  // Two tiles of keys and values: the next one's copies run while the warps use this one.
+  constexpr int kBuffer = kFlashForwardKeys * kStride;
+  const int key_begin = VisibleKeys(positions, first).begin;
+  StageKeysValues<kD>(block, keys, values, kFlashForwardKeys, qkv, dims, kv, key_begin, end);
+  for (int key0 = key_begin, buffer = 0; key0 < end; key0 += kFlashForwardKeys, buffer ^= 1) {
+    const bool next = key0 + kFlashForwardKeys < end;
+    if (next) {
+      StageKeysValues<kD>(block, keys + (buffer ^ 1) * kBuffer, values + (buffer ^ 1) * kBuffer,
+                          kFlashForwardKeys, qkv, dims, kv, key0 + kFlashForwardKeys, end);
+    }
+    LandTile(block, next);
+    const Bf16* tile_keys = keys + buffer * kBuffer;
+    const Bf16* tile_values = values + buffer * kBuffer;
     // The staged keys kScoreKeys at a time; keys wholly after the warp's rows (in the diagonal
     // block) add nothing to them.
     for (int part = 0; part < kFlashForwardKeys && key0 + part <= warp_last; part += kScoreKeys) {
@@ -291,7 +330,7 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
         DTRAIN_UNROLL
         for (int n = 0; n < kScoreKeys / 8; ++n) {
           const MmaB key_columns =
-              LoadBTransposed(lane, keys + (part + 8 * n) * kStride + 16 * k, kStride);
+              LoadBTransposed(lane, tile_keys + (part + 8 * n) * kStride + 16 * k, kStride);
           DTRAIN_UNROLL
           for (int i = 0; i < kTiles; ++i) warp.Mma(s[i][n], q[i][k], key_columns);
         }
@@ -307,7 +346,7 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
         DTRAIN_UNROLL
         for (int n = 0; n < kD / 8; n += 2) {
           MmaB left, right;
-          LoadBPair(warp, values + (part + 16 * k) * kStride + 8 * n, kStride, left, right);
+          LoadBPair(warp, tile_values + (part + 16 * k) * kStride + 8 * n, kStride, left, right);
           DTRAIN_UNROLL
           for (int i = 0; i < kTiles; ++i) {
             warp.Mma(acc[i][n], p[i], left);
@@ -356,7 +395,7 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
   // q and dout in registers, then delta = dout . out from out staged where q was.
   StageRows<kD>(block, keys, kRows, QueryAt(qkv, dims, h, 0), dims.qkv_width, first, end - first);
   StageRows<kD>(block, values, kRows, OutAt(dout, dims, h, 0), dims.out_width, first, end - first);
-  block.Sync();
+  LandStaged(block);
   MmaA q[kTiles][kD / 16], dy[kTiles][kD / 16];
   DTRAIN_UNROLL
   for (int i = 0; i < kTiles; ++i) {
@@ -369,7 +408,7 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
   }
   block.Sync();
   StageRows<kD>(block, keys, kRows, OutAt(out, dims, h, 0), dims.out_width, first, end - first);
-  block.Sync();
+  LandStaged(block);
   LaneRows rows[kTiles];
   float delta[kTiles][2], row_lse[kTiles][2];
   DTRAIN_UNROLL
@@ -392,13 +431,19 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
   const float scale = dims.scale * kLog2e;
   const int warp_last = first + warp_first + 16 * kTiles - 1;
   MmaC acc[kTiles][kD / 8];
-  for (int key0 = VisibleKeys(positions, first).begin; key0 < end; key0 += kFlashGradTile) {
-    const int count = end - key0 < kFlashGradTile ? end - key0 : kFlashGradTile;
-    StageRows<kD>(block, keys, kFlashGradTile, KeyAt(qkv, dims, kv, 0), dims.qkv_width, key0,
-                  count);
-    StageRows<kD>(block, values, kFlashGradTile, ValueAt(qkv, dims, kv, 0), dims.qkv_width, key0,
-                  count);
-    block.Sync();
+  // Two tiles of keys and values where q and dout were, as in the forward.
+  constexpr int kBuffer = kFlashGradTile * kStride;
+  const int key_begin = VisibleKeys(positions, first).begin;
+  StageKeysValues<kD>(block, keys, values, kFlashGradTile, qkv, dims, kv, key_begin, end);
+  for (int key0 = key_begin, buffer = 0; key0 < end; key0 += kFlashGradTile, buffer ^= 1) {
+    const bool next = key0 + kFlashGradTile < end;
+    if (next) {
+      StageKeysValues<kD>(block, keys + (buffer ^ 1) * kBuffer, values + (buffer ^ 1) * kBuffer,
+                          kFlashGradTile, qkv, dims, kv, key0 + kFlashGradTile, end);
+    }
+    LandTile(block, next);
+    const Bf16* tile_keys = keys + buffer * kBuffer;
+    const Bf16* tile_values = values + buffer * kBuffer;
     if (key0 <= warp_last) {  // as in the forward
       MmaC s[kTiles][kFlashGradTile / 8], dp[kTiles][kFlashGradTile / 8];
       DTRAIN_UNROLL
@@ -406,8 +451,8 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
         DTRAIN_UNROLL
         for (int n = 0; n < kFlashGradTile / 8; ++n) {
           const int at = 8 * n * kStride + 16 * k;
-          const MmaB key_columns = LoadBTransposed(lane, keys + at, kStride);
-          const MmaB value_columns = LoadBTransposed(lane, values + at, kStride);
+          const MmaB key_columns = LoadBTransposed(lane, tile_keys + at, kStride);
+          const MmaB value_columns = LoadBTransposed(lane, tile_values + at, kStride);
           DTRAIN_UNROLL
           for (int i = 0; i < kTiles; ++i) {
             warp.Mma(s[i][n], q[i][k], key_columns);
@@ -437,7 +482,7 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
         DTRAIN_UNROLL
         for (int n = 0; n < kD / 8; n += 2) {
           MmaB left, right;
-          LoadBPair(warp, keys + 16 * k * kStride + 8 * n, kStride, left, right);
+          LoadBPair(warp, tile_keys + 16 * k * kStride + 8 * n, kStride, left, right);
           DTRAIN_UNROLL
           for (int i = 0; i < kTiles; ++i) {
             warp.Mma(acc[i][n], ds[i], left);
@@ -498,11 +543,9 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
     for (int query0 = first; query0 < queries_end; query0 += kFlashGradTile) {
       const int count =
           queries_end - query0 < kFlashGradTile ? queries_end - query0 : kFlashGradTile;
-      StageRows<kD>(block, queries, kFlashGradTile, QueryAt(qkv, dims, h, 0), dims.qkv_width,
-                    query0, count);
-      StageRows<kD>(block, dys, kFlashGradTile, OutAt(dout, dims, h, 0), dims.out_width, query0,
-                    count);
-      block.Sync();
+      // Landed before use: a second tile in flight would spill the accumulators' registers.
+      StageQueriesDouts<kD>(block, queries, dys, qkv, dout, dims, h, query0, queries_end);
+      LandTile(block, false);
       // Each warp's lanes sum delta = dout . out of kFlashGradTile / kFlashWarps query rows.
       for (int j = block.warp_index(); j < kFlashGradTile; j += kFlashWarps) {
         const int t = query0 + j;

@@ -70,11 +70,44 @@ using DeviceWarp = DeviceLanes<kWarpSize>;
 
 // The block of the calling thread, for kernels written against a Block type (thread(),
 // warp_index(), warp(), Sync()) that the host tests emulate (test_util.h's HostBlock).
+// Async copies (sm_80 and later): CopyAsync starts a 16-byte copy from global to shared memory
+// (16 zero bytes where `valid` is false, reading nothing) that the thread's next CommitAsync
+// closes into a group; WaitAsync<kPending>() returns once all but the kPending newest groups have
+// landed, and a Sync after it shows them to the block.
 struct DeviceBlock {
   __device__ int thread() const { return static_cast<int>(threadIdx.x); }
   __device__ int warp_index() const { return static_cast<int>(threadIdx.x) / kWarpSize; }
   __device__ DeviceWarp warp() const { return {}; }
   __device__ void Sync() const { __syncthreads(); }
+
+  __device__ void CopyAsync(void* to, const void* from, bool valid) const {
+#if __CUDA_ARCH__ >= 800
+    if (valid && reinterpret_cast<uintptr_t>(from) % 16 != 0) {  // a view into the arena
+      uint16_t halves[8];  // 2-byte aligned: bf16 rows
+      for (int k = 0; k < 8; ++k) halves[k] = static_cast<const uint16_t*>(from)[k];
+      std::memcpy(to, halves, sizeof(halves));
+      return;
+    }
+    const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(to));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :
+                 : "r"(address), "l"(from), "r"(valid ? 16 : 0)
+                 : "memory");
+#else
+    __trap();  // the launchers use the kernels that copy so only on sm_80 and later
+#endif
+  }
+  __device__ void CommitAsync() const {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+  }
+  template <int kPending>
+  __device__ void WaitAsync() const {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+  }
 };
 
 // Warps per block of the row kernels, and the blocks that give each of `rows` rows a warp.

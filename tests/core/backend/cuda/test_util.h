@@ -201,13 +201,25 @@ inline void RunOnHostWarp(const std::function<void(const HostWarp&)>& body) {
 
 // A thread of a block of kThreads threads (whole warps) emulated on host threads: the Block of
 // kernels written against one (warp.cuh's DeviceBlock on the GPU).
+// Its async copies land only when WaitAsync lets them, group by group, as on the GPU (where they
+// may land any time before): a read of shared memory before the wait for its group reads what was
+// there before.
 template <int kThreads>
 class HostBlock {
  public:
   static_assert(kThreads % kWarpSize == 0);
+  // A copy begun and not yet landed.
+  struct Copy {
+    void* to;
+    const void* from;
+    bool valid;
+  };
   struct Shared {
     std::barrier<> sync{kThreads};
     std::array<HostWarp::Shared, kThreads / kWarpSize> warps;
+    // Each thread's copies: its committed groups, oldest first, and the group it is filling.
+    std::array<std::vector<std::vector<Copy>>, kThreads> groups;
+    std::array<std::vector<Copy>, kThreads> open;
   };
 
   HostBlock(int thread, Shared* shared) : thread_(thread), shared_(shared) {}
@@ -215,6 +227,29 @@ class HostBlock {
   int warp_index() const { return thread_ / kWarpSize; }
   HostWarp warp() const { return HostWarp(thread_ % kWarpSize, &shared_->warps[warp_index()]); }
   void Sync() const { shared_->sync.arrive_and_wait(); }
+
+  void CopyAsync(void* to, const void* from, bool valid) const {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(to) % 16, 0u) << "cp.async's shared address";
+    shared_->open[thread_].push_back({to, from, valid});
+  }
+  void CommitAsync() const {
+    shared_->groups[thread_].push_back(std::move(shared_->open[thread_]));
+    shared_->open[thread_].clear();
+  }
+  template <int kPending>
+  void WaitAsync() const {
+    std::vector<std::vector<Copy>>& groups = shared_->groups[thread_];
+    while (groups.size() > static_cast<size_t>(kPending)) {
+      for (const Copy& copy : groups.front()) {
+        if (copy.valid) {
+          std::memcpy(copy.to, copy.from, 16);
+        } else {
+          std::memset(copy.to, 0, 16);
+        }
+      }
+      groups.erase(groups.begin());
+    }
+  }
 
  private:
   int thread_;
