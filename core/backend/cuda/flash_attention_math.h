@@ -537,6 +537,7 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
   StageRows<kD>(block, keys, kRows, KeyAt(qkv, dims, kv, 0), dims.qkv_width, first, end - first);
   StageRows<kD>(block, values, kRows, ValueAt(qkv, dims, kv, 0), dims.qkv_width, first,
                 end - first);
+  block.CommitAsync();  // landed with the first query tile
   const float scale = dims.scale * kLog2e;
   MmaC dk[kTiles][kD / 8], dv[kTiles][kD / 8];
   for (int h = kv * group; h < (kv + 1) * group; ++h) {

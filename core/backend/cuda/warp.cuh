@@ -82,10 +82,11 @@ struct DeviceBlock {
 
   __device__ void CopyAsync(void* to, const void* from, bool valid) const {
 #if __CUDA_ARCH__ >= 800
-    // A view into the arena may be 2-byte aligned only (bf16 rows): copied here, 2 bytes at a time.
-    if (valid && reinterpret_cast<uintptr_t>(from) % 16 != 0) {
-      uint16_t halves[8];
-      for (int k = 0; k < 8; ++k) halves[k] = static_cast<const uint16_t*>(from)[k];
+    // A view into the arena may be 2-byte aligned only (bf16 rows), which cp.async may fault on
+    // even when it reads nothing: copied here, 2 bytes at a time.
+    if (reinterpret_cast<uintptr_t>(from) % 16 != 0) {
+      uint16_t halves[8] = {};
+      for (int k = 0; valid && k < 8; ++k) halves[k] = static_cast<const uint16_t*>(from)[k];
       std::memcpy(to, halves, sizeof(halves));
       return;
     }

@@ -201,9 +201,10 @@ inline void RunOnHostWarp(const std::function<void(const HostWarp&)>& body) {
 
 // A thread of a block of kThreads threads (whole warps) emulated on host threads: the Block of
 // kernels written against one (warp.cuh's DeviceBlock on the GPU).
-// Its async copies land only when WaitAsync lets them, group by group, as on the GPU (where they
-// may land any time before): a read of shared memory before the wait for its group reads what was
-// there before.
+// Its async copies land only when WaitAsync lets them, group by group, and poison (0xff bytes:
+// bf16 NaN) their destination when they begin, as on the GPU they may land any time in between: a
+// read before the wait for its group, or by another thread before the barrier after that wait,
+// reads the poison (or, racing, either).
 template <int kThreads>
 class HostBlock {
  public:
@@ -230,6 +231,7 @@ class HostBlock {
 
   void CopyAsync(void* to, const void* from, bool valid) const {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(to) % 16, 0u) << "cp.async's shared address";
+    std::memset(to, 0xff, 16);
     shared_->open[thread_].push_back({to, from, valid});
   }
   void CommitAsync() const {
