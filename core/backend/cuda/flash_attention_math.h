@@ -42,8 +42,8 @@ namespace dtrain::cuda {
 
 inline constexpr int kFlashWarps = 4;
 inline constexpr int kFlashThreads = kFlashWarps * kWarpSize;
-// A warp's 16-row tiles: two at head size 64 (ptxas: 233, 249 and 246 registers a thread for the
-// forward, dq and dk/dv on sm_90, 239, 246 and 254 on sm_80, no spills), one at 128, where two
+// A warp's 16-row tiles: two at head size 64 (ptxas: 223, 245 and 252 registers a thread for the
+// forward, dq and dk/dv on sm_90, 227, 234 and 250 on sm_80, no spills), one at 128, where two
 // tiles' accumulators and fragments would not fit in 255 registers.
 template <int kD>
 inline constexpr int kFlashWarpTiles = kD == 64 ? 2 : 1;
@@ -121,6 +121,18 @@ DTRAIN_HD void LandStaged(const Block& block) {
   block.Sync();
 }
 
+// Begins staging the query and dout rows [query0, query0 + kFlashGradTile) of head h, up to end,
+// into the tiles `queries` and `dys`.
+template <int kD, typename Block>
+DTRAIN_HD void StageQueriesDouts(const Block& block, Bf16* queries, Bf16* dys, const Bf16* qkv,
+                                 const Bf16* dout, const AttentionDims& dims, int h, int query0,
+                                 int end) {
+  const int count = end - query0 < kFlashGradTile ? end - query0 : kFlashGradTile;
+  StageRows<kD>(block, queries, kFlashGradTile, QueryAt(qkv, dims, h, 0), dims.qkv_width, query0,
+                count);
+  StageRows<kD>(block, dys, kFlashGradTile, OutAt(dout, dims, h, 0), dims.out_width, query0, count);
+}
+
 // Begins staging the key and value rows [key0, key0 + rows) of kv head kv, up to end, into the
 // tiles `keys` and `values`, one group of copies.
 template <int kD, typename Block>
@@ -133,29 +145,28 @@ DTRAIN_HD void StageKeysValues(const Block& block, Bf16* keys, Bf16* values, int
   block.CommitAsync();
 }
 
-// Begins staging the query and dout rows [query0, query0 + kFlashGradTile) of head h, up to end,
-// into the tiles `queries` and `dys`, one group of copies.
-template <int kD, typename Block>
-DTRAIN_HD void StageQueriesDouts(const Block& block, Bf16* queries, Bf16* dys, const Bf16* qkv,
-                                 const Bf16* dout, const AttentionDims& dims, int h, int query0,
-                                 int end) {
-  const int count = end - query0 < kFlashGradTile ? end - query0 : kFlashGradTile;
-  StageRows<kD>(block, queries, kFlashGradTile, QueryAt(qkv, dims, h, 0), dims.qkv_width, query0,
-                count);
-  StageRows<kD>(block, dys, kFlashGradTile, OutAt(dout, dims, h, 0), dims.out_width, query0, count);
-  block.CommitAsync();
-}
-
-// Waits for the group of copies of the tile about to be used, leaving the next tile's (begun
-// when there is one) in flight, and for the block.
-template <typename Block>
-DTRAIN_HD void LandTile(const Block& block, bool next_in_flight) {
-  if (next_in_flight) {
-    block.template WaitAsync<1>();
-  } else {
-    block.template WaitAsync<0>();
+// Streams the key and value rows [key_begin, end) of kv head kv through shared memory kRows at a
+// time, in two tiles each at `keys` and `values`: the next tile's copies are in flight while
+// body(key0, tile_keys, tile_values) runs on this one, on every thread of the block, between
+// barriers.
+template <int kD, int kRows, typename Block, typename Body>
+DTRAIN_HD void StreamKeysValues(const Block& block, Bf16* keys, Bf16* values, const Bf16* qkv,
+                                const AttentionDims& dims, int kv, int key_begin, int end,
+                                const Body& body) {
+  constexpr int kBuffer = kRows * kFlashStride<kD>;
+  StageKeysValues<kD>(block, keys, values, kRows, qkv, dims, kv, key_begin, end);
+  for (int key0 = key_begin, buffer = 0; key0 < end; key0 += kRows, buffer ^= 1) {
+    if (key0 + kRows < end) {
+      StageKeysValues<kD>(block, keys + (buffer ^ 1) * kBuffer, values + (buffer ^ 1) * kBuffer,
+                          kRows, qkv, dims, kv, key0 + kRows, end);
+      block.template WaitAsync<1>();
+    } else {
+      block.template WaitAsync<0>();
+    }
+    block.Sync();
+    body(key0, keys + buffer * kBuffer, values + buffer * kBuffer);
+    block.Sync();
   }
-  block.Sync();
 }
 
 // Batch element b's part of a (B, rows, width) buffer; null stays null.
@@ -308,55 +319,46 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
     sum[i][0] = sum[i][1] = 0;
   }
   MmaC acc[kTiles][kD / 8];
-  // Two tiles of keys and values: the next one's copies run while the warps use this one.
-  constexpr int kBuffer = kFlashForwardKeys * kStride;
-  const int key_begin = VisibleKeys(positions, first).begin;
-  StageKeysValues<kD>(block, keys, values, kFlashForwardKeys, qkv, dims, kv, key_begin, end);
-  for (int key0 = key_begin, buffer = 0; key0 < end; key0 += kFlashForwardKeys, buffer ^= 1) {
-    const bool next = key0 + kFlashForwardKeys < end;
-    if (next) {
-      StageKeysValues<kD>(block, keys + (buffer ^ 1) * kBuffer, values + (buffer ^ 1) * kBuffer,
-                          kFlashForwardKeys, qkv, dims, kv, key0 + kFlashForwardKeys, end);
-    }
-    LandTile(block, next);
-    const Bf16* tile_keys = keys + buffer * kBuffer;
-    const Bf16* tile_values = values + buffer * kBuffer;
-    // The staged keys kScoreKeys at a time; keys wholly after the warp's rows (in the diagonal
-    // block) add nothing to them.
-    for (int part = 0; part < kFlashForwardKeys && key0 + part <= warp_last; part += kScoreKeys) {
-      MmaC s[kTiles][kScoreKeys / 8];
-      DTRAIN_UNROLL
-      for (int k = 0; k < kD / 16; ++k) {
-        DTRAIN_UNROLL
-        for (int n = 0; n < kScoreKeys / 8; ++n) {
-          const MmaB key_columns =
-              LoadBTransposed(lane, tile_keys + (part + 8 * n) * kStride + 16 * k, kStride);
+  StreamKeysValues<kD, kFlashForwardKeys>(
+      block, keys, values, qkv, dims, kv, VisibleKeys(positions, first).begin, end,
+      [&](int key0, const Bf16* tile_keys, const Bf16* tile_values) {
+        // The staged keys kScoreKeys at a time; keys wholly after the warp's rows (in the diagonal
+        // block) add nothing to them.
+        for (int part = 0; part < kFlashForwardKeys && key0 + part <= warp_last;
+             part += kScoreKeys) {
+          MmaC s[kTiles][kScoreKeys / 8];
           DTRAIN_UNROLL
-          for (int i = 0; i < kTiles; ++i) warp.Mma(s[i][n], q[i][k], key_columns);
-        }
-      }
-      DTRAIN_UNROLL
-      for (int i = 0; i < kTiles; ++i)
-        SoftmaxStep<kD>(warp, lane, rows[i], key0 + part, scale, s[i], acc[i], max[i], sum[i]);
-      DTRAIN_UNROLL
-      for (int k = 0; k < kScoreKeys / 16; ++k) {
-        MmaA p[kTiles];
-        DTRAIN_UNROLL
-        for (int i = 0; i < kTiles; ++i) p[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
-        DTRAIN_UNROLL
-        for (int n = 0; n < kD / 8; n += 2) {
-          MmaB left, right;
-          LoadBPair(warp, tile_values + (part + 16 * k) * kStride + 8 * n, kStride, left, right);
+          for (int k = 0; k < kD / 16; ++k) {
+            DTRAIN_UNROLL
+            for (int n = 0; n < kScoreKeys / 8; ++n) {
+              const MmaB key_columns =
+                  LoadBTransposed(lane, tile_keys + (part + 8 * n) * kStride + 16 * k, kStride);
+              DTRAIN_UNROLL
+              for (int i = 0; i < kTiles; ++i) warp.Mma(s[i][n], q[i][k], key_columns);
+            }
+          }
           DTRAIN_UNROLL
-          for (int i = 0; i < kTiles; ++i) {
-            warp.Mma(acc[i][n], p[i], left);
-            warp.Mma(acc[i][n + 1], p[i], right);
+          for (int i = 0; i < kTiles; ++i)
+            SoftmaxStep<kD>(warp, lane, rows[i], key0 + part, scale, s[i], acc[i], max[i], sum[i]);
+          DTRAIN_UNROLL
+          for (int k = 0; k < kScoreKeys / 16; ++k) {
+            MmaA p[kTiles];
+            DTRAIN_UNROLL
+            for (int i = 0; i < kTiles; ++i) p[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
+            DTRAIN_UNROLL
+            for (int n = 0; n < kD / 8; n += 2) {
+              MmaB left, right;
+              LoadBPair(warp, tile_values + (part + 16 * k) * kStride + 8 * n, kStride, left,
+                        right);
+              DTRAIN_UNROLL
+              for (int i = 0; i < kTiles; ++i) {
+                warp.Mma(acc[i][n], p[i], left);
+                warp.Mma(acc[i][n + 1], p[i], right);
+              }
+            }
           }
         }
-      }
-    }
-    block.Sync();
-  }
+      });
   DTRAIN_UNROLL
   for (int i = 0; i < kTiles; ++i) {
     float inverse[2];
@@ -431,68 +433,58 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
   const float scale = dims.scale * kLog2e;
   const int warp_last = first + warp_first + 16 * kTiles - 1;
   MmaC acc[kTiles][kD / 8];
-  // Two tiles of keys and values where q and dout were, as in the forward.
-  constexpr int kBuffer = kFlashGradTile * kStride;
-  const int key_begin = VisibleKeys(positions, first).begin;
-  StageKeysValues<kD>(block, keys, values, kFlashGradTile, qkv, dims, kv, key_begin, end);
-  for (int key0 = key_begin, buffer = 0; key0 < end; key0 += kFlashGradTile, buffer ^= 1) {
-    const bool next = key0 + kFlashGradTile < end;
-    if (next) {
-      StageKeysValues<kD>(block, keys + (buffer ^ 1) * kBuffer, values + (buffer ^ 1) * kBuffer,
-                          kFlashGradTile, qkv, dims, kv, key0 + kFlashGradTile, end);
-    }
-    LandTile(block, next);
-    const Bf16* tile_keys = keys + buffer * kBuffer;
-    const Bf16* tile_values = values + buffer * kBuffer;
-    if (key0 <= warp_last) {  // as in the forward
-      MmaC s[kTiles][kFlashGradTile / 8], dp[kTiles][kFlashGradTile / 8];
-      DTRAIN_UNROLL
-      for (int k = 0; k < kD / 16; ++k) {
-        DTRAIN_UNROLL
-        for (int n = 0; n < kFlashGradTile / 8; ++n) {
-          const int at = 8 * n * kStride + 16 * k;
-          const MmaB key_columns = LoadBTransposed(lane, tile_keys + at, kStride);
-          const MmaB value_columns = LoadBTransposed(lane, tile_values + at, kStride);
+  // Key and value tiles where q and dout were, as in the forward.
+  StreamKeysValues<kD, kFlashGradTile>(
+      block, keys, values, qkv, dims, kv, VisibleKeys(positions, first).begin, end,
+      [&](int key0, const Bf16* tile_keys, const Bf16* tile_values) {
+        if (key0 <= warp_last) {  // as in the forward
+          MmaC s[kTiles][kFlashGradTile / 8], dp[kTiles][kFlashGradTile / 8];
+          DTRAIN_UNROLL
+          for (int k = 0; k < kD / 16; ++k) {
+            DTRAIN_UNROLL
+            for (int n = 0; n < kFlashGradTile / 8; ++n) {
+              const int at = 8 * n * kStride + 16 * k;
+              const MmaB key_columns = LoadBTransposed(lane, tile_keys + at, kStride);
+              const MmaB value_columns = LoadBTransposed(lane, tile_values + at, kStride);
+              DTRAIN_UNROLL
+              for (int i = 0; i < kTiles; ++i) {
+                warp.Mma(s[i][n], q[i][k], key_columns);
+                warp.Mma(dp[i][n], dy[i][k], value_columns);
+              }
+            }
+          }
           DTRAIN_UNROLL
           for (int i = 0; i < kTiles; ++i) {
-            warp.Mma(s[i][n], q[i][k], key_columns);
-            warp.Mma(dp[i][n], dy[i][k], value_columns);
+            DTRAIN_UNROLL
+            for (int n = 0; n < kFlashGradTile / 8; ++n) {
+              DTRAIN_UNROLL
+              for (int e = 0; e < 4; ++e) {
+                const int r = e / 2, key = key0 + 8 * n + MmaCIndex(lane, e).col;
+                const float p = Sees(rows[i].visible[r], key)
+                                    ? FlashExp2(s[i][n].value[e] * scale - row_lse[i][r])
+                                    : 0.0f;
+                s[i][n].value[e] = p * (dp[i][n].value[e] - delta[i][r]);  // dS
+              }
+            }
           }
-        }
-      }
-      DTRAIN_UNROLL
-      for (int i = 0; i < kTiles; ++i) {
-        DTRAIN_UNROLL
-        for (int n = 0; n < kFlashGradTile / 8; ++n) {
           DTRAIN_UNROLL
-          for (int e = 0; e < 4; ++e) {
-            const int r = e / 2, key = key0 + 8 * n + MmaCIndex(lane, e).col;
-            const float p = Sees(rows[i].visible[r], key)
-                                ? FlashExp2(s[i][n].value[e] * scale - row_lse[i][r])
-                                : 0.0f;
-            s[i][n].value[e] = p * (dp[i][n].value[e] - delta[i][r]);  // dS
+          for (int k = 0; k < kFlashGradTile / 16; ++k) {
+            MmaA ds[kTiles];
+            DTRAIN_UNROLL
+            for (int i = 0; i < kTiles; ++i) ds[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
+            DTRAIN_UNROLL
+            for (int n = 0; n < kD / 8; n += 2) {
+              MmaB left, right;
+              LoadBPair(warp, tile_keys + 16 * k * kStride + 8 * n, kStride, left, right);
+              DTRAIN_UNROLL
+              for (int i = 0; i < kTiles; ++i) {
+                warp.Mma(acc[i][n], ds[i], left);
+                warp.Mma(acc[i][n + 1], ds[i], right);
+              }
+            }
           }
         }
-      }
-      DTRAIN_UNROLL
-      for (int k = 0; k < kFlashGradTile / 16; ++k) {
-        MmaA ds[kTiles];
-        DTRAIN_UNROLL
-        for (int i = 0; i < kTiles; ++i) ds[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
-        DTRAIN_UNROLL
-        for (int n = 0; n < kD / 8; n += 2) {
-          MmaB left, right;
-          LoadBPair(warp, tile_keys + 16 * k * kStride + 8 * n, kStride, left, right);
-          DTRAIN_UNROLL
-          for (int i = 0; i < kTiles; ++i) {
-            warp.Mma(acc[i][n], ds[i], left);
-            warp.Mma(acc[i][n + 1], ds[i], right);
-          }
-        }
-      }
-    }
-    block.Sync();
-  }
+      });
   const float scales[2] = {dims.scale, dims.scale};
   DTRAIN_UNROLL
   for (int i = 0; i < kTiles; ++i) {
@@ -537,7 +529,7 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
   StageRows<kD>(block, keys, kRows, KeyAt(qkv, dims, kv, 0), dims.qkv_width, first, end - first);
   StageRows<kD>(block, values, kRows, ValueAt(qkv, dims, kv, 0), dims.qkv_width, first,
                 end - first);
-  block.CommitAsync();  // landed with the first query tile
+  // The keys and values land with the first query tile.
   const float scale = dims.scale * kLog2e;
   MmaC dk[kTiles][kD / 8], dv[kTiles][kD / 8];
   for (int h = kv * group; h < (kv + 1) * group; ++h) {
@@ -546,7 +538,7 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
           queries_end - query0 < kFlashGradTile ? queries_end - query0 : kFlashGradTile;
       // Landed before use: a second tile in flight would spill the accumulators' registers.
       StageQueriesDouts<kD>(block, queries, dys, qkv, dout, dims, h, query0, queries_end);
-      LandTile(block, false);
+      LandStaged(block);
       // Each warp's lanes sum delta = dout . out of kFlashGradTile / kFlashWarps query rows.
       for (int j = block.warp_index(); j < kFlashGradTile; j += kFlashWarps) {
         const int t = query0 + j;
