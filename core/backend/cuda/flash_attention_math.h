@@ -219,6 +219,30 @@ DTRAIN_HD inline void AddRowDots(const MmaA& x, const MmaA& y, float (&partial)[
   }
 }
 
+// acc[i] += X_i R for each of a warp's tiles i: X_i (16 x 8 kBlocks) is the C blocks x[i]
+// rounded to bf16 as A fragments, R (8 kBlocks x kD) the rows at `rows` in shared memory.
+template <int kD, int kTiles, int kBlocks, typename Warp>
+DTRAIN_HD void AddRowProducts(const Warp& warp, const MmaC (&x)[kTiles][kBlocks], const Bf16* rows,
+                              MmaC (&acc)[kTiles][kD / 8]) {
+  static_assert(kBlocks % 2 == 0);
+  DTRAIN_UNROLL
+  for (int k = 0; k < kBlocks / 2; ++k) {
+    MmaA a[kTiles];
+    DTRAIN_UNROLL
+    for (int i = 0; i < kTiles; ++i) a[i] = ToA(x[i][2 * k], x[i][2 * k + 1]);
+    DTRAIN_UNROLL
+    for (int n = 0; n < kD / 8; n += 2) {
+      MmaB left, right;
+      LoadBPair(warp, rows + 16 * k * kFlashStride<kD> + 8 * n, kFlashStride<kD>, left, right);
+      DTRAIN_UNROLL
+      for (int i = 0; i < kTiles; ++i) {
+        warp.Mma(acc[i][n], a[i], left);
+        warp.Mma(acc[i][n + 1], a[i], right);
+      }
+    }
+  }
+}
+
 // Stores a warp's 16 x kD fp32 result (C blocks acc[kD / 8]) times `scale` into rows `rows` of
 // the matrix at `base` (row t at base + t * stride), rows < time.
 template <int kD>
@@ -340,23 +364,7 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
           DTRAIN_UNROLL
           for (int i = 0; i < kTiles; ++i)
             SoftmaxStep<kD>(warp, lane, rows[i], key0 + part, scale, s[i], acc[i], max[i], sum[i]);
-          DTRAIN_UNROLL
-          for (int k = 0; k < kScoreKeys / 16; ++k) {
-            MmaA p[kTiles];
-            DTRAIN_UNROLL
-            for (int i = 0; i < kTiles; ++i) p[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
-            DTRAIN_UNROLL
-            for (int n = 0; n < kD / 8; n += 2) {
-              MmaB left, right;
-              LoadBPair(warp, tile_values + (part + 16 * k) * kStride + 8 * n, kStride, left,
-                        right);
-              DTRAIN_UNROLL
-              for (int i = 0; i < kTiles; ++i) {
-                warp.Mma(acc[i][n], p[i], left);
-                warp.Mma(acc[i][n + 1], p[i], right);
-              }
-            }
-          }
+          AddRowProducts<kD>(warp, s, tile_values + part * kStride, acc);  // P V
         }
       });
   DTRAIN_UNROLL
@@ -467,22 +475,7 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
               }
             }
           }
-          DTRAIN_UNROLL
-          for (int k = 0; k < kFlashGradTile / 16; ++k) {
-            MmaA ds[kTiles];
-            DTRAIN_UNROLL
-            for (int i = 0; i < kTiles; ++i) ds[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
-            DTRAIN_UNROLL
-            for (int n = 0; n < kD / 8; n += 2) {
-              MmaB left, right;
-              LoadBPair(warp, tile_keys + 16 * k * kStride + 8 * n, kStride, left, right);
-              DTRAIN_UNROLL
-              for (int i = 0; i < kTiles; ++i) {
-                warp.Mma(acc[i][n], ds[i], left);
-                warp.Mma(acc[i][n + 1], ds[i], right);
-              }
-            }
-          }
+          AddRowProducts<kD>(warp, s, tile_keys, acc);  // dS K
         }
       });
   const float scales[2] = {dims.scale, dims.scale};
@@ -595,31 +588,8 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
             }
           }
         }
-        DTRAIN_UNROLL
-        for (int k = 0; k < kFlashGradTile / 16; ++k) {
-          MmaA p[kTiles], ds[kTiles];
-          DTRAIN_UNROLL
-          for (int i = 0; i < kTiles; ++i) {
-            p[i] = ToA(s[i][2 * k], s[i][2 * k + 1]);
-            ds[i] = ToA(dp[i][2 * k], dp[i][2 * k + 1]);
-          }
-          DTRAIN_UNROLL
-          for (int n = 0; n < kD / 8; n += 2) {
-            MmaB left, right;
-            LoadBPair(warp, dys + 16 * k * kStride + 8 * n, kStride, left, right);
-            DTRAIN_UNROLL
-            for (int i = 0; i < kTiles; ++i) {
-              warp.Mma(dv[i][n], p[i], left);
-              warp.Mma(dv[i][n + 1], p[i], right);
-            }
-            LoadBPair(warp, queries + 16 * k * kStride + 8 * n, kStride, left, right);
-            DTRAIN_UNROLL
-            for (int i = 0; i < kTiles; ++i) {
-              warp.Mma(dk[i][n], ds[i], left);
-              warp.Mma(dk[i][n + 1], ds[i], right);
-            }
-          }
-        }
+        AddRowProducts<kD>(warp, s, dys, dv);       // P^T dO
+        AddRowProducts<kD>(warp, dp, queries, dk);  // dS^T Q
       }
       block.Sync();
     }
