@@ -260,21 +260,22 @@ __global__ void __launch_bounds__(kFlashThreads)
 
 template <int kD>
 __global__ void __launch_bounds__(kFlashThreads)
-    FlashQueryGradKernel(Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* out,
-                         const float* lse, const int32_t* positions, AttentionDims dims) {
+    FlashQueryGradKernel(Bf16* dqkv, float* deltas, const Bf16* dout, const Bf16* qkv,
+                         const Bf16* out, const float* lse, const int32_t* positions,
+                         AttentionDims dims) {
   extern __shared__ uint4 flash_shared[];
-  FlashQueryGradBlock<kD>(DeviceBlock{}, reinterpret_cast<Bf16*>(flash_shared), dqkv, dout, qkv,
-                          out, lse, positions, dims, blockIdx.x / dims.heads,
+  FlashQueryGradBlock<kD>(DeviceBlock{}, reinterpret_cast<Bf16*>(flash_shared), dqkv, deltas, dout,
+                          qkv, out, lse, positions, dims, blockIdx.x / dims.heads,
                           blockIdx.x % dims.heads, LongestFirst());
 }
 
 template <int kD>
 __global__ void __launch_bounds__(kFlashThreads)
-    FlashKeyValueGradKernel(Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* out,
-                            const float* lse, const int32_t* positions, AttentionDims dims) {
+    FlashKeyValueGradKernel(Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const float* lse,
+                            const float* deltas, const int32_t* positions, AttentionDims dims) {
   extern __shared__ uint4 flash_shared[];
   FlashKeyValueGradBlock<kD>(DeviceBlock{}, reinterpret_cast<Bf16*>(flash_shared), dqkv, dout, qkv,
-                             out, lse, positions, dims, blockIdx.x / dims.kv_heads,
+                             lse, deltas, positions, dims, blockIdx.x / dims.kv_heads,
                              blockIdx.x % dims.kv_heads, blockIdx.y);
 }
 
@@ -309,7 +310,7 @@ cudaError_t LaunchFlashForward(Bf16* out, float* lse, const Bf16* qkv, const Att
 
 template <int kD>
 cudaError_t LaunchFlashBackward(Bf16* dqkv, const Bf16* dout, const Bf16* qkv, const Bf16* out,
-                                const float* lse, const AttentionShape& shape,
+                                const float* lse, float* deltas, const AttentionShape& shape,
                                 const int32_t* positions, cudaStream_t stream) {
   const AttentionDims dims = MakeAttentionDims(shape);
   if (const cudaError_t error = AllowShared(FlashQueryGradKernel<kD>, kFlashQueryGradShared<kD>)) {
@@ -323,10 +324,11 @@ cudaError_t LaunchFlashBackward(Bf16* dqkv, const Bf16* dout, const Bf16* qkv, c
                          Tiles(shape.time, kFlashBlockRows<kD>));
   const dim3 key_tiles(static_cast<unsigned>(shape.batch * shape.kv_heads),
                        Tiles(shape.time, kFlashBlockRows<kD>));
+  // dq's kernel writes the rows' deltas, which dk/dv's reads.
   FlashQueryGradKernel<kD><<<query_tiles, kFlashThreads, kFlashQueryGradShared<kD>, stream>>>(
-      dqkv, dout, qkv, out, lse, positions, dims);
+      dqkv, deltas, dout, qkv, out, lse, positions, dims);
   FlashKeyValueGradKernel<kD><<<key_tiles, kFlashThreads, kFlashKeyValueGradShared<kD>, stream>>>(
-      dqkv, dout, qkv, out, lse, positions, dims);
+      dqkv, dout, qkv, lse, deltas, positions, dims);
   return cudaSuccess;
 }
 
@@ -351,15 +353,16 @@ cudaError_t AttentionForward(T* out, float* lse, const T* qkv, const AttentionSh
 
 template <typename T>
 cudaError_t AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                              const AttentionShape& shape, const int32_t* positions,
+                              float* deltas, const AttentionShape& shape, const int32_t* positions,
                               cudaStream_t stream) {
   if (!Supported(shape)) return cudaErrorInvalidValue;
   if (shape.batch == 0 || shape.time == 0) return cudaSuccess;
   if constexpr (std::is_same_v<T, Bf16>) {
     if (OnTensorCores(shape)) {
-      return shape.head_dim == 64
-                 ? LaunchFlashBackward<64>(dqkv, dout, qkv, out, lse, shape, positions, stream)
-                 : LaunchFlashBackward<128>(dqkv, dout, qkv, out, lse, shape, positions, stream);
+      return shape.head_dim == 64 ? LaunchFlashBackward<64>(dqkv, dout, qkv, out, lse, deltas,
+                                                            shape, positions, stream)
+                                  : LaunchFlashBackward<128>(dqkv, dout, qkv, out, lse, deltas,
+                                                             shape, positions, stream);
     }
   }
   WithLanes(shape.head_dim, [&]<int kLanes>() {
@@ -372,7 +375,8 @@ cudaError_t AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out
   template cudaError_t AttentionForward<T>(T*, float*, const T*, const AttentionShape&,     \
                                            const int32_t*, cudaStream_t);                   \
   template cudaError_t AttentionBackward<T>(T*, const T*, const T*, const T*, const float*, \
-                                            const AttentionShape&, const int32_t*, cudaStream_t);
+                                            float*, const AttentionShape&, const int32_t*,  \
+                                            cudaStream_t);
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(Bf16)
 #undef DTRAIN_INSTANTIATE

@@ -579,9 +579,11 @@ void CudaBackend::AttentionForward(Values out, float* lse, ConstValues qkv,
 void CudaBackend::AttentionBackward(Values dqkv, ConstValues dout, ConstValues qkv, ConstValues out,
                                     const float* lse, const AttentionShape& shape,
                                     const int32_t* positions) {
+  const size_t rows = static_cast<size_t>(shape.batch) * shape.heads * shape.time;
+  float* deltas = Scratch(deltas_, rows, DataType::kF32).as<float>();
   LaunchTyped("AttentionBackward", {dqkv, dout, qkv, out}, [&]<typename T>(T) {
     Check(cuda::AttentionBackward<T>(dqkv.as<T>(), dout.as<T>(), qkv.as<T>(), out.as<T>(), lse,
-                                     shape, positions, stream_),
+                                     deltas, shape, positions, stream_),
           "AttentionBackward (head_dim at most 512, heads a multiple of kv_heads)");
   });
 }

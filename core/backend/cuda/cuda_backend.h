@@ -190,6 +190,7 @@ class CudaBackend : public Backend {
   DeviceBuffer block_sums_;      // SumSquares's per-block sums
   DeviceBuffer column_sums_;     // the norms' parameter gradients' slice sums
   DeviceBuffer embedding_sort_;  // EmbeddingBackward's ids sorted with their rows
+  DeviceBuffer deltas_;          // AttentionBackward's (B, H, T) rows' dout . out
   // CopyFromHost's pinned slots, used in turn; `copied` is recorded after the copy out of one.
   struct StagingSlot {
     void* pinned = nullptr;

@@ -6,7 +6,7 @@
 //     memory kFlashForwardKeys at a time; a warp computes S = Q K^T for its rows, masks it,
 //     updates its online softmax in registers, rounds P to bf16 and adds P V.
 //   dq, grid (B * H, query tiles): keys kFlashGradTile at a time; S and dP = dO V^T give
-//     dS = P (dP - delta), and dq += dS K.
+//     dS = P (dP - delta), and dq += dS K. It writes each row's delta = dO . O for dk and dv.
 //   dk and dv, grid (B * Hkv, key tiles): the query and dout rows of every head of the group that
 //     see the block's keys stream kFlashGradTile at a time; a warp computes S^T and dP^T for its
 //     keys, dv += P^T dO and dk += dS^T Q.
@@ -42,8 +42,8 @@ namespace dtrain::cuda {
 
 inline constexpr int kFlashWarps = 4;
 inline constexpr int kFlashThreads = kFlashWarps * kWarpSize;
-// A warp's 16-row tiles: two at head size 64 (ptxas: 223, 245 and 252 registers a thread for the
-// forward, dq and dk/dv on sm_90, 227, 234 and 250 on sm_80, no spills), one at 128, where two
+// A warp's 16-row tiles: two at head size 64 (ptxas: 223, 245 and 248 registers a thread for the
+// forward, dq and dk/dv on sm_90, 227, 235 and 252 on sm_80, no spills), one at 128, where two
 // tiles' accumulators and fragments would not fit in 255 registers.
 template <int kD>
 inline constexpr int kFlashWarpTiles = kD == 64 ? 2 : 1;
@@ -382,12 +382,13 @@ DTRAIN_HD void FlashForwardBlock(const Block& block, Bf16* shared, Bf16* out, fl
 }
 
 // dq of query rows [tile * kFlashBlockRows<kD>, +kFlashBlockRows<kD>) of head h of batch
-// element b. shared: kFlashQueryGradShared<kD> bytes.
+// element b, and their deltas = dout . out (B, H, T), which FlashKeyValueGradBlock reads.
+// shared: kFlashQueryGradShared<kD> bytes.
 template <int kD, typename Block>
-DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv, const Bf16* dout,
-                                   const Bf16* qkv, const Bf16* out, const float* lse,
-                                   const int32_t* positions, const AttentionDims& dims, int b,
-                                   int h, int tile) {
+DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv, float* deltas,
+                                   const Bf16* dout, const Bf16* qkv, const Bf16* out,
+                                   const float* lse, const int32_t* positions,
+                                   const AttentionDims& dims, int b, int h, int tile) {
   constexpr int kStride = kFlashStride<kD>, kTiles = kFlashWarpTiles<kD>;
   constexpr int kRows = kFlashBlockRows<kD>;
   Bf16* keys = shared;
@@ -398,6 +399,7 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
   out = BatchPart(out, b, time, dims.out_width);
   dout = BatchPart(dout, b, time, dims.out_width);
   lse = BatchPart(lse, b, dims.heads, time) + static_cast<size_t>(h) * time;
+  deltas = BatchPart(deltas, b, dims.heads, time) + static_cast<size_t>(h) * time;
   positions = BatchPart(positions, b, time, 1);
   const auto [first, end, lane, warp_first] = MakeFlashTile<kRows>(block, tile, time);
   const auto warp = block.warp();
@@ -434,6 +436,7 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
     for (int r = 0; r < 2; ++r) {
       delta[i][r] = QuadSum(warp, delta[i][r]);
       row_lse[i][r] = rows[i].row[r] < time ? lse[rows[i].row[r]] * kLog2e : 0.0f;
+      if (lane % 4 == 0 && rows[i].row[r] < time) deltas[rows[i].row[r]] = delta[i][r];
     }
   }
   block.Sync();
@@ -489,8 +492,8 @@ DTRAIN_HD void FlashQueryGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
 // batch element b. shared: kFlashKeyValueGradShared<kD> bytes.
 template <int kD, typename Block>
 DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dqkv,
-                                      const Bf16* dout, const Bf16* qkv, const Bf16* out,
-                                      const float* lse, const int32_t* positions,
+                                      const Bf16* dout, const Bf16* qkv, const float* lse,
+                                      const float* deltas, const int32_t* positions,
                                       const AttentionDims& dims, int b, int kv, int tile) {
   constexpr int kStride = kFlashStride<kD>, kTiles = kFlashWarpTiles<kD>;
   constexpr int kRows = kFlashBlockRows<kD>;
@@ -504,9 +507,9 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
   const int time = dims.time, group = dims.heads / dims.kv_heads;
   qkv = BatchPart(qkv, b, time, dims.qkv_width);
   dqkv = BatchPart(dqkv, b, time, dims.qkv_width);
-  out = BatchPart(out, b, time, dims.out_width);
   dout = BatchPart(dout, b, time, dims.out_width);
   lse = BatchPart(lse, b, dims.heads, time);
+  deltas = BatchPart(deltas, b, dims.heads, time);
   positions = BatchPart(positions, b, time, 1);
   const auto [first, end, lane, warp_first] = MakeFlashTile<kRows>(block, tile, time);
   // The query rows that see the block's keys end where its last key's document does.
@@ -532,22 +535,12 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
       // Landed before use: a second tile in flight would spill the accumulators' registers.
       StageQueriesDouts<kD>(block, queries, dys, qkv, dout, dims, h, query0, queries_end);
       LandStaged(block);
-      // Each warp's lanes sum delta = dout . out of kFlashGradTile / kFlashWarps query rows.
-      for (int j = block.warp_index(); j < kFlashGradTile; j += kFlashWarps) {
-        const int t = query0 + j;
-        float partial = 0;
-        if (j < count) {
-          const Bf16* out_row = OutAt(out, dims, h, t);
-          for (int d = lane; d < kD; d += kWarpSize) {
-            partial += ToFloat(dys[j * kStride + d]) * ToFloat(out_row[d]);
-          }
-        }
-        const float delta = WarpSum(warp, partial);
-        if (lane == 0) {
-          tile_delta[j] = delta;
-          tile_lse[j] = j < count ? lse[static_cast<size_t>(h) * time + t] * kLog2e : 0.0f;
-          tile_first_key[j] = j < count ? VisibleKeys(positions, t).begin : time;
-        }
+      // The tile's rows' lse, delta (from FlashQueryGradBlock) and first visible key.
+      for (int j = block.thread(); j < kFlashGradTile; j += kFlashThreads) {
+        const size_t at = static_cast<size_t>(h) * time + query0 + j;
+        tile_lse[j] = j < count ? lse[at] * kLog2e : 0.0f;
+        tile_delta[j] = j < count ? deltas[at] : 0.0f;
+        tile_first_key[j] = j < count ? VisibleKeys(positions, query0 + j).begin : time;
       }
       block.Sync();
       // A query tile wholly before the warp's keys (in the diagonal block) sees none of them.

@@ -119,14 +119,15 @@ void Convert(To* out, const From* x, size_t n, cudaStream_t stream);
 
 // attention_math.h, tiled (attention.cu); bf16 with head_dim 64 or 128 on tensor cores
 // (flash_attention_math.h) on sm_80 and later. qkv, dqkv (B, T, qkv_width); out, dout (B, T,
-// H*D); lse (B, H, T) fp32. Backward writes dqkv whole. cudaErrorInvalidValue, launching nothing,
-// when head_dim exceeds kAttentionMaxHeadDim or H is not a multiple of Hkv.
+// H*D); lse (B, H, T) fp32; deltas (B, H, T) fp32 scratch, where the tensor-core backward keeps
+// each row's dout . out between its two kernels. Backward writes dqkv whole. cudaErrorInvalidValue,
+// launching nothing, when head_dim exceeds kAttentionMaxHeadDim or H is not a multiple of Hkv.
 template <typename T>
 cudaError_t AttentionForward(T* out, float* lse, const T* qkv, const AttentionShape& shape,
                              const int32_t* positions, cudaStream_t stream);
 template <typename T>
 cudaError_t AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
-                              const AttentionShape& shape, const int32_t* positions,
+                              float* deltas, const AttentionShape& shape, const int32_t* positions,
                               cudaStream_t stream);
 
 }  // namespace dtrain::cuda

@@ -45,7 +45,7 @@ void CheckFlashAttention(const AttentionShape& shape, const std::vector<int32_t>
   const std::vector<Bf16> qkv = ToBf16(RandomFloats(rows * dims.qkv_width, 1));
   const std::vector<Bf16> dout = ToBf16(RandomFloats(rows * dims.out_width, 2));
   std::vector<Bf16> out(rows * dims.out_width), dqkv(qkv.size());
-  std::vector<float> lse(rows * shape.heads);
+  std::vector<float> lse(rows * shape.heads), deltas(lse.size());
   const int tiles = (shape.time + kFlashBlockRows<kD> - 1) / kFlashBlockRows<kD>;
   RunGrid(shape.batch * shape.heads, tiles, kFlashForwardShared<kD>,
           [&](const Block& block, Bf16* shared, int x, int y) {
@@ -54,15 +54,15 @@ void CheckFlashAttention(const AttentionShape& shape, const std::vector<int32_t>
           });
   RunGrid(shape.batch * shape.heads, tiles, kFlashQueryGradShared<kD>,
           [&](const Block& block, Bf16* shared, int x, int y) {
-            FlashQueryGradBlock<kD>(block, shared, dqkv.data(), dout.data(), qkv.data(), out.data(),
-                                    lse.data(), positions, dims, x / shape.heads, x % shape.heads,
-                                    y);
+            FlashQueryGradBlock<kD>(block, shared, dqkv.data(), deltas.data(), dout.data(),
+                                    qkv.data(), out.data(), lse.data(), positions, dims,
+                                    x / shape.heads, x % shape.heads, y);
           });
   RunGrid(shape.batch * shape.kv_heads, tiles, kFlashKeyValueGradShared<kD>,
           [&](const Block& block, Bf16* shared, int x, int y) {
             FlashKeyValueGradBlock<kD>(block, shared, dqkv.data(), dout.data(), qkv.data(),
-                                       out.data(), lse.data(), positions, dims, x / shape.kv_heads,
-                                       x % shape.kv_heads, y);
+                                       lse.data(), deltas.data(), positions, dims,
+                                       x / shape.kv_heads, x % shape.kv_heads, y);
           });
 
   const std::vector<float> qkv_cpu = Load(qkv), dout_cpu = Load(dout), out_kernel = Load(out);

@@ -182,14 +182,14 @@ void CheckAttention(const AttentionShape& shape, const std::vector<int32_t>& hos
   placed.insert(placed.end(), qkv.begin(), qkv.end());
   DeviceBuffer<T> qkv_buffer(placed), d_dout(dout), out(out_size), dqkv(qkv.size());
   const T* d_qkv = qkv_buffer.get() + qkv_offset;
-  DeviceBuffer<float> lse(lse_size);
+  DeviceBuffer<float> lse(lse_size), deltas(lse_size);
   DeviceBuffer<int32_t> d_positions(host_positions.empty() ? std::vector<int32_t>{0}
                                                            : host_positions);
   const int32_t* positions = host_positions.empty() ? nullptr : d_positions.get();
   const int32_t* cpu_positions = host_positions.empty() ? nullptr : host_positions.data();
   ASSERT_EQ(AttentionForward(out.get(), lse.get(), d_qkv, shape, positions, nullptr), cudaSuccess);
-  ASSERT_EQ(AttentionBackward(dqkv.get(), d_dout.get(), d_qkv, out.get(), lse.get(), shape,
-                              positions, nullptr),
+  ASSERT_EQ(AttentionBackward(dqkv.get(), d_dout.get(), d_qkv, out.get(), lse.get(), deltas.get(),
+                              shape, positions, nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
 
