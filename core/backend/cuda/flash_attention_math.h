@@ -532,17 +532,16 @@ DTRAIN_HD void FlashKeyValueGradBlock(const Block& block, Bf16* shared, Bf16* dq
     for (int query0 = first; query0 < queries_end; query0 += kFlashGradTile) {
       const int count =
           queries_end - query0 < kFlashGradTile ? queries_end - query0 : kFlashGradTile;
-      // Landed before use: a second tile in flight would spill the accumulators' registers.
+      // Landed before use (a second tile in flight would spill the accumulators' registers), with
+      // the tile's rows' lse, delta (from FlashQueryGradBlock) and first visible key.
       StageQueriesDouts<kD>(block, queries, dys, qkv, dout, dims, h, query0, queries_end);
-      LandStaged(block);
-      // The tile's rows' lse, delta (from FlashQueryGradBlock) and first visible key.
       for (int j = block.thread(); j < kFlashGradTile; j += kFlashThreads) {
         const size_t at = static_cast<size_t>(h) * time + query0 + j;
         tile_lse[j] = j < count ? lse[at] * kLog2e : 0.0f;
         tile_delta[j] = j < count ? deltas[at] : 0.0f;
         tile_first_key[j] = j < count ? VisibleKeys(positions, query0 + j).begin : time;
       }
-      block.Sync();
+      LandStaged(block);
       // A query tile wholly before the warp's keys (in the diagonal block) sees none of them.
       if (query0 + kFlashGradTile > first + warp_first) {
         MmaC s[kTiles][kFlashGradTile / 8], dp[kTiles][kFlashGradTile / 8];
