@@ -18,8 +18,8 @@
 # binaries already in BUILD_DIR, built on another machine for this GPU's architecture: a build
 # folder, or for a GPU machine without dtrain's Debian libraries the archive that
 # scripts/gpu/bundle.sh gathers (the binaries with those libraries, unpacked into a temporary
-# folder). CMAKE_CUDA_ARCHITECTURES
-# overrides the architecture of a build here (default: native, this machine's GPU).
+# folder). CMAKE_CUDA_ARCHITECTURES overrides the architecture of a build here (default: native,
+# this machine's GPU).
 set -euo pipefail
 shopt -s inherit_errexit
 repo=$(cd "$(dirname "$0")/../.." && pwd)

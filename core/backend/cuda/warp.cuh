@@ -69,11 +69,11 @@ struct DeviceLanes {
 using DeviceWarp = DeviceLanes<kWarpSize>;
 
 // The block of the calling thread, for kernels written against a Block type (thread(),
-// warp_index(), warp(), Sync()) that the host tests emulate (test_util.h's HostBlock).
-// Async copies (sm_80 and later): CopyAsync starts a 16-byte copy from global to shared memory
-// (16 zero bytes where `valid` is false, reading nothing) that the thread's next CommitAsync
-// closes into a group; WaitAsync<kPending>() returns once all but the kPending newest groups have
-// landed, and a Sync after it shows them to the block.
+// warp_index(), warp(), Sync(), the async copies) that the host tests emulate (test_util.h's
+// HostBlock). Async copies (sm_80 and later): CopyAsync starts a 16-byte copy from global to
+// shared memory (16 zero bytes where `valid` is false, reading nothing) that the thread's next
+// CommitAsync closes into a group; WaitAsync<kPending>() returns once all but the kPending newest
+// groups have landed, and a Sync after it shows them to the block.
 struct DeviceBlock {
   __device__ int thread() const { return static_cast<int>(threadIdx.x); }
   __device__ int warp_index() const { return static_cast<int>(threadIdx.x) / kWarpSize; }
