@@ -119,8 +119,11 @@ absl::StatusOr<DeviceBuffer> SwapTiedCopies(Backend& backend, const float* own, 
   std::unique_ptr<Work> received = pp.Recv(other.floats(), count, peer);
   const absl::Status receive_status = received->Wait();
   const absl::Status send_status = sent->Wait();
-  RETURN_IF_ERROR(receive_status);
-  RETURN_IF_ERROR(send_status);
+  // Named as the executor names its transfers, so a dead peer is blamed the same way.
+  if (!receive_status.ok() || !send_status.ok()) {
+    return PipelineFailure(receive_status.ok() ? send_status : receive_status, pp.rank(), pp.size(),
+                           &pp, "the tied embedding's gradient", receive_status.ok(), peer);
+  }
   return other;
 }
 

@@ -120,16 +120,19 @@ void PipelineExecutor::Release(Buffer buffer) {
   pool_.push_back(std::move(buffer));
 }
 
+absl::Status PipelineFailure(const absl::Status& cause, int stage, int stages,
+                             const Communicator* comm, absl::string_view what, bool send,
+                             int peer) {
+  std::string where = absl::StrCat("pipeline stage ", stage, " of ", stages);
+  if (comm != nullptr) absl::StrAppend(&where, " on group '", comm->name(), "'");
+  const std::string to = peer >= 0 ? absl::StrCat(send ? " to stage " : " from stage ", peer) : "";
+  return Renamed(cause, absl::StrCat(where, ": ", what, to, " failed: ", cause.message()));
+}
+
 absl::Status PipelineExecutor::Failed(const PipelineAction& action,
                                       const absl::Status& cause) const {
-  std::string where = absl::StrCat("pipeline stage ", stage_, " of ", shape_.stages);
-  if (comm_ != nullptr) absl::StrAppend(&where, " on group '", comm_->name(), "'");
-  const std::string peer =
-      action.peer >= 0
-          ? absl::StrCat(IsSend(action.kind) ? " to stage " : " from stage ", action.peer)
-          : "";
-  return Renamed(
-      cause, absl::StrCat(where, ": ", FormatAction(action), peer, " failed: ", cause.message()));
+  return PipelineFailure(cause, stage_, shape_.stages, comm_, FormatAction(action),
+                         IsSend(action.kind), action.peer);
 }
 
 void PipelineExecutor::PostRecv(const PipelineAction& action, size_t count, DataType type,

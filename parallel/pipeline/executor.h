@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/backend/backend.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/pipeline/schedule.h"
@@ -92,6 +93,12 @@ struct PipelineStepTimes {
   // "waited 123.4 ms of 567.8 ms (21.7%) in 9 steps, computing 400.1 ms".
   std::string Format() const;
 };
+
+// `cause` with a message that says where in the pipeline it happened, keeping its code and
+// faulty-ranks payload: "pipeline stage S of N on group 'G': WHAT to (or from) stage P failed:
+// CAUSE"; a peer of -1 names no stage, a null comm no group.
+absl::Status PipelineFailure(const absl::Status& cause, int stage, int stages,
+                             const Communicator* comm, absl::string_view what, bool send, int peer);
 
 class PipelineExecutor {
  public:

@@ -512,10 +512,11 @@ std::vector<testing::RankResult> SignalStageRankMidRun(const std::string& name, 
 
 // The ranks that outlive a dead or hung rank 5 fail on their own within the timeout (not the
 // test's 180 s cap, which would SIGKILL them), each naming rank 5: in the first failure, which
-// every rank reports (its stage-0 peer's receive "from stage 1 ... from rank 5 on group 'pp'",
-// or its tp or dp peer's collective "never started by rank 5"; which of them fails first is a
-// race), or in the error that blames it. Exit 1, never a hang. Each also says where rank 5 sits:
-// a tp or dp peer's collective alone names no stage, and among 7 survivors some fail on one.
+// every rank reports (its stage-0 peer's receive "from stage 1 ... from rank 5 on group 'pp'", in
+// the schedule or in the tied embedding's gradient swap, or its tp or dp peer's collective "never
+// started by rank 5"; which of them fails first is a race), or in the error that blames it. Exit 1,
+// never a hang. Each also says where rank 5 sits: a tp or dp peer's collective alone names no
+// stage, and among 7 survivors some fail on one.
 void ExpectSurvivorsNameRank5(const std::vector<testing::RankResult>& ranks) {
   ASSERT_EQ(ranks.size(), 8u);
   for (const int rank : {0, 1, 2, 3, 4, 6, 7}) {
