@@ -163,6 +163,7 @@ absl::StatusOr<ProcessGroup::MeshGroups> ProcessGroup::ConnectMesh(const Mesh& m
                                                                    absl::string_view device) {
   backend_ = &backend;
   nccl_ = device == "cuda";
+  layout_ = mesh;
   ASSIGN_OR_RETURN(
       mesh_, mesh.CreateCommunicators([this](const GroupSpec& spec) { return CreateGroup(spec); },
                                       comm_namespace_));
@@ -245,6 +246,18 @@ absl::Status ProcessGroup::Fail(const absl::Status& error) {
     if (cause != failures.end() && std::none_of(failures.begin(), failures.end(), reported_root)) {
       absl::StrAppend(&reported, "; rank ", cause->first, "'s error blames rank(s) ",
                       absl::StrJoin(cause->second.blamed, ", "), ": ", cause->second.message);
+    }
+    // An error blames every rank that never started its collective, those stuck behind the
+    // root cause in other groups too: the roots are named apart.
+    if (!roots.empty()) {
+      std::vector<std::string> named;
+      for (const int root : roots) {
+        named.push_back(layout_ && layout_->shape().pp > 1 && root < layout_->world_size()
+                            ? absl::StrCat("rank ", root, " (", layout_->Describe(root), ")")
+                            : absl::StrCat("rank ", root));
+      }
+      absl::StrAppend(&reported, "; root cause: ", absl::StrJoin(named, ", "),
+                      ": blamed, and never reported a failure (dead or hung)");
     }
   }
   if (reported == error.message()) return error;  // with its payload

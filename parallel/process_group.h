@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,8 @@ class ProcessGroup {
   // its connections and returns only once every other rank has failed too or is blamed by some
   // rank's error (dead or hung), or after the timeout: rank 0 hosts the store the others read
   // the first failure from; and when no failure the message holds blames a rank, the first
-  // error that does is added to it.
+  // error that does is added to it. The ranks some error blames that never failed themselves
+  // end the message as its root cause, with where each sits in ConnectMesh's pipelined mesh.
   // With a flight recorder (EnableFlightRecorder), an error also dumps this rank's ring and
   // publishes its path under AgentKey "flight_recorder/<rank>"; without an agent, rank 0 then
   // compares the dumps of every rank and logs the diagnosis (flight_recorder_diagnosis.h); under
@@ -123,6 +125,7 @@ class ProcessGroup {
   Backend* backend_ = nullptr;                 // ConnectMesh's: the groups' memory
   bool nccl_ = false;                          // the groups are NCCL's (run.device: cuda)
   MeshCommunicators mesh_;                     // the groups of ConnectMesh of more than one rank
+  std::optional<Mesh> layout_;                 // ConnectMesh's mesh, for where a rank sits
   std::unique_ptr<Communicator> kv_replicas_;  // ConnectKvReplicas's, on the same terms
   std::string comm_namespace_;                 // "<job prefix>attempt-<n>/comm/"
   std::string hostname_;  // the address peers reach this rank's Gloo devices at

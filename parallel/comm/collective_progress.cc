@@ -1,5 +1,6 @@
 #include "parallel/comm/collective_progress.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -60,7 +61,8 @@ void CollectiveProgress::PublisherLoop() {
 
 std::string CollectiveProgress::Diagnose(int64_t seq, bool timed_out, std::vector<int>& blamed) {
   absl::SleepFor(kPublishSettle);
-  std::vector<std::string> missing;
+  // (last collective started, world rank) of each peer that never started this one.
+  std::vector<std::pair<int64_t, int>> behind;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     absl::StatusOr<int64_t> started = store_->Add(StartedKey(r), 0);
@@ -68,12 +70,17 @@ std::string CollectiveProgress::Diagnose(int64_t seq, bool timed_out, std::vecto
       return absl::StrCat("could not read the peers' progress from the store: ",
                           started.status().message());
     }
-    if (*started < seq) {
-      blamed.push_back(WorldRank(r));
-      missing.push_back(
-          *started == 0 ? absl::StrFormat("rank %d (started no collective)", WorldRank(r))
-                        : absl::StrFormat("rank %d (last started #%d)", WorldRank(r), *started));
-    }
+    if (*started < seq) behind.emplace_back(*started, WorldRank(r));
+  }
+  // Furthest behind first: a rank that died or stopped published its progress last, so the ranks
+  // only stuck behind it (waiting on it in another group) come after it.
+  std::sort(behind.begin(), behind.end());
+  std::vector<std::string> missing;
+  for (const auto& [started, world_rank] : behind) {
+    blamed.push_back(world_rank);
+    missing.push_back(started == 0
+                          ? absl::StrFormat("rank %d (started no collective)", world_rank)
+                          : absl::StrFormat("rank %d (last started #%d)", world_rank, started));
   }
   if (!missing.empty()) {
     return absl::StrCat("never started by ", absl::StrJoin(missing, ", "),

@@ -45,9 +45,10 @@ class CollectiveProgress {
   void Started(int64_t seq);
 
   // Why collective `seq` failed here, as far as the peers' records tell (after waiting
-  // kPublishSettle): the ranks that never started it, or that every rank did. When it
+  // kPublishSettle): the ranks that never started it, furthest behind first (a dead rank's
+  // record is older than those of the ranks waiting on it), or that every rank did. When it
   // `timed_out` and the group has two members that both started it, the peer never completed
-  // its part. Appends the world ranks to blame to `blamed`.
+  // its part. Appends the world ranks to blame to `blamed`, in that order.
   std::string Diagnose(int64_t seq, bool timed_out, std::vector<int>& blamed);
 
   int WorldRank(int group_rank) const;

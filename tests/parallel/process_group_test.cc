@@ -138,7 +138,8 @@ TEST(ProcessGroupTest, AGroupOfEveryRankRunsOnTheWorldOverBackendMemory) {
 // Without an agent, the first failure may blame no rank (rank 2: a peer's closed connection) or
 // a rank only stuck behind the dead one (rank 3 blames rank 0), while a later one names the rank
 // that never failed (rank 0's names the dead rank 1): ranks 2 and 3 add rank 0's error, and rank
-// 0, whose own error already names rank 1, adds nothing.
+// 0, whose own error already names rank 1, adds nothing. Every rank ends with the root cause: the
+// rank blamed that never failed, and where it sits in the pipelined mesh.
 TEST(ProcessGroupTest, AFailureThatBlamesNoRootCauseGetsTheErrorThatDoes) {
   const auto failing = [](const std::string& message, std::vector<int> blamed) {
     absl::Status status = absl::DeadlineExceededError(message);
@@ -146,8 +147,8 @@ TEST(ProcessGroupTest, AFailureThatBlamesNoRootCauseGetsTheErrorThatDoes) {
     return status;
   };
   std::vector<absl::Status> left(4);
-  ForEachRankOfMesh({.dp = 4}, [&](ProcessGroup& group, const Mesh& mesh,
-                                   const ProcessGroup::MeshGroups&, Backend&) {
+  ForEachRankOfMesh({.dp = 2, .pp = 2}, [&](ProcessGroup& group, const Mesh& mesh,
+                                            const ProcessGroup::MeshGroups&, Backend&) {
     const int rank = mesh.rank();
     if (rank == 1) return;  // dead: never fails through the group
     if (rank == 2) {
@@ -158,7 +159,10 @@ TEST(ProcessGroupTest, AFailureThatBlamesNoRootCauseGetsTheErrorThatDoes) {
     left[rank] = group.Leave(rank == 3 ? failing("rank 0 never started #7", {0})
                                        : failing("rank 1 never started #9", {1}));
   });
-  const std::string cause = "; rank 0's error blames rank(s) 1: rank 1 never started #9";
+  const std::string root =
+      "; root cause: rank 1 (pipeline stage 0 of 2, dp rank 1): blamed, and never reported a "
+      "failure (dead or hung)";
+  const std::string cause = "; rank 0's error blames rank(s) 1: rank 1 never started #9" + root;
   EXPECT_EQ(left[2].message(), "rank 3 closed the connection" + cause);
   EXPECT_EQ(left[3].message(),
             "rank 2 failed: rank 3 closed the connection; then rank 3 failed too: rank 0 never "
@@ -166,7 +170,8 @@ TEST(ProcessGroupTest, AFailureThatBlamesNoRootCauseGetsTheErrorThatDoes) {
                 cause);
   EXPECT_EQ(left[0].message(),
             "rank 2 failed: rank 3 closed the connection; then rank 0 failed too: rank 1 never "
-            "started #9");
+            "started #9" +
+                root);
 }
 
 }  // namespace

@@ -370,16 +370,18 @@ std::vector<testing::RankResult> SignalTpRankMidRun(const std::string& name, int
 
 // The ranks that outlive a dead or hung tensor-parallel rank 1 fail on their own within the
 // timeout (not the test's 120 s cap, which would SIGKILL them), each naming rank 1 (the first
-// failure, or the first error that blames a rank); rank 0 names its collective with rank 1:
-// mostly one of the model's all-reduces over 'tp', else the step's agreement over 'world'.
+// failure, the first error that blames a rank, or the root cause); rank 0 names its collective
+// with rank 1: mostly one of the model's all-reduces over 'tp', else the step's agreement over
+// 'world'.
 void ExpectSurvivorsNameTpRank1(const std::vector<testing::RankResult>& ranks) {
   ASSERT_EQ(ranks.size(), 4u);
   for (const int rank : {0, 2, 3}) {
     SCOPED_TRACE(absl::StrCat("rank ", rank));
     EXPECT_FALSE(ranks[rank].timed_out) << ranks[rank].output;
     EXPECT_EQ(ranks[rank].exit_code, 1) << ranks[rank].output;
-    EXPECT_THAT(ranks[rank].output,
-                ContainsRegex("(never started by rank 1 |blames rank\\(s\\) 1:)"))
+    EXPECT_THAT(
+        ranks[rank].output,
+        ContainsRegex("(never started by rank 1 |blames rank\\(s\\) 1:|root cause: rank 1:)"))
         << ranks[rank].output;
   }
   EXPECT_THAT(ranks[0].output, ContainsRegex("on group '(tp|world)'")) << ranks[0].output;

@@ -15,7 +15,7 @@ using ::testing::HasSubstr;
 
 // Three members of a group whose world ranks are 5, 6 and 7; the last never starts a collective.
 // Diagnosing collective #2, which the second started too, the first names and blames world rank 7
-// only; diagnosing #3, which nobody else started, both.
+// only; diagnosing #3, which nobody else started, both, furthest behind first: 7, then 6.
 TEST(CollectiveProgressTest, NamesAndBlamesThePeersThatNeverStartedTheCollective) {
   auto store = std::make_shared<testing::InMemoryStore>();
   const std::vector<int> world = {5, 6, 7};
@@ -31,8 +31,10 @@ TEST(CollectiveProgressTest, NamesAndBlamesThePeersThatNeverStartedTheCollective
   // Collective #3, which the second has not started either: last started #2.
   blamed.clear();
   const std::string later = first.Diagnose(3, /*timed_out=*/false, blamed);
-  EXPECT_THAT(later, HasSubstr("rank 6 (last started #2)")) << later;
-  EXPECT_THAT(blamed, ElementsAre(6, 7));
+  EXPECT_THAT(
+      later, HasSubstr("never started by rank 7 (started no collective), rank 6 (last started #2)"))
+      << later;
+  EXPECT_THAT(blamed, ElementsAre(7, 6));
 }
 
 // Two members that both started the collective: when it timed out, only the peer can have held it
