@@ -119,7 +119,7 @@ TEST(FlightRecorderMultiProcessTest, Sigusr2DumpsAndTrainingGoesOn) {
         }
       });
   ASSERT_TRUE(signalled);
-  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank;
   EXPECT_THAT(ranks[1].output, HasSubstr("flight recorder dumped to "));
   const FlightDump dump = LoadFlightDump(1, out + "/fr/flight_recorder/rank-1.jsonl");
   EXPECT_EQ(dump.problem, "");

@@ -131,7 +131,7 @@ TEST(TrainMultiProcessTest, ASlowRankIsNamedAsTheStraggler) {
        "train.eval_every=0", "--set", "logging.sample_tokens=0", "--set", "train.batch_size=6"},
       3, testing::FreeTcpPort(), absl::Seconds(120));
   unsetenv("DTRAIN_TEST_SLOW_RANK");
-  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank;
   EXPECT_THAT(ranks[0].output, HasSubstr("| straggler rank 1 +"));
   EXPECT_THAT(ranks[0].output,
               HasSubstr("persistently slow: rank 1 was the straggler in 8 of 8 steps"));

@@ -134,7 +134,7 @@ TEST_P(PipelineParallelTrainTest, FollowsOneProcess) {
       "parallel.check_replicas=true"};
   if (!c.set.empty()) sets.push_back(c.set);
   const auto ranks = testing::RunTrainRanks(recipe, c.pp * c.tp * c.dp, sets);
-  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank;
   EXPECT_THAT(ranks[0].output,
               HasSubstr(absl::StrCat("pipeline parallel: ", c.pp, " stages, schedule ", c.schedule,
                                      "; stage 0: embedding + block")));
@@ -292,7 +292,7 @@ TEST_P(PipelineCheckpointTest, LoadsAtAnotherStageCount) {
   save_sets.insert(save_sets.end(), {"run.out_dir=" + saved, "checkpoint.interval=6",
                                      "checkpoint.keep_last=5", "checkpoint.async=false"});
   for (const auto& rank : testing::RunTrainRanks(recipe, c.save_pp, save_sets)) {
-    ASSERT_EQ(rank.exit_code, 0) << rank.output;
+    ASSERT_EQ(rank.exit_code, 0) << rank;
   }
   std::string step6;
   for (const auto& entry : std::filesystem::recursive_directory_iterator(saved)) {
@@ -304,7 +304,7 @@ TEST_P(PipelineCheckpointTest, LoadsAtAnotherStageCount) {
   std::vector<std::string> load_sets = PipelineSets(c.load_pp, c.load_v);
   load_sets.insert(load_sets.end(), {"run.out_dir=" + loaded, "checkpoint.resume=" + step6});
   const auto ranks = testing::RunTrainRanks(recipe, c.load_pp, load_sets);
-  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank;
   EXPECT_THAT(ranks[0].output, HasSubstr("resumed from " + step6 + " at step 6"));
   EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("pp ", c.load_pp, ")")));
   // A fresh start (the checkpoint not loaded) would write 12 lines: the resumed run writes
@@ -372,7 +372,7 @@ TEST_P(PipelineCheckpointChainTest, MovesBetweenPipelineTensorAndDataParallelLay
          absl::StrCat("train.steps=", leg.steps), "parallel.check_replicas=true",
          "checkpoint.resume=" + (previous.empty() ? "never" : previous)});
     const auto ranks = testing::RunTrainRanks(recipe, leg.pp * leg.tp * leg.dp, sets);
-    for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+    for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank;
     // A fresh start would write every step from 1: the run must have resumed.
     if (!previous.empty()) {
       EXPECT_THAT(ranks[0].output,
@@ -408,7 +408,7 @@ TEST(PipelineParallelReportTest, EveryStageLogsItsIdleShareAndActivations) {
   const auto ranks = testing::RunTrainRanks(
       Recipe("gpt2"), 2, {"run.out_dir=" + out, "parallel.pp=2", "train.steps=3"});
   for (int s = 0; s < 2; ++s) {
-    ASSERT_EQ(ranks[s].exit_code, 0) << ranks[s].output;
+    ASSERT_EQ(ranks[s].exit_code, 0) << ranks[s];
     EXPECT_THAT(
         ranks[s].output,
         ContainsRegex(absl::StrCat(
@@ -482,7 +482,7 @@ TEST(PipelineParallelExportTest, ExportGathersTheStages) {
       pp_sets.push_back("run.out_dir=" + out);
       pp_sets.insert(pp_sets.end(), layout.begin(), layout.end());
       for (const auto& rank : testing::RunTrainRanks(recipe, ranks, pp_sets)) {
-        ASSERT_EQ(rank.exit_code, 0) << rank.output;
+        ASSERT_EQ(rank.exit_code, 0) << rank;
       }
       const SafetensorsContents exported = testing::ReadWeights(out + "/pp/model.safetensors");
       testing::ExpectWeightsNear(exported, expected, tolerance);
@@ -556,7 +556,7 @@ TEST(PipelineAutoTest, AutoPipelinesWhatReplicasAndTensorParallelismCannotSplit)
       testing::RunTrainRanks(Recipe("gpt2"), 2,
                              {"run.out_dir=" + out, "parallel.strategy=auto", "model.n_head=1",
                               "train.batch_size=1", "train.micro_batch=1"});
-  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank;
   EXPECT_THAT(ranks[0].output, HasSubstr(", pp 2 1f1b, micro_batch 1"));
   EXPECT_THAT(ranks[0].output, HasSubstr("pipeline parallel: 2 stages, schedule 1f1b"));
   EXPECT_EQ(ReadMetrics(out).loss.size(), static_cast<size_t>(kSteps));
@@ -602,7 +602,7 @@ TEST_P(PipelineSamplingTest, SamplesTheSingleProcesssText) {
   std::vector<std::string> pp_sets = sets;
   pp_sets.insert(pp_sets.end(), {"run.out_dir=" + out, "parallel.pp=2"});
   const auto ranks = testing::RunTrainRanks(recipe, 2, pp_sets);
-  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+  for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank;
   for (const int step : {1, 2}) {
     const std::string expected = LoggedSample(one.stderr_text, step);
     EXPECT_GT(expected.size(), 24u) << one.stderr_text;  // the prompt and 24 tokens

@@ -118,7 +118,7 @@ std::vector<std::string> ExpectRecipeLayoutsFollowOneProcess(const std::string& 
     const auto ranks = testing::RunTrainRanks(recipe, layout.world, sets);
     bool all_ok = true;
     for (const auto& rank : ranks) {
-      EXPECT_EQ(rank.exit_code, 0) << rank.output;
+      EXPECT_EQ(rank.exit_code, 0) << rank;
       all_ok = all_ok && rank.exit_code == 0;
     }
     if (!all_ok) continue;
@@ -293,7 +293,7 @@ TEST(TrainTensorParallelTest, ExportGathersTheWholeModel) {
     tp_sets.insert(tp_sets.end(),
                    {"run.out_dir=" + out, "parallel.tp=2", "parallel.strategy=zero3"});
     const auto ranks = testing::RunTrainRanks(recipe, 4, tp_sets);
-    for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+    for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank;
     testing::ExpectWeightsNear(testing::ReadWeights(out + "/tp/model.safetensors"), expected, 1e-6);
   }
 }
@@ -340,7 +340,7 @@ TEST(TrainTensorParallelTest, CheckpointsMoveBetweenLayouts) {
                              absl::StrCat("train.steps=", leg.steps),
                              "checkpoint.resume=" + (previous.empty() ? "never" : previous)});
     const auto ranks = testing::RunTrainRanks(recipe, leg.world, sets);
-    for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank.output;
+    for (const auto& rank : ranks) ASSERT_EQ(rank.exit_code, 0) << rank;
     // A fresh start would follow the same trajectory: the run must have resumed.
     if (!previous.empty()) {
       EXPECT_THAT(ranks[0].output, HasSubstr("resumed from " + previous));

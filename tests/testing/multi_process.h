@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -27,6 +28,17 @@ struct RankResult {
   bool timed_out = false;
   std::string output;  // stdout and stderr interleaved
 };
+
+// A failed expectation's account of a rank: its exit code and error lines ("error: ..." and
+// logged "E ..." lines), which a truncated CI log of a long output would lose, then the output.
+inline std::ostream& operator<<(std::ostream& out, const RankResult& rank) {
+  out << "exit code " << rank.exit_code << (rank.timed_out ? " (timed out)" : "") << "; errors:\n";
+  std::istringstream lines(rank.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with("error: ") || line.starts_with("E ")) out << line << "\n";
+  }
+  return out << "output:\n" << rank.output;
+}
 
 // The ranks' process ids while they run, -1 for a rank that has ended; `watch` may signal them.
 using RankWatch = std::function<void(const std::vector<pid_t>& pids)>;

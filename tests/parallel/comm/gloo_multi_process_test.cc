@@ -23,7 +23,7 @@ TEST(GlooMultiProcessTest, BenchCommandPrintsTheTableOnRankZero) {
       {DTRAIN_BINARY, "bench", "comm", "--min-bytes", "4K", "--max-bytes", "8K", "--iters", "2"}, 3,
       testing::FreeTcpPort(), absl::Seconds(60));
   for (const testing::RankResult& result : results) {
-    ASSERT_EQ(result.exit_code, 0) << result.output;
+    ASSERT_EQ(result.exit_code, 0) << result;
   }
   EXPECT_NE(results[0].output.find("# dtrain bench comm: backend gloo, 3 ranks"), std::string::npos)
       << results[0].output;
