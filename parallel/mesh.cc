@@ -76,8 +76,10 @@ GroupSpec Mesh::DpGroup(const std::string& key_namespace) const {
 
 GroupSpec Mesh::PpGroup(const std::string& key_namespace) const {
   const MeshCoords me = coords();
-  return MakeGroup(*this, "pp", key_namespace, me.dp * shape_.tp + me.tp, shape_.pp,
-                   [&](int i) { return MeshCoords{.dp = me.dp, .pp = i, .tp = me.tp}; });
+  GroupSpec group = MakeGroup(*this, "pp", key_namespace, me.dp * shape_.tp + me.tp, shape_.pp,
+                              [&](int i) { return MeshCoords{.dp = me.dp, .pp = i, .tp = me.tp}; });
+  group.point_to_point = true;
+  return group;
 }
 
 GroupSpec Mesh::KvReplicaGroup(int replicas, const std::string& key_namespace) const {

@@ -33,6 +33,9 @@ struct GroupSpec {
   std::string key_prefix;        // store namespace, equal on the members, distinct per group
   std::vector<int> world_ranks;  // members in group-rank order
   int rank = 0;                  // this rank's index in world_ranks
+  // Its members Send and Recv to each other (the pipeline's stages), not only collect: NCCL then
+  // connects each pair (nccl_communicator.h).
+  bool point_to_point = false;
 };
 
 using CommunicatorFactory =

@@ -64,6 +64,7 @@ TEST(MeshTest, DescribeNamesAnyRanksStageAndGroupRanks) {
   EXPECT_EQ(one->Describe(0), "");
 }
 
+// Only the pipeline's group sends point to point (NCCL connects its pairs for that).
 TEST(MeshTest, GroupKeyPrefixesAreSharedByMembersAndDistinctAcrossGroups) {
   const MeshShape shape{.dp = 2, .pp = 2, .tp = 2};
   std::set<std::pair<std::string, std::vector<int>>> groups;
@@ -71,6 +72,7 @@ TEST(MeshTest, GroupKeyPrefixesAreSharedByMembersAndDistinctAcrossGroups) {
     const Mesh mesh = *Mesh::Create(shape, 8, rank);
     for (const GroupSpec& g : {mesh.TpGroup("x/"), mesh.DpGroup("x/"), mesh.PpGroup("x/")}) {
       EXPECT_EQ(g.key_prefix.rfind("x/" + g.name + ".", 0), 0u) << g.key_prefix;
+      EXPECT_EQ(g.point_to_point, g.name == "pp") << g.name;
       groups.insert({g.key_prefix, g.world_ranks});
     }
   }

@@ -28,6 +28,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(std::shared_ptr
   options.world_ranks = spec.world_ranks;
   options.timeout = timeout;
   options.compute_stream = cuda.stream();
+  options.point_to_point = spec.point_to_point;
   absl::StatusOr<std::unique_ptr<NcclCommunicator>> created =
       NcclCommunicator::Create(std::move(store), options);
   if (!created.ok()) return created.status();

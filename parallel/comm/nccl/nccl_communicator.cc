@@ -32,12 +32,13 @@ struct Blame {
 class NcclWork : public Work {
  public:
   NcclWork(absl::Status status, std::shared_ptr<NcclOperation> operation,
-           std::shared_ptr<NcclAbort> abort, NcclWatchdog* watchdog, NcclWaitTimer* timer,
-           cudaStream_t compute_stream, std::string description, absl::Duration timeout,
-           Blame blame)
+           std::shared_ptr<NcclComms> comms, size_t link, NcclWatchdog* watchdog,
+           NcclWaitTimer* timer, cudaStream_t compute_stream, std::string description,
+           absl::Duration timeout, Blame blame)
       : status_(std::move(status)),
         operation_(std::move(operation)),
-        abort_(std::move(abort)),
+        comms_(std::move(comms)),
+        link_(link),
         watchdog_(watchdog),
         timer_(timer),
         compute_stream_(compute_stream),
@@ -50,17 +51,29 @@ class NcclWork : public Work {
     if (done_ || !status_.ok()) return status_;
     for (;;) {
       const cudaError_t query = cudaEventQuery(operation_->event);
-      if (query == cudaSuccess) break;
-      ncclResult_t async_error = ncclSuccess;
-      ncclCommGetAsyncError(abort_->comm(), &async_error);
-      if (operation_->timed_out || absl::Now() > operation_->deadline) {
-        abort_->Abort();  // unblocks the streams; the communicator is unusable after
+      if (operation_->timed_out || (query != cudaSuccess && absl::Now() > operation_->deadline)) {
+        comms_->Abort();  // unblocks the streams; the communicators are unusable after
         Fail(absl::DeadlineExceededError(absl::StrCat(description_, " did not finish within ",
                                                       absl::FormatDuration(timeout_))),
              /*timed_out=*/true);
         break;
       }
+      // An abort (for another operation) ends the kernels as if they had finished: their
+      // buffers hold whatever they had reached.
+      if (query == cudaSuccess && comms_->aborted()) {
+        Fail(absl::UnavailableError(
+                 absl::StrCat(description_,
+                              " was cut short: the group's communicators were aborted after "
+                              "another of its operations failed or timed out")),
+             /*timed_out=*/false);
+        break;
+      }
+      if (query == cudaSuccess) break;
+      ncclResult_t async_error = ncclSuccess;
+      comms_->Use(link_,
+                  [&](ncclComm_t comm) { return ncclCommGetAsyncError(comm, &async_error); });
       if (query != cudaErrorNotReady || async_error != ncclSuccess) {
+        comms_->Abort();  // NCCL's kernels would otherwise spin on
         Fail(absl::UnavailableError(absl::StrCat(description_, " failed: ",
                                                  async_error != ncclSuccess
                                                      ? ncclGetErrorString(async_error)
@@ -106,7 +119,8 @@ class NcclWork : public Work {
 
   absl::Status status_;
   std::shared_ptr<NcclOperation> operation_;
-  std::shared_ptr<NcclAbort> abort_;
+  std::shared_ptr<NcclComms> comms_;
+  size_t link_;  // the communicator it runs on, in comms_
   NcclWatchdog* watchdog_;
   NcclWaitTimer* timer_;
   cudaStream_t compute_stream_;
@@ -198,50 +212,107 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
         "communicator '%s': rank %d of %d: ncclCommInitRank: %s (NCCL_DEBUG=INFO says more)",
         options.name, options.rank, options.size, ncclGetErrorString(result)));
   }
-  cudaStream_t streams[3] = {};
+  cudaStream_t stream = nullptr;
   float* scalar = nullptr;
   int device = 0;
   absl::Status status = CudaStatus(cudaGetDevice(&device), "cudaGetDevice");
-  for (cudaStream_t& stream : streams) {
-    if (status.ok()) {
-      status =
-          CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    }
+  if (status.ok()) {
+    status =
+        CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   }
   if (status.ok()) status = CudaStatus(cudaMalloc(&scalar, sizeof(float)), "cudaMalloc");
+  if (status.ok()) status = CudaStatus(cudaMemset(scalar, 0, sizeof(float)), "cudaMemset");
   if (!status.ok()) {
-    for (cudaStream_t stream : streams) {
-      if (stream != nullptr) cudaStreamDestroy(stream);
-    }
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    if (scalar != nullptr) cudaFree(scalar);
     ncclCommDestroy(comm);
     return status;
   }
-  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(
-      std::move(store), options, comm, device, streams[0], streams[1], streams[2], scalar));
+  std::unique_ptr<NcclCommunicator> created(
+      new NcclCommunicator(store, options, comm, device, stream, scalar));
+  if (options.point_to_point) RETURN_IF_ERROR(created->ConnectPairs(*store));
+  return created;
 }
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<Store> store, NcclCommunicatorOptions options,
                                    ncclComm_t comm, int device, cudaStream_t stream,
-                                   cudaStream_t send_stream, cudaStream_t recv_stream,
                                    float* barrier_scalar)
     : options_(std::move(options)),
       // Under its own keys: a Gloo communicator of the same prefix numbers its collectives apart.
       progress_(std::move(store), options_.key_prefix + "nccl_", options_.rank, options_.size,
                 options_.world_ranks),
-      abort_(std::make_shared<NcclAbort>(comm)),
-      watchdog_(device, abort_),
+      comms_(std::make_shared<NcclComms>()),
+      watchdog_(device, comms_),
+      streams_{stream},
       stream_(stream),
-      send_stream_(send_stream),
-      recv_stream_(recv_stream),
-      barrier_scalar_(barrier_scalar) {}
+      barrier_scalar_(barrier_scalar) {
+  comms_->Add(comm);
+}
+
+absl::Status NcclCommunicator::ConnectPairs(Store& store) {
+  send_links_.assign(options_.size, 0);
+  recv_links_.assign(options_.size, 0);
+  const int me = options_.rank;
+  // Every member takes the pairs in the same order, each a meeting of its two members only:
+  // the first pair not yet connected finds both of its members at it.
+  for (int from = 0; from < options_.size; ++from) {
+    for (int to = 0; to < options_.size; ++to) {
+      if (from == to || (from != me && to != me)) continue;
+      const std::string key = absl::StrCat(options_.key_prefix, "nccl_pair/", from, "-", to);
+      ncclUniqueId id;
+      if (from == me) {
+        if (ncclResult_t result = ncclGetUniqueId(&id); result != ncclSuccess) {
+          return absl::UnavailableError(absl::StrCat("communicator '", options_.name,
+                                                     "': ncclGetUniqueId for the pair ", key, ": ",
+                                                     ncclGetErrorString(result)));
+        }
+        RETURN_IF_ERROR(store.Set(key, std::string_view(id.internal, sizeof(id.internal))));
+      } else {
+        ASSIGN_OR_RETURN(const std::string bytes, store.Get(key, options_.timeout));
+        if (bytes.size() != sizeof(id.internal)) {
+          return absl::DataLossError(
+              absl::StrFormat("store key '%s' holds %d bytes, not an NCCL id", key, bytes.size()));
+        }
+        std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
+      }
+      ncclComm_t pair = nullptr;
+      if (ncclResult_t result = ncclCommInitRank(&pair, 2, id, from == me ? 0 : 1);
+          result != ncclSuccess) {
+        return absl::UnavailableError(absl::StrFormat(
+            "communicator '%s': the point-to-point pair from rank %d to rank %d: "
+            "ncclCommInitRank: %s (NCCL_DEBUG=INFO says more)",
+            options_.name, WorldRank(from), WorldRank(to), ncclGetErrorString(result)));
+      }
+      const size_t link = comms_->Add(pair);
+      cudaStream_t stream = nullptr;
+      RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                                 "cudaStreamCreate"));
+      streams_.push_back(stream);
+      (from == me ? send_links_[to] : recv_links_[from]) = link;
+      // NCCL connects a pair's channels at its first Send and Recv, the two hosts meeting inside
+      // those calls: one value crosses here, where both members are, so that no later Send or
+      // Recv (the pipeline posts its receives early) holds its host for the peer.
+      const ncclResult_t first = comms_->Use(link, [&](ncclComm_t comm) {
+        return from == me ? ncclSend(barrier_scalar_, 1, ncclFloat32, 1, comm, stream)
+                          : ncclRecv(barrier_scalar_, 1, ncclFloat32, 0, comm, stream);
+      });
+      if (first != ncclSuccess) {
+        return absl::UnavailableError(absl::StrFormat(
+            "communicator '%s': connecting the pair from rank %d to rank %d: %s", options_.name,
+            WorldRank(from), WorldRank(to), ncclGetErrorString(first)));
+      }
+      RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 NcclCommunicator::~NcclCommunicator() {
-  for (cudaStream_t stream : {stream_, send_stream_, recv_stream_}) {
-    cudaStreamSynchronize(stream);
-    cudaStreamDestroy(stream);
-  }
-  cudaFree(barrier_scalar_);
-  if (!abort_->aborted()) ncclCommDestroy(abort_->comm());
+  // Freed in stream order: cudaFree would wait for the whole device, other groups' kernels too.
+  cudaFreeAsync(barrier_scalar_, stream_);
+  for (cudaStream_t stream : streams_) cudaStreamSynchronize(stream);
+  comms_->Destroy();
+  for (cudaStream_t stream : streams_) cudaStreamDestroy(stream);
 }
 
 int NcclCommunicator::WorldRank(int group_rank) const {
@@ -252,20 +323,38 @@ int NcclCommunicator::WorldRank(int group_rank) const {
   return options_.world_ranks[group_rank];
 }
 
+absl::StatusOr<size_t> NcclCommunicator::PairLink(const std::vector<size_t>& links, int peer,
+                                                  absl::string_view op_name) const {
+  if (!options_.point_to_point) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s on group '%s': the group was created for collectives only (NCCL connects the pairs "
+        "of a point-to-point group, the pipeline's)",
+        op_name, options_.name));
+  }
+  if (peer < 0 || peer >= options_.size || peer == options_.rank) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s on group '%s': peer %d is not another member of a group of %d", op_name,
+                        options_.name, peer, options_.size));
+  }
+  return links[peer];
+}
+
 std::unique_ptr<Work> NcclCommunicator::Finish(absl::string_view op_name, ncclResult_t enqueued,
-                                               cudaStream_t stream, int peer) {
+                                               size_t link, int peer) {
   std::string description = absl::StrFormat("%s on group '%s' (%d ranks) at rank %d", op_name,
                                             options_.name, options_.size, WorldRank(options_.rank));
   absl::Status status;
   cudaEvent_t event = nullptr;
-  if (abort_->aborted()) {
+  if (comms_->aborted()) {
     status = absl::FailedPreconditionError(
-        absl::StrCat(description, ": the communicator was aborted after an operation timed out"));
+        absl::StrCat(description,
+                     ": the group's communicators were aborted after an operation failed or "
+                     "timed out"));
   } else if (enqueued != ncclSuccess) {
     status = absl::UnavailableError(
         absl::StrCat(description, " failed to start: ", ncclGetErrorString(enqueued)));
   } else if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-             e != cudaSuccess || (e = cudaEventRecord(event, stream)) != cudaSuccess) {
+             e != cudaSuccess || (e = cudaEventRecord(event, streams_[link])) != cudaSuccess) {
     status = CudaStatus(e, "cudaEventRecord");
   }
   Blame blame{.progress = &progress_};
@@ -277,7 +366,7 @@ std::unique_ptr<Work> NcclCommunicator::Finish(absl::string_view op_name, ncclRe
   }
   return std::make_unique<NcclWork>(
       std::move(status), std::make_shared<NcclOperation>(event, absl::Now() + options_.timeout),
-      abort_, &watchdog_, &wait_timer_, options_.compute_stream, std::move(description),
+      comms_, link, &watchdog_, &wait_timer_, options_.compute_stream, std::move(description),
       options_.timeout, blame);
 }
 
@@ -303,10 +392,13 @@ std::unique_ptr<Work> NcclCommunicator::AllReduce(void* data, size_t count, Data
   const int64_t ring_bytes = 2 * (options_.size - 1) * bytes / options_.size;
   Count(&CommStats::all_reduce, ring_bytes, ring_bytes);
   OrderBefore(stream_);
-  return Finish(
-      "all_reduce",
-      ncclAllReduce(data, data, count, NcclType(type), NcclOp(op), abort_->comm(), stream_),
-      stream_);
+  return Finish("all_reduce",
+                comms_->Use(0,
+                            [&](ncclComm_t comm) {
+                              return ncclAllReduce(data, data, count, NcclType(type), NcclOp(op),
+                                                   comm, stream_);
+                            }),
+                0);
 }
 
 std::unique_ptr<Work> NcclCommunicator::ReduceScatter(const void* input, void* output, size_t count,
@@ -318,10 +410,13 @@ std::unique_ptr<Work> NcclCommunicator::ReduceScatter(const void* input, void* o
       (options_.size - 1) * static_cast<int64_t>(count) * DataTypeBytes(type);
   Count(&CommStats::reduce_scatter, ring_bytes, ring_bytes);
   OrderBefore(stream_);
-  return Finish(
-      "reduce_scatter",
-      ncclReduceScatter(input, output, count, NcclType(type), NcclOp(op), abort_->comm(), stream_),
-      stream_);
+  return Finish("reduce_scatter",
+                comms_->Use(0,
+                            [&](ncclComm_t comm) {
+                              return ncclReduceScatter(input, output, count, NcclType(type),
+                                                       NcclOp(op), comm, stream_);
+                            }),
+                0);
 }
 
 std::unique_ptr<Work> NcclCommunicator::AllGather(const void* input, void* output, size_t count,
@@ -331,8 +426,12 @@ std::unique_ptr<Work> NcclCommunicator::AllGather(const void* input, void* outpu
   Count(&CommStats::all_gather, ring_bytes, ring_bytes);
   OrderBefore(stream_);
   return Finish("all_gather",
-                ncclAllGather(input, output, count, NcclType(type), abort_->comm(), stream_),
-                stream_);
+                comms_->Use(0,
+                            [&](ncclComm_t comm) {
+                              return ncclAllGather(input, output, count, NcclType(type), comm,
+                                                   stream_);
+                            }),
+                0);
 }
 
 std::unique_ptr<Work> NcclCommunicator::Broadcast(void* data, size_t count, DataType type,
@@ -343,32 +442,55 @@ std::unique_ptr<Work> NcclCommunicator::Broadcast(void* data, size_t count, Data
   Count(&CommStats::broadcast, position < options_.size - 1 ? bytes : 0, position > 0 ? bytes : 0);
   OrderBefore(stream_);
   return Finish("broadcast",
-                ncclBroadcast(data, data, count, NcclType(type), root, abort_->comm(), stream_),
-                stream_);
+                comms_->Use(0,
+                            [&](ncclComm_t comm) {
+                              return ncclBroadcast(data, data, count, NcclType(type), root, comm,
+                                                   stream_);
+                            }),
+                0);
 }
 
+// Each runs on its pair's communicator, where the peer is rank 1 (the receiver) of a Send's and
+// rank 0 (the sender) of a Recv's.
 std::unique_ptr<Work> NcclCommunicator::Send(const void* data, size_t count, DataType type,
                                              int peer) {
+  const std::string op_name = absl::StrCat("send to rank ", WorldRank(peer));
+  const absl::StatusOr<size_t> link = PairLink(send_links_, peer, op_name);
+  if (!link.ok()) return FinishedWork(link.status());
   Count(&CommStats::send, static_cast<int64_t>(count) * DataTypeBytes(type), 0);
-  OrderBefore(send_stream_);
-  return Finish(absl::StrCat("send to rank ", WorldRank(peer)),
-                ncclSend(data, count, NcclType(type), peer, abort_->comm(), send_stream_),
-                send_stream_, peer);
+  cudaStream_t stream = streams_[*link];
+  OrderBefore(stream);
+  return Finish(op_name,
+                comms_->Use(*link,
+                            [&](ncclComm_t comm) {
+                              return ncclSend(data, count, NcclType(type), 1, comm, stream);
+                            }),
+                *link, peer);
 }
 
 std::unique_ptr<Work> NcclCommunicator::Recv(void* data, size_t count, DataType type, int peer) {
+  const std::string op_name = absl::StrCat("recv from rank ", WorldRank(peer));
+  const absl::StatusOr<size_t> link = PairLink(recv_links_, peer, op_name);
+  if (!link.ok()) return FinishedWork(link.status());
   Count(&CommStats::recv, 0, static_cast<int64_t>(count) * DataTypeBytes(type));
-  OrderBefore(recv_stream_);
-  return Finish(absl::StrCat("recv from rank ", WorldRank(peer)),
-                ncclRecv(data, count, NcclType(type), peer, abort_->comm(), recv_stream_),
-                recv_stream_, peer);
+  cudaStream_t stream = streams_[*link];
+  OrderBefore(stream);
+  return Finish(op_name,
+                comms_->Use(*link,
+                            [&](ncclComm_t comm) {
+                              return ncclRecv(data, count, NcclType(type), 0, comm, stream);
+                            }),
+                *link, peer);
 }
 
 absl::Status NcclCommunicator::Barrier() {
   return Finish("barrier",
-                ncclAllReduce(barrier_scalar_, barrier_scalar_, 1, ncclFloat32, ncclSum,
-                              abort_->comm(), stream_),
-                stream_)
+                comms_->Use(0,
+                            [&](ncclComm_t comm) {
+                              return ncclAllReduce(barrier_scalar_, barrier_scalar_, 1, ncclFloat32,
+                                                   ncclSum, comm, stream_);
+                            }),
+                0)
       ->Wait();
 }
 

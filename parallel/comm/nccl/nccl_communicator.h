@@ -4,14 +4,19 @@
 // Get it; ncclCommInitRank. Each group (tp/dp/pp) has its own key prefix and so its own id and
 // communicator.
 //
-// Collectives are enqueued in issue order on the communicator's stream; Send and Recv run on
-// their own streams (after the earlier collectives) so that two ranks may Send to each other
-// first. A Work records an event; Wait polls it and NCCL's async error, and on timeout aborts
-// the communicator; WaitOnDevice makes the compute stream wait for the event and hands it to the
-// watchdog (nccl_watchdog.h), which aborts the communicator when it outlives the timeout while
-// no host waits. A failure names the operation and group, and the peers that never started the
-// collective (CollectiveProgress, through the store) or a point-to-point peer that timed out,
-// whom it blames as the Gloo communicator does. stats() counts the bytes NCCL's ring
+// Collectives are enqueued in issue order on the communicator's stream. NCCL runs one
+// communicator's operations one after another, whatever their streams, and a Send blocks the GPU
+// until the peer's Recv runs: two ranks that each Send before they Recv on one communicator would
+// wait for each other forever. So a group created for point-to-point use (`point_to_point`, the
+// pipeline's) connects each ordered pair of members by a communicator of two, with its own
+// stream, on which the sender's Sends meet the receiver's Recvs in order (after the earlier
+// collectives); the other groups refuse Send and Recv. A Work records an event; Wait polls it and
+// NCCL's async error, and on a timeout or an error aborts all of this group's communicators;
+// WaitOnDevice makes the compute stream wait for the event and hands it to the watchdog
+// (nccl_watchdog.h), which aborts them when it outlives the timeout while no host waits. Every
+// Work of an aborted group fails. A failure names the operation and group, and the peers that never
+// started the collective (CollectiveProgress, through the store) or a point-to-point peer that
+// timed out, whom it blames as the Gloo communicator does. stats() counts the bytes NCCL's ring
 // algorithms move (NCCL does not report them). Thread-compatible, like Communicator.
 #pragma once
 
@@ -44,6 +49,8 @@ struct NcclCommunicatorOptions {
   // operation first waits, on the device, for the work issued on it so far (an event), so that a
   // collective never reads a buffer a kernel is still writing; the host never blocks for it.
   cudaStream_t compute_stream = nullptr;
+  // The members Send and Recv to each other: each pair gets its communicators (see above).
+  bool point_to_point = false;
 };
 
 class NcclCommunicator : public Communicator {
@@ -82,16 +89,23 @@ class NcclCommunicator : public Communicator {
 
  private:
   NcclCommunicator(std::shared_ptr<Store> store, NcclCommunicatorOptions options, ncclComm_t comm,
-                   int device, cudaStream_t stream, cudaStream_t send_stream,
-                   cudaStream_t recv_stream, float* barrier_scalar);
+                   int device, cudaStream_t stream, float* barrier_scalar);
 
+  // One communicator of two (the sender is its rank 0) per direction between this rank and each
+  // peer, each with its own stream, created and connected (one value sent) pair by pair in
+  // (sender, receiver) order on every member, so that no two wait for each other.
+  absl::Status ConnectPairs(Store& store);
+  // A point-to-point operation's communicator with group rank `peer`: its index in comms_ and
+  // streams_; an error if this group has none.
+  absl::StatusOr<size_t> PairLink(const std::vector<size_t>& links, int peer,
+                                  absl::string_view op_name) const;
   int WorldRank(int group_rank) const;
-  // Records the enqueue outcome and an event on `stream` into a Work. `op_name` names the
+  // Records the enqueue outcome and an event on streams_[link] into a Work. `op_name` names the
   // operation in messages ("all_reduce", "send to rank 3"); `peer` is a point-to-point
   // operation's group rank, -1 for a collective, which takes the next number and is published
   // as started.
-  std::unique_ptr<Work> Finish(absl::string_view op_name, ncclResult_t enqueued,
-                               cudaStream_t stream, int peer = -1);
+  std::unique_ptr<Work> Finish(absl::string_view op_name, ncclResult_t enqueued, size_t link,
+                               int peer = -1);
   void Count(OpStats CommStats::*field, int64_t sent, int64_t received);
   // Makes `stream` wait for the work already on the compute stream (when there is one) and, for
   // Send and Recv's streams, on the collective stream.
@@ -100,13 +114,14 @@ class NcclCommunicator : public Communicator {
   const NcclCommunicatorOptions options_;
   CollectiveProgress progress_;  // the collectives started, for the peers' diagnoses
   int64_t collective_seq_ = 0;
-  std::shared_ptr<NcclAbort> abort_;  // the communicator, aborted at most once
+  std::shared_ptr<NcclComms> comms_;  // the group's (0) and the pairs', aborted at most once
   NcclWatchdog watchdog_;
   NcclWaitTimer wait_timer_;
-  cudaStream_t stream_;
-  cudaStream_t send_stream_;
-  cudaStream_t recv_stream_;
-  float* barrier_scalar_;  // (1) device memory for Barrier's all-reduce
+  std::vector<cudaStream_t> streams_;  // one per communicator of comms_, by index
+  cudaStream_t stream_;                // streams_[0]: the collectives'
+  std::vector<size_t> send_links_;     // by peer: the pair communicator this rank sends on
+  std::vector<size_t> recv_links_;     // by peer: the one it receives on
+  float* barrier_scalar_;              // (1) device memory for Barrier's all-reduce
   mutable std::mutex mu_;
   CommStats stats_;
 };

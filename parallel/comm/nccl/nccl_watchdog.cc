@@ -10,11 +10,29 @@ NcclOperation::~NcclOperation() {
   if (event != nullptr) cudaEventDestroy(event);
 }
 
-void NcclAbort::Abort() {
+size_t NcclComms::Add(ncclComm_t comm) {
+  std::lock_guard lock(mu_);
+  comms_.push_back(comm);
+  return comms_.size() - 1;
+}
+
+ncclResult_t NcclComms::Use(size_t index, const std::function<ncclResult_t(ncclComm_t)>& call) {
+  std::lock_guard lock(mu_);
+  return aborted_ ? ncclInvalidUsage : call(comms_[index]);
+}
+
+void NcclComms::Abort() {
   std::lock_guard lock(mu_);
   if (aborted_) return;
-  ncclCommAbort(comm_);
   aborted_ = true;
+  for (const ncclComm_t comm : comms_) ncclCommAbort(comm);
+}
+
+void NcclComms::Destroy() {
+  std::lock_guard lock(mu_);
+  if (aborted_) return;
+  aborted_ = true;
+  for (const ncclComm_t comm : comms_) ncclCommDestroy(comm);
 }
 
 NcclWaitTimer::~NcclWaitTimer() {
@@ -55,8 +73,8 @@ double NcclWaitTimer::TakeMs() {
   return total;
 }
 
-NcclWatchdog::NcclWatchdog(int device, std::shared_ptr<NcclAbort> abort, absl::Duration interval)
-    : device_(device), abort_(std::move(abort)), interval_(interval) {}
+NcclWatchdog::NcclWatchdog(int device, std::shared_ptr<NcclComms> comms, absl::Duration interval)
+    : device_(device), comms_(std::move(comms)), interval_(interval) {}
 
 NcclWatchdog::~NcclWatchdog() {
   {
@@ -83,7 +101,7 @@ void NcclWatchdog::Run() {
       if (query == cudaErrorNotReady && absl::Now() <= operation->deadline) return false;
       if (query == cudaErrorNotReady) {
         operation->timed_out = true;
-        abort_->Abort();
+        comms_->Abort();
       }
       return true;
     });

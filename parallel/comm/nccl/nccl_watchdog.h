@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -33,19 +34,25 @@ struct NcclOperation {
   std::atomic<bool> timed_out{false};  // the watchdog aborted the communicator for it
 };
 
-// ncclCommAbort of one communicator, once, from whichever thread needs it first (an abort frees
-// the communicator: its owner must not destroy it after).
-class NcclAbort {
+// A communicator's NCCL communicators (the group's, and its point-to-point pairs'), used and
+// aborted under one lock: NCCL's calls on a communicator are not thread-safe, and an abort, from
+// whichever thread needs it first (a Work's Wait or the watchdog), frees them all at once. Each
+// index stays valid; after an abort or Destroy, Use runs nothing.
+class NcclComms {
  public:
-  explicit NcclAbort(ncclComm_t comm) : comm_(comm) {}
-  ncclComm_t comm() const { return comm_; }
+  // Adds `comm` (before any operation on it) and returns its index.
+  size_t Add(ncclComm_t comm);
+  // Runs `call` on communicator `index` unless they were aborted; ncclInvalidUsage if they were.
+  ncclResult_t Use(size_t index, const std::function<ncclResult_t(ncclComm_t)>& call);
   void Abort();
+  // ncclCommDestroy of each, unless aborted: the owner's last call.
+  void Destroy();
   bool aborted() const { return aborted_; }
 
  private:
-  ncclComm_t comm_;
   std::mutex mu_;
-  std::atomic<bool> aborted_{false};
+  std::vector<ncclComm_t> comms_;
+  std::atomic<bool> aborted_{false};  // or destroyed
 };
 
 // The time compute streams spent in their device waits, each bracketed by two timing events.
@@ -67,8 +74,8 @@ class NcclWaitTimer {
 
 class NcclWatchdog {
  public:
-  // Polls on GPU `device` (the communicator's) every `interval`, aborting through `abort`.
-  NcclWatchdog(int device, std::shared_ptr<NcclAbort> abort,
+  // Polls on GPU `device` (the communicator's) every `interval`, aborting through `comms`.
+  NcclWatchdog(int device, std::shared_ptr<NcclComms> comms,
                absl::Duration interval = absl::Milliseconds(10));
   ~NcclWatchdog();
   NcclWatchdog(const NcclWatchdog&) = delete;
@@ -82,7 +89,7 @@ class NcclWatchdog {
   void Run();
 
   const int device_;
-  const std::shared_ptr<NcclAbort> abort_;
+  const std::shared_ptr<NcclComms> comms_;
   const absl::Duration interval_;
   std::mutex mu_;
   std::condition_variable wake_;

@@ -5,12 +5,14 @@
 #ifdef DTRAIN_HAVE_NCCL
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "parallel/comm/nccl/nccl_communicator.h"
 #include "tests/parallel/comm/test_store.h"
 #endif
@@ -175,6 +177,86 @@ TEST(NcclCommunicatorTest, TheWatchdogEndsADeviceWaitOnAHungCollective) {
   cudaFree(data);
   cudaStreamDestroy(compute);
   idle.join();
+}
+// Point to point, one rank per visible GPU: every rank first Sends 64 MiB to each neighbour on
+// the ring (NCCL's eager buffers hold far less), then Recvs from both; on one communicator each
+// rank's first Send would wait for a Recv its peer queues behind its own Send, forever. Each
+// pair's communicators let them meet within the timeout, in order: the n-th Send to a peer is its
+// n-th Recv from this rank.
+TEST(NcclCommunicatorTest, RanksThatAllSendFirstMeetTheirPeersReceives) {
+  const int n = DeviceCount();
+  if (n < 2) GTEST_SKIP() << "needs 2 CUDA devices, has " << n;
+  auto store = std::make_shared<testing::InMemoryStore>();
+  constexpr size_t kCount = size_t{16} << 20;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([&, rank] {
+      ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
+      NcclCommunicatorOptions options;
+      options.rank = rank;
+      options.size = n;
+      options.timeout = absl::Seconds(30);
+      options.point_to_point = true;
+      auto comm = NcclCommunicator::Create(store, options);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      const int next = (rank + 1) % n, previous = (rank + n - 1) % n;
+      // Two messages to each neighbour (the same one twice when n = 2), each filled with
+      // 1000 * sender + message number.
+      std::vector<int> peers = {next, previous};
+      float* sent = nullptr;
+      float* received = nullptr;
+      ASSERT_EQ(cudaMalloc(&sent, 2 * kCount * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&received, 2 * kCount * sizeof(float)), cudaSuccess);
+      std::vector<float> host(kCount);
+      for (int m = 0; m < 2; ++m) {
+        std::fill(host.begin(), host.end(), static_cast<float>(1000 * rank + m));
+        cudaMemcpy(sent + m * kCount, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice);
+      }
+      std::vector<std::unique_ptr<Work>> works;
+      for (int m = 0; m < 2; ++m)
+        works.push_back((*comm)->Send(sent + m * kCount, kCount, peers[m]));
+      // Message m from the neighbour that sent it as its m-th (next sends to this rank first as
+      // its `previous`, so it arrives as that rank's message 1).
+      works.push_back((*comm)->Recv(received, kCount, previous));
+      works.push_back((*comm)->Recv(received + kCount, kCount, next));
+      for (auto& work : works) ASSERT_TRUE(work->Wait().ok()) << work->Wait();
+      const float expected[2] = {1000.0f * previous, 1000.0f * next + 1};
+      for (int m = 0; m < 2; ++m) {
+        cudaMemcpy(host.data(), received + m * kCount, kCount * sizeof(float),
+                   cudaMemcpyDeviceToHost);
+        EXPECT_EQ(std::count(host.begin(), host.end(), expected[m]), kCount) << "message " << m;
+      }
+      cudaFree(sent);
+      cudaFree(received);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+// Send and Recv name what is wrong with them before NCCL sees them: a group created for
+// collectives only, or a peer that is this rank or outside the group.
+TEST(NcclCommunicatorTest, PointToPointNeedsAPairGroupAndAnotherMember) {
+  if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  auto store = std::make_shared<testing::InMemoryStore>();
+  auto collectives = NcclCommunicator::Create(store, NcclCommunicatorOptions{.name = "tp"});
+  ASSERT_TRUE(collectives.ok()) << collectives.status();
+  float* data = nullptr;
+  ASSERT_EQ(cudaMalloc(&data, sizeof(float)), cudaSuccess);
+  const absl::Status refused = (*collectives)->Send(data, 1, 0)->Wait();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("group 'tp': the group was created for "
+                                                      "collectives only"));
+  auto pairs = NcclCommunicator::Create(
+      store,
+      NcclCommunicatorOptions{.name = "pp", .key_prefix = "comm/pp/", .point_to_point = true});
+  ASSERT_TRUE(pairs.ok()) << pairs.status();
+  for (const int peer : {0, 1, -1}) {
+    const absl::Status status = (*pairs)->Recv(data, 1, peer)->Wait();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(status.message(), ::testing::HasSubstr("is not another member of a group of 1"));
+  }
+  cudaFree(data);
 }
 #else
 TEST(NcclCommunicatorTest, CollectivesMatchTheSequentialReference) {
