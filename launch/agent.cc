@@ -168,13 +168,19 @@ std::optional<std::vector<FailureRecord>> ParseFailures(const std::string& text)
   return records;
 }
 
-// The first record that a failure (earliest first) blames, and that failure; null if none.
+// The first record that a failure (earliest first) blames, and that failure; null if none. A
+// record that blames nobody itself comes first (a rank that died, hung, or failed on its own):
+// a rank only stuck behind it in another group is blamed too, and blames it in turn.
 std::pair<const FailureRecord*, const FailureRecord*> FirstBlamed(
     const std::vector<FailureRecord>& records, const std::vector<const FailureRecord*>& failures) {
-  for (const FailureRecord* failure : failures) {
-    for (const int blamed : failure->blames) {
-      for (const FailureRecord& record : records) {
-        if (record.rank == blamed) return {&record, failure};
+  for (const bool blaming_nobody : {true, false}) {
+    for (const FailureRecord* failure : failures) {
+      for (const int blamed : failure->blames) {
+        for (const FailureRecord& record : records) {
+          if (record.rank == blamed && (!blaming_nobody || record.blames.empty())) {
+            return {&record, failure};
+          }
+        }
       }
     }
   }
@@ -693,8 +699,9 @@ void Agent::PrintRootCause(int attempt) {
     return;
   }
   // The root cause is the first rank a failure blames (one that never started the collective
-  // its peers failed in: hung, stopped or gone), else the earliest failure; the others usually
-  // follow from it (a dead peer breaks every collective).
+  // its peers failed in: hung, stopped or gone), preferring one that blames nobody itself, else
+  // the earliest failure; the others usually follow from it (a dead peer breaks every
+  // collective).
   auto [root, blamer] = FirstBlamed(records, failures);
   if (root == nullptr) root = failures.front();
   const bool hung = root->stopped;

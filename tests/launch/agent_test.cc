@@ -724,6 +724,44 @@ TEST(AgentTest, AgentLostBeforeARestartIsTheRootCause) {
                                 "fake-host): agent lost"));
 }
 
+// Rank 1 (node 1) was killed; rank 2 (node 2) failed waiting for it and blames it; rank 0 (node
+// 0) failed waiting for rank 2, stuck behind rank 1 in another group, and blames rank 2 only. The
+// root cause is rank 1, which blames nobody, not rank 2, which the first error blames.
+TEST(AgentTest, TheRootCauseIsABlamedRankThatBlamesNobody) {
+  const int port = testing::FreeTcpPort();
+  // Waits until node 1 has recorded whom its error blames, as a trainer's process group would.
+  NodeZero agent({"/bin/sh", "-c", "sleep 1; exit 1"}, 3, port);
+  agent.options.nproc_per_node = 1;
+  const std::string records[] = {
+      R"([{"rank": 1, "node": 1, "host": "fake-host", "exit": "killed by signal 9",
+           "stopped": false, "blames": [], "time_us": 1000, "stderr": ""}])",
+      R"([{"rank": 2, "node": 2, "host": "fake-host", "exit": "exit code 1", "stopped": false,
+           "blames": [1], "time_us": 9000000000000000, "stderr": ""}])"};
+  std::vector<std::thread> others;
+  for (int node = 1; node <= 2; ++node) {
+    others.emplace_back([port, node, &records] {
+      FakeAgent fake(port, node);
+      if (!fake.connected()) return;
+      if (node == 1) {
+        EXPECT_TRUE(fake.store().Set("workers/attempt-0/blame/0", "2").ok());
+      }
+      fake.Arrive(0, "arrived", 3);
+      fake.AwaitKey("agent/attempt-0/failures/node-0");
+      EXPECT_TRUE(fake.store()
+                      .Set(absl::StrCat("agent/attempt-0/failures/node-", node), records[node - 1])
+                      .ok());
+      fake.Arrive(0, "stopped", 3);
+      fake.Finish();
+    });
+  }
+  absl::StatusOr<int> result;
+  const std::string output = agent.Run(&result);
+  for (std::thread& other : others) other.join();
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
+  EXPECT_EQ(*result, 1) << output;
+  EXPECT_THAT(output, HasSubstr("Root cause: rank 1 on node 1 (fake-host), killed by signal 9."));
+}
+
 // Anything with the store token can write the agents' records: failure lists and lost-agent
 // records that are not what an agent writes are skipped (they aborted node 0's agent), and the
 // root cause still comes from node 0's own record.
