@@ -61,10 +61,10 @@ class NcclWork : public Work {
       // An abort (for another operation) ends the kernels as if they had finished: their
       // buffers hold whatever they had reached.
       if (query == cudaSuccess && comms_->aborted()) {
-        Fail(absl::UnavailableError(
-                 absl::StrCat(description_,
-                              " was cut short: the group's communicators were aborted after "
-                              "another of its operations failed or timed out")),
+        Fail(absl::UnavailableError(absl::StrCat(
+                 description_,
+                 " has no result to trust: the group's communicators were aborted after another "
+                 "of its operations failed or timed out, which ends the kernels as if done")),
              /*timed_out=*/false);
         break;
       }
@@ -105,11 +105,12 @@ class NcclWork : public Work {
     std::string why;
     if (blame_.seq > 0) {
       why = blame_.progress->Diagnose(blame_.seq, timed_out, blamed);
-    } else if (timed_out && blame_.peer_world_rank >= 0) {
+    } else if (blame_.peer_world_rank >= 0) {
       blamed.push_back(blame_.peer_world_rank);
       why = absl::StrCat("rank ", blame_.peer_world_rank,
-                         " never completed its side (exited, crashed, hung, or issued other "
-                         "operations)");
+                         timed_out ? " never completed its side (exited, crashed, hung, or "
+                                     "issued other operations)"
+                                   : " failed its side (exited, crashed, or lost the connection)");
     } else {
       why = "a peer never issued it, exited, or issues different collectives";
     }
@@ -167,6 +168,48 @@ ncclDataType_t NcclType(DataType type) {
   return ncclFloat32;
 }
 
+// Whether the work issued on `stream` so far finishes by `deadline` (polled).
+bool FinishesBy(cudaStream_t stream, absl::Time deadline) {
+  while (cudaStreamQuery(stream) == cudaErrorNotReady) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(kPollInterval);
+  }
+  return true;
+}
+
+// The id of an NCCL communicator of `size` members under store keys `prefix`* (`what` names it
+// in messages), which member 0 creates and the others read, once every member has arrived:
+// ncclCommInitRank waits for every member without a timeout, so a member that never comes fails
+// the others here, after `timeout`, counted.
+absl::StatusOr<ncclUniqueId> MeetForId(Store& store, const std::string& prefix, int member,
+                                       int size, absl::Duration timeout, absl::string_view what) {
+  ncclUniqueId id;
+  if (member == 0) {
+    if (ncclResult_t result = ncclGetUniqueId(&id); result != ncclSuccess) {
+      return absl::UnavailableError(
+          absl::StrCat(what, ": ncclGetUniqueId: ", ncclGetErrorString(result)));
+    }
+    RETURN_IF_ERROR(store.Set(prefix + "id", std::string_view(id.internal, sizeof(id.internal))));
+  } else {
+    ASSIGN_OR_RETURN(const std::string bytes, store.Get(prefix + "id", timeout));
+    if (bytes.size() != sizeof(id.internal)) {
+      return absl::DataLossError(
+          absl::StrFormat("store key '%sid' holds %d bytes, not an NCCL id", prefix, bytes.size()));
+    }
+    std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
+  }
+  ASSIGN_OR_RETURN(const int64_t joined, store.Add(prefix + "joined", 1));
+  if (joined == size) RETURN_IF_ERROR(store.Set(prefix + "ready", "1"));
+  if (absl::Status ready = store.Wait({prefix + "ready"}, timeout); !ready.ok()) {
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "%s: %d of %d ranks joined within %s (the others never reached their NCCL setup: see "
+        "their logs): %s",
+        what, store.Add(prefix + "joined", 0).value_or(joined), size, absl::FormatDuration(timeout),
+        ready.message()));
+  }
+  return id;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
@@ -176,35 +219,10 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
         absl::StrFormat("communicator '%s': rank %d is outside a group of size %d", options.name,
                         options.rank, options.size));
   }
-  const std::string id_key = options.key_prefix + "nccl_id";
-  ncclUniqueId id;
-  if (options.rank == 0) {
-    if (ncclResult_t result = ncclGetUniqueId(&id); result != ncclSuccess) {
-      return absl::UnavailableError(absl::StrCat(
-          "communicator '", options.name, "': ncclGetUniqueId: ", ncclGetErrorString(result)));
-    }
-    RETURN_IF_ERROR(store->Set(id_key, std::string_view(id.internal, sizeof(id.internal))));
-  } else {
-    ASSIGN_OR_RETURN(std::string bytes, store->Get(id_key, options.timeout));
-    if (bytes.size() != sizeof(id.internal)) {
-      return absl::DataLossError(
-          absl::StrFormat("store key '%s' holds %d bytes, not an NCCL id", id_key, bytes.size()));
-    }
-    std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
-  }
-  // ncclCommInitRank waits for every member without a timeout: the members meet in the store
-  // first, so that one that never comes fails the others here, after the timeout, named.
-  const std::string joined_key = options.key_prefix + "nccl_joined";
-  const std::string ready_key = options.key_prefix + "nccl_ready";
-  ASSIGN_OR_RETURN(const int64_t joined, store->Add(joined_key, 1));
-  if (joined == options.size) RETURN_IF_ERROR(store->Set(ready_key, "1"));
-  if (absl::Status ready = store->Wait({ready_key}, options.timeout); !ready.ok()) {
-    return absl::DeadlineExceededError(absl::StrFormat(
-        "communicator '%s': %d of %d ranks joined within %s (the others never reached their "
-        "NCCL setup: see their logs): %s",
-        options.name, store->Add(joined_key, 0).value_or(joined), options.size,
-        absl::FormatDuration(options.timeout), ready.message()));
-  }
+  const std::string what = absl::StrCat("communicator '", options.name, "'");
+  ASSIGN_OR_RETURN(const ncclUniqueId id,
+                   MeetForId(*store, options.key_prefix + "nccl_", options.rank, options.size,
+                             options.timeout, what));
   ncclComm_t comm = nullptr;
   if (ncclResult_t result = ncclCommInitRank(&comm, options.size, id, options.rank);
       result != ncclSuccess) {
@@ -220,17 +238,28 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     status =
         CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   }
-  if (status.ok()) status = CudaStatus(cudaMalloc(&scalar, sizeof(float)), "cudaMalloc");
-  if (status.ok()) status = CudaStatus(cudaMemset(scalar, 0, sizeof(float)), "cudaMemset");
+  // Stream-ordered, as the destructor frees it: cudaFree would wait for the whole device.
+  if (status.ok()) {
+    status = CudaStatus(cudaMallocAsync(&scalar, sizeof(float), stream), "cudaMallocAsync");
+  }
+  if (status.ok()) {
+    status = CudaStatus(cudaMemsetAsync(scalar, 0, sizeof(float), stream), "cudaMemsetAsync");
+  }
+  if (status.ok()) status = CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   if (!status.ok()) {
+    if (scalar != nullptr) cudaFreeAsync(scalar, stream);
     if (stream != nullptr) cudaStreamDestroy(stream);
-    if (scalar != nullptr) cudaFree(scalar);
     ncclCommDestroy(comm);
     return status;
   }
   std::unique_ptr<NcclCommunicator> created(
       new NcclCommunicator(store, options, comm, device, stream, scalar));
-  if (options.point_to_point) RETURN_IF_ERROR(created->ConnectPairs(*store));
+  if (options.point_to_point) {
+    if (absl::Status connected = created->ConnectPairs(*store); !connected.ok()) {
+      created->comms_->Abort();  // no kernel of a half-made pair may hold the destructor
+      return connected;
+    }
+  }
   return created;
 }
 
@@ -250,44 +279,35 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Store> store, NcclCommunicato
 }
 
 absl::Status NcclCommunicator::ConnectPairs(Store& store) {
-  send_links_.assign(options_.size, 0);
-  recv_links_.assign(options_.size, 0);
-  const int me = options_.rank;
+  const int n = options_.size, me = options_.rank;
+  send_links_.assign(n, 0);
+  recv_links_.assign(n, 0);
   // Every member takes the pairs in the same order, each a meeting of its two members only:
   // the first pair not yet connected finds both of its members at it.
-  for (int from = 0; from < options_.size; ++from) {
-    for (int to = 0; to < options_.size; ++to) {
+  for (int from = 0; from < n; ++from) {
+    std::vector<int> neighbours = {(from + n - 1) % n};  // of 2, the one is both
+    if (n > 2) neighbours.push_back((from + 1) % n);
+    for (const int to : neighbours) {
       if (from == to || (from != me && to != me)) continue;
-      const std::string key = absl::StrCat(options_.key_prefix, "nccl_pair/", from, "-", to);
-      ncclUniqueId id;
-      if (from == me) {
-        if (ncclResult_t result = ncclGetUniqueId(&id); result != ncclSuccess) {
-          return absl::UnavailableError(absl::StrCat("communicator '", options_.name,
-                                                     "': ncclGetUniqueId for the pair ", key, ": ",
-                                                     ncclGetErrorString(result)));
-        }
-        RETURN_IF_ERROR(store.Set(key, std::string_view(id.internal, sizeof(id.internal))));
-      } else {
-        ASSIGN_OR_RETURN(const std::string bytes, store.Get(key, options_.timeout));
-        if (bytes.size() != sizeof(id.internal)) {
-          return absl::DataLossError(
-              absl::StrFormat("store key '%s' holds %d bytes, not an NCCL id", key, bytes.size()));
-        }
-        std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
-      }
-      ncclComm_t pair = nullptr;
-      if (ncclResult_t result = ncclCommInitRank(&pair, 2, id, from == me ? 0 : 1);
-          result != ncclSuccess) {
-        return absl::UnavailableError(absl::StrFormat(
-            "communicator '%s': the point-to-point pair from rank %d to rank %d: "
-            "ncclCommInitRank: %s (NCCL_DEBUG=INFO says more)",
-            options_.name, WorldRank(from), WorldRank(to), ncclGetErrorString(result)));
-      }
-      const size_t link = comms_->Add(pair);
+      const std::string what =
+          absl::StrFormat("communicator '%s', the point-to-point pair from rank %d to rank %d",
+                          options_.name, WorldRank(from), WorldRank(to));
+      ASSIGN_OR_RETURN(
+          const ncclUniqueId id,
+          MeetForId(store, absl::StrCat(options_.key_prefix, "nccl_pair/", from, "-", to, "/"),
+                    from == me ? 0 : 1, 2, options_.timeout, what));
       cudaStream_t stream = nullptr;
       RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                                  "cudaStreamCreate"));
       streams_.push_back(stream);
+      ncclComm_t pair = nullptr;
+      if (ncclResult_t result = ncclCommInitRank(&pair, 2, id, from == me ? 0 : 1);
+          result != ncclSuccess) {
+        return absl::UnavailableError(
+            absl::StrCat(what, ": ncclCommInitRank: ", ncclGetErrorString(result),
+                         " (NCCL_DEBUG=INFO says more)"));
+      }
+      const size_t link = comms_->Add(pair);
       (from == me ? send_links_[to] : recv_links_[from]) = link;
       // NCCL connects a pair's channels at its first Send and Recv, the two hosts meeting inside
       // those calls: one value crosses here, where both members are, so that no later Send or
@@ -297,20 +317,27 @@ absl::Status NcclCommunicator::ConnectPairs(Store& store) {
                           : ncclRecv(barrier_scalar_, 1, ncclFloat32, 0, comm, stream);
       });
       if (first != ncclSuccess) {
-        return absl::UnavailableError(absl::StrFormat(
-            "communicator '%s': connecting the pair from rank %d to rank %d: %s", options_.name,
-            WorldRank(from), WorldRank(to), ncclGetErrorString(first)));
+        return absl::UnavailableError(
+            absl::StrCat(what, ": connecting it: ", ncclGetErrorString(first)));
       }
-      RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+      if (!FinishesBy(stream, absl::Now() + options_.timeout)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            what, ": its first value did not cross within ", absl::FormatDuration(options_.timeout),
+            " (the peer died or hung meanwhile)"));
+      }
     }
   }
   return absl::OkStatus();
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  // Freed in stream order: cudaFree would wait for the whole device, other groups' kernels too.
   cudaFreeAsync(barrier_scalar_, stream_);
-  for (cudaStream_t stream : streams_) cudaStreamSynchronize(stream);
+  // A kernel nobody waited for (a failure unwinding) may never end: the group is aborted then.
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  for (cudaStream_t stream : streams_) {
+    if (!FinishesBy(stream, deadline)) comms_->Abort();
+    cudaStreamSynchronize(stream);
+  }
   comms_->Destroy();
   for (cudaStream_t stream : streams_) cudaStreamDestroy(stream);
 }
@@ -335,6 +362,12 @@ absl::StatusOr<size_t> NcclCommunicator::PairLink(const std::vector<size_t>& lin
     return absl::InvalidArgumentError(
         absl::StrFormat("%s on group '%s': peer %d is not another member of a group of %d", op_name,
                         options_.name, peer, options_.size));
+  }
+  if (links[peer] == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s on group '%s': rank %d is not next to rank %d on the group's ring, and NCCL connects "
+        "each member to its previous and next one only (the pipeline's neighbouring stages)",
+        op_name, options_.name, WorldRank(peer), WorldRank(options_.rank)));
   }
   return links[peer];
 }
@@ -380,7 +413,6 @@ void NcclCommunicator::Count(OpStats CommStats::*field, int64_t sent, int64_t re
 
 void NcclCommunicator::OrderBefore(cudaStream_t stream) {
   if (options_.compute_stream != nullptr) StreamWaits(stream, options_.compute_stream);
-  if (stream != stream_) StreamWaits(stream, stream_);
 }
 
 std::unique_ptr<Work> NcclCommunicator::AllReduce(void* data, size_t count, DataType type,

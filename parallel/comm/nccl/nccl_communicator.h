@@ -8,16 +8,20 @@
 // communicator's operations one after another, whatever their streams, and a Send blocks the GPU
 // until the peer's Recv runs: two ranks that each Send before they Recv on one communicator would
 // wait for each other forever. So a group created for point-to-point use (`point_to_point`, the
-// pipeline's) connects each ordered pair of members by a communicator of two, with its own
-// stream, on which the sender's Sends meet the receiver's Recvs in order (after the earlier
-// collectives); the other groups refuse Send and Recv. A Work records an event; Wait polls it and
-// NCCL's async error, and on a timeout or an error aborts all of this group's communicators;
-// WaitOnDevice makes the compute stream wait for the event and hands it to the watchdog
-// (nccl_watchdog.h), which aborts them when it outlives the timeout while no host waits. Every
-// Work of an aborted group fails. A failure names the operation and group, and the peers that never
-// started the collective (CollectiveProgress, through the store) or a point-to-point peer that
-// timed out, whom it blames as the Gloo communicator does. stats() counts the bytes NCCL's ring
-// algorithms move (NCCL does not report them). Thread-compatible, like Communicator.
+// pipeline's) connects each member to its previous and next member on the group's ring, each way
+// by a communicator of two with its own stream, on which the sender's Sends meet the receiver's
+// Recvs in order; the other groups, and other peers, are refused. Their kernels run beside the
+// collectives' and each other's (NCCL asks that of the GPU's resources, as the tp, dp and pp
+// groups' communicators already do), ordered only after the compute stream's work: a Send of a
+// collective's output waits for that collective first (Wait or WaitOnDevice). A Work records an
+// event; Wait polls it and NCCL's async error, and on a timeout or an error aborts all of this
+// group's communicators; WaitOnDevice makes the compute stream wait for the event and hands it to
+// the watchdog (nccl_watchdog.h), which aborts them when it outlives the timeout while no host
+// waits. Every Work of an aborted group fails. A failure names the operation and group, and the
+// peers that never started the collective (CollectiveProgress, through the store) or a
+// point-to-point peer that timed out, whom it blames as the Gloo communicator does. stats() counts
+// the bytes NCCL's ring algorithms move (NCCL does not report them). Thread-compatible, like
+// Communicator.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -92,11 +96,12 @@ class NcclCommunicator : public Communicator {
                    int device, cudaStream_t stream, float* barrier_scalar);
 
   // One communicator of two (the sender is its rank 0) per direction between this rank and each
-  // peer, each with its own stream, created and connected (one value sent) pair by pair in
-  // (sender, receiver) order on every member, so that no two wait for each other.
+  // ring neighbour, each with its own stream, created and connected (one value sent) pair by pair
+  // in one order on every member, so that no two wait for each other; each step within the
+  // timeout.
   absl::Status ConnectPairs(Store& store);
   // A point-to-point operation's communicator with group rank `peer`: its index in comms_ and
-  // streams_; an error if this group has none.
+  // streams_; an error if this group has none (not a point-to-point group, or not a neighbour).
   absl::StatusOr<size_t> PairLink(const std::vector<size_t>& links, int peer,
                                   absl::string_view op_name) const;
   int WorldRank(int group_rank) const;
@@ -107,8 +112,7 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<Work> Finish(absl::string_view op_name, ncclResult_t enqueued, size_t link,
                                int peer = -1);
   void Count(OpStats CommStats::*field, int64_t sent, int64_t received);
-  // Makes `stream` wait for the work already on the compute stream (when there is one) and, for
-  // Send and Recv's streams, on the collective stream.
+  // Makes `stream` wait for the work already on the compute stream (when there is one).
   void OrderBefore(cudaStream_t stream);
 
   const NcclCommunicatorOptions options_;
@@ -119,9 +123,9 @@ class NcclCommunicator : public Communicator {
   NcclWaitTimer wait_timer_;
   std::vector<cudaStream_t> streams_;  // one per communicator of comms_, by index
   cudaStream_t stream_;                // streams_[0]: the collectives'
-  std::vector<size_t> send_links_;     // by peer: the pair communicator this rank sends on
-  std::vector<size_t> recv_links_;     // by peer: the one it receives on
-  float* barrier_scalar_;              // (1) device memory for Barrier's all-reduce
+  std::vector<size_t> send_links_;  // by peer: the pair communicator this rank sends on (0: none)
+  std::vector<size_t> recv_links_;  // by peer: the one it receives on (0: none)
+  float* barrier_scalar_;           // (1) device memory for Barrier's all-reduce
   mutable std::mutex mu_;
   CommStats stats_;
 };
