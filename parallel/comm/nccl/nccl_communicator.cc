@@ -21,10 +21,9 @@ absl::Status CudaStatus(cudaError_t error, const char* what) {
 }
 
 // What a failed operation blames: for collective number `seq` (> 0) the peers `progress` finds
-// never started it; for a point-to-point operation with `peer_world_rank` (>= 0) that peer, when
-// it timed out.
+// never started it; for a point-to-point operation with `peer_world_rank` (>= 0) that peer.
 struct Blame {
-  CollectiveProgress* progress = nullptr;
+  std::shared_ptr<CollectiveProgress> progress;
   int64_t seq = 0;
   int peer_world_rank = -1;
 };
@@ -32,19 +31,19 @@ struct Blame {
 class NcclWork : public Work {
  public:
   NcclWork(absl::Status status, std::shared_ptr<NcclOperation> operation,
-           std::shared_ptr<NcclComms> comms, size_t link, NcclWatchdog* watchdog,
-           NcclWaitTimer* timer, cudaStream_t compute_stream, std::string description,
-           absl::Duration timeout, Blame blame)
+           std::shared_ptr<NcclComms> comms, size_t link, std::shared_ptr<NcclWatchdog> watchdog,
+           std::shared_ptr<NcclWaitTimer> timer, cudaStream_t compute_stream,
+           std::string description, absl::Duration timeout, Blame blame)
       : status_(std::move(status)),
         operation_(std::move(operation)),
         comms_(std::move(comms)),
         link_(link),
-        watchdog_(watchdog),
-        timer_(timer),
+        watchdog_(std::move(watchdog)),
+        timer_(std::move(timer)),
         compute_stream_(compute_stream),
         description_(std::move(description)),
         timeout_(timeout),
-        blame_(blame) {}
+        blame_(std::move(blame)) {}
   ~NcclWork() override { Wait().IgnoreError(); }
 
   absl::Status Wait() override {
@@ -122,8 +121,9 @@ class NcclWork : public Work {
   std::shared_ptr<NcclOperation> operation_;
   std::shared_ptr<NcclComms> comms_;
   size_t link_;  // the communicator it runs on, in comms_
-  NcclWatchdog* watchdog_;
-  NcclWaitTimer* timer_;
+  // Shared with the communicator, which a Work may outlive (a failure unwinding).
+  std::shared_ptr<NcclWatchdog> watchdog_;
+  std::shared_ptr<NcclWaitTimer> timer_;
   cudaStream_t compute_stream_;
   std::string description_;
   absl::Duration timeout_;
@@ -268,10 +268,12 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Store> store, NcclCommunicato
                                    float* barrier_scalar)
     : options_(std::move(options)),
       // Under its own keys: a Gloo communicator of the same prefix numbers its collectives apart.
-      progress_(std::move(store), options_.key_prefix + "nccl_", options_.rank, options_.size,
-                options_.world_ranks),
+      progress_(std::make_shared<CollectiveProgress>(std::move(store),
+                                                     options_.key_prefix + "nccl_", options_.rank,
+                                                     options_.size, options_.world_ranks)),
       comms_(std::make_shared<NcclComms>()),
-      watchdog_(device, comms_),
+      watchdog_(std::make_shared<NcclWatchdog>(device, comms_)),
+      wait_timer_(std::make_shared<NcclWaitTimer>()),
       streams_{stream},
       stream_(stream),
       barrier_scalar_(barrier_scalar) {
@@ -390,17 +392,17 @@ std::unique_ptr<Work> NcclCommunicator::Finish(absl::string_view op_name, ncclRe
              e != cudaSuccess || (e = cudaEventRecord(event, streams_[link])) != cudaSuccess) {
     status = CudaStatus(e, "cudaEventRecord");
   }
-  Blame blame{.progress = &progress_};
+  Blame blame{.progress = progress_};
   if (peer >= 0) {
     blame.peer_world_rank = WorldRank(peer);
   } else if (status.ok()) {
     blame.seq = ++collective_seq_;
-    progress_.Started(blame.seq);
+    progress_->Started(blame.seq);
   }
   return std::make_unique<NcclWork>(
       std::move(status), std::make_shared<NcclOperation>(event, absl::Now() + options_.timeout),
-      comms_, link, &watchdog_, &wait_timer_, options_.compute_stream, std::move(description),
-      options_.timeout, blame);
+      comms_, link, watchdog_, wait_timer_, options_.compute_stream, std::move(description),
+      options_.timeout, std::move(blame));
 }
 
 void NcclCommunicator::Count(OpStats CommStats::*field, int64_t sent, int64_t received) {
@@ -526,7 +528,7 @@ absl::Status NcclCommunicator::Barrier() {
       ->Wait();
 }
 
-double NcclCommunicator::TakeDeviceWaitMs() { return wait_timer_.TakeMs(); }
+double NcclCommunicator::TakeDeviceWaitMs() { return wait_timer_->TakeMs(); }
 
 CommStats NcclCommunicator::stats() const {
   std::lock_guard lock(mu_);

@@ -116,11 +116,13 @@ class NcclCommunicator : public Communicator {
   void OrderBefore(cudaStream_t stream);
 
   const NcclCommunicatorOptions options_;
-  CollectiveProgress progress_;  // the collectives started, for the peers' diagnoses
+  // The collectives started, for the peers' diagnoses. It, the watchdog and the timer are
+  // shared with the Works, which may outlive the communicator.
+  std::shared_ptr<CollectiveProgress> progress_;
   int64_t collective_seq_ = 0;
   std::shared_ptr<NcclComms> comms_;  // the group's (0) and the pairs', aborted at most once
-  NcclWatchdog watchdog_;
-  NcclWaitTimer wait_timer_;
+  std::shared_ptr<NcclWatchdog> watchdog_;
+  std::shared_ptr<NcclWaitTimer> wait_timer_;
   std::vector<cudaStream_t> streams_;  // one per communicator of comms_, by index
   cudaStream_t stream_;                // streams_[0]: the collectives'
   std::vector<size_t> send_links_;  // by peer: the pair communicator this rank sends on (0: none)

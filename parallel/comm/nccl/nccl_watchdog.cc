@@ -18,20 +18,20 @@ size_t NcclComms::Add(ncclComm_t comm) {
 
 ncclResult_t NcclComms::Use(size_t index, const std::function<ncclResult_t(ncclComm_t)>& call) {
   std::lock_guard lock(mu_);
-  return aborted_ ? ncclInvalidUsage : call(comms_[index]);
+  return aborted_ || destroyed_ ? ncclInvalidUsage : call(comms_[index]);
 }
 
 void NcclComms::Abort() {
   std::lock_guard lock(mu_);
-  if (aborted_) return;
+  if (aborted_ || destroyed_) return;
   aborted_ = true;
   for (const ncclComm_t comm : comms_) ncclCommAbort(comm);
 }
 
 void NcclComms::Destroy() {
   std::lock_guard lock(mu_);
-  if (aborted_) return;
-  aborted_ = true;
+  if (aborted_ || destroyed_) return;
+  destroyed_ = true;
   for (const ncclComm_t comm : comms_) ncclCommDestroy(comm);
 }
 

@@ -42,17 +42,20 @@ class NcclComms {
  public:
   // Adds `comm` (before any operation on it) and returns its index.
   size_t Add(ncclComm_t comm);
-  // Runs `call` on communicator `index` unless they were aborted; ncclInvalidUsage if they were.
+  // Runs `call` on communicator `index` unless they were aborted or destroyed; ncclInvalidUsage
+  // if they were.
   ncclResult_t Use(size_t index, const std::function<ncclResult_t(ncclComm_t)>& call);
+  // ncclCommAbort of each, unless destroyed: their kernels end as if done.
   void Abort();
-  // ncclCommDestroy of each, unless aborted: the owner's last call.
+  // ncclCommDestroy of each, unless aborted: the owner's last call, once their work finished.
   void Destroy();
   bool aborted() const { return aborted_; }
 
  private:
   std::mutex mu_;
   std::vector<ncclComm_t> comms_;
-  std::atomic<bool> aborted_{false};  // or destroyed
+  std::atomic<bool> aborted_{false};
+  bool destroyed_ = false;
 };
 
 // The time compute streams spent in their device waits, each bracketed by two timing events.
