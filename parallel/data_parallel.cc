@@ -135,7 +135,7 @@ absl::StatusOr<std::vector<float>> DataParallelEngine::GatherParameters() {
 }
 
 const float* DataParallelEngine::full_gradients() const {
-  return sharded_grads() || layout_.ranks() > 1 ? nullptr : grads_.floats();
+  return sharded_grads() || comm_ != nullptr ? nullptr : grads_.floats();
 }
 
 absl::Status DataParallelEngine::TimedWait(Work& work, bool on_device) {

@@ -85,8 +85,8 @@ class DataParallelEngine : public BlockParameters {
   // The whole model's parameters in table layout, the float32 masters (gathered when sharded;
   // every rank calls).
   absl::StatusOr<std::vector<float>> GatherParameters();
-  // The full gradient in table layout; only without gradient sharding (for tests and the
-  // PyTorch parity probe).
+  // The full gradient in table layout; only for one rank, without a data-parallel group whose
+  // reductions may still be writing it (for tests and the PyTorch parity probe); else null.
   const float* full_gradients() const;
 
   // Before the step's first micro-batch: zero the gradients.
@@ -171,11 +171,12 @@ class DataParallelEngine : public BlockParameters {
     DeviceBuffer input;
     DeviceBuffer output;
   };
+  // Each ends with its Work, destroyed (waited for) before the buffers it reads and writes.
   struct GatheredUnit {
     DeviceBuffer values;  // ranks * shard, in compute_type()
-    std::unique_ptr<Work> pending;
     Wire wire;
     int users = 0;
+    std::unique_ptr<Work> pending;
   };
   struct GradientUnit {
     int unit = -1;
@@ -272,9 +273,9 @@ class DataParallelEngine : public BlockParameters {
   // reduce-scatter into `shard` (zero1), copied into this rank's slice once done.
   struct PendingReduction {
     int unit = -1;
-    std::unique_ptr<Work> work;
     DeviceBuffer shard;  // zero1 at fp32: the reduce-scatter's output
     Wire wire;
+    std::unique_ptr<Work> work;  // last, as GatheredUnit's
   };
   // Gathers the compute stream waits for on the device, not yet waited on the host (Settle).
   std::vector<std::unique_ptr<Work>> settling_;

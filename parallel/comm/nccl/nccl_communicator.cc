@@ -88,10 +88,9 @@ class NcclWork : public Work {
 
   absl::Status WaitOnDevice() override {
     if (done_ || !status_.ok() || compute_stream_ == nullptr) return Wait();
-    if (const cudaError_t e = timer_->Wait(compute_stream_, operation_->event); e != cudaSuccess) {
-      status_ = CudaStatus(e, "cudaStreamWaitEvent (the compute stream on a collective)");
-      return status_;
-    }
+    // A device wait that could not be set up is a host wait: the operation still runs, and the
+    // buffers it reads and writes must not be reused before it ends.
+    if (timer_->Wait(compute_stream_, operation_->event) != cudaSuccess) return Wait();
     watchdog_->Watch(operation_);
     return absl::OkStatus();
   }
@@ -391,6 +390,10 @@ std::unique_ptr<Work> NcclCommunicator::Finish(absl::string_view op_name, ncclRe
   } else if (cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
              e != cudaSuccess || (e = cudaEventRecord(event, streams_[link])) != cudaSuccess) {
     status = CudaStatus(e, "cudaEventRecord");
+    // The operation runs all the same: its Work, which has no event to wait for, reports the
+    // error only once the operation's buffers are free again.
+    if (!FinishesBy(streams_[link], absl::Now() + options_.timeout)) comms_->Abort();
+    cudaStreamSynchronize(streams_[link]);
   }
   Blame blame{.progress = progress_};
   if (peer >= 0) {
