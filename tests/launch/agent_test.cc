@@ -724,6 +724,35 @@ TEST(AgentTest, AgentLostBeforeARestartIsTheRootCause) {
                                 "fake-host): agent lost"));
 }
 
+// Runs `agent`, node 0 of 1 + failures.size() nodes, beside fake agents for the others, which it
+// must be set up for (`port`, one worker a node). Fake node n runs `before(n, its store)`,
+// arrives, waits for node 0's failures, publishes failures[n - 1] as its own, stops and
+// finishes. Returns node 0's output; its result goes to `result`.
+std::string RunBesideFakeNodesThatFail(
+    const NodeZero& agent, int port, const std::vector<std::string>& failures,
+    const std::function<void(int node, TcpStoreClient& store)>& before,
+    absl::StatusOr<int>* result) {
+  const int nodes = static_cast<int>(failures.size()) + 1;
+  std::vector<std::thread> others;
+  for (int node = 1; node < nodes; ++node) {
+    others.emplace_back([&, node] {
+      FakeAgent fake(port, node);
+      if (!fake.connected()) return;
+      before(node, fake.store());
+      fake.Arrive(0, "arrived", nodes);
+      fake.AwaitKey("agent/attempt-0/failures/node-0");
+      EXPECT_TRUE(fake.store()
+                      .Set(absl::StrCat("agent/attempt-0/failures/node-", node), failures[node - 1])
+                      .ok());
+      fake.Arrive(0, "stopped", nodes);
+      fake.Finish();
+    });
+  }
+  const std::string output = agent.Run(result);
+  for (std::thread& other : others) other.join();
+  return output;
+}
+
 // Rank 1 (node 1) was killed; rank 2 (node 2) failed waiting for it and blames it; rank 0 (node
 // 0) failed waiting for rank 2, stuck behind rank 1 in another group, and blames rank 2 only. The
 // root cause is rank 1, which blames nobody, not rank 2, which the first error blames.
@@ -732,31 +761,20 @@ TEST(AgentTest, TheRootCauseIsABlamedRankThatBlamesNobody) {
   // Waits until node 1 has recorded whom its error blames, as a trainer's process group would.
   NodeZero agent({"/bin/sh", "-c", "sleep 1; exit 1"}, 3, port);
   agent.options.nproc_per_node = 1;
-  const std::string records[] = {
+  const std::vector<std::string> records = {
       R"([{"rank": 1, "node": 1, "host": "fake-host", "exit": "killed by signal 9",
            "stopped": false, "blames": [], "time_us": 1000, "stderr": ""}])",
       R"([{"rank": 2, "node": 2, "host": "fake-host", "exit": "exit code 1", "stopped": false,
            "blames": [1], "time_us": 9000000000000000, "stderr": ""}])"};
-  std::vector<std::thread> others;
-  for (int node = 1; node <= 2; ++node) {
-    others.emplace_back([port, node, &records] {
-      FakeAgent fake(port, node);
-      if (!fake.connected()) return;
-      if (node == 1) {
-        EXPECT_TRUE(fake.store().Set("workers/attempt-0/blame/0", "2").ok());
-      }
-      fake.Arrive(0, "arrived", 3);
-      fake.AwaitKey("agent/attempt-0/failures/node-0");
-      EXPECT_TRUE(fake.store()
-                      .Set(absl::StrCat("agent/attempt-0/failures/node-", node), records[node - 1])
-                      .ok());
-      fake.Arrive(0, "stopped", 3);
-      fake.Finish();
-    });
-  }
   absl::StatusOr<int> result;
-  const std::string output = agent.Run(&result);
-  for (std::thread& other : others) other.join();
+  const std::string output = RunBesideFakeNodesThatFail(
+      agent, port, records,
+      [](int node, TcpStoreClient& store) {
+        if (node == 1) {
+          EXPECT_TRUE(store.Set("workers/attempt-0/blame/0", "2").ok());
+        }
+      },
+      &result);
   ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
   EXPECT_EQ(*result, 1) << output;
   EXPECT_THAT(output, HasSubstr("Root cause: rank 1 on node 1 (fake-host), killed by signal 9."));
@@ -769,28 +787,15 @@ TEST(AgentTest, MalformedRecordsInTheStoreDoNotAbortTheAgent) {
   const int port = testing::FreeTcpPort();
   NodeZero agent({"/bin/sh", "-c", "exit 3"}, 4, port);
   agent.options.nproc_per_node = 1;
-  const std::string bad_failures[] = {"not json", R"({"rank": 1})", R"([7, {"rank": "one"}, {}])"};
-  std::vector<std::thread> others;
-  for (int node = 1; node <= 3; ++node) {
-    others.emplace_back([port, node, &bad_failures] {
-      FakeAgent fake(port, node);
-      if (!fake.connected()) return;
-      if (node == 1) {
-        EXPECT_TRUE(fake.store().Set("agent/attempt-0/lost", R"([7, {"node": "x"}])").ok());
-      }
-      fake.Arrive(0, "arrived", 4);
-      fake.AwaitKey("agent/attempt-0/failures/node-0");
-      EXPECT_TRUE(
-          fake.store()
-              .Set(absl::StrCat("agent/attempt-0/failures/node-", node), bad_failures[node - 1])
-              .ok());
-      fake.Arrive(0, "stopped", 4);
-      fake.Finish();
-    });
-  }
   absl::StatusOr<int> result;
-  const std::string output = agent.Run(&result);
-  for (std::thread& other : others) other.join();
+  const std::string output = RunBesideFakeNodesThatFail(
+      agent, port, {"not json", R"({"rank": 1})", R"([7, {"rank": "one"}, {}])"},
+      [](int node, TcpStoreClient& store) {
+        if (node == 1) {
+          EXPECT_TRUE(store.Set("agent/attempt-0/lost", R"([7, {"node": "x"}])").ok());
+        }
+      },
+      &result);
   ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
   EXPECT_EQ(*result, 1) << output;
   EXPECT_THAT(output, HasSubstr("Root cause: rank 0 on node 0"));

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -26,12 +27,12 @@ int DeviceCount() {
   return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
 }
 
-// Every visible GPU is one rank: all-reduce, reduce-scatter and all-gather against the sums.
-TEST(NcclCommunicatorTest, CollectivesMatchTheSequentialReference) {
+// Runs `body(rank, its communicator)` for every visible GPU on a thread of its own, rank r on
+// GPU r, the communicators of one group (`point_to_point` as given) meeting in one store.
+void OnEveryGpu(bool point_to_point,
+                const std::function<void(int rank, NcclCommunicator& comm)>& body) {
   const int n = DeviceCount();
-  if (n == 0) GTEST_SKIP() << "no CUDA device";
   auto store = std::make_shared<testing::InMemoryStore>();
-  const size_t count = 1001;
   std::vector<std::thread> threads;
   for (int rank = 0; rank < n; ++rank) {
     threads.emplace_back([&, rank] {
@@ -40,31 +41,43 @@ TEST(NcclCommunicatorTest, CollectivesMatchTheSequentialReference) {
       options.rank = rank;
       options.size = n;
       options.timeout = absl::Seconds(60);
+      options.point_to_point = point_to_point;
       auto comm = NcclCommunicator::Create(store, options);
       ASSERT_TRUE(comm.ok()) << comm.status();
-      std::vector<float> host(n * count);
-      for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>((rank + i) % 7);
-      float* full = nullptr;
-      float* shard = nullptr;
-      ASSERT_EQ(cudaMalloc(&full, host.size() * sizeof(float)), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(&shard, count * sizeof(float)), cudaSuccess);
-      cudaMemcpy(full, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
-      ASSERT_TRUE((*comm)->ReduceScatter(full, shard, count, ReduceOp::kSum)->Wait().ok());
-      ASSERT_TRUE((*comm)->AllGather(shard, full, count)->Wait().ok());
-      ASSERT_TRUE((*comm)->AllReduce(full, n * count, ReduceOp::kAvg)->Wait().ok());
-      cudaMemcpy(host.data(), full, host.size() * sizeof(float), cudaMemcpyDeviceToHost);
-      for (size_t i = 0; i < host.size(); ++i) {
-        float sum = 0;
-        for (int r = 0; r < n; ++r) sum += static_cast<float>((r + i) % 7);
-        ASSERT_FLOAT_EQ(host[i], sum) << i;  // the average of n equal sums is the sum
-      }
-      EXPECT_TRUE((*comm)->Barrier().ok());
-      cudaFree(full);
-      cudaFree(shard);
+      body(rank, **comm);
     });
   }
   for (std::thread& thread : threads) thread.join();
 }
+
+// Every visible GPU is one rank: all-reduce, reduce-scatter and all-gather against the sums.
+TEST(NcclCommunicatorTest, CollectivesMatchTheSequentialReference) {
+  const int n = DeviceCount();
+  if (n == 0) GTEST_SKIP() << "no CUDA device";
+  const size_t count = 1001;
+  OnEveryGpu(/*point_to_point=*/false, [&](int rank, NcclCommunicator& comm) {
+    std::vector<float> host(n * count);
+    for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>((rank + i) % 7);
+    float* full = nullptr;
+    float* shard = nullptr;
+    ASSERT_EQ(cudaMalloc(&full, host.size() * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&shard, count * sizeof(float)), cudaSuccess);
+    cudaMemcpy(full, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
+    ASSERT_TRUE(comm.ReduceScatter(full, shard, count, ReduceOp::kSum)->Wait().ok());
+    ASSERT_TRUE(comm.AllGather(shard, full, count)->Wait().ok());
+    ASSERT_TRUE(comm.AllReduce(full, n * count, ReduceOp::kAvg)->Wait().ok());
+    cudaMemcpy(host.data(), full, host.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < host.size(); ++i) {
+      float sum = 0;
+      for (int r = 0; r < n; ++r) sum += static_cast<float>((r + i) % 7);
+      ASSERT_FLOAT_EQ(host[i], sum) << i;  // the average of n equal sums is the sum
+    }
+    EXPECT_TRUE(comm.Barrier().ok());
+    cudaFree(full);
+    cudaFree(shard);
+  });
+}
+
 // One rank on GPU 0 whose operations wait for a compute stream that holds a long queue of work
 // (memsets of 1 GiB) and then the shard's write, 0x3f3f3f3f in each of kCount floats, to be
 // gathered (one rank: a copy) on NCCL's stream into `full_` and copied to `host_`.
@@ -178,6 +191,7 @@ TEST(NcclCommunicatorTest, TheWatchdogEndsADeviceWaitOnAHungCollective) {
   cudaStreamDestroy(compute);
   idle.join();
 }
+
 // Point to point, one rank per visible GPU: every rank first Sends 64 MiB to each neighbour on
 // the ring (NCCL's eager buffers hold far less), then Recvs from both; on one communicator each
 // rank's first Send would wait for a Recv its peer queues behind its own Send, forever. Each
@@ -186,51 +200,37 @@ TEST(NcclCommunicatorTest, TheWatchdogEndsADeviceWaitOnAHungCollective) {
 TEST(NcclCommunicatorTest, RanksThatAllSendFirstMeetTheirPeersReceives) {
   const int n = DeviceCount();
   if (n < 2) GTEST_SKIP() << "needs 2 CUDA devices, has " << n;
-  auto store = std::make_shared<testing::InMemoryStore>();
   constexpr size_t kCount = size_t{16} << 20;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] {
-      ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
-      NcclCommunicatorOptions options;
-      options.rank = rank;
-      options.size = n;
-      options.timeout = absl::Seconds(30);
-      options.point_to_point = true;
-      auto comm = NcclCommunicator::Create(store, options);
-      ASSERT_TRUE(comm.ok()) << comm.status();
-      const int next = (rank + 1) % n, previous = (rank + n - 1) % n;
-      // Two messages to each neighbour (the same one twice when n = 2), each filled with
-      // 1000 * sender + message number.
-      std::vector<int> peers = {next, previous};
-      float* sent = nullptr;
-      float* received = nullptr;
-      ASSERT_EQ(cudaMalloc(&sent, 2 * kCount * sizeof(float)), cudaSuccess);
-      ASSERT_EQ(cudaMalloc(&received, 2 * kCount * sizeof(float)), cudaSuccess);
-      std::vector<float> host(kCount);
-      for (int m = 0; m < 2; ++m) {
-        std::fill(host.begin(), host.end(), static_cast<float>(1000 * rank + m));
-        cudaMemcpy(sent + m * kCount, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice);
-      }
-      std::vector<std::unique_ptr<Work>> works;
-      for (int m = 0; m < 2; ++m)
-        works.push_back((*comm)->Send(sent + m * kCount, kCount, peers[m]));
-      // Message m from the neighbour that sent it as its m-th (next sends to this rank first as
-      // its `previous`, so it arrives as that rank's message 1).
-      works.push_back((*comm)->Recv(received, kCount, previous));
-      works.push_back((*comm)->Recv(received + kCount, kCount, next));
-      for (auto& work : works) ASSERT_TRUE(work->Wait().ok()) << work->Wait();
-      const float expected[2] = {1000.0f * previous, 1000.0f * next + 1};
-      for (int m = 0; m < 2; ++m) {
-        cudaMemcpy(host.data(), received + m * kCount, kCount * sizeof(float),
-                   cudaMemcpyDeviceToHost);
-        EXPECT_EQ(std::count(host.begin(), host.end(), expected[m]), kCount) << "message " << m;
-      }
-      cudaFree(sent);
-      cudaFree(received);
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
+  OnEveryGpu(/*point_to_point=*/true, [&](int rank, NcclCommunicator& comm) {
+    const int next = (rank + 1) % n, previous = (rank + n - 1) % n;
+    // Two messages to each neighbour (the same one twice when n = 2), each filled with
+    // 1000 * sender + message number.
+    std::vector<int> peers = {next, previous};
+    float* sent = nullptr;
+    float* received = nullptr;
+    ASSERT_EQ(cudaMalloc(&sent, 2 * kCount * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&received, 2 * kCount * sizeof(float)), cudaSuccess);
+    std::vector<float> host(kCount);
+    for (int m = 0; m < 2; ++m) {
+      std::fill(host.begin(), host.end(), static_cast<float>(1000 * rank + m));
+      cudaMemcpy(sent + m * kCount, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice);
+    }
+    std::vector<std::unique_ptr<Work>> works;
+    for (int m = 0; m < 2; ++m) works.push_back(comm.Send(sent + m * kCount, kCount, peers[m]));
+    // The previous rank's message 0 (to its next) and the next rank's message 1 (to its
+    // previous); of 2 ranks, the peer's two messages in order.
+    works.push_back(comm.Recv(received, kCount, previous));
+    works.push_back(comm.Recv(received + kCount, kCount, next));
+    for (auto& work : works) ASSERT_TRUE(work->Wait().ok()) << work->Wait();
+    const float expected[2] = {1000.0f * previous, 1000.0f * next + 1};
+    for (int m = 0; m < 2; ++m) {
+      cudaMemcpy(host.data(), received + m * kCount, kCount * sizeof(float),
+                 cudaMemcpyDeviceToHost);
+      EXPECT_EQ(std::count(host.begin(), host.end(), expected[m]), kCount) << "message " << m;
+    }
+    cudaFree(sent);
+    cudaFree(received);
+  });
 }
 
 // Send and Recv name what is wrong with them before NCCL sees them: a group created for
