@@ -1,5 +1,6 @@
 #include "parallel/comm/nccl/nccl_watchdog.h"
 
+#include <chrono>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -22,9 +23,10 @@ ncclResult_t NcclComms::Use(size_t index, const std::function<ncclResult_t(ncclC
 }
 
 void NcclComms::Abort() {
-  std::lock_guard lock(mu_);
-  if (aborted_ || destroyed_) return;
-  aborted_ = true;
+  if (aborted_.exchange(true)) return;
+  std::unique_lock lock(mu_, std::defer_lock);
+  (void)lock.try_lock_for(std::chrono::seconds(1));
+  if (destroyed_) return;
   for (const ncclComm_t comm : comms_) ncclCommAbort(comm);
 }
 

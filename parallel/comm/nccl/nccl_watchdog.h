@@ -34,10 +34,10 @@ struct NcclOperation {
   std::atomic<bool> timed_out{false};  // the watchdog aborted the communicator for it
 };
 
-// A communicator's NCCL communicators (the group's, and its point-to-point pairs'), used and
-// aborted under one lock: NCCL's calls on a communicator are not thread-safe, and an abort, from
-// whichever thread needs it first (a Work's Wait or the watchdog), frees them all at once. Each
-// index stays valid; after an abort or Destroy, Use runs nothing.
+// A communicator's NCCL communicators (the group's, and its point-to-point pairs'), used under
+// one lock, since NCCL's calls on a communicator are not thread-safe, and aborted all at once
+// by whichever thread needs it first (a Work's Wait or the watchdog). Each index stays valid;
+// once an abort began, or after Destroy, Use runs nothing.
 class NcclComms {
  public:
   // Adds `comm` (before any operation on it) and returns its index.
@@ -45,17 +45,19 @@ class NcclComms {
   // Runs `call` on communicator `index` unless they were aborted or destroyed; ncclInvalidUsage
   // if they were.
   ncclResult_t Use(size_t index, const std::function<ncclResult_t(ncclComm_t)>& call);
-  // ncclCommAbort of each, unless destroyed: their kernels end as if done.
+  // ncclCommAbort of each, once, unless destroyed: their kernels end as if done. It waits up to
+  // a second for a call in progress, then aborts under it: a call stuck inside NCCL (a full
+  // work queue behind a dead peer) waits for an abort to end it.
   void Abort();
   // ncclCommDestroy of each, unless aborted: the owner's last call, once their work finished.
   void Destroy();
   bool aborted() const { return aborted_; }
 
  private:
-  std::mutex mu_;
+  std::timed_mutex mu_;
   std::vector<ncclComm_t> comms_;
-  std::atomic<bool> aborted_{false};
-  bool destroyed_ = false;
+  std::atomic<bool> aborted_{false};  // an abort began
+  std::atomic<bool> destroyed_{false};
 };
 
 // The time compute streams spent in their device waits, each bracketed by two timing events.
