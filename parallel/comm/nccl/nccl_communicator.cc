@@ -58,13 +58,12 @@ class NcclWork : public Work {
         break;
       }
       // An abort (for another operation) ends the kernels as if they had finished: their
-      // buffers hold whatever they had reached.
+      // buffers hold whatever they had reached. That operation's error blames whom it must.
       if (query == cudaSuccess && comms_->aborted()) {
-        Fail(absl::UnavailableError(absl::StrCat(
-                 description_,
-                 " has no result to trust: the group's communicators were aborted after another "
-                 "of its operations failed or timed out, which ends the kernels as if done")),
-             /*timed_out=*/false);
+        status_ = absl::UnavailableError(absl::StrCat(
+            description_,
+            " has no result to trust: the group's communicators were aborted after another of "
+            "its operations failed or timed out, which ends the kernels as if done"));
         break;
       }
       if (query == cudaSuccess) break;
