@@ -1,5 +1,7 @@
 #include "parallel/tensor_parallel.h"
 
+#include <utility>
+
 namespace dtrain {
 
 CommTensorParallel::CommTensorParallel(Communicator& tp, Communicator* kv_replicas)
@@ -24,13 +26,12 @@ void CommTensorParallel::ReduceKvReplicas(float* dx, size_t n) {
 
 void CommTensorParallel::GatherRows(ConstValues own, Values gathered, size_t count) {
   if (!error_.ok()) return;
-  error_ = tp_.AllGather(own.data(), gathered.data(), count, own.dtype())->Wait();
+  Track(tp_.AllGather(own.data(), gathered.data(), count, own.dtype()));
 }
 
 void CommTensorParallel::ScatterRows(ConstValues partial, Values own, size_t count) {
   if (!error_.ok()) return;
-  error_ =
-      tp_.ReduceScatter(partial.data(), own.data(), count, partial.dtype(), ReduceOp::kSum)->Wait();
+  Track(tp_.ReduceScatter(partial.data(), own.data(), count, partial.dtype(), ReduceOp::kSum));
 }
 
 void CommTensorParallel::SumRowGradients(float* grad, size_t n) {
@@ -43,7 +44,20 @@ void CommTensorParallel::VocabSum(float* x, size_t n) { ReduceOver(&tp_, x, n, R
 
 void CommTensorParallel::ReduceOver(Communicator* comm, Values x, size_t n, ReduceOp op) {
   if (!error_.ok()) return;
-  error_ = comm->AllReduce(x.data(), n, x.dtype(), op)->Wait();
+  Track(comm->AllReduce(x.data(), n, x.dtype(), op));
+}
+
+void CommTensorParallel::Track(std::unique_ptr<Work> work) {
+  error_ = work->WaitOnDevice();
+  in_flight_.push_back(std::move(work));
+}
+
+absl::Status CommTensorParallel::Settle() {
+  for (std::unique_ptr<Work>& work : in_flight_) {
+    if (absl::Status status = work->Wait(); error_.ok()) error_ = status;
+  }
+  in_flight_.clear();
+  return error_;
 }
 
 }  // namespace dtrain

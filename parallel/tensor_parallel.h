@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "core/model/tensor_parallel.h"
@@ -26,16 +28,22 @@ class CommTensorParallel final : public TensorParallelOps {
   void VocabMax(float* x, size_t n) override;
   void VocabSum(float* x, size_t n) override;
 
-  // The first failed collective (OK when none). After a failure the hooks do nothing, so the
+  // Each hook's collective makes the compute stream wait for it on the device
+  // (Work::WaitOnDevice), so the host goes on issuing kernels (on the CPU, or without a compute
+  // stream, the hook waits itself). Settle waits on the host for the collectives issued so far
+  // and returns the first failure (OK when none). After a failure the hooks do nothing, so the
   // step runs to its end on garbage and the caller reports this instead of its result.
-  const absl::Status& status() const { return error_; }
+  absl::Status Settle();
 
  private:
   void ReduceOver(Communicator* comm, Values x, size_t n, ReduceOp op);
+  // Orders the compute stream after `work` and keeps it for Settle.
+  void Track(std::unique_ptr<Work> work);
 
   Communicator& tp_;
   Communicator* kv_replicas_;
   absl::Status error_;
+  std::vector<std::unique_ptr<Work>> in_flight_;  // since the last Settle
 };
 
 }  // namespace dtrain

@@ -460,12 +460,13 @@ absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
   return absl::OkStatus();
 }
 
-// The first failed collective of the tensor-parallel hooks, named (OK without them). Its payload
-// stays: the ranks it blames (parallel/comm/faulty_ranks.h).
-absl::Status TensorParallelStatus(const CommTensorParallel* ops) {
-  if (!ops || ops->status().ok()) return absl::OkStatus();
-  return Renamed(ops->status(),
-                 absl::StrCat("tensor-parallel collective: ", ops->status().message()));
+// The tensor-parallel hooks' collectives settled (CommTensorParallel::Settle): the first failure,
+// named (OK without them). Its payload stays: the ranks it blames (parallel/comm/faulty_ranks.h).
+absl::Status TensorParallelStatus(CommTensorParallel* ops) {
+  if (!ops) return absl::OkStatus();
+  const absl::Status status = ops->Settle();
+  if (status.ok()) return status;
+  return Renamed(status, absl::StrCat("tensor-parallel collective: ", status.message()));
 }
 
 // `error` naming where each rank it blames sits in a pipelined mesh (faulty_ranks.h), which a

@@ -160,7 +160,8 @@ double MeasureTensorParallelBytes(const Recipe& recipe, Recompute recompute,
                       &ops, sequence_parallel);
     const int micro_batches = train.batch_size / train.micro_batch;
     ASSERT_TRUE(TrainStep(model, engine, train, 0, micro_batches, Tokens(config, train, 0)).ok());
-    ASSERT_TRUE(ops.status().ok()) << ops.status();
+    const absl::Status settled = ops.Settle();
+    ASSERT_TRUE(settled.ok()) << settled;
     const CommStats stats = tp.stats();
     EXPECT_EQ(stats.broadcast.calls, 0);
     if (!sequence_parallel) {

@@ -73,7 +73,8 @@ inline std::vector<std::unique_ptr<ParamTable>> RunTensorParallelRanks(
       }
       CommTensorParallel ops(**tp, kv.get());
       fn(table, &ops, **tp);
-      EXPECT_TRUE(ops.status().ok()) << ops.status();
+      const absl::Status settled = ops.Settle();
+      EXPECT_TRUE(settled.ok()) << settled;
     });
   }
   for (std::thread& thread : threads) thread.join();

@@ -90,7 +90,8 @@ TEST_P(GeneratePipelinedTest, EveryStageSamplesTheUnsplitModelsTokens) {
           }
         }
         if (ops != nullptr) {
-          EXPECT_TRUE(ops->status().ok()) << ops->status();
+          const absl::Status settled = ops->Settle();
+          EXPECT_TRUE(settled.ok()) << settled;
         }
       });
 }
