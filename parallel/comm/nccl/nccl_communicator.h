@@ -1,8 +1,8 @@
 // The NCCL backend of Communicator: device buffers of the current CUDA device, every DataType.
 // Built only with the CUDA toolkit, into the CUDA module (core/backend/cuda_module.h). Rank 0 of
 // the group creates the 128-byte ncclUniqueId and Sets it under "<key_prefix>nccl_id"; the others
-// Get it; ncclCommInitRank. Each group (tp/dp/pp) has its own key prefix and so its own id and
-// communicator.
+// Get it; once all have met in the store (within the timeout), ncclCommInitRank. Each group
+// (tp/dp/pp) has its own key prefix and so its own id and communicator.
 //
 // Collectives are enqueued in issue order on the communicator's stream. NCCL runs one
 // communicator's operations one after another, whatever their streams, and a Send blocks the GPU
@@ -18,8 +18,8 @@
 // group's communicators; WaitOnDevice makes the compute stream wait for the event and hands it to
 // the watchdog (nccl_watchdog.h), which aborts them when it outlives the timeout while no host
 // waits. Every Work of an aborted group fails. A failure names the operation and group, and the
-// peers that never started the collective (CollectiveProgress, through the store) or a
-// point-to-point peer that timed out, whom it blames as the Gloo communicator does. stats() counts
+// peers that never started the collective (CollectiveProgress, through the store) or the
+// point-to-point peer, whom it blames as the Gloo communicator does. stats() counts
 // the bytes NCCL's ring algorithms move (NCCL does not report them). Thread-compatible, like
 // Communicator.
 #pragma once

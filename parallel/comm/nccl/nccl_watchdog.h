@@ -1,6 +1,6 @@
 // What keeps a device that waits on NCCL from waiting forever (Work::WaitOnDevice): a thread that
-// polls the operations a compute stream waits for and aborts the communicator when one outlives
-// its deadline, as PyTorch's NCCL watchdog does. The abort ends the communicator's kernels, and
+// polls the operations a compute stream waits for and aborts the group's communicators when one
+// outlives its deadline, as PyTorch's NCCL watchdog does. The abort ends their kernels, and
 // with them the stream's wait; the operation's Work then reports the timeout. And what times
 // those waits: the exposed communication no host wait sees.
 #pragma once
