@@ -544,7 +544,9 @@ TEST(PipelineParallelFaultTest, AKilledStageRankFailsEveryRankNamingIt) {
 TEST(PipelineParallelFaultTest, AHungStageRankFailsEveryRankNamingItWithinTheTimeout) {
   const auto ranks = SignalStageRankMidRun("stop", SIGSTOP);
   ExpectSurvivorsNameRank5(ranks);
-  EXPECT_THAT(ranks[0].output, HasSubstr("(timeout 10s)")) << ranks[0].output;
+  // Only a timeout ends a wait on a stopped rank, so the survivor that failed first timed out
+  // (which one is a race; the others may then fail on its closed connections first).
+  EXPECT_TRUE(testing::SomeRankPrinted(ranks, "(timeout 10s)")) << ranks[0];
 }
 
 // parallel.strategy: auto pipelines what nothing else splits: one sequence per step leaves no

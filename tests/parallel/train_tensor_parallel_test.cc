@@ -396,7 +396,10 @@ TEST(TrainTensorParallelTest, AKilledTpRankIsNamedWithItsGroup) {
 TEST(TrainTensorParallelTest, AHungTpRankIsNamedWithItsGroupWithinTheTimeout) {
   const auto ranks = SignalTpRankMidRun("stop", SIGSTOP);
   ExpectSurvivorsNameTpRank1(ranks);
-  EXPECT_THAT(ranks[0].output, HasSubstr("(timeout 10s)")) << ranks[0].output;
+  // Only a timeout ends a wait on a stopped rank, so the survivor that failed first timed out:
+  // rank 0 in its tp all-reduce or rank 3 in its dp one, a race; the others may then fail on its
+  // closed connections first.
+  EXPECT_TRUE(testing::SomeRankPrinted(ranks, "(timeout 10s)")) << ranks[0];
 }
 
 // parallel.tp must divide the world: exit 2 before training, naming the keys, the world size

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -38,6 +39,13 @@ inline std::ostream& operator<<(std::ostream& out, const RankResult& rank) {
     if (line.starts_with("error: ") || line.starts_with("E ")) out << line << "\n";
   }
   return out << "output:\n" << rank.output;
+}
+
+// Whether some rank printed `text`: for what only the rank that failed first is sure to print.
+inline bool SomeRankPrinted(const std::vector<RankResult>& ranks, const std::string& text) {
+  return std::any_of(ranks.begin(), ranks.end(), [&](const RankResult& rank) {
+    return rank.output.find(text) != std::string::npos;
+  });
 }
 
 // The ranks' process ids while they run, -1 for a rank that has ended; `watch` may signal them.
