@@ -1,6 +1,7 @@
 #include "parallel/comm/nccl/nccl_communicator.h"
 
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -350,28 +351,6 @@ int NcclCommunicator::WorldRank(int group_rank) const {
   return options_.world_ranks[group_rank];
 }
 
-absl::StatusOr<size_t> NcclCommunicator::PairLink(const std::vector<size_t>& links, int peer,
-                                                  absl::string_view op_name) const {
-  if (!options_.point_to_point) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s on group '%s': the group was created for collectives only (NCCL connects the pairs "
-        "of a point-to-point group, the pipeline's)",
-        op_name, options_.name));
-  }
-  if (peer < 0 || peer >= options_.size || peer == options_.rank) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s on group '%s': peer %d is not another member of a group of %d", op_name,
-                        options_.name, peer, options_.size));
-  }
-  if (links[peer] == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s on group '%s': rank %d is not next to rank %d on the group's ring, and NCCL connects "
-        "each member to its previous and next one only (the pipeline's neighbouring stages)",
-        op_name, options_.name, WorldRank(peer), WorldRank(options_.rank)));
-  }
-  return links[peer];
-}
-
 std::unique_ptr<Work> NcclCommunicator::Finish(absl::string_view op_name, ncclResult_t enqueued,
                                                size_t link, int peer) {
   std::string description = absl::StrFormat("%s on group '%s' (%d ranks) at rank %d", op_name,
@@ -490,33 +469,48 @@ std::unique_ptr<Work> NcclCommunicator::Broadcast(void* data, size_t count, Data
 // rank 0 (the sender) of a Recv's.
 std::unique_ptr<Work> NcclCommunicator::Send(const void* data, size_t count, DataType type,
                                              int peer) {
-  const std::string op_name = absl::StrCat("send to rank ", WorldRank(peer));
-  const absl::StatusOr<size_t> link = PairLink(send_links_, peer, op_name);
-  if (!link.ok()) return FinishedWork(link.status());
-  Count(&CommStats::send, static_cast<int64_t>(count) * DataTypeBytes(type), 0);
-  cudaStream_t stream = streams_[*link];
-  OrderBefore(stream);
-  return Finish(op_name,
-                comms_->Use(*link,
-                            [&](ncclComm_t comm) {
-                              return ncclSend(data, count, NcclType(type), 1, comm, stream);
-                            }),
-                *link, peer);
+  return OnPair(send_links_, peer, absl::StrCat("send to rank ", WorldRank(peer)), &CommStats::send,
+                static_cast<int64_t>(count) * DataTypeBytes(type), 0,
+                [&](ncclComm_t comm, cudaStream_t stream) {
+                  return ncclSend(data, count, NcclType(type), 1, comm, stream);
+                });
 }
 
 std::unique_ptr<Work> NcclCommunicator::Recv(void* data, size_t count, DataType type, int peer) {
-  const std::string op_name = absl::StrCat("recv from rank ", WorldRank(peer));
-  const absl::StatusOr<size_t> link = PairLink(recv_links_, peer, op_name);
-  if (!link.ok()) return FinishedWork(link.status());
-  Count(&CommStats::recv, 0, static_cast<int64_t>(count) * DataTypeBytes(type));
-  cudaStream_t stream = streams_[*link];
+  return OnPair(recv_links_, peer, absl::StrCat("recv from rank ", WorldRank(peer)),
+                &CommStats::recv, 0, static_cast<int64_t>(count) * DataTypeBytes(type),
+                [&](ncclComm_t comm, cudaStream_t stream) {
+                  return ncclRecv(data, count, NcclType(type), 0, comm, stream);
+                });
+}
+
+std::unique_ptr<Work> NcclCommunicator::OnPair(
+    const std::vector<size_t>& links, int peer, const std::string& op_name,
+    OpStats CommStats::*field, int64_t sent, int64_t received,
+    const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& call) {
+  if (!options_.point_to_point) {
+    return FinishedWork(absl::FailedPreconditionError(absl::StrFormat(
+        "%s on group '%s': the group was created for collectives only (NCCL connects the pairs "
+        "of a point-to-point group, the pipeline's)",
+        op_name, options_.name)));
+  }
+  if (peer < 0 || peer >= options_.size || peer == options_.rank) {
+    return FinishedWork(absl::InvalidArgumentError(
+        absl::StrFormat("%s on group '%s': peer %d is not another member of a group of %d", op_name,
+                        options_.name, peer, options_.size)));
+  }
+  const size_t link = links[peer];
+  if (link == 0) {
+    return FinishedWork(absl::InvalidArgumentError(absl::StrFormat(
+        "%s on group '%s': rank %d is not next to rank %d on the group's ring, and NCCL connects "
+        "each member to its previous and next one only (the pipeline's neighbouring stages)",
+        op_name, options_.name, WorldRank(peer), WorldRank(options_.rank))));
+  }
+  Count(field, sent, received);
+  cudaStream_t stream = streams_[link];
   OrderBefore(stream);
-  return Finish(op_name,
-                comms_->Use(*link,
-                            [&](ncclComm_t comm) {
-                              return ncclRecv(data, count, NcclType(type), 0, comm, stream);
-                            }),
-                *link, peer);
+  return Finish(op_name, comms_->Use(link, [&](ncclComm_t comm) { return call(comm, stream); }),
+                link, peer);
 }
 
 absl::Status NcclCommunicator::Barrier() {

@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -100,10 +101,14 @@ class NcclCommunicator : public Communicator {
   // in one order on every member, so that no two wait for each other; each step within the
   // timeout.
   absl::Status ConnectPairs(Store& store);
-  // A point-to-point operation's communicator with group rank `peer`: its index in comms_ and
-  // streams_; an error if this group has none (not a point-to-point group, or not a neighbour).
-  absl::StatusOr<size_t> PairLink(const std::vector<size_t>& links, int peer,
-                                  absl::string_view op_name) const;
+  // A point-to-point operation with group rank `peer` on its pair's communicator (of `links`):
+  // counts `sent` and `received` bytes under `field` and issues `call` on the pair's stream; an
+  // error Work, naming the operation, if this group has no such pair (not a point-to-point
+  // group, or not a neighbour).
+  std::unique_ptr<Work> OnPair(const std::vector<size_t>& links, int peer,
+                               const std::string& op_name, OpStats CommStats::*field, int64_t sent,
+                               int64_t received,
+                               const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& call);
   int WorldRank(int group_rank) const;
   // Records the enqueue outcome and an event on streams_[link] into a Work. `op_name` names the
   // operation in messages ("all_reduce", "send to rank 3"); `peer` is a point-to-point
