@@ -231,14 +231,15 @@ absl::StatusOr<double> TrainingCheckpoints::Save(int64_t step, double lr, const 
       .count();
 }
 
-absl::Status TrainingCheckpoints::TryLoad(const std::string& step_dir, LoaderState& data,
-                                          int64_t& step, std::string& origin, bool& fatal) {
+absl::StatusOr<TrainingCheckpoints::Loaded> TrainingCheckpoints::TryLoad(
+    const std::string& step_dir, bool& fatal) {
   fatal = false;
   ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
   const Manifest& m = reader.manifest();
-  std::vector<std::string> blocking, changed;
+  Loaded loaded;
+  std::vector<std::string> blocking;
   for (const std::string& key : DifferingKeys(m.recipe_yaml, recipe_yaml_)) {
-    (ShapeKeys().count(key) ? blocking : changed).push_back(key);
+    (ShapeKeys().count(key) ? blocking : loaded.changed_keys).push_back(key);
   }
   if (!blocking.empty()) {
     fatal = true;
@@ -255,10 +256,6 @@ absl::Status TrainingCheckpoints::TryLoad(const std::string& step_dir, LoaderSta
           absl::StrCat(step_dir, " holds no tensor ", entry.name, " of ", Numel(entry.global_shape),
                        " values; it was saved from a different model"));
     }
-  }
-  if (!changed.empty() && rank_ == 0) {
-    LogWarn("resuming from %s with changed recipe keys: %s", step_dir,
-            absl::StrJoin(changed, ", "));
   }
   // Each held element from where the whole model's tensor has it, whatever layout saved it: read
   // on the host, then copied into the backend's memory.
@@ -293,7 +290,7 @@ absl::Status TrainingCheckpoints::TryLoad(const std::string& step_dir, LoaderSta
   const WorldRecord& saved = m.world;
   if (saved.world_size == world_ && saved.tp == recipe_.parallel.tp &&
       saved.pp == recipe_.parallel.pp && static_cast<int>(m.data.size()) == world_) {
-    data = m.data[rank_];
+    loaded.data = m.data[rank_];
   } else {
     // One loader state per data-parallel rank: the tensor- and pipeline-parallel ranks of a
     // data-parallel rank read the same data, so only the first of them (tp and pp index 0,
@@ -305,13 +302,14 @@ absl::Status TrainingCheckpoints::TryLoad(const std::string& step_dir, LoaderSta
         loaders.push_back(m.data[r]);
       }
     }
-    ASSIGN_OR_RETURN(data, MergeLoaderStates(loaders));
+    ASSIGN_OR_RETURN(loaded.data, MergeLoaderStates(loaders));
   }
-  step = m.step;
-  resumed_metrics_line_ = m.metrics_line;
-  origin = absl::StrFormat("saved by %d rank(s): %s, dp %d x tp %d x pp %d", m.world.world_size,
-                           m.world.strategy, m.world.dp, m.world.tp, m.world.pp);
-  return absl::OkStatus();
+  loaded.step = m.step;
+  loaded.metrics_line = m.metrics_line;
+  loaded.origin =
+      absl::StrFormat("saved by %d rank(s): %s, dp %d x tp %d x pp %d", m.world.world_size,
+                      m.world.strategy, m.world.dp, m.world.tp, m.world.pp);
+  return loaded;
 }
 
 absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
@@ -319,8 +317,8 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
   if (resume == "never") return 0;
   std::vector<std::string> candidates;
   std::string folder = dir_;
-  bool explicit_path = resume != "auto";
-  if (explicit_path) {
+  bool scanned = true;  // the candidates are a folder's step-<N> checkpoints, newest first
+  if (resume != "auto") {
     std::error_code error;
     if (!fs::exists(resume, error)) {
       return absl::NotFoundError(absl::StrCat("checkpoint.resume: ", resume,
@@ -331,6 +329,7 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
         fs::path(resume).filename().string().rfind("step-", 0) == 0) {
       candidates.push_back(resume);
       folder = fs::path(resume).parent_path().string();
+      scanned = false;
     } else {
       candidates = CheckpointCandidates(resume);
       folder = resume;
@@ -342,61 +341,54 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
   } else {
     candidates = CheckpointCandidates(dir_);
   }
-  const std::string latest = LatestName(folder);
   for (const std::string& candidate : candidates) {
-    LoaderState data;
-    int64_t step = 0;
     bool fatal = false;
-    std::string origin;
-    const absl::Status status = TryLoad(candidate, data, step, origin, fatal);
-    if (fatal) return status;
-    double failed = status.ok() ? 0 : 1, unused = 0;
+    absl::StatusOr<Loaded> loaded = TryLoad(candidate, fatal);
+    if (fatal) return loaded.status();
+    double failed = loaded.ok() ? 0 : 1, unused = 0;
     RETURN_IF_ERROR(SumOverRanks(comm_, failed, unused));
     if (failed == 0) {
-      if (absl::Status restored = loader.Restore(data); !restored.ok()) {
+      if (absl::Status restored = loader.Restore(loaded->data); !restored.ok()) {
         return absl::Status(restored.code(),
                             absl::StrCat("resuming from ", candidate, ": ", restored.message()));
       }
+      resumed_metrics_line_ = loaded->metrics_line;
       if (rank_ == 0) {
         const int tp_pp = recipe_.parallel.tp * recipe_.parallel.pp;
         LogInfo("resumed from %s at step %d (%s; now %d rank(s): %s, dp %d x tp %d x pp %d)",
-                candidate, step, origin, world_, engine_.strategy().name, world_ / tp_pp,
-                recipe_.parallel.tp, recipe_.parallel.pp);
+                candidate, loaded->step, loaded->origin, world_, engine_.strategy().name,
+                world_ / tp_pp, recipe_.parallel.tp, recipe_.parallel.pp);
+        if (!loaded->changed_keys.empty()) {
+          LogWarn("%s was saved with other values of %s; the recipe's apply from now on", candidate,
+                  absl::StrJoin(loaded->changed_keys, ", "));
+        }
+        // A folder's `latest` is judged only when the folder was searched.
+        const std::string latest = scanned ? LatestName(folder) : "";
+        const std::string name = fs::path(candidate).filename().string();
+        if (!latest.empty() && latest != name) {
+          LogWarn("%s/latest names %s, but %s is the newest checkpoint that loads; latest is stale",
+                  folder, latest, name);
+        }
       }
-      const std::string name = fs::path(candidate).filename().string();
-      if (rank_ == 0 && !latest.empty() && latest != name) {
-        LogWarn("%s/latest names %s, but %s is the newest complete checkpoint; latest is stale",
-                folder, latest, name);
-      }
-      return step;
+      return loaded->step;
     }
-    if (!status.ok()) {
-      LogWarn("skipping checkpoint %s: %s; trying the previous one", candidate, status.message());
+    if (!loaded.ok()) {
+      LogWarn("skipping checkpoint %s: %s", candidate, loaded.status().message());
     } else if (rank_ == 0) {
-      LogWarn(
-          "skipping checkpoint %s: another rank found it damaged (see its warning); trying "
-          "the previous one",
-          candidate);
-    }
-    if (explicit_path && candidates.size() == 1) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint.resume: ", candidate,
-          " cannot load: ", status.ok() ? "another rank found it damaged" : status.message()));
+      LogWarn("skipping checkpoint %s: another rank found it damaged (see its warning)", candidate);
     }
   }
-  // Nothing loaded: a partial load may have written into the moments.
-  for (const StateRange& range : engine_.HeldState()) {
-    if (range.kind != StateKind::kParameters) {
-      engine_.backend().Zero(range.values, range.end - range.begin);
-    }
-  }
-  engine_.SetOptimizerStep(0);
   if (!candidates.empty()) {
-    if (explicit_path) {
-      return absl::DataLossError(absl::StrCat("checkpoint.resume: no complete checkpoint in ",
-                                              folder, " loads (see the warnings above)"));
-    }
-    if (rank_ == 0) LogWarn("no checkpoint in %s could be loaded; starting fresh", folder);
+    // A fresh start here would lose the run's history, and its saves would prune the
+    // checkpoints that did not load.
+    const std::string what = scanned ? absl::StrFormat("none of the %d checkpoint(s) in %s loads",
+                                                       candidates.size(), folder)
+                                     : absl::StrCat(candidates.front(), " does not load");
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint.resume: ", resume, ": ", what,
+        " (see the warnings above); nothing was changed. Restore them, give checkpoint.resume "
+        "another checkpoint, or set checkpoint.resume: never (or another checkpoint.dir) to "
+        "start fresh"));
   }
   return 0;
 }

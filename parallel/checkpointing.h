@@ -5,13 +5,14 @@
 // block), a value held by several ranks (data-parallel replicas, tensors or kv heads replicated
 // over tensor-parallel ranks) written by one of them; each rank reads back the boxes it holds.
 //
-// Resume (checkpoint.resume): auto takes the newest complete checkpoint in checkpoint.dir (none:
-// a fresh start); never starts fresh; a path loads that step-<N> folder (or the newest complete
-// one in that checkpoint folder). A checkpoint that is incomplete or corrupt (missing manifest,
-// truncated or missing rank file, a chunk whose CRC32C does not match) is skipped with a warning
-// naming it and the previous one is tried: every rank checks the chunks it reads, and the ranks
-// agree collectively, so all of them load the same one. A stale `latest` is reported, not
-// trusted: the folders themselves are the truth.
+// Resume (checkpoint.resume): auto takes the newest complete checkpoint in checkpoint.dir (no
+// checkpoint: a fresh start; checkpoints of which none loads: an error, never a fresh start that
+// would lose the run's history and prune its checkpoints); never starts fresh; a path loads that
+// step-<N> folder (or the newest complete one in that checkpoint folder). A checkpoint that is
+// incomplete or corrupt (missing manifest, truncated or missing rank file, a chunk whose CRC32C
+// does not match) is skipped with a warning naming it and the previous one is tried: every rank
+// checks the chunks it reads, and the ranks agree collectively, so all of them load the same one. A
+// stale `latest` is reported, not trusted: the folders themselves are the truth.
 //
 // Recipe changes across a resume: keys that change the shape of the saved state or of the data
 // position (model.family, n_layer, n_head, n_kv_head, d_model, d_ff, vocab_size, max_seq_len;
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/checkpoint/writer.h"
@@ -65,10 +67,16 @@ class TrainingCheckpoints {
  private:
   TrainingCheckpoints(const Recipe& recipe, const ParamTable& table, DataParallelEngine& engine,
                       Communicator* comm, uint64_t nonce);
-  // Fills the engine from `step_dir`; the loader state to restore goes to `data`. A fatal error
-  // (an incompatible recipe) sets `fatal`.
-  absl::Status TryLoad(const std::string& step_dir, LoaderState& data, int64_t& step,
-                       std::string& origin, bool& fatal);
+  // What a checkpoint that loaded held besides the engine's state.
+  struct Loaded {
+    LoaderState data;  // to restore into the loader
+    int64_t step = 0;
+    std::string origin;                     // the layout that saved it, for the log
+    std::vector<std::string> changed_keys;  // recipe keys saved with other values
+    std::string metrics_line;               // of the saved step
+  };
+  // Fills the engine from `step_dir`. A fatal error (an incompatible recipe) sets `fatal`.
+  absl::StatusOr<Loaded> TryLoad(const std::string& step_dir, bool& fatal);
 
   const Recipe& recipe_;
   const ParamTable& table_;

@@ -100,6 +100,48 @@ TEST(CheckpointingTest, AMissingManifestIsSkipped) {
       "did not complete");
 }
 
+// A checkpoint folder none of whose checkpoints loads is an error that changes nothing: a fresh
+// start would lose the run's history and prune the checkpoints, as it once did.
+TEST(CheckpointingTest, WhenNoCheckpointLoadsTheRunStopsAndChangesNothing) {
+  const std::string out = testing::TempPath("ckpt_none_loads_run");
+  fs::remove_all(out);
+  ASSERT_EQ(Train(out, "--set train.steps=4").exit_code, 0);
+  const std::string dir = out + "/ck/checkpoints";
+  for (const std::string step : {"step-2", "step-4"}) {
+    fs::resize_file(dir + "/" + step + "/rank-0.bin", 1000);
+  }
+  const std::vector<double> before = Losses(out);
+  ASSERT_EQ(before.size(), 4u);
+
+  const testing::Outcome second = Train(out, "--set train.steps=8");
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_THAT(second.stderr_text, HasSubstr("skipping checkpoint " + dir + "/step-4"));
+  EXPECT_THAT(
+      second.stderr_text,
+      HasSubstr("checkpoint.resume: auto: none of the 2 checkpoint(s) in " + dir + " loads"));
+  EXPECT_THAT(second.stderr_text, HasSubstr("checkpoint.resume: never"));
+  EXPECT_EQ(Losses(out), before);
+  for (const std::string step : {"step-2", "step-4"}) {
+    EXPECT_EQ(fs::file_size(dir + "/" + step + "/rank-0.bin"), 1000u) << step;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/step-6"));
+  EXPECT_FALSE(fs::exists(dir + "/step-8"));
+}
+
+// An explicit step-<N> folder that loads says nothing of the folder's `latest`, which names a
+// newer checkpoint that is fine.
+TEST(CheckpointingTest, AnOlderCheckpointGivenByPathLeavesLatestAlone) {
+  const std::string out = testing::TempPath("ckpt_older_run");
+  fs::remove_all(out);
+  ASSERT_EQ(Train(out, "--set train.steps=4").exit_code, 0);
+  const std::string dir = out + "/ck/checkpoints";
+  const testing::Outcome second =
+      Train(out, "--set train.steps=4 --set checkpoint.resume=" + dir + "/step-2");
+  EXPECT_EQ(second.exit_code, 0) << second.stderr_text;
+  EXPECT_THAT(second.stderr_text, HasSubstr("resumed from " + dir + "/step-2 at step 2"));
+  EXPECT_THAT(second.stderr_text, ::testing::Not(HasSubstr("stale")));
+}
+
 TEST(CheckpointingTest, AVersion1CheckpointResumesIdentically) {
   const std::string out = testing::TempPath("ckpt_v1_run");
   fs::remove_all(out);
@@ -177,7 +219,7 @@ TEST(CheckpointingTest, AShapeChangeBlocksAndOtherChangesWarn) {
   EXPECT_THAT(wider.stderr_text, HasSubstr("checkpoint.resume: never"));
   const testing::Outcome longer = Train(out, "--set train.steps=6 --set train.lr=0.002");
   EXPECT_EQ(longer.exit_code, 0) << longer.stderr_text;
-  EXPECT_THAT(longer.stderr_text, HasSubstr("changed recipe keys: train.steps, train.lr"));
+  EXPECT_THAT(longer.stderr_text, HasSubstr("saved with other values of train.steps, train.lr"));
   EXPECT_THAT(longer.stderr_text, HasSubstr("at step 4"));
   const testing::Outcome fresh = Train(out, "--set train.steps=2 --set checkpoint.resume=never");
   EXPECT_EQ(fresh.exit_code, 0);

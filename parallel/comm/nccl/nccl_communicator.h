@@ -4,6 +4,14 @@
 // Get it; once all have met in the store (within the timeout), ncclCommInitRank. Each group
 // (tp/dp/pp) has its own key prefix and so its own id and communicator.
 //
+// The communicators are blocking, as PyTorch's are by default. A non-blocking one
+// (`ncclConfig_t::blocking = 0`) could be aborted inside ncclCommInitRank or inside a first
+// collective's lazy connection, but NCCL then launches every operation from a new host thread
+// (src/group.cc, NCCL 2.28) and returns before the kernel is on the stream, so each would cost a
+// thread and a poll before its event could be recorded, on a path the tp hooks take four times a
+// block. A host stuck in such a call because a peer died meanwhile is ended with the job: the
+// agent stops every worker when one fails, and the Slurm scripts run srun --kill-on-bad-exit.
+//
 // Collectives are enqueued in issue order on the communicator's stream. NCCL runs one
 // communicator's operations one after another, whatever their streams, and a Send blocks the GPU
 // until the peer's Recv runs: two ranks that each Send before they Recv on one communicator would
