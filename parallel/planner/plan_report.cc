@@ -263,7 +263,8 @@ std::vector<std::pair<std::string, std::string>> LayoutSettings(const Layout& la
 }
 
 std::string RecipeLines(const Layout& layout) {
-  std::string out, section;
+  // The plan is for the cluster's GPUs (the shipped recipes run on the CPU).
+  std::string out = "run:\n  device: cuda\n", section;
   for (const auto& [key, value] : LayoutSettings(layout)) {
     const size_t dot = key.find('.');
     if (key.substr(0, dot) != section) {

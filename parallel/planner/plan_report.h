@@ -27,7 +27,7 @@ double CollectiveTimeoutS(double step_ms);
 // ("parallel.strategy", "fsdp"), ..., ("train.micro_batch", "2"); optimizer offload has no key yet.
 std::vector<std::pair<std::string, std::string>> LayoutSettings(const Layout& layout);
 
-// The recipe lines that select `layout` (comments for what the recipe cannot express yet).
+// The recipe lines that select `layout` on GPUs (comments for what the recipe cannot express yet).
 std::string RecipeLines(const Layout& layout);
 
 // The pipeline stages of `layout` (pp > 1, one virtual stage): blocks balanced on the cost

@@ -43,7 +43,9 @@ std::string ExtraComplexity(const Layout& layout, const Layout& base) {
   if (layout.recompute > base.recompute) {
     extras.push_back(absl::StrCat(RecomputeName(layout.recompute), " recomputation"));
   }
-  if (layout.offload && !base.offload) extras.push_back("offload");
+  if (layout.offload && !base.offload) {
+    extras.push_back("optimizer offload, which the trainer does not run yet");
+  }
   return extras.empty() ? "a more complex layout" : absl::StrJoin(extras, ", ");
 }
 
@@ -82,9 +84,15 @@ void Rank(Plan& plan) {
     }
     return a.estimate.time.step_ms < b.estimate.time.step_ms;
   });
+  // The trainer has no optimizer offload: an offload layout is recommended only when nothing
+  // fits without it.
+  bool offload = true;
+  for (const Candidate& candidate : all) {
+    if (candidate.verdict == Verdict::kFits && !candidate.layout.offload) offload = false;
+  }
   int fastest = -1;
   for (int i = 0; i < static_cast<int>(all.size()); ++i) {
-    if (all[i].verdict == Verdict::kFits) {
+    if (all[i].verdict == Verdict::kFits && all[i].layout.offload == offload) {
       fastest = i;
       break;
     }
@@ -93,7 +101,7 @@ void Rank(Plan& plan) {
   const double limit_ms = all[fastest].estimate.time.step_ms * (1 + plan.options.simpler_within);
   int best = fastest;
   for (int i = fastest; i < static_cast<int>(all.size()); ++i) {
-    if (all[i].verdict != Verdict::kFits) continue;
+    if (all[i].verdict != Verdict::kFits || all[i].layout.offload != offload) continue;
     if (all[i].estimate.time.step_ms > limit_ms) break;
     if (Complexity(all[i].layout) < Complexity(all[best].layout)) best = i;
   }
@@ -107,6 +115,11 @@ void Rank(Plan& plan) {
           : absl::StrFormat("the simplest layout within %.0f%% of the fastest (%s, %.1f ms)",
                             100 * plan.options.simpler_within, DescribeLayout(all[fastest].layout),
                             all[fastest].estimate.time.step_ms);
+  if (offload) {
+    absl::StrAppend(&chosen.reason,
+                    "; nothing fits without optimizer offload, which dtrain's trainer does not "
+                    "run yet: plan more GPUs (cluster.nodes)");
+  }
   for (Candidate& candidate : all) {
     if (candidate.verdict != Verdict::kFits) continue;
     const double ms = candidate.estimate.time.step_ms;

@@ -3,7 +3,8 @@
 // Enumerates (strategy, tp, pp and its schedule, dp, micro-batch, recomputation, offload), rejects
 // layouts that do not divide the cluster, model or batch and those over the memory limit (each with
 // its reason), ranks the rest by estimated step time and recommends the simplest layout within a
-// few percent of the fastest. Pure and thread-safe.
+// few percent of the fastest; one with optimizer offload, which the trainer does not run yet, only
+// when nothing fits without it. Pure and thread-safe.
 #pragma once
 
 #include <string>

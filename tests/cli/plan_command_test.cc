@@ -151,9 +151,8 @@ class PlanRecommendationTrainsTest : public ::testing::TestWithParam<std::string
 // The bar: `dtrain plan` recommends no layout that `dtrain train` refuses. A shipped
 // config's recommendation (strategy, tp, pp and its schedule, dp, micro-batch, recomputation,
 // sequence parallelism: its recipe lines, which RecipeLinesOfEveryShippedConfigAreAValidRecipe
-// checks against the config) trains 3 steps on local processes with a scaled-down model and
-// batch. Optimizer offload, which the recipe cannot say yet, is left out, as from the recipe
-// lines.
+// checks against the config) trains 3 steps on local processes, on the CPU, with a scaled-down
+// model and batch.
 TEST_P(PlanRecommendationTrainsTest, ScaledDownOnLocalRanks) {
   constexpr int kMaxLocalRanks = 8;
   const std::string path = absl::StrCat(DTRAIN_SOURCE_DIR, "/configs/", GetParam(), ".yaml");
@@ -172,6 +171,10 @@ TEST_P(PlanRecommendationTrainsTest, ScaledDownOnLocalRanks) {
       ScaledDownRecipe(json["model"]["family"], tp, pp, dp, chosen["micro_batch"]);
   const std::string out = testing::FreshTempDir("plan_train_" + GetParam());
   std::vector<std::string> sets = RecipeLinesAsSets(json["recipe_lines"]);
+  // The lines are for the cluster's GPUs; the layout trains on this machine's CPU.
+  const auto device = std::find(sets.begin(), sets.end(), "run.device=cuda");
+  ASSERT_NE(device, sets.end());
+  *device = "run.device=cpu";
   sets.push_back("run.out_dir=" + out);
   SCOPED_TRACE(absl::StrCat("dp ", dp, ": ", absl::StrJoin(sets, " ")));
   const auto ranks = testing::RunTrainRanks(recipe, tp * pp * dp, sets);

@@ -81,6 +81,7 @@ TEST(PlanReportTest, RecipeLinesSayWhatTheRecipeCannot) {
                                          .sequence_parallel = true,
                                          .offload = true});
   EXPECT_EQ(lines,
+            "run:\n  device: cuda\n"
             "parallel:\n  strategy: fsdp\n  tp: 4\n  pp: 1\n  recompute: selective\n"
             "  sequence_parallel: true\n"
             "  # optimizer offload to the host: no recipe key yet\n"
@@ -95,6 +96,7 @@ TEST(PlanReportTest, PipelineRecipeLinesNameTheSchedule) {
                       .micro_batch = 1,
                       .schedule = PipelineSchedule::kOneFOneB};
   EXPECT_EQ(RecipeLines(layout),
+            "run:\n  device: cuda\n"
             "parallel:\n  strategy: zero1\n  tp: 1\n  pp: 4\n  pp_schedule: 1f1b\n"
             "  recompute: none\n"
             "train:\n  micro_batch: 1\n");

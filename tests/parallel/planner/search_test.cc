@@ -174,6 +174,38 @@ TEST(SearchTest, NothingFitsIsAPlanWithoutARecommendation) {
   EXPECT_EQ(ClosestToFitting(*plan)->verdict, Verdict::kOverMemory);
 }
 
+// The trainer has no optimizer offload. Llama 7B on 8 A100s of 40 GB fits as FSDP, and ZeRO-2
+// with offload runs 1% slower: that simpler layout was recommended, and did not fit without the
+// offload the recipe cannot ask for. 70B on one node of H100s fits only with offload, which the
+// recommendation then says.
+TEST(SearchTest, OffloadIsRecommendedOnlyWhenNothingFitsWithoutIt) {
+  const absl::StatusOr<Plan> plan =
+      SearchLayouts(FromConfig("llama-7b"), testing::CatalogCluster(1, "a100-40gb", "ib-ndr"));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_NE(plan->recommendation(), nullptr);
+  EXPECT_FALSE(plan->recommendation()->layout.offload)
+      << DescribeLayout(plan->recommendation()->layout);
+  bool slower_offload_within_tie = false;
+  for (const Candidate& candidate : plan->candidates) {
+    if (candidate.verdict != Verdict::kFits || !candidate.layout.offload) continue;
+    const double ms = candidate.estimate.time.step_ms;
+    const double chosen_ms = plan->recommendation()->estimate.time.step_ms;
+    slower_offload_within_tie |= ms >= chosen_ms && ms <= chosen_ms * 1.03;
+    if (ms < chosen_ms) {
+      EXPECT_THAT(candidate.reason, HasSubstr("does not run yet"));
+    }
+  }
+  EXPECT_TRUE(slower_offload_within_tie) << "the case this test guards is gone";
+
+  const absl::StatusOr<Plan> seventy =
+      SearchLayouts(FromConfig("llama-70b"), testing::CatalogCluster(1, "h100-sxm", "ib-ndr"));
+  ASSERT_TRUE(seventy.ok()) << seventy.status();
+  ASSERT_NE(seventy->recommendation(), nullptr);
+  EXPECT_TRUE(seventy->recommendation()->layout.offload);
+  EXPECT_THAT(seventy->recommendation()->reason,
+              HasSubstr("nothing fits without optimizer offload"));
+}
+
 TEST(SearchTest, CheckLayoutNamesWhatDoesNotDivide) {
   const Workload workload = FromConfig("gpt2-124m", {"train.batch_size=64"});
   const ClusterSpec cluster = testing::CatalogCluster(2, "h100-sxm", "ib-ndr");
