@@ -239,16 +239,23 @@ absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, const WorldMembersh
   if (recipe.parallel.strategy != "auto") return recipe;
   const int world_size = world.world_size;
   const SearchOptions runnable = TrainerLayouts(world.local_world_size);
-  ASSIGN_OR_RETURN(const AutoLayout chosen, ResolveAutoLayout(recipe, world_size, runnable));
+  // CPU ranks hold what they compute with in this machine's memory, not in cluster.gpu's.
+  const double bytes_per_rank = recipe.run.device == "cpu" ? CpuBackend::MachineMemory().bytes /
+                                                                 std::max(world.local_world_size, 1)
+                                                           : 0;
+  ASSIGN_OR_RETURN(const AutoLayout chosen,
+                   ResolveAutoLayout(recipe, world_size, runnable, bytes_per_rank));
   Recipe resolved = recipe;
   RETURN_IF_ERROR(ApplyLayout(chosen.layout, resolved));
   LogInfo(
       "parallel.strategy auto: %s, tp %d%s, pp %d%s, micro_batch %d, recompute %s (the plan for "
-      "%d ranks)",
+      "%d ranks of %s)",
       resolved.parallel.strategy, resolved.parallel.tp,
       resolved.parallel.sequence_parallel ? " with sequence parallelism" : "", resolved.parallel.pp,
       resolved.parallel.pp > 1 ? absl::StrCat(" ", resolved.parallel.pp_schedule) : "",
-      resolved.train.micro_batch, resolved.parallel.recompute, world_size);
+      resolved.train.micro_batch, resolved.parallel.recompute, world_size,
+      bytes_per_rank > 0 ? absl::StrCat(FormatBytes(bytes_per_rank), " of this machine's memory")
+                         : absl::StrCat(recipe.cluster.gpu, " GPUs"));
   if (!chosen.note.empty()) LogInfo("%s", chosen.note);
   return resolved;
 }

@@ -272,7 +272,8 @@ const std::vector<KeySpec>& Keys() {
       {DTRAIN_RECIPE_KEY(parallel, strategy),
        "data-parallel engine: ddp replicates; zero1/zero2/zero3 shard optimizer state, "
        "+gradients, +parameters; fsdp shards per block; auto: the layout `dtrain plan` "
-       "recommends for the actual world, among those the trainer runs",
+       "recommends for the actual world, among those the trainer runs (on cpu, in the "
+       "machine's memory rather than cluster.gpu's)",
        {"ddp", "zero1", "zero2", "zero3", "fsdp", "auto"}},
       {DTRAIN_RECIPE_KEY(parallel, tp),
        "tensor-parallel degree: ranks sharing each block's heads and MLP width (Megatron-style; "

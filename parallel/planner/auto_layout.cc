@@ -60,10 +60,14 @@ SearchOptions WithRecipeSchedule(const Recipe& recipe, SearchOptions runnable) {
 }
 
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
-                                             const SearchOptions& runnable) {
-  ASSIGN_OR_RETURN(const ClusterSpec cluster, ClusterForWorld(recipe.cluster, world_size));
+                                             const SearchOptions& runnable, double bytes_per_rank) {
+  ASSIGN_OR_RETURN(ClusterSpec cluster, ClusterForWorld(recipe.cluster, world_size));
   const Workload workload = WorkloadFromRecipe(recipe, Precision::Trainer(recipe.bf16_params()));
-  const SearchOptions options = WithRecipeSchedule(recipe, runnable);
+  SearchOptions options = WithRecipeSchedule(recipe, runnable);
+  if (bytes_per_rank > 0) {
+    cluster.gpu_memory_gib = bytes_per_rank / kGiB;
+    options.assumptions.runtime_gib = 0;
+  }
   ASSIGN_OR_RETURN(const Plan restricted, SearchLayouts(workload, cluster, options));
   const Candidate* chosen = restricted.recommendation();
   if (chosen == nullptr) {
@@ -77,7 +81,7 @@ absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_siz
   }
   AutoLayout result{.layout = chosen->layout, .estimate = chosen->estimate};
   SearchOptions unrestricted;
-  unrestricted.assumptions = runnable.assumptions;
+  unrestricted.assumptions = options.assumptions;
   unrestricted.memory_margin = runnable.memory_margin;
   unrestricted.simpler_within = runnable.simpler_within;
   unrestricted.pp_schedules = options.pp_schedules;

@@ -39,9 +39,11 @@ SearchOptions WithRecipeSchedule(const Recipe& recipe, SearchOptions runnable);
 // Plans recipe's model and batch for `world_size` ranks, with recipe.cluster's hardware: nodes
 // are world_size / cluster.gpus_per_node (one node of world_size GPUs when fewer).
 // `runnable` restricts the search to what the trainer implements, its schedule to
-// WithRecipeSchedule's.
+// WithRecipeSchedule's. `bytes_per_rank`, when positive, is each rank's memory in place of
+// cluster.gpu's (CPU ranks: their share of the machine's), with no allowance for a GPU runtime.
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
-                                             const SearchOptions& runnable);
+                                             const SearchOptions& runnable,
+                                             double bytes_per_rank = 0);
 
 // For a rank that does not fit its memory: the plan of recipe's model and batch in what the
 // trainer holds (Precision::Trainer at the recipe's run.precision) over the layouts it runs

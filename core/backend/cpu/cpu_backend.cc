@@ -48,7 +48,7 @@ void CpuBackend::Copy(void* dst, const void* src, size_t bytes) {
 void CpuBackend::CopyToHost(void* host, const void* src, size_t bytes) { Copy(host, src, bytes); }
 void CpuBackend::CopyFromHost(void* dst, const void* host, size_t bytes) { Copy(dst, host, bytes); }
 
-Backend::Memory CpuBackend::AvailableMemory() const {
+Backend::Memory CpuBackend::MachineMemory() {
   return {.name = "this machine",
           .bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
                    static_cast<double>(sysconf(_SC_PAGESIZE)),

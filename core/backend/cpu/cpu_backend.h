@@ -33,7 +33,9 @@ class CpuBackend : public Backend {
   void CopyToHost(void* host, const void* src, size_t bytes) override;
   void CopyFromHost(void* dst, const void* host, size_t bytes) override;
   void Synchronize() override {}
-  Memory AvailableMemory() const override;
+  Memory AvailableMemory() const override { return MachineMemory(); }
+  // This machine's physical memory, which its ranks share.
+  static Memory MachineMemory();
 
   void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
             int lda, const float* b, int ldb, float beta, float* c, int ldc) override;
