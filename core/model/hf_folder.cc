@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/checkpoint/format.h"
+#include "core/data/tokenizers/load_tokenizer.h"
 #include "core/util/status.h"
 #include "nlohmann/json.hpp"
 
@@ -371,6 +373,18 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
                             const TensorValuesFn& read_tensor, const std::string& dir,
                             const std::string& tokenizer_path,
                             const SafetensorsMetadata& metadata) {
+  if (!tokenizer_path.empty()) {
+    // Checked before the folder exists: with ids the model has no row for, the folder would load
+    // in transformers and fail at its first forward pass (an index out of range).
+    ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(tokenizer_path));
+    if (tokenizer->vocab_size() > config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokenizer ", tokenizer->name(), " has a vocabulary of ", tokenizer->vocab_size(),
+          ", more than the model's ", config.vocab_size,
+          " (model.vocab_size): its larger ids have no embedding row; give the tokenizer the "
+          "model was trained with"));
+    }
+  }
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) {

@@ -44,7 +44,7 @@ absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_pat
 
 // Writes the folder `dir` (created if missing): the tokenizer when `tokenizer_path` is not empty,
 // model.safetensors from `read_tensor` (ExportHfSafetensorsStreamed) with `metadata`, then
-// config.json.
+// config.json. A tokenizer with more ids than the model's vocabulary is refused first.
 absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
                             const TensorValuesFn& read_tensor, const std::string& dir,
                             const std::string& tokenizer_path,

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/core/data/tokenizers/tokenizer_json.h"
 #include "tests/testing/hf_test_models.h"
 #include "tests/testing/run_dtrain.h"
 
@@ -39,17 +40,19 @@ TensorValuesFn ValuesOf(const std::vector<float>& params) {
 }
 
 class HfFolderTest : public ::testing::Test {
+ public:
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  void Write(const std::string& name, const std::string& text) const {
+    fs::create_directories(fs::path(Path(name)).parent_path());
+    std::ofstream(Path(name)) << text;
+  }
+
  protected:
   void SetUp() override {
     dir_ = testing::FreshTempDir("hf_folder");
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
-  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
-  void Write(const std::string& name, const std::string& text) const {
-    fs::create_directories(fs::path(Path(name)).parent_path());
-    std::ofstream(Path(name)) << text;
-  }
   Json ReadJson(const std::string& name) const { return Json::parse(*ReadWholeFile(Path(name))); }
 
   fs::path dir_;
@@ -225,21 +228,30 @@ TEST_F(HfFolderTest, FolderErrorsSayWhatIsMissing) {
 
 // GPT-2's original files become GPT2Tokenizer's vocab.json + merges.txt, its <|endoftext|> the
 // special tokens and config.json's bos/eos ids.
+// GPT-2's tokenizer files for a byte-level vocabulary of 258: the 256 bytes, "ab" (256) and
+// <|endoftext|> (257). Returns the path of vocab.bpe.
+std::string WriteGpt2Tokenizer(const HfFolderTest& test, const std::string& dir) {
+  Json encoder = testing::TokenizerJson({{"a", "b"}})["model"]["vocab"];
+  encoder["<|endoftext|>"] = 257;
+  test.Write(dir + "/encoder.json", encoder.dump());
+  test.Write(dir + "/vocab.bpe", "#version: 0.2\na b\n");
+  return test.Path(dir + "/vocab.bpe");
+}
+
 TEST_F(HfFolderTest, ExportCopiesTheTokenizerUnderTheNamesAutoTokenizerReads) {
-  Write("gpt2tok/encoder.json", R"({"a": 0, "b": 1, "ab": 2, "<|endoftext|>": 3})");
-  Write("gpt2tok/vocab.bpe", "#version: 0.2\na b\n");
-  const ModelConfig config = Gpt2Config();
+  ModelConfig config = Gpt2Config();
+  config.vocab_size = 258;
   const ParamTable table(config, ModelSlice{});
   const std::vector<float> params = DistinctParams(table);
-  const absl::Status status =
-      ExportHfFolder(config, table, ValuesOf(params), Path("out"), Path("gpt2tok/vocab.bpe"));
+  const absl::Status status = ExportHfFolder(config, table, ValuesOf(params), Path("out"),
+                                             WriteGpt2Tokenizer(*this, "gpt2tok"));
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(*ReadWholeFile(Path("out/merges.txt")), "#version: 0.2\na b\n");
-  EXPECT_EQ(ReadJson("out/vocab.json")["<|endoftext|>"], 3);
+  EXPECT_EQ(ReadJson("out/vocab.json")["<|endoftext|>"], 257);
   EXPECT_EQ(ReadJson("out/tokenizer_config.json")["tokenizer_class"], "GPT2Tokenizer");
   EXPECT_EQ(ReadJson("out/tokenizer_config.json")["model_max_length"], 5);
   EXPECT_EQ(ReadJson("out/special_tokens_map.json")["eos_token"], "<|endoftext|>");
-  EXPECT_EQ(ReadJson("out/config.json")["eos_token_id"], 3);
+  EXPECT_EQ(ReadJson("out/config.json")["eos_token_id"], 257);
 
   // A tokenizer.json's special tokens come from its added_tokens; a folder's own
   // tokenizer_config.json (with its chat template) is kept as it is.
@@ -260,6 +272,19 @@ TEST_F(HfFolderTest, ExportCopiesTheTokenizerUnderTheNamesAutoTokenizerReads) {
   fs::create_directories(Path("none"));
   EXPECT_THAT(CopyHfTokenizer(Path("none"), Path("out"), 5).status().message(),
               HasSubstr("holds no tokenizer.json, tokenizer.model"));
+}
+
+// A tokenizer with ids the model has no embedding row for is refused before anything is
+// written: the folder would load in transformers and fail at its first forward pass.
+TEST_F(HfFolderTest, ExportRefusesATokenizerLargerThanTheVocabulary) {
+  ModelConfig config = Gpt2Config();
+  config.vocab_size = 257;
+  const ParamTable table(config, ModelSlice{});
+  const std::vector<float> params = DistinctParams(table);
+  const absl::Status status = ExportHfFolder(config, table, ValuesOf(params), Path("out"),
+                                             WriteGpt2Tokenizer(*this, "gpt2tok"));
+  EXPECT_THAT(status.message(), HasSubstr("has a vocabulary of 258, more than the model's 257"));
+  EXPECT_FALSE(fs::exists(Path("out")));
 }
 
 }  // namespace
