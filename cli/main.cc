@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "core/model/model_size.h"
 #include "core/util/status.h"
+#include "parallel/planner/catalog.h"
 #include "embedded_tiny_recipe.h"
 
 namespace dtrain::cli {
@@ -26,6 +27,8 @@ absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
                    : LoadRecipe(path, overrides);
   if (!recipe.ok()) return recipe.status();
   RETURN_IF_ERROR(CheckModelSize(*recipe));
+  // The cluster section's names, which only the planner reads, are checked here too.
+  RETURN_IF_ERROR(ResolveCluster(recipe->cluster).status());
   return recipe;
 }
 

@@ -60,6 +60,21 @@ TEST(CliTest, SequenceParallelSeqLenNotDivisibleByTpExits2) {
   }
 }
 
+// The cluster section's catalog names are checked by `recipe check` and `train` as by `plan`.
+TEST(CliTest, AnUnknownClusterNameExits2) {
+  for (const std::string& command :
+       {"recipe check " + std::string(DTRAIN_SOURCE_DIR) + "/configs/tiny.yaml",
+        std::string("train")}) {
+    SCOPED_TRACE(command);
+    const Outcome gpu = RunDtrain(command + " --set cluster.gpu=h100-sxmm");
+    EXPECT_EQ(gpu.exit_code, 2);
+    EXPECT_THAT(gpu.stderr_text, HasSubstr("cluster.gpu: 'h100-sxmm' is not in the catalog"));
+    const Outcome network = RunDtrain(command + " --set cluster.network=infiniband");
+    EXPECT_EQ(network.exit_code, 2);
+    EXPECT_THAT(network.stderr_text, HasSubstr("cluster.network: 'infiniband' is not a network"));
+  }
+}
+
 TEST(CliTest, TrainWithBadRecipeExits2BeforeRunning) {
   const Outcome outcome = RunDtrain("train --set parallel.tp=3");
   EXPECT_EQ(outcome.exit_code, 2);
