@@ -2,6 +2,7 @@
 // `dtrain data encode|decode --tokenizer PATH FILE`.
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
 #include "core/data/data_inspect.h"
@@ -81,6 +83,16 @@ void AddEncodeCommands(CLI::App* data) {
     std::vector<int32_t> values;
     for (const nlohmann::json& id : ids.is_array() ? ids : nlohmann::json::array()) {
       if (!id.is_number_integer()) break;
+      // Read wide: get<int32_t> would wrap 2^32 + 1 to 1.
+      const bool fits = id.is_number_unsigned()
+                            ? id.get<uint64_t>() <= INT32_MAX
+                            : id.get<int64_t>() >= INT32_MIN && id.get<int64_t>() <= INT32_MAX;
+      if (!fits) {
+        Fail(absl::InvalidArgumentError(absl::StrCat(decode_args->input, ": id ", id.dump(),
+                                                     " is not a token id of ", tokenizer->name(),
+                                                     " (0 to ", tokenizer->vocab_size() - 1, ")")),
+             kExitUsage);
+      }
       values.push_back(id.get<int32_t>());
     }
     if (!ids.is_array() || values.size() != ids.size()) {
@@ -152,9 +164,13 @@ void AddDataCommand(CLI::App& app) {
                                    result->trained_tokens);
     }
     std::cout << absl::StrFormat(
-        "%d documents, %d tokens in %d shards: %s/shard-{000000..%06d}"
+        "%d documents%s, %d tokens in %d shards: %s/shard-{000000..%06d}"
         ".tar\n",
-        result->documents, result->tokens, result->shards.size(), pack_args->out_dir,
+        result->documents,
+        result->empty_documents == 0
+            ? ""
+            : absl::StrFormat(" (%d empty ones left out)", result->empty_documents),
+        result->tokens, result->shards.size(), pack_args->out_dir,
         result->shards.empty() ? 0 : result->shards.size() - 1);
   });
 

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/data/sft_data.h"
 #include "core/data/tar_writer.h"
 #include "core/data/token_decode.h"
@@ -159,6 +160,10 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
         return absl::Status(document.status.code(),
                             absl::StrCat(document.where, ": ", document.status.message()));
       }
+      if (document.ids.empty()) {
+        ++result.empty_documents;
+        continue;
+      }
       RETURN_IF_ERROR(writer.AddSample(absl::StrFormat("%09d", result.documents),
                                        {TokenMember(document.ids, tokenizer)}, &result));
       ++result.documents;
@@ -195,6 +200,11 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
     }
   }
   RETURN_IF_ERROR(flush());
+  if (result.documents == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the inputs hold no text to pack (", result.empty_documents,
+                     " empty documents): ", absl::StrJoin(inputs, ", ")));
+  }
   RETURN_IF_ERROR(writer.Finish());
   return result;
 }
@@ -228,6 +238,10 @@ absl::StatusOr<PackResult> PackSftShards(const std::vector<std::string>& inputs,
       result.tokens += static_cast<int64_t>(sample.tokens.size());
       result.trained_tokens += std::count(sample.trained.begin(), sample.trained.end(), uint8_t{1});
     }
+  }
+  if (result.documents == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the inputs hold no SFT sample to pack: ", absl::StrJoin(inputs, ", ")));
   }
   RETURN_IF_ERROR(writer.Finish());
   return result;

@@ -22,6 +22,7 @@ namespace dtrain {
 struct PackResult {
   std::vector<std::string> shards;  // written paths
   int64_t documents = 0;
+  int64_t empty_documents = 0;  // no tokens (an empty file or "text"): not written
   int64_t tokens = 0;
   int64_t trained_tokens = 0;  // SFT: tokens the loss counts
 };

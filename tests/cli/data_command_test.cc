@@ -62,6 +62,23 @@ TEST(DataCommandTest, PackRecordsTheTokenizerAndInspectDecodesItsIds) {
   EXPECT_THAT(plain.stdout_text, HasSubstr("2 samples, 15 tokens"));
 }
 
+// Documents without text are left out and counted; inputs with none at all are an error, not
+// an empty set of shards.
+TEST(DataCommandTest, PackLeavesOutEmptyDocumentsAndRefusesNoText) {
+  const std::string empty_text = testing::WriteTempFile("pack_empty.txt", "");
+  const std::string lines = testing::WriteTempFile(
+      "pack_some.jsonl", "{\"text\": \"\"}\n{\"text\": \"abc\"}\n{\"text\": \"\"}\n");
+  const std::string out = testing::FreshTempDir("pack_empty_shards");
+  const Outcome some =
+      RunDtrain(absl::StrCat("data pack ", empty_text, " ", lines, " --out ", out));
+  EXPECT_EQ(some.exit_code, 0) << some.stderr_text;
+  EXPECT_THAT(some.stdout_text, HasSubstr("1 documents (3 empty ones left out), 3 tokens"));
+  const Outcome none = RunDtrain(
+      absl::StrCat("data pack ", empty_text, " --out ", testing::FreshTempDir("pack_none_shards")));
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_THAT(none.stderr_text, HasSubstr("the inputs hold no text to pack (1 empty documents)"));
+}
+
 // A vocabulary past 65536 (Llama 3's 128256) needs 4-byte ids: .tokens32.
 TEST(DataCommandTest, PackWritesWideIdsForALargeVocabulary) {
   const std::string dir = testing::FreshTempDir("data_tok_wide");
@@ -138,6 +155,12 @@ TEST(DataCommandTest, EncodeAndDecodeRoundTrip) {
   const std::string ids = testing::WriteTempFile("data_codec.json", encode.stdout_text);
   const Outcome decode = RunDtrain(absl::StrCat("data decode --tokenizer ", tokenizer, " ", ids));
   EXPECT_EQ(decode.stdout_text, "the\xff theme");
+  // An id past 32 bits is refused, not wrapped (2^32 + 32 decoded as a space).
+  const Outcome wide =
+      RunDtrain(absl::StrCat("data decode --tokenizer ", tokenizer, " ",
+                             testing::WriteTempFile("data_wide.json", "[4294967328]")));
+  EXPECT_EQ(wide.exit_code, 2);
+  EXPECT_THAT(wide.stderr_text, HasSubstr("id 4294967328 is not a token id of "));
   const Outcome missing = RunDtrain(absl::StrCat("data encode --tokenizer /nonexistent ", text));
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_THAT(missing.stderr_text, HasSubstr("tokenizer file /nonexistent does not exist"));
