@@ -629,7 +629,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
         resumed_step, train.steps);
   }
 
-  const double peak_flops = MeasureGemmFlops(backend);
+  double peak_flops = MeasureGemmFlops(backend);
   const double flops_per_token = config.flops_per_token(train.seq_len);
   const int64_t tokens_per_step = static_cast<int64_t>(train.batch_size) * train.seq_len;
   std::ofstream metrics;
@@ -718,8 +718,17 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     m.tokens_per_s = static_cast<double>(documents ? result.trained_tokens : tokens_per_step) /
                      step_time.count();
     // MFU counts the work done: every token of the batch, trained or not.
-    m.mfu_percent = 100.0 * flops_per_token * static_cast<double>(tokens_per_step) /
-                    step_time.count() / (peak_flops * world.world_size);
+    const double rank_flops = flops_per_token * static_cast<double>(tokens_per_step) /
+                              step_time.count() / world.world_size;
+    const double measured_peak = peak_flops;
+    bool raised = false;
+    m.mfu_percent = MfuPercent(rank_flops, peak_flops, raised);
+    if (raised && leader) {
+      LogWarn(
+          "step %d computed %.1f GFLOP/s per rank, more than the %.1f GFLOP/s GEMM measured at "
+          "start-up (the machine was busy then): MFU is stated against %.1f from here on",
+          step + 1, rank_flops / 1e9, measured_peak / 1e9, rank_flops / 1e9);
+    }
     m.exposed_comm_ms = result.exposed_comm_ms;
     m.dp_sent_bytes = dp_sent;
     m.tp_sent_bytes = tp_sent;

@@ -154,4 +154,10 @@ double MeasureGemmFlops(Backend& backend) {
   return 2.0 * kSize * kSize * kSize / best_s;
 }
 
+double MfuPercent(double rank_flops, double& peak_flops, bool& raised) {
+  raised = rank_flops > peak_flops;
+  if (raised) peak_flops = rank_flops;
+  return 100.0 * rank_flops / peak_flops;
+}
+
 }  // namespace dtrain

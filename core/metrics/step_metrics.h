@@ -68,4 +68,9 @@ double PeakRssMib();
 // peak that CPU MFU is stated against.
 double MeasureGemmFlops(Backend& backend);
 
+// MFU in percent: `rank_flops` (a step's model FLOP/s per rank) over `peak_flops`. No step
+// outruns a dense GEMM, so a step above the peak shows that its measurement ran on a busy
+// machine: the peak rises to the step's (returns true then; 100%).
+double MfuPercent(double rank_flops, double& peak_flops, bool& raised);
+
 }  // namespace dtrain
