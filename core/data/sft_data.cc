@@ -24,6 +24,11 @@ absl::StatusOr<std::vector<ChatMessage>> Messages(const nlohmann::json& record,
       "; expected {\"prompt\": \"...\", \"completion\": \"...\"} or {\"messages\": [{\"role\": "
       "\"...\", \"content\": \"...\"}, ...]}";
   if (!record.is_object()) return LineError(where, absl::StrCat("not a JSON object", kShapes));
+  if (record.contains("messages") && (record.contains("prompt") || record.contains("completion"))) {
+    return LineError(where, absl::StrCat("has both \"messages\" and \"prompt\"/\"completion\"; "
+                                         "give one of the two shapes",
+                                         kShapes));
+  }
   if (record.contains("messages")) {
     const nlohmann::json& list = record["messages"];
     if (!list.is_array())
@@ -61,6 +66,15 @@ absl::StatusOr<SftSample> EncodeSftLine(std::string_view line, const ChatTemplat
   ASSIGN_OR_RETURN(const std::vector<ChatMessage> messages, Messages(record, where));
   absl::StatusOr<std::vector<TextSegment>> segments = RenderConversation(chat_template, messages);
   if (!segments.ok()) return LineError(where, std::string(segments.status().message()));
+  // An empty answer would still train its end-of-turn marker: a model taught to say nothing.
+  constexpr char kNothingToTrain[] =
+      "nothing to train on: no assistant message with text (the loss counts only the "
+      "assistant's tokens); drop the line or add the answer";
+  if (std::none_of(messages.begin(), messages.end(), [](const ChatMessage& m) {
+        return m.role == "assistant" && !m.content.empty();
+      })) {
+    return LineError(where, kNothingToTrain);
+  }
   SftSample sample;
   for (const TextSegment& segment : *segments) {
     if (absl::Status status = tokenizer.Encode(segment.text, &sample.tokens); !status.ok()) {
@@ -71,9 +85,7 @@ absl::StatusOr<SftSample> EncodeSftLine(std::string_view line, const ChatTemplat
   // The first token is never a target (nothing precedes it).
   if (!sample.trained.empty()) sample.trained[0] = 0;
   if (std::find(sample.trained.begin(), sample.trained.end(), 1) == sample.trained.end()) {
-    return LineError(where,
-                     "nothing to train on: no assistant message with text (the loss counts only "
-                     "the assistant's tokens); drop the line or add the answer");
+    return LineError(where, kNothingToTrain);
   }
   return sample;
 }

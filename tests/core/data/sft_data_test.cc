@@ -65,6 +65,8 @@ TEST(SftDataTest, BadLinesAreErrorsNamingFileAndLine) {
            {R"({"messages": [{"content": "a"}]})", "messages[0] has no \"role\" string"},
            {R"({"messages": [{"role": "robot", "content": "a"}]})", "role \"robot\" is not one of"},
            {R"({"messages": [{"role": "user", "content": "a"}]})", "nothing to train on"},
+           {R"({"prompt": "x", "completion": ""})", "nothing to train on"},
+           {R"({"prompt": "x", "completion": "y", "messages": []})", "has both \"messages\""},
            {"{\"prompt\": \"\xff\", \"completion\": \"a\"}", "not valid JSON"},
        }) {
     const absl::Status status = EncodeSftLine(line, chatml, tokenizer, "chat.jsonl:7").status();
