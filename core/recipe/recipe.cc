@@ -388,7 +388,8 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(cluster, nics_per_node),
-       "network adapters per node for the training traffic; 0 = one per GPU",
+       "network adapters per node for the training traffic; 0 = one per GPU on InfiniBand and "
+       "RoCE, one on TCP Ethernet (eth-*)",
        {},
        AtLeast(0)},
       // logging
@@ -1170,6 +1171,14 @@ class Parser {
       return Error("train.seq_len",
                    absl::StrCat(r.train.seq_len, " exceeds model.max_seq_len (", m.max_seq_len,
                                 "); lower seq_len or raise max_seq_len"));
+    }
+    // One folder under run.out_dir: two unnamed runs would share their checkpoints, and a
+    // path would write outside out_dir.
+    if (r.run.name.empty() || r.run.name == "." || r.run.name == ".." ||
+        r.run.name.find('/') != std::string::npos) {
+      return Error("run.name", absl::StrCat("'", r.run.name,
+                                            "' is not a folder name; the run's outputs go to "
+                                            "<out_dir>/<name>, so give a name without '/'"));
     }
     if (r.train.min_lr > r.train.lr) {
       return Error("train.min_lr",

@@ -139,7 +139,10 @@ absl::StatusOr<ClusterSpec> ResolveCluster(const ClusterSection& cluster) {
   spec.network_transport = network->transport;
   spec.nic_gbps = pick(cluster.inter_gbps, network->busbw_gbps);
   spec.inter_latency_us = pick(cluster.inter_latency_us, network->latency_us);
-  spec.nics_per_node = cluster.nics_per_node > 0 ? cluster.nics_per_node : cluster.gpus_per_node;
+  // RDMA fabrics give each GPU its own adapter (rail-optimised, as DGX nodes); a TCP network's
+  // node has one data interface, the one NCCL_SOCKET_IFNAME names.
+  const int default_nics = network->transport == Transport::kSocket ? 1 : cluster.gpus_per_node;
+  spec.nics_per_node = cluster.nics_per_node > 0 ? cluster.nics_per_node : default_nics;
   return spec;
 }
 

@@ -208,7 +208,7 @@ std::vector<const Candidate*> Alternatives(const Plan& plan, int top_n) {
 
 std::vector<std::pair<std::string, std::string>> NetworkEnvironment(const ClusterSpec& cluster) {
   std::vector<std::pair<std::string, std::string>> env;
-  if (cluster.nodes == 1) return env;  // NVLink/PCIe inside a node needs no settings
+  if (cluster.nodes == 1) return env;  // the links inside a node need no settings
   // NCCL environment variables (REFERENCES.md 7; NCCL's environment documentation).
   switch (cluster.network_transport) {
     case Transport::kInfiniband:
@@ -309,8 +309,9 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
       &out, "  model    %s, %d layers, d_model %d, %d heads (%d kv): %.3f B parameters\n",
       FamilyName(model.family), model.n_layer, model.d_model, model.n_head, model.n_kv_head,
       model.num_parameters() / 1e9);
-  absl::StrAppendFormat(&out, "  batch    %d sequences x %d tokens = %d tokens per step\n",
-                        w.batch_size, w.seq_len, int64_t{w.batch_size} * w.seq_len);
+  absl::StrAppendFormat(&out, "  batch    %d sequence%s x %d tokens = %d tokens per step\n",
+                        w.batch_size, w.batch_size == 1 ? "" : "s", w.seq_len,
+                        int64_t{w.batch_size} * w.seq_len);
   absl::StrAppendFormat(&out, "  cluster  %s\n\n", ClusterLine(plan.cluster));
 
   const Candidate* chosen = plan.recommendation();
@@ -365,7 +366,7 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
 
   if (chosen != nullptr) {
     absl::StrAppendFormat(&out, "\nNetwork environment (%s):\n",
-                          plan.cluster.nodes == 1 ? "one node: NVLink/PCIe needs no settings"
+                          plan.cluster.nodes == 1 ? "one node: its GPUs' own links need no settings"
                                                   : plan.cluster.network_name);
     for (const auto& [setting, why] : NetworkEnvironment(plan.cluster)) {
       absl::StrAppendFormat(&out, "  export %-32s%s%s\n", setting, why.empty() ? "" : "# ", why);

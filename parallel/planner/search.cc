@@ -18,9 +18,11 @@ namespace {
 
 // How much a layout asks of its operators, compared lexicographically: a pipeline changes the
 // schedule and the failure surface most, then tensor parallelism (the model's code path), then
-// sharding (ddp < zero1 < zero2 < zero3/fsdp), offload and recomputation; last, a pipeline
-// schedule other than 1F1B (the recipe's default, as Megatron-LM's), chosen only where it pays.
-std::tuple<bool, bool, int, bool, int, bool> Complexity(const Layout& layout) {
+// sharding (ddp < zero1 < zero2 < zero3/fsdp), offload and recomputation; then a pipeline
+// schedule other than 1F1B (the recipe's default, as Megatron-LM's), chosen only where it pays;
+// last, more and smaller micro-batches than fit (the cost model times a step's GEMMs alike at
+// any size, where on a GPU larger ones run closer to its peak and launch fewer kernels).
+std::tuple<bool, bool, int, bool, int, bool, int> Complexity(const Layout& layout) {
   const int strategy = layout.strategy == Strategy::kFsdp ? static_cast<int>(Strategy::kZero3)
                                                           : static_cast<int>(layout.strategy);
   return {layout.pp > 1,
@@ -28,7 +30,8 @@ std::tuple<bool, bool, int, bool, int, bool> Complexity(const Layout& layout) {
           strategy,
           layout.offload,
           static_cast<int>(layout.recompute),
-          layout.schedule != PipelineSchedule::kOneFOneB};
+          layout.schedule != PipelineSchedule::kOneFOneB,
+          -layout.micro_batch};
 }
 
 // What `layout` adds over `base`, for "faster, but needs ..." reasons.
@@ -42,6 +45,9 @@ std::string ExtraComplexity(const Layout& layout, const Layout& base) {
   if (layout.pp > base.pp) extras.push_back(absl::StrCat("pp ", layout.pp));
   if (layout.recompute > base.recompute) {
     extras.push_back(absl::StrCat(RecomputeName(layout.recompute), " recomputation"));
+  }
+  if (layout.micro_batch < base.micro_batch) {
+    extras.push_back(absl::StrCat("micro-batches of ", layout.micro_batch));
   }
   if (layout.offload && !base.offload) {
     extras.push_back("optimizer offload, which the trainer does not run yet");

@@ -322,6 +322,9 @@ INSTANTIATE_TEST_SUITE_P(
         ConsistencyCase{{"data.train=[]"}, {"data.train", "no training files"}},
         ConsistencyCase{{"model.vocab_size=100"},
                         {"model.vocab_size", "data.format text", "vocab_size >= 256"}},
+        // run.name is one folder under run.out_dir.
+        ConsistencyCase{{"run.name="}, {"run.name", "'' is not a folder name"}},
+        ConsistencyCase{{"run.name=../../etc"}, {"run.name", "without '/'"}},
         ConsistencyCase{{"data.val_fraction=0"},
                         {"train.eval_every", "no validation data", "eval_every: 0"}},
         // parallel.tp: the model's shape must split over it; the nearest sizes that fit.

@@ -30,6 +30,21 @@ TEST(CatalogTest, PublishedFigures) {
   }
 }
 
+// Without cluster.nics_per_node, an RDMA fabric has one adapter per GPU and a TCP network one
+// per node (the interface the plan's NCCL_SOCKET_IFNAME names): 8 eth-100 NICs per node made
+// Ethernet clusters look like rail-optimised InfiniBand ones.
+TEST(CatalogTest, NicsPerNodeDefaultsToTheNetworksKind) {
+  ClusterSection section;
+  section.nodes = 2;
+  section.network = "roce-100";
+  EXPECT_EQ(ResolveCluster(section)->nics_per_node, section.gpus_per_node);
+  section.network = "eth-100";
+  EXPECT_EQ(ResolveCluster(section)->nics_per_node, 1);
+  EXPECT_DOUBLE_EQ(ResolveCluster(section)->inter_gbps_per_gpu(), 12.0 / section.gpus_per_node);
+  section.nics_per_node = 2;
+  EXPECT_EQ(ResolveCluster(section)->nics_per_node, 2);
+}
+
 TEST(CatalogTest, RecipeOverridesWinOverTheCatalog) {
   ClusterSection section;
   section.nodes = 4;
