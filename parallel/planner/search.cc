@@ -88,7 +88,9 @@ void Rank(Plan& plan) {
     if ((a.verdict == Verdict::kInvalid) != (b.verdict == Verdict::kInvalid)) {
       return b.verdict == Verdict::kInvalid;
     }
-    return a.estimate.time.step_ms < b.estimate.time.step_ms;
+    // Equally fast: the simpler first, so that it counts as the fastest.
+    return std::make_pair(a.estimate.time.step_ms, Complexity(a.layout)) <
+           std::make_pair(b.estimate.time.step_ms, Complexity(b.layout));
   });
   // The trainer has no optimizer offload: an offload layout is recommended only when nothing
   // fits without it.

@@ -206,6 +206,20 @@ TEST(SearchTest, OffloadIsRecommendedOnlyWhenNothingFitsWithoutIt) {
               HasSubstr("nothing fits without optimizer offload"));
 }
 
+// The cost model times a step alike at any micro-batch size outside a pipeline; a GPU runs
+// larger ones closer to its peak, so the largest that fits is recommended (mb 1 with 8
+// accumulation steps was), and as the fastest, not as a simpler one within 3% of itself.
+TEST(SearchTest, TheLargestMicroBatchThatFitsIsRecommended) {
+  ClusterSection one_gpu;
+  one_gpu.gpus_per_node = 1;
+  const absl::StatusOr<Plan> plan =
+      SearchLayouts(FromConfig("gpt2-124m"), *ResolveCluster(one_gpu));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_NE(plan->recommendation(), nullptr);
+  EXPECT_EQ(plan->recommendation()->layout.micro_batch, plan->workload.batch_size);
+  EXPECT_EQ(plan->recommendation()->reason, "the fastest layout that fits");
+}
+
 TEST(SearchTest, CheckLayoutNamesWhatDoesNotDivide) {
   const Workload workload = FromConfig("gpt2-124m", {"train.batch_size=64"});
   const ClusterSpec cluster = testing::CatalogCluster(2, "h100-sxm", "ib-ndr");
