@@ -42,6 +42,8 @@ absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int 
   config.shard_shuffle = data.shard_shuffle;
   // data.shuffle_buffer is the whole run's; each stream shuffles its share.
   config.block_samples = std::max(1, data.shuffle_buffer / data.streams);
+  config.block_bytes =
+      std::max<int64_t>(1, static_cast<int64_t>(data.shuffle_buffer_mb) * (1 << 20) / data.streams);
   config.seq_len = recipe.train.seq_len;
   config.eos_id = data.eos_id;
   config.vocab_size = recipe.model.vocab_size;

@@ -140,11 +140,14 @@ absl::Status ShardStream::LoadBlock() {
   cursor_.next = 0;
   cursor_.offset = 0;
   size_t count = 0;
-  for (; count < static_cast<size_t>(config_->block_samples); ++count) {
+  for (int64_t bytes = 0; count < static_cast<size_t>(config_->block_samples) &&
+                          (config_->block_bytes <= 0 || bytes < config_->block_bytes);
+       ++count) {
     if (docs_.size() <= count) docs_.emplace_back();
     const absl::Status read = ReadSample(/*decode=*/true, &docs_[count]);
     if (absl::IsOutOfRange(read) && count > 0) break;  // a finite stream's last, short block
     RETURN_IF_ERROR(read);
+    bytes += static_cast<int64_t>(docs_[count].words.size());
   }
   docs_.resize(count);
   order_.resize(count);

@@ -3,9 +3,10 @@
 //
 // Stream k of K reads shard slots k, k + K, k + 2K, ... of the run's shard sequence, where slot s
 // is shard perm_e[s % N] of pass e = s / N (perm_e a seeded shuffle of the N URLs, or identity).
-// Samples are shuffled in blocks of block_samples, each block permuted by its own seeded draw,
-// then packed. A cursor at any window boundary restores the stream exactly by re-reading only
-// the current block. Not thread-safe.
+// Samples are shuffled in blocks of block_samples (fewer once a block holds block_bytes of
+// tokens: whole books or files as samples would otherwise fill memory), each block permuted by its
+// own seeded draw, then packed. A cursor at any window boundary restores the stream exactly by
+// re-reading only the current block. Not thread-safe.
 #pragma once
 
 #include <atomic>
@@ -31,6 +32,7 @@ struct StreamConfig {
   uint64_t seed = 0;
   bool shard_shuffle = true;
   int64_t block_samples = 1;  // samples per shuffle block; 1 = no sample shuffle
+  int64_t block_bytes = 0;    // a block also ends with the sample that reaches these token bytes
   int seq_len = 0;
   int eos_id = -1;
   int vocab_size = 0;

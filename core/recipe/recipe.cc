@@ -183,8 +183,14 @@ const std::vector<KeySpec>& Keys() {
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(data, shard_shuffle), "webdataset: shuffle the shards at every pass"},
       {DTRAIN_RECIPE_KEY(data, shuffle_buffer),
-       "webdataset samples shuffled together, over all streams (memory: this many samples); "
-       "1 = no sample shuffle",
+       "webdataset samples shuffled together, over all streams (memory: this many samples, "
+       "within data.shuffle_buffer_mb); 1 = no sample shuffle",
+       {},
+       AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(data, shuffle_buffer_mb),
+       "webdataset: at most about this many MiB of tokens in the shuffle buffer, over all "
+       "streams (each stream's share ends a block early, with the sample that reaches it): "
+       "large samples (whole files, books) shuffle in fewer at a time instead of filling memory",
        {},
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(data, eos_id),

@@ -52,6 +52,7 @@ struct DataSection {
   int streams = 64;        // logical shard streams; fixes the order; a multiple of the dp size
   bool shard_shuffle = true;
   int shuffle_buffer = 4096;      // samples shuffled together, across all streams
+  int shuffle_buffer_mb = 1024;   // ... and at most about this many MiB of their tokens
   int eos_id = -1;                // appended after every document; -1 = none
   int epochs = 0;                 // passes over the shards; 0 = endless
   std::string on_error = "fail";  // fail | skip_shard

@@ -108,6 +108,30 @@ TEST_F(WebDatasetLoaderTest, ResumesAtAStepBoundaryIdentically) {
   EXPECT_EQ(resumed, whole);
 }
 
+// A block also ends with the sample that reaches block_bytes: with one byte, every block is one
+// sample, the order of no shuffle at all; with a few, blocks of 1-3 samples resume exactly.
+TEST_F(WebDatasetLoaderTest, ABlockEndsAtItsByteBound) {
+  config_.block_samples = 1;
+  const Windows unshuffled = ReadAllRanks(1, 6);
+  config_.block_samples = 3;
+  ASSERT_NE(ReadAllRanks(1, 6), unshuffled);
+  config_.block_bytes = 1;
+  EXPECT_EQ(ReadAllRanks(1, 6), unshuffled);
+
+  config_.block_bytes = 8;
+  const Windows whole = ReadAllRanks(1, 9);
+  EXPECT_NE(whole, unshuffled);
+  std::unique_ptr<WebDatasetLoader> first = Loader(0, 1);
+  Windows resumed = Read(*first, 1, 4);
+  const LoaderState state = first->state();
+  first.reset();
+  std::unique_ptr<WebDatasetLoader> second = Loader(0, 1);
+  ASSERT_TRUE(second->Restore(state).ok());
+  const Windows rest = Read(*second, 1, 5);
+  resumed.insert(resumed.end(), rest.begin(), rest.end());
+  EXPECT_EQ(resumed, whole);
+}
+
 TEST_F(WebDatasetLoaderTest, ResumesIntoAnotherWorldSizeAtTheSameGlobalSequence) {
   const Windows whole = ReadAllRanks(1, 9);
   // 4 ranks run 5 steps and save; their merged state restores into 2 ranks for 4 more steps.
