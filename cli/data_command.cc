@@ -193,6 +193,9 @@ void AddDataCommand(CLI::App& app) {
                       "List at most this many samples (the totals still count all)");
   inspect->add_option("--tokenizer", inspect_args->tokenizer,
                       "Decode each listed sample's tokens to text with this tokenizer");
+  inspect->add_option("--text-tokens", inspect_args->options.text_tokens,
+                      "With --tokenizer: the tokens of a sample shown as text (default 200; -1 = "
+                      "all)");
   inspect->callback([inspect_args] {
     std::unique_ptr<Tokenizer> tokenizer;
     if (!inspect_args->tokenizer.empty()) {

@@ -1,5 +1,6 @@
 #include "core/data/data_inspect.h"
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -58,8 +59,11 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
         }
       }
       if (options.tokenizer != nullptr && decoded.ok()) {
-        ids.resize(sample_tokens);
-        document.CopyTo(0, sample_tokens, ids.data());
+        const int64_t shown = options.text_tokens < 0
+                                  ? sample_tokens
+                                  : std::min<int64_t>(sample_tokens, options.text_tokens);
+        ids.resize(shown);
+        document.CopyTo(0, shown, ids.data());
         absl::StatusOr<std::string> text = options.tokenizer->Decode(ids);
         if (!text.ok()) {
           return absl::InvalidArgumentError(absl::StrCat(url, ", sample '", sample.key,
@@ -68,8 +72,9 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
         }
         // Invalid UTF-8 (a byte-level token cut inside a character) shows as U+FFFD.
         out << "  text: "
-            << nlohmann::json(*text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-            << "\n";
+            << nlohmann::json(*text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        if (shown < sample_tokens) out << " ... (" << sample_tokens - shown << " more tokens)";
+        out << "\n";
       }
     }
     bytes += reader.offset();

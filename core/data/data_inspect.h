@@ -17,7 +17,8 @@ namespace dtrain {
 
 struct InspectOptions {
   bool summary_only = false;
-  int64_t max_samples = -1;  // per listing; -1 = all
+  int64_t max_samples = -1;   // per listing; -1 = all
+  int64_t text_tokens = 200;  // tokens of a sample decoded to text; -1 = all
   ShardSourceOptions source;
   const Tokenizer* tokenizer = nullptr;  // decodes the listed samples; null = ids only
 };

@@ -52,6 +52,10 @@ TEST(DataCommandTest, PackRecordsTheTokenizerAndInspectDecodesItsIds) {
   EXPECT_THAT(inspect.stdout_text, HasSubstr("text: \"the theme<|endoftext|>\\n\""));
   EXPECT_THAT(inspect.stdout_text, HasSubstr("text: \"café then\""));
   EXPECT_THAT(inspect.stdout_text, ::testing::Not(HasSubstr("note:")));
+  // A long sample shows its first --text-tokens as text.
+  const Outcome head = RunDtrain(
+      absl::StrCat("data inspect ", shard, " --tokenizer ", tokenizer, " --text-tokens 2"));
+  EXPECT_THAT(head.stdout_text, HasSubstr("text: \"the \" ... (5 more tokens)"));
   // Decoding with another tokenizer than the one the shard records says so.
   const Outcome other = RunDtrain(
       absl::StrCat("data inspect ", shard, " --tokenizer ", TokenizerDir("data_tok_other")));
