@@ -43,9 +43,10 @@ BATCH = 4
 TEXT = "".join(f"The quick brown fox {i} jumps over the lazy dog; naïve café 北京 {i * 7}.\n"
                for i in range(300))
 
+# GPT-2's vocabulary holds the byte-level BPE of make_tokenizers (320 ids) that its folders carry.
 MODELS = {
     "gpt2": {"family": "gpt2", "n_layer": 2, "n_head": 4, "d_model": 32, "d_ff": 128,
-             "vocab_size": 256, "max_seq_len": 32, "norm_eps": 1e-5},
+             "vocab_size": 320, "max_seq_len": 32, "norm_eps": 1e-5},
     "llama": {"family": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 32,
               "d_ff": 64, "vocab_size": 256, "max_seq_len": 32, "norm_eps": 1e-5,
               "rope_theta": 10000.0},
