@@ -110,8 +110,9 @@ std::string AssumptionsLine(const Plan& plan) {
   const CostAssumptions& a = plan.options.assumptions;
   const Precision& p = plan.workload.precision;
   return absl::StrFormat(
-      "bytes a value: parameters %g, gradients %g, activations %g, optimizer state %g, "
-      "gradients reduced %g, parameters gathered %g; GEMMs at %.0f%% of peak "
+      "bytes a value: parameters %g, gradients %g, activations %g, optimizer state %g (under "
+      "zero3 and fsdp its float32 master shard is counted as the parameters), gradients reduced "
+      "%g, parameters gathered %g; GEMMs at %.0f%% of peak "
       "(half that at width %.0f), %s pipeline schedule, DP communication overlapped with "
       "backward except the last bucket, TP not overlapped; %.0f%% of GPU memory kept free; a "
       "simpler layout within %.0f%% of the fastest is preferred",
