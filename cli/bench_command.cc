@@ -43,8 +43,9 @@ void AddBenchCommand(CLI::App& app) {
       ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "broadcast"}))
       ->capture_default_str();
   comm->add_option("--hostname", args->hostname,
-                   "Address peers reach this rank at (default: 127.0.0.1 when MASTER_ADDR is "
-                   "local, else this host's name)");
+                   "Address peers reach this rank at (default: as training picks it: "
+                   "GLOO_SOCKET_IFNAME's interface, else the address this host reaches the "
+                   "master from)");
   comm->callback([args] {
     absl::StatusOr<int64_t> min_bytes = ParseByteSize(args->min_bytes);
     if (!min_bytes.ok()) Fail(min_bytes.status(), kExitUsage);

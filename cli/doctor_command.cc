@@ -64,7 +64,8 @@ void AddDoctorCommand(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   command->add_option("--hostname", args->hostname,
                       "Address the other nodes reach this one's Gloo device at (default: as "
-                      "training picks it, the host name)");
+                      "training picks it: GLOO_SOCKET_IFNAME's interface, else the address this "
+                      "node reaches the master from)");
   command->callback([args] {
     std::optional<Recipe> recipe;
     if (!args->recipe_path.empty()) {

@@ -5,8 +5,8 @@
 #include "cli/commands.h"
 #include "core/model/model_size.h"
 #include "core/util/status.h"
-#include "parallel/planner/catalog.h"
 #include "embedded_tiny_recipe.h"
+#include "parallel/planner/catalog.h"
 
 namespace dtrain::cli {
 

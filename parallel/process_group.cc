@@ -1,7 +1,5 @@
 #include "parallel/process_group.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -21,14 +19,32 @@
 #include "parallel/comm/flight_recorder_diagnosis.h"
 #include "parallel/comm/gloo_communicator.h"
 #include "parallel/comm/nccl_module.h"
+#include "parallel/store/socket.h"
 #include "parallel/store/tcp_store_client.h"
 
 namespace dtrain {
 
-std::string PeerHostname(const std::string& master_addr) {
-  const bool loopback = master_addr == "127.0.0.1" || master_addr == "localhost";
-  char name[256] = {};
-  return loopback || gethostname(name, sizeof(name) - 1) != 0 ? "127.0.0.1" : name;
+absl::StatusOr<std::string> PeerHostname(const std::string& master_addr) {
+  if (const char* names = std::getenv("GLOO_SOCKET_IFNAME"); names != nullptr && *names != 0) {
+    const std::string list = names;
+    const std::string name = list.substr(0, list.find(','));
+    absl::StatusOr<std::string> address = InterfaceAddress(name);
+    if (!address.ok()) {
+      return absl::Status(address.status().code(),
+                          absl::StrCat("GLOO_SOCKET_IFNAME: ", address.status().message()));
+    }
+    return address;
+  }
+  if (master_addr == "127.0.0.1" || master_addr == "localhost") return std::string("127.0.0.1");
+  absl::StatusOr<std::string> source = SourceAddressTowards(master_addr);
+  if (!source.ok()) {
+    return absl::Status(source.status().code(),
+                        absl::StrCat("choosing the address other ranks reach this one at: ",
+                                     source.status().message(),
+                                     "; check MASTER_ADDR, or set GLOO_SOCKET_IFNAME to the "
+                                     "interface of the network between the nodes"));
+  }
+  return source;
 }
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> ServeRendezvousStore(const WorldMembership& world) {
@@ -60,7 +76,11 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldM
   group->comm_namespace_ = absl::StrCat(key_prefix, attempt, "/comm/");
   group->failure_key_ = absl::StrCat(key_prefix, attempt, "/failure");
   group->timeout_ = timeout;
-  group->hostname_ = hostname.empty() ? PeerHostname(world.master_addr) : hostname;
+  if (hostname.empty()) {
+    ASSIGN_OR_RETURN(group->hostname_, PeerHostname(world.master_addr));
+  } else {
+    group->hostname_ = hostname;
+  }
   GlooCommunicatorOptions options;
   options.name = "world";
   options.key_prefix = group->comm_namespace_ + "world/";

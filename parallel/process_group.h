@@ -23,9 +23,11 @@
 
 namespace dtrain {
 
-// The address peers reach this rank's Gloo devices at when none is given: 127.0.0.1 for a
-// loopback master, else this host's name.
-std::string PeerHostname(const std::string& master_addr);
+// The address peers reach this rank's Gloo devices at when none is given: the address of the
+// interface GLOO_SOCKET_IFNAME names (PyTorch's variable; the first of a list), else 127.0.0.1
+// for a loopback master, else the address this host reaches the master from, which the other
+// nodes reach too (the host's name may resolve to 127.0.1.1, as Debian writes /etc/hosts).
+absl::StatusOr<std::string> PeerHostname(const std::string& master_addr);
 
 // The world's rendezvous store as ranks meet it: rank 0 serves it at MASTER_ADDR:PORT unless an
 // agent hosts it (then null), and every rank connects with the world's token (set here).

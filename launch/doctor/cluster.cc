@@ -361,8 +361,11 @@ class Session {
     comm_options.rank = world_.rank;
     comm_options.size = world_.world_size;
     comm_options.timeout = options_.timeout;
-    comm_options.hostname =
-        options_.hostname.empty() ? PeerHostname(world_.master_addr) : options_.hostname;
+    if (options_.hostname.empty()) {
+      ASSIGN_OR_RETURN(comm_options.hostname, PeerHostname(world_.master_addr));
+    } else {
+      comm_options.hostname = options_.hostname;
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> comm,
                      GlooCommunicator::Create(store_, comm_options));
     CommBenchOptions bench;
@@ -384,8 +387,9 @@ class Session {
       return Result(
           "cluster.allreduce", Verdict::kFail,
           absl::StrCat("the Gloo all-reduce across the nodes failed: ", busbw.status().message()),
-          "every node must reach every other on any TCP port at the address of its "
-          "host name (or --hostname); check the firewall between the nodes");
+          "every node must reach every other on any TCP port at the address it reaches the "
+          "master from (or GLOO_SOCKET_IFNAME's, or --hostname); check the firewall between "
+          "the nodes");
     }
     return BandwidthCheck(*busbw, options_.bandwidth_bytes, world_.num_nodes, options_.cluster);
   }

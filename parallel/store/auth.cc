@@ -7,6 +7,9 @@
 #include <openssl/rand.h>
 
 #include <cstring>
+#include <string>
+
+#include "parallel/store/socket.h"
 
 namespace dtrain {
 namespace {
@@ -60,6 +63,15 @@ bool IsLoopbackAddress(const sockaddr_storage& address) {
     const in6_addr& v6 = reinterpret_cast<const sockaddr_in6&>(address).sin6_addr;
     if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
     return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+bool IsThisHostsAddress(const sockaddr_storage& address) {
+  if (IsLoopbackAddress(address)) return true;
+  const std::string ip = FormatIpAddress(address);
+  for (const auto& [interface, own] : InterfaceAddresses()) {
+    if (own == ip) return true;
   }
   return false;
 }

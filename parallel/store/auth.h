@@ -1,6 +1,6 @@
 // Who may talk to the rendezvous store. With a job token, both ends prove they know it by an
 // HMAC-SHA256 challenge-response over fresh nonces (the token never crosses the wire); without
-// one, only loopback peers are admitted. Pure functions; thread-safe.
+// one, only peers on this host are admitted. Thread-safe.
 #pragma once
 
 #include <sys/socket.h>
@@ -28,7 +28,11 @@ std::string ClientProof(std::string_view token, std::string_view client_nonce,
 // Constant-time comparison (CRYPTO_memcmp) so timing does not reveal a matching prefix.
 bool ProofsEqual(std::string_view expected, std::string_view received);
 
-// 127.0.0.0/8, ::1 and IPv4-mapped 127.0.0.0/8: the peers a store without a token admits.
+// 127.0.0.0/8, ::1 and IPv4-mapped 127.0.0.0/8.
 bool IsLoopbackAddress(const sockaddr_storage& address);
+
+// Loopback, or an address of one of this host's interfaces: a process on this host, the peers a
+// store without a token admits (a rank reaching its own host by its network address included).
+bool IsThisHostsAddress(const sockaddr_storage& address);
 
 }  // namespace dtrain

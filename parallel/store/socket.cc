@@ -1,15 +1,21 @@
 #include "parallel/store/socket.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace dtrain {
 namespace {
@@ -74,6 +80,77 @@ std::string FormatSocketAddress(const sockaddr_storage& address) {
     return FormatHostPort(text, ntohs(v6.sin6_port));
   }
   return absl::StrFormat("(address family %d)", address.ss_family);
+}
+
+std::string FormatIpAddress(const sockaddr_storage& address) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (address.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(address).sin_addr, text,
+                sizeof(text));
+  } else if (address.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(address).sin6_addr, text,
+                sizeof(text));
+  }
+  return text;
+}
+
+std::vector<std::pair<std::string, std::string>> InterfaceAddresses() {
+  std::vector<std::pair<std::string, std::string>> addresses;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return addresses;
+  for (const ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr) continue;
+    const int family = entry->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    sockaddr_storage address{};
+    std::memcpy(&address, entry->ifa_addr,
+                family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+    addresses.emplace_back(entry->ifa_name, FormatIpAddress(address));
+  }
+  ::freeifaddrs(list);
+  return addresses;
+}
+
+absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
+  std::string v4, v6;
+  std::vector<std::string> names;
+  for (const auto& [interface, address] : InterfaceAddresses()) {
+    if (std::find(names.begin(), names.end(), interface) == names.end()) names.push_back(interface);
+    if (interface != name) continue;
+    std::string& slot = address.find(':') == std::string::npos ? v4 : v6;
+    if (slot.empty()) slot = address;
+  }
+  if (!v4.empty()) return v4;
+  if (!v6.empty()) return v6;
+  return absl::NotFoundError(absl::StrCat("network interface '", name,
+                                          "' has no address here; this host has ",
+                                          absl::StrJoin(names, ", "), " (ip -br addr)"));
+}
+
+absl::StatusOr<std::string> SourceAddressTowards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (const int error = ::getaddrinfo(host.c_str(), "9", &hints, &found); error != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve ", host, ": ", ::gai_strerror(error)));
+  }
+  absl::Status status = absl::UnavailableError(absl::StrCat("no route to ", host));
+  std::string source;
+  for (const addrinfo* entry = found; entry != nullptr && source.empty(); entry = entry->ai_next) {
+    // Connecting a UDP socket only picks the route and the source address.
+    UniqueFd fd(::socket(entry->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!fd.valid() || ::connect(fd.get(), entry->ai_addr, entry->ai_addrlen) != 0) continue;
+    sockaddr_storage local{};
+    socklen_t bytes = sizeof(local);
+    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &bytes) == 0) {
+      source = FormatIpAddress(local);
+    }
+  }
+  ::freeaddrinfo(found);
+  if (source.empty()) return status;
+  return source;
 }
 
 absl::Status SendAll(int fd, std::string_view bytes, absl::Time deadline) {

@@ -6,6 +6,8 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,6 +38,21 @@ class UniqueFd {
 // "10.0.0.1:29500" or "[::1]:29500": how messages name an endpoint.
 std::string FormatHostPort(std::string_view host, int port);
 std::string FormatSocketAddress(const sockaddr_storage& address);
+
+// The IP address (no port) of a socket address: "10.0.0.1", "::1".
+std::string FormatIpAddress(const sockaddr_storage& address);
+
+// This host's interfaces' IPv4 and IPv6 addresses, as (interface name, address) pairs.
+std::vector<std::pair<std::string, std::string>> InterfaceAddresses();
+
+// The IPv4 address of network interface `name` (else its IPv6 one); NotFound naming the
+// interfaces there are.
+absl::StatusOr<std::string> InterfaceAddress(const std::string& name);
+
+// The address this host sends from to reach `host` (the route's source: what the kernel picks
+// for a connection there); no packet is sent. Unavailable when `host` does not resolve or has no
+// route.
+absl::StatusOr<std::string> SourceAddressTowards(const std::string& host);
 
 // Writes every byte of `bytes` to a non-blocking socket, polling until `deadline`
 // (DeadlineExceeded; Unavailable when the peer is gone). Never raises SIGPIPE.

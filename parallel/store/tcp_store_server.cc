@@ -235,15 +235,16 @@ void TcpStoreServer::Loop::AcceptAll() {
     }
     UniqueFd owned(fd);
     const std::string peer = FormatSocketAddress(address);
-    if (token_.empty() && !IsLoopbackAddress(address)) {
+    if (token_.empty() && !IsThisHostsAddress(address)) {
       LogWarn(
           "rendezvous store: refused client %s: without DTRAIN_RDZV_TOKEN the store accepts "
-          "only loopback clients; set DTRAIN_RDZV_TOKEN to the same secret on every node",
+          "only clients on its own host; set DTRAIN_RDZV_TOKEN to the same secret on every node",
           peer);
       const std::string refusal = ErrorFrame(
           absl::StatusCode::kPermissionDenied,
           absl::StrFormat("refused this client (%s): the job has no DTRAIN_RDZV_TOKEN, so only "
-                          "loopback clients are accepted; set DTRAIN_RDZV_TOKEN on every node",
+                          "clients on the store's own host are accepted; set DTRAIN_RDZV_TOKEN "
+                          "on every node",
                           peer));
       // Best effort: the frame fits an empty socket buffer, and the fd closes either way.
       const ssize_t ignored = ::send(fd, refusal.data(), refusal.size(), MSG_NOSIGNAL);
@@ -751,7 +752,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   std::string token = options.token;
   LogInfo("rendezvous store listening on %s (%s)",
           FormatHostPort(host.empty() ? "0.0.0.0" : host, bound_port),
-          token.empty() ? "no DTRAIN_RDZV_TOKEN: loopback clients only" : "token required");
+          token.empty() ? "no DTRAIN_RDZV_TOKEN: clients on this host only" : "token required");
   auto loop = std::make_unique<Loop>(std::move(listener), std::move(epoll), std::move(wake),
                                      std::move(token), options);
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(bound_port, std::move(loop)));

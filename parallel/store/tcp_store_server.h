@@ -21,8 +21,8 @@
 namespace dtrain {
 
 struct TcpStoreServerOptions {
-  // The job's token (WorldMembership::rdzv_token). Without one (empty) only loopback clients
-  // are admitted.
+  // The job's token (WorldMembership::rdzv_token). Without one (empty) only clients on this
+  // host are admitted (IsThisHostsAddress).
   std::string token;
   StoreWireLimits limits;
   // A connection that has not finished the handshake by then is closed (a stuck or hostile

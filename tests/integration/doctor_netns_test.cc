@@ -4,10 +4,6 @@
 // the second namespace's link down its node is named by node 0 and by itself, within the
 // timeout; with a private folder mounted over the checkpoint folder on the second node, the
 // shared-folder check names that node. Needs root and `ip netns`; skipped otherwise.
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -19,83 +15,23 @@
 #include "gtest/gtest.h"
 #include "tests/testing/free_port.h"
 #include "tests/testing/run_dtrain.h"
+#include "tests/testing/two_node_netns.h"
 
 namespace dtrain {
 namespace {
 
 using ::testing::HasSubstr;
-
-constexpr char kNamespace[] = "dtrain-doctor-test";
-constexpr char kNodeZeroAddress[] = "10.213.9.1";
-constexpr char kNodeOneAddress[] = "10.213.9.2";
-
-int Shell(const std::string& command) { return system(command.c_str()); }
-
-// ctest runs each test of this suite as its own process, two at a time: the namespace, the veth
-// pair and the addresses are one per machine, so a test holds this lock while they exist.
-class MachineLock {
- public:
-  MachineLock() : fd_(open("/tmp/dtrain-doctor-netns.lock", O_CREAT | O_RDWR, 0644)) {
-    if (fd_ >= 0) flock(fd_, LOCK_EX);
-  }
-  ~MachineLock() {
-    if (fd_ >= 0) close(fd_);
-  }
-  MachineLock(const MachineLock&) = delete;
-  MachineLock& operator=(const MachineLock&) = delete;
-
- private:
-  int fd_;
-};
-
-class SecondNode {
- public:
-  SecondNode() {
-    Remove();
-    ok_ = Shell(absl::StrCat(
-              "ip netns add ", kNamespace,
-              " && ip link add dtrain-dr0 type veth peer name dtrain-dr1",
-              " && ip link set dtrain-dr1 netns ", kNamespace, " && ip addr add ", kNodeZeroAddress,
-              "/24 dev dtrain-dr0 && ip link set dtrain-dr0 up", " && ip -n ", kNamespace,
-              " addr add ", kNodeOneAddress, "/24 dev dtrain-dr1 && ip -n ", kNamespace,
-              " link set dtrain-dr1 up && ip -n ", kNamespace, " link set lo up")) == 0;
-  }
-  ~SecondNode() { Remove(); }
-  bool ok() const { return ok_; }
-  bool CutOff() {
-    return Shell(absl::StrCat("ip -n ", kNamespace, " link set dtrain-dr1 down")) == 0;
-  }
-
- private:
-  static void Remove() {
-    Shell(absl::StrCat("ip netns del ", kNamespace,
-                       " 2>/dev/null; ip link del dtrain-dr0 2>/dev/null"));
-  }
-  bool ok_ = false;
-};
-
-struct ShellRun {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-ShellRun RunShell(const std::string& command) {
-  ShellRun run;
-  FILE* pipe = popen(absl::StrCat(command, " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) run.output.append(buffer, n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
+using testing::kNamespace;
+using testing::kNodeOneAddress;
+using testing::kNodeZeroAddress;
+using testing::RunShell;
+using testing::SecondNode;
+using testing::ShellRun;
 
 class DoctorNetnsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (geteuid() != 0 || Shell("ip netns list >/dev/null 2>&1") != 0) {
-      GTEST_SKIP() << "needs root and ip netns";
-    }
+    if (!testing::CanMakeNamespaces()) GTEST_SKIP() << "needs root and ip netns";
     ASSERT_TRUE(node_.ok()) << "could not set up the network namespace " << kNamespace;
     out_dir_ = testing::FreshTempDir("doctor_netns_out");
     std::filesystem::create_directories(out_dir_);
@@ -126,7 +62,8 @@ class DoctorNetnsTest : public ::testing::Test {
     return {node_zero, node_one.get()};
   }
 
-  MachineLock lock_;  // before node_: held from before it is made until after it is removed
+  testing::MachineLock
+      lock_;  // before node_: held from before it is made until after it is removed
   SecondNode node_;
   std::string out_dir_;
   int port_ = 0;

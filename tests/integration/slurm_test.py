@@ -1,9 +1,10 @@
 """dtrain on a real Slurm cluster: munged, slurmctld and two slurmd nodes (n1, n2) on this
 machine, brought up by scripts/slurm/cluster.sh. Jobs are submitted with sbatch, as a user would:
 
-- `srun -N2 -n4 dtrain train` (every task a rank) and `dtrain launch` from the batch shell (one
-  agent per node, two workers each) both follow the single-process loss trajectory with the same
-  global batch (1e-5 relative);
+- scripts/slurm/train.sbatch (`srun -N2 -n4 dtrain train`, every task a rank, with the job's
+  rendezvous token it generates) and `dtrain launch` from the batch shell (one agent per node,
+  two workers each) both follow the single-process loss trajectory with the same global batch
+  (1e-5 relative); `srun dtrain train` over two nodes without a token stops at once, saying so;
 - a worker SIGKILLed mid-run under `dtrain launch --max-restarts 1`: the group restarts and the
   job completes;
 - `scancel --signal=TERM`: the workers write a checkpoint and the job exits cleanly;
@@ -30,6 +31,7 @@ import unittest
 
 SOURCE_DIR = pathlib.Path(__file__).resolve().parents[2]
 CLUSTER = SOURCE_DIR / "scripts" / "slurm" / "cluster.sh"
+TRAIN_SBATCH = SOURCE_DIR / "scripts" / "slurm" / "train.sbatch"
 DTRAIN = None  # set in main
 WORK = None  # a temporary folder for the cluster, recipes and runs
 JOB_TIMEOUT_S = 240
@@ -152,11 +154,19 @@ class SlurmTest(unittest.TestCase):
             self.assertLess(abs(a - b), 1e-5 * abs(b), f"step {step}: {a} vs {b}")
 
     def test_srun_tasks_are_ranks(self):
-        code, output = sbatch("srun4", f"srun -N2 -n4 {DTRAIN} train {recipe('srun4', 6)}",
+        # The shipped batch script, run in the job this test submits (its #SBATCH lines are the
+        # submission's business).
+        code, output = sbatch("srun4", f"DTRAIN={DTRAIN} bash {TRAIN_SBATCH} {recipe('srun4', 6)}",
                               tasks_per_node=2)
         self.assertEqual(code, 0, output)
         self.assertIn("4 ranks", output)
         self.assert_follows_reference("srun4")
+
+    def test_srun_over_two_nodes_without_a_token_stops_at_once(self):
+        code, output = sbatch("notoken", f"srun -N2 -n2 {DTRAIN} train {recipe('notoken', 6)}")
+        self.assertNotEqual(code, 0, output)
+        self.assertIn("this world spans 2 nodes", output)
+        self.assertIn("export DTRAIN_RDZV_TOKEN", output)
 
     def test_doctor_summarises_both_nodes(self):
         code, output = sbatch("doctor", f"srun -N2 --ntasks=2 --ntasks-per-node=1 {DTRAIN} doctor "

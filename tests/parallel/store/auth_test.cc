@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 
+#include "parallel/store/socket.h"
+
 namespace dtrain {
 namespace {
 
@@ -33,6 +35,17 @@ TEST(StoreAuthTest, LoopbackClassifier) {
   sockaddr_storage unix_socket{};
   unix_socket.ss_family = AF_UNIX;
   EXPECT_FALSE(IsLoopbackAddress(unix_socket));
+}
+
+// This host's addresses are its interfaces' (and loopback); a documentation address is not.
+TEST(StoreAuthTest, ThisHostsAddressClassifier) {
+  for (const auto& [interface, address] : InterfaceAddresses()) {
+    if (address.rfind("fe80:", 0) == 0) continue;  // link-local: needs a scope to parse
+    EXPECT_TRUE(IsThisHostsAddress(Address(address.c_str()))) << interface << " " << address;
+  }
+  EXPECT_TRUE(IsThisHostsAddress(Address("127.3.2.1")));
+  EXPECT_FALSE(IsThisHostsAddress(Address("203.0.113.7")));
+  EXPECT_FALSE(IsThisHostsAddress(Address("2001:db8::7")));
 }
 
 TEST(StoreAuthTest, ProofsDependOnTokenNoncesAndDirection) {
