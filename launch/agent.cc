@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -36,8 +37,8 @@ constexpr absl::Duration kMonitorInterval = absl::Milliseconds(100);
 constexpr absl::Duration kRendezvousInterval = absl::Milliseconds(10);
 // How long node 0 keeps the store up for the other agents to read the final state.
 constexpr absl::Duration kExitTimeout = absl::Seconds(30);
-// How long node 0 waits for the requeue command (`scontrol requeue`) to answer.
-constexpr absl::Duration kRequeueTimeout = absl::Seconds(30);
+// How long node 0 waits for a Slurm command (`scontrol requeue`, `scontrol show job`) to answer.
+constexpr absl::Duration kCommandTimeout = absl::Seconds(30);
 // How often an agent blocked in a barrier looks for agents that were lost meanwhile.
 constexpr absl::Duration kBarrierLivenessInterval = absl::Seconds(1);
 // Agent liveness. Each agent asks the store to count its connection's close (the store sees it
@@ -125,6 +126,39 @@ SubprocessOptions ChildOptions(std::vector<std::string> environment) {
   options.own_process_group = true;
   options.die_with_parent = true;
   return options;
+}
+
+// A short command of node 0 (scontrol): how it ended within kCommandTimeout, and its stdout.
+struct CommandRun {
+  absl::Status started;
+  std::optional<ExitStatus> exit;  // none: still running at the timeout (then killed)
+  std::string output;
+  std::string Describe() const {
+    if (!started.ok()) return std::string(started.message());
+    return exit ? exit->ToString()
+                : absl::StrCat("no answer within ", absl::FormatDuration(kCommandTimeout));
+  }
+};
+
+CommandRun RunCommand(const std::vector<std::string>& argv, std::vector<std::string> environment) {
+  CommandRun run;
+  absl::StatusOr<std::unique_ptr<Subprocess>> process =
+      Subprocess::Spawn(argv, ChildOptions(std::move(environment)));
+  run.started = process.status();
+  if (!process.ok()) return run;
+  const absl::Time deadline = absl::Now() + kCommandTimeout;
+  char buffer[4096];
+  while (!run.exit && absl::Now() < deadline) {
+    for (ssize_t n; (n = ::read((*process)->stdout_fd(), buffer, sizeof(buffer))) > 0;) {
+      run.output.append(buffer, static_cast<size_t>(n));
+    }
+    run.exit = (*process)->Poll();
+    if (!run.exit) absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (ssize_t n; run.exit && (n = ::read((*process)->stdout_fd(), buffer, sizeof(buffer))) > 0;) {
+    run.output.append(buffer, static_cast<size_t>(n));
+  }
+  return run;
 }
 
 std::string ClockTime(absl::Time time) {
@@ -742,30 +776,39 @@ void Agent::PrintRootCause(int attempt) {
 }
 
 void Agent::Requeue() {
-  const std::string command = absl::StrJoin(options_.requeue_argv, " ");
-  absl::StatusOr<std::unique_ptr<Subprocess>> process =
-      Subprocess::Spawn(options_.requeue_argv, ChildOptions(options_.environment));
-  const absl::Time deadline = absl::Now() + kRequeueTimeout;
-  while (process.ok() && !(*process)->Poll() && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
+  // A job the user cancelled ends; one stopped while it still runs (its time limit's signal, a
+  // preemption) comes back. Slurm shows a cancelled job COMPLETING while its processes end, then
+  // CANCELLED.
+  if (!options_.job_state_argv.empty()) {
+    const CommandRun shown = RunCommand(options_.job_state_argv, options_.environment);
+    const std::string::size_type at = shown.output.find("JobState=");
+    const std::string state =
+        at == std::string::npos
+            ? ""
+            : shown.output.substr(at + 9, shown.output.find_first_of(" \n", at) - at - 9);
+    if (state == "COMPLETING" || state == "CANCELLED") {
+      LogInfo("the job is ending (JobState=%s: cancelled): not requeued", state);
+      return;
+    }
+    if (state.empty()) {
+      LogWarn("could not read the job's state with `%s` (%s); requeueing it",
+              absl::StrJoin(options_.job_state_argv, " "), shown.Describe());
+    }
   }
-  if (process.ok() && (*process)->exit_status() && (*process)->exit_status()->ok()) {
+  const std::string command = absl::StrJoin(options_.requeue_argv, " ");
+  const CommandRun requeue = RunCommand(options_.requeue_argv, options_.environment);
+  if (requeue.exit && requeue.exit->ok()) {
     LogInfo("requeued the job: %s", command);
     return;
   }
   // Slurm ends the processes of a job it requeues, the command's own included, with SIGTERM:
   // that often comes before the command returns.
-  if (process.ok() && (*process)->exit_status() && (*process)->exit_status()->signal == SIGTERM) {
+  if (requeue.exit && requeue.exit->signal == SIGTERM) {
     LogInfo("requeued the job: %s (ended by SIGTERM, as Slurm ends the job it requeues)", command);
     return;
   }
-  const std::string reason =
-      !process.ok() ? std::string(process.status().message())
-      : (*process)->exit_status()
-          ? (*process)->exit_status()->ToString()
-          : absl::StrCat("no answer within ", absl::FormatDuration(kRequeueTimeout));
   LogError("could not requeue the job with `%s`: %s; resubmit it to resume from the checkpoint",
-           command, reason);
+           command, requeue.Describe());
 }
 
 bool Agent::Settle() {

@@ -53,6 +53,9 @@ struct AgentOptions {
   // Run by node 0 once the workers stopped cleanly after SIGTERM (`scontrol requeue JOB`), so a
   // preempted or timed-out job comes back and resumes from its checkpoint. Empty: none.
   std::vector<std::string> requeue_argv;
+  // Prints the job's record before that (`scontrol show job --oneliner JOB`): a job whose
+  // JobState is COMPLETING or CANCELLED (scancel) ends instead. Empty: requeue without asking.
+  std::vector<std::string> job_state_argv;
 };
 
 // The environment of worker `local_rank` in restart `attempt`: `options.environment` without

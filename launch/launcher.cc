@@ -193,6 +193,7 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     }
     ASSIGN_OR_RETURN(const std::string scontrol, FindOnPath(env, "scontrol"));
     agent.requeue_argv = {scontrol, "requeue", node.slurm_job_id};
+    agent.job_state_argv = {scontrol, "show", "job", "--oneliner", node.slurm_job_id};
   }
   if (!agent.log_dir.empty()) {
     std::error_code error;

@@ -7,7 +7,8 @@ machine, brought up by scripts/slurm/cluster.sh. Jobs are submitted with sbatch,
   (1e-5 relative); `srun dtrain train` over two nodes without a token stops at once, saying so;
 - a worker SIGKILLed mid-run under `dtrain launch --max-restarts 1`: the group restarts and the
   job completes;
-- `scancel --signal=TERM`: the workers write a checkpoint and the job exits cleanly;
+- `scancel --signal=TERM`: the workers write a checkpoint and the job exits cleanly (and with
+  --requeue comes back); a plain `scancel` of a --requeue job ends it;
 - an agent SIGKILLed under `dtrain launch` (with a restart left): Slurm tears the step down
   (SIGTERM), and the other agent names the lost agent as the root cause and ends by itself,
   before KillWait, instead of treating the teardown as a preemption or waiting for the node.
@@ -274,6 +275,22 @@ class SlurmTest(unittest.TestCase):
         finally:
             subprocess.run(["scancel", job_id])
             job.communicate(timeout=JOB_TIMEOUT_S)
+
+    def test_a_cancelled_job_is_not_requeued(self):
+        # `scancel JOB` is the user ending the job: --requeue brings back only a job stopped while
+        # it still runs (its time limit's signal, a preemption, `scancel --signal=TERM` above).
+        name = "cancel"
+        job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 100000)} --nproc-per-node 2 "
+                                   "--requeue", wait=False)
+        wait_for(lambda: steps_logged(name) >= 2, JOB_TIMEOUT_S, "2 steps")
+        job_id = queued_job_id(name)
+        subprocess.run(["scancel", job_id], check=True)
+        job.communicate(timeout=JOB_TIMEOUT_S)
+        shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
+                               text=True).stdout
+        self.assertRegex(shown, r"\bJobState=CANCELLED\b", shown)
+        self.assertRegex(shown, r"\bRestarts=0\b", shown)
+        self.assertNotIn("requeued the job", output.read_text())
 
 
 def main():
