@@ -70,7 +70,7 @@ void ShardStream::CloseSlot() {
   reader_.reset();
   source_.reset();
   slot_ += config_->num_streams;
-  slot_samples_ = 0;
+  slot_samples_ = slot_decoded_ = slot_tokens_ = 0;
 }
 
 absl::Status ShardStream::ShardFailed(const absl::Status& status) {
@@ -118,6 +118,15 @@ absl::Status ShardStream::ReadSample(bool decode, TokenDocument* tokens) {
         continue;
       }
       ++shards_read_;
+      if (slot_tokens_ > 0) {
+        empty_in_a_row_ = 0;
+      } else if (slot_decoded_ == slot_samples_ &&
+                 ++empty_in_a_row_ >= static_cast<int64_t>(config_->urls.size())) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("data stream ", stream_, ": ", empty_in_a_row_,
+                         " shards in a row held no tokens, as many as there are shards (last: ",
+                         UrlOfSlot(slot_), "); data.shards holds no text to train on"));
+      }
       CloseSlot();
       continue;
     }
@@ -126,6 +135,10 @@ absl::Status ShardStream::ReadSample(bool decode, TokenDocument* tokens) {
     if (!status.ok()) {
       RETURN_IF_ERROR(ShardFailed(status));
       continue;
+    }
+    if (decode) {
+      ++slot_decoded_;
+      slot_tokens_ += tokens->size();
     }
     ++slot_samples_;
     failures_in_a_row_ = 0;

@@ -90,7 +90,12 @@ class ShardStream {
   // Reading position.
   int64_t slot_;
   int64_t slot_samples_ = 0;  // samples read from slot_
+  int64_t slot_decoded_ = 0;  // ... of which decoded
+  int64_t slot_tokens_ = 0;   // ... holding these tokens
   int64_t failures_in_a_row_ = 0;
+  // Shards read whole in a row whose decoded samples held no token: as many as there are
+  // shards is an error (such data would be read forever without one window).
+  int64_t empty_in_a_row_ = 0;
   bool wrap_logged_ = false;
   std::unique_ptr<ByteSource> source_;
   std::unique_ptr<TarReader> reader_;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "core/data/shard_urls.h"
 #include "gtest/gtest.h"
 #include "tests/core/data/tar_test_util.h"
@@ -130,6 +131,22 @@ TEST_F(WebDatasetLoaderTest, ABlockEndsAtItsByteBound) {
   const Windows rest = Read(*second, 1, 5);
   resumed.insert(resumed.end(), rest.begin(), rest.end());
   EXPECT_EQ(resumed, whole);
+}
+
+// Shards whose samples hold no token are an error once a stream has read as many of them in a
+// row as there are shards; the loader read them forever, at 100% CPU, never returning a batch.
+TEST_F(WebDatasetLoaderTest, ShardsWithoutTokensAreAnError) {
+  for (const char* name : {"empty-0.tar", "empty-1.tar"}) {
+    ASSERT_TRUE(testing::RunPython(absl::StrCat(testing::TestScript("make_shards.py"), " pax ",
+                                                dir_.path(), "/", name, " a.tokens= b.tokens=")));
+  }
+  config_.urls = *ExpandShardUrls(dir_.path() + "/empty-{0..1}.tar");
+  config_.num_streams = 1;
+  std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
+  std::vector<int32_t> inputs(kBatch * kSeqLen), targets(kBatch * kSeqLen);
+  const absl::Status status = loader->Next(kBatch, inputs.data(), targets.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "2 shards in a row held no tokens")) << status;
 }
 
 TEST_F(WebDatasetLoaderTest, ResumesIntoAnotherWorldSizeAtTheSameGlobalSequence) {
