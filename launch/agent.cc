@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -738,6 +739,24 @@ void Agent::PrintRootCause(int attempt) {
   // collective).
   auto [root, blamer] = FirstBlamed(records, failures);
   if (root == nullptr) root = failures.front();
+  // The workers' flight-recorder dumps compared, when they wrote any (parallel/comm/
+  // flight_recorder_diagnosis.h): which rank never entered which operation, or a desync.
+  const std::optional<FlightDiagnosis> flights =
+      DiagnosePublishedFlightDumps(*store_, attempt, world_size_);
+  // A hung rank blamed may itself only wait behind another in a group of its own, and be ended
+  // by the agent before its timeout could blame that one: the earliest operation some rank never
+  // entered names the rank it waits for.
+  const FailureRecord* unentered = nullptr;
+  if (root->stopped && flights && !flights->never_entered.empty() &&
+      !absl::c_linear_search(flights->never_entered, root->rank)) {
+    for (const FailureRecord& record : records) {
+      if (record.rank == flights->never_entered.front()) unentered = &record;
+    }
+  }
+  if (unentered != nullptr) {
+    root = unentered;
+    blamer = nullptr;
+  }
   const bool hung = root->stopped;
   if (hung) failures.push_back(root);
   std::string table =
@@ -748,11 +767,15 @@ void Agent::PrintRootCause(int attempt) {
                           ClockTime(absl::FromUnixMicros(f->time_us)));
   }
   const std::string what =
-      hung ? absl::StrFormat(
-                 "hung: rank %d's error names it as a rank that never started the failed "
-                 "collective; the agent then ended it (%s)",
-                 blamer->rank, root->exit)
-           : root->exit;
+      !hung       ? root->exit
+      : unentered ? absl::StrFormat(
+                        "hung: it never entered the operation the flight recorder below names, "
+                        "which its peers wait in; the agent then ended it (%s)",
+                        root->exit)
+                  : absl::StrFormat(
+                        "hung: rank %d's error names it as a rank that never started the failed "
+                        "collective; the agent then ended it (%s)",
+                        blamer->rank, root->exit);
   // Where the root cause sits in a pipelined job's mesh, as its worker recorded it (ProcessGroup::
   // ConnectMesh); none before that or without pipeline stages.
   const absl::StatusOr<std::string> where =
@@ -762,16 +785,12 @@ void Agent::PrintRootCause(int attempt) {
         "Last lines of rank %d's stderr:\n%s", record.rank,
         record.stderr_tail.empty() ? "(nothing on stderr)\n" : record.stderr_tail);
   };
-  // The workers' flight-recorder dumps compared, when they wrote any (parallel/comm/
-  // flight_recorder_diagnosis.h): which rank never entered which operation, or a desync.
-  const std::optional<std::string> flights =
-      DiagnosePublishedFlightDumps(*store_, attempt, world_size_);
   LogError(
       "the job failed (%d restarts used of %d). Root cause: rank %d on node %d (%s%s), %s.\n"
       "%sFailed workers, first failure first:\n%s%s%s",
       attempt, options_.max_restarts, root->rank, root->node, root->host,
       where.ok() ? absl::StrCat(", ", *where) : "", what,
-      flights ? absl::StrCat("Flight recorder: ", *flights, "\n") : "", table, tail_of(*root),
+      flights ? absl::StrCat("Flight recorder: ", flights->text, "\n") : "", table, tail_of(*root),
       blamer != nullptr && blamer != root ? tail_of(*blamer) : "");
 }
 

@@ -239,9 +239,9 @@ absl::Status ProcessGroup::Fail(const absl::Status& error) {
     const std::map<int, RankFailure> failures = AwaitPeersFailing(rank, blamed);
     // Every rank that failed dumped before it recorded its failure: the dumps are all there.
     if (server_ && recorder_) {
-      if (const std::optional<std::string> diagnosis = DiagnosePublishedFlightDumps(
+      if (const std::optional<FlightDiagnosis> diagnosis = DiagnosePublishedFlightDumps(
               *store_, membership_.restart_count, membership_.world_size)) {
-        LogError("flight recorder: %s", *diagnosis);
+        LogError("flight recorder: %s", diagnosis->text);
       }
     }
     // The root causes: ranks an error blames that never failed themselves (dead or hung). An

@@ -18,6 +18,7 @@ namespace {
 struct Finding {
   int64_t start_us = 0;  // when the operation was first issued: the earliest finding is the cause
   std::string text;
+  std::vector<int> never_entered;  // FlightDiagnosis::never_entered
 };
 
 std::string Ranks(const std::vector<int>& ranks) {
@@ -113,6 +114,7 @@ std::optional<Finding> CompareGroup(const std::vector<int>& members, const Seque
     if (!absent.empty()) {
       finding.text = absl::StrFormat("%s never entered %s, which %s entered", Ranks(absent),
                                      Describe(reference), Ranks(entered_ranks));
+      finding.never_entered = absent;
       return finding;
     }
     if (unfinished.empty()) continue;
@@ -122,6 +124,7 @@ std::optional<Finding> CompareGroup(const std::vector<int>& members, const Seque
           "flight-recorder dump (stopped, hung or dead)",
           Ranks(undumped), Describe(reference), Ranks(entered_ranks),
           undumped.size() == 1 ? "it" : "they");
+      finding.never_entered = undumped;
     } else {
       finding.text = absl::StrFormat(
           "every rank of group '%s' entered %s and %s did not complete it: a rank stalled inside "
@@ -186,7 +189,7 @@ FlightDump LoadFlightDump(int rank, const std::string& path) {
   return dump;
 }
 
-std::string DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
+FlightDiagnosis DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
   std::map<int, const FlightDump*> valid;
   std::map<std::pair<std::string, std::vector<int>>, Sequences> groups;
   const FlightRecord* stuck_point_to_point = nullptr;
@@ -213,8 +216,10 @@ std::string DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
   std::stable_sort(findings.begin(), findings.end(),
                    [](const Finding& a, const Finding& b) { return a.start_us < b.start_us; });
   std::string text;
+  FlightDiagnosis diagnosis;
   if (!findings.empty()) {
     text = findings.front().text;
+    diagnosis.never_entered = findings.front().never_entered;
     for (size_t i = 1; i < findings.size(); ++i)
       absl::StrAppend(&text, "; also: ", findings[i].text);
   } else if (stuck_point_to_point != nullptr) {
@@ -236,15 +241,16 @@ std::string DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
                                    dump.path.empty() ? "" : " ", "(", dump.problem, ")"));
     }
   }
-  return absl::StrCat(text, ". Dumps: ", absl::StrJoin(where, ", "));
+  diagnosis.text = absl::StrCat(text, ". Dumps: ", absl::StrJoin(where, ", "));
+  return diagnosis;
 }
 
 std::string FlightDumpKey(int restart_count, int rank) {
   return AgentKey(restart_count, absl::StrCat("flight_recorder/", rank));
 }
 
-std::optional<std::string> DiagnosePublishedFlightDumps(Store& store, int restart_count,
-                                                        int world_size) {
+std::optional<FlightDiagnosis> DiagnosePublishedFlightDumps(Store& store, int restart_count,
+                                                            int world_size) {
   std::vector<FlightDump> dumps;
   bool any = false;
   for (int rank = 0; rank < world_size; ++rank) {

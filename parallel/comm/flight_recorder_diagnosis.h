@@ -31,16 +31,23 @@ struct FlightDump {
 // Reads `path` (empty: the rank left no dump). Never fails: what is wrong goes to `problem`.
 FlightDump LoadFlightDump(int rank, const std::string& path);
 
-// One line for the user: the first finding (the diagnosis), others after it, then every rank's
-// dump path or why it has none.
-std::string DiagnoseFlightDumps(const std::vector<FlightDump>& dumps);
+struct FlightDiagnosis {
+  // One line for the user: the first finding (the diagnosis), others after it, then every rank's
+  // dump path or why it has none.
+  std::string text;
+  // The ranks the first finding names as never having entered an operation others entered: the
+  // root cause of a hang (empty for a desynchronised program, or when every rank entered).
+  std::vector<int> never_entered;
+};
+
+FlightDiagnosis DiagnoseFlightDumps(const std::vector<FlightDump>& dumps);
 
 // Where rank `rank` of restart `restart_count` publishes its dump's path (empty: it could not
 // write one), in the job's store (parallel/world_membership.h's AgentKey).
 std::string FlightDumpKey(int restart_count, int rank);
 // DiagnoseFlightDumps over the dumps the ranks of a world published; nullopt when none did (no
 // flight recorder).
-std::optional<std::string> DiagnosePublishedFlightDumps(Store& store, int restart_count,
-                                                        int world_size);
+std::optional<FlightDiagnosis> DiagnosePublishedFlightDumps(Store& store, int restart_count,
+                                                            int world_size);
 
 }  // namespace dtrain

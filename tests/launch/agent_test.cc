@@ -380,24 +380,33 @@ TEST(AgentTest, LogDirHoldsOneFilePerRank) {
 
 // Rank 1 of a two-worker launch gets `signal` mid-training: the launch exits 1 with rank 1 as the
 // root cause, its report saying each of `causes`, and leaves no worker alive.
-void ExpectSignalledRank1IsTheRootCause(const std::string& name, int signal,
-                                        const std::vector<std::string>& sets,
-                                        const std::vector<std::string>& causes) {
+// A launch of `nproc` workers on one node, with `sets`; once 2 steps are logged, rank `rank` gets
+// `signal`. The launch exits 1 naming that rank as the root cause, with each of `causes`, and
+// leaves no worker behind.
+void ExpectSignalledRankIsTheRootCause(const std::string& name, int signal, int nproc, int rank,
+                                       const std::vector<std::string>& sets,
+                                       const std::vector<std::string>& causes) {
   const std::string out = OutDir(name);
-  std::vector<std::string> args = {Recipe(name, 100000), "--nproc-per-node=2", "--set",
-                                   "run.out_dir=" + out};
+  std::vector<std::string> args = {Recipe(name, 100000), absl::StrCat("--nproc-per-node=", nproc),
+                                   "--set", "run.out_dir=" + out};
   for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
   Launch launch(args);
   ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
       << launch.output();
   const auto workers = launch.Workers();
-  ASSERT_EQ(workers.size(), 2u) << launch.output();
-  kill(workers[1].second, signal);
+  ASSERT_EQ(workers.size(), static_cast<size_t>(nproc)) << launch.output();
+  kill(workers[rank].second, signal);
   EXPECT_EQ(launch.Wait(absl::Seconds(60)), 1) << launch.output();
-  EXPECT_THAT(launch.output(), HasSubstr("Root cause: rank 1 on node 0"));
+  EXPECT_THAT(launch.output(), HasSubstr(absl::StrCat("Root cause: rank ", rank, " on node 0")));
   for (const std::string& cause : causes)
     EXPECT_THAT(launch.output(), HasSubstr(cause)) << launch.output();
-  for (const auto& [rank, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << rank;
+  for (const auto& [r, pid] : workers) EXPECT_FALSE(Alive(pid)) << "rank " << r;
+}
+
+void ExpectSignalledRank1IsTheRootCause(const std::string& name, int signal,
+                                        const std::vector<std::string>& sets,
+                                        const std::vector<std::string>& causes) {
+  ExpectSignalledRankIsTheRootCause(name, signal, 2, 1, sets, causes);
 }
 
 TEST(AgentTest, KilledWorkerWithoutRestartsEndsWithTheRootCause) {
@@ -676,6 +685,15 @@ TEST(AgentTest, AHungPipelineStageIsTheRootCause) {
   ExpectSignalledRank1IsTheRootCause(
       "hung_pp", SIGSTOP, {"parallel.timeout_s=3", "parallel.pp=2"},
       {"hung", ", pipeline stage 1 of 2), hung:", "(rank 1: pipeline stage 1 of 2)"});
+}
+
+// At pp 2 x tp 2 the first error (rank 0's, stage 0) blames rank 2 of stage 1, which only waits
+// in a tp all-reduce for the hung rank 3 and is stopped by the agent before its own timeout can
+// blame rank 3: the flight recorder's earliest collective that a rank never entered names rank 3.
+TEST(AgentTest, AHungRankBehindAnotherGroupIsTheRootCause) {
+  ExpectSignalledRankIsTheRootCause("hung_pp_tp", SIGSTOP, 4, 3,
+                                    {"parallel.timeout_s=3", "parallel.pp=2", "parallel.tp=2"},
+                                    {"hung", ", pipeline stage 1 of 2, tp rank 1"});
 }
 
 // Node 1's agent is lost while node 0 waits for it to stop its workers (a vanished host: the

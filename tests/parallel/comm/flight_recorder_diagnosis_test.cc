@@ -54,7 +54,7 @@ TEST(FlightRecorderDiagnosisTest, ARankWithoutAnEntryNeverEnteredIt) {
   std::vector<FlightDump> dumps = Agreeing(6);
   auto& records = dumps[2].records;
   records.erase(records.begin() + 3);  // #4
-  EXPECT_THAT(DiagnoseFlightDumps(dumps),
+  EXPECT_THAT(DiagnoseFlightDumps(dumps).text,
               HasSubstr("rank 2 never entered all_reduce #4 on group 'dp' (40 f32 elements), "
                         "which ranks 0, 1, 3 entered"));
 }
@@ -63,7 +63,7 @@ TEST(FlightRecorderDiagnosisTest, DifferentSizesAtOneSequenceNumberAreADesync) {
   std::vector<FlightDump> dumps = Agreeing(6);
   dumps[1].records[4].count = 49;
   dumps[3].records[5].op = "all_gather";  // later: not the first finding
-  const std::string diagnosis = DiagnoseFlightDumps(dumps);
+  const std::string diagnosis = DiagnoseFlightDumps(dumps).text;
   EXPECT_THAT(diagnosis,
               HasSubstr("desynchronised program: at collective #5 on group 'dp' the ranks "
                         "disagree: ranks 0, 2, 3 called all_reduce of 50 f32 elements; rank 1 "
@@ -77,7 +77,7 @@ TEST(FlightRecorderDiagnosisTest, ADesyncShiftedByOneIsAProbableSkip) {
   auto& records = dumps[0].records;
   records.erase(records.begin() + 2);  // #3
   for (size_t i = 2; i < records.size(); ++i) --records[i].seq;
-  EXPECT_THAT(DiagnoseFlightDumps(dumps),
+  EXPECT_THAT(DiagnoseFlightDumps(dumps).text,
               HasSubstr("desynchronised program: at collective #3 on group 'dp' the ranks "
                         "disagree: rank 0 called all_reduce of 40 f32 elements; ranks 1, 2, 3 "
                         "called all_reduce of 30 f32 elements (rank 0's #3 is the others' #4: it "
@@ -85,20 +85,20 @@ TEST(FlightRecorderDiagnosisTest, ADesyncShiftedByOneIsAProbableSkip) {
   // Another size that is not the next call's says nothing of a skip.
   dumps = Agreeing(6);
   dumps[0].records[2].count = 31;
-  EXPECT_THAT(DiagnoseFlightDumps(dumps), Not(HasSubstr("skipped")));
+  EXPECT_THAT(DiagnoseFlightDumps(dumps).text, Not(HasSubstr("skipped")));
 }
 
 TEST(FlightRecorderDiagnosisTest, ARankWithoutADumpIsTheOneTheOthersWaitFor) {
   std::vector<FlightDump> dumps = Agreeing(6);
   dumps[1] = LoadFlightDump(1, "");
-  EXPECT_THAT(DiagnoseFlightDumps(dumps),
+  EXPECT_THAT(DiagnoseFlightDumps(dumps).text,
               HasSubstr("rank 1 never entered all_reduce #6 on group 'dp' (60 f32 elements) (or "
                         "never finished it), which ranks 0, 2, 3 entered and wait in"));
-  EXPECT_THAT(DiagnoseFlightDumps(dumps), HasSubstr("rank 1 (no dump"));
+  EXPECT_THAT(DiagnoseFlightDumps(dumps).text, HasSubstr("rank 1 (no dump"));
 }
 
 TEST(FlightRecorderDiagnosisTest, EveryRankInsideAnUnfinishedCollectiveIsSaid) {
-  EXPECT_THAT(DiagnoseFlightDumps(Agreeing(3)),
+  EXPECT_THAT(DiagnoseFlightDumps(Agreeing(3)).text,
               HasSubstr("every rank of group 'dp' entered all_reduce #3 on group 'dp' (30 f32 "
                         "elements) and ranks 0, 1, 2, 3 did not complete it"));
 }
@@ -108,11 +108,12 @@ TEST(FlightRecorderDiagnosisTest, EvictedRecordsAreNotMissing) {
   std::vector<FlightDump> dumps = Agreeing(8);
   dumps[0].records.erase(dumps[0].records.begin(), dumps[0].records.begin() + 4);
   dumps[0].capacity = 4;
-  EXPECT_THAT(DiagnoseFlightDumps(dumps),
+  EXPECT_THAT(DiagnoseFlightDumps(dumps).text,
               HasSubstr("every rank of group 'dp' entered all_reduce #8"));
   auto& records = dumps[3].records;
   records.erase(records.begin() + 5);  // #6, inside every window
-  EXPECT_THAT(DiagnoseFlightDumps(dumps), HasSubstr("rank 3 never entered all_reduce #6"));
+  EXPECT_THAT(DiagnoseFlightDumps(dumps).text, HasSubstr("rank 3 never entered all_reduce #6"));
+  EXPECT_EQ(DiagnoseFlightDumps(dumps).never_entered, std::vector<int>{3});
 }
 
 // Two groups of one name with other members are compared apart; the earliest finding comes first.
@@ -127,7 +128,7 @@ TEST(FlightRecorderDiagnosisTest, GroupsAreComparedApartAndTheEarliestFindingLea
     tp.count = rank == 3 ? 9 : 8;
     dumps[rank].records.push_back(tp);
   }
-  const std::string diagnosis = DiagnoseFlightDumps(dumps);
+  const std::string diagnosis = DiagnoseFlightDumps(dumps).text;
   EXPECT_THAT(diagnosis, HasSubstr("desynchronised program: at collective #1 on group 'tp' the "
                                    "ranks disagree: rank 2 called all_reduce of 8 f32 elements; "
                                    "rank 3 called all_reduce of 9 f32 elements; also: every rank"));
@@ -172,7 +173,7 @@ TEST_F(FlightDumpFileTest, CorruptAndPartialDumpsAreReportedAndTheDiagnosisStill
   std::vector<FlightDump> dumps = Agreeing(6);
   dumps[2].records.erase(dumps[2].records.begin() + 1);  // #2
   dumps[1] = LoadFlightDump(1, Write(header_ + "\xff\xfe not json\n"));
-  const std::string diagnosis = DiagnoseFlightDumps(dumps);
+  const std::string diagnosis = DiagnoseFlightDumps(dumps).text;
   EXPECT_THAT(diagnosis, HasSubstr("rank 2 never entered all_reduce #2 on group 'dp'"));
   EXPECT_THAT(diagnosis, HasSubstr("rank 1 " + dir_ + "/rank-1.jsonl (corrupt: line 2"));
   EXPECT_THAT(diagnosis, HasSubstr("rank 0 /run/flight_recorder/rank-0.jsonl"));
@@ -182,11 +183,12 @@ TEST(FlightRecorderDiagnosisTest, DumpsAreFoundThroughTheStore) {
   testing::InMemoryStore store;
   EXPECT_FALSE(DiagnosePublishedFlightDumps(store, 0, 2).has_value());
   ASSERT_TRUE(store.Set(FlightDumpKey(0, 1), "").ok());
-  const std::optional<std::string> diagnosis = DiagnosePublishedFlightDumps(store, 0, 2);
+  const std::optional<FlightDiagnosis> diagnosis = DiagnosePublishedFlightDumps(store, 0, 2);
   ASSERT_TRUE(diagnosis.has_value());
-  EXPECT_THAT(*diagnosis, HasSubstr("no usable dump to compare"));
-  EXPECT_THAT(*diagnosis, HasSubstr("rank 0 (no dump"));
-  EXPECT_THAT(*diagnosis, HasSubstr("rank 1 (the rank could not write its dump)"));
+  EXPECT_THAT(diagnosis->text, HasSubstr("no usable dump to compare"));
+  EXPECT_THAT(diagnosis->text, HasSubstr("rank 0 (no dump"));
+  EXPECT_THAT(diagnosis->text, HasSubstr("rank 1 (the rank could not write its dump)"));
+  EXPECT_TRUE(diagnosis->never_entered.empty());
 }
 
 }  // namespace
