@@ -292,6 +292,9 @@ class Agent {
   // A new agent of a node whose last one was lost: waits until node 0 restarts the job with it
   // and returns that attempt; 0 for a node's first agent.
   absl::StatusOr<int> Rejoin();
+  // After the first rendezvous: every node starts as many workers as this one (ranks are
+  // node rank x nproc + local rank), else an error naming the first node that differs.
+  absl::Status CheckWorkerCounts();
   // The other agents whose store connection closed before they finished (none when the store
   // cannot be read: that is kLostStore's to report).
   std::vector<LostAgent> LostAgents();
@@ -378,6 +381,8 @@ absl::Status Agent::Connect() {
                    store_->Add(NodeKey("agent/incarnation", node_.node_rank), 1));
   incarnation_ = static_cast<int>(incarnation);
   RETURN_IF_ERROR(store_->Set(NodeKey("agent/host", node_.node_rank), Hostname()));
+  RETURN_IF_ERROR(
+      store_->Set(NodeKey("agent/nproc", node_.node_rank), absl::StrCat(options_.nproc_per_node)));
   RETURN_IF_ERROR(store_->AddOnClose(NodeKey(kClosedKey, node_.node_rank, incarnation_), 1));
   return store_->AddOnClose(kClosedKey, 1);
 }
@@ -406,6 +411,24 @@ absl::StatusOr<int> Agent::Rejoin() {
   RETURN_IF_ERROR(store_->Add(kReplacedKey, 1).status());
   LogInfo("node %d: rejoining the job at restart %d of %d", node, attempt, options_.max_restarts);
   return attempt;
+}
+
+absl::Status Agent::CheckWorkerCounts() {
+  for (int node = 0; node < node_.num_nodes; ++node) {
+    // Every agent wrote its count before it arrived (a fake one in tests may not have).
+    const absl::StatusOr<std::string> theirs =
+        store_->Get(NodeKey("agent/nproc", node), absl::ZeroDuration());
+    if (!theirs.ok() || *theirs == absl::StrCat(options_.nproc_per_node)) continue;
+    const absl::StatusOr<std::string> host =
+        store_->Get(NodeKey("agent/host", node), absl::ZeroDuration());
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "node %d (host %s) starts %s workers and node %d (host %s) %d: every node must start "
+        "the same number (ranks are node rank x workers per node + local rank); give every "
+        "`dtrain launch` the same --nproc-per-node (with `gpu`, each node counts the GPUs its "
+        "CUDA_VISIBLE_DEVICES leaves)",
+        node, host.value_or("?"), *theirs, node_.node_rank, Hostname(), options_.nproc_per_node));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) {
@@ -745,12 +768,15 @@ void Agent::PrintRootCause(int attempt) {
       DiagnosePublishedFlightDumps(*store_, attempt, world_size_);
   // A hung rank blamed may itself only wait behind another in a group of its own, and be ended
   // by the agent before its timeout could blame that one: the earliest operation some rank never
-  // entered names the rank it waits for.
+  // entered names the rank it waits for, when that one hung too (ended by the agent, blaming
+  // nobody). A rank named there that failed on its own only left before the others entered.
   const FailureRecord* unentered = nullptr;
-  if (root->stopped && flights && !flights->never_entered.empty() &&
-      !absl::c_linear_search(flights->never_entered, root->rank)) {
+  if (root->stopped && flights && !absl::c_linear_search(flights->never_entered, root->rank)) {
     for (const FailureRecord& record : records) {
-      if (record.rank == flights->never_entered.front()) unentered = &record;
+      if (unentered == nullptr && record.stopped && record.blames.empty() &&
+          absl::c_linear_search(flights->never_entered, record.rank)) {
+        unentered = &record;
+      }
     }
   }
   if (unentered != nullptr) {
@@ -1011,6 +1037,7 @@ absl::StatusOr<int> Agent::Run() {
       return Finish(1);
     }
     rejoining_.clear();
+    if (attempt == first_attempt) RETURN_IF_ERROR(CheckWorkerCounts());
     RETURN_IF_ERROR(StartWorkers(attempt));
     Outcome outcome = Watch(attempt);
     if (outcome == Outcome::kSucceeded) outcome = AwaitOthers(attempt);

@@ -637,6 +637,28 @@ class FakeAgent {
   std::unique_ptr<TcpStoreClient> store_;
 };
 
+// Node 1 starts 1 worker where node 0 starts 2: both would compute ranks from their own count
+// (two rank 1s, or worlds of 4 and 2), which failed with a store error or timed out; node 0
+// stops at the rendezvous naming both counts.
+TEST(AgentTest, NodesWithOtherWorkerCountsStopAtTheRendezvous) {
+  const int port = testing::FreeTcpPort();
+  NodeZero agent({"/bin/sh", "-c", "sleep 30"}, 2, port);
+  absl::StatusOr<int> result;
+  std::thread node_one([port] {
+    FakeAgent fake(port, 1);
+    if (!fake.connected()) return;
+    EXPECT_TRUE(fake.store().Set("agent/nproc/node-1", "1").ok());
+    fake.Arrive(0, "arrived", 2);
+  });
+  const std::string output = agent.Run(&result);
+  node_one.join();
+  ASSERT_FALSE(result.ok()) << output;
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("node 1 (host fake-host) starts 1 workers and node 0 (host "));
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("the same --nproc-per-node"));
+  EXPECT_THAT(output, Not(HasSubstr("started ranks")));
+}
+
 // Rank 1 exits 0 at once, before the job is done; rank 0 would wait for it in rendezvous and
 // time out. The early exit is the root cause, not rank 0's timeout.
 TEST(AgentTest, AnEarlyExitZeroIsTheRootCause) {
