@@ -146,6 +146,7 @@ absl::StatusOr<std::unique_ptr<TrainingCheckpoints>> TrainingCheckpoints::Create
     const Recipe& recipe, const ParamTable& table, DataParallelEngine& engine, Communicator* comm) {
   std::unique_ptr<TrainingCheckpoints> checkpoints(
       new TrainingCheckpoints(recipe, table, engine, comm, AgreeOnNonce(comm)));
+  RETURN_IF_ERROR(CheckCheckpointFolder(checkpoints->dir_, checkpoints->rank_));
   if (checkpoints->writer_.async()) {
     // The staging memory is allocated (and its pages touched) now, so that no save pays for it.
     size_t total = 0;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
@@ -161,15 +162,20 @@ absl::Status Commit(const SaveRequest& r, const std::string& stage) {
       fs::remove_all(r.dir + "/" + StepDirName(steps[i]), error);
     }
   }
-  // Stage folders of earlier attempts (killed while saving) are garbage.
+  return absl::OkStatus();
+}
+
+// Stage folders of earlier attempts (killed, or out of space, while saving) are garbage, removed
+// before this save writes: on a full disk they would hold the space it needs.
+void RemoveOtherAttemptsStages(const SaveRequest& r) {
   const std::string own_suffix = absl::StrFormat(".%016x", r.nonce);
+  std::error_code error;
   for (const fs::directory_entry& entry : fs::directory_iterator(r.dir, error)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind(".step-", 0) == 0 && !name.ends_with(own_suffix)) {
       fs::remove_all(entry.path(), error);
     }
   }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -186,6 +192,7 @@ void AppendFlatRangeChunks(const std::string& tensor, const std::vector<int64_t>
 
 absl::StatusOr<SaveStats> WriteCheckpoint(const SaveRequest& request) {
   SaveStats stats;
+  if (request.rank == 0) RemoveOtherAttemptsStages(request);
   const std::string stage = StageDir(request);
   std::error_code error;
   fs::create_directories(stage, error);
@@ -197,6 +204,8 @@ absl::StatusOr<SaveStats> WriteCheckpoint(const SaveRequest& request) {
   auto start = std::chrono::steady_clock::now();
   absl::StatusOr<uint64_t> bytes = WriteRankFiles(request, stage);
   if (!bytes.ok()) {
+    // What this rank wrote of an incomplete save is of no use: its space goes back at once.
+    fs::remove(stage + "/" + RankFileName(request.rank), error);
     return absl::Status(bytes.status().code(),
                         absl::StrCat("checkpoint ", StepDirName(request.step), ", rank ",
                                      request.rank, ": ", bytes.status().message()));
@@ -209,6 +218,23 @@ absl::StatusOr<SaveStats> WriteCheckpoint(const SaveRequest& request) {
     stats.commit_ms = MsSince(start);
   }
   return stats;
+}
+
+absl::Status CheckCheckpointFolder(const std::string& dir, int rank) {
+  const auto unusable = [&](const std::string& why) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint.dir ", dir,
+                                                      " cannot hold this run's checkpoints: ", why,
+                                                      "; set checkpoint.dir to a writable folder"));
+  };
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) return unusable(absl::StrCat("cannot create it: ", error.message()));
+  const std::string probe = absl::StrFormat("%s/.probe-rank-%d", dir, rank);
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return unusable(absl::StrCat("cannot write a file there: ", std::strerror(errno)));
+  ::close(fd);
+  fs::remove(probe, error);
+  return absl::OkStatus();
 }
 
 CheckpointWriter::~CheckpointWriter() { (void)Wait(); }

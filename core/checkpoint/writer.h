@@ -57,6 +57,11 @@ struct SaveStats {
 // Runs a whole save on the calling thread. Errors name the file and the rank.
 absl::StatusOr<SaveStats> WriteCheckpoint(const SaveRequest& request);
 
+// Creates `dir` if missing and writes and removes a file of rank `rank` there: a run checks its
+// checkpoint folder at start, not at its first save, after its steps. FailedPrecondition naming
+// the folder and the fix.
+absl::Status CheckCheckpointFolder(const std::string& dir, int rank);
+
 // One save at a time, synchronous or on a background thread. Not thread-safe (the training
 // thread calls it); the destructor waits for the save in flight.
 class CheckpointWriter {

@@ -172,6 +172,18 @@ TEST(TrainTest, AutoStrategyRunsThePlannedLayout) {
   EXPECT_EQ(ReadMetrics(RunDir("auto") + "/small").size(), 2u);
 }
 
+// A checkpoint folder that cannot be written is an error before the first step, not at the
+// first save after the run's steps (at the end, with checkpoint.interval 0).
+TEST(TrainTest, AnUnwritableCheckpointFolderFailsBeforeTraining) {
+  const testing::Outcome run =
+      Train(RunDir("ckpt_dir"), "--set checkpoint.dir=/proc/dtrain-checkpoints");
+  EXPECT_EQ(run.exit_code, 1) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text,
+              HasSubstr("checkpoint.dir /proc/dtrain-checkpoints cannot hold this run's "
+                        "checkpoints: cannot create it"));
+  EXPECT_THAT(run.stderr_text, ::testing::Not(HasSubstr("step 1/")));
+}
+
 TEST(TrainTest, InitFromAnotherShapeFailsNamingTheTensor) {
   ASSERT_EQ(Train(RunDir("shape")).exit_code, 0);
   const std::string weights = RunDir("shape") + "/small/model.safetensors";

@@ -1,10 +1,12 @@
 #include "core/checkpoint/writer.h"
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/checkpoint/reader.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -136,6 +138,22 @@ TEST(CheckpointWriterTest, ARankThatNeverReportsLeavesNoCheckpointAndThePrevious
   for (const auto& entry : fs::directory_iterator(dir)) {
     EXPECT_NE(entry.path().filename().string()[0], '.') << entry.path();
   }
+}
+
+// An earlier attempt's stage folder goes before a save writes, not after it succeeds: on a full
+// disk it held the space the save needed, so no save could ever succeed again.
+TEST(CheckpointWriterTest, EarlierAttemptsStageFoldersGoBeforeTheSaveWrites) {
+  const std::string dir = testing::FreshDir("ckpt_stale_stage");
+  const std::string stale = dir + "/.step-4.00000000deadbeef";
+  fs::create_directories(stale);
+  std::ofstream(stale + "/rank-0.bin") << std::string(4096, 'x');
+  // This save fails at once: a file stands where its own stage folder would be.
+  const std::vector<std::vector<float>> tensors = {testing::TensorValues("a", 6),
+                                                   testing::TensorValues("b", 6)};
+  const SaveRequest request = testing::RequestFor(dir, 6, 0, 1, tensors);
+  std::ofstream(absl::StrFormat("%s/.step-6.%016x", dir, request.nonce)) << "in the way";
+  EXPECT_FALSE(WriteCheckpoint(request).ok());
+  EXPECT_FALSE(fs::exists(stale));
 }
 
 TEST(CheckpointWriterTest, AnExistingStepFolderIsMovedAsideNotOverwritten) {
