@@ -8,7 +8,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +16,7 @@
 #include "core/data/data_inspect.h"
 #include "core/data/data_pack.h"
 #include "core/data/tokenizers/load_tokenizer.h"
+#include "core/util/thread_pool.h"
 
 namespace dtrain::cli {
 namespace {
@@ -145,9 +145,7 @@ void AddDataCommand(CLI::App& app) {
   pack->callback([pack_args] {
     absl::StatusOr<int64_t> shard_bytes = ParseByteSize(pack_args->shard_size);
     if (!shard_bytes.ok()) Fail(shard_bytes.status(), kExitUsage);
-    const int threads = pack_args->threads > 0
-                            ? pack_args->threads
-                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = pack_args->threads > 0 ? pack_args->threads : UsableCpus();
     const auto tokenizer = LoadTokenizerOrFail(pack_args->tokenizer, threads);
     absl::StatusOr<PackResult> result;
     if (pack_args->sft) {

@@ -1,6 +1,5 @@
 #include "launch/launcher.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
+#include "core/util/thread_pool.h"
 #include "launch/agent.h"
 #include "launch/gpus.h"
 #include "parallel/store/auth.h"
@@ -60,12 +60,6 @@ absl::StatusOr<std::string> FindOnPath(const EnvironmentMap& env, const std::str
 // `--set KEY=VALUE` for each recipe override, as the agent and its workers take them.
 void AppendOverrides(const std::vector<std::string>& overrides, std::vector<std::string>& argv) {
   for (const std::string& override : overrides) argv.insert(argv.end(), {"--set", override});
-}
-
-int UsableCpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
 }
 
 // From the batch shell: one agent per node through srun, which forwards signals to the agents

@@ -1,13 +1,20 @@
 #include "core/util/thread_pool.h"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 namespace dtrain {
 
+int UsableCpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+}
+
 ThreadPool::ThreadPool(int num_threads) {
-  if (num_threads <= 0) {
-    num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  }
+  if (num_threads <= 0) num_threads = UsableCpus();
   workers_.reserve(num_threads - 1);
   for (int i = 1; i < num_threads; ++i) {
     workers_.emplace_back([this, i] { WorkerLoop(i); });

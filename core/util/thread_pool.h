@@ -13,9 +13,13 @@
 
 namespace dtrain {
 
+// The CPUs this process may run on (its affinity mask: taskset, a Slurm task's cores, a
+// container's cpuset), at least 1.
+int UsableCpus();
+
 class ThreadPool {
  public:
-  // num_threads <= 0 means std::thread::hardware_concurrency().
+  // num_threads <= 0 means UsableCpus().
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

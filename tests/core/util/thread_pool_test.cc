@@ -1,5 +1,7 @@
 #include "core/util/thread_pool.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -90,10 +92,25 @@ TEST(ThreadPoolTest, ManyCallsInARow) {
   EXPECT_EQ(sum.load(), expected);
 }
 
-TEST(ThreadPoolTest, NonPositiveSizeUsesHardwareThreads) {
+// Size 0 is the CPUs the process may run on: restricted to one (taskset, a Slurm task's core)
+// it runs one thread, where hardware_concurrency() counted every core of the machine.
+TEST(ThreadPoolTest, NonPositiveSizeUsesTheCpusThisProcessMayRunOn) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  EXPECT_EQ(ThreadPool(0).size(), CPU_COUNT(&all));
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &all)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
   ThreadPool pool(0);
-  EXPECT_GE(pool.size(), 1);
+  EXPECT_EQ(pool.size(), 1);
   ExpectCoversOnce(pool, 97, 1);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
 }
 
 }  // namespace
