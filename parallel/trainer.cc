@@ -262,10 +262,19 @@ absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, const WorldMembersh
 
 absl::Status CheckBatchSplit(const TrainSection& train, int ranks) {
   if (train.batch_size % (train.micro_batch * ranks) == 0) return absl::OkStatus();
+  // The largest micro-batch below the recipe's that splits each rank's share, when there is one.
+  std::string smaller;
+  if (train.batch_size % ranks == 0) {
+    const int share = train.batch_size / ranks;
+    for (int micro = std::min(train.micro_batch - 1, share); micro >= 1 && smaller.empty();
+         --micro) {
+      if (share % micro == 0) smaller = absl::StrCat(", or train.micro_batch ", micro);
+    }
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("train.batch_size ", train.batch_size, " does not split into ", ranks,
                    " data-parallel ranks x micro-batches of train.micro_batch ", train.micro_batch,
-                   "; make batch_size a multiple of ", train.micro_batch * ranks));
+                   "; make batch_size a multiple of ", train.micro_batch * ranks, smaller));
 }
 
 std::string MiB(size_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }

@@ -61,6 +61,19 @@ TEST(TrainMultiProcessTest, TwoRanksFollowTheSingleProcessTrajectory) {
   }
 }
 
+// A batch that does not split over the ranks' micro-batches is refused by every rank, which
+// names both fixes: a larger batch, or the largest micro-batch that splits each rank's share.
+TEST(TrainMultiProcessTest, ABatchThatDoesNotSplitNamesBothFixes) {
+  const auto ranks = testing::RunTrainRanks(
+      Recipe("split"), 2, {"run.out_dir=" + OutDir("split"), "train.micro_batch=8"});
+  for (const auto& rank : ranks) {
+    EXPECT_EQ(rank.exit_code, 1) << rank;
+    EXPECT_THAT(rank.output, HasSubstr("train.batch_size 8 does not split into 2 data-parallel "
+                                       "ranks x micro-batches of train.micro_batch 8; make "
+                                       "batch_size a multiple of 16, or train.micro_batch 4"));
+  }
+}
+
 TEST(TrainMultiProcessTest, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
   const std::string recipe = Recipe("missing");
   const std::string out = OutDir("missing");
