@@ -480,9 +480,35 @@ int EditDistance(absl::string_view a, absl::string_view b) {
   return row[b.size()];
 }
 
-// The valid key closest to `section.name`. A key in another section costs one edit more, so a
-// typo stays in its section but a key filed under the wrong section is still found.
-absl::string_view NearestKey(absl::string_view section, absl::string_view name) {
+// What to say of an unknown key `section.name`: the key other trainers' name for it means (Hugging
+// Face's TrainingArguments, Megatron-LM's flags), else the valid key closest to it when it is
+// close (a key in another section costs one edit more, so a typo stays in its section but a key
+// filed under the wrong section is still found), else where the keys are listed.
+std::string KeyHint(absl::string_view section, absl::string_view name) {
+  static const auto* const kAliases =
+      new std::vector<std::pair<absl::string_view, absl::string_view>>{
+          {"learning_rate", "train.lr"},
+          {"max_steps", "train.steps"},
+          {"train_iters", "train.steps"},
+          {"warmup", "train.warmup_steps"},
+          {"num_warmup_steps", "train.warmup_steps"},
+          {"lr_warmup_iters", "train.warmup_steps"},
+          {"global_batch_size", "train.batch_size"},
+          {"train_batch_size", "train.batch_size"},
+          {"micro_batch_size", "train.micro_batch"},
+          {"per_device_train_batch_size", "train.micro_batch"},
+          {"seq_length", "train.seq_len"},
+          {"max_seq_length", "train.seq_len"},
+          {"max_grad_norm", "train.grad_clip"},
+          {"clip_grad", "train.grad_clip"},
+      };
+  for (const auto& [alias, key] : *kAliases) {
+    if (name == alias) return absl::StrCat("did you mean ", key, "?");
+  }
+  if (name == "gradient_accumulation_steps" || name == "grad_accum") {
+    return "dtrain accumulates train.batch_size / (data-parallel ranks x train.micro_batch) "
+           "micro-batches a step: set those two";
+  }
   absl::string_view best;
   int best_cost = std::numeric_limits<int>::max();
   for (const KeySpec& key : Keys()) {
@@ -493,7 +519,11 @@ absl::string_view NearestKey(absl::string_view section, absl::string_view name) 
       best_cost = cost;
     }
   }
-  return best;
+  // More edits than a third of the name is another word, not a typo of it.
+  if (best_cost <= std::max<int>(2, static_cast<int>(name.size()) / 3)) {
+    return absl::StrCat("did you mean ", best, "?");
+  }
+  return "`dtrain recipe reference` lists every key";
 }
 
 // For an unknown top-level name: the closest section, or a key when a key was put at the top.
@@ -762,9 +792,9 @@ class Parser {
       ASSIGN_OR_RETURN(const bool renamed, ReadRenamedKey(path, entry));
       if (renamed) continue;
       if (FindKey(path) == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("unknown key ", path, " at ", At(key_node.Mark()), " (did you mean ",
-                         NearestKey(section, key_node.Scalar()), "?)"));
+        return absl::InvalidArgumentError(absl::StrCat("unknown key ", path, " at ",
+                                                       At(key_node.Mark()), " (",
+                                                       KeyHint(section, key_node.Scalar()), ")"));
       }
       if (const auto seen = entries_.find(path); seen != entries_.end()) {
         return absl::InvalidArgumentError(absl::StrCat(path, " at ", At(key_node.Mark()),
@@ -823,8 +853,8 @@ class Parser {
       const size_t dot = path.find('.');
       const absl::string_view section = dot == std::string::npos ? "" : SectionOf(path);
       const absl::string_view name = dot == std::string::npos ? path : NameOf(path);
-      return absl::InvalidArgumentError(absl::StrCat(
-          subject, ": unknown key ", path, " (did you mean ", NearestKey(section, name), "?)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(subject, ": unknown key ", path, " (", KeyHint(section, name), ")"));
     }
     YAML::Node value;
     try {

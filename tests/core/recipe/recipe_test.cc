@@ -122,6 +122,19 @@ TEST(RecipeTest, UnknownKeySuggestsNearest) {
                            HasSubstr("did you mean train.lr?")));
 }
 
+// Other trainers' names point at dtrain's key; a name far from every key is not matched to one
+// (train.learning_rate once suggested logging.metrics_file, train.grad_accum train.grad_clip).
+TEST(RecipeTest, UnknownKeysOfOtherTrainersAndFarNamesGetUsefulHints) {
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.learning_rate=0.1"}),
+              HasSubstr("(did you mean train.lr?)"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.warmup=5"}),
+              HasSubstr("(did you mean train.warmup_steps?)"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.gradient_accumulation_steps=4"}),
+              HasSubstr("set those two"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.totally_unrelated_thing=1"}),
+              HasSubstr("(`dtrain recipe reference` lists every key)"));
+}
+
 TEST(RecipeTest, KeyInWrongSectionSuggestsItsSection) {
   EXPECT_THAT(ErrorOf(WithMinimal("model:\n  lr: 0.1\n")),
               AllOf(HasSubstr("unknown key model.lr"), HasSubstr("did you mean train.lr?")));
