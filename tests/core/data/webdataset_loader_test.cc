@@ -73,6 +73,21 @@ class WebDatasetLoaderTest : public ::testing::Test {
     return global;
   }
 
+  // One process's `before` steps, then a new loader restored from its state reading `after`.
+  Windows ReadResumedAfter(int before, int after) const {
+    std::unique_ptr<WebDatasetLoader> first = Loader(0, 1);
+    Windows windows = Read(*first, 1, before);
+    const LoaderState state = first->state();
+    EXPECT_EQ(state.consumed_sequences, before * kBatch);
+    first.reset();
+    std::unique_ptr<WebDatasetLoader> second = Loader(0, 1);
+    const absl::Status restored = second->Restore(state);
+    EXPECT_TRUE(restored.ok()) << restored;
+    const Windows rest = Read(*second, 1, after);
+    windows.insert(windows.end(), rest.begin(), rest.end());
+    return windows;
+  }
+
   testing::TempDir dir_;
   StreamConfig config_;
 };
@@ -97,16 +112,7 @@ TEST_F(WebDatasetLoaderTest, TwoAndFourRanksCoverTheSingleProcessSequence) {
 
 TEST_F(WebDatasetLoaderTest, ResumesAtAStepBoundaryIdentically) {
   const Windows whole = ReadAllRanks(1, 9);
-  std::unique_ptr<WebDatasetLoader> first = Loader(0, 1);
-  Windows resumed = Read(*first, 1, 4);
-  const LoaderState state = first->state();
-  EXPECT_EQ(state.consumed_sequences, 4 * kBatch);
-  first.reset();
-  std::unique_ptr<WebDatasetLoader> second = Loader(0, 1);
-  ASSERT_TRUE(second->Restore(state).ok());
-  const Windows rest = Read(*second, 1, 5);
-  resumed.insert(resumed.end(), rest.begin(), rest.end());
-  EXPECT_EQ(resumed, whole);
+  EXPECT_EQ(ReadResumedAfter(4, 5), whole);
 }
 
 // A block also ends with the sample that reaches block_bytes: with one byte, every block is one
@@ -122,15 +128,7 @@ TEST_F(WebDatasetLoaderTest, ABlockEndsAtItsByteBound) {
   config_.block_bytes = 8;
   const Windows whole = ReadAllRanks(1, 9);
   EXPECT_NE(whole, unshuffled);
-  std::unique_ptr<WebDatasetLoader> first = Loader(0, 1);
-  Windows resumed = Read(*first, 1, 4);
-  const LoaderState state = first->state();
-  first.reset();
-  std::unique_ptr<WebDatasetLoader> second = Loader(0, 1);
-  ASSERT_TRUE(second->Restore(state).ok());
-  const Windows rest = Read(*second, 1, 5);
-  resumed.insert(resumed.end(), rest.begin(), rest.end());
-  EXPECT_EQ(resumed, whole);
+  EXPECT_EQ(ReadResumedAfter(4, 5), whole);
 }
 
 // Shards whose samples hold no token are an error once a stream has read as many of them in a
