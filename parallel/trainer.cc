@@ -1,5 +1,7 @@
 #include "parallel/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -32,6 +34,7 @@
 #include "core/model/sampler.h"
 #include "core/model/transformer.h"
 #include "core/util/allocate.h"
+#include "core/util/folder_lock.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/utf8.h"
@@ -625,6 +628,17 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, dp_rank, dp_size));
   const bool documents = data.train->documents();
   const CheckpointSignals signals;
+  // Held until the run ends, before anything of the run folder is read: another run of the same
+  // folder would interleave its metrics and checkpoints with this one's.
+  std::optional<FolderLock> run_folder_lock;
+  if (leader) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    ASSIGN_OR_RETURN(run_folder_lock,
+                     FolderLock::Acquire(recipe.run_dir(),
+                                         absl::StrFormat("pid %d on host %s since %s", getpid(),
+                                                         host, absl::FormatTime(absl::Now()))));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingCheckpoints> checkpoints,
                    TrainingCheckpoints::Create(recipe, table, engine, world_comm));
   // A resumed run's parameters, moments, AdamW's count and data cursor come from the

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/folder_lock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -182,6 +183,24 @@ TEST(TrainTest, AnUnwritableCheckpointFolderFailsBeforeTraining) {
               HasSubstr("checkpoint.dir /proc/dtrain-checkpoints cannot hold this run's "
                         "checkpoints: cannot create it"));
   EXPECT_THAT(run.stderr_text, ::testing::Not(HasSubstr("step 1/")));
+}
+
+// A run folder another process is training in is refused before anything of it is read or
+// written, naming the holder; it is free again once that process ends.
+TEST(TrainTest, ARunFolderInUseIsRefusedNamingItsHolder) {
+  const std::string dir = RunDir("locked");
+  std::filesystem::remove_all(dir);
+  {
+    absl::StatusOr<FolderLock> held = FolderLock::Acquire(dir + "/small", "pid 4242 on host h");
+    ASSERT_TRUE(held.ok()) << held.status();
+    const testing::Outcome second =
+        testing::RunDtrain(absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", dir));
+    EXPECT_EQ(second.exit_code, 1) << second.stderr_text;
+    EXPECT_THAT(second.stderr_text, HasSubstr("/small is in use by another run (pid 4242 on host "
+                                              "h); give this run another run.name"));
+    EXPECT_FALSE(std::filesystem::exists(dir + "/small/metrics.jsonl"));
+  }
+  EXPECT_EQ(Train(dir).exit_code, 0);
 }
 
 TEST(TrainTest, InitFromAnotherShapeFailsNamingTheTensor) {

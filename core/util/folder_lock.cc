@@ -1,0 +1,68 @@
+#include "core/util/folder_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "core/util/log.h"
+
+namespace dtrain {
+
+FolderLock& FolderLock::operator=(FolderLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::StatusOr<FolderLock> FolderLock::Acquire(const std::string& folder,
+                                               const std::string& owner) {
+  std::error_code error;
+  std::filesystem::create_directories(folder, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the run folder ", folder, ": ", error.message()));
+  }
+  const std::string path = folder + "/.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int failure = errno;
+    if (failure != EWOULDBLOCK) {
+      LogWarn("cannot lock the run folder %s (%s): nothing stops another run from writing it",
+              folder, std::strerror(failure));
+      ::close(fd);
+      return FolderLock(-1);
+    }
+    char holder[512] = {};
+    const ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("the run folder ", folder, " is in use by another run (",
+                     n > 0 ? absl::StripAsciiWhitespace(std::string(holder, static_cast<size_t>(n)))
+                           : std::string("its holder is unknown"),
+                     "); give this run another run.name or run.out_dir, or end that one"));
+  }
+  const std::string text = owner + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) < 0) {
+    LogWarn("cannot write the holder into %s: %s", path, std::strerror(errno));
+  }
+  return FolderLock(fd);
+}
+
+}  // namespace dtrain
