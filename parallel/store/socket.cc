@@ -68,16 +68,13 @@ std::string FormatHostPort(std::string_view host, int port) {
 }
 
 std::string FormatSocketAddress(const sockaddr_storage& address) {
-  char text[INET6_ADDRSTRLEN] = "?";
   if (address.ss_family == AF_INET) {
-    const auto& v4 = reinterpret_cast<const sockaddr_in&>(address);
-    ::inet_ntop(AF_INET, &v4.sin_addr, text, sizeof(text));
-    return FormatHostPort(text, ntohs(v4.sin_port));
+    return FormatHostPort(FormatIpAddress(address),
+                          ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port));
   }
   if (address.ss_family == AF_INET6) {
-    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(address);
-    ::inet_ntop(AF_INET6, &v6.sin6_addr, text, sizeof(text));
-    return FormatHostPort(text, ntohs(v6.sin6_port));
+    return FormatHostPort(FormatIpAddress(address),
+                          ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port));
   }
   return absl::StrFormat("(address family %d)", address.ss_family);
 }
