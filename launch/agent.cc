@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "core/util/host_name.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/subprocess.h"
@@ -164,11 +165,6 @@ CommandRun RunCommand(const std::vector<std::string>& argv, std::vector<std::str
 
 std::string ClockTime(absl::Time time) {
   return absl::FormatTime("%H:%M:%E3S", time, absl::LocalTimeZone());
-}
-
-std::string Hostname() {
-  char name[256] = {};
-  return gethostname(name, sizeof(name) - 1) == 0 ? name : "?";
 }
 
 // One failed (or stopped) worker as an agent published it for the root cause.
@@ -380,7 +376,7 @@ absl::Status Agent::Connect() {
   ASSIGN_OR_RETURN(const int64_t incarnation,
                    store_->Add(NodeKey("agent/incarnation", node_.node_rank), 1));
   incarnation_ = static_cast<int>(incarnation);
-  RETURN_IF_ERROR(store_->Set(NodeKey("agent/host", node_.node_rank), Hostname()));
+  RETURN_IF_ERROR(store_->Set(NodeKey("agent/host", node_.node_rank), HostName()));
   RETURN_IF_ERROR(
       store_->Set(NodeKey("agent/nproc", node_.node_rank), absl::StrCat(options_.nproc_per_node)));
   RETURN_IF_ERROR(store_->AddOnClose(NodeKey(kClosedKey, node_.node_rank, incarnation_), 1));
@@ -426,7 +422,7 @@ absl::Status Agent::CheckWorkerCounts() {
         "the same number (ranks are node rank x workers per node + local rank); give every "
         "`dtrain launch` the same --nproc-per-node (with `gpu`, each node counts the GPUs its "
         "CUDA_VISIBLE_DEVICES leaves)",
-        node, host.value_or("?"), *theirs, node_.node_rank, Hostname(), options_.nproc_per_node));
+        node, host.value_or("?"), *theirs, node_.node_rank, HostName(), options_.nproc_per_node));
   }
   return absl::OkStatus();
 }
@@ -699,7 +695,7 @@ std::string Agent::ExitText(const Worker& worker) {
 
 absl::Status Agent::PublishFailures(int attempt) {
   nlohmann::json failures = nlohmann::json::array();
-  const std::string host = Hostname();
+  const std::string host = HostName();
   for (const Worker& worker : workers_) {
     const std::optional<ExitStatus>& exit = worker.process->exit_status();
     if (!exit || (exit->ok() && !worker.left_early)) continue;

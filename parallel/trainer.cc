@@ -35,6 +35,7 @@
 #include "core/model/transformer.h"
 #include "core/util/allocate.h"
 #include "core/util/folder_lock.h"
+#include "core/util/host_name.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/utf8.h"
@@ -632,12 +633,11 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   // folder would interleave its metrics and checkpoints with this one's.
   std::optional<FolderLock> run_folder_lock;
   if (leader) {
-    char host[256] = {};
-    gethostname(host, sizeof(host) - 1);
-    ASSIGN_OR_RETURN(run_folder_lock,
-                     FolderLock::Acquire(recipe.run_dir(),
-                                         absl::StrFormat("pid %d on host %s since %s", getpid(),
-                                                         host, absl::FormatTime(absl::Now()))));
+    ASSIGN_OR_RETURN(
+        run_folder_lock,
+        FolderLock::Acquire(recipe.run_dir(),
+                            absl::StrFormat("pid %d on host %s since %s", getpid(), HostName(),
+                                            absl::FormatTime(absl::Now()))));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingCheckpoints> checkpoints,
                    TrainingCheckpoints::Create(recipe, table, engine, world_comm));

@@ -1,7 +1,5 @@
 #include "launch/doctor/cluster.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/util/host_name.h"
 #include "core/util/status.h"
 #include "launch/doctor/doctor.h"
 #include "launch/hostlist.h"
@@ -40,8 +39,7 @@ std::string Lookup(const EnvironmentMap& env, const std::string& name) {
 // Slurm's name for the node; every task of the project's test cluster shares one host name.
 std::string ThisNodeName(const EnvironmentMap& env) {
   if (std::string name = Lookup(env, "SLURMD_NODENAME"); !name.empty()) return name;
-  char name[256] = {};
-  return gethostname(name, sizeof(name) - 1) == 0 ? name : "this node";
+  return HostName();
 }
 
 int64_t NowNs() { return absl::ToUnixNanos(absl::Now()); }
