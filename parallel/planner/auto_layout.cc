@@ -32,6 +32,15 @@ absl::StatusOr<ClusterSpec> ClusterForWorld(const ClusterSection& section, int w
   return ResolveCluster(resized);
 }
 
+// Plans in `bytes_per_rank` of memory as the trainer holds it there: memory that is free once
+// the backend runs (no allowance for a GPU runtime), and the recipe's gradient buckets.
+void PlanInRankMemory(const Recipe& recipe, double bytes_per_rank, ClusterSpec& cluster,
+                      SearchOptions& options) {
+  cluster.gpu_memory_gib = bytes_per_rank / kGiB;
+  options.assumptions.runtime_gib = 0;
+  options.assumptions.bucket_mib = recipe.parallel.bucket_mb;
+}
+
 }  // namespace
 
 SearchOptions TrainerLayouts(int ranks_per_node) {
@@ -64,10 +73,7 @@ absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_siz
   ASSIGN_OR_RETURN(ClusterSpec cluster, ClusterForWorld(recipe.cluster, world_size));
   const Workload workload = WorkloadFromRecipe(recipe, Precision::Trainer(recipe.bf16_params()));
   SearchOptions options = WithRecipeSchedule(recipe, runnable);
-  if (bytes_per_rank > 0) {
-    cluster.gpu_memory_gib = bytes_per_rank / kGiB;
-    options.assumptions.runtime_gib = 0;
-  }
+  if (bytes_per_rank > 0) PlanInRankMemory(recipe, bytes_per_rank, cluster, options);
   ASSIGN_OR_RETURN(const Plan restricted, SearchLayouts(workload, cluster, options));
   const Candidate* chosen = restricted.recommendation();
   if (chosen == nullptr) {
@@ -106,11 +112,10 @@ absl::StatusOr<Plan> PlanForMemory(const Recipe& recipe, int nodes, int ranks_pe
   section.nodes = nodes;
   section.gpus_per_node = ranks_per_node;
   ASSIGN_OR_RETURN(ClusterSpec cluster, ResolveCluster(section));
-  cluster.gpu_memory_gib = bytes_per_rank / kGiB;
+  SearchOptions options = WithRecipeSchedule(recipe, std::move(runnable));
+  PlanInRankMemory(recipe, bytes_per_rank, cluster, options);
   const Workload workload = WorkloadFromRecipe(recipe, Precision::Trainer(recipe.bf16_params()));
-  runnable.assumptions.runtime_gib = 0;
-  runnable.assumptions.bucket_mib = recipe.parallel.bucket_mb;
-  return SearchLayouts(workload, cluster, WithRecipeSchedule(recipe, std::move(runnable)));
+  return SearchLayouts(workload, cluster, options);
 }
 
 absl::Status ApplyLayout(const Layout& layout, Recipe& recipe) {

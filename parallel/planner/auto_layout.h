@@ -40,7 +40,7 @@ SearchOptions WithRecipeSchedule(const Recipe& recipe, SearchOptions runnable);
 // are world_size / cluster.gpus_per_node (one node of world_size GPUs when fewer).
 // `runnable` restricts the search to what the trainer implements, its schedule to
 // WithRecipeSchedule's. `bytes_per_rank`, when positive, is each rank's memory in place of
-// cluster.gpu's (CPU ranks: their share of the machine's), with no allowance for a GPU runtime.
+// cluster.gpu's (CPU ranks: their share of the machine's), planned as PlanForMemory plans it.
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
                                              const SearchOptions& runnable,
                                              double bytes_per_rank = 0);
