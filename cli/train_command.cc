@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "core/backend/make_backend.h"
 #include "core/recipe/recipe.h"
+#include "core/util/log.h"
 #include "launch/environment.h"
 #include "parallel/trainer.h"
 
@@ -24,9 +25,13 @@ void AddTrainCommand(CLI::App& app) {
                       "Recipe YAML file; none = the built-in tiny recipe (configs/tiny.yaml)");
   AddOverrideOption(*command, args->overrides);
   command->callback([args] {
-    absl::StatusOr<Recipe> recipe = LoadTrainingRecipe(args->recipe_path, args->overrides);
-    if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     absl::StatusOr<WorldEnvironment> world = RankWorldFromEnvironment();
+    // Every rank reads the same recipe: its warnings are rank 0's to print, not once a rank.
+    const bool quiet = world.ok() && world->rank != 0;
+    if (quiet) SetLogLevel(LogLevel::kError);
+    absl::StatusOr<Recipe> recipe = LoadTrainingRecipe(args->recipe_path, args->overrides);
+    if (quiet) SetLogLevel(LogLevel::kInfo);
+    if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     if (!world.ok()) Fail(world.status(), kExitFailure);
     // Rank 0's rendezvous store admits the ranks of other hosts only with the job's secret.
     if (world->num_nodes > 1 && world->rdzv_token.empty()) {

@@ -232,6 +232,21 @@ TEST(TrainTest, ModelTooLargeForTheMachineFailsBeforeAllocating) {
   EXPECT_THAT(run.stderr_text, HasSubstr("but this machine has"));
 }
 
+// Every rank reads the same recipe, so its warnings are rank 0's to print: a deprecated key warns
+// once a job, not once a rank. train.lr: -1 ends the load before any rendezvous.
+TEST(TrainTest, RecipeWarningsArePrintedByRankZeroOnly) {
+  const std::string args = absl::StrCat(
+      "train ", SmallRecipe(), " --set parallel.activation_checkpointing=true --set train.lr=-1");
+  for (const int rank : {0, 1}) {
+    const testing::Outcome run = testing::RunDtrain(
+        args, absl::StrCat("RANK=", rank, " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1"));
+    EXPECT_EQ(run.exit_code, 2) << run.stderr_text;
+    EXPECT_THAT(run.stderr_text, HasSubstr("train.lr"));
+    EXPECT_EQ(run.stderr_text.find("deprecated") != std::string::npos, rank == 0)
+        << "rank " << rank << ": " << run.stderr_text;
+  }
+}
+
 // The resolved recipe names its file, and the checkpoint manifest embeds it: a file name that
 // is not UTF-8 must not make the save throw (it used to abort at the first checkpoint).
 TEST(TrainTest, RecipeFileNameThatIsNotUtf8StillCheckpoints) {
