@@ -166,11 +166,13 @@ double CountedTargets(const std::vector<int32_t>& targets, int n, bool documents
   return static_cast<double>(documents ? TrainedTokens(targets.data(), n) : n);
 }
 
-// Mean token loss over the validation set's first eval_batches micro-batches of every
-// data-parallel rank (the same ones at every evaluation, so the numbers compare). The ranks of a
+// Mean token loss over the validation set's first train.eval_batches batches of
+// train.batch_size sequences, each data-parallel rank reading its `micro_batches` micro-batches of
+// them: the same sequences at every evaluation and for every layout and micro-batch size, so the
+// numbers compare (Megatron's eval_iters counts global batches too). The ranks of a
 // tensor-parallel group compute one loss together, so it is summed over `dp` only.
 absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, ValidationLoader& val,
-                                const Recipe& recipe) {
+                                const Recipe& recipe, int micro_batches) {
   const int b = recipe.train.micro_batch;
   const int t = recipe.train.seq_len;
   std::vector<int32_t> inputs(static_cast<size_t>(b) * t), targets(inputs.size());
@@ -180,7 +182,7 @@ absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, Validation
   val.Reset();
   double loss_sum = 0;
   double tokens = 0;
-  for (int i = 0; i < recipe.train.eval_batches; ++i) {
+  for (int i = 0; i < recipe.train.eval_batches * micro_batches; ++i) {
     ASSIGN_OR_RETURN(const int rows, documents ? val.NextDocuments(b, inputs.data(), targets.data(),
                                                                    positions.data())
                                                : val.Next(b, inputs.data(), targets.data()));
@@ -199,7 +201,8 @@ absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, Validation
 // activations passed on over `pp`; the last stage's loss and token count summed to every stage,
 // then over the data-parallel replicas `dp`.
 absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, Communicator* dp,
-                                        ValidationLoader& val, const Recipe& recipe) {
+                                        ValidationLoader& val, const Recipe& recipe,
+                                        int micro_batches) {
   const int b = recipe.train.micro_batch;
   const int t = recipe.train.seq_len;
   const bool last = pp.rank() + 1 == pp.size();
@@ -209,7 +212,7 @@ absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, Co
   val.Reset();
   double loss_sum = 0;
   double tokens = 0;
-  for (int i = 0; i < recipe.train.eval_batches; ++i) {
+  for (int i = 0; i < recipe.train.eval_batches * micro_batches; ++i) {
     // Every stage of a replica reads the same batch. Each runs the forward, on an empty batch
     // too: sharded parameters are gathered collectively over the replicas.
     ASSIGN_OR_RETURN(const int rows, documents ? val.NextDocuments(b, inputs.data(), targets.data(),
@@ -778,8 +781,8 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     const bool last = m.step == train.steps;
     if (train.eval_every > 0 && (m.step % train.eval_every == 0 || last)) {
       absl::StatusOr<double> val_loss =
-          pp > 1 ? EvaluatePipeline(model, *groups.pp, groups.dp, *data.val, recipe)
-                 : Evaluate(model, groups.dp, *data.val, recipe);
+          pp > 1 ? EvaluatePipeline(model, *groups.pp, groups.dp, *data.val, recipe, micro_batches)
+                 : Evaluate(model, groups.dp, *data.val, recipe, micro_batches);
       RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
       ASSIGN_OR_RETURN(m.val_loss, std::move(val_loss));
     }

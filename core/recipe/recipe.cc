@@ -266,7 +266,10 @@ const std::vector<KeySpec>& Keys() {
        "steps between validation-loss evaluations; 0 = off",
        {},
        AtLeast(0)},
-      {DTRAIN_RECIPE_KEY(train, eval_batches), "micro-batches per evaluation", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(train, eval_batches),
+       "batches of train.batch_size sequences per evaluation (the same sequences at every layout)",
+       {},
+       AtLeast(1)},
       {DTRAIN_RECIPE_KEY(train, init_from),
        "weights to start from: a safetensors file (Hugging Face tensor names) or a Hugging Face "
        "model folder (config.json, which must match model.*, and model.safetensors or its "

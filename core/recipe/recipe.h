@@ -80,7 +80,7 @@ struct TrainSection {
   double grad_clip = 1.0;                                    // global L2 norm; 0 disables clipping
   std::vector<std::string> no_decay = {"*.bias", "*norm*"};  // glob on tensor names
   int eval_every = 50;                                       // 0 disables evaluation
-  int eval_batches = 8;                                      // micro-batches per evaluation
+  int eval_batches = 8;   // batches of batch_size sequences per evaluation
   std::string init_from;  // safetensors file or Hugging Face model folder; empty = random init
   // Relative to the run folder: *.safetensors = one file, else a Hugging Face model folder.
   std::string export_to = "model.safetensors";
