@@ -36,7 +36,7 @@ void AddBenchCommand(CLI::App& app) {
   comm->add_option("--max-bytes", args->max_bytes, "Largest array (sizes double), e.g. 64M")
       ->capture_default_str();
   comm->add_option("--iters", args->options.iters, "Timed operations per size")
-      ->check(CLI::PositiveNumber)
+      ->check(Positive())
       ->capture_default_str();
   comm->add_option("--ops", args->options.ops, "Collectives to measure")
       ->delimiter(',')

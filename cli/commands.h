@@ -31,6 +31,11 @@ void AddDoctorCommand(CLI::App& app);
 // The `--set section.key=value` option shared by every command that reads a recipe.
 void AddOverrideOption(CLI::App& command, std::vector<std::string>& overrides);
 
+// Option checks for numbers >= 0 and > 0 whose error reads "expected a number >= 0, got -1"
+// (CLI11's NonNegativeNumber and PositiveNumber print their bound as a 309-digit double).
+CLI::Validator NonNegative();
+CLI::Validator Positive();
+
 // The recipe a training command runs: RECIPE (the built-in tiny recipe when empty) with the
 // overrides, validated, its model within dtrain's size bound (core/model/model_size.h).
 absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,

@@ -61,7 +61,7 @@ void AddDoctorCommand(CLI::App& app) {
       ->add_option("--timeout", args->timeout_s,
                    "Seconds a node may take to reach the master; bounds every wait")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   command->add_option("--hostname", args->hostname,
                       "Address the other nodes reach this one's Gloo device at (default: as "
                       "training picks it: GLOO_SOCKET_IFNAME's interface, else the address this "

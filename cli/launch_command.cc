@@ -40,11 +40,11 @@ void AddLaunchCommand(CLI::App& app) {
   command
       ->add_option("--max-restarts", args->launch.max_restarts,
                    "Restarts of the whole group after a worker fails (default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   command->add_option("--node-rank", args->node_rank, "This node's index (default: environment)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   command->add_option("--nnodes", args->num_nodes, "Number of nodes (default: environment)")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   command->add_option("--master-addr", args->master_addr,
                       "Host of node 0, which hosts the rendezvous store (default: environment)");
   command
@@ -58,12 +58,12 @@ void AddLaunchCommand(CLI::App& app) {
   command
       ->add_option("--rdzv-timeout-s", args->rendezvous_timeout_s,
                    "Seconds to wait for the other nodes' agents (default 300)")
-      ->check(CLI::PositiveNumber);
+      ->check(Positive());
   command
       ->add_option("--stop-grace-s", args->stop_grace_s,
                    "Seconds workers get to checkpoint after SIGTERM before SIGKILL (default 20; "
                    "keep it below Slurm's KillWait)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative());
   command->add_flag("--requeue", args->launch.requeue,
                     "Under Slurm: after SIGTERM (time limit, preemption) and a clean checkpoint, "
                     "requeue the job so that it resumes (submit with sbatch --requeue)");

@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "core/model/model_size.h"
 #include "core/util/status.h"
@@ -19,6 +21,26 @@ void AddOverrideOption(CLI::App& command, std::vector<std::string>& overrides) {
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
+
+namespace {
+
+CLI::Validator NumberCheck(bool zero_allowed) {
+  const char* bound = zero_allowed ? ">= 0" : "> 0";
+  return CLI::Validator(
+      [zero_allowed, bound](std::string& text) -> std::string {
+        double value = 0;
+        if (absl::SimpleAtod(text, &value) && (value > 0 || (zero_allowed && value == 0))) {
+          return "";
+        }
+        return absl::StrCat("expected a number ", bound, ", got ", text);
+      },
+      zero_allowed ? "NONNEGATIVE" : "POSITIVE");
+}
+
+}  // namespace
+
+CLI::Validator NonNegative() { return NumberCheck(true); }
+CLI::Validator Positive() { return NumberCheck(false); }
 
 absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
                                           const std::vector<std::string>& overrides) {

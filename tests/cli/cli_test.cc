@@ -149,6 +149,18 @@ TEST(CliTest, RecipeReferencePrintsTable) {
   EXPECT_THAT(outcome.stdout_text, HasSubstr("| `train.lr` |"));
 }
 
+// A number out of an option's range names the bound as a person writes it (CLI11's own checks
+// print it as a 309-digit double).
+TEST(CliTest, AnOptionOutOfRangeStatesItsBound) {
+  const Outcome negative = RunDtrain("launch --max-restarts -1");
+  EXPECT_EQ(negative.exit_code, 2);
+  EXPECT_THAT(negative.stderr_text, HasSubstr("--max-restarts: expected a number >= 0, got -1"));
+  const Outcome zero = RunDtrain("launch --rdzv-timeout-s 0");
+  EXPECT_EQ(zero.exit_code, 2);
+  EXPECT_THAT(zero.stderr_text, HasSubstr("--rdzv-timeout-s: expected a number > 0, got 0"));
+  EXPECT_LT(zero.stderr_text.size(), 200u) << zero.stderr_text;
+}
+
 TEST(CliTest, VersionAndHelp) {
   const Outcome version = RunDtrain("--version");
   EXPECT_EQ(version.exit_code, 0);
