@@ -98,7 +98,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
   std::unique_ptr<CudaBackend> backend(
       new CudaBackend(device, stream, lt, pool, free_bytes, matmul_precision));
   try {
-    backend->workspace_ = backend->Allocate(kWorkspaceBytes / sizeof(float), DataType::kF32);
+    backend->own_.workspace = backend->Allocate(kWorkspaceBytes / sizeof(float), DataType::kF32);
   } catch (const OutOfMemory& oom) {
     return absl::ResourceExhaustedError(absl::StrCat("cuBLASLt's workspace: ", oom.what()));
   }
@@ -131,13 +131,7 @@ Backend::Memory CudaBackend::AvailableMemory() const {
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   // The buffers free on the stream, so before it goes.
-  workspace_.Reset();
-  ones_.Reset();
-  ones_bf16_.Reset();
-  logits_.Reset();
-  losses_.Reset();
-  block_sums_.Reset();
-  embedding_sort_.Reset();
+  own_ = OwnBuffers{};
   for (const StagingSlot& slot : staging_) {
     if (slot.copied != nullptr) cudaEventDestroy(slot.copied);
     if (slot.pinned != nullptr) cudaFreeHost(slot.pinned);
@@ -237,11 +231,12 @@ Values CudaBackend::Scratch(DeviceBuffer& buffer, size_t count, DataType dtype) 
 cuda::ColumnGrads* CudaBackend::ColumnSliceSums(int n, int c) {
   static_assert(sizeof(cuda::ColumnGrads) == 2 * sizeof(float));
   const size_t floats = 2 * static_cast<size_t>(cuda::ColumnSlices(n)) * c;
-  return reinterpret_cast<cuda::ColumnGrads*>(Scratch(column_sums_, floats, DataType::kF32).data());
+  return reinterpret_cast<cuda::ColumnGrads*>(
+      Scratch(own_.column_sums, floats, DataType::kF32).data());
 }
 
 ConstValues CudaBackend::Ones(size_t n, DataType dtype) {
-  DeviceBuffer& ones = dtype == DataType::kBF16 ? ones_bf16_ : ones_;
+  DeviceBuffer& ones = dtype == DataType::kBF16 ? own_.ones_bf16 : own_.ones;
   if (ones.size() < n) {
     ones = Allocate(n, dtype);
     const std::vector<float> host(n, 1.0f);
@@ -399,10 +394,10 @@ bool CudaBackend::Matmul(bool transpose_a, bool transpose_b, int m, int n, int k
   if (found == 0 && gelu == nullptr) {
     CheckBlas(CUBLAS_STATUS_NOT_SUPPORTED, "MatmulAlgoGetHeuristic (no algorithm for the GEMM)");
   } else if (found > 0 && first_error_.ok()) {
-    CheckBlas(
-        cublasLtMatmul(lt_, desc, &alpha, b.data(), first, a.data(), second, &beta, c.data(), out,
-                       c.data(), out, &heuristic.algo, workspace_.data(), kWorkspaceBytes, stream_),
-        "cublasLtMatmul");
+    CheckBlas(cublasLtMatmul(lt_, desc, &alpha, b.data(), first, a.data(), second, &beta, c.data(),
+                             out, c.data(), out, &heuristic.algo, own_.workspace.data(),
+                             kWorkspaceBytes, stream_),
+              "cublasLtMatmul");
   }
   cublasLtMatmulPreferenceDestroy(preference);
   cublasLtMatrixLayoutDestroy(out);
@@ -580,7 +575,7 @@ void CudaBackend::AttentionBackward(Values dqkv, ConstValues dout, ConstValues q
                                     const float* lse, const AttentionShape& shape,
                                     const int32_t* positions) {
   const size_t rows = static_cast<size_t>(shape.batch) * shape.heads * shape.time;
-  float* deltas = Scratch(deltas_, rows, DataType::kF32).as<float>();
+  float* deltas = Scratch(own_.deltas, rows, DataType::kF32).as<float>();
   LaunchTyped("AttentionBackward", {dqkv, dout, qkv, out}, [&]<typename T>(T) {
     Check(cuda::AttentionBackward<T>(dqkv.as<T>(), dout.as<T>(), qkv.as<T>(), out.as<T>(), lse,
                                      deltas, shape, positions, stream_),
@@ -602,7 +597,7 @@ void CudaBackend::EmbeddingBackward(float* dtoken_embedding, float* dposition_em
                                     ConstValues dout, const int32_t* tokens, int b, int t, int c,
                                     int vocab_begin, int vocab_end, const int32_t* positions) {
   const size_t scratch_bytes = cuda::EmbeddingBackwardScratchBytes(static_cast<size_t>(b) * t);
-  void* scratch = Scratch(embedding_sort_, (scratch_bytes + 3) / 4, DataType::kF32).data();
+  void* scratch = Scratch(own_.embedding_sort, (scratch_bytes + 3) / 4, DataType::kF32).data();
   LaunchTyped("EmbeddingBackward", {dout}, [&]<typename T>(T) {
     Check(cuda::EmbeddingBackward<T>(dtoken_embedding, dposition_embedding, dout.as<T>(), tokens, b,
                                      t, c, vocab_begin, vocab_end, positions, scratch, stream_),
@@ -617,8 +612,8 @@ void CudaBackend::ClassifierForwardBackward(Values dx, float* dweight, ConstValu
   const int chunk_rows = std::min(n, ClassifierChunkRows(v));
   // (chunk, V) in the inputs' type, as llm.c's and autocast's logits: the dx GEMM multiplies
   // them with the weight.
-  const Values logits = Scratch(logits_, static_cast<size_t>(chunk_rows) * v, x.dtype());
-  float* losses = Scratch(losses_, n, DataType::kF32).as<float>();  // (N)
+  const Values logits = Scratch(own_.logits, static_cast<size_t>(chunk_rows) * v, x.dtype());
+  float* losses = Scratch(own_.losses, n, DataType::kF32).as<float>();  // (N)
   for (int r0 = 0; r0 < n; r0 += chunk_rows) {
     const int rows = std::min(chunk_rows, n - r0);
     const ConstValues x_chunk = x + static_cast<size_t>(r0) * c;
@@ -653,7 +648,7 @@ void CudaBackend::ClassifierExpSums(Values logits, float* sums, float* target_lo
 void CudaBackend::ClassifierLossSum(const float* max, const float* sums, const float* target_logits,
                                     const int32_t* targets, int n, double* loss_sum) {
   if (n == 0) return;
-  float* losses = Scratch(losses_, n, DataType::kF32).as<float>();
+  float* losses = Scratch(own_.losses, n, DataType::kF32).as<float>();
   cuda::VocabLosses(losses, max, sums, target_logits, targets, n, stream_);
   CheckLaunch("VocabLosses");
   cuda::AddSum(loss_sum, losses, n, stream_);
@@ -674,7 +669,8 @@ void CudaBackend::Add(Values out, ConstValues a, ConstValues b, size_t n) {
 }
 
 void CudaBackend::SumSquares(const float* x, size_t n, double* sum) {
-  float* block_sums = Scratch(block_sums_, cuda::SumSquaresBlocks(n), DataType::kF32).as<float>();
+  float* block_sums =
+      Scratch(own_.block_sums, cuda::SumSquaresBlocks(n), DataType::kF32).as<float>();
   cuda::SumSquares<float>(sum, block_sums, x, n, stream_);
   CheckLaunch("SumSquares");
 }

@@ -181,16 +181,21 @@ class CudaBackend : public Backend {
   cudaMemPool_t pool_;    // the device's default pool, which Allocate draws from
   size_t free_at_start_;  // the GPU's free memory before this backend allocated any
   MatmulPrecision matmul_precision_;
-  Allocations allocations_;      // before the buffers below, which free into it
-  DeviceBuffer workspace_;       // cuBLASLt's, kWorkspaceBytes
-  DeviceBuffer ones_;            // 1.0f each
-  DeviceBuffer ones_bf16_;       // 1.0 each in bf16
-  DeviceBuffer logits_;          // the classifier's (chunk, V) logits, in its inputs' type
-  DeviceBuffer losses_;          // (N) the classifier's per-row losses
-  DeviceBuffer block_sums_;      // SumSquares's per-block sums
-  DeviceBuffer column_sums_;     // the norms' parameter gradients' slice sums
-  DeviceBuffer embedding_sort_;  // EmbeddingBackward's ids sorted with their rows
-  DeviceBuffer deltas_;          // AttentionBackward's (B, H, T) rows' dout . out
+  Allocations allocations_;  // before the buffers below, which free into it
+  // The backend's own buffers, one struct so that the destructor frees every one of them on the
+  // stream before it destroys the stream.
+  struct OwnBuffers {
+    DeviceBuffer workspace;       // cuBLASLt's, kWorkspaceBytes
+    DeviceBuffer ones;            // 1.0f each
+    DeviceBuffer ones_bf16;       // 1.0 each in bf16
+    DeviceBuffer logits;          // the classifier's (chunk, V) logits, in its inputs' type
+    DeviceBuffer losses;          // (N) the classifier's per-row losses
+    DeviceBuffer block_sums;      // SumSquares's per-block sums
+    DeviceBuffer column_sums;     // the norms' parameter gradients' slice sums
+    DeviceBuffer embedding_sort;  // EmbeddingBackward's ids sorted with their rows
+    DeviceBuffer deltas;          // AttentionBackward's (B, H, T) rows' dout . out
+  };
+  OwnBuffers own_;
   // CopyFromHost's pinned slots, used in turn; `copied` is recorded after the copy out of one.
   struct StagingSlot {
     void* pinned = nullptr;
