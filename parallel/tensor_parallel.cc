@@ -1,5 +1,6 @@
 #include "parallel/tensor_parallel.h"
 
+#include <chrono>
 #include <utility>
 
 namespace dtrain {
@@ -48,7 +49,10 @@ void CommTensorParallel::ReduceOver(Communicator* comm, Values x, size_t n, Redu
 }
 
 void CommTensorParallel::Track(std::unique_ptr<Work> work) {
+  const auto start = std::chrono::steady_clock::now();
   error_ = work->WaitOnDevice();
+  waited_ms_ +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   in_flight_.push_back(std::move(work));
 }
 
@@ -57,7 +61,12 @@ absl::Status CommTensorParallel::Settle() {
     if (absl::Status status = work->Wait(); error_.ok()) error_ = status;
   }
   in_flight_.clear();
+  // The device's waits on the operations just settled (their timing events are freed here).
+  waited_ms_ += tp_.TakeDeviceWaitMs();
+  if (kv_replicas_ != nullptr) waited_ms_ += kv_replicas_->TakeDeviceWaitMs();
   return error_;
 }
+
+double CommTensorParallel::TakeWaitedMs() { return std::exchange(waited_ms_, 0); }
 
 }  // namespace dtrain

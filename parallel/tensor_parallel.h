@@ -34,6 +34,10 @@ class CommTensorParallel final : public TensorParallelOps {
   // and returns the first failure (OK when none). After a failure the hooks do nothing, so the
   // step runs to its end on garbage and the caller reports this instead of its result.
   absl::Status Settle();
+  // Milliseconds the hooks' collectives held up compute since the last call: the host's waits
+  // where a hook waits itself, the compute stream's waits (timed with events, counted by Settle)
+  // where it waits on the device. The step log's exposed communication.
+  double TakeWaitedMs();
 
  private:
   void ReduceOver(Communicator* comm, Values x, size_t n, ReduceOp op);
@@ -44,6 +48,7 @@ class CommTensorParallel final : public TensorParallelOps {
   Communicator* kv_replicas_;
   absl::Status error_;
   std::vector<std::unique_ptr<Work>> in_flight_;  // since the last Settle
+  double waited_ms_ = 0;                          // since the last TakeWaitedMs
 };
 
 }  // namespace dtrain

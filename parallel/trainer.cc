@@ -683,6 +683,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   for (int step = static_cast<int>(resumed_step); step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     if (slowed_by > absl::ZeroDuration()) absl::SleepFor(slowed_by);
+    if (tensor_parallel) tensor_parallel->TakeWaitedMs();  // an evaluation's, not this step's
     const int64_t dp_sent_before = SentBytes({groups.dp});
     const int64_t tp_sent_before = SentBytes({groups.tp, kv_replicas});
     const int64_t pp_sent_before = SentBytes({groups.pp});
@@ -755,7 +756,8 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
           "start-up (the machine was busy then): MFU is stated against %.1f from here on",
           step + 1, rank_flops / 1e9, measured_peak / 1e9, rank_flops / 1e9);
     }
-    m.exposed_comm_ms = result.exposed_comm_ms;
+    m.exposed_comm_ms =
+        result.exposed_comm_ms + (tensor_parallel ? tensor_parallel->TakeWaitedMs() : 0);
     m.dp_sent_bytes = dp_sent;
     m.tp_sent_bytes = tp_sent;
     m.pp_sent_bytes = pp_sent;

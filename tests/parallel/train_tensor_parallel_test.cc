@@ -77,7 +77,7 @@ struct Layout {
 constexpr int kLayoutSteps = 20;
 
 // Every layout follows the single process's trajectory (which recomputes nothing): the same loss
-// and gradient norm at every step, and without data parallelism the same validation loss.
+// and gradient norm at every step, and the same validation loss.
 //
 // Tolerance: the ranks compute the same sums in another order (a rank's partial GEMMs over its
 // heads or MLP columns, then the all-reduce; the data-parallel reduction), so every step differs
@@ -161,9 +161,12 @@ std::vector<std::string> ExpectRecipeLayoutsFollowOneProcess(const std::string& 
     EXPECT_GT(measured, 0);
     EXPECT_EQ(metrics.tp_sent_bytes[0], measured);
     EXPECT_NEAR(measured, planned, layout.tp == 2 ? 0 : 12);
-    // Each data-parallel rank evaluates its own validation batches: only a tp-only layout
-    // evaluates the single process's.
-    if (layout.world != layout.tp) continue;
+    // The step waited on its tensor-parallel collectives: exposed communication, even with no
+    // data parallelism.
+    for (size_t i = 0; i < metrics.exposed_comm_ms.size(); ++i) {
+      EXPECT_GT(metrics.exposed_comm_ms[i], 0) << "step " << i;
+    }
+    // The data-parallel ranks evaluate their shares of the single process's validation batches.
     for (size_t i = 0; i < metrics.val_loss.size(); ++i) {
       EXPECT_NEAR(metrics.val_loss[i], reference.val_loss[i], 1e-5 * reference.val_loss[i]);
     }

@@ -71,7 +71,7 @@ inline std::vector<double> MetricsLosses(const std::string& metrics_path) {
 // What a run's metrics.jsonl says, each in step order (val_loss: the steps that evaluated;
 // tp_sent_bytes, pp_sent_bytes: 0 where the line has none).
 struct RunMetrics {
-  std::vector<double> loss, grad_norm, val_loss, tp_sent_bytes, pp_sent_bytes;
+  std::vector<double> loss, grad_norm, val_loss, tp_sent_bytes, pp_sent_bytes, exposed_comm_ms;
 };
 
 inline RunMetrics ReadRunMetrics(const std::string& metrics_path) {
@@ -83,6 +83,7 @@ inline RunMetrics ReadRunMetrics(const std::string& metrics_path) {
     metrics.grad_norm.push_back(j["grad_norm"].get<double>());
     metrics.tp_sent_bytes.push_back(j.value("tp_sent_bytes", 0.0));
     metrics.pp_sent_bytes.push_back(j.value("pp_sent_bytes", 0.0));
+    metrics.exposed_comm_ms.push_back(j.value("exposed_comm_ms", 0.0));
     if (j.contains("val_loss") && !j["val_loss"].is_null()) {
       metrics.val_loss.push_back(j["val_loss"].get<double>());
     }
