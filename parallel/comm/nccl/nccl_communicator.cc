@@ -71,12 +71,18 @@ class NcclWork : public Work {
       ncclResult_t async_error = ncclSuccess;
       comms_->Use(link_,
                   [&](ncclComm_t comm) { return ncclCommGetAsyncError(comm, &async_error); });
-      if (query != cudaErrorNotReady || async_error != ncclSuccess) {
+      if (query != cudaErrorNotReady && async_error == ncclSuccess) {
+        // A sticky error of this GPU (a kernel of this rank that faulted): no peer's doing.
+        comms_->Abort();
+        status_ = absl::InternalError(absl::StrCat(
+            description_, " cannot finish: this rank's GPU failed (", cudaGetErrorString(query),
+            "), an error of its own kernels or copies, not of a peer"));
+        break;
+      }
+      if (async_error != ncclSuccess) {
         comms_->Abort();  // NCCL's kernels would otherwise spin on
-        Fail(absl::UnavailableError(absl::StrCat(description_, " failed: ",
-                                                 async_error != ncclSuccess
-                                                     ? ncclGetErrorString(async_error)
-                                                     : cudaGetErrorString(query))),
+        Fail(absl::UnavailableError(
+                 absl::StrCat(description_, " failed: ", ncclGetErrorString(async_error))),
              /*timed_out=*/false);
         break;
       }
