@@ -7,6 +7,10 @@
 namespace dtrain::cuda {
 namespace {
 
+// The slice sums' blocks: a warp's columns by kSlicesPerBlock slices, 1024 threads, which the
+// kernels' launch bounds keep within the registers such a block may use.
+constexpr int kSliceBlockThreads = kWarpSize * kSlicesPerBlock;
+
 template <typename T>
 __global__ void LayerNormForwardKernel(T* out, float* mean, float* rstd, T* residual_out,
                                        const T* residual, const T* inp, const T* weight,
@@ -48,9 +52,9 @@ __global__ void AddColumnGradsKernel(float* dweight, float* dbias, const ColumnG
 }
 
 template <typename T>
-__global__ void LayerNormSliceSumsKernel(ColumnGrads* slice_sums, const T* dout, const T* inp,
-                                         const float* mean, const float* rstd, int n, int c,
-                                         int slices) {
+__global__ void __launch_bounds__(kSliceBlockThreads)
+    LayerNormSliceSumsKernel(ColumnGrads* slice_sums, const T* dout, const T* inp,
+                             const float* mean, const float* rstd, int n, int c, int slices) {
   SliceSumsOfTile(slice_sums, c, [&](int j, int slice) {
     return LayerNormParamGradSlice(dout, inp, mean, rstd, n, c, j, slice, slices);
   });
@@ -77,8 +81,9 @@ __global__ void RmsNormBackwardKernel(T* dinp, const T* dout, const T* inp, cons
 }
 
 template <typename T>
-__global__ void RmsNormSliceSumsKernel(ColumnGrads* slice_sums, const T* dout, const T* inp,
-                                       const float* rstd, int n, int c, int slices) {
+__global__ void __launch_bounds__(kSliceBlockThreads)
+    RmsNormSliceSumsKernel(ColumnGrads* slice_sums, const T* dout, const T* inp, const float* rstd,
+                           int n, int c, int slices) {
   SliceSumsOfTile(slice_sums, c, [&](int j, int slice) {
     return RmsNormWeightGradSlice(dout, inp, rstd, n, c, j, slice, slices);
   });
