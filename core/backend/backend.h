@@ -74,8 +74,8 @@ class Backend {
   virtual void Synchronize() = 0;
 
   // The memory Allocate draws from, for the trainer's check before it allocates: the machine's
-  // RAM, which every rank on the machine shares (CPU), or what was free on this rank's GPU when
-  // the backend started (CUDA).
+  // RAM, which every rank on the machine shares (CPU), or this rank's GPU's free memory with
+  // what the backend holds (CUDA).
   struct Memory {
     std::string name;  // "this machine", "GPU 3"
     double bytes = 0;

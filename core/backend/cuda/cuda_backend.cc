@@ -93,10 +93,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
     return absl::FailedPreconditionError(absl::StrCat("cannot set up the memory pool of GPU ",
                                                       device, ": ", cudaGetErrorString(error)));
   }
-  size_t free_bytes = 0, total_bytes = 0;
-  cudaMemGetInfo(&free_bytes, &total_bytes);
-  std::unique_ptr<CudaBackend> backend(
-      new CudaBackend(device, stream, lt, pool, free_bytes, matmul_precision));
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(device, stream, lt, pool, matmul_precision));
   try {
     backend->own_.workspace = backend->Allocate(kWorkspaceBytes / sizeof(float), DataType::kF32);
   } catch (const OutOfMemory& oom) {
@@ -114,17 +111,19 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
 }
 
 CudaBackend::CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, cudaMemPool_t pool,
-                         size_t free_bytes, MatmulPrecision matmul_precision)
-    : device_(device),
-      stream_(stream),
-      lt_(lt),
-      pool_(pool),
-      free_at_start_(free_bytes),
-      matmul_precision_(matmul_precision) {}
+                         MatmulPrecision matmul_precision)
+    : device_(device), stream_(stream), lt_(lt), pool_(pool), matmul_precision_(matmul_precision) {}
 
 Backend::Memory CudaBackend::AvailableMemory() const {
+  // The GPU's free memory now and what this backend's pool holds (in use or kept for reuse):
+  // what the CUDA context, the communicators' buffers (created before the model) and other
+  // processes took is not the model's.
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaMemGetInfo(&free_bytes, &total_bytes);
+  uint64_t pooled = 0;
+  cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &pooled);
   return {.name = absl::StrCat("GPU ", device_),
-          .bytes = static_cast<double>(free_at_start_),
+          .bytes = static_cast<double>(free_bytes) + static_cast<double>(pooled),
           .shared_by_local_ranks = false};
 }
 

@@ -137,7 +137,7 @@ class CudaBackend : public Backend {
 
  private:
   CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, cudaMemPool_t pool,
-              size_t free_bytes, MatmulPrecision matmul_precision);
+              MatmulPrecision matmul_precision);
 
   // Keeps the first failure as status(), naming `what` (a kernel or CUDA call).
   void Check(cudaError_t error, absl::string_view what);
@@ -178,8 +178,7 @@ class CudaBackend : public Backend {
   int device_;
   cudaStream_t stream_;
   cublasLtHandle_t lt_;
-  cudaMemPool_t pool_;    // the device's default pool, which Allocate draws from
-  size_t free_at_start_;  // the GPU's free memory before this backend allocated any
+  cudaMemPool_t pool_;  // the device's default pool, which Allocate draws from
   MatmulPrecision matmul_precision_;
   Allocations allocations_;  // before the buffers below, which free into it
   // The backend's own buffers, one struct so that the destructor frees every one of them on the

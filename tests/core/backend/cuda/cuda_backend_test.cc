@@ -335,6 +335,10 @@ TEST(CudaBackendTest, MemoryComesFromAPoolAndRunningOutIsNamed) {
   ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved),
             cudaSuccess);
   EXPECT_GE(reserved, count * sizeof(float)) << "the pool keeps the freed block";
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  EXPECT_GE(gpu->AvailableMemory().bytes, static_cast<double>(free_bytes + reserved))
+      << "what the pool keeps is the backend's to allocate";
   const size_t too_many = static_cast<size_t>(gpu->AvailableMemory().bytes) * 2 / sizeof(float);
   try {
     DeviceBuffer huge = gpu->Allocate(too_many, DataType::kF32);
