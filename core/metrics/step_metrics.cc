@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <type_traits>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/util/allocate.h"
 #include "core/util/status.h"
 #include "nlohmann/json.hpp"
 
@@ -130,17 +132,23 @@ double PeakRssMib() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
-double MeasureGemmFlops(Backend& backend) {
-  constexpr int kSize = 1024;
+namespace {
+
+// The best of several timings of one `size` x `size` x `size` float32 GEMM, in seconds.
+double BestGemmSeconds(Backend& backend, int size) {
   constexpr int kRepeats = 8;  // the best of several: a busy machine only ever slows a run
-  const std::vector<float> a_values(kSize * kSize, 0.5f), b_values(kSize * kSize, 0.25f);
-  const DeviceBuffer a = backend.Allocate(a_values.size()), b = backend.Allocate(b_values.size()),
-                     c = backend.Allocate(kSize * kSize);
-  backend.CopyFromHost(a.data(), a_values.data(), a.bytes());
-  backend.CopyFromHost(b.data(), b_values.data(), b.bytes());
+  const size_t count = static_cast<size_t>(size) * size;
+  const DeviceBuffer a = backend.Allocate(count), b = backend.Allocate(count),
+                     c = backend.Allocate(count);
+  const std::vector<float> values(std::min<size_t>(count, size_t{1} << 20), 0.5f);
+  for (size_t at = 0; at < count; at += values.size()) {
+    const size_t n = std::min(values.size(), count - at);
+    backend.CopyFromHost(a.floats() + at, values.data(), n * sizeof(float));
+    backend.CopyFromHost(b.floats() + at, values.data(), n * sizeof(float));
+  }
   const auto gemm = [&] {
-    backend.Gemm(false, true, kSize, kSize, kSize, 1.0f, a.floats(), kSize, b.floats(), kSize, 0.0f,
-                 c.floats(), kSize);
+    backend.Gemm(false, true, size, size, size, 1.0f, a.floats(), size, b.floats(), size, 0.0f,
+                 c.floats(), size);
     backend.Synchronize();
   };
   gemm();  // warm up
@@ -151,7 +159,30 @@ double MeasureGemmFlops(Backend& backend) {
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     best_s = std::min(best_s, elapsed.count());
   }
-  return 2.0 * kSize * kSize * kSize / best_s;
+  return best_s;
+}
+
+}  // namespace
+
+double MeasureGemmFlops(Backend& backend) {
+  // From 1024 the size doubles until a GEMM takes 5 ms, so that on a GPU the launches and the
+  // wait are a small part of the time (1024 takes microseconds there, milliseconds on a CPU).
+  // A size whose three matrices no longer fit beside the model ends the search there.
+  constexpr int kLargest = 8192;
+  constexpr double kLongEnough_s = 5e-3;
+  double flops = 0;
+  for (int size = 1024; size <= kLargest; size *= 2) {
+    double seconds = 0;
+    try {
+      seconds = BestGemmSeconds(backend, size);
+    } catch (const OutOfMemory&) {
+      if (flops > 0) break;
+      throw;
+    }
+    flops = 2.0 * size * static_cast<double>(size) * size / seconds;
+    if (seconds >= kLongEnough_s) break;
+  }
+  return flops;
 }
 
 double MfuPercent(double rank_flops, double& peak_flops, bool& raised) {

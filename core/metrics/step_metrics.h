@@ -64,8 +64,9 @@ absl::StatusOr<StepMetrics> ParseStepMetricsJson(std::string_view line);
 // Peak resident set size of this process, MiB.
 double PeakRssMib();
 
-// The FLOP/s one large square float32 GEMM reaches on this backend (a few hundred ms): the
-// peak that CPU MFU is stated against.
+// The FLOP/s a square float32 GEMM reaches on this backend, at run.matmul_precision, large
+// enough that launching and waiting for it cost little (1024 on a CPU, up to 8192 on a GPU; a
+// few hundred ms): the peak that MFU is stated against.
 double MeasureGemmFlops(Backend& backend);
 
 // MFU in percent: `rank_flops` (a step's model FLOP/s per rank) over `peak_flops`. No step
