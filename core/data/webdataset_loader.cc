@@ -220,10 +220,12 @@ absl::Status WebDatasetLoader::Restore(const LoaderState& state) {
   const int world = options_.world;
   const int num_streams = options_.stream.num_streams;
   if (state.consumed_sequences < 0 || state.consumed_sequences % world != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data loader state of ", state.consumed_sequences,
-                     " consumed sequences is not a multiple of the ", world,
-                     " data-parallel ranks; resume from a checkpoint taken at a step boundary"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the checkpoint's data order consumed ", state.consumed_sequences, " sequences, which ",
+        world,
+        " data-parallel ranks cannot continue: the WebDataset streams go on only on a "
+        "data-parallel width that divides the sequences consumed; resume on such a width, or "
+        "from a checkpoint whose count this one divides"));
   }
   int saved_streams = 0;
   std::vector<int> streams;

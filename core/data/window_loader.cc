@@ -40,12 +40,10 @@ absl::Status CheckCount(int count) {
   return absl::OkStatus();
 }
 
-absl::Status CheckRestore(const LoaderState& state, int world) {
-  if (state.consumed_sequences < 0 || state.consumed_sequences % world != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data loader state of ", state.consumed_sequences,
-                     " consumed sequences is not a multiple of the ", world,
-                     " data-parallel ranks; resume from a checkpoint taken at a step boundary"));
+absl::Status CheckRestore(const LoaderState& state) {
+  if (state.consumed_sequences < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data loader state of ", state.consumed_sequences, " consumed sequences is negative"));
   }
   return absl::OkStatus();
 }
@@ -105,7 +103,7 @@ absl::Status ShuffledOrder::Check(int global_batch, int world) {
 
 int64_t ShuffledOrder::GlobalIndex(int64_t local_index) const {
   const int64_t step = local_index / rank_batch_;
-  return step * global_batch_ + rank_ * rank_batch_ + local_index % rank_batch_;
+  return start_ + step * global_batch_ + rank_ * rank_batch_ + local_index % rank_batch_;
 }
 
 int64_t ShuffledOrder::RowOf(int64_t global_index) {
@@ -156,12 +154,13 @@ absl::Status ShuffledWindowLoader::Next(int count, int32_t* inputs, int32_t* tar
 
 LoaderState ShuffledWindowLoader::state() const {
   // Ranks advance in lockstep, so all of them together consumed world times this rank's count.
-  return {local_consumed_ * world_};
+  return {order_.start() + local_consumed_ * world_};
 }
 
 absl::Status ShuffledWindowLoader::Restore(const LoaderState& state) {
-  RETURN_IF_ERROR(CheckRestore(state, world_));
-  local_consumed_ = state.consumed_sequences / world_;
+  RETURN_IF_ERROR(CheckRestore(state));
+  order_.StartAt(state.consumed_sequences);
+  local_consumed_ = 0;
   return absl::OkStatus();
 }
 
@@ -225,8 +224,9 @@ absl::Status ShuffledRowLoader::NextDocuments(int count, int32_t* inputs, int32_
 }
 
 absl::Status ShuffledRowLoader::Restore(const LoaderState& state) {
-  RETURN_IF_ERROR(CheckRestore(state, world_));
-  local_consumed_ = state.consumed_sequences / world_;
+  RETURN_IF_ERROR(CheckRestore(state));
+  order_.StartAt(state.consumed_sequences);
+  local_consumed_ = 0;
   return absl::OkStatus();
 }
 

@@ -25,10 +25,15 @@ class ShuffledOrder {
   // Errors: global_batch not a positive multiple of world.
   static absl::Status Check(int global_batch, int world);
 
-  // The global index of this rank's local_index-th sequence (counting from 0 over the run).
+  // The global index of this rank's local_index-th sequence (counting from 0 at start()).
   int64_t GlobalIndex(int64_t local_index) const;
   // The row that global sequence `global_index` reads.
   int64_t RowOf(int64_t global_index);
+  // Steps start at global sequence `consumed` (a resumed run's; 0 at first), whatever the batch
+  // that consumed them: a run resumed with another train.batch_size or data-parallel width reads
+  // on from the next unread sequence.
+  void StartAt(int64_t consumed) { start_ = consumed; }
+  int64_t start() const { return start_; }
 
  private:
   int64_t rows_;
@@ -36,6 +41,7 @@ class ShuffledOrder {
   int64_t global_batch_;
   int64_t rank_batch_;  // global_batch / world
   int rank_;
+  int64_t start_ = 0;
   int64_t perm_epoch_ = -1;  // the epoch whose permutation perm_ holds
   std::vector<int64_t> perm_;
 };
@@ -43,7 +49,8 @@ class ShuffledOrder {
 // Training order: the sequence with global index g is window perm(seed, epoch)[g % num_windows]
 // with epoch = g / num_windows, perm a Fisher-Yates shuffle drawn from CounterRng(seed, epoch).
 // Each optimizer step reads global_batch sequences: rank r of world W reads global indices
-// [step * global_batch + r * global_batch / W, ... + global_batch / W), in calls to Next of any
+// [start + step * global_batch + r * global_batch / W, ... + global_batch / W), start being the
+// sequences consumed before a resume (of any batch size), in calls to Next of any
 // size; so the ranks of a step together read the single-process step's sequences, each rank the
 // same count (no rank runs dry at an epoch end).
 class ShuffledWindowLoader final : public SequenceLoader {
@@ -61,7 +68,7 @@ class ShuffledWindowLoader final : public SequenceLoader {
   absl::Status Restore(const LoaderState& state) override;
 
   int64_t num_windows() const { return num_windows_; }
-  // The global index of this rank's local_index-th sequence (counting from 0 over the run).
+  // The global index of this rank's local_index-th sequence since the start or the restore.
   int64_t GlobalIndex(int64_t local_index) const { return order_.GlobalIndex(local_index); }
   // The window that global sequence `global_index` reads.
   int64_t WindowOf(int64_t global_index) { return order_.RowOf(global_index); }
@@ -118,7 +125,7 @@ class ShuffledRowLoader final : public SequenceLoader {
   bool documents() const override { return true; }
   absl::Status NextDocuments(int count, int32_t* inputs, int32_t* targets,
                              int32_t* positions) override;
-  LoaderState state() const override { return {local_consumed_ * world_}; }
+  LoaderState state() const override { return {order_.start() + local_consumed_ * world_}; }
   absl::Status Restore(const LoaderState& state) override;
 
  private:

@@ -235,6 +235,30 @@ TEST(CheckpointMultiProcessTest, CheckpointsLoadIntoOtherWorldSizesAndStrategies
   }
 }
 
+// A resume with another train.batch_size reads on from the first sequence the checkpoint did not
+// consume, on any number of ranks: 6 steps of 12 (72 sequences), then steps of 20, on one rank
+// and on two (72 is no multiple of 20, nor of a rank's 10), give the same losses.
+TEST(CheckpointMultiProcessTest, AResumeWithAnotherBatchSizeReadsOnFromTheNextSequence) {
+  const std::string recipe = RecipeFile(32);
+  const std::string first = OutDir("batch12");
+  RunToEnd(1, TrainArgs(recipe, first, {}));
+  if (::testing::Test::HasFatalFailure()) return;
+  std::vector<std::vector<nlohmann::json>> resumed;
+  for (const int world : {1, 2}) {
+    const std::string out = OutDir(absl::StrCat("batch20_on_", world));
+    RunToEnd(world, TrainArgs(recipe, out,
+                              {"train.batch_size=20",
+                               "checkpoint.resume=" + first + "/mp/checkpoints/step-6"}));
+    resumed.push_back(Metrics(out));
+  }
+  ASSERT_EQ(resumed[0].size(), 6u);
+  ASSERT_EQ(resumed[1].size(), 6u);
+  for (size_t i = 0; i < resumed[0].size(); ++i) {
+    const double expected = resumed[0][i]["loss"].get<double>();
+    EXPECT_NEAR(resumed[1][i]["loss"].get<double>(), expected, 1e-5 * expected) << "step " << i + 7;
+  }
+}
+
 TEST(CheckpointMultiProcessTest, SigtermMakesEveryRankSaveAndExitCleanly) {
   const std::string recipe = RecipeFile(32);
   const std::string out = OutDir("sigterm");

@@ -163,6 +163,11 @@ TEST_F(WebDatasetLoaderTest, ResumesIntoAnotherWorldSizeAtTheSameGlobalSequence)
     // One rank's own state lacks the streams this rank now reads.
     EXPECT_FALSE(loader->Restore(saved[1 - rank]).ok());
     ASSERT_TRUE(loader->Restore(*merged).ok());
+    // 3 sequences consumed cannot continue on 2 ranks: the error says what width would.
+    const absl::Status odd = loader->Restore({3, merged->cursor});
+    EXPECT_TRUE(absl::StrContains(odd.message(), "consumed 3 sequences, which 2 data-parallel"))
+        << odd;
+    ASSERT_TRUE(loader->Restore(*merged).ok());
     const Windows windows = Read(*loader, 2, 4);
     for (size_t i = 0; i < windows.size(); ++i) {
       EXPECT_EQ(windows[i], whole[5 * kBatch + i * 2 + rank]) << "rank " << rank << " i " << i;

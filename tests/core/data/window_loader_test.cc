@@ -133,6 +133,25 @@ TEST(ShuffledWindowLoaderTest, ResumesOnAnotherWorldSizeAtAStepBoundary) {
   EXPECT_EQ(step3, single[3]);
 }
 
+// A run resumed with another batch size on other ranks reads on from the first unread sequence:
+// 160 sequences in steps of 8, then steps of 12 over 2 ranks (160 is no multiple of 12 or of
+// its 6 a rank), as one process reading them in order does.
+TEST(ShuffledWindowLoaderTest, ResumesWithAnotherBatchSizeAtTheNextUnreadSequence) {
+  auto single = MakeTrain(401, 3, 4);
+  const std::vector<int64_t> in_order = ReadWindows(*single, 160 + 2 * 12);
+  const LoaderState consumed{160};
+  for (int step = 0; step < 2; ++step) {
+    std::vector<int64_t> combined;
+    for (int r = 0; r < 2; ++r) {
+      const std::vector<int64_t> part = StepsOfRank(r, 2, 12, 3, 2, consumed)[step];
+      combined.insert(combined.end(), part.begin(), part.end());
+    }
+    EXPECT_EQ(combined, std::vector<int64_t>(in_order.begin() + 160 + step * 12,
+                                             in_order.begin() + 160 + (step + 1) * 12))
+        << "step " << step;
+  }
+}
+
 TEST(ShuffledWindowLoaderTest, RejectsBadArguments) {
   EXPECT_TRUE(absl::StrContains(
       ShuffledWindowLoader::Create(Iota(4), kSeqLen, 1, 4, 0, 1, "tiny").status().message(),
@@ -141,7 +160,7 @@ TEST(ShuffledWindowLoaderTest, RejectsBadArguments) {
       ShuffledWindowLoader::Create(Iota(40), kSeqLen, 1, 6, 0, 4, "x").status().message(),
       "train.batch_size 6 is not a positive multiple of the 4 data-parallel ranks"));
   auto loader = MakeTrain(40, 1, 4, 0, 2);
-  EXPECT_TRUE(absl::StrContains(loader->Restore({3}).message(), "not a multiple of the 2"));
+  EXPECT_TRUE(absl::StrContains(loader->Restore({-3}).message(), "-3 consumed sequences"));
 }
 
 TEST(SequentialWindowLoaderTest, ReadsWindowsInOrderSplitAcrossRanksAndResets) {
