@@ -677,8 +677,13 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
   double elapsed_s = 0;
   // Steps after the first (which pays for first-touch allocations), or the only one.
   PipelineStepTimes pipeline_times;
-  StragglerTracker stragglers(recipe.logging.straggler_pct);
-  const bool track_stragglers = recipe.logging.straggler_pct > 0 && world_comm != nullptr;
+  // Pipeline stages hold different blocks: each is compared with its own replicas only, so with
+  // one rank a stage there is nothing to compare.
+  std::vector<int> stage_of_rank(world.world_size);
+  for (int r = 0; r < world.world_size; ++r) stage_of_rank[r] = mesh.CoordsOf(r).pp;
+  StragglerTracker stragglers(recipe.logging.straggler_pct, stage_of_rank);
+  const bool track_stragglers =
+      recipe.logging.straggler_pct > 0 && world_comm != nullptr && pp < world.world_size;
   const absl::Duration slowed_by = TestSlowdown(world.rank);
   for (int step = static_cast<int>(resumed_step); step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();

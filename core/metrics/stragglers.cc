@@ -1,6 +1,7 @@
 #include "core/metrics/stragglers.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,20 +17,30 @@ double Median(std::vector<double> values) {
 
 }  // namespace
 
-std::optional<Straggler> FindStraggler(const std::vector<double>& compute_ms,
-                                       double threshold_pct) {
-  if (compute_ms.size() < 2) return std::nullopt;
-  const double median = Median(compute_ms);
-  if (median <= 0) return std::nullopt;
-  const auto slowest = std::max_element(compute_ms.begin(), compute_ms.end());
-  const double lag_pct = 100 * (*slowest - median) / median;
-  if (lag_pct <= threshold_pct) return std::nullopt;
-  return Straggler{static_cast<int>(slowest - compute_ms.begin()), lag_pct};
+std::optional<Straggler> FindStraggler(const std::vector<double>& compute_ms, double threshold_pct,
+                                       const std::vector<int>& peers) {
+  std::map<int, std::vector<int>> groups;  // group number -> its ranks
+  for (size_t rank = 0; rank < compute_ms.size(); ++rank) {
+    groups[peers.empty() ? 0 : peers[rank]].push_back(static_cast<int>(rank));
+  }
+  std::optional<Straggler> found;
+  for (const auto& [group, ranks] : groups) {
+    if (ranks.size() < 2) continue;
+    std::vector<double> times;
+    for (const int rank : ranks) times.push_back(compute_ms[rank]);
+    const double median = Median(times);
+    if (median <= 0) continue;
+    const auto slowest = std::max_element(times.begin(), times.end());
+    const double lag_pct = 100 * (*slowest - median) / median;
+    if (lag_pct <= threshold_pct || (found && lag_pct <= found->lag_pct)) continue;
+    found = Straggler{ranks[slowest - times.begin()], lag_pct};
+  }
+  return found;
 }
 
 std::optional<Straggler> StragglerTracker::Add(const std::vector<double>& compute_ms) {
   ++steps_;
-  const std::optional<Straggler> found = FindStraggler(compute_ms, threshold_pct_);
+  const std::optional<Straggler> found = FindStraggler(compute_ms, threshold_pct_, peers_);
   if (found) lags_[found->rank].push_back(found->lag_pct);
   return found;
 }

@@ -23,6 +23,21 @@ TEST(StragglersTest, TheSlowestRankBeyondTheThresholdAboveTheMedian) {
   EXPECT_FALSE(FindStraggler({0, 0, 5}, 10).has_value());  // no median to compare with
 }
 
+// Ranks doing other work (pipeline stages of other blocks) are not compared: the last stage,
+// with the head, is slower than the first by design, not a straggler; within a stage it can be.
+TEST(StragglersTest, RanksAreComparedWithThePeersOfTheirGroupOnly) {
+  const std::vector<int> stages = {0, 0, 1, 1};
+  EXPECT_FALSE(FindStraggler({100, 100, 180, 180}, 10, stages).has_value());
+  EXPECT_EQ(FindStraggler({100, 100, 180, 180}, 10)->rank, 2);  // all ranks as one group
+  const std::optional<Straggler> found = FindStraggler({100, 104, 180, 240}, 10, stages);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->rank, 3);
+  EXPECT_DOUBLE_EQ(found->lag_pct, 100.0 * (240 - 210) / 210);
+  // The larger lag of two groups' stragglers.
+  EXPECT_EQ(FindStraggler({100, 150, 180, 260}, 10, stages)->rank, 1);  // +20% and +18%
+  EXPECT_FALSE(FindStraggler({100, 300}, 10, {0, 1}).has_value());      // one rank a group
+}
+
 TEST(StragglersTest, PersistentStragglersAreThoseOfHalfTheSteps) {
   StragglerTracker tracker(10);
   EXPECT_EQ(tracker.Add({100, 100, 150})->rank, 2);
