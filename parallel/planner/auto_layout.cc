@@ -93,8 +93,15 @@ absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_siz
   unrestricted.pp_schedules = options.pp_schedules;
   unrestricted.pp_virtual_stages = options.pp_virtual_stages;
   ASSIGN_OR_RETURN(const Plan full, SearchLayouts(workload, cluster, unrestricted));
+  // The unrestricted plan may prefer a layout the trainer runs too (its simplest-within-a-margin
+  // rule sees other candidates): only a layout outside the trainer's is worth a note.
   const Candidate* best = full.recommendation();
-  if (best != nullptr && !(best->layout == chosen->layout)) {
+  const bool runnable_too =
+      best != nullptr && absl::c_any_of(restricted.candidates, [&](const Candidate& candidate) {
+        return candidate.layout == best->layout &&
+               (candidate.verdict == Verdict::kRecommended || candidate.verdict == Verdict::kFits);
+      });
+  if (best != nullptr && !runnable_too) {
     const double chosen_ms = chosen->estimate.time.step_ms;
     const double best_ms = best->estimate.time.step_ms;
     result.note = absl::StrFormat(

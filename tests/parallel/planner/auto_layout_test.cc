@@ -41,6 +41,17 @@ TEST(AutoLayoutTest, PicksARunnableLayoutAndReportsTheBetterOne) {
   EXPECT_EQ(applied.train.micro_batch, resolved->layout.micro_batch);
 }
 
+// A better layout is noted only when the trainer cannot run it: the tiny recipe on 2 CPU ranks,
+// whose unrestricted plan prefers fsdp (its simplest within the margin of other candidates)
+// while the trainer's picks another engine, said "fsdp, which the trainer cannot run yet".
+TEST(AutoLayoutTest, NotesNoBetterLayoutThatTheTrainerRuns) {
+  const Recipe recipe = testing::ShippedRecipe("tiny", {"parallel.strategy=auto"});
+  absl::StatusOr<AutoLayout> resolved =
+      ResolveAutoLayout(recipe, 2, TrainerLayouts(2), /*bytes_per_rank=*/8.0 * (1 << 30));
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->note, "") << DescribeLayout(resolved->layout);
+}
+
 // What the trainer runs includes tensor parallelism: a 70B model on 64 ranks, 8 per machine,
 // shards its blocks over ranks of one machine with sequence parallelism, and the recipe says so;
 // no pipeline or offload. With one rank per machine, tp stays 1.
