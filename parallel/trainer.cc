@@ -254,13 +254,20 @@ absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, const WorldMembersh
                    ResolveAutoLayout(recipe, world_size, runnable, bytes_per_rank));
   Recipe resolved = recipe;
   RETURN_IF_ERROR(ApplyLayout(chosen.layout, resolved));
+  // The keys auto chooses that the recipe gave other values.
+  const auto replaced = [](const auto& chosen, const auto& recipes) {
+    return chosen == recipes ? std::string()
+                             : absl::StrCat(" (in place of the recipe's ", recipes, ")");
+  };
   LogInfo(
-      "parallel.strategy auto: %s, tp %d%s, pp %d%s, micro_batch %d, recompute %s (the plan for "
-      "%d ranks of %s)",
+      "parallel.strategy auto: %s, tp %d%s, pp %d%s, micro_batch %d%s, recompute %s%s (the plan "
+      "for %d ranks of %s)",
       resolved.parallel.strategy, resolved.parallel.tp,
       resolved.parallel.sequence_parallel ? " with sequence parallelism" : "", resolved.parallel.pp,
       resolved.parallel.pp > 1 ? absl::StrCat(" ", resolved.parallel.pp_schedule) : "",
-      resolved.train.micro_batch, resolved.parallel.recompute, world_size,
+      resolved.train.micro_batch, replaced(resolved.train.micro_batch, recipe.train.micro_batch),
+      resolved.parallel.recompute, replaced(resolved.parallel.recompute, recipe.parallel.recompute),
+      world_size,
       bytes_per_rank > 0 ? absl::StrCat(FormatBytes(bytes_per_rank), " of this machine's memory")
                          : absl::StrCat(recipe.cluster.gpu, " GPUs"));
   if (!chosen.note.empty()) LogInfo("%s", chosen.note);

@@ -283,7 +283,8 @@ const std::vector<KeySpec>& Keys() {
        "data-parallel engine: ddp replicates; zero1/zero2/zero3 shard optimizer state, "
        "+gradients, +parameters; fsdp shards per block; auto: the layout `dtrain plan` "
        "recommends for the actual world, among those the trainer runs (on cpu, in the "
-       "machine's memory rather than cluster.gpu's)",
+       "machine's memory rather than cluster.gpu's): the engine, tp, pp, micro_batch and "
+       "recompute, the log naming the recipe's values it replaced",
        {"ddp", "zero1", "zero2", "zero3", "fsdp", "auto"}},
       {DTRAIN_RECIPE_KEY(parallel, tp),
        "tensor-parallel degree: ranks sharing each block's heads and MLP width (Megatron-style; "

@@ -182,12 +182,15 @@ TEST(TrainTest, ExportedFolderInitialisesANewRunAndItsConfigMustMatch) {
 // parallel.strategy: auto takes the planner's layout for this world (one process here) among
 // the layouts the trainer runs, and says which. On the CPU it plans in this machine's memory:
 // cluster.gpu's, here too small for the model, once refused every layout.
+// auto chooses micro_batch and recompute too, and says which of the recipe's values it replaced.
 TEST(TrainTest, AutoStrategyRunsThePlannedLayout) {
-  const testing::Outcome run =
-      Train(RunDir("auto"),
-            "--set parallel.strategy=auto --set train.steps=2 --set cluster.gpu_memory_gib=0.01");
+  const testing::Outcome run = Train(RunDir("auto"),
+                                     "--set parallel.strategy=auto --set train.steps=2 --set "
+                                     "cluster.gpu_memory_gib=0.01 --set parallel.recompute=full");
   ASSERT_EQ(run.exit_code, 0) << run.stderr_text;
   EXPECT_THAT(run.stderr_text, HasSubstr("parallel.strategy auto: "));
+  EXPECT_THAT(run.stderr_text, HasSubstr("micro_batch 8 (in place of the recipe's 4)"));
+  EXPECT_THAT(run.stderr_text, HasSubstr("recompute none (in place of the recipe's full)"));
   EXPECT_THAT(run.stderr_text, HasSubstr("(the plan for 1 ranks of "));
   EXPECT_THAT(run.stderr_text, HasSubstr(" of this machine's memory)"));
   EXPECT_EQ(ReadMetrics(RunDir("auto") + "/small").size(), 2u);
