@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -519,9 +520,10 @@ absl::Status NameBlamedStages(const Mesh& mesh, const absl::Status& error) {
 // communicator given twice counts once (a group spanning the world is the world's communicator).
 int64_t SentBytes(std::initializer_list<const Communicator*> comms) {
   int64_t sent = 0;
-  for (auto it = comms.begin(); it != comms.end(); ++it) {
-    const Communicator* comm = *it;
-    if (comm == nullptr || std::find(comms.begin(), it, comm) != it) continue;
+  std::vector<const Communicator*> counted;  // each communicator's totals once
+  for (const Communicator* comm : comms) {
+    if (comm == nullptr || absl::c_linear_search(counted, &comm->counted())) continue;
+    counted.push_back(&comm->counted());
     const CommStats stats = comm->stats();
     for (const OpStats& op :
          {stats.all_reduce, stats.reduce_scatter, stats.all_gather, stats.broadcast, stats.send}) {

@@ -43,6 +43,7 @@ class BackendMemoryGuard : public Communicator {
   std::unique_ptr<Work> Recv(void* data, size_t count, DataType type, int peer) override;
   absl::Status Barrier() override { return inner_.Barrier(); }
   CommStats stats() const override { return inner_.stats(); }
+  const Communicator& counted() const override { return inner_.counted(); }
   double TakeDeviceWaitMs() override { return inner_.TakeDeviceWaitMs(); }
 
  private:

@@ -136,6 +136,9 @@ class Communicator {
 
   // Totals since creation, counted when an operation finishes.
   virtual CommStats stats() const = 0;
+  // The communicator whose operations stats() counts: a wrapper's inner one. Two groups over the
+  // same communicator (groups of every rank share the world's) report the same totals.
+  virtual const Communicator& counted() const { return *this; }
 };
 
 // Sums a and b over the ranks of `comm` and waits (no communicator: unchanged), in double:

@@ -138,6 +138,7 @@ class RecordingCommunicator : public Communicator {
     return status;
   }
   CommStats stats() const override { return inner_->stats(); }
+  const Communicator& counted() const override { return inner_->counted(); }
   double TakeDeviceWaitMs() override { return inner_->TakeDeviceWaitMs(); }
 
  private:

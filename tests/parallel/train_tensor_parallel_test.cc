@@ -31,11 +31,12 @@ using ::testing::HasSubstr;
 // entries) for 10 steps, evaluated every 5 with `sample_tokens` sampled; the file is
 // tp_<name>.yaml.
 std::string TinyRecipe(const std::string& name, const std::string& family,
-                       const std::string& model_extra, const std::string& data, int sample_tokens) {
+                       const std::string& model_extra, const std::string& data, int sample_tokens,
+                       int kv_heads = 2) {
   const std::string model =
       family == "llama"
-          ? "family: llama, n_layer: 2, n_head: 4, n_kv_head: 2, d_model: 32, d_ff: 64, "
-            "max_seq_len: 32"
+          ? absl::StrCat("family: llama, n_layer: 2, n_head: 4, n_kv_head: ", kv_heads,
+                         ", d_model: 32, d_ff: 64, max_seq_len: 32")
           : "n_layer: 2, n_head: 4, d_model: 32, max_seq_len: 32";
   return testing::WriteTempFile(absl::StrCat("tp_", name, ".yaml"),
                                 absl::StrCat("run: {name: tp, seed: 5, threads: 1}\nmodel: {",
@@ -250,6 +251,19 @@ TEST(TrainTensorParallelTest, LlamaFollowsTheSingleProcessTrajectory) {
                                           {4, 2, "zero1", "full"},
                                           {4, 2, "zero3"},
                                           {4, 2, "fsdp", "selective"}});
+}
+
+// Multi-query attention at tp 2 on 2 ranks: the tp group and the group replicating the one kv head
+// are both the whole world, whose communicator serves both; the tp bytes count it once (they
+// were twice the plan's).
+TEST(TrainTensorParallelTest, LlamaMultiQueryOverTheWholeWorldFollowsTheSingleProcess) {
+  std::string text;
+  for (int i = 0; i < 300; ++i) absl::StrAppend(&text, "Pack my box with ", i % 7, " jugs.\n");
+  const std::string recipe = TinyRecipe(
+      "mqa", "llama", "", absl::StrCat("train: [", testing::WriteTempFile("tp_mqa.txt", text), "]"),
+      4, /*kv_heads=*/1);
+  ExpectRecipeLayoutsFollowOneProcess(recipe, "llama", {{2, 2, "ddp"}}, kLayoutSteps,
+                                      kLayoutSteps / 5);
 }
 
 // Sequence parallelism (each rank's norms and residual adds on 16 / tp of a sequence's tokens,
