@@ -10,12 +10,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/recipe/recipe.h"
+#include "core/util/exit_codes.h"
 
 namespace dtrain::cli {
-
-// Exit codes: 1 = the work failed, 2 = the command line or the recipe is wrong (nothing ran).
-inline constexpr int kExitFailure = 1;
-inline constexpr int kExitUsage = 2;
 
 void AddTrainCommand(CLI::App& app);
 void AddRecipeCommand(CLI::App& app);

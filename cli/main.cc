@@ -110,11 +110,11 @@ int main(int argc, char** argv) {
     return e.get_exit_code();  // the command already printed its message
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);  // prints help, the version, or the usage error
-    return code == 0 ? 0 : dtrain::cli::kExitUsage;
+    return code == 0 ? 0 : dtrain::kExitUsage;
   }
   if (app.get_subcommands().empty()) {
     std::cerr << app.help();
-    return dtrain::cli::kExitUsage;
+    return dtrain::kExitUsage;
   }
   return 0;
 }

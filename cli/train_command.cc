@@ -49,9 +49,9 @@ void AddTrainCommand(CLI::App& app) {
     if (absl::Status status = CheckDevice(recipe->run.device, world->local_rank); !status.ok()) {
       Fail(status, kExitUsage);
     }
-    if (absl::Status status = RunTraining(*recipe, *world); !status.ok()) {
-      Fail(status, kExitFailure);
-    }
+    const absl::StatusOr<TrainingEnd> end = RunTraining(*recipe, *world);
+    if (!end.ok()) Fail(end.status(), kExitFailure);
+    if (*end == TrainingEnd::kStopped) throw CLI::RuntimeError(kExitStopped);
   });
 }
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "core/util/exit_codes.h"
 #include "core/util/host_name.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
@@ -1045,13 +1046,17 @@ absl::StatusOr<int> Agent::Run() {
         StopWorkers(options_.stop_grace);
         // The close of a lost agent may reach the store after the SIGTERM that followed it.
         if (const std::optional<int> lost = FinishIfAgentLost(attempt)) return *lost;
+        // A worker that saved its checkpoint and stopped exits kExitStopped; one that had just
+        // finished its last step, 0.
         const bool clean = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) {
-          return w.process->exit_status()->ok();
+          const ExitStatus status = *w.process->exit_status();
+          return status.ok() || (status.signal == 0 && status.code == kExitStopped);
         });
         LogInfo("node %d: workers stopped%s", node_.node_rank,
                 clean ? " cleanly" : "; some did not exit cleanly (see their logs)");
         if (clean && node_.node_rank == 0 && !options_.requeue_argv.empty()) Requeue();
-        return Finish(clean ? 0 : 1);
+        // Stopped is not finished: a scheduler must run the job again to resume it.
+        return Finish(clean ? kExitStopped : 1);
       }
       case Outcome::kLostStore:
         StopWorkers(options_.failure_grace);

@@ -561,9 +561,10 @@ Estimate PlannedLayout(const Recipe& recipe, const Mesh& mesh, Recompute recompu
 // memory); gradients, the step's loss and evaluation reduce over the dp group, the model's
 // activations over the tp group (and `kv_replicas`, the ranks holding the same replicated kv
 // head), on the backend's memory. All are null in a world of one.
-absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const Mesh& mesh,
-                       Backend& backend, Communicator* world_comm,
-                       const ProcessGroup::MeshGroups& groups, Communicator* kv_replicas) {
+absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembership& world,
+                                      const Mesh& mesh, Backend& backend, Communicator* world_comm,
+                                      const ProcessGroup::MeshGroups& groups,
+                                      Communicator* kv_replicas) {
   const TrainSection& train = recipe.train;
   // The ranks of one tp group read the same samples: the data-parallel rank picks the data and
   // the data-parallel size splits the batch.
@@ -831,7 +832,7 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
         LogInfo("stopped by SIGTERM at step %d after saving %s/%s", m.step, checkpoints->dir(),
                 StepDirName(m.step));
       }
-      return absl::OkStatus();
+      return TrainingEnd::kStopped;
     }
   }
   RETURN_IF_ERROR(checkpoints->Finish());
@@ -842,8 +843,10 @@ absl::Status TrainRank(const Recipe& recipe, const WorldMembership& world, const
     LogPipelineStage(recipe, config, slice, recompute, engine.compute_type(), stage, pp,
                      activation_slots, memory.activation_bytes, pipeline_times, executor->stats());
   }
-  if (train.export_to.empty()) return absl::OkStatus();
-  return ExportWeights(recipe, table, engine, groups, leader);
+  if (!train.export_to.empty()) {
+    RETURN_IF_ERROR(ExportWeights(recipe, table, engine, groups, leader));
+  }
+  return TrainingEnd::kFinished;
 }
 
 }  // namespace
@@ -861,7 +864,7 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
       absl::StrJoin(fits, ", "), ", or run ", tp * pp, " x k ranks"));
 }
 
-absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) {
+absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMembership& world) {
   // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
   // file per rank).
   if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);
@@ -913,7 +916,10 @@ absl::Status RunTraining(const Recipe& requested, const WorldMembership& world) 
     if (!connected.ok()) return leave(connected.status());
     kv_group = *connected;
   }
-  return leave(TrainRank(recipe, world, mesh, *backend, &group->world(), *groups, kv_group));
+  absl::StatusOr<TrainingEnd> end =
+      TrainRank(recipe, world, mesh, *backend, &group->world(), *groups, kv_group);
+  RETURN_IF_ERROR(leave(end.status()));
+  return end;
 }
 
 }  // namespace dtrain

@@ -3,14 +3,19 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/recipe/recipe.h"
 #include "parallel/world_membership.h"
 
 namespace dtrain {
 
+// How a run that did not fail ended: every step trained, or stopped by SIGTERM after saving a
+// checkpoint (the run is not done: a scheduler must not count it as finished).
+enum class TrainingEnd { kFinished, kStopped };
+
 // Runs this rank's part of the job described by `recipe` (the whole job in a world of one).
 // Errors name what failed and why.
-absl::Status RunTraining(const Recipe& recipe, const WorldMembership& world);
+absl::StatusOr<TrainingEnd> RunTraining(const Recipe& recipe, const WorldMembership& world);
 
 // InvalidArgument naming parallel.tp, parallel.pp and the world size unless the model-parallel
 // ranks (tp x pp) divide the world; callers check it before training starts.

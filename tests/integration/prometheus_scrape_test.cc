@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/util/exit_codes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -161,7 +162,8 @@ TEST(PrometheusScrapeTest, PrometheusScrapesBothRanksOfARunningJob) {
         }
       });
   for (int rank = 0; rank < 2; ++rank) {
-    ASSERT_EQ(ranks[rank].exit_code, 0) << "rank " << rank << ":\n" << ranks[rank].output;
+    ASSERT_EQ(ranks[rank].exit_code, kExitStopped) << "rank " << rank << ":\n"
+                                                   << ranks[rank].output;
   }
   ASSERT_EQ(steps.size(), 2u) << steps.dump() << "\nprometheus:\n" << prometheus.Log();
   for (const nlohmann::json& result : steps) {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "core/util/exit_codes.h"
 #include "core/util/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -500,8 +501,9 @@ TEST(AgentTest, SigtermCheckpointsAndStopsCleanly) {
       << launch.output();
   EXPECT_THAT(launch.output(), HasSubstr("forwarding USR1 to the workers"));
 
+  // Stopped is not finished: the agent exits 143 so that a scheduler runs the job again.
   kill(launch.process().pid(), SIGTERM);
-  EXPECT_EQ(launch.Wait(absl::Seconds(60)), 0) << launch.output();
+  EXPECT_EQ(launch.Wait(absl::Seconds(60)), kExitStopped) << launch.output();
   EXPECT_THAT(launch.output(), HasSubstr("stopped by SIGTERM at step"));
   EXPECT_THAT(launch.output(), HasSubstr("workers stopped cleanly"));
   std::ifstream latest(out + "/agent/checkpoints/latest");
@@ -911,7 +913,7 @@ std::string StoppedWithRequeue(const std::string& name, std::vector<std::string>
 TEST(AgentTest, FailedRequeueSaysWhy) {
   int exit_code = -1;
   const std::string output = StoppedWithRequeue("requeue", {"/bin/sh", "-c", "exit 4"}, &exit_code);
-  EXPECT_EQ(exit_code, 0) << output;
+  EXPECT_EQ(exit_code, kExitStopped) << output;
   EXPECT_THAT(output, HasSubstr("could not requeue the job with `/bin/sh -c exit 4`: exit code 4"));
 }
 
@@ -921,7 +923,7 @@ TEST(AgentTest, RequeueEndedBySigtermIsTheRequeue) {
   int exit_code = -1;
   const std::string output =
       StoppedWithRequeue("requeue-sigterm", {"/bin/sh", "-c", "kill -TERM $$"}, &exit_code);
-  EXPECT_EQ(exit_code, 0) << output;
+  EXPECT_EQ(exit_code, kExitStopped) << output;
   EXPECT_THAT(output, HasSubstr("requeued the job: /bin/sh -c kill -TERM $$ (ended by SIGTERM"));
   EXPECT_THAT(output, Not(HasSubstr("could not requeue")));
 }
