@@ -141,7 +141,7 @@ absl::StatusOr<std::string> RunGlooCommBench(const CommBenchOptions& options,
                                              const WorldMembership& world,
                                              const std::string& hostname) {
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
-                   ProcessGroup::Connect(world, absl::Seconds(300), "bench/", hostname));
+                   ProcessGroup::Connect(world, absl::Seconds(300), "bench/", "", hostname));
   const absl::StatusOr<std::vector<CommBenchRow>> rows = RunCommBench(group->world(), options);
   RETURN_IF_ERROR(group->Leave(rows.status()));
   return world.rank == 0 ? FormatCommBenchTable(*rows, "gloo", world.world_size) : "";

@@ -8,10 +8,12 @@
 #include <set>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "parallel/comm/backend_memory_guard.h"
@@ -47,6 +49,112 @@ absl::StatusOr<std::string> PeerHostname(const std::string& master_addr) {
   return source;
 }
 
+namespace {
+
+// "section.key: value" of each line of a resolved recipe (ResolvedRecipeYaml: sections at the
+// margin, indented keys with a comment each); comment lines left out.
+std::vector<std::string> RecipeSettings(const std::string& yaml) {
+  std::vector<std::string> settings;
+  std::string section;
+  for (absl::string_view line : absl::StrSplit(yaml, '\n')) {
+    line = line.substr(0, std::min(line.find(" #"), line.size()));
+    line = absl::StripTrailingAsciiWhitespace(line);
+    if (line.empty() || line.front() == '#') continue;
+    if (line.front() != ' ') {
+      section = std::string(absl::StripSuffix(line, ":"));
+      continue;
+    }
+    settings.push_back(absl::StrCat(section, ".", absl::StripLeadingAsciiWhitespace(line)));
+  }
+  return settings;
+}
+
+// Why this rank's world size and job differ from rank 0's (`zero`: its world size, a newline,
+// its job); OK when they agree.
+absl::Status CompareWithRankZero(const WorldMembership& world, const std::string& job,
+                                 absl::string_view zero) {
+  const std::pair<absl::string_view, absl::string_view> parts =
+      absl::StrSplit(zero, absl::MaxSplits('\n', 1));
+  if (parts.first != absl::StrCat(world.world_size)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", world.rank, " was started for a world of ", world.world_size,
+                     " ranks, rank 0 for ", parts.first,
+                     "; start every rank with the same WORLD_SIZE (or Slurm task count)"));
+  }
+  // The settings only: the comments name each rank's own recipe file.
+  const std::vector<std::string> here = RecipeSettings(job);
+  const std::vector<std::string> there = RecipeSettings(std::string(parts.second));
+  if (here == there) return absl::OkStatus();
+  std::string difference = "rank 0's has other keys (another dtrain version)";
+  for (size_t i = 0; here.size() == there.size() && i < here.size(); ++i) {
+    if (here[i] == there[i]) continue;
+    difference = absl::StrCat("`", here[i], "` there, `", there[i], "` on rank 0");
+    break;
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("rank ", world.rank, "'s resolved recipe differs from rank 0's: ", difference,
+                   "; every rank must train the same recipe, with the same --set overrides"));
+}
+
+// Before the ranks connect, every rank takes its seat and compares its world size and job with
+// rank 0's; then all wait until every seat is taken. A rank whose seat another process holds (a
+// duplicate RANK, or a second job on this store: the same MASTER_ADDR and MASTER_PORT) fails
+// alone, leaving the job to the first. A rank that differs from rank 0 fails, and so does every
+// other rank at once, naming it: they would otherwise wait out the timeout for ranks that never
+// connect, or crash in a collective whose sizes differ. Ranks that never come are named after
+// `timeout`.
+absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std::string& job,
+                          absl::Duration timeout) {
+  const std::string prefix = absl::StrCat("rendezvous/attempt-", world.restart_count, "/");
+  const auto seat = [&](int rank) { return absl::StrCat(prefix, "rank-", rank); };
+  ASSIGN_OR_RETURN(const int64_t claims, store.Add(seat(world.rank), 1));
+  if (claims > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", world.rank, " has joined the rendezvous at ", world.master_addr, ":",
+        world.master_port, " already: another process was started as rank ", world.rank,
+        " (a duplicate RANK), or another job uses the same MASTER_ADDR and MASTER_PORT; give "
+        "each rank its own RANK and each job its own MASTER_PORT"));
+  }
+  // The seats still empty once the timeout passed name the ranks that never came.
+  const auto never_joined = [&] {
+    std::vector<int> missing;
+    for (int r = 0; r < world.world_size; ++r) {
+      if (!store.Get(seat(r), absl::Milliseconds(1)).ok()) missing.push_back(r);
+    }
+    absl::Status error = absl::DeadlineExceededError(absl::StrCat(
+        "rank ", world.rank, " of ", world.world_size, ": rank(s) ", absl::StrJoin(missing, ", "),
+        " never joined the rendezvous at ", world.master_addr, ":", world.master_port, " within ",
+        absl::FormatDuration(timeout), " (exited, crashed or not started)"));
+    SetFaultyRanks(error, missing);
+    return error;
+  };
+  const std::string job_key = prefix + "job", refused_key = prefix + "refused",
+                    settled_key = prefix + "settled";
+  if (world.rank == 0) {
+    RETURN_IF_ERROR(store.Set(job_key, absl::StrCat(world.world_size, "\n", job)));
+  } else {
+    const absl::StatusOr<std::string> zero = store.Get(job_key, timeout);
+    if (!zero.ok()) return never_joined();
+    const absl::Status verdict = CompareWithRankZero(world, job, *zero);
+    if (!verdict.ok()) {
+      // The others stop waiting at once and read why.
+      RETURN_IF_ERROR(store.Set(refused_key, std::string(verdict.message())));
+      RETURN_IF_ERROR(store.Set(settled_key, "refused"));
+      return verdict;
+    }
+  }
+  ASSIGN_OR_RETURN(const int64_t checked, store.Add(prefix + "checked", 1));
+  if (checked == world.world_size) RETURN_IF_ERROR(store.Set(settled_key, "every rank"));
+  if (!store.Get(settled_key, timeout).ok()) return never_joined();
+  if (absl::StatusOr<std::string> refused = store.Get(refused_key, absl::Milliseconds(1));
+      refused.ok()) {
+    return absl::FailedPreconditionError(*refused);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> ServeRendezvousStore(const WorldMembership& world) {
   if (world.rank != 0 || world.agent_hosts_store) return nullptr;
   TcpStoreServerOptions options;
@@ -63,6 +171,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreClient>> ConnectRendezvousStore(
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldMembership& world,
                                                                     absl::Duration timeout,
                                                                     const std::string& key_prefix,
+                                                                    const std::string& job,
                                                                     const std::string& hostname) {
   std::unique_ptr<ProcessGroup> group(new ProcessGroup());
   group->membership_ = world;
@@ -70,6 +179,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldM
   TcpStoreClientOptions client_options;
   client_options.connect_timeout = timeout;
   ASSIGN_OR_RETURN(group->store_, ConnectRendezvousStore(world, client_options));
+  RETURN_IF_ERROR(CheckSameJob(*group->store_, world, job, timeout));
 
   // A restarted group must not meet the keys of the attempt before it in the agent's store.
   const std::string attempt = absl::StrCat("attempt-", world.restart_count);

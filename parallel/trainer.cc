@@ -891,7 +891,8 @@ absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMemb
   // Every error after this point goes through Leave, which tells the other ranks at once.
   ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
                    ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
-                                         absl::StrCat("dtrain/", recipe.run.name, "/")));
+                                         absl::StrCat("dtrain/", recipe.run.name, "/"),
+                                         ResolvedRecipeYaml(recipe)));
   const auto leave = [&](const absl::Status& outcome) {
     return group->Leave(NameBlamedStages(mesh, outcome));
   };

@@ -27,7 +27,7 @@ void ForEachRankOfMesh(const MeshShape& shape, const Check& check) {
       CpuBackend backend(1);
       const WorldMembership world{.rank = r, .world_size = n, .master_port = port};
       absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
-          ProcessGroup::Connect(world, absl::Seconds(30), "test/");
+          ProcessGroup::Connect(world, absl::Seconds(30), "test/", "");
       ASSERT_TRUE(group.ok()) << group.status();
       absl::StatusOr<Mesh> mesh = Mesh::Create(shape, n, r);
       ASSERT_TRUE(mesh.ok()) << mesh.status();

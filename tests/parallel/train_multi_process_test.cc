@@ -1,5 +1,6 @@
 // `dtrain train` as separate processes on loopback (torchrun's variables), against one process.
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -74,6 +75,77 @@ TEST(TrainMultiProcessTest, ABatchThatDoesNotSplitNamesBothFixes) {
   }
 }
 
+// `dtrain train` of `recipe` with `sets` as the child of RunRanksAsProcesses (it never returns).
+int ExecTrain(const std::string& recipe, const std::vector<std::string>& sets) {
+  std::vector<std::string> argv = {DTRAIN_BINARY, "train", recipe};
+  for (const std::string& set : sets) {
+    argv.push_back("--set");
+    argv.push_back(set);
+  }
+  std::vector<char*> args;
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  return 127;
+}
+
+// Ranks of different jobs fail before they connect, every one at once, naming the difference:
+// rank 1 with another model depth, then rank 1 started for another world size. Before, the
+// first crashed in Gloo's first mismatched all-reduce and the second timed out.
+TEST(TrainMultiProcessTest, RanksOfDifferentJobsFailNamingTheDifference) {
+  const std::string recipe = Recipe("different");
+  const std::string out = OutDir("different");
+  const std::vector<std::string> sets = {"run.out_dir=" + out, "parallel.timeout_s=300"};
+  const auto deeper =
+      testing::RunRanksAsProcesses(2, testing::FreeTcpPort(), absl::Seconds(60), [&](int rank) {
+        std::vector<std::string> own = sets;
+        if (rank == 1) own.push_back("model.n_layer=3");
+        return ExecTrain(recipe, own);
+      });
+  for (const testing::RankResult& rank : deeper) {
+    EXPECT_FALSE(rank.timed_out) << rank.output;
+    EXPECT_EQ(rank.exit_code, 1) << rank.output;
+    EXPECT_THAT(rank.output, HasSubstr("rank 1's resolved recipe differs from rank 0's: "
+                                       "`model.n_layer: 3` there, `model.n_layer: 2` on rank 0"));
+  }
+  const auto wider =
+      testing::RunRanksAsProcesses(2, testing::FreeTcpPort(), absl::Seconds(60), [&](int rank) {
+        if (rank == 1) {
+          setenv("WORLD_SIZE", "4", 1);
+          setenv("LOCAL_WORLD_SIZE", "4", 1);
+        }
+        return ExecTrain(recipe, sets);
+      });
+  EXPECT_EQ(wider[1].exit_code, 1) << wider[1].output;
+  EXPECT_THAT(wider[1].output,
+              HasSubstr("rank 1 was started for a world of 4 ranks, rank 0 for 2"));
+}
+
+// Two processes started as rank 1: the second to arrive fails at once naming the duplicate, and
+// the job trains with the first.
+TEST(TrainMultiProcessTest, ADuplicateRankIsRefused) {
+  const std::string recipe = Recipe("duplicate");
+  const std::string out = OutDir("duplicate");
+  const auto ranks =
+      testing::RunRanksAsProcesses(3, testing::FreeTcpPort(), absl::Seconds(120), [&](int rank) {
+        setenv("WORLD_SIZE", "2", 1);
+        setenv("LOCAL_WORLD_SIZE", "2", 1);
+        if (rank == 2) {
+          setenv("RANK", "1", 1);
+          setenv("LOCAL_RANK", "1", 1);
+        }
+        return ExecTrain(recipe, {"run.out_dir=" + out});
+      });
+  EXPECT_EQ(ranks[0].exit_code, 0) << ranks[0].output;
+  const bool second_refused = ranks[2].exit_code != 0;
+  const testing::RankResult& refused = ranks[second_refused ? 2 : 1];
+  const testing::RankResult& trained = ranks[second_refused ? 1 : 2];
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_THAT(refused.output, HasSubstr("rank 1 has joined the rendezvous at 127.0.0.1:"));
+  EXPECT_THAT(refused.output, HasSubstr("a duplicate RANK"));
+  EXPECT_EQ(trained.exit_code, 0) << trained.output;
+}
+
 TEST(TrainMultiProcessTest, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
   const std::string recipe = Recipe("missing");
   const std::string out = OutDir("missing");
@@ -95,24 +167,23 @@ TEST(TrainMultiProcessTest, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
   EXPECT_THAT(ranks[0].output, HasSubstr("rank(s) 1 never joined"));
 }
 
-// Rank 1's data file is missing (rank 0's is there): rank 1 fails after rendezvous and must not
-// wait for rank 0, and rank 0, in its first collective, fails at once naming rank 1 and its error,
-// long before the 300 s timeout.
+// Rank 1's data file is missing (rank 0's is there: the same relative path from another
+// folder): rank 1 fails after rendezvous and must not wait for rank 0, and rank 0, in its first
+// collective, fails at once naming rank 1 and its error, long before the 300 s timeout.
 TEST(TrainMultiProcessTest, ARankThatFailsEndsTheOthersAtOnceNamingIt) {
   const std::string recipe = Recipe("fails");
   const std::string out = OutDir("fails");
-  const std::string missing = testing::TempPath("mp_missing.txt");
+  const std::string missing = "mp_relative_text.txt";
+  const std::string with_data = testing::FreshTempDir("mp_with_data");
+  const std::string without = testing::FreshTempDir("mp_without_data");
+  std::filesystem::create_directories(with_data);
+  std::filesystem::create_directories(without);
+  std::ofstream(with_data + "/" + missing) << std::string(4000, 'a');
   const auto ranks =
       testing::RunRanksAsProcesses(2, testing::FreeTcpPort(), absl::Seconds(60), [&](int rank) {
-        std::vector<std::string> argv = {
-            DTRAIN_BINARY,           "train", recipe, "--set", "run.out_dir=" + out, "--set",
-            "parallel.timeout_s=300"};
-        if (rank == 1) argv.insert(argv.end(), {"--set", "data.train=[" + missing + "]"});
-        std::vector<char*> args;
-        for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-        args.push_back(nullptr);
-        execv(args[0], args.data());
-        return 127;
+        if (chdir((rank == 0 ? with_data : without).c_str()) != 0) return 126;
+        return ExecTrain(recipe, {"run.out_dir=" + out, "parallel.timeout_s=300",
+                                  "data.train=[" + missing + "]"});
       });
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_FALSE(ranks[rank].timed_out) << "rank " << rank << ranks[rank].output;
