@@ -524,6 +524,22 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
     }
   }
 
+  // Node level (`dtrain launch` starts the processes of a node itself): a process's RANK and
+  // WORLD_SIZE with nothing naming the node (a PyTorchJob pod without nprocPerNode, a torchrun
+  // worker's environment) would make every node a job of its own.
+  if (node_level && !given("node_rank") && !given("num_nodes")) {
+    const std::string rank = env.Get("RANK").value_or("0");
+    const std::string world_size = env.Get("WORLD_SIZE").value_or("1");
+    if (rank != "0" || world_size != "1") {
+      return ShapeError(absl::StrCat(
+          "RANK=", rank, " and WORLD_SIZE=", world_size,
+          " place one process of a larger world, but dtrain launch starts the processes of "
+          "a node itself and nothing names this node: set PET_NNODES and PET_NODE_RANK (a "
+          "PyTorchJob with nprocPerNode sets them) or --nnodes and --node-rank, or run "
+          "`dtrain train` as each process"));
+    }
+  }
+
   // Pod-level launchers that do not publish the node count.
   if ((world.source == WorldSource::kJobSet || world.source == WorldSource::kIndexedJob) &&
       !given("num_nodes")) {

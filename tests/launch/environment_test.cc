@@ -498,6 +498,21 @@ TEST(EnvironmentTest, PyTorchJobV1WithoutPetNodeRankUsesRank) {
   EXPECT_EQ(world.provenance.at("node_rank"), "RANK=1");
 }
 
+// A pod's RANK and WORLD_SIZE with nothing naming the node, at node level (dtrain launch): an
+// error, where each pod became a job of one node.
+TEST(EnvironmentTest, NodeLevelProcessVariablesWithoutTheNodeAreAnError) {
+  WorldOverrides launch;
+  launch.nproc_per_node = 1;
+  EXPECT_THAT(Error({{"MASTER_ADDR", "m"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}}, launch),
+              HasSubstr("RANK=1 and WORLD_SIZE=2 place one process of a larger world, but dtrain "
+                        "launch starts the processes of a node itself"));
+  EXPECT_EQ(Resolve({{"RANK", "0"}, {"WORLD_SIZE", "1"}}, launch).num_nodes, 1);
+  launch.num_nodes = 2;
+  launch.node_rank = 1;
+  EXPECT_EQ(Resolve({{"MASTER_ADDR", "m"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}}, launch).node_rank,
+            1);
+}
+
 TEST(EnvironmentTest, TrainerV2) {
   const WorldEnvironment world = Resolve({{"PET_NNODES", "2"},
                                           {"PET_NPROC_PER_NODE", "8"},
