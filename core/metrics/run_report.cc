@@ -134,9 +134,9 @@ std::string SummaryRows(const RunFolder& run, const RunSummary& s) {
                       s.best_val_loss
                           ? absl::StrFormat("%.4f (step %d)", *s.best_val_loss, s.best_val_step)
                           : "none (no evaluation ran)");
-    rows.emplace_back("mean tokens/s", absl::StrFormat("%.0f", s.mean_tokens_per_s));
-    rows.emplace_back("mean MFU", absl::StrFormat("%.2f%%", s.mean_mfu_percent));
-    rows.emplace_back("training time", absl::StrFormat("%.1f s", s.train_time_s));
+    rows.emplace_back("tokens/s", absl::StrFormat("%.0f", s.tokens_per_s));
+    rows.emplace_back("MFU", absl::StrFormat("%.2f%%", s.mfu_percent));
+    rows.emplace_back("time in steps", absl::StrFormat("%.1f s", s.train_time_s));
     rows.emplace_back("checkpoints saved",
                       s.checkpoint_steps.empty()
                           ? "none"
@@ -220,8 +220,15 @@ RunSummary SummarizeRun(const std::vector<StepMetrics>& steps) {
   s.first_step = steps.front().step;
   s.last_step = steps.back().step;
   s.final_loss = steps.back().loss;
-  double tokens_sum = 0, mfu_sum = 0;
-  int warm_steps = 0;
+  // Rates over time, weighting each step by its time: the tokens the steps trained over the
+  // time they took (a mean of the steps' rates would let fast steps count as much as slow ones).
+  double tokens = 0, mfu_time = 0, time_s = 0;
+  const auto add_rates = [&](const StepMetrics& m) {
+    const double step_s = m.step_ms / 1e3;
+    tokens += m.tokens_per_s * step_s;
+    mfu_time += m.mfu_percent * step_s;
+    time_s += step_s;
+  };
   for (size_t i = 0; i < steps.size(); ++i) {
     const StepMetrics& m = steps[i];
     if (m.val_loss && std::isfinite(*m.val_loss) &&
@@ -232,21 +239,15 @@ RunSummary SummarizeRun(const std::vector<StepMetrics>& steps) {
     s.train_time_s += (m.step_ms + m.ckpt_blocked_ms.value_or(0.0)) / 1e3;
     if (m.ckpt_blocked_ms) s.checkpoint_steps.push_back(m.step);
     if (m.resumed_from_step) s.resumed_from_steps.push_back(*m.resumed_from_step);
-    if (i > 0 && !m.resumed_from_step) {
-      tokens_sum += m.tokens_per_s;
-      mfu_sum += m.mfu_percent;
-      ++warm_steps;
-    }
+    if (i > 0 && !m.resumed_from_step) add_rates(m);
   }
-  if (warm_steps == 0) {
-    for (const StepMetrics& m : steps) {
-      tokens_sum += m.tokens_per_s;
-      mfu_sum += m.mfu_percent;
-    }
-    warm_steps = s.steps;
+  if (time_s == 0) {
+    for (const StepMetrics& m : steps) add_rates(m);
   }
-  s.mean_tokens_per_s = tokens_sum / warm_steps;
-  s.mean_mfu_percent = mfu_sum / warm_steps;
+  if (time_s > 0) {
+    s.tokens_per_s = tokens / time_s;
+    s.mfu_percent = mfu_time / time_s;
+  }
   return s;
 }
 

@@ -46,11 +46,13 @@ struct RunSummary {
   double final_loss = 0;
   std::optional<double> best_val_loss;
   int best_val_step = 0;
-  // Means over the steps that are not the first of their process (the first pays for first-touch
-  // allocation and warm-up); over every step when that leaves none.
-  double mean_tokens_per_s = 0;
-  double mean_mfu_percent = 0;
-  double train_time_s = 0;  // the steps' time plus what checkpoint saves blocked
+  // Over the steps that are not the first of their process (the first pays for first-touch
+  // allocation and warm-up), or every step when that leaves none: the tokens they trained over
+  // the time they took, and MFU weighted by each step's time.
+  double tokens_per_s = 0;
+  double mfu_percent = 0;
+  // The steps' time plus what checkpoint saves blocked (not start-up, evaluations or restarts).
+  double train_time_s = 0;
   std::vector<int> checkpoint_steps;
   std::vector<int64_t> resumed_from_steps;  // one per restart, in order
 };

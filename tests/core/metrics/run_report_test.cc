@@ -112,11 +112,21 @@ TEST(RunReportTest, TheSummaryLeavesOutEachProcesssFirstStep) {
   EXPECT_EQ(s.best_val_loss, 4.7);
   EXPECT_EQ(s.best_val_step, 4);
   // Steps 1 and 3 (the first after the restart) are warm-up: (200 + 400) / 2.
-  EXPECT_EQ(s.mean_tokens_per_s, 300);
-  EXPECT_EQ(s.mean_mfu_percent, 3);
+  EXPECT_NEAR(s.tokens_per_s, 300, 1e-9);
+  EXPECT_NEAR(s.mfu_percent, 3, 1e-12);
   EXPECT_EQ(s.checkpoint_steps, std::vector<int>{2});
   EXPECT_EQ(s.resumed_from_steps, std::vector<int64_t>{2});
   EXPECT_NEAR(s.train_time_s, 0.42, 1e-12);  // 4 x 100 ms + 20 ms of checkpoint
+}
+
+// Tokens over time, not a mean of the steps' rates: 100 tokens in 0.1 s and 90 in 0.9 s are
+// 190 tokens/s (the mean of 1000 and 100 tokens/s would say 550), MFU weighted alike.
+TEST(RunReportTest, TheSummaryRatesAreTokensOverTime) {
+  std::vector<StepMetrics> steps = {Step(1, 50), Step(2, 1000), Step(3, 100)};
+  steps[2].step_ms = 900;
+  const RunSummary s = SummarizeRun(steps);
+  EXPECT_NEAR(s.tokens_per_s, 190, 1e-9);
+  EXPECT_NEAR(s.mfu_percent, 1.9, 1e-12);
 }
 
 TEST(RunReportTest, ThePageHasEveryChartAndMarkerAndFetchesNothing) {
