@@ -76,7 +76,9 @@ class ShardWriter {
   int64_t written_ = 0;
 };
 
-// The shard writer for `tokenizer`'s ids in out_dir, which it creates.
+// The shard writer for `tokenizer`'s ids in out_dir, which it creates. A folder holding shards
+// already is refused: the new ones would overwrite some and leave the rest beside them, which a
+// pattern over the folder reads as one dataset (of another tokenizer, perhaps).
 absl::StatusOr<ShardWriter> OpenShards(const std::string& out_dir, int64_t shard_bytes,
                                        const Tokenizer& tokenizer) {
   std::error_code error;
@@ -84,6 +86,17 @@ absl::StatusOr<ShardWriter> OpenShards(const std::string& out_dir, int64_t shard
   if (error) {
     return absl::PermissionDeniedError(
         absl::StrCat("cannot create ", out_dir, ": ", error.message()));
+  }
+  int existing = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(out_dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("shard-") && name.ends_with(".tar")) ++existing;
+  }
+  if (existing > 0) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "--out ", out_dir, " holds ", existing,
+        " shard(s) of an earlier pack already: new shards would replace some and leave the "
+        "others beside them; remove them, or pack into an empty folder"));
   }
   const nlohmann::json record = {{"name", tokenizer.name()},
                                  {"vocab_size", tokenizer.vocab_size()}};

@@ -83,6 +83,19 @@ TEST(DataCommandTest, PackLeavesOutEmptyDocumentsAndRefusesNoText) {
   EXPECT_THAT(none.stderr_text, HasSubstr("the inputs hold no text to pack (1 empty documents)"));
 }
 
+// A folder holding shards of an earlier pack is refused, where a smaller pack left the earlier
+// pack's last shards beside its own, read as one dataset.
+TEST(DataCommandTest, PackRefusesAFolderHoldingShards) {
+  const std::string text = testing::WriteTempFile("pack_again.txt", "Some text to pack twice.");
+  const std::string out = testing::FreshTempDir("pack_again_shards");
+  const Outcome first = RunDtrain(absl::StrCat("data pack ", text, " --out ", out));
+  ASSERT_EQ(first.exit_code, 0) << first.stderr_text;
+  const Outcome second = RunDtrain(absl::StrCat("data pack ", text, " --out ", out));
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_THAT(second.stderr_text,
+              HasSubstr(absl::StrCat("--out ", out, " holds 1 shard(s) of an earlier pack")));
+}
+
 // A vocabulary past 65536 (Llama 3's 128256) needs 4-byte ids: .tokens32.
 TEST(DataCommandTest, PackWritesWideIdsForALargeVocabulary) {
   const std::string dir = testing::FreshTempDir("data_tok_wide");
