@@ -332,8 +332,8 @@ logging: {sample_tokens: 0}
   const std::string bad = testing::WriteTempFile(
       "bad_chat.jsonl", absl::StrCat(R"({"prompt": "a", "completion": "b"})", "\n",
                                      R"({"prompt": "a", "completion": null})", "\n"));
-  const testing::Outcome bad_line =
-      testing::RunDtrain(absl::StrCat("data pack --sft ", bad, " --out ", shards));
+  const testing::Outcome bad_line = testing::RunDtrain(
+      absl::StrCat("data pack --sft ", bad, " --out ", testing::FreshTempDir("sft_bad_shards")));
   EXPECT_EQ(bad_line.exit_code, 1);
   EXPECT_THAT(bad_line.stderr_text, HasSubstr(bad + ":2: no \"completion\" string"));
 }

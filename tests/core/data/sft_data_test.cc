@@ -159,11 +159,12 @@ TEST(SftDataTest, PackedShardsReadBackWithTheirMasks) {
   // The line of a bad record is named.
   std::ofstream(input, std::ios::app) << R"({"prompt": "no answer"})"
                                       << "\n";
-  EXPECT_EQ(PackSftShards({input}, dir + "/shards", 4096, tokenizer, *LoadChatTemplate("chatml"))
-                .status()
-                .message()
-                .find(input + ":42: no \"completion\" string"),
-            0u);
+  EXPECT_EQ(
+      PackSftShards({input}, dir + "/bad_shards", 4096, tokenizer, *LoadChatTemplate("chatml"))
+          .status()
+          .message()
+          .find(input + ":42: no \"completion\" string"),
+      0u);
 
   const std::string text = dir + "/plain.txt";
   std::ofstream(text) << "pretraining text";
