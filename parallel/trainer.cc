@@ -854,14 +854,26 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
 absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
   const int tp = recipe.parallel.tp, pp = recipe.parallel.pp;
   if (world_size % (tp * pp) == 0) return absl::OkStatus();
-  std::vector<int> fits;
+  // The fixes offered: the tp sizes that fit this pp and the model's heads, else the pp sizes
+  // that fit this tp and the model's blocks, and always a world of tp x pp x k ranks.
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  std::vector<int> tps, pps;
   for (int size = 1; size <= world_size; ++size) {
-    if (world_size % (size * pp) == 0) fits.push_back(size);
+    if (world_size % (size * pp) == 0 && CheckTensorParallel(config, size).ok()) {
+      tps.push_back(size);
+    }
+    if (world_size % (tp * size) == 0 && size <= recipe.model.n_layer) pps.push_back(size);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "parallel.tp = ", tp, " x parallel.pp = ", pp, " does not divide the world of ", world_size,
-      " ranks: every data-parallel replica needs tp x pp ranks; set parallel.tp to one of ",
-      absl::StrJoin(fits, ", "), ", or run ", tp * pp, " x k ranks"));
+  std::string fixes;
+  if (!tps.empty()) {
+    fixes = absl::StrCat("set parallel.tp to one of ", absl::StrJoin(tps, ", "), ", or ");
+  } else if (!pps.empty()) {
+    fixes = absl::StrCat("set parallel.pp to one of ", absl::StrJoin(pps, ", "), ", or ");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("parallel.tp = ", tp, " x parallel.pp = ", pp, " does not divide the world of ",
+                   world_size, " ranks: every data-parallel replica needs tp x pp ranks; ", fixes,
+                   "run ", tp * pp, " x k ranks"));
 }
 
 absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMembership& world) {

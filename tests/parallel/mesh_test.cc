@@ -115,9 +115,12 @@ TEST(MeshTest, SizesThatDoNotMultiplyToTheWorldAreRejected) {
 }
 
 // The trainer's check before it builds its mesh of dp = world / (tp x pp): with pipeline stages,
-// tp x pp must divide the world; the message lists the tp sizes that fit with that pp.
+// tp x pp must divide the world; the message lists the tp sizes that fit with that pp and the
+// model, else the pp sizes that fit with that tp.
 TEST(MeshTest, ALayoutWithPipelineStagesFitsAWorldThatTpTimesPpDivides) {
   Recipe recipe;
+  recipe.model.n_head = 6;  // tp 1, 2, 3 and 6 split the heads
+  recipe.model.d_model = 192;
   recipe.parallel.tp = 2;
   recipe.parallel.pp = 2;
   EXPECT_TRUE(CheckLayoutFitsWorld(recipe, 8).ok());
@@ -129,6 +132,16 @@ TEST(MeshTest, ALayoutWithPipelineStagesFitsAWorldThatTpTimesPpDivides) {
             std::string::npos)
       << status;
   EXPECT_NE(status.message().find("set parallel.tp to one of 1, 3"), std::string::npos) << status;
+  // No tp fits 5 ranks with pp 2: the pp sizes that fit tp 2 (none), then the world to run.
+  EXPECT_NE(CheckLayoutFitsWorld(recipe, 5).message().find("needs tp x pp ranks; run 4 x k ranks"),
+            std::string::npos);
+  // pp 3 divides no world of 4 ranks with tp 1 or 2; pp 1 and 2 do.
+  recipe.parallel.tp = 1;
+  recipe.parallel.pp = 3;
+  EXPECT_NE(CheckLayoutFitsWorld(recipe, 4).message().find(
+                "set parallel.pp to one of 1, 2, 4, or run 3 x k ranks"),
+            std::string::npos)
+      << CheckLayoutFitsWorld(recipe, 4);
 }
 
 // A 2x2 mesh (dp 2, tp 2) of threads: each group all-reduces its members' world ranks.
