@@ -23,6 +23,11 @@ MetricsServer::~MetricsServer() {
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const MetricsRegistry& registry,
                                                                     int port) {
+  // Past 65535 the socket would take the port's low 16 bits: 65536 is 0, any free port.
+  if (port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("port ", port, " is outside 1-65535 (the port plus the worker's local rank)"));
+  }
   auto server = std::make_unique<httplib::Server>();
   // httplib's default sets SO_REUSEPORT, which would let a second job bind the same port and
   // answer half of the scrapes; SO_REUSEADDR alone still rebinds a port a restarted worker left

@@ -39,6 +39,15 @@ TEST(MetricsServerTest, ABusyPortIsAnErrorNamingIt) {
   EXPECT_THAT(server.status().message(), HasSubstr(absl::StrCat("port ", held.port())));
 }
 
+// logging.metrics_port 65535 with a second worker on the node asks for 65536: an error, where
+// the socket took its low 16 bits (0: any free port) and served where nobody scrapes.
+TEST(MetricsServerTest, APortPast65535IsAnError) {
+  MetricsRegistry registry(MetricLabels{});
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(registry, 65536);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("port 65536 is outside 1-65535"));
+}
+
 // Two jobs on one port: the second must fail to bind, not share the port's scrapes (httplib's
 // default socket options would let it, through SO_REUSEPORT).
 TEST(MetricsServerTest, ASecondServerOnTheSamePortFails) {
