@@ -418,7 +418,10 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDim
                  double peak_flops, const std::string& backend_name) {
   const TrainSection& train = recipe.train;
   LogInfo("model: %s", ModelShapeLine(config));
-  LogInfo("data: %d tokens for training, %d for validation", data.train_tokens, data.val_tokens);
+  // Streamed data (WebDataset) has no count in advance: its note says what streams.
+  if (data.train_tokens > 0) {
+    LogInfo("data: %d tokens for training, %d for validation", data.train_tokens, data.val_tokens);
+  }
   for (const std::string& note : data.notes) LogInfo("data: %s", note);
   for (const std::string& warning : data.warnings) LogWarn("data: %s", warning);
   LogInfo(

@@ -53,6 +53,9 @@ absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int 
   config.source.http_retries = data.http_retries;
 
   Datasets datasets;
+  datasets.notes.push_back(absl::StrCat(
+      "streaming ", config.urls.size(), " training shard(s) in ", data.streams, " stream(s)",
+      data.val_shards.empty() ? "" : absl::StrCat(", validation from ", data.val_shards)));
   // Stream k reads shard slots k, k + K, ...: with fewer shards than streams, streams read the
   // same shards side by side (each a later pass), so one batch holds the same documents.
   if (config.urls.size() < static_cast<size_t>(data.streams)) {

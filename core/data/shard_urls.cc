@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -103,6 +104,14 @@ absl::StatusOr<std::vector<std::string>> ExpandShardUrls(const std::string& patt
     if (item.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "shard pattern '", pattern, "' has an empty item between '::'; fix data.shards"));
+    }
+    // A shell's glob: WebDataset's patterns do not expand it either, and a file named so is
+    // rare, so a '*' outside a pipe: command is taken for one and refused.
+    if (!absl::StartsWith(item, "pipe:") && absl::StrContains(item, '*')) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard pattern '", pattern,
+                       "' has a glob (*), which is not expanded: write the shards "
+                       "as a brace range (shard-{000000..000099}.tar) or a list joined by '::'"));
     }
     RETURN_IF_ERROR(ExpandItem(std::string(item), pattern, &urls));
     if (urls.size() > kMaxUrls) {

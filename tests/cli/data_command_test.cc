@@ -124,6 +124,9 @@ TEST(DataCommandTest, TrainRefusesShardsOfALargerVocabulary) {
                    "train.warmup_steps=0 --set train.steps=1 --set run.out_dir=",
                    out));
   EXPECT_EQ(train.exit_code, 1) << train.stderr_text;
+  // Streamed: the set-up names the shards, not "0 tokens for training".
+  EXPECT_THAT(train.stderr_text, HasSubstr("data: streaming 1 training shard(s) in "));
+  EXPECT_THAT(train.stderr_text, ::testing::Not(HasSubstr("tokens for training")));
   EXPECT_THAT(train.stderr_text, HasSubstr("shard " + shard + " holds ids of tokenizer hf-bpe:"));
   EXPECT_THAT(train.stderr_text,
               HasSubstr("(vocabulary 259), which do not fit model.vocab_size 256; set "

@@ -33,5 +33,17 @@ TEST(ShardUrlsTest, RejectsMalformedPatterns) {
   }
 }
 
+// A shell glob is not expanded (as in WebDataset): refused with the forms that are, where it was
+// read as a file name and failed at the first open; a pipe: command keeps its own.
+TEST(ShardUrlsTest, AGlobIsRefusedNamingTheFormsThatExpand) {
+  const absl::StatusOr<Urls> glob = ExpandShardUrls("/data/shards/*.tar");
+  ASSERT_FALSE(glob.ok());
+  EXPECT_NE(glob.status().message().find("has a glob (*), which is not expanded: write the shards "
+                                         "as a brace range"),
+            std::string::npos)
+      << glob.status();
+  EXPECT_TRUE(ExpandShardUrls("pipe:cat /data/*.tar").ok());
+}
+
 }  // namespace
 }  // namespace dtrain
