@@ -178,6 +178,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldM
   ASSIGN_OR_RETURN(group->server_, ServeRendezvousStore(world));
   TcpStoreClientOptions client_options;
   client_options.connect_timeout = timeout;
+  // A rank cut off from the store fails within parallel.timeout_s, where a request could wait
+  // the client's own 60 s for its reply.
+  client_options.reply_timeout = std::min(client_options.reply_timeout, timeout);
   ASSIGN_OR_RETURN(group->store_, ConnectRendezvousStore(world, client_options));
   RETURN_IF_ERROR(CheckSameJob(*group->store_, world, job, timeout));
 

@@ -3,11 +3,13 @@
 // address the other reaches its Gloo device at (this host's name resolves to 127.0.0.1, which the
 // other node cannot reach), or taking GLOO_SOCKET_IFNAME's; without a token both stop at once,
 // saying what to set. Needs root and `ip netns`; skipped otherwise.
+#include <chrono>
 #include <filesystem>
 #include <future>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/free_port.h"
@@ -46,14 +48,15 @@ logging: {sample_tokens: 0}
     port_ = testing::FreeTcpPort();
   }
 
-  // Rank `rank` of 2 as srun would start it, node 1 inside the namespace; `env` is added.
-  std::string Command(int rank, const std::string& env) const {
+  // Rank `rank` of 2 as srun would start it, node 1 inside the namespace; `env` is added, and
+  // `sets` after the recipe.
+  std::string Command(int rank, const std::string& env, const std::string& sets = "") const {
     const std::string train = absl::StrCat(
         "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DTRAIN_RANK=", rank,
         " DTRAIN_WORLD_SIZE=2 DTRAIN_LOCAL_RANK=0 DTRAIN_LOCAL_WORLD_SIZE=1 DTRAIN_NODE_RANK=",
         rank, " DTRAIN_NUM_NODES=2 DTRAIN_MASTER_ADDR=", kNodeZeroAddress,
         " DTRAIN_MASTER_PORT=", port_, " ", env, " timeout 120 ", DTRAIN_BINARY, " train ", recipe_,
-        " --set run.out_dir=", out_dir_);
+        " --set run.out_dir=", out_dir_, " ", sets);
     if (rank == 0) return train;
     return absl::StrCat("ip netns exec ", kNamespace, " ", train);
   }
@@ -91,6 +94,27 @@ TEST_F(TwoNodeTrainTest, GlooSocketIfnameNamesTheInterface) {
   EXPECT_THAT(missing.output,
               HasSubstr("GLOO_SOCKET_IFNAME: network interface 'nosuch0' has no address here"));
   EXPECT_NE(other.exit_code, 0) << other.output;
+}
+
+// Node 1 cut off mid-run: its rank ends within parallel.timeout_s (10 s) and the time its
+// failure report takes to fail, where a request to the store waited the client's own 60 s for
+// its reply. Bounded at 45 s; `timeout 120` ends a rank that would hang.
+TEST_F(TwoNodeTrainTest, ARankCutOffFromTheOthersEndsWithinTheTimeout) {
+  const std::string token = "DTRAIN_RDZV_TOKEN=t", sets = "--set train.steps=100000";
+  std::future<ShellRun> zero = std::async(std::launch::async, RunShell, Command(0, token, sets));
+  std::future<ShellRun> one = std::async(std::launch::async, RunShell, Command(1, token, sets));
+  const std::string metrics = out_dir_ + "/two/metrics.jsonl";
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline && testing::MetricsLosses(metrics).size() < 2) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_GE(testing::MetricsLosses(metrics).size(), 2u) << zero.get().output;
+  ASSERT_TRUE(node_.CutOff());
+  const bool ended = one.wait_for(std::chrono::seconds(45)) == std::future_status::ready;
+  const ShellRun cut_off = one.get();
+  EXPECT_TRUE(ended) << "rank 1 ran on 45 s after it was cut off:\n" << cut_off.output;
+  EXPECT_EQ(cut_off.exit_code, 1) << cut_off.output;
+  EXPECT_NE(zero.get().exit_code, 0);
 }
 
 TEST_F(TwoNodeTrainTest, WithoutATokenBothRanksStopAtOnce) {
