@@ -199,8 +199,9 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(-1)},
       {DTRAIN_RECIPE_KEY(data, epochs),
-       "webdataset passes over the shards, then they repeat; 0 = endless, each pass shuffled "
-       "anew",
+       "webdataset: passes over the shards, each in its own shuffled order; training does not "
+       "end with them (train.steps decides): past the last, the same passes repeat in the same "
+       "orders, which the log says; 0 = every pass shuffled anew",
        {},
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(data, on_error),
