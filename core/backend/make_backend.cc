@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu/cpu_backend.h"
+#include "core/backend/cpu/gemm.h"
 #include "core/backend/cuda_module.h"
 #include "core/util/status.h"
 
@@ -16,7 +17,12 @@ absl::Status CheckDevice(absl::string_view device, int local_rank) {
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view device, int cpu_threads,
                                                      int local_rank,
                                                      MatmulPrecision matmul_precision) {
-  if (device == "cpu") return std::make_unique<CpuBackend>(cpu_threads, matmul_precision);
+  if (device == "cpu") {
+    // run.threads bounds OpenBLAS's GEMMs too; 0 leaves them OpenBLAS's own count (every core,
+    // or OMP_NUM_THREADS, which `dtrain launch` sets to 1 for several workers on a node).
+    if (cpu_threads > 0) cpu::SetBlasThreads(cpu_threads);
+    return std::make_unique<CpuBackend>(cpu_threads, matmul_precision);
+  }
   if (device != "cuda") {
     return absl::InvalidArgumentError(
         absl::StrCat("run.device '", device, "' is not a device; set cpu or cuda"));

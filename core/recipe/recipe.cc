@@ -95,8 +95,8 @@ const std::vector<KeySpec>& Keys() {
        "the binary (no GPU there is an error at start)",
        {"cpu", "cuda"}},
       {DTRAIN_RECIPE_KEY(run, threads),
-       "worker threads for CPU kernels; 0 = every CPU this process may run on (its affinity: "
-       "taskset, a Slurm task's cores)",
+       "worker threads for CPU kernels, OpenBLAS's GEMMs included; 0 = every CPU this process "
+       "may run on (its affinity: taskset, a Slurm task's cores; GEMMs: OpenBLAS's own count)",
        {},
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(run, matmul_precision),

@@ -21,6 +21,8 @@ void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, double alpha,
               c, ldc);
 }
 
+void SetBlasThreads(int threads) { openblas_set_num_threads(threads); }
+
 SerialBlasScope::SerialBlasScope() : saved_threads_(openblas_get_num_threads()) {
   openblas_set_num_threads(1);
 }

@@ -10,6 +10,10 @@ void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, 
 void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, double alpha, const double* a,
           int lda, const double* b, int ldb, double beta, double* c, int ldc);
 
+// OpenBLAS's threads for every GEMM from now on (process-wide): run.threads when set, so that
+// a process told to use one core does not run its GEMMs on all of them.
+void SetBlasThreads(int threads);
+
 // While alive, OpenBLAS runs every GEMM on its calling thread. Kernels that split their work
 // across the pool and call many small GEMMs hold one: a pool thread's GEMM fanning out to
 // OpenBLAS's own threads oversubscribes the cores and serializes on OpenBLAS's level-3 lock

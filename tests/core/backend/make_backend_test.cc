@@ -3,6 +3,8 @@
 // no_cuda_libraries.sh); the CUDA module, where the build has it, loads and finds no GPU.
 #include "core/backend/make_backend.h"
 
+#include <cblas.h>
+
 #include <filesystem>
 #include <string>
 
@@ -41,6 +43,19 @@ TEST(MakeBackendTest, CpuAndUnknownDevices) {
   EXPECT_TRUE(CheckDevice("cpu", 7).ok());
   const absl::StatusOr<std::unique_ptr<Backend>> tpu = MakeBackend("tpu", 2, 0);
   EXPECT_EQ(tpu.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// run.threads bounds OpenBLAS's GEMMs too (they ran on every core at run.threads 1); 0 leaves
+// OpenBLAS its own count.
+TEST(MakeBackendTest, CpuThreadsBoundOpenBlas) {
+  const int own = openblas_get_num_threads();
+  ASSERT_TRUE(MakeBackend("cpu", 1, 0).ok());
+  EXPECT_EQ(openblas_get_num_threads(), 1);
+  ASSERT_TRUE(MakeBackend("cpu", 3, 0).ok());
+  EXPECT_EQ(openblas_get_num_threads(), 3);
+  ASSERT_TRUE(MakeBackend("cpu", 0, 0).ok());
+  EXPECT_EQ(openblas_get_num_threads(), 3);
+  openblas_set_num_threads(own);
 }
 
 // One worker per GPU takes the GPU of its local rank; a worker its launcher bound to one GPU
