@@ -754,6 +754,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
 
     StepMetrics m;
     m.step = step + 1;
+    m.time = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
     m.total_steps = train.steps;
     m.loss = result.loss;
     m.lr = result.lr;

@@ -74,6 +74,7 @@ std::string FormatStepLine(const StepMetrics& m) {
 
 std::string StepMetricsJson(const StepMetrics& m) {
   nlohmann::json j = {{"step", m.step},
+                      {"time", m.time},
                       {"loss", m.loss},
                       {"lr", m.lr},
                       {"grad_norm", m.grad_norm},
@@ -104,6 +105,7 @@ absl::StatusOr<StepMetrics> ParseStepMetricsJson(std::string_view line) {
   }
   StepMetrics m;
   RETURN_IF_ERROR(ReadNumber(j, "step", m.step));
+  RETURN_IF_ERROR(ReadNumber(j, "time", m.time));
   RETURN_IF_ERROR(ReadNumber(j, "loss", m.loss));
   RETURN_IF_ERROR(ReadNumber(j, "lr", m.lr));
   RETURN_IF_ERROR(ReadNumber(j, "grad_norm", m.grad_norm));

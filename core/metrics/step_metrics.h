@@ -15,6 +15,7 @@ namespace dtrain {
 struct StepMetrics {
   int step = 0;  // 1-based: steps done
   int total_steps = 0;
+  double time = 0;  // when the step ended, Unix time in seconds (to line up with other logs)
   double loss = 0;  // mean token cross-entropy of the step's batch, nats
   double lr = 0;
   double grad_norm = 0;  // global L2 norm before clipping

@@ -54,9 +54,12 @@ const char* FamilyName(ModelFamily family) {
 }
 
 std::string ModelShapeLine(const ModelConfig& config) {
-  return absl::StrFormat("%s, %d layers, d_model %d, %d heads (%d kv), vocab %d: %.2fM parameters",
+  const double parameters = static_cast<double>(config.num_parameters());
+  return absl::StrFormat("%s, %d layers, d_model %d, %d heads (%d kv), vocab %d: %s parameters",
                          FamilyName(config.family), config.n_layer, config.d_model, config.n_head,
-                         config.n_kv_head, config.vocab_size, config.num_parameters() / 1e6);
+                         config.n_kv_head, config.vocab_size,
+                         parameters < 1e9 ? absl::StrFormat("%.2fM", parameters / 1e6)
+                                          : absl::StrFormat("%.2fB", parameters / 1e9));
 }
 
 int64_t ModelConfig::num_parameters() const {

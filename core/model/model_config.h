@@ -41,7 +41,7 @@ struct ModelConfig {
 
 ModelConfig ModelConfigFromRecipe(const ModelSection& model, int d_ff);
 const char* FamilyName(ModelFamily family);
-// "gpt2, 4 layers, d_model 256, 4 heads (4 kv), vocab 256: 3.30M parameters"
+// "gpt2, 4 layers, d_model 256, 4 heads (4 kv), vocab 256: 3.30M parameters" (from 1e9, "6.74B")
 std::string ModelShapeLine(const ModelConfig& config);
 
 // Transformer blocks [first, first + count).

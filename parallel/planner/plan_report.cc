@@ -306,10 +306,7 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
   const Workload& w = plan.workload;
   const ModelConfig& model = w.model;
   std::string out = absl::StrFormat("dtrain plan: %s\n", recipe_path);
-  absl::StrAppendFormat(
-      &out, "  model    %s, %d layers, d_model %d, %d heads (%d kv): %.3f B parameters\n",
-      FamilyName(model.family), model.n_layer, model.d_model, model.n_head, model.n_kv_head,
-      model.num_parameters() / 1e9);
+  absl::StrAppendFormat(&out, "  model    %s\n", ModelShapeLine(model));
   absl::StrAppendFormat(&out, "  batch    %d sequence%s x %d tokens = %d tokens per step\n",
                         w.batch_size, w.batch_size == 1 ? "" : "s", w.seq_len,
                         int64_t{w.batch_size} * w.seq_len);

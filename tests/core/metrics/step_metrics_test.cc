@@ -19,6 +19,7 @@ StepMetrics EveryField() {
   m.loss = 2.345678901234;
   m.lr = 1.5e-4;
   m.grad_norm = 0.8125;
+  m.time = 1796400000.125;
   m.step_ms = 312.25;
   m.tokens_per_s = 6553.6;
   m.mfu_percent = 41.2;
@@ -59,6 +60,7 @@ TEST(StepMetricsJsonTest, ReadsBackEveryFieldItWrote) {
   EXPECT_EQ(read->loss, m.loss);
   EXPECT_EQ(read->lr, m.lr);
   EXPECT_EQ(read->grad_norm, m.grad_norm);
+  EXPECT_EQ(read->time, m.time);
   EXPECT_EQ(read->step_ms, m.step_ms);
   EXPECT_EQ(read->tokens_per_s, m.tokens_per_s);
   EXPECT_EQ(read->mfu_percent, m.mfu_percent);
