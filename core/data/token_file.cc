@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -125,8 +126,15 @@ absl::StatusOr<std::vector<std::string>> ExpandFilePatterns(
     std::vector<std::string> found(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
     ::globfree(&matches);
     if (rc == GLOB_NOMATCH) {
+      // A relative path is the current folder's, not the recipe's: say which folder that is.
+      std::error_code error;
+      const std::string here = std::filesystem::current_path(error).string();
       return absl::NotFoundError(
-          absl::StrCat("file pattern '", pattern, "' matches no file; check the path"));
+          absl::StrCat("file pattern '", pattern, "' matches no file",
+                       pattern.starts_with('/') || error
+                           ? ""
+                           : absl::StrCat(" (relative to the current folder ", here, ")"),
+                       "; check the path"));
     }
     if (rc != 0) {
       return absl::UnavailableError(

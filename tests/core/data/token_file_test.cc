@@ -67,6 +67,12 @@ TEST_F(TokenFileTest, PatternWithoutMatchIsAnError) {
   const absl::Status status = ExpandFilePatterns({Path("*.nothing")}).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(HasText(status.message(), Path("*.nothing")));
+  EXPECT_FALSE(HasText(status.message(), "relative to"));
+  // A relative pattern is the current folder's, which the error names.
+  const absl::Status relative = ExpandFilePatterns({"data/no_such_file.txt"}).status();
+  EXPECT_TRUE(HasText(relative.message(), "(relative to the current folder " +
+                                              std::filesystem::current_path().string() + ")"))
+      << relative;
 }
 
 TEST_F(TokenFileTest, TextBytesAreTokensInFileOrder) {
