@@ -216,6 +216,35 @@ std::optional<CheckResult> SocketIfnameCheck(const NetworkInventory& inventory,
                 absl::StrCat("'", value, "' selects ", absl::StrJoin(selected, ", ")));
 }
 
+// dtrain's Gloo binds the address of the first interface GLOO_SOCKET_IFNAME names (exactly, as
+// PyTorch's Gloo does), and training fails at once when it is missing.
+std::optional<CheckResult> GlooIfnameCheck(const NetworkInventory& inventory,
+                                           const std::string& value) {
+  if (value.empty()) return std::nullopt;
+  const std::string name = "gloo.GLOO_SOCKET_IFNAME";
+  const std::string first = value.substr(0, value.find(','));
+  std::vector<std::string> all;
+  const NetInterface* named = nullptr;
+  for (const NetInterface& nic : inventory.interfaces) {
+    all.push_back(nic.name);
+    if (nic.name == first) named = &nic;
+  }
+  if (named == nullptr) {
+    return Result(name, Verdict::kFail,
+                  absl::StrCat("'", first, "' is none of this node's interfaces (",
+                               absl::StrJoin(all, ", "), "); training would stop at start"),
+                  "set GLOO_SOCKET_IFNAME to the interface of the network between the nodes "
+                  "(ip -br addr), or unset it");
+  }
+  if (named->operstate == "down") {
+    return Result(name, Verdict::kFail, absl::StrCat("'", first, "' is down"),
+                  "bring the interface up or name one that is up (ip -br link)");
+  }
+  return Result(name, Verdict::kOk,
+                absl::StrCat("'", first, "': ", InterfaceText(*named),
+                             ", the address the ranks' Gloo binds"));
+}
+
 std::optional<CheckResult> IbHcaCheck(const NetworkInventory& inventory, const EnvironmentMap& env,
                                       const ClusterSpec* cluster) {
   const std::string value = Lookup(env, "NCCL_IB_HCA");
@@ -417,6 +446,7 @@ std::vector<CheckResult> NetworkChecks(const NetworkInventory& inventory, const 
   std::set<std::string> checked;
   for (std::optional<CheckResult> result :
        {SocketIfnameCheck(inventory, Lookup(env, "NCCL_SOCKET_IFNAME")),
+        GlooIfnameCheck(inventory, Lookup(env, "GLOO_SOCKET_IFNAME")),
         IbHcaCheck(inventory, env, cluster), GidIndexCheck(inventory, env, cluster),
         IbDisableCheck(env, cluster), GdrLevelCheck(env)}) {
     if (!result.has_value()) continue;

@@ -153,6 +153,17 @@ TEST(DoctorNetworkTest, EthernetNodeIsInformationUnlessTheRecipeAsksForRdma) {
                    "nccl.NCCL_SOCKET_IFNAME")
                   ->detail,
               HasSubstr("only interfaces that are down"));
+  // GLOO_SOCKET_IFNAME, which training reads to bind: an interface the node lacks fails (the
+  // first of a list, exactly), one it has passes.
+  const std::vector<CheckResult> bogus =
+      NetworkChecks(network, {{"GLOO_SOCKET_IFNAME", "bogus0,eth0"}}, nullptr);
+  EXPECT_EQ(Find(bogus, "gloo.GLOO_SOCKET_IFNAME")->verdict, Verdict::kFail);
+  EXPECT_THAT(Find(bogus, "gloo.GLOO_SOCKET_IFNAME")->detail,
+              HasSubstr("'bogus0' is none of this node's interfaces"));
+  EXPECT_EQ(Find(NetworkChecks(network, {{"GLOO_SOCKET_IFNAME", "eth0"}}, nullptr),
+                 "gloo.GLOO_SOCKET_IFNAME")
+                ->verdict,
+            Verdict::kOk);
   EXPECT_EQ(Find(NetworkChecks(network, {{"NCCL_NET_GDR_LEVEL", "PCI"}}, nullptr),
                  "nccl.NCCL_NET_GDR_LEVEL")
                 ->verdict,
