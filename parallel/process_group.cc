@@ -8,7 +8,6 @@
 #include <set>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -51,26 +50,8 @@ absl::StatusOr<std::string> PeerHostname(const std::string& master_addr) {
 
 namespace {
 
-// "section.key: value" of each line of a resolved recipe (ResolvedRecipeYaml: sections at the
-// margin, indented keys with a comment each); comment lines left out.
-std::vector<std::string> RecipeSettings(const std::string& yaml) {
-  std::vector<std::string> settings;
-  std::string section;
-  for (absl::string_view line : absl::StrSplit(yaml, '\n')) {
-    line = line.substr(0, std::min(line.find(" #"), line.size()));
-    line = absl::StripTrailingAsciiWhitespace(line);
-    if (line.empty() || line.front() == '#') continue;
-    if (line.front() != ' ') {
-      section = std::string(absl::StripSuffix(line, ":"));
-      continue;
-    }
-    settings.push_back(absl::StrCat(section, ".", absl::StripLeadingAsciiWhitespace(line)));
-  }
-  return settings;
-}
-
 // Why this rank's world size and job differ from rank 0's (`zero`: its world size, a newline,
-// its job); OK when they agree.
+// its job, one setting a line); OK when they agree.
 absl::Status CompareWithRankZero(const WorldMembership& world, const std::string& job,
                                  absl::string_view zero) {
   const std::pair<absl::string_view, absl::string_view> parts =
@@ -81,10 +62,9 @@ absl::Status CompareWithRankZero(const WorldMembership& world, const std::string
                      " ranks, rank 0 for ", parts.first,
                      "; start every rank with the same WORLD_SIZE (or Slurm task count)"));
   }
-  // The settings only: the comments name each rank's own recipe file.
-  const std::vector<std::string> here = RecipeSettings(job);
-  const std::vector<std::string> there = RecipeSettings(std::string(parts.second));
-  if (here == there) return absl::OkStatus();
+  if (parts.second == job) return absl::OkStatus();
+  const std::vector<absl::string_view> here = absl::StrSplit(job, '\n');
+  const std::vector<absl::string_view> there = absl::StrSplit(parts.second, '\n');
   std::string difference = "rank 0's has other keys (another dtrain version)";
   for (size_t i = 0; here.size() == there.size() && i < here.size(); ++i) {
     if (here[i] == there[i]) continue;
@@ -97,14 +77,15 @@ absl::Status CompareWithRankZero(const WorldMembership& world, const std::string
 }
 
 // Before the ranks connect, every rank takes its seat and compares its world size and job with
-// rank 0's; then all wait until every seat is taken. A rank whose seat another process holds (a
-// duplicate RANK, or a second job on this store: the same MASTER_ADDR and MASTER_PORT) fails
-// alone, leaving the job to the first. A rank that differs from rank 0 fails, and so does every
-// other rank at once, naming it: they would otherwise wait out the timeout for ranks that never
-// connect, or crash in a collective whose sizes differ. Ranks that never come are named after
-// `timeout`.
+// rank 0's; then all wait until every seat is checked. A rank whose seat another process holds
+// (a duplicate RANK, a second job on this store, or a restarted process while rank 0 still waits
+// for the one before) fails alone, leaving the job to the first. A rank that differs from rank 0
+// fails, and so does every other at once, naming it: they would otherwise wait out the timeout
+// for ranks that never connect, or crash in a collective whose sizes differ. Ranks that never
+// come are named when `timeout` (one deadline for both waits) has passed.
 absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std::string& job,
                           absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
   const std::string prefix = absl::StrCat("rendezvous/attempt-", world.restart_count, "/");
   const auto seat = [&](int rank) { return absl::StrCat(prefix, "rank-", rank); };
   ASSIGN_OR_RETURN(const int64_t claims, store.Add(seat(world.rank), 1));
@@ -112,14 +93,21 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", world.rank, " has joined the rendezvous at ", world.master_addr, ":",
         world.master_port, " already: another process was started as rank ", world.rank,
-        " (a duplicate RANK), or another job uses the same MASTER_ADDR and MASTER_PORT; give "
-        "each rank its own RANK and each job its own MASTER_PORT"));
+        " (a duplicate RANK), another job uses the same MASTER_ADDR and MASTER_PORT, or this "
+        "rank was restarted while rank 0 still waits for the one before (it gives up within "
+        "parallel.timeout_s); give each rank its own RANK and each job its own MASTER_PORT"));
   }
-  // The seats still empty once the timeout passed name the ranks that never came.
-  const auto never_joined = [&] {
+  // A wait that ran out names the ranks whose seats are still empty; other errors (the store
+  // lost) are what they are.
+  const auto waited = [&](const absl::Status& status) {
+    if (!absl::IsDeadlineExceeded(status)) return status;
     std::vector<int> missing;
     for (int r = 0; r < world.world_size; ++r) {
-      if (!store.Get(seat(r), absl::Milliseconds(1)).ok()) missing.push_back(r);
+      if (r == world.rank) continue;
+      const absl::StatusOr<std::string> taken = store.Get(seat(r), absl::Milliseconds(1));
+      if (taken.ok()) continue;
+      if (!absl::IsDeadlineExceeded(taken.status())) return taken.status();
+      missing.push_back(r);
     }
     absl::Status error = absl::DeadlineExceededError(absl::StrCat(
         "rank ", world.rank, " of ", world.world_size, ": rank(s) ", absl::StrJoin(missing, ", "),
@@ -128,29 +116,25 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
     SetFaultyRanks(error, missing);
     return error;
   };
-  const std::string job_key = prefix + "job", refused_key = prefix + "refused",
-                    settled_key = prefix + "settled";
+  // "settled" holds the verdict: "ok" once every rank checked, else why one refused.
+  const std::string job_key = prefix + "job", settled_key = prefix + "settled";
   if (world.rank == 0) {
     RETURN_IF_ERROR(store.Set(job_key, absl::StrCat(world.world_size, "\n", job)));
   } else {
-    const absl::StatusOr<std::string> zero = store.Get(job_key, timeout);
-    if (!zero.ok()) return never_joined();
+    const absl::StatusOr<std::string> zero = store.Get(job_key, deadline - absl::Now());
+    if (!zero.ok()) return waited(zero.status());
     const absl::Status verdict = CompareWithRankZero(world, job, *zero);
     if (!verdict.ok()) {
-      // The others stop waiting at once and read why.
-      RETURN_IF_ERROR(store.Set(refused_key, std::string(verdict.message())));
-      RETURN_IF_ERROR(store.Set(settled_key, "refused"));
+      RETURN_IF_ERROR(store.Set(settled_key, absl::StrCat("refused\n", verdict.message())));
       return verdict;
     }
   }
   ASSIGN_OR_RETURN(const int64_t checked, store.Add(prefix + "checked", 1));
-  if (checked == world.world_size) RETURN_IF_ERROR(store.Set(settled_key, "every rank"));
-  if (!store.Get(settled_key, timeout).ok()) return never_joined();
-  if (absl::StatusOr<std::string> refused = store.Get(refused_key, absl::Milliseconds(1));
-      refused.ok()) {
-    return absl::FailedPreconditionError(*refused);
-  }
-  return absl::OkStatus();
+  if (checked == world.world_size) RETURN_IF_ERROR(store.Set(settled_key, "ok"));
+  const absl::StatusOr<std::string> settled = store.Get(settled_key, deadline - absl::Now());
+  if (!settled.ok()) return waited(settled.status());
+  if (*settled == "ok") return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StripPrefix(*settled, "refused\n"));
 }
 
 }  // namespace

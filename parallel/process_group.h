@@ -39,11 +39,12 @@ class ProcessGroup {
  public:
   // Rank 0 starts the store at MASTER_ADDR:MASTER_PORT unless an agent hosts it; every rank
   // connects (with the job's token) and joins the world communicator. Ranks that do not arrive
-  // within `timeout` fail the call, named. `key_prefix` separates jobs (and restarts) sharing one
-  // store. `job` is what every rank must agree on (the resolved recipe): a rank whose `job`,
-  // world size or rank differs from rank 0's, or whose rank another process took, fails before
-  // connecting, naming the difference. `hostname` is the address peers reach this rank's Gloo
-  // device at; empty = 127.0.0.1 for a loopback master, else this host's name.
+  // within `timeout` fail the call, named. `key_prefix` separates the communicators of jobs
+  // (and restarts) sharing one store. `job` is what every rank must agree on (the resolved
+  // recipe's settings): a rank whose `job` or world size differs from rank 0's, or whose rank
+  // another process holds, fails before connecting, naming the difference (rendezvous keys of
+  // their own, which two jobs on one store meet in). `hostname` is the address peers reach this
+  // rank's Gloo device at; empty = 127.0.0.1 for a loopback master, else this host's name.
   static absl::StatusOr<std::unique_ptr<ProcessGroup>> Connect(const WorldMembership& world,
                                                                absl::Duration timeout,
                                                                const std::string& key_prefix,

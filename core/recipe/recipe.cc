@@ -1357,6 +1357,15 @@ std::string ResolvedRecipeYaml(const Recipe& recipe) {
   return out;
 }
 
+std::string RecipeSettings(const Recipe& recipe) {
+  Recipe copy = recipe;  // the bindings hand out mutable pointers
+  std::string out;
+  for (const KeySpec& key : Keys()) {
+    absl::StrAppend(&out, key.path, ": ", FormatValue(key.field(copy)), "\n");
+  }
+  return out;
+}
+
 std::string RecipeReferenceMarkdown() {
   Recipe defaults;
   const auto cell = [](absl::string_view text) {

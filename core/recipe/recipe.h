@@ -176,6 +176,9 @@ absl::StatusOr<Recipe> ParseRecipe(const std::string& yaml_text, const std::stri
 // The fully resolved recipe as YAML, every key present, one comment per key.
 std::string ResolvedRecipeYaml(const Recipe& recipe);
 
+// Every key's resolved value, one "section.key: value" line each, in the reference's order.
+std::string RecipeSettings(const Recipe& recipe);
+
 // The reference table of every key (path, type, default, meaning) in Markdown, for the README.
 std::string RecipeReferenceMarkdown();
 
