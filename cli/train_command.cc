@@ -27,10 +27,10 @@ void AddTrainCommand(CLI::App& app) {
   command->callback([args] {
     absl::StatusOr<WorldEnvironment> world = RankWorldFromEnvironment();
     // Every rank reads the same recipe: its warnings are rank 0's to print, not once a rank.
-    const bool quiet = world.ok() && world->rank != 0;
-    if (quiet) SetLogLevel(LogLevel::kError);
+    const LogLevel level = GetLogLevel();
+    if (world.ok() && world->rank != 0) SetLogLevel(LogLevel::kError);
     absl::StatusOr<Recipe> recipe = LoadTrainingRecipe(args->recipe_path, args->overrides);
-    if (quiet) SetLogLevel(LogLevel::kInfo);
+    SetLogLevel(level);
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     if (!world.ok()) Fail(world.status(), kExitFailure);
     // Rank 0's rendezvous store admits the ranks of other hosts only with the job's secret.

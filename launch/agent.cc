@@ -574,6 +574,13 @@ Outcome Agent::Watch(int attempt) {
         Drain(worker, 0);
         Drain(worker, 1);
       }
+      // A worker stops after a checkpoint only when the whole job does (the ranks agree on it):
+      // a stop that this node's agent has yet to read from the store, not a failure.
+      if (exit->signal == 0 && exit->code == kExitStopped) {
+        LogInfo("node %d: rank %d stopped after a checkpoint: the job is stopping", node_.node_rank,
+                worker.rank);
+        return Outcome::kStopping;
+      }
       worker.left_early = exit->ok() && LeftEarly(attempt, worker.rank);
       if (!exit->ok() || worker.left_early) {
         LogError("node %d: rank %d failed: %s", node_.node_rank, worker.rank, ExitText(worker));
@@ -1048,10 +1055,17 @@ absl::StatusOr<int> Agent::Run() {
         if (const std::optional<int> lost = FinishIfAgentLost(attempt)) return *lost;
         // A worker that saved its checkpoint and stopped exits kExitStopped; one that had just
         // finished its last step, 0.
-        const bool clean = std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) {
-          const ExitStatus status = *w.process->exit_status();
-          return status.ok() || (status.signal == 0 && status.code == kExitStopped);
-        });
+        bool clean = true, stopped = false;
+        for (const Worker& worker : workers_) {
+          const ExitStatus status = *worker.process->exit_status();
+          const bool saved = status.signal == 0 && status.code == kExitStopped;
+          clean = clean && (status.ok() || saved);
+          stopped = stopped || saved;
+        }
+        if (clean && !stopped) {
+          LogInfo("node %d: every worker finished before the stop", node_.node_rank);
+          return Finish(0);
+        }
         LogInfo("node %d: workers stopped%s", node_.node_rank,
                 clean ? " cleanly" : "; some did not exit cleanly (see their logs)");
         if (clean && node_.node_rank == 0 && !options_.requeue_argv.empty()) Requeue();

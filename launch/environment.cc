@@ -527,12 +527,15 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
   // Node level (`dtrain launch` starts the processes of a node itself): a process's RANK and
   // WORLD_SIZE with nothing naming the node (a PyTorchJob pod without nprocPerNode, a torchrun
   // worker's environment) would make every node a job of its own.
+  // A WORLD_SIZE of this node's processes (exported by many single-node scripts) names no other.
   if (node_level && !given("node_rank") && !given("num_nodes")) {
-    const std::string rank = env.Get("RANK").value_or("0");
-    const std::string world_size = env.Get("WORLD_SIZE").value_or("1");
-    if (rank != "0" || world_size != "1") {
+    const std::optional<std::string> rank = env.Get("RANK");
+    const std::optional<std::string> world_size = env.Get("WORLD_SIZE");
+    const bool this_node_only =
+        !world_size || *world_size == "1" || *world_size == absl::StrCat(*flags.nproc_per_node);
+    if ((rank && *rank != "0") || !this_node_only) {
       return ShapeError(absl::StrCat(
-          "RANK=", rank, " and WORLD_SIZE=", world_size,
+          "RANK=", rank.value_or("(unset)"), " and WORLD_SIZE=", world_size.value_or("(unset)"),
           " place one process of a larger world, but dtrain launch starts the processes of "
           "a node itself and nothing names this node: set PET_NNODES and PET_NODE_RANK (a "
           "PyTorchJob with nprocPerNode sets them) or --nnodes and --node-rank, or run "

@@ -336,16 +336,20 @@ class CheckpointSignals {
     sigaction(SIGTERM, &action, &old_term_);
     sigaction(SIGUSR1, &action, &old_usr1_);
   }
-  // After a SIGTERM the process is on its way out, its checkpoint saved: the handler stays, so
-  // that a second one cannot kill it in the ranks' closing barrier (Slurm's scancel signals the
-  // workers as well as their agent, which forwards its own).
+  // After a stop (a SIGTERM here or on another rank) the process is on its way out, its
+  // checkpoint saved: the handler stays, so that a SIGTERM cannot kill it in the ranks' closing
+  // barrier (Slurm's scancel signals the workers as well as their agent, which forwards its own;
+  // the agent of a rank that another rank's SIGTERM stopped signals it when it learns of the stop).
   ~CheckpointSignals() {
-    if (!sigterm_received) sigaction(SIGTERM, &old_term_, nullptr);
+    if (!sigterm_received && !stopping_) sigaction(SIGTERM, &old_term_, nullptr);
     sigaction(SIGUSR1, &old_usr1_, nullptr);
   }
+  // The ranks agreed to stop.
+  void Stopping() { stopping_ = true; }
 
  private:
   struct sigaction old_term_ = {}, old_usr1_ = {};
+  bool stopping_ = false;
 };
 
 // metrics.jsonl of a resumed run: the earlier run's lines up to the resumed step stay, later
@@ -644,7 +648,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   Transformer& model = *model_owner;
   ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, dp_rank, dp_size));
   const bool documents = data.train->documents();
-  const CheckpointSignals signals;
+  CheckpointSignals signals;
   // Held until the run ends, before anything of the run folder is read: another run of the same
   // folder would interleave its metrics and checkpoints with this one's.
   std::optional<FolderLock> run_folder_lock;
@@ -830,7 +834,9 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       metrics << StepMetricsJson(m) << '\n' << std::flush;
       if (!sample.empty()) LogInfo("sample at step %d:\n%s", m.step, sample);
     }
-    if (request.stop) {
+    // A stop at the last step finishes the run instead: it exports and exits 0.
+    if (request.stop && !last) {
+      signals.Stopping();
       RETURN_IF_ERROR(checkpoints->Finish());
       if (leader) {
         LogInfo("stopped by SIGTERM at step %d after saving %s/%s", m.step, checkpoints->dir(),
@@ -880,6 +886,14 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
                    "run ", tp * pp, " x k ranks"));
 }
 
+// What the ranks of one job must agree on: the resolved recipe, less what is each node's own
+// (run.threads, which `dtrain launch` sets from the node's cores).
+std::string JobSettings(const Recipe& recipe) {
+  Recipe shared = recipe;
+  shared.run.threads = 0;
+  return RecipeSettings(shared);
+}
+
 absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMembership& world) {
   // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
   // file per rank).
@@ -905,10 +919,10 @@ absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMemb
   // Released after the process group, whose mesh groups run on its memory.
   std::unique_ptr<Backend> backend;
   // Every error after this point goes through Leave, which tells the other ranks at once.
-  ASSIGN_OR_RETURN(std::unique_ptr<ProcessGroup> group,
-                   ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
-                                         absl::StrCat("dtrain/", recipe.run.name, "/"),
-                                         ResolvedRecipeYaml(recipe)));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<ProcessGroup> group,
+      ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
+                            absl::StrCat("dtrain/", recipe.run.name, "/"), JobSettings(recipe)));
   const auto leave = [&](const absl::Status& outcome) {
     return group->Leave(NameBlamedStages(mesh, outcome));
   };

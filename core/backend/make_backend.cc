@@ -18,8 +18,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view device, i
                                                      int local_rank,
                                                      MatmulPrecision matmul_precision) {
   if (device == "cpu") {
-    // run.threads bounds OpenBLAS's GEMMs too; 0 leaves them OpenBLAS's own count (every core,
-    // or OMP_NUM_THREADS, which `dtrain launch` sets to 1 for several workers on a node).
+    // run.threads bounds OpenBLAS's GEMMs too (`dtrain launch` sets it to the node's cores over
+    // its workers); 0 leaves them OpenBLAS's own count (every core, or OPENBLAS_NUM_THREADS).
     if (cpu_threads > 0) cpu::SetBlasThreads(cpu_threads);
     return std::make_unique<CpuBackend>(cpu_threads, matmul_precision);
   }

@@ -66,8 +66,9 @@ absl::StatusOr<StepMetrics> ParseStepMetricsJson(std::string_view line);
 double PeakRssMib();
 
 // The FLOP/s a square float32 GEMM reaches on this backend, at run.matmul_precision, large
-// enough that launching and waiting for it cost little (1024 on a CPU, up to 8192 on a GPU; a
-// few hundred ms): the peak that MFU is stated against.
+// enough that launching and waiting for it cost little (from 1024, doubled until one takes 5 ms,
+// up to 8192: 1024 on most CPUs, 8192 on a GPU; a few hundred ms): the peak that MFU is stated
+// against.
 double MeasureGemmFlops(Backend& backend);
 
 // MFU in percent: `rank_flops` (a step's model FLOP/s per rank) over `peak_flops`. No step

@@ -30,6 +30,7 @@ const char* LevelName(LogLevel level) {
 }  // namespace
 
 void SetLogLevel(LogLevel level) { g_level = static_cast<int>(level); }
+LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
 void SetLogRank(int rank) { g_rank = rank; }
 
 void LogLine(LogLevel level, std::string_view message) {

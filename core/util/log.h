@@ -11,6 +11,7 @@ namespace dtrain {
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
 
 void SetLogLevel(LogLevel level);
+LogLevel GetLogLevel();
 // Prefixes every later line with "[rank R]"; -1 (the default) prints no rank.
 void SetLogRank(int rank);
 void LogLine(LogLevel level, std::string_view message);

@@ -310,6 +310,19 @@ TEST(AgentTest, LostAgentIsTheRootCause) {
                                            "closed before it finished"));
 }
 
+// SIGTERM to node 0's agent stops the job on both nodes, each agent exiting 143: node 1's worker
+// may stop (exit 143, after the save every rank agreed on) before its agent reads the stop from
+// the store, which is a stop, not a failure of rank 1.
+TEST(AgentTest, SigtermToOneNodeStopsBothNodes) {
+  TwoPods job("term_two", 100000);
+  kill(job.pods[0]->process().pid(), SIGTERM);
+  for (const std::unique_ptr<Launch>& pod : job.pods) {
+    EXPECT_EQ(pod->Wait(absl::Seconds(60)), kExitStopped) << pod->output();
+    EXPECT_THAT(pod->output(), Not(HasSubstr("failed")));
+  }
+  EXPECT_THAT(job.pods[0]->output(), HasSubstr("stopped by SIGTERM at step"));
+}
+
 // As a Slurm step is torn down after one task died: node 1's agent is killed, then node 0's
 // gets SIGTERM. That is not a preemption: no checkpoint is asked for, the lost agent is named.
 TEST(AgentTest, SigtermAfterALostAgentIsNotAPreemption) {

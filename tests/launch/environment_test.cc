@@ -507,6 +507,11 @@ TEST(EnvironmentTest, NodeLevelProcessVariablesWithoutTheNodeAreAnError) {
               HasSubstr("RANK=1 and WORLD_SIZE=2 place one process of a larger world, but dtrain "
                         "launch starts the processes of a node itself"));
   EXPECT_EQ(Resolve({{"RANK", "0"}, {"WORLD_SIZE", "1"}}, launch).num_nodes, 1);
+  // A WORLD_SIZE of this node's own processes is no other node's.
+  launch.nproc_per_node = 8;
+  EXPECT_EQ(Resolve({{"WORLD_SIZE", "8"}}, launch).world_size, 8);
+  EXPECT_THAT(Error({{"MASTER_ADDR", "m"}, {"WORLD_SIZE", "16"}}, launch),
+              HasSubstr("RANK=(unset) and WORLD_SIZE=16 place one process"));
   launch.num_nodes = 2;
   launch.node_rank = 1;
   EXPECT_EQ(Resolve({{"MASTER_ADDR", "m"}, {"RANK", "1"}, {"WORLD_SIZE", "2"}}, launch).node_rank,
