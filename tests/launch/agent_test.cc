@@ -899,14 +899,15 @@ TEST(AgentTest, RestartsLeakNoLogFile) {
 }
 
 // Node 0's agent stopped by SIGTERM, as from Slurm, once both workers started, with
-// `requeue_argv` for its requeue command: what it printed, and its exit code.
+// `requeue_argv` for its requeue command: what it printed, and its exit code. The workers exit
+// `worker_exit` on SIGTERM: 143 as dtrain's do after their checkpoint, 0 as one that finished.
 std::string StoppedWithRequeue(const std::string& name, std::vector<std::string> requeue_argv,
-                               int* exit_code) {
+                               int* exit_code, int worker_exit = kExitStopped) {
   const std::string dir = OutDir(name);
   std::filesystem::create_directories(dir);
   const std::string started = dir + "/started";
   NodeZero agent({"/bin/sh", "-c",
-                  absl::StrCat("trap 'exit 0' TERM; touch ", started, "-$RANK; ",
+                  absl::StrCat("trap 'exit ", worker_exit, "' TERM; touch ", started, "-$RANK; ",
                                "while :; do sleep 0.1; done")});
   agent.options.requeue_argv = std::move(requeue_argv);
   return agent.RunBeside(
@@ -939,6 +940,16 @@ TEST(AgentTest, RequeueEndedBySigtermIsTheRequeue) {
   EXPECT_EQ(exit_code, kExitStopped) << output;
   EXPECT_THAT(output, HasSubstr("requeued the job: /bin/sh -c kill -TERM $$ (ended by SIGTERM"));
   EXPECT_THAT(output, Not(HasSubstr("could not requeue")));
+}
+
+// Workers that had finished as the stop came (exit 0): the job is done, exit 0, no requeue.
+TEST(AgentTest, AStopAfterEveryWorkerFinishedIsNoRequeue) {
+  int exit_code = -1;
+  const std::string output =
+      StoppedWithRequeue("requeue-finished", {"/bin/true"}, &exit_code, /*worker_exit=*/0);
+  EXPECT_EQ(exit_code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("every worker finished before the stop"));
+  EXPECT_THAT(output, Not(HasSubstr("requeue")));
 }
 
 TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {
