@@ -75,7 +75,7 @@ void AddLaunchCommand(CLI::App& app) {
     LaunchOptions& launch = args->launch;
     launch.recipe_threads = recipe->run.threads;
     launch.check_world = [layout = *recipe](int world_size) {
-      return CheckLayoutFitsWorld(layout, world_size);
+      return CheckRecipeFitsWorld(layout, world_size);
     };
     if (args->nproc_per_node == "gpu") {
       launch.worker_per_gpu = true;  // counted on each node

@@ -42,7 +42,7 @@ void AddTrainCommand(CLI::App& app) {
                "scripts/slurm/train.sbatch does), or start the ranks with `dtrain launch`")),
            kExitUsage);
     }
-    if (absl::Status status = CheckLayoutFitsWorld(*recipe, world->world_size); !status.ok()) {
+    if (absl::Status status = CheckRecipeFitsWorld(*recipe, world->world_size); !status.ok()) {
       Fail(status, kExitUsage);
     }
     // Before anything is written: no GPU for run.device: cuda is a usage error.

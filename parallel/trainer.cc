@@ -886,6 +886,13 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
                    "run ", tp * pp, " x k ranks"));
 }
 
+absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size) {
+  RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world_size));
+  // auto picks its micro-batch for the world; RunTraining checks that one.
+  if (recipe.parallel.strategy == "auto") return absl::OkStatus();
+  return CheckBatchSplit(recipe.train, world_size / (recipe.parallel.tp * recipe.parallel.pp));
+}
+
 // What the ranks of one job must agree on: the resolved recipe, less what is each node's own
 // (run.threads, which `dtrain launch` sets from the node's cores).
 std::string JobSettings(const Recipe& recipe) {

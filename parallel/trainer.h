@@ -21,4 +21,9 @@ absl::StatusOr<TrainingEnd> RunTraining(const Recipe& recipe, const WorldMembers
 // ranks (tp x pp) divide the world; callers check it before training starts.
 absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size);
 
+// CheckLayoutFitsWorld, then (unless parallel.strategy is auto, which picks its micro-batch)
+// InvalidArgument naming train.batch_size and train.micro_batch unless the batch splits into the
+// data-parallel ranks' micro-batches: what callers check before any rank starts (exit 2).
+absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size);
+
 }  // namespace dtrain

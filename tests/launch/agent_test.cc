@@ -972,5 +972,17 @@ TEST(AgentTest, TensorParallelSizeThatDoesNotDivideTheWorldFailsBeforeAnyWorkerS
   EXPECT_THAT(outcome.stderr_text, Not(HasSubstr("workers")));
 }
 
+// So must the batch split into the world's data-parallel ranks: the built-in recipe's batch of
+// 16 in micro-batches of 16 does not fit 2 ranks, found before any worker starts (where each
+// worker found it, exited 1, and the agent restarted them to find it again).
+TEST(AgentTest, ABatchThatDoesNotSplitOverTheWorldFailsBeforeAnyWorkerStarts) {
+  const testing::Outcome outcome =
+      testing::RunDtrain("launch --nproc-per-node=2 --max-restarts=2 --set train.micro_batch=16");
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_THAT(outcome.stderr_text,
+              HasSubstr("train.batch_size 16 does not split into 2 data-parallel ranks"));
+  EXPECT_THAT(outcome.stderr_text, Not(HasSubstr("workers")));
+}
+
 }  // namespace
 }  // namespace dtrain

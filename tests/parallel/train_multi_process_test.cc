@@ -68,7 +68,7 @@ TEST(TrainMultiProcessTest, ABatchThatDoesNotSplitNamesBothFixes) {
   const auto ranks = testing::RunTrainRanks(
       Recipe("split"), 2, {"run.out_dir=" + OutDir("split"), "train.micro_batch=8"});
   for (const auto& rank : ranks) {
-    EXPECT_EQ(rank.exit_code, 1) << rank;
+    EXPECT_EQ(rank.exit_code, 2) << rank;  // a usage error, before any rank connects
     EXPECT_THAT(rank.output, HasSubstr("train.batch_size 8 does not split into 2 data-parallel "
                                        "ranks x micro-batches of train.micro_batch 8; make "
                                        "batch_size a multiple of 16, or train.micro_batch 4"));
