@@ -834,9 +834,10 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       metrics << StepMetricsJson(m) << '\n' << std::flush;
       if (!sample.empty()) LogInfo("sample at step %d:\n%s", m.step, sample);
     }
-    // A stop at the last step finishes the run instead: it exports and exits 0.
+    // The process ends soon after a stop: a SIGTERM must not kill it on the way. A stop at the
+    // last step finishes the run instead: it exports and exits 0.
+    if (request.stop) signals.Stopping();
     if (request.stop && !last) {
-      signals.Stopping();
       RETURN_IF_ERROR(checkpoints->Finish());
       if (leader) {
         LogInfo("stopped by SIGTERM at step %d after saving %s/%s", m.step, checkpoints->dir(),
