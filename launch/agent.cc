@@ -53,6 +53,12 @@ constexpr char kClosedKey[] = "agent/closed";
 constexpr char kSettledKey[] = "agent/settled";
 constexpr char kReplacedKey[] = "agent/replaced";
 
+// A worker's exit after the ranks agreed to stop and saved their checkpoint (a stop, not a
+// failure; the job is not finished).
+bool StoppedAfterCheckpoint(const ExitStatus& status) {
+  return status.signal == 0 && status.code == kExitStopped;
+}
+
 // Signals reach the monitor loop through a self-pipe: the handler only writes the number.
 int signal_pipe_write_fd = -1;
 void ForwardToPipe(int signal) {
@@ -576,7 +582,7 @@ Outcome Agent::Watch(int attempt) {
       }
       // A worker stops after a checkpoint only when the whole job does (the ranks agree on it):
       // a stop that this node's agent has yet to read from the store, not a failure.
-      if (exit->signal == 0 && exit->code == kExitStopped) {
+      if (StoppedAfterCheckpoint(*exit)) {
         LogInfo("node %d: rank %d stopped after a checkpoint: the job is stopping", node_.node_rank,
                 worker.rank);
         return Outcome::kStopping;
@@ -1058,7 +1064,7 @@ absl::StatusOr<int> Agent::Run() {
         bool clean = true, stopped = false;
         for (const Worker& worker : workers_) {
           const ExitStatus status = *worker.process->exit_status();
-          const bool saved = status.signal == 0 && status.code == kExitStopped;
+          const bool saved = StoppedAfterCheckpoint(status);
           clean = clean && (status.ok() || saved);
           stopped = stopped || saved;
         }
