@@ -59,6 +59,11 @@ bool StoppedAfterCheckpoint(const ExitStatus& status) {
   return status.signal == 0 && status.code == kExitStopped;
 }
 
+// A worker's exit on a wrong recipe or command line (the same on every attempt: no restart helps).
+bool IsUsageError(const ExitStatus& status) {
+  return status.signal == 0 && status.code == kExitUsage;
+}
+
 // Signals reach the monitor loop through a self-pipe: the handler only writes the number.
 int signal_pipe_write_fd = -1;
 void ForwardToPipe(int signal) {
@@ -1093,6 +1098,12 @@ absl::StatusOr<int> Agent::Run() {
       return Finish(1);
     }
     RETURN_IF_ERROR(PublishFailures(attempt));
+    // Counted before the barrier below, after which every agent reads it to decide on a restart.
+    if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& worker) {
+          return IsUsageError(*worker.process->exit_status());
+        })) {
+      RETURN_IF_ERROR(store_->Add(Key(attempt, "usage"), 1).status());
+    }
     // A lost host may show up only here: its workers' peers time out in Gloo before the store
     // notices that the host stopped answering.
     if (const absl::Status stopped = Barrier(Key(attempt, "stopped"), options_.rendezvous_timeout);
@@ -1102,13 +1113,20 @@ absl::StatusOr<int> Agent::Run() {
       if (HandleLost(attempt, lost) == AfterLoss::kRestart) continue;
       return Finish(1);
     }
-    if (attempt < options_.max_restarts) {
+    const absl::StatusOr<int64_t> usage = Counter(Key(attempt, "usage"));
+    const bool usage_error = usage.ok() && *usage > 0;
+    if (usage_error) {
+      LogError(
+          "node %d: a worker exited with code %d: its recipe or command line is wrong, and a "
+          "restart would fail the same way; not restarting",
+          node_.node_rank, kExitUsage);
+    } else if (attempt < options_.max_restarts) {
       LogWarn("node %d: restarting the workers (restart %d of %d)", node_.node_rank, attempt + 1,
               options_.max_restarts);
       continue;
     }
     if (node_.node_rank == 0) PrintRootCause(attempt);
-    return Finish(1);
+    return Finish(usage_error ? kExitUsage : 1);
   }
 }
 

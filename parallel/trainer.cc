@@ -27,6 +27,7 @@
 #include "core/backend/make_backend.h"
 #include "core/data/datasets.h"
 #include "core/data/tokenizers/load_tokenizer.h"
+#include "core/data/webdataset_loader.h"
 #include "core/metrics/step_exporter.h"
 #include "core/metrics/step_metrics.h"
 #include "core/metrics/stragglers.h"
@@ -891,7 +892,11 @@ absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size) {
   RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world_size));
   // auto picks its micro-batch for the world; RunTraining checks that one.
   if (recipe.parallel.strategy == "auto") return absl::OkStatus();
-  return CheckBatchSplit(recipe.train, world_size / (recipe.parallel.tp * recipe.parallel.pp));
+  const int dp = world_size / (recipe.parallel.tp * recipe.parallel.pp);
+  RETURN_IF_ERROR(CheckBatchSplit(recipe.train, dp));
+  if (recipe.data.format == "webdataset")
+    RETURN_IF_ERROR(CheckStreamsSplit(recipe.data.streams, dp));
+  return absl::OkStatus();
 }
 
 // What the ranks of one job must agree on: the resolved recipe, less what is each node's own

@@ -23,7 +23,8 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size);
 
 // CheckLayoutFitsWorld, then (unless parallel.strategy is auto, which picks its micro-batch)
 // InvalidArgument naming train.batch_size and train.micro_batch unless the batch splits into the
-// data-parallel ranks' micro-batches: what callers check before any rank starts (exit 2).
+// data-parallel ranks' micro-batches, and for data.format webdataset naming data.streams unless
+// they split into those ranks: what callers check before any rank starts (exit 2).
 absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size);
 
 }  // namespace dtrain

@@ -88,6 +88,14 @@ WebDatasetLoader::WebDatasetLoader(WebDatasetOptions options) : options_(std::mo
       static_cast<size_t>(std::max<int64_t>(2, options_.read_ahead_bytes / window_bytes));
 }
 
+absl::Status CheckStreamsSplit(int num_streams, int world) {
+  if (num_streams % world == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data.streams = ", num_streams, " is not a multiple of the ", world,
+      " data-parallel ranks; each rank owns whole streams, so make data.streams a multiple "
+      "(it fixes the data order, so keep it when the world size changes)"));
+}
+
 absl::StatusOr<std::unique_ptr<WebDatasetLoader>> WebDatasetLoader::Create(
     WebDatasetOptions options) {
   const StreamConfig& config = options.stream;
@@ -98,12 +106,7 @@ absl::StatusOr<std::unique_ptr<WebDatasetLoader>> WebDatasetLoader::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", options.rank, " is not in a world of ", options.world));
   }
-  if (config.num_streams % options.world != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.streams = ", config.num_streams, " is not a multiple of the ", options.world,
-        " data-parallel ranks; each rank owns whole streams, so make data.streams a multiple "
-        "(it fixes the data order, so keep it when the world size changes)"));
-  }
+  RETURN_IF_ERROR(CheckStreamsSplit(config.num_streams, options.world));
   if (options.global_batch <= 0 || options.global_batch % options.world != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "train.batch_size ", options.global_batch, " is not a positive multiple of the ",

@@ -34,6 +34,10 @@ struct WebDatasetOptions {
   int world = 1;
 };
 
+// Each of the `world` data-parallel ranks owns whole streams: an error unless world divides
+// num_streams (data.streams).
+absl::Status CheckStreamsSplit(int num_streams, int world);
+
 class WebDatasetLoader final : public SequenceLoader {
  public:
   // Errors: no URLs, world not dividing num_streams or global_batch, a bad rank.

@@ -952,6 +952,25 @@ TEST(AgentTest, AStopAfterEveryWorkerFinishedIsNoRequeue) {
   EXPECT_THAT(output, Not(HasSubstr("requeue")));
 }
 
+// A worker that exits 2 (kExitUsage: its recipe or command line is wrong) would fail the same way
+// on every restart: the job ends at once with exit 2, the restarts unspent, naming that rank.
+TEST(AgentTest, AWorkersUsageErrorIsNotRestarted) {
+  NodeZero agent(
+      {"/bin/sh", "-c",
+       absl::StrCat("if [ \"$RANK\" = 1 ]; then echo 'error: data.streams is wrong' >&2; "
+                    "exit ",
+                    kExitUsage, "; fi; exec sleep 30")});
+  agent.options.max_restarts = 2;
+  absl::StatusOr<int> exit_code;
+  const std::string output = agent.Run(&exit_code);
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, kExitUsage) << output;
+  EXPECT_THAT(output, HasSubstr("a restart would fail the same way; not restarting"));
+  EXPECT_THAT(output, HasSubstr("(0 restarts used of 2). Root cause: rank 1"));
+  EXPECT_THAT(output, HasSubstr("error: data.streams is wrong"));
+  EXPECT_THAT(output, Not(HasSubstr("restarting the workers")));
+}
+
 TEST(AgentTest, BadRecipeFailsBeforeAnyWorkerStarts) {
   const testing::Outcome outcome =
       testing::RunDtrain("launch --nproc-per-node=2 --set train.stepz=3");

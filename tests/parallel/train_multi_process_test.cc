@@ -75,6 +75,21 @@ TEST(TrainMultiProcessTest, ABatchThatDoesNotSplitNamesBothFixes) {
   }
 }
 
+// So are WebDataset streams that do not split over the data-parallel ranks (each owns whole
+// streams), before any shard is read (these do not exist) or any rank connects.
+TEST(TrainMultiProcessTest, StreamsThatDoNotSplitAreAUsageError) {
+  const auto ranks =
+      testing::RunTrainRanks(Recipe("streams"), 2,
+                             {"run.out_dir=" + OutDir("streams"), "data.format=webdataset",
+                              "data.shards=" + OutDir("streams") + "/missing-{0..3}.tar",
+                              "data.streams=3", "train.eval_every=0"});
+  for (const auto& rank : ranks) {
+    EXPECT_EQ(rank.exit_code, 2) << rank;
+    EXPECT_THAT(rank.output, HasSubstr("data.streams = 3 is not a multiple of the 2 data-parallel "
+                                       "ranks"));
+  }
+}
+
 // `dtrain train` of `recipe` with `sets` as the child of RunRanksAsProcesses (it never returns).
 int ExecTrain(const std::string& recipe, const std::vector<std::string>& sets) {
   std::vector<std::string> argv = {DTRAIN_BINARY, "train", recipe};
