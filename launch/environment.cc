@@ -665,6 +665,17 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
         absl::StrCat(Describe("world size", world_size), " is not ", Describe("nodes", num_nodes),
                      " x ", Describe("local world size", local_world), "; set them consistently"));
   }
+  // Every launcher but Slurm (whose -m cyclic deals ranks round the nodes) numbers the processes
+  // node by node. A rank off that count is a stale or hand-edited variable: two processes would
+  // take one local rank (one GPU) while another stays idle.
+  const bool slurm = primary != nullptr && primary->source == WorldSource::kSlurm;
+  if (!slurm && rank.given && node_rank.given && local_rank.given && local_world.given &&
+      rank.value != node_rank.value * local_world.value + local_rank.value) {
+    return ShapeError(absl::StrCat(
+        Describe("rank", rank), " is not ", Describe("node rank", node_rank), " x ",
+        Describe("local world size", local_world), " + ", Describe("local rank", local_rank),
+        "; set them consistently (a stale variable from another launcher?)"));
+  }
   world.rank = rank.value;
   world.world_size = world_size.value;
   world.local_rank = local_rank.value;

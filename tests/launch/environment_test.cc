@@ -95,6 +95,20 @@ TEST(EnvironmentTest, TorchrunWorker) {
   EXPECT_EQ(world.provenance.at("max_restarts"), "TORCHELASTIC_MAX_RESTARTS=3");
 }
 
+// torchrun numbers its workers node by node; a RANK off that count (a stale export) would put two
+// processes on one local rank.
+TEST(EnvironmentTest, TorchrunRankOffItsNodesCountIsAnError) {
+  EXPECT_EQ(Error({{"RANK", "2"},
+                   {"LOCAL_RANK", "1"},
+                   {"WORLD_SIZE", "8"},
+                   {"LOCAL_WORLD_SIZE", "4"},
+                   {"GROUP_RANK", "1"},
+                   {"MASTER_ADDR", "node0"}}),
+            "rank 2 (RANK=2) is not node rank 1 (GROUP_RANK=1) x local world size 4 "
+            "(LOCAL_WORLD_SIZE=4) + local rank 1 (LOCAL_RANK=1); set them consistently (a stale "
+            "variable from another launcher?)");
+}
+
 TEST(EnvironmentTest, HandStartedRankAndWorldSizeKeepTheOldMeaning) {
   // As README's two-terminal example: no LOCAL_* variables, every rank on one node.
   const WorldEnvironment world = Resolve(
