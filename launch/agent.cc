@@ -123,8 +123,7 @@ bool IsRankVariable(const std::string& name) {
   for (const char* rank_name : kNames) {
     if (name == rank_name) return true;
   }
-  return absl::StartsWith(name, "DTRAIN_") || absl::StartsWith(name, "TORCHELASTIC_") ||
-         name == "CUDA_VISIBLE_DEVICES";
+  return absl::StartsWith(name, "DTRAIN_") || absl::StartsWith(name, "TORCHELASTIC_");
 }
 
 // The agent's children: in their own process group (a signal reaches everything a worker
@@ -1176,9 +1175,6 @@ std::vector<std::string> WorkerEnvironment(const WorldEnvironment& node,
   if (!node.rdzv_token.empty()) {
     environment.push_back(absl::StrCat("DTRAIN_RDZV_TOKEN=", node.rdzv_token));
   }
-  if (!options.gpus.empty()) {
-    environment.push_back(absl::StrCat("CUDA_VISIBLE_DEVICES=", options.gpus[local_rank]));
-  }
   if (!has_omp_threads && options.nproc_per_node > 1) environment.push_back("OMP_NUM_THREADS=1");
   return environment;
 }
@@ -1187,11 +1183,6 @@ absl::StatusOr<int> RunAgent(const WorldEnvironment& node, const AgentOptions& o
   if (options.nproc_per_node < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--nproc-per-node ", options.nproc_per_node, " must be at least 1"));
-  }
-  if (!options.gpus.empty() && static_cast<int>(options.gpus.size()) < options.nproc_per_node) {
-    return absl::InvalidArgumentError(absl::StrCat("--nproc-per-node ", options.nproc_per_node,
-                                                   " but this node has ", options.gpus.size(),
-                                                   " GPUs; start at most one worker per GPU"));
   }
   Agent agent(node, options);
   return agent.Run();

@@ -46,9 +46,8 @@ struct AgentOptions {
   absl::Duration stop_grace = absl::Seconds(20);
   // SIGTERM to SIGKILL when the group is torn down after a failure (nothing is saved then).
   absl::Duration failure_grace = absl::Seconds(3);
-  // GPU ids of this node, one per worker (CUDA_VISIBLE_DEVICES); empty on CPU.
-  std::vector<std::string> gpus;
-  // The agent's environment, which workers inherit ("NAME=value").
+  // The agent's environment, which workers inherit ("NAME=value"), less the launchers' rank
+  // variables. CUDA_VISIBLE_DEVICES stays: each worker takes the visible GPU of its local rank.
   std::vector<std::string> environment;
   // Run by node 0 once the workers stopped cleanly after SIGTERM (`scontrol requeue JOB`), so a
   // preempted or timed-out job comes back and resumes from its checkpoint. Empty: none.

@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "core/util/fnv.h"
 #include "core/util/status.h"
+#include "launch/gpus.h"
 #include "launch/hostlist.h"
 
 extern char** environ;
@@ -384,20 +385,6 @@ std::string Describe(absl::string_view label, const Chosen& chosen) {
 
 absl::Status ShapeError(std::string message) {
   return absl::InvalidArgumentError(std::move(message));
-}
-
-// The number of GPUs CUDA will show: entries of CUDA_VISIBLE_DEVICES up to the first invalid one.
-int CountVisibleDevices(absl::string_view devices) {
-  int count = 0;
-  for (const absl::string_view entry : absl::StrSplit(devices, ',')) {
-    const absl::string_view id = absl::StripAsciiWhitespace(entry);
-    int index = 0;
-    const bool valid = absl::StartsWith(id, "GPU-") || absl::StartsWith(id, "MIG-") ||
-                       (absl::SimpleAtoi(id, &index) && index >= 0);
-    if (!valid) break;
-    ++count;
-  }
-  return count;
 }
 
 std::string MasterHint(WorldSource source) {
@@ -798,7 +785,7 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
       return count.status();
     }
   } else if (const auto it = map.find("CUDA_VISIBLE_DEVICES"); it != map.end()) {
-    world.visible_gpus = CountVisibleDevices(it->second);
+    world.visible_gpus = CountVisibleGpus(it->second, /*installed=*/-1);
     gpus_from = absl::StrCat("CUDA_VISIBLE_DEVICES=", it->second);
   }
   world.provenance["visible_gpus"] = gpus_from;

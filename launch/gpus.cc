@@ -11,10 +11,8 @@
 #include "absl/strings/strip.h"
 
 namespace dtrain {
-namespace {
 
-// CUDA_VISIBLE_DEVICES' GPUs among `installed`: its entries up to the first invalid one.
-int VisibleOf(const std::string& list, int installed) {
+int CountVisibleGpus(const std::string& list, int installed) {
   if (list.empty() || list == "NoDevFiles") return 0;
   std::set<int> indices;
   int visible = 0;
@@ -25,7 +23,7 @@ int VisibleOf(const std::string& list, int installed) {
       continue;
     }
     int index = -1;
-    if (!absl::SimpleAtoi(entry, &index) || index < 0 || index >= installed ||
+    if (!absl::SimpleAtoi(entry, &index) || index < 0 || (installed >= 0 && index >= installed) ||
         !indices.insert(index).second) {
       break;
     }
@@ -33,8 +31,6 @@ int VisibleOf(const std::string& list, int installed) {
   }
   return visible;
 }
-
-}  // namespace
 
 GpuInventory FindGpus(const EnvironmentMap& env, const std::string& proc_root) {
   GpuInventory gpus;
@@ -50,7 +46,7 @@ GpuInventory FindGpus(const EnvironmentMap& env, const std::string& proc_root) {
   if (listed == env.end()) {
     gpus.visible = gpus.installed;
   } else {
-    gpus.visible = VisibleOf(listed->second, gpus.installed);
+    gpus.visible = CountVisibleGpus(listed->second, gpus.installed);
     absl::StrAppend(&gpus.description, ", CUDA_VISIBLE_DEVICES=", listed->second);
   }
   return gpus;

@@ -18,10 +18,14 @@ struct GpuInventory {
   std::string description;
 };
 
+// The GPUs CUDA shows of CUDA_VISIBLE_DEVICES `list` on a machine with `installed` (-1: unknown,
+// no index is out of range): its entries up to the first that names no GPU, as CUDA reads it (an
+// index below `installed` not listed before, or a GPU-/MIG- UUID, which only the driver could
+// check and is counted); empty or Slurm's "NoDevFiles", none.
+int CountVisibleGpus(const std::string& list, int installed);
+
 // Reads `proc_root`/driver/nvidia/gpus (no such folder: no driver, no GPU). CUDA_VISIBLE_DEVICES
-// from `env`: unset, every GPU; otherwise its comma-separated entries up to the first that names
-// no GPU, as CUDA reads it (an index below `installed` not listed before, or a GPU-/MIG- UUID,
-// which only the driver could check and is counted); empty or Slurm's "NoDevFiles", none.
+// from `env`: unset, every GPU; otherwise CountVisibleGpus of it.
 GpuInventory FindGpus(const EnvironmentMap& env, const std::string& proc_root = "/proc");
 
 // `--nproc-per-node`'s value: a positive count, or "gpu" (torchrun's spelling) for one worker per

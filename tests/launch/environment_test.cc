@@ -709,6 +709,8 @@ TEST(EnvironmentTest, VisibleDevicesCountGpus) {
               HasSubstr("is more than the 2 GPUs on this node (CUDA_VISIBLE_DEVICES=0,1)"));
   EXPECT_EQ(Resolve({{"CUDA_VISIBLE_DEVICES", "0,1,2,3"}}, flags).visible_gpus, 4);
   EXPECT_EQ(Resolve({{"CUDA_VISIBLE_DEVICES", "GPU-aa,GPU-bb,-1,3"}}).visible_gpus, 2);
+  // CUDA stops at a repeated index, as dtrain launch --nproc-per-node gpu counts (FindGpus).
+  EXPECT_EQ(Resolve({{"CUDA_VISIBLE_DEVICES", "0,0,1"}}).visible_gpus, 1);
   // One visible GPU: the launcher bound this process to its own device.
   EXPECT_TRUE(ResolveWorld({{"CUDA_VISIBLE_DEVICES", "3"}}, flags).ok());
   EXPECT_THAT(Error({{"CUDA_VISIBLE_DEVICES", ""}}, flags),
