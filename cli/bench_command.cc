@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/util/byte_size.h"
 #include "launch/environment.h"
 #include "parallel/comm_bench.h"
 
@@ -47,9 +48,9 @@ void AddBenchCommand(CLI::App& app) {
                    "GLOO_SOCKET_IFNAME's interface, else the address this host reaches the "
                    "master from)");
   comm->callback([args] {
-    absl::StatusOr<int64_t> min_bytes = ParseByteSize(args->min_bytes);
+    absl::StatusOr<int64_t> min_bytes = ParseByteSize("--min-bytes", args->min_bytes);
     if (!min_bytes.ok()) Fail(min_bytes.status(), kExitUsage);
-    absl::StatusOr<int64_t> max_bytes = ParseByteSize(args->max_bytes);
+    absl::StatusOr<int64_t> max_bytes = ParseByteSize("--max-bytes", args->max_bytes);
     if (!max_bytes.ok()) Fail(max_bytes.status(), kExitUsage);
     args->options.min_bytes = *min_bytes;
     args->options.max_bytes = *max_bytes;

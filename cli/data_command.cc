@@ -16,6 +16,7 @@
 #include "core/data/data_inspect.h"
 #include "core/data/data_pack.h"
 #include "core/data/tokenizers/load_tokenizer.h"
+#include "core/util/byte_size.h"
 #include "core/util/thread_pool.h"
 
 namespace dtrain::cli {
@@ -143,8 +144,15 @@ void AddDataCommand(CLI::App& app) {
                    "file (README.md, SFT data)")
       ->capture_default_str();
   pack->callback([pack_args] {
-    absl::StatusOr<int64_t> shard_bytes = ParseByteSize(pack_args->shard_size);
+    absl::StatusOr<int64_t> shard_bytes = ParseByteSize("--shard-size", pack_args->shard_size);
     if (!shard_bytes.ok()) Fail(shard_bytes.status(), kExitUsage);
+    // A tar shard's headers alone take a few KiB.
+    if (*shard_bytes < 4096) {
+      Fail(absl::InvalidArgumentError(absl::StrCat("--shard-size ", pack_args->shard_size,
+                                                   " is too small; give at least 4096 bytes, "
+                                                   "e.g. 64MB")),
+           kExitUsage);
+    }
     const int threads = pack_args->threads > 0 ? pack_args->threads : UsableCpus();
     const auto tokenizer = LoadTokenizerOrFail(pack_args->tokenizer, threads);
     absl::StatusOr<PackResult> result;

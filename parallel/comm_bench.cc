@@ -2,8 +2,6 @@
 
 #include <memory>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -40,33 +38,6 @@ double BusBandwidthFactor(std::string_view op, int n) {
   if (op == "all_reduce") return 2.0 * (n - 1) / n;
   if (op == "all_gather" || op == "reduce_scatter") return static_cast<double>(n - 1) / n;
   return 1.0;
-}
-
-absl::StatusOr<int64_t> ParseByteSize(std::string_view text) {
-  std::string digits(text);
-  int64_t unit = 1;
-  if (!digits.empty()) {
-    switch (absl::ascii_toupper(digits.back())) {
-      case 'K':
-        unit = int64_t{1} << 10;
-        break;
-      case 'M':
-        unit = int64_t{1} << 20;
-        break;
-      case 'G':
-        unit = int64_t{1} << 30;
-        break;
-      default:
-        break;
-    }
-    if (unit != 1) digits.pop_back();
-  }
-  int64_t value = 0;
-  if (!absl::SimpleAtoi(digits, &value) || value <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", std::string(text), "' is not a byte size; write e.g. 4096, 1K, 64M or 1G"));
-  }
-  return value * unit;
 }
 
 absl::StatusOr<std::vector<CommBenchRow>> RunCommBench(Communicator& comm,

@@ -36,9 +36,6 @@ struct CommBenchRow {
 // (n-1)/n for all_gather and reduce_scatter, 1 for broadcast.
 double BusBandwidthFactor(std::string_view op, int n);
 
-// "1K", "64M", "1G" (powers of 1024) or a plain byte count.
-absl::StatusOr<int64_t> ParseByteSize(std::string_view text);
-
 // Collective; every rank must call it with the same options.
 absl::StatusOr<std::vector<CommBenchRow>> RunCommBench(Communicator& comm,
                                                        const CommBenchOptions& options);

@@ -131,28 +131,6 @@ constexpr size_t kBatchDocuments = 4096;
 
 }  // namespace
 
-absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
-  static constexpr std::pair<const char*, double> kUnits[] = {
-      {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"kb", 1e3}, {"mb", 1e6},
-      {"gb", 1e9},     {"b", 1.0}};
-  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
-  double scale = 1;
-  std::string number = lower;
-  for (const auto& [unit, factor] : kUnits) {
-    if (absl::EndsWith(lower, unit)) {
-      scale = factor;
-      number = lower.substr(0, lower.size() - strlen(unit));
-      break;
-    }
-  }
-  double value = 0;
-  if (!absl::SimpleAtod(number, &value) || value * scale < 4096) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard size '", text, "' is not a size of at least 4096 bytes like 64MB or 1GiB"));
-  }
-  return static_cast<int64_t>(value * scale);
-}
-
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,
                                       const Tokenizer& tokenizer, int threads) {

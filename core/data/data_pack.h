@@ -40,7 +40,4 @@ absl::StatusOr<PackResult> PackSftShards(const std::vector<std::string>& inputs,
                                          const Tokenizer& tokenizer,
                                          const ChatTemplate& chat_template);
 
-// "64MB", "1.5GiB", "4096" (bytes): decimal (kB, MB, GB) and binary (KiB, MiB, GiB) units.
-absl::StatusOr<int64_t> ParseByteSize(const std::string& text);
-
 }  // namespace dtrain

@@ -1,0 +1,40 @@
+#include "core/util/byte_size.h"
+
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace dtrain {
+
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view name, absl::string_view text) {
+  // Longest suffixes first: "mib" before "b".
+  static constexpr std::pair<absl::string_view, double> kUnits[] = {
+      {"kib", 0x1p10}, {"mib", 0x1p20}, {"gib", 0x1p30}, {"kb", 1e3},   {"mb", 1e6},
+      {"gb", 1e9},     {"k", 0x1p10},   {"m", 0x1p20},   {"g", 0x1p30}, {"b", 1.0}};
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  absl::string_view number = lower;
+  double scale = 1;
+  for (const auto& [unit, factor] : kUnits) {
+    if (absl::EndsWith(number, unit)) {
+      number.remove_suffix(unit.size());
+      scale = factor;
+      break;
+    }
+  }
+  double value = 0;
+  // SimpleAtod also reads "inf" and "nan": only finite values in range pass.
+  const bool parsed = absl::SimpleAtod(number, &value) && std::isfinite(value);
+  const double bytes = value * scale;
+  if (!parsed || !(bytes >= 1) || bytes > 0x1p62) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " '", text, "' is not a byte size; write e.g. 4096, 64K, 64MB or 1GiB"));
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,39 @@
+#include "core/util/byte_size.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+int64_t Bytes(absl::string_view text) { return ParseByteSize("--size", text).value_or(-1); }
+
+TEST(ByteSizeTest, ReadsBinaryAndDecimalUnits) {
+  EXPECT_EQ(Bytes("4096"), 4096);
+  EXPECT_EQ(Bytes("100B"), 100);
+  EXPECT_EQ(Bytes("64K"), 64 << 10);  // one letter: powers of 1024, as nccl-tests' -b and -e
+  EXPECT_EQ(Bytes("64M"), 64 << 20);
+  EXPECT_EQ(Bytes("1G"), int64_t{1} << 30);
+  EXPECT_EQ(Bytes("4KiB"), 4096);
+  EXPECT_EQ(Bytes("1.5GiB"), int64_t{3} << 29);
+  EXPECT_EQ(Bytes("8KB"), 8000);
+  EXPECT_EQ(Bytes("256MB"), 256'000'000);
+  EXPECT_EQ(Bytes(" 2gb "), 2'000'000'000);
+  EXPECT_EQ(Bytes("1.9"), 1);  // whole bytes, rounded down
+}
+
+TEST(ByteSizeTest, RefusesWhatIsNoSizeNamingTheOption) {
+  for (const char* bad :
+       {"", "MB", "-1M", "0", "0.5", "1X", "1 M B", "inf", "nan", "1e30G", "9999999999999G"}) {
+    const absl::StatusOr<int64_t> size = ParseByteSize("--shard-size", bad);
+    ASSERT_FALSE(size.ok()) << bad << " read as " << *size;
+    EXPECT_THAT(size.status().message(),
+                HasSubstr(absl::StrCat("--shard-size '", bad, "' is not a byte size; write e.g.")));
+  }
+  EXPECT_EQ(Bytes("4194304G"), int64_t{1} << 52);  // large, but in range
+}
+
+}  // namespace
+}  // namespace dtrain
