@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -42,6 +43,8 @@ constexpr absl::Duration kRendezvousInterval = absl::Milliseconds(10);
 constexpr absl::Duration kExitTimeout = absl::Seconds(30);
 // How long node 0 waits for a Slurm command (`scontrol requeue`, `scontrol show job`) to answer.
 constexpr absl::Duration kCommandTimeout = absl::Seconds(30);
+// How long a worker may take to end after SIGKILL before the agent leaves it behind.
+constexpr absl::Duration kKillTimeout = absl::Seconds(30);
 // How often an agent blocked in a barrier looks for agents that were lost meanwhile.
 constexpr absl::Duration kBarrierLivenessInterval = absl::Seconds(1);
 // Agent liveness. Each agent asks the store to count its connection's close (the store sees it
@@ -141,15 +144,20 @@ SubprocessOptions ChildOptions(std::vector<std::string> environment) {
   return options;
 }
 
-// A short command of node 0 (scontrol): how it ended within kCommandTimeout, and its stdout.
+// A short command of node 0 (scontrol): how it ended within kCommandTimeout, and what it wrote.
 struct CommandRun {
   absl::Status started;
   std::optional<ExitStatus> exit;  // none: still running at the timeout (then killed)
   std::string output;
+  std::string errors;  // its stderr, which says why it failed
   std::string Describe() const {
     if (!started.ok()) return std::string(started.message());
-    return exit ? exit->ToString()
-                : absl::StrCat("no answer within ", absl::FormatDuration(kCommandTimeout));
+    std::string text =
+        exit ? exit->ToString()
+             : absl::StrCat("no answer within ", absl::FormatDuration(kCommandTimeout));
+    const absl::string_view said = absl::StripAsciiWhitespace(errors);
+    if (!said.empty()) absl::StrAppend(&text, " (", said, ")");
+    return text;
   }
 };
 
@@ -159,18 +167,23 @@ CommandRun RunCommand(const std::vector<std::string>& argv, std::vector<std::str
       Subprocess::Spawn(argv, ChildOptions(std::move(environment)));
   run.started = process.status();
   if (!process.ok()) return run;
-  const absl::Time deadline = absl::Now() + kCommandTimeout;
-  char buffer[4096];
-  while (!run.exit && absl::Now() < deadline) {
+  // Both pipes, so that neither fills and blocks the command.
+  const auto drain = [&process, &run] {
+    char buffer[4096];
     for (ssize_t n; (n = ::read((*process)->stdout_fd(), buffer, sizeof(buffer))) > 0;) {
       run.output.append(buffer, static_cast<size_t>(n));
     }
+    for (ssize_t n; (n = ::read((*process)->stderr_fd(), buffer, sizeof(buffer))) > 0;) {
+      run.errors.append(buffer, static_cast<size_t>(n));
+    }
+  };
+  const absl::Time deadline = absl::Now() + kCommandTimeout;
+  while (!run.exit && absl::Now() < deadline) {
+    drain();
     run.exit = (*process)->Poll();
     if (!run.exit) absl::SleepFor(absl::Milliseconds(20));
   }
-  for (ssize_t n; run.exit && (n = ::read((*process)->stdout_fd(), buffer, sizeof(buffer))) > 0;) {
-    run.output.append(buffer, static_cast<size_t>(n));
-  }
+  if (run.exit) drain();
   return run;
 }
 
@@ -691,7 +704,14 @@ void Agent::StopWorkers(absl::Duration grace) {
     worker.process->Signal(SIGKILL);
   }
   for (Worker& worker : workers_) {
-    while (!worker.process->Poll()) absl::SleepFor(absl::Milliseconds(5));
+    // SIGKILL ends a process at once unless it is stuck in the kernel (uninterruptible sleep).
+    if (!worker.process->WaitFor(kKillTimeout)) {
+      LogError(
+          "node %d: rank %d (pid %d) did not end within %s of SIGKILL: it is stuck in the kernel "
+          "(a hung file system or device); leaving it behind",
+          node_.node_rank, worker.rank, worker.process->pid(), absl::FormatDuration(kKillTimeout));
+      worker.process->Abandon();
+    }
     if (worker.exited_at == absl::Time()) worker.exited_at = absl::Now();
     Drain(worker, 0);
     Drain(worker, 1);

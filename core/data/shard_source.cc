@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "core/data/http_source.h"
 #include "core/util/subprocess.h"
 
@@ -62,6 +64,10 @@ class FileSource final : public ByteSource {
   std::string url_;
 };
 
+// How long a shard command may run on after its reader closed the pipe (at its end, or on
+// abandoning it after SIGTERM) before it is killed: it has nothing left to do.
+constexpr absl::Duration kPipeExitGrace = absl::Seconds(10);
+
 // CMD runs under /bin/sh with its stdout on a pipe; stdin and stderr are the trainer's. It gets
 // SIGPIPE's default action (Subprocess does that), so a command whose reader closed early ends as
 // in a shell pipeline, not with "Broken pipe" errors.
@@ -74,7 +80,7 @@ class PipeSource final : public ByteSource {
     // pipe closes first, so a command that ignores SIGTERM while it writes ends by SIGPIPE.
     process_->CloseOutput(process_->stdout_fd());
     process_->Signal(SIGTERM);
-    process_->Wait();
+    if (!process_->WaitFor(kPipeExitGrace)) process_->Signal(SIGKILL);
   }
 
   absl::StatusOr<size_t> Read(char* buffer, size_t n) override {
@@ -86,10 +92,16 @@ class PipeSource final : public ByteSource {
 
   absl::Status Close() override {
     process_->CloseOutput(process_->stdout_fd());
-    const ExitStatus exit = process_->Wait();
-    if (exit.ok()) return absl::OkStatus();
+    const std::optional<ExitStatus> exit = process_->WaitFor(kPipeExitGrace);
+    if (!exit) {
+      process_->Signal(SIGKILL);
+      return absl::DataLossError(absl::StrCat(
+          "shard command '", url_.substr(5), "' still ran ", absl::FormatDuration(kPipeExitGrace),
+          " after it closed its output; killed it (a command must exit once it wrote the shard)"));
+    }
+    if (exit->ok()) return absl::OkStatus();
     return absl::DataLossError(absl::StrCat("shard command '", url_.substr(5), "' ended with ",
-                                            exit.ToString(), "; run it in a shell to see why"));
+                                            exit->ToString(), "; run it in a shell to see why"));
   }
   const std::string& url() const override { return url_; }
 

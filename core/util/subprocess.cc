@@ -10,6 +10,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 extern char** environ;
 
@@ -171,6 +172,19 @@ ExitStatus Subprocess::Wait() {
   while (!(exit = Reap(/*block=*/true))) {
   }
   return *exit;
+}
+
+std::optional<ExitStatus> Subprocess::WaitFor(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    if (std::optional<ExitStatus> exit = Poll()) return exit;
+    if (absl::Now() >= deadline) return std::nullopt;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+void Subprocess::Abandon() {
+  if (!exit_status_) exit_status_ = ExitStatus{.signal = SIGKILL};
 }
 
 std::optional<ExitStatus> Subprocess::Reap(bool block) {

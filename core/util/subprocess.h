@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace dtrain {
 
@@ -70,6 +71,12 @@ class Subprocess {
   std::optional<ExitStatus> Poll();
   // Reaps the child, blocking until it has ended.
   ExitStatus Wait();
+  // Reaps the child once it has ended, waiting at most `timeout`: nullopt while it still runs.
+  std::optional<ExitStatus> WaitFor(absl::Duration timeout);
+  // Gives up on a child that outlived SIGKILL (stuck in the kernel: uninterruptible sleep on a
+  // hung file system or device): it counts as ended by SIGKILL and is never reaped here (init
+  // reaps it once this process has exited).
+  void Abandon();
   const std::optional<ExitStatus>& exit_status() const { return exit_status_; }
 
  private:

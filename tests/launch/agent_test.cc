@@ -924,9 +924,13 @@ std::string StoppedWithRequeue(const std::string& name, std::vector<std::string>
 // The requeue command fails: the message says how.
 TEST(AgentTest, FailedRequeueSaysWhy) {
   int exit_code = -1;
-  const std::string output = StoppedWithRequeue("requeue", {"/bin/sh", "-c", "exit 4"}, &exit_code);
+  const std::string output = StoppedWithRequeue(
+      "requeue", {"/bin/sh", "-c", "echo 'Requested operation is disabled' >&2; exit 4"},
+      &exit_code);
   EXPECT_EQ(exit_code, kExitStopped) << output;
-  EXPECT_THAT(output, HasSubstr("could not requeue the job with `/bin/sh -c exit 4`: exit code 4"));
+  EXPECT_THAT(output, HasSubstr("could not requeue the job with `/bin/sh -c echo 'Requested "
+                                "operation is disabled' >&2; exit 4`: exit code 4 (Requested "
+                                "operation is disabled)"));
 }
 
 // Slurm ends a job it requeues with SIGTERM, the requeue command included, often before that

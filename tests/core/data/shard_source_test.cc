@@ -80,6 +80,28 @@ TEST(ShardSourceTest, AnAbandonedPipeEndsACommandThatIgnoresSigterm) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the command outlived its reader";
 }
 
+// A command that closed its output but runs on (and ignores SIGTERM) is killed after a grace of
+// 10 s: at the shard's end, where that is an error naming it; on abandoning it, quietly. Before,
+// either waited for the command forever (here 60 s, `timeout`'s cap).
+TEST(ShardSourceTest, APipeCommandThatOutlivesItsOutputIsKilled) {
+  const std::string lingering = "pipe:trap '' TERM; printf x; exec timeout -s KILL 60 sleep 60 >&-";
+  absl::Time start = absl::Now();
+  absl::StatusOr<std::string> read = ReadAll(lingering, FastOptions());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  ASSERT_FALSE(read.ok());
+  EXPECT_TRUE(
+      absl::StrContains(read.status().message(), "still ran 10s after it closed its output"))
+      << read.status();
+
+  absl::StatusOr<std::unique_ptr<ByteSource>> source = OpenShard(lingering, FastOptions());
+  ASSERT_TRUE(source.ok()) << source.status();
+  char buffer[16];
+  ASSERT_TRUE((*source)->Read(buffer, sizeof(buffer)).ok());
+  start = absl::Now();
+  source->reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the command outlived its reader";
+}
+
 // A trainer ignores SIGPIPE once its communicator exists; the commands it starts must not inherit
 // that (their reader closing early ends them, as in a shell pipeline).
 TEST(ShardSourceTest, PipeCommandsGetTheDefaultSigpipe) {

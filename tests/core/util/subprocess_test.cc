@@ -6,8 +6,10 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -63,6 +65,30 @@ TEST(SubprocessTest, ReportsExitCodesAndSignals) {
   auto killed = SpawnShell("kill -9 $$", SubprocessOptions());
   EXPECT_EQ(killed->Wait().ToString(), "signal 9 (SIGKILL)");
   EXPECT_FALSE(killed->Wait().ok());
+}
+
+TEST(SubprocessTest, WaitForGivesUpAtItsTimeout) {
+  auto sleeper = SpawnShell("exec sleep 30", SubprocessOptions());
+  const absl::Time start = absl::Now();
+  EXPECT_FALSE(sleeper->WaitFor(absl::Milliseconds(200)).has_value());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));
+  sleeper->Signal(SIGTERM);
+  const std::optional<ExitStatus> ended = sleeper->WaitFor(absl::Seconds(20));
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(ended->signal, SIGTERM);
+}
+
+// An abandoned child counts as killed and is not waited for, by the destructor either.
+TEST(SubprocessTest, AbandonedChildrenAreNotWaitedFor) {
+  auto stopped = SpawnShell("kill -STOP $$", SubprocessOptions());
+  ASSERT_FALSE(stopped->WaitFor(absl::Milliseconds(100)).has_value());
+  const pid_t pid = stopped->pid();
+  stopped->Abandon();
+  EXPECT_EQ(stopped->Poll()->ToString(), "signal 9 (SIGKILL)");
+  stopped.reset();
+  EXPECT_EQ(kill(pid, 0), 0) << "the destructor killed or reaped an abandoned child";
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
 }
 
 TEST(SubprocessTest, NonblockingPipesSayWhenNothingIsThereYet) {
