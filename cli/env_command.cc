@@ -113,7 +113,7 @@ void AddEnvCommand(CLI::App& app) {
   CLI::Option* nproc = command->add_option("--nproc-per-node", args->nproc_per_node,
                                            "Workers per node (resolves as the per-node agent)");
   CLI::Option* node_rank = command->add_option("--node-rank", args->node_rank, "Node index");
-  CLI::Option* num_nodes = command->add_option("--num-nodes", args->num_nodes, "Nodes");
+  CLI::Option* num_nodes = command->add_option("--nnodes", args->num_nodes, "Nodes");
   CLI::Option* master_addr =
       command->add_option("--master-addr", args->master_addr, "Rank 0's host");
   CLI::Option* master_port =

@@ -119,7 +119,7 @@ Layer FlagLayer(const WorldOverrides& flags) {
   add_int("local_rank", "--local-rank", flags.local_rank);
   add_int("local_world_size", "--nproc-per-node", flags.nproc_per_node);
   add_int("node_rank", "--node-rank", flags.node_rank);
-  add_int("num_nodes", "--num-nodes", flags.num_nodes);
+  add_int("num_nodes", "--nnodes", flags.num_nodes);
   add_int("master_port", "--master-port", flags.master_port);
   if (flags.master_addr.has_value() && !flags.master_addr->empty()) {
     layer.Add("master_addr",
@@ -286,7 +286,7 @@ Candidate NodeCount(const Candidate& nnodes) {
     return Unusable(nnodes.from, absl::InvalidArgumentError(absl::StrCat(
                                      nnodes.from,
                                      " is an elastic range; dtrain needs a fixed node count: set "
-                                     "DTRAIN_NUM_NODES or --num-nodes")));
+                                     "DTRAIN_NUM_NODES or --nnodes")));
   }
   return Candidate{max, nnodes.from, nnodes.variable, {}};
 }
@@ -536,7 +536,7 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
     return ShapeError(absl::StrCat(
         WorldSourceName(world.source), ": node rank ", shape["node_rank"].value, " (",
         shape["node_rank"].from,
-        ") but no node count: set DTRAIN_NUM_NODES (or --num-nodes) to the number of pods"));
+        ") but no node count: set DTRAIN_NUM_NODES (or --nnodes) to the number of pods"));
   }
 
   // Derive what no source gave. A process-level launcher without per-node counts puts every rank

@@ -181,7 +181,7 @@ TEST(EnvironmentTest, NodeRankOutsideNodes) {
   flags.num_nodes = 2;
   flags.master_addr = "h";
   EXPECT_EQ(Error({}, flags),
-            "node rank 2 (flag --node-rank 2) is outside nodes 2 (flag --num-nodes 2); set both, "
+            "node rank 2 (flag --node-rank 2) is outside nodes 2 (flag --nnodes 2); set both, "
             "with 0 <= node rank < nodes");
 }
 
@@ -552,7 +552,7 @@ TEST(EnvironmentTest, TrainerV2ElasticNodeRange) {
       2);
   EXPECT_EQ(Error({{"PET_NNODES", "1:4"}, {"PET_NODE_RANK", "0"}, {"PET_MASTER_ADDR", "m"}}),
             "PET_NNODES=1:4 is an elastic range; dtrain needs a fixed node count: set "
-            "DTRAIN_NUM_NODES or --num-nodes");
+            "DTRAIN_NUM_NODES or --nnodes");
 }
 
 TEST(EnvironmentTest, TorchrunInsideATrainerV2Pod) {
@@ -586,7 +586,7 @@ TEST(EnvironmentTest, IndexedJob) {
 TEST(EnvironmentTest, IndexedJobNeedsMasterAndNodeCount) {
   EXPECT_EQ(Error({{"JOB_COMPLETION_INDEX", "0"}}),
             "indexed-job: node rank 0 (JOB_COMPLETION_INDEX=0) but no node count: set "
-            "DTRAIN_NUM_NODES (or --num-nodes) to the number of pods");
+            "DTRAIN_NUM_NODES (or --nnodes) to the number of pods");
   EXPECT_THAT(Error({{"JOB_COMPLETION_INDEX", "0"}, {"DTRAIN_NUM_NODES", "2"}}),
               HasSubstr("set DTRAIN_MASTER_ADDR=<job>-0.<subdomain>"));
 }
