@@ -113,13 +113,15 @@ int64_t Numel(const std::vector<int64_t>& shape) {
   return numel;
 }
 
-uint64_t AgreeOnNonce(Communicator* comm) {
+absl::StatusOr<uint64_t> AgreeOnNonce(Communicator* comm) {
   std::random_device device;
   uint64_t nonce =
       (static_cast<uint64_t>(device()) << 32) ^ device() ^
       static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   if (comm == nullptr) return nonce;
-  if (std::unique_ptr<Work> work = comm->Broadcast(&nonce, 1, 0); work) (void)work->Wait();
+  if (std::unique_ptr<Work> work = comm->Broadcast(&nonce, 1, 0); work) {
+    RETURN_IF_ERROR(work->Wait());
+  }
   return nonce;
 }
 
@@ -144,8 +146,9 @@ TrainingCheckpoints::TrainingCheckpoints(const Recipe& recipe, const ParamTable&
 
 absl::StatusOr<std::unique_ptr<TrainingCheckpoints>> TrainingCheckpoints::Create(
     const Recipe& recipe, const ParamTable& table, DataParallelEngine& engine, Communicator* comm) {
+  ASSIGN_OR_RETURN(const uint64_t nonce, AgreeOnNonce(comm));
   std::unique_ptr<TrainingCheckpoints> checkpoints(
-      new TrainingCheckpoints(recipe, table, engine, comm, AgreeOnNonce(comm)));
+      new TrainingCheckpoints(recipe, table, engine, comm, nonce));
   RETURN_IF_ERROR(CheckCheckpointFolder(checkpoints->dir_, checkpoints->rank_));
   if (checkpoints->writer_.async()) {
     // The staging memory is allocated (and its pages touched) now, so that no save pays for it.
