@@ -1260,7 +1260,9 @@ class Parser {
                                 " is too small for data.format text, whose tokens are bytes "
                                 "(0..255); set vocab_size >= 256"));
     }
-    if (r.train.eval_every > 0 && r.data.val.empty() && r.data.val_fraction == 0) {
+    // data.val and data.val_fraction are the token files' (webdataset's data.val_shards above).
+    if (r.data.format != "webdataset" && r.train.eval_every > 0 && r.data.val.empty() &&
+        r.data.val_fraction == 0) {
       return Error("train.eval_every",
                    absl::StrCat(r.train.eval_every,
                                 " asks for evaluations, but there is no validation data "

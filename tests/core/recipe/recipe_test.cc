@@ -303,6 +303,17 @@ struct ConsistencyCase {
 
 class RecipeConsistencyTest : public ::testing::TestWithParam<ConsistencyCase> {};
 
+// data.val_fraction splits token files; WebDataset's validation data is data.val_shards, so a
+// val_fraction of 0 there is no reason to refuse evaluations.
+TEST(RecipeTest, WebDatasetEvaluatesOnItsValShardsWhateverTheValFraction) {
+  const std::vector<std::string> webdataset = {"data.format=webdataset", "data.shards=t-{0..1}.tar",
+                                               "data.val_fraction=0", "train.eval_every=10"};
+  EXPECT_THAT(ErrorOf(kMinimal, webdataset), HasSubstr("has no data.val_shards"));
+  std::vector<std::string> with_val = webdataset;
+  with_val.push_back("data.val_shards=v.tar");
+  EXPECT_EQ(ErrorOf(kMinimal, with_val), "");
+}
+
 TEST_P(RecipeConsistencyTest, NamesKeyAndFix) {
   const std::string error = ErrorOf(kMinimal, GetParam().overrides);
   ASSERT_FALSE(error.empty());
