@@ -5,6 +5,7 @@
 
 #include <array>
 #include <initializer_list>
+#include <numeric>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -211,14 +212,12 @@ TaskNode NodeOfTask(const Env& env, const std::vector<int>& counts, const Candid
   absl::StatusOr<int> task = ParseInt(*rank);
   if (!task.ok()) return {0, Unusable(rank->from, task.status())};
   const std::string from = absl::StrCat("the node of ", rank->from, " (block distribution)");
-  int first = 0;
-  for (int node = 0; node < nodes; ++node) {
-    if (*task >= first && *task < first + counts[node]) {
-      return {node, Derived(absl::StrCat(node), from), true};
-    }
-    first += counts[node];
+  if (const int node = NodeOfBlockTask(counts, *task); node >= 0) {
+    return {node, Derived(absl::StrCat(node), from), true};
   }
-  return missing(absl::StrCat(rank->from, " is outside the ", first, " tasks of ", tasks.from));
+  return missing(absl::StrCat(rank->from, " is outside the ",
+                              std::accumulate(counts.begin(), counts.end(), 0), " tasks of ",
+                              tasks.from));
 }
 
 // A task of a Slurm step (srun). The batch shell has no SLURM_STEP_ID and gives nothing here.

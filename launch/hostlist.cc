@@ -253,4 +253,13 @@ absl::StatusOr<std::vector<int>> ExpandTasksPerNode(std::string_view tasks_per_n
   return counts;
 }
 
+int NodeOfBlockTask(const std::vector<int>& tasks_per_node, int task) {
+  int first = 0;
+  for (size_t node = 0; node < tasks_per_node.size(); ++node) {
+    if (task >= first && task < first + tasks_per_node[node]) return static_cast<int>(node);
+    first += tasks_per_node[node];
+  }
+  return -1;
+}
+
 }  // namespace dtrain

@@ -33,4 +33,9 @@ absl::StatusOr<std::string> FirstHost(std::string_view hostlist);
 // negative counts and more than kMaxHostlistHosts nodes.
 absl::StatusOr<std::vector<int>> ExpandTasksPerNode(std::string_view tasks_per_node);
 
+// The node (an index into `tasks_per_node`, ExpandTasksPerNode's counts) of task `task` under
+// srun's default block distribution, which fills node 0's tasks first; -1 when `task` is past
+// the last.
+int NodeOfBlockTask(const std::vector<int>& tasks_per_node, int task);
+
 }  // namespace dtrain

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -519,19 +520,19 @@ nlohmann::ordered_json ClusterSummaryJson(const std::vector<NodeReport>& nodes,
 }
 
 std::string ExpectedNodeName(const EnvironmentMap& env, int rank) {
-  const std::string fallback;
-  std::string nodelist = Lookup(env, "SLURM_STEP_NODELIST");
-  std::string tasks = Lookup(env, "SLURM_STEP_TASKS_PER_NODE");
-  if (nodelist.empty() || tasks.empty()) return fallback;
+  const std::string nodelist = Lookup(env, "SLURM_STEP_NODELIST");
+  const std::string tasks = Lookup(env, "SLURM_STEP_TASKS_PER_NODE");
+  const std::string distribution = Lookup(env, "SLURM_DISTRIBUTION");
+  // Other distributions (-m cyclic, plane) deal the ranks round the nodes: not derived here.
+  if (nodelist.empty() || tasks.empty() ||
+      !(distribution.empty() || absl::StartsWith(distribution, "block"))) {
+    return "";
+  }
   const absl::StatusOr<std::vector<std::string>> hosts = ExpandHostlist(nodelist);
   const absl::StatusOr<std::vector<int>> counts = ExpandTasksPerNode(tasks);
-  if (!hosts.ok() || !counts.ok()) return fallback;
-  int first = 0;
-  for (size_t i = 0; i < std::min(hosts->size(), counts->size()); ++i) {
-    if (rank < first + (*counts)[i]) return (*hosts)[i];
-    first += (*counts)[i];
-  }
-  return fallback;
+  if (!hosts.ok() || !counts.ok() || hosts->size() != counts->size()) return "";
+  const int node = NodeOfBlockTask(*counts, rank);
+  return node >= 0 ? (*hosts)[node] : "";
 }
 
 ClusterDoctorOutcome RunClusterChecks(const ClusterDoctorOptions& options,

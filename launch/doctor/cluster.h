@@ -80,7 +80,8 @@ nlohmann::ordered_json ClusterSummaryJson(const std::vector<NodeReport>& nodes,
                                           const std::vector<CheckResult>& cluster);
 
 // The name of the node world rank `rank` runs on, from Slurm's step node list and tasks per node
-// (block distribution, srun's default), else empty: for ranks that never reached node 0.
+// under srun's default block distribution (SLURM_DISTRIBUTION unset or block), else empty: for
+// ranks that never reached node 0.
 std::string ExpectedNodeName(const EnvironmentMap& env, int rank);
 
 struct ClusterDoctorOptions {

@@ -130,6 +130,14 @@ TEST(TasksPerNodeTest, ExpandsRepeats) {
   EXPECT_THAT(*ExpandTasksPerNode("1,3(x2)"), ElementsAre(1, 3, 3));
 }
 
+TEST(TasksPerNodeTest, BlockDistributionFillsEachNodeInTurn) {
+  const std::vector<int> counts = {2, 1, 3};
+  std::vector<int> nodes;
+  for (int task = 0; task < 7; ++task) nodes.push_back(NodeOfBlockTask(counts, task));
+  EXPECT_EQ(nodes, (std::vector<int>{0, 0, 1, 2, 2, 2, -1}));
+  EXPECT_EQ(NodeOfBlockTask(counts, -1), -1);
+}
+
 TEST(TasksPerNodeTest, MalformedItemsAreErrors) {
   for (const char* bad : {"", "2(x)", "2(3)", "2(x3", "a", "-1", "2,", "2(x0)", " 2"}) {
     absl::StatusOr<std::vector<int>> counts = ExpandTasksPerNode(bad);

@@ -99,6 +99,11 @@ TEST(ClusterDoctorTest, MissingRankIsNamedBySlurmsNodeList) {
   EXPECT_EQ(ExpectedNodeName(env, 3), "n3");
   EXPECT_EQ(ExpectedNodeName(env, 4), "");
   EXPECT_EQ(ExpectedNodeName({}, 1), "");
+  EnvironmentMap cyclic = env;
+  cyclic["SLURM_DISTRIBUTION"] = "cyclic";  // rank 1 is on n2 there: no guess
+  EXPECT_EQ(ExpectedNodeName(cyclic, 1), "");
+  cyclic["SLURM_DISTRIBUTION"] = "block:cyclic";  // blocks over nodes, cyclic over sockets
+  EXPECT_EQ(ExpectedNodeName(cyclic, 1), "n1");
 }
 
 ClusterDoctorOptions LoopbackOptions(int rank, int world_size, int port) {
