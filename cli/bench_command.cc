@@ -1,4 +1,4 @@
-// `dtrain bench comm [--backend gloo] [--min-bytes 1K] [--max-bytes 64M] [--iters N] [--ops ...]`:
+// `dtrain bench comm [--min-bytes 1K] [--max-bytes 64M] [--iters N] [--ops ...]`:
 // collective bandwidth under torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 #include <CLI/CLI.hpp>
 #include <iostream>
@@ -18,7 +18,6 @@ void AddBenchCommand(CLI::App& app) {
   bench->require_subcommand(1);
 
   struct CommArgs {
-    std::string backend = "gloo";
     std::string min_bytes = "1K";
     std::string max_bytes = "64M";
     std::string hostname;
@@ -29,9 +28,6 @@ void AddBenchCommand(CLI::App& app) {
       "comm",
       "Bandwidth of all_reduce, all_gather, reduce_scatter and broadcast, as nccl-tests prints "
       "it; start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set");
-  comm->add_option("--backend", args->backend, "Communication backend")
-      ->check(CLI::IsMember({"gloo"}))
-      ->capture_default_str();
   comm->add_option("--min-bytes", args->min_bytes, "Smallest array, e.g. 1K")
       ->capture_default_str();
   comm->add_option("--max-bytes", args->max_bytes, "Largest array (sizes double), e.g. 64M")

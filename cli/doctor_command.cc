@@ -58,7 +58,7 @@ void AddDoctorCommand(CLI::App& app) {
   command->add_option("--proc-root", args->options.proc_root, "Where procfs is")
       ->capture_default_str();
   command
-      ->add_option("--timeout", args->timeout_s,
+      ->add_option("--timeout-s", args->timeout_s,
                    "Seconds a node may take to reach the master; bounds every wait")
       ->capture_default_str()
       ->check(Positive());

@@ -7,7 +7,6 @@
 
 #include "cli/commands.h"
 #include "core/recipe/recipe.h"
-#include "core/util/status.h"
 #include "launch/gpus.h"
 #include "launch/launcher.h"
 #include "parallel/trainer.h"

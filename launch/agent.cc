@@ -752,7 +752,6 @@ absl::Status Agent::PublishFailures(int attempt) {
                         {"node", node_.node_rank},
                         {"host", host},
                         {"exit", ExitText(worker)},
-                        {"signal", exit->signal},
                         {"stopped", worker.told_to_stop},
                         {"blames", blames},
                         {"time_us", absl::ToUnixMicros(worker.exited_at)},

@@ -762,9 +762,6 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
     world.provenance["slurm_batch_shell"] =
         world.slurm_batch_shell ? "SLURM_STEP_ID unset: a batch or salloc shell, not a rank"
                                 : absl::StrCat("SLURM_STEP_ID=", *env.Get("SLURM_STEP_ID"));
-    if (std::optional<Candidate> nodes = env.First({"SLURM_JOB_NODELIST", "SLURM_NODELIST"})) {
-      world.slurm_job_nodelist = nodes->text;
-    }
     if (std::optional<Candidate> count = env.First({"SLURM_JOB_NUM_NODES", "SLURM_NNODES"})) {
       ASSIGN_OR_RETURN(world.slurm_job_num_nodes, ParseInt(*count));
     }

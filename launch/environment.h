@@ -73,8 +73,7 @@ struct WorldEnvironment : WorldMembership {
   bool in_slurm_allocation = false;
   bool slurm_batch_shell = false;
   std::string slurm_job_id;
-  std::string slurm_job_nodelist;  // SLURM_JOB_NODELIST (or SLURM_NODELIST), compressed
-  int slurm_job_num_nodes = 0;     // SLURM_JOB_NUM_NODES (or SLURM_NNODES); 0 outside Slurm
+  int slurm_job_num_nodes = 0;  // SLURM_JOB_NUM_NODES (or SLURM_NNODES); 0 outside Slurm
 
   // GPUs on this node: SLURM_GPUS_ON_NODE, else the entries of CUDA_VISIBLE_DEVICES; -1 when
   // neither is set.

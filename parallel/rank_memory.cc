@@ -31,16 +31,16 @@ RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
                               const ShardingStrategy& strategy, Recompute recompute, int dp_size,
                               const ModelSlice& slice, int activation_slots) {
   const double parameters = static_cast<double>(ParamTable(config, slice).total_numel());
-  const MemoryEstimate state = ModelStateBytes(
-      PlannerStrategy(strategy.sharding), parameters, dp_size,
-      Precision::Trainer(strategy.param_type == DataType::kBF16), /*offload=*/false);
+  const Precision precision = Precision::Trainer(strategy.param_type == DataType::kBF16);
+  const MemoryEstimate state = ModelStateBytes(PlannerStrategy(strategy.sharding), parameters,
+                                               dp_size, precision, /*offload=*/false);
   RankMemory memory;
   memory.parameter_bytes = state.param_bytes;
   memory.gradient_bytes = state.grad_bytes;
   memory.optimizer_bytes = state.optimizer_bytes;
-  memory.activation_bytes =
-      StageActivationBytes(config, recipe.train.micro_batch, recipe.train.seq_len, recompute, slice,
-                           recipe.parallel.sequence_parallel, activation_slots, sizeof(float));
+  memory.activation_bytes = StageActivationBytes(
+      config, recipe.train.micro_batch, recipe.train.seq_len, recompute, slice,
+      recipe.parallel.sequence_parallel, activation_slots, precision.activation_bytes);
   return memory;
 }
 

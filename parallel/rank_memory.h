@@ -15,9 +15,10 @@
 
 namespace dtrain {
 
-// Bytes one rank keeps for the run, float32 (the CPU backend). The model state follows the
-// ZeRO formulas of the planner (parallel/planner/cost_model.h) for the strategy and world size;
-// transient buffers (gathered units, gradient buckets) come on top.
+// Bytes one rank keeps for the run, in its precision (Precision::Trainer: bf16 parameters and
+// activations at run.precision bf16). The model state follows the ZeRO formulas of the planner
+// (parallel/planner/cost_model.h) for the strategy and world size; transient buffers (gathered
+// units, gradient buckets) come on top.
 struct RankMemory {
   double parameter_bytes = 0;
   double gradient_bytes = 0;

@@ -1,5 +1,5 @@
-// The interfaces every data source implements (token windows in memory now, WebDataset shards
-// later): deterministic sequences of seq_len + 1 tokens for one data-parallel rank.
+// The interfaces every data source implements (token windows in memory, streamed WebDataset
+// shards): deterministic sequences of seq_len + 1 tokens for one data-parallel rank.
 //
 // Order is a function of (seed, epoch, global sequence index) only; the data-parallel ranks of
 // one step together read exactly the sequences a single process would, so a run can resume on a

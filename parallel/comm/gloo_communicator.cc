@@ -11,7 +11,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/backend/cuda/bf16.h"
-#include "core/util/status.h"
 #include "gloo/barrier.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"

@@ -1,7 +1,7 @@
-// The rendezvous key-value store that ranks (and, later, launcher agents) use to find each
-// other: a TCP server in one process, clients everywhere. Keys and values are byte strings.
-// Every blocking call has a timeout; a timeout error names the keys that never appeared.
-// Implementations are thread-safe.
+// The rendezvous key-value store that ranks and launcher agents use to find each other: a TCP
+// server in one process, clients everywhere. Keys and values are byte strings. Every blocking call
+// has a timeout; a timeout error names the keys that never appeared. Implementations are
+// thread-safe.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The rendezvous store's server: an in-memory key-value map served over TCP (protocol in
 // wire.h) by one background thread running an epoll loop over non-blocking sockets. It runs
-// inside rank 0 (later inside the launcher agent); ranks reach it through TcpStoreClient.
+// inside rank 0, or in node 0's launcher agent; ranks and agents reach it through TcpStoreClient.
 //
 // Blocking GET and WAIT requests are parked and answered when their keys arrive or their
 // deadline passes, so one waiting client never delays another. A malformed, oversize or

@@ -61,7 +61,7 @@ run_ranks() {
 
 # The ranks: shell functions that run_ranks starts in the background with the rank appended.
 dtrain_rank() {  # dtrain reads its rank from RANK
-  "$dtrain" bench comm --backend gloo --ops all_reduce --min-bytes "$min_bytes" \
+  "$dtrain" bench comm --ops all_reduce --min-bytes "$min_bytes" \
     --max-bytes "$max_bytes" --iters "$iters"
 }
 gloo_rank() {

@@ -171,7 +171,7 @@ class SlurmTest(unittest.TestCase):
 
     def test_doctor_summarises_both_nodes(self):
         code, output = sbatch("doctor", f"srun -N2 --ntasks=2 --ntasks-per-node=1 {DTRAIN} doctor "
-                                        f"{recipe('doctor', 1)} --timeout 30")
+                                        f"{recipe('doctor', 1)} --timeout-s 30")
         # One summary, from node 0 (n1): n2's report is in it, and n2 printed nothing of its own.
         self.assertEqual(output.count("== verdict per node"), 1, output)
         for node, rank in (("n1", 0), ("n2", 1)):

@@ -40,7 +40,7 @@ absl::StatusOr<std::unique_ptr<RegexSplitter>> RegexSplitter::Compile(const std:
   }
   // Without JIT (a platform PCRE2 lacks it for) matching is slower but the same.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
-  return std::unique_ptr<RegexSplitter>(new RegexSplitter(pattern, code));
+  return std::unique_ptr<RegexSplitter>(new RegexSplitter(code));
 }
 
 RegexSplitter::~RegexSplitter() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }

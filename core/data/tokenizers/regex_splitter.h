@@ -21,16 +21,14 @@ class RegexSplitter {
   static absl::StatusOr<std::unique_ptr<RegexSplitter>> Compile(const std::string& pattern);
   ~RegexSplitter();
 
-  const std::string& pattern() const { return pattern_; }
   // Calls piece(p) for each piece of `text` (never empty), in order. An error only when PCRE2
   // gives up (its match or stack limits, on pathological input).
   absl::Status Split(std::string_view text,
                      const std::function<void(std::string_view)>& piece) const;
 
  private:
-  RegexSplitter(std::string pattern, void* code) : pattern_(std::move(pattern)), code_(code) {}
+  explicit RegexSplitter(void* code) : code_(code) {}
 
-  std::string pattern_;
   void* code_;  // pcre2_code_8*
 };
 
