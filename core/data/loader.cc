@@ -4,6 +4,13 @@
 
 namespace dtrain {
 
+absl::Status CheckBatchShares(int global_batch, int world) {
+  if (global_batch > 0 && global_batch % world == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("train.batch_size ", global_batch,
+                                                 " is not a positive multiple of the ", world,
+                                                 " data-parallel ranks; make it one"));
+}
+
 absl::StatusOr<LoaderState> MergeLoaderStates(const std::vector<LoaderState>& ranks) {
   if (ranks.empty()) return absl::InvalidArgumentError("no data loader states to merge");
   LoaderState merged{ranks[0].consumed_sequences, ""};

@@ -25,6 +25,10 @@ struct LoaderState {
   std::string cursor;
 };
 
+// A global batch of `global_batch` sequences splits into `world` data-parallel ranks' equal
+// shares: InvalidArgument naming train.batch_size otherwise.
+absl::Status CheckBatchShares(int global_batch, int world);
+
 // The run's state from every saved rank's state, to restore into any world size: the counts
 // must agree (InvalidArgument naming the ranks otherwise) and the cursors are concatenated.
 absl::StatusOr<LoaderState> MergeLoaderStates(const std::vector<LoaderState>& ranks);

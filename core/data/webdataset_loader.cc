@@ -106,11 +106,7 @@ absl::StatusOr<std::unique_ptr<WebDatasetLoader>> WebDatasetLoader::Create(
         absl::StrCat("rank ", options.rank, " is not in a world of ", options.world));
   }
   RETURN_IF_ERROR(CheckStreamsSplit(config.num_streams, options.world));
-  if (options.global_batch <= 0 || options.global_batch % options.world != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.batch_size ", options.global_batch, " is not a positive multiple of the ",
-        options.world, " data-parallel ranks; make it one"));
-  }
+  RETURN_IF_ERROR(CheckBatchShares(options.global_batch, options.world));
   if (config.seq_len <= 0 || config.block_samples <= 0) {
     return absl::InvalidArgumentError("seq_len and the shuffle block must be positive");
   }

@@ -92,15 +92,6 @@ ShuffledOrder::ShuffledOrder(int64_t rows, uint64_t seed, int global_batch, int 
       rank_batch_(global_batch / world),
       rank_(rank) {}
 
-absl::Status ShuffledOrder::Check(int global_batch, int world) {
-  if (global_batch <= 0 || global_batch % world != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("train.batch_size ", global_batch,
-                                                   " is not a positive multiple of the ", world,
-                                                   " data-parallel ranks; make it one"));
-  }
-  return absl::OkStatus();
-}
-
 int64_t ShuffledOrder::GlobalIndex(int64_t local_index) const {
   const int64_t step = local_index / rank_batch_;
   return start_ + step * global_batch_ + rank_ * rank_batch_ + local_index % rank_batch_;
@@ -136,7 +127,7 @@ absl::StatusOr<std::unique_ptr<ShuffledWindowLoader>> ShuffledWindowLoader::Crea
     const std::string& source) {
   RETURN_IF_ERROR(CheckHasWindow(tokens.size(), seq_len, source));
   RETURN_IF_ERROR(CheckRankAndWorld(rank, world, source));
-  RETURN_IF_ERROR(ShuffledOrder::Check(global_batch, world));
+  RETURN_IF_ERROR(CheckBatchShares(global_batch, world));
   return std::unique_ptr<ShuffledWindowLoader>(
       new ShuffledWindowLoader(std::move(tokens), seq_len, seed, global_batch, rank, world));
 }
@@ -204,7 +195,7 @@ absl::StatusOr<std::unique_ptr<ShuffledRowLoader>> ShuffledRowLoader::Create(
     SftRows rows, uint64_t seed, int global_batch, int rank, int world, const std::string& source) {
   RETURN_IF_ERROR(CheckHasRow(rows, source));
   RETURN_IF_ERROR(CheckRankAndWorld(rank, world, source));
-  RETURN_IF_ERROR(ShuffledOrder::Check(global_batch, world));
+  RETURN_IF_ERROR(CheckBatchShares(global_batch, world));
   return std::unique_ptr<ShuffledRowLoader>(
       new ShuffledRowLoader(std::move(rows), seed, global_batch, rank, world));
 }

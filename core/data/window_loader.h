@@ -21,9 +21,8 @@ namespace dtrain {
 // rank `rank` of `world` data-parallel ranks, as described for ShuffledWindowLoader below.
 class ShuffledOrder {
  public:
+  // global_batch splits into world shares (CheckBatchShares).
   ShuffledOrder(int64_t rows, uint64_t seed, int global_batch, int rank, int world);
-  // Errors: global_batch not a positive multiple of world.
-  static absl::Status Check(int global_batch, int world);
 
   // The global index of this rank's local_index-th sequence (counting from 0 at start()).
   int64_t GlobalIndex(int64_t local_index) const;
