@@ -160,7 +160,7 @@ void AddDataCommand(CLI::App& app) {
       absl::StatusOr<ChatTemplate> chat_template = LoadChatTemplate(pack_args->chat_template);
       if (!chat_template.ok()) Fail(chat_template.status(), kExitUsage);
       result = PackSftShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer,
-                             *chat_template);
+                             *chat_template, threads);
     } else {
       result = PackShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer, threads);
     }

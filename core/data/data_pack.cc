@@ -4,11 +4,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -47,6 +50,7 @@ class ShardWriter {
       out_.open(path, std::ios::binary | std::ios::trunc);
       if (!out_) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
       result->shards.push_back(path);
+      written_paths_.push_back(path);
       written_ = 0;
     }
     for (const auto& [extension, data] : members) Write(absl::StrCat(key, ".", extension), data);
@@ -54,6 +58,23 @@ class ShardWriter {
     return absl::OkStatus();
   }
 
+  // Ends the last shard; the pack is then complete. A writer destroyed before (an input's error)
+  // removes the shards it wrote: a partial pack is no dataset, and would block the next pack
+  // into the folder.
+  absl::Status Commit() {
+    RETURN_IF_ERROR(Finish());
+    written_paths_.clear();
+    return absl::OkStatus();
+  }
+
+  ShardWriter(ShardWriter&&) = default;
+  ~ShardWriter() {
+    out_.close();
+    std::error_code ignored;
+    for (const std::string& path : written_paths_) std::filesystem::remove(path, ignored);
+  }
+
+ private:
   absl::Status Finish() {
     if (!out_.is_open()) return absl::OkStatus();
     out_ << TarEnd();
@@ -62,7 +83,6 @@ class ShardWriter {
     return absl::OkStatus();
   }
 
- private:
   void Write(const std::string& name, const std::string& data) {
     const int64_t size = static_cast<int64_t>(data.size());
     out_ << TarHeader(name, size) << data << TarPadding(size);
@@ -74,6 +94,7 @@ class ShardWriter {
   std::string first_field_;
   std::ofstream out_;
   int64_t written_ = 0;
+  std::vector<std::string> written_paths_;  // until Commit
 };
 
 // The shard writer for `tokenizer`'s ids in out_dir, which it creates. A folder holding shards
@@ -117,17 +138,60 @@ std::pair<std::string, std::string> TokenMember(const std::vector<int32_t>& ids,
   return {wide ? "tokens32" : "tokens", std::move(bytes)};
 }
 
-struct Document {
-  std::string text;
-  std::string where;  // file, or file:line, for messages
-  std::vector<int32_t> ids;
-  absl::Status status;
-};
-
 // A batch is encoded once it holds this much text or this many documents; a document this
 // large is encoded on its own.
 constexpr size_t kLargeDocumentBytes = 4 << 20;
 constexpr size_t kBatchDocuments = 4096;
+
+// Documents encoded a batch at a time on the pool's threads, one task each, and written in
+// input order; a large one alone, so that the tokenizer's own threads split it. `Encoded` is
+// what encoding gives; the first error in input order, which names the document's `where`, ends
+// the pack.
+template <typename Encoded>
+class OrderedEncoder {
+ public:
+  using Encode =
+      std::function<absl::StatusOr<Encoded>(const std::string& text, const std::string& where)>;
+  using Write = std::function<absl::Status(Encoded& encoded)>;
+  OrderedEncoder(int threads, Encode encode, Write write)
+      : pool_(threads), encode_(std::move(encode)), write_(std::move(write)) {}
+
+  // `where`: the file, or file:line, for messages.
+  absl::Status Add(std::string text, std::string where) {
+    if (text.size() >= kLargeDocumentBytes) RETURN_IF_ERROR(Flush());
+    batch_bytes_ += text.size();
+    batch_.push_back({std::move(text), std::move(where), absl::UnknownError("not encoded")});
+    if (batch_bytes_ >= kLargeDocumentBytes || batch_.size() >= kBatchDocuments) return Flush();
+    return absl::OkStatus();
+  }
+
+  absl::Status Flush() {
+    pool_.ParallelFor(batch_.size(), 1, [&](size_t begin, size_t end, int) {
+      for (size_t i = begin; i < end; ++i)
+        batch_[i].encoded = encode_(batch_[i].text, batch_[i].where);
+    });
+    for (Document& document : batch_) {
+      RETURN_IF_ERROR(document.encoded.status());
+      RETURN_IF_ERROR(write_(*document.encoded));
+    }
+    batch_.clear();
+    batch_bytes_ = 0;
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Document {
+    std::string text;
+    std::string where;
+    absl::StatusOr<Encoded> encoded;
+  };
+
+  ThreadPool pool_;
+  Encode encode_;
+  Write write_;
+  std::vector<Document> batch_;
+  size_t batch_bytes_ = 0;
+};
 
 }  // namespace
 
@@ -135,42 +199,28 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,
                                       const Tokenizer& tokenizer, int threads) {
   ASSIGN_OR_RETURN(ShardWriter writer, OpenShards(out_dir, shard_bytes, tokenizer));
-  ThreadPool pool(threads);
   PackResult result;
-  // Documents are encoded a batch at a time, one per task, and written in input order; a large
-  // one alone, so that the tokenizer's own threads split it.
-  std::vector<Document> batch;
-  size_t batch_bytes = 0;
-  const auto flush = [&]() -> absl::Status {
-    pool.ParallelFor(batch.size(), 1, [&](size_t begin, size_t end, int) {
-      for (size_t i = begin; i < end; ++i)
-        batch[i].status = tokenizer.Encode(batch[i].text, &batch[i].ids);
-    });
-    for (Document& document : batch) {
-      if (!document.status.ok()) {
-        return absl::Status(document.status.code(),
-                            absl::StrCat(document.where, ": ", document.status.message()));
-      }
-      if (document.ids.empty()) {
-        ++result.empty_documents;
-        continue;
-      }
-      RETURN_IF_ERROR(writer.AddSample(absl::StrFormat("%09d", result.documents),
-                                       {TokenMember(document.ids, tokenizer)}, &result));
-      ++result.documents;
-      result.tokens += static_cast<int64_t>(document.ids.size());
-    }
-    batch.clear();
-    batch_bytes = 0;
-    return absl::OkStatus();
-  };
-  const auto add_document = [&](std::string text, std::string where) -> absl::Status {
-    if (text.size() >= kLargeDocumentBytes) RETURN_IF_ERROR(flush());
-    batch_bytes += text.size();
-    batch.push_back({std::move(text), std::move(where)});
-    if (batch_bytes >= kLargeDocumentBytes || batch.size() >= kBatchDocuments) return flush();
-    return absl::OkStatus();
-  };
+  OrderedEncoder<std::vector<int32_t>> encoder(
+      threads,
+      [&](const std::string& text,
+          const std::string& where) -> absl::StatusOr<std::vector<int32_t>> {
+        std::vector<int32_t> ids;
+        if (absl::Status status = tokenizer.Encode(text, &ids); !status.ok()) {
+          return absl::Status(status.code(), absl::StrCat(where, ": ", status.message()));
+        }
+        return ids;
+      },
+      [&](std::vector<int32_t>& ids) -> absl::Status {
+        if (ids.empty()) {
+          ++result.empty_documents;
+          return absl::OkStatus();
+        }
+        RETURN_IF_ERROR(writer.AddSample(absl::StrFormat("%09d", result.documents),
+                                         {TokenMember(ids, tokenizer)}, &result));
+        ++result.documents;
+        result.tokens += static_cast<int64_t>(ids.size());
+        return absl::OkStatus();
+      });
   for (const std::string& input : inputs) {
     std::ifstream in(input, std::ios::binary);
     if (!in) return absl::NotFoundError(absl::StrCat("cannot open input ", input));
@@ -183,29 +233,27 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
           return absl::InvalidArgumentError(
               absl::StrCat(input, ":", number, ": expected a JSON object with a \"text\" string"));
         }
-        RETURN_IF_ERROR(add_document(std::move(record["text"].get_ref<std::string&>()),
-                                     absl::StrCat(input, ":", number)));
+        RETURN_IF_ERROR(encoder.Add(std::move(record["text"].get_ref<std::string&>()),
+                                    absl::StrCat(input, ":", number)));
       }
     } else {
-      RETURN_IF_ERROR(add_document(std::string((std::istreambuf_iterator<char>(in)), {}), input));
+      RETURN_IF_ERROR(encoder.Add(std::string((std::istreambuf_iterator<char>(in)), {}), input));
     }
   }
-  RETURN_IF_ERROR(flush());
+  RETURN_IF_ERROR(encoder.Flush());
   if (result.documents == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("the inputs hold no text to pack (", result.empty_documents,
                      " empty documents): ", absl::StrJoin(inputs, ", ")));
   }
-  RETURN_IF_ERROR(writer.Finish());
+  RETURN_IF_ERROR(writer.Commit());
   return result;
 }
 
 absl::StatusOr<PackResult> PackSftShards(const std::vector<std::string>& inputs,
                                          const std::string& out_dir, int64_t shard_bytes,
                                          const Tokenizer& tokenizer,
-                                         const ChatTemplate& chat_template) {
-  ASSIGN_OR_RETURN(ShardWriter writer, OpenShards(out_dir, shard_bytes, tokenizer));
-  PackResult result;
+                                         const ChatTemplate& chat_template, int threads) {
   for (const std::string& input : inputs) {
     if (!absl::EndsWith(input, ".jsonl")) {
       return absl::InvalidArgumentError(
@@ -213,28 +261,41 @@ absl::StatusOr<PackResult> PackSftShards(const std::vector<std::string>& inputs,
                        ": SFT data is JSON lines (.jsonl), one {\"prompt\", \"completion\"} or "
                        "{\"messages\"} object a line"));
     }
+  }
+  ASSIGN_OR_RETURN(ShardWriter writer, OpenShards(out_dir, shard_bytes, tokenizer));
+  PackResult result;
+  OrderedEncoder<SftSample> encoder(
+      threads,
+      [&](const std::string& line, const std::string& where) {
+        return EncodeSftLine(line, chat_template, tokenizer, where);
+      },
+      [&](SftSample& sample) -> absl::Status {
+        RETURN_IF_ERROR(
+            writer.AddSample(absl::StrFormat("%09d", result.documents),
+                             {TokenMember(sample.tokens, tokenizer),
+                              {"mask", std::string(sample.trained.begin(), sample.trained.end())}},
+                             &result));
+        ++result.documents;
+        result.tokens += static_cast<int64_t>(sample.tokens.size());
+        result.trained_tokens +=
+            std::count(sample.trained.begin(), sample.trained.end(), uint8_t{1});
+        return absl::OkStatus();
+      });
+  for (const std::string& input : inputs) {
     std::ifstream in(input, std::ios::binary);
     if (!in) return absl::NotFoundError(absl::StrCat("cannot open input ", input));
     std::string line;
     for (int64_t number = 1; std::getline(in, line); ++number) {
       if (absl::StripAsciiWhitespace(line).empty()) continue;
-      ASSIGN_OR_RETURN(const SftSample sample, EncodeSftLine(line, chat_template, tokenizer,
-                                                             absl::StrCat(input, ":", number)));
-      RETURN_IF_ERROR(
-          writer.AddSample(absl::StrFormat("%09d", result.documents),
-                           {TokenMember(sample.tokens, tokenizer),
-                            {"mask", std::string(sample.trained.begin(), sample.trained.end())}},
-                           &result));
-      ++result.documents;
-      result.tokens += static_cast<int64_t>(sample.tokens.size());
-      result.trained_tokens += std::count(sample.trained.begin(), sample.trained.end(), uint8_t{1});
+      RETURN_IF_ERROR(encoder.Add(std::move(line), absl::StrCat(input, ":", number)));
     }
   }
+  RETURN_IF_ERROR(encoder.Flush());
   if (result.documents == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("the inputs hold no SFT sample to pack: ", absl::StrJoin(inputs, ", ")));
   }
-  RETURN_IF_ERROR(writer.Finish());
+  RETURN_IF_ERROR(writer.Commit());
   return result;
 }
 

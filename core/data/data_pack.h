@@ -34,10 +34,10 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
 // `dtrain data pack --sft`: each line of the .jsonl inputs is one SFT sample (sft_data.h)
 // rendered with `chat_template`; a sample is its tokens as PackShards writes them plus
 // "<index>.mask", one byte per token (1: trained). Errors name the file and line; blank lines
-// are not samples; nothing else is left out.
+// are not samples; nothing else is left out. Lines are encoded on `threads` threads.
 absl::StatusOr<PackResult> PackSftShards(const std::vector<std::string>& inputs,
                                          const std::string& out_dir, int64_t shard_bytes,
                                          const Tokenizer& tokenizer,
-                                         const ChatTemplate& chat_template);
+                                         const ChatTemplate& chat_template, int threads = 1);
 
 }  // namespace dtrain

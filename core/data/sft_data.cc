@@ -75,13 +75,43 @@ absl::StatusOr<SftSample> EncodeSftLine(std::string_view line, const ChatTemplat
       })) {
     return LineError(where, kNothingToTrain);
   }
+  // The rendered text is encoded whole, as its model reads it at inference (apart, each piece
+  // would start a word of its own: SentencePiece's "▁" before every piece, a word split where
+  // a prefix ends in a space).
+  std::string text;
+  for (const TextSegment& segment : *segments) text += segment.text;
   SftSample sample;
-  for (const TextSegment& segment : *segments) {
-    if (absl::Status status = tokenizer.Encode(segment.text, &sample.tokens); !status.ok()) {
-      return LineError(where, std::string(status.message()));
-    }
-    sample.trained.resize(sample.tokens.size(), segment.trained ? 1 : 0);
+  if (absl::Status status = tokenizer.Encode(text, &sample.tokens); !status.ok()) {
+    return LineError(where, std::string(status.message()));
   }
+  sample.trained.assign(sample.tokens.size(), 0);
+  // Where the trained flag changes, the tokens of the text before agree with the whole's up to
+  // a token: the later stretch starts there (a token across the boundary is the later one's).
+  std::vector<int32_t> before;
+  const auto token_at = [&](size_t offset) -> absl::StatusOr<size_t> {
+    before.clear();
+    RETURN_IF_ERROR(tokenizer.Encode(std::string_view(text).substr(0, offset), &before));
+    return static_cast<size_t>(
+        std::mismatch(before.begin(), before.end(), sample.tokens.begin(), sample.tokens.end())
+            .first -
+        before.begin());
+  };
+  size_t offset = 0, stretch_token = 0;
+  bool trained = false;
+  for (const TextSegment& segment : *segments) {
+    if (segment.trained != trained) {
+      absl::StatusOr<size_t> token = token_at(offset);
+      if (!token.ok()) return LineError(where, std::string(token.status().message()));
+      const size_t boundary = std::max(stretch_token, *token);
+      if (trained) {
+        std::fill(sample.trained.begin() + stretch_token, sample.trained.begin() + boundary, 1);
+      }
+      stretch_token = boundary;
+      trained = segment.trained;
+    }
+    offset += segment.text.size();
+  }
+  if (trained) std::fill(sample.trained.begin() + stretch_token, sample.trained.end(), 1);
   // The first token is never a target (nothing precedes it).
   if (!sample.trained.empty()) sample.trained[0] = 0;
   if (std::find(sample.trained.begin(), sample.trained.end(), 1) == sample.trained.end()) {

@@ -5,7 +5,10 @@
 #include <fstream>
 
 #include "core/data/data_pack.h"
+#include "core/data/tokenizers/load_tokenizer.h"
 #include "gtest/gtest.h"
+#include "tests/core/data/tokenizers/tokenizer_json.h"
+#include "tests/testing/run_dtrain.h"
 #include "tests/testing/special_tokens_tokenizer.h"
 
 namespace dtrain {
@@ -48,6 +51,49 @@ TEST(SftDataTest, MessagesAndPromptCompletionMaskAllButTheAnswer) {
   ASSERT_TRUE(sample.ok()) << sample.status();
   EXPECT_EQ(Decode(sample->tokens), "Q: sky? blue");
   EXPECT_EQ(TrainedText(*sample), " blue");
+}
+
+// The rendered conversation is encoded whole, as transformers encodes it: a SentencePiece
+// tokenizer prepends "▁" once, not before every piece (prefix, content, suffix), and the space of
+// "[/INST] yo" joins the answer's first word. Before, the pieces were encoded one by one, each
+// with a "▁" of its own (a lone "▁" and a "▁▁" among them).
+TEST(SftDataTest, ConversationsAreEncodedWholeAsTheirModelReadsThem) {
+  const std::string space = "\xe2\x96\x81";
+  std::vector<std::string> characters = {space};
+  for (const char c : std::string("[]/INSThiyo")) characters.emplace_back(1, c);
+  const std::string dir = testing::FreshTempDir("sft_llama2_tokenizer");
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json")
+      << testing::Llama2TokenizerJson(characters, {{space, "["},
+                                                   {space, "h"},
+                                                   {space + "h", "i"},
+                                                   {space, "y"},
+                                                   {space + "y", "o"},
+                                                   {"I", "N"},
+                                                   {"IN", "S"},
+                                                   {"INS", "T"}})
+             .dump();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const ChatTemplate llama2{
+      .name = "llama2",
+      .begin = "<s>",
+      .roles = {{"user", {"[INST] ", " [/INST]"}}, {"assistant", {" ", "</s>"}}}};
+  const absl::StatusOr<SftSample> sample =
+      EncodeSftLine(R"({"prompt": "hi", "completion": "yo"})", llama2, **tokenizer, "chat.jsonl:1");
+  ASSERT_TRUE(sample.ok()) << sample.status();
+  std::vector<int32_t> whole;
+  ASSERT_TRUE((*tokenizer)->Encode("<s>[INST] hi [/INST] yo</s>", &whole).ok());
+  EXPECT_EQ(sample->tokens, whole);
+  // Trained: "▁yo" (its space from the assistant's prefix, its word the answer's) and "</s>".
+  std::vector<int32_t> answer;
+  ASSERT_TRUE((*tokenizer)->Encode("yo</s>", &answer).ok());  // the tokenizer prepends "▁"
+  ASSERT_EQ(answer.size(), 2u);
+  std::vector<int32_t> trained;
+  for (size_t i = 0; i < sample->tokens.size(); ++i) {
+    if (sample->trained[i]) trained.push_back(sample->tokens[i]);
+  }
+  EXPECT_EQ(trained, answer);
 }
 
 // Every bad line is one error naming the file and line; none is dropped silently.
@@ -156,6 +202,19 @@ TEST(SftDataTest, PackedShardsReadBackWithTheirMasks) {
   }
   EXPECT_EQ(packed->trained_tokens, trained);
 
+  // Encoded on 3 threads, the lines are written in the same order: the same bytes.
+  absl::StatusOr<PackResult> threaded = PackSftShards({input}, dir + "/threaded", 4096, tokenizer,
+                                                      *LoadChatTemplate("chatml"), /*threads=*/3);
+  ASSERT_TRUE(threaded.ok()) << threaded.status();
+  ASSERT_EQ(threaded->shards.size(), packed->shards.size());
+  const auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  for (size_t i = 0; i < packed->shards.size(); ++i) {
+    EXPECT_EQ(bytes(threaded->shards[i]), bytes(packed->shards[i])) << packed->shards[i];
+  }
+
   // The line of a bad record is named.
   std::ofstream(input, std::ios::app) << R"({"prompt": "no answer"})"
                                       << "\n";
@@ -165,6 +224,9 @@ TEST(SftDataTest, PackedShardsReadBackWithTheirMasks) {
           .message()
           .find(input + ":42: no \"completion\" string"),
       0u);
+  // ... and the 41 samples before it leave no shard behind: a partial pack is no dataset, and
+  // would block the next pack into the folder.
+  EXPECT_TRUE(std::filesystem::is_empty(dir + "/bad_shards"));
 
   const std::string text = dir + "/plain.txt";
   std::ofstream(text) << "pretraining text";
