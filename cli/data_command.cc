@@ -169,15 +169,27 @@ void AddDataCommand(CLI::App& app) {
       std::cout << absl::StrFormat("%d of the tokens are trained (assistant/completion)\n",
                                    result->trained_tokens);
     }
+    const std::string pattern =
+        ShardPattern(pack_args->out_dir, static_cast<int>(result->shards.size()));
     std::cout << absl::StrFormat(
-        "%d documents%s, %d tokens in %d shards: %s/shard-{000000..%06d}"
-        ".tar\n",
-        result->documents,
+        "%d documents%s, %d tokens in %d shards: %s\n", result->documents,
         result->empty_documents == 0
             ? ""
             : absl::StrFormat(" (%d empty ones left out)", result->empty_documents),
-        result->tokens, result->shards.size(), pack_args->out_dir,
-        result->shards.empty() ? 0 : result->shards.size() - 1);
+        result->tokens, result->shards.size(), pattern);
+    if (result->oversized_documents > 0) {
+      std::cout << absl::StrFormat(
+          "note: documents larger than --shard-size %s: %d, each in a shard of its own "
+          "(a sample never spans two shards)\n",
+          pack_args->shard_size, result->oversized_documents);
+    }
+    // SFT samples are read whole at start (files, globs allowed); others stream (one pattern).
+    std::cout << (pack_args->sft
+                      ? absl::StrFormat("train on them: data.format: sft, data.train: ['%s']\n",
+                                        ShardGlob(pack_args->out_dir))
+                      : absl::StrFormat(
+                            "train on them: data.format: webdataset, data.shards: '%s'\n",
+                            pattern));
   });
 
   struct InspectArgs {

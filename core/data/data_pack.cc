@@ -24,6 +24,8 @@
 namespace dtrain {
 namespace {
 
+constexpr char kShardPrefix[] = "shard-";
+
 int64_t MemberBytes(size_t size) { return 512 + (static_cast<int64_t>(size) + 511) / 512 * 512; }
 
 // Writes samples into shards of at most shard_bytes; the first sample of each shard also gets
@@ -42,11 +44,11 @@ class ShardWriter {
                          PackResult* result) {
     int64_t bytes = 0;
     for (const auto& member : members) bytes += MemberBytes(member.second.size());
+    if (bytes + 1024 > shard_bytes_) ++result->oversized_documents;
     if (out_.is_open() && written_ + bytes + 1024 > shard_bytes_) RETURN_IF_ERROR(Finish());
     const bool first = !out_.is_open();
     if (first) {
-      const std::string path =
-          absl::StrFormat("%s/shard-%06d.tar", out_dir_, result->shards.size());
+      const std::string path = ShardPath(out_dir_, static_cast<int>(result->shards.size()));
       out_.open(path, std::ios::binary | std::ios::trunc);
       if (!out_) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
       result->shards.push_back(path);
@@ -111,7 +113,7 @@ absl::StatusOr<ShardWriter> OpenShards(const std::string& out_dir, int64_t shard
   int existing = 0;
   for (const auto& entry : std::filesystem::directory_iterator(out_dir, error)) {
     const std::string name = entry.path().filename().string();
-    if (name.starts_with("shard-") && name.ends_with(".tar")) ++existing;
+    if (name.starts_with(kShardPrefix) && name.ends_with(".tar")) ++existing;
   }
   if (existing > 0) {
     return absl::AlreadyExistsError(absl::StrCat(
@@ -194,6 +196,21 @@ class OrderedEncoder {
 };
 
 }  // namespace
+
+std::string ShardPath(const std::string& out_dir, int index) {
+  return (std::filesystem::path(out_dir) / absl::StrFormat("%s%06d.tar", kShardPrefix, index))
+      .string();
+}
+
+std::string ShardPattern(const std::string& out_dir, int count) {
+  return (std::filesystem::path(out_dir) /
+          absl::StrFormat("%s{000000..%06d}.tar", kShardPrefix, std::max(count - 1, 0)))
+      .string();
+}
+
+std::string ShardGlob(const std::string& out_dir) {
+  return (std::filesystem::path(out_dir) / absl::StrCat(kShardPrefix, "*.tar")).string();
+}
 
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,

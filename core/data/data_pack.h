@@ -25,7 +25,17 @@ struct PackResult {
   int64_t empty_documents = 0;  // no tokens (an empty file or "text"): not written
   int64_t tokens = 0;
   int64_t trained_tokens = 0;  // SFT: tokens the loss counts
+  // Samples larger than the shard size alone, each in a shard of its own (never split).
+  int64_t oversized_documents = 0;
 };
+
+// A pack's shard `index` in out_dir: "<out_dir>/shard-000000.tar", ...
+std::string ShardPath(const std::string& out_dir, int index);
+// Its first `count` shards as one brace pattern, "<out_dir>/shard-{000000..000003}.tar": what
+// data.shards and `data inspect` read.
+std::string ShardPattern(const std::string& out_dir, int count);
+// Every shard of the pack as a glob, "<out_dir>/shard-*.tar": what data.train reads (sft).
+std::string ShardGlob(const std::string& out_dir);
 
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,

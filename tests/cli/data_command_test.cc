@@ -39,6 +39,23 @@ std::string Pack(const std::string& tokenizer, const std::string& name) {
   return out + "/shard-000000.tar";
 }
 
+// The pack names its shards as data.shards reads them (one slash, whatever --out ends in), says
+// how to train on them, and notes documents larger than a shard.
+TEST(DataCommandTest, PackNamesItsShardsForTheRecipe) {
+  const std::string text = testing::WriteTempFile("pack_big.txt", std::string(6000, 'x'));
+  const std::string out = testing::FreshTempDir("pack_big_shards");
+  const Outcome pack =
+      RunDtrain(absl::StrCat("data pack ", text, " --out ", out, "/ --shard-size 4KiB"));
+  ASSERT_EQ(pack.exit_code, 0) << pack.stderr_text;
+  const std::string pattern = out + "/shard-{000000..000000}.tar";
+  EXPECT_THAT(pack.stdout_text, HasSubstr("1 documents, 6000 tokens in 1 shards: " + pattern));
+  EXPECT_THAT(pack.stdout_text,
+              HasSubstr("note: documents larger than --shard-size 4KiB: 1, each in a shard of its "
+                        "own (a sample never spans two shards)"));
+  EXPECT_THAT(pack.stdout_text,
+              HasSubstr("train on them: data.format: webdataset, data.shards: '" + pattern + "'"));
+}
+
 TEST(DataCommandTest, PackRecordsTheTokenizerAndInspectDecodesItsIds) {
   const std::string tokenizer = TokenizerDir("data_tok");
   const std::string shard = Pack(tokenizer, "data_pack");
