@@ -76,19 +76,6 @@ absl::Duration TestSlowdown(int rank) {
   return absl::Milliseconds(ms);
 }
 
-// Byte tokens as readable text: printable ASCII and newlines kept, anything else as \xNN.
-std::string BytesToText(const std::vector<int32_t>& tokens) {
-  std::string text;
-  for (const int32_t token : tokens) {
-    if (token == '\n' || (token >= 32 && token < 127)) {
-      text.push_back(static_cast<char>(token));
-    } else {
-      absl::StrAppendFormat(&text, "\\x%02x", token);
-    }
-  }
-  return text;
-}
-
 // Token ids as text through the data's tokenizer. Ids the tokenizer lacks (a model's vocabulary
 // is often padded past it) show as <id N>; invalid UTF-8 (a character cut at the end) as \xNN.
 absl::StatusOr<std::string> TokensToText(const Tokenizer& tokenizer,
@@ -111,9 +98,24 @@ absl::StatusOr<std::string> TokensToText(const Tokenizer& tokenizer,
   return EscapeInvalidUtf8(text);
 }
 
-// data.tokenizer, checked against the model's vocabulary; null when empty (bytes).
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(const Recipe& recipe) {
-  if (recipe.data.tokenizer.empty()) return nullptr;
+// data.tokenizer, checked against the model's vocabulary. Without it: bytes for data.format text
+// and for shards that record bytes (`data pack` without --tokenizer), else null (the samples
+// print as ids, and the leader says how to see text).
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(const Recipe& recipe, bool leader) {
+  if (recipe.data.tokenizer.empty()) {
+    if (recipe.data.format == "text") return std::make_unique<ByteTokenizer>();
+    if (recipe.logging.sample_tokens == 0) return nullptr;
+    // The shards are read in full later: an error here is theirs to report then.
+    const std::string recorded = ShardsTokenizerName(recipe).value_or("");
+    if (recorded == ByteTokenizer().name()) return std::make_unique<ByteTokenizer>();
+    if (leader) {
+      LogInfo(
+          "samples print as token ids: the shards record tokenizer %s; set data.tokenizer to "
+          "its file or folder to read them as text",
+          recorded.empty() ? "(none)" : recorded);
+    }
+    return nullptr;
+  }
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(recipe.data.tokenizer);
   if (!tokenizer.ok()) {
     return absl::Status(tokenizer.status().code(),
@@ -129,15 +131,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(const Recipe& rec
 }
 
 // Every rank generates (sharded parameters need all of them; under pp > 1 every stage, `model`
-// being this rank's); rank 0 prints. With a tokenizer (data.tokenizer) the prompt is encoded
-// and the sample decoded through it; otherwise tokens are bytes.
+// being this rank's); rank 0 prints. With a tokenizer (LoadSampleTokenizer) the prompt is encoded
+// and the sample decoded through it; otherwise the sample is its ids, after no prompt.
 absl::StatusOr<std::string> SampleText(Transformer& model, Communicator* pp, const Recipe& recipe,
                                        const Tokenizer* tokenizer, int step) {
   std::vector<int32_t> prompt;
   if (tokenizer != nullptr) {
     RETURN_IF_ERROR(tokenizer->Encode(recipe.logging.sample_prompt, &prompt));
-  } else if (recipe.data.format == "text") {
-    for (const unsigned char ch : recipe.logging.sample_prompt) prompt.push_back(ch);
   }
   const bool no_prompt = prompt.empty();
   if (no_prompt) prompt.assign(1, 0);
@@ -156,7 +156,6 @@ absl::StatusOr<std::string> SampleText(Transformer& model, Communicator* pp, con
     if (no_prompt) tokens.erase(tokens.begin());
     return TokensToText(*tokenizer, tokens);
   }
-  if (recipe.data.format == "text") return BytesToText(tokens);
   std::string ids;
   for (size_t i = prompt.size(); i < tokens.size(); ++i) absl::StrAppend(&ids, tokens[i], " ");
   return ids;
@@ -601,7 +600,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice, activation_slots);
   RETURN_IF_ERROR(CheckRankMemory(recipe, memory, backend.AvailableMemory(), strategy, dp_size,
                                   world.world_size, world.local_world_size));
-  ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer, LoadSampleTokenizer(recipe));
+  ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
+                   LoadSampleTokenizer(recipe, world.rank == 0));
   const bool leader = world.rank == 0;
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
   // Each worker serves its own /metrics (no hop through the agent, so it works the same under

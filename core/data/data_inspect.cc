@@ -49,10 +49,8 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
       if (!listed) continue;
       out << url << "  " << sample.key << ":" << fields << "  "
           << (decoded.ok() ? absl::StrCat(sample_tokens, " tokens") : "no tokens") << "\n";
-      const SampleField* record = sample.Find(kTokenizerExtension);
-      if (options.tokenizer != nullptr && record != nullptr) {
-        const nlohmann::json recorded = nlohmann::json::parse(record->data, nullptr, false);
-        const std::string name = recorded.is_object() ? recorded.value("name", "") : "";
+      if (options.tokenizer != nullptr && sample.Find(kTokenizerExtension) != nullptr) {
+        const std::string name = RecordedTokenizerName(sample);
         if (name != options.tokenizer->name()) {
           out << "  note: the shard records tokenizer " << name << ", not "
               << options.tokenizer->name() << "; the text below may be wrong\n";

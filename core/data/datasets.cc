@@ -6,8 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/data/sample_grouper.h"
 #include "core/data/sft_data.h"
+#include "core/data/shard_source.h"
 #include "core/data/shard_urls.h"
+#include "core/data/tar_reader.h"
+#include "core/data/token_decode.h"
 #include "core/data/token_file.h"
 #include "core/data/webdataset_loader.h"
 #include "core/data/window_loader.h"
@@ -198,6 +202,22 @@ absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_
                                                                   dp_rank, dp_size, val_source));
   }
   return datasets;
+}
+
+absl::StatusOr<std::string> ShardsTokenizerName(const Recipe& recipe) {
+  std::vector<std::string> shards;
+  if (recipe.data.format == "webdataset") {
+    ASSIGN_OR_RETURN(shards, ExpandShardUrls(recipe.data.shards));
+  } else if (recipe.data.format == "sft") {
+    ASSIGN_OR_RETURN(shards, ExpandFilePatterns(recipe.data.train));
+  }
+  if (shards.empty()) return "";
+  ASSIGN_OR_RETURN(const std::unique_ptr<ByteSource> source, OpenShard(shards.front(), {}));
+  TarReader reader(source.get());
+  SampleGrouper grouper(&reader);
+  Sample sample;
+  ASSIGN_OR_RETURN(const bool any, grouper.Next(&sample));
+  return any ? RecordedTokenizerName(sample) : "";
 }
 
 }  // namespace dtrain

@@ -34,4 +34,9 @@ struct Datasets {
 // and the fix.
 absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_size);
 
+// The tokenizer that the first shard of data.format webdataset (data.shards) or sft (data.train)
+// records in its first sample (`dtrain data pack`'s record: "bytes", "hf-bpe:...", ...); empty
+// for other formats and shards that record none. Errors are the shard's.
+absl::StatusOr<std::string> ShardsTokenizerName(const Recipe& recipe);
+
 }  // namespace dtrain

@@ -142,16 +142,26 @@ absl::Status CheckRecordedTokenizer(const Sample& sample, int vocab_size) {
   }
   const int64_t recorded = record["vocab_size"].get<int64_t>();
   if (recorded > vocab_size) {
-    const std::string name = record.value("name", std::string("?"));
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", sample.url, " holds ids of tokenizer ", name, " (vocabulary ", recorded,
-        "), which do not fit model.vocab_size ", vocab_size, "; set model.vocab_size to at least ",
-        recorded, " (the model's tokenizer), or pack the data with the model's tokenizer"));
+    const std::string name = RecordedTokenizerName(sample);
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", sample.url, " holds ids of tokenizer ", name.empty() ? "?" : name,
+                     " (vocabulary ", recorded, "), which do not fit model.vocab_size ", vocab_size,
+                     "; set model.vocab_size to at least ", recorded,
+                     " (the model's tokenizer), or pack the data with the model's tokenizer"));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+std::string RecordedTokenizerName(const Sample& sample) {
+  const SampleField* field = sample.Find(kTokenizerExtension);
+  if (field == nullptr) return "";
+  const nlohmann::json record = nlohmann::json::parse(field->data, nullptr, false);
+  return record.is_object() && record.contains("name") && record["name"].is_string()
+             ? record["name"].get<std::string>()
+             : "";
+}
 
 void TokenDocument::CopyTo(int64_t first, int64_t count, int32_t* out) const {
   WidenWords(words.data() + first * width, width, count, out);

@@ -41,4 +41,8 @@ absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* doc
 // whose vocabulary is larger than vocab_size.
 absl::Status DecodeSampleTokens(const Sample& sample, int vocab_size, std::vector<int32_t>* tokens);
 
+// The name of the tokenizer the sample records (kTokenizerExtension's "name"); empty when it
+// records none, or not in that shape.
+std::string RecordedTokenizerName(const Sample& sample);
+
 }  // namespace dtrain

@@ -183,6 +183,48 @@ TEST(DataCommandTest, SampledTextDecodesThroughDataTokenizer) {
   EXPECT_THAT(missing.stderr_text, HasSubstr("data.tokenizer: tokenizer file /nonexistent"));
 }
 
+// Shards packed without --tokenizer record bytes: their samples print as text, as data.format
+// text's do (they printed as ids); shards of another tokenizer print ids and say how to see text.
+TEST(DataCommandTest, SampledTextOfShardsDecodesThroughTheirRecordedTokenizer) {
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "the theme of them\n";
+  const std::string shards = testing::FreshTempDir("data_sample_bytes_shards");
+  ASSERT_EQ(
+      RunDtrain(absl::StrCat("data pack ", testing::WriteTempFile("data_sample_bytes.txt", text),
+                             " --out ", shards))
+          .exit_code,
+      0);
+  const std::string recipe = testing::WriteTempFile(
+      "data_sample_bytes.yaml",
+      absl::StrCat("model: {n_layer: 1, n_head: 2, d_model: 32, max_seq_len: 32}\n"
+                   "data: {format: webdataset, streams: 1, shards: '",
+                   shards, "/shard-000000.tar', val_shards: '", shards,
+                   "/shard-000000.tar'}\n"
+                   "train: {steps: 1, warmup_steps: 0, batch_size: 2, micro_batch: 2, seq_len: 16, "
+                   "eval_every: 1, eval_batches: 1}\n"
+                   "logging: {sample_tokens: 8, sample_prompt: the}\n"));
+  const std::string out = testing::FreshTempDir("data_sample_bytes_run");
+  const Outcome train = RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", out));
+  ASSERT_EQ(train.exit_code, 0) << train.stderr_text;
+  EXPECT_THAT(train.stderr_text, HasSubstr("sample at step 1:\nthe"));
+  EXPECT_THAT(train.stderr_text, ::testing::Not(HasSubstr("samples print as token ids")));
+
+  const std::string tokenizer = TokenizerDir("data_tok_sample_ids");
+  const std::string other = testing::FreshTempDir("data_sample_ids_shards");
+  ASSERT_EQ(
+      RunDtrain(absl::StrCat("data pack ", testing::WriteTempFile("data_sample_ids.txt", text),
+                             " --out ", other, " --tokenizer ", tokenizer))
+          .exit_code,
+      0);
+  const Outcome ids = RunDtrain(absl::StrCat(
+      "train ", recipe, " --set run.out_dir=", testing::FreshTempDir("data_sample_ids_run"),
+      " --set model.vocab_size=300", " --set data.shards=", other,
+      "/shard-000000.tar --set data.val_shards=", other, "/shard-000000.tar"));
+  ASSERT_EQ(ids.exit_code, 0) << ids.stderr_text;
+  EXPECT_THAT(ids.stderr_text, HasSubstr("samples print as token ids: the shards record tokenizer "
+                                         "hf-bpe:"));
+}
+
 TEST(DataCommandTest, EncodeAndDecodeRoundTrip) {
   const std::string tokenizer = TokenizerDir("data_tok_codec");
   const std::string text = testing::WriteTempFile("data_codec.txt", "the\xff theme");
