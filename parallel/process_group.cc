@@ -116,7 +116,8 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
     SetFaultyRanks(error, missing);
     return error;
   };
-  // "settled" holds the verdict: "ok" once every rank checked, else why one refused.
+  // "settled" holds the verdict: "ok" once every rank checked, else "refused", the rank that
+  // differs and why; the others' errors blame it.
   const std::string job_key = prefix + "job", settled_key = prefix + "settled";
   if (world.rank == 0) {
     RETURN_IF_ERROR(store.Set(job_key, absl::StrCat(world.world_size, "\n", job)));
@@ -125,7 +126,8 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
     if (!zero.ok()) return waited(zero.status());
     const absl::Status verdict = CompareWithRankZero(world, job, *zero);
     if (!verdict.ok()) {
-      RETURN_IF_ERROR(store.Set(settled_key, absl::StrCat("refused\n", verdict.message())));
+      RETURN_IF_ERROR(
+          store.Set(settled_key, absl::StrCat("refused\n", world.rank, "\n", verdict.message())));
       return verdict;
     }
   }
@@ -134,7 +136,15 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
   const absl::StatusOr<std::string> settled = store.Get(settled_key, deadline - absl::Now());
   if (!settled.ok()) return waited(settled.status());
   if (*settled == "ok") return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StripPrefix(*settled, "refused\n"));
+  const std::vector<std::string> refused = absl::StrSplit(*settled, absl::MaxSplits('\n', 2));
+  int differing = -1;
+  if (refused.size() != 3 || refused[0] != "refused" || !absl::SimpleAtoi(refused[1], &differing)) {
+    return absl::DataLossError(absl::StrCat("rendezvous key ", settled_key, " holds '", *settled,
+                                            "', not a verdict of dtrain's ranks"));
+  }
+  absl::Status error = absl::FailedPreconditionError(refused[2]);
+  SetFaultyRanks(error, {differing});
+  return error;
 }
 
 }  // namespace
@@ -166,7 +176,11 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldM
   // the client's own 60 s for its reply.
   client_options.reply_timeout = std::min(client_options.reply_timeout, timeout);
   ASSIGN_OR_RETURN(group->store_, ConnectRendezvousStore(world, client_options));
-  RETURN_IF_ERROR(CheckSameJob(*group->store_, world, job, timeout));
+  // The rank a failed check blames (one that differs, or never came) is the agent's root cause.
+  if (absl::Status same = CheckSameJob(*group->store_, world, job, timeout); !same.ok()) {
+    group->PublishBlame(same);
+    return same;
+  }
 
   // A restarted group must not meet the keys of the attempt before it in the agent's store.
   const std::string attempt = absl::StrCat("attempt-", world.restart_count);
@@ -309,14 +323,18 @@ absl::Status ProcessGroup::Leave(absl::Status outcome) {
       .status();
 }
 
+void ProcessGroup::PublishBlame(const absl::Status& error) {
+  const std::vector<int> blamed = FaultyRanks(error);
+  if (blamed.empty() || !membership_.agent_hosts_store) return;
+  (void)store_->Set(AgentKey(membership_.restart_count, absl::StrCat("blame/", membership_.rank)),
+                    absl::StrJoin(blamed, ","));
+}
+
 absl::Status ProcessGroup::Fail(const absl::Status& error) {
   const int rank = membership_.rank;
   const std::vector<int> blamed = FaultyRanks(error);
   PublishFlightDump(error);
-  if (!blamed.empty() && membership_.agent_hosts_store) {
-    (void)store_->Set(AgentKey(membership_.restart_count, absl::StrCat("blame/", rank)),
-                      absl::StrJoin(blamed, ","));
-  }
+  PublishBlame(error);
   const std::string own = absl::StrCat("rank ", rank, " failed: ", error.message());
   const absl::StatusOr<std::string> first = store_->CompareSet(failure_key_, "", own);
   if (!first.ok()) {

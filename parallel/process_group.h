@@ -105,6 +105,8 @@ class ProcessGroup {
   ProcessGroup() = default;
 
   absl::Status Fail(const absl::Status& error);
+  // Under an agent, the ranks `error` blames (FaultyRanks), for its root cause.
+  void PublishBlame(const absl::Status& error);
   // A rank's error as Fail records it for the others (without an agent).
   struct RankFailure {
     std::vector<int> blamed;  // world ranks, faulty_ranks.h

@@ -672,6 +672,28 @@ TEST(AgentTest, NodesWithOtherWorkerCountsStopAtTheRendezvous) {
   EXPECT_THAT(output, Not(HasSubstr("started ranks")));
 }
 
+// Node 1 was given another --set: its rank differs from rank 0's recipe, and both ranks fail at
+// once. Rank 0 may well end first, yet the root cause is rank 1, which rank 0's error blames.
+TEST(AgentTest, ARankWithAnotherRecipeIsTheRootCause) {
+  const std::string recipe = Recipe("differs", 4);
+  const std::string out = OutDir("differs");
+  const int port = testing::FreeTcpPort();
+  std::vector<std::unique_ptr<Launch>> pods;
+  for (int pod = 0; pod < 2; ++pod) {
+    std::vector<std::string> args = {recipe, "--set", "run.out_dir=" + out};
+    if (pod == 1) args.insert(args.end(), {"--set", "model.n_layer=3"});
+    pods.push_back(std::make_unique<Launch>(
+        args, std::vector<std::string>{
+                  "PET_NNODES=2", "PET_NPROC_PER_NODE=1", absl::StrCat("PET_NODE_RANK=", pod),
+                  "PET_MASTER_ADDR=127.0.0.1", absl::StrCat("PET_MASTER_PORT=", port),
+                  "DTRAIN_RDZV_TOKEN=differs-test-token"}));
+  }
+  for (int pod = 1; pod >= 0; --pod) EXPECT_EQ(pods[pod]->Wait(absl::Seconds(120)), 1);
+  EXPECT_THAT(pods[0]->output(), HasSubstr("Root cause: rank 1 on node 1"));
+  EXPECT_THAT(pods[0]->output(),
+              HasSubstr("`model.n_layer: 3` there, `model.n_layer: 2` on rank 0"));
+}
+
 // Rank 1 exits 0 at once, before the job is done; rank 0 would wait for it in rendezvous and
 // time out. The early exit is the root cause, not rank 0's timeout.
 TEST(AgentTest, AnEarlyExitZeroIsTheRootCause) {
