@@ -1163,8 +1163,7 @@ std::vector<std::string> WorkerEnvironment(const WorldEnvironment& node,
   }
   const int rank = node.node_rank * options.nproc_per_node + local_rank;
   const int world_size = node.num_nodes * options.nproc_per_node;
-  const std::string run_id = node.run_id.empty() ? "dtrain" : node.run_id;
-  const std::pair<std::string, std::string> values[] = {
+  std::vector<std::pair<std::string, std::string>> values = {
       {"RANK", std::to_string(rank)},
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"WORLD_SIZE", std::to_string(world_size)},
@@ -1173,10 +1172,11 @@ std::vector<std::string> WorkerEnvironment(const WorldEnvironment& node,
       {"NUM_NODES", std::to_string(node.num_nodes)},
       {"MASTER_ADDR", node.master_addr},
       {"MASTER_PORT", std::to_string(node.master_port)},
-      {"RUN_ID", run_id},
       {"RESTART_COUNT", std::to_string(attempt)},
       {"MAX_RESTARTS", std::to_string(options.max_restarts)},
   };
+  // Without one (a standalone launch), the worker's run is its run.name (the metrics' job label).
+  if (!node.run_id.empty()) values.push_back({"RUN_ID", node.run_id});
   for (const auto& [name, value] : values) {
     environment.push_back(absl::StrCat("DTRAIN_", name, "=", value));
   }

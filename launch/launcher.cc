@@ -196,7 +196,7 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
   LogInfo("node %d of %d (%s): %d workers, master %s:%s, run %s", node.node_rank, node.num_nodes,
           WorldSourceName(node.source), agent.nproc_per_node, node.master_addr,
           node.master_port == 0 ? "any free port" : absl::StrCat(node.master_port),
-          node.run_id.empty() ? "dtrain" : node.run_id);
+          node.run_id.empty() ? "named by run.name" : node.run_id);
   return RunAgent(node, agent);
 }
 

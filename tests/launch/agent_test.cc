@@ -208,6 +208,10 @@ TEST(AgentTest, WorkerEnvironmentReplacesLauncherRanks) {
   for (const char* stale : {"RANK=9", "DTRAIN_RANK=7", "TORCHELASTIC_RUN_ID=old"}) {
     EXPECT_THAT(env, Not(Contains(std::string(stale))));
   }
+  node.run_id.clear();  // a standalone launch: the workers' run is their run.name
+  for (const std::string& entry : WorkerEnvironment(node, options, 0, 0)) {
+    EXPECT_FALSE(absl::StrContains(entry, "RUN_ID=")) << entry;
+  }
   options.environment.push_back("OMP_NUM_THREADS=4");  // the user's choice is kept
   EXPECT_THAT(WorkerEnvironment(node, options, 0, 0), Contains(std::string("OMP_NUM_THREADS=4")));
   EXPECT_THAT(WorkerEnvironment(node, options, 0, 0),
