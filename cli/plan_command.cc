@@ -32,7 +32,7 @@ void AddPlanCommand(CLI::App& app) {
   command->add_option("recipe", args->recipe_path, "Recipe YAML file");
   AddOverrideOption(*command, args->overrides);
   command->add_flag("--json", args->json, "Print the plan as JSON");
-  command->add_option("--top", args->top, "Alternatives to show")
+  command->add_option("--top", args->top, "Alternatives to show below the recommended layout (its row comes first)")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   command->add_flag("--catalog", args->catalog,
