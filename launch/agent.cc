@@ -187,6 +187,11 @@ CommandRun RunCommand(const std::vector<std::string>& argv, std::vector<std::str
   return run;
 }
 
+// "rank 3", or "ranks 3-5".
+std::string Ranks(int first, int last) {
+  return first == last ? absl::StrCat("rank ", first) : absl::StrCat("ranks ", first, "-", last);
+}
+
 std::string ClockTime(absl::Time time) {
   return absl::FormatTime("%H:%M:%E3S", time, absl::LocalTimeZone());
 }
@@ -515,8 +520,9 @@ absl::Status Agent::StartWorkers(int attempt) {
     }
     worker.process = *std::move(process);
   }
-  LogInfo("node %d: started ranks %d-%d (attempt %d of %d)", node_.node_rank, workers_.front().rank,
-          workers_.back().rank, attempt + 1, options_.max_restarts + 1);
+  LogInfo("node %d: started %s (attempt %d of %d)", node_.node_rank,
+          Ranks(workers_.front().rank, workers_.back().rank), attempt + 1,
+          options_.max_restarts + 1);
   return absl::OkStatus();
 }
 
@@ -1044,10 +1050,11 @@ void Agent::PrintLostRootCause(int attempt, const std::vector<LostAgent>& lost) 
   LogError(
       "the job failed (%d restarts used of %d). Root cause: node %d (host %s): agent lost (its "
       "connection to the rendezvous store closed before it finished: the agent was killed or "
-      "crashed, or its host went down), and ranks %d-%d with it%s. Workers that failed after "
-      "it lost their peers.",
-      attempt, options_.max_restarts, first.node, first.host, first.node * options_.nproc_per_node,
-      (first.node + 1) * options_.nproc_per_node - 1, others);
+      "crashed, or its host went down), and %s with it%s. Workers that failed after it lost "
+      "their peers.",
+      attempt, options_.max_restarts, first.node, first.host,
+      Ranks(first.node * options_.nproc_per_node, (first.node + 1) * options_.nproc_per_node - 1),
+      others);
 }
 
 absl::StatusOr<int> Agent::Run() {

@@ -429,11 +429,11 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDim
   for (const std::string& note : data.notes) LogInfo("data: %s", note);
   for (const std::string& warning : data.warnings) LogWarn("data: %s", warning);
   LogInfo(
-      "batch: %d sequences x %d tokens = %d tokens/step; %d data-parallel ranks x %d "
+      "batch: %d sequences x %d tokens = %d tokens/step; %d data-parallel rank%s x %d "
       "micro-batches of %d; activations %s (recompute %s)",
       train.batch_size, train.seq_len, static_cast<int64_t>(train.batch_size) * train.seq_len,
-      dp_size, micro_batches, train.micro_batch, MiB(model.activation_bytes()),
-      recipe.parallel.recompute);
+      dp_size, dp_size == 1 ? "" : "s", micro_batches, train.micro_batch,
+      MiB(model.activation_bytes()), recipe.parallel.recompute);
   if (recipe.parallel.tp > 1) {
     LogInfo(
         "tensor parallel: %d ranks share each block's heads and MLP width (%d query heads, %d kv "
@@ -740,10 +740,10 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     if (step == resumed_step && leader) {
       const EngineMemory memory = engine.memory();
       LogInfo(
-          "model state per rank (%s over %d ranks, computing with %s parameters, gradients "
+          "model state per rank (%s over %d rank%s, computing with %s parameters, gradients "
           "reduced in %s): parameters %s, gradients %s, optimizer %s; at most %s gathered and %s "
           "of gradient units in flight",
-          strategy.name, dp_size, DataTypeName(strategy.param_type),
+          strategy.name, dp_size, dp_size == 1 ? "" : "s", DataTypeName(strategy.param_type),
           DataTypeName(strategy.reduce_type), MiB(memory.parameter_bytes),
           MiB(memory.gradient_bytes), MiB(memory.optimizer_bytes), MiB(memory.gathered_peak_bytes),
           MiB(memory.gradient_buffer_peak_bytes));

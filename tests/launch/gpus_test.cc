@@ -70,7 +70,7 @@ TEST(GpusTest, LaunchWithOneWorkerPerGpuAndNoneVisibleExits2) {
               HasSubstr("--nproc-per-node gpu: no NVIDIA GPU is visible here"));
   EXPECT_THAT(outcome.stderr_text, HasSubstr("CUDA_VISIBLE_DEVICES=)"));
   EXPECT_THAT(outcome.stderr_text, HasSubstr("e.g. --nproc-per-node 2"));
-  EXPECT_THAT(outcome.stderr_text, Not(HasSubstr("started ranks")));
+  EXPECT_THAT(outcome.stderr_text, Not(HasSubstr("started rank")));
   const testing::Outcome zero = testing::RunDtrain("launch --nproc-per-node 0");
   EXPECT_EQ(zero.exit_code, 2);
   EXPECT_THAT(zero.stderr_text, HasSubstr("--nproc-per-node 0: give a positive number"));
