@@ -159,6 +159,14 @@ void AddDataCommand(CLI::App& app) {
     if (pack_args->sft) {
       absl::StatusOr<ChatTemplate> chat_template = LoadChatTemplate(pack_args->chat_template);
       if (!chat_template.ok()) Fail(chat_template.status(), kExitUsage);
+      for (const std::string& marker : TemplateMarkers(*chat_template)) {
+        if (tokenizer->SpecialToken(marker).ok()) continue;
+        std::cerr << absl::StrFormat(
+            "warning: tokenizer %s has no special token %s, which the %s template writes: it is "
+            "packed as ordinary text (several tokens); use the model's own tokenizer, or a "
+            "template of its markers\n",
+            tokenizer->name(), marker, chat_template->name);
+      }
       result = PackSftShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer,
                              *chat_template, threads);
     } else {

@@ -1,5 +1,6 @@
 #include "core/data/chat_template.h"
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -108,6 +109,26 @@ absl::StatusOr<std::vector<TextSegment>> RenderConversation(
     if (!it->second.suffix.empty()) segments.push_back({it->second.suffix, trained});
   }
   return segments;
+}
+
+std::vector<std::string> TemplateMarkers(const ChatTemplate& chat_template) {
+  std::vector<std::string> markers;
+  const auto scan = [&markers](const std::string& text) {
+    for (size_t at = text.find("<|"); at != std::string::npos; at = text.find("<|", at + 2)) {
+      const size_t end = text.find("|>", at + 2);
+      if (end == std::string::npos) return;
+      std::string marker = text.substr(at, end + 2 - at);
+      if (std::find(markers.begin(), markers.end(), marker) == markers.end()) {
+        markers.push_back(std::move(marker));
+      }
+    }
+  };
+  scan(chat_template.begin);
+  for (const auto& [role, format] : chat_template.roles) {
+    scan(format.prefix);
+    scan(format.suffix);
+  }
+  return markers;
 }
 
 }  // namespace dtrain

@@ -48,6 +48,11 @@ struct TextSegment {
   bool trained = false;
 };
 
+// The special-token markers the template writes ("<|eot_id|>", "<|im_start|>": text between
+// "<|" and "|>"), each once, in order of first use. A tokenizer without them as special tokens
+// encodes them as ordinary text.
+std::vector<std::string> TemplateMarkers(const ChatTemplate& chat_template);
+
 // A built-in template by name, or else a template file at that path. Errors: a name that is
 // neither (naming the built-in ones), a file that is not valid JSON of the shape above (naming
 // the file and the field).

@@ -302,6 +302,9 @@ TEST(TrainTest, SftShardsPackAndTrainOnTheAnswers) {
       absl::StrCat("data pack --sft --chat-template chatml ", chat, " --out ", shards));
   ASSERT_EQ(packed.exit_code, 0) << packed.stderr_text;
   EXPECT_THAT(packed.stdout_text, HasSubstr("300 documents"));
+  // Bytes have no special tokens: ChatML's markers are text here, and the pack says so.
+  EXPECT_THAT(packed.stderr_text, HasSubstr("warning: tokenizer bytes has no special token "
+                                            "<|im_start|>, which the chatml template writes"));
 
   const std::string run_dir = RunDir("sft");
   std::filesystem::remove_all(run_dir);

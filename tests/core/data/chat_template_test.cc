@@ -21,6 +21,15 @@ const std::vector<ChatMessage> kConversation = {
 
 // The texts of Hugging Face's chat templates for these models (apply_chat_template without a
 // generation prompt), with only the assistant's content and end-of-turn marker trained.
+TEST(ChatTemplateTest, MarkersAreTheSpecialTokensTheTemplateWrites) {
+  EXPECT_EQ(TemplateMarkers(*LoadChatTemplate("chatml")),
+            (std::vector<std::string>{"<|im_start|>", "<|im_end|>"}));
+  const std::vector<std::string> llama3 = TemplateMarkers(*LoadChatTemplate("llama3"));
+  EXPECT_EQ(llama3.front(), "<|begin_of_text|>");
+  EXPECT_EQ(llama3.size(), 4u);  // and <|start_header_id|>, <|end_header_id|>, <|eot_id|>
+  EXPECT_TRUE(TemplateMarkers(*LoadChatTemplate("none")).empty());
+}
+
 TEST(ChatTemplateTest, Llama3AndChatMlRenderAsTheirModelsExpect) {
   absl::StatusOr<ChatTemplate> llama3 = LoadChatTemplate("llama3");
   ASSERT_TRUE(llama3.ok()) << llama3.status();
