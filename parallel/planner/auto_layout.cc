@@ -105,10 +105,10 @@ absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_siz
     const double chosen_ms = chosen->estimate.time.step_ms;
     const double best_ms = best->estimate.time.step_ms;
     result.note = absl::StrFormat(
-        "the plan recommends %s (%.1f ms per step), which the trainer cannot run yet; using %s "
-        "(%.1f ms, %+.1f%%)",
-        DescribeLayout(best->layout), best_ms, DescribeLayout(chosen->layout), chosen_ms,
-        100 * (chosen_ms - best_ms) / best_ms);
+        "the plan recommends %s (%s ms per step), which the trainer cannot run yet; using %s "
+        "(%s ms, %+.1f%%)",
+        DescribeLayout(best->layout), FormatMs(best_ms), DescribeLayout(chosen->layout),
+        FormatMs(chosen_ms), 100 * (chosen_ms - best_ms) / best_ms);
   }
   return result;
 }

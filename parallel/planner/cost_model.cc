@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "core/model/param_table.h"
 #include "core/model/transformer.h"
 #include "parallel/pipeline_train_step.h"
@@ -475,6 +477,10 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   time.compute_fraction = time.compute_ms / time.step_ms;
   time.tokens_per_s = tokens / (time.step_ms * 1e-3);
   return estimate;
+}
+
+std::string FormatMs(double ms) {
+  return ms >= 1 || ms == 0 ? absl::StrFormat("%.1f", ms) : absl::StrFormat("%.2g", ms);
 }
 
 }  // namespace dtrain

@@ -190,6 +190,10 @@ PipelineCosts PipelineFlopsPerToken(const ModelConfig& model, int seq_len, Recom
 // first block is on another stage), over slice.tp_size ranks.
 double StageParams(const ModelConfig& model, const ModelSlice& slice);
 
+// Milliseconds for reports: one decimal from 1 ms up (and 0), two significant digits below
+// ("0.068"), where one decimal would print a small model's whole step as 0.1.
+std::string FormatMs(double ms);
+
 // The whole estimate. Precondition: the layout is valid for the workload and cluster
 // (search.h's CheckLayout).
 Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, const Layout& layout,

@@ -56,11 +56,11 @@ std::string TableRow(const Candidate& c) {
                            l.pp, l.dp, "-", "-", "-", "-", "-", "-", "-", "-", c.reason);
   }
   const Estimate& e = c.estimate;
-  return absl::StrFormat("  %-8s %3d %3d %5d %3d %-9s %-7s %8.1f %8.2f %10.1f %9.1f %6.1f  %s\n",
-                         StrategyName(l.strategy), l.tp, l.pp, l.dp, l.micro_batch,
-                         RecomputeName(l.recompute), l.offload ? "yes" : "no",
-                         e.memory.device_bytes() / kGiB, CommPayloadGb(e), ExposedCommMs(e),
-                         e.time.step_ms, 100 * e.time.mfu, c.reason);
+  return absl::StrFormat(
+      "  %-8s %3d %3d %5d %3d %-9s %-7s %8.1f %8.2f %10s %9s %6.1f  %s\n", StrategyName(l.strategy),
+      l.tp, l.pp, l.dp, l.micro_batch, RecomputeName(l.recompute), l.offload ? "yes" : "no",
+      e.memory.device_bytes() / kGiB, CommPayloadGb(e), FormatMs(ExposedCommMs(e)),
+      FormatMs(e.time.step_ms), 100 * e.time.mfu, c.reason);
 }
 
 nlohmann::json TrafficJson(const Traffic& traffic) {
@@ -330,16 +330,18 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
         m.runtime_bytes / kGiB, m.host_bytes / kGiB);
     absl::StrAppendFormat(
         &out,
-        "  traffic  per GPU per step: DP %.2f GB in %.1f ms (%.1f ms exposed), TP %.2f GB in "
-        "%.1f ms, PP %.3f GB in %.1f ms (%.1f ms exposed); %d micro-batches\n",
-        e.dp.payload_bytes / 1e9, e.dp.time_ms, e.dp.exposed_ms, e.tp.payload_bytes / 1e9,
-        e.tp.time_ms, e.pp.payload_bytes / 1e9, e.pp.time_ms, e.pp.exposed_ms, e.micro_batches);
+        "  traffic  per GPU per step: DP %.2f GB in %s ms (%s ms exposed), TP %.2f GB in "
+        "%s ms, PP %.3f GB in %s ms (%s ms exposed); %d micro-batches\n",
+        e.dp.payload_bytes / 1e9, FormatMs(e.dp.time_ms), FormatMs(e.dp.exposed_ms),
+        e.tp.payload_bytes / 1e9, FormatMs(e.tp.time_ms), e.pp.payload_bytes / 1e9,
+        FormatMs(e.pp.time_ms), FormatMs(e.pp.exposed_ms), e.micro_batches);
     absl::StrAppendFormat(
         &out,
-        "  time     step %.1f ms = compute %.1f + bubble %.1f + exposed DP %.1f + TP %.1f + PP "
-        "%.1f + offload %.1f ms\n",
-        t.step_ms, t.compute_ms, t.bubble_ms, e.dp.exposed_ms, e.tp.exposed_ms, e.pp.exposed_ms,
-        t.offload_ms);
+        "  time     step %s ms = compute %s + bubble %s + exposed DP %s + TP %s + PP %s + "
+        "offload %s ms\n",
+        FormatMs(t.step_ms), FormatMs(t.compute_ms), FormatMs(t.bubble_ms),
+        FormatMs(e.dp.exposed_ms), FormatMs(e.tp.exposed_ms), FormatMs(e.pp.exposed_ms),
+        FormatMs(t.offload_ms));
     absl::StrAppendFormat(&out,
                           "  speed    MFU %.1f%%, computing %.1f%% of the time, %.0f tokens/s\n",
                           100 * t.mfu, 100 * t.compute_fraction, t.tokens_per_s);

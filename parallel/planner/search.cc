@@ -120,9 +120,9 @@ void Rank(Plan& plan) {
   chosen.reason =
       best == fastest
           ? "the fastest layout that fits"
-          : absl::StrFormat("the simplest layout within %.0f%% of the fastest (%s, %.1f ms)",
+          : absl::StrFormat("the simplest layout within %.0f%% of the fastest (%s, %s ms)",
                             100 * plan.options.simpler_within, DescribeLayout(all[fastest].layout),
-                            all[fastest].estimate.time.step_ms);
+                            FormatMs(all[fastest].estimate.time.step_ms));
   if (offload) {
     absl::StrAppend(&chosen.reason,
                     "; nothing fits without optimizer offload, which dtrain's trainer does not "
@@ -135,8 +135,9 @@ void Rank(Plan& plan) {
         ms < chosen_ms
             ? absl::StrFormat("%.1f%% faster, but needs %s", 100 * (chosen_ms - ms) / chosen_ms,
                               ExtraComplexity(candidate.layout, chosen.layout))
-            : absl::StrFormat("%.1f%% slower (%.1f ms vs %.1f ms per step)",
-                              100 * (ms - chosen_ms) / chosen_ms, ms, chosen_ms);
+            : absl::StrFormat("%.1f%% slower (%s ms vs %s ms per step)",
+                              100 * (ms - chosen_ms) / chosen_ms, FormatMs(ms),
+                              FormatMs(chosen_ms));
   }
 }
 

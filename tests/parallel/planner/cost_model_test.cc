@@ -308,5 +308,15 @@ TEST(CostModelTest, RecomputationTradesMemoryForTime) {
   EXPECT_NEAR(full.time.mfu * full.time.step_ms, none.time.mfu * none.time.step_ms, 1e-9);
 }
 
+// A small model's step is well under a millisecond: one decimal would print every layout's as
+// 0.1 ms and hide the 14% between them.
+TEST(CostModelTest, SubMillisecondTimesKeepTwoSignificantDigits) {
+  EXPECT_EQ(FormatMs(0.0678), "0.068");
+  EXPECT_EQ(FormatMs(0.0781), "0.078");
+  EXPECT_EQ(FormatMs(0), "0.0");
+  EXPECT_EQ(FormatMs(2.04), "2.0");
+  EXPECT_EQ(FormatMs(1234.56), "1234.6");
+}
+
 }  // namespace
 }  // namespace dtrain
