@@ -49,7 +49,7 @@ class DoctorNetnsTest : public ::testing::Test {
     const std::string doctor =
         absl::StrCat(env, " ", DTRAIN_BINARY, " doctor ", DTRAIN_SOURCE_DIR,
                      "/configs/tiny.yaml --set ", "run.out_dir=", out_dir_,
-                     " --timeout 5 --hostname ", rank == 0 ? kNodeZeroAddress : kNodeOneAddress);
+                     " --timeout-s 5 --hostname ", rank == 0 ? kNodeZeroAddress : kNodeOneAddress);
     if (rank == 0) return doctor;
     return absl::StrCat("ip netns exec ", kNamespace, " sh -c '", before, doctor, "'");
   }

@@ -124,8 +124,9 @@ std::vector<std::string> ExpectRecipeLayoutsFollowOneProcess(const std::string& 
     }
     if (!all_ok) continue;
     outputs.push_back(ranks[0].output);
+    const int dp = layout.world / layout.tp;
     EXPECT_THAT(ranks[0].output,
-                HasSubstr(absl::StrCat(layout.world / layout.tp, " data-parallel ranks")));
+                HasSubstr(absl::StrCat(dp, " data-parallel rank", dp == 1 ? "" : "s", " x ")));
     EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("(recompute ", layout.recompute, ")")));
     EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("tensor parallel: ", layout.tp,
                                                         " ranks share each block's heads")));
