@@ -56,6 +56,18 @@ double ExposedMs(double total_ms, double window_ms, int calls) {
   return std::min(total_ms, std::max(0.0, total_ms - window_ms) + last_ms);
 }
 
+}  // namespace
+
+bool StageBoundaryCrossesNodes(int boundary, int stage_ranks, int gpus_per_node) {
+  // Rank r sends to r + stage_ranks, for r over the stage's stage_ranks consecutive ranks from
+  // `first`: another node's where r's place in its node is at least gpus_per_node - stage_ranks.
+  const int64_t first = static_cast<int64_t>(boundary) * stage_ranks;
+  return stage_ranks >= gpus_per_node ||
+         first % gpus_per_node + 2 * stage_ranks - 1 >= gpus_per_node;
+}
+
+namespace {
+
 // PipelineFlopsPerToken's terms.
 double BlockFlopsPerToken(const ModelConfig& model, int seq_len, Recompute recompute) {
   const double s = seq_len, h = model.d_model;
@@ -435,19 +447,29 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   // ---- Pipeline traffic. ----
   // Each micro-batch sends its activation forward and its gradient back: the rank's rows of the
   // residual stream, b*s*h (b*s*h / t under sequence parallelism; dtrain does not split whole
-  // rows over the tp group as Megatron's scatter/gather does). Neighbouring stages sit on
-  // different nodes once a stage fills a node. Under 1F1B and GPipe, m + p - 1 slots each wait
-  // for one send each way (interleaved: m v + p - 1, of chunks). The bytes are the first
+  // rows over the tp group as Megatron's scatter/gather does). The mesh puts the stages
+  // outermost, each stage's dp x tp ranks consecutive, so a stage boundary's sends cross the
+  // network where its ranks straddle a node's edge (StageBoundaryCrossesNodes). Under 1F1B and
+  // GPipe, m + p - 1 slots each wait for one send each way (interleaved: m v + p - 1, of chunks):
+  // the warm-up's over each boundary in turn, the rest at the pace of the slowest boundary (with
+  // interleaving, the last stage's back to the first is a boundary too). The bytes are the first
   // stage's, as the tp traffic's (PipelineTrainStep): each micro-batch's activations out of
   // its v chunks and the gradients into its v - 1 chunks after the first, GPT-2's tied
   // embedding gradient swapped with the last stage, and the step's loss and squared norm summed
   // over the stages.
   if (p > 1) {
     const double bytes = static_cast<double>(s) * b * h * precision.activation_bytes / (sp ? t : 1);
-    const bool across_nodes = t * dp >= cluster.gpus_per_node && cluster.nodes > 1;
-    const double gbps = across_nodes ? cluster.inter_gbps_per_gpu() : cluster.intra_gbps;
-    const double latency_us = across_nodes ? cluster.inter_latency_us : cluster.intra_latency_us;
-    const double send_ms = 1e3 * bytes / (gbps * 1e9) + 1e-3 * latency_us;
+    const auto send_ms = [&](bool across_nodes) {
+      const double gbps = across_nodes ? cluster.inter_gbps_per_gpu() : cluster.intra_gbps;
+      const double latency_us = across_nodes ? cluster.inter_latency_us : cluster.intra_latency_us;
+      return 1e3 * bytes / (gbps * 1e9) + 1e-3 * latency_us;
+    };
+    double warm_up_ms = 0, slowest_ms = v > 1 ? send_ms(cluster.nodes > 1) : 0;
+    for (int boundary = 0; boundary + 1 < p; ++boundary) {
+      const double ms = send_ms(StageBoundaryCrossesNodes(boundary, t * dp, cluster.gpus_per_node));
+      warm_up_ms += ms;
+      slowest_ms = std::max(slowest_ms, ms);
+    }
     const double tied_bytes =
         model.tied_head()
             ? static_cast<double>(LocalDimsOf(model, ModelSlice{.tp_size = t}).vocab_rows()) * h *
@@ -459,8 +481,8 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
     estimate.pp.sent_bytes = sends * bytes + tied_bytes +
                              RankZeroAllReduceBytes(2, sizeof(double), p) +
                              RankZeroAllReduceBytes(1, sizeof(double), p);
-    estimate.pp.time_ms = 2.0 * m * v * send_ms;
-    estimate.pp.exposed_ms = 2.0 * (m * v + p - 1) * send_ms;
+    estimate.pp.time_ms = 2.0 * m * v * slowest_ms;
+    estimate.pp.exposed_ms = 2.0 * (m * v * slowest_ms + warm_up_ms);
   }
 
   // ---- Offload: gradients down, parameters up, the optimizer on the node's CPUs. ----

@@ -190,6 +190,11 @@ PipelineCosts PipelineFlopsPerToken(const ModelConfig& model, int seq_len, Recom
 // first block is on another stage), over slice.tp_size ranks.
 double StageParams(const ModelConfig& model, const ModelSlice& slice);
 
+// Whether the sends over pipeline stage boundary `boundary` (stage boundary to boundary + 1)
+// cross a node's edge for some rank, where each stage is `stage_ranks` consecutive ranks (dp x tp,
+// the mesh's stages outermost) on nodes of `gpus_per_node`.
+bool StageBoundaryCrossesNodes(int boundary, int stage_ranks, int gpus_per_node);
+
 // Milliseconds for reports: one decimal from 1 ms up (and 0), two significant digits below
 // ("0.068"), where one decimal would print a small model's whole step as 0.1.
 std::string FormatMs(double ms);

@@ -184,6 +184,37 @@ TEST(CostModelTest, PipelineBubbleIsStagesMinusOneOverMicroBatches) {
   EXPECT_GT(estimate.pp.exposed_ms, 0);
 }
 
+// The mesh puts each stage's dp x tp ranks together: with stages of 4 ranks on nodes of 8, the
+// boundary between stages 1 and 2 crosses nodes, the others stay inside one; stages of 3 ranks
+// straddle a node's edge at boundary 1 (rank 5 sends to rank 8).
+TEST(CostModelTest, StageBoundariesCrossNodesWhereTheirRanksStraddleANodesEdge) {
+  EXPECT_FALSE(StageBoundaryCrossesNodes(0, 4, 8));
+  EXPECT_TRUE(StageBoundaryCrossesNodes(1, 4, 8));
+  EXPECT_FALSE(StageBoundaryCrossesNodes(2, 4, 8));
+  EXPECT_FALSE(StageBoundaryCrossesNodes(0, 3, 8));
+  EXPECT_TRUE(StageBoundaryCrossesNodes(1, 3, 8));
+  EXPECT_TRUE(StageBoundaryCrossesNodes(0, 8, 8));  // a stage a node: every boundary
+}
+
+// Stages smaller than a node still send over the network where a boundary crosses one: pp 8 x
+// dp 4 on 4 nodes of 8 (3 of its 7 boundaries cross) runs at the network's pace, as pp 4 x dp 8
+// does (every boundary crosses), not at NVLink's (the estimate it had).
+TEST(CostModelTest, PipelineSendsOverTheNetworkWhereStagesCrossNodes) {
+  const ClusterSpec cluster = testing::CatalogCluster(4, "h100-sxm", "eth-25");
+  const Workload workload = Gpt2Workload(256);
+  const Estimate small_stages =
+      EstimateLayout(workload, cluster, {.pp = 8, .dp = 4, .micro_batch = 2});
+  const Estimate node_stages =
+      EstimateLayout(workload, cluster, {.pp = 4, .dp = 8, .micro_batch = 2});
+  // Per micro-batch and direction: one send of the same bytes at the same (network) speed.
+  EXPECT_DOUBLE_EQ(small_stages.pp.time_ms / (2.0 * small_stages.micro_batches),
+                   node_stages.pp.time_ms / (2.0 * node_stages.micro_batches));
+  const double send_ms = small_stages.pp.time_ms / (2.0 * small_stages.micro_batches);
+  // The warm-up crosses 3 boundaries at the network's pace and 4 at NVLink's, a fraction of it.
+  EXPECT_GT(small_stages.pp.exposed_ms, 2.0 * (small_stages.micro_batches + 3) * send_ms);
+  EXPECT_LT(small_stages.pp.exposed_ms, 2.0 * (small_stages.micro_batches + 7) * send_ms);
+}
+
 // A pipeline runs at the pace of its heaviest stage on the blocks the trainer assigns it: GPT-2
 // 350M's first three stages hold 7 of the 24 blocks each, the last 3 and the head (3.8 blocks'
 // FLOPs), so a micro-batch takes 7 blocks' time where the whole model takes 24 and the head's.
