@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -246,11 +247,14 @@ absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, Co
 absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, const WorldMembership& world) {
   if (recipe.parallel.strategy != "auto") return recipe;
   const int world_size = world.world_size;
-  const SearchOptions runnable = TrainerLayouts(world.local_world_size);
-  // CPU ranks hold what they compute with in this machine's memory, not in cluster.gpu's.
-  const double bytes_per_rank = recipe.run.device == "cpu" ? CpuBackend::MachineMemory().bytes /
-                                                                 std::max(world.local_world_size, 1)
-                                                           : 0;
+  SearchOptions runnable = TrainerLayouts(world.local_world_size);
+  // CPU ranks hold what they compute with in this machine's memory, not in cluster.gpu's. The
+  // plan's times are GPUs' (cluster.gpu, cluster.network), which rank no layout of CPU ranks
+  // sharing a machine: there auto takes the simplest layout that fits.
+  const bool cpu = recipe.run.device == "cpu";
+  const double bytes_per_rank =
+      cpu ? CpuBackend::MachineMemory().bytes / std::max(world.local_world_size, 1) : 0;
+  if (cpu) runnable.simpler_within = std::numeric_limits<double>::infinity();
   ASSIGN_OR_RETURN(const AutoLayout chosen,
                    ResolveAutoLayout(recipe, world_size, runnable, bytes_per_rank));
   Recipe resolved = recipe;
@@ -261,14 +265,14 @@ absl::StatusOr<Recipe> ResolveStrategy(const Recipe& recipe, const WorldMembersh
                              : absl::StrCat(" (in place of the recipe's ", recipes, ")");
   };
   LogInfo(
-      "parallel.strategy auto: %s, tp %d%s, pp %d%s, micro_batch %d%s, recompute %s%s (the plan "
-      "for %d ranks of %s)",
+      "parallel.strategy auto: %s, tp %d%s, pp %d%s, micro_batch %d%s, recompute %s%s (%s for %d "
+      "rank%s of %s)",
       resolved.parallel.strategy, resolved.parallel.tp,
       resolved.parallel.sequence_parallel ? " with sequence parallelism" : "", resolved.parallel.pp,
       resolved.parallel.pp > 1 ? absl::StrCat(" ", resolved.parallel.pp_schedule) : "",
       resolved.train.micro_batch, replaced(resolved.train.micro_batch, recipe.train.micro_batch),
       resolved.parallel.recompute, replaced(resolved.parallel.recompute, recipe.parallel.recompute),
-      world_size,
+      cpu ? "the simplest layout that fits" : "the plan", world_size, world_size == 1 ? "" : "s",
       bytes_per_rank > 0 ? absl::StrCat(FormatBytes(bytes_per_rank), " of this machine's memory")
                          : absl::StrCat(recipe.cluster.gpu, " GPUs"));
   if (!chosen.note.empty()) LogInfo("%s", chosen.note);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -118,8 +119,9 @@ void Rank(Plan& plan) {
   chosen.verdict = Verdict::kRecommended;
   const double chosen_ms = chosen.estimate.time.step_ms;
   chosen.reason =
-      best == fastest
-          ? "the fastest layout that fits"
+      best == fastest ? "the fastest layout that fits"
+      : std::isinf(plan.options.simpler_within)
+          ? "the simplest layout that fits"
           : absl::StrFormat("the simplest layout within %.0f%% of the fastest (%s, %s ms)",
                             100 * plan.options.simpler_within, DescribeLayout(all[fastest].layout),
                             FormatMs(all[fastest].estimate.time.step_ms));

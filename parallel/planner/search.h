@@ -32,7 +32,7 @@ struct SearchOptions {
   bool allow_offload = true;
   bool allow_sequence_parallel = true;  // with tp > 1; it only saves memory in this model
   double memory_margin = 0.10;          // share of GPU memory kept free (fragmentation, spikes)
-  double simpler_within = 0.03;         // a simpler layout this much slower is still preferred
+  double simpler_within = 0.03;  // a simpler layout this much slower is still preferred (inf: any)
   CostAssumptions assumptions;
 };
 

@@ -75,6 +75,18 @@ TEST(TrainMultiProcessTest, ABatchThatDoesNotSplitNamesBothFixes) {
   }
 }
 
+// On CPU ranks auto takes the simplest layout that fits: plain data parallelism here, where the
+// plan's GPU timings put zero3 first (measured the slowest of the layouts on this machine).
+TEST(TrainMultiProcessTest, AutoOnCpuRanksTakesTheSimplestLayoutThatFits) {
+  const auto ranks = testing::RunTrainRanks(
+      Recipe("auto"), 2, {"run.out_dir=" + OutDir("auto"), "parallel.strategy=auto"});
+  for (const auto& rank : ranks) {
+    ASSERT_EQ(rank.exit_code, 0) << rank;
+    EXPECT_THAT(rank.output, HasSubstr("parallel.strategy auto: ddp, tp 1, pp 1, micro_batch "));
+    EXPECT_THAT(rank.output, HasSubstr("(the simplest layout that fits for 2 ranks of "));
+  }
+}
+
 // So are WebDataset streams that do not split over the data-parallel ranks (each owns whole
 // streams), before any shard is read (these do not exist) or any rank connects.
 TEST(TrainMultiProcessTest, StreamsThatDoNotSplitAreAUsageError) {
