@@ -16,9 +16,14 @@ class Allocations {
     std::lock_guard<std::mutex> lock(mu_);
     bytes_[Address(data)] = bytes;
   }
-  void Remove(const void* data) {
+  // The bytes of the allocation at `data` (0 when there is none).
+  size_t Remove(const void* data) {
     std::lock_guard<std::mutex> lock(mu_);
-    bytes_.erase(Address(data));
+    const auto it = bytes_.find(Address(data));
+    if (it == bytes_.end()) return 0;
+    const size_t bytes = it->second;
+    bytes_.erase(it);
+    return bytes;
   }
   // Whether [data, data + bytes) lies within one allocation; always for 0 bytes.
   bool Holds(const void* data, size_t bytes) const {

@@ -27,18 +27,42 @@ CpuBackend::CpuBackend(int num_threads, MatmulPrecision matmul_precision)
 namespace {
 // A cache line, and the widest vector load (AVX-512).
 constexpr std::align_val_t kAlignment{64};
+// Blocks this large are cached when freed (smaller ones glibc keeps in its bins well).
+constexpr size_t kCachedBlockBytes = size_t{64} << 10;
+constexpr size_t kMaxCachedBytes = size_t{1} << 30;
 }  // namespace
+
+CpuBackend::~CpuBackend() {
+  for (const auto& [bytes, block] : cached_) ::operator delete(block, kAlignment);
+}
 
 DeviceBuffer CpuBackend::Allocate(size_t count, DataType dtype) {
   const size_t bytes = count * DataTypeBytes(dtype);
-  void* data = ::operator new(std::max<size_t>(bytes, 1), kAlignment);
+  void* data = nullptr;
+  if (bytes >= kCachedBlockBytes) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (const auto it = cached_.find(bytes); it != cached_.end()) {
+      data = it->second;
+      cached_.erase(it);
+      cached_bytes_ -= bytes;
+    }
+  }
+  if (data == nullptr) data = ::operator new(std::max<size_t>(bytes, 1), kAlignment);
   std::memset(data, 0, bytes);
   allocations_.Add(data, bytes);
   return DeviceBuffer(this, data, count, dtype);
 }
 
 void CpuBackend::Free(void* data) {
-  allocations_.Remove(data);
+  const size_t bytes = allocations_.Remove(data);
+  if (bytes >= kCachedBlockBytes) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (cached_bytes_ + bytes <= kMaxCachedBytes) {
+      cached_.emplace(bytes, data);
+      cached_bytes_ += bytes;
+      return;
+    }
+  }
   ::operator delete(data, kAlignment);
 }
 

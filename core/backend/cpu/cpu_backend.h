@@ -7,6 +7,8 @@
 // caller at a time, since the pool and the scratch buffers are shared by all calls.
 #pragma once
 
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "core/backend/allocations.h"
@@ -21,6 +23,7 @@ class CpuBackend : public Backend {
   // num_threads <= 0 means one per hardware thread.
   explicit CpuBackend(int num_threads,
                       MatmulPrecision matmul_precision = MatmulPrecision::kHighest);
+  ~CpuBackend() override;
 
   int num_threads() const { return pool_.size(); }
 
@@ -126,6 +129,14 @@ class CpuBackend : public Backend {
   ThreadPool pool_;
   MatmulPrecision matmul_precision_;
   Allocations allocations_;
+  // Freed blocks of at least kCachedBlockBytes, kept for the next Allocate of their size (up to
+  // kMaxCachedBytes in all). The engine's unit buffers (gathered parameters, gradient shards and
+  // their bf16 wires) come and go every step at the same sizes; handed back to glibc, whose heap
+  // takes them once its dynamic mmap threshold has risen, they fragment it: ZeRO-2's peak RSS grew
+  // 6% over 15 steps of a 10.8M model on 2 ranks, FSDP's settled 22% above what it needs.
+  std::mutex cache_mu_;
+  std::unordered_multimap<size_t, void*> cached_;  // bytes -> block
+  size_t cached_bytes_ = 0;
   std::vector<float> operands_[3];
   // Attention's per-thread score blocks and the classifier's logits chunk; kept between calls
   // so a step does not reallocate tens of MB.
