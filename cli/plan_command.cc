@@ -32,7 +32,9 @@ void AddPlanCommand(CLI::App& app) {
   command->add_option("recipe", args->recipe_path, "Recipe YAML file");
   AddOverrideOption(*command, args->overrides);
   command->add_flag("--json", args->json, "Print the plan as JSON");
-  command->add_option("--top", args->top, "Alternatives to show below the recommended layout (its row comes first)")
+  command
+      ->add_option("--top", args->top,
+                   "Alternatives to show below the recommended layout (its row comes first)")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   command->add_flag("--catalog", args->catalog,
@@ -66,11 +68,7 @@ void AddPlanCommand(CLI::App& app) {
     } else {
       std::cout << PlanText(*plan, args->recipe_path, args->top);
     }
-    if (plan->recommendation() == nullptr) {
-      Fail(absl::FailedPreconditionError(
-               "no layout fits this cluster's GPU memory; add nodes or GPUs with more memory"),
-           kExitFailure);
-    }
+    if (plan->recommendation() == nullptr) Fail(WhyNoLayout(*plan), kExitFailure);
   });
 }
 

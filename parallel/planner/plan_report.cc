@@ -314,7 +314,7 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
 
   const Candidate* chosen = plan.recommendation();
   if (chosen == nullptr) {
-    absl::StrAppendFormat(&out, "No layout fits %.1f GiB per GPU.\n", plan.usable_gib);
+    absl::StrAppendFormat(&out, "Nothing to recommend: %s.\n", WhyNoLayout(plan).message());
   } else {
     const Estimate& e = chosen->estimate;
     const MemoryEstimate& m = e.memory;

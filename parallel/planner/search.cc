@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -158,6 +159,23 @@ std::string DescribeLayout(const Layout& layout) {
   return out;
 }
 
+absl::Status WhyNoLayout(const Plan& plan) {
+  std::vector<std::string> reasons;
+  for (const Candidate& candidate : plan.candidates) {
+    if (candidate.verdict != Verdict::kInvalid) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "no layout fits %.1f GiB per GPU; add nodes or GPUs with more memory", plan.usable_gib));
+    }
+    if (absl::c_find(reasons, candidate.reason) == reasons.end()) {
+      reasons.push_back(candidate.reason);
+    }
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("no layout splits the model and the batch over ", plan.cluster.world_size(),
+                   " GPUs: ", absl::StrJoin(reasons, "; "),
+                   "; change cluster.gpus_per_node or cluster.nodes, or train.batch_size"));
+}
+
 const Candidate* ClosestToFitting(const Plan& plan) {
   const Candidate* closest = nullptr;
   for (const Candidate& candidate : plan.candidates) {
@@ -186,12 +204,11 @@ absl::Status CheckLayout(const Workload& workload, const ClusterSpec& cluster,
   }
   // The model's own rule: heads and d_ff split, kv heads split or are replicated.
   RETURN_IF_ERROR(CheckTensorParallel(model, layout.tp));
-  if (model.n_layer % layout.pp != 0) {
-    return invalid("pp ", layout.pp, " does not divide the ", model.n_layer, " layers");
-  }
-  if (model.n_layer % (layout.pp * layout.virtual_stages) != 0) {
-    return invalid("pp ", layout.pp, " x ", layout.virtual_stages,
-                   " virtual stages does not divide the ", model.n_layer, " layers");
+  // Stages need not hold equal numbers of blocks (the trainer balances them by FLOPs,
+  // AssignStages), only one block a model chunk at least.
+  if (layout.pp * layout.virtual_stages > model.n_layer) {
+    return invalid("pp ", layout.pp, " x ", layout.virtual_stages, " model chunks exceed the ",
+                   model.n_layer, " layers");
   }
   if (workload.batch_size % (layout.dp * layout.micro_batch) != 0) {
     return invalid("batch ", workload.batch_size, " sequences is not a multiple of dp ", layout.dp,

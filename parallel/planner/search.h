@@ -74,6 +74,10 @@ absl::Status CheckLayout(const Workload& workload, const ClusterSpec& cluster,
 absl::StatusOr<Plan> SearchLayouts(const Workload& workload, const ClusterSpec& cluster,
                                    const SearchOptions& options = {});
 
+// Why `plan` recommends nothing: FailedPrecondition naming the memory every valid layout
+// exceeds, or, when none is valid, each distinct reason the layouts do not split.
+absl::Status WhyNoLayout(const Plan& plan);
+
 // The estimated candidate that needs the least memory per GPU; nullptr when none was estimated.
 // What to show when nothing fits.
 const Candidate* ClosestToFitting(const Plan& plan);

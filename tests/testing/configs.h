@@ -28,10 +28,13 @@ inline ModelConfig ShippedModelConfig(const std::string& name) {
   return ModelConfigFromRecipe(recipe.model, recipe.d_ff());
 }
 
-// `nodes` nodes of catalog GPU `gpu` on catalog network `network`; a failure fails the test.
-inline ClusterSpec CatalogCluster(int nodes, const std::string& gpu, const std::string& network) {
+// `nodes` nodes of catalog GPU `gpu` on catalog network `network` (of `gpus_per_node`, else
+// the section's default); a failure fails the test.
+inline ClusterSpec CatalogCluster(int nodes, const std::string& gpu, const std::string& network,
+                                  int gpus_per_node = 0) {
   ClusterSection section;
   section.nodes = nodes;
+  if (gpus_per_node > 0) section.gpus_per_node = gpus_per_node;
   section.gpu = gpu;
   section.network = network;
   absl::StatusOr<ClusterSpec> cluster = ResolveCluster(section);

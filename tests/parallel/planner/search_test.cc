@@ -220,6 +220,27 @@ TEST(SearchTest, TheLargestMicroBatchThatFitsIsRecommended) {
   EXPECT_EQ(plan->recommendation()->reason, "the fastest layout that fits");
 }
 
+// A cluster that no layout splits gets the reasons, not "no layout fits the memory" (Llama 7B's
+// 32 heads, 1024 sequences and 32 layers on 6 GPUs of a node once read as out of memory; uneven
+// pipeline stages now fit it). Here: 2 layers, 4 heads, a batch of 2 on 3 GPUs.
+TEST(SearchTest, NoLayoutThatSplitsSaysWhyEach) {
+  const Workload workload =
+      FromConfig("tiny", {"model.n_layer=2", "train.batch_size=2", "train.micro_batch=1"});
+  const absl::StatusOr<Plan> plan =
+      SearchLayouts(workload, testing::CatalogCluster(1, "h100-sxm", "ib-ndr", 3));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->recommendation(), nullptr);
+  const std::string why(WhyNoLayout(*plan).message());
+  EXPECT_THAT(why, HasSubstr("no layout splits the model and the batch over 3 GPUs: "));
+  EXPECT_THAT(why, HasSubstr("batch 2 sequences is not a multiple of dp 3"));
+  EXPECT_THAT(why, HasSubstr("model.n_head = 4 does not divide by parallel.tp = 3"));
+  const absl::StatusOr<Plan> six =
+      SearchLayouts(FromConfig("llama-7b"), testing::CatalogCluster(1, "h100-sxm", "ib-ndr", 6));
+  ASSERT_TRUE(six.ok()) << six.status();
+  ASSERT_NE(six->recommendation(), nullptr);
+  EXPECT_EQ(six->recommendation()->layout.pp, 3);
+}
+
 TEST(SearchTest, CheckLayoutNamesWhatDoesNotDivide) {
   const Workload workload = FromConfig("gpt2-124m", {"train.batch_size=64"});
   const ClusterSpec cluster = testing::CatalogCluster(2, "h100-sxm", "ib-ndr");
@@ -227,7 +248,9 @@ TEST(SearchTest, CheckLayoutNamesWhatDoesNotDivide) {
   EXPECT_THAT(std::string(CheckLayout(workload, cluster, {.dp = 8}).message()),
               HasSubstr("= 8 ranks, but the cluster has 16"));
   EXPECT_THAT(std::string(CheckLayout(workload, cluster, {.pp = 16, .dp = 1}).message()),
-              HasSubstr("pp 16 does not divide the 12 layers"));
+              HasSubstr("pp 16 x 1 model chunks exceed the 12 layers"));
+  // Uneven stages run (the trainer balances them by FLOPs): 8 stages of 12 layers.
+  EXPECT_TRUE(CheckLayout(workload, cluster, {.pp = 8, .dp = 2}).ok());
   EXPECT_THAT(std::string(CheckLayout(workload, cluster, {.tp = 8, .dp = 2}).message()),
               HasSubstr("model.n_head = 12 does not divide by parallel.tp = 8"));
   // More tp ranks than kv heads replicate them, as the trainer does.
