@@ -29,8 +29,10 @@ absl::string_view VerdictName(Verdict verdict) {
   return "?";
 }
 
-double CommPayloadGb(const Estimate& estimate) {
-  return (estimate.dp.payload_bytes + estimate.tp.payload_bytes + estimate.pp.payload_bytes) / 1e9;
+// What a GPU sends over its links in a step, as the trainer's step log counts it (a ring
+// all-reduce of B bytes over n ranks sends 2 (n - 1) / n B).
+double CommSentGb(const Estimate& estimate) {
+  return (estimate.dp.sent_bytes + estimate.tp.sent_bytes + estimate.pp.sent_bytes) / 1e9;
 }
 
 double ExposedCommMs(const Estimate& estimate) {
@@ -59,7 +61,7 @@ std::string TableRow(const Candidate& c) {
   return absl::StrFormat(
       "  %-8s %3d %3d %5d %3d %-9s %-7s %8.1f %8.2f %10s %9s %6.1f  %s\n", StrategyName(l.strategy),
       l.tp, l.pp, l.dp, l.micro_batch, RecomputeName(l.recompute), l.offload ? "yes" : "no",
-      e.memory.device_bytes() / kGiB, CommPayloadGb(e), FormatMs(ExposedCommMs(e)),
+      e.memory.device_bytes() / kGiB, CommSentGb(e), FormatMs(ExposedCommMs(e)),
       FormatMs(e.time.step_ms), 100 * e.time.mfu, c.reason);
 }
 
@@ -330,10 +332,10 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
         m.runtime_bytes / kGiB, m.host_bytes / kGiB);
     absl::StrAppendFormat(
         &out,
-        "  traffic  per GPU per step: DP %.2f GB in %s ms (%s ms exposed), TP %.2f GB in "
+        "  traffic  sent per GPU per step: DP %.2f GB in %s ms (%s ms exposed), TP %.2f GB in "
         "%s ms, PP %.3f GB in %s ms (%s ms exposed); %d micro-batches\n",
-        e.dp.payload_bytes / 1e9, FormatMs(e.dp.time_ms), FormatMs(e.dp.exposed_ms),
-        e.tp.payload_bytes / 1e9, FormatMs(e.tp.time_ms), e.pp.payload_bytes / 1e9,
+        e.dp.sent_bytes / 1e9, FormatMs(e.dp.time_ms), FormatMs(e.dp.exposed_ms),
+        e.tp.sent_bytes / 1e9, FormatMs(e.tp.time_ms), e.pp.sent_bytes / 1e9,
         FormatMs(e.pp.time_ms), FormatMs(e.pp.exposed_ms), e.micro_batches);
     absl::StrAppendFormat(
         &out,
@@ -358,7 +360,7 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
   }
 
   absl::StrAppend(&out,
-                  "\nAlternatives (per GPU; comm = bytes handed to collectives per step):\n"
+                  "\nAlternatives (per GPU; comm = bytes it sends per step):\n"
                   "  strategy  tp  pp    dp  mb recompute offload  mem GiB  comm GB exposed ms"
                   "   step ms  MFU %  verdict\n");
   if (chosen != nullptr) absl::StrAppend(&out, TableRow(*chosen));
