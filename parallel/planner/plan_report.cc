@@ -41,7 +41,7 @@ double ExposedCommMs(const Estimate& estimate) {
 
 std::string ClusterLine(const ClusterSpec& c) {
   std::string line = absl::StrFormat(
-      "%d node%s x %d %s (%.1f GiB, %.0f TFLOP/s bf16); %s %.0f GB/s busbw inside a node", c.nodes,
+      "%d node%s x %d %s (%.1f GiB, %.3g TFLOP/s bf16); %s %.0f GB/s busbw inside a node", c.nodes,
       c.nodes == 1 ? "" : "s", c.gpus_per_node, c.gpu_name, c.gpu_memory_gib, c.peak_tflops,
       c.intra_name, c.intra_gbps);
   if (c.nodes > 1) {
@@ -354,8 +354,9 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
       absl::StrAppendFormat(
           &out,
           "  note     the GPUs compute only %.0f%% of the time: %d sequences per step are too few "
-          "for %d GPUs; raise train.batch_size or plan fewer cluster.nodes\n",
-          100 * t.compute_fraction, w.batch_size, plan.cluster.world_size());
+          "for %d GPUs; raise train.batch_size%s\n",
+          100 * t.compute_fraction, w.batch_size, plan.cluster.world_size(),
+          plan.cluster.nodes > 1 ? " or plan fewer cluster.nodes" : "");
     }
   }
 

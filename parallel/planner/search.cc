@@ -52,7 +52,7 @@ std::string ExtraComplexity(const Layout& layout, const Layout& base) {
     extras.push_back(absl::StrCat("micro-batches of ", layout.micro_batch));
   }
   if (layout.offload && !base.offload) {
-    extras.push_back("optimizer offload, which the trainer does not run yet");
+    extras.push_back("optimizer offload (which the trainer does not run yet)");
   }
   return extras.empty() ? "a more complex layout" : absl::StrJoin(extras, ", ");
 }
