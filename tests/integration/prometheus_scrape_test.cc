@@ -129,8 +129,8 @@ TEST(PrometheusScrapeTest, PrometheusScrapesBothRanksOfARunningJob) {
   if (std::system("command -v prometheus >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "the prometheus server is not installed (apt-get install prometheus)";
   }
-  // Worker local rank r serves metrics_port + r.
-  const int metrics_port = testing::FreeTcpPort();
+  // Worker local rank r serves metrics_port + r: two free ports.
+  const int metrics_port = testing::FreeTcpPorts(2);
   const PrometheusServer prometheus(
       {absl::StrCat("127.0.0.1:", metrics_port), absl::StrCat("127.0.0.1:", metrics_port + 1)});
   nlohmann::json steps, sent, step_counts;

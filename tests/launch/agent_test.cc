@@ -390,8 +390,11 @@ TEST(AgentTest, LogDirHoldsOneFilePerRank) {
   std::ifstream rank0(logs + "/rank-0.log");
   const std::string text((std::istreambuf_iterator<char>(rank0)), {});
   EXPECT_THAT(text, HasSubstr("step 3/3"));
-  EXPECT_TRUE(std::filesystem::exists(logs + "/rank-1.log"));
-  const std::string dir = std::filesystem::canonical(logs).string();  // as /proc names it
+  // Rank 1's file holds rank 1's lines only (it logs no steps; rank 0 does).
+  ASSERT_TRUE(std::filesystem::exists(logs + "/rank-1.log"));
+  std::ifstream rank1(logs + "/rank-1.log");
+  const std::string text1((std::istreambuf_iterator<char>(rank1)), {});
+  EXPECT_THAT(text1, Not(HasSubstr("step 3/3")));
 }
 
 // Rank 1 of a two-worker launch gets `signal` mid-training: the launch exits 1 with rank 1 as the

@@ -327,7 +327,9 @@ TEST(EnvironmentTest, SlurmPortIsDerivedDeterministicallyAndInRange) {
   const WorldEnvironment world = Resolve(SlurmStepTask());
   EXPECT_EQ(world.master_port, SlurmDerivedPort("1234", "0"));
   EXPECT_EQ(world.provenance.at("master_port"), "derived from SLURM_JOB_ID=1234,SLURM_STEP_ID=0");
-  EXPECT_EQ(SlurmDerivedPort("1234", "0"), SlurmDerivedPort("1234", "0"));
+  // Every node derives the same port: a fixed function of the ids (64-bit FNV-1a of
+  // "dtrain/1234.0", computed apart in Python), not of the process or the build.
+  EXPECT_EQ(SlurmDerivedPort("1234", "0"), 24006);
   EXPECT_NE(SlurmDerivedPort("1234", "0"), SlurmDerivedPort("1234", "1"));
   for (int job = 0; job < 5000; ++job) {
     const int port = SlurmDerivedPort(std::to_string(job), "0");

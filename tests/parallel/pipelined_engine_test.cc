@@ -106,9 +106,10 @@ void PrintTo(const Case& c, std::ostream* os) {
 
 struct RankResult {
   std::string error;
-  int parameter_mismatches = 0;  // Acquire'd values that differ from the model's
-  int gradient_mismatches = 0;   // reduced values that differ from the expected sum
-  CommStats step;                // this step's collectives
+  int parameter_mismatches = 0;   // Acquire'd values that differ from the model's
+  int gradient_mismatches = 0;    // reduced values that differ from the expected sum
+  int64_t gradients_checked = 0;  // reduced values compared (the rank's share of the model)
+  CommStats step;                 // this step's collectives
   EngineMemory memory;
 };
 
@@ -197,6 +198,7 @@ RankResult DriveStage(const Case& c, const ParamTable& table, const ModelRun& ru
     for (size_t i = slice.begin; i < slice.end; ++i) {
       if (slice.values[i - slice.begin] != expected[i]) ++result.gradient_mismatches;
     }
+    result.gradients_checked += static_cast<int64_t>(slice.end - slice.begin);
   }
   result.memory = engine.memory();
   return result;
@@ -231,6 +233,11 @@ TEST_P(PipelinedEngineTest, ReducesOncePerStepUnderOneFOneB) {
   const int64_t units = static_cast<int64_t>(layout.units().size());
   const int64_t block_units = units - 2;  // the embeddings and the head are units of their own
   ASSERT_GT(block_units, 0);
+  // Every parameter's gradient was compared: on each rank (replicated), or on one (sharded).
+  int64_t checked = 0;
+  for (const RankResult& result : results) checked += result.gradients_checked;
+  EXPECT_EQ(checked, static_cast<int64_t>(table.total_numel()) *
+                         (strategy.sharding == Sharding::kNone ? kRanks : 1));
   for (int rank = 0; rank < kRanks; ++rank) {
     const RankResult& result = results[rank];
     ASSERT_EQ(result.error, "") << "rank " << rank;

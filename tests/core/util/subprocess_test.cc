@@ -9,10 +9,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -86,7 +88,11 @@ TEST(SubprocessTest, AbandonedChildrenAreNotWaitedFor) {
   stopped->Abandon();
   EXPECT_EQ(stopped->Poll()->ToString(), "signal 9 (SIGKILL)");
   stopped.reset();
-  EXPECT_EQ(kill(pid, 0), 0) << "the destructor killed or reaped an abandoned child";
+  // Still stopped ("T"), neither killed (a zombie, "Z") nor reaped (no such process).
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  ASSERT_TRUE(std::getline(stat, line)) << "the destructor reaped an abandoned child";
+  EXPECT_EQ(line[line.rfind(')') + 2], 'T') << line;
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
 }
