@@ -33,7 +33,7 @@ struct RankResult {
   std::vector<float> grads;
   double eval_loss = 0;                    // ForwardLoss after the step
   std::vector<float> logits, last_logits;  // ForwardLogits (b, t, V) and (b, V)
-  std::vector<int32_t> sample;             // greedy Generate from the inputs
+  std::vector<int32_t> sample;             // Generate from the inputs at temperature 1
   CommStats step;                          // the tp group's collectives in ForwardBackward
 };
 
