@@ -150,19 +150,29 @@ TEST(DataCommandTest, TrainRefusesShardsOfALargerVocabulary) {
                         "model.vocab_size to at least 259"));
 }
 
+// A one-step recipe of a 1-layer model (`model_extra` appended to its keys) on `data` (the data
+// section's keys), which evaluates once and samples `sample_tokens` after the prompt "the".
+std::string SampleRecipe(const std::string& name, const std::string& model_extra,
+                         const std::string& data, int sample_tokens) {
+  return testing::WriteTempFile(
+      name + ".yaml",
+      absl::StrCat("model: {n_layer: 1, n_head: 2, d_model: 32, max_seq_len: 32", model_extra,
+                   "}\ndata: {", data,
+                   "}\ntrain: {steps: 1, warmup_steps: 0, batch_size: 2, micro_batch: 2, "
+                   "seq_len: 16, eval_every: 1, eval_batches: 1}\n"
+                   "logging: {sample_tokens: ",
+                   sample_tokens, ", sample_prompt: the}\n"));
+}
+
 TEST(DataCommandTest, SampledTextDecodesThroughDataTokenizer) {
   const std::string tokenizer = TokenizerDir("data_tok_sample");
   std::string text;
   for (int i = 0; i < 200; ++i) text += "the theme of them\n";
-  const std::string recipe = testing::WriteTempFile(
-      "data_sample.yaml",
-      absl::StrCat("model: {n_layer: 1, n_head: 2, d_model: 32, max_seq_len: 32, vocab_size: 300}\n"
-                   "data: {train: [",
-                   testing::WriteTempFile("data_sample.txt", text), "], tokenizer: ", tokenizer,
-                   "}\n"
-                   "train: {steps: 1, warmup_steps: 0, batch_size: 2, micro_batch: 2, seq_len: 16, "
-                   "eval_every: 1, eval_batches: 1}\n"
-                   "logging: {sample_tokens: 24, sample_prompt: the}\n"));
+  const std::string recipe =
+      SampleRecipe("data_sample", ", vocab_size: 300",
+                   absl::StrCat("train: [", testing::WriteTempFile("data_sample.txt", text),
+                                "], tokenizer: ", tokenizer),
+                   24);
   const std::string out = testing::FreshTempDir("data_sample_run");
   const Outcome train = RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", out));
   ASSERT_EQ(train.exit_code, 0) << train.stderr_text;
@@ -194,15 +204,11 @@ TEST(DataCommandTest, SampledTextOfShardsDecodesThroughTheirRecordedTokenizer) {
                              " --out ", shards))
           .exit_code,
       0);
-  const std::string recipe = testing::WriteTempFile(
-      "data_sample_bytes.yaml",
-      absl::StrCat("model: {n_layer: 1, n_head: 2, d_model: 32, max_seq_len: 32}\n"
-                   "data: {format: webdataset, streams: 1, shards: '",
-                   shards, "/shard-000000.tar', val_shards: '", shards,
-                   "/shard-000000.tar'}\n"
-                   "train: {steps: 1, warmup_steps: 0, batch_size: 2, micro_batch: 2, seq_len: 16, "
-                   "eval_every: 1, eval_batches: 1}\n"
-                   "logging: {sample_tokens: 8, sample_prompt: the}\n"));
+  const std::string recipe =
+      SampleRecipe("data_sample_bytes", "",
+                   absl::StrCat("format: webdataset, streams: 1, shards: '", shards,
+                                "/shard-000000.tar', val_shards: '", shards, "/shard-000000.tar'"),
+                   8);
   const std::string out = testing::FreshTempDir("data_sample_bytes_run");
   const Outcome train = RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", out));
   ASSERT_EQ(train.exit_code, 0) << train.stderr_text;
