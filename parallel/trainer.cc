@@ -111,9 +111,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(const Recipe& rec
     if (recorded == ByteTokenizer().name()) return std::make_unique<ByteTokenizer>();
     if (leader) {
       LogInfo(
-          "samples print as token ids: the shards record tokenizer %s; set data.tokenizer to "
-          "its file or folder to read them as text",
-          recorded.empty() ? "(none)" : recorded);
+          "samples print as token ids: set data.tokenizer to the data's tokenizer (its file or "
+          "folder) to read them as text%s",
+          recorded.empty() ? "" : absl::StrCat(" (the shards record ", recorded, ")"));
     }
     return nullptr;
   }
@@ -604,9 +604,9 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice, activation_slots);
   RETURN_IF_ERROR(CheckRankMemory(recipe, memory, backend.AvailableMemory(), strategy, dp_size,
                                   world.world_size, world.local_world_size));
-  ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
-                   LoadSampleTokenizer(recipe, world.rank == 0));
   const bool leader = world.rank == 0;
+  ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
+                   LoadSampleTokenizer(recipe, leader));
   if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
   // Each worker serves its own /metrics (no hop through the agent, so it works the same under
   // `dtrain launch`, srun and torchrun); the workers of a node take consecutive ports.

@@ -227,8 +227,9 @@ TEST(DataCommandTest, SampledTextOfShardsDecodesThroughTheirRecordedTokenizer) {
       " --set model.vocab_size=300", " --set data.shards=", other,
       "/shard-000000.tar --set data.val_shards=", other, "/shard-000000.tar"));
   ASSERT_EQ(ids.exit_code, 0) << ids.stderr_text;
-  EXPECT_THAT(ids.stderr_text, HasSubstr("samples print as token ids: the shards record tokenizer "
-                                         "hf-bpe:"));
+  EXPECT_THAT(ids.stderr_text, HasSubstr("samples print as token ids: set data.tokenizer to the "
+                                         "data's tokenizer"));
+  EXPECT_THAT(ids.stderr_text, HasSubstr("(the shards record hf-bpe:"));
 }
 
 TEST(DataCommandTest, EncodeAndDecodeRoundTrip) {
