@@ -612,7 +612,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   // `dtrain launch`, srun and torchrun); the workers of a node take consecutive ports.
   std::unique_ptr<StepExporter> exporter;
   if (recipe.logging.metrics_port > 0) {
-    exporter = StepExporter::Start(recipe.logging.metrics_port + world.local_rank,
+    exporter = StepExporter::Start(recipe.logging.metrics_address,
+                                   recipe.logging.metrics_port + world.local_rank,
                                    {{"rank", absl::StrCat(world.rank)},
                                     {"node", absl::StrCat(world.node_rank)},
                                     {"job", world.run_id.empty() ? recipe.run.name : world.run_id}},

@@ -22,6 +22,7 @@ MetricsServer::~MetricsServer() {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const MetricsRegistry& registry,
+                                                                    const std::string& address,
                                                                     int port) {
   // Past 65535 the socket would take the port's low 16 bits: 65536 is 0, any free port.
   if (port < 1 || port > 65535) {
@@ -39,9 +40,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Metric
   server->Get("/metrics", [&registry](const httplib::Request&, httplib::Response& response) {
     response.set_content(registry.Render(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  if (!server->bind_to_port("0.0.0.0", port)) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on port ", port, " for /metrics (is another process on it?)"));
+  if (!server->bind_to_port(address, port)) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " port ", port,
+                                               " for /metrics (is another process on the port, "
+                                               "or the address none of this host's?)"));
   }
   return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(server)));
 }

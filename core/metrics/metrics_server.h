@@ -16,10 +16,11 @@ namespace dtrain {
 
 class MetricsServer {
  public:
-  // Listens on every interface at `port`; `registry` must outlive the server. Unavailable,
-  // naming the port, when it cannot be bound (another process holds it).
+  // Listens at `address` ("0.0.0.0": every interface) and `port`; `registry` must outlive the
+  // server. Unavailable, naming both, when they cannot be bound (another process holds the
+  // port, or the address is none of this host's).
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const MetricsRegistry& registry,
-                                                              int port);
+                                                              const std::string& address, int port);
   // Stops listening and waits for the serving thread.
   ~MetricsServer();
 

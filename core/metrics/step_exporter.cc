@@ -28,10 +28,11 @@ StepExporter::StepExporter(MetricLabels labels, int restarts) : registry_(std::m
   }
 }
 
-std::unique_ptr<StepExporter> StepExporter::Start(int port, MetricLabels labels, int restarts) {
+std::unique_ptr<StepExporter> StepExporter::Start(const std::string& address, int port,
+                                                  MetricLabels labels, int restarts) {
   std::unique_ptr<StepExporter> exporter(new StepExporter(std::move(labels), restarts));
   absl::StatusOr<std::unique_ptr<MetricsServer>> server =
-      MetricsServer::Start(exporter->registry_, port);
+      MetricsServer::Start(exporter->registry_, address, port);
   if (!server.ok()) {
     LogWarn(
         "logging.metrics_port: %s; this worker serves no /metrics and training goes on (set "

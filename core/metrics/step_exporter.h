@@ -13,10 +13,12 @@ namespace dtrain {
 
 class StepExporter {
  public:
-  // Serves this worker's metrics at `port`, every series labelled with `labels` (rank, node,
-  // job); `restarts` is the job's restart count, which this process starts at. nullptr after one
-  // warning naming the port when it cannot be bound: training goes on without /metrics.
-  static std::unique_ptr<StepExporter> Start(int port, MetricLabels labels, int restarts);
+  // Serves this worker's metrics at `address` and `port`, every series labelled with `labels`
+  // (rank, node, job); `restarts` is the job's restart count, which this process starts at.
+  // nullptr after one warning naming the port when it cannot be bound: training goes on without
+  // /metrics.
+  static std::unique_ptr<StepExporter> Start(const std::string& address, int port,
+                                             MetricLabels labels, int restarts);
 
   // Called by the training thread after each step; takes the registry's lock only.
   void Record(const StepMetrics& m);

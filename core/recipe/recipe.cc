@@ -435,9 +435,12 @@ const std::vector<KeySpec>& Keys() {
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(logging, metrics_port),
        "Prometheus /metrics (text format 0.0.4): each worker serves on this port + its local "
-       "rank, on all interfaces; a busy port warns and training goes on; 0 = off",
+       "rank, at logging.metrics_address; a busy port warns and training goes on; 0 = off",
        {},
        Between(0, 65535)},
+      {DTRAIN_RECIPE_KEY(logging, metrics_address),
+       "the address /metrics listens on: 0.0.0.0 = every interface (a Prometheus on another "
+       "host), 127.0.0.1 = this host only, or one interface's address"},
   };
   return *keys;
 }

@@ -135,9 +135,10 @@ struct LoggingSection {
   double sample_temperature = 0.8;
   int sample_top_k = 40;
   std::string sample_prompt = "\n";
-  int flight_recorder_entries = 256;  // per rank, every group; 0 = off
-  double straggler_pct = 10;          // lag above the median that names a straggler; 0 = off
-  int metrics_port = 0;               // Prometheus /metrics at this + local rank; 0 = off
+  int flight_recorder_entries = 256;        // per rank, every group; 0 = off
+  double straggler_pct = 10;                // lag above the median that names a straggler; 0 = off
+  int metrics_port = 0;                     // Prometheus /metrics at this + local rank; 0 = off
+  std::string metrics_address = "0.0.0.0";  // where /metrics listens: every interface
 };
 
 struct Recipe {

@@ -81,7 +81,8 @@ logging: {sample_tokens: 0}
     freopen(log.c_str(), "w", stderr);
     freopen("/dev/null", "w", stdout);
     execl(DTRAIN_BINARY, DTRAIN_BINARY, "train", recipe.c_str(), "--set", out.c_str(), "--set",
-          shard_list.c_str(), "--set", metrics.c_str(), nullptr);
+          shard_list.c_str(), "--set", metrics.c_str(), "--set",
+          "logging.metrics_address=127.0.0.1", nullptr);
     _exit(127);
   }
   // Each pass over the shards reads the good ones and skips the cut one; the loader reads ahead,

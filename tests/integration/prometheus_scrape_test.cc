@@ -46,8 +46,14 @@ checkpoint: {interval: 0}
 }
 
 std::vector<std::string> TrainArgs(const std::vector<std::string>& sets) {
-  std::vector<std::string> argv = {DTRAIN_BINARY, "train", RecipeFile(), "--set",
-                                   "run.out_dir=" + testing::FreshTempDir("prom_out")};
+  // The workers' /metrics on loopback only.
+  std::vector<std::string> argv = {DTRAIN_BINARY,
+                                   "train",
+                                   RecipeFile(),
+                                   "--set",
+                                   "run.out_dir=" + testing::FreshTempDir("prom_out"),
+                                   "--set",
+                                   "logging.metrics_address=127.0.0.1"};
   for (const std::string& set : sets) argv.insert(argv.end(), {"--set", set});
   return argv;
 }
@@ -201,7 +207,8 @@ TEST(PrometheusScrapeTest, ABusyMetricsPortWarnsAndTrainingFinishes) {
     ASSERT_EQ(ranks[rank].exit_code, 0) << "rank " << rank << ":\n" << ranks[rank].output;
   }
   EXPECT_THAT(ranks[0].output,
-              HasSubstr(absl::StrCat("logging.metrics_port: cannot listen on port ", held.port())));
+              HasSubstr(absl::StrCat("logging.metrics_port: cannot listen on 127.0.0.1 port ",
+                                     held.port())));
   EXPECT_THAT(ranks[0].output, HasSubstr("training goes on"));
   EXPECT_THAT(ranks[0].output, HasSubstr("step 4/4"));
   EXPECT_THAT(ranks[1].output, Not(HasSubstr("logging.metrics_port")));

@@ -15,7 +15,8 @@ TEST(MetricsServerTest, ServesTheRegistryAsExpositionText) {
   MetricsRegistry registry(MetricLabels{{"rank", "0"}});
   registry.SetGauge("dtrain_step", "steps", 1);
   const int port = testing::FreeTcpPort();
-  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(registry, port);
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start(registry, "127.0.0.1", port);
   ASSERT_TRUE(server.ok()) << server.status();
   registry.SetGauge("dtrain_step", "steps", 2);  // a scrape sees the registry as it is now
 
@@ -33,7 +34,7 @@ TEST(MetricsServerTest, ABusyPortIsAnErrorNamingIt) {
   ASSERT_TRUE(held.bound());
   MetricsRegistry registry(MetricLabels{});
   absl::StatusOr<std::unique_ptr<MetricsServer>> server =
-      MetricsServer::Start(registry, held.port());
+      MetricsServer::Start(registry, "127.0.0.1", held.port());
   ASSERT_FALSE(server.ok());
   EXPECT_EQ(server.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(server.status().message(), HasSubstr(absl::StrCat("port ", held.port())));
@@ -43,9 +44,20 @@ TEST(MetricsServerTest, ABusyPortIsAnErrorNamingIt) {
 // the socket took its low 16 bits (0: any free port) and served where nobody scrapes.
 TEST(MetricsServerTest, APortPast65535IsAnError) {
   MetricsRegistry registry(MetricLabels{});
-  absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(registry, 65536);
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start(registry, "127.0.0.1", 65536);
   ASSERT_FALSE(server.ok());
   EXPECT_THAT(server.status().message(), HasSubstr("port 65536 is outside 1-65535"));
+}
+
+// logging.metrics_address: an address none of this host's (TEST-NET-1) cannot be listened on,
+// and the error names it.
+TEST(MetricsServerTest, AnAddressOfAnotherHostIsAnErrorNamingIt) {
+  MetricsRegistry registry(MetricLabels{});
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start(registry, "192.0.2.1", testing::FreeTcpPort());
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("cannot listen on 192.0.2.1 port "));
 }
 
 // Two jobs on one port: the second must fail to bind, not share the port's scrapes (httplib's
@@ -53,9 +65,10 @@ TEST(MetricsServerTest, APortPast65535IsAnError) {
 TEST(MetricsServerTest, ASecondServerOnTheSamePortFails) {
   MetricsRegistry registry(MetricLabels{});
   const int port = testing::FreeTcpPort();
-  absl::StatusOr<std::unique_ptr<MetricsServer>> first = MetricsServer::Start(registry, port);
+  absl::StatusOr<std::unique_ptr<MetricsServer>> first =
+      MetricsServer::Start(registry, "127.0.0.1", port);
   ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_FALSE(MetricsServer::Start(registry, port).ok());
+  EXPECT_FALSE(MetricsServer::Start(registry, "127.0.0.1", port).ok());
 }
 
 }  // namespace
