@@ -58,11 +58,11 @@ std::string TableRow(const Candidate& c) {
                            l.pp, l.dp, "-", "-", "-", "-", "-", "-", "-", "-", c.reason);
   }
   const Estimate& e = c.estimate;
-  return absl::StrFormat(
-      "  %-8s %3d %3d %5d %3d %-9s %-7s %8.1f %8.2f %10s %9s %6.1f  %s\n", StrategyName(l.strategy),
-      l.tp, l.pp, l.dp, l.micro_batch, RecomputeName(l.recompute), l.offload ? "yes" : "no",
-      e.memory.device_bytes() / kGiB, CommSentGb(e), FormatMs(ExposedCommMs(e)),
-      FormatMs(e.time.step_ms), 100 * e.time.mfu, c.reason);
+  return absl::StrFormat("  %-8s %3d %3d %5d %3d %-9s %-7s %8.1f %8.2f %10s %9s %6.1f  %s\n",
+                         StrategyName(l.strategy), l.tp, l.pp, l.dp, l.micro_batch,
+                         RecomputeName(l.recompute), l.offload ? "yes" : "no",
+                         e.memory.device_bytes() / kGiB, CommSentGb(e), FormatMs(ExposedCommMs(e)),
+                         FormatMs(e.time.step_ms), 100 * e.time.mfu, c.reason);
 }
 
 nlohmann::json TrafficJson(const Traffic& traffic) {
