@@ -205,7 +205,7 @@ TaskNode NodeOfTask(const Env& env, const std::vector<int>& counts, const Candid
                                     tasks.from, " is unknown; set SLURM_NODEID")))};
   };
   if (!rank.has_value()) return missing("so is SLURM_PROCID");
-  if (!absl::StartsWith(distribution, "block")) {
+  if (!IsBlockDistribution(distribution)) {
     return missing(absl::StrCat("SLURM_DISTRIBUTION=", distribution,
                                 " places ranks across nodes in an order not derived here"));
   }

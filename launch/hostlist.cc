@@ -253,6 +253,10 @@ absl::StatusOr<std::vector<int>> ExpandTasksPerNode(std::string_view tasks_per_n
   return counts;
 }
 
+bool IsBlockDistribution(std::string_view distribution) {
+  return distribution.empty() || distribution.starts_with("block");
+}
+
 int NodeOfBlockTask(const std::vector<int>& tasks_per_node, int task) {
   int first = 0;
   for (size_t node = 0; node < tasks_per_node.size(); ++node) {

@@ -33,6 +33,10 @@ absl::StatusOr<std::string> FirstHost(std::string_view hostlist);
 // negative counts and more than kMaxHostlistHosts nodes.
 absl::StatusOr<std::vector<int>> ExpandTasksPerNode(std::string_view tasks_per_node);
 
+// Whether SLURM_DISTRIBUTION's value (empty: unset) is srun's default block distribution over
+// the nodes ("block", "block:cyclic", ...), which NodeOfBlockTask follows.
+bool IsBlockDistribution(std::string_view distribution);
+
 // The node (an index into `tasks_per_node`, ExpandTasksPerNode's counts) of task `task` under
 // srun's default block distribution, which fills node 0's tasks first; -1 when `task` is past
 // the last.

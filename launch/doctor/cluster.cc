@@ -9,7 +9,6 @@
 #include <sstream>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -524,8 +523,7 @@ std::string ExpectedNodeName(const EnvironmentMap& env, int rank) {
   const std::string tasks = Lookup(env, "SLURM_STEP_TASKS_PER_NODE");
   const std::string distribution = Lookup(env, "SLURM_DISTRIBUTION");
   // Other distributions (-m cyclic, plane) deal the ranks round the nodes: not derived here.
-  if (nodelist.empty() || tasks.empty() ||
-      !(distribution.empty() || absl::StartsWith(distribution, "block"))) {
+  if (nodelist.empty() || tasks.empty() || !IsBlockDistribution(distribution)) {
     return "";
   }
   const absl::StatusOr<std::vector<std::string>> hosts = ExpandHostlist(nodelist);

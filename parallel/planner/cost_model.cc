@@ -56,18 +56,6 @@ double ExposedMs(double total_ms, double window_ms, int calls) {
   return std::min(total_ms, std::max(0.0, total_ms - window_ms) + last_ms);
 }
 
-}  // namespace
-
-bool StageBoundaryCrossesNodes(int boundary, int stage_ranks, int gpus_per_node) {
-  // Rank r sends to r + stage_ranks, for r over the stage's stage_ranks consecutive ranks from
-  // `first`: another node's where r's place in its node is at least gpus_per_node - stage_ranks.
-  const int64_t first = static_cast<int64_t>(boundary) * stage_ranks;
-  return stage_ranks >= gpus_per_node ||
-         first % gpus_per_node + 2 * stage_ranks - 1 >= gpus_per_node;
-}
-
-namespace {
-
 // PipelineFlopsPerToken's terms.
 double BlockFlopsPerToken(const ModelConfig& model, int seq_len, Recompute recompute) {
   const double s = seq_len, h = model.d_model;
@@ -499,6 +487,14 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   time.compute_fraction = time.compute_ms / time.step_ms;
   time.tokens_per_s = tokens / (time.step_ms * 1e-3);
   return estimate;
+}
+
+bool StageBoundaryCrossesNodes(int boundary, int stage_ranks, int gpus_per_node) {
+  // Rank r sends to r + stage_ranks, for r over the stage's stage_ranks consecutive ranks from
+  // `first`: another node's where r's place in its node is at least gpus_per_node - stage_ranks.
+  const int64_t first = static_cast<int64_t>(boundary) * stage_ranks;
+  return stage_ranks >= gpus_per_node ||
+         first % gpus_per_node + 2 * stage_ranks - 1 >= gpus_per_node;
 }
 
 std::string FormatMs(double ms) {
