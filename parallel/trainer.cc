@@ -397,6 +397,12 @@ absl::Status PrepareRunFolder(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
+// An error of train.init_from's weights, as the recipe key's.
+absl::Status InitFromError(const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat("train.init_from: ", status.message(),
+                                                  "; point it at weights of this model's shape"));
+}
+
 // A fresh run's parameters: seeded initialisation, or train.init_from's weights (the whole
 // model's, of which a tensor-parallel rank keeps its shard).
 absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& config,
@@ -409,8 +415,7 @@ absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& confi
   std::vector<float> full(whole.total_numel());
   if (absl::Status status = ImportHfWeights(config, whole, recipe.train.init_from, full.data());
       !status.ok()) {
-    return absl::Status(status.code(), absl::StrCat("train.init_from: ", status.message(),
-                                                    "; point it at weights of this model's shape"));
+    return InitFromError(status);
   }
   std::vector<float> own(table.total_numel());
   ForEachShardRun(whole, table, [&](size_t shard_index, size_t whole_index, size_t count) {
@@ -895,6 +900,15 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
 
 absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size) {
   RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world_size));
+  // Weights of another model would fail every rank at start, and every restart after it. A path
+  // that is missing here is left to the start, which needs it only for a fresh run.
+  std::error_code error;
+  if (!recipe.train.init_from.empty() && std::filesystem::exists(recipe.train.init_from, error)) {
+    const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+    if (absl::Status status = CheckHfWeights(config, recipe.train.init_from); !status.ok()) {
+      return InitFromError(status);
+    }
+  }
   // auto picks its micro-batch for the world; RunTraining checks that one.
   if (recipe.parallel.strategy == "auto") return absl::OkStatus();
   const int dp = world_size / (recipe.parallel.tp * recipe.parallel.pp);

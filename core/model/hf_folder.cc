@@ -446,4 +446,8 @@ absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
   return ImportHfSafetensors(config, table, files, path, params, tied);
 }
 
+absl::Status CheckHfWeights(const ModelConfig& config, const std::string& path) {
+  return ImportHfWeights(config, ParamTable(config, ModelSlice{}), path, nullptr);
+}
+
 }  // namespace dtrain

@@ -58,4 +58,8 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
 absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
                              const std::string& path, float* params);
 
+// What ImportHfWeights checks, reading only config.json and the safetensors headers: OK when the
+// weights at `path` are the whole of `config`'s model, else the error the import would return.
+absl::Status CheckHfWeights(const ModelConfig& config, const std::string& path);
+
 }  // namespace dtrain

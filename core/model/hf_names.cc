@@ -293,6 +293,7 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
                      "; is model.family / model.n_layer right for this checkpoint?"));
   }
 
+  if (params == nullptr) return absl::OkStatus();
   std::vector<float> transposed;
   for (const auto& [entry, t, reader] : pieces) {
     const int64_t cols = Cols(entry->shape);

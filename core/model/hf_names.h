@@ -58,7 +58,7 @@ absl::Status ExportHfSafetensorsStreamed(const ModelConfig& config, const ParamT
 // F16 or BF16). Every expected tensor must be present with its shape; any other tensor is an
 // error too, except known non-parameter buffers (GPT-2 attn.bias / attn.masked_bias and the tied
 // lm_head.weight, Llama rotary_emb.inv_freq). Errors name the file and the tensor; on error
-// `params` may be partly written.
+// `params` may be partly written. A null `params` checks the headers and reads no tensor.
 absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& table,
                                  const std::string& path, float* params);
 

@@ -172,7 +172,7 @@ TEST(TrainTest, ExportedFolderInitialisesANewRunAndItsConfigMustMatch) {
   const testing::Outcome wrong =
       Train(RunDir("folder_wrong"),
             "--set train.init_from=" + folder + " --set model.d_model=32 --set model.n_layer=3");
-  EXPECT_EQ(wrong.exit_code, 1);
+  EXPECT_EQ(wrong.exit_code, 2);
   EXPECT_THAT(wrong.stderr_text, HasSubstr(folder + "/config.json does not match"));
   EXPECT_THAT(wrong.stderr_text, HasSubstr("model.d_model is 32 but n_embd is 64 (set "
                                            "model.d_model: 64)"));
@@ -228,14 +228,17 @@ TEST(TrainTest, ARunFolderInUseIsRefusedNamingItsHolder) {
   EXPECT_EQ(Train(dir).exit_code, 0);
 }
 
+// Weights of another shape are a usage error before the run starts (exit 2, which `dtrain launch`
+// does not restart), found from the file's header: no run folder is written.
 TEST(TrainTest, InitFromAnotherShapeFailsNamingTheTensor) {
   ASSERT_EQ(Train(RunDir("shape")).exit_code, 0);
   const std::string weights = RunDir("shape") + "/small/model.safetensors";
   const testing::Outcome wrong = Train(
       RunDir("wrong"), absl::StrCat("--set train.init_from=", weights, " --set model.d_model=32"));
-  EXPECT_EQ(wrong.exit_code, 1);
+  EXPECT_EQ(wrong.exit_code, 2);
   EXPECT_THAT(wrong.stderr_text, HasSubstr(weights));
   EXPECT_THAT(wrong.stderr_text, HasSubstr("wte.weight"));
+  EXPECT_FALSE(std::filesystem::exists(RunDir("wrong") + "/small"));
 }
 
 // A directory as a data file used to read as 2^63 - 1 bytes and abort in bad_alloc.
