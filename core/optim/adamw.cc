@@ -23,19 +23,29 @@ struct DecayPiece {
 
 // A tensor is exempt from weight decay when a no_decay glob matches its internal name or its
 // Hugging Face name, the one users know. Where one internal tensor holds several Hugging Face
-// tensors (Llama's fused q/k/v and gate/up rows), each of their row ranges is decided alone.
+// tensors (Llama's fused q/k/v and gate/up rows), each of their row ranges is decided alone. A
+// tensor-parallel shard is decided as the whole model's tensor is: each of its rows by the
+// Hugging Face tensor its global row belongs to.
 std::vector<DecayPiece> DecayPieces(const ModelConfig& config, const TensorEntry& entry,
                                     const std::vector<std::string>& no_decay) {
   const bool internal_match = MatchesAny(entry.name, no_decay);
-  const absl::StatusOr<std::vector<HfTensor>> hf = HfTensorsFor(config, entry);
-  // A tensor-parallel slice has no Hugging Face counterpart; its internal name decides.
+  TensorEntry whole = entry;
+  whole.shape = entry.global_shape;
+  const absl::StatusOr<std::vector<HfTensor>> hf = HfTensorsFor(config, whole);
   if (!hf.ok()) return {{entry.offset, entry.numel, internal_match}};
   const size_t cols = entry.shape.size() == 2 ? static_cast<size_t>(entry.shape[1]) : 1;
   std::vector<DecayPiece> pieces;
-  for (const HfTensor& t : *hf) {
-    pieces.push_back({entry.offset + static_cast<size_t>(t.row_begin) * cols,
-                      static_cast<size_t>(t.num_rows) * cols,
-                      internal_match || MatchesAny(t.name, no_decay)});
+  int64_t local_row = 0;  // of the range's first row
+  for (const RowRange& range : entry.rows) {
+    for (const HfTensor& t : *hf) {
+      const int64_t lo = std::max(range.global_begin, t.row_begin);
+      const int64_t hi = std::min(range.global_begin + range.count, t.row_begin + t.num_rows);
+      if (lo >= hi) continue;
+      pieces.push_back(
+          {entry.offset + static_cast<size_t>(local_row + lo - range.global_begin) * cols,
+           static_cast<size_t>(hi - lo) * cols, internal_match || MatchesAny(t.name, no_decay)});
+    }
+    local_row += range.count;
   }
   return pieces;
 }

@@ -68,6 +68,45 @@ TEST(AdamWTest, NoDecayPatternsMatchHuggingFaceNames) {
   EXPECT_FLOAT_EQ(params[qkv.offset + q_numel], 1.0f - 0.1f * 0.5f);
 }
 
+// A tensor-parallel shard decays as the whole model's tensor does: a Hugging Face glob exempts
+// the same values at tp 2 as at tp 1, in the vocabulary-sharded embedding and head, the
+// head-sharded q/k/v rows and the column-sharded output projection alike.
+TEST(AdamWTest, NoDecayPatternsExemptTheSameValuesAtEveryTensorParallelSize) {
+  CpuBackend backend(1);
+  const ModelConfig config = testing::SmallModelConfig(ModelFamily::kLlama);
+  TrainSection train;
+  train.weight_decay = 0.5;
+  train.no_decay = {"*embed_tokens*", "*.q_proj.weight", "*.o_proj.weight", "*norm*"};
+  // One step on zero gradients: each value reads 1 where exempt, 1 - lr * wd where decayed.
+  const auto step = [&](const ParamTable& table) {
+    AdamW optimizer(table, train, backend, 0, table.total_numel());
+    std::vector<float> params(table.total_numel(), 1.0f), grads(table.total_numel(), 0.0f);
+    optimizer.Step(backend, params.data(), nullptr, grads.data(), 0.1f, 1.0f);
+    return params;
+  };
+  const ParamTable whole(config, ModelSlice{});
+  const std::vector<float> expected = step(whole);
+  size_t compared = 0, exempt = 0, shards_numel = 0;
+  for (int tp_rank = 0; tp_rank < 2; ++tp_rank) {
+    const ParamTable shard(config, ModelSlice{.tp_rank = tp_rank, .tp_size = 2});
+    const std::vector<float> got = step(shard);
+    shards_numel += shard.total_numel();
+    for (const TensorEntry& entry : shard.entries()) {
+      const TensorEntry& global = *whole.Find(entry.name);
+      ForEachGlobalRun(entry, 0, entry.numel, [&](size_t local, size_t at, size_t count) {
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(got[entry.offset + local + i], expected[global.offset + at + i])
+              << entry.name << " tp rank " << tp_rank << " element " << local + i;
+          exempt += got[entry.offset + local + i] == 1.0f;
+        }
+        compared += count;
+      });
+    }
+  }
+  EXPECT_EQ(compared, shards_numel);
+  EXPECT_GT(exempt, 0u);
+}
+
 // A sharded optimizer updates only its own range, and its result there equals the unsharded
 // optimizer's.
 TEST(AdamWTest, RangeStepMatchesTheWholeBufferStep) {
