@@ -329,8 +329,7 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
                                               " does not exist; give a step-<N> folder, a "
                                               "checkpoint folder, auto or never"));
     }
-    if (fs::exists(fs::path(resume) / kManifestName, error) ||
-        fs::path(resume).filename().string().rfind("step-", 0) == 0) {
+    if (IsStepFolder(resume)) {
       candidates.push_back(resume);
       folder = fs::path(resume).parent_path().string();
       scanned = false;

@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
+#include <filesystem>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/util/status.h"
@@ -223,6 +225,37 @@ absl::StatusOr<RankIndex> RankIndexFromJson(const std::string& text, const std::
 }
 
 std::string StepDirName(int64_t step) { return absl::StrCat("step-", step); }
+
+std::optional<int64_t> StepOfDirName(const std::string& name) {
+  const absl::string_view digits = absl::string_view(name).substr(std::min<size_t>(5, name.size()));
+  int64_t step = 0;
+  if (!absl::StartsWith(name, "step-") || digits.empty() ||
+      digits.find_first_not_of("0123456789") != absl::string_view::npos ||
+      !absl::SimpleAtoi(digits, &step)) {
+    return std::nullopt;
+  }
+  return step;
+}
+
+std::vector<std::pair<int64_t, std::string>> StepFolders(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error); !error && it != fs::directory_iterator();
+       it.increment(error)) {
+    const std::optional<int64_t> step = StepOfDirName(it->path().filename().string());
+    if (step && it->is_directory(error)) found.emplace_back(*step, it->path().string());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+bool IsStepFolder(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  return fs::exists(fs::path(path) / kManifestName, error) ||
+         absl::StartsWith(fs::path(path).filename().string(), "step-");
+}
 std::string RankFileName(int rank) { return absl::StrCat("rank-", rank, ".bin"); }
 std::string RankIndexName(int rank) { return absl::StrCat("rank-", rank, ".json"); }
 
@@ -265,11 +298,23 @@ absl::Status WriteFileDurably(const std::string& path, const std::string& conten
 }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, " does not exist or cannot be read"));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
+  std::string text;
+  char block[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, block, sizeof block);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      return absl::ErrnoToStatus(error, absl::StrCat("read ", path));
+    }
+    if (n == 0) break;
+    text.append(block, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
 }
 
 }  // namespace dtrain

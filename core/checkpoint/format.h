@@ -26,7 +26,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -116,8 +118,15 @@ absl::StatusOr<RankIndex> RankIndexFromJson(const std::string& text, const std::
 
 // Names inside a checkpoint folder.
 std::string StepDirName(int64_t step);  // "step-<N>"
-std::string RankFileName(int rank);     // "rank-<r>.bin"
-std::string RankIndexName(int rank);    // "rank-<r>.json"
+// N of a "step-<N>" name; nullopt for any other name, N past int64 included.
+std::optional<int64_t> StepOfDirName(const std::string& name);
+// The step-<N> folders in `dir` as (N, path), oldest first; empty when `dir` cannot be read.
+std::vector<std::pair<int64_t, std::string>> StepFolders(const std::string& dir);
+// Whether `path` names one checkpoint (it holds a manifest, or is named step-...) rather than a
+// folder of them.
+bool IsStepFolder(const std::string& path);
+std::string RankFileName(int rank);   // "rank-<r>.bin"
+std::string RankIndexName(int rank);  // "rank-<r>.json"
 inline constexpr char kManifestName[] = "manifest.json";
 inline constexpr char kLatestName[] = "latest";
 
@@ -125,6 +134,7 @@ inline constexpr char kLatestName[] = "latest";
 // folder, so `path` holds either its old or its new contents after a crash.
 absl::Status WriteFileDurably(const std::string& path, const std::string& contents);
 absl::Status FsyncDirectory(const std::string& path);
+// NotFound only when `path` does not exist; other failures with their errno.
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 
 }  // namespace dtrain

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <filesystem>
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -18,8 +18,6 @@
 namespace dtrain {
 namespace {
 
-namespace fs = std::filesystem;
-
 std::string Describe(const ChunkRecord& c) {
   return absl::StrCat("chunk ", c.tensor, BoxToString(c.box), " in ", c.file, " at byte ",
                       c.offset);
@@ -28,18 +26,9 @@ std::string Describe(const ChunkRecord& c) {
 }  // namespace
 
 std::vector<std::string> CheckpointCandidates(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code error;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || !entry.is_directory(error)) continue;
-    const std::string digits = name.substr(5);
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    found.emplace_back(std::stoll(digits), entry.path().string());
-  }
-  std::sort(found.rbegin(), found.rend());
   std::vector<std::string> paths;
-  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  for (auto& [step, path] : StepFolders(dir)) paths.push_back(std::move(path));
+  std::reverse(paths.begin(), paths.end());
   return paths;
 }
 
@@ -59,10 +48,11 @@ CheckpointReader::~CheckpointReader() {
 absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_dir) {
   const std::string manifest_path = step_dir + "/" + kManifestName;
   absl::StatusOr<std::string> text = ReadWholeFile(manifest_path);
-  if (!text.ok()) {
+  if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(
         absl::StrCat(step_dir, " has no ", kManifestName, ": the save did not complete"));
   }
+  if (!text.ok()) return text.status();
   ASSIGN_OR_RETURN(Manifest manifest, ManifestFromJson(*text, manifest_path));
   CheckpointReader reader(step_dir, std::move(manifest));
   const Manifest& m = reader.manifest_;
@@ -124,6 +114,25 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_
   if (reader.chunks_of_.size() != m.tensors.size()) {
     return absl::DataLossError(
         absl::StrCat(manifest_path, ": chunks name tensors the manifest does not list"));
+  }
+  // Every chunk lies inside a file of the step folder that the manifest lists.
+  std::map<std::string, uint64_t> file_bytes;
+  for (const Manifest::File& file : m.files) {
+    if (file.name.empty() || file.name.find('/') != std::string::npos || file.name == "." ||
+        file.name == "..") {
+      return absl::DataLossError(absl::StrCat(manifest_path, ": file \"", file.name,
+                                              "\" is not a name in the step folder; the manifest "
+                                              "is damaged"));
+    }
+    file_bytes[file.name] = file.bytes;
+  }
+  for (const ChunkRecord& c : m.chunks) {
+    const auto file = file_bytes.find(c.file);
+    if (file == file_bytes.end() || c.offset > file->second || c.bytes > file->second - c.offset) {
+      return absl::DataLossError(absl::StrCat(manifest_path, ": ", Describe(c), " (", c.bytes,
+                                              " bytes) lies outside the files the "
+                                              "manifest lists; the manifest is damaged"));
+    }
   }
   for (const Manifest::File& file : m.files) {
     const std::string path = step_dir + "/" + file.name;

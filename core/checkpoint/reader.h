@@ -24,8 +24,9 @@ class CheckpointReader {
  public:
   // Reads and checks the manifest: the format (version 1 or 2), every chunk a box inside its
   // tensor with the tensor's data type, every tensor covered by its chunks exactly once, every
-  // rank file present and as long as its chunks need. DataLoss naming the folder and the file or
-  // chunk when not; NotFound when the manifest is missing (an incomplete save).
+  // chunk inside a rank file the manifest lists, every such file present with its size. DataLoss
+  // naming the folder and the file or chunk when not; NotFound when the manifest is missing (an
+  // incomplete save); a manifest that cannot be read, its errno.
   static absl::StatusOr<CheckpointReader> Open(const std::string& step_dir);
   CheckpointReader(CheckpointReader&&) = default;
   ~CheckpointReader();

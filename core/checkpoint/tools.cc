@@ -26,12 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool IsStepFolder(const std::string& path) {
-  std::error_code error;
-  return fs::exists(fs::path(path) / kManifestName, error) ||
-         fs::path(path).filename().string().rfind("step-", 0) == 0;
-}
-
 std::string MiB(uint64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
 // One line per tensor: its shape and type, then each chunk as a box of it (a version 1 chunk is a

@@ -105,16 +105,9 @@ absl::StatusOr<std::vector<RankIndex>> CollectIndexes(const SaveRequest& r,
 std::vector<int64_t> CompleteSteps(const std::string& dir) {
   std::vector<int64_t> steps;
   std::error_code error;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) != 0) continue;
-    int64_t step = 0;
-    const std::string digits = name.substr(5);
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    step = std::stoll(digits);
-    if (fs::exists(entry.path() / kManifestName, error)) steps.push_back(step);
+  for (const auto& [step, path] : StepFolders(dir)) {
+    if (fs::exists(fs::path(path) / kManifestName, error)) steps.push_back(step);
   }
-  std::sort(steps.begin(), steps.end());
   return steps;
 }
 

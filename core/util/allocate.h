@@ -1,6 +1,6 @@
-// Construction that allocates large buffers, with an allocation failure turned into a Status:
-// the one place std::bad_alloc is caught, so that a rank whose memory runs out says which phase
-// failed and how much it asked for instead of aborting.
+// Construction that allocates large buffers, with an allocation failure turned into a Status, so
+// that a rank whose memory runs out says which phase failed and how much it asked for instead of
+// aborting.
 #pragma once
 
 #include <memory>

@@ -63,7 +63,9 @@ DTRAIN_HD inline float FastExp(float a) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>((static_cast<int32_t>(k) + 127) << 23);
+  // A NaN `a` is NaN in p already; converting NaN to an integer would be undefined.
+  const float exponent = k == k ? k : 0.0f;
+  return p * std::bit_cast<float>((static_cast<int32_t>(exponent) + 127) << 23);
 }
 
 // The exp the kernels use: the polynomial for float, exact std::exp for double (the

@@ -69,6 +69,41 @@ TEST(CheckpointReaderTest, AMissingManifestMeansAnIncompleteSave) {
   EXPECT_THAT(reader.status().message(), HasSubstr("did not complete"));
 }
 
+// A manifest that exists but cannot be read is that error, not an incomplete save (which a resume
+// passes over for an older checkpoint).
+TEST(CheckpointReaderTest, AnUnreadableManifestIsNotAnIncompleteSave) {
+  const std::string dir = testing::FreshDir("ckpt_unreadable");
+  ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
+  fs::remove(dir + "/step-2/manifest.json");
+  fs::create_directory(dir + "/step-2/manifest.json");  // read(2) fails with EISDIR
+  const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-2");
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kFailedPrecondition) << reader.status();
+  EXPECT_THAT(reader.status().message(), HasSubstr("read " + dir + "/step-2/manifest.json"));
+}
+
+// A chunk is read only from inside a rank file the manifest lists: one naming a file outside the
+// step folder, or bytes past its file's end, is a damaged manifest when the checkpoint opens.
+TEST(CheckpointReaderTest, AChunkOutsideTheListedFilesIsADamagedManifest) {
+  const std::string dir = testing::FreshDir("ckpt_chunk_file");
+  ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
+  std::ofstream(dir + "/outside.bin") << std::string(64, 'x');
+  const std::string path = dir + "/step-2/manifest.json";
+  const std::string text = *ReadWholeFile(path);
+  for (const bool past_the_end : {false, true}) {
+    absl::StatusOr<Manifest> manifest = ManifestFromJson(text, path);
+    ASSERT_TRUE(manifest.ok());
+    if (past_the_end) {
+      manifest->chunks[0].offset = manifest->files[0].bytes - manifest->chunks[0].bytes + 1;
+    } else {
+      manifest->chunks[0].file = "../outside.bin";
+    }
+    std::ofstream(path) << ManifestToJson(*manifest);
+    const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-2");
+    EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss) << past_the_end;
+    EXPECT_THAT(reader.status().message(), HasSubstr("lies outside the files the manifest lists"));
+  }
+}
+
 TEST(CheckpointReaderTest, ADamagedManifestIsRejected) {
   const std::string dir = testing::FreshDir("ckpt_badmanifest");
   ASSERT_TRUE(testing::SaveStep(dir, 2).ok());

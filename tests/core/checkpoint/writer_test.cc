@@ -1,7 +1,9 @@
 #include "core/checkpoint/writer.h"
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -115,6 +117,23 @@ TEST(CheckpointWriterTest, KeepsTheLastCompleteOnesAndPointsLatestAtTheNewest) {
   EXPECT_TRUE(fs::exists(dir + "/step-6/manifest.json"));
   EXPECT_EQ(LatestName(dir), "step-6");
   EXPECT_THAT(CheckpointCandidates(dir), ElementsAre(dir + "/step-6", dir + "/step-4"));
+}
+
+// Folders that only look like steps are not checkpoints: a step past int64 (which ended the
+// process in std::stoll, at resume and in the save thread's pruning), a file, other names.
+TEST(CheckpointWriterTest, StepFoldersAreNumberedFoldersWithinInt64) {
+  const std::string dir = testing::FreshDir("ckpt_names");
+  fs::create_directories(dir + "/step-99999999999999999999");
+  fs::create_directories(dir + "/step-x");
+  fs::create_directories(dir + "/step-");
+  std::ofstream(dir + "/step-9");
+  for (int step : {2, 4, 6}) ASSERT_TRUE(testing::SaveStep(dir, step).ok());
+  EXPECT_TRUE(fs::exists(dir + "/step-99999999999999999999"));  // not pruned as a checkpoint
+  EXPECT_THAT(CheckpointCandidates(dir), ElementsAre(dir + "/step-6", dir + "/step-4"));
+  EXPECT_EQ(StepOfDirName("step-9223372036854775807"), INT64_MAX);
+  EXPECT_EQ(StepOfDirName("step-9223372036854775808"), std::nullopt);
+  EXPECT_EQ(StepOfDirName("step--1"), std::nullopt);
+  EXPECT_EQ(StepOfDirName("steps-1"), std::nullopt);
 }
 
 TEST(CheckpointWriterTest, ARankThatNeverReportsLeavesNoCheckpointAndThePreviousIntact) {
