@@ -397,10 +397,9 @@ absl::Status PrepareRunFolder(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
-// An error of train.init_from's weights, as the recipe key's.
+// An error of train.init_from's weights, as the recipe key's (each says its fix).
 absl::Status InitFromError(const absl::Status& status) {
-  return absl::Status(status.code(), absl::StrCat("train.init_from: ", status.message(),
-                                                  "; point it at weights of this model's shape"));
+  return absl::Status(status.code(), absl::StrCat("train.init_from: ", status.message()));
 }
 
 // A fresh run's parameters: seeded initialisation, or train.init_from's weights (the whole
@@ -832,7 +831,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
 
     ASSIGN_OR_RETURN(const CheckpointRequest request, AgreeOnCheckpointSignals(world_comm));
     const int interval = recipe.checkpoint.interval;
-    if ((interval > 0 && m.step % interval == 0) || last || request.stop || request.save) {
+    if ((interval > 0 && m.step % interval == 0) || (last && recipe.checkpoint.save_at_end) ||
+        request.stop || request.save) {
       ASSIGN_OR_RETURN(m.ckpt_blocked_ms,
                        checkpoints->Save(m.step, m.lr, data.train->state(), StepMetricsJson(m)));
     }

@@ -361,6 +361,9 @@ const std::vector<KeySpec>& Keys() {
        "periodic saves (checkpoint.interval > 0) copy the state to host memory at the step and "
        "write it on a background thread (one save in flight); false = training waits for the "
        "write. The saves that end a run are written directly"},
+      {DTRAIN_RECIPE_KEY(checkpoint, save_at_end),
+       "false: the run's last step writes no checkpoint (benchmarks, smoke tests: a large model's "
+       "state takes seconds to write); SIGTERM and SIGUSR1 still save"},
       {DTRAIN_RECIPE_KEY(checkpoint, resume),
        "auto: continue from the newest complete checkpoint in checkpoint.dir, if any; never: "
        "start fresh; or the path of a step-<N> folder (or of a checkpoint folder) to load, into "

@@ -109,6 +109,7 @@ struct CheckpointSection {
   int interval = 0;   // steps between saves; 0 = only at the end and on SIGTERM / SIGUSR1
   int keep_last = 3;  // complete checkpoints kept; older ones go once a newer is complete
   bool async = true;  // periodic saves: copy to host staging memory, write on a background thread
+  bool save_at_end = true;      // false: the last step writes none (SIGTERM and SIGUSR1 still save)
   std::string resume = "auto";  // auto (newest complete in dir, if any) | never | PATH
 };
 

@@ -291,6 +291,23 @@ TEST(TrainTest, RecipeFileNameThatIsNotUtf8StillCheckpoints) {
   EXPECT_THAT(json["recipe"].get<std::string>(), HasSubstr("recipe_\xef\xbf\xbd.yaml"));
 }
 
+// checkpoint.save_at_end: false (a benchmark's runs) writes the interval's checkpoints and not the
+// last step's, which every run writes by default.
+TEST(TrainTest, SaveAtEndFalseLeavesTheLastStepUnsaved) {
+  const std::string steps = " --set train.steps=3 --set train.eval_every=0";
+  for (const bool save_at_end : {true, false}) {
+    const std::string out_dir = RunDir(save_at_end ? "save_at_end" : "no_save_at_end");
+    const testing::Outcome run = Train(out_dir, absl::StrCat(steps,
+                                                             " --set checkpoint.interval=2 --set "
+                                                             "checkpoint.save_at_end=",
+                                                             save_at_end ? "true" : "false"));
+    ASSERT_EQ(run.exit_code, 0) << run.stderr_text;
+    const std::string checkpoints = out_dir + "/small/checkpoints";
+    EXPECT_TRUE(std::filesystem::exists(checkpoints + "/step-2/manifest.json"));
+    EXPECT_EQ(std::filesystem::exists(checkpoints + "/step-3"), save_at_end);
+  }
+}
+
 // SFT end to end: `data pack --sft` writes masked shards that `train` with data.format sft packs,
 // counts and learns (the answers are a function of the questions, so the loss falls).
 TEST(TrainTest, SftShardsPackAndTrainOnTheAnswers) {
