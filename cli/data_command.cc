@@ -17,6 +17,7 @@
 #include "core/data/data_pack.h"
 #include "core/data/tokenizers/load_tokenizer.h"
 #include "core/util/byte_size.h"
+#include "core/util/read_file.h"
 #include "core/util/thread_pool.h"
 
 namespace dtrain::cli {
@@ -29,9 +30,9 @@ std::unique_ptr<Tokenizer> LoadTokenizerOrFail(const std::string& path, int thre
 }
 
 std::string ReadInputOrFail(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) Fail(absl::NotFoundError("cannot open input " + path), kExitUsage);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) Fail(text.status(), kExitUsage);
+  return *std::move(text);
 }
 
 void AddEncodeCommands(CLI::App* data) {
@@ -46,7 +47,9 @@ void AddEncodeCommands(CLI::App* data) {
       "encode",
       "Encode a file's bytes (one text) with a model's tokenizer; print the ids as a JSON list");
   encode->add_option("--tokenizer", encode_args->tokenizer, "tokenizer file or folder")->required();
-  encode->add_option("input", encode_args->input, "Text file")->required();
+  encode->add_option("input", encode_args->input, "Text file")
+      ->required()
+      ->check(CLI::ExistingFile);
   encode->add_option("--threads", encode_args->threads, "Encoding threads")->capture_default_str();
   encode->add_flag("--summary", encode_args->summary,
                    "Print the token count and the encoding rate instead of the ids");
@@ -76,7 +79,9 @@ void AddEncodeCommands(CLI::App* data) {
       "decode",
       "Decode a JSON list of token ids (a file) with a model's tokenizer; write the text");
   decode->add_option("--tokenizer", decode_args->tokenizer, "tokenizer file or folder")->required();
-  decode->add_option("input", decode_args->input, "File holding a JSON list of ids")->required();
+  decode->add_option("input", decode_args->input, "File holding a JSON list of ids")
+      ->required()
+      ->check(CLI::ExistingFile);
   decode->callback([decode_args] {
     const auto tokenizer = LoadTokenizerOrFail(decode_args->tokenizer, 1);
     const nlohmann::json ids =
@@ -127,7 +132,9 @@ void AddDataCommand(CLI::App& app) {
       "pack",
       "Write token shards from text files (one document each) and JSON-lines files (one "
       "document per line, its \"text\"), with a model's tokenizer or byte-level tokens");
-  pack->add_option("inputs", pack_args->inputs, "Input .txt / .jsonl files")->required();
+  pack->add_option("inputs", pack_args->inputs, "Input .txt / .jsonl files")
+      ->required()
+      ->check(CLI::ExistingFile);
   pack->add_option("--out", pack_args->out_dir, "Folder for shard-000000.tar, ...")->required();
   pack->add_option("--shard-size", pack_args->shard_size, "Largest shard, e.g. 64MB or 1GiB")
       ->capture_default_str();

@@ -297,24 +297,4 @@ absl::Status WriteFileDurably(const std::string& path, const std::string& conten
   return FsyncDirectory(slash == std::string::npos ? "." : path.substr(0, slash));
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
-  std::string text;
-  char block[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, block, sizeof block);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      ::close(fd);
-      return absl::ErrnoToStatus(error, absl::StrCat("read ", path));
-    }
-    if (n == 0) break;
-    text.append(block, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return text;
-}
-
 }  // namespace dtrain

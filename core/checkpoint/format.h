@@ -134,7 +134,5 @@ inline constexpr char kLatestName[] = "latest";
 // folder, so `path` holds either its old or its new contents after a crash.
 absl::Status WriteFileDurably(const std::string& path, const std::string& contents);
 absl::Status FsyncDirectory(const std::string& path);
-// NotFound only when `path` does not exist; other failures with their errno.
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 
 }  // namespace dtrain

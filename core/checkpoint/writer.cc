@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "core/checkpoint/crc32c.h"
 #include "core/util/log.h"
+#include "core/util/read_file.h"
 #include "core/util/status.h"
 
 namespace dtrain {

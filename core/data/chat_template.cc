@@ -1,18 +1,18 @@
 #include "core/data/chat_template.h"
 
 #include <algorithm>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/util/read_file.h"
 
 namespace dtrain {
 namespace {
 
 ChatTemplate Llama3() {
-  ChatTemplate t{.name = "llama3", .begin = "<|begin_of_text|>"};
+  ChatTemplate t{.name = "llama3", .begin = "<|begin_of_text|>", .trim = true};
   for (const char* role : {"system", "user", "assistant", "ipython"}) {
     t.roles[role] = {absl::StrCat("<|start_header_id|>", role, "<|end_header_id|>\n\n"),
                      "<|eot_id|>"};
@@ -23,7 +23,7 @@ ChatTemplate Llama3() {
 ChatTemplate ChatMl() {
   ChatTemplate t{.name = "chatml"};
   for (const char* role : {"system", "user", "assistant", "tool"}) {
-    t.roles[role] = {absl::StrCat("<|im_start|>", role, "\n"), "<|im_end|>\n"};
+    t.roles[role] = {absl::StrCat("<|im_start|>", role, "\n"), "<|im_end|>", "\n"};
   }
   return t;
 }
@@ -51,18 +51,31 @@ absl::Status OptionalString(const nlohmann::json& json, const char* key, const s
 }
 
 absl::StatusOr<ChatTemplate> LoadTemplateFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  const absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (absl::IsNotFound(text.status())) {
     return absl::NotFoundError(
         absl::StrCat("chat template '", path,
                      "' is neither a built-in one (llama3, chatml, none) nor a readable file"));
   }
-  const std::string text((std::istreambuf_iterator<char>(in)), {});
-  const nlohmann::json json = nlohmann::json::parse(text, nullptr, false);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("chat template: ", text.status().message()));
+  }
+  const nlohmann::json json = nlohmann::json::parse(*text, nullptr, false);
   if (json.is_discarded() || !json.is_object()) return FileError(path, "not a JSON object");
   ChatTemplate t{.name = path};
   absl::Status status = OptionalString(json, "begin", path, "\"begin\"", &t.begin);
   if (!status.ok()) return status;
+  if (json.contains("trim")) {
+    if (!json["trim"].is_boolean()) return FileError(path, "\"trim\" is not true or false");
+    t.trim = json["trim"].get<bool>();
+  }
+  if (json.contains("chat_template") && !json.contains("roles")) {
+    return FileError(path,
+                     "a Jinja chat_template (a tokenizer_config.json's), which dtrain does not "
+                     "render; write its turns as a template file of \"roles\" (README, "
+                     "\"Supervised fine-tuning\") or use a built-in one");
+  }
   if (!json.contains("roles") || !json["roles"].is_object()) {
     return FileError(path, "no \"roles\" object");
   }
@@ -70,7 +83,8 @@ absl::StatusOr<ChatTemplate> LoadTemplateFile(const std::string& path) {
     const std::string field = absl::StrCat("roles.", role);
     if (!format.is_object()) return FileError(path, absl::StrCat(field, " is not an object"));
     ChatTurnFormat& turn = t.roles[role];
-    for (const auto& [key, out] : {std::pair{"prefix", &turn.prefix}, {"suffix", &turn.suffix}}) {
+    for (const auto& [key, out] :
+         {std::pair{"prefix", &turn.prefix}, {"suffix", &turn.suffix}, {"after", &turn.after}}) {
       status = OptionalString(format, key, path, absl::StrCat(field, ".", key), out);
       if (!status.ok()) return status;
     }
@@ -104,9 +118,20 @@ absl::StatusOr<std::vector<TextSegment>> RenderConversation(
                                                      absl::StrJoin(known, ", "), ")"));
     }
     const bool trained = message.role == "assistant";
-    if (!it->second.prefix.empty()) segments.push_back({it->second.prefix, false});
-    segments.push_back({message.content, trained});
-    if (!it->second.suffix.empty()) segments.push_back({it->second.suffix, trained});
+    const absl::string_view content = chat_template.trim
+                                          ? absl::StripAsciiWhitespace(message.content)
+                                          : absl::string_view(message.content);
+    if (trained && content.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "message ", &message - messages.data() + 1, " of ", messages.size(),
+          " (the assistant's) has no text: it would train its end-of-turn marker alone, a model "
+          "taught to say nothing; drop the line or add the answer"));
+    }
+    const ChatTurnFormat& format = it->second;
+    if (!format.prefix.empty()) segments.push_back({format.prefix, false});
+    segments.push_back({std::string(content), trained});
+    if (!format.suffix.empty()) segments.push_back({format.suffix, trained});
+    if (!format.after.empty()) segments.push_back({format.after, false});
   }
   return segments;
 }
@@ -127,6 +152,7 @@ std::vector<std::string> TemplateMarkers(const ChatTemplate& chat_template) {
   for (const auto& [role, format] : chat_template.roles) {
     scan(format.prefix);
     scan(format.suffix);
+    scan(format.after);
   }
   return markers;
 }

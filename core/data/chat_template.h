@@ -2,19 +2,22 @@
 // the model is trained to produce (the loss mask of supervised fine-tuning).
 //
 // A template is a text at the start of every sample and, per role, a prefix and a suffix around
-// each message's content. The assistant's content and suffix are trained (the suffix holds the
-// end-of-turn token the model must learn to emit, as in Hugging Face's assistant-only loss); the
-// start text, every prefix and every other role's message are prompt, never targets. Special
-// tokens are written as their text ("<|eot_id|>"): the tokenizer turns them into their ids.
+// each message's content, then a text after them. The assistant's content and suffix are trained
+// (the suffix holds the end-of-turn token the model must learn to emit, as in Hugging Face's
+// assistant-only loss); the start text, every prefix and "after" text and every other role's
+// message are prompt, never targets. Special tokens are written as their text ("<|eot_id|>"): the
+// tokenizer turns them into their ids.
 //
-// Built in: "llama3" (Meta Llama 3 instruct), "chatml" (Qwen and others) and "none" (the
-// contents as they are: prompt then completion, nothing added). Any other template is a JSON
-// file:
-//   {"begin": "<s>",
-//    "roles": {"system":    {"prefix": "<<SYS>>\n", "suffix": "\n<</SYS>>\n\n"},
-//              "user":      {"prefix": "[INST] ", "suffix": " [/INST]"},
-//              "assistant": {"prefix": " ", "suffix": "</s>"}}}
-// "begin" and every prefix and suffix are optional (empty); "roles" must name "assistant".
+// Built in: "llama3" (Meta Llama 3 instruct, whose template trims each content's surrounding
+// whitespace), "chatml" (Qwen and others: "<|im_end|>" trained, the newline after it not) and
+// "none" (the contents as they are: prompt then completion, nothing added). Any other template is
+// a JSON file, e.g. Llama 2 chat's turns (without its system prompt, which goes inside the first
+// user turn):
+//   {"trim": true,
+//    "roles": {"user":      {"prefix": "<s>[INST] ", "suffix": " [/INST]"},
+//              "assistant": {"prefix": " ", "suffix": " </s>"}}}
+// "begin" and every prefix, suffix and after are optional (empty), "trim" too (false); "roles"
+// must name "assistant".
 #pragma once
 
 #include <map>
@@ -29,12 +32,14 @@ namespace dtrain {
 struct ChatTurnFormat {
   std::string prefix;
   std::string suffix;
+  std::string after;  // after the suffix, never trained
 };
 
 struct ChatTemplate {
   std::string name;                             // the built-in name or the file's path
   std::string begin;                            // once at the start of a sample
   std::map<std::string, ChatTurnFormat> roles;  // by role name; "assistant" is trained
+  bool trim = false;  // each content without its leading and trailing whitespace
 };
 
 struct ChatMessage {
@@ -59,7 +64,8 @@ std::vector<std::string> TemplateMarkers(const ChatTemplate& chat_template);
 absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& name_or_path);
 
 // The segments of one conversation, in order. InvalidArgument for a role the template does not
-// know (naming it and the template's roles).
+// know (naming it and the template's roles), and for an assistant message without text, which
+// would train its end-of-turn marker alone: a model taught to say nothing.
 absl::StatusOr<std::vector<TextSegment>> RenderConversation(
     const ChatTemplate& chat_template, const std::vector<ChatMessage>& messages);
 

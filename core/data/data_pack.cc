@@ -18,6 +18,7 @@
 #include "core/data/sft_data.h"
 #include "core/data/tar_writer.h"
 #include "core/data/token_decode.h"
+#include "core/util/read_file.h"
 #include "core/util/status.h"
 #include "core/util/thread_pool.h"
 
@@ -239,9 +240,8 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
         return absl::OkStatus();
       });
   for (const std::string& input : inputs) {
-    std::ifstream in(input, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat("cannot open input ", input));
     if (absl::EndsWith(input, ".jsonl")) {
+      ASSIGN_OR_RETURN(std::ifstream in, OpenInputFile(input));
       std::string line;
       for (int64_t number = 1; std::getline(in, line); ++number) {
         if (absl::StripAsciiWhitespace(line).empty()) continue;
@@ -254,7 +254,8 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                     absl::StrCat(input, ":", number)));
       }
     } else {
-      RETURN_IF_ERROR(encoder.Add(std::string((std::istreambuf_iterator<char>(in)), {}), input));
+      ASSIGN_OR_RETURN(std::string text, ReadWholeFile(input));
+      RETURN_IF_ERROR(encoder.Add(std::move(text), input));
     }
   }
   RETURN_IF_ERROR(encoder.Flush());
@@ -299,8 +300,7 @@ absl::StatusOr<PackResult> PackSftShards(const std::vector<std::string>& inputs,
         return absl::OkStatus();
       });
   for (const std::string& input : inputs) {
-    std::ifstream in(input, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat("cannot open input ", input));
+    ASSIGN_OR_RETURN(std::ifstream in, OpenInputFile(input));
     std::string line;
     for (int64_t number = 1; std::getline(in, line); ++number) {
       if (absl::StripAsciiWhitespace(line).empty()) continue;

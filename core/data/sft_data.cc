@@ -66,13 +66,12 @@ absl::StatusOr<SftSample> EncodeSftLine(std::string_view line, const ChatTemplat
   ASSIGN_OR_RETURN(const std::vector<ChatMessage> messages, Messages(record, where));
   absl::StatusOr<std::vector<TextSegment>> segments = RenderConversation(chat_template, messages);
   if (!segments.ok()) return LineError(where, std::string(segments.status().message()));
-  // An empty answer would still train its end-of-turn marker: a model taught to say nothing.
+  // (RenderConversation refuses an assistant message without text.)
   constexpr char kNothingToTrain[] =
-      "nothing to train on: no assistant message with text (the loss counts only the "
-      "assistant's tokens); drop the line or add the answer";
-  if (std::none_of(messages.begin(), messages.end(), [](const ChatMessage& m) {
-        return m.role == "assistant" && !m.content.empty();
-      })) {
+      "nothing to train on: no assistant message (the loss counts only the assistant's "
+      "tokens); drop the line or add the answer";
+  if (std::none_of(messages.begin(), messages.end(),
+                   [](const ChatMessage& m) { return m.role == "assistant"; })) {
     return LineError(where, kNothingToTrain);
   }
   // The rendered text is encoded whole, as its model reads it at inference (apart, each piece

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "core/checkpoint/format.h"
 #include "core/data/tokenizers/load_tokenizer.h"
+#include "core/util/read_file.h"
 #include "core/util/status.h"
 #include "nlohmann/json.hpp"
 

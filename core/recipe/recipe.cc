@@ -11,11 +11,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <variant>
@@ -31,6 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "core/model/model_config.h"
 #include "core/util/log.h"
+#include "core/util/read_file.h"
 #include "core/util/status.h"
 #include "core/util/utf8.h"
 
@@ -1320,21 +1318,19 @@ absl::StatusOr<Recipe> ParseRecipe(const std::string& yaml_text, const std::stri
 
 absl::StatusOr<Recipe> LoadRecipe(const std::string& path,
                                   const std::vector<std::string>& overrides) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    return absl::NotFoundError(absl::StrCat("cannot open recipe file '", path,
-                                            "'; check the path, or run 'dtrain train' with no "
-                                            "file for the built-in tiny recipe"));
-  }
-  // A directory opens and reads as nothing, which would parse as an empty recipe.
-  std::error_code error;
-  if (std::filesystem::is_directory(path, error)) {
+  const absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (absl::IsInvalidArgument(text.status())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the recipe path '", path, "' is a directory; give the recipe's YAML file inside it"));
   }
-  std::stringstream text;
-  text << file.rdbuf();
-  return ParseRecipe(text.str(), path, overrides);
+  if (!text.ok()) {
+    return absl::Status(
+        text.status().code(),
+        absl::StrCat("cannot open recipe file '", path, "' (", text.status().message(),
+                     "); check the path, or run 'dtrain train' with no file for "
+                     "the built-in tiny recipe"));
+  }
+  return ParseRecipe(*text, path, overrides);
 }
 
 std::string ResolvedRecipeYaml(const Recipe& recipe) {

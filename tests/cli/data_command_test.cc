@@ -113,6 +113,22 @@ TEST(DataCommandTest, PackRefusesAFolderHoldingShards) {
               HasSubstr(absl::StrCat("--out ", out, " holds 1 shard(s) of an earlier pack")));
 }
 
+// A folder given as an input is a usage error naming it, for every command that reads inputs,
+// where reading it ended the process (std::ios_failure, exit 134).
+TEST(DataCommandTest, AFolderAsAnInputIsRefusedNamingIt) {
+  const std::string folder = testing::FreshTempDir("data_input_folder");
+  std::filesystem::create_directories(folder);
+  for (const std::string& command :
+       {absl::StrCat("data pack ", folder, " --out ", folder, "/shards"),
+        absl::StrCat("data pack --sft ", folder, " --out ", folder, "/shards"),
+        absl::StrCat("data encode --tokenizer ", TokenizerDir("data_tok_folder"), " ", folder),
+        absl::StrCat("data decode --tokenizer ", TokenizerDir("data_tok_folder"), " ", folder)}) {
+    const Outcome run = RunDtrain(command);
+    EXPECT_EQ(run.exit_code, 2) << command << "\n" << run.stderr_text;
+    EXPECT_THAT(run.stderr_text, HasSubstr("File is actually a directory: " + folder)) << command;
+  }
+}
+
 // A vocabulary past 65536 (Llama 3's 128256) needs 4-byte ids: .tokens32.
 TEST(DataCommandTest, PackWritesWideIdsForALargeVocabulary) {
   const std::string dir = testing::FreshTempDir("data_tok_wide");

@@ -44,10 +44,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TIMEOUT_S = 3600
 VOCAB = 4096
 QUESTION = "Who said this?"
-# Llama 3's chat template reduced to what dtrain's llama3 template renders (no content trim).
+# Llama 3's chat template (as Meta's, each content trimmed).
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
-    "'<|end_header_id|>\n\n' + message['content'] + '<|eot_id|>' }}{% endfor %}"
+    "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
     "{% endif %}")
 TRAINED_QUOTES = ["Imagination is more important than knowledge.",

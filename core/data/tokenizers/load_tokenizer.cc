@@ -1,7 +1,6 @@
 #include "core/data/tokenizers/load_tokenizer.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
@@ -11,6 +10,7 @@
 #include "core/data/tokenizers/bpe.h"
 #include "core/data/tokenizers/sentencepiece_tokenizer.h"
 #include "core/util/fnv.h"
+#include "core/util/read_file.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -20,12 +20,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 absl::StatusOr<std::string> ReadFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot read tokenizer file ", path.string(), ": ", std::strerror(errno)));
+  absl::StatusOr<std::string> text = ReadWholeFile(path.string());
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("cannot read tokenizer file: ", text.status().message()));
   }
-  return std::string((std::istreambuf_iterator<char>(in)), {});
+  return text;
 }
 
 std::string TokenizerName(std::string_view kind, const fs::path& path, uint64_t hash) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "core/checkpoint/crc32c.h"
 #include "core/checkpoint/tools.h"
+#include "core/util/read_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/checkpoint/checkpoint_test_util.h"
@@ -75,10 +76,11 @@ TEST(CheckpointReaderTest, AnUnreadableManifestIsNotAnIncompleteSave) {
   const std::string dir = testing::FreshDir("ckpt_unreadable");
   ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
   fs::remove(dir + "/step-2/manifest.json");
-  fs::create_directory(dir + "/step-2/manifest.json");  // read(2) fails with EISDIR
+  fs::create_directory(dir + "/step-2/manifest.json");
   const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-2");
-  EXPECT_EQ(reader.status().code(), absl::StatusCode::kFailedPrecondition) << reader.status();
-  EXPECT_THAT(reader.status().message(), HasSubstr("read " + dir + "/step-2/manifest.json"));
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kInvalidArgument) << reader.status();
+  EXPECT_THAT(reader.status().message(),
+              HasSubstr(dir + "/step-2/manifest.json is a folder, not a file"));
 }
 
 // A chunk is read only from inside a rank file the manifest lists: one naming a file outside the

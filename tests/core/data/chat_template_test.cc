@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace dtrain {
@@ -20,7 +21,8 @@ const std::vector<ChatMessage> kConversation = {
     {"system", "Be brief."}, {"user", "Hi?"}, {"assistant", "Hello."}};
 
 // The texts of Hugging Face's chat templates for these models (apply_chat_template without a
-// generation prompt), with only the assistant's content and end-of-turn marker trained.
+// generation prompt), with only the assistant's content and end-of-turn marker trained. Llama 3's
+// template trims each content ("message['content'] | trim"); ChatML's does not.
 TEST(ChatTemplateTest, MarkersAreTheSpecialTokensTheTemplateWrites) {
   EXPECT_EQ(TemplateMarkers(*LoadChatTemplate("chatml")),
             (std::vector<std::string>{"<|im_start|>", "<|im_end|>"}));
@@ -40,6 +42,15 @@ TEST(ChatTemplateTest, Llama3AndChatMlRenderAsTheirModelsExpect) {
             "<|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>");
   EXPECT_EQ(Rendered(*segments, true), "Hello.<|eot_id|>");
+  segments = RenderConversation(*llama3, {{"user", " Hi? \n"}, {"assistant", "\tHello.\n"}});
+  ASSERT_TRUE(segments.ok()) << segments.status();
+  EXPECT_EQ(Rendered(*segments, false),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>");
+  // An answer of whitespace alone is no answer.
+  EXPECT_THAT(
+      RenderConversation(*llama3, {{"user", "Hi?"}, {"assistant", " \n"}}).status().message(),
+      ::testing::HasSubstr("message 2 of 2 (the assistant's) has no text"));
 
   absl::StatusOr<ChatTemplate> chatml = LoadChatTemplate("chatml");
   ASSERT_TRUE(chatml.ok()) << chatml.status();
@@ -48,7 +59,30 @@ TEST(ChatTemplateTest, Llama3AndChatMlRenderAsTheirModelsExpect) {
   EXPECT_EQ(Rendered(*segments, false),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"
             "<|im_start|>assistant\nHello.<|im_end|>\n");
-  EXPECT_EQ(Rendered(*segments, true), "Hello.<|im_end|>\n");
+  EXPECT_EQ(Rendered(*segments, true), "Hello.<|im_end|>");  // not the newline after it
+  segments = RenderConversation(*chatml, {{"user", " Hi? "}, {"assistant", " Hello. "}});
+  ASSERT_TRUE(segments.ok()) << segments.status();
+  EXPECT_EQ(Rendered(*segments, true), " Hello. <|im_end|>");
+}
+
+// Llama 2 chat's turns as a file (README's example): "after" text is never trained, "trim" strips
+// each content.
+TEST(ChatTemplateTest, TemplateFileTakesAfterAndTrim) {
+  const std::string path = ::testing::TempDir() + "/llama2_template.json";
+  std::ofstream(path) << R"({"trim": true, "roles": {
+      "user": {"prefix": "<s>[INST] ", "suffix": " [/INST]"},
+      "assistant": {"prefix": " ", "suffix": " </s>", "after": "\n"}}})";
+  absl::StatusOr<ChatTemplate> loaded = LoadChatTemplate(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  absl::StatusOr<std::vector<TextSegment>> segments = RenderConversation(
+      *loaded, {{"user", "Hi? "}, {"assistant", " 4"}, {"user", "And?"}, {"assistant", "5"}});
+  ASSERT_TRUE(segments.ok()) << segments.status();
+  EXPECT_EQ(Rendered(*segments, false),
+            "<s>[INST] Hi? [/INST] 4 </s>\n<s>[INST] And? [/INST] 5 </s>\n");
+  EXPECT_EQ(Rendered(*segments, true), "4 </s>5 </s>");
+  std::ofstream(path) << R"({"trim": "yes", "roles": {"assistant": {}}})";
+  EXPECT_THAT(LoadChatTemplate(path).status().message(),
+              ::testing::HasSubstr("\"trim\" is not true or false"));
 }
 
 TEST(ChatTemplateTest, TemplateFileDefinesBeginAndRoles) {
@@ -79,7 +113,9 @@ TEST(ChatTemplateTest, UnknownNamesAndBadFilesAreErrorsNamingThem) {
         {R"({"begin": 3, "roles": {}})", "\"begin\" is not a string"},
         {R"({"roles": {"user": {}}})", "roles has no \"assistant\""},
         {R"({"roles": {"assistant": {"suffix": []}}})", "roles.assistant.suffix is not a string"},
-        {R"({"begin": ""})", "no \"roles\" object"}}) {
+        {R"({"begin": ""})", "no \"roles\" object"},
+        {R"({"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"})",
+         "a Jinja chat_template"}}) {
     const std::string path = dir + "/bad_template.json";
     std::ofstream(path) << text;
     const absl::Status status = LoadChatTemplate(path).status();
@@ -87,6 +123,9 @@ TEST(ChatTemplateTest, UnknownNamesAndBadFilesAreErrorsNamingThem) {
     EXPECT_NE(status.message().find("chat template " + path + ": " + what), std::string::npos)
         << status.message();
   }
+  // A folder is refused as one, where reading it ended the process.
+  EXPECT_EQ(LoadChatTemplate(dir).status().message(),
+            "chat template: " + dir + " is a folder, not a file");
 }
 
 }  // namespace

@@ -111,7 +111,10 @@ TEST(SftDataTest, BadLinesAreErrorsNamingFileAndLine) {
            {R"({"messages": [{"content": "a"}]})", "messages[0] has no \"role\" string"},
            {R"({"messages": [{"role": "robot", "content": "a"}]})", "role \"robot\" is not one of"},
            {R"({"messages": [{"role": "user", "content": "a"}]})", "nothing to train on"},
-           {R"({"prompt": "x", "completion": ""})", "nothing to train on"},
+           {R"({"prompt": "x", "completion": ""})", "message 2 of 2 (the assistant's) has no text"},
+           {R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": ""},
+                {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]})",
+            "message 2 of 4 (the assistant's) has no text"},
            {R"({"prompt": "x", "completion": "y", "messages": []})", "has both \"messages\""},
            {"{\"prompt\": \"\xff\", \"completion\": \"a\"}", "not valid JSON"},
        }) {
@@ -197,7 +200,7 @@ TEST(SftDataTest, PackedShardsReadBackWithTheirMasks) {
   int64_t trained = 0;
   for (int i = 0; i < 40; ++i) {
     const SftSample& sample = (*samples)[i];
-    EXPECT_EQ(TrainedText(sample), "answer " + std::to_string(i) + "<|im_end|>\n");
+    EXPECT_EQ(TrainedText(sample), "answer " + std::to_string(i) + "<|im_end|>");
     trained += std::count(sample.trained.begin(), sample.trained.end(), 1);
   }
   EXPECT_EQ(packed->trained_tokens, trained);

@@ -14,6 +14,7 @@
 #include "core/checkpoint/format.h"
 #include "core/io/safetensors.h"
 #include "core/model/param_table.h"
+#include "core/util/read_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
