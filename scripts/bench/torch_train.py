@@ -10,11 +10,14 @@ PyTorch 1.13's best), fast (PyTorch 2's best eager settings: fused scaled_dot_pr
 and fused AdamW) or compile (fast under torch.compile: Inductor's generated C++ on CPU; the
 compilation happens in the untimed warm-up steps).
 --device cuda runs it on the GPU (scripts/gpu/bench.sh): at --set run.precision=fp32 in float32,
-its matmuls at --set run.matmul_precision (torch.set_float32_matmul_precision: highest, TF32 off,
-as dtrain's default; high TF32; medium bfloat16), as dtrain's CUDA backend computes them; at
-run.precision=bf16 under torch.autocast(bfloat16), PyTorch's mixed precision (float32 parameters
-and optimizer, bf16 matmuls and most activations), the peer of dtrain's bf16 storage. The step
-time then includes waiting for the GPU to finish.
+its matmuls at --set run.matmul_precision (torch.set_float32_matmul_precision: highest, TF32 off;
+high, TF32), as dtrain's CUDA backend computes them. Not medium: dtrain then multiplies bf16
+inputs, but PyTorch has no bf16 GEMM for float32 tensors on CUDA and runs medium as TF32, so the
+row would compare two precisions. At run.precision=bf16 it runs under torch.autocast(bfloat16),
+PyTorch's mixed precision (float32 parameters and optimizer, bf16 matmuls and most activations),
+the peer of dtrain's bf16 storage. The model is made on the GPU with PyTorch's own initial
+values: they do not change the speed, and drawing a 1B model's in float64 on one host thread
+takes seconds that a short GPU run cannot spare. The step time includes waiting for the GPU.
 """
 import argparse
 import os
@@ -101,13 +104,19 @@ def main():
 
     s = parse_settings(args.set)
     shape = model_shape(s)
-    model = tm.build_model(shape)
-    tm.load_weights(model, tm.random_weights(model, seed=1337))
     device = torch.device(args.device)
     if args.device == "cuda":
+        if s["run.precision"] == "fp32" and s["run.matmul_precision"] == "medium":
+            sys.exit("torch_train.py: PyTorch runs float32 GEMMs at medium as TF32 on CUDA, not "
+                     "on bf16 inputs as dtrain does: use run.matmul_precision=high (TF32 on both "
+                     "sides) or run.precision=bf16")
         torch.set_float32_matmul_precision(s["run.matmul_precision"])
         torch.backends.cudnn.allow_tf32 = False
-        model.to(device)
+        with device:
+            model = tm.build_model(shape)
+    else:
+        model = tm.build_model(shape)
+        tm.load_weights(model, tm.random_weights(model, seed=1337))
     train = tt.TrainSettings(steps=args.steps, batch_size=s["train.batch_size"],
                              micro_batch=s["train.micro_batch"], seq_len=s["train.seq_len"])
     runner, adamw_options = apply_mode(model, args.mode)

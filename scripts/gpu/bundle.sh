@@ -9,7 +9,9 @@
 # and lib/ every shared library they load but those of the C library and of CUDA, NCCL and the
 # driver, which must be the GPU machine's own (they match its driver). dtrain and
 # tests/dtrain_gpu_tests, where check.sh looks for them, are wrappers that run the binaries with
-# lib/ first on LD_LIBRARY_PATH, so that nothing else (PyTorch, the peer) loads those libraries.
+# lib/ first on LD_LIBRARY_PATH, then DTRAIN_LIBRARY_PATH (where check.sh puts the folders of the
+# GPU machine's CUDA libraries that its loader misses), so that nothing else (PyTorch, the peer;
+# Nsight Compute) loads those libraries.
 # gzip, which every machine unpacks: about 40 MB (38 for sm_90 alone, 40 for 80;90).
 #
 # Usage: scripts/gpu/bundle.sh [BUILD_DIR] [ARCHIVE] (defaults build-gpu, configured here if new,
@@ -56,10 +58,12 @@ wrap() {
   local wrapper=$1 binary=$2 up=$3
   cat > "$wrapper" <<EOF
 #!/usr/bin/env bash
-# Written by scripts/gpu/bundle.sh: the binary with the bundle's libraries.
+# Written by scripts/gpu/bundle.sh: the binary with the bundle's libraries, then
+# DTRAIN_LIBRARY_PATH's.
 here=\$(cd "\$(dirname "\${BASH_SOURCE[0]}")" && pwd)
 bundle=\$(cd "\$here/$up" && pwd)
-export LD_LIBRARY_PATH=\$bundle/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
+path=\$bundle/lib\${DTRAIN_LIBRARY_PATH:+:\$DTRAIN_LIBRARY_PATH}
+export LD_LIBRARY_PATH=\$path\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 exec "\$bundle/bin/$binary" "\$@"
 EOF
   chmod +x "$wrapper"

@@ -5,8 +5,8 @@
 # step's loss and gradient norm on the GPUs must be the CPU's within 1e-3 relative (fp32 both;
 # the sums run in other orders). Then a hung rank: rank 1 of 2 stopped mid-run must be the
 # launcher's root cause, which rank 0's timed-out NCCL operation blames (data parallel and pp 2).
-# NCCL refuses two ranks on one GPU, so with fewer than 2 GPUs the check says so and passes
-# nothing.
+# NCCL refuses two ranks on one GPU, so with fewer than 2 GPUs the check says so and exits 77
+# (not run, as check.sh counts it).
 #
 # Usage: scripts/gpu/multi_gpu_check.sh BUILD_DIR WORK_DIR GPUS (WORK_DIR is written over).
 set -euo pipefail
@@ -16,8 +16,8 @@ work=$2
 gpus=$3
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 if ((gpus < 2)); then
-  echo "multi-GPU check not run: $gpus GPU here, and NCCL needs a GPU per rank"
-  exit 0
+  echo "$gpus GPU here, and NCCL needs a GPU per rank"
+  exit 77
 fi
 rm -rf "$work"
 mkdir -p "$work"
