@@ -99,9 +99,10 @@ const std::vector<KeySpec>& Keys() {
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(run, matmul_precision),
        "inputs of the float32 GEMMs (run.precision fp32's linear layers and head, and the "
-       "start-up GEMM peak that MFU is against), as PyTorch's set_float32_matmul_precision: "
-       "highest float32, high TF32, medium bfloat16 (tensor cores on the GPU; the CPU rounds the "
-       "inputs alike); float32 sums and values at every level; auto = medium on cuda at "
+       "start-up GEMM peak that MFU is against), named as PyTorch's "
+       "set_float32_matmul_precision levels: highest float32, high TF32, medium bfloat16 (tensor "
+       "cores on the GPU, where PyTorch runs medium as TF32; the CPU rounds the inputs alike); "
+       "float32 sums and values at every level; auto = medium on cuda at "
        "run.precision bf16 (whose GEMMs multiply bf16 values already: the peak is then measured "
        "on the tensor cores they use), highest otherwise",
        {"auto", "highest", "high", "medium"}},

@@ -69,7 +69,7 @@ run_shape() {
           --set run.device=cuda --set run.out_dir="$out" \
           --set run.name=bench \
           --set train.steps="$steps" --set train.warmup_steps=1 --set train.eval_every=0 \
-          --set logging.sample_tokens=0 --set train.export_to= --set checkpoint.save=false)
+          --set logging.sample_tokens=0 --set train.export_to= --set checkpoint.save_at_end=false)
   cp "$scratch/log" "$scratch/dtrain-$id.log"
   local d_tps
   d_tps=$("$python" - "$out/bench/metrics.jsonl" "$warmup_steps" <<'EOF'

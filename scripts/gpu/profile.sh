@@ -34,7 +34,7 @@ fi
 source "$repo/scripts/gpu/shapes.sh"
 mapfile -t sets < <(set_flags "${gpt2_124m[@]}" run.device=cuda run.precision="$precision" \
   run.out_dir="$work/run" train.steps="$steps" train.warmup_steps=1 train.eval_every=0 \
-  logging.sample_tokens=0 train.export_to= checkpoint.save=false)
+  logging.sample_tokens=0 train.export_to= checkpoint.save_at_end=false)
 status=0
 "$ncu" --target-processes all --clock-control none --cache-control none \
   --metrics gpu__time_duration.sum \
