@@ -330,9 +330,13 @@ absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_pat
     RETURN_IF_ERROR(CopyFile(from, fs::path(dir) / name));
 
   // A tokenizer_config.json beside the tokenizer (a Hugging Face folder's, with its chat
-  // template) is the user's; else one that AutoTokenizer accepts.
+  // template) is the user's, with the folder's other tokenizer files, any of which it may load
+  // (LlamaTokenizerFast with add_prefix_space rebuilds itself from tokenizer.model); else one
+  // that AutoTokenizer accepts.
   const fs::path source_dir = kind.copies.front().first.parent_path();
   std::error_code error;
+  std::set<std::string> copied;
+  for (const auto& [from, name] : kind.copies) copied.insert(name);
   Json names = Json::object();
   for (const auto& [key, token] :
        {std::pair{"bos_token", special.bos}, std::pair{"eos_token", special.eos},
@@ -340,8 +344,12 @@ absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_pat
     if (token) names[key] = token->content;
   }
   if (fs::exists(source_dir / "tokenizer_config.json", error)) {
-    RETURN_IF_ERROR(
-        CopyFile(source_dir / "tokenizer_config.json", fs::path(dir) / "tokenizer_config.json"));
+    for (const char* name : {"tokenizer_config.json", "tokenizer.json", "tokenizer.model",
+                             "vocab.json", "merges.txt", "added_tokens.json"}) {
+      if (!copied.contains(name) && fs::exists(source_dir / name, error)) {
+        RETURN_IF_ERROR(CopyFile(source_dir / name, fs::path(dir) / name));
+      }
+    }
   } else {
     Json config = names;
     config["tokenizer_class"] = kind.tokenizer_class;

@@ -38,7 +38,8 @@ absl::Status CheckHfConfig(const ModelConfig& config, const std::string& path);
 // a tokenizer.json (fast tokenizer), a SentencePiece tokenizer.model (LlamaTokenizer), or GPT-2's
 // encoder.json + vocab.bpe (GPT2Tokenizer's vocab.json + merges.txt); `tokenizer_path` is such a
 // file or a folder holding one. A tokenizer_config.json and special_tokens_map.json beside it are
-// copied too, else written. `max_seq_len` becomes model_max_length.
+// copied too, else written; with a tokenizer_config.json, so are the folder's other tokenizer
+// files, which it may load. `max_seq_len` becomes model_max_length.
 absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_path,
                                                 const std::string& dir, int max_seq_len);
 

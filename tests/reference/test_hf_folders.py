@@ -145,8 +145,13 @@ def make_tokenizers(folder):
     # The same model as Llama 2's tokenizer.json (transformers' converter), alone in its folder:
     # dtrain writes the tokenizer_config.json that names its <s>, </s> and <unk>.
     llama2_dir = os.path.join(folder, "tok-llama2")
-    transformers.LlamaTokenizerFast(vocab_file=spm_prefix + ".model", from_slow=True,
-                                    add_prefix_space=True).save_pretrained(llama2_dir)
+    llama2_fast = transformers.LlamaTokenizerFast(vocab_file=spm_prefix + ".model", from_slow=True,
+                                                  add_prefix_space=True)
+    llama2_fast.save_pretrained(llama2_dir)
+    # And the folder as transformers saved it: its tokenizer_config.json (add_prefix_space) makes
+    # AutoTokenizer rebuild the fast tokenizer from tokenizer.model, which the export must carry.
+    saved_dir = os.path.join(folder, "tok-llama2-saved")
+    llama2_fast.save_pretrained(saved_dir)
     for name in os.listdir(llama2_dir):
         if name != "tokenizer.json":
             os.remove(os.path.join(llama2_dir, name))
@@ -154,12 +159,14 @@ def make_tokenizers(folder):
     paths = {"tokenizer.json": fast_dir,
              "encoder.json + vocab.bpe": os.path.join(openai_dir, "vocab.bpe"),
              "tokenizer.model": spm_prefix + ".model",
-             "Llama 2 tokenizer.json": llama2_dir}
+             "Llama 2 tokenizer.json": llama2_dir,
+             "saved Llama 2 folder": saved_dir}
     ids = {"tokenizer.json": bpe.encode(sample).ids,
            "encoder.json + vocab.bpe": bpe.encode(sample).ids,
            "tokenizer.model": [sp.bos_id()] + sp.encode(sample),
            # Its post-processor adds <s>, as LlamaTokenizer does.
-           "Llama 2 tokenizer.json": llama2.encode(sample).ids}
+           "Llama 2 tokenizer.json": llama2.encode(sample).ids,
+           "saved Llama 2 folder": llama2.encode(sample).ids}
     return paths, ids, sample
 
 
@@ -173,7 +180,7 @@ def check_export(dtrain, probe_path, root):
     results = []
     tokenizer_paths, reference_ids, sample = make_tokenizers(root)
     exports = {"gpt2": ["tokenizer.json", "encoder.json + vocab.bpe"],
-               "llama": ["tokenizer.model", "Llama 2 tokenizer.json"]}
+               "llama": ["tokenizer.model", "Llama 2 tokenizer.json", "saved Llama 2 folder"]}
     for name, model in MODELS.items():
         folder = os.path.join(root, f"export-{name}")
         os.makedirs(folder)
