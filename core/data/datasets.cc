@@ -140,6 +140,11 @@ absl::StatusOr<Datasets> OpenSftDatasets(const Recipe& recipe, int dp_rank, int 
     train.rows = split;
     val_source = absl::StrCat("the last data.val_fraction = ", data.val_fraction, " of the ", n,
                               " data.train sequences");
+    if (val.rows == 0 && n > 0 && recipe.train.eval_every > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(val_source, " is no sequence; raise data.val_fraction to at least 1/", n,
+                       ", give data.val, or set train.eval_every: 0 to train without evaluation"));
+    }
   }
   if (val_source.empty() && recipe.train.eval_every > 0) {
     return absl::InvalidArgumentError(
@@ -152,7 +157,8 @@ absl::StatusOr<Datasets> OpenSftDatasets(const Recipe& recipe, int dp_rank, int 
                    ShuffledRowLoader::Create(
                        std::move(train), recipe.run.seed, recipe.train.batch_size, dp_rank, dp_size,
                        absl::StrCat("data.train (", absl::StrJoin(data.train, ", "), ")")));
-  if (!val_source.empty()) {
+  // The split is made either way, so that the training data does not depend on evaluation.
+  if (!val_source.empty() && recipe.train.eval_every > 0) {
     ASSIGN_OR_RETURN(datasets.val,
                      SequentialRowLoader::Create(std::move(val), dp_rank, dp_size, val_source));
   }
@@ -197,7 +203,8 @@ absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_
       ShuffledWindowLoader::Create(
           std::move(train_tokens), seq_len, recipe.run.seed, recipe.train.batch_size, dp_rank,
           dp_size, absl::StrCat("data.train (", absl::StrJoin(data.train, ", "), ")")));
-  if (!val_source.empty()) {
+  // The split is made either way, so that the training data does not depend on evaluation.
+  if (!val_source.empty() && recipe.train.eval_every > 0) {
     ASSIGN_OR_RETURN(datasets.val, SequentialWindowLoader::Create(std::move(val_tokens), seq_len,
                                                                   dp_rank, dp_size, val_source));
   }

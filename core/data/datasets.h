@@ -13,8 +13,8 @@ namespace dtrain {
 
 struct Datasets {
   std::unique_ptr<SequenceLoader> train;  // shuffled windows, run.seed, train.batch_size
-  // Sequential windows; null only when there is no validation data (data.val empty and
-  // data.val_fraction 0) and train.eval_every is 0 (otherwise that is an error).
+  // Sequential windows; null when train.eval_every is 0 (data.val_fraction's split is made
+  // either way), except for webdataset's data.val_shards, which are opened when given.
   std::unique_ptr<ValidationLoader> val;
   int64_t train_tokens = 0;  // 0 for data.format webdataset: streamed, unknown in advance
   int64_t val_tokens = 0;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "core/data/chat_template.h"
 #include "core/data/data_pack.h"
 #include "core/data/tokenizer.h"
 #include "gtest/gtest.h"
@@ -90,6 +91,46 @@ TEST_F(DatasetsTest, NoValidationDataIsAnErrorOnlyWhenEvaluating) {
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ(data->val, nullptr);
   EXPECT_EQ(data->train_tokens, 50);
+}
+
+// A validation split too small for one sequence is that error while evaluating (an SFT set of 6
+// samples held out 0 of its sequences, and the error said that no sample fit train.seq_len), and
+// nothing without evaluation, which reads no validation data.
+TEST_F(DatasetsTest, AValidationSplitOfNothingMattersOnlyWhenEvaluating) {
+  const std::string chat = (dir_ / "chat.jsonl").string();
+  {
+    std::ofstream out(chat);
+    for (int i = 0; i < 6; ++i) out << R"({"prompt": "q", "completion": "answer )" << i << "\"}\n";
+  }
+  const ByteTokenizer bytes;
+  ASSERT_TRUE(
+      PackSftShards({chat}, (dir_ / "sft").string(), 1 << 20, bytes, *LoadChatTemplate("none"))
+          .ok());
+  recipe_.data.format = "sft";
+  recipe_.data.packing = false;  // 6 sequences
+  recipe_.data.train = {(dir_ / "sft" / "*.tar").string()};
+  recipe_.data.val_fraction = 0.05;
+  recipe_.train.seq_len = 16;
+  const absl::Status status = OpenDatasets(recipe_, 0, 1).status();
+  EXPECT_EQ(status.message(),
+            "the last data.val_fraction = 0.05 of the 6 data.train sequences is no sequence; "
+            "raise data.val_fraction to at least 1/6, give data.val, or set train.eval_every: 0 "
+            "to train without evaluation");
+  recipe_.train.eval_every = 0;
+  absl::StatusOr<Datasets> data = OpenDatasets(recipe_, 0, 1);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->val, nullptr);
+
+  recipe_ = Recipe();
+  recipe_.train.seq_len = 4;
+  recipe_.train.batch_size = 2;
+  recipe_.train.eval_every = 0;
+  recipe_.data.train = {WriteText("short.txt", 40)};
+  recipe_.data.val_fraction = 0.05;  // 2 validation tokens: less than one window
+  data = OpenDatasets(recipe_, 0, 1);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(data->val, nullptr);
+  EXPECT_EQ(data->train_tokens, 38);  // the split is the same with or without evaluation
 }
 
 TEST_F(DatasetsTest, ErrorsNameTheKeyOrFile) {
