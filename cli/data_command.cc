@@ -142,14 +142,16 @@ void AddDataCommand(CLI::App& app) {
                    "tokenizer.json, tokenizer.model, GPT-2's encoder.json/vocab.bpe, or their "
                    "folder; empty = byte-level tokens");
   pack->add_option("--threads", pack_args->threads, "Encoding threads; 0 = one per core");
-  pack->add_flag("--sft", pack_args->sft,
-                 "SFT samples: each .jsonl line a {\"prompt\", \"completion\"} or "
-                 "{\"messages\": [...]} object; writes a loss mask (.mask) beside the tokens, "
-                 "for data.format sft");
+  CLI::Option* sft =
+      pack->add_flag("--sft", pack_args->sft,
+                     "SFT samples: each .jsonl line a {\"prompt\", \"completion\"} or "
+                     "{\"messages\": [...]} object; writes a loss mask (.mask) beside the tokens, "
+                     "for data.format sft");
   pack->add_option("--chat-template", pack_args->chat_template,
                    "With --sft: llama3, chatml, none (the texts as they are) or a template "
                    "file (README.md, SFT data)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(sft);
   pack->callback([pack_args] {
     absl::StatusOr<int64_t> shard_bytes = ParseByteSize("--shard-size", pack_args->shard_size);
     if (!shard_bytes.ok()) Fail(shard_bytes.status(), kExitUsage);

@@ -129,6 +129,15 @@ TEST(DataCommandTest, AFolderAsAnInputIsRefusedNamingIt) {
   }
 }
 
+// --chat-template shapes SFT samples only: without --sft it is refused, not ignored.
+TEST(DataCommandTest, AChatTemplateWithoutSftIsRefused) {
+  const std::string text = testing::WriteTempFile("pack_template.txt", "Some text.");
+  const Outcome run = RunDtrain(absl::StrCat("data pack --chat-template chatml ", text, " --out ",
+                                             testing::FreshTempDir("pack_template_shards")));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.stderr_text, HasSubstr("--chat-template requires --sft"));
+}
+
 // A vocabulary past 65536 (Llama 3's 128256) needs 4-byte ids: .tokens32.
 TEST(DataCommandTest, PackWritesWideIdsForALargeVocabulary) {
   const std::string dir = testing::FreshTempDir("data_tok_wide");
