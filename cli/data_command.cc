@@ -17,7 +17,7 @@
 #include "core/data/data_pack.h"
 #include "core/data/tokenizers/load_tokenizer.h"
 #include "core/util/byte_size.h"
-#include "core/util/read_file.h"
+#include "core/util/files.h"
 #include "core/util/thread_pool.h"
 
 namespace dtrain::cli {

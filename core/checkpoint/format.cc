@@ -1,11 +1,6 @@
 #include "core/checkpoint/format.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
 #include <filesystem>
 
 #include "absl/strings/match.h"
@@ -258,43 +253,5 @@ bool IsStepFolder(const std::string& path) {
 }
 std::string RankFileName(int rank) { return absl::StrCat("rank-", rank, ".bin"); }
 std::string RankIndexName(int rank) { return absl::StrCat("rank-", rank, ".json"); }
-
-absl::Status FsyncDirectory(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open folder ", path));
-  const int result = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (result != 0) return absl::ErrnoToStatus(error, absl::StrCat("fsync folder ", path));
-  return absl::OkStatus();
-}
-
-absl::Status WriteFileDurably(const std::string& path, const std::string& contents) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("create ", tmp));
-  size_t done = 0;
-  while (done < contents.size()) {
-    const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = errno;
-      ::close(fd);
-      return absl::ErrnoToStatus(error, absl::StrCat("write ", tmp));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int error = errno;
-    ::close(fd);
-    return absl::ErrnoToStatus(error, absl::StrCat("fsync ", tmp));
-  }
-  ::close(fd);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
-  }
-  const size_t slash = path.find_last_of('/');
-  return FsyncDirectory(slash == std::string::npos ? "." : path.substr(0, slash));
-}
 
 }  // namespace dtrain

@@ -130,9 +130,4 @@ std::string RankIndexName(int rank);  // "rank-<r>.json"
 inline constexpr char kManifestName[] = "manifest.json";
 inline constexpr char kLatestName[] = "latest";
 
-// Durable small files: writes "<path>.tmp", fsyncs it, renames it to `path` and fsyncs the
-// folder, so `path` holds either its old or its new contents after a crash.
-absl::Status WriteFileDurably(const std::string& path, const std::string& contents);
-absl::Status FsyncDirectory(const std::string& path);
-
 }  // namespace dtrain

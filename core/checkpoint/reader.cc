@@ -13,7 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "core/checkpoint/crc32c.h"
-#include "core/util/read_file.h"
+#include "core/util/files.h"
 #include "core/util/status.h"
 
 namespace dtrain {

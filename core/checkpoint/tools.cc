@@ -19,6 +19,7 @@
 #include "core/model/model_config.h"
 #include "core/model/param_table.h"
 #include "core/recipe/recipe.h"
+#include "core/util/files.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -90,18 +91,6 @@ bool InspectOne(const std::string& dir, std::string& text) {
   return false;
 }
 
-absl::Status WriteAllTo(int fd, const void* data, size_t bytes, const std::string& path) {
-  const char* next = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, next, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::ErrnoToStatus(errno, absl::StrCat("write ", path));
-    next += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 // llm.c's train_gpt2.c model file, version 3: 256 int32 header, then float32 tensors grouped
 // by kind over the layers (wte padded to Vp rows, wpe, ln1w, ln1b, qkvw, ...).
 absl::Status ExportLlmc(const ModelConfig& config, const ParamTable& table,
@@ -130,9 +119,9 @@ absl::Status ExportLlmc(const ModelConfig& config, const ParamTable& table,
     if (entry == nullptr) return absl::InternalError("no tensor " + name);
     values.assign(std::max(entry->numel, pad_to), 0.0f);
     RETURN_IF_ERROR(reader.Read(name, 0, static_cast<int64_t>(entry->numel), values.data()));
-    return WriteAllTo(fd, values.data(), values.size() * sizeof(float), tmp);
+    return WriteAll(fd, values.data(), values.size() * sizeof(float), tmp);
   };
-  absl::Status status = WriteAllTo(fd, header, sizeof(header), tmp);
+  absl::Status status = WriteAll(fd, header, sizeof(header), tmp);
   if (status.ok()) {
     status = write_tensor("embed.tokens", static_cast<size_t>(padded_vocab) * config.d_model);
   }
@@ -151,8 +140,11 @@ absl::Status ExportLlmc(const ModelConfig& config, const ParamTable& table,
   if (status.ok() && std::rename(tmp.c_str(), out.c_str()) != 0) {
     status = absl::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", out));
   }
-  if (!status.ok()) ::unlink(tmp.c_str());
-  return status;
+  if (!status.ok()) {
+    ::unlink(tmp.c_str());
+    return status;
+  }
+  return FsyncParentDirectory(out);
 }
 
 double Seconds(std::chrono::steady_clock::time_point start) {

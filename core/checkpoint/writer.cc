@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -15,8 +14,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/checkpoint/crc32c.h"
+#include "core/util/files.h"
 #include "core/util/log.h"
-#include "core/util/read_file.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -24,30 +23,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-double MsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-
-absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
-  const char* next = static_cast<const char*>(data);
-  while (bytes > 0) {
-    // Linux writes at most ~2 GiB per call.
-    const ssize_t n = ::write(fd, next, std::min<size_t>(bytes, size_t{1} << 30));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::ErrnoToStatus(errno, absl::StrCat("write ", path));
-    next += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 std::string StageDir(const SaveRequest& r) {
   return absl::StrFormat("%s/.%s.%016x", r.dir, StepDirName(r.step), r.nonce);
 }
 
 // This rank's file and index in the stage folder.
-absl::StatusOr<uint64_t> WriteRankFiles(const SaveRequest& r, const std::string& stage) {
+absl::Status WriteRankFiles(const SaveRequest& r, const std::string& stage) {
   const std::string file = RankFileName(r.rank);
   const std::string path = stage + "/" + file;
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -65,8 +46,7 @@ absl::StatusOr<uint64_t> WriteRankFiles(const SaveRequest& r, const std::string&
   if (status.ok() && ::fsync(fd) != 0) status = absl::ErrnoToStatus(errno, "fsync " + path);
   ::close(fd);
   RETURN_IF_ERROR(status);
-  RETURN_IF_ERROR(WriteFileDurably(stage + "/" + RankIndexName(r.rank), RankIndexToJson(index)));
-  return index.file_bytes;
+  return WriteFileDurably(stage + "/" + RankIndexName(r.rank), RankIndexToJson(index));
 }
 
 // Rank 0: every rank's index of this attempt, waiting for them up to the timeout.
@@ -184,8 +164,7 @@ void AppendFlatRangeChunks(const std::string& tensor, const std::vector<int64_t>
   }
 }
 
-absl::StatusOr<SaveStats> WriteCheckpoint(const SaveRequest& request) {
-  SaveStats stats;
+absl::Status WriteCheckpoint(const SaveRequest& request) {
   if (request.rank == 0) RemoveOtherAttemptsStages(request);
   const std::string stage = StageDir(request);
   std::error_code error;
@@ -195,23 +174,14 @@ absl::StatusOr<SaveStats> WriteCheckpoint(const SaveRequest& request) {
                                                       ": ", error.message(),
                                                       "; set checkpoint.dir to a writable folder"));
   }
-  auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<uint64_t> bytes = WriteRankFiles(request, stage);
-  if (!bytes.ok()) {
+  if (absl::Status written = WriteRankFiles(request, stage); !written.ok()) {
     // What this rank wrote of an incomplete save is of no use: its space goes back at once.
     fs::remove(stage + "/" + RankFileName(request.rank), error);
-    return absl::Status(bytes.status().code(),
+    return absl::Status(written.code(),
                         absl::StrCat("checkpoint ", StepDirName(request.step), ", rank ",
-                                     request.rank, ": ", bytes.status().message()));
+                                     request.rank, ": ", written.message()));
   }
-  stats.bytes = *bytes;
-  stats.write_ms = MsSince(start);
-  if (request.rank == 0) {
-    start = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(Commit(request, stage));
-    stats.commit_ms = MsSince(start);
-  }
-  return stats;
+  return request.rank == 0 ? Commit(request, stage) : absl::OkStatus();
 }
 
 absl::Status CheckCheckpointFolder(const std::string& dir, int rank) {
@@ -241,18 +211,9 @@ absl::StatusOr<float*> CheckpointWriter::Stage(size_t floats) {
 
 absl::Status CheckpointWriter::Save(SaveRequest request) {
   RETURN_IF_ERROR(Wait());
-  if (!async_) {
-    ASSIGN_OR_RETURN(stats_, WriteCheckpoint(request));
-    return absl::OkStatus();
-  }
-  thread_ = std::thread([this, request = std::move(request)] {
-    absl::StatusOr<SaveStats> stats = WriteCheckpoint(request);
-    if (stats.ok()) {
-      stats_ = *stats;
-    } else {
-      result_ = stats.status();
-    }
-  });
+  if (!async_) return WriteCheckpoint(request);
+  thread_ =
+      std::thread([this, request = std::move(request)] { result_ = WriteCheckpoint(request); });
   return absl::OkStatus();
 }
 

@@ -47,15 +47,8 @@ struct SaveRequest {
   Manifest manifest;  // rank 0: everything but chunks, files and data, which the indexes give
 };
 
-// What a save cost this rank.
-struct SaveStats {
-  uint64_t bytes = 0;    // this rank's file
-  double write_ms = 0;   // writing and syncing it
-  double commit_ms = 0;  // rank 0: waiting for the others and committing
-};
-
 // Runs a whole save on the calling thread. Errors name the file and the rank.
-absl::StatusOr<SaveStats> WriteCheckpoint(const SaveRequest& request);
+absl::Status WriteCheckpoint(const SaveRequest& request);
 
 // Creates `dir` if missing and writes and removes a file of rank `rank` there: a run checks its
 // checkpoint folder at start, not at its first save, after its steps. FailedPrecondition naming
@@ -80,13 +73,11 @@ class CheckpointWriter {
   absl::Status Save(SaveRequest request);
   // The outcome of the save in flight (OK when none).
   absl::Status Wait();
-  const SaveStats& last_stats() const { return stats_; }
 
  private:
   bool async_;
   std::thread thread_;
   absl::Status result_;
-  SaveStats stats_;
   std::vector<float> staging_;
 };
 

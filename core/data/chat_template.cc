@@ -6,7 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/util/read_file.h"
+#include "core/util/files.h"
 
 namespace dtrain {
 namespace {

@@ -18,7 +18,7 @@
 #include "core/data/sft_data.h"
 #include "core/data/tar_writer.h"
 #include "core/data/token_decode.h"
-#include "core/util/read_file.h"
+#include "core/util/files.h"
 #include "core/util/status.h"
 #include "core/util/thread_pool.h"
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/backend/cuda/bf16.h"
+#include "core/util/files.h"
 #include "core/util/status.h"
 #include "nlohmann/json.hpp"
 
@@ -46,23 +47,6 @@ const DTypeInfo* FindDType(const std::string& name) {
     if (name == info.name) return &info;
   }
   return nullptr;
-}
-
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-// Writes all of [data, data + bytes), retrying short writes.
-absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, p, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return absl::ErrnoToStatus(errno, absl::StrCat("writing ", path));
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
 }
 
 // Reads exactly `bytes` at `offset`; a short read means the file shrank under us.
@@ -207,6 +191,10 @@ absl::Status ParseHeader(const std::string& path, const std::string& text, uint6
 
 }  // namespace
 
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
 const char* DTypeName(DType dtype) {
   for (const DTypeInfo& info : kDTypes) {
     if (info.dtype == dtype) return info.name;
@@ -329,7 +317,7 @@ absl::Status SafetensorsWriter::Finish() {
     ::unlink(tmp_path.c_str());
     return absl::ErrnoToStatus(error, absl::StrCat("renaming ", tmp_path, " to ", path_));
   }
-  return absl::OkStatus();
+  return FsyncParentDirectory(path_);
 }
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorData>& tensors,

@@ -66,6 +66,9 @@ class SafetensorsWriter {
   int fd_ = -1;  // of "<path>.tmp"; -1 once finished or moved from
 };
 
+// "[2, 3]": a shape as the errors about tensors write it.
+std::string ShapeString(const std::vector<int64_t>& shape);
+
 // One tensor of a file in one call: the data of each entry is read, not retained.
 struct TensorData {
   TensorSpec spec;

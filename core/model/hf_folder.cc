@@ -11,9 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "core/checkpoint/format.h"
 #include "core/data/tokenizers/load_tokenizer.h"
-#include "core/util/read_file.h"
+#include "core/util/files.h"
 #include "core/util/status.h"
 #include "nlohmann/json.hpp"
 

@@ -69,10 +69,6 @@ std::vector<Rule> BlockRules(const ModelConfig& c) {
           {"mlp.down.weight", {d, f}, {{"mlp.down_proj.weight", d}}}};
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 int64_t Cols(const std::vector<int64_t>& shape) { return shape.size() == 2 ? shape[1] : 1; }
 
 // Non-parameter tensors that Hugging Face checkpoints may carry; import skips them. Names are

@@ -28,7 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "core/model/model_config.h"
 #include "core/util/log.h"
-#include "core/util/read_file.h"
+#include "core/util/files.h"
 #include "core/util/status.h"
 #include "core/util/utf8.h"
 

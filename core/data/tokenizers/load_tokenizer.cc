@@ -10,7 +10,7 @@
 #include "core/data/tokenizers/bpe.h"
 #include "core/data/tokenizers/sentencepiece_tokenizer.h"
 #include "core/util/fnv.h"
-#include "core/util/read_file.h"
+#include "core/util/files.h"
 #include "core/util/status.h"
 
 namespace dtrain {

@@ -64,9 +64,9 @@ inline absl::Status SaveStep(const std::string& dir, int64_t step, int world = 2
     others.emplace_back(
         [&, rank] { (void)WriteCheckpoint(RequestFor(dir, step, rank, world, tensors)); });
   }
-  const absl::StatusOr<SaveStats> stats = WriteCheckpoint(RequestFor(dir, step, 0, world, tensors));
+  const absl::Status saved = WriteCheckpoint(RequestFor(dir, step, 0, world, tensors));
   for (std::thread& t : others) t.join();
-  return stats.status();
+  return saved;
 }
 
 inline std::string FreshDir(const std::string& name) {

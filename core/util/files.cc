@@ -1,0 +1,109 @@
+#include "core/util/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+
+namespace dtrain {
+namespace {
+
+// An open descriptor of `path` that is not a folder's.
+absl::StatusOr<int> OpenFileDescriptor(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
+  struct stat info;
+  if (::fstat(fd, &info) == 0 && S_ISDIR(info.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, " is a folder, not a file"));
+  }
+  return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<std::ifstream> OpenInputFile(const std::string& path) {
+  absl::StatusOr<int> fd = OpenFileDescriptor(path);
+  if (!fd.ok()) return fd.status();
+  ::close(*fd);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
+  return in;
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  absl::StatusOr<int> fd = OpenFileDescriptor(path);
+  if (!fd.ok()) return fd.status();
+  std::string text;
+  char block[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(*fd, block, sizeof block);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(*fd);
+      return absl::ErrnoToStatus(error, absl::StrCat("read ", path));
+    }
+    if (n == 0) break;
+    text.append(block, static_cast<size_t>(n));
+  }
+  ::close(*fd);
+  return text;
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* next = static_cast<const char*>(data);
+  while (bytes > 0) {
+    // Linux writes at most ~2 GiB per call.
+    const ssize_t n = ::write(fd, next, std::min<size_t>(bytes, size_t{1} << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::ErrnoToStatus(n < 0 ? errno : EIO, absl::StrCat("write ", path));
+    next += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FsyncDirectory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open folder ", path));
+  const int result = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (result != 0) return absl::ErrnoToStatus(error, absl::StrCat("fsync folder ", path));
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileDurably(const std::string& path, const std::string& contents) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("create ", tmp));
+  if (absl::Status written = WriteAll(fd, contents.data(), contents.size(), tmp); !written.ok()) {
+    ::close(fd);
+    return written;
+  }
+  if (::fsync(fd) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return absl::ErrnoToStatus(error, absl::StrCat("fsync ", tmp));
+  }
+  ::close(fd);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
+  }
+  return FsyncParentDirectory(path);
+}
+
+absl::Status FsyncParentDirectory(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return FsyncDirectory(slash == std::string::npos ? "."
+                        : slash == 0               ? "/"
+                                                   : path.substr(0, slash));
+}
+
+}  // namespace dtrain

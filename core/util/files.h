@@ -1,0 +1,33 @@
+// Files read and written whole, with errors that say why and name the file.
+#pragma once
+
+#include <cstddef>
+#include <fstream>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace dtrain {
+
+// A folder opens as a stream and fails at its first read (std::istreambuf_iterator throws), so
+// it is refused before.
+
+// `path` opened for reading: NotFound when it does not exist, InvalidArgument when it is a folder,
+// otherwise the error of open(2) with its errno; each names `path`.
+absl::StatusOr<std::ifstream> OpenInputFile(const std::string& path);
+
+// The bytes of the file at `path`: OpenInputFile's errors, or the read's with its errno.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+
+// Writes all of [data, data + bytes) to `fd`, retrying short writes; `path` names it in errors.
+absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path);
+
+// Durable small files: writes "<path>.tmp", fsyncs it, renames it to `path` and fsyncs the
+// folder, so `path` holds either its old or its new contents after a crash.
+absl::Status WriteFileDurably(const std::string& path, const std::string& contents);
+// Makes a rename or a new file in the folder `path` durable.
+absl::Status FsyncDirectory(const std::string& path);
+// FsyncDirectory of the folder holding the file `path`.
+absl::Status FsyncParentDirectory(const std::string& path);
+
+}  // namespace dtrain
