@@ -131,7 +131,16 @@ absl::Status ShardStream::ReadSample(bool decode, TokenDocument* tokens) {
       continue;
     }
     absl::Status status = more.status();
-    if (status.ok() && decode) status = TakeSampleTokens(&sample_, config_->vocab_size, tokens);
+    if (!status.ok()) {
+      // A shard command that failed cut its archive short: its exit status says why.
+      if (const absl::Status closed = source_->Close(); !closed.ok()) {
+        status = absl::Status(
+            closed.code(),
+            absl::StrCat(closed.message(), " (reading its archive: ", status.message(), ")"));
+      }
+    } else if (decode) {
+      status = TakeSampleTokens(&sample_, config_->vocab_size, tokens);
+    }
     if (!status.ok()) {
       RETURN_IF_ERROR(ShardFailed(status));
       continue;

@@ -205,6 +205,18 @@ TEST_F(WebDatasetLoaderTest, FailsOrSkipsABadShardByDataOnError) {
   EXPECT_EQ(windows.size(), 80u);
 }
 
+// A shard command that fails partway cut its archive: the error gives its exit status, where it
+// said only that the archive was cut.
+TEST_F(WebDatasetLoaderTest, AFailedShardCommandIsNamedByItsExitStatus) {
+  config_.urls[3] = "pipe:head -c 3000 " + (dir_ / "shard-003.tar") + "; exit 7";
+  std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
+  std::vector<int32_t> inputs(80 * kSeqLen), targets(80 * kSeqLen);
+  const absl::Status status = loader->Next(80, inputs.data(), targets.data());
+  ASSERT_FALSE(status.ok());
+  EXPECT_TRUE(absl::StrContains(status.message(), "ended with exit code 7")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "reading its archive: ")) << status;
+}
+
 TEST_F(WebDatasetLoaderTest, ValidationReadsShardsInOrderTheSameEveryTime) {
   StreamConfig val = config_;
   val.urls = {dir_ / "shard-000.tar"};
