@@ -55,6 +55,15 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_
   }
   if (!text.ok()) return text.status();
   ASSIGN_OR_RETURN(Manifest manifest, ManifestFromJson(*text, manifest_path));
+  // A folder renamed or a manifest edited would resume at another step than its state's.
+  const size_t slash = step_dir.find_last_of('/');
+  const std::optional<int64_t> folder_step =
+      StepOfDirName(slash == std::string::npos ? step_dir : step_dir.substr(slash + 1));
+  if (folder_step && *folder_step != manifest.step) {
+    return absl::DataLossError(absl::StrCat(manifest_path, " is of step ", manifest.step,
+                                            ", not of its folder's step ", *folder_step,
+                                            "; the manifest is damaged or the folder renamed"));
+  }
   CheckpointReader reader(step_dir, std::move(manifest));
   const Manifest& m = reader.manifest_;
   for (size_t i = 0; i < m.chunks.size(); ++i) reader.chunks_of_[m.chunks[i].tensor].push_back(i);

@@ -22,7 +22,8 @@ std::string LatestName(const std::string& dir);
 
 class CheckpointReader {
  public:
-  // Reads and checks the manifest: the format (version 1 or 2), every chunk a box inside its
+  // Reads and checks the manifest: the format (version 1 or 2), its step the folder's (of a
+  // step-<N> folder), every chunk a box inside its
   // tensor with the tensor's data type, every tensor covered by its chunks exactly once, every
   // chunk inside a rank file the manifest lists, every such file present with its size. DataLoss
   // naming the folder and the file or chunk when not; NotFound when the manifest is missing (an

@@ -127,29 +127,35 @@ absl::Status Commit(const SaveRequest& r, const std::string& stage) {
   RETURN_IF_ERROR(FsyncDirectory(r.dir));
   RETURN_IF_ERROR(WriteFileDurably(r.dir + "/" + kLatestName, StepDirName(r.step) + "\n"));
 
-  // Older complete checkpoints beyond keep_last go only now that this one is complete.
+  // Older complete checkpoints beyond keep_last go only now that this one is complete. Each is
+  // renamed to a stage folder's name first, at once: a kill during the removal leaves no
+  // step-<N> without its manifest, and the next save's RemoveOtherAttemptsStages ends it.
   if (r.keep_last > 0) {
     std::vector<int64_t> steps = CompleteSteps(r.dir);
     steps.erase(std::remove_if(steps.begin(), steps.end(), [&](int64_t s) { return s > r.step; }),
                 steps.end());
     for (size_t i = 0; i + r.keep_last < steps.size(); ++i) {
-      fs::remove_all(r.dir + "/" + StepDirName(steps[i]), error);
+      const std::string pruned = absl::StrCat(r.dir, "/.", StepDirName(steps[i]), ".pruned");
+      fs::rename(r.dir + "/" + StepDirName(steps[i]), pruned, error);
+      if (!error) fs::remove_all(pruned, error);
     }
   }
   return absl::OkStatus();
 }
 
-// Stage folders of earlier attempts (killed, or out of space, while saving) are garbage, removed
-// before this save writes: on a full disk they would hold the space it needs.
+// Stage folders of earlier attempts (killed, or out of space, while saving) and pruned
+// checkpoints whose removal a kill cut short are garbage, removed before this save writes: on a
+// full disk they would hold the space it needs.
 void RemoveOtherAttemptsStages(const SaveRequest& r) {
   const std::string own_suffix = absl::StrFormat(".%016x", r.nonce);
   std::error_code error;
-  for (const fs::directory_entry& entry : fs::directory_iterator(r.dir, error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(".step-", 0) == 0 && !name.ends_with(own_suffix)) {
-      fs::remove_all(entry.path(), error);
-    }
+  std::vector<fs::path> garbage;
+  for (fs::directory_iterator it(r.dir, error); !error && it != fs::directory_iterator();
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (name.starts_with(".step-") && !name.ends_with(own_suffix)) garbage.push_back(it->path());
   }
+  for (const fs::path& path : garbage) fs::remove_all(path, error);
 }
 
 }  // namespace

@@ -106,6 +106,21 @@ TEST(CheckpointReaderTest, AChunkOutsideTheListedFilesIsADamagedManifest) {
   }
 }
 
+// A manifest of another step than its folder's would resume at the wrong step, silently.
+TEST(CheckpointReaderTest, AManifestOfAnotherStepThanItsFolderIsDamaged) {
+  const std::string dir = testing::FreshDir("ckpt_step_mismatch");
+  ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
+  const std::string path = dir + "/step-2/manifest.json";
+  absl::StatusOr<Manifest> manifest = ManifestFromJson(*ReadWholeFile(path), path);
+  ASSERT_TRUE(manifest.ok());
+  manifest->step = 1;
+  std::ofstream(path) << ManifestToJson(*manifest);
+  const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-2");
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(reader.status().message(),
+              HasSubstr("manifest.json is of step 1, not of its folder's step 2"));
+}
+
 TEST(CheckpointReaderTest, ADamagedManifestIsRejected) {
   const std::string dir = testing::FreshDir("ckpt_badmanifest");
   ASSERT_TRUE(testing::SaveStep(dir, 2).ok());

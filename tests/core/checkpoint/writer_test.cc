@@ -109,10 +109,16 @@ TEST(CheckpointWriterTest, EveryRangeAndBoxLoadsWhateverTheNumberOfSavingRanks) 
   }
 }
 
+// A pruned checkpoint is renamed to a stage folder's name before its removal, so that a kill
+// during it leaves no step-<N> without its manifest (which stayed for good, and failed `dtrain
+// ckpt inspect`); what a kill left is removed by the next save.
 TEST(CheckpointWriterTest, KeepsTheLastCompleteOnesAndPointsLatestAtTheNewest) {
   const std::string dir = testing::FreshDir("ckpt_keep");
+  fs::create_directories(dir + "/.step-1.pruned/x");  // a removal a kill cut short
   for (int step : {2, 4, 6}) ASSERT_TRUE(testing::SaveStep(dir, step).ok());
+  EXPECT_FALSE(fs::exists(dir + "/.step-1.pruned"));
   EXPECT_FALSE(fs::exists(dir + "/step-2"));  // keep_last 2
+  EXPECT_FALSE(fs::exists(dir + "/.step-2.pruned"));
   EXPECT_TRUE(fs::exists(dir + "/step-4/manifest.json"));
   EXPECT_TRUE(fs::exists(dir + "/step-6/manifest.json"));
   EXPECT_EQ(LatestName(dir), "step-6");
