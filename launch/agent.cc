@@ -754,11 +754,15 @@ absl::Status Agent::PublishFailures(int attempt) {
          absl::StrSplit(blamed.value_or(""), ',', absl::SkipEmpty())) {
       if (int rank = 0; absl::SimpleAtoi(field, &rank)) blames.push_back(rank);
     }
+    // Stopped: ended by the agent's SIGTERM (its checkpoint's exit) or SIGKILL. A worker told to
+    // stop that exits with an error of its own failed, most likely before it was told.
+    const bool stopped =
+        worker.told_to_stop && (exit->signal != 0 || StoppedAfterCheckpoint(*exit));
     failures.push_back({{"rank", worker.rank},
                         {"node", node_.node_rank},
                         {"host", host},
                         {"exit", ExitText(worker)},
-                        {"stopped", worker.told_to_stop},
+                        {"stopped", stopped},
                         {"blames", blames},
                         {"time_us", absl::ToUnixMicros(worker.exited_at)},
                         {"stderr", tail}});
@@ -797,10 +801,20 @@ void Agent::PrintRootCause(int attempt) {
   }
   // The root cause is the first rank a failure blames (one that never started the collective
   // its peers failed in: hung, stopped or gone), preferring one that blames nobody itself, else
-  // the earliest failure; the others usually follow from it (a dead peer breaks every
-  // collective).
+  // the first failure the ranks recorded (ProcessGroup::Fail), else the earliest to exit; the
+  // others usually follow from it (a dead peer breaks every collective).
   auto [root, blamer] = FirstBlamed(records, failures);
-  if (root == nullptr) root = failures.front();
+  if (root == nullptr) {
+    root = failures.front();
+    const absl::StatusOr<std::string> first =
+        store_->Get(AgentKey(attempt, "first_failure"), absl::Milliseconds(1));
+    int first_rank = -1;
+    if (first.ok() && absl::SimpleAtoi(*first, &first_rank)) {
+      for (const FailureRecord* failure : failures) {
+        if (failure->rank == first_rank) root = failure;
+      }
+    }
+  }
   // The workers' flight-recorder dumps compared, when they wrote any (parallel/comm/
   // flight_recorder_diagnosis.h): which rank never entered which operation, or a desync.
   const std::optional<FlightDiagnosis> flights =

@@ -97,22 +97,37 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
         "rank was restarted while rank 0 still waits for the one before (it gives up within "
         "parallel.timeout_s); give each rank its own RANK and each job its own MASTER_PORT"));
   }
-  // A wait that ran out names the ranks whose seats are still empty; other errors (the store
-  // lost) are what they are.
+  const auto checked_in = [&](int rank) { return absl::StrCat(prefix, "checked-rank-", rank); };
+  // A wait that ran out names the ranks whose seats are still empty, and those seated that never
+  // checked in (hung, or stopped, between the two); other errors (the store lost) are what they
+  // are.
   const auto waited = [&](const absl::Status& status) {
     if (!absl::IsDeadlineExceeded(status)) return status;
-    std::vector<int> missing;
+    std::vector<int> missing, silent;
     for (int r = 0; r < world.world_size; ++r) {
       if (r == world.rank) continue;
-      const absl::StatusOr<std::string> taken = store.Get(seat(r), absl::Milliseconds(1));
-      if (taken.ok()) continue;
-      if (!absl::IsDeadlineExceeded(taken.status())) return taken.status();
-      missing.push_back(r);
+      for (auto [key, late] : {std::pair{seat(r), &missing}, {checked_in(r), &silent}}) {
+        const absl::StatusOr<std::string> found = store.Get(key, absl::Milliseconds(1));
+        if (found.ok()) continue;
+        if (!absl::IsDeadlineExceeded(found.status())) return found.status();
+        late->push_back(r);
+        break;
+      }
     }
-    absl::Status error = absl::DeadlineExceededError(absl::StrCat(
-        "rank ", world.rank, " of ", world.world_size, ": rank(s) ", absl::StrJoin(missing, ", "),
-        " never joined the rendezvous at ", world.master_addr, ":", world.master_port, " within ",
-        absl::FormatDuration(timeout), " (exited, crashed or not started)"));
+    std::vector<std::string> whom;
+    if (!missing.empty()) {
+      whom.push_back(absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "),
+                                  " never joined (exited, crashed or not started)"));
+    }
+    if (!silent.empty()) {
+      whom.push_back(absl::StrCat("rank(s) ", absl::StrJoin(silent, ", "),
+                                  " joined but never checked in (hung or stopped)"));
+    }
+    absl::Status error = absl::DeadlineExceededError(
+        absl::StrCat("rank ", world.rank, " of ", world.world_size, ": ",
+                     absl::StrJoin(whom, ", and "), " at the rendezvous at ", world.master_addr,
+                     ":", world.master_port, " within ", absl::FormatDuration(timeout)));
+    missing.insert(missing.end(), silent.begin(), silent.end());
     SetFaultyRanks(error, missing);
     return error;
   };
@@ -131,6 +146,7 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
       return verdict;
     }
   }
+  RETURN_IF_ERROR(store.Set(checked_in(world.rank), ""));
   ASSIGN_OR_RETURN(const int64_t checked, store.Add(prefix + "checked", 1));
   if (checked == world.world_size) RETURN_IF_ERROR(store.Set(settled_key, "ok"));
   const absl::StatusOr<std::string> settled = store.Get(settled_key, deadline - absl::Now());
@@ -343,6 +359,11 @@ absl::Status ProcessGroup::Fail(const absl::Status& error) {
         absl::StrCat(error.message(), " (the other ranks' errors are unknown: the store ",
                      membership_.agent_hosts_store ? "of the node-0 agent" : "hosted by rank 0",
                      " is unreachable: ", first.status().message(), ")"));
+  }
+  // The agent names the first failure when no error blames another rank: ranks that failed on
+  // their own end in any order, and the agent stops the others while they still exit.
+  if (*first == own && membership_.agent_hosts_store) {
+    (void)store_->Set(AgentKey(membership_.restart_count, "first_failure"), absl::StrCat(rank));
   }
   std::string reported =
       *first == own ? std::string(error.message())

@@ -183,9 +183,22 @@ absl::Status WriteCheckpoint(const SaveRequest& request) {
   if (absl::Status written = WriteRankFiles(request, stage); !written.ok()) {
     // What this rank wrote of an incomplete save is of no use: its space goes back at once.
     fs::remove(stage + "/" + RankFileName(request.rank), error);
+    std::string fix;
+    if (absl::IsResourceExhausted(written)) {  // ENOSPC, EDQUOT
+      uint64_t part = 0;
+      for (const ChunkSource& chunk : request.chunks) {
+        part += static_cast<uint64_t>(BoxNumel(chunk.box)) * DataTypeBytes(chunk.dtype);
+      }
+      const fs::space_info space = fs::space(request.dir, error);
+      fix = absl::StrFormat(
+          "; the checkpoint folder's file system is full (%.1f MiB free, this rank's part is "
+          "%.1f MiB): free space there, keep fewer checkpoints (checkpoint.keep_last %d), or set "
+          "checkpoint.dir to a larger file system",
+          error ? 0.0 : space.available / 1048576.0, part / 1048576.0, request.keep_last);
+    }
     return absl::Status(written.code(),
                         absl::StrCat("checkpoint ", StepDirName(request.step), ", rank ",
-                                     request.rank, ": ", written.message()));
+                                     request.rank, ": ", written.message(), fix));
   }
   return request.rank == 0 ? Commit(request, stage) : absl::OkStatus();
 }

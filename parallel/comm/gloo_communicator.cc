@@ -295,9 +295,14 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     attr.hostname = options.hostname;
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
-    context->setTimeout(absl::ToChronoMilliseconds(options.timeout));
+    // Gloo waits 5 times a pair's timeout for its first connection (transport/tcp/pair.h), and
+    // a pair keeps the context's timeout of its creation: a fifth here makes the connect's wait
+    // the timeout. Every operation after passes its own deadline.
+    context->setTimeout(
+        absl::ToChronoMilliseconds(std::max(options.timeout / 5, absl::Milliseconds(1))));
     GlooStoreAdapter adapter(store, options.key_prefix + "gloo/", options.timeout);
     context->connectFullMesh(adapter, device);
+    context->setTimeout(absl::ToChronoMilliseconds(options.timeout));
     return std::unique_ptr<GlooCommunicator>(
         new GlooCommunicator(std::move(store), options, std::move(context)));
   } catch (const std::exception& e) {

@@ -1,4 +1,7 @@
 // `dtrain train` end to end on a small model: determinism, learning, weights out and back in.
+#include <unistd.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -306,6 +309,28 @@ TEST(TrainTest, SaveAtEndFalseLeavesTheLastStepUnsaved) {
     EXPECT_TRUE(std::filesystem::exists(checkpoints + "/step-2/manifest.json"));
     EXPECT_EQ(std::filesystem::exists(checkpoints + "/step-3"), save_at_end);
   }
+}
+
+// A full checkpoint file system says how much is free, how much the save needed and what to do
+// (it said only "No space left on device"). The file system is a 64 KiB tmpfs in a mount
+// namespace of the run's own.
+TEST(TrainTest, AFullCheckpointFileSystemSaysWhatToDo) {
+  if (geteuid() != 0 || std::system("unshare -m true 2>/dev/null") != 0) {
+    GTEST_SKIP() << "needs root and unshare -m (a tmpfs in a mount namespace of its own)";
+  }
+  const std::string small = testing::FreshTempDir("full_checkpoints");
+  std::filesystem::create_directories(small);
+  const testing::Outcome run = testing::RunDtrain(
+      absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", RunDir("full"),
+                   " --set checkpoint.dir=", small, " --set train.steps=2"),
+      absl::StrCat("unshare -m sh -c 'mount -t tmpfs -o size=64k none ", small,
+                   " && exec \"$0\" \"$@\"'"));
+  EXPECT_EQ(run.exit_code, 1) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text, HasSubstr("No space left on device"));
+  EXPECT_THAT(run.stderr_text,
+              ::testing::ContainsRegex("the checkpoint folder's file system is full \\([0-9.]+ "
+                                       "MiB free, this rank's part is [0-9.]+ MiB\\)"));
+  EXPECT_THAT(run.stderr_text, HasSubstr("checkpoint.keep_last"));
 }
 
 // SFT end to end: `data pack --sft` writes masked shards that `train` with data.format sft packs,

@@ -862,6 +862,29 @@ TEST(AgentTest, TheRootCauseIsABlamedRankThatBlamesNobody) {
   EXPECT_THAT(output, HasSubstr("Root cause: rank 1 on node 1 (fake-host), killed by signal 9."));
 }
 
+// Ranks that fail on their own end in any order: with no error blaming another rank, the root
+// cause is the first failure the ranks recorded (rank 1 on node 1), not the first to exit (rank 0,
+// whose own error came later but whose process ended first; 2 of 3 tries named it, found by a
+// tester).
+TEST(AgentTest, TheRootCauseIsTheFirstRecordedFailureWhenNoneIsBlamed) {
+  const int port = testing::FreeTcpPort();
+  NodeZero agent({"/bin/sh", "-c", "sleep 1; exit 1"}, 2, port);
+  agent.options.nproc_per_node = 1;
+  const std::vector<std::string> records = {
+      R"([{"rank": 1, "node": 1, "host": "fake-host", "exit": "exit code 1", "stopped": false,
+           "blames": [], "time_us": 9000000000000000, "stderr": ""}])"};
+  absl::StatusOr<int> result;
+  const std::string output = RunBesideFakeNodesThatFail(
+      agent, port, records,
+      [](int, TcpStoreClient& store) {
+        EXPECT_TRUE(store.Set("workers/attempt-0/first_failure", "1").ok());
+      },
+      &result);
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
+  EXPECT_EQ(*result, 1) << output;
+  EXPECT_THAT(output, HasSubstr("Root cause: rank 1 on node 1 (fake-host), exit code 1."));
+}
+
 // Anything with the store token can write the agents' records: failure lists and lost-agent
 // records that are not what an agent writes are skipped (they aborted node 0's agent), and the
 // root cause still comes from node 0's own record.

@@ -10,6 +10,7 @@
 #include "core/backend/cpu/cpu_backend.h"
 #include "parallel/comm/faulty_ranks.h"
 #include "parallel/mesh.h"
+#include "parallel/store/tcp_store_client.h"
 #include "tests/testing/multi_process.h"
 
 namespace dtrain {
@@ -140,6 +141,27 @@ TEST(ProcessGroupTest, AGroupOfEveryRankRunsOnTheWorldOverBackendMemory) {
 // that never failed (rank 0's names the dead rank 1): ranks 2 and 3 add rank 0's error, and rank
 // 0, whose own error already names rank 1, adds nothing. Every rank ends with the root cause: the
 // rank blamed that never failed, and where it sits in the pipelined mesh.
+// A rank that took its rendezvous seat and stopped before checking in (a start-up hang) is named
+// and blamed, where the error said "rank(s)  never joined" and blamed nobody.
+TEST(ProcessGroupTest, ARankSeatedThatNeverChecksInIsNamed) {
+  const int port = testing::FreeTcpPort();
+  absl::Status failed;
+  std::thread zero([&] {
+    const WorldMembership world{.rank = 0, .world_size = 3, .master_port = port};
+    failed = ProcessGroup::Connect(world, absl::Seconds(2), "test/", "").status();
+  });
+  // Rank 1 takes its seat and hangs; rank 2 never comes.
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> one =
+      TcpStoreClient::Connect("127.0.0.1", port, {.connect_timeout = absl::Seconds(10)});
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE((*one)->Add("rendezvous/attempt-0/rank-1", 1).ok());
+  zero.join();
+  EXPECT_THAT(failed.message(),
+              ::testing::HasSubstr("rank(s) 2 never joined (exited, crashed or not started), "
+                                   "and rank(s) 1 joined but never checked in (hung or stopped)"));
+  EXPECT_THAT(FaultyRanks(failed), ::testing::ElementsAre(2, 1));
+}
+
 TEST(ProcessGroupTest, AFailureThatBlamesNoRootCauseGetsTheErrorThatDoes) {
   const auto failing = [](const std::string& message, std::vector<int> blamed) {
     absl::Status status = absl::DeadlineExceededError(message);
