@@ -362,8 +362,8 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
                 candidate, loaded->step, loaded->origin, world_, engine_.strategy().name,
                 world_ / tp_pp, recipe_.parallel.tp, recipe_.parallel.pp);
         if (!loaded->changed_keys.empty()) {
-          LogWarn("%s was saved with other values of %s; the recipe's apply from now on", candidate,
-                  absl::StrJoin(loaded->changed_keys, ", "));
+          LogWarn("%s was saved with other values of %s; the recipe's values apply from now on",
+                  candidate, absl::StrJoin(loaded->changed_keys, ", "));
         }
         // A folder's `latest` is judged only when the folder was searched.
         const std::string latest = scanned ? LatestName(folder) : "";

@@ -84,11 +84,14 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
   ++cursor_.skipped_shards;
   ++shards_skipped_;
   ++failures_in_a_row_;
-  LogWarn(
-      "data.on_error skip_shard: skipping shard %s (data stream %d, pass %d) after %d "
-      "samples: %s; %d shards skipped by this stream so far",
-      url, stream_, slot_ / static_cast<int64_t>(config_->urls.size()), slot_samples_,
-      error.message(), cursor_.skipped_shards);
+  if (skipped_urls_.insert(url).second) {
+    LogWarn(
+        "data.on_error skip_shard: skipping shard %s (data stream %d, pass %d) after %d "
+        "samples: %s; %d shards skipped by this stream so far (later passes skip it without "
+        "a warning)",
+        url, stream_, slot_ / static_cast<int64_t>(config_->urls.size()), slot_samples_,
+        error.message(), cursor_.skipped_shards);
+  }
   if (failures_in_a_row_ >= static_cast<int64_t>(config_->urls.size())) {
     return absl::Status(error.code(),
                         absl::StrCat("data stream ", stream_, ": ", failures_in_a_row_,

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,9 @@ class ShardStream {
   // shards is an error (such data would be read forever without one window).
   int64_t empty_in_a_row_ = 0;
   bool wrap_logged_ = false;
+  // The shards skipped (data.on_error skip_shard) and warned about: each is warned about once,
+  // not on every pass (a bad shard warned 13 times in a run).
+  std::set<std::string> skipped_urls_;
   std::unique_ptr<ByteSource> source_;
   std::unique_ptr<TarReader> reader_;
   std::unique_ptr<SampleGrouper> grouper_;

@@ -34,7 +34,7 @@ class AdamW {
   size_t numel() const { return end_ - begin_; }
   float* m() const { return m_.floats(); }
   float* v() const { return v_.floats(); }
-  // How many values get weight decay, for the log.
+  // How many values of [begin, end) get weight decay (what the tests check train.no_decay by).
   size_t decayed_numel() const;
 
  private:

@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "core/backend/cpu/cpu_backend.h"
-#include "core/model/flat_parameters.h"
 #include "core/model/init.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline/schedule.h"
 #include "tests/parallel/comm/test_store.h"
+#include "tests/testing/flat_parameters.h"
 #include "tests/testing/small_model.h"
 
 namespace dtrain {
@@ -34,7 +34,7 @@ struct RegionCall {
 // The model's BlockParameters calls, on a FlatParameters.
 class Recorder : public BlockParameters {
  public:
-  explicit Recorder(FlatParameters& flat) : flat_(flat) {}
+  explicit Recorder(testing::FlatParameters& flat) : flat_(flat) {}
   ConstValues Acquire(int region, Pass pass) override {
     calls.push_back({RegionCall::kAcquire, region, pass});
     return flat_.Acquire(region, pass);
@@ -53,7 +53,7 @@ class Recorder : public BlockParameters {
   std::vector<RegionCall> calls;
 
  private:
-  FlatParameters& flat_;
+  testing::FlatParameters& flat_;
 };
 
 // What one micro-batch does to the parameters, recorded from the real model.
@@ -66,7 +66,7 @@ struct ModelRun {
 
 ModelRun RunModel(const ModelConfig& config, const ParamTable& table) {
   CpuBackend backend(1);
-  FlatParameters flat(table, backend);
+  testing::FlatParameters flat(table, backend);
   InitParameters(config, table, 7, 0, table.total_numel(), flat.params().data());
   Recorder recorder(flat);
   Transformer model(config, table, recorder, backend, 1, kSeqLen, Recompute::kNone);

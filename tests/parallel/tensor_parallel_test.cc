@@ -8,12 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu/cpu_backend.h"
-#include "core/model/flat_parameters.h"
 #include "core/model/init.h"
 #include "core/model/sampler.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
 #include "tests/parallel/comm/test_store.h"
+#include "tests/testing/flat_parameters.h"
 #include "tests/testing/small_model.h"
 #include "tests/testing/tensor_parallel_ranks.h"
 
@@ -46,7 +46,7 @@ RankResult TrainOneStep(const ModelConfig& config, const ParamTable& table, Reco
                         TensorParallelOps* tensor_parallel, const Communicator* tp = nullptr,
                         bool sequence_parallel = false, bool documents = false) {
   CpuBackend backend(1);
-  FlatParameters parameters(table, backend);
+  testing::FlatParameters parameters(table, backend);
   testing::InitDistinctParameters(config, table, kSeed, parameters.params().data());
   Transformer model(config, table, parameters, backend, kBatch, kTime, recompute, tensor_parallel,
                     sequence_parallel);
@@ -226,7 +226,7 @@ TEST(TensorParallelChunksTest, TheClassifierRunsInSeveralChunksOfRows) {
   };
   auto run = [&](const ParamTable& table, TensorParallelOps* ops) {
     CpuBackend backend(1);
-    FlatParameters parameters(table, backend);
+    testing::FlatParameters parameters(table, backend);
     InitParameters(config, table, kSeed, 0, table.total_numel(), parameters.params().data());
     Transformer model(config, table, parameters, backend, b, t, Recompute::kNone, ops);
     Result result;

@@ -203,6 +203,19 @@ TEST_F(WebDatasetLoaderTest, FailsOrSkipsABadShardByDataOnError) {
   // Samples before the cut are used; the rest of shard 3 is skipped, never a hang.
   EXPECT_GT(from_bad, 0);
   EXPECT_EQ(windows.size(), 80u);
+
+  // One stream skips shard 3 on each of its passes, and warns about it once.
+  config_.num_streams = 1;
+  std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
+  std::vector<int32_t> inputs(80 * kSeqLen), targets(80 * kSeqLen);
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(loader->Next(80, inputs.data(), targets.data()).ok());
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  EXPECT_GE(loader->shard_counts().skipped, 2);
+  const std::string warning = "skipping shard " + (dir_ / "shard-003.tar");
+  const size_t first = warnings.find(warning);
+  EXPECT_NE(first, std::string::npos) << warnings;
+  EXPECT_EQ(warnings.find(warning, first + 1), std::string::npos) << warnings;
 }
 
 // A shard command that fails partway cut its archive: the error gives its exit status, where it

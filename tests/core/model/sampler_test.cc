@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "core/backend/cpu/cpu_backend.h"
-#include "core/model/flat_parameters.h"
 #include "core/model/init.h"
 #include "gtest/gtest.h"
+#include "tests/testing/flat_parameters.h"
 #include "tests/testing/small_model.h"
 
 namespace dtrain {
@@ -72,7 +72,7 @@ TEST(SamplerTest, SameSeedSameTextAndTopOneIsGreedy) {
   ModelConfig config = testing::SmallModelConfig(ModelFamily::kGpt2);
   config.init_std = 0.5f;  // large logits: sampling has something to choose between
   const ParamTable table(config, ModelSlice{});
-  FlatParameters parameters(table, backend);
+  testing::FlatParameters parameters(table, backend);
   InitParameters(config, table, 2, 0, table.total_numel(), parameters.params().data());
   Transformer model(config, table, parameters, backend, 1, 8, Recompute::kNone);
   SamplingOptions options;

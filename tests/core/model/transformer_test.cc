@@ -5,9 +5,9 @@
 
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/data/sft_data.h"
-#include "core/model/flat_parameters.h"
 #include "core/model/init.h"
 #include "gtest/gtest.h"
+#include "tests/testing/flat_parameters.h"
 #include "tests/testing/small_model.h"
 
 namespace dtrain {
@@ -29,7 +29,7 @@ struct TestModel {
     InitParameters(config, table, seed, 0, table.total_numel(), parameters.params().data());
   }
   ParamTable table;
-  FlatParameters parameters;
+  testing::FlatParameters parameters;
   Transformer model;
 };
 

@@ -5,11 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu/cpu_backend.h"
-#include "core/model/flat_parameters.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
 #include "parallel/pipeline/stage_assignment.h"
 #include "parallel/tensor_parallel.h"
+#include "tests/testing/flat_parameters.h"
 #include "tests/testing/small_model.h"
 #include "tests/testing/tensor_parallel_ranks.h"
 
@@ -31,7 +31,7 @@ struct SliceModel {
     testing::InitDistinctParameters(config, table, kSeed, parameters.params().data());
   }
   ParamTable table;
-  FlatParameters parameters;
+  testing::FlatParameters parameters;
   Transformer model;
 };
 

@@ -13,12 +13,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/backend/cpu/cpu_backend.h"
-#include "core/model/flat_parameters.h"
 #include "core/model/init.h"
 #include "core/model/transformer.h"
 #include "gtest/gtest.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/stage_assignment.h"
+#include "tests/testing/flat_parameters.h"
 #include "tests/testing/small_model.h"
 #include "tests/testing/tensor_parallel_ranks.h"
 
@@ -51,7 +51,7 @@ struct StageModel {
               static_cast<double>(model.activation_bytes()));
   }
   ParamTable table;
-  FlatParameters parameters;
+  testing::FlatParameters parameters;
   Transformer model;
 };
 

@@ -1,6 +1,6 @@
 // The whole model's parameters and gradients in two flat buffers of the backend's memory, as the
-// ParamTable lays them out: what one process without data parallelism (and the tests) hand to
-// the model. Gradients accumulate across micro-batches until ZeroGradients.
+// ParamTable lays them out: what the tests hand to the model (the trainer's engines hold their
+// own, sharded). Gradients accumulate across micro-batches until ZeroGradients.
 #pragma once
 
 #include <span>
@@ -10,11 +10,18 @@
 #include "core/model/block_parameters.h"
 #include "core/model/param_table.h"
 
-namespace dtrain {
+namespace dtrain::testing {
 
 class FlatParameters : public BlockParameters {
  public:
-  FlatParameters(const ParamTable& table, Backend& backend);
+  FlatParameters(const ParamTable& table, Backend& backend)
+      : backend_(backend),
+        params_(backend.Allocate(table.total_numel())),
+        grads_(backend.Allocate(table.total_numel())) {
+    for (int region = -1; region <= table.last_region(); ++region) {
+      region_begin_.push_back(table.BlockRange(region).first);
+    }
+  }
 
   // The buffers as host spans: for a backend whose memory is the host's (the CPU backend).
   std::span<float> params() { return {params_.floats(), params_.size()}; }
@@ -37,4 +44,4 @@ class FlatParameters : public BlockParameters {
   DeviceBuffer grads_;
 };
 
-}  // namespace dtrain
+}  // namespace dtrain::testing
