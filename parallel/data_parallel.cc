@@ -9,6 +9,7 @@
 #include "core/model/init.h"
 #include "core/util/fnv.h"
 #include "core/util/status.h"
+#include "core/util/thread_pool.h"
 #include "parallel/comm/host_values.h"
 
 namespace dtrain {
@@ -97,14 +98,19 @@ void DataParallelEngine::LoadParameters(const float* full) {
   LoadedState();
 }
 
-void DataParallelEngine::InitParameters(const ModelConfig& config, uint64_t seed) {
-  // Initialised on the host, one unit's values at a time, then copied into place.
+void DataParallelEngine::InitParameters(const ModelConfig& config, uint64_t seed, int threads) {
+  // Initialised on the host, one unit's values at a time, then copied into place. Each value is
+  // a function of its place alone, so the threads' pieces may be any (a 1B model took 24 s on
+  // one thread).
+  ThreadPool pool(threads);
   std::vector<float> staged;
   for (const Unit& unit : layout_.units()) {
     const auto [begin, end] =
         sharded_params() ? layout_.slice(unit, rank()) : std::pair{unit.begin, unit.end};
     staged.assign(end - begin, 0.0f);
-    dtrain::InitParameters(config, table_, seed, begin, end, staged.data());
+    pool.ParallelFor(end - begin, size_t{1} << 16, [&](size_t lo, size_t hi, int) {
+      dtrain::InitParameters(config, table_, seed, begin + lo, begin + hi, staged.data() + lo);
+    });
     float* own = sharded_params() ? OwnParams(unit) : LoadedParams() + unit.padded_begin;
     backend_.CopyFromHost(own, staged.data(), staged.size() * kFloat);
   }

@@ -80,8 +80,9 @@ class DataParallelEngine : public BlockParameters {
   // parameters (ShardingStrategy::param_type) these are the float32 masters, and the model
   // computes with bf16 copies of them (as after InitParameters and a checkpoint's load).
   void LoadParameters(const float* full);
-  // Initialises this rank's parameters (GPT-2 style, see core/model/init.h).
-  void InitParameters(const ModelConfig& config, uint64_t seed);
+  // Initialises this rank's parameters (GPT-2 style, see core/model/init.h) on `threads` host
+  // threads (0: every usable CPU), the same values on any number.
+  void InitParameters(const ModelConfig& config, uint64_t seed, int threads = 1);
   // The whole model's parameters in table layout, the float32 masters (gathered when sharded;
   // every rank calls).
   absl::StatusOr<std::vector<float>> GatherParameters();

@@ -407,7 +407,7 @@ absl::Status InitFromError(const absl::Status& status) {
 absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& config,
                                   const ParamTable& table, DataParallelEngine& engine) {
   if (recipe.train.init_from.empty()) {
-    engine.InitParameters(config, recipe.run.seed);
+    engine.InitParameters(config, recipe.run.seed, recipe.run.threads);
     return absl::OkStatus();
   }
   const ParamTable whole(config, ModelSlice{});

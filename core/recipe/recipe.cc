@@ -411,7 +411,8 @@ const std::vector<KeySpec>& Keys() {
       {DTRAIN_RECIPE_KEY(logging, metrics_file),
        "JSON-lines metrics file, relative to the run folder"},
       {DTRAIN_RECIPE_KEY(logging, sample_tokens),
-       "tokens generated at each evaluation; 0 = no samples",
+       "tokens generated at each evaluation, each from at most the last train.seq_len tokens (the "
+       "model's activations are sized for a training sequence); 0 = no samples",
        {},
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(logging, sample_temperature),

@@ -275,6 +275,31 @@ float RoundedToBf16(float x) { return RoundForMatmul(x, MatmulPrecision::kMedium
 // a bf16 copy of its float32 master, rounded to nearest even, while GatherParameters returns the
 // masters themselves (the initialisation is not bf16: they differ). Checked after initialisation
 // and after a step.
+// Initialisation on several host threads gives every value the one thread gives it: a value is
+// a function of its place alone (core/model/init.h), whatever piece a thread takes.
+TEST(DataParallelInitTest, ThreadsInitialiseTheSameValues) {
+  ModelConfig config = testing::SmallModelConfig(ModelFamily::kLlama);
+  config.d_model = 128;  // units of several threads' pieces
+  config.d_ff = 512;
+  config.head_dim = 32;
+  const ParamTable table(config, ModelSlice{});
+  ParallelSection parallel;
+  parallel.strategy = "ddp";
+  const ShardingStrategy strategy = *ShardingStrategyFromRecipe(parallel);
+  CpuBackend backend(1);
+  std::vector<std::vector<float>> values;
+  for (const int threads : {1, 3}) {
+    DataParallelEngine engine(table, strategy, Train(), backend, nullptr);
+    engine.InitParameters(config, 7, threads);
+    absl::StatusOr<std::vector<float>> gathered = engine.GatherParameters();
+    ASSERT_TRUE(gathered.ok()) << gathered.status();
+    values.push_back(*std::move(gathered));
+  }
+  ASSERT_GT(values[0].size(), size_t{4} << 16);
+  EXPECT_EQ(values[0], values[1]);
+  EXPECT_NE(values[0][values[0].size() / 2], 0.0f);
+}
+
 TEST(DataParallelParamDtypeTest, RegionsComputeWithTheMastersRoundedToBf16) {
   const ModelConfig config = testing::SmallModelConfig(ModelFamily::kGpt2);
   const ParamTable table(config, ModelSlice{});
