@@ -495,14 +495,19 @@ absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
     LogInfo("weights written to %s (Hugging Face names)", path);
     return absl::OkStatus();
   }
+  // An SFT run's folder renders chats as its shards were packed (apply_chat_template).
+  ASSIGN_OR_RETURN(const std::optional<ChatTemplate> chat_template, ShardsChatTemplate(recipe));
   RETURN_IF_ERROR(ExportHfFolder(
       config, whole,
       [&](const TensorEntry& entry) -> absl::StatusOr<const float*> {
         return full.data() + entry.offset;
       },
-      path, recipe.data.tokenizer));
-  LogInfo("model folder written to %s (config.json, model.safetensors%s; transformers loads it)",
-          path, recipe.data.tokenizer.empty() ? "" : ", the tokenizer's files");
+      path, recipe.data.tokenizer, {}, chat_template ? &*chat_template : nullptr));
+  LogInfo("model folder written to %s (config.json, model.safetensors%s%s; transformers loads it)",
+          path, recipe.data.tokenizer.empty() ? "" : ", the tokenizer's files",
+          chat_template && !recipe.data.tokenizer.empty()
+              ? absl::StrCat(", the chat template ", chat_template->name)
+              : "");
   return absl::OkStatus();
 }
 

@@ -63,18 +63,26 @@ absl::StatusOr<ChatTemplate> LoadTemplateFile(const std::string& path) {
   }
   const nlohmann::json json = nlohmann::json::parse(*text, nullptr, false);
   if (json.is_discarded() || !json.is_object()) return FileError(path, "not a JSON object");
+  if (json.contains("chat_template") && !json.contains("roles")) {
+    return FileError(path,
+                     "a Jinja chat_template (a tokenizer_config.json's), which dtrain does not "
+                     "render; write its turns as a template file of \"roles\" (README, "
+                     "\"Supervised fine-tuning\") or use a built-in one");
+  }
+  return ParseTemplateJson(json, path);
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplate> ParseTemplateJson(const nlohmann::json& json,
+                                               const std::string& path) {
+  if (!json.is_object()) return FileError(path, "not a JSON object");
   ChatTemplate t{.name = path};
   absl::Status status = OptionalString(json, "begin", path, "\"begin\"", &t.begin);
   if (!status.ok()) return status;
   if (json.contains("trim")) {
     if (!json["trim"].is_boolean()) return FileError(path, "\"trim\" is not true or false");
     t.trim = json["trim"].get<bool>();
-  }
-  if (json.contains("chat_template") && !json.contains("roles")) {
-    return FileError(path,
-                     "a Jinja chat_template (a tokenizer_config.json's), which dtrain does not "
-                     "render; write its turns as a template file of \"roles\" (README, "
-                     "\"Supervised fine-tuning\") or use a built-in one");
   }
   if (!json.contains("roles") || !json["roles"].is_object()) {
     return FileError(path, "no \"roles\" object");
@@ -95,7 +103,39 @@ absl::StatusOr<ChatTemplate> LoadTemplateFile(const std::string& path) {
   return t;
 }
 
-}  // namespace
+nlohmann::json TemplateJson(const ChatTemplate& chat_template) {
+  nlohmann::json roles = nlohmann::json::object();
+  for (const auto& [role, format] : chat_template.roles) {
+    roles[role] = {{"prefix", format.prefix}, {"suffix", format.suffix}, {"after", format.after}};
+  }
+  return {{"name", chat_template.name},
+          {"begin", chat_template.begin},
+          {"trim", chat_template.trim},
+          {"roles", roles}};
+}
+
+std::string TemplateJinja(const ChatTemplate& chat_template) {
+  // A Jinja string literal: JSON's escapes are Jinja's too.
+  const auto literal = [](const std::string& text) { return nlohmann::json(text).dump(); };
+  const std::string content =
+      chat_template.trim ? "(message['content'] | trim)" : "message['content']";
+  std::string jinja =
+      absl::StrCat("{{ ", literal(chat_template.begin), " }}{% for message in messages %}");
+  const char* keyword = "if";
+  for (const auto& [role, format] : chat_template.roles) {
+    absl::StrAppend(&jinja, "{% ", keyword, " message['role'] == ", literal(role), " %}{{ ",
+                    literal(format.prefix), " + ", content, " + ",
+                    literal(format.suffix + format.after), " }}");
+    keyword = "elif";
+  }
+  std::vector<std::string> known;
+  for (const auto& [role, format] : chat_template.roles) known.push_back(role);
+  absl::StrAppend(&jinja, "{% else %}{{ raise_exception('role ' + message['role'] + ",
+                  literal(absl::StrCat(" is not one of ", absl::StrJoin(known, ", "))),
+                  ") }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ ",
+                  literal(chat_template.roles.at("assistant").prefix), " }}{% endif %}");
+  return jinja;
+}
 
 absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& name_or_path) {
   if (name_or_path == "llama3") return Llama3();

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 
 namespace dtrain {
 
@@ -62,6 +63,16 @@ std::vector<std::string> TemplateMarkers(const ChatTemplate& chat_template);
 // neither (naming the built-in ones), a file that is not valid JSON of the shape above (naming
 // the file and the field).
 absl::StatusOr<ChatTemplate> LoadChatTemplate(const std::string& name_or_path);
+
+// The template as the JSON of a template file (every key written, and its "name"), which SFT
+// shards record, and back: ParseTemplateJson's template is named `path`, as its errors are.
+nlohmann::json TemplateJson(const ChatTemplate& chat_template);
+absl::StatusOr<ChatTemplate> ParseTemplateJson(const nlohmann::json& json, const std::string& path);
+
+// The template as a Jinja chat template of transformers' (tokenizer_config.json's chat_template):
+// apply_chat_template renders a conversation as RenderConversation does, and with
+// add_generation_prompt ends with the assistant's prefix.
+std::string TemplateJinja(const ChatTemplate& chat_template);
 
 // The segments of one conversation, in order. InvalidArgument for a role the template does not
 // know (naming it and the template's roles), and for an assistant message without text, which

@@ -104,7 +104,8 @@ class ShardWriter {
 // already is refused: the new ones would overwrite some and leave the rest beside them, which a
 // pattern over the folder reads as one dataset (of another tokenizer, perhaps).
 absl::StatusOr<ShardWriter> OpenShards(const std::string& out_dir, int64_t shard_bytes,
-                                       const Tokenizer& tokenizer) {
+                                       const Tokenizer& tokenizer,
+                                       const ChatTemplate* chat_template = nullptr) {
   std::error_code error;
   std::filesystem::create_directories(out_dir, error);
   if (error) {
@@ -122,8 +123,8 @@ absl::StatusOr<ShardWriter> OpenShards(const std::string& out_dir, int64_t shard
         " shard(s) of an earlier pack already: new shards would replace some and leave the "
         "others beside them; remove them, or pack into an empty folder"));
   }
-  const nlohmann::json record = {{"name", tokenizer.name()},
-                                 {"vocab_size", tokenizer.vocab_size()}};
+  nlohmann::json record = {{"name", tokenizer.name()}, {"vocab_size", tokenizer.vocab_size()}};
+  if (chat_template != nullptr) record["chat_template"] = TemplateJson(*chat_template);
   return ShardWriter(out_dir, shard_bytes, record.dump());
 }
 
@@ -280,7 +281,7 @@ absl::StatusOr<PackResult> PackSftShards(const std::vector<std::string>& inputs,
                        "{\"messages\"} object a line"));
     }
   }
-  ASSIGN_OR_RETURN(ShardWriter writer, OpenShards(out_dir, shard_bytes, tokenizer));
+  ASSIGN_OR_RETURN(ShardWriter writer, OpenShards(out_dir, shard_bytes, tokenizer, &chat_template));
   PackResult result;
   OrderedEncoder<SftSample> encoder(
       threads,

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/data/chat_template.h"
 #include "core/data/loader.h"
 #include "core/recipe/recipe.h"
 
@@ -38,5 +40,9 @@ absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_
 // records in its first sample (`dtrain data pack`'s record: "bytes", "hf-bpe:...", ...); empty
 // for other formats and shards that record none. Errors are the shard's.
 absl::StatusOr<std::string> ShardsTokenizerName(const Recipe& recipe);
+
+// The chat template that data.format sft's shards were packed with (`dtrain data pack --sft`
+// records it beside the tokenizer); nullopt for other formats and shards of an older pack.
+absl::StatusOr<std::optional<ChatTemplate>> ShardsChatTemplate(const Recipe& recipe);
 
 }  // namespace dtrain

@@ -8,6 +8,7 @@
 #include <set>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -377,14 +378,42 @@ absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_pat
   return ids;
 }
 
+namespace {
+
+// The SFT template into `dir`'s tokenizer_config.json, and generation_config.json's stops: the
+// tokenizer's end of sequence and the special tokens the assistant's suffix writes.
+absl::Status WriteChatTemplate(const ChatTemplate& chat_template, const Tokenizer& tokenizer,
+                               const HfSpecialTokens& tokens, const std::string& dir) {
+  const std::string config_path = (fs::path(dir) / "tokenizer_config.json").string();
+  ASSIGN_OR_RETURN(Json config, ReadJson(config_path));
+  config["chat_template"] = TemplateJinja(chat_template);
+  RETURN_IF_ERROR(WriteFileDurably(config_path, config.dump(2) + "\n"));
+  std::vector<int> stops;
+  if (tokens.eos_id) stops.push_back(*tokens.eos_id);
+  ChatTemplate suffix;
+  suffix.roles["assistant"].suffix = chat_template.roles.at("assistant").suffix;
+  for (const std::string& marker : TemplateMarkers(suffix)) {
+    const absl::StatusOr<int32_t> id = tokenizer.SpecialToken(marker);
+    if (id.ok() && !absl::c_linear_search(stops, *id)) stops.push_back(*id);
+  }
+  if (stops.empty()) return absl::OkStatus();
+  Json generation = {{"eos_token_id", stops.size() == 1 ? Json(stops[0]) : Json(stops)}};
+  if (tokens.bos_id) generation["bos_token_id"] = *tokens.bos_id;
+  return WriteFileDurably((fs::path(dir) / "generation_config.json").string(),
+                          generation.dump(2) + "\n");
+}
+
+}  // namespace
+
 absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
                             const TensorValuesFn& read_tensor, const std::string& dir,
-                            const std::string& tokenizer_path,
-                            const SafetensorsMetadata& metadata) {
+                            const std::string& tokenizer_path, const SafetensorsMetadata& metadata,
+                            const ChatTemplate* chat_template) {
+  std::unique_ptr<Tokenizer> tokenizer;
   if (!tokenizer_path.empty()) {
     // Checked before the folder exists: with ids the model has no row for, the folder would load
     // in transformers and fail at its first forward pass (an index out of range).
-    ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(tokenizer_path));
+    ASSIGN_OR_RETURN(tokenizer, LoadTokenizer(tokenizer_path));
     if (tokenizer->vocab_size() > config.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tokenizer ", tokenizer->name(), " has a vocabulary of ", tokenizer->vocab_size(),
@@ -400,8 +429,11 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
         absl::StrCat("cannot create the model folder ", dir, ": ", error.message()));
   }
   HfSpecialTokens tokens;
-  if (!tokenizer_path.empty()) {
+  if (tokenizer != nullptr) {
     ASSIGN_OR_RETURN(tokens, CopyHfTokenizer(tokenizer_path, dir, config.max_seq_len));
+  }
+  if (tokenizer != nullptr && chat_template != nullptr) {
+    RETURN_IF_ERROR(WriteChatTemplate(*chat_template, *tokenizer, tokens, dir));
   }
   RETURN_IF_ERROR(ExportHfSafetensorsStreamed(config, table, read_tensor,
                                               (fs::path(dir) / kWeightsName).string(), metadata));

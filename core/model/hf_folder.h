@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "core/data/chat_template.h"
 #include "core/io/safetensors.h"
 #include "core/model/hf_names.h"
 #include "core/model/model_config.h"
@@ -45,11 +46,16 @@ absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_pat
 
 // Writes the folder `dir` (created if missing): the tokenizer when `tokenizer_path` is not empty,
 // model.safetensors from `read_tensor` (ExportHfSafetensorsStreamed) with `metadata`, then
-// config.json. A tokenizer with more ids than the model's vocabulary is refused first.
+// config.json. A tokenizer with more ids than the model's vocabulary is refused first. With the
+// tokenizer, `chat_template` (the one an SFT run trained on; null for none) becomes its
+// tokenizer_config.json's chat_template (TemplateJinja, in place of one copied), and the special
+// tokens its assistant suffix writes (<|eot_id|>) join the end-of-sequence ids of
+// generation_config.json, at which generate() stops.
 absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
                             const TensorValuesFn& read_tensor, const std::string& dir,
                             const std::string& tokenizer_path,
-                            const SafetensorsMetadata& metadata = {});
+                            const SafetensorsMetadata& metadata = {},
+                            const ChatTemplate* chat_template = nullptr);
 
 // Fills all of `params` (table.total_numel() floats) from `path`: a safetensors file
 // (ImportHfSafetensors), or a Hugging Face model folder whose config.json passes CheckHfConfig and

@@ -22,9 +22,10 @@ reference.sft_chain. The steps, each by the tool a user would use:
 Checks (exit 1 naming the first that fails): the fine-tuning's validation loss falls from its
 first evaluation to its last; its first loss is not that of the same fine-tuning from the seed's
 random weights (it started from the pretrained folder); the fine-tuned folder's chat template
-renders a conversation to the ids `dtrain data pack --sft` trained on; every generated answer
-ends at <|eot_id|> (the turn's end the mask taught) within its token budget. The answers are
-printed.
+renders a conversation to the ids `dtrain data pack --sft` trained on, and is the one the shards
+record, not the tokenizer folder's; its generation_config.json stops at <|eot_id|>; every
+generated answer ends at <|eot_id|> (the turn's end the mask taught) within its token budget. The
+answers are printed.
 """
 import argparse
 import collections
@@ -215,6 +216,14 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(tuned).eval()
     tokenizer = AutoTokenizer.from_pretrained(tuned)
     eot = tokenizer.convert_tokens_to_ids("<|eot_id|>")
+
+    # The folder's template is the one the shards record (dtrain's llama3, as Jinja), in place of
+    # the tokenizer folder's own, and generate() stops at the turn's end.
+    if tokenizer.chat_template == CHAT_TEMPLATE:
+        failures.append("the folder kept the tokenizer's chat template, not the shards' one")
+    stops = model.generation_config.eos_token_id
+    if eot not in (stops if isinstance(stops, list) else [stops]):
+        failures.append(f"generation_config.json's eos_token_id {stops} lacks <|eot_id|> {eot}")
 
     # The template renders a trained conversation to the ids dtrain packed for it.
     quote, author = pairs[0]

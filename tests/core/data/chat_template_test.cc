@@ -103,6 +103,26 @@ TEST(ChatTemplateTest, TemplateFileDefinesBeginAndRoles) {
             "role \"system\" is not one of " + path + "'s roles (assistant, user)");
 }
 
+// SFT shards record their template as JSON, and an export reads it back (then writes it as Jinja,
+// which tests/reference/sft_chain.py renders with transformers against the packed ids).
+TEST(ChatTemplateTest, TheJsonRecordReadsBackAsTheTemplate) {
+  for (const char* name : {"llama3", "chatml", "none"}) {
+    const ChatTemplate chat_template = *LoadChatTemplate(name);
+    absl::StatusOr<ChatTemplate> back = ParseTemplateJson(TemplateJson(chat_template), "record");
+    ASSERT_TRUE(back.ok()) << back.status();
+    const std::vector<ChatMessage> turns = {{"user", " Hi? "}, {"assistant", "Hello."}};
+    EXPECT_EQ(Rendered(*RenderConversation(*back, turns), false),
+              Rendered(*RenderConversation(chat_template, turns), false))
+        << name;
+    EXPECT_EQ(Rendered(*RenderConversation(*back, turns), true),
+              Rendered(*RenderConversation(chat_template, turns), true))
+        << name;
+  }
+  EXPECT_THAT(
+      TemplateJinja(*LoadChatTemplate("chatml")),
+      ::testing::HasSubstr("{% if add_generation_prompt %}{{ \"<|im_start|>assistant\\n\" }}"));
+}
+
 TEST(ChatTemplateTest, UnknownNamesAndBadFilesAreErrorsNamingThem) {
   EXPECT_EQ(LoadChatTemplate("llama9").status().message(),
             "chat template 'llama9' is neither a built-in one (llama3, chatml, none) nor a "

@@ -120,6 +120,11 @@ TEST_F(DatasetsTest, AValidationSplitOfNothingMattersOnlyWhenEvaluating) {
   absl::StatusOr<Datasets> data = OpenDatasets(recipe_, 0, 1);
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ(data->val, nullptr);
+  // The shards record the template they were packed with, for the export.
+  const absl::StatusOr<std::optional<ChatTemplate>> recorded = ShardsChatTemplate(recipe_);
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  ASSERT_TRUE(recorded->has_value());
+  EXPECT_EQ((*recorded)->name, "none");
 
   recipe_ = Recipe();
   recipe_.train.seq_len = 4;
