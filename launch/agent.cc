@@ -757,7 +757,8 @@ absl::Status Agent::PublishFailures(int attempt) {
     // Stopped: ended by the agent's SIGTERM (its checkpoint's exit) or SIGKILL. A worker told to
     // stop that exits with an error of its own failed, most likely before it was told.
     const bool stopped =
-        worker.told_to_stop && (exit->signal != 0 || StoppedAfterCheckpoint(*exit));
+        worker.told_to_stop &&
+        (exit->signal == SIGTERM || exit->signal == SIGKILL || StoppedAfterCheckpoint(*exit));
     failures.push_back({{"rank", worker.rank},
                         {"node", node_.node_rank},
                         {"host", host},

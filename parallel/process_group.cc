@@ -98,11 +98,15 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
         "parallel.timeout_s); give each rank its own RANK and each job its own MASTER_PORT"));
   }
   const auto checked_in = [&](int rank) { return absl::StrCat(prefix, "checked-rank-", rank); };
+  // "settled" holds the verdict: "ok" once every rank checked, else "refused", the rank that
+  // differs and why; the others' errors blame it.
+  const std::string job_key = prefix + "job", settled_key = prefix + "settled";
   // A wait that ran out names the ranks whose seats are still empty, and those seated that never
-  // checked in (hung, or stopped, between the two); other errors (the store lost) are what they
-  // are.
+  // checked in (hung, or stopped, between the two): before rank 0 published the job, only rank 0
+  // (the others wait for it to check in). Other errors (the store lost) are what they are.
   const auto waited = [&](const absl::Status& status) {
     if (!absl::IsDeadlineExceeded(status)) return status;
+    const bool job_published = store.Get(job_key, absl::Milliseconds(1)).ok();
     std::vector<int> missing, silent;
     for (int r = 0; r < world.world_size; ++r) {
       if (r == world.rank) continue;
@@ -110,7 +114,7 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
         const absl::StatusOr<std::string> found = store.Get(key, absl::Milliseconds(1));
         if (found.ok()) continue;
         if (!absl::IsDeadlineExceeded(found.status())) return found.status();
-        late->push_back(r);
+        if (late == &missing || job_published || r == 0) late->push_back(r);
         break;
       }
     }
@@ -123,6 +127,7 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
       whom.push_back(absl::StrCat("rank(s) ", absl::StrJoin(silent, ", "),
                                   " joined but never checked in (hung or stopped)"));
     }
+    if (whom.empty()) whom.push_back("every rank checked in, but it did not settle");
     absl::Status error = absl::DeadlineExceededError(
         absl::StrCat("rank ", world.rank, " of ", world.world_size, ": ",
                      absl::StrJoin(whom, ", and "), " at the rendezvous at ", world.master_addr,
@@ -131,9 +136,6 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
     SetFaultyRanks(error, missing);
     return error;
   };
-  // "settled" holds the verdict: "ok" once every rank checked, else "refused", the rank that
-  // differs and why; the others' errors blame it.
-  const std::string job_key = prefix + "job", settled_key = prefix + "settled";
   if (world.rank == 0) {
     RETURN_IF_ERROR(store.Set(job_key, absl::StrCat(world.world_size, "\n", job)));
   } else {

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/backend/make_backend.h"
+#include "core/checkpoint/reader.h"
 #include "core/data/datasets.h"
 #include "core/data/tokenizers/load_tokenizer.h"
 #include "core/data/webdataset_loader.h"
@@ -905,12 +906,18 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
 
 absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size) {
   RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world_size));
-  // Weights of another model would fail every rank at start, and every restart after it. A path
-  // that is missing here is left to the start, which needs it only for a fresh run.
+  // Weights of another model would fail every rank at start, and every restart after it. Only a
+  // fresh run reads them (a resume takes its checkpoint's), and a path that is missing or cannot
+  // be read is left to the start, as other faults of files are.
   std::error_code error;
-  if (!recipe.train.init_from.empty() && std::filesystem::exists(recipe.train.init_from, error)) {
+  const bool resumes = recipe.checkpoint.resume != "never" &&
+                       (recipe.checkpoint.resume != "auto" ||
+                        !CheckpointCandidates(recipe.checkpoint_dir()).empty());
+  if (!recipe.train.init_from.empty() && !resumes &&
+      std::filesystem::exists(recipe.train.init_from, error)) {
     const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
-    if (absl::Status status = CheckHfWeights(config, recipe.train.init_from); !status.ok()) {
+    if (absl::Status status = CheckHfWeights(config, recipe.train.init_from);
+        absl::IsInvalidArgument(status)) {
       return InitFromError(status);
     }
   }

@@ -21,11 +21,12 @@ absl::StatusOr<TrainingEnd> RunTraining(const Recipe& recipe, const WorldMembers
 // ranks (tp x pp) divide the world; callers check it before training starts.
 absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size);
 
-// What callers check before any rank starts (exit 2): CheckLayoutFitsWorld; InvalidArgument
-// naming train.init_from unless its weights (where they exist) are this model's; then, unless
-// parallel.strategy is auto (which picks its micro-batch), naming train.batch_size and
-// train.micro_batch unless the batch splits into the data-parallel ranks' micro-batches, and for
-// data.format webdataset naming data.streams unless they split into those ranks.
+// What callers check before any rank starts (exit 2): CheckLayoutFitsWorld; for a fresh run (no
+// checkpoint to resume), InvalidArgument naming train.init_from when its weights are another
+// model's (reading only config.json and the headers); then, unless parallel.strategy is auto
+// (which picks its micro-batch), naming train.batch_size and train.micro_batch unless the batch
+// splits into the data-parallel ranks' micro-batches, and for data.format webdataset naming
+// data.streams unless they split into those ranks.
 absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size);
 
 }  // namespace dtrain

@@ -56,9 +56,9 @@ absl::StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& step_
   if (!text.ok()) return text.status();
   ASSIGN_OR_RETURN(Manifest manifest, ManifestFromJson(*text, manifest_path));
   // A folder renamed or a manifest edited would resume at another step than its state's.
-  const size_t slash = step_dir.find_last_of('/');
+  const std::string folder = step_dir.substr(0, step_dir.find_last_not_of('/') + 1);
   const std::optional<int64_t> folder_step =
-      StepOfDirName(slash == std::string::npos ? step_dir : step_dir.substr(slash + 1));
+      StepOfDirName(folder.substr(folder.find_last_of('/') + 1));
   if (folder_step && *folder_step != manifest.step) {
     return absl::DataLossError(absl::StrCat(manifest_path, " is of step ", manifest.step,
                                             ", not of its folder's step ", *folder_step,

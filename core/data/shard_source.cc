@@ -84,11 +84,12 @@ class PipeSource final : public ByteSource {
   }
 
   absl::StatusOr<size_t> Read(char* buffer, size_t n) override {
-    return ReadFd(process_->stdout_fd(), buffer, n, url_);
+    return Counted(ReadFd(process_->stdout_fd(), buffer, n, url_));
   }
   absl::StatusOr<size_t> ReadWithTail(char* buffer, size_t n, char* tail, size_t tail_n) override {
-    return ReadFdWithTail(process_->stdout_fd(), buffer, n, tail, tail_n, url_);
+    return Counted(ReadFdWithTail(process_->stdout_fd(), buffer, n, tail, tail_n, url_));
   }
+  bool ended() const override { return ended_; }
 
   absl::Status Close() override {
     process_->CloseOutput(process_->stdout_fd());
@@ -106,8 +107,14 @@ class PipeSource final : public ByteSource {
   const std::string& url() const override { return url_; }
 
  private:
+  absl::StatusOr<size_t> Counted(absl::StatusOr<size_t> read) {
+    ended_ = ended_ || (read.ok() && *read == 0);
+    return read;
+  }
+
   std::unique_ptr<Subprocess> process_;
   std::string url_;
+  bool ended_ = false;
 };
 
 absl::StatusOr<std::unique_ptr<ByteSource>> OpenPipe(const std::string& url) {

@@ -30,6 +30,9 @@ class ByteSource {
   // Reports what only shows at the end (a pipe command's exit status); call after the last
   // Read. Sources release their resources on destruction whether or not Close was called.
   virtual absl::Status Close() = 0;
+  // Whether a Read returned 0: the data ended, so Close reports at once (a command that closed
+  // its output has ended, or is ending).
+  virtual bool ended() const { return false; }
   // The URL as the user wrote it, for messages.
   virtual const std::string& url() const = 0;
 };

@@ -135,8 +135,10 @@ absl::Status ShardStream::ReadSample(bool decode, TokenDocument* tokens) {
     }
     absl::Status status = more.status();
     if (!status.ok()) {
-      // A shard command that failed cut its archive short: its exit status says why.
-      if (const absl::Status closed = source_->Close(); !closed.ok()) {
+      // A shard command that failed cut its archive short: its exit status says why. (Closing
+      // a source still being written would end a healthy command by SIGPIPE.)
+      const absl::Status closed = source_->ended() ? source_->Close() : absl::OkStatus();
+      if (!closed.ok()) {
         status = absl::Status(
             closed.code(),
             absl::StrCat(closed.message(), " (reading its archive: ", status.message(), ")"));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "core/metrics/svg_chart.h"
 #include "core/model/model_config.h"
+#include "core/util/files.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -157,8 +158,7 @@ std::string SummaryRows(const RunFolder& run, const RunSummary& s) {
 }  // namespace
 
 absl::StatusOr<MetricsLog> ReadMetricsLog(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  ASSIGN_OR_RETURN(std::ifstream in, OpenInputFile(path));
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(std::move(line));
   MetricsLog log;

@@ -28,11 +28,15 @@ absl::StatusOr<int> OpenFileDescriptor(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<std::ifstream> OpenInputFile(const std::string& path) {
-  absl::StatusOr<int> fd = OpenFileDescriptor(path);
-  if (!fd.ok()) return fd.status();
-  ::close(*fd);
+  struct stat info;
+  if (::stat(path.c_str(), &info) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
+  }
+  if (S_ISDIR(info.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is a folder, not a file"));
+  }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
+  if (!in) return absl::PermissionDeniedError(absl::StrCat("cannot open ", path));
   return in;
 }
 
@@ -83,18 +87,17 @@ absl::Status WriteFileDurably(const std::string& path, const std::string& conten
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("create ", tmp));
-  if (absl::Status written = WriteAll(fd, contents.data(), contents.size(), tmp); !written.ok()) {
-    ::close(fd);
-    return written;
-  }
-  if (::fsync(fd) != 0) {
-    const int error = errno;
-    ::close(fd);
-    return absl::ErrnoToStatus(error, absl::StrCat("fsync ", tmp));
+  absl::Status status = WriteAll(fd, contents.data(), contents.size(), tmp);
+  if (status.ok() && ::fsync(fd) != 0) {
+    status = absl::ErrnoToStatus(errno, absl::StrCat("fsync ", tmp));
   }
   ::close(fd);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
+  if (status.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    status = absl::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
+  }
+  if (!status.ok()) {
+    ::unlink(tmp.c_str());  // a full disk gets its space back
+    return status;
   }
   return FsyncParentDirectory(path);
 }

@@ -23,7 +23,8 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path);
 
 // Durable small files: writes "<path>.tmp", fsyncs it, renames it to `path` and fsyncs the
-// folder, so `path` holds either its old or its new contents after a crash.
+// folder, so `path` holds either its old or its new contents after a crash; on an error the
+// ".tmp" is removed.
 absl::Status WriteFileDurably(const std::string& path, const std::string& contents);
 // Makes a rename or a new file in the folder `path` durable.
 absl::Status FsyncDirectory(const std::string& path);

@@ -14,6 +14,7 @@
 #include "gloo/barrier.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
+#include "gloo/transport/tcp/address.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "parallel/comm/faulty_ranks.h"
@@ -21,6 +22,17 @@
 
 namespace dtrain {
 namespace {
+
+// The address ("[10.0.0.2]:41234", as Gloo's connection errors name it) that peer `peer` published
+// for its connection with rank `rank`, from the bytes its connectFullMesh stored, through Gloo's
+// own extractAddress (of the context's rank's slot in a peer's addresses).
+class PublishedAddresses : public gloo::rendezvous::Context {
+ public:
+  PublishedAddresses(int rank, int size) : gloo::rendezvous::Context(rank, size) {}
+  std::string Of(int peer, std::vector<char> published) {
+    return gloo::transport::tcp::Address(extractAddress(published, peer)).str();
+  }
+};
 
 using gloo::transport::UnboundBuffer;
 
@@ -316,16 +328,41 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
         missing.push_back(options.world_ranks.empty() ? r : options.world_ranks[r]);
       }
     }
-    const std::string who = missing.empty()
-                                ? "every rank joined, but a connection failed"
-                                : absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "),
-                                               " never joined (exited, crashed or not started)");
+    // Every rank joined: Gloo's error names the address of the connection that failed, which
+    // the peer it belongs to published.
+    std::vector<int> unreachable;
+    if (missing.empty()) {
+      PublishedAddresses addresses(options.rank, options.size);
+      for (int r = 0; r < options.size; ++r) {
+        if (r == options.rank) continue;
+        const absl::StatusOr<std::string> published =
+            store->Get(absl::StrCat(options.key_prefix, "gloo/", r), absl::Milliseconds(1));
+        if (!published.ok()) continue;
+        try {
+          const std::string address =
+              addresses.Of(r, std::vector<char>(published->begin(), published->end()));
+          if (std::strstr(e.what(), address.c_str()) != nullptr) {
+            unreachable.push_back(options.world_ranks.empty() ? r : options.world_ranks[r]);
+          }
+        } catch (const std::exception&) {
+          // Not an address Gloo wrote: nobody to name from it.
+        }
+      }
+    }
+    const std::string who =
+        !missing.empty()       ? absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "),
+                                              " never joined (exited, crashed or not started)")
+        : !unreachable.empty() ? absl::StrCat("every rank joined, but the connection to rank(s) ",
+                                              absl::StrJoin(unreachable, ", "),
+                                              " failed (hung, stopped, or "
+                                              "unreachable from here)")
+                               : "every rank joined, but a connection failed";
     absl::Status error = absl::UnavailableError(absl::StrFormat(
         "communicator '%s': rank %d of %d could not connect to its peers through %s within "
         "%s: %s; check that every rank started and that peers can reach this address (%s)",
         options.name, options.rank, options.size, options.hostname,
         absl::FormatDuration(options.timeout), who, e.what()));
-    SetFaultyRanks(error, missing);
+    SetFaultyRanks(error, missing.empty() ? unreachable : missing);
     return error;
   }
 }

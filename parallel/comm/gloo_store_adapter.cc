@@ -1,5 +1,6 @@
 #include "parallel/comm/gloo_store_adapter.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -38,7 +39,9 @@ void GlooStoreAdapter::wait(const std::vector<std::string>& keys,
   std::vector<std::string> prefixed;
   prefixed.reserve(keys.size());
   for (const std::string& key : keys) prefixed.push_back(Key(key));
-  absl::Status status = store_->Wait(prefixed, absl::FromChrono(timeout));
+  // Never less than this adapter's timeout: Gloo passes its context's, which the communicator
+  // shortens for the connect alone (GlooCommunicator::Create).
+  absl::Status status = store_->Wait(prefixed, std::max(absl::FromChrono(timeout), timeout_));
   if (!status.ok()) Throw(status);
 }
 

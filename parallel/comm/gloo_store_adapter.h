@@ -18,7 +18,7 @@ namespace dtrain {
 
 class GlooStoreAdapter : public gloo::rendezvous::Store {
  public:
-  // `timeout` bounds get() and wait() calls that do not pass their own.
+  // `timeout` bounds get() and wait(); a wait given a longer one waits that long.
   GlooStoreAdapter(std::shared_ptr<dtrain::Store> store, std::string prefix,
                    absl::Duration timeout);
 

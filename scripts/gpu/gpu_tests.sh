@@ -18,7 +18,7 @@ if ((gpus < 2)); then
   echo "one GPU: leaving out ${excluded//:/ }"
 fi
 # The list names each suite unindented ("CudaBackendTest."), its tests indented below it.
-list=$(timeout 60 "$tests" --gtest_list_tests)
+list=$(timeout --foreground 60 "$tests" --gtest_list_tests)
 mapfile -t suites < <(sed -nE 's/^([A-Za-z0-9_/]+)\.( .*)?$/\1/p' <<< "$list")
 ((${#suites[@]} > 0)) || { echo "$tests lists no test suite:" >&2; echo "$list" >&2; exit 1; }
 log=$(mktemp)
@@ -27,7 +27,7 @@ failed=()
 for suite in "${suites[@]}"; do
   start=$SECONDS
   status=0
-  timeout -k 5 "$suite_timeout_s" "$tests" --gtest_filter="$suite.*${excluded:+-$excluded}" \
+  timeout --foreground -k 5 "$suite_timeout_s" "$tests" --gtest_filter="$suite.*${excluded:+-$excluded}" \
     2>&1 | tee "$log" || status=$?
   passed=$(grep -c '^\[       OK \]' "$log" || true)
   skipped=$(sed -nE 's/^\[  SKIPPED \] ([^ ]+\.[^ ]+).*/\1/p' "$log" | sort -u | xargs)

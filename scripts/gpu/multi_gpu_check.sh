@@ -30,7 +30,7 @@ train() {
   local port=$((29500 + RANDOM % 1000)) pids=() rank
   for ((rank = 0; rank < gpus; rank++)); do
     (cd "$repo" && RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=$gpus LOCAL_WORLD_SIZE=$gpus \
-      MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 "$build/dtrain" train \
+      MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout --foreground 300 "$build/dtrain" train \
       --set run.device="$device" --set run.precision=fp32 --set run.threads=1 \
       --set run.out_dir="$work/$device-$name" \
       --set train.steps=10 --set train.batch_size=$((4 * gpus)) --set train.micro_batch=2 \
@@ -66,7 +66,7 @@ done
 hung() {
   local device=$1 name=$2 log=$work/hung-$1-$2.log i pid stopped=
   shift 2
-  (cd "$repo" && timeout 300 "$build/dtrain" launch --nproc-per-node 2 \
+  (cd "$repo" && timeout --foreground 300 "$build/dtrain" launch --nproc-per-node 2 \
     --set run.device="$device" --set run.threads=1 --set run.out_dir="$work/hung-$device-$name" \
     --set train.steps=100000 --set train.batch_size=8 --set train.micro_batch=2 \
     --set train.warmup_steps=2 --set train.eval_every=0 --set parallel.timeout_s=20 "$@" \

@@ -38,7 +38,7 @@ train() {
   local precision=$1 tolerance=$2
   shift 2
   for device in cpu cuda; do
-    timeout 300 "$build/dtrain" train "$work/sft.yaml" --set run.device=$device \
+    timeout --foreground 300 "$build/dtrain" train "$work/sft.yaml" --set run.device=$device \
       --set run.precision="$precision" --set run.out_dir="$work/$precision-$device" "$@"
   done
   python3 "$(dirname "$0")/compare_metrics.py" "SFT $precision" 20 "$tolerance" \

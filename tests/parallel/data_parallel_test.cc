@@ -271,10 +271,6 @@ TEST(DataParallelReduceDtypeTest, Bf16ReductionsFollowFloat32InHalfTheBytes) {
 
 float RoundedToBf16(float x) { return RoundForMatmul(x, MatmulPrecision::kMedium); }
 
-// run.precision bf16 under every strategy on 2 ranks: every parameter a region computes with is
-// a bf16 copy of its float32 master, rounded to nearest even, while GatherParameters returns the
-// masters themselves (the initialisation is not bf16: they differ). Checked after initialisation
-// and after a step.
 // Initialisation on several host threads gives every value the one thread gives it: a value is
 // a function of its place alone (core/model/init.h), whatever piece a thread takes.
 TEST(DataParallelInitTest, ThreadsInitialiseTheSameValues) {
@@ -300,6 +296,10 @@ TEST(DataParallelInitTest, ThreadsInitialiseTheSameValues) {
   EXPECT_NE(values[0][values[0].size() / 2], 0.0f);
 }
 
+// run.precision bf16 under every strategy on 2 ranks: every parameter a region computes with is
+// a bf16 copy of its float32 master, rounded to nearest even, while GatherParameters returns the
+// masters themselves (the initialisation is not bf16: they differ). Checked after initialisation
+// and after a step.
 TEST(DataParallelParamDtypeTest, RegionsComputeWithTheMastersRoundedToBf16) {
   const ModelConfig config = testing::SmallModelConfig(ModelFamily::kGpt2);
   const ParamTable table(config, ModelSlice{});

@@ -11,6 +11,7 @@
 #include "parallel/comm/faulty_ranks.h"
 #include "parallel/mesh.h"
 #include "parallel/store/tcp_store_client.h"
+#include "parallel/store/tcp_store_server.h"
 #include "tests/testing/multi_process.h"
 
 namespace dtrain {
@@ -136,11 +137,6 @@ TEST(ProcessGroupTest, AGroupOfEveryRankRunsOnTheWorldOverBackendMemory) {
   });
 }
 
-// Without an agent, the first failure may blame no rank (rank 2: a peer's closed connection) or
-// a rank only stuck behind the dead one (rank 3 blames rank 0), while a later one names the rank
-// that never failed (rank 0's names the dead rank 1): ranks 2 and 3 add rank 0's error, and rank
-// 0, whose own error already names rank 1, adds nothing. Every rank ends with the root cause: the
-// rank blamed that never failed, and where it sits in the pipelined mesh.
 // A rank that took its rendezvous seat and stopped before checking in (a start-up hang) is named
 // and blamed, where the error said "rank(s)  never joined" and blamed nobody.
 TEST(ProcessGroupTest, ARankSeatedThatNeverChecksInIsNamed) {
@@ -162,6 +158,36 @@ TEST(ProcessGroupTest, ARankSeatedThatNeverChecksInIsNamed) {
   EXPECT_THAT(FaultyRanks(failed), ::testing::ElementsAre(2, 1));
 }
 
+// Before rank 0 publishes the job, the other ranks wait for it to check in: with rank 0 absent,
+// the ranks waiting (seated, unchecked) are not named as hung (each blamed the other).
+TEST(ProcessGroupTest, RanksWaitingForAnAbsentRankZeroAreNotNamed) {
+  const int port = testing::FreeTcpPort();
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> server =
+      TcpStoreServer::Start("127.0.0.1", port);  // the agent's, as under dtrain launch
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<absl::Status> failed(3);
+  std::vector<std::thread> ranks;
+  for (int rank = 1; rank < 3; ++rank) {
+    ranks.emplace_back([&, rank] {
+      const WorldMembership world{
+          .rank = rank, .world_size = 3, .master_port = port, .agent_hosts_store = true};
+      failed[rank] = ProcessGroup::Connect(world, absl::Seconds(2), "test/", "").status();
+    });
+  }
+  for (std::thread& rank : ranks) rank.join();
+  for (int rank = 1; rank < 3; ++rank) {
+    EXPECT_THAT(failed[rank].message(),
+                ::testing::HasSubstr("rank(s) 0 never joined (exited, crashed or not started) at"))
+        << failed[rank];
+    EXPECT_THAT(FaultyRanks(failed[rank]), ::testing::ElementsAre(0));
+  }
+}
+
+// Without an agent, the first failure may blame no rank (rank 2: a peer's closed connection) or
+// a rank only stuck behind the dead one (rank 3 blames rank 0), while a later one names the rank
+// that never failed (rank 0's names the dead rank 1): ranks 2 and 3 add rank 0's error, and rank
+// 0, whose own error already names rank 1, adds nothing. Every rank ends with the root cause: the
+// rank blamed that never failed, and where it sits in the pipelined mesh.
 TEST(ProcessGroupTest, AFailureThatBlamesNoRootCauseGetsTheErrorThatDoes) {
   const auto failing = [](const std::string& message, std::vector<int> blamed) {
     absl::Status status = absl::DeadlineExceededError(message);

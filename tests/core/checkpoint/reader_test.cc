@@ -119,6 +119,8 @@ TEST(CheckpointReaderTest, AManifestOfAnotherStepThanItsFolderIsDamaged) {
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(reader.status().message(),
               HasSubstr("manifest.json is of step 1, not of its folder's step 2"));
+  // Named with a trailing slash (checkpoint.resume: runs/x/checkpoints/step-2/) too.
+  EXPECT_EQ(CheckpointReader::Open(dir + "/step-2/").status().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(CheckpointReaderTest, ADamagedManifestIsRejected) {

@@ -109,9 +109,9 @@ TEST(CheckpointWriterTest, EveryRangeAndBoxLoadsWhateverTheNumberOfSavingRanks) 
   }
 }
 
-// A pruned checkpoint is renamed to a stage folder's name before its removal, so that a kill
-// during it leaves no step-<N> without its manifest (which stayed for good, and failed `dtrain
-// ckpt inspect`); what a kill left is removed by the next save.
+// Checkpoints past keep_last go once a newer one is complete, and so does what a removal a kill
+// cut short left (Commit renames a pruned step-<N> to a hidden name first, so that such a kill
+// leaves no step-<N> without its manifest; the rename itself is not observable here).
 TEST(CheckpointWriterTest, KeepsTheLastCompleteOnesAndPointsLatestAtTheNewest) {
   const std::string dir = testing::FreshDir("ckpt_keep");
   fs::create_directories(dir + "/.step-1.pruned/x");  // a removal a kill cut short

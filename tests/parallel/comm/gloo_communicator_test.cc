@@ -2,19 +2,26 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <atomic>
 #include <bit>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "parallel/comm/faulty_ranks.h"
+#include "parallel/store/tcp_store_client.h"
+#include "parallel/store/tcp_store_server.h"
 #include "tests/parallel/comm/test_store.h"
+#include "tests/testing/free_port.h"
+#include "tests/testing/multi_process.h"
 
 namespace dtrain {
 namespace {
@@ -552,6 +559,77 @@ TEST(GlooCommunicatorTest, RankWhoseConnectionsCloseIsNamedPromptly) {
     EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
     EXPECT_NE(status.message().find("rank 2 (last started #1)"), std::string::npos) << status;
   });
+}
+
+// A store that stops its process (SIGSTOP) once it has published its Gloo addresses: a rank
+// that hangs between joining and connecting.
+class StopAfterPublishing final : public Store {
+ public:
+  explicit StopAfterPublishing(std::unique_ptr<Store> store) : store_(std::move(store)) {}
+  absl::Status Set(std::string_view key, std::string_view value) override {
+    const absl::Status status = store_->Set(key, value);
+    if (key.ends_with("gloo/1")) raise(SIGSTOP);
+    return status;
+  }
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override {
+    return store_->Get(key, timeout);
+  }
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override {
+    return store_->Add(key, delta);
+  }
+  absl::StatusOr<std::string> CompareSet(std::string_view key, std::string_view expected,
+                                         std::string_view desired) override {
+    return store_->CompareSet(key, expected, desired);
+  }
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    return store_->Wait(keys, timeout);
+  }
+  absl::StatusOr<bool> Delete(std::string_view key) override { return store_->Delete(key); }
+  absl::StatusOr<int64_t> NumKeys() override { return store_->NumKeys(); }
+  absl::Status Ping() override { return store_->Ping(); }
+
+ private:
+  std::unique_ptr<Store> store_;
+};
+
+// Rank 1 stops after publishing its addresses: rank 0's connection to it fails within the
+// timeout (Gloo waited 5 times as long), naming and blaming rank 1 by the address Gloo's error
+// names (it blamed nobody, and the agent named rank 0).
+TEST(GlooCommunicatorTest, ARankThatHangsWhileConnectingIsNamed) {
+  const int port = testing::FreeTcpPort();
+  const absl::Time start = absl::Now();
+  const std::vector<testing::RankResult> ranks = testing::RunRanksAsProcesses(
+      2, port, absl::Seconds(60),
+      [&](int rank) {
+        std::unique_ptr<TcpStoreServer> server;
+        if (rank == 0) server = *TcpStoreServer::Start("127.0.0.1", port);
+        absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+            TcpStoreClient::Connect("127.0.0.1", port, {.connect_timeout = absl::Seconds(10)});
+        if (!client.ok()) return 3;
+        std::shared_ptr<Store> store;
+        if (rank == 1) {
+          store = std::make_shared<StopAfterPublishing>(std::move(*client));
+        } else {
+          store = std::move(*client);
+        }
+        GlooCommunicatorOptions options;
+        options.rank = rank;
+        options.size = 2;
+        options.world_ranks = {0, 1};
+        options.timeout = absl::Seconds(3);
+        const absl::Status status = GlooCommunicator::Create(store, options).status();
+        std::printf("%s\nblamed: %s\n", std::string(status.message()).c_str(),
+                    absl::StrJoin(FaultyRanks(status), ",").c_str());
+        std::fflush(stdout);
+        return status.ok() ? 1 : 0;
+      },
+      [](const std::vector<pid_t>& pids) {
+        if (pids[0] < 0 && pids[1] >= 0) kill(pids[1], SIGKILL);  // rank 0 is done: end the hang
+      });
+  EXPECT_EQ(ranks[0].exit_code, 0) << ranks[0].output;
+  EXPECT_THAT(ranks[0].output, ::testing::HasSubstr("the connection to rank(s) 1 failed"));
+  EXPECT_THAT(ranks[0].output, ::testing::HasSubstr("blamed: 1\n"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));  // the 3 s timeout, not 5 times it
 }
 
 TEST(GlooCommunicatorTest, RendezvousWithoutPeersFailsWithinTheTimeout) {
