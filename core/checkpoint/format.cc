@@ -220,6 +220,8 @@ absl::StatusOr<RankIndex> RankIndexFromJson(const std::string& text, const std::
 }
 
 std::string StepDirName(int64_t step) { return absl::StrCat("step-", step); }
+std::string RankFileName(int rank) { return absl::StrCat("rank-", rank, ".bin"); }
+std::string RankIndexName(int rank) { return absl::StrCat("rank-", rank, ".json"); }
 
 std::optional<int64_t> StepOfDirName(const std::string& name) {
   const absl::string_view digits = absl::string_view(name).substr(std::min<size_t>(5, name.size()));
@@ -251,7 +253,5 @@ bool IsStepFolder(const std::string& path) {
   return fs::exists(fs::path(path) / kManifestName, error) ||
          absl::StartsWith(fs::path(path).filename().string(), "step-");
 }
-std::string RankFileName(int rank) { return absl::StrCat("rank-", rank, ".bin"); }
-std::string RankIndexName(int rank) { return absl::StrCat("rank-", rank, ".json"); }
 
 }  // namespace dtrain

@@ -24,8 +24,8 @@ namespace dtrain {
 namespace {
 
 // The address ("[10.0.0.2]:41234", as Gloo's connection errors name it) that peer `peer` published
-// for its connection with rank `rank`, from the bytes its connectFullMesh stored, through Gloo's
-// own extractAddress (of the context's rank's slot in a peer's addresses).
+// for its connection with this context's rank, from the bytes its connectFullMesh stored, through
+// Gloo's own extractAddress.
 class PublishedAddresses : public gloo::rendezvous::Context {
  public:
   PublishedAddresses(int rank, int size) : gloo::rendezvous::Context(rank, size) {}
@@ -309,7 +309,8 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
     // Gloo waits 5 times a pair's timeout for its first connection (transport/tcp/pair.h), and
     // a pair keeps the context's timeout of its creation: a fifth here makes the connect's wait
-    // the timeout. Every operation after passes its own deadline.
+    // the timeout. The store's waits keep all of it (GlooStoreAdapter), and every operation
+    // after passes its own deadline.
     context->setTimeout(
         absl::ToChronoMilliseconds(std::max(options.timeout / 5, absl::Milliseconds(1))));
     GlooStoreAdapter adapter(store, options.key_prefix + "gloo/", options.timeout);
@@ -354,8 +355,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
                                               " never joined (exited, crashed or not started)")
         : !unreachable.empty() ? absl::StrCat("every rank joined, but the connection to rank(s) ",
                                               absl::StrJoin(unreachable, ", "),
-                                              " failed (hung, stopped, or "
-                                              "unreachable from here)")
+                                              " failed (hung, stopped, or unreachable from here)")
                                : "every rank joined, but a connection failed";
     absl::Status error = absl::UnavailableError(absl::StrFormat(
         "communicator '%s': rank %d of %d could not connect to its peers through %s within "
