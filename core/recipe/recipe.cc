@@ -27,8 +27,8 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "core/model/model_config.h"
-#include "core/util/log.h"
 #include "core/util/files.h"
+#include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/utf8.h"
 

@@ -9,8 +9,8 @@
 #include "absl/strings/str_format.h"
 #include "core/data/tokenizers/bpe.h"
 #include "core/data/tokenizers/sentencepiece_tokenizer.h"
-#include "core/util/fnv.h"
 #include "core/util/files.h"
+#include "core/util/fnv.h"
 #include "core/util/status.h"
 
 namespace dtrain {
