@@ -23,6 +23,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+uint64_t ChunkBytes(const ChunkSource& chunk) {
+  return static_cast<uint64_t>(BoxNumel(chunk.box)) * DataTypeBytes(chunk.dtype);
+}
+
 std::string StageDir(const SaveRequest& r) {
   return absl::StrFormat("%s/.%s.%016x", r.dir, StepDirName(r.step), r.nonce);
 }
@@ -36,7 +40,7 @@ absl::Status WriteRankFiles(const SaveRequest& r, const std::string& stage) {
   RankIndex index{r.nonce, r.step, r.rank, file, 0, {}, r.data};
   absl::Status status;
   for (const ChunkSource& chunk : r.chunks) {
-    const uint64_t bytes = static_cast<uint64_t>(BoxNumel(chunk.box)) * DataTypeBytes(chunk.dtype);
+    const uint64_t bytes = ChunkBytes(chunk);
     index.chunks.push_back(ChunkRecord{chunk.tensor, chunk.box, chunk.dtype, file, index.file_bytes,
                                        bytes, Crc32c(0, chunk.values, bytes)});
     status = WriteAll(fd, chunk.values, bytes, path);
@@ -186,9 +190,7 @@ absl::Status WriteCheckpoint(const SaveRequest& request) {
     std::string fix;
     if (absl::IsResourceExhausted(written)) {  // ENOSPC, EDQUOT
       uint64_t part = 0;
-      for (const ChunkSource& chunk : request.chunks) {
-        part += static_cast<uint64_t>(BoxNumel(chunk.box)) * DataTypeBytes(chunk.dtype);
-      }
+      for (const ChunkSource& chunk : request.chunks) part += ChunkBytes(chunk);
       const fs::space_info space = fs::space(request.dir, error);
       fix = absl::StrFormat(
           "; the checkpoint folder's file system is full (%.1f MiB free, this rank's part is "

@@ -213,41 +213,39 @@ absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_
 
 namespace {
 
-// The record `dtrain data pack` writes in the first sample of each shard, of the first shard of
-// data.format webdataset (data.shards) or sft (data.train); an empty object for other formats
-// and shards that record none.
-absl::StatusOr<nlohmann::json> ShardsRecord(const Recipe& recipe) {
+// The first sample of the first shard of data.format webdataset (data.shards) or sft
+// (data.train), where `dtrain data pack` writes its record; nullopt for other formats.
+absl::StatusOr<std::optional<Sample>> ShardsFirstSample(const Recipe& recipe) {
   std::vector<std::string> shards;
   if (recipe.data.format == "webdataset") {
     ASSIGN_OR_RETURN(shards, ExpandShardUrls(recipe.data.shards));
   } else if (recipe.data.format == "sft") {
     ASSIGN_OR_RETURN(shards, ExpandFilePatterns(recipe.data.train));
   }
-  if (shards.empty()) return nlohmann::json::object();
+  if (shards.empty()) return std::nullopt;
   ASSIGN_OR_RETURN(const std::unique_ptr<ByteSource> source, OpenShard(shards.front(), {}));
   TarReader reader(source.get());
   SampleGrouper grouper(&reader);
   Sample sample;
   ASSIGN_OR_RETURN(const bool any, grouper.Next(&sample));
-  const SampleField* field = any ? sample.Find(kTokenizerExtension) : nullptr;
-  if (field == nullptr) return nlohmann::json::object();
-  nlohmann::json record = nlohmann::json::parse(field->data, nullptr, false);
-  return record.is_object() ? record : nlohmann::json::object();
+  if (!any) return std::nullopt;
+  return sample;
 }
 
 }  // namespace
 
 absl::StatusOr<std::string> ShardsTokenizerName(const Recipe& recipe) {
-  ASSIGN_OR_RETURN(const nlohmann::json record, ShardsRecord(recipe));
-  const auto name = record.find("name");
-  return name != record.end() && name->is_string() ? name->get<std::string>() : "";
+  ASSIGN_OR_RETURN(const std::optional<Sample> sample, ShardsFirstSample(recipe));
+  return sample ? RecordedTokenizerName(*sample) : "";
 }
 
 absl::StatusOr<std::optional<ChatTemplate>> ShardsChatTemplate(const Recipe& recipe) {
   if (recipe.data.format != "sft") return std::nullopt;
-  ASSIGN_OR_RETURN(const nlohmann::json record, ShardsRecord(recipe));
+  ASSIGN_OR_RETURN(const std::optional<Sample> sample, ShardsFirstSample(recipe));
+  if (!sample) return std::nullopt;
+  const nlohmann::json record = TokenizerRecord(*sample);
+  if (!record.is_object() || !record.contains("chat_template")) return std::nullopt;
   const auto found = record.find("chat_template");
-  if (found == record.end()) return std::nullopt;
   ASSIGN_OR_RETURN(ChatTemplate chat_template,
                    ParseTemplateJson(*found, "the chat template data.train records"));
   if (const auto name = found->find("name"); name != found->end() && name->is_string()) {

@@ -131,9 +131,8 @@ absl::StatusOr<std::pair<size_t, int>> FindTokenField(const Sample& sample) {
 // Shards from `dtrain data pack` record their tokenizer in the first sample of each shard
 // (data_pack.h); ids from a vocabulary larger than the model's would index past its embedding.
 absl::Status CheckRecordedTokenizer(const Sample& sample, int vocab_size) {
-  const SampleField* field = sample.Find(kTokenizerExtension);
-  if (field == nullptr) return absl::OkStatus();
-  const nlohmann::json record = nlohmann::json::parse(field->data, nullptr, false);
+  const nlohmann::json record = TokenizerRecord(sample);
+  if (record.is_null()) return absl::OkStatus();
   if (!record.is_object() || !record.contains("vocab_size") ||
       !record["vocab_size"].is_number_integer()) {
     return SampleError(sample, absl::StrCat(".", kTokenizerExtension,
@@ -154,10 +153,13 @@ absl::Status CheckRecordedTokenizer(const Sample& sample, int vocab_size) {
 
 }  // namespace
 
-std::string RecordedTokenizerName(const Sample& sample) {
+nlohmann::json TokenizerRecord(const Sample& sample) {
   const SampleField* field = sample.Find(kTokenizerExtension);
-  if (field == nullptr) return "";
-  const nlohmann::json record = nlohmann::json::parse(field->data, nullptr, false);
+  return field == nullptr ? nlohmann::json() : nlohmann::json::parse(field->data, nullptr, false);
+}
+
+std::string RecordedTokenizerName(const Sample& sample) {
+  const nlohmann::json record = TokenizerRecord(sample);
   return record.is_object() && record.contains("name") && record["name"].is_string()
              ? record["name"].get<std::string>()
              : "";

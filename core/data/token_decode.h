@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "core/data/sample_grouper.h"
+#include "nlohmann/json.hpp"
 
 namespace dtrain {
 
@@ -40,6 +41,11 @@ absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* doc
 // >= vocab_size (with its position); FailedPrecondition when the sample records a tokenizer
 // whose vocabulary is larger than vocab_size.
 absl::Status DecodeSampleTokens(const Sample& sample, int vocab_size, std::vector<int32_t>* tokens);
+
+// The record `dtrain data pack` writes in a shard's first sample (kTokenizerExtension: the
+// tokenizer's "name" and "vocab_size", an SFT pack's "chat_template"): null when the sample has
+// none, discarded when it is not JSON.
+nlohmann::json TokenizerRecord(const Sample& sample);
 
 // The name of the tokenizer the sample records (kTokenizerExtension's "name"); empty when it
 // records none, or not in that shape.

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -31,6 +32,18 @@ void FlipByte(const std::string& path, std::streamoff offset) {
   byte ^= 0x40;
   file.seekp(offset);
   file.write(&byte, 1);
+}
+
+// Rewrites the manifest of `step_dir` through `edit`, then opens the checkpoint: how the tests of
+// a damaged manifest damage it.
+absl::StatusOr<CheckpointReader> OpenEdited(const std::string& step_dir,
+                                            const std::function<void(Manifest&)>& edit) {
+  const std::string path = step_dir + "/manifest.json";
+  absl::StatusOr<Manifest> manifest = ManifestFromJson(*ReadWholeFile(path), path);
+  if (!manifest.ok()) return manifest.status();
+  edit(*manifest);
+  std::ofstream(path) << ManifestToJson(*manifest);
+  return CheckpointReader::Open(step_dir);
 }
 
 TEST(CheckpointReaderTest, AFlippedByteIsNamedByChunkAndFile) {
@@ -110,12 +123,8 @@ TEST(CheckpointReaderTest, AChunkOutsideTheListedFilesIsADamagedManifest) {
 TEST(CheckpointReaderTest, AManifestOfAnotherStepThanItsFolderIsDamaged) {
   const std::string dir = testing::FreshDir("ckpt_step_mismatch");
   ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
-  const std::string path = dir + "/step-2/manifest.json";
-  absl::StatusOr<Manifest> manifest = ManifestFromJson(*ReadWholeFile(path), path);
-  ASSERT_TRUE(manifest.ok());
-  manifest->step = 1;
-  std::ofstream(path) << ManifestToJson(*manifest);
-  const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-2");
+  const absl::StatusOr<CheckpointReader> reader =
+      OpenEdited(dir + "/step-2", [](Manifest& manifest) { manifest.step = 1; });
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(reader.status().message(),
               HasSubstr("manifest.json is of step 1, not of its folder's step 2"));
@@ -309,12 +318,10 @@ TEST(CheckpointReaderTest, OverlappingChunksAreADamagedManifest) {
   const std::string dir = testing::FreshDir("ckpt_overlap");
   std::vector<float> w(24);
   ASSERT_TRUE(SaveColumnSlices(dir, w).ok());
-  const std::string path = dir + "/step-1/manifest.json";
-  absl::StatusOr<Manifest> manifest = ManifestFromJson(*ReadWholeFile(path), path);
-  ASSERT_TRUE(manifest.ok());
-  manifest->chunks[1].box = Box{{0, 2}, {4, 3}};  // columns 2..4: column 2 twice
-  std::ofstream(path) << ManifestToJson(*manifest);
-  const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-1");
+  const absl::StatusOr<CheckpointReader> reader =
+      OpenEdited(dir + "/step-1", [](Manifest& manifest) {
+        manifest.chunks[1].box = Box{{0, 2}, {4, 3}};  // columns 2..4: column 2 twice
+      });
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(reader.status().message(),
               HasSubstr("chunk w[0:4, 0:3] in rank-0.bin at byte 0 overlaps chunk w[0:4, 2:5]"));
@@ -326,12 +333,8 @@ TEST(CheckpointReaderTest, ChunksHoldingMoreThanTheirTensorAreADamagedManifest) 
   const std::string dir = testing::FreshDir("ckpt_surplus");
   std::vector<float> w(24);
   ASSERT_TRUE(SaveColumnSlices(dir, w).ok());
-  const std::string path = dir + "/step-1/manifest.json";
-  absl::StatusOr<Manifest> manifest = ManifestFromJson(*ReadWholeFile(path), path);
-  ASSERT_TRUE(manifest.ok());
-  manifest->chunks.push_back(manifest->chunks[0]);
-  std::ofstream(path) << ManifestToJson(*manifest);
-  const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-1");
+  const absl::StatusOr<CheckpointReader> reader = OpenEdited(
+      dir + "/step-1", [](Manifest& manifest) { manifest.chunks.push_back(manifest.chunks[0]); });
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(reader.status().message(), HasSubstr("the chunks of tensor w hold more than its 24"));
 }
@@ -339,12 +342,10 @@ TEST(CheckpointReaderTest, ChunksHoldingMoreThanTheirTensorAreADamagedManifest) 
 TEST(CheckpointReaderTest, AShapeThatDisagreesWithTheElementCountIsADamagedManifest) {
   const std::string dir = testing::FreshDir("ckpt_badshape");
   ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
-  const std::string path = dir + "/step-2/manifest.json";
-  absl::StatusOr<Manifest> manifest = ManifestFromJson(*ReadWholeFile(path), path);
-  ASSERT_TRUE(manifest.ok());
-  manifest->tensors[0].shape = {int64_t{1} << 40, int64_t{1} << 40};  // overflows int64
-  std::ofstream(path) << ManifestToJson(*manifest);
-  const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-2");
+  const absl::StatusOr<CheckpointReader> reader =
+      OpenEdited(dir + "/step-2", [](Manifest& manifest) {
+        manifest.tensors[0].shape = {int64_t{1} << 40, int64_t{1} << 40};  // overflows int64
+      });
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(reader.status().message(), HasSubstr("tensor a has shape"));
   EXPECT_THAT(reader.status().message(), HasSubstr("but 10 elements"));
@@ -353,12 +354,10 @@ TEST(CheckpointReaderTest, AShapeThatDisagreesWithTheElementCountIsADamagedManif
 TEST(CheckpointReaderTest, AChunkOutsideItsTensorIsADamagedManifest) {
   const std::string dir = testing::FreshDir("ckpt_outside");
   ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
-  const std::string path = dir + "/step-2/manifest.json";
-  absl::StatusOr<Manifest> manifest = ManifestFromJson(*ReadWholeFile(path), path);
-  ASSERT_TRUE(manifest.ok());
-  manifest->chunks[0].box.offsets[0] = 2;  // row 2 of a (2, 5) tensor
-  std::ofstream(path) << ManifestToJson(*manifest);
-  const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-2");
+  const absl::StatusOr<CheckpointReader> reader =
+      OpenEdited(dir + "/step-2", [](Manifest& manifest) {
+        manifest.chunks[0].box.offsets[0] = 2;  // row 2 of a (2, 5) tensor
+      });
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(reader.status().message(), HasSubstr("does not fit tensor a of shape [0:2, 0:5]"));
 }
