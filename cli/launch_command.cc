@@ -1,6 +1,7 @@
 // `dtrain launch [RECIPE] [--nproc-per-node N] [--max-restarts K] ...`: the per-node agent that
 // starts, watches and restarts the workers (launch/launcher.h says how it finds its place).
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +68,10 @@ void AddLaunchCommand(CLI::App& app) {
                     "Under Slurm: after SIGTERM (time limit, preemption) and a clean checkpoint, "
                     "requeue the job so that it resumes (submit with sbatch --requeue)");
   command->callback([args] {
+    // A reader of the agent's output that went away (a log shipper, `| head`) costs the output,
+    // not the job, nor the exit code: writes fail with EPIPE instead. Workers get SIGPIPE back
+    // (Subprocess).
+    std::signal(SIGPIPE, SIG_IGN);
     // Check the recipe here, once, before any process starts.
     absl::StatusOr<Recipe> recipe =
         LoadTrainingRecipe(args->launch.recipe_path, args->launch.overrides);

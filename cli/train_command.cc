@@ -50,7 +50,8 @@ void AddTrainCommand(CLI::App& app) {
       Fail(status, kExitUsage);
     }
     const absl::StatusOr<TrainingEnd> end = RunTraining(*recipe, *world);
-    if (!end.ok()) Fail(end.status(), kExitFailure);
+    // A failure a restart would repeat (a full checkpoint disk) asks for its own exit code.
+    if (!end.ok()) Fail(end.status(), ExitCodeOf(end.status()).value_or(kExitFailure));
     if (*end == TrainingEnd::kStopped) throw CLI::RuntimeError(kExitStopped);
   });
 }

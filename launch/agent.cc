@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <deque>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -62,10 +63,14 @@ bool StoppedAfterCheckpoint(const ExitStatus& status) {
   return status.signal == 0 && status.code == kExitStopped;
 }
 
-// A worker's exit on a wrong recipe or command line (the same on every attempt: no restart helps).
-bool IsUsageError(const ExitStatus& status) {
-  return status.signal == 0 && status.code == kExitUsage;
-}
+// The worker exits that every restart would repeat, and why: a wrong recipe or command line, a
+// full checkpoint file system (a restart trains to the same save and fails there again).
+constexpr std::pair<int, const char*> kRepeatingExits[] = {
+    {kExitUsage, "its recipe or command line is wrong"},
+    {kExitDiskFull,
+     "a checkpoint found its file system full (free space there, then launch again to resume "
+     "from the newest complete checkpoint)"},
+};
 
 // Signals reach the monitor loop through a self-pipe: the handler only writes the number.
 int signal_pipe_write_fd = -1;
@@ -85,10 +90,16 @@ class SignalPipe {
     action.sa_handler = ForwardToPipe;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
-    for (const int signal : kSignals) sigaction(signal, &action, nullptr);
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      sigaction(kSignals[i], nullptr, &previous_[i]);
+      // An agent started under nohup keeps ignoring SIGHUP: the user asked to outlive the
+      // terminal.
+      if (kSignals[i] == SIGHUP && previous_[i].sa_handler == SIG_IGN) continue;
+      sigaction(kSignals[i], &action, nullptr);
+    }
   }
   ~SignalPipe() {
-    for (const int signal : kSignals) ::signal(signal, SIG_DFL);
+    for (size_t i = 0; i < std::size(kSignals); ++i) sigaction(kSignals[i], &previous_[i], nullptr);
     signal_pipe_write_fd = -1;
     close(fds_[0]);
     close(fds_[1]);
@@ -102,7 +113,10 @@ class SignalPipe {
   }
 
  private:
-  static constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2, SIGCHLD};
+  // SIGHUP (a closed terminal or ssh session) stops the job as SIGTERM does: a checkpoint, not
+  // the whole run lost with the agent.
+  static constexpr int kSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD};
+  struct sigaction previous_[std::size(kSignals)] = {};
   int fds_[2] = {-1, -1};
 };
 
@@ -379,8 +393,13 @@ absl::Status Agent::Connect() {
   TcpStoreClientOptions client_options;
   client_options.token = node_.rdzv_token;
   client_options.connect_timeout = options_.rendezvous_timeout;
+  client_options.cancelled = [this] {
+    HandleSignals();
+    return stop_requested_;
+  };
   absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
       TcpStoreClient::Connect(node_.master_addr, port, client_options);
+  if (absl::IsCancelled(client.status())) return client.status();
   if (!client.ok()) {
     return absl::Status(
         client.status().code(),
@@ -465,13 +484,28 @@ absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) 
     absl::Status status =
         store_->Wait({counter + "/open"}, std::min(left, kBarrierLivenessInterval));
     if (!absl::IsDeadlineExceeded(status)) return status;
-    if (!rejoining_.empty()) {
-      HandleSignals();
-      if (stop_requested_) {
-        return absl::CancelledError(absl::StrFormat(
-            "SIG%s received while waiting at '%s' for node %d to come back: no restart",
-            sigabbrev_np(stop_signal_), counter, rejoining_.front().node));
+    // A stop before any worker started, or while waiting for a lost node, ends the wait; later
+    // (between attempts) it waits for the next attempt's workers, which save a checkpoint.
+    const bool stoppable = workers_.empty() || !rejoining_.empty();
+    if (stoppable) HandleSignals();
+    if (stoppable && stop_requested_ && rejoining_.empty()) {
+      // Leaving: the arrival is taken back, so that the others do not start without this node,
+      // unless the barrier opened with it (the count was whole): then on, to a stop with workers.
+      const absl::StatusOr<int64_t> left = store_->Add(counter, -1);
+      if (left.ok() && *left == node_.num_nodes - 1) {
+        (void)store_->Add(counter, 1);
+        return absl::OkStatus();
       }
+    }
+    if (stoppable && stop_requested_) {
+      return absl::CancelledError(
+          rejoining_.empty()
+              ? absl::StrFormat("stopped while waiting at '%s' for the other nodes", counter)
+              : absl::StrFormat(
+                    "SIG%s received while waiting at '%s' for node %d to come back: no restart",
+                    sigabbrev_np(stop_signal_), counter, rejoining_.front().node));
+    }
+    if (!rejoining_.empty()) {
       if (left <= kBarrierLivenessInterval) break;
       continue;
     }
@@ -1073,11 +1107,26 @@ void Agent::PrintLostRootCause(int attempt, const std::vector<LostAgent>& lost) 
 }
 
 absl::StatusOr<int> Agent::Run() {
-  RETURN_IF_ERROR(Connect());
+  // Told to stop before any worker started (a preemption, Ctrl-C): stopped, nothing to save,
+  // requeued as after a stop with workers. Not settled: the other agents take this one for lost
+  // at once (its arrival stays counted, and they must not start without it).
+  const auto stopped_waiting = [&](const absl::Status& cancelled) {
+    LogWarn("node %d: SIG%s received: %s; no worker started", node_.node_rank,
+            sigabbrev_np(stop_signal_), cancelled.message());
+    if (node_.node_rank == 0 && !options_.requeue_argv.empty()) Requeue();
+    return kExitStopped;
+  };
+  if (const absl::Status connected = Connect(); !connected.ok()) {
+    if (absl::IsCancelled(connected)) return stopped_waiting(connected);
+    return connected;
+  }
   ASSIGN_OR_RETURN(const int first_attempt, Rejoin());
   for (int attempt = first_attempt;; ++attempt) {
     if (const absl::Status arrived = Barrier(Key(attempt, "arrived"), options_.rendezvous_timeout);
         !arrived.ok()) {
+      if (absl::IsCancelled(arrived) && rejoining_.empty() && attempt == first_attempt) {
+        return stopped_waiting(arrived);
+      }
       if (rejoining_.empty()) {
         // An agent lost between attempts (not at the first rendezvous, which only gathers them).
         const std::vector<LostAgent> lost =
@@ -1119,7 +1168,17 @@ absl::StatusOr<int> Agent::Run() {
         }
         LogInfo("node %d: workers stopped%s", node_.node_rank,
                 clean ? " cleanly" : "; some did not exit cleanly (see their logs)");
-        if (clean && node_.node_rank == 0 && !options_.requeue_argv.empty()) Requeue();
+        // Node 0 requeues; the others wait for that before they exit, since the exit of one
+        // (srun --kill-on-bad-exit) ends the step and with it a requeue command still running.
+        if (!options_.requeue_argv.empty()) {
+          const std::string requeued = Key(attempt, "requeue_done");
+          if (node_.node_rank == 0) {
+            if (clean) Requeue();
+            (void)store_->Set(requeued, "1");
+          } else {
+            (void)store_->Wait({requeued}, kExitTimeout);
+          }
+        }
         // Stopped is not finished: a scheduler must run the job again to resume it.
         return Finish(clean ? kExitStopped : 1);
       }
@@ -1138,11 +1197,15 @@ absl::StatusOr<int> Agent::Run() {
       return Finish(1);
     }
     RETURN_IF_ERROR(PublishFailures(attempt));
-    // Counted before the barrier below, after which every agent reads it to decide on a restart.
-    if (std::any_of(workers_.begin(), workers_.end(), [](const Worker& worker) {
-          return IsUsageError(*worker.process->exit_status());
-        })) {
-      RETURN_IF_ERROR(store_->Add(Key(attempt, "usage"), 1).status());
+    // Counted before the barrier below, after which every agent reads them to decide on a
+    // restart.
+    for (const auto& [code, why] : kRepeatingExits) {
+      if (std::any_of(workers_.begin(), workers_.end(), [code](const Worker& worker) {
+            const ExitStatus status = *worker.process->exit_status();
+            return status.signal == 0 && status.code == code;
+          })) {
+        RETURN_IF_ERROR(store_->Add(Key(attempt, absl::StrCat("repeats/", code)), 1).status());
+      }
     }
     // A lost host may show up only here: its workers' peers time out in Gloo before the store
     // notices that the host stopped answering.
@@ -1153,20 +1216,24 @@ absl::StatusOr<int> Agent::Run() {
       if (HandleLost(attempt, lost) == AfterLoss::kRestart) continue;
       return Finish(1);
     }
-    const absl::StatusOr<int64_t> usage = Counter(Key(attempt, "usage"));
-    const bool usage_error = usage.ok() && *usage > 0;
-    if (usage_error) {
+    std::optional<int> repeating;
+    for (const auto& [code, why] : kRepeatingExits) {
+      const absl::StatusOr<int64_t> count = Counter(Key(attempt, absl::StrCat("repeats/", code)));
+      if (!count.ok() || *count == 0) continue;
+      repeating = code;
       LogError(
-          "node %d: a worker exited with code %d: its recipe or command line is wrong, and a "
-          "restart would fail the same way; not restarting",
-          node_.node_rank, kExitUsage);
-    } else if (attempt < options_.max_restarts) {
+          "node %d: a worker exited with code %d: %s, and a restart would fail the same way; "
+          "not restarting",
+          node_.node_rank, code, why);
+      break;
+    }
+    if (!repeating && attempt < options_.max_restarts) {
       LogWarn("node %d: restarting the workers (restart %d of %d)", node_.node_rank, attempt + 1,
               options_.max_restarts);
       continue;
     }
     if (node_.node_rank == 0) PrintRootCause(attempt);
-    return Finish(usage_error ? kExitUsage : 1);
+    return Finish(repeating.value_or(1));
   }
 }
 

@@ -3,6 +3,7 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <initializer_list>
 #include <numeric>
@@ -14,7 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "core/util/fnv.h"
+#include "core/util/log.h"
 #include "core/util/status.h"
 #include "launch/gpus.h"
 #include "launch/hostlist.h"
@@ -306,7 +309,12 @@ Layer KubernetesLayer(const Env& env) {
       layer.Add("node_rank", env.First({"RANK"}));  // no-op when PET_NODE_RANK is set
       layer.Add("num_nodes", env.First({"WORLD_SIZE"}));
     }
-    layer.Add("local_world_size", env.First({"PET_NPROC_PER_NODE"}));
+    // nprocPerNode "auto" (PyTorchJob's default), "gpu" or "cpu" are for `dtrain launch` to
+    // count (launch/launcher.cc); only a number sizes the node here.
+    if (std::optional<Candidate> nproc = env.First({"PET_NPROC_PER_NODE"});
+        nproc && !IsProcessesPerNodeWord(nproc->text)) {
+      layer.Add("local_world_size", std::move(nproc));
+    }
     layer.Add("master_addr", env.First({"PET_MASTER_ADDR"}));
     layer.Add("master_port", env.First({"PET_MASTER_PORT"}));
   } else if (env.Has("LWS_WORKER_INDEX")) {
@@ -821,21 +829,35 @@ absl::StatusOr<WorldEnvironment> RankWorldFromEnvironment() {
   return world;
 }
 
-absl::Status CheckMasterResolves(const WorldEnvironment& world) {
+absl::Status CheckMasterResolves(const WorldEnvironment& world, absl::Duration wait) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  addrinfo* result = nullptr;
-  const int code = getaddrinfo(world.master_addr.c_str(), nullptr, &hints, &result);
-  if (result != nullptr) freeaddrinfo(result);
-  if (code == 0) return absl::OkStatus();
   const auto it = world.provenance.find("master_addr");
   const std::string from = it == world.provenance.end() ? "unknown" : it->second;
-  return absl::UnavailableError(absl::StrCat(
-      "master address '", world.master_addr, "' (", from,
-      ") does not resolve: ", gai_strerror(code),
-      "; set MASTER_ADDR (or DTRAIN_MASTER_ADDR, or --master-addr) to a host name or address "
-      "every node can reach"));
+  const absl::Time deadline = absl::Now() + wait;
+  for (bool logged = false;; logged = true) {
+    addrinfo* result = nullptr;
+    const int code = getaddrinfo(world.master_addr.c_str(), nullptr, &hints, &result);
+    if (result != nullptr) freeaddrinfo(result);
+    if (code == 0) return absl::OkStatus();
+    const bool unknown_yet = code == EAI_NONAME || code == EAI_AGAIN || code == EAI_FAIL;
+    if (!unknown_yet || absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "master address '", world.master_addr, "' (", from, ") does not resolve",
+          wait > absl::ZeroDuration() ? absl::StrCat(" within ", absl::FormatDuration(wait)) : "",
+          ": ", gai_strerror(code),
+          "; set MASTER_ADDR (or DTRAIN_MASTER_ADDR, or --master-addr) to a host name or "
+          "address every node can reach"));
+    }
+    if (!logged) {
+      LogInfo(
+          "master address '%s' does not resolve yet (%s); asking again each second for up "
+          "to %s",
+          world.master_addr, gai_strerror(code), absl::FormatDuration(wait));
+    }
+    absl::SleepFor(std::min(absl::Seconds(1), deadline - absl::Now()));
+  }
 }
 
 }  // namespace dtrain

@@ -124,9 +124,12 @@ EnvironmentMap ProcessEnvironment();
 // ResolveWorld(ProcessEnvironment(), {}).
 absl::StatusOr<WorldEnvironment> WorldFromEnvironment();
 
-// Checks that world.master_addr resolves (getaddrinfo); the error names the host and where it
-// came from. Not pure: asks the resolver.
-absl::Status CheckMasterResolves(const WorldEnvironment& world);
+// Checks that world.master_addr resolves (getaddrinfo), asking again each second for up to
+// `wait` while the name is unknown (a Kubernetes pod's DNS record appears only once that pod
+// runs, after pods that start sooner look it up); the error names the host and where it came
+// from. Not pure: asks the resolver.
+absl::Status CheckMasterResolves(const WorldEnvironment& world,
+                                 absl::Duration wait = absl::ZeroDuration());
 
 // The world of a rank about to join the others (`dtrain train`, `dtrain bench comm`):
 // WorldFromEnvironment, and in a world of more than one, a master that does not resolve fails

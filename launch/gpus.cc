@@ -13,12 +13,18 @@
 namespace dtrain {
 
 int CountVisibleGpus(const std::string& list, int installed) {
-  if (list.empty() || list == "NoDevFiles") return 0;
+  if (list.empty() || list == "NoDevFiles" || installed == 0) return 0;
   std::set<int> indices;
-  int visible = 0;
+  std::set<std::string> uuids;
+  int visible = 0, gpu_uuids = 0;
   for (absl::string_view entry : absl::StrSplit(list, ',')) {
     entry = absl::StripAsciiWhitespace(entry);
-    if (absl::StartsWith(entry, "GPU-") || absl::StartsWith(entry, "MIG-")) {
+    const bool gpu_uuid = absl::StartsWith(entry, "GPU-");
+    if (gpu_uuid || absl::StartsWith(entry, "MIG-")) {
+      // A GPU named twice, or more GPUs than the machine has, is no GPU; a GPU holds several
+      // MIG instances.
+      if (!uuids.insert(std::string(entry)).second) break;
+      if (gpu_uuid && installed > 0 && ++gpu_uuids > installed) break;
       ++visible;
       continue;
     }
@@ -50,6 +56,10 @@ GpuInventory FindGpus(const EnvironmentMap& env, const std::string& proc_root) {
     absl::StrAppend(&gpus.description, ", CUDA_VISIBLE_DEVICES=", listed->second);
   }
   return gpus;
+}
+
+bool IsProcessesPerNodeWord(absl::string_view value) {
+  return value == "auto" || value == "gpu" || value == "cpu";
 }
 
 absl::StatusOr<int> ParseProcessesPerNode(const std::string& value, const GpuInventory& gpus) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "launch/environment.h"
 
 namespace dtrain {
@@ -20,8 +21,9 @@ struct GpuInventory {
 
 // The GPUs CUDA shows of CUDA_VISIBLE_DEVICES `list` on a machine with `installed` (-1: unknown,
 // no index is out of range): its entries up to the first that names no GPU, as CUDA reads it (an
-// index below `installed` not listed before, or a GPU-/MIG- UUID, which only the driver could
-// check and is counted); empty or Slurm's "NoDevFiles", none.
+// index below `installed` not listed before, or a GPU-/MIG- UUID not listed before, which only
+// the driver could check further: counted, GPU- ones up to `installed`); empty, Slurm's
+// "NoDevFiles" or a machine without GPUs, none.
 int CountVisibleGpus(const std::string& list, int installed);
 
 // Reads `proc_root`/driver/nvidia/gpus (no such folder: no driver, no GPU). CUDA_VISIBLE_DEVICES
@@ -32,5 +34,9 @@ GpuInventory FindGpus(const EnvironmentMap& env, const std::string& proc_root = 
 // visible GPU. InvalidArgument naming the flag and the fix for anything else, or "gpu" where no
 // GPU is visible.
 absl::StatusOr<int> ParseProcessesPerNode(const std::string& value, const GpuInventory& gpus);
+
+// A PyTorchJob's nprocPerNode words, which `dtrain launch` turns into a count itself: "auto",
+// "gpu" or "cpu" (launch/launcher.cc).
+bool IsProcessesPerNodeWord(absl::string_view value);
 
 }  // namespace dtrain

@@ -140,15 +140,30 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
       process.source == WorldSource::kPyTorchJob || process.source == WorldSource::kTrainerV2 ||
       process.source == WorldSource::kJobSet || process.source == WorldSource::kIndexedJob ||
       process.source == WorldSource::kLeaderWorkerSet;
-  if (options.worker_per_gpu) {
+  // A PyTorchJob's nprocPerNode, unless --nproc-per-node says otherwise: "gpu" a worker per GPU,
+  // "auto" (its default) that or else one, "cpu" one (whose threads use the cores; torchrun's is
+  // a process per core).
+  const auto pet_nproc = env.find("PET_NPROC_PER_NODE");
+  const std::string pet_kind =
+      pod_level && !node_flags.nproc_per_node && pet_nproc != env.end() ? pet_nproc->second : "";
+  if (options.worker_per_gpu || pet_kind == "gpu") {
     ASSIGN_OR_RETURN(node_flags.nproc_per_node, ParseProcessesPerNode("gpu", FindGpus(env)));
+  } else if (pet_kind == "auto") {
+    node_flags.nproc_per_node = std::max(1, FindGpus(env).visible);
+  } else if (pet_kind == "cpu") {
+    node_flags.nproc_per_node = 1;
   }
   if (!node_flags.nproc_per_node)
     node_flags.nproc_per_node = pod_level ? process.local_world_size : 1;
   ASSIGN_OR_RETURN(WorldEnvironment node, ResolveWorld(env, node_flags));
   const bool standalone = node.num_nodes == 1 && node.source == WorldSource::kSingle;
   if (standalone && node.provenance["master_port"] == "default") node.master_port = 0;
-  if (node.num_nodes > 1) RETURN_IF_ERROR(CheckMasterResolves(node));
+  // A pod's master name resolves once the master's pod runs (its DNS record comes then): asked
+  // again within the rendezvous timeout. Elsewhere a name that does not resolve is a mistake.
+  if (node.num_nodes > 1) {
+    RETURN_IF_ERROR(
+        CheckMasterResolves(node, pod_level ? options.rendezvous_timeout : absl::ZeroDuration()));
+  }
   if (node.rdzv_token.empty()) {
     if (node.num_nodes > 1) {
       return absl::InvalidArgumentError(absl::StrCat(

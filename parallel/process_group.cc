@@ -20,6 +20,7 @@
 #include "parallel/comm/flight_recorder_diagnosis.h"
 #include "parallel/comm/gloo_communicator.h"
 #include "parallel/comm/nccl_module.h"
+#include "parallel/store/auth.h"
 #include "parallel/store/socket.h"
 #include "parallel/store/tcp_store_client.h"
 
@@ -171,7 +172,20 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> ServeRendezvousStore(const World
   if (world.rank != 0 || world.agent_hosts_store) return nullptr;
   TcpStoreServerOptions options;
   options.token = world.rdzv_token;
-  return TcpStoreServer::Start(world.master_addr, world.master_port, options);
+  if (world.world_size == world.local_world_size) {
+    return TcpStoreServer::Start(world.master_addr, world.master_port, options);
+  }
+  // Several hosts: every interface, as torch's TCPStore listens, since MASTER_ADDR may resolve
+  // on rank 0's host to an address the others do not reach (Debian maps a host's own name to
+  // 127.0.1.1 there). It must still name this host.
+  if (std::string resolved; !NamesThisHost(world.master_addr, resolved)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank 0 hosts the rendezvous store, but MASTER_ADDR '", world.master_addr, "'",
+        resolved.empty() ? " does not resolve"
+                         : absl::StrCat(" (", resolved, ") is not an address of rank 0's host"),
+        "; set MASTER_ADDR to rank 0's host"));
+  }
+  return TcpStoreServer::Start("", world.master_port, options);
 }
 
 absl::StatusOr<std::unique_ptr<TcpStoreClient>> ConnectRendezvousStore(
@@ -356,8 +370,8 @@ absl::Status ProcessGroup::Fail(const absl::Status& error) {
   const std::string own = absl::StrCat("rank ", rank, " failed: ", error.message());
   const absl::StatusOr<std::string> first = store_->CompareSet(failure_key_, "", own);
   if (!first.ok()) {
-    return absl::Status(
-        error.code(),
+    return Renamed(
+        error,
         absl::StrCat(error.message(), " (the other ranks' errors are unknown: the store ",
                      membership_.agent_hosts_store ? "of the node-0 agent" : "hosted by rank 0",
                      " is unreachable: ", first.status().message(), ")"));
@@ -418,8 +432,7 @@ absl::Status ProcessGroup::Fail(const absl::Status& error) {
                       ": blamed, and never reported a failure (dead or hung)");
     }
   }
-  if (reported == error.message()) return error;  // with its payload
-  return absl::Status(error.code(), reported);
+  return Renamed(error, reported);
 }
 
 // Rank 0's process hosts the store in which the other ranks read the first failure, so every

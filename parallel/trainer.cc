@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
@@ -478,12 +479,16 @@ absl::StatusOr<CheckpointRequest> AgreeOnCheckpointSignals(Communicator* world) 
   return CheckpointRequest{stop > 0, save > 0};
 }
 
-// train.export_to: the whole model's parameters, gathered from every rank, written by rank 0: a
-// .safetensors file, or else a Hugging Face model folder.
+// train.export_to: the whole model's parameters, gathered from every rank (on each rank of the
+// first data-parallel replica), written by rank 0: a .safetensors file, or else a Hugging Face
+// model folder.
 absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
                            DataParallelEngine& engine, const ProcessGroup::MeshGroups& groups,
                            bool leader) {
   ASSIGN_OR_RETURN(std::vector<float> own, engine.GatherParameters());
+  // The first replica's tp and pp groups assemble the model for rank 0; the other replicas' would
+  // assemble copies of it.
+  if (groups.dp != nullptr && groups.dp->rank() != 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(const std::vector<float> full,
                    GatherWholeModel(table, std::move(own), engine.backend(), groups.tp, groups.pp));
   if (!leader) return absl::OkStatus();
@@ -582,10 +587,11 @@ Estimate PlannedLayout(const Recipe& recipe, const Mesh& mesh, Recompute recompu
 // memory); gradients, the step's loss and evaluation reduce over the dp group, the model's
 // activations over the tp group (and `kv_replicas`, the ranks holding the same replicated kv
 // head), on the backend's memory. All are null in a world of one.
+// `phase` names what the rank is doing as it goes ("step 12"), for an error out of memory.
 absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembership& world,
                                       const Mesh& mesh, Backend& backend, Communicator* world_comm,
                                       const ProcessGroup::MeshGroups& groups,
-                                      Communicator* kv_replicas) {
+                                      Communicator* kv_replicas, std::string& phase) {
   const TrainSection& train = recipe.train;
   // The ranks of one tp group read the same samples: the data-parallel rank picks the data and
   // the data-parallel size splits the batch.
@@ -614,6 +620,15 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice, activation_slots);
   RETURN_IF_ERROR(CheckRankMemory(recipe, memory, backend.AvailableMemory(), strategy, dp_size,
                                   world.world_size, world.local_world_size));
+  // This machine's ranks of the first replica, which export_to gathers the model on (the
+  // machine's ranks are consecutive, as the agent and srun's block distribution number them).
+  int exporting_ranks = 0;
+  for (int r = world.rank - world.local_rank;
+       r < world.rank - world.local_rank + world.local_world_size && r < world.world_size; ++r) {
+    exporting_ranks += mesh.CoordsOf(r).dp == 0 ? 1 : 0;
+  }
+  RETURN_IF_ERROR(
+      CheckExportFitsMachine(recipe, config, exporting_ranks, CpuBackend::MachineMemory().bytes));
   const bool leader = world.rank == 0;
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
                    LoadSampleTokenizer(recipe, leader));
@@ -720,6 +735,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   const absl::Duration slowed_by = TestSlowdown(world.rank);
   for (int step = static_cast<int>(resumed_step); step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
+    phase = absl::StrCat("step ", step + 1);
     if (slowed_by > absl::ZeroDuration()) absl::SleepFor(slowed_by);
     if (tensor_parallel) tensor_parallel->TakeWaitedMs();  // an evaluation's, not this step's
     const int64_t dp_sent_before = SentBytes({groups.dp});
@@ -821,6 +837,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     }
     const bool last = m.step == train.steps;
     if (train.eval_every > 0 && (m.step % train.eval_every == 0 || last)) {
+      phase = absl::StrCat("the evaluation after step ", m.step);
       absl::StatusOr<double> val_loss =
           pp > 1 ? EvaluatePipeline(model, *groups.pp, groups.dp, *data.val, recipe, micro_batches)
                  : Evaluate(model, groups.dp, *data.val, recipe, micro_batches);
@@ -829,6 +846,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     }
     std::string sample;
     if (m.val_loss && recipe.logging.sample_tokens > 0) {
+      phase = absl::StrCat("the sample after step ", m.step);
       absl::StatusOr<std::string> sampled =
           SampleText(model, groups.pp, recipe, sample_tokenizer.get(), m.step);
       RETURN_IF_ERROR(TensorParallelStatus(tensor_parallel.get()));
@@ -839,6 +857,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     const int interval = recipe.checkpoint.interval;
     if ((interval > 0 && m.step % interval == 0) || (last && recipe.checkpoint.save_at_end) ||
         request.stop || request.save) {
+      phase = absl::StrCat("the checkpoint of step ", m.step);
       ASSIGN_OR_RETURN(m.ckpt_blocked_ms,
                        checkpoints->Save(m.step, m.lr, data.train->state(), StepMetricsJson(m)));
     }
@@ -863,6 +882,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       return TrainingEnd::kStopped;
     }
   }
+  phase = "the end of the run";
   RETURN_IF_ERROR(checkpoints->Finish());
   if (const std::string slow = stragglers.PersistentSummary(); leader && !slow.empty()) {
     LogWarn("persistently slow: %s (logging.straggler_pct %g)", slow, recipe.logging.straggler_pct);
@@ -872,6 +892,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
                      activation_slots, memory.activation_bytes, pipeline_times, executor->stats());
   }
   if (!train.export_to.empty()) {
+    phase = absl::StrCat("the export to ", train.export_to);
     RETURN_IF_ERROR(ExportWeights(recipe, table, engine, groups, leader));
   }
   return TrainingEnd::kFinished;
@@ -938,6 +959,21 @@ std::string JobSettings(const Recipe& recipe) {
   return RecipeSettings(shared);
 }
 
+// TrainRank, or ResourceExhausted naming the phase when host or device memory runs out on this
+// thread past the checks before allocating: a buffer the engine or the model allocates as it goes
+// (std::bad_alloc, or the backend's OutOfMemory with what the device had) ended the process with
+// an abort. The threads of the data reader, the communicators and the checkpoint writer still do.
+absl::StatusOr<TrainingEnd> TrainRankUnlessOutOfMemory(
+    const Recipe& recipe, const WorldMembership& world, const Mesh& mesh, Backend& backend,
+    Communicator* world_comm, const ProcessGroup::MeshGroups& groups, Communicator* kv_replicas) {
+  std::string phase = "start-up";
+  try {
+    return TrainRank(recipe, world, mesh, backend, world_comm, groups, kv_replicas, phase);
+  } catch (const std::bad_alloc& error) {
+    return OutOfMemoryError(absl::StrCat("in ", phase), error);
+  }
+}
+
 absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMembership& world) {
   // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
   // file per rank).
@@ -958,7 +994,7 @@ absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMemb
   };
   if (world.world_size == 1) {
     ASSIGN_OR_RETURN(const std::unique_ptr<Backend> backend, make_backend());
-    return TrainRank(recipe, world, mesh, *backend, nullptr, {}, nullptr);
+    return TrainRankUnlessOutOfMemory(recipe, world, mesh, *backend, nullptr, {}, nullptr);
   }
   // Released after the process group, whose mesh groups run on its memory.
   std::unique_ptr<Backend> backend;
@@ -992,7 +1028,7 @@ absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMemb
     kv_group = *connected;
   }
   absl::StatusOr<TrainingEnd> end =
-      TrainRank(recipe, world, mesh, *backend, &group->world(), *groups, kv_group);
+      TrainRankUnlessOutOfMemory(recipe, world, mesh, *backend, &group->world(), *groups, kv_group);
   RETURN_IF_ERROR(leave(end.status()));
   return end;
 }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/checkpoint/crc32c.h"
+#include "core/util/exit_codes.h"
 #include "core/util/files.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
@@ -36,7 +37,7 @@ absl::Status WriteRankFiles(const SaveRequest& r, const std::string& stage) {
   const std::string file = RankFileName(r.rank);
   const std::string path = stage + "/" + file;
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("create ", path));
+  if (fd < 0) return FileError(errno, absl::StrCat("create ", path));
   RankIndex index{r.nonce, r.step, r.rank, file, 0, {}, r.data};
   absl::Status status;
   for (const ChunkSource& chunk : r.chunks) {
@@ -47,7 +48,7 @@ absl::Status WriteRankFiles(const SaveRequest& r, const std::string& stage) {
     if (!status.ok()) break;
     index.file_bytes += bytes;
   }
-  if (status.ok() && ::fsync(fd) != 0) status = absl::ErrnoToStatus(errno, "fsync " + path);
+  if (status.ok() && ::fsync(fd) != 0) status = FileError(errno, "fsync " + path);
   ::close(fd);
   RETURN_IF_ERROR(status);
   return WriteFileDurably(stage + "/" + RankIndexName(r.rank), RankIndexToJson(index));
@@ -78,8 +79,8 @@ absl::StatusOr<std::vector<RankIndex>> CollectIndexes(const SaveRequest& r,
     if (missing.empty()) return indexes;
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "checkpoint ", StepDirName(r.step), ": rank(s) ", absl::StrJoin(missing, ", "),
-          " did not report their files in ", stage, " within ", r.timeout_s,
+          "rank(s) ", absl::StrJoin(missing, ", "), " did not report their files in ", stage,
+          " within ", r.timeout_s,
           "s (parallel.timeout_s); is checkpoint.dir on a filesystem all ranks share?"));
     }
     absl::SleepFor(absl::Milliseconds(5));
@@ -162,6 +163,28 @@ void RemoveOtherAttemptsStages(const SaveRequest& r) {
   for (const fs::path& path : garbage) fs::remove_all(path, error);
 }
 
+// The error of a save that failed with `cause`, naming the checkpoint and the rank. A full file
+// system says how full, what to do, and asks the command to exit kExitDiskFull: a restart would
+// fail at the same save.
+absl::Status SaveFailed(const SaveRequest& request, const absl::Status& cause) {
+  const std::string message = absl::StrCat("checkpoint ", StepDirName(request.step), ", rank ",
+                                           request.rank, ": ", cause.message());
+  if (!IsFileSystemFull(cause)) return Renamed(cause, message);
+  uint64_t part = 0;
+  for (const ChunkSource& chunk : request.chunks) part += ChunkBytes(chunk);
+  std::error_code error;
+  const fs::space_info space = fs::space(request.dir, error);
+  absl::Status status = Renamed(
+      cause,
+      absl::StrFormat(
+          "%s; the checkpoint folder's file system is full (%.1f MiB free, this rank's part is "
+          "%.1f MiB): free space there, keep fewer checkpoints (checkpoint.keep_last %d), or set "
+          "checkpoint.dir to a larger file system",
+          message, error ? 0.0 : space.available / 1048576.0, part / 1048576.0, request.keep_last));
+  SetExitCode(status, kExitDiskFull);
+  return status;
+}
+
 }  // namespace
 
 void AppendFlatRangeChunks(const std::string& tensor, const std::vector<int64_t>& shape,
@@ -180,6 +203,8 @@ absl::Status WriteCheckpoint(const SaveRequest& request) {
   std::error_code error;
   fs::create_directories(stage, error);
   if (error) {
+    const absl::Status created = FileError(error.value(), absl::StrCat("create ", stage));
+    if (IsFileSystemFull(created)) return SaveFailed(request, created);
     return absl::FailedPreconditionError(absl::StrCat("cannot create the checkpoint folder ", stage,
                                                       ": ", error.message(),
                                                       "; set checkpoint.dir to a writable folder"));
@@ -187,36 +212,39 @@ absl::Status WriteCheckpoint(const SaveRequest& request) {
   if (absl::Status written = WriteRankFiles(request, stage); !written.ok()) {
     // What this rank wrote of an incomplete save is of no use: its space goes back at once.
     fs::remove(stage + "/" + RankFileName(request.rank), error);
-    std::string fix;
-    if (absl::IsResourceExhausted(written)) {  // ENOSPC, EDQUOT
-      uint64_t part = 0;
-      for (const ChunkSource& chunk : request.chunks) part += ChunkBytes(chunk);
-      const fs::space_info space = fs::space(request.dir, error);
-      fix = absl::StrFormat(
-          "; the checkpoint folder's file system is full (%.1f MiB free, this rank's part is "
-          "%.1f MiB): free space there, keep fewer checkpoints (checkpoint.keep_last %d), or set "
-          "checkpoint.dir to a larger file system",
-          error ? 0.0 : space.available / 1048576.0, part / 1048576.0, request.keep_last);
-    }
-    return absl::Status(written.code(),
-                        absl::StrCat("checkpoint ", StepDirName(request.step), ", rank ",
-                                     request.rank, ": ", written.message(), fix));
+    return SaveFailed(request, written);
   }
-  return request.rank == 0 ? Commit(request, stage) : absl::OkStatus();
+  if (request.rank != 0) return absl::OkStatus();
+  const absl::Status committed = Commit(request, stage);
+  return committed.ok() ? committed : SaveFailed(request, committed);
 }
 
 absl::Status CheckCheckpointFolder(const std::string& dir, int rank) {
-  const auto unusable = [&](const std::string& why) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint.dir ", dir,
-                                                      " cannot hold this run's checkpoints: ", why,
-                                                      "; set checkpoint.dir to a writable folder"));
+  // A restart finds a folder that is read-only, not permitted or not a folder so again, and a
+  // full one full: the command exits kExitUsage or kExitDiskFull, which the agent does not
+  // restart. Other errors (EIO, ESTALE of a network file system) may pass: exit 1, restarted.
+  const auto unusable = [&](const std::string& why, int error_number) {
+    absl::Status status = absl::FailedPreconditionError(
+        absl::StrCat("checkpoint.dir ", dir, " cannot hold this run's checkpoints: ", why,
+                     "; set checkpoint.dir to a writable folder"));
+    if (IsFileSystemFullError(error_number)) {
+      SetExitCode(status, kExitDiskFull);
+    } else if (error_number == EACCES || error_number == EPERM || error_number == EROFS ||
+               error_number == ENOTDIR || error_number == EEXIST) {
+      SetExitCode(status, kExitUsage);
+    }
+    return status;
   };
   std::error_code error;
   fs::create_directories(dir, error);
-  if (error) return unusable(absl::StrCat("cannot create it: ", error.message()));
+  if (error) return unusable(absl::StrCat("cannot create it: ", error.message()), error.value());
   const std::string probe = absl::StrFormat("%s/.probe-rank-%d", dir, rank);
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return unusable(absl::StrCat("cannot write a file there: ", std::strerror(errno)));
+  if (fd < 0) {
+    const int error_number = errno;
+    return unusable(absl::StrCat("cannot write a file there: ", std::strerror(error_number)),
+                    error_number);
+  }
   ::close(fd);
   fs::remove(probe, error);
   return absl::OkStatus();

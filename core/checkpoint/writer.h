@@ -52,7 +52,8 @@ absl::Status WriteCheckpoint(const SaveRequest& request);
 
 // Creates `dir` if missing and writes and removes a file of rank `rank` there: a run checks its
 // checkpoint folder at start, not at its first save, after its steps. FailedPrecondition naming
-// the folder and the fix.
+// the folder and the fix, asking for exit code kExitUsage where a restart would find it so
+// again (read-only, not permitted, not a folder) and kExitDiskFull where it is full.
 absl::Status CheckCheckpointFolder(const std::string& dir, int rank);
 
 // One save at a time, synchronous or on a background thread. Not thread-safe (the training

@@ -1,15 +1,28 @@
 // The exit codes of dtrain's commands, which the agent reads from its workers too.
 #pragma once
 
+#include <optional>
+
+#include "absl/status/status.h"
+
 namespace dtrain {
 
 // The work failed.
 inline constexpr int kExitFailure = 1;
 // The command line or the recipe is wrong; nothing ran.
 inline constexpr int kExitUsage = 2;
+// A checkpoint found its file system full (ENOSPC, EDQUOT). A restart would train to the same
+// save and fail there again, so the agent does not restart; the newest complete checkpoint stays.
+inline constexpr int kExitDiskFull = 3;
 // 128 + SIGTERM, as a process that SIGTERM ended: stopped after saving a checkpoint, the run not
 // done, so that Kubernetes and Slurm do not count it as finished (torchrun's agent also exits
 // non-zero on SIGTERM).
 inline constexpr int kExitStopped = 143;
+
+// The exit code a failed `status` asks its command to end with, carried as a payload from where
+// the failure is understood (the checkpoint writer knows a full disk) to the command's end.
+void SetExitCode(absl::Status& status, int exit_code);
+// What SetExitCode recorded, if anything.
+std::optional<int> ExitCodeOf(const absl::Status& status);
 
 }  // namespace dtrain

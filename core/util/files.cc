@@ -8,15 +8,18 @@
 #include <cerrno>
 #include <cstdio>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace dtrain {
 namespace {
 
+constexpr char kFileSystemFullUrl[] = "dtrain/file-system-full";
+
 // An open descriptor of `path` that is not a folder's.
 absl::StatusOr<int> OpenFileDescriptor(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
+  if (fd < 0) return FileError(errno, absl::StrCat("open ", path));
   struct stat info;
   if (::fstat(fd, &info) == 0 && S_ISDIR(info.st_mode)) {
     ::close(fd);
@@ -27,10 +30,22 @@ absl::StatusOr<int> OpenFileDescriptor(const std::string& path) {
 
 }  // namespace
 
+absl::Status FileError(int error, absl::string_view what) {
+  absl::Status status = absl::ErrnoToStatus(error, what);
+  if (IsFileSystemFullError(error)) status.SetPayload(kFileSystemFullUrl, absl::Cord());
+  return status;
+}
+
+bool IsFileSystemFullError(int error) { return error == ENOSPC || error == EDQUOT; }
+
+bool IsFileSystemFull(const absl::Status& status) {
+  return status.GetPayload(kFileSystemFullUrl).has_value();
+}
+
 absl::StatusOr<std::ifstream> OpenInputFile(const std::string& path) {
   struct stat info;
   if (::stat(path.c_str(), &info) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
+    return FileError(errno, absl::StrCat("open ", path));
   }
   if (S_ISDIR(info.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is a folder, not a file"));
@@ -51,7 +66,7 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
     if (n < 0) {
       const int error = errno;
       ::close(*fd);
-      return absl::ErrnoToStatus(error, absl::StrCat("read ", path));
+      return FileError(error, absl::StrCat("read ", path));
     }
     if (n == 0) break;
     text.append(block, static_cast<size_t>(n));
@@ -66,7 +81,7 @@ absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string&
     // Linux writes at most ~2 GiB per call.
     const ssize_t n = ::write(fd, next, std::min<size_t>(bytes, size_t{1} << 30));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::ErrnoToStatus(n < 0 ? errno : EIO, absl::StrCat("write ", path));
+    if (n <= 0) return FileError(n < 0 ? errno : EIO, absl::StrCat("write ", path));
     next += n;
     bytes -= static_cast<size_t>(n);
   }
@@ -75,25 +90,25 @@ absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string&
 
 absl::Status FsyncDirectory(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open folder ", path));
+  if (fd < 0) return FileError(errno, absl::StrCat("open folder ", path));
   const int result = ::fsync(fd);
   const int error = errno;
   ::close(fd);
-  if (result != 0) return absl::ErrnoToStatus(error, absl::StrCat("fsync folder ", path));
+  if (result != 0) return FileError(error, absl::StrCat("fsync folder ", path));
   return absl::OkStatus();
 }
 
 absl::Status WriteFileDurably(const std::string& path, const std::string& contents) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("create ", tmp));
+  if (fd < 0) return FileError(errno, absl::StrCat("create ", tmp));
   absl::Status status = WriteAll(fd, contents.data(), contents.size(), tmp);
   if (status.ok() && ::fsync(fd) != 0) {
-    status = absl::ErrnoToStatus(errno, absl::StrCat("fsync ", tmp));
+    status = FileError(errno, absl::StrCat("fsync ", tmp));
   }
   ::close(fd);
   if (status.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    status = absl::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
+    status = FileError(errno, absl::StrCat("rename ", tmp, " to ", path));
   }
   if (!status.ok()) {
     ::unlink(tmp.c_str());  // a full disk gets its space back

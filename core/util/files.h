@@ -6,8 +6,18 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace dtrain {
+
+// The error of a file system call that set errno `error`; `what` names the call and the file
+// ("write /ckpt/rank-0.bin"). A full file system (ENOSPC, EDQUOT) is marked for
+// IsFileSystemFull: absl's ResourceExhausted also stands for too many open files or no memory.
+absl::Status FileError(int error, absl::string_view what);
+// Whether errno `error` says the file system is full (ENOSPC, EDQUOT).
+bool IsFileSystemFullError(int error);
+// Whether `status` is a FileError of a full file system.
+bool IsFileSystemFull(const absl::Status& status);
 
 // A folder opens as a stream and fails at its first read (std::istreambuf_iterator throws), so
 // it is refused before.

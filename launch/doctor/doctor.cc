@@ -76,22 +76,34 @@ CheckResult GpuCheck(const GpuInventory& gpus, const Recipe* recipe) {
                   absl::StrCat(gpus.description,
                                recipe == nullptr ? "" : "; run.device is cpu, so none is used"));
   }
+  // What this node's processes can use: CUDA_VISIBLE_DEVICES (a Slurm job's --gpus, a shared
+  // node's cgroup) narrows the driver's list.
   const int wanted = recipe->cluster.gpus_per_node;
-  if (gpus.installed < wanted || gpus.visible == 0) {
+  if (gpus.installed == 0) {
+    return Result("node.gpus", Verdict::kFail,
+                  absl::StrCat(gpus.description, ", but run.device is cuda"),
+                  "run on a GPU node with the NVIDIA driver loaded, or set run.device: cpu");
+  }
+  if (gpus.visible == 0) {
+    return Result("node.gpus", Verdict::kFail,
+                  absl::StrCat(gpus.description, ": every GPU is hidden, but run.device is cuda"),
+                  "leave CUDA_VISIBLE_DEVICES to the launcher (Slurm sets it from --gpus), or "
+                  "list GPUs of this node in it");
+  }
+  if (gpus.visible < wanted) {
     return Result(
         "node.gpus", Verdict::kFail,
-        absl::StrCat(gpus.description, ", but run.device is cuda with cluster.gpus_per_node ",
-                     wanted),
-        gpus.installed == 0
-            ? "run on a GPU node with the NVIDIA driver loaded, or set run.device: cpu"
-            : absl::StrCat("set cluster.gpus_per_node to ", gpus.installed, " (or run where ",
-                           wanted, " GPUs are), and leave CUDA_VISIBLE_DEVICES to the launcher"));
+        absl::StrCat(gpus.description, ": ", gpus.visible, " visible, but run.device is cuda with ",
+                     "cluster.gpus_per_node ", wanted),
+        absl::StrCat("set cluster.gpus_per_node to ", gpus.visible, " (or run where ", wanted,
+                     " GPUs are visible), and leave CUDA_VISIBLE_DEVICES to the launcher"));
   }
-  if (gpus.installed > wanted) {
-    return Result("node.gpus", Verdict::kWarn,
-                  absl::StrCat(gpus.description, "; cluster.gpus_per_node is ", wanted,
-                               ", so some stay idle"),
-                  absl::StrCat("set cluster.gpus_per_node to ", gpus.installed));
+  if (gpus.visible > wanted) {
+    return Result(
+        "node.gpus", Verdict::kWarn,
+        absl::StrCat(gpus.description, ": ", gpus.visible, " visible; cluster.gpus_per_node is ",
+                     wanted, ", so some stay idle"),
+        absl::StrCat("set cluster.gpus_per_node to ", gpus.visible));
   }
   return Result("node.gpus", Verdict::kOk, gpus.description);
 }

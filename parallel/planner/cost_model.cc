@@ -22,6 +22,7 @@ struct ParamSplit {
   double head = 0;  // 0 when tied to the embedding
   double final_norm = 0;
   double per_layer = 0;
+  double kv_per_layer = 0;  // of per_layer: the key and value projections
 };
 
 ParamSplit SplitParams(const ModelConfig& model) {
@@ -35,6 +36,7 @@ ParamSplit SplitParams(const ModelConfig& model) {
   split.per_layer = (static_cast<double>(model.num_parameters()) - split.embedding - split.head -
                      split.final_norm) /
                     model.n_layer;
+  split.kv_per_layer = 2.0 * model.n_kv_head * model.head_dim * (h + (model.has_biases() ? 1 : 0));
   return split;
 }
 
@@ -197,8 +199,12 @@ PipelineCosts PipelineFlopsPerToken(const ModelConfig& model, int seq_len, Recom
 double StageParams(const ModelConfig& model, const ModelSlice& slice) {
   const ParamSplit split = SplitParams(model);
   const std::vector<BlockSpan> chunks = ChunksOf(model, slice);
+  // More tp ranks than kv heads replicate each kv head on tp / n_kv_head of them, each rank
+  // holding one head (LocalDimsOf).
+  const int kv_replicas = std::max(1, slice.tp_size / model.n_kv_head);
+  const double per_layer = split.per_layer + (kv_replicas - 1) * split.kv_per_layer;
   double params = 0;
-  for (const BlockSpan& chunk : chunks) params += split.per_layer * chunk.count;
+  for (const BlockSpan& chunk : chunks) params += per_layer * chunk.count;
   // The embedding with the first block; the final norm and the head with the last, or for a
   // tied head a copy of the embedding on a later stage (Megatron-LM keeps one on each end and
   // all-reduces its gradients).
@@ -218,7 +224,6 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   const ParamSplit split = SplitParams(model);
   const int t = layout.tp, p = layout.pp, dp = layout.dp, b = layout.micro_batch;
   const int s = workload.seq_len, h = model.d_model;
-  const int layers = model.n_layer / p;
   const int v = layout.virtual_stages;
   const int m = workload.batch_size / (dp * b);
   const bool sp = layout.sequence_parallel;
@@ -288,6 +293,8 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
       p == 1 ? ChunksOf(model, {}) : StageChunks(assignment, heaviest);
   int heaviest_blocks = 0;
   for (const BlockSpan& chunk : heaviest_chunks) heaviest_blocks += chunk.count;
+  // The blocks of the stage that sets the pace: its FSDP units.
+  const int layers = heaviest_blocks;
   const double head_flops_per_token =
       heaviest_chunks.back().end() == model.n_layer ? HeadFlopsPerToken(model) : 0;
   const double stage_flops_per_token =
@@ -382,12 +389,17 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
     record_tp(Collective::kAllGather, bytes, calls, t);
   };
   if (t > 1) {
-    const double block_calls = static_cast<double>(m) * layers;  // blocks x micro-batches
+    // Pipelined, the estimate is the first stage's: its blocks, the embedding, not the head.
+    const bool first_stage = true, last_stage = p == 1;
+    int first_stage_blocks = model.n_layer;
+    if (p > 1) {
+      first_stage_blocks = 0;
+      for (const BlockSpan& chunk : StageChunks(assignment, 0)) first_stage_blocks += chunk.count;
+    }
+    const double block_calls = static_cast<double>(m) * first_stage_blocks;  // x micro-batches
     const double activation = static_cast<double>(s) * b * h * precision.activation_bytes;
     const double kv_rows = 2.0 * model.head_dim * h * precision.grad_bytes;  // one k and v head
     const int kv_replicas = LocalDimsOf(model, ModelSlice{.tp_size = t}).kv_replicas;
-    // Pipelined, the estimate is the first stage's: it holds the embedding, not the head.
-    const bool first_stage = true, last_stage = p == 1;
     // g forward: the partial outputs of attn.out and mlp.down.
     record_f_g(2 * block_calls * activation, 2 * block_calls);
     // f backward: the input gradients of qkv and mlp.up.

@@ -415,6 +415,7 @@ nlohmann::json PlanJson(const Plan& plan, const std::string& recipe_path, int to
                     {"inter_latency_us", c.inter_latency_us}};
   const Candidate* chosen = plan.recommendation();
   out["recommended"] = chosen == nullptr ? nlohmann::json() : CandidateJson(*chosen);
+  if (chosen == nullptr) out["nothing_fits"] = std::string(WhyNoLayout(plan).message());
   out["alternatives"] = nlohmann::json::array();
   for (const Candidate* alternative : Alternatives(plan, top_n)) {
     out["alternatives"].push_back(CandidateJson(*alternative));

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -144,6 +146,29 @@ void Rank(Plan& plan) {
   }
 }
 
+// Why the batch does not split into `layout`'s data-parallel ranks and micro-batches; empty when
+// it does.
+std::string BatchSplitProblem(const Workload& workload, const Layout& layout) {
+  if (workload.batch_size % (layout.dp * layout.micro_batch) == 0) return "";
+  return absl::StrCat("batch ", workload.batch_size, " sequences is not a multiple of dp ",
+                      layout.dp, " x micro-batch ", layout.micro_batch);
+}
+
+// When nothing fits `plan`'s cluster: the plan of the first cluster of 2, 4, 8, ... (up to 256)
+// times its nodes that has a recommendation the trainer runs (no offload), if any.
+std::optional<Plan> SmallestLargerClusterThatFits(const Plan& plan) {
+  for (int factor = 2; factor <= 256; factor *= 2) {
+    ClusterSpec larger = plan.cluster;
+    larger.nodes = plan.cluster.nodes * factor;
+    absl::StatusOr<Plan> found = SearchLayouts(plan.workload, larger, plan.options);
+    if (found.ok() && found->recommendation() != nullptr &&
+        !found->recommendation()->layout.offload) {
+      return *std::move(found);
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string DescribeLayout(const Layout& layout) {
@@ -160,15 +185,48 @@ std::string DescribeLayout(const Layout& layout) {
 }
 
 absl::Status WhyNoLayout(const Plan& plan) {
+  const bool estimated = absl::c_any_of(plan.candidates, [](const Candidate& candidate) {
+    return candidate.verdict != Verdict::kInvalid;
+  });
+  if (estimated) {
+    std::string fix = "add nodes or GPUs with more memory";
+    if (const std::optional<Plan> larger = SmallestLargerClusterThatFits(plan)) {
+      const Candidate& chosen = *larger->recommendation();
+      fix = absl::StrFormat(
+          "of %d, %d, %d, ... nodes, %d (%d GPUs) are the first that fit it (%s at %.1f GiB "
+          "per GPU): plan with cluster.nodes %d, or GPUs with more memory",
+          2 * plan.cluster.nodes, 4 * plan.cluster.nodes, 8 * plan.cluster.nodes,
+          larger->cluster.nodes, larger->cluster.world_size(), DescribeLayout(chosen.layout),
+          chosen.estimate.memory.device_bytes() / kGiB, larger->cluster.nodes);
+    }
+    return absl::FailedPreconditionError(
+        absl::StrFormat("no layout fits %.1f GiB per GPU; %s", plan.usable_gib, fix));
+  }
+  // One reason per cause: the batch's, for every data-parallel size that does not divide it, in
+  // one line (a large cluster has dozens).
   std::vector<std::string> reasons;
+  std::set<int> batch_dps;
   for (const Candidate& candidate : plan.candidates) {
-    if (candidate.verdict != Verdict::kInvalid) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "no layout fits %.1f GiB per GPU; add nodes or GPUs with more memory", plan.usable_gib));
+    if (candidate.reason == BatchSplitProblem(plan.workload, candidate.layout)) {
+      batch_dps.insert(candidate.layout.dp);
+      continue;
     }
     if (absl::c_find(reasons, candidate.reason) == reasons.end()) {
       reasons.push_back(candidate.reason);
     }
+  }
+  if (!batch_dps.empty()) {
+    std::vector<int> shown(batch_dps.begin(), batch_dps.end());
+    const size_t more = shown.size() > 5 ? shown.size() - 5 : 0;
+    shown.resize(shown.size() - more);
+    reasons.push_back(absl::StrCat(
+        "batch ", plan.workload.batch_size, " sequences is not a multiple of dp ",
+        absl::StrJoin(shown, ", "), more > 0 ? absl::StrCat(" or ", more, " larger") : "",
+        shown[0] > plan.workload.batch_size
+            ? absl::StrCat(" (each has more data-parallel ranks than the batch has sequences: a "
+                           "batch of ",
+                           shown[0], " at least)")
+            : ""));
   }
   return absl::FailedPreconditionError(
       absl::StrCat("no layout splits the model and the batch over ", plan.cluster.world_size(),
@@ -210,9 +268,13 @@ absl::Status CheckLayout(const Workload& workload, const ClusterSpec& cluster,
     return invalid("pp ", layout.pp, " x ", layout.virtual_stages, " model chunks exceed the ",
                    model.n_layer, " layers");
   }
-  if (workload.batch_size % (layout.dp * layout.micro_batch) != 0) {
-    return invalid("batch ", workload.batch_size, " sequences is not a multiple of dp ", layout.dp,
-                   " x micro-batch ", layout.micro_batch);
+  // Interleaved chunks are equal, as the trainer's recipe requires (parallel.pp_virtual_stages).
+  if (layout.virtual_stages > 1 && model.n_layer % (layout.pp * layout.virtual_stages) != 0) {
+    return invalid("pp ", layout.pp, " x ", layout.virtual_stages,
+                   " interleaved model chunks do not divide the ", model.n_layer, " layers evenly");
+  }
+  if (const std::string problem = BatchSplitProblem(workload, layout); !problem.empty()) {
+    return invalid(problem);
   }
   if (layout.sequence_parallel && (layout.tp == 1 || workload.seq_len % layout.tp != 0)) {
     return invalid("sequence parallelism needs tp > 1 dividing the sequence length");
@@ -247,7 +309,10 @@ absl::StatusOr<Plan> SearchLayouts(const Workload& workload, const ClusterSpec& 
                      .schedule = schedule,
                      .virtual_stages =
                          schedule == PipelineSchedule::kInterleaved ? options.pp_virtual_stages : 1,
-                     .sequence_parallel = tp > 1 && options.allow_sequence_parallel};
+                     // Where tp divides the sequence (its rows split over the group); plain
+                     // tensor parallelism otherwise, as Megatron-LM without --sequence-parallel.
+                     .sequence_parallel =
+                         tp > 1 && options.allow_sequence_parallel && workload.seq_len % tp == 0};
         if (absl::Status status = CheckLayout(workload, cluster, shape); !status.ok()) {
           plan.candidates.push_back({.layout = shape, .reason = std::string(status.message())});
           continue;

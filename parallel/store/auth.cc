@@ -1,5 +1,6 @@
 #include "parallel/store/auth.h"
 
+#include <netdb.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -65,6 +66,24 @@ bool IsLoopbackAddress(const sockaddr_storage& address) {
     return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
   }
   return false;
+}
+
+bool NamesThisHost(const std::string& host, std::string& resolved) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* addresses = nullptr;
+  resolved.clear();
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &addresses) != 0) return false;
+  bool own = false;
+  for (const addrinfo* address = addresses; address != nullptr; address = address->ai_next) {
+    sockaddr_storage storage{};
+    std::memcpy(&storage, address->ai_addr, address->ai_addrlen);
+    own = own || IsThisHostsAddress(storage);
+    if (resolved.empty()) resolved = FormatIpAddress(storage);
+  }
+  ::freeaddrinfo(addresses);
+  return own;
 }
 
 bool IsThisHostsAddress(const sockaddr_storage& address) {

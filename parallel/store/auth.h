@@ -34,5 +34,8 @@ bool IsLoopbackAddress(const sockaddr_storage& address);
 // Loopback, or an address of one of this host's interfaces: a process on this host, the peers a
 // store without a token admits (a rank reaching its own host by its network address included).
 bool IsThisHostsAddress(const sockaddr_storage& address);
+// Whether `host` (a name or an address) resolves to an address of this host; `resolved` gets the
+// first address it resolves to ("" when none), for messages.
+bool NamesThisHost(const std::string& host, std::string& resolved);
 
 }  // namespace dtrain

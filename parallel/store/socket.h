@@ -39,7 +39,8 @@ class UniqueFd {
 std::string FormatHostPort(std::string_view host, int port);
 std::string FormatSocketAddress(const sockaddr_storage& address);
 
-// The IP address (no port) of a socket address: "10.0.0.1", "::1".
+// The IP address (no port) of a socket address: "10.0.0.1", "::1"; an IPv4-mapped IPv6 address
+// (a dual-stack listener's IPv4 peer) as IPv4.
 std::string FormatIpAddress(const sockaddr_storage& address);
 
 // This host's interfaces' IPv4 and IPv6 addresses, as (interface name, address) pairs.

@@ -204,6 +204,10 @@ absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
           Handshake(fd->get(), address, options.token, absl::Now() + options.reply_timeout));
       return std::unique_ptr<TcpStoreClient>(new TcpStoreClient(address, std::move(*fd), options));
     }
+    if (options.cancelled && options.cancelled()) {
+      return absl::CancelledError(
+          absl::StrFormat("stopped while waiting for the rendezvous store at %s", address));
+    }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       return absl::UnavailableError(absl::StrFormat(

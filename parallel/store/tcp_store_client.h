@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -30,6 +31,9 @@ struct TcpStoreClientOptions {
   StoreWireLimits limits;
   // How long Connect retries a refused or unreachable server: ranks may start before rank 0.
   absl::Duration connect_timeout = absl::Seconds(300);
+  // Asked between Connect's attempts: true ends it with Cancelled (an agent told to stop while
+  // it waits for node 0's store). Null: never.
+  std::function<bool()> cancelled;
   // How long the server may take to answer, beyond the request's own timeout for GET/WAIT.
   absl::Duration reply_timeout = absl::Seconds(60);
 };

@@ -674,7 +674,7 @@ TcpStoreServer::~TcpStoreServer() {
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     std::string_view host, int port, const TcpStoreServerOptions& options) {
-  const std::string where = FormatHostPort(host.empty() ? "0.0.0.0" : host, port);
+  const std::string where = FormatHostPort(host.empty() ? "::" : host, port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -689,13 +689,24 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
         absl::StrFormat("cannot start the rendezvous store on %s: cannot resolve the host (%s)",
                         where, ::gai_strerror(rc)));
   }
+  // Every interface: IPv6's wildcard first, dual-stack (IPv4 clients arrive as IPv4-mapped
+  // addresses), so that a master address of either family reaches it; IPv4's where the host
+  // has no IPv6.
+  std::vector<addrinfo*> candidates;
+  for (addrinfo* address = addresses; address != nullptr; address = address->ai_next) {
+    candidates.push_back(address);
+  }
+  if (host.empty()) {
+    std::stable_partition(candidates.begin(), candidates.end(),
+                          [](const addrinfo* address) { return address->ai_family == AF_INET6; });
+  }
   UniqueFd listener;
   int bind_errno = 0;
   // A port still held by the last attempt's dying process frees within seconds: retry it.
   const absl::Time bind_deadline = absl::Now() + options.bind_retry;
   while (true) {
-    for (addrinfo* address = addresses; address != nullptr && !listener.valid();
-         address = address->ai_next) {
+    for (const addrinfo* address : candidates) {
+      if (listener.valid()) break;
       UniqueFd fd(::socket(address->ai_family, address->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
                            address->ai_protocol));
       if (!fd.valid()) {
@@ -704,8 +715,11 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
       }
       // Lets a restarted job reuse the port while connections of the last one sit in
       // TIME_WAIT; Linux still refuses a second listener on it.
-      const int one = 1;
+      const int one = 1, zero = 0;
       ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (address->ai_family == AF_INET6 && host.empty()) {
+        ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+      }
       if (::bind(fd.get(), address->ai_addr, address->ai_addrlen) != 0 ||
           ::listen(fd.get(), SOMAXCONN) != 0) {
         bind_errno = errno;
@@ -750,8 +764,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
         "cannot start the rendezvous store on %s: epoll_ctl: %s", where, std::strerror(errno)));
   }
   std::string token = options.token;
-  LogInfo("rendezvous store listening on %s (%s)",
-          FormatHostPort(host.empty() ? "0.0.0.0" : host, bound_port),
+  LogInfo("rendezvous store listening on %s (%s)", FormatSocketAddress(bound),
           token.empty() ? "no DTRAIN_RDZV_TOKEN: clients on this host only" : "token required");
   auto loop = std::make_unique<Loop>(std::move(listener), std::move(epoll), std::move(wake),
                                      std::move(token), options);

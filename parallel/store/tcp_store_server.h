@@ -39,7 +39,7 @@ struct TcpStoreServerOptions {
 
 class TcpStoreServer {
  public:
-  // Binds `host:port` ("" or "0.0.0.0" for every interface; port 0 picks a free one, see
+  // Binds `host:port` ("" for every interface, IPv4 and IPv6; port 0 picks a free one, see
   // port()) and starts serving. An occupied port fails with the port named and the fix.
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
       std::string_view host, int port, const TcpStoreServerOptions& options = {});

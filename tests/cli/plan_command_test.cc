@@ -106,6 +106,24 @@ TEST(PlanCommandTest, AssumptionsNameTheRecipesPipelineSchedule) {
       << interleaved.stdout_text;
 }
 
+// Nothing fitting: the text, the error and the JSON (`nothing_fits`) name the nodes that would,
+// and the command exits 1.
+TEST(PlanCommandTest, NothingFittingNamesTheNodesThatWouldInTextAndJson) {
+  const std::string plan = absl::StrCat("plan ", DTRAIN_SOURCE_DIR,
+                                        "/configs/llama-70b.yaml --set cluster.nodes=1 --set "
+                                        "cluster.gpus_per_node=2 --set cluster.gpu=l40s");
+  const testing::Outcome text = testing::RunDtrain(plan);
+  EXPECT_EQ(text.exit_code, 1) << text.stderr_text;
+  EXPECT_THAT(text.stdout_text, HasSubstr("Nothing to recommend: no layout fits"));
+  EXPECT_THAT(text.stderr_text, HasSubstr("nodes, 32 (64 GPUs) are the first that fit it"));
+  const testing::Outcome json = testing::RunDtrain(plan + " --json");
+  EXPECT_EQ(json.exit_code, 1) << json.stderr_text;
+  const nlohmann::json parsed = nlohmann::json::parse(json.stdout_text);
+  EXPECT_TRUE(parsed["recommended"].is_null());
+  EXPECT_THAT(parsed["nothing_fits"].get<std::string>(),
+              HasSubstr("plan with cluster.nodes 32, or GPUs with more memory"));
+}
+
 // A pipeline's recipe lines keep the recipe's schedule where the trainer runs it: gpt2-1.5b's 8
 // sequences on 8 nodes pipeline the GPUs that replicas cannot use.
 TEST(PlanCommandTest, PipelinesKeepTheRecipesSchedule) {

@@ -49,10 +49,11 @@ logging: {sample_tokens: 0}
   }
 
   // Rank `rank` of 2 as srun would start it, node 1 inside the namespace; `env` is added, and
-  // `sets` after the recipe.
-  std::string Command(int rank, const std::string& env, const std::string& sets = "") const {
+  // `sets` after the recipe; `wrapper` (a command that runs its arguments) goes before.
+  std::string Command(int rank, const std::string& env, const std::string& sets = "",
+                      const std::string& wrapper = "") const {
     const std::string train = absl::StrCat(
-        "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DTRAIN_RANK=", rank,
+        wrapper, "env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DTRAIN_RANK=", rank,
         " DTRAIN_WORLD_SIZE=2 DTRAIN_LOCAL_RANK=0 DTRAIN_LOCAL_WORLD_SIZE=1 DTRAIN_NODE_RANK=",
         rank, " DTRAIN_NUM_NODES=2 DTRAIN_MASTER_ADDR=", kNodeZeroAddress,
         " DTRAIN_MASTER_PORT=", port_, " ", env, " timeout 120 ", DTRAIN_BINARY, " train ", recipe_,
@@ -115,6 +116,28 @@ TEST_F(TwoNodeTrainTest, ARankCutOffFromTheOthersEndsWithinTheTimeout) {
   EXPECT_TRUE(ended) << "rank 1 ran on 45 s after it was cut off:\n" << cut_off.output;
   EXPECT_EQ(cut_off.exit_code, 1) << cut_off.output;
   EXPECT_NE(zero.get().exit_code, 0);
+}
+
+// MASTER_ADDR a host name that rank 0's host maps to 127.0.1.1 (Debian's line for the host's own
+// name) and node 1 to node 0's address: rank 0's store listens on every interface, so node 1
+// reaches it (listening at 127.0.1.1 only, it refused node 1 until the timeout). Each rank sees
+// its own /etc/hosts, bound over the file in a mount namespace of its own.
+TEST_F(TwoNodeTrainTest, AMasterNameThatRankZerosHostMapsToLoopbackStillJoins) {
+  const auto hosts = [](int rank, const std::string& address) {
+    return absl::StrCat(
+        "unshare -m sh -c 'mount --bind ",
+        testing::WriteTempFile(absl::StrCat("hosts_", rank),
+                               absl::StrCat("127.0.0.1 localhost\n", address, " dtrain-master\n")),
+        " /etc/hosts && exec \"$0\" \"$@\"' ");
+  };
+  const std::string env = "DTRAIN_RDZV_TOKEN=t DTRAIN_MASTER_ADDR=dtrain-master";
+  std::future<ShellRun> one =
+      std::async(std::launch::async, RunShell, Command(1, env, "", hosts(1, kNodeZeroAddress)));
+  const ShellRun zero = RunShell(Command(0, env, "", hosts(0, "127.0.1.1")));
+  const ShellRun node_one = one.get();
+  ASSERT_EQ(zero.exit_code, 0) << zero.output << "\nrank 1:\n" << node_one.output;
+  ASSERT_EQ(node_one.exit_code, 0) << node_one.output;
+  EXPECT_EQ(testing::MetricsLosses(out_dir_ + "/two/metrics.jsonl").size(), 3u);
 }
 
 TEST_F(TwoNodeTrainTest, WithoutATokenBothRanksStopAtOnce) {

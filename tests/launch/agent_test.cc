@@ -11,8 +11,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -23,6 +25,8 @@
 #include "core/util/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "launch/environment.h"
+#include "launch/gpus.h"
 #include "parallel/store/tcp_store_client.h"
 #include "tests/testing/multi_process.h"
 #include "tests/testing/run_dtrain.h"
@@ -73,12 +77,15 @@ std::vector<std::string> Environment() {
   return entries;
 }
 
-// `dtrain launch ...` running in the background; its output is collected by Pump.
+// `dtrain launch ...` running in the background, after `wrapper` (a command that runs its
+// arguments, e.g. nohup); its output is collected by Pump.
 class Launch {
  public:
   explicit Launch(const std::vector<std::string>& args,
-                  const std::vector<std::string>& extra_environment = {}) {
-    std::vector<std::string> argv = {DTRAIN_BINARY, "launch"};
+                  const std::vector<std::string>& extra_environment = {},
+                  const std::vector<std::string>& wrapper = {}) {
+    std::vector<std::string> argv = wrapper;
+    argv.insert(argv.end(), {DTRAIN_BINARY, "launch"});
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<std::string> environment = Environment();
     environment.insert(environment.end(), extra_environment.begin(), extra_environment.end());
@@ -266,6 +273,66 @@ TEST(AgentTest, TwoKubeflowPodsTrainTogether) {
   for (size_t i = 0; i < losses.size(); ++i) {
     EXPECT_NEAR(losses[i], reference[i], 1e-5 * reference[i]) << "step " << i + 1;
   }
+}
+
+// A PyTorchJob pod's nprocPerNode "auto" (the operator's default): one worker per visible GPU,
+// one without a GPU; --nproc-per-node wins over it; "cpu" is one worker. Each ended the launch
+// with "'auto' is not an integer".
+TEST(AgentTest, APyTorchJobsNprocPerNodeAutoIsAWorkerPerGpu) {
+  const int gpus = std::max(1, FindGpus(ProcessEnvironment()).visible);
+  const std::tuple<std::string, std::string, int> cases[] = {
+      {"auto", "", gpus}, {"auto", "--nproc-per-node=2", 2}, {"cpu", "", 1}};
+  for (const auto& [kind, flag, workers] : cases) {
+    SCOPED_TRACE(kind + " " + flag);
+    const std::string out = OutDir("pet_auto");
+    std::vector<std::string> args = {Recipe("pet_auto", 2), "--set", "run.out_dir=" + out};
+    if (!flag.empty()) args.push_back(flag);
+    Launch launch(args,
+                  {"PET_NNODES=1", "PET_NODE_RANK=0", "PET_NPROC_PER_NODE=" + kind,
+                   "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", testing::FreeTcpPort())});
+    EXPECT_EQ(launch.Wait(absl::Seconds(120)), 0) << launch.output();
+    EXPECT_THAT(launch.output(), HasSubstr(absl::StrCat("(pytorchjob): ", workers, " workers")));
+  }
+}
+
+// A pod's master name that resolves only after its agent started (a Kubernetes pod's DNS record
+// appears once that pod runs): the agent asks again until it does, within the rendezvous
+// timeout, where it failed at once. Node 1's agent (a Trainer v2 pod) reads an /etc/hosts of its
+// own, bound over the file in a mount namespace, which gains the name once it said it waits.
+TEST(AgentTest, APodsMasterNameThatResolvesLateIsWaitedFor) {
+  if (geteuid() != 0 || std::system("unshare -m true 2>/dev/null") != 0) {
+    GTEST_SKIP() << "needs root and unshare -m (an /etc/hosts of node 1's own)";
+  }
+  const std::string hosts = testing::WriteTempFile("late_hosts", "127.0.0.1 localhost\n");
+  const int port = testing::FreeTcpPort();
+  const std::string out = OutDir("late_master");
+  const std::string recipe = Recipe("late_master", 3);
+  std::future<testing::Outcome> node_one = std::async(std::launch::async, [&] {
+    return testing::RunDtrain(
+        absl::StrCat("launch --rdzv-timeout-s=60 ", recipe, " --set run.out_dir=", out),
+        absl::StrCat("env DTRAIN_RDZV_TOKEN=late-token PET_NNODES=2 PET_NODE_RANK=1 ",
+                     "PET_NPROC_PER_NODE=1 PET_MASTER_ADDR=late-master PET_MASTER_PORT=", port,
+                     " unshare -m sh -c 'mount --bind ", hosts,
+                     " /etc/hosts && exec \"$0\" \"$@\"'"));
+  });
+  // RunDtrain's stderr file, read as it grows.
+  const std::string stderr_path = testing::TempPath("dtrain_stderr.txt");
+  const auto waiting = [&] {
+    std::ifstream in(stderr_path);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    return absl::StrContains(text, "master address 'late-master' does not resolve yet");
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!waiting() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(waiting()) << "node 1 never said it waits for its master's name";
+  std::ofstream(hosts, std::ios::app) << "127.0.0.1 late-master\n";
+  Launch node_zero({"--node-rank=0", "--nnodes=2", "--master-addr=127.0.0.1",
+                    absl::StrCat("--master-port=", port), "--rdzv-timeout-s=60", recipe, "--set",
+                    "run.out_dir=" + out},
+                   {"DTRAIN_RDZV_TOKEN=late-token"});
+  EXPECT_EQ(node_zero.Wait(absl::Seconds(120)), 0) << node_zero.output();
+  const testing::Outcome one = node_one.get();
+  EXPECT_EQ(one.exit_code, 0) << one.stderr_text;
 }
 
 // Two pods of `dtrain launch` (node 0 hosts the store, one worker each); the tests below kill
@@ -530,6 +597,111 @@ TEST(AgentTest, SigtermCheckpointsAndStopsCleanly) {
   EXPECT_EQ(step_dir, absl::StrCat("step-", StepsLogged(out))) << launch.output();
 }
 
+// SIGHUP (a closed terminal or ssh session) stops the job as SIGTERM does, with a checkpoint; it
+// ended the agent at once (exit 129), and its workers with it, losing the run.
+TEST(AgentTest, SighupCheckpointsAndStopsAsSigtermDoes) {
+  const std::string out = OutDir("hup");
+  Launch launch({Recipe("hup", 100000), "--nproc-per-node=2", "--set", "run.out_dir=" + out});
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
+      << launch.output();
+  kill(launch.process().pid(), SIGHUP);
+  EXPECT_EQ(launch.Wait(absl::Seconds(60)), kExitStopped) << launch.output();
+  EXPECT_THAT(launch.output(), HasSubstr("workers stopped cleanly"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/agent/checkpoints/latest")) << launch.output();
+}
+
+// Under nohup SIGHUP stays ignored: the user asked the run to outlive the terminal.
+TEST(AgentTest, UnderNohupSighupIsIgnored) {
+  const std::string out = OutDir("nohup");
+  Launch launch({Recipe("nohup", 100000), "--nproc-per-node=2", "--set", "run.out_dir=" + out}, {},
+                {"/usr/bin/nohup"});
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
+      << launch.output();
+  kill(launch.process().pid(), SIGHUP);
+  const int steps_at_hup = StepsLogged(out);
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) > steps_at_hup + 2; }))
+      << launch.output();
+  EXPECT_THAT(launch.output(), Not(HasSubstr("SIGHUP")));
+  kill(launch.process().pid(), SIGTERM);
+  EXPECT_EQ(launch.Wait(absl::Seconds(60)), kExitStopped) << launch.output();
+}
+
+// A node told to stop while the others gather takes its arrival back and leaves as a lost agent:
+// the others must not start without it. Node 1 of 3 is stopped after it arrived, and node 2
+// comes after: node 0 fails naming node 1 and no worker starts, where the barrier opened with
+// node 1's stale arrival and the ranks waited for node 1's until their timeout.
+TEST(AgentTest, ANodeStoppedWhileTheOthersGatherIsLostNotAwaited) {
+  const int port = testing::FreeTcpPort();
+  const auto node = [&](int rank) {
+    return std::make_unique<Launch>(
+        std::vector<std::string>{Recipe("gather_stop", 3), "--set", "train.batch_size=6",
+                                 "--nnodes=3", absl::StrCat("--node-rank=", rank),
+                                 "--master-addr=127.0.0.1", absl::StrCat("--master-port=", port),
+                                 "--rdzv-timeout-s=30"},
+        std::vector<std::string>{"DTRAIN_RDZV_TOKEN=gather-stop-token"});
+  };
+  std::unique_ptr<Launch> zero = node(0);
+  ASSERT_TRUE(zero->Pump(absl::Seconds(30), [&] {
+    return absl::StrContains(zero->output(), "rendezvous store listening");
+  })) << zero->output();
+  std::unique_ptr<Launch> one = node(1);
+  ASSERT_TRUE(one->Pump(absl::Seconds(30), [&] {
+    return absl::StrContains(one->output(), "node 1 of 3");
+  })) << one->output();
+  absl::SleepFor(absl::Seconds(1));  // connected and arrived: a store call after the log line
+  kill(one->process().pid(), SIGTERM);
+  EXPECT_EQ(one->Wait(absl::Seconds(30)), kExitStopped) << one->output();
+  std::unique_ptr<Launch> two = node(2);
+  EXPECT_EQ(zero->Wait(absl::Seconds(60)), 1) << zero->output();
+  EXPECT_THAT(zero->output(), HasSubstr("node 1 (host "));
+  EXPECT_THAT(zero->output(), Not(HasSubstr("started rank")));
+  EXPECT_NE(two->Wait(absl::Seconds(60)), 0) << two->output();
+  EXPECT_THAT(two->output(), Not(HasSubstr("started rank")));
+}
+
+// Told to stop before the other nodes arrive (a preemption, Ctrl-C), an agent stops at once with
+// 143, on node 0 (the store's) and on a node still waiting for node 0's store; both waited out
+// the rendezvous timeout, deaf to the signal.
+TEST(AgentTest, AStopWhileWaitingForTheOtherNodesEndsAtOnce) {
+  const int port = testing::FreeTcpPort();
+  const std::vector<std::string> args = {
+      Recipe("wait_stop", 3), "--nnodes=2", "--master-addr=127.0.0.1",
+      absl::StrCat("--master-port=", port), "--rdzv-timeout-s=120"};
+  for (const int node : {0, 1}) {
+    SCOPED_TRACE(absl::StrCat("node ", node));
+    std::vector<std::string> node_args = args;
+    node_args.push_back(absl::StrCat("--node-rank=", node));
+    Launch launch(node_args, {"DTRAIN_RDZV_TOKEN=wait-stop-token"});
+    ASSERT_TRUE(launch.Pump(absl::Seconds(30), [&] {
+      return absl::StrContains(launch.output(), absl::StrCat("node ", node, " of 2"));
+    })) << launch.output();
+    kill(launch.process().pid(), node == 0 ? SIGTERM : SIGINT);
+    const absl::Time start = absl::Now();
+    EXPECT_EQ(launch.Wait(absl::Seconds(60)), kExitStopped) << launch.output();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << launch.output();
+    EXPECT_THAT(launch.output(), HasSubstr(node == 0 ? "SIGTERM received: stopped while waiting "
+                                                       "at 'agent/attempt-0/arrived'"
+                                                     : "SIGINT received: stopped while waiting "
+                                                       "for the rendezvous store"));
+    EXPECT_THAT(launch.output(), HasSubstr("no worker started"));
+  }
+}
+
+// A reader of the agent's output that goes away (`| head`, a dead log shipper) costs the output,
+// not the job: the agent died of SIGPIPE at its next line, and its workers with it.
+TEST(AgentTest, AClosedOutputPipeDoesNotEndTheJob) {
+  const std::string out = OutDir("pipe");
+  const int status =
+      std::system(absl::StrCat("bash -c '", DTRAIN_BINARY, " launch --nproc-per-node=2 ",
+                               Recipe("pipe", 20), " --set run.out_dir=", out,
+                               " --set logging.every=1 2>&1 | head -c 1 > /dev/null; ",
+                               "exit ${PIPESTATUS[0]}'")
+                      .c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(Losses(out).size(), 20u);
+}
+
 // WebDataset shards of a few small documents (`dtrain data pack`); returns their brace pattern,
 // DIR/shard-{000000..00000K}.tar, with at least two shards.
 std::string PackShards(const std::string& dir) {
@@ -719,10 +891,10 @@ TEST(AgentTest, AnEarlyExitZeroIsTheRootCause) {
 TEST(AgentTest, StderrThatIsNotUtf8StillGivesTheRootCause) {
   int exit_code = -1;
   const std::string output = RunAgentCapturingStderr(
-      {"/bin/sh", "-c", "printf 'bad byte \\377 here\\n' >&2; exit 3"}, &exit_code);
+      {"/bin/sh", "-c", "printf 'bad byte \\377 here\\n' >&2; exit 7"}, &exit_code);
   EXPECT_EQ(exit_code, 1) << output;
   EXPECT_THAT(output, HasSubstr("Root cause: rank "));
-  EXPECT_THAT(output, HasSubstr("exit code 3"));
+  EXPECT_THAT(output, HasSubstr("exit code 7"));
   EXPECT_THAT(output, HasSubstr("bad byte"));
 }
 
@@ -765,7 +937,7 @@ TEST(AgentTest, AHungRankBehindAnotherGroupIsTheRootCause) {
 // Node 0 names it as the root cause and exits 1, rather than returning the barrier's error.
 TEST(AgentTest, AgentLostInTheStoppedBarrierIsTheRootCause) {
   const int port = testing::FreeTcpPort();
-  NodeZero agent({"/bin/sh", "-c", "exit 3"}, 2, port);
+  NodeZero agent({"/bin/sh", "-c", "exit 7"}, 2, port);
   agent.options.nproc_per_node = 1;
   int exit_code = -1;
   const std::string output = agent.RunBeside(
@@ -785,7 +957,7 @@ TEST(AgentTest, AgentLostInTheStoppedBarrierIsTheRootCause) {
 // waits at the second attempt's rendezvous; the restart is used up, so the lost agent is named.
 TEST(AgentTest, AgentLostBeforeARestartIsTheRootCause) {
   const int port = testing::FreeTcpPort();
-  NodeZero agent({"/bin/sh", "-c", "exit 3"}, 2, port);
+  NodeZero agent({"/bin/sh", "-c", "exit 7"}, 2, port);
   agent.options.nproc_per_node = 1;
   agent.options.max_restarts = 1;
   int exit_code = -1;
@@ -890,7 +1062,7 @@ TEST(AgentTest, TheRootCauseIsTheFirstRecordedFailureWhenNoneIsBlamed) {
 // root cause still comes from node 0's own record.
 TEST(AgentTest, MalformedRecordsInTheStoreDoNotAbortTheAgent) {
   const int port = testing::FreeTcpPort();
-  NodeZero agent({"/bin/sh", "-c", "exit 3"}, 4, port);
+  NodeZero agent({"/bin/sh", "-c", "exit 7"}, 4, port);
   agent.options.nproc_per_node = 1;
   absl::StatusOr<int> result;
   const std::string output = RunBesideFakeNodesThatFail(
@@ -904,7 +1076,7 @@ TEST(AgentTest, MalformedRecordsInTheStoreDoNotAbortTheAgent) {
   ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
   EXPECT_EQ(*result, 1) << output;
   EXPECT_THAT(output, HasSubstr("Root cause: rank 0 on node 0"));
-  EXPECT_THAT(output, HasSubstr("exit code 3"));
+  EXPECT_THAT(output, HasSubstr("exit code 7"));
   for (int node = 1; node <= 3; ++node) {
     EXPECT_THAT(output, HasSubstr(absl::StrCat("ignoring node ", node, "'s failed workers")));
   }
@@ -932,7 +1104,7 @@ TEST(AgentTest, SecondAgentForARunningNodeLeavesTheJobAlone) {
 TEST(AgentTest, RestartsLeakNoLogFile) {
   const std::string logs = OutDir("log_fds");
   std::filesystem::create_directories(logs);
-  NodeZero agent({"/bin/sh", "-c", "exit 3"});
+  NodeZero agent({"/bin/sh", "-c", "exit 7"});
   agent.options.log_dir = logs;
   agent.options.max_restarts = 2;
   absl::StatusOr<int> result;
@@ -1022,6 +1194,26 @@ TEST(AgentTest, AWorkersUsageErrorIsNotRestarted) {
   EXPECT_THAT(output, HasSubstr("a restart would fail the same way; not restarting"));
   EXPECT_THAT(output, HasSubstr("(0 restarts used of 2). Root cause: rank 1"));
   EXPECT_THAT(output, HasSubstr("error: data.streams is wrong"));
+  EXPECT_THAT(output, Not(HasSubstr("restarting the workers")));
+}
+
+// So would a worker whose checkpoint found its file system full (kExitDiskFull): each restart
+// would train to the same save and fail there again. Real workers, saving into a 64 KiB tmpfs in
+// a mount namespace of the launch's own.
+TEST(AgentTest, AFullCheckpointFileSystemIsNotRestarted) {
+  const std::string small = testing::FreshTempDir("agent_full_checkpoints");
+  const std::string prefix = testing::SmallFileSystemPrefix(small, 64);
+  if (prefix.empty()) GTEST_SKIP() << "needs root and unshare -m (a tmpfs in a mount namespace)";
+  const testing::Outcome outcome = testing::RunDtrain(
+      absl::StrCat("launch --nproc-per-node=2 --max-restarts=2 ", Recipe("full", 3),
+                   " --set run.out_dir=", OutDir("full"), " --set checkpoint.dir=", small),
+      prefix);
+  const std::string output = outcome.stdout_text + outcome.stderr_text;
+  EXPECT_EQ(outcome.exit_code, kExitDiskFull) << output;
+  EXPECT_THAT(output, HasSubstr("a checkpoint found its file system full"));
+  EXPECT_THAT(output, HasSubstr("a restart would fail the same way; not restarting"));
+  EXPECT_THAT(output, HasSubstr("(0 restarts used of 2)"));
+  EXPECT_THAT(output, HasSubstr("the checkpoint folder's file system is full"));
   EXPECT_THAT(output, Not(HasSubstr("restarting the workers")));
 }
 

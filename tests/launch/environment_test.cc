@@ -735,6 +735,9 @@ TEST(EnvironmentTest, CheckMasterResolvesNamesHostAndSource) {
   EXPECT_THAT(status.message(),
               HasSubstr("master address 'no-such-host.invalid' (MASTER_ADDR=no-such-host.invalid) "
                         "does not resolve"));
+  // Asked again for the wait, then the same error, saying how long it waited.
+  EXPECT_THAT(CheckMasterResolves(world, absl::Seconds(1.5)).message(),
+              HasSubstr("does not resolve within 1.5s: "));
 }
 
 }  // namespace

@@ -23,26 +23,40 @@ std::string ProcWithThreeGpus() {
 }
 
 // CUDA_VISIBLE_DEVICES narrows the installed GPUs as the CUDA runtime does: its entries up to the
-// first that names no GPU (an index out of range, or listed twice), UUIDs counted as given.
+// first that names no GPU (an index out of range, or listed twice), UUIDs counted once each, GPU
+// ones up to the installed count; on a machine without GPUs, none (two GPU- UUIDs started two
+// workers there).
 TEST(GpusTest, CudaVisibleDevicesNarrowsTheDriversGpus) {
   const std::string proc = ProcWithThreeGpus();
   const GpuInventory all = FindGpus({}, proc);
   EXPECT_EQ(all.installed, 3);
   EXPECT_EQ(all.visible, 3);
   EXPECT_THAT(all.description, HasSubstr("3 GPUs in " + proc + "/driver/nvidia/gpus"));
-  const std::pair<const char*, int> cases[] = {
-      {"1,0", 2},   {"2", 1},          {"1,5,0", 1},
-      {"0,0,1", 1}, {"x,0", 0},        {"", 0},
-      {"-1", 0},    {"NoDevFiles", 0}, {"GPU-8a3f,MIG-1c2d", 2}};
+  const std::pair<const char*, int> cases[] = {{"1,0", 2},
+                                               {"2", 1},
+                                               {"1,5,0", 1},
+                                               {"0,0,1", 1},
+                                               {"x,0", 0},
+                                               {"", 0},
+                                               {"-1", 0},
+                                               {"NoDevFiles", 0},
+                                               {"GPU-8a3f,MIG-1c2d", 2},
+                                               {"GPU-8a3f,GPU-8a3f", 1},
+                                               {"GPU-1,GPU-2,GPU-3,GPU-4", 3},
+                                               {"MIG-1,MIG-2,MIG-3,MIG-4", 4}};
   for (const auto& [list, visible] : cases) {
     const GpuInventory gpus = FindGpus({{"CUDA_VISIBLE_DEVICES", list}}, proc);
     EXPECT_EQ(gpus.installed, 3) << list;
     EXPECT_EQ(gpus.visible, visible) << list;
     EXPECT_THAT(gpus.description, HasSubstr(std::string("CUDA_VISIBLE_DEVICES=") + list));
   }
-  // No driver: no folder, no GPU.
+  // No driver: no folder, no GPU, whatever CUDA_VISIBLE_DEVICES names.
   const GpuInventory none = FindGpus({}, testing::FreshTempDir("gpus_no_driver"));
   EXPECT_EQ(none.installed, 0);
+  EXPECT_EQ(FindGpus({{"CUDA_VISIBLE_DEVICES", "GPU-8a3f,GPU-9b4e"}},
+                     testing::FreshTempDir("gpus_no_driver"))
+                .visible,
+            0);
   EXPECT_EQ(none.visible, 0);
 }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -49,6 +50,16 @@ inline Outcome RunDtrain(const std::string& args, const std::string& prefix = ""
   std::ifstream err(err_path);
   outcome.stderr_text.assign(std::istreambuf_iterator<char>(err), {});
   return outcome;
+}
+
+// A RunDtrain prefix that runs dtrain in a mount namespace of its own, with a tmpfs of `kib` KiB
+// over the folder `dir` (created here): a file system that fills up. Empty when this process
+// cannot make one (it needs root and unshare -m); the test then skips.
+inline std::string SmallFileSystemPrefix(const std::string& dir, int kib) {
+  if (geteuid() != 0 || std::system("unshare -m true 2>/dev/null") != 0) return "";
+  std::filesystem::create_directories(dir);
+  return absl::StrCat("unshare -m sh -c 'mount -t tmpfs -o size=", kib, "k none ", dir,
+                      " && exec \"$0\" \"$@\"'");
 }
 
 // TempPath(name) as an empty folder's path (whatever an earlier run left there is removed).

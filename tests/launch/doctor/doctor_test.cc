@@ -62,6 +62,19 @@ TEST(DoctorTest, GpusAreCountedAgainstTheRecipe) {
   EXPECT_EQ(GpuCheck(two, &cuda).verdict, Verdict::kOk);
   cuda.cluster.gpus_per_node = 1;
   EXPECT_EQ(GpuCheck(two, &cuda).verdict, Verdict::kWarn);
+
+  // What counts is what CUDA_VISIBLE_DEVICES leaves (a Slurm job's share of an 8-GPU node): 2 of
+  // 8 for a recipe of 2 is right, and 1 of them is too few (the installed 8 read as fine there).
+  const std::string eight = ProcWithGpus("doctor_eight_gpus", 8);
+  cuda.cluster.gpus_per_node = 2;
+  EXPECT_EQ(GpuCheck(FindGpus({{"CUDA_VISIBLE_DEVICES", "0,1"}}, eight), &cuda).verdict,
+            Verdict::kOk);
+  const CheckResult narrowed = GpuCheck(FindGpus({{"CUDA_VISIBLE_DEVICES", "3"}}, eight), &cuda);
+  EXPECT_EQ(narrowed.verdict, Verdict::kFail);
+  EXPECT_THAT(narrowed.fix, HasSubstr("set cluster.gpus_per_node to 1"));
+  const CheckResult hidden = GpuCheck(FindGpus({{"CUDA_VISIBLE_DEVICES", "-1"}}, eight), &cuda);
+  EXPECT_EQ(hidden.verdict, Verdict::kFail);
+  EXPECT_THAT(hidden.detail, HasSubstr("every GPU is hidden"));
 }
 
 TEST(DoctorTest, CheckpointFolderIsProbedAndLeftClean) {

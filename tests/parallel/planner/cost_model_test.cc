@@ -154,6 +154,42 @@ TEST(CostModelTest, TrafficPerStepFollowsTheStrategy) {
   EXPECT_DOUBLE_EQ(tp_estimate.dp.payload_bytes, 2 * StageParams(workload.model, {.tp_size = 4}));
 }
 
+// Pipelined, the tensor-parallel traffic is the first stage's blocks' (4 per block and
+// micro-batch, the embedding's, the gradient norm's double): 24 layers over 2 stages put 14 on the
+// first (the head weighs about 4 blocks on the last), where 24 / 2 counted 12.
+TEST(CostModelTest, TensorParallelTrafficCountsTheFirstStagesBlocks) {
+  const ClusterSpec cluster = testing::CatalogCluster(2, "a100-80gb", "ib-hdr");
+  const Workload workload = Gpt2Workload(64);
+  const Layout layout{.strategy = Strategy::kDdp, .tp = 2, .pp = 2, .dp = 4, .micro_batch = 4};
+  const StageAssignment assignment = *AssignStages(
+      PipelineFlopsPerToken(workload.model, workload.seq_len, Recompute::kNone), 2, 1);
+  int first_blocks = 0;
+  for (const BlockSpan& chunk : StageChunks(assignment, 0)) first_blocks += chunk.count;
+  ASSERT_EQ(first_blocks, 14);
+  const Estimate estimate = EstimateLayout(workload, cluster, layout);
+  const double per_all_reduce = 4.0 * 1024 * 1024 * 2;  // b*s*h bf16
+  EXPECT_DOUBLE_EQ(estimate.tp.payload_bytes,
+                   estimate.micro_batches * (4 * first_blocks + 1) * per_all_reduce +
+                       sizeof(double));  // the gradient norm's
+}
+
+// More tp ranks than kv heads replicate them: each rank holds one kv head, whether the model has
+// 8 of them or 2 (it counted a quarter of a head at 2).
+TEST(CostModelTest, ReplicatedKvHeadsCountWholeOnEachRank) {
+  const ModelConfig eight = testing::ShippedModelConfig("llama-70b");
+  ModelConfig two = eight;
+  two.n_kv_head = 2;
+  const double per_layer_kv = 2.0 * eight.head_dim * eight.d_model;  // one k and v head
+  for (const int tp : {1, 2, 8}) {
+    const double difference =
+        StageParams(eight, {.tp_size = tp}) - StageParams(two, {.tp_size = tp});
+    // The heads a rank does not hold of 8, less those of 2: none when each rank holds one.
+    const double held_of_eight = std::max(1, 8 / tp), held_of_two = std::max(1, 2 / tp);
+    EXPECT_NEAR(difference, eight.n_layer * per_layer_kv * (held_of_eight - held_of_two), 1e-3)
+        << "tp " << tp;
+  }
+}
+
 // parallel.reduce_dtype sets the bytes a gradient moves in the data-parallel reductions, and
 // nothing else: auto keeps the gradients' own type (float32 here), bf16 halves the traffic,
 // fp32 doubles a mixed-precision plan's.

@@ -174,6 +174,73 @@ TEST(SearchTest, NothingFitsIsAPlanWithoutARecommendation) {
   EXPECT_EQ(ClosestToFitting(*plan)->verdict, Verdict::kOverMemory);
 }
 
+// Nothing fitting names the cluster that would: Llama 70B's ~1.1 TB of model state on 2 L40S
+// fits first on 2 x 32 of them; a plan there recommends a layout the trainer runs.
+TEST(SearchTest, NothingFitsNamesTheNodesThatWould) {
+  ClusterSection two_gpus;
+  two_gpus.gpus_per_node = 2;
+  two_gpus.gpu = "l40s";
+  const ClusterSpec cluster = *ResolveCluster(two_gpus);
+  const absl::StatusOr<Plan> plan = SearchLayouts(FromConfig("llama-70b"), cluster);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->recommendation(), nullptr);
+  const std::string why(WhyNoLayout(*plan).message());
+  int nodes = 0;
+  ASSERT_EQ(std::sscanf(why.c_str() + why.find("plan with cluster.nodes ") + 24, "%d", &nodes), 1)
+      << why;
+  EXPECT_THAT(why, HasSubstr("of 2, 4, 8, ... nodes, "));
+  ClusterSpec larger = cluster;
+  larger.nodes = nodes;
+  const absl::StatusOr<Plan> there = SearchLayouts(FromConfig("llama-70b"), larger);
+  ASSERT_TRUE(there.ok()) << there.status();
+  ASSERT_NE(there->recommendation(), nullptr) << why;
+  EXPECT_FALSE(there->recommendation()->layout.offload);
+  EXPECT_THAT(why, HasSubstr(DescribeLayout(there->recommendation()->layout)));
+  larger.nodes = nodes / 2;
+  const absl::StatusOr<Plan> half = SearchLayouts(FromConfig("llama-70b"), larger);
+  ASSERT_TRUE(half.ok()) << half.status();
+  EXPECT_TRUE(half->recommendation() == nullptr || half->recommendation()->layout.offload) << why;
+}
+
+// Where tp does not divide the sequence, tensor parallelism runs without sequence parallelism
+// (every tp layout was rejected at a seq_len of 1023).
+TEST(SearchTest, TensorParallelismWithoutSequenceParallelismWhereTpDoesNotDivideTheSequence) {
+  const Workload odd = FromConfig("llama-7b", {"train.seq_len=1023"});
+  const absl::StatusOr<Plan> plan =
+      SearchLayouts(odd, testing::CatalogCluster(1, "h100-sxm", "ib-ndr"));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int estimated_tp = 0;
+  for (const Candidate& candidate : plan->candidates) {
+    if (candidate.layout.tp == 1 || candidate.verdict == Verdict::kInvalid) continue;
+    ++estimated_tp;
+    EXPECT_FALSE(candidate.layout.sequence_parallel) << DescribeLayout(candidate.layout);
+  }
+  EXPECT_GT(estimated_tp, 0);
+  const Workload even = FromConfig("llama-7b", {"train.seq_len=1024"});
+  const absl::StatusOr<Plan> sp =
+      SearchLayouts(even, testing::CatalogCluster(1, "h100-sxm", "ib-ndr"));
+  ASSERT_TRUE(sp.ok()) << sp.status();
+  for (const Candidate& candidate : sp->candidates) {
+    if (candidate.layout.tp > 1) {
+      EXPECT_TRUE(candidate.layout.sequence_parallel) << DescribeLayout(candidate.layout);
+    }
+  }
+}
+
+// A batch no layout splits says so once, with the data-parallel sizes, not once for each: 8000
+// GPUs leave at least 40 data-parallel ranks (tp 8 x pp 25, of Llama 7B's 32 layers).
+TEST(SearchTest, ABatchTooSmallForTheClusterIsOneReason) {
+  const Workload workload = FromConfig("llama-7b", {"train.batch_size=16"});
+  const absl::StatusOr<Plan> plan =
+      SearchLayouts(workload, testing::CatalogCluster(1000, "h100-sxm", "ib-ndr"));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->recommendation(), nullptr);
+  const std::string why(WhyNoLayout(*plan).message());
+  EXPECT_THAT(why, HasSubstr("batch 16 sequences is not a multiple of dp 40, 50, "));
+  EXPECT_THAT(why, HasSubstr("a batch of 40 at least"));
+  EXPECT_EQ(why.find("batch 16"), why.rfind("batch 16")) << why;
+}
+
 // The trainer has no optimizer offload. Llama 7B on 8 A100s of 40 GB fits as FSDP, and ZeRO-2
 // with offload runs 1% slower: that simpler layout was recommended, and did not fit without the
 // offload the recipe cannot ask for. 70B on one node of H100s fits only with offload, which the
@@ -253,6 +320,28 @@ TEST(SearchTest, CheckLayoutNamesWhatDoesNotDivide) {
   EXPECT_TRUE(CheckLayout(workload, cluster, {.pp = 8, .dp = 2}).ok());
   EXPECT_THAT(std::string(CheckLayout(workload, cluster, {.tp = 8, .dp = 2}).message()),
               HasSubstr("model.n_head = 12 does not divide by parallel.tp = 8"));
+  // Interleaved chunks divide the layers evenly, as the recipe requires.
+  EXPECT_TRUE(
+      CheckLayout(
+          workload, cluster,
+          {.pp = 2, .dp = 8, .schedule = PipelineSchedule::kInterleaved, .virtual_stages = 2})
+          .ok());
+  EXPECT_THAT(std::string(CheckLayout(workload, cluster,
+                                      {.tp = 2,
+                                       .pp = 8,
+                                       .dp = 1,
+                                       .schedule = PipelineSchedule::kInterleaved,
+                                       .virtual_stages = 2})
+                              .message()),
+              HasSubstr("pp 8 x 2 model chunks exceed the 12 layers"));
+  const ClusterSpec six = testing::CatalogCluster(1, "h100-sxm", "ib-ndr", 6);
+  EXPECT_THAT(
+      std::string(
+          CheckLayout(
+              workload, six,
+              {.pp = 3, .dp = 2, .schedule = PipelineSchedule::kInterleaved, .virtual_stages = 3})
+              .message()),
+      HasSubstr("pp 3 x 3 interleaved model chunks do not divide the 12 layers evenly"));
   // More tp ranks than kv heads replicate them, as the trainer does.
   const Workload one_kv_head = FromConfig("llama-tiny", {"model.n_kv_head=1"});
   EXPECT_TRUE(CheckLayout(one_kv_head, cluster, {.tp = 2, .dp = 8}).ok());

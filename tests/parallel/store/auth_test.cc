@@ -48,6 +48,18 @@ TEST(StoreAuthTest, ThisHostsAddressClassifier) {
   EXPECT_FALSE(IsThisHostsAddress(Address("2001:db8::7")));
 }
 
+// A name or address resolves to this host or not; the first address is kept for messages.
+TEST(StoreAuthTest, NamesThisHostResolvesTheName) {
+  std::string resolved;
+  EXPECT_TRUE(NamesThisHost("127.0.0.1", resolved));
+  EXPECT_EQ(resolved, "127.0.0.1");
+  EXPECT_TRUE(NamesThisHost("localhost", resolved));
+  EXPECT_FALSE(NamesThisHost("192.0.2.1", resolved));  // TEST-NET-1: nobody's
+  EXPECT_EQ(resolved, "192.0.2.1");
+  EXPECT_FALSE(NamesThisHost("no-such-host.invalid", resolved));
+  EXPECT_EQ(resolved, "");
+}
+
 TEST(StoreAuthTest, ProofsDependOnTokenNoncesAndDirection) {
   const std::string client_nonce = *RandomNonce();
   const std::string server_nonce = *RandomNonce();

@@ -301,6 +301,16 @@ TEST(TcpStoreServerTest, PortFreedWhileRetryingIsTaken) {
   EXPECT_EQ((*second)->port(), port);
 }
 
+// Whether this machine has ::1 (a container's network may be IPv4 only).
+bool HasIpv6Loopback() {
+  UniqueFd probe(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in6 loopback{};
+  loopback.sin6_family = AF_INET6;
+  loopback.sin6_addr = in6addr_loopback;
+  return probe.valid() &&
+         ::bind(probe.get(), reinterpret_cast<sockaddr*>(&loopback), sizeof(loopback)) == 0;
+}
+
 // An IPv4 address of this machine other than loopback, or "" when it has none.
 std::string NonLoopbackAddress() {
   ifaddrs* interfaces = nullptr;
@@ -324,20 +334,40 @@ std::string NonLoopbackAddress() {
 // Without a token a client on this host is admitted by any of its addresses: a rank reaching
 // its own host by MASTER_ADDR's network address was refused. (A client of another host is
 // refused: tests/integration/two_node_train_test.cc.)
+// Listening on every interface ("") too, where IPv4 clients arrive as IPv4-mapped IPv6 addresses.
 TEST(TcpStoreServerTest, WithoutTokenAdmitsThisHostsClientsByAnyAddress) {
   const std::string address = NonLoopbackAddress();
   if (address.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 address";
-  auto open_server = StartServer("", "0.0.0.0");
-  absl::StatusOr<std::unique_ptr<TcpStoreClient>> own = Connect(address, open_server->port());
-  ASSERT_TRUE(own.ok()) << own.status();
-  EXPECT_TRUE((*own)->Ping().ok());
-  EXPECT_TRUE(Connect("127.0.0.1", open_server->port()).ok());
+  for (const char* host : {"0.0.0.0", ""}) {
+    SCOPED_TRACE(absl::StrCat("listening on '", host, "'"));
+    auto open_server = StartServer("", host);
+    absl::StatusOr<std::unique_ptr<TcpStoreClient>> own = Connect(address, open_server->port());
+    ASSERT_TRUE(own.ok()) << own.status();
+    EXPECT_TRUE((*own)->Ping().ok());
+    EXPECT_TRUE(Connect("127.0.0.1", open_server->port()).ok());
 
-  auto token_server = StartServer("job-secret", "0.0.0.0");
-  absl::StatusOr<std::unique_ptr<TcpStoreClient>> admitted =
-      Connect(address, token_server->port(), "job-secret");
-  ASSERT_TRUE(admitted.ok()) << admitted.status();
-  EXPECT_TRUE((*admitted)->Ping().ok());
+    auto token_server = StartServer("job-secret", host);
+    absl::StatusOr<std::unique_ptr<TcpStoreClient>> admitted =
+        Connect(address, token_server->port(), "job-secret");
+    ASSERT_TRUE(admitted.ok()) << admitted.status();
+    EXPECT_TRUE((*admitted)->Ping().ok());
+  }
+}
+
+// Every interface is IPv4's and IPv6's: a master address of either family reaches the store
+// (the agent's store listened on 0.0.0.0, which a master at ::1 never reached).
+TEST(TcpStoreServerTest, EveryInterfaceIsBothFamilies) {
+  auto server = StartServer("job-secret", "");
+  for (const char* address : {"127.0.0.1", "::1"}) {
+    SCOPED_TRACE(address);
+    if (std::string(address) == "::1" && !HasIpv6Loopback()) {
+      GTEST_SKIP() << "this machine has no IPv6 loopback";
+    }
+    absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+        Connect(address, server->port(), "job-secret");
+    ASSERT_TRUE(client.ok()) << client.status();
+    EXPECT_TRUE((*client)->Ping().ok());
+  }
 }
 
 }  // namespace

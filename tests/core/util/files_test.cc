@@ -1,0 +1,44 @@
+#include "core/util/files.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dtrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+// /dev/full answers every write with ENOSPC, as a full file system does.
+TEST(FilesTest, AWriteToAFullFileSystemIsMarkedFull) {
+  const int fd = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << "/dev/full: " << strerror(errno);
+  const std::string bytes(4096, 'x');
+  const absl::Status written = WriteAll(fd, bytes.data(), bytes.size(), "/dev/full");
+  ::close(fd);
+  EXPECT_EQ(written.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(written.message(), HasSubstr("write /dev/full"));
+  EXPECT_TRUE(IsFileSystemFull(written));
+}
+
+// absl maps too many open files and no memory to ResourceExhausted as well; only a full file
+// system (or quota) is marked.
+TEST(FilesTest, OnlyNoSpaceAndQuotaAreAFullFileSystem) {
+  EXPECT_TRUE(IsFileSystemFull(FileError(ENOSPC, "write a")));
+  EXPECT_TRUE(IsFileSystemFull(FileError(EDQUOT, "write a")));
+  for (const int error : {EMFILE, ENFILE, ENOMEM, EACCES, EIO}) {
+    const absl::Status status = FileError(error, "open a");
+    EXPECT_FALSE(status.ok());
+    EXPECT_FALSE(IsFileSystemFull(status)) << status;
+  }
+  EXPECT_EQ(FileError(EMFILE, "open a").code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(IsFileSystemFull(absl::ResourceExhaustedError("out of memory")));
+}
+
+}  // namespace
+}  // namespace dtrain
