@@ -101,6 +101,34 @@ absl::StatusOr<int> ParseInt(const Candidate& candidate) {
   return value;
 }
 
+// torchrun's MASTER_ADDR is a bare host; "node0:29500", "[fe80::1]:29500" or "tcp://node0"
+// would fail later as a name that does not resolve. A bare IPv6 address holds several colons
+// and passes.
+absl::Status CheckMasterAddressIsAHost(const Candidate& addr) {
+  absl::string_view host = addr.text;
+  absl::string_view port;
+  if (const size_t scheme = host.find("://"); scheme != absl::string_view::npos) {
+    host.remove_prefix(scheme + 3);
+  }
+  if (absl::StartsWith(host, "[")) {
+    const size_t close = std::min(host.find(']'), host.size());
+    if (absl::StartsWith(host.substr(std::min(close + 1, host.size())), ":")) {
+      port = host.substr(close + 2);
+    }
+    host = host.substr(1, close - 1);
+  } else if (const size_t colon = host.find(':');
+             colon != absl::string_view::npos && colon == host.rfind(':')) {
+    port = host.substr(colon + 1);
+    host = host.substr(0, colon);
+  }
+  if (host == addr.text) return absl::OkStatus();
+  const bool flag = addr.variable.empty();
+  return absl::InvalidArgumentError(absl::StrCat(
+      flag ? addr.from : absl::StrCat(addr.variable, "='", addr.text, "'"),
+      " is not a bare host name or address: set ", flag ? "--master-addr" : addr.variable, "=",
+      host, " and MASTER_PORT=", port.empty() ? "<port>" : port));
+}
+
 Candidate Derived(std::string text, std::string from) {
   return Candidate{std::move(text), std::move(from), "", {}};
 }
@@ -701,6 +729,7 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
   }
   if (const Candidate* addr = first("master_addr")) {
     RETURN_IF_ERROR(addr->error);
+    RETURN_IF_ERROR(CheckMasterAddressIsAHost(*addr));
     world.master_addr = addr->text;
     world.provenance["master_addr"] = addr->from;
   } else if (world.world_size > 1 && !(num_nodes.value == 1 && (num_nodes.given || node_level))) {

@@ -67,10 +67,18 @@ void AppendOverrides(const std::vector<std::string>& overrides, std::vector<std:
 absl::Status ExecAgentsThroughSrun(const LaunchOptions& options, const WorldEnvironment& shell,
                                    EnvironmentMap env) {
   ASSIGN_OR_RETURN(const std::string dtrain, DtrainPath());
+  int nodes = shell.slurm_job_num_nodes;
+  if (const std::optional<int> asked = options.world.num_nodes; asked.has_value()) {
+    if (*asked > nodes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--nnodes ", *asked, " is more than the ", nodes, " nodes of Slurm job ",
+          shell.slurm_job_id, "; submit it with sbatch --nodes=", *asked, ", or lower --nnodes"));
+    }
+    nodes = *asked;
+  }
   // --ntasks too: the batch shell exports SLURM_NTASKS of the job, which srun would read back.
-  std::vector<std::string> argv = {
-      "srun", "--ntasks-per-node=1", absl::StrCat("--nodes=", shell.slurm_job_num_nodes),
-      absl::StrCat("--ntasks=", shell.slurm_job_num_nodes), "--kill-on-bad-exit=1"};
+  std::vector<std::string> argv = {"srun", "--ntasks-per-node=1", absl::StrCat("--nodes=", nodes),
+                                   absl::StrCat("--ntasks=", nodes), "--kill-on-bad-exit=1"};
   // The agent's workers need the node's CPUs, not the one CPU of a default task.
   if (int cpus = 0; absl::SimpleAtoi(env["SLURM_CPUS_ON_NODE"], &cpus) && cpus > 1) {
     argv.push_back(absl::StrCat("--cpus-per-task=", cpus));
@@ -79,8 +87,11 @@ absl::Status ExecAgentsThroughSrun(const LaunchOptions& options, const WorldEnvi
   if (env["DTRAIN_RDZV_TOKEN"].empty()) {
     ASSIGN_OR_RETURN(env["DTRAIN_RDZV_TOKEN"], GenerateToken());
   }
-  LogInfo("Slurm job %s: starting one agent on each of its %d nodes: %s", shell.slurm_job_id,
-          shell.slurm_job_num_nodes, absl::StrJoin(argv, " "));
+  LogInfo("Slurm job %s: starting one agent on each of %s: %s", shell.slurm_job_id,
+          nodes == shell.slurm_job_num_nodes
+              ? absl::StrCat("its ", nodes, " nodes")
+              : absl::StrCat(nodes, " of its ", shell.slurm_job_num_nodes, " nodes (--nnodes)"),
+          absl::StrJoin(argv, " "));
   const std::vector<std::string> entries = EnvironmentEntries(env);
   std::vector<char*> args, envp;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
@@ -105,6 +116,7 @@ std::vector<std::string> LaunchCommandLine(const std::string& dtrain_path,
   } else if (world.nproc_per_node) {
     argv.push_back(absl::StrCat("--nproc-per-node=", *world.nproc_per_node));
   }
+  if (world.num_nodes) argv.push_back(absl::StrCat("--nnodes=", *world.num_nodes));
   if (world.master_port) argv.push_back(absl::StrCat("--master-port=", *world.master_port));
   if (world.master_addr) argv.push_back(absl::StrCat("--master-addr=", *world.master_addr));
   if (world.run_id) argv.push_back(absl::StrCat("--run-id=", *world.run_id));
@@ -119,9 +131,11 @@ std::vector<std::string> LaunchCommandLine(const std::string& dtrain_path,
 
 absl::StatusOr<int> Launch(const LaunchOptions& options) {
   const EnvironmentMap env = ProcessEnvironment();
-  // First as a process, to see what launched this one (and how many tasks share its node).
+  // First as a process, to see what launched this one (and how many tasks share its node): the
+  // shape flags describe the agents' world, not this process's.
   WorldOverrides process_flags = options.world;
   process_flags.nproc_per_node.reset();
+  process_flags.num_nodes.reset();
   ASSIGN_OR_RETURN(const WorldEnvironment process, ResolveWorld(env, process_flags));
   if (process.slurm_batch_shell && !options.world.node_rank) {
     RETURN_IF_ERROR(ExecAgentsThroughSrun(options, process, env));

@@ -191,6 +191,18 @@ class SlurmTest(unittest.TestCase):
         self.assertIn("all 4 workers past rendezvous", output)
         self.assert_follows_reference("launch4")
 
+    def test_launch_on_fewer_nodes_than_the_job_holds(self):
+        code, output = sbatch("launch1",
+                              f"! {DTRAIN} launch {recipe('launch1', 6)} --nnodes 3\n"
+                              f"{DTRAIN} launch {recipe('launch1', 6)} --nnodes 1 "
+                              "--nproc-per-node 2")
+        self.assertEqual(code, 0, output)
+        self.assertRegex(output, r"--nnodes 3 is more than the 2 nodes of Slurm job \d+; submit "
+                                 r"it with sbatch --nodes=3, or lower --nnodes")
+        self.assertIn("starting one agent on each of 1 of its 2 nodes (--nnodes)", output)
+        self.assertIn("all 2 workers past rendezvous", output)
+        self.assertNotIn("node 1 of", output)
+
     def test_killed_worker_restarts_the_group(self):
         name = "restart"
         job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 60)} --nproc-per-node 2 "

@@ -130,6 +130,26 @@ TEST(EnvironmentTest, MultiProcessWorldNeedsAMasterAddress) {
               HasSubstr("dtrain never guesses localhost for a multi-process job"));
 }
 
+TEST(EnvironmentTest, AMasterAddressWithAPortSaysWhereThePortGoes) {
+  EXPECT_EQ(Error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0:29500"}}),
+            "MASTER_ADDR='node0:29500' is not a bare host name or address: set "
+            "MASTER_ADDR=node0 and MASTER_PORT=29500");
+  EXPECT_EQ(Error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "[fe80::1]:29500"}}),
+            "MASTER_ADDR='[fe80::1]:29500' is not a bare host name or address: set "
+            "MASTER_ADDR=fe80::1 and MASTER_PORT=29500");
+  EXPECT_EQ(Error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "tcp://node0"}}),
+            "MASTER_ADDR='tcp://node0' is not a bare host name or address: set "
+            "MASTER_ADDR=node0 and MASTER_PORT=<port>");
+  WorldOverrides flags;
+  flags.master_addr = "head:1234";
+  EXPECT_EQ(Error({}, flags),
+            "flag --master-addr head:1234 is not a bare host name or address: set "
+            "--master-addr=head and MASTER_PORT=1234");
+  // A bare IPv6 address is a host, colons and all.
+  EXPECT_EQ(Resolve({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "fe80::1"}}).master_addr,
+            "fe80::1");
+}
+
 TEST(EnvironmentTest, MalformedIntegersNameTheVariable) {
   EXPECT_EQ(Error({{"RANK", "one"}, {"WORLD_SIZE", "2"}}),
             "RANK='one' is not an integer; set it to a whole number");
