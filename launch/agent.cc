@@ -28,6 +28,7 @@
 #include "core/util/status.h"
 #include "core/util/subprocess.h"
 #include "parallel/comm/flight_recorder_diagnosis.h"
+#include "parallel/store/auth.h"
 #include "parallel/store/socket.h"
 #include "parallel/store/tcp_store_client.h"
 #include "parallel/store/tcp_store_server.h"
@@ -401,11 +402,12 @@ absl::Status Agent::Connect() {
       TcpStoreClient::Connect(node_.master_addr, port, client_options);
   if (absl::IsCancelled(client.status())) return client.status();
   if (!client.ok()) {
+    const bool unreached = absl::IsUnavailable(client.status()) && node_.node_rank > 0;
     return absl::Status(
         client.status().code(),
         absl::StrCat("node ", node_.node_rank, " cannot reach the rendezvous store ",
-                     "of node 0 at ", node_.master_addr, ":", port, ": ",
-                     client.status().message()));
+                     "of node 0 at ", node_.master_addr, ":", port, ": ", client.status().message(),
+                     unreached ? MasterOnThisHostHint(node_.master_addr) : ""));
   }
   store_ = *std::move(client);
   node_.master_port = port;  // node 0 may have chosen it

@@ -135,6 +135,7 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
   // shape flags describe the agents' world, not this process's.
   WorldOverrides process_flags = options.world;
   process_flags.nproc_per_node.reset();
+  process_flags.node_rank.reset();
   process_flags.num_nodes.reset();
   ASSIGN_OR_RETURN(const WorldEnvironment process, ResolveWorld(env, process_flags));
   if (process.slurm_batch_shell && !options.world.node_rank) {

@@ -207,7 +207,13 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldM
   // A rank cut off from the store fails within parallel.timeout_s, where a request could wait
   // the client's own 60 s for its reply.
   client_options.reply_timeout = std::min(client_options.reply_timeout, timeout);
-  ASSIGN_OR_RETURN(group->store_, ConnectRendezvousStore(world, client_options));
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> store =
+      ConnectRendezvousStore(world, client_options);
+  if (absl::IsUnavailable(store.status()) && world.node_rank > 0) {
+    return absl::UnavailableError(
+        absl::StrCat(store.status().message(), MasterOnThisHostHint(world.master_addr)));
+  }
+  ASSIGN_OR_RETURN(group->store_, std::move(store));
   // The rank a failed check blames (one that differs, or never came) is the agent's root cause.
   if (absl::Status same = CheckSameJob(*group->store_, world, job, timeout); !same.ok()) {
     group->PublishBlame(same);

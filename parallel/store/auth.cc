@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "parallel/store/socket.h"
 
 namespace dtrain {
@@ -84,6 +85,16 @@ bool NamesThisHost(const std::string& host, std::string& resolved) {
   }
   ::freeaddrinfo(addresses);
   return own;
+}
+
+std::string MasterOnThisHostHint(const std::string& master_addr) {
+  std::string resolved;
+  if (!NamesThisHost(master_addr, resolved)) return "";
+  return absl::StrCat("; MASTER_ADDR '", master_addr, "'",
+                      resolved == master_addr ? "" : absl::StrCat(" (", resolved, ")"),
+                      " is an address of this host, not of the master's node: set it to node 0's "
+                      "host name, the same on every node (in a Slurm batch script, the first "
+                      "host of SLURM_JOB_NODELIST)");
 }
 
 bool IsThisHostsAddress(const sockaddr_storage& address) {

@@ -37,5 +37,9 @@ bool IsThisHostsAddress(const sockaddr_storage& address);
 // Whether `host` (a name or an address) resolves to an address of this host; `resolved` gets the
 // first address it resolves to ("" when none), for messages.
 bool NamesThisHost(const std::string& host, std::string& resolved);
+// For the error of a rank or agent on another node than the master's that cannot reach the store
+// at `master_addr`: when that name is an address of this host (localhost, or
+// MASTER_ADDR=$(hostname) expanded on each node), what to set instead, as "; ..."; else "".
+std::string MasterOnThisHostHint(const std::string& master_addr);
 
 }  // namespace dtrain

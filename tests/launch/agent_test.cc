@@ -335,6 +335,20 @@ TEST(AgentTest, APodsMasterNameThatResolvesLateIsWaitedFor) {
   EXPECT_EQ(one.exit_code, 0) << one.stderr_text;
 }
 
+// Node 1 whose MASTER_ADDR is its own loopback (a single-node script reused) finds no store
+// there: its error says that address is its own.
+TEST(AgentTest, ANodeWhoseMasterIsItsOwnLoopbackIsTold) {
+  Launch node_one({"--node-rank=1", "--nnodes=2", "--master-addr=localhost",
+                   absl::StrCat("--master-port=", testing::FreeTcpPort()), "--rdzv-timeout-s=1",
+                   Recipe("own_loopback", 3), "--set", "run.out_dir=" + OutDir("own_loopback")},
+                  {"DTRAIN_RDZV_TOKEN=own-loopback-token"});
+  EXPECT_EQ(node_one.Wait(absl::Seconds(60)), 1) << node_one.output();
+  EXPECT_THAT(node_one.output(), HasSubstr("node 1 cannot reach the rendezvous store of node 0"));
+  EXPECT_THAT(node_one.output(),
+              HasSubstr("is an address of this host, not of the master's node: set it to node "
+                        "0's host name"));
+}
+
 // Two pods of `dtrain launch` (node 0 hosts the store, one worker each); the tests below kill
 // one agent after two steps and watch the other.
 struct TwoPods {

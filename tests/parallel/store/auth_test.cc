@@ -1,6 +1,7 @@
 #include "parallel/store/auth.h"
 
 #include <arpa/inet.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 
@@ -10,6 +11,8 @@
 
 namespace dtrain {
 namespace {
+
+using ::testing::HasSubstr;
 
 sockaddr_storage Address(const char* text) {
   sockaddr_storage address{};
@@ -58,6 +61,18 @@ TEST(StoreAuthTest, NamesThisHostResolvesTheName) {
   EXPECT_EQ(resolved, "192.0.2.1");
   EXPECT_FALSE(NamesThisHost("no-such-host.invalid", resolved));
   EXPECT_EQ(resolved, "");
+}
+
+// A node other than the master's that names its own host as the master gets told so.
+TEST(StoreAuthTest, AMasterAddressOfThisHostGetsAHint) {
+  EXPECT_EQ(MasterOnThisHostHint("127.0.0.1"),
+            "; MASTER_ADDR '127.0.0.1' is an address of this host, not of the master's node: "
+            "set it to node 0's host name, the same on every node (in a Slurm batch script, the "
+            "first host of SLURM_JOB_NODELIST)");
+  EXPECT_THAT(MasterOnThisHostHint("localhost"),
+              HasSubstr("; MASTER_ADDR 'localhost' ("));  // 127.0.0.1 or ::1
+  EXPECT_EQ(MasterOnThisHostHint("192.0.2.1"), "");
+  EXPECT_EQ(MasterOnThisHostHint("no-such-host.invalid"), "");
 }
 
 TEST(StoreAuthTest, ProofsDependOnTokenNoncesAndDirection) {
