@@ -405,23 +405,28 @@ absl::Status InitFromError(const absl::Status& status) {
 }
 
 // A fresh run's parameters: seeded initialisation, or train.init_from's weights (the whole
-// model's, of which a tensor-parallel rank keeps its shard).
+// model's, read a tensor at a time, of which a rank keeps its slice: its stage's tensors, their
+// tensor-parallel shards).
 absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& config,
                                   const ParamTable& table, DataParallelEngine& engine) {
   if (recipe.train.init_from.empty()) {
     engine.InitParameters(config, recipe.run.seed, recipe.run.threads);
     return absl::OkStatus();
   }
-  const ParamTable whole(config, ModelSlice{});
-  std::vector<float> full(whole.total_numel());
-  if (absl::Status status = ImportHfWeights(config, whole, recipe.train.init_from, full.data());
+  std::vector<float> own(table.total_numel());
+  const TensorSinkFn keep_own = [&](const TensorEntry& whole, const float* values) {
+    if (const TensorEntry* mine = table.Find(whole.name); mine != nullptr) {
+      ForEachGlobalRun(*mine, 0, mine->numel, [&](size_t local, size_t global, size_t count) {
+        std::copy_n(values + global, count, own.begin() + mine->offset + local);
+      });
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status status = ImportHfWeights(config, ParamTable(config, ModelSlice{}),
+                                            recipe.train.init_from, keep_own);
       !status.ok()) {
     return InitFromError(status);
   }
-  std::vector<float> own(table.total_numel());
-  ForEachShardRun(whole, table, [&](size_t shard_index, size_t whole_index, size_t count) {
-    std::copy_n(full.begin() + whole_index, count, own.begin() + shard_index);
-  });
   engine.LoadParameters(own.data());
   LogInfo("initialised from %s", recipe.train.init_from);
   return absl::OkStatus();

@@ -441,9 +441,11 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
 }
 
 absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
-                             const std::string& path, float* params) {
+                             const std::string& path, const TensorSinkFn& write_tensor) {
   std::error_code error;
-  if (!fs::is_directory(path, error)) return ImportHfSafetensors(config, table, path, params);
+  if (!fs::is_directory(path, error)) {
+    return ImportHfSafetensors(config, table, {path}, path, write_tensor);
+  }
   const fs::path dir(path);
   if (!fs::exists(dir / "config.json", error)) {
     return absl::InvalidArgumentError(
@@ -457,7 +459,8 @@ absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
   const auto tie = json.find("tie_word_embeddings");
   const bool tied = tie != json.end() && tie->is_boolean() && tie->get<bool>();
   if (fs::exists(dir / kWeightsName, error)) {
-    return ImportHfSafetensors(config, table, {(dir / kWeightsName).string()}, path, params, tied);
+    return ImportHfSafetensors(config, table, {(dir / kWeightsName).string()}, path, write_tensor,
+                               tied);
   }
   if (!fs::exists(dir / kWeightsIndexName, error)) {
     return absl::NotFoundError(absl::StrCat(
@@ -483,11 +486,16 @@ absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
   }
   std::vector<std::string> files;
   for (const std::string& shard : shards) files.push_back((dir / shard).string());
-  return ImportHfSafetensors(config, table, files, path, params, tied);
+  return ImportHfSafetensors(config, table, files, path, write_tensor, tied);
+}
+
+absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
+                             const std::string& path, float* params) {
+  return ImportHfWeights(config, table, path, CopyIntoParams(params));
 }
 
 absl::Status CheckHfWeights(const ModelConfig& config, const std::string& path) {
-  return ImportHfWeights(config, ParamTable(config, ModelSlice{}), path, nullptr);
+  return ImportHfWeights(config, ParamTable(config, ModelSlice{}), path, TensorSinkFn());
 }
 
 }  // namespace dtrain

@@ -57,11 +57,14 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
                             const SafetensorsMetadata& metadata = {},
                             const ChatTemplate* chat_template = nullptr);
 
-// Fills all of `params` (table.total_numel() floats) from `path`: a safetensors file
-// (ImportHfSafetensors), or a Hugging Face model folder whose config.json passes CheckHfConfig and
-// whose weights are model.safetensors or the shards its model.safetensors.index.json lists. A
-// Llama with tie_word_embeddings gets its head from the embedding (ImportHfSafetensors); dtrain
-// trains the two apart and exports them untied.
+// Hands every tensor of `table` (the whole model's) to `write_tensor`, one at a time, from
+// `path`: a safetensors file (ImportHfSafetensors), or a Hugging Face model folder whose
+// config.json passes CheckHfConfig and whose weights are model.safetensors or the shards its
+// model.safetensors.index.json lists. A Llama with tie_word_embeddings gets its head from the
+// embedding (ImportHfSafetensors); dtrain trains the two apart and exports them untied.
+absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
+                             const std::string& path, const TensorSinkFn& write_tensor);
+// The same, filling all of `params` (table.total_numel() floats).
 absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
                              const std::string& path, float* params);
 

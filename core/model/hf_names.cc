@@ -203,14 +203,23 @@ absl::Status ExportHfSafetensorsStreamed(const ModelConfig& config, const ParamT
   return writer.Finish();
 }
 
+TensorSinkFn CopyIntoParams(float* params) {
+  if (params == nullptr) return nullptr;
+  return [params](const TensorEntry& entry, const float* values) {
+    std::copy_n(values, entry.numel, params + entry.offset);
+    return absl::OkStatus();
+  };
+}
+
 absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& table,
                                  const std::string& path, float* params) {
-  return ImportHfSafetensors(config, table, std::vector<std::string>{path}, path, params);
+  return ImportHfSafetensors(config, table, std::vector<std::string>{path}, path,
+                             CopyIntoParams(params));
 }
 
 absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& table,
                                  const std::vector<std::string>& paths, const std::string& where,
-                                 float* params, bool head_from_embedding) {
+                                 const TensorSinkFn& write_tensor, bool head_from_embedding) {
   RETURN_IF_ERROR(CheckWholeModel(config, table));
   std::vector<SafetensorsReader> readers;
   for (const std::string& file : paths) {
@@ -289,19 +298,25 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
                      "; is model.family / model.n_layer right for this checkpoint?"));
   }
 
-  if (params == nullptr) return absl::OkStatus();
-  std::vector<float> transposed;
-  for (const auto& [entry, t, reader] : pieces) {
+  if (!write_tensor) return absl::OkStatus();
+  // A tensor's pieces (the files' tensors it is made of) are adjacent, in table order.
+  std::vector<float> values, transposed;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const auto& [entry, t, reader] = pieces[i];
+    values.resize(entry->numel);
     const int64_t cols = Cols(entry->shape);
-    float* rows = params + entry->offset + t.row_begin * cols;  // (num_rows, cols)
+    float* rows = values.data() + t.row_begin * cols;  // (num_rows, cols)
     if (!t.transposed) {
       RETURN_IF_ERROR(reader->ReadFloat32(t.name, rows));
-      continue;
+    } else {
+      transposed.resize(static_cast<size_t>(t.num_rows * cols));  // (cols, num_rows)
+      RETURN_IF_ERROR(reader->ReadFloat32(t.name, transposed.data()));
+      for (int64_t r = 0; r < t.num_rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) rows[r * cols + c] = transposed[c * t.num_rows + r];
+      }
     }
-    transposed.resize(static_cast<size_t>(t.num_rows * cols));  // (cols, num_rows)
-    RETURN_IF_ERROR(reader->ReadFloat32(t.name, transposed.data()));
-    for (int64_t r = 0; r < t.num_rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) rows[r * cols + c] = transposed[c * t.num_rows + r];
+    if (i + 1 == pieces.size() || std::get<0>(pieces[i + 1]) != entry) {
+      RETURN_IF_ERROR(write_tensor(*entry, values.data()));
     }
   }
   return absl::OkStatus();

@@ -62,12 +62,22 @@ absl::Status ExportHfSafetensorsStreamed(const ModelConfig& config, const ParamT
 absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& table,
                                  const std::string& path, float* params);
 
+// Receives an imported tensor: its entry of the table and its entry.numel values, valid during
+// the call.
+using TensorSinkFn = std::function<absl::Status(const TensorEntry& entry, const float* values)>;
+
+// The sink that copies each tensor into `params` at its entry's offset; null when `params` is.
+TensorSinkFn CopyIntoParams(float* params);
+
 // The same over the files of a sharded checkpoint (model-0000i-of-0000N.safetensors), each tensor
-// in one of them; `where` (the folder) names them all in errors. `head_from_embedding`: a Llama
-// saved with tie_word_embeddings (Llama 3.2 1B, SmolLM) has no lm_head.weight; dtrain's own
-// head then starts as a copy of model.embed_tokens.weight.
+// in one of them; `where` (the folder) names them all in errors. Each tensor of `table` goes to
+// `write_tensor` once, in table order, with one tensor in host memory at a time (a rank keeps
+// only its slice of a model larger than its memory); a null sink checks the headers only.
+// `head_from_embedding`: a Llama saved with tie_word_embeddings (Llama 3.2 1B, SmolLM) has no
+// lm_head.weight; dtrain's own head then starts as a copy of model.embed_tokens.weight.
 absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& table,
                                  const std::vector<std::string>& paths, const std::string& where,
-                                 float* params, bool head_from_embedding = false);
+                                 const TensorSinkFn& write_tensor,
+                                 bool head_from_embedding = false);
 
 }  // namespace dtrain

@@ -495,6 +495,43 @@ TEST(PipelineParallelExportTest, ExportGathersTheStages) {
   }
 }
 
+// train.init_from under pp 2 x tp 2: each rank reads the whole model's weights a tensor at a time
+// and keeps its stage's tensors' tp shards (GPT-2's last stage its copy of the tied embedding
+// too), so the first step's loss and gradient norm, computed before any update, are the single
+// process's from the same weights. Tolerance: the same sums in another order, 1e-5 relative as in
+// the layouts' trajectories; a shard taken from the wrong rows or columns changes the loss at the
+// first digit.
+TEST(PipelineParallelInitTest, InitFromGivesEachRankItsSlice) {
+  for (const std::string family : {"gpt2", "llama"}) {
+    SCOPED_TRACE(family);
+    const std::string recipe = Recipe(family);
+    const std::string trained = testing::FreshTempDir("pp_init_trained_" + family);
+    const testing::Outcome trained_run = testing::RunDtrain(
+        absl::StrCat("train ", recipe, " --set run.out_dir=", trained,
+                     " --set train.steps=2 --set train.lr=1e-2 --set train.eval_every=0",
+                     " --set train.export_to=model.safetensors"));
+    ASSERT_EQ(trained_run.exit_code, 0) << trained_run.stderr_text;
+    const std::string init = "train.init_from=" + trained + "/pp/model.safetensors";
+    const std::string single = testing::FreshTempDir("pp_init_single_" + family);
+    const testing::Outcome one = testing::RunDtrain(absl::StrCat(
+        "train ", recipe, " --set run.out_dir=", single, " --set train.steps=1 --set ", init));
+    ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
+    const Metrics reference = ReadMetrics(single);
+
+    const std::string out = testing::FreshTempDir("pp_init_pp2_tp2_" + family);
+    for (const auto& rank : testing::RunTrainRanks(
+             recipe, 4,
+             {"run.out_dir=" + out, "train.steps=1", init, "parallel.pp=2", "parallel.tp=2"})) {
+      ASSERT_EQ(rank.exit_code, 0) << rank;
+    }
+    const Metrics sliced = ReadMetrics(out);
+    ASSERT_EQ(reference.loss.size(), 1u);
+    ASSERT_EQ(sliced.loss.size(), 1u);
+    EXPECT_NEAR(sliced.loss[0], reference.loss[0], 1e-5 * reference.loss[0]);
+    EXPECT_NEAR(sliced.grad_norm[0], reference.grad_norm[0], 1e-5 * reference.grad_norm[0]);
+  }
+}
+
 // pp 2 x tp 2 x dp 2 (world ranks 0-3 stage 0, 4-7 stage 1; tp innermost, then dp) with a 10 s
 // parallel.timeout_s: rank 5 (stage 1, tp rank 1 of its first replica) gets `signal` once two
 // steps are logged. Returns every rank's result.
