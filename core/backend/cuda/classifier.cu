@@ -8,11 +8,11 @@ namespace dtrain::cuda {
 namespace {
 
 template <typename T>
-__global__ void ClassifierKernel(T* logits, float* losses, const int32_t* targets, int n, int v,
-                                 float grad_scale, bool write_gradient) {
+__global__ void ClassifierKernel(T* logits, int ld, float* losses, const int32_t* targets, int n,
+                                 int v, float grad_scale, bool write_gradient) {
   const int row = WarpRow();
   if (row >= n) return;
-  ClassifierRow(DeviceWarp{}, logits + static_cast<size_t>(row) * v, losses + row, targets[row], v,
+  ClassifierRow(DeviceWarp{}, logits + static_cast<size_t>(row) * ld, losses + row, targets[row], v,
                 grad_scale, write_gradient);
 }
 
@@ -51,11 +51,12 @@ __global__ void VocabLogitsBackwardKernel(T* logits, const float* sums, const in
 }  // namespace
 
 template <typename T>
-void ClassifierSoftmaxCrossEntropy(T* logits, float* losses, const int32_t* targets, int n, int v,
-                                   float grad_scale, bool write_gradient, cudaStream_t stream) {
+void ClassifierSoftmaxCrossEntropy(T* logits, int ld, float* losses, const int32_t* targets, int n,
+                                   int v, float grad_scale, bool write_gradient,
+                                   cudaStream_t stream) {
   if (n == 0) return;
   ClassifierKernel<<<RowBlocks(n), kRowWarpsPerBlock * kWarpSize, 0, stream>>>(
-      logits, losses, targets, n, v, grad_scale, write_gradient);
+      logits, ld, losses, targets, n, v, grad_scale, write_gradient);
 }
 
 template <typename T>
@@ -88,13 +89,13 @@ void VocabLogitsBackward(T* logits, const float* sums, const int32_t* targets, i
       logits, sums, targets, n, v, vocab_begin, grad_scale);
 }
 
-#define DTRAIN_INSTANTIATE(T)                                                                    \
-  template void VocabRowMax<T>(float*, const T*, int, int, cudaStream_t);                        \
-  template void VocabExpSums<T>(T*, float*, float*, const float*, const int32_t*, int, int, int, \
-                                cudaStream_t);                                                   \
-  template void VocabLogitsBackward<T>(T*, const float*, const int32_t*, int, int, int, float,   \
-                                       cudaStream_t);                                            \
-  template void ClassifierSoftmaxCrossEntropy<T>(T*, float*, const int32_t*, int, int, float,    \
+#define DTRAIN_INSTANTIATE(T)                                                                      \
+  template void VocabRowMax<T>(float*, const T*, int, int, cudaStream_t);                          \
+  template void VocabExpSums<T>(T*, float*, float*, const float*, const int32_t*, int, int, int,   \
+                                cudaStream_t);                                                     \
+  template void VocabLogitsBackward<T>(T*, const float*, const int32_t*, int, int, int, float,     \
+                                       cudaStream_t);                                              \
+  template void ClassifierSoftmaxCrossEntropy<T>(T*, int, float*, const int32_t*, int, int, float, \
                                                  bool, cudaStream_t);
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(Bf16)
