@@ -74,7 +74,10 @@ void AddCkptCommand(CLI::App& app) {
   auto bench_args = std::make_shared<BenchArgs>();
   CLI::App* bench = ckpt->add_subcommand(
       "bench", "Time saving and loading parameters + AdamW moments (sync and async), one rank");
-  bench->add_option("dir", bench_args->dir, "Scratch folder (emptied)")->required();
+  bench
+      ->add_option("dir", bench_args->dir,
+                   "Folder for a scratch folder of the bench's own (removed after)")
+      ->required();
   bench->add_option("--values", bench_args->values, "Parameter count; the state is 3x it")
       ->capture_default_str();
   bench->callback([bench_args] {

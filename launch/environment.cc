@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "core/util/fnv.h"
 #include "core/util/log.h"
@@ -123,10 +124,17 @@ absl::Status CheckMasterAddressIsAHost(const Candidate& addr) {
   }
   if (host == addr.text) return absl::OkStatus();
   const bool flag = addr.variable.empty();
+  // The port's own setting beside the address's: --master-port, DTRAIN_/PET_MASTER_PORT.
+  std::string port_setting = "MASTER_PORT=";
+  if (flag) {
+    port_setting = "--master-port=";
+  } else if (absl::EndsWith(addr.variable, "MASTER_ADDR")) {
+    port_setting = absl::StrCat(absl::StripSuffix(addr.variable, "ADDR"), "PORT=");
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       flag ? addr.from : absl::StrCat(addr.variable, "='", addr.text, "'"),
       " is not a bare host name or address: set ", flag ? "--master-addr" : addr.variable, "=",
-      host, " and MASTER_PORT=", port.empty() ? "<port>" : port));
+      host, " and ", port_setting, port.empty() ? "<port>" : port));
 }
 
 Candidate Derived(std::string text, std::string from) {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "core/checkpoint/box.h"
 #include "core/checkpoint/reader.h"
+#include "core/util/exit_codes.h"
 #include "core/util/fnv.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
@@ -325,9 +326,11 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
   if (resume != "auto") {
     std::error_code error;
     if (!fs::exists(resume, error)) {
-      return absl::NotFoundError(absl::StrCat("checkpoint.resume: ", resume,
-                                              " does not exist; give a step-<N> folder, a "
-                                              "checkpoint folder, auto or never"));
+      return WithExitCode(
+          absl::NotFoundError(absl::StrCat("checkpoint.resume: ", resume,
+                                           " does not exist; give a step-<N> folder, a "
+                                           "checkpoint folder, auto or never")),
+          kExitUsage);
     }
     if (IsStepFolder(resume)) {
       candidates.push_back(resume);
@@ -337,8 +340,10 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
       candidates = CheckpointCandidates(resume);
       folder = resume;
       if (candidates.empty()) {
-        return absl::NotFoundError(
-            absl::StrCat("checkpoint.resume: ", resume, " holds no step-<N> checkpoint folder"));
+        return WithExitCode(
+            absl::NotFoundError(absl::StrCat("checkpoint.resume: ", resume,
+                                             " holds no step-<N> checkpoint folder")),
+            kExitUsage);
       }
     }
   } else {
@@ -347,7 +352,7 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
   for (const std::string& candidate : candidates) {
     bool fatal = false;
     absl::StatusOr<Loaded> loaded = TryLoad(candidate, fatal);
-    if (fatal) return loaded.status();
+    if (fatal) return WithExitCode(loaded.status(), kExitUsage);
     double failed = loaded.ok() ? 0 : 1, unused = 0;
     RETURN_IF_ERROR(SumOverRanks(comm_, failed, unused));
     if (failed == 0) {

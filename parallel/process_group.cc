@@ -210,8 +210,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(const WorldM
   absl::StatusOr<std::unique_ptr<TcpStoreClient>> store =
       ConnectRendezvousStore(world, client_options);
   if (absl::IsUnavailable(store.status()) && world.node_rank > 0) {
-    return absl::UnavailableError(
-        absl::StrCat(store.status().message(), MasterOnThisHostHint(world.master_addr)));
+    return Renamed(store.status(),
+                   absl::StrCat(store.status().message(), MasterOnThisHostHint(world.master_addr)));
   }
   ASSIGN_OR_RETURN(group->store_, std::move(store));
   // The rank a failed check blames (one that differs, or never came) is the agent's root cause.

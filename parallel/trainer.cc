@@ -39,6 +39,7 @@
 #include "core/model/sampler.h"
 #include "core/model/transformer.h"
 #include "core/util/allocate.h"
+#include "core/util/files.h"
 #include "core/util/folder_lock.h"
 #include "core/util/host_name.h"
 #include "core/util/log.h"
@@ -385,8 +386,9 @@ absl::Status OpenMetrics(const std::string& path, int64_t resumed_step,
   return absl::OkStatus();
 }
 
-// Rank 0 creates the run folder and records the resolved recipe in it.
-absl::Status PrepareRunFolder(const Recipe& recipe) {
+// Rank 0 creates the run folder (the resolved recipe goes in once the run is known to start: a
+// refused resume, or a second run of the folder, leaves the first one's).
+absl::Status CreateRunFolder(const Recipe& recipe) {
   const std::filesystem::path run_dir = recipe.run_dir();
   std::error_code error;
   std::filesystem::create_directories(run_dir, error);
@@ -395,13 +397,12 @@ absl::Status PrepareRunFolder(const Recipe& recipe) {
                                                       run_dir.string(), ": ", error.message(),
                                                       "; set run.out_dir to a writable folder"));
   }
-  std::ofstream(run_dir / "recipe.yaml") << ResolvedRecipeYaml(recipe);
   return absl::OkStatus();
 }
 
 // An error of train.init_from's weights, as the recipe key's (each says its fix).
 absl::Status InitFromError(const absl::Status& status) {
-  return absl::Status(status.code(), absl::StrCat("train.init_from: ", status.message()));
+  return Renamed(status, absl::StrCat("train.init_from: ", status.message()));
 }
 
 // A fresh run's parameters: seeded initialisation, or train.init_from's weights (the whole
@@ -637,7 +638,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   const bool leader = world.rank == 0;
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
                    LoadSampleTokenizer(recipe, leader));
-  if (leader) RETURN_IF_ERROR(PrepareRunFolder(recipe));
+  if (leader) RETURN_IF_ERROR(CreateRunFolder(recipe));
   // Each worker serves its own /metrics (no hop through the agent, so it works the same under
   // `dtrain launch`, srun and torchrun); the workers of a node take consecutive ports.
   std::unique_ptr<StepExporter> exporter;
@@ -720,6 +721,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
               PipelineScheduleName(shape.schedule), FormatStageAssignment(assignment));
     }
     const std::filesystem::path run_dir = recipe.run_dir();
+    RETURN_IF_ERROR(
+        WriteFileDurably((run_dir / "recipe.yaml").string(), ResolvedRecipeYaml(recipe)));
     RETURN_IF_ERROR(OpenMetrics((run_dir / recipe.logging.metrics_file).string(), resumed_step,
                                 checkpoints->resumed_metrics_line(), metrics));
   }
@@ -932,15 +935,20 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
 
 absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size) {
   RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world_size));
-  // Weights of another model would fail every rank at start, and every restart after it. Only a
-  // fresh run reads them (a resume takes its checkpoint's), and a path that is missing or cannot
-  // be read is left to the start, as other faults of files are.
+  // Weights that are missing, or of another model, would fail every rank at start, and every
+  // restart after it. Only a fresh run reads them (a resume takes its checkpoint's), and a path
+  // that cannot be read is left to the start, as other faults of files are.
   std::error_code error;
   const bool resumes = recipe.checkpoint.resume != "never" &&
                        (recipe.checkpoint.resume != "auto" ||
                         !CheckpointCandidates(recipe.checkpoint_dir()).empty());
-  if (!recipe.train.init_from.empty() && !resumes &&
-      std::filesystem::exists(recipe.train.init_from, error)) {
+  const bool exists = std::filesystem::exists(recipe.train.init_from, error);
+  if (!recipe.train.init_from.empty() && !resumes && !exists && !error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.init_from: ", recipe.train.init_from,
+                     " does not exist; give a .safetensors file or a Hugging Face model folder"));
+  }
+  if (!recipe.train.init_from.empty() && !resumes && exists) {
     const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
     if (absl::Status status = CheckHfWeights(config, recipe.train.init_from);
         absl::IsInvalidArgument(status)) {

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -222,10 +224,9 @@ absl::Status ExportCheckpoint(const std::string& path, const std::string& out,
   return ExportHfSafetensorsStreamed(config, table, read_tensor, out, metadata);
 }
 
-absl::StatusOr<std::string> BenchCheckpointIo(const std::string& dir, int64_t numel) {
-  std::error_code error;
-  fs::remove_all(dir, error);
-  fs::create_directories(dir, error);
+namespace {
+
+absl::StatusOr<std::string> BenchCheckpointIoIn(const std::string& dir, int64_t numel) {
   // Parameters and two moments as 64 MiB chunks of three tensors, like a model's big matrices.
   constexpr int64_t kChunk = int64_t{16} << 20;
   std::vector<float> state(static_cast<size_t>(3 * numel));
@@ -294,6 +295,20 @@ absl::StatusOr<std::string> BenchCheckpointIo(const std::string& dir, int64_t nu
       "bytes=%d save_s=%.3f load_s=%.3f async_blocked_first_s=%.4f async_blocked_s=%.4f "
       "async_total_s=%.3f staging_alloc_s=%.3f",
       bytes, save_s, load_s, blocked_s[0], blocked_s[1], async_total_s, staging_alloc_s);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> BenchCheckpointIo(const std::string& parent, int64_t numel) {
+  std::error_code error;
+  fs::create_directories(parent, error);
+  std::string dir = (fs::path(parent) / "dtrain-ckpt-bench-XXXXXX").string();
+  if (::mkdtemp(dir.data()) == nullptr) {
+    return FileError(errno, absl::StrCat("cannot create a scratch folder in ", parent));
+  }
+  absl::StatusOr<std::string> line = BenchCheckpointIoIn(dir, numel);
+  fs::remove_all(dir, error);
+  return line;
 }
 
 }  // namespace dtrain

@@ -30,9 +30,10 @@ InspectReport InspectCheckpoints(const std::string& path);
 absl::Status ExportCheckpoint(const std::string& path, const std::string& out,
                               const std::string& format, const std::string& tokenizer_path = "");
 
-// Saves `numel` floats of parameters plus AdamW's two moments (one rank) into `dir` synchronously
-// and asynchronously, and loads them back; returns one line of key=value figures (bytes,
-// save_s, load_s, async_blocked_s, ...). `dir` is emptied first.
-absl::StatusOr<std::string> BenchCheckpointIo(const std::string& dir, int64_t numel);
+// Saves `numel` floats of parameters plus AdamW's two moments (one rank) synchronously and
+// asynchronously into a new scratch folder in `parent` (created if missing; nothing else in it is
+// touched), loads them back and removes the scratch folder; returns one line of key=value figures
+// (bytes, save_s, load_s, async_blocked_s, ...).
+absl::StatusOr<std::string> BenchCheckpointIo(const std::string& parent, int64_t numel);
 
 }  // namespace dtrain

@@ -22,7 +22,7 @@ namespace {
 
 absl::Status WithContext(const absl::Status& status, const std::string& context) {
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+  return Renamed(status, absl::StrCat(context, ": ", status.message()));
 }
 
 absl::StatusOr<std::vector<int32_t>> LoadKey(const std::string& key,

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/exit_codes.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -129,12 +130,14 @@ absl::StatusOr<std::vector<std::string>> ExpandFilePatterns(
       // A relative path is the current folder's, not the recipe's: say which folder that is.
       std::error_code error;
       const std::string here = std::filesystem::current_path(error).string();
-      return absl::NotFoundError(
-          absl::StrCat("file pattern '", pattern, "' matches no file",
-                       pattern.starts_with('/') || error
-                           ? ""
-                           : absl::StrCat(" (relative to the current folder ", here, ")"),
-                       "; check the path"));
+      // A restart would find no file either: the agent does not restart exit 2.
+      return WithExitCode(absl::NotFoundError(absl::StrCat(
+                              "file pattern '", pattern, "' matches no file",
+                              pattern.starts_with('/') || error
+                                  ? ""
+                                  : absl::StrCat(" (relative to the current folder ", here, ")"),
+                              "; check the path")),
+                          kExitUsage);
     }
     if (rc != 0) {
       return absl::UnavailableError(

@@ -16,6 +16,11 @@ void SetExitCode(absl::Status& status, int exit_code) {
   status.SetPayload(kExitCodeUrl, absl::Cord(std::to_string(exit_code)));
 }
 
+absl::Status WithExitCode(absl::Status status, int exit_code) {
+  SetExitCode(status, exit_code);
+  return status;
+}
+
 std::optional<int> ExitCodeOf(const absl::Status& status) {
   const auto payload = status.GetPayload(kExitCodeUrl);
   int exit_code = 0;

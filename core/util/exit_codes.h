@@ -22,6 +22,8 @@ inline constexpr int kExitStopped = 143;
 // The exit code a failed `status` asks its command to end with, carried as a payload from where
 // the failure is understood (the checkpoint writer knows a full disk) to the command's end.
 void SetExitCode(absl::Status& status, int exit_code);
+// `status` with SetExitCode(exit_code), for a return statement.
+absl::Status WithExitCode(absl::Status status, int exit_code);
 // What SetExitCode recorded, if anything.
 std::optional<int> ExitCodeOf(const absl::Status& status);
 

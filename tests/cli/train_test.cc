@@ -248,6 +248,22 @@ TEST(TrainTest, InitFromAnotherShapeFailsNamingTheTensor) {
   EXPECT_FALSE(std::filesystem::exists(RunDir("wrong") + "/small"));
 }
 
+// Files the recipe names that do not exist fail the same way at every restart: exit 2, which
+// `dtrain launch` does not restart.
+TEST(TrainTest, MissingWeightsOrDataAreUsageErrors) {
+  const testing::Outcome weights =
+      Train(RunDir("no_weights"), "--set train.init_from=" + RunDir("no_weights") + "/nope");
+  EXPECT_EQ(weights.exit_code, 2) << weights.stderr_text;
+  EXPECT_THAT(weights.stderr_text,
+              HasSubstr("train.init_from: " + RunDir("no_weights") +
+                        "/nope does not exist; give a .safetensors file or a Hugging Face "
+                        "model folder"));
+  const testing::Outcome data =
+      Train(RunDir("no_data"), "--set data.train=[" + RunDir("no_data") + "/nope.txt]");
+  EXPECT_EQ(data.exit_code, 2) << data.stderr_text;
+  EXPECT_THAT(data.stderr_text, HasSubstr("/nope.txt' matches no file"));
+}
+
 // A directory as a data file used to read as 2^63 - 1 bytes and abort in bad_alloc.
 TEST(TrainTest, DataDirectoryFailsNamingIt) {
   const std::string dir = testing::FreshTempDir("data_dir");

@@ -144,7 +144,10 @@ TEST(EnvironmentTest, AMasterAddressWithAPortSaysWhereThePortGoes) {
   flags.master_addr = "head:1234";
   EXPECT_EQ(Error({}, flags),
             "flag --master-addr head:1234 is not a bare host name or address: set "
-            "--master-addr=head and MASTER_PORT=1234");
+            "--master-addr=head and --master-port=1234");
+  EXPECT_EQ(Error({{"DTRAIN_MASTER_ADDR", "head:1234"}}),
+            "DTRAIN_MASTER_ADDR='head:1234' is not a bare host name or address: set "
+            "DTRAIN_MASTER_ADDR=head and DTRAIN_MASTER_PORT=1234");
   // A bare IPv6 address is a host, colons and all.
   EXPECT_EQ(Resolve({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "fe80::1"}}).master_addr,
             "fe80::1");

@@ -2,12 +2,14 @@
 // previous one is used, nothing is overwritten, and recipe changes are judged.
 #include "parallel/checkpointing.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_v1.h"
@@ -112,9 +114,11 @@ TEST(CheckpointingTest, WhenNoCheckpointLoadsTheRunStopsAndChangesNothing) {
   }
   const std::vector<double> before = Losses(out);
   ASSERT_EQ(before.size(), 4u);
+  const std::string recipe = *ReadWholeFile(out + "/ck/recipe.yaml");
 
   const testing::Outcome second = Train(out, "--set train.steps=8");
   EXPECT_EQ(second.exit_code, 1);
+  EXPECT_EQ(*ReadWholeFile(out + "/ck/recipe.yaml"), recipe);
   EXPECT_THAT(second.stderr_text, HasSubstr("skipping checkpoint " + dir + "/step-4"));
   EXPECT_THAT(
       second.stderr_text,
@@ -180,6 +184,29 @@ TEST(CheckpointingTest, InspectNamesTheBadChunkAndFails) {
   EXPECT_THAT(bad.stdout_text, HasSubstr("in rank-0.bin at byte 0"));
 }
 
+// `dtrain ckpt bench DIR` writes in a scratch folder of its own inside DIR and removes it: a run
+// folder given by mistake keeps its checkpoints, metrics and recipe.
+TEST(CheckpointingTest, BenchLeavesTheFolderItIsGivenAlone) {
+  const std::string out = testing::TempPath("ckpt_bench_run");
+  fs::remove_all(out);
+  ASSERT_EQ(Train(out, "--set train.steps=2").exit_code, 0);
+  std::vector<std::string> before;
+  for (const auto& entry : fs::recursive_directory_iterator(out)) {
+    before.push_back(entry.path().string());
+  }
+  const testing::Outcome bench = testing::RunDtrain("ckpt bench " + out + " --values 1000");
+  ASSERT_EQ(bench.exit_code, 0) << bench.stderr_text;
+  EXPECT_THAT(bench.stdout_text, HasSubstr("bytes=12000 save_s="));
+  std::vector<std::string> after;
+  for (const auto& entry : fs::recursive_directory_iterator(out)) {
+    after.push_back(entry.path().string());
+  }
+  std::sort(before.begin(), before.end());
+  std::sort(after.begin(), after.end());
+  EXPECT_EQ(after, before);
+  EXPECT_TRUE(fs::exists(out + "/ck/checkpoints/step-2/manifest.json"));
+}
+
 TEST(CheckpointingTest, ExportWritesHuggingFaceAndLlmcFiles) {
   const std::string out = testing::TempPath("ckpt_export_run");
   fs::remove_all(out);
@@ -214,10 +241,13 @@ TEST(CheckpointingTest, AShapeChangeBlocksAndOtherChangesWarn) {
   const std::string out = testing::TempPath("ckpt_recipe_run");
   fs::remove_all(out);
   ASSERT_EQ(Train(out, "--set train.steps=4").exit_code, 0);
+  const std::string recipe = *ReadWholeFile(out + "/ck/recipe.yaml");
+  // Refused: exit 2 (a restart would refuse it again), the run folder's recipe still the run's.
   const testing::Outcome wider = Train(out, "--set train.steps=6 --set model.d_model=64");
-  EXPECT_EQ(wider.exit_code, 1);
+  EXPECT_EQ(wider.exit_code, 2);
   EXPECT_THAT(wider.stderr_text, HasSubstr("model.d_model"));
   EXPECT_THAT(wider.stderr_text, HasSubstr("checkpoint.resume: never"));
+  EXPECT_EQ(*ReadWholeFile(out + "/ck/recipe.yaml"), recipe);
   const testing::Outcome longer = Train(out, "--set train.steps=6 --set train.lr=0.002");
   EXPECT_EQ(longer.exit_code, 0) << longer.stderr_text;
   EXPECT_THAT(longer.stderr_text, HasSubstr("saved with other values of train.steps, train.lr"));
