@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/util/exit_codes.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -81,6 +82,42 @@ bool IsKnownBuffer(ModelFamily family, const std::string& name) {
   }
   return absl::StartsWith(name, "model.layers.") &&
          absl::EndsWith(name, ".self_attn.rotary_emb.inv_freq");
+}
+
+// A tensor of the files being imported: its name there, and the file's reader and path.
+struct StoredTensor {
+  std::string name;
+  const SafetensorsReader* reader = nullptr;
+  const std::string* file = nullptr;
+};
+
+// A GPT-2 file may hold lm_head.weight as a copy of the tied wte.weight (GPT2LMHeadModel's
+// state_dict); one that differs was trained untied, which dtrain's GPT-2 cannot hold. The
+// import would drop it silently.
+absl::Status CheckGpt2HeadIsTied(const ModelConfig& config,
+                                 const std::map<std::string, StoredTensor>& file_names) {
+  const auto head = file_names.find("lm_head.weight");
+  const auto wte = file_names.find("wte.weight");
+  if (config.family != ModelFamily::kGpt2 || head == file_names.end() || wte == file_names.end()) {
+    return absl::OkStatus();
+  }
+  const SafetensorsEntry* head_entry = head->second.reader->Find(head->second.name);
+  const SafetensorsEntry* wte_entry = wte->second.reader->Find(wte->second.name);
+  bool tied = head_entry->spec.shape == wte_entry->spec.shape;
+  if (tied) {
+    std::vector<float> head_values(NumElements(head_entry->spec.shape));
+    std::vector<float> wte_values(head_values.size());
+    RETURN_IF_ERROR(head->second.reader->ReadFloat32(head->second.name, head_values.data()));
+    RETURN_IF_ERROR(wte->second.reader->ReadFloat32(wte->second.name, wte_values.data()));
+    tied = head_values == wte_values;
+  }
+  if (tied) return absl::OkStatus();
+  return WithExitCode(
+      absl::InvalidArgumentError(absl::StrCat(
+          *head->second.file, ": ", head->second.name, " differs from ", wte->second.name,
+          ": dtrain's GPT-2 ties its output head to the token embedding, and this model was "
+          "trained with an untied head; start from a tied GPT-2, or train a Llama (untied)")),
+      kExitUsage);
 }
 
 std::string ListSome(const std::vector<std::string>& names) {
@@ -228,19 +265,14 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
   }
 
   // Canonical (unprefixed) name -> name in its file, and that file's reader.
-  struct Stored {
-    std::string name;
-    const SafetensorsReader* reader = nullptr;
-    const std::string* file = nullptr;
-  };
-  std::map<std::string, Stored> file_names;
+  std::map<std::string, StoredTensor> file_names;
   for (size_t i = 0; i < readers.size(); ++i) {
     for (const SafetensorsEntry& e : readers[i].tensors()) {
       std::string name = e.spec.name;
       if (config.family == ModelFamily::kGpt2 && absl::StartsWith(name, "transformer.")) {
         name = name.substr(12);
       }
-      if (!file_names.emplace(name, Stored{e.spec.name, &readers[i], &paths[i]}).second) {
+      if (!file_names.emplace(name, StoredTensor{e.spec.name, &readers[i], &paths[i]}).second) {
         return absl::InvalidArgumentError(
             absl::StrCat(paths[i], ": tensor '", name,
                          "' appears twice (with and without the 'transformer.' prefix, or in two "
@@ -267,17 +299,26 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
         continue;
       }
       used.insert(it->first);
-      const Stored& stored = it->second;
+      const StoredTensor& stored = it->second;
       const std::vector<int64_t>& found = stored.reader->Find(stored.name)->spec.shape;
       if (found != t.shape) {
         return absl::InvalidArgumentError(absl::StrCat(
             *stored.file, ": tensor '", stored.name, "' has shape ", ShapeString(found),
             ", expected ", ShapeString(t.shape), " (for dtrain's '", entry.name,
-            "'); make model.* in the recipe match the checkpoint's config.json"));
+            "'); make model.* in the recipe match the checkpoint (its config.json, in a Hugging "
+            "Face folder)"));
       }
       t.name = stored.name;
       pieces.emplace_back(&entry, std::move(t), stored.reader);
     }
+  }
+  if (missing == std::vector<std::string>{"lm_head.weight"}) {
+    // A Llama saved with tie_word_embeddings (Llama 3.2 1B, SmolLM) has no head of its own.
+    return absl::InvalidArgumentError(absl::StrCat(
+        where,
+        ": no lm_head.weight, as a Llama saved with tie_word_embeddings has none: give its "
+        "Hugging Face folder, whose config.json says \"tie_word_embeddings\": true, and the head "
+        "starts as a copy of model.embed_tokens.weight"));
   }
   if (!missing.empty()) {
     return absl::InvalidArgumentError(
@@ -299,6 +340,7 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
   }
 
   if (!write_tensor) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckGpt2HeadIsTied(config, file_names));
   // A tensor's pieces (the files' tensors it is made of) are adjacent, in table order.
   std::vector<float> values, transposed;
   for (size_t i = 0; i < pieces.size(); ++i) {

@@ -191,7 +191,9 @@ TEST_F(HfFolderTest, TiedLlamaHeadStartsAsTheEmbedding) {
   ASSERT_TRUE(WriteSafetensors(Path("tied/model.safetensors"), tensors, {{"format", "pt"}}).ok());
   std::vector<float> loaded(table.total_numel(), -1.0f);
   EXPECT_THAT(ImportHfWeights(config, table, Path("tied"), loaded.data()).message(),
-              HasSubstr("missing 1 tensor(s) of the llama model: lm_head.weight"));
+              HasSubstr("no lm_head.weight, as a Llama saved with tie_word_embeddings has none: "
+                        "give its Hugging Face folder, whose config.json says "
+                        "\"tie_word_embeddings\": true"));
 
   Json json = Json::parse(HfConfigJson(config));
   json["tie_word_embeddings"] = true;

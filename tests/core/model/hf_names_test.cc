@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "core/io/safetensors.h"
 #include "core/model/param_table.h"
+#include "core/util/exit_codes.h"
 #include "gtest/gtest.h"
 #include "tests/testing/hf_test_models.h"
 
@@ -38,8 +40,11 @@ class HfNamesTest : public ::testing::Test {
   // Rewrites `from` into `to` with names renamed by `rename` ("" drops the tensor) and `extra`
   // tensors appended (all F32 of shape {1}).
   template <typename Rename>
+  // `extra`: one-value buffers to add; `copies`: tensors to add (name -> the source's tensor they
+  // copy, with `scale` applied).
   void Rewrite(const std::string& from, const std::string& to, Rename rename,
-               const std::vector<std::string>& extra = {}) {
+               const std::vector<std::string>& extra = {},
+               const std::map<std::string, std::string>& copies = {}, float scale = 1) {
     absl::StatusOr<SafetensorsContents> contents = ReadSafetensors(from);
     ASSERT_TRUE(contents.ok()) << contents.status();
     std::vector<TensorData> tensors;
@@ -50,6 +55,13 @@ class HfNamesTest : public ::testing::Test {
     }
     const float zero = 0;
     for (const std::string& name : extra) tensors.push_back({{name, DType::kF32, {1}}, &zero});
+    std::vector<std::vector<float>> copied;
+    copied.reserve(copies.size());
+    for (const auto& [name, source] : copies) {
+      copied.push_back(contents->floats.at(source));
+      for (float& value : copied.back()) value *= scale;
+      tensors.push_back({{name, DType::kF32, contents->shapes.at(source)}, copied.back().data()});
+    }
     ASSERT_TRUE(WriteSafetensors(to, tensors).ok());
   }
 
@@ -164,14 +176,36 @@ TEST_F(HfNamesTest, Gpt2ImportAcceptsLMHeadModelNamesAndBuffers) {
   const ParamTable table(config, ModelSlice{});
   const std::vector<float> params = DistinctParams(table);
   ASSERT_TRUE(ExportHfSafetensors(config, table, params.data(), Path("plain.safetensors")).ok());
+  // GPT2LMHeadModel's state_dict: prefixed names, the attention buffers, and the tied head.
   Rewrite(Path("plain.safetensors"), Path("prefixed.safetensors"),
           [](const std::string& name) { return "transformer." + name; },
-          {"lm_head.weight", "transformer.h.0.attn.bias", "transformer.h.1.attn.masked_bias"});
+          {"transformer.h.0.attn.bias", "transformer.h.1.attn.masked_bias"},
+          {{"lm_head.weight", "wte.weight"}});
   std::vector<float> imported(table.total_numel());
   const absl::Status status =
       ImportHfSafetensors(config, table, Path("prefixed.safetensors"), imported.data());
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(imported, params);
+}
+
+// A head trained untied would be dropped by the import: it is refused, as a usage error.
+TEST_F(HfNamesTest, Gpt2HeadThatDiffersFromTheEmbeddingIsRefused) {
+  const ModelConfig config = Gpt2Config();
+  const ParamTable table(config, ModelSlice{});
+  const std::vector<float> params = DistinctParams(table);
+  ASSERT_TRUE(ExportHfSafetensors(config, table, params.data(), Path("plain.safetensors")).ok());
+  const std::string path = Path("untied.safetensors");
+  Rewrite(
+      Path("plain.safetensors"), path, [](const std::string& name) { return name; }, {},
+      {{"lm_head.weight", "wte.weight"}}, 0.5f);
+  std::vector<float> imported(table.total_numel());
+  const absl::Status status = ImportHfSafetensors(config, table, path, imported.data());
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_TRUE(HasText(status.message(),
+                      path + ": lm_head.weight differs from wte.weight: dtrain's GPT-2 ties its "
+                             "output head to the token embedding"))
+      << status;
+  EXPECT_EQ(ExitCodeOf(status), kExitUsage);
 }
 
 TEST_F(HfNamesTest, MissingTensorIsAnError) {
