@@ -1156,11 +1156,12 @@ absl::StatusOr<int> Agent::Run() {
         // The close of a lost agent may reach the store after the SIGTERM that followed it.
         if (const std::optional<int> lost = FinishIfAgentLost(attempt)) return *lost;
         // A worker that saved its checkpoint and stopped exits kExitStopped; one that had just
-        // finished its last step, 0.
+        // finished its last step, 0; one still starting, before it takes SIGTERM itself (it does
+        // so before its first step), is ended by it with nothing to save.
         bool clean = true, stopped = false;
         for (const Worker& worker : workers_) {
           const ExitStatus status = *worker.process->exit_status();
-          const bool saved = StoppedAfterCheckpoint(status);
+          const bool saved = StoppedAfterCheckpoint(status) || status.signal == SIGTERM;
           clean = clean && (status.ok() || saved);
           stopped = stopped || saved;
         }

@@ -624,6 +624,21 @@ TEST(AgentTest, SighupCheckpointsAndStopsAsSigtermDoes) {
   EXPECT_TRUE(std::filesystem::exists(out + "/agent/checkpoints/latest")) << launch.output();
 }
 
+// SIGTERM as soon as the workers are started: a worker still starting is ended by it (it takes
+// SIGTERM itself only once it is set up) or stops before its first step; either way the stop is
+// clean, 143, as a preemption is at any other time.
+TEST(AgentTest, ATermWhileTheWorkersStartIsACleanStop) {
+  const std::string out = OutDir("early_term");
+  Launch launch(
+      {Recipe("early_term", 100000), "--nproc-per-node=2", "--set", "run.out_dir=" + out});
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] {
+    return absl::StrContains(launch.output(), "started ranks 0-1");
+  })) << launch.output();
+  kill(launch.process().pid(), SIGTERM);
+  EXPECT_EQ(launch.Wait(absl::Seconds(60)), kExitStopped) << launch.output();
+  EXPECT_THAT(launch.output(), HasSubstr("workers stopped cleanly"));
+}
+
 // Under nohup SIGHUP stays ignored: the user asked the run to outlive the terminal.
 TEST(AgentTest, UnderNohupSighupIsIgnored) {
   const std::string out = OutDir("nohup");
