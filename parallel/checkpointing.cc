@@ -318,6 +318,30 @@ absl::StatusOr<TrainingCheckpoints::Loaded> TrainingCheckpoints::TryLoad(
 }
 
 absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
+  ASSIGN_OR_RETURN(const int64_t step, LoadResumeStep(loader));
+  if (rank_ == 0) SetAsideLaterCheckpoints(step);
+  return step;
+}
+
+void TrainingCheckpoints::SetAsideLaterCheckpoints(int64_t start_step) {
+  for (const auto& [step, path] : StepFolders(dir_)) {
+    if (step <= start_step) continue;
+    const std::string aside = AsideName(path, nonce_);
+    std::error_code error;
+    fs::rename(path, aside, error);
+    if (error) {
+      LogWarn(
+          "checkpoint: %s is past step %d, where this run starts, and cannot move aside to %s "
+          "(%s): a later checkpoint.resume: auto would take it",
+          path, start_step, aside, error.message());
+    } else {
+      LogWarn("checkpoint: %s is past step %d, where this run starts: moved to %s", path,
+              start_step, aside);
+    }
+  }
+}
+
+absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& loader) {
   const std::string& resume = recipe_.checkpoint.resume;
   if (resume == "never") return 0;
   std::vector<std::string> candidates;

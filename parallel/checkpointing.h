@@ -77,6 +77,13 @@ class TrainingCheckpoints {
   };
   // Fills the engine from `step_dir`. A fatal error (an incompatible recipe) sets `fatal`.
   absl::StatusOr<Loaded> TryLoad(const std::string& step_dir, bool& fatal);
+  // Resume's search: the step the run starts from, its checkpoint loaded.
+  absl::StatusOr<int64_t> LoadResumeStep(SequenceLoader& loader);
+  // Rank 0 moves the checkpoints of dir_ past `start_step` aside (AsideName): an earlier run's,
+  // when checkpoint.resume is never or names an older checkpoint, or damaged ones auto skipped.
+  // Left there, they would mix with this run's: a later auto resume would take them over its
+  // own, and pruning would keep them.
+  void SetAsideLaterCheckpoints(int64_t start_step);
 
   const Recipe& recipe_;
   const ParamTable& table_;

@@ -118,6 +118,9 @@ absl::StatusOr<RankIndex> RankIndexFromJson(const std::string& text, const std::
 
 // Names inside a checkpoint folder.
 std::string StepDirName(int64_t step);  // "step-<N>"
+// Where a step-<N> folder that must give way moves, kept for inspection: "<path>.replaced-<nonce
+// in 16 hex digits>" (never a step-<N> name, so resume and pruning leave it alone).
+std::string AsideName(const std::string& step_dir, uint64_t nonce);
 // N of a "step-<N>" name; nullopt for any other name, N past int64 included.
 std::optional<int64_t> StepOfDirName(const std::string& name);
 // The step-<N> folders in `dir` as (N, path), oldest first; empty when `dir` cannot be read.

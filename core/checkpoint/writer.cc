@@ -116,7 +116,7 @@ absl::Status Commit(const SaveRequest& r, const std::string& stage) {
   if (fs::exists(final_dir, error)) {
     // Never overwrite: an earlier step-<N> (a damaged one that resume skipped, or one of another
     // run) moves aside and stays for inspection.
-    const std::string aside = absl::StrFormat("%s.replaced-%016x", final_dir, r.nonce);
+    const std::string aside = AsideName(final_dir, r.nonce);
     fs::rename(final_dir, aside, error);
     if (error) {
       return absl::InternalError(absl::StrCat("cannot move the existing ", final_dir, " aside to ",

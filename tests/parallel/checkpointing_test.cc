@@ -146,6 +146,41 @@ TEST(CheckpointingTest, AnOlderCheckpointGivenByPathLeavesLatestAlone) {
   EXPECT_THAT(second.stderr_text, ::testing::Not(HasSubstr("stale")));
 }
 
+// A run that starts over (checkpoint.resume: never) moves the earlier run's checkpoints aside,
+// kept for inspection: the next auto resume continues the new run, not the abandoned one, and
+// its metrics are the new run's alone.
+TEST(CheckpointingTest, StartingOverSetsTheEarlierRunsCheckpointsAside) {
+  const std::string out = testing::TempPath("ckpt_start_over_run");
+  fs::remove_all(out);
+  ASSERT_EQ(Train(out).exit_code, 0);  // checkpoints at 2, 4, 6, 8
+  const std::string dir = out + "/ck/checkpoints";
+  const testing::Outcome fresh = Train(out, "--set train.steps=2 --set checkpoint.resume=never");
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.stderr_text;
+  EXPECT_THAT(fresh.stderr_text, HasSubstr("checkpoint: " + dir +
+                                           "/step-8 is past step 0, where this run starts: "
+                                           "moved to " +
+                                           dir + "/step-8.replaced-"));
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  ASSERT_EQ(names.size(), 6u) << ::testing::PrintToString(names);
+  EXPECT_EQ(names[0], "latest");
+  EXPECT_EQ(names[1], "step-2");
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_THAT(names[2 + i],
+                ::testing::StartsWith(absl::StrCat("step-", 2 * (i + 1), ".replaced-")));
+  }
+  const std::vector<double> fresh_losses = Losses(out);
+  const testing::Outcome resumed = Train(out, "--set train.steps=3");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.stderr_text;
+  EXPECT_THAT(resumed.stderr_text, HasSubstr("resumed from " + dir + "/step-2 at step 2"));
+  const std::vector<double> losses = Losses(out);
+  ASSERT_EQ(losses.size(), 3u);
+  EXPECT_EQ(std::vector<double>(losses.begin(), losses.begin() + 2), fresh_losses);
+}
+
 TEST(CheckpointingTest, AVersion1CheckpointResumesIdentically) {
   const std::string out = testing::TempPath("ckpt_v1_run");
   fs::remove_all(out);
