@@ -174,11 +174,10 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
   const bool standalone = node.num_nodes == 1 && node.source == WorldSource::kSingle;
   if (standalone && node.provenance["master_port"] == "default") node.master_port = 0;
   // A pod's master name resolves once the master's pod runs (its DNS record comes then): asked
-  // again within the rendezvous timeout. Elsewhere a name that does not resolve is a mistake.
-  if (node.num_nodes > 1) {
-    RETURN_IF_ERROR(
-        CheckMasterResolves(node, pod_level ? options.rendezvous_timeout : absl::ZeroDuration()));
-  }
+  // again within the rendezvous timeout. Elsewhere a name that does not resolve is a mistake, on
+  // one node too, where the agent would wait out the rendezvous timeout for it.
+  RETURN_IF_ERROR(
+      CheckMasterResolves(node, pod_level ? options.rendezvous_timeout : absl::ZeroDuration()));
   if (node.rdzv_token.empty()) {
     if (node.num_nodes > 1) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -335,6 +335,19 @@ TEST(AgentTest, APodsMasterNameThatResolvesLateIsWaitedFor) {
   EXPECT_EQ(one.exit_code, 0) << one.stderr_text;
 }
 
+// A master name that does not resolve fails at once on one node too (outside pods, where a name
+// may resolve late), where the agent waited out the rendezvous timeout.
+TEST(AgentTest, AMasterNameThatDoesNotResolveFailsAtOnce) {
+  const absl::Time start = absl::Now();
+  Launch launch({"--master-addr=no-such-host.invalid", "--rdzv-timeout-s=60",
+                 Recipe("no_master", 3), "--set", "run.out_dir=" + OutDir("no_master")});
+  EXPECT_EQ(launch.Wait(absl::Seconds(60)), 1) << launch.output();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_THAT(launch.output(),
+              HasSubstr("master address 'no-such-host.invalid' (flag --master-addr "
+                        "no-such-host.invalid) does not resolve"));
+}
+
 // Node 1 whose MASTER_ADDR is its own loopback (a single-node script reused) finds no store
 // there: its error says that address is its own.
 TEST(AgentTest, ANodeWhoseMasterIsItsOwnLoopbackIsTold) {
