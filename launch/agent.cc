@@ -1161,9 +1161,9 @@ absl::StatusOr<int> Agent::Run() {
         bool clean = true, stopped = false;
         for (const Worker& worker : workers_) {
           const ExitStatus status = *worker.process->exit_status();
-          const bool saved = StoppedAfterCheckpoint(status) || status.signal == SIGTERM;
-          clean = clean && (status.ok() || saved);
-          stopped = stopped || saved;
+          const bool honoured = StoppedAfterCheckpoint(status) || status.signal == SIGTERM;
+          clean = clean && (status.ok() || honoured);
+          stopped = stopped || honoured;
         }
         if (clean && !stopped) {
           LogInfo("node %d: every worker finished before the stop", node_.node_rank);

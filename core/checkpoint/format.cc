@@ -224,6 +224,7 @@ std::string StepDirName(int64_t step) { return absl::StrCat("step-", step); }
 std::string AsideName(const std::string& step_dir, uint64_t nonce) {
   return absl::StrFormat("%s.replaced-%016x", step_dir, nonce);
 }
+
 std::string RankFileName(int rank) { return absl::StrCat("rank-", rank, ".bin"); }
 std::string RankIndexName(int rank) { return absl::StrCat("rank-", rank, ".json"); }
 
