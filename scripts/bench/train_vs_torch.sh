@@ -148,6 +148,11 @@ echo "dtrain vs PyTorch (${peers[*]}), $threads threads, median of $runs alterna
   "first $warmup_steps steps of each run untimed"
 echo "reference: one 2048^3 float32 torch.mm in Debian's PyTorch" \
   "$("$python" -c 'import torch; print(torch.__version__)') (OpenBLAS) = ${sgemm#gflops=} GFLOP/s"
+# The GEMM kernel OpenBLAS picked (both sides load the same library with the same environment).
+echo "OpenBLAS kernel, both sides: $("$python" -c 'import ctypes, ctypes.util
+get = ctypes.CDLL(ctypes.util.find_library("openblas")).openblas_get_corename
+get.restype = ctypes.c_char_p
+print(get().decode())') (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset})"
 if [[ -n $python2 ]]; then
   echo "PyTorch 2's own (its BLAS): $("$python2" "$repo/scripts/bench/torch_sgemm.py" \
     --threads "$threads")"
