@@ -92,17 +92,17 @@ absl::Status CheckExportFitsMachine(const Recipe& recipe, const ModelConfig& con
   const double whole = sizeof(float) * static_cast<double>(ParamTable(config, {}).total_numel());
   const double needed = 2 * whole * exporting_ranks;
   if (needed <= machine_bytes) return absl::OkStatus();
-  absl::Status status = absl::FailedPreconditionError(absl::StrCat(
-      "train.export_to ", recipe.train.export_to,
-      " gathers the whole model on every rank of the first data-parallel replica at the end of "
-      "the run, twice over (gathered and assembled) in float32: ",
-      FormatBytes(2 * whole), " on each of this machine's ", exporting_ranks,
-      exporting_ranks == 1 ? " such rank" : " such ranks", ", more than its ",
-      FormatBytes(machine_bytes),
-      "; set train.export_to: \"\" and export the last checkpoint "
-      "with `dtrain ckpt export` on a machine with the memory"));
-  SetExitCode(status, kExitUsage);
-  return status;
+  return WithExitCode(
+      absl::FailedPreconditionError(absl::StrCat(
+          "train.export_to ", recipe.train.export_to,
+          " gathers the whole model on every rank of the first data-parallel replica at the end of "
+          "the run, twice over (gathered and assembled) in float32: ",
+          FormatBytes(2 * whole), " on each of this machine's ", exporting_ranks,
+          exporting_ranks == 1 ? " such rank" : " such ranks", ", more than its ",
+          FormatBytes(machine_bytes),
+          "; set train.export_to: \"\" and export the last checkpoint "
+          "with `dtrain ckpt export` on a machine with the memory")),
+      kExitUsage);
 }
 
 absl::Status CheckRankMemory(const Recipe& recipe, const RankMemory& memory,

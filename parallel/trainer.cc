@@ -938,17 +938,17 @@ absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size) {
   // Weights that are missing, or of another model, would fail every rank at start, and every
   // restart after it. Only a fresh run reads them (a resume takes its checkpoint's), and a path
   // that cannot be read is left to the start, as other faults of files are.
-  std::error_code error;
   const bool resumes = recipe.checkpoint.resume != "never" &&
                        (recipe.checkpoint.resume != "auto" ||
                         !CheckpointCandidates(recipe.checkpoint_dir()).empty());
-  const bool exists = std::filesystem::exists(recipe.train.init_from, error);
-  if (!recipe.train.init_from.empty() && !resumes && !exists && !error) {
+  std::error_code error;
+  if (!recipe.train.init_from.empty() && !resumes &&
+      !std::filesystem::exists(recipe.train.init_from, error) && !error) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.init_from: ", recipe.train.init_from,
                      " does not exist; give a .safetensors file or a Hugging Face model folder"));
   }
-  if (!recipe.train.init_from.empty() && !resumes && exists) {
+  if (!recipe.train.init_from.empty() && !resumes && !error) {
     const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
     if (absl::Status status = CheckHfWeights(config, recipe.train.init_from);
         absl::IsInvalidArgument(status)) {

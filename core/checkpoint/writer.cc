@@ -174,15 +174,14 @@ absl::Status SaveFailed(const SaveRequest& request, const absl::Status& cause) {
   for (const ChunkSource& chunk : request.chunks) part += ChunkBytes(chunk);
   std::error_code error;
   const fs::space_info space = fs::space(request.dir, error);
-  absl::Status status = Renamed(
-      cause,
-      absl::StrFormat(
-          "%s; the checkpoint folder's file system is full (%.1f MiB free, this rank's part is "
-          "%.1f MiB): free space there, keep fewer checkpoints (checkpoint.keep_last %d), or set "
-          "checkpoint.dir to a larger file system",
-          message, error ? 0.0 : space.available / 1048576.0, part / 1048576.0, request.keep_last));
-  SetExitCode(status, kExitDiskFull);
-  return status;
+  return WithExitCode(
+      Renamed(cause, absl::StrFormat("%s; the checkpoint folder's file system is full (%.1f MiB "
+                                     "free, this rank's part is %.1f MiB): free space there, keep "
+                                     "fewer checkpoints (checkpoint.keep_last %d), or set "
+                                     "checkpoint.dir to a larger file system",
+                                     message, error ? 0.0 : space.available / 1048576.0,
+                                     part / 1048576.0, request.keep_last)),
+      kExitDiskFull);
 }
 
 }  // namespace

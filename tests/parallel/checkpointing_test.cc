@@ -225,20 +225,19 @@ TEST(CheckpointingTest, BenchLeavesTheFolderItIsGivenAlone) {
   const std::string out = testing::TempPath("ckpt_bench_run");
   fs::remove_all(out);
   ASSERT_EQ(Train(out, "--set train.steps=2").exit_code, 0);
-  std::vector<std::string> before;
-  for (const auto& entry : fs::recursive_directory_iterator(out)) {
-    before.push_back(entry.path().string());
-  }
+  const auto listing = [&] {
+    std::vector<std::string> paths;
+    for (const auto& entry : fs::recursive_directory_iterator(out)) {
+      paths.push_back(entry.path().string());
+    }
+    std::sort(paths.begin(), paths.end());
+    return paths;
+  };
+  const std::vector<std::string> before = listing();
   const testing::Outcome bench = testing::RunDtrain("ckpt bench " + out + " --values 1000");
   ASSERT_EQ(bench.exit_code, 0) << bench.stderr_text;
   EXPECT_THAT(bench.stdout_text, HasSubstr("bytes=12000 save_s="));
-  std::vector<std::string> after;
-  for (const auto& entry : fs::recursive_directory_iterator(out)) {
-    after.push_back(entry.path().string());
-  }
-  std::sort(before.begin(), before.end());
-  std::sort(after.begin(), after.end());
-  EXPECT_EQ(after, before);
+  EXPECT_EQ(listing(), before);
   EXPECT_TRUE(fs::exists(out + "/ck/checkpoints/step-2/manifest.json"));
 }
 

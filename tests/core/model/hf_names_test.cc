@@ -37,11 +37,10 @@ class HfNamesTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
-  // Rewrites `from` into `to` with names renamed by `rename` ("" drops the tensor) and `extra`
-  // tensors appended (all F32 of shape {1}).
+  // Rewrites `from` into `to` with names renamed by `rename` ("" drops the tensor), `extra`
+  // tensors appended (all F32 of shape {1}) and `copies` (name -> the source's tensor it copies,
+  // times `scale`).
   template <typename Rename>
-  // `extra`: one-value buffers to add; `copies`: tensors to add (name -> the source's tensor they
-  // copy, with `scale` applied).
   void Rewrite(const std::string& from, const std::string& to, Rename rename,
                const std::vector<std::string>& extra = {},
                const std::map<std::string, std::string>& copies = {}, float scale = 1) {
