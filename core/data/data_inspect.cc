@@ -19,10 +19,16 @@ namespace dtrain {
 absl::Status InspectShards(const std::string& pattern, const InspectOptions& options,
                            std::ostream& out) {
   ASSIGN_OR_RETURN(const std::vector<std::string> urls, ExpandShardUrls(pattern));
+  // Ids past the decoding tokenizer's vocabulary are refused as training refuses ids past
+  // model.vocab_size; without a tokenizer, any id is.
+  const int vocab_size = options.tokenizer != nullptr ? options.tokenizer->vocab_size()
+                                                      : std::numeric_limits<int32_t>::max();
   const auto start = std::chrono::steady_clock::now();
   int64_t samples = 0;
   int64_t tokens = 0;
   int64_t bytes = 0;
+  int64_t refused = 0;  // samples whose tokens training refuses
+  absl::Status first_refusal;
   TokenDocument document;  // ids as training reads them: validated, not widened
   std::vector<int32_t> ids;
   Sample sample;
@@ -31,8 +37,9 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
     TarReader reader(source.get());
     SampleGrouper grouper(&reader);
     while (true) {
-      ASSIGN_OR_RETURN(const bool more, grouper.Next(&sample));
-      if (!more) break;
+      absl::StatusOr<bool> more = grouper.Next(&sample);
+      if (!more.ok()) return WithSourceCause(*source, more.status());
+      if (!*more) break;
       const bool listed =
           !options.summary_only && (options.max_samples < 0 || samples < options.max_samples);
       std::string fields;  // before TakeSampleTokens takes the token field's bytes
@@ -41,14 +48,16 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
           absl::StrAppend(&fields, " .", field.extension, "(", field.data.size(), " B)");
         }
       }
-      const absl::Status decoded =
-          TakeSampleTokens(&sample, std::numeric_limits<int32_t>::max(), &document);
+      const absl::Status decoded = TakeSampleTokens(&sample, vocab_size, &document);
+      if (!decoded.ok() && refused++ == 0) first_refusal = decoded;
       const int64_t sample_tokens = decoded.ok() ? document.size() : 0;
       tokens += sample_tokens;
       ++samples;
       if (!listed) continue;
       out << url << "  " << sample.key << ":" << fields << "  "
-          << (decoded.ok() ? absl::StrCat(sample_tokens, " tokens") : "no tokens") << "\n";
+          << (decoded.ok() ? absl::StrCat(sample_tokens, " tokens")
+                           : absl::StrCat("refused: ", decoded.message()))
+          << "\n";
       if (options.tokenizer != nullptr && sample.Find(kTokenizerExtension) != nullptr) {
         const std::string name = RecordedTokenizerName(sample);
         if (name != options.tokenizer->name()) {
@@ -83,7 +92,12 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
   out << absl::StrFormat("%d shards, %d samples, %d tokens, %d bytes in %.3f s: %.1f MB/s\n",
                          urls.size(), samples, tokens, bytes, seconds,
                          static_cast<double>(bytes) / 1e6 / std::max(seconds, 1e-9));
-  return absl::OkStatus();
+  if (refused == 0) return absl::OkStatus();
+  return Renamed(first_refusal,
+                 absl::StrCat(refused, " of ", samples,
+                              " samples hold no tokens training accepts, which fails the run "
+                              "(data.on_error: skip_shard skips their shards); first: ",
+                              first_refusal.message()));
 }
 
 }  // namespace dtrain

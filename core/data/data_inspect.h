@@ -1,8 +1,10 @@
 // `dtrain data inspect`: what a shard pattern holds, read exactly as training reads it.
 // Prints one line per sample (key, extensions with bytes, token count) unless summary_only, then
 // totals with the read rate; with a tokenizer, each listed sample's text follows its line as a
-// JSON string, and a note where the shard records another tokenizer. Errors name the shard and
-// byte offset; single-threaded.
+// JSON string, and a note where the shard records another tokenizer. Samples whose tokens training
+// refuses (no token field, a cut id, an id past the tokenizer's vocabulary) are listed with why
+// and fail the inspection after the totals. Errors name the shard and byte offset (and a shard
+// command's exit status); single-threaded.
 #pragma once
 
 #include <cstdint>

@@ -36,6 +36,14 @@ absl::StatusOr<std::vector<int32_t>> LoadKey(const std::string& key,
   return LoadTokenFiles(*files, format, vocab_size);
 }
 
+ShardSourceOptions SourceOptions(const DataSection& data) {
+  ShardSourceOptions options;
+  options.http_timeout_s = data.http_timeout_s;
+  options.http_retries = data.http_retries;
+  options.pipe_timeout_s = data.pipe_timeout_s;
+  return options;
+}
+
 // data.format webdataset: streamed shards; the token counts stay 0 (unknown in advance).
 absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int dp_size) {
   const DataSection& data = recipe.data;
@@ -53,8 +61,7 @@ absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int 
   config.vocab_size = recipe.model.vocab_size;
   config.epochs = data.epochs;
   config.skip_bad_shards = data.on_error == "skip_shard";
-  config.source.http_timeout_s = data.http_timeout_s;
-  config.source.http_retries = data.http_retries;
+  config.source = SourceOptions(data);
 
   Datasets datasets;
   datasets.notes.push_back(absl::StrCat(
@@ -223,7 +230,8 @@ absl::StatusOr<std::optional<Sample>> ShardsFirstSample(const Recipe& recipe) {
     ASSIGN_OR_RETURN(shards, ExpandFilePatterns(recipe.data.train));
   }
   if (shards.empty()) return std::nullopt;
-  ASSIGN_OR_RETURN(const std::unique_ptr<ByteSource> source, OpenShard(shards.front(), {}));
+  ASSIGN_OR_RETURN(const std::unique_ptr<ByteSource> source,
+                   OpenShard(shards.front(), SourceOptions(recipe.data)));
   TarReader reader(source.get());
   SampleGrouper grouper(&reader);
   Sample sample;

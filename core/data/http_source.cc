@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/util/log.h"
+#include "core/util/status.h"
 
 namespace dtrain {
 namespace {
@@ -65,7 +66,12 @@ class HttpSource final : public ByteSource {
       LogWarn("%s: %s; retry %d of %d in %d ms, resuming at byte %d", url_, failure.message(),
               attempt_, options_.http_retries, backoff_ms, received_);
       StopTransfer();
-      std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+      const Clock::time_point retry_at = Clock::now() + std::chrono::milliseconds(backoff_ms);
+      while (Clock::now() < retry_at) {
+        RETURN_IF_ERROR(CheckNotStopped(options_, url_));
+        std::this_thread::sleep_for(std::min<Clock::duration>(
+            std::chrono::milliseconds(kStopCheckMs), retry_at - Clock::now()));
+      }
     }
   }
 
@@ -142,7 +148,8 @@ class HttpSource final : public ByteSource {
       return absl::UnavailableError(
           absl::StrCat("no data for ", options_.http_timeout_s, " s (data.http_timeout_s)"));
     }
-    curl_multi_poll(multi_, nullptr, 0, 100, nullptr);
+    RETURN_IF_ERROR(CheckNotStopped(options_, url_));
+    curl_multi_poll(multi_, nullptr, 0, kStopCheckMs, nullptr);
     return absl::OkStatus();
   }
 

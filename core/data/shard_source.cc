@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "core/data/http_source.h"
+#include "core/util/status.h"
 #include "core/util/subprocess.h"
 
 namespace dtrain {
@@ -70,11 +72,14 @@ constexpr absl::Duration kPipeExitGrace = absl::Seconds(10);
 
 // CMD runs under /bin/sh with its stdout on a pipe; stdin and stderr are the trainer's. It gets
 // SIGPIPE's default action (Subprocess does that), so a command whose reader closed early ends as
-// in a shell pipeline, not with "Broken pipe" errors.
+// in a shell pipeline, not with "Broken pipe" errors. It leads a process group, so stopping it
+// stops what it started (`sleep 60; cat x`, `curl ... | zstd -d`) and what it leaves behind is
+// killed; the shell dies with the trainer (or the thread reading it).
 class PipeSource final : public ByteSource {
  public:
-  PipeSource(std::unique_ptr<Subprocess> process, std::string url)
-      : process_(std::move(process)), url_(std::move(url)) {}
+  PipeSource(std::unique_ptr<Subprocess> process, std::string url,
+             const ShardSourceOptions& options)
+      : process_(std::move(process)), url_(std::move(url)), options_(options) {}
   ~PipeSource() override {
     // Abandoned early (an error elsewhere): stop the command rather than leave it blocked. The
     // pipe closes first, so a command that ignores SIGTERM while it writes ends by SIGPIPE.
@@ -84,9 +89,11 @@ class PipeSource final : public ByteSource {
   }
 
   absl::StatusOr<size_t> Read(char* buffer, size_t n) override {
+    RETURN_IF_ERROR(WaitForOutput());
     return Counted(ReadFd(process_->stdout_fd(), buffer, n, url_));
   }
   absl::StatusOr<size_t> ReadWithTail(char* buffer, size_t n, char* tail, size_t tail_n) override {
+    RETURN_IF_ERROR(WaitForOutput());
     return Counted(ReadFdWithTail(process_->stdout_fd(), buffer, n, tail, tail_n, url_));
   }
   bool ended() const override { return ended_; }
@@ -112,22 +119,51 @@ class PipeSource final : public ByteSource {
     return read;
   }
 
+  // Until the pipe holds data or its end, at most options_.pipe_timeout_s: a command that hangs
+  // (a stalled download, a prompt for a password) fails its shard instead of the whole run
+  // waiting on it without end.
+  absl::Status WaitForOutput() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(options_.pipe_timeout_s);
+    pollfd output = {.fd = process_->stdout_fd(), .events = POLLIN, .revents = 0};
+    while (true) {
+      RETURN_IF_ERROR(CheckNotStopped(options_, url_));
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "shard command '", url_.substr(5), "' wrote nothing for ", options_.pipe_timeout_s,
+            " s (data.pipe_timeout_s); run it in a shell to see what it waits for, or raise "
+            "data.pipe_timeout_s"));
+      }
+      const int wait_ms = static_cast<int>(std::min<int64_t>(
+          kStopCheckMs, absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1)))));
+      const int ready = ::poll(&output, 1, wait_ms);
+      if (ready > 0) return absl::OkStatus();  // data, the end, or an error read(2) reports
+      if (ready < 0 && errno != EINTR) {
+        return absl::DataLossError(absl::StrCat(url_, ": poll failed: ", strerror(errno)));
+      }
+    }
+  }
+
   std::unique_ptr<Subprocess> process_;
   std::string url_;
+  ShardSourceOptions options_;
   bool ended_ = false;
 };
 
-absl::StatusOr<std::unique_ptr<ByteSource>> OpenPipe(const std::string& url) {
+absl::StatusOr<std::unique_ptr<ByteSource>> OpenPipe(const std::string& url,
+                                                     const ShardSourceOptions& options) {
   const std::string command = url.substr(5);
-  SubprocessOptions options;
-  options.stdout_stream = SubprocessOptions::Stream::kPipe;
+  SubprocessOptions spawn;
+  spawn.stdout_stream = SubprocessOptions::Stream::kPipe;
+  spawn.own_process_group = true;
+  spawn.die_with_parent = true;
   absl::StatusOr<std::unique_ptr<Subprocess>> process =
-      Subprocess::Spawn({"/bin/sh", "-c", command}, options);
+      Subprocess::Spawn({"/bin/sh", "-c", command}, spawn);
   if (!process.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot start shard command '", command, "': ", process.status().message()));
   }
-  return std::unique_ptr<ByteSource>(new PipeSource(*std::move(process), url));
+  return std::unique_ptr<ByteSource>(new PipeSource(*std::move(process), url, options));
 }
 
 class MemoryByteSource final : public ByteSource {
@@ -161,7 +197,7 @@ class MemoryByteSource final : public ByteSource {
 
 absl::StatusOr<std::unique_ptr<ByteSource>> OpenShard(const std::string& url,
                                                       const ShardSourceOptions& options) {
-  if (absl::StartsWith(url, "pipe:")) return OpenPipe(url);
+  if (absl::StartsWith(url, "pipe:")) return OpenPipe(url, options);
   if (absl::StartsWith(url, "http://") || absl::StartsWith(url, "https://")) {
     return OpenHttp(url, options);
   }
@@ -173,6 +209,20 @@ absl::StatusOr<std::unique_ptr<ByteSource>> OpenShard(const std::string& url,
   }
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   return std::unique_ptr<ByteSource>(new FileSource(fd, url));
+}
+
+absl::Status WithSourceCause(ByteSource& source, const absl::Status& error) {
+  const absl::Status closed = source.ended() ? source.Close() : absl::OkStatus();
+  if (closed.ok()) return error;
+  return absl::Status(closed.code(), absl::StrCat(closed.message(),
+                                                  " (reading its archive: ", error.message(), ")"));
+}
+
+absl::Status CheckNotStopped(const ShardSourceOptions& options, const std::string& url) {
+  if (options.stop == nullptr || !options.stop->load(std::memory_order_relaxed)) {
+    return absl::OkStatus();
+  }
+  return absl::CancelledError(absl::StrCat(url, ": the data reader stopped"));
 }
 
 std::unique_ptr<ByteSource> MemorySource(std::string data, std::string name) {

@@ -3,6 +3,7 @@
 // bounded buffer. One thread uses a source at a time; errors name the URL and the fix.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -42,6 +43,11 @@ struct ShardSourceOptions {
   int http_retries = 3;             // further attempts after a failed one, each resuming (Range)
   int http_retry_backoff_ms = 500;  // wait before retry k is backoff * 2^k, at most 30 s
   size_t http_buffer_bytes = size_t{1} << 20;  // received but not yet read, per connection
+  double pipe_timeout_s = 120;                 // pipe: longest wait for the command's next byte
+  // Set by whoever stops the reading thread: once true, a Read waiting on a pipe or a server (or
+  // between HTTP retries) gives up within about 100 ms with a Cancelled status, so the stop does
+  // not wait out a stalled command.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 // Opens "pipe:CMD" (CMD's stdout, run by /bin/sh), "http://" / "https://", "file:PATH" or a
@@ -49,6 +55,17 @@ struct ShardSourceOptions {
 // show on the first Read.
 absl::StatusOr<std::unique_ptr<ByteSource>> OpenShard(const std::string& url,
                                                       const ShardSourceOptions& options);
+
+// `error`, from reading `source`'s archive, with the cause where the source knows a better one: a
+// shard command that failed cut its archive short, and its exit status says why. (A source
+// still being written is not closed to ask: that would end a healthy command by SIGPIPE.)
+absl::Status WithSourceCause(ByteSource& source, const absl::Status& error);
+
+// How often a source waiting on a pipe or a server looks at ShardSourceOptions::stop.
+inline constexpr int kStopCheckMs = 100;
+
+// Cancelled once options.stop is set; OK otherwise.
+absl::Status CheckNotStopped(const ShardSourceOptions& options, const std::string& url);
 
 // Bytes held in memory, named `name`: for tests and the fuzzer.
 std::unique_ptr<ByteSource> MemorySource(std::string data, std::string name);

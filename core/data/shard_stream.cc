@@ -74,6 +74,7 @@ void ShardStream::CloseSlot() {
 }
 
 absl::Status ShardStream::ShardFailed(const absl::Status& status) {
+  if (absl::IsCancelled(status)) return status;  // the loader stopped reading: no shard failed
   const std::string& url = UrlOfSlot(slot_);
   const absl::Status error = WithShard(status, url);
   if (!config_->skip_bad_shards) {
@@ -135,14 +136,7 @@ absl::Status ShardStream::ReadSample(bool decode, TokenDocument* tokens) {
     }
     absl::Status status = more.status();
     if (!status.ok()) {
-      // A shard command that failed cut its archive short: its exit status says why. (Closing
-      // a source still being written would end a healthy command by SIGPIPE.)
-      const absl::Status closed = source_->ended() ? source_->Close() : absl::OkStatus();
-      if (!closed.ok()) {
-        status = absl::Status(
-            closed.code(),
-            absl::StrCat(closed.message(), " (reading its archive: ", status.message(), ")"));
-      }
+      status = WithSourceCause(*source_, status);
     } else if (decode) {
       status = TakeSampleTokens(&sample_, config_->vocab_size, tokens);
     }

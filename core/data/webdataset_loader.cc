@@ -73,6 +73,7 @@ absl::Status DecodeStreamCursors(const std::string& text, int* num_streams,
 // ---- WebDatasetLoader -------------------------------------------------------------------------
 
 WebDatasetLoader::WebDatasetLoader(WebDatasetOptions options) : options_(std::move(options)) {
+  options_.stream.source.stop = &stop_;
   const int owned = options_.stream.num_streams / options_.world;
   for (int i = 0; i < owned; ++i) {
     streams_.push_back(

@@ -11,6 +11,7 @@
 // that divides K. Not thread-safe: one loader per rank, used from one thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -73,7 +74,8 @@ class WebDatasetLoader final : public SequenceLoader {
   std::mutex mu_;
   std::condition_variable changed_;
   std::deque<Window> queue_;
-  bool stop_ = false;
+  // Set under mu_; also options_.stream.source.stop, so a stop ends a read waiting on a shard.
+  std::atomic<bool> stop_{false};
   std::thread reader_;
 };
 

@@ -214,6 +214,11 @@ const std::vector<KeySpec>& Keys() {
        "http(s) shards: retries after a failure, each resuming where the last stopped",
        {},
        AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(data, pipe_timeout_s),
+       "pipe: shards: longest wait for the command's next byte, in seconds; a command that "
+       "writes nothing for this long fails its shard (data.on_error decides what follows)",
+       {},
+       Positive()},
       {DTRAIN_RECIPE_KEY(data, read_ahead_mb),
        "webdataset: packed sequences read ahead of the step, in MiB per rank",
        {},

@@ -58,6 +58,7 @@ struct DataSection {
   std::string on_error = "fail";  // fail | skip_shard
   double http_timeout_s = 30;
   int http_retries = 3;
+  double pipe_timeout_s = 120;
   int read_ahead_mb = 64;
   // sft: samples packed whole into sequences with document-aware attention, or one per sequence.
   bool packing = true;

@@ -1,8 +1,10 @@
 #include "core/util/subprocess.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,7 +28,7 @@ std::vector<char*> NullTerminated(const std::vector<std::string>& strings) {
   return pointers;
 }
 
-// Everything the child needs between fork and exec, prepared before the fork.
+// Everything the child needs between clone and exec, prepared before the clone.
 struct ChildSetup {
   char* const* argv;
   char* const* envp;
@@ -43,8 +45,9 @@ void Redirect(Stream stream, int pipe_fd, int null_fd, int target) {
   if (stream == Stream::kPipe) dup2(pipe_fd, target);
 }
 
-// Runs in the child between fork and exec: async-signal-safe calls only. On failure writes
-// errno to the exec error pipe.
+// Runs in the child between clone and exec, on this process's memory: system calls only, no
+// locks, no allocation. Starts with every signal blocked; on failure writes errno to the exec
+// error pipe.
 [[noreturn]] void ExecChild(const ChildSetup& setup) {
   const SubprocessOptions& options = *setup.options;
   if (options.own_process_group) setpgid(0, 0);
@@ -52,9 +55,17 @@ void Redirect(Stream stream, int pipe_fd, int null_fd, int target) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != setup.parent) _exit(127);  // the parent died before prctl took effect
   }
+  // This process's handlers would run on its memory: until exec, a caught signal does what it
+  // would do without them. SIGPIPE also where this process ignores it.
   struct sigaction default_action {};
   default_action.sa_handler = SIG_DFL;
-  sigaction(SIGPIPE, &default_action, nullptr);
+  for (int signal = 1; signal < NSIG; ++signal) {
+    struct sigaction current {};
+    if (sigaction(signal, nullptr, &current) != 0) continue;
+    const bool caught = (current.sa_flags & SA_SIGINFO) != 0 ||
+                        (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN);
+    if (caught || signal == SIGPIPE) sigaction(signal, &default_action, nullptr);
+  }
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -69,6 +80,32 @@ void Redirect(Stream stream, int pipe_fd, int null_fd, int target) {
   const int error = errno;
   (void)!write(setup.exec_error_write, &error, sizeof(error));
   _exit(127);
+}
+
+int ChildMain(void* setup) { ExecChild(*static_cast<const ChildSetup*>(setup)); }
+
+// The child's stack from clone to exec: ExecChild's few calls, with room to spare.
+constexpr size_t kChildStackBytes = size_t{256} << 10;
+
+// clone(CLONE_VM | CLONE_VFORK), as posix_spawn does, rather than fork(): fork runs the
+// pthread_atfork handlers, and OpenBLAS's stops its threads under a GEMM that another thread is
+// running, which then waits for them forever (a `pipe:` shard opened by the loader's thread hung
+// the trainer's step). This thread waits until the child has exec'd or failed, with every signal
+// blocked, so that no handler of this process runs while the child shares its memory.
+pid_t CloneChild(const ChildSetup& setup) {
+  void* stack = mmap(nullptr, kChildStackBytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) return -1;
+  sigset_t all, previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  const pid_t pid = clone(ChildMain, static_cast<char*>(stack) + kChildStackBytes,
+                          CLONE_VM | CLONE_VFORK | SIGCHLD, const_cast<ChildSetup*>(&setup));
+  const int error = errno;
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  munmap(stack, kChildStackBytes);
+  errno = error;
+  return pid;
 }
 
 // A pipe for `stream` when it is kPipe; both ends close on exec.
@@ -116,9 +153,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<
                          .stdout_write = out[1],
                          .stderr_write = err[1],
                          .exec_error_write = exec_error[1]};
-  const pid_t pid = fork();
-  if (pid == 0) ExecChild(setup);
-  const int fork_error = errno;
+  const pid_t pid = CloneChild(setup);
+  const int clone_error = errno;
   for (int* fds : {out, err, exec_error}) {
     if (fds[1] >= 0) close(fds[1]);
     fds[1] = -1;
@@ -126,10 +162,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<
   if (pid < 0) {
     for (int* fds : {out, err, exec_error}) ClosePipe(fds);
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot start ", argv[0], ": fork failed: ", strerror(fork_error)));
+        absl::StrCat("cannot start ", argv[0], ": clone failed: ", strerror(clone_error)));
   }
-  // Also here, so that Signal() reaches the group before the child ran setpgid.
-  if (options.own_process_group) setpgid(pid, pid);
   auto process =
       std::unique_ptr<Subprocess>(new Subprocess(pid, options.own_process_group, out[0], err[0]));
   int error = 0;

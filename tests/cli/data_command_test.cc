@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "tests/core/data/tar_test_util.h"
 #include "tests/core/data/tokenizers/tokenizer_json.h"
 #include "tests/testing/run_dtrain.h"
 
@@ -81,6 +82,43 @@ TEST(DataCommandTest, PackRecordsTheTokenizerAndInspectDecodesItsIds) {
   const Outcome plain = RunDtrain("data inspect " + shard);
   EXPECT_EQ(plain.exit_code, 0) << plain.stderr_text;
   EXPECT_THAT(plain.stdout_text, HasSubstr("2 samples, 15 tokens"));
+}
+
+// Inspect refuses what training refuses, listing each such sample with why and failing after the
+// totals: a cut id, and with --tokenizer an id past its vocabulary (259); before, they passed as
+// "no tokens" or as ids. A shard command that fails is named by its exit status, not by the
+// archive it cut short.
+TEST(DataCommandTest, InspectFailsOnSamplesTrainingRefuses) {
+  const std::string dir = testing::FreshTempDir("inspect_refused");
+  std::filesystem::create_directories(dir);
+  const auto ids = [](std::vector<uint16_t> words) {
+    return std::string(reinterpret_cast<const char*>(words.data()), 2 * words.size());
+  };
+  testing::WriteFile(dir + "/mixed.tar", testing::TarArchive({{"a.tokens", ids({104, 101})},
+                                                              {"b.tokens", "xyz"},
+                                                              {"c.tokens", ids({104, 300})}}));
+  const Outcome plain = RunDtrain("data inspect " + dir + "/mixed.tar");
+  EXPECT_EQ(plain.exit_code, 1);
+  EXPECT_THAT(plain.stdout_text, HasSubstr("a: .tokens(4 B)  2 tokens"));
+  EXPECT_THAT(plain.stdout_text, HasSubstr("b: .tokens(3 B)  refused: shard "));
+  EXPECT_THAT(plain.stdout_text, HasSubstr("c: .tokens(4 B)  2 tokens"));
+  EXPECT_THAT(plain.stdout_text, HasSubstr("1 shards, 3 samples, 4 tokens"));
+  EXPECT_THAT(plain.stderr_text,
+              HasSubstr("1 of 3 samples hold no tokens training accepts, which fails the run"));
+
+  const Outcome tokenized = RunDtrain(absl::StrCat("data inspect ", dir, "/mixed.tar --tokenizer ",
+                                                   TokenizerDir("inspect_refused_tok")));
+  EXPECT_EQ(tokenized.exit_code, 1);
+  EXPECT_THAT(tokenized.stdout_text, HasSubstr("c: .tokens(4 B)  refused: shard "));
+  EXPECT_THAT(tokenized.stdout_text, HasSubstr("300"));
+  EXPECT_THAT(tokenized.stderr_text, HasSubstr("2 of 3 samples hold no tokens training accepts"));
+
+  const Outcome piped =
+      RunDtrain(absl::StrCat("data inspect 'pipe:head -c 700 ", dir, "/mixed.tar; exit 7'"));
+  EXPECT_EQ(piped.exit_code, 1);
+  EXPECT_THAT(piped.stderr_text,
+              HasSubstr("ended with exit code 7; run it in a shell to see why (reading its "
+                        "archive: "));
 }
 
 // Documents without text are left out and counted; inputs with none at all are an error, not

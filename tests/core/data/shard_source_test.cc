@@ -1,11 +1,18 @@
 #include "core/data/shard_source.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <csignal>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -100,6 +107,69 @@ TEST(ShardSourceTest, APipeCommandThatOutlivesItsOutputIsKilled) {
   start = absl::Now();
   source->reset();
   EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the command outlived its reader";
+}
+
+// A command that writes nothing for pipe_timeout_s fails its shard, naming itself and the key;
+// before, the read waited on it without end (here `timeout` caps the command at 60 s). The limit
+// is per wait: a command that writes slowly but steadily is not cut off.
+TEST(ShardSourceTest, APipeCommandThatWritesNothingForTheTimeoutFails) {
+  ShardSourceOptions options = FastOptions();
+  options.pipe_timeout_s = 1;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> stalled =
+      ReadAll("pipe:printf x; exec timeout -s KILL 60 sleep 60", options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "the read waited out the command";
+  ASSERT_FALSE(stalled.ok());
+  EXPECT_TRUE(absl::StrContains(stalled.status().message(),
+                                "shard command 'printf x; exec timeout -s KILL 60 sleep 60' wrote "
+                                "nothing for 1 s (data.pipe_timeout_s)"))
+      << stalled.status();
+
+  absl::StatusOr<std::string> steady =
+      ReadAll("pipe:for i in 1 2 3 4; do sleep 0.4; printf x; done", options);
+  ASSERT_TRUE(steady.ok()) << steady.status();
+  EXPECT_EQ(*steady, "xxxx");
+}
+
+// Reads `url` once on this thread while another sets options.stop after 300 ms: the read must
+// end with Cancelled within seconds (a loader's stop waited out the stalled source).
+void ExpectAStopEndsTheRead(const std::string& url) {
+  std::atomic<bool> stop{false};
+  ShardSourceOptions options = FastOptions();
+  options.stop = &stop;
+  absl::StatusOr<std::unique_ptr<ByteSource>> source = OpenShard(url, options);
+  ASSERT_TRUE(source.ok()) << source.status();
+  std::thread stopper([&stop] {
+    absl::SleepFor(absl::Milliseconds(300));
+    stop = true;
+  });
+  const absl::Time start = absl::Now();
+  char buffer[16];
+  const absl::StatusOr<size_t> read = (*source)->Read(buffer, sizeof(buffer));
+  const absl::Duration waited = absl::Now() - start;
+  stopper.join();
+  EXPECT_TRUE(absl::IsCancelled(read.status())) << read.status();
+  EXPECT_LT(waited, absl::Seconds(5)) << url;
+}
+
+TEST(ShardSourceTest, AStopEndsAReadWaitingOnAQuietCommand) {
+  ExpectAStopEndsTheRead("pipe:exec timeout -s KILL 60 sleep 60");
+}
+
+// The server is a listening socket that never accepts: the kernel completes the connection and
+// takes the request, and no answer comes (FastOptions waits 10 s for one).
+TEST(ShardSourceTest, AStopEndsAReadWaitingOnAQuietServer) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), length), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  ExpectAStopEndsTheRead(absl::StrCat("http://127.0.0.1:", ntohs(address.sin_port), "/s.tar"));
+  close(listener);
 }
 
 // A trainer ignores SIGPIPE once its communicator exists; the commands it starts must not inherit

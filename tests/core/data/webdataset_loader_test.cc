@@ -5,6 +5,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/data/shard_urls.h"
 #include "gtest/gtest.h"
 #include "tests/core/data/tar_test_util.h"
@@ -237,6 +239,39 @@ TEST_F(WebDatasetLoaderTest, AFailedShardCommandIsNamedByItsExitStatus) {
   status = Loader(0, 1)->Next(80, inputs.data(), targets.data());
   ASSERT_FALSE(status.ok());
   EXPECT_FALSE(absl::StrContains(status.message(), "shard command")) << status;
+}
+
+// A loader stopped while its reader waits on a slow shard command (to restore, or at the end of
+// a run) cancels that wait: it neither waits the command out nor counts the shard as failed, so
+// the restored order is the uninterrupted one even with skip_shard. Shard 0 gives 6 windows; the
+// reader reads them ahead (the queue holds 8), then waits on the command.
+TEST_F(WebDatasetLoaderTest, AStopCancelsAReadWaitingOnAShardCommand) {
+  config_.num_streams = 1;
+  config_.shard_shuffle = false;
+  config_.skip_bad_shards = true;
+  config_.urls = {dir_ / "shard-000.tar", "pipe:sleep 3; cat " + (dir_ / "shard-001.tar")};
+  std::vector<int32_t> inputs(8 * kSeqLen), targets(8 * kSeqLen);
+  ASSERT_TRUE(Loader(0, 1)->Next(8, inputs.data(), targets.data()).ok());
+
+  std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
+  std::vector<int32_t> resumed_inputs(8 * kSeqLen), resumed_targets(8 * kSeqLen);
+  ASSERT_TRUE(loader->Next(1, resumed_inputs.data(), resumed_targets.data()).ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  absl::Time start = absl::Now();
+  ASSERT_TRUE(loader->Restore(loader->state()).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "the restore waited out the command";
+  ASSERT_TRUE(
+      loader->Next(7, resumed_inputs.data() + kSeqLen, resumed_targets.data() + kSeqLen).ok());
+  EXPECT_EQ(resumed_inputs, inputs);
+  EXPECT_EQ(resumed_targets, targets);
+  EXPECT_EQ(loader->shard_counts().skipped, 0);
+
+  loader = Loader(0, 1);
+  ASSERT_TRUE(loader->Next(1, inputs.data(), targets.data()).ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  start = absl::Now();
+  loader.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "the loader's end waited out the command";
 }
 
 TEST_F(WebDatasetLoaderTest, ValidationReadsShardsInOrderTheSameEveryTime) {

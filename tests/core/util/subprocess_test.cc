@@ -152,6 +152,25 @@ TEST(SubprocessTest, DiesWithTheThreadThatSpawnedIt) {
   EXPECT_EQ(orphan->Wait().ToString(), "signal 9 (SIGKILL)");
 }
 
+// Spawning runs no pthread_atfork handler: OpenBLAS's stops its threads under a GEMM that another
+// thread runs, which then waits for them forever (a trainer hung when its data loader's thread
+// started a `pipe:` shard command mid-step). The spawning thread's signal mask, blocked around the
+// clone, is as it was.
+int fork_handler_runs = 0;
+
+TEST(SubprocessTest, SpawningRunsNoForkHandlersAndKeepsTheSignalMask) {
+  ASSERT_EQ(pthread_atfork([] { ++fork_handler_runs; }, nullptr, nullptr), 0);
+  sigset_t before, after;
+  ASSERT_EQ(pthread_sigmask(SIG_SETMASK, nullptr, &before), 0);
+  auto child = SpawnShell("exit 4", SubprocessOptions());
+  ASSERT_EQ(pthread_sigmask(SIG_SETMASK, nullptr, &after), 0);
+  EXPECT_EQ(child->Wait().ToString(), "exit code 4");
+  EXPECT_EQ(fork_handler_runs, 0);
+  for (int signal = 1; signal < NSIG; ++signal) {
+    EXPECT_EQ(sigismember(&before, signal), sigismember(&after, signal)) << "signal " << signal;
+  }
+}
+
 TEST(SubprocessTest, FailedExecIsAnErrorNamingTheProgram) {
   const absl::StatusOr<std::unique_ptr<Subprocess>> missing =
       Subprocess::Spawn({"/no/such/dtrain"}, SubprocessOptions());
