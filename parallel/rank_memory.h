@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "core/backend/backend.h"
 #include "core/model/model_config.h"
+#include "core/model/param_table.h"
 #include "core/model/recompute.h"
 #include "core/recipe/recipe.h"
 #include "parallel/sharding.h"
@@ -17,17 +18,35 @@ namespace dtrain {
 
 // Bytes one rank keeps for the run, in its precision (Precision::Trainer: bf16 parameters and
 // activations at run.precision bf16). The model state follows the ZeRO formulas of the planner
-// (parallel/planner/cost_model.h) for the strategy and world size; transient buffers (gathered
-// units, gradient buckets) come on top.
+// (parallel/planner/cost_model.h) for the strategy and world size; the step's buffers are the
+// data-parallel engine's, from its unit layout (EstimateStepBuffers).
 struct RankMemory {
   double parameter_bytes = 0;
   double gradient_bytes = 0;
   double optimizer_bytes = 0;
   double activation_bytes = 0;
+  double buffer_bytes = 0;
 
   double model_state_bytes() const { return parameter_bytes + gradient_bytes + optimizer_bytes; }
-  double total_bytes() const { return model_state_bytes() + activation_bytes; }
+  double total_bytes() const { return model_state_bytes() + activation_bytes + buffer_bytes; }
 };
+
+// At most what DataParallelEngine holds for a moment in a step besides the model state, for
+// `table` over `dp_size` ranks. A step holds at most kUnitsInFlight units at once (the one
+// computing, the next prefetched, the tied embedding the head reads again); a pipelined stage
+// (`pipelined`) holds all of its own until its last backward.
+inline constexpr int kUnitsInFlight = 3;
+struct StepBuffers {
+  double gathered_bytes = 0;  // zero3, fsdp: parameter units gathered in the compute type
+  double gradient_bytes = 0;  // zero2, zero3, fsdp: gradient units and their reduced shards
+  // Gather inputs, the reductions' bf16 copies (parallel.reduce_dtype), and ZeRO-1's reduced
+  // shards, which wait for the step's end.
+  double wire_bytes = 0;
+
+  double total_bytes() const { return gathered_bytes + gradient_bytes + wire_bytes; }
+};
+StepBuffers EstimateStepBuffers(const ParamTable& table, const ShardingStrategy& strategy,
+                                int dp_size, bool pipelined);
 
 // `dp_size` ranks share the state of the part of the model `slice` holds (a tensor-parallel
 // shard holds its heads' and MLP columns' share and the replicated tensors); a pipeline stage

@@ -50,13 +50,19 @@ absl::Status ShardStream::OpenSlot() {
   const int64_t n = static_cast<int64_t>(config_->urls.size());
   if (config_->epochs > 0 && slot_ >= config_->epochs * n) {
     if (config_->finite) return absl::OutOfRangeError("end of data");
-    if (!wrap_logged_) {
+    if (!wrap_logged_ && cursor_.windows == 0) {
+      LogInfo(
+          "data stream %d has no shard of its own in data.epochs = %d passes over %d shards; it "
+          "reads the passes' shards again, as other streams do, so every rank keeps the same "
+          "number of batches",
+          stream_, config_->epochs, n);
+    } else if (!wrap_logged_) {
       LogInfo(
           "data stream %d finished data.epochs = %d passes after %d windows; repeating them "
           "so every rank keeps the same number of batches",
           stream_, config_->epochs, cursor_.windows);
-      wrap_logged_ = true;
     }
+    wrap_logged_ = true;
   }
   const std::string& url = UrlOfSlot(slot_);
   ASSIGN_OR_RETURN(source_, OpenShard(url, config_->source));
@@ -84,7 +90,9 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
   }
   ++cursor_.skipped_shards;
   ++shards_skipped_;
-  ++failures_in_a_row_;
+  // A shard that gave samples before it failed is progress: a single partly readable shard
+  // trains on what it holds.
+  if (slot_samples_ == 0) ++failures_in_a_row_;
   if (skipped_urls_.insert(url).second) {
     LogWarn(
         "data.on_error skip_shard: skipping shard %s (data stream %d, pass %d) after %d "
@@ -94,11 +102,13 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
         error.message(), cursor_.skipped_shards);
   }
   if (failures_in_a_row_ >= static_cast<int64_t>(config_->urls.size())) {
-    return absl::Status(error.code(),
-                        absl::StrCat("data stream ", stream_, ": ", failures_in_a_row_,
-                                     " shards in a row failed, as many as there are shards; "
-                                     "last: ",
-                                     error.message()));
+    return absl::Status(
+        error.code(),
+        absl::StrCat("data stream ", stream_, ": ", failures_in_a_row_,
+                     " shards in a row failed before their first sample, as many as there are "
+                     "shards; "
+                     "last: ",
+                     error.message()));
   }
   CloseSlot();
   return absl::OkStatus();

@@ -11,6 +11,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/planner/catalog.h"
 #include "parallel/planner/cost_model.h"
+#include "parallel/rank_memory.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/train_step.h"
 #include "tests/parallel/comm/test_store.h"
@@ -117,6 +118,41 @@ TEST(PlanVsEngineTest, CommunicatedBytesMatchThePlan) {
       const double planned = Plan(recipe, strategy).dp.sent_bytes;
       EXPECT_NEAR(sent, planned, 64 + 1e-3 * planned)
           << name << ", precision " << precision << ", reduce_dtype " << reduce_dtype;
+    }
+  }
+}
+
+// What the engine held for a moment in one step (gathered parameter units, gradient units and
+// their reduced shards) stays within the start-up check's estimate of it, and near it: zero2 and
+// zero3, float32 and bf16 parameters, one unit per block (units of 0.5 MB) and all blocks in one.
+TEST(PlanVsEngineTest, StepBuffersStayWithinTheStartupEstimate) {
+  Recipe recipe = testing::ShippedRecipe("tiny");
+  recipe.train.batch_size = 4;
+  recipe.train.micro_batch = 2;
+  recipe.train.seq_len = 16;
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  for (const char* precision : {"fp32", "bf16"}) {
+    recipe.run.precision = precision;
+    for (const double unit_mb : {0.5, 50.0}) {
+      recipe.parallel.bucket_mb = recipe.parallel.prefetch_bucket_mb = unit_mb;
+      for (const char* name : {"zero2", "zero3"}) {
+        SCOPED_TRACE(absl::StrCat(name, ", ", precision, ", units of ", unit_mb, " MB"));
+        ParallelSection parallel = recipe.parallel;
+        parallel.strategy = name;
+        const ShardingStrategy strategy =
+            *ShardingStrategyFromRecipe(parallel, recipe.bf16_params());
+        const StepBuffers estimate =
+            EstimateStepBuffers(ParamTable(config, ModelSlice{}), strategy, kRanks, false);
+        const EngineMemory measured = Measure(recipe, name, true)[0].memory;
+        const auto gathered = static_cast<double>(measured.gathered_peak_bytes);
+        const auto gradients = static_cast<double>(measured.gradient_buffer_peak_bytes);
+        EXPECT_LE(gathered, estimate.gathered_bytes);
+        EXPECT_GE(gathered, 0.5 * estimate.gathered_bytes);
+        EXPECT_LE(gradients, estimate.gradient_bytes);
+        EXPECT_GE(gradients, 0.5 * estimate.gradient_bytes);
+        EXPECT_GT(estimate.gradient_bytes, 0);
+        EXPECT_EQ(estimate.gathered_bytes > 0, std::string(name) == "zero3");
+      }
     }
   }
 }

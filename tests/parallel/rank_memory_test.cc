@@ -183,8 +183,9 @@ TEST(RankMemoryTest, EachRankChecksItsOwnGpu) {
   const absl::Status status =
       CheckRankMemory(ddp.recipe, memory, {"GPU 3", 2048, false}, strategy, 8, 8, 8);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(status.message()), AllOf(::testing::StartsWith("one rank needs "),
-                                                   HasSubstr("GPU 3 has 2.0 KiB free;")));
+  EXPECT_THAT(std::string(status.message()),
+              AllOf(::testing::StartsWith("one rank needs "), HasSubstr("; step buffers "),
+                    HasSubstr("GPU 3 has 2.0 KiB free;")));
 }
 
 // Where another layout fits, the message names the planner's as the options that select it, and

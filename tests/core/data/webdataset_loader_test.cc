@@ -218,6 +218,43 @@ TEST_F(WebDatasetLoaderTest, FailsOrSkipsABadShardByDataOnError) {
   const size_t first = warnings.find(warning);
   EXPECT_NE(first, std::string::npos) << warnings;
   EXPECT_EQ(warnings.find(warning, first + 1), std::string::npos) << warnings;
+
+  // A single shard, partly readable: each pass trains on its samples before the cut (the run
+  // failed: one failure was "as many as there are shards").
+  config_.urls = {dir_ / "shard-003.tar"};
+  loader = Loader(0, 1);
+  ::testing::internal::CaptureStderr();
+  const absl::Status partly = loader->Next(80, inputs.data(), targets.data());
+  ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(partly.ok()) << partly;
+  for (const int32_t token : inputs) EXPECT_TRUE(token == 0 || token / 1000 == 3) << token;
+
+  // Shards that all fail before their first sample end the stream with an error, not a loop.
+  config_.urls = {dir_ / "missing-0.tar", dir_ / "missing-1.tar", dir_ / "missing-2.tar"};
+  loader = Loader(0, 1);
+  ::testing::internal::CaptureStderr();
+  const absl::Status none = loader->Next(1, inputs.data(), targets.data());
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(absl::StrContains(none.message(),
+                                "3 shards in a row failed before their first sample, as many as "
+                                "there are shards"))
+      << none;
+}
+
+// With more streams than the passes have shards, a stream without a shard of its own says so,
+// where it said it had finished its passes "after 0 windows".
+TEST_F(WebDatasetLoaderTest, AStreamWithoutAShardInThePassesSaysSo) {
+  config_.num_streams = 8;
+  config_.epochs = 1;
+  std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
+  std::vector<int32_t> inputs(16 * kSeqLen), targets(16 * kSeqLen);
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(loader->Next(16, inputs.data(), targets.data()).ok());
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(absl::StrContains(
+      log, "data stream 6 has no shard of its own in data.epochs = 1 passes over 6 shards"))
+      << log;
+  EXPECT_FALSE(absl::StrContains(log, "after 0 windows")) << log;
 }
 
 // A shard command that fails partway cut its archive: the error gives its exit status, where it
