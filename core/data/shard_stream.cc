@@ -106,8 +106,7 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
         error.code(),
         absl::StrCat("data stream ", stream_, ": ", failures_in_a_row_,
                      " shards in a row failed before their first sample, as many as there are "
-                     "shards; "
-                     "last: ",
+                     "shards; last: ",
                      error.message()));
   }
   CloseSlot();
