@@ -155,7 +155,7 @@ SubprocessOptions ChildOptions(std::vector<std::string> environment) {
   options.nonblocking_pipes = true;
   options.environment = std::move(environment);
   options.own_process_group = true;
-  options.die_with_parent = true;
+  options.parent_death_signal = SIGKILL;
   return options;
 }
 

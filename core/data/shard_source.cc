@@ -70,11 +70,11 @@ class FileSource final : public ByteSource {
 // abandoning it after SIGTERM) before it is killed: it has nothing left to do.
 constexpr absl::Duration kPipeExitGrace = absl::Seconds(10);
 
-// CMD runs under /bin/sh with its stdout on a pipe; stdin and stderr are the trainer's. It gets
-// SIGPIPE's default action (Subprocess does that), so a command whose reader closed early ends as
-// in a shell pipeline, not with "Broken pipe" errors. It leads a process group, so stopping it
-// stops what it started (`sleep 60; cat x`, `curl ... | zstd -d`) and what it leaves behind is
-// killed; the shell dies with the trainer (or the thread reading it).
+// CMD runs under /bin/sh with its stdout on a pipe, stderr the trainer's and stdin /dev/null. It
+// gets SIGPIPE's default action (Subprocess does that), so a command whose reader closed early
+// ends as in a shell pipeline, not with "Broken pipe" errors. Its shell leads a process group
+// (kPipeLeader), so stopping it stops what it started (`sleep 60; cat x`, `curl ... | zstd -d`),
+// and what it leaves behind is killed.
 class PipeSource final : public ByteSource {
  public:
   PipeSource(std::unique_ptr<Subprocess> process, std::string url,
@@ -150,15 +150,25 @@ class PipeSource final : public ByteSource {
   bool ended_ = false;
 };
 
+// The shell that leads a command's process group: it runs the command ($1) with the pipe as its
+// stdout, keeping none itself (the pipe ends when the command closes it), and exits with its
+// status; on SIGTERM, ours or the one it gets when the trainer dies (even by SIGKILL, whose
+// process group the agent kills: not this one), it ends the whole group.
+constexpr char kPipeLeader[] = R"(trap 'trap - TERM; kill -TERM 0' TERM
+exec 3>&1 >/dev/null
+eval "$1" >&3 3>&- &
+exec 3>&-
+wait $!)";
+
 absl::StatusOr<std::unique_ptr<ByteSource>> OpenPipe(const std::string& url,
                                                      const ShardSourceOptions& options) {
   const std::string command = url.substr(5);
   SubprocessOptions spawn;
   spawn.stdout_stream = SubprocessOptions::Stream::kPipe;
   spawn.own_process_group = true;
-  spawn.die_with_parent = true;
+  spawn.parent_death_signal = SIGTERM;
   absl::StatusOr<std::unique_ptr<Subprocess>> process =
-      Subprocess::Spawn({"/bin/sh", "-c", command}, spawn);
+      Subprocess::Spawn({"/bin/sh", "-c", kPipeLeader, "sh", command}, spawn);
   if (!process.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot start shard command '", command, "': ", process.status().message()));

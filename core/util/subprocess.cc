@@ -51,8 +51,8 @@ void Redirect(Stream stream, int pipe_fd, int null_fd, int target) {
 [[noreturn]] void ExecChild(const ChildSetup& setup) {
   const SubprocessOptions& options = *setup.options;
   if (options.own_process_group) setpgid(0, 0);
-  if (options.die_with_parent) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (options.parent_death_signal != 0) {
+    prctl(PR_SET_PDEATHSIG, options.parent_death_signal);
     if (getppid() != setup.parent) _exit(127);  // the parent died before prctl took effect
   }
   // This process's handlers would run on its memory: until exec, a caught signal does what it

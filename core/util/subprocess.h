@@ -4,7 +4,7 @@
 // where this process ignores it (communicators do), so a child whose reader went away ends as in
 // a shell pipeline; and a failed exec reported by Spawn, not as a child exiting 127.
 //
-// Not thread-safe. With die_with_parent, the thread that spawned the child must outlive it
+// Not thread-safe. With a parent_death_signal, the thread that spawned the child must outlive it
 // (PR_SET_PDEATHSIG fires when that thread exits).
 #pragma once
 
@@ -43,8 +43,9 @@ struct SubprocessOptions {
   // The child leads a process group of its own: Signal() reaches everything it started, and
   // once it ended what it left behind is killed.
   bool own_process_group = false;
-  // The child is SIGKILLed when this process (the spawning thread) dies, even by SIGKILL.
-  bool die_with_parent = false;
+  // Not 0: the child gets this signal when this process (the spawning thread) dies, even by
+  // SIGKILL.
+  int parent_death_signal = 0;
 };
 
 class Subprocess {

@@ -2,11 +2,17 @@
 // trainer's check of the tokenizer the shards record.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/util/subprocess.h"
 #include "tests/core/data/tar_test_util.h"
 #include "tests/core/data/tokenizers/tokenizer_json.h"
 #include "tests/testing/run_dtrain.h"
@@ -119,6 +125,49 @@ TEST(DataCommandTest, InspectFailsOnSamplesTrainingRefuses) {
   EXPECT_THAT(piped.stderr_text,
               HasSubstr("ended with exit code 7; run it in a shell to see why (reading its "
                         "archive: "));
+}
+
+// Whether a process whose command line holds `word` as an argument runs.
+bool ProcessWithArgumentRuns(const std::string& word) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream in(entry.path() / "cmdline");
+    std::string argument;
+    while (std::getline(in, argument, '\0')) {
+      if (argument == word) return true;
+    }
+  }
+  return false;
+}
+
+// A trainer killed by SIGKILL (the agent's end for a rank that does not stop) takes its shard
+// commands along: their shell, leading a process group of its own, gets SIGTERM as the trainer
+// dies and ends the group. Before, the command (a `sleep` here, behind the shell) ran on.
+TEST(DataCommandTest, ATrainerKilledBySigkillLeavesNoShardCommand) {
+  const std::string marker = absl::StrCat("600.", getpid());
+  const std::string recipe = testing::WriteTempFile(
+      "sigkill_pipe.yaml",
+      absl::StrCat("data: {format: webdataset, shards: 'pipe:sleep ", marker,
+                   "; true'}\nmodel: {n_layer: 1, n_head: 1, d_model: 16, vocab_size: 256, "
+                   "max_seq_len: 8}\ntrain: {steps: 1, warmup_steps: 1, batch_size: 1, "
+                   "micro_batch: 1, seq_len: 8, eval_every: 0}\n"));
+  SubprocessOptions options;
+  options.stdout_stream = options.stderr_stream = SubprocessOptions::Stream::kNull;
+  absl::StatusOr<std::unique_ptr<Subprocess>> trainer =
+      Subprocess::Spawn({DTRAIN_BINARY, "train", recipe}, options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  const auto within = [](absl::Duration limit, const std::function<bool()>& done) {
+    for (const absl::Time end = absl::Now() + limit; absl::Now() < end;) {
+      if (done()) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return done();
+  };
+  ASSERT_TRUE(within(absl::Seconds(30), [&] { return ProcessWithArgumentRuns(marker); }))
+      << "the shard command never started";
+  (*trainer)->Signal(SIGKILL);
+  EXPECT_EQ((*trainer)->Wait().ToString(), "signal 9 (SIGKILL)");
+  EXPECT_TRUE(within(absl::Seconds(30), [&] { return !ProcessWithArgumentRuns(marker); }))
+      << "sleep " << marker << " outlived the trainer";
 }
 
 // Documents without text are left out and counted; inputs with none at all are an error, not

@@ -94,7 +94,7 @@ class Launch {
     options.stderr_stream = SubprocessOptions::Stream::kPipe;
     options.nonblocking_pipes = true;
     options.environment = std::move(environment);
-    options.die_with_parent = true;
+    options.parent_death_signal = SIGKILL;
     absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Spawn(argv, options);
     EXPECT_TRUE(process.ok()) << process.status();
     if (process.ok()) process_ = *std::move(process);

@@ -146,7 +146,7 @@ TEST(SubprocessTest, OwnProcessGroupTakesGrandchildrenAlong) {
 
 TEST(SubprocessTest, DiesWithTheThreadThatSpawnedIt) {
   SubprocessOptions options;
-  options.die_with_parent = true;
+  options.parent_death_signal = SIGKILL;
   std::unique_ptr<Subprocess> orphan;
   std::thread([&] { orphan = SpawnShell("sleep 30", options); }).join();
   EXPECT_EQ(orphan->Wait().ToString(), "signal 9 (SIGKILL)");
