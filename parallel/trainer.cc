@@ -109,14 +109,24 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(const Recipe& rec
   if (recipe.data.tokenizer.empty()) {
     if (recipe.data.format == "text") return std::make_unique<ByteTokenizer>();
     if (recipe.logging.sample_tokens == 0) return nullptr;
-    // The shards are read in full later: an error here is theirs to report then.
-    const std::string recorded = ShardsTokenizerName(recipe).value_or("");
-    if (recorded == ByteTokenizer().name()) return std::make_unique<ByteTokenizer>();
+    // A first shard that does not read fails training too, unless data.on_error skips it: fail
+    // now rather than read it again (a silent pipe: command would cost its timeout twice).
+    const absl::StatusOr<std::string> recorded = ShardsTokenizerName(recipe);
+    if (!recorded.ok() && recipe.data.on_error == "fail") return recorded.status();
+    if (recorded.ok() && *recorded == ByteTokenizer().name()) {
+      return std::make_unique<ByteTokenizer>();
+    }
     if (leader) {
       LogInfo(
-          "samples print as token ids: set data.tokenizer to the data's tokenizer (its file or "
-          "folder) to read them as text%s",
-          recorded.empty() ? "" : absl::StrCat(" (the shards record ", recorded, ")"));
+          "samples print as token ids: %s",
+          !recorded.ok()
+              ? absl::StrCat("the first shard, which records the data's tokenizer, did not "
+                             "read (",
+                             recorded.status().message(), ")")
+              : absl::StrCat(
+                    "set data.tokenizer to the data's tokenizer (its file or "
+                    "folder) to read them as text",
+                    recorded->empty() ? "" : absl::StrCat(" (the shards record ", *recorded, ")")));
     }
     return nullptr;
   }

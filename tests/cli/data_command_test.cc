@@ -5,9 +5,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -168,6 +170,40 @@ TEST(DataCommandTest, ATrainerKilledBySigkillLeavesNoShardCommand) {
   EXPECT_EQ((*trainer)->Wait().ToString(), "signal 9 (SIGKILL)");
   EXPECT_TRUE(within(absl::Seconds(30), [&] { return !ProcessWithArgumentRuns(marker); }))
       << "sleep " << marker << " outlived the trainer";
+}
+
+// A first shard that does not read fails the run at start, where the trainer reads it for the
+// tokenizer it records: a command that writes nothing runs once (it ran again in training, which
+// cost data.pipe_timeout_s twice). With data.on_error: skip_shard the run goes on to training.
+TEST(DataCommandTest, AFirstShardThatDoesNotReadFailsAtStart) {
+  const std::string runs = testing::FreshTempDir("silent_first_runs");
+  std::filesystem::create_directories(runs);
+  const auto recipe = [&](const std::string& name, const std::string& on_error) {
+    return testing::WriteTempFile(
+        name + ".yaml",
+        absl::StrCat("run: {out_dir: ", runs,
+                     "}\ndata: {format: webdataset, shards: 'pipe:echo >> ", runs, "/", name,
+                     ".count; exec sleep 60', pipe_timeout_s: 1, on_error: ", on_error,
+                     "}\nmodel: {n_layer: 1, n_head: 1, d_model: 16, vocab_size: 256, "
+                     "max_seq_len: 8}\ntrain: {steps: 1, warmup_steps: 1, batch_size: 1, "
+                     "micro_batch: 1, seq_len: 8, eval_every: 0}\n"));
+  };
+  const auto runs_of = [&](const std::string& name) {
+    std::ifstream in(runs + "/" + name + ".count");
+    return std::count(std::istreambuf_iterator<char>(in), {}, '\n');
+  };
+  const Outcome failed = RunDtrain("train " + recipe("fail", "fail"));
+  EXPECT_EQ(failed.exit_code, 1);
+  EXPECT_THAT(failed.stderr_text, HasSubstr("wrote nothing for 1 s (data.pipe_timeout_s)"));
+  EXPECT_EQ(runs_of("fail"), 1);
+
+  const Outcome skipped = RunDtrain("train " + recipe("skip", "skip_shard"));
+  EXPECT_EQ(skipped.exit_code, 1);
+  EXPECT_THAT(skipped.stderr_text,
+              HasSubstr("samples print as token ids: the first shard, which records the data's "
+                        "tokenizer, did not read"));
+  EXPECT_THAT(skipped.stderr_text, HasSubstr("1 shards in a row failed before their first sample"));
+  EXPECT_EQ(runs_of("skip"), 2);
 }
 
 // Documents without text are left out and counted; inputs with none at all are an error, not
