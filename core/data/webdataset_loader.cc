@@ -180,14 +180,17 @@ absl::Status WebDatasetLoader::Next(int count, int32_t* inputs, int32_t* targets
     {
       std::unique_lock<std::mutex> lock(mu_);
       changed_.wait(lock, [&] { return !queue_.empty(); });
+      // The reader failed ahead (it stops there): the run fails now, not after training on the
+      // windows read before, up to data.read_ahead_mb (minutes of steps that no checkpoint
+      // keeps). The cursor stays at the windows consumed.
+      if (!queue_.back().status.ok()) {
+        failed_ = queue_.back().status;
+        return failed_;
+      }
       window = std::move(queue_.front());
       queue_.pop_front();
     }
     changed_.notify_all();
-    if (!window.status.ok()) {
-      failed_ = window.status;
-      return failed_;
-    }
     std::copy_n(window.inputs_targets.data(), seq_len, inputs + i * seq_len);
     std::copy_n(window.inputs_targets.data() + seq_len, seq_len, targets + i * seq_len);
     consumed_[static_cast<size_t>(window.owned_stream)] = std::move(window.cursor);

@@ -257,6 +257,27 @@ TEST_F(WebDatasetLoaderTest, AStreamWithoutAShardInThePassesSaysSo) {
   EXPECT_FALSE(absl::StrContains(log, "after 0 windows")) << log;
 }
 
+// A shard that fails ahead of the step ends the run at the next batch, not after the windows
+// read before it (with a large data.read_ahead_mb, minutes of steps that no checkpoint keeps).
+// Shard 0 gives 6 windows, all read ahead of the first; the missing shard 1 fails the reader.
+TEST_F(WebDatasetLoaderTest, AShardThatFailsAheadFailsTheNextBatch) {
+  config_.num_streams = 1;
+  config_.shard_shuffle = false;
+  config_.urls = {dir_ / "shard-000.tar", dir_ / "missing.tar"};
+  std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
+  std::vector<int32_t> inputs(kSeqLen), targets(kSeqLen);
+  ASSERT_TRUE(loader->Next(1, inputs.data(), targets.data()).ok());
+  absl::Status status;
+  int consumed = 1;
+  for (; consumed < 6 && status.ok(); ++consumed) {
+    absl::SleepFor(absl::Seconds(1));  // the reader's failure is queued within microseconds
+    status = loader->Next(1, inputs.data(), targets.data());
+  }
+  EXPECT_TRUE(absl::StrContains(status.message(), "missing.tar")) << status;
+  EXPECT_EQ(consumed, 2) << "the failure waited behind the windows read before it";
+  EXPECT_EQ(loader->state().consumed_sequences, 1);
+}
+
 // A shard command that fails partway cut its archive: the error gives its exit status, where it
 // said only that the archive was cut. A command still writing when its archive goes bad is not
 // ended to ask (it would die of SIGPIPE, and that exit would stand for the archive's error).
