@@ -259,7 +259,7 @@ TEST_F(WebDatasetLoaderTest, AStreamWithoutAShardInThePassesSaysSo) {
 
 // A shard that fails ahead of the step ends the run at the next batch, not after the windows
 // read before it (with a large data.read_ahead_mb, minutes of steps that no checkpoint keeps).
-// Shard 0 gives 6 windows, all read ahead of the first; the missing shard 1 fails the reader.
+// The reader reads shard 0's windows ahead of the first batch, then fails on the missing shard 1.
 TEST_F(WebDatasetLoaderTest, AShardThatFailsAheadFailsTheNextBatch) {
   config_.num_streams = 1;
   config_.shard_shuffle = false;
