@@ -32,13 +32,17 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
   TokenDocument document;  // ids as training reads them: validated, not widened
   std::vector<int32_t> ids;
   Sample sample;
-  for (const std::string& url : urls) {
+  // One shard's samples, listed and counted; the error that ends its archive early.
+  const auto inspect_shard = [&](const std::string& url) -> absl::Status {
     ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> source, OpenShard(url, options.source));
     TarReader reader(source.get());
     SampleGrouper grouper(&reader);
     while (true) {
       absl::StatusOr<bool> more = grouper.Next(&sample);
-      if (!more.ok()) return WithSourceCause(*source, more.status());
+      if (!more.ok()) {
+        bytes += reader.offset();
+        return WithSourceCause(*source, more.status());
+      }
       if (!*more) break;
       const bool listed =
           !options.summary_only && (options.max_samples < 0 || samples < options.max_samples);
@@ -85,13 +89,32 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
       }
     }
     bytes += reader.offset();
-    RETURN_IF_ERROR(source->Close());
+    return source->Close();
+  };
+  int64_t damaged = 0;  // shards that do not read to their end
+  absl::Status first_damage;
+  for (const std::string& url : urls) {
+    const absl::Status read = inspect_shard(url);
+    if (read.ok()) continue;
+    out << url << "  does not read: " << read.message() << "\n";
+    if (damaged++ == 0) first_damage = read;
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   out << absl::StrFormat("%d shards, %d samples, %d tokens, %d bytes in %.3f s: %.1f MB/s\n",
                          urls.size(), samples, tokens, bytes, seconds,
                          static_cast<double>(bytes) / 1e6 / std::max(seconds, 1e-9));
+  if (damaged > 0) {
+    return Renamed(first_damage,
+                   absl::StrCat(damaged, " of ", urls.size(),
+                                " shards do not read to their end, which fails the run "
+                                "(data.on_error: skip_shard skips them); first: ",
+                                first_damage.message(),
+                                refused == 0 ? ""
+                                             : absl::StrCat("; and ", refused,
+                                                            " samples hold no tokens training "
+                                                            "accepts")));
+  }
   if (refused == 0) return absl::OkStatus();
   return Renamed(first_refusal,
                  absl::StrCat(refused, " of ", samples,

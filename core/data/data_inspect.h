@@ -2,9 +2,9 @@
 // Prints one line per sample (key, extensions with bytes, token count) unless summary_only, then
 // totals with the read rate; with a tokenizer, each listed sample's text follows its line as a
 // JSON string, and a note where the shard records another tokenizer. Samples whose tokens training
-// refuses (no token field, a cut id, an id past the tokenizer's vocabulary) are listed with why
-// and fail the inspection after the totals. Errors name the shard and byte offset (and a shard
-// command's exit status); single-threaded.
+// refuses (no token field, a cut id, an id past the tokenizer's vocabulary) and shards that do not
+// read to their end (named with the byte offset, or a shard command's exit status) are listed with
+// why, the other shards still read, and fail the inspection after the totals. Single-threaded.
 #pragma once
 
 #include <cstdint>

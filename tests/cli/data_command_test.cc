@@ -95,7 +95,7 @@ TEST(DataCommandTest, PackRecordsTheTokenizerAndInspectDecodesItsIds) {
 // Inspect refuses what training refuses, listing each such sample with why and failing after the
 // totals: a cut id, and with --tokenizer an id past its vocabulary (259); before, they passed as
 // "no tokens" or as ids. A shard command that fails is named by its exit status, not by the
-// archive it cut short.
+// archive it cut short, and the shards after it are still read (it stopped at the first).
 TEST(DataCommandTest, InspectFailsOnSamplesTrainingRefuses) {
   const std::string dir = testing::FreshTempDir("inspect_refused");
   std::filesystem::create_directories(dir);
@@ -121,9 +121,14 @@ TEST(DataCommandTest, InspectFailsOnSamplesTrainingRefuses) {
   EXPECT_THAT(tokenized.stdout_text, HasSubstr("300"));
   EXPECT_THAT(tokenized.stderr_text, HasSubstr("2 of 3 samples hold no tokens training accepts"));
 
-  const Outcome piped =
-      RunDtrain(absl::StrCat("data inspect 'pipe:head -c 700 ", dir, "/mixed.tar; exit 7'"));
+  // A shard that does not read is listed, and the shards after it are still read and counted.
+  const Outcome piped = RunDtrain(absl::StrCat("data inspect 'pipe:head -c 700 ", dir,
+                                               "/mixed.tar; exit 7::", dir, "/mixed.tar'"));
   EXPECT_EQ(piped.exit_code, 1);
+  EXPECT_THAT(piped.stdout_text, HasSubstr("exit 7  does not read: shard command "));
+  EXPECT_THAT(piped.stdout_text, HasSubstr("2 shards, 3 samples"));
+  EXPECT_THAT(piped.stderr_text, HasSubstr("1 of 2 shards do not read to their end"));
+  EXPECT_THAT(piped.stderr_text, HasSubstr("; and 1 samples hold no tokens training accepts"));
   EXPECT_THAT(piped.stderr_text,
               HasSubstr("ended with exit code 7; run it in a shell to see why (reading its "
                         "archive: "));
