@@ -15,10 +15,6 @@
 namespace dtrain {
 namespace {
 
-// Reduce-scatters in flight at once under gradient sharding: one being filled by backward, one
-// on the wire, and the tied embedding's, filled from the classifier to the end of backward.
-constexpr size_t kMaxGradientUnits = 3;
-
 uint64_t Fingerprint(const std::vector<uint32_t>& words) {
   uint64_t hash = kFnvOffset;
   for (const uint32_t word : words) hash = FnvMix(hash, word);
@@ -344,7 +340,7 @@ DataParallelEngine::GradientUnit& DataParallelEngine::GradientBufferFor(int unit
   for (GradientUnit& buffer : gradient_units_) {
     if (buffer.unit == unit_index && !buffer.pending) return buffer;
   }
-  if (gradient_units_.size() >= kMaxGradientUnits) {
+  if (gradient_units_.size() >= kUnitsInFlight) {
     // Recycle the oldest buffer already handed to the communicator.
     const auto issued = std::find_if(gradient_units_.begin(), gradient_units_.end(),
                                      [](const GradientUnit& b) { return b.pending != nullptr; });

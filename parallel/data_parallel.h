@@ -29,6 +29,12 @@
 
 namespace dtrain {
 
+// Units the engine holds at once in a step under sharding, gathered and as gradients: one in
+// use (computed with, or filled by backward), the next (prefetched, or on the wire), and the tied
+// embedding's (read again by the head; its gradient filled from the classifier to the end of
+// backward). A pipelined step holds a stage's all.
+inline constexpr size_t kUnitsInFlight = 3;
+
 // Bytes this rank holds for the model state (what ZeRO's 1/N claims are about): what it keeps
 // for the whole run, and the peak of what it holds for a moment (gathered parameter units,
 // gradient units waiting for their reduce-scatter).

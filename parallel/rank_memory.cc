@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "core/model/param_table.h"
 #include "core/util/exit_codes.h"
+#include "parallel/data_parallel.h"
 #include "parallel/planner/auto_layout.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/plan_report.h"

@@ -32,10 +32,8 @@ struct RankMemory {
 };
 
 // At most what DataParallelEngine holds for a moment in a step besides the model state, for
-// `table` over `dp_size` ranks. A step holds at most kUnitsInFlight units at once (the one
-// computing, the next prefetched, the tied embedding the head reads again); a pipelined stage
-// (`pipelined`) holds all of its own until its last backward.
-inline constexpr int kUnitsInFlight = 3;
+// `table` over `dp_size` ranks: kUnitsInFlight units at once, or a pipelined stage's
+// (`pipelined`) all until its last backward.
 struct StepBuffers {
   double gathered_bytes = 0;  // zero3, fsdp: parameter units gathered in the compute type
   double gradient_bytes = 0;  // zero2, zero3, fsdp: gradient units and their reduced shards

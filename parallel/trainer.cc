@@ -116,17 +116,16 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(const Recipe& rec
     if (recorded.ok() && *recorded == ByteTokenizer().name()) {
       return std::make_unique<ByteTokenizer>();
     }
-    if (leader) {
+    if (leader && !recorded.ok()) {
       LogInfo(
-          "samples print as token ids: %s",
-          !recorded.ok()
-              ? absl::StrCat("the first shard, which records the data's tokenizer, did not "
-                             "read (",
-                             recorded.status().message(), ")")
-              : absl::StrCat(
-                    "set data.tokenizer to the data's tokenizer (its file or "
-                    "folder) to read them as text",
-                    recorded->empty() ? "" : absl::StrCat(" (the shards record ", *recorded, ")")));
+          "samples print as token ids: the first shard, which records the data's tokenizer, did "
+          "not read (%s)",
+          recorded.status().message());
+    } else if (leader) {
+      LogInfo(
+          "samples print as token ids: set data.tokenizer to the data's tokenizer (its file or "
+          "folder) to read them as text%s",
+          recorded->empty() ? "" : absl::StrCat(" (the shards record ", *recorded, ")"));
     }
     return nullptr;
   }
