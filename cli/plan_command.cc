@@ -57,7 +57,7 @@ void AddPlanCommand(CLI::App& app) {
     // that the printed recipe lines are a recipe that dtrain train accepts.
     SearchOptions options;
     options.pp_schedules = TrainerLayouts(cluster->gpus_per_node).pp_schedules;
-    options = WithRecipeSchedule(*recipe, options);
+    options = WithRecipeSettings(*recipe, options);
     absl::StatusOr<Plan> plan =
         SearchLayouts(WorkloadFromRecipe(*recipe, Precision::OnGpus(*recipe)), *cluster, options);
     if (!plan.ok()) Fail(plan.status(), kExitUsage);

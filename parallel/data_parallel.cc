@@ -195,10 +195,11 @@ void DataParallelEngine::Land(Wire& wire, float* result, size_t count) {
   wire = Wire{};
 }
 
-void DataParallelEngine::WaitOnDevice(std::unique_ptr<Work>& work) {
-  if (!work) return;
-  (void)TimedWait(*work, /*on_device=*/true);
+absl::Status DataParallelEngine::WaitOnDevice(std::unique_ptr<Work>& work) {
+  if (!work) return absl::OkStatus();
+  absl::Status status = TimedWait(*work, /*on_device=*/true);
   settling_.push_back(std::move(work));
+  return status;
 }
 
 void DataParallelEngine::Settle() {
@@ -310,7 +311,7 @@ ConstValues DataParallelEngine::Acquire(int region, Pass pass) {
   const size_t region_begin = table_.BlockRange(region).first;
   if (!sharded_params()) return params_.values() + layout_.padded(unit, region_begin);
   GatheredUnit& gathered = Gather(layout_.unit_index(region));
-  WaitOnDevice(gathered.pending);
+  (void)WaitOnDevice(gathered.pending);
   gathered.wire = Wire{};  // freed in the compute stream's order, after its wait
   ++gathered.users;
   Prefetch(region, pass);
@@ -410,6 +411,18 @@ void DataParallelEngine::GradientsReady(int region) {
       reduction.work =
           ReduceScatterGradients(grads, reduction.shard.floats(), unit.shard, reduction.wire);
     }
+    // Land the oldest before its copies pile up: one per unit of the model until the step's end
+    // (an fp32 all-reduce in place holds none).
+    if (reduction.wire.input.size() > 0 || reduction.shard.size() > 0) {
+      size_t live = 0;
+      for (const PendingReduction& r : reductions_) live += r.held_bytes();
+      if (reductions_.size() >= kUnitsInFlight) {
+        live -= reductions_.front().held_bytes();
+        LandReduction(reductions_.front());
+        reductions_.pop_front();
+      }
+      peak_reduction_bytes_ = std::max(peak_reduction_bytes_, live + reduction.held_bytes());
+    }
     reductions_.push_back(std::move(reduction));
     return;
   }
@@ -432,22 +445,24 @@ void DataParallelEngine::GradientsReady(int region) {
   }
 }
 
+void DataParallelEngine::LandReduction(PendingReduction& reduction) {
+  if (!WaitOnDevice(reduction.work).ok()) return;  // error_ holds it
+  const Unit& unit = layout_.units()[reduction.unit];
+  if (strategy_.sharding == Sharding::kNone) {
+    Land(reduction.wire, grads_.floats() + unit.padded_begin, unit.end - unit.begin);
+  } else if (strategy_.reduce_type == DataType::kF32) {
+    backend_.Copy(OwnGrads(unit), reduction.shard.floats(), reduction.shard.bytes());
+  } else {
+    Land(reduction.wire, OwnGrads(unit), unit.shard);
+  }
+}
+
 // ---- the end of a step ------------------------------------------------------------------
 
 absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
                                                           int64_t global_tokens, double grad_clip,
                                                           double lr, int64_t local_trained_tokens) {
-  for (PendingReduction& reduction : reductions_) {
-    if (!Wait(reduction.work).ok()) continue;
-    const Unit& unit = layout_.units()[reduction.unit];
-    if (strategy_.sharding == Sharding::kNone) {
-      Land(reduction.wire, grads_.floats() + unit.padded_begin, unit.end - unit.begin);
-    } else if (strategy_.reduce_type == DataType::kF32) {
-      backend_.Copy(OwnGrads(unit), reduction.shard.floats(), reduction.shard.bytes());
-    } else {
-      Land(reduction.wire, OwnGrads(unit), unit.shard);
-    }
-  }
+  for (PendingReduction& reduction : reductions_) LandReduction(reduction);
   reductions_.clear();
   Settle();
   while (!gradient_units_.empty()) {
@@ -686,6 +701,7 @@ EngineMemory DataParallelEngine::memory() const {
   memory.gradient_bytes = grads_.bytes();
   memory.gathered_peak_bytes = peak_gathered_values_ * DataTypeBytes(compute_type());
   memory.gradient_buffer_peak_bytes = peak_gradient_unit_values_ * sizeof(float);
+  memory.reduction_peak_bytes = peak_reduction_bytes_;
   for (const AdamW& optimizer : optimizers_) {
     memory.optimizer_bytes += 2 * optimizer.numel() * sizeof(float);
   }

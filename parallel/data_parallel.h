@@ -29,21 +29,18 @@
 
 namespace dtrain {
 
-// Units the engine holds at once in a step under sharding, gathered and as gradients: one in
-// use (computed with, or filled by backward), the next (prefetched, or on the wire), and the tied
-// embedding's (read again by the head; its gradient filled from the classifier to the end of
-// backward). A pipelined step holds a stage's all.
-inline constexpr size_t kUnitsInFlight = 3;
-
 // Bytes this rank holds for the model state (what ZeRO's 1/N claims are about): what it keeps
 // for the whole run, and the peak of what it holds for a moment (gathered parameter units,
-// gradient units waiting for their reduce-scatter).
+// gradient units waiting for their reduce-scatter, copies of gradients on the wire).
 struct EngineMemory {
   size_t parameter_bytes = 0;
   size_t gradient_bytes = 0;
   size_t optimizer_bytes = 0;
   size_t gathered_peak_bytes = 0;
   size_t gradient_buffer_peak_bytes = 0;
+  // ddp and zero1: the reductions' bf16 copies (parallel.reduce_dtype) and zero1's reduced
+  // shards in flight.
+  size_t reduction_peak_bytes = 0;
   size_t kept() const { return parameter_bytes + gradient_bytes + optimizer_bytes; }
 };
 
@@ -193,6 +190,16 @@ class DataParallelEngine : public BlockParameters {
     std::unique_ptr<Work> pending;
     int regions_ready = 0;
   };
+  // A full-gradient unit's reduction in flight: an all-reduce in place (ddp), or a
+  // reduce-scatter into `shard` (zero1), copied into this rank's slice once done.
+  struct PendingReduction {
+    int unit = -1;
+    DeviceBuffer shard;  // zero1 at fp32: the reduce-scatter's output
+    Wire wire;
+    std::unique_ptr<Work> work;  // last, as GatheredUnit's
+
+    size_t held_bytes() const { return shard.bytes() + wire.input.bytes() + wire.output.bytes(); }
+  };
 
   bool sharded_params() const { return strategy_.sharding == Sharding::kParameters; }
   bool sharded_grads() const { return strategy_.sharding >= Sharding::kGradients; }
@@ -206,7 +213,7 @@ class DataParallelEngine : public BlockParameters {
   // Makes the compute stream wait for `work` without blocking the host where the communicator
   // can (Work::WaitOnDevice), and keeps it in settling_ for a host wait at the next BeginStep or
   // FinishStep (Settle), which reports its outcome (a failure known now is kept at once).
-  void WaitOnDevice(std::unique_ptr<Work>& work);
+  absl::Status WaitOnDevice(std::unique_ptr<Work>& work);
   void Settle();
   // Gradient reductions over comm_ in strategy_.reduce_type: grads (count) summed in place, or
   // input (ranks * shard) -> output (shard). At bf16 the values go through `wire`, and Land,
@@ -226,6 +233,8 @@ class DataParallelEngine : public BlockParameters {
   void Prefetch(int region, Pass pass);
   // Returns a unit-gradient buffer whose reduction finished, folding the result into the shard.
   absl::Status Retire(GradientUnit& buffer);
+  // Makes the compute stream wait for `reduction` and puts its result in this rank's gradients.
+  void LandReduction(PendingReduction& reduction);
   GradientUnit& GradientBufferFor(int unit);
   // Where this rank's slice of `unit` is in the parameter storage (full or shard), and the
   // slice's float32 values (the storage must hold float32).
@@ -276,18 +285,10 @@ class DataParallelEngine : public BlockParameters {
   std::map<int, GatheredUnit> gathered_;  // kParameters: unit -> gathered values
   std::deque<GradientUnit> gradient_units_;  // kGradients+: buffers in use, oldest first
   std::vector<GradientUnit> spare_gradient_units_;
-  // A full-gradient unit's reduction in flight: an all-reduce in place (ddp), or a
-  // reduce-scatter into `shard` (zero1), copied into this rank's slice once done.
-  struct PendingReduction {
-    int unit = -1;
-    DeviceBuffer shard;  // zero1 at fp32: the reduce-scatter's output
-    Wire wire;
-    std::unique_ptr<Work> work;  // last, as GatheredUnit's
-  };
   // Gathers the compute stream waits for on the device, not yet waited on the host (Settle).
   std::vector<std::unique_ptr<Work>> settling_;
-  std::vector<int> regions_ready_;  // unsharded gradients: per unit, this micro-batch
-  std::vector<PendingReduction> reductions_;
+  std::vector<int> regions_ready_;           // unsharded gradients: per unit, this micro-batch
+  std::deque<PendingReduction> reductions_;  // oldest first
   bool last_micro_batch_ = true;
   // The pipelined step (BeginPipelinedStep); `backwards_` has one flag per (chunk, micro-batch),
   // set by its BeginBackward, and `chunk_backwards_` counts each chunk's.
@@ -302,6 +303,7 @@ class DataParallelEngine : public BlockParameters {
   double exposed_comm_ms_ = 0;
   size_t peak_gathered_values_ = 0;
   size_t peak_gradient_unit_values_ = 0;
+  size_t peak_reduction_bytes_ = 0;
 };
 
 }  // namespace dtrain

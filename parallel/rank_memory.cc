@@ -1,15 +1,11 @@
 #include "parallel/rank_memory.h"
 
-#include <algorithm>
-#include <functional>
-#include <numeric>
-#include <vector>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/model/param_table.h"
 #include "core/util/exit_codes.h"
-#include "parallel/data_parallel.h"
 #include "parallel/planner/auto_layout.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/plan_report.h"
@@ -33,42 +29,6 @@ Strategy PlannerStrategy(Sharding sharding) {
 }
 
 }  // namespace
-
-StepBuffers EstimateStepBuffers(const ParamTable& table, const ShardingStrategy& strategy,
-                                int dp_size, bool pipelined) {
-  const bool sharded_params = strategy.sharding == Sharding::kParameters;
-  const bool sharded_grads = sharded_params || strategy.sharding == Sharding::kGradients;
-  const int ranks = strategy.sharding == Sharding::kNone ? 1 : dp_size;
-  const UnitLayout layout(table, strategy.unit_bytes, ranks);
-  std::vector<double> units;  // values of each unit gathered or reduced whole, largest first
-  for (const Unit& unit : layout.units()) units.push_back(static_cast<double>(unit.shard) * ranks);
-  std::sort(units.begin(), units.end(), std::greater<>());
-  const size_t held = pipelined ? units.size() : std::min<size_t>(kUnitsInFlight, units.size());
-  const double held_values = std::accumulate(units.begin(), units.begin() + held, 0.0);
-  const double held_shards = held_values / ranks;
-  const bool bf16_wire = strategy.reduce_type == DataType::kBF16 && dp_size > 1;
-  const double compute = static_cast<double>(DataTypeBytes(strategy.param_type));
-  StepBuffers buffers;
-  if (sharded_params) {
-    buffers.gathered_bytes = held_values * compute;
-    buffers.wire_bytes += held_shards * compute;
-  }
-  if (sharded_grads) {
-    buffers.gradient_bytes = (held_values + held_shards) * sizeof(float);
-    if (bf16_wire) buffers.wire_bytes += (held_values + held_shards) * 2;
-  } else if (dp_size > 1) {
-    // Every unit reduces once per step and lands in the gradients at its end.
-    const double all = static_cast<double>(layout.padded_size());
-    const double shards = static_cast<double>(layout.shard_size());
-    const bool zero1 = strategy.sharding == Sharding::kOptimizer;
-    if (bf16_wire) {
-      buffers.wire_bytes += 2 * (all + (zero1 ? shards : 0));
-    } else if (zero1) {
-      buffers.wire_bytes += shards * sizeof(float);
-    }
-  }
-  return buffers;
-}
 
 RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
                               const ShardingStrategy& strategy, Recompute recompute, int dp_size,

@@ -31,21 +31,6 @@ struct RankMemory {
   double total_bytes() const { return model_state_bytes() + activation_bytes + buffer_bytes; }
 };
 
-// At most what DataParallelEngine holds for a moment in a step besides the model state, for
-// `table` over `dp_size` ranks: kUnitsInFlight units at once, or a pipelined stage's
-// (`pipelined`) all until its last backward.
-struct StepBuffers {
-  double gathered_bytes = 0;  // zero3, fsdp: parameter units gathered in the compute type
-  double gradient_bytes = 0;  // zero2, zero3, fsdp: gradient units and their reduced shards
-  // Gather inputs, the reductions' bf16 copies (parallel.reduce_dtype), and ZeRO-1's reduced
-  // shards, which wait for the step's end.
-  double wire_bytes = 0;
-
-  double total_bytes() const { return gathered_bytes + gradient_bytes + wire_bytes; }
-};
-StepBuffers EstimateStepBuffers(const ParamTable& table, const ShardingStrategy& strategy,
-                                int dp_size, bool pipelined);
-
 // `dp_size` ranks share the state of the part of the model `slice` holds (a tensor-parallel
 // shard holds its heads' and MLP columns' share and the replicated tensors); a pipeline stage
 // keeps `activation_slots` micro-batches' activations (PipelineActivationSlots).

@@ -1,6 +1,8 @@
 #include "parallel/sharding.h"
 
 #include <algorithm>
+#include <functional>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "core/util/status.h"
@@ -73,6 +75,39 @@ UnitLayout::UnitLayout(const ParamTable& table, size_t unit_bytes, int ranks) : 
 std::pair<size_t, size_t> UnitLayout::slice(const Unit& unit, int rank) const {
   const size_t begin = std::min(unit.end, unit.begin + rank * unit.shard);
   return {begin, std::min(unit.end, begin + unit.shard)};
+}
+
+StepBuffers EstimateStepBuffers(const ParamTable& table, const ShardingStrategy& strategy,
+                                int dp_size, bool pipelined) {
+  const bool sharded_params = strategy.sharding == Sharding::kParameters;
+  const bool sharded_grads = sharded_params || strategy.sharding == Sharding::kGradients;
+  const int ranks = strategy.sharding == Sharding::kNone ? 1 : dp_size;
+  const UnitLayout layout(table, strategy.unit_bytes, ranks);
+  std::vector<double> units;  // values of each unit gathered or reduced whole, largest first
+  for (const Unit& unit : layout.units()) units.push_back(static_cast<double>(unit.shard) * ranks);
+  std::sort(units.begin(), units.end(), std::greater<>());
+  // A pipelined stage accumulates its gradient units, and keeps its gathered ones, for the
+  // whole step; ddp and zero1 land their reductions as they go.
+  const size_t held =
+      pipelined && sharded_grads ? units.size() : std::min<size_t>(kUnitsInFlight, units.size());
+  const double held_values = std::accumulate(units.begin(), units.begin() + held, 0.0);
+  const double held_shards = held_values / ranks;
+  const bool bf16_wire = strategy.reduce_type == DataType::kBF16 && dp_size > 1;
+  const double compute = static_cast<double>(DataTypeBytes(strategy.param_type));
+  StepBuffers buffers;
+  if (sharded_params) {
+    buffers.gathered_bytes = held_values * compute;
+    buffers.wire_bytes += held_shards * compute;
+  }
+  if (sharded_grads) {
+    buffers.gradient_bytes = (held_values + held_shards) * sizeof(float);
+    if (bf16_wire) buffers.wire_bytes += (held_values + held_shards) * 2;
+  } else if (strategy.sharding == Sharding::kOptimizer && dp_size > 1) {
+    buffers.wire_bytes = bf16_wire ? (held_values + held_shards) * 2 : held_shards * sizeof(float);
+  } else if (bf16_wire) {
+    buffers.wire_bytes = held_values * 2;  // an all-reduce of bf16 copies; fp32 sums in place
+  }
+  return buffers;
 }
 
 }  // namespace dtrain

@@ -79,4 +79,25 @@ class UnitLayout {
   size_t max_padded_unit_ = 0;
 };
 
+// Units the engine holds at once in a step, gathered, as gradients (under sharding) and as
+// reductions' copies (ddp and zero1): one in use (computed with, or filled by backward), the next
+// (prefetched, or on the wire), and the tied embedding's (read again by the head; its gradient
+// filled from the classifier to the end of backward). A pipelined step holds a stage's all.
+inline constexpr size_t kUnitsInFlight = 3;
+
+// At most what DataParallelEngine holds for a moment in a step besides the model state, for
+// `table` over `dp_size` ranks: kUnitsInFlight units at once, or a pipelined stage's
+// (`pipelined`) all until its last backward.
+struct StepBuffers {
+  double gathered_bytes = 0;  // zero3, fsdp: parameter units gathered in the compute type
+  double gradient_bytes = 0;  // zero2, zero3, fsdp: gradient units and their reduced shards
+  // Gather inputs, the reductions' bf16 copies (parallel.reduce_dtype), and ZeRO-1's reduced
+  // shards.
+  double wire_bytes = 0;
+
+  double total_bytes() const { return gathered_bytes + gradient_bytes + wire_bytes; }
+};
+StepBuffers EstimateStepBuffers(const ParamTable& table, const ShardingStrategy& strategy,
+                                int dp_size, bool pipelined);
+
 }  // namespace dtrain

@@ -33,12 +33,10 @@ absl::StatusOr<ClusterSpec> ClusterForWorld(const ClusterSection& section, int w
 }
 
 // Plans in `bytes_per_rank` of memory as the trainer holds it there: memory that is free once
-// the backend runs (no allowance for a GPU runtime), and the recipe's gradient buckets.
-void PlanInRankMemory(const Recipe& recipe, double bytes_per_rank, ClusterSpec& cluster,
-                      SearchOptions& options) {
+// the backend runs (no allowance for a GPU runtime).
+void PlanInRankMemory(double bytes_per_rank, ClusterSpec& cluster, SearchOptions& options) {
   cluster.gpu_memory_gib = bytes_per_rank / kGiB;
   options.assumptions.runtime_gib = 0;
-  options.assumptions.bucket_mib = recipe.parallel.bucket_mb;
 }
 
 }  // namespace
@@ -59,12 +57,14 @@ SearchOptions TrainerLayouts(int ranks_per_node) {
   return runnable;
 }
 
-SearchOptions WithRecipeSchedule(const Recipe& recipe, SearchOptions runnable) {
+SearchOptions WithRecipeSettings(const Recipe& recipe, SearchOptions runnable) {
   const absl::StatusOr<PipelineSchedule> asked = ParsePipelineSchedule(recipe.parallel.pp_schedule);
   if (asked.ok() && absl::c_linear_search(runnable.pp_schedules, *asked)) {
     runnable.pp_schedules = {*asked};
   }
   runnable.pp_virtual_stages = recipe.parallel.pp_virtual_stages;
+  runnable.assumptions.bucket_mib = recipe.parallel.bucket_mb;
+  runnable.assumptions.prefetch_bucket_mib = recipe.parallel.prefetch_bucket_mb;
   return runnable;
 }
 
@@ -72,8 +72,8 @@ absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_siz
                                              const SearchOptions& runnable, double bytes_per_rank) {
   ASSIGN_OR_RETURN(ClusterSpec cluster, ClusterForWorld(recipe.cluster, world_size));
   const Workload workload = WorkloadFromRecipe(recipe, Precision::Trainer(recipe.bf16_params()));
-  SearchOptions options = WithRecipeSchedule(recipe, runnable);
-  if (bytes_per_rank > 0) PlanInRankMemory(recipe, bytes_per_rank, cluster, options);
+  SearchOptions options = WithRecipeSettings(recipe, runnable);
+  if (bytes_per_rank > 0) PlanInRankMemory(bytes_per_rank, cluster, options);
   ASSIGN_OR_RETURN(const Plan restricted, SearchLayouts(workload, cluster, options));
   const Candidate* chosen = restricted.recommendation();
   if (chosen == nullptr) {
@@ -119,8 +119,8 @@ absl::StatusOr<Plan> PlanForMemory(const Recipe& recipe, int nodes, int ranks_pe
   section.nodes = nodes;
   section.gpus_per_node = ranks_per_node;
   ASSIGN_OR_RETURN(ClusterSpec cluster, ResolveCluster(section));
-  SearchOptions options = WithRecipeSchedule(recipe, std::move(runnable));
-  PlanInRankMemory(recipe, bytes_per_rank, cluster, options);
+  SearchOptions options = WithRecipeSettings(recipe, std::move(runnable));
+  PlanInRankMemory(bytes_per_rank, cluster, options);
   const Workload workload = WorkloadFromRecipe(recipe, Precision::Trainer(recipe.bf16_params()));
   return SearchLayouts(workload, cluster, options);
 }

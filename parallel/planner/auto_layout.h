@@ -33,13 +33,14 @@ struct AutoLayout {
 SearchOptions TrainerLayouts(int ranks_per_node);
 
 // `runnable` with the recipe's pipeline schedule (the user's choice: parallel.pp_schedule where
-// `runnable` has it, else every one `runnable` has) and its parallel.pp_virtual_stages.
-SearchOptions WithRecipeSchedule(const Recipe& recipe, SearchOptions runnable);
+// `runnable` has it, else every one `runnable` has), its parallel.pp_virtual_stages and the
+// engine's unit sizes (parallel.bucket_mb, prefetch_bucket_mb).
+SearchOptions WithRecipeSettings(const Recipe& recipe, SearchOptions runnable);
 
 // Plans recipe's model and batch for `world_size` ranks, with recipe.cluster's hardware: nodes
 // are world_size / cluster.gpus_per_node (one node of world_size GPUs when fewer).
 // `runnable` restricts the search to what the trainer implements, its schedule to
-// WithRecipeSchedule's. `bytes_per_rank`, when positive, is each rank's memory in place of
+// WithRecipeSettings's. `bytes_per_rank`, when positive, is each rank's memory in place of
 // cluster.gpu's (CPU ranks: their share of the machine's), planned as PlanForMemory plans it.
 absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_size,
                                              const SearchOptions& runnable,
@@ -49,8 +50,8 @@ absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_siz
 // trainer holds (Precision::Trainer at the recipe's run.precision) over the layouts it runs
 // (`runnable`) on `nodes` machines of `ranks_per_node` ranks that have `bytes_per_rank` each. That
 // memory is what is free once the backend runs, so the planner's allowance for the runtime
-// (CostAssumptions::runtime_gib) is left out, and its gradient buckets are the recipe's
-// (parallel.bucket_mb). Its recommendation, if any, is the layout that fits.
+// (CostAssumptions::runtime_gib) is left out. Its recommendation, if any, is the layout that
+// fits.
 absl::StatusOr<Plan> PlanForMemory(const Recipe& recipe, int nodes, int ranks_per_node,
                                    double bytes_per_rank, SearchOptions runnable);
 

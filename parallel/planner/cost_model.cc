@@ -9,6 +9,7 @@
 #include "core/model/param_table.h"
 #include "core/model/transformer.h"
 #include "parallel/pipeline_train_step.h"
+#include "parallel/sharding.h"
 
 namespace dtrain {
 namespace {
@@ -85,6 +86,19 @@ double RingFactor(Collective collective, int group_size) {
 double RankZeroAllReduceBytes(size_t count, size_t element_bytes, int group) {
   const auto chunk = [&](size_t c) { return count / group + (c < count % group ? 1 : 0); };
   return static_cast<double>(2 * count - chunk(0) - chunk(1)) * element_bytes;
+}
+
+// The data-parallel engine's sharding of `strategy`: its units of the assumed sizes, the
+// precision's parameter and reduction types.
+ShardingStrategy EngineSharding(Strategy strategy, const Precision& precision,
+                                const CostAssumptions& assumptions) {
+  ParallelSection parallel;
+  parallel.strategy = std::string(StrategyName(strategy));
+  parallel.bucket_mb = assumptions.bucket_mib;
+  parallel.prefetch_bucket_mb = assumptions.prefetch_bucket_mib;
+  parallel.reduce_dtype = precision.reduce_bytes == 2 ? "bf16" : "fp32";
+  // Every Strategy has an engine.
+  return ShardingStrategyFromRecipe(parallel, precision.param_bytes == 2).value();
 }
 
 }  // namespace
@@ -221,7 +235,6 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
                         const CostAssumptions& assumptions) {
   const ModelConfig& model = workload.model;
   const Precision& precision = workload.precision;
-  const ParamSplit split = SplitParams(model);
   const int t = layout.tp, p = layout.pp, dp = layout.dp, b = layout.micro_batch;
   const int s = workload.seq_len, h = model.d_model;
   const int v = layout.virtual_stages;
@@ -241,28 +254,14 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   const StageAssignment assignment =
       p == 1 ? StageAssignment{}
              : AssignStages(PipelineFlopsPerToken(model, s, layout.recompute), p, v).value();
-  const bool sharded_params =
-      layout.strategy == Strategy::kZero3 || layout.strategy == Strategy::kFsdp;
+  const ShardingStrategy sharding = EngineSharding(layout.strategy, precision, assumptions);
   const auto stage_memory = [&](const ModelSlice& slice, double params, int activation_slots) {
     MemoryEstimate memory = ModelStateBytes(layout.strategy, params, dp, precision, layout.offload);
     memory.activation_bytes = StageActivationBytes(model, b, s, layout.recompute, slice, sp,
                                                    activation_slots, precision.activation_bytes);
-    if (sharded_params && p > 1) {
-      // Pipelined, the stage's parameters stay gathered from the first forward to the last
-      // backward of the step, and its whole gradient accumulates until the reduce-scatter after
-      // the last backward (DataParallelEngine::BeginPipelinedStep).
-      memory.temporary_bytes = params * (precision.param_bytes + precision.grad_bytes);
-    } else if (sharded_params) {
-      // A unit (one block, or the embedding) gathered for compute, the next one prefetched, and
-      // the unit's full gradient before its reduce-scatter.
-      const double unit = std::max(split.per_layer, split.embedding) / t;
-      memory.temporary_bytes = unit * (2 * precision.param_bytes + precision.grad_bytes);
-    } else if (layout.strategy == Strategy::kZero2 && p > 1) {
-      // Pipelined, the stage's whole gradient accumulates until the step's last backward.
-      memory.temporary_bytes = params * precision.grad_bytes;
-    } else {
-      memory.temporary_bytes = 2 * assumptions.bucket_mib * kMiB;  // bucket filling + in flight
-    }
+    // The engine's units of the stage's tables, held at once in a step.
+    memory.temporary_bytes =
+        EstimateStepBuffers(ParamTable(model, slice), sharding, dp, p > 1).total_bytes();
     return memory;
   };
   // The parameters of the stage with the most: what its data-parallel group moves.

@@ -99,7 +99,10 @@ struct CostAssumptions {
   // A GEMM's efficiency falls as its smallest dimension shrinks; at this width (d_model / tp or
   // micro-batch tokens) it is half of gemm_peak_fraction: efficiency = f * w / (w + this).
   double gemm_half_efficiency_width = 128;
-  double bucket_mib = 25;  // gradient bucket (PyTorch DDP's default)
+  // The engine's units (parallel.bucket_mb, prefetch_bucket_mb): gradient buckets of ddp and
+  // zero1/2 (PyTorch DDP's default), parameter units of zero3.
+  double bucket_mib = 25;
+  double prefetch_bucket_mib = 50;
   // CUDA context, NCCL and cuBLAS workspaces that every rank holds besides the model.
   double runtime_gib = 1.5;
   // Optimizer updates a node's CPUs do per second with offload: DeepSpeed's CPU-Adam order of
@@ -113,7 +116,7 @@ struct MemoryEstimate {
   double grad_bytes = 0;
   double optimizer_bytes = 0;
   double activation_bytes = 0;
-  double temporary_bytes = 0;  // gathered units, gradient buckets
+  double temporary_bytes = 0;  // the engine's step buffers (EstimateStepBuffers)
   double runtime_bytes = 0;
   double host_bytes = 0;
 

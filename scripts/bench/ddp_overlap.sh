@@ -11,7 +11,8 @@
 #
 # Usage: scripts/bench/ddp_overlap.sh [BUILD_DIR]. Environment: STEPS_TINY (12), STEPS_124M (4),
 # SHAPES (default "tiny gpt2-124m"), PEERS (default "1.13:eager 2:fast"; add 2:compile for torch.compile under DDP, whose
-# compilation takes minutes on 2 cores), REDUCE_DTYPES (default "fp32 bf16").
+# compilation takes minutes on 2 cores), REDUCE_DTYPES (default "fp32 bf16"), ENGINES (default
+# "ddp zero2"; any of ddp zero1 zero2 zero3 fsdp).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 # shellcheck source=run_ranks.sh
@@ -63,6 +64,7 @@ echo "PyTorch DDP (gloo) peers: ${peers[*]} (eager: the reference model as writt
   "scaled_dot_product_attention and fused AdamW; compile: fast under torch.compile)"
 echo "ratio: PyTorch DDP step time / dtrain step time (> 1: dtrain is faster)"
 read -r -a reduce_dtypes <<<"${REDUCE_DTYPES:-fp32 bf16}"
+read -r -a engines <<<"${ENGINES:-ddp zero2}"
 header=$(printf "%-28s %-6s %-6s %12s %12s %9s" shape engine reduce "step ms" "exposed ms" exposed)
 for peer in "${peers[@]}"; do header+=$(printf " %19s %7s" "torch $peer ms" ratio); done
 echo "$header"
@@ -73,7 +75,7 @@ bench() {
   for peer in "${peers[@]}"; do
     torch_ms+=("$(torch_run "$peer" "$steps" "$@" train.micro_batch="$micro")")
   done
-  for strategy in ddp zero2; do
+  for strategy in "${engines[@]}"; do
     for reduce in "${reduce_dtypes[@]}"; do
       read -r step_ms exposed_ms <<<"$(dtrain_run "$strategy" "$steps" "$@" \
         parallel.reduce_dtype="$reduce")"

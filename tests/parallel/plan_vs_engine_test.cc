@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "parallel/comm/gloo_communicator.h"
 #include "parallel/data_parallel.h"
+#include "parallel/planner/auto_layout.h"
 #include "parallel/planner/catalog.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/rank_memory.h"
@@ -123,19 +124,25 @@ TEST(PlanVsEngineTest, CommunicatedBytesMatchThePlan) {
 }
 
 // What the engine held for a moment in one step (gathered parameter units, gradient units and
-// their reduced shards) stays within the start-up check's estimate of it, and near it: zero2 and
-// zero3, float32 and bf16 parameters, one unit per block (units of 0.5 MB) and all blocks in one.
+// their reduced shards, the ddp and zero1 reductions' bf16 copies and shards) stays within the
+// start-up check's estimate of it, and near it: every engine, float32 and bf16 parameters (auto
+// reduces bf16 ones in bf16), one unit per block (units of 0.5 MB) and all blocks in one.
 TEST(PlanVsEngineTest, StepBuffersStayWithinTheStartupEstimate) {
   Recipe recipe = testing::ShippedRecipe("tiny");
   recipe.train.batch_size = 4;
   recipe.train.micro_batch = 2;
   recipe.train.seq_len = 16;
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  const auto within = [](size_t measured_bytes, double estimate) {
+    const auto measured = static_cast<double>(measured_bytes);
+    EXPECT_LE(measured, estimate);
+    EXPECT_GE(measured, 0.5 * estimate);
+  };
   for (const char* precision : {"fp32", "bf16"}) {
     recipe.run.precision = precision;
     for (const double unit_mb : {0.5, 50.0}) {
       recipe.parallel.bucket_mb = recipe.parallel.prefetch_bucket_mb = unit_mb;
-      for (const char* name : {"zero2", "zero3"}) {
+      for (const std::string name : {"ddp", "zero1", "zero2", "zero3"}) {
         SCOPED_TRACE(absl::StrCat(name, ", ", precision, ", units of ", unit_mb, " MB"));
         ParallelSection parallel = recipe.parallel;
         parallel.strategy = name;
@@ -144,14 +151,58 @@ TEST(PlanVsEngineTest, StepBuffersStayWithinTheStartupEstimate) {
         const StepBuffers estimate =
             EstimateStepBuffers(ParamTable(config, ModelSlice{}), strategy, kRanks, false);
         const EngineMemory measured = Measure(recipe, name, true)[0].memory;
-        const auto gathered = static_cast<double>(measured.gathered_peak_bytes);
-        const auto gradients = static_cast<double>(measured.gradient_buffer_peak_bytes);
-        EXPECT_LE(gathered, estimate.gathered_bytes);
-        EXPECT_GE(gathered, 0.5 * estimate.gathered_bytes);
-        EXPECT_LE(gradients, estimate.gradient_bytes);
-        EXPECT_GE(gradients, 0.5 * estimate.gradient_bytes);
-        EXPECT_GT(estimate.gradient_bytes, 0);
-        EXPECT_EQ(estimate.gathered_bytes > 0, std::string(name) == "zero3");
+        EXPECT_EQ(estimate.gathered_bytes > 0, name == "zero3");
+        EXPECT_EQ(estimate.gradient_bytes > 0, name == "zero2" || name == "zero3");
+        if (estimate.gathered_bytes > 0)
+          within(measured.gathered_peak_bytes, estimate.gathered_bytes);
+        if (estimate.gradient_bytes > 0) {
+          within(measured.gradient_buffer_peak_bytes, estimate.gradient_bytes);
+        }
+        if (name == "ddp" || name == "zero1") {
+          // Nothing but the reductions' copies: none for ddp's float32 all-reduce in place.
+          EXPECT_EQ(estimate.wire_bytes > 0, name == "zero1" || std::string(precision) == "bf16");
+          if (estimate.wire_bytes > 0) within(measured.reduction_peak_bytes, estimate.wire_bytes);
+          EXPECT_EQ(measured.reduction_peak_bytes > 0, estimate.wire_bytes > 0);
+        }
+      }
+    }
+  }
+}
+
+// For a data-parallel layout the plan charges a rank what the trainer's start-up check does:
+// the same model state, activations and step buffers (EstimateRankMemory; the plan's runtime
+// allowance left out), for every engine and precision on 2 and 4 ranks, with the recipe's unit
+// sizes (WithRecipeSettings). So a layout the plan fits in a rank's memory passes the check.
+TEST(PlanVsEngineTest, ThePlansMemoryIsTheStartupChecks) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    Recipe recipe = testing::ShippedRecipe(
+        "gpt2-124m", {absl::StrCat("run.precision=", precision), "parallel.bucket_mb=10",
+                      "parallel.prefetch_bucket_mb=30", "train.micro_batch=2"});
+    const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+    const Workload workload = WorkloadFromRecipe(recipe, Precision::Trainer(recipe.bf16_params()));
+    const SearchOptions options = WithRecipeSettings(recipe, {});
+    for (const auto& [name, strategy] :
+         std::map<std::string, Strategy>{{"ddp", Strategy::kDdp},
+                                         {"zero1", Strategy::kZero1},
+                                         {"zero2", Strategy::kZero2},
+                                         {"zero3", Strategy::kZero3},
+                                         {"fsdp", Strategy::kFsdp}}) {
+      for (const int dp : {2, 4}) {
+        SCOPED_TRACE(absl::StrCat(name, ", ", precision, ", dp ", dp));
+        const Layout layout{.strategy = strategy, .dp = dp, .micro_batch = 2};
+        const MemoryEstimate planned =
+            EstimateLayout(workload, *ResolveCluster(recipe.cluster), layout, options.assumptions)
+                .memory;
+        recipe.parallel.strategy = name;
+        const RankMemory checked = EstimateRankMemory(
+            recipe, config, *ShardingStrategyFromRecipe(recipe.parallel, recipe.bf16_params()),
+            Recompute::kNone, dp);
+        EXPECT_NEAR(planned.model_state_bytes(), checked.model_state_bytes(),
+                    1e-6 * checked.model_state_bytes());
+        EXPECT_DOUBLE_EQ(planned.activation_bytes, checked.activation_bytes);
+        EXPECT_DOUBLE_EQ(planned.temporary_bytes, checked.buffer_bytes);
+        // None only for ddp's float32 all-reduce in place.
+        EXPECT_EQ(checked.buffer_bytes > 0, name != "ddp" || std::string(precision) == "bf16");
       }
     }
   }

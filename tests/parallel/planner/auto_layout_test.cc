@@ -54,7 +54,7 @@ TEST(AutoLayoutTest, NotesNoBetterLayoutThatTheTrainerRuns) {
 
 // What the trainer runs includes tensor parallelism: a 70B model on 64 ranks, 8 per machine,
 // shards its blocks over ranks of one machine with sequence parallelism, and the recipe says so;
-// no pipeline or offload. With one rank per machine, tp stays 1.
+// no offload. With one rank per machine, tp stays 1.
 TEST(AutoLayoutTest, TrainerLayoutsIncludeTensorParallelismInsideAMachine) {
   const Recipe recipe =
       testing::ShippedRecipe("llama-70b", {"parallel.strategy=auto", "run.device=cuda"});
@@ -65,7 +65,7 @@ TEST(AutoLayoutTest, TrainerLayoutsIncludeTensorParallelismInsideAMachine) {
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   const Layout& layout = resolved->layout;
   EXPECT_GT(layout.tp, 1) << DescribeLayout(layout);
-  EXPECT_EQ(layout.pp, 1);
+  EXPECT_LE(layout.tp, 8) << DescribeLayout(layout);
   // Sequence parallelism with it: the same bytes, less activation memory.
   EXPECT_TRUE(layout.sequence_parallel);
   EXPECT_FALSE(layout.offload);
@@ -73,7 +73,7 @@ TEST(AutoLayoutTest, TrainerLayoutsIncludeTensorParallelismInsideAMachine) {
   Recipe applied = recipe;
   ASSERT_TRUE(ApplyLayout(layout, applied).ok());
   EXPECT_EQ(applied.parallel.tp, layout.tp);
-  EXPECT_EQ(applied.parallel.pp, 1);
+  EXPECT_EQ(applied.parallel.pp, layout.pp);
   EXPECT_TRUE(applied.parallel.sequence_parallel);
 }
 

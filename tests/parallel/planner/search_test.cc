@@ -16,6 +16,7 @@
 namespace dtrain {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 Workload FromConfig(const std::string& name, const std::vector<std::string>& overrides = {}) {
@@ -120,8 +121,13 @@ TEST(SearchTest, EveryRejectedLayoutKeepsItsReason) {
     }
     if (candidate.verdict == Verdict::kFits) {
       EXPECT_LE(candidate.estimate.memory.device_bytes(), 72.0 * (1 << 30));
-      EXPECT_GE(candidate.estimate.time.step_ms,
-                plan->recommendation()->estimate.time.step_ms / 1.03);
+      // Offload, which the trainer lacks, may be faster: "x% faster, but needs optimizer offload".
+      if (candidate.layout.offload == plan->recommendation()->layout.offload) {
+        EXPECT_GE(candidate.estimate.time.step_ms,
+                  plan->recommendation()->estimate.time.step_ms / 1.03);
+      } else if (candidate.estimate.time.step_ms < plan->recommendation()->estimate.time.step_ms) {
+        EXPECT_THAT(candidate.reason, AllOf(HasSubstr("faster, but needs"), HasSubstr("offload")));
+      }
     }
   }
   EXPECT_GT(over_memory, 0);
