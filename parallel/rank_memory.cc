@@ -92,21 +92,17 @@ std::string FittingLayoutHint(const Recipe& recipe, int world_size, int local_wo
 }  // namespace
 
 absl::Status CheckExportFitsMachine(const Recipe& recipe, const ModelConfig& config,
-                                    int exporting_ranks, double machine_bytes) {
-  if (recipe.train.export_to.empty() || exporting_ranks == 0) return absl::OkStatus();
+                                    bool holds_rank_zero, double machine_bytes) {
+  if (recipe.train.export_to.empty() || !holds_rank_zero) return absl::OkStatus();
   const double whole = sizeof(float) * static_cast<double>(ParamTable(config, {}).total_numel());
-  const double needed = 2 * whole * exporting_ranks;
-  if (needed <= machine_bytes) return absl::OkStatus();
+  if (2 * whole <= machine_bytes) return absl::OkStatus();
   return WithExitCode(
       absl::FailedPreconditionError(absl::StrCat(
           "train.export_to ", recipe.train.export_to,
-          " gathers the whole model on every rank of the first data-parallel replica at the end of "
-          "the run, twice over (gathered and assembled) in float32: ",
-          FormatBytes(2 * whole), " on each of this machine's ", exporting_ranks,
-          exporting_ranks == 1 ? " such rank" : " such ranks", ", more than its ",
-          FormatBytes(machine_bytes),
-          "; set train.export_to: \"\" and export the last checkpoint "
-          "with `dtrain ckpt export` on a machine with the memory")),
+          " gathers the whole model on rank 0 at the end of the run, about twice over in float32: ",
+          FormatBytes(2 * whole), ", more than this machine's ", FormatBytes(machine_bytes),
+          "; set train.export_to: \"\" and export the last checkpoint with `dtrain ckpt export` "
+          "on a machine with the memory")),
       kExitUsage);
 }
 

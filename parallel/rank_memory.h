@@ -46,14 +46,14 @@ absl::Status CheckRankMemory(const Recipe& recipe, const RankMemory& memory,
                              const Backend::Memory& available, const ShardingStrategy& strategy,
                              int dp_size, int world_size, int local_world_size);
 
-// train.export_to gathers the whole model in float32 on every rank of the first data-parallel
-// replica at the end of the run, and holds it twice (gathered and assembled, ExportWeights):
-// FailedPrecondition, asking for exit code kExitUsage, when `exporting_ranks` such ranks on a
-// machine of `machine_bytes` cannot hold that, so that the run stops before its steps rather
-// than after; OK otherwise and without export_to. A lower bound: the run's own memory comes on
-// top (the check above counts that).
+// train.export_to gathers the whole model in float32 on rank 0 at the end of the run, and holds
+// it about twice (assembled, and the stage or slice being received; ExportWeights):
+// FailedPrecondition, asking for exit code kExitUsage, when the machine of rank 0
+// (`holds_rank_zero`, of `machine_bytes`) cannot hold that, so that the run stops before its
+// steps rather than after; OK otherwise and without export_to. A lower bound: the run's own
+// memory comes on top (the check above counts that).
 absl::Status CheckExportFitsMachine(const Recipe& recipe, const ModelConfig& config,
-                                    int exporting_ranks, double machine_bytes);
+                                    bool holds_rank_zero, double machine_bytes);
 
 // "1.5 GiB", "3.2 TiB": bytes for messages.
 std::string FormatBytes(double bytes);

@@ -494,15 +494,15 @@ absl::StatusOr<CheckpointRequest> AgreeOnCheckpointSignals(Communicator* world) 
   return CheckpointRequest{stop > 0, save > 0};
 }
 
-// train.export_to: the whole model's parameters, gathered from every rank (on each rank of the
-// first data-parallel replica), written by rank 0: a .safetensors file, or else a Hugging Face
-// model folder.
+// train.export_to: the whole model's parameters, gathered from the ranks of the first
+// data-parallel replica onto rank 0, which writes them: a .safetensors file, or else a Hugging
+// Face model folder.
 absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
                            DataParallelEngine& engine, const ProcessGroup::MeshGroups& groups,
                            bool leader) {
   ASSIGN_OR_RETURN(std::vector<float> own, engine.GatherParameters());
-  // The first replica's tp and pp groups assemble the model for rank 0; the other replicas' would
-  // assemble copies of it.
+  // The first replica's tp and pp groups assemble the model on rank 0; the other replicas hold
+  // copies of it.
   if (groups.dp != nullptr && groups.dp->rank() != 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(const std::vector<float> full,
                    GatherWholeModel(table, std::move(own), engine.backend(), groups.tp, groups.pp));
@@ -635,15 +635,10 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       EstimateRankMemory(recipe, config, strategy, recompute, dp_size, slice, activation_slots);
   RETURN_IF_ERROR(CheckRankMemory(recipe, memory, backend.AvailableMemory(), strategy, dp_size,
                                   world.world_size, world.local_world_size));
-  // This machine's ranks of the first replica, which export_to gathers the model on (the
-  // machine's ranks are consecutive, as the agent and srun's block distribution number them).
-  int exporting_ranks = 0;
-  for (int r = world.rank - world.local_rank;
-       r < world.rank - world.local_rank + world.local_world_size && r < world.world_size; ++r) {
-    exporting_ranks += mesh.CoordsOf(r).dp == 0 ? 1 : 0;
-  }
-  RETURN_IF_ERROR(
-      CheckExportFitsMachine(recipe, config, exporting_ranks, CpuBackend::MachineMemory().bytes));
+  // export_to assembles the model on rank 0 (this machine's ranks are consecutive, as the agent
+  // and srun's block distribution number them).
+  RETURN_IF_ERROR(CheckExportFitsMachine(recipe, config, world.rank - world.local_rank == 0,
+                                         CpuBackend::MachineMemory().bytes));
   const bool leader = world.rank == 0;
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
                    LoadSampleTokenizer(recipe, leader));

@@ -10,39 +10,36 @@
 namespace dtrain {
 namespace {
 
-// `own` (the layout of ParamTable(config, slices[comm.rank()])) -> `target`'s layout, where rank
-// r of `comm` holds slices[r]: all-gathered, each rank's values padded to the largest table (the
-// slices' sizes differ: vocabulary slots, stages), then each rank's counted elements placed.
-// Elements of `target` no rank counts (a stage's tied head copy) stay 0.
+// `own` (the layout of ParamTable(config, slices[comm.rank()])) -> `target`'s layout on rank 0
+// of `comm`, where rank r holds slices[r]: each rank's values sent to rank 0 in turn and their
+// counted elements placed. Elements of `target` no rank counts (a stage's tied head copy) stay 0.
+// The other ranks get an empty vector.
 absl::StatusOr<std::vector<float>> GatherSplit(const ParamTable& target,
                                                const std::vector<ModelSlice>& slices,
                                                const std::vector<float>& own, Backend& backend,
                                                Communicator& comm) {
   std::vector<ParamTable> sources;
-  size_t largest = 0;
+  std::vector<size_t> counts;
   for (const ModelSlice& slice : slices) {
     sources.emplace_back(target.config(), slice);
-    largest = std::max(largest, sources.back().total_numel());
+    counts.push_back(sources.back().total_numel());
   }
-  std::vector<float> padded(largest);
-  std::copy(own.begin(), own.end(), padded.begin());
-  std::vector<float> gathered(largest * comm.size());
-  RETURN_IF_ERROR(AllGatherHost(comm, backend, padded.data(), gathered.data(), largest));
-  std::vector<float> assembled(target.total_numel());
-  for (int rank = 0; rank < comm.size(); ++rank) {
-    const float* values = gathered.data() + rank * largest;
-    const std::vector<std::pair<size_t, size_t>> counted = sources[rank].CountedRanges();
-    ForEachShardRun(target, sources[rank], [&](size_t from, size_t to, size_t count) {
-      // The counted ranges (ascending, disjoint) that overlap [from, from + count).
-      auto range = std::upper_bound(counted.begin(), counted.end(), from,
-                                    [](size_t index, const auto& r) { return index < r.second; });
-      for (; range != counted.end() && range->first < from + count; ++range) {
-        const size_t lo = std::max(from, range->first);
-        const size_t hi = std::min(from + count, range->second);
-        std::copy(values + lo, values + hi, assembled.begin() + to + (lo - from));
-      }
-    });
-  }
+  std::vector<float> assembled(comm.rank() == 0 ? target.total_numel() : 0);
+  RETURN_IF_ERROR(
+      GatherHost(comm, backend, own.data(), counts, /*root=*/0, [&](int rank, const float* values) {
+        const std::vector<std::pair<size_t, size_t>> counted = sources[rank].CountedRanges();
+        ForEachShardRun(target, sources[rank], [&](size_t from, size_t to, size_t count) {
+          // The counted ranges (ascending, disjoint) that overlap [from, from + count).
+          auto range =
+              std::upper_bound(counted.begin(), counted.end(), from,
+                               [](size_t index, const auto& r) { return index < r.second; });
+          for (; range != counted.end() && range->first < from + count; ++range) {
+            const size_t lo = std::max(from, range->first);
+            const size_t hi = std::min(from + count, range->second);
+            std::copy(values + lo, values + hi, assembled.begin() + to + (lo - from));
+          }
+        });
+      }));
   return assembled;
 }
 
@@ -59,6 +56,8 @@ absl::StatusOr<std::vector<float>> GatherWholeModel(const ParamTable& table, std
     stage.tp_size = 1;
     ASSIGN_OR_RETURN(own,
                      GatherSplit(ParamTable(table.config(), stage), slices, own, backend, *tp));
+    // The stage is whole on tp rank 0 alone, whose pipeline group assembles the model.
+    if (tp->rank() != 0) return own;
   }
   if (pp != nullptr) {
     // Each stage's chunks, from the stages themselves (every stage holds as many).

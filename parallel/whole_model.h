@@ -30,11 +30,13 @@ void ForEachShardRun(const ParamTable& whole, const ParamTable& shard, F&& fn) {
 // values of `table`'s slice (complete: already gathered over the data-parallel ranks): gathered
 // over the tensor-parallel group `tp` into the stage's whole tensors, then over the pipeline
 // group `pp` (rank s holding stage s) into the whole model. A null group is a group of one.
-// Every rank of both groups calls it and gets the whole model. Each element comes from the one
+// Every rank of both groups calls it; rank 0 of both (tp rank 0 of the first stage) gets the
+// whole model, each other rank an empty vector, and no rank holds more than its own values
+// besides (one rank's at a time, received by rank 0). Each element comes from the one
 // rank that counts it (ParamTable::CountedRanges): a replicated tensor from tp rank 0, GPT-2's
 // tied embedding from the first stage, never from the last stage's head copy. The groups work on
 // `backend`'s memory, through which the values travel (host_values.h).
-// Errors: a failed collective (the result is then unusable on every rank).
+// Errors: a failed send or receive (the result is then unusable).
 absl::StatusOr<std::vector<float>> GatherWholeModel(const ParamTable& table, std::vector<float> own,
                                                     Backend& backend, Communicator* tp,
                                                     Communicator* pp);

@@ -1,24 +1,31 @@
 #include "parallel/comm/host_values.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "core/util/status.h"
 
 namespace dtrain {
 namespace {
 
 // Runs `collective` on a backend buffer of `in_count` values copied from `in`, then copies
-// `out_count` values of its result (`out_offset` values in) back to `out`.
+// `out_count` values of its result (`out_offset` values in) back to `out`. Nothing to move,
+// nothing runs.
 template <typename Collective>
 absl::Status ThroughBackend(Backend& backend, DataType type, const void* in, size_t in_count,
                             void* out, size_t out_offset, size_t out_count,
                             const Collective& collective) {
-  if (out_count == 0) return absl::OkStatus();
+  const size_t size = std::max(in_count, out_offset + out_count);
+  if (size == 0) return absl::OkStatus();
   const size_t bytes = DataTypeBytes(type);
-  DeviceBuffer staged = backend.Allocate(out_offset + out_count, type);
-  backend.CopyFromHost(staged.data(), in, in_count * bytes);
+  DeviceBuffer staged = backend.Allocate(size, type);
+  if (in_count > 0) backend.CopyFromHost(staged.data(), in, in_count * bytes);
   RETURN_IF_ERROR(
       collective(staged.data(), static_cast<char*>(staged.data()) + out_offset * bytes)->Wait());
-  backend.CopyToHost(out, static_cast<char*>(staged.data()) + out_offset * bytes,
-                     out_count * bytes);
+  if (out_count > 0) {
+    backend.CopyToHost(out, static_cast<char*>(staged.data()) + out_offset * bytes,
+                       out_count * bytes);
+  }
   return absl::OkStatus();
 }
 
@@ -44,6 +51,30 @@ absl::Status BroadcastHost(Communicator& group, Backend& backend, void* values, 
   return ThroughBackend(backend, type, values, count, values, 0, count, [&](void* staged, void*) {
     return group.Broadcast(staged, count, type, root);
   });
+}
+
+absl::Status GatherHost(Communicator& group, Backend& backend, const float* own,
+                        absl::Span<const size_t> counts, int root,
+                        absl::FunctionRef<void(int rank, const float* values)> receive) {
+  if (group.rank() != root) {
+    const size_t count = counts[group.rank()];
+    return ThroughBackend(
+        backend, DataType::kF32, own, count, nullptr, 0, 0,
+        [&](void* staged, void*) { return group.Send(staged, count, DataType::kF32, root); });
+  }
+  std::vector<float> values(*std::max_element(counts.begin(), counts.end()));
+  for (int rank = 0; rank < group.size(); ++rank) {
+    if (rank == root) {
+      receive(rank, own);
+      continue;
+    }
+    RETURN_IF_ERROR(ThroughBackend(backend, DataType::kF32, nullptr, 0, values.data(), 0,
+                                   counts[rank], [&](void* staged, void*) {
+                                     return group.Recv(staged, counts[rank], DataType::kF32, rank);
+                                   }));
+    receive(rank, values.data());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SumOverGroup(Communicator* group, Backend& backend, double& a, double& b) {

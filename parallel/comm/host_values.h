@@ -7,7 +7,9 @@
 
 #include <cstddef>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "core/backend/backend.h"
 #include "parallel/comm/communicator.h"
 
@@ -39,6 +41,12 @@ absl::Status BroadcastHost(Communicator& group, Backend& backend, T* values, siz
                            int root) {
   return BroadcastHost(group, backend, static_cast<void*>(values), count, DataTypeOf<T>(), root);
 }
+
+// Every rank's values to `root`, one rank at a time: rank r sends `counts[r]` values (`own`),
+// and root calls receive(r, values) for each rank in order, its own included.
+absl::Status GatherHost(Communicator& group, Backend& backend, const float* own,
+                        absl::Span<const size_t> counts, int root,
+                        absl::FunctionRef<void(int rank, const float* values)> receive);
 
 // SumOverRanks (communicator.h) over a group of backend memory: a and b summed over `group`
 // (null: unchanged), in double.
