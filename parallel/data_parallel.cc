@@ -412,11 +412,12 @@ void DataParallelEngine::GradientsReady(int region) {
           ReduceScatterGradients(grads, reduction.shard.floats(), unit.shard, reduction.wire);
     }
     // Land the oldest before its copies pile up: one per unit of the model until the step's end
-    // (an fp32 all-reduce in place holds none).
+    // (an fp32 all-reduce in place holds none). A pipelined step lands them at its end: a host
+    // wait between its chunks' backwards would wait on ranks that wait on this one's sends.
     if (reduction.wire.input.size() > 0 || reduction.shard.size() > 0) {
       size_t live = 0;
       for (const PendingReduction& r : reductions_) live += r.held_bytes();
-      if (reductions_.size() >= kUnitsInFlight) {
+      if (!pipelined_ && reductions_.size() >= kUnitsInFlight) {
         live -= reductions_.front().held_bytes();
         LandReduction(reductions_.front());
         reductions_.pop_front();
