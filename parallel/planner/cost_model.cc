@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/model/param_table.h"
 #include "core/model/transformer.h"
 #include "parallel/pipeline_train_step.h"
-#include "parallel/sharding.h"
 
 namespace dtrain {
 namespace {
@@ -231,8 +231,23 @@ double StageParams(const ModelConfig& model, const ModelSlice& slice) {
   return params / slice.tp_size;
 }
 
+double StepBufferMemo::Bytes(const ModelConfig& model, const ModelSlice& slice,
+                             const ShardingStrategy& sharding, int dp, bool pipelined) {
+  std::string key = absl::StrCat(slice.tp_rank, "/", slice.tp_size, " ", sharding.name, " ",
+                                 sharding.unit_bytes, " ", static_cast<int>(sharding.param_type),
+                                 static_cast<int>(sharding.reduce_type), " ", dp, pipelined, ":");
+  for (const BlockSpan& chunk : slice.chunks)
+    absl::StrAppend(&key, chunk.first, "+", chunk.count, ",");
+  const auto [it, added] = bytes_.try_emplace(std::move(key), 0);
+  if (added) {
+    it->second =
+        EstimateStepBuffers(ParamTable(model, slice), sharding, dp, pipelined).total_bytes();
+  }
+  return it->second;
+}
+
 Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, const Layout& layout,
-                        const CostAssumptions& assumptions) {
+                        const CostAssumptions& assumptions, StepBufferMemo* memo) {
   const ModelConfig& model = workload.model;
   const Precision& precision = workload.precision;
   const int t = layout.tp, p = layout.pp, dp = layout.dp, b = layout.micro_batch;
@@ -260,8 +275,8 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
     memory.activation_bytes = StageActivationBytes(model, b, s, layout.recompute, slice, sp,
                                                    activation_slots, precision.activation_bytes);
     // The engine's units of the stage's tables, held at once in a step.
-    memory.temporary_bytes =
-        EstimateStepBuffers(ParamTable(model, slice), sharding, dp, p > 1).total_bytes();
+    StepBufferMemo local;
+    memory.temporary_bytes = (memo ? *memo : local).Bytes(model, slice, sharding, dp, p > 1);
     return memory;
   };
   // The parameters of the stage with the most: what its data-parallel group moves.

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 
 #include "absl/strings/string_view.h"
 #include "core/model/model_config.h"
@@ -15,6 +17,7 @@
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/stage_assignment.h"
 #include "parallel/planner/catalog.h"
+#include "parallel/sharding.h"
 
 namespace dtrain {
 
@@ -202,9 +205,21 @@ bool StageBoundaryCrossesNodes(int boundary, int stage_ranks, int gpus_per_node)
 // ("0.068"), where one decimal would print a small model's whole step as 0.1.
 std::string FormatMs(double ms);
 
+// The step buffers (EstimateStepBuffers) of the stages one search costs, each worked out once:
+// its layouts share stages (a tp size and blocks) and engines. For one workload's model; not
+// thread-safe.
+class StepBufferMemo {
+ public:
+  double Bytes(const ModelConfig& model, const ModelSlice& slice, const ShardingStrategy& sharding,
+               int dp, bool pipelined);
+
+ private:
+  std::map<std::string, double> bytes_;
+};
+
 // The whole estimate. Precondition: the layout is valid for the workload and cluster
-// (search.h's CheckLayout).
+// (search.h's CheckLayout). `memo`, when given, keeps the stages' step buffers between calls.
 Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, const Layout& layout,
-                        const CostAssumptions& assumptions = {});
+                        const CostAssumptions& assumptions = {}, StepBufferMemo* memo = nullptr);
 
 }  // namespace dtrain

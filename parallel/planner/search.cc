@@ -294,6 +294,7 @@ absl::StatusOr<Plan> SearchLayouts(const Workload& workload, const ClusterSpec& 
   const int world = cluster.world_size();
   const int max_tp = options.max_tp > 0 ? options.max_tp : cluster.gpus_per_node;
   const int max_pp = options.max_pp > 0 ? options.max_pp : workload.model.n_layer;
+  StepBufferMemo memo;
   for (int tp = 1; tp <= std::min(max_tp, cluster.gpus_per_node); ++tp) {
     if (cluster.gpus_per_node % tp != 0 || world % tp != 0) continue;
     for (int pp = 1; pp <= std::min(max_pp, world / tp); ++pp) {
@@ -327,10 +328,10 @@ absl::StatusOr<Plan> SearchLayouts(const Workload& workload, const ClusterSpec& 
                 layout.micro_batch = micro_batch;
                 layout.recompute = recompute;
                 layout.offload = offload;
-                Candidate candidate{
-                    .layout = layout,
-                    .estimate = EstimateLayout(workload, cluster, layout, options.assumptions),
-                    .verdict = Verdict::kFits};
+                Candidate candidate{.layout = layout,
+                                    .estimate = EstimateLayout(workload, cluster, layout,
+                                                               options.assumptions, &memo),
+                                    .verdict = Verdict::kFits};
                 const double gib = candidate.estimate.memory.device_bytes() / kGiB;
                 if (gib > plan.usable_gib) {
                   candidate.verdict = Verdict::kOverMemory;

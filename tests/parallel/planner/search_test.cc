@@ -366,6 +366,27 @@ TEST(SearchTest, InvalidClusterIsAnError) {
   EXPECT_FALSE(SearchLayouts(FromConfig("gpt2-124m"), cluster).ok());
 }
 
+// The search works out each stage's step buffers once (StepBufferMemo): every candidate's are
+// still its own, what EstimateLayout alone gives it, across engines, tp, pipelines and schedules.
+TEST(SearchTest, EveryCandidateHasItsOwnStepBuffers) {
+  const Workload workload = FromConfig("llama-7b", {"parallel.reduce_dtype=fp32"});
+  const ClusterSpec cluster = testing::CatalogCluster(2, "a100-80gb", "ib-hdr");
+  SearchOptions options;
+  options.pp_schedules = {PipelineSchedule::kOneFOneB, PipelineSchedule::kInterleaved};
+  const absl::StatusOr<Plan> plan = SearchLayouts(workload, cluster, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int estimated = 0;
+  for (const Candidate& candidate : plan->candidates) {
+    if (candidate.verdict == Verdict::kInvalid) continue;
+    ++estimated;
+    EXPECT_DOUBLE_EQ(candidate.estimate.memory.temporary_bytes,
+                     EstimateLayout(workload, cluster, candidate.layout, options.assumptions)
+                         .memory.temporary_bytes)
+        << DescribeLayout(candidate.layout);
+  }
+  EXPECT_GT(estimated, 100);
+}
+
 // The benchmark of issue 7: a 1024-GPU cluster. Printed, not asserted (timings vary by machine).
 TEST(SearchTest, PlansAThousandGpusQuickly) {
   const absl::StatusOr<Plan> plan =
