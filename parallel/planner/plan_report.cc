@@ -116,7 +116,8 @@ std::string AssumptionsLine(const Plan& plan) {
       "zero3 and fsdp its float32 master shard is counted as the parameters), gradients reduced "
       "%g, parameters gathered %g; GEMMs at %.0f%% of peak "
       "(half that at width %.0f), %s pipeline schedule, DP communication overlapped with "
-      "backward except the last bucket, TP not overlapped; %.0f%% of GPU memory kept free; a "
+      "backward except the last bucket, TP not overlapped; the engine's buffers in buckets of %g "
+      "MiB (zero3 units of %g MiB, fsdp's a block); %.0f%% of GPU memory kept free; a "
       "simpler layout within %.0f%% of the fastest is preferred",
       p.param_bytes, p.grad_bytes, p.activation_bytes, p.optimizer_bytes, p.reduce_bytes,
       p.gather_bytes, 100 * a.gemm_peak_fraction, a.gemm_half_efficiency_width,
@@ -129,7 +130,8 @@ std::string AssumptionsLine(const Plan& plan) {
                                         " per stage)");
                       }
                     }),
-      100 * plan.options.memory_margin, 100 * plan.options.simpler_within);
+      a.bucket_mib, a.prefetch_bucket_mib, 100 * plan.options.memory_margin,
+      100 * plan.options.simpler_within);
 }
 
 int CountInvalid(const Plan& plan) {
