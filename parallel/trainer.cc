@@ -40,6 +40,7 @@
 #include "core/model/transformer.h"
 #include "core/util/allocate.h"
 #include "core/util/files.h"
+#include "core/util/exit_codes.h"
 #include "core/util/folder_lock.h"
 #include "core/util/host_name.h"
 #include "core/util/log.h"
@@ -102,10 +103,22 @@ absl::StatusOr<std::string> TokensToText(const Tokenizer& tokenizer,
   return EscapeInvalidUtf8(text);
 }
 
-// data.tokenizer, checked against the model's vocabulary. Without it: bytes for data.format text
-// and for shards that record bytes (`data pack` without --tokenizer), else null (the samples
-// print as ids, and the leader says how to see text).
+// data.tokenizer, checked against the model's vocabulary and against the data: text is bytes,
+// and shards record the tokenizer they were packed with (its name must be data.tokenizer's, or
+// the samples would decode, and train.export_to ship a tokenizer, that the ids do not belong
+// to). Without it: bytes for data.format text and for shards that record bytes (`data pack`
+// without --tokenizer), else null (the samples print as ids, and the leader says how to see
+// text).
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(const Recipe& recipe, bool leader) {
+  if (recipe.data.format == "text" && !recipe.data.tokenizer.empty()) {
+    return WithExitCode(
+        absl::InvalidArgumentError(absl::StrCat(
+            "data.tokenizer ", recipe.data.tokenizer,
+            " is not the data's: data.format text trains on the files' bytes (ids 0-255); leave "
+            "data.tokenizer empty, or pack the text with it (`dtrain data pack --tokenizer ",
+            recipe.data.tokenizer, "`) and train on the shards (data.format: webdataset)")),
+        kExitUsage);
+  }
   if (recipe.data.tokenizer.empty()) {
     if (recipe.data.format == "text") return std::make_unique<ByteTokenizer>();
     if (recipe.logging.sample_tokens == 0) return nullptr;
@@ -139,6 +152,16 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(const Recipe& rec
         "data.tokenizer ", (*tokenizer)->name(), " has a vocabulary of ",
         (*tokenizer)->vocab_size(), ", more than model.vocab_size ", recipe.model.vocab_size,
         "; set model.vocab_size to at least ", (*tokenizer)->vocab_size()));
+  }
+  const absl::StatusOr<std::string> recorded = ShardsTokenizerName(recipe);
+  if (!recorded.ok() && recipe.data.on_error == "fail") return recorded.status();
+  if (recorded.ok() && !recorded->empty() && !SameTokenizer(*recorded, (*tokenizer)->name())) {
+    return WithExitCode(
+        absl::InvalidArgumentError(absl::StrCat(
+            "data.tokenizer is ", (*tokenizer)->name(), ", but the first shard records ", *recorded,
+            ", the tokenizer it was packed with; set data.tokenizer to that one (its "
+            "file or folder), or pack the data again with this one")),
+        kExitUsage);
   }
   return tokenizer;
 }
@@ -409,6 +432,37 @@ absl::Status CreateRunFolder(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
+// Where train.export_to writes at the end, checked before the first step: a .safetensors file or
+// a model folder that can be made there (the export creates the folders on the way), so that a
+// path in the way fails the run now (exit 2), not after its last step.
+absl::Status CheckExportDestination(const Recipe& recipe) {
+  namespace fs = std::filesystem;
+  if (recipe.train.export_to.empty()) return absl::OkStatus();
+  const fs::path path = fs::path(recipe.run_dir()) / recipe.train.export_to;
+  const bool file = absl::EndsWith(path.string(), ".safetensors");
+  const auto refused = [&](const std::string& why) {
+    return WithExitCode(
+        absl::FailedPreconditionError(absl::StrCat(
+            "train.export_to ", recipe.train.export_to, ": ", why, "; give a path where ",
+            file ? "a .safetensors file" : "a model folder", " can be written")),
+        kExitUsage);
+  };
+  std::error_code error;
+  if (fs::exists(path, error) && fs::is_directory(path, error) == file) {
+    return refused(absl::StrCat(path.string(), file ? " is a folder" : " is a file"));
+  }
+  fs::path existing = path.parent_path();
+  while (!existing.empty() && !fs::exists(existing, error)) existing = existing.parent_path();
+  if (existing.empty()) existing = ".";
+  if (!fs::is_directory(existing, error)) {
+    return refused(absl::StrCat(existing.string(), " is a file, not a folder"));
+  }
+  if (access(existing.c_str(), W_OK) != 0) {
+    return refused(absl::StrCat(existing.string(), " is not writable"));
+  }
+  return absl::OkStatus();
+}
+
 // An error of train.init_from's weights, as the recipe key's (each says its fix).
 absl::Status InitFromError(const absl::Status& status) {
   return Renamed(status, absl::StrCat("train.init_from: ", status.message()));
@@ -642,7 +696,10 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   const bool leader = world.rank == 0;
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
                    LoadSampleTokenizer(recipe, leader));
-  if (leader) RETURN_IF_ERROR(CreateRunFolder(recipe));
+  if (leader) {
+    RETURN_IF_ERROR(CreateRunFolder(recipe));
+    RETURN_IF_ERROR(CheckExportDestination(recipe));
+  }
   // Each worker serves its own /metrics (no hop through the agent, so it works the same under
   // `dtrain launch`, srun and torchrun); the workers of a node take consecutive ports.
   std::unique_ptr<StepExporter> exporter;

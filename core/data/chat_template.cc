@@ -41,6 +41,18 @@ absl::Status FileError(const std::string& path, const std::string& what) {
       "{\"prefix\": ..., \"suffix\": ...}, ...}}"));
 }
 
+// An error naming the first key of `json` (at `field`) not among `known`, which a typo makes
+// ("sufix": a template without its end-of-turn marker); OK when there is none.
+absl::Status UnknownKey(const nlohmann::json& json, const std::string& path,
+                        const std::string& field, std::initializer_list<const char*> known) {
+  for (const auto& [key, value] : json.items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    return FileError(path, absl::StrCat("unknown key \"", key, "\"", field.empty() ? "" : " in ",
+                                        field, " (the keys are ", absl::StrJoin(known, ", "), ")"));
+  }
+  return absl::OkStatus();
+}
+
 // *out = the string at json[key] when present; an error when it is there but not a string.
 absl::Status OptionalString(const nlohmann::json& json, const char* key, const std::string& path,
                             const std::string& field, std::string* out) {
@@ -61,8 +73,15 @@ absl::StatusOr<ChatTemplate> LoadTemplateFile(const std::string& path) {
     return absl::Status(text.status().code(),
                         absl::StrCat("chat template: ", text.status().message()));
   }
-  const nlohmann::json json = nlohmann::json::parse(*text, nullptr, false);
-  if (json.is_discarded() || !json.is_object()) return FileError(path, "not a JSON object");
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(*text);
+  } catch (const nlohmann::json::parse_error& error) {
+    return FileError(path, absl::StrCat("not valid JSON (byte ", error.byte,
+                                        "); a template file is JSON, not Jinja, which dtrain "
+                                        "does not render"));
+  }
+  if (!json.is_object()) return FileError(path, "not a JSON object");
   if (json.contains("chat_template") && !json.contains("roles")) {
     return FileError(path,
                      "a Jinja chat_template (a tokenizer_config.json's), which dtrain does not "
@@ -77,8 +96,10 @@ absl::StatusOr<ChatTemplate> LoadTemplateFile(const std::string& path) {
 absl::StatusOr<ChatTemplate> ParseTemplateJson(const nlohmann::json& json,
                                                const std::string& path) {
   if (!json.is_object()) return FileError(path, "not a JSON object");
+  absl::Status status = UnknownKey(json, path, "", {"name", "begin", "trim", "roles"});
+  if (!status.ok()) return status;
   ChatTemplate t{.name = path};
-  absl::Status status = OptionalString(json, "begin", path, "\"begin\"", &t.begin);
+  status = OptionalString(json, "begin", path, "\"begin\"", &t.begin);
   if (!status.ok()) return status;
   if (json.contains("trim")) {
     if (!json["trim"].is_boolean()) return FileError(path, "\"trim\" is not true or false");
@@ -90,6 +111,8 @@ absl::StatusOr<ChatTemplate> ParseTemplateJson(const nlohmann::json& json,
   for (const auto& [role, format] : json["roles"].items()) {
     const std::string field = absl::StrCat("roles.", role);
     if (!format.is_object()) return FileError(path, absl::StrCat(field, " is not an object"));
+    status = UnknownKey(format, path, field, {"prefix", "suffix", "after"});
+    if (!status.ok()) return status;
     ChatTurnFormat& turn = t.roles[role];
     for (const auto& [key, out] :
          {std::pair{"prefix", &turn.prefix}, {"suffix", &turn.suffix}, {"after", &turn.after}}) {

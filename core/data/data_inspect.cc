@@ -12,6 +12,7 @@
 #include "core/data/shard_urls.h"
 #include "core/data/tar_reader.h"
 #include "core/data/token_decode.h"
+#include "core/data/tokenizers/load_tokenizer.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -64,7 +65,7 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
           << "\n";
       if (options.tokenizer != nullptr && sample.Find(kTokenizerExtension) != nullptr) {
         const std::string name = RecordedTokenizerName(sample);
-        if (name != options.tokenizer->name()) {
+        if (!SameTokenizer(name, options.tokenizer->name())) {
           out << "  note: the shard records tokenizer " << name << ", not "
               << options.tokenizer->name() << "; the text below may be wrong\n";
         }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -403,6 +404,35 @@ absl::Status WriteChatTemplate(const ChatTemplate& chat_template, const Tokenize
                           generation.dump(2) + "\n");
 }
 
+// The files of an earlier export into `dir` (or of a Hugging Face folder) that this one may not
+// write and transformers would read beside it (an old tokenizer.json wins over a new vocab.json
+// pair), removed first: config.json before the others, since the folder is complete only once
+// this export writes it again, and the folder's other files stay.
+absl::Status ClearEarlierExport(const fs::path& dir) {
+  std::vector<fs::path> earlier = {dir / "config.json"};
+  for (const char* name : {kWeightsIndexName, "generation_config.json", "tokenizer.json",
+                           "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                           "added_tokens.json", "vocab.json", "merges.txt"}) {
+    earlier.push_back(dir / name);
+  }
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, "model-") && absl::StrContains(name, "-of-") &&
+        absl::EndsWith(name, ".safetensors")) {
+      earlier.push_back(entry.path());  // a sharded checkpoint's files
+    }
+  }
+  for (const fs::path& path : earlier) {
+    if (fs::remove(path, error); error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot remove ", path.string(),
+                       " of an earlier export from the model folder: ", error.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
@@ -423,11 +453,23 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
     }
   }
   std::error_code error;
+  if (tokenizer != nullptr) {
+    fs::path source = fs::is_directory(tokenizer_path, error)
+                          ? fs::path(tokenizer_path)
+                          : fs::path(tokenizer_path).parent_path();
+    if (source.empty()) source = ".";
+    if (fs::equivalent(source, dir, error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer ", tokenizer_path, " lies in the model folder ", dir,
+                       ", whose tokenizer files the export replaces; give a copy of it elsewhere"));
+    }
+  }
   fs::create_directories(dir, error);
   if (error) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create the model folder ", dir, ": ", error.message()));
   }
+  RETURN_IF_ERROR(ClearEarlierExport(dir));
   HfSpecialTokens tokens;
   if (tokenizer != nullptr) {
     ASSIGN_OR_RETURN(tokens, CopyHfTokenizer(tokenizer_path, dir, config.max_seq_len));

@@ -46,7 +46,8 @@ absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_pat
 
 // Writes the folder `dir` (created if missing): the tokenizer when `tokenizer_path` is not empty,
 // model.safetensors from `read_tensor` (ExportHfSafetensorsStreamed) with `metadata`, then
-// config.json. A tokenizer with more ids than the model's vocabulary is refused first. With the
+// config.json. The model and tokenizer files of an earlier export there are removed first,
+// config.json before them (the folder's other files stay). A tokenizer with more ids than the model's vocabulary is refused first. With the
 // tokenizer, `chat_template` (the one an SFT run trained on; null for none) becomes its
 // tokenizer_config.json's chat_template (TemplateJinja, in place of one copied), and the special
 // tokens its assistant suffix writes (<|eot_id|>) join the end-of-sequence ids of

@@ -1,6 +1,7 @@
 #include "core/model/hf_names.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <tuple>
@@ -215,6 +216,16 @@ absl::Status ExportHfSafetensorsStreamed(const ModelConfig& config, const ParamT
   }
   SafetensorsMetadata all_metadata = metadata;
   all_metadata["format"] = "pt";
+  // Its folder, as a model folder's export creates its own.
+  if (const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+      !parent.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(parent, error);
+    if (error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create the folder of ", path, ": ", error.message()));
+    }
+  }
   ASSIGN_OR_RETURN(SafetensorsWriter writer,
                    SafetensorsWriter::Create(path, std::move(specs), all_metadata));
   std::vector<float> transposed;
@@ -290,8 +301,11 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
     ASSIGN_OR_RETURN(std::vector<HfTensor> tensors, HfTensorsFor(config, entry));
     for (HfTensor& t : tensors) {
       auto it = file_names.find(t.name);
-      if (it == file_names.end() && head_from_embedding && config.family == ModelFamily::kLlama &&
+      if (head_from_embedding && config.family == ModelFamily::kLlama &&
           t.name == "lm_head.weight") {
+        // Tied, the head is the embedding, as transformers builds it: an lm_head.weight the
+        // files also hold is ignored there too.
+        if (it != file_names.end()) used.insert(it->first);
         it = file_names.find("model.embed_tokens.weight");
       }
       if (it == file_names.end()) {

@@ -162,7 +162,9 @@ const std::vector<KeySpec>& Keys() {
        {"text", "llmc", "webdataset", "sft"}},
       {DTRAIN_RECIPE_KEY(data, tokenizer),
        "the data's tokenizer (tokenizer.json, tokenizer.model, GPT-2's encoder.json/vocab.bpe, "
-       "or their folder): sampled text is decoded through it; empty = bytes"},
+       "or their folder): sampled text is decoded through it and train.export_to's folder "
+       "ships it; shards must record it (the one `data pack` used), and data.format text, "
+       "whose ids are bytes, takes none; empty = bytes"},
       {DTRAIN_RECIPE_KEY(data, train), "training files; glob patterns allowed"},
       {DTRAIN_RECIPE_KEY(data, val),
        "validation files; empty = hold out the last val_fraction of the training tokens"},

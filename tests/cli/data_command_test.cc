@@ -82,10 +82,17 @@ TEST(DataCommandTest, PackRecordsTheTokenizerAndInspectDecodesItsIds) {
   const Outcome head = RunDtrain(
       absl::StrCat("data inspect ", shard, " --tokenizer ", tokenizer, " --text-tokens 2"));
   EXPECT_THAT(head.stdout_text, HasSubstr("text: \"the \" ... (5 more tokens)"));
-  // Decoding with another tokenizer than the one the shard records says so.
-  const Outcome other = RunDtrain(
-      absl::StrCat("data inspect ", shard, " --tokenizer ", TokenizerDir("data_tok_other")));
+  // Decoding with another tokenizer than the one the shard records says so; the same one's
+  // files in another folder (the same hash) are the same tokenizer.
+  const std::string other_dir = testing::FreshTempDir("data_tok_other");
+  std::filesystem::create_directories(other_dir);
+  std::ofstream(other_dir + "/tokenizer.json")
+      << testing::TokenizerJson({{"t", "h"}, {"e", "m"}}, {"<|endoftext|>"}).dump();
+  const Outcome other = RunDtrain(absl::StrCat("data inspect ", shard, " --tokenizer ", other_dir));
   EXPECT_THAT(other.stdout_text, HasSubstr("note: the shard records tokenizer hf-bpe:"));
+  const Outcome copy = RunDtrain(
+      absl::StrCat("data inspect ", shard, " --tokenizer ", TokenizerDir("data_tok_copy")));
+  EXPECT_THAT(copy.stdout_text, ::testing::Not(HasSubstr("note:")));
   // Without a tokenizer the record is one more field of the sample.
   const Outcome plain = RunDtrain("data inspect " + shard);
   EXPECT_EQ(plain.exit_code, 0) << plain.stderr_text;
@@ -317,14 +324,25 @@ std::string SampleRecipe(const std::string& name, const std::string& model_extra
                    sample_tokens, ", sample_prompt: the}\n"));
 }
 
+// Shards packed with data.tokenizer sample as its text; a tokenizer the data was not packed
+// with is refused at start (exit 2), as is one beside data.format text, whose ids are bytes: the
+// samples would decode, and train.export_to ship, a tokenizer the ids do not belong to. The
+// same tokenizer's files elsewhere (another folder, the hash the same) are the same tokenizer.
 TEST(DataCommandTest, SampledTextDecodesThroughDataTokenizer) {
   const std::string tokenizer = TokenizerDir("data_tok_sample");
   std::string text;
   for (int i = 0; i < 200; ++i) text += "the theme of them\n";
+  const std::string text_file = testing::WriteTempFile("data_sample.txt", text);
+  const std::string shards = testing::FreshTempDir("data_sample_shards");
+  ASSERT_EQ(RunDtrain(absl::StrCat("data pack ", text_file, " --out ", shards, " --tokenizer ",
+                                   tokenizer))
+                .exit_code,
+            0);
+  const std::string shard = shards + "/shard-000000.tar";
   const std::string recipe =
       SampleRecipe("data_sample", ", vocab_size: 300",
-                   absl::StrCat("train: [", testing::WriteTempFile("data_sample.txt", text),
-                                "], tokenizer: ", tokenizer),
+                   absl::StrCat("format: webdataset, streams: 1, shards: '", shard,
+                                "', val_shards: '", shard, "', tokenizer: ", tokenizer),
                    24);
   const std::string out = testing::FreshTempDir("data_sample_run");
   const Outcome train = RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", out));
@@ -334,6 +352,28 @@ TEST(DataCommandTest, SampledTextDecodesThroughDataTokenizer) {
   EXPECT_THAT(train.stderr_text, HasSubstr("sample at step 1:\nthe"));
   EXPECT_THAT(train.stderr_text, HasSubstr("<id 2"));
   EXPECT_THAT(train.stderr_text, ::testing::Not(HasSubstr("\\x1")));
+
+  const std::string copy = testing::FreshTempDir("data_tok_sample_copy");
+  std::filesystem::create_directories(copy);
+  std::filesystem::copy_file(tokenizer + "/tokenizer.json", copy + "/tokenizer.json");
+  const Outcome copied = RunDtrain(
+      absl::StrCat("train ", recipe, " --set data.tokenizer=", copy, " --set run.out_dir=", out));
+  EXPECT_EQ(copied.exit_code, 0) << copied.stderr_text;
+
+  const std::string other = testing::FreshTempDir("data_tok_sample_other");
+  std::filesystem::create_directories(other);
+  std::ofstream(other + "/tokenizer.json")
+      << testing::TokenizerJson({{"t", "h"}, {"e", "m"}}, {"<|endoftext|>"}).dump();
+  const Outcome mismatched = RunDtrain(
+      absl::StrCat("train ", recipe, " --set data.tokenizer=", other, " --set run.out_dir=", out));
+  EXPECT_EQ(mismatched.exit_code, 2) << mismatched.stderr_text;
+  EXPECT_THAT(mismatched.stderr_text, HasSubstr("but the first shard records hf-bpe:"));
+  EXPECT_THAT(mismatched.stderr_text, HasSubstr("data_tok_sample/tokenizer.json#"));
+  const Outcome bytes =
+      RunDtrain(absl::StrCat("train ", recipe, " --set data.format=text --set data.train=[",
+                             text_file, "] --set run.out_dir=", out));
+  EXPECT_EQ(bytes.exit_code, 2) << bytes.stderr_text;
+  EXPECT_THAT(bytes.stderr_text, HasSubstr("data.format text trains on the files' bytes"));
 
   const Outcome small = RunDtrain(
       absl::StrCat("train ", recipe, " --set model.vocab_size=256 --set run.out_dir=", out));

@@ -18,6 +18,7 @@
 namespace dtrain {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // Repetitive English text: a small model learns it within a few steps.
@@ -151,6 +152,33 @@ TEST(TrainTest, ExportedWeightsInitialiseANewRun) {
   EXPECT_THAT(tuned.stderr_text, HasSubstr("initialised from " + weights));
   const double first_val = ReadMetrics(RunDir("tune") + "/small").front()["val_loss"];
   EXPECT_NEAR(first_val, final_val, 1e-5 * final_val);
+}
+
+// train.export_to is checked before the first step: a file where its folder would go fails the
+// run at once (exit 2, no step taken, so no trained weights lost at the end), naming the file;
+// a .safetensors file in folders that do not exist yet is written, the folders made.
+TEST(TrainTest, AnExportPathThatCannotBeWrittenFailsBeforeTheFirstStep) {
+  const std::string file = testing::TempPath("export_in_the_way");
+  std::ofstream(file) << "not a folder";
+  const std::string blocked = RunDir("export_blocked");
+  const testing::Outcome refused =
+      Train(blocked, "--set train.export_to=" + file + "/model.safetensors");
+  EXPECT_EQ(refused.exit_code, 2) << refused.stderr_text;
+  EXPECT_THAT(refused.stderr_text,
+              AllOf(HasSubstr("train.export_to " + file + "/model.safetensors: "),
+                    HasSubstr(file + " is a file, not a folder")));
+  EXPECT_TRUE(ReadMetrics(blocked + "/small").empty());
+  const std::string folder = testing::TempPath("export_folder.safetensors");
+  std::filesystem::create_directories(folder);
+  const testing::Outcome taken = Train(blocked, "--set train.export_to=" + folder);
+  EXPECT_EQ(taken.exit_code, 2) << taken.stderr_text;
+  EXPECT_THAT(taken.stderr_text, HasSubstr(folder + " is a folder"));
+
+  const testing::Outcome nested =
+      Train(RunDir("export_nested"), "--set train.export_to=weights/final/model.safetensors");
+  ASSERT_EQ(nested.exit_code, 0) << nested.stderr_text;
+  EXPECT_TRUE(
+      std::filesystem::exists(RunDir("export_nested") + "/small/weights/final/model.safetensors"));
 }
 
 // train.export_to without .safetensors writes a Hugging Face folder, which train.init_from takes

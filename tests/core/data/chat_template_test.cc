@@ -129,7 +129,14 @@ TEST(ChatTemplateTest, UnknownNamesAndBadFilesAreErrorsNamingThem) {
             "readable file");
   const std::string dir = ::testing::TempDir();
   for (const auto& [text, what] :
-       {std::pair{"{not json", "not a JSON object"},
+       {std::pair{"{not json", "not valid JSON (byte 3); a template file is JSON, not Jinja"},
+        {"{% for m in messages %}{{ m.content }}{% endfor %}", "not valid JSON (byte 2)"},
+        {"[]", "not a JSON object"},
+        // A typo is not a template without the key: "sufix" would train no end of turn.
+        {R"({"roles": {"assistant": {"prefix": "A:", "sufix": "<|eot_id|>"}}})",
+         "unknown key \"sufix\" in roles.assistant (the keys are prefix, suffix, after)"},
+        {R"({"rolez": {"assistant": {}}})",
+         "unknown key \"rolez\" (the keys are name, begin, trim, roles)"},
         {R"({"begin": 3, "roles": {}})", "\"begin\" is not a string"},
         {R"({"roles": {"user": {}}})", "roles has no \"assistant\""},
         {R"({"roles": {"assistant": {"suffix": []}}})", "roles.assistant.suffix is not a string"},

@@ -174,7 +174,8 @@ TEST_F(HfFolderTest, ShardedFolderLoadsEveryTensorFromItsShard) {
 }
 
 // transformers saves a Llama with tie_word_embeddings (Llama 3.2 1B) without lm_head.weight:
-// dtrain's head starts as the embedding. Without the flag the missing head stays an error.
+// dtrain's head starts as the embedding. Without the flag the missing head stays an error; with
+// it, a stored head is ignored, as transformers ignores it.
 TEST_F(HfFolderTest, TiedLlamaHeadStartsAsTheEmbedding) {
   const ModelConfig config = LlamaConfig();
   const ParamTable table(config, ModelSlice{});
@@ -208,6 +209,21 @@ TEST_F(HfFolderTest, TiedLlamaHeadStartsAsTheEmbedding) {
                          params.begin() + embed->offset));
   EXPECT_TRUE(std::equal(loaded.begin() + embed->offset,
                          loaded.begin() + embed->offset + embed->numel,
+                         params.begin() + embed->offset));
+
+  // Tied, an lm_head.weight of its own (here unlike the embedding) is ignored, as transformers
+  // ties it: the head is still the embedding, not the stored head.
+  std::vector<TensorData> with_head = tensors;
+  with_head.push_back({{"lm_head.weight", DType::kF32, whole->shapes.at("lm_head.weight")},
+                       whole->floats.at("lm_head.weight").data()});
+  ASSERT_TRUE(WriteSafetensors(Path("tied/model.safetensors"), with_head, {{"format", "pt"}}).ok());
+  std::fill(loaded.begin(), loaded.end(), -1.0f);
+  const absl::Status with_head_status = ImportHfWeights(config, table, Path("tied"), loaded.data());
+  ASSERT_TRUE(with_head_status.ok()) << with_head_status;
+  EXPECT_FALSE(std::equal(params.begin() + head->offset,
+                          params.begin() + head->offset + head->numel,
+                          params.begin() + embed->offset));
+  EXPECT_TRUE(std::equal(loaded.begin() + head->offset, loaded.begin() + head->offset + head->numel,
                          params.begin() + embed->offset));
 }
 
@@ -274,6 +290,49 @@ TEST_F(HfFolderTest, ExportCopiesTheTokenizerUnderTheNamesAutoTokenizerReads) {
   fs::create_directories(Path("none"));
   EXPECT_THAT(CopyHfTokenizer(Path("none"), Path("out"), 5).status().message(),
               HasSubstr("holds no tokenizer.json, tokenizer.model"));
+}
+
+// An export into the folder of an earlier one leaves none of its model and tokenizer files,
+// which transformers would read beside the new ones (an old tokenizer.json wins over a new
+// vocab.json pair; a sharded index over a new model.safetensors), and keeps the folder's others.
+TEST_F(HfFolderTest, AnExportReplacesAnEarlierOnesFiles) {
+  ModelConfig config = Gpt2Config();
+  config.vocab_size = 258;
+  const ParamTable table(config, ModelSlice{});
+  const std::vector<float> params = DistinctParams(table);
+  Write("again/tokenizer.json", R"({"model": {"type": "BPE"}})");
+  Write("again/generation_config.json", R"({"eos_token_id": 0})");
+  Write("again/model.safetensors.index.json", R"({"weight_map": {}})");
+  Write("again/model-00001-of-00002.safetensors", "stale");
+  Write("again/README.md", "the user's");
+  ASSERT_TRUE(ExportHfFolder(config, table, ValuesOf(params), Path("again"),
+                             WriteGpt2Tokenizer(*this, "gpt2tok_again"))
+                  .ok());
+  for (const char* stale : {"tokenizer.json", "generation_config.json",
+                            "model.safetensors.index.json", "model-00001-of-00002.safetensors"}) {
+    EXPECT_FALSE(fs::exists(Path(std::string("again/") + stale))) << stale;
+  }
+  EXPECT_TRUE(fs::exists(Path("again/vocab.json")));
+  EXPECT_EQ(*ReadWholeFile(Path("again/README.md")), "the user's");
+  // Without a tokenizer, the last export's tokenizer files go too.
+  ASSERT_TRUE(ExportHfFolder(config, table, ValuesOf(params), Path("again"), "").ok());
+  for (const char* gone : {"vocab.json", "merges.txt", "tokenizer_config.json"}) {
+    EXPECT_FALSE(fs::exists(Path(std::string("again/") + gone))) << gone;
+  }
+  std::vector<float> loaded(table.total_numel());
+  ASSERT_TRUE(ImportHfWeights(config, table, Path("again"), loaded.data()).ok());
+  EXPECT_EQ(loaded, params);
+
+  // A tokenizer from the folder itself would be removed before its copy: refused, the folder
+  // untouched.
+  ASSERT_TRUE(ExportHfFolder(config, table, ValuesOf(params), Path("again"),
+                             WriteGpt2Tokenizer(*this, "gpt2tok_again"))
+                  .ok());
+  const absl::Status own =
+      ExportHfFolder(config, table, ValuesOf(params), Path("again"), Path("again/vocab.json"));
+  EXPECT_THAT(own.message(), HasSubstr("lies in the model folder"));
+  EXPECT_TRUE(fs::exists(Path("again/vocab.json")));
+  EXPECT_TRUE(fs::exists(Path("again/config.json")));
 }
 
 // A tokenizer with ids the model has no embedding row for is refused before anything is
