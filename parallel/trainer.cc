@@ -39,8 +39,8 @@
 #include "core/model/sampler.h"
 #include "core/model/transformer.h"
 #include "core/util/allocate.h"
-#include "core/util/files.h"
 #include "core/util/exit_codes.h"
+#include "core/util/files.h"
 #include "core/util/folder_lock.h"
 #include "core/util/host_name.h"
 #include "core/util/log.h"
@@ -104,12 +104,13 @@ absl::StatusOr<std::string> TokensToText(const Tokenizer& tokenizer,
 }
 
 // data.tokenizer, checked against the model's vocabulary and against the data: text is bytes,
-// and shards record the tokenizer they were packed with (its name must be data.tokenizer's, or
-// the samples would decode, and train.export_to ship a tokenizer, that the ids do not belong
-// to). Without it: bytes for data.format text and for shards that record bytes (`data pack`
-// without --tokenizer), else null (the samples print as ids, and the leader says how to see
-// text).
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(const Recipe& recipe, bool leader) {
+// and shards record the tokenizer they were packed with (`recorded`, the first shard's:
+// ShardsTokenizerName), which must be data.tokenizer's, or the samples would decode, and
+// train.export_to ship, a tokenizer the ids do not belong to. Without it: bytes for data.format
+// text and for shards that record bytes (`data pack` without --tokenizer), else null (the
+// samples print as ids, and the leader says how to see text).
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(
+    const Recipe& recipe, const absl::StatusOr<std::string>& recorded, bool leader) {
   if (recipe.data.format == "text" && !recipe.data.tokenizer.empty()) {
     return WithExitCode(
         absl::InvalidArgumentError(absl::StrCat(
@@ -122,10 +123,6 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(const Recipe& rec
   if (recipe.data.tokenizer.empty()) {
     if (recipe.data.format == "text") return std::make_unique<ByteTokenizer>();
     if (recipe.logging.sample_tokens == 0) return nullptr;
-    // A first shard that does not read fails training too, unless data.on_error skips it: fail
-    // now rather than read it again (a silent pipe: command would cost its timeout twice).
-    const absl::StatusOr<std::string> recorded = ShardsTokenizerName(recipe);
-    if (!recorded.ok() && recipe.data.on_error == "fail") return recorded.status();
     if (recorded.ok() && *recorded == ByteTokenizer().name()) {
       return std::make_unique<ByteTokenizer>();
     }
@@ -153,8 +150,6 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(const Recipe& rec
         (*tokenizer)->vocab_size(), ", more than model.vocab_size ", recipe.model.vocab_size,
         "; set model.vocab_size to at least ", (*tokenizer)->vocab_size()));
   }
-  const absl::StatusOr<std::string> recorded = ShardsTokenizerName(recipe);
-  if (!recorded.ok() && recipe.data.on_error == "fail") return recorded.status();
   if (recorded.ok() && !recorded->empty() && !SameTokenizer(*recorded, (*tokenizer)->name())) {
     return WithExitCode(
         absl::InvalidArgumentError(absl::StrCat(
@@ -694,8 +689,14 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   RETURN_IF_ERROR(CheckExportFitsMachine(recipe, config, world.rank - world.local_rank == 0,
                                          CpuBackend::MachineMemory().bytes));
   const bool leader = world.rank == 0;
+  // The tokenizer the data's first shard records, read once: data.tokenizer must be it, and
+  // every other shard must record it. A first shard that does not read fails training too,
+  // unless data.on_error skips it: fail now rather than read it again (a silent pipe: command
+  // would cost its timeout twice).
+  const absl::StatusOr<std::string> recorded = ShardsTokenizerName(recipe);
+  if (!recorded.ok() && recipe.data.on_error == "fail") return recorded.status();
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
-                   LoadSampleTokenizer(recipe, leader));
+                   LoadSampleTokenizer(recipe, recorded, leader));
   if (leader) {
     RETURN_IF_ERROR(CreateRunFolder(recipe));
     RETURN_IF_ERROR(CheckExportDestination(recipe));
@@ -744,7 +745,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
                        backend, train.micro_batch, train.seq_len, recompute, tensor_parallel.get(),
                        recipe.parallel.sequence_parallel, activation_slots));
   Transformer& model = *model_owner;
-  ASSIGN_OR_RETURN(Datasets data, OpenDatasets(recipe, dp_rank, dp_size));
+  ASSIGN_OR_RETURN(Datasets data,
+                   OpenDatasets(recipe, dp_rank, dp_size, recorded.value_or(std::string())));
   const bool documents = data.train->documents();
   CheckpointSignals signals;
   // Held until the run ends, before anything of the run folder is read: another run of the same

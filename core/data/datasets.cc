@@ -45,7 +45,8 @@ ShardSourceOptions SourceOptions(const DataSection& data) {
 }
 
 // data.format webdataset: streamed shards; the token counts stay 0 (unknown in advance).
-absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int dp_size) {
+absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int dp_size,
+                                         const std::string& shards_tokenizer) {
   const DataSection& data = recipe.data;
   StreamConfig config;
   ASSIGN_OR_RETURN(config.urls, ExpandShardUrls(data.shards));
@@ -59,6 +60,7 @@ absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int 
   config.seq_len = recipe.train.seq_len;
   config.eos_id = data.eos_id;
   config.vocab_size = recipe.model.vocab_size;
+  config.tokenizer = shards_tokenizer;
   config.epochs = data.epochs;
   config.skip_bad_shards = data.on_error == "skip_shard";
   config.source = SourceOptions(data);
@@ -174,9 +176,12 @@ absl::StatusOr<Datasets> OpenSftDatasets(const Recipe& recipe, int dp_rank, int 
 
 }  // namespace
 
-absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_size) {
+absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_size,
+                                      const std::string& shards_tokenizer) {
   const DataSection& data = recipe.data;
-  if (data.format == "webdataset") return OpenWebDatasets(recipe, dp_rank, dp_size);
+  if (data.format == "webdataset") {
+    return OpenWebDatasets(recipe, dp_rank, dp_size, shards_tokenizer);
+  }
   if (data.format == "sft") return OpenSftDatasets(recipe, dp_rank, dp_size);
   const int seq_len = recipe.train.seq_len;
   ASSIGN_OR_RETURN(const TokenFormat format, ParseTokenFormat(data.format));

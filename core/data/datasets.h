@@ -33,8 +33,10 @@ struct Datasets {
 // tokens before them: with split = n - floor(n * val_fraction), train = tokens [0, split), val =
 // [split, n). dp_rank / dp_size: this rank's place among the data-parallel replicas (tensor- and
 // pipeline- parallel peers of one replica read the same data). Errors name the recipe key or file
-// and the fix.
-absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_size);
+// and the fix. `shards_tokenizer`: the tokenizer the first shard records (ShardsTokenizerName),
+// which every webdataset shard that records one must record too (empty: not checked).
+absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_size,
+                                      const std::string& shards_tokenizer = "");
 
 // The tokenizer that the first shard of data.format webdataset (data.shards) or sft (data.train)
 // records in its first sample (`dtrain data pack`'s record: "bytes", "hf-bpe:...", ...); empty

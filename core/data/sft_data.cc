@@ -122,6 +122,7 @@ absl::StatusOr<SftSample> EncodeSftLine(std::string_view line, const ChatTemplat
 absl::StatusOr<std::vector<SftSample>> ReadSftShards(const std::vector<std::string>& files,
                                                      int vocab_size) {
   std::vector<SftSample> samples;
+  std::string first_tokenizer;  // the first recorded
   for (const std::string& file : files) {
     ASSIGN_OR_RETURN(std::unique_ptr<ByteSource> source, OpenShard(file, {}));
     TarReader reader(source.get());
@@ -131,7 +132,8 @@ absl::StatusOr<std::vector<SftSample>> ReadSftShards(const std::vector<std::stri
       ASSIGN_OR_RETURN(const bool more, grouper.Next(&sample));
       if (!more) break;
       SftSample out;
-      RETURN_IF_ERROR(DecodeSampleTokens(sample, vocab_size, &out.tokens));
+      if (first_tokenizer.empty()) first_tokenizer = RecordedTokenizerName(sample);
+      RETURN_IF_ERROR(DecodeSampleTokens(sample, vocab_size, &out.tokens, first_tokenizer));
       const SampleField* mask = sample.Find("mask");
       if (mask == nullptr || mask->data.size() != out.tokens.size()) {
         return absl::DataLossError(absl::StrCat(

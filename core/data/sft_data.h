@@ -33,7 +33,8 @@ absl::StatusOr<SftSample> EncodeSftLine(std::string_view line, const ChatTemplat
 // The samples of SFT token shards ("<key>.tokens" or ".tokens32" beside "<key>.mask", one byte
 // per token, as `dtrain data pack --sft` writes them), in order. DataLoss naming the shard and
 // the sample for a sample without a mask (not packed with --sft), a mask of the wrong length, an
-// id >= vocab_size.
+// id >= vocab_size; FailedPrecondition for a shard that records another tokenizer than the first
+// (DecodeSampleTokens).
 absl::StatusOr<std::vector<SftSample>> ReadSftShards(const std::vector<std::string>& files,
                                                      int vocab_size);
 

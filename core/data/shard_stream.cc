@@ -147,7 +147,7 @@ absl::Status ShardStream::ReadSample(bool decode, TokenDocument* tokens) {
     if (!status.ok()) {
       status = WithSourceCause(*source_, status);
     } else if (decode) {
-      status = TakeSampleTokens(&sample_, config_->vocab_size, tokens);
+      status = TakeSampleTokens(&sample_, config_->vocab_size, tokens, config_->tokenizer);
     }
     if (!status.ok()) {
       RETURN_IF_ERROR(ShardFailed(status));

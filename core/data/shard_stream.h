@@ -37,6 +37,7 @@ struct StreamConfig {
   int seq_len = 0;
   int eos_id = -1;
   int vocab_size = 0;
+  std::string tokenizer;         // what a shard that records its tokenizer must record; empty: any
   int epochs = 0;                // passes over the shards; 0 = endless, each pass shuffled anew
   bool finite = false;           // true: end after `epochs` passes; false: then repeat the passes
   bool skip_bad_shards = false;  // data.on_error skip_shard

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/data/tokenizers/load_tokenizer.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -130,7 +131,8 @@ absl::StatusOr<std::pair<size_t, int>> FindTokenField(const Sample& sample) {
 
 // Shards from `dtrain data pack` record their tokenizer in the first sample of each shard
 // (data_pack.h); ids from a vocabulary larger than the model's would index past its embedding.
-absl::Status CheckRecordedTokenizer(const Sample& sample, int vocab_size) {
+absl::Status CheckRecordedTokenizer(const Sample& sample, int vocab_size,
+                                    std::string_view tokenizer) {
   const nlohmann::json record = TokenizerRecord(sample);
   if (record.is_null()) return absl::OkStatus();
   if (!record.is_object() || !record.contains("vocab_size") ||
@@ -147,6 +149,14 @@ absl::Status CheckRecordedTokenizer(const Sample& sample, int vocab_size) {
                      " (vocabulary ", recorded, "), which do not fit model.vocab_size ", vocab_size,
                      "; set model.vocab_size to at least ", recorded,
                      " (the model's tokenizer), or pack the data with the model's tokenizer"));
+  }
+  const std::string name = RecordedTokenizerName(sample);
+  if (!tokenizer.empty() && !name.empty() && !SameTokenizer(name, tokenizer)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", sample.url, " records tokenizer ", name,
+                     ", but the data's first shard records ", std::string(tokenizer),
+                     ": ids of two tokenizers would train as one vocabulary; pack every shard with "
+                     "one tokenizer"));
   }
   return absl::OkStatus();
 }
@@ -169,8 +179,9 @@ void TokenDocument::CopyTo(int64_t first, int64_t count, int32_t* out) const {
   WidenWords(words.data() + first * width, width, count, out);
 }
 
-absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* document) {
-  RETURN_IF_ERROR(CheckRecordedTokenizer(*sample, vocab_size));
+absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* document,
+                              std::string_view tokenizer) {
+  RETURN_IF_ERROR(CheckRecordedTokenizer(*sample, vocab_size, tokenizer));
   ASSIGN_OR_RETURN(const auto found, FindTokenField(*sample));
   const auto [index, width] = found;
   SampleField& field = sample->fields[index];
@@ -187,9 +198,9 @@ absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* doc
   return absl::OkStatus();
 }
 
-absl::Status DecodeSampleTokens(const Sample& sample, int vocab_size,
-                                std::vector<int32_t>* tokens) {
-  RETURN_IF_ERROR(CheckRecordedTokenizer(sample, vocab_size));
+absl::Status DecodeSampleTokens(const Sample& sample, int vocab_size, std::vector<int32_t>* tokens,
+                                std::string_view tokenizer) {
+  RETURN_IF_ERROR(CheckRecordedTokenizer(sample, vocab_size, tokenizer));
   ASSIGN_OR_RETURN(const auto found, FindTokenField(sample));
   const auto [index, width] = found;
   const SampleField& field = sample.fields[index];

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,13 +35,17 @@ struct TokenDocument {
 // Moves the sample's token field into *document (binary formats swap buffers, so the field
 // gets the document's old bytes back for reuse; nothing is copied) after checking it. Errors
 // are DecodeSampleTokens's; on an error *document is unspecified.
-absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* document);
+absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* document,
+                              std::string_view tokenizer = {});
 
 // Replaces *tokens with the sample's ids. DataLoss naming the shard, the sample key and the fix
 // for: no token field, a byte count that is not a whole number of tokens, malformed JSON, an id
 // >= vocab_size (with its position); FailedPrecondition when the sample records a tokenizer
-// whose vocabulary is larger than vocab_size.
-absl::Status DecodeSampleTokens(const Sample& sample, int vocab_size, std::vector<int32_t>* tokens);
+// whose vocabulary is larger than vocab_size, or one that is not `tokenizer` (SameTokenizer; the
+// data's first shard's, which the run's other shards must share: ids of two tokenizers would
+// train as one vocabulary; empty: any).
+absl::Status DecodeSampleTokens(const Sample& sample, int vocab_size, std::vector<int32_t>* tokens,
+                                std::string_view tokenizer = {});
 
 // The record `dtrain data pack` writes in a shard's first sample (kTokenizerExtension: the
 // tokenizer's "name" and "vocab_size", an SFT pack's "chat_template"): null when the sample has

@@ -22,6 +22,7 @@
 namespace dtrain {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::Outcome;
 using testing::RunDtrain;
@@ -289,6 +290,33 @@ TEST(DataCommandTest, PackWritesWideIdsForALargeVocabulary) {
       "data inspect ", out, "/shard-000000.tar --tokenizer ", dir + "/tokenizer.json"));
   EXPECT_THAT(inspect.stdout_text, HasSubstr("000000000: .tokens32(8 B)"));
   EXPECT_THAT(inspect.stdout_text, HasSubstr("text: \"th<|eot_id|>\""));
+}
+
+// Shards of two tokenizers in one run are refused when the stream reaches the one that differs
+// from the first shard's record: their ids would train as one vocabulary.
+TEST(DataCommandTest, TrainRefusesShardsOfAnotherTokenizerThanTheFirsts) {
+  const std::string first = Pack(TokenizerDir("data_tok_mix_a"), "data_pack_mix_a");
+  const std::string other_dir = testing::FreshTempDir("data_tok_mix_b");
+  std::filesystem::create_directories(other_dir);
+  std::ofstream(other_dir + "/tokenizer.json")
+      << testing::TokenizerJson({{"t", "h"}, {"e", "m"}}, {"<|endoftext|>"}).dump();
+  const std::string text = testing::WriteTempFile("data_pack_mix_b.txt", "the theme\n");
+  const std::string out = testing::FreshTempDir("data_pack_mix_b_shards");
+  ASSERT_EQ(RunDtrain(absl::StrCat("data pack ", text, " --out ", out, " --tokenizer ", other_dir))
+                .exit_code,
+            0);
+  const std::string second = out + "/shard-000000.tar";
+  const Outcome train = RunDtrain(absl::StrCat(
+      "train --set data.format=webdataset --set data.shards=", first, "::", second,
+      " --set data.streams=1 --set data.train=[] --set model.vocab_size=300 --set "
+      "train.eval_every=0 --set train.warmup_steps=0 --set train.steps=8 --set train.seq_len=4 "
+      "--set train.batch_size=1 --set train.micro_batch=1 --set logging.sample_tokens=0 --set "
+      "run.out_dir=",
+      testing::FreshTempDir("data_mix_run")));
+  EXPECT_EQ(train.exit_code, 1) << train.stderr_text;
+  EXPECT_THAT(train.stderr_text, AllOf(HasSubstr("shard " + second + " records tokenizer hf-bpe:"),
+                                       HasSubstr("but the data's first shard records hf-bpe:"),
+                                       HasSubstr("pack every shard with one tokenizer")));
 }
 
 TEST(DataCommandTest, TrainRefusesShardsOfALargerVocabulary) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "core/data/data_pack.h"
 #include "core/data/tokenizers/load_tokenizer.h"
 #include "gtest/gtest.h"
@@ -239,6 +240,19 @@ TEST(SftDataTest, PackedShardsReadBackWithTheirMasks) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(status.message().find("has no .mask member"), std::string::npos) << status.message();
   EXPECT_NE(status.message().find("dtrain data pack --sft"), std::string::npos);
+
+  // Shards of another tokenizer (here bytes) after the first's are refused, naming both: their
+  // ids would train as one vocabulary.
+  std::vector<std::string> mixed = packed->shards;
+  mixed.push_back(plain->shards.front());
+  const absl::Status mixed_status = ReadSftShards(mixed, tokenizer.vocab_size()).status();
+  EXPECT_EQ(mixed_status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(mixed_status.message().find(absl::StrCat("shard ", plain->shards.front(),
+                                                     " records tokenizer bytes, but the "
+                                                     "data's first shard records ",
+                                                     tokenizer.name())),
+            std::string::npos)
+      << mixed_status.message();
 }
 
 }  // namespace
