@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "core/checkpoint/reader.h"
 #include "core/checkpoint/writer.h"
+#include "core/data/datasets.h"
 #include "core/model/hf_folder.h"
 #include "core/model/hf_names.h"
 #include "core/model/model_config.h"
@@ -219,8 +221,27 @@ absl::Status ExportCheckpoint(const std::string& path, const std::string& out,
   };
   const SafetensorsMetadata metadata = {{"dtrain_checkpoint", dir},
                                         {"step", std::to_string(reader.manifest().step)}};
-  if (format == "hf")
-    return ExportHfFolder(config, table, read_tensor, out, tokenizer_path, metadata);
+  if (format == "hf") {
+    // An SFT run's folder renders chats as its shards were packed, as train.export_to's does:
+    // the template they record (the recipe's data.train, read from here).
+    std::optional<ChatTemplate> chat_template;
+    if (!tokenizer_path.empty()) {
+      absl::StatusOr<std::optional<ChatTemplate>> recorded = ShardsChatTemplate(recipe);
+      if (!recorded.ok()) {
+        return absl::Status(
+            recorded.status().code(),
+            absl::StrCat("the checkpoint's run trained on SFT shards (data.train: ",
+                         absl::StrJoin(recipe.data.train, ", "),
+                         "), whose chat template the folder's tokenizer needs, and they do not "
+                         "read from here: ",
+                         recorded.status().message(),
+                         "; export where they do, or without --tokenizer"));
+      }
+      chat_template = *std::move(recorded);
+    }
+    return ExportHfFolder(config, table, read_tensor, out, tokenizer_path, metadata,
+                          chat_template ? &*chat_template : nullptr);
+  }
   return ExportHfSafetensorsStreamed(config, table, read_tensor, out, metadata);
 }
 

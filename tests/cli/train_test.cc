@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/core/data/tokenizers/tokenizer_json.h"
 #include "tests/testing/run_dtrain.h"
 
 namespace dtrain {
@@ -432,6 +433,59 @@ logging: {sample_tokens: 0}
       absl::StrCat("data pack --sft ", bad, " --out ", testing::FreshTempDir("sft_bad_shards")));
   EXPECT_EQ(bad_line.exit_code, 1);
   EXPECT_THAT(bad_line.stderr_text, HasSubstr(bad + ":2: no \"completion\" string"));
+}
+
+// `dtrain ckpt export --format hf --tokenizer` of an SFT run's checkpoint renders chats as its
+// shards were packed, as train.export_to's folder does: the chat template they record becomes
+// the tokenizer's chat_template, and its end of turn a stop of generation_config.json.
+TEST(TrainTest, CheckpointExportOfAnSftRunWritesItsChatTemplate) {
+  const std::string tokenizer = testing::FreshTempDir("sft_export_tokenizer");
+  std::filesystem::create_directories(tokenizer);
+  std::ofstream(tokenizer + "/tokenizer.json")
+      << testing::TokenizerJson({{"t", "h"}}, {"<|im_start|>", "<|im_end|>", "<|endoftext|>"})
+             .dump();
+  std::string lines;
+  for (int i = 0; i < 40; ++i) {
+    absl::StrAppend(&lines, R"({"prompt": "what is )", i, R"(", "completion": "it is )", i, R"("})",
+                    "\n");
+  }
+  const std::string shards = testing::FreshTempDir("sft_export_shards");
+  const testing::Outcome packed = testing::RunDtrain(
+      absl::StrCat("data pack --sft --chat-template chatml --tokenizer ", tokenizer, " ",
+                   testing::WriteTempFile("sft_export.jsonl", lines), " --out ", shards));
+  ASSERT_EQ(packed.exit_code, 0) << packed.stderr_text;
+  const std::string run_dir = RunDir("sft_export");
+  std::filesystem::remove_all(run_dir);
+  const std::string recipe = testing::WriteTempFile(
+      "sft_export.yaml",
+      absl::StrCat("run: {name: sft}\nmodel: {n_layer: 1, n_head: 2, d_model: 32, vocab_size: "
+                   "300, max_seq_len: 64}\ndata: {format: sft, train: [\"",
+                   shards, "/shard-*.tar\"], val_fraction: 0.1}\n",
+                   "train: {steps: 2, batch_size: 2, micro_batch: 2, seq_len: 64, warmup_steps: "
+                   "0, eval_every: 0, export_to: \"\"}\nlogging: {sample_tokens: 0}\n"));
+  const testing::Outcome trained =
+      testing::RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", run_dir));
+  ASSERT_EQ(trained.exit_code, 0) << trained.stderr_text;
+
+  const std::string folder = testing::FreshTempDir("sft_export_folder");
+  const testing::Outcome exported = testing::RunDtrain(
+      absl::StrCat("ckpt export ", run_dir, "/sft/checkpoints --format hf --out ", folder,
+                   " --tokenizer ", tokenizer));
+  ASSERT_EQ(exported.exit_code, 0) << exported.stderr_text;
+  const nlohmann::json config =
+      nlohmann::json::parse(std::ifstream(folder + "/tokenizer_config.json"), nullptr, false);
+  EXPECT_THAT(config.value("chat_template", ""), HasSubstr("<|im_start|>"));
+  const nlohmann::json generation =
+      nlohmann::json::parse(std::ifstream(folder + "/generation_config.json"), nullptr, false);
+  EXPECT_THAT(generation["eos_token_id"].dump(), HasSubstr("258"));  // <|im_end|>
+
+  // Shards that no longer read from here: an error that says so, not a folder without them.
+  std::filesystem::remove_all(shards);
+  const testing::Outcome gone = testing::RunDtrain(
+      absl::StrCat("ckpt export ", run_dir, "/sft/checkpoints --format hf --out ", folder,
+                   "_gone --tokenizer ", tokenizer));
+  EXPECT_NE(gone.exit_code, 0);
+  EXPECT_THAT(gone.stderr_text, HasSubstr("the checkpoint's run trained on SFT shards"));
 }
 
 }  // namespace
