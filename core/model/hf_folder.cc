@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "core/data/tokenizers/load_tokenizer.h"
 #include "core/util/files.h"
+#include "core/util/log.h"
 #include "core/util/status.h"
 #include "nlohmann/json.hpp"
 
@@ -323,6 +324,30 @@ absl::Status CheckHfConfig(const ModelConfig& c, const std::string& path) {
       absl::StrCat(path, " does not match the recipe's model: ", absl::StrJoin(problems, "; ")));
 }
 
+absl::StatusOr<std::string> FastTokenizerCaveat(const Tokenizer& tokenizer,
+                                                const std::string& tokenizer_path) {
+  ASSIGN_OR_RETURN(const TokenizerKind kind, FindTokenizer(tokenizer_path));
+  if (kind.tokenizer_class != "LlamaTokenizer" ||
+      !absl::StartsWith(tokenizer.name(), "sentencepiece:")) {
+    return std::string();
+  }
+  // Pairs that Llama's rules keep apart and a normalizing model merges.
+  for (const auto& [text, normalized] :
+       {std::pair{"a  b", "a b"}, std::pair{"\xef\xac\x81", "fi"} /* U+FB01, NFKC "fi" */}) {
+    std::vector<int32_t> ids, normalized_ids;
+    RETURN_IF_ERROR(tokenizer.Encode(text, &ids));
+    RETURN_IF_ERROR(tokenizer.Encode(normalized, &normalized_ids));
+    if (ids != normalized_ids) continue;
+    return absl::StrCat("tokenizer ", tokenizer.name(), " normalizes text (it encodes \"", text,
+                        "\" as \"", normalized,
+                        "\"), which transformers' fast tokenizer built from tokenizer.model does "
+                        "not: load the folder's tokenizer with AutoTokenizer.from_pretrained(..., "
+                        "use_fast=False), or export it with a tokenizer.json converted from it "
+                        "(its normalizer kept)");
+  }
+  return std::string();
+}
+
 absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_path,
                                                 const std::string& dir, int max_seq_len) {
   ASSIGN_OR_RETURN(const TokenizerKind kind, FindTokenizer(tokenizer_path));
@@ -451,6 +476,8 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
           " (model.vocab_size): its larger ids have no embedding row; give the tokenizer the "
           "model was trained with"));
     }
+    ASSIGN_OR_RETURN(const std::string caveat, FastTokenizerCaveat(*tokenizer, tokenizer_path));
+    if (!caveat.empty()) LogWarn("%s", caveat);
   }
   std::error_code error;
   if (tokenizer != nullptr) {

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "core/data/chat_template.h"
+#include "core/data/tokenizer.h"
 #include "core/io/safetensors.h"
 #include "core/model/hf_names.h"
 #include "core/model/model_config.h"
@@ -41,14 +42,25 @@ absl::Status CheckHfConfig(const ModelConfig& config, const std::string& path);
 // file or a folder holding one. A tokenizer_config.json and special_tokens_map.json beside it are
 // copied too, else written; with a tokenizer_config.json, so are the folder's other tokenizer
 // files, which it may load. `max_seq_len` becomes model_max_length.
+// Why AutoTokenizer's default (fast) tokenizer on a folder that the tokenizer at
+// `tokenizer_path` (loaded: `tokenizer`) is exported into would encode otherwise than it does;
+// empty when it would not. A SentencePiece model that normalizes text (NFKC, runs of spaces
+// collapsed: sentencepiece's default nmt_nfkc, unlike Llama's identity) and comes without a
+// tokenizer.json: transformers builds the fast tokenizer from tokenizer.model with Llama's rules,
+// ignoring the normalizer (the slow LlamaTokenizer, use_fast=False, runs the model itself).
+absl::StatusOr<std::string> FastTokenizerCaveat(const Tokenizer& tokenizer,
+                                                const std::string& tokenizer_path);
+
 absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_path,
                                                 const std::string& dir, int max_seq_len);
 
 // Writes the folder `dir` (created if missing): the tokenizer when `tokenizer_path` is not empty,
 // model.safetensors from `read_tensor` (ExportHfSafetensorsStreamed) with `metadata`, then
 // config.json. The model and tokenizer files of an earlier export there are removed first,
-// config.json before them (the folder's other files stay). A tokenizer with more ids than the model's vocabulary is refused first. With the
-// tokenizer, `chat_template` (the one an SFT run trained on; null for none) becomes its
+// config.json before them (the folder's other files stay). A tokenizer with more ids than the
+// model's vocabulary is refused first; one whose fast conversion encodes otherwise
+// (FastTokenizerCaveat) is exported with a warning that says so. With the tokenizer,
+// `chat_template` (the one an SFT run trained on; null for none) becomes its
 // tokenizer_config.json's chat_template (TemplateJinja, in place of one copied), and the special
 // tokens its assistant suffix writes (<|eot_id|>) join the end-of-sequence ids of
 // generation_config.json, at which generate() stops.

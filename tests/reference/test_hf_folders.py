@@ -192,16 +192,21 @@ def check_export(dtrain, probe_path, root):
         results.append((err <= TOLERANCE, f"export.{name}.end_of_run logits {err:.1e}"))
         for kind in exports[name]:
             out = os.path.join(folder, "ckpt-export-" + kind.split()[0])
-            run([dtrain, "ckpt", "export", os.path.join(folder, "run", "checkpoints"),
-                 "--format", "hf", "--out", out, "--tokenizer", tokenizer_paths[kind]])
+            exported = run([dtrain, "ckpt", "export", os.path.join(folder, "run", "checkpoints"),
+                            "--format", "hf", "--out", out, "--tokenizer", tokenizer_paths[kind]])
+            # tok-spm keeps sentencepiece's default normalizer (nmt_nfkc), which the fast
+            # tokenizer transformers builds from tokenizer.model alone ignores: the export warns.
+            warned = "normalizes text" in exported.stderr
+            expect_warning = kind == "tokenizer.model"
             err = relative(got, hf_logits(out, tokens))
             # The slow LlamaTokenizer: the fast one's conversion needs protobuf, not installed.
             tokenizer = transformers.AutoTokenizer.from_pretrained(
                 out, use_fast=kind != "tokenizer.model")
             ids = tokenizer(sample)["input_ids"]
-            ok = err <= TOLERANCE and ids == reference_ids[kind]
+            ok = err <= TOLERANCE and ids == reference_ids[kind] and warned == expect_warning
             results.append((ok, f"export.{name}.ckpt_export ({kind}) logits {err:.1e}, "
-                                f"{type(tokenizer).__name__} ids {'equal' if ids == reference_ids[kind] else ids}"))
+                                f"{type(tokenizer).__name__} ids {'equal' if ids == reference_ids[kind] else ids}, "
+                                f"fast-tokenizer warning {'given' if warned else 'none'}"))
     return results
 
 
