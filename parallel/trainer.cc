@@ -29,6 +29,7 @@
 #include "core/backend/make_backend.h"
 #include "core/checkpoint/reader.h"
 #include "core/data/datasets.h"
+#include "core/data/token_decode.h"
 #include "core/data/tokenizers/load_tokenizer.h"
 #include "core/data/webdataset_loader.h"
 #include "core/metrics/step_exporter.h"

@@ -12,7 +12,6 @@
 #include "core/data/shard_urls.h"
 #include "core/data/tar_reader.h"
 #include "core/data/token_decode.h"
-#include "core/data/tokenizers/load_tokenizer.h"
 #include "core/util/status.h"
 
 namespace dtrain {

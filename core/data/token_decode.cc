@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/data/tokenizers/load_tokenizer.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -162,6 +161,21 @@ absl::Status CheckRecordedTokenizer(const Sample& sample, int vocab_size,
 }
 
 }  // namespace
+
+bool SameTokenizer(std::string_view a, std::string_view b) {
+  // The kind and hash of a name ("hf-bpe", "#0123456789ab"); empty for another.
+  const auto kind_and_hash =
+      [](std::string_view name) -> std::pair<std::string_view, std::string_view> {
+    const size_t colon = name.find(':');
+    const size_t hash = name.rfind('#');
+    if (colon == std::string_view::npos || hash == std::string_view::npos || hash < colon) {
+      return {};
+    }
+    return {name.substr(0, colon), name.substr(hash)};
+  };
+  const auto a_kind_and_hash = kind_and_hash(a);
+  return a_kind_and_hash.first.empty() ? a == b : a_kind_and_hash == kind_and_hash(b);
+}
 
 nlohmann::json TokenizerRecord(const Sample& sample) {
   const SampleField* field = sample.Find(kTokenizerExtension);

@@ -52,6 +52,11 @@ absl::Status DecodeSampleTokens(const Sample& sample, int vocab_size, std::vecto
 // none, discarded when it is not JSON.
 nlohmann::json TokenizerRecord(const Sample& sample);
 
+// Whether two tokenizer names (Tokenizer::name(), or what a shard records) are the same
+// tokenizer: the same kind and hash of load_tokenizer.h's "<kind>:<folder>/<file>#<hash>"
+// wherever its files lie, or else the same name ("bytes").
+bool SameTokenizer(std::string_view a, std::string_view b);
+
 // The name of the tokenizer the sample records (kTokenizerExtension's "name"); empty when it
 // records none, or not in that shape.
 std::string RecordedTokenizerName(const Sample& sample);

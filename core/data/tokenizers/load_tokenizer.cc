@@ -35,14 +35,6 @@ std::string TokenizerName(std::string_view kind, const fs::path& path, uint64_t 
                          absolute.filename().string(), hash >> 16);
 }
 
-// The kind and hash of TokenizerName's name ("hf-bpe", "#0123456789ab"); empty for another.
-std::pair<std::string_view, std::string_view> KindAndHash(std::string_view name) {
-  const size_t colon = name.find(':');
-  const size_t hash = name.rfind('#');
-  if (colon == std::string_view::npos || hash == std::string_view::npos || hash < colon) return {};
-  return {name.substr(0, colon), name.substr(hash)};
-}
-
 absl::StatusOr<json> ParseJson(const std::string& text, const fs::path& path) {
   try {
     return json::parse(text);
@@ -394,11 +386,6 @@ std::pair<fs::path, fs::path> Gpt2Pair(const fs::path& folder) {
 }
 
 }  // namespace
-
-bool SameTokenizer(std::string_view a, std::string_view b) {
-  const auto kind_and_hash = KindAndHash(a);
-  return kind_and_hash.first.empty() ? a == b : kind_and_hash == KindAndHash(b);
-}
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path_text,
                                                          int threads) {

@@ -14,7 +14,6 @@
 
 #include <memory>
 #include <string>
-#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "core/data/tokenizer.h"
@@ -23,9 +22,5 @@ namespace dtrain {
 
 // threads > 1: large texts encode in parallel where the tokenizer allows (bpe.h).
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path, int threads = 1);
-
-// Whether two tokenizer names (name(), or what a shard records) are the same tokenizer: the same
-// kind and hash wherever its files lie, or else the same name ("bytes").
-bool SameTokenizer(std::string_view a, std::string_view b);
 
 }  // namespace dtrain
