@@ -86,10 +86,9 @@ StepBuffers EstimateStepBuffers(const ParamTable& table, const ShardingStrategy&
   std::vector<double> units;  // values of each unit gathered or reduced whole, largest first
   for (const Unit& unit : layout.units()) units.push_back(static_cast<double>(unit.shard) * ranks);
   std::sort(units.begin(), units.end(), std::greater<>());
-  // A pipelined stage accumulates its gradient units, and keeps its gathered ones, for the
-  // whole step; ddp and zero1 land their reductions as they go.
-  const size_t held =
-      pipelined && sharded_grads ? units.size() : std::min<size_t>(kUnitsInFlight, units.size());
+  // A pipelined stage accumulates its gradient units, keeps its gathered ones and lands ddp's and
+  // zero1's reductions at the step's end; otherwise these go as the step goes.
+  const size_t held = pipelined ? units.size() : std::min<size_t>(kUnitsInFlight, units.size());
   const double held_values = std::accumulate(units.begin(), units.begin() + held, 0.0);
   const double held_shards = held_values / ranks;
   const bool bf16_wire = strategy.reduce_type == DataType::kBF16 && dp_size > 1;

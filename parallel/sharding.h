@@ -82,7 +82,8 @@ class UnitLayout {
 // Units the engine holds at once in a step, gathered, as gradients (under sharding) and as
 // reductions' copies (ddp and zero1): one in use (computed with, or filled by backward), the next
 // (prefetched, or on the wire), and the tied embedding's (read again by the head; its gradient
-// filled from the classifier to the end of backward). A pipelined step holds a stage's all.
+// filled from the classifier to the end of backward). A pipelined step holds a stage's all
+// until its end.
 inline constexpr size_t kUnitsInFlight = 3;
 
 // At most what DataParallelEngine holds for a moment in a step besides the model state, for

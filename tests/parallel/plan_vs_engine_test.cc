@@ -169,6 +169,31 @@ TEST(PlanVsEngineTest, StepBuffersStayWithinTheStartupEstimate) {
   }
 }
 
+// A pipelined step holds a stage's every unit until its end (its gathered parameters and
+// gradient units, and ddp's and zero1's reductions, which it lands then): the estimate counts all
+// of them there, and kUnitsInFlight otherwise.
+TEST(PlanVsEngineTest, APipelinedStepHoldsEveryUnitsBuffersToItsEnd) {
+  const Recipe recipe = testing::ShippedRecipe("tiny", {"parallel.bucket_mb=0.5"});
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  const ParamTable table(config, ModelSlice{});
+  ParallelSection parallel = recipe.parallel;
+  parallel.reduce_dtype = "bf16";
+  for (const char* name : {"ddp", "zero1", "zero2"}) {
+    SCOPED_TRACE(name);
+    parallel.strategy = name;
+    const ShardingStrategy strategy = *ShardingStrategyFromRecipe(parallel);
+    const UnitLayout units(table, strategy.unit_bytes, std::string(name) == "ddp" ? 1 : kRanks);
+    ASSERT_GT(units.units().size(), kUnitsInFlight);
+    const StepBuffers pipelined = EstimateStepBuffers(table, strategy, kRanks, true);
+    const StepBuffers stepwise = EstimateStepBuffers(table, strategy, kRanks, false);
+    EXPECT_GT(pipelined.total_bytes(), stepwise.total_bytes());
+    // Every unit's bf16 copy (ddp: the whole gradient, in 2 bytes a value).
+    if (std::string(name) == "ddp") {
+      EXPECT_DOUBLE_EQ(pipelined.wire_bytes, 2.0 * static_cast<double>(units.padded_size()));
+    }
+  }
+}
+
 // For a data-parallel layout the plan charges a rank what the trainer's start-up check does:
 // the same model state, activations and step buffers (EstimateRankMemory; the plan's runtime
 // allowance left out), for every engine and precision on 2 and 4 ranks, with the recipe's unit
