@@ -544,6 +544,30 @@ absl::StatusOr<CheckpointRequest> AgreeOnCheckpointSignals(Communicator* world) 
   return CheckpointRequest{stop > 0, save > 0};
 }
 
+// Waits until this rank's data for the next step is read, between the steps rather than inside
+// the next one: a SIGTERM that comes while a shard stalls is then agreed on at once, and the run
+// stops with the step's checkpoint (inside the step, the rank heard it only once the data came,
+// after the launcher's grace period had killed it, and the other ranks waited in a collective).
+// A wait of kDataStallWarning and more is logged, as the step's own line waits for it. Returns
+// the time it waited.
+constexpr absl::Duration kDataStallWarning = absl::Seconds(10);
+
+std::chrono::duration<double> AwaitNextStepData(SequenceLoader& loader, int sequences,
+                                                int next_step) {
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Time since = absl::Now();
+  absl::Duration warn_after = kDataStallWarning;
+  while (!sigterm_received.load() && !loader.WaitReady(sequences, absl::Milliseconds(100))) {
+    if (absl::Now() - since < warn_after) continue;
+    LogWarn(
+        "waited %.0f s for this rank's data of step %d: a shard's read stalls (data.http_timeout_s "
+        "and data.pipe_timeout_s end it; a SIGTERM now saves step %d)",
+        absl::ToDoubleSeconds(absl::Now() - since), next_step, next_step - 1);
+    warn_after += absl::Minutes(1);
+  }
+  return std::chrono::steady_clock::now() - start;
+}
+
 // train.export_to: the whole model's parameters, gathered from the ranks of the first
 // data-parallel replica onto rank 0, which writes them: a .safetensors file, or else a Hugging
 // Face model folder.
@@ -805,6 +829,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   const bool track_stragglers =
       recipe.logging.straggler_pct > 0 && world_comm != nullptr && pp < world.world_size;
   const absl::Duration slowed_by = TestSlowdown(world.rank);
+  std::chrono::duration<double> waited_before_step{0};  // AwaitNextStepData's, for this step
   for (int step = static_cast<int>(resumed_step); step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     phase = absl::StrCat("step ", step + 1);
@@ -826,7 +851,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       return Renamed(device, absl::StrCat("step ", step + 1, ": ", device.message()));
     }
     ASSIGN_OR_RETURN(const StepResult result, std::move(stepped));
-    const std::chrono::duration<double> step_time = std::chrono::steady_clock::now() - start;
+    const std::chrono::duration<double> step_time =
+        std::chrono::steady_clock::now() - start + waited_before_step;
     const int64_t dp_sent = SentBytes({groups.dp}) - dp_sent_before;
     const int64_t tp_sent = SentBytes({groups.tp, kv_replicas}) - tp_sent_before;
     const int64_t pp_sent = SentBytes({groups.pp}) - pp_sent_before;
@@ -888,7 +914,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     m.dp_sent_bytes = dp_sent;
     m.tp_sent_bytes = tp_sent;
     m.pp_sent_bytes = pp_sent;
-    m.data_wait_ms = result.data_wait_ms;
+    m.data_wait_ms =
+        result.data_wait_ms + std::chrono::duration<double, std::milli>(waited_before_step).count();
     const ShardCounts shards = data.train->shard_counts();
     m.shards_read = shards.read;
     m.shards_skipped = shards.skipped;
@@ -925,6 +952,10 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       ASSIGN_OR_RETURN(sample, std::move(sampled));
     }
 
+    if (!last) {
+      waited_before_step =
+          AwaitNextStepData(*data.train, micro_batches * train.micro_batch, m.step + 1);
+    }
     ASSIGN_OR_RETURN(const CheckpointRequest request, AgreeOnCheckpointSignals(world_comm));
     const int interval = recipe.checkpoint.interval;
     if ((interval > 0 && m.step % interval == 0) || (last && recipe.checkpoint.save_at_end) ||

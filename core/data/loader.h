@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace dtrain {
 
@@ -55,6 +56,11 @@ class SequenceLoader {
                                      int32_t* /*positions*/) {
     return absl::UnimplementedError("this loader's sequences are not documents");
   }
+
+  // Waits up to `timeout` until the next `count` sequences (or as many as the loader reads
+  // ahead) are in memory, so that Next will not wait on a shard: true once they are, or once
+  // Next would fail at once. A loader that reads nothing ahead is always ready.
+  virtual bool WaitReady(int /*count*/, absl::Duration /*timeout*/) { return true; }
 
   virtual LoaderState state() const = 0;
   // Continues exactly after `state` (this rank's own, or MergeLoaderStates of all saved ranks

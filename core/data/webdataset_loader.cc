@@ -199,6 +199,16 @@ absl::Status WebDatasetLoader::Next(int count, int32_t* inputs, int32_t* targets
   return absl::OkStatus();
 }
 
+bool WebDatasetLoader::WaitReady(int count, absl::Duration timeout) {
+  if (!failed_.ok()) return true;
+  if (!reader_.joinable()) StartReader();
+  const size_t ready = std::min(static_cast<size_t>(std::max(count, 0)), queue_capacity_);
+  std::unique_lock<std::mutex> lock(mu_);
+  return changed_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] {
+    return queue_.size() >= ready || (!queue_.empty() && !queue_.back().status.ok());
+  });
+}
+
 LoaderState WebDatasetLoader::state() const {
   std::vector<int> streams;
   for (size_t i = 0; i < streams_.size(); ++i) {

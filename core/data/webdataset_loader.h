@@ -46,6 +46,7 @@ class WebDatasetLoader final : public SequenceLoader {
   ~WebDatasetLoader() override;
 
   absl::Status Next(int count, int32_t* inputs, int32_t* targets) override;
+  bool WaitReady(int count, absl::Duration timeout) override;
   LoaderState state() const override;
   absl::Status Restore(const LoaderState& state) override;
   ShardCounts shard_counts() const override;

@@ -285,6 +285,55 @@ TEST(CheckpointMultiProcessTest, SigtermMakesEveryRankSaveAndExitCleanly) {
   EXPECT_THAT(inspect.stdout_text, HasSubstr("saved by 2 rank(s): zero2"));
 }
 
+// Rank 1's shard stalls (its command writes part of a tar, then nothing), so rank 1 waits for
+// its data while rank 0 waits for rank 1. A SIGTERM then still stops the run within seconds with
+// the last step's checkpoint; before, rank 1 heard it only once the shard command timed out, long
+// after a launcher's grace period would have killed it with nothing saved.
+TEST(CheckpointMultiProcessTest, SigtermWhileARankWaitsOnAStalledShardSaves) {
+  const std::string shards = OutDir("stalled_shards");
+  std::string inputs;
+  for (int d = 0; d < 8; ++d) {
+    std::string text;
+    for (int line = 0; line < 20; ++line) {
+      absl::StrAppend(&text, "Document ", d, " line ", line, ": five boxing wizards jump.\n");
+    }
+    absl::StrAppend(&inputs, " ",
+                    testing::WriteTempFile(absl::StrCat("stalled_doc", d, ".txt"), text));
+  }
+  const testing::Outcome pack =
+      testing::RunDtrain(absl::StrCat("data pack", inputs, " --out ", shards, " --shard-size 8KB"));
+  ASSERT_EQ(pack.exit_code, 0) << pack.stderr_text;
+  // No shard shuffle and two streams over two shards: rank 0 reads only the first shard, rank 1
+  // only the second, which stalls.
+  const std::string urls = absl::StrCat(shards, "/shard-000000.tar::pipe:head -c 6200 ", shards,
+                                        "/shard-000001.tar; exec sleep 100");
+  const std::string out = OutDir("stalled");
+  Ranks ranks(2, TrainArgs(RecipeFile(32), out,
+                           {"data.format=webdataset", "data.shards=" + urls, "data.streams=2",
+                            "data.shard_shuffle=false", "data.shuffle_buffer=1",
+                            "data.pipe_timeout_s=100", "data.train=[]", "train.steps=100000",
+                            "checkpoint.interval=0", "parallel.timeout_s=100"}));
+  // Rank 1 says so after 10 s of waiting.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline && ranks.Log(1).find("for this rank's data") == std::string::npos) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_THAT(ranks.Log(1), HasSubstr("a shard's read stalls (data.http_timeout_s and "
+                                      "data.pipe_timeout_s end it; a SIGTERM now saves step "));
+  const size_t steps = Metrics(out).size();
+  ASSERT_GE(steps, 1u);
+  const absl::Time signalled = absl::Now();
+  ranks.Signal(SIGTERM);
+  const std::vector<int> codes = ranks.Wait(absl::Seconds(60));
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(20));
+  ASSERT_EQ(codes[0], kExitStopped) << ranks.Log(0);
+  ASSERT_EQ(codes[1], kExitStopped) << ranks.Log(1);
+  // The step the ranks had trained when the data stalled is logged and saved with the stop.
+  EXPECT_EQ(Metrics(out).size(), steps + 1);
+  EXPECT_EQ(FileBytes(out + "/mp/checkpoints/latest"), absl::StrCat("step-", steps + 1, "\n"));
+  EXPECT_THAT(ranks.Log(0), HasSubstr(absl::StrCat("stopped by SIGTERM at step ", steps + 1)));
+}
+
 TEST(CheckpointMultiProcessTest, Sigusr1ToOneRankMakesAllSaveAndContinue) {
   const std::string recipe = RecipeFile(32);
   const std::string out = OutDir("sigusr1");
