@@ -132,6 +132,21 @@ std::vector<nlohmann::json> Metrics(const std::string& out) {
   return lines;
 }
 
+// `dtrain data pack` of `documents` text files of 20 lines (about 900 tokens each) into 8 KB
+// shards (two documents each) in `shards`.
+testing::Outcome PackDocuments(int documents, const std::string& shards) {
+  std::string inputs;
+  for (int d = 0; d < documents; ++d) {
+    std::string text;
+    for (int line = 0; line < 20; ++line) {
+      absl::StrAppend(&text, "Document ", d, " line ", line, ": five boxing wizards jump.\n");
+    }
+    absl::StrAppend(&inputs, " ", testing::WriteTempFile(absl::StrCat("wds_doc", d, ".txt"), text));
+  }
+  return testing::RunDtrain(
+      absl::StrCat("data pack", inputs, " --out ", shards, " --shard-size 8KB"));
+}
+
 std::string FileBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -291,20 +306,11 @@ TEST(CheckpointMultiProcessTest, SigtermMakesEveryRankSaveAndExitCleanly) {
 // after a launcher's grace period would have killed it with nothing saved.
 TEST(CheckpointMultiProcessTest, SigtermWhileARankWaitsOnAStalledShardSaves) {
   const std::string shards = OutDir("stalled_shards");
-  std::string inputs;
-  for (int d = 0; d < 8; ++d) {
-    std::string text;
-    for (int line = 0; line < 20; ++line) {
-      absl::StrAppend(&text, "Document ", d, " line ", line, ": five boxing wizards jump.\n");
-    }
-    absl::StrAppend(&inputs, " ",
-                    testing::WriteTempFile(absl::StrCat("stalled_doc", d, ".txt"), text));
-  }
-  const testing::Outcome pack =
-      testing::RunDtrain(absl::StrCat("data pack", inputs, " --out ", shards, " --shard-size 8KB"));
+  const testing::Outcome pack = PackDocuments(8, shards);
   ASSERT_EQ(pack.exit_code, 0) << pack.stderr_text;
   // No shard shuffle and two streams over two shards: rank 0 reads only the first shard, rank 1
-  // only the second, which stalls.
+  // only the second, which stalls: its command writes the first document (3,584 bytes) and the
+  // next one's tokens (a sample ends where the next begins), about 8 steps, then nothing.
   const std::string urls = absl::StrCat(shards, "/shard-000000.tar::pipe:head -c 6200 ", shards,
                                         "/shard-000001.tar; exec sleep 100");
   const std::string out = OutDir("stalled");
@@ -369,16 +375,7 @@ TEST(CheckpointMultiProcessTest, Sigusr1ToOneRankMakesAllSaveAndContinue) {
 
 TEST(CheckpointMultiProcessTest, WebDatasetCursorContinuesInAnotherWorldSize) {
   const std::string shards = OutDir("wds_shards");
-  std::string inputs;
-  for (int d = 0; d < 24; ++d) {
-    std::string text;
-    for (int line = 0; line < 20; ++line) {
-      absl::StrAppend(&text, "Document ", d, " line ", line, ": five boxing wizards jump.\n");
-    }
-    absl::StrAppend(&inputs, " ", testing::WriteTempFile(absl::StrCat("wds_doc", d, ".txt"), text));
-  }
-  const testing::Outcome pack =
-      testing::RunDtrain(absl::StrCat("data pack", inputs, " --out ", shards, " --shard-size 8KB"));
+  const testing::Outcome pack = PackDocuments(24, shards);
   ASSERT_EQ(pack.exit_code, 0) << pack.stderr_text;
   // "... in N shards: DIR/shard-{000000..00000K}.tar"
   const size_t pattern_at = pack.stdout_text.find(shards + "/shard-{");
