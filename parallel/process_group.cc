@@ -254,11 +254,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> ProcessGroup::CreateGroup(
     ASSIGN_OR_RETURN(std::unique_ptr<Communicator> created,
                      module->create_communicator(store_, spec, timeout_, *backend_));
     return std::make_unique<BackendMemoryGuard>(
-        FlightRecorder::Wrap(recorder_, std::move(created), spec.world_ranks), *backend_);
+        FlightRecorder::Wrap(recorder_, std::move(created), spec.world_ranks), *backend_,
+        spec.point_to_point);
   }
   // Gloo's world communicator serves a group of every rank (and records its operations).
   if (size == static_cast<size_t>(world_->size())) {
-    return std::make_unique<BackendMemoryGuard>(*world_, spec.name, *backend_);
+    return std::make_unique<BackendMemoryGuard>(*world_, spec.name, *backend_, spec.point_to_point);
   }
   GlooCommunicatorOptions options;
   options.name = spec.name;
@@ -271,7 +272,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> ProcessGroup::CreateGroup(
   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> created,
                    GlooCommunicator::Create(store_, options));
   return std::make_unique<BackendMemoryGuard>(
-      FlightRecorder::Wrap(recorder_, std::move(created), spec.world_ranks), *backend_);
+      FlightRecorder::Wrap(recorder_, std::move(created), spec.world_ranks), *backend_,
+      spec.point_to_point);
 }
 
 namespace {

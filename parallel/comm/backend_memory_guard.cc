@@ -3,15 +3,21 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/status.h"
 
 namespace dtrain {
 
-BackendMemoryGuard::BackendMemoryGuard(std::unique_ptr<Communicator> inner, const Backend& backend)
-    : owned_(std::move(inner)), inner_(*owned_), name_(inner_.name()), backend_(backend) {}
+BackendMemoryGuard::BackendMemoryGuard(std::unique_ptr<Communicator> inner, const Backend& backend,
+                                       bool point_to_point)
+    : owned_(std::move(inner)),
+      inner_(*owned_),
+      name_(inner_.name()),
+      backend_(backend),
+      point_to_point_(point_to_point) {}
 
 BackendMemoryGuard::BackendMemoryGuard(Communicator& inner, std::string name,
-                                       const Backend& backend)
-    : inner_(inner), name_(std::move(name)), backend_(backend) {}
+                                       const Backend& backend, bool point_to_point)
+    : inner_(inner), name_(std::move(name)), backend_(backend), point_to_point_(point_to_point) {}
 
 absl::Status BackendMemoryGuard::Check(const char* op_name, const char* role, const void* data,
                                        size_t count, DataType type) const {
@@ -21,6 +27,13 @@ absl::Status BackendMemoryGuard::Check(const char* op_name, const char* role, co
       " values) outside the backend's memory: this group's collectives run on "
       "device memory (NCCL on GPUs), so host values must cross through a backend buffer; a bug "
       "in dtrain, please report it"));
+}
+
+absl::Status BackendMemoryGuard::CheckPair(const char* op_name, const void* data, size_t count,
+                                           DataType type, int peer) const {
+  RETURN_IF_ERROR(
+      CheckPointToPoint(point_to_point_, inner_.rank(), inner_.size(), peer, op_name, name_));
+  return Check(op_name, "its buffer", data, count, type);
 }
 
 std::unique_ptr<Work> BackendMemoryGuard::AllReduce(void* data, size_t count, DataType type,
@@ -57,14 +70,14 @@ std::unique_ptr<Work> BackendMemoryGuard::Broadcast(void* data, size_t count, Da
 
 std::unique_ptr<Work> BackendMemoryGuard::Send(const void* data, size_t count, DataType type,
                                                int peer) {
-  if (absl::Status s = Check("send", "its buffer", data, count, type); !s.ok()) {
+  if (absl::Status s = CheckPair("send", data, count, type, peer); !s.ok()) {
     return FinishedWork(s);
   }
   return inner_.Send(data, count, type, peer);
 }
 
 std::unique_ptr<Work> BackendMemoryGuard::Recv(void* data, size_t count, DataType type, int peer) {
-  if (absl::Status s = Check("recv", "its buffer", data, count, type); !s.ok()) {
+  if (absl::Status s = CheckPair("recv", data, count, type, peer); !s.ok()) {
     return FinishedWork(s);
   }
   return inner_.Recv(data, count, type, peer);

@@ -4,7 +4,8 @@
 // guard checks every operation's buffers with Backend::Holds first and fails the operation
 // instead, naming it and the group. On the CPU backend (Gloo, where host memory would work)
 // the same check is what lets every CPU run catch the buffer a GPU run would fault on. Host
-// values cross such a group through backend memory (host_values.h).
+// values cross such a group through backend memory (host_values.h). It holds Send and Recv to
+// the pairs NCCL connects (CheckPointToPoint) the same way.
 #pragma once
 
 #include <memory>
@@ -17,11 +18,14 @@ namespace dtrain {
 
 class BackendMemoryGuard : public Communicator {
  public:
-  // Checks `inner`'s buffers against `backend`; owns `inner`.
-  BackendMemoryGuard(std::unique_ptr<Communicator> inner, const Backend& backend);
+  // Checks `inner`'s buffers against `backend`, and its Sends and Recvs against
+  // `point_to_point` (GroupSpec's); owns `inner`.
+  BackendMemoryGuard(std::unique_ptr<Communicator> inner, const Backend& backend,
+                     bool point_to_point);
   // The same over a communicator that stays the caller's and must outlive the guard (the world's,
   // serving a group of every rank on the CPU), as the group `name`.
-  BackendMemoryGuard(Communicator& inner, std::string name, const Backend& backend);
+  BackendMemoryGuard(Communicator& inner, std::string name, const Backend& backend,
+                     bool point_to_point);
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
@@ -51,11 +55,15 @@ class BackendMemoryGuard : public Communicator {
   // error naming the operation, the buffer (`role`) and the group.
   absl::Status Check(const char* op_name, const char* role, const void* data, size_t count,
                      DataType type) const;
+  // Check's, and CheckPointToPoint's for `peer`.
+  absl::Status CheckPair(const char* op_name, const void* data, size_t count, DataType type,
+                         int peer) const;
 
   std::unique_ptr<Communicator> owned_;
   Communicator& inner_;
   const std::string name_;
   const Backend& backend_;
+  const bool point_to_point_;
 };
 
 }  // namespace dtrain

@@ -33,6 +33,14 @@ enum class ReduceOp { kSum, kAvg, kMax };
 absl::Status CheckReduction(DataType type, ReduceOp op, const char* op_name,
                             const std::string& group);
 
+// OK when `rank` of a group of `size` may Send to or Recv from `peer`: the group was created for
+// point-to-point use (GroupSpec::point_to_point, the pipeline's) and `peer` is the member before
+// or after `rank` on the group's ring, the only pairs NCCL connects (nccl_communicator.h). Every
+// mesh group holds to it on every backend (backend_memory_guard.h), so a CPU run fails where a
+// GPU run would. Otherwise an error naming the operation and the group.
+absl::Status CheckPointToPoint(bool point_to_point, int rank, int size, int peer,
+                               const std::string& op_name, const std::string& group);
+
 // The handle of one issued operation. Wait blocks until it finished and returns its outcome;
 // calling Wait again returns the same outcome. Destroying an unwaited Work waits for it.
 //

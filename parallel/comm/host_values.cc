@@ -55,24 +55,26 @@ absl::Status BroadcastHost(Communicator& group, Backend& backend, void* values, 
 
 absl::Status GatherHost(Communicator& group, Backend& backend, const float* own,
                         absl::Span<const size_t> counts, int root,
-                        absl::FunctionRef<void(int rank, const float* values)> receive) {
-  if (group.rank() != root) {
-    const size_t count = counts[group.rank()];
-    return ThroughBackend(
-        backend, DataType::kF32, own, count, nullptr, 0, 0,
-        [&](void* staged, void*) { return group.Send(staged, count, DataType::kF32, root); });
-  }
-  std::vector<float> values(*std::max_element(counts.begin(), counts.end()));
+                        absl::FunctionRef<void(int rank, const float* values)> receive,
+                        size_t chunk) {
+  const int me = group.rank();
+  const size_t largest = *std::max_element(counts.begin(), counts.end());
+  std::vector<float> values(me == root ? largest : 0);
+  DeviceBuffer staged =
+      backend.Allocate(std::max<size_t>(1, std::min(chunk, largest)), DataType::kF32);
+  constexpr size_t kBytes = sizeof(float);
   for (int rank = 0; rank < group.size(); ++rank) {
     if (rank == root) {
-      receive(rank, own);
+      if (me == root) receive(rank, own);
       continue;
     }
-    RETURN_IF_ERROR(ThroughBackend(backend, DataType::kF32, nullptr, 0, values.data(), 0,
-                                   counts[rank], [&](void* staged, void*) {
-                                     return group.Recv(staged, counts[rank], DataType::kF32, rank);
-                                   }));
-    receive(rank, values.data());
+    for (size_t begin = 0; begin < counts[rank]; begin += chunk) {
+      const size_t count = std::min(chunk, counts[rank] - begin);
+      if (me == rank) backend.CopyFromHost(staged.data(), own + begin, count * kBytes);
+      RETURN_IF_ERROR(group.Broadcast(staged.data(), count, DataType::kF32, rank)->Wait());
+      if (me == root) backend.CopyToHost(values.data() + begin, staged.data(), count * kBytes);
+    }
+    if (me == root) receive(rank, values.data());
   }
   return absl::OkStatus();
 }

@@ -43,10 +43,14 @@ absl::Status BroadcastHost(Communicator& group, Backend& backend, T* values, siz
 }
 
 // Every rank's values to `root`, one rank at a time: rank r sends `counts[r]` values (`own`),
-// and root calls receive(r, values) for each rank in order, its own included.
+// and root calls receive(r, values) for each rank in order, its own included. The values travel
+// as broadcasts of at most `chunk` values, which every group runs (NCCL sends only between a
+// pipeline group's neighbours): the backend holds one chunk, root's host one rank's values.
+inline constexpr size_t kGatherChunk = size_t{1} << 24;  // 64 MiB of floats
 absl::Status GatherHost(Communicator& group, Backend& backend, const float* own,
                         absl::Span<const size_t> counts, int root,
-                        absl::FunctionRef<void(int rank, const float* values)> receive);
+                        absl::FunctionRef<void(int rank, const float* values)> receive,
+                        size_t chunk = kGatherChunk);
 
 // SumOverRanks (communicator.h) over a group of backend memory: a and b summed over `group`
 // (null: unchanged), in double.

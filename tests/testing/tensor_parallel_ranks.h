@@ -113,7 +113,10 @@ inline void RunStageGridRanks(int stages, int tp_size,
     if (size == 1) return nullptr;
     std::unique_ptr<GlooCommunicator> gloo =
         ConnectGlooGroup(store, name, prefix, rank, size, absl::Seconds(60));
-    return gloo ? std::make_unique<BackendMemoryGuard>(std::move(gloo), backend) : nullptr;
+    // The pipeline's group sends and receives (Mesh::PpGroup), the others only collect.
+    return gloo ? std::make_unique<BackendMemoryGuard>(std::move(gloo), backend,
+                                                       /*point_to_point=*/name == "pp")
+                : nullptr;
   };
   std::vector<std::thread> threads;
   for (int stage = 0; stage < stages; ++stage) {

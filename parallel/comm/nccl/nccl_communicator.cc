@@ -494,24 +494,12 @@ std::unique_ptr<Work> NcclCommunicator::OnPair(
     const std::vector<size_t>& links, int peer, const std::string& op_name,
     OpStats CommStats::*field, int64_t sent, int64_t received,
     const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& call) {
-  if (!options_.point_to_point) {
-    return FinishedWork(absl::FailedPreconditionError(absl::StrFormat(
-        "%s on group '%s': the group was created for collectives only (NCCL connects the pairs "
-        "of a point-to-point group, the pipeline's)",
-        op_name, options_.name)));
+  if (absl::Status refused = CheckPointToPoint(options_.point_to_point, options_.rank,
+                                               options_.size, peer, op_name, options_.name);
+      !refused.ok()) {
+    return FinishedWork(std::move(refused));
   }
-  if (peer < 0 || peer >= options_.size || peer == options_.rank) {
-    return FinishedWork(absl::InvalidArgumentError(
-        absl::StrFormat("%s on group '%s': peer %d is not another member of a group of %d", op_name,
-                        options_.name, peer, options_.size)));
-  }
-  const size_t link = links[peer];
-  if (link == 0) {
-    return FinishedWork(absl::InvalidArgumentError(absl::StrFormat(
-        "%s on group '%s': rank %d is not next to rank %d on the group's ring, and NCCL connects "
-        "each member to its previous and next one only (the pipeline's neighbouring stages)",
-        op_name, options_.name, WorldRank(peer), WorldRank(options_.rank))));
-  }
+  const size_t link = links[peer];  // ConnectPairs connected every pair the check lets through
   Count(field, sent, received);
   cudaStream_t stream = streams_[link];
   OrderBefore(stream);
