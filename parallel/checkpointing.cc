@@ -33,6 +33,14 @@ const std::set<std::string>& ShapeKeys() {
   return *keys;
 }
 
+// Keys that say where a run is and what it resumes, not how it trains: a checkpoint resumed from
+// another run's folder was saved with other values of them, and none of that is news.
+const std::set<std::string>& PlaceKeys() {
+  static const auto* const keys =
+      new std::set<std::string>{"run.name", "run.out_dir", "checkpoint.dir", "checkpoint.resume"};
+  return *keys;
+}
+
 // Keys that differ between two resolved recipes ("section.key").
 std::vector<std::string> DifferingKeys(const std::string& saved, const std::string& current) {
   std::vector<std::string> keys;
@@ -244,7 +252,11 @@ absl::StatusOr<TrainingCheckpoints::Loaded> TrainingCheckpoints::TryLoad(
   Loaded loaded;
   std::vector<std::string> blocking;
   for (const std::string& key : DifferingKeys(m.recipe_yaml, recipe_yaml_)) {
-    (ShapeKeys().count(key) ? blocking : loaded.changed_keys).push_back(key);
+    if (key == "train.init_from") {
+      loaded.init_from_changed = true;
+    } else if (!PlaceKeys().count(key)) {
+      (ShapeKeys().count(key) ? blocking : loaded.changed_keys).push_back(key);
+    }
   }
   if (!blocking.empty()) {
     fatal = true;
@@ -393,6 +405,14 @@ absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& load
         if (!loaded->changed_keys.empty()) {
           LogWarn("%s was saved with other values of %s; the recipe's values apply from now on",
                   candidate, absl::StrJoin(loaded->changed_keys, ", "));
+        }
+        // The weights a run starts from are read once, by its first step; after that its
+        // checkpoints hold them.
+        if (loaded->init_from_changed && !recipe_.train.init_from.empty()) {
+          LogWarn(
+              "train.init_from %s is not loaded: the run resumes %s, whose weights replace it; "
+              "to start from %s, set checkpoint.resume: never or give the run another run.name",
+              recipe_.train.init_from, candidate, recipe_.train.init_from);
         }
         // A folder's `latest` is judged only when the folder was searched.
         const std::string latest = scanned ? LatestName(folder) : "";

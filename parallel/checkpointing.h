@@ -73,6 +73,7 @@ class TrainingCheckpoints {
     int64_t step = 0;
     std::string origin;                     // the layout that saved it, for the log
     std::vector<std::string> changed_keys;  // recipe keys saved with other values
+    bool init_from_changed = false;         // train.init_from was another (or none)
     std::string metrics_line;               // of the saved step
   };
   // Fills the engine from `step_dir`. A fatal error (an incompatible recipe) sets `fatal`.

@@ -155,6 +155,26 @@ TEST(TrainTest, ExportedWeightsInitialiseANewRun) {
   EXPECT_NEAR(first_val, final_val, 1e-5 * final_val);
 }
 
+// A run that resumes its checkpoint does not load a train.init_from given since, and says so
+// (the weights the first step read are in the checkpoint); nor does it count a resume from
+// another run's folder, under another run.name, as a change of the recipe.
+TEST(TrainTest, AResumedRunSaysItDoesNotLoadANewInitFrom) {
+  ASSERT_EQ(Train(RunDir("resume_init")).exit_code, 0);
+  const std::string first = RunDir("resume_init") + "/small";
+  const testing::Outcome resumed = testing::RunDtrain(absl::StrCat(
+      "train ", SmallRecipe(), " --set run.out_dir=", RunDir("resume_init"),
+      " --set run.name=again --set checkpoint.resume=", first,
+      "/checkpoints --set train.steps=13 --set train.init_from=", first, "/model.safetensors"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.stderr_text;
+  EXPECT_THAT(resumed.stderr_text,
+              AllOf(HasSubstr("step-12 was saved with other values of train.steps; the recipe's "
+                              "values apply from now on"),
+                    HasSubstr(absl::StrCat("train.init_from ", first,
+                                           "/model.safetensors is not loaded: the run resumes ",
+                                           first, "/checkpoints/step-12"))));
+  EXPECT_THAT(resumed.stderr_text, ::testing::Not(HasSubstr("initialised from")));
+}
+
 // train.export_to is checked before the first step: a file where its folder would go fails the
 // run at once (exit 2, no step taken, so no trained weights lost at the end), naming the file;
 // a .safetensors file in folders that do not exist yet is written, the folders made.
