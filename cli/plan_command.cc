@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "cli/commands.h"
+#include "core/model/model_size.h"
 #include "core/recipe/recipe.h"
 #include "parallel/planner/auto_layout.h"
 #include "parallel/planner/catalog.h"
@@ -51,6 +52,9 @@ void AddPlanCommand(CLI::App& app) {
     }
     absl::StatusOr<Recipe> recipe = LoadRecipe(args->recipe_path, args->overrides);
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
+    if (absl::Status bounded = CheckParameterCount(*recipe); !bounded.ok()) {
+      Fail(bounded, kExitUsage);
+    }
     absl::StatusOr<ClusterSpec> cluster = ResolveCluster(recipe->cluster);
     if (!cluster.ok()) Fail(cluster.status(), kExitUsage);
     // Pipelines in the recipe's schedule where the trainer runs it (else the ones it runs), so

@@ -11,7 +11,7 @@
 
 namespace dtrain {
 
-absl::Status CheckModelSize(const Recipe& recipe) {
+absl::Status CheckParameterCount(const Recipe& recipe) {
   const ModelSection& m = recipe.model;
   const ModelConfig config = ModelConfigFromRecipe(m, recipe.d_ff());
   // The recipe's key ranges (n_layer <= 2^16, d_model <= 2^20, d_ff <= 2^22, vocabulary and
@@ -25,6 +25,12 @@ absl::Status CheckModelSize(const Recipe& recipe) {
         m.n_layer, m.d_model, config.d_ff, m.vocab_size, parameters, 16 * parameters,
         kMaxParameters));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckModelSize(const Recipe& recipe) {
+  RETURN_IF_ERROR(CheckParameterCount(recipe));
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const TrainSection& t = recipe.train;
   const double tokens = static_cast<double>(t.micro_batch) * t.seq_len;
   if (tokens > std::numeric_limits<int32_t>::max()) {

@@ -18,5 +18,7 @@ inline constexpr double kMaxActivationBytes = 1e14;
 
 // InvalidArgument naming the model keys, the sizes they give and the bound; OK otherwise.
 absl::Status CheckModelSize(const Recipe& recipe);
+// The parameter bound alone: what `dtrain plan` checks, which picks the micro-batches itself.
+absl::Status CheckParameterCount(const Recipe& recipe);
 
 }  // namespace dtrain

@@ -273,10 +273,6 @@ std::string RecipeLines(const Layout& layout) {
   for (const auto& [key, value] : LayoutSettings(layout)) {
     const size_t dot = key.find('.');
     if (key.substr(0, dot) != section) {
-      // The parallel section ends here: say what it cannot express before the next one.
-      if (section == "parallel" && layout.offload) {
-        absl::StrAppend(&out, "  # optimizer offload to the host: no recipe key yet\n");
-      }
       section = key.substr(0, dot);
       absl::StrAppend(&out, section, ":\n");
     }
@@ -353,12 +349,27 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
       absl::StrAppendFormat(&out, "  stages   %s\n", PipelineStagesLine(w, chosen->layout));
     }
     if (t.compute_fraction < 0.5) {
-      absl::StrAppendFormat(
-          &out,
-          "  note     the GPUs compute only %.0f%% of the time: %d sequences per step are too few "
-          "for %d GPUs; raise train.batch_size%s\n",
-          100 * t.compute_fraction, w.batch_size, plan.cluster.world_size(),
+      // The largest part of the rest, and what shrinks it: a larger batch shares each step's
+      // reductions and fills the pipeline; tp and pp traffic grow with the tokens alone, and the
+      // layout is already the fastest.
+      const std::string batch_fix = absl::StrFormat(
+          "%d sequences per step are too few for %d GPUs to hide it; raise train.batch_size%s",
+          w.batch_size, plan.cluster.world_size(),
           plan.cluster.nodes > 1 ? " or plan fewer cluster.nodes" : "");
+      const std::string link_fix =
+          "it grows with the tokens, not the batch: only a faster link between the GPUs shrinks it";
+      const std::tuple<double, const char*, std::string> parts[] = {
+          {t.bubble_ms, "the pipeline bubble", batch_fix},
+          {e.dp.exposed_ms, "exposed DP traffic", batch_fix},
+          {e.tp.exposed_ms, "TP traffic", link_fix},
+          {e.pp.exposed_ms, "exposed PP traffic", link_fix}};
+      const auto& [part_ms, part, fix] = *std::max_element(
+          std::begin(parts), std::end(parts),
+          [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+      absl::StrAppendFormat(&out,
+                            "  note     the GPUs compute only %.0f%% of the time, %s most of the "
+                            "rest (%s ms): %s\n",
+                            100 * t.compute_fraction, part, FormatMs(part_ms), fix);
     }
   }
 

@@ -96,24 +96,28 @@ void Rank(Plan& plan) {
     return std::make_pair(a.estimate.time.step_ms, Complexity(a.layout)) <
            std::make_pair(b.estimate.time.step_ms, Complexity(b.layout));
   });
-  // The trainer has no optimizer offload: an offload layout is recommended only when nothing
-  // fits without it.
-  bool offload = true;
-  for (const Candidate& candidate : all) {
-    if (candidate.verdict == Verdict::kFits && !candidate.layout.offload) offload = false;
-  }
+  // The trainer has no optimizer offload: an offload layout is never recommended (its recipe
+  // lines would not train), and where only such layouts fit, nothing is (WhyNoLayout names them
+  // and the nodes that fit without).
   int fastest = -1;
   for (int i = 0; i < static_cast<int>(all.size()); ++i) {
-    if (all[i].verdict == Verdict::kFits && all[i].layout.offload == offload) {
+    if (all[i].verdict == Verdict::kFits && !all[i].layout.offload) {
       fastest = i;
       break;
     }
   }
-  if (fastest < 0) return;
+  if (fastest < 0) {
+    for (Candidate& candidate : all) {
+      if (candidate.verdict == Verdict::kFits) {
+        candidate.reason = "fits only with optimizer offload, which the trainer does not run yet";
+      }
+    }
+    return;
+  }
   const double limit_ms = all[fastest].estimate.time.step_ms * (1 + plan.options.simpler_within);
   int best = fastest;
   for (int i = fastest; i < static_cast<int>(all.size()); ++i) {
-    if (all[i].verdict != Verdict::kFits || all[i].layout.offload != offload) continue;
+    if (all[i].verdict != Verdict::kFits || all[i].layout.offload) continue;
     if (all[i].estimate.time.step_ms > limit_ms) break;
     if (Complexity(all[i].layout) < Complexity(all[best].layout)) best = i;
   }
@@ -128,11 +132,6 @@ void Rank(Plan& plan) {
           : absl::StrFormat("the simplest layout within %.0f%% of the fastest (%s, %s ms)",
                             100 * plan.options.simpler_within, DescribeLayout(all[fastest].layout),
                             FormatMs(all[fastest].estimate.time.step_ms));
-  if (offload) {
-    absl::StrAppend(&chosen.reason,
-                    "; nothing fits without optimizer offload, which dtrain's trainer does not "
-                    "run yet: plan more GPUs (cluster.nodes)");
-  }
   for (Candidate& candidate : all) {
     if (candidate.verdict != Verdict::kFits) continue;
     const double ms = candidate.estimate.time.step_ms;
@@ -155,16 +154,13 @@ std::string BatchSplitProblem(const Workload& workload, const Layout& layout) {
 }
 
 // When nothing fits `plan`'s cluster: the plan of the first cluster of 2, 4, 8, ... (up to 256)
-// times its nodes that has a recommendation the trainer runs (no offload), if any.
+// times its nodes that has a recommendation, if any.
 std::optional<Plan> SmallestLargerClusterThatFits(const Plan& plan) {
   for (int factor = 2; factor <= 256; factor *= 2) {
     ClusterSpec larger = plan.cluster;
     larger.nodes = plan.cluster.nodes * factor;
     absl::StatusOr<Plan> found = SearchLayouts(plan.workload, larger, plan.options);
-    if (found.ok() && found->recommendation() != nullptr &&
-        !found->recommendation()->layout.offload) {
-      return *std::move(found);
-    }
+    if (found.ok() && found->recommendation() != nullptr) return *std::move(found);
   }
   return std::nullopt;
 }
@@ -199,8 +195,20 @@ absl::Status WhyNoLayout(const Plan& plan) {
           larger->cluster.nodes, larger->cluster.world_size(), DescribeLayout(chosen.layout),
           chosen.estimate.memory.device_bytes() / kGiB, larger->cluster.nodes);
     }
-    return absl::FailedPreconditionError(
-        absl::StrFormat("no layout fits %.1f GiB per GPU; %s", plan.usable_gib, fix));
+    // The fastest layout that fits with optimizer offload, if one does (candidates are sorted).
+    const auto offloaded = absl::c_find_if(plan.candidates, [](const Candidate& candidate) {
+      return candidate.verdict == Verdict::kFits;
+    });
+    const std::string with_offload =
+        offloaded == plan.candidates.end()
+            ? ""
+            : absl::StrFormat(
+                  " (%s fits with optimizer offload, at %.1f GiB, which the trainer does not run "
+                  "yet)",
+                  DescribeLayout(offloaded->layout),
+                  offloaded->estimate.memory.device_bytes() / kGiB);
+    return absl::FailedPreconditionError(absl::StrFormat("no layout fits %.1f GiB per GPU%s; %s",
+                                                         plan.usable_gib, with_offload, fix));
   }
   // One reason per cause: the batch's, for every data-parallel size that does not divide it, in
   // one line (a large cluster has dozens).

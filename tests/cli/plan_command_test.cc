@@ -124,6 +124,18 @@ TEST(PlanCommandTest, NothingFittingNamesTheNodesThatWouldInTextAndJson) {
               HasSubstr("plan with cluster.nodes 32, or GPUs with more memory"));
 }
 
+// A model above dtrain's parameter bound is the recipe's error, as `recipe check` and `train`
+// say (exit 2), not a layout search that asks for more nodes.
+TEST(PlanCommandTest, AModelAboveTheParameterBoundIsARecipeError) {
+  const testing::Outcome plan = testing::RunDtrain(
+      absl::StrCat("plan ", DTRAIN_SOURCE_DIR,
+                   "/configs/llama-70b.yaml --set model.n_layer=1000 --set model.d_model=65536 "
+                   "--set model.n_head=512 --set model.n_kv_head=8"));
+  EXPECT_EQ(plan.exit_code, 2) << plan.stdout_text;
+  EXPECT_THAT(plan.stderr_text, HasSubstr("above dtrain's bound of 1e+13 parameters"));
+  EXPECT_EQ(plan.stdout_text, "");
+}
+
 // A pipeline's recipe lines keep the recipe's schedule where the trainer runs it: gpt2-1.5b's 8
 // sequences on 8 nodes pipeline the GPUs that replicas cannot use.
 TEST(PlanCommandTest, PipelinesKeepTheRecipesSchedule) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/status/statusor.h"
 #include "core/recipe/recipe.h"
 #include "gmock/gmock.h"
@@ -205,7 +206,7 @@ TEST(SearchTest, NothingFitsNamesTheNodesThatWould) {
   larger.nodes = nodes / 2;
   const absl::StatusOr<Plan> half = SearchLayouts(FromConfig("llama-70b"), larger);
   ASSERT_TRUE(half.ok()) << half.status();
-  EXPECT_TRUE(half->recommendation() == nullptr || half->recommendation()->layout.offload) << why;
+  EXPECT_EQ(half->recommendation(), nullptr) << why;
 }
 
 // Where tp does not divide the sequence, tensor parallelism runs without sequence parallelism
@@ -249,9 +250,10 @@ TEST(SearchTest, ABatchTooSmallForTheClusterIsOneReason) {
 
 // The trainer has no optimizer offload. Llama 7B on 8 A100s of 40 GB fits as FSDP, and ZeRO-2
 // with offload runs 1% slower: that simpler layout was recommended, and did not fit without the
-// offload the recipe cannot ask for. 70B on one node of H100s fits only with offload, which the
-// recommendation then says.
-TEST(SearchTest, OffloadIsRecommendedOnlyWhenNothingFitsWithoutIt) {
+// offload the recipe cannot ask for. 70B on one node of H100s fits only with offload: nothing is
+// recommended (its recipe lines would not train), and the reason names the offload layout and
+// the nodes that fit without it.
+TEST(SearchTest, OffloadIsNeverRecommended) {
   const absl::StatusOr<Plan> plan =
       SearchLayouts(FromConfig("llama-7b"), testing::CatalogCluster(1, "a100-40gb", "ib-ndr"));
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -273,10 +275,19 @@ TEST(SearchTest, OffloadIsRecommendedOnlyWhenNothingFitsWithoutIt) {
   const absl::StatusOr<Plan> seventy =
       SearchLayouts(FromConfig("llama-70b"), testing::CatalogCluster(1, "h100-sxm", "ib-ndr"));
   ASSERT_TRUE(seventy.ok()) << seventy.status();
-  ASSERT_NE(seventy->recommendation(), nullptr);
-  EXPECT_TRUE(seventy->recommendation()->layout.offload);
-  EXPECT_THAT(seventy->recommendation()->reason,
-              HasSubstr("nothing fits without optimizer offload"));
+  ASSERT_EQ(seventy->recommendation(), nullptr);
+  const auto offloaded = absl::c_find_if(seventy->candidates, [](const Candidate& candidate) {
+    return candidate.verdict == Verdict::kFits;
+  });
+  ASSERT_NE(offloaded, seventy->candidates.end());
+  EXPECT_TRUE(offloaded->layout.offload);
+  EXPECT_EQ(offloaded->reason,
+            "fits only with optimizer offload, which the trainer does not run yet");
+  const std::string why(WhyNoLayout(*seventy).message());
+  EXPECT_THAT(why, AllOf(HasSubstr(absl::StrCat(DescribeLayout(offloaded->layout),
+                                                " fits with optimizer offload, at ")),
+                         HasSubstr("which the trainer does not run yet); of 2, 4, 8, ... nodes, "),
+                         HasSubstr("plan with cluster.nodes ")));
 }
 
 // The cost model times a step alike at any micro-batch size outside a pipeline; a GPU runs
