@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/data/datasets.h"
 #include "core/recipe/recipe.h"
+#include "core/util/status.h"
 #include "launch/gpus.h"
 #include "launch/launcher.h"
 #include "parallel/trainer.h"
@@ -78,8 +80,10 @@ void AddLaunchCommand(CLI::App& app) {
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     LaunchOptions& launch = args->launch;
     launch.recipe_threads = recipe->run.threads;
-    launch.check_world = [layout = *recipe](int world_size) {
-      return CheckRecipeFitsWorld(layout, world_size);
+    launch.check_world = [layout = *recipe](int world_size, int num_nodes) {
+      RETURN_IF_ERROR(CheckRecipeFitsWorld(layout, world_size));
+      // Of one node alone: another node's agent would wait out its rendezvous for this one.
+      return num_nodes == 1 ? CheckDataFilesExist(layout) : absl::OkStatus();
     };
     if (args->nproc_per_node == "gpu") {
       launch.worker_per_gpu = true;  // counted on each node

@@ -55,7 +55,8 @@ absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
 }
 
 void Fail(const absl::Status& status, int exit_code) {
-  std::cerr << "error: " << status.message() << "\n";
+  // One write: a process stopped while it prints (another rank failed first) leaves no half line.
+  std::cerr << absl::StrCat("error: ", status.message(), "\n");
   throw CLI::RuntimeError(exit_code);
 }
 

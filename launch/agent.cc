@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "core/util/exit_codes.h"
 #include "core/util/host_name.h"
@@ -882,8 +883,14 @@ void Agent::PrintRootCause(int attempt) {
                           f->stopped ? "hung: ended by the agent" : f->exit,
                           ClockTime(absl::FromUnixMicros(f->time_us)));
   }
+  // The root cause's own words, on its line: the last line of its stderr (where a worker's error
+  // ends), without the "error: " every error line starts with.
+  std::string said;
+  for (const absl::string_view line : absl::StrSplit(root->stderr_tail, '\n', absl::SkipEmpty())) {
+    said = std::string(absl::StripPrefix(line, "error: "));
+  }
   const std::string what =
-      !hung       ? root->exit
+      !hung       ? (said.empty() ? root->exit : absl::StrCat(root->exit, ": ", said))
       : unentered ? absl::StrFormat(
                         "hung: it never entered the operation the flight recorder below names, "
                         "which its peers wait in; the agent then ended it (%s)",
@@ -901,13 +908,16 @@ void Agent::PrintRootCause(int attempt) {
         "Last lines of rank %d's stderr:\n%s", record.rank,
         record.stderr_tail.empty() ? "(nothing on stderr)\n" : record.stderr_tail);
   };
-  LogError(
+  const std::string report = absl::StrFormat(
       "the job failed (%d restarts used of %d). Root cause: rank %d on node %d (%s%s), %s.\n"
       "%sFailed workers, first failure first:\n%s%s%s",
       attempt, options_.max_restarts, root->rank, root->node, root->host,
       where.ok() ? absl::StrCat(", ", *where) : "", what,
-      flights ? absl::StrCat("Flight recorder: ", flights->text, "\n") : "", table, tail_of(*root),
-      blamer != nullptr && blamer != root ? tail_of(*blamer) : "");
+      // Dumps that agree say something of a hang (not a desync), nothing of a rank's own error.
+      flights && (flights->found || hung) ? absl::StrCat("Flight recorder: ", flights->text, "\n")
+                                          : "",
+      table, tail_of(*root), blamer != nullptr && blamer != root ? tail_of(*blamer) : "");
+  LogError("%s", absl::StripTrailingAsciiWhitespace(report));
 }
 
 void Agent::Requeue() {

@@ -196,7 +196,7 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
   AppendOverrides(options.overrides, agent.worker_argv);
   agent.nproc_per_node = *node_flags.nproc_per_node;
   if (options.check_world) {
-    RETURN_IF_ERROR(options.check_world(node.num_nodes * agent.nproc_per_node));
+    RETURN_IF_ERROR(options.check_world(node.num_nodes * agent.nproc_per_node, node.num_nodes));
   }
   // CPU workers share the node's cores instead of each taking all of them.
   if (options.recipe_threads == 0 && agent.nproc_per_node > 1) {

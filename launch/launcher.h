@@ -24,9 +24,9 @@ struct LaunchOptions {
   std::string recipe_path;             // empty: the built-in tiny recipe
   std::vector<std::string> overrides;  // --set key=value, passed on to every worker
   int recipe_threads = 0;              // run.threads of the resolved recipe (0 = all cores)
-  // The recipe's rules that need the world size, checked before any worker starts (none: no
-  // check).
-  std::function<absl::Status(int world_size)> check_world;
+  // The recipe's rules that need the world size and the nodes, checked before any worker starts
+  // (none: no check).
+  std::function<absl::Status(int world_size, int num_nodes)> check_world;
   WorldOverrides world;  // --nproc-per-node, --node-rank, --nnodes, --master-*
   // --nproc-per-node gpu: one worker per GPU visible to each node's agent (launch/gpus.h).
   bool worker_per_gpu = false;

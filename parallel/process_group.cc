@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <exception>
 #include <map>
 #include <set>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -371,6 +373,10 @@ void ProcessGroup::PublishBlame(const absl::Status& error) {
 }
 
 absl::Status ProcessGroup::Fail(const absl::Status& error) {
+  // The process is on its way out with its error: a stop (an agent's SIGTERM when another rank
+  // failed first) could only cut its report short, or keep it from the root cause. An agent
+  // still kills it if it lingers.
+  std::signal(SIGTERM, SIG_IGN);
   const int rank = membership_.rank;
   const std::vector<int> blamed = FaultyRanks(error);
   PublishFlightDump(error);
@@ -389,9 +395,12 @@ absl::Status ProcessGroup::Fail(const absl::Status& error) {
   if (*first == own && membership_.agent_hosts_store) {
     (void)store_->Set(AgentKey(membership_.restart_count, "first_failure"), absl::StrCat(rank));
   }
+  // A rank that failed as the first did (a data file every rank misses) says so in a word.
   std::string reported =
       *first == own ? std::string(error.message())
-                    : absl::StrCat(*first, "; then rank ", rank, " failed too: ", error.message());
+      : absl::EndsWith(*first, absl::StrCat(" failed: ", error.message()))
+          ? absl::StrCat(*first, "; rank ", rank, " failed the same way")
+          : absl::StrCat(*first, "; then rank ", rank, " failed too: ", error.message());
   // An agent names the root cause itself, from the blamed ranks.
   if (!membership_.agent_hosts_store) {
     (void)store_->Set(FailedKey(rank),

@@ -176,6 +176,19 @@ absl::StatusOr<Datasets> OpenSftDatasets(const Recipe& recipe, int dp_rank, int 
 
 }  // namespace
 
+absl::Status CheckDataFilesExist(const Recipe& recipe) {
+  if (recipe.data.format == "webdataset") return absl::OkStatus();
+  for (const auto& [key, patterns] :
+       {std::pair{"data.train", &recipe.data.train}, std::pair{"data.val", &recipe.data.val}}) {
+    if (patterns->empty()) continue;
+    if (const absl::StatusOr<std::vector<std::string>> files = ExpandFilePatterns(*patterns);
+        !files.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": ", files.status().message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_size,
                                       const std::string& shards_tokenizer) {
   const DataSection& data = recipe.data;

@@ -38,6 +38,13 @@ struct Datasets {
 absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_size,
                                       const std::string& shards_tokenizer = "");
 
+// InvalidArgument naming data.train or data.val when one of its file patterns matches no file
+// (data.format text, llmc and sft; webdataset's URLs are read as the run streams them): what a
+// one-node `dtrain launch` checks before its workers start, which would each fail on it after
+// their rendezvous. Ranks that may see other file systems check their own after it, where a
+// failure reaches the others at once.
+absl::Status CheckDataFilesExist(const Recipe& recipe);
+
 // The tokenizer that the first shard of data.format webdataset (data.shards) or sft (data.train)
 // records in its first sample (`dtrain data pack`'s record: "bytes", "hf-bpe:...", ...); empty
 // for other formats and shards that record none. Errors are the shard's.

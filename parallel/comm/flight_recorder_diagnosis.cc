@@ -217,6 +217,7 @@ FlightDiagnosis DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
                    [](const Finding& a, const Finding& b) { return a.start_us < b.start_us; });
   std::string text;
   FlightDiagnosis diagnosis;
+  diagnosis.found = !findings.empty() || stuck_point_to_point != nullptr;
   if (!findings.empty()) {
     text = findings.front().text;
     diagnosis.never_entered = findings.front().never_entered;
@@ -252,15 +253,18 @@ std::string FlightDumpKey(int restart_count, int rank) {
 std::optional<FlightDiagnosis> DiagnosePublishedFlightDumps(Store& store, int restart_count,
                                                             int world_size) {
   std::vector<FlightDump> dumps;
-  bool any = false;
+  // Published dumps of no operation (ranks that failed before their first collective, on a
+  // missing data file, say) compare nothing: no diagnosis, rather than one that the dumps agree.
+  bool worth_comparing = false;
   for (int rank = 0; rank < world_size; ++rank) {
     const absl::StatusOr<std::string> path =
         store.Get(FlightDumpKey(restart_count, rank), absl::ZeroDuration());
-    any |= path.ok();
     dumps.push_back(LoadFlightDump(rank, path.value_or("")));
-    if (path.ok() && path->empty()) dumps.back().problem = "the rank could not write its dump";
+    if (!path.ok()) continue;
+    if (path->empty()) dumps.back().problem = "the rank could not write its dump";
+    worth_comparing |= !dumps.back().problem.empty() || dumps.back().recorded > 0;
   }
-  if (!any) return std::nullopt;
+  if (!worth_comparing) return std::nullopt;
   return DiagnoseFlightDumps(dumps);
 }
 

@@ -38,6 +38,9 @@ struct FlightDiagnosis {
   // The ranks the first finding names as never having entered an operation others entered: the
   // root cause of a hang (empty for a desynchronised program, or when every rank entered).
   std::vector<int> never_entered;
+  // Whether the dumps show something wrong: a finding or an unfinished point-to-point operation
+  // (false: they agree, or none could be compared).
+  bool found = false;
 };
 
 FlightDiagnosis DiagnoseFlightDumps(const std::vector<FlightDump>& dumps);

@@ -190,12 +190,13 @@ TEST_P(PlanRecommendationTrainsTest, ScaledDownOnLocalRanks) {
   ASSERT_EQ(plan.exit_code, 0) << plan.stderr_text;
   const nlohmann::json json = nlohmann::json::parse(plan.stdout_text);
   const nlohmann::json& chosen = json["recommended"];
-  const int tp = chosen["tp"], pp = chosen["pp"];
+  // A layout with more ranks than local ranks allow keeps its tp, runs fewer pipeline stages (two
+  // at least, where it has stages) and drops replicas: the kinds of parallelism and their groups
+  // are what the trainer must run; the numbers of stages and replicas change only the split of
+  // the blocks and the batch (llama-70b plans 8 stages of tp 4 on 8 nodes).
+  const int tp = chosen["tp"], planned_pp = chosen["pp"];
+  const int pp = planned_pp == 1 ? 1 : std::max(2, std::min(planned_pp, kMaxLocalRanks / tp));
   ASSERT_LE(tp * pp, kMaxLocalRanks) << "a replica of this layout does not fit on local ranks";
-  // A layout with more replicas than local ranks allow keeps its tp and pp and drops replicas:
-  // the kinds of parallelism and their groups are what the trainer must run; the number of
-  // data-parallel replicas changes only the batch split. (The shipped configs plan one node of
-  // 8 GPUs, so none needs it today.)
   const int dp = std::min(chosen["dp"].get<int>(), kMaxLocalRanks / (tp * pp));
   const std::string recipe =
       ScaledDownRecipe(json["model"]["family"], tp, pp, dp, chosen["micro_batch"]);
@@ -205,6 +206,9 @@ TEST_P(PlanRecommendationTrainsTest, ScaledDownOnLocalRanks) {
   const auto device = std::find(sets.begin(), sets.end(), "run.device=cuda");
   ASSERT_NE(device, sets.end());
   *device = "run.device=cpu";
+  const auto stages = std::find(sets.begin(), sets.end(), absl::StrCat("parallel.pp=", planned_pp));
+  ASSERT_NE(stages, sets.end());
+  *stages = absl::StrCat("parallel.pp=", pp);
   sets.push_back("run.out_dir=" + out);
   SCOPED_TRACE(absl::StrCat("dp ", dp, ": ", absl::StrJoin(sets, " ")));
   const auto ranks = testing::RunTrainRanks(recipe, tp * pp * dp, sets);

@@ -1291,5 +1291,19 @@ TEST(AgentTest, ABatchThatDoesNotSplitOverTheWorldFailsBeforeAnyWorkerStarts) {
   EXPECT_THAT(outcome.stderr_text, Not(HasSubstr("workers")));
 }
 
+// A data file that does not exist fails before any worker starts with one line, where both
+// workers failed after their rendezvous and the report ran to 15 lines (one of them at times cut
+// short by the agent's stop of the rank that had not yet printed its error).
+TEST(AgentTest, AMissingDataFileFailsBeforeAnyWorkerStartsInOneLine) {
+  const testing::Outcome outcome = testing::RunDtrain(
+      "launch --nproc-per-node=2 --set train.micro_batch=8 --set "
+      "data.train=[/nonexistent/text.txt]");
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_EQ(outcome.stderr_text,
+            "error: data.train: file pattern '/nonexistent/text.txt' matches no file; check the "
+            "path\n");
+  EXPECT_EQ(outcome.stdout_text, "");
+}
+
 }  // namespace
 }  // namespace dtrain

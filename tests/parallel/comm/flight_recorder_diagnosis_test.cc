@@ -52,11 +52,20 @@ std::vector<FlightDump> Agreeing(int n) {
 
 TEST(FlightRecorderDiagnosisTest, ARankWithoutAnEntryNeverEnteredIt) {
   std::vector<FlightDump> dumps = Agreeing(6);
+  std::vector<FlightDump> completed = dumps;  // every operation done: nothing found
+  for (FlightDump& dump : completed) {
+    for (FlightRecord& record : dump.records) record.state = FlightState::kCompleted;
+  }
+  const FlightDiagnosis agreeing = DiagnoseFlightDumps(completed);
+  EXPECT_THAT(agreeing.text, HasSubstr("the dumps agree"));
+  EXPECT_FALSE(agreeing.found);
   auto& records = dumps[2].records;
   records.erase(records.begin() + 3);  // #4
-  EXPECT_THAT(DiagnoseFlightDumps(dumps).text,
+  const FlightDiagnosis missed = DiagnoseFlightDumps(dumps);
+  EXPECT_THAT(missed.text,
               HasSubstr("rank 2 never entered all_reduce #4 on group 'dp' (40 f32 elements), "
                         "which ranks 0, 1, 3 entered"));
+  EXPECT_TRUE(missed.found);
 }
 
 TEST(FlightRecorderDiagnosisTest, DifferentSizesAtOneSequenceNumberAreADesync) {
@@ -177,6 +186,28 @@ TEST_F(FlightDumpFileTest, CorruptAndPartialDumpsAreReportedAndTheDiagnosisStill
   EXPECT_THAT(diagnosis, HasSubstr("rank 2 never entered all_reduce #2 on group 'dp'"));
   EXPECT_THAT(diagnosis, HasSubstr("rank 1 " + dir_ + "/rank-1.jsonl (corrupt: line 2"));
   EXPECT_THAT(diagnosis, HasSubstr("rank 0 /run/flight_recorder/rank-0.jsonl"));
+}
+
+// Ranks that failed before their first collective published dumps of nothing: there is nothing
+// to diagnose (a line saying the dumps agree would sit beside a missing data file's error).
+TEST_F(FlightDumpFileTest, DumpsOfNoOperationGiveNoDiagnosis) {
+  testing::InMemoryStore store;
+  const std::string empty =
+      Write(R"({"flight_recorder":1,"rank":1,"world_size":2,"capacity":8,"recorded":0,)"
+            R"("reason":"x"})"
+            "\n"
+            R"({"end":true,"entries":0})"
+            "\n");
+  ASSERT_EQ(LoadFlightDump(1, empty).problem, "");
+  ASSERT_TRUE(store.Set(FlightDumpKey(0, 1), empty).ok());
+  EXPECT_FALSE(DiagnosePublishedFlightDumps(store, 0, 2).has_value());
+  // One operation recorded is worth comparing.
+  ASSERT_TRUE(store
+                  .Set(FlightDumpKey(0, 1), Write(header_ + record_ +
+                                                  R"({"end":true,"entries":1})"
+                                                  "\n"))
+                  .ok());
+  EXPECT_TRUE(DiagnosePublishedFlightDumps(store, 0, 2).has_value());
 }
 
 TEST(FlightRecorderDiagnosisTest, DumpsAreFoundThroughTheStore) {
