@@ -26,6 +26,12 @@ void AddCkptCommand(CLI::App& app) {
   inspect->callback([inspect_path] {
     const InspectReport report = InspectCheckpoints(*inspect_path);
     std::cout << report.text;
+    if (!report.found) {
+      Fail(absl::NotFoundError(absl::StrCat(*inspect_path,
+                                            " is no checkpoint: give a step-<N> folder or the "
+                                            "folder that holds them")),
+           kExitUsage);
+    }
     if (!report.valid) {
       Fail(absl::DataLossError(
                absl::StrCat(*inspect_path, " is not a valid checkpoint (see above)")),
@@ -62,7 +68,9 @@ void AddCkptCommand(CLI::App& app) {
     if (absl::Status status = ExportCheckpoint(export_args->dir, export_args->out,
                                                export_args->format, export_args->tokenizer);
         !status.ok()) {
-      Fail(status, kExitFailure);
+      // A wrong path or option fails the same way again; a damaged checkpoint is the data's.
+      Fail(status,
+           absl::IsInvalidArgument(status) || absl::IsNotFound(status) ? kExitUsage : kExitFailure);
     }
     std::cout << "wrote " << export_args->out << " (" << export_args->format << ")\n";
   });

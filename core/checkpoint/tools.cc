@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -175,6 +176,7 @@ InspectReport InspectCheckpoints(const std::string& path) {
   std::error_code error;
   if (!fs::exists(path, error)) {
     report.text = absl::StrCat(path, " does not exist\n");
+    report.found = false;
     return report;
   }
   if (IsStepFolder(path)) {
@@ -184,11 +186,18 @@ InspectReport InspectCheckpoints(const std::string& path) {
   const std::vector<std::string> candidates = CheckpointCandidates(path);
   if (candidates.empty()) {
     report.text = absl::StrCat(path, " holds no step-<N> checkpoint folders\n");
+    report.found = false;
     return report;
   }
   const std::string latest = LatestName(path);
-  absl::StrAppendFormat(&report.text, "%s: %d checkpoint(s); latest names %s\n", path,
-                        candidates.size(), latest.empty() ? "nothing" : latest);
+  const bool stale = !latest.empty() && absl::c_none_of(candidates, [&](const std::string& step) {
+    return fs::path(step).filename() == latest;
+  });
+  absl::StrAppendFormat(&report.text, "%s: %d checkpoint(s); latest names %s%s\n", path,
+                        candidates.size(), latest.empty() ? "nothing" : latest,
+                        stale ? absl::StrCat(", which is not here: latest is stale (a resume "
+                                             "takes the newest checkpoint that loads)")
+                              : "");
   report.valid = true;
   for (const std::string& candidate : candidates) {
     report.valid = InspectOne(candidate, report.text) && report.valid;

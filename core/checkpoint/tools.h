@@ -16,6 +16,7 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path);
 struct InspectReport {
   std::string text;  // the summary, then one line per problem
   bool valid = false;
+  bool found = true;  // false: `path` does not exist or holds no checkpoint (a wrong path)
 };
 // Inspects `path`: a step-<N> folder, or every step-<N> folder of a checkpoint folder (newest
 // first, with what `latest` names). Invalid when any inspected one is incomplete or corrupt.

@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -663,6 +664,16 @@ bool InRange(const Range& range, double value) {
   return true;
 }
 
+bool IsListKey(const KeySpec& key) {
+  Recipe recipe;
+  return std::holds_alternative<std::vector<std::string>*>(key.field(recipe));
+}
+
+// `value` written as the one item of a list key: ["*.bias"], quoted as YAML needs it.
+std::string AsOneItemList(absl::string_view value) {
+  return absl::StrCat("[\"", absl::CHexEscape(value), "\"]");
+}
+
 std::string TypeName(const KeySpec& key) {
   if (!key.allowed.empty()) return absl::StrCat("one of ", absl::StrJoin(key.allowed, ", "));
   Recipe recipe;
@@ -867,7 +878,8 @@ class Parser {
     }
     const std::string path(absl::StripAsciiWhitespace(text.substr(0, equals)));
     const std::string value_text = text.substr(equals + 1);
-    if (path != kRenamedCheckpointingKey && FindKey(path) == nullptr) {
+    const KeySpec* spec = FindKey(path);
+    if (path != kRenamedCheckpointingKey && spec == nullptr) {
       const size_t dot = path.find('.');
       const absl::string_view section = dot == std::string::npos ? "" : SectionOf(path);
       const absl::string_view name = dot == std::string::npos ? path : NameOf(path);
@@ -878,9 +890,12 @@ class Parser {
     try {
       value = YAML::Load(value_text);
     } catch (const YAML::Exception& e) {
+      // A list key's value is a list, so the quoted value goes inside one.
+      const std::string quoted = spec != nullptr && IsListKey(*spec)
+                                     ? AsOneItemList(value_text)
+                                     : absl::StrCat("\"", value_text, "\"");
       return absl::InvalidArgumentError(absl::StrCat(subject, ": the value is not valid YAML (",
-                                                     e.msg, "); quote it, e.g. '\"", value_text,
-                                                     "\"'"));
+                                                     e.msg, "); quote it, e.g. '", quoted, "'"));
     }
     const Entry entry{.value = value, .from_override = subject};
     ASSIGN_OR_RETURN(const bool renamed, ReadRenamedKey(path, entry));
@@ -975,8 +990,11 @@ class Parser {
         return absl::OkStatus();
       }
       if (!node.IsSequence()) {
-        return Error(key.path,
-                     absl::StrCat("expected a list of strings like [a.txt, b.txt], got ", got));
+        return Error(
+            key.path,
+            absl::StrCat(
+                "expected a list of strings like [a.txt, b.txt], got ", got,
+                node.IsScalar() ? absl::StrCat("; write ", AsOneItemList(node.Scalar())) : ""));
       }
       std::vector<std::string> items;
       for (size_t i = 0; i < node.size(); ++i) {

@@ -219,6 +219,26 @@ TEST(CheckpointingTest, InspectNamesTheBadChunkAndFails) {
   EXPECT_THAT(bad.stdout_text, HasSubstr("in rank-0.bin at byte 0"));
 }
 
+// A path that holds no checkpoint is the command line's error (exit 2), not a damaged checkpoint
+// (1); a `latest` that names a checkpoint no longer there is called stale.
+TEST(CheckpointingTest, InspectOfAWrongPathIsAUsageErrorAndAStaleLatestIsNamed) {
+  const std::string out = testing::TempPath("ckpt_inspect_paths");
+  fs::remove_all(out);
+  const testing::Outcome missing = testing::RunDtrain("ckpt inspect " + out + "/nowhere");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.stderr_text, HasSubstr("/nowhere is no checkpoint: give a step-<N> folder"));
+  ASSERT_EQ(Train(out, "--set train.steps=2").exit_code, 0);
+  const std::string folder = out + "/ck/checkpoints";
+  std::ofstream(folder + "/latest") << "step-20\n";
+  const testing::Outcome stale = testing::RunDtrain("ckpt inspect " + folder);
+  EXPECT_EQ(stale.exit_code, 0) << stale.stdout_text;
+  EXPECT_THAT(stale.stdout_text,
+              HasSubstr("latest names step-20, which is not here: latest is stale"));
+  const testing::Outcome empty = testing::RunDtrain("ckpt inspect " + out + "/ck");
+  EXPECT_EQ(empty.exit_code, 2);
+  EXPECT_THAT(empty.stdout_text, HasSubstr("holds no step-<N> checkpoint folders"));
+}
+
 // `dtrain ckpt bench DIR` writes in a scratch folder of its own inside DIR and removes it: a run
 // folder given by mistake keeps its checkpoints, metrics and recipe.
 TEST(CheckpointingTest, BenchLeavesTheFolderItIsGivenAlone) {
@@ -257,6 +277,12 @@ TEST(CheckpointingTest, ExportWritesHuggingFaceAndLlmcFiles) {
   const testing::Outcome l = testing::RunDtrain(
       absl::StrCat("ckpt export ", out, "/ck/checkpoints/step-2 --format llmc --out ", llmc));
   ASSERT_EQ(l.exit_code, 0) << l.stderr_text;
+  // A format it does not write is the command line's error.
+  const testing::Outcome gguf = testing::RunDtrain(
+      absl::StrCat("ckpt export ", out, "/ck/checkpoints --format gguf --out ", out, "/m.gguf"));
+  EXPECT_EQ(gguf.exit_code, 2);
+  EXPECT_THAT(gguf.stderr_text,
+              HasSubstr("--format gguf is not known; use safetensors, hf or llmc"));
   std::ifstream in(llmc, std::ios::binary);
   int32_t header[8];
   in.read(reinterpret_cast<char*>(header), sizeof(header));

@@ -198,7 +198,7 @@ TEST(RecipeTest, WrongTypeList) {
   EXPECT_THAT(ErrorOf("data:\n  train: data/fortunes.txt\n"),
               AllOf(HasSubstr("data.train at t.yaml:2:10"),
                     HasSubstr("expected a list of strings like [a.txt, b.txt]"),
-                    HasSubstr("got 'data/fortunes.txt'")));
+                    HasSubstr("got 'data/fortunes.txt'; write [\"data/fortunes.txt\"]")));
   EXPECT_THAT(ErrorOf("data:\n  train: [a, {b: c}]\n"), HasSubstr("item 2 is a map"));
 }
 
@@ -544,6 +544,16 @@ TEST(RecipeTest, OverrideWithBadType) {
               AllOf(HasSubstr("--set train.steps=1.5"), HasSubstr("expected an integer")));
   EXPECT_THAT(ErrorOf(kMinimal, {"data.train=[a"}),
               AllOf(HasSubstr("--set data.train=[a"), HasSubstr("not valid YAML")));
+}
+
+// The fix a value that is not YAML gets is one that works: a list key's value quoted inside a
+// list, another key's quoted alone.
+TEST(RecipeTest, OverrideThatIsNotYamlGetsAFixThatParses) {
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.no_decay=*.bias"}),
+              HasSubstr("quote it, e.g. '[\"*.bias\"]'"));
+  EXPECT_EQ(ErrorOf(kMinimal, {"train.no_decay=[\"*.bias\"]"}), "");
+  EXPECT_THAT(ErrorOf(kMinimal, {"run.name=*x"}), HasSubstr("quote it, e.g. '\"*x\"'"));
+  EXPECT_EQ(ErrorOf(kMinimal, {"run.name=\"*x\""}), "");
 }
 
 TEST(RecipeTest, MissingFileNamesPath) {
