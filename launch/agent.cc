@@ -68,7 +68,7 @@ bool StoppedAfterCheckpoint(const ExitStatus& status) {
 // The worker exits that every restart would repeat, and why: a wrong recipe or command line, a
 // full checkpoint file system (a restart trains to the same save and fails there again).
 constexpr std::pair<int, const char*> kRepeatingExits[] = {
-    {kExitUsage, "its recipe or command line is wrong"},
+    {kExitUsage, "its recipe, command line or files are wrong"},
     {kExitDiskFull,
      "a checkpoint found its file system full (free space there, then launch again to resume "
      "from the newest complete checkpoint)"},

@@ -385,12 +385,17 @@ absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& load
   } else {
     candidates = CheckpointCandidates(dir_);
   }
+  // Whether every failure on every rank was damage (DataLoss: a checksum, size or manifest the
+  // files contradict), which a restart would meet again, rather than a read that may work later.
+  bool damage_only = true;
   for (const std::string& candidate : candidates) {
     bool fatal = false;
     absl::StatusOr<Loaded> loaded = TryLoad(candidate, fatal);
     if (fatal) return WithExitCode(loaded.status(), kExitUsage);
-    double failed = loaded.ok() ? 0 : 1, unused = 0;
-    RETURN_IF_ERROR(SumOverRanks(comm_, failed, unused));
+    double failed = loaded.ok() ? 0 : 1;
+    double transient = loaded.ok() || absl::IsDataLoss(loaded.status()) ? 0 : 1;
+    RETURN_IF_ERROR(SumOverRanks(comm_, failed, transient));
+    if (transient > 0) damage_only = false;
     if (failed == 0) {
       if (absl::Status restored = loader.Restore(loaded->data); !restored.ok()) {
         return absl::Status(restored.code(),
@@ -436,11 +441,14 @@ absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& load
     const std::string what = scanned ? absl::StrFormat("none of the %d checkpoint(s) in %s loads",
                                                        candidates.size(), folder)
                                      : absl::StrCat(candidates.front(), " does not load");
-    return absl::DataLossError(absl::StrCat(
+    // Damaged checkpoints end the run for good (exit 2: an agent does not restart it to find
+    // them damaged again); a failed read, which may work the next time, is restarted.
+    absl::Status refused = absl::DataLossError(absl::StrCat(
         "checkpoint.resume: ", resume, ": ", what,
         " (see the warnings above); nothing was changed. Restore them, give checkpoint.resume "
         "another checkpoint, or set checkpoint.resume: never (or another checkpoint.dir) to "
         "start fresh"));
+    return damage_only ? WithExitCode(std::move(refused), kExitUsage) : refused;
   }
   return 0;
 }

@@ -182,10 +182,12 @@ absl::Status CheckpointReader::ReadChunk(const ChunkRecord& chunk, float* out) {
     const ssize_t n = ::pread(fd, block, std::min(chunk.bytes - done, kBlockBytes),
                               static_cast<off_t>(chunk.offset + done));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
+    // A read the system failed is no damage of the data (it may read the next time).
+    if (n < 0)
+      return absl::ErrnoToStatus(errno, absl::StrCat(dir_, ": ", Describe(chunk), ": read"));
+    if (n == 0) {
       return absl::DataLossError(
-          absl::StrCat(dir_, ": ", Describe(chunk), ": read ",
-                       n == 0 ? "ended early (truncated file)" : std::string(strerror(errno))));
+          absl::StrCat(dir_, ": ", Describe(chunk), ": read ended early (truncated file)"));
     }
     crc = Crc32c(crc, block, static_cast<size_t>(n));
     done += static_cast<uint64_t>(n);

@@ -9,7 +9,8 @@ namespace dtrain {
 
 // The work failed.
 inline constexpr int kExitFailure = 1;
-// The command line or the recipe is wrong; nothing ran.
+// The command line, the recipe or the files it names are wrong (damaged checkpoints included);
+// nothing ran, and a restart would fail the same way.
 inline constexpr int kExitUsage = 2;
 // A checkpoint found its file system full (ENOSPC, EDQUOT). A restart would train to the same
 // save and fail there again, so the agent does not restart; the newest complete checkpoint stays.

@@ -1220,8 +1220,9 @@ TEST(AgentTest, AStopAfterEveryWorkerFinishedIsNoRequeue) {
   EXPECT_THAT(output, Not(HasSubstr("requeue")));
 }
 
-// A worker that exits 2 (kExitUsage: its recipe or command line is wrong) would fail the same way
-// on every restart: the job ends at once with exit 2, the restarts unspent, naming that rank.
+// A worker that exits 2 (kExitUsage: its recipe, command line or files are wrong) would fail the
+// same way on every restart: the job ends at once with exit 2, the restarts unspent, naming that
+// rank.
 TEST(AgentTest, AWorkersUsageErrorIsNotRestarted) {
   NodeZero agent(
       {"/bin/sh", "-c",

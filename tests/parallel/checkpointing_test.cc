@@ -103,7 +103,9 @@ TEST(CheckpointingTest, AMissingManifestIsSkipped) {
 }
 
 // A checkpoint folder none of whose checkpoints loads is an error that changes nothing: a fresh
-// start would lose the run's history and prune the checkpoints, as it once did.
+// start would lose the run's history and prune the checkpoints, as it once did. Checkpoints that
+// are all damaged (truncated here) exit 2, which an agent does not restart to find them damaged
+// again.
 TEST(CheckpointingTest, WhenNoCheckpointLoadsTheRunStopsAndChangesNothing) {
   const std::string out = testing::TempPath("ckpt_none_loads_run");
   fs::remove_all(out);
@@ -117,7 +119,7 @@ TEST(CheckpointingTest, WhenNoCheckpointLoadsTheRunStopsAndChangesNothing) {
   const std::string recipe = *ReadWholeFile(out + "/ck/recipe.yaml");
 
   const testing::Outcome second = Train(out, "--set train.steps=8");
-  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_EQ(second.exit_code, 2);
   EXPECT_EQ(*ReadWholeFile(out + "/ck/recipe.yaml"), recipe);
   EXPECT_THAT(second.stderr_text, HasSubstr("skipping checkpoint " + dir + "/step-4"));
   EXPECT_THAT(
