@@ -520,7 +520,27 @@ std::string KeyHint(absl::string_view section, absl::string_view name) {
           {"max_seq_length", "train.seq_len"},
           {"max_grad_norm", "train.grad_clip"},
           {"clip_grad", "train.grad_clip"},
+          {"tensor_model_parallel_size", "parallel.tp"},
+          {"tensor_parallel_size", "parallel.tp"},
+          {"pipeline_model_parallel_size", "parallel.pp"},
+          {"pipeline_parallel_size", "parallel.pp"},
+          {"num_layers_per_virtual_pipeline_stage", "parallel.pp_virtual_stages"},
+          {"sequence_parallel", "parallel.sequence_parallel"},
+          {"recompute_granularity", "parallel.recompute"},
+          {"activation_checkpointing", "parallel.recompute"},
+          {"gradient_checkpointing", "parallel.recompute"},
+          {"grad_reduce_in_bf16", "parallel.reduce_dtype"},
+          {"distributed_timeout_minutes", "parallel.timeout_s"},
+          {"save_interval", "checkpoint.interval"},
+          {"save_steps", "checkpoint.interval"},
+          {"load", "checkpoint.resume"},
+          {"resume_from_checkpoint", "checkpoint.resume"},
       };
+  // DeepSpeed's ZeRO stages and FSDP's sharding strategies are parallel.strategy's engines.
+  if (name == "zero_stage" || name == "stage" || name == "sharding_strategy") {
+    return "did you mean parallel.strategy? (zero1, zero2, zero3 or fsdp; DeepSpeed's ZeRO stage "
+           "N is zeroN)";
+  }
   for (const auto& [alias, key] : *kAliases) {
     if (name == alias) return absl::StrCat("did you mean ", key, "?");
   }

@@ -131,6 +131,14 @@ TEST(RecipeTest, UnknownKeysOfOtherTrainersAndFarNamesGetUsefulHints) {
               HasSubstr("(did you mean train.warmup_steps?)"));
   EXPECT_THAT(ErrorOf(kMinimal, {"train.gradient_accumulation_steps=4"}),
               HasSubstr("set those two"));
+  // Megatron-LM's and DeepSpeed's layout names.
+  EXPECT_THAT(ErrorOf(kMinimal, {"tensor_model_parallel_size=2"}),
+              HasSubstr("(did you mean parallel.tp?)"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"parallel.pipeline_model_parallel_size=2"}),
+              HasSubstr("(did you mean parallel.pp?)"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"parallel.zero_stage=2"}),
+              HasSubstr("(did you mean parallel.strategy? (zero1, zero2, zero3 or fsdp; "
+                        "DeepSpeed's ZeRO stage N is zeroN))"));
   EXPECT_THAT(ErrorOf(kMinimal, {"train.totally_unrelated_thing=1"}),
               HasSubstr("(`dtrain recipe reference` lists every key)"));
 }
