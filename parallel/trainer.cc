@@ -714,6 +714,18 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   RETURN_IF_ERROR(CheckExportFitsMachine(recipe, config, world.rank - world.local_rank == 0,
                                          CpuBackend::MachineMemory().bytes));
   const bool leader = world.rank == 0;
+  // A machine's ranks are consecutive, and so are a tp group's: unless each machine holds whole
+  // groups, a tp group spans machines, and its all-reduces (two a block, on the critical path)
+  // cross the network. Megatron-LM keeps tp within a node.
+  const int tp = recipe.parallel.tp;
+  if (leader && tp > 1 && world.world_size > world.local_world_size &&
+      world.local_world_size % tp != 0) {
+    LogWarn(
+        "parallel.tp %d spans machines of %d rank(s) each: its all-reduces, two a block, cross "
+        "the network; keep tp within a machine (a divisor of %d) and run pipeline stages or "
+        "data-parallel replicas across machines",
+        tp, world.local_world_size, world.local_world_size);
+  }
   // The tokenizer the data's first shard records, read once: data.tokenizer must be it, and
   // every other shard must record it. A first shard that does not read fails training too,
   // unless data.on_error skips it: fail now rather than read it again (a silent pipe: command

@@ -116,6 +116,26 @@ int ExecTrain(const std::string& recipe, const std::vector<std::string>& sets) {
   return 127;
 }
 
+// Two machines of one rank each (LOCAL_WORLD_SIZE 1, as torchrun sets it on each) and tp 2: the
+// tp group spans them, which trains, and rank 0 warns that its all-reduces cross the network.
+TEST(TrainMultiProcessTest, ATensorParallelGroupAcrossMachinesIsWarnedOf) {
+  const std::string recipe = Recipe("tp_across");
+  const std::string out = OutDir("tp_across");
+  const auto ranks =
+      testing::RunRanksAsProcesses(2, testing::FreeTcpPort(), absl::Seconds(120), [&](int) {
+        setenv("LOCAL_WORLD_SIZE", "1", 1);
+        setenv("LOCAL_RANK", "0", 1);
+        setenv("DTRAIN_RDZV_TOKEN", "tp-across-test", 1);
+        return ExecTrain(recipe, {"run.out_dir=" + out, "parallel.tp=2", "train.steps=2"});
+      });
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_EQ(ranks[rank].exit_code, 0) << "rank " << rank << ranks[rank].output;
+  }
+  EXPECT_THAT(ranks[0].output,
+              HasSubstr("parallel.tp 2 spans machines of 1 rank(s) each: its all-reduces, two a "
+                        "block, cross the network; keep tp within a machine"));
+}
+
 // Ranks of different jobs fail before they connect, every one at once, naming the difference:
 // rank 1 with another model depth, then rank 1 started for another world size. Before, the
 // first crashed in Gloo's first mismatched all-reduce and the second timed out.
