@@ -25,7 +25,7 @@ const std::vector<GpuSpec>& GpuCatalog() {
       {"h100-pcie", "NVIDIA H100 PCIe 80GB", 79.6, 756, "pcie5", 50},
       {"h200", "NVIDIA H200 SXM 141GB", 140.4, 989, "nvlink4", 50},
       {"l40s", "NVIDIA L40S 48GB", 45.0, 362, "pcie4", 25},
-      {"mi300x", "AMD Instinct MI300X 192GB", 191.5, 1307, "xgmi", 50},
+      {"mi300x", "AMD Instinct MI300X 192GB", 191.5, 1307, "xgmi", 50, /*cuda=*/false},
   };
   return *gpus;
 }

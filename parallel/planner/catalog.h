@@ -39,6 +39,7 @@ struct GpuSpec {
   double peak_tflops;             // dense bf16 tensor-core peak
   absl::string_view intra_link;   // LinkSpec name of the links between GPUs of one node
   double host_gbps;               // practical host<->device copy bandwidth (PCIe), GB/s
+  bool cuda = true;  // dtrain's GPU backend runs it (CUDA, NCCL); false: planned to compare only
 };
 
 const std::vector<GpuSpec>& GpuCatalog();

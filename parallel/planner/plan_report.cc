@@ -310,7 +310,14 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
   absl::StrAppendFormat(&out, "  batch    %d sequence%s x %d tokens = %d tokens per step\n",
                         w.batch_size, w.batch_size == 1 ? "" : "s", w.seq_len,
                         int64_t{w.batch_size} * w.seq_len);
-  absl::StrAppendFormat(&out, "  cluster  %s\n\n", ClusterLine(plan.cluster));
+  absl::StrAppendFormat(&out, "  cluster  %s\n", ClusterLine(plan.cluster));
+  if (const GpuSpec* gpu = FindGpu(plan.cluster.gpu_name); gpu != nullptr && !gpu->cuda) {
+    absl::StrAppendFormat(&out,
+                          "  note     dtrain trains on NVIDIA GPUs (CUDA, NCCL): the %s is planned "
+                          "to compare, and the lines below are for CUDA\n",
+                          gpu->description);
+  }
+  out += "\n";
 
   const Candidate* chosen = plan.recommendation();
   if (chosen == nullptr) {

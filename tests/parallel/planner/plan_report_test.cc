@@ -58,6 +58,15 @@ TEST(PlanReportTest, AStepThatMostlyWaitsNamesWhatItWaitsOn) {
                                "between the GPUs shrinks it"));
 }
 
+// A GPU of the catalog that dtrain's backend does not run is planned, and the plan says so.
+TEST(PlanReportTest, AGpuThatDtrainDoesNotRunIsPlannedToCompare) {
+  EXPECT_THAT(PlanText(PlanFor("llama-7b", {"cluster.gpu=mi300x"}), "llama-7b.yaml", 3),
+              HasSubstr("note     dtrain trains on NVIDIA GPUs (CUDA, NCCL): the AMD Instinct "
+                        "MI300X 192GB is planned to compare, and the lines below are for CUDA\n"));
+  EXPECT_THAT(PlanText(PlanFor("llama-7b", {}), "llama-7b.yaml", 3),
+              Not(HasSubstr("dtrain trains on NVIDIA GPUs")));
+}
+
 TEST(PlanReportTest, RoceAndSocketsGetTheirSettings) {
   ClusterSpec cluster;
   cluster.nodes = 2;
