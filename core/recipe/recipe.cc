@@ -1080,8 +1080,8 @@ class Parser {
     }
     const std::string nearest = above == 0 ? absl::StrCat("parallel.tp: ", below)
                                            : absl::StrCat("parallel.tp: ", below, " or ", above);
-    return Error("parallel.tp",
-                 absl::StrCat(status.message(), " (the nearest sizes that fit: ", nearest, ")"));
+    return Error("parallel.tp", absl::StrCat(status.message(), "; or, for this model, set ",
+                                             nearest, " (the nearest sizes that fit)"));
   }
 
   // The pipeline keys against the model and the batch (parallel/pipeline/schedule.h builds the
@@ -1273,7 +1273,8 @@ class Parser {
                                             "' is not a folder name; the run's outputs go to "
                                             "<out_dir>/<name>, so give a name without '/'"));
     }
-    if (r.train.min_lr > r.train.lr) {
+    // A constant schedule never reaches min_lr.
+    if (r.train.min_lr > r.train.lr && r.train.schedule != "constant") {
       return Error("train.min_lr",
                    absl::StrCat(FormatDouble(r.train.min_lr), " is above train.lr (",
                                 FormatDouble(r.train.lr),

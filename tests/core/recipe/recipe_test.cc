@@ -69,6 +69,11 @@ TEST(RecipeTest, ReadsEveryType) {
   EXPECT_EQ(recipe->parallel.strategy, "fsdp");
 }
 
+// A constant schedule stays at train.lr after warmup: a min_lr above it is no error there.
+TEST(RecipeTest, AConstantScheduleTakesAnyMinLr) {
+  EXPECT_EQ(ErrorOf(kMinimal, {"train.schedule=constant", "train.min_lr=1"}), "");
+}
+
 TEST(RecipeTest, DerivedFeedForwardWidth) {
   Recipe recipe;
   recipe.model.d_model = 768;
@@ -364,8 +369,8 @@ INSTANTIATE_TEST_SUITE_P(
                         {"--set parallel.tp=3", "model.n_head = 4", "parallel.tp: 2 or 4"}},
         ConsistencyCase{{"parallel.tp=4", "model.d_ff=102"},
                         {"parallel.tp", "model.d_ff = 102",
-                         "the nearest sizes that fit: "
-                         "parallel.tp: 2)"}},
+                         "set model.d_ff to a multiple of it; or, for this model, set "
+                         "parallel.tp: 2 (the nearest sizes that fit)"}},
         ConsistencyCase{
             {"model.family=llama", "model.n_head=12", "model.n_kv_head=4", "model.d_model=96",
              "model.d_ff=120", "parallel.tp=6"},
