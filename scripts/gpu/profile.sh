@@ -60,7 +60,9 @@ rows = [row for row in csv.reader(open(path)) if row and not row[0].startswith("
 start = next(i for i, row in enumerate(rows) if "Kernel Name" in row)
 header = rows[start]
 name, duration = header.index("Kernel Name"), header.index("gpu__time_duration.sum")
-scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1, "second": 1e3}
+# Units as Nsight Compute spells them: long (nsecond) in older versions, short (ns) in newer.
+scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1, "second": 1e3,
+         "ns": 1e-6, "us": 1e-3, "ms": 1, "s": 1e3}
 unit = 1e-6
 launches = collections.Counter()
 ms = collections.Counter()
