@@ -553,7 +553,7 @@ absl::StatusOr<CheckpointRequest> AgreeOnCheckpointSignals(Communicator* world) 
 constexpr absl::Duration kDataStallWarning = absl::Seconds(10);
 
 std::chrono::duration<double> AwaitNextStepData(SequenceLoader& loader, int sequences,
-                                                int next_step) {
+                                                int next_step, bool first) {
   const auto start = std::chrono::steady_clock::now();
   const absl::Time since = absl::Now();
   absl::Duration warn_after = kDataStallWarning;
@@ -561,8 +561,9 @@ std::chrono::duration<double> AwaitNextStepData(SequenceLoader& loader, int sequ
     if (absl::Now() - since < warn_after) continue;
     LogWarn(
         "waited %.0f s for this rank's data of step %d: a shard's read stalls (data.http_timeout_s "
-        "and data.pipe_timeout_s end it; a SIGTERM now saves step %d)",
-        absl::ToDoubleSeconds(absl::Now() - since), next_step, next_step - 1);
+        "and data.pipe_timeout_s end it; a SIGTERM now %s)",
+        absl::ToDoubleSeconds(absl::Now() - since), next_step,
+        first ? "stops the run" : absl::StrCat("saves step ", next_step - 1));
     warn_after += absl::Minutes(1);
   }
   return std::chrono::steady_clock::now() - start;
@@ -842,6 +843,22 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       recipe.logging.straggler_pct > 0 && world_comm != nullptr && pp < world.world_size;
   const absl::Duration slowed_by = TestSlowdown(world.rank);
   std::chrono::duration<double> waited_before_step{0};  // AwaitNextStepData's, for this step
+  // The first step's data too: a SIGTERM while a shard stalls before it (filling a shuffle
+  // buffer, say) stops the run, which has trained nothing to save.
+  if (resumed_step < train.steps) {
+    waited_before_step = AwaitNextStepData(*data.train, micro_batches * train.micro_batch,
+                                           static_cast<int>(resumed_step) + 1, /*first=*/true);
+    ASSIGN_OR_RETURN(const CheckpointRequest request, AgreeOnCheckpointSignals(world_comm));
+    if (request.stop) {
+      signals.Stopping();
+      RETURN_IF_ERROR(checkpoints->Finish());
+      if (leader) {
+        LogInfo("stopped by SIGTERM before step %d, with nothing trained to save",
+                resumed_step + 1);
+      }
+      return TrainingEnd::kStopped;
+    }
+  }
   for (int step = static_cast<int>(resumed_step); step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     phase = absl::StrCat("step ", step + 1);
@@ -965,8 +982,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     }
 
     if (!last) {
-      waited_before_step =
-          AwaitNextStepData(*data.train, micro_batches * train.micro_batch, m.step + 1);
+      waited_before_step = AwaitNextStepData(*data.train, micro_batches * train.micro_batch,
+                                             m.step + 1, /*first=*/false);
     }
     ASSIGN_OR_RETURN(const CheckpointRequest request, AgreeOnCheckpointSignals(world_comm));
     const int interval = recipe.checkpoint.interval;

@@ -340,6 +340,36 @@ TEST(CheckpointMultiProcessTest, SigtermWhileARankWaitsOnAStalledShardSaves) {
   EXPECT_THAT(ranks.Log(0), HasSubstr(absl::StrCat("stopped by SIGTERM at step ", steps + 1)));
 }
 
+// A shard that stalls before the first step (the stream fills its shuffle buffer from it): a
+// SIGTERM stops the run at once, with nothing trained to save; before, the rank heard it only
+// once the data came, and under data.on_error: skip_shard that could be never.
+TEST(CheckpointMultiProcessTest, SigtermWhileTheFirstStepWaitsOnAStalledShardStops) {
+  const std::string shards = OutDir("stalled_first_shards");
+  const testing::Outcome pack = PackDocuments(8, shards);
+  ASSERT_EQ(pack.exit_code, 0) << pack.stderr_text;
+  const std::string urls = absl::StrCat(shards, "/shard-000000.tar::pipe:head -c 6200 ", shards,
+                                        "/shard-000001.tar; exec sleep 100");
+  const std::string out = OutDir("stalled_first");
+  Ranks ranks(1, TrainArgs(RecipeFile(32), out,
+                           {"data.format=webdataset", "data.shards=" + urls, "data.streams=1",
+                            "data.shard_shuffle=false", "data.pipe_timeout_s=100",
+                            "data.on_error=skip_shard", "data.train=[]"}));
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline && ranks.Log(0).find("for this rank's data") == std::string::npos) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_THAT(ranks.Log(0), HasSubstr("waited 10 s for this rank's data of step 1: a shard's read "
+                                      "stalls (data.http_timeout_s and data.pipe_timeout_s end "
+                                      "it; a SIGTERM now stops the run)"));
+  const absl::Time signalled = absl::Now();
+  ranks.Signal(SIGTERM);
+  const std::vector<int> codes = ranks.Wait(absl::Seconds(60));
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(20));
+  ASSERT_EQ(codes[0], kExitStopped) << ranks.Log(0);
+  EXPECT_THAT(ranks.Log(0), HasSubstr("stopped by SIGTERM before step 1, with nothing trained"));
+  EXPECT_FALSE(fs::exists(out + "/mp/checkpoints/latest"));
+}
+
 TEST(CheckpointMultiProcessTest, Sigusr1ToOneRankMakesAllSaveAndContinue) {
   const std::string recipe = RecipeFile(32);
   const std::string out = OutDir("sigusr1");
