@@ -197,6 +197,46 @@ class OrderedEncoder {
   size_t batch_bytes_ = 0;
 };
 
+// JSON lines by the file's extension, in any case (.jsonl, .JSONL).
+bool IsJsonLines(const std::string& path) {
+  return absl::AsciiStrToLower(std::filesystem::path(path).extension().string()) == ".jsonl";
+}
+
+// InvalidArgument when a file that would be packed as one plain-text document is no text that
+// anyone means to train on as is: a compressed archive (its bytes would become the tokens), or
+// JSON lines under another extension (its braces and keys would be trained on).
+absl::Status CheckPlainText(const std::string& path, const std::string& text) {
+  static const auto* const kArchives = new std::vector<std::pair<std::string, std::string>>{
+      {"\x1f\x8b", "gzip"},
+      {std::string("\x28\xb5\x2f\xfd", 4), "zstd"},
+      {std::string("\xfd"
+                   "7zXZ\0",
+                   6),
+       "xz"},
+      {"BZh", "bzip2"},
+      {"PK\x03\x04", "zip"}};
+  for (const auto& [magic, name] : *kArchives) {
+    if (absl::StartsWith(text, magic)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, " is a ", name,
+                       " archive, whose bytes would be packed as text: "
+                       "unpack it first"));
+    }
+  }
+  if (absl::AsciiStrToLower(std::filesystem::path(path).extension().string()) == ".json") {
+    const std::string first_line = text.substr(0, text.find('\n'));
+    const nlohmann::json record = nlohmann::json::parse(first_line, nullptr, false);
+    if (record.is_object() && record.contains("text")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path,
+          " holds JSON lines ({\"text\": ...} a line), but a .json file is packed as one "
+          "plain-text document, braces and keys included: name it .jsonl to pack each "
+          "line's text"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string ShardPath(const std::string& out_dir, int index) {
@@ -241,12 +281,16 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
         return absl::OkStatus();
       });
   for (const std::string& input : inputs) {
-    if (absl::EndsWith(input, ".jsonl")) {
+    if (IsJsonLines(input)) {
       ASSIGN_OR_RETURN(std::ifstream in, OpenInputFile(input));
       std::string line;
       for (int64_t number = 1; std::getline(in, line); ++number) {
         if (absl::StripAsciiWhitespace(line).empty()) continue;
         nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+        if (record.is_discarded()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              input, ":", number, ": not valid JSON (a syntax error, or text that is not UTF-8)"));
+        }
         if (!record.is_object() || !record.contains("text") || !record["text"].is_string()) {
           return absl::InvalidArgumentError(
               absl::StrCat(input, ":", number, ": expected a JSON object with a \"text\" string"));
@@ -256,6 +300,7 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
       }
     } else {
       ASSIGN_OR_RETURN(std::string text, ReadWholeFile(input));
+      RETURN_IF_ERROR(CheckPlainText(input, text));
       RETURN_IF_ERROR(encoder.Add(std::move(text), input));
     }
   }
@@ -274,7 +319,7 @@ absl::StatusOr<PackResult> PackSftShards(const std::vector<std::string>& inputs,
                                          const Tokenizer& tokenizer,
                                          const ChatTemplate& chat_template, int threads) {
   for (const std::string& input : inputs) {
-    if (!absl::EndsWith(input, ".jsonl")) {
+    if (!IsJsonLines(input)) {
       return absl::InvalidArgumentError(
           absl::StrCat(input,
                        ": SFT data is JSON lines (.jsonl), one {\"prompt\", \"completion\"} or "

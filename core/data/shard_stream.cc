@@ -96,8 +96,8 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
   if (skipped_urls_.insert(url).second) {
     LogWarn(
         "data.on_error skip_shard: skipping shard %s (data stream %d, pass %d) after %d "
-        "samples: %s; %d shards skipped by this stream so far (later passes skip it without "
-        "a warning)",
+        "samples: %s; %d shards skipped by this stream so far (its later passes read it again "
+        "and skip it without a warning if it fails again)",
         url, stream_, slot_ / static_cast<int64_t>(config_->urls.size()), slot_samples_,
         error.message(), cursor_.skipped_shards);
   }

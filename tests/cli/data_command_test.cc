@@ -236,6 +236,34 @@ TEST(DataCommandTest, PackLeavesOutEmptyDocumentsAndRefusesNoText) {
   EXPECT_THAT(none.stderr_text, HasSubstr("the inputs hold no text to pack (1 empty documents)"));
 }
 
+// Inputs whose bytes nobody means to train on as text are refused, naming the fix: a gzip archive
+// (its compressed bytes became tokens), JSON lines in a .json file (one document, braces and keys
+// included), a line of a .jsonl file that is not JSON. JSON lines in .JSONL are JSON lines.
+TEST(DataCommandTest, PackRefusesArchivesAndMisnamedJsonLines) {
+  const auto pack = [](const std::string& name, const std::string& bytes) {
+    return RunDtrain(absl::StrCat("data pack ", testing::WriteTempFile(name, bytes), " --out ",
+                                  testing::FreshTempDir("pack_refused_shards")));
+  };
+  const Outcome gzip = pack("pack_corpus.txt.gz", std::string("\x1f\x8b\x08\x00\x00", 5));
+  EXPECT_EQ(gzip.exit_code, 1);
+  EXPECT_THAT(gzip.stderr_text, HasSubstr("pack_corpus.txt.gz is a gzip archive, whose bytes would "
+                                          "be packed as text: unpack it first"));
+  const std::string lines = "{\"text\": \"one\"}\n{\"text\": \"two\"}\n";
+  const Outcome json = pack("pack_lines.json", lines);
+  EXPECT_EQ(json.exit_code, 1);
+  EXPECT_THAT(json.stderr_text, HasSubstr("pack_lines.json holds JSON lines ({\"text\": ...} a "
+                                          "line), but a .json file is packed as one plain-text "
+                                          "document, braces and keys included: name it .jsonl"));
+  const Outcome upper = pack("pack_lines.JSONL", lines);
+  EXPECT_EQ(upper.exit_code, 0) << upper.stderr_text;
+  EXPECT_THAT(upper.stdout_text, HasSubstr("2 documents, 6 tokens"));
+  const Outcome broken = pack("pack_broken.jsonl", "{\"text\": \"one\"}\n{\"text\": \n");
+  EXPECT_EQ(broken.exit_code, 1);
+  EXPECT_THAT(broken.stderr_text,
+              HasSubstr("pack_broken.jsonl:2: not valid JSON (a syntax error, or text that is not "
+                        "UTF-8)"));
+}
+
 // A folder holding shards of an earlier pack is refused, where a smaller pack left the earlier
 // pack's last shards beside its own, read as one dataset.
 TEST(DataCommandTest, PackRefusesAFolderHoldingShards) {
