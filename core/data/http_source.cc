@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
@@ -163,8 +164,13 @@ class HttpSource final : public ByteSource {
                                               "the server holds this shard"));
     }
     if (result != CURLE_OK) {
-      return absl::UnavailableError(
-          absl::StrCat(curl_easy_strerror(result), error_[0] ? ": " : "", error_));
+      // libcurl's detail often ends with its summary already ("... after 0 ms: Couldn't connect
+      // to server"): said once.
+      const absl::string_view summary = curl_easy_strerror(result), detail = error_;
+      return absl::UnavailableError(detail.empty() ? std::string(summary)
+                                    : absl::StrContains(detail, summary)
+                                        ? std::string(detail)
+                                        : absl::StrCat(summary, ": ", detail));
     }
     finished_ = true;
     StopTransfer();

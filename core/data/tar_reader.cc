@@ -147,6 +147,11 @@ absl::Status TarReader::ReadBlock(char* block, const char* what) {
                                      ": the shard was cut (possibly exactly between members); "
                                      "copy or write it again"));
   }
+  if (got < kBlock && start == 0) {
+    return Error(start, absl::StrCat("the shard holds ", got,
+                                     " bytes, less than a tar header's 512: it is no tar archive "
+                                     "(or was cut to nothing)"));
+  }
   if (got < kBlock) {
     return Error(start, absl::StrCat("the archive ends inside a 512-byte header (", got,
                                      " bytes): the shard was cut; copy or write it again"));

@@ -14,8 +14,9 @@ namespace dtrain {
 absl::StatusOr<int64_t> ParseByteSize(absl::string_view name, absl::string_view text) {
   // Longest suffixes first: "mib" before "b".
   static constexpr std::pair<absl::string_view, double> kUnits[] = {
-      {"kib", 0x1p10}, {"mib", 0x1p20}, {"gib", 0x1p30}, {"kb", 1e3},   {"mb", 1e6},
-      {"gb", 1e9},     {"k", 0x1p10},   {"m", 0x1p20},   {"g", 0x1p30}, {"b", 1.0}};
+      {"kib", 0x1p10}, {"mib", 0x1p20}, {"gib", 0x1p30}, {"tib", 0x1p40}, {"kb", 1e3},
+      {"mb", 1e6},     {"gb", 1e9},     {"tb", 1e12},    {"k", 0x1p10},   {"m", 0x1p20},
+      {"g", 0x1p30},   {"t", 0x1p40},   {"b", 1.0}};
   const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
   absl::string_view number = lower;
   double scale = 1;
@@ -30,6 +31,10 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view name, absl::string_view 
   // SimpleAtod also reads "inf" and "nan": only finite values in range pass.
   const bool parsed = absl::SimpleAtod(number, &value) && std::isfinite(value);
   const double bytes = value * scale;
+  if (parsed && bytes >= 0 && bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " '", text, "' is less than a byte; give at least 1"));
+  }
   if (!parsed || !(bytes >= 1) || bytes > 0x1p62) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, " '", text, "' is not a byte size; write e.g. 4096, 64K, 64MB or 1GiB"));

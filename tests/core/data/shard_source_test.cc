@@ -242,6 +242,11 @@ TEST(ShardSourceTest, HttpGivesUpAfterTheLastRetry) {
   EXPECT_TRUE(absl::StrContains(refused.status().message(),
                                 "http://127.0.0.1:9/x.tar: failed after 3 attempts"))
       << refused.status();
+  // libcurl's summary, which its detail may repeat, is said once.
+  const std::string message(refused.status().message());
+  const size_t said = message.find("Couldn't connect to server");
+  ASSERT_NE(said, std::string::npos) << message;
+  EXPECT_EQ(message.find("Couldn't connect to server", said + 1), std::string::npos) << message;
 }
 
 }  // namespace

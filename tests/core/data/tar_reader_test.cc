@@ -102,6 +102,24 @@ TEST(TarReaderTest, DetectsAnArchiveCutExactlyBetweenMembers) {
   EXPECT_FALSE(ReadAll(tar).ok());
 }
 
+// Fewer bytes than one header, from the start (a shard command that printed a line): no tar
+// archive at all, not a cut one; a header cut later is a cut archive.
+TEST(TarReaderTest, ShortOfAFirstHeaderIsNoArchive) {
+  auto garbage = ReadAll("garbage\n");
+  ASSERT_FALSE(garbage.ok());
+  EXPECT_TRUE(absl::StrContains(garbage.status().message(),
+                                "the shard holds 8 bytes, less than a tar header's 512: it is no "
+                                "tar archive"))
+      << garbage.status();
+  std::string tar = TarArchive({{"a.txt", "aaa"}, {"b.txt", "bbb"}});
+  tar.resize(1024 + 100);  // inside b.txt's header
+  auto cut = ReadAll(tar);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_TRUE(absl::StrContains(cut.status().message(),
+                                "the archive ends inside a 512-byte header (100 bytes)"))
+      << cut.status();
+}
+
 TEST(TarReaderTest, RejectsACorruptHeaderChecksum) {
   std::string tar = TarArchive({{"a.txt", "aaa"}, {"b.txt", "bbb"}});
   tar[1024 + 10] ^= 0x20;  // a letter of b.txt's name

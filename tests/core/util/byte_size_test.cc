@@ -22,17 +22,26 @@ TEST(ByteSizeTest, ReadsBinaryAndDecimalUnits) {
   EXPECT_EQ(Bytes("256MB"), 256'000'000);
   EXPECT_EQ(Bytes(" 2gb "), 2'000'000'000);
   EXPECT_EQ(Bytes("1.9"), 1);  // whole bytes, rounded down
+  EXPECT_EQ(Bytes("1TB"), 1'000'000'000'000);
+  EXPECT_EQ(Bytes("1TiB"), int64_t{1} << 40);
+  EXPECT_EQ(Bytes("2T"), int64_t{1} << 41);
 }
 
 TEST(ByteSizeTest, RefusesWhatIsNoSizeNamingTheOption) {
   for (const char* bad :
-       {"", "MB", "-1M", "0", "0.5", "1X", "1 M B", "inf", "nan", "1e30G", "9999999999999G"}) {
+       {"", "MB", "-1M", "1X", "1 M B", "inf", "nan", "1e30G", "9999999999999G"}) {
     const absl::StatusOr<int64_t> size = ParseByteSize("--shard-size", bad);
     ASSERT_FALSE(size.ok()) << bad << " read as " << *size;
     EXPECT_THAT(size.status().message(),
                 HasSubstr(absl::StrCat("--shard-size '", bad, "' is not a byte size; write e.g.")));
   }
   EXPECT_EQ(Bytes("4194304G"), int64_t{1} << 52);  // large, but in range
+  for (const char* small : {"0", "0.5", "0K"}) {
+    EXPECT_THAT(ParseByteSize("--shard-size", small).status().message(),
+                HasSubstr(absl::StrCat("--shard-size '", small,
+                                       "' is less than a byte; give at "
+                                       "least 1")));
+  }
 }
 
 }  // namespace
