@@ -56,10 +56,10 @@ class HttpSource final : public ByteSource {
       if (failure.code() != absl::StatusCode::kUnavailable || attempt_ >= options_.http_retries) {
         StopTransfer();
         if (failure.code() != absl::StatusCode::kUnavailable) return failure;
-        return absl::UnavailableError(
-            absl::StrCat(url_, ": failed after ", attempt_ + 1, " attempts, ", received_,
-                         " bytes received (last: ", failure.message(),
-                         "); check the server, or raise data.http_retries / data.http_timeout_s"));
+        return absl::UnavailableError(absl::StrCat(
+            url_, ": failed after ", attempt_ + 1, attempt_ == 0 ? " attempt, " : " attempts, ",
+            received_, " bytes received (last: ", failure.message(),
+            "); check the server, or raise data.http_retries / data.http_timeout_s"));
       }
       const int backoff_ms =
           std::min(kMaxBackoffMs, options_.http_retry_backoff_ms << std::min(attempt_, 16));
