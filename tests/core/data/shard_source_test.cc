@@ -229,7 +229,7 @@ TEST(ShardSourceTest, HttpErrorsNameTheUrl) {
   absl::StatusOr<std::string> dropped = ReadAll(server.Url("s.tar"), no_retries);
   ASSERT_FALSE(dropped.ok());
   EXPECT_TRUE(absl::StrContains(dropped.status().message(),
-                                server.Url("s.tar") + ": failed after 1 attempts, 1000 bytes"))
+                                server.Url("s.tar") + ": failed after 1 attempt, 1000 bytes"))
       << dropped.status();
 }
 
