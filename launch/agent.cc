@@ -883,11 +883,11 @@ void Agent::PrintRootCause(int attempt) {
                           f->stopped ? "hung: ended by the agent" : f->exit,
                           ClockTime(absl::FromUnixMicros(f->time_us)));
   }
-  // The root cause's own words, on its line: the last line of its stderr (where a worker's error
-  // ends), without the "error: " every error line starts with.
+  // The root cause's own words, on its line: the error its stderr ends with, if it ends with one
+  // (not a killed worker's last log line), without the "error: " it starts with.
   std::string said;
   for (const absl::string_view line : absl::StrSplit(root->stderr_tail, '\n', absl::SkipEmpty())) {
-    said = std::string(absl::StripPrefix(line, "error: "));
+    said = absl::StartsWith(line, "error: ") ? std::string(line.substr(7)) : "";
   }
   const std::string what =
       !hung       ? (said.empty() ? root->exit : absl::StrCat(root->exit, ": ", said))
