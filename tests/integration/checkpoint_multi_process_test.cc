@@ -300,30 +300,40 @@ TEST(CheckpointMultiProcessTest, SigtermMakesEveryRankSaveAndExitCleanly) {
   EXPECT_THAT(inspect.stdout_text, HasSubstr("saved by 2 rank(s): zero2"));
 }
 
+// Two shards of PackDocuments(8) in `dir`, the second of which stalls: its command writes the
+// first document (3,584 bytes) and the next one's tokens (a sample ends where the next begins),
+// then nothing, as data.shards.
+std::string ShardsOneOfWhichStalls(const std::string& dir) {
+  const testing::Outcome pack = PackDocuments(8, dir);
+  EXPECT_EQ(pack.exit_code, 0) << pack.stderr_text;
+  return absl::StrCat(dir, "/shard-000000.tar::pipe:head -c 6200 ", dir,
+                      "/shard-000001.tar; exec sleep 100");
+}
+
+// Waits up to 60 s for the rank's warning that it waits on its data (after 10 s of it).
+void AwaitDataStallWarning(const Ranks& ranks, int rank) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline &&
+         ranks.Log(rank).find("for this rank's data") == std::string::npos) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 // Rank 1's shard stalls (its command writes part of a tar, then nothing), so rank 1 waits for
 // its data while rank 0 waits for rank 1. A SIGTERM then still stops the run within seconds with
 // the last step's checkpoint; before, rank 1 heard it only once the shard command timed out, long
 // after a launcher's grace period would have killed it with nothing saved.
 TEST(CheckpointMultiProcessTest, SigtermWhileARankWaitsOnAStalledShardSaves) {
-  const std::string shards = OutDir("stalled_shards");
-  const testing::Outcome pack = PackDocuments(8, shards);
-  ASSERT_EQ(pack.exit_code, 0) << pack.stderr_text;
   // No shard shuffle and two streams over two shards: rank 0 reads only the first shard, rank 1
-  // only the second, which stalls: its command writes the first document (3,584 bytes) and the
-  // next one's tokens (a sample ends where the next begins), about 8 steps, then nothing.
-  const std::string urls = absl::StrCat(shards, "/shard-000000.tar::pipe:head -c 6200 ", shards,
-                                        "/shard-000001.tar; exec sleep 100");
+  // only the second, which stalls after about 8 steps.
+  const std::string urls = ShardsOneOfWhichStalls(OutDir("stalled_shards"));
   const std::string out = OutDir("stalled");
   Ranks ranks(2, TrainArgs(RecipeFile(32), out,
                            {"data.format=webdataset", "data.shards=" + urls, "data.streams=2",
                             "data.shard_shuffle=false", "data.shuffle_buffer=1",
                             "data.pipe_timeout_s=100", "data.train=[]", "train.steps=100000",
                             "checkpoint.interval=0", "parallel.timeout_s=100"}));
-  // Rank 1 says so after 10 s of waiting.
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < deadline && ranks.Log(1).find("for this rank's data") == std::string::npos) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  AwaitDataStallWarning(ranks, 1);
   ASSERT_THAT(ranks.Log(1), HasSubstr("a shard's read stalls (data.http_timeout_s and "
                                       "data.pipe_timeout_s end it; a SIGTERM now saves step "));
   const size_t steps = Metrics(out).size();
@@ -344,20 +354,13 @@ TEST(CheckpointMultiProcessTest, SigtermWhileARankWaitsOnAStalledShardSaves) {
 // SIGTERM stops the run at once, with nothing trained to save; before, the rank heard it only
 // once the data came, and under data.on_error: skip_shard that could be never.
 TEST(CheckpointMultiProcessTest, SigtermWhileTheFirstStepWaitsOnAStalledShardStops) {
-  const std::string shards = OutDir("stalled_first_shards");
-  const testing::Outcome pack = PackDocuments(8, shards);
-  ASSERT_EQ(pack.exit_code, 0) << pack.stderr_text;
-  const std::string urls = absl::StrCat(shards, "/shard-000000.tar::pipe:head -c 6200 ", shards,
-                                        "/shard-000001.tar; exec sleep 100");
+  const std::string urls = ShardsOneOfWhichStalls(OutDir("stalled_first_shards"));
   const std::string out = OutDir("stalled_first");
   Ranks ranks(1, TrainArgs(RecipeFile(32), out,
                            {"data.format=webdataset", "data.shards=" + urls, "data.streams=1",
                             "data.shard_shuffle=false", "data.pipe_timeout_s=100",
                             "data.on_error=skip_shard", "data.train=[]"}));
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (absl::Now() < deadline && ranks.Log(0).find("for this rank's data") == std::string::npos) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  AwaitDataStallWarning(ranks, 0);
   ASSERT_THAT(ranks.Log(0), HasSubstr("waited 10 s for this rank's data of step 1: a shard's read "
                                       "stalls (data.http_timeout_s and data.pipe_timeout_s end "
                                       "it; a SIGTERM now stops the run)"));
