@@ -197,10 +197,13 @@ class OrderedEncoder {
   size_t batch_bytes_ = 0;
 };
 
-// JSON lines by the file's extension, in any case (.jsonl, .JSONL).
-bool IsJsonLines(const std::string& path) {
-  return absl::AsciiStrToLower(std::filesystem::path(path).extension().string()) == ".jsonl";
+// The file's extension in lower case (".jsonl" for a.JSONL).
+std::string LowerExtension(const std::string& path) {
+  return absl::AsciiStrToLower(std::filesystem::path(path).extension().string());
 }
+
+// JSON lines by the file's extension, in any case (.jsonl, .JSONL).
+bool IsJsonLines(const std::string& path) { return LowerExtension(path) == ".jsonl"; }
 
 // InvalidArgument when a file that would be packed as one plain-text document is no text that
 // anyone means to train on as is: a compressed archive (its bytes would become the tokens), or
@@ -223,7 +226,7 @@ absl::Status CheckPlainText(const std::string& path, const std::string& text) {
                        "unpack it first"));
     }
   }
-  if (absl::AsciiStrToLower(std::filesystem::path(path).extension().string()) == ".json") {
+  if (LowerExtension(path) == ".json") {
     const std::string first_line = text.substr(0, text.find('\n'));
     const nlohmann::json record = nlohmann::json::parse(first_line, nullptr, false);
     if (record.is_object() && record.contains("text")) {
