@@ -75,10 +75,12 @@ TEST(ShardSourceTest, PipesReadStdoutAndReportTheExitStatus) {
 
 // A source abandoned mid-stream ends its command, even one that ignores SIGTERM while it blocks
 // writing into the full pipe (its destructor waited for it forever). `timeout` caps the command
-// at 60 s so that a regression fails instead of hanging.
+// at 60 s so that a regression fails instead of hanging; `--foreground` keeps it in the command's
+// process group (without it, timeout leads a group of its own, which the kill of the command's
+// group misses, and its child holds ctest's output open for the 60 s).
 TEST(ShardSourceTest, AnAbandonedPipeEndsACommandThatIgnoresSigterm) {
   absl::StatusOr<std::unique_ptr<ByteSource>> source =
-      OpenShard("pipe:trap '' TERM; exec timeout -s KILL 60 yes", FastOptions());
+      OpenShard("pipe:trap '' TERM; exec timeout --foreground -s KILL 60 yes", FastOptions());
   ASSERT_TRUE(source.ok()) << source.status();
   char buffer[4096];
   ASSERT_TRUE((*source)->Read(buffer, sizeof(buffer)).ok());
@@ -91,7 +93,8 @@ TEST(ShardSourceTest, AnAbandonedPipeEndsACommandThatIgnoresSigterm) {
 // 10 s: at the shard's end, where that is an error naming it; on abandoning it, quietly. Before,
 // either waited for the command forever (here 60 s, `timeout`'s cap).
 TEST(ShardSourceTest, APipeCommandThatOutlivesItsOutputIsKilled) {
-  const std::string lingering = "pipe:trap '' TERM; printf x; exec timeout -s KILL 60 sleep 60 >&-";
+  const std::string lingering =
+      "pipe:trap '' TERM; printf x; exec timeout --foreground -s KILL 60 sleep 60 >&-";
   absl::Time start = absl::Now();
   absl::StatusOr<std::string> read = ReadAll(lingering, FastOptions());
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
@@ -117,12 +120,13 @@ TEST(ShardSourceTest, APipeCommandThatWritesNothingForTheTimeoutFails) {
   options.pipe_timeout_s = 1;
   const absl::Time start = absl::Now();
   absl::StatusOr<std::string> stalled =
-      ReadAll("pipe:printf x; exec timeout -s KILL 60 sleep 60", options);
+      ReadAll("pipe:printf x; exec timeout --foreground -s KILL 60 sleep 60", options);
   EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "the read waited out the command";
   ASSERT_FALSE(stalled.ok());
-  EXPECT_TRUE(absl::StrContains(stalled.status().message(),
-                                "shard command 'printf x; exec timeout -s KILL 60 sleep 60' wrote "
-                                "nothing for 1 s (data.pipe_timeout_s)"))
+  EXPECT_TRUE(absl::StrContains(
+      stalled.status().message(),
+      "shard command 'printf x; exec timeout --foreground -s KILL 60 sleep 60' wrote "
+      "nothing for 1 s (data.pipe_timeout_s)"))
       << stalled.status();
 
   absl::StatusOr<std::string> steady =
@@ -153,7 +157,7 @@ void ExpectAStopEndsTheRead(const std::string& url) {
 }
 
 TEST(ShardSourceTest, AStopEndsAReadWaitingOnAQuietCommand) {
-  ExpectAStopEndsTheRead("pipe:exec timeout -s KILL 60 sleep 60");
+  ExpectAStopEndsTheRead("pipe:exec timeout --foreground -s KILL 60 sleep 60");
 }
 
 // The server is a listening socket that never accepts: the kernel completes the connection and
