@@ -1,5 +1,6 @@
 // `dtrain train [RECIPE] [--set key=value]...`: one process runs the whole training job.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,10 @@ void AddTrainCommand(CLI::App& app) {
                       "Recipe YAML file; none = the built-in tiny recipe (configs/tiny.yaml)");
   AddOverrideOption(*command, args->overrides);
   command->callback([args] {
+    // A reader of the output that went away (`| head`, a closed log shipper) costs the output,
+    // not the run and its checkpoint: writes fail with EPIPE instead (as under `dtrain launch`,
+    // and as every rank of a multi-process run does for its sockets).
+    std::signal(SIGPIPE, SIG_IGN);
     absl::StatusOr<WorldEnvironment> world = RankWorldFromEnvironment();
     // Every rank reads the same recipe: its warnings are rank 0's to print, not once a rank.
     const LogLevel level = GetLogLevel();

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <new>
@@ -351,13 +352,49 @@ void LogPipelineStage(const Recipe& recipe, const ModelConfig& config, const Mod
 }
 
 // SIGTERM (save, then stop) and SIGUSR1 (save, then go on), which a launcher forwards on
-// preemption. The handlers only set flags; the ranks agree on them at a step boundary.
+// preemption; in a run without an agent also SIGINT (Ctrl-C) and SIGHUP (a closed terminal or ssh
+// session), which stop it as SIGTERM does, as `dtrain launch` stops its workers for them. The
+// handlers only set flags; the ranks agree on them at a step boundary. A second Ctrl-C ends the
+// process at once, unsaved, as a user pressing it again expects.
 std::atomic<bool> sigterm_received{false};
 std::atomic<bool> sigusr1_received{false};
-static_assert(std::atomic<bool>::is_always_lock_free);
+std::atomic<int> stop_signal{0};  // the first of SIGTERM, SIGINT, SIGHUP this rank received
+static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free);
 
 extern "C" void OnCheckpointSignal(int signal) {
-  (signal == SIGTERM ? sigterm_received : sigusr1_received).store(true);
+  if (signal == SIGUSR1) {
+    sigusr1_received.store(true);
+    return;
+  }
+  if (signal == SIGINT && sigterm_received.load()) {
+    ::signal(SIGINT, SIG_DFL);
+    ::raise(SIGINT);
+    return;
+  }
+  int none = 0;
+  stop_signal.compare_exchange_strong(none, signal);
+  sigterm_received.store(true);
+  if (signal == SIGINT) {
+    // At once, while the step runs on (write(2) is safe in a handler; a failed one costs nothing).
+    constexpr char kNotice[] =
+        "\nSIGINT: the run saves a checkpoint at the end of this step and stops (Ctrl-C again "
+        "quits "
+        "at once, unsaved)\n";
+    [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, kNotice, sizeof(kNotice) - 1);
+  }
+}
+
+// "SIGINT" for the signal that stopped this rank; "SIGTERM" when another rank's did (what
+// launchers send).
+const char* StopSignalName() {
+  switch (stop_signal.load()) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGHUP:
+      return "SIGHUP";
+    default:
+      return "SIGTERM";
+  }
 }
 
 class CheckpointSignals {
@@ -365,25 +402,38 @@ class CheckpointSignals {
   CheckpointSignals() {
     sigterm_received = false;
     sigusr1_received = false;
+    stop_signal = 0;
     struct sigaction action = {};
     action.sa_handler = OnCheckpointSignal;
     sigemptyset(&action.sa_mask);
-    sigaction(SIGTERM, &action, &old_term_);
-    sigaction(SIGUSR1, &action, &old_usr1_);
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      sigaction(kSignals[i], nullptr, &old_[i]);
+      // A SIGINT or SIGHUP ignored when the run started stays ignored: a job started in the
+      // background of a script (`dtrain train &`) or under nohup asked to outlive them.
+      if (kSignals[i] != SIGTERM && kSignals[i] != SIGUSR1 && old_[i].sa_handler == SIG_IGN) {
+        continue;
+      }
+      sigaction(kSignals[i], &action, nullptr);
+    }
   }
   // After a stop (a SIGTERM here or on another rank) the process is on its way out, its
-  // checkpoint saved: the handler stays, so that a SIGTERM cannot kill it in the ranks' closing
-  // barrier (Slurm's scancel signals the workers as well as their agent, which forwards its own;
-  // the agent of a rank that another rank's SIGTERM stopped signals it when it learns of the stop).
+  // checkpoint saved: the stop handlers stay, so that a SIGTERM cannot kill it in the ranks'
+  // closing barrier (Slurm's scancel signals the workers as well as their agent, which forwards
+  // its own; the agent of a rank that another rank's SIGTERM stopped signals it when it learns of
+  // the stop).
   ~CheckpointSignals() {
-    if (!sigterm_received && !stopping_) sigaction(SIGTERM, &old_term_, nullptr);
-    sigaction(SIGUSR1, &old_usr1_, nullptr);
+    const bool keep_stop_handlers = sigterm_received || stopping_;
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      if (kSignals[i] != SIGUSR1 && keep_stop_handlers) continue;
+      sigaction(kSignals[i], &old_[i], nullptr);
+    }
   }
   // The ranks agreed to stop.
   void Stopping() { stopping_ = true; }
 
  private:
-  struct sigaction old_term_ = {}, old_usr1_ = {};
+  static constexpr int kSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
+  struct sigaction old_[std::size(kSignals)] = {};
   bool stopping_ = false;
 };
 
@@ -853,7 +903,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       signals.Stopping();
       RETURN_IF_ERROR(checkpoints->Finish());
       if (leader) {
-        LogInfo("stopped by SIGTERM before step %d, with nothing trained to save",
+        LogInfo("stopped by %s before step %d, with nothing trained to save", StopSignalName(),
                 resumed_step + 1);
       }
       return TrainingEnd::kStopped;
@@ -1008,8 +1058,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     if (request.stop && !last) {
       RETURN_IF_ERROR(checkpoints->Finish());
       if (leader) {
-        LogInfo("stopped by SIGTERM at step %d after saving %s/%s", m.step, checkpoints->dir(),
-                StepDirName(m.step));
+        LogInfo("stopped by %s at step %d after saving %s/%s", StopSignalName(), m.step,
+                checkpoints->dir(), StepDirName(m.step));
       }
       return TrainingEnd::kStopped;
     }

@@ -1,10 +1,11 @@
 // Checkpoints across real processes (torchrun's variables on loopback): a run killed with SIGKILL
 // and resumed continues bit-identically; checkpoints load into other world sizes and strategies;
-// SIGTERM makes every rank save and exit 0.
+// SIGTERM makes every rank save and exit 143; without an agent, so do SIGINT and SIGHUP.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -44,6 +45,10 @@ class Ranks {
         setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
         setenv("MASTER_ADDR", "127.0.0.1", 1);
         setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+        // As a terminal's shell starts a command (a background job's shell would leave SIGINT
+        // ignored, and dtrain keeps it so).
+        signal(SIGINT, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
         std::vector<char*> args;
         for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
         args.push_back(nullptr);
@@ -371,6 +376,65 @@ TEST(CheckpointMultiProcessTest, SigtermWhileTheFirstStepWaitsOnAStalledShardSto
   ASSERT_EQ(codes[0], kExitStopped) << ranks.Log(0);
   EXPECT_THAT(ranks.Log(0), HasSubstr("stopped by SIGTERM before step 1, with nothing trained"));
   EXPECT_FALSE(fs::exists(out + "/mp/checkpoints/latest"));
+}
+
+// Without an agent, Ctrl-C and a closed terminal stop a run as SIGTERM does, saving its last step
+// (they killed it with nothing saved).
+TEST(CheckpointMultiProcessTest, SigintAndSighupSaveTheLastStepAndStop) {
+  const std::string recipe = RecipeFile(32);
+  for (const int signal : {SIGINT, SIGHUP}) {
+    const std::string name = signal == SIGINT ? "SIGINT" : "SIGHUP";
+    const std::string out = OutDir(name);
+    Ranks ranks(1, TrainArgs(recipe, out, {"train.steps=100000", "checkpoint.interval=0"}));
+    const std::string metrics = out + "/mp/metrics.jsonl";
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline && (!fs::exists(metrics) || fs::file_size(metrics) < 500)) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ranks.SignalRank(0, signal);
+    const std::vector<int> codes = ranks.Wait(absl::Seconds(60));
+    ASSERT_EQ(codes[0], kExitStopped) << ranks.Log(0);
+    EXPECT_THAT(ranks.Log(0), HasSubstr("stopped by " + name + " at step"));
+    EXPECT_THAT(FileBytes(out + "/mp/checkpoints/latest"), HasSubstr("step-")) << name;
+  }
+}
+
+// The first Ctrl-C says at once what happens and how to quit; a second quits at once, unsaved.
+TEST(CheckpointMultiProcessTest, ASecondSigintQuitsAtOnceUnsaved) {
+  const std::string out = OutDir("sigint_twice");
+  setenv("DTRAIN_TEST_SLOW_RANK", "0:5000", 1);  // each step sleeps 5 s first
+  Ranks ranks(1, TrainArgs(RecipeFile(32), out, {"train.steps=100", "checkpoint.interval=0"}));
+  unsetenv("DTRAIN_TEST_SLOW_RANK");
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline && ranks.Log(0).find("step 1/100") == std::string::npos) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ranks.SignalRank(0, SIGINT);  // during step 2's 5 s
+  while (absl::Now() < deadline && ranks.Log(0).find("Ctrl-C again") == std::string::npos) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_THAT(ranks.Log(0),
+              HasSubstr("SIGINT: the run saves a checkpoint at the end of this step"));
+  ranks.SignalRank(0, SIGINT);
+  const absl::Time signalled = absl::Now();
+  const std::vector<int> codes = ranks.Wait(absl::Seconds(60));
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(3));
+  EXPECT_EQ(codes[0], 128 + SIGINT) << ranks.Log(0);
+  EXPECT_FALSE(fs::exists(out + "/mp/checkpoints/latest"));
+}
+
+// A reader of the output that goes away (`| head`) costs the output, not the run: it trains to
+// the end and saves (SIGPIPE killed it at its next log line).
+TEST(CheckpointMultiProcessTest, AClosedOutputPipeCostsTheOutputNotTheRun) {
+  const std::string out = OutDir("closed_pipe");
+  const std::string exit_file = out + ".exit";
+  const std::string command =
+      absl::StrCat("{ ", DTRAIN_BINARY, " train ", RecipeFile(32), " --set run.out_dir=", out,
+                   " --set train.steps=6 --set logging.every=1 2>&1; echo $? > ", exit_file,
+                   "; } | head -c 1 > /dev/null");
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  EXPECT_EQ(FileBytes(exit_file), "0\n");
+  EXPECT_EQ(FileBytes(out + "/mp/checkpoints/latest"), "step-6\n");
 }
 
 TEST(CheckpointMultiProcessTest, Sigusr1ToOneRankMakesAllSaveAndContinue) {
