@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "core/backend/make_backend.h"
 #include "core/recipe/recipe.h"
+#include "core/util/files.h"
 #include "core/util/log.h"
 #include "launch/environment.h"
 #include "parallel/trainer.h"
@@ -55,8 +56,12 @@ void AddTrainCommand(CLI::App& app) {
       Fail(status, kExitUsage);
     }
     const absl::StatusOr<TrainingEnd> end = RunTraining(*recipe, *world);
-    // A failure a restart would repeat (a full checkpoint disk) asks for its own exit code.
-    if (!end.ok()) Fail(end.status(), ExitCodeOf(end.status()).value_or(kExitFailure));
+    // A failure a restart would repeat (a full disk) asks for its own exit code.
+    if (!end.ok()) {
+      Fail(end.status(),
+           ExitCodeOf(end.status())
+               .value_or(IsFileSystemFull(end.status()) ? kExitDiskFull : kExitFailure));
+    }
     if (*end == TrainingEnd::kStopped) throw CLI::RuntimeError(kExitStopped);
   });
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -437,32 +438,49 @@ class CheckpointSignals {
   bool stopping_ = false;
 };
 
-// metrics.jsonl of a resumed run: the earlier run's lines up to the resumed step stay, later
-// ones (steps redone after the resume) go, so the file reads as one uninterrupted run.
-// The resumed step's own line comes from the checkpoint when the file lacks it (a run killed
-// between its save and writing the line).
-absl::Status OpenMetrics(const std::string& path, int64_t resumed_step,
-                         const std::string& resumed_line, std::ofstream& metrics) {
-  std::string kept;
-  if (resumed_step > 0) {
-    std::ifstream in(path);
-    int64_t last_kept = 0;
-    for (std::string line; std::getline(in, line);) {
-      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_object() && j.contains("step") && j["step"].get<int64_t>() <= resumed_step) {
+// metrics.jsonl, a line a step. A resumed run's file keeps the earlier run's lines up to the
+// resumed step and drops later ones (steps redone after the resume), so it reads as one
+// uninterrupted run; the resumed step's own line comes from the checkpoint when the file lacks it
+// (a run killed between its save and writing the line). Lines that are not a step's (edited, cut
+// off by a crash) are dropped. A line that cannot be written fails the run: its metrics are part
+// of what it keeps.
+class MetricsFile {
+ public:
+  absl::Status Open(const std::string& path, int64_t resumed_step,
+                    const std::string& resumed_line) {
+    path_ = path;
+    std::string kept;
+    if (resumed_step > 0) {
+      std::ifstream in(path);
+      int64_t last_kept = 0;
+      for (std::string line; std::getline(in, line);) {
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+        if (j["step"].get<int64_t>() > resumed_step) continue;
         kept += line + "\n";
         last_kept = j["step"].get<int64_t>();
       }
+      if (!kept.empty() && last_kept < resumed_step && !resumed_line.empty()) {
+        kept += resumed_line + "\n";
+      }
     }
-    if (!kept.empty() && last_kept < resumed_step && !resumed_line.empty()) {
-      kept += resumed_line + "\n";
-    }
+    // Whole or not at all: a crash while the kept lines are written must not lose them.
+    RETURN_IF_ERROR(WriteFileDurably(path, kept));
+    file_.open(path, std::ios::app);
+    if (!file_) return FileError(errno, absl::StrCat("open ", path));
+    return absl::OkStatus();
   }
-  metrics.open(path, std::ios::trunc);
-  if (!metrics) return absl::FailedPreconditionError(absl::StrCat("cannot write ", path));
-  metrics << kept << std::flush;
-  return absl::OkStatus();
-}
+
+  absl::Status Append(const std::string& line) {
+    file_ << line << '\n' << std::flush;
+    if (!file_) return FileError(errno, absl::StrCat("write ", path_));
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string path_;
+  std::ofstream file_;
+};
 
 // Rank 0 creates the run folder (the resolved recipe goes in once the run is known to start: a
 // refused resume, or a second run of the folder, leaves the first one's).
@@ -863,7 +881,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   double peak_flops = MeasureGemmFlops(backend);
   const double flops_per_token = config.flops_per_token(train.seq_len);
   const int64_t tokens_per_step = static_cast<int64_t>(train.batch_size) * train.seq_len;
-  std::ofstream metrics;
+  MetricsFile metrics;
   if (leader) {
     LogRunSetup(recipe, config, table.dims(), data, model, dp_size, micro_batches, peak_flops,
                 backend_name);
@@ -874,8 +892,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     const std::filesystem::path run_dir = recipe.run_dir();
     RETURN_IF_ERROR(
         WriteFileDurably((run_dir / "recipe.yaml").string(), ResolvedRecipeYaml(recipe)));
-    RETURN_IF_ERROR(OpenMetrics((run_dir / recipe.logging.metrics_file).string(), resumed_step,
-                                checkpoints->resumed_metrics_line(), metrics));
+    RETURN_IF_ERROR(metrics.Open((run_dir / recipe.logging.metrics_file).string(), resumed_step,
+                                 checkpoints->resumed_metrics_line()));
   }
   const MicroBatchSource next_micro_batch = [&](int32_t* in, int32_t* out, int32_t* positions) {
     return documents ? data.train->NextDocuments(train.micro_batch, in, out, positions)
@@ -1049,7 +1067,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
           request.stop) {
         LogInfo("%s", FormatStepLine(m));
       }
-      metrics << StepMetricsJson(m) << '\n' << std::flush;
+      RETURN_IF_ERROR(metrics.Append(StepMetricsJson(m)));
       if (!sample.empty()) LogInfo("sample at step %d:\n%s", m.step, sample);
     }
     // The process ends soon after a stop: a SIGTERM must not kill it on the way. A stop at the

@@ -400,6 +400,23 @@ TEST(TrainTest, AFullCheckpointFileSystemSaysWhatToDo) {
   EXPECT_THAT(run.stderr_text, HasSubstr("checkpoint.keep_last"));
 }
 
+// A metrics line that cannot be written fails the run, naming the file and why, with the full
+// disk's exit code (the run went on without them and exited 0). The run folder is a 64 KiB tmpfs;
+// the checkpoints go elsewhere.
+TEST(TrainTest, AMetricsFileThatCannotBeWrittenFailsTheRun) {
+  const std::string small = testing::FreshTempDir("full_run_folder");
+  const std::string prefix = testing::SmallFileSystemPrefix(small, 64);
+  if (prefix.empty()) GTEST_SKIP() << "needs root and unshare -m (a tmpfs in a mount namespace)";
+  const testing::Outcome run = testing::RunDtrain(
+      absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", small,
+                   " --set checkpoint.dir=", RunDir("full_run_folder_checkpoints"),
+                   " --set train.steps=1000 --set train.eval_every=0 --set train.export_to=''"),
+      prefix);
+  EXPECT_EQ(run.exit_code, kExitDiskFull) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text, HasSubstr("write " + small + "/small/metrics.jsonl"));
+  EXPECT_THAT(run.stderr_text, HasSubstr("No space left on device"));
+}
+
 // SFT end to end: `data pack --sft` writes masked shards that `train` with data.format sft packs,
 // counts and learns (the answers are a function of the questions, so the loss falls).
 TEST(TrainTest, SftShardsPackAndTrainOnTheAnswers) {

@@ -102,6 +102,22 @@ TEST(CheckpointingTest, AMissingManifestIsSkipped) {
       "did not complete");
 }
 
+// A resumed run keeps the metrics lines of its steps and drops any other line (edited, or cut
+// off by a crash); one whose "step" is no number aborted it.
+TEST(CheckpointingTest, AResumeDropsMetricsLinesThatAreNoSteps) {
+  const std::string out = testing::TempPath("ckpt_metrics_junk_run");
+  fs::remove_all(out);
+  ASSERT_EQ(Train(out, "--set train.steps=4").exit_code, 0);
+  const std::vector<double> before = Losses(out);
+  std::ofstream(out + "/ck/metrics.jsonl", std::ios::app)
+      << "{\"step\": \"oops\"}\nnot json\n[1, 2]\n{\"step\": 3, \"loss\": 1.";
+  const testing::Outcome resumed = Train(out, "--set train.steps=6");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.stderr_text;
+  const std::vector<double> after = Losses(out);
+  ASSERT_EQ(after.size(), 6u);
+  EXPECT_EQ(std::vector<double>(after.begin(), after.begin() + 4), before);
+}
+
 // A checkpoint folder none of whose checkpoints loads is an error that changes nothing: a fresh
 // start would lose the run's history and prune the checkpoints, as it once did. Checkpoints that
 // are all damaged (truncated here) exit 2, which an agent does not restart to find them damaged
