@@ -694,6 +694,12 @@ std::string AsOneItemList(absl::string_view value) {
   return absl::StrCat("[\"", absl::CHexEscape(value), "\"]");
 }
 
+// A --set value quoted for YAML, as a one-item list for a list key (`spec` null: unknown).
+std::string QuotedOverride(const KeySpec* spec, absl::string_view value) {
+  return spec != nullptr && IsListKey(*spec) ? AsOneItemList(value)
+                                             : absl::StrCat("\"", value, "\"");
+}
+
 std::string TypeName(const KeySpec& key) {
   if (!key.allowed.empty()) return absl::StrCat("one of ", absl::StrJoin(key.allowed, ", "));
   Recipe recipe;
@@ -911,16 +917,37 @@ class Parser {
       value = YAML::Load(value_text);
     } catch (const YAML::Exception& e) {
       // A list key's value is a list, so the quoted value goes inside one.
-      const std::string quoted = spec != nullptr && IsListKey(*spec)
-                                     ? AsOneItemList(value_text)
-                                     : absl::StrCat("\"", value_text, "\"");
       return absl::InvalidArgumentError(absl::StrCat(subject, ": the value is not valid YAML (",
-                                                     e.msg, "); quote it, e.g. '", quoted, "'"));
+                                                     e.msg, "); quote it, e.g. '",
+                                                     QuotedOverride(spec, value_text), "'"));
     }
+    RETURN_IF_ERROR(CheckOverrideReadsAsWritten(subject, spec, value_text, value));
     const Entry entry{.value = value, .from_override = subject};
     ASSIGN_OR_RETURN(const bool renamed, ReadRenamedKey(path, entry));
     if (!renamed) entries_[path] = entry;
     return absl::OkStatus();
+  }
+
+  // A --set value that YAML reads as other than its text, unquoted: '#' starts a comment, and
+  // '&', '!', '|' and '>' mean an anchor, a tag and block text, so `run.out_dir=#scratch` was an
+  // empty folder (the file system's root) and `run.name=lr 3e-4 #2` was "lr 3e-4", silently;
+  // '%' starts a directive.
+  static absl::Status CheckOverrideReadsAsWritten(const std::string& subject, const KeySpec* spec,
+                                                  const std::string& value_text,
+                                                  const YAML::Node& value) {
+    const std::string text(absl::StripAsciiWhitespace(value_text));
+    if (text.empty() || text[0] == '"' || text[0] == '\'') return absl::OkStatus();
+    const bool as_written =
+        value.IsScalar() ? value.Scalar() == text
+                         : !value.IsNull() || text == "~" || absl::AsciiStrToLower(text) == "null";
+    if (as_written) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        subject, ": YAML reads the value as ",
+        value.IsScalar() ? absl::StrCat("'", value.Scalar(), "'") : std::string("empty"),
+        " ('#' starts a comment; '&', '!', '|', '>' and '%' have meanings of their own); quote "
+        "it, "
+        "e.g. '",
+        QuotedOverride(spec, value_text), "'"));
   }
 
   // yaml-cpp reads a quoted scalar up to its closing quote, across lines: a quote left open
@@ -1272,6 +1299,11 @@ class Parser {
       return Error("run.name", absl::StrCat("'", r.run.name,
                                             "' is not a folder name; the run's outputs go to "
                                             "<out_dir>/<name>, so give a name without '/'"));
+    }
+    if (r.run.out_dir.empty()) {
+      return Error("run.out_dir",
+                   "'' would put the run folder at the file system's root; give a folder (. for "
+                   "the current one)");
     }
     // A constant schedule never reaches min_lr.
     if (r.train.min_lr > r.train.lr && r.train.schedule != "constant") {

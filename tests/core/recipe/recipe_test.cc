@@ -569,6 +569,33 @@ TEST(RecipeTest, OverrideThatIsNotYamlGetsAFixThatParses) {
   EXPECT_EQ(ErrorOf(kMinimal, {"run.name=\"*x\""}), "");
 }
 
+// A value YAML reads as other than its text is refused, with the quoting that keeps it: it was
+// taken silently, `run.out_dir=#scratch` as an empty folder (the file system's root).
+TEST(RecipeTest, OverrideThatYamlReadsOtherwiseIsRefused) {
+  EXPECT_EQ(ErrorOf(kMinimal, {"run.out_dir=#scratch"}),
+            "--set run.out_dir=#scratch: YAML reads the value as empty ('#' starts a comment; '&', "
+            "'!', '|', '>' and '%' have meanings of their own); quote it, e.g. '\"#scratch\"'");
+  EXPECT_THAT(ErrorOf(kMinimal, {"run.name=lr 3e-4 #2"}),
+              HasSubstr("YAML reads the value as 'lr 3e-4'"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"run.name=&x y"}), HasSubstr("YAML reads the value as 'y'"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.no_decay=|"}), HasSubstr("quote it, e.g. '[\"|\"]'"));
+  // What YAML reads as written, or quoted, is taken.
+  for (const std::string value : {"3e-4", "a#b", "\"lr 3e-4 #2\"", "'#x'", "runs/a b", "a:b"}) {
+    EXPECT_EQ(ErrorOf(kMinimal, {"run.out_dir=" + value}), "") << value;
+  }
+  for (const std::string value : {"[a, b]", "~", ""}) {
+    EXPECT_EQ(ErrorOf(kMinimal, {"train.no_decay=" + value}), "") << value;
+  }
+}
+
+// An empty run.out_dir would put the run folder at the file system's root.
+TEST(RecipeTest, AnEmptyOutDirIsRefused) {
+  EXPECT_THAT(ErrorOf(kMinimal, {"run.out_dir="}),
+              HasSubstr("would put the run folder at the file system's root"));
+  EXPECT_THAT(ErrorOf(WithMinimal("run:\n  out_dir: ''\n")),
+              HasSubstr("would put the run folder at the file system's root"));
+}
+
 TEST(RecipeTest, MissingFileNamesPath) {
   absl::StatusOr<Recipe> recipe = LoadRecipe("/nonexistent/dir/r.yaml");
   ASSERT_FALSE(recipe.ok());
