@@ -989,13 +989,18 @@ class Parser {
   }
 
   // Text leaves the process as JSON (checkpoint manifests, metrics), which cannot carry a byte
-  // that is not UTF-8; such a byte is refused here rather than at the first checkpoint.
+  // that is not UTF-8; such a byte is refused here rather than at the first checkpoint. So is a
+  // NUL (YAML's "\0"), at which a path or name would silently end.
   absl::Status CheckText(const KeySpec& key, const std::string& text, size_t item) const {
+    const std::string where = item > 0 ? absl::StrCat("item ", item, ": ") : "";
+    if (const size_t nul = text.find('\0'); nul != std::string::npos) {
+      return Error(key.path, absl::StrCat(where, "a NUL character at byte ", nul + 1,
+                                          ", where a path or name would end; remove it"));
+    }
     const std::string bad = DescribeInvalidUtf8(text);
     if (bad.empty()) return absl::OkStatus();
     return Error(key.path,
-                 absl::StrCat(item > 0 ? absl::StrCat("item ", item, ": ") : "", bad, " ('",
-                              EscapeInvalidUtf8(text),
+                 absl::StrCat(where, bad, " ('", EscapeInvalidUtf8(text),
                               "'); recipe text must be UTF-8, so save the file as UTF-8"));
   }
 

@@ -588,6 +588,15 @@ TEST(RecipeTest, OverrideThatYamlReadsOtherwiseIsRefused) {
   }
 }
 
+// A NUL (YAML's "\0") would end a path or name where the recipe does not show it.
+TEST(RecipeTest, ANulCharacterIsRefused) {
+  EXPECT_EQ(ErrorOf(kMinimal, {"run.name=\"x\\0y\""}),
+            "--set run.name=\"x\\0y\": a NUL character at byte 2, where a path or name would "
+            "end; remove it");
+  EXPECT_THAT(ErrorOf(WithMinimal("train:\n  no_decay: [a, \"b\\0\"]\n")),
+              HasSubstr("item 2: a NUL character at byte 2"));
+}
+
 // An empty run.out_dir would put the run folder at the file system's root.
 TEST(RecipeTest, AnEmptyOutDirIsRefused) {
   EXPECT_THAT(ErrorOf(kMinimal, {"run.out_dir="}),
