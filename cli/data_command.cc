@@ -162,6 +162,10 @@ void AddDataCommand(CLI::App& app) {
                                                    "e.g. 64MB")),
            kExitUsage);
     }
+    if (absl::Status named = CheckShardsCanBeNamed(pack_args->out_dir, pack_args->sft);
+        !named.ok()) {
+      Fail(named, kExitUsage);
+    }
     const int threads = pack_args->threads > 0 ? pack_args->threads : UsableCpus();
     const auto tokenizer = LoadTokenizerOrFail(pack_args->tokenizer, threads);
     absl::StatusOr<PackResult> result;

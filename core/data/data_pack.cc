@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/data/sft_data.h"
+#include "core/data/shard_urls.h"
 #include "core/data/tar_writer.h"
 #include "core/data/token_decode.h"
 #include "core/util/files.h"
@@ -255,6 +256,26 @@ std::string ShardPattern(const std::string& out_dir, int count) {
 
 std::string ShardGlob(const std::string& out_dir) {
   return (std::filesystem::path(out_dir) / absl::StrCat(kShardPrefix, "*.tar")).string();
+}
+
+absl::Status CheckShardsCanBeNamed(const std::string& out_dir, bool sft) {
+  if (sft) {
+    if (out_dir.find_first_of("*?[") == std::string::npos) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("--out ", out_dir, ": data.train's glob ", ShardGlob(out_dir),
+                     " would read '*', '?' or '[' in the folder's name as a pattern; choose a "
+                     "folder without them"));
+  }
+  const absl::StatusOr<std::vector<std::string>> named = ExpandShardUrls(ShardPattern(out_dir, 2));
+  if (named.ok() &&
+      *named == std::vector<std::string>{ShardPath(out_dir, 0), ShardPath(out_dir, 1)}) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--out ", out_dir,
+      ": data.shards could not name shards in this folder ('::' separates "
+      "shard lists and braces are ranges, with no way to escape them); choose a folder without "
+      "them"));
 }
 
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,

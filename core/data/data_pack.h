@@ -37,6 +37,11 @@ std::string ShardPattern(const std::string& out_dir, int count);
 // Every shard of the pack as a glob, "<out_dir>/shard-*.tar": what data.train reads (sft).
 std::string ShardGlob(const std::string& out_dir);
 
+// OK when the shards of a pack into `out_dir` can be named by what the pack prints to train on
+// them: ShardPattern (data.shards, where '::' lists and braces range) or, for SFT, ShardGlob
+// (data.train, a glob). Otherwise an error naming --out and the characters.
+absl::Status CheckShardsCanBeNamed(const std::string& out_dir, bool sft);
+
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,
                                       const Tokenizer& tokenizer, int threads = 1);

@@ -277,6 +277,24 @@ TEST(DataCommandTest, PackRefusesAFolderHoldingShards) {
               HasSubstr(absl::StrCat("--out ", out, " holds 1 shard(s) of an earlier pack")));
 }
 
+// A folder the printed data.shards pattern (or SFT's glob) could not name is refused before
+// anything is written: the pattern printed for `a::b` read shards of "a" and "b".
+TEST(DataCommandTest, PackRefusesAFolderItsPatternCouldNotName) {
+  const std::string text = testing::WriteTempFile("pack_named.txt", "Some text to pack.");
+  const std::string base = testing::FreshTempDir("pack_named");
+  for (const std::string& out : {base + "/a::b", base + "/x{1..2}", base + "/x{1}"}) {
+    const Outcome run = RunDtrain(absl::StrCat("data pack ", text, " --out '", out, "'"));
+    EXPECT_EQ(run.exit_code, 2) << out;
+    EXPECT_THAT(run.stderr_text, HasSubstr("--out " + out + ": data.shards could not name"));
+    EXPECT_FALSE(std::filesystem::exists(out)) << out;
+  }
+  const Outcome sft = RunDtrain(absl::StrCat("data pack --sft ", text, " --out '", base, "/s[1]'"));
+  EXPECT_EQ(sft.exit_code, 2);
+  EXPECT_THAT(sft.stderr_text, HasSubstr("would read '*', '?' or '[' in the folder's name"));
+  const Outcome plain = RunDtrain(absl::StrCat("data pack ", text, " --out '", base, "/a:b c'"));
+  EXPECT_EQ(plain.exit_code, 0) << plain.stderr_text;
+}
+
 // A folder given as an input is a usage error naming it, for every command that reads inputs,
 // where reading it ended the process (std::ios_failure, exit 134).
 TEST(DataCommandTest, AFolderAsAnInputIsRefusedNamingIt) {
