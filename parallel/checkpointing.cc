@@ -41,6 +41,23 @@ const std::set<std::string>& PlaceKeys() {
   return *keys;
 }
 
+// The run.name of a resolved recipe; empty when it does not parse.
+std::string RunNameOf(const std::string& recipe_yaml) {
+  try {
+    const YAML::Node name = YAML::Load(recipe_yaml)["run"]["name"];
+    return name && name.IsScalar() ? name.Scalar() : "";
+  } catch (const YAML::Exception&) {
+    return "";
+  }
+}
+
+// Whether `dir` lies outside the run folder `run_dir` (a checkpoint.dir other runs may name too).
+bool OutsideRunFolder(const std::string& dir, const std::string& run_dir) {
+  const fs::path relative =
+      fs::path(dir).lexically_normal().lexically_relative(fs::path(run_dir).lexically_normal());
+  return relative.empty() || *relative.begin() == "..";
+}
+
 // Keys that differ between two resolved recipes ("section.key").
 std::vector<std::string> DifferingKeys(const std::string& saved, const std::string& current) {
   std::vector<std::string> keys;
@@ -250,6 +267,7 @@ absl::StatusOr<TrainingCheckpoints::Loaded> TrainingCheckpoints::TryLoad(
   ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
   const Manifest& m = reader.manifest();
   Loaded loaded;
+  loaded.run_name = RunNameOf(m.recipe_yaml);
   std::vector<std::string> blocking;
   for (const std::string& key : DifferingKeys(m.recipe_yaml, recipe_yaml_)) {
     if (key == "train.init_from") {
@@ -410,6 +428,15 @@ absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& load
         if (!loaded->changed_keys.empty()) {
           LogWarn("%s was saved with other values of %s; the recipe's values apply from now on",
                   candidate, absl::StrJoin(loaded->changed_keys, ", "));
+        }
+        // A checkpoint.dir outside the run folder may be another run's: say whose this was.
+        if (resume == "auto" && !loaded->run_name.empty() && loaded->run_name != recipe_.run.name &&
+            OutsideRunFolder(dir_, recipe_.run_dir())) {
+          LogWarn(
+              "%s was saved by the run named %s, not %s: if checkpoint.dir %s is that run's, give "
+              "this run a checkpoint.dir of its own (checkpoint.resume: never there would set that "
+              "run's checkpoints aside)",
+              candidate, loaded->run_name, recipe_.run.name, dir_);
         }
         // The weights a run starts from are read once, by its first step; after that its
         // checkpoints hold them.

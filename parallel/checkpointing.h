@@ -74,6 +74,7 @@ class TrainingCheckpoints {
     std::string origin;                     // the layout that saved it, for the log
     std::vector<std::string> changed_keys;  // recipe keys saved with other values
     bool init_from_changed = false;         // train.init_from was another (or none)
+    std::string run_name;                   // the run.name that saved it
     std::string metrics_line;               // of the saved step
   };
   // Fills the engine from `step_dir`. A fatal error (an incompatible recipe) sets `fatal`.

@@ -335,5 +335,30 @@ TEST(CheckpointingTest, AShapeChangeBlocksAndOtherChangesWarn) {
   EXPECT_THAT(fresh.stderr_text, ::testing::Not(HasSubstr("resumed")));
 }
 
+// A checkpoint.dir outside the run folder that another run saved into resumes with a warning
+// naming that run (it resumed silently); a renamed run folder, whose checkpoints stay inside it,
+// resumes without one.
+TEST(CheckpointingTest, ResumingAnotherRunsCheckpointFolderNamesThatRun) {
+  const std::string out = testing::TempPath("ckpt_shared_run");
+  fs::remove_all(out);
+  const std::string shared = out + "/shared-checkpoints";
+  ASSERT_EQ(Train(out, "--set train.steps=4 --set checkpoint.dir=" + shared).exit_code, 0);
+  const testing::Outcome other =
+      Train(out, "--set train.steps=6 --set run.name=other --set checkpoint.dir=" + shared);
+  EXPECT_EQ(other.exit_code, 0) << other.stderr_text;
+  EXPECT_THAT(other.stderr_text, HasSubstr("was saved by the run named ck, not other: if "
+                                           "checkpoint.dir " +
+                                           shared + " is that run's"));
+
+  const std::string moved = testing::TempPath("ckpt_renamed_run");
+  fs::remove_all(moved);
+  ASSERT_EQ(Train(moved, "--set train.steps=4").exit_code, 0);
+  fs::rename(moved + "/ck", moved + "/renamed");
+  const testing::Outcome renamed = Train(moved, "--set train.steps=6 --set run.name=renamed");
+  EXPECT_EQ(renamed.exit_code, 0) << renamed.stderr_text;
+  EXPECT_THAT(renamed.stderr_text, HasSubstr("resumed from"));
+  EXPECT_THAT(renamed.stderr_text, ::testing::Not(HasSubstr("was saved by the run named")));
+}
+
 }  // namespace
 }  // namespace dtrain
