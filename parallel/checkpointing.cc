@@ -347,8 +347,21 @@ absl::StatusOr<TrainingCheckpoints::Loaded> TrainingCheckpoints::TryLoad(
   return loaded;
 }
 
-absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader) {
-  ASSIGN_OR_RETURN(const int64_t step, LoadResumeStep(loader));
+absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader, int restart_count) {
+  std::string resume = recipe_.checkpoint.resume;
+  // `never` or a given checkpoint would start every restart over, setting aside (and piling up)
+  // what the earlier attempts saved; those saves are in checkpoint.dir (the first attempt set any
+  // earlier run's past its start aside).
+  if (restart_count > 0 && resume != "auto" && !CheckpointCandidates(dir_).empty()) {
+    if (rank_ == 0) {
+      LogInfo(
+          "restart %d: resuming what the earlier attempts saved in %s (checkpoint.resume: %s "
+          "applies to the first attempt)",
+          restart_count, dir_, resume);
+    }
+    resume = "auto";
+  }
+  ASSIGN_OR_RETURN(const int64_t step, LoadResumeStep(loader, resume));
   if (rank_ == 0) SetAsideLaterCheckpoints(step);
   return step;
 }
@@ -371,8 +384,8 @@ void TrainingCheckpoints::SetAsideLaterCheckpoints(int64_t start_step) {
   }
 }
 
-absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& loader) {
-  const std::string& resume = recipe_.checkpoint.resume;
+absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& loader,
+                                                            const std::string& resume) {
   if (resume == "never") return 0;
   std::vector<std::string> candidates;
   std::string folder = dir_;

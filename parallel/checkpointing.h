@@ -49,8 +49,10 @@ class TrainingCheckpoints {
 
   // Loads per checkpoint.resume into the engine and `loader` and returns the step to continue at;
   // 0 when nothing was loaded (the engine's moments are then zero; the caller initialises the
-  // parameters). Collective.
-  absl::StatusOr<int64_t> Resume(SequenceLoader& loader);
+  // parameters). A restart (`restart_count` > 0: dtrain launch's, or a requeued Slurm job's)
+  // resumes as `auto` once checkpoint.dir holds checkpoints: what its earlier attempts saved.
+  // Collective.
+  absl::StatusOr<int64_t> Resume(SequenceLoader& loader, int restart_count);
 
   // Saves the state after `step` steps. Returns the milliseconds training was blocked: the whole
   // write when synchronous; waiting for the previous save plus the copy into staging memory when
@@ -80,7 +82,7 @@ class TrainingCheckpoints {
   // Fills the engine from `step_dir`. A fatal error (an incompatible recipe) sets `fatal`.
   absl::StatusOr<Loaded> TryLoad(const std::string& step_dir, bool& fatal);
   // Resume's search: the step the run starts from, its checkpoint loaded.
-  absl::StatusOr<int64_t> LoadResumeStep(SequenceLoader& loader);
+  absl::StatusOr<int64_t> LoadResumeStep(SequenceLoader& loader, const std::string& resume);
   // Rank 0 moves the checkpoints of dir_ past `start_step` aside (AsideName): an earlier run's,
   // when checkpoint.resume is never or names an older checkpoint, or damaged ones auto skipped.
   // Left there, they would mix with this run's: a later auto resume would take them over its

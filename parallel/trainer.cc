@@ -869,7 +869,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
                    TrainingCheckpoints::Create(recipe, table, engine, world_comm));
   // A resumed run's parameters, moments, AdamW's count and data cursor come from the
   // checkpoint; the schedule follows from the step.
-  ASSIGN_OR_RETURN(const int64_t resumed_step, checkpoints->Resume(*data.train));
+  ASSIGN_OR_RETURN(const int64_t resumed_step,
+                   checkpoints->Resume(*data.train, world.restart_count));
   if (resumed_step == 0) RETURN_IF_ERROR(InitialiseParameters(recipe, config, table, engine));
   if (resumed_step >= train.steps && leader) {
     LogInfo(

@@ -374,7 +374,8 @@ const std::vector<KeySpec>& Keys() {
       {DTRAIN_RECIPE_KEY(checkpoint, resume),
        "auto: continue from the newest complete checkpoint in checkpoint.dir, if any; never: "
        "start fresh; or the path of a step-<N> folder (or of a checkpoint folder) to load, into "
-       "any world size or strategy"},
+       "any world size or strategy. A restart (dtrain launch's, a requeued Slurm job's) resumes "
+       "as auto once checkpoint.dir holds checkpoints"},
       // cluster
       {DTRAIN_RECIPE_KEY(cluster, nodes), "machines the run is planned for", {}, AtLeast(1)},
       {DTRAIN_RECIPE_KEY(cluster, gpus_per_node), "GPUs in each machine", {}, AtLeast(1)},

@@ -541,6 +541,29 @@ TEST(AgentTest, KilledWorkerRestartsTheGroup) {
   EXPECT_THAT(launch.output(), HasSubstr("step 40/40"));
 }
 
+// A restart resumes what the earlier attempt saved even under checkpoint.resume: never, which
+// applies to the first attempt: each restart started over, setting the run's own checkpoints
+// aside (and piling them up on disk).
+TEST(AgentTest, ARestartResumesTheFirstAttemptsCheckpointsUnderResumeNever) {
+  const std::string out = OutDir("restart_never");
+  Launch launch({Recipe("restart_never", 60), "--nproc-per-node=2", "--max-restarts=1", "--set",
+                 "run.out_dir=" + out, "--set", "checkpoint.resume=never", "--set",
+                 "checkpoint.interval=4"});
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] {
+    return std::filesystem::exists(out + "/agent/checkpoints/latest") && StepsLogged(out) >= 6;
+  })) << launch.output();
+  const auto first = launch.Workers();
+  ASSERT_EQ(first.size(), 2u);
+  kill(first[1].second, SIGKILL);
+  EXPECT_EQ(launch.Wait(absl::Seconds(180)), 0) << launch.output();
+  EXPECT_THAT(launch.output(), HasSubstr("restart 1: resuming what the earlier attempts saved in " +
+                                         out + "/agent/checkpoints (checkpoint.resume: never"));
+  EXPECT_THAT(launch.output(), HasSubstr("resumed from " + out + "/agent/checkpoints/step-"));
+  for (const auto& entry : std::filesystem::directory_iterator(out + "/agent/checkpoints")) {
+    EXPECT_EQ(entry.path().filename().string().find("replaced"), std::string::npos) << entry.path();
+  }
+}
+
 // pp 2 x dp 2 (world ranks 0 1 stage 0, 2 3 stage 1), checkpointing every 4 steps, with
 // parallel.timeout_s `timeout_s`: rank 3, the last stage's second replica, gets `signal` once a
 // checkpoint exists (SIGSTOP: a hung stage, which its peers time out on). The group restarts from

@@ -151,7 +151,7 @@ void RunRank(const Recipe& base, const Layout& layout, const Layout* saved, Comm
     return;
   }
   FixedLoader loader;
-  absl::StatusOr<int64_t> step = (*checkpoints)->Resume(loader);
+  absl::StatusOr<int64_t> step = (*checkpoints)->Resume(loader, /*restart_count=*/0);
   ASSERT_TRUE(step.ok()) << "rank " << rank << ": " << step.status();
   EXPECT_EQ(*step, kStep);
   EXPECT_EQ(engine.optimizer_step(), kStep);
