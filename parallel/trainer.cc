@@ -449,23 +449,30 @@ class MetricsFile {
   absl::Status Open(const std::string& path, int64_t resumed_step,
                     const std::string& resumed_line) {
     path_ = path;
-    std::string kept;
-    if (resumed_step > 0) {
+    // Whole or not at all: a crash while the kept lines are written must not lose them. Written
+    // in pieces: a run of a million steps has hundreds of MB of them.
+    RETURN_IF_ERROR(WriteFileDurably(path, [&](int fd, const std::string& tmp) -> absl::Status {
+      if (resumed_step == 0) return absl::OkStatus();
+      constexpr size_t kPiece = size_t{1} << 20;
       std::ifstream in(path);
+      std::string kept;
       int64_t last_kept = 0;
       for (std::string line; std::getline(in, line);) {
         const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
         if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
         if (j["step"].get<int64_t>() > resumed_step) continue;
-        kept += line + "\n";
+        absl::StrAppend(&kept, line, "\n");
         last_kept = j["step"].get<int64_t>();
+        if (kept.size() >= kPiece) {
+          RETURN_IF_ERROR(WriteAll(fd, kept.data(), kept.size(), tmp));
+          kept.clear();
+        }
       }
-      if (!kept.empty() && last_kept < resumed_step && !resumed_line.empty()) {
-        kept += resumed_line + "\n";
+      if (last_kept > 0 && last_kept < resumed_step && !resumed_line.empty()) {
+        absl::StrAppend(&kept, resumed_line, "\n");
       }
-    }
-    // Whole or not at all: a crash while the kept lines are written must not lose them.
-    RETURN_IF_ERROR(WriteFileDurably(path, kept));
+      return WriteAll(fd, kept.data(), kept.size(), tmp);
+    }));
     file_.open(path, std::ios::app);
     if (!file_) return FileError(errno, absl::StrCat("open ", path));
     return absl::OkStatus();

@@ -99,10 +99,18 @@ absl::Status FsyncDirectory(const std::string& path) {
 }
 
 absl::Status WriteFileDurably(const std::string& path, const std::string& contents) {
+  return WriteFileDurably(path, [&](int fd, const std::string& tmp) {
+    return WriteAll(fd, contents.data(), contents.size(), tmp);
+  });
+}
+
+absl::Status WriteFileDurably(
+    const std::string& path,
+    const std::function<absl::Status(int fd, const std::string& tmp_path)>& write) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return FileError(errno, absl::StrCat("create ", tmp));
-  absl::Status status = WriteAll(fd, contents.data(), contents.size(), tmp);
+  absl::Status status = write(fd, tmp);
   if (status.ok() && ::fsync(fd) != 0) {
     status = FileError(errno, absl::StrCat("fsync ", tmp));
   }

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -36,6 +37,11 @@ absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string&
 // folder, so `path` holds either its old or its new contents after a crash; on an error the
 // ".tmp" is removed.
 absl::Status WriteFileDurably(const std::string& path, const std::string& contents);
+// The same for contents too large to hold at once: `write` writes them into the open ".tmp"
+// (through WriteAll, say), given its descriptor and path.
+absl::Status WriteFileDurably(
+    const std::string& path,
+    const std::function<absl::Status(int fd, const std::string& tmp_path)>& write);
 // Makes a rename or a new file in the folder `path` durable.
 absl::Status FsyncDirectory(const std::string& path);
 // FsyncDirectory of the folder holding the file `path`.
