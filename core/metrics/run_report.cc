@@ -109,6 +109,15 @@ std::vector<ReportChart> Charts(const std::vector<StepMetrics>& steps) {
   };
 }
 
+// "3, 6, 9": up to 12 steps, and past that the first and last five around "…" (a checkpoint
+// every few steps of a long run made a row of tens of thousands).
+template <typename Step>
+std::string StepList(const std::vector<Step>& steps) {
+  if (steps.size() <= 12) return absl::StrJoin(steps, ", ");
+  return absl::StrCat(absl::StrJoin(steps.begin(), steps.begin() + 5, ", "), ", …, ",
+                      absl::StrJoin(steps.end() - 5, steps.end(), ", "));
+}
+
 std::string SummaryRows(const RunFolder& run, const RunSummary& s) {
   std::vector<std::pair<std::string, std::string>> rows;
   if (run.recipe) {
@@ -138,14 +147,15 @@ std::string SummaryRows(const RunFolder& run, const RunSummary& s) {
     rows.emplace_back("tokens/s", absl::StrFormat("%.0f", s.tokens_per_s));
     rows.emplace_back("MFU", absl::StrFormat("%.2f%%", s.mfu_percent));
     rows.emplace_back("time in steps", absl::StrFormat("%.1f s", s.train_time_s));
-    rows.emplace_back("checkpoints saved",
-                      s.checkpoint_steps.empty()
-                          ? "none"
-                          : absl::StrCat("at steps ", absl::StrJoin(s.checkpoint_steps, ", ")));
+    rows.emplace_back(
+        "checkpoints saved",
+        s.checkpoint_steps.empty()
+            ? "none"
+            : absl::StrCat(s.checkpoint_steps.size(), ", at steps ", StepList(s.checkpoint_steps)));
     rows.emplace_back("restarts", s.resumed_from_steps.empty()
                                       ? "none"
                                       : absl::StrCat(s.resumed_from_steps.size(), ", resumed from ",
-                                                     absl::StrJoin(s.resumed_from_steps, ", ")));
+                                                     StepList(s.resumed_from_steps)));
   }
   std::string html = "<table class=\"summary\">\n";
   for (const auto& [key, value] : rows) {

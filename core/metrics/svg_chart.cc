@@ -49,6 +49,46 @@ std::string Point(const Scale& scale, double x, double y) {
   return absl::StrFormat("%.2f,%.2f", scale.X(x), scale.Y(y));
 }
 
+// Drawn points are bounded: the plot is about 800 units wide, so more than two points a unit show
+// nothing more, and a run of a million steps made a page of 177 MB. Past 2 * kColumns points a
+// line keeps, in each of kColumns equal spans of steps, its lowest and highest point (in step
+// order), so its extremes stay; a stacked chart averages each layer over a span (the averages
+// still add up).
+constexpr size_t kColumns = 800;
+
+size_t ColumnOf(const Scale& scale, double x) {
+  const double at = (x - scale.x_lo) / (scale.x_hi - scale.x_lo) * kColumns;
+  return std::min(kColumns - 1, static_cast<size_t>(std::max(0.0, at)));
+}
+
+// The indices of `series`' points to draw: every finite one, or the extremes of each column.
+std::vector<size_t> DrawnPoints(const ChartSeries& series, const Scale& scale) {
+  std::vector<size_t> finite;
+  for (size_t k = 0; k < series.x.size(); ++k) {
+    if (std::isfinite(series.y[k])) finite.push_back(k);
+  }
+  if (finite.size() <= 2 * kColumns) return finite;
+  std::vector<size_t> drawn;
+  size_t low = finite.front(), high = low;
+  const auto flush = [&] {
+    drawn.push_back(std::min(low, high));
+    if (high != low) drawn.push_back(std::max(low, high));
+  };
+  for (size_t i = 1; i < finite.size(); ++i) {
+    const size_t k = finite[i];
+    if (ColumnOf(scale, series.x[k]) != ColumnOf(scale, series.x[low])) {
+      flush();
+      low = high = k;
+    } else if (series.y[k] < series.y[low]) {
+      low = k;
+    } else if (series.y[k] > series.y[high]) {
+      high = k;
+    }
+  }
+  flush();
+  return drawn;
+}
+
 // The running sums of the layers: totals[i][k] is layers 0..i at point k.
 std::vector<std::vector<double>> StackedTotals(const std::vector<ChartSeries>& layers) {
   std::vector<std::vector<double>> totals;
@@ -136,8 +176,7 @@ void AppendLines(const Chart& chart, const Scale& scale, std::string& svg) {
     std::string points;
     std::string dots;
     size_t count = 0;
-    for (size_t k = 0; k < series.x.size(); ++k) {
-      if (!std::isfinite(series.y[k])) continue;
+    for (const size_t k : DrawnPoints(series, scale)) {
       absl::StrAppend(&points, count++ == 0 ? "" : " ", Point(scale, series.x[k], series.y[k]));
       absl::StrAppendFormat(&dots, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"3\"/>",
                             scale.X(series.x[k]), scale.Y(series.y[k]));
@@ -155,10 +194,34 @@ void AppendLines(const Chart& chart, const Scale& scale, std::string& svg) {
   }
 }
 
-void AppendLayers(const Chart& chart, const Scale& scale,
-                  const std::vector<std::vector<double>>& totals, std::string& svg) {
+// The layers' steps and totals averaged over each column that holds any, when there are more
+// than 2 * kColumns of them.
+void AverageColumns(const Scale& scale, std::vector<double>& x,
+                    std::vector<std::vector<double>>& totals) {
+  if (x.size() <= 2 * kColumns) return;
+  std::vector<double> column_x;
+  std::vector<std::vector<double>> column_totals(totals.size());
+  for (size_t begin = 0, end; begin < x.size(); begin = end) {
+    const size_t column = ColumnOf(scale, x[begin]);
+    for (end = begin + 1; end < x.size() && ColumnOf(scale, x[end]) == column; ++end) {
+    }
+    const auto mean = [&](const std::vector<double>& values) {
+      double sum = 0;
+      for (size_t k = begin; k < end; ++k) sum += values[k];
+      return sum / static_cast<double>(end - begin);
+    };
+    column_x.push_back(mean(x));
+    for (size_t i = 0; i < totals.size(); ++i) column_totals[i].push_back(mean(totals[i]));
+  }
+  x = std::move(column_x);
+  totals = std::move(column_totals);
+}
+
+void AppendLayers(const Chart& chart, const Scale& scale, std::vector<std::vector<double>> totals,
+                  std::string& svg) {
   if (chart.series.empty()) return;
-  const std::vector<double>& x = chart.series.front().x;
+  std::vector<double> x = chart.series.front().x;
+  AverageColumns(scale, x, totals);
   for (size_t i = 0; i < chart.series.size(); ++i) {
     std::string points;
     for (size_t k = 0; k < x.size(); ++k) {
@@ -174,9 +237,30 @@ void AppendLayers(const Chart& chart, const Scale& scale,
   }
 }
 
-void AppendMarkers(const Chart& chart, const Scale& scale, std::string& svg) {
-  const PlotFrame& f = kPlotFrame;
+// Checkpoint markers closer than this to the last one drawn are left out: their labels would
+// overlap, and a checkpoint every few steps of a long run drew tens of thousands. Restarts are
+// all drawn.
+constexpr double kCheckpointSpacing = 12;
+
+// The markers to draw, in their order.
+std::vector<const ChartMarker*> DrawnMarkers(const Chart& chart, const Scale& scale) {
+  std::vector<const ChartMarker*> drawn;
+  double last_checkpoint = -std::numeric_limits<double>::infinity();
   for (const ChartMarker& marker : chart.markers) {
+    if (marker.kind == ChartMarker::Kind::kCheckpoint) {
+      if (scale.X(marker.x) - last_checkpoint < kCheckpointSpacing) continue;
+      last_checkpoint = scale.X(marker.x);
+    }
+    drawn.push_back(&marker);
+  }
+  return drawn;
+}
+
+void AppendMarkers(const std::vector<const ChartMarker*>& markers, const Scale& scale,
+                   std::string& svg) {
+  const PlotFrame& f = kPlotFrame;
+  for (const ChartMarker* drawn : markers) {
+    const ChartMarker& marker = *drawn;
     const bool checkpoint = marker.kind == ChartMarker::Kind::kCheckpoint;
     const char* color = checkpoint ? kCheckpointColor : kRestartColor;
     const double px = scale.X(marker.x);
@@ -198,16 +282,29 @@ void AppendMarkers(const Chart& chart, const Scale& scale, std::string& svg) {
   }
 }
 
-// One row above the plot: a swatch and the name of every series, then the marker kinds shown.
-void AppendLegend(const Chart& chart, std::string& svg) {
+// One row above the plot: a swatch and the name of every series, then the marker kinds shown
+// (with how many of the checkpoints, when not all).
+void AppendLegend(const Chart& chart, const std::vector<const ChartMarker*>& drawn,
+                  std::string& svg) {
   std::vector<std::pair<std::string, std::string>> entries;  // name, colour
   for (const ChartSeries& series : chart.series) entries.emplace_back(series.name, series.color);
-  const auto has = [&](ChartMarker::Kind kind) {
-    return std::any_of(chart.markers.begin(), chart.markers.end(),
-                       [&](const ChartMarker& m) { return m.kind == kind; });
-  };
-  if (has(ChartMarker::Kind::kCheckpoint)) entries.emplace_back("checkpoint", kCheckpointColor);
-  if (has(ChartMarker::Kind::kRestart)) entries.emplace_back("restart", kRestartColor);
+  size_t checkpoints = 0, checkpoints_drawn = 0;
+  bool restarts = false;
+  for (const ChartMarker& marker : chart.markers) {
+    checkpoints += marker.kind == ChartMarker::Kind::kCheckpoint;
+    restarts |= marker.kind == ChartMarker::Kind::kRestart;
+  }
+  for (const ChartMarker* marker : drawn) {
+    checkpoints_drawn += marker->kind == ChartMarker::Kind::kCheckpoint;
+  }
+  if (checkpoints > 0) {
+    entries.emplace_back(
+        checkpoints_drawn == checkpoints
+            ? std::string("checkpoint")
+            : absl::StrCat("checkpoint (", checkpoints_drawn, " of ", checkpoints, " drawn)"),
+        kCheckpointColor);
+  }
+  if (restarts) entries.emplace_back("restart", kRestartColor);
   absl::StrAppend(&svg, "<g class=\"legend\" font-size=\"12\">\n");
   double x = kPlotFrame.left;
   for (const auto& [name, color] : entries) {
@@ -247,8 +344,9 @@ std::string ChartSvg(const Chart& chart) {
   } else {
     AppendLines(chart, scale, svg);
   }
-  AppendMarkers(chart, scale, svg);
-  AppendLegend(chart, svg);
+  const std::vector<const ChartMarker*> markers = DrawnMarkers(chart, scale);
+  AppendMarkers(markers, scale, svg);
+  AppendLegend(chart, markers, svg);
   absl::StrAppend(&svg, "</svg>\n");
   return svg;
 }

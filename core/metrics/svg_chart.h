@@ -41,8 +41,11 @@ struct Chart {
 // The chart's drawing: a viewBox of kChartWidth x kChartHeight, the plot inside kPlotFrame. The
 // x axis spans the series' and markers' steps exactly; the y axis spans the values, widened to
 // the nearest tick. Each series is a <polyline class="series"> (stacked: <polygon class="layer">)
-// with data-series="<name>" and one point per finite value; each marker a <g class="marker
-// checkpoint|restart"> holding its line and its <text> label.
+// with data-series="<name>" and one point per finite value, up to 1,600 of them (past that, each
+// of 800 equal spans of steps keeps its lowest and highest point; a stacked chart its layers'
+// averages); each marker a <g class="marker checkpoint|restart"> holding its line and its <text>
+// label, except checkpoints closer than 12 units to the one drawn before (the legend then says
+// how many are drawn).
 std::string ChartSvg(const Chart& chart);
 
 inline constexpr double kChartWidth = 900;

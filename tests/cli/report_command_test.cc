@@ -137,7 +137,7 @@ TEST_F(ReportCommandTest, RendersInHeadlessChromium) {
     EXPECT_THAT(dom, HasSubstr(label));
   }
   EXPECT_THAT(dom, HasSubstr("line 9 (the last)"));
-  EXPECT_THAT(dom, HasSubstr("<td>at steps 3, 6, 8</td>"));
+  EXPECT_THAT(dom, HasSubstr("<td>3, at steps 3, 6, 8</td>"));
 }
 
 }  // namespace

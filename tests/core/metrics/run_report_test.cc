@@ -144,11 +144,38 @@ TEST(RunReportTest, ThePageHasEveryChartAndMarkerAndFetchesNothing) {
   }
   EXPECT_THAT(html, HasSubstr(">ckpt 2</text>"));
   EXPECT_THAT(html, HasSubstr(">restart: resumed from 2</text>"));
-  EXPECT_THAT(html, HasSubstr("<td>at steps 2</td>"));
+  EXPECT_THAT(html, HasSubstr("<td>1, at steps 2</td>"));
   // Self-contained: nothing that a browser would fetch.
   for (const char* fetch : {"<script", "<link", "<img", "src=", "href=", "url(", "@import"}) {
     EXPECT_THAT(html, Not(HasSubstr(fetch))) << fetch;
   }
+}
+
+// A long run's page stays small: a checkpoint every 2 of 200,000 steps (and one restart) made
+// a page of tens of MB; the charts draw at most 1,600 points a series, and the summary lists the
+// first and last five checkpoints.
+TEST(RunReportTest, ALongRunsPageIsBounded) {
+  std::vector<StepMetrics> steps;
+  for (int step = 1; step <= 200000; ++step) {
+    StepMetrics m = FourSteps()[0];
+    m.step = step;
+    m.loss = 3 + std::sin(step);
+    m.ckpt_blocked_ms =
+        step % 2 == 0 ? std::optional<double>(1.0) : std::optional<double>(std::nullopt);
+    m.resumed_from_step =
+        step == 1001 ? std::optional<int64_t>(1000) : std::optional<int64_t>(std::nullopt);
+    m.val_loss = std::nullopt;
+    steps.push_back(m);
+  }
+  const absl::StatusOr<RunFolder> run =
+      ReadRunFolder(RunFolderWith("report_long", MetricsText(steps)));
+  ASSERT_TRUE(run.ok()) << run.status();
+  const std::string html = RunReportHtml(*run);
+  EXPECT_LT(html.size(), 1u << 20);
+  EXPECT_THAT(html, HasSubstr("<td>100000, at steps 2, 4, 6, 8, 10, …, 199992, 199994, 199996, "
+                              "199998, 200000</td>"));
+  EXPECT_THAT(html, HasSubstr(">restart: resumed from 1000</text>"));
+  EXPECT_THAT(html, HasSubstr(" of 100000 drawn)</text>"));
 }
 
 TEST(RunReportTest, TheRecipeGivesTheNameModelAndLayout) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -89,6 +90,62 @@ TEST(SvgChartTest, ValuesOnTicksScaleExactlyIntoTheFrame) {
   for (const char* tick : {">0<", ">2<", ">4<", ">6<", ">8<", ">10<"}) {
     EXPECT_THAT(svg, HasSubstr(tick));
   }
+}
+
+// Past 1,600 points a line keeps each of 800 spans' lowest and highest point, in step order:
+// its extremes stay where they were.
+TEST(SvgChartTest, ALongLineKeepsItsExtremesInBoundedPoints) {
+  std::vector<double> values;
+  for (int i = 0; i < 100000; ++i) values.push_back(i == 54321 ? 10 : std::sin(i * 0.001));
+  const std::string svg = ChartSvg({.id = "c", .series = {Series("s", values)}});
+  const std::vector<Point> points = PointsOf(svg, "<polyline");
+  EXPECT_LE(points.size(), 1600u);
+  EXPECT_GE(points.size(), 800u);
+  double top = kPlotFrame.bottom;
+  for (size_t i = 1; i < points.size(); ++i) {
+    EXPECT_GE(points[i].x, points[i - 1].x) << i;
+    top = std::min(top, points[i].y);
+  }
+  EXPECT_NEAR(top, kPlotFrame.top, kPrinted) << "the spike at 54321, the axis' top, is drawn";
+}
+
+// A stacked chart of many steps averages each layer over a span: the layers still add up.
+TEST(SvgChartTest, ALongStackedChartAveragesItsLayers) {
+  std::vector<double> compute, wait;
+  for (int i = 0; i < 50000; ++i) {
+    compute.push_back(i % 2 == 0 ? 6 : 8);  // averages 7
+    wait.push_back(i % 2 == 0 ? 4 : 2);     // averages 3: totals of 10
+  }
+  Chart chart{
+      .id = "t", .series = {Series("compute", compute), Series("wait", wait)}, .stacked = true};
+  const std::vector<Point> top =
+      PointsOf(ChartSvg(chart), "<polygon class=\"layer\" data-series=\"wait\"");
+  ASSERT_LE(top.size(), 2 * 1600u);
+  for (size_t k = 0; k < top.size() / 2; ++k) EXPECT_NEAR(top[k].y, kPlotFrame.top, kPrinted) << k;
+}
+
+// Checkpoints closer than 12 units to the one drawn before are left out, and the legend says
+// how many are drawn; restarts are all drawn.
+TEST(SvgChartTest, FrequentCheckpointsAreThinnedAndCounted) {
+  std::vector<double> values(10000, 1.0);
+  Chart chart{.id = "c", .series = {Series("s", values)}};
+  for (int step = 10; step <= 10000; step += 10) {
+    chart.markers.push_back(
+        {ChartMarker::Kind::kCheckpoint, static_cast<double>(step), absl::StrCat("ckpt ", step)});
+  }
+  chart.markers.push_back({ChartMarker::Kind::kRestart, 5000, "restart: resumed from 5000"});
+  chart.markers.push_back({ChartMarker::Kind::kRestart, 5010, "restart: resumed from 5010"});
+  const std::string svg = ChartSvg(chart);
+  size_t drawn = 0;
+  for (size_t at = svg.find("class=\"marker checkpoint\""); at != std::string::npos;
+       at = svg.find("class=\"marker checkpoint\"", at + 1)) {
+    ++drawn;
+  }
+  EXPECT_GE(drawn, 60u);
+  EXPECT_LE(drawn, 68u);  // 804 units / 12
+  EXPECT_THAT(svg, HasSubstr(absl::StrCat(">checkpoint (", drawn, " of 1000 drawn)</text>")));
+  EXPECT_THAT(svg, HasSubstr(">restart: resumed from 5000</text>"));
+  EXPECT_THAT(svg, HasSubstr(">restart: resumed from 5010</text>"));
 }
 
 TEST(SvgChartTest, NotFiniteValuesAreLeftOut) {
