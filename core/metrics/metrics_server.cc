@@ -37,6 +37,11 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Metric
     const int yes = 1;
     setsockopt(socket, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
+  // Each of httplib's 8 or so threads serves one connection at a time and waited 5 s for a
+  // request that does not come: 50 idle connections (a port scanner, a stuck client) held a
+  // scrape 23 s, past Prometheus' 10 s timeout. A scrape asks at once.
+  server->set_read_timeout(1);
+  server->set_keep_alive_timeout(1);
   server->Get("/metrics", [&registry](const httplib::Request&, httplib::Response& response) {
     response.set_content(registry.Render(), "text/plain; version=0.0.4; charset=utf-8");
   });
