@@ -546,6 +546,11 @@ absl::Status Agent::StartWorkers(int attempt) {
             absl::StrCat("cannot write the worker log ", path, ": ", strerror(errno),
                          "; point --log-dir at a writable folder"));
       }
+      // The log holds every attempt of the rank, whose lines carry only the time of day.
+      const std::string header = absl::StrCat(
+          "=== attempt ", attempt + 1, " of ", options_.max_restarts + 1, ", started ",
+          absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::Now(), absl::UTCTimeZone()), " ===\n");
+      (void)!write(worker.log_fd.get(), header.data(), header.size());
     }
     absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Spawn(
         options_.worker_argv, ChildOptions(WorkerEnvironment(node_, options_, local, attempt)));

@@ -484,6 +484,10 @@ TEST(AgentTest, LogDirHoldsOneFilePerRank) {
   std::ifstream rank0(logs + "/rank-0.log");
   const std::string text((std::istreambuf_iterator<char>(rank0)), {});
   EXPECT_THAT(text, HasSubstr("step 3/3"));
+  // Each attempt starts with its number and date: the lines carry the time of day only.
+  EXPECT_THAT(text, ::testing::ContainsRegex("^=== attempt 1 of 1, started "
+                                             "20[0-9][0-9]-[0-9][0-9]-[0-9][0-9] "
+                                             "[0-9][0-9]:[0-9][0-9]:[0-9][0-9] UTC ===\n"));
   // Rank 1's file holds rank 1's lines only (it logs no steps; rank 0 does).
   ASSERT_TRUE(std::filesystem::exists(logs + "/rank-1.log"));
   std::ifstream rank1(logs + "/rank-1.log");
