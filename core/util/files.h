@@ -42,7 +42,8 @@ absl::Status WriteFileDurably(const std::string& path, const std::string& conten
 absl::Status WriteFileDurably(
     const std::string& path,
     const std::function<absl::Status(int fd, const std::string& tmp_path)>& write);
-// Makes a rename or a new file in the folder `path` durable.
+// Makes a rename or a new file in the folder `path` durable. A file system that cannot fsync a
+// folder (EINVAL, EBADF: some FUSE, SMB and 9p mounts) makes it as durable as it can: OK.
 absl::Status FsyncDirectory(const std::string& path);
 // FsyncDirectory of the folder holding the file `path`.
 absl::Status FsyncParentDirectory(const std::string& path);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -38,6 +39,13 @@ TEST(FilesTest, OnlyNoSpaceAndQuotaAreAFullFileSystem) {
   }
   EXPECT_EQ(FileError(EMFILE, "open a").code(), absl::StatusCode::kResourceExhausted);
   EXPECT_FALSE(IsFileSystemFull(absl::ResourceExhaustedError("out of memory")));
+}
+
+// procfs has no fsync for its folders (EINVAL), as some FUSE, SMB and 9p mounts have none.
+TEST(FilesTest, AFolderThatCannotBeFsyncedIsAsDurableAsItGets) {
+  if (!std::filesystem::is_directory("/proc/self")) GTEST_SKIP() << "no /proc";
+  EXPECT_TRUE(FsyncDirectory("/proc").ok());
+  EXPECT_FALSE(FsyncDirectory("/no/such/folder").ok());
 }
 
 }  // namespace
