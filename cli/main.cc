@@ -1,5 +1,6 @@
 // The `dtrain` binary: registers the subcommands and maps the outcome to an exit code.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <iostream>
 
 #include "absl/strings/numbers.h"
@@ -88,6 +89,9 @@ void AddHelpCommand(CLI::App& app) {
 }  // namespace dtrain::cli
 
 int main(int argc, char** argv) {
+  // A write past the file-size limit (ulimit -f) fails with EFBIG, which names the limit and exits
+  // 3, instead of SIGXFSZ ending the process with no word at its first checkpoint.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app("dtrain: trains GPT-2 and Llama style transformers, from one CPU to a cluster",
                "dtrain");
   app.set_version_flag("--version", "dtrain " DTRAIN_VERSION);

@@ -446,9 +446,16 @@ class CheckpointSignals {
 // of what it keeps.
 class MetricsFile {
  public:
+  static constexpr char kFix[] = "set logging.metrics_file to a path in a writable folder";
+
   absl::Status Open(const std::string& path, int64_t resumed_step,
                     const std::string& resumed_line) {
     path_ = path;
+    std::error_code error;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), error);
+    if (error) {
+      return FileError(error.value(), absl::StrCat("cannot create the folder of ", path), kFix);
+    }
     // Whole or not at all: a crash while the kept lines are written must not lose them. Written
     // in pieces: a run of a million steps has hundreds of MB of them.
     RETURN_IF_ERROR(WriteFileDurably(path, [&](int fd, const std::string& tmp) -> absl::Status {
@@ -474,7 +481,7 @@ class MetricsFile {
       return WriteAll(fd, kept.data(), kept.size(), tmp);
     }));
     file_.open(path, std::ios::app);
-    if (!file_) return FileError(errno, absl::StrCat("open ", path));
+    if (!file_) return FileError(errno, absl::StrCat("cannot write ", path), kFix);
     return absl::OkStatus();
   }
 
@@ -496,9 +503,8 @@ absl::Status CreateRunFolder(const Recipe& recipe) {
   std::error_code error;
   std::filesystem::create_directories(run_dir, error);
   if (error) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot create the run folder ",
-                                                      run_dir.string(), ": ", error.message(),
-                                                      "; set run.out_dir to a writable folder"));
+    return FileError(error.value(), absl::StrCat("cannot create the run folder ", run_dir.string()),
+                     "set run.out_dir to a writable folder");
   }
   return absl::OkStatus();
 }

@@ -226,11 +226,8 @@ absl::Status CheckCheckpointFolder(const std::string& dir, int rank) {
     absl::Status status = absl::FailedPreconditionError(
         absl::StrCat("checkpoint.dir ", dir, " cannot hold this run's checkpoints: ", why,
                      "; set checkpoint.dir to a writable folder"));
-    if (IsFileSystemFullError(error_number)) {
-      SetExitCode(status, kExitDiskFull);
-    } else if (error_number == EACCES || error_number == EPERM || error_number == EROFS ||
-               error_number == ENOTDIR || error_number == EEXIST) {
-      SetExitCode(status, kExitUsage);
+    if (const std::optional<int> exit_code = FileErrorExitCode(error_number)) {
+      SetExitCode(status, *exit_code);
     }
     return status;
   };

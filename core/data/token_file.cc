@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/util/exit_codes.h"
+#include "core/util/files.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -25,12 +26,12 @@ using File = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
 
 absl::StatusOr<File> OpenFile(const std::string& path, uint64_t* bytes) {
   File file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (file == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("opening data file ", path));
+  if (file == nullptr) return FileError(errno, absl::StrCat("opening data file ", path));
   // The size comes from fstat, not from seeking to the end: a directory opens too, and ext4
   // answers a seek to its end with 2^63 - 1.
   struct stat info;
   if (::fstat(::fileno(file.get()), &info) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("sizing data file ", path));
+    return FileError(errno, absl::StrCat("sizing data file ", path));
   }
   if (!S_ISREG(info.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -1,6 +1,7 @@
 #include "core/util/files.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,8 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "core/util/exit_codes.h"
+#include "core/util/status.h"
 
 namespace dtrain {
 namespace {
@@ -28,12 +31,49 @@ absl::StatusOr<int> OpenFileDescriptor(const std::string& path) {
   return fd;
 }
 
+// Why a write failed with EFBIG: the file-size limit (SIGXFSZ is ignored, so the write fails
+// instead of killing the process), or else the file system's largest file.
+std::string FileTooLargeReason() {
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    return absl::StrCat("; this process's file-size limit (ulimit -f) stops files at ",
+                        limit.rlim_cur, " bytes: raise it (ulimit -f unlimited)");
+  }
+  return "; the file would be larger than its file system allows: write it to another one";
+}
+
 }  // namespace
 
-absl::Status FileError(int error, absl::string_view what) {
+absl::Status FileError(int error, absl::string_view what, absl::string_view fix) {
   absl::Status status = absl::ErrnoToStatus(error, what);
+  if (error == EFBIG || !fix.empty()) {
+    status =
+        Renamed(status, absl::StrCat(status.message(), error == EFBIG ? FileTooLargeReason() : "",
+                                     fix.empty() ? "" : "; ", fix));
+  }
   if (IsFileSystemFullError(error)) status.SetPayload(kFileSystemFullUrl, absl::Cord());
+  if (const std::optional<int> exit_code = FileErrorExitCode(error)) {
+    SetExitCode(status, *exit_code);
+  }
   return status;
+}
+
+std::optional<int> FileErrorExitCode(int error) {
+  switch (error) {
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG:
+      return kExitDiskFull;
+    case EACCES:
+    case EPERM:
+    case EROFS:
+    case ENOTDIR:
+    case EEXIST:
+    case ENAMETOOLONG:
+      return kExitUsage;
+    default:
+      return std::nullopt;
+  }
 }
 
 bool IsFileSystemFullError(int error) { return error == ENOSPC || error == EDQUOT; }

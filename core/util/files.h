@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -11,10 +12,16 @@
 
 namespace dtrain {
 
-// The error of a file system call that set errno `error`; `what` names the call and the file
-// ("write /ckpt/rank-0.bin"). A full file system (ENOSPC, EDQUOT) is marked for
-// IsFileSystemFull: absl's ResourceExhausted also stands for too many open files or no memory.
-absl::Status FileError(int error, absl::string_view what);
+// The error of a file system call that set errno `error`: "<what>: <strerror>[; <fix>]", where
+// `what` names the call and the file ("write /ckpt/rank-0.bin"). It asks for FileErrorExitCode's
+// exit code, and EFBIG names the file-size limit. A full file system (ENOSPC, EDQUOT) is marked
+// for IsFileSystemFull: absl's ResourceExhausted also stands for too many open files or no memory.
+absl::Status FileError(int error, absl::string_view what, absl::string_view fix = {});
+// The exit code of a file error that a restart would meet again, so that the agent does not
+// restart it: kExitDiskFull for a full file system or the file-size limit (ENOSPC, EDQUOT,
+// EFBIG), kExitUsage for a path this process may never write or that cannot be (EACCES, EPERM,
+// EROFS, ENOTDIR, EEXIST, ENAMETOOLONG); none for the others (EIO, ESTALE), which may pass.
+std::optional<int> FileErrorExitCode(int error);
 // Whether errno `error` says the file system is full (ENOSPC, EDQUOT).
 bool IsFileSystemFullError(int error);
 // Whether `status` is a FileError of a full file system.

@@ -11,6 +11,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/util/files.h"
 #include "core/util/log.h"
 
 namespace dtrain {
@@ -31,16 +32,13 @@ absl::StatusOr<FolderLock> FolderLock::Acquire(const std::string& folder,
                                                const std::string& owner) {
   std::error_code error;
   std::filesystem::create_directories(folder, error);
+  const std::string fix = "set run.out_dir to a writable folder";
   if (error) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create the run folder ", folder, ": ", error.message()));
+    return FileError(error.value(), absl::StrCat("cannot create the run folder ", folder), fix);
   }
   const std::string path = folder + "/.lock";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  }
+  if (fd < 0) return FileError(errno, absl::StrCat("cannot open ", path), fix);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int failure = errno;
     if (failure != EWOULDBLOCK) {

@@ -13,7 +13,8 @@ class FolderLock {
  public:
   // Creates `folder` if missing and takes its lock, writing `owner` (who holds it, for the
   // message another process gets) into the lock file. FailedPrecondition naming the holder when
-  // another process has it. Where the filesystem has no locks, a warning and an empty lock.
+  // another process has it; FileError where the folder or its lock file cannot be made. Where the
+  // filesystem has no locks, a warning and an empty lock.
   static absl::StatusOr<FolderLock> Acquire(const std::string& folder, const std::string& owner);
 
   FolderLock(FolderLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }

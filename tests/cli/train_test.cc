@@ -417,6 +417,84 @@ TEST(TrainTest, AMetricsFileThatCannotBeWrittenFailsTheRun) {
   EXPECT_THAT(run.stderr_text, HasSubstr("No space left on device"));
 }
 
+// Under `ulimit -f` the first save used to end the process with SIGXFSZ and no word (and
+// `dtrain launch` retrained to the same save): the write fails, names the limit and exits 3.
+TEST(TrainTest, AFileSizeLimitStopsTheSaveNamingTheLimit) {
+  const testing::Outcome run = testing::RunDtrain(
+      absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", RunDir("fsize"),
+                   " --set train.steps=2"),
+      "bash -c 'ulimit -f 200 && exec \"$0\" \"$@\"'");
+  EXPECT_EQ(run.exit_code, kExitDiskFull) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text, HasSubstr("checkpoint step-2, rank 0: write "));
+  EXPECT_THAT(run.stderr_text,
+              HasSubstr("file-size limit (ulimit -f) stops files at 204800 bytes: raise it"));
+}
+
+// Files that a restart finds as they are fail once: a run folder on a read-only file system
+// exits 2, a full one while writing the run's recipe.yaml or train.export_to's weights exits 3.
+TEST(TrainTest, AReadOnlyOrFullRunFolderIsNotRestarted) {
+  const std::string read_only = testing::FreshTempDir("ro_runs");
+  const std::string ro_prefix = testing::SmallFileSystemPrefix(read_only, 64, ",ro");
+  if (ro_prefix.empty()) GTEST_SKIP() << "needs root and unshare -m (a tmpfs in a mount namespace)";
+  const testing::Outcome ro = testing::RunDtrain(
+      absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", read_only), ro_prefix);
+  EXPECT_EQ(ro.exit_code, kExitUsage) << ro.stderr_text;
+  EXPECT_THAT(ro.stderr_text, HasSubstr("cannot create the run folder " + read_only +
+                                        "/small: Read-only file system; set run.out_dir"));
+
+  // One page: the lock file's holder fits, recipe.yaml does not.
+  const std::string tiny = testing::FreshTempDir("full_runs");
+  const testing::Outcome recipe =
+      testing::RunDtrain(absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", tiny,
+                                      " --set checkpoint.dir=", RunDir("full_runs_checkpoints")),
+                         testing::SmallFileSystemPrefix(tiny, 4));
+  EXPECT_EQ(recipe.exit_code, kExitDiskFull) << recipe.stderr_text;
+  EXPECT_THAT(recipe.stderr_text, HasSubstr("/small/recipe.yaml.tmp: No space left on device"));
+
+  const std::string exports = testing::FreshTempDir("full_exports");
+  const testing::Outcome exported = testing::RunDtrain(
+      absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", RunDir("full_export"),
+                   " --set train.steps=2 --set train.export_to=", exports, "/model.safetensors"),
+      testing::SmallFileSystemPrefix(exports, 64));
+  EXPECT_EQ(exported.exit_code, kExitDiskFull) << exported.stderr_text;
+  EXPECT_THAT(exported.stderr_text, HasSubstr("/model.safetensors.tmp: No space left on device"));
+}
+
+// A data file this user may not read is the recipe's files' error: exit 2, not restarted.
+TEST(TrainTest, AnUnreadableDataFileIsAUsageError) {
+  const std::string data = testing::WriteTempFile("secret.txt", TrainingText());
+  std::filesystem::permissions(data, std::filesystem::perms::none);
+  const std::string out = RunDir("secret");
+  std::filesystem::create_directories(out);
+  std::filesystem::permissions(out, std::filesystem::perms::all);
+  // Root reads any file: the run is nobody's there.
+  const bool root = geteuid() == 0;
+  if (root && std::system("setpriv --version >/dev/null 2>&1") != 0) GTEST_SKIP() << "no setpriv";
+  const testing::Outcome run =
+      testing::RunDtrain(absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", out,
+                                      " --set data.train=[", data, "]"),
+                         root ? "setpriv --reuid=nobody --regid=nogroup --clear-groups" : "");
+  EXPECT_EQ(run.exit_code, kExitUsage) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text, HasSubstr("opening data file " + data + ": Permission denied"));
+}
+
+// logging.metrics_file in folders of its own gets them, as train.export_to does; one that cannot
+// be written says why.
+TEST(TrainTest, AMetricsFileInFoldersGetsThemOrSaysWhyNot) {
+  ASSERT_EQ(
+      Train(RunDir("metrics_sub"), "--set train.steps=2 --set logging.metrics_file=sub/dir/m.jsonl")
+          .exit_code,
+      0);
+  EXPECT_TRUE(std::filesystem::exists(RunDir("metrics_sub") + "/small/sub/dir/m.jsonl"));
+  const std::string file = testing::WriteTempFile("metrics_in_the_way", "x");
+  const testing::Outcome blocked =
+      Train(RunDir("metrics_blocked"),
+            "--set train.steps=2 --set logging.metrics_file=" + file + "/m.jsonl");
+  EXPECT_EQ(blocked.exit_code, kExitUsage) << blocked.stderr_text;
+  EXPECT_THAT(blocked.stderr_text, HasSubstr("cannot create the folder of " + file + "/m.jsonl: "));
+  EXPECT_THAT(blocked.stderr_text, HasSubstr("set logging.metrics_file"));
+}
+
 // SFT end to end: `data pack --sft` writes masked shards that `train` with data.format sft packs,
 // counts and learns (the answers are a function of the questions, so the loss falls).
 TEST(TrainTest, SftShardsPackAndTrainOnTheAnswers) {

@@ -53,13 +53,16 @@ inline Outcome RunDtrain(const std::string& args, const std::string& prefix = ""
 }
 
 // A RunDtrain prefix that runs dtrain in a mount namespace of its own, with a tmpfs of `kib` KiB
-// over the folder `dir` (created here): a file system that fills up. Empty when this process
-// cannot make one (it needs root and unshare -m); the test then skips.
-inline std::string SmallFileSystemPrefix(const std::string& dir, int kib) {
+// (and mount options `options`, such as ",nr_inodes=4" or ",ro") over the folder `dir` (created
+// here): a file system that fills up. The shell commands `then` run after the mount. Empty when
+// this process cannot make one (it needs root and unshare -m); the test then skips.
+inline std::string SmallFileSystemPrefix(const std::string& dir, int kib,
+                                         const std::string& options = "",
+                                         const std::string& then = "true") {
   if (geteuid() != 0 || std::system("unshare -m true 2>/dev/null") != 0) return "";
   std::filesystem::create_directories(dir);
-  return absl::StrCat("unshare -m sh -c 'mount -t tmpfs -o size=", kib, "k none ", dir,
-                      " && exec \"$0\" \"$@\"'");
+  return absl::StrCat("unshare -m sh -c 'mount -t tmpfs -o size=", kib, "k", options, " none ", dir,
+                      " && ", then, " && exec \"$0\" \"$@\"'");
 }
 
 // TempPath(name) as an empty folder's path (whatever an earlier run left there is removed).

@@ -1,12 +1,14 @@
 #include "core/util/files.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <filesystem>
 #include <string>
 
+#include "core/util/exit_codes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -39,6 +41,35 @@ TEST(FilesTest, OnlyNoSpaceAndQuotaAreAFullFileSystem) {
   }
   EXPECT_EQ(FileError(EMFILE, "open a").code(), absl::StatusCode::kResourceExhausted);
   EXPECT_FALSE(IsFileSystemFull(absl::ResourceExhaustedError("out of memory")));
+}
+
+// A restart meets a full disk, a file-size limit or a path it may not write again: the agent
+// does not restart those; an I/O error may pass.
+TEST(FilesTest, PermanentFileErrorsAskForAnExitCodeThatIsNotRestarted) {
+  for (const int error : {ENOSPC, EDQUOT, EFBIG}) {
+    EXPECT_EQ(ExitCodeOf(FileError(error, "write a")), kExitDiskFull) << error;
+  }
+  for (const int error : {EACCES, EPERM, EROFS, ENOTDIR, EEXIST, ENAMETOOLONG}) {
+    EXPECT_EQ(ExitCodeOf(FileError(error, "create a")), kExitUsage) << error;
+  }
+  for (const int error : {EIO, ESTALE, ENOENT, EMFILE}) {
+    EXPECT_EQ(ExitCodeOf(FileError(error, "read a")), std::nullopt) << error;
+  }
+}
+
+// Under `ulimit -f` a write past the limit fails with EFBIG (SIGXFSZ ignored), which says what
+// stops it.
+TEST(FilesTest, AFileTooLargeNamesTheFileSizeLimit) {
+  struct rlimit saved;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  struct rlimit limited = saved;
+  limited.rlim_cur = 1 << 20;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limited), 0);
+  const absl::Status status = FileError(EFBIG, "write a");
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &saved), 0);
+  EXPECT_THAT(status.message(),
+              HasSubstr("file-size limit (ulimit -f) stops files at 1048576 bytes: raise it"));
+  EXPECT_FALSE(IsFileSystemFull(status));
 }
 
 // procfs has no fsync for its folders (EINVAL), as some FUSE, SMB and 9p mounts have none.
