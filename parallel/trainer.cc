@@ -525,10 +525,19 @@ absl::Status CheckExportDestination(const Recipe& recipe) {
         kExitUsage);
   };
   std::error_code error;
-  if (fs::exists(path, error) && fs::is_directory(path, error) == file) {
-    return refused(absl::StrCat(path.string(), file ? " is a folder" : " is a file"));
+  // A file goes where its symbolic links lead.
+  fs::path target = path;
+  if (file) {
+    const absl::StatusOr<std::string> resolved = ResolveOutputFile(path.string());
+    if (!resolved.ok()) {
+      return Renamed(resolved.status(), absl::StrCat("train.export_to ", recipe.train.export_to,
+                                                     ": ", resolved.status().message()));
+    }
+    target = *resolved;
+  } else if (fs::exists(path, error) && !fs::is_directory(path, error)) {
+    return refused(absl::StrCat(path.string(), " is a file"));
   }
-  fs::path existing = path.parent_path();
+  fs::path existing = target.parent_path();
   while (!existing.empty() && !fs::exists(existing, error)) existing = existing.parent_path();
   if (existing.empty()) existing = ".";
   if (!fs::is_directory(existing, error)) {

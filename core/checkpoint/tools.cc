@@ -115,9 +115,10 @@ absl::Status ExportLlmc(const ModelConfig& config, const ParamTable& table,
   header[5] = config.n_head;
   header[6] = config.d_model;
   header[7] = padded_vocab;
-  const std::string tmp = out + ".tmp";
+  ASSIGN_OR_RETURN(const std::string target, ResolveOutputFile(out));
+  const std::string tmp = target + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("create ", tmp));
+  if (fd < 0) return FileError(errno, absl::StrCat("create ", tmp));
   std::vector<float> values;
   const auto write_tensor = [&](const std::string& name, size_t pad_to) -> absl::Status {
     const TensorEntry* entry = table.Find(name);
@@ -140,16 +141,16 @@ absl::Status ExportLlmc(const ModelConfig& config, const ParamTable& table,
   }
   if (status.ok()) status = write_tensor("final_norm.weight", 0);
   if (status.ok()) status = write_tensor("final_norm.bias", 0);
-  if (status.ok() && ::fsync(fd) != 0) status = absl::ErrnoToStatus(errno, "fsync " + tmp);
+  if (status.ok() && ::fsync(fd) != 0) status = FileError(errno, "fsync " + tmp);
   ::close(fd);
-  if (status.ok() && std::rename(tmp.c_str(), out.c_str()) != 0) {
-    status = absl::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", out));
+  if (status.ok() && std::rename(tmp.c_str(), target.c_str()) != 0) {
+    status = FileError(errno, absl::StrCat("rename ", tmp, " to ", target));
   }
   if (!status.ok()) {
     ::unlink(tmp.c_str());
     return status;
   }
-  return FsyncParentDirectory(out);
+  return FsyncParentDirectory(target);
 }
 
 double Seconds(std::chrono::steady_clock::time_point start) {

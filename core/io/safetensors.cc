@@ -273,10 +273,11 @@ absl::StatusOr<SafetensorsWriter> SafetensorsWriter::Create(const std::string& p
   } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not valid UTF-8
     return absl::InvalidArgumentError(absl::StrCat(path, ": cannot encode header: ", e.what()));
   }
-  const std::string tmp_path = path + ".tmp";
+  ASSIGN_OR_RETURN(const std::string target, ResolveOutputFile(path));
+  const std::string tmp_path = target + ".tmp";
   const int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("creating ", tmp_path));
-  SafetensorsWriter writer(path, std::move(tensors), fd);
+  if (fd < 0) return FileError(errno, absl::StrCat("create ", tmp_path));
+  SafetensorsWriter writer(target, std::move(tensors), fd);
   const uint64_t header_bytes = header.size();
   unsigned char length[8];
   for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(header_bytes >> (8 * i));
@@ -306,16 +307,17 @@ absl::Status SafetensorsWriter::Finish() {
         absl::StrCat(path_, ": Finish before tensor '", tensors_[next_].name, "' was written"));
   }
   const std::string tmp_path = path_ + ".tmp";
-  if (::fsync(fd_) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("fsync ", tmp_path));
+  if (::fsync(fd_) != 0) return FileError(errno, absl::StrCat("fsync ", tmp_path));
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) {
+    const int error = errno;
     ::unlink(tmp_path.c_str());
-    return absl::ErrnoToStatus(errno, absl::StrCat("closing ", tmp_path));
+    return FileError(error, absl::StrCat("close ", tmp_path));
   }
   if (std::rename(tmp_path.c_str(), path_.c_str()) != 0) {
     const int error = errno;
     ::unlink(tmp_path.c_str());
-    return absl::ErrnoToStatus(error, absl::StrCat("renaming ", tmp_path, " to ", path_));
+    return FileError(error, absl::StrCat("rename ", tmp_path, " to ", path_));
   }
   return FsyncParentDirectory(path_);
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,16 @@ std::string FileTooLargeReason() {
                         limit.rlim_cur, " bytes: raise it (ulimit -f unlimited)");
   }
   return "; the file would be larger than its file system allows: write it to another one";
+}
+
+// What the file `info` describes is, for a message.
+const char* FileKind(const struct stat& info) {
+  if (S_ISDIR(info.st_mode)) return "a folder";
+  if (S_ISCHR(info.st_mode)) return "a character device";
+  if (S_ISBLK(info.st_mode)) return "a block device";
+  if (S_ISFIFO(info.st_mode)) return "a FIFO";
+  if (S_ISSOCK(info.st_mode)) return "a socket";
+  return "not a regular file";
 }
 
 }  // namespace
@@ -140,6 +151,28 @@ absl::Status FsyncDirectory(const std::string& path) {
     return FileError(error, absl::StrCat("fsync folder ", path));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ResolveOutputFile(const std::string& path) {
+  std::filesystem::path target = path;
+  struct stat info;
+  // Linux follows at most 40 links in a path before ELOOP; so does this.
+  for (int links = 0; ::lstat(target.c_str(), &info) == 0 && S_ISLNK(info.st_mode); ++links) {
+    if (links == 40) return FileError(ELOOP, absl::StrCat("resolve ", path));
+    std::error_code error;
+    const std::filesystem::path next = std::filesystem::read_symlink(target, error);
+    if (error) return FileError(error.value(), absl::StrCat("read the link ", target.string()));
+    target = next.is_absolute() ? next : target.parent_path() / next;
+  }
+  if (::lstat(target.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+    return WithExitCode(absl::InvalidArgumentError(absl::StrCat(
+                            path, target == path ? "" : absl::StrCat(" (", target.string(), ")"),
+                            " is ", FileKind(info),
+                            ", not a regular file, and a file written there would replace it: "
+                            "give the path of a regular file")),
+                        kExitUsage);
+  }
+  return target.string();
 }
 
 absl::Status WriteFileDurably(const std::string& path, const std::string& contents) {

@@ -40,6 +40,12 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 // Writes all of [data, data + bytes) to `fd`, retrying short writes; `path` names it in errors.
 absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path);
 
+// Where a file written as "<path>.tmp" and renamed over `path` goes: `path`, or the file its
+// symbolic links lead to (existing or not), so that a link stays a link. When that exists and is
+// not a regular file (a device such as /dev/null, a FIFO, a socket, a folder) the rename would
+// replace it: InvalidArgument naming `path`, asking for kExitUsage.
+absl::StatusOr<std::string> ResolveOutputFile(const std::string& path);
+
 // Durable small files: writes "<path>.tmp", fsyncs it, renames it to `path` and fsyncs the
 // folder, so `path` holds either its old or its new contents after a crash; on an error the
 // ".tmp" is removed.

@@ -2,6 +2,8 @@
 // previous one is used, nothing is overwritten, and recipe changes are judged.
 #include "parallel/checkpointing.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -301,6 +303,23 @@ TEST(CheckpointingTest, ExportWritesHuggingFaceAndLlmcFiles) {
   EXPECT_EQ(gguf.exit_code, 2);
   EXPECT_THAT(gguf.stderr_text,
               HasSubstr("--format gguf is not known; use safetensors, hf or llmc"));
+  // A FIFO, a device or a folder at --out stays what it is; a link stays a link to the export.
+  const std::string fifo = out + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  for (const std::string format : {"safetensors", "llmc"}) {
+    const testing::Outcome refused = testing::RunDtrain(
+        absl::StrCat("ckpt export ", out, "/ck/checkpoints --format ", format, " --out ", fifo));
+    EXPECT_EQ(refused.exit_code, 2) << refused.stderr_text;
+    EXPECT_THAT(refused.stderr_text, HasSubstr(fifo + " is a FIFO, not a regular file"));
+    EXPECT_TRUE(fs::is_fifo(fifo));
+  }
+  fs::create_symlink("model.bin", out + "/model-link.bin");
+  ASSERT_EQ(
+      testing::RunDtrain(absl::StrCat("ckpt export ", out, "/ck/checkpoints --format llmc --out ",
+                                      out, "/model-link.bin"))
+          .exit_code,
+      0);
+  EXPECT_TRUE(fs::is_symlink(out + "/model-link.bin"));
   std::ifstream in(llmc, std::ios::binary);
   int32_t header[8];
   in.read(reinterpret_cast<char*>(header), sizeof(header));

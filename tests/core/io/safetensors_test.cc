@@ -1,6 +1,7 @@
 #include "core/io/safetensors.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstdint>
@@ -107,6 +108,23 @@ TEST_F(SafetensorsTest, UnfinishedWriterLeavesNoFile) {
   }
   EXPECT_FALSE(std::filesystem::exists(path));
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+}
+
+// The file goes where a link leads, and the link stays; a FIFO (or a device) stays what it is.
+TEST_F(SafetensorsTest, AWriteThroughALinkKeepsTheLinkAndAFifoIsRefused) {
+  const float one = 1;
+  const std::string link = Path("link.safetensors");
+  std::filesystem::create_symlink("target.safetensors", link);
+  ASSERT_TRUE(WriteSafetensors(link, {{{"a", DType::kF32, {1}}, &one}}).ok());
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_TRUE(std::filesystem::is_regular_file(Path("target.safetensors")));
+
+  const std::string fifo = Path("fifo.safetensors");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  EXPECT_TRUE(HasText(WriteSafetensors(fifo, {{{"a", DType::kF32, {1}}, &one}}).message(),
+                      fifo + " is a FIFO, not a regular file"));
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  EXPECT_FALSE(std::filesystem::exists(fifo + ".tmp"));
 }
 
 TEST_F(SafetensorsTest, WritingOutOfOrderIsAnError) {

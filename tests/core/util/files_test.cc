@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "core/util/exit_codes.h"
@@ -15,6 +17,7 @@
 namespace dtrain {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // /dev/full answers every write with ENOSPC, as a full file system does.
@@ -77,6 +80,58 @@ TEST(FilesTest, AFolderThatCannotBeFsyncedIsAsDurableAsItGets) {
   if (!std::filesystem::is_directory("/proc/self")) GTEST_SKIP() << "no /proc";
   EXPECT_TRUE(FsyncDirectory("/proc").ok());
   EXPECT_FALSE(FsyncDirectory("/no/such/folder").ok());
+}
+
+class ResolveOutputFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/resolve_output_" + std::to_string(getpid());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_ + "/real");
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_;
+};
+
+TEST_F(ResolveOutputFileTest, AFileOrANewPathIsItself) {
+  std::ofstream(dir_ + "/file") << "x";
+  EXPECT_EQ(ResolveOutputFile(dir_ + "/file").value(), dir_ + "/file");
+  EXPECT_EQ(ResolveOutputFile(dir_ + "/new").value(), dir_ + "/new");
+}
+
+// The link stays, its file is replaced: relative and absolute links, chains, a file yet to be.
+TEST_F(ResolveOutputFileTest, ALinkLeadsToItsFile) {
+  std::ofstream(dir_ + "/real/model") << "x";
+  std::filesystem::create_symlink("real/model", dir_ + "/relative");
+  std::filesystem::create_symlink(dir_ + "/relative", dir_ + "/chained");
+  std::filesystem::create_symlink("real/later", dir_ + "/dangling");
+  EXPECT_EQ(ResolveOutputFile(dir_ + "/relative").value(), dir_ + "/real/model");
+  EXPECT_EQ(ResolveOutputFile(dir_ + "/chained").value(), dir_ + "/real/model");
+  EXPECT_EQ(ResolveOutputFile(dir_ + "/dangling").value(), dir_ + "/real/later");
+  std::filesystem::create_symlink("loop", dir_ + "/loop");
+  EXPECT_FALSE(ResolveOutputFile(dir_ + "/loop").ok());
+}
+
+// A rename over /dev/null, a FIFO or a link to one would replace the node with a file.
+TEST_F(ResolveOutputFileTest, WhatIsNotARegularFileIsRefusedNamingIt) {
+  ASSERT_EQ(::mkfifo((dir_ + "/fifo").c_str(), 0644), 0) << strerror(errno);
+  std::filesystem::create_symlink("/dev/null", dir_ + "/null");
+  const struct {
+    std::string path, named;
+  } cases[] = {
+      {"/dev/null", "/dev/null is a character device, not a regular file"},
+      {dir_ + "/fifo", dir_ + "/fifo is a FIFO"},
+      {dir_ + "/null", dir_ + "/null (/dev/null) is a character device"},
+      {dir_ + "/real", dir_ + "/real is a folder"},
+  };
+  for (const auto& [path, named] : cases) {
+    const absl::StatusOr<std::string> resolved = ResolveOutputFile(path);
+    ASSERT_FALSE(resolved.ok()) << path;
+    EXPECT_EQ(resolved.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(resolved.status().message(),
+                AllOf(HasSubstr(named), HasSubstr("give the path of a regular file")));
+    EXPECT_EQ(ExitCodeOf(resolved.status()), kExitUsage);
+  }
 }
 
 }  // namespace
