@@ -175,7 +175,7 @@ absl::StatusOr<std::unique_ptr<TrainingCheckpoints>> TrainingCheckpoints::Create
   ASSIGN_OR_RETURN(const uint64_t nonce, AgreeOnNonce(comm));
   std::unique_ptr<TrainingCheckpoints> checkpoints(
       new TrainingCheckpoints(recipe, table, engine, comm, nonce));
-  RETURN_IF_ERROR(CheckCheckpointFolder(checkpoints->dir_, checkpoints->rank_));
+  RETURN_IF_ERROR(CheckCheckpointFolder(checkpoints->dir_, checkpoints->rank_, recipe.train.steps));
   if (checkpoints->writer_.async()) {
     // The staging memory is allocated (and its pages touched) now, so that no save pays for it.
     size_t total = 0;

@@ -32,6 +32,19 @@ std::string StageDir(const SaveRequest& r) {
   return absl::StrFormat("%s/.%s.%016x", r.dir, StepDirName(r.step), r.nonce);
 }
 
+// The longest path a save of a step up to `last_step` writes: the stage folder's manifest or
+// rank index as WriteFileDurably's ".tmp" (its rank file, the moved-aside step folder and latest
+// are shorter).
+std::string LongestSavePath(const std::string& dir, int64_t last_step, int rank) {
+  SaveRequest longest;
+  longest.dir = dir;
+  longest.step = last_step;
+  longest.nonce = ~uint64_t{0};
+  std::string file = RankIndexName(rank);
+  if (file.size() < std::strlen(kManifestName)) file = kManifestName;
+  return absl::StrCat(StageDir(longest), "/", file, ".tmp");
+}
+
 // This rank's file and index in the stage folder.
 absl::Status WriteRankFiles(const SaveRequest& r, const std::string& stage) {
   const std::string file = RankFileName(r.rank);
@@ -218,14 +231,15 @@ absl::Status WriteCheckpoint(const SaveRequest& request) {
   return committed.ok() ? committed : SaveFailed(request, committed);
 }
 
-absl::Status CheckCheckpointFolder(const std::string& dir, int rank) {
+absl::Status CheckCheckpointFolder(const std::string& dir, int rank, int64_t last_step) {
   // A restart finds a folder that is read-only, not permitted or not a folder so again, and a
   // full one full: the command exits kExitUsage or kExitDiskFull, which the agent does not
   // restart. Other errors (EIO, ESTALE of a network file system) may pass: exit 1, restarted.
   const auto unusable = [&](const std::string& why, int error_number) {
     absl::Status status = absl::FailedPreconditionError(
         absl::StrCat("checkpoint.dir ", dir, " cannot hold this run's checkpoints: ", why,
-                     "; set checkpoint.dir to a writable folder"));
+                     "; set checkpoint.dir ",
+                     error_number == ENAMETOOLONG ? "to a shorter path" : "to a writable folder"));
     if (const std::optional<int> exit_code = FileErrorExitCode(error_number)) {
       SetExitCode(status, *exit_code);
     }
@@ -234,6 +248,15 @@ absl::Status CheckCheckpointFolder(const std::string& dir, int rank) {
   std::error_code error;
   fs::create_directories(dir, error);
   if (error) return unusable(absl::StrCat("cannot create it: ", error.message()), error.value());
+  // A save's paths are longer than the probe's: their length is checked here, not found too long
+  // at the first save, after the training.
+  const std::string longest = LongestSavePath(dir, last_step, rank);
+  const long path_max = ::pathconf(dir.c_str(), _PC_PATH_MAX);
+  if (path_max > 0 && longest.size() >= static_cast<size_t>(path_max)) {
+    return unusable(absl::StrCat("a save writes paths of up to ", longest.size(),
+                                 " characters there, and the system takes at most ", path_max - 1),
+                    ENAMETOOLONG);
+  }
   const std::string probe = absl::StrFormat("%s/.probe-rank-%d", dir, rank);
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {

@@ -1,5 +1,6 @@
 #include "core/checkpoint/writer.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/checkpoint/reader.h"
+#include "core/util/exit_codes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/checkpoint/checkpoint_test_util.h"
@@ -123,6 +125,25 @@ TEST(CheckpointWriterTest, KeepsTheLastCompleteOnesAndPointsLatestAtTheNewest) {
   EXPECT_TRUE(fs::exists(dir + "/step-6/manifest.json"));
   EXPECT_EQ(LatestName(dir), "step-6");
   EXPECT_THAT(CheckpointCandidates(dir), ElementsAre(dir + "/step-6", dir + "/step-4"));
+}
+
+// A save writes longer paths than the start-up probe: a folder so deep that a save's paths would
+// pass PATH_MAX is refused at start (exit 2, a shorter checkpoint.dir), not at the first save
+// after the training.
+TEST(CheckpointWriterTest, AFolderTooDeepForItsSavesIsRefusedAtStart) {
+  const std::string base = testing::FreshDir("ckpt_deep");
+  std::string deep = base;
+  // The probe's ".probe-rank-0" fits below PATH_MAX; ".step-1000.<16 hex>/manifest.json.tmp" not.
+  while (deep.size() + 1 < 4096 - 20) {
+    deep.append("/").append(std::min<size_t>(200, 4096 - 20 - deep.size() - 1), 'd');
+  }
+  const absl::Status refused = CheckCheckpointFolder(deep, 0, 1000);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("set checkpoint.dir to a shorter path"));
+  EXPECT_THAT(refused.message(), HasSubstr("a save writes paths of up to 4"));
+  EXPECT_EQ(ExitCodeOf(refused), kExitUsage);
+  EXPECT_TRUE(CheckCheckpointFolder(base, 0, 1000).ok());
+  fs::remove_all(base);
 }
 
 // Folders that only look like steps are not checkpoints: a step past int64 (which ended the
