@@ -1,6 +1,7 @@
 #include "core/checkpoint/writer.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -185,15 +186,26 @@ absl::Status SaveFailed(const SaveRequest& request, const absl::Status& cause) {
   if (!IsFileSystemFull(cause)) return Renamed(cause, message);
   uint64_t part = 0;
   for (const ChunkSource& chunk : request.chunks) part += ChunkBytes(chunk);
-  std::error_code error;
-  const fs::space_info space = fs::space(request.dir, error);
+  struct statvfs space = {};
+  const bool known = ::statvfs(request.dir.c_str(), &space) == 0;
+  const double free_mib =
+      known ? space.f_bavail * static_cast<double>(space.f_frsize) / 1048576.0 : 0.0;
+  // ENOSPC with bytes to spare: the file system has no inode left for a new file (a file system
+  // with no fixed count, as btrfs, reports f_files 0).
+  const bool no_inodes = known && space.f_files > 0 && space.f_favail == 0;
+  const std::string full =
+      no_inodes ? absl::StrFormat(
+                      "has no free inodes (files) left (%.1f MiB free, but no new "
+                      "file can be made)",
+                      free_mib)
+                : absl::StrFormat("is full (%.1f MiB free, this rank's part is %.1f MiB)", free_mib,
+                                  part / 1048576.0);
   return WithExitCode(
-      Renamed(cause, absl::StrFormat("%s; the checkpoint folder's file system is full (%.1f MiB "
-                                     "free, this rank's part is %.1f MiB): free space there, keep "
+      Renamed(cause, absl::StrFormat("%s; the checkpoint folder's file system %s: %s there, keep "
                                      "fewer checkpoints (checkpoint.keep_last %d), or set "
                                      "checkpoint.dir to a larger file system",
-                                     message, error ? 0.0 : space.available / 1048576.0,
-                                     part / 1048576.0, request.keep_last)),
+                                     message, full, no_inodes ? "remove files" : "free space",
+                                     request.keep_last)),
       kExitDiskFull);
 }
 
@@ -222,9 +234,11 @@ absl::Status WriteCheckpoint(const SaveRequest& request) {
                                                       "; set checkpoint.dir to a writable folder"));
   }
   if (absl::Status written = WriteRankFiles(request, stage); !written.ok()) {
-    // What this rank wrote of an incomplete save is of no use: its space goes back at once.
+    // Judged as the write found the file system (out of inodes, say), before this rank's file
+    // goes: what it wrote of an incomplete save is of no use, and its space goes back at once.
+    const absl::Status failed = SaveFailed(request, written);
     fs::remove(stage + "/" + RankFileName(request.rank), error);
-    return SaveFailed(request, written);
+    return failed;
   }
   if (request.rank != 0) return absl::OkStatus();
   const absl::Status committed = Commit(request, stage);

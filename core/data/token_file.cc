@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/util/exit_codes.h"
 #include "core/util/files.h"
 #include "core/util/status.h"
@@ -33,11 +35,18 @@ absl::StatusOr<File> OpenFile(const std::string& path, uint64_t* bytes) {
   if (::fstat(::fileno(file.get()), &info) != 0) {
     return FileError(errno, absl::StrCat("sizing data file ", path));
   }
+  if (S_ISDIR(info.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data file ", path,
+                     " is a directory; name the files inside it in data.train or data.val (a glob "
+                     "such as ",
+                     path, "/* works)"));
+  }
   if (!S_ISREG(info.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "data file ", path, " is ", S_ISDIR(info.st_mode) ? "a directory" : "not a regular file",
-        "; name the files inside it in data.train or data.val (a glob such as ", path,
-        "/* works)"));
+        "data file ", path,
+        " is not a regular file (a device, FIFO or socket), whose bytes may never end; name files "
+        "of text or tokens in data.train or data.val"));
   }
   *bytes = static_cast<uint64_t>(info.st_size);
   return file;
@@ -110,6 +119,15 @@ absl::Status AppendLlmcFile(const std::string& path, int vocab_size, std::vector
   return AppendChecked(values, vocab_size, path, tokens);
 }
 
+// The folders the current glob could not read, "<folder>: <strerror>": glob's error callback
+// takes no context.
+thread_local std::vector<std::string> unreadable_folders;
+
+int NoteUnreadableFolder(const char* folder, int error) {
+  unreadable_folders.push_back(absl::StrCat(folder, ": ", std::strerror(error)));
+  return 0;  // go on with the other folders
+}
+
 }  // namespace
 
 absl::StatusOr<TokenFormat> ParseTokenFormat(const std::string& name) {
@@ -123,8 +141,11 @@ absl::StatusOr<std::vector<std::string>> ExpandFilePatterns(
     const std::vector<std::string>& patterns) {
   std::vector<std::string> files;
   for (const std::string& pattern : patterns) {
+    // As a shell's, the pattern skips folders it cannot read (corpus/*/*.txt past a mode 700
+    // corpus/lost+found) and takes what the others hold; they are named when nothing matches.
+    unreadable_folders.clear();
     glob_t matches{};
-    const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &matches);
+    const int rc = ::glob(pattern.c_str(), 0, &NoteUnreadableFolder, &matches);
     std::vector<std::string> found(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
     ::globfree(&matches);
     if (rc == GLOB_NOMATCH) {
@@ -132,17 +153,21 @@ absl::StatusOr<std::vector<std::string>> ExpandFilePatterns(
       std::error_code error;
       const std::string here = std::filesystem::current_path(error).string();
       // A restart would find no file either: the agent does not restart exit 2.
-      return WithExitCode(absl::NotFoundError(absl::StrCat(
-                              "file pattern '", pattern, "' matches no file",
-                              pattern.starts_with('/') || error
-                                  ? ""
-                                  : absl::StrCat(" (relative to the current folder ", here, ")"),
-                              "; check the path")),
-                          kExitUsage);
+      return WithExitCode(
+          absl::NotFoundError(absl::StrCat(
+              "file pattern '", pattern, "' matches no file",
+              pattern.starts_with('/') || error
+                  ? ""
+                  : absl::StrCat(" (relative to the current folder ", here, ")"),
+              unreadable_folders.empty() ? ""
+                                         : absl::StrCat(", and these folders could not be read: ",
+                                                        absl::StrJoin(unreadable_folders, ", ")),
+              "; check the path")),
+          kExitUsage);
     }
     if (rc != 0) {
-      return absl::UnavailableError(
-          absl::StrCat("file pattern '", pattern, "': cannot read a directory it names"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("file pattern '", pattern, "': out of memory expanding it"));
     }
     std::sort(found.begin(), found.end());
     files.insert(files.end(), found.begin(), found.end());

@@ -122,23 +122,39 @@ CheckResult CheckpointFolderCheck(const std::string& dir) {
   const fs::path existing = NearestExistingFolder(dir);
   const bool exists = existing == fs::absolute(dir, error);
   const fs::path probe = existing / absl::StrCat(".dtrain-doctor-probe-", getpid());
+  const std::string elsewhere = "or set checkpoint.dir to a writable folder that every node shares";
   const int fd = open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
   if (fd < 0) {
-    const std::string why = std::strerror(errno);
+    const int failure = errno;
+    const std::string fix =
+        failure == EROFS ? absl::StrCat(
+                               "its file system is mounted read-only: remount it "
+                               "read-write (mount -o remount,rw), ",
+                               elsewhere)
+        : failure == ENOSPC || failure == EDQUOT
+            ? absl::StrCat("its file system (or quota) is full: free space there, ", elsewhere)
+            : absl::StrCat("make it writable for this user (chown, chmod u+w), ", elsewhere);
     return Result(
         "node.checkpoint_dir", Verdict::kFail,
         absl::StrCat(
             exists ? dir : absl::StrCat(dir, " does not exist and its parent ", existing.string()),
-            " is not writable: ", why),
-        "make it writable for this user (chown, chmod u+w), or set checkpoint.dir to a "
-        "writable folder that every node shares");
+            " is not writable: ", std::strerror(failure)),
+        fix);
   }
   close(fd);
   fs::remove(probe, error);
-  return Result("node.checkpoint_dir", Verdict::kOk,
-                exists ? absl::StrCat(dir, " is writable")
-                       : absl::StrCat(dir, " does not exist yet; ", existing.string(),
-                                      " is writable, so dtrain can create it"));
+  const std::string writable = exists
+                                   ? absl::StrCat(dir, " is writable")
+                                   : absl::StrCat(dir, " does not exist yet; ", existing.string(),
+                                                  " is writable, so dtrain can create it");
+  // An empty file fits in a full file system; a checkpoint does not.
+  struct statvfs space;
+  if (statvfs(existing.c_str(), &space) == 0 && space.f_bavail == 0) {
+    return Result("node.checkpoint_dir", Verdict::kWarn,
+                  absl::StrCat(writable, ", but its file system has 0 bytes free"),
+                  absl::StrCat("free space there, ", elsewhere));
+  }
+  return Result("node.checkpoint_dir", Verdict::kOk, writable);
 }
 
 CheckResult MasterCheck(const EnvironmentMap& env) {

@@ -50,7 +50,7 @@ CheckResult GpuCheck(const GpuInventory& gpus, const Recipe* recipe);
 std::filesystem::path NearestExistingFolder(const std::string& dir);
 
 // Creates and removes a probe file in `dir`, or where `dir` does not exist yet, in its nearest
-// existing parent (dtrain creates the rest).
+// existing parent (dtrain creates the rest); warns where its file system has no byte free.
 CheckResult CheckpointFolderCheck(const std::string& dir);
 
 // The launch environment's world; in a world of more than one, its master address resolves.

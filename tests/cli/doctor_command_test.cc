@@ -52,6 +52,45 @@ TEST(DoctorCommandTest, WrongRoceGidIndexFailsWithTheRightOne) {
   EXPECT_GE(json["fail"].get<int>(), 1);
 }
 
+// The doctor's verdict and fix for the checkpoint folder on a file system in a mount namespace of
+// its own: a 64 KiB tmpfs with mount options `options`, after the shell commands `then`.
+nlohmann::json CheckpointFolderVerdict(const std::string& name, const std::string& options,
+                                       const std::string& then) {
+  const std::string dir = testing::FreshTempDir(name);
+  const std::string prefix = testing::SmallFileSystemPrefix(dir, 64, options, then);
+  if (prefix.empty()) return nullptr;
+  const testing::FakeSys sys = testing::EthernetNode();
+  const Outcome outcome = testing::RunDtrain(
+      absl::StrCat("doctor ", DTRAIN_SOURCE_DIR, "/configs/tiny.yaml --set checkpoint.dir=", dir,
+                   " --json --sys-root ", sys.root(), " --proc-root ", EmptyProc()),
+      prefix + " env -i");
+  const nlohmann::json json = nlohmann::json::parse(outcome.stdout_text);
+  for (const nlohmann::json& check : json["checks"]) {
+    if (check["name"] == "node.checkpoint_dir") return check;
+  }
+  ADD_FAILURE() << outcome.stdout_text << outcome.stderr_text;
+  return nullptr;
+}
+
+// Each reason a checkpoint folder cannot take a checkpoint gets its own fix, and a folder whose
+// file system has no byte free is no "ok" because an empty probe file fits.
+TEST(DoctorCommandTest, ACheckpointFolderReadOnlyOrFullSaysWhatToDo) {
+  const nlohmann::json read_only = CheckpointFolderVerdict("doctor_ro", ",ro", "true");
+  if (read_only.is_null())
+    GTEST_SKIP() << "needs root and unshare -m (a tmpfs in a mount namespace)";
+  EXPECT_EQ(read_only["verdict"], "fail");
+  EXPECT_THAT(read_only["fix"].get<std::string>(), HasSubstr("mounted read-only: remount it"));
+  EXPECT_THAT(read_only["fix"].get<std::string>(), ::testing::Not(HasSubstr("chmod")));
+
+  const nlohmann::json full =
+      CheckpointFolderVerdict("doctor_full", "",
+                              absl::StrCat("(cat /dev/zero >", testing::TempPath("doctor_full"),
+                                           "/fill 2>/dev/null || true)"));
+  EXPECT_EQ(full["verdict"], "warn");
+  EXPECT_THAT(full["detail"].get<std::string>(), HasSubstr("0 bytes free"));
+  EXPECT_THAT(full["fix"].get<std::string>(), HasSubstr("free space there"));
+}
+
 TEST(DoctorCommandTest, BadRecipeIsUsageError) {
   const std::string recipe = absl::StrCat(DTRAIN_SOURCE_DIR, "/configs/tiny.yaml");
   const Outcome unknown_network = testing::RunDtrain(

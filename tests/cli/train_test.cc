@@ -417,6 +417,21 @@ TEST(TrainTest, AMetricsFileThatCannotBeWrittenFailsTheRun) {
   EXPECT_THAT(run.stderr_text, HasSubstr("No space left on device"));
 }
 
+// Out of inodes with bytes to spare the error says so, not that the file system is full.
+TEST(TrainTest, ACheckpointFileSystemOutOfInodesSaysSo) {
+  const std::string small = testing::FreshTempDir("inode_checkpoints");
+  const std::string prefix = testing::SmallFileSystemPrefix(small, 8192, ",nr_inodes=2");
+  if (prefix.empty()) GTEST_SKIP() << "needs root and unshare -m (a tmpfs in a mount namespace)";
+  const testing::Outcome run = testing::RunDtrain(
+      absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", RunDir("inodes"),
+                   " --set checkpoint.dir=", small, " --set train.steps=2"),
+      prefix);
+  EXPECT_EQ(run.exit_code, kExitDiskFull) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text,
+              HasSubstr("the checkpoint folder's file system has no free inodes (files) left"));
+  EXPECT_THAT(run.stderr_text, ::testing::Not(HasSubstr("is full")));
+}
+
 // Under `ulimit -f` the first save used to end the process with SIGXFSZ and no word (and
 // `dtrain launch` retrained to the same save): the write fails, names the limit and exits 3.
 TEST(TrainTest, AFileSizeLimitStopsTheSaveNamingTheLimit) {

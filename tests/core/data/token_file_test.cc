@@ -1,10 +1,13 @@
 #include "core/data/token_file.h"
 
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -73,6 +76,49 @@ TEST_F(TokenFileTest, PatternWithoutMatchIsAnError) {
   EXPECT_TRUE(HasText(relative.message(), "(relative to the current folder " +
                                               std::filesystem::current_path().string() + ")"))
       << relative;
+}
+
+// As a shell's glob, corpus/*/*.txt skips a folder it cannot read (a mode 700 lost+found)
+// and takes the others' files; a pattern that then matches nothing names the folder.
+TEST_F(TokenFileTest, APatternSkipsFoldersItCannotReadAndNamesThemWhenNothingMatches) {
+  std::filesystem::create_directories(Path("corpus/a"));
+  std::filesystem::create_directories(Path("corpus/lost+found"));
+  WriteText("corpus/a/x.txt", "x");
+  WriteText("corpus/lost+found/y.txt", "y");
+  std::filesystem::permissions(dir_, std::filesystem::perms(0755));
+  std::filesystem::permissions(Path("corpus/lost+found"), std::filesystem::perms(0700));
+  // Root reads every folder: the check runs as nobody in a child process, whose exit code
+  // tells.
+  const auto check = [&] {
+    const absl::StatusOr<std::vector<std::string>> some =
+        ExpandFilePatterns({Path("corpus/*/*.txt")});
+    const absl::Status none = ExpandFilePatterns({Path("corpus/lost+found/*.txt")}).status();
+    const bool ok = some.ok() && *some == std::vector<std::string>{Path("corpus/a/x.txt")} &&
+                    absl::IsNotFound(none) &&
+                    HasText(none.message(), Path("corpus/lost+found") + ": Permission denied");
+    if (!ok) std::cerr << some.status() << " / " << none << "\n";
+    return ok;
+  };
+  if (geteuid() != 0) {
+    EXPECT_TRUE(check());
+    return;
+  }
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const bool dropped = setgid(65534) == 0 && setuid(65534) == 0;
+    _exit(dropped && check() ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// A device or FIFO is no folder of files: its bytes may never end.
+TEST_F(TokenFileTest, ADeviceIsNoDataFile) {
+  const absl::Status status = LoadTokenFiles({"/dev/null"}, TokenFormat::kText, 256).status();
+  EXPECT_TRUE(HasText(status.message(), "data file /dev/null is not a regular file (a device"));
+  EXPECT_FALSE(HasText(status.message(), "/dev/null/*"));
 }
 
 TEST_F(TokenFileTest, TextBytesAreTokensInFileOrder) {
