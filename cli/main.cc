@@ -1,6 +1,11 @@
 // The `dtrain` binary: registers the subcommands and maps the outcome to an exit code.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
+#include <cstdio>
+#include <cstring>
 #include <iostream>
 
 #include "absl/strings/numbers.h"
@@ -85,6 +90,21 @@ void AddHelpCommand(CLI::App& app) {
   });
 }
 
+// The exit code of a command that succeeded, once its output is out: output sent to a full disk
+// (or /dev/full) fails at a write or at this flush, which exit 0 would hide. A closed pipe
+// (EPIPE, where SIGPIPE is ignored) is no error: the reader stopped on purpose (`| head -1`), and
+// SIGPIPE ends the other commands as silently.
+int StandardOutputExitCode() {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout) && std::cout.good()) return 0;
+  // stdio keeps no errno of the write that failed: a newline after the output, which is cut
+  // already, fails the same way (a full disk, a closed pipe) and says why.
+  const int error = ::write(STDOUT_FILENO, "\n", 1) < 0 ? errno : 0;
+  if (error == EPIPE) return 0;
+  std::cerr << absl::StrCat("error: cannot write to standard output: ",
+                            error != 0 ? std::strerror(error) : "a write failed", "\n");
+  return kExitFailure;
+}
+
 }  // namespace
 }  // namespace dtrain::cli
 
@@ -121,5 +141,5 @@ int main(int argc, char** argv) {
     std::cerr << app.help();
     return dtrain::kExitUsage;
   }
-  return 0;
+  return dtrain::cli::StandardOutputExitCode();
 }

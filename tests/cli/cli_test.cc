@@ -149,6 +149,24 @@ TEST(CliTest, RecipeReferencePrintsTable) {
   EXPECT_THAT(outcome.stdout_text, HasSubstr("| `train.lr` |"));
 }
 
+// Output that cannot be written fails the command, which exited 0 into /dev/full; a reader that
+// stops early (`| head -1`) is no failure, SIGPIPE ignored or not.
+TEST(CliTest, OutputThatCannotBeWrittenFailsTheCommand) {
+  for (const std::string& args :
+       {std::string("recipe reference"),
+        absl::StrCat("recipe check ", DTRAIN_SOURCE_DIR, "/configs/tiny.yaml")}) {
+    const Outcome full = RunDtrain(args + " >/dev/full");
+    EXPECT_EQ(full.exit_code, 1) << args;
+    EXPECT_THAT(full.stderr_text,
+                HasSubstr("error: cannot write to standard output: No space left on device"))
+        << args;
+  }
+  const Outcome closed = RunDtrain(
+      "recipe reference", R"(bash -c 'trap "" PIPE; "$0" "$@" | true; exit ${PIPESTATUS[0]}')");
+  EXPECT_EQ(closed.exit_code, 0) << closed.stderr_text;
+  EXPECT_EQ(closed.stderr_text, "");
+}
+
 // A number out of an option's range names the bound as a person writes it (CLI11's own checks
 // print it as a 309-digit double).
 TEST(CliTest, AnOptionOutOfRangeStatesItsBound) {
