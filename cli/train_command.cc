@@ -8,7 +8,6 @@
 #include "cli/commands.h"
 #include "core/backend/make_backend.h"
 #include "core/recipe/recipe.h"
-#include "core/util/files.h"
 #include "core/util/log.h"
 #include "launch/environment.h"
 #include "parallel/trainer.h"
@@ -57,11 +56,7 @@ void AddTrainCommand(CLI::App& app) {
     }
     const absl::StatusOr<TrainingEnd> end = RunTraining(*recipe, *world);
     // A failure a restart would repeat (a full disk) asks for its own exit code.
-    if (!end.ok()) {
-      Fail(end.status(),
-           ExitCodeOf(end.status())
-               .value_or(IsFileSystemFull(end.status()) ? kExitDiskFull : kExitFailure));
-    }
+    if (!end.ok()) Fail(end.status(), ExitCodeOf(end.status()).value_or(kExitFailure));
     if (*end == TrainingEnd::kStopped) throw CLI::RuntimeError(kExitStopped);
   });
 }
