@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "core/data/loader.h"
 #include "core/model/param_table.h"
 #include "core/recipe/recipe.h"
+#include "core/util/folder_lock.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/data_parallel.h"
 
@@ -97,6 +99,7 @@ class TrainingCheckpoints {
   int world_ = 1;
   uint64_t nonce_ = 0;
   std::string dir_;
+  std::optional<FolderLock> folder_lock_;  // rank 0's, of a dir_ outside the run folder
   std::string recipe_yaml_;
   CheckpointWriter writer_;
   std::string resumed_metrics_line_;

@@ -45,7 +45,6 @@
 #include "core/util/exit_codes.h"
 #include "core/util/files.h"
 #include "core/util/folder_lock.h"
-#include "core/util/host_name.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/utf8.h"
@@ -881,11 +880,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   // folder would interleave its metrics and checkpoints with this one's.
   std::optional<FolderLock> run_folder_lock;
   if (leader) {
-    ASSIGN_OR_RETURN(
-        run_folder_lock,
-        FolderLock::Acquire(recipe.run_dir(),
-                            absl::StrFormat("pid %d on host %s since %s", getpid(), HostName(),
-                                            absl::FormatTime(absl::Now()))));
+    ASSIGN_OR_RETURN(run_folder_lock,
+                     FolderLock::Acquire(recipe.run_dir(), FolderLock::kRunFolder));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingCheckpoints> checkpoints,
                    TrainingCheckpoints::Create(recipe, table, engine, world_comm));

@@ -11,7 +11,11 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/util/files.h"
+#include "core/util/host_name.h"
 #include "core/util/log.h"
 
 namespace dtrain {
@@ -28,13 +32,25 @@ FolderLock::~FolderLock() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-absl::StatusOr<FolderLock> FolderLock::Acquire(const std::string& folder,
-                                               const std::string& owner) {
+const FolderLock::Role FolderLock::kRunFolder = {
+    .name = "run folder", .key = "run.out_dir", .other_keys = "run.name or run.out_dir"};
+const FolderLock::Role FolderLock::kCheckpointFolder = {
+    .name = "checkpoint folder", .key = "checkpoint.dir", .other_keys = "checkpoint.dir"};
+
+absl::StatusOr<FolderLock> FolderLock::Acquire(const std::string& folder, const Role& role) {
+  return AcquireAs(folder, role,
+                   absl::StrFormat("pid %d on host %s since %s", getpid(), HostName(),
+                                   absl::FormatTime(absl::Now())));
+}
+
+absl::StatusOr<FolderLock> FolderLock::AcquireAs(const std::string& folder, const Role& role,
+                                                 const std::string& owner) {
   std::error_code error;
   std::filesystem::create_directories(folder, error);
-  const std::string fix = "set run.out_dir to a writable folder";
+  const std::string fix = absl::StrCat("set ", role.key, " to a writable folder");
   if (error) {
-    return FileError(error.value(), absl::StrCat("cannot create the run folder ", folder), fix);
+    return FileError(error.value(), absl::StrCat("cannot create the ", role.name, " ", folder),
+                     fix);
   }
   const std::string path = folder + "/.lock";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -42,7 +58,7 @@ absl::StatusOr<FolderLock> FolderLock::Acquire(const std::string& folder,
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int failure = errno;
     if (failure != EWOULDBLOCK) {
-      LogWarn("cannot lock the run folder %s (%s): nothing stops another run from writing it",
+      LogWarn("cannot lock the %s %s (%s): nothing stops another run from writing it", role.name,
               folder, std::strerror(failure));
       ::close(fd);
       return FolderLock(-1);
@@ -51,10 +67,10 @@ absl::StatusOr<FolderLock> FolderLock::Acquire(const std::string& folder,
     const ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
     ::close(fd);
     return absl::FailedPreconditionError(
-        absl::StrCat("the run folder ", folder, " is in use by another run (",
+        absl::StrCat("the ", role.name, " ", folder, " is in use by another run (",
                      n > 0 ? absl::StripAsciiWhitespace(std::string(holder, static_cast<size_t>(n)))
                            : std::string("its holder is unknown"),
-                     "); give this run another run.name or run.out_dir, or end that one"));
+                     "); give this run another ", role.other_keys, ", or end that one"));
   }
   const std::string text = owner + "\n";
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) < 0) {

@@ -1,6 +1,7 @@
 // An exclusive claim on a folder for the life of a process: two runs writing one run folder
-// would interleave their metrics and checkpoints. A flock(2) on `<folder>/.lock`, which the
-// kernel drops when the process ends however it ends, so a killed run never leaves it held.
+// would interleave their metrics and checkpoints, and two saving into one checkpoint folder
+// would set aside or remove each other's saves. A flock(2) on `<folder>/.lock`, which the kernel
+// drops when the process ends however it ends, so a killed run never leaves it held.
 #pragma once
 
 #include <string>
@@ -11,11 +12,23 @@ namespace dtrain {
 
 class FolderLock {
  public:
-  // Creates `folder` if missing and takes its lock, writing `owner` (who holds it, for the
-  // message another process gets) into the lock file. FailedPrecondition naming the holder when
-  // another process has it; FileError where the folder or its lock file cannot be made. Where the
-  // filesystem has no locks, a warning and an empty lock.
-  static absl::StatusOr<FolderLock> Acquire(const std::string& folder, const std::string& owner);
+  // What the folder is to the run, for its messages.
+  struct Role {
+    std::string name;        // "run folder"
+    std::string key;         // the recipe key that places it: "run.out_dir"
+    std::string other_keys;  // what gives a run another one: "run.name or run.out_dir"
+  };
+  static const Role kRunFolder;
+  static const Role kCheckpointFolder;
+
+  // Creates `folder` if missing and takes its lock, writing this process (pid, host, since when:
+  // for the message another process gets) into the lock file. FailedPrecondition naming the
+  // holder when another process has it; FileError where the folder or its lock file cannot be
+  // made. Where the filesystem has no locks, a warning and an empty lock.
+  static absl::StatusOr<FolderLock> Acquire(const std::string& folder, const Role& role);
+  // As Acquire, with `owner` written for this process.
+  static absl::StatusOr<FolderLock> AcquireAs(const std::string& folder, const Role& role,
+                                              const std::string& owner);
 
   FolderLock(FolderLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
   FolderLock& operator=(FolderLock&& other) noexcept;

@@ -272,7 +272,8 @@ TEST(TrainTest, ARunFolderInUseIsRefusedNamingItsHolder) {
   const std::string dir = RunDir("locked");
   std::filesystem::remove_all(dir);
   {
-    absl::StatusOr<FolderLock> held = FolderLock::Acquire(dir + "/small", "pid 4242 on host h");
+    absl::StatusOr<FolderLock> held =
+        FolderLock::AcquireAs(dir + "/small", FolderLock::kRunFolder, "pid 4242 on host h");
     ASSERT_TRUE(held.ok()) << held.status();
     const testing::Outcome second =
         testing::RunDtrain(absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", dir));

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/util/files.h"
+#include "core/util/folder_lock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/checkpoint_v1.h"
@@ -377,6 +378,28 @@ TEST(CheckpointingTest, ResumingAnotherRunsCheckpointFolderNamesThatRun) {
   EXPECT_EQ(renamed.exit_code, 0) << renamed.stderr_text;
   EXPECT_THAT(renamed.stderr_text, HasSubstr("resumed from"));
   EXPECT_THAT(renamed.stderr_text, ::testing::Not(HasSubstr("was saved by the run named")));
+}
+
+// A checkpoint.dir outside the run folder that another run holds is refused before anything in
+// it is touched, naming the holder: its stage folder of a save in progress was removed, and its
+// later checkpoints set aside.
+TEST(CheckpointingTest, ACheckpointFolderInUseIsRefusedNamingItsHolder) {
+  const std::string out = testing::TempPath("ckpt_locked_run");
+  fs::remove_all(out);
+  const std::string shared = out + "/shared-checkpoints";
+  const std::string stage = shared + "/.step-20.00000000deadbeef";
+  fs::create_directories(stage);
+  absl::StatusOr<FolderLock> held =
+      FolderLock::AcquireAs(shared, FolderLock::kCheckpointFolder, "pid 4242 on host h");
+  ASSERT_TRUE(held.ok()) << held.status();
+  const testing::Outcome second =
+      Train(out, "--set checkpoint.resume=never --set checkpoint.dir=" + shared);
+  EXPECT_EQ(second.exit_code, 1) << second.stderr_text;
+  EXPECT_THAT(second.stderr_text,
+              HasSubstr("the checkpoint folder " + shared +
+                        " is in use by another run (pid 4242 on host h); give this run another "
+                        "checkpoint.dir, or end that one"));
+  EXPECT_TRUE(fs::exists(stage));
 }
 
 }  // namespace
