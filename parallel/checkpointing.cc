@@ -175,14 +175,14 @@ absl::StatusOr<std::unique_ptr<TrainingCheckpoints>> TrainingCheckpoints::Create
   ASSIGN_OR_RETURN(const uint64_t nonce, AgreeOnNonce(comm));
   std::unique_ptr<TrainingCheckpoints> checkpoints(
       new TrainingCheckpoints(recipe, table, engine, comm, nonce));
+  RETURN_IF_ERROR(CheckCheckpointFolder(checkpoints->dir_, checkpoints->rank_, recipe.train.steps));
   // The run folder's lock covers a checkpoint.dir inside it; one outside may be another run's
-  // too, whose saves this run's would set aside or remove: held for the run, before anything in
-  // it is read or written.
+  // too, whose saves this run's would set aside or remove: held for the run, before a checkpoint in
+  // it is read or written (the check above only probes it).
   if (checkpoints->rank_ == 0 && OutsideRunFolder(checkpoints->dir_, recipe.run_dir())) {
     ASSIGN_OR_RETURN(checkpoints->folder_lock_,
                      FolderLock::Acquire(checkpoints->dir_, FolderLock::kCheckpointFolder));
   }
-  RETURN_IF_ERROR(CheckCheckpointFolder(checkpoints->dir_, checkpoints->rank_, recipe.train.steps));
   if (checkpoints->writer_.async()) {
     // The staging memory is allocated (and its pages touched) now, so that no save pays for it.
     size_t total = 0;

@@ -1,7 +1,9 @@
 #include "core/data/token_file.h"
 
+#include <fcntl.h>
 #include <glob.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -27,12 +29,18 @@ constexpr size_t kLlmcHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
 using File = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
 
 absl::StatusOr<File> OpenFile(const std::string& path, uint64_t* bytes) {
-  File file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (file == nullptr) return FileError(errno, absl::StrCat("opening data file ", path));
+  // O_NONBLOCK: opening a FIFO waits for a writer, which may never come; it is refused below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return FileError(errno, absl::StrCat("opening data file ", path));
+  File file(::fdopen(fd, "rb"), &std::fclose);
+  if (file == nullptr) {
+    ::close(fd);
+    return FileError(errno, absl::StrCat("opening data file ", path));
+  }
   // The size comes from fstat, not from seeking to the end: a directory opens too, and ext4
   // answers a seek to its end with 2^63 - 1.
   struct stat info;
-  if (::fstat(::fileno(file.get()), &info) != 0) {
+  if (::fstat(fd, &info) != 0) {
     return FileError(errno, absl::StrCat("sizing data file ", path));
   }
   if (S_ISDIR(info.st_mode)) {

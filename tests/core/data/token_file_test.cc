@@ -1,10 +1,13 @@
 #include "core/data/token_file.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -119,6 +122,14 @@ TEST_F(TokenFileTest, ADeviceIsNoDataFile) {
   const absl::Status status = LoadTokenFiles({"/dev/null"}, TokenFormat::kText, 256).status();
   EXPECT_TRUE(HasText(status.message(), "data file /dev/null is not a regular file (a device"));
   EXPECT_FALSE(HasText(status.message(), "/dev/null/*"));
+}
+
+// A FIFO is refused at once: opening it waited for a writer, without end.
+TEST_F(TokenFileTest, AFifoIsNoDataFileAndIsNotWaitedOn) {
+  const std::string fifo = Path("data.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << strerror(errno);
+  const absl::Status status = LoadTokenFiles({fifo}, TokenFormat::kText, 256).status();
+  EXPECT_TRUE(HasText(status.message(), "data file " + fifo + " is not a regular file"));
 }
 
 TEST_F(TokenFileTest, TextBytesAreTokensInFileOrder) {
