@@ -20,16 +20,26 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(MetricsServerTest, ServesTheRegistryAsExpositionText) {
-  MetricsRegistry registry(MetricLabels{{"rank", "0"}});
-  registry.SetGauge("dtrain_step", "steps", 1);
-  const int port = testing::FreeTcpPort();
-  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
-      MetricsServer::Start(registry, "127.0.0.1", port);
-  ASSERT_TRUE(server.ok()) << server.status();
-  registry.SetGauge("dtrain_step", "steps", 2);  // a scrape sees the registry as it is now
+// A server of a registry of one gauge on a free loopback port.
+class MetricsServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    registry_.SetGauge("dtrain_step", "steps", 1);
+    absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+        MetricsServer::Start(registry_, "127.0.0.1", port_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
 
-  httplib::Client client("127.0.0.1", port);
+  MetricsRegistry registry_{MetricLabels{{"rank", "0"}}};
+  const int port_ = testing::FreeTcpPort();
+  std::unique_ptr<MetricsServer> server_;
+};
+
+TEST_F(MetricsServerTest, ServesTheRegistryAsExpositionText) {
+  registry_.SetGauge("dtrain_step", "steps", 2);  // a scrape sees the registry as it is now
+
+  httplib::Client client("127.0.0.1", port_);
   const httplib::Result response = client.Get("/metrics");
   ASSERT_TRUE(response) << httplib::to_string(response.error());
   EXPECT_EQ(response->status, 200);
@@ -40,22 +50,16 @@ TEST(MetricsServerTest, ServesTheRegistryAsExpositionText) {
 
 // Connections that send nothing hold the server's threads for its read timeout each: 24 of them
 // held a scrape about 15 s (past Prometheus' 10 s timeout) with httplib's 5 s default.
-TEST(MetricsServerTest, IdleConnectionsDoNotHoldAScrapePastPrometheusTimeout) {
-  MetricsRegistry registry(MetricLabels{{"rank", "0"}});
-  registry.SetGauge("dtrain_step", "steps", 1);
-  const int port = testing::FreeTcpPort();
-  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
-      MetricsServer::Start(registry, "127.0.0.1", port);
-  ASSERT_TRUE(server.ok()) << server.status();
+TEST_F(MetricsServerTest, IdleConnectionsDoNotHoldAScrapePastPrometheusTimeout) {
   std::vector<int> idle;
   for (int i = 0; i < 24; ++i) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{.sin_family = AF_INET, .sin_port = htons(static_cast<uint16_t>(port))};
+    sockaddr_in address{.sin_family = AF_INET, .sin_port = htons(static_cast<uint16_t>(port_))};
     address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
     idle.push_back(fd);
   }
-  httplib::Client client("127.0.0.1", port);
+  httplib::Client client("127.0.0.1", port_);
   client.set_read_timeout(30);
   const absl::Time start = absl::Now();
   const httplib::Result response = client.Get("/metrics");
@@ -66,7 +70,7 @@ TEST(MetricsServerTest, IdleConnectionsDoNotHoldAScrapePastPrometheusTimeout) {
   EXPECT_LT(waited, absl::Seconds(10));
 }
 
-TEST(MetricsServerTest, ABusyPortIsAnErrorNamingIt) {
+TEST(MetricsServerStartTest, ABusyPortIsAnErrorNamingIt) {
   const testing::HeldTcpPort held;
   ASSERT_TRUE(held.bound());
   MetricsRegistry registry(MetricLabels{});
@@ -79,7 +83,7 @@ TEST(MetricsServerTest, ABusyPortIsAnErrorNamingIt) {
 
 // logging.metrics_port 65535 with a second worker on the node asks for 65536: an error, where
 // the socket took its low 16 bits (0: any free port) and served where nobody scrapes.
-TEST(MetricsServerTest, APortPast65535IsAnError) {
+TEST(MetricsServerStartTest, APortPast65535IsAnError) {
   MetricsRegistry registry(MetricLabels{});
   absl::StatusOr<std::unique_ptr<MetricsServer>> server =
       MetricsServer::Start(registry, "127.0.0.1", 65536);
@@ -89,7 +93,7 @@ TEST(MetricsServerTest, APortPast65535IsAnError) {
 
 // logging.metrics_address: an address none of this host's (TEST-NET-1) cannot be listened on,
 // and the error names it.
-TEST(MetricsServerTest, AnAddressOfAnotherHostIsAnErrorNamingIt) {
+TEST(MetricsServerStartTest, AnAddressOfAnotherHostIsAnErrorNamingIt) {
   MetricsRegistry registry(MetricLabels{});
   absl::StatusOr<std::unique_ptr<MetricsServer>> server =
       MetricsServer::Start(registry, "192.0.2.1", testing::FreeTcpPort());
@@ -99,7 +103,7 @@ TEST(MetricsServerTest, AnAddressOfAnotherHostIsAnErrorNamingIt) {
 
 // Two jobs on one port: the second must fail to bind, not share the port's scrapes (httplib's
 // default socket options would let it, through SO_REUSEPORT).
-TEST(MetricsServerTest, ASecondServerOnTheSamePortFails) {
+TEST(MetricsServerStartTest, ASecondServerOnTheSamePortFails) {
   MetricsRegistry registry(MetricLabels{});
   const int port = testing::FreeTcpPort();
   absl::StatusOr<std::unique_ptr<MetricsServer>> first =
