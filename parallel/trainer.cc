@@ -377,9 +377,8 @@ extern "C" void OnCheckpointSignal(int signal) {
   if (signal == SIGINT) {
     // At once, while the step runs on (write(2) is safe in a handler; a failed one costs nothing).
     constexpr char kNotice[] =
-        "\nSIGINT: the run saves a checkpoint at the end of this step and stops (Ctrl-C again "
-        "quits "
-        "at once, unsaved)\n";
+        "\nSIGINT: the run saves a checkpoint at the end of this step and stops "
+        "(Ctrl-C again quits at once, unsaved)\n";
     [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, kNotice, sizeof(kNotice) - 1);
   }
 }

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "core/util/exit_codes.h"
 #include "core/util/files.h"
+#include "core/util/log.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -150,7 +151,8 @@ absl::StatusOr<std::vector<std::string>> ExpandFilePatterns(
   std::vector<std::string> files;
   for (const std::string& pattern : patterns) {
     // As a shell's, the pattern skips folders it cannot read (corpus/*/*.txt past a mode 700
-    // corpus/lost+found) and takes what the others hold; they are named when nothing matches.
+    // corpus/lost+found) and takes what the others hold; they are named in a warning, or in the
+    // error when nothing matches.
     unreadable_folders.clear();
     glob_t matches{};
     const int rc = ::glob(pattern.c_str(), 0, &NoteUnreadableFolder, &matches);
@@ -176,6 +178,11 @@ absl::StatusOr<std::vector<std::string>> ExpandFilePatterns(
     if (rc != 0) {
       return absl::ResourceExhaustedError(
           absl::StrCat("file pattern '", pattern, "': out of memory expanding it"));
+    }
+    // What a skipped folder holds is not trained on: said, in case it is data.
+    if (!unreadable_folders.empty()) {
+      LogWarn("file pattern '%s' skips the folders it cannot read: %s", pattern,
+              absl::StrJoin(unreadable_folders, ", "));
     }
     std::sort(found.begin(), found.end());
     files.insert(files.end(), found.begin(), found.end());

@@ -945,9 +945,8 @@ class Parser {
     return absl::InvalidArgumentError(absl::StrCat(
         subject, ": YAML reads the value as ",
         value.IsScalar() ? absl::StrCat("'", value.Scalar(), "'") : std::string("empty"),
-        " ('#' starts a comment; '&', '!', '|', '>' and '%' have meanings of their own); quote "
-        "it, "
-        "e.g. '",
+        " ('#' starts a comment; '&', '!', '|', '>' and '%' have meanings of their own); "
+        "quote it, e.g. '",
         QuotedOverride(spec, value_text), "'"));
   }
 

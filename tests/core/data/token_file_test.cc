@@ -82,8 +82,9 @@ TEST_F(TokenFileTest, PatternWithoutMatchIsAnError) {
 }
 
 // As a shell's glob, corpus/*/*.txt skips a folder it cannot read (a mode 700 lost+found)
-// and takes the others' files; a pattern that then matches nothing names the folder.
-TEST_F(TokenFileTest, APatternSkipsFoldersItCannotReadAndNamesThemWhenNothingMatches) {
+// and takes the others' files, warning that it skipped it; a pattern that then matches nothing
+// names the folder.
+TEST_F(TokenFileTest, APatternSkipsFoldersItCannotReadAndNamesThem) {
   std::filesystem::create_directories(Path("corpus/a"));
   std::filesystem::create_directories(Path("corpus/lost+found"));
   WriteText("corpus/a/x.txt", "x");
@@ -93,13 +94,16 @@ TEST_F(TokenFileTest, APatternSkipsFoldersItCannotReadAndNamesThemWhenNothingMat
   // Root reads every folder: the check runs as nobody in a child process, whose exit code
   // tells.
   const auto check = [&] {
+    ::testing::internal::CaptureStderr();
     const absl::StatusOr<std::vector<std::string>> some =
         ExpandFilePatterns({Path("corpus/*/*.txt")});
+    const std::string warned = ::testing::internal::GetCapturedStderr();
     const absl::Status none = ExpandFilePatterns({Path("corpus/lost+found/*.txt")}).status();
+    const std::string skipped = Path("corpus/lost+found") + ": Permission denied";
     const bool ok = some.ok() && *some == std::vector<std::string>{Path("corpus/a/x.txt")} &&
-                    absl::IsNotFound(none) &&
-                    HasText(none.message(), Path("corpus/lost+found") + ": Permission denied");
-    if (!ok) std::cerr << some.status() << " / " << none << "\n";
+                    HasText(warned, "skips the folders it cannot read: " + skipped) &&
+                    absl::IsNotFound(none) && HasText(none.message(), skipped);
+    if (!ok) std::cerr << some.status() << " / " << warned << " / " << none << "\n";
     return ok;
   };
   if (geteuid() != 0) {
