@@ -144,7 +144,13 @@ absl::Status Commit(const SaveRequest& r, const std::string& stage) {
         absl::StrCat("cannot rename ", stage, " to ", final_dir, ": ", error.message()));
   }
   RETURN_IF_ERROR(FsyncDirectory(r.dir));
-  RETURN_IF_ERROR(WriteFileDurably(r.dir + "/" + kLatestName, StepDirName(r.step) + "\n"));
+  // The checkpoint is complete now; `latest` only names the newest, and a resume that finds it
+  // stale takes the newest complete one anyway.
+  if (absl::Status latest = WriteFileDurably(r.dir + "/" + kLatestName, StepDirName(r.step) + "\n");
+      !latest.ok()) {
+    return Renamed(latest, absl::StrCat(final_dir, " is complete (a resume finds it), but ",
+                                        kLatestName, " could not name it: ", latest.message()));
+  }
 
   // Older complete checkpoints beyond keep_last go only now that this one is complete. Each is
   // renamed to a stage folder's name first, at once: a kill during the removal leaves no

@@ -215,6 +215,22 @@ TEST(CheckpointWriterTest, AnExistingStepFolderIsMovedAsideNotOverwritten) {
   EXPECT_TRUE(CheckpointReader::Open(dir + "/step-4").ok());
 }
 
+// A save whose `latest` cannot be written fails saying that the checkpoint itself is complete
+// (it said only that the checkpoint failed), and a resume finds it.
+TEST(CheckpointWriterTest, ALatestThatCannotBeWrittenSaysTheCheckpointIsComplete) {
+  const std::string dir = testing::FreshDir("ckpt_latest");
+  fs::create_directories(dir + "/latest.tmp");  // in latest's way: a folder
+  const absl::Status saved = testing::SaveStep(dir, 4);
+  ASSERT_FALSE(saved.ok());
+  EXPECT_THAT(std::string(saved.message()),
+              ::testing::HasSubstr(dir +
+                                   "/step-4 is complete (a resume finds it), but latest "
+                                   "could not name it: create " +
+                                   dir + "/latest.tmp: "));
+  EXPECT_TRUE(CheckpointReader::Open(dir + "/step-4").ok());
+  EXPECT_THAT(CheckpointCandidates(dir), ElementsAre(dir + "/step-4"));
+}
+
 TEST(CheckpointWriterTest, AsyncWriterSavesFromStagingAndReportsErrors) {
   const std::string dir = testing::FreshDir("ckpt_async");
   CheckpointWriter writer(/*async=*/true);
