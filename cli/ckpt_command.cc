@@ -68,9 +68,11 @@ void AddCkptCommand(CLI::App& app) {
     if (absl::Status status = ExportCheckpoint(export_args->dir, export_args->out,
                                                export_args->format, export_args->tokenizer);
         !status.ok()) {
-      // A wrong path or option fails the same way again; a damaged checkpoint is the data's.
-      Fail(status,
-           absl::IsInvalidArgument(status) || absl::IsNotFound(status) ? kExitUsage : kExitFailure);
+      // A wrong path or option fails the same way again, as does a file error that asks for its
+      // own exit code (a full disk: 3); a damaged checkpoint is the data's.
+      Fail(status, ExitCodeOf(status).value_or(
+                       absl::IsInvalidArgument(status) || absl::IsNotFound(status) ? kExitUsage
+                                                                                   : kExitFailure));
     }
     std::cout << "wrote " << export_args->out << " (" << export_args->format << ")\n";
   });

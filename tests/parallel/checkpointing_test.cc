@@ -335,6 +335,21 @@ TEST(CheckpointingTest, ExportWritesHuggingFaceAndLlmcFiles) {
   EXPECT_EQ(read, wte);
 }
 
+// An export that finds its file system full exits 3, as training's saves do: a retry would fail
+// the same way (it exited 1).
+TEST(CheckpointingTest, AnExportToAFullFileSystemExits3) {
+  const std::string out = testing::TempPath("ckpt_export_full_run");
+  fs::remove_all(out);
+  ASSERT_EQ(Train(out, "--set train.steps=2").exit_code, 0);
+  const std::string small = testing::FreshTempDir("ckpt_export_full");
+  const std::string prefix = testing::SmallFileSystemPrefix(small, 16);
+  if (prefix.empty()) GTEST_SKIP() << "needs root and unshare -m (a tmpfs in a mount namespace)";
+  const testing::Outcome exported = testing::RunDtrain(
+      absl::StrCat("ckpt export ", out, "/ck/checkpoints --out ", small, "/m.safetensors"), prefix);
+  EXPECT_EQ(exported.exit_code, 3) << exported.stderr_text;
+  EXPECT_THAT(exported.stderr_text, HasSubstr("No space left on device"));
+}
+
 TEST(CheckpointingTest, AShapeChangeBlocksAndOtherChangesWarn) {
   const std::string out = testing::TempPath("ckpt_recipe_run");
   fs::remove_all(out);
