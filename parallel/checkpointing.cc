@@ -9,7 +9,9 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -56,6 +58,25 @@ bool OutsideRunFolder(const std::string& dir, const std::string& run_dir) {
   const fs::path relative =
       fs::path(dir).lexically_normal().lexically_relative(fs::path(run_dir).lexically_normal());
   return relative.empty() || *relative.begin() == "..";
+}
+
+// The folders set aside in `dir` (AsideName's), and the bytes they hold.
+std::pair<int, uint64_t> SetAsideFolders(const std::string& dir) {
+  std::pair<int, uint64_t> found{0, 0};
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error); !error && it != fs::directory_iterator();
+       it.increment(error)) {
+    if (!it->is_directory(error) ||
+        !absl::StrContains(it->path().filename().string(), ".replaced-")) {
+      continue;
+    }
+    ++found.first;
+    for (fs::recursive_directory_iterator file(it->path(), error);
+         !error && file != fs::recursive_directory_iterator(); file.increment(error)) {
+      if (file->is_regular_file(error)) found.second += file->file_size(error);
+    }
+  }
+  return found;
 }
 
 // Keys that differ between two resolved recipes ("section.key").
@@ -374,6 +395,7 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader, int 
 }
 
 void TrainingCheckpoints::SetAsideLaterCheckpoints(int64_t start_step) {
+  bool moved = false;
   for (const auto& [step, path] : StepFolders(dir_)) {
     if (step <= start_step) continue;
     const std::string aside = AsideName(path, nonce_);
@@ -387,8 +409,16 @@ void TrainingCheckpoints::SetAsideLaterCheckpoints(int64_t start_step) {
     } else {
       LogWarn("checkpoint: %s is past step %d, where this run starts: moved to %s", path,
               start_step, aside);
+      moved = true;
     }
   }
+  if (!moved) return;
+  // Kept for inspection, never pruned: each start over adds to them.
+  const auto [folders, bytes] = SetAsideFolders(dir_);
+  LogWarn(
+      "checkpoint: %s holds %d set-aside checkpoint folder(s), %.1f MiB in all, kept for "
+      "inspection: remove them when they are no longer needed",
+      dir_, folders, bytes / 1048576.0);
 }
 
 absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& loader,

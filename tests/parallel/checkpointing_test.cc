@@ -181,6 +181,10 @@ TEST(CheckpointingTest, StartingOverSetsTheEarlierRunsCheckpointsAside) {
                                            "/step-8 is past step 0, where this run starts: "
                                            "moved to " +
                                            dir + "/step-8.replaced-"));
+  // They are kept, never pruned: the run says how many and how large they are.
+  EXPECT_THAT(fresh.stderr_text,
+              ::testing::ContainsRegex("checkpoint: .*/checkpoints holds 4 set-aside checkpoint "
+                                       "folder\\(s\\), [0-9.]+ MiB in all, kept for inspection"));
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(dir)) {
     names.push_back(entry.path().filename().string());
