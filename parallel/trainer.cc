@@ -444,8 +444,6 @@ class CheckpointSignals {
 // of what it keeps.
 class MetricsFile {
  public:
-  static constexpr char kFix[] = "set logging.metrics_file to a path in a writable folder";
-
   absl::Status Open(const std::string& path, int64_t resumed_step,
                     const std::string& resumed_line) {
     path_ = path;
@@ -490,6 +488,8 @@ class MetricsFile {
   }
 
  private:
+  static constexpr char kFix[] = "set logging.metrics_file to a path in a writable folder";
+
   std::string path_;
   std::ofstream file_;
 };

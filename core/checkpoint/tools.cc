@@ -116,41 +116,29 @@ absl::Status ExportLlmc(const ModelConfig& config, const ParamTable& table,
   header[6] = config.d_model;
   header[7] = padded_vocab;
   ASSIGN_OR_RETURN(const std::string target, ResolveOutputFile(out));
-  const std::string tmp = target + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return FileError(errno, absl::StrCat("create ", tmp));
-  std::vector<float> values;
-  const auto write_tensor = [&](const std::string& name, size_t pad_to) -> absl::Status {
-    const TensorEntry* entry = table.Find(name);
-    if (entry == nullptr) return absl::InternalError("no tensor " + name);
-    values.assign(std::max(entry->numel, pad_to), 0.0f);
-    RETURN_IF_ERROR(reader.Read(name, 0, static_cast<int64_t>(entry->numel), values.data()));
-    return WriteAll(fd, values.data(), values.size() * sizeof(float), tmp);
-  };
-  absl::Status status = WriteAll(fd, header, sizeof(header), tmp);
-  if (status.ok()) {
-    status = write_tensor("embed.tokens", static_cast<size_t>(padded_vocab) * config.d_model);
-  }
-  if (status.ok()) status = write_tensor("embed.positions", 0);
-  for (const char* kind : {"norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias",
-                           "attn.out.weight", "attn.out.bias", "norm2.weight", "norm2.bias",
-                           "mlp.up.weight", "mlp.up.bias", "mlp.down.weight", "mlp.down.bias"}) {
-    for (int layer = 0; layer < config.n_layer && status.ok(); ++layer) {
-      status = write_tensor(absl::StrCat("blocks.", layer, ".", kind), 0);
+  return WriteFileDurably(target, [&](int fd, const std::string& tmp) {
+    std::vector<float> values;
+    const auto write_tensor = [&](const std::string& name, size_t pad_to) -> absl::Status {
+      const TensorEntry* entry = table.Find(name);
+      if (entry == nullptr) return absl::InternalError("no tensor " + name);
+      values.assign(std::max(entry->numel, pad_to), 0.0f);
+      RETURN_IF_ERROR(reader.Read(name, 0, static_cast<int64_t>(entry->numel), values.data()));
+      return WriteAll(fd, values.data(), values.size() * sizeof(float), tmp);
+    };
+    RETURN_IF_ERROR(WriteAll(fd, header, sizeof(header), tmp));
+    RETURN_IF_ERROR(
+        write_tensor("embed.tokens", static_cast<size_t>(padded_vocab) * config.d_model));
+    RETURN_IF_ERROR(write_tensor("embed.positions", 0));
+    for (const char* kind : {"norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias",
+                             "attn.out.weight", "attn.out.bias", "norm2.weight", "norm2.bias",
+                             "mlp.up.weight", "mlp.up.bias", "mlp.down.weight", "mlp.down.bias"}) {
+      for (int layer = 0; layer < config.n_layer; ++layer) {
+        RETURN_IF_ERROR(write_tensor(absl::StrCat("blocks.", layer, ".", kind), 0));
+      }
     }
-  }
-  if (status.ok()) status = write_tensor("final_norm.weight", 0);
-  if (status.ok()) status = write_tensor("final_norm.bias", 0);
-  if (status.ok() && ::fsync(fd) != 0) status = FileError(errno, "fsync " + tmp);
-  ::close(fd);
-  if (status.ok() && std::rename(tmp.c_str(), target.c_str()) != 0) {
-    status = FileError(errno, absl::StrCat("rename ", tmp, " to ", target));
-  }
-  if (!status.ok()) {
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  return FsyncParentDirectory(target);
+    RETURN_IF_ERROR(write_tensor("final_norm.weight", 0));
+    return write_tensor("final_norm.bias", 0);
+  });
 }
 
 double Seconds(std::chrono::steady_clock::time_point start) {
