@@ -63,6 +63,9 @@ class TrainingCheckpoints {
                               const std::string& metrics_line);
   // Waits for the save in flight.
   absl::Status Finish() { return writer_.Wait(); }
+  // The error of a background save that has failed (OK while it runs): the run ends at the step
+  // it failed, not at the next save.
+  absl::Status CheckBackgroundSave() { return writer_.Poll(); }
 
   const std::string& dir() const { return dir_; }
   // After Resume: the metrics.jsonl line of the resumed step ("" when none was saved).

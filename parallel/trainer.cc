@@ -1071,6 +1071,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       waited_before_step = AwaitNextStepData(*data.train, micro_batches * train.micro_batch,
                                              m.step + 1, /*first=*/false);
     }
+    RETURN_IF_ERROR(checkpoints->CheckBackgroundSave());
     ASSIGN_OR_RETURN(const CheckpointRequest request, AgreeOnCheckpointSignals(world_comm));
     const int interval = recipe.checkpoint.interval;
     if ((interval > 0 && m.step % interval == 0) || (last && recipe.checkpoint.save_at_end) ||

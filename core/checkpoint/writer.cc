@@ -300,9 +300,17 @@ absl::StatusOr<float*> CheckpointWriter::Stage(size_t floats) {
 absl::Status CheckpointWriter::Save(SaveRequest request) {
   RETURN_IF_ERROR(Wait());
   if (!async_) return WriteCheckpoint(request);
-  thread_ =
-      std::thread([this, request = std::move(request)] { result_ = WriteCheckpoint(request); });
+  finished_ = false;
+  thread_ = std::thread([this, request = std::move(request)] {
+    result_ = WriteCheckpoint(request);
+    finished_ = true;
+  });
   return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::Poll() {
+  if (!thread_.joinable() || !finished_) return absl::OkStatus();
+  return Wait();
 }
 
 absl::Status CheckpointWriter::Wait() {

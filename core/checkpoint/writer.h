@@ -7,6 +7,7 @@
 // step-<N> folder, or a complete one.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -75,10 +76,15 @@ class CheckpointWriter {
   absl::Status Save(SaveRequest request);
   // The outcome of the save in flight (OK when none).
   absl::Status Wait();
+  // The outcome of a background save that has finished, OK while it runs or when none: a
+  // failed save shows at the step it failed, not at the next save's Stage, checkpoint.interval
+  // steps later.
+  absl::Status Poll();
 
  private:
   bool async_;
   std::thread thread_;
+  std::atomic<bool> finished_ = false;  // the background save has set result_
   absl::Status result_;
   std::vector<float> staging_;
 };

@@ -418,6 +418,27 @@ TEST(TrainTest, AMetricsFileThatCannotBeWrittenFailsTheRun) {
   EXPECT_THAT(run.stderr_text, HasSubstr("No space left on device"));
 }
 
+// A background save that fails ends the run at the step it is found, not at the next save's,
+// checkpoint.interval steps later (when the writer waited for it): the run trained on for nothing.
+TEST(TrainTest, AFailedBackgroundSaveEndsTheRunBeforeTheNextSave) {
+  const std::string small = testing::FreshTempDir("full_async_checkpoints");
+  const std::string prefix = testing::SmallFileSystemPrefix(small, 64);
+  if (prefix.empty()) GTEST_SKIP() << "needs root and unshare -m (a tmpfs in a mount namespace)";
+  const std::string out = RunDir("full_async");
+  std::filesystem::remove_all(out);
+  const testing::Outcome run = testing::RunDtrain(
+      absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", out, " --set checkpoint.dir=",
+                   small, " --set checkpoint.async=true --set checkpoint.interval=100",
+                   " --set train.steps=400 --set train.eval_every=0 --set train.export_to=''"),
+      prefix);
+  EXPECT_EQ(run.exit_code, kExitDiskFull) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text, HasSubstr("checkpoint step-100, rank 0: write "));
+  const std::vector<nlohmann::json> steps = ReadMetrics(out + "/small");
+  ASSERT_FALSE(steps.empty());
+  EXPECT_GE(steps.back()["step"].get<int>(), 100);
+  EXPECT_LT(steps.back()["step"].get<int>(), 199);
+}
+
 // Out of inodes with bytes to spare the error says so, not that the file system is full.
 TEST(TrainTest, ACheckpointFileSystemOutOfInodesSaysSo) {
   const std::string small = testing::FreshTempDir("inode_checkpoints");

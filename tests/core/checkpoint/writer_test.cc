@@ -1,11 +1,13 @@
 #include "core/checkpoint/writer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -251,6 +253,23 @@ TEST(CheckpointWriterTest, AsyncWriterSavesFromStagingAndReportsErrors) {
   const absl::Status failed = writer.Wait();
   EXPECT_FALSE(failed.ok());
   EXPECT_THAT(failed.message(), HasSubstr("/proc/no/such/folder"));
+}
+
+// Poll gives a finished background save's failure, once.
+TEST(CheckpointWriterTest, PollReportsAFinishedBackgroundSavesFailureOnce) {
+  CheckpointWriter writer(/*async=*/true);
+  EXPECT_TRUE(writer.Poll().ok());  // no save
+  const std::vector<std::vector<float>> tensors = {testing::TensorValues("a", 5)};
+  SaveRequest request = testing::RequestFor("/proc/no/such/folder", 5, 0, 1, tensors);
+  ASSERT_TRUE(writer.Save(request).ok());
+  absl::Status polled = absl::OkStatus();
+  for (int i = 0; i < 1000 && polled.ok(); ++i) {
+    polled = writer.Poll();
+    if (polled.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_THAT(std::string(polled.message()), HasSubstr("/proc/no/such/folder"));
+  EXPECT_TRUE(writer.Poll().ok());
+  EXPECT_TRUE(writer.Wait().ok());
 }
 
 }  // namespace
