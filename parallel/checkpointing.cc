@@ -60,25 +60,6 @@ bool OutsideRunFolder(const std::string& dir, const std::string& run_dir) {
   return relative.empty() || *relative.begin() == "..";
 }
 
-// The folders set aside in `dir` (AsideName's), and the bytes they hold.
-std::pair<int, uint64_t> SetAsideFolders(const std::string& dir) {
-  std::pair<int, uint64_t> found{0, 0};
-  std::error_code error;
-  for (fs::directory_iterator it(dir, error); !error && it != fs::directory_iterator();
-       it.increment(error)) {
-    if (!it->is_directory(error) ||
-        !absl::StrContains(it->path().filename().string(), ".replaced-")) {
-      continue;
-    }
-    ++found.first;
-    for (fs::recursive_directory_iterator file(it->path(), error);
-         !error && file != fs::recursive_directory_iterator(); file.increment(error)) {
-      if (file->is_regular_file(error)) found.second += file->file_size(error);
-    }
-  }
-  return found;
-}
-
 // Keys that differ between two resolved recipes ("section.key").
 std::vector<std::string> DifferingKeys(const std::string& saved, const std::string& current) {
   std::vector<std::string> keys;
@@ -414,11 +395,11 @@ void TrainingCheckpoints::SetAsideLaterCheckpoints(int64_t start_step) {
   }
   if (!moved) return;
   // Kept for inspection, never pruned: each start over adds to them.
-  const auto [folders, bytes] = SetAsideFolders(dir_);
+  const SetAside aside = SetAsideFolders(dir_);
   LogWarn(
       "checkpoint: %s holds %d set-aside checkpoint folder(s), %.1f MiB in all, kept for "
       "inspection: remove them when they are no longer needed",
-      dir_, folders, bytes / 1048576.0);
+      dir_, aside.names.size(), aside.bytes / 1048576.0);
 }
 
 absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& loader,

@@ -225,6 +225,26 @@ std::string AsideName(const std::string& step_dir, uint64_t nonce) {
   return absl::StrFormat("%s.replaced-%016x", step_dir, nonce);
 }
 
+SetAside SetAsideFolders(const std::string& dir) {
+  namespace fs = std::filesystem;
+  SetAside found;
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error); !error && it != fs::directory_iterator();
+       it.increment(error)) {
+    if (!it->is_directory(error) ||
+        !absl::StrContains(it->path().filename().string(), ".replaced-")) {
+      continue;
+    }
+    found.names.push_back(it->path().filename().string());
+    for (fs::recursive_directory_iterator file(it->path(), error);
+         !error && file != fs::recursive_directory_iterator(); file.increment(error)) {
+      if (file->is_regular_file(error)) found.bytes += file->file_size(error);
+    }
+  }
+  std::sort(found.names.begin(), found.names.end());
+  return found;
+}
+
 std::string RankFileName(int rank) { return absl::StrCat("rank-", rank, ".bin"); }
 std::string RankIndexName(int rank) { return absl::StrCat("rank-", rank, ".json"); }
 

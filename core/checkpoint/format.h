@@ -121,6 +121,12 @@ std::string StepDirName(int64_t step);  // "step-<N>"
 // Where a step-<N> folder that must give way moves, kept for inspection: "<path>.replaced-<nonce
 // in 16 hex digits>" (never a step-<N> name, so resume and pruning leave it alone).
 std::string AsideName(const std::string& step_dir, uint64_t nonce);
+// The folders set aside in a checkpoint folder (AsideName's), by name, and the bytes they hold.
+struct SetAside {
+  std::vector<std::string> names;
+  uint64_t bytes = 0;
+};
+SetAside SetAsideFolders(const std::string& dir);
 // N of a "step-<N>" name; nullopt for any other name, N past int64 included.
 std::optional<int64_t> StepOfDirName(const std::string& name);
 // The step-<N> folders in `dir` as (N, path), oldest first; empty when `dir` cannot be read.

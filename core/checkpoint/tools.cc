@@ -191,6 +191,14 @@ InspectReport InspectCheckpoints(const std::string& path) {
   for (const std::string& candidate : candidates) {
     report.valid = InspectOne(candidate, report.text) && report.valid;
   }
+  if (const SetAside aside = SetAsideFolders(path); !aside.names.empty()) {
+    absl::StrAppendFormat(&report.text,
+                          "also %d set-aside folder(s), %.1f MiB in all: %s (checkpoints a run "
+                          "started over from or replaced, kept for inspection; a resume never "
+                          "loads them: remove them when no longer needed)\n",
+                          aside.names.size(), aside.bytes / 1048576.0,
+                          absl::StrJoin(aside.names, ", "));
+  }
   return report;
 }
 

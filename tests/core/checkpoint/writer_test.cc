@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/checkpoint/reader.h"
+#include "core/checkpoint/tools.h"
 #include "core/util/exit_codes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -215,6 +216,12 @@ TEST(CheckpointWriterTest, AnExistingStepFolderIsMovedAsideNotOverwritten) {
   }
   EXPECT_TRUE(found_aside);
   EXPECT_TRUE(CheckpointReader::Open(dir + "/step-4").ok());
+  // ckpt inspect counts it (it listed only the step-<N> folders).
+  const InspectReport report = InspectCheckpoints(dir);
+  EXPECT_TRUE(report.valid) << report.text;
+  EXPECT_THAT(report.text,
+              ::testing::ContainsRegex("also 1 set-aside folder\\(s\\), [0-9.]+ MiB in all: "
+                                       "step-4\\.replaced-[0-9a-f]{16} \\(.*remove them"));
 }
 
 // A save whose `latest` cannot be written fails saying that the checkpoint itself is complete
