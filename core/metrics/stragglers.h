@@ -39,8 +39,15 @@ class StragglerTracker {
  private:
   double threshold_pct_;
   std::vector<int> peers_;
+  // A straggling rank's lags, as counts of lags rounded to 0.01% of 1 + lag (kLagBinsPerUnit):
+  // memory bounded by the lags' range, not by the run's steps.
+  struct Lags {
+    int steps = 0;
+    std::map<int64_t, int> counts;  // bin -> lags in it
+    double Median() const;
+  };
   int steps_ = 0;
-  std::map<int, std::vector<double>> lags_;  // per straggling rank, its lags
+  std::map<int, Lags> lags_;  // per straggling rank
 };
 
 }  // namespace dtrain
