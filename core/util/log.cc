@@ -40,7 +40,7 @@ void LogLine(LogLevel level, std::string_view message) {
   std::tm utc;
   gmtime_r(&seconds, &utc);
   char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%H:%M:%S", &utc);
+  std::strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", &utc);
   std::string line = absl::StrFormat("%s %s ", LevelName(level), stamp);
   if (const int rank = g_rank.load(); rank >= 0) absl::StrAppendFormat(&line, "[rank %d] ", rank);
   line.append(message);

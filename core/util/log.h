@@ -1,4 +1,4 @@
-// The one logger: timestamped lines on stderr with a level and, once known, the rank.
+// The one logger: lines on stderr with a level, the UTC date and time and, once known, the rank.
 // Thread-safe; a line is written with a single write so ranks and threads do not interleave.
 #pragma once
 

@@ -603,12 +603,12 @@ TEST(PipelineAutoTest, AutoPipelinesWhatReplicasAndTensorParallelismCannotSplit)
 class PipelineSamplingTest : public ::testing::TestWithParam<std::string> {};
 
 // The text logged as "sample at step <step>:" in a run's output: the lines after it up to the
-// next log line ("I 12:34:56 ..."); empty when there is none.
+// next log line ("I 2026-12-06 12:34:56 ..."); empty when there is none.
 std::string LoggedSample(const std::string& output, int step) {
   const std::string marker = absl::StrCat("sample at step ", step, ":\n");
   const size_t at = output.find(marker);
   if (at == std::string::npos) return "";
-  const std::regex log_line(R"(^[A-Z?] \d\d:\d\d:\d\d )");
+  const std::regex log_line(R"(^[A-Z?] \d{4}-\d\d-\d\d \d\d:\d\d:\d\d )");
   std::istringstream lines(output.substr(at + marker.size()));
   std::string sample;
   for (std::string line; std::getline(lines, line) && !std::regex_search(line, log_line);) {
