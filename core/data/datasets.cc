@@ -100,10 +100,11 @@ absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int 
   return datasets;
 }
 
-// The SFT rows of the shards `key` lists, and a line saying how they were packed.
+// The SFT rows of the shards `key` lists, a line saying how they were packed, and a warning
+// when samples have no trained target.
 absl::StatusOr<SftRows> LoadSftRows(const std::string& key,
                                     const std::vector<std::string>& patterns, const Recipe& recipe,
-                                    std::vector<std::string>* notes) {
+                                    Datasets& datasets) {
   if (patterns.empty()) {
     return absl::InvalidArgumentError(key + " is empty; list the SFT shards (globs allowed)");
   }
@@ -114,24 +115,44 @@ absl::StatusOr<SftRows> LoadSftRows(const std::string& key,
   ASSIGN_OR_RETURN(const LongSamplePolicy policy,
                    ParseLongSamplePolicy(recipe.data.on_long_sample));
   SftRows rows = PackSftRows(samples, recipe.train.seq_len, recipe.data.packing, policy);
-  notes->push_back(absl::StrCat(
+  datasets.notes.push_back(absl::StrCat(
       key, ": ", rows.samples, " SFT samples in ", rows.rows, " sequences of ", rows.seq_len,
       recipe.data.packing ? " (packed, attention within each sample)" : " (one sample each)", "; ",
       rows.trained_tokens, " trained tokens, ", rows.padding_tokens, " padding; ", rows.truncated,
       " truncated and ", rows.skipped, " skipped (longer than seq_len + 1 with ",
       "data.on_long_sample: ", recipe.data.on_long_sample, ", or under 2 tokens)"));
+  if (rows.untrained > 0) {
+    datasets.warnings.push_back(absl::StrCat(
+        key, ": ", rows.untrained, " of ", rows.samples,
+        " SFT samples have no trained token within train.seq_len = ", recipe.train.seq_len,
+        " (their assistant turns cut off by truncation, or none marked): they cost compute and "
+        "teach nothing; raise train.seq_len, or set data.on_long_sample: skip"));
+  }
   return rows;
+}
+
+// Refuses SFT rows of `source` without a trained target: a run on them would train nothing (a
+// loss of 0 at every step) or evaluate nothing.
+absl::Status CheckTrainedTargets(const SftRows& rows, const std::string& source) {
+  if (std::any_of(rows.targets.begin(), rows.targets.end(),
+                  [](int32_t target) { return target >= 0; })) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, " holds no trained token in ", rows.rows, " sequence(s) of ", rows.seq_len,
+      ": every target is masked (prompt, padding, or assistant turns cut off by truncation); "
+      "raise train.seq_len, set data.on_long_sample: skip, or check the shards' loss masks"));
 }
 
 // data.format sft: samples read whole and packed into fixed sequences once.
 absl::StatusOr<Datasets> OpenSftDatasets(const Recipe& recipe, int dp_rank, int dp_size) {
   const DataSection& data = recipe.data;
   Datasets datasets;
-  ASSIGN_OR_RETURN(SftRows train, LoadSftRows("data.train", data.train, recipe, &datasets.notes));
+  ASSIGN_OR_RETURN(SftRows train, LoadSftRows("data.train", data.train, recipe, datasets));
   SftRows val;
   std::string val_source;
   if (!data.val.empty()) {
-    ASSIGN_OR_RETURN(val, LoadSftRows("data.val", data.val, recipe, &datasets.notes));
+    ASSIGN_OR_RETURN(val, LoadSftRows("data.val", data.val, recipe, datasets));
     val_source = absl::StrCat("data.val (", absl::StrJoin(data.val, ", "), ")");
   } else if (data.val_fraction > 0) {
     // The last rows, as the token formats hold out the last tokens.
@@ -160,12 +181,17 @@ absl::StatusOr<Datasets> OpenSftDatasets(const Recipe& recipe, int dp_rank, int 
         "no validation data: data.val is empty and data.val_fraction is 0; set one of them, or "
         "train.eval_every: 0 to train without evaluation");
   }
+  const std::string train_source =
+      absl::StrCat("data.train (", absl::StrJoin(data.train, ", "), ")");
+  RETURN_IF_ERROR(CheckTrainedTargets(train, train_source));
+  if (!val_source.empty() && recipe.train.eval_every > 0) {
+    RETURN_IF_ERROR(CheckTrainedTargets(val, val_source));
+  }
   datasets.train_tokens = static_cast<int64_t>(train.inputs.size());
   datasets.val_tokens = static_cast<int64_t>(val.inputs.size());
-  ASSIGN_OR_RETURN(datasets.train,
-                   ShuffledRowLoader::Create(
-                       std::move(train), recipe.run.seed, recipe.train.batch_size, dp_rank, dp_size,
-                       absl::StrCat("data.train (", absl::StrJoin(data.train, ", "), ")")));
+  ASSIGN_OR_RETURN(datasets.train, ShuffledRowLoader::Create(std::move(train), recipe.run.seed,
+                                                             recipe.train.batch_size, dp_rank,
+                                                             dp_size, train_source));
   // The split is made either way, so that the training data does not depend on evaluation.
   if (!val_source.empty() && recipe.train.eval_every > 0) {
     ASSIGN_OR_RETURN(datasets.val,

@@ -190,6 +190,7 @@ SftRows PackSftRows(const std::vector<SftSample>& samples, int seq_len, bool pac
       used = 0;
       ++out.rows;
     }
+    const int64_t trained_before = out.trained_tokens;
     for (int64_t i = 0; i < slots; ++i) {
       out.inputs.push_back(sample.tokens[i]);
       const bool trained = sample.trained[i + 1] != 0;
@@ -197,6 +198,7 @@ SftRows PackSftRows(const std::vector<SftSample>& samples, int seq_len, bool pac
       out.positions.push_back(static_cast<int32_t>(i));
       out.trained_tokens += trained ? 1 : 0;
     }
+    if (out.trained_tokens == trained_before) ++out.untrained;
     used += static_cast<int>(slots);
     ++out.samples;
   }

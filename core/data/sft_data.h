@@ -56,6 +56,7 @@ struct SftRows {
   int64_t truncated = 0;       // cut to seq_len + 1 tokens
   int64_t skipped = 0;         // left out: too long under kSkip, or under two tokens
   int64_t trained_tokens = 0;  // targets >= 0
+  int64_t untrained = 0;       // samples placed without a trained target (cut off, or none)
   int64_t padding_tokens = 0;  // slots of no sample
 };
 SftRows PackSftRows(const std::vector<SftSample>& samples, int seq_len, bool packing,

@@ -13,6 +13,7 @@
 #include "core/data/chat_template.h"
 #include "core/data/data_pack.h"
 #include "core/data/tokenizer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace dtrain {
@@ -136,6 +137,49 @@ TEST_F(DatasetsTest, AValidationSplitOfNothingMattersOnlyWhenEvaluating) {
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ(data->val, nullptr);
   EXPECT_EQ(data->train_tokens, 38);  // the split is the same with or without evaluation
+}
+
+// SFT samples whose answers truncation cut off train nothing: counted in a warning, and data
+// with no trained token left is refused (it trained at a loss of 0 and exited 0). The byte
+// tokenizer makes a prompt of 30 characters 30 tokens, past train.seq_len = 16.
+TEST_F(DatasetsTest, SftDataWithoutATrainedTokenIsRefused) {
+  const std::string chat = (dir_ / "chat.jsonl").string();
+  const auto pack = [&](int short_prompts) {
+    {
+      std::ofstream out(chat);
+      for (int i = 0; i < 6; ++i) {
+        const std::string prompt(i < short_prompts ? 3 : 30, 'q');
+        out << R"({"prompt": ")" << prompt << R"(", "completion": "answer"})"
+            << "\n";
+      }
+    }
+    std::filesystem::remove_all(dir_ / "sft");
+    ASSERT_TRUE(PackSftShards({chat}, (dir_ / "sft").string(), 1 << 20, ByteTokenizer(),
+                              *LoadChatTemplate("none"))
+                    .ok());
+  };
+  recipe_.data.format = "sft";
+  recipe_.data.packing = false;
+  recipe_.data.train = {(dir_ / "sft" / "*.tar").string()};
+  recipe_.train.seq_len = 16;
+  recipe_.train.eval_every = 0;
+  pack(0);
+  EXPECT_THAT(OpenDatasets(recipe_, 0, 1).status().message(),
+              ::testing::HasSubstr(" holds no trained token in 6 sequence(s) of 16: every target "
+                                   "is masked"));
+  pack(2);
+  absl::StatusOr<Datasets> data = OpenDatasets(recipe_, 0, 1);
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_EQ(data->warnings.size(), 1u);
+  EXPECT_THAT(data->warnings[0],
+              ::testing::HasSubstr("data.train: 4 of 6 SFT samples have no trained token within "
+                                   "train.seq_len = 16"));
+  // Evaluated, a held-out part of untrained samples alone is refused too.
+  recipe_.data.val_fraction = 0.5;
+  recipe_.train.eval_every = 10;
+  EXPECT_THAT(OpenDatasets(recipe_, 0, 1).status().message(),
+              ::testing::HasSubstr("the last data.val_fraction = 0.5 of the 6 data.train "
+                                   "sequences holds no trained token in 3 sequence(s)"));
 }
 
 TEST_F(DatasetsTest, ErrorsNameTheKeyOrFile) {
