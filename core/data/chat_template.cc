@@ -2,14 +2,50 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/util/files.h"
 
 namespace dtrain {
 namespace {
+
+// Whether Python's str.isspace() holds for code point `c`: what Jinja's `trim` (str.strip())
+// strips, so that a rendered conversation equals the exported template's.
+bool IsPythonSpace(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
+}
+
+// The code point of the UTF-8 sequence at text[at] (JSON strings are valid UTF-8) and its length
+// in bytes.
+std::pair<char32_t, size_t> CodePointAt(absl::string_view text, size_t at) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[at + i]); };
+  const unsigned char lead = byte(0);
+  const size_t length = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+  if (at + length > text.size()) return {0xFFFD, text.size() - at};  // cut short: no space
+  char32_t c = length == 1 ? lead : lead & (0xFF >> (length + 1));
+  for (size_t i = 1; i < length; ++i) c = (c << 6) | (byte(i) & 0x3F);
+  return {c, length};
+}
+
+// `text` without leading and trailing Python whitespace (IsPythonSpace).
+absl::string_view StripPythonWhitespace(absl::string_view text) {
+  while (!text.empty()) {
+    const auto [c, length] = CodePointAt(text, 0);
+    if (!IsPythonSpace(c)) break;
+    text.remove_prefix(length);
+  }
+  while (!text.empty()) {
+    size_t start = text.size() - 1;
+    while (start > 0 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
+    if (!IsPythonSpace(CodePointAt(text, start).first)) break;
+    text.remove_suffix(text.size() - start);
+  }
+  return text;
+}
 
 ChatTemplate Llama3() {
   ChatTemplate t{.name = "llama3", .begin = "<|begin_of_text|>", .trim = true};
@@ -181,9 +217,8 @@ absl::StatusOr<std::vector<TextSegment>> RenderConversation(
                                                      absl::StrJoin(known, ", "), ")"));
     }
     const bool trained = message.role == "assistant";
-    const absl::string_view content = chat_template.trim
-                                          ? absl::StripAsciiWhitespace(message.content)
-                                          : absl::string_view(message.content);
+    const absl::string_view content = chat_template.trim ? StripPythonWhitespace(message.content)
+                                                         : absl::string_view(message.content);
     if (trained && content.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "message ", &message - messages.data() + 1, " of ", messages.size(),

@@ -47,6 +47,19 @@ TEST(ChatTemplateTest, Llama3AndChatMlRenderAsTheirModelsExpect) {
   EXPECT_EQ(Rendered(*segments, false),
             "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>");
+  // Trimmed as Jinja's `trim` (Python's str.strip()) trims, Unicode spaces and U+001C..U+001F
+  // included (ASCII whitespace alone was stripped); a zero-width space is no space. The
+  // expectations are jinja2's renderings of "{{ x | trim }}".
+  segments = RenderConversation(*llama3, {{"user", "\u00a0Hi?\u3000"},
+                                          {"assistant", "\x1c\u2003H\u00e9llo\u205f\u0085"},
+                                          {"user", "\u200bHi\u200b"},
+                                          {"assistant", "\u00e9"}});
+  ASSERT_TRUE(segments.ok()) << segments.status();
+  EXPECT_EQ(Rendered(*segments, false),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nH\u00e9llo<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\n\u200bHi\u200b<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n\u00e9<|eot_id|>");
   // An answer of whitespace alone is no answer.
   EXPECT_THAT(
       RenderConversation(*llama3, {{"user", "Hi?"}, {"assistant", " \n"}}).status().message(),
