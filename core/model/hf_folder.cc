@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/data/tokenizers/load_tokenizer.h"
+#include "core/data/tokenizers/sentencepiece_library.h"
 #include "core/util/files.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
@@ -166,15 +167,21 @@ SpecialTokens SpecialTokensOf(const std::map<std::string, int>& vocab) {
           FirstOf(vocab, {"<unk>", "<|endoftext|>"})};
 }
 
-// The special tokens transformers would use: tokenizer.json's added tokens, GPT-2's vocabulary;
-// a SentencePiece model's are LlamaTokenizer's defaults (<s>, </s>, <unk>), ids left unset.
+// The special tokens transformers would use: tokenizer.json's added tokens, GPT-2's vocabulary,
+// a SentencePiece model's special pieces of LlamaTokenizer's names (<s>, </s>, <unk>).
 absl::StatusOr<SpecialTokens> FindSpecialTokens(const TokenizerKind& kind) {
   const fs::path& file = kind.copies.front().first;
+  std::map<std::string, int> vocab;
   if (kind.tokenizer_class == "LlamaTokenizer") {
-    return SpecialTokens{NamedToken{"<s>", -1}, NamedToken{"</s>", -1}, NamedToken{"<unk>", -1}};
+    ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(file.string()));
+    for (const char* name : {"<s>", "</s>", "<unk>"}) {
+      if (const absl::StatusOr<int32_t> id = tokenizer->SpecialToken(name); id.ok()) {
+        vocab[name] = *id;
+      }
+    }
+    return SpecialTokensOf(vocab);
   }
   ASSIGN_OR_RETURN(const Json json, ReadJson(file.string()));
-  std::map<std::string, int> vocab;
   if (kind.tokenizer_class == "GPT2Tokenizer") {
     for (const auto& [token, id] : json.items()) {
       if (id.is_number_integer()) vocab[token] = id.get<int>();
@@ -330,6 +337,25 @@ absl::StatusOr<std::string> FastTokenizerCaveat(const Tokenizer& tokenizer,
   if (kind.tokenizer_class != "LlamaTokenizer" ||
       !absl::StartsWith(tokenizer.name(), "sentencepiece:")) {
     return std::string();
+  }
+  // Llama's rules start a text with a word boundary ("a" as "▁a"), which a model made with
+  // add_dummy_prefix: false does not.
+  ASSIGN_OR_RETURN(const std::string serialized, ReadWholeFile(kind.copies.front().first.string()));
+  std::string error;
+  const std::unique_ptr<spm::Processor> processor = spm::Processor::Load(serialized, &error);
+  std::vector<int> a_ids;
+  if (processor != nullptr && processor->Encode("a", &a_ids, &error) && !a_ids.empty() &&
+      !absl::StartsWith(processor->Piece(a_ids.front()), "\xe2\x96\x81")) {
+    return absl::StrCat(
+        "tokenizer ", tokenizer.name(),
+        " adds no word boundary before a text (its model has add_dummy_prefix: false: \"a\" "
+        "encodes as \"",
+        processor->Piece(a_ids.front()),
+        "\", not \"\xe2\x96\x81"
+        "a\"), which transformers' fast tokenizer built from "
+        "tokenizer.model does: load the folder's tokenizer with "
+        "AutoTokenizer.from_pretrained(..., use_fast=False), or export it with a tokenizer.json "
+        "converted from it");
   }
   // Pairs that Llama's rules keep apart and a normalizing model merges.
   for (const auto& [text, normalized] :

@@ -44,10 +44,11 @@ absl::Status CheckHfConfig(const ModelConfig& config, const std::string& path);
 // files, which it may load. `max_seq_len` becomes model_max_length.
 // Why AutoTokenizer's default (fast) tokenizer on a folder that the tokenizer at
 // `tokenizer_path` (loaded: `tokenizer`) is exported into would encode otherwise than it does;
-// empty when it would not. A SentencePiece model that normalizes text (NFKC, runs of spaces
-// collapsed: sentencepiece's default nmt_nfkc, unlike Llama's identity) and comes without a
-// tokenizer.json: transformers builds the fast tokenizer from tokenizer.model with Llama's rules,
-// ignoring the normalizer (the slow LlamaTokenizer, use_fast=False, runs the model itself).
+// empty when it would not. A SentencePiece model that comes without a tokenizer.json and
+// normalizes text (NFKC, runs of spaces collapsed: sentencepiece's default nmt_nfkc, unlike
+// Llama's identity) or adds no dummy prefix: transformers builds the fast tokenizer from
+// tokenizer.model with Llama's rules, ignoring both (the slow LlamaTokenizer, use_fast=False,
+// runs the model itself).
 absl::StatusOr<std::string> FastTokenizerCaveat(const Tokenizer& tokenizer,
                                                 const std::string& tokenizer_path);
 

@@ -142,6 +142,13 @@ def make_tokenizers(folder):
     spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=spm_prefix,
                                    vocab_size=200, model_type="bpe", minloglevel=2)
     sp = spm.SentencePieceProcessor(model_file=spm_prefix + ".model")
+    # Without the dummy prefix ("a" is not "▁a"), which the fast tokenizer transformers builds
+    # from tokenizer.model alone adds anyway; Llama's identity normalizer.
+    no_prefix = os.path.join(folder, "tok-spm-no-prefix")
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=no_prefix,
+                                   vocab_size=200, model_type="bpe", minloglevel=2,
+                                   add_dummy_prefix=False, normalization_rule_name="identity")
+    sp_no_prefix = spm.SentencePieceProcessor(model_file=no_prefix + ".model")
     # The same model as Llama 2's tokenizer.json (transformers' converter), alone in its folder:
     # dtrain writes the tokenizer_config.json that names its <s>, </s> and <unk>.
     llama2_dir = os.path.join(folder, "tok-llama2")
@@ -159,15 +166,20 @@ def make_tokenizers(folder):
     paths = {"tokenizer.json": fast_dir,
              "encoder.json + vocab.bpe": os.path.join(openai_dir, "vocab.bpe"),
              "tokenizer.model": spm_prefix + ".model",
+             "no-dummy-prefix tokenizer.model": no_prefix + ".model",
              "Llama 2 tokenizer.json": llama2_dir,
              "saved Llama 2 folder": saved_dir}
     ids = {"tokenizer.json": bpe.encode(sample).ids,
            "encoder.json + vocab.bpe": bpe.encode(sample).ids,
            "tokenizer.model": [sp.bos_id()] + sp.encode(sample),
+           "no-dummy-prefix tokenizer.model": [sp_no_prefix.bos_id()] + sp_no_prefix.encode(sample),
            # Its post-processor adds <s>, as LlamaTokenizer does.
            "Llama 2 tokenizer.json": llama2.encode(sample).ids,
            "saved Llama 2 folder": llama2.encode(sample).ids}
-    return paths, ids, sample
+    # What config.json's bos_token_id and eos_token_id must say.
+    special = {"tokenizer.model": (sp.bos_id(), sp.eos_id()),
+               "no-dummy-prefix tokenizer.model": (sp_no_prefix.bos_id(), sp_no_prefix.eos_id())}
+    return paths, ids, sample, special
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,9 +190,15 @@ def check_export(dtrain, probe_path, root):
     """dtrain's folders (end-of-run and ckpt export) load in transformers with dtrain's logits
     and their tokenizers in AutoTokenizer."""
     results = []
-    tokenizer_paths, reference_ids, sample = make_tokenizers(root)
+    tokenizer_paths, reference_ids, sample, special_ids = make_tokenizers(root)
     exports = {"gpt2": ["tokenizer.json", "encoder.json + vocab.bpe"],
-               "llama": ["tokenizer.model", "Llama 2 tokenizer.json", "saved Llama 2 folder"]}
+               "llama": ["tokenizer.model", "no-dummy-prefix tokenizer.model",
+                         "Llama 2 tokenizer.json", "saved Llama 2 folder"]}
+    # The fast tokenizer transformers builds from tokenizer.model alone ignores tok-spm's
+    # normalizer (sentencepiece's default nmt_nfkc) and the other model's lack of a dummy prefix:
+    # the export warns.
+    warnings = {"tokenizer.model": "normalizes text",
+                "no-dummy-prefix tokenizer.model": "adds no word boundary before a text"}
     for name, model in MODELS.items():
         folder = os.path.join(root, f"export-{name}")
         os.makedirs(folder)
@@ -194,19 +212,23 @@ def check_export(dtrain, probe_path, root):
             out = os.path.join(folder, "ckpt-export-" + kind.split()[0])
             exported = run([dtrain, "ckpt", "export", os.path.join(folder, "run", "checkpoints"),
                             "--format", "hf", "--out", out, "--tokenizer", tokenizer_paths[kind]])
-            # tok-spm keeps sentencepiece's default normalizer (nmt_nfkc), which the fast
-            # tokenizer transformers builds from tokenizer.model alone ignores: the export warns.
-            warned = "normalizes text" in exported.stderr
-            expect_warning = kind == "tokenizer.model"
+            warned = [w for w in warnings.values() if w in exported.stderr]
+            expected = [warnings[kind]] if kind in warnings else []
             err = relative(got, hf_logits(out, tokens))
             # The slow LlamaTokenizer: the fast one's conversion needs protobuf, not installed.
             tokenizer = transformers.AutoTokenizer.from_pretrained(
-                out, use_fast=kind != "tokenizer.model")
+                out, use_fast=not kind.endswith("tokenizer.model"))
             ids = tokenizer(sample)["input_ids"]
-            ok = err <= TOLERANCE and ids == reference_ids[kind] and warned == expect_warning
+            with open(os.path.join(out, "config.json")) as f:
+                config = json.load(f)
+            stops = (config.get("bos_token_id"), config.get("eos_token_id"))
+            stops_ok = kind not in special_ids or stops == special_ids[kind]
+            ok = (err <= TOLERANCE and ids == reference_ids[kind] and warned == expected
+                  and stops_ok)
             results.append((ok, f"export.{name}.ckpt_export ({kind}) logits {err:.1e}, "
                                 f"{type(tokenizer).__name__} ids {'equal' if ids == reference_ids[kind] else ids}, "
-                                f"fast-tokenizer warning {'given' if warned else 'none'}"))
+                                f"fast-tokenizer warning {warned or 'none'}, "
+                                f"bos/eos ids {stops}"))
     return results
 
 
