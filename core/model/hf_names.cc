@@ -1,6 +1,7 @@
 #include "core/model/hf_names.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -357,6 +358,20 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
   RETURN_IF_ERROR(CheckGpt2HeadIsTied(config, file_names));
   // A tensor's pieces (the files' tensors it is made of) are adjacent, in table order.
   std::vector<float> values, transposed;
+  // A NaN or infinity would surface as a NaN loss at the first step, blamed on the learning rate.
+  const auto check_finite = [&](const std::string& name, const float* read, int64_t count) {
+    const float* end = read + count;
+    const float* bad = std::find_if(read, end, [](float v) { return !std::isfinite(v); });
+    if (bad == end) return absl::OkStatus();
+    // A restart would read them again: the usage error's exit code, which launch does not
+    // restart.
+    return WithExitCode(
+        absl::InvalidArgumentError(absl::StrCat(
+            where, ": tensor '", name, "' holds ", *bad, " at element ", bad - read, " of ", count,
+            ": the weights are damaged, or were saved from a run that diverged; give weights "
+            "saved before it")),
+        kExitUsage);
+  };
   for (size_t i = 0; i < pieces.size(); ++i) {
     const auto& [entry, t, reader] = pieces[i];
     values.resize(entry->numel);
@@ -364,9 +379,11 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
     float* rows = values.data() + t.row_begin * cols;  // (num_rows, cols)
     if (!t.transposed) {
       RETURN_IF_ERROR(reader->ReadFloat32(t.name, rows));
+      RETURN_IF_ERROR(check_finite(t.name, rows, t.num_rows * cols));
     } else {
       transposed.resize(static_cast<size_t>(t.num_rows * cols));  // (cols, num_rows)
       RETURN_IF_ERROR(reader->ReadFloat32(t.name, transposed.data()));
+      RETURN_IF_ERROR(check_finite(t.name, transposed.data(), t.num_rows * cols));
       for (int64_t r = 0; r < t.num_rows; ++r) {
         for (int64_t c = 0; c < cols; ++c) rows[r * cols + c] = transposed[c * t.num_rows + r];
       }

@@ -1,9 +1,11 @@
 // `dtrain train` end to end on a small model: determinism, learning, weights out and back in.
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -296,6 +298,31 @@ TEST(TrainTest, InitFromAnotherShapeFailsNamingTheTensor) {
   EXPECT_THAT(wrong.stderr_text, HasSubstr(weights));
   EXPECT_THAT(wrong.stderr_text, HasSubstr("wte.weight"));
   EXPECT_FALSE(std::filesystem::exists(RunDir("wrong") + "/small"));
+}
+
+// Weights holding a NaN are refused naming the tensor and element, before the first step (which
+// failed with a NaN loss and advice to lower train.lr).
+TEST(TrainTest, InitFromWeightsHoldingANanFailsNamingTheTensor) {
+  ASSERT_EQ(Train(RunDir("nan_source")).exit_code, 0);
+  const std::string weights = RunDir("nan_source") + "/small/model.safetensors";
+  {
+    std::fstream file(weights, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header_bytes = 0;
+    file.read(reinterpret_cast<char*>(&header_bytes), sizeof(header_bytes));
+    std::string header(header_bytes, '\0');
+    file.read(header.data(), static_cast<std::streamsize>(header.size()));
+    const int64_t begin =
+        nlohmann::json::parse(header)["wte.weight"]["data_offsets"][0].get<int64_t>();
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    file.seekp(static_cast<std::streamoff>(8 + header_bytes + begin + 5 * sizeof(float)));
+    file.write(reinterpret_cast<const char*>(&nan), sizeof(nan));
+  }
+  const testing::Outcome run = Train(RunDir("nan"), "--set train.init_from=" + weights);
+  EXPECT_EQ(run.exit_code, 2) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text, HasSubstr(absl::StrCat("train.init_from: ", weights,
+                                                      ": tensor 'wte.weight' holds nan at "
+                                                      "element 5 of ")));
+  EXPECT_THAT(run.stderr_text, ::testing::Not(HasSubstr("train.lr")));
 }
 
 // Files the recipe names that do not exist fail the same way at every restart: exit 2, which
