@@ -266,16 +266,17 @@ TEST_F(WebDatasetLoaderTest, AShardThatFailsAheadFailsTheNextBatch) {
   config_.urls = {dir_ / "shard-000.tar", dir_ / "missing.tar"};
   std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
   std::vector<int32_t> inputs(kSeqLen), targets(kSeqLen);
-  ASSERT_TRUE(loader->Next(1, inputs.data(), targets.data()).ok());
-  absl::Status status;
-  int consumed = 1;
-  for (; consumed < 6 && status.ok(); ++consumed) {
+  // On a loaded machine the reader may fail before the first batch is asked for, which then
+  // fails; else the first succeeds and the next fails.
+  absl::Status status = loader->Next(1, inputs.data(), targets.data());
+  int batches = 0;  // before the failure
+  for (; batches < 5 && status.ok(); ++batches) {
     absl::SleepFor(absl::Seconds(1));  // the reader's failure is queued within microseconds
     status = loader->Next(1, inputs.data(), targets.data());
   }
   EXPECT_TRUE(absl::StrContains(status.message(), "missing.tar")) << status;
-  EXPECT_EQ(consumed, 2) << "the failure waited behind the windows read before it";
-  EXPECT_EQ(loader->state().consumed_sequences, 1);
+  EXPECT_LE(batches, 1) << "the failure waited behind the windows read before it";
+  EXPECT_EQ(loader->state().consumed_sequences, batches);
 }
 
 // A shard command that fails partway cut its archive: the error gives its exit status, where it
