@@ -1161,8 +1161,9 @@ absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size) {
   }
   if (!recipe.train.init_from.empty() && !resumes && !error) {
     const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+    // Wrong weights, or a folder without them: a restart would find the same.
     if (absl::Status status = CheckHfWeights(config, recipe.train.init_from);
-        absl::IsInvalidArgument(status)) {
+        absl::IsInvalidArgument(status) || absl::IsNotFound(status)) {
       return InitFromError(status);
     }
   }

@@ -232,6 +232,13 @@ TEST(TrainTest, ExportedFolderInitialisesANewRunAndItsConfigMustMatch) {
   EXPECT_THAT(wrong.stderr_text, HasSubstr("model.d_model is 32 but n_embd is 64 (set "
                                            "model.d_model: 64)"));
   EXPECT_THAT(wrong.stderr_text, HasSubstr("model.n_layer is 3 but n_layer is 2"));
+
+  // Without its weights the folder is a usage error too (it exited 1, which launch restarts).
+  std::filesystem::remove(folder + "/model.safetensors");
+  const testing::Outcome weightless =
+      Train(RunDir("folder_weightless"), "--set train.init_from=" + folder);
+  EXPECT_EQ(weightless.exit_code, 2) << weightless.stderr_text;
+  EXPECT_THAT(weightless.stderr_text, HasSubstr(folder + " has config.json but no "));
 }
 
 // parallel.strategy: auto takes the planner's layout for this world (one process here) among
