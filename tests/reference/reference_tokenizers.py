@@ -1,7 +1,8 @@
 """Reference tokenizers trained by their own libraries' trainers on the demo text.
 
     train_all(text, out_dir) -> {"gpt2": DIR, "llama3": DIR, "gpt2_files": DIR, "sentencepiece": DIR,
-                                 "llama2": DIR, "llama2_metaspace": DIR, "sentencepiece_bpe": DIR}
+                                 "llama2": DIR, "llama2_metaspace": DIR, "sentencepiece_bpe": DIR,
+                                 "qwen2": DIR}
 
 - gpt2: a Hugging Face tokenizer.json, byte-level BPE as GPT-2's (ByteLevel pre-tokenizer with
   its built-in regex, <|endoftext|> special);
@@ -15,25 +16,31 @@
 - llama2_metaspace: the same, converted with legacy=False (no normalizer; a Metaspace
   pre-tokenizer with prepend_scheme "first" and no split);
 - sentencepiece_bpe: tokenizers' SentencePieceBPETokenizer trained by its own trainer (NFKC,
-  Metaspace with prepend_scheme "always" and split, <unk> without byte fallback).
+  Metaspace with prepend_scheme "always" and split, <unk> without byte fallback);
+- qwen2: a tokenizer.json as Qwen2's (an NFC normalizer before its split regex and ByteLevel
+  without a regex, <|endoftext|>, <|im_start|>, <|im_end|>).
+The ones after gpt2_files are trained only with sentencepiece_model.
 """
 import json
 import os
 
 import sentencepiece
 from tokenizers import (Regex, SentencePieceBPETokenizer, Tokenizer, decoders, models,
-                        pre_tokenizers, trainers)
+                        normalizers, pre_tokenizers, trainers)
 from transformers import LlamaTokenizerFast
 
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                    "<|end_header_id|>", "<|eot_id|>", "<|finetune_right_pad_id|>"]
 
 
-def _byte_level(model, pre_tokenizer, vocab_size, specials, lines, path):
+def _byte_level(model, pre_tokenizer, vocab_size, specials, lines, path, normalizer=None):
     tokenizer = Tokenizer(model)
+    if normalizer is not None:
+        tokenizer.normalizer = normalizer
     tokenizer.pre_tokenizer = pre_tokenizer
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
@@ -61,7 +68,7 @@ def train_all(text, out_dir, vocab_size=4000, sentencepiece_lines=20000, sentenc
     lines = text.splitlines(keepends=True)
     folders = {name: os.path.join(out_dir, name)
                for name in ("gpt2", "llama3", "gpt2_files", "sentencepiece", "llama2",
-                            "llama2_metaspace", "sentencepiece_bpe")}
+                            "llama2_metaspace", "sentencepiece_bpe", "qwen2")}
     _byte_level(models.BPE(), pre_tokenizers.ByteLevel(add_prefix_space=False), vocab_size,
                 ["<|endoftext|>"], lines, os.path.join(folders["gpt2"], "tokenizer.json"))
     _byte_level(
@@ -93,4 +100,11 @@ def train_all(text, out_dir, vocab_size=4000, sentencepiece_lines=20000, sentenc
                                           show_progress=False)
     os.makedirs(folders["sentencepiece_bpe"], exist_ok=True)
     sentencepiece_bpe.save(os.path.join(folders["sentencepiece_bpe"], "tokenizer.json"))
+    _byte_level(
+        models.BPE(),
+        pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+        vocab_size, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], lines,
+        os.path.join(folders["qwen2"], "tokenizer.json"), normalizer=normalizers.NFC())
     return folders

@@ -60,10 +60,12 @@ SPECIAL_TEXT = {
 }
 for _name in ("llama2", "llama2_metaspace", "sentencepiece_bpe"):
     SPECIAL_TEXT[_name] = SPECIAL_TEXT["sentencepiece"]
-HF_JSON = ("gpt2", "llama3", "llama2", "llama2_metaspace", "sentencepiece_bpe")
+SPECIAL_TEXT["qwen2"] = "<|im_start|>user\nHi<|im_end|>\n<|endoftext|>e\u0301<|im_end"
+HF_JSON = ("gpt2", "llama3", "llama2", "llama2_metaspace", "sentencepiece_bpe", "qwen2")
+# Byte-level without a normalizer: decode gives back the text's own bytes.
 BYTE_LEVEL = ("gpt2", "llama3", "gpt2_files")
 # Every byte has a token: invalid UTF-8 encodes and decodes back exactly.
-ANY_BYTES = BYTE_LEVEL + ("llama2", "llama2_metaspace")
+ANY_BYTES = BYTE_LEVEL + ("llama2", "llama2_metaspace", "qwen2")
 INVALID_UTF8 = b"abc\xff\xfe def \xc3( caf\xc3\xa9 \xe2\x82 end\x80"
 
 

@@ -159,6 +159,7 @@ class Bpe final : public Tokenizer {
       bpe->known_[id] = true;
     }
     bpe->byte_level_ = spec.byte_level;
+    bpe->normalizer_ = std::move(spec.normalizer);
     if (!spec.byte_level) RETURN_IF_ERROR(bpe->SetCharacterAlphabet(spec));
     for (int b = 0; b < 256 && spec.byte_level; ++b) {
       const auto it = bpe->token_ids_.find(std::string(1, static_cast<char>(b)));
@@ -223,7 +224,6 @@ class Bpe final : public Tokenizer {
       unk_id_ = it->second;
     }
     fuse_unk_ = spec.fuse_unk;
-    normalizer_ = std::move(spec.normalizer);
     metaspace_ = std::move(spec.metaspace);
     decoder_ = std::move(spec.decoder);
     return absl::OkStatus();

@@ -1,9 +1,10 @@
 // BPE as Hugging Face tokenizers' BPE model runs it: text is cut at added tokens, each stretch
 // is normalized and pre-tokenized into words, and each word's symbols are merged by rank
 // (lowest rank first, leftmost among equals). Two alphabets:
-//   - bytes (GPT-2, Llama 3 and other tiktoken-style vocabularies): the pre-tokenizer's split
-//     regexes cut words; a word's symbols are its bytes, every byte has a token, so any byte
-//     string encodes, invalid UTF-8 included, and decodes back exactly;
+//   - bytes (GPT-2, Llama 3 and other tiktoken-style vocabularies): after the normalizer, if any
+//     (Qwen2's NFC), the pre-tokenizer's split regexes cut words; a word's symbols are its bytes,
+//     every byte has a token, so any byte string encodes, invalid UTF-8 included, and decodes back
+//     exactly;
 //   - characters (SentencePiece-style files: Llama 2, Mistral, SentencePieceBPETokenizer;
 //     sentencepiece_style.h): a normalizer and a Metaspace pre-tokenizer write spaces as "▁";
 //     a word's symbols are its characters; a character without a token becomes its bytes'
@@ -49,9 +50,9 @@ struct BpeSpec {
   bool ignore_merges = false;               // a piece that is a token stays whole (Llama 3)
   std::vector<AddedToken> special_added;    // matched first, in the raw text
   std::vector<AddedToken> normal_added;     // then in the normalized stretches between them
+  Normalizer normalizer;  // of either alphabet (Qwen2's byte-level NFC); empty steps do nothing
 
-  // The character alphabet's (SentencePiece-style) stages; empty steps do nothing.
-  Normalizer normalizer;
+  // The character alphabet's (SentencePiece-style) stages.
   std::optional<MetaspaceSpec> metaspace;  // none: each normalized stretch is one word
   bool byte_fallback = false;              // unknown characters become <0xNN> tokens
   std::string unk_token;                   // empty: none

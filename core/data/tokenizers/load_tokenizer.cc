@@ -118,8 +118,8 @@ std::string StringPattern(const json& node) {
              : std::string();
 }
 
-// SentencePiece-style normalizers (Llama 2's Prepend and Replace, SentencePieceBPETokenizer's
-// NFKC) and Sequences of them.
+// Normalizers (Llama 2's Prepend and Replace, SentencePieceBPETokenizer's NFKC, Qwen2's
+// byte-level NFC) and Sequences of them.
 absl::Status ReadNormalizer(const json& node, std::vector<NormalizerStep>* steps) {
   const std::string type = TypeOf(node);
   if (type == "Sequence" && node.contains("normalizers") && node["normalizers"].is_array()) {
@@ -201,15 +201,21 @@ absl::Status ReadDecoder(const json& node, std::vector<DecoderStep>* steps) {
   return absl::OkStatus();
 }
 
-// A tokenizer.json without a ByteLevel pre-tokenizer: the character alphabet with its
-// normalizer, Metaspace pre-tokenizer (or none), byte fallback and decoder.
-absl::Status ReadSentencePieceStyle(const json& root, BpeSpec* spec) {
-  spec->byte_level = false;
+// The file's normalizer (none: no steps), which runs before either alphabet's pre-tokenizer.
+absl::Status ReadFileNormalizer(const json& root, BpeSpec* spec) {
   std::vector<NormalizerStep> steps;
   if (const json& normalizer = root.value("normalizer", json()); !normalizer.is_null()) {
     RETURN_IF_ERROR(ReadNormalizer(normalizer, &steps));
   }
   ASSIGN_OR_RETURN(spec->normalizer, Normalizer::Make(std::move(steps)));
+  return absl::OkStatus();
+}
+
+// A tokenizer.json without a ByteLevel pre-tokenizer: the character alphabet with its
+// normalizer, Metaspace pre-tokenizer (or none), byte fallback and decoder.
+absl::Status ReadSentencePieceStyle(const json& root, BpeSpec* spec) {
+  spec->byte_level = false;
+  RETURN_IF_ERROR(ReadFileNormalizer(root, spec));
   if (const json& pre_tokenizer = root.value("pre_tokenizer", json()); !pre_tokenizer.is_null()) {
     ASSIGN_OR_RETURN(spec->metaspace, ReadMetaspace(pre_tokenizer));
   }
@@ -256,12 +262,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadHfTokenizerJson(const fs::path& p
       return FileError(path, status);
     }
   }
-  if (byte_level) {
-    if (root.contains("normalizer") && !root["normalizer"].is_null()) {
-      return unsupported(absl::StrCat("normalizer ", TypeOf(root["normalizer"]),
-                                      " is not supported (byte-level BPE has none)"));
-    }
-  } else if (absl::Status status = ReadSentencePieceStyle(root, &spec); !status.ok()) {
+  if (absl::Status status =
+          byte_level ? ReadFileNormalizer(root, &spec) : ReadSentencePieceStyle(root, &spec);
+      !status.ok()) {
     return FileError(path, status);
   }
   if (!model.contains("vocab") || !model["vocab"].is_object()) {
