@@ -389,6 +389,11 @@ const std::vector<KeySpec>& Keys() {
        "dense bf16 peak per GPU in TFLOP/s; 0 = the catalog's figure for cluster.gpu",
        {},
        AtLeast(0)},
+      {DTRAIN_RECIPE_KEY(cluster, memory_gbps),
+       "device memory bandwidth per GPU in GB/s (the optimizer step's pace); 0 = the catalog's "
+       "figure for cluster.gpu",
+       {},
+       AtLeast(0)},
       {DTRAIN_RECIPE_KEY(cluster, intra_gbps),
        "all-reduce bus bandwidth inside a node in GB/s (nccl-tests busbw); 0 = the catalog's "
        "figure for cluster.gpu's link",

@@ -122,6 +122,7 @@ struct ClusterSection {
   std::string gpu = "h100-sxm";
   double gpu_memory_gib = 0;    // usable memory per GPU
   double peak_tflops = 0;       // dense bf16 per GPU
+  double memory_gbps = 0;       // device memory bandwidth per GPU
   double intra_gbps = 0;        // all-reduce bus bandwidth inside a node
   double intra_latency_us = 0;  // per hop inside a node
   std::string network = "ib-ndr";

@@ -37,6 +37,7 @@ struct GpuSpec {
   absl::string_view description;  // e.g. "NVIDIA H100 SXM5 80GB"
   double memory_gib;              // capacity the driver reports (nvidia-smi / rocm-smi)
   double peak_tflops;             // dense bf16 tensor-core peak
+  double memory_gbps;             // device memory (HBM, GDDR) bandwidth, GB/s
   absl::string_view intra_link;   // LinkSpec name of the links between GPUs of one node
   double host_gbps;               // practical host<->device copy bandwidth (PCIe), GB/s
   bool cuda = true;  // dtrain's GPU backend runs it (CUDA, NCCL); false: planned to compare only
@@ -59,6 +60,7 @@ struct ClusterSpec {
   std::string gpu_name;  // catalog key
   double gpu_memory_gib = 0;
   double peak_tflops = 0;
+  double memory_gbps = 0;
   double host_gbps = 0;
   std::string intra_name;  // catalog key of the intra-node link
   Transport intra_transport = Transport::kNvlink;

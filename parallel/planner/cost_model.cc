@@ -499,16 +499,22 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
     estimate.pp.exposed_ms = 2.0 * (m * v * slowest_ms + warm_up_ms);
   }
 
-  // ---- Offload: gradients down, parameters up, the optimizer on the node's CPUs. ----
+  // ---- The optimizer step: each rank updates its shard (all its parameters under ddp), on the
+  // GPU at its memory bandwidth, or with offload on the node's CPUs after the gradients come
+  // down and before the parameters go up. ----
+  const double shard = layout.strategy == Strategy::kDdp ? params : params / dp;
   if (layout.offload) {
-    const double shard = layout.strategy == Strategy::kDdp ? params : params / dp;
     const double copy_bytes = shard * (precision.grad_bytes + precision.param_bytes);
     const double adam_params_per_s = assumptions.host_adam_params_per_s / cluster.gpus_per_node;
     time.offload_ms = 1e3 * (copy_bytes / (cluster.host_gbps * 1e9) + shard / adam_params_per_s);
+  } else {
+    time.optimizer_ms = 1e3 * shard * precision.OptimizerStepBytes() /
+                        (cluster.memory_gbps * 1e9 * assumptions.memory_bandwidth_fraction);
   }
 
   time.step_ms = time.compute_ms + time.bubble_ms + estimate.dp.exposed_ms +
-                 estimate.tp.exposed_ms + estimate.pp.exposed_ms + time.offload_ms;
+                 estimate.tp.exposed_ms + estimate.pp.exposed_ms + time.optimizer_ms +
+                 time.offload_ms;
   time.mfu = model_flops / (time.step_ms * 1e-3 * peak_flops);
   time.compute_fraction = time.compute_ms / time.step_ms;
   time.tokens_per_s = tokens / (time.step_ms * 1e-3);

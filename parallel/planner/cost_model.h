@@ -58,6 +58,16 @@ struct Precision {
   // What the trainer holds for `recipe` on GPUs, which `dtrain plan` plans for: Trainer at bf16
   // unless run.precision is fp32 (auto is bf16 on cuda), whatever run.device the recipe names.
   static Precision OnGpus(const Recipe& recipe);
+
+  // Bytes AdamW reads and writes in device memory per parameter it updates: the gradient and
+  // the optimizer state read, the state and the parameters written, and the parameters read
+  // too where they are the float32 masters themselves (K holds no copy of them: 4-byte
+  // parameters). 28 at Fp32 and MixedBf16, 30 at Trainer(bf16).
+  double OptimizerStepBytes() const {
+    const bool params_are_masters = param_bytes >= 4;
+    return grad_bytes + optimizer_bytes + (params_are_masters ? param_bytes : 0) + optimizer_bytes +
+           param_bytes;
+  }
 };
 
 // What is trained: the model, the global batch and the precision.
@@ -95,10 +105,14 @@ struct Layout {
 // The figures the estimates rest on that are not properties of the hardware. Defaults are the
 // stated assumptions printed in the plan's footer.
 struct CostAssumptions {
-  // Fraction of the dense peak that large bf16 GEMMs sustain in a training step. Megatron-LM
-  // reached 44-52% of peak end to end on A100 (REFERENCES.md 7), which includes communication
-  // and bubbles; 0.55 for the compute alone is consistent with that.
-  double gemm_peak_fraction = 0.55;
+  // Fraction of the dense peak that a training step's computation sustains: its large bf16
+  // GEMMs, its attention and the memory-bound kernels between them, which are not costed apart.
+  // Published end-to-end MFUs on H100 (REFERENCES-PARALLEL.md 3), in the planner's FLOP count:
+  // Megatron-LM (MCore) 41-48% in its own count, about 38-45% in this one; torchtitan's Llama 3
+  // 8B 34-39% in its count (about 30-35% here); llm.c 46-56% at GPT-2's small shapes. 0.45 for
+  // the computation alone, before communication and bubbles, puts a well-overlapped layout near
+  // Megatron's (0.55 gave 53% for Llama 7B on one node, above every published figure).
+  double gemm_peak_fraction = 0.45;
   // A GEMM's efficiency falls as its smallest dimension shrinks; at this width (d_model / tp or
   // micro-batch tokens) it is half of gemm_peak_fraction: efficiency = f * w / (w + this).
   double gemm_half_efficiency_width = 128;
@@ -111,6 +125,9 @@ struct CostAssumptions {
   // Optimizer updates a node's CPUs do per second with offload: DeepSpeed's CPU-Adam order of
   // magnitude on a two-socket server (memory-bandwidth bound, ~28 bytes per parameter).
   double host_adam_params_per_s = 4e9;
+  // Fraction of the device memory bandwidth that the optimizer step's streaming kernels (a
+  // multi-tensor AdamW) sustain.
+  double memory_bandwidth_fraction = 0.8;
 };
 
 // Bytes on one GPU (host_bytes: in host memory for that GPU's rank).
@@ -138,9 +155,10 @@ struct Traffic {
 };
 
 struct TimeEstimate {
-  double compute_ms = 0;  // forward + backward + recomputation at the assumed GEMM efficiency
-  double bubble_ms = 0;   // pipeline fill and drain
-  double offload_ms = 0;  // host copies and the optimizer step on the host
+  double compute_ms = 0;    // forward + backward + recomputation at the assumed GEMM efficiency
+  double bubble_ms = 0;     // pipeline fill and drain
+  double optimizer_ms = 0;  // the optimizer step on the GPU, bound by its memory bandwidth
+  double offload_ms = 0;    // host copies and the optimizer step on the host
   double step_ms = 0;
   double mfu = 0;               // model FLOPs (no recomputation) / (step time x peak)
   double compute_fraction = 0;  // compute_ms / step_ms

@@ -41,9 +41,10 @@ double ExposedCommMs(const Estimate& estimate) {
 
 std::string ClusterLine(const ClusterSpec& c) {
   std::string line = absl::StrFormat(
-      "%d node%s x %d %s (%.1f GiB, %.3g TFLOP/s bf16); %s %.0f GB/s busbw inside a node", c.nodes,
-      c.nodes == 1 ? "" : "s", c.gpus_per_node, c.gpu_name, c.gpu_memory_gib, c.peak_tflops,
-      c.intra_name, c.intra_gbps);
+      "%d node%s x %d %s (%.1f GiB at %.0f GB/s, %.3g TFLOP/s bf16); %s %.0f GB/s busbw inside a "
+      "node",
+      c.nodes, c.nodes == 1 ? "" : "s", c.gpus_per_node, c.gpu_name, c.gpu_memory_gib,
+      c.memory_gbps, c.peak_tflops, c.intra_name, c.intra_gbps);
   if (c.nodes > 1) {
     absl::StrAppendFormat(&line, "; %s %.1f GB/s x %d NICs per node", c.network_name, c.nic_gbps,
                           c.nics_per_node);
@@ -96,14 +97,12 @@ nlohmann::json CandidateJson(const Candidate& c) {
       {"total", m.device_bytes() / kGiB},      {"host", m.host_bytes / kGiB}};
   out["communication"] = {
       {"dp", TrafficJson(e.dp)}, {"tp", TrafficJson(e.tp)}, {"pp", TrafficJson(e.pp)}};
-  out["time"] = {{"compute_ms", e.time.compute_ms},
-                 {"bubble_ms", e.time.bubble_ms},
-                 {"offload_ms", e.time.offload_ms},
-                 {"exposed_comm_ms", ExposedCommMs(e)},
-                 {"step_ms", e.time.step_ms},
-                 {"mfu_pct", 100 * e.time.mfu},
-                 {"compute_pct", 100 * e.time.compute_fraction},
-                 {"tokens_per_s", e.time.tokens_per_s}};
+  out["time"] = {
+      {"compute_ms", e.time.compute_ms},     {"bubble_ms", e.time.bubble_ms},
+      {"optimizer_ms", e.time.optimizer_ms}, {"offload_ms", e.time.offload_ms},
+      {"exposed_comm_ms", ExposedCommMs(e)}, {"step_ms", e.time.step_ms},
+      {"mfu_pct", 100 * e.time.mfu},         {"compute_pct", 100 * e.time.compute_fraction},
+      {"tokens_per_s", e.time.tokens_per_s}};
   out["micro_batches"] = e.micro_batches;
   return out;
 }
@@ -115,12 +114,14 @@ std::string AssumptionsLine(const Plan& plan) {
       "bytes a value: parameters %g, gradients %g, activations %g, optimizer state %g (under "
       "zero3 and fsdp its float32 master shard is counted as the parameters), gradients reduced "
       "%g, parameters gathered %g; GEMMs at %.0f%% of peak "
-      "(half that at width %.0f), %s pipeline schedule, DP communication overlapped with "
+      "(half that at width %.0f), the optimizer step at %.0f%% of the memory bandwidth (%g bytes "
+      "a parameter), %s pipeline schedule, DP communication overlapped with "
       "backward except the last bucket, TP not overlapped; the engine's buffers in buckets of %g "
       "MiB (zero3 units of %g MiB, fsdp's a block); %.0f%% of GPU memory kept free; a "
       "simpler layout within %.0f%% of the fastest is preferred",
       p.param_bytes, p.grad_bytes, p.activation_bytes, p.optimizer_bytes, p.reduce_bytes,
       p.gather_bytes, 100 * a.gemm_peak_fraction, a.gemm_half_efficiency_width,
+      100 * a.memory_bandwidth_fraction, p.OptimizerStepBytes(),
       absl::StrJoin(plan.options.pp_schedules, " or ",
                     [&plan](std::string* out, PipelineSchedule schedule) {
                       absl::StrAppend(out, PipelineScheduleName(schedule));
@@ -245,9 +246,11 @@ std::vector<std::pair<std::string, std::string>> NetworkEnvironment(const Cluste
 }
 
 double CollectiveTimeoutS(double step_ms) {
-  // Long enough for the slowest collective of a healthy step (20 steps' worth covers the first
-  // step's warm-up and a checkpoint), never below the usual 10 minutes.
-  return std::max(600.0, std::ceil(20 * step_ms / 1e3 / 60) * 60);
+  // Long enough for the slowest wait of a healthy run, never below the usual 10 minutes: a
+  // collective waits for the ranks' skew, at most about a step (the first step's warm-up, a
+  // pipeline's fill), and three steps' worth covers that with a checkpoint's skew besides. A
+  // longer timeout only leaves a hang unnoticed longer.
+  return std::max(600.0, std::ceil(3 * step_ms / 1e3 / 60) * 60);
 }
 
 std::vector<std::pair<std::string, std::string>> LayoutSettings(const Layout& layout) {
@@ -345,10 +348,10 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
     absl::StrAppendFormat(
         &out,
         "  time     step %s ms = compute %s + bubble %s + exposed DP %s + TP %s + PP %s + "
-        "offload %s ms\n",
+        "optimizer %s + offload %s ms\n",
         FormatMs(t.step_ms), FormatMs(t.compute_ms), FormatMs(t.bubble_ms),
         FormatMs(e.dp.exposed_ms), FormatMs(e.tp.exposed_ms), FormatMs(e.pp.exposed_ms),
-        FormatMs(t.offload_ms));
+        FormatMs(t.optimizer_ms), FormatMs(t.offload_ms));
     absl::StrAppendFormat(&out,
                           "  speed    MFU %.1f%%, computing %.1f%% of the time, %.0f tokens/s\n",
                           100 * t.mfu, 100 * t.compute_fraction, t.tokens_per_s);
@@ -426,6 +429,7 @@ nlohmann::json PlanJson(const Plan& plan, const std::string& recipe_path, int to
                     {"gpu_memory_gib", c.gpu_memory_gib},
                     {"usable_gib", plan.usable_gib},
                     {"peak_tflops", c.peak_tflops},
+                    {"memory_gbps", c.memory_gbps},
                     {"intra_link", c.intra_name},
                     {"intra_gbps", c.intra_gbps},
                     {"intra_latency_us", c.intra_latency_us},

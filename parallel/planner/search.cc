@@ -71,11 +71,11 @@ absl::Status CheckWorkload(const Workload& workload, const ClusterSpec& cluster)
   if (cluster.world_size() < 1) {
     return absl::InvalidArgumentError("cluster.nodes and cluster.gpus_per_node must be >= 1");
   }
-  if (cluster.gpu_memory_gib <= 0 || cluster.peak_tflops <= 0 || cluster.intra_gbps <= 0 ||
-      cluster.nic_gbps <= 0) {
+  if (cluster.gpu_memory_gib <= 0 || cluster.peak_tflops <= 0 || cluster.memory_gbps <= 0 ||
+      cluster.intra_gbps <= 0 || cluster.nic_gbps <= 0) {
     return absl::InvalidArgumentError(
-        "cluster: GPU memory, peak TFLOP/s and link bandwidths must be positive; check the "
-        "cluster section's overrides");
+        "cluster: GPU memory, peak TFLOP/s, memory bandwidth and link bandwidths must be "
+        "positive; check the cluster section's overrides");
   }
   if (workload.batch_size < 1 || workload.seq_len < 1 || workload.model.n_layer < 1) {
     return absl::InvalidArgumentError(

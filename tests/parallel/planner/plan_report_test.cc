@@ -81,7 +81,10 @@ TEST(PlanReportTest, RoceAndSocketsGetTheirSettings) {
   cluster.nodes = 1;
   EXPECT_TRUE(NetworkEnvironment(cluster).empty());
   EXPECT_EQ(CollectiveTimeoutS(1000), 600);
-  EXPECT_EQ(CollectiveTimeoutS(60000), 1200);
+  EXPECT_EQ(CollectiveTimeoutS(60000), 600);
+  // Three steps of 405 s, in whole minutes (twenty steps' worth gave 8100 s: a hang unnoticed
+  // for over two hours).
+  EXPECT_EQ(CollectiveTimeoutS(405000), 1260);
 }
 
 TEST(PlanReportTest, JsonCarriesTheSameContent) {
