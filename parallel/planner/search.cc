@@ -139,9 +139,12 @@ void Rank(Plan& plan) {
         ms < chosen_ms
             ? absl::StrFormat("%.1f%% faster, but needs %s", 100 * (chosen_ms - ms) / chosen_ms,
                               ExtraComplexity(candidate.layout, chosen.layout))
-            : absl::StrFormat("%.1f%% slower (%s ms vs %s ms per step)",
-                              100 * (ms - chosen_ms) / chosen_ms, FormatMs(ms),
-                              FormatMs(chosen_ms));
+            : absl::StrFormat("%.1f%% slower (%s ms vs %s ms per step)%s",
+                              100 * (ms - chosen_ms) / chosen_ms, FormatMs(ms), FormatMs(chosen_ms),
+                              candidate.layout.offload
+                                  ? ", and needs optimizer offload, which the trainer does not "
+                                    "run yet"
+                                  : "");
   }
 }
 
@@ -222,6 +225,13 @@ absl::Status WhyNoLayout(const Plan& plan) {
     if (absl::c_find(reasons, candidate.reason) == reasons.end()) {
       reasons.push_back(candidate.reason);
     }
+  }
+  // A huge cluster's tp sizes each give their own reason: the first few say what is wrong.
+  constexpr size_t kShownReasons = 5;
+  if (reasons.size() > kShownReasons + 1) {
+    const size_t more = reasons.size() - kShownReasons;
+    reasons.resize(kShownReasons);
+    reasons.push_back(absl::StrCat(more, " more of the same kinds"));
   }
   if (!batch_dps.empty()) {
     std::vector<int> shown(batch_dps.begin(), batch_dps.end());
