@@ -847,6 +847,14 @@ void Agent::PrintRootCause(int attempt) {
   // the first failure the ranks recorded (ProcessGroup::Fail), else the earliest to exit; the
   // others usually follow from it (a dead peer breaks every collective).
   auto [root, blamer] = FirstBlamed(records, failures);
+  // A blamed rank that the agent ended after an earlier failure that blames nobody (a death by
+  // signal, an error of its own) was stuck behind that failure, not hung: a pipeline stage
+  // waiting on a killed neighbour, ended before its own receive could fail and blame it.
+  if (root != nullptr && root->stopped && failures.front()->blames.empty() &&
+      failures.front()->time_us < root->time_us) {
+    root = failures.front();
+    blamer = nullptr;
+  }
   if (root == nullptr) {
     root = failures.front();
     const absl::StatusOr<std::string> first =

@@ -1103,6 +1103,34 @@ TEST(AgentTest, TheRootCauseIsABlamedRankThatBlamesNobody) {
   EXPECT_THAT(output, HasSubstr("Root cause: rank 1 on node 1 (fake-host), killed by signal 9."));
 }
 
+// Rank 1 is killed; rank 2, a pipeline stage waiting on it, is ended by the agent before its
+// receive fails; rank 0's error then blames rank 2, which never started its collective. The root
+// cause is rank 1's death, not rank 2 as a hung rank (4 of 27 tries named rank 2, found by a
+// tester).
+TEST(AgentTest, ARankEndedAfterAnEarlierDeathIsNotTheHungRootCause) {
+  const int port = testing::FreeTcpPort();
+  NodeZero agent({"/bin/sh", "-c", "sleep 1; exit 1"}, 3, port);
+  agent.options.nproc_per_node = 1;
+  const std::vector<std::string> records = {
+      R"([{"rank": 1, "node": 1, "host": "fake-host", "exit": "killed by signal 9",
+           "stopped": false, "blames": [], "time_us": 1000, "stderr": ""}])",
+      R"([{"rank": 2, "node": 2, "host": "fake-host", "exit": "signal 15", "stopped": true,
+           "blames": [], "time_us": 2000, "stderr": ""}])"};
+  absl::StatusOr<int> result;
+  const std::string output = RunBesideFakeNodesThatFail(
+      agent, port, records,
+      [](int node, TcpStoreClient& store) {
+        if (node == 1) {
+          EXPECT_TRUE(store.Set("workers/attempt-0/blame/0", "2").ok());
+        }
+      },
+      &result);
+  ASSERT_TRUE(result.ok()) << result.status() << "\n" << output;
+  EXPECT_EQ(*result, 1) << output;
+  EXPECT_THAT(output, HasSubstr("Root cause: rank 1 on node 1 (fake-host), killed by signal 9."));
+  EXPECT_THAT(output, ::testing::Not(HasSubstr("Root cause: rank 2")));
+}
+
 // Ranks that fail on their own end in any order: with no error blaming another rank, the root
 // cause is the first failure the ranks recorded (rank 1 on node 1), not the first to exit (rank 0,
 // whose own error came later but whose process ended first; 2 of 3 tries named it, found by a
