@@ -358,7 +358,8 @@ void LogPipelineStage(const Recipe& recipe, const ModelConfig& config, const Mod
 // process at once, unsaved, as a user pressing it again expects.
 std::atomic<bool> sigterm_received{false};
 std::atomic<bool> sigusr1_received{false};
-std::atomic<int> stop_signal{0};  // the first of SIGTERM, SIGINT, SIGHUP this rank received
+std::atomic<int> stop_signal{0};       // the first of SIGTERM, SIGINT, SIGHUP this rank received
+std::atomic<bool> steps_begun{false};  // past start-up: a stop saves the step that runs
 static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free);
 
 extern "C" void OnCheckpointSignal(int signal) {
@@ -376,10 +377,15 @@ extern "C" void OnCheckpointSignal(int signal) {
   sigterm_received.store(true);
   if (signal == SIGINT) {
     // At once, while the step runs on (write(2) is safe in a handler; a failed one costs nothing).
-    constexpr char kNotice[] =
+    constexpr char kStepNotice[] =
         "\nSIGINT: the run saves a checkpoint at the end of this step and stops "
         "(Ctrl-C again quits at once, unsaved)\n";
-    [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, kNotice, sizeof(kNotice) - 1);
+    constexpr char kStartNotice[] =
+        "\nSIGINT: the run stops when its start-up ends, before its first step (Ctrl-C again "
+        "quits at once)\n";
+    [[maybe_unused]] const ssize_t written =
+        steps_begun.load() ? ::write(STDERR_FILENO, kStepNotice, sizeof(kStepNotice) - 1)
+                           : ::write(STDERR_FILENO, kStartNotice, sizeof(kStartNotice) - 1);
   }
 }
 
@@ -396,12 +402,16 @@ const char* StopSignalName() {
   }
 }
 
+// Installed when a rank starts (before it connects to the others): a stop forwarded while the
+// ranks start up reaches them all as a flag, and they stop together before their first step
+// (the ranks started later ended with collective errors, the others killed).
 class CheckpointSignals {
  public:
   CheckpointSignals() {
     sigterm_received = false;
     sigusr1_received = false;
     stop_signal = 0;
+    steps_begun = false;
     struct sigaction action = {};
     action.sa_handler = OnCheckpointSignal;
     sigemptyset(&action.sa_mask);
@@ -429,6 +439,8 @@ class CheckpointSignals {
   }
   // The ranks agreed to stop.
   void Stopping() { stopping_ = true; }
+  // Start-up is over: the steps begin.
+  void StepsBegin() { steps_begun = true; }
 
  private:
   static constexpr int kSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
@@ -769,7 +781,8 @@ Estimate PlannedLayout(const Recipe& recipe, const Mesh& mesh, Recompute recompu
 absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembership& world,
                                       const Mesh& mesh, Backend& backend, Communicator* world_comm,
                                       const ProcessGroup::MeshGroups& groups,
-                                      Communicator* kv_replicas, std::string& phase) {
+                                      Communicator* kv_replicas, CheckpointSignals& signals,
+                                      std::string& phase) {
   const TrainSection& train = recipe.train;
   // The ranks of one tp group read the same samples: the data-parallel rank picks the data and
   // the data-parallel size splits the batch.
@@ -874,7 +887,6 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   ASSIGN_OR_RETURN(Datasets data,
                    OpenDatasets(recipe, dp_rank, dp_size, recorded.value_or(std::string())));
   const bool documents = data.train->documents();
-  CheckpointSignals signals;
   // Held until the run ends, before anything of the run folder is read: another run of the same
   // folder would interleave its metrics and checkpoints with this one's.
   std::optional<FolderLock> run_folder_lock;
@@ -945,6 +957,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       return TrainingEnd::kStopped;
     }
   }
+  signals.StepsBegin();
   for (int step = static_cast<int>(resumed_step); step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     phase = absl::StrCat("step ", step + 1);
@@ -1190,16 +1203,18 @@ std::string JobSettings(const Recipe& recipe) {
 // an abort. The threads of the data reader, the communicators and the checkpoint writer still do.
 absl::StatusOr<TrainingEnd> TrainRankUnlessOutOfMemory(
     const Recipe& recipe, const WorldMembership& world, const Mesh& mesh, Backend& backend,
-    Communicator* world_comm, const ProcessGroup::MeshGroups& groups, Communicator* kv_replicas) {
+    Communicator* world_comm, const ProcessGroup::MeshGroups& groups, Communicator* kv_replicas,
+    CheckpointSignals& signals) {
   std::string phase = "start-up";
   try {
-    return TrainRank(recipe, world, mesh, backend, world_comm, groups, kv_replicas, phase);
+    return TrainRank(recipe, world, mesh, backend, world_comm, groups, kv_replicas, signals, phase);
   } catch (const std::bad_alloc& error) {
     return OutOfMemoryError(absl::StrCat("in ", phase), error);
   }
 }
 
 absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMembership& world) {
+  CheckpointSignals signals;
   // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
   // file per rank).
   if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);
@@ -1219,7 +1234,7 @@ absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMemb
   };
   if (world.world_size == 1) {
     ASSIGN_OR_RETURN(const std::unique_ptr<Backend> backend, make_backend());
-    return TrainRankUnlessOutOfMemory(recipe, world, mesh, *backend, nullptr, {}, nullptr);
+    return TrainRankUnlessOutOfMemory(recipe, world, mesh, *backend, nullptr, {}, nullptr, signals);
   }
   // Released after the process group, whose mesh groups run on its memory.
   std::unique_ptr<Backend> backend;
@@ -1252,8 +1267,8 @@ absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMemb
     if (!connected.ok()) return leave(connected.status());
     kv_group = *connected;
   }
-  absl::StatusOr<TrainingEnd> end =
-      TrainRankUnlessOutOfMemory(recipe, world, mesh, *backend, &group->world(), *groups, kv_group);
+  absl::StatusOr<TrainingEnd> end = TrainRankUnlessOutOfMemory(
+      recipe, world, mesh, *backend, &group->world(), *groups, kv_group, signals);
   RETURN_IF_ERROR(leave(end.status()));
   return end;
 }
