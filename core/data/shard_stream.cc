@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/data/token_decode.h"
+#include "core/util/exit_codes.h"
 #include "core/util/log.h"
 #include "core/util/rng.h"
 #include "core/util/status.h"
@@ -19,7 +20,7 @@ constexpr uint64_t kBlockOrderTag = 0x626c636bULL << 32;  // "blck", hashed with
 
 absl::Status WithShard(const absl::Status& status, const std::string& url) {
   if (status.ok() || absl::StrContains(status.message(), url)) return status;
-  return absl::Status(status.code(), absl::StrCat("shard ", url, ": ", status.message()));
+  return Renamed(status, absl::StrCat("shard ", url, ": ", status.message()));
 }
 
 }  // namespace
@@ -84,9 +85,10 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
   const std::string& url = UrlOfSlot(slot_);
   const absl::Status error = WithShard(status, url);
   if (!config_->skip_bad_shards) {
-    return absl::Status(
-        error.code(),
-        absl::StrCat(error.message(), " (data.on_error: skip_shard would skip this shard)"));
+    // A shard that does not fit the recipe (its tokenizer) is no damaged one to skip.
+    if (ExitCodeOf(error) == kExitUsage) return error;
+    return Renamed(
+        error, absl::StrCat(error.message(), " (data.on_error: skip_shard would skip this shard)"));
   }
   ++cursor_.skipped_shards;
   ++shards_skipped_;

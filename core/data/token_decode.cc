@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/util/exit_codes.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -143,19 +144,24 @@ absl::Status CheckRecordedTokenizer(const Sample& sample, int vocab_size,
   const int64_t recorded = record["vocab_size"].get<int64_t>();
   if (recorded > vocab_size) {
     const std::string name = RecordedTokenizerName(sample);
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", sample.url, " holds ids of tokenizer ", name.empty() ? "?" : name,
-                     " (vocabulary ", recorded, "), which do not fit model.vocab_size ", vocab_size,
-                     "; set model.vocab_size to at least ", recorded,
-                     " (the model's tokenizer), or pack the data with the model's tokenizer"));
+    // The recipe or the data is wrong: a restart would read the same (exit 2, not restarted).
+    return WithExitCode(
+        absl::FailedPreconditionError(absl::StrCat(
+            "shard ", sample.url, " holds ids of tokenizer ", name.empty() ? "?" : name,
+            " (vocabulary ", recorded, "), which do not fit model.vocab_size ", vocab_size,
+            "; set model.vocab_size to at least ", recorded,
+            " (the model's tokenizer), or pack the data with the model's tokenizer")),
+        kExitUsage);
   }
   const std::string name = RecordedTokenizerName(sample);
   if (!tokenizer.empty() && !name.empty() && !SameTokenizer(name, tokenizer)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", sample.url, " records tokenizer ", name,
-                     ", but the data's first shard records ", std::string(tokenizer),
-                     ": ids of two tokenizers would train as one vocabulary; pack every shard with "
-                     "one tokenizer"));
+    return WithExitCode(
+        absl::FailedPreconditionError(absl::StrCat(
+            "shard ", sample.url, " records tokenizer ", name,
+            ", but the data's first shard records ", std::string(tokenizer),
+            ": ids of two tokenizers would train as one vocabulary; pack every shard with "
+            "one tokenizer")),
+        kExitUsage);
   }
   return absl::OkStatus();
 }

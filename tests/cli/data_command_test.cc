@@ -359,7 +359,8 @@ TEST(DataCommandTest, TrainRefusesShardsOfAnotherTokenizerThanTheFirsts) {
       "--set train.batch_size=1 --set train.micro_batch=1 --set logging.sample_tokens=0 --set "
       "run.out_dir=",
       testing::FreshTempDir("data_mix_run")));
-  EXPECT_EQ(train.exit_code, 1) << train.stderr_text;
+  // A usage error, which dtrain launch does not restart (exit 1 was restarted in vain).
+  EXPECT_EQ(train.exit_code, 2) << train.stderr_text;
   EXPECT_THAT(train.stderr_text, AllOf(HasSubstr("shard " + second + " records tokenizer hf-bpe:"),
                                        HasSubstr("but the data's first shard records hf-bpe:"),
                                        HasSubstr("pack every shard with one tokenizer")));
@@ -374,7 +375,7 @@ TEST(DataCommandTest, TrainRefusesShardsOfALargerVocabulary) {
                    " --set data.train=[] --set model.vocab_size=256 --set train.eval_every=0 --set "
                    "train.warmup_steps=0 --set train.steps=1 --set run.out_dir=",
                    out));
-  EXPECT_EQ(train.exit_code, 1) << train.stderr_text;
+  EXPECT_EQ(train.exit_code, 2) << train.stderr_text;
   // Streamed: the set-up names the shards, not "0 tokens for training".
   EXPECT_THAT(train.stderr_text, HasSubstr("data: streaming 1 training shard(s) in "));
   EXPECT_THAT(train.stderr_text, ::testing::Not(HasSubstr("tokens for training")));
