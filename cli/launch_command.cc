@@ -37,8 +37,8 @@ void AddLaunchCommand(CLI::App& app) {
                       "Recipe YAML file; none = the built-in tiny recipe (configs/tiny.yaml)");
   AddOverrideOption(*command, args->launch.overrides);
   command->add_option("--nproc-per-node", args->nproc_per_node,
-                      "Workers on this node: a number, or gpu for one per visible NVIDIA GPU "
-                      "(default: the pod's PET_NPROC_PER_NODE, else 1)");
+                      "Workers on this node: a number; gpu, one per visible NVIDIA GPU; auto, that "
+                      "or 1 without a GPU; cpu, 1 (default: the pod's PET_NPROC_PER_NODE, else 1)");
   command
       ->add_option("--max-restarts", args->launch.max_restarts,
                    "Restarts of the whole group after a worker fails (default 0)")
@@ -85,8 +85,9 @@ void AddLaunchCommand(CLI::App& app) {
       // Of one node alone: another node's agent would wait out its rendezvous for this one.
       return num_nodes == 1 ? CheckDataFilesExist(layout) : absl::OkStatus();
     };
-    if (args->nproc_per_node == "gpu") {
-      launch.worker_per_gpu = true;  // counted on each node
+    if (args->nproc_per_node == "gpu" || args->nproc_per_node == "auto" ||
+        args->nproc_per_node == "cpu") {
+      launch.nproc_kind = args->nproc_per_node;  // counted on each node
     } else if (!args->nproc_per_node.empty()) {
       const absl::StatusOr<int> count = ParseProcessesPerNode(args->nproc_per_node, {});
       if (!count.ok()) Fail(count.status(), kExitUsage);

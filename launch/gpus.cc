@@ -1,5 +1,6 @@
 #include "launch/gpus.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <system_error>
@@ -69,11 +70,14 @@ absl::StatusOr<int> ParseProcessesPerNode(const std::string& value, const GpuInv
         absl::StrCat("--nproc-per-node gpu: no NVIDIA GPU is visible here (", gpus.description,
                      "); give the number of workers instead, e.g. --nproc-per-node 2"));
   }
+  if (value == "auto") return std::max(1, gpus.visible);
+  if (value == "cpu") return 1;
   int count = 0;
   if (absl::SimpleAtoi(value, &count) && count > 0) return count;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--nproc-per-node ", value,
-                   ": give a positive number of workers, or gpu for one per visible GPU"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--nproc-per-node ", value,
+      ": give a positive number of workers, gpu for one per visible GPU, auto for that or 1 "
+      "without a GPU, or cpu for 1"));
 }
 
 }  // namespace dtrain

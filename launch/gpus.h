@@ -30,9 +30,10 @@ int CountVisibleGpus(const std::string& list, int installed);
 // from `env`: unset, every GPU; otherwise CountVisibleGpus of it.
 GpuInventory FindGpus(const EnvironmentMap& env, const std::string& proc_root = "/proc");
 
-// `--nproc-per-node`'s value: a positive count, or "gpu" (torchrun's spelling) for one worker per
-// visible GPU. InvalidArgument naming the flag and the fix for anything else, or "gpu" where no
-// GPU is visible.
+// `--nproc-per-node`'s value, as torchrun's: a positive count; "gpu", one worker per visible GPU;
+// "auto", that or 1 where none is; "cpu", 1 (whose threads use the cores; torchrun's is a process
+// per core). InvalidArgument naming the flag and the fix for anything else, or "gpu" where no GPU
+// is visible.
 absl::StatusOr<int> ParseProcessesPerNode(const std::string& value, const GpuInventory& gpus);
 
 // A PyTorchJob's nprocPerNode words, which `dtrain launch` turns into a count itself: "auto",

@@ -111,8 +111,8 @@ std::vector<std::string> LaunchCommandLine(const std::string& dtrain_path,
   if (!options.recipe_path.empty()) argv.push_back(options.recipe_path);
   AppendOverrides(options.overrides, argv);
   const WorldOverrides& world = options.world;
-  if (options.worker_per_gpu) {
-    argv.push_back("--nproc-per-node=gpu");
+  if (!options.nproc_kind.empty()) {
+    argv.push_back("--nproc-per-node=" + options.nproc_kind);
   } else if (world.nproc_per_node) {
     argv.push_back(absl::StrCat("--nproc-per-node=", *world.nproc_per_node));
   }
@@ -155,18 +155,19 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
       process.source == WorldSource::kPyTorchJob || process.source == WorldSource::kTrainerV2 ||
       process.source == WorldSource::kJobSet || process.source == WorldSource::kIndexedJob ||
       process.source == WorldSource::kLeaderWorkerSet;
-  // A PyTorchJob's nprocPerNode, unless --nproc-per-node says otherwise: "gpu" a worker per GPU,
-  // "auto" (its default) that or else one, "cpu" one (whose threads use the cores; torchrun's is
-  // a process per core).
+  // --nproc-per-node's kind, else a PyTorchJob's nprocPerNode (a kind or a count), counted here.
   const auto pet_nproc = env.find("PET_NPROC_PER_NODE");
-  const std::string pet_kind =
-      pod_level && !node_flags.nproc_per_node && pet_nproc != env.end() ? pet_nproc->second : "";
-  if (options.worker_per_gpu || pet_kind == "gpu") {
-    ASSIGN_OR_RETURN(node_flags.nproc_per_node, ParseProcessesPerNode("gpu", FindGpus(env)));
-  } else if (pet_kind == "auto") {
-    node_flags.nproc_per_node = std::max(1, FindGpus(env).visible);
-  } else if (pet_kind == "cpu") {
-    node_flags.nproc_per_node = 1;
+  const std::string kind = !options.nproc_kind.empty() ? options.nproc_kind
+                           : pod_level && !node_flags.nproc_per_node && pet_nproc != env.end()
+                               ? pet_nproc->second
+                               : "";
+  if (!kind.empty()) {
+    absl::StatusOr<int> count = ParseProcessesPerNode(kind, FindGpus(env));
+    if (!count.ok() && kind != options.nproc_kind) {
+      count = Renamed(count.status(),
+                      absl::StrCat("PET_NPROC_PER_NODE=", kind, ": ", count.status().message()));
+    }
+    ASSIGN_OR_RETURN(node_flags.nproc_per_node, std::move(count));
   }
   if (!node_flags.nproc_per_node)
     node_flags.nproc_per_node = pod_level ? process.local_world_size : 1;

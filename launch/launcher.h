@@ -28,8 +28,9 @@ struct LaunchOptions {
   // (none: no check).
   std::function<absl::Status(int world_size, int num_nodes)> check_world;
   WorldOverrides world;  // --nproc-per-node, --node-rank, --nnodes, --master-*
-  // --nproc-per-node gpu: one worker per GPU visible to each node's agent (launch/gpus.h).
-  bool worker_per_gpu = false;
+  // --nproc-per-node gpu, auto or cpu, counted by each node's agent (ParseProcessesPerNode in
+  // launch/gpus.h); empty: world.nproc_per_node, or the pod's.
+  std::string nproc_kind;
   int max_restarts = 0;
   std::string log_dir;
   absl::Duration rendezvous_timeout = absl::Minutes(5);

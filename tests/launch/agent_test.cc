@@ -280,8 +280,10 @@ TEST(AgentTest, TwoKubeflowPodsTrainTogether) {
 // with "'auto' is not an integer".
 TEST(AgentTest, APyTorchJobsNprocPerNodeAutoIsAWorkerPerGpu) {
   const int gpus = std::max(1, FindGpus(ProcessEnvironment()).visible);
-  const std::tuple<std::string, std::string, int> cases[] = {
-      {"auto", "", gpus}, {"auto", "--nproc-per-node=2", 2}, {"cpu", "", 1}};
+  const std::tuple<std::string, std::string, int> cases[] = {{"auto", "", gpus},
+                                                             {"auto", "--nproc-per-node=2", 2},
+                                                             {"cpu", "", 1},
+                                                             {"2", "--nproc-per-node=cpu", 1}};
   for (const auto& [kind, flag, workers] : cases) {
     SCOPED_TRACE(kind + " " + flag);
     const std::string out = OutDir("pet_auto");

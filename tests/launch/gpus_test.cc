@@ -60,14 +60,19 @@ TEST(GpusTest, CudaVisibleDevicesNarrowsTheDriversGpus) {
   EXPECT_EQ(none.visible, 0);
 }
 
+// As torchrun's: a count, gpu, auto (refused on the flag before, though a PyTorchJob's
+// nprocPerNode took it) or cpu.
 TEST(GpusTest, ProcessesPerNodeIsACountOrOnePerGpu) {
   const GpuInventory gpus = FindGpus({{"CUDA_VISIBLE_DEVICES", "0,2"}}, ProcWithThreeGpus());
   EXPECT_EQ(*ParseProcessesPerNode("gpu", gpus), 2);
   EXPECT_EQ(*ParseProcessesPerNode("4", gpus), 4);
+  EXPECT_EQ(*ParseProcessesPerNode("auto", gpus), 2);
+  EXPECT_EQ(*ParseProcessesPerNode("auto", GpuInventory{}), 1);
+  EXPECT_EQ(*ParseProcessesPerNode("cpu", gpus), 1);
   for (const char* bad : {"0", "-2", "two", "gpus", ""}) {
     const absl::StatusOr<int> count = ParseProcessesPerNode(bad, gpus);
     EXPECT_EQ(count.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_THAT(count.status().message(), HasSubstr("or gpu for one per visible GPU")) << bad;
+    EXPECT_THAT(count.status().message(), HasSubstr("gpu for one per visible GPU, auto")) << bad;
   }
   const absl::StatusOr<int> none = ParseProcessesPerNode("gpu", GpuInventory{});
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
