@@ -1092,6 +1092,10 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       phase = absl::StrCat("the checkpoint of step ", m.step);
       ASSIGN_OR_RETURN(m.ckpt_blocked_ms,
                        checkpoints->Save(m.step, m.lr, data.train->state(), StepMetricsJson(m)));
+      if (leader && request.save && !request.stop) {
+        LogInfo("SIGUSR1: saving step %d to %s/%s", m.step, checkpoints->dir(),
+                StepDirName(m.step));
+      }
     }
     if (exporter != nullptr) exporter->Record(m);
     if (leader) {

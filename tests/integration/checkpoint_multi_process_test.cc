@@ -499,6 +499,10 @@ TEST(CheckpointMultiProcessTest, Sigusr1ToOneRankMakesAllSaveAndContinue) {
   ASSERT_EQ(codes[1], kExitStopped) << ranks.Log(1);
   const std::string second = FileBytes(latest);
   EXPECT_NE(first, second);
+  // Rank 0 logs the save (only the step line's ckpt field showed it).
+  EXPECT_THAT(ranks.Log(0),
+              HasSubstr("SIGUSR1: saving step " + first.substr(5, first.size() - 6) + " to " + out +
+                        "/mp/checkpoints/" + first.substr(0, first.size() - 1)));
   const std::string first_dir = out + "/mp/checkpoints/" + first.substr(0, first.size() - 1);
   const testing::Outcome inspect = testing::RunDtrain("ckpt inspect " + first_dir);
   EXPECT_EQ(inspect.exit_code, 0) << inspect.stdout_text;
