@@ -192,7 +192,8 @@ FlightDump LoadFlightDump(int rank, const std::string& path) {
 FlightDiagnosis DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
   std::map<int, const FlightDump*> valid;
   std::map<std::pair<std::string, std::vector<int>>, Sequences> groups;
-  const FlightRecord* stuck_point_to_point = nullptr;
+  const FlightRecord* stuck_point_to_point = nullptr;  // the oldest unfinished one
+  int stuck_rank = -1;                                 // whose dump holds it
   for (const FlightDump& dump : dumps) {
     if (!dump.problem.empty()) continue;
     valid[dump.rank] = &dump;
@@ -201,6 +202,7 @@ FlightDiagnosis DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
         if (record.state != FlightState::kCompleted &&
             (stuck_point_to_point == nullptr || record.start_us < stuck_point_to_point->start_us)) {
           stuck_point_to_point = &record;
+          stuck_rank = dump.rank;
         }
         continue;
       }
@@ -213,22 +215,29 @@ FlightDiagnosis DiagnoseFlightDumps(const std::vector<FlightDump>& dumps) {
       findings.push_back(*std::move(finding));
     }
   }
+  // The oldest point-to-point operation left unfinished is a finding of its own: its rank waits
+  // for the peer, and may be a later finding's absent rank only because it waits (a pipeline
+  // stage stuck in a receive never enters its data-parallel reduction).
+  if (stuck_point_to_point != nullptr) {
+    const FlightRecord& stuck = *stuck_point_to_point;
+    findings.push_back(Finding{
+        stuck.start_us,
+        absl::StrFormat("%srank %d waits for rank %d in a %s of %d bytes on group '%s' (#%d of "
+                        "its group)",
+                        findings.empty() ? "the collectives agree; " : "", stuck_rank, stuck.peer,
+                        stuck.op, stuck.bytes, stuck.group, stuck.seq),
+        {stuck.peer}});
+  }
   std::stable_sort(findings.begin(), findings.end(),
                    [](const Finding& a, const Finding& b) { return a.start_us < b.start_us; });
   std::string text;
   FlightDiagnosis diagnosis;
-  diagnosis.found = !findings.empty() || stuck_point_to_point != nullptr;
+  diagnosis.found = !findings.empty();
   if (!findings.empty()) {
     text = findings.front().text;
     diagnosis.never_entered = findings.front().never_entered;
     for (size_t i = 1; i < findings.size(); ++i)
       absl::StrAppend(&text, "; also: ", findings[i].text);
-  } else if (stuck_point_to_point != nullptr) {
-    text = absl::StrFormat(
-        "the collectives agree; the oldest unfinished point-to-point operation is a %s of %d "
-        "bytes with rank %d on group '%s' (#%d of its group)",
-        stuck_point_to_point->op, stuck_point_to_point->bytes, stuck_point_to_point->peer,
-        stuck_point_to_point->group, stuck_point_to_point->seq);
   } else {
     text = valid.empty() ? "no usable dump to compare"
                          : "the dumps agree: no rank missed or mismatched an operation they hold";

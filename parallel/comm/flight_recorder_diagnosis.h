@@ -6,7 +6,9 @@
 // dump has no entry while others have one names the rank that never entered it; the first that
 // some rank did not complete while every dump agrees names the ranks without a dump (stopped, hung
 // or dead) as never having entered it, or else says that every rank entered it and which did not
-// finish it.
+// finish it. The oldest point-to-point operation some rank left unfinished is a finding too (the
+// rank waits for that peer, and may be a later finding's absent rank only because it waits). The
+// earliest finding leads.
 // A missing, corrupt or partial dump is reported as such and never stops the comparison.
 #pragma once
 
@@ -35,11 +37,12 @@ struct FlightDiagnosis {
   // One line for the user: the first finding (the diagnosis), others after it, then every rank's
   // dump path or why it has none.
   std::string text;
-  // The ranks the first finding names as never having entered an operation others entered: the
-  // root cause of a hang (empty for a desynchronised program, or when every rank entered).
+  // The ranks the first finding names as never having entered an operation others entered, or
+  // the peer its rank waits for when it is a point-to-point operation: the root cause of a hang
+  // (empty for a desynchronised program, or when every rank entered).
   std::vector<int> never_entered;
-  // Whether the dumps show something wrong: a finding or an unfinished point-to-point operation
-  // (false: they agree, or none could be compared).
+  // Whether the dumps show something wrong: a finding (false: they agree, or none could be
+  // compared).
   bool found = false;
 };
 

@@ -126,6 +126,37 @@ TEST(FlightRecorderDiagnosisTest, EvictedRecordsAreNotMissing) {
 }
 
 // Two groups of one name with other members are compared apart; the earliest finding comes first.
+// Rank 1 waits in a receive from rank 3 (a pipeline stage behind a hung neighbour) since before
+// the dp collective #6 it then never entered: the receive leads, naming rank 3 (the summary led
+// with "rank 1 never entered", a victim).
+TEST(FlightRecorderDiagnosisTest, AReceiveUnfinishedSinceBeforeTheFindingsLeads) {
+  std::vector<FlightDump> dumps = Agreeing(6);
+  dumps[1].records.pop_back();  // rank 1 never entered #6
+  FlightRecord receive;
+  receive.group = "pp";
+  receive.members = {1, 3};
+  receive.seq = 40;
+  receive.op = "recv";
+  receive.count = 256;
+  receive.bytes = 1024;
+  receive.peer = 3;
+  receive.start_us = 5500;  // after #5, before #6 (6000)
+  receive.state = FlightState::kStarted;
+  dumps[1].records.push_back(receive);
+  const FlightDiagnosis diagnosis = DiagnoseFlightDumps(dumps);
+  EXPECT_TRUE(diagnosis.found);
+  EXPECT_THAT(diagnosis.text,
+              ::testing::StartsWith("rank 1 waits for rank 3 in a recv of 1024 bytes on group "
+                                    "'pp' (#40 of its group); also: "));
+  EXPECT_THAT(diagnosis.text, HasSubstr("rank 1 never entered"));
+  EXPECT_EQ(diagnosis.never_entered, std::vector<int>{3});
+  // Started after the collective finding, the receive comes second.
+  dumps[1].records.back().start_us = 7000;
+  const FlightDiagnosis later = DiagnoseFlightDumps(dumps);
+  EXPECT_THAT(later.text, ::testing::StartsWith("rank 1 never entered"));
+  EXPECT_THAT(later.text, HasSubstr("; also: rank 1 waits for rank 3 in a recv"));
+}
+
 TEST(FlightRecorderDiagnosisTest, GroupsAreComparedApartAndTheEarliestFindingLeads) {
   std::vector<FlightDump> dumps = Agreeing(6);
   for (int rank = 0; rank < 4; ++rank) {
