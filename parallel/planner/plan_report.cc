@@ -358,6 +358,9 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
     if (chosen->layout.pp > 1) {
       absl::StrAppendFormat(&out, "  stages   %s\n", PipelineStagesLine(w, chosen->layout));
     }
+    if (const std::string note = BatchLimitNote(plan); !note.empty()) {
+      absl::StrAppendFormat(&out, "  note     %s\n", note);
+    }
     if (t.compute_fraction < 0.5) {
       // The largest part of the rest, and what shrinks it: a larger batch shares each step's
       // reductions and fills the pipeline; tp and pp traffic grow with the tokens alone, and the
@@ -439,6 +442,7 @@ nlohmann::json PlanJson(const Plan& plan, const std::string& recipe_path, int to
                     {"inter_latency_us", c.inter_latency_us}};
   const Candidate* chosen = plan.recommendation();
   out["recommended"] = chosen == nullptr ? nlohmann::json() : CandidateJson(*chosen);
+  if (const std::string note = BatchLimitNote(plan); !note.empty()) out["batch_note"] = note;
   if (chosen == nullptr) out["nothing_fits"] = std::string(WhyNoLayout(plan).message());
   out["alternatives"] = nlohmann::json::array();
   for (const Candidate* alternative : Alternatives(plan, top_n)) {

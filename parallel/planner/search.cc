@@ -252,6 +252,27 @@ absl::Status WhyNoLayout(const Plan& plan) {
                    "; change cluster.gpus_per_node or cluster.nodes, or train.batch_size"));
 }
 
+std::string BatchLimitNote(const Plan& plan) {
+  const Candidate* chosen = plan.recommendation();
+  if (chosen == nullptr) return "";
+  const int batch = plan.workload.batch_size;
+  std::set<int> blocked;
+  for (const Candidate& candidate : plan.candidates) {
+    if (candidate.layout.dp > chosen->layout.dp && batch % candidate.layout.dp != 0) {
+      blocked.insert(candidate.layout.dp);
+    }
+  }
+  if (blocked.empty()) return "";
+  const int largest = *blocked.rbegin();
+  const int below = batch / largest * largest;
+  const std::string nearest =
+      below > 0 ? absl::StrCat(below, " or ", below + largest) : absl::StrCat(largest);
+  return absl::StrCat("train.batch_size ", batch, " does not divide over dp ",
+                      absl::StrJoin(blocked, ", "),
+                      ", so the layouts with more data-parallel ranks are out; a batch of ",
+                      nearest, " sequences (a multiple of ", largest, ") lets them in");
+}
+
 const Candidate* ClosestToFitting(const Plan& plan) {
   const Candidate* closest = nullptr;
   for (const Candidate& candidate : plan.candidates) {

@@ -78,6 +78,11 @@ absl::StatusOr<Plan> SearchLayouts(const Workload& workload, const ClusterSpec& 
 // exceeds, or, when none is valid, each distinct reason the layouts do not split.
 absl::Status WhyNoLayout(const Plan& plan);
 
+// Where the batch keeps `plan`'s recommendation from more data-parallel ranks (layouts of a dp
+// that train.batch_size does not divide): a sentence naming those dp sizes and the nearest batch
+// sizes the largest divides; empty when it does not.
+std::string BatchLimitNote(const Plan& plan);
+
 // The estimated candidate that needs the least memory per GPU; nullptr when none was estimated.
 // What to show when nothing fits.
 const Candidate* ClosestToFitting(const Plan& plan);

@@ -87,6 +87,22 @@ TEST(PlanReportTest, RoceAndSocketsGetTheirSettings) {
   EXPECT_EQ(CollectiveTimeoutS(405000), 1260);
 }
 
+// Llama 7B's 1024 sequences on 3 nodes of 7 GPUs: no dp of 3, 7 or 21 splits them, so the plan
+// is a 21-stage pipeline; the note says why and which batch lets data parallelism in (nothing
+// did).
+TEST(PlanReportTest, ABatchThatKeepsDataParallelismOutIsNamed) {
+  const Plan plan = PlanFor("llama-7b", {"cluster.nodes=3", "cluster.gpus_per_node=7"});
+  ASSERT_NE(plan.recommendation(), nullptr);
+  EXPECT_EQ(plan.recommendation()->layout.dp, 1);
+  const std::string note =
+      "train.batch_size 1024 does not divide over dp 3, 7, 21, so the layouts with more "
+      "data-parallel ranks are out; a batch of 1008 or 1029 sequences (a multiple of 21) lets them "
+      "in";
+  EXPECT_THAT(PlanText(plan, "llama-7b.yaml", 4), HasSubstr("  note     " + note));
+  EXPECT_EQ(PlanJson(plan, "llama-7b.yaml", 4)["batch_note"], note);
+  EXPECT_EQ(BatchLimitNote(PlanFor("llama-7b", {})), "");
+}
+
 TEST(PlanReportTest, JsonCarriesTheSameContent) {
   const Plan plan = PlanFor("llama-7b", {"cluster.nodes=2", "cluster.network=roce-200"});
   const nlohmann::json json = PlanJson(plan, "llama-7b.yaml", 4);
