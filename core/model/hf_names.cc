@@ -317,11 +317,16 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
       const StoredTensor& stored = it->second;
       const std::vector<int64_t>& found = stored.reader->Find(stored.name)->spec.shape;
       if (found != t.shape) {
+        // A folder's config.json has been checked against the recipe: its weights disagree with
+        // it.
+        const bool in_folder = *stored.file != where;
         return absl::InvalidArgumentError(absl::StrCat(
             *stored.file, ": tensor '", stored.name, "' has shape ", ShapeString(found),
-            ", expected ", ShapeString(t.shape), " (for dtrain's '", entry.name,
-            "'); make model.* in the recipe match the checkpoint (its config.json, in a Hugging "
-            "Face folder)"));
+            ", expected ", ShapeString(t.shape), " (for dtrain's '", entry.name, "'); ",
+            in_folder ? absl::StrCat("the folder's config.json, which the recipe matches, does not "
+                                     "describe its weights: save the folder again (",
+                                     where, ")")
+                      : "make model.* in the recipe match the checkpoint"));
       }
       t.name = stored.name;
       pieces.emplace_back(&entry, std::move(t), stored.reader);

@@ -242,6 +242,18 @@ TEST_F(HfFolderTest, FolderErrorsSayWhatIsMissing) {
   Write("bad/config.json", "{not json");
   EXPECT_THAT(ImportHfWeights(config, table, Path("bad"), loaded.data()).message(),
               HasSubstr("bad/config.json is not a JSON object"));
+  // A config.json that matches the recipe beside weights of another model: the folder is at
+  // fault, not the recipe (the fix said to change model.*).
+  ModelConfig wider = config;
+  wider.d_model *= 2;
+  const ParamTable wider_table(wider, ModelSlice{});
+  ASSERT_TRUE(
+      ExportHfFolder(wider, wider_table, ValuesOf(DistinctParams(wider_table)), Path("mixed"), "")
+          .ok());
+  Write("mixed/config.json", HfConfigJson(config));
+  EXPECT_THAT(ImportHfWeights(config, table, Path("mixed"), loaded.data()).message(),
+              HasSubstr("the folder's config.json, which the recipe matches, does not describe "
+                        "its weights: save the folder again"));
 }
 
 // GPT-2's original files become GPT2Tokenizer's vocab.json + merges.txt, its <|endoftext|> the
