@@ -832,7 +832,15 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   // every other shard must record it. A first shard that does not read fails training too,
   // unless data.on_error skips it: fail now rather than read it again (a silent pipe: command
   // would cost its timeout twice).
-  const absl::StatusOr<std::string> recorded = ShardsTokenizerName(recipe);
+  const absl::StatusOr<std::string> recorded = ShardsTokenizerName(recipe, &sigterm_received);
+  if (absl::IsCancelled(recorded.status())) {
+    signals.Stopping();
+    if (leader) {
+      LogInfo("stopped by %s while the first shard was read, with nothing trained to save",
+              StopSignalName());
+    }
+    return TrainingEnd::kStopped;
+  }
   if (!recorded.ok() && recipe.data.on_error == "fail") return recorded.status();
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
                    LoadSampleTokenizer(recipe, recorded, leader));

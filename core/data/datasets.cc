@@ -1,6 +1,7 @@
 #include "core/data/datasets.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 #include <vector>
 
@@ -265,8 +266,10 @@ absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_
 namespace {
 
 // The first sample of the first shard of data.format webdataset (data.shards) or sft
-// (data.train), where `dtrain data pack` writes its record; nullopt for other formats.
-absl::StatusOr<std::optional<Sample>> ShardsFirstSample(const Recipe& recipe) {
+// (data.train), where `dtrain data pack` writes its record; nullopt for other formats. A read
+// that waits gives up, Cancelled, once `*stop` is set.
+absl::StatusOr<std::optional<Sample>> ShardsFirstSample(const Recipe& recipe,
+                                                        const std::atomic<bool>* stop = nullptr) {
   std::vector<std::string> shards;
   if (recipe.data.format == "webdataset") {
     ASSIGN_OR_RETURN(shards, ExpandShardUrls(recipe.data.shards));
@@ -274,20 +277,23 @@ absl::StatusOr<std::optional<Sample>> ShardsFirstSample(const Recipe& recipe) {
     ASSIGN_OR_RETURN(shards, ExpandFilePatterns(recipe.data.train));
   }
   if (shards.empty()) return std::nullopt;
-  ASSIGN_OR_RETURN(const std::unique_ptr<ByteSource> source,
-                   OpenShard(shards.front(), SourceOptions(recipe.data)));
+  ShardSourceOptions options = SourceOptions(recipe.data);
+  options.stop = stop;
+  ASSIGN_OR_RETURN(const std::unique_ptr<ByteSource> source, OpenShard(shards.front(), options));
   TarReader reader(source.get());
   SampleGrouper grouper(&reader);
   Sample sample;
-  ASSIGN_OR_RETURN(const bool any, grouper.Next(&sample));
-  if (!any) return std::nullopt;
+  const absl::StatusOr<bool> any = grouper.Next(&sample);
+  if (!any.ok()) return WithSourceCause(*source, any.status());
+  if (!*any) return std::nullopt;
   return sample;
 }
 
 }  // namespace
 
-absl::StatusOr<std::string> ShardsTokenizerName(const Recipe& recipe) {
-  ASSIGN_OR_RETURN(const std::optional<Sample> sample, ShardsFirstSample(recipe));
+absl::StatusOr<std::string> ShardsTokenizerName(const Recipe& recipe,
+                                                const std::atomic<bool>* stop) {
+  ASSIGN_OR_RETURN(const std::optional<Sample> sample, ShardsFirstSample(recipe, stop));
   return sample ? RecordedTokenizerName(*sample) : "";
 }
 

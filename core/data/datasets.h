@@ -1,6 +1,7 @@
 // The data of a recipe: a training and a validation loader for one data-parallel rank.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,8 +48,10 @@ absl::Status CheckDataFilesExist(const Recipe& recipe);
 
 // The tokenizer that the first shard of data.format webdataset (data.shards) or sft (data.train)
 // records in its first sample (`dtrain data pack`'s record: "bytes", "hf-bpe:...", ...); empty
-// for other formats and shards that record none. Errors are the shard's.
-absl::StatusOr<std::string> ShardsTokenizerName(const Recipe& recipe);
+// for other formats and shards that record none. Errors are the shard's; a read that waits (a
+// stalled command or server) gives up, Cancelled, once `*stop` is set (a SIGTERM).
+absl::StatusOr<std::string> ShardsTokenizerName(const Recipe& recipe,
+                                                const std::atomic<bool>* stop = nullptr);
 
 // The chat template that data.format sft's shards were packed with (`dtrain data pack --sft`
 // records it beside the tokenizer); nullopt for other formats and shards of an older pack.

@@ -434,6 +434,30 @@ TEST(CheckpointMultiProcessTest, ASigtermDuringStartUpStopsEveryRankBeforeTheFir
   EXPECT_THAT(ranks.Log(0), HasSubstr("stopped by SIGTERM before step 1"));
 }
 
+// The first shard's first sample (its tokenizer record), read at start-up, stalls: a SIGTERM
+// stops the run within a second with exit 143; it was heard only when the command timed out, and
+// the run then failed with exit 1.
+TEST(CheckpointMultiProcessTest, SigtermWhileTheFirstShardsRecordIsReadStops) {
+  const std::string dir = OutDir("stalled_record_shards");
+  ASSERT_EQ(PackDocuments(8, dir).exit_code, 0);
+  const std::string out = OutDir("stalled_record");
+  Ranks ranks(1, TrainArgs(RecipeFile(32), out,
+                           {"data.format=webdataset", "data.train=[]",
+                            "data.shards=pipe:sleep 100; cat " + dir + "/shard-000000.tar",
+                            "data.pipe_timeout_s=100"}));
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline && !Catches(ranks.Pid(0), SIGTERM)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // into the read
+  const absl::Time signalled = absl::Now();
+  ranks.SignalRank(0, SIGTERM);
+  const std::vector<int> codes = ranks.Wait(absl::Seconds(60));
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(10));
+  EXPECT_EQ(codes[0], kExitStopped) << ranks.Log(0);
+  EXPECT_THAT(ranks.Log(0), HasSubstr("stopped by SIGTERM while the first shard was read"));
+}
+
 // The first Ctrl-C says at once what happens and how to quit; a second quits at once, unsaved.
 TEST(CheckpointMultiProcessTest, ASecondSigintQuitsAtOnceUnsaved) {
   const std::string out = OutDir("sigint_twice");
