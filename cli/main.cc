@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "core/data/datasets.h"
 #include "core/model/model_size.h"
 #include "core/util/status.h"
 #include "embedded_tiny_recipe.h"
@@ -55,6 +56,7 @@ absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
                    : LoadRecipe(path, overrides);
   if (!recipe.ok()) return recipe.status();
   RETURN_IF_ERROR(CheckModelSize(*recipe));
+  RETURN_IF_ERROR(CheckShardPatterns(*recipe));
   // The cluster section's names, which only the planner reads, are checked here too.
   RETURN_IF_ERROR(ResolveCluster(recipe->cluster).status());
   return recipe;

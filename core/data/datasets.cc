@@ -203,6 +203,18 @@ absl::StatusOr<Datasets> OpenSftDatasets(const Recipe& recipe, int dp_rank, int 
 
 }  // namespace
 
+absl::Status CheckShardPatterns(const Recipe& recipe) {
+  if (recipe.data.format != "webdataset") return absl::OkStatus();
+  for (const auto& [key, pattern] : {std::pair{"data.shards", &recipe.data.shards},
+                                     std::pair{"data.val_shards", &recipe.data.val_shards}}) {
+    if (pattern->empty()) continue;
+    if (const absl::Status status = ExpandShardUrls(*pattern).status(); !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": ", status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckDataFilesExist(const Recipe& recipe) {
   if (recipe.data.format == "webdataset") return absl::OkStatus();
   for (const auto& [key, patterns] :

@@ -46,6 +46,11 @@ absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_
 // failure reaches the others at once.
 absl::Status CheckDataFilesExist(const Recipe& recipe);
 
+// data.format webdataset's data.shards and data.val_shards expanded, no shard opened:
+// InvalidArgument naming the key for a pattern that does not expand (a typo a restart would
+// repeat, found before the run starts).
+absl::Status CheckShardPatterns(const Recipe& recipe);
+
 // The tokenizer that the first shard of data.format webdataset (data.shards) or sft (data.train)
 // records in its first sample (`dtrain data pack`'s record: "bytes", "hf-bpe:...", ...); empty
 // for other formats and shards that record none. Errors are the shard's; a read that waits (a

@@ -13,15 +13,19 @@ namespace {
 
 constexpr size_t kMaxUrls = 10'000'000;
 
-// The alternatives of one brace expression's inside ("000..012" or "a,b").
+// The alternatives of one brace expression's inside ("000..012" or "a,b"). In a shell command
+// (`literal_otherwise`) braces that are neither stay as they are, as bash leaves them: ${HOME},
+// an awk program.
 absl::StatusOr<std::vector<std::string>> Alternatives(absl::string_view inside,
-                                                      const std::string& pattern) {
+                                                      const std::string& pattern,
+                                                      bool literal_otherwise) {
   const size_t dots = inside.find("..");
   if (dots == absl::string_view::npos) {
     if (inside.find(',') == absl::string_view::npos) {
+      if (literal_otherwise) return std::vector<std::string>{absl::StrCat("{", inside, "}")};
       return absl::InvalidArgumentError(
           absl::StrCat("shard pattern '", pattern, "': '{", inside,
-                       "}' is neither a range {first..last} nor a list {a,b}; fix data.shards"));
+                       "}' is neither a range {first..last} nor a list {a,b}"));
     }
     return std::vector<std::string>(absl::StrSplit(inside, ','));
   }
@@ -54,29 +58,40 @@ absl::StatusOr<std::vector<std::string>> Alternatives(absl::string_view inside,
   return values;
 }
 
+// Expands `item`, one of `pattern`'s '::'-separated parts. A pipe: command's lone or unmatched
+// braces stay as they are, as in bash; elsewhere they are a typo.
 absl::Status ExpandItem(const std::string& item, const std::string& pattern,
                         std::vector<std::string>* out) {
+  const bool command = absl::StartsWith(item, "pipe:");
   std::vector<std::string> done = {""};
   size_t position = 0;
+  const auto keep_literal = [&](size_t end) {
+    for (std::string& url : done) url += item.substr(position, end - position);
+    position = end;
+  };
   while (position < item.size()) {
     const size_t open = item.find('{', position);
     const size_t close = item.find('}', position);
+    const size_t end = open == std::string::npos ? std::string::npos : item.find('}', open);
+    if (command && (close < open || (open != std::string::npos && end == std::string::npos))) {
+      keep_literal(close < open ? close + 1 : item.size());
+      continue;
+    }
     if (open == std::string::npos) {
       if (close != std::string::npos) {
         return absl::InvalidArgumentError(
-            absl::StrCat("shard pattern '", pattern, "': '}' without '{'; fix data.shards"));
+            absl::StrCat("shard pattern '", pattern, "': '}' without '{'"));
       }
-      for (std::string& url : done) url += item.substr(position);
+      keep_literal(item.size());
       break;
     }
-    const size_t end = item.find('}', open);
     if (end == std::string::npos || close < open) {
       return absl::InvalidArgumentError(
-          absl::StrCat("shard pattern '", pattern, "': unmatched brace; fix data.shards"));
+          absl::StrCat("shard pattern '", pattern, "': unmatched brace"));
     }
     ASSIGN_OR_RETURN(
         const std::vector<std::string> alternatives,
-        Alternatives(absl::string_view(item).substr(open + 1, end - open - 1), pattern));
+        Alternatives(absl::string_view(item).substr(open + 1, end - open - 1), pattern, command));
     if (done.size() * alternatives.size() > kMaxUrls) {
       return absl::InvalidArgumentError(
           absl::StrCat("shard pattern '", pattern, "' expands to more than ", kMaxUrls, " URLs"));
@@ -102,8 +117,8 @@ absl::StatusOr<std::vector<std::string>> ExpandShardUrls(const std::string& patt
   std::vector<std::string> urls;
   for (absl::string_view item : absl::StrSplit(pattern, "::")) {
     if (item.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shard pattern '", pattern, "' has an empty item between '::'; fix data.shards"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard pattern '", pattern, "' has an empty item between '::'"));
     }
     // A shell's glob: WebDataset's patterns do not expand it either, and a file named so is
     // rare, so a '*' outside a pipe: command is taken for one and refused.

@@ -1,6 +1,8 @@
 // Shard URL patterns (data.shards): items separated by "::", each expanded for brace
 // expressions, left to right: "{000..123}" is a numeric range (zero padding kept; it may count
-// down) and "{a,b,c}" a list. "s3-{0..1}/x-{00..02}.tar" gives 6 URLs. Pure function.
+// down) and "{a,b,c}" a list. "s3-{0..1}/x-{00..02}.tar" gives 6 URLs. In a "pipe:" command,
+// braces that are neither (${HOME}, an awk program) or have no partner stay as they are, as in
+// bash. Pure function.
 #pragma once
 
 #include <string>
@@ -10,8 +12,8 @@
 
 namespace dtrain {
 
-// InvalidArgument naming the pattern for an unmatched brace, an empty item, a bad range or more
-// than 10 million URLs.
+// InvalidArgument naming the pattern for an unmatched brace or one that is no range or list
+// (outside pipe: commands), an empty item, a glob, a bad range or more than 10 million URLs.
 absl::StatusOr<std::vector<std::string>> ExpandShardUrls(const std::string& pattern);
 
 }  // namespace dtrain

@@ -42,6 +42,28 @@ TEST(CliTest, RecipeCheckBadOverrideExits2) {
   EXPECT_THAT(outcome.stderr_text, HasSubstr("--set train.lr=abc: expected a number"));
 }
 
+// A shard pattern that does not expand is a usage error at once, naming the key, from `recipe
+// check` and `train` (check accepted it; train exited 1 at the first read, which launch restarts).
+TEST(CliTest, AShardPatternThatDoesNotExpandExits2) {
+  const std::string sets =
+      " --set data.format=webdataset --set data.train=[] --set train.eval_every=0 --set "
+      "data.shards=/d/s-{0..3.tar";
+  for (const char* command : {"recipe check", "train"}) {
+    const Outcome outcome =
+        RunDtrain(absl::StrCat(command, " ", DTRAIN_SOURCE_DIR, "/configs/tiny.yaml", sets));
+    EXPECT_EQ(outcome.exit_code, 2) << command << ": " << outcome.stderr_text;
+    EXPECT_THAT(outcome.stderr_text,
+                HasSubstr("data.shards: shard pattern '/d/s-{0..3.tar': unmatched brace"))
+        << command;
+  }
+  const Outcome val = RunDtrain(absl::StrCat("recipe check ", DTRAIN_SOURCE_DIR,
+                                             "/configs/tiny.yaml --set data.format=webdataset "
+                                             "--set data.shards=/d/s.tar --set "
+                                             "data.val_shards=/d/v-{a}.tar"));
+  EXPECT_EQ(val.exit_code, 2);
+  EXPECT_THAT(val.stderr_text, HasSubstr("data.val_shards: shard pattern '/d/v-{a}.tar'"));
+}
+
 // parallel.sequence_parallel with a tp that does not divide train.seq_len: exit 2 naming the
 // keys and the nearest values, from `recipe check` and from `train` before any rank starts.
 TEST(CliTest, SequenceParallelSeqLenNotDivisibleByTpExits2) {

@@ -33,6 +33,16 @@ TEST(ShardUrlsTest, RejectsMalformedPatterns) {
   }
 }
 
+// In a pipe: command, braces that are no range or list, or lack a partner, stay as bash leaves
+// them (they were refused: ${HOME}, awk programs); its ranges and lists still expand.
+TEST(ShardUrlsTest, APipeCommandsOtherBracesStayAsTheyAre) {
+  EXPECT_EQ(*ExpandShardUrls("pipe:cat ${HOME}/s-{0..1}.tar"),
+            (Urls{"pipe:cat ${HOME}/s-0.tar", "pipe:cat ${HOME}/s-1.tar"}));
+  EXPECT_EQ(*ExpandShardUrls("pipe:awk '{print}' x.tar | tail -c +1 } {"),
+            (Urls{"pipe:awk '{print}' x.tar | tail -c +1 } {"}));
+  EXPECT_FALSE(ExpandShardUrls("/d/${HOME}.tar").ok());  // outside a command, a typo
+}
+
 // A shell glob is not expanded (as in WebDataset): refused with the forms that are, where it was
 // read as a file name and failed at the first open; a pipe: command keeps its own.
 TEST(ShardUrlsTest, AGlobIsRefusedNamingTheFormsThatExpand) {
