@@ -92,9 +92,10 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
   }
   ++cursor_.skipped_shards;
   ++shards_skipped_;
-  // A shard that gave samples before it failed is progress: a single partly readable shard
-  // trains on what it holds.
-  if (slot_samples_ == 0) ++failures_in_a_row_;
+  // A shard that gave tokens before it failed is progress: a single partly readable shard trains
+  // on what it holds. Samples without tokens are none (shards of them, each cut off, looped
+  // forever).
+  if (!GaveProgress()) ++failures_in_a_row_;
   if (skipped_urls_.insert(url).second) {
     LogWarn(
         "data.on_error skip_shard: skipping shard %s (data stream %d, pass %d) after %d "
@@ -107,7 +108,7 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
     return absl::Status(
         error.code(),
         absl::StrCat("data stream ", stream_, ": ", failures_in_a_row_,
-                     " shards in a row failed before their first sample, as many as there are "
+                     " shards in a row failed before their first token, as many as there are "
                      "shards; last: ",
                      error.message()));
   }
@@ -160,7 +161,7 @@ absl::Status ShardStream::ReadSample(bool decode, TokenDocument* tokens) {
       slot_tokens_ += tokens->size();
     }
     ++slot_samples_;
-    failures_in_a_row_ = 0;
+    if (GaveProgress()) failures_in_a_row_ = 0;
     return absl::OkStatus();
   }
 }

@@ -94,9 +94,11 @@ class ShardStream {
   int64_t slot_samples_ = 0;  // samples read from slot_
   int64_t slot_decoded_ = 0;  // ... of which decoded
   int64_t slot_tokens_ = 0;   // ... holding these tokens
-  // Shards skipped in a row before their first sample: as many as there are shards is an error
+  // Shards skipped in a row before their first token: as many as there are shards is an error
   // (every shard fails; skipping on would loop without one window).
   int64_t failures_in_a_row_ = 0;
+  // Whether the open shard has given a token, or samples not decoded (counted on a restore).
+  bool GaveProgress() const { return slot_tokens_ > 0 || slot_decoded_ < slot_samples_; }
   // Shards read whole in a row whose decoded samples held no token: as many as there are
   // shards is an error (such data would be read forever without one window).
   int64_t empty_in_a_row_ = 0;

@@ -215,7 +215,7 @@ TEST(DataCommandTest, AFirstShardThatDoesNotReadFailsAtStart) {
   EXPECT_THAT(skipped.stderr_text,
               HasSubstr("samples print as token ids: the first shard, which records the data's "
                         "tokenizer, did not read"));
-  EXPECT_THAT(skipped.stderr_text, HasSubstr("1 shards in a row failed before their first sample"));
+  EXPECT_THAT(skipped.stderr_text, HasSubstr("1 shards in a row failed before their first token"));
   EXPECT_EQ(runs_of("skip"), 2);
 }
 

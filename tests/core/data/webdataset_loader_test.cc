@@ -229,16 +229,32 @@ TEST_F(WebDatasetLoaderTest, FailsOrSkipsABadShardByDataOnError) {
   ASSERT_TRUE(partly.ok()) << partly;
   for (const int32_t token : inputs) EXPECT_TRUE(token == 0 || token / 1000 == 3) << token;
 
-  // Shards that all fail before their first sample end the stream with an error, not a loop.
+  // Shards that all fail before their first token end the stream with an error, not a loop.
   config_.urls = {dir_ / "missing-0.tar", dir_ / "missing-1.tar", dir_ / "missing-2.tar"};
   loader = Loader(0, 1);
   ::testing::internal::CaptureStderr();
   const absl::Status none = loader->Next(1, inputs.data(), targets.data());
   ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(absl::StrContains(none.message(),
-                                "3 shards in a row failed before their first sample, as many as "
+                                "3 shards in a row failed before their first token, as many as "
                                 "there are shards"))
       << none;
+
+  // Shards that each give samples without tokens and are then cut give no token either: the
+  // same error (a trainer on two such shards looped over them forever, deaf to SIGTERM).
+  const std::string tokenless =
+      TarHeader("s0.tokens", 0) + TarHeader("s1.tokens", 0) + TarHeader("s2.tokens", 4) + "ab";
+  testing::WriteFile(dir_ / "tokenless-0.tar", tokenless);
+  testing::WriteFile(dir_ / "tokenless-1.tar", tokenless);
+  config_.urls = {dir_ / "tokenless-0.tar", dir_ / "tokenless-1.tar"};
+  config_.num_streams = 2;
+  loader = Loader(0, 1);
+  ::testing::internal::CaptureStderr();
+  const absl::Status tokenless_status = loader->Next(1, inputs.data(), targets.data());
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(absl::StrContains(tokenless_status.message(),
+                                "2 shards in a row failed before their first token"))
+      << tokenless_status;
 }
 
 // With more streams than the passes have shards, a stream without a shard of its own says so,
