@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/data/sample_grouper.h"
@@ -16,6 +18,7 @@
 #include "core/data/token_file.h"
 #include "core/data/webdataset_loader.h"
 #include "core/data/window_loader.h"
+#include "core/util/exit_codes.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -45,12 +48,36 @@ ShardSourceOptions SourceOptions(const DataSection& data) {
   return options;
 }
 
+// A usage error (exit 2: a restart would find the same) naming the first of `urls`, the shards
+// of `key`, that is a local file (a path, file:) which does not exist; OK when every one does.
+// Found at start rather than when the stream reaches it, after hours of steps, or, for
+// validation shards, at the first evaluation.
+absl::Status CheckLocalShardsExist(const std::vector<std::string>& urls, const std::string& key) {
+  for (const std::string& url : urls) {
+    if (absl::StartsWith(url, "pipe:") || absl::StartsWith(url, "http://") ||
+        absl::StartsWith(url, "https://")) {
+      continue;
+    }
+    const std::string path = absl::StartsWith(url, "file:") ? url.substr(5) : url;
+    std::error_code error;
+    if (!std::filesystem::exists(path, error) && !error) {
+      return WithExitCode(absl::InvalidArgumentError(absl::StrCat(
+                              key, ": shard ", url, " does not exist; fix ", key,
+                              " or write the shard (data.on_error: skip_shard skips missing "
+                              "training shards as they are reached)")),
+                          kExitUsage);
+    }
+  }
+  return absl::OkStatus();
+}
+
 // data.format webdataset: streamed shards; the token counts stay 0 (unknown in advance).
 absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int dp_size,
                                          const std::string& shards_tokenizer) {
   const DataSection& data = recipe.data;
   StreamConfig config;
   ASSIGN_OR_RETURN(config.urls, ExpandShardUrls(data.shards));
+  if (data.on_error == "fail") RETURN_IF_ERROR(CheckLocalShardsExist(config.urls, "data.shards"));
   config.num_streams = data.streams;
   config.seed = recipe.run.seed;
   config.shard_shuffle = data.shard_shuffle;
@@ -82,6 +109,7 @@ absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int 
   if (!data.val_shards.empty()) {
     StreamConfig val = config;
     ASSIGN_OR_RETURN(val.urls, ExpandShardUrls(data.val_shards));
+    RETURN_IF_ERROR(CheckLocalShardsExist(val.urls, "data.val_shards"));
     val.num_streams = 1;
     val.shard_shuffle = false;
     val.block_samples = 1;
@@ -285,6 +313,7 @@ absl::StatusOr<std::optional<Sample>> ShardsFirstSample(const Recipe& recipe,
   std::vector<std::string> shards;
   if (recipe.data.format == "webdataset") {
     ASSIGN_OR_RETURN(shards, ExpandShardUrls(recipe.data.shards));
+    if (!shards.empty()) RETURN_IF_ERROR(CheckLocalShardsExist({shards.front()}, "data.shards"));
   } else if (recipe.data.format == "sft") {
     ASSIGN_OR_RETURN(shards, ExpandFilePatterns(recipe.data.train));
   }

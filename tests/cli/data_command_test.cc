@@ -385,6 +385,34 @@ TEST(DataCommandTest, TrainRefusesShardsOfALargerVocabulary) {
                         "model.vocab_size to at least 259"));
 }
 
+// Local shards that do not exist are a usage error at start, naming the key: validation shards
+// failed at the first evaluation, after the steps before it (none saved), and training shards
+// when the stream reached them. Under data.on_error: skip_shard missing training shards are
+// skipped as they are reached.
+TEST(DataCommandTest, MissingLocalShardsAreRefusedAtStart) {
+  const std::string shard = Pack(TokenizerDir("data_tok_missing"), "data_pack_missing");
+  const std::string out = testing::FreshTempDir("data_missing_run");
+  const std::string base = absl::StrCat(
+      "train --set data.format=webdataset --set data.train=[] --set model.vocab_size=300 "
+      "--set train.warmup_steps=0 --set train.steps=4 --set train.seq_len=4 --set "
+      "train.batch_size=1 --set train.micro_batch=1 --set logging.sample_tokens=0 --set "
+      "data.streams=1 --set run.out_dir=",
+      out);
+  const Outcome val =
+      RunDtrain(absl::StrCat(base, " --set data.shards=", shard, " --set data.val_shards=", out,
+                             "/val-missing.tar --set train.eval_every=2"));
+  EXPECT_EQ(val.exit_code, 2) << val.stderr_text;
+  EXPECT_THAT(val.stderr_text, HasSubstr("data.val_shards: shard " + out +
+                                         "/val-missing.tar does not exist; fix data.val_shards"));
+  EXPECT_THAT(val.stderr_text, ::testing::Not(HasSubstr("step 1/4")));
+  const Outcome train =
+      RunDtrain(absl::StrCat(base, " --set train.eval_every=0 --set data.shards=", shard, "::", out,
+                             "/train-missing.tar"));
+  EXPECT_EQ(train.exit_code, 2) << train.stderr_text;
+  EXPECT_THAT(train.stderr_text,
+              HasSubstr("data.shards: shard " + out + "/train-missing.tar does not exist"));
+}
+
 // A one-step recipe of a 1-layer model (`model_extra` appended to its keys) on `data` (the data
 // section's keys), which evaluates once and samples `sample_tokens` after the prompt "the".
 std::string SampleRecipe(const std::string& name, const std::string& model_extra,
