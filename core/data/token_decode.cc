@@ -114,8 +114,9 @@ absl::Status DecodeJson(const Sample& sample, const SampleField& field, int voca
 
 // The field tokens come from, by preference, and its word width in bytes (0 for JSON).
 absl::StatusOr<std::pair<size_t, int>> FindTokenField(const Sample& sample) {
+  // .txt before .json: beside a text, a .json is WebDataset's metadata, not token ids.
   constexpr std::pair<const char*, int> kFormats[] = {
-      {"tokens", 2}, {"tokens32", 4}, {"json", 0}, {"txt", 1}};
+      {"tokens", 2}, {"tokens32", 4}, {"txt", 1}, {"json", 0}};
   for (const auto& [extension, width] : kFormats) {
     if (const SampleField* field = sample.Find(extension)) {
       return std::make_pair(static_cast<size_t>(field - sample.fields.data()), width);

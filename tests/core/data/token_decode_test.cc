@@ -30,6 +30,12 @@ TEST(TokenDecodeTest, DecodesEveryFormat) {
   EXPECT_EQ(tokens, (std::vector<int32_t>{5, 0, 7}));
   ASSERT_TRUE(DecodeSampleTokens(OneField("txt", "hi\xff"), 256, &tokens).ok());
   EXPECT_EQ(tokens, (std::vector<int32_t>{'h', 'i', 255}));
+  // WebDataset's text samples: a .txt with a .json of metadata reads the text (the .json was
+  // taken for ids and refused).
+  Sample text = OneField("json", R"({"source": "web", "lang": "en"})");
+  text.fields.push_back({.extension = "txt", .data = "ok", .member = "k.txt"});
+  ASSERT_TRUE(DecodeSampleTokens(text, 256, &tokens).ok());
+  EXPECT_EQ(tokens, (std::vector<int32_t>{'o', 'k'}));
 }
 
 TEST(TokenDecodeTest, ErrorsNameTheSampleAndTheProblem) {
