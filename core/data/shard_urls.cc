@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -111,11 +112,30 @@ absl::Status ExpandItem(const std::string& item, const std::string& pattern,
   return absl::OkStatus();
 }
 
+// `pattern`'s items: split at "::" outside square brackets (an IPv6 host, http://[::1]:8000/),
+// each without the whitespace around it (a YAML folded list puts newlines between them).
+std::vector<absl::string_view> Items(absl::string_view pattern) {
+  std::vector<absl::string_view> items;
+  int depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '[') ++depth;
+    if (pattern[i] == ']' && depth > 0) --depth;
+    if (depth == 0 && pattern.substr(i, 2) == "::") {
+      items.push_back(absl::StripAsciiWhitespace(pattern.substr(start, i - start)));
+      start = i + 2;
+      ++i;
+    }
+  }
+  items.push_back(absl::StripAsciiWhitespace(pattern.substr(start)));
+  return items;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> ExpandShardUrls(const std::string& pattern) {
   std::vector<std::string> urls;
-  for (absl::string_view item : absl::StrSplit(pattern, "::")) {
+  for (absl::string_view item : Items(pattern)) {
     if (item.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("shard pattern '", pattern, "' has an empty item between '::'"));

@@ -1,4 +1,5 @@
-// Shard URL patterns (data.shards): items separated by "::", each expanded for brace
+// Shard URL patterns (data.shards): items separated by "::" (not inside the brackets of an IPv6
+// host; the whitespace around an item dropped), each expanded for brace
 // expressions, left to right: "{000..123}" is a numeric range (zero padding kept; it may count
 // down) and "{a,b,c}" a list. "s3-{0..1}/x-{00..02}.tar" gives 6 URLs. In a "pipe:" command,
 // braces that are neither (${HOME}, an awk program) or have no partner stay as they are, as in

@@ -43,6 +43,15 @@ TEST(ShardUrlsTest, APipeCommandsOtherBracesStayAsTheyAre) {
   EXPECT_FALSE(ExpandShardUrls("/d/${HOME}.tar").ok());  // outside a command, a typo
 }
 
+// An IPv6 host's "::" is no separator, and the whitespace around items (a YAML folded list's
+// newlines) is dropped: they gave "http://[" and URLs ending in a newline.
+TEST(ShardUrlsTest, IpV6HostsAndFoldedListsSplitWhereTheyShould) {
+  EXPECT_EQ(
+      *ExpandShardUrls("http://[::1]:8000/s-{0..1}.tar::http://[fe80::2]/t.tar"),
+      (Urls{"http://[::1]:8000/s-0.tar", "http://[::1]:8000/s-1.tar", "http://[fe80::2]/t.tar"}));
+  EXPECT_EQ(*ExpandShardUrls("/d/a.tar ::\n /d/b.tar\n"), (Urls{"/d/a.tar", "/d/b.tar"}));
+}
+
 // A shell glob is not expanded (as in WebDataset): refused with the forms that are, where it was
 // read as a file name and failed at the first open; a pipe: command keeps its own.
 TEST(ShardUrlsTest, AGlobIsRefusedNamingTheFormsThatExpand) {
