@@ -402,9 +402,11 @@ const char* StopSignalName() {
   }
 }
 
-// Installed when a rank starts (before it connects to the others): a stop forwarded while the
-// ranks start up reaches them all as a flag, and they stop together before their first step
-// (the ranks started later ended with collective errors, the others killed).
+// Installed once a rank is past the rendezvous (at its start when it is alone): a stop forwarded
+// while the ranks set up (allocating, loading data and checkpoints) reaches them all as a flag,
+// and they stop together before their first step (ranks set up later were killed, the others
+// ended with collective errors). Before the rendezvous SIGTERM still ends a rank at once: one
+// that waited there would wait out parallel.timeout_s for peers the signal had ended.
 class CheckpointSignals {
  public:
   CheckpointSignals() {
@@ -1226,7 +1228,7 @@ absl::StatusOr<TrainingEnd> TrainRankUnlessOutOfMemory(
 }
 
 absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMembership& world) {
-  CheckpointSignals signals;
+  std::optional<CheckpointSignals> signals;
   // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
   // file per rank).
   if (world.world_size > 1 && !world.agent_hosts_store) SetLogRank(world.rank);
@@ -1245,8 +1247,10 @@ absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMemb
     return MakeBackend(recipe.run.device, recipe.run.threads, world.local_rank, matmul_precision);
   };
   if (world.world_size == 1) {
+    signals.emplace();
     ASSIGN_OR_RETURN(const std::unique_ptr<Backend> backend, make_backend());
-    return TrainRankUnlessOutOfMemory(recipe, world, mesh, *backend, nullptr, {}, nullptr, signals);
+    return TrainRankUnlessOutOfMemory(recipe, world, mesh, *backend, nullptr, {}, nullptr,
+                                      *signals);
   }
   // Released after the process group, whose mesh groups run on its memory.
   std::unique_ptr<Backend> backend;
@@ -1255,6 +1259,7 @@ absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMemb
       std::unique_ptr<ProcessGroup> group,
       ProcessGroup::Connect(world, absl::Seconds(recipe.parallel.timeout_s),
                             absl::StrCat("dtrain/", recipe.run.name, "/"), JobSettings(recipe)));
+  signals.emplace();
   const auto leave = [&](const absl::Status& outcome) {
     return group->Leave(NameBlamedStages(mesh, outcome));
   };
@@ -1280,7 +1285,7 @@ absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMemb
     kv_group = *connected;
   }
   absl::StatusOr<TrainingEnd> end = TrainRankUnlessOutOfMemory(
-      recipe, world, mesh, *backend, &group->world(), *groups, kv_group, signals);
+      recipe, world, mesh, *backend, &group->world(), *groups, kv_group, *signals);
   RETURN_IF_ERROR(leave(end.status()));
   return end;
 }

@@ -411,27 +411,28 @@ bool Catches(pid_t pid, int signal) {
   return false;
 }
 
-// A SIGTERM while the ranks start up (rank 0 waits for rank 1, which starts 5 s later, to
-// connect) stops them together before their first step with exit 143: rank 0 died at once, and
-// the other ranks failed with errors (exit 1; launch exited 1 in 1 of 15-20 preemptions of a
-// starting job). Rank 0 is signalled once it catches SIGTERM, at the latest after 4 s: the
-// handler came only after the ranks connected.
+// A SIGTERM while the ranks set up past their rendezvous (each reads its data's first shard,
+// which takes 3 s to come) stops them together before their first step with exit 143: the ranks
+// did not handle it yet, died, and the launch exited 1 (in 1 of 15-20 preemptions of a starting
+// job). The ranks are signalled once they catch SIGTERM, at the latest after 2.5 s.
 TEST(CheckpointMultiProcessTest, ASigtermDuringStartUpStopsEveryRankBeforeTheFirstStep) {
+  const std::string dir = OutDir("sigterm_start_up_shards");
+  ASSERT_EQ(PackDocuments(8, dir).exit_code, 0);
   const std::string out = OutDir("sigterm_start_up");
-  std::string command = "if [ \"$RANK\" = 1 ]; then sleep 5; fi; exec";
-  for (const std::string& arg : TrainArgs(RecipeFile(32), out, {"train.steps=5"})) {
-    absl::StrAppend(&command, " '", arg, "'");
-  }
-  Ranks ranks(2, {"/bin/sh", "-c", command});
-  const absl::Time deadline = absl::Now() + absl::Seconds(4);
-  while (absl::Now() < deadline && !Catches(ranks.Pid(0), SIGTERM)) {
+  Ranks ranks(2, TrainArgs(RecipeFile(32), out,
+                           {"data.format=webdataset", "data.train=[]", "data.streams=2",
+                            "data.shards=pipe:sleep 3; cat " + dir + "/shard-000000.tar",
+                            "train.steps=5"}));
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(2500);
+  while (absl::Now() < deadline &&
+         !(Catches(ranks.Pid(0), SIGTERM) && Catches(ranks.Pid(1), SIGTERM))) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  ranks.SignalRank(0, SIGTERM);
+  ranks.Signal(SIGTERM);
   const std::vector<int> codes = ranks.Wait(absl::Seconds(60));
   EXPECT_EQ(codes[0], kExitStopped) << ranks.Log(0);
   EXPECT_EQ(codes[1], kExitStopped) << ranks.Log(1);
-  EXPECT_THAT(ranks.Log(0), HasSubstr("stopped by SIGTERM before step 1"));
+  EXPECT_THAT(ranks.Log(0), HasSubstr("stopped by SIGTERM while the first shard was read"));
 }
 
 // The first shard's first sample (its tokenizer record), read at start-up, stalls: a SIGTERM
