@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <optional>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/data/sample_grouper.h"
@@ -54,13 +54,9 @@ ShardSourceOptions SourceOptions(const DataSection& data) {
 // validation shards, at the first evaluation.
 absl::Status CheckLocalShardsExist(const std::vector<std::string>& urls, const std::string& key) {
   for (const std::string& url : urls) {
-    if (absl::StartsWith(url, "pipe:") || absl::StartsWith(url, "http://") ||
-        absl::StartsWith(url, "https://")) {
-      continue;
-    }
-    const std::string path = absl::StartsWith(url, "file:") ? url.substr(5) : url;
+    const std::optional<std::string> path = LocalShardPath(url);
     std::error_code error;
-    if (!std::filesystem::exists(path, error) && !error) {
+    if (path && !std::filesystem::exists(*path, error) && !error) {
       return WithExitCode(absl::InvalidArgumentError(absl::StrCat(
                               key, ": shard ", url, " does not exist; fix ", key,
                               " or write the shard (data.on_error: skip_shard skips missing "

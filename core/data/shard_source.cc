@@ -205,14 +205,21 @@ class MemoryByteSource final : public ByteSource {
 
 }  // namespace
 
+std::optional<std::string> LocalShardPath(const std::string& url) {
+  if (absl::StartsWith(url, "pipe:") || absl::StartsWith(url, "http://") ||
+      absl::StartsWith(url, "https://")) {
+    return std::nullopt;
+  }
+  return absl::StartsWith(url, "file:") ? url.substr(5) : url;
+}
+
 absl::StatusOr<std::unique_ptr<ByteSource>> OpenShard(const std::string& url,
                                                       const ShardSourceOptions& options) {
-  if (absl::StartsWith(url, "pipe:")) return OpenPipe(url, options);
-  if (absl::StartsWith(url, "http://") || absl::StartsWith(url, "https://")) {
-    return OpenHttp(url, options);
+  const std::optional<std::string> path = LocalShardPath(url);
+  if (!path) {
+    return absl::StartsWith(url, "pipe:") ? OpenPipe(url, options) : OpenHttp(url, options);
   }
-  const std::string path = absl::StartsWith(url, "file:") ? url.substr(5) : url;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path->c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(
         absl::StrCat("cannot open shard ", url, ": ", strerror(errno), "; check data.shards"));

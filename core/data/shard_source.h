@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -49,6 +50,10 @@ struct ShardSourceOptions {
   // not wait out a stalled command.
   const std::atomic<bool>* stop = nullptr;
 };
+
+// The file a shard URL names when it is local (a plain path, or "file:PATH"); nullopt for
+// "pipe:", "http://" and "https://".
+std::optional<std::string> LocalShardPath(const std::string& url);
 
 // Opens "pipe:CMD" (CMD's stdout, run by /bin/sh), "http://" / "https://", "file:PATH" or a
 // plain path. Errors: a file that cannot be opened, a command that cannot start; HTTP errors
