@@ -53,19 +53,24 @@ class HttpSource final : public ByteSource {
       }
       absl::Status failure = Drive();
       if (failure.ok()) continue;
-      if (failure.code() != absl::StatusCode::kUnavailable || attempt_ >= options_.http_retries) {
+      ++attempts_;
+      // An attempt that received data ends a run of failures: the retries are per stall, so a
+      // long shard over a link that drops now and then still arrives.
+      if (received_ > attempt_start_) retries_in_a_row_ = 0;
+      if (failure.code() != absl::StatusCode::kUnavailable ||
+          retries_in_a_row_ >= options_.http_retries) {
         StopTransfer();
         if (failure.code() != absl::StatusCode::kUnavailable) return failure;
         return absl::UnavailableError(absl::StrCat(
-            url_, ": failed after ", attempt_ + 1, attempt_ == 0 ? " attempt, " : " attempts, ",
+            url_, ": failed after ", attempts_, attempts_ == 1 ? " attempt, " : " attempts, ",
             received_, " bytes received (last: ", failure.message(),
             "); check the server, or raise data.http_retries / data.http_timeout_s"));
       }
-      const int backoff_ms =
-          std::min(kMaxBackoffMs, options_.http_retry_backoff_ms << std::min(attempt_, 16));
-      ++attempt_;
+      const int backoff_ms = std::min(
+          kMaxBackoffMs, options_.http_retry_backoff_ms << std::min(retries_in_a_row_, 16));
+      ++retries_in_a_row_;
       LogWarn("%s: %s; retry %d of %d in %d ms, resuming at byte %d", url_, failure.message(),
-              attempt_, options_.http_retries, backoff_ms, received_);
+              retries_in_a_row_, options_.http_retries, backoff_ms, received_);
       StopTransfer();
       const Clock::time_point retry_at = Clock::now() + std::chrono::milliseconds(backoff_ms);
       while (Clock::now() < retry_at) {
@@ -124,6 +129,7 @@ class HttpSource final : public ByteSource {
     status_ = 0;
     paused_ = false;
     last_data_ = Clock::now();
+    attempt_start_ = received_;
     curl_multi_add_handle(multi_, easy_);
   }
 
@@ -189,7 +195,9 @@ class HttpSource final : public ByteSource {
   long status_ = 0;       // HTTP status of the current attempt; 0 until known
   bool paused_ = false;
   bool finished_ = false;
-  int attempt_ = 0;
+  int64_t attempt_start_ = 0;  // received_ when the current attempt began
+  int attempts_ = 0;           // failed attempts in all
+  int retries_in_a_row_ = 0;   // retries since an attempt last received data
   Clock::time_point last_data_;
 };
 

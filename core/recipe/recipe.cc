@@ -214,7 +214,8 @@ const std::vector<KeySpec>& Keys() {
        {},
        Positive()},
       {DTRAIN_RECIPE_KEY(data, http_retries),
-       "http(s) shards: retries after a failure, each resuming where the last stopped",
+       "http(s) shards: retries after a failure, each resuming where the last stopped; "
+       "an attempt that received data starts the count again",
        {},
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(data, pipe_timeout_s),

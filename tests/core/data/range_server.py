@@ -2,7 +2,8 @@
 """A loopback HTTP server for the shard tests and benchmark: serves files from a folder with
 Range support (206, "bytes=N-" and "bytes=N-M"), 404 for missing files, and, with
 --drop-after BYTES, drops the connection after that many body bytes of the first request for
-each file (a server dying mid-shard); --log FILE records each request. Prints its port on stdout, then serves until killed.
+each file (a server dying mid-shard), with --drop-every BYTES after that many of every request
+(a link that drops now and then); --log FILE records each request. Prints its port on stdout, then serves until killed.
 """
 import argparse
 import http.server
@@ -17,6 +18,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     root = "."
     drop_after = -1
+    drop_every = -1
     log = None
     dropped = set()
     lock = threading.Lock()
@@ -50,7 +52,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         limit = length
         with self.lock:
-            if self.drop_after >= 0 and path not in self.dropped:
+            if self.drop_every >= 0:
+                limit = min(length, self.drop_every)
+            elif self.drop_after >= 0 and path not in self.dropped:
                 self.dropped.add(path)
                 limit = min(length, self.drop_after)
         with open(path, "rb") as f:
@@ -77,10 +81,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("root")
     parser.add_argument("--drop-after", type=int, default=-1)
+    parser.add_argument("--drop-every", type=int, default=-1)
     parser.add_argument("--log", help="append one line per request: path and Range header")
     args = parser.parse_args()
     Handler.root = args.root
     Handler.drop_after = args.drop_after
+    Handler.drop_every = args.drop_every
     Handler.log = args.log
     server = Server(("127.0.0.1", 0), Handler)
     print(server.server_address[1], flush=True)

@@ -215,6 +215,24 @@ TEST(ShardSourceTest, ResumesADroppedHttpTransferWithARangeRequest) {
   EXPECT_EQ(testing::ReadFile(dir / "log"), "/s.tar -\n/s.tar bytes=1000000-\n");
 }
 
+// Each request is cut after 700000 bytes: five attempts bring the shard, each making progress,
+// with one retry allowed after a failure.
+TEST(ShardSourceTest, RetriesCountFailuresInARowNotPerShard) {
+  testing::TempDir dir;
+  const std::string data = Pattern(3 << 20);
+  testing::WriteFile(dir / "s.tar", data);
+  testing::HttpTestServer server(dir.path(), {"--drop-every", "700000", "--log", dir / "log"});
+  ASSERT_NE(server.port(), 0);
+  ShardSourceOptions options = FastOptions();
+  options.http_retries = 1;
+  absl::StatusOr<std::string> got = ReadAll(server.Url("s.tar"), options);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == data);
+  EXPECT_EQ(testing::ReadFile(dir / "log"),
+            "/s.tar -\n/s.tar bytes=700000-\n/s.tar bytes=1400000-\n/s.tar bytes=2100000-\n"
+            "/s.tar bytes=2800000-\n");
+}
+
 TEST(ShardSourceTest, HttpErrorsNameTheUrl) {
   testing::TempDir dir;
   testing::WriteFile(dir / "s.tar", Pattern(3 << 20));
