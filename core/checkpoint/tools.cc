@@ -218,6 +218,17 @@ absl::Status ExportCheckpoint(const std::string& path, const std::string& out,
     return absl::InvalidArgumentError(
         "--tokenizer goes into a Hugging Face model folder: add --format hf");
   }
+  // The folder ships the run's own tokenizer, as train.export_to's does, unless told otherwise.
+  const bool run_tokenizer = tokenizer_path.empty() && !recipe.data.tokenizer.empty();
+  const std::string tokenizer = run_tokenizer              ? recipe.data.tokenizer
+                                : tokenizer_path == "none" ? ""
+                                                           : tokenizer_path;
+  if (run_tokenizer && format == "hf" && !std::filesystem::exists(tokenizer)) {
+    return absl::NotFoundError(absl::StrCat(
+        "the checkpoint's run trained with data.tokenizer ", tokenizer,
+        ", which the folder would ship, and it does not exist here; give its path with "
+        "--tokenizer PATH, or --tokenizer none for a folder without a tokenizer"));
+  }
   if (format == "llmc") return ExportLlmc(config, table, reader, out);
   std::vector<float> values;
   const TensorValuesFn read_tensor = [&](const TensorEntry& entry) -> absl::StatusOr<const float*> {
@@ -231,7 +242,7 @@ absl::Status ExportCheckpoint(const std::string& path, const std::string& out,
     // An SFT run's folder renders chats as its shards were packed, as train.export_to's does:
     // the template they record (the recipe's data.train, read from here).
     std::optional<ChatTemplate> chat_template;
-    if (!tokenizer_path.empty()) {
+    if (!tokenizer.empty()) {
       absl::StatusOr<std::optional<ChatTemplate>> recorded = ShardsChatTemplate(recipe);
       if (!recorded.ok()) {
         return absl::Status(
@@ -241,11 +252,11 @@ absl::Status ExportCheckpoint(const std::string& path, const std::string& out,
                          "), whose chat template the folder's tokenizer needs, and they do not "
                          "read from here: ",
                          recorded.status().message(),
-                         "; export where they do, or without --tokenizer"));
+                         "; export where they do, or with --tokenizer none"));
       }
       chat_template = *std::move(recorded);
     }
-    return ExportHfFolder(config, table, read_tensor, out, tokenizer_path, metadata,
+    return ExportHfFolder(config, table, read_tensor, out, tokenizer, metadata,
                           chat_template ? &*chat_template : nullptr);
   }
   return ExportHfSafetensorsStreamed(config, table, read_tensor, out, metadata);

@@ -621,10 +621,11 @@ logging: {sample_tokens: 0}
   EXPECT_THAT(bad_line.stderr_text, HasSubstr(bad + ":2: no \"completion\" string"));
 }
 
-// `dtrain ckpt export --format hf --tokenizer` of an SFT run's checkpoint renders chats as its
-// shards were packed, as train.export_to's folder does: the chat template they record becomes
-// the tokenizer's chat_template, and its end of turn a stop of generation_config.json.
-TEST(TrainTest, CheckpointExportOfAnSftRunWritesItsChatTemplate) {
+// `dtrain ckpt export --format hf` of an SFT run's checkpoint ships the run's tokenizer
+// (data.tokenizer) and renders chats as its shards were packed, as train.export_to's folder does:
+// the chat template they record becomes the tokenizer's chat_template, and its end of turn a stop
+// of generation_config.json.
+TEST(TrainTest, CheckpointExportOfAnSftRunWritesItsTokenizerAndChatTemplate) {
   const std::string tokenizer = testing::FreshTempDir("sft_export_tokenizer");
   std::filesystem::create_directories(tokenizer);
   std::ofstream(tokenizer + "/tokenizer.json")
@@ -645,8 +646,8 @@ TEST(TrainTest, CheckpointExportOfAnSftRunWritesItsChatTemplate) {
   const std::string recipe = testing::WriteTempFile(
       "sft_export.yaml",
       absl::StrCat("run: {name: sft}\nmodel: {n_layer: 1, n_head: 2, d_model: 32, vocab_size: "
-                   "300, max_seq_len: 64}\ndata: {format: sft, train: [\"",
-                   shards, "/shard-*.tar\"], val_fraction: 0.1}\n",
+                   "300, max_seq_len: 64}\ndata: {format: sft, tokenizer: ",
+                   tokenizer, ", train: [\"", shards, "/shard-*.tar\"], val_fraction: 0.1}\n",
                    "train: {steps: 2, batch_size: 2, micro_batch: 2, seq_len: 64, warmup_steps: "
                    "0, eval_every: 0, export_to: \"\"}\nlogging: {sample_tokens: 0}\n"));
   const testing::Outcome trained =
@@ -654,10 +655,11 @@ TEST(TrainTest, CheckpointExportOfAnSftRunWritesItsChatTemplate) {
   ASSERT_EQ(trained.exit_code, 0) << trained.stderr_text;
 
   const std::string folder = testing::FreshTempDir("sft_export_folder");
-  const testing::Outcome exported = testing::RunDtrain(
-      absl::StrCat("ckpt export ", run_dir, "/sft/checkpoints --format hf --out ", folder,
-                   " --tokenizer ", tokenizer));
+  const std::string checkpoints = run_dir + "/sft/checkpoints";
+  const testing::Outcome exported =
+      testing::RunDtrain(absl::StrCat("ckpt export ", checkpoints, " --format hf --out ", folder));
   ASSERT_EQ(exported.exit_code, 0) << exported.stderr_text;
+  EXPECT_TRUE(std::filesystem::exists(folder + "/tokenizer.json"));
   const nlohmann::json config =
       nlohmann::json::parse(std::ifstream(folder + "/tokenizer_config.json"), nullptr, false);
   EXPECT_THAT(config.value("chat_template", ""), HasSubstr("<|im_start|>"));
@@ -668,10 +670,24 @@ TEST(TrainTest, CheckpointExportOfAnSftRunWritesItsChatTemplate) {
   // Shards that no longer read from here: an error that says so, not a folder without them.
   std::filesystem::remove_all(shards);
   const testing::Outcome gone = testing::RunDtrain(
-      absl::StrCat("ckpt export ", run_dir, "/sft/checkpoints --format hf --out ", folder,
-                   "_gone --tokenizer ", tokenizer));
+      absl::StrCat("ckpt export ", checkpoints, " --format hf --out ", folder, "_gone"));
   EXPECT_NE(gone.exit_code, 0);
   EXPECT_THAT(gone.stderr_text, HasSubstr("the checkpoint's run trained on SFT shards"));
+
+  // --tokenizer none: the weights alone.
+  const testing::Outcome bare = testing::RunDtrain(absl::StrCat(
+      "ckpt export ", checkpoints, " --format hf --out ", folder, "_bare --tokenizer none"));
+  ASSERT_EQ(bare.exit_code, 0) << bare.stderr_text;
+  EXPECT_TRUE(std::filesystem::exists(folder + "_bare/config.json"));
+  EXPECT_FALSE(std::filesystem::exists(folder + "_bare/tokenizer.json"));
+
+  // A run's tokenizer that is not here: named, with both ways on.
+  std::filesystem::remove_all(tokenizer);
+  const testing::Outcome moved = testing::RunDtrain(
+      absl::StrCat("ckpt export ", checkpoints, " --format hf --out ", folder, "_moved"));
+  EXPECT_EQ(moved.exit_code, 2);
+  EXPECT_THAT(moved.stderr_text,
+              AllOf(HasSubstr("data.tokenizer " + tokenizer), HasSubstr("--tokenizer none")));
 }
 
 }  // namespace
