@@ -5,9 +5,9 @@
 # CMAKE_CUDA_ARCHITECTURES names the targets, "80;90" unless the build folder says otherwise) for
 # any x86-64-v3 processor, gathered, copied over and checked there.
 #
-# In the archive, bin/ holds the binaries (dtrain, libdtrain_cuda.so beside it, dtrain_gpu_tests)
-# and lib/ every shared library they load but those of the C library and of CUDA, NCCL and the
-# driver, which must be the GPU machine's own (they match its driver). dtrain and
+# In the archive, bin/ holds the binaries (dtrain, libdtrain_cuda.so beside it, dtrain_gpu_tests),
+# lib/ every shared library they load but those of the C library and of CUDA, NCCL and the
+# driver, which must be the GPU machine's own (they match its driver), and data/ the demo text. dtrain and
 # tests/dtrain_gpu_tests, where check.sh looks for them, are wrappers that run the binaries with
 # lib/ first on LD_LIBRARY_PATH, then DTRAIN_LIBRARY_PATH (where check.sh puts the folders of the
 # GPU machine's CUDA libraries that its loader misses), so that nothing else (PyTorch, the peer;
@@ -32,12 +32,16 @@ if [[ $(sed -n 's/^DTRAIN_MARCH:STRING=//p' "$build/CMakeCache.txt") == native ]
     "machine's may not match: run cmake -B $build -DDTRAIN_MARCH=x86-64-v3 first" >&2
   exit 1
 fi
+# The demo text the GPU stages train on, which the GPU machine cannot make (no fortunes package).
+[[ -f $repo/data/fortunes.txt ]] ||
+  { echo "no $repo/data/fortunes.txt: run scripts/prepare_demo_data.sh first" >&2; exit 1; }
 ninja -C "$build" dtrain dtrain_gpu_tests
 binaries=("$build/dtrain" "$build/libdtrain_cuda.so" "$build/tests/dtrain_gpu_tests")
 bundle=$(mktemp -d)
 trap 'rm -rf "$bundle"' EXIT
-mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/tests"
+mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/tests" "$bundle/data"
 cp "${binaries[@]}" "$bundle/bin/"
+cp "$repo/data/fortunes.txt" "$bundle/data/"
 
 # The GPU machine's own: the C library's parts and the loader, and everything of CUDA's and the
 # driver's (libcuda, libcudart, libcublas, libcublasLt, libnccl, libnvidia-*).

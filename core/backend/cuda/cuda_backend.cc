@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -119,11 +120,16 @@ Backend::Memory CudaBackend::AvailableMemory() const {
   // what the CUDA context, the communicators' buffers (created before the model) and other
   // processes took is not the model's.
   size_t free_bytes = 0, total_bytes = 0;
-  cudaMemGetInfo(&free_bytes, &total_bytes);
   uint64_t pooled = 0;
-  cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &pooled);
+  const bool known =
+      cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess &&
+      cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &pooled) == cudaSuccess;
+  // A failed query is left for the allocations to report, not for the next kernel launch's
+  // cudaGetLastError to take for its own.
+  if (!known) cudaGetLastError();
   return {.name = absl::StrCat("GPU ", device_),
-          .bytes = static_cast<double>(free_bytes) + static_cast<double>(pooled),
+          .bytes = known ? static_cast<double>(free_bytes) + static_cast<double>(pooled)
+                         : std::numeric_limits<double>::infinity(),
           .shared_by_local_ranks = false};
 }
 

@@ -50,7 +50,7 @@ class NcclWork : public Work {
   absl::Status Wait() override {
     if (done_ || !status_.ok()) return status_;
     for (;;) {
-      const cudaError_t query = cudaEventQuery(operation_->event);
+      const cudaError_t query = Polled(cudaEventQuery(operation_->event));
       if (operation_->timed_out || (query != cudaSuccess && absl::Now() > operation_->deadline)) {
         comms_->Abort();  // unblocks the streams; the communicators are unusable after
         Fail(absl::DeadlineExceededError(absl::StrCat(description_, " did not finish within ",
@@ -136,13 +136,16 @@ class NcclWork : public Work {
   bool done_ = false;
 };
 
-// `waiting` waits on the device for the work already issued on `on`.
-void StreamWaits(cudaStream_t waiting, cudaStream_t on) {
+// `waiting` waits on the device for the work already issued on `on`; the CUDA error where a
+// call failed.
+cudaError_t StreamWaits(cudaStream_t waiting, cudaStream_t on) {
   cudaEvent_t event = nullptr;
-  cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-  cudaEventRecord(event, on);
-  cudaStreamWaitEvent(waiting, event, 0);
+  cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (error != cudaSuccess) return error;
+  error = cudaEventRecord(event, on);
+  if (error == cudaSuccess) error = cudaStreamWaitEvent(waiting, event, 0);
   cudaEventDestroy(event);  // released once the wait is satisfied
+  return error;
 }
 
 ncclRedOp_t NcclOp(ReduceOp op) {
@@ -175,7 +178,7 @@ ncclDataType_t NcclType(DataType type) {
 
 // Whether the work issued on `stream` so far finishes by `deadline` (polled).
 bool FinishesBy(cudaStream_t stream, absl::Time deadline) {
-  while (cudaStreamQuery(stream) == cudaErrorNotReady) {
+  while (Polled(cudaStreamQuery(stream)) == cudaErrorNotReady) {
     if (absl::Now() > deadline) return false;
     absl::SleepFor(kPollInterval);
   }
@@ -400,8 +403,20 @@ void NcclCommunicator::Count(OpStats CommStats::*field, int64_t sent, int64_t re
   stats.bytes_received += received;
 }
 
-void NcclCommunicator::OrderBefore(cudaStream_t stream) {
-  if (options_.compute_stream != nullptr) StreamWaits(stream, options_.compute_stream);
+std::unique_ptr<Work> NcclCommunicator::Issue(
+    absl::string_view op_name, size_t link, int peer,
+    const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& call) {
+  cudaStream_t stream = streams_[link];
+  if (options_.compute_stream != nullptr) {
+    if (const cudaError_t error = StreamWaits(stream, options_.compute_stream);
+        error != cudaSuccess) {
+      // Issued unordered, it would read buffers the compute stream's kernels are still writing.
+      return FinishedWork(
+          CudaStatus(error, absl::StrCat(op_name, " cannot wait for the compute stream").c_str()));
+    }
+  }
+  return Finish(op_name, comms_->Use(link, [&](ncclComm_t comm) { return call(comm, stream); }),
+                link, peer);
 }
 
 std::unique_ptr<Work> NcclCommunicator::AllReduce(void* data, size_t count, DataType type,
@@ -412,14 +427,9 @@ std::unique_ptr<Work> NcclCommunicator::AllReduce(void* data, size_t count, Data
   const int64_t bytes = static_cast<int64_t>(count) * DataTypeBytes(type);
   const int64_t ring_bytes = 2 * (options_.size - 1) * bytes / options_.size;
   Count(&CommStats::all_reduce, ring_bytes, ring_bytes);
-  OrderBefore(stream_);
-  return Finish("all_reduce",
-                comms_->Use(0,
-                            [&](ncclComm_t comm) {
-                              return ncclAllReduce(data, data, count, NcclType(type), NcclOp(op),
-                                                   comm, stream_);
-                            }),
-                0);
+  return Issue("all_reduce", 0, -1, [&](ncclComm_t comm, cudaStream_t stream) {
+    return ncclAllReduce(data, data, count, NcclType(type), NcclOp(op), comm, stream);
+  });
 }
 
 std::unique_ptr<Work> NcclCommunicator::ReduceScatter(const void* input, void* output, size_t count,
@@ -430,14 +440,9 @@ std::unique_ptr<Work> NcclCommunicator::ReduceScatter(const void* input, void* o
   const int64_t ring_bytes =
       (options_.size - 1) * static_cast<int64_t>(count) * DataTypeBytes(type);
   Count(&CommStats::reduce_scatter, ring_bytes, ring_bytes);
-  OrderBefore(stream_);
-  return Finish("reduce_scatter",
-                comms_->Use(0,
-                            [&](ncclComm_t comm) {
-                              return ncclReduceScatter(input, output, count, NcclType(type),
-                                                       NcclOp(op), comm, stream_);
-                            }),
-                0);
+  return Issue("reduce_scatter", 0, -1, [&](ncclComm_t comm, cudaStream_t stream) {
+    return ncclReduceScatter(input, output, count, NcclType(type), NcclOp(op), comm, stream);
+  });
 }
 
 std::unique_ptr<Work> NcclCommunicator::AllGather(const void* input, void* output, size_t count,
@@ -445,14 +450,9 @@ std::unique_ptr<Work> NcclCommunicator::AllGather(const void* input, void* outpu
   const int64_t ring_bytes =
       (options_.size - 1) * static_cast<int64_t>(count) * DataTypeBytes(type);
   Count(&CommStats::all_gather, ring_bytes, ring_bytes);
-  OrderBefore(stream_);
-  return Finish("all_gather",
-                comms_->Use(0,
-                            [&](ncclComm_t comm) {
-                              return ncclAllGather(input, output, count, NcclType(type), comm,
-                                                   stream_);
-                            }),
-                0);
+  return Issue("all_gather", 0, -1, [&](ncclComm_t comm, cudaStream_t stream) {
+    return ncclAllGather(input, output, count, NcclType(type), comm, stream);
+  });
 }
 
 std::unique_ptr<Work> NcclCommunicator::Broadcast(void* data, size_t count, DataType type,
@@ -461,14 +461,9 @@ std::unique_ptr<Work> NcclCommunicator::Broadcast(void* data, size_t count, Data
   const int position = (options_.rank - root + options_.size) % options_.size;
   const int64_t bytes = static_cast<int64_t>(count) * DataTypeBytes(type);
   Count(&CommStats::broadcast, position < options_.size - 1 ? bytes : 0, position > 0 ? bytes : 0);
-  OrderBefore(stream_);
-  return Finish("broadcast",
-                comms_->Use(0,
-                            [&](ncclComm_t comm) {
-                              return ncclBroadcast(data, data, count, NcclType(type), root, comm,
-                                                   stream_);
-                            }),
-                0);
+  return Issue("broadcast", 0, -1, [&](ncclComm_t comm, cudaStream_t stream) {
+    return ncclBroadcast(data, data, count, NcclType(type), root, comm, stream);
+  });
 }
 
 // Each runs on its pair's communicator, where the peer is rank 1 (the receiver) of a Send's and
@@ -501,10 +496,7 @@ std::unique_ptr<Work> NcclCommunicator::OnPair(
   }
   const size_t link = links[peer];  // ConnectPairs connected every pair the check lets through
   Count(field, sent, received);
-  cudaStream_t stream = streams_[link];
-  OrderBefore(stream);
-  return Finish(op_name, comms_->Use(link, [&](ncclComm_t comm) { return call(comm, stream); }),
-                link, peer);
+  return Issue(op_name, link, peer, call);
 }
 
 absl::Status NcclCommunicator::Barrier() {

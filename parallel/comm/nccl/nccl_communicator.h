@@ -125,8 +125,11 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<Work> Finish(absl::string_view op_name, ncclResult_t enqueued, size_t link,
                                int peer = -1);
   void Count(OpStats CommStats::*field, int64_t sent, int64_t received);
-  // Makes `stream` wait for the work already on the compute stream (when there is one).
-  void OrderBefore(cudaStream_t stream);
+  // Issues `call` on streams_[link] once that stream waits on the device for the work already
+  // on the compute stream (when there is one), and Finishes it; an error Work, without issuing
+  // it, where that wait could not be set up.
+  std::unique_ptr<Work> Issue(absl::string_view op_name, size_t link, int peer,
+                              const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& call);
 
   const NcclCommunicatorOptions options_;
   // The collectives started, for the peers' diagnoses. It, the watchdog and the timer are

@@ -7,6 +7,11 @@
 
 namespace dtrain {
 
+cudaError_t Polled(cudaError_t query) {
+  if (query == cudaErrorNotReady) cudaGetLastError();
+  return query;
+}
+
 NcclOperation::~NcclOperation() {
   if (event != nullptr) cudaEventDestroy(event);
 }
@@ -65,7 +70,7 @@ double NcclWaitTimer::TakeMs() {
   std::lock_guard lock(mu_);
   double total = 0;
   std::erase_if(waits_, [&](const std::pair<cudaEvent_t, cudaEvent_t>& wait) {
-    if (cudaEventQuery(wait.second) != cudaSuccess) return false;  // not passed yet
+    if (Polled(cudaEventQuery(wait.second)) != cudaSuccess) return false;  // not passed yet
     float ms = 0;
     if (cudaEventElapsedTime(&ms, wait.first, wait.second) == cudaSuccess) total += ms;
     cudaEventDestroy(wait.first);
@@ -99,7 +104,7 @@ void NcclWatchdog::Run() {
   while (!stop_) {
     wake_.wait_for(lock, absl::ToChronoMilliseconds(interval_));
     std::erase_if(watched_, [&](const std::shared_ptr<NcclOperation>& operation) {
-      const cudaError_t query = cudaEventQuery(operation->event);
+      const cudaError_t query = Polled(cudaEventQuery(operation->event));
       if (query == cudaErrorNotReady && absl::Now() <= operation->deadline) return false;
       if (query == cudaErrorNotReady) {
         operation->timed_out = true;

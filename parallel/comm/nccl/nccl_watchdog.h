@@ -21,6 +21,11 @@
 
 namespace dtrain {
 
+// A cudaEventQuery's or cudaStreamQuery's result, clearing "not ready" (work still running, no
+// error) from the thread's last error, where the runtime records it and the next kernel launch
+// would take it for its own failure (as PyTorch's stream and event queries clear it).
+cudaError_t Polled(cudaError_t query);
+
 // One issued operation: the event recorded after it, which this owns, and the time it must have
 // finished by.
 struct NcclOperation {
