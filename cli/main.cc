@@ -2,17 +2,23 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cli/commands.h"
 #include "core/data/datasets.h"
 #include "core/model/model_size.h"
+#include "core/util/names.h"
 #include "core/util/status.h"
 #include "embedded_tiny_recipe.h"
 #include "parallel/planner/catalog.h"
@@ -92,6 +98,72 @@ void AddHelpCommand(CLI::App& app) {
   });
 }
 
+// The long option names of `command` ("--nproc-per-node").
+std::vector<std::string> LongOptions(const CLI::App& command) {
+  std::vector<std::string> names;
+  for (const CLI::Option* option : command.get_options()) {
+    for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
+  }
+  return names;
+}
+
+// A usage error of the command line in dtrain's words, with the fix: a command that does not
+// exist (and the nearest that does), an option the command does not have (the nearest it has,
+// or the command whose option it is: torchrun's --nproc-per-node given to train), a command
+// that needs one of its own. Empty where none of these is the matter (CLI11's message then).
+std::string UsageHint(const CLI::App& app, const std::vector<std::string>& args) {
+  const CLI::App* command = &app;
+  std::string path = "dtrain";
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    if (absl::StartsWith(args[i], "-")) continue;
+    const std::vector<const CLI::App*> subcommands = command->get_subcommands({});
+    if (subcommands.empty()) break;  // the command's own arguments from here
+    const auto named =
+        std::find_if(subcommands.begin(), subcommands.end(),
+                     [&](const CLI::App* sub) { return sub->get_name() == args[i]; });
+    if (named == subcommands.end()) {
+      std::vector<absl::string_view> names;
+      for (const CLI::App* sub : subcommands) names.push_back(sub->get_name());
+      const absl::string_view nearest = NearestName(args[i], names);
+      return absl::StrCat(path, " has no command '", args[i], "'",
+                          nearest.empty() ? "" : absl::StrCat(" (did you mean ", nearest, "?)"),
+                          "; ", path == "dtrain" ? "dtrain help" : path + " --help", " lists them");
+    }
+    command = *named;
+    absl::StrAppend(&path, " ", args[i]);
+  }
+  for (const std::string& arg : args) {
+    if (!absl::StartsWith(arg, "--") || arg == "--") continue;
+    const std::string name = arg.substr(0, arg.find('='));
+    if (command->get_option_no_throw(name) != nullptr) continue;
+    std::vector<std::string> owners;
+    for (const CLI::App* other : app.get_subcommands({})) {
+      if (other != command && other->get_option_no_throw(name) != nullptr) {
+        owners.push_back(absl::StrCat("dtrain ", other->get_name()));
+      }
+    }
+    if (!owners.empty()) {
+      return absl::StrCat(path, " has no option ", name, " (", absl::StrJoin(owners, " and "),
+                          owners.size() == 1 ? " has" : " have", " it); see ", path, " --help");
+    }
+    const std::vector<std::string> options = LongOptions(*command);
+    const absl::string_view nearest =
+        NearestName(name, std::vector<absl::string_view>(options.begin(), options.end()));
+    return absl::StrCat(path, " has no option ", name,
+                        nearest.empty() ? "" : absl::StrCat(" (did you mean ", nearest, "?)"),
+                        "; see ", path, " --help");
+  }
+  if (const std::vector<const CLI::App*> subcommands = command->get_subcommands({});
+      command != &app && !subcommands.empty() && i == args.size()) {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : subcommands) names.push_back(sub->get_name());
+    return absl::StrCat(path, " needs a command: ", absl::StrJoin(names, ", "), "; see ", path,
+                        " --help");
+  }
+  return "";
+}
+
 // The exit code of a command that succeeded, once its output is out: output sent to a full disk
 // (or /dev/full) fails at a write or at this flush, which exit 0 would hide. A closed pipe
 // (EPIPE, where SIGPIPE is ignored) is no error: the reader stopped on purpose (`| head -1`), and
@@ -136,6 +208,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::RuntimeError& e) {
     return e.get_exit_code();  // the command already printed its message
   } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() != 0) {
+      const std::string hint =
+          dtrain::cli::UsageHint(app, std::vector<std::string>(argv + 1, argv + argc));
+      if (!hint.empty()) {
+        std::cerr << "error: " << hint << "\n";
+        return dtrain::kExitUsage;
+      }
+    }
     const int code = app.exit(e);  // prints help, the version, or the usage error
     return code == 0 ? 0 : dtrain::kExitUsage;
   }

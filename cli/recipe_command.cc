@@ -5,7 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "core/data/datasets.h"
 #include "core/recipe/recipe.h"
 
 namespace dtrain::cli {
@@ -26,6 +28,11 @@ void AddRecipeCommand(CLI::App& app) {
   check->callback([args] {
     absl::StatusOr<Recipe> loaded = LoadTrainingRecipe(args->recipe_path, args->overrides);
     if (!loaded.ok()) Fail(loaded.status(), kExitUsage);
+    // A warning: the nodes that train may see files this machine does not.
+    if (const absl::Status data = CheckDataFilesExist(*loaded); !data.ok()) {
+      std::cerr << absl::StrCat("warning: ", data.message(),
+                                " (here; the nodes that train may see other files)\n");
+    }
     std::cout << ResolvedRecipeYaml(*loaded);
   });
 

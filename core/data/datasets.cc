@@ -240,7 +240,16 @@ absl::Status CheckShardPatterns(const Recipe& recipe) {
 }
 
 absl::Status CheckDataFilesExist(const Recipe& recipe) {
-  if (recipe.data.format == "webdataset") return absl::OkStatus();
+  if (recipe.data.format == "webdataset") {
+    // The local ones, as a rank checks them when it opens its data.
+    if (recipe.data.on_error == "fail") {
+      ASSIGN_OR_RETURN(const std::vector<std::string> urls, ExpandShardUrls(recipe.data.shards));
+      RETURN_IF_ERROR(CheckLocalShardsExist(urls, "data.shards"));
+    }
+    if (recipe.data.val_shards.empty()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const std::vector<std::string> urls, ExpandShardUrls(recipe.data.val_shards));
+    return CheckLocalShardsExist(urls, "data.val_shards");
+  }
   for (const auto& [key, patterns] :
        {std::pair{"data.train", &recipe.data.train}, std::pair{"data.val", &recipe.data.val}}) {
     if (patterns->empty()) continue;

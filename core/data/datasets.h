@@ -40,10 +40,12 @@ absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_
                                       const std::string& shards_tokenizer = "");
 
 // InvalidArgument naming data.train or data.val when one of its file patterns matches no file
-// (data.format text, llmc and sft; webdataset's URLs are read as the run streams them): what a
-// one-node `dtrain launch` checks before its workers start, which would each fail on it after
-// their rendezvous. Ranks that may see other file systems check their own after it, where a
-// failure reaches the others at once.
+// (data.format text, llmc and sft), or data.shards or data.val_shards when one of its local
+// shards does not exist (webdataset: of data.shards only at data.on_error fail; remote ones are
+// read as the run streams them): what a one-node `dtrain launch` checks before its workers
+// start, which would each fail on it after their rendezvous, and `recipe check` warns of. Ranks
+// that may see other file systems check their own after it, where a failure reaches the others
+// at once.
 absl::Status CheckDataFilesExist(const Recipe& recipe);
 
 // data.format webdataset's data.shards and data.val_shards expanded, no shard opened:

@@ -30,6 +30,7 @@
 #include "core/model/model_config.h"
 #include "core/util/files.h"
 #include "core/util/log.h"
+#include "core/util/names.h"
 #include "core/util/status.h"
 #include "core/util/utf8.h"
 
@@ -387,7 +388,8 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(cluster, peak_tflops),
-       "dense bf16 peak per GPU in TFLOP/s; 0 = the catalog's figure for cluster.gpu",
+       "dense bf16 peak per GPU in TFLOP/s (TF32 and float32 GEMMs plan at the catalog's "
+       "proportion to it); 0 = the catalog's figure for cluster.gpu",
        {},
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(cluster, memory_gbps),
@@ -491,21 +493,6 @@ std::vector<absl::string_view> Sections() {
 // ---------------------------------------------------------------------------------------------
 // Suggestions for misspelled names.
 
-int EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<int> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int>(j);
-  for (size_t i = 1; i <= a.size(); ++i) {
-    int diagonal = row[0];
-    row[0] = static_cast<int>(i);
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const int above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 // What to say of an unknown key `section.name`: the key other trainers' name for it means (Hugging
 // Face's TrainingArguments, Megatron-LM's flags), else the valid key closest to it when it is
 // close (a key in another section costs one edit more, so a typo stays in its section but a key
@@ -548,8 +535,11 @@ std::string KeyHint(absl::string_view section, absl::string_view name) {
     return "did you mean parallel.strategy? (zero1, zero2, zero3 or fsdp; DeepSpeed's ZeRO stage "
            "N is zeroN)";
   }
+  // Long names misspelled too ("lerning_rate").
   for (const auto& [alias, key] : *kAliases) {
-    if (name == alias) return absl::StrCat("did you mean ", key, "?");
+    if (EditDistance(name, alias) <= (alias.size() >= 8 ? 2 : 0)) {
+      return absl::StrCat("did you mean ", key, "?");
+    }
   }
   if (name == "gradient_accumulation_steps" || name == "grad_accum") {
     return "dtrain accumulates train.batch_size / (data-parallel ranks x train.micro_batch) "
@@ -837,9 +827,10 @@ class Parser {
     }
     if (body.IsNull()) return absl::OkStatus();  // "logging:" alone: every key at its default
     if (!body.IsMap()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "section '", section, "' at ", At(body.Mark()), ": expected a map of keys like '",
-          section, ":\\n  key: value', got ", DescribeNode(body)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("section '", section, "' at ", At(body.Mark()),
+                       ": expected a map of keys, each on its own line below it, indented ('",
+                       section, ": {key: value}' on one line), got ", DescribeNode(body)));
     }
     for (auto it = body.begin(); it != body.end(); ++it) {
       const YAML::Node& key_node = it->first;
@@ -1333,7 +1324,7 @@ class Parser {
       if (r.data.shards.empty()) {
         return Error("data.shards",
                      "no shards for data.format webdataset; give a pattern, e.g. "
-                     "'data:\\n  shards: data/train-{000000..000099}.tar'");
+                     "shards: \"data/train-{000000..000099}.tar\" under data:");
       }
       if (r.data.eos_id >= m.vocab_size) {
         return Error("data.eos_id", absl::StrCat(r.data.eos_id, " is not below model.vocab_size (",
@@ -1347,7 +1338,7 @@ class Parser {
       }
     } else if (r.data.train.empty()) {
       return Error("data.train",
-                   "no training files; list them, e.g. 'data:\\n  train: [data/fortunes.txt]'");
+                   "no training files; list them, e.g. train: [data/fortunes.txt] under data:");
     }
     if (r.data.format == "text" && m.vocab_size < 256) {
       return Error("model.vocab_size",

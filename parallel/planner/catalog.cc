@@ -14,18 +14,19 @@
 namespace dtrain {
 
 const std::vector<GpuSpec>& GpuCatalog() {
-  // Peak and memory bandwidth: NVIDIA A100/H100/H200 and L40S datasheets, AMD MI300X datasheet
-  // (dense bf16). Memory: the capacity nvidia-smi / rocm-smi reports (81559 MiB on an H100
-  // 80GB), which is what an allocator can have. Host bandwidth: practical cudaMemcpy over PCIe
-  // Gen4 x16 (~25 GB/s) or Gen5 x16 (~50 GB/s).
+  // Peaks (dense bf16, dense TF32, float32) and memory bandwidth: NVIDIA A100/H100/H200 and L40S
+  // datasheets, AMD MI300X datasheet. Memory: the capacity nvidia-smi / rocm-smi reports (81559 MiB
+  // on an H100 80GB), which is what an allocator can have. Host bandwidth: practical cudaMemcpy
+  // over PCIe Gen4 x16 (~25 GB/s) or Gen5 x16 (~50 GB/s).
   static const auto* const gpus = new std::vector<GpuSpec>{
-      {"a100-40gb", "NVIDIA A100 SXM4 40GB", 40.0, 312, 1555, "nvlink3", 25},
-      {"a100-80gb", "NVIDIA A100 SXM4 80GB", 80.0, 312, 2039, "nvlink3", 25},
-      {"h100-sxm", "NVIDIA H100 SXM5 80GB", 79.6, 989, 3350, "nvlink4", 50},
-      {"h100-pcie", "NVIDIA H100 PCIe 80GB", 79.6, 756, 2000, "pcie5", 50},
-      {"h200", "NVIDIA H200 SXM 141GB", 140.4, 989, 4800, "nvlink4", 50},
-      {"l40s", "NVIDIA L40S 48GB", 45.0, 362, 864, "pcie4", 25},
-      {"mi300x", "AMD Instinct MI300X 192GB", 191.5, 1307, 5300, "xgmi", 50, /*cuda=*/false},
+      {"a100-40gb", "NVIDIA A100 SXM4 40GB", 40.0, 312, 156, 19.5, 1555, "nvlink3", 25},
+      {"a100-80gb", "NVIDIA A100 SXM4 80GB", 80.0, 312, 156, 19.5, 2039, "nvlink3", 25},
+      {"h100-sxm", "NVIDIA H100 SXM5 80GB", 79.6, 989, 495, 67, 3350, "nvlink4", 50},
+      {"h100-pcie", "NVIDIA H100 PCIe 80GB", 79.6, 756, 378, 51, 2000, "pcie5", 50},
+      {"h200", "NVIDIA H200 SXM 141GB", 140.4, 989, 495, 67, 4800, "nvlink4", 50},
+      {"l40s", "NVIDIA L40S 48GB", 45.0, 362, 183, 91.6, 864, "pcie4", 25},
+      {"mi300x", "AMD Instinct MI300X 192GB", 191.5, 1307, 654, 163.4, 5300, "xgmi", 50,
+       /*cuda=*/false},
   };
   return *gpus;
 }
@@ -94,11 +95,13 @@ std::string GpuNames() {
 
 std::string CatalogText() {
   std::string out =
-      "GPUs (dense bf16 peak, memory and its bandwidth, link between the GPUs of a node):\n";
+      "GPUs (dense peaks bf16 / TF32 / float32, memory and its bandwidth, link between the GPUs "
+      "of a node):\n";
   for (const GpuSpec& gpu : GpuCatalog()) {
-    absl::StrAppendFormat(&out, "  %-10s %-28s %7.0f TFLOP/s %7.1f GiB %6.0f GB/s  %s\n", gpu.name,
-                          gpu.description, gpu.peak_tflops, gpu.memory_gib, gpu.memory_gbps,
-                          gpu.intra_link);
+    absl::StrAppendFormat(&out,
+                          "  %-10s %-28s %5.0f / %4.0f / %5.1f TFLOP/s %6.1f GiB %5.0f GB/s  %s\n",
+                          gpu.name, gpu.description, gpu.peak_tflops, gpu.tf32_tflops,
+                          gpu.fp32_tflops, gpu.memory_gib, gpu.memory_gbps, gpu.intra_link);
   }
   absl::StrAppend(&out, "Links (all-reduce busbw, latency per hop; networks per NIC):\n");
   for (const LinkSpec& link : LinkCatalog()) {
@@ -106,6 +109,18 @@ std::string CatalogText() {
                           link.busbw_gbps, link.latency_us);
   }
   return out;
+}
+
+double ClusterSpec::GemmPeakTflops(MatmulPrecision precision) const {
+  switch (precision) {
+    case MatmulPrecision::kHighest:
+      return fp32_tflops;
+    case MatmulPrecision::kHigh:
+      return tf32_tflops;
+    case MatmulPrecision::kMedium:
+      return peak_tflops;
+  }
+  return peak_tflops;
 }
 
 absl::StatusOr<ClusterSpec> ResolveCluster(const ClusterSection& cluster) {
@@ -132,6 +147,8 @@ absl::StatusOr<ClusterSpec> ResolveCluster(const ClusterSection& cluster) {
   spec.gpu_name = std::string(gpu->name);
   spec.gpu_memory_gib = pick(cluster.gpu_memory_gib, gpu->memory_gib);
   spec.peak_tflops = pick(cluster.peak_tflops, gpu->peak_tflops);
+  spec.tf32_tflops = spec.peak_tflops * gpu->tf32_tflops / gpu->peak_tflops;
+  spec.fp32_tflops = spec.peak_tflops * gpu->fp32_tflops / gpu->peak_tflops;
   spec.memory_gbps = pick(cluster.memory_gbps, gpu->memory_gbps);
   spec.host_gbps = gpu->host_gbps;
   spec.intra_name = std::string(intra->name);

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/backend/matmul_precision.h"
 #include "core/recipe/recipe.h"
 
 namespace dtrain {
@@ -37,6 +38,8 @@ struct GpuSpec {
   absl::string_view description;  // e.g. "NVIDIA H100 SXM5 80GB"
   double memory_gib;              // capacity the driver reports (nvidia-smi / rocm-smi)
   double peak_tflops;             // dense bf16 tensor-core peak
+  double tf32_tflops;             // dense TF32 tensor-core peak
+  double fp32_tflops;             // float32 peak (CUDA cores; AMD's vector units)
   double memory_gbps;             // device memory (HBM, GDDR) bandwidth, GB/s
   absl::string_view intra_link;   // LinkSpec name of the links between GPUs of one node
   double host_gbps;               // practical host<->device copy bandwidth (PCIe), GB/s
@@ -59,7 +62,9 @@ struct ClusterSpec {
   int gpus_per_node = 8;
   std::string gpu_name;  // catalog key
   double gpu_memory_gib = 0;
-  double peak_tflops = 0;
+  double peak_tflops = 0;  // dense bf16
+  double tf32_tflops = 0;  // the catalog's, in its proportion to the bf16 peak
+  double fp32_tflops = 0;  // likewise
   double memory_gbps = 0;
   double host_gbps = 0;
   std::string intra_name;  // catalog key of the intra-node link
@@ -73,6 +78,9 @@ struct ClusterSpec {
   int nics_per_node = 0;  // resolved: never 0
 
   int world_size() const { return nodes * gpus_per_node; }
+  // The peak of GEMMs at `precision`: float32 (highest), TF32 (high) or bf16 (medium, and
+  // run.precision bf16's GEMMs).
+  double GemmPeakTflops(MatmulPrecision precision) const;
   // Bandwidth of the network that one GPU gets when every GPU of a node communicates across
   // nodes at once: the node's NICs shared by its GPUs.
   double inter_gbps_per_gpu() const { return nic_gbps * nics_per_node / gpus_per_node; }

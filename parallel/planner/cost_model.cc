@@ -133,6 +133,10 @@ Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision) {
                            : recipe.parallel.reduce_dtype == "fp32" ? 4
                                                                     : precision.param_bytes;
   workload.precision = precision;
+  workload.matmul = precision.param_bytes < 4 || recipe.run.matmul_precision == "medium"
+                        ? MatmulPrecision::kMedium
+                    : recipe.run.matmul_precision == "high" ? MatmulPrecision::kHigh
+                                                            : MatmulPrecision::kHighest;
   return workload;
 }
 
@@ -315,7 +319,7 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
       heaviest_blocks * BlockFlopsPerToken(model, s, Recompute::kNone) + head_flops_per_token;
   const double executed_flops_per_token =
       heaviest_blocks * BlockFlopsPerToken(model, s, layout.recompute) + head_flops_per_token;
-  const double peak_flops = cluster.peak_tflops * 1e12;
+  const double peak_flops = cluster.GemmPeakTflops(workload.matmul) * 1e12;
   const double flops_per_ms = 1e-3 * peak_flops * t * GemmEfficiency(workload, layout, assumptions);
   const double micro_batch_tokens = static_cast<double>(b) * s;
   const double micro_batch_ms = micro_batch_tokens * executed_flops_per_token / flops_per_ms;

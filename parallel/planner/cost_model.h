@@ -76,10 +76,12 @@ struct Workload {
   int batch_size = 1;  // sequences per optimizer step across all ranks (train.batch_size)
   int seq_len = 1;
   Precision precision;
+  MatmulPrecision matmul = MatmulPrecision::kMedium;  // whose peak the GEMMs run at
 };
 
 // The model and batch of a recipe in `precision`, the gradients reduced at parallel.reduce_dtype
-// (auto: in the parameters' type).
+// (auto: in the parameters' type), the GEMMs on the bf16 tensor cores for bf16 parameters, and
+// for float32 ones at run.matmul_precision (auto: highest, float32).
 Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision);
 
 // One way to run the workload. World ranks form a dp x pp x tp grid, tp innermost (DESIGN.md).
@@ -160,7 +162,8 @@ struct TimeEstimate {
   double optimizer_ms = 0;  // the optimizer step on the GPU, bound by its memory bandwidth
   double offload_ms = 0;    // host copies and the optimizer step on the host
   double step_ms = 0;
-  double mfu = 0;               // model FLOPs (no recomputation) / (step time x peak)
+  double mfu =
+      0;  // model FLOPs (no recomputation) / (step time x the GEMMs' peak, Workload::matmul)
   double compute_fraction = 0;  // compute_ms / step_ms
   double tokens_per_s = 0;      // whole cluster
 };

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -39,12 +40,19 @@ double ExposedCommMs(const Estimate& estimate) {
   return estimate.dp.exposed_ms + estimate.tp.exposed_ms + estimate.pp.exposed_ms;
 }
 
-std::string ClusterLine(const ClusterSpec& c) {
+// The peak the GEMMs of `matmul` run at, named: "989 TFLOP/s bf16".
+std::string GemmPeak(const ClusterSpec& c, MatmulPrecision matmul) {
+  return absl::StrFormat("%.3g TFLOP/s %s", c.GemmPeakTflops(matmul),
+                         matmul == MatmulPrecision::kHighest ? "float32"
+                         : matmul == MatmulPrecision::kHigh  ? "TF32"
+                                                             : "bf16");
+}
+
+std::string ClusterLine(const ClusterSpec& c, MatmulPrecision matmul) {
   std::string line = absl::StrFormat(
-      "%d node%s x %d %s (%.1f GiB at %.0f GB/s, %.3g TFLOP/s bf16); %s %.0f GB/s busbw inside a "
-      "node",
-      c.nodes, c.nodes == 1 ? "" : "s", c.gpus_per_node, c.gpu_name, c.gpu_memory_gib,
-      c.memory_gbps, c.peak_tflops, c.intra_name, c.intra_gbps);
+      "%d node%s x %d %s (%.1f GiB at %.0f GB/s, %s); %s %.0f GB/s busbw inside a node", c.nodes,
+      c.nodes == 1 ? "" : "s", c.gpus_per_node, c.gpu_name, c.gpu_memory_gib, c.memory_gbps,
+      GemmPeak(c, matmul), c.intra_name, c.intra_gbps);
   if (c.nodes > 1) {
     absl::StrAppendFormat(&line, "; %s %.1f GB/s x %d NICs per node", c.network_name, c.nic_gbps,
                           c.nics_per_node);
@@ -113,15 +121,15 @@ std::string AssumptionsLine(const Plan& plan) {
   return absl::StrFormat(
       "bytes a value: parameters %g, gradients %g, activations %g, optimizer state %g (under "
       "zero3 and fsdp its float32 master shard is counted as the parameters), gradients reduced "
-      "%g, parameters gathered %g; GEMMs at %.0f%% of peak "
+      "%g, parameters gathered %g; GEMMs at %.0f%% of the %s peak "
       "(half that at width %.0f), the optimizer step at %.0f%% of the memory bandwidth (%g bytes "
       "a parameter), %s pipeline schedule, DP communication overlapped with "
       "backward except the last bucket, TP not overlapped; the engine's buffers in buckets of %g "
       "MiB (zero3 units of %g MiB, fsdp's a block); %.0f%% of GPU memory kept free; a "
       "simpler layout within %.0f%% of the fastest is preferred",
       p.param_bytes, p.grad_bytes, p.activation_bytes, p.optimizer_bytes, p.reduce_bytes,
-      p.gather_bytes, 100 * a.gemm_peak_fraction, a.gemm_half_efficiency_width,
-      100 * a.memory_bandwidth_fraction, p.OptimizerStepBytes(),
+      p.gather_bytes, 100 * a.gemm_peak_fraction, GemmPeak(plan.cluster, plan.workload.matmul),
+      a.gemm_half_efficiency_width, 100 * a.memory_bandwidth_fraction, p.OptimizerStepBytes(),
       absl::StrJoin(plan.options.pp_schedules, " or ",
                     [&plan](std::string* out, PipelineSchedule schedule) {
                       absl::StrAppend(out, PipelineScheduleName(schedule));
@@ -270,10 +278,25 @@ std::vector<std::pair<std::string, std::string>> LayoutSettings(const Layout& la
   return settings;
 }
 
-std::string RecipeLines(const Layout& layout) {
+std::vector<std::pair<std::string, std::string>> PlanSettings(const Layout& layout,
+                                                              double timeout_s) {
   // The plan is for the cluster's GPUs (the shipped recipes run on the CPU).
-  std::string out = "run:\n  device: cuda\n", section;
-  for (const auto& [key, value] : LayoutSettings(layout)) {
+  std::vector<std::pair<std::string, std::string>> settings = {{"run.device", "cuda"}};
+  bool in_parallel = false;
+  for (auto& [key, value] : LayoutSettings(layout)) {
+    const bool parallel = absl::StartsWith(key, "parallel.");
+    if (in_parallel && !parallel) {
+      settings.emplace_back("parallel.timeout_s", absl::StrFormat("%.0f", timeout_s));
+    }
+    in_parallel = parallel;
+    settings.emplace_back(std::move(key), std::move(value));
+  }
+  return settings;
+}
+
+std::string RecipeLines(const Layout& layout, double timeout_s) {
+  std::string out, section;
+  for (const auto& [key, value] : PlanSettings(layout, timeout_s)) {
     const size_t dot = key.find('.');
     if (key.substr(0, dot) != section) {
       section = key.substr(0, dot);
@@ -298,11 +321,27 @@ std::string PipelineStagesLine(const Workload& workload, const Layout& layout) {
                          100 * (heaviest * layout.pp / total - 1));
 }
 
-std::string SbatchLines(const ClusterSpec& cluster, const std::string& recipe_path) {
-  return absl::StrFormat(
-      "#SBATCH --nodes=%d\n#SBATCH --ntasks-per-node=%d\n#SBATCH --gpus-per-node=%d\n"
-      "srun dtrain train %s\n",
-      cluster.nodes, cluster.gpus_per_node, cluster.gpus_per_node, recipe_path);
+std::string SbatchLines(const ClusterSpec& cluster, const std::string& recipe_path,
+                        const Layout& layout, double timeout_s) {
+  // SIGTERM 120 s before the time limit (a checkpoint) and back in the queue when preempted, as
+  // scripts/slurm/train.sbatch; one failed rank ends the step.
+  std::string out = absl::StrFormat(
+      "#!/bin/bash\n#SBATCH --nodes=%d\n#SBATCH --ntasks-per-node=%d\n#SBATCH --gpus-per-node=%d\n"
+      "#SBATCH --signal=TERM@120\n#SBATCH --requeue\n",
+      cluster.nodes, cluster.gpus_per_node, cluster.gpus_per_node);
+  if (cluster.nodes > 1) {
+    absl::StrAppend(&out,
+                    "export DTRAIN_RDZV_TOKEN=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')\n");
+  }
+  for (const auto& [setting, why] : NetworkEnvironment(cluster)) {
+    absl::StrAppend(&out, "export ", setting, "\n");
+  }
+  absl::StrAppend(&out, "srun --kill-on-bad-exit=1 dtrain train ", recipe_path, " \\\n ");
+  for (const auto& [key, value] : PlanSettings(layout, timeout_s)) {
+    absl::StrAppend(&out, " --set ", key, "=", value);
+  }
+  absl::StrAppend(&out, "\n");
+  return out;
 }
 
 std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n) {
@@ -313,7 +352,7 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
   absl::StrAppendFormat(&out, "  batch    %d sequence%s x %d tokens = %d tokens per step\n",
                         w.batch_size, w.batch_size == 1 ? "" : "s", w.seq_len,
                         int64_t{w.batch_size} * w.seq_len);
-  absl::StrAppendFormat(&out, "  cluster  %s\n", ClusterLine(plan.cluster));
+  absl::StrAppendFormat(&out, "  cluster  %s\n", ClusterLine(plan.cluster, plan.workload.matmul));
   if (const GpuSpec* gpu = FindGpu(plan.cluster.gpu_name); gpu != nullptr && !gpu->cuda) {
     absl::StrAppendFormat(&out,
                           "  note     dtrain trains on NVIDIA GPUs (CUDA, NCCL): the %s is planned "
@@ -400,12 +439,14 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
     for (const auto& [setting, why] : NetworkEnvironment(plan.cluster)) {
       absl::StrAppendFormat(&out, "  export %-32s%s%s\n", setting, why.empty() ? "" : "# ", why);
     }
+    const double timeout_s = CollectiveTimeoutS(chosen->estimate.time.step_ms);
     absl::StrAppendFormat(&out,
                           "  collective timeout: parallel.timeout_s: %.0f (PyTorch: "
                           "init_process_group(timeout=...))\n",
-                          CollectiveTimeoutS(chosen->estimate.time.step_ms));
+                          timeout_s);
     absl::StrAppendFormat(&out, "\nRecipe lines:\n%s\nsbatch lines:\n%s",
-                          RecipeLines(chosen->layout), SbatchLines(plan.cluster, recipe_path));
+                          RecipeLines(chosen->layout, timeout_s),
+                          SbatchLines(plan.cluster, recipe_path, chosen->layout, timeout_s));
   }
   absl::StrAppendFormat(&out, "\nAssumptions: %s.\nSearched %d layouts (%d invalid) in %.2f ms.\n",
                         AssumptionsLine(plan), static_cast<int>(plan.candidates.size()),
@@ -432,6 +473,8 @@ nlohmann::json PlanJson(const Plan& plan, const std::string& recipe_path, int to
                     {"gpu_memory_gib", c.gpu_memory_gib},
                     {"usable_gib", plan.usable_gib},
                     {"peak_tflops", c.peak_tflops},
+                    {"gemm_peak_tflops", c.GemmPeakTflops(w.matmul)},
+                    {"matmul_precision", MatmulPrecisionName(w.matmul)},
                     {"memory_gbps", c.memory_gbps},
                     {"intra_link", c.intra_name},
                     {"intra_gbps", c.intra_gbps},
@@ -455,9 +498,10 @@ nlohmann::json PlanJson(const Plan& plan, const std::string& recipe_path, int to
       env[setting.substr(0, equals)] = setting.substr(equals + 1);
     }
     out["network_env"] = env;
-    out["collective_timeout_s"] = CollectiveTimeoutS(chosen->estimate.time.step_ms);
-    out["recipe_lines"] = RecipeLines(chosen->layout);
-    out["sbatch_lines"] = SbatchLines(c, recipe_path);
+    const double timeout_s = CollectiveTimeoutS(chosen->estimate.time.step_ms);
+    out["collective_timeout_s"] = timeout_s;
+    out["recipe_lines"] = RecipeLines(chosen->layout, timeout_s);
+    out["sbatch_lines"] = SbatchLines(c, recipe_path, chosen->layout, timeout_s);
     if (chosen->layout.pp > 1) out["pipeline_stages"] = PipelineStagesLine(w, chosen->layout);
   }
   out["assumptions"] = AssumptionsLine(plan);

@@ -27,15 +27,24 @@ double CollectiveTimeoutS(double step_ms);
 // ("parallel.strategy", "fsdp"), ..., ("train.micro_batch", "2"); optimizer offload has no key yet.
 std::vector<std::pair<std::string, std::string>> LayoutSettings(const Layout& layout);
 
-// The recipe lines that select `layout` on GPUs (comments for what the recipe cannot express yet).
-std::string RecipeLines(const Layout& layout);
+// The recipe keys and values that run `layout` on the cluster's GPUs: run.device cuda, then
+// LayoutSettings with parallel.timeout_s `timeout_s` among the parallel keys.
+std::vector<std::pair<std::string, std::string>> PlanSettings(const Layout& layout,
+                                                              double timeout_s);
+
+// PlanSettings as recipe lines, by section.
+std::string RecipeLines(const Layout& layout, double timeout_s);
 
 // The pipeline stages of `layout` (pp > 1, one virtual stage): blocks balanced on the cost
 // model's FLOPs per token (parallel/pipeline/stage_assignment.h) and the heaviest stage's load.
 std::string PipelineStagesLine(const Workload& workload, const Layout& layout);
 
-// #SBATCH lines and the srun line that start one rank per GPU for `recipe_path`.
-std::string SbatchLines(const ClusterSpec& cluster, const std::string& recipe_path);
+// A batch script that starts one rank per GPU for `recipe_path` with PlanSettings as --set
+// arguments: #SBATCH lines (a SIGTERM before the time limit, requeued when preempted), the
+// rendezvous token several nodes need, the network environment, and srun, which ends the step
+// when a rank fails.
+std::string SbatchLines(const ClusterSpec& cluster, const std::string& recipe_path,
+                        const Layout& layout, double timeout_s);
 
 // The whole plan as text for a terminal.
 std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n);

@@ -64,6 +64,47 @@ TEST(CliTest, AShardPatternThatDoesNotExpandExits2) {
   EXPECT_THAT(val.stderr_text, HasSubstr("data.val_shards: shard pattern '/d/v-{a}.tar'"));
 }
 
+// Usage errors of the command line name the fix: the nearest command or option, the command
+// whose option it is, the commands a command needs one of.
+TEST(CliTest, MistypedCommandsAndOptionsGetTheNearestName) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"trian", "dtrain has no command 'trian' (did you mean train?); dtrain help lists them"},
+      {"data pak x", "dtrain data has no command 'pak' (did you mean pack?)"},
+      {"launch --nprocs-per-node 2 x.yaml",
+       "dtrain launch has no option --nprocs-per-node (did you mean --nproc-per-node?)"},
+      {"train --nproc-per-node 2 x.yaml",
+       "dtrain train has no option --nproc-per-node (dtrain env and dtrain launch have it)"},
+      {"ckpt export a --out b --formt=hf",
+       "dtrain ckpt export has no option --formt (did you mean --format?)"},
+      {"recipe", "dtrain recipe needs a command: check, reference"},
+  };
+  for (const auto& [command, message] : cases) {
+    const Outcome outcome = RunDtrain(command);
+    EXPECT_EQ(outcome.exit_code, 2) << command;
+    EXPECT_THAT(outcome.stderr_text, HasSubstr("error: " + message)) << command;
+  }
+  // Other parse errors keep CLI11's words.
+  EXPECT_THAT(RunDtrain("plan --top 5000 x.yaml").stderr_text, HasSubstr("not in range"));
+}
+
+// Data that is not on this machine is a warning from `recipe check` (the nodes that train may
+// see other files), which still prints the recipe.
+TEST(CliTest, RecipeCheckWarnsOfLocalDataThatIsNotHere) {
+  const std::string tiny = absl::StrCat("recipe check ", DTRAIN_SOURCE_DIR, "/configs/tiny.yaml");
+  const Outcome shards = RunDtrain(
+      absl::StrCat(tiny,
+                   " --set data.format=webdataset --set data.shards=/d/s-{0..1}.tar --set "
+                   "data.val_shards=/d/v.tar"));
+  EXPECT_EQ(shards.exit_code, 0) << shards.stderr_text;
+  EXPECT_THAT(shards.stderr_text,
+              HasSubstr("warning: data.shards: shard /d/s-0.tar does not exist"));
+  EXPECT_THAT(shards.stdout_text, HasSubstr("shards: \"/d/s-{0..1}.tar\""));
+  const Outcome text = RunDtrain(absl::StrCat(tiny, " --set data.train=[/d/missing.txt]"));
+  EXPECT_EQ(text.exit_code, 0) << text.stderr_text;
+  EXPECT_THAT(text.stderr_text,
+              AllOf(HasSubstr("warning: data.train: "), HasSubstr("/d/missing.txt")));
+}
+
 // parallel.sequence_parallel with a tp that does not divide train.seq_len: exit 2 naming the
 // keys and the nearest values, from `recipe check` and from `train` before any rank starts.
 TEST(CliTest, SequenceParallelSeqLenNotDivisibleByTpExits2) {

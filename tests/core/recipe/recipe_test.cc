@@ -132,6 +132,8 @@ TEST(RecipeTest, UnknownKeySuggestsNearest) {
 TEST(RecipeTest, UnknownKeysOfOtherTrainersAndFarNamesGetUsefulHints) {
   EXPECT_THAT(ErrorOf(kMinimal, {"train.learning_rate=0.1"}),
               HasSubstr("(did you mean train.lr?)"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.lerning_rate=0.1"}), HasSubstr("(did you mean train.lr?)"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.learningrate=0.1"}), HasSubstr("(did you mean train.lr?)"));
   EXPECT_THAT(ErrorOf(kMinimal, {"train.warmup=5"}),
               HasSubstr("(did you mean train.warmup_steps?)"));
   EXPECT_THAT(ErrorOf(kMinimal, {"train.gradient_accumulation_steps=4"}),

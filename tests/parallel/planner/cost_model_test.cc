@@ -238,6 +238,33 @@ TEST(CostModelTest, ReduceDtypeSetsTheGradientTraffic) {
                    2 * traffic("auto", Precision::MixedBf16()).dp.payload_bytes);
 }
 
+// bf16 parameters multiply on the bf16 tensor cores; float32 ones at run.matmul_precision:
+// float32 (highest, and auto) or TF32 (high), whose peaks the compute time is divided by.
+TEST(CostModelTest, GemmsRunAtThePeakOfTheirPrecision) {
+  Recipe recipe = testing::ShippedRecipe("gpt2-124m");
+  const ClusterSpec cluster = testing::CatalogCluster(1, "h100-sxm", "ib-ndr");
+  const Layout ddp{.strategy = Strategy::kDdp, .dp = 1, .micro_batch = 8};
+  const auto compute_ms = [&](const char* precision, const char* matmul_precision) {
+    recipe.run.precision = precision;
+    recipe.run.matmul_precision = matmul_precision;
+    const Workload workload = WorkloadFromRecipe(recipe, Precision::OnGpus(recipe));
+    return EstimateLayout(workload, cluster, ddp).time.compute_ms;
+  };
+  const double bf16 = compute_ms("bf16", "auto");
+  EXPECT_NEAR(compute_ms("fp32", "auto") / bf16, 989.0 / 67, 1e-9);
+  EXPECT_NEAR(compute_ms("fp32", "highest") / bf16, 989.0 / 67, 1e-9);
+  EXPECT_NEAR(compute_ms("fp32", "high") / bf16, 989.0 / 495, 1e-9);
+  EXPECT_DOUBLE_EQ(compute_ms("fp32", "medium"), bf16);
+  // An overridden bf16 peak moves the others in proportion.
+  ClusterSection section;
+  section.gpu = "a100-80gb";
+  section.peak_tflops = 624;
+  const absl::StatusOr<ClusterSpec> doubled = ResolveCluster(section);
+  ASSERT_TRUE(doubled.ok()) << doubled.status();
+  EXPECT_DOUBLE_EQ(doubled->GemmPeakTflops(MatmulPrecision::kHighest), 39);
+  EXPECT_DOUBLE_EQ(doubled->GemmPeakTflops(MatmulPrecision::kHigh), 312);
+}
+
 TEST(CostModelTest, PipelineBubbleIsStagesMinusOneOverMicroBatches) {
   const ClusterSpec cluster = testing::CatalogCluster(4, "a100-80gb", "ib-hdr");
   const Workload workload = Gpt2Workload(256);

@@ -38,7 +38,12 @@ TEST(PlanReportTest, TextHasUnitsEnvironmentRecipeAndSbatchLines) {
   EXPECT_THAT(text, Not(HasSubstr("NCCL_IB_GID_INDEX")));
   EXPECT_THAT(text, HasSubstr("parallel:\n  strategy: "));
   EXPECT_THAT(text, HasSubstr("#SBATCH --nodes=8\n#SBATCH --ntasks-per-node=8\n"
-                              "#SBATCH --gpus-per-node=8\nsrun dtrain train llama-13b.yaml\n"));
+                              "#SBATCH --gpus-per-node=8\n#SBATCH --signal=TERM@120\n"
+                              "#SBATCH --requeue\nexport DTRAIN_RDZV_TOKEN=$(od"));
+  EXPECT_THAT(text, HasSubstr("\nexport NCCL_IB_TIMEOUT=22\n"));
+  EXPECT_THAT(text, HasSubstr("srun --kill-on-bad-exit=1 dtrain train llama-13b.yaml \\\n"
+                              "  --set run.device=cuda --set parallel.strategy="));
+  EXPECT_THAT(text, HasSubstr(" --set parallel.timeout_s=600 --set train.micro_batch="));
   EXPECT_THAT(text, HasSubstr(" ms.\n"));  // the footer's search time
 }
 
@@ -122,11 +127,12 @@ TEST(PlanReportTest, RecipeLinesSetEveryLayoutKey) {
                                          .dp = 2,
                                          .micro_batch = 2,
                                          .recompute = Recompute::kSelective,
-                                         .sequence_parallel = true});
+                                         .sequence_parallel = true},
+                                        900);
   EXPECT_EQ(lines,
             "run:\n  device: cuda\n"
             "parallel:\n  strategy: fsdp\n  tp: 4\n  pp: 1\n  recompute: selective\n"
-            "  sequence_parallel: true\n"
+            "  sequence_parallel: true\n  timeout_s: 900\n"
             "train:\n  micro_batch: 2\n");
 }
 
@@ -137,10 +143,10 @@ TEST(PlanReportTest, PipelineRecipeLinesNameTheSchedule) {
                       .dp = 2,
                       .micro_batch = 1,
                       .schedule = PipelineSchedule::kOneFOneB};
-  EXPECT_EQ(RecipeLines(layout),
+  EXPECT_EQ(RecipeLines(layout, 600),
             "run:\n  device: cuda\n"
             "parallel:\n  strategy: zero1\n  tp: 1\n  pp: 4\n  pp_schedule: 1f1b\n"
-            "  recompute: none\n"
+            "  recompute: none\n  timeout_s: 600\n"
             "train:\n  micro_batch: 1\n");
   EXPECT_EQ(DescribeLayout(layout), "zero1 tp1 pp4 dp2 mb1 1f1b");
 }
