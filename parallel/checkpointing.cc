@@ -178,10 +178,10 @@ absl::StatusOr<std::unique_ptr<TrainingCheckpoints>> TrainingCheckpoints::Create
   std::unique_ptr<TrainingCheckpoints> checkpoints(
       new TrainingCheckpoints(recipe, table, engine, comm, nonce));
   RETURN_IF_ERROR(CheckCheckpointFolder(checkpoints->dir_, checkpoints->rank_, recipe.train.steps));
-  // The run folder's lock covers a checkpoint.dir inside it; one outside may be another run's
-  // too, whose saves this run's would set aside or remove: held for the run, before a checkpoint in
-  // it is read or written (the check above only probes it).
-  if (checkpoints->rank_ == 0 && OutsideRunFolder(checkpoints->dir_, recipe.run_dir())) {
+  // Another run may name this folder as its checkpoint.dir, even this run's default one, and its
+  // saves would set aside or remove this run's: held for the run, before a checkpoint in it is
+  // read or written (the check above only probes it).
+  if (checkpoints->rank_ == 0) {
     ASSIGN_OR_RETURN(checkpoints->folder_lock_,
                      FolderLock::Acquire(checkpoints->dir_, FolderLock::kCheckpointFolder));
   }
@@ -447,8 +447,11 @@ absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& load
     if (transient > 0) damage_only = false;
     if (failed == 0) {
       if (absl::Status restored = loader.Restore(loaded->data); !restored.ok()) {
-        return absl::Status(restored.code(),
+        absl::Status failed(restored.code(),
                             absl::StrCat("resuming from ", candidate, ": ", restored.message()));
+        // A data order this recipe or world cannot continue: a restart would find the same.
+        return absl::IsInvalidArgument(restored) ? WithExitCode(std::move(failed), kExitUsage)
+                                                 : failed;
       }
       resumed_metrics_line_ = loaded->metrics_line;
       if (rank_ == 0) {

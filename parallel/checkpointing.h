@@ -102,7 +102,7 @@ class TrainingCheckpoints {
   int world_ = 1;
   uint64_t nonce_ = 0;
   std::string dir_;
-  std::optional<FolderLock> folder_lock_;  // rank 0's, of a dir_ outside the run folder
+  std::optional<FolderLock> folder_lock_;  // rank 0's, of dir_
   std::string recipe_yaml_;
   CheckpointWriter writer_;
   std::string resumed_metrics_line_;

@@ -413,6 +413,25 @@ TEST(DataCommandTest, MissingLocalShardsAreRefusedAtStart) {
               HasSubstr("data.shards: shard " + out + "/train-missing.tar does not exist"));
 }
 
+// A checkpoint's data order that the recipe cannot continue (other data.streams) is a usage
+// error, which dtrain launch does not restart in vain.
+TEST(DataCommandTest, ResumingAnotherDataOrderIsAUsageError) {
+  const std::string shard = Pack(TokenizerDir("data_tok_order"), "data_pack_order");
+  const std::string out = testing::FreshTempDir("data_order_run");
+  const std::string base = absl::StrCat(
+      "train --set data.format=webdataset --set data.train=[] --set model.vocab_size=300 "
+      "--set train.warmup_steps=0 --set train.seq_len=4 --set train.batch_size=1 --set "
+      "train.micro_batch=1 --set logging.sample_tokens=0 --set train.eval_every=0 --set "
+      "data.shards=",
+      shard, " --set run.out_dir=", out);
+  const Outcome first = RunDtrain(base + " --set train.steps=2 --set data.streams=1");
+  ASSERT_EQ(first.exit_code, 0) << first.stderr_text;
+  const Outcome resumed = RunDtrain(base + " --set train.steps=4 --set data.streams=2");
+  EXPECT_EQ(resumed.exit_code, 2) << resumed.stderr_text;
+  EXPECT_THAT(resumed.stderr_text,
+              HasSubstr("the checkpoint's data order has data.streams = 1, this run 2"));
+}
+
 // A one-step recipe of a 1-layer model (`model_extra` appended to its keys) on `data` (the data
 // section's keys), which evaluates once and samples `sample_tokens` after the prompt "the".
 std::string SampleRecipe(const std::string& name, const std::string& model_extra,

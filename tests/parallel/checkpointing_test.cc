@@ -185,9 +185,9 @@ TEST(CheckpointingTest, StartingOverSetsTheEarlierRunsCheckpointsAside) {
   EXPECT_THAT(fresh.stderr_text,
               ::testing::ContainsRegex("checkpoint: .*/checkpoints holds 4 set-aside checkpoint "
                                        "folder\\(s\\), [0-9.]+ MiB in all, kept for inspection"));
-  std::vector<std::string> names;
+  std::vector<std::string> names;  // but the run's lock, .lock
   for (const auto& entry : fs::directory_iterator(dir)) {
-    names.push_back(entry.path().filename().string());
+    if (entry.path().filename() != ".lock") names.push_back(entry.path().filename().string());
   }
   std::sort(names.begin(), names.end());
   ASSERT_EQ(names.size(), 6u) << ::testing::PrintToString(names);
@@ -419,6 +419,17 @@ TEST(CheckpointingTest, ACheckpointFolderInUseIsRefusedNamingItsHolder) {
                         " is in use by another run (pid 4242 on host h); give this run another "
                         "checkpoint.dir, or end that one"));
   EXPECT_TRUE(fs::exists(stage));
+
+  // A run's default checkpoint folder is held too: another run that named it as its own
+  // checkpoint.dir (here the holder) keeps this run out of it.
+  const std::string own = out + "/ck/checkpoints";
+  absl::StatusOr<FolderLock> named =
+      FolderLock::AcquireAs(own, FolderLock::kCheckpointFolder, "pid 4343 on host h");
+  ASSERT_TRUE(named.ok()) << named.status();
+  const testing::Outcome third = Train(out, "--set checkpoint.resume=never");
+  EXPECT_EQ(third.exit_code, 1) << third.stderr_text;
+  EXPECT_THAT(third.stderr_text, HasSubstr("the checkpoint folder " + own +
+                                           " is in use by another run (pid 4343 on host h)"));
 }
 
 }  // namespace
