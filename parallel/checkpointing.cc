@@ -434,17 +434,28 @@ absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& load
   } else {
     candidates = CheckpointCandidates(dir_);
   }
-  // Whether every failure on every rank was damage (DataLoss: a checksum, size or manifest the
-  // files contradict), which a restart would meet again, rather than a read that may work later.
-  bool damage_only = true;
   for (const std::string& candidate : candidates) {
     bool fatal = false;
     absl::StatusOr<Loaded> loaded = TryLoad(candidate, fatal);
     if (fatal) return WithExitCode(loaded.status(), kExitUsage);
+    // Damage (DataLoss: a checksum, size or manifest the files contradict; NotFound: a save that
+    // did not complete) is met again by every restart, so an older checkpoint is tried. Any other
+    // failure is a read that may work the next time (permissions, an I/O error, a file system's
+    // hiccup): falling back would drop steps and set this checkpoint aside.
     double failed = loaded.ok() ? 0 : 1;
-    double transient = loaded.ok() || absl::IsDataLoss(loaded.status()) ? 0 : 1;
-    RETURN_IF_ERROR(SumOverRanks(comm_, failed, transient));
-    if (transient > 0) damage_only = false;
+    double unread =
+        loaded.ok() || absl::IsDataLoss(loaded.status()) || absl::IsNotFound(loaded.status()) ? 0
+                                                                                              : 1;
+    RETURN_IF_ERROR(SumOverRanks(comm_, failed, unread));
+    if (unread > 0) {
+      if (!loaded.ok())
+        LogWarn("cannot read checkpoint %s: %s", candidate, loaded.status().message());
+      return absl::UnavailableError(absl::StrCat(
+          "checkpoint.resume: ", resume, ": ", candidate,
+          " could not be read (see the warnings); nothing was changed and no older checkpoint was "
+          "taken in its place. Fix the read (permissions, storage) and start again, or give "
+          "checkpoint.resume an older checkpoint"));
+    }
     if (failed == 0) {
       if (absl::Status restored = loader.Restore(loaded->data); !restored.ok()) {
         absl::Status failed(restored.code(),
@@ -493,7 +504,10 @@ absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& load
     if (!loaded.ok()) {
       LogWarn("skipping checkpoint %s: %s", candidate, loaded.status().message());
     } else if (rank_ == 0) {
-      LogWarn("skipping checkpoint %s: another rank found it damaged (see its warning)", candidate);
+      LogWarn(
+          "skipping checkpoint %s: another rank found it damaged or incomplete (see its "
+          "warning)",
+          candidate);
     }
   }
   if (!candidates.empty()) {
@@ -503,13 +517,14 @@ absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& load
                                                        candidates.size(), folder)
                                      : absl::StrCat(candidates.front(), " does not load");
     // Damaged checkpoints end the run for good (exit 2: an agent does not restart it to find
-    // them damaged again); a failed read, which may work the next time, is restarted.
-    absl::Status refused = absl::DataLossError(absl::StrCat(
-        "checkpoint.resume: ", resume, ": ", what,
-        " (see the warnings above); nothing was changed. Restore them, give checkpoint.resume "
-        "another checkpoint, or set checkpoint.resume: never (or another checkpoint.dir) to "
-        "start fresh"));
-    return damage_only ? WithExitCode(std::move(refused), kExitUsage) : refused;
+    // them damaged again).
+    return WithExitCode(
+        absl::DataLossError(absl::StrCat(
+            "checkpoint.resume: ", resume, ": ", what,
+            " (see the warnings above); nothing was changed. Restore them, give checkpoint.resume "
+            "another checkpoint, or set checkpoint.resume: never (or another checkpoint.dir) to "
+            "start fresh")),
+        kExitUsage);
   }
   return 0;
 }

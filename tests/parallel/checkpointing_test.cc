@@ -22,6 +22,7 @@ namespace dtrain {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string RecipeFile() {
@@ -151,6 +152,30 @@ TEST(CheckpointingTest, WhenNoCheckpointLoadsTheRunStopsAndChangesNothing) {
   }
   EXPECT_FALSE(fs::exists(dir + "/step-6"));
   EXPECT_FALSE(fs::exists(dir + "/step-8"));
+}
+
+// A checkpoint that cannot be read (an I/O error, permissions: a manifest that is a folder here,
+// since root reads every file) ends the run for a restart (exit 1), changing nothing: an older
+// checkpoint in its place would drop its steps and set it aside.
+TEST(CheckpointingTest, ACheckpointThatCannotBeReadIsNotReplacedByAnOlderOne) {
+  const std::string out = testing::TempPath("ckpt_unreadable_run");
+  fs::remove_all(out);
+  ASSERT_EQ(Train(out, "--set train.steps=4").exit_code, 0);
+  const std::string dir = out + "/ck/checkpoints";
+  fs::remove(dir + "/step-4/manifest.json");
+  fs::create_directory(dir + "/step-4/manifest.json");
+  const std::vector<double> before = Losses(out);
+
+  const testing::Outcome second = Train(out, "--set train.steps=8");
+  EXPECT_EQ(second.exit_code, 1) << second.stderr_text;
+  EXPECT_THAT(second.stderr_text,
+              AllOf(HasSubstr("cannot read checkpoint " + dir + "/step-4: "),
+                    HasSubstr(dir + "/step-4 could not be read (see the warnings); nothing was "
+                                    "changed and no older checkpoint was taken in its place")));
+  EXPECT_THAT(second.stderr_text, ::testing::Not(HasSubstr("resumed from")));
+  EXPECT_EQ(Losses(out), before);
+  EXPECT_TRUE(fs::is_directory(dir + "/step-4/manifest.json"));
+  EXPECT_FALSE(fs::exists(dir + "/step-6"));
 }
 
 // An explicit step-<N> folder that loads says nothing of the folder's `latest`, which names a
