@@ -66,16 +66,18 @@ void AddCkptCommand(CLI::App& app) {
       "encoder.json / vocab.bpe, or a folder holding one; default: the run's data.tokenizer; "
       "none: no tokenizer)");
   export_command->callback([export_args] {
-    if (absl::Status status = ExportCheckpoint(export_args->dir, export_args->out,
-                                               export_args->format, export_args->tokenizer);
-        !status.ok()) {
+    const absl::StatusOr<std::string> exported = ExportCheckpoint(
+        export_args->dir, export_args->out, export_args->format, export_args->tokenizer);
+    if (!exported.ok()) {
       // A wrong path or option fails the same way again, as does a file error that asks for its
       // own exit code (a full disk: 3); a damaged checkpoint is the data's.
+      const absl::Status& status = exported.status();
       Fail(status, ExitCodeOf(status).value_or(
                        absl::IsInvalidArgument(status) || absl::IsNotFound(status) ? kExitUsage
                                                                                    : kExitFailure));
     }
-    std::cout << "wrote " << export_args->out << " (" << export_args->format << ")\n";
+    std::cout << "wrote " << export_args->out << " (" << export_args->format << ") from "
+              << *exported << "\n";
   });
 
   struct BenchArgs {

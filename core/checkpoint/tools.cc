@@ -25,6 +25,7 @@
 #include "core/model/param_table.h"
 #include "core/recipe/recipe.h"
 #include "core/util/files.h"
+#include "core/util/log.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -154,7 +155,9 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
   }
   if (IsStepFolder(path)) return path;
   for (const std::string& candidate : CheckpointCandidates(path)) {
-    if (CheckpointReader::Open(candidate).ok()) return candidate;
+    const absl::StatusOr<CheckpointReader> opened = CheckpointReader::Open(candidate);
+    if (opened.ok()) return candidate;
+    LogWarn("skipping checkpoint %s: %s", candidate, opened.status().message());
   }
   return absl::NotFoundError(
       absl::StrCat(path, " holds no complete checkpoint (no step-<N> folder with a manifest)"));
@@ -202,8 +205,9 @@ InspectReport InspectCheckpoints(const std::string& path) {
   return report;
 }
 
-absl::Status ExportCheckpoint(const std::string& path, const std::string& out,
-                              const std::string& format, const std::string& tokenizer_path) {
+absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std::string& out,
+                                             const std::string& format,
+                                             const std::string& tokenizer_path) {
   ASSIGN_OR_RETURN(const std::string dir, ResolveCheckpoint(path));
   ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(dir));
   ASSIGN_OR_RETURN(const Recipe recipe,
@@ -229,7 +233,10 @@ absl::Status ExportCheckpoint(const std::string& path, const std::string& out,
         ", which the folder would ship, and it does not exist here; give its path with "
         "--tokenizer PATH, or --tokenizer none for a folder without a tokenizer"));
   }
-  if (format == "llmc") return ExportLlmc(config, table, reader, out);
+  if (format == "llmc") {
+    RETURN_IF_ERROR(ExportLlmc(config, table, reader, out));
+    return dir;
+  }
   std::vector<float> values;
   const TensorValuesFn read_tensor = [&](const TensorEntry& entry) -> absl::StatusOr<const float*> {
     values.resize(entry.numel);
@@ -256,10 +263,12 @@ absl::Status ExportCheckpoint(const std::string& path, const std::string& out,
       }
       chat_template = *std::move(recorded);
     }
-    return ExportHfFolder(config, table, read_tensor, out, tokenizer, metadata,
-                          chat_template ? &*chat_template : nullptr);
+    RETURN_IF_ERROR(ExportHfFolder(config, table, read_tensor, out, tokenizer, metadata,
+                                   chat_template ? &*chat_template : nullptr));
+    return dir;
   }
-  return ExportHfSafetensorsStreamed(config, table, read_tensor, out, metadata);
+  RETURN_IF_ERROR(ExportHfSafetensorsStreamed(config, table, read_tensor, out, metadata));
+  return dir;
 }
 
 namespace {

@@ -10,7 +10,8 @@
 
 namespace dtrain {
 
-// `path` is a step-<N> folder, or a checkpoint folder: then its newest complete checkpoint.
+// `path` is a step-<N> folder, or a checkpoint folder: then its newest complete checkpoint, with
+// a warning naming each newer one skipped and why.
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path);
 
 struct InspectReport {
@@ -29,8 +30,10 @@ InspectReport InspectCheckpoints(const std::string& path);
 // template its shards record; core/model/hf_folder.h) or "llmc"
 // (llm.c's GPT-2 model file, version 3: float32, vocabulary padded to a multiple of 128; GPT-2 with
 // d_ff = 4 d_model only). Host memory stays near one tensor. Every chunk read is checksum-verified.
-absl::Status ExportCheckpoint(const std::string& path, const std::string& out,
-                              const std::string& format, const std::string& tokenizer_path = "");
+// The step-<N> folder exported.
+absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std::string& out,
+                                             const std::string& format,
+                                             const std::string& tokenizer_path = "");
 
 // Saves `numel` floats of parameters plus AdamW's two moments (one rank) synchronously and
 // asynchronously into a new scratch folder in `parent` (created if missing; nothing else in it is

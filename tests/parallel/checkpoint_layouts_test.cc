@@ -348,8 +348,9 @@ TEST(CheckpointLayoutsExportTest, ATensorParallelCheckpointExportsAsTheSameModel
       const InspectReport report = InspectCheckpoints(dir);
       EXPECT_TRUE(report.valid) << report.text;
       exported.push_back(dir + ".safetensors");
-      const absl::Status status = ExportCheckpoint(dir, exported.back(), "safetensors");
-      ASSERT_TRUE(status.ok()) << Name(layout) << ": " << status;
+      const absl::StatusOr<std::string> status =
+          ExportCheckpoint(dir, exported.back(), "safetensors");
+      ASSERT_TRUE(status.ok()) << Name(layout) << ": " << status.status();
     }
     const std::string whole = SafetensorsData(exported[0]);
     EXPECT_GT(whole.size(), 10000u);

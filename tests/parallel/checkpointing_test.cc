@@ -319,9 +319,22 @@ TEST(CheckpointingTest, ExportWritesHuggingFaceAndLlmcFiles) {
   const testing::Outcome result =
       testing::RunDtrain(absl::StrCat("ckpt export ", out, "/ck/checkpoints --out ", exported));
   ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  EXPECT_THAT(result.stdout_text,
+              HasSubstr("(safetensors) from " + out + "/ck/checkpoints/step-2"));
   // Every tensor of the trainer's own export, bit for bit (the header's metadata differs).
   const SafetensorsContents trained = testing::ReadWeights(out + "/ck/model.safetensors");
   testing::ExpectWeightsNear(testing::ReadWeights(exported), trained, 0);
+  // A newer checkpoint that did not complete is skipped, saying so, and the export says which
+  // one it took.
+  fs::create_directories(out + "/ck/checkpoints/step-3");
+  const testing::Outcome older = testing::RunDtrain(
+      absl::StrCat("ckpt export ", out, "/ck/checkpoints --out ", out, "/older.safetensors"));
+  ASSERT_EQ(older.exit_code, 0) << older.stderr_text;
+  EXPECT_THAT(older.stderr_text,
+              HasSubstr("skipping checkpoint " + out + "/ck/checkpoints/step-3: " + out +
+                        "/ck/checkpoints/step-3 has no manifest.json"));
+  EXPECT_THAT(older.stdout_text, HasSubstr("from " + out + "/ck/checkpoints/step-2"));
+  fs::remove_all(out + "/ck/checkpoints/step-3");
 
   const std::string llmc = out + "/model.bin";
   const testing::Outcome l = testing::RunDtrain(
