@@ -52,6 +52,14 @@ void AddBenchCommand(CLI::App& app) {
     args->options.max_bytes = *max_bytes;
     absl::StatusOr<WorldEnvironment> world = RankWorldFromEnvironment();
     if (!world.ok()) Fail(world.status(), kExitFailure);
+    if (world->world_size < 2) {
+      // One rank moves nothing: its table would be copy speeds read as bandwidths.
+      Fail(absl::InvalidArgumentError(
+               "dtrain bench comm measures collectives between ranks and this world has one: "
+               "start it as training's ranks start (srun -n 2 dtrain bench comm, or "
+               "torchrun-style WORLD_SIZE, RANK, MASTER_ADDR and MASTER_PORT)"),
+           kExitUsage);
+    }
     absl::StatusOr<std::string> table = RunGlooCommBench(args->options, *world, args->hostname);
     if (!table.ok()) Fail(table.status(), kExitFailure);
     std::cout << *table << std::flush;

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "core/recipe/recipe.h"
 #include "core/util/exit_codes.h"
+#include "launch/environment.h"
 
 namespace dtrain::cli {
 
@@ -37,6 +38,11 @@ CLI::Validator Positive();
 // overrides, validated, its model within dtrain's size bound (core/model/model_size.h).
 absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
                                           const std::vector<std::string>& overrides);
+
+// InvalidArgument for a world of ranks started without the agent (srun, torchrun) that spans
+// several nodes with no DTRAIN_RDZV_TOKEN: rank 0's rendezvous store admits the ranks of other
+// hosts only with the job's shared secret, and they would wait out their timeout.
+absl::Status CheckCrossNodeToken(const WorldEnvironment& world);
 
 // Prints "error: <message>" to stderr and ends the command with `exit_code`.
 [[noreturn]] void Fail(const absl::Status& status, int exit_code);

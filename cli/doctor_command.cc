@@ -85,6 +85,8 @@ void AddDoctorCommand(CLI::App& app) {
       if (doctor::AnyFailed(*results)) throw CLI::RuntimeError(kExitFailure);
       return;
     }
+    // As `dtrain train` refuses it: the nodes would wait out --timeout-s, blaming the network.
+    if (absl::Status status = CheckCrossNodeToken(*world); !status.ok()) Fail(status, kExitUsage);
     std::optional<ClusterSpec> cluster;
     doctor::ClusterDoctorOptions cluster_options;
     cluster_options.env = options.env;

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "core/data/datasets.h"
 #include "core/recipe/recipe.h"
+#include "core/util/log.h"
 #include "core/util/status.h"
 #include "launch/gpus.h"
 #include "launch/launcher.h"
@@ -79,6 +80,13 @@ void AddLaunchCommand(CLI::App& app) {
         LoadTrainingRecipe(args->launch.recipe_path, args->launch.overrides);
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     LaunchOptions& launch = args->launch;
+    if (launch.max_restarts > 0 && recipe->checkpoint.interval == 0) {
+      LogWarn(
+          "--max-restarts %d restarts failed workers from the newest checkpoint, and "
+          "checkpoint.interval is 0: none is saved on the way (only at the end, on SIGTERM and "
+          "on SIGUSR1), so a restart trains from step 1 again; set checkpoint.interval",
+          launch.max_restarts);
+    }
     launch.recipe_threads = recipe->run.threads;
     launch.check_world = [layout = *recipe](int world_size, int num_nodes) {
       RETURN_IF_ERROR(CheckRecipeFitsWorld(layout, world_size));

@@ -68,6 +68,15 @@ absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
   return recipe;
 }
 
+absl::Status CheckCrossNodeToken(const WorldEnvironment& world) {
+  if (world.num_nodes == 1 || !world.rdzv_token.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "this world spans ", world.num_nodes,
+      " nodes, and rank 0's rendezvous store admits ranks of other hosts only with a shared "
+      "secret: export DTRAIN_RDZV_TOKEN=$(openssl rand -hex 32) before srun (as "
+      "scripts/slurm/train.sbatch does), or start the ranks with `dtrain launch`"));
+}
+
 void Fail(const absl::Status& status, int exit_code) {
   // One write: a process stopped while it prints (another rank failed first) leaves no half line.
   std::cerr << absl::StrCat("error: ", status.message(), "\n");

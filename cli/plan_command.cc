@@ -65,6 +65,7 @@ void AddPlanCommand(CLI::App& app) {
     absl::StatusOr<Plan> plan =
         SearchLayouts(WorkloadFromRecipe(*recipe, Precision::OnGpus(*recipe)), *cluster, options);
     if (!plan.ok()) Fail(plan.status(), kExitUsage);
+    plan->recipe_layout = RecipeLayout(*recipe, cluster->world_size());
     if (args->json) {
       std::cout << PlanJson(*plan, args->recipe_path, args->top)
                        .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)

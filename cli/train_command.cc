@@ -38,15 +38,7 @@ void AddTrainCommand(CLI::App& app) {
     SetLogLevel(level);
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     if (!world.ok()) Fail(world.status(), kExitFailure);
-    // Rank 0's rendezvous store admits the ranks of other hosts only with the job's secret.
-    if (world->num_nodes > 1 && world->rdzv_token.empty()) {
-      Fail(absl::InvalidArgumentError(absl::StrCat(
-               "this world spans ", world->num_nodes,
-               " nodes, and rank 0's rendezvous store admits ranks of other hosts only with a "
-               "shared secret: export DTRAIN_RDZV_TOKEN=$(openssl rand -hex 32) before srun (as "
-               "scripts/slurm/train.sbatch does), or start the ranks with `dtrain launch`")),
-           kExitUsage);
-    }
+    if (absl::Status status = CheckCrossNodeToken(*world); !status.ok()) Fail(status, kExitUsage);
     if (absl::Status status = CheckRecipeFitsWorld(*recipe, world->world_size); !status.ok()) {
       Fail(status, kExitUsage);
     }

@@ -687,8 +687,11 @@ Outcome Agent::Watch(int attempt) {
       const absl::StatusOr<int64_t> connected = Counter(AgentKey(attempt, "connected"));
       if (connected.ok() && *connected == world_size_) {
         reported_rendezvous_ = true;
-        LogInfo("all %d workers past rendezvous %.3f s after they were started", world_size_,
-                absl::ToDoubleSeconds(absl::Now() - started_at_));
+        LogInfo("%s past rendezvous %.3f s after %s started",
+                world_size_ == 1 ? std::string("the worker")
+                                 : absl::StrCat("all ", world_size_, " workers"),
+                absl::ToDoubleSeconds(absl::Now() - started_at_),
+                world_size_ == 1 ? "it was" : "they were");
       }
     }
   }

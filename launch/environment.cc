@@ -190,6 +190,25 @@ bool HasPetVariables(const Env& env) {
   return env.HasAny({"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK"});
 }
 
+// MASTER_PORT, or the port after it where torchrun's agent serves its own store (a PyTorch
+// TCPStore, which dtrain's store protocol is not) on MASTER_PORT: TORCHELASTIC_USE_AGENT_STORE
+// True, under the static rendezvous and, since PyTorch 2.4, c10d's (unless
+// TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1). Rank 0's node is MASTER_ADDR's there too.
+std::optional<Candidate> TorchrunMasterPort(const Env& env) {
+  std::optional<Candidate> port = env.First({"MASTER_PORT"});
+  const std::optional<std::string> agent_store = env.Get("TORCHELASTIC_USE_AGENT_STORE");
+  int number = 0;
+  if (!port || !agent_store || !absl::EqualsIgnoreCase(*agent_store, "true") ||
+      !absl::SimpleAtoi(port->text, &number) || number < 1 || number >= 65535) {
+    return port;
+  }
+  return Derived(absl::StrCat(number + 1),
+                 absl::StrCat("derived from MASTER_PORT=", number,
+                              " + 1: torchrun's agent serves its own store on MASTER_PORT "
+                              "(TORCHELASTIC_USE_AGENT_STORE=",
+                              *agent_store, ")"));
+}
+
 // torchrun's workers. RANK and WORLD_SIZE alone are a hand-started torchrun-style process,
 // unless Kubeflow's PET_* variables say they are PyTorchJob's pod index and pod count.
 // MASTER_ADDR / MASTER_PORT count whoever set them (a batch script, PyTorchJob).
@@ -208,7 +227,7 @@ Layer TorchrunLayer(const Env& env, bool node_level) {
     }
   }
   layer.Add("master_addr", env.First({"MASTER_ADDR"}));
-  layer.Add("master_port", env.First({"MASTER_PORT"}));
+  layer.Add("master_port", TorchrunMasterPort(env));
   layer.Add("run_id", env.First({"TORCHELASTIC_RUN_ID"}));
   layer.Add("restart_count", env.First({"TORCHELASTIC_RESTART_COUNT"}));
   return layer;
@@ -544,6 +563,35 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
     world.source = WorldSource::kDtrain;
   } else if (primary != nullptr) {
     world.source = primary->source;
+  }
+
+  // A torchrun-style process names its rank and its world together: WORLD_SIZE alone made every
+  // process rank 0, and RANK alone (a batch shell's `export RANK=$SLURM_PROCID`, the same in every
+  // task) made each a world of one, over a launcher below that placed them all.
+  if (primary != nullptr && primary->source == WorldSource::kTorchrun && !node_level) {
+    const Layer* below = nullptr;
+    for (const Layer* layer = primary + 1; layer < layers.data() + layers.size() && !below;
+         ++layer) {
+      if (layer->HasShape()) below = layer;
+    }
+    const auto instead = [below](absl::string_view variable) {
+      return below == nullptr ? std::string()
+                              : absl::StrCat(", or unset ", variable, " so that ",
+                                             WorldSourceName(below->source), "'s ranks apply");
+    };
+    if (given_by("world_size", WorldSource::kTorchrun) && !given("rank") &&
+        shape["world_size"].value > 1) {
+      return ShapeError(absl::StrCat(Describe("world size", shape["world_size"]),
+                                     " without RANK would make every process rank 0: set RANK "
+                                     "(and LOCAL_RANK) in each process",
+                                     instead("WORLD_SIZE")));
+    }
+    if (given_by("rank", WorldSource::kTorchrun) && !given("world_size") && below != nullptr) {
+      return ShapeError(absl::StrCat(Describe("rank", shape["rank"]),
+                                     " without WORLD_SIZE would make each process a world of one: "
+                                     "set WORLD_SIZE",
+                                     instead("RANK")));
+    }
   }
 
   for (const char* field : {"world_size", "num_nodes"}) {

@@ -223,8 +223,9 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     std::error_code error;
     std::filesystem::create_directories(agent.log_dir, error);
   }
-  LogInfo("node %d of %d (%s): %d workers, master %s:%s, run %s", node.node_rank, node.num_nodes,
-          WorldSourceName(node.source), agent.nproc_per_node, node.master_addr,
+  LogInfo("node %d of %d (%s): %d worker%s, master %s:%s, run %s", node.node_rank, node.num_nodes,
+          WorldSourceName(node.source), agent.nproc_per_node, agent.nproc_per_node == 1 ? "" : "s",
+          node.master_addr,
           node.master_port == 0 ? "any free port" : absl::StrCat(node.master_port),
           node.run_id.empty() ? "named by run.name" : node.run_id);
   return RunAgent(node, agent);

@@ -371,7 +371,15 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader, int 
     resume = "auto";
   }
   ASSIGN_OR_RETURN(const int64_t step, LoadResumeStep(loader, resume));
-  if (rank_ == 0) SetAsideLaterCheckpoints(step);
+  if (rank_ == 0) {
+    if (restart_count > 0 && step == 0) {
+      LogWarn(
+          "restart %d: no checkpoint in %s, so training starts over from step 1 (set "
+          "checkpoint.interval to save on the way)",
+          restart_count, dir_);
+    }
+    SetAsideLaterCheckpoints(step);
+  }
   return step;
 }
 
@@ -412,9 +420,14 @@ absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& load
     std::error_code error;
     if (!fs::exists(resume, error)) {
       return WithExitCode(
-          absl::NotFoundError(absl::StrCat("checkpoint.resume: ", resume,
-                                           " does not exist; give a step-<N> folder, a "
-                                           "checkpoint folder, auto or never")),
+          absl::NotFoundError(absl::StrCat(
+              "checkpoint.resume: ", resume, " does not exist",
+              fs::path(resume).is_relative()
+                  ? absl::StrCat(" (a relative path is from the folder dtrain runs in, ",
+                                 fs::current_path(error).string(),
+                                 ", not from the run folder as checkpoint.dir's)")
+                  : "",
+              "; give a step-<N> folder, a checkpoint folder, auto or never")),
           kExitUsage);
     }
     if (IsStepFolder(resume)) {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/util/exit_codes.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "parallel/comm/backend_memory_guard.h"
@@ -144,11 +145,13 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
   } else {
     const absl::StatusOr<std::string> zero = store.Get(job_key, deadline - absl::Now());
     if (!zero.ok()) return waited(zero.status());
+    // Another recipe or world on one rank is the command line's error (exit 2): every restart
+    // would meet it again.
     const absl::Status verdict = CompareWithRankZero(world, job, *zero);
     if (!verdict.ok()) {
       RETURN_IF_ERROR(
           store.Set(settled_key, absl::StrCat("refused\n", world.rank, "\n", verdict.message())));
-      return verdict;
+      return WithExitCode(verdict, kExitUsage);
     }
   }
   RETURN_IF_ERROR(store.Set(checked_in(world.rank), ""));
@@ -163,7 +166,7 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
     return absl::DataLossError(absl::StrCat("rendezvous key ", settled_key, " holds '", *settled,
                                             "', not a verdict of dtrain's ranks"));
   }
-  absl::Status error = absl::FailedPreconditionError(refused[2]);
+  absl::Status error = WithExitCode(absl::FailedPreconditionError(refused[2]), kExitUsage);
   SetFaultyRanks(error, {differing});
   return error;
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/checkpoint/crc32c.h"
 #include "core/util/status.h"
 #include "nlohmann/json.hpp"
 
@@ -80,6 +81,16 @@ std::string DumpForSave(const Json& j) {
   return j.dump(1, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
+// The manifest's own checksum: CRC32C of its compact dump without the "crc32c" field (keys in
+// nlohmann's sorted order, numbers in their shortest round-trip form, so that a manifest read
+// back dumps to the same bytes). The chunks carry theirs; this covers the step, learning rate,
+// data cursors and chunk table, where a flipped digit would resume at another data position.
+uint32_t ManifestCrc(Json j) {
+  j.erase("crc32c");
+  const std::string compact = j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return Crc32c(0, compact.data(), compact.size());
+}
+
 }  // namespace
 
 std::vector<int64_t> ChunkShape(const Manifest& manifest, const TensorRecord& tensor) {
@@ -147,6 +158,7 @@ std::string ManifestToJson(const Manifest& m) {
          {"chunks", chunks},
          {"metrics_line", m.metrics_line},
          {"recipe", m.recipe_yaml}};
+  j["crc32c"] = ManifestCrc(j);
   return DumpForSave(j);
 }
 
@@ -154,6 +166,11 @@ absl::StatusOr<Manifest> ManifestFromJson(const std::string& text, const std::st
   return ParseJson<Manifest>(text, path, [&](const Json& j) {
     if (j.at("format").get<std::string>() != "dtrain-checkpoint") {
       throw std::runtime_error("\"format\" is not dtrain-checkpoint");
+    }
+    // Manifests written before the field have none to check.
+    if (j.contains("crc32c") && j.at("crc32c").get<uint32_t>() != ManifestCrc(j)) {
+      throw std::runtime_error(
+          "its checksum does not match its contents: it was edited or damaged");
     }
     Manifest m;
     m.format_version = j.at("format_version").get<int>();

@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "core/model/model_config.h"
 #include "core/util/files.h"
@@ -562,6 +563,21 @@ std::string KeyHint(absl::string_view section, absl::string_view name) {
   return "`dtrain recipe reference` lists every key";
 }
 
+// The likely fix of a recipe yaml-cpp cannot parse: a tab in an indentation (YAML indents with
+// spaces only, and yaml-cpp's message does not say so), else the usual slips.
+std::string YamlErrorHint(absl::string_view text) {
+  int line = 1;
+  for (absl::string_view row : absl::StrSplit(text, '\n')) {
+    const size_t indent = row.find_first_not_of(" \t");
+    if (row.substr(0, indent).find('\t') != absl::string_view::npos) {
+      return absl::StrCat("line ", line, " is indented with a tab: YAML indents with spaces only");
+    }
+    ++line;
+  }
+  return "check the indentation (each key of a section two spaces in), the ': ' after each key, "
+         "and quotes around a value holding ': ' or ' #'";
+}
+
 // For an unknown top-level name: the closest section, or a key when a key was put at the top.
 absl::string_view NearestSectionOrKey(absl::string_view name) {
   absl::string_view best;
@@ -789,7 +805,8 @@ class Parser {
     try {
       documents = YAML::LoadAll(yaml_text);
     } catch (const YAML::Exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat(At(e.mark), ": not valid YAML: ", e.msg));
+      return absl::InvalidArgumentError(
+          absl::StrCat(At(e.mark), ": not valid YAML: ", e.msg, "; ", YamlErrorHint(yaml_text)));
     }
     if (documents.size() > 1) {
       return absl::InvalidArgumentError(absl::StrCat(source_name_, ": holds ", documents.size(),

@@ -152,7 +152,7 @@ std::vector<CheckResult> RdmaChecks(const NetworkInventory& inventory, const Clu
                          : absl::StrCat("no ACTIVE ", roce ? "RoCE (Ethernet) port with a RoCE "
                                                              "v2 GID"
                                                            : "InfiniBand port")),
-        absl::StrCat("load the RDMA driver (mlx5_ib) and bring a ", roce ? "RoCE" : "InfiniBand",
+        absl::StrCat("load the RDMA driver (mlx5_ib) and bring ", roce ? "a RoCE" : "an InfiniBand",
                      " port up (ibv_devinfo), or set cluster.network to the network this "
                      "cluster has (dtrain plan --catalog: eth-25, eth-100 for TCP sockets)")));
   } else if (needed) {

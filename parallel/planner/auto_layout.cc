@@ -1,6 +1,7 @@
 #include "parallel/planner/auto_layout.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "absl/algorithm/container.h"
@@ -141,6 +142,29 @@ absl::Status ApplyLayout(const Layout& layout, Recipe& recipe) {
   recipe.parallel.recompute = std::string(RecomputeName(layout.recompute));
   recipe.train.micro_batch = layout.micro_batch;
   return absl::OkStatus();
+}
+
+std::optional<Layout> RecipeLayout(const Recipe& recipe, int world_size) {
+  const ParallelSection& parallel = recipe.parallel;
+  const int tp_pp = parallel.tp * parallel.pp;
+  if (parallel.strategy == "auto" || tp_pp <= 0 || world_size % tp_pp != 0) return std::nullopt;
+  Layout layout{.tp = parallel.tp,
+                .pp = parallel.pp,
+                .dp = world_size / tp_pp,
+                .micro_batch = recipe.train.micro_batch,
+                .sequence_parallel = parallel.sequence_parallel && parallel.tp > 1};
+  for (const Strategy strategy :
+       {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3, Strategy::kFsdp}) {
+    if (StrategyName(strategy) == parallel.strategy) layout.strategy = strategy;
+  }
+  if (parallel.pp > 1) {
+    layout.schedule = ParsePipelineSchedule(parallel.pp_schedule).value_or(layout.schedule);
+    if (layout.schedule == PipelineSchedule::kInterleaved) {
+      layout.virtual_stages = parallel.pp_virtual_stages;
+    }
+  }
+  layout.recompute = ParseRecompute(parallel.recompute).value_or(Recompute::kNone);
+  return layout;
 }
 
 }  // namespace dtrain

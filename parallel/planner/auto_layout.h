@@ -6,6 +6,7 @@
 // replaced; no runnable layout that fits is an error.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,5 +60,10 @@ absl::StatusOr<Plan> PlanForMemory(const Recipe& recipe, int nodes, int ranks_pe
 // train.micro_batch from `layout` (the schedule only with pp > 1).
 // InvalidArgument for a layout the recipe cannot express (optimizer offload).
 absl::Status ApplyLayout(const Layout& layout, Recipe& recipe);
+
+// The layout that the recipe's parallel keys and train.micro_batch give on `world_size` ranks
+// (ApplyLayout's inverse); nullopt for parallel.strategy auto, or a tp x pp that does not divide
+// the world.
+std::optional<Layout> RecipeLayout(const Recipe& recipe, int world_size);
 
 }  // namespace dtrain

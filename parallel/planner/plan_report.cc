@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -150,6 +151,14 @@ int CountInvalid(const Plan& plan) {
 }
 
 }  // namespace
+
+const Candidate* RecipeCandidate(const Plan& plan) {
+  if (!plan.recipe_layout) return nullptr;
+  const auto own = absl::c_find_if(plan.candidates, [&](const Candidate& candidate) {
+    return candidate.layout == *plan.recipe_layout;
+  });
+  return own == plan.candidates.end() ? nullptr : &*own;
+}
 
 std::vector<const Candidate*> Alternatives(const Plan& plan, int top_n) {
   std::vector<const Candidate*> shown;
@@ -431,6 +440,14 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
                   "   step ms  MFU %  verdict\n");
   if (chosen != nullptr) absl::StrAppend(&out, TableRow(*chosen));
   for (const Candidate* c : Alternatives(plan, top_n)) absl::StrAppend(&out, TableRow(*c));
+  if (plan.recipe_layout) {
+    absl::StrAppend(&out, "The recipe's own layout (parallel.*, train.micro_batch):\n");
+    const Candidate* own = RecipeCandidate(plan);
+    absl::StrAppend(&out, own != nullptr ? TableRow(*own)
+                                         : absl::StrCat("  ", DescribeLayout(*plan.recipe_layout),
+                                                        ": not a layout the planner searches "
+                                                        "for this cluster\n"));
+  }
 
   if (chosen != nullptr) {
     absl::StrAppendFormat(&out, "\nNetwork environment (%s):\n",
@@ -491,6 +508,7 @@ nlohmann::json PlanJson(const Plan& plan, const std::string& recipe_path, int to
   for (const Candidate* alternative : Alternatives(plan, top_n)) {
     out["alternatives"].push_back(CandidateJson(*alternative));
   }
+  if (const Candidate* own = RecipeCandidate(plan)) out["recipe_layout"] = CandidateJson(*own);
   if (chosen != nullptr) {
     nlohmann::json env = nlohmann::json::object();
     for (const auto& [setting, why] : NetworkEnvironment(c)) {

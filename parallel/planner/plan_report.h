@@ -18,6 +18,9 @@ namespace dtrain {
 // The candidates to show after the recommendation, at most `top_n`.
 std::vector<const Candidate*> Alternatives(const Plan& plan, int top_n);
 
+// The candidate of plan.recipe_layout; nullptr when the plan has none or did not search it.
+const Candidate* RecipeCandidate(const Plan& plan);
+
 // `export NAME=value  # why` lines for NCCL on this cluster's network, and the collective
 // timeout to use for a step of `step_ms`.
 std::vector<std::pair<std::string, std::string>> NetworkEnvironment(const ClusterSpec& cluster);

@@ -7,6 +7,7 @@
 // when nothing fits without it. Pure and thread-safe.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,8 @@ struct Plan {
   int recommended = -1;               // index into candidates; -1 when no layout fits
   double usable_gib = 0;              // per GPU, after the margin
   double search_ms = 0;               // wall time of the search
+  // The recipe's own layout (RecipeLayout), which `dtrain plan` shows beside the recommendation.
+  std::optional<Layout> recipe_layout;
 
   const Candidate* recommendation() const {
     return recommended < 0 ? nullptr : &candidates[recommended];

@@ -77,7 +77,7 @@ def main():
                 "--redirects=1", "--tee=1", str(worker)]
     ours, theirs = [], []
     for _ in range(args.runs):
-        ours.append(time_until(dtrain, f"all {n} workers past rendezvous"))
+        ours.append(time_until(dtrain, " past rendezvous "))
         theirs.append(time_until(torchrun, "all ranks past rendezvous"))
     a, b = statistics.median(ours), statistics.median(theirs)
     print(f"{'launcher':<10} {'workers':>7} {'median s':>9} {'min s':>7} {'max s':>7}")

@@ -87,6 +87,14 @@ TEST(CliTest, MistypedCommandsAndOptionsGetTheNearestName) {
   EXPECT_THAT(RunDtrain("plan --top 5000 x.yaml").stderr_text, HasSubstr("not in range"));
 }
 
+// One rank has no collective to measure: a usage error, not a table of copy speeds.
+TEST(CliTest, BenchCommOnOneRankIsAUsageError) {
+  const Outcome outcome = RunDtrain("bench comm");
+  EXPECT_EQ(outcome.exit_code, 2) << outcome.stdout_text;
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("this world has one"));
+  EXPECT_EQ(outcome.stdout_text, "");
+}
+
 // Data that is not on this machine is a warning from `recipe check` (the nodes that train may
 // see other files), which still prints the recipe.
 TEST(CliTest, RecipeCheckWarnsOfLocalDataThatIsNotHere) {

@@ -124,6 +124,29 @@ TEST(PlanCommandTest, NothingFittingNamesTheNodesThatWouldInTextAndJson) {
               HasSubstr("plan with cluster.nodes 32, or GPUs with more memory"));
 }
 
+// The recipe's own layout is shown beside the recommendation, however far down the ranking it
+// is (llama-7b's fsdp with full recomputation at micro-batch 1), in text and JSON.
+TEST(PlanCommandTest, TheRecipesOwnLayoutIsShown) {
+  const std::string recipe = absl::StrCat(DTRAIN_SOURCE_DIR, "/configs/llama-7b.yaml");
+  const testing::Outcome text = testing::RunDtrain(absl::StrCat("plan ", recipe, " --top 1"));
+  ASSERT_EQ(text.exit_code, 0) << text.stderr_text;
+  EXPECT_THAT(text.stdout_text,
+              HasSubstr("The recipe's own layout (parallel.*, train.micro_batch):\n  fsdp       1 "
+                        "  1     8   1 full"));
+  const testing::Outcome json =
+      testing::RunDtrain(absl::StrCat("plan ", recipe, " --json --top 1"));
+  ASSERT_EQ(json.exit_code, 0) << json.stderr_text;
+  const nlohmann::json own = nlohmann::json::parse(json.stdout_text)["recipe_layout"];
+  EXPECT_EQ(own["strategy"], "fsdp");
+  EXPECT_EQ(own["recompute"], "full");
+  EXPECT_EQ(own["micro_batch"], 1);
+  EXPECT_EQ(own["dp"], 8);
+  // parallel.strategy auto has none of its own.
+  const testing::Outcome automatic =
+      testing::RunDtrain(absl::StrCat("plan ", recipe, " --set parallel.strategy=auto"));
+  EXPECT_THAT(automatic.stdout_text, ::testing::Not(HasSubstr("The recipe's own layout")));
+}
+
 // A model above dtrain's parameter bound is the recipe's error, as `recipe check` and `train`
 // say (exit 2), not a layout search that asks for more nodes.
 TEST(PlanCommandTest, AModelAboveTheParameterBoundIsARecipeError) {

@@ -56,10 +56,15 @@ def manifest_env(spec, annotations):
 
 
 def resolve(spec, env):
-    """`dtrain env --json` with the flags of the pod's `dtrain launch RECIPE FLAGS...`."""
+    """`dtrain env --json` with the world's flags of the pod's `dtrain launch RECIPE FLAGS...`
+    (not --max-restarts, the agent's own)."""
     command = spec["command"]
     assert command[:2] == ["dtrain", "launch"], f"pods run dtrain launch, not {command}"
-    result = subprocess.run([DTRAIN, "env", "--json", *command[3:]], env=env,
+    flags = list(command[3:])
+    if "--max-restarts" in flags:
+        at = flags.index("--max-restarts")
+        del flags[at:at + 2]
+    result = subprocess.run([DTRAIN, "env", "--json", *flags], env=env,
                             capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 0, f"dtrain env failed for {env}: {result.stderr}"
     return json.loads(result.stdout)

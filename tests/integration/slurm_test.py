@@ -170,7 +170,14 @@ class SlurmTest(unittest.TestCase):
         self.assertIn("export DTRAIN_RDZV_TOKEN", output)
 
     def test_doctor_summarises_both_nodes(self):
-        code, output = sbatch("doctor", f"srun -N2 --ntasks=2 --ntasks-per-node=1 {DTRAIN} doctor "
+        # Without DTRAIN_RDZV_TOKEN it stops at once, as training does: n2's checks would wait
+        # out the timeout on a real cluster (here n2 shares the master's loopback).
+        code, output = sbatch("doctor_notoken", f"srun -N2 --ntasks=2 --ntasks-per-node=1 "
+                                                f"{DTRAIN} doctor {recipe('doctor', 1)}")
+        self.assertNotEqual(code, 0, output)
+        self.assertIn("this world spans 2 nodes", output)
+        code, output = sbatch("doctor", f"export DTRAIN_RDZV_TOKEN=doctor-test\n"
+                                        f"srun -N2 --ntasks=2 --ntasks-per-node=1 {DTRAIN} doctor "
                                         f"{recipe('doctor', 1)} --timeout-s 30")
         # One summary, from node 0 (n1): n2's report is in it, and n2 printed nothing of its own.
         self.assertEqual(output.count("== verdict per node"), 1, output)

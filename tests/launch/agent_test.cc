@@ -545,6 +545,13 @@ TEST(AgentTest, KilledWorkerRestartsTheGroup) {
   EXPECT_THAT(launch.output(), HasSubstr("restarting the workers (restart 1 of 1)"));
   EXPECT_THAT(launch.output(), HasSubstr("every worker finished"));
   EXPECT_THAT(launch.output(), HasSubstr("step 40/40"));
+  // Without checkpoint.interval the restart trains from step 1 again: said at the start and at
+  // the restart.
+  EXPECT_THAT(launch.output(), HasSubstr("--max-restarts 1 restarts failed workers from the newest "
+                                         "checkpoint, and checkpoint.interval is 0"));
+  EXPECT_THAT(launch.output(),
+              HasSubstr("restart 1: no checkpoint in " + out +
+                        "/agent/checkpoints, so training starts over from step 1"));
 }
 
 // A restart resumes what the earlier attempt saved even under checkpoint.resume: never, which
@@ -925,13 +932,14 @@ TEST(AgentTest, NodesWithOtherWorkerCountsStopAtTheRendezvous) {
 
 // Node 1 was given another --set: its rank differs from rank 0's recipe, and both ranks fail at
 // once. Rank 0 may well end first, yet the root cause is rank 1, which rank 0's error blames.
+// A usage error (exit 2): the restarts are not spent on it.
 TEST(AgentTest, ARankWithAnotherRecipeIsTheRootCause) {
   const std::string recipe = Recipe("differs", 4);
   const std::string out = OutDir("differs");
   const int port = testing::FreeTcpPort();
   std::vector<std::unique_ptr<Launch>> pods;
   for (int pod = 0; pod < 2; ++pod) {
-    std::vector<std::string> args = {recipe, "--set", "run.out_dir=" + out};
+    std::vector<std::string> args = {recipe, "--set", "run.out_dir=" + out, "--max-restarts=2"};
     if (pod == 1) args.insert(args.end(), {"--set", "model.n_layer=3"});
     pods.push_back(std::make_unique<Launch>(
         args, std::vector<std::string>{
@@ -939,10 +947,11 @@ TEST(AgentTest, ARankWithAnotherRecipeIsTheRootCause) {
                   "PET_MASTER_ADDR=127.0.0.1", absl::StrCat("PET_MASTER_PORT=", port),
                   "DTRAIN_RDZV_TOKEN=differs-test-token"}));
   }
-  for (int pod = 1; pod >= 0; --pod) EXPECT_EQ(pods[pod]->Wait(absl::Seconds(120)), 1);
+  for (int pod = 1; pod >= 0; --pod) EXPECT_EQ(pods[pod]->Wait(absl::Seconds(120)), 2);
   EXPECT_THAT(pods[0]->output(), HasSubstr("Root cause: rank 1 on node 1"));
   EXPECT_THAT(pods[0]->output(),
               HasSubstr("`model.n_layer: 3` there, `model.n_layer: 2` on rank 0"));
+  EXPECT_THAT(pods[0]->output(), Not(HasSubstr("restarting the workers")));
 }
 
 // Rank 1 exits 0 at once, before the job is done; rank 0 would wait for it in rendezvous and

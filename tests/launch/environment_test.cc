@@ -11,6 +11,7 @@
 namespace dtrain {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 WorldEnvironment Resolve(const EnvironmentMap& env, const WorldOverrides& flags = {}) {
@@ -93,6 +94,26 @@ TEST(EnvironmentTest, TorchrunWorker) {
   EXPECT_EQ(world.provenance.at("num_nodes"), "derived from world_size / local_world_size");
   EXPECT_EQ(world.provenance.at("master_addr"), "MASTER_ADDR=node0");
   EXPECT_EQ(world.provenance.at("max_restarts"), "TORCHELASTIC_MAX_RESTARTS=3");
+}
+
+// Under torchrun's static rendezvous, and c10d's since PyTorch 2.4, its agent serves a PyTorch
+// TCPStore on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True): dtrain's store takes the next
+// port, where rank 1 once met torchrun's store and failed its handshake.
+TEST(EnvironmentTest, TorchrunsAgentStoreKeepsMasterPortAndDtrainTakesTheNext) {
+  EnvironmentMap env = {{"RANK", "1"},
+                        {"LOCAL_RANK", "1"},
+                        {"WORLD_SIZE", "2"},
+                        {"LOCAL_WORLD_SIZE", "2"},
+                        {"MASTER_ADDR", "n0"},
+                        {"MASTER_PORT", "29654"},
+                        {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  const WorldEnvironment shared = Resolve(env);
+  EXPECT_EQ(shared.master_port, 29655);
+  EXPECT_EQ(shared.provenance.at("master_port"),
+            "derived from MASTER_PORT=29654 + 1: torchrun's agent serves its own store on "
+            "MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True)");
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_EQ(Resolve(env).master_port, 29654);
 }
 
 // torchrun numbers its workers node by node; a RANK off that count (a stale export) would put two
@@ -396,6 +417,27 @@ TEST(EnvironmentTest, TorchrunUnderSlurmWinsForTheShape) {
   EXPECT_EQ(world.local_world_size, 4);
   EXPECT_EQ(world.num_nodes, 2);
   EXPECT_EQ(world.run_id, "1234.0");  // torchrun names no run here: Slurm's id is next
+}
+
+// Half of torchrun's pair in a Slurm step (a batch script's `export WORLD_SIZE=$SLURM_NTASKS`, or
+// `export RANK=$SLURM_PROCID`, the same in every task) placed every task at rank 0, or each in a
+// world of one: an error naming the variable and Slurm's ranks as the fix.
+TEST(EnvironmentTest, HalfOfTorchrunsPairIsAnError) {
+  EnvironmentMap world_only = SlurmStepTask();
+  world_only["WORLD_SIZE"] = "8";
+  EXPECT_THAT(Error(world_only),
+              AllOf(HasSubstr("world size 8 (WORLD_SIZE=8) without RANK would make every "
+                              "process rank 0"),
+                    HasSubstr("or unset WORLD_SIZE so that slurm's ranks apply")));
+  EnvironmentMap rank_only = SlurmStepTask();
+  rank_only["RANK"] = "0";
+  EXPECT_THAT(Error(rank_only),
+              AllOf(HasSubstr("rank 0 (RANK=0) without WORLD_SIZE would make each process a "
+                              "world of one"),
+                    HasSubstr("or unset RANK so that slurm's ranks apply")));
+  // Alone, RANK=0 is a one-process world as before; WORLD_SIZE > 1 alone still is not.
+  EXPECT_EQ(Resolve({{"RANK", "0"}}).world_size, 1);
+  EXPECT_THAT(Error({{"WORLD_SIZE", "2"}}), HasSubstr("without RANK"));
 }
 
 TEST(EnvironmentTest, DtrainVariablesWinOverEverything) {

@@ -178,6 +178,19 @@ TEST(CheckpointingTest, ACheckpointThatCannotBeReadIsNotReplacedByAnOlderOne) {
   EXPECT_FALSE(fs::exists(dir + "/step-6"));
 }
 
+// A checkpoint.resume path that does not exist is a usage error; a relative one says where it
+// was looked for, which is not the run folder that checkpoint.dir is relative to.
+TEST(CheckpointingTest, AResumePathThatDoesNotExistSaysWhereItWasLookedFor) {
+  const std::string out = testing::TempPath("ckpt_resume_missing_run");
+  fs::remove_all(out);
+  const testing::Outcome missing = Train(out, "--set checkpoint.resume=checkpoints/step-2");
+  EXPECT_EQ(missing.exit_code, 2) << missing.stderr_text;
+  EXPECT_THAT(missing.stderr_text,
+              HasSubstr("checkpoint.resume: checkpoints/step-2 does not exist (a relative path is "
+                        "from the folder dtrain runs in, " +
+                        fs::current_path().string() + ", not from the run folder"));
+}
+
 // An explicit step-<N> folder that loads says nothing of the folder's `latest`, which names a
 // newer checkpoint that is fine.
 TEST(CheckpointingTest, AnOlderCheckpointGivenByPathLeavesLatestAlone) {

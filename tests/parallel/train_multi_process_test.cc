@@ -151,7 +151,7 @@ TEST(TrainMultiProcessTest, RanksOfDifferentJobsFailNamingTheDifference) {
       });
   for (const testing::RankResult& rank : deeper) {
     EXPECT_FALSE(rank.timed_out) << rank.output;
-    EXPECT_EQ(rank.exit_code, 1) << rank.output;
+    EXPECT_EQ(rank.exit_code, 2) << rank.output;  // a usage error, which no restart mends
     EXPECT_THAT(rank.output, HasSubstr("rank 1's resolved recipe differs from rank 0's: "
                                        "`model.n_layer: 3` there, `model.n_layer: 2` on rank 0"));
   }
@@ -163,7 +163,7 @@ TEST(TrainMultiProcessTest, RanksOfDifferentJobsFailNamingTheDifference) {
         }
         return ExecTrain(recipe, sets);
       });
-  EXPECT_EQ(wider[1].exit_code, 1) << wider[1].output;
+  EXPECT_EQ(wider[1].exit_code, 2) << wider[1].output;
   EXPECT_THAT(wider[1].output,
               HasSubstr("rank 1 was started for a world of 4 ranks, rank 0 for 2"));
 }

@@ -21,6 +21,7 @@ inline void RewriteAsVersion1(const std::string& step_dir) {
   const std::string path = step_dir + "/manifest.json";
   Json manifest = Json::parse(std::ifstream(path));
   manifest["format_version"] = 1;
+  manifest.erase("crc32c");  // which version 1 did not write
   std::map<std::string, std::vector<int64_t>> shapes;
   for (Json& tensor : manifest["tensors"]) {
     shapes[tensor["name"]] = tensor["shape"].get<std::vector<int64_t>>();

@@ -15,6 +15,7 @@
 #include "core/util/files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/core/checkpoint/checkpoint_test_util.h"
 
 namespace dtrain {
@@ -139,6 +140,30 @@ TEST(CheckpointReaderTest, ADamagedManifestIsRejected) {
   const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-2");
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(reader.status().message(), HasSubstr("manifest.json"));
+}
+
+// The manifest checks itself: a digit changed in the text (the step, the learning rate, a data
+// cursor) is damage, where it once resumed at another data position unnoticed. One written
+// before the checksum (none in it) still opens.
+TEST(CheckpointReaderTest, AnEditedManifestFailsItsChecksum) {
+  const std::string dir = testing::FreshDir("ckpt_edited_manifest");
+  ASSERT_TRUE(testing::SaveStep(dir, 2).ok());
+  const std::string path = dir + "/step-2/manifest.json";
+  const std::string text = *ReadWholeFile(path);
+  const size_t step = text.find("\"optimizer_step\": ");
+  ASSERT_NE(step, std::string::npos) << text;
+  std::string edited = text;
+  edited[step + 18] = edited[step + 18] == '7' ? '8' : '7';
+  std::ofstream(path) << edited;
+  const absl::StatusOr<CheckpointReader> reader = CheckpointReader::Open(dir + "/step-2");
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(reader.status().message(),
+              HasSubstr("its checksum does not match its contents: it was edited or damaged"));
+
+  nlohmann::json without = nlohmann::json::parse(text);
+  without.erase("crc32c");
+  std::ofstream(path) << without.dump(1);
+  EXPECT_TRUE(CheckpointReader::Open(dir + "/step-2").ok());
 }
 
 TEST(CheckpointReaderTest, ManifestRoundTripsThroughJson) {

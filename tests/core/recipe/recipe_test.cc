@@ -171,9 +171,15 @@ TEST(RecipeTest, RootMustBeMap) {
   EXPECT_THAT(ErrorOf("- a\n- b\n"), HasSubstr("a recipe is a map of sections"));
 }
 
-TEST(RecipeTest, InvalidYamlNamesLine) {
-  EXPECT_THAT(ErrorOf("train:\n  steps: [1,\n"),
-              AllOf(HasSubstr("t.yaml:"), HasSubstr("not valid YAML")));
+// With the likely fix: a tab in an indentation is named (yaml-cpp says only "illegal map value"
+// or the like), else the usual slips.
+TEST(RecipeTest, InvalidYamlNamesLineAndTheLikelyFix) {
+  EXPECT_THAT(
+      ErrorOf("train:\n  steps: [1,\n"),
+      AllOf(HasSubstr("t.yaml:"), HasSubstr("not valid YAML"), HasSubstr("check the indentation")));
+  EXPECT_THAT(ErrorOf("train:\n  steps: 2\n\tlr: 0.1\n"),
+              AllOf(HasSubstr("not valid YAML"),
+                    HasSubstr("line 3 is indented with a tab: YAML indents with spaces only")));
 }
 
 TEST(RecipeTest, DuplicateKey) {
