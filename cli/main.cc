@@ -143,11 +143,17 @@ std::string UsageHint(const CLI::App& app, const std::vector<std::string>& args)
     absl::StrAppend(&path, " ", args[i]);
   }
   for (const std::string& arg : args) {
-    if (!absl::StartsWith(arg, "--") || arg == "--") continue;
+    if (arg == "--") break;  // positional arguments from here
+    if (!absl::StartsWith(arg, "--")) continue;
     const std::string name = arg.substr(0, arg.find('='));
     if (command->get_option_no_throw(name) != nullptr) continue;
     std::vector<std::string> owners;
     for (const CLI::App* other : app.get_subcommands({})) {
+      for (const CLI::App* sub : other->get_subcommands({})) {
+        if (sub != command && sub->get_option_no_throw(name) != nullptr) {
+          owners.push_back(absl::StrCat("dtrain ", other->get_name(), " ", sub->get_name()));
+        }
+      }
       if (other != command && other->get_option_no_throw(name) != nullptr) {
         owners.push_back(absl::StrCat("dtrain ", other->get_name()));
       }

@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "core/data/datasets.h"
 #include "core/recipe/recipe.h"
+#include "core/util/log.h"
 
 namespace dtrain::cli {
 
@@ -30,8 +30,7 @@ void AddRecipeCommand(CLI::App& app) {
     if (!loaded.ok()) Fail(loaded.status(), kExitUsage);
     // A warning: the nodes that train may see files this machine does not.
     if (const absl::Status data = CheckDataFilesExist(*loaded); !data.ok()) {
-      std::cerr << absl::StrCat("warning: ", data.message(),
-                                " (here; the nodes that train may see other files)\n");
+      LogWarn("%s (here; the nodes that train may see other files)", data.message());
     }
     std::cout << ResolvedRecipeYaml(*loaded);
   });

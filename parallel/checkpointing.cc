@@ -180,8 +180,9 @@ absl::StatusOr<std::unique_ptr<TrainingCheckpoints>> TrainingCheckpoints::Create
   RETURN_IF_ERROR(CheckCheckpointFolder(checkpoints->dir_, checkpoints->rank_, recipe.train.steps));
   // Another run may name this folder as its checkpoint.dir, even this run's default one, and its
   // saves would set aside or remove this run's: held for the run, before a checkpoint in it is
-  // read or written (the check above only probes it).
-  if (checkpoints->rank_ == 0) {
+  // read or written (the check above only probes it). The run folder itself is held already.
+  std::error_code error;
+  if (checkpoints->rank_ == 0 && !fs::equivalent(checkpoints->dir_, recipe.run_dir(), error)) {
     ASSIGN_OR_RETURN(checkpoints->folder_lock_,
                      FolderLock::Acquire(checkpoints->dir_, FolderLock::kCheckpointFolder));
   }
@@ -451,31 +452,42 @@ absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& load
     bool fatal = false;
     absl::StatusOr<Loaded> loaded = TryLoad(candidate, fatal);
     if (fatal) return WithExitCode(loaded.status(), kExitUsage);
-    // Damage (DataLoss: a checksum, size or manifest the files contradict; NotFound: a save that
-    // did not complete) is met again by every restart, so an older checkpoint is tried. Any other
-    // failure is a read that may work the next time (permissions, an I/O error, a file system's
-    // hiccup): falling back would drop steps and set this checkpoint aside.
+    // A read that failed (an I/O error, a file system's hiccup, permissions) is not damage:
+    // falling back to an older checkpoint would drop its steps and set it aside. The run stops,
+    // changing nothing: exit 1 where a restart may read it, 2 for permissions, which an agent's
+    // restart would meet again. Damage (a checksum, size, manifest or layout the files
+    // contradict; a save that did not complete) is met by every restart: the next older is tried.
+    const absl::StatusCode code = loaded.status().code();
     double failed = loaded.ok() ? 0 : 1;
     double unread =
-        loaded.ok() || absl::IsDataLoss(loaded.status()) || absl::IsNotFound(loaded.status()) ? 0
-                                                                                              : 1;
+        code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kUnknown ||
+                code == absl::StatusCode::kAborted || code == absl::StatusCode::kDeadlineExceeded ||
+                code == absl::StatusCode::kResourceExhausted || code == absl::StatusCode::kInternal
+            ? 1
+            : 0;
     RETURN_IF_ERROR(SumOverRanks(comm_, failed, unread));
-    if (unread > 0) {
-      if (!loaded.ok())
+    double denied = code == absl::StatusCode::kPermissionDenied ? 1 : 0, unused = 0;
+    if (failed > 0) RETURN_IF_ERROR(SumOverRanks(comm_, denied, unused));
+    if (unread > 0 || denied > 0) {
+      if (!loaded.ok()) {
         LogWarn("cannot read checkpoint %s: %s", candidate, loaded.status().message());
-      return absl::UnavailableError(absl::StrCat(
+      }
+      absl::Status stopped = absl::UnavailableError(absl::StrCat(
           "checkpoint.resume: ", resume, ": ", candidate,
           " could not be read (see the warnings); nothing was changed and no older checkpoint was "
-          "taken in its place. Fix the read (permissions, storage) and start again, or give "
-          "checkpoint.resume an older checkpoint"));
+          "taken in its place. ",
+          unread > 0 ? "Fix the storage and start again"
+                     : "Give the run read access to it (its files' owner and mode)",
+          ", or give checkpoint.resume an older checkpoint"));
+      return unread > 0 ? stopped : WithExitCode(std::move(stopped), kExitUsage);
     }
     if (failed == 0) {
       if (absl::Status restored = loader.Restore(loaded->data); !restored.ok()) {
-        absl::Status failed(restored.code(),
-                            absl::StrCat("resuming from ", candidate, ": ", restored.message()));
+        absl::Status refused(restored.code(),
+                             absl::StrCat("resuming from ", candidate, ": ", restored.message()));
         // A data order this recipe or world cannot continue: a restart would find the same.
-        return absl::IsInvalidArgument(restored) ? WithExitCode(std::move(failed), kExitUsage)
-                                                 : failed;
+        return absl::IsInvalidArgument(restored) ? WithExitCode(std::move(refused), kExitUsage)
+                                                 : refused;
       }
       resumed_metrics_line_ = loaded->metrics_line;
       if (rank_ == 0) {

@@ -91,8 +91,8 @@ bool InspectOne(const std::string& dir, std::string& text) {
     absl::StrAppendFormat(&text, "  checksums: all %d chunks valid (CRC32C)\n", m.chunks.size());
     return true;
   }
-  absl::StrAppendFormat(&text, "  INVALID: %d of %d chunks fail their checksum:\n", problems.size(),
-                        m.chunks.size());
+  absl::StrAppendFormat(&text, "  INVALID: %d of %d chunks do not verify (read or checksum):\n",
+                        problems.size(), m.chunks.size());
   for (const std::string& p : problems) absl::StrAppend(&text, "    ", p, "\n");
   return false;
 }
@@ -218,20 +218,25 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
     return absl::InvalidArgumentError(
         absl::StrCat("--format ", format, " is not known; use safetensors, hf or llmc"));
   }
-  if (!tokenizer_path.empty() && format != "hf") {
+  if (!tokenizer_path.empty() && tokenizer_path != "none" && format != "hf") {
     return absl::InvalidArgumentError(
         "--tokenizer goes into a Hugging Face model folder: add --format hf");
   }
-  // The folder ships the run's own tokenizer, as train.export_to's does, unless told otherwise.
-  const bool run_tokenizer = tokenizer_path.empty() && !recipe.data.tokenizer.empty();
-  const std::string tokenizer = run_tokenizer              ? recipe.data.tokenizer
-                                : tokenizer_path == "none" ? ""
-                                                           : tokenizer_path;
-  if (run_tokenizer && format == "hf" && !std::filesystem::exists(tokenizer)) {
-    return absl::NotFoundError(absl::StrCat(
-        "the checkpoint's run trained with data.tokenizer ", tokenizer,
-        ", which the folder would ship, and it does not exist here; give its path with "
-        "--tokenizer PATH, or --tokenizer none for a folder without a tokenizer"));
+  // The folder ships the run's own tokenizer, as train.export_to's does, unless told otherwise;
+  // one that is not here (the run trained on another machine) is left out, saying so.
+  std::string tokenizer = tokenizer_path == "none" ? "" : tokenizer_path;
+  const bool run_tokenizer =
+      tokenizer_path.empty() && format == "hf" && !recipe.data.tokenizer.empty();
+  if (run_tokenizer) {
+    std::error_code error;
+    if (std::filesystem::exists(recipe.data.tokenizer, error)) {
+      tokenizer = recipe.data.tokenizer;
+    } else {
+      LogWarn(
+          "the checkpoint's run trained with data.tokenizer %s, which is not here (a relative "
+          "path is from %s): the folder gets no tokenizer; give --tokenizer PATH to ship one",
+          recipe.data.tokenizer, std::filesystem::current_path(error).string());
+    }
   }
   if (format == "llmc") {
     RETURN_IF_ERROR(ExportLlmc(config, table, reader, out));
@@ -251,17 +256,25 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
     std::optional<ChatTemplate> chat_template;
     if (!tokenizer.empty()) {
       absl::StatusOr<std::optional<ChatTemplate>> recorded = ShardsChatTemplate(recipe);
-      if (!recorded.ok()) {
-        return absl::Status(
-            recorded.status().code(),
-            absl::StrCat("the checkpoint's run trained on SFT shards (data.train: ",
-                         absl::StrJoin(recipe.data.train, ", "),
-                         "), whose chat template the folder's tokenizer needs, and they do not "
-                         "read from here: ",
-                         recorded.status().message(),
-                         "; export where they do, or with --tokenizer none"));
+      if (recorded.ok()) {
+        chat_template = *std::move(recorded);
+      } else {
+        const std::string why = absl::StrCat(
+            "the checkpoint's run trained on SFT shards (data.train: ",
+            absl::StrJoin(recipe.data.train, ", "),
+            "), whose chat template the folder's tokenizer needs, and they do not read from here: ",
+            recorded.status().message());
+        // Asked for by name, the tokenizer must come whole; the run's own comes without it.
+        if (!run_tokenizer) {
+          return absl::Status(
+              recorded.status().code(),
+              absl::StrCat(why, "; export where they do, or with --tokenizer none"));
+        }
+        LogWarn(
+            "%s: the folder's tokenizer has no chat template (export where they read to "
+            "have it)",
+            why);
       }
-      chat_template = *std::move(recorded);
     }
     RETURN_IF_ERROR(ExportHfFolder(config, table, read_tensor, out, tokenizer, metadata,
                                    chat_template ? &*chat_template : nullptr));

@@ -21,6 +21,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kMaxBackoffMs = 30000;
+// Bytes an attempt must bring for its failure to start the retry count again.
+constexpr int64_t kProgressBytes = int64_t{1} << 20;
 
 bool RetryableHttpStatus(long status) { return status == 408 || status == 429 || status >= 500; }
 
@@ -54,9 +56,10 @@ class HttpSource final : public ByteSource {
       absl::Status failure = Drive();
       if (failure.ok()) continue;
       ++attempts_;
-      // An attempt that received data ends a run of failures: the retries are per stall, so a
-      // long shard over a link that drops now and then still arrives.
-      if (received_ > attempt_start_) retries_in_a_row_ = 0;
+      // An attempt that brought a good part of the shard ends a run of failures: the retries are
+      // per stall, so a long shard over a link that drops now and then still arrives, while a
+      // server that sends a trickle before each stall still runs out of them.
+      if (received_ - attempt_start_ >= kProgressBytes) retries_in_a_row_ = 0;
       if (failure.code() != absl::StatusCode::kUnavailable ||
           retries_in_a_row_ >= options_.http_retries) {
         StopTransfer();

@@ -536,23 +536,29 @@ std::string KeyHint(absl::string_view section, absl::string_view name) {
     return "did you mean parallel.strategy? (zero1, zero2, zero3 or fsdp; DeepSpeed's ZeRO stage "
            "N is zeroN)";
   }
-  // Long names misspelled too ("lerning_rate").
   for (const auto& [alias, key] : *kAliases) {
-    if (EditDistance(name, alias) <= (alias.size() >= 8 ? 2 : 0)) {
-      return absl::StrCat("did you mean ", key, "?");
-    }
+    if (name == alias) return absl::StrCat("did you mean ", key, "?");
   }
   if (name == "gradient_accumulation_steps" || name == "grad_accum") {
     return "dtrain accumulates train.batch_size / (data-parallel ranks x train.micro_batch) "
            "micro-batches a step: set those two";
   }
+  const auto cost_of = [&](absl::string_view candidate, absl::string_view key) {
+    return EditDistance(name, candidate) + (SectionOf(key) == section ? 0 : 1);
+  };
   absl::string_view best;
   int best_cost = std::numeric_limits<int>::max();
   for (const KeySpec& key : Keys()) {
-    const int cost =
-        EditDistance(name, NameOf(key.path)) + (SectionOf(key.path) == section ? 0 : 1);
-    if (cost < best_cost) {
+    if (const int cost = cost_of(NameOf(key.path), key.path); cost < best_cost) {
       best = key.path;
+      best_cost = cost;
+    }
+  }
+  // Long aliases misspelled ("lerning_rate"), where no key is as close.
+  for (const auto& [alias, key] : *kAliases) {
+    if (const int cost = cost_of(alias, key);
+        alias.size() >= 8 && EditDistance(name, alias) <= 2 && cost < best_cost) {
+      best = key;
       best_cost = cost;
     }
   }

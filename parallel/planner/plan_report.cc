@@ -152,6 +152,21 @@ int CountInvalid(const Plan& plan) {
 
 }  // namespace
 
+std::string WhyNotSearched(const Plan& plan, const Layout& layout) {
+  const int per_step = layout.dp * layout.micro_batch;
+  if (plan.workload.batch_size % per_step != 0) {
+    return absl::StrFormat(
+        "train.batch_size %d is not a multiple of dp %d x train.micro_batch %d, which the "
+        "trainer refuses",
+        plan.workload.batch_size, layout.dp, layout.micro_batch);
+  }
+  if (const absl::Status status = CheckLayout(plan.workload, plan.cluster, layout); !status.ok()) {
+    return std::string(status.message());
+  }
+  return "not among the layouts the planner searches (micro-batches of powers of two up to 64; "
+         "sequence parallelism wherever tp divides train.seq_len)";
+}
+
 const Candidate* RecipeCandidate(const Plan& plan) {
   if (!plan.recipe_layout) return nullptr;
   const auto own = absl::c_find_if(plan.candidates, [&](const Candidate& candidate) {
@@ -443,10 +458,10 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
   if (plan.recipe_layout) {
     absl::StrAppend(&out, "The recipe's own layout (parallel.*, train.micro_batch):\n");
     const Candidate* own = RecipeCandidate(plan);
-    absl::StrAppend(&out, own != nullptr ? TableRow(*own)
-                                         : absl::StrCat("  ", DescribeLayout(*plan.recipe_layout),
-                                                        ": not a layout the planner searches "
-                                                        "for this cluster\n"));
+    absl::StrAppend(&out, own != nullptr
+                              ? TableRow(*own)
+                              : absl::StrCat("  ", DescribeLayout(*plan.recipe_layout), ": ",
+                                             WhyNotSearched(plan, *plan.recipe_layout), "\n"));
   }
 
   if (chosen != nullptr) {
@@ -508,7 +523,12 @@ nlohmann::json PlanJson(const Plan& plan, const std::string& recipe_path, int to
   for (const Candidate* alternative : Alternatives(plan, top_n)) {
     out["alternatives"].push_back(CandidateJson(*alternative));
   }
-  if (const Candidate* own = RecipeCandidate(plan)) out["recipe_layout"] = CandidateJson(*own);
+  if (const Candidate* own = RecipeCandidate(plan)) {
+    out["recipe_layout"] = CandidateJson(*own);
+  } else if (plan.recipe_layout) {
+    out["recipe_layout"] = {{"layout", DescribeLayout(*plan.recipe_layout)},
+                            {"reason", WhyNotSearched(plan, *plan.recipe_layout)}};
+  }
   if (chosen != nullptr) {
     nlohmann::json env = nlohmann::json::object();
     for (const auto& [setting, why] : NetworkEnvironment(c)) {

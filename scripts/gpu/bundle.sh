@@ -7,11 +7,11 @@
 #
 # In the archive, bin/ holds the binaries (dtrain, libdtrain_cuda.so beside it, dtrain_gpu_tests),
 # lib/ every shared library they load but those of the C library and of CUDA, NCCL and the
-# driver, which must be the GPU machine's own (they match its driver), and data/ the demo text. dtrain and
-# tests/dtrain_gpu_tests, where check.sh looks for them, are wrappers that run the binaries with
-# lib/ first on LD_LIBRARY_PATH, then DTRAIN_LIBRARY_PATH (where check.sh puts the folders of the
-# GPU machine's CUDA libraries that its loader misses), so that nothing else (PyTorch, the peer;
-# Nsight Compute) loads those libraries.
+# driver, which must be the GPU machine's own (they match its driver), and data/ the demo text.
+# dtrain and tests/dtrain_gpu_tests, where check.sh looks for them, are wrappers that run the
+# binaries with lib/ first on LD_LIBRARY_PATH, then DTRAIN_LIBRARY_PATH (where check.sh puts the
+# folders of the GPU machine's CUDA libraries that its loader misses), so that nothing else
+# (PyTorch, the peer; Nsight Compute) loads those libraries.
 # gzip, which every machine unpacks: about 40 MB (38 for sm_90 alone, 40 for 80;90).
 #
 # Usage: scripts/gpu/bundle.sh [BUILD_DIR] [ARCHIVE] (defaults build-gpu, configured here if new,

@@ -141,6 +141,12 @@ TEST(PlanCommandTest, TheRecipesOwnLayoutIsShown) {
   EXPECT_EQ(own["recompute"], "full");
   EXPECT_EQ(own["micro_batch"], 1);
   EXPECT_EQ(own["dp"], 8);
+  // A layout the trainer would refuse says why (gpt2-124m's batch of 8 over 8 GPUs at mb 8).
+  const testing::Outcome refused = testing::RunDtrain(
+      absl::StrCat("plan ", DTRAIN_SOURCE_DIR, "/configs/gpt2-124m.yaml --top 1"));
+  EXPECT_THAT(refused.stdout_text,
+              HasSubstr("  ddp tp1 pp1 dp8 mb8: train.batch_size 8 is not a multiple of dp 8 x "
+                        "train.micro_batch 8, which the trainer refuses\n"));
   // parallel.strategy auto has none of its own.
   const testing::Outcome automatic =
       testing::RunDtrain(absl::StrCat("plan ", recipe, " --set parallel.strategy=auto"));

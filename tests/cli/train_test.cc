@@ -667,12 +667,18 @@ TEST(TrainTest, CheckpointExportOfAnSftRunWritesItsTokenizerAndChatTemplate) {
       nlohmann::json::parse(std::ifstream(folder + "/generation_config.json"), nullptr, false);
   EXPECT_THAT(generation["eos_token_id"].dump(), HasSubstr("258"));  // <|im_end|>
 
-  // Shards that no longer read from here: an error that says so, not a folder without them.
+  // Shards that no longer read from here: with --tokenizer, an error that says so, not a folder
+  // without the template; the run's own tokenizer comes without it, saying so.
   std::filesystem::remove_all(shards);
-  const testing::Outcome gone = testing::RunDtrain(
-      absl::StrCat("ckpt export ", checkpoints, " --format hf --out ", folder, "_gone"));
+  const testing::Outcome gone = testing::RunDtrain(absl::StrCat(
+      "ckpt export ", checkpoints, " --format hf --out ", folder, "_gone --tokenizer ", tokenizer));
   EXPECT_NE(gone.exit_code, 0);
   EXPECT_THAT(gone.stderr_text, HasSubstr("the checkpoint's run trained on SFT shards"));
+  const testing::Outcome untemplated = testing::RunDtrain(
+      absl::StrCat("ckpt export ", checkpoints, " --format hf --out ", folder, "_untemplated"));
+  ASSERT_EQ(untemplated.exit_code, 0) << untemplated.stderr_text;
+  EXPECT_THAT(untemplated.stderr_text, HasSubstr("the folder's tokenizer has no chat template"));
+  EXPECT_TRUE(std::filesystem::exists(folder + "_untemplated/tokenizer.json"));
 
   // --tokenizer none: the weights alone.
   const testing::Outcome bare = testing::RunDtrain(absl::StrCat(
@@ -681,13 +687,17 @@ TEST(TrainTest, CheckpointExportOfAnSftRunWritesItsTokenizerAndChatTemplate) {
   EXPECT_TRUE(std::filesystem::exists(folder + "_bare/config.json"));
   EXPECT_FALSE(std::filesystem::exists(folder + "_bare/tokenizer.json"));
 
-  // A run's tokenizer that is not here: named, with both ways on.
+  // A run's tokenizer that is not here: left out, saying so and how to ship one.
   std::filesystem::remove_all(tokenizer);
   const testing::Outcome moved = testing::RunDtrain(
       absl::StrCat("ckpt export ", checkpoints, " --format hf --out ", folder, "_moved"));
-  EXPECT_EQ(moved.exit_code, 2);
-  EXPECT_THAT(moved.stderr_text,
-              AllOf(HasSubstr("data.tokenizer " + tokenizer), HasSubstr("--tokenizer none")));
+  EXPECT_EQ(moved.exit_code, 0) << moved.stderr_text;
+  EXPECT_THAT(moved.stderr_text, AllOf(HasSubstr("data.tokenizer " + tokenizer +
+                                                 ", which is not "
+                                                 "here"),
+                                       HasSubstr("give --tokenizer PATH")));
+  EXPECT_TRUE(std::filesystem::exists(folder + "_moved/config.json"));
+  EXPECT_FALSE(std::filesystem::exists(folder + "_moved/tokenizer.json"));
 }
 
 }  // namespace

@@ -154,27 +154,34 @@ TEST(CheckpointingTest, WhenNoCheckpointLoadsTheRunStopsAndChangesNothing) {
   EXPECT_FALSE(fs::exists(dir + "/step-8"));
 }
 
-// A checkpoint that cannot be read (an I/O error, permissions: a manifest that is a folder here,
-// since root reads every file) ends the run for a restart (exit 1), changing nothing: an older
-// checkpoint in its place would drop its steps and set it aside.
+// A checkpoint that cannot be read (here a rank file the run, as user nobody, may not read) stops
+// the run, changing nothing: an older checkpoint in its place would drop its steps and set it
+// aside. Permissions exit 2, which an agent's restart would meet again.
 TEST(CheckpointingTest, ACheckpointThatCannotBeReadIsNotReplacedByAnOlderOne) {
   const std::string out = testing::TempPath("ckpt_unreadable_run");
   fs::remove_all(out);
   ASSERT_EQ(Train(out, "--set train.steps=4").exit_code, 0);
+  for (const auto& entry : fs::recursive_directory_iterator(out)) {
+    fs::permissions(entry.path(), fs::perms::all, fs::perm_options::add);
+  }
+  fs::permissions(out, fs::perms::all, fs::perm_options::add);
   const std::string dir = out + "/ck/checkpoints";
-  fs::remove(dir + "/step-4/manifest.json");
-  fs::create_directory(dir + "/step-4/manifest.json");
+  fs::permissions(dir + "/step-4/rank-0.bin", fs::perms::none);
   const std::vector<double> before = Losses(out);
 
-  const testing::Outcome second = Train(out, "--set train.steps=8");
-  EXPECT_EQ(second.exit_code, 1) << second.stderr_text;
+  const testing::Outcome second = testing::RunDtrain(
+      absl::StrCat("train ", RecipeFile(), " --set run.out_dir=", out, " --set train.steps=8"),
+      "setpriv --reuid=65534 --regid=65534 --clear-groups");
+  EXPECT_EQ(second.exit_code, 2) << second.stderr_text;
   EXPECT_THAT(second.stderr_text,
               AllOf(HasSubstr("cannot read checkpoint " + dir + "/step-4: "),
+                    HasSubstr("Permission denied"),
                     HasSubstr(dir + "/step-4 could not be read (see the warnings); nothing was "
-                                    "changed and no older checkpoint was taken in its place")));
+                                    "changed and no older checkpoint was taken in its place. Give "
+                                    "the run read access to it")));
   EXPECT_THAT(second.stderr_text, ::testing::Not(HasSubstr("resumed from")));
   EXPECT_EQ(Losses(out), before);
-  EXPECT_TRUE(fs::is_directory(dir + "/step-4/manifest.json"));
+  EXPECT_TRUE(fs::exists(dir + "/step-4/manifest.json"));
   EXPECT_FALSE(fs::exists(dir + "/step-6"));
 }
 
@@ -453,6 +460,19 @@ TEST(CheckpointingTest, ResumingAnotherRunsCheckpointFolderNamesThatRun) {
 // A checkpoint.dir outside the run folder that another run holds is refused before anything in
 // it is touched, naming the holder: its stage folder of a save in progress was removed, and its
 // later checkpoints set aside.
+// A checkpoint.dir that is the run folder itself is held by the run's own lock: the run does not
+// lock itself out (taking the same lock file twice), and resumes there.
+TEST(CheckpointingTest, ACheckpointFolderThatIsTheRunFolderTrainsAndResumes) {
+  const std::string out = testing::TempPath("ckpt_in_run_folder");
+  fs::remove_all(out);
+  const testing::Outcome first = Train(out, "--set train.steps=4 --set checkpoint.dir=.");
+  ASSERT_EQ(first.exit_code, 0) << first.stderr_text;
+  EXPECT_TRUE(fs::exists(out + "/ck/step-4/manifest.json"));
+  const testing::Outcome second = Train(out, "--set train.steps=6 --set checkpoint.dir=.");
+  ASSERT_EQ(second.exit_code, 0) << second.stderr_text;
+  EXPECT_THAT(second.stderr_text, HasSubstr("/step-4 at step 4"));
+}
+
 TEST(CheckpointingTest, ACheckpointFolderInUseIsRefusedNamingItsHolder) {
   const std::string out = testing::TempPath("ckpt_locked_run");
   fs::remove_all(out);

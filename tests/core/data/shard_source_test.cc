@@ -215,22 +215,30 @@ TEST(ShardSourceTest, ResumesADroppedHttpTransferWithARangeRequest) {
   EXPECT_EQ(testing::ReadFile(dir / "log"), "/s.tar -\n/s.tar bytes=1000000-\n");
 }
 
-// Each request is cut after 700000 bytes: five attempts bring the shard, each making progress,
-// with one retry allowed after a failure.
+// Each request is cut after 1100000 bytes: three attempts bring the shard, each with a good part
+// of it (1 MiB or more), with one retry allowed after a failure. A server that cuts every request
+// short of that runs out of retries as before.
 TEST(ShardSourceTest, RetriesCountFailuresInARowNotPerShard) {
   testing::TempDir dir;
   const std::string data = Pattern(3 << 20);
   testing::WriteFile(dir / "s.tar", data);
-  testing::HttpTestServer server(dir.path(), {"--drop-every", "700000", "--log", dir / "log"});
-  ASSERT_NE(server.port(), 0);
   ShardSourceOptions options = FastOptions();
   options.http_retries = 1;
-  absl::StatusOr<std::string> got = ReadAll(server.Url("s.tar"), options);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_TRUE(*got == data);
-  EXPECT_EQ(testing::ReadFile(dir / "log"),
-            "/s.tar -\n/s.tar bytes=700000-\n/s.tar bytes=1400000-\n/s.tar bytes=2100000-\n"
-            "/s.tar bytes=2800000-\n");
+  {
+    testing::HttpTestServer server(dir.path(), {"--drop-every", "1100000", "--log", dir / "log"});
+    ASSERT_NE(server.port(), 0);
+    absl::StatusOr<std::string> got = ReadAll(server.Url("s.tar"), options);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == data);
+    EXPECT_EQ(testing::ReadFile(dir / "log"),
+              "/s.tar -\n/s.tar bytes=1100000-\n/s.tar bytes=2200000-\n");
+  }
+  testing::HttpTestServer trickle(dir.path(), {"--drop-every", "1000"});
+  ASSERT_NE(trickle.port(), 0);
+  absl::StatusOr<std::string> cut = ReadAll(trickle.Url("s.tar"), options);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_TRUE(absl::StrContains(cut.status().message(), "failed after 2 attempts, 2000 bytes"))
+      << cut.status();
 }
 
 TEST(ShardSourceTest, HttpErrorsNameTheUrl) {

@@ -134,6 +134,9 @@ TEST(RecipeTest, UnknownKeysOfOtherTrainersAndFarNamesGetUsefulHints) {
               HasSubstr("(did you mean train.lr?)"));
   EXPECT_THAT(ErrorOf(kMinimal, {"train.lerning_rate=0.1"}), HasSubstr("(did you mean train.lr?)"));
   EXPECT_THAT(ErrorOf(kMinimal, {"train.learningrate=0.1"}), HasSubstr("(did you mean train.lr?)"));
+  // A key of the section as close as another trainer's name wins.
+  EXPECT_THAT(ErrorOf(kMinimal, {"model.max_seq_lenght=64"}),
+              HasSubstr("(did you mean model.max_seq_len?)"));
   EXPECT_THAT(ErrorOf(kMinimal, {"train.warmup=5"}),
               HasSubstr("(did you mean train.warmup_steps?)"));
   EXPECT_THAT(ErrorOf(kMinimal, {"train.gradient_accumulation_steps=4"}),
