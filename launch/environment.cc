@@ -586,7 +586,12 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
                                      "(and LOCAL_RANK) in each process",
                                      instead("WORLD_SIZE")));
     }
-    if (given_by("rank", WorldSource::kTorchrun) && !given("world_size") && below != nullptr) {
+    // A launcher that places one process (a one-task srun step) agrees with a world of one.
+    int below_world = 1;
+    if (below != nullptr && below->fields.contains("world_size")) {
+      below_world = ParseInt(below->fields.at("world_size")).value_or(1);
+    }
+    if (given_by("rank", WorldSource::kTorchrun) && !given("world_size") && below_world > 1) {
       return ShapeError(absl::StrCat(Describe("rank", shape["rank"]),
                                      " without WORLD_SIZE would make each process a world of one: "
                                      "set WORLD_SIZE",

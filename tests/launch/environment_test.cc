@@ -435,8 +435,20 @@ TEST(EnvironmentTest, HalfOfTorchrunsPairIsAnError) {
               AllOf(HasSubstr("rank 0 (RANK=0) without WORLD_SIZE would make each process a "
                               "world of one"),
                     HasSubstr("or unset RANK so that slurm's ranks apply")));
-  // Alone, RANK=0 is a one-process world as before; WORLD_SIZE > 1 alone still is not.
+  // Alone, or over a one-task step, RANK=0 is a one-process world as before; WORLD_SIZE > 1
+  // alone still is not.
   EXPECT_EQ(Resolve({{"RANK", "0"}}).world_size, 1);
+  EnvironmentMap one_task = {{"SLURM_JOB_ID", "7"},
+                             {"SLURM_STEP_ID", "0"},
+                             {"SLURM_PROCID", "0"},
+                             {"SLURM_LOCALID", "0"},
+                             {"SLURM_NODEID", "0"},
+                             {"SLURM_NTASKS", "1"},
+                             {"SLURM_STEP_NUM_NODES", "1"},
+                             {"SLURM_STEP_NODELIST", "n1"},
+                             {"SLURM_STEP_TASKS_PER_NODE", "1"},
+                             {"RANK", "0"}};
+  EXPECT_EQ(Resolve(one_task).world_size, 1);
   EXPECT_THAT(Error({{"WORLD_SIZE", "2"}}), HasSubstr("without RANK"));
 }
 
