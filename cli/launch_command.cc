@@ -80,18 +80,20 @@ void AddLaunchCommand(CLI::App& app) {
         LoadTrainingRecipe(args->launch.recipe_path, args->launch.overrides);
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     LaunchOptions& launch = args->launch;
-    if (launch.max_restarts > 0 && recipe->checkpoint.interval == 0) {
-      LogWarn(
-          "--max-restarts %d restarts failed workers from the newest checkpoint, and "
-          "checkpoint.interval is 0: none is saved on the way (only at the end, on SIGTERM and "
-          "on SIGUSR1), so a restart trains from step 1 again; set checkpoint.interval",
-          launch.max_restarts);
-    }
     launch.recipe_threads = recipe->run.threads;
-    launch.check_world = [layout = *recipe](int world_size, int num_nodes) {
+    launch.check_world = [layout = *recipe, max_restarts = launch.max_restarts](int world_size,
+                                                                                int num_nodes) {
       RETURN_IF_ERROR(CheckRecipeFitsWorld(layout, world_size));
       // Of one node alone: another node's agent would wait out its rendezvous for this one.
-      return num_nodes == 1 ? CheckDataFilesExist(layout) : absl::OkStatus();
+      if (num_nodes == 1) RETURN_IF_ERROR(CheckDataFilesExist(layout));
+      if (max_restarts > 0 && layout.checkpoint.interval == 0) {
+        LogWarn(
+            "--max-restarts %d restarts failed workers from the newest checkpoint, and "
+            "checkpoint.interval is 0: none is saved on the way (only at the end, on SIGTERM and "
+            "on SIGUSR1), so a restart trains from step 1 again; set checkpoint.interval",
+            max_restarts);
+      }
+      return absl::OkStatus();
     };
     if (args->nproc_per_node == "gpu" || args->nproc_per_node == "auto" ||
         args->nproc_per_node == "cpu") {

@@ -1109,7 +1109,9 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     }
     if (exporter != nullptr) exporter->Record(m);
     if (leader) {
-      if (m.step % recipe.logging.every == 0 || last || m.val_loss || m.ckpt_blocked_ms ||
+      // Periodic checkpoints follow logging.every (metrics.jsonl has every step's save time);
+      // an evaluation, a SIGUSR1 save and a stop are logged whenever they come.
+      if (m.step % recipe.logging.every == 0 || last || m.val_loss || request.save ||
           request.stop) {
         LogInfo("%s", FormatStepLine(m));
       }

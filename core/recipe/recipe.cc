@@ -425,7 +425,11 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(0)},
       // logging
-      {DTRAIN_RECIPE_KEY(logging, every), "steps between step-log lines", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(logging, every),
+       "steps between step-log lines; a step that evaluates, saves on SIGUSR1 or stops is logged "
+       "too (metrics.jsonl has every step)",
+       {},
+       AtLeast(1)},
       {DTRAIN_RECIPE_KEY(logging, metrics_file),
        "JSON-lines metrics file, relative to the run folder"},
       {DTRAIN_RECIPE_KEY(logging, sample_tokens),

@@ -293,7 +293,8 @@ TEST(AgentTest, APyTorchJobsNprocPerNodeAutoIsAWorkerPerGpu) {
                   {"PET_NNODES=1", "PET_NODE_RANK=0", "PET_NPROC_PER_NODE=" + kind,
                    "MASTER_ADDR=127.0.0.1", absl::StrCat("MASTER_PORT=", testing::FreeTcpPort())});
     EXPECT_EQ(launch.Wait(absl::Seconds(120)), 0) << launch.output();
-    EXPECT_THAT(launch.output(), HasSubstr(absl::StrCat("(pytorchjob): ", workers, " workers")));
+    EXPECT_THAT(launch.output(), HasSubstr(absl::StrCat("(pytorchjob): ", workers,
+                                                        workers == 1 ? " worker," : " workers,")));
   }
 }
 

@@ -460,6 +460,20 @@ TEST(CheckpointingTest, ResumingAnotherRunsCheckpointFolderNamesThatRun) {
 // A checkpoint.dir outside the run folder that another run holds is refused before anything in
 // it is touched, naming the holder: its stage folder of a save in progress was removed, and its
 // later checkpoints set aside.
+// Periodic checkpoints follow logging.every in the step log (a checkpoint every 2 steps logged
+// 5 times the lines asked for at every 4, over a long run); metrics.jsonl has every step.
+TEST(CheckpointingTest, PeriodicCheckpointStepsFollowLoggingEvery) {
+  const std::string out = testing::TempPath("ckpt_log_every");
+  fs::remove_all(out);
+  const testing::Outcome run = Train(out, "--set logging.every=4");
+  ASSERT_EQ(run.exit_code, 0) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text, AllOf(HasSubstr("step 4/8"), HasSubstr("step 8/8")));
+  EXPECT_THAT(run.stderr_text,
+              AllOf(::testing::Not(HasSubstr("step 2/8")), ::testing::Not(HasSubstr("step 6/8"))));
+  EXPECT_EQ(Losses(out).size(), 8u);
+  EXPECT_TRUE(fs::exists(out + "/ck/checkpoints/step-6/manifest.json"));
+}
+
 // A checkpoint.dir that is the run folder itself is held by the run's own lock: the run does not
 // lock itself out (taking the same lock file twice), and resumes there.
 TEST(CheckpointingTest, ACheckpointFolderThatIsTheRunFolderTrainsAndResumes) {
