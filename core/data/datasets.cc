@@ -72,8 +72,8 @@ absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int 
                                          const std::string& shards_tokenizer) {
   const DataSection& data = recipe.data;
   StreamConfig config;
+  RETURN_IF_ERROR(CheckDataFilesExist(recipe));
   ASSIGN_OR_RETURN(config.urls, ExpandShardUrls(data.shards));
-  if (data.on_error == "fail") RETURN_IF_ERROR(CheckLocalShardsExist(config.urls, "data.shards"));
   config.num_streams = data.streams;
   config.seed = recipe.run.seed;
   config.shard_shuffle = data.shard_shuffle;
@@ -105,7 +105,6 @@ absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int 
   if (!data.val_shards.empty()) {
     StreamConfig val = config;
     ASSIGN_OR_RETURN(val.urls, ExpandShardUrls(data.val_shards));
-    RETURN_IF_ERROR(CheckLocalShardsExist(val.urls, "data.val_shards"));
     val.num_streams = 1;
     val.shard_shuffle = false;
     val.block_samples = 1;

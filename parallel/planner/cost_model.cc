@@ -133,10 +133,11 @@ Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision) {
                            : recipe.parallel.reduce_dtype == "fp32" ? 4
                                                                     : precision.param_bytes;
   workload.precision = precision;
-  workload.matmul = precision.param_bytes < 4 || recipe.run.matmul_precision == "medium"
+  const std::string& asked = recipe.run.matmul_precision;
+  workload.matmul = precision.param_bytes < 4
                         ? MatmulPrecision::kMedium
-                    : recipe.run.matmul_precision == "high" ? MatmulPrecision::kHigh
-                                                            : MatmulPrecision::kHighest;
+                        : ParseMatmulPrecision(asked == "auto" ? "highest" : asked)
+                              .value_or(MatmulPrecision::kHighest);
   return workload;
 }
 

@@ -152,6 +152,10 @@ int CountInvalid(const Plan& plan) {
 
 }  // namespace
 
+namespace {
+
+// Why the plan has no candidate of `layout`: the trainer would refuse it, or the search does not
+// try it.
 std::string WhyNotSearched(const Plan& plan, const Layout& layout) {
   const int per_step = layout.dp * layout.micro_batch;
   if (plan.workload.batch_size % per_step != 0) {
@@ -167,6 +171,7 @@ std::string WhyNotSearched(const Plan& plan, const Layout& layout) {
          "sequence parallelism wherever tp divides train.seq_len)";
 }
 
+// The candidate of plan.recipe_layout; nullptr when the plan has none or did not search it.
 const Candidate* RecipeCandidate(const Plan& plan) {
   if (!plan.recipe_layout) return nullptr;
   const auto own = absl::c_find_if(plan.candidates, [&](const Candidate& candidate) {
@@ -174,6 +179,8 @@ const Candidate* RecipeCandidate(const Plan& plan) {
   });
   return own == plan.candidates.end() ? nullptr : &*own;
 }
+
+}  // namespace
 
 std::vector<const Candidate*> Alternatives(const Plan& plan, int top_n) {
   std::vector<const Candidate*> shown;

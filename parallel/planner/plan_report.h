@@ -18,12 +18,6 @@ namespace dtrain {
 // The candidates to show after the recommendation, at most `top_n`.
 std::vector<const Candidate*> Alternatives(const Plan& plan, int top_n);
 
-// The candidate of plan.recipe_layout; nullptr when the plan has none or did not search it.
-const Candidate* RecipeCandidate(const Plan& plan);
-// Why the plan has no candidate of `layout`: the trainer would refuse it, or the search does not
-// try it.
-std::string WhyNotSearched(const Plan& plan, const Layout& layout);
-
 // `export NAME=value  # why` lines for NCCL on this cluster's network, and the collective
 // timeout to use for a step of `step_ms`.
 std::vector<std::pair<std::string, std::string>> NetworkEnvironment(const ClusterSpec& cluster);
