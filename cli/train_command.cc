@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "cli/commands.h"
 #include "core/backend/make_backend.h"
 #include "core/recipe/recipe.h"
@@ -45,6 +46,13 @@ void AddTrainCommand(CLI::App& app) {
     // Before anything is written: no GPU for run.device: cuda is a usage error.
     if (absl::Status status = CheckDevice(recipe->run.device, world->local_rank); !status.ok()) {
       Fail(status, kExitUsage);
+    }
+    // Under torchrun's agent store the port is not the one the user gave: say so before a
+    // busy port's error names it.
+    if (const auto port = world->provenance.find("master_port");
+        world->rank == 0 && world->world_size > 1 && port != world->provenance.end() &&
+        absl::StartsWith(port->second, "derived from MASTER_PORT")) {
+      LogInfo("rendezvous store on port %d, %s", world->master_port, port->second);
     }
     const absl::StatusOr<TrainingEnd> end = RunTraining(*recipe, *world);
     // A failure a restart would repeat (a full disk) asks for its own exit code.

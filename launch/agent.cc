@@ -415,15 +415,24 @@ absl::Status Agent::Connect() {
   // A second agent for a node must leave the running one alone: checked before this agent
   // becomes the node's newest (whose close the others would then take for the node's loss).
   const int node = node_.node_rank;
+  const auto running = [node](absl::string_view where) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "node %d already has a running agent (%s); start one `dtrain launch` per node, each with "
+        "its own node rank",
+        node, where));
+  };
   const int64_t previous = Counter(NodeKey("agent/incarnation", node)).value_or(0);
   if (previous > 0 && Counter(NodeKey(kClosedKey, node, previous)).value_or(0) == 0) {
     const absl::StatusOr<std::string> host =
         store_->Get(NodeKey("agent/host", node), absl::ZeroDuration());
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "node %d already has a running agent (on host %s); start one `dtrain launch` per node, "
-        "each with its own node rank",
-        node, host.value_or("?")));
+    return running(absl::StrCat("on host ", host.value_or("?")));
   }
+  // Two agents started together both find the same last incarnation: the first to claim the
+  // next one goes on (the other became a replacement waiting to rejoin before).
+  const std::string claim = absl::StrCat("on host ", HostName(), ", pid ", getpid());
+  ASSIGN_OR_RETURN(const std::string holder,
+                   store_->CompareSet(NodeKey("agent/claim", node, previous + 1), "", claim));
+  if (holder != claim) return running(holder);
   ASSIGN_OR_RETURN(const int64_t incarnation,
                    store_->Add(NodeKey("agent/incarnation", node_.node_rank), 1));
   incarnation_ = static_cast<int>(incarnation);

@@ -31,6 +31,7 @@
 #include "core/backend/make_backend.h"
 #include "core/checkpoint/reader.h"
 #include "core/data/datasets.h"
+#include "core/data/shard_stream.h"
 #include "core/data/token_decode.h"
 #include "core/data/tokenizers/load_tokenizer.h"
 #include "core/data/webdataset_loader.h"
@@ -843,7 +844,10 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     }
     return TrainingEnd::kStopped;
   }
-  if (!recorded.ok() && recipe.data.on_error == "fail") return recorded.status();
+  if (!recorded.ok() && recipe.data.on_error == "fail") {
+    return recipe.data.format == "webdataset" ? WithSkipShardHint(recorded.status())
+                                              : recorded.status();
+  }
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
                    LoadSampleTokenizer(recipe, recorded, leader));
   if (leader) {

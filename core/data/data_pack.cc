@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/data/compressed_format.h"
 #include "core/data/sft_data.h"
 #include "core/data/shard_urls.h"
 #include "core/data/tar_writer.h"
@@ -210,22 +211,10 @@ bool IsJsonLines(const std::string& path) { return LowerExtension(path) == ".jso
 // anyone means to train on as is: a compressed archive (its bytes would become the tokens), or
 // JSON lines under another extension (its braces and keys would be trained on).
 absl::Status CheckPlainText(const std::string& path, const std::string& text) {
-  static const auto* const kArchives = new std::vector<std::pair<std::string, std::string>>{
-      {"\x1f\x8b", "gzip"},
-      {std::string("\x28\xb5\x2f\xfd", 4), "zstd"},
-      {std::string("\xfd"
-                   "7zXZ\0",
-                   6),
-       "xz"},
-      {"BZh", "bzip2"},
-      {"PK\x03\x04", "zip"}};
-  for (const auto& [magic, name] : *kArchives) {
-    if (absl::StartsWith(text, magic)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, " is a ", name,
-                       " archive, whose bytes would be packed as text: "
-                       "unpack it first"));
-    }
+  if (const std::optional<CompressedFormat> format = CompressedFormatOf(text)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is a ", format->name,
+        " archive, whose bytes would be packed as text: unpack it first (", format->unpack, ")"));
   }
   if (LowerExtension(path) == ".json") {
     const std::string first_line = text.substr(0, text.find('\n'));

@@ -162,10 +162,13 @@ absl::Status CheckTrainedTargets(const SftRows& rows, const std::string& source)
                   [](int32_t target) { return target >= 0; })) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      source, " holds no trained token in ", rows.rows, " sequence(s) of ", rows.seq_len,
-      ": every target is masked (prompt, padding, or assistant turns cut off by truncation); "
-      "raise train.seq_len, set data.on_long_sample: skip, or check the shards' loss masks"));
+  // Data that a restart would read the same: exit 2.
+  return WithExitCode(
+      absl::InvalidArgumentError(absl::StrCat(
+          source, " holds no trained token in ", rows.rows, " sequence(s) of ", rows.seq_len,
+          ": every target is masked (prompt, padding, or assistant turns cut off by truncation); "
+          "raise train.seq_len, set data.on_long_sample: skip, or check the shards' loss masks")),
+      kExitUsage);
 }
 
 // data.format sft: samples read whole and packed into fixed sequences once.

@@ -10,8 +10,11 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 
@@ -25,6 +28,18 @@ constexpr int kMaxBackoffMs = 30000;
 constexpr int64_t kProgressBytes = int64_t{1} << 20;
 
 bool RetryableHttpStatus(long status) { return status == 408 || status == 429 || status >= 500; }
+
+// The first byte that a Content-Range header ("bytes 100-199/1000") names; -1 if it names none.
+int64_t ContentRangeStart(absl::string_view header) {
+  if (!absl::StartsWithIgnoreCase(header, "bytes ")) return -1;
+  header.remove_prefix(6);
+  int64_t start = -1;
+  const size_t dash = header.find('-');
+  if (dash == absl::string_view::npos || !absl::SimpleAtoi(header.substr(0, dash), &start)) {
+    return -1;
+  }
+  return start;
+}
 
 class HttpSource final : public ByteSource {
  public:
@@ -88,13 +103,70 @@ class HttpSource final : public ByteSource {
   const std::string& url() const override { return url_; }
 
  private:
+  // The headers of a response that says which bytes it holds and which version of the shard.
+  struct Response {
+    std::string content_range, etag, last_modified;
+  };
+
   static size_t OnData(char* data, size_t size, size_t count, void* self) {
     return static_cast<HttpSource*>(self)->Accept(data, size * count);
+  }
+
+  static size_t OnHeader(char* data, size_t size, size_t count, void* self) {
+    static_cast<HttpSource*>(self)->Header(absl::string_view(data, size * count));
+    return size * count;
+  }
+
+  void Header(absl::string_view line) {
+    if (absl::StartsWithIgnoreCase(line, "HTTP/")) {  // each response of a redirect has its own
+      response_ = {};
+      return;
+    }
+    const size_t colon = line.find(':');
+    if (colon == absl::string_view::npos) return;
+    const absl::string_view name = absl::StripAsciiWhitespace(line.substr(0, colon));
+    const std::string value(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+    if (absl::EqualsIgnoreCase(name, "Content-Range")) response_.content_range = value;
+    if (absl::EqualsIgnoreCase(name, "ETag")) response_.etag = value;
+    if (absl::EqualsIgnoreCase(name, "Last-Modified")) response_.last_modified = value;
+  }
+
+  // Whether the response to a resumed attempt continues the bytes received: the same version of
+  // the shard (its ETag and Last-Modified, where the first response gave them) and, for a 206,
+  // the range asked for. Else a DataLoss error: the samples would mix two versions, or repeat.
+  absl::Status CheckResumedResponse() const {
+    const auto changed = [&](absl::string_view header, const std::string& was,
+                             const std::string& is) {
+      return absl::DataLossError(
+          absl::StrCat(url_, ": the shard changed on the server after ", received_, " bytes (",
+                       header, " '", was, "', now '", is,
+                       "'): its bytes would mix two versions; read it again from the "
+                       "start, or keep shards unchanged while a run reads them"));
+    };
+    if (!first_.etag.empty() && !response_.etag.empty() && response_.etag != first_.etag) {
+      return changed("ETag", first_.etag, response_.etag);
+    }
+    if (!first_.last_modified.empty() && !response_.last_modified.empty() &&
+        response_.last_modified != first_.last_modified) {
+      return changed("Last-Modified", first_.last_modified, response_.last_modified);
+    }
+    if (status_ == 206 && ContentRangeStart(response_.content_range) != received_) {
+      return absl::DataLossError(
+          absl::StrCat(url_, ": asked for the bytes from ", received_,
+                       " on after a broken transfer, the server answered 206 with Content-Range '",
+                       response_.content_range, "': its bytes would not continue the shard"));
+    }
+    return absl::OkStatus();
   }
 
   size_t Accept(const char* data, size_t bytes) {
     if (status_ == 0) {
       curl_easy_getinfo(easy_, CURLINFO_RESPONSE_CODE, &status_);
+      if (received_ == 0) first_ = response_;
+      if (status_ < 400 && received_ > 0) {
+        refused_ = CheckResumedResponse();
+        if (!refused_.ok()) return 0;  // abort; Finished() reports it
+      }
       // A server that ignores Range sends the whole body again: drop what we already have.
       skip_ = (received_ > 0 && status_ == 200) ? received_ : 0;
     }
@@ -118,6 +190,8 @@ class HttpSource final : public ByteSource {
     curl_easy_setopt(easy_, CURLOPT_URL, url_.c_str());
     curl_easy_setopt(easy_, CURLOPT_WRITEFUNCTION, &HttpSource::OnData);
     curl_easy_setopt(easy_, CURLOPT_WRITEDATA, this);
+    curl_easy_setopt(easy_, CURLOPT_HEADERFUNCTION, &HttpSource::OnHeader);
+    curl_easy_setopt(easy_, CURLOPT_HEADERDATA, this);
     curl_easy_setopt(easy_, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(easy_, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(easy_, CURLOPT_CONNECTTIMEOUT_MS,
@@ -164,6 +238,7 @@ class HttpSource final : public ByteSource {
   }
 
   absl::Status Finished(CURLcode result) {
+    if (!refused_.ok()) return refused_;
     if (status_ == 0) curl_easy_getinfo(easy_, CURLINFO_RESPONSE_CODE, &status_);
     if (status_ >= 400) {
       const std::string what = absl::StrCat("HTTP status ", status_);
@@ -196,6 +271,9 @@ class HttpSource final : public ByteSource {
   int64_t received_ = 0;  // body bytes received over all attempts
   int64_t skip_ = 0;      // bytes of a restarted (200) body that we already have
   long status_ = 0;       // HTTP status of the current attempt; 0 until known
+  Response response_;     // the current attempt's headers
+  Response first_;        // the headers of the attempt that brought the first bytes
+  absl::Status refused_;  // a resumed attempt's response that does not continue the shard
   bool paused_ = false;
   bool finished_ = false;
   int64_t attempt_start_ = 0;  // received_ when the current attempt began

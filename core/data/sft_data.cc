@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "core/data/sample_grouper.h"
 #include "core/data/shard_source.h"
 #include "core/data/tar_reader.h"
@@ -86,14 +87,24 @@ absl::StatusOr<SftSample> EncodeSftLine(std::string_view line, const ChatTemplat
   sample.trained.assign(sample.tokens.size(), 0);
   // Where the trained flag changes, the tokens of the text before agree with the whole's up to
   // a token: the later stretch starts there (a token across the boundary is the later one's).
+  // Encoded apart, that text can end in another split than the whole's (GPT-2's `\s+(?!\S)`
+  // keeps trailing spaces together only at the end of a text): a token of the whole whose text
+  // still lies within it, as decoding tells, is the earlier stretch's.
   std::vector<int32_t> before;
   const auto token_at = [&](size_t offset) -> absl::StatusOr<size_t> {
     before.clear();
-    RETURN_IF_ERROR(tokenizer.Encode(std::string_view(text).substr(0, offset), &before));
-    return static_cast<size_t>(
+    const std::string_view earlier = std::string_view(text).substr(0, offset);
+    RETURN_IF_ERROR(tokenizer.Encode(earlier, &before));
+    size_t token = static_cast<size_t>(
         std::mismatch(before.begin(), before.end(), sample.tokens.begin(), sample.tokens.end())
             .first -
         before.begin());
+    for (; token < sample.tokens.size(); ++token) {
+      const absl::StatusOr<std::string> decoded =
+          tokenizer.Decode(absl::MakeConstSpan(sample.tokens).first(token + 1));
+      if (!decoded.ok() || earlier.substr(0, decoded->size()) != *decoded) break;
+    }
+    return token;
   };
   size_t offset = 0, stretch_token = 0;
   bool trained = false;

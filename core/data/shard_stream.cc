@@ -18,12 +18,22 @@ namespace {
 constexpr uint64_t kShardOrderTag = 0x73687264ULL << 32;  // "shrd" + pass
 constexpr uint64_t kBlockOrderTag = 0x626c636bULL << 32;  // "blck", hashed with stream and block
 
+// How long a shard that failed before its first token is skipped unread (data.on_error
+// skip_shard) before it is tried again.
+constexpr absl::Duration kDeadShardRetry = absl::Minutes(10);
+
 absl::Status WithShard(const absl::Status& status, const std::string& url) {
   if (status.ok() || absl::StrContains(status.message(), url)) return status;
   return Renamed(status, absl::StrCat("shard ", url, ": ", status.message()));
 }
 
 }  // namespace
+
+absl::Status WithSkipShardHint(const absl::Status& error) {
+  if (ExitCodeOf(error) == kExitUsage) return error;
+  return Renamed(
+      error, absl::StrCat(error.message(), " (data.on_error: skip_shard would skip this shard)"));
+}
 
 ShardStream::ShardStream(const StreamConfig* config, int stream)
     : config_(config), stream_(stream), packer_(config->seq_len, config->eos_id), slot_(stream) {
@@ -66,6 +76,12 @@ absl::Status ShardStream::OpenSlot() {
     wrap_logged_ = true;
   }
   const std::string& url = UrlOfSlot(slot_);
+  if (const auto dead = dead_shards_.find(url);
+      dead != dead_shards_.end() && absl::Now() < dead->second.until) {
+    return absl::UnavailableError(absl::StrCat(dead->second.error, " (not read again for ",
+                                               absl::FormatDuration(kDeadShardRetry),
+                                               " after that failure)"));
+  }
   ASSIGN_OR_RETURN(source_, OpenShard(url, config_->source));
   reader_ = std::make_unique<TarReader>(source_.get());
   grouper_ = std::make_unique<SampleGrouper>(reader_.get());
@@ -84,33 +100,37 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
   if (absl::IsCancelled(status)) return status;  // the loader stopped reading: no shard failed
   const std::string& url = UrlOfSlot(slot_);
   const absl::Status error = WithShard(status, url);
-  if (!config_->skip_bad_shards) {
-    // A shard that does not fit the recipe (its tokenizer) is no damaged one to skip.
-    if (ExitCodeOf(error) == kExitUsage) return error;
-    return Renamed(
-        error, absl::StrCat(error.message(), " (data.on_error: skip_shard would skip this shard)"));
-  }
+  if (!config_->skip_bad_shards) return WithSkipShardHint(error);
   ++cursor_.skipped_shards;
   ++shards_skipped_;
-  // A shard that gave tokens before it failed is progress: a single partly readable shard trains
-  // on what it holds. Samples without tokens are none (shards of them, each cut off, looped
-  // forever).
-  if (!GaveProgress()) ++failures_in_a_row_;
   if (skipped_urls_.insert(url).second) {
     LogWarn(
         "data.on_error skip_shard: skipping shard %s (data stream %d, pass %d) after %d "
-        "samples: %s; %d shards skipped by this stream so far (its later passes read it again "
-        "and skip it without a warning if it fails again)",
+        "samples: %s; %d shards skipped by this stream so far (its later passes skip it "
+        "without a warning if it fails again%s)",
         url, stream_, slot_ / static_cast<int64_t>(config_->urls.size()), slot_samples_,
-        error.message(), cursor_.skipped_shards);
+        error.message(), cursor_.skipped_shards,
+        GaveProgress()
+            ? ""
+            : absl::StrCat(", and without reading it for ", absl::FormatDuration(kDeadShardRetry)));
   }
-  if (failures_in_a_row_ >= static_cast<int64_t>(config_->urls.size())) {
-    return absl::Status(
-        error.code(),
-        absl::StrCat("data stream ", stream_, ": ", failures_in_a_row_,
-                     " shards in a row failed before their first token, as many as there are "
-                     "shards; last: ",
-                     error.message()));
+  // A shard that gave tokens before it failed is progress: a single partly readable shard trains
+  // on what it holds. Samples without tokens are none (shards of them, each cut off, looped
+  // forever).
+  if (!GaveProgress()) {
+    // A skip of a dead shard leaves its failure as it was.
+    const absl::Time now = absl::Now();
+    if (DeadShard& dead = dead_shards_[url]; now >= dead.until) {
+      dead = {.until = now + kDeadShardRetry, .error = std::string(error.message())};
+    }
+    failed_since_progress_.insert(url);
+    if (reachable_shards_ < 0) reachable_shards_ = ReachableShards();
+    if (static_cast<int64_t>(failed_since_progress_.size()) >= reachable_shards_) {
+      return absl::Status(
+          error.code(),
+          absl::StrCat("data stream ", stream_, ": every shard it reads (", reachable_shards_,
+                       ") failed before its first token; last: ", error.message()));
+    }
   }
   CloseSlot();
   return absl::OkStatus();
@@ -161,9 +181,25 @@ absl::Status ShardStream::ReadSample(bool decode, TokenDocument* tokens) {
       slot_tokens_ += tokens->size();
     }
     ++slot_samples_;
-    if (GaveProgress()) failures_in_a_row_ = 0;
+    if (GaveProgress()) failed_since_progress_.clear();
     return absl::OkStatus();
   }
+}
+
+int64_t ShardStream::ReachableShards() {
+  const int64_t n = static_cast<int64_t>(config_->urls.size());
+  const int64_t period =
+      !config_->shard_shuffle ? n : (config_->epochs > 0 ? config_->epochs * n : 0);
+  if (period == 0) {
+    return static_cast<int64_t>(
+        std::set<std::string>(config_->urls.begin(), config_->urls.end()).size());
+  }
+  // Slot s names the shard slot s + period names; stream k's slots k + jK reach, modulo the
+  // period, every slot congruent to k modulo gcd(period, K).
+  const int64_t step = std::gcd(period, static_cast<int64_t>(config_->num_streams));
+  std::set<std::string> reached;
+  for (int64_t slot = stream_ % step; slot < period; slot += step) reached.insert(UrlOfSlot(slot));
+  return static_cast<int64_t>(reached.size());
 }
 
 absl::Status ShardStream::LoadBlock() {

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "core/data/loader.h"
 #include "core/data/packer.h"
 #include "core/data/sample_grouper.h"
@@ -56,6 +58,10 @@ struct StreamCursor {
   std::vector<int32_t> carry;  // the packer's carry
 };
 
+// The error of a shard that data.on_error: fail stops at, saying that skip_shard would skip it;
+// one that does not fit the recipe (its tokenizer: exit 2) is no damaged shard to skip, as is.
+absl::Status WithSkipShardHint(const absl::Status& error);
+
 class ShardStream {
  public:
   ShardStream(const StreamConfig* config, int stream);
@@ -82,6 +88,9 @@ class ShardStream {
   absl::Status OpenSlot();
   void CloseSlot();
   absl::Status ShardFailed(const absl::Status& status);
+  // The distinct shards this stream's slots ever name (its slots, k mod K, over the period in
+  // which the shard orders repeat; every shard where each pass is shuffled anew).
+  int64_t ReachableShards();
 
   const StreamConfig* config_;
   int stream_;
@@ -94,9 +103,20 @@ class ShardStream {
   int64_t slot_samples_ = 0;  // samples read from slot_
   int64_t slot_decoded_ = 0;  // ... of which decoded
   int64_t slot_tokens_ = 0;   // ... holding these tokens
-  // Shards skipped in a row before their first token: as many as there are shards is an error
-  // (every shard fails; skipping on would loop without one window).
-  int64_t failures_in_a_row_ = 0;
+  // The shards that failed before their first token since this stream's last one: once they are
+  // every shard it reaches, skipping on would loop without one window, an error. (Counted as
+  // failures in a row, a bad shard that ended one shuffled pass and began the next took a good
+  // one's place in the count, and failed the run.)
+  std::set<std::string> failed_since_progress_;
+  int64_t reachable_shards_ = -1;  // ReachableShards(), once a shard failed
+  // A shard that failed before its first token is skipped unread until `until`, with the error
+  // it failed with: a dead server's shard cost its timeouts again on each of the hundreds of
+  // passes over a small dataset that fill the shuffle blocks; one that recovers is read again.
+  struct DeadShard {
+    absl::Time until;
+    std::string error;
+  };
+  std::map<std::string, DeadShard> dead_shards_;
   // Whether the open shard has given a token, or samples not decoded (counted on a restore).
   bool GaveProgress() const { return slot_tokens_ > 0 || slot_decoded_ < slot_samples_; }
   // Shards read whole in a row whose decoded samples held no token: as many as there are

@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/data/compressed_format.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -240,6 +243,15 @@ absl::StatusOr<bool> TarReader::Next(TarMember* member) {
       return false;
     }
     if (!ChecksumMatches(block)) {
+      if (const std::optional<CompressedFormat> format =
+              CompressedFormatOf(std::string_view(block, kBlock));
+          format && header_offset == 0) {
+        return Error(header_offset,
+                     absl::StrCat("the shard is ", format->name,
+                                  "-compressed, and dtrain reads plain tar: unpack it, or read "
+                                  "it as pipe:",
+                                  format->unpack, " ", url()));
+      }
       return Error(header_offset,
                    "header checksum mismatch: the shard is corrupt or not a tar file");
     }

@@ -103,9 +103,12 @@ absl::Status DecodeJson(const Sample& sample, const SampleField& field, int voca
   for (size_t i = 0; i < ids.size(); ++i) {
     const nlohmann::json& id = ids[i];
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab_size) {
+      // Without a vocabulary (`data inspect` without a tokenizer) any 32-bit id is one.
       return SampleError(
-          sample, absl::StrCat(".json item ", i, " is ", id.dump(),
-                               ", not a token id in [0, model.vocab_size = ", vocab_size, ")"));
+          sample, absl::StrCat(".json item ", i, " is ", id.dump(), ", not a token id ",
+                               vocab_size == std::numeric_limits<int32_t>::max()
+                                   ? std::string("(a non-negative 32-bit integer)")
+                                   : absl::StrCat("in [0, model.vocab_size = ", vocab_size, ")")));
     }
     tokens->push_back(static_cast<int32_t>(id.get<int64_t>()));
   }

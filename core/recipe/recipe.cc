@@ -1160,7 +1160,8 @@ class Parser {
             absl::StrCat(v, " needs parallel.pp_schedule: interleaved (it is ", p.pp_schedule,
                          "); set pp_schedule: interleaved, or pp_virtual_stages: 1"));
       }
-      if (p.pp == 1) {
+      // Under auto, parallel.pp stays 1 and the search takes the chunks for its pipelines.
+      if (p.pp == 1 && p.strategy != "auto") {
         return Error("parallel.pp_virtual_stages",
                      absl::StrCat(v,
                                   " chunks interleave over pipeline stages, and parallel.pp is "

@@ -7,6 +7,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/util/exit_codes.h"
 #include "core/util/status.h"
 #include "parallel/planner/catalog.h"
 
@@ -80,11 +81,19 @@ absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_siz
   if (chosen == nullptr) {
     const Candidate* closest = ClosestToFitting(restricted);
     const std::string why =
-        closest == nullptr ? std::string("no layout divides the cluster, model and batch")
-                           : absl::StrCat(DescribeLayout(closest->layout), ": ", closest->reason);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "parallel.strategy auto: no layout the trainer runs fits ", world_size,
-        " ranks; the closest: ", why, ". Run 'dtrain plan' on the recipe to see every option"));
+        closest == nullptr
+            ? absl::StrCat(
+                  "none divides train.batch_size (", recipe.train.batch_size,
+                  ") among its data-parallel ranks and model.n_head and model.n_layer among its "
+                  "tensor and pipeline degrees; a train.batch_size that is a multiple of ",
+                  world_size, " splits over every rank, or use another world size")
+            : absl::StrCat("the closest: ", DescribeLayout(closest->layout), ": ", closest->reason);
+    // The recipe against the world: a restart would fail alike (exit 2).
+    return WithExitCode(
+        absl::FailedPreconditionError(
+            absl::StrCat("parallel.strategy auto: no layout the trainer runs fits ", world_size,
+                         " ranks; ", why, ". Run 'dtrain plan' on the recipe to see every option")),
+        kExitUsage);
   }
   AutoLayout result{.layout = chosen->layout, .estimate = chosen->estimate};
   SearchOptions unrestricted;

@@ -167,6 +167,13 @@ std::string WhyNotSearched(const Plan& plan, const Layout& layout) {
   if (const absl::Status status = CheckLayout(plan.workload, plan.cluster, layout); !status.ok()) {
     return std::string(status.message());
   }
+  if (!absl::c_linear_search(plan.options.strategies, layout.strategy)) {
+    return layout.strategy == Strategy::kZero3
+               ? "zero3 shards as fsdp does and costs the same, so the planner lists that family "
+                 "once, as fsdp: see the fsdp rows"
+               : absl::StrCat(StrategyName(layout.strategy),
+                              " is not among the strategies the planner searches");
+  }
   return "not among the layouts the planner searches (micro-batches of powers of two up to 64; "
          "sequence parallelism wherever tp divides train.seq_len)";
 }

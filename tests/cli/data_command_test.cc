@@ -208,6 +208,7 @@ TEST(DataCommandTest, AFirstShardThatDoesNotReadFailsAtStart) {
   const Outcome failed = RunDtrain("train " + recipe("fail", "fail"));
   EXPECT_EQ(failed.exit_code, 1);
   EXPECT_THAT(failed.stderr_text, HasSubstr("wrote nothing for 1 s (data.pipe_timeout_s)"));
+  EXPECT_THAT(failed.stderr_text, HasSubstr("(data.on_error: skip_shard would skip this shard)"));
   EXPECT_EQ(runs_of("fail"), 1);
 
   const Outcome skipped = RunDtrain("train " + recipe("skip", "skip_shard"));
@@ -215,7 +216,8 @@ TEST(DataCommandTest, AFirstShardThatDoesNotReadFailsAtStart) {
   EXPECT_THAT(skipped.stderr_text,
               HasSubstr("samples print as token ids: the first shard, which records the data's "
                         "tokenizer, did not read"));
-  EXPECT_THAT(skipped.stderr_text, HasSubstr("1 shards in a row failed before their first token"));
+  EXPECT_THAT(skipped.stderr_text,
+              HasSubstr("every shard it reads (1) failed before its first token"));
   EXPECT_EQ(runs_of("skip"), 2);
 }
 

@@ -147,6 +147,12 @@ TEST(PlanCommandTest, TheRecipesOwnLayoutIsShown) {
   EXPECT_THAT(refused.stdout_text,
               HasSubstr("  ddp tp1 pp1 dp8 mb8: train.batch_size 8 is not a multiple of dp 8 x "
                         "train.micro_batch 8, which the trainer refuses\n"));
+  // zero3, which the search lists as fsdp, says so (it blamed the micro-batch).
+  const testing::Outcome zero3 =
+      testing::RunDtrain(absl::StrCat("plan ", recipe, " --top 1 --set parallel.strategy=zero3"));
+  EXPECT_THAT(zero3.stdout_text,
+              HasSubstr(": zero3 shards as fsdp does and costs the same, so the planner lists "
+                        "that family once, as fsdp"));
   // parallel.strategy auto has none of its own.
   const testing::Outcome automatic =
       testing::RunDtrain(absl::StrCat("plan ", recipe, " --set parallel.strategy=auto"));

@@ -38,7 +38,7 @@ def free_port():
 
 
 class TorchrunTest(unittest.TestCase):
-    def train(self, rendezvous):
+    def train(self, rendezvous, should_fail=False):
         work = pathlib.Path(tempfile.mkdtemp(prefix="dtrain_torchrun_"))
         text = work / "text.txt"
         text.write_text("The quick brown fox jumps over the lazy dog.\n" * 300)
@@ -49,6 +49,9 @@ class TorchrunTest(unittest.TestCase):
              "train", str(recipe), "--set", f"run.out_dir={work / 'runs'}"],
             capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
         output = result.stdout + result.stderr
+        if should_fail:
+            self.assertNotEqual(result.returncode, 0, output)
+            return output, []
         self.assertEqual(result.returncode, 0, output)
         metrics = [json.loads(line) for line in (work / "runs/tr/metrics.jsonl").read_text()
                    .splitlines() if line.strip()]
@@ -64,6 +67,17 @@ class TorchrunTest(unittest.TestCase):
         standalone, standalone_losses = self.train(["--standalone"])
         self.assertIn("step 3/3", standalone)
         self.assertEqual(static_losses, standalone_losses)
+
+    def test_a_busy_store_port_says_it_is_master_port_plus_one(self):
+        port = free_port()
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", port + 1))
+            busy.listen()
+            output, _ = self.train(["--master_addr=127.0.0.1", f"--master_port={port}"],
+                                   should_fail=True)
+        self.assertIn(f"rendezvous store on port {port + 1}, derived from MASTER_PORT={port} + 1",
+                      output)
+        self.assertIn("address already in use", output)
 
 
 def main():

@@ -368,10 +368,15 @@ TEST(AgentTest, ANodeWhoseMasterIsItsOwnLoopbackIsTold) {
 // Two pods of `dtrain launch` (node 0 hosts the store, one worker each); the tests below kill
 // one agent after two steps and watch the other.
 struct TwoPods {
-  TwoPods(const std::string& name, int steps, std::vector<std::string> flags = {})
+  static constexpr char kToken[] = "lost-agent-test-token";
+
+  // Starts both pods and waits for the job's second step; with `started` false, neither.
+  TwoPods(const std::string& name, int steps, std::vector<std::string> flags = {},
+          bool started = true)
       : out(OutDir(name)), port(testing::FreeTcpPort()) {
     args = {Recipe(name, steps), "--set", "run.out_dir=" + out};
     args.insert(args.end(), flags.begin(), flags.end());
+    if (!started) return;
     for (int pod = 0; pod < 2; ++pod) pods.push_back(Start(pod));
     EXPECT_TRUE(pods[0]->Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
         << pods[0]->output();
@@ -382,7 +387,7 @@ struct TwoPods {
         args, std::vector<std::string>{
                   "PET_NNODES=2", "PET_NPROC_PER_NODE=1", absl::StrCat("PET_NODE_RANK=", pod),
                   "PET_MASTER_ADDR=127.0.0.1", absl::StrCat("PET_MASTER_PORT=", port),
-                  "DTRAIN_RDZV_TOKEN=lost-agent-test-token"});
+                  absl::StrCat("DTRAIN_RDZV_TOKEN=", kToken)});
   }
 
   std::string out;
@@ -1219,6 +1224,29 @@ TEST(AgentTest, SecondAgentForARunningNodeLeavesTheJobAlone) {
   for (const auto& pod : job.pods) EXPECT_FALSE(pod->process().Poll()) << pod->output();
   EXPECT_THAT(job.pods[0]->output(), Not(HasSubstr("agent lost")));
   for (const auto& pod : job.pods) KillAgent(*pod);
+}
+
+// Two agents started together for one node both find no agent of it running: the first to claim
+// the node's next incarnation goes on and the other is turned away naming it (it took itself for
+// a replacement of the first and waited to rejoin). Here the claim of a node 1 that is not
+// started yet is the store's before node 1's agent asks.
+TEST(AgentTest, OfTwoAgentsStartingForOneNodeTheSecondToClaimItIsTurnedAway) {
+  TwoPods job("claimed", 100000, {}, /*started=*/false);
+  job.pods.push_back(job.Start(0));
+  TcpStoreClientOptions options;
+  options.connect_timeout = absl::Seconds(60);
+  options.token = TwoPods::kToken;
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> store =
+      TcpStoreClient::Connect("127.0.0.1", job.port, options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::string first = "on host other-host, pid 1";
+  ASSERT_EQ((*store)->CompareSet("agent/claim/node-1/1", "", first).value_or(""), first);
+  std::unique_ptr<Launch> second = job.Start(1);
+  EXPECT_NE(second->Wait(absl::Seconds(60)), 0) << second->output();
+  EXPECT_THAT(second->output(),
+              HasSubstr("node 1 already has a running agent (on host other-host, pid 1)"));
+  EXPECT_THAT(second->output(), Not(HasSubstr("last agent was lost")));
+  KillAgent(*job.pods[0]);
 }
 
 // The worker logs of every attempt are closed (each restart leaked one fd per worker).

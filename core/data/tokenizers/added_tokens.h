@@ -1,7 +1,9 @@
 // Added tokens (special tokens such as <|endoftext|> and chat markers) found in text before the
 // model sees it, as Hugging Face's AddedVocabulary does: leftmost-longest matches, with the
-// lstrip/rstrip/single_word options of tokenizer.json. Immutable after construction, so
-// thread-safe.
+// lstrip/rstrip/single_word options of tokenizer.json (Unicode whitespace and word characters).
+// A byte trie of the contents finds them: each position costs the bytes it shares with some
+// token, not one comparison per token (Llama 3's 256 reserved tokens slowed encoding 7x).
+// Immutable after construction, so thread-safe.
 #pragma once
 
 #include <array>
@@ -9,6 +11,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "absl/container/flat_hash_map.h"
 
 namespace dtrain {
 
@@ -36,8 +40,17 @@ class AddedTokenMatcher {
   void Split(std::string_view text, std::vector<TextPiece>* pieces) const;
 
  private:
-  std::vector<AddedToken> tokens_;  // longest first, so the first match is the longest
-  std::array<std::vector<int>, 256> by_first_byte_;  // indices into tokens_
+  struct Node {
+    int32_t token = -1;  // the index into tokens_ of the token whose content ends here
+  };
+  static uint64_t Edge(int32_t node, unsigned char byte) {
+    return (static_cast<uint64_t>(node) << 8) | byte;
+  }
+
+  std::vector<AddedToken> tokens_;
+  std::vector<Node> nodes_;                          // the trie's; node 0 is the root
+  std::array<int32_t, 256> root_;                    // the root's child by byte; -1 for none
+  absl::flat_hash_map<uint64_t, int32_t> children_;  // Edge(node, byte) -> child, below the root
 };
 
 }  // namespace dtrain

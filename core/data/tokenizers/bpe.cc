@@ -37,6 +37,8 @@ constexpr size_t kParallelChunkBytes = 256 * 1024;
 // Pieces up to this size are remembered per thread (words repeat; merging them is the cost).
 constexpr size_t kCachedPieceBytes = 64;
 constexpr size_t kCacheEntries = 1 << 16;
+// Token ids a vocabulary may use: its tables hold an entry for each id up to the largest.
+constexpr int32_t kMaxTokenIds = 1 << 24;
 
 std::atomic<uint64_t> next_tokenizer_serial{1};
 
@@ -56,6 +58,14 @@ uint64_t PairKey(int32_t left, int32_t right) {
 
 // Debian's Abseil has its own string_view class.
 absl::string_view View(std::string_view text) { return {text.data(), text.size()}; }
+
+std::vector<AddedToken> WithNormalizedContents(std::vector<AddedToken> tokens,
+                                               const Normalizer& normalizer) {
+  if (!normalizer.empty()) {
+    for (AddedToken& token : tokens) token.content = normalizer.Apply(token.content);
+  }
+  return tokens;
+}
 
 bool IsAsciiSpace(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 bool IsAsciiLetter(unsigned char c) { return (c | 0x20) >= 'a' && (c | 0x20) <= 'z'; }
@@ -138,13 +148,19 @@ class Bpe final : public Tokenizer {
   }
 
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Make(BpeSpec spec, int threads) {
-    auto bpe =
-        std::unique_ptr<Bpe>(new Bpe(std::move(spec.special_added), std::move(spec.normal_added)));
+    auto bpe = std::unique_ptr<Bpe>(
+        new Bpe(std::move(spec.special_added), std::move(spec.normal_added), spec.normalizer));
     bpe->name_ = std::move(spec.name);
     int32_t max_id = -1;
     for (const auto& [bytes, id] : spec.vocab) max_id = std::max(max_id, id);
     for (const auto& [content, id] : bpe->added_ids_) max_id = std::max(max_id, id);
     if (max_id < 0) return absl::InvalidArgumentError("the vocabulary is empty");
+    // The tables are indexed by id: a stray huge id would size them (INT32_MAX aborted).
+    if (max_id >= kMaxTokenIds) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token id ", max_id, " is too large: dtrain reads vocabularies whose ids are below ",
+          kMaxTokenIds, " (the largest models' have about 260,000); check the file's ids"));
+    }
     bpe->id_bytes_.resize(max_id + 1);
     bpe->known_.resize(max_id + 1);
     for (auto& [bytes, id] : spec.vocab) {
@@ -201,8 +217,11 @@ class Bpe final : public Tokenizer {
   }
 
  private:
-  Bpe(std::vector<AddedToken> special, std::vector<AddedToken> normal)
-      : special_(special), normal_(normal) {
+  // The normalized added tokens are found in normalized text by their normalized contents, as
+  // Hugging Face finds them (under Llama 2's Prepend, "<tool>" is "▁<tool>": it matches only
+  // after a space, which it takes); they decode to their contents as written.
+  Bpe(std::vector<AddedToken> special, std::vector<AddedToken> normal, const Normalizer& normalizer)
+      : special_(special), normal_(WithNormalizedContents(normal, normalizer)) {
     for (const std::vector<AddedToken>* tokens : {&special, &normal}) {
       for (const AddedToken& token : *tokens) added_ids_.emplace(token.content, token.id);
     }

@@ -3,6 +3,11 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
+#include <cctype>
+#include <string>
+#include <string_view>
+
 #include "absl/strings/str_cat.h"
 
 namespace dtrain {
@@ -26,9 +31,33 @@ struct ThreadMatchContext {
   }
 };
 
+// Hugging Face's regexes are Oniguruma's, which write a code point \uHHHH where PCRE2 writes
+// \x{HHHH}; an escaped backslash (\\u) stays as it is.
+std::string WithPcre2CodePoints(std::string_view pattern) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '\\' || i + 1 == pattern.size()) {
+      out += pattern[i];
+      continue;
+    }
+    const std::string_view digits = pattern.substr(i + 2, 4);
+    if (pattern[i + 1] == 'u' && digits.size() == 4 &&
+        std::all_of(digits.begin(), digits.end(),
+                    [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); })) {
+      out.append("\\x{").append(digits).append("}");
+      i += 5;
+    } else {
+      out.append(pattern.substr(i, 2));
+      ++i;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RegexSplitter>> RegexSplitter::Compile(const std::string& pattern) {
+absl::StatusOr<std::unique_ptr<RegexSplitter>> RegexSplitter::Compile(const std::string& written) {
+  const std::string pattern = WithPcre2CodePoints(written);
   int error = 0;
   PCRE2_SIZE offset = 0;
   pcre2_code* code =

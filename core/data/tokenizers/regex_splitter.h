@@ -17,7 +17,8 @@ namespace dtrain {
 
 class RegexSplitter {
  public:
-  // InvalidArgument with PCRE2's message and offset when `pattern` does not compile.
+  // InvalidArgument with PCRE2's message and offset when `pattern` does not compile. Oniguruma's
+  // \uHHHH (Hugging Face's regexes are Oniguruma's) reads as the code point.
   static absl::StatusOr<std::unique_ptr<RegexSplitter>> Compile(const std::string& pattern);
   ~RegexSplitter();
 

@@ -13,6 +13,7 @@
 #include "core/data/chat_template.h"
 #include "core/data/data_pack.h"
 #include "core/data/tokenizer.h"
+#include "core/util/exit_codes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -164,9 +165,11 @@ TEST_F(DatasetsTest, SftDataWithoutATrainedTokenIsRefused) {
   recipe_.train.seq_len = 16;
   recipe_.train.eval_every = 0;
   pack(0);
-  EXPECT_THAT(OpenDatasets(recipe_, 0, 1).status().message(),
+  const absl::Status untrained = OpenDatasets(recipe_, 0, 1).status();
+  EXPECT_THAT(untrained.message(),
               ::testing::HasSubstr(" holds no trained token in 6 sequence(s) of 16: every target "
                                    "is masked"));
+  EXPECT_EQ(ExitCodeOf(untrained), kExitUsage);  // a restart would read the same: none
   pack(2);
   absl::StatusOr<Datasets> data = OpenDatasets(recipe_, 0, 1);
   ASSERT_TRUE(data.ok()) << data.status();

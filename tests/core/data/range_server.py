@@ -3,7 +3,10 @@
 Range support (206, "bytes=N-" and "bytes=N-M"), 404 for missing files, and, with
 --drop-after BYTES, drops the connection after that many body bytes of the first request for
 each file (a server dying mid-shard), with --drop-every BYTES after that many of every request
-(a link that drops now and then); --log FILE records each request. Prints its port on stdout, then serves until killed.
+(a link that drops now and then); --log FILE records each request. With --new-etag-each-request
+every response names another ETag (a shard replaced between requests); with --range-from-zero a
+Range request is answered 206 with the whole file and a Content-Range from byte 0 (a server
+that resumes wrongly). Prints its port on stdout, then serves until killed.
 """
 import argparse
 import http.server
@@ -19,6 +22,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     root = "."
     drop_after = -1
     drop_every = -1
+    new_etag_each_request = False
+    range_from_zero = False
+    requests = 0
     log = None
     dropped = set()
     lock = threading.Lock()
@@ -37,16 +43,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
         size = os.path.getsize(path)
         start, end = 0, size - 1
         match = re.match(r"bytes=(\d+)-(\d*)$", self.headers.get("Range", ""))
-        if match:
+        if match and not self.range_from_zero:
             start = int(match.group(1))
             end = int(match.group(2)) if match.group(2) else size - 1
             if start >= size:
                 self.send_error(416, "range not satisfiable")
                 return
         length = end - start + 1
+        with self.lock:
+            Handler.requests += 1
+            version = Handler.requests if self.new_etag_each_request else 1
         self.send_response(206 if match else 200)
         self.send_header("Content-Length", str(length))
         self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", '"v%d-%d"' % (version, size))
         if match:
             self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
         self.end_headers()
@@ -83,7 +93,11 @@ def main():
     parser.add_argument("--drop-after", type=int, default=-1)
     parser.add_argument("--drop-every", type=int, default=-1)
     parser.add_argument("--log", help="append one line per request: path and Range header")
+    parser.add_argument("--new-etag-each-request", action="store_true")
+    parser.add_argument("--range-from-zero", action="store_true")
     args = parser.parse_args()
+    Handler.new_etag_each_request = args.new_etag_each_request
+    Handler.range_from_zero = args.range_from_zero
     Handler.root = args.root
     Handler.drop_after = args.drop_after
     Handler.drop_every = args.drop_every

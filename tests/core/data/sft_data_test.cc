@@ -97,6 +97,37 @@ TEST(SftDataTest, ConversationsAreEncodedWholeAsTheirModelReadsThem) {
   EXPECT_EQ(trained, answer);
 }
 
+// A stretch's edge where the text before it ends in spaces: encoded apart, GPT-2's split keeps
+// them together ("ĠĠ"), the whole text splits them ("Ġ" + "ĠA"). The whole's tokens that lie
+// within one side are that side's: the prompt's own space was trained, the answer's own not.
+TEST(SftDataTest, AnEdgeAfterTrailingSpacesMasksEachSidesOwnTokens) {
+  const std::string dir = testing::FreshTempDir("sft_gpt2_spaces_tokenizer");
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json")
+      << testing::TokenizerJson({{" ", " "}, {" ", "A"}, {" ", "N"}}).dump();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const auto trained_text = [&](const std::string& line) -> std::string {
+    const absl::StatusOr<SftSample> sample =
+        EncodeSftLine(line, *LoadChatTemplate("none"), **tokenizer, "edge.jsonl:1");
+    EXPECT_TRUE(sample.ok()) << sample.status();
+    if (!sample.ok()) return "";
+    std::vector<int32_t> trained;
+    for (size_t i = 0; i < sample->tokens.size(); ++i) {
+      if (sample->trained[i]) trained.push_back(sample->tokens[i]);
+    }
+    return *(*tokenizer)->Decode(trained);
+  };
+  // "Q:  A" is Q : Ġ ĠA; "ĠA" crosses the edge, so it is the answer's.
+  EXPECT_EQ(trained_text(R"({"prompt": "Q:  ", "completion": "A"})"), " A");
+  // "Q A  NB" is Q ĠA Ġ ĠN B: the answer " A  " holds "Ġ" whole; "ĠN" is the next user's.
+  EXPECT_EQ(trained_text(R"({"messages": [{"role": "user", "content": "Q"},
+                                          {"role": "assistant", "content": " A  "},
+                                          {"role": "user", "content": "N"},
+                                          {"role": "assistant", "content": "B"}]})"),
+            " A B");
+}
+
 // Every bad line is one error naming the file and line; none is dropped silently.
 TEST(SftDataTest, BadLinesAreErrorsNamingFileAndLine) {
   const SpecialTokensTokenizer tokenizer;

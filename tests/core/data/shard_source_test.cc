@@ -7,8 +7,10 @@
 #include <atomic>
 #include <csignal>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -239,6 +241,31 @@ TEST(ShardSourceTest, RetriesCountFailuresInARowNotPerShard) {
   ASSERT_FALSE(cut.ok());
   EXPECT_TRUE(absl::StrContains(cut.status().message(), "failed after 2 attempts, 2000 bytes"))
       << cut.status();
+}
+
+// A resumed transfer goes on only where the server's answer continues the same bytes: a 206
+// that starts elsewhere (its samples were read twice) or a shard whose ETag changed (two versions
+// spliced) fails the shard, naming what the server said, without a retry.
+TEST(ShardSourceTest, AResumeThatWouldNotContinueTheShardFailsIt) {
+  testing::TempDir dir;
+  testing::WriteFile(dir / "s.tar", Pattern(3 << 20));
+  for (const auto& [flag, said] :
+       {std::pair<std::string, std::string>{"--range-from-zero",
+                                            "answered 206 with Content-Range 'bytes 0-3145727/"
+                                            "3145728': its bytes would not continue the shard"},
+        {"--new-etag-each-request",
+         "the shard changed on the server after 1000000 bytes (ETag '\"v1-3145728\"', now "
+         "'\"v2-3145728\"')"}}) {
+    testing::HttpTestServer server(dir.path(),
+                                   {"--drop-after", "1000000", flag, "--log", dir / "log"});
+    ASSERT_NE(server.port(), 0);
+    std::filesystem::remove(dir / "log");
+    absl::StatusOr<std::string> got = ReadAll(server.Url("s.tar"), FastOptions());
+    ASSERT_FALSE(got.ok()) << flag;
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+    EXPECT_TRUE(absl::StrContains(got.status().message(), said)) << got.status();
+    EXPECT_EQ(testing::ReadFile(dir / "log"), "/s.tar -\n/s.tar bytes=1000000-\n") << flag;
+  }
 }
 
 TEST(ShardSourceTest, HttpErrorsNameTheUrl) {

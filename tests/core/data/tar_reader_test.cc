@@ -129,6 +129,18 @@ TEST(TarReaderTest, RejectsACorruptHeaderChecksum) {
       << members.status();
 }
 
+// A compressed shard (WebDataset's .tar.gz) is named as such, with the command that reads it:
+// it was "corrupt or not a tar file".
+TEST(TarReaderTest, ACompressedShardSaysHowToReadIt) {
+  std::string gzip = std::string("\x1f\x8b\x08\x00", 4) + std::string(1020, 'x');
+  auto members = ReadAll(gzip);
+  ASSERT_FALSE(members.ok());
+  EXPECT_TRUE(absl::StrContains(members.status().message(),
+                                "shard mem.tar, byte 0: the shard is gzip-compressed, and dtrain "
+                                "reads plain tar: unpack it, or read it as pipe:gunzip -c mem.tar"))
+      << members.status();
+}
+
 // Members of every size around the 16 KiB read-ahead and the 2 KiB read behind large members,
 // read from a file (readv) and from memory, byte for byte, with the offset at the file's end.
 TEST(TarReaderTest, ReadsMembersOfEverySizeFromFilesAndMemory) {

@@ -235,9 +235,8 @@ TEST_F(WebDatasetLoaderTest, FailsOrSkipsABadShardByDataOnError) {
   ::testing::internal::CaptureStderr();
   const absl::Status none = loader->Next(1, inputs.data(), targets.data());
   ::testing::internal::GetCapturedStderr();
-  EXPECT_TRUE(absl::StrContains(none.message(),
-                                "3 shards in a row failed before their first token, as many as "
-                                "there are shards"))
+  EXPECT_TRUE(absl::StrContains(
+      none.message(), "data stream 0: every shard it reads (3) failed before its first token"))
       << none;
 
   // Shards that each give samples without tokens and are then cut give no token either: the
@@ -253,8 +252,46 @@ TEST_F(WebDatasetLoaderTest, FailsOrSkipsABadShardByDataOnError) {
   const absl::Status tokenless_status = loader->Next(1, inputs.data(), targets.data());
   ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(absl::StrContains(tokenless_status.message(),
-                                "2 shards in a row failed before their first token"))
+                                "every shard it reads (2) failed before its first token"))
       << tokenless_status;
+}
+
+// A shard that fails before its first token is skipped unread on the passes that follow, and a
+// good one beside it carries the run: over two shuffled shards, a bad one that ended a pass and
+// began the next counted as every shard failing, and each of the passes that fill the blocks
+// over a small dataset ran its command (or waited out its server) again.
+TEST_F(WebDatasetLoaderTest, ADeadShardIsReadOnceAndAGoodOneCarriesTheRun) {
+  config_.num_streams = 1;
+  config_.skip_bad_shards = true;
+  const std::string opened = dir_ / "opened";
+  config_.urls = {dir_ / "shard-000.tar", "pipe:echo >> " + opened + "; exit 1"};
+  std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
+  std::vector<int32_t> inputs(80 * kSeqLen), targets(80 * kSeqLen);
+  ::testing::internal::CaptureStderr();
+  const absl::Status status = loader->Next(80, inputs.data(), targets.data());
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(status.ok()) << status << "\n" << log;
+  EXPECT_EQ(testing::ReadFile(opened), "\n") << "the dead shard's command ran more than once";
+  EXPECT_GE(loader->shard_counts().skipped, 2);  // each pass skips it
+  EXPECT_TRUE(absl::StrContains(log, "without reading it for 10m")) << log;
+  for (const int32_t token : inputs) EXPECT_TRUE(token == 0 || token / 1000 == 0) << token;
+}
+
+// Streams that never reach a good shard end with the error rather than loop: unshuffled, stream
+// 1 of 2 reads only the second of two shards.
+TEST_F(WebDatasetLoaderTest, AStreamWhoseShardsAllFailSaysSoThoughOthersRead) {
+  config_.num_streams = 2;
+  config_.shard_shuffle = false;
+  config_.skip_bad_shards = true;
+  config_.urls = {dir_ / "shard-000.tar", dir_ / "missing.tar"};
+  std::vector<int32_t> inputs(8 * kSeqLen), targets(8 * kSeqLen);
+  ::testing::internal::CaptureStderr();
+  const absl::Status status = Loader(0, 1)->Next(8, inputs.data(), targets.data());
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(absl::StrContains(
+      status.message(), "data stream 1: every shard it reads (1) failed before its first token"))
+      << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "missing.tar")) << status;
 }
 
 // With more streams than the passes have shards, a stream without a shard of its own says so,

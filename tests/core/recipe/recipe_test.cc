@@ -427,6 +427,17 @@ INSTANTIATE_TEST_SUITE_P(
             {"parallel.pp_schedule=zb"},
             {"parallel.pp_schedule", "'zb' is not allowed", "1f1b, interleaved, gpipe"}}));
 
+// Under parallel.strategy auto, which picks parallel.pp, interleaved chunks are the search's to
+// place: pp stays 1 (each error's fix led to the other's).
+TEST(RecipeTest, AutoTakesInterleavedChunksWithoutAPipelineDegree) {
+  absl::StatusOr<Recipe> recipe =
+      ParseRecipe(kMinimal, "t.yaml",
+                  {"parallel.strategy=auto", "parallel.pp_schedule=interleaved",
+                   "parallel.pp_virtual_stages=2"});
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->parallel.pp_virtual_stages, 2);
+}
+
 // The recipe accepts cuda wherever it runs; whether a GPU is there is checked at start-up
 // (core/backend/make_backend.h), not by the recipe, so `dtrain plan` works on a laptop.
 TEST(RecipeTest, CudaIsADevice) {

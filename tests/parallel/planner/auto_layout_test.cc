@@ -4,6 +4,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/recipe/recipe.h"
+#include "core/util/exit_codes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/configs.h"
@@ -147,6 +148,17 @@ TEST(AutoLayoutTest, ErrorsNameTheProblem) {
   ASSERT_FALSE(small.ok());
   EXPECT_THAT(std::string(small.status().message()),
               HasSubstr("no layout the trainer runs fits 2 ranks; the closest: zero3 tp1"));
+  // The recipe against the world: a restart fails alike, so the launch must not retry it.
+  EXPECT_EQ(ExitCodeOf(small.status()), kExitUsage);
+  Recipe batch_of_8 = testing::ShippedRecipe("gpt2-124m");
+  batch_of_8.train.batch_size = 8;
+  absl::StatusOr<AutoLayout> seven = ResolveAutoLayout(batch_of_8, 7, DataParallelOnly());
+  ASSERT_FALSE(seven.ok());
+  EXPECT_THAT(std::string(seven.status().message()),
+              HasSubstr("none divides train.batch_size (8) among its data-parallel ranks"));
+  EXPECT_THAT(std::string(seven.status().message()),
+              HasSubstr("a train.batch_size that is a multiple of 7"));
+  EXPECT_EQ(ExitCodeOf(seven.status()), kExitUsage);
 }
 
 TEST(AutoLayoutTest, ApplyLayoutRefusesWhatTheRecipeCannotSay) {

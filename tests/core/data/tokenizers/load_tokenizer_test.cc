@@ -64,6 +64,60 @@ TEST(LoadTokenizerTest, SpecialTokensInTextBecomeTheirIds) {
               HasSubstr("token id 258 is not in the vocabulary"));
 }
 
+// Around added tokens, whitespace and word characters are Unicode's, as Hugging Face's regex
+// reads them: lstrip takes an ideographic space (U+3000), and a single_word token stands after
+// "。" (no word character) but not after "é" (one). Before, every non-ASCII byte was a word
+// character and only ASCII whitespace was stripped.
+TEST(LoadTokenizerTest, AddedTokensSeeUnicodeWhitespaceAndWordCharacters) {
+  const std::string dir = FreshTempDir("tok_unicode_added");
+  nlohmann::json json = TokenizerJson({}, {"<mask>", "word"});
+  json["added_tokens"][0]["lstrip"] = true;
+  json["added_tokens"][1]["single_word"] = true;
+  WriteFile(dir, "tokenizer.json", json.dump());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_EQ(EncodeOk(**tokenizer, "x\u3000<mask>"), (std::vector<int32_t>{'x', 256}));
+  EXPECT_EQ(EncodeOk(**tokenizer, "\u3002word"), (std::vector<int32_t>{0xE3, 0x80, 0x82, 257}));
+  EXPECT_EQ(EncodeOk(**tokenizer, "\u00e9word"),
+            (std::vector<int32_t>{0xC3, 0xA9, 'w', 'o', 'r', 'd'}));
+  EXPECT_EQ(EncodeOk(**tokenizer, "word_"), (std::vector<int32_t>{'w', 'o', 'r', 'd', '_'}));
+}
+
+// A normalized added token is found by its normalized content, as Hugging Face finds it: under
+// Llama 2's Prepend("▁"), "<t>" is "▁<t>", which matches after a space (and takes it) and not
+// inside a word. It decodes to "<t>" as written.
+TEST(LoadTokenizerTest, NormalizedAddedTokensMatchTheirNormalizedContent) {
+  const std::string space = "\xe2\x96\x81";
+  nlohmann::json json = testing::Llama2TokenizerJson({space, "x"}, {});
+  json["added_tokens"].push_back(
+      {{"id", 261}, {"content", "<t>"}, {"special", false}, {"normalized", true}});
+  const std::string dir = FreshTempDir("tok_normalized_added");
+  WriteFile(dir, "tokenizer.json", json.dump());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_EQ(EncodeOk(**tokenizer, "x <t>"), (std::vector<int32_t>{259, 260, 261}));
+  // "▁x<t>": no match; "<", "t", ">" fall back to their bytes (3 + byte).
+  EXPECT_EQ(EncodeOk(**tokenizer, "x<t>"),
+            (std::vector<int32_t>{259, 260, 3 + '<', 3 + 't', 3 + '>'}));
+  EXPECT_EQ(*(*tokenizer)->Decode(std::vector<int32_t>{260, 261}), "x<t>");
+}
+
+// Hugging Face's split regexes are Oniguruma's: \u0020 is a code point there (PCRE2 refused it).
+TEST(LoadTokenizerTest, SplitRegexesReadOnigurumaCodePoints) {
+  nlohmann::json json = TokenizerJson({{" ", "a"}});
+  json["pre_tokenizer"] = {{"type", "Sequence"},
+                           {"pretokenizers",
+                            {{{"type", "Split"},
+                              {"pattern", {{"Regex", "\\u0020?\\p{L}+|\\s+"}}},
+                              {"behavior", "Isolated"}},
+                             {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+  const std::string dir = FreshTempDir("tok_oniguruma");
+  WriteFile(dir, "tokenizer.json", json.dump());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_EQ(EncodeOk(**tokenizer, "b a"), (std::vector<int32_t>{'b', 256}));
+}
+
 TEST(LoadTokenizerTest, AnyBytesEncodeAndDecodeBack) {
   const std::string dir = FreshTempDir("tok_bytes");
   WriteFile(dir, "tokenizer.json", TokenizerJson({{"a", "b"}}).dump());
@@ -229,6 +283,16 @@ TEST(LoadTokenizerTest, BadFilesAreOneErrorNamingTheFileAndTheProblem) {
   bad_merge["model"]["merges"].push_back({"a", "zz"});
   const std::string bad_merge_path = WriteFile(dir, "bad_merge.json", bad_merge.dump());
   EXPECT_THAT(error_of(bad_merge_path), HasSubstr(bad_merge_path + ": merge 1"));
+  // A huge id, in the vocabulary or among the added tokens, aborted (or took gigabytes).
+  nlohmann::json huge_id = TokenizerJson({});
+  huge_id["model"]["vocab"]["zz"] = 2147483647;
+  const std::string huge_id_path = WriteFile(dir, "huge_id.json", huge_id.dump());
+  EXPECT_THAT(error_of(huge_id_path),
+              HasSubstr(huge_id_path + ": token id 2147483647 is too large"));
+  nlohmann::json huge_added = TokenizerJson({}, {"<|x|>"});
+  huge_added["added_tokens"][0]["id"] = 2000000000;
+  const std::string huge_added_path = WriteFile(dir, "huge_added.json", huge_added.dump());
+  EXPECT_THAT(error_of(huge_added_path), HasSubstr("token id 2000000000 is too large"));
   nlohmann::json bad_regex = TokenizerJson({});
   bad_regex["pre_tokenizer"] = {
       {"type", "Sequence"},
