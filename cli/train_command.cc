@@ -11,6 +11,7 @@
 #include "core/recipe/recipe.h"
 #include "core/util/log.h"
 #include "launch/environment.h"
+#include "parallel/checkpointing.h"
 #include "parallel/trainer.h"
 
 namespace dtrain::cli {
@@ -41,6 +42,11 @@ void AddTrainCommand(CLI::App& app) {
     if (!world.ok()) Fail(world.status(), kExitFailure);
     if (absl::Status status = CheckCrossNodeToken(*world); !status.ok()) Fail(status, kExitUsage);
     if (absl::Status status = CheckRecipeFitsWorld(*recipe, world->world_size); !status.ok()) {
+      Fail(status, kExitUsage);
+    }
+    // A restart resumes from the run's own checkpoints, whatever checkpoint.resume names.
+    if (absl::Status status = CheckResumePathExists(recipe->checkpoint.resume);
+        world->restart_count == 0 && !status.ok()) {
       Fail(status, kExitUsage);
     }
     // Before anything is written: no GPU for run.device: cuda is a usage error.

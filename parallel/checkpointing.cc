@@ -384,6 +384,21 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader, int 
   return step;
 }
 
+absl::Status CheckResumePathExists(const std::string& resume) {
+  std::error_code error;
+  if (resume == "auto" || resume == "never" || fs::exists(resume, error)) return absl::OkStatus();
+  return WithExitCode(
+      absl::NotFoundError(
+          absl::StrCat("checkpoint.resume: ", resume, " does not exist",
+                       fs::path(resume).is_relative()
+                           ? absl::StrCat(" (a relative path is from the folder dtrain runs in, ",
+                                          fs::current_path(error).string(),
+                                          ", not from the run folder as checkpoint.dir's)")
+                           : "",
+                       "; give a step-<N> folder, a checkpoint folder, auto or never")),
+      kExitUsage);
+}
+
 void TrainingCheckpoints::SetAsideLaterCheckpoints(int64_t start_step) {
   bool moved = false;
   for (const auto& [step, path] : StepFolders(dir_)) {
@@ -418,19 +433,7 @@ absl::StatusOr<int64_t> TrainingCheckpoints::LoadResumeStep(SequenceLoader& load
   std::string folder = dir_;
   bool scanned = true;  // the candidates are a folder's step-<N> checkpoints, newest first
   if (resume != "auto") {
-    std::error_code error;
-    if (!fs::exists(resume, error)) {
-      return WithExitCode(
-          absl::NotFoundError(absl::StrCat(
-              "checkpoint.resume: ", resume, " does not exist",
-              fs::path(resume).is_relative()
-                  ? absl::StrCat(" (a relative path is from the folder dtrain runs in, ",
-                                 fs::current_path(error).string(),
-                                 ", not from the run folder as checkpoint.dir's)")
-                  : "",
-              "; give a step-<N> folder, a checkpoint folder, auto or never")),
-          kExitUsage);
-    }
+    RETURN_IF_ERROR(CheckResumePathExists(resume));
     if (IsStepFolder(resume)) {
       candidates.push_back(resume);
       folder = fs::path(resume).parent_path().string();

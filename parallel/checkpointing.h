@@ -39,6 +39,10 @@
 
 namespace dtrain {
 
+// NotFound (exit 2) when checkpoint.resume names a path that does not exist (auto and never
+// always do), saying where a relative one was looked for: checked before a run writes anything.
+absl::Status CheckResumePathExists(const std::string& resume);
+
 class TrainingCheckpoints {
  public:
   // `comm` is the world (null for one process); the ranks agree on a nonce naming this attempt's

@@ -1165,16 +1165,18 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
     }
     if (world_size % (tp * size) == 0 && size <= recipe.model.n_layer) pps.push_back(size);
   }
-  std::string fixes;
-  if (!tps.empty()) {
-    fixes = absl::StrCat("set parallel.tp to one of ", absl::StrJoin(tps, ", "), ", or ");
-  } else if (!pps.empty()) {
-    fixes = absl::StrCat("set parallel.pp to one of ", absl::StrJoin(pps, ", "), ", or ");
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("parallel.tp = ", tp, " x parallel.pp = ", pp, " does not divide the world of ",
-                   world_size, " ranks: every data-parallel replica needs tp x pp ranks; ", fixes,
-                   "run ", tp * pp, " x k ranks"));
+  const auto set = [](const char* key, const std::vector<int>& sizes) {
+    return sizes.size() == 1
+               ? absl::StrCat("set ", key, ": ", sizes[0], ", or ")
+               : absl::StrCat("set ", key, " to one of ", absl::StrJoin(sizes, ", "), ", or ");
+  };
+  const std::string fixes = !tps.empty()   ? set("parallel.tp", tps)
+                            : !pps.empty() ? set("parallel.pp", pps)
+                                           : "";
+  return absl::InvalidArgumentError(absl::StrCat(
+      "parallel.tp = ", tp, " x parallel.pp = ", pp, " does not divide the world of ", world_size,
+      world_size == 1 ? " rank" : " ranks", ": every data-parallel replica needs tp x pp ranks; ",
+      fixes, "run ", tp * pp, " x k ranks"));
 }
 
 absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size) {

@@ -1383,7 +1383,7 @@ TEST(AgentTest, TensorParallelSizeThatDoesNotDivideTheWorldFailsBeforeAnyWorkerS
   EXPECT_THAT(outcome.stderr_text, HasSubstr("parallel.tp = 2 x parallel.pp = 1 does not divide "
                                              "the world of 3 ranks"));
   // tp 3 divides the world but not the built-in recipe's 4 heads: not offered.
-  EXPECT_THAT(outcome.stderr_text, HasSubstr("set parallel.tp to one of 1, or run 2 x k ranks"));
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("set parallel.tp: 1, or run 2 x k ranks"));
   EXPECT_THAT(outcome.stderr_text, Not(HasSubstr("workers")));
 }
 

@@ -185,8 +185,9 @@ TEST(CheckpointingTest, ACheckpointThatCannotBeReadIsNotReplacedByAnOlderOne) {
   EXPECT_FALSE(fs::exists(dir + "/step-6"));
 }
 
-// A checkpoint.resume path that does not exist is a usage error; a relative one says where it
-// was looked for, which is not the run folder that checkpoint.dir is relative to.
+// A checkpoint.resume path that does not exist is a usage error before anything is written; a
+// relative one says where it was looked for, which is not the run folder that checkpoint.dir is
+// relative to.
 TEST(CheckpointingTest, AResumePathThatDoesNotExistSaysWhereItWasLookedFor) {
   const std::string out = testing::TempPath("ckpt_resume_missing_run");
   fs::remove_all(out);
@@ -196,6 +197,7 @@ TEST(CheckpointingTest, AResumePathThatDoesNotExistSaysWhereItWasLookedFor) {
               HasSubstr("checkpoint.resume: checkpoints/step-2 does not exist (a relative path is "
                         "from the folder dtrain runs in, " +
                         fs::current_path().string() + ", not from the run folder"));
+  EXPECT_FALSE(fs::exists(out)) << "a run refused at start wrote its folder";
 }
 
 // An explicit step-<N> folder that loads says nothing of the folder's `latest`, which names a

@@ -427,8 +427,8 @@ TEST(TrainTensorParallelTest, TpThatDoesNotDivideTheWorldExits2) {
       testing::RunDtrain(absl::StrCat("train ", Recipe("gpt2"), " --set parallel.tp=2"));
   EXPECT_EQ(outcome.exit_code, 2);
   EXPECT_THAT(outcome.stderr_text, HasSubstr("parallel.tp = 2 x parallel.pp = 1 does not divide "
-                                             "the world of 1 ranks"));
-  EXPECT_THAT(outcome.stderr_text, HasSubstr("set parallel.tp to one of 1"));
+                                             "the world of 1 rank:"));
+  EXPECT_THAT(outcome.stderr_text, HasSubstr("set parallel.tp: 1, or run 2 x k ranks"));
 }
 
 }  // namespace
