@@ -15,6 +15,7 @@
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -421,18 +422,37 @@ absl::Status Agent::Connect() {
         "its own node rank",
         node, where));
   };
-  const int64_t previous = Counter(NodeKey("agent/incarnation", node)).value_or(0);
-  if (previous > 0 && Counter(NodeKey(kClosedKey, node, previous)).value_or(0) == 0) {
-    const absl::StatusOr<std::string> host =
-        store_->Get(NodeKey("agent/host", node), absl::ZeroDuration());
-    return running(absl::StrCat("on host ", host.value_or("?")));
+  ASSIGN_OR_RETURN(const int64_t previous, Counter(NodeKey("agent/incarnation", node)));
+  if (previous > 0) {
+    ASSIGN_OR_RETURN(const int64_t closed, Counter(NodeKey(kClosedKey, node, previous)));
+    if (closed == 0) {
+      const absl::StatusOr<std::string> host =
+          store_->Get(NodeKey("agent/host", node), absl::ZeroDuration());
+      return running(absl::StrCat("on host ", host.value_or("?")));
+    }
   }
   // Two agents started together both find the same last incarnation: the first to claim the
-  // next one goes on (the other became a replacement waiting to rejoin before).
-  const std::string claim = absl::StrCat("on host ", HostName(), ", pid ", getpid());
-  ASSIGN_OR_RETURN(const std::string holder,
-                   store_->CompareSet(NodeKey("agent/claim", node, previous + 1), "", claim));
-  if (holder != claim) return running(holder);
+  // next one goes on (the other became a replacement waiting to rejoin before). A claim is
+  // "<where>\n<nonce>", and its holder's connection counts closes under the nonce: a claim whose
+  // holder went away before it became the node's agent is taken over, not left to block the node.
+  ASSIGN_OR_RETURN(const std::string random, RandomNonce());
+  const std::string nonce = absl::BytesToHexString(random.substr(0, 8));
+  const std::string claim_key = NodeKey("agent/claim", node, previous + 1);
+  const auto holder_closed_key = [&](absl::string_view holder) {
+    const size_t newline = holder.find('\n');
+    return absl::StrCat(claim_key, "/closed/",
+                        newline == absl::string_view::npos ? "" : holder.substr(newline + 1));
+  };
+  const std::string claim = absl::StrCat("on host ", HostName(), ", pid ", getpid(), "\n", nonce);
+  RETURN_IF_ERROR(store_->AddOnClose(holder_closed_key(claim), 1));
+  ASSIGN_OR_RETURN(std::string holder, store_->CompareSet(claim_key, "", claim));
+  if (holder != claim) {
+    ASSIGN_OR_RETURN(const int64_t gone, Counter(holder_closed_key(holder)));
+    if (gone > 0) {
+      ASSIGN_OR_RETURN(holder, store_->CompareSet(claim_key, holder, claim));
+    }
+  }
+  if (holder != claim) return running(holder.substr(0, holder.find('\n')));
   ASSIGN_OR_RETURN(const int64_t incarnation,
                    store_->Add(NodeKey("agent/incarnation", node_.node_rank), 1));
   incarnation_ = static_cast<int>(incarnation);

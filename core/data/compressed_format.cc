@@ -14,7 +14,7 @@ std::optional<CompressedFormat> CompressedFormatOf(std::string_view head) {
        "7zXZ\0"sv,
        {"xz", "xz -dc"}},
       {"BZh"sv, {"bzip2", "bzip2 -dc"}},
-      {"PK\x03\x04"sv, {"zip", "unzip -p"}},
+      {"PK\x03\x04"sv, {"zip", ""}},
   }};
   for (const auto& [magic, format] : kMagic) {
     if (head.substr(0, magic.size()) == magic) return format;

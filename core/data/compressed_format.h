@@ -8,8 +8,9 @@
 namespace dtrain {
 
 struct CompressedFormat {
-  const char* name;    // "gzip"
-  const char* unpack;  // a command that writes the contents to stdout: "gunzip -c"
+  const char* name;  // "gzip"
+  // A filter from stdin to stdout: "gunzip -c" (empty for zip, whose reader needs a file).
+  const char* unpack;
 };
 
 // The format whose magic bytes `head` (a file's first bytes) starts with; none for other bytes.

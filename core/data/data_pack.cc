@@ -212,9 +212,10 @@ bool IsJsonLines(const std::string& path) { return LowerExtension(path) == ".jso
 // JSON lines under another extension (its braces and keys would be trained on).
 absl::Status CheckPlainText(const std::string& path, const std::string& text) {
   if (const std::optional<CompressedFormat> format = CompressedFormatOf(text)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, " is a ", format->name,
-        " archive, whose bytes would be packed as text: unpack it first (", format->unpack, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is a ", format->name,
+                     " archive, whose bytes would be packed as text: unpack it first",
+                     *format->unpack == '\0' ? "" : absl::StrCat(" (", format->unpack, ")")));
   }
   if (LowerExtension(path) == ".json") {
     const std::string first_line = text.substr(0, text.find('\n'));

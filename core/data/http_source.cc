@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 
@@ -105,7 +106,19 @@ class HttpSource final : public ByteSource {
  private:
   // The headers of a response that says which bytes it holds and which version of the shard.
   struct Response {
-    std::string content_range, etag, last_modified;
+    long status = 0;
+    std::string content_range, content_length, etag, last_modified;
+    // The shard's whole size as the response gives it (a 206's Content-Range total, a 200's
+    // Content-Length); -1 where it does not say.
+    int64_t ShardBytes() const {
+      int64_t bytes = -1;
+      const size_t slash = content_range.rfind('/');
+      const std::string& text =
+          status == 206
+              ? (slash == std::string::npos ? content_range : content_range.substr(slash + 1))
+              : content_length;
+      return absl::SimpleAtoi(text, &bytes) ? bytes : -1;
+    }
   };
 
   static size_t OnData(char* data, size_t size, size_t count, void* self) {
@@ -127,6 +140,7 @@ class HttpSource final : public ByteSource {
     const absl::string_view name = absl::StripAsciiWhitespace(line.substr(0, colon));
     const std::string value(absl::StripAsciiWhitespace(line.substr(colon + 1)));
     if (absl::EqualsIgnoreCase(name, "Content-Range")) response_.content_range = value;
+    if (absl::EqualsIgnoreCase(name, "Content-Length")) response_.content_length = value;
     if (absl::EqualsIgnoreCase(name, "ETag")) response_.etag = value;
     if (absl::EqualsIgnoreCase(name, "Last-Modified")) response_.last_modified = value;
   }
@@ -143,8 +157,14 @@ class HttpSource final : public ByteSource {
                        "'): its bytes would mix two versions; read it again from the "
                        "start, or keep shards unchanged while a run reads them"));
     };
-    if (!first_.etag.empty() && !response_.etag.empty() && response_.etag != first_.etag) {
+    // A weak ETag (W/"...") names the same version as its strong form.
+    if (!first_.etag.empty() && !response_.etag.empty() &&
+        absl::StripPrefix(response_.etag, "W/") != absl::StripPrefix(first_.etag, "W/")) {
       return changed("ETag", first_.etag, response_.etag);
+    }
+    if (const int64_t was = first_.ShardBytes(), is = response_.ShardBytes();
+        was >= 0 && is >= 0 && was != is) {
+      return changed("size", absl::StrCat(was), absl::StrCat(is));
     }
     if (!first_.last_modified.empty() && !response_.last_modified.empty() &&
         response_.last_modified != first_.last_modified) {
@@ -162,6 +182,7 @@ class HttpSource final : public ByteSource {
   size_t Accept(const char* data, size_t bytes) {
     if (status_ == 0) {
       curl_easy_getinfo(easy_, CURLINFO_RESPONSE_CODE, &status_);
+      response_.status = status_;
       if (received_ == 0) first_ = response_;
       if (status_ < 400 && received_ > 0) {
         refused_ = CheckResumedResponse();

@@ -99,10 +99,18 @@ absl::StatusOr<SftSample> EncodeSftLine(std::string_view line, const ChatTemplat
         std::mismatch(before.begin(), before.end(), sample.tokens.begin(), sample.tokens.end())
             .first -
         before.begin());
-    for (; token < sample.tokens.size(); ++token) {
+    // A token that decodes to nothing (a control token) gives no text to place: the later one's.
+    const absl::StatusOr<std::string> before_token =
+        tokenizer.Decode(absl::MakeConstSpan(sample.tokens).first(token));
+    for (size_t covered = before_token.ok() ? before_token->size() : 0;
+         token < sample.tokens.size(); ++token) {
       const absl::StatusOr<std::string> decoded =
           tokenizer.Decode(absl::MakeConstSpan(sample.tokens).first(token + 1));
-      if (!decoded.ok() || earlier.substr(0, decoded->size()) != *decoded) break;
+      if (!decoded.ok() || decoded->size() <= covered ||
+          earlier.substr(0, decoded->size()) != *decoded) {
+        break;
+      }
+      covered = decoded->size();
     }
     return token;
   };

@@ -78,9 +78,10 @@ absl::Status ShardStream::OpenSlot() {
   const std::string& url = UrlOfSlot(slot_);
   if (const auto dead = dead_shards_.find(url);
       dead != dead_shards_.end() && absl::Now() < dead->second.until) {
-    return absl::UnavailableError(absl::StrCat(dead->second.error, " (not read again for ",
-                                               absl::FormatDuration(kDeadShardRetry),
-                                               " after that failure)"));
+    skipped_unread_ = true;
+    return Renamed(dead->second.error,
+                   absl::StrCat(dead->second.error.message(), " (not read again for ",
+                                absl::FormatDuration(kDeadShardRetry), " after that failure)"));
   }
   ASSIGN_OR_RETURN(source_, OpenShard(url, config_->source));
   reader_ = std::make_unique<TarReader>(source_.get());
@@ -117,19 +118,27 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
   // A shard that gave tokens before it failed is progress: a single partly readable shard trains
   // on what it holds. Samples without tokens are none (shards of them, each cut off, looped
   // forever).
+  const bool unread = std::exchange(skipped_unread_, false);
   if (!GaveProgress()) {
-    // A skip of a dead shard leaves its failure as it was.
-    const absl::Time now = absl::Now();
-    if (DeadShard& dead = dead_shards_[url]; now >= dead.until) {
-      dead = {.until = now + kDeadShardRetry, .error = std::string(error.message())};
+    if (unread) {
+      unread_since_progress_.insert(url);
+    } else {
+      dead_shards_[url] = {.until = absl::Now() + kDeadShardRetry, .error = error};
+      failed_since_progress_.insert(url);
+      unread_since_progress_.erase(url);
     }
-    failed_since_progress_.insert(url);
     if (reachable_shards_ < 0) reachable_shards_ = ReachableShards();
-    if (static_cast<int64_t>(failed_since_progress_.size()) >= reachable_shards_) {
-      return absl::Status(
-          error.code(),
-          absl::StrCat("data stream ", stream_, ": every shard it reads (", reachable_shards_,
-                       ") failed before its first token; last: ", error.message()));
+    if (static_cast<int64_t>(failed_since_progress_.size() + unread_since_progress_.size()) >=
+        reachable_shards_) {
+      if (unread_since_progress_.empty()) {
+        return Renamed(
+            error,
+            absl::StrCat("data stream ", stream_, ": every shard it reads (", reachable_shards_,
+                         ") failed before its first token; last: ", error.message()));
+      }
+      // Shards skipped unread may have come back since they failed: read before giving up.
+      for (const std::string& again : unread_since_progress_) dead_shards_.erase(again);
+      unread_since_progress_.clear();
     }
   }
   CloseSlot();
@@ -181,24 +190,27 @@ absl::Status ShardStream::ReadSample(bool decode, TokenDocument* tokens) {
       slot_tokens_ += tokens->size();
     }
     ++slot_samples_;
-    if (GaveProgress()) failed_since_progress_.clear();
+    if (GaveProgress()) {
+      failed_since_progress_.clear();
+      unread_since_progress_.clear();
+    }
     return absl::OkStatus();
   }
 }
 
 int64_t ShardStream::ReachableShards() {
   const int64_t n = static_cast<int64_t>(config_->urls.size());
+  const size_t distinct = std::set<std::string>(config_->urls.begin(), config_->urls.end()).size();
   const int64_t period =
       !config_->shard_shuffle ? n : (config_->epochs > 0 ? config_->epochs * n : 0);
-  if (period == 0) {
-    return static_cast<int64_t>(
-        std::set<std::string>(config_->urls.begin(), config_->urls.end()).size());
-  }
+  if (period == 0) return static_cast<int64_t>(distinct);
   // Slot s names the shard slot s + period names; stream k's slots k + jK reach, modulo the
   // period, every slot congruent to k modulo gcd(period, K).
   const int64_t step = std::gcd(period, static_cast<int64_t>(config_->num_streams));
   std::set<std::string> reached;
-  for (int64_t slot = stream_ % step; slot < period; slot += step) reached.insert(UrlOfSlot(slot));
+  for (int64_t slot = stream_ % step; slot < period && reached.size() < distinct; slot += step) {
+    reached.insert(UrlOfSlot(slot));
+  }
   return static_cast<int64_t>(reached.size());
 }
 
@@ -259,7 +271,7 @@ absl::Status ShardStream::Restore(const StreamCursor& cursor) {
   cursor_ = cursor;
   packer_.set_carry(cursor.carry);
   slot_ = cursor.block_slot;
-  slot_samples_ = 0;
+  slot_samples_ = slot_decoded_ = slot_tokens_ = 0;
   if (cursor.block < 0) {
     order_.clear();
     return absl::OkStatus();

@@ -68,7 +68,8 @@ class ShardStream {
 
   // Writes the next window as inputs and targets (seq_len each). OutOfRange at the end of a
   // finite stream; shard errors are DataLoss / NotFound / Unavailable naming the shard unless
-  // skip_bad_shards, which logs and skips them (failing if a whole pass of shards fails).
+  // skip_bad_shards, which logs and skips them (failing once every shard the stream reads has
+  // failed before its first token since its last).
   absl::Status Next(int32_t* inputs, int32_t* targets);
 
   // Continues after `cursor` (a cursor of this stream and config): re-opens the block's shard.
@@ -103,20 +104,23 @@ class ShardStream {
   int64_t slot_samples_ = 0;  // samples read from slot_
   int64_t slot_decoded_ = 0;  // ... of which decoded
   int64_t slot_tokens_ = 0;   // ... holding these tokens
-  // The shards that failed before their first token since this stream's last one: once they are
-  // every shard it reaches, skipping on would loop without one window, an error. (Counted as
+  // The shards that failed before their first token since this stream's last one, read and
+  // skipped unread (dead_shards_): once they are every shard it reaches, skipping on would loop
+  // without one window, an error, but only after the unread ones were read again. (Counted as
   // failures in a row, a bad shard that ended one shuffled pass and began the next took a good
   // one's place in the count, and failed the run.)
   std::set<std::string> failed_since_progress_;
+  std::set<std::string> unread_since_progress_;
   int64_t reachable_shards_ = -1;  // ReachableShards(), once a shard failed
   // A shard that failed before its first token is skipped unread until `until`, with the error
   // it failed with: a dead server's shard cost its timeouts again on each of the hundreds of
   // passes over a small dataset that fill the shuffle blocks; one that recovers is read again.
   struct DeadShard {
     absl::Time until;
-    std::string error;
+    absl::Status error;
   };
   std::map<std::string, DeadShard> dead_shards_;
+  bool skipped_unread_ = false;  // OpenSlot's failure is a dead shard's, skipped unread
   // Whether the open shard has given a token, or samples not decoded (counted on a restore).
   bool GaveProgress() const { return slot_tokens_ > 0 || slot_decoded_ < slot_samples_; }
   // Shards read whole in a row whose decoded samples held no token: as many as there are

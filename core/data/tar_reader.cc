@@ -246,11 +246,16 @@ absl::StatusOr<bool> TarReader::Next(TarMember* member) {
       if (const std::optional<CompressedFormat> format =
               CompressedFormatOf(std::string_view(block, kBlock));
           format && header_offset == 0) {
-        return Error(header_offset,
-                     absl::StrCat("the shard is ", format->name,
-                                  "-compressed, and dtrain reads plain tar: unpack it, or read "
-                                  "it as pipe:",
-                                  format->unpack, " ", url()));
+        const bool remote = url().starts_with("http://") || url().starts_with("https://");
+        return Error(
+            header_offset,
+            absl::StrCat(
+                "the shard is ", format->name, "-compressed, and dtrain reads plain tar: unpack it",
+                *format->unpack == '\0'
+                    ? ""
+                    : absl::StrCat(", or read it as pipe:",
+                                   remote ? absl::StrCat("curl -sfL ", url(), " | ", format->unpack)
+                                          : absl::StrCat(format->unpack, " ", url()))));
       }
       return Error(header_offset,
                    "header checksum mismatch: the shard is corrupt or not a tar file");

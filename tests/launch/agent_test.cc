@@ -1249,6 +1249,42 @@ TEST(AgentTest, OfTwoAgentsStartingForOneNodeTheSecondToClaimItIsTurnedAway) {
   KillAgent(*job.pods[0]);
 }
 
+// A claim whose holder's connection closed before it became the node's agent (it died between
+// the two) is taken over: the node's next agent joins the job rather than being turned away for
+// good in the name of a dead process.
+TEST(AgentTest, AClaimLeftByAnAgentThatDiedIsTakenOver) {
+  TwoPods job("claim_left", 100000, {}, /*started=*/false);
+  job.pods.push_back(job.Start(0));
+  TcpStoreClientOptions options;
+  options.connect_timeout = absl::Seconds(60);
+  options.token = TwoPods::kToken;
+  const std::string closed = "agent/claim/node-1/1/closed/0123abcd";
+  {
+    absl::StatusOr<std::unique_ptr<TcpStoreClient>> holder =
+        TcpStoreClient::Connect("127.0.0.1", job.port, options);
+    ASSERT_TRUE(holder.ok()) << holder.status();
+    ASSERT_TRUE((*holder)->AddOnClose(closed, 1).ok());
+    const std::string dead = "on host gone-host, pid 7\n0123abcd";
+    ASSERT_EQ((*holder)->CompareSet("agent/claim/node-1/1", "", dead).value_or(""), dead);
+  }  // the holder's connection closes
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> store =
+      TcpStoreClient::Connect("127.0.0.1", job.port, options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int i = 0; i < 200 && (*store)->Add(closed, 0).value_or(0) == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ((*store)->Add(closed, 0).value_or(0), 1) << "the store never saw the holder close";
+  job.pods.push_back(job.Start(1));
+  EXPECT_TRUE(job.pods[0]->Pump(absl::Seconds(60),
+                                [&] {
+                                  job.pods[1]->Pump(absl::Milliseconds(1));
+                                  return StepsLogged(job.out) >= 2;
+                                }))
+      << job.pods[0]->output() << job.pods[1]->output();
+  EXPECT_THAT(job.pods[1]->output(), Not(HasSubstr("already has a running agent")));
+  for (const auto& pod : job.pods) KillAgent(*pod);
+}
+
 // The worker logs of every attempt are closed (each restart leaked one fd per worker).
 TEST(AgentTest, RestartsLeakNoLogFile) {
   const std::string logs = OutDir("log_fds");

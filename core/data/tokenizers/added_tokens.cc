@@ -22,15 +22,17 @@ class CharacterClass {
                           &offset, nullptr);
   }
 
-  // The length of the class's character at `begin`; 0 where there is none.
+  // The length of the class's character at `begin`; 0 where there is none. PCRE2 sees the
+  // character's at most 4 bytes alone: under MATCH_INVALID_UTF it checks the UTF-8 of the whole
+  // subject from the offset on, which made every check cost the rest of the text.
   size_t LengthAt(std::string_view text, size_t begin) const {
     thread_local pcre2_match_data* data = pcre2_match_data_create(1, nullptr);
     if (code_ == nullptr || begin >= text.size() ||
-        pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), begin, 0, data,
-                    nullptr) < 0) {
+        pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data() + begin),
+                    std::min<size_t>(4, text.size() - begin), 0, 0, data, nullptr) < 0) {
       return 0;
     }
-    return pcre2_get_ovector_pointer(data)[1] - begin;
+    return pcre2_get_ovector_pointer(data)[1];
   }
 
   // The length of the class's character that ends at `end`; 0 where there is none.
@@ -47,8 +49,11 @@ class CharacterClass {
   pcre2_code* code_ = nullptr;  // lives as long as the program
 };
 
+// Rust's \w (Alphabetic, marks, decimal digits, connector punctuation, joiners), which PCRE2's
+// \w (letters and numbers) is not quite: "²" is none, a combining mark is one.
 const CharacterClass& WordCharacters() {
-  static const CharacterClass* const word = new CharacterClass("\\w");
+  static const CharacterClass* const word =
+      new CharacterClass("[\\p{L}\\p{M}\\p{Nd}\\p{Nl}\\p{Pc}\\x{200C}\\x{200D}]");
   return *word;
 }
 
@@ -86,31 +91,29 @@ AddedTokenMatcher::AddedTokenMatcher(std::vector<AddedToken> tokens) : tokens_(s
 void AddedTokenMatcher::Split(std::string_view text, std::vector<TextPiece>* pieces) const {
   size_t plain_begin = 0;  // start of the plain text not yet emitted
   size_t pos = 0;
-  std::vector<int32_t> found;  // the tokens that match at pos, shortest first
   while (pos < text.size()) {
-    found.clear();
+    int32_t longest = -1;  // the longest token that matches at pos
     int32_t node = root_[static_cast<unsigned char>(text[pos])];
     for (size_t at = pos + 1; node >= 0; ++at) {
-      if (nodes_[node].token >= 0) found.push_back(nodes_[node].token);
+      if (nodes_[node].token >= 0) longest = nodes_[node].token;
       if (at == text.size()) break;
       const auto child = children_.find(Edge(node, static_cast<unsigned char>(text[at])));
       node = child == children_.end() ? -1 : child->second;
     }
-    const AddedToken* match = nullptr;
-    for (auto index = found.rbegin(); index != found.rend() && match == nullptr; ++index) {
-      const AddedToken& token = tokens_[*index];
-      const size_t end = pos + token.content.size();
-      if (!token.single_word || (WordCharacters().LengthBefore(text, pos) == 0 &&
-                                 WordCharacters().LengthAt(text, end) == 0)) {
-        match = &token;
-      }
-    }
-    if (match == nullptr) {
+    if (longest < 0) {
       ++pos;
       continue;
     }
+    // The longest; a single_word one inside a word is dropped, and the search goes on after it
+    // (Hugging Face's leftmost-longest matches do not overlap).
+    const AddedToken* match = &tokens_[longest];
     size_t begin = pos;
     size_t end = pos + match->content.size();
+    if (match->single_word && (WordCharacters().LengthBefore(text, pos) > 0 ||
+                               WordCharacters().LengthAt(text, end) > 0)) {
+      pos = end;
+      continue;
+    }
     if (match->lstrip) {
       while (begin > plain_begin) {
         const size_t space = Whitespace().LengthBefore(text, begin);

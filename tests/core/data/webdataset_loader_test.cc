@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -275,6 +276,28 @@ TEST_F(WebDatasetLoaderTest, ADeadShardIsReadOnceAndAGoodOneCarriesTheRun) {
   EXPECT_GE(loader->shard_counts().skipped, 2);  // each pass skips it
   EXPECT_TRUE(absl::StrContains(log, "without reading it for 10m")) << log;
   for (const int32_t token : inputs) EXPECT_TRUE(token == 0 || token / 1000 == 0) << token;
+}
+
+// A shard skipped unread is read again before the stream gives up: shard A fails once and is
+// then skipped unread; when shard B fails too, every shard looks failed, but A, read again,
+// has come back. (Counted as failed, A's skip ended the run.)
+TEST_F(WebDatasetLoaderTest, ShardsSkippedUnreadAreReadAgainBeforeTheStreamGivesUp) {
+  config_.num_streams = 1;
+  config_.shard_shuffle = false;
+  config_.skip_bad_shards = true;
+  const std::string a_failed = dir_ / "a_failed", b_reads = dir_ / "b_reads";
+  config_.urls = {"pipe:if [ -e " + a_failed + " ]; then cat " + (dir_ / "shard-001.tar") +
+                      "; else touch " + a_failed + "; exit 1; fi",
+                  "pipe:n=$(cat " + b_reads + " 2>/dev/null || echo 0); echo $((n + 1)) > " +
+                      b_reads + "; [ $n -eq 1 ] && exit 1; cat " + (dir_ / "shard-000.tar")};
+  std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
+  std::vector<int32_t> inputs(80 * kSeqLen), targets(80 * kSeqLen);
+  ::testing::internal::CaptureStderr();
+  const absl::Status status = loader->Next(80, inputs.data(), targets.data());
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(status.ok()) << status << "\n" << log;
+  EXPECT_TRUE(absl::c_any_of(inputs, [](int32_t token) { return token / 1000 == 1; }))
+      << "shard A never came back";
 }
 
 // Streams that never reach a good shard end with the error rather than loop: unshuffled, stream
