@@ -4,7 +4,9 @@ Range support (206, "bytes=N-" and "bytes=N-M"), 404 for missing files, and, wit
 --drop-after BYTES, drops the connection after that many body bytes of the first request for
 each file (a server dying mid-shard), with --drop-every BYTES after that many of every request
 (a link that drops now and then); --log FILE records each request. With --new-etag-each-request
-every response names another ETag (a shard replaced between requests); with --range-from-zero a
+every response names another ETag (a shard replaced between requests), with --no-etag none, with
+--grow-each-request the file gains a byte after each request (a shard still being written);
+with --range-from-zero a
 Range request is answered 206 with the whole file and a Content-Range from byte 0 (a server
 that resumes wrongly). Prints its port on stdout, then serves until killed.
 """
@@ -23,6 +25,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
     drop_after = -1
     drop_every = -1
     new_etag_each_request = False
+    no_etag = False
+    grow_each_request = False
     range_from_zero = False
     requests = 0
     log = None
@@ -56,7 +60,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(206 if match else 200)
         self.send_header("Content-Length", str(length))
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", '"v%d-%d"' % (version, size))
+        if not self.no_etag:
+            self.send_header("ETag", '"v%d-%d"' % (version, size))
         if match:
             self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
         self.end_headers()
@@ -76,6 +81,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     break
                 self.wfile.write(chunk)
                 left -= len(chunk)
+        if self.grow_each_request:
+            with self.lock, open(path, "ab") as f:
+                f.write(b"\0")
         if limit < length:
             self.wfile.flush()
             self.close_connection = True
@@ -95,9 +103,13 @@ def main():
     parser.add_argument("--log", help="append one line per request: path and Range header")
     parser.add_argument("--new-etag-each-request", action="store_true")
     parser.add_argument("--range-from-zero", action="store_true")
+    parser.add_argument("--no-etag", action="store_true")
+    parser.add_argument("--grow-each-request", action="store_true")
     args = parser.parse_args()
     Handler.new_etag_each_request = args.new_etag_each_request
     Handler.range_from_zero = args.range_from_zero
+    Handler.no_etag = args.no_etag
+    Handler.grow_each_request = args.grow_each_request
     Handler.root = args.root
     Handler.drop_after = args.drop_after
     Handler.drop_every = args.drop_every

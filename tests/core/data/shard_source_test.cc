@@ -248,23 +248,33 @@ TEST(ShardSourceTest, RetriesCountFailuresInARowNotPerShard) {
 // spliced) fails the shard, naming what the server said, without a retry.
 TEST(ShardSourceTest, AResumeThatWouldNotContinueTheShardFailsIt) {
   testing::TempDir dir;
-  testing::WriteFile(dir / "s.tar", Pattern(3 << 20));
-  for (const auto& [flag, said] :
-       {std::pair<std::string, std::string>{"--range-from-zero",
-                                            "answered 206 with Content-Range 'bytes 0-3145727/"
-                                            "3145728': its bytes would not continue the shard"},
-        {"--new-etag-each-request",
-         "the shard changed on the server after 1000000 bytes (ETag '\"v1-3145728\"', now "
-         "'\"v2-3145728\"')"}}) {
-    testing::HttpTestServer server(dir.path(),
-                                   {"--drop-after", "1000000", flag, "--log", dir / "log"});
-    ASSERT_NE(server.port(), 0);
+  struct Case {
+    std::vector<std::string> flags;
+    std::string said;
+  };
+  for (const Case& server_case : std::vector<Case>{
+           {{"--range-from-zero"},
+            "answered 206 with Content-Range 'bytes 0-3145727/3145728': its bytes would not "
+            "continue the shard"},
+           {{"--new-etag-each-request"},
+            "the shard changed on the server after 1000000 bytes (ETag '\"v1-3145728\"', now "
+            "'\"v2-3145728\"')"},
+           // Without validators, the size still tells a shard that was being written.
+           {{"--grow-each-request", "--no-etag"},
+            "the shard changed on the server after 1000000 bytes (size '3145728', now "
+            "'3145729')"}}) {
+    testing::WriteFile(dir / "s.tar", Pattern(3 << 20));
     std::filesystem::remove(dir / "log");
+    std::vector<std::string> flags = {"--drop-after", "1000000", "--log", dir / "log"};
+    flags.insert(flags.end(), server_case.flags.begin(), server_case.flags.end());
+    testing::HttpTestServer server(dir.path(), flags);
+    ASSERT_NE(server.port(), 0);
     absl::StatusOr<std::string> got = ReadAll(server.Url("s.tar"), FastOptions());
-    ASSERT_FALSE(got.ok()) << flag;
+    ASSERT_FALSE(got.ok()) << server_case.flags[0];
     EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
-    EXPECT_TRUE(absl::StrContains(got.status().message(), said)) << got.status();
-    EXPECT_EQ(testing::ReadFile(dir / "log"), "/s.tar -\n/s.tar bytes=1000000-\n") << flag;
+    EXPECT_TRUE(absl::StrContains(got.status().message(), server_case.said)) << got.status();
+    EXPECT_EQ(testing::ReadFile(dir / "log"), "/s.tar -\n/s.tar bytes=1000000-\n")
+        << server_case.flags[0];
   }
 }
 

@@ -70,7 +70,7 @@ TEST(LoadTokenizerTest, SpecialTokensInTextBecomeTheirIds) {
 // character and only ASCII whitespace was stripped.
 TEST(LoadTokenizerTest, AddedTokensSeeUnicodeWhitespaceAndWordCharacters) {
   const std::string dir = FreshTempDir("tok_unicode_added");
-  nlohmann::json json = TokenizerJson({}, {"<mask>", "word"});
+  nlohmann::json json = TokenizerJson({}, {"<mask>", "word", "wo"});
   json["added_tokens"][0]["lstrip"] = true;
   json["added_tokens"][1]["single_word"] = true;
   WriteFile(dir, "tokenizer.json", json.dump());
@@ -81,6 +81,10 @@ TEST(LoadTokenizerTest, AddedTokensSeeUnicodeWhitespaceAndWordCharacters) {
   EXPECT_EQ(EncodeOk(**tokenizer, "\u00e9word"),
             (std::vector<int32_t>{0xC3, 0xA9, 'w', 'o', 'r', 'd'}));
   EXPECT_EQ(EncodeOk(**tokenizer, "word_"), (std::vector<int32_t>{'w', 'o', 'r', 'd', '_'}));
+  // The longest match inside a word is dropped, and the search goes on after it: "wo" within
+  // it is not taken in its place (Hugging Face's matches do not overlap).
+  EXPECT_EQ(EncodeOk(**tokenizer, "xword"), (std::vector<int32_t>{'x', 'w', 'o', 'r', 'd'}));
+  EXPECT_EQ(EncodeOk(**tokenizer, "xwo"), (std::vector<int32_t>{'x', 258}));
 }
 
 // A normalized added token is found by its normalized content, as Hugging Face finds it: under
