@@ -381,6 +381,13 @@ struct TwoPods {
     EXPECT_TRUE(pods[0]->Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
         << pods[0]->output();
   }
+  // A client of node 0's store (its agent must be started), as another agent would connect.
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> Store() const {
+    TcpStoreClientOptions options;
+    options.connect_timeout = absl::Seconds(60);
+    options.token = kToken;
+    return TcpStoreClient::Connect("127.0.0.1", port, options);
+  }
   // Pod `pod`'s agent, as its first start or after a restart of the pod.
   std::unique_ptr<Launch> Start(int pod) const {
     return std::make_unique<Launch>(
@@ -1233,11 +1240,7 @@ TEST(AgentTest, SecondAgentForARunningNodeLeavesTheJobAlone) {
 TEST(AgentTest, OfTwoAgentsStartingForOneNodeTheSecondToClaimItIsTurnedAway) {
   TwoPods job("claimed", 100000, {}, /*started=*/false);
   job.pods.push_back(job.Start(0));
-  TcpStoreClientOptions options;
-  options.connect_timeout = absl::Seconds(60);
-  options.token = TwoPods::kToken;
-  absl::StatusOr<std::unique_ptr<TcpStoreClient>> store =
-      TcpStoreClient::Connect("127.0.0.1", job.port, options);
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> store = job.Store();
   ASSERT_TRUE(store.ok()) << store.status();
   const std::string first = "on host other-host, pid 1";
   ASSERT_EQ((*store)->CompareSet("agent/claim/node-1/1", "", first).value_or(""), first);
@@ -1255,20 +1258,15 @@ TEST(AgentTest, OfTwoAgentsStartingForOneNodeTheSecondToClaimItIsTurnedAway) {
 TEST(AgentTest, AClaimLeftByAnAgentThatDiedIsTakenOver) {
   TwoPods job("claim_left", 100000, {}, /*started=*/false);
   job.pods.push_back(job.Start(0));
-  TcpStoreClientOptions options;
-  options.connect_timeout = absl::Seconds(60);
-  options.token = TwoPods::kToken;
   const std::string closed = "agent/claim/node-1/1/closed/0123abcd";
   {
-    absl::StatusOr<std::unique_ptr<TcpStoreClient>> holder =
-        TcpStoreClient::Connect("127.0.0.1", job.port, options);
+    absl::StatusOr<std::unique_ptr<TcpStoreClient>> holder = job.Store();
     ASSERT_TRUE(holder.ok()) << holder.status();
     ASSERT_TRUE((*holder)->AddOnClose(closed, 1).ok());
     const std::string dead = "on host gone-host, pid 7\n0123abcd";
     ASSERT_EQ((*holder)->CompareSet("agent/claim/node-1/1", "", dead).value_or(""), dead);
   }  // the holder's connection closes
-  absl::StatusOr<std::unique_ptr<TcpStoreClient>> store =
-      TcpStoreClient::Connect("127.0.0.1", job.port, options);
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> store = job.Store();
   ASSERT_TRUE(store.ok()) << store.status();
   for (int i = 0; i < 200 && (*store)->Add(closed, 0).value_or(0) == 0; ++i) {
     absl::SleepFor(absl::Milliseconds(50));
