@@ -156,10 +156,10 @@ absl::Status ApplyLayout(const Layout& layout, Recipe& recipe) {
 std::optional<Layout> RecipeLayout(const Recipe& recipe, int world_size) {
   const ParallelSection& parallel = recipe.parallel;
   const int tp_pp = parallel.tp * parallel.pp;
-  if (parallel.strategy == "auto" || tp_pp <= 0 || world_size % tp_pp != 0) return std::nullopt;
+  if (parallel.strategy == "auto" || tp_pp <= 0) return std::nullopt;
   Layout layout{.tp = parallel.tp,
                 .pp = parallel.pp,
-                .dp = world_size / tp_pp,
+                .dp = world_size % tp_pp == 0 ? world_size / tp_pp : 0,
                 .micro_batch = recipe.train.micro_batch,
                 .sequence_parallel = parallel.sequence_parallel && parallel.tp > 1};
   for (const Strategy strategy :

@@ -62,7 +62,7 @@ absl::StatusOr<Plan> PlanForMemory(const Recipe& recipe, int nodes, int ranks_pe
 absl::Status ApplyLayout(const Layout& layout, Recipe& recipe);
 
 // The layout that the recipe's parallel keys and train.micro_batch give on `world_size` ranks
-// (ApplyLayout's inverse); nullopt for parallel.strategy auto, or a tp x pp that does not divide
+// (ApplyLayout's inverse); nullopt for parallel.strategy auto, dp 0 where tp x pp does not divide
 // the world.
 std::optional<Layout> RecipeLayout(const Recipe& recipe, int world_size);
 

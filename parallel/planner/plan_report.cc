@@ -157,6 +157,12 @@ namespace {
 // Why the plan has no candidate of `layout`: the trainer would refuse it, or the search does not
 // try it.
 std::string WhyNotSearched(const Plan& plan, const Layout& layout) {
+  if (layout.dp == 0) {
+    return absl::StrFormat(
+        "parallel.tp x parallel.pp = %d does not divide the cluster's %d GPUs, which the trainer "
+        "refuses",
+        layout.tp * layout.pp, plan.cluster.world_size());
+  }
   const int per_step = layout.dp * layout.micro_batch;
   if (plan.workload.batch_size % per_step != 0) {
     return absl::StrFormat(

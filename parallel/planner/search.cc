@@ -171,8 +171,9 @@ std::optional<Plan> SmallestLargerClusterThatFits(const Plan& plan) {
 }  // namespace
 
 std::string DescribeLayout(const Layout& layout) {
-  std::string out = absl::StrCat(StrategyName(layout.strategy), " tp", layout.tp, " pp", layout.pp,
-                                 " dp", layout.dp, " mb", layout.micro_batch);
+  std::string out =
+      absl::StrCat(StrategyName(layout.strategy), " tp", layout.tp, " pp", layout.pp,
+                   layout.dp > 0 ? absl::StrCat(" dp", layout.dp) : "", " mb", layout.micro_batch);
   if (layout.pp > 1) absl::StrAppend(&out, " ", PipelineScheduleName(layout.schedule));
   if (layout.virtual_stages > 1) absl::StrAppend(&out, " v", layout.virtual_stages);
   if (layout.recompute != Recompute::kNone) {
