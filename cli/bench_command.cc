@@ -1,12 +1,14 @@
 // `dtrain bench comm [--min-bytes 1K] [--max-bytes 64M] [--iters N] [--ops ...]`:
 // collective bandwidth under torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/backend/cpu/cpu_backend.h"
 #include "core/util/byte_size.h"
 #include "launch/environment.h"
 #include "parallel/comm_bench.h"
@@ -59,6 +61,14 @@ void AddBenchCommand(CLI::App& app) {
                "start it as training's ranks start (srun -n 2 dtrain bench comm, or "
                "torchrun-style WORLD_SIZE, RANK, MASTER_ADDR and MASTER_PORT)"),
            kExitUsage);
+    }
+    // Before the rendezvous: sizes that cannot run are the command line's (an allocation of
+    // --max-bytes 1T aborted every rank).
+    if (absl::Status sizes =
+            CheckCommBenchOptions(args->options, CpuBackend::MachineMemory().bytes /
+                                                     std::max(world->local_world_size, 1));
+        !sizes.ok()) {
+      Fail(sizes, kExitUsage);
     }
     absl::StatusOr<std::string> table = RunGlooCommBench(args->options, *world, args->hostname);
     if (!table.ok()) Fail(table.status(), kExitFailure);

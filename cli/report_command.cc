@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "cli/commands.h"
 #include "core/metrics/run_report.h"
+#include "core/util/files.h"
 
 namespace dtrain::cli {
 
@@ -27,6 +28,15 @@ void AddReportCommand(CLI::App& app) {
     absl::StatusOr<RunFolder> run = ReadRunFolder(args->run_dir);
     if (!run.ok()) Fail(run.status(), kExitUsage);
     const std::string out = args->out.empty() ? args->run_dir + "/report.html" : args->out;
+    // The page over a file it reads would cost the run its record.
+    for (const std::string& input : {run->metrics_path, run->dir + "/recipe.yaml"}) {
+      if (IsSameOrInside(out, input)) {
+        Fail(absl::InvalidArgumentError(absl::StrCat("--out ", out, " is the run's ", input,
+                                                     ", which the report reads: write the page "
+                                                     "elsewhere")),
+             kExitUsage);
+      }
+    }
     if (absl::Status status = WriteRunReport(*run, out); !status.ok()) Fail(status, kExitFailure);
     for (const std::string& note : ReportNotes(*run)) std::cerr << "note: " << note << "\n";
     std::cout << "wrote " << out << " (" << run->metrics.steps.size() << " steps)\n";

@@ -199,8 +199,17 @@ std::optional<Candidate> TorchrunMasterPort(const Env& env) {
   const std::optional<std::string> agent_store = env.Get("TORCHELASTIC_USE_AGENT_STORE");
   int number = 0;
   if (!port || !agent_store || !absl::EqualsIgnoreCase(*agent_store, "true") ||
-      !absl::SimpleAtoi(port->text, &number) || number < 1 || number >= 65535) {
+      !absl::SimpleAtoi(port->text, &number) || number < 1 || number > 65535) {
     return port;
+  }
+  if (number == 65535) {
+    return Unusable(
+        port->from,
+        absl::InvalidArgumentError(
+            "MASTER_PORT=65535 leaves no port after it for dtrain's rendezvous store, "
+            "which takes MASTER_PORT + 1 where torchrun's agent serves its own store on "
+            "MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True): give torchrun a lower "
+            "--master-port"));
   }
   return Derived(absl::StrCat(number + 1),
                  absl::StrCat("derived from MASTER_PORT=", number,

@@ -40,13 +40,26 @@ double BusBandwidthFactor(std::string_view op, int n) {
   return 1.0;
 }
 
-absl::StatusOr<std::vector<CommBenchRow>> RunCommBench(Communicator& comm,
-                                                       const CommBenchOptions& options) {
+absl::Status CheckCommBenchOptions(const CommBenchOptions& options, double memory_bytes) {
   if (options.min_bytes <= 0 || options.max_bytes < options.min_bytes || options.iters <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "bench sizes %d..%d bytes with %d iterations: need 0 < min <= max and iterations > 0",
+        "bench sizes %d..%d bytes with %d iterations: need 0 < --min-bytes <= --max-bytes and "
+        "--iters > 0",
         options.min_bytes, options.max_bytes, options.iters));
   }
+  if (const double needed = 2.0 * static_cast<double>(options.max_bytes);
+      memory_bytes > 0 && needed > memory_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--max-bytes %d needs up to %.1f GiB of buffers on each rank, and each has %.1f GiB of "
+        "this machine's memory: lower --max-bytes",
+        options.max_bytes, needed / (1 << 30), memory_bytes / (1 << 30)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<CommBenchRow>> RunCommBench(Communicator& comm,
+                                                       const CommBenchOptions& options) {
+  RETURN_IF_ERROR(CheckCommBenchOptions(options, 0));
   const int n = comm.size();
   std::vector<CommBenchRow> rows;
   for (const std::string& op : options.ops) {

@@ -36,6 +36,11 @@ struct CommBenchRow {
 // (n-1)/n for all_gather and reduce_scatter, 1 for broadcast.
 double BusBandwidthFactor(std::string_view op, int n);
 
+// InvalidArgument naming the fix for sizes or iterations that cannot run: min_bytes > 0, not above
+// max_bytes, iters > 0, and, where `memory_bytes` (what one rank may hold) is above 0, the
+// largest size's buffers (the whole array and a rank's part: up to 2 x max_bytes) within it.
+absl::Status CheckCommBenchOptions(const CommBenchOptions& options, double memory_bytes);
+
 // Collective; every rank must call it with the same options.
 absl::StatusOr<std::vector<CommBenchRow>> RunCommBench(Communicator& comm,
                                                        const CommBenchOptions& options);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/model/init.h"
+#include "core/util/exit_codes.h"
 #include "core/util/fnv.h"
 #include "core/util/status.h"
 #include "core/util/thread_pool.h"
@@ -516,10 +517,12 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   totals.loss =
       totals.trained_tokens > 0 ? local_loss_sum / static_cast<double>(totals.trained_tokens) : 0.0;
   totals.grad_norm = std::sqrt(sum_squares) * rescale;
+  // The same recipe and data diverge the same way after a restart: exit 2, none.
   if (!std::isfinite(totals.grad_norm) || !std::isfinite(totals.loss)) {
-    return absl::InternalError(absl::StrCat("the loss is ", totals.loss, " and the gradient norm ",
-                                            totals.grad_norm,
-                                            "; lower train.lr or raise train.warmup_steps"));
+    return WithExitCode(absl::InternalError(absl::StrCat(
+                            "the loss is ", totals.loss, " and the gradient norm ",
+                            totals.grad_norm, "; lower train.lr or raise train.warmup_steps")),
+                        kExitUsage);
   }
   // The rule of torch.nn.utils.clip_grad_norm_.
   const double coef = grad_clip > 0 ? grad_clip / (totals.grad_norm + 1e-6) : 1.0;

@@ -992,7 +992,12 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     if (const absl::Status device = DeviceStatus(recipe.run.device, backend); !device.ok()) {
       return Renamed(device, absl::StrCat("step ", step + 1, ": ", device.message()));
     }
-    ASSIGN_OR_RETURN(const StepResult result, std::move(stepped));
+    // Reported with the step it happened in, as a device error is.
+    if (!stepped.ok()) {
+      return Renamed(stepped.status(),
+                     absl::StrCat("step ", step + 1, ": ", stepped.status().message()));
+    }
+    const StepResult result = *std::move(stepped);
     const std::chrono::duration<double> step_time =
         std::chrono::steady_clock::now() - start + waited_before_step;
     const int64_t dp_sent = SentBytes({groups.dp}) - dp_sent_before;

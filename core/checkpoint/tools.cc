@@ -209,6 +209,16 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
                                              const std::string& format,
                                              const std::string& tokenizer_path) {
   ASSIGN_OR_RETURN(const std::string dir, ResolveCheckpoint(path));
+  // Written into the step folder it reads (or over the checkpoint folder's `latest`), the export
+  // would overwrite the checkpoint: a rank file, once, gave the run nothing to resume from.
+  const std::string checkpoints = std::filesystem::path(dir).parent_path().string();
+  if (IsSameOrInside(out, dir) ||
+      (IsSameOrInside(out, checkpoints) && IsSameOrInside(checkpoints, out)) ||
+      IsSameOrInside(out, checkpoints + "/latest")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--out ", out, " is inside the checkpoint it exports (", dir,
+                     "), or its folder: the export would overwrite it; write it elsewhere"));
+  }
   ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(dir));
   ASSIGN_OR_RETURN(const Recipe recipe,
                    ParseRecipe(reader.manifest().recipe_yaml, dir + "/manifest.json (recipe)"));

@@ -264,7 +264,15 @@ RunSummary SummarizeRun(const std::vector<StepMetrics>& steps) {
 std::vector<std::string> ReportNotes(const RunFolder& run) {
   std::vector<std::string> notes;
   if (!run.recipe_note.empty()) notes.push_back(run.recipe_note);
-  notes.insert(notes.end(), run.metrics.skipped.begin(), run.metrics.skipped.end());
+  // The first few skipped lines name the problem; a file of garbage would make a page of them.
+  constexpr size_t kSkippedShown = 10;
+  const std::vector<std::string>& skipped = run.metrics.skipped;
+  notes.insert(notes.end(), skipped.begin(),
+               skipped.begin() + std::min(skipped.size(), kSkippedShown));
+  if (skipped.size() > kSkippedShown) {
+    notes.push_back(absl::StrCat("and ", skipped.size() - kSkippedShown, " more lines of ",
+                                 run.metrics_path, " skipped"));
+  }
   if (run.metrics.steps.empty()) {
     notes.push_back(
         absl::StrCat(run.metrics_path, " holds no steps: the run has not finished its first step"));

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,24 @@ const char* FileKind(const struct stat& info) {
 }
 
 }  // namespace
+
+bool IsSameOrInside(const std::string& path, const std::string& folder) {
+  std::error_code error;
+  const auto resolved = [&](const std::string& p) {
+    return std::filesystem::weakly_canonical(std::filesystem::absolute(p, error), error);
+  };
+  const std::filesystem::path inner = resolved(path);
+  if (error) return false;
+  const std::filesystem::path outer = resolved(folder);
+  if (error) return false;
+  // weakly_canonical keeps a trailing separator as an empty last element.
+  const auto end = [](const std::filesystem::path& p) {
+    auto last = p.end();
+    return !p.empty() && !p.has_filename() && last != p.begin() ? std::prev(last) : last;
+  };
+  const auto inner_end = end(inner), outer_end = end(outer);
+  return std::mismatch(outer.begin(), outer_end, inner.begin(), inner_end).first == outer_end;
+}
 
 absl::Status FileError(int error, absl::string_view what, absl::string_view fix) {
   absl::Status status = absl::ErrnoToStatus(error, what);

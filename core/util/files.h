@@ -37,6 +37,10 @@ absl::StatusOr<std::ifstream> OpenInputFile(const std::string& path);
 // The bytes of the file at `path`: OpenInputFile's errors, or the read's with its errno.
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 
+// Whether `path` is `folder` or lies inside it, links and ".." resolved as far as the paths exist
+// (neither needs to): what an output must not be when it would overwrite an input.
+bool IsSameOrInside(const std::string& path, const std::string& folder);
+
 // Writes all of [data, data + bytes) to `fd`, retrying short writes; `path` names it in errors.
 absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path);
 

@@ -121,8 +121,26 @@ CheckResult CheckpointFolderCheck(const std::string& dir) {
   std::error_code error;
   const fs::path existing = NearestExistingFolder(dir);
   const bool exists = existing == fs::absolute(dir, error);
-  const fs::path probe = existing / absl::StrCat(".dtrain-doctor-probe-", getpid());
   const std::string elsewhere = "or set checkpoint.dir to a writable folder that every node shares";
+  // What the run would find creating the rest (it passed here and failed there): a file on the
+  // way, or a name longer than the file system takes.
+  if (!fs::is_directory(existing, error)) {
+    return Result(
+        "node.checkpoint_dir", Verdict::kFail,
+        absl::StrCat(existing.string(), " is a file, not a folder, so ", dir, " cannot be created"),
+        absl::StrCat("move the file, ", elsewhere));
+  }
+  const long name_max = pathconf(existing.c_str(), _PC_NAME_MAX);
+  for (const fs::path& part : fs::absolute(dir, error).lexically_relative(existing)) {
+    if (name_max > 0 && static_cast<long>(part.native().size()) > name_max) {
+      return Result("node.checkpoint_dir", Verdict::kFail,
+                    absl::StrCat(dir, " does not exist, and its part '",
+                                 part.native().substr(0, 32), "...' is ", part.native().size(),
+                                 " bytes, more than the ", name_max, " that its file system takes"),
+                    absl::StrCat("shorten checkpoint.dir, ", elsewhere));
+    }
+  }
+  const fs::path probe = existing / absl::StrCat(".dtrain-doctor-probe-", getpid());
   const int fd = open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
   if (fd < 0) {
     const int failure = errno;

@@ -282,17 +282,22 @@ std::optional<CheckResult> GidIndexCheck(const NetworkInventory& inventory,
   for (const RdmaPort* port : SelectedPorts(inventory, env)) {
     if (port->roce() && port->active()) roce.push_back(port);
   }
-  if (value.empty()) {
-    if (roce.empty()) return std::nullopt;
+  // -1 is NCCL's own default, spelled out: the GID is picked automatically (2.21 and later).
+  if (value.empty() || value == "-1") {
+    if (roce.empty()) {
+      if (value.empty()) return std::nullopt;
+      return Result(name, Verdict::kOk, "'-1': NCCL's default, no RoCE port here");
+    }
     const int preferred = PreferredRoceGidIndex(*roce.front());
     if (preferred < 0) return std::nullopt;  // the port's own check says what is missing
     const bool needed = RecipeNeedsRdma(cluster);
-    return Result(name, needed ? Verdict::kWarn : Verdict::kInfo,
-                  absl::StrCat("unset on RoCE port ", roce.front()->label(),
-                               "; NCCL before 2.21 then uses GID 0 (RoCE v1)"),
-                  needed ? absl::StrCat("export NCCL_IB_GID_INDEX=", preferred, "  # the RoCE v2 ",
-                                        "GID of ", roce.front()->label())
-                         : "");
+    return Result(
+        name, needed ? Verdict::kWarn : Verdict::kInfo,
+        absl::StrCat(value.empty() ? "unset" : "'-1' (NCCL's default)", " on RoCE port ",
+                     roce.front()->label(), "; NCCL before 2.21 then uses GID 0 (RoCE v1)"),
+        needed ? absl::StrCat("export NCCL_IB_GID_INDEX=", preferred, "  # the RoCE v2 ", "GID of ",
+                              roce.front()->label())
+               : "");
   }
   int index = -1;
   if (!absl::SimpleAtoi(value, &index) || index < 0) {

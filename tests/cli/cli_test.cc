@@ -95,6 +95,19 @@ TEST(CliTest, BenchCommOnOneRankIsAUsageError) {
   EXPECT_EQ(outcome.stdout_text, "");
 }
 
+// Sizes that cannot run are refused before the rendezvous, exit 2: a largest size beyond memory
+// aborted every rank (std::bad_alloc), sizes in the wrong order failed after it with exit 1. No
+// rank 1 is started: the refusal must not wait for it.
+TEST(CliTest, BenchCommSizesThatCannotRunAreUsageErrors) {
+  const std::string world = "env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9 ";
+  const Outcome huge = RunDtrain("bench comm --min-bytes 1K --max-bytes 100T", world);
+  EXPECT_EQ(huge.exit_code, 2) << huge.stderr_text;
+  EXPECT_THAT(huge.stderr_text, HasSubstr("GiB of this machine's memory: lower --max-bytes"));
+  const Outcome reversed = RunDtrain("bench comm --min-bytes 64M --max-bytes 1K", world);
+  EXPECT_EQ(reversed.exit_code, 2) << reversed.stderr_text;
+  EXPECT_THAT(reversed.stderr_text, HasSubstr("need 0 < --min-bytes <= --max-bytes"));
+}
+
 // Data that is not on this machine is a warning from `recipe check` (the nodes that train may
 // see other files), which still prints the recipe.
 TEST(CliTest, RecipeCheckWarnsOfLocalDataThatIsNotHere) {

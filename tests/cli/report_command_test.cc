@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,23 @@ TEST_F(ReportCommandTest, AnUnwritableOutIsExit1NamingIt) {
       testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", out));
   EXPECT_EQ(report.exit_code, 1);
   EXPECT_THAT(report.stderr_text, HasSubstr("cannot write " + out));
+}
+
+// The page over a file the report reads would cost the run its record: refused, exit 2.
+TEST_F(ReportCommandTest, AnOutOverTheRunsOwnFilesIsRefused) {
+  const std::string metrics = RunDir() + "/metrics.jsonl";
+  const auto contents = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string before = contents(metrics);
+  for (const std::string& out : {metrics, RunDir() + "/recipe.yaml"}) {
+    const testing::Outcome report =
+        testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", out));
+    EXPECT_EQ(report.exit_code, 2) << report.stderr_text;
+    EXPECT_THAT(report.stderr_text, HasSubstr("which the report reads: write the page elsewhere"));
+  }
+  EXPECT_EQ(contents(metrics), before);
 }
 
 TEST_F(ReportCommandTest, RendersInHeadlessChromium) {

@@ -332,6 +332,16 @@ TEST(TrainTest, InitFromWeightsHoldingANanFailsNamingTheTensor) {
   EXPECT_THAT(run.stderr_text, ::testing::Not(HasSubstr("train.lr")));
 }
 
+// A run that diverges says at which step, and exits 2: the same recipe and data diverge the same
+// way after a restart (dtrain launch spent its restarts on it).
+TEST(TrainTest, ADivergedRunNamesTheStepAndExits2) {
+  const testing::Outcome run =
+      Train(RunDir("diverged"), "--set train.lr=1e9 --set train.grad_clip=0");
+  EXPECT_EQ(run.exit_code, 2) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text, ::testing::ContainsRegex("error: step [0-9]+: the loss is "));
+  EXPECT_THAT(run.stderr_text, HasSubstr("lower train.lr or raise train.warmup_steps"));
+}
+
 // Files the recipe names that do not exist fail the same way at every restart: exit 2, which
 // `dtrain launch` does not restart.
 TEST(TrainTest, MissingWeightsOrDataAreUsageErrors) {

@@ -114,6 +114,10 @@ TEST(EnvironmentTest, TorchrunsAgentStoreKeepsMasterPortAndDtrainTakesTheNext) {
             "MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True)");
   env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
   EXPECT_EQ(Resolve(env).master_port, 29654);
+  // No port after 65535: an error, where dtrain's store took torchrun's own port.
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  env["MASTER_PORT"] = "65535";
+  EXPECT_THAT(Error(env), ::testing::HasSubstr("MASTER_PORT=65535 leaves no port after it"));
 }
 
 // torchrun numbers its workers node by node; a RANK off that count (a stale export) would put two

@@ -368,6 +368,17 @@ TEST(CheckpointingTest, ExportWritesHuggingFaceAndLlmcFiles) {
   EXPECT_EQ(gguf.exit_code, 2);
   EXPECT_THAT(gguf.stderr_text,
               HasSubstr("--format gguf is not known; use safetensors, hf or llmc"));
+  // An export into the checkpoint it reads (a rank file's path, the step folder for hf, the
+  // checkpoint folder, its `latest`) is refused, and the checkpoint still loads.
+  const std::string step = out + "/ck/checkpoints/step-2";
+  for (const std::string& into :
+       {step + "/rank-0.bin", step, out + "/ck/checkpoints", out + "/ck/checkpoints/latest"}) {
+    const testing::Outcome refused = testing::RunDtrain(
+        absl::StrCat("ckpt export ", out, "/ck/checkpoints --format hf --out ", into));
+    EXPECT_EQ(refused.exit_code, 2) << into << ": " << refused.stderr_text;
+    EXPECT_THAT(refused.stderr_text, HasSubstr("the export would overwrite it")) << into;
+  }
+  EXPECT_EQ(testing::RunDtrain(absl::StrCat("ckpt inspect ", step)).exit_code, 0);
   // A FIFO, a device or a folder at --out stays what it is; a link stays a link to the export.
   const std::string fifo = out + "/fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);

@@ -80,6 +80,20 @@ TEST(RunReportTest, ABadLineInTheMiddleIsSkippedNamingIt) {
   EXPECT_THAT(log->skipped[0], HasSubstr("\"loss\" is not a number"));
 }
 
+// A metrics file of garbage names its first bad lines and counts the rest: one note a line made
+// a 10 MB page of 100,000 bad lines.
+TEST(RunReportTest, SkippedLinesAreNamedUpToTenThenCounted) {
+  std::string text;
+  for (int i = 0; i < 25; ++i) absl::StrAppend(&text, "garbage\n");
+  const absl::StatusOr<RunFolder> run = ReadRunFolder(RunFolderWith("report_garbage", text));
+  ASSERT_TRUE(run.ok()) << run.status();
+  const std::vector<std::string> notes = ReportNotes(*run);
+  // The missing recipe, 10 lines, the count, and "holds no steps".
+  ASSERT_EQ(notes.size(), 13u);
+  EXPECT_THAT(notes[1], HasSubstr("line 1 of"));
+  EXPECT_THAT(notes[11], HasSubstr("and 15 more lines of "));
+}
+
 TEST(RunReportTest, AMissingFolderOrMetricsFileIsNamedWithTheFix) {
   const std::string missing = testing::FreshTempDir("report_missing");
   const absl::StatusOr<RunFolder> no_dir = ReadRunFolder(missing);

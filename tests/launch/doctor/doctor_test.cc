@@ -93,8 +93,14 @@ TEST(DoctorTest, CheckpointFolderIsProbedAndLeftClean) {
   std::ofstream(dir + "/file") << "x";
   const CheckResult blocked = CheckpointFolderCheck(dir + "/file/checkpoints");
   EXPECT_EQ(blocked.verdict, Verdict::kFail);
-  EXPECT_THAT(blocked.detail, HasSubstr("is not writable"));
+  EXPECT_THAT(blocked.detail, HasSubstr(dir + "/file is a file, not a folder"));
   EXPECT_THAT(blocked.fix, HasSubstr("checkpoint.dir"));
+
+  // A name longer than the file system takes passed here, and training then refused it.
+  const CheckResult long_name = CheckpointFolderCheck(dir + "/" + std::string(300, 'a') + "/ck");
+  EXPECT_EQ(long_name.verdict, Verdict::kFail);
+  EXPECT_THAT(long_name.detail, HasSubstr("is 300 bytes, more than the 255"));
+  EXPECT_THAT(long_name.fix, HasSubstr("shorten checkpoint.dir"));
 }
 
 TEST(DoctorTest, MasterResolvesInAWorldOfMore) {

@@ -115,6 +115,17 @@ TEST(DoctorNetworkTest, RoceGidIndexMustNameTheIpv4RoceV2Gid) {
   const std::vector<CheckResult> unset = NetworkChecks(network, {}, &cluster);
   EXPECT_EQ(Find(unset, "nccl.NCCL_IB_GID_INDEX")->verdict, Verdict::kWarn);
   EXPECT_THAT(Find(unset, "nccl.NCCL_IB_GID_INDEX")->fix, HasSubstr("NCCL_IB_GID_INDEX=3"));
+  // -1, NCCL's default spelled out, reads as unset (it failed as "not a GID index").
+  const std::vector<CheckResult> automatic =
+      NetworkChecks(network, {{"NCCL_IB_GID_INDEX", "-1"}}, &cluster);
+  EXPECT_EQ(Find(automatic, "nccl.NCCL_IB_GID_INDEX")->verdict, Verdict::kWarn);
+  EXPECT_THAT(Find(automatic, "nccl.NCCL_IB_GID_INDEX")->detail,
+              HasSubstr("'-1' (NCCL's default)"));
+  EXPECT_EQ(Find(NetworkChecks(ReadNetwork(EthernetNode().root()), {{"NCCL_IB_GID_INDEX", "-1"}},
+                               &cluster),
+                 "nccl.NCCL_IB_GID_INDEX")
+                ->verdict,
+            Verdict::kOk);
   // An InfiniBand recipe on this RoCE-only node has no port of its network.
   const ClusterSpec infiniband = testing::CatalogCluster(2, "h100-sxm", "ib-ndr");
   EXPECT_EQ(Failed(NetworkChecks(network, {}, &infiniband)),
