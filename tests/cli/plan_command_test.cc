@@ -154,9 +154,10 @@ TEST(PlanCommandTest, TheRecipesOwnLayoutIsShown) {
               HasSubstr(": zero3 shards as fsdp does and costs the same, so the planner lists "
                         "that family once, as fsdp"));
   // A tp x pp that does not divide the cluster says so (its row was left out without a word).
-  const testing::Outcome undivided = testing::RunDtrain(
-      absl::StrCat("plan ", recipe, " --top 1 --set parallel.tp=2 --set parallel.pp=2 --set "
-                   "cluster.gpus_per_node=6"));
+  const testing::Outcome undivided =
+      testing::RunDtrain(absl::StrCat("plan ", recipe,
+                                      " --top 1 --set parallel.tp=2 --set parallel.pp=2 --set "
+                                      "cluster.gpus_per_node=6"));
   EXPECT_THAT(undivided.stdout_text, HasSubstr("  fsdp tp2 pp2 mb1 "));
   EXPECT_THAT(undivided.stdout_text,
               HasSubstr(": parallel.tp x parallel.pp = 4 does not divide the cluster's 6 GPUs"));
