@@ -212,9 +212,10 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
   // Written into the step folder it reads (or over the checkpoint folder's `latest`), the export
   // would overwrite the checkpoint: a rank file, once, gave the run nothing to resume from.
   const std::string checkpoints = std::filesystem::path(dir).parent_path().string();
-  if (IsSameOrInside(out, dir) ||
-      (IsSameOrInside(out, checkpoints) && IsSameOrInside(checkpoints, out)) ||
-      IsSameOrInside(out, checkpoints + "/latest")) {
+  const auto same = [](const std::string& a, const std::string& b) {
+    return IsSameOrInside(a, b) && IsSameOrInside(b, a);
+  };
+  if (IsSameOrInside(out, dir) || same(out, checkpoints) || same(out, checkpoints + "/latest")) {
     return absl::InvalidArgumentError(
         absl::StrCat("--out ", out, " is inside the checkpoint it exports (", dir,
                      "), or its folder: the export would overwrite it; write it elsewhere"));

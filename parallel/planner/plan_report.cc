@@ -150,10 +150,6 @@ int CountInvalid(const Plan& plan) {
                     [](const Candidate& c) { return c.verdict == Verdict::kInvalid; }));
 }
 
-}  // namespace
-
-namespace {
-
 // Why the plan has no candidate of `layout`: the trainer would refuse it, or the search does not
 // try it.
 std::string WhyNotSearched(const Plan& plan, const Layout& layout) {
