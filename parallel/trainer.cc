@@ -592,6 +592,12 @@ absl::Status InitialiseParameters(const Recipe& recipe, const ModelConfig& confi
   }
   engine.LoadParameters(own.data());
   LogInfo("initialised from %s", recipe.train.init_from);
+  if (HfLlamaTiesHead(config, recipe.train.init_from).value_or(false)) {
+    LogInfo(
+        "init_from: its config.json ties the head to the embedding (tie_word_embeddings); dtrain "
+        "starts lm_head.weight as a copy of model.embed_tokens.weight, trains the two apart and "
+        "exports them untied");
+  }
   return absl::OkStatus();
 }
 
@@ -627,10 +633,8 @@ void LogRunSetup(const Recipe& recipe, const ModelConfig& config, const LocalDim
           train.micro_batch * train.seq_len);
     }
   }
-  LogInfo(
-      "MFU is stated against %.1f GFLOP/s per rank, the best measured float32 GEMM of "
-      "this %s",
-      peak_flops / 1e9, backend_name);
+  LogInfo("MFU is stated against %.1f GFLOP/s per rank, the best measured %s GEMM of this %s",
+          peak_flops / 1e9, recipe.bf16_params() ? "bf16" : "float32", backend_name);
 }
 
 // The checkpoint signals, agreed by all ranks so that they save the same step: any rank
@@ -922,7 +926,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
         resumed_step, train.steps);
   }
 
-  double peak_flops = MeasureGemmFlops(backend);
+  double peak_flops =
+      MeasureGemmFlops(backend, recipe.bf16_params() ? DataType::kBF16 : DataType::kF32);
   const double flops_per_token = config.flops_per_token(train.seq_len);
   const int64_t tokens_per_step = static_cast<int64_t>(train.batch_size) * train.seq_len;
   MetricsFile metrics;
@@ -1186,6 +1191,8 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
 
 absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size) {
   RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world_size));
+  RETURN_IF_ERROR(
+      CheckNoDecay(ModelConfigFromRecipe(recipe.model, recipe.d_ff()), recipe.train.no_decay));
   // Weights that are missing, or of another model, would fail every rank at start, and every
   // restart after it. Only a fresh run reads them (a resume takes its checkpoint's), and a path
   // that cannot be read is left to the start, as other faults of files are.
@@ -1228,6 +1235,7 @@ std::string JobSettings(const Recipe& recipe) {
 // thread past the checks before allocating: a buffer the engine or the model allocates as it goes
 // (std::bad_alloc, or the backend's OutOfMemory with what the device had) ended the process with
 // an abort. The threads of the data reader, the communicators and the checkpoint writer still do.
+// An allocation that failed for a device fault (an earlier kernel's) reports the fault.
 absl::StatusOr<TrainingEnd> TrainRankUnlessOutOfMemory(
     const Recipe& recipe, const WorldMembership& world, const Mesh& mesh, Backend& backend,
     Communicator* world_comm, const ProcessGroup::MeshGroups& groups, Communicator* kv_replicas,
@@ -1236,6 +1244,9 @@ absl::StatusOr<TrainingEnd> TrainRankUnlessOutOfMemory(
   try {
     return TrainRank(recipe, world, mesh, backend, world_comm, groups, kv_replicas, signals, phase);
   } catch (const std::bad_alloc& error) {
+    if (const absl::Status device = DeviceStatus(recipe.run.device, backend); !device.ok()) {
+      return Renamed(device, absl::StrCat("in ", phase, ": ", device.message()));
+    }
     return OutOfMemoryError(absl::StrCat("in ", phase), error);
   }
 }

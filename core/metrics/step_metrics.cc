@@ -136,21 +136,26 @@ double PeakRssMib() {
 
 namespace {
 
-// The best of several timings of one `size` x `size` x `size` float32 GEMM, in seconds.
-double BestGemmSeconds(Backend& backend, int size) {
+// The best of several timings of one `size` x `size` x `size` GEMM on `dtype` inputs (a linear
+// layer's, with float32 sums), in seconds.
+double BestGemmSeconds(Backend& backend, int size, DataType dtype) {
   constexpr int kRepeats = 8;  // the best of several: a busy machine only ever slows a run
   const size_t count = static_cast<size_t>(size) * size;
-  const DeviceBuffer a = backend.Allocate(count), b = backend.Allocate(count),
-                     c = backend.Allocate(count);
-  const std::vector<float> values(std::min<size_t>(count, size_t{1} << 20), 0.5f);
-  for (size_t at = 0; at < count; at += values.size()) {
-    const size_t n = std::min(values.size(), count - at);
-    backend.CopyFromHost(a.floats() + at, values.data(), n * sizeof(float));
-    backend.CopyFromHost(b.floats() + at, values.data(), n * sizeof(float));
+  const DeviceBuffer a = backend.Allocate(count, dtype), b = backend.Allocate(count, dtype),
+                     c = backend.Allocate(count, dtype);
+  // 0.5 in float32 and in bf16 (its upper half).
+  const std::vector<float> halves(std::min<size_t>(count, size_t{1} << 20), 0.5f);
+  const std::vector<Bf16> bf16_halves(halves.size(), cuda::FromFloat<Bf16>(0.5f));
+  const size_t bytes = DataTypeBytes(dtype);
+  const void* values = dtype == DataType::kBF16 ? static_cast<const void*>(bf16_halves.data())
+                                                : static_cast<const void*>(halves.data());
+  for (size_t at = 0; at < count; at += halves.size()) {
+    const size_t n = std::min(halves.size(), count - at);
+    backend.CopyFromHost((a.values() + at).data(), values, n * bytes);
+    backend.CopyFromHost((b.values() + at).data(), values, n * bytes);
   }
   const auto gemm = [&] {
-    backend.Gemm(false, true, size, size, size, 1.0f, a.floats(), size, b.floats(), size, 0.0f,
-                 c.floats(), size);
+    backend.LinearForward(c.values(), a.values(), b.values(), nullptr, size, size, size);
     backend.Synchronize();
   };
   gemm();  // warm up
@@ -166,7 +171,7 @@ double BestGemmSeconds(Backend& backend, int size) {
 
 }  // namespace
 
-double MeasureGemmFlops(Backend& backend) {
+double MeasureGemmFlops(Backend& backend, DataType dtype) {
   // From 1024 the size doubles until a GEMM takes 5 ms, so that on a GPU the launches and the
   // wait are a small part of the time (1024 takes microseconds there, milliseconds on a CPU).
   // A size whose three matrices no longer fit beside the model ends the search there.
@@ -176,7 +181,7 @@ double MeasureGemmFlops(Backend& backend) {
   for (int size = 1024; size <= kLargest; size *= 2) {
     double seconds = 0;
     try {
-      seconds = BestGemmSeconds(backend, size);
+      seconds = BestGemmSeconds(backend, size, dtype);
     } catch (const std::bad_alloc&) {  // the CPU backend's too, not only OutOfMemory
       if (flops > 0) break;
       throw;

@@ -65,11 +65,11 @@ absl::StatusOr<StepMetrics> ParseStepMetricsJson(std::string_view line);
 // Peak resident set size of this process, MiB.
 double PeakRssMib();
 
-// The FLOP/s a square float32 GEMM reaches on this backend, at run.matmul_precision, large
-// enough that launching and waiting for it cost little (from 1024, doubled until one takes 5 ms,
-// up to 8192: 1024 on most CPUs, 8192 on a GPU; a few hundred ms): the peak that MFU is stated
-// against.
-double MeasureGemmFlops(Backend& backend);
+// The FLOP/s a square GEMM of the run's compute type (`dtype`: float32 at run.matmul_precision,
+// or bf16) reaches on this backend, large enough that launching and waiting for it cost little
+// (from 1024, doubled until one takes 5 ms, up to 8192: 1024 on most CPUs, 8192 on a GPU; a few
+// hundred ms): the peak that MFU is stated against.
+double MeasureGemmFlops(Backend& backend, DataType dtype);
 
 // MFU in percent: `rank_flops` (a step's model FLOP/s per rank) over `peak_flops`. No step
 // outruns a dense GEMM, so a step above the peak shows that its measurement ran on a busy

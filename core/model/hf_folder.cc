@@ -321,8 +321,16 @@ absl::Status CheckHfConfig(const ModelConfig& c, const std::string& path) {
     }
     RequireValue(json, "hidden_act", "silu", {"silu"}, "dtrain's Llama MLP is SwiGLU (silu)",
                  problems);
-    RequireValue(json, "rope_scaling", nullptr, {nullptr},
-                 "dtrain implements plain RoPE, no rope_scaling", problems);
+    // transformers reads {"rope_type": "default"} (or "type", its older key) as plain RoPE.
+    const Json scaling = json.value("rope_scaling", Json());
+    const bool plain_rope =
+        scaling.is_null() ||
+        (scaling.is_object() &&
+         scaling.value("rope_type", scaling.value("type", Json())) == Json("default"));
+    if (!plain_rope) {
+      problems.push_back(absl::StrCat("rope_scaling is ", scaling.dump(),
+                                      ": dtrain implements plain RoPE, no rope_scaling"));
+    }
     RequireValue(json, "attention_bias", false, {false}, "dtrain's Llama has no biases", problems);
     RequireValue(json, "mlp_bias", false, {false}, "dtrain's Llama has no biases", problems);
   }
@@ -535,6 +543,14 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
   return WriteFileDurably((fs::path(dir) / "config.json").string(), HfConfigJson(config, tokens));
 }
 
+absl::StatusOr<bool> HfLlamaTiesHead(const ModelConfig& config, const std::string& path) {
+  std::error_code error;
+  if (config.family != ModelFamily::kLlama || !fs::is_directory(path, error)) return false;
+  ASSIGN_OR_RETURN(const Json json, ReadJson((fs::path(path) / "config.json").string()));
+  const auto tie = json.find("tie_word_embeddings");
+  return tie != json.end() && tie->is_boolean() && tie->get<bool>();
+}
+
 absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
                              const std::string& path, const TensorSinkFn& write_tensor) {
   std::error_code error;
@@ -548,11 +564,8 @@ absl::Status ImportHfWeights(const ModelConfig& config, const ParamTable& table,
                      " is a folder without config.json; give a .safetensors file or a Hugging "
                      "Face model folder (config.json + model.safetensors)"));
   }
-  const std::string config_path = (dir / "config.json").string();
-  RETURN_IF_ERROR(CheckHfConfig(config, config_path));
-  ASSIGN_OR_RETURN(const Json json, ReadJson(config_path));
-  const auto tie = json.find("tie_word_embeddings");
-  const bool tied = tie != json.end() && tie->is_boolean() && tie->get<bool>();
+  RETURN_IF_ERROR(CheckHfConfig(config, (dir / "config.json").string()));
+  ASSIGN_OR_RETURN(const bool tied, HfLlamaTiesHead(config, path));
   if (fs::exists(dir / kWeightsName, error)) {
     return ImportHfSafetensors(config, table, {(dir / kWeightsName).string()}, path, write_tensor,
                                tied);

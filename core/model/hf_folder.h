@@ -71,6 +71,10 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
                             const SafetensorsMetadata& metadata = {},
                             const ChatTemplate* chat_template = nullptr);
 
+// Whether `path` is a Llama's Hugging Face folder whose config.json says tie_word_embeddings:
+// dtrain's head then starts as a copy of the embedding and trains apart from it.
+absl::StatusOr<bool> HfLlamaTiesHead(const ModelConfig& config, const std::string& path);
+
 // Hands every tensor of `table` (the whole model's) to `write_tensor`, one at a time, from
 // `path`: a safetensors file (ImportHfSafetensors), or a Hugging Face model folder whose
 // config.json passes CheckHfConfig and whose weights are model.safetensors or the shards its

@@ -93,33 +93,40 @@ struct StoredTensor {
   const std::string* file = nullptr;
 };
 
-// A GPT-2 file may hold lm_head.weight as a copy of the tied wte.weight (GPT2LMHeadModel's
-// state_dict); one that differs was trained untied, which dtrain's GPT-2 cannot hold. The
-// import would drop it silently.
-absl::Status CheckGpt2HeadIsTied(const ModelConfig& config,
-                                 const std::map<std::string, StoredTensor>& file_names) {
+// A tied model's file may hold lm_head.weight as a copy of the embedding (GPT2LMHeadModel's
+// state_dict). One that differs was trained untied: dtrain's GPT-2 cannot hold it, and a Llama
+// whose config.json says tie_word_embeddings starts its head from the embedding. The import
+// would drop it silently.
+absl::Status CheckHeadIsTied(const ModelConfig& config,
+                             const std::map<std::string, StoredTensor>& file_names,
+                             bool head_from_embedding) {
+  const bool gpt2 = config.family == ModelFamily::kGpt2;
   const auto head = file_names.find("lm_head.weight");
-  const auto wte = file_names.find("wte.weight");
-  if (config.family != ModelFamily::kGpt2 || head == file_names.end() || wte == file_names.end()) {
+  const auto embedding = file_names.find(gpt2 ? "wte.weight" : "model.embed_tokens.weight");
+  if (!(gpt2 || head_from_embedding) || head == file_names.end() || embedding == file_names.end()) {
     return absl::OkStatus();
   }
   const SafetensorsEntry* head_entry = head->second.reader->Find(head->second.name);
-  const SafetensorsEntry* wte_entry = wte->second.reader->Find(wte->second.name);
-  bool tied = head_entry->spec.shape == wte_entry->spec.shape;
+  const SafetensorsEntry* embedding_entry = embedding->second.reader->Find(embedding->second.name);
+  bool tied = head_entry->spec.shape == embedding_entry->spec.shape;
   if (tied) {
     std::vector<float> head_values(NumElements(head_entry->spec.shape));
-    std::vector<float> wte_values(head_values.size());
+    std::vector<float> embedding_values(head_values.size());
     RETURN_IF_ERROR(head->second.reader->ReadFloat32(head->second.name, head_values.data()));
-    RETURN_IF_ERROR(wte->second.reader->ReadFloat32(wte->second.name, wte_values.data()));
-    tied = head_values == wte_values;
+    RETURN_IF_ERROR(
+        embedding->second.reader->ReadFloat32(embedding->second.name, embedding_values.data()));
+    tied = head_values == embedding_values;
   }
   if (tied) return absl::OkStatus();
-  return WithExitCode(
-      absl::InvalidArgumentError(absl::StrCat(
-          *head->second.file, ": ", head->second.name, " differs from ", wte->second.name,
-          ": dtrain's GPT-2 ties its output head to the token embedding, and this model was "
-          "trained with an untied head; start from a tied GPT-2, or train a Llama (untied)")),
-      kExitUsage);
+  const std::string differs = absl::StrCat(*head->second.file, ": ", head->second.name,
+                                           " differs from ", embedding->second.name);
+  const std::string fix =
+      gpt2 ? ": dtrain's GPT-2 ties its output head to the token embedding, and this model was "
+             "trained with an untied head; start from a tied GPT-2, or train a Llama (untied)"
+           : ", but config.json says \"tie_word_embeddings\": true (transformers would load one "
+             "over the other): set it to false to start from the saved head, or delete "
+             "lm_head.weight to start the head from the embedding";
+  return WithExitCode(absl::InvalidArgumentError(differs + fix), kExitUsage);
 }
 
 std::string ListSome(const std::vector<std::string>& names) {
@@ -305,7 +312,7 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
       if (head_from_embedding && config.family == ModelFamily::kLlama &&
           t.name == "lm_head.weight") {
         // Tied, the head is the embedding, as transformers builds it: an lm_head.weight the
-        // files also hold is ignored there too.
+        // files also hold must equal it (CheckHeadIsTied).
         if (it != file_names.end()) used.insert(it->first);
         it = file_names.find("model.embed_tokens.weight");
       }
@@ -360,7 +367,7 @@ absl::Status ImportHfSafetensors(const ModelConfig& config, const ParamTable& ta
   }
 
   if (!write_tensor) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckGpt2HeadIsTied(config, file_names));
+  RETURN_IF_ERROR(CheckHeadIsTied(config, file_names, head_from_embedding));
   // A tensor's pieces (the files' tensors it is made of) are adjacent, in table order.
   std::vector<float> values, transposed;
   // A NaN or infinity would surface as a NaN loss at the first step, blamed on the learning rate.

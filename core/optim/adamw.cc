@@ -3,17 +3,30 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "core/model/hf_names.h"
 
 namespace dtrain {
 namespace {
 
-bool MatchesAny(const std::string& name, const std::vector<std::string>& patterns) {
-  return std::any_of(patterns.begin(), patterns.end(), [&](const std::string& pattern) {
-    return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
-  });
+bool Matches(const std::string& pattern, const std::string& name) {
+  return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
+
+// Whether `pattern` matches a Hugging Face tensor's name: GPT-2's also with the "transformer."
+// prefix that GPT2LMHeadModel's names (and the safetensors save_pretrained writes) carry.
+bool MatchesHfName(const ModelConfig& config, const std::string& pattern,
+                   const std::string& hf_name) {
+  return Matches(pattern, hf_name) ||
+         (config.family == ModelFamily::kGpt2 && Matches(pattern, "transformer." + hf_name));
+}
+
+bool MatchesAny(const std::vector<std::string>& patterns,
+                const std::function<bool(const std::string&)>& matches) {
+  return std::any_of(patterns.begin(), patterns.end(), matches);
 }
 
 struct DecayPiece {
@@ -28,7 +41,8 @@ struct DecayPiece {
 // Hugging Face tensor its global row belongs to.
 std::vector<DecayPiece> DecayPieces(const ModelConfig& config, const TensorEntry& entry,
                                     const std::vector<std::string>& no_decay) {
-  const bool internal_match = MatchesAny(entry.name, no_decay);
+  const bool internal_match = MatchesAny(
+      no_decay, [&](const std::string& pattern) { return Matches(pattern, entry.name); });
   TensorEntry whole = entry;
   whole.shape = entry.global_shape;
   const absl::StatusOr<std::vector<HfTensor>> hf = HfTensorsFor(config, whole);
@@ -43,7 +57,10 @@ std::vector<DecayPiece> DecayPieces(const ModelConfig& config, const TensorEntry
       if (lo >= hi) continue;
       pieces.push_back(
           {entry.offset + static_cast<size_t>(local_row + lo - range.global_begin) * cols,
-           static_cast<size_t>(hi - lo) * cols, internal_match || MatchesAny(t.name, no_decay)});
+           static_cast<size_t>(hi - lo) * cols,
+           internal_match || MatchesAny(no_decay, [&](const std::string& pattern) {
+             return MatchesHfName(config, pattern, t.name);
+           })});
     }
     local_row += range.count;
   }
@@ -51,6 +68,37 @@ std::vector<DecayPiece> DecayPieces(const ModelConfig& config, const TensorEntry
 }
 
 }  // namespace
+
+absl::Status CheckNoDecay(const ModelConfig& config, const std::vector<std::string>& no_decay) {
+  const ParamTable whole(config, ModelSlice{});
+  const std::vector<std::string> defaults = TrainSection{}.no_decay;
+  for (const std::string& pattern : no_decay) {
+    // The defaults hold for either family: a Llama has no biases.
+    if (std::find(defaults.begin(), defaults.end(), pattern) != defaults.end()) continue;
+    const bool matched =
+        std::any_of(whole.entries().begin(), whole.entries().end(), [&](const TensorEntry& entry) {
+          if (Matches(pattern, entry.name)) return true;
+          const absl::StatusOr<std::vector<HfTensor>> hf = HfTensorsFor(config, entry);
+          return hf.ok() && std::any_of(hf->begin(), hf->end(), [&](const HfTensor& t) {
+                   return MatchesHfName(config, pattern, t.name);
+                 });
+        });
+    if (matched) continue;
+    const bool gpt2 = config.family == ModelFamily::kGpt2;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.no_decay: '", pattern, "' matches no tensor of this ", FamilyName(config.family),
+        " model, so it exempts nothing from weight decay; globs match dtrain's names "
+        "(blocks.0.norm1.weight) or Hugging Face's (",
+        gpt2 ? "h.0.ln_1.weight or transformer.h.0.ln_1.weight"
+             : "model.layers.0.input_layernorm.weight",
+        ")",
+        gpt2 && Matches(pattern, "lm_head.weight")
+            ? "; GPT-2's head is its token embedding, wte.weight"
+            : "",
+        ": fix the glob or remove it"));
+  }
+  return absl::OkStatus();
+}
 
 AdamW::AdamW(const ParamTable& table, const TrainSection& train, Backend& backend, size_t begin,
              size_t end)

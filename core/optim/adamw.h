@@ -7,17 +7,22 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "core/backend/backend.h"
 #include "core/model/param_table.h"
 #include "core/recipe/recipe.h"
 
 namespace dtrain {
 
+// An error naming a train.no_decay glob (not one of the defaults, which hold for either family)
+// that matches no tensor of `config`'s whole model by any of its names: it would exempt nothing.
+absl::Status CheckNoDecay(const ModelConfig& config, const std::vector<std::string>& no_decay);
+
 class AdamW {
  public:
   // Tensors matching any glob in train.no_decay, by their internal or their Hugging Face name
-  // (core/model/hf_names.h), get no weight decay. The moments cover table positions [begin, end).
-  // The moments are `backend`'s memory, zero.
+  // (core/model/hf_names.h; GPT-2's with or without "transformer."), get no weight decay. The
+  // moments cover table positions [begin, end). The moments are `backend`'s memory, zero.
   AdamW(const ParamTable& table, const TrainSection& train, Backend& backend, size_t begin,
         size_t end);
 

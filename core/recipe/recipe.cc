@@ -101,13 +101,13 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(run, matmul_precision),
-       "inputs of the float32 GEMMs (run.precision fp32's linear layers and head, and the "
+       "inputs of the float32 GEMMs (run.precision fp32's linear layers and head, and there the "
        "start-up GEMM peak that MFU is against), named as PyTorch's "
        "set_float32_matmul_precision levels: highest float32, high TF32, medium bfloat16 (tensor "
        "cores on the GPU, where PyTorch runs medium as TF32; the CPU rounds the inputs alike); "
        "float32 sums and values at every level; auto = medium on cuda at "
-       "run.precision bf16 (whose GEMMs multiply bf16 values already: the peak is then measured "
-       "on the tensor cores they use), highest otherwise",
+       "run.precision bf16 (whose GEMMs, and the peak, multiply bf16 values already), highest "
+       "otherwise",
        {"auto", "highest", "high", "medium"}},
       {DTRAIN_RECIPE_KEY(run, precision),
        "what the model stores (PyTorch FSDP's param_dtype, Megatron-LM's bf16): bf16 = bfloat16 "
@@ -272,7 +272,9 @@ const std::vector<KeySpec>& Keys() {
       {DTRAIN_RECIPE_KEY(train, no_decay),
        "globs naming tensors exempt from weight decay; a glob matches a tensor's dtrain name "
        "(blocks.N.norm1.weight) or its Hugging Face name for model.family (gpt2: "
-       "h.N.ln_1.weight; llama: model.layers.N.input_layernorm.weight)"},
+       "h.N.ln_1.weight or transformer.h.N.ln_1.weight; llama: "
+       "model.layers.N.input_layernorm.weight); one that matches no tensor is an error, but "
+       "for the defaults"},
       {DTRAIN_RECIPE_KEY(train, eval_every),
        "steps between validation-loss evaluations; 0 = off",
        {},

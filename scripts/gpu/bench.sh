@@ -11,7 +11,8 @@
 # shape and precision as it finishes: tokens/s of both and their ratio, MFU against the GPU's
 # dense float32 peak (datasheet) and against the planner catalog's bf16 peak, and the peak device
 # memory each process held (nvidia-smi, sampled every 100 ms). dtrain writes no checkpoint, and
-# each run's folder is removed after its row. A benchmark: it prints, never fails on speed.
+# each run's folder is removed after its row. A benchmark: it prints, never fails on speed; a
+# run that fails prints a FAILED row, the others still run, and the exit status is 1.
 #
 # Usage: scripts/gpu/bench.sh BUILD_DIR (a build with the CUDA module, for this GPU)
 # Environment: STEPS (6) steps of each run, the first 2 untimed; PYTHON (python3), a python
@@ -50,14 +51,16 @@ peak_device_mib() {
     kill "$sampler"
     echo "failed: $*" >&2
     tail -n 30 "$scratch/log" >&2
-    exit 1
+    return 1
   fi
   kill "$sampler"
   wait "$sampler" 2> /dev/null || true
   echo $(($(sort -n "$scratch/memory" | tail -n 1) - before))
 }
 
-# run_shape ID NAME KEY=VALUE...: one dtrain run and one PyTorch run; prints the table row.
+# run_shape ID NAME KEY=VALUE...: one dtrain run and one PyTorch run; prints the table row, or
+# a FAILED row (the run's log above it) and marks the benchmark failed, going on to the next.
+failed=0
 run_shape() {
   local id=$1 name=$2
   shift 2
@@ -69,7 +72,8 @@ run_shape() {
           --set run.device=cuda --set run.out_dir="$out" \
           --set run.name=bench \
           --set train.steps="$steps" --set train.warmup_steps=1 --set train.eval_every=0 \
-          --set logging.sample_tokens=0 --set train.export_to= --set checkpoint.save_at_end=false)
+          --set logging.sample_tokens=0 --set train.export_to= --set checkpoint.save_at_end=false) ||
+    { echo "| $name | FAILED: dtrain (its log above) |"; failed=1; return 0; }
   cp "$scratch/log" "$scratch/dtrain-$id.log"
   local d_tps
   d_tps=$("$python" - "$out/bench/metrics.jsonl" "$warmup_steps" <<'EOF'
@@ -81,7 +85,8 @@ EOF
   rm -rf "$out"
   t_mib=$(peak_device_mib "$python" "$repo/scripts/bench/torch_train.py" --device cuda \
           --mode fast --data "$data" --threads 1 --steps "$steps" --discard "$warmup_steps" \
-          "${sets[@]}")
+          "${sets[@]}") ||
+    { echo "| $name | $d_tps | FAILED: PyTorch (its log above) |"; failed=1; return 0; }
   # The last line: "tokens_per_s=X flops_per_token=Y peak_mib=Z".
   local result t_tps flops
   result=$(tail -n 1 "$scratch/log")
@@ -114,4 +119,5 @@ for precision in "${precisions[@]}"; do
     "${sets[@]}"
 done
 # dtrain's own GEMM peak, measured at its start.
-cat "$scratch"/dtrain-*.log | grep -m 1 "MFU is stated" || true
+cat "$scratch"/dtrain-*.log 2> /dev/null | grep -m 1 "MFU is stated" || true
+exit "$failed"

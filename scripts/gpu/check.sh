@@ -115,6 +115,21 @@ fi
 # would fail every stage alike: said once, here.
 "$build/dtrain" --version > /dev/null ||
   { echo "dtrain does not start here: the loader's error is above" >&2; exit 1; }
+# A driver older than the CUDA runtime the CUDA module was built with fails every stage alike
+# ("CUDA driver version is insufficient"): said once, here. The floors are NVIDIA's (CUDA 12:
+# 525.60, CUDA 13: 580.65, Linux).
+cuda_module=$(dirname "${binaries[0]:-$build/dtrain}")/libdtrain_cuda.so
+runtime=$(LD_LIBRARY_PATH=$build/lib${DTRAIN_LIBRARY_PATH:+:$DTRAIN_LIBRARY_PATH}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+  ldd "$cuda_module" 2> /dev/null | sed -nE 's/^\s+libcudart\.so\.([0-9]+) .*/\1/p' | head -n 1)
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2> /dev/null | head -n 1 || true)
+declare -A driver_floor=([12]=525.60 [13]=580.65)
+if [[ -n $runtime && -n $driver && -n ${driver_floor[$runtime]:-} ]] &&
+  [[ $(printf '%s\n' "${driver_floor[$runtime]}" "$driver" | sort -V | head -n 1) != "${driver_floor[$runtime]}" ]]; then
+  echo "the NVIDIA driver here is $driver, and dtrain's CUDA module was built with CUDA" \
+    "$runtime, which needs a driver of at least ${driver_floor[$runtime]}: update the driver," \
+    "or build dtrain with the CUDA toolkit this driver supports (nvidia-smi names it)" >&2
+  exit 1
+fi
 # The demo text: the repository's, a bundle's, or made here (Debian's fortunes package).
 if [[ ! -f data/fortunes.txt && -f $build/data/fortunes.txt ]]; then
   mkdir -p data

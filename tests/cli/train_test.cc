@@ -358,6 +358,17 @@ TEST(TrainTest, MissingWeightsOrDataAreUsageErrors) {
   EXPECT_THAT(data.stderr_text, HasSubstr("/nope.txt' matches no file"));
 }
 
+// A train.no_decay glob that matches no tensor (here GPT-2's head, which is its embedding) would
+// exempt nothing: exit 2 before the data is read.
+TEST(TrainTest, NoDecayGlobThatMatchesNothingIsAUsageError) {
+  const testing::Outcome run =
+      Train(RunDir("no_decay"), "--set 'train.no_decay=[\"*norm*\", \"lm_head.weight\"]'");
+  EXPECT_EQ(run.exit_code, 2) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text, HasSubstr("train.no_decay: 'lm_head.weight' matches no tensor of "
+                                         "this gpt2 model"));
+  EXPECT_THAT(run.stderr_text, ::testing::Not(HasSubstr("data:")));
+}
+
 // A directory as a data file used to read as 2^63 - 1 bytes and abort in bad_alloc.
 TEST(TrainTest, DataDirectoryFailsNamingIt) {
   const std::string dir = testing::FreshTempDir("data_dir");

@@ -48,6 +48,19 @@ std::string GiB(size_t bytes) {
 absl::Status CudaBackend::CheckDevice(int device) {
   int count = 0;
   const cudaError_t counted = cudaGetDeviceCount(&count);
+  if (counted == cudaErrorInsufficientDriver) {
+    // A GPU whose driver is older than the runtime this binary was built with.
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    const auto version = [](int v) { return absl::StrCat(v / 1000, ".", v % 1000 / 10); };
+    return absl::FailedPreconditionError(absl::StrCat(
+        "run.device is cuda but the NVIDIA driver supports CUDA ", version(driver),
+        " and this dtrain was built with the CUDA ", version(runtime),
+        " runtime: update the driver (nvidia-smi shows its version), or build dtrain with a "
+        "CUDA toolkit no newer than ",
+        version(driver)));
+  }
   if (counted != cudaSuccess || count == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "run.device is cuda but no GPU was found: the CUDA runtime says \"",
@@ -81,12 +94,17 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
                                                       cublasLtGetStatusString(status)));
   }
   // Allocate draws from the device's stream-ordered pool, which keeps what is freed for the next
-  // allocation (as PyTorch's caching allocator) instead of returning it to the driver.
+  // allocation (as PyTorch's caching allocator) instead of returning it to the driver. A device
+  // or driver without pools (some virtualised ones) allocates with cudaMalloc instead.
   cudaMemPool_t pool = nullptr;
-  uint64_t keep_everything = UINT64_MAX;
-  error = cudaDeviceGetDefaultMemPool(&pool, device);
-  if (error == cudaSuccess) {
-    error = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything);
+  int pools_supported = 0;
+  error = cudaDeviceGetAttribute(&pools_supported, cudaDevAttrMemoryPoolsSupported, device);
+  if (error == cudaSuccess && pools_supported != 0) {
+    uint64_t keep_everything = UINT64_MAX;
+    error = cudaDeviceGetDefaultMemPool(&pool, device);
+    if (error == cudaSuccess) {
+      error = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything);
+    }
   }
   if (error != cudaSuccess) {
     cublasLtDestroy(lt);
@@ -100,13 +118,18 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
   } catch (const OutOfMemory& oom) {
     return absl::ResourceExhaustedError(absl::StrCat("cuBLASLt's workspace: ", oom.what()));
   }
+  // Without pinned memory (a locked-memory limit), every copy from the host waits for the stream.
   backend->staging_.resize(kStagingSlots);
   for (StagingSlot& slot : backend->staging_) {
-    backend->Check(cudaHostAlloc(&slot.pinned, kStagingSlotBytes, cudaHostAllocDefault),
-                   "cudaHostAlloc (staging)");
+    if (cudaHostAlloc(&slot.pinned, kStagingSlotBytes, cudaHostAllocDefault) != cudaSuccess) {
+      cudaGetLastError();
+      slot.pinned = nullptr;
+      break;
+    }
     backend->Check(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming),
                    "cudaEventCreate (staging)");
   }
+  if (backend->staging_.back().pinned == nullptr) backend->FreeStaging();
   if (!backend->first_error_.ok()) return backend->first_error_;
   return backend;
 }
@@ -123,7 +146,8 @@ Backend::Memory CudaBackend::AvailableMemory() const {
   uint64_t pooled = 0;
   const bool known =
       cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess &&
-      cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &pooled) == cudaSuccess;
+      (pool_ == nullptr ||
+       cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &pooled) == cudaSuccess);
   // A failed query is left for the allocations to report, not for the next kernel launch's
   // cudaGetLastError to take for its own.
   if (!known) cudaGetLastError();
@@ -137,12 +161,17 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   // The buffers free on the stream, so before it goes.
   own_ = OwnBuffers{};
+  FreeStaging();
+  cublasLtDestroy(lt_);
+  cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::FreeStaging() {
   for (const StagingSlot& slot : staging_) {
     if (slot.copied != nullptr) cudaEventDestroy(slot.copied);
     if (slot.pinned != nullptr) cudaFreeHost(slot.pinned);
   }
-  cublasLtDestroy(lt_);
-  cudaStreamDestroy(stream_);
+  staging_.clear();
 }
 
 void CudaBackend::Check(cudaError_t error, absl::string_view what) {
@@ -162,24 +191,35 @@ void CudaBackend::CheckBlas(cublasStatus_t status, const char* what) {
 DeviceBuffer CudaBackend::Allocate(size_t count, DataType dtype) {
   const size_t bytes = count * DataTypeBytes(dtype);
   void* data = nullptr;
+  cudaError_t failure = cudaSuccess;
   const auto allocate = [&] {
-    if (cudaMallocAsync(&data, std::max<size_t>(bytes, 1), stream_) == cudaSuccess) return true;
+    failure = pool_ == nullptr ? cudaMalloc(&data, std::max<size_t>(bytes, 1))
+                               : cudaMallocAsync(&data, std::max<size_t>(bytes, 1), stream_);
+    if (failure == cudaSuccess) return true;
     cudaGetLastError();  // an allocation failure is not sticky: clear it
     return false;
   };
   bool allocated = allocate();
-  if (!allocated) {
+  if (!allocated && failure == cudaErrorMemoryAllocation && pool_ != nullptr) {
     // The pool may hold freed blocks too small or fragmented for this one: once the frees
     // issued so far have run, give them back to the driver and ask again.
     Synchronize();
     cudaMemPoolTrimTo(pool_, 0);
     allocated = allocate();
   }
+  if (!allocated && failure != cudaErrorMemoryAllocation) {
+    // Not a shortage: an earlier kernel's fault (sticky) or the allocator's own. status() names
+    // it, which the trainer reports before the phase's shortage.
+    Check(failure, "cudaMalloc");
+    throw OutOfMemory(absl::StrCat("allocating ", bytes, " bytes on GPU ", device_,
+                                   " failed with \"", cudaGetErrorString(failure),
+                                   "\", not for want of memory"));
+  }
   if (!allocated) {
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
-    throw OutOfMemory(absl::StrCat("cudaMallocAsync of ", bytes, " bytes (", GiB(bytes),
-                                   ") on GPU ", device_, " with ", GiB(free_bytes), " free of ",
+    throw OutOfMemory(absl::StrCat("allocating ", bytes, " bytes (", GiB(bytes), ") on GPU ",
+                                   device_, " with ", GiB(free_bytes), " free of ",
                                    GiB(total_bytes)));
   }
   Check(cudaMemsetAsync(data, 0, bytes, stream_), "cudaMemsetAsync (Allocate)");
@@ -189,9 +229,14 @@ DeviceBuffer CudaBackend::Allocate(size_t count, DataType dtype) {
 
 void CudaBackend::Free(void* data) {
   // Back to the pool once the kernels and copies issued on the stream so far have run (the
-  // communicators' operations on it were waited for by then), without waiting here.
+  // communicators' operations on it were waited for by then), without waiting here; cudaFree
+  // (without a pool) waits for the device.
   allocations_.Remove(data);
-  Check(cudaFreeAsync(data, stream_), "cudaFreeAsync");
+  if (pool_ == nullptr) {
+    Check(cudaFree(data), "cudaFree");
+  } else {
+    Check(cudaFreeAsync(data, stream_), "cudaFreeAsync");
+  }
 }
 
 void CudaBackend::Copy(void* dst, const void* src, size_t bytes) {

@@ -8,7 +8,8 @@
 // binary.
 //
 // Memory: Allocate is cudaMallocAsync on the stream from the device's pool, which keeps freed
-// memory for reuse, zero-filled on the stream; Free returns it on the stream without waiting.
+// memory for reuse, zero-filled on the stream; Free returns it on the stream without waiting (on
+// a device without pools, cudaMalloc and cudaFree).
 // Running out (after giving the pool's free blocks back to the driver) throws OutOfMemory
 // (core/util/allocate.h) naming the bytes asked and free, which AllocateOrError reports with the
 // phase. Copies and kernels are asynchronous on the stream, the loss and the sums of squares
@@ -139,6 +140,8 @@ class CudaBackend : public Backend {
   CudaBackend(int device, cudaStream_t stream, cublasLtHandle_t lt, cudaMemPool_t pool,
               MatmulPrecision matmul_precision);
 
+  // Releases the pinned staging slots: copies from the host then wait for the stream.
+  void FreeStaging();
   // Keeps the first failure as status(), naming `what` (a kernel or CUDA call).
   void Check(cudaError_t error, absl::string_view what);
   void CheckBlas(cublasStatus_t status, const char* what);
@@ -178,7 +181,7 @@ class CudaBackend : public Backend {
   int device_;
   cudaStream_t stream_;
   cublasLtHandle_t lt_;
-  cudaMemPool_t pool_;  // the device's default pool, which Allocate draws from
+  cudaMemPool_t pool_;  // the device's default pool, which Allocate draws from; null: none
   MatmulPrecision matmul_precision_;
   Allocations allocations_;  // before the buffers below, which free into it
   // The backend's own buffers, one struct so that the destructor frees every one of them on the

@@ -127,6 +127,15 @@ TEST_F(HfFolderTest, ConfigDefaultsAndUnsupportedFeatures) {
                               "implements plain RoPE"),
                     HasSubstr("model.max_seq_len is 5 but max_position_embeddings is 4")));
 
+  // transformers reads rope_type (or its older key, type) "default" as plain RoPE.
+  for (const char* key : {"rope_type", "type"}) {
+    json = Json::parse(HfConfigJson(LlamaConfig()));
+    json["rope_scaling"] = {{key, "default"}};
+    Write("cfg/config.json", json.dump());
+    const absl::Status plain = CheckHfConfig(LlamaConfig(), Path("cfg/config.json"));
+    EXPECT_TRUE(plain.ok()) << key << ": " << plain;
+  }
+
   Json gpt2 = Json::parse(HfConfigJson(Gpt2Config()));
   gpt2["n_inner"] = nullptr;  // null: 4 * n_embd = 32, which Gpt2Config has
   Write("cfg/config.json", gpt2.dump());
@@ -175,7 +184,7 @@ TEST_F(HfFolderTest, ShardedFolderLoadsEveryTensorFromItsShard) {
 
 // transformers saves a Llama with tie_word_embeddings (Llama 3.2 1B) without lm_head.weight:
 // dtrain's head starts as the embedding. Without the flag the missing head stays an error; with
-// it, a stored head is ignored, as transformers ignores it.
+// it, a stored head must equal the embedding.
 TEST_F(HfFolderTest, TiedLlamaHeadStartsAsTheEmbedding) {
   const ModelConfig config = LlamaConfig();
   const ParamTable table(config, ModelSlice{});
@@ -211,20 +220,29 @@ TEST_F(HfFolderTest, TiedLlamaHeadStartsAsTheEmbedding) {
                          loaded.begin() + embed->offset + embed->numel,
                          params.begin() + embed->offset));
 
-  // Tied, an lm_head.weight of its own (here unlike the embedding) is ignored, as transformers
-  // ties it: the head is still the embedding, not the stored head.
-  std::vector<TensorData> with_head = tensors;
-  with_head.push_back({{"lm_head.weight", DType::kF32, whole->shapes.at("lm_head.weight")},
-                       whole->floats.at("lm_head.weight").data()});
-  ASSERT_TRUE(WriteSafetensors(Path("tied/model.safetensors"), with_head, {{"format", "pt"}}).ok());
-  std::fill(loaded.begin(), loaded.end(), -1.0f);
-  const absl::Status with_head_status = ImportHfWeights(config, table, Path("tied"), loaded.data());
-  ASSERT_TRUE(with_head_status.ok()) << with_head_status;
+  // Tied, an lm_head.weight of its own must be the embedding's copy: transformers would load
+  // one over the other, so one that differs is refused by name.
+  const std::vector<int64_t>& head_shape = whole->shapes.at("lm_head.weight");
+  const auto write_with_head = [&](const std::vector<float>& head_values) {
+    std::vector<TensorData> with_head = tensors;
+    with_head.push_back({{"lm_head.weight", DType::kF32, head_shape}, head_values.data()});
+    return WriteSafetensors(Path("tied/model.safetensors"), with_head, {{"format", "pt"}});
+  };
+  ASSERT_TRUE(write_with_head(whole->floats.at("lm_head.weight")).ok());
   EXPECT_FALSE(std::equal(params.begin() + head->offset,
                           params.begin() + head->offset + head->numel,
                           params.begin() + embed->offset));
+  EXPECT_THAT(ImportHfWeights(config, table, Path("tied"), loaded.data()).message(),
+              HasSubstr("lm_head.weight differs from model.embed_tokens.weight, but config.json "
+                        "says \"tie_word_embeddings\": true"));
+  ASSERT_TRUE(write_with_head(whole->floats.at("model.embed_tokens.weight")).ok());
+  std::fill(loaded.begin(), loaded.end(), -1.0f);
+  const absl::Status with_copy = ImportHfWeights(config, table, Path("tied"), loaded.data());
+  ASSERT_TRUE(with_copy.ok()) << with_copy;
   EXPECT_TRUE(std::equal(loaded.begin() + head->offset, loaded.begin() + head->offset + head->numel,
                          params.begin() + embed->offset));
+  EXPECT_TRUE(HfLlamaTiesHead(config, Path("tied")).value());
+  EXPECT_FALSE(HfLlamaTiesHead(config, Path("tied/model.safetensors")).value());
 }
 
 TEST_F(HfFolderTest, FolderErrorsSayWhatIsMissing) {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/backend/cpu/cpu_backend.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/small_model.h"
 
@@ -44,9 +45,14 @@ TEST(AdamWTest, NoDecayPatternsMatchHuggingFaceNames) {
   const ModelConfig small = testing::SmallModelConfig(ModelFamily::kGpt2);
   const ParamTable gpt2(small, ModelSlice{});
   TrainSection train;
-  train.no_decay = {"h.*.ln_1.weight"};  // blocks.N.norm1.weight of every block
-  EXPECT_EQ(AdamW(gpt2, train, backend, 0, gpt2.total_numel()).decayed_numel(),
-            gpt2.total_numel() - small.n_layer * gpt2.Find("blocks.0.norm1.weight")->numel);
+  // blocks.N.norm1.weight of every block, by the names of GPT-2's own file and of
+  // GPT2LMHeadModel's (with "transformer.").
+  for (const char* pattern : {"h.*.ln_1.weight", "transformer.h.*.ln_1.weight"}) {
+    train.no_decay = {pattern};
+    EXPECT_EQ(AdamW(gpt2, train, backend, 0, gpt2.total_numel()).decayed_numel(),
+              gpt2.total_numel() - small.n_layer * gpt2.Find("blocks.0.norm1.weight")->numel)
+        << pattern;
+  }
 
   ModelConfig config = testing::SmallModelConfig(ModelFamily::kGpt2);
   config.family = ModelFamily::kLlama;
@@ -66,6 +72,28 @@ TEST(AdamWTest, NoDecayPatternsMatchHuggingFaceNames) {
   decaying.Step(backend, params.data(), nullptr, grads.data(), 0.1f, 1.0f);
   EXPECT_EQ(params[qkv.offset + q_numel - 1], 1.0f);
   EXPECT_FLOAT_EQ(params[qkv.offset + q_numel], 1.0f - 0.1f * 0.5f);
+}
+
+// A glob that matches no tensor by any of its names would exempt nothing: an error naming it,
+// but for the defaults (a Llama has no biases for "*.bias").
+TEST(AdamWTest, NoDecayGlobThatMatchesNothingIsAnError) {
+  const ModelConfig gpt2 = testing::SmallModelConfig(ModelFamily::kGpt2);
+  const ModelConfig llama = testing::SmallModelConfig(ModelFamily::kLlama);
+  EXPECT_TRUE(CheckNoDecay(llama, TrainSection{}.no_decay).ok());
+  EXPECT_TRUE(CheckNoDecay(gpt2, {"transformer.wpe.weight", "h.*.ln_*", "blocks.1.*"}).ok());
+  EXPECT_TRUE(CheckNoDecay(llama, {"model.layers.*.input_layernorm.weight"}).ok());
+
+  const absl::Status typo = CheckNoDecay(llama, {"*norm*", "model.layer.*.input_layernorm.weight"});
+  EXPECT_TRUE(absl::IsInvalidArgument(typo));
+  EXPECT_EQ(typo.message(),
+            "train.no_decay: 'model.layer.*.input_layernorm.weight' matches no tensor of this "
+            "llama model, so it exempts nothing from weight decay; globs match dtrain's names "
+            "(blocks.0.norm1.weight) or Hugging Face's (model.layers.0.input_layernorm.weight): "
+            "fix the glob or remove it");
+  // Llama's names are not GPT-2's, and GPT-2's head is its embedding.
+  EXPECT_FALSE(CheckNoDecay(llama, {"transformer.h.*"}).ok());
+  EXPECT_THAT(std::string(CheckNoDecay(gpt2, {"lm_head.weight"}).message()),
+              ::testing::HasSubstr("; GPT-2's head is its token embedding, wte.weight: fix"));
 }
 
 // A tensor-parallel shard decays as the whole model's tensor does: a Hugging Face glob exempts

@@ -137,7 +137,9 @@ TEST_F(GatherBehindTheComputeStream, CollectivesWaitForTheComputeStream) {
 // Work::WaitOnDevice: the compute stream, not the host, waits for the gather: when it returns the
 // stream is still busy with its queue, and a copy issued on it after reads the gathered values.
 TEST_F(GatherBehindTheComputeStream, TheComputeStreamWaitsForAGatherOnTheDevice) {
-  QueueShardWrite(100);  // ~100 GiB of memsets, tens of ms
+  // ~500 GiB of memsets, about 150 ms on an H100: longer than the first NCCL call on a new
+  // communicator takes, its watchdog's start included, even where system calls are slow.
+  QueueShardWrite(500);
   std::unique_ptr<Work> gather = comm_->AllGather(shard_, full_, kCount);
   ASSERT_TRUE(gather->WaitOnDevice().ok());
   EXPECT_EQ(cudaStreamQuery(compute_), cudaErrorNotReady) << "the host waited for the stream";
