@@ -251,7 +251,8 @@ const std::vector<KeySpec>& Keys() {
        {},
        Positive()},
       {DTRAIN_RECIPE_KEY(train, min_lr),
-       "learning rate at the end of the schedule",
+       "learning rate the schedule decays to, reached after the last step (the last step trains "
+       "one step of the decay above it, as in Hugging Face's schedules)",
        {},
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(train, warmup_steps), "steps of linear warmup up to lr", {}, AtLeast(0)},
