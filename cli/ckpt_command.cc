@@ -92,10 +92,11 @@ void AddCkptCommand(CLI::App& app) {
                    "Folder for a scratch folder of the bench's own (removed after)")
       ->required();
   bench->add_option("--values", bench_args->values, "Parameter count; the state is 3x it")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(Positive());
   bench->callback([bench_args] {
     absl::StatusOr<std::string> line = BenchCheckpointIo(bench_args->dir, bench_args->values);
-    if (!line.ok()) Fail(line.status(), kExitFailure);
+    if (!line.ok()) Fail(line.status(), ExitCodeOf(line.status()).value_or(kExitFailure));
     std::cout << *line << "\n";
   });
 }

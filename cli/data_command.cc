@@ -50,7 +50,9 @@ void AddEncodeCommands(CLI::App* data) {
   encode->add_option("input", encode_args->input, "Text file")
       ->required()
       ->check(CLI::ExistingFile);
-  encode->add_option("--threads", encode_args->threads, "Encoding threads")->capture_default_str();
+  encode->add_option("--threads", encode_args->threads, "Encoding threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, kMaxThreads));
   encode->add_flag("--summary", encode_args->summary,
                    "Print the token count and the encoding rate instead of the ids");
   encode->callback([encode_args] {
@@ -141,7 +143,8 @@ void AddDataCommand(CLI::App& app) {
   pack->add_option("--tokenizer", pack_args->tokenizer,
                    "tokenizer.json, tokenizer.model, GPT-2's encoder.json/vocab.bpe, or their "
                    "folder; empty = byte-level tokens");
-  pack->add_option("--threads", pack_args->threads, "Encoding threads; 0 = one per core");
+  pack->add_option("--threads", pack_args->threads, "Encoding threads; 0 = one per core")
+      ->check(CLI::Range(0, kMaxThreads));
   CLI::Option* sft =
       pack->add_flag("--sft", pack_args->sft,
                      "SFT samples: each .jsonl line a {\"prompt\", \"completion\"} or "

@@ -519,10 +519,13 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
   totals.grad_norm = std::sqrt(sum_squares) * rescale;
   // The same recipe and data diverge the same way after a restart: exit 2, none.
   if (!std::isfinite(totals.grad_norm) || !std::isfinite(totals.loss)) {
-    return WithExitCode(absl::InternalError(absl::StrCat(
-                            "the loss is ", totals.loss, " and the gradient norm ",
-                            totals.grad_norm, "; lower train.lr or raise train.warmup_steps")),
-                        kExitUsage);
+    return WithExitCode(
+        absl::InternalError(absl::StrCat(
+            "the loss is ", totals.loss, " and the gradient norm ", totals.grad_norm,
+            updated_ ? "; lower train.lr (or train.weight_decay), or raise train.warmup_steps"
+                     : " before any update: the weights the run started from give them (from "
+                       "model.init_std, train.init_from or the checkpoint); check them")),
+        kExitUsage);
   }
   // The rule of torch.nn.utils.clip_grad_norm_.
   const double coef = grad_clip > 0 ? grad_clip / (totals.grad_norm + 1e-6) : 1.0;
@@ -547,6 +550,7 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
     optimizers_[u].Step(backend_, MasterParams(unit), copy, OwnGrads(unit), static_cast<float>(lr),
                         grad_scale);
   }
+  updated_ = true;
 
   if (gather_back) {
     std::vector<DeviceBuffer> own(layout_.units().size());

@@ -300,6 +300,7 @@ class DataParallelEngine : public BlockParameters {
   int backwards_begun_ = 0;
   size_t units_completed_ = 0;  // units whose regions were all ready in the last backward
   absl::Status error_;          // the first communication failure; reported by FinishStep
+  bool updated_ = false;  // an optimizer step has changed the parameters this process began with
   double exposed_comm_ms_ = 0;
   size_t peak_gathered_values_ = 0;
   size_t peak_gradient_unit_values_ = 0;

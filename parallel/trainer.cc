@@ -202,10 +202,11 @@ double CountedTargets(const std::vector<int32_t>& targets, int n, bool documents
 }
 
 // Mean token loss over the validation set's first train.eval_batches batches of
-// train.batch_size sequences, each data-parallel rank reading its `micro_batches` micro-batches of
-// them: the same sequences at every evaluation and for every layout and micro-batch size, so the
-// numbers compare (Megatron's eval_iters counts global batches too). The ranks of a
-// tensor-parallel group compute one loss together, so it is summed over `dp` only.
+// train.batch_size sequences (fewer where the set ends first: the ranks stop together), each
+// data-parallel rank reading its `micro_batches` micro-batches of them: the same sequences at every
+// evaluation and for every layout and micro-batch size, so the numbers compare (Megatron's
+// eval_iters counts global batches too). The ranks of a tensor-parallel group compute one loss
+// together, so it is summed over `dp` only.
 absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, ValidationLoader& val,
                                 const Recipe& recipe, int micro_batches) {
   const int b = recipe.train.micro_batch;
@@ -217,7 +218,9 @@ absl::StatusOr<double> Evaluate(Transformer& model, Communicator* dp, Validation
   val.Reset();
   double loss_sum = 0;
   double tokens = 0;
-  for (int i = 0; i < recipe.train.eval_batches * micro_batches; ++i) {
+  for (int64_t i = 0; i < int64_t{recipe.train.eval_batches} * micro_batches; ++i) {
+    ASSIGN_OR_RETURN(const bool ended, val.Ended());
+    if (ended) break;
     ASSIGN_OR_RETURN(const int rows, documents ? val.NextDocuments(b, inputs.data(), targets.data(),
                                                                    positions.data())
                                                : val.Next(b, inputs.data(), targets.data()));
@@ -247,7 +250,9 @@ absl::StatusOr<double> EvaluatePipeline(Transformer& model, Communicator& pp, Co
   val.Reset();
   double loss_sum = 0;
   double tokens = 0;
-  for (int i = 0; i < recipe.train.eval_batches * micro_batches; ++i) {
+  for (int64_t i = 0; i < int64_t{recipe.train.eval_batches} * micro_batches; ++i) {
+    ASSIGN_OR_RETURN(const bool ended, val.Ended());
+    if (ended) break;
     // Every stage of a replica reads the same batch. Each runs the forward, on an empty batch
     // too: sharded parameters are gathered collectively over the replicas.
     ASSIGN_OR_RETURN(const int rows, documents ? val.NextDocuments(b, inputs.data(), targets.data(),
@@ -558,6 +563,56 @@ absl::Status CheckExportDestination(const Recipe& recipe) {
   }
   if (access(existing.c_str(), W_OK) != 0) {
     return refused(absl::StrCat(existing.string(), " is not writable"));
+  }
+  return absl::OkStatus();
+}
+
+// The files a run writes must not be one another's, nor a device or folder that a file written
+// there would replace (logging.metrics_file: /dev/null became a file of metrics): an error
+// naming the key, before anything is written.
+absl::Status CheckRunOutputs(const Recipe& recipe) {
+  namespace fs = std::filesystem;
+  const fs::path run_dir = recipe.run_dir();
+  const std::string metrics = (run_dir / recipe.logging.metrics_file).string();
+  const std::string& metrics_file = recipe.logging.metrics_file;
+  const auto refused = [](absl::string_view key, absl::string_view value, absl::string_view why) {
+    return WithExitCode(absl::InvalidArgumentError(absl::StrCat(key, " '", value, "' ", why)),
+                        kExitUsage);
+  };
+  if (metrics_file.empty() || IsSameOrInside(run_dir.string(), metrics)) {
+    return refused("logging.metrics_file", metrics_file,
+                   "is the run folder, or holds it: give a file name, such as metrics.jsonl");
+  }
+  // The files of the run folder that the run writes itself.
+  const std::pair<std::string, const char*> own_files[] = {
+      {(run_dir / "recipe.yaml").string(), "the run's resolved recipe, recipe.yaml"},
+      {(run_dir / ".lock").string(), "the run folder's lock, .lock"}};
+  for (const auto& [path, what] : own_files) {
+    if (IsSameOrInside(metrics, path)) {
+      return refused("logging.metrics_file", metrics_file,
+                     absl::StrCat("is ", what, ": give another name, such as metrics.jsonl"));
+    }
+  }
+  if (!recipe.train.export_to.empty()) {
+    const std::string exported = (run_dir / recipe.train.export_to).string();
+    const auto export_refused = [&](absl::string_view why) {
+      return refused("train.export_to", recipe.train.export_to, why);
+    };
+    for (const auto& [path, what] : own_files) {
+      if (IsSameOrInside(path, exported)) {
+        return export_refused(absl::StrCat("would write the model over ", what,
+                                           ": give a folder of its own, such as model"));
+      }
+    }
+    if (IsSameOrInside(metrics, exported) || IsSameOrInside(exported, metrics)) {
+      return export_refused(
+          "and logging.metrics_file are one path, or one holds the other: "
+          "give them apart");
+    }
+  }
+  if (const absl::StatusOr<std::string> resolved = ResolveOutputFile(metrics); !resolved.ok()) {
+    return Renamed(resolved.status(),
+                   absl::StrCat("logging.metrics_file: ", resolved.status().message()));
   }
   return absl::OkStatus();
 }
@@ -1191,6 +1246,7 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
 
 absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size) {
   RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world_size));
+  RETURN_IF_ERROR(CheckRunOutputs(recipe));
   RETURN_IF_ERROR(
       CheckNoDecay(ModelConfigFromRecipe(recipe.model, recipe.d_ff()), recipe.train.no_decay));
   // Weights that are missing, or of another model, would fail every rank at start, and every

@@ -24,6 +24,7 @@
 #include "core/model/model_config.h"
 #include "core/model/param_table.h"
 #include "core/recipe/recipe.h"
+#include "core/util/exit_codes.h"
 #include "core/util/files.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
@@ -116,8 +117,7 @@ absl::Status ExportLlmc(const ModelConfig& config, const ParamTable& table,
   header[5] = config.n_head;
   header[6] = config.d_model;
   header[7] = padded_vocab;
-  ASSIGN_OR_RETURN(const std::string target, ResolveOutputFile(out));
-  return WriteFileDurably(target, [&](int fd, const std::string& tmp) {
+  return WriteFileDurably(out, [&](int fd, const std::string& tmp) {
     std::vector<float> values;
     const auto write_tensor = [&](const std::string& name, size_t pad_to) -> absl::Status {
       const TensorEntry* entry = table.Find(name);
@@ -371,6 +371,19 @@ absl::StatusOr<std::string> BenchCheckpointIoIn(const std::string& dir, int64_t 
 }  // namespace
 
 absl::StatusOr<std::string> BenchCheckpointIo(const std::string& parent, int64_t numel) {
+  // The state (parameters and two moments) and the asynchronous saves' staging copy of it.
+  const double needed = 2.0 * 3.0 * sizeof(float) * static_cast<double>(numel);
+  const double memory =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (numel <= 0 || needed > memory) {
+    return WithExitCode(
+        absl::InvalidArgumentError(absl::StrFormat(
+            "--values %d: the bench holds 6 floats a value (%.1f GiB) and this machine has "
+            "%.1f GiB; give a positive count of at most %d",
+            numel, needed / (1 << 30), memory / (1 << 30),
+            static_cast<int64_t>(memory / (6.0 * sizeof(float))))),
+        kExitUsage);
+  }
   std::error_code error;
   fs::create_directories(parent, error);
   std::string dir = (fs::path(parent) / "dtrain-ckpt-bench-XXXXXX").string();

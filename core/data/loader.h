@@ -84,6 +84,10 @@ class ValidationLoader {
   // returns how many it filled: fewer at the end of this rank's share, then 0. Every rank must
   // call it with the same count.
   virtual absl::StatusOr<int> Next(int count, int32_t* inputs, int32_t* targets) = 0;
+  // Whether the validation set ends before the next call's first row, so that it returns 0 on
+  // every rank (the same answer on every rank: each call covers the same rows of the whole set
+  // on all of them). May read ahead.
+  virtual absl::StatusOr<bool> Ended() = 0;
   // As SequenceLoader's.
   virtual bool documents() const { return false; }
   virtual absl::StatusOr<int> NextDocuments(int /*count*/, int32_t* /*inputs*/,

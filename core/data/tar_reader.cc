@@ -227,8 +227,11 @@ absl::StatusOr<bool> TarReader::Next(TarMember* member) {
         return Error(header_offset, "a zero block inside the archive: it is corrupt");
       }
       ended_ = true;
-      // Drain the rest (writers pad to a 10 KiB record), so a pipe's writer finishes cleanly
-      // and an HTTP body is read to its end.
+      // Drain the rest (writers pad to a record, 10 KiB by default), so a pipe's writer
+      // finishes cleanly and an HTTP body is read to its end; a source that goes on far past
+      // any record (a device such as /dev/zero) is not an archive's padding.
+      constexpr int64_t kMaxPadding = int64_t{16} << 20;
+      const int64_t end_offset = offset_;
       offset_ += static_cast<int64_t>(buffer_end_ - buffer_head_);
       buffer_head_ = buffer_end_;
       while (true) {
@@ -239,6 +242,11 @@ absl::StatusOr<bool> TarReader::Next(TarMember* member) {
         }
         if (*got == 0) break;
         offset_ += static_cast<int64_t>(*got);
+        if (offset_ - end_offset > kMaxPadding) {
+          return Error(end_offset,
+                       "more than 16 MiB follow the archive's end blocks, which a "
+                       "tar writer pads to a record: this is not one archive");
+        }
       }
       return false;
     }

@@ -1,5 +1,7 @@
 #include "core/data/webdataset_loader.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -89,11 +91,24 @@ WebDatasetLoader::WebDatasetLoader(WebDatasetOptions options) : options_(std::mo
 }
 
 absl::Status CheckStreamsSplit(int num_streams, int world) {
-  if (num_streams % world == 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "data.streams = ", num_streams, " is not a multiple of the ", world,
-      " data-parallel ranks; each rank owns whole streams, so make data.streams a multiple "
-      "(it fixes the data order, so keep it when the world size changes)"));
+  if (num_streams % world != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.streams = ", num_streams, " is not a multiple of the ", world,
+        " data-parallel ranks; each rank owns whole streams, so make data.streams a multiple "
+        "(it fixes the data order, so keep it when the world size changes)"));
+  }
+  // Each stream keeps a shard open; half the open-file limit leaves the rest to the sockets,
+  // the checkpoint's files and the libraries.
+  struct rlimit files;
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY &&
+      static_cast<rlim_t>(num_streams / world) > files.rlim_cur / 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.streams = ", num_streams, " gives each of the ", world, " data-parallel ranks ",
+        num_streams / world, " streams, each with a shard open, and a process may open ",
+        files.rlim_cur, " files (ulimit -n): lower data.streams, or raise the limit to at least ",
+        2 * (num_streams / world)));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<WebDatasetLoader>> WebDatasetLoader::Create(
@@ -287,16 +302,7 @@ absl::StatusOr<int> WebDatasetValidationLoader::Next(int count, int32_t* inputs,
   if (count < 0) return absl::InvalidArgumentError(absl::StrCat("Next(count = ", count, ")"));
   const size_t seq_len = static_cast<size_t>(config_.seq_len);
   const int64_t first = next_window_ + int64_t{rank_} * count;
-  while (!ended_ && static_cast<int64_t>(windows_.size()) < first + count) {
-    std::vector<int32_t> window(2 * seq_len);
-    const absl::Status status = stream_.Next(window.data(), window.data() + seq_len);
-    if (absl::IsOutOfRange(status)) {
-      ended_ = true;
-      break;
-    }
-    RETURN_IF_ERROR(status);
-    windows_.push_back(std::move(window));
-  }
+  RETURN_IF_ERROR(Cache(first + count));
   const int rows = static_cast<int>(
       std::clamp<int64_t>(static_cast<int64_t>(windows_.size()) - first, 0, count));
   for (int i = 0; i < rows; ++i) {
@@ -306,6 +312,26 @@ absl::StatusOr<int> WebDatasetValidationLoader::Next(int count, int32_t* inputs,
   }
   next_window_ += int64_t{count} * world_;
   return rows;
+}
+
+absl::StatusOr<bool> WebDatasetValidationLoader::Ended() {
+  RETURN_IF_ERROR(Cache(next_window_ + 1));
+  return static_cast<int64_t>(windows_.size()) <= next_window_;
+}
+
+absl::Status WebDatasetValidationLoader::Cache(int64_t count) {
+  const size_t seq_len = static_cast<size_t>(config_.seq_len);
+  while (!ended_ && static_cast<int64_t>(windows_.size()) < count) {
+    std::vector<int32_t> window(2 * seq_len);
+    const absl::Status status = stream_.Next(window.data(), window.data() + seq_len);
+    if (absl::IsOutOfRange(status)) {
+      ended_ = true;
+      break;
+    }
+    RETURN_IF_ERROR(status);
+    windows_.push_back(std::move(window));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace dtrain

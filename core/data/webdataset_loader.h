@@ -36,7 +36,8 @@ struct WebDatasetOptions {
 };
 
 // Each of the `world` data-parallel ranks owns whole streams: an error unless world divides
-// num_streams (data.streams).
+// num_streams (data.streams), and unless a rank's streams, each with a shard open, fit in half
+// the process's open-file limit.
 absl::Status CheckStreamsSplit(int num_streams, int world);
 
 class WebDatasetLoader final : public SequenceLoader {
@@ -96,8 +97,12 @@ class WebDatasetValidationLoader final : public ValidationLoader {
 
   void Reset() override { next_window_ = 0; }
   absl::StatusOr<int> Next(int count, int32_t* inputs, int32_t* targets) override;
+  absl::StatusOr<bool> Ended() override;
 
  private:
+  // Reads windows from the stream until `count` are cached or it ends.
+  absl::Status Cache(int64_t count);
+
   StreamConfig config_;
   ShardStream stream_;
   int rank_;

@@ -96,6 +96,7 @@ class SequentialWindowLoader final : public ValidationLoader {
 
   void Reset() override { next_window_ = 0; }
   absl::StatusOr<int> Next(int count, int32_t* inputs, int32_t* targets) override;
+  absl::StatusOr<bool> Ended() override { return next_window_ >= num_windows_; }
 
   int64_t num_windows() const { return num_windows_; }
 
@@ -145,6 +146,7 @@ class SequentialRowLoader final : public ValidationLoader {
 
   void Reset() override { next_row_ = 0; }
   absl::StatusOr<int> Next(int count, int32_t* inputs, int32_t* targets) override;
+  absl::StatusOr<bool> Ended() override { return next_row_ >= rows_.rows; }
   bool documents() const override { return true; }
   absl::StatusOr<int> NextDocuments(int count, int32_t* inputs, int32_t* targets,
                                     int32_t* positions) override;

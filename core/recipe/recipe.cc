@@ -33,6 +33,7 @@
 #include "core/util/log.h"
 #include "core/util/names.h"
 #include "core/util/status.h"
+#include "core/util/thread_pool.h"
 #include "core/util/utf8.h"
 
 namespace dtrain {
@@ -72,6 +73,13 @@ constexpr Range Between(double min, double max) { return Range{.min = min, .max 
 constexpr double kMaxLayers = 65536;
 constexpr double kMaxWidth = 1 << 20;
 constexpr double kMaxTokens = 1 << 30;  // vocabulary and sequence length
+// Bounds of the run's other counts, far above any real run, below what would exhaust the
+// machine's threads, memory or a 32-bit product before the run could say so.
+constexpr double kMaxStreams = 1 << 20;
+constexpr double kMaxTimeout_s = 7 * 24 * 3600;  // NCCL's default is 10 minutes, PyTorch's 30
+constexpr double kMaxNodes = 1 << 20;
+constexpr double kMaxGpusPerNode = 1024;  // kMaxNodes x this fits an int
+constexpr double kMaxSampleTokens = 1 << 20;
 constexpr Range Positive() { return Range{.min = 0, .min_open = true}; }
 constexpr Range UnitInterval() { return Range{.min = 0, .max = 1, .max_open = true}; }  // [0, 1)
 
@@ -99,7 +107,7 @@ const std::vector<KeySpec>& Keys() {
        "worker threads for CPU kernels, OpenBLAS's GEMMs included; 0 = every CPU this process "
        "may run on (its affinity: taskset, a Slurm task's cores; GEMMs: OpenBLAS's own count)",
        {},
-       AtLeast(0)},
+       Between(0, kMaxThreads)},
       {DTRAIN_RECIPE_KEY(run, matmul_precision),
        "inputs of the float32 GEMMs (run.precision fp32's linear layers and head, and there the "
        "start-up GEMM peak that MFU is against), named as PyTorch's "
@@ -185,7 +193,7 @@ const std::vector<KeySpec>& Keys() {
        "size changes; must be a multiple of the data-parallel size; give it at least as many "
        "shards (fewer is a warning: streams would read the same shards side by side)",
        {},
-       AtLeast(1)},
+       Between(1, kMaxStreams)},
       {DTRAIN_RECIPE_KEY(data, shard_shuffle), "webdataset: shuffle the shards at every pass"},
       {DTRAIN_RECIPE_KEY(data, shuffle_buffer),
        "webdataset samples shuffled together, over all streams (memory: this many samples, "
@@ -350,9 +358,9 @@ const std::vector<KeySpec>& Keys() {
        {"auto", "fp32", "bf16"}},
       {DTRAIN_RECIPE_KEY(parallel, timeout_s),
        "seconds a collective or rendezvous may wait for the other ranks before failing with "
-       "their names",
+       "their names (at most a week)",
        {},
-       Positive()},
+       Range{.min = 0, .min_open = true, .max = kMaxTimeout_s}},
       {DTRAIN_RECIPE_KEY(parallel, check_replicas),
        "after every step, check that ranks holding replicated parameters hold the same bits, "
        "and under pp > 1 that GPT-2's tied embedding copies on the first and the last stage do "
@@ -383,8 +391,14 @@ const std::vector<KeySpec>& Keys() {
        "any world size or strategy. A restart (dtrain launch's, a requeued Slurm job's) resumes "
        "as auto once checkpoint.dir holds checkpoints"},
       // cluster
-      {DTRAIN_RECIPE_KEY(cluster, nodes), "machines the run is planned for", {}, AtLeast(1)},
-      {DTRAIN_RECIPE_KEY(cluster, gpus_per_node), "GPUs in each machine", {}, AtLeast(1)},
+      {DTRAIN_RECIPE_KEY(cluster, nodes),
+       "machines the run is planned for",
+       {},
+       Between(1, kMaxNodes)},
+      {DTRAIN_RECIPE_KEY(cluster, gpus_per_node),
+       "GPUs in each machine",
+       {},
+       Between(1, kMaxGpusPerNode)},
       {DTRAIN_RECIPE_KEY(cluster, gpu),
        "GPU model, a name from the planner's catalog (`dtrain plan --catalog` lists them)"},
       {DTRAIN_RECIPE_KEY(cluster, gpu_memory_gib),
@@ -439,7 +453,7 @@ const std::vector<KeySpec>& Keys() {
        "tokens generated at each evaluation, each from at most the last train.seq_len tokens (the "
        "model's activations are sized for a training sequence); 0 = no samples",
        {},
-       AtLeast(0)},
+       Between(0, kMaxSampleTokens)},
       {DTRAIN_RECIPE_KEY(logging, sample_temperature),
        "softmax temperature for samples",
        {},
@@ -1431,7 +1445,9 @@ absl::StatusOr<Recipe> ParseRecipe(const std::string& yaml_text, const std::stri
 
 absl::StatusOr<Recipe> LoadRecipe(const std::string& path,
                                   const std::vector<std::string>& overrides) {
-  const absl::StatusOr<std::string> text = ReadWholeFile(path);
+  // A recipe is a few KB of YAML; a device such as /dev/zero would fill the memory.
+  constexpr size_t kMaxRecipeBytes = size_t{16} << 20;
+  const absl::StatusOr<std::string> text = ReadWholeFile(path, kMaxRecipeBytes);
   if (absl::IsInvalidArgument(text.status())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the recipe path '", path, "' is a directory; give the recipe's YAML file inside it"));

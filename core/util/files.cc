@@ -125,7 +125,7 @@ absl::StatusOr<std::ifstream> OpenInputFile(const std::string& path) {
   return in;
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, size_t max_bytes) {
   absl::StatusOr<int> fd = OpenFileDescriptor(path);
   if (!fd.ok()) return fd.status();
   std::string text;
@@ -140,6 +140,11 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
     }
     if (n == 0) break;
     text.append(block, static_cast<size_t>(n));
+    if (text.size() > max_bytes) {
+      ::close(*fd);
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " holds more than ", max_bytes, " bytes"));
+    }
   }
   ::close(*fd);
   return text;
@@ -203,7 +208,8 @@ absl::Status WriteFileDurably(const std::string& path, const std::string& conten
 absl::Status WriteFileDurably(
     const std::string& path,
     const std::function<absl::Status(int fd, const std::string& tmp_path)>& write) {
-  const std::string tmp = path + ".tmp";
+  ASSIGN_OR_RETURN(const std::string target, ResolveOutputFile(path));
+  const std::string tmp = target + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return FileError(errno, absl::StrCat("create ", tmp));
   absl::Status status = write(fd, tmp);
@@ -211,14 +217,14 @@ absl::Status WriteFileDurably(
     status = FileError(errno, absl::StrCat("fsync ", tmp));
   }
   ::close(fd);
-  if (status.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    status = FileError(errno, absl::StrCat("rename ", tmp, " to ", path));
+  if (status.ok() && std::rename(tmp.c_str(), target.c_str()) != 0) {
+    status = FileError(errno, absl::StrCat("rename ", tmp, " to ", target));
   }
   if (!status.ok()) {
     ::unlink(tmp.c_str());  // a full disk gets its space back
     return status;
   }
-  return FsyncParentDirectory(path);
+  return FsyncParentDirectory(target);
 }
 
 absl::Status FsyncParentDirectory(const std::string& path) {

@@ -34,8 +34,10 @@ bool IsFileSystemFull(const absl::Status& status);
 // otherwise the error of open(2) with its errno; each names `path`.
 absl::StatusOr<std::ifstream> OpenInputFile(const std::string& path);
 
-// The bytes of the file at `path`: OpenInputFile's errors, or the read's with its errno.
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+// The bytes of the file at `path`: OpenInputFile's errors, or the read's with its errno;
+// FailedPrecondition past `max_bytes` (a device such as /dev/zero never ends).
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path,
+                                          size_t max_bytes = std::string::npos);
 
 // Whether `path` is `folder` or lies inside it, links and ".." resolved as far as the paths exist
 // (neither needs to): what an output must not be when it would overwrite an input.
@@ -52,7 +54,7 @@ absl::StatusOr<std::string> ResolveOutputFile(const std::string& path);
 
 // Durable small files: writes "<path>.tmp", fsyncs it, renames it to `path` and fsyncs the
 // folder, so `path` holds either its old or its new contents after a crash; on an error the
-// ".tmp" is removed.
+// ".tmp" is removed. `path` is where ResolveOutputFile leads, which refuses a device or folder.
 absl::Status WriteFileDurably(const std::string& path, const std::string& contents);
 // The same for contents too large to hold at once: `write` writes them into the open ".tmp"
 // (through WriteAll, say), given its descriptor and path.

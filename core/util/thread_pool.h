@@ -17,6 +17,10 @@ namespace dtrain {
 // container's cpuset), at least 1.
 int UsableCpus();
 
+// The most threads a pool (run.threads, --threads) may ask for: above any machine's CPUs, below
+// what exhausts a process's threads.
+inline constexpr int kMaxThreads = 4096;
+
 class ThreadPool {
  public:
   // num_threads <= 0 means UsableCpus().

@@ -1,8 +1,11 @@
 // `dtrain train` end to end on a small model: determinism, learning, weights out and back in.
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -339,7 +342,14 @@ TEST(TrainTest, ADivergedRunNamesTheStepAndExits2) {
       Train(RunDir("diverged"), "--set train.lr=1e9 --set train.grad_clip=0");
   EXPECT_EQ(run.exit_code, 2) << run.stderr_text;
   EXPECT_THAT(run.stderr_text, ::testing::ContainsRegex("error: step [0-9]+: the loss is "));
-  EXPECT_THAT(run.stderr_text, HasSubstr("lower train.lr or raise train.warmup_steps"));
+  EXPECT_THAT(run.stderr_text,
+              HasSubstr("lower train.lr (or train.weight_decay), or raise train.warmup_steps"));
+  // Weights that give no finite loss before any update are not the learning rate's doing.
+  const testing::Outcome start = Train(RunDir("diverged_start"), "--set model.init_std=1e30");
+  EXPECT_EQ(start.exit_code, 2) << start.stderr_text;
+  EXPECT_THAT(start.stderr_text, HasSubstr("error: step 1: the loss is "));
+  EXPECT_THAT(start.stderr_text, HasSubstr(" before any update: the weights the run started from "
+                                           "give them"));
 }
 
 // Files the recipe names that do not exist fail the same way at every restart: exit 2, which
@@ -367,6 +377,52 @@ TEST(TrainTest, NoDecayGlobThatMatchesNothingIsAUsageError) {
   EXPECT_THAT(run.stderr_text, HasSubstr("train.no_decay: 'lm_head.weight' matches no tensor of "
                                          "this gpt2 model"));
   EXPECT_THAT(run.stderr_text, ::testing::Not(HasSubstr("data:")));
+}
+
+// The run's output files must be apart from one another and from its own (the resolved recipe,
+// the lock), and none a device: refused before anything is written, naming the key. Renamed over,
+// /dev/null became a file of metrics.
+TEST(TrainTest, OutputFilesInEachOthersWayAreUsageErrors) {
+  const std::string fifo = testing::TempPath("metrics_fifo");
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << strerror(errno);
+  const struct {
+    std::string sets, named;
+  } cases[] = {
+      {"--set logging.metrics_file=recipe.yaml",
+       "logging.metrics_file 'recipe.yaml' is the run's resolved recipe, recipe.yaml"},
+      {"--set logging.metrics_file=", "logging.metrics_file '' is the run folder, or holds it"},
+      {"--set logging.metrics_file=" + fifo, "logging.metrics_file: " + fifo + " is a FIFO"},
+      {"--set train.export_to=metrics.jsonl",
+       "train.export_to 'metrics.jsonl' and logging.metrics_file are one path"},
+      {"--set train.export_to=.", "train.export_to '.' would write the model over the run's"},
+  };
+  for (const auto& [sets, named] : cases) {
+    const testing::Outcome run = Train(RunDir("outputs"), "--set run.name=t " + sets);
+    EXPECT_EQ(run.exit_code, 2) << sets << "\n" << run.stderr_text;
+    EXPECT_THAT(run.stderr_text, HasSubstr("error: " + named)) << sets;
+    EXPECT_FALSE(std::filesystem::exists(RunDir("outputs") + "/t/recipe.yaml")) << sets;
+  }
+  struct stat info;
+  ASSERT_EQ(::stat(fifo.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISFIFO(info.st_mode));
+  std::filesystem::remove(fifo);
+}
+
+// train.eval_batches beyond the validation set ends the evaluation at the set's end, on every
+// rank together: a hundred million batches evaluate what a hundred do (it used to run the
+// model on empty batches for as long as asked).
+TEST(TrainTest, EvaluationEndsWithTheValidationSet) {
+  const std::string sets = "--set train.steps=2 --set train.eval_every=2 --set train.eval_batches=";
+  const testing::Outcome all = Train(RunDir("eval_all"), sets + "100");
+  ASSERT_EQ(all.exit_code, 0) << all.stderr_text;
+  const testing::Outcome huge = Train(RunDir("eval_huge"), sets + "100000000");
+  ASSERT_EQ(huge.exit_code, 0) << huge.stderr_text;
+  const auto steps_all = ReadMetrics(RunDir("eval_all") + "/small");
+  const auto steps_huge = ReadMetrics(RunDir("eval_huge") + "/small");
+  ASSERT_EQ(steps_all.size(), 2u);
+  ASSERT_EQ(steps_huge.size(), 2u);
+  EXPECT_EQ(steps_all[1]["val_loss"].dump(), steps_huge[1]["val_loss"].dump());
 }
 
 // A directory as a data file used to read as 2^63 - 1 bytes and abort in bad_alloc.

@@ -333,6 +333,21 @@ TEST(CheckpointingTest, BenchLeavesTheFolderItIsGivenAlone) {
   EXPECT_TRUE(fs::exists(out + "/ck/checkpoints/step-2/manifest.json"));
 }
 
+// A count that is no count, or whose state cannot fit the machine, is refused before anything is
+// written (exit 2): -1 aborted in std::length_error and left its scratch folder behind.
+TEST(CheckpointingTest, BenchRefusesCountsThatCannotRun) {
+  const std::string out = testing::TempPath("ckpt_bench_counts");
+  fs::remove_all(out);
+  const testing::Outcome negative = testing::RunDtrain("ckpt bench " + out + " --values -1");
+  EXPECT_EQ(negative.exit_code, 2) << negative.stderr_text;
+  EXPECT_THAT(negative.stderr_text, HasSubstr("--values: expected a number > 0, got -1"));
+  const testing::Outcome huge =
+      testing::RunDtrain("ckpt bench " + out + " --values 9223372036854775807");
+  EXPECT_EQ(huge.exit_code, 2) << huge.stderr_text;
+  EXPECT_THAT(huge.stderr_text, HasSubstr("the bench holds 6 floats a value"));
+  EXPECT_FALSE(fs::exists(out));
+}
+
 TEST(CheckpointingTest, ExportWritesHuggingFaceAndLlmcFiles) {
   const std::string out = testing::TempPath("ckpt_export_run");
   fs::remove_all(out);

@@ -48,11 +48,10 @@ std::string GiB(size_t bytes) {
 absl::Status CudaBackend::CheckDevice(int device) {
   int count = 0;
   const cudaError_t counted = cudaGetDeviceCount(&count);
-  if (counted == cudaErrorInsufficientDriver) {
-    // A GPU whose driver is older than the runtime this binary was built with.
-    int driver = 0, runtime = 0;
-    cudaDriverGetVersion(&driver);
-    cudaRuntimeGetVersion(&runtime);
+  // A driver (version 0: none) older than the runtime this binary was built with.
+  int driver = 0, runtime = 0;
+  if (counted == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess &&
+      driver > 0 && cudaRuntimeGetVersion(&runtime) == cudaSuccess) {
     const auto version = [](int v) { return absl::StrCat(v / 1000, ".", v % 1000 / 10); };
     return absl::FailedPreconditionError(absl::StrCat(
         "run.device is cuda but the NVIDIA driver supports CUDA ", version(driver),

@@ -174,6 +174,27 @@ TEST(TarReaderTest, ReadsMembersOfEverySizeFromFilesAndMemory) {
   }
 }
 
+// What follows the end blocks is drained (a pipe's writer finishes, an HTTP body is read to its
+// end), up to 16 MiB: a source that goes on (/dev/zero, which reads as end blocks) is no archive.
+TEST(TarReaderTest, DrainsPaddingButNotASourceThatNeverEnds) {
+  std::unique_ptr<ByteSource> padded =
+      MemorySource(TarArchive({{"a.txt", "aaa"}}) + std::string(1 << 20, '\0'), "padded.tar");
+  TarReader padded_reader(padded.get());
+  TarMember member;
+  ASSERT_TRUE(padded_reader.Next(&member).value());
+  EXPECT_FALSE(padded_reader.Next(&member).value());
+
+  absl::StatusOr<std::unique_ptr<ByteSource>> zeros = OpenShard("/dev/zero", ShardSourceOptions{});
+  ASSERT_TRUE(zeros.ok()) << zeros.status();
+  TarReader reader(zeros->get());
+  const absl::StatusOr<bool> more = reader.Next(&member);
+  ASSERT_FALSE(more.ok());
+  EXPECT_EQ(
+      more.status().message(),
+      "shard /dev/zero, byte 1024: more than 16 MiB follow the archive's end blocks, which a tar "
+      "writer pads to a record: this is not one archive");
+}
+
 TEST(TarReaderTest, ReportsAFileCutInsideALargeMember) {
   std::string tar = TarArchive({{"a.bin", std::string(100000, 'a')}, {"b.bin", "b"}});
   tar.resize(512 + 60000);

@@ -1,5 +1,7 @@
 #include "core/data/webdataset_loader.h"
 
+#include <sys/resource.h>
+
 #include <string>
 #include <vector>
 
@@ -94,6 +96,26 @@ class WebDatasetLoaderTest : public ::testing::Test {
   testing::TempDir dir_;
   StreamConfig config_;
 };
+
+// A rank's streams each keep a shard open: more than half the open-file limit allows is refused
+// before any opens (10 million streams ran out of files at the run's end).
+TEST(CheckStreamsSplitTest, StreamsMustSplitAndFitTheOpenFileLimit) {
+  EXPECT_TRUE(CheckStreamsSplit(8, 4).ok());
+  EXPECT_TRUE(absl::StrContains(CheckStreamsSplit(6, 4).message(), "not a multiple of the 4"));
+  struct rlimit original;
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &original), 0);
+  struct rlimit lowered = original;
+  lowered.rlim_cur = 64;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lowered), 0);
+  const absl::Status many = CheckStreamsSplit(66, 1);
+  const absl::Status split = CheckStreamsSplit(128, 4);  // 32 a rank
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &original), 0);
+  EXPECT_EQ(many.message(),
+            "data.streams = 66 gives each of the 1 data-parallel ranks 66 streams, each with a "
+            "shard open, and a process may open 64 files (ulimit -n): lower data.streams, or "
+            "raise the limit to at least 132");
+  EXPECT_TRUE(split.ok()) << split;
+}
 
 TEST_F(WebDatasetLoaderTest, SameSeedSameSequenceAndEveryTokenIsData) {
   const Windows first = ReadAllRanks(1, 10);  // 80 windows: several passes over 42 samples

@@ -255,6 +255,25 @@ TEST(RecipeTest, ModelSizesHaveUpperBounds) {
   EXPECT_EQ(ErrorOf(WithMinimal("model:\n  n_layer: 65536\n  d_ff: 4194304\n")), "");
 }
 
+// Counts that would exhaust the machine (threads, streams' open files), overflow a product or a
+// clock (nodes x GPUs, a timeout in nanoseconds) or run for ever are refused where they are read.
+TEST(RecipeTest, RunCountsHaveUpperBounds) {
+  EXPECT_EQ(ErrorOf(kMinimal, {"run.threads=100000"}),
+            "--set run.threads=100000: must be in [0, 4096], got 100000");
+  EXPECT_EQ(ErrorOf(kMinimal, {"parallel.timeout_s=1e10"}),
+            "--set parallel.timeout_s=1e10: must be in (0, 604800], got 1e10");
+  EXPECT_EQ(ErrorOf(kMinimal, {"cluster.gpus_per_node=2147483647"}),
+            "--set cluster.gpus_per_node=2147483647: must be in [1, 1024], got 2147483647");
+  EXPECT_THAT(ErrorOf(kMinimal, {"cluster.nodes=2147483647"}),
+              HasSubstr("must be in [1, 1048576]"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"data.streams=2147483647"}), HasSubstr("must be in [1, 1048576]"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"logging.sample_tokens=2147483647"}),
+              HasSubstr("must be in [0, 1048576]"));
+  EXPECT_EQ(ErrorOf(kMinimal, {"run.threads=4096", "parallel.timeout_s=604800",
+                               "cluster.nodes=1048576", "cluster.gpus_per_node=1024"}),
+            "");
+}
+
 TEST(RecipeTest, TextMustBeUtf8) {
   EXPECT_EQ(ErrorOf(WithMinimal("run:\n  name: \"sm\xff"
                                 "all\"\n")),

@@ -112,6 +112,26 @@ TEST_F(ResolveOutputFileTest, ALinkLeadsToItsFile) {
   EXPECT_FALSE(ResolveOutputFile(dir_ + "/loop").ok());
 }
 
+// A durable write goes where a link leads, and refuses to replace what is not a regular file.
+TEST_F(ResolveOutputFileTest, DurableWritesFollowLinksAndReplaceOnlyFiles) {
+  std::filesystem::create_symlink("real/metrics", dir_ + "/link");
+  ASSERT_TRUE(WriteFileDurably(dir_ + "/link", "line\n").ok());
+  EXPECT_TRUE(std::filesystem::is_symlink(dir_ + "/link"));
+  EXPECT_EQ(ReadWholeFile(dir_ + "/real/metrics").value(), "line\n");
+  ASSERT_EQ(::mkfifo((dir_ + "/fifo").c_str(), 0644), 0) << strerror(errno);
+  const absl::Status fifo = WriteFileDurably(dir_ + "/fifo", "line\n");
+  EXPECT_THAT(fifo.message(), HasSubstr("is a FIFO, not a regular file"));
+  EXPECT_FALSE(std::filesystem::is_regular_file(dir_ + "/fifo"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/fifo.tmp"));
+}
+
+// A device that never ends (/dev/zero) is read up to the bound, not into all the memory.
+TEST(FilesTest, ReadingStopsPastTheBound) {
+  const absl::StatusOr<std::string> zeros = ReadWholeFile("/dev/zero", 1 << 20);
+  EXPECT_EQ(zeros.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(zeros.status().message(), "/dev/zero holds more than 1048576 bytes");
+}
+
 // A rename over /dev/null, a FIFO or a link to one would replace the node with a file.
 TEST_F(ResolveOutputFileTest, WhatIsNotARegularFileIsRefusedNamingIt) {
   ASSERT_EQ(::mkfifo((dir_ + "/fifo").c_str(), 0644), 0) << strerror(errno);
