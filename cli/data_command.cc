@@ -108,8 +108,9 @@ void AddEncodeCommands(CLI::App* data) {
                                       " is not a JSON list of token ids like [15496, 995]"),
            kExitUsage);
     }
+    // Decoding fails only on ids outside the vocabulary: the input's.
     absl::StatusOr<std::string> text = tokenizer->Decode(values);
-    if (!text.ok()) Fail(text.status(), kExitFailure);
+    if (!text.ok()) Fail(text.status(), kExitUsage);
     std::cout << *text;
   });
 }

@@ -605,7 +605,8 @@ std::string YamlErrorHint(absl::string_view text) {
          "and quotes around a value holding ': ' or ' #'";
 }
 
-// For an unknown top-level name: the closest section, or a key when a key was put at the top.
+// For an unknown top-level name: the closest section, or a key when a key was put at the top;
+// empty when none is close enough to be a typo of it.
 absl::string_view NearestSectionOrKey(absl::string_view name) {
   absl::string_view best;
   int best_cost = std::numeric_limits<int>::max();
@@ -617,7 +618,7 @@ absl::string_view NearestSectionOrKey(absl::string_view name) {
     const int cost = EditDistance(name, NameOf(key.path));
     if (cost < best_cost) best = key.path, best_cost = cost;
   }
-  return best;
+  return best_cost <= TypoEdits(name) ? best : absl::string_view();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -860,9 +861,11 @@ class Parser {
     const std::string section = name_node.Scalar();
     const std::vector<absl::string_view> sections = Sections();
     if (std::find(sections.begin(), sections.end(), section) == sections.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown section '", section, "' at ", At(name_node.Mark()), " (did you mean ",
-          NearestSectionOrKey(section), "?); sections are ", absl::StrJoin(sections, ", ")));
+      const absl::string_view nearest = NearestSectionOrKey(section);
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown section '", section, "' at ", At(name_node.Mark()),
+                       nearest.empty() ? "" : absl::StrCat(" (did you mean ", nearest, "?)"),
+                       "; sections are ", absl::StrJoin(sections, ", ")));
     }
     if (!seen_sections_.insert({section, name_node.Mark()}).second) {
       return absl::InvalidArgumentError(

@@ -20,6 +20,11 @@ int EditDistance(absl::string_view a, absl::string_view b) {
   return row[b.size()];
 }
 
+int TypoEdits(absl::string_view name) {
+  const int length = static_cast<int>(name.size());
+  return std::min(std::max(2, length / 3), length - 1);
+}
+
 absl::string_view NearestName(absl::string_view name, const std::vector<absl::string_view>& names) {
   absl::string_view best;
   int best_cost = std::numeric_limits<int>::max();
@@ -30,8 +35,7 @@ absl::string_view NearestName(absl::string_view name, const std::vector<absl::st
       best_cost = cost;
     }
   }
-  return best_cost <= std::max<int>(2, static_cast<int>(name.size()) / 3) ? best
-                                                                          : absl::string_view();
+  return best_cost <= TypoEdits(name) ? best : absl::string_view();
 }
 
 }  // namespace dtrain

@@ -564,6 +564,11 @@ TEST(DataCommandTest, EncodeAndDecodeRoundTrip) {
                              testing::WriteTempFile("data_wide.json", "[4294967328]")));
   EXPECT_EQ(wide.exit_code, 2);
   EXPECT_THAT(wide.stderr_text, HasSubstr("id 4294967328 is not a token id of "));
+  // An id outside the vocabulary is the input's fault too: exit 2, as for the wide id.
+  const Outcome negative =
+      RunDtrain(absl::StrCat("data decode --tokenizer ", tokenizer, " ",
+                             testing::WriteTempFile("data_negative.json", "[-1]")));
+  EXPECT_EQ(negative.exit_code, 2) << negative.stderr_text;
   const Outcome missing = RunDtrain(absl::StrCat("data encode --tokenizer /nonexistent ", text));
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_THAT(missing.stderr_text, HasSubstr("tokenizer file /nonexistent does not exist"));

@@ -162,6 +162,11 @@ TEST(RecipeTest, UnknownSection) {
   EXPECT_THAT(ErrorOf(WithMinimal("trian:\n  steps: 10\n")),
               AllOf(HasSubstr("unknown section 'trian'"), HasSubstr("t.yaml:3:1"),
                     HasSubstr("did you mean train?")));
+  EXPECT_THAT(ErrorOf(WithMinimal("lr: 0.1\n")), HasSubstr("did you mean train.lr?"));
+  // Two edits turn any two-letter name into any other: no typo of lr.
+  EXPECT_EQ(ErrorOf(WithMinimal("x0: 1\n")),
+            "unknown section 'x0' at t.yaml:3:1; sections are run, model, data, train, parallel, "
+            "checkpoint, cluster, logging");
 }
 
 TEST(RecipeTest, SectionMustBeMap) {
