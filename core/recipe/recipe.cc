@@ -1162,6 +1162,37 @@ class Parser {
 
   // The pipeline keys against the model and the batch (parallel/pipeline/schedule.h builds the
   // schedules; the names are the key table's).
+  // Keys the recipe sets that another key makes moot (a webdataset key with data.format text):
+  // a warning each, naming what makes it so, since the run goes on without them.
+  void WarnOfKeysWithoutEffect(const Recipe& r) const {
+    const auto warn = [&](absl::string_view path, bool moot, absl::string_view because) {
+      if (moot && entries_.contains(path)) {
+        LogWarn("%s: has no effect %s; remove it", Subject(path), because);
+      }
+    };
+    const bool streamed = r.data.format == "webdataset";
+    const std::string format = absl::StrCat("with data.format ", r.data.format);
+    for (absl::string_view path :
+         {"data.shards", "data.val_shards", "data.streams", "data.shard_shuffle",
+          "data.shuffle_buffer", "data.shuffle_buffer_mb", "data.eos_id", "data.epochs",
+          "data.on_error", "data.http_timeout_s", "data.http_retries", "data.pipe_timeout_s",
+          "data.read_ahead_mb"}) {
+      warn(path, r.data.format == "text" || r.data.format == "llmc", format);
+    }
+    for (absl::string_view path : {"data.train", "data.val", "data.val_fraction"}) {
+      warn(path, streamed,
+           "with data.format webdataset, which reads data.shards and "
+           "data.val_shards");
+    }
+    warn("data.val_fraction", !streamed && !r.data.val.empty(), "when data.val is set");
+    for (absl::string_view path : {"data.packing", "data.on_long_sample"}) {
+      warn(path, r.data.format != "sft", format);
+    }
+    warn("model.rope_theta", r.model.family == "gpt2",
+         "with model.family gpt2, whose positions are learned");
+    warn("train.min_lr", r.train.schedule == "constant", "with train.schedule constant");
+  }
+
   absl::Status CheckPipeline(const Recipe& r) const {
     const ParallelSection& p = r.parallel;
     const int n_layer = r.model.n_layer;
@@ -1337,6 +1368,7 @@ class Parser {
                        absl::StrJoin(batches, " or "), ", or train.micro_batch: ", micros, ")"));
     }
     RETURN_IF_ERROR(CheckPipeline(r));
+    WarnOfKeysWithoutEffect(r);
     if (r.train.seq_len > m.max_seq_len) {
       return Error("train.seq_len",
                    absl::StrCat(r.train.seq_len, " exceeds model.max_seq_len (", m.max_seq_len,

@@ -493,6 +493,27 @@ TEST(RecipeTest, SequenceParallelNeedsTpDividingSeqLen) {
 }
 
 // As in Megatron, sequence parallelism at tp 1 (nothing to split) warns and runs without it.
+// A key that another makes moot is a warning naming it and the other; defaults are not.
+TEST(RecipeTest, KeysWithoutEffectWarn) {
+  const auto warnings = [](const std::vector<std::string>& overrides) {
+    ::testing::internal::CaptureStderr();
+    const absl::StatusOr<Recipe> recipe = ParseRecipe(kMinimal, "t.yaml", overrides);
+    const std::string text = ::testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(recipe.ok()) << recipe.status();
+    return text;
+  };
+  EXPECT_EQ(warnings({}), "");
+  EXPECT_THAT(warnings({"data.streams=4"}),
+              HasSubstr("--set data.streams=4: has no effect with data.format text; remove it"));
+  EXPECT_THAT(warnings({"data.val=[v.txt]", "data.val_fraction=0.2"}),
+              HasSubstr("has no effect when data.val is set"));
+  EXPECT_THAT(warnings({"model.rope_theta=500000"}),
+              HasSubstr("has no effect with model.family gpt2, whose positions are learned"));
+  EXPECT_THAT(warnings({"train.schedule=constant", "train.min_lr=0.5"}),
+              HasSubstr("--set train.min_lr=0.5: has no effect with train.schedule constant"));
+  EXPECT_THAT(warnings({"data.packing=false"}), HasSubstr("has no effect with data.format text"));
+}
+
 TEST(RecipeTest, SequenceParallelAtTp1WarnsAndHasNoEffect) {
   ::testing::internal::CaptureStderr();
   absl::StatusOr<Recipe> recipe =
