@@ -35,7 +35,8 @@ CLI::Validator NonNegative();
 CLI::Validator Positive();
 
 // The recipe a training command runs: RECIPE (the built-in tiny recipe when empty) with the
-// overrides, validated, its model within dtrain's size bound (core/model/model_size.h).
+// overrides, validated, its model within dtrain's size bound (core/model/model_size.h) and its
+// train.no_decay globs each matching a tensor (CheckNoDecay).
 absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
                                           const std::vector<std::string>& overrides);
 

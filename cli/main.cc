@@ -18,6 +18,7 @@
 #include "cli/commands.h"
 #include "core/data/datasets.h"
 #include "core/model/model_size.h"
+#include "core/optim/adamw.h"
 #include "core/util/names.h"
 #include "core/util/status.h"
 #include "embedded_tiny_recipe.h"
@@ -62,6 +63,8 @@ absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
                    : LoadRecipe(path, overrides);
   if (!recipe.ok()) return recipe.status();
   RETURN_IF_ERROR(CheckModelSize(*recipe));
+  RETURN_IF_ERROR(
+      CheckNoDecay(ModelConfigFromRecipe(recipe->model, recipe->d_ff()), recipe->train.no_decay));
   RETURN_IF_ERROR(CheckShardPatterns(*recipe));
   // The cluster section's names, which only the planner reads, are checked here too.
   RETURN_IF_ERROR(ResolveCluster(recipe->cluster).status());

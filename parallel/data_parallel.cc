@@ -523,8 +523,9 @@ absl::StatusOr<StepTotals> DataParallelEngine::FinishStep(double local_loss_sum,
         absl::InternalError(absl::StrCat(
             "the loss is ", totals.loss, " and the gradient norm ", totals.grad_norm,
             updated_ ? "; lower train.lr (or train.weight_decay), or raise train.warmup_steps"
-                     : " before any update: the weights the run started from give them (from "
-                       "model.init_std, train.init_from or the checkpoint); check them")),
+                     : " before any update, so the weights the run started from give them: "
+                       "check model.init_std, or the weights of train.init_from or of the "
+                       "checkpoint")),
         kExitUsage);
   }
   // The rule of torch.nn.utils.clip_grad_norm_.

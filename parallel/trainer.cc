@@ -593,21 +593,28 @@ absl::Status CheckRunOutputs(const Recipe& recipe) {
                      absl::StrCat("is ", what, ": give another name, such as metrics.jsonl"));
     }
   }
+  // The export writes a .safetensors file, or a model folder's own files (IsHfFolderFile),
+  // leaving the folder's others: the run folder itself may hold the model.
   if (!recipe.train.export_to.empty()) {
-    const std::string exported = (run_dir / recipe.train.export_to).string();
-    const auto export_refused = [&](absl::string_view why) {
-      return refused("train.export_to", recipe.train.export_to, why);
+    const fs::path exported = run_dir / recipe.train.export_to;
+    const auto same = [](const std::string& a, const std::string& b) {
+      return IsSameOrInside(a, b) && IsSameOrInside(b, a);
     };
-    for (const auto& [path, what] : own_files) {
-      if (IsSameOrInside(path, exported)) {
-        return export_refused(absl::StrCat("would write the model over ", what,
-                                           ": give a folder of its own, such as model"));
+    for (const auto& [path, what] :
+         {own_files[0], own_files[1],
+          std::pair<std::string, const char*>{metrics, "logging.metrics_file"}}) {
+      if (same(exported.string(), path)) {
+        return refused("train.export_to", recipe.train.export_to,
+                       absl::StrCat("is ", what, ": give the model a path of its own"));
       }
     }
-    if (IsSameOrInside(metrics, exported) || IsSameOrInside(exported, metrics)) {
-      return export_refused(
-          "and logging.metrics_file are one path, or one holds the other: "
-          "give them apart");
+    const fs::path metrics_path = metrics;
+    if (!absl::EndsWith(exported.string(), ".safetensors") &&
+        same(exported.string(), metrics_path.parent_path().string()) &&
+        IsHfFolderFile(metrics_path.filename().string())) {
+      return refused("logging.metrics_file", metrics_file,
+                     "is a file of train.export_to's model folder, which the export writes "
+                     "over: give another name, such as metrics.jsonl");
     }
   }
   if (const absl::StatusOr<std::string> resolved = ResolveOutputFile(metrics); !resolved.ok()) {
@@ -1247,8 +1254,6 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
 absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size) {
   RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world_size));
   RETURN_IF_ERROR(CheckRunOutputs(recipe));
-  RETURN_IF_ERROR(
-      CheckNoDecay(ModelConfigFromRecipe(recipe.model, recipe.d_ff()), recipe.train.no_decay));
   // Weights that are missing, or of another model, would fail every rank at start, and every
   // restart after it. Only a fresh run reads them (a resume takes its checkpoint's), and a path
   // that cannot be read is left to the start, as other faults of files are.

@@ -23,7 +23,7 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size);
 
 // What callers check before any rank starts (exit 2): CheckLayoutFitsWorld; the run's output
 // files (logging.metrics_file, train.export_to) apart from one another and from the run's own
-// files, none a device; train.no_decay's globs each matching a tensor; for a fresh run (no
+// files, none a device; for a fresh run (no
 // checkpoint to resume), InvalidArgument naming train.init_from when its weights are another
 // model's (reading only config.json and the headers); then, unless parallel.strategy is auto
 // (which picks its micro-batch), naming train.batch_size and train.micro_batch unless the batch

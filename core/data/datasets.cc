@@ -110,6 +110,9 @@ absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int 
     val.block_samples = 1;
     val.epochs = 1;
     val.finite = true;
+    // Every rank reads the whole validation stream and evaluates its share of it: a shard skipped
+    // on one rank only would give the ranks different sets, and different evaluation lengths.
+    val.skip_bad_shards = false;
     datasets.val = std::make_unique<WebDatasetValidationLoader>(std::move(val), dp_rank, dp_size);
   } else if (recipe.train.eval_every > 0) {
     return absl::InvalidArgumentError(

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/backend/cuda/bf16.h"
 #include "core/util/status.h"
 #include "nlohmann/json.hpp"
 

@@ -468,18 +468,14 @@ absl::Status WriteChatTemplate(const ChatTemplate& chat_template, const Tokenize
 // pair), removed first: config.json before the others, since the folder is complete only once
 // this export writes it again, and the folder's other files stay.
 absl::Status ClearEarlierExport(const fs::path& dir) {
+  // config.json first: a folder cleared part way is no model folder. model.safetensors is
+  // written over.
   std::vector<fs::path> earlier = {dir / "config.json"};
-  for (const char* name : {kWeightsIndexName, "generation_config.json", "tokenizer.json",
-                           "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                           "added_tokens.json", "vocab.json", "merges.txt"}) {
-    earlier.push_back(dir / name);
-  }
   std::error_code error;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
-    if (absl::StartsWith(name, "model-") && absl::StrContains(name, "-of-") &&
-        absl::EndsWith(name, ".safetensors")) {
-      earlier.push_back(entry.path());  // a sharded checkpoint's files
+    if (IsHfFolderFile(name) && name != kWeightsName && name != "config.json") {
+      earlier.push_back(entry.path());
     }
   }
   for (const fs::path& path : earlier) {
@@ -493,6 +489,18 @@ absl::Status ClearEarlierExport(const fs::path& dir) {
 }
 
 }  // namespace
+
+bool IsHfFolderFile(absl::string_view name) {
+  for (const char* file :
+       {"config.json", kWeightsName, kWeightsIndexName, "generation_config.json", "tokenizer.json",
+        "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+        "vocab.json", "merges.txt"}) {
+    if (name == file) return true;
+  }
+  // A sharded checkpoint's files.
+  return absl::StartsWith(name, "model-") && absl::StrContains(name, "-of-") &&
+         absl::EndsWith(name, ".safetensors");
+}
 
 absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
                             const TensorValuesFn& read_tensor, const std::string& dir,

@@ -55,6 +55,10 @@ absl::StatusOr<std::string> FastTokenizerCaveat(const Tokenizer& tokenizer,
 absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_path,
                                                 const std::string& dir, int max_seq_len);
 
+// Whether a file named `name` in a model folder is one that ExportHfFolder writes or, left by an
+// earlier export, removes: config.json, the weights and their index or shards, the tokenizer's.
+bool IsHfFolderFile(absl::string_view name);
+
 // Writes the folder `dir` (created if missing): the tokenizer when `tokenizer_path` is not empty,
 // model.safetensors from `read_tensor` (ExportHfSafetensorsStreamed) with `metadata`, then
 // config.json. The model and tokenizer files of an earlier export there are removed first,

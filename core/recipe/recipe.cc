@@ -1162,13 +1162,18 @@ class Parser {
 
   // The pipeline keys against the model and the batch (parallel/pipeline/schedule.h builds the
   // schedules; the names are the key table's).
-  // Keys the recipe sets that another key makes moot (a webdataset key with data.format text):
-  // a warning each, naming what makes it so, since the run goes on without them.
+  // Keys the recipe sets to other than their defaults that another key makes moot (a webdataset
+  // key with data.format text): a warning each, naming what makes it so, since the run goes on
+  // without them.
   void WarnOfKeysWithoutEffect(const Recipe& r) const {
     const auto warn = [&](absl::string_view path, bool moot, absl::string_view because) {
-      if (moot && entries_.contains(path)) {
-        LogWarn("%s: has no effect %s; remove it", Subject(path), because);
-      }
+      if (!moot || !entries_.contains(path)) return;
+      Recipe set = r, defaults;
+      const KeySpec* key = FindKey(path);
+      const bool is_default = std::visit(
+          [&](auto* value) { return *value == *std::get<decltype(value)>(key->field(defaults)); },
+          key->field(set));
+      if (!is_default) LogWarn("%s: has no effect %s; remove it", Subject(path), because);
     };
     const bool streamed = r.data.format == "webdataset";
     const std::string format = absl::StrCat("with data.format ", r.data.format);
@@ -1486,6 +1491,11 @@ absl::StatusOr<Recipe> LoadRecipe(const std::string& path,
   if (absl::IsInvalidArgument(text.status())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the recipe path '", path, "' is a directory; give the recipe's YAML file inside it"));
+  }
+  if (absl::IsFailedPrecondition(text.status())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the recipe '", path, "' holds more than ", kMaxRecipeBytes >> 20,
+                     " MiB (a device such as /dev/zero?); a recipe is a YAML file of a few KB"));
   }
   if (!text.ok()) {
     return absl::Status(

@@ -415,6 +415,24 @@ TEST(DataCommandTest, MissingLocalShardsAreRefusedAtStart) {
               HasSubstr("data.shards: shard " + out + "/train-missing.tar does not exist"));
 }
 
+// data.on_error: skip_shard skips training shards only: a validation shard that does not read
+// fails the evaluation, since each rank reads the whole validation set and a shard skipped on
+// one rank only would give the ranks different sets (and different evaluation lengths: a hang).
+TEST(DataCommandTest, AValidationShardIsNeverSkipped) {
+  const std::string shard = Pack(TokenizerDir("data_tok_val_skip"), "data_pack_val_skip");
+  const std::string out = testing::FreshTempDir("data_val_skip_run");
+  const std::string bad = testing::WriteTempFile("data_val_skip_bad.tar", std::string(2048, 'x'));
+  const Outcome run = RunDtrain(absl::StrCat(
+      "train --set data.format=webdataset --set data.train=[] --set model.vocab_size=300 "
+      "--set train.warmup_steps=0 --set train.steps=4 --set train.seq_len=4 --set "
+      "train.batch_size=1 --set train.micro_batch=1 --set logging.sample_tokens=0 --set "
+      "data.streams=1 --set data.on_error=skip_shard --set train.eval_every=2 --set run.out_dir=",
+      out, " --set data.shards=", shard, " --set data.val_shards=", shard, "::", bad));
+  EXPECT_NE(run.exit_code, 0) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text, HasSubstr("shard " + bad)) << run.stderr_text;
+  EXPECT_THAT(run.stderr_text, ::testing::Not(HasSubstr("step 3/4")));
+}
+
 // A checkpoint's data order that the recipe cannot continue (other data.streams) is a usage
 // error, which dtrain launch does not restart in vain.
 TEST(DataCommandTest, ResumingAnotherDataOrderIsAUsageError) {

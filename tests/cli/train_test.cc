@@ -348,8 +348,8 @@ TEST(TrainTest, ADivergedRunNamesTheStepAndExits2) {
   const testing::Outcome start = Train(RunDir("diverged_start"), "--set model.init_std=1e30");
   EXPECT_EQ(start.exit_code, 2) << start.stderr_text;
   EXPECT_THAT(start.stderr_text, HasSubstr("error: step 1: the loss is "));
-  EXPECT_THAT(start.stderr_text, HasSubstr(" before any update: the weights the run started from "
-                                           "give them"));
+  EXPECT_THAT(start.stderr_text, HasSubstr(" before any update, so the weights the run started "
+                                           "from give them: check model.init_std"));
 }
 
 // Files the recipe names that do not exist fail the same way at every restart: exit 2, which
@@ -381,7 +381,7 @@ TEST(TrainTest, NoDecayGlobThatMatchesNothingIsAUsageError) {
 
 // The run's output files must be apart from one another and from its own (the resolved recipe,
 // the lock), and none a device: refused before anything is written, naming the key. Renamed over,
-// /dev/null became a file of metrics.
+// /dev/null became a file of metrics. An export into the run folder itself trains as before.
 TEST(TrainTest, OutputFilesInEachOthersWayAreUsageErrors) {
   const std::string fifo = testing::TempPath("metrics_fifo");
   std::filesystem::remove(fifo);
@@ -394,8 +394,13 @@ TEST(TrainTest, OutputFilesInEachOthersWayAreUsageErrors) {
       {"--set logging.metrics_file=", "logging.metrics_file '' is the run folder, or holds it"},
       {"--set logging.metrics_file=" + fifo, "logging.metrics_file: " + fifo + " is a FIFO"},
       {"--set train.export_to=metrics.jsonl",
-       "train.export_to 'metrics.jsonl' and logging.metrics_file are one path"},
-      {"--set train.export_to=.", "train.export_to '.' would write the model over the run's"},
+       "train.export_to 'metrics.jsonl' is logging.metrics_file: give the model a path of its "
+       "own"},
+      {"--set train.export_to=recipe.yaml",
+       "train.export_to 'recipe.yaml' is the run's resolved recipe"},
+      // The run folder may hold the model, but not a metrics file under one of its names.
+      {"--set train.export_to=. --set logging.metrics_file=config.json",
+       "logging.metrics_file 'config.json' is a file of train.export_to's model folder"},
   };
   for (const auto& [sets, named] : cases) {
     const testing::Outcome run = Train(RunDir("outputs"), "--set run.name=t " + sets);
@@ -407,6 +412,11 @@ TEST(TrainTest, OutputFilesInEachOthersWayAreUsageErrors) {
   ASSERT_EQ(::stat(fifo.c_str(), &info), 0);
   EXPECT_TRUE(S_ISFIFO(info.st_mode));
   std::filesystem::remove(fifo);
+  const testing::Outcome in_run_folder =
+      Train(RunDir("outputs"), "--set run.name=t --set train.steps=2 --set train.export_to=.");
+  EXPECT_EQ(in_run_folder.exit_code, 0) << in_run_folder.stderr_text;
+  EXPECT_TRUE(std::filesystem::exists(RunDir("outputs") + "/t/config.json"));
+  EXPECT_TRUE(std::filesystem::exists(RunDir("outputs") + "/t/metrics.jsonl"));
 }
 
 // train.eval_batches beyond the validation set ends the evaluation at the set's end, on every

@@ -115,6 +115,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
   try {
     backend->own_.workspace = backend->Allocate(kWorkspaceBytes / sizeof(float), DataType::kF32);
   } catch (const OutOfMemory& oom) {
+    if (!backend->first_error_.ok()) return backend->first_error_;  // a fault, not a shortage
     return absl::ResourceExhaustedError(absl::StrCat("cuBLASLt's workspace: ", oom.what()));
   }
   // Without pinned memory (a locked-memory limit), every copy from the host waits for the stream.
@@ -209,7 +210,7 @@ DeviceBuffer CudaBackend::Allocate(size_t count, DataType dtype) {
   if (!allocated && failure != cudaErrorMemoryAllocation) {
     // Not a shortage: an earlier kernel's fault (sticky) or the allocator's own. status() names
     // it, which the trainer reports before the phase's shortage.
-    Check(failure, "cudaMalloc");
+    Check(failure, pool_ == nullptr ? "cudaMalloc" : "cudaMallocAsync");
     throw OutOfMemory(absl::StrCat("allocating ", bytes, " bytes on GPU ", device_,
                                    " failed with \"", cudaGetErrorString(failure),
                                    "\", not for want of memory"));

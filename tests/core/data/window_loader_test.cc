@@ -194,5 +194,28 @@ TEST(SequentialWindowLoaderTest, ReadsWindowsInOrderSplitAcrossRanksAndResets) {
   }
 }
 
+// Ended answers alike on every rank, after the call that reads the set's last window (where a
+// rank's own share may have ended a call earlier), at every world size.
+TEST(SequentialWindowLoaderTest, EveryRankSeesTheSetEndAtTheSameCall) {
+  for (int world = 1; world <= 3; ++world) {
+    std::vector<std::unique_ptr<SequentialWindowLoader>> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back(SequentialWindowLoader::Create(Iota(29), kSeqLen, r, world, "val").value());
+    }
+    std::vector<int32_t> inputs(2 * kSeqLen), targets(2 * kSeqLen);
+    int calls = 0, rows = 0;
+    while (!ranks[0]->Ended().value()) {
+      for (auto& loader : ranks) {
+        EXPECT_FALSE(loader->Ended().value()) << "world " << world << " call " << calls;
+        rows += loader->Next(2, inputs.data(), targets.data()).value();
+      }
+      ++calls;
+    }
+    for (auto& loader : ranks) EXPECT_TRUE(loader->Ended().value()) << "world " << world;
+    EXPECT_EQ(rows, 7) << "world " << world;                                   // every window once
+    EXPECT_EQ(calls, (7 + 2 * world - 1) / (2 * world)) << "world " << world;  // no empty call
+  }
+}
+
 }  // namespace
 }  // namespace dtrain

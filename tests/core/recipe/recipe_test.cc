@@ -503,6 +503,7 @@ TEST(RecipeTest, KeysWithoutEffectWarn) {
     return text;
   };
   EXPECT_EQ(warnings({}), "");
+  EXPECT_EQ(warnings({"data.streams=64"}), "");  // the default
   EXPECT_THAT(warnings({"data.streams=4"}),
               HasSubstr("--set data.streams=4: has no effect with data.format text; remove it"));
   EXPECT_THAT(warnings({"data.val=[v.txt]", "data.val_fraction=0.2"}),
