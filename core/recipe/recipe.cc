@@ -217,7 +217,9 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(data, on_error),
-       "webdataset shard that fails to read: fail the run, or skip it (logged and counted)",
+       "webdataset training shard that fails to read: fail the run, or skip it (logged and "
+       "counted); a validation shard that fails always fails the run (every rank must evaluate "
+       "the same set)",
        {"fail", "skip_shard"}},
       {DTRAIN_RECIPE_KEY(data, http_timeout_s),
        "http(s) shards: connect timeout and longest wait for data, in seconds",
