@@ -573,22 +573,25 @@ absl::Status CheckExportDestination(const Recipe& recipe) {
 absl::Status CheckRunOutputs(const Recipe& recipe) {
   namespace fs = std::filesystem;
   const fs::path run_dir = recipe.run_dir();
-  const std::string metrics = (run_dir / recipe.logging.metrics_file).string();
+  const fs::path metrics = run_dir / recipe.logging.metrics_file;
   const std::string& metrics_file = recipe.logging.metrics_file;
+  const auto same = [](const fs::path& a, const fs::path& b) {
+    return IsSameOrInside(a.string(), b.string()) && IsSameOrInside(b.string(), a.string());
+  };
   const auto refused = [](absl::string_view key, absl::string_view value, absl::string_view why) {
     return WithExitCode(absl::InvalidArgumentError(absl::StrCat(key, " '", value, "' ", why)),
                         kExitUsage);
   };
-  if (metrics_file.empty() || IsSameOrInside(run_dir.string(), metrics)) {
+  if (metrics_file.empty() || IsSameOrInside(run_dir.string(), metrics.string())) {
     return refused("logging.metrics_file", metrics_file,
                    "is the run folder, or holds it: give a file name, such as metrics.jsonl");
   }
   // The files of the run folder that the run writes itself.
-  const std::pair<std::string, const char*> own_files[] = {
-      {(run_dir / "recipe.yaml").string(), "the run's resolved recipe, recipe.yaml"},
-      {(run_dir / ".lock").string(), "the run folder's lock, .lock"}};
+  const std::pair<fs::path, const char*> own_files[] = {
+      {run_dir / "recipe.yaml", "the run's resolved recipe, recipe.yaml"},
+      {run_dir / ".lock", "the run folder's lock, .lock"}};
   for (const auto& [path, what] : own_files) {
-    if (IsSameOrInside(metrics, path)) {
+    if (same(metrics, path)) {
       return refused("logging.metrics_file", metrics_file,
                      absl::StrCat("is ", what, ": give another name, such as metrics.jsonl"));
     }
@@ -597,27 +600,23 @@ absl::Status CheckRunOutputs(const Recipe& recipe) {
   // leaving the folder's others: the run folder itself may hold the model.
   if (!recipe.train.export_to.empty()) {
     const fs::path exported = run_dir / recipe.train.export_to;
-    const auto same = [](const std::string& a, const std::string& b) {
-      return IsSameOrInside(a, b) && IsSameOrInside(b, a);
-    };
     for (const auto& [path, what] :
          {own_files[0], own_files[1],
-          std::pair<std::string, const char*>{metrics, "logging.metrics_file"}}) {
-      if (same(exported.string(), path)) {
+          std::pair<fs::path, const char*>{metrics, "logging.metrics_file"}}) {
+      if (same(exported, path)) {
         return refused("train.export_to", recipe.train.export_to,
                        absl::StrCat("is ", what, ": give the model a path of its own"));
       }
     }
-    const fs::path metrics_path = metrics;
     if (!absl::EndsWith(exported.string(), ".safetensors") &&
-        same(exported.string(), metrics_path.parent_path().string()) &&
-        IsHfFolderFile(metrics_path.filename().string())) {
+        same(exported, metrics.parent_path()) && IsHfFolderFile(metrics.filename().string())) {
       return refused("logging.metrics_file", metrics_file,
                      "is a file of train.export_to's model folder, which the export writes "
                      "over: give another name, such as metrics.jsonl");
     }
   }
-  if (const absl::StatusOr<std::string> resolved = ResolveOutputFile(metrics); !resolved.ok()) {
+  if (const absl::StatusOr<std::string> resolved = ResolveOutputFile(metrics.string());
+      !resolved.ok()) {
     return Renamed(resolved.status(),
                    absl::StrCat("logging.metrics_file: ", resolved.status().message()));
   }
