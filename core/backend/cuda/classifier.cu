@@ -1,5 +1,5 @@
 // The classifier's softmax and cross-entropy, fused and in the vocabulary-parallel phases: one
-// warp per row, arithmetic in classifier_math.h.
+// block per row, arithmetic in classifier_math.h.
 #include "core/backend/cuda/classifier_math.h"
 #include "core/backend/cuda/kernels.h"
 #include "core/backend/cuda/warp.cuh"
@@ -7,29 +7,44 @@
 namespace dtrain::cuda {
 namespace {
 
+constexpr int kThreads = kClassifierThreads;
+
+// A block's shared values for BlockButterfly, one per warp; raw storage, as a __shared__
+// variable may not have a constructor (SoftmaxState's members have initial values).
+template <typename V>
+struct alignas(V) WarpValues {
+  unsigned char bytes[kThreads / kWarpSize * sizeof(V)];
+  __device__ V* get() { return reinterpret_cast<V*>(bytes); }
+};
+
+// The row of the calling block.
+__device__ inline size_t BlockRow() { return blockIdx.x; }
+
 template <typename T>
-__global__ void ClassifierKernel(T* logits, int ld, float* losses, const int32_t* targets, int n,
-                                 int v, float grad_scale, bool write_gradient) {
-  const int row = WarpRow();
-  if (row >= n) return;
-  ClassifierRow(DeviceWarp{}, logits + static_cast<size_t>(row) * ld, losses + row, targets[row], v,
-                grad_scale, write_gradient);
+__global__ void __launch_bounds__(kThreads)
+    ClassifierKernel(T* logits, int ld, float* losses, const int32_t* targets, int v,
+                     float grad_scale, bool write_gradient) {
+  __shared__ WarpValues<SoftmaxState> shared;
+  const size_t row = BlockRow();
+  ClassifierRow<kThreads>(DeviceBlock{}, shared.get(), logits + row * ld, losses + row,
+                          targets[row], v, grad_scale, write_gradient);
 }
 
 template <typename T>
-__global__ void VocabRowMaxKernel(float* max, const T* logits, int n, int v) {
-  const int row = WarpRow();
-  if (row >= n) return;
-  VocabRowMax(DeviceWarp{}, logits + static_cast<size_t>(row) * v, max + row, v);
+__global__ void __launch_bounds__(kThreads) VocabRowMaxKernel(float* max, const T* logits, int v) {
+  __shared__ WarpValues<float> shared;
+  const size_t row = BlockRow();
+  VocabRowMax<kThreads>(DeviceBlock{}, shared.get(), logits + row * v, max + row, v);
 }
 
 template <typename T>
-__global__ void VocabExpSumsKernel(T* logits, float* sums, float* target_logits, const float* max,
-                                   const int32_t* targets, int n, int v, int vocab_begin) {
-  const int row = WarpRow();
-  if (row >= n) return;
-  VocabRowExpSum(DeviceWarp{}, logits + static_cast<size_t>(row) * v, sums + row,
-                 target_logits + row, max[row], targets[row], v, vocab_begin);
+__global__ void __launch_bounds__(kThreads)
+    VocabExpSumsKernel(T* logits, float* sums, float* target_logits, const float* max,
+                       const int32_t* targets, int v, int vocab_begin) {
+  __shared__ WarpValues<float> shared;
+  const size_t row = BlockRow();
+  VocabRowExpSum<kThreads>(DeviceBlock{}, shared.get(), logits + row * v, sums + row,
+                           target_logits + row, max[row], targets[row], v, vocab_begin);
 }
 
 __global__ void VocabLossesKernel(float* losses, const float* max, const float* sums,
@@ -40,12 +55,12 @@ __global__ void VocabLossesKernel(float* losses, const float* max, const float* 
 }
 
 template <typename T>
-__global__ void VocabLogitsBackwardKernel(T* logits, const float* sums, const int32_t* targets,
-                                          int n, int v, int vocab_begin, float grad_scale) {
-  const int row = WarpRow();
-  if (row >= n) return;
-  VocabRowLogitsBackward(DeviceWarp{}, logits + static_cast<size_t>(row) * v, sums[row],
-                         targets[row], v, vocab_begin, grad_scale);
+__global__ void __launch_bounds__(kThreads)
+    VocabLogitsBackwardKernel(T* logits, const float* sums, const int32_t* targets, int v,
+                              int vocab_begin, float grad_scale) {
+  const size_t row = BlockRow();
+  VocabRowLogitsBackward<kThreads>(DeviceBlock{}, logits + row * v, sums[row], targets[row], v,
+                                   vocab_begin, grad_scale);
 }
 
 }  // namespace
@@ -55,29 +70,29 @@ void ClassifierSoftmaxCrossEntropy(T* logits, int ld, float* losses, const int32
                                    int v, float grad_scale, bool write_gradient,
                                    cudaStream_t stream) {
   if (n == 0) return;
-  ClassifierKernel<<<RowBlocks(n), kRowWarpsPerBlock * kWarpSize, 0, stream>>>(
-      logits, ld, losses, targets, n, v, grad_scale, write_gradient);
+  ClassifierKernel<<<n, kThreads, 0, stream>>>(logits, ld, losses, targets, v, grad_scale,
+                                               write_gradient);
 }
 
 template <typename T>
 void VocabRowMax(float* max, const T* logits, int n, int v, cudaStream_t stream) {
   if (n == 0) return;
-  VocabRowMaxKernel<<<RowBlocks(n), kRowWarpsPerBlock * kWarpSize, 0, stream>>>(max, logits, n, v);
+  VocabRowMaxKernel<<<n, kThreads, 0, stream>>>(max, logits, v);
 }
 
 template <typename T>
 void VocabExpSums(T* logits, float* sums, float* target_logits, const float* max,
                   const int32_t* targets, int n, int v, int vocab_begin, cudaStream_t stream) {
   if (n == 0) return;
-  VocabExpSumsKernel<<<RowBlocks(n), kRowWarpsPerBlock * kWarpSize, 0, stream>>>(
-      logits, sums, target_logits, max, targets, n, v, vocab_begin);
+  VocabExpSumsKernel<<<n, kThreads, 0, stream>>>(logits, sums, target_logits, max, targets, v,
+                                                 vocab_begin);
 }
 
 void VocabLosses(float* losses, const float* max, const float* sums, const float* target_logits,
                  const int32_t* targets, int n, cudaStream_t stream) {
   if (n == 0) return;
-  constexpr int kThreads = 256;
-  VocabLossesKernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+  constexpr int kLossThreads = 256;
+  VocabLossesKernel<<<(n + kLossThreads - 1) / kLossThreads, kLossThreads, 0, stream>>>(
       losses, max, sums, target_logits, targets, n);
 }
 
@@ -85,8 +100,8 @@ template <typename T>
 void VocabLogitsBackward(T* logits, const float* sums, const int32_t* targets, int n, int v,
                          int vocab_begin, float grad_scale, cudaStream_t stream) {
   if (n == 0) return;
-  VocabLogitsBackwardKernel<<<RowBlocks(n), kRowWarpsPerBlock * kWarpSize, 0, stream>>>(
-      logits, sums, targets, n, v, vocab_begin, grad_scale);
+  VocabLogitsBackwardKernel<<<n, kThreads, 0, stream>>>(logits, sums, targets, v, vocab_begin,
+                                                        grad_scale);
 }
 
 #define DTRAIN_INSTANTIATE(T)                                                                      \

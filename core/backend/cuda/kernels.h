@@ -50,15 +50,16 @@ template <typename T>
 void RmsNormBackward(T* dinp, float* dweight, ColumnGrads* slice_sums, const T* dout, const T* inp,
                      const T* weight, const float* rstd, int n, int c, cudaStream_t stream);
 
-// classifier_math.h, one warp per row, after the logits GEMM: logits (N, V), rows `ld` >= V
-// apart, become dlogits when write_gradient (0 for targets < 0); losses (N) fp32 get each row's
-// -log p(target) (0 when ignored), to be summed by the caller.
+// classifier_math.h, one block per row, after the logits GEMM: logits (N, V), rows `ld` >= V
+// apart (16-byte loads where the rows start on 16-byte boundaries), become dlogits when
+// write_gradient (0 for targets < 0); losses (N) fp32 get each row's -log p(target) (0 when
+// ignored), to be summed by the caller.
 template <typename T>
 void ClassifierSoftmaxCrossEntropy(T* logits, int ld, float* losses, const int32_t* targets, int n,
                                    int v, float grad_scale, bool write_gradient,
                                    cudaStream_t stream);
 // The vocabulary-parallel phases (Backend::ClassifierRowMax ... ClassifierLogitsBackward), a
-// rank's logits (N, v) one warp per row; max, sums, target_logits (N) fp32. VocabLosses writes
+// rank's logits (N, v) one block per row; max, sums, target_logits (N) fp32. VocabLosses writes
 // each row's loss into losses (N), one thread per row, for the caller's AddSum.
 template <typename T>
 void VocabRowMax(float* max, const T* logits, int n, int v, cudaStream_t stream);

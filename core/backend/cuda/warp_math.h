@@ -6,7 +6,8 @@
 //   int lane() const;                             // in [0, lanes)
 //   V Butterfly(V v, Combine combine) const;      // V trivially copyable, 4-byte multiple
 // DeviceLanes (warp.cuh) is the GPU's, with __shfl_xor_sync; tests/core/backend/cuda/test_util.h
-// emulates one on host threads, so the host runs the row functions in the device's order.
+// emulates one on host threads, so the host runs the row functions in the device's order. The
+// classifier's rows, whole vocabularies, are a block's each (BlockButterfly).
 #pragma once
 
 #include "core/backend/cuda/host_device.h"
@@ -21,6 +22,23 @@ struct AddFloats {
 template <typename Warp>
 DTRAIN_HD float WarpSum(const Warp& warp, float partial) {
   return warp.Butterfly(partial, AddFloats{});
+}
+
+// A row that is a whole block's (kThreads threads, whole warps; a Block as warp.cuh's DeviceBlock):
+// each warp combines its lanes' values with a butterfly, its lane 0 posts the result in
+// shared[warp] (kThreads / kWarpSize values), and every thread combines the posted values in
+// warp order, so that all hold the same result, in an order that does not depend on timing.
+// `shared` may be used again once the call returns.
+template <int kThreads, typename Block, typename V, typename Combine>
+DTRAIN_HD V BlockButterfly(const Block& block, V* shared, V v, Combine combine) {
+  static_assert(kThreads % kWarpSize == 0);
+  v = block.warp().Butterfly(v, combine);
+  if (block.thread() % kWarpSize == 0) shared[block.warp_index()] = v;
+  block.Sync();
+  V total = shared[0];
+  for (int w = 1; w < kThreads / kWarpSize; ++w) total = combine(total, shared[w]);
+  block.Sync();
+  return total;
 }
 
 }  // namespace dtrain::cuda

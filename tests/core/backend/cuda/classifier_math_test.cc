@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -14,12 +15,22 @@ namespace {
 
 using testing::ExpectFloatMatches;
 using testing::ExpectMatches;
-using testing::HostWarp;
+using testing::HostBlock;
 using testing::Load;
-using testing::RunOnHostWarp;
+using testing::RunOnHostBlock;
 using testing::Store;
 
 constexpr float kGradScale = 0.25f;
+constexpr int kThreads = kClassifierThreads;
+using Block = HostBlock<kThreads>;
+
+// Runs body(block, shared) on each thread of one emulated block of the classifier's kernels,
+// shared being the block's kThreads / kWarpSize values of type V.
+template <typename V>
+void RunOnClassifierBlock(const std::function<void(const Block&, V*)>& body) {
+  std::vector<V> shared(kThreads / kWarpSize);
+  RunOnHostBlock<kThreads>([&](const Block& block) { body(block, shared.data()); });
+}
 
 // The CPU backend's fused classifier on logits (N, V) given directly: with x = the logits and
 // weight = the V x V identity, its GEMMs are exact, logits = x and dx = dlogits. Called one row
@@ -41,7 +52,8 @@ void CpuClassifier(const std::vector<float>& logits, const std::vector<int32_t>&
 }
 
 // Rows of v logits whose targets include an ignored row (-1), the first and the last column;
-// the last row's logits sit near 60, where exp without the max shift would overflow.
+// the last row's logits sit near 60, where exp without the max shift would overflow. Rows start
+// on 16-byte boundaries (the backend pads them so) when v is a multiple of the packs.
 template <typename T>
 void CheckClassifier(int v) {
   SCOPED_TRACE(::testing::Message() << "v " << v);
@@ -56,12 +68,13 @@ void CheckClassifier(int v) {
   std::vector<T> untouched = logits;
   for (int row = 0; row < n; ++row) {
     const size_t at = static_cast<size_t>(row) * v;
-    RunOnHostWarp([&](const HostWarp& warp) {
-      ClassifierRow(warp, logits.data() + at, &losses[row], targets[row], v, kGradScale, true);
+    RunOnClassifierBlock<SoftmaxState>([&](const Block& block, SoftmaxState* shared) {
+      ClassifierRow<kThreads>(block, shared, logits.data() + at, &losses[row], targets[row], v,
+                              kGradScale, true);
     });
-    RunOnHostWarp([&](const HostWarp& warp) {
-      ClassifierRow(warp, untouched.data() + at, &losses_no_gradient[row], targets[row], v,
-                    kGradScale, false);
+    RunOnClassifierBlock<SoftmaxState>([&](const Block& block, SoftmaxState* shared) {
+      ClassifierRow<kThreads>(block, shared, untouched.data() + at, &losses_no_gradient[row],
+                              targets[row], v, kGradScale, false);
     });
   }
   std::vector<float> losses_cpu, dlogits_cpu;
@@ -72,20 +85,24 @@ void CheckClassifier(int v) {
   EXPECT_EQ(Load(untouched), stored) << "the logits stay when no gradient is asked for";
 }
 
-// 20: lanes 20-31 see no logit; 100 and 128: three or four a lane, with online rescaling.
+// 20 and 100: most threads see no logit, and the last pack is part of one; 2053: two or three
+// packs a thread (1,024 values a pass over the block in fp32, 2,048 in bf16), with online
+// rescaling, the row's last pack 1 value in fp32 and 5 in bf16, and rows that start off the
+// 16-byte boundaries, read value by value.
 TEST(CudaClassifierTest, Fp32MatchesCpuBackend) {
-  for (int v : {20, 100, 128}) CheckClassifier<float>(v);
+  for (int v : {20, 100, 128, 2053}) CheckClassifier<float>(v);
 }
 
 TEST(CudaClassifierTest, Bf16MatchesCpuBackendOnRoundedInputs) {
-  for (int v : {20, 100, 128}) CheckClassifier<Bf16>(v);
+  for (int v : {20, 100, 128, 2053}) CheckClassifier<Bf16>(v);
 }
 
 // The vocabulary-parallel phases on one rank's slice of V = 100 logits per row, as the model
 // runs them (the max and the sums taken as this rank's alone, which the phases do not tell
 // apart), against the CPU backend's: targets on this rank, on another one, ignored, and at the
-// slice's first and last column; the slices [0, 48), [48, 100) and an empty one (a rank whose
-// vocabulary slot is all padding).
+// slice's first and last column; the slices [0, 48), [48, 100), an empty one (a rank whose
+// vocabulary slot is all padding), and [100, 2153) of a larger vocabulary, two or three packs a
+// thread.
 template <typename T>
 void CheckVocabParallel(int v, int vocab_begin) {
   SCOPED_TRACE(::testing::Message() << "v " << v << " from " << vocab_begin);
@@ -99,11 +116,12 @@ void CheckVocabParallel(int v, int vocab_begin) {
   std::vector<float> max(n), sums(n), target_logits(n, -1.0f), losses(n);
   for (int row = 0; row < n; ++row) {
     const size_t at = static_cast<size_t>(row) * v;
-    RunOnHostWarp(
-        [&](const HostWarp& warp) { VocabRowMax(warp, logits.data() + at, &max[row], v); });
-    RunOnHostWarp([&](const HostWarp& warp) {
-      VocabRowExpSum(warp, logits.data() + at, &sums[row], &target_logits[row], max[row],
-                     targets[row], v, vocab_begin);
+    RunOnClassifierBlock<float>([&](const Block& block, float* shared) {
+      VocabRowMax<kThreads>(block, shared, logits.data() + at, &max[row], v);
+    });
+    RunOnClassifierBlock<float>([&](const Block& block, float* shared) {
+      VocabRowExpSum<kThreads>(block, shared, logits.data() + at, &sums[row], &target_logits[row],
+                               max[row], targets[row], v, vocab_begin);
     });
     losses[row] = VocabRowLoss(max[row], sums[row], target_logits[row], targets[row]);
   }
@@ -124,9 +142,9 @@ void CheckVocabParallel(int v, int vocab_begin) {
 
   stored = Load(logits);
   for (int row = 0; row < n; ++row) {
-    RunOnHostWarp([&](const HostWarp& warp) {
-      VocabRowLogitsBackward(warp, logits.data() + static_cast<size_t>(row) * v, sums[row],
-                             targets[row], v, vocab_begin, kGradScale);
+    RunOnHostBlock<kThreads>([&](const Block& block) {
+      VocabRowLogitsBackward<kThreads>(block, logits.data() + static_cast<size_t>(row) * v,
+                                       sums[row], targets[row], v, vocab_begin, kGradScale);
     });
   }
   cpu::ClassifierLogitsBackward(stored.data(), sums.data(), targets.data(), n, v, vocab_begin,
@@ -135,7 +153,8 @@ void CheckVocabParallel(int v, int vocab_begin) {
 }
 
 TEST(CudaClassifierTest, VocabParallelPhasesMatchCpuBackend) {
-  for (const auto& [v, begin] : {std::pair{48, 0}, std::pair{52, 48}, std::pair{0, 100}}) {
+  for (const auto& [v, begin] :
+       {std::pair{48, 0}, std::pair{52, 48}, std::pair{0, 100}, std::pair{2053, 100}}) {
     CheckVocabParallel<float>(v, begin);
     CheckVocabParallel<Bf16>(v, begin);
   }
