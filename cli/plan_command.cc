@@ -1,4 +1,5 @@
-// `dtrain plan RECIPE [--set key=value]... [--json] [--top N]` and `dtrain plan --catalog`.
+// `dtrain plan RECIPE [--set key=value]... [--json] [--top N]` and `dtrain plan --catalog
+// [--json]`.
 #include <CLI/CLI.hpp>
 #include <iostream>
 #include <memory>
@@ -6,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "core/model/model_size.h"
 #include "core/recipe/recipe.h"
@@ -39,10 +41,21 @@ void AddPlanCommand(CLI::App& app) {
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   command->add_flag("--catalog", args->catalog,
-                    "List the GPUs and networks cluster.gpu and cluster.network can name");
+                    "List the GPUs and networks cluster.gpu and cluster.network can name (as "
+                    "JSON with --json)");
   command->callback([args] {
     if (args->catalog) {
-      std::cout << CatalogText();
+      if (!args->recipe_path.empty()) {
+        Fail(absl::InvalidArgumentError(absl::StrCat(
+                 "dtrain plan --catalog lists the catalog and takes no recipe (got '",
+                 args->recipe_path, "'): run dtrain plan ", args->recipe_path, " for its plan")),
+             kExitUsage);
+      }
+      if (args->json) {
+        std::cout << CatalogJson().dump(2) << "\n";
+      } else {
+        std::cout << CatalogText();
+      }
       return;
     }
     if (args->recipe_path.empty()) {

@@ -69,19 +69,6 @@ std::string PortText(const RdmaPort& port) {
   return text;
 }
 
-const char* TransportName(Transport transport) {
-  switch (transport) {
-    case Transport::kInfiniband:
-      return "InfiniBand";
-    case Transport::kRoce:
-      return "RoCE";
-    case Transport::kSocket:
-      return "TCP sockets";
-    default:
-      return "an intra-node link";
-  }
-}
-
 std::string NetworkText(const ClusterSpec& cluster) {
   return absl::StrCat("cluster.network ", cluster.network_name, " (",
                       TransportName(cluster.network_transport), ")");

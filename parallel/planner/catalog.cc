@@ -93,6 +93,22 @@ std::string GpuNames() {
 
 }  // namespace
 
+const char* TransportName(Transport transport) {
+  switch (transport) {
+    case Transport::kNvlink:
+      return "NVLink";
+    case Transport::kPcie:
+      return "PCIe";
+    case Transport::kInfiniband:
+      return "InfiniBand";
+    case Transport::kRoce:
+      return "RoCE";
+    case Transport::kSocket:
+      return "TCP sockets";
+  }
+  return "unknown";
+}
+
 std::string CatalogText() {
   std::string out =
       "GPUs (dense peaks bf16 / TF32 / float32, memory and its bandwidth, link between the GPUs "

@@ -25,6 +25,9 @@ enum class Transport {
   kSocket,  // plain TCP sockets over Ethernet
 };
 
+// "NVLink", "PCIe", "InfiniBand", "RoCE" or "TCP sockets".
+const char* TransportName(Transport transport);
+
 struct LinkSpec {
   absl::string_view name;         // catalog key, e.g. "ib-ndr"
   absl::string_view description;  // e.g. "InfiniBand NDR 400 Gb/s, one NIC"

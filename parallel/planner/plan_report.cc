@@ -565,4 +565,28 @@ nlohmann::json PlanJson(const Plan& plan, const std::string& recipe_path, int to
   return out;
 }
 
+nlohmann::json CatalogJson() {
+  nlohmann::json gpus = nlohmann::json::array(), links = nlohmann::json::array();
+  for (const GpuSpec& gpu : GpuCatalog()) {
+    gpus.push_back({{"name", gpu.name},
+                    {"description", gpu.description},
+                    {"bf16_tflops", gpu.peak_tflops},
+                    {"tf32_tflops", gpu.tf32_tflops},
+                    {"fp32_tflops", gpu.fp32_tflops},
+                    {"memory_gib", gpu.memory_gib},
+                    {"memory_gbps", gpu.memory_gbps},
+                    {"intra_link", gpu.intra_link},
+                    {"host_gbps", gpu.host_gbps},
+                    {"dtrain_runs", gpu.cuda}});
+  }
+  for (const LinkSpec& link : LinkCatalog()) {
+    links.push_back({{"name", link.name},
+                     {"description", link.description},
+                     {"transport", TransportName(link.transport)},
+                     {"busbw_gbps", link.busbw_gbps},
+                     {"latency_us", link.latency_us}});
+  }
+  return {{"gpus", gpus}, {"links", links}};
+}
+
 }  // namespace dtrain

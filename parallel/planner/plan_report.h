@@ -52,4 +52,8 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
 // The whole plan as JSON (same content as PlanText; numbers in the units their keys name).
 nlohmann::json PlanJson(const Plan& plan, const std::string& recipe_path, int top_n);
 
+// The planner's catalog (CatalogText's content) as JSON, for `dtrain plan --catalog --json`:
+// {"gpus": [...], "links": [...]}, each figure under a key that names its unit.
+nlohmann::json CatalogJson();
+
 }  // namespace dtrain

@@ -179,6 +179,45 @@ TEST(PlanCommandTest, AModelAboveTheParameterBoundIsARecipeError) {
   EXPECT_EQ(plan.stdout_text, "");
 }
 
+// The catalog lists every GPU and link a recipe can name, as text and, with --json, as JSON
+// whose names are the ones cluster.gpu and cluster.network take; a recipe beside --catalog is an
+// error rather than ignored.
+TEST(PlanCommandTest, TheCatalogListsItsNamesAsTextAndJson) {
+  const testing::Outcome text = testing::RunDtrain("plan --catalog");
+  ASSERT_EQ(text.exit_code, 0) << text.stderr_text;
+  EXPECT_THAT(text.stdout_text, HasSubstr("h100-sxm"));
+  EXPECT_THAT(text.stdout_text, HasSubstr("ib-ndr"));
+
+  const testing::Outcome json = testing::RunDtrain("plan --catalog --json");
+  ASSERT_EQ(json.exit_code, 0) << json.stderr_text;
+  const nlohmann::json catalog = nlohmann::json::parse(json.stdout_text);
+  ASSERT_TRUE(catalog["gpus"].is_array());
+  ASSERT_TRUE(catalog["links"].is_array());
+  bool h100 = false, ndr = false;
+  for (const nlohmann::json& gpu : catalog["gpus"]) {
+    EXPECT_THAT(text.stdout_text, HasSubstr(gpu["name"].get<std::string>()));
+    if (gpu["name"] == "h100-sxm") {
+      h100 = true;
+      EXPECT_EQ(gpu["bf16_tflops"], 989) << gpu;
+      EXPECT_EQ(gpu["dtrain_runs"], true);
+    }
+  }
+  for (const nlohmann::json& link : catalog["links"]) {
+    EXPECT_THAT(text.stdout_text, HasSubstr(link["name"].get<std::string>()));
+    if (link["name"] == "ib-ndr") {
+      ndr = true;
+      EXPECT_EQ(link["transport"], "InfiniBand");
+    }
+  }
+  EXPECT_TRUE(h100 && ndr) << json.stdout_text;
+
+  const testing::Outcome with_recipe =
+      testing::RunDtrain(absl::StrCat("plan --catalog ", DTRAIN_SOURCE_DIR, "/configs/tiny.yaml"));
+  EXPECT_EQ(with_recipe.exit_code, 2);
+  EXPECT_THAT(with_recipe.stderr_text, HasSubstr("takes no recipe"));
+  EXPECT_EQ(with_recipe.stdout_text, "");
+}
+
 // A pipeline's recipe lines keep the recipe's schedule where the trainer runs it: gpt2-1.5b's 8
 // sequences on 8 nodes pipeline the GPUs that replicas cannot use.
 TEST(PlanCommandTest, PipelinesKeepTheRecipesSchedule) {

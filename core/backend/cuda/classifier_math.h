@@ -4,12 +4,14 @@
 // (core/backend/cpu/classifier.h) with fp32 sums instead of double:
 //   max = max_j x_j,  sum = sum_j exp(x_j - max),  loss = max + log(sum) - x_target,
 //   dlogit_j = exp(x_j - max) * (grad_scale / sum) - (j == target ? grad_scale : 0),
-// loss and dlogits 0 for a row whose target is < 0 (ignored). Thread t takes the row's 16-byte
-// packs (pack_math.h) t, t + kThreads, ...: one pass over the logits finds max and sum together
-// (online softmax: a thread's sum is rescaled when its max grows), a second writes the gradient.
-// Each logit is read and written by the one thread whose pack holds it, so the target's logit is
-// read by its owner before that thread overwrites it. exp is the CPU's polynomial (cpu::Exp); log
-// is the platform's logf, within 1 ulp of the host's.
+// loss and dlogits 0 for a row whose target is < 0 (ignored). The block's threads take the row's
+// 16-byte packs in turn (RowPacks): one pass over the logits finds max and sum together (online
+// softmax: a thread's sum is rescaled when a pack raises its max), a second writes the gradient.
+// The first pass walks a thread's packs from the last, so that the second starts on the packs
+// read most recently, which a chunk's logits larger than the L2 cache may still hold there (as
+// llm.c's classifier does). Each logit is read and written by the one thread whose pack holds it,
+// so the target's logit is read by its owner before that thread overwrites it. exp is the CPU's
+// polynomial (cpu::Exp); log is the platform's logf, within 1 ulp of the host's.
 #pragma once
 
 #include <cfloat>
@@ -25,6 +27,56 @@
 
 namespace dtrain::cuda {
 
+// Threads per block of the classifier's kernels, a block per row: GPT-2's 50,257 logits are
+// about 25 packs a thread in bf16, and a chunk of 640 rows (ClassifierChunkRows) is resident at
+// once on an H100 (4-5 blocks on each of its 132 SMs of 2,048 threads).
+inline constexpr int kClassifierThreads = 256;
+
+// A row of n values in 16-byte packs (pack_math.h) that start on 16-byte boundaries wherever the
+// row starts: the first pack begins `skew` values before the row (0 when the row is aligned, as
+// the fused classifier's padded rows are; a rank's vocabulary-parallel rows follow each other
+// unpadded), so every pack but the first and last is one vector load. Thread t of the block's
+// kThreads takes packs t, t + kThreads, ...; a pack's first index i may be negative, and only its
+// values in [0, n) belong to the row.
+template <typename T, int kThreads>
+struct RowPacks {
+  static constexpr int64_t kStride = int64_t{kThreads} * kPackSize<T>;
+
+  DTRAIN_HD RowPacks(const T* row, int64_t n)
+      : n(n), skew(static_cast<int64_t>(reinterpret_cast<uintptr_t>(row) % 16 / sizeof(T))) {}
+  // The first index of thread t's first pack, and of its last (First - kStride when it has none).
+  DTRAIN_HD int64_t First(int t) const { return int64_t{t} * kPackSize<T> - skew; }
+  DTRAIN_HD int64_t Last(int t) const {
+    return First(t) < n ? First(t) + (n - 1 - First(t)) / kStride * kStride : First(t) - kStride;
+  }
+  // The thread whose pack holds value j of the row.
+  DTRAIN_HD int Owner(int64_t j) const {
+    return static_cast<int>((j + skew) / kPackSize<T> % kThreads);
+  }
+  DTRAIN_HD bool Holds(int64_t i, int k) const { return i + k >= 0 && i + k < n; }
+
+  // The pack at i, values outside the row left as `fill`, and the values of `pack` in the row
+  // stored back.
+  DTRAIN_HD Pack<T> Load(const T* row, int64_t i, T fill) const {
+    if (i >= 0) return LoadPack(row, static_cast<size_t>(i), static_cast<size_t>(n), fill);
+    Pack<T> pack;
+    for (int k = 0; k < kPackSize<T>; ++k) pack.values[k] = Holds(i, k) ? row[i + k] : fill;
+    return pack;
+  }
+  DTRAIN_HD void Store(T* row, int64_t i, const Pack<T>& pack) const {
+    if (i >= 0) {
+      StorePack(row, static_cast<size_t>(i), static_cast<size_t>(n), pack);
+      return;
+    }
+    for (int k = 0; k < kPackSize<T>; ++k) {
+      if (Holds(i, k)) row[i + k] = pack.values[k];
+    }
+  }
+
+  int64_t n;
+  int64_t skew;
+};
+
 // A partial softmax: the largest logit seen and the sum of exp(logit - max) over those seen.
 // The empty state's max is the lowest finite float, not -inf, so that combining two empty
 // states computes exp(0) * 0 rather than exp(NaN).
@@ -33,9 +85,23 @@ struct SoftmaxState {
   float sum = 0;
 };
 
-DTRAIN_HD inline SoftmaxState AddLogit(SoftmaxState state, float x) {
-  if (x > state.max) return {x, state.sum * cpu::Exp(state.max - x) + 1.0f};
-  return {state.max, state.sum + cpu::Exp(x - state.max)};
+// The state with the row's values of the pack at i added: the pack's largest value first, so
+// the sum is rescaled at most once a pack and the lanes of a warp take the same branches.
+template <typename T, int kThreads>
+DTRAIN_HD SoftmaxState AddPack(SoftmaxState state, const Pack<T>& pack,
+                               const RowPacks<T, kThreads>& packs, int64_t i) {
+  float max = state.max;
+  DTRAIN_UNROLL
+  for (int k = 0; k < kPackSize<T>; ++k) {
+    const float x = ToFloat(pack.values[k]);
+    if (packs.Holds(i, k) && x > max) max = x;
+  }
+  float sum = max > state.max ? state.sum * cpu::Exp(state.max - max) : state.sum;
+  DTRAIN_UNROLL
+  for (int k = 0; k < kPackSize<T>; ++k) {
+    if (packs.Holds(i, k)) sum += cpu::Exp(ToFloat(pack.values[k]) - max);
+  }
+  return {max, sum};
 }
 
 struct CombineSoftmax {
@@ -45,86 +111,69 @@ struct CombineSoftmax {
   }
 };
 
-// Threads per block of the classifier's kernels, a block per row: GPT-2's 50,257 logits are
-// about 25 packs a thread in bf16, and a chunk of 640 rows (ClassifierChunkRows) is resident at
-// once on an H100 (4-5 blocks on each of its 132 SMs of 2,048 threads).
-inline constexpr int kClassifierThreads = 256;
-
-// The first value of each of the calling thread's packs in a row of v values:
-// for (size_t i = FirstPack<T>(block); i < v; i += kPackStride<T, kThreads>).
-template <typename T, typename Block>
-DTRAIN_HD size_t FirstPack(const Block& block) {
-  return static_cast<size_t>(block.thread()) * kPackSize<T>;
-}
-template <typename T, int kThreads>
-inline constexpr size_t kPackStride = static_cast<size_t>(kThreads) * kPackSize<T>;
-
-// The thread of a block of kThreads whose pack holds value j.
-template <typename T, int kThreads>
-DTRAIN_HD int PackOwner(int64_t j) {
-  return static_cast<int>(j / kPackSize<T> % kThreads);
-}
-
-// One row: logits (V, 16-byte aligned for whole-pack loads) become dlogits when write_gradient;
-// *loss = the row's -log p(target). shared: kThreads / kWarpSize states.
+// One row: logits (V) become dlogits when write_gradient; *loss = the row's -log p(target).
+// shared: kThreads / kWarpSize states.
 template <int kThreads, typename Block, typename T>
 DTRAIN_HD void ClassifierRow(const Block& block, SoftmaxState* shared, T* logits, float* loss,
                              int32_t target, int v, float grad_scale, bool write_gradient) {
-  constexpr int kP = kPackSize<T>;
-  const size_t n = static_cast<size_t>(v);
+  const RowPacks<T, kThreads> packs(logits, v);
+  const int t = block.thread();
   SoftmaxState state;
   float target_logit = 0.0f;  // read by the target's owner
-  for (size_t i = FirstPack<T>(block); i < n; i += kPackStride<T, kThreads>) {
-    const Pack<T> pack = LoadPack(logits, i, n, T{});
-    for (int k = 0; k < kP && i + k < n; ++k) {
-      const float x = ToFloat(pack.values[k]);
-      state = AddLogit(state, x);
-      if (static_cast<int64_t>(i) + k == target) target_logit = x;
+  for (int64_t i = packs.Last(t); i >= packs.First(t); i -= packs.kStride) {
+    const Pack<T> pack = packs.Load(logits, i, T{});
+    state = AddPack(state, pack, packs, i);
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {  // constant indices keep the pack in registers
+      if (target >= 0 && i + k == target) target_logit = ToFloat(pack.values[k]);
     }
   }
   state = BlockButterfly<kThreads>(block, shared, state, CombineSoftmax{});
-  if (target >= 0 && PackOwner<T, kThreads>(target) == block.thread()) {
+  if (target >= 0 && packs.Owner(target) == t) {
     *loss = state.max + std::log(state.sum) - target_logit;
   }
-  if (target < 0 && block.thread() == 0) *loss = 0.0f;
+  if (target < 0 && t == 0) *loss = 0.0f;
   if (!write_gradient) return;
   const float factor = target >= 0 ? grad_scale / state.sum : 0.0f;
-  for (size_t i = FirstPack<T>(block); i < n; i += kPackStride<T, kThreads>) {
-    Pack<T> pack = LoadPack(logits, i, n, T{});
-    for (int k = 0; k < kP; ++k) {
+  for (int64_t i = packs.First(t); i < v; i += packs.kStride) {
+    Pack<T> pack = packs.Load(logits, i, T{});
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {
       float dlogit = cpu::Exp(ToFloat(pack.values[k]) - state.max) * factor;
-      if (static_cast<int64_t>(i) + k == target) dlogit -= grad_scale;
+      if (i + k == target) dlogit -= grad_scale;
       pack.values[k] = FromFloat<T>(dlogit);
     }
-    StorePack(logits, i, n, pack);  // the values past v are not stored
+    packs.Store(logits, i, pack);  // the values outside the row are not stored
   }
 }
 
 // The vocabulary-parallel classifier's phases (Backend::ClassifierRowMax, ClassifierExpSums,
 // ClassifierLossSum, ClassifierLogitsBackward): a rank's v logits of a row (its vocabulary rows
-// [vocab_begin, vocab_begin + v); v may be 0), one block per row as the fused classifier's, the
-// CPU backend's arithmetic with fp32 sums instead of double. A row starts where the one before it
-// ends, so its packs are whole-pack loads only where v keeps them 16-byte aligned. shared:
+// [vocab_begin, vocab_begin + v); v may be 0), one block per row in RowPacks as the fused
+// classifier's, the CPU backend's arithmetic with fp32 sums instead of double. shared:
 // kThreads / kWarpSize floats.
 
 struct MaxOfFloats {
   DTRAIN_HD float operator()(float a, float b) const { return a > b ? a : b; }
 };
 
-// *max = the row's largest logit (-inf when v = 0).
+// *max = the row's largest logit (-inf when v = 0). A thread walks its packs from the last, as
+// the fused classifier's first pass, for VocabRowExpSum's reads after it.
 template <int kThreads, typename Block, typename T>
 DTRAIN_HD void VocabRowMax(const Block& block, float* shared, const T* logits, float* max, int v) {
-  const size_t n = static_cast<size_t>(v);
+  const RowPacks<T, kThreads> packs(logits, v);
+  const int t = block.thread();
   float partial = -INFINITY;
-  for (size_t i = FirstPack<T>(block); i < n; i += kPackStride<T, kThreads>) {
-    const Pack<T> pack = LoadPack(logits, i, n, T{});
-    for (int k = 0; k < kPackSize<T> && i + k < n; ++k) {
+  for (int64_t i = packs.Last(t); i >= packs.First(t); i -= packs.kStride) {
+    const Pack<T> pack = packs.Load(logits, i, T{});
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {
       const float x = ToFloat(pack.values[k]);
-      partial = x > partial ? x : partial;
+      if (packs.Holds(i, k) && x > partial) partial = x;
     }
   }
   partial = BlockButterfly<kThreads>(block, shared, partial, MaxOfFloats{});
-  if (block.thread() == 0) *max = partial;
+  if (t == 0) *max = partial;
 }
 
 // The logits become exp(logit - max); *sum = their sum; *target_logit = the target's logit where
@@ -133,24 +182,27 @@ template <int kThreads, typename Block, typename T>
 DTRAIN_HD void VocabRowExpSum(const Block& block, float* shared, T* logits, float* sum,
                               float* target_logit, float max, int32_t target, int v,
                               int vocab_begin) {
-  const size_t n = static_cast<size_t>(v);
-  const int64_t local = target >= 0 ? static_cast<int64_t>(target) - vocab_begin : -1;
+  const RowPacks<T, kThreads> packs(logits, v);
+  const int t = block.thread();
+  const int64_t local = target >= 0 ? int64_t{target} - vocab_begin : -1;
   const bool held = local >= 0 && local < v;
-  if (!held && block.thread() == 0) *target_logit = 0.0f;
+  if (!held && t == 0) *target_logit = 0.0f;
   float partial = 0.0f;
-  for (size_t i = FirstPack<T>(block); i < n; i += kPackStride<T, kThreads>) {
-    Pack<T> pack = LoadPack(logits, i, n, T{});
-    for (int k = 0; k < kPackSize<T> && i + k < n; ++k) {
+  for (int64_t i = packs.First(t); i < v; i += packs.kStride) {
+    Pack<T> pack = packs.Load(logits, i, T{});
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {
+      if (!packs.Holds(i, k)) continue;
       const float x = ToFloat(pack.values[k]);
-      if (static_cast<int64_t>(i) + k == local) *target_logit = x;
+      if (i + k == local) *target_logit = x;
       const float e = cpu::Exp(x - max);
       pack.values[k] = FromFloat<T>(e);
       partial += e;
     }
-    StorePack(logits, i, n, pack);
+    packs.Store(logits, i, pack);
   }
   partial = BlockButterfly<kThreads>(block, shared, partial, AddFloats{});
-  if (block.thread() == 0) *sum = partial;
+  if (t == 0) *sum = partial;
 }
 
 // A row's loss from its statistics combined over the ranks: max + log(sum) - target logit, 0
@@ -164,20 +216,21 @@ DTRAIN_HD inline float VocabRowLoss(float max, float sum, float target_logit, in
 template <int kThreads, typename Block, typename T>
 DTRAIN_HD void VocabRowLogitsBackward(const Block& block, T* logits, float sum, int32_t target,
                                       int v, int vocab_begin, float grad_scale) {
-  const size_t n = static_cast<size_t>(v);
+  const RowPacks<T, kThreads> packs(logits, v);
   const bool ignored = target < 0;
   const float factor =
       ignored ? 0.0f
               : static_cast<float>(static_cast<double>(grad_scale) / static_cast<double>(sum));
-  const int64_t local = ignored ? -1 : static_cast<int64_t>(target) - vocab_begin;
-  for (size_t i = FirstPack<T>(block); i < n; i += kPackStride<T, kThreads>) {
-    Pack<T> pack = LoadPack(logits, i, n, T{});
+  const int64_t local = ignored ? -1 : int64_t{target} - vocab_begin;
+  for (int64_t i = packs.First(block.thread()); i < v; i += packs.kStride) {
+    Pack<T> pack = packs.Load(logits, i, T{});
+    DTRAIN_UNROLL
     for (int k = 0; k < kPackSize<T>; ++k) {
       float dlogit = ToFloat(pack.values[k]) * factor;
-      if (static_cast<int64_t>(i) + k == local) dlogit -= grad_scale;
+      if (i + k == local) dlogit -= grad_scale;
       pack.values[k] = FromFloat<T>(dlogit);
     }
-    StorePack(logits, i, n, pack);
+    packs.Store(logits, i, pack);
   }
 }
 

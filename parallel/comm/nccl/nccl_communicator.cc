@@ -218,6 +218,24 @@ absl::StatusOr<ncclUniqueId> MeetForId(Store& store, const std::string& prefix, 
   return id;
 }
 
+// Without stream-ordered memory pools (cudaDevAttrMemoryPoolsSupported 0: some virtualised
+// GPUs), the backend frees with cudaFree, which waits for every stream of the GPU: a pipeline
+// stage freeing a buffer while its own receive is posted would wait for a send that comes only
+// after its next output. One GPU alone trains there; NCCL groups are refused.
+absl::Status CheckMemoryPools(const std::string& what) {
+  int device = 0, pools = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
+  if (e != cudaSuccess) return CudaStatus(e, "cudaDeviceGetAttribute");
+  if (pools != 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s: GPU %d has no stream-ordered memory pool (cudaDevAttrMemoryPoolsSupported is 0, as on "
+      "some virtualised GPUs), which dtrain's NCCL groups need so that freeing a buffer never "
+      "waits for the whole GPU; train on one such GPU alone, or on GPUs whose driver has memory "
+      "pools",
+      what, device));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
@@ -228,6 +246,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
                         options.rank, options.size));
   }
   const std::string what = absl::StrCat("communicator '", options.name, "'");
+  RETURN_IF_ERROR(CheckMemoryPools(what));
   ASSIGN_OR_RETURN(const ncclUniqueId id,
                    MeetForId(*store, options.key_prefix + "nccl_", options.rank, options.size,
                              options.timeout, what));
@@ -341,13 +360,14 @@ absl::Status NcclCommunicator::ConnectPairs(Store& store) {
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  cudaFreeAsync(barrier_scalar_, stream_);
   // A kernel nobody waited for (a failure unwinding) may never end: the group is aborted then.
   const absl::Time deadline = absl::Now() + options_.timeout;
   for (cudaStream_t stream : streams_) {
     if (!FinishesBy(stream, deadline)) comms_->Abort();
     cudaStreamSynchronize(stream);
   }
+  // After every stream's work: the pairs' warm-up values crossed in it.
+  cudaFreeAsync(barrier_scalar_, stream_);
   comms_->Destroy();
   for (cudaStream_t stream : streams_) cudaStreamDestroy(stream);
 }
@@ -371,6 +391,9 @@ std::unique_ptr<Work> NcclCommunicator::Finish(absl::string_view op_name, ncclRe
         absl::StrCat(description,
                      ": the group's communicators were aborted after an operation failed or "
                      "timed out"));
+    // Enqueued before the abort, the operation's kernel ends with it; its buffers are free once
+    // the stream passes it.
+    if (enqueued == ncclSuccess) cudaStreamSynchronize(streams_[link]);
   } else if (enqueued != ncclSuccess) {
     status = absl::UnavailableError(
         absl::StrCat(description, " failed to start: ", ncclGetErrorString(enqueued)));
