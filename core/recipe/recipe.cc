@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <string>
@@ -22,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -1162,8 +1164,6 @@ class Parser {
                                              nearest, " (the nearest sizes that fit)"));
   }
 
-  // The pipeline keys against the model and the batch (parallel/pipeline/schedule.h builds the
-  // schedules; the names are the key table's).
   // Keys the recipe sets to other than their defaults that another key makes moot (a webdataset
   // key with data.format text): a warning each, naming what makes it so, since the run goes on
   // without them.
@@ -1200,6 +1200,38 @@ class Parser {
     warn("train.min_lr", r.train.schedule == "constant", "with train.schedule constant");
   }
 
+  // A path that starts with '~' names a folder called '~': only a shell expands it, and neither
+  // the recipe nor a --set value (a shell expands '~' only at the start of a word) goes through
+  // one.
+  absl::Status CheckNoTildePaths(const Recipe& r) const {
+    std::vector<std::pair<absl::string_view, absl::string_view>> paths = {
+        {"run.out_dir", r.run.out_dir},
+        {"data.tokenizer", r.data.tokenizer},
+        {"data.shards", r.data.shards},
+        {"data.val_shards", r.data.val_shards},
+        {"train.init_from", r.train.init_from},
+        {"train.export_to", r.train.export_to},
+        {"checkpoint.dir", r.checkpoint.dir},
+        {"checkpoint.resume", r.checkpoint.resume},
+        {"logging.metrics_file", r.logging.metrics_file}};
+    for (const std::string& file : r.data.train) paths.push_back({"data.train", file});
+    for (const std::string& file : r.data.val) paths.push_back({"data.val", file});
+    for (const auto& [key, path] : paths) {
+      if (!absl::StartsWith(path, "~")) continue;
+      const char* home = std::getenv("HOME");
+      const std::string fix = home != nullptr && absl::StartsWith(path, "~/")
+                                  ? absl::StrCat("write ", home, path.substr(1))
+                                  : "write the full path";
+      return Error(key, absl::StrCat("'", path,
+                                     "' starts with '~', which only a shell expands (dtrain "
+                                     "would make a folder named '~'); ",
+                                     fix));
+    }
+    return absl::OkStatus();
+  }
+
+  // The pipeline keys against the model and the batch (parallel/pipeline/schedule.h builds the
+  // schedules; the names are the key table's).
   absl::Status CheckPipeline(const Recipe& r) const {
     const ParallelSection& p = r.parallel;
     const int n_layer = r.model.n_layer;
@@ -1375,6 +1407,7 @@ class Parser {
                        absl::StrJoin(batches, " or "), ", or train.micro_batch: ", micros, ")"));
     }
     RETURN_IF_ERROR(CheckPipeline(r));
+    RETURN_IF_ERROR(CheckNoTildePaths(r));
     WarnOfKeysWithoutEffect(r);
     if (r.train.seq_len > m.max_seq_len) {
       return Error("train.seq_len",

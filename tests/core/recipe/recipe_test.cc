@@ -1,5 +1,6 @@
 #include "core/recipe/recipe.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -695,6 +696,24 @@ void ExpectSameValues(const Recipe& a, const Recipe& b) {
   Recipe a_copy = a, b_copy = b;
   a_copy.source_path = b_copy.source_path = "";
   EXPECT_EQ(ResolvedRecipeYaml(a_copy), ResolvedRecipeYaml(b_copy));
+}
+
+// A path that starts with '~' is refused, naming the key and, for ~/, the path under $HOME
+// (only a shell expands '~'; dtrain made a folder named '~'). A '~' inside a path is a name.
+TEST(RecipeTest, APathStartingWithATildeIsRefused) {
+  const char* home = std::getenv("HOME");
+  const std::string error = ErrorOf(kMinimal, {"run.out_dir=~/runs"});
+  EXPECT_THAT(error, AllOf(HasSubstr("--set run.out_dir=~/runs"),
+                           HasSubstr("starts with '~', which only a shell expands")));
+  if (home != nullptr) {
+    EXPECT_THAT(error, HasSubstr(absl::StrCat("write ", home, "/runs")));
+  }
+  EXPECT_THAT(ErrorOf("data:\n  train: [a.txt, '~/b.txt']\n"),
+              HasSubstr("data.train at t.yaml:2:10"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"checkpoint.dir=~other/ckpt"}),
+              AllOf(HasSubstr("checkpoint.dir"), HasSubstr("write the full path")));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.init_from=~/gpt2"}), HasSubstr("train.init_from"));
+  EXPECT_EQ(ErrorOf(kMinimal, {"run.out_dir=runs/~x"}), "");
 }
 
 TEST(RecipeTest, ResolvedYamlRoundTrips) {
