@@ -72,9 +72,8 @@ void AddCkptCommand(CLI::App& app) {
       // A wrong path or option fails the same way again, as does a file error that asks for its
       // own exit code (a full disk: 3); a damaged checkpoint is the data's.
       const absl::Status& status = exported.status();
-      Fail(status, ExitCodeOf(status).value_or(
-                       absl::IsInvalidArgument(status) || absl::IsNotFound(status) ? kExitUsage
-                                                                                   : kExitFailure));
+      Fail(status, absl::IsInvalidArgument(status) || absl::IsNotFound(status) ? kExitUsage
+                                                                               : kExitFailure);
     }
     std::cout << "wrote " << export_args->out << " (" << export_args->format << ") from "
               << *exported << "\n";
@@ -96,7 +95,7 @@ void AddCkptCommand(CLI::App& app) {
       ->check(Positive());
   bench->callback([bench_args] {
     absl::StatusOr<std::string> line = BenchCheckpointIo(bench_args->dir, bench_args->values);
-    if (!line.ok()) Fail(line.status(), ExitCodeOf(line.status()).value_or(kExitFailure));
+    if (!line.ok()) Fail(line.status(), kExitFailure);
     std::cout << *line << "\n";
   });
 }

@@ -45,7 +45,8 @@ absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
 // hosts only with the job's shared secret, and they would wait out their timeout.
 absl::Status CheckCrossNodeToken(const WorldEnvironment& world);
 
-// Prints "error: <message>" to stderr and ends the command with `exit_code`.
+// Prints "error: <message>" to stderr and ends the command with the exit code the status asks
+// for (ExitCodeOf: a file error that a restart would meet again), else `exit_code`.
 [[noreturn]] void Fail(const absl::Status& status, int exit_code);
 
 }  // namespace dtrain::cli

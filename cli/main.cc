@@ -19,6 +19,7 @@
 #include "core/data/datasets.h"
 #include "core/model/model_size.h"
 #include "core/optim/adamw.h"
+#include "core/util/exit_codes.h"
 #include "core/util/names.h"
 #include "core/util/status.h"
 #include "embedded_tiny_recipe.h"
@@ -83,7 +84,7 @@ absl::Status CheckCrossNodeToken(const WorldEnvironment& world) {
 void Fail(const absl::Status& status, int exit_code) {
   // One write: a process stopped while it prints (another rank failed first) leaves no half line.
   std::cerr << absl::StrCat("error: ", status.message(), "\n");
-  throw CLI::RuntimeError(exit_code);
+  throw CLI::RuntimeError(ExitCodeOf(status).value_or(exit_code));
 }
 
 namespace {

@@ -62,7 +62,7 @@ void AddTrainCommand(CLI::App& app) {
     }
     const absl::StatusOr<TrainingEnd> end = RunTraining(*recipe, *world);
     // A failure a restart would repeat (a full disk) asks for its own exit code.
-    if (!end.ok()) Fail(end.status(), ExitCodeOf(end.status()).value_or(kExitFailure));
+    if (!end.ok()) Fail(end.status(), kExitFailure);
     if (*end == TrainingEnd::kStopped) throw CLI::RuntimeError(kExitStopped);
   });
 }

@@ -25,6 +25,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "core/util/exit_codes.h"
+#include "core/util/files.h"
 #include "core/util/host_name.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
@@ -571,9 +572,8 @@ absl::Status Agent::StartWorkers(int attempt) {
       const std::string path = absl::StrCat(options_.log_dir, "/rank-", worker.rank, ".log");
       worker.log_fd = UniqueFd(open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
       if (!worker.log_fd.valid()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("cannot write the worker log ", path, ": ", strerror(errno),
-                         "; point --log-dir at a writable folder"));
+        return FileError(errno, absl::StrCat("write the worker log ", path),
+                         "point --log-dir at a writable folder");
       }
       // The log holds every attempt of the rank, whose lines carry only the time of day.
       const std::string header = absl::StrCat(

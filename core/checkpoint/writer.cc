@@ -267,7 +267,14 @@ absl::Status CheckCheckpointFolder(const std::string& dir, int rank, int64_t las
   };
   std::error_code error;
   fs::create_directories(dir, error);
-  if (error) return unusable(absl::StrCat("cannot create it: ", error.message()), error.value());
+  if (error) {
+    absl::Status status =
+        unusable(absl::StrCat("cannot create it: ", error.message()), error.value());
+    // Its parents created first, a folder the file system still says does not exist is one it
+    // cannot hold (under /proc): no restart creates it either.
+    if (error.value() == ENOENT) SetExitCode(status, kExitUsage);
+    return status;
+  }
   // A save's paths are longer than the probe's: their length is checked here, not found too long
   // at the first save, after the training.
   const std::string longest = LongestSavePath(dir, last_step, rank);

@@ -111,8 +111,8 @@ absl::StatusOr<ShardWriter> OpenShards(const std::string& out_dir, int64_t shard
   std::error_code error;
   std::filesystem::create_directories(out_dir, error);
   if (error) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create ", out_dir, ": ", error.message()));
+    return FileError(error.value(), absl::StrCat("create the folder ", out_dir),
+                     "point --out at a folder to create or an empty one");
   }
   int existing = 0;
   for (const auto& entry : std::filesystem::directory_iterator(out_dir, error)) {

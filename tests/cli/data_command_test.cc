@@ -238,6 +238,16 @@ TEST(DataCommandTest, PackLeavesOutEmptyDocumentsAndRefusesNoText) {
   EXPECT_THAT(none.stderr_text, HasSubstr("the inputs hold no text to pack (1 empty documents)"));
 }
 
+// An --out that names a file is a usage error (exit 2, as other paths that can never be written).
+TEST(DataCommandTest, PackToAFileIsAUsageError) {
+  const std::string file = testing::WriteTempFile("pack_out_file", "x");
+  const Outcome pack = RunDtrain(absl::StrCat(
+      "data pack ", testing::WriteTempFile("pack_to_file.txt", "abc"), " --out ", file));
+  EXPECT_EQ(pack.exit_code, 2) << pack.stderr_text;
+  EXPECT_THAT(pack.stderr_text, HasSubstr(absl::StrCat("create the folder ", file,
+                                                       ": Not a directory; point --out at")));
+}
+
 // Inputs whose bytes nobody means to train on as text are refused, naming the fix: a gzip archive
 // (its compressed bytes became tokens), JSON lines in a .json file (one document, braces and keys
 // included), a line of a .jsonl file that is not JSON. JSON lines in .JSONL are JSON lines.

@@ -276,6 +276,11 @@ TEST(TrainTest, AnUnwritableCheckpointFolderFailsBeforeTraining) {
                                                       "/checkpoints cannot hold this run's "
                                                       "checkpoints: cannot create it")));
   EXPECT_THAT(run.stderr_text, ::testing::Not(HasSubstr("step 1/")));
+  // A file system that makes no folder and says none exists (ENOENT, under /proc) is one too.
+  const testing::Outcome proc =
+      Train(RunDir("ckpt_dir_proc"), "--set checkpoint.dir=/proc/dtrain-checkpoints");
+  EXPECT_EQ(proc.exit_code, kExitUsage) << proc.stderr_text;
+  EXPECT_THAT(proc.stderr_text, HasSubstr("checkpoint.dir /proc/dtrain-checkpoints cannot hold"));
 }
 
 // A run folder another process is training in is refused before anything of it is read or

@@ -510,6 +510,18 @@ TEST(AgentTest, LogDirHoldsOneFilePerRank) {
   EXPECT_THAT(text1, Not(HasSubstr("step 3/3")));
 }
 
+// A --log-dir where no file can be written is a usage error (exit 2), which no restart mends.
+TEST(AgentTest, AnUnwritableLogDirIsAUsageError) {
+  const std::string out = OutDir("bad_logs");
+  const std::string file = out + "/file";
+  std::filesystem::create_directories(out);
+  std::ofstream(file) << "x";
+  Launch launch({Recipe("bad_logs", 3), "--nproc-per-node=1", "--log-dir=" + file + "/logs",
+                 "--set", "run.out_dir=" + out});
+  EXPECT_EQ(launch.Wait(absl::Seconds(120)), 2) << launch.output();
+  EXPECT_THAT(launch.output(), HasSubstr("point --log-dir at a writable folder"));
+}
+
 // Rank 1 of a two-worker launch gets `signal` mid-training: the launch exits 1 with rank 1 as the
 // root cause, its report saying each of `causes`, and leaves no worker alive.
 // A launch of `nproc` workers on one node, with `sets`; once 2 steps are logged, rank `rank` gets
