@@ -75,8 +75,7 @@ void AddPlanCommand(CLI::App& app) {
     SearchOptions options;
     options.pp_schedules = TrainerLayouts(cluster->gpus_per_node).pp_schedules;
     options = WithRecipeSettings(*recipe, options);
-    absl::StatusOr<Plan> plan =
-        SearchLayouts(WorkloadFromRecipe(*recipe, Precision::OnGpus(*recipe)), *cluster, options);
+    absl::StatusOr<Plan> plan = SearchLayouts(GpuWorkloadFromRecipe(*recipe), *cluster, options);
     if (!plan.ok()) Fail(plan.status(), kExitUsage);
     plan->recipe_layout = RecipeLayout(*recipe, cluster->world_size());
     if (args->json) {

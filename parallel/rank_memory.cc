@@ -42,9 +42,10 @@ RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
   memory.parameter_bytes = state.param_bytes;
   memory.gradient_bytes = state.grad_bytes;
   memory.optimizer_bytes = state.optimizer_bytes;
-  memory.activation_bytes = StageActivationBytes(
-      config, recipe.train.micro_batch, recipe.train.seq_len, recompute, slice,
-      recipe.parallel.sequence_parallel, activation_slots, precision.activation_bytes);
+  memory.activation_bytes =
+      StageActivationBytes(config, recipe.train.micro_batch, recipe.train.seq_len, recompute, slice,
+                           recipe.parallel.sequence_parallel, activation_slots,
+                           precision.activation_bytes, recipe.run.device == "cuda");
   memory.buffer_bytes =
       EstimateStepBuffers(table, strategy, dp_size, recipe.parallel.pp > 1).total_bytes();
   return memory;

@@ -227,17 +227,28 @@ class Backend {
 };
 
 // Rows of logits a classifier computes at once for a vocabulary (or a rank's vocabulary slot) of
-// v columns, so that the (N, V) matrix never exists whole: as many as fit in 128 MiB of float32
-// logits, a multiple of 64 and at least 128, since the weight-gradient GEMM, whose inner
-// dimension is the chunk, runs at half speed with 128 rows and near peak from about 512
-// (measured with OpenBLAS at V = 50257, C = 768). Every backend's fused kernel and the model's
-// vocabulary-parallel phases cut N into chunks of these rows, and the memory estimates count
-// one chunk: a function of v only, so every tensor-parallel rank cuts alike.
-inline int ClassifierChunkRows(int v) {
-  constexpr size_t kBudgetValues = (size_t{128} << 20) / sizeof(float);
-  const size_t rows = kBudgetValues / static_cast<size_t>(std::max(v, 1));
+// v columns, so that the (N, V) matrix never exists whole: as many as fit in `budget_bytes` of
+// logits of `value_bytes` each, a multiple of 64 and at least 128, since the weight-gradient GEMM,
+// whose inner dimension is the chunk, runs at half speed with 128 rows and near peak from about
+// 512 (measured with OpenBLAS at V = 50257, C = 768). The default, 128 MiB of float32, is the CPU
+// backend's fused classifier's and every backend's vocabulary-parallel phases' (a function of v
+// only, so every tensor-parallel rank cuts alike); GpuClassifierChunkRows is the CUDA backend's
+// fused classifier's. The memory estimates count one chunk.
+inline constexpr size_t kClassifierChunkBytes = size_t{128} << 20;
+inline int ClassifierChunkRows(int v, size_t budget_bytes = kClassifierChunkBytes,
+                               size_t value_bytes = sizeof(float)) {
+  const size_t rows = budget_bytes / value_bytes / static_cast<size_t>(std::max(v, 1));
   if (rows >= (size_t{1} << 30)) return 1 << 30;
   return std::max(128, static_cast<int>(rows / 64 * 64));
+}
+
+// On a GPU, 1 GiB of logits in their own type: each chunk's weight-gradient GEMM reads and writes
+// the whole float32 gradient of the head (154 MB for GPT-2 124M), so 128 MiB chunks (640 rows)
+// moved 8 GB a step of 16 x 1024 tokens; at 1 GiB of bf16 they are 10,624 rows and move 0.6 GB
+// (llm.c computes every row at once).
+inline constexpr size_t kGpuClassifierChunkBytes = size_t{1} << 30;
+inline int GpuClassifierChunkRows(int v, size_t value_bytes) {
+  return ClassifierChunkRows(v, kGpuClassifierChunkBytes, value_bytes);
 }
 
 // A scalar of the kind above, one double in `backend`'s memory: its value (waiting for the

@@ -119,12 +119,16 @@ absl::string_view StrategyName(Strategy strategy) {
   return "?";
 }
 
-Precision Precision::OnGpus(const Recipe& recipe) {
-  return Trainer(recipe.run.precision != "fp32");
+Workload GpuWorkloadFromRecipe(const Recipe& recipe) {
+  Workload workload =
+      WorkloadFromRecipe(recipe, Precision::Trainer(recipe.run.precision != "fp32"));
+  workload.on_gpus = true;
+  return workload;
 }
 
 Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision) {
   Workload workload;
+  workload.on_gpus = recipe.run.device == "cuda";
   workload.model = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   workload.batch_size = recipe.train.batch_size;
   workload.seq_len = recipe.train.seq_len;
@@ -175,17 +179,18 @@ MemoryEstimate ModelStateBytes(Strategy strategy, double params, int dp, const P
 
 double StageActivationBytes(const ModelConfig& model, int micro_batch, int seq_len,
                             Recompute recompute, const ModelSlice& slice, bool sequence_parallel,
-                            int activation_slots, double value_bytes) {
+                            int activation_slots, double value_bytes, bool on_gpus) {
   const DataType type = value_bytes == 2 ? DataType::kBF16 : DataType::kF32;
   const double arena = Transformer::ActivationBytes(model, micro_batch, seq_len, recompute, slice,
                                                     sequence_parallel, activation_slots, type);
   const bool has_head = ChunksOf(model, slice).back().end() == model.n_layer;
-  const double logits = has_head && slice.tp_size == 1
-                            ? std::min<double>(static_cast<double>(micro_batch) * seq_len,
-                                               ClassifierChunkRows(model.vocab_size)) *
-                                  model.vocab_size * value_bytes
-                            : 0;
-  return arena + logits;
+  if (!has_head || slice.tp_size != 1) return arena;
+  const double logit_bytes = on_gpus ? value_bytes : sizeof(float);
+  const int rows = on_gpus
+                       ? GpuClassifierChunkRows(model.vocab_size, static_cast<size_t>(logit_bytes))
+                       : ClassifierChunkRows(model.vocab_size);
+  return arena + std::min<double>(static_cast<double>(micro_batch) * seq_len, rows) *
+                     model.vocab_size * logit_bytes;
 }
 
 double CollectiveMs(Collective collective, double bytes, int group_size, int ranks_per_node,
@@ -277,8 +282,9 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   const ShardingStrategy sharding = EngineSharding(layout.strategy, precision, assumptions);
   const auto stage_memory = [&](const ModelSlice& slice, double params, int activation_slots) {
     MemoryEstimate memory = ModelStateBytes(layout.strategy, params, dp, precision, layout.offload);
-    memory.activation_bytes = StageActivationBytes(model, b, s, layout.recompute, slice, sp,
-                                                   activation_slots, precision.activation_bytes);
+    memory.activation_bytes =
+        StageActivationBytes(model, b, s, layout.recompute, slice, sp, activation_slots,
+                             precision.activation_bytes, workload.on_gpus);
     // The engine's units of the stage's tables, held at once in a step.
     StepBufferMemo local;
     memory.temporary_bytes = (memo ? *memo : local).Bytes(model, slice, sharding, dp, p > 1);

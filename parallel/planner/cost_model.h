@@ -55,9 +55,6 @@ struct Precision {
   static Precision Trainer(bool bf16_params) {
     return bf16_params ? Precision{2, 4, 12, 2, 4, 2, /*shard_is_master=*/true} : Fp32();
   }
-  // What the trainer holds for `recipe` on GPUs, which `dtrain plan` plans for: Trainer at bf16
-  // unless run.precision is fp32 (auto is bf16 on cuda), whatever run.device the recipe names.
-  static Precision OnGpus(const Recipe& recipe);
 
   // Bytes AdamW reads and writes in device memory per parameter it updates: the gradient and
   // the optimizer state read, the state and the parameters written, and the parameters read
@@ -77,12 +74,18 @@ struct Workload {
   int seq_len = 1;
   Precision precision;
   MatmulPrecision matmul = MatmulPrecision::kMedium;  // whose peak the GEMMs run at
+  bool on_gpus =
+      true;  // the CUDA backend's classifier chunks, else the CPU's (StageActivationBytes)
 };
 
 // The model and batch of a recipe in `precision`, the gradients reduced at parallel.reduce_dtype
 // (auto: in the parameters' type), the GEMMs on the bf16 tensor cores for bf16 parameters, and
 // for float32 ones at run.matmul_precision (auto: highest, float32).
 Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision);
+// What `dtrain plan` plans: the recipe on GPUs, whatever run.device it names: the trainer's
+// precision at bf16 unless run.precision is fp32 (auto is bf16 on cuda), and the CUDA backend's
+// classifier chunks.
+Workload GpuWorkloadFromRecipe(const Recipe& recipe);
 
 // One way to run the workload. World ranks form a dp x pp x tp grid, tp innermost (DESIGN.md).
 struct Layout {
@@ -190,13 +193,13 @@ MemoryEstimate ModelStateBytes(Strategy strategy, double params, int dp, const P
 // the trainer's activation arena (Transformer::ActivationBytes: every tensor backward reads, the
 // attention's log-sum-exp but never its (B, H, T, T) scores, the float32 statistics, and the
 // backward scratch), and on the rank with the head at tp = 1 the fused classifier's logits of
-// one chunk of rows (ClassifierChunkRows), which the backend keeps in the activations' type (the
-// CUDA backend's; the CPU reference widens them to float32). The sizes Korthikanti et al. 2022 give
-// (REFERENCES.md 7) count the attention scores and dropout masks of Megatron-LM, which dtrain never
-// holds: at GPT-2's shapes and T 1024, 3.35 times what a block keeps.
+// one chunk of rows: the CUDA backend's (GpuClassifierChunkRows, in the activations' type) when
+// on_gpus, else the CPU backend's (ClassifierChunkRows, float32). The sizes Korthikanti et al. 2022
+// give (REFERENCES.md 7) count the attention scores and dropout masks of Megatron-LM, which dtrain
+// never holds: at GPT-2's shapes and T 1024, 3.35 times what a block keeps.
 double StageActivationBytes(const ModelConfig& model, int micro_batch, int seq_len,
                             Recompute recompute, const ModelSlice& slice, bool sequence_parallel,
-                            int activation_slots, double value_bytes);
+                            int activation_slots, double value_bytes, bool on_gpus);
 
 enum class Collective { kAllReduce, kAllGather, kReduceScatter };
 

@@ -658,7 +658,7 @@ void CudaBackend::ClassifierForwardBackward(Values dx, float* dweight, ConstValu
                                             ConstValues weight, const int32_t* targets, int n,
                                             int c, int v, float grad_scale, double* loss_sum) {
   if (n == 0) return;
-  const int chunk_rows = std::min(n, ClassifierChunkRows(v));
+  const int chunk_rows = std::min(n, GpuClassifierChunkRows(v, DataTypeBytes(x.dtype())));
   // (chunk, V) in the inputs' type, as llm.c's and autocast's logits: the dx GEMM multiplies
   // them with the weight. Rows start 16 bytes apart whatever V (GPT-2's 50257 is odd), or
   // cuBLASLt takes its slow unaligned kernels for the three largest GEMMs (llm.c pads the

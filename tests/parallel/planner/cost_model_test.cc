@@ -84,8 +84,9 @@ Workload Gpt2Workload(int batch_size) {
 
 // The activations the planner charges a rank are what the trainer's model allocates
 // (Transformer::ActivationBytes) at the workload's type, bf16, plus at tp = 1 one chunk of the
-// fused classifier's logits in that type: GPT-2 350M at micro-batches of 4 x 1024 tokens keeps
-// ClassifierChunkRows(50257) = 640 rows of them. Korthikanti et al.'s sbh(34 + 5as/h) a layer
+// fused classifier's logits: GPT-2 350M at micro-batches of 4 x 1024 tokens keeps all 4,096 rows
+// of them on a GPU, in bf16 (GpuClassifierChunkRows(50257, 2) = 10,624), and 640 rows in float32
+// on the CPU (ClassifierChunkRows(50257)). Korthikanti et al.'s sbh(34 + 5as/h) a layer
 // (REFERENCES.md 7), which counts Megatron's attention scores and dropout masks, is 3.56 times
 // what a block keeps here: 16 bf16 values a token and channel (32 bytes, its input and what its
 // backward reads) and 20 float32 statistics a token (the norms' and the log-sum-exp's).
@@ -96,7 +97,8 @@ TEST(CostModelTest, ActivationsAreWhatTheTrainerAllocates) {
   const int b = 4, s = workload.seq_len;
   ASSERT_EQ(workload.precision.activation_bytes, 2);
   constexpr DataType kBf16 = DataType::kBF16;
-  const double logits = 640.0 * model.vocab_size * 2;
+  ASSERT_EQ(GpuClassifierChunkRows(model.vocab_size, 2), 10624);
+  const double logits = 4096.0 * model.vocab_size * 2;
   for (const Recompute recompute : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     const Layout layout{.dp = 8, .micro_batch = b, .recompute = recompute};
     const double arena = Transformer::ActivationBytes(model, b, s, recompute, {}, false, 1, kBf16);
@@ -104,6 +106,13 @@ TEST(CostModelTest, ActivationsAreWhatTheTrainerAllocates) {
                      arena + logits)
         << RecomputeName(recompute);
   }
+  Workload on_cpu = workload;
+  on_cpu.on_gpus = false;
+  const Layout layout{.dp = 8, .micro_batch = b};
+  EXPECT_DOUBLE_EQ(
+      EstimateLayout(on_cpu, cluster, layout).memory.activation_bytes,
+      Transformer::ActivationBytes(model, b, s, Recompute::kNone, {}, false, 1, kBf16) +
+          640.0 * model.vocab_size * 4);
   // Tensor parallel, with and without sequence parallelism: a rank's share of the heads, the MLP
   // and the vocabulary (whose logits chunk is in the arena).
   for (const bool sp : {false, true}) {
@@ -247,7 +256,7 @@ TEST(CostModelTest, GemmsRunAtThePeakOfTheirPrecision) {
   const auto compute_ms = [&](const char* precision, const char* matmul_precision) {
     recipe.run.precision = precision;
     recipe.run.matmul_precision = matmul_precision;
-    const Workload workload = WorkloadFromRecipe(recipe, Precision::OnGpus(recipe));
+    const Workload workload = GpuWorkloadFromRecipe(recipe);
     return EstimateLayout(workload, cluster, ddp).time.compute_ms;
   };
   const double bf16 = compute_ms("bf16", "auto");
@@ -364,7 +373,7 @@ TEST(CostModelTest, InterleavingDividesTheBubbleForMoreMessages) {
   const double last = Transformer::ActivationBytes(model, 2, s, Recompute::kNone,
                                                    {.chunks = StageChunks(assignment, 3)}, false, 5,
                                                    DataType::kBF16);
-  const double logits = 640.0 * model.vocab_size * 2;  // ClassifierChunkRows' rows, in bf16
+  const double logits = 2048.0 * model.vocab_size * 2;  // the micro-batch's rows, in bf16
   EXPECT_DOUBLE_EQ(interleaved.memory.activation_bytes, std::max(chunk, last + logits));
 }
 

@@ -21,8 +21,7 @@ Plan PlanFor(const std::string& config, const std::vector<std::string>& override
   const Recipe recipe = testing::ShippedRecipe(config, overrides);
   absl::StatusOr<ClusterSpec> cluster = ResolveCluster(recipe.cluster);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
-  absl::StatusOr<Plan> plan =
-      SearchLayouts(WorkloadFromRecipe(recipe, Precision::OnGpus(recipe)), *cluster);
+  absl::StatusOr<Plan> plan = SearchLayouts(GpuWorkloadFromRecipe(recipe), *cluster);
   EXPECT_TRUE(plan.ok()) << plan.status();
   return *plan;
 }

@@ -22,7 +22,7 @@ using ::testing::HasSubstr;
 
 Workload FromConfig(const std::string& name, const std::vector<std::string>& overrides = {}) {
   const Recipe recipe = testing::ShippedRecipe(name, overrides);
-  return WorkloadFromRecipe(recipe, Precision::OnGpus(recipe));
+  return GpuWorkloadFromRecipe(recipe);
 }
 
 Layout Recommend(const Workload& workload, const ClusterSpec& cluster,
