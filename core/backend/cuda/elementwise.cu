@@ -1,5 +1,5 @@
 // The residual add and the clipping scale (a thread per 16-byte pack) and the global norm's sum
-// of squares (a warp per block of values, then one warp over the block sums); arithmetic in
+// of squares (a warp per block of values, then one block over the block sums); arithmetic in
 // elementwise_math.h.
 #include "core/backend/cuda/elementwise_math.h"
 #include "core/backend/cuda/kernels.h"
@@ -17,9 +17,11 @@ __global__ void SumSquaresOfBlocksKernel(float* block_sums, const T* x, size_t n
   if (threadIdx.x % kWarpSize == 0) block_sums[block] = sum;
 }
 
-// One warp: *total += the sum of values (n) in double.
-__global__ void AddSumKernel(double* total, const float* values, size_t n) {
-  const double sum = SumInDouble(DeviceWarp{}, values, n);
+// One block: *total += the sum of values (n) in double.
+__global__ void __launch_bounds__(kSumThreads)
+    AddSumKernel(double* total, const float* values, size_t n) {
+  __shared__ double shared[kSumThreads / kWarpSize];
+  const double sum = SumInDouble<kSumThreads>(DeviceBlock{}, shared, values, n);
   if (threadIdx.x == 0) *total += sum;
 }
 
@@ -67,7 +69,7 @@ void SumSquares(double* sum_squares, float* block_sums, const T* x, size_t n, cu
 }
 
 void AddSum(double* total, const float* values, size_t n, cudaStream_t stream) {
-  AddSumKernel<<<1, kWarpSize, 0, stream>>>(total, values, n);
+  AddSumKernel<<<1, kSumThreads, 0, stream>>>(total, values, n);
 }
 
 template <typename T>

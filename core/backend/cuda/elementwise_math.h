@@ -1,10 +1,10 @@
 // The gradient's global norm and its clipping (core/backend/cpu/elementwise.h has the CPU's), and
 // the sum of the classifier's row losses.
-// The sum of squares runs in two deterministic steps, each one warp (warp_math.h): every block of
-// kSumSquaresBlock values gets its fp32 sum (a lane adds 128 squares, the lanes combine), then
-// one warp adds the block sums in double. All terms are positive, so the fp32 step's relative
-// error stays below (128 + 5) * 2^-24 ~ 8e-6 whatever the values; the double step keeps the
-// sum over a model's hundreds of millions of values from losing more.
+// The sum of squares runs in two deterministic steps (warp_math.h): every block of
+// kSumSquaresBlock values gets its fp32 sum from one warp (a lane adds 128 squares, the lanes
+// combine), then one block of kSumThreads adds the block sums in double. All terms are positive, so
+// the fp32 step's relative error stays below (128 + 5) * 2^-24 ~ 8e-6 whatever the values; the
+// double step keeps the sum over a model's hundreds of millions of values from losing more.
 #pragma once
 
 #include <cstddef>
@@ -34,12 +34,18 @@ DTRAIN_HD float SumSquaresOfBlock(const Warp& warp, const T* x, size_t n, size_t
   return WarpSum(warp, sum);
 }
 
-// The sum of n values in double: the blocks' sums, or the classifier's row losses.
-template <typename Warp>
-DTRAIN_HD double SumInDouble(const Warp& warp, const float* values, size_t n) {
+// Threads of the block that adds values in double (SumInDouble): the classifier's 16,384 row
+// losses of a 16 x 1024 micro-batch are 16 loads a thread, where one warp made 512 in turn.
+inline constexpr int kSumThreads = 1024;
+
+// The sum of n values in double: the blocks' sums, or the classifier's row losses. Thread t adds
+// values t, t + kThreads, ..., and the block combines them in warp order (BlockButterfly);
+// shared: kThreads / kWarpSize doubles.
+template <int kThreads, typename Block>
+DTRAIN_HD double SumInDouble(const Block& block, double* shared, const float* values, size_t n) {
   double sum = 0;
-  for (size_t i = warp.lane(); i < n; i += kWarpSize) sum += values[i];
-  return warp.Butterfly(sum, AddDoubles{});
+  for (size_t i = static_cast<size_t>(block.thread()); i < n; i += kThreads) sum += values[i];
+  return BlockButterfly<kThreads>(block, shared, sum, AddDoubles{});
 }
 
 // One value of a + b (the residual stream's add where it is not fused into a norm).

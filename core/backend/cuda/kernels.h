@@ -107,7 +107,7 @@ cudaError_t EmbeddingBackward(float* dtoken_embedding, float* dposition_embeddin
 
 // elementwise_math.h. out = a + b (n). *sum_squares (one double, device memory) += the sum of
 // squares of x (n); block_sums: scratch of SumSquaresBlocks(n) floats. AddSum: *total (one
-// double) += the sum of values (n) in double, one warp. Scale: x (n) *= factor.
+// double) += the sum of values (n) in double, one block. Scale: x (n) *= factor.
 template <typename T>
 void Add(T* out, const T* a, const T* b, size_t n, cudaStream_t stream);
 template <typename T>

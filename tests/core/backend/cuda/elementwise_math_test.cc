@@ -10,10 +10,23 @@ namespace dtrain::cuda {
 namespace {
 
 using testing::ExpectMatches;
+using testing::HostBlock;
 using testing::HostWarp;
 using testing::Load;
+using testing::RunOnHostBlock;
 using testing::RunOnHostWarp;
 using testing::Store;
+
+// SumInDouble on an emulated block of kSumThreads threads.
+double SumOnHostBlock(const float* values, size_t n) {
+  std::vector<double> shared(kSumThreads / kWarpSize);
+  double total = -1;
+  RunOnHostBlock<kSumThreads>([&](const HostBlock<kSumThreads>& block) {
+    const double sum = SumInDouble<kSumThreads>(block, shared.data(), values, n);
+    if (block.thread() == 0) total = sum;
+  });
+  return total;
+}
 
 // Three whole blocks and a partial one.
 constexpr size_t kValues = 3 * kSumSquaresBlock + 123;
@@ -30,11 +43,7 @@ void CheckSumSquaresAndScale() {
       if (warp.lane() == 0) block_sums[block] = sum;
     });
   }
-  double sum_squares = 0;
-  RunOnHostWarp([&](const HostWarp& warp) {
-    const double sum = SumInDouble(warp, block_sums.data(), blocks);
-    if (warp.lane() == 0) sum_squares = sum;
-  });
+  const double sum_squares = SumOnHostBlock(block_sums.data(), blocks);
   // The CPU sums in double: the fp32 block sums' relative error bound (elementwise_math.h).
   const double expected = cpu::SumSquares(Load(x).data(), kValues, nullptr);
   EXPECT_NEAR(sum_squares, expected, 1e-5 * expected);
@@ -50,15 +59,22 @@ TEST(CudaElementwiseTest, Fp32MatchesCpuBackend) { CheckSumSquaresAndScale<float
 
 TEST(CudaElementwiseTest, Bf16MatchesCpuBackendOnRoundedInputs) { CheckSumSquaresAndScale<Bf16>(); }
 
-// No values: no blocks, and the second step's empty warp sums to zero.
+// No values: no blocks, and the second step's empty block sums to zero.
 TEST(CudaElementwiseTest, EmptyIsZero) {
   EXPECT_EQ(SumSquaresBlocks(0), 0u);
-  double sum = -1;
-  RunOnHostWarp([&](const HostWarp& warp) {
-    const double s = SumInDouble(warp, static_cast<const float*>(nullptr), 0);
-    if (warp.lane() == 0) sum = s;
-  });
-  EXPECT_EQ(sum, 0.0);
+  EXPECT_EQ(SumOnHostBlock(nullptr, 0), 0.0);
+}
+
+// A micro-batch's 16,384 row losses and one value past a whole pass of the block: each the sum
+// in double of the same floats, which differs from a sequential one only in its order (about
+// 2^-52 of the sum for each of a thread's 16 and the block's 10 levels of additions).
+TEST(CudaElementwiseTest, TheBlockSumIsTheSumInDouble) {
+  for (const size_t n : {size_t{16384}, size_t{kSumThreads + 1}}) {
+    const std::vector<float> losses = testing::RandomFloats(n, 3, 0, 11);
+    double expected = 0;
+    for (const float loss : losses) expected += loss;
+    EXPECT_NEAR(SumOnHostBlock(losses.data(), n), expected, 1e-13 * expected) << n;
+  }
 }
 
 }  // namespace
