@@ -32,51 +32,6 @@ namespace dtrain::cuda {
 // once on an H100 (4-5 blocks on each of its 132 SMs of 2,048 threads).
 inline constexpr int kClassifierThreads = 256;
 
-// A row of n values in 16-byte packs (pack_math.h) that start on 16-byte boundaries wherever the
-// row starts: the first pack begins `skew` values before the row (0 when the row is aligned, as
-// the fused classifier's padded rows are; a rank's vocabulary-parallel rows follow each other
-// unpadded), so every pack but the first and last is one vector load. Thread t of the block's
-// kThreads takes packs t, t + kThreads, ...; a pack's first index i may be negative, and only its
-// values in [0, n) belong to the row.
-template <typename T, int kThreads>
-struct RowPacks {
-  static constexpr int64_t kStride = int64_t{kThreads} * kPackSize<T>;
-
-  DTRAIN_HD RowPacks(const T* row, int64_t n)
-      : n(n), skew(static_cast<int64_t>(reinterpret_cast<uintptr_t>(row) % 16 / sizeof(T))) {}
-  // The first index of thread t's first pack, and of its last (First - kStride when it has none).
-  DTRAIN_HD int64_t First(int t) const { return int64_t{t} * kPackSize<T> - skew; }
-  DTRAIN_HD int64_t Last(int t) const {
-    return First(t) < n ? First(t) + (n - 1 - First(t)) / kStride * kStride : First(t) - kStride;
-  }
-  // The thread whose pack holds value j of the row.
-  DTRAIN_HD int Owner(int64_t j) const {
-    return static_cast<int>((j + skew) / kPackSize<T> % kThreads);
-  }
-  DTRAIN_HD bool Holds(int64_t i, int k) const { return i + k >= 0 && i + k < n; }
-
-  // The pack at i, values outside the row left as `fill`, and the values of `pack` in the row
-  // stored back.
-  DTRAIN_HD Pack<T> Load(const T* row, int64_t i, T fill) const {
-    if (i >= 0) return LoadPack(row, static_cast<size_t>(i), static_cast<size_t>(n), fill);
-    Pack<T> pack;
-    for (int k = 0; k < kPackSize<T>; ++k) pack.values[k] = Holds(i, k) ? row[i + k] : fill;
-    return pack;
-  }
-  DTRAIN_HD void Store(T* row, int64_t i, const Pack<T>& pack) const {
-    if (i >= 0) {
-      StorePack(row, static_cast<size_t>(i), static_cast<size_t>(n), pack);
-      return;
-    }
-    for (int k = 0; k < kPackSize<T>; ++k) {
-      if (Holds(i, k)) row[i + k] = pack.values[k];
-    }
-  }
-
-  int64_t n;
-  int64_t skew;
-};
-
 // A partial softmax: the largest logit seen and the sum of exp(logit - max) over those seen.
 // The empty state's max is the lowest finite float, not -inf, so that combining two empty
 // states computes exp(0) * 0 rather than exp(NaN).

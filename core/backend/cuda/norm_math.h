@@ -1,6 +1,8 @@
 // LayerNorm and RMSNorm per row, the CPU backend's arithmetic (core/backend/cpu/norm.h has the
 // formulas) with the row's sums split over one warp (warp_math.h) and in fp32 whatever the
-// storage T: mean and rstd are fp32, and bf16 inputs widen, outputs round once.
+// storage T: mean and rstd are fp32, and bf16 inputs widen, outputs round once. A lane takes the
+// row's 16-byte packs (RowPacks, pack_math.h) l, l + 32, ...: 3 of GPT-2 124M's 768 bf16 values a
+// pass, each one vector load where the row is aligned.
 //
 // The forward functions fuse the transformer block's residual add: with `residual` not null the
 // row normalised is x = residual + inp, rounded to T and stored to residual_out, and the norm
@@ -16,19 +18,37 @@
 
 #include "core/backend/cuda/bf16.h"
 #include "core/backend/cuda/host_device.h"
+#include "core/backend/cuda/pack_math.h"
 #include "core/backend/cuda/warp_math.h"
 
 namespace dtrain::cuda {
 
-// x = residual + inp into residual_out when fusing; returns the row to normalise.
+// A warp's packs of a row of c values.
+template <typename T>
+using WarpPacks = RowPacks<T, kWarpSize>;
+
+// x = residual + inp into residual_out when fusing; returns the row to normalise. `packs` are
+// those of the returned row.
 template <typename Warp, typename T>
-DTRAIN_HD const T* ResidualAddRow(const Warp& warp, T* residual_out, const T* residual,
-                                  const T* inp, int c) {
+DTRAIN_HD const T* ResidualAddRow(const Warp& warp, const WarpPacks<T>& packs, T* residual_out,
+                                  const T* residual, const T* inp, int c) {
   if (residual == nullptr) return inp;
-  for (int j = warp.lane(); j < c; j += kWarpSize) {
-    residual_out[j] = FromFloat<T>(ToFloat(residual[j]) + ToFloat(inp[j]));
+  for (int64_t i = packs.First(warp.lane()); i < c; i += packs.kStride) {
+    const Pack<T> a = packs.Load(residual, i, T{}), b = packs.Load(inp, i, T{});
+    Pack<T> sum;
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {
+      sum.values[k] = FromFloat<T>(ToFloat(a.values[k]) + ToFloat(b.values[k]));
+    }
+    packs.Store(residual_out, i, sum);
   }
   return residual_out;
+}
+
+// The row a forward normalises and its packs: residual_out when fusing, else inp.
+template <typename T>
+DTRAIN_HD WarpPacks<T> NormRowPacks(const T* residual_out, const T* residual, const T* inp, int c) {
+  return WarpPacks<T>(residual == nullptr ? inp : residual_out, c);
 }
 
 // One row: out, residual_out, residual, inp (C); weight, bias (C); mean, rstd: the row's.
@@ -36,19 +56,39 @@ template <typename Warp, typename T>
 DTRAIN_HD void LayerNormForwardRow(const Warp& warp, T* out, float* mean, float* rstd,
                                    T* residual_out, const T* residual, const T* inp,
                                    const T* weight, const T* bias, int c, float eps) {
-  const T* x = ResidualAddRow(warp, residual_out, residual, inp, c);
+  const WarpPacks<T> packs = NormRowPacks(residual_out, residual, inp, c);
+  const T* x = ResidualAddRow(warp, packs, residual_out, residual, inp, c);
+  const int64_t first = packs.First(warp.lane());
   float sum = 0;
-  for (int j = warp.lane(); j < c; j += kWarpSize) sum += ToFloat(x[j]);
+  for (int64_t i = first; i < c; i += packs.kStride) {
+    const Pack<T> xp = packs.Load(x, i, T{});
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {
+      if (packs.Holds(i, k)) sum += ToFloat(xp.values[k]);
+    }
+  }
   const float m = WarpSum(warp, sum) / c;
   // Two passes: the variance of the centred values does not cancel catastrophically.
   float sum_sq = 0;
-  for (int j = warp.lane(); j < c; j += kWarpSize) {
-    const float d = ToFloat(x[j]) - m;
-    sum_sq += d * d;
+  for (int64_t i = first; i < c; i += packs.kStride) {
+    const Pack<T> xp = packs.Load(x, i, T{});
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {
+      const float d = ToFloat(xp.values[k]) - m;
+      if (packs.Holds(i, k)) sum_sq += d * d;
+    }
   }
   const float s = 1.0f / std::sqrt(WarpSum(warp, sum_sq) / c + eps);
-  for (int j = warp.lane(); j < c; j += kWarpSize) {
-    out[j] = FromFloat<T>((ToFloat(x[j]) - m) * s * ToFloat(weight[j]) + ToFloat(bias[j]));
+  for (int64_t i = first; i < c; i += packs.kStride) {
+    const Pack<T> xp = packs.Load(x, i, T{}), w = packs.Load(weight, i, T{}),
+                  b = packs.Load(bias, i, T{});
+    Pack<T> y;
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {
+      y.values[k] = FromFloat<T>((ToFloat(xp.values[k]) - m) * s * ToFloat(w.values[k]) +
+                                 ToFloat(b.values[k]));
+    }
+    packs.Store(out, i, y);
   }
   if (warp.lane() == 0) {
     *mean = m;
@@ -60,20 +100,36 @@ DTRAIN_HD void LayerNormForwardRow(const Warp& warp, T* out, float* mean, float*
 template <typename Warp, typename T>
 DTRAIN_HD void LayerNormBackwardRow(const Warp& warp, T* dinp, const T* dout, const T* inp,
                                     const T* weight, float mean, float rstd, int c) {
+  const WarpPacks<T> packs(dinp, c);
+  const int64_t first = packs.First(warp.lane());
   float dnorm_sum = 0;
   float dnorm_norm_sum = 0;
-  for (int j = warp.lane(); j < c; j += kWarpSize) {
-    const float dnorm = ToFloat(weight[j]) * ToFloat(dout[j]);
-    dnorm_sum += dnorm;
-    dnorm_norm_sum += dnorm * (ToFloat(inp[j]) - mean) * rstd;
+  for (int64_t i = first; i < c; i += packs.kStride) {
+    const Pack<T> w = packs.Load(weight, i, T{}), dy = packs.Load(dout, i, T{}),
+                  x = packs.Load(inp, i, T{});
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {
+      if (!packs.Holds(i, k)) continue;
+      const float dnorm = ToFloat(w.values[k]) * ToFloat(dy.values[k]);
+      dnorm_sum += dnorm;
+      dnorm_norm_sum += dnorm * (ToFloat(x.values[k]) - mean) * rstd;
+    }
   }
   const float dnorm_mean = WarpSum(warp, dnorm_sum) / c;
   const float dnorm_norm_mean = WarpSum(warp, dnorm_norm_sum) / c;
-  for (int j = warp.lane(); j < c; j += kWarpSize) {
-    const float norm = (ToFloat(inp[j]) - mean) * rstd;
-    const float dx =
-        (ToFloat(weight[j]) * ToFloat(dout[j]) - dnorm_mean - norm * dnorm_norm_mean) * rstd;
-    dinp[j] = FromFloat<T>(ToFloat(dinp[j]) + dx);
+  for (int64_t i = first; i < c; i += packs.kStride) {
+    const Pack<T> w = packs.Load(weight, i, T{}), dy = packs.Load(dout, i, T{}),
+                  x = packs.Load(inp, i, T{});
+    Pack<T> dx = packs.Load(dinp, i, T{});
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {
+      const float norm = (ToFloat(x.values[k]) - mean) * rstd;
+      const float d =
+          (ToFloat(w.values[k]) * ToFloat(dy.values[k]) - dnorm_mean - norm * dnorm_norm_mean) *
+          rstd;
+      dx.values[k] = FromFloat<T>(ToFloat(dx.values[k]) + d);
+    }
+    packs.Store(dinp, i, dx);
   }
 }
 
@@ -135,12 +191,27 @@ template <typename Warp, typename T>
 DTRAIN_HD void RmsNormForwardRow(const Warp& warp, T* out, float* rstd, T* residual_out,
                                  const T* residual, const T* inp, const T* weight, int c,
                                  float eps) {
-  const T* x = ResidualAddRow(warp, residual_out, residual, inp, c);
+  const WarpPacks<T> packs = NormRowPacks(residual_out, residual, inp, c);
+  const T* x = ResidualAddRow(warp, packs, residual_out, residual, inp, c);
+  const int64_t first = packs.First(warp.lane());
   float sum_sq = 0;
-  for (int j = warp.lane(); j < c; j += kWarpSize) sum_sq += ToFloat(x[j]) * ToFloat(x[j]);
+  for (int64_t i = first; i < c; i += packs.kStride) {
+    const Pack<T> xp = packs.Load(x, i, T{});
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {
+      const float value = ToFloat(xp.values[k]);
+      if (packs.Holds(i, k)) sum_sq += value * value;
+    }
+  }
   const float s = 1.0f / std::sqrt(WarpSum(warp, sum_sq) / c + eps);
-  for (int j = warp.lane(); j < c; j += kWarpSize) {
-    out[j] = FromFloat<T>(ToFloat(x[j]) * s * ToFloat(weight[j]));
+  for (int64_t i = first; i < c; i += packs.kStride) {
+    const Pack<T> xp = packs.Load(x, i, T{}), w = packs.Load(weight, i, T{});
+    Pack<T> y;
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {
+      y.values[k] = FromFloat<T>(ToFloat(xp.values[k]) * s * ToFloat(w.values[k]));
+    }
+    packs.Store(out, i, y);
   }
   if (warp.lane() == 0) *rstd = s;
 }
@@ -148,15 +219,31 @@ DTRAIN_HD void RmsNormForwardRow(const Warp& warp, T* out, float* rstd, T* resid
 template <typename Warp, typename T>
 DTRAIN_HD void RmsNormBackwardRow(const Warp& warp, T* dinp, const T* dout, const T* inp,
                                   const T* weight, float rstd, int c) {
+  const WarpPacks<T> packs(dinp, c);
+  const int64_t first = packs.First(warp.lane());
   float dnorm_norm_sum = 0;
-  for (int j = warp.lane(); j < c; j += kWarpSize) {
-    dnorm_norm_sum += ToFloat(weight[j]) * ToFloat(dout[j]) * ToFloat(inp[j]) * rstd;
+  for (int64_t i = first; i < c; i += packs.kStride) {
+    const Pack<T> w = packs.Load(weight, i, T{}), dy = packs.Load(dout, i, T{}),
+                  x = packs.Load(inp, i, T{});
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {
+      if (!packs.Holds(i, k)) continue;
+      dnorm_norm_sum += ToFloat(w.values[k]) * ToFloat(dy.values[k]) * ToFloat(x.values[k]) * rstd;
+    }
   }
   const float dnorm_norm_mean = WarpSum(warp, dnorm_norm_sum) / c;
-  for (int j = warp.lane(); j < c; j += kWarpSize) {
-    const float x = ToFloat(inp[j]);
-    const float dx = (ToFloat(weight[j]) * ToFloat(dout[j]) - x * rstd * dnorm_norm_mean) * rstd;
-    dinp[j] = FromFloat<T>(ToFloat(dinp[j]) + dx);
+  for (int64_t i = first; i < c; i += packs.kStride) {
+    const Pack<T> w = packs.Load(weight, i, T{}), dy = packs.Load(dout, i, T{}),
+                  x = packs.Load(inp, i, T{});
+    Pack<T> dx = packs.Load(dinp, i, T{});
+    DTRAIN_UNROLL
+    for (int k = 0; k < kPackSize<T>; ++k) {
+      const float value = ToFloat(x.values[k]);
+      const float d =
+          (ToFloat(w.values[k]) * ToFloat(dy.values[k]) - value * rstd * dnorm_norm_mean) * rstd;
+      dx.values[k] = FromFloat<T>(ToFloat(dx.values[k]) + d);
+    }
+    packs.Store(dinp, i, dx);
   }
 }
 

@@ -158,8 +158,11 @@ void CheckRmsNorm(int c, bool fused) {
   ExpectMatches(dweight, dweight_cpu, "dweight");
 }
 
-// 20: lanes 20-31 hold nothing; 37: lanes hold one or two values; 128: four each.
-constexpr int kChannelCounts[] = {20, 37, 128};
+// In 16-byte packs (4 floats, 8 bf16) a lane: 20, some lanes hold nothing and a pack is part of
+// one; 37, rows after the first start off the 16-byte boundaries, inside their first pack; 128,
+// one or two packs a lane; 768 (GPT-2 124M) and 770, three to six packs a lane, 770's rows
+// misaligned too.
+constexpr int kChannelCounts[] = {20, 37, 128, 768, 770};
 
 TEST(CudaNormTest, LayerNormFp32MatchesCpuBackend) {
   for (int c : kChannelCounts) {
