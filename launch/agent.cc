@@ -572,7 +572,8 @@ absl::Status Agent::StartWorkers(int attempt) {
       const std::string path = absl::StrCat(options_.log_dir, "/rank-", worker.rank, ".log");
       worker.log_fd = UniqueFd(open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
       if (!worker.log_fd.valid()) {
-        return FileError(errno, absl::StrCat("write the worker log ", path),
+        const int error = errno;
+        return FileError(error, absl::StrCat("write the worker log ", path),
                          "point --log-dir at a writable folder");
       }
       // The log holds every attempt of the rank, whose lines carry only the time of day.

@@ -45,7 +45,7 @@ RankMemory EstimateRankMemory(const Recipe& recipe, const ModelConfig& config,
   memory.activation_bytes =
       StageActivationBytes(config, recipe.train.micro_batch, recipe.train.seq_len, recompute, slice,
                            recipe.parallel.sequence_parallel, activation_slots,
-                           precision.activation_bytes, recipe.run.device == "cuda");
+                           precision.activation_bytes, recipe.cuda());
   memory.buffer_bytes =
       EstimateStepBuffers(table, strategy, dp_size, recipe.parallel.pp > 1).total_bytes();
   return memory;

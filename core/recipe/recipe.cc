@@ -11,7 +11,6 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <string>
@@ -1200,36 +1199,6 @@ class Parser {
     warn("train.min_lr", r.train.schedule == "constant", "with train.schedule constant");
   }
 
-  // A path that starts with '~' names a folder called '~': only a shell expands it, and neither
-  // the recipe nor a --set value (a shell expands '~' only at the start of a word) goes through
-  // one.
-  absl::Status CheckNoTildePaths(const Recipe& r) const {
-    std::vector<std::pair<absl::string_view, absl::string_view>> paths = {
-        {"run.out_dir", r.run.out_dir},
-        {"data.tokenizer", r.data.tokenizer},
-        {"data.shards", r.data.shards},
-        {"data.val_shards", r.data.val_shards},
-        {"train.init_from", r.train.init_from},
-        {"train.export_to", r.train.export_to},
-        {"checkpoint.dir", r.checkpoint.dir},
-        {"checkpoint.resume", r.checkpoint.resume},
-        {"logging.metrics_file", r.logging.metrics_file}};
-    for (const std::string& file : r.data.train) paths.push_back({"data.train", file});
-    for (const std::string& file : r.data.val) paths.push_back({"data.val", file});
-    for (const auto& [key, path] : paths) {
-      if (!absl::StartsWith(path, "~")) continue;
-      const char* home = std::getenv("HOME");
-      const std::string fix = home != nullptr && absl::StartsWith(path, "~/")
-                                  ? absl::StrCat("write ", home, path.substr(1))
-                                  : "write the full path";
-      return Error(key, absl::StrCat("'", path,
-                                     "' starts with '~', which only a shell expands (dtrain "
-                                     "would make a folder named '~'); ",
-                                     fix));
-    }
-    return absl::OkStatus();
-  }
-
   // The pipeline keys against the model and the batch (parallel/pipeline/schedule.h builds the
   // schedules; the names are the key table's).
   absl::Status CheckPipeline(const Recipe& r) const {
@@ -1407,7 +1376,6 @@ class Parser {
                        absl::StrJoin(batches, " or "), ", or train.micro_batch: ", micros, ")"));
     }
     RETURN_IF_ERROR(CheckPipeline(r));
-    RETURN_IF_ERROR(CheckNoTildePaths(r));
     WarnOfKeysWithoutEffect(r);
     if (r.train.seq_len > m.max_seq_len) {
       return Error("train.seq_len",
@@ -1496,12 +1464,35 @@ int Recipe::d_ff() const {
 }
 
 bool Recipe::bf16_params() const {
-  return run.precision == "bf16" || (run.precision == "auto" && run.device == "cuda");
+  return run.precision == "bf16" || (run.precision == "auto" && cuda());
 }
 
 std::string Recipe::matmul_precision() const {
   if (run.matmul_precision != "auto") return run.matmul_precision;
-  return run.device == "cuda" && bf16_params() ? "medium" : "highest";
+  return cuda() && bf16_params() ? "medium" : "highest";
+}
+
+absl::Status CheckNoTildePaths(const Recipe& recipe) {
+  std::vector<std::pair<absl::string_view, absl::string_view>> paths = {
+      {"run.out_dir", recipe.run.out_dir},
+      {"data.tokenizer", recipe.data.tokenizer},
+      {"data.shards", recipe.data.shards},
+      {"data.val_shards", recipe.data.val_shards},
+      {"train.init_from", recipe.train.init_from},
+      {"train.export_to", recipe.train.export_to},
+      {"checkpoint.dir", recipe.checkpoint.dir},
+      {"checkpoint.resume", recipe.checkpoint.resume},
+      {"logging.metrics_file", recipe.logging.metrics_file}};
+  for (const std::string& file : recipe.data.train) paths.push_back({"data.train", file});
+  for (const std::string& file : recipe.data.val) paths.push_back({"data.val", file});
+  for (const auto& [key, path] : paths) {
+    if (!absl::StartsWith(path, "~")) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, ": '", path,
+                     "' starts with '~', which only a shell expands: dtrain takes it as a folder "
+                     "named '~'; write the full path"));
+  }
+  return absl::OkStatus();
 }
 
 std::string Recipe::run_dir() const { return absl::StrCat(run.out_dir, "/", run.name); }

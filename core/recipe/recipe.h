@@ -159,6 +159,7 @@ struct Recipe {
   // Values derived from the keys above.
   int n_kv_head() const { return model.n_kv_head > 0 ? model.n_kv_head : model.n_head; }
   int d_ff() const;
+  bool cuda() const { return run.device == "cuda"; }  // the run's kernels run on GPUs
   // run.precision resolved: bf16 parameters (over float32 masters) for compute, the default on
   // cuda, or float32 throughout.
   bool bf16_params() const;
@@ -176,6 +177,12 @@ absl::StatusOr<Recipe> LoadRecipe(const std::string& path,
                                   const std::vector<std::string>& overrides = {});
 absl::StatusOr<Recipe> ParseRecipe(const std::string& yaml_text, const std::string& source_name,
                                    const std::vector<std::string>& overrides = {});
+
+// A path key (run.out_dir, data.train, checkpoint.dir, ...) that starts with '~' is
+// InvalidArgument naming it: only a shell expands '~', and neither a recipe nor a --set value
+// (past a word's start) goes through one, so a run took it as a folder named '~'. Checked where a
+// recipe is loaded to run, not where a run's stored recipe is read back (ckpt export, report).
+absl::Status CheckNoTildePaths(const Recipe& recipe);
 
 // The fully resolved recipe as YAML, every key present, one comment per key.
 std::string ResolvedRecipeYaml(const Recipe& recipe);

@@ -12,8 +12,10 @@ inline constexpr int kExitFailure = 1;
 // The command line, the recipe or the files it names are wrong (damaged checkpoints included);
 // nothing ran, and a restart would fail the same way.
 inline constexpr int kExitUsage = 2;
-// A checkpoint found its file system full (ENOSPC, EDQUOT). A restart would train to the same
-// save and fail there again, so the agent does not restart; the newest complete checkpoint stays.
+// A write found its file system full (ENOSPC, EDQUOT) or the file-size limit (EFBIG): a
+// checkpoint, whose restart would train to the same save and fail there again, so the agent does
+// not restart (the newest complete checkpoint stays), or another output (data pack's shards, an
+// export).
 inline constexpr int kExitDiskFull = 3;
 // 128 + SIGTERM, as a process that SIGTERM ended: stopped after saving a checkpoint, the run not
 // done, so that Kubernetes and Slurm do not count it as finished (torchrun's agent also exits

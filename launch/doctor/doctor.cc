@@ -70,7 +70,7 @@ CheckResult ShmCheck(const std::string& shm_path) {
 }
 
 CheckResult GpuCheck(const GpuInventory& gpus, const Recipe* recipe) {
-  const bool wants_gpus = recipe != nullptr && recipe->run.device == "cuda";
+  const bool wants_gpus = recipe != nullptr && recipe->cuda();
   if (!wants_gpus) {
     return Result("node.gpus", Verdict::kInfo,
                   absl::StrCat(gpus.description,

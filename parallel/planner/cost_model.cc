@@ -128,7 +128,7 @@ Workload GpuWorkloadFromRecipe(const Recipe& recipe) {
 
 Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision) {
   Workload workload;
-  workload.on_gpus = recipe.run.device == "cuda";
+  workload.on_gpus = recipe.cuda();
   workload.model = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   workload.batch_size = recipe.train.batch_size;
   workload.seq_len = recipe.train.seq_len;

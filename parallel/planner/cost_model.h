@@ -74,13 +74,15 @@ struct Workload {
   int seq_len = 1;
   Precision precision;
   MatmulPrecision matmul = MatmulPrecision::kMedium;  // whose peak the GEMMs run at
-  bool on_gpus =
-      true;  // the CUDA backend's classifier chunks, else the CPU's (StageActivationBytes)
+  // The classifier chunks the memory estimates count: the CUDA backend's, else the CPU's
+  // (StageActivationBytes).
+  bool on_gpus = true;
 };
 
 // The model and batch of a recipe in `precision`, the gradients reduced at parallel.reduce_dtype
 // (auto: in the parameters' type), the GEMMs on the bf16 tensor cores for bf16 parameters, and
-// for float32 ones at run.matmul_precision (auto: highest, float32).
+// for float32 ones at run.matmul_precision (auto: highest, float32); on_gpus where run.device is
+// cuda.
 Workload WorkloadFromRecipe(const Recipe& recipe, Precision precision);
 // What `dtrain plan` plans: the recipe on GPUs, whatever run.device it names: the trainer's
 // precision at bf16 unless run.precision is fp32 (auto is bf16 on cuda), and the CUDA backend's

@@ -64,6 +64,18 @@ TEST(CliTest, AShardPatternThatDoesNotExpandExits2) {
   EXPECT_THAT(val.stderr_text, HasSubstr("data.val_shards: shard pattern '/d/v-{a}.tar'"));
 }
 
+// A path starting with '~' is a usage error from `recipe check` and `train` (a run made a folder
+// named '~').
+TEST(CliTest, APathStartingWithATildeExits2) {
+  for (const char* command : {"recipe check", "train"}) {
+    const Outcome outcome = RunDtrain(absl::StrCat(
+        command, " ", DTRAIN_SOURCE_DIR, "/configs/tiny.yaml --set run.out_dir=~/dtrain-runs"));
+    EXPECT_EQ(outcome.exit_code, 2) << command << ": " << outcome.stderr_text;
+    EXPECT_THAT(outcome.stderr_text, HasSubstr("run.out_dir: '~/dtrain-runs' starts with '~'"))
+        << command;
+  }
+}
+
 // Usage errors of the command line name the fix: the nearest command or option, the command
 // whose option it is, the commands a command needs one of.
 TEST(CliTest, MistypedCommandsAndOptionsGetTheNearestName) {

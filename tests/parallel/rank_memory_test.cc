@@ -63,6 +63,25 @@ TEST(RankMemoryTest, EstimateIsWhatOneProcessAllocates) {
                 2.0 * 16 * config.vocab_size * sizeof(float));
 }
 
+// The classifier's chunk is the device's: at GPT-2's vocabulary and 16 x 1024 tokens a
+// micro-batch, 640 rows of float32 logits on the CPU and 10,624 of bf16 on a GPU (1 GiB).
+TEST(RankMemoryTest, TheClassifiersChunkIsTheDevices) {
+  const auto logits_bytes = [](const std::string& device) {
+    const absl::StatusOr<Recipe> recipe =
+        SmallRecipeWith({"run.device=" + device, "model.vocab_size=50257", "model.max_seq_len=1024",
+                         "train.seq_len=1024", "train.batch_size=16", "train.micro_batch=16"});
+    EXPECT_TRUE(recipe.ok()) << recipe.status();
+    const ModelConfig config = ModelConfigFromRecipe(recipe->model, recipe->d_ff());
+    const ShardingStrategy strategy =
+        *ShardingStrategyFromRecipe(recipe->parallel, recipe->bf16_params());
+    return EstimateRankMemory(*recipe, config, strategy, Recompute::kNone, 1).activation_bytes -
+           Transformer::ActivationBytes(config, 16, 1024, Recompute::kNone, {}, false, 1,
+                                        strategy.param_type);
+  };
+  EXPECT_EQ(logits_bytes("cpu"), 640.0 * 50257 * 4);
+  EXPECT_EQ(logits_bytes("cuda"), 10624.0 * 50257 * 2);
+}
+
 // A tensor-parallel rank's estimate is what its engine allocates for its shard of the model.
 TEST(RankMemoryTest, EstimateOfATensorParallelRankIsWhatItsEngineAllocates) {
   const Recipe recipe = SmallRecipe("ddp");

@@ -51,7 +51,7 @@ void RmsNormBackward(T* dinp, float* dweight, ColumnGrads* slice_sums, const T* 
                      const T* weight, const float* rstd, int n, int c, cudaStream_t stream);
 
 // classifier_math.h, one block per row, after the logits GEMM: logits (N, V), rows `ld` >= V
-// apart (16-byte loads where the rows start on 16-byte boundaries), become dlogits when
+// apart (16-byte loads wherever a row starts: RowPacks), become dlogits when
 // write_gradient (0 for targets < 0); losses (N) fp32 get each row's -log p(target) (0 when
 // ignored), to be summed by the caller.
 template <typename T>

@@ -1,8 +1,9 @@
 // What the row kernels share: a row is one warp's, lane l takes the row's elements l, l + 32,
-// ..., and the lanes combine their partial results with a butterfly (each lane, for offset 16,
-// 8, 4, 2, 1: v = combine(v, the value of lane ^ offset)), after which every lane holds the
-// same result. Attention gives a row fewer lanes (a group of 2^k, offsets 2^(k-1), ..., 1). A
-// row function takes the warp (or group) as a template parameter `Warp` with
+// ... (the norms: its 16-byte packs l, l + 32, ..., RowPacks in pack_math.h), and the lanes combine
+// their partial results with a butterfly (each lane, for offset 16, 8, 4, 2, 1: v = combine(v, the
+// value of lane ^ offset)), after which every lane holds the same result. Attention gives a row
+// fewer lanes (a group of 2^k, offsets 2^(k-1), ..., 1). A row function takes the warp (or group)
+// as a template parameter `Warp` with
 //   int lane() const;                             // in [0, lanes)
 //   V Butterfly(V v, Combine combine) const;      // V trivially copyable, 4-byte multiple
 // DeviceLanes (warp.cuh) is the GPU's, with __shfl_xor_sync; tests/core/backend/cuda/test_util.h

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "core/util/exit_codes.h"
 #include "core/util/status.h"
 #include "parallel/comm/faulty_ranks.h"
 
@@ -228,12 +229,17 @@ absl::Status CheckMemoryPools(const std::string& what) {
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
   if (e != cudaSuccess) return CudaStatus(e, "cudaDeviceGetAttribute");
   if (pools != 0) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrFormat(
-      "%s: GPU %d has no stream-ordered memory pool (cudaDevAttrMemoryPoolsSupported is 0, as on "
-      "some virtualised GPUs), which dtrain's NCCL groups need so that freeing a buffer never "
-      "waits for the whole GPU; train on one such GPU alone, or on GPUs whose driver has memory "
-      "pools",
-      what, device));
+  // Exit 2: a restart meets the same GPU.
+  return WithExitCode(
+      absl::FailedPreconditionError(absl::StrFormat(
+          "%s: GPU %d has no stream-ordered memory pool (cudaDevAttrMemoryPoolsSupported is 0, as "
+          "on "
+          "some virtualised GPUs), which dtrain's NCCL groups need so that freeing a buffer never "
+          "waits for the whole GPU; train on one such GPU alone, or on GPUs whose driver has "
+          "memory "
+          "pools",
+          what, device)),
+      kExitUsage);
 }
 
 }  // namespace

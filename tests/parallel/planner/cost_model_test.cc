@@ -106,6 +106,12 @@ TEST(CostModelTest, ActivationsAreWhatTheTrainerAllocates) {
                      arena + logits)
         << RecomputeName(recompute);
   }
+  // A micro-batch of 16 x 1024 tokens is two chunks on a GPU: one chunk's rows are counted.
+  const Layout larger{.dp = 8, .micro_batch = 16};
+  EXPECT_DOUBLE_EQ(
+      EstimateLayout(workload, cluster, larger).memory.activation_bytes,
+      Transformer::ActivationBytes(model, 16, s, Recompute::kNone, {}, false, 1, kBf16) +
+          10624.0 * model.vocab_size * 2);
   Workload on_cpu = workload;
   on_cpu.on_gpus = false;
   const Layout layout{.dp = 8, .micro_batch = b};

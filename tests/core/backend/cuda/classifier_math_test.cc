@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <utility>
 #include <vector>
 
@@ -24,12 +23,14 @@ constexpr float kGradScale = 0.25f;
 constexpr int kThreads = kClassifierThreads;
 using Block = HostBlock<kThreads>;
 
-// Runs body(block, shared) on each thread of one emulated block of the classifier's kernels,
-// shared being the block's kThreads / kWarpSize values of type V.
-template <typename V>
-void RunOnClassifierBlock(const std::function<void(const Block&, V*)>& body) {
-  std::vector<V> shared(kThreads / kWarpSize);
-  RunOnHostBlock<kThreads>([&](const Block& block) { body(block, shared.data()); });
+// Runs body(block, shared) on each thread of one emulated block of kBlockThreads threads (the
+// kernels' kThreads unless a test asks for more packs a thread), shared being the block's
+// kBlockThreads / kWarpSize values of type V.
+template <typename V, int kBlockThreads = kThreads, typename Body>
+void RunOnClassifierBlock(const Body& body) {
+  std::vector<V> shared(kBlockThreads / kWarpSize);
+  RunOnHostBlock<kBlockThreads>(
+      [&](const HostBlock<kBlockThreads>& block) { body(block, shared.data()); });
 }
 
 // The CPU backend's fused classifier on logits (N, V) given directly: with x = the logits and
@@ -52,10 +53,12 @@ void CpuClassifier(const std::vector<float>& logits, const std::vector<int32_t>&
 }
 
 // Rows of v logits whose targets include an ignored row (-1), the first and the last column;
-// the last row's logits sit near 60, where exp without the max shift would overflow.
-template <typename T>
+// the last row's logits sit near 60, where exp without the max shift would overflow. On blocks
+// of kBlockThreads.
+template <typename T, int kBlockThreads = kThreads>
 void CheckClassifier(int v) {
-  SCOPED_TRACE(::testing::Message() << "v " << v);
+  SCOPED_TRACE(::testing::Message() << "v " << v << " on " << kBlockThreads << " threads");
+  using BlockHere = HostBlock<kBlockThreads>;
   const std::vector<int32_t> targets = {3 % v, -1, 0, v - 1, v / 2};
   const int n = static_cast<int>(targets.size());
   std::vector<float> values = testing::RandomFloats(n * v, 1, -4, 4);
@@ -67,13 +70,15 @@ void CheckClassifier(int v) {
   std::vector<T> untouched = logits;
   for (int row = 0; row < n; ++row) {
     const size_t at = static_cast<size_t>(row) * v;
-    RunOnClassifierBlock<SoftmaxState>([&](const Block& block, SoftmaxState* shared) {
-      ClassifierRow<kThreads>(block, shared, logits.data() + at, &losses[row], targets[row], v,
-                              kGradScale, true);
-    });
-    RunOnClassifierBlock<SoftmaxState>([&](const Block& block, SoftmaxState* shared) {
-      ClassifierRow<kThreads>(block, shared, untouched.data() + at, &losses_no_gradient[row],
-                              targets[row], v, kGradScale, false);
+    RunOnClassifierBlock<SoftmaxState, kBlockThreads>(
+        [&](const BlockHere& block, SoftmaxState* shared) {
+          ClassifierRow<kBlockThreads>(block, shared, logits.data() + at, &losses[row],
+                                       targets[row], v, kGradScale, true);
+        });
+    RunOnClassifierBlock<SoftmaxState, kBlockThreads>([&](const BlockHere& block,
+                                                          SoftmaxState* shared) {
+      ClassifierRow<kBlockThreads>(block, shared, untouched.data() + at, &losses_no_gradient[row],
+                                   targets[row], v, kGradScale, false);
     });
   }
   std::vector<float> losses_cpu, dlogits_cpu;
@@ -84,16 +89,19 @@ void CheckClassifier(int v) {
   EXPECT_EQ(Load(untouched), stored) << "the logits stay when no gradient is asked for";
 }
 
-// 20 and 100: most threads see no logit, and a row's last pack is part of one; 2053: two or
-// three packs a thread (1,024 values a pass over the block in fp32, 2,048 in bf16), with online
-// rescaling. Rows that start off the 16-byte boundaries (bf16 rows of 20 and 100, every row but
-// the first of 2053) begin inside their first pack.
+// 20 and 100: most threads see no logit, and a row's last pack is part of one; 2053: one to three
+// packs a thread of the kernels' 256 (1,024 values a pass over the block in fp32, 2,048 in bf16),
+// and on one warp 8 to 17, as GPT-2's 50,257 logits give the kernels' threads 25 in bf16, with
+// online rescaling. Rows that start off the 16-byte boundaries (bf16 rows of 20 and 100, every
+// row but the first of 2053) begin inside their first pack.
 TEST(CudaClassifierTest, Fp32MatchesCpuBackend) {
   for (int v : {20, 100, 128, 2053}) CheckClassifier<float>(v);
+  CheckClassifier<float, kWarpSize>(2053);
 }
 
 TEST(CudaClassifierTest, Bf16MatchesCpuBackendOnRoundedInputs) {
   for (int v : {20, 100, 128, 2053}) CheckClassifier<Bf16>(v);
+  CheckClassifier<Bf16, kWarpSize>(2053);
 }
 
 // The vocabulary-parallel phases on one rank's slice of V = 100 logits per row, as the model
