@@ -72,8 +72,8 @@ void AddCkptCommand(CLI::App& app) {
       // A wrong path or option fails the same way again, as does a file error that asks for its
       // own exit code (a full disk: 3); a damaged checkpoint is the data's.
       const absl::Status& status = exported.status();
-      Fail(status, absl::IsInvalidArgument(status) || absl::IsNotFound(status) ? kExitUsage
-                                                                               : kExitFailure);
+      Fail(status,
+           absl::IsInvalidArgument(status) || absl::IsNotFound(status) ? kExitUsage : kExitFailure);
     }
     std::cout << "wrote " << export_args->out << " (" << export_args->format << ") from "
               << *exported << "\n";
