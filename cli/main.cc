@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
 #include "core/data/datasets.h"
 #include "core/model/model_size.h"
 #include "core/optim/adamw.h"
+#include "core/util/decimal.h"
 #include "core/util/exit_codes.h"
 #include "core/util/names.h"
 #include "core/util/status.h"
@@ -44,7 +44,7 @@ CLI::Validator NumberCheck(bool zero_allowed) {
   return CLI::Validator(
       [zero_allowed, bound](std::string& text) -> std::string {
         double value = 0;
-        if (absl::SimpleAtod(text, &value) && (value > 0 || (zero_allowed && value == 0))) {
+        if (ParseDecimal(text, &value) && (value > 0 || (zero_allowed && value == 0))) {
           return "";
         }
         return absl::StrCat("expected a number ", bound, ", got ", text);
@@ -228,6 +228,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::RuntimeError& e) {
     return e.get_exit_code();  // the command already printed its message
   } catch (const CLI::ParseError& e) {
+    // CLI11 prints the version as soon as it reads the flag, ignoring what follows.
+    if (dynamic_cast<const CLI::CallForVersion*>(&e) != nullptr && argc > 2) {
+      std::cerr << "error: --version takes nothing else; run dtrain --version alone\n";
+      return dtrain::kExitUsage;
+    }
     if (e.get_exit_code() != 0) {
       const std::string hint =
           dtrain::cli::UsageHint(app, std::vector<std::string>(argv + 1, argv + argc));

@@ -30,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "core/model/model_config.h"
+#include "core/util/decimal.h"
 #include "core/util/files.h"
 #include "core/util/log.h"
 #include "core/util/names.h"
@@ -57,12 +58,14 @@ FieldPtr Bind(Recipe& recipe) {
 #define DTRAIN_RECIPE_KEY(section, key) \
 #section "." #key, &Bind < &Recipe::section, &decltype(Recipe::section)::key>
 
-// Allowed values of a numeric key; an open end excludes the bound itself.
+// Allowed values of a numeric key; an open end excludes the bound itself. A bound that is not
+// the key's meaning says why (`reason`), after the value it refused.
 struct Range {
   double min = -std::numeric_limits<double>::infinity();
   bool min_open = false;
   double max = std::numeric_limits<double>::infinity();
   bool max_open = false;
+  absl::string_view reason = "";
 };
 
 constexpr Range AtLeast(double min) { return Range{.min = min}; }
@@ -83,6 +86,11 @@ constexpr double kMaxGpusPerNode = 1024;  // kMaxNodes x this fits an int
 constexpr double kMaxSampleTokens = 1 << 20;
 constexpr Range Positive() { return Range{.min = 0, .min_open = true}; }
 constexpr Range UnitInterval() { return Range{.min = 0, .max = 1, .max_open = true}; }  // [0, 1)
+// (0, 1): a rate or epsilon of 1 or more is a typo (3e4 for 3e-4), whose run would train on
+// without a word until its loss overflowed.
+constexpr Range BelowOne(absl::string_view reason) {
+  return Range{.min = 0, .min_open = true, .max = 1, .max_open = true, .reason = reason};
+}
 
 struct KeySpec {
   absl::string_view path;  // "section.key"
@@ -160,7 +168,7 @@ const std::vector<KeySpec>& Keys() {
       {DTRAIN_RECIPE_KEY(model, norm_eps),
        "epsilon added to the variance in LayerNorm/RMSNorm",
        {},
-       Positive()},
+       BelowOne("it is added to a variance of about 1; 1e-5 is usual")},
       {DTRAIN_RECIPE_KEY(model, rope_theta), "RoPE base frequency (llama)", {}, Positive()},
       {DTRAIN_RECIPE_KEY(model, init_std),
        "standard deviation of the random weight init",
@@ -260,7 +268,7 @@ const std::vector<KeySpec>& Keys() {
       {DTRAIN_RECIPE_KEY(train, lr),
        "peak learning rate, reached at the end of warmup",
        {},
-       Positive()},
+       BelowOne("AdamW moves each weight by up to about lr a step; 1e-4 to 1e-3 is usual")},
       {DTRAIN_RECIPE_KEY(train, min_lr),
        "learning rate the schedule decays to, reached after the last step (the last step trains "
        "one step of the decay above it, as in Hugging Face's schedules)",
@@ -276,7 +284,10 @@ const std::vector<KeySpec>& Keys() {
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(train, beta1), "AdamW decay of the first moment", {}, UnitInterval()},
       {DTRAIN_RECIPE_KEY(train, beta2), "AdamW decay of the second moment", {}, UnitInterval()},
-      {DTRAIN_RECIPE_KEY(train, eps), "AdamW epsilon in the update's denominator", {}, Positive()},
+      {DTRAIN_RECIPE_KEY(train, eps),
+       "AdamW epsilon in the update's denominator",
+       {},
+       BelowOne("it keeps the denominator off 0; 1e-8 is usual")},
       {DTRAIN_RECIPE_KEY(train, grad_clip),
        "clip the global gradient L2 norm to this; 0 = off",
        {},
@@ -1114,7 +1125,7 @@ class Parser {
     const std::string scalar = node.IsScalar() && !IsQuoted(node) ? node.Scalar() : "";
     double value = 0;
     if (auto* out = std::get_if<double*>(&field)) {
-      if (scalar.empty() || !absl::SimpleAtod(scalar, &value) || !std::isfinite(value)) {
+      if (scalar.empty() || !ParseDecimal(scalar, &value)) {
         return Error(key.path, absl::StrCat("expected a number, got ", got, quoted_hint));
       }
       **out = value;
@@ -1139,8 +1150,9 @@ class Parser {
     }
     if (key.range && !InRange(*key.range, value)) {
       const bool is_integer = !std::holds_alternative<double*>(field);
-      return Error(key.path, absl::StrCat("must be ", DescribeRange(*key.range, is_integer),
-                                          ", got ", scalar));
+      return Error(key.path,
+                   absl::StrCat("must be ", DescribeRange(*key.range, is_integer), ", got ", scalar,
+                                key.range->reason.empty() ? "" : ": ", key.range->reason));
     }
     return absl::OkStatus();
   }

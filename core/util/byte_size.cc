@@ -1,13 +1,12 @@
 #include "core/util/byte_size.h"
 
-#include <cmath>
 #include <string>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/util/decimal.h"
 
 namespace dtrain {
 
@@ -28,8 +27,7 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view name, absl::string_view 
     }
   }
   double value = 0;
-  // SimpleAtod also reads "inf" and "nan": only finite values in range pass.
-  const bool parsed = absl::SimpleAtod(number, &value) && std::isfinite(value);
+  const bool parsed = ParseDecimal(number, &value);
   const double bytes = value * scale;
   if (parsed && bytes >= 0 && bytes < 1) {
     return absl::InvalidArgumentError(

@@ -279,6 +279,14 @@ TEST(CliTest, VersionAndHelp) {
   const Outcome version = RunDtrain("--version");
   EXPECT_EQ(version.exit_code, 0);
   EXPECT_EQ(version.stdout_text, absl::StrCat("dtrain ", DTRAIN_VERSION, "\n"));
+  for (const char* args : {"--version extra", "--version train"}) {
+    const Outcome extra = RunDtrain(args);
+    EXPECT_EQ(extra.exit_code, 2) << args;
+    EXPECT_EQ(extra.stdout_text, "") << args;
+    EXPECT_EQ(extra.stderr_text,
+              "error: --version takes nothing else; run dtrain --version alone\n")
+        << args;
+  }
 
   for (const char* args : {"help", "--help"}) {
     const Outcome help = RunDtrain(args);

@@ -341,10 +341,10 @@ TEST(TrainTest, InitFromWeightsHoldingANanFailsNamingTheTensor) {
 }
 
 // A run that diverges says at which step, and exits 2: the same recipe and data diverge the same
-// way after a restart (dtrain launch spent its restarts on it).
+// way after a restart (dtrain launch spent its restarts on it). Decoupled weight decay of 1e12
+// multiplies each weight by about -lr x 1e12 a step.
 TEST(TrainTest, ADivergedRunNamesTheStepAndExits2) {
-  const testing::Outcome run =
-      Train(RunDir("diverged"), "--set train.lr=1e9 --set train.grad_clip=0");
+  const testing::Outcome run = Train(RunDir("diverged"), "--set train.weight_decay=1e12");
   EXPECT_EQ(run.exit_code, 2) << run.stderr_text;
   EXPECT_THAT(run.stderr_text, ::testing::ContainsRegex("error: step [0-9]+: the loss is "));
   EXPECT_THAT(run.stderr_text,

@@ -221,6 +221,28 @@ TEST(RecipeTest, WrongTypeDouble) {
             "train.lr at t.yaml:4:7: expected a number, got 'fast'");
   EXPECT_THAT(ErrorOf(WithMinimal("train:\n  lr: [1]\n")), HasSubstr("got a list"));
   EXPECT_THAT(ErrorOf(WithMinimal("train:\n  lr: .nan\n")), HasSubstr("expected a number"));
+  // strtod reads these as numbers; a recipe does not.
+  for (const char* text : {"0x1p-10", "0X.1", "inf", "-nan", "1e999"}) {
+    EXPECT_EQ(
+        ErrorOf(kMinimal, {absl::StrCat("train.grad_clip=", text)}),
+        absl::StrCat("--set train.grad_clip=", text, ": expected a number, got '", text, "'"));
+  }
+  EXPECT_EQ(ErrorOf(kMinimal, {"train.grad_clip=+2.5E-1"}), "");
+}
+
+// A learning rate or epsilon of 1 or more is a slip of the exponent (3e4 for 3e-4): an error
+// saying what the value does, not a run whose loss grows until it overflows.
+TEST(RecipeTest, RatesAndEpsilonsAreBelowOne) {
+  EXPECT_EQ(ErrorOf(kMinimal, {"train.lr=3e4"}),
+            "--set train.lr=3e4: must be in (0, 1), got 3e4: AdamW moves each weight by up to "
+            "about lr a step; 1e-4 to 1e-3 is usual");
+  EXPECT_EQ(ErrorOf(kMinimal, {"train.eps=1"}),
+            "--set train.eps=1: must be in (0, 1), got 1: it keeps the denominator off 0; 1e-8 "
+            "is usual");
+  EXPECT_EQ(ErrorOf(kMinimal, {"model.norm_eps=1e30"}),
+            "--set model.norm_eps=1e30: must be in (0, 1), got 1e30: it is added to a variance of "
+            "about 1; 1e-5 is usual");
+  EXPECT_EQ(ErrorOf(kMinimal, {"train.lr=0.999", "train.eps=1e-30", "model.norm_eps=0.5"}), "");
 }
 
 TEST(RecipeTest, WrongTypeList) {
@@ -238,7 +260,8 @@ TEST(RecipeTest, WrongTypeString) {
 
 TEST(RecipeTest, OutOfRange) {
   EXPECT_EQ(ErrorOf(WithMinimal("train:\n  lr: 0\n")),
-            "train.lr at t.yaml:4:7: must be > 0, got 0");
+            "train.lr at t.yaml:4:7: must be in (0, 1), got 0: AdamW moves each weight by up to "
+            "about lr a step; 1e-4 to 1e-3 is usual");
   EXPECT_THAT(ErrorOf(WithMinimal("train:\n  beta2: 1.0\n")),
               HasSubstr("train.beta2 at t.yaml:4:10: must be in [0, 1), got 1.0"));
   EXPECT_THAT(ErrorOf(WithMinimal("model:\n  n_layer: 0\n")),
@@ -751,7 +774,7 @@ TEST(RecipeTest, ResolvedYamlListsEveryKeyWithDoc) {
 TEST(RecipeTest, ReferenceMarkdownHasEveryKey) {
   const std::string reference = RecipeReferenceMarkdown();
   EXPECT_THAT(reference, HasSubstr("| key | type | default | meaning |"));
-  EXPECT_THAT(reference, HasSubstr("| `train.lr` | float > 0 | `0.001` |"));
+  EXPECT_THAT(reference, HasSubstr("| `train.lr` | float in (0, 1) | `0.001` |"));
   EXPECT_THAT(reference,
               HasSubstr("| `parallel.strategy` | one of ddp, zero1, zero2, zero3, fsdp, auto |"));
   EXPECT_THAT(reference, HasSubstr("| `train.beta1` | float in [0, 1) |"));

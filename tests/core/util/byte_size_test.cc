@@ -29,7 +29,7 @@ TEST(ByteSizeTest, ReadsBinaryAndDecimalUnits) {
 
 TEST(ByteSizeTest, RefusesWhatIsNoSizeNamingTheOption) {
   for (const char* bad :
-       {"", "MB", "-1M", "1X", "1 M B", "inf", "nan", "1e30G", "9999999999999G"}) {
+       {"", "MB", "-1M", "1X", "1 M B", "inf", "nan", "1e30G", "9999999999999G", "0x10K"}) {
     const absl::StatusOr<int64_t> size = ParseByteSize("--shard-size", bad);
     ASSERT_FALSE(size.ok()) << bad << " read as " << *size;
     EXPECT_THAT(size.status().message(),
