@@ -98,17 +98,24 @@ absl::Status CheckStreamsSplit(int num_streams, int world) {
         "(it fixes the data order, so keep it when the world size changes)"));
   }
   // Each stream keeps a shard open; half the open-file limit leaves the rest to the sockets,
-  // the checkpoint's files and the libraries.
+  // the checkpoint's files and the libraries. A soft limit below that is raised as far as the
+  // hard one allows, as `ulimit -n` in the job script could (Debian's soft default is 1,024).
+  const rlim_t needed = 2 * static_cast<rlim_t>(num_streams / world);
   struct rlimit files;
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY &&
-      static_cast<rlim_t>(num_streams / world) > files.rlim_cur / 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.streams = ", num_streams, " gives each of the ", world, " data-parallel ranks ",
-        num_streams / world, " streams, each with a shard open, and a process may open ",
-        files.rlim_cur, " files (ulimit -n): lower data.streams, or raise the limit to at least ",
-        2 * (num_streams / world)));
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY ||
+      needed <= files.rlim_cur) {
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  struct rlimit raised = files;
+  raised.rlim_cur = files.rlim_max == RLIM_INFINITY ? needed : std::min(needed, files.rlim_max);
+  if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) files = raised;
+  if (needed <= files.rlim_cur) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data.streams = ", num_streams, " gives each of the ", world, " data-parallel ranks ",
+      num_streams / world, " streams, each with a shard open, and a process may open ",
+      files.rlim_cur, " files (ulimit -n; its hard limit, ulimit -Hn, is ",
+      files.rlim_max == RLIM_INFINITY ? "unlimited" : absl::StrCat(files.rlim_max),
+      "): lower data.streams, or raise the hard limit to at least ", needed));
 }
 
 absl::StatusOr<std::unique_ptr<WebDatasetLoader>> WebDatasetLoader::Create(

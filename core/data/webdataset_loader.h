@@ -37,7 +37,7 @@ struct WebDatasetOptions {
 
 // Each of the `world` data-parallel ranks owns whole streams: an error unless world divides
 // num_streams (data.streams), and unless a rank's streams, each with a shard open, fit in half
-// the process's open-file limit.
+// the process's open-file limit, whose soft value it raises towards the hard one if need be.
 absl::Status CheckStreamsSplit(int num_streams, int world);
 
 class WebDatasetLoader final : public SequenceLoader {

@@ -98,23 +98,40 @@ class WebDatasetLoaderTest : public ::testing::Test {
 };
 
 // A rank's streams each keep a shard open: more than half the open-file limit allows is refused
-// before any opens (10 million streams ran out of files at the run's end).
+// before any opens (10 million streams ran out of files at the run's end), once the soft limit
+// is raised as far as the hard one allows.
 TEST(CheckStreamsSplitTest, StreamsMustSplitAndFitTheOpenFileLimit) {
   EXPECT_TRUE(CheckStreamsSplit(8, 4).ok());
   EXPECT_TRUE(absl::StrContains(CheckStreamsSplit(6, 4).message(), "not a multiple of the 4"));
   struct rlimit original;
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &original), 0);
+  ASSERT_TRUE(original.rlim_max == RLIM_INFINITY || original.rlim_max >= 132);
   struct rlimit lowered = original;
   lowered.rlim_cur = 64;
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lowered), 0);
-  const absl::Status many = CheckStreamsSplit(66, 1);
-  const absl::Status split = CheckStreamsSplit(128, 4);  // 32 a rank
+  EXPECT_TRUE(CheckStreamsSplit(128, 4).ok());  // 32 a rank: the limit stays
+  struct rlimit after;
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &after), 0);
+  EXPECT_EQ(after.rlim_cur, 64u);
+  const absl::Status raised = CheckStreamsSplit(66, 1);
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &after), 0);
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &original), 0);
-  EXPECT_EQ(many.message(),
-            "data.streams = 66 gives each of the 1 data-parallel ranks 66 streams, each with a "
-            "shard open, and a process may open 64 files (ulimit -n): lower data.streams, or "
-            "raise the limit to at least 132");
-  EXPECT_TRUE(split.ok()) << split;
+  EXPECT_TRUE(raised.ok()) << raised;
+  EXPECT_EQ(after.rlim_cur, 132u);
+  // A hard limit cannot be raised again: a child process lowers its own (started afresh, as this
+  // one runs threads).
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto under_a_hard_limit_of_100 = [] {
+    const struct rlimit hard = {.rlim_cur = 64, .rlim_max = 100};
+    if (::setrlimit(RLIMIT_NOFILE, &hard) != 0) std::_Exit(3);
+    std::cerr << CheckStreamsSplit(66, 1).message();
+    std::_Exit(0);
+  };
+  EXPECT_EXIT(
+      under_a_hard_limit_of_100(), ::testing::ExitedWithCode(0),
+      "^data\\.streams = 66 gives each of the 1 data-parallel ranks 66 streams, each with a "
+      "shard open, and a process may open 100 files \\(ulimit -n; its hard limit, ulimit -Hn, is "
+      "100\\): lower data\\.streams, or raise the hard limit to at least 132$");
 }
 
 TEST_F(WebDatasetLoaderTest, SameSeedSameSequenceAndEveryTokenIsData) {
