@@ -49,15 +49,22 @@ __global__ void RowIndicesKernel(int32_t* rows, size_t count) {
 }
 
 // Grid: (count sorted positions, column blocks); a block whose position starts no run returns.
+// The others find where their run ends together, blockDim.x positions a pass, then each thread
+// adds its column of the run.
 template <typename T>
 __global__ void EmbeddingGradRunKernel(float* dtable, const T* dout, const int32_t* sorted_ids,
                                        const int32_t* sorted_rows, size_t count, int c,
                                        int id_begin, int id_end) {
   const size_t i = blockIdx.x;
-  if (!StartsRun(sorted_ids, i)) return;
+  if (!StartsRun(sorted_ids, i)) return;  // the whole block
+  __shared__ size_t end;
+  for (size_t k = i + 1 + threadIdx.x;; k += blockDim.x) {
+    if (RunEndsAt(sorted_ids, count, i, k)) end = k;  // one thread of one pass
+    if (__syncthreads_or(PastRun(sorted_ids, count, i, k))) break;
+  }
   const int j = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x);
   if (j < c)
-    EmbeddingGradRun(dtable, dout, sorted_ids, sorted_rows, count, c, id_begin, id_end, i, j);
+    EmbeddingGradRun(dtable, dout, sorted_ids, sorted_rows, i, end, c, id_begin, id_end, j);
 }
 
 unsigned Blocks(size_t threads) {

@@ -52,20 +52,48 @@ DTRAIN_HD inline bool StartsRun(const int32_t* sorted_ids, size_t i) {
   return i == 0 || sorted_ids[i] != sorted_ids[i - 1];
 }
 
-// For the run starting at sorted position i (StartsRun), column j of its id's table row += the
-// run's dout rows in row order (nothing for an id outside [id_begin, id_end)). Each run has one
-// owner and adds in row order as the CPU backend does: deterministic, without atomics, and the
-// CPU's sums exactly.
+// Whether sorted position k (> i) lies past the run that starts at i.
+DTRAIN_HD inline bool PastRun(const int32_t* sorted_ids, size_t count, size_t i, size_t k) {
+  return k >= count || sorted_ids[k] != sorted_ids[i];
+}
+
+// Whether the run that starts at i ends at k (> i), its first position past the run. The ids are
+// sorted, so exactly one k in (i, count] is: a block of threads, each testing one k, finds it in
+// one pass over every blockDim.x positions of a long run.
+DTRAIN_HD inline bool RunEndsAt(const int32_t* sorted_ids, size_t count, size_t i, size_t k) {
+  return PastRun(sorted_ids, count, i, k) && (k - 1 == i || !PastRun(sorted_ids, count, i, k - 1));
+}
+
+// Rows whose loads one thread has in flight together while adding a run.
+inline constexpr int kRunLoads = 8;
+
+// For the run [begin, end) of sorted positions (StartsRun at begin, RunEndsAt end), column j of
+// its id's table row += the run's dout rows in row order (nothing for an id outside
+// [id_begin, id_end)). Each run has one owner and adds in row order as the CPU backend does:
+// deterministic, without atomics, and the CPU's sums exactly. The loads of kRunLoads rows go out
+// before their adds, so a frequent token's long run waits for memory once every kRunLoads rows;
+// the sum lives in a register, which no load of dout (a float32 dout might alias the table)
+// makes the compiler store and reload.
 template <typename T>
 DTRAIN_HD void EmbeddingGradRun(float* dtable, const T* dout, const int32_t* sorted_ids,
-                                const int32_t* sorted_rows, size_t count, int c, int id_begin,
-                                int id_end, size_t i, int j) {
-  float* grad_row = TokenRow(dtable, sorted_ids[i], c, id_begin, id_end);
+                                const int32_t* sorted_rows, size_t begin, size_t end, int c,
+                                int id_begin, int id_end, int j) {
+  float* grad_row = TokenRow(dtable, sorted_ids[begin], c, id_begin, id_end);
   if (grad_row == nullptr) return;
-  float& grad = grad_row[j];
-  for (size_t k = i; k < count && sorted_ids[k] == sorted_ids[i]; ++k) {
-    grad += ToFloat(dout[static_cast<size_t>(sorted_rows[k]) * c + j]);
+  const auto value = [&](size_t k) {
+    return ToFloat(dout[static_cast<size_t>(sorted_rows[k]) * c + j]);
+  };
+  float grad = grad_row[j];
+  size_t k = begin;
+  for (; k + kRunLoads <= end; k += kRunLoads) {
+    float values[kRunLoads];
+    DTRAIN_UNROLL
+    for (int q = 0; q < kRunLoads; ++q) values[q] = value(k + q);
+    DTRAIN_UNROLL
+    for (int q = 0; q < kRunLoads; ++q) grad += values[q];
   }
+  for (; k < end; ++k) grad += value(k);
+  grad_row[j] = grad;
 }
 
 }  // namespace dtrain::cuda

@@ -38,15 +38,30 @@ Sorted SortStably(const int32_t* ids, size_t count) {
   return sorted;
 }
 
-// The backward kernel's index space over a table: every (sorted position, column).
+// The backward kernel's index space over a table of c columns: every (sorted position, column).
+// Each run's block, here of kBlockThreads threads, finds where the run ends as the kernel does,
+// each thread testing one position a pass.
+constexpr size_t kBlockThreads = 4;
 template <typename T>
-void TableGrad(float* dtable, const T* dout, const int32_t* ids, int id_begin, int id_end) {
-  const Sorted sorted = SortStably(ids, kB * kT);
-  for (size_t i = 0; i < sorted.ids.size(); ++i) {
-    if (!StartsRun(sorted.ids.data(), i)) continue;
-    for (int j = 0; j < kC; ++j) {
-      EmbeddingGradRun(dtable, dout, sorted.ids.data(), sorted.rows.data(), sorted.ids.size(), kC,
-                       id_begin, id_end, i, j);
+void TableGrad(float* dtable, const T* dout, const int32_t* ids, size_t count, int c, int id_begin,
+               int id_end) {
+  const Sorted sorted = SortStably(ids, count);
+  const int32_t* sorted_ids = sorted.ids.data();
+  for (size_t i = 0; i < count; ++i) {
+    if (!StartsRun(sorted_ids, i)) continue;
+    std::vector<size_t> ends;
+    for (size_t pass = i + 1;; pass += kBlockThreads) {
+      bool past = false;
+      for (size_t k = pass; k < pass + kBlockThreads; ++k) {
+        if (RunEndsAt(sorted_ids, count, i, k)) ends.push_back(k);
+        past = past || PastRun(sorted_ids, count, i, k);
+      }
+      if (past) break;
+    }
+    ASSERT_EQ(ends.size(), 1u) << "threads that saw the run at " << i << " end";
+    for (int j = 0; j < c; ++j) {
+      EmbeddingGradRun(dtable, dout, sorted_ids, sorted.rows.data(), i, ends[0], c, id_begin,
+                       id_end, j);
     }
   }
 }
@@ -77,9 +92,9 @@ void CheckEmbedding(bool with_positions, const int32_t* positions) {
           with_positions ? position_table + TokenPosition(positions, row, kT) * kC + j : nullptr);
     }
   }
-  TableGrad(dwte.data(), dout.data(), kTokens.data(), kVocabBegin, kVocabEnd);
+  TableGrad(dwte.data(), dout.data(), kTokens.data(), kB * kT, kC, kVocabBegin, kVocabEnd);
   if (with_positions && positions != nullptr) {
-    TableGrad(dwpe.data(), dout.data(), positions, 0, kT);
+    TableGrad(dwpe.data(), dout.data(), positions, kB * kT, kC, 0, kT);
   }
   if (with_positions && positions == nullptr) {
     for (int position = 0; position < kT; ++position) {
@@ -119,6 +134,33 @@ TEST(CudaEmbeddingTest, Fp32MatchesCpuBackend) {
 TEST(CudaEmbeddingTest, Bf16MatchesCpuBackendOnRoundedInputs) {
   CheckEveryLayout(
       [](bool table, const int32_t* positions) { CheckEmbedding<Bf16>(table, positions); });
+}
+
+// A frequent token's run, many of a block's passes long and many times kRunLoads rows, adds its
+// rows in row order: the CPU's sums bit for bit. Runs of 33 (four groups of loads and one row
+// more), 8 (one group), 6 (none: rows one by one) and 1, the last at the end of the sorted ids.
+template <typename T>
+void CheckLongRuns() {
+  constexpr int b = 3, t = 16, c = 5, vocab = 6;
+  std::vector<int32_t> tokens(b * t);
+  for (int row = 0; row < b * t; ++row) {
+    tokens[row] = row == 45 ? 5 : row % 8 == 3 ? 1 : row % 5 == 0 && row < 45 ? 2 : 4;
+  }
+  ASSERT_EQ(std::count(tokens.begin(), tokens.end(), 4), 33);
+  ASSERT_EQ(std::count(tokens.begin(), tokens.end(), 2), 8);
+  ASSERT_EQ(std::count(tokens.begin(), tokens.end(), 1), 6);
+  const std::vector<T> dout = Store<T>(testing::RandomFloats(b * t * c, 6));
+  std::vector<float> dwte = testing::RandomFloats(vocab * c, 7);
+  std::vector<float> dwte_cpu = dwte;
+  TableGrad(dwte.data(), dout.data(), tokens.data(), tokens.size(), c, 0, vocab);
+  cpu::EmbeddingBackward(dwte_cpu.data(), static_cast<float*>(nullptr), Load(dout).data(),
+                         tokens.data(), b, t, c, 0, vocab, nullptr);
+  EXPECT_EQ(dwte, dwte_cpu);
+}
+
+TEST(CudaEmbeddingTest, ALongRunAddsItsRowsInRowOrder) {
+  CheckLongRuns<float>();
+  CheckLongRuns<Bf16>();
 }
 
 }  // namespace
