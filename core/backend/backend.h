@@ -246,9 +246,11 @@ inline int ClassifierChunkRows(int v, size_t budget_bytes = kClassifierChunkByte
 // the whole float32 gradient of the head (154 MB for GPT-2 124M), so 128 MiB chunks (640 rows)
 // moved 8 GB a step of 16 x 1024 tokens; at 1 GiB of bf16 they are 10,624 rows and move 0.6 GB
 // (llm.c computes every row at once).
+// Its rows lie GpuLogitsStride(v) values apart, 16 bytes apart whatever V, for cuBLASLt.
 inline constexpr size_t kGpuClassifierChunkBytes = size_t{1} << 30;
+inline int GpuLogitsStride(int v) { return (v + 7) / 8 * 8; }
 inline int GpuClassifierChunkRows(int v, size_t value_bytes) {
-  return ClassifierChunkRows(v, kGpuClassifierChunkBytes, value_bytes);
+  return ClassifierChunkRows(GpuLogitsStride(v), kGpuClassifierChunkBytes, value_bytes);
 }
 
 // A scalar of the kind above, one double in `backend`'s memory: its value (waiting for the

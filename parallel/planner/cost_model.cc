@@ -189,8 +189,9 @@ double StageActivationBytes(const ModelConfig& model, int micro_batch, int seq_l
   const int rows = on_gpus
                        ? GpuClassifierChunkRows(model.vocab_size, static_cast<size_t>(logit_bytes))
                        : ClassifierChunkRows(model.vocab_size);
-  return arena + std::min<double>(static_cast<double>(micro_batch) * seq_len, rows) *
-                     model.vocab_size * logit_bytes;
+  const int stride = on_gpus ? GpuLogitsStride(model.vocab_size) : model.vocab_size;
+  return arena +
+         std::min<double>(static_cast<double>(micro_batch) * seq_len, rows) * stride * logit_bytes;
 }
 
 double CollectiveMs(Collective collective, double bytes, int group_size, int ranks_per_node,

@@ -64,7 +64,8 @@ TEST(RankMemoryTest, EstimateIsWhatOneProcessAllocates) {
 }
 
 // The classifier's chunk is the device's: at GPT-2's vocabulary and 16 x 1024 tokens a
-// micro-batch, 640 rows of float32 logits on the CPU and 10,624 of bf16 on a GPU (1 GiB).
+// micro-batch, 640 rows of float32 logits on the CPU and 10,624 of bf16 on a GPU (1 GiB, each row
+// padded to 50,264 values).
 TEST(RankMemoryTest, TheClassifiersChunkIsTheDevices) {
   const auto logits_bytes = [](const std::string& device) {
     const absl::StatusOr<Recipe> recipe =
@@ -79,7 +80,7 @@ TEST(RankMemoryTest, TheClassifiersChunkIsTheDevices) {
                                         strategy.param_type);
   };
   EXPECT_EQ(logits_bytes("cpu"), 640.0 * 50257 * 4);
-  EXPECT_EQ(logits_bytes("cuda"), 10624.0 * 50257 * 2);
+  EXPECT_EQ(logits_bytes("cuda"), 10624.0 * 50264 * 2);
 }
 
 // A tensor-parallel rank's estimate is what its engine allocates for its shard of the model.

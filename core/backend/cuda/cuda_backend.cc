@@ -663,7 +663,7 @@ void CudaBackend::ClassifierForwardBackward(Values dx, float* dweight, ConstValu
   // them with the weight. Rows start 16 bytes apart whatever V (GPT-2's 50257 is odd), or
   // cuBLASLt takes its slow unaligned kernels for the three largest GEMMs (llm.c pads the
   // vocabulary to 50304 for the same reason); the padding columns are never read.
-  const int ld = (v + 7) / 8 * 8;
+  const int ld = GpuLogitsStride(v);
   const Values logits = Scratch(own_.logits, static_cast<size_t>(chunk_rows) * ld, x.dtype());
   float* losses = Scratch(own_.losses, n, DataType::kF32).as<float>();  // (N)
   for (int r0 = 0; r0 < n; r0 += chunk_rows) {

@@ -85,11 +85,12 @@ Workload Gpt2Workload(int batch_size) {
 // The activations the planner charges a rank are what the trainer's model allocates
 // (Transformer::ActivationBytes) at the workload's type, bf16, plus at tp = 1 one chunk of the
 // fused classifier's logits: GPT-2 350M at micro-batches of 4 x 1024 tokens keeps all 4,096 rows
-// of them on a GPU, in bf16 (GpuClassifierChunkRows(50257, 2) = 10,624), and 640 rows in float32
-// on the CPU (ClassifierChunkRows(50257)). Korthikanti et al.'s sbh(34 + 5as/h) a layer
-// (REFERENCES.md 7), which counts Megatron's attention scores and dropout masks, is 3.56 times
-// what a block keeps here: 16 bf16 values a token and channel (32 bytes, its input and what its
-// backward reads) and 20 float32 statistics a token (the norms' and the log-sum-exp's).
+// of them on a GPU, in bf16 (GpuClassifierChunkRows(50257, 2) = 10,624), each 50,264 values apart
+// (GpuLogitsStride), and 640 rows in float32 on the CPU (ClassifierChunkRows(50257)). Korthikanti
+// et al.'s sbh(34 + 5as/h) a layer (REFERENCES.md 7), which counts Megatron's attention scores and
+// dropout masks, is 3.56 times what a block keeps here: 16 bf16 values a token and channel (32
+// bytes, its input and what its backward reads) and 20 float32 statistics a token (the norms' and
+// the log-sum-exp's).
 TEST(CostModelTest, ActivationsAreWhatTheTrainerAllocates) {
   const ClusterSpec cluster = testing::CatalogCluster(1, "a100-80gb", "ib-hdr");
   const Workload workload = Gpt2Workload(64);
@@ -98,7 +99,8 @@ TEST(CostModelTest, ActivationsAreWhatTheTrainerAllocates) {
   ASSERT_EQ(workload.precision.activation_bytes, 2);
   constexpr DataType kBf16 = DataType::kBF16;
   ASSERT_EQ(GpuClassifierChunkRows(model.vocab_size, 2), 10624);
-  const double logits = 4096.0 * model.vocab_size * 2;
+  ASSERT_EQ(GpuLogitsStride(model.vocab_size), 50264);
+  const double logits = 4096.0 * 50264 * 2;
   for (const Recompute recompute : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     const Layout layout{.dp = 8, .micro_batch = b, .recompute = recompute};
     const double arena = Transformer::ActivationBytes(model, b, s, recompute, {}, false, 1, kBf16);
@@ -111,7 +113,7 @@ TEST(CostModelTest, ActivationsAreWhatTheTrainerAllocates) {
   EXPECT_DOUBLE_EQ(
       EstimateLayout(workload, cluster, larger).memory.activation_bytes,
       Transformer::ActivationBytes(model, 16, s, Recompute::kNone, {}, false, 1, kBf16) +
-          10624.0 * model.vocab_size * 2);
+          10624.0 * 50264 * 2);
   Workload on_cpu = workload;
   on_cpu.on_gpus = false;
   const Layout layout{.dp = 8, .micro_batch = b};
