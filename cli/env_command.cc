@@ -97,7 +97,7 @@ void AddEnvCommand(CLI::App& app) {
     bool uses_gpus = false;
     bool check_master = false;
     int rank = 0, world_size = 0, local_rank = 0, nproc_per_node = 0, node_rank = 0, num_nodes = 0,
-        master_port = 0;
+        master_port = 0, max_restarts = 0;
     std::string master_addr, run_id;
   };
   auto args = std::make_shared<Args>();
@@ -119,6 +119,9 @@ void AddEnvCommand(CLI::App& app) {
   CLI::Option* master_port =
       command->add_option("--master-port", args->master_port, "Rendezvous port");
   CLI::Option* run_id = command->add_option("--run-id", args->run_id, "Run name");
+  CLI::Option* max_restarts =
+      command->add_option("--max-restarts", args->max_restarts, "Restarts the agent allows")
+          ->check(NonNegative());
   command->add_flag("--uses-gpus", args->uses_gpus,
                     "Check that the local processes fit on the node's GPUs");
   command->add_flag("--check-master", args->check_master,
@@ -135,6 +138,7 @@ void AddEnvCommand(CLI::App& app) {
     if (master_addr->count() > 0) flags.master_addr = args->master_addr;
     if (master_port->count() > 0) flags.master_port = args->master_port;
     if (run_id->count() > 0) flags.run_id = args->run_id;
+    if (max_restarts->count() > 0) flags.max_restarts = args->max_restarts;
     absl::StatusOr<WorldEnvironment> world = ResolveWorld(ProcessEnvironment(), flags);
     if (!world.ok()) Fail(world.status(), kExitUsage);
     if (args->json) {

@@ -839,7 +839,11 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
                               restart ? std::optional<Candidate>(*restart) : std::nullopt,
                               world.restart_count));
   RETURN_IF_ERROR(count_field("max_restarts",
-                              env.First({"DTRAIN_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS"}),
+                              flags.max_restarts.has_value()
+                                  ? std::optional<Candidate>(Derived(
+                                        absl::StrCat(*flags.max_restarts),
+                                        absl::StrCat("flag --max-restarts ", *flags.max_restarts)))
+                                  : env.First({"DTRAIN_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS"}),
                               world.max_restarts));
 
   if (std::optional<std::string> token = env.Get("DTRAIN_RDZV_TOKEN")) {

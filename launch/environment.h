@@ -98,6 +98,7 @@ struct WorldOverrides {
   std::optional<std::string> master_addr;
   std::optional<int> master_port;
   std::optional<std::string> run_id;
+  std::optional<int> max_restarts;
   // The process will use GPUs: then more local processes than GPUs on the node (when the
   // environment says how many there are) is an error. One visible GPU is accepted for any
   // local world size, since launchers commonly bind each process to its own GPU.

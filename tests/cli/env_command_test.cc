@@ -66,14 +66,17 @@ TEST(EnvCommandTest, JsonHasValuesSourceAndProvenance) {
 
 TEST(EnvCommandTest, FlagsOverrideTheEnvironment) {
   const Outcome outcome =
-      RunDtrainInEnvironment("", "env --json --nproc-per-node 4 --master-port 31000");
+      RunDtrainInEnvironment("DTRAIN_MAX_RESTARTS=2",
+                             "env --json --nproc-per-node 4 --master-port 31000 --max-restarts 3");
   ASSERT_EQ(outcome.exit_code, 0) << outcome.stderr_text;
   const nlohmann::json json = nlohmann::json::parse(outcome.stdout_text);
   EXPECT_EQ(json["source"], "single");
   EXPECT_EQ(json["world_size"], 4);
   EXPECT_EQ(json["master_port"], 31000);
+  EXPECT_EQ(json["max_restarts"], 3);
   EXPECT_EQ(json["provenance"]["local_world_size"], "flag --nproc-per-node 4");
   EXPECT_EQ(json["provenance"]["master_port"], "flag --master-port 31000");
+  EXPECT_EQ(json["provenance"]["max_restarts"], "flag --max-restarts 3");
 }
 
 TEST(EnvCommandTest, OneProcessByDefault) {
