@@ -104,6 +104,10 @@ class SafetensorsReader {
   // BF16 and F64 (rounded); ReadInt32 accepts I32 and I64 (values must fit); ReadInt64 accepts
   // I32 and I64. Other dtypes, an unknown name or an I/O failure are errors.
   absl::Status ReadFloat32(const std::string& name, float* out) const;
+  // Elements [begin, begin + count) of the tensor, converted as ReadFloat32 converts them: what
+  // compares or copies a large tensor a slice at a time. A slice past the end is an error.
+  absl::Status ReadFloat32Slice(const std::string& name, size_t begin, size_t count,
+                                float* out) const;
   absl::Status ReadInt32(const std::string& name, int32_t* out) const;
   absl::Status ReadInt64(const std::string& name, int64_t* out) const;
   // The stored bytes, unconverted.
@@ -113,6 +117,11 @@ class SafetensorsReader {
   SafetensorsReader(std::string path, int fd, uint64_t data_start,
                     std::vector<SafetensorsEntry> tensors, SafetensorsMetadata metadata);
   absl::StatusOr<const SafetensorsEntry*> Lookup(const std::string& name) const;
+  // Elements [begin, begin + count) of `entry`, stored as From, into `out` as convert(value),
+  // through a buffer of at most kConvertedElements values.
+  template <typename From, typename To, typename Convert>
+  absl::Status ReadConverted(const SafetensorsEntry& entry, size_t begin, size_t count, To* out,
+                             Convert convert) const;
 
   std::string path_;
   int fd_ = -1;

@@ -109,13 +109,18 @@ absl::Status CheckHeadIsTied(const ModelConfig& config,
   const SafetensorsEntry* head_entry = head->second.reader->Find(head->second.name);
   const SafetensorsEntry* embedding_entry = embedding->second.reader->Find(embedding->second.name);
   bool tied = head_entry->spec.shape == embedding_entry->spec.shape;
-  if (tied) {
-    std::vector<float> head_values(NumElements(head_entry->spec.shape));
-    std::vector<float> embedding_values(head_values.size());
-    RETURN_IF_ERROR(head->second.reader->ReadFloat32(head->second.name, head_values.data()));
+  // A slice at a time: a tied Llama 3.2's embedding is 1 GB or more in float32.
+  constexpr size_t kSlice = size_t{1} << 20;
+  const size_t numel = static_cast<size_t>(NumElements(head_entry->spec.shape));
+  std::vector<float> head_values(tied ? std::min(kSlice, numel) : 0);
+  std::vector<float> embedding_values(head_values.size());
+  for (size_t begin = 0; tied && begin < numel; begin += kSlice) {
+    const size_t count = std::min(kSlice, numel - begin);
     RETURN_IF_ERROR(
-        embedding->second.reader->ReadFloat32(embedding->second.name, embedding_values.data()));
-    tied = head_values == embedding_values;
+        head->second.reader->ReadFloat32Slice(head->second.name, begin, count, head_values.data()));
+    RETURN_IF_ERROR(embedding->second.reader->ReadFloat32Slice(embedding->second.name, begin, count,
+                                                               embedding_values.data()));
+    tied = std::equal(head_values.begin(), head_values.begin() + count, embedding_values.begin());
   }
   if (tied) return absl::OkStatus();
   const std::string differs = absl::StrCat(*head->second.file, ": ", head->second.name,

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "gtest/gtest.h"
 
@@ -94,6 +96,52 @@ TEST_F(SafetensorsTest, ReaderListsTensorsInFileOrder) {
   EXPECT_TRUE(HasText(reader->ReadFloat32("a", wrong).message(), "'a' is I64"));
   EXPECT_TRUE(
       HasText(reader->ReadFloat32("missing", wrong).message(), "no tensor named 'missing'"));
+}
+
+// A slice of a tensor reads as the same elements of the whole, in every floating type, across the
+// reader's conversion buffer (2^20 elements) too; a slice past the end is an error.
+TEST_F(SafetensorsTest, ASliceReadsAsThatPartOfTheWhole) {
+  constexpr size_t kCount = (size_t{1} << 20) + 5;
+  std::vector<uint16_t> bf16(kCount);
+  std::vector<double> f64(kCount);
+  std::vector<float> f32(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    bf16[i] = static_cast<uint16_t>(0x3F80 + i % 127);  // 1.0 up to 1.98
+    f64[i] = static_cast<double>(i) + 0.25;
+    f32[i] = static_cast<float>(i) * 0.5f;
+  }
+  const std::string path = Path("slices.safetensors");
+  const int64_t n = static_cast<int64_t>(kCount);
+  ASSERT_TRUE(WriteSafetensors(path, {{{"bf16", DType::kBF16, {n}}, bf16.data()},
+                                      {{"f64", DType::kF64, {n}}, f64.data()},
+                                      {{"f32", DType::kF32, {n}}, f32.data()}})
+                  .ok());
+  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  for (const char* name : {"bf16", "f64", "f32"}) {
+    std::vector<float> whole(kCount);
+    ASSERT_TRUE(reader->ReadFloat32(name, whole.data()).ok()) << name;
+    for (const auto& [begin, count] : std::vector<std::pair<size_t, size_t>>{
+             {0, 3}, {(size_t{1} << 20) - 2, 7}, {5, kCount - 5}, {kCount, 0}}) {
+      std::vector<float> slice(count);
+      ASSERT_TRUE(reader->ReadFloat32Slice(name, begin, count, slice.data()).ok()) << name;
+      EXPECT_TRUE(std::equal(slice.begin(), slice.end(), whole.begin() + begin))
+          << name << " [" << begin << ", " << begin + count << ")";
+    }
+    size_t wrong = 0;
+    for (size_t i = 0; i < kCount; ++i) {
+      const float expected = absl::string_view(name) == "bf16"
+                                 ? 1.0f + static_cast<float>(i % 127) / 128  // exact in bf16
+                             : absl::string_view(name) == "f64" ? static_cast<float>(f64[i])
+                                                                : f32[i];
+      wrong += whole[i] != expected;
+    }
+    EXPECT_EQ(wrong, 0u) << name;
+    float out[2];
+    EXPECT_EQ(reader->ReadFloat32Slice(name, kCount - 1, 2, out).message(),
+              absl::StrCat(path, ": tensor '", name, "' has ", kCount, " elements, not [",
+                           kCount - 1, ", ", kCount + 1, ")"));
+  }
 }
 
 TEST_F(SafetensorsTest, UnfinishedWriterLeavesNoFile) {
