@@ -34,6 +34,9 @@ void AddOverrideOption(CLI::App& command, std::vector<std::string>& overrides) {
                   "repeatable")
       ->type_name("KEY=VALUE")
       ->expected(1)
+      // One value an occurrence: CLI11's vectors take the arguments after it too, and `train --set
+      // train.steps=5 tiny.yaml` read the recipe as a second override.
+      ->allow_extra_args(false)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 
@@ -174,6 +177,15 @@ std::string UsageHint(const CLI::App& app, const std::vector<std::string>& args)
                         nearest.empty() ? "" : absl::StrCat(" (did you mean ", nearest, "?)"),
                         "; see ", path, " --help");
   }
+  // --set takes one KEY=VALUE an occurrence: `--set a=1 b=2` left b=2 over, which CLI11 calls
+  // not expected.
+  for (size_t k = 1; k < args.size(); ++k) {
+    const bool after_set =
+        (k >= 2 && args[k - 2] == "--set") || absl::StartsWith(args[k - 1], "--set=");
+    if (after_set && !absl::StartsWith(args[k], "-") && absl::StrContains(args[k], '=')) {
+      return absl::StrCat("--set takes one KEY=VALUE: write --set ", args[k]);
+    }
+  }
   if (const std::vector<const CLI::App*> subcommands = command->get_subcommands({});
       command != &app && !subcommands.empty() && i == args.size()) {
     std::vector<std::string> names;
@@ -209,6 +221,10 @@ int main(int argc, char** argv) {
   CLI::App app("dtrain: trains GPT-2 and Llama style transformers, from one CPU to a cluster",
                "dtrain");
   app.set_version_flag("--version", "dtrain " DTRAIN_VERSION);
+  // CLI11's own parse errors begin as dtrain's do, "error: ", for whoever greps a job's log.
+  app.failure_message([](const CLI::App* failed, const CLI::Error& error) {
+    return absl::StrCat("error: ", CLI::FailureMessage::simple(failed, error));
+  });
   app.require_subcommand(0, 1);
 
   dtrain::cli::AddTrainCommand(app);
@@ -228,7 +244,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::RuntimeError& e) {
     return e.get_exit_code();  // the command already printed its message
   } catch (const CLI::ParseError& e) {
-    // CLI11 prints the version as soon as it reads the flag, ignoring what follows.
+    // CLI11 stops at the flag (CallForVersion), whatever follows it.
     if (dynamic_cast<const CLI::CallForVersion*>(&e) != nullptr && argc > 2) {
       std::cerr << "error: --version takes nothing else; run dtrain --version alone\n";
       return dtrain::kExitUsage;

@@ -60,15 +60,30 @@ bool OutsideRunFolder(const std::string& dir, const std::string& run_dir) {
   return relative.empty() || *relative.begin() == "..";
 }
 
+// A recipe key whose saved value differs from the current one, and both values.
+struct ChangedKey {
+  std::string path;
+  std::string values;  // "(4, now 6)"
+};
+
+// A value on one line, as a recipe can write it: 4, [a.txt, b.txt].
+std::string OneLine(const YAML::Node& node) {
+  YAML::Emitter out;
+  out.SetSeqFormat(YAML::Flow);
+  out.SetMapFormat(YAML::Flow);
+  out << node;
+  return out.c_str();
+}
+
 // Keys that differ between two resolved recipes ("section.key").
-std::vector<std::string> DifferingKeys(const std::string& saved, const std::string& current) {
-  std::vector<std::string> keys;
+std::vector<ChangedKey> DifferingKeys(const std::string& saved, const std::string& current) {
+  std::vector<ChangedKey> keys;
   YAML::Node a, b;
   try {
     a = YAML::Load(saved);
     b = YAML::Load(current);
   } catch (const YAML::Exception&) {
-    return {"(the saved recipe does not parse)"};
+    return {{"(the saved recipe does not parse)", ""}};
   }
   for (auto section = b.begin(); section != b.end(); ++section) {
     const std::string name = section->first.Scalar();
@@ -76,7 +91,9 @@ std::vector<std::string> DifferingKeys(const std::string& saved, const std::stri
     for (auto key = section->second.begin(); key != section->second.end(); ++key) {
       const std::string path = absl::StrCat(name, ".", key->first.Scalar());
       const YAML::Node old_value = old_section ? old_section[key->first.Scalar()] : YAML::Node();
-      if (!old_value || YAML::Dump(old_value) != YAML::Dump(key->second)) keys.push_back(path);
+      if (old_value && YAML::Dump(old_value) == YAML::Dump(key->second)) continue;
+      keys.push_back({path, absl::StrCat(" (", old_value ? OneLine(old_value) : "none", ", now ",
+                                         OneLine(key->second), ")")});
     }
   }
   return keys;
@@ -279,11 +296,11 @@ absl::StatusOr<TrainingCheckpoints::Loaded> TrainingCheckpoints::TryLoad(
   Loaded loaded;
   loaded.run_name = RunNameOf(m.recipe_yaml);
   std::vector<std::string> blocking;
-  for (const std::string& key : DifferingKeys(m.recipe_yaml, recipe_yaml_)) {
+  for (const auto& [key, values] : DifferingKeys(m.recipe_yaml, recipe_yaml_)) {
     if (key == "train.init_from") {
       loaded.init_from_changed = true;
     } else if (!PlaceKeys().count(key)) {
-      (ShapeKeys().count(key) ? blocking : loaded.changed_keys).push_back(key);
+      (ShapeKeys().count(key) ? blocking : loaded.changed_keys).push_back(key + values);
     }
   }
   if (!blocking.empty()) {

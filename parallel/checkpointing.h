@@ -82,11 +82,12 @@ class TrainingCheckpoints {
   struct Loaded {
     LoaderState data;  // to restore into the loader
     int64_t step = 0;
-    std::string origin;                     // the layout that saved it, for the log
-    std::vector<std::string> changed_keys;  // recipe keys saved with other values
-    bool init_from_changed = false;         // train.init_from was another (or none)
-    std::string run_name;                   // the run.name that saved it
-    std::string metrics_line;               // of the saved step
+    std::string origin;  // the layout that saved it, for the log
+    // Recipe keys saved with other values, each with both: "train.lr (0.001, now 0.0003)".
+    std::vector<std::string> changed_keys;
+    bool init_from_changed = false;  // train.init_from was another (or none)
+    std::string run_name;            // the run.name that saved it
+    std::string metrics_line;        // of the saved step
   };
   // Fills the engine from `step_dir`. A fatal error (an incompatible recipe) sets `fatal`.
   absl::StatusOr<Loaded> TryLoad(const std::string& step_dir, bool& fatal);

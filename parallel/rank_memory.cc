@@ -111,10 +111,14 @@ absl::Status CheckRankMemory(const Recipe& recipe, const RankMemory& memory,
                              const Backend::Memory& available, const ShardingStrategy& strategy,
                              int dp_size, int world_size, int local_world_size) {
   const int sharing = available.shared_by_local_ranks ? local_world_size : 1;
-  if (memory.total_bytes() * sharing <= available.bytes) return absl::OkStatus();
+  const double needed = memory.total_bytes() * sharing;
+  if (needed <= available.bytes) return absl::OkStatus();
   const std::string fitting =
       FittingLayoutHint(recipe, world_size, local_world_size, available.bytes / sharing);
-  return absl::ResourceExhaustedError(absl::StrCat(
+  // More than the device holds at all: exit 2, which the agent does not restart. Within it, the
+  // free memory may be another process's for now (a GPU's, until the last attempt's workers end).
+  const bool never_fits = available.capacity > 0 && needed > available.capacity;
+  const absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
       sharing == 1 ? ""
                    : absl::StrCat(sharing, " ranks on ", available.name, " need ",
                                   FormatBytes(memory.total_bytes() * sharing), "; "),
@@ -125,6 +129,7 @@ absl::Status CheckRankMemory(const Recipe& recipe, const RankMemory& memory,
       FormatBytes(memory.activation_bytes), "; step buffers ", FormatBytes(memory.buffer_bytes),
       ") but ", available.name, " has ", FormatBytes(available.bytes),
       available.shared_by_local_ranks ? "" : " free", "; ", fitting));
+  return never_fits ? WithExitCode(status, kExitUsage) : status;
 }
 
 }  // namespace dtrain

@@ -52,6 +52,7 @@
 #include "nlohmann/json.hpp"
 #include "parallel/checkpointing.h"
 #include "parallel/comm/faulty_ranks.h"
+#include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/host_values.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline/executor.h"
@@ -456,6 +457,13 @@ class CheckpointSignals {
   bool stopping_ = false;
 };
 
+// The step of a metrics.jsonl line; none for a line that is not a step's.
+std::optional<int64_t> StepOfMetricsLine(std::string_view line) {
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) return std::nullopt;
+  return j["step"].get<int64_t>();
+}
+
 // metrics.jsonl, a line a step. A resumed run's file keeps the earlier run's lines up to the
 // resumed step and drops later ones (steps redone after the resume), so it reads as one
 // uninterrupted run; the resumed step's own line comes from the checkpoint when the file lacks it
@@ -481,11 +489,10 @@ class MetricsFile {
       std::string kept;
       int64_t last_kept = 0;
       for (std::string line; std::getline(in, line);) {
-        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-        if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
-        if (j["step"].get<int64_t>() > resumed_step) continue;
+        const std::optional<int64_t> step = StepOfMetricsLine(line);
+        if (!step || *step > resumed_step) continue;
         absl::StrAppend(&kept, line, "\n");
-        last_kept = j["step"].get<int64_t>();
+        last_kept = *step;
         if (kept.size() >= kPiece) {
           RETURN_IF_ERROR(WriteAll(fd, kept.data(), kept.size(), tmp));
           kept.clear();
@@ -555,6 +562,13 @@ absl::Status CheckExportDestination(const Recipe& recipe) {
   } else if (fs::exists(path, error) && !fs::is_directory(path, error)) {
     return refused(absl::StrCat(path.string(), " is a file"));
   }
+  // What is there already is the export's to replace (an earlier one's), or another's.
+  if (const absl::Status replaceable = file ? CheckReplaceableWeightsFile(target.string())
+                                            : CheckReplaceableModelFolder(path.string());
+      !replaceable.ok()) {
+    return Renamed(replaceable, absl::StrCat("train.export_to ", recipe.train.export_to, ": ",
+                                             replaceable.message()));
+  }
   fs::path existing = target.parent_path();
   while (!existing.empty() && !fs::exists(existing, error)) existing = existing.parent_path();
   if (existing.empty()) existing = ".";
@@ -567,9 +581,25 @@ absl::Status CheckExportDestination(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
+// Whether the file at `path` may become a run's metrics: absent, empty, or metrics already (its
+// first line a step's, or cut off by a crash before its end), which a fresh run writes anew.
+bool HoldsMetricsOrNothing(const std::filesystem::path& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) return true;  // a FIFO's open would wait
+  std::ifstream in(path, std::ios::binary);
+  constexpr size_t kLongestFirstLine = 4096;  // a step's line is a few hundred bytes
+  std::string head(kLongestFirstLine, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  const size_t end = head.find('\n');
+  if (end == std::string::npos) return head.size() < kLongestFirstLine && in.eof();
+  return StepOfMetricsLine(std::string_view(head).substr(0, end)).has_value();
+}
+
 // The files a run writes must not be one another's, nor a device or folder that a file written
-// there would replace (logging.metrics_file: /dev/null became a file of metrics): an error
-// naming the key, before anything is written.
+// there would replace (logging.metrics_file: /dev/null became a file of metrics), nor a file of
+// something else (logging.metrics_file: ../tiny.yaml became one too): an error naming the key,
+// before anything is written.
 absl::Status CheckRunOutputs(const Recipe& recipe) {
   namespace fs = std::filesystem;
   const fs::path run_dir = recipe.run_dir();
@@ -619,6 +649,13 @@ absl::Status CheckRunOutputs(const Recipe& recipe) {
       !resolved.ok()) {
     return Renamed(resolved.status(),
                    absl::StrCat("logging.metrics_file: ", resolved.status().message()));
+  }
+  if (!HoldsMetricsOrNothing(metrics)) {
+    return refused("logging.metrics_file", metrics_file,
+                   absl::StrCat("is ", metrics.string(),
+                                ", a file of something else (its first line is no step's "
+                                "metrics), which the run would write over: give the metrics a "
+                                "file of their own, or move that one away"));
   }
   return absl::OkStatus();
 }
@@ -1312,6 +1349,9 @@ absl::StatusOr<TrainingEnd> TrainRankUnlessOutOfMemory(
 }
 
 absl::StatusOr<TrainingEnd> RunTraining(const Recipe& requested, const WorldMembership& world) {
+  // SIGUSR2 asks for the flight recorder's dump (`pkill -USR2 dtrain` on a job that hangs): never
+  // fatal, in a world of one, which records nothing, nor while the ranks meet.
+  FlightRecorder::InstallDumpSignal();
   std::optional<CheckpointSignals> signals;
   // Under `dtrain launch` the agent already prefixes every line with the rank (or writes one
   // file per rank).

@@ -80,6 +80,9 @@ class Backend {
     std::string name;  // "this machine", "GPU 3"
     double bytes = 0;
     bool shared_by_local_ranks = false;
+    // The most `bytes` can be (the machine's or the GPU's whole memory; 0 = unknown): a need
+    // above it is no restart's to meet, where free memory may be another process's for now.
+    double capacity = 0;
   };
   virtual Memory AvailableMemory() const = 0;
 

@@ -18,6 +18,7 @@
 #include "core/data/compressed_format.h"
 #include "core/data/sft_data.h"
 #include "core/data/shard_urls.h"
+#include "core/data/tar_reader.h"
 #include "core/data/tar_writer.h"
 #include "core/data/token_decode.h"
 #include "core/util/files.h"
@@ -216,6 +217,12 @@ absl::Status CheckPlainText(const std::string& path, const std::string& text) {
         absl::StrCat(path, " is a ", format->name,
                      " archive, whose bytes would be packed as text: unpack it first",
                      *format->unpack == '\0' ? "" : absl::StrCat(" (", format->unpack, ")")));
+  }
+  if (IsTarHeader(text)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path,
+        " is a tar archive, whose headers would be packed as text: unpack it and pack the "
+        "files it holds (shards `dtrain data pack` wrote train as data.format: webdataset)"));
   }
   if (LowerExtension(path) == ".json") {
     const std::string first_line = text.substr(0, text.find('\n'));

@@ -104,6 +104,10 @@ bool ParsePax(absl::string_view records, std::string* path, int64_t* size) {
 
 }  // namespace
 
+bool IsTarHeader(std::string_view head) {
+  return head.size() >= kBlock && !IsZeroBlock(head.data()) && ChecksumMatches(head.data());
+}
+
 TarReader::TarReader(ByteSource* source, int64_t max_member_bytes)
     : source_(source), max_member_bytes_(max_member_bytes), buffer_(kReadAheadBytes) {}
 

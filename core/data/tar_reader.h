@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -20,6 +21,10 @@ struct TarMember {
   std::string data;
   int64_t offset = 0;  // byte offset of the member's first header in the archive
 };
+
+// Whether `head`, a file's first bytes, begins with a tar header whose checksum holds: a
+// WebDataset shard, say, where text was expected.
+bool IsTarHeader(std::string_view head);
 
 class TarReader {
  public:

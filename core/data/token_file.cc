@@ -14,6 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/data/compressed_format.h"
+#include "core/data/tar_reader.h"
 #include "core/util/exit_codes.h"
 #include "core/util/files.h"
 #include "core/util/log.h"
@@ -44,18 +46,22 @@ absl::StatusOr<File> OpenFile(const std::string& path, uint64_t* bytes) {
   if (::fstat(fd, &info) != 0) {
     return FileError(errno, absl::StrCat("sizing data file ", path));
   }
+  // Files a restart would find the same: exit 2, which the agent does not restart.
   if (S_ISDIR(info.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data file ", path,
-                     " is a directory; name the files inside it in data.train or data.val (a glob "
-                     "such as ",
-                     path, "/* works)"));
+    return WithExitCode(
+        absl::InvalidArgumentError(absl::StrCat(
+            "data file ", path,
+            " is a directory; name the files inside it in data.train or data.val (a glob such as ",
+            path, "/* works)")),
+        kExitUsage);
   }
   if (!S_ISREG(info.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data file ", path,
-        " is not a regular file (a device, FIFO or socket), whose bytes may never end; name files "
-        "of text or tokens in data.train or data.val"));
+    return WithExitCode(
+        absl::InvalidArgumentError(absl::StrCat(
+            "data file ", path,
+            " is not a regular file (a device, FIFO or socket), whose bytes may never end; name "
+            "files of text or tokens in data.train or data.val")),
+        kExitUsage);
   }
   *bytes = static_cast<uint64_t>(info.st_size);
   return file;
@@ -85,11 +91,41 @@ absl::Status AppendChecked(const std::vector<T>& values, int vocab_size, const s
   return absl::OkStatus();
 }
 
+// Bytes data.format text would train on as tokens that no one means to: a compressed file, or a
+// tar archive (WebDataset shards named in data.train). Exit 2: a restart reads the same.
+absl::Status CheckIsNoArchive(const std::string& path, std::string_view head) {
+  if (const std::optional<CompressedFormat> format = CompressedFormatOf(head)) {
+    return WithExitCode(
+        absl::InvalidArgumentError(absl::StrCat(
+            "data file ", path, " is a ", format->name,
+            " archive, whose bytes data.format text would train on as tokens: unpack it first",
+            *format->unpack == '\0' ? "" : absl::StrCat(" (", format->unpack, ")"))),
+        kExitUsage);
+  }
+  if (IsTarHeader(head)) {
+    return WithExitCode(
+        absl::InvalidArgumentError(absl::StrCat(
+            "data file ", path,
+            " is a tar archive, whose headers data.format text would train on as tokens: for "
+            "WebDataset shards (`dtrain data pack` writes them), set data.format: webdataset and "
+            "name them in data.shards")),
+        kExitUsage);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status AppendTextFile(const std::string& path, int vocab_size, std::vector<int32_t>* tokens) {
   uint64_t bytes = 0;
   ASSIGN_OR_RETURN(File file, OpenFile(path, &bytes));
-  std::vector<uint8_t> text(bytes);
+  // The first bytes (a tar header's 512) are checked before the rest is read: an archive of
+  // gigabytes is refused, not read whole first.
+  std::vector<uint8_t> text(std::min<uint64_t>(bytes, 512));
   RETURN_IF_ERROR(ReadExactly(file.get(), text.data(), text.size(), path));
+  RETURN_IF_ERROR(CheckIsNoArchive(
+      path, std::string_view(reinterpret_cast<const char*>(text.data()), text.size())));
+  const size_t head = text.size();
+  text.resize(bytes);
+  RETURN_IF_ERROR(ReadExactly(file.get(), text.data() + head, text.size() - head, path));
   return AppendChecked(text, vocab_size, path, tokens);
 }
 

@@ -26,8 +26,10 @@ absl::StatusOr<std::vector<std::string>> ExpandFilePatterns(
     const std::vector<std::string>& patterns);
 
 // Reads and concatenates the tokens of `files`. Errors name the file and the fix: unreadable
-// file, llm.c header with a wrong magic or version or a size that disagrees with its token count,
-// a token >= vocab_size (with its position in the file).
+// file, a folder or other file that is not a regular one, text that is an archive (tar or
+// compressed), llm.c header with a wrong magic or version or a size that disagrees with its token
+// count, a token >= vocab_size (with its position in the file). The folder, other-file and archive
+// errors ask for kExitUsage: a restart would meet them again.
 absl::StatusOr<std::vector<int32_t>> LoadTokenFiles(const std::vector<std::string>& files,
                                                     TokenFormat format, int vocab_size);
 

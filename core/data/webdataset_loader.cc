@@ -110,12 +110,16 @@ absl::Status CheckStreamsSplit(int num_streams, int world) {
   raised.rlim_cur = files.rlim_max == RLIM_INFINITY ? needed : std::min(needed, files.rlim_max);
   if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) files = raised;
   if (needed <= files.rlim_cur) return absl::OkStatus();
+  // Under an unlimited hard limit, the kernel's fs.nr_open refused the raise.
+  const bool unlimited = files.rlim_max == RLIM_INFINITY;
   return absl::InvalidArgumentError(absl::StrCat(
       "data.streams = ", num_streams, " gives each of the ", world, " data-parallel ranks ",
       num_streams / world, " streams, each with a shard open, and a process may open ",
-      files.rlim_cur, " files (ulimit -n; its hard limit, ulimit -Hn, is ",
-      files.rlim_max == RLIM_INFINITY ? "unlimited" : absl::StrCat(files.rlim_max),
-      "): lower data.streams, or raise the hard limit to at least ", needed));
+      files.rlim_cur, " files (ulimit -n; ",
+      unlimited ? "the kernel's fs.nr_open caps it"
+                : absl::StrCat("its hard limit, ulimit -Hn, is ", files.rlim_max),
+      "): lower data.streams, or raise ", unlimited ? "fs.nr_open" : "the hard limit",
+      " to at least ", needed));
 }
 
 absl::StatusOr<std::unique_ptr<WebDatasetLoader>> WebDatasetLoader::Create(

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/exit_codes.h"
 #include "core/util/rng.h"
 #include "core/util/status.h"
 
@@ -19,10 +20,13 @@ absl::Status CheckHasWindow(size_t num_tokens, int seq_len, const std::string& s
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": seq_len ", seq_len, " must be positive"));
   }
+  // Data a restart would read the same: exit 2.
   if (num_tokens < static_cast<size_t>(seq_len) + 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": ", num_tokens, " tokens is fewer than one window of train.seq_len + 1 = ",
-        seq_len + 1, "; add data or lower train.seq_len"));
+    return WithExitCode(absl::InvalidArgumentError(absl::StrCat(
+                            source, ": ", num_tokens,
+                            " tokens is fewer than one window of train.seq_len + 1 = ", seq_len + 1,
+                            "; add data or lower train.seq_len")),
+                        kExitUsage);
   }
   return absl::OkStatus();
 }

@@ -284,9 +284,9 @@ std::string RunReportHtml(const RunFolder& run) {
   const std::vector<StepMetrics>& steps = run.metrics.steps;
   const std::string name = EscapeMarkup(run.name);
   std::string html = absl::StrCat(
-      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-      "<title>dtrain report: ",
-      name, "</title>\n<style>", kStyle, "</style>\n</head>\n<body>\n<h1>dtrain report: ", name,
+      kReportPageStart,
+      "\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>dtrain report: ", name,
+      "</title>\n<style>", kStyle, "</style>\n</head>\n<body>\n<h1>dtrain report: ", name,
       "</h1>\n<p class=\"caption\">", EscapeMarkup(run.dir), "</p>\n");
   absl::StrAppend(&html, SummaryRows(run, SummarizeRun(steps)));
   for (const std::string& note : ReportNotes(run)) {

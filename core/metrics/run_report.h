@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/metrics/step_metrics.h"
 #include "core/recipe/recipe.h"
 
@@ -62,7 +63,8 @@ RunSummary SummarizeRun(const std::vector<StepMetrics>& steps);
 // steps at all. The page shows them at its top; `dtrain report` prints them too.
 std::vector<std::string> ReportNotes(const RunFolder& run);
 
-// The HTML page: a complete document, UTF-8.
+// The HTML page: a complete document, UTF-8, that starts with kReportPageStart.
+inline constexpr absl::string_view kReportPageStart = "<!DOCTYPE html>";
 std::string RunReportHtml(const RunFolder& run);
 
 // Writes RunReportHtml(run) to `path`; an error names the path when it cannot be written.

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "core/data/tokenizers/load_tokenizer.h"
 #include "core/data/tokenizers/sentencepiece_library.h"
+#include "core/util/exit_codes.h"
 #include "core/util/files.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
@@ -502,10 +503,37 @@ bool IsHfFolderFile(absl::string_view name) {
          absl::EndsWith(name, ".safetensors");
 }
 
+absl::Status CheckReplaceableModelFolder(const std::string& dir) {
+  std::error_code error;
+  std::vector<std::string> replaced;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (IsHfFolderFile(name)) replaced.push_back(name);
+  }
+  if (replaced.empty()) return absl::OkStatus();
+  const fs::path weights_path = fs::path(dir) / kWeightsName;
+  if (fs::is_regular_file(weights_path, error)) {
+    const absl::StatusOr<SafetensorsReader> weights = SafetensorsReader::Open(weights_path);
+    // dtrain_checkpoint: `dtrain ckpt export`'s, before the marker.
+    if (weights.ok() && (weights->metadata().contains(kExportMarkerKey) ||
+                         weights->metadata().contains("dtrain_checkpoint"))) {
+      return absl::OkStatus();
+    }
+  }
+  absl::c_sort(replaced);
+  return WithExitCode(
+      absl::FailedPreconditionError(absl::StrCat(
+          dir, " holds a model folder that dtrain did not export (", absl::StrJoin(replaced, ", "),
+          "), which the export would replace: give an empty or new folder, or remove them (an "
+          "export by dtrain before it marked its weights is refused too)")),
+      kExitUsage);
+}
+
 absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
                             const TensorValuesFn& read_tensor, const std::string& dir,
                             const std::string& tokenizer_path, const SafetensorsMetadata& metadata,
                             const ChatTemplate* chat_template) {
+  RETURN_IF_ERROR(CheckReplaceableModelFolder(dir));
   std::unique_ptr<Tokenizer> tokenizer;
   if (!tokenizer_path.empty()) {
     // Checked before the folder exists: with ids the model has no row for, the folder would load
@@ -539,6 +567,10 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
         absl::StrCat("cannot create the model folder ", dir, ": ", error.message()));
   }
   RETURN_IF_ERROR(ClearEarlierExport(dir));
+  // The weights, which mark the folder as an export, before the tokenizer's files: an export cut
+  // short after them is the retry's to replace (CheckReplaceableModelFolder).
+  RETURN_IF_ERROR(ExportHfSafetensorsStreamed(config, table, read_tensor,
+                                              (fs::path(dir) / kWeightsName).string(), metadata));
   HfSpecialTokens tokens;
   if (tokenizer != nullptr) {
     ASSIGN_OR_RETURN(tokens, CopyHfTokenizer(tokenizer_path, dir, config.max_seq_len));
@@ -546,8 +578,6 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
   if (tokenizer != nullptr && chat_template != nullptr) {
     RETURN_IF_ERROR(WriteChatTemplate(*chat_template, *tokenizer, tokens, dir));
   }
-  RETURN_IF_ERROR(ExportHfSafetensorsStreamed(config, table, read_tensor,
-                                              (fs::path(dir) / kWeightsName).string(), metadata));
   return WriteFileDurably((fs::path(dir) / "config.json").string(), HfConfigJson(config, tokens));
 }
 

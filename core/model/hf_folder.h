@@ -59,13 +59,20 @@ absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_pat
 // earlier export, removes: config.json, the weights and their index or shards, the tokenizer's.
 bool IsHfFolderFile(absl::string_view name);
 
-// Writes the folder `dir` (created if missing): the tokenizer when `tokenizer_path` is not empty,
-// model.safetensors from `read_tensor` (ExportHfSafetensorsStreamed) with `metadata`, then
-// config.json. The model and tokenizer files of an earlier export there are removed first,
-// config.json before them (the folder's other files stay). A tokenizer with more ids than the
-// model's vocabulary is refused first; one whose fast conversion encodes otherwise
-// (FastTokenizerCaveat) is exported with a warning that says so. With the tokenizer,
-// `chat_template` (the one an SFT run trained on; null for none) becomes its
+// Whether ExportHfFolder may write into `dir`: absent, holding none of the files it writes or
+// removes (IsHfFolderFile), or an earlier export (its model.safetensors carries
+// kExportMarkerKey, or `dtrain ckpt export`'s dtrain_checkpoint). Another model's folder, a
+// downloaded one say, is FailedPrecondition asking for kExitUsage, naming the files the export
+// would replace.
+absl::Status CheckReplaceableModelFolder(const std::string& dir);
+
+// Writes the folder `dir` (created if missing): model.safetensors from `read_tensor`
+// (ExportHfSafetensorsStreamed) with `metadata`, the tokenizer when `tokenizer_path` is not
+// empty, then config.json, after CheckReplaceableModelFolder. The model and tokenizer files of an
+// earlier export there are removed first, config.json before them (the folder's other files stay).
+// A tokenizer with more ids than the model's vocabulary is refused first; one whose fast conversion
+// encodes otherwise (FastTokenizerCaveat) is exported with a warning that says so. With the
+// tokenizer, `chat_template` (the one an SFT run trained on; null for none) becomes its
 // tokenizer_config.json's chat_template (TemplateJinja, in place of one copied), and the special
 // tokens its assistant suffix writes (<|eot_id|>) join the end-of-sequence ids of
 // generation_config.json, at which generate() stops.

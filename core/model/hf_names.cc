@@ -203,6 +203,20 @@ absl::StatusOr<std::vector<HfTensor>> HfTensorsFor(const ModelConfig& config,
   return tensors;
 }
 
+absl::Status CheckReplaceableWeightsFile(const std::string& path) {
+  // Only a regular file is opened (a FIFO's open would wait for a writer); what else lies there
+  // is the writer's to refuse (ResolveOutputFile).
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error) || SafetensorsReader::Open(path).ok()) {
+    return absl::OkStatus();
+  }
+  return WithExitCode(absl::FailedPreconditionError(absl::StrCat(
+                          path,
+                          " exists and is no safetensors file, which the export would write "
+                          "over: give the weights a path of their own")),
+                      kExitUsage);
+}
+
 absl::Status ExportHfSafetensors(const ModelConfig& config, const ParamTable& table,
                                  const float* params, const std::string& path,
                                  const SafetensorsMetadata& metadata) {
@@ -218,6 +232,7 @@ absl::Status ExportHfSafetensorsStreamed(const ModelConfig& config, const ParamT
                                          const TensorValuesFn& read_tensor, const std::string& path,
                                          const SafetensorsMetadata& metadata) {
   RETURN_IF_ERROR(CheckWholeModel(config, table));
+  RETURN_IF_ERROR(CheckReplaceableWeightsFile(path));
   std::vector<std::pair<const TensorEntry*, HfTensor>> pieces;
   std::vector<TensorSpec> specs;
   for (const TensorEntry& entry : table.entries()) {
@@ -229,6 +244,7 @@ absl::Status ExportHfSafetensorsStreamed(const ModelConfig& config, const ParamT
   }
   SafetensorsMetadata all_metadata = metadata;
   all_metadata["format"] = "pt";
+  all_metadata[kExportMarkerKey] = DTRAIN_VERSION;
   // Its folder, as a model folder's export creates its own.
   if (const std::filesystem::path parent = std::filesystem::path(path).parent_path();
       !parent.empty()) {

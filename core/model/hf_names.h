@@ -39,9 +39,19 @@ struct HfTensor {
 absl::StatusOr<std::vector<HfTensor>> HfTensorsFor(const ModelConfig& config,
                                                    const TensorEntry& entry);
 
+// The metadata key every export's weights carry (dtrain's version): what marks a model folder as
+// an earlier export, which another may replace.
+inline constexpr char kExportMarkerKey[] = "dtrain_version";
+
+// Whether an export may write its weights to `path`: absent, or a safetensors file (weights
+// replaced by weights). Anything else, such as a recipe named by mistake, is FailedPrecondition
+// asking for kExitUsage.
+absl::Status CheckReplaceableWeightsFile(const std::string& path);
+
 // Writes every tensor of `table` from `params` (table.total_numel() floats) as F32 with Hugging
 // Face names and layouts to `path` (atomically, see SafetensorsWriter), one tensor in host memory
-// at a time. `metadata` is added to {"format": "pt"}, which transformers requires.
+// at a time, after CheckReplaceableWeightsFile. `metadata` is added to {"format": "pt"}, which
+// transformers requires, and kExportMarkerKey.
 absl::Status ExportHfSafetensors(const ModelConfig& config, const ParamTable& table,
                                  const float* params, const std::string& path,
                                  const SafetensorsMetadata& metadata = {});

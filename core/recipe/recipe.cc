@@ -176,7 +176,8 @@ const std::vector<KeySpec>& Keys() {
        Positive()},
       // data
       {DTRAIN_RECIPE_KEY(data, format),
-       "text: files read as bytes (vocab 256); llmc: llm.c .bin token shards; webdataset: tar "
+       "text: files read as bytes (vocab 256; a tar or compressed file is refused); llmc: llm.c "
+       ".bin token shards; webdataset: tar "
        "shards streamed from data.shards; sft: shards of `dtrain data pack --sft` (data.train), "
        "loss on completion tokens only",
        {"text", "llmc", "webdataset", "sft"}},
@@ -1415,10 +1416,14 @@ class Parser {
                                 "); the schedule decays from lr down to min_lr, so set "
                                 "min_lr <= lr"));
     }
+    // A run shorter than its warmup (a recipe's smoke test, --set train.steps=5) ends on the way
+    // up, as Hugging Face's and Megatron-LM's schedules do: a warning, not an error.
     if (r.train.warmup_steps > r.train.steps) {
-      return Error("train.warmup_steps",
-                   absl::StrCat(r.train.warmup_steps, " is more than train.steps (", r.train.steps,
-                                "); set warmup_steps <= steps"));
+      LogWarn(
+          "%s: %d is more than train.steps (%d): the run ends in its warmup, at %.0f%% of "
+          "train.lr",
+          Subject("train.warmup_steps"), r.train.warmup_steps, r.train.steps,
+          100.0 * r.train.steps / r.train.warmup_steps);
     }
     if (r.data.format == "webdataset") {
       if (r.data.shards.empty()) {

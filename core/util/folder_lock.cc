@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/util/exit_codes.h"
 #include "core/util/files.h"
 #include "core/util/host_name.h"
 #include "core/util/log.h"
@@ -66,11 +67,14 @@ absl::StatusOr<FolderLock> FolderLock::AcquireAs(const std::string& folder, cons
     char holder[512] = {};
     const ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
     ::close(fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat("the ", role.name, " ", folder, " is in use by another run (",
-                     n > 0 ? absl::StripAsciiWhitespace(std::string(holder, static_cast<size_t>(n)))
-                           : std::string("its holder is unknown"),
-                     "); give this run another ", role.other_keys, ", or end that one"));
+    // Not the agent's to restart (exit 2): the other run holds the folder until it ends.
+    return WithExitCode(
+        absl::FailedPreconditionError(absl::StrCat(
+            "the ", role.name, " ", folder, " is in use by another run (",
+            n > 0 ? absl::StripAsciiWhitespace(std::string(holder, static_cast<size_t>(n)))
+                  : std::string("its holder is unknown"),
+            "); give this run another ", role.other_keys, ", or end that one")),
+        kExitUsage);
   }
   const std::string text = owner + "\n";
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) < 0) {

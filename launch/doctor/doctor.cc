@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/data/datasets.h"
 #include "launch/doctor/gpu_links.h"
 #include "launch/doctor/network.h"
 
@@ -71,6 +72,12 @@ CheckResult ShmCheck(const std::string& shm_path) {
 
 CheckResult GpuCheck(const GpuInventory& gpus, const Recipe* recipe) {
   const bool wants_gpus = recipe != nullptr && recipe->cuda();
+  // A GPU recipe left at the default device (the shipped configs' cluster.* plan for GPUs).
+  if (recipe != nullptr && !wants_gpus && gpus.visible > 0) {
+    return Result("node.gpus", Verdict::kWarn,
+                  absl::StrCat(gpus.description, "; run.device is cpu, so none is used"),
+                  "set run.device: cuda to train on them");
+  }
   if (!wants_gpus) {
     return Result("node.gpus", Verdict::kInfo,
                   absl::StrCat(gpus.description,
@@ -175,6 +182,19 @@ CheckResult CheckpointFolderCheck(const std::string& dir) {
   return Result("node.checkpoint_dir", Verdict::kOk, writable);
 }
 
+// The recipe's data as this node sees it: a run whose files are not here fails at its start, on
+// every restart.
+CheckResult DataCheck(const Recipe& recipe) {
+  if (const absl::Status found = CheckDataFilesExist(recipe); !found.ok()) {
+    return Result("node.data", Verdict::kFail, std::string(found.message()),
+                  "give every node the data at these paths (a shared file system), or fix them");
+  }
+  return Result("node.data", Verdict::kOk,
+                recipe.data.format == "webdataset"
+                    ? "the local shards the run needs at its start are here"
+                    : "every pattern of data.train and data.val matches files here");
+}
+
 CheckResult MasterCheck(const EnvironmentMap& env) {
   absl::StatusOr<WorldEnvironment> world = ResolveWorld(env, {});
   if (!world.ok()) {
@@ -217,6 +237,7 @@ absl::StatusOr<std::vector<CheckResult>> RunNodeChecks(const DoctorOptions& opti
   }
   if (options.recipe != nullptr) {
     results.push_back(CheckpointFolderCheck(options.recipe->checkpoint_dir()));
+    results.push_back(DataCheck(*options.recipe));
   }
   results.push_back(MasterCheck(options.env));
   return results;

@@ -1,7 +1,7 @@
 // `dtrain doctor` on one node: the network (network.h), memlock, /dev/shm, GPUs against the
-// recipe and their PCIe links (gpu_links.h), the checkpoint folder and the master address, each
-// an ok / info / warn / fail with its fix (check.h). Roots are parameters so that tests fake a
-// node's /sys and /proc. Across nodes: cluster.h.
+// recipe and their PCIe links (gpu_links.h), the checkpoint folder, the recipe's data and the
+// master address, each an ok / info / warn / fail with its fix (check.h). Roots are parameters so
+// that tests fake a node's /sys and /proc. Across nodes: cluster.h.
 #pragma once
 
 #include <cstdint>
@@ -42,8 +42,9 @@ CheckResult MemlockCheck(std::optional<uint64_t> limit_bytes, bool rdma_needed, 
 // too small for a node of GPUs.
 CheckResult ShmCheck(const std::string& shm_path);
 
-// The driver's GPUs against the recipe: information without a GPU recipe, a failure when a GPU
-// recipe finds fewer than cluster.gpus_per_node.
+// The driver's GPUs against the recipe: information without a recipe or a GPU, a warning when a
+// recipe's run.device cpu leaves GPUs idle, a failure when a GPU recipe finds fewer than
+// cluster.gpus_per_node.
 CheckResult GpuCheck(const GpuInventory& gpus, const Recipe* recipe);
 
 // `dir`, or where it does not exist yet, its nearest existing parent (where dtrain creates it).

@@ -264,7 +264,7 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   const int t = layout.tp, p = layout.pp, dp = layout.dp, b = layout.micro_batch;
   const int s = workload.seq_len, h = model.d_model;
   const int v = layout.virtual_stages;
-  const int m = workload.batch_size / (dp * b);
+  const int m = static_cast<int>(workload.batch_size / layout.sequences_per_micro_step());
   const bool sp = layout.sequence_parallel;
   Estimate estimate;
   estimate.micro_batches = m;

@@ -106,6 +106,10 @@ struct Layout {
   bool offload = false;            // optimizer states and step on the host (ZeRO-Offload)
 
   int world_size() const { return tp * pp * dp; }
+  // Sequences of one micro-batch on every data-parallel rank, in 64 bits: a cluster of 2^30 GPUs
+  // at a micro-batch of 64 overflows an int (a division by the 0 it wrapped to ended `dtrain
+  // plan`).
+  int64_t sequences_per_micro_step() const { return int64_t{dp} * micro_batch; }
   friend bool operator==(const Layout&, const Layout&) = default;
 };
 

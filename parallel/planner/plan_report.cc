@@ -159,8 +159,7 @@ std::string WhyNotSearched(const Plan& plan, const Layout& layout) {
         "refuses",
         layout.tp * layout.pp, plan.cluster.world_size());
   }
-  const int per_step = layout.dp * layout.micro_batch;
-  if (plan.workload.batch_size % per_step != 0) {
+  if (plan.workload.batch_size % layout.sequences_per_micro_step() != 0) {
     return absl::StrFormat(
         "train.batch_size %d is not a multiple of dp %d x train.micro_batch %d, which the "
         "trainer refuses",

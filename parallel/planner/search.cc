@@ -151,7 +151,7 @@ void Rank(Plan& plan) {
 // Why the batch does not split into `layout`'s data-parallel ranks and micro-batches; empty when
 // it does.
 std::string BatchSplitProblem(const Workload& workload, const Layout& layout) {
-  if (workload.batch_size % (layout.dp * layout.micro_batch) == 0) return "";
+  if (workload.batch_size % layout.sequences_per_micro_step() == 0) return "";
   return absl::StrCat("batch ", workload.batch_size, " sequences is not a multiple of dp ",
                       layout.dp, " x micro-batch ", layout.micro_batch);
 }

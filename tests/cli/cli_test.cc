@@ -42,6 +42,24 @@ TEST(CliTest, RecipeCheckBadOverrideExits2) {
   EXPECT_THAT(outcome.stderr_text, HasSubstr("--set train.lr=abc: expected a number"));
 }
 
+// --set takes one value an occurrence, so flags may come first, as torchrun's users write them: the
+// recipe after them is the recipe, not a second override.
+TEST(CliTest, OverridesMayComeBeforeTheRecipe) {
+  const std::string recipe = absl::StrCat(DTRAIN_SOURCE_DIR, "/configs/tiny.yaml");
+  const Outcome plan = RunDtrain(absl::StrCat("plan --set train.lr=0.01 ", recipe));
+  EXPECT_EQ(plan.exit_code, 0) << plan.stderr_text;
+  const Outcome check = RunDtrain(absl::StrCat(
+      "recipe check --set train.lr=0.01 --set train.steps=7 ", recipe, " --set train.seq_len=32"));
+  ASSERT_EQ(check.exit_code, 0) << check.stderr_text;
+  EXPECT_THAT(check.stdout_text, HasSubstr("steps: 7"));
+  EXPECT_THAT(check.stdout_text, HasSubstr("seq_len: 32"));
+  // A second KEY=VALUE after one --set says how to write it.
+  const Outcome two =
+      RunDtrain(absl::StrCat("recipe check ", recipe, " --set train.steps=7 train.lr=0.01"));
+  EXPECT_EQ(two.exit_code, 2);
+  EXPECT_EQ(two.stderr_text, "error: --set takes one KEY=VALUE: write --set train.lr=0.01\n");
+}
+
 // A shard pattern that does not expand is a usage error at once, naming the key, from `recipe
 // check` and `train` (check accepted it; train exited 1 at the first read, which launch restarts).
 TEST(CliTest, AShardPatternThatDoesNotExpandExits2) {
@@ -95,8 +113,11 @@ TEST(CliTest, MistypedCommandsAndOptionsGetTheNearestName) {
     EXPECT_EQ(outcome.exit_code, 2) << command;
     EXPECT_THAT(outcome.stderr_text, HasSubstr("error: " + message)) << command;
   }
-  // Other parse errors keep CLI11's words.
-  EXPECT_THAT(RunDtrain("plan --top 5000 x.yaml").stderr_text, HasSubstr("not in range"));
+  // Other parse errors keep CLI11's words, after dtrain's "error: ".
+  EXPECT_THAT(RunDtrain("plan --top 5000 x.yaml").stderr_text,
+              ::testing::StartsWith("error: --top: Value 5000 not in range"));
+  EXPECT_THAT(RunDtrain("train a b").stderr_text,
+              ::testing::StartsWith("error: The following argument was not expected: b"));
 }
 
 // One rank has no collective to measure: a usage error, not a table of copy speeds.

@@ -258,6 +258,17 @@ TEST(DataCommandTest, PackRefusesArchivesAndMisnamedJsonLines) {
   };
   const Outcome gzip = pack("pack_corpus.txt.gz", std::string("\x1f\x8b\x08\x00\x00", 5));
   EXPECT_EQ(gzip.exit_code, 1);
+  // A shard packed again: its tar headers would become text.
+  const std::string shards = testing::FreshTempDir("pack_tar_shards");
+  ASSERT_EQ(RunDtrain(absl::StrCat("data pack ", testing::WriteTempFile("pack_tar.txt", "abc"),
+                                   " --out ", shards))
+                .exit_code,
+            0);
+  const Outcome tar = RunDtrain(absl::StrCat("data pack ", shards, "/shard-000000.tar --out ",
+                                             testing::FreshTempDir("pack_tar_again")));
+  EXPECT_EQ(tar.exit_code, 1);
+  EXPECT_THAT(tar.stderr_text, HasSubstr("shard-000000.tar is a tar archive, whose headers would "
+                                         "be packed as text: unpack it"));
   EXPECT_THAT(gzip.stderr_text, HasSubstr("pack_corpus.txt.gz is a gzip archive, whose bytes would "
                                           "be packed as text: unpack it first"));
   const std::string lines = "{\"text\": \"one\"}\n{\"text\": \"two\"}\n";

@@ -91,6 +91,46 @@ TEST(DoctorCommandTest, ACheckpointFolderReadOnlyOrFullSaysWhatToDo) {
   EXPECT_THAT(full["fix"].get<std::string>(), HasSubstr("free space there"));
 }
 
+// The check of a node for a run: its data must be here (a run without it fails at start, on every
+// restart), and GPUs it would leave idle under run.device cpu (the shipped GPU configs' default)
+// are a warning.
+TEST(DoctorCommandTest, TheRecipesDataAndDeviceAreChecked) {
+  const testing::FakeSys sys = testing::EthernetNode();
+  const std::string proc = EmptyProc();
+  for (const char* gpu : {"0000:07:00.0", "0000:08:00.0"}) {
+    std::filesystem::create_directories(absl::StrCat(proc, "/driver/nvidia/gpus/", gpu));
+  }
+  const auto check = [&](const std::string& sets, const std::string& name) {
+    const Outcome outcome =
+        testing::RunDtrain(absl::StrCat("doctor ", DTRAIN_SOURCE_DIR, "/configs/tiny.yaml ", sets,
+                                        " --json --sys-root ", sys.root(), " --proc-root ", proc),
+                           "env -i");
+    const nlohmann::json json = nlohmann::json::parse(outcome.stdout_text);
+    for (const nlohmann::json& result : json["checks"]) {
+      if (result["name"] == name) return std::make_pair(outcome.exit_code, result);
+    }
+    ADD_FAILURE() << name << " missing: " << outcome.stdout_text << outcome.stderr_text;
+    return std::make_pair(outcome.exit_code, nlohmann::json());
+  };
+  const std::string here =
+      absl::StrCat("--set data.train=[",
+                   testing::WriteTempFile("doctor_corpus.txt", "Some text to train on."), "]");
+  const auto [missing_code, missing] = check("--set data.train=[/no/such/corpus.txt]", "node.data");
+  EXPECT_EQ(missing_code, 1);
+  EXPECT_EQ(missing["verdict"], "fail");
+  EXPECT_THAT(missing["detail"].get<std::string>(),
+              HasSubstr("file pattern '/no/such/corpus.txt' matches no file"));
+  const nlohmann::json found = check(here, "node.data").second;
+  EXPECT_EQ(found["verdict"], "ok") << found;
+  const nlohmann::json cpu = check(here, "node.gpus").second;
+  EXPECT_EQ(cpu["verdict"], "warn");
+  EXPECT_THAT(cpu["detail"].get<std::string>(), HasSubstr("2 GPUs in "));
+  EXPECT_EQ(cpu["fix"], "set run.device: cuda to train on them");
+  const nlohmann::json cuda =
+      check(here + " --set run.device=cuda --set cluster.gpus_per_node=2", "node.gpus").second;
+  EXPECT_EQ(cuda["verdict"], "ok");
+}
+
 TEST(DoctorCommandTest, BadRecipeIsUsageError) {
   const std::string recipe = absl::StrCat(DTRAIN_SOURCE_DIR, "/configs/tiny.yaml");
   const Outcome unknown_network = testing::RunDtrain(

@@ -167,6 +167,22 @@ TEST(PlanCommandTest, TheRecipesOwnLayoutIsShown) {
   EXPECT_THAT(automatic.stdout_text, ::testing::Not(HasSubstr("The recipe's own layout")));
 }
 
+// The largest cluster a recipe takes (2^20 nodes of 1,024 GPUs): dp x micro-batch overflowed an
+// int, and the recipe's own layout's line divided by the 0 it wrapped to (SIGFPE). Nothing fits a
+// batch of 8 there: exit 1, saying why.
+TEST(PlanCommandTest, TheLargestClusterIsPlannedWithoutOverflow) {
+  const testing::Outcome plan =
+      testing::RunDtrain(absl::StrCat("plan ", DTRAIN_SOURCE_DIR,
+                                      "/configs/gpt2-124m.yaml --set cluster.nodes=1048576 "
+                                      "--set cluster.gpus_per_node=1024"));
+  EXPECT_EQ(plan.exit_code, 1) << plan.stderr_text;
+  EXPECT_THAT(plan.stdout_text, HasSubstr("Nothing to recommend: no layout splits the model and "
+                                          "the batch over 1073741824 GPUs"));
+  EXPECT_THAT(plan.stdout_text,
+              HasSubstr("  ddp tp1 pp1 dp1073741824 mb8: train.batch_size 8 is not a multiple of "
+                        "dp 1073741824 x train.micro_batch 8, which the trainer refuses\n"));
+}
+
 // A model above dtrain's parameter bound is the recipe's error, as `recipe check` and `train`
 // say (exit 2), not a layout search that asks for more nodes.
 TEST(PlanCommandTest, AModelAboveTheParameterBoundIsARecipeError) {

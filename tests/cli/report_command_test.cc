@@ -112,6 +112,19 @@ TEST_F(ReportCommandTest, AnOutOverTheRunsOwnFilesIsRefused) {
     EXPECT_THAT(report.stderr_text, HasSubstr("which the report reads: write the page elsewhere"));
   }
   EXPECT_EQ(contents(metrics), before);
+  // Nor over another file named by mistake; a page replaces a page.
+  const std::string other = testing::WriteTempFile("report_over_recipe.yaml", "run: {}\n");
+  const testing::Outcome over =
+      testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", other));
+  EXPECT_EQ(over.exit_code, 2) << over.stderr_text;
+  EXPECT_THAT(over.stderr_text, HasSubstr("--out " + other + " exists and is no HTML page"));
+  EXPECT_EQ(contents(other), "run: {}\n");
+  const std::string page = testing::FreshTempDir("report_again") + ".html";
+  for (int run = 0; run < 2; ++run) {
+    const testing::Outcome again =
+        testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", page));
+    EXPECT_EQ(again.exit_code, 0) << again.stderr_text;
+  }
 }
 
 TEST_F(ReportCommandTest, RendersInHeadlessChromium) {

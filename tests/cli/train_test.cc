@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/util/exit_codes.h"
+#include "core/util/files.h"
 #include "core/util/folder_lock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -172,12 +173,26 @@ TEST(TrainTest, AResumedRunSaysItDoesNotLoadANewInitFrom) {
       "/checkpoints --set train.steps=13 --set train.init_from=", first, "/model.safetensors"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.stderr_text;
   EXPECT_THAT(resumed.stderr_text,
-              AllOf(HasSubstr("step-12 was saved with other values of train.steps; the recipe's "
-                              "values apply from now on"),
+              AllOf(HasSubstr("step-12 was saved with other values of train.steps (12, now 13); "
+                              "the recipe's values apply from now on"),
                     HasSubstr(absl::StrCat("train.init_from ", first,
                                            "/model.safetensors is not loaded: the run resumes ",
                                            first, "/checkpoints/step-12"))));
   EXPECT_THAT(resumed.stderr_text, ::testing::Not(HasSubstr("initialised from")));
+}
+
+// A checkpoint of another model shape names each key that differs with both values, and exits 2:
+// no restart loads it.
+TEST(TrainTest, ACheckpointOfAnotherShapeNamesBothValues) {
+  const std::string dir = RunDir("other_shape");
+  ASSERT_EQ(Train(dir).exit_code, 0);
+  const testing::Outcome resumed = testing::RunDtrain(
+      absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", dir,
+                   " --set model.n_layer=3 --set model.d_model=32 --set train.steps=13"));
+  EXPECT_EQ(resumed.exit_code, kExitUsage) << resumed.stderr_text;
+  EXPECT_THAT(resumed.stderr_text,
+              HasSubstr("step-12 was saved with a different model.n_layer (2, now 3), "
+                        "model.d_model (64, now 32): the model or data shape changed"));
 }
 
 // train.export_to is checked before the first step: a file where its folder would go fails the
@@ -284,7 +299,8 @@ TEST(TrainTest, AnUnwritableCheckpointFolderFailsBeforeTraining) {
 }
 
 // A run folder another process is training in is refused before anything of it is read or
-// written, naming the holder; it is free again once that process ends.
+// written, naming the holder, with exit 2 (a restart by the agent would find it held again); it
+// is free again once that process ends.
 TEST(TrainTest, ARunFolderInUseIsRefusedNamingItsHolder) {
   const std::string dir = RunDir("locked");
   std::filesystem::remove_all(dir);
@@ -294,7 +310,7 @@ TEST(TrainTest, ARunFolderInUseIsRefusedNamingItsHolder) {
     ASSERT_TRUE(held.ok()) << held.status();
     const testing::Outcome second =
         testing::RunDtrain(absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", dir));
-    EXPECT_EQ(second.exit_code, 1) << second.stderr_text;
+    EXPECT_EQ(second.exit_code, kExitUsage) << second.stderr_text;
     EXPECT_THAT(second.stderr_text, HasSubstr("/small is in use by another run (pid 4242 on host "
                                               "h); give this run another run.name"));
     EXPECT_FALSE(std::filesystem::exists(dir + "/small/metrics.jsonl"));
@@ -391,9 +407,18 @@ TEST(TrainTest, OutputFilesInEachOthersWayAreUsageErrors) {
   const std::string fifo = testing::TempPath("metrics_fifo");
   std::filesystem::remove(fifo);
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << strerror(errno);
+  // A file of something else: a fresh run wrote its metrics over a recipe.
+  const std::string recipe_file = testing::WriteTempFile("not_metrics.yaml", "run: {}\n");
+  const std::string model_file = testing::WriteTempFile("not_weights.safetensors", "run: {}\n");
   const struct {
     std::string sets, named;
   } cases[] = {
+      {"--set logging.metrics_file=" + recipe_file,
+       "logging.metrics_file '" + recipe_file + "' is " + recipe_file +
+           ", a file of something else (its first line is no step's metrics), which the run "
+           "would write over"},
+      {"--set train.export_to=" + model_file,
+       "train.export_to " + model_file + ": " + model_file + " exists and is no safetensors file"},
       {"--set logging.metrics_file=recipe.yaml",
        "logging.metrics_file 'recipe.yaml' is the run's resolved recipe, recipe.yaml"},
       {"--set logging.metrics_file=", "logging.metrics_file '' is the run folder, or holds it"},
@@ -413,6 +438,8 @@ TEST(TrainTest, OutputFilesInEachOthersWayAreUsageErrors) {
     EXPECT_THAT(run.stderr_text, HasSubstr("error: " + named)) << sets;
     EXPECT_FALSE(std::filesystem::exists(RunDir("outputs") + "/t/recipe.yaml")) << sets;
   }
+  EXPECT_EQ(*ReadWholeFile(recipe_file), "run: {}\n");
+  EXPECT_EQ(*ReadWholeFile(model_file), "run: {}\n");
   struct stat info;
   ASSERT_EQ(::stat(fifo.c_str(), &info), 0);
   EXPECT_TRUE(S_ISFIFO(info.st_mode));
@@ -422,6 +449,12 @@ TEST(TrainTest, OutputFilesInEachOthersWayAreUsageErrors) {
   EXPECT_EQ(in_run_folder.exit_code, 0) << in_run_folder.stderr_text;
   EXPECT_TRUE(std::filesystem::exists(RunDir("outputs") + "/t/config.json"));
   EXPECT_TRUE(std::filesystem::exists(RunDir("outputs") + "/t/metrics.jsonl"));
+  // Metrics whose first line a crash cut off are metrics still: a fresh run writes them anew.
+  const std::string cut = testing::WriteTempFile("cut_metrics.jsonl", "{\"step\": 1, \"lo");
+  const testing::Outcome over_cut =
+      Train(RunDir("outputs"), "--set train.steps=2 --set logging.metrics_file=" + cut);
+  EXPECT_EQ(over_cut.exit_code, 0) << over_cut.stderr_text;
+  EXPECT_THAT(*ReadWholeFile(cut), HasSubstr("\"step\":2"));
 }
 
 // train.eval_batches beyond the validation set ends the evaluation at the set's end, on every
@@ -440,21 +473,50 @@ TEST(TrainTest, EvaluationEndsWithTheValidationSet) {
   EXPECT_EQ(steps_all[1]["val_loss"].dump(), steps_huge[1]["val_loss"].dump());
 }
 
-// A directory as a data file used to read as 2^63 - 1 bytes and abort in bad_alloc.
+// A directory as a data file used to read as 2^63 - 1 bytes and abort in bad_alloc. It, and a
+// file too short for one window, exit 2: a restart would read the same.
 TEST(TrainTest, DataDirectoryFailsNamingIt) {
   const std::string dir = testing::FreshTempDir("data_dir");
   std::filesystem::create_directories(dir);
   const testing::Outcome run = Train(RunDir("data_dir"), "--set data.train=[" + dir + "]");
-  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(run.exit_code, kExitUsage);
   EXPECT_THAT(run.stderr_text, HasSubstr("data file " + dir + " is a directory"));
+  const std::string empty = testing::WriteTempFile("empty_data.txt", "");
+  const testing::Outcome short_data =
+      Train(RunDir("data_empty"), "--set data.train=[" + empty + "]");
+  EXPECT_EQ(short_data.exit_code, kExitUsage) << short_data.stderr_text;
+  EXPECT_THAT(short_data.stderr_text, HasSubstr("0 tokens is fewer than one window"));
+}
+
+// An archive named in data.train under data.format text would train on its bytes: WebDataset
+// shards (their tar headers and token ids) or a gzip file. Exit 2, naming the fix.
+TEST(TrainTest, ArchivesAreNoTextToTrainOn) {
+  const std::string shards = testing::FreshTempDir("text_shards");
+  const testing::Outcome pack = testing::RunDtrain(
+      absl::StrCat("data pack ", testing::WriteTempFile("text_shards.txt", std::string(4000, 'a')),
+                   " --out ", shards));
+  ASSERT_EQ(pack.exit_code, 0) << pack.stderr_text;
+  const testing::Outcome tar =
+      Train(RunDir("text_tar"), "--set data.train=[" + shards + "/shard-000000.tar]");
+  EXPECT_EQ(tar.exit_code, kExitUsage) << tar.stderr_text;
+  EXPECT_THAT(tar.stderr_text,
+              HasSubstr("shard-000000.tar is a tar archive, whose headers data.format text would "
+                        "train on as tokens: for WebDataset shards"));
+  const std::string gzip =
+      testing::WriteTempFile("text_corpus.txt.gz", std::string("\x1f\x8b\x08\x00", 4) + "x");
+  const testing::Outcome gz = Train(RunDir("text_gz"), "--set data.train=[" + gzip + "]");
+  EXPECT_EQ(gz.exit_code, kExitUsage) << gz.stderr_text;
+  EXPECT_THAT(gz.stderr_text, HasSubstr("text_corpus.txt.gz is a gzip archive, whose bytes "
+                                        "data.format text would train on as tokens: unpack it "
+                                        "first (gunzip -c)"));
 }
 
 // Within dtrain's size bound but far beyond this machine: refused before allocating, naming
-// what one rank needs.
+// what one rank needs; exit 2, since no restart gives the machine more memory.
 TEST(TrainTest, ModelTooLargeForTheMachineFailsBeforeAllocating) {
   const testing::Outcome run =
       Train(RunDir("huge"), "--set model.n_layer=4096 --set model.d_model=8192");
-  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(run.exit_code, kExitUsage);
   EXPECT_THAT(run.stderr_text, HasSubstr("error: one rank needs "));
   EXPECT_THAT(run.stderr_text, HasSubstr("but this machine has"));
 }

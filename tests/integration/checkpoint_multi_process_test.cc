@@ -27,12 +27,13 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-// Ranks started as processes that the test can signal while they run.
+// Ranks started as processes that the test can signal while they run: the first `started` of
+// the world's (all by default; fewer leave them waiting for the others).
 class Ranks {
  public:
-  Ranks(int world, const std::vector<std::string>& argv) : logs_(world) {
+  Ranks(int world, const std::vector<std::string>& argv, int started = -1) : logs_(world) {
     const int port = testing::FreeTcpPort();
-    for (int rank = 0; rank < world; ++rank) {
+    for (int rank = 0; rank < (started < 0 ? world : started); ++rank) {
       logs_[rank] = testing::TempPath(absl::StrCat("ckpt_rank", rank, "_", port, ".log"));
       const pid_t pid = fork();
       if (pid == 0) {
@@ -495,6 +496,31 @@ TEST(CheckpointMultiProcessTest, AClosedOutputPipeCostsTheOutputNotTheRun) {
   ASSERT_EQ(std::system(command.c_str()), 0);
   EXPECT_EQ(FileBytes(exit_file), "0\n");
   EXPECT_EQ(FileBytes(out + "/mp/checkpoints/latest"), "step-6\n");
+}
+
+// SIGUSR2 asks for the flight recorder's dump (`pkill -USR2 dtrain` on a job that hangs): it is
+// never fatal, in a world of one (which records nothing; it ended the run unsaved) nor in a rank
+// waiting for the others at the rendezvous. Both train on, or wait on, until SIGTERM stops them.
+TEST(CheckpointMultiProcessTest, Sigusr2IsNeverFatal) {
+  const std::string out = OutDir("sigusr2_alone");
+  Ranks alone(1, TrainArgs(RecipeFile(32), out, {"train.steps=100000", "checkpoint.interval=0"}));
+  Ranks waiting(2, TrainArgs(RecipeFile(32), OutDir("sigusr2_waiting"), {}), /*started=*/1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!Catches(alone.Pid(0), SIGUSR2) || !Catches(waiting.Pid(0), SIGUSR2)) {
+    ASSERT_LT(absl::Now(), deadline) << "SIGUSR2 is not caught:\n" << alone.Log(0);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  alone.SignalRank(0, SIGUSR2);
+  waiting.SignalRank(0, SIGUSR2);
+  const size_t lines_at_signal = Metrics(out).size();
+  while (Metrics(out).size() < lines_at_signal + 3) {
+    ASSERT_LT(absl::Now(), deadline) << "no steps after SIGUSR2:\n" << alone.Log(0);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  alone.Signal(SIGTERM);
+  waiting.Signal(SIGTERM);
+  EXPECT_EQ(alone.Wait(absl::Seconds(60))[0], kExitStopped) << alone.Log(0);
+  EXPECT_NE(waiting.Wait(absl::Seconds(30))[0], 128 + SIGUSR2) << waiting.Log(0);
 }
 
 TEST(CheckpointMultiProcessTest, Sigusr1ToOneRankMakesAllSaveAndContinue) {

@@ -48,7 +48,8 @@ class DoctorNetnsTest : public ::testing::Test {
                      " DTRAIN_MASTER_PORT=", port_, " DTRAIN_RDZV_TOKEN=doctor-netns-test");
     const std::string doctor =
         absl::StrCat(env, " ", DTRAIN_BINARY, " doctor ", DTRAIN_SOURCE_DIR,
-                     "/configs/tiny.yaml --set ", "run.out_dir=", out_dir_,
+                     "/configs/tiny.yaml --set ", "run.out_dir=", out_dir_, " --set data.train=[",
+                     testing::WriteTempFile("doctor_netns_corpus.txt", "Some text."), "]",
                      " --timeout-s 5 --hostname ", rank == 0 ? kNodeZeroAddress : kNodeOneAddress);
     if (rank == 0) return doctor;
     return absl::StrCat("ip netns exec ", kNamespace, " sh -c '", before, doctor, "'");

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/exit_codes.h"
 #include "core/util/files.h"
 #include "core/util/folder_lock.h"
 #include "gmock/gmock.h"
@@ -453,7 +454,8 @@ TEST(CheckpointingTest, AShapeChangeBlocksAndOtherChangesWarn) {
   EXPECT_EQ(*ReadWholeFile(out + "/ck/recipe.yaml"), recipe);
   const testing::Outcome longer = Train(out, "--set train.steps=6 --set train.lr=0.002");
   EXPECT_EQ(longer.exit_code, 0) << longer.stderr_text;
-  EXPECT_THAT(longer.stderr_text, HasSubstr("saved with other values of train.steps, train.lr"));
+  EXPECT_THAT(longer.stderr_text, HasSubstr("saved with other values of train.steps (4, now 6), "
+                                            "train.lr (0.001, now 0.002)"));
   EXPECT_THAT(longer.stderr_text, HasSubstr("at step 4"));
   const testing::Outcome fresh = Train(out, "--set train.steps=2 --set checkpoint.resume=never");
   EXPECT_EQ(fresh.exit_code, 0);
@@ -526,7 +528,7 @@ TEST(CheckpointingTest, ACheckpointFolderInUseIsRefusedNamingItsHolder) {
   ASSERT_TRUE(held.ok()) << held.status();
   const testing::Outcome second =
       Train(out, "--set checkpoint.resume=never --set checkpoint.dir=" + shared);
-  EXPECT_EQ(second.exit_code, 1) << second.stderr_text;
+  EXPECT_EQ(second.exit_code, kExitUsage) << second.stderr_text;  // held until that run ends
   EXPECT_THAT(second.stderr_text,
               HasSubstr("the checkpoint folder " + shared +
                         " is in use by another run (pid 4242 on host h); give this run another "
@@ -540,7 +542,7 @@ TEST(CheckpointingTest, ACheckpointFolderInUseIsRefusedNamingItsHolder) {
       FolderLock::AcquireAs(own, FolderLock::kCheckpointFolder, "pid 4343 on host h");
   ASSERT_TRUE(named.ok()) << named.status();
   const testing::Outcome third = Train(out, "--set checkpoint.resume=never");
-  EXPECT_EQ(third.exit_code, 1) << third.stderr_text;
+  EXPECT_EQ(third.exit_code, kExitUsage) << third.stderr_text;
   EXPECT_THAT(third.stderr_text, HasSubstr("the checkpoint folder " + own +
                                            " is in use by another run (pid 4343 on host h)"));
 }

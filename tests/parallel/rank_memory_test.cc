@@ -161,9 +161,11 @@ TEST(RankMemoryTest, TooLargeForTheMachineNamesEachPartAndTheFix) {
   EXPECT_TRUE(machine.shared_by_local_ranks);
   const Backend::Memory fits{"this machine", memory.total_bytes(), true};
   EXPECT_TRUE(CheckRankMemory(ddp.recipe, memory, fits, strategy, 1, 1, 1).ok());
+  EXPECT_EQ(machine.capacity, machine.bytes);
   const absl::Status status =
-      CheckRankMemory(ddp.recipe, memory, {"this machine", 1024, true}, strategy, 1, 1, 1);
+      CheckRankMemory(ddp.recipe, memory, {"this machine", 1024, true, 1024}, strategy, 1, 1, 1);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ExitCodeOf(status), kExitUsage);  // no restart gives the machine more memory
   EXPECT_THAT(std::string(status.message()),
               AllOf(HasSubstr("one rank needs "), HasSubstr("with ddp over 1 rank"),
                     HasSubstr("this machine has 1.0 KiB; the planner finds no layout for 1 rank "
@@ -200,12 +202,18 @@ TEST(RankMemoryTest, EachRankChecksItsOwnGpu) {
   const RankMemory& memory = ddp.memory;
   const Backend::Memory gpu{"GPU 3", memory.total_bytes() * 1.5, false};
   EXPECT_TRUE(CheckRankMemory(ddp.recipe, memory, gpu, strategy, 8, 8, 8).ok());
-  const absl::Status status =
-      CheckRankMemory(ddp.recipe, memory, {"GPU 3", 2048, false}, strategy, 8, 8, 8);
+  const absl::Status status = CheckRankMemory(
+      ddp.recipe, memory, {"GPU 3", 2048, false, memory.total_bytes() * 2}, strategy, 8, 8, 8);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(status.message()),
               AllOf(::testing::StartsWith("one rank needs "), HasSubstr("; step buffers "),
                     HasSubstr("GPU 3 has 2.0 KiB free;")));
+  // Free memory another process holds may be free at the restart: exit 1. Beyond the GPU's
+  // whole memory, exit 2.
+  EXPECT_EQ(ExitCodeOf(status), std::nullopt);
+  EXPECT_EQ(ExitCodeOf(CheckRankMemory(ddp.recipe, memory, {"GPU 3", 2048, false, 4096}, strategy,
+                                       8, 8, 8)),
+            kExitUsage);
 }
 
 // Where another layout fits, the message names the planner's as the options that select it, and

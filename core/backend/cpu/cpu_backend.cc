@@ -73,10 +73,9 @@ void CpuBackend::CopyToHost(void* host, const void* src, size_t bytes) { Copy(ho
 void CpuBackend::CopyFromHost(void* dst, const void* host, size_t bytes) { Copy(dst, host, bytes); }
 
 Backend::Memory CpuBackend::MachineMemory() {
-  return {.name = "this machine",
-          .bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
-                   static_cast<double>(sysconf(_SC_PAGESIZE)),
-          .shared_by_local_ranks = true};
+  const double bytes =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  return {.name = "this machine", .bytes = bytes, .shared_by_local_ranks = true, .capacity = bytes};
 }
 
 float* CpuBackend::Scratch(size_t size) {

@@ -154,7 +154,8 @@ Backend::Memory CudaBackend::AvailableMemory() const {
   return {.name = absl::StrCat("GPU ", device_),
           .bytes = known ? static_cast<double>(free_bytes) + static_cast<double>(pooled)
                          : std::numeric_limits<double>::infinity(),
-          .shared_by_local_ranks = false};
+          .shared_by_local_ranks = false,
+          .capacity = known ? static_cast<double>(total_bytes) : 0};
 }
 
 CudaBackend::~CudaBackend() {

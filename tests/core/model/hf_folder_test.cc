@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "core/io/safetensors.h"
 #include "core/model/param_table.h"
+#include "core/util/exit_codes.h"
 #include "core/util/files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -330,6 +331,7 @@ TEST_F(HfFolderTest, AnExportReplacesAnEarlierOnesFiles) {
   config.vocab_size = 258;
   const ParamTable table(config, ModelSlice{});
   const std::vector<float> params = DistinctParams(table);
+  ASSERT_TRUE(ExportHfFolder(config, table, ValuesOf(params), Path("again"), "").ok());
   Write("again/tokenizer.json", R"({"model": {"type": "BPE"}})");
   Write("again/generation_config.json", R"({"eos_token_id": 0})");
   Write("again/model.safetensors.index.json", R"({"weight_map": {}})");
@@ -363,6 +365,55 @@ TEST_F(HfFolderTest, AnExportReplacesAnEarlierOnesFiles) {
   EXPECT_THAT(own.message(), HasSubstr("lies in the model folder"));
   EXPECT_TRUE(fs::exists(Path("again/vocab.json")));
   EXPECT_TRUE(fs::exists(Path("again/config.json")));
+}
+
+// A folder of another model (a downloaded one, or the user's files under those names) is not the
+// export's to replace: refused, exit 2, naming the files, every one of them left as it was. An
+// empty folder, one of other files, or an earlier export (marked in its model.safetensors) is.
+TEST_F(HfFolderTest, AnExportRefusesAnotherModelsFolder) {
+  const ModelConfig config = Gpt2Config();
+  const ParamTable table(config, ModelSlice{});
+  const std::vector<float> params = DistinctParams(table);
+  const float one = 1;
+  Write("theirs/config.json", "{}");
+  ASSERT_TRUE(
+      WriteSafetensors(Path("theirs/model.safetensors"), {{{"w", DType::kF32, {1}}, &one}}).ok());
+  Write("theirs/tokenizer.json", "{}");
+  Write("theirs/notes.txt", "the user's");
+  const absl::Status refused = ExportHfFolder(config, table, ValuesOf(params), Path("theirs"), "");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ExitCodeOf(refused), kExitUsage);
+  EXPECT_EQ(refused.message(),
+            absl::StrCat(Path("theirs"),
+                         " holds a model folder that dtrain did not export (config.json, "
+                         "model.safetensors, tokenizer.json), which the export would replace: "
+                         "give an empty or new folder, or remove them (an export by dtrain before "
+                         "it marked its weights is refused too)"));
+  EXPECT_EQ(*ReadWholeFile(Path("theirs/tokenizer.json")), "{}");
+  EXPECT_EQ(*ReadWholeFile(Path("theirs/config.json")), "{}");
+  EXPECT_TRUE(SafetensorsReader::Open(Path("theirs/model.safetensors"))->Find("w") != nullptr);
+
+  Write("others/notes.txt", "the user's");
+  EXPECT_TRUE(CheckReplaceableModelFolder(Path("others")).ok());
+  EXPECT_TRUE(CheckReplaceableModelFolder(Path("absent")).ok());
+  ASSERT_TRUE(ExportHfFolder(config, table, ValuesOf(params), Path("others"), "").ok());
+  EXPECT_EQ(*ReadWholeFile(Path("others/notes.txt")), "the user's");
+  EXPECT_TRUE(CheckReplaceableModelFolder(Path("others")).ok());
+
+  // An export cut short after its weights (the tokenizer's copy failed) is the retry's to replace.
+  Write("cut/tokenizer.json", "{}");
+  ASSERT_TRUE(
+      ExportHfSafetensors(config, table, params.data(), Path("cut/model.safetensors")).ok());
+  EXPECT_TRUE(CheckReplaceableModelFolder(Path("cut")).ok());
+
+  // A weights file may replace weights, not another kind of file.
+  Write("recipe.yaml", "run: {}\n");
+  const absl::Status file = ExportHfSafetensors(config, table, params.data(), Path("recipe.yaml"));
+  EXPECT_EQ(ExitCodeOf(file), kExitUsage);
+  EXPECT_THAT(file.message(), HasSubstr("recipe.yaml exists and is no safetensors file"));
+  EXPECT_EQ(*ReadWholeFile(Path("recipe.yaml")), "run: {}\n");
+  EXPECT_TRUE(
+      ExportHfSafetensors(config, table, params.data(), Path("theirs/model.safetensors")).ok());
 }
 
 // A tokenizer with ids the model has no embedding row for is refused before anything is

@@ -135,7 +135,7 @@ TEST(DoctorTest, NodeChecksCoverTheNodeAndRejectAnUnknownNetwork) {
   // The Ethernet-less empty /sys has no RDMA port, so no rdma.* lines.
   EXPECT_EQ(names, (std::vector<std::string>{"network.interfaces", "network.rdma", "node.memlock",
                                              "node.shm", "node.gpus", "node.checkpoint_dir",
-                                             "launch.master"}));
+                                             "node.data", "launch.master"}));
 
   Recipe unknown = recipe;
   unknown.cluster.network = "token-ring";
