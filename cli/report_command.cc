@@ -1,10 +1,9 @@
 // `dtrain report RUN_DIR [--out FILE]`: one self-contained HTML page of a run's curves, speed,
 // time per step, checkpoints and restarts (core/metrics/run_report.h).
 #include <CLI/CLI.hpp>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -40,12 +39,8 @@ void AddReportCommand(CLI::App& app) {
       }
     }
     // A page replaces a page (or an empty file), not another file named by mistake.
-    std::string start(kReportPageStart.size(), '\0');
-    std::error_code error;
-    std::ifstream existing;
-    if (std::filesystem::is_regular_file(out, error)) existing.open(out, std::ios::binary);
-    existing.read(start.data(), static_cast<std::streamsize>(start.size()));
-    if (existing.is_open() && existing.gcount() > 0 && start != kReportPageStart) {
+    if (const std::optional<std::string> start = RegularFileHead(out, kReportPageStart.size());
+        start && !start->empty() && *start != kReportPageStart) {
       Fail(absl::InvalidArgumentError(absl::StrCat(
                "--out ", out,
                " exists and is no HTML page, which the report would write over: give the page a "

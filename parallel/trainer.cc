@@ -584,16 +584,13 @@ absl::Status CheckExportDestination(const Recipe& recipe) {
 // Whether the file at `path` may become a run's metrics: absent, empty, or metrics already (its
 // first line a step's, or cut off by a crash before its end), which a fresh run writes anew.
 bool HoldsMetricsOrNothing(const std::filesystem::path& path) {
-  std::error_code error;
-  if (!std::filesystem::is_regular_file(path, error)) return true;  // a FIFO's open would wait
-  std::ifstream in(path, std::ios::binary);
   constexpr size_t kLongestFirstLine = 4096;  // a step's line is a few hundred bytes
-  std::string head(kLongestFirstLine, '\0');
-  in.read(head.data(), static_cast<std::streamsize>(head.size()));
-  head.resize(static_cast<size_t>(in.gcount()));
-  const size_t end = head.find('\n');
-  if (end == std::string::npos) return head.size() < kLongestFirstLine && in.eof();
-  return StepOfMetricsLine(std::string_view(head).substr(0, end)).has_value();
+  const std::optional<std::string> head = RegularFileHead(path.string(), kLongestFirstLine);
+  if (!head) return true;  // none, or no regular file, which CheckRunOutputs refused before
+  const size_t end = head->find('\n');
+  // A file of one line that a crash cut off is what remains of metrics.
+  if (end == std::string::npos) return head->size() < kLongestFirstLine;
+  return StepOfMetricsLine(std::string_view(*head).substr(0, end)).has_value();
 }
 
 // The files a run writes must not be one another's, nor a device or folder that a file written

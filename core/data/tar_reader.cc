@@ -17,7 +17,7 @@
 namespace dtrain {
 namespace {
 
-constexpr size_t kBlock = 512;
+constexpr size_t kBlock = kTarBlockBytes;
 constexpr size_t kReadAheadBytes = size_t{16} << 10;  // headers and small members
 // Read behind a large member's data in the same system call: its padding and the next pax +
 // ustar header pair (at most 511 + 1024 + 512 bytes for Python's writer), and little of the

@@ -22,8 +22,11 @@ struct TarMember {
   int64_t offset = 0;  // byte offset of the member's first header in the archive
 };
 
-// Whether `head`, a file's first bytes, begins with a tar header whose checksum holds: a
-// WebDataset shard, say, where text was expected.
+// Bytes of a tar header, and of each block of a member's data.
+inline constexpr size_t kTarBlockBytes = 512;
+
+// Whether `head`, a file's first bytes (kTarBlockBytes or more), begins with a tar header whose
+// checksum holds: a WebDataset shard, say, where text was expected.
 bool IsTarHeader(std::string_view head);
 
 class TarReader {

@@ -117,9 +117,9 @@ absl::Status CheckIsNoArchive(const std::string& path, std::string_view head) {
 absl::Status AppendTextFile(const std::string& path, int vocab_size, std::vector<int32_t>* tokens) {
   uint64_t bytes = 0;
   ASSIGN_OR_RETURN(File file, OpenFile(path, &bytes));
-  // The first bytes (a tar header's 512) are checked before the rest is read: an archive of
-  // gigabytes is refused, not read whole first.
-  std::vector<uint8_t> text(std::min<uint64_t>(bytes, 512));
+  // The first bytes (a tar header's) are checked before the rest is read: an archive of gigabytes
+  // is refused, not read whole first.
+  std::vector<uint8_t> text(std::min<uint64_t>(bytes, kTarBlockBytes));
   RETURN_IF_ERROR(ReadExactly(file.get(), text.data(), text.size(), path));
   RETURN_IF_ERROR(CheckIsNoArchive(
       path, std::string_view(reinterpret_cast<const char*>(text.data()), text.size())));

@@ -125,6 +125,18 @@ absl::StatusOr<std::ifstream> OpenInputFile(const std::string& path) {
   return in;
 }
 
+std::optional<std::string> RegularFileHead(const std::string& path, size_t max_bytes) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::string head(max_bytes, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  if (in.bad()) return std::nullopt;
+  head.resize(static_cast<size_t>(in.gcount()));
+  return head;
+}
+
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, size_t max_bytes) {
   absl::StatusOr<int> fd = OpenFileDescriptor(path);
   if (!fd.ok()) return fd.status();

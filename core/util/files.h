@@ -39,6 +39,11 @@ absl::StatusOr<std::ifstream> OpenInputFile(const std::string& path);
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path,
                                           size_t max_bytes = std::string::npos);
 
+// The first bytes of the regular file at `path`, at most `max_bytes` (fewer when it is shorter);
+// none when no regular file is there or it cannot be read. What lies at a path an output is about
+// to replace: a FIFO or device is never opened, since its open or read may wait for ever.
+std::optional<std::string> RegularFileHead(const std::string& path, size_t max_bytes);
+
 // Whether `path` is `folder` or lies inside it, links and ".." resolved as far as the paths exist
 // (neither needs to): what an output must not be when it would overwrite an input.
 bool IsSameOrInside(const std::string& path, const std::string& folder);

@@ -126,6 +126,22 @@ TEST_F(ResolveOutputFileTest, DurableWritesFollowLinksAndReplaceOnlyFiles) {
 }
 
 // A device that never ends (/dev/zero) is read up to the bound, not into all the memory.
+// What lies where an output goes, read without waiting: a regular file's first bytes (all of a
+// shorter one); none for what is no regular file (a FIFO whose open would wait for a writer, a
+// device, a folder) or nothing at all.
+TEST_F(ResolveOutputFileTest, TheHeadOfARegularFileOnly) {
+  std::ofstream(dir_ + "/file") << "<!DOCTYPE html>\n<html>";
+  EXPECT_EQ(RegularFileHead(dir_ + "/file", 15), "<!DOCTYPE html>");
+  EXPECT_EQ(RegularFileHead(dir_ + "/file", 100), "<!DOCTYPE html>\n<html>");
+  std::ofstream(dir_ + "/empty") << "";
+  EXPECT_EQ(RegularFileHead(dir_ + "/empty", 15), "");
+  ASSERT_EQ(::mkfifo((dir_ + "/fifo").c_str(), 0644), 0) << strerror(errno);
+  for (const std::string& path :
+       {dir_ + "/fifo", std::string("/dev/zero"), dir_ + "/real", dir_ + "/absent"}) {
+    EXPECT_EQ(RegularFileHead(path, 15), std::nullopt) << path;
+  }
+}
+
 TEST(FilesTest, ReadingStopsPastTheBound) {
   const absl::StatusOr<std::string> zeros = ReadWholeFile("/dev/zero", 1 << 20);
   EXPECT_EQ(zeros.status().code(), absl::StatusCode::kFailedPrecondition);
