@@ -63,8 +63,9 @@ void AddCkptCommand(CLI::App& app) {
   export_command->add_option(
       "--tokenizer", export_args->tokenizer,
       "With --format hf: the tokenizer to include (tokenizer.json, tokenizer.model, GPT-2's "
-      "encoder.json / vocab.bpe, or a folder holding one; default: the run's data.tokenizer "
-      "where it is at its path; none: no tokenizer)");
+      "encoder.json / vocab.bpe, or a folder holding one; bytes: one token per byte, "
+      "data.format text's; default: the run's data.tokenizer where it is at its path, or bytes "
+      "for a run on bytes; none: no tokenizer)");
   export_command->callback([export_args] {
     const absl::StatusOr<std::string> exported = ExportCheckpoint(
         export_args->dir, export_args->out, export_args->format, export_args->tokenizer);

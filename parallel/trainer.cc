@@ -773,10 +773,10 @@ std::chrono::duration<double> AwaitNextStepData(SequenceLoader& loader, int sequ
 
 // train.export_to: the whole model's parameters, gathered from the ranks of the first
 // data-parallel replica onto rank 0, which writes them: a .safetensors file, or else a Hugging
-// Face model folder.
+// Face model folder with `tokenizer` (DataTokenizer; empty: none).
 absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
                            DataParallelEngine& engine, const ProcessGroup::MeshGroups& groups,
-                           bool leader) {
+                           const std::string& tokenizer, bool leader) {
   ASSIGN_OR_RETURN(std::vector<float> own, engine.GatherParameters());
   // The first replica's tp and pp groups assemble the model on rank 0; the other replicas hold
   // copies of it.
@@ -800,12 +800,22 @@ absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
       [&](const TensorEntry& entry) -> absl::StatusOr<const float*> {
         return full.data() + entry.offset;
       },
-      path, recipe.data.tokenizer, {}, chat_template ? &*chat_template : nullptr));
+      path, tokenizer, {}, chat_template ? &*chat_template : nullptr));
   LogInfo("model folder written to %s (config.json, model.safetensors%s%s; transformers loads it)",
-          path, recipe.data.tokenizer.empty() ? "" : ", the tokenizer's files",
-          chat_template && !recipe.data.tokenizer.empty()
+          path,
+          tokenizer.empty()                     ? ""
+          : tokenizer == ByteTokenizer().name() ? ", a tokenizer of one token per byte"
+                                                : ", the tokenizer's files",
+          chat_template && !tokenizer.empty()
               ? absl::StrCat(", the chat template ", chat_template->name)
               : "");
+  if (tokenizer.empty()) {
+    LogWarn(
+        "the model folder %s has no tokenizer: data.tokenizer is empty and the data's first shard "
+        "names none; add the one they were packed with (`dtrain ckpt export --format hf "
+        "--tokenizer PATH`)",
+        path);
+  }
   return absl::OkStatus();
 }
 
@@ -997,8 +1007,10 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
                        backend, train.micro_batch, train.seq_len, recompute, tensor_parallel.get(),
                        recipe.parallel.sequence_parallel, activation_slots));
   Transformer& model = *model_owner;
+  // data.tokenizer encodes the shards' text samples too.
   ASSIGN_OR_RETURN(Datasets data,
-                   OpenDatasets(recipe, dp_rank, dp_size, recorded.value_or(std::string())));
+                   OpenDatasets(recipe, dp_rank, dp_size, recorded.value_or(std::string()),
+                                recipe.data.tokenizer.empty() ? nullptr : sample_tokenizer.get()));
   const bool documents = data.train->documents();
   // Held until the run ends, before anything of the run folder is read: another run of the same
   // folder would interleave its metrics and checkpoints with this one's.
@@ -1250,7 +1262,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   }
   if (!train.export_to.empty()) {
     phase = absl::StrCat("the export to ", train.export_to);
-    RETURN_IF_ERROR(ExportWeights(recipe, table, engine, groups, leader));
+    RETURN_IF_ERROR(
+        ExportWeights(recipe, table, engine, groups, DataTokenizer(recipe, recorded), leader));
   }
   return TrainingEnd::kFinished;
 }

@@ -236,9 +236,8 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
   // The folder ships the run's own tokenizer, as train.export_to's does, unless told otherwise;
   // one that is not here (the run trained on another machine) is left out, saying so.
   std::string tokenizer = tokenizer_path == "none" ? "" : tokenizer_path;
-  const bool run_tokenizer =
-      tokenizer_path.empty() && format == "hf" && !recipe.data.tokenizer.empty();
-  if (run_tokenizer) {
+  const bool run_tokenizer = tokenizer_path.empty() && format == "hf";
+  if (run_tokenizer && !recipe.data.tokenizer.empty()) {
     std::error_code error;
     if (std::filesystem::exists(recipe.data.tokenizer, error)) {
       tokenizer = recipe.data.tokenizer;
@@ -247,6 +246,18 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
           "the checkpoint's run trained with data.tokenizer %s, which is not here (a relative "
           "path is from %s): the folder gets no tokenizer; give --tokenizer PATH to ship one",
           recipe.data.tokenizer, std::filesystem::current_path(error).string());
+    }
+  } else if (run_tokenizer) {
+    // Without data.tokenizer the data are bytes (data.format text), or their shards say whose.
+    const absl::StatusOr<std::string> recorded = ShardsTokenizerName(recipe);
+    tokenizer = DataTokenizer(recipe, recorded);
+    if (tokenizer.empty()) {
+      LogWarn(
+          "the folder gets no tokenizer: the checkpoint's run has no data.tokenizer and its "
+          "data's first shard %s; give --tokenizer PATH to ship one",
+          recorded.ok()
+              ? "names none"
+              : absl::StrCat("does not read from here (", recorded.status().message(), ")"));
     }
   }
   if (format == "llmc") {

@@ -25,13 +25,13 @@ InspectReport InspectCheckpoints(const std::string& path);
 
 // Writes the model's parameters of the checkpoint at `path` (ResolveCheckpoint) to `out`:
 // format "safetensors" (Hugging Face names and layouts), "hf" (the folder `out` that
-// transformers' from_pretrained loads, with the tokenizer at `tokenizer_path`, or when that is
-// empty the run's data.tokenizer (left out, with a warning, where it is not at its path), none for
-// "none", and with a tokenizer, for an SFT run, the chat template its shards record;
-// core/model/hf_folder.h) or "llmc"
-// (llm.c's GPT-2 model file, version 3: float32, vocabulary padded to a multiple of 128; GPT-2 with
-// d_ff = 4 d_model only). Host memory stays near one tensor. Every chunk read is checksum-verified.
-// The step-<N> folder exported.
+// transformers' from_pretrained loads, with the tokenizer at `tokenizer_path` ("bytes": one token
+// per byte), or when that is empty the run's (DataTokenizer: data.tokenizer, left out with a
+// warning where it is not at its path, or bytes), none for "none", and with a tokenizer, for an SFT
+// run, the chat template its shards record; core/model/hf_folder.h) or "llmc" (llm.c's GPT-2 model
+// file, version 3: float32, vocabulary padded to a multiple of 128; GPT-2 with d_ff = 4 d_model
+// only). Host memory stays near one tensor. Every chunk read is checksum-verified. The step-<N>
+// folder exported.
 absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std::string& out,
                                              const std::string& format,
                                              const std::string& tokenizer_path = "");

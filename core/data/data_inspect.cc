@@ -52,7 +52,8 @@ absl::Status InspectShards(const std::string& pattern, const InspectOptions& opt
           absl::StrAppend(&fields, " .", field.extension, "(", field.data.size(), " B)");
         }
       }
-      const absl::Status decoded = TakeSampleTokens(&sample, vocab_size, &document);
+      const absl::Status decoded =
+          TakeSampleTokens(&sample, vocab_size, &document, {}, options.tokenizer);
       if (!decoded.ok() && refused++ == 0) first_refusal = decoded;
       const int64_t sample_tokens = decoded.ok() ? document.size() : 0;
       tokens += sample_tokens;

@@ -22,7 +22,9 @@ struct InspectOptions {
   int64_t max_samples = -1;   // per listing; -1 = all
   int64_t text_tokens = 200;  // tokens of a sample decoded to text; -1 = all
   ShardSourceOptions source;
-  const Tokenizer* tokenizer = nullptr;  // decodes the listed samples; null = ids only
+  // Encodes .txt samples, as data.tokenizer does in training, and decodes the listed samples;
+  // null = ids only (a .txt's bytes).
+  const Tokenizer* tokenizer = nullptr;
 };
 
 absl::Status InspectShards(const std::string& pattern, const InspectOptions& options,

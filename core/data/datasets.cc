@@ -16,6 +16,7 @@
 #include "core/data/tar_reader.h"
 #include "core/data/token_decode.h"
 #include "core/data/token_file.h"
+#include "core/data/tokenizer.h"
 #include "core/data/webdataset_loader.h"
 #include "core/data/window_loader.h"
 #include "core/util/exit_codes.h"
@@ -69,7 +70,8 @@ absl::Status CheckLocalShardsExist(const std::vector<std::string>& urls, const s
 
 // data.format webdataset: streamed shards; the token counts stay 0 (unknown in advance).
 absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int dp_size,
-                                         const std::string& shards_tokenizer) {
+                                         const std::string& shards_tokenizer,
+                                         const Tokenizer* text_tokenizer) {
   const DataSection& data = recipe.data;
   StreamConfig config;
   RETURN_IF_ERROR(CheckDataFilesExist(recipe));
@@ -85,6 +87,7 @@ absl::StatusOr<Datasets> OpenWebDatasets(const Recipe& recipe, int dp_rank, int 
   config.eos_id = data.eos_id;
   config.vocab_size = recipe.model.vocab_size;
   config.tokenizer = shards_tokenizer;
+  config.text_tokenizer = text_tokenizer;
   config.epochs = data.epochs;
   config.skip_bad_shards = data.on_error == "skip_shard";
   config.source = SourceOptions(data);
@@ -267,10 +270,11 @@ absl::Status CheckDataFilesExist(const Recipe& recipe) {
 }
 
 absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_size,
-                                      const std::string& shards_tokenizer) {
+                                      const std::string& shards_tokenizer,
+                                      const Tokenizer* text_tokenizer) {
   const DataSection& data = recipe.data;
   if (data.format == "webdataset") {
-    return OpenWebDatasets(recipe, dp_rank, dp_size, shards_tokenizer);
+    return OpenWebDatasets(recipe, dp_rank, dp_size, shards_tokenizer, text_tokenizer);
   }
   if (data.format == "sft") return OpenSftDatasets(recipe, dp_rank, dp_size);
   const int seq_len = recipe.train.seq_len;
@@ -346,6 +350,13 @@ absl::StatusOr<std::string> ShardsTokenizerName(const Recipe& recipe,
                                                 const std::atomic<bool>* stop) {
   ASSIGN_OR_RETURN(const std::optional<Sample> sample, ShardsFirstSample(recipe, stop));
   return sample ? RecordedTokenizerName(*sample) : "";
+}
+
+std::string DataTokenizer(const Recipe& recipe, const absl::StatusOr<std::string>& recorded) {
+  if (!recipe.data.tokenizer.empty()) return recipe.data.tokenizer;
+  const std::string bytes = ByteTokenizer().name();
+  if (recipe.data.format == "text" || (recorded.ok() && *recorded == bytes)) return bytes;
+  return "";
 }
 
 absl::StatusOr<std::optional<ChatTemplate>> ShardsChatTemplate(const Recipe& recipe) {

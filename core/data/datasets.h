@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "core/data/chat_template.h"
 #include "core/data/loader.h"
+#include "core/data/tokenizer.h"
 #include "core/recipe/recipe.h"
 
 namespace dtrain {
@@ -36,8 +37,11 @@ struct Datasets {
 // pipeline- parallel peers of one replica read the same data). Errors name the recipe key or file
 // and the fix. `shards_tokenizer`: the tokenizer the first shard records (ShardsTokenizerName),
 // which every webdataset shard that records one must record too (empty: not checked).
+// `text_tokenizer`: data.tokenizer, loaded, which encodes webdataset's .txt samples as they
+// stream (null: their bytes are the ids); it must outlive the datasets.
 absl::StatusOr<Datasets> OpenDatasets(const Recipe& recipe, int dp_rank, int dp_size,
-                                      const std::string& shards_tokenizer = "");
+                                      const std::string& shards_tokenizer = "",
+                                      const Tokenizer* text_tokenizer = nullptr);
 
 // InvalidArgument naming data.train or data.val when one of its file patterns matches no file
 // (data.format text, llmc and sft), or data.shards or data.val_shards when one of its local
@@ -59,6 +63,11 @@ absl::Status CheckShardPatterns(const Recipe& recipe);
 // stalled command or server) gives up, Cancelled, once `*stop` is set (a SIGTERM).
 absl::StatusOr<std::string> ShardsTokenizerName(const Recipe& recipe,
                                                 const std::atomic<bool>* stop = nullptr);
+
+// The tokenizer whose ids the run's data hold, as ExportHfFolder takes it: data.tokenizer, else
+// ByteTokenizer's name "bytes" for data.format text and for shards that record bytes (`recorded`,
+// ShardsTokenizerName's answer), else empty: not known.
+std::string DataTokenizer(const Recipe& recipe, const absl::StatusOr<std::string>& recorded);
 
 // The chat template that data.format sft's shards were packed with (`dtrain data pack --sft`
 // records it beside the tokenizer); nullopt for other formats and shards of an older pack.

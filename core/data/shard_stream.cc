@@ -35,8 +35,12 @@ absl::Status WithSkipShardHint(const absl::Status& error) {
       error, absl::StrCat(error.message(), " (data.on_error: skip_shard would skip this shard)"));
 }
 
-ShardStream::ShardStream(const StreamConfig* config, int stream)
-    : config_(config), stream_(stream), packer_(config->seq_len, config->eos_id), slot_(stream) {
+ShardStream::ShardStream(const StreamConfig* config, int stream, std::set<std::string>* skip_warned)
+    : config_(config),
+      stream_(stream),
+      packer_(config->seq_len, config->eos_id),
+      slot_(stream),
+      skip_warned_(skip_warned) {
   cursor_.block_slot = stream;
 }
 
@@ -104,11 +108,11 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
   if (!config_->skip_bad_shards) return WithSkipShardHint(error);
   ++cursor_.skipped_shards;
   ++shards_skipped_;
-  if (skipped_urls_.insert(url).second) {
+  if (skip_warned_->insert(url).second) {
     LogWarn(
         "data.on_error skip_shard: skipping shard %s (data stream %d, pass %d) after %d "
-        "samples: %s; %d shards skipped by this stream so far (its later passes skip it "
-        "without a warning if it fails again%s)",
+        "samples: %s; %d shards skipped by this stream so far (later reads of it, by any "
+        "stream of this rank, skip it without a warning if it fails again%s)",
         url, stream_, slot_ / static_cast<int64_t>(config_->urls.size()), slot_samples_,
         error.message(), cursor_.skipped_shards,
         GaveProgress()
@@ -179,7 +183,8 @@ absl::Status ShardStream::ReadSample(bool decode, TokenDocument* tokens) {
     if (!status.ok()) {
       status = WithSourceCause(*source_, status);
     } else if (decode) {
-      status = TakeSampleTokens(&sample_, config_->vocab_size, tokens, config_->tokenizer);
+      status = TakeSampleTokens(&sample_, config_->vocab_size, tokens, config_->tokenizer,
+                                config_->text_tokenizer);
     }
     if (!status.ok()) {
       RETURN_IF_ERROR(ShardFailed(status));
@@ -214,6 +219,24 @@ int64_t ShardStream::ReachableShards() {
   return static_cast<int64_t>(reached.size());
 }
 
+void ShardStream::WarnIfBlockRepeats(size_t samples, int64_t bytes) {
+  const int64_t n = static_cast<int64_t>(config_->urls.size());
+  // Stream 0, on rank 0, speaks for all. An endless stream whose last sample came from the
+  // block's first slot a pass later holds the `samples` and `bytes` before it, a whole pass of
+  // its share.
+  if (stream_ != 0 || repeat_warned_ || config_->finite || slot_ - cursor_.block_slot < n) return;
+  repeat_warned_ = true;
+  LogWarn(
+      "data stream 0's shuffle block holds its whole share of data.shards (%d samples, %.1f MiB "
+      "of tokens in one pass) with room to spare, so it reads on into the next pass: documents "
+      "repeat within a block, each copy held in memory (a block ends at data.shuffle_buffer / "
+      "data.streams = %d samples or data.shuffle_buffer_mb / data.streams = %.0f MiB); for a "
+      "shuffle without repeats, lower data.shuffle_buffer to %d or less",
+      samples, static_cast<double>(bytes) / (1 << 20), config_->block_samples,
+      static_cast<double>(config_->block_bytes) / (1 << 20),
+      static_cast<int64_t>(samples) * config_->num_streams);
+}
+
 absl::Status ShardStream::LoadBlock() {
   ++cursor_.block;
   cursor_.block_slot = slot_;
@@ -228,6 +251,7 @@ absl::Status ShardStream::LoadBlock() {
     const absl::Status read = ReadSample(/*decode=*/true, &docs_[count]);
     if (absl::IsOutOfRange(read) && count > 0) break;  // a finite stream's last, short block
     RETURN_IF_ERROR(read);
+    WarnIfBlockRepeats(count, bytes);
     bytes += static_cast<int64_t>(docs_[count].words.size());
   }
   docs_.resize(count);

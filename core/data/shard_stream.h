@@ -39,7 +39,9 @@ struct StreamConfig {
   int seq_len = 0;
   int eos_id = -1;
   int vocab_size = 0;
-  std::string tokenizer;         // what a shard that records its tokenizer must record; empty: any
+  std::string tokenizer;  // what a shard that records its tokenizer must record; empty: any
+  // Encodes .txt samples (data.tokenizer); null: their bytes are the ids. Outlives the streams.
+  const Tokenizer* text_tokenizer = nullptr;
   int epochs = 0;                // passes over the shards; 0 = endless, each pass shuffled anew
   bool finite = false;           // true: end after `epochs` passes; false: then repeat the passes
   bool skip_bad_shards = false;  // data.on_error skip_shard
@@ -64,7 +66,10 @@ absl::Status WithSkipShardHint(const absl::Status& error);
 
 class ShardStream {
  public:
-  ShardStream(const StreamConfig* config, int stream);
+  // `skip_warned`: the shards skipped (skip_bad_shards) and warned about, each once for all the
+  // streams that share it (a loader's, read from its one thread): a bad shard was warned about on
+  // every pass, then by every stream.
+  ShardStream(const StreamConfig* config, int stream, std::set<std::string>* skip_warned);
 
   // Writes the next window as inputs and targets (seq_len each). OutOfRange at the end of a
   // finite stream; shard errors are DataLoss / NotFound / Unavailable naming the shard unless
@@ -84,6 +89,9 @@ class ShardStream {
 
  private:
   absl::Status LoadBlock();
+  // Warns, once, when the block being loaded, `samples` holding `bytes` so far, has begun a second
+  // pass over the stream's shards: its documents repeat in it.
+  void WarnIfBlockRepeats(size_t samples, int64_t bytes);
   // Next sample's tokens; `decode` false skips decoding (for Restore). OutOfRange at the end.
   absl::Status ReadSample(bool decode, TokenDocument* tokens);
   absl::Status OpenSlot();
@@ -127,9 +135,8 @@ class ShardStream {
   // shards is an error (such data would be read forever without one window).
   int64_t empty_in_a_row_ = 0;
   bool wrap_logged_ = false;
-  // The shards skipped (data.on_error skip_shard) and warned about: each is warned about once,
-  // not on every pass (a bad shard warned 13 times in a run).
-  std::set<std::string> skipped_urls_;
+  bool repeat_warned_ = false;  // a shuffle block held a whole pass (LoadBlock)
+  std::set<std::string>* skip_warned_;
   std::unique_ptr<ByteSource> source_;
   std::unique_ptr<TarReader> reader_;
   std::unique_ptr<SampleGrouper> grouper_;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -133,6 +134,38 @@ absl::StatusOr<std::pair<size_t, int>> FindTokenField(const Sample& sample) {
                            ".txt file, e.g. with 'dtrain data pack'"));
 }
 
+// The ids of a .txt field's text through `tokenizer`, in words of 2 bytes where its vocabulary
+// fits, else 4; each checked below vocab_size.
+absl::Status EncodeText(const Sample& sample, const SampleField& field, const Tokenizer& tokenizer,
+                        int vocab_size, TokenDocument* document) {
+  thread_local std::vector<int32_t> ids;
+  ids.clear();
+  if (const absl::Status status = tokenizer.Encode(field.data, &ids); !status.ok()) {
+    return SampleError(sample, absl::StrCat(".txt does not encode with data.tokenizer ",
+                                            tokenizer.name(), ": ", status.message()));
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size) {
+      return SampleError(
+          sample, absl::StrCat(".txt token ", i, " is ", ids[i], ", not below model.vocab_size ",
+                               vocab_size, "; raise vocab_size or fix the tokenizer"));
+    }
+  }
+  const bool narrow = tokenizer.vocab_size() <= std::numeric_limits<uint16_t>::max() + 1;
+  document->width = narrow ? sizeof(uint16_t) : sizeof(int32_t);
+  document->words.resize(ids.size() * document->width);
+  char* out = document->words.data();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (narrow) {
+      const auto word = static_cast<uint16_t>(ids[i]);
+      std::memcpy(out + i * sizeof(word), &word, sizeof(word));
+    } else {
+      std::memcpy(out + i * sizeof(int32_t), &ids[i], sizeof(int32_t));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Shards from `dtrain data pack` record their tokenizer in the first sample of each shard
 // (data_pack.h); ids from a vocabulary larger than the model's would index past its embedding.
 absl::Status CheckRecordedTokenizer(const Sample& sample, int vocab_size,
@@ -204,11 +237,14 @@ void TokenDocument::CopyTo(int64_t first, int64_t count, int32_t* out) const {
 }
 
 absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* document,
-                              std::string_view tokenizer) {
+                              std::string_view tokenizer, const Tokenizer* text_tokenizer) {
   RETURN_IF_ERROR(CheckRecordedTokenizer(*sample, vocab_size, tokenizer));
   ASSIGN_OR_RETURN(const auto found, FindTokenField(*sample));
   const auto [index, width] = found;
   SampleField& field = sample->fields[index];
+  if (text_tokenizer != nullptr && field.extension == "txt") {
+    return EncodeText(*sample, field, *text_tokenizer, vocab_size, document);
+  }
   if (width == 0) {
     std::vector<int32_t> ids;
     RETURN_IF_ERROR(DecodeJson(*sample, field, vocab_size, &ids));

@@ -1,7 +1,7 @@
 // Token ids from a WebDataset sample, from the first field present among: "tokens" (uint16
-// little-endian), "tokens32" (uint32 little-endian), "json" (a JSON list of ids) and "txt"
-// (one token per byte, for byte-level vocabularies). A "tokenizer.json" field records the
-// tokenizer that wrote the ids. Pure functions.
+// little-endian), "tokens32" (uint32 little-endian), "txt" (text: through the data's tokenizer
+// where one is given, else one token per byte) and "json" (a JSON list of ids). A
+// "tokenizer.json" field records the tokenizer that wrote the ids. Pure functions.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "core/data/sample_grouper.h"
+#include "core/data/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace dtrain {
@@ -33,10 +34,14 @@ struct TokenDocument {
 };
 
 // Moves the sample's token field into *document (binary formats swap buffers, so the field
-// gets the document's old bytes back for reuse; nothing is copied) after checking it. Errors
-// are DecodeSampleTokens's; on an error *document is unspecified.
+// gets the document's old bytes back for reuse; nothing is copied) after checking it. A .txt
+// field is encoded through `text_tokenizer` (its ids stored in 2 bytes where its vocabulary
+// fits; null: the bytes are the ids); text it does not encode (invalid UTF-8 for SentencePiece)
+// is DataLoss naming the sample. Errors are otherwise DecodeSampleTokens's; on an error
+// *document is unspecified.
 absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* document,
-                              std::string_view tokenizer = {});
+                              std::string_view tokenizer = {},
+                              const Tokenizer* text_tokenizer = nullptr);
 
 // Replaces *tokens with the sample's ids. DataLoss naming the shard, the sample key and the fix
 // for: no token field, a byte count that is not a whole number of tokens, malformed JSON, an id

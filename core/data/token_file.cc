@@ -75,16 +75,23 @@ absl::Status ReadExactly(std::FILE* file, void* out, size_t bytes, const std::st
   return absl::OkStatus();
 }
 
+// A data file that does not fit the recipe: exit 2, since a restart reads the same.
+absl::Status BadDataFile(const std::string& path, absl::string_view what) {
+  return WithExitCode(absl::InvalidArgumentError(absl::StrCat("data file ", path, ": ", what)),
+                      kExitUsage);
+}
+
 // Appends `values` to `tokens`, checking each against the vocabulary.
 template <typename T>
 absl::Status AppendChecked(const std::vector<T>& values, int vocab_size, const std::string& path,
                            std::vector<int32_t>* tokens) {
   for (size_t i = 0; i < values.size(); ++i) {
     if (static_cast<int64_t>(values[i]) >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data file ", path, ": token ", values[i], " at position ", i,
-          " is outside model.vocab_size ", vocab_size,
-          "; set model.vocab_size to the tokenizer's vocabulary, or check data.format"));
+      return BadDataFile(
+          path,
+          absl::StrCat(
+              "token ", values[i], " at position ", i, " is outside model.vocab_size ", vocab_size,
+              "; set model.vocab_size to the tokenizer's vocabulary, or check data.format"));
     }
   }
   tokens->insert(tokens->end(), values.begin(), values.end());
@@ -135,29 +142,26 @@ absl::Status AppendLlmcFile(const std::string& path, int vocab_size, std::vector
   const std::string fix =
       "; regenerate it with llm.c's data scripts, or set data.format: text for raw text";
   if (bytes < kLlmcHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("data file ", path, ": ", bytes,
-                                                   " bytes is shorter than the ", kLlmcHeaderBytes,
-                                                   "-byte llm.c header", fix));
+    return BadDataFile(path, absl::StrCat(bytes, " bytes is shorter than the ", kLlmcHeaderBytes,
+                                          "-byte llm.c header", fix));
   }
   int32_t header[kLlmcHeaderInts];
   RETURN_IF_ERROR(ReadExactly(file.get(), header, sizeof(header), path));
   if (header[0] != kLlmcMagic) {
-    return absl::InvalidArgumentError(absl::StrCat("data file ", path, ": header[0] = ", header[0],
-                                                   ", not the llm.c magic ", kLlmcMagic,
-                                                   "; not an llm.c token shard", fix));
+    return BadDataFile(path, absl::StrCat("header[0] = ", header[0], ", not the llm.c magic ",
+                                          kLlmcMagic, "; not an llm.c token shard", fix));
   }
   if (header[1] != kLlmcVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("data file ", path, ": llm.c shard version ",
-                                                   header[1], ", expected ", kLlmcVersion,
-                                                   " (uint16 tokens)", fix));
+    return BadDataFile(path, absl::StrCat("llm.c shard version ", header[1], ", expected ",
+                                          kLlmcVersion, " (uint16 tokens)", fix));
   }
   const uint64_t payload = bytes - kLlmcHeaderBytes;
   if (header[2] < 0 || payload != 2 * static_cast<uint64_t>(header[2])) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data file ", path, ": header says ", header[2], " tokens (",
-        2 * static_cast<int64_t>(header[2]), " bytes) but ", payload,
-        " bytes follow the header; the shard is truncated or corrupt, download or regenerate "
-        "it"));
+    return BadDataFile(
+        path, absl::StrCat("header says ", header[2], " tokens (",
+                           2 * static_cast<int64_t>(header[2]), " bytes) but ", payload,
+                           " bytes follow the header; the shard is truncated or corrupt, download "
+                           "or regenerate it"));
   }
   std::vector<uint16_t> values(static_cast<size_t>(header[2]));
   RETURN_IF_ERROR(ReadExactly(file.get(), values.data(), payload, path));

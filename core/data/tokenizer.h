@@ -13,6 +13,7 @@
 
 namespace dtrain {
 
+// Encode and Decode are thread-safe: the streams of a run encode text samples side by side.
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;

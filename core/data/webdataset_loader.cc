@@ -78,8 +78,8 @@ WebDatasetLoader::WebDatasetLoader(WebDatasetOptions options) : options_(std::mo
   options_.stream.source.stop = &stop_;
   const int owned = options_.stream.num_streams / options_.world;
   for (int i = 0; i < owned; ++i) {
-    streams_.push_back(
-        std::make_unique<ShardStream>(&options_.stream, options_.rank + options_.world * i));
+    streams_.push_back(std::make_unique<ShardStream>(
+        &options_.stream, options_.rank + options_.world * i, &skip_warned_));
     StreamCursor initial;
     initial.block_slot = options_.rank + options_.world * i;
     consumed_.push_back(initial);
@@ -307,7 +307,7 @@ absl::Status WebDatasetLoader::Restore(const LoaderState& state) {
 // ---- WebDatasetValidationLoader ---------------------------------------------------------------
 
 WebDatasetValidationLoader::WebDatasetValidationLoader(StreamConfig config, int rank, int world)
-    : config_(std::move(config)), stream_(&config_, 0), rank_(rank), world_(world) {}
+    : config_(std::move(config)), stream_(&config_, 0, &skip_warned_), rank_(rank), world_(world) {}
 
 absl::StatusOr<int> WebDatasetValidationLoader::Next(int count, int32_t* inputs, int32_t* targets) {
   if (count < 0) return absl::InvalidArgumentError(absl::StrCat("Next(count = ", count, ")"));

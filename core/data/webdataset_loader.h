@@ -17,6 +17,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,6 +67,7 @@ class WebDatasetLoader final : public SequenceLoader {
   void ReadLoop();
 
   WebDatasetOptions options_;
+  std::set<std::string> skip_warned_;                  // the streams' ShardStream::skip_warned
   std::vector<std::unique_ptr<ShardStream>> streams_;  // owned streams: k = rank + world * index
   std::vector<StreamCursor> consumed_;  // each owned stream's cursor after its last consumed window
   std::vector<bool> restore_pending_;   // the reader must restore that stream first
@@ -104,6 +106,7 @@ class WebDatasetValidationLoader final : public ValidationLoader {
   absl::Status Cache(int64_t count);
 
   StreamConfig config_;
+  std::set<std::string> skip_warned_;  // unused: validation fails on a bad shard
   ShardStream stream_;
   int rank_;
   int world_;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/data/tokenizers/bpe.h"
 #include "core/data/tokenizers/load_tokenizer.h"
 #include "core/data/tokenizers/sentencepiece_library.h"
 #include "core/util/exit_codes.h"
@@ -270,13 +271,15 @@ absl::Status CheckHfConfig(const ModelConfig& c, const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": model_type ", model_type.dump(),
                                                    " is not a family dtrain runs (gpt2, llama)"));
   }
-  if (model_type != family) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": model.family is ", family, " but model_type is ", model_type.dump(),
-                     " (set model.family: ", model_type.get<std::string>(), ")"));
-  }
+  // The recipe's model against the folder's family, all at once: with another family, every
+  // field that differs too.
   std::vector<std::string> problems;
-  if (c.family == ModelFamily::kGpt2) {
+  if (model_type != family) {
+    problems.push_back(absl::StrCat("model.family is ", family, " but model_type is ",
+                                    model_type.dump(),
+                                    " (set model.family: ", model_type.get<std::string>(), ")"));
+  }
+  if (model_type == "gpt2") {
     const Json n_embd = json.value("n_embd", Json(768));
     CompareFields(json,
                   {{"n_layer", "model.n_layer", double(c.n_layer), 12},
@@ -316,9 +319,16 @@ absl::Status CheckHfConfig(const ModelConfig& c, const std::string& path) {
           "model.max_seq_len is ", c.max_seq_len, " but max_position_embeddings is ",
           positions.dump(), " (set model.max_seq_len to at most ", positions.dump(), ")"));
     }
-    if (const auto it = json.find("head_dim"); it != json.end() && !it->is_null()) {
-      RequireValue(json, "head_dim", nullptr, {c.head_dim},
-                   "dtrain's head_dim is model.d_model / model.n_head", problems);
+    // A head_dim other than hidden_size / num_attention_heads (Gemma's, Qwen3's) is a shape
+    // dtrain's Llama has no key for; the recipe's own width and heads are compared above.
+    const Json hidden = json.value("hidden_size", Json(4096));
+    if (const Json head_dim = json.value("head_dim", Json());
+        head_dim.is_number() && hidden.is_number() && heads.is_number() &&
+        head_dim.get<double>() * heads.get<double>() != hidden.get<double>()) {
+      problems.push_back(absl::StrCat(
+          "head_dim is ", head_dim.dump(), " but hidden_size / num_attention_heads is ",
+          hidden.dump(), " / ", heads.dump(),
+          ": dtrain's head_dim is model.d_model / model.n_head, so it cannot run this model"));
     }
     RequireValue(json, "hidden_act", "silu", {"silu"}, "dtrain's Llama MLP is SwiGLU (silu)",
                  problems);
@@ -439,6 +449,43 @@ absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_pat
   return ids;
 }
 
+absl::Status WriteByteTokenizer(const std::string& dir, int max_seq_len) {
+  // Byte-level BPE without merges: each byte's character (GPT-2's alphabet) is the token whose id
+  // is the byte, and no regex cuts the text first.
+  Json vocab = Json::object();
+  for (int byte = 0; byte < 256; ++byte) {
+    vocab[ByteLevelCharacter(static_cast<unsigned char>(byte))] = byte;
+  }
+  const Json byte_level = {{"type", "ByteLevel"},
+                           {"add_prefix_space", false},
+                           {"trim_offsets", false},
+                           {"use_regex", false}};
+  const Json tokenizer = {{"version", "1.0"},
+                          {"truncation", nullptr},
+                          {"padding", nullptr},
+                          {"added_tokens", Json::array()},
+                          {"normalizer", nullptr},
+                          {"pre_tokenizer", byte_level},
+                          {"post_processor", nullptr},
+                          {"decoder", byte_level},
+                          {"model",
+                           {{"type", "BPE"},
+                            {"dropout", nullptr},
+                            {"unk_token", nullptr},
+                            {"fuse_unk", false},
+                            {"byte_fallback", false},
+                            {"vocab", vocab},
+                            {"merges", Json::array()}}}};
+  const Json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                       {"model_max_length", max_seq_len},
+                       {"clean_up_tokenization_spaces", false}};
+  RETURN_IF_ERROR(
+      WriteFileDurably((fs::path(dir) / "tokenizer.json").string(), tokenizer.dump(2) + "\n"));
+  RETURN_IF_ERROR(
+      WriteFileDurably((fs::path(dir) / "tokenizer_config.json").string(), config.dump(2) + "\n"));
+  return WriteFileDurably((fs::path(dir) / "special_tokens_map.json").string(), "{}\n");
+}
+
 namespace {
 
 // The SFT template into `dir`'s tokenizer_config.json, and generation_config.json's stops: the
@@ -535,22 +582,25 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
                             const ChatTemplate* chat_template) {
   RETURN_IF_ERROR(CheckReplaceableModelFolder(dir));
   std::unique_ptr<Tokenizer> tokenizer;
-  if (!tokenizer_path.empty()) {
-    // Checked before the folder exists: with ids the model has no row for, the folder would load
-    // in transformers and fail at its first forward pass (an index out of range).
+  const bool bytes = tokenizer_path == ByteTokenizer().name();
+  if (bytes) {
+    tokenizer = std::make_unique<ByteTokenizer>();
+  } else if (!tokenizer_path.empty()) {
     ASSIGN_OR_RETURN(tokenizer, LoadTokenizer(tokenizer_path));
-    if (tokenizer->vocab_size() > config.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tokenizer ", tokenizer->name(), " has a vocabulary of ", tokenizer->vocab_size(),
-          ", more than the model's ", config.vocab_size,
-          " (model.vocab_size): its larger ids have no embedding row; give the tokenizer the "
-          "model was trained with"));
-    }
-    ASSIGN_OR_RETURN(const std::string caveat, FastTokenizerCaveat(*tokenizer, tokenizer_path));
-    if (!caveat.empty()) LogWarn("%s", caveat);
+  }
+  // Checked before the folder exists: with ids the model has no row for, the folder would load
+  // in transformers and fail at its first forward pass (an index out of range).
+  if (tokenizer != nullptr && tokenizer->vocab_size() > config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tokenizer ", tokenizer->name(), " has a vocabulary of ", tokenizer->vocab_size(),
+        ", more than the model's ", config.vocab_size,
+        " (model.vocab_size): its larger ids have no embedding row; give the tokenizer the "
+        "model was trained with"));
   }
   std::error_code error;
-  if (tokenizer != nullptr) {
+  if (!bytes && tokenizer != nullptr) {
+    ASSIGN_OR_RETURN(const std::string caveat, FastTokenizerCaveat(*tokenizer, tokenizer_path));
+    if (!caveat.empty()) LogWarn("%s", caveat);
     fs::path source = fs::is_directory(tokenizer_path, error)
                           ? fs::path(tokenizer_path)
                           : fs::path(tokenizer_path).parent_path();
@@ -572,7 +622,9 @@ absl::Status ExportHfFolder(const ModelConfig& config, const ParamTable& table,
   RETURN_IF_ERROR(ExportHfSafetensorsStreamed(config, table, read_tensor,
                                               (fs::path(dir) / kWeightsName).string(), metadata));
   HfSpecialTokens tokens;
-  if (tokenizer != nullptr) {
+  if (bytes) {
+    RETURN_IF_ERROR(WriteByteTokenizer(dir, config.max_seq_len));
+  } else if (tokenizer != nullptr) {
     ASSIGN_OR_RETURN(tokens, CopyHfTokenizer(tokenizer_path, dir, config.max_seq_len));
   }
   if (tokenizer != nullptr && chat_template != nullptr) {

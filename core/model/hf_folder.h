@@ -55,6 +55,12 @@ absl::StatusOr<std::string> FastTokenizerCaveat(const Tokenizer& tokenizer,
 absl::StatusOr<HfSpecialTokens> CopyHfTokenizer(const std::string& tokenizer_path,
                                                 const std::string& dir, int max_seq_len);
 
+// One token per byte (ByteTokenizer, data.format text's) as files AutoTokenizer loads into `dir`:
+// a byte-level tokenizer.json whose 256 tokens' ids are their bytes, without merges, a
+// tokenizer_config.json (PreTrainedTokenizerFast, `max_seq_len` its model_max_length) and an
+// empty special_tokens_map.json.
+absl::Status WriteByteTokenizer(const std::string& dir, int max_seq_len);
+
 // Whether a file named `name` in a model folder is one that ExportHfFolder writes or, left by an
 // earlier export, removes: config.json, the weights and their index or shards, the tokenizer's.
 bool IsHfFolderFile(absl::string_view name);
@@ -68,7 +74,8 @@ absl::Status CheckReplaceableModelFolder(const std::string& dir);
 
 // Writes the folder `dir` (created if missing): model.safetensors from `read_tensor`
 // (ExportHfSafetensorsStreamed) with `metadata`, the tokenizer when `tokenizer_path` is not
-// empty, then config.json, after CheckReplaceableModelFolder. The model and tokenizer files of an
+// empty (CopyHfTokenizer's path, or ByteTokenizer's name "bytes": WriteByteTokenizer), then
+// config.json, after CheckReplaceableModelFolder. The model and tokenizer files of an
 // earlier export there are removed first, config.json before them (the folder's other files stay).
 // A tokenizer with more ids than the model's vocabulary is refused first; one whose fast conversion
 // encodes otherwise (FastTokenizerCaveat) is exported with a warning that says so. With the

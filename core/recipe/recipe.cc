@@ -183,9 +183,10 @@ const std::vector<KeySpec>& Keys() {
        {"text", "llmc", "webdataset", "sft"}},
       {DTRAIN_RECIPE_KEY(data, tokenizer),
        "the data's tokenizer (tokenizer.json, tokenizer.model, GPT-2's encoder.json/vocab.bpe, "
-       "or their folder): sampled text is decoded through it and train.export_to's folder "
-       "ships it; shards must record it (the one `data pack` used), and data.format text, "
-       "whose ids are bytes, takes none; empty = bytes"},
+       "or their folder): sampled text is decoded through it, webdataset's .txt samples are "
+       "encoded through it as they stream, and train.export_to's folder ships it; shards must "
+       "record it (the one `data pack` used), and data.format text, whose ids are bytes, takes "
+       "none; empty = bytes"},
       {DTRAIN_RECIPE_KEY(data, train), "training files; glob patterns allowed"},
       {DTRAIN_RECIPE_KEY(data, val),
        "validation files; empty = hold out the last val_fraction of the training tokens"},
@@ -745,6 +746,14 @@ bool IsListKey(const KeySpec& key) {
   return std::holds_alternative<std::vector<std::string>*>(key.field(recipe));
 }
 
+// A key whose value is text: a string or a list of strings.
+bool IsTextKey(const KeySpec& key) {
+  Recipe recipe;
+  const FieldPtr field = key.field(recipe);
+  return std::holds_alternative<std::string*>(field) ||
+         std::holds_alternative<std::vector<std::string>*>(field);
+}
+
 // `value` written as the one item of a list key: ["*.bias"], quoted as YAML needs it.
 std::string AsOneItemList(absl::string_view value) {
   return absl::StrCat("[\"", absl::CHexEscape(value), "\"]");
@@ -997,6 +1006,15 @@ class Parser {
                                                   const YAML::Node& value) {
     const std::string text(absl::StripAsciiWhitespace(value_text));
     if (text.empty() || text[0] == '"' || text[0] == '\'') return absl::OkStatus();
+    // A text key's value with ": " in it, or in brackets, is a map or a list to YAML, which the
+    // key's own check would call only "expected a string, got a map".
+    if (spec != nullptr && IsTextKey(*spec) &&
+        (value.IsMap() || (value.IsSequence() && !IsListKey(*spec)))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          subject, ": YAML reads the value as ",
+          value.IsMap() ? "a map (': ' separates a key from its value)" : "a list ('[' opens one)",
+          "; quote it, e.g. '", QuotedOverride(spec, value_text), "'"));
+    }
     const bool as_written =
         value.IsScalar() ? value.Scalar() == text
                          : !value.IsNull() || text == "~" || absl::AsciiStrToLower(text) == "null";

@@ -10,11 +10,15 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <sstream>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/util/subprocess.h"
+#include "nlohmann/json.hpp"
 #include "tests/core/data/tar_test_util.h"
 #include "tests/core/data/tokenizers/tokenizer_json.h"
 #include "tests/testing/run_dtrain.h"
@@ -547,6 +551,65 @@ TEST(DataCommandTest, SampledTextDecodesThroughDataTokenizer) {
       absl::StrCat("train ", recipe, " --set data.tokenizer=/nonexistent --set run.out_dir=", out));
   EXPECT_EQ(missing.exit_code, 1) << missing.stderr_text;
   EXPECT_THAT(missing.stderr_text, HasSubstr("data.tokenizer: tokenizer file /nonexistent"));
+}
+
+// WebDataset's text shards (a .txt and a .json of metadata per sample) train through
+// data.tokenizer, window for window as the same documents packed with it: their bytes were taken
+// as ids, silently. `data inspect --tokenizer` counts and shows them as training reads them.
+TEST(DataCommandTest, TextShardsEncodeThroughDataTokenizer) {
+  const std::string tokenizer = TokenizerDir("data_tok_text_shards");
+  std::string lines;
+  std::vector<std::pair<std::string, std::string>> members;
+  for (int i = 0; i < 40; ++i) {
+    const std::string text = absl::StrCat("the theme of them ", i, "\n");
+    absl::StrAppend(&lines, "{\"text\": \"the theme of them ", i, "\\n\"}\n");
+    const std::string key = absl::StrCat("doc", 1000 + i);
+    members.push_back({key + ".txt", text});
+    members.push_back({key + ".json", absl::StrCat("{\"i\": ", i, "}")});
+  }
+  const std::string packed_dir = testing::FreshTempDir("data_text_shards_packed");
+  ASSERT_EQ(
+      RunDtrain(absl::StrCat("data pack ", testing::WriteTempFile("data_text_shards.jsonl", lines),
+                             " --out ", packed_dir, " --tokenizer ", tokenizer))
+          .exit_code,
+      0);
+  const std::string packed = packed_dir + "/shard-000000.tar";
+  const std::string text_shard = testing::FreshTempDir("data_text_shards") + ".tar";
+  testing::WriteFile(text_shard, testing::TarArchive(members));
+  const std::string recipe =
+      SampleRecipe("data_text_shards", ", vocab_size: 300",
+                   absl::StrCat("format: webdataset, streams: 1, shards: '", packed,
+                                "', val_shards: '", packed, "', tokenizer: ", tokenizer),
+                   8);
+  const auto metrics = [&](const std::string& shard, const std::string& tokenizer_path) {
+    const std::string out = testing::FreshTempDir("data_text_shards_run");
+    const Outcome run = RunDtrain(
+        absl::StrCat("train ", recipe, " --set train.steps=3 --set data.shards=", shard,
+                     " --set data.val_shards=", shard, " --set data.tokenizer=", tokenizer_path,
+                     " --set run.out_dir=", out));
+    EXPECT_EQ(run.exit_code, 0) << run.stderr_text;
+    return testing::ReadFile(out + "/dtrain/metrics.jsonl");
+  };
+  const std::string from_packed = metrics(packed, tokenizer);
+  const auto losses = [](const std::string& jsonl) {
+    std::vector<std::string> out;
+    std::istringstream in(jsonl);
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json step = nlohmann::json::parse(line, nullptr, false);
+      if (step.contains("loss")) out.push_back(step["loss"].dump());
+    }
+    return out;
+  };
+  ASSERT_EQ(losses(from_packed).size(), 3u) << from_packed;
+  EXPECT_EQ(losses(metrics(text_shard, tokenizer)), losses(from_packed));
+  EXPECT_NE(losses(metrics(text_shard, "")), losses(from_packed));  // bytes, without it
+
+  const Outcome inspect = RunDtrain(
+      absl::StrCat("data inspect ", text_shard, " --max-samples 1 --tokenizer ", tokenizer));
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.stderr_text;
+  // "the theme of them 0\n": the, " ", the, m, e, " ", o, f, " ", the, m, " ", 0, "\n".
+  EXPECT_THAT(inspect.stdout_text, HasSubstr("14 tokens"));
+  EXPECT_THAT(inspect.stdout_text, HasSubstr("\"the theme of them 0\\n\""));
 }
 
 // Shards packed without --tokenizer record bytes: their samples print as text, as data.format

@@ -232,6 +232,13 @@ TEST(TrainTest, ExportedFolderInitialisesANewRunAndItsConfigMustMatch) {
       nlohmann::json::parse(std::ifstream(folder + "/config.json"), nullptr, false);
   EXPECT_EQ(config.value("model_type", ""), "gpt2");
   EXPECT_EQ(config.value("n_embd", 0), 64);
+  // The run trained on bytes: its folder, and its checkpoint's export, get their tokenizer.
+  EXPECT_TRUE(std::filesystem::exists(folder + "/tokenizer.json"));
+  const std::string exported = testing::FreshTempDir("bytes_export");
+  const testing::Outcome from_checkpoint = testing::RunDtrain(absl::StrCat(
+      "ckpt export ", RunDir("folder"), "/small/checkpoints --format hf --out ", exported));
+  ASSERT_EQ(from_checkpoint.exit_code, 0) << from_checkpoint.stderr_text;
+  EXPECT_TRUE(std::filesystem::exists(exported + "/tokenizer.json"));
   const double final_val = ReadMetrics(RunDir("folder") + "/small").back()["val_loss"];
   const std::string near_zero_lr =
       " --set train.lr=1e-12 --set train.min_lr=1e-12 --set train.weight_decay=0"

@@ -5,7 +5,8 @@
 Run by the reference environment's python (scripts/python_env.sh: transformers 4.46.3 over
 Debian's torch 1.13); nothing is downloaded: models and tokenizers are made here.
 
-- export: for a small GPT-2 and Llama, `dtrain train` ends in train.export_to=<folder> and
+- export: for a small GPT-2 and Llama, `dtrain train` on bytes ends in train.export_to=<folder>,
+  whose byte-level tokenizer AutoTokenizer encodes as the text's bytes, and
   `dtrain ckpt export --format hf --tokenizer ...` exports its checkpoint; AutoModelForCausalLM
   loads each folder and its logits on a token batch equal parity_probe's (dtrain's forward, on
   the same folder) within TOLERANCE. AutoTokenizer loads each exported tokenizer, made here by
@@ -208,6 +209,15 @@ def check_export(dtrain, probe_path, root):
         got = probe(probe_path, folder, recipe(folder, model, 1), end_of_run, tokens)["logits"]
         err = relative(got, hf_logits(end_of_run, tokens))
         results.append((err <= TOLERANCE, f"export.{name}.end_of_run logits {err:.1e}"))
+        # The run trained on bytes, so its folder's tokenizer is one token per byte.
+        byte_tokenizer = transformers.AutoTokenizer.from_pretrained(end_of_run)
+        text = TEXT[:200] + " \t\n  x"
+        byte_ids = byte_tokenizer(text)["input_ids"]
+        back = byte_tokenizer.decode(byte_ids)
+        results.append((byte_ids == list(text.encode()) and back == text,
+                        f"export.{name}.end_of_run {type(byte_tokenizer).__name__} ids "
+                        f"{'are the bytes' if byte_ids == list(text.encode()) else byte_ids[:20]}, "
+                        f"decode {'equal' if back == text else repr(back[:40])}"))
         for kind in exports[name]:
             out = os.path.join(folder, "ckpt-export-" + kind.split()[0])
             exported = run([dtrain, "ckpt", "export", os.path.join(folder, "run", "checkpoints"),

@@ -489,6 +489,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> MakeBpe(BpeSpec spec, int threads) {
   return Bpe::Make(std::move(spec), threads);
 }
 
+std::string ByteLevelCharacter(unsigned char byte) {
+  static const std::array<char32_t, 256> kCodepointOf = ByteToCodepoint();
+  const char32_t codepoint = kCodepointOf[byte];
+  // The alphabet ends at U+0143: one or two bytes of UTF-8.
+  if (codepoint < 0x80) return std::string(1, static_cast<char>(codepoint));
+  return {static_cast<char>(0xC0 | (codepoint >> 6)), static_cast<char>(0x80 | (codepoint & 0x3F))};
+}
+
 bool ByteLevelToBytes(std::string_view token, std::string* bytes) {
   static const std::array<int16_t, 512> kByteOf = [] {
     std::array<int16_t, 512> inverse;

@@ -64,6 +64,9 @@ struct BpeSpec {
 // regex that does not compile, an unknown unk_token); the caller adds the file.
 absl::StatusOr<std::unique_ptr<Tokenizer>> MakeBpe(BpeSpec spec, int threads);
 
+// The character (UTF-8) that byte-level files write for `byte`: GPT-2's bytes_to_unicode.
+std::string ByteLevelCharacter(unsigned char byte);
+
 // The byte that each character of a byte-level token stands for (GPT-2's bytes_to_unicode,
 // inverted): false when `token` holds a character outside that alphabet.
 bool ByteLevelToBytes(std::string_view token, std::string* bytes);

@@ -1,11 +1,16 @@
 #include "core/data/token_decode.h"
 
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "core/data/tokenizers/load_tokenizer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/core/data/tokenizers/tokenizer_json.h"
+#include "tests/testing/run_dtrain.h"
 
 namespace dtrain {
 namespace {
@@ -80,6 +85,34 @@ TEST(TokenDecodeTest, TakesTokenBytesWithoutCopyingAndWidensOnCopyOut) {
   ASSERT_TRUE(TakeSampleTokens(&sample, 256, &document).ok());
   document.CopyTo(2, 1, out);
   EXPECT_EQ(out[0], 255);
+}
+
+// A .txt through the data's tokenizer: its ids, in 2 bytes where the vocabulary fits; an id the
+// model has no row for, or text the tokenizer does not take, names the sample.
+TEST(TokenDecodeTest, TakeEncodesTextThroughTheTokenizer) {
+  const absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(
+      testing::WriteTempFile("decode_tokenizer.json", testing::TokenizerJson({{"h", "i"}}).dump()));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  Sample sample = OneField("txt", "hi hi");
+  TokenDocument document;
+  ASSERT_TRUE(TakeSampleTokens(&sample, 300, &document, {}, tokenizer->get()).ok());
+  EXPECT_EQ(document.width, 2);
+  std::vector<int32_t> ids(static_cast<size_t>(document.size()));
+  document.CopyTo(0, document.size(), ids.data());
+  EXPECT_EQ(ids, (std::vector<int32_t>{256, ' ', 256}));  // "hi", " ", "hi"
+
+  sample = OneField("txt", "hi");
+  EXPECT_THAT(TakeSampleTokens(&sample, 256, &document, {}, tokenizer->get()).message(),
+              ::testing::HasSubstr("sample 'k': .txt token 0 is 256, not below model.vocab_size"));
+
+  nlohmann::json characters = testing::Llama2TokenizerJson({"h", "i"}, {});
+  characters["model"]["byte_fallback"] = false;
+  const absl::StatusOr<std::unique_ptr<Tokenizer>> utf8_only =
+      LoadTokenizer(testing::WriteTempFile("decode_utf8_only.json", characters.dump()));
+  ASSERT_TRUE(utf8_only.ok()) << utf8_only.status();
+  sample = OneField("txt", "h\xff");
+  EXPECT_THAT(TakeSampleTokens(&sample, 300, &document, {}, utf8_only->get()).message(),
+              ::testing::HasSubstr("sample 'k': .txt does not encode with data.tokenizer"));
 }
 
 TEST(TokenDecodeTest, TakeChecksLikeDecode) {

@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
+#include "core/util/exit_codes.h"
 #include "gtest/gtest.h"
 
 namespace dtrain {
@@ -159,6 +160,7 @@ TEST_F(TokenFileTest, LlmcBadMagicIsAnError) {
   const absl::Status status = LoadTokenFiles({path}, TokenFormat::kLlmc, 256).status();
   EXPECT_TRUE(HasText(status.message(), path));
   EXPECT_TRUE(HasText(status.message(), "header[0] = 1234, not the llm.c magic 20240520"));
+  EXPECT_EQ(ExitCodeOf(status), kExitUsage);
   EXPECT_TRUE(HasText(status.message(), "data.format: text"));
 }
 
@@ -188,6 +190,7 @@ TEST_F(TokenFileTest, TokenOutsideVocabularyIsAnError) {
   absl::Status status = LoadTokenFiles({shard}, TokenFormat::kLlmc, 256).status();
   EXPECT_TRUE(HasText(status.message(), shard));
   EXPECT_TRUE(HasText(status.message(), "token 300 at position 1 is outside model.vocab_size 256"));
+  EXPECT_EQ(ExitCodeOf(status), kExitUsage);  // a restart reads the same: not restarted
 
   const std::string text = WriteText("t.txt", "a\xc8");
   status = LoadTokenFiles({text}, TokenFormat::kText, 128).status();

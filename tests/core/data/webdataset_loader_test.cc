@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/data/shard_urls.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/data/tar_test_util.h"
 
@@ -224,6 +225,27 @@ TEST_F(WebDatasetLoaderTest, RejectsWorldSizesThatDoNotDivideTheStreams) {
   EXPECT_TRUE(absl::StrContains(loader.status().message(), "data.streams = 4")) << loader.status();
 }
 
+// A shuffle block larger than a stream's share of the data holds copies of its documents: stream
+// 0 says so once, with the data's size per pass and the buffer that would not repeat them.
+TEST_F(WebDatasetLoaderTest, ABlockLargerThanTheDataWarnsOnce) {
+  const auto warnings_of = [this] {
+    ::testing::internal::CaptureStderr();
+    std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
+    Read(*loader, 1, 10);
+    return ::testing::internal::GetCapturedStderr();
+  };
+  EXPECT_EQ(warnings_of(), "");  // blocks of 3 samples
+  config_.block_samples = 1000;
+  const std::string warnings = warnings_of();
+  const std::string warning = "data stream 0's shuffle block holds its whole share of data.shards";
+  const size_t first = warnings.find(warning);
+  ASSERT_NE(first, std::string::npos) << warnings;
+  EXPECT_EQ(warnings.find(warning, first + 1), std::string::npos) << warnings;
+  // Stream 0 reads shard slots 0 and 4 of each pass of 6: 14 samples.
+  EXPECT_THAT(warnings, ::testing::HasSubstr("(14 samples,"));
+  EXPECT_THAT(warnings, ::testing::HasSubstr("lower data.shuffle_buffer to 56 or less"));
+}
+
 TEST_F(WebDatasetLoaderTest, FailsOrSkipsABadShardByDataOnError) {
   std::string cut = testing::ReadFile(dir_ / "shard-003.tar");
   cut.resize(3000);
@@ -237,7 +259,15 @@ TEST_F(WebDatasetLoaderTest, FailsOrSkipsABadShardByDataOnError) {
     EXPECT_TRUE(absl::StrContains(status.message(), "skip_shard")) << status;
   }
   config_.skip_bad_shards = true;
-  const Windows windows = ReadAllRanks(1, 10);
+  const std::string warning = "skipping shard " + (dir_ / "shard-003.tar");
+  const auto warned_once = [&warning](const std::string& warnings) {
+    const size_t first = warnings.find(warning);
+    return first != std::string::npos && warnings.find(warning, first + 1) == std::string::npos;
+  };
+  ::testing::internal::CaptureStderr();
+  std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
+  const Windows windows = Read(*loader, 1, 10);
+  std::string warnings = ::testing::internal::GetCapturedStderr();
   int from_bad = 0;
   for (const std::vector<int32_t>& window : windows) {
     for (const int32_t token : window) from_bad += token / 1000 == 3;
@@ -245,19 +275,27 @@ TEST_F(WebDatasetLoaderTest, FailsOrSkipsABadShardByDataOnError) {
   // Samples before the cut are used; the rest of shard 3 is skipped, never a hang.
   EXPECT_GT(from_bad, 0);
   EXPECT_EQ(windows.size(), 80u);
+  EXPECT_TRUE(warned_once(warnings)) << warnings;
+  // Unshuffled, shard 3 is slot 6p + 3 of pass p: streams 3 and 1 read it in turn, and the rank
+  // warns about it once (each stream warned).
+  config_.shard_shuffle = false;
+  ::testing::internal::CaptureStderr();
+  loader = Loader(0, 1);
+  Read(*loader, 1, 20);
+  warnings = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(warnings, ::testing::HasSubstr("(data stream 3, pass 0)"));
+  EXPECT_TRUE(warned_once(warnings)) << warnings;
+  config_.shard_shuffle = true;
 
   // One stream skips shard 3 on each of its passes, and warns about it once.
   config_.num_streams = 1;
-  std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
+  loader = Loader(0, 1);
   std::vector<int32_t> inputs(80 * kSeqLen), targets(80 * kSeqLen);
   ::testing::internal::CaptureStderr();
   ASSERT_TRUE(loader->Next(80, inputs.data(), targets.data()).ok());
-  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  warnings = ::testing::internal::GetCapturedStderr();
   EXPECT_GE(loader->shard_counts().skipped, 2);
-  const std::string warning = "skipping shard " + (dir_ / "shard-003.tar");
-  const size_t first = warnings.find(warning);
-  EXPECT_NE(first, std::string::npos) << warnings;
-  EXPECT_EQ(warnings.find(warning, first + 1), std::string::npos) << warnings;
+  EXPECT_TRUE(warned_once(warnings)) << warnings;
 
   // A single shard, partly readable: each pass trains on its samples before the cut (the run
   // failed: one failure was "as many as there are shards").

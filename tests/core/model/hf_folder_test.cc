@@ -5,12 +5,15 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/data/tokenizer.h"
+#include "core/data/tokenizers/load_tokenizer.h"
 #include "core/io/safetensors.h"
 #include "core/model/param_table.h"
 #include "core/util/exit_codes.h"
@@ -109,9 +112,28 @@ TEST_F(HfFolderTest, ConfigMismatchNamesEveryFieldWithBothValuesAndTheFix) {
                     HasSubstr("model.d_ff is 12 but intermediate_size is 16 (set model.d_ff: 16)"),
                     HasSubstr("model.rope_theta is 500000 but rope_theta is 10000 (set "
                               "model.rope_theta: 10000)")));
-  EXPECT_THAT(CheckHfConfig(Gpt2Config(), Path("cfg/config.json")).message(),
-              HasSubstr("model.family is gpt2 but model_type is \"llama\" (set model.family: "
-                        "llama)"));
+  // Another family's folder: the family and every field that differs, in one error.
+  EXPECT_THAT(
+      CheckHfConfig(Gpt2Config(), Path("cfg/config.json")).message(),
+      AllOf(HasSubstr("model.family is gpt2 but model_type is \"llama\" (set model.family: "
+                      "llama)"),
+            HasSubstr("model.n_layer is 2 but num_hidden_layers is 3 (set model.n_layer: 3)")));
+
+  // head_dim as hidden_size / num_attention_heads is no mismatch, whatever the recipe's width
+  // (which its own fields report); another head_dim is a model dtrain cannot run.
+  Json json = Json::parse(HfConfigJson(LlamaConfig()));
+  json["head_dim"] = LlamaConfig().d_model / LlamaConfig().n_head;
+  Write("cfg/config.json", json.dump());
+  ModelConfig wider = LlamaConfig();
+  wider.d_model *= 2;
+  EXPECT_THAT(CheckHfConfig(wider, Path("cfg/config.json")).message(),
+              AllOf(HasSubstr("model.d_model is"), ::testing::Not(HasSubstr("head_dim"))));
+  json["head_dim"] = 2 * LlamaConfig().d_model / LlamaConfig().n_head;
+  Write("cfg/config.json", json.dump());
+  EXPECT_THAT(CheckHfConfig(LlamaConfig(), Path("cfg/config.json")).message(),
+              HasSubstr(absl::StrCat("head_dim is ", json["head_dim"].dump(),
+                                     " but hidden_size / num_attention_heads is ",
+                                     LlamaConfig().d_model, " / ", LlamaConfig().n_head)));
 }
 
 // transformers' own config.json leaves defaults out and may use features dtrain lacks.
@@ -321,6 +343,40 @@ TEST_F(HfFolderTest, ExportCopiesTheTokenizerUnderTheNamesAutoTokenizerReads) {
   fs::create_directories(Path("none"));
   EXPECT_THAT(CopyHfTokenizer(Path("none"), Path("out"), 5).status().message(),
               HasSubstr("holds no tokenizer.json, tokenizer.model"));
+}
+
+// A run on bytes exports a tokenizer of one token per byte, which dtrain's loader (as
+// transformers', in tests/reference/test_hf_folders.py) encodes as the bytes themselves.
+TEST_F(HfFolderTest, ABytesExportShipsATokenizerWhoseIdsAreTheBytes) {
+  ModelConfig config = Gpt2Config();
+  config.vocab_size = 256;
+  const ParamTable table(config, ModelSlice{});
+  const std::vector<float> params = DistinctParams(table);
+  const absl::Status status =
+      ExportHfFolder(config, table, ValuesOf(params), Path("out"), ByteTokenizer().name());
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(ReadJson("out/tokenizer_config.json")["tokenizer_class"], "PreTrainedTokenizerFast");
+  EXPECT_EQ(ReadJson("out/tokenizer_config.json")["model_max_length"], config.max_seq_len);
+  EXPECT_TRUE(ReadJson("out/config.json")["eos_token_id"].is_null());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> loaded = LoadTokenizer(Path("out"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ((*loaded)->vocab_size(), 256);
+  std::string text = "naïve café 北京 \t\n  x";
+  for (int byte = 0; byte < 256; ++byte) text.push_back(static_cast<char>(byte));
+  std::vector<int32_t> ids;
+  ASSERT_TRUE((*loaded)->Encode(text, &ids).ok());
+  std::vector<int32_t> bytes;
+  ASSERT_TRUE(ByteTokenizer().Encode(text, &bytes).ok());
+  EXPECT_EQ(ids, bytes);
+  EXPECT_EQ(*(*loaded)->Decode(ids), text);
+
+  // A model with fewer rows than bytes cannot take it.
+  config.vocab_size = 200;
+  const ParamTable small(config, ModelSlice{});
+  EXPECT_THAT(ExportHfFolder(config, small, ValuesOf(DistinctParams(small)), Path("small"),
+                             ByteTokenizer().name())
+                  .message(),
+              HasSubstr("has a vocabulary of 256, more than the model's 200"));
 }
 
 // An export into the folder of an earlier one leaves none of its model and tokenizer files,

@@ -678,6 +678,16 @@ TEST(RecipeTest, OverrideThatYamlReadsOtherwiseIsRefused) {
               HasSubstr("YAML reads the value as 'lr 3e-4'"));
   EXPECT_THAT(ErrorOf(kMinimal, {"run.name=&x y"}), HasSubstr("YAML reads the value as 'y'"));
   EXPECT_THAT(ErrorOf(kMinimal, {"train.no_decay=|"}), HasSubstr("quote it, e.g. '[\"|\"]'"));
+  // ": " makes a map, brackets a list, where the key takes text.
+  EXPECT_EQ(ErrorOf(kMinimal, {"logging.sample_prompt=hello: world"}),
+            "--set logging.sample_prompt=hello: world: YAML reads the value as a map (': ' "
+            "separates a key from its value); quote it, e.g. '\"hello: world\"'");
+  EXPECT_THAT(
+      ErrorOf(kMinimal, {"run.name=[a]"}),
+      HasSubstr("YAML reads the value as a list ('[' opens one); quote it, e.g. '\"[a]\"'"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.no_decay=a: b"}), HasSubstr("quote it, e.g. '[\"a: b\"]'"));
+  EXPECT_EQ(ErrorOf(kMinimal, {"logging.sample_prompt=\"hello: world\""}), "");
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.steps=a: b"}), HasSubstr("expected"));
   // What YAML reads as written, or quoted, is taken.
   for (const std::string value : {"3e-4", "a#b", "\"lr 3e-4 #2\"", "'#x'", "runs/a b", "a:b"}) {
     EXPECT_EQ(ErrorOf(kMinimal, {"run.out_dir=" + value}), "") << value;
