@@ -165,6 +165,27 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(
   return tokenizer;
 }
 
+// train.init_from's folder carries the tokenizer its model learned: data of another tokenizer's
+// ids (`data_tokenizer`'s, else the shards' record) would train its embedding rows as another
+// vocabulary's. A warning, not an error: new ids on old weights may be meant.
+void WarnOfAnotherInitTokenizer(const Recipe& recipe, const Tokenizer* data_tokenizer,
+                                const absl::StatusOr<std::string>& recorded) {
+  const std::string& folder = recipe.train.init_from;
+  std::error_code error;
+  if (folder.empty() || !std::filesystem::is_directory(folder, error)) return;
+  // A folder without a tokenizer dtrain reads says nothing of its vocabulary.
+  const absl::StatusOr<std::unique_ptr<Tokenizer>> model_tokenizer = LoadTokenizer(folder);
+  if (!model_tokenizer.ok()) return;
+  const std::string data_name =
+      data_tokenizer != nullptr ? data_tokenizer->name() : recorded.value_or(std::string());
+  if (data_name.empty() || SameTokenizer(data_name, (*model_tokenizer)->name())) return;
+  LogWarn(
+      "train.init_from %s carries tokenizer %s, but the data's ids are of %s: the model would "
+      "learn them as another vocabulary; train on data of the folder's tokenizer (`dtrain data "
+      "pack --tokenizer %s`)",
+      folder, (*model_tokenizer)->name(), data_name, folder);
+}
+
 // Every rank generates (sharded parameters need all of them; under pp > 1 every stage, `model`
 // being this rank's); rank 0 prints. With a tokenizer (LoadSampleTokenizer) the prompt is encoded
 // and the sample decoded through it; otherwise the sample is its ids, after no prompt.
@@ -960,6 +981,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
                    LoadSampleTokenizer(recipe, recorded, leader));
   if (leader) {
+    WarnOfAnotherInitTokenizer(recipe, sample_tokenizer.get(), recorded);
     RETURN_IF_ERROR(CreateRunFolder(recipe));
     RETURN_IF_ERROR(CheckExportDestination(recipe));
   }

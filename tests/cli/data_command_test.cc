@@ -612,6 +612,44 @@ TEST(DataCommandTest, TextShardsEncodeThroughDataTokenizer) {
   EXPECT_THAT(inspect.stdout_text, HasSubstr("\"the theme of them 0\\n\""));
 }
 
+// train.init_from's folder carries its model's tokenizer: data of another tokenizer's ids (here
+// bytes) is warned of; data of the folder's tokenizer is not.
+TEST(DataCommandTest, InitFromAFolderOfAnotherTokenizerWarns) {
+  const std::string tokenizer = TokenizerDir("data_tok_init");
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the theme of them\n";
+  const std::string text_file = testing::WriteTempFile("data_init.txt", text);
+  const std::string shards = testing::FreshTempDir("data_init_shards");
+  ASSERT_EQ(RunDtrain(absl::StrCat("data pack ", text_file, " --out ", shards, " --tokenizer ",
+                                   tokenizer))
+                .exit_code,
+            0);
+  const std::string shard = shards + "/shard-000000.tar";
+  const std::string recipe =
+      SampleRecipe("data_init", ", vocab_size: 300",
+                   absl::StrCat("format: webdataset, streams: 1, shards: '", shard,
+                                "', val_shards: '", shard, "', tokenizer: ", tokenizer),
+                   0);
+  const std::string out = testing::FreshTempDir("data_init_run");
+  const Outcome exported = RunDtrain(
+      absl::StrCat("train ", recipe, " --set train.export_to=hf --set run.out_dir=", out));
+  ASSERT_EQ(exported.exit_code, 0) << exported.stderr_text;
+  const std::string folder = out + "/dtrain/hf";
+  const std::string warning = "train.init_from " + folder + " carries tokenizer hf-bpe:";
+
+  const Outcome same = RunDtrain(absl::StrCat("train ", recipe, " --set train.init_from=", folder,
+                                              " --set run.out_dir=", out, "_same"));
+  ASSERT_EQ(same.exit_code, 0) << same.stderr_text;
+  EXPECT_THAT(same.stderr_text, ::testing::Not(HasSubstr(warning)));
+  const Outcome bytes = RunDtrain(
+      absl::StrCat("train ", recipe, " --set train.init_from=", folder, " --set run.out_dir=", out,
+                   "_bytes --set data.format=text --set data.train=[", text_file,
+                   "] --set data.tokenizer= --set data.shards= --set data.val_shards="));
+  ASSERT_EQ(bytes.exit_code, 0) << bytes.stderr_text;
+  EXPECT_THAT(bytes.stderr_text,
+              AllOf(HasSubstr(warning), HasSubstr("but the data's ids are of bytes")));
+}
+
 // Shards packed without --tokenizer record bytes: their samples print as text, as data.format
 // text's do (they printed as ids); shards of another tokenizer print ids and say how to see text.
 TEST(DataCommandTest, SampledTextOfShardsDecodesThroughTheirRecordedTokenizer) {
