@@ -186,6 +186,24 @@ void WarnOfAnotherInitTokenizer(const Recipe& recipe, const Tokenizer* data_toke
       folder, (*model_tokenizer)->name(), data_name, folder);
 }
 
+// Streamed documents are joined end to end unless data.eos_id separates them: with a tokenizer
+// that has an end-of-text token (GPT-2's, Llama's), a run without one learns no document ends.
+void WarnOfJoinedDocuments(const Recipe& recipe, const Tokenizer* data_tokenizer) {
+  if (recipe.data.format != "webdataset" || recipe.data.eos_id >= 0 || data_tokenizer == nullptr) {
+    return;
+  }
+  for (const char* marker : {"<|endoftext|>", "<|end_of_text|>", "</s>"}) {
+    if (const absl::StatusOr<int32_t> id = data_tokenizer->SpecialToken(marker); id.ok()) {
+      LogWarn(
+          "data.eos_id is -1, so the streamed documents are joined with no separator, though "
+          "data.tokenizer has %s: set data.eos_id: %d, as GPT-2's and Llama's pretraining "
+          "separate documents (unless every document ends with it already)",
+          marker, *id);
+      return;
+    }
+  }
+}
+
 // Every rank generates (sharded parameters need all of them; under pp > 1 every stage, `model`
 // being this rank's); rank 0 prints. With a tokenizer (LoadSampleTokenizer) the prompt is encoded
 // and the sample decoded through it; otherwise the sample is its ids, after no prompt.
@@ -982,6 +1000,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
                    LoadSampleTokenizer(recipe, recorded, leader));
   if (leader) {
     WarnOfAnotherInitTokenizer(recipe, sample_tokenizer.get(), recorded);
+    WarnOfJoinedDocuments(recipe, sample_tokenizer.get());
     RETURN_IF_ERROR(CreateRunFolder(recipe));
     RETURN_IF_ERROR(CheckExportDestination(recipe));
   }

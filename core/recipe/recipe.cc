@@ -218,7 +218,8 @@ const std::vector<KeySpec>& Keys() {
        {},
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(data, eos_id),
-       "webdataset token appended after every document; -1 = none",
+       "webdataset token appended after every document; -1 = none (a warning where "
+       "data.tokenizer has an end-of-text token: <|endoftext|>, <|end_of_text|> or </s>)",
        {},
        AtLeast(-1)},
       {DTRAIN_RECIPE_KEY(data, epochs),

@@ -519,6 +519,13 @@ TEST(DataCommandTest, SampledTextDecodesThroughDataTokenizer) {
   EXPECT_THAT(train.stderr_text, HasSubstr("sample at step 1:\nthe"));
   EXPECT_THAT(train.stderr_text, HasSubstr("<id 2"));
   EXPECT_THAT(train.stderr_text, ::testing::Not(HasSubstr("\\x1")));
+  // The tokenizer has an end of text, which data.eos_id -1 leaves out between documents.
+  const std::string joined = "data.tokenizer has <|endoftext|>: set data.eos_id: 258";
+  EXPECT_THAT(train.stderr_text, HasSubstr(joined));
+  const Outcome separated = RunDtrain(
+      absl::StrCat("train ", recipe, " --set data.eos_id=258 --set run.out_dir=", out, "_eos"));
+  ASSERT_EQ(separated.exit_code, 0) << separated.stderr_text;
+  EXPECT_THAT(separated.stderr_text, ::testing::Not(HasSubstr(joined)));
 
   const std::string copy = testing::FreshTempDir("data_tok_sample_copy");
   std::filesystem::create_directories(copy);
