@@ -43,6 +43,8 @@ absl::Status PollUntil(int fd, short events, absl::Time deadline) {
 
 }  // namespace
 
+absl::Status WaitReadable(int fd, absl::Time deadline) { return PollUntil(fd, POLLIN, deadline); }
+
 UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
   if (this != &other) {
     Reset();

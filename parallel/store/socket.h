@@ -58,6 +58,9 @@ absl::StatusOr<std::string> SourceAddressTowards(const std::string& host);
 // Writes every byte of `bytes` to a non-blocking socket, polling until `deadline`
 // (DeadlineExceeded; Unavailable when the peer is gone). Never raises SIGPIPE.
 absl::Status SendAll(int fd, std::string_view bytes, absl::Time deadline);
+// Waits until `fd` has bytes to read (or the peer closed); DeadlineExceeded when `deadline`
+// passes first.
+absl::Status WaitReadable(int fd, absl::Time deadline);
 // Reads exactly `bytes` bytes; Unavailable when the peer closes first.
 absl::StatusOr<std::string> RecvExact(int fd, size_t bytes, absl::Time deadline);
 

@@ -114,8 +114,24 @@ void TuneSocket(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
 }
 
+// Waits for the server's first bytes until `deadline`, asking `cancelled` (may be null) every
+// kCancelPoll: a port that accepts and never answers (not a dtrain store) holds a waiting agent
+// until its deadline, and a stop must not wait that long.
+absl::Status WaitForAnswer(int fd, absl::Time deadline, const std::function<bool()>& cancelled,
+                           std::string_view address) {
+  constexpr absl::Duration kCancelPoll = absl::Milliseconds(200);
+  while (true) {
+    const absl::Status ready = WaitReadable(fd, std::min(deadline, absl::Now() + kCancelPoll));
+    if (!absl::IsDeadlineExceeded(ready) || absl::Now() >= deadline) return ready;
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrFormat(
+          "stopped while waiting for the rendezvous store at %s to answer", address));
+    }
+  }
+}
+
 absl::Status Handshake(int fd, std::string_view address, const std::string& token,
-                       absl::Time deadline) {
+                       absl::Time deadline, const std::function<bool()>& cancelled) {
   auto failed = [&](const absl::Status& status) {
     return absl::Status(status.code(),
                         absl::StrFormat("handshake with rendezvous store at %s failed: %s "
@@ -129,6 +145,9 @@ absl::Status Handshake(int fd, std::string_view address, const std::string& toke
                                 .Raw(client_nonce)
                                 .Finish();
   const absl::Status sent = SendAll(fd, hello, deadline);
+  const absl::Status answered = WaitForAnswer(fd, deadline, cancelled, address);
+  if (absl::IsCancelled(answered)) return answered;
+  if (!answered.ok()) return failed(answered);
   // A server that refuses this peer may close before reading HELLO; its reason is still queued.
   absl::StatusOr<Frame> challenge = ReadFrame(fd, deadline, kMaxHandshakeFrameBytes);
   if (challenge.ok() && challenge->type == StoreMessage::kError) {
@@ -200,8 +219,11 @@ absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
     absl::StatusOr<UniqueFd> fd = ConnectOnce(host_string, port, deadline);
     if (fd.ok()) {
       TuneSocket(fd->get());
+      // No longer than Connect's own wait: a port that accepts and never answers is no store.
       RETURN_IF_ERROR(
-          Handshake(fd->get(), address, options.token, absl::Now() + options.reply_timeout));
+          Handshake(fd->get(), address, options.token,
+                    absl::Now() + std::min(options.reply_timeout, options.connect_timeout),
+                    options.cancelled));
       return std::unique_ptr<TcpStoreClient>(new TcpStoreClient(address, std::move(*fd), options));
     }
     if (options.cancelled && options.cancelled()) {

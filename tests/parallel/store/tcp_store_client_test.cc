@@ -251,10 +251,31 @@ TEST(TcpStoreClientTest, SilentServerFailsTheHandshakeInsteadOfHanging) {
   options.reply_timeout = absl::Milliseconds(200);
   absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
       TcpStoreClient::Connect("127.0.0.1", port, options);
-  ::close(fd);
   ASSERT_FALSE(client.ok());
   EXPECT_TRUE(absl::IsDeadlineExceeded(client.status())) << client.status();
   EXPECT_TRUE(Contains(client.status(), absl::StrFormat("127.0.0.1:%d", port))) << client.status();
+
+  // The handshake waits no longer than the connection's own timeout (an agent's
+  // --rdzv-timeout-s), and a stop ends it within a poll.
+  options.reply_timeout = absl::Seconds(60);
+  options.connect_timeout = absl::Milliseconds(300);
+  absl::Time start = absl::Now();
+  client = TcpStoreClient::Connect("127.0.0.1", port, options);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(client.status())) << client.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  options.connect_timeout = absl::Seconds(60);
+  std::atomic<bool> stop{false};
+  options.cancelled = [&stop] { return stop.load(); };
+  std::thread stopper([&stop] {
+    absl::SleepFor(absl::Milliseconds(300));
+    stop = true;
+  });
+  start = absl::Now();
+  client = TcpStoreClient::Connect("127.0.0.1", port, options);
+  stopper.join();
+  ::close(fd);
+  EXPECT_TRUE(absl::IsCancelled(client.status())) << client.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 TEST(TcpStoreClientTest, TokensMustMatch) {
