@@ -1,11 +1,15 @@
 #include "launch/launcher.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
@@ -14,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
+#include "core/util/subprocess.h"
 #include "core/util/thread_pool.h"
 #include "launch/agent.h"
 #include "launch/gpus.h"
@@ -62,10 +67,38 @@ void AppendOverrides(const std::vector<std::string>& overrides, std::vector<std:
   for (const std::string& override : overrides) argv.insert(argv.end(), {"--set", override});
 }
 
-// From the batch shell: one agent per node through srun, which forwards signals to the agents
-// and reports their exit. Returns only when srun cannot be started.
-absl::Status ExecAgentsThroughSrun(const LaunchOptions& options, const WorldEnvironment& shell,
-                                   EnvironmentMap env) {
+// Passes a SIGTERM or SIGINT of the batch shell to the job's steps: `scancel --signal=TERM JOB`
+// signals every step but the batch shell's, as a time limit's --signal=TERM does, so the agents
+// checkpoint and stop.
+void ForwardStopToSteps(int signal, const EnvironmentMap& env, const std::string& job_id) {
+  const absl::StatusOr<std::string> scancel = FindOnPath(env, "scancel");
+  if (!scancel.ok()) {
+    LogWarn("SIG%s to the batch shell, not passed to the agents: %s", sigabbrev_np(signal),
+            scancel.status().message());
+    return;
+  }
+  LogWarn(
+      "SIG%s to the batch shell (sbatch --signal=B:TERM, scancel --batch): passing SIGTERM to the "
+      "agents (scancel --signal=TERM %s), which checkpoint and stop",
+      sigabbrev_np(signal), job_id);
+  absl::StatusOr<std::unique_ptr<Subprocess>> sent =
+      Subprocess::Spawn({*scancel, "--signal=TERM", job_id}, SubprocessOptions{});
+  if (!sent.ok()) {
+    LogWarn("cannot run scancel: %s", sent.status().message());
+    return;
+  }
+  if (const std::optional<ExitStatus> done = (*sent)->WaitFor(absl::Seconds(30));
+      !done || !done->ok()) {
+    LogWarn("scancel --signal=TERM %s: %s", job_id, done ? done->ToString() : "no answer in 30 s");
+  }
+}
+
+// From the batch shell: one agent per node through srun, which forwards the job steps' signals
+// to the agents and reports their exit; srun's exit code. srun answers a SIGTERM of its own by
+// killing the step at once, so it runs in a process group of its own, away from the batch shell's
+// signals, and this process passes them on (ForwardStopToSteps).
+absl::StatusOr<int> RunAgentsThroughSrun(const LaunchOptions& options,
+                                         const WorldEnvironment& shell, EnvironmentMap env) {
   ASSIGN_OR_RETURN(const std::string dtrain, DtrainPath());
   int nodes = shell.slurm_job_num_nodes;
   if (const std::optional<int> asked = options.world.num_nodes; asked.has_value()) {
@@ -77,7 +110,8 @@ absl::Status ExecAgentsThroughSrun(const LaunchOptions& options, const WorldEnvi
     nodes = *asked;
   }
   // --ntasks too: the batch shell exports SLURM_NTASKS of the job, which srun would read back.
-  std::vector<std::string> argv = {"srun", "--ntasks-per-node=1", absl::StrCat("--nodes=", nodes),
+  ASSIGN_OR_RETURN(const std::string srun, FindOnPath(env, "srun"));
+  std::vector<std::string> argv = {srun, "--ntasks-per-node=1", absl::StrCat("--nodes=", nodes),
                                    absl::StrCat("--ntasks=", nodes), "--kill-on-bad-exit=1"};
   // The agent's workers need the node's CPUs, not the one CPU of a default task.
   if (int cpus = 0; absl::SimpleAtoi(env["SLURM_CPUS_ON_NODE"], &cpus) && cpus > 1) {
@@ -92,15 +126,29 @@ absl::Status ExecAgentsThroughSrun(const LaunchOptions& options, const WorldEnvi
               ? absl::StrCat("its ", nodes, " nodes")
               : absl::StrCat(nodes, " of its ", shell.slurm_job_num_nodes, " nodes (--nnodes)"),
           absl::StrJoin(argv, " "));
-  const std::vector<std::string> entries = EnvironmentEntries(env);
-  std::vector<char*> args, envp;
-  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-  for (const std::string& entry : entries) envp.push_back(const_cast<char*>(entry.c_str()));
-  args.push_back(nullptr);
-  envp.push_back(nullptr);
-  execvpe("srun", args.data(), envp.data());
-  return absl::FailedPreconditionError(absl::StrCat(
-      "cannot run srun: ", strerror(errno), "; run `dtrain launch` where Slurm's srun is on PATH"));
+  // Blocked before srun starts and taken by sigtimedwait, so none is lost (children start with an
+  // empty signal mask).
+  sigset_t stops;
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGTERM);
+  sigaddset(&stops, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stops, nullptr);
+  SubprocessOptions spawn;
+  spawn.environment = EnvironmentEntries(env);
+  spawn.own_process_group = true;
+  ASSIGN_OR_RETURN(const std::unique_ptr<Subprocess> agents, Subprocess::Spawn(argv, spawn));
+  bool forwarded = false;
+  while (true) {
+    if (const std::optional<ExitStatus> done = agents->Poll()) {
+      return done->signal != 0 ? 128 + done->signal : done->code;
+    }
+    const timespec poll = {.tv_sec = 0, .tv_nsec = 200'000'000};
+    const int signal = sigtimedwait(&stops, nullptr, &poll);
+    // Once: Slurm's KillWait bounds what follows.
+    if (signal > 0 && !std::exchange(forwarded, true)) {
+      ForwardStopToSteps(signal, env, shell.slurm_job_id);
+    }
+  }
 }
 
 }  // namespace
@@ -139,7 +187,7 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
   process_flags.num_nodes.reset();
   ASSIGN_OR_RETURN(const WorldEnvironment process, ResolveWorld(env, process_flags));
   if (process.slurm_batch_shell && !options.world.node_rank) {
-    RETURN_IF_ERROR(ExecAgentsThroughSrun(options, process, env));
+    return RunAgentsThroughSrun(options, process, env);
   }
   if (process.source == WorldSource::kSlurm && process.local_world_size > 1) {
     return absl::InvalidArgumentError(absl::StrCat(

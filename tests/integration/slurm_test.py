@@ -7,8 +7,9 @@ machine, brought up by scripts/slurm/cluster.sh. Jobs are submitted with sbatch,
   (1e-5 relative); `srun dtrain train` over two nodes without a token stops at once, saying so;
 - a worker SIGKILLed mid-run under `dtrain launch --max-restarts 1`: the group restarts and the
   job completes;
-- `scancel --signal=TERM`: the workers write a checkpoint and the job exits cleanly (and with
-  --requeue comes back); a plain `scancel` of a --requeue job ends it;
+- `scancel --signal=TERM`, and a SIGTERM to the batch shell alone (`scancel --batch`, as
+  sbatch --signal=B:TERM sends it): the workers write a checkpoint and the job exits cleanly (and
+  with --requeue comes back); a plain `scancel` of a --requeue job ends it;
 - an agent SIGKILLed under `dtrain launch` (with a restart left): Slurm tears the step down
   (SIGTERM), and the other agent names the lost agent as the root cause and ends by itself,
   before KillWait, instead of treating the teardown as a preemption or waiting for the node.
@@ -269,6 +270,25 @@ class SlurmTest(unittest.TestCase):
         self.assertTrue((checkpoints / "latest").exists(), text)
         latest = (checkpoints / "latest").read_text().strip()
         self.assertTrue((checkpoints / latest / "manifest.json").exists(), latest)
+
+    def test_a_batch_shell_term_reaches_the_agents(self):
+        # sbatch --signal=B:TERM (here scancel --batch) signals the batch shell alone: `dtrain
+        # launch` there, exec'ed as scripts/slurm/launch.sbatch does, passes it to the agents,
+        # which checkpoint as above (srun, signalled itself, would have killed the step at once).
+        name = "bterm"
+        checkpoints = WORK / name / "ckpt"
+        job, output = sbatch(name, f"exec {DTRAIN} launch {recipe(name, 100000, extra=f'checkpoint: {{dir: {checkpoints}}}')} "
+                                   "--nproc-per-node 2", wait=False)
+        wait_for(lambda: steps_logged(name) >= 3, JOB_TIMEOUT_S, "3 steps")
+        job_id = queued_job_id(name)
+        subprocess.run(["scancel", "--batch", "--signal=TERM", job_id], check=True)
+        job.communicate(timeout=JOB_TIMEOUT_S)
+        text = output.read_text()
+        self.assertEqual(job.returncode, 143, text)
+        self.assertIn("SIGTERM to the batch shell", text)
+        self.assertIn("stopped by SIGTERM", text)
+        latest = (checkpoints / "latest").read_text().strip()
+        self.assertTrue((checkpoints / latest / "manifest.json").exists(), text)
 
     def test_term_with_requeue_puts_the_job_back_in_the_queue(self):
         name = "requeue"
