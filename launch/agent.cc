@@ -60,6 +60,9 @@ constexpr absl::Duration kBarrierLivenessInterval = absl::Seconds(1);
 constexpr char kClosedKey[] = "agent/closed";
 constexpr char kSettledKey[] = "agent/settled";
 constexpr char kReplacedKey[] = "agent/replaced";
+// Nodes that failed before joining (ReportFailureBeforeJoining), each also under
+// "<key>/node-<N>" with its error.
+constexpr char kEarlyFailuresKey[] = "agent/failed-before-joining";
 
 // A worker's exit after the ranks agreed to stop and saved their checkpoint (a stop, not a
 // failure; the job is not finished).
@@ -298,7 +301,15 @@ struct LostAgent {
   int node = 0;
   std::string host;
   int incarnation = 1;  // how many agents that node has had, this one included
+  std::string error;    // what it failed with (RecordError), if it said; else killed or crashed
 };
+
+// How a lost agent went: its own error, or what its closed connection suggests.
+std::string LostHow(const LostAgent& agent) {
+  if (!agent.error.empty()) return absl::StrCat("agent failed: ", agent.error);
+  return "agent lost (its connection to the rendezvous store closed before it finished: the "
+         "agent was killed or crashed, or its host went down)";
+}
 
 class Agent {
  public:
@@ -306,6 +317,9 @@ class Agent {
       : node_(node), options_(options), world_size_(node.num_nodes * options.nproc_per_node) {}
 
   absl::StatusOr<int> Run();
+  // Leaves this agent's failure in the store, where the other agents, which see its connection
+  // close, name it instead of a crash.
+  void RecordError(const absl::Status& error);
 
  private:
   std::string Key(int attempt, const std::string& name) const {
@@ -378,6 +392,7 @@ class Agent {
   bool stop_requested_ = false;
   int stop_signal_ = 0;
   int incarnation_ = 1;
+  bool joined_ = false;  // this agent holds its incarnation: RecordError may write under it
   // Between a restart after lost agents and the next attempt's rendezvous: those agents, whose
   // nodes are expected back, not a reason to give up (unless SIGTERM comes first).
   std::vector<LostAgent> rejoining_;
@@ -457,11 +472,27 @@ absl::Status Agent::Connect() {
   ASSIGN_OR_RETURN(const int64_t incarnation,
                    store_->Add(NodeKey("agent/incarnation", node_.node_rank), 1));
   incarnation_ = static_cast<int>(incarnation);
+  joined_ = true;
   RETURN_IF_ERROR(store_->Set(NodeKey("agent/host", node_.node_rank), HostName()));
   RETURN_IF_ERROR(
       store_->Set(NodeKey("agent/nproc", node_.node_rank), absl::StrCat(options_.nproc_per_node)));
   RETURN_IF_ERROR(store_->AddOnClose(NodeKey(kClosedKey, node_.node_rank, incarnation_), 1));
-  return store_->AddOnClose(kClosedKey, 1);
+  RETURN_IF_ERROR(store_->AddOnClose(kClosedKey, 1));
+  // Agents that count other numbers of nodes would wait for each other until the rendezvous
+  // timeout: node 0's count is the job's, and an agent whose count differs fails at once.
+  const std::string count = absl::StrCat(node_.num_nodes);
+  if (node == 0) return store_->Set("agent/nnodes", count);
+  ASSIGN_OR_RETURN(const std::string job, store_->Get("agent/nnodes", options_.rendezvous_timeout));
+  if (job != count) {
+    const absl::StatusOr<std::string> host =
+        store_->Get(NodeKey("agent/host", 0), absl::ZeroDuration());
+    return WithExitCode(absl::FailedPreconditionError(absl::StrFormat(
+                            "node %d (host %s) counts %s nodes, but node 0 (host %s) counts %s: "
+                            "give every `dtrain launch` of the job the same --nnodes",
+                            node, HostName(), count, host.value_or("?"), job)),
+                        kExitUsage);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int> Agent::Rejoin() {
@@ -512,11 +543,19 @@ absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) 
   ASSIGN_OR_RETURN(const int64_t arrived, store_->Add(counter, 1));
   if (arrived == node_.num_nodes) return store_->Set(counter + "/open", "1");
   const absl::Time deadline = absl::Now() + timeout;
+  absl::Time next_report = absl::Now() + kWaitReportInterval;
   while (true) {
     const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
     absl::Status status =
         store_->Wait({counter + "/open"}, std::min(left, kBarrierLivenessInterval));
     if (!absl::IsDeadlineExceeded(status)) return status;
+    if (absl::Now() >= next_report && left > kBarrierLivenessInterval) {
+      LogInfo("node %d: %d of %d node agents at '%s', waiting for the others (%s of %s)",
+              node_.node_rank, Counter(counter).value_or(-1), node_.num_nodes, counter,
+              absl::FormatDuration(absl::Trunc(timeout - left, absl::Seconds(1))),
+              absl::FormatDuration(timeout));
+      next_report = absl::Now() + kWaitReportInterval;
+    }
     // A stop before any worker started, or while waiting for a lost node, ends the wait; later
     // (between attempts) it waits for the next attempt's workers, which save a checkpoint.
     const bool stoppable = workers_.empty() || !rejoining_.empty();
@@ -542,12 +581,23 @@ absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) 
       if (left <= kBarrierLivenessInterval) break;
       continue;
     }
+    if (Counter(kEarlyFailuresKey).value_or(0) > 0) {
+      for (int node = 0; node < node_.num_nodes; ++node) {
+        const absl::StatusOr<std::string> error =
+            store_->Get(NodeKey(kEarlyFailuresKey, node), absl::ZeroDuration());
+        if (error.ok()) {
+          // Its checks of the recipe and the world: a restart would fail them again.
+          return WithExitCode(absl::FailedPreconditionError(absl::StrFormat(
+                                  "node %d failed before joining the job: %s", node, *error)),
+                              kExitUsage);
+        }
+      }
+    }
     if (const std::vector<LostAgent> lost = LostAgents(); !lost.empty()) {
       ReportLost(lost);
-      return absl::UnavailableError(absl::StrFormat(
-          "node %d (host %s): agent lost while the others waited at '%s' (its connection to the "
-          "rendezvous store closed: the agent was killed or crashed, or its host went down)",
-          lost.front().node, lost.front().host, counter));
+      return absl::UnavailableError(
+          absl::StrFormat("node %d (host %s): %s, while the others waited at '%s'",
+                          lost.front().node, lost.front().host, LostHow(lost.front()), counter));
     }
     if (left <= kBarrierLivenessInterval) break;
   }
@@ -1037,9 +1087,17 @@ std::vector<LostAgent> Agent::LostAgents() {
     }
     const absl::StatusOr<std::string> host =
         store_->Get(NodeKey("agent/host", node), absl::ZeroDuration());
-    lost.push_back({node, host.ok() ? *host : "?", incarnation});
+    const absl::StatusOr<std::string> error =
+        store_->Get(NodeKey("agent/error", node, incarnation), absl::ZeroDuration());
+    lost.push_back({node, host.ok() ? *host : "?", incarnation, error.value_or("")});
   }
   return lost;
+}
+
+void Agent::RecordError(const absl::Status& error) {
+  if (!joined_) return;
+  (void)store_->Set(NodeKey("agent/error", node_.node_rank, incarnation_),
+                    std::string(error.message()));
 }
 
 std::vector<LostAgent> Agent::LostIn(int attempt) {
@@ -1111,10 +1169,8 @@ void Agent::ReportLost(const std::vector<LostAgent>& lost) {
       continue;
     }
     reported_lost_.push_back(id);
-    LogError(
-        "node %d: node %d (host %s): agent lost (its connection to the rendezvous store closed "
-        "before it finished)",
-        node_.node_rank, agent.node, agent.host);
+    LogError("node %d: node %d (host %s): %s", node_.node_rank, agent.node, agent.host,
+             LostHow(agent));
   }
 }
 
@@ -1155,11 +1211,9 @@ void Agent::PrintLostRootCause(int attempt, const std::vector<LostAgent>& lost) 
   }
   const LostAgent& first = lost.front();
   LogError(
-      "the job failed (%d restarts used of %d). Root cause: node %d (host %s): agent lost (its "
-      "connection to the rendezvous store closed before it finished: the agent was killed or "
-      "crashed, or its host went down), and %s with it%s. Workers that failed after it lost "
-      "their peers.",
-      attempt, options_.max_restarts, first.node, first.host,
+      "the job failed (%d restarts used of %d). Root cause: node %d (host %s): %s, and %s with "
+      "it%s. Workers that failed after it lost their peers.",
+      attempt, options_.max_restarts, first.node, first.host, LostHow(first),
       Ranks(first.node * options_.nproc_per_node, (first.node + 1) * options_.nproc_per_node - 1),
       others);
 }
@@ -1346,13 +1400,30 @@ std::vector<std::string> WorkerEnvironment(const WorldEnvironment& node,
   return environment;
 }
 
+void ReportFailureBeforeJoining(const WorldEnvironment& node, const absl::Status& error,
+                                absl::Duration timeout) {
+  if (node.num_nodes < 2 || node.node_rank == 0) return;
+  TcpStoreClientOptions options;
+  options.token = node.rdzv_token;
+  options.connect_timeout = timeout;
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> store =
+      TcpStoreClient::Connect(node.master_addr, node.master_port, options);
+  if (!store.ok()) return;  // node 0 waits out its own timeout, as before
+  const std::string message = absl::StrFormat("(host %s) %s", HostName(), error.message());
+  if ((*store)->Set(absl::StrCat(kEarlyFailuresKey, "/node-", node.node_rank), message).ok()) {
+    (void)(*store)->Add(kEarlyFailuresKey, 1);
+  }
+}
+
 absl::StatusOr<int> RunAgent(const WorldEnvironment& node, const AgentOptions& options) {
   if (options.nproc_per_node < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--nproc-per-node ", options.nproc_per_node, " must be at least 1"));
   }
   Agent agent(node, options);
-  return agent.Run();
+  absl::StatusOr<int> exit_code = agent.Run();
+  if (!exit_code.ok()) agent.RecordError(exit_code.status());
+  return exit_code;
 }
 
 }  // namespace dtrain

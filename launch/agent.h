@@ -69,4 +69,11 @@ std::vector<std::string> WorkerEnvironment(const WorldEnvironment& node,
 // with no restarts left. Errors are rendezvous failures (a missing agent, an unreachable store).
 absl::StatusOr<int> RunAgent(const WorldEnvironment& node, const AgentOptions& options);
 
+// A node's agent that failed before it could join the job (its own checks of the recipe and
+// the world): leaves `error` in node 0's store, trying to connect for at most `timeout`, so that
+// node 0 ends the rendezvous at once naming it instead of waiting out its timeout. Node 0's own
+// failure has no store to leave it in.
+void ReportFailureBeforeJoining(const WorldEnvironment& node, const absl::Status& error,
+                                absl::Duration timeout);
+
 }  // namespace dtrain

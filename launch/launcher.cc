@@ -245,7 +245,14 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
   AppendOverrides(options.overrides, agent.worker_argv);
   agent.nproc_per_node = *node_flags.nproc_per_node;
   if (options.check_world) {
-    RETURN_IF_ERROR(options.check_world(node.num_nodes * agent.nproc_per_node, node.num_nodes));
+    if (absl::Status fits =
+            options.check_world(node.num_nodes * agent.nproc_per_node, node.num_nodes);
+        !fits.ok()) {
+      // Node 0 would wait for this node until its rendezvous timeout, saying nothing.
+      ReportFailureBeforeJoining(node, fits,
+                                 std::min(options.rendezvous_timeout, absl::Seconds(30)));
+      return fits;
+    }
   }
   // CPU workers share the node's cores instead of each taking all of them.
   if (options.recipe_threads == 0 && agent.nproc_per_node > 1) {

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <map>
 #include <set>
 #include <vector>
@@ -140,10 +141,24 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
     SetFaultyRanks(error, missing);
     return error;
   };
+  // Waits for `key` until the deadline, saying every kWaitReportInterval what for.
+  const auto get_saying = [&](const std::string& key, const std::function<std::string()>& what) {
+    while (true) {
+      const absl::Time until = std::min(deadline, absl::Now() + kWaitReportInterval);
+      absl::StatusOr<std::string> value = store.Get(key, until - absl::Now());
+      if (!absl::IsDeadlineExceeded(value.status()) || absl::Now() >= deadline) return value;
+      LogInfo(
+          "rank %d: %s at the rendezvous at %s:%d (%s of parallel.timeout_s %s)", world.rank,
+          what(), world.master_addr, world.master_port,
+          absl::FormatDuration(absl::Trunc(timeout - (deadline - absl::Now()), absl::Seconds(1))),
+          absl::FormatDuration(timeout));
+    }
+  };
   if (world.rank == 0) {
     RETURN_IF_ERROR(store.Set(job_key, absl::StrCat(world.world_size, "\n", job)));
   } else {
-    const absl::StatusOr<std::string> zero = store.Get(job_key, deadline - absl::Now());
+    const absl::StatusOr<std::string> zero =
+        get_saying(job_key, [] { return std::string("waiting for rank 0"); });
     if (!zero.ok()) return waited(zero.status());
     // Another recipe or world on one rank is the command line's error (exit 2): every restart
     // would meet it again.
@@ -157,7 +172,10 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
   RETURN_IF_ERROR(store.Set(checked_in(world.rank), ""));
   ASSIGN_OR_RETURN(const int64_t checked, store.Add(prefix + "checked", 1));
   if (checked == world.world_size) RETURN_IF_ERROR(store.Set(settled_key, "ok"));
-  const absl::StatusOr<std::string> settled = store.Get(settled_key, deadline - absl::Now());
+  const absl::StatusOr<std::string> settled = get_saying(settled_key, [&] {
+    return absl::StrCat(store.Add(prefix + "checked", 0).value_or(-1), " of ", world.world_size,
+                        " ranks checked in, waiting for the others");
+  });
   if (!settled.ok()) return waited(settled.status());
   if (*settled == "ok") return absl::OkStatus();
   const std::vector<std::string> refused = absl::StrSplit(*settled, absl::MaxSplits('\n', 2));

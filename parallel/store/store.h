@@ -15,6 +15,10 @@
 
 namespace dtrain {
 
+// How often a long wait for a store or at a rendezvous says what it waits for: a silent wait of
+// minutes looks like a hang.
+inline constexpr absl::Duration kWaitReportInterval = absl::Seconds(30);
+
 class Store {
  public:
   virtual ~Store() = default;

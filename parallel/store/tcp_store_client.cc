@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/util/log.h"
 #include "core/util/status.h"
 #include "parallel/store/auth.h"
 
@@ -215,6 +216,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + options.connect_timeout;
   absl::Duration delay = kFirstRetryDelay;
+  absl::Time next_report = start + kWaitReportInterval;
   while (true) {
     absl::StatusOr<UniqueFd> fd = ConnectOnce(host_string, port, deadline);
     if (fd.ok()) {
@@ -231,6 +233,12 @@ absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
           absl::StrFormat("stopped while waiting for the rendezvous store at %s", address));
     }
     const absl::Time now = absl::Now();
+    if (now >= next_report && now < deadline) {
+      LogInfo("still waiting for the rendezvous store at %s (%s of %s): %s", address,
+              absl::FormatDuration(absl::Trunc(now - start, absl::Seconds(1))),
+              absl::FormatDuration(options.connect_timeout), fd.status().message());
+      next_report = now + kWaitReportInterval;
+    }
     if (now >= deadline) {
       return absl::UnavailableError(absl::StrFormat(
           "could not connect to the rendezvous store at %s within %s (last error: %s); check "

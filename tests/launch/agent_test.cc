@@ -421,6 +421,44 @@ TEST(AgentTest, LostAgentIsTheRootCause) {
                                            "closed before it finished"));
 }
 
+// Node 1 counts another number of nodes than node 0: it fails at once (exit 2) naming both
+// counts, and node 0, seeing its connection close, names node 1's error instead of a crash;
+// neither waits out the rendezvous timeout (5 minutes), where they waited for each other.
+TEST(AgentTest, AgentsThatCountOtherNodesFailAtOnceNamingBoth) {
+  // A batch that splits over 2 ranks and 3 alike: node 1's own checks pass.
+  TwoPods job("nnodes", 4, {"--set", "train.batch_size=12"}, /*started=*/false);
+  std::unique_ptr<Launch> node_zero = job.Start(0);
+  Launch node_one(job.args,
+                  {"PET_NNODES=3", "PET_NPROC_PER_NODE=1", "PET_NODE_RANK=1",
+                   "PET_MASTER_ADDR=127.0.0.1", absl::StrCat("PET_MASTER_PORT=", job.port),
+                   absl::StrCat("DTRAIN_RDZV_TOKEN=", TwoPods::kToken)});
+  EXPECT_EQ(node_one.Wait(absl::Seconds(60)), 2) << node_one.output();
+  EXPECT_THAT(node_one.output(), AllOf(HasSubstr("node 1 (host "),
+                                       HasSubstr("counts 3 nodes, "
+                                                 "but node 0 (host "),
+                                       HasSubstr("counts 2: give every `dtrain launch`")));
+  EXPECT_EQ(node_zero->Wait(absl::Seconds(60)), 1) << node_zero->output();
+  EXPECT_THAT(node_zero->output(), HasSubstr("agent failed: node 1 (host "));
+  EXPECT_THAT(node_zero->output(), Not(HasSubstr("started rank")));
+}
+
+// Node 1 fails its own check of the world (its 3 workers make a world of 6, which the batch does
+// not split over) before joining: node 0 ends the rendezvous at once naming node 1's error
+// (exit 2), where it waited out its timeout (5 minutes) in silence.
+TEST(AgentTest, ANodeThatFailsBeforeJoiningIsNamedAtOnce) {
+  TwoPods job("early", 4, {}, /*started=*/false);
+  std::unique_ptr<Launch> node_zero = job.Start(0);
+  Launch node_one(job.args,
+                  {"PET_NNODES=2", "PET_NPROC_PER_NODE=3", "PET_NODE_RANK=1",
+                   "PET_MASTER_ADDR=127.0.0.1", absl::StrCat("PET_MASTER_PORT=", job.port),
+                   absl::StrCat("DTRAIN_RDZV_TOKEN=", TwoPods::kToken)});
+  EXPECT_EQ(node_one.Wait(absl::Seconds(60)), 2) << node_one.output();
+  EXPECT_THAT(node_one.output(), HasSubstr("does not split into 6 data-parallel ranks"));
+  EXPECT_EQ(node_zero->Wait(absl::Seconds(60)), 2) << node_zero->output();
+  EXPECT_THAT(node_zero->output(), AllOf(HasSubstr("node 1 failed before joining the job: (host "),
+                                         HasSubstr("does not split into 6 data-parallel ranks")));
+}
+
 // SIGTERM to node 0's agent stops the job on both nodes, each agent exiting 143: node 1's worker
 // may stop (exit 143, after the save every rank agreed on) before its agent reads the stop from
 // the store, which is a stop, not a failure of rank 1.

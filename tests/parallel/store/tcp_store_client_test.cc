@@ -235,6 +235,24 @@ TEST(TcpStoreClientTest, ConnectGivesUpWithTheLikelyCauses) {
   }
 }
 
+// A long wait for a store that is not there says so every kWaitReportInterval (30 s): minutes of
+// silence looked like a hang.
+TEST(TcpStoreClientTest, ALongWaitSaysWhatItWaitsFor) {
+  const int port = testing::FreeTcpPort();
+  TcpStoreClientOptions options = ClientOptions();
+  options.connect_timeout = kWaitReportInterval + absl::Seconds(2);
+  ::testing::internal::CaptureStderr();
+  const absl::StatusOr<std::unique_ptr<TcpStoreClient>> client =
+      TcpStoreClient::Connect("127.0.0.1", port, options);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(client.ok());
+  EXPECT_NE(said.find(absl::StrFormat("still waiting for the rendezvous store at 127.0.0.1:%d "
+                                      "(30s of 32s): ",
+                                      port)),
+            std::string::npos)
+      << said;
+}
+
 TEST(TcpStoreClientTest, SilentServerFailsTheHandshakeInsteadOfHanging) {
   // A socket that listens but never answers: the kernel accepts the TCP connection for it.
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
