@@ -65,8 +65,9 @@ void AddLaunchCommand(CLI::App& app) {
   command
       ->add_option("--stop-grace-s", args->stop_grace_s,
                    "Seconds workers get to checkpoint after SIGTERM before SIGKILL (default 20; "
-                   "keep it below Slurm's KillWait)")
-      ->check(NonNegative());
+                   "at least 1, since 0 would kill them before they save; keep it below Slurm's "
+                   "KillWait)")
+      ->check(Positive());
   command->add_flag("--requeue", args->launch.requeue,
                     "Under Slurm: after SIGTERM (time limit, preemption) and a clean checkpoint, "
                     "requeue the job so that it resumes (submit with sbatch --requeue)");

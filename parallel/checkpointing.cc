@@ -391,10 +391,12 @@ absl::StatusOr<int64_t> TrainingCheckpoints::Resume(SequenceLoader& loader, int 
   ASSIGN_OR_RETURN(const int64_t step, LoadResumeStep(loader, resume));
   if (rank_ == 0) {
     if (restart_count > 0 && step == 0) {
-      LogWarn(
-          "restart %d: no checkpoint in %s, so training starts over from step 1 (set "
-          "checkpoint.interval to save on the way)",
-          restart_count, dir_);
+      LogWarn("restart %d: no checkpoint in %s, so training starts over from step 1%s",
+              restart_count, dir_,
+              recipe_.checkpoint.interval > 0
+                  ? absl::StrCat(" (none completed; checkpoint.interval is ",
+                                 recipe_.checkpoint.interval, ")")
+                  : " (set checkpoint.interval to save on the way)");
     }
     SetAsideLaterCheckpoints(step);
   }

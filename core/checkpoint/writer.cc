@@ -208,7 +208,7 @@ absl::Status SaveFailed(const SaveRequest& request, const absl::Status& cause) {
                                   part / 1048576.0);
   return WithExitCode(
       Renamed(cause, absl::StrFormat("%s; the checkpoint folder's file system %s: %s there, keep "
-                                     "fewer checkpoints (checkpoint.keep_last %d), or set "
+                                     "fewer checkpoints (checkpoint.keep_last is %d), or set "
                                      "checkpoint.dir to a larger file system",
                                      message, full, no_inodes ? "remove files" : "free space",
                                      request.keep_last)),
