@@ -507,28 +507,34 @@ std::optional<int64_t> StepOfMetricsLine(std::string_view line) {
 // resumed step and drops later ones (steps redone after the resume), so it reads as one
 // uninterrupted run; the resumed step's own line comes from the checkpoint when the file lacks it
 // (a run killed between its save and writing the line). Lines that are not a step's (edited, cut
-// off by a crash) are dropped. A line that cannot be written fails the run: its metrics are part
-// of what it keeps.
+// off by a crash) are dropped. With `keep_dropped` (a run started over, or resumed from an older
+// checkpoint than the newest, on purpose) the file as it was stays beside it, as
+// "<path>.replaced-<unix time>", when any step's line is dropped: it was the only record of those
+// steps. A line that cannot be written fails the run: its metrics are part of what it keeps.
 class MetricsFile {
  public:
-  absl::Status Open(const std::string& path, int64_t resumed_step,
-                    const std::string& resumed_line) {
+  absl::Status Open(const std::string& path, int64_t resumed_step, const std::string& resumed_line,
+                    bool keep_dropped) {
     path_ = path;
     std::error_code error;
     std::filesystem::create_directories(std::filesystem::path(path).parent_path(), error);
     if (error) {
       return FileError(error.value(), absl::StrCat("cannot create the folder of ", path), kFix);
     }
+    // A second name for the file as it was, dropped below unless a step's line is left out.
+    const std::string aside = absl::StrCat(path, ".replaced-", absl::ToUnixSeconds(absl::Now()));
+    const bool kept_aside = keep_dropped && ::link(path.c_str(), aside.c_str()) == 0;
+    int64_t dropped = 0;
     // Whole or not at all: a crash while the kept lines are written must not lose them. Written
     // in pieces: a run of a million steps has hundreds of MB of them.
     RETURN_IF_ERROR(WriteFileDurably(path, [&](int fd, const std::string& tmp) -> absl::Status {
-      if (resumed_step == 0) return absl::OkStatus();
       constexpr size_t kPiece = size_t{1} << 20;
       std::ifstream in(path);
       std::string kept;
       int64_t last_kept = 0;
       for (std::string line; std::getline(in, line);) {
         const std::optional<int64_t> step = StepOfMetricsLine(line);
+        dropped += step && *step > resumed_step;
         if (!step || *step > resumed_step) continue;
         absl::StrAppend(&kept, line, "\n");
         last_kept = *step;
@@ -542,6 +548,14 @@ class MetricsFile {
       }
       return WriteAll(fd, kept.data(), kept.size(), tmp);
     }));
+    if (kept_aside && dropped > 0) {
+      LogWarn(
+          "%s: the lines of %d step(s) past step %d, where this run starts, are left out; the "
+          "file as it was is kept as %s",
+          path, dropped, resumed_step, aside);
+    } else if (kept_aside) {
+      ::unlink(aside.c_str());
+    }
     file_.open(path, std::ios::app);
     if (!file_) return FileError(errno, absl::StrCat("cannot write ", path), kFix);
     return absl::OkStatus();
@@ -1089,8 +1103,11 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     const std::filesystem::path run_dir = recipe.run_dir();
     RETURN_IF_ERROR(
         WriteFileDurably((run_dir / "recipe.yaml").string(), ResolvedRecipeYaml(recipe)));
+    // Steps dropped by a start over or a resume from a chosen checkpoint are kept aside; those a
+    // restart after a crash redoes are not.
+    const bool chosen = world.restart_count == 0 && recipe.checkpoint.resume != "auto";
     RETURN_IF_ERROR(metrics.Open((run_dir / recipe.logging.metrics_file).string(), resumed_step,
-                                 checkpoints->resumed_metrics_line()));
+                                 checkpoints->resumed_metrics_line(), chosen));
   }
   const MicroBatchSource next_micro_batch = [&](int32_t* in, int32_t* out, int32_t* positions) {
     return documents ? data.train->NextDocuments(train.micro_batch, in, out, positions)
