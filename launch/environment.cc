@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <initializer_list>
 #include <numeric>
 #include <vector>
@@ -17,11 +18,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "core/util/exit_codes.h"
 #include "core/util/fnv.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "launch/gpus.h"
 #include "launch/hostlist.h"
+#include "parallel/store/auth.h"
 
 extern char** environ;
 
@@ -802,6 +805,14 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
     RETURN_IF_ERROR(CheckMasterAddressIsAHost(*addr));
     world.master_addr = addr->text;
     world.provenance["master_addr"] = addr->from;
+    for (const Layer& layer : layers) {
+      const auto slurm = layer.fields.find("master_addr");
+      if (layer.source == WorldSource::kSlurm && slurm != layer.fields.end() &&
+          slurm->second.error.ok() && slurm->second.text != addr->text &&
+          addr->variable == "MASTER_ADDR") {
+        world.slurm_first_host = slurm->second.text;
+      }
+    }
   } else if (world.world_size > 1 && !(num_nodes.value == 1 && (num_nodes.given || node_level))) {
     return absl::InvalidArgumentError(absl::StrCat(
         Describe("world size", world_size),
@@ -932,6 +943,47 @@ absl::StatusOr<WorldEnvironment> RankWorldFromEnvironment() {
   return world;
 }
 
+namespace {
+
+// Whether every address `host` resolves to is a loopback one; false when it does not resolve.
+bool ResolvesToLoopbackOnly(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &result) != 0) return false;
+  bool loopback = result != nullptr;
+  for (const addrinfo* entry = result; entry != nullptr; entry = entry->ai_next) {
+    sockaddr_storage address{};
+    std::memcpy(&address, entry->ai_addr, std::min<size_t>(entry->ai_addrlen, sizeof(address)));
+    loopback = loopback && IsLoopbackAddress(address);
+  }
+  freeaddrinfo(result);
+  return loopback;
+}
+
+// A MASTER_ADDR of the environment that overrides Slurm's node list with this host's own
+// loopback (a single-node export left behind) in a job of several nodes: the others would wait
+// out their rendezvous timeout for a store they cannot reach.
+absl::Status CheckMasterIsNoStaleLoopback(const WorldEnvironment& world, const std::string& from) {
+  if (world.slurm_first_host.empty() || world.num_nodes < 2 ||
+      !ResolvesToLoopbackOnly(world.master_addr) ||
+      ResolvesToLoopbackOnly(world.slurm_first_host)) {
+    return absl::OkStatus();
+  }
+  return WithExitCode(
+      absl::InvalidArgumentError(absl::StrCat(
+          "master address '", world.master_addr, "' (", from,
+          ") is a loopback address, but this Slurm job spans ", world.num_nodes,
+          " nodes, the first of them ", world.slurm_first_host,
+          ": the other nodes cannot reach a store there; unset MASTER_ADDR (dtrain then takes "
+          "the job's first node), or set it to ",
+          world.slurm_first_host)),
+      kExitUsage);
+}
+
+}  // namespace
+
 absl::Status CheckMasterResolves(const WorldEnvironment& world, absl::Duration wait) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -943,7 +995,7 @@ absl::Status CheckMasterResolves(const WorldEnvironment& world, absl::Duration w
     addrinfo* result = nullptr;
     const int code = getaddrinfo(world.master_addr.c_str(), nullptr, &hints, &result);
     if (result != nullptr) freeaddrinfo(result);
-    if (code == 0) return absl::OkStatus();
+    if (code == 0) return CheckMasterIsNoStaleLoopback(world, from);
     const bool unknown_yet = code == EAI_NONAME || code == EAI_AGAIN || code == EAI_FAIL;
     if (!unknown_yet || absl::Now() >= deadline) {
       return absl::UnavailableError(absl::StrCat(

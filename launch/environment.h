@@ -74,6 +74,9 @@ struct WorldEnvironment : WorldMembership {
   bool slurm_batch_shell = false;
   std::string slurm_job_id;
   int slurm_job_num_nodes = 0;  // SLURM_JOB_NUM_NODES (or SLURM_NNODES); 0 outside Slurm
+  // The first host of Slurm's node list where a MASTER_ADDR of the environment names another
+  // master (a stale export, say); empty otherwise. CheckMasterResolves refuses a loopback one.
+  std::string slurm_first_host;
 
   // GPUs on this node: SLURM_GPUS_ON_NODE, else the entries of CUDA_VISIBLE_DEVICES; -1 when
   // neither is set.

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "core/util/exit_codes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -803,6 +804,26 @@ TEST(EnvironmentTest, WorldFromEnvironmentReadsTheProcess) {
   EXPECT_EQ(ProcessEnvironment().at("DTRAIN_TEST_ONLY_VARIABLE"), "x");
   unsetenv("DTRAIN_TEST_ONLY_VARIABLE");
   EXPECT_TRUE(WorldFromEnvironment().ok());
+}
+
+// A stale MASTER_ADDR=localhost (a single-node export) in a Slurm job of two nodes overrides
+// its node list: refused at once (exit 2), naming the job's first node, where the other node
+// waited out its rendezvous timeout. A MASTER_ADDR of another host is the user's choice.
+TEST(EnvironmentTest, ALoopbackMasterOverSlurmsNodesIsRefused) {
+  EnvironmentMap env = SlurmStepTask();
+  env["MASTER_ADDR"] = "localhost";
+  const WorldEnvironment world = Resolve(env);
+  EXPECT_EQ(world.slurm_first_host, "gpu07");
+  const absl::Status status = CheckMasterResolves(world);
+  EXPECT_EQ(ExitCodeOf(status), kExitUsage);
+  EXPECT_THAT(status.message(),
+              HasSubstr("master address 'localhost' (MASTER_ADDR=localhost) is a loopback "
+                        "address, but this Slurm job spans 2 nodes, the first of them gpu07: the "
+                        "other nodes cannot reach a store there; unset MASTER_ADDR"));
+  env["MASTER_ADDR"] = "10.1.2.3";
+  EXPECT_TRUE(CheckMasterResolves(Resolve(env)).ok());
+  env.erase("MASTER_ADDR");
+  EXPECT_EQ(Resolve(env).slurm_first_host, "");
 }
 
 TEST(EnvironmentTest, CheckMasterResolvesNamesHostAndSource) {
