@@ -129,6 +129,7 @@ void AddDataCommand(CLI::App& app) {
     int threads = 0;
     bool sft = false;
     std::string chat_template = "llama3";
+    std::string text_key = "text";
   };
   auto pack_args = std::make_shared<PackArgs>();
   CLI::App* pack = data->add_subcommand(
@@ -146,11 +147,16 @@ void AddDataCommand(CLI::App& app) {
                    "folder; empty = byte-level tokens");
   pack->add_option("--threads", pack_args->threads, "Encoding threads; 0 = one per core")
       ->check(CLI::Range(0, kMaxThreads));
+  CLI::Option* text_key =
+      pack->add_option("--text-key", pack_args->text_key,
+                       "The key of each .jsonl line's document (\"content\" in many datasets)")
+          ->capture_default_str();
   CLI::Option* sft =
       pack->add_flag("--sft", pack_args->sft,
                      "SFT samples: each .jsonl line a {\"prompt\", \"completion\"} or "
                      "{\"messages\": [...]} object; writes a loss mask (.mask) beside the tokens, "
-                     "for data.format sft");
+                     "for data.format sft")
+          ->excludes(text_key);
   pack->add_option("--chat-template", pack_args->chat_template,
                    "With --sft: llama3, chatml, none (the texts as they are) or a template "
                    "file (README.md, SFT data)")
@@ -187,7 +193,8 @@ void AddDataCommand(CLI::App& app) {
       result = PackSftShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer,
                              *chat_template, threads);
     } else {
-      result = PackShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer, threads);
+      result = PackShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer,
+                          pack_args->text_key, threads);
     }
     if (!result.ok()) Fail(result.status(), kExitFailure);
     if (pack_args->sft) {

@@ -406,7 +406,17 @@ absl::Status Agent::Connect() {
   server_options.token = node_.rdzv_token;
   int port = node_.master_port;
   if (node_.node_rank == 0) {
-    ASSIGN_OR_RETURN(server_, TcpStoreServer::Start("", port, server_options));
+    absl::StatusOr<std::unique_ptr<TcpStoreServer>> server =
+        TcpStoreServer::Start("", port, server_options);
+    if (!server.ok()) {
+      // Where the port came from: one derived from a Slurm job's id comes back on its requeue.
+      const auto from = node_.provenance.find("master_port");
+      return from == node_.provenance.end() || from->second == "default"
+                 ? server.status()
+                 : Renamed(server.status(),
+                           absl::StrCat(server.status().message(), " (port ", from->second, ")"));
+    }
+    server_ = *std::move(server);
     port = server_->port();
   }
   TcpStoreClientOptions client_options;

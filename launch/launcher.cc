@@ -109,6 +109,15 @@ absl::StatusOr<int> RunAgentsThroughSrun(const LaunchOptions& options,
     }
     nodes = *asked;
   }
+  // sbatch --ntasks-per-node N asks Slurm for N tasks, but the agents count their workers.
+  if (int tasks = 0; options.nproc_kind.empty() && !options.world.nproc_per_node &&
+                     absl::SimpleAtoi(env["SLURM_NTASKS_PER_NODE"], &tasks) && tasks > 1) {
+    LogWarn(
+        "the job asks for %d tasks per node (sbatch --ntasks-per-node), but `dtrain launch` "
+        "runs one agent per node, whose workers --nproc-per-node counts (default: the node's "
+        "GPUs, else 1); add --nproc-per-node %d for %d workers a node",
+        tasks, tasks, tasks);
+  }
   // --ntasks too: the batch shell exports SLURM_NTASKS of the job, which srun would read back.
   ASSIGN_OR_RETURN(const std::string srun, FindOnPath(env, "srun"));
   std::vector<std::string> argv = {srun, "--ntasks-per-node=1", absl::StrCat("--nodes=", nodes),
@@ -136,6 +145,9 @@ absl::StatusOr<int> RunAgentsThroughSrun(const LaunchOptions& options,
   SubprocessOptions spawn;
   spawn.environment = EnvironmentEntries(env);
   spawn.own_process_group = true;
+  // A process group of its own is in the background of an salloc shell's terminal, where a read
+  // would stop it (SIGTTIN): the agents take no input.
+  spawn.stdin_stream = SubprocessOptions::Stream::kNull;
   ASSIGN_OR_RETURN(const std::unique_ptr<Subprocess> agents, Subprocess::Spawn(argv, spawn));
   bool forwarded = false;
   while (true) {

@@ -208,6 +208,20 @@ std::string LowerExtension(const std::string& path) {
 // JSON lines by the file's extension, in any case (.jsonl, .JSONL).
 bool IsJsonLines(const std::string& path) { return LowerExtension(path) == ".jsonl"; }
 
+// " (its string keys: a, b; name the document's with --text-key KEY)" for a JSON object with
+// string values, else nothing.
+std::string StringKeysHint(const nlohmann::json& record) {
+  std::vector<std::string> keys;
+  if (record.is_object()) {
+    for (const auto& [key, value] : record.items()) {
+      if (value.is_string()) keys.push_back(key);
+    }
+  }
+  if (keys.empty()) return "";
+  return absl::StrCat(" (its string keys: ", absl::StrJoin(keys, ", "),
+                      "; name the document's with --text-key KEY)");
+}
+
 // InvalidArgument when a file that would be packed as one plain-text document is no text that
 // anyone means to train on as is: a compressed archive (its bytes would become the tokens), or
 // JSON lines under another extension (its braces and keys would be trained on).
@@ -277,7 +291,8 @@ absl::Status CheckShardsCanBeNamed(const std::string& out_dir, bool sft) {
 
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,
-                                      const Tokenizer& tokenizer, int threads) {
+                                      const Tokenizer& tokenizer, const std::string& text_key,
+                                      int threads) {
   ASSIGN_OR_RETURN(ShardWriter writer, OpenShards(out_dir, shard_bytes, tokenizer));
   PackResult result;
   OrderedEncoder<std::vector<int32_t>> encoder(
@@ -312,11 +327,12 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
           return absl::InvalidArgumentError(absl::StrCat(
               input, ":", number, ": not valid JSON (a syntax error, or text that is not UTF-8)"));
         }
-        if (!record.is_object() || !record.contains("text") || !record["text"].is_string()) {
+        if (!record.is_object() || !record.contains(text_key) || !record[text_key].is_string()) {
           return absl::InvalidArgumentError(
-              absl::StrCat(input, ":", number, ": expected a JSON object with a \"text\" string"));
+              absl::StrCat(input, ":", number, ": expected a JSON object with a \"", text_key,
+                           "\" string", StringKeysHint(record)));
         }
-        RETURN_IF_ERROR(encoder.Add(std::move(record["text"].get_ref<std::string&>()),
+        RETURN_IF_ERROR(encoder.Add(std::move(record[text_key].get_ref<std::string&>()),
                                     absl::StrCat(input, ":", number)));
       }
     } else {

@@ -1,6 +1,7 @@
 // `dtrain data pack`: writes WebDataset token shards from text and JSON-lines files.
 //
-// Each .jsonl line is one document (its "text" string); any other file is one document. The
+// Each .jsonl line is one document (its `text_key` string, "text" by default); any other file is
+// one document. The
 // Tokenizer turns text into ids; samples are "<index>.tokens" (uint16 LE, for vocabularies up
 // to 65536) or ".tokens32", in ustar shards "<out>/shard-000000.tar", ... each at most
 // shard_bytes unless one sample is larger. The first sample of each shard also holds
@@ -44,7 +45,8 @@ absl::Status CheckShardsCanBeNamed(const std::string& out_dir, bool sft);
 
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,
-                                      const Tokenizer& tokenizer, int threads = 1);
+                                      const Tokenizer& tokenizer,
+                                      const std::string& text_key = "text", int threads = 1);
 
 // `dtrain data pack --sft`: each line of the .jsonl inputs is one SFT sample (sft_data.h)
 // rendered with `chat_template`; a sample is its tokens as PackShards writes them plus

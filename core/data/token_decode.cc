@@ -1,5 +1,6 @@
 #include "core/data/token_decode.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -134,8 +135,8 @@ absl::StatusOr<std::pair<size_t, int>> FindTokenField(const Sample& sample) {
                            ".txt file, e.g. with 'dtrain data pack'"));
 }
 
-// The ids of a .txt field's text through `tokenizer`, in words of 2 bytes where its vocabulary
-// fits, else 4; each checked below vocab_size.
+// The ids of a .txt field's text through `tokenizer`, in words of 2 bytes where they fit, else 4;
+// each checked below vocab_size.
 absl::Status EncodeText(const Sample& sample, const SampleField& field, const Tokenizer& tokenizer,
                         int vocab_size, TokenDocument* document) {
   thread_local std::vector<int32_t> ids;
@@ -144,14 +145,16 @@ absl::Status EncodeText(const Sample& sample, const SampleField& field, const To
     return SampleError(sample, absl::StrCat(".txt does not encode with data.tokenizer ",
                                             tokenizer.name(), ": ", status.message()));
   }
+  int32_t max_id = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab_size) {
       return SampleError(
           sample, absl::StrCat(".txt token ", i, " is ", ids[i], ", not below model.vocab_size ",
                                vocab_size, "; raise vocab_size or fix the tokenizer"));
     }
+    max_id = std::max(max_id, ids[i]);
   }
-  const bool narrow = tokenizer.vocab_size() <= std::numeric_limits<uint16_t>::max() + 1;
+  const bool narrow = max_id <= std::numeric_limits<uint16_t>::max();
   document->width = narrow ? sizeof(uint16_t) : sizeof(int32_t);
   document->words.resize(ids.size() * document->width);
   char* out = document->words.data();

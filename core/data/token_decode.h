@@ -35,8 +35,8 @@ struct TokenDocument {
 
 // Moves the sample's token field into *document (binary formats swap buffers, so the field
 // gets the document's old bytes back for reuse; nothing is copied) after checking it. A .txt
-// field is encoded through `text_tokenizer` (its ids stored in 2 bytes where its vocabulary
-// fits; null: the bytes are the ids); text it does not encode (invalid UTF-8 for SentencePiece)
+// field is encoded through `text_tokenizer` (its ids stored in 2 bytes where they fit; null: the
+// bytes are the ids); text it does not encode (invalid UTF-8 for SentencePiece)
 // is DataLoss naming the sample. Errors are otherwise DecodeSampleTokens's; on an error
 // *document is unspecified.
 absl::Status TakeSampleTokens(Sample* sample, int vocab_size, TokenDocument* document,

@@ -289,6 +289,20 @@ TEST(DataCommandTest, PackRefusesArchivesAndMisnamedJsonLines) {
   EXPECT_THAT(broken.stderr_text,
               HasSubstr("pack_broken.jsonl:2: not valid JSON (a syntax error, or text that is not "
                         "UTF-8)"));
+  // Another key holds the documents: the error names the line's string keys, and --text-key
+  // takes one.
+  const std::string content = testing::WriteTempFile(
+      "pack_content.jsonl", "{\"id\": 1, \"content\": \"one\", \"url\": \"u\"}\n");
+  const Outcome keyless =
+      RunDtrain(absl::StrCat("data pack ", content, " --out ", testing::FreshTempDir("pack_key")));
+  EXPECT_EQ(keyless.exit_code, 1);
+  EXPECT_THAT(keyless.stderr_text,
+              HasSubstr("pack_content.jsonl:1: expected a JSON object with a \"text\" string (its "
+                        "string keys: content, url; name the document's with --text-key KEY)"));
+  const Outcome keyed = RunDtrain(absl::StrCat("data pack ", content, " --text-key content --out ",
+                                               testing::FreshTempDir("pack_key")));
+  EXPECT_EQ(keyed.exit_code, 0) << keyed.stderr_text;
+  EXPECT_THAT(keyed.stdout_text, HasSubstr("1 documents, 3 tokens"));
 }
 
 // A folder holding shards of an earlier pack is refused, where a smaller pack left the earlier
@@ -491,26 +505,37 @@ std::string SampleRecipe(const std::string& name, const std::string& model_extra
                    sample_tokens, ", sample_prompt: the}\n"));
 }
 
+// A tokenizer folder (TokenizerDir), 200 lines of "the theme of them" packed with it into one
+// shard, and a SampleRecipe on that shard with data.tokenizer set; names from `name`.
+struct PackedText {
+  std::string tokenizer, text_file, shard, recipe;
+};
+PackedText PackTextWithTokenizer(const std::string& name, int sample_tokens) {
+  PackedText packed;
+  packed.tokenizer = TokenizerDir("data_tok_" + name);
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the theme of them\n";
+  packed.text_file = testing::WriteTempFile("data_" + name + ".txt", text);
+  const std::string shards = testing::FreshTempDir("data_" + name + "_shards");
+  EXPECT_EQ(RunDtrain(absl::StrCat("data pack ", packed.text_file, " --out ", shards,
+                                   " --tokenizer ", packed.tokenizer))
+                .exit_code,
+            0);
+  packed.shard = shards + "/shard-000000.tar";
+  packed.recipe = SampleRecipe(
+      "data_" + name, ", vocab_size: 300",
+      absl::StrCat("format: webdataset, streams: 1, shards: '", packed.shard, "', val_shards: '",
+                   packed.shard, "', tokenizer: ", packed.tokenizer),
+      sample_tokens);
+  return packed;
+}
+
 // Shards packed with data.tokenizer sample as its text; a tokenizer the data was not packed
 // with is refused at start (exit 2), as is one beside data.format text, whose ids are bytes: the
 // samples would decode, and train.export_to ship, a tokenizer the ids do not belong to. The
 // same tokenizer's files elsewhere (another folder, the hash the same) are the same tokenizer.
 TEST(DataCommandTest, SampledTextDecodesThroughDataTokenizer) {
-  const std::string tokenizer = TokenizerDir("data_tok_sample");
-  std::string text;
-  for (int i = 0; i < 200; ++i) text += "the theme of them\n";
-  const std::string text_file = testing::WriteTempFile("data_sample.txt", text);
-  const std::string shards = testing::FreshTempDir("data_sample_shards");
-  ASSERT_EQ(RunDtrain(absl::StrCat("data pack ", text_file, " --out ", shards, " --tokenizer ",
-                                   tokenizer))
-                .exit_code,
-            0);
-  const std::string shard = shards + "/shard-000000.tar";
-  const std::string recipe =
-      SampleRecipe("data_sample", ", vocab_size: 300",
-                   absl::StrCat("format: webdataset, streams: 1, shards: '", shard,
-                                "', val_shards: '", shard, "', tokenizer: ", tokenizer),
-                   24);
+  const auto [tokenizer, text_file, shard, recipe] = PackTextWithTokenizer("sample", 24);
   const std::string out = testing::FreshTempDir("data_sample_run");
   const Outcome train = RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", out));
   ASSERT_EQ(train.exit_code, 0) << train.stderr_text;
@@ -622,21 +647,7 @@ TEST(DataCommandTest, TextShardsEncodeThroughDataTokenizer) {
 // train.init_from's folder carries its model's tokenizer: data of another tokenizer's ids (here
 // bytes) is warned of; data of the folder's tokenizer is not.
 TEST(DataCommandTest, InitFromAFolderOfAnotherTokenizerWarns) {
-  const std::string tokenizer = TokenizerDir("data_tok_init");
-  std::string text;
-  for (int i = 0; i < 200; ++i) text += "the theme of them\n";
-  const std::string text_file = testing::WriteTempFile("data_init.txt", text);
-  const std::string shards = testing::FreshTempDir("data_init_shards");
-  ASSERT_EQ(RunDtrain(absl::StrCat("data pack ", text_file, " --out ", shards, " --tokenizer ",
-                                   tokenizer))
-                .exit_code,
-            0);
-  const std::string shard = shards + "/shard-000000.tar";
-  const std::string recipe =
-      SampleRecipe("data_init", ", vocab_size: 300",
-                   absl::StrCat("format: webdataset, streams: 1, shards: '", shard,
-                                "', val_shards: '", shard, "', tokenizer: ", tokenizer),
-                   0);
+  const auto [tokenizer, text_file, shard, recipe] = PackTextWithTokenizer("init", 0);
   const std::string out = testing::FreshTempDir("data_init_run");
   const Outcome exported = RunDtrain(
       absl::StrCat("train ", recipe, " --set train.export_to=hf --set run.out_dir=", out));

@@ -199,6 +199,15 @@ class SlurmTest(unittest.TestCase):
         self.assertIn("all 4 workers past rendezvous", output)
         self.assert_follows_reference("launch4")
 
+    def test_launch_says_that_tasks_per_node_are_not_its_workers(self):
+        # sbatch --ntasks-per-node=2 without --nproc-per-node: one worker a node, said, since the
+        # user asked Slurm for two.
+        code, output = sbatch("tasks2", f"{DTRAIN} launch {recipe('tasks2', 2)}", tasks_per_node=2)
+        self.assertEqual(code, 0, output)
+        self.assertIn("the job asks for 2 tasks per node (sbatch --ntasks-per-node), but", output)
+        self.assertIn("add --nproc-per-node 2 for 2 workers a node", output)
+        self.assertIn("all 2 workers past rendezvous", output)
+
     def test_launch_on_fewer_nodes_than_the_job_holds(self):
         code, output = sbatch("launch1",
                               f"! {DTRAIN} launch {recipe('launch1', 6)} --nnodes 3\n"
@@ -255,40 +264,32 @@ class SlurmTest(unittest.TestCase):
         text = self.kill_agent("lost_store", 0)
         self.assertIn("node 0's agent was lost", text)
 
-    def test_scancel_term_checkpoints_and_exits_cleanly(self):
-        name = "term"
+    def stopped_by_term(self, name, scancel_flags, command_prefix=""):
+        """Runs a 2-node launch until 3 steps, then `scancel <flags> JOB`: it must exit 143
+        after a checkpoint. Returns the job's output."""
         checkpoints = WORK / name / "ckpt"
-        job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 100000, extra=f'checkpoint: {{dir: {checkpoints}}}')} "
+        job, output = sbatch(name, f"{command_prefix}{DTRAIN} launch {recipe(name, 100000, extra=f'checkpoint: {{dir: {checkpoints}}}')} "
                                    "--nproc-per-node 2", wait=False)
         wait_for(lambda: steps_logged(name) >= 3, JOB_TIMEOUT_S, "3 steps")
         job_id = queued_job_id(name)
-        subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
+        subprocess.run(["scancel", *scancel_flags, job_id], check=True)
         job.communicate(timeout=JOB_TIMEOUT_S)
         text = output.read_text()
         self.assertEqual(job.returncode, 143, text)  # stopped, not finished
         self.assertIn("stopped by SIGTERM", text)
-        self.assertTrue((checkpoints / "latest").exists(), text)
         latest = (checkpoints / "latest").read_text().strip()
-        self.assertTrue((checkpoints / latest / "manifest.json").exists(), latest)
+        self.assertTrue((checkpoints / latest / "manifest.json").exists(), text)
+        return text
+
+    def test_scancel_term_checkpoints_and_exits_cleanly(self):
+        self.stopped_by_term("term", ["--signal=TERM"])
 
     def test_a_batch_shell_term_reaches_the_agents(self):
         # sbatch --signal=B:TERM (here scancel --batch) signals the batch shell alone: `dtrain
         # launch` there, exec'ed as scripts/slurm/launch.sbatch does, passes it to the agents,
         # which checkpoint as above (srun, signalled itself, would have killed the step at once).
-        name = "bterm"
-        checkpoints = WORK / name / "ckpt"
-        job, output = sbatch(name, f"exec {DTRAIN} launch {recipe(name, 100000, extra=f'checkpoint: {{dir: {checkpoints}}}')} "
-                                   "--nproc-per-node 2", wait=False)
-        wait_for(lambda: steps_logged(name) >= 3, JOB_TIMEOUT_S, "3 steps")
-        job_id = queued_job_id(name)
-        subprocess.run(["scancel", "--batch", "--signal=TERM", job_id], check=True)
-        job.communicate(timeout=JOB_TIMEOUT_S)
-        text = output.read_text()
-        self.assertEqual(job.returncode, 143, text)
+        text = self.stopped_by_term("bterm", ["--batch", "--signal=TERM"], command_prefix="exec ")
         self.assertIn("SIGTERM to the batch shell", text)
-        self.assertIn("stopped by SIGTERM", text)
-        latest = (checkpoints / "latest").read_text().strip()
-        self.assertTrue((checkpoints / latest / "manifest.json").exists(), text)
 
     def test_term_with_requeue_puts_the_job_back_in_the_queue(self):
         name = "requeue"

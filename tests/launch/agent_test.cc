@@ -4,7 +4,9 @@
 // as the root cause, its replacement rejoining while a restart is left, a lost store).
 #include "launch/agent.h"
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -351,6 +353,27 @@ TEST(AgentTest, AMasterNameThatDoesNotResolveFailsAtOnce) {
                         "no-such-host.invalid) does not resolve"));
 }
 
+// Node 0's store port taken by another process: the error says where the port came from (a port
+// derived from a Slurm job's id would come back on its requeue).
+TEST(AgentTest, ATakenStorePortSaysWhereItCameFrom) {
+  const int port = testing::FreeTcpPort();
+  const int taken = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  ASSERT_EQ(::bind(taken, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(::listen(taken, 1), 0);
+  Launch node_zero({"--node-rank=0", "--nnodes=2", "--master-addr=127.0.0.1",
+                    absl::StrCat("--master-port=", port), Recipe("taken_port", 3), "--set",
+                    "run.out_dir=" + OutDir("taken_port")},
+                   {"DTRAIN_RDZV_TOKEN=taken-port-token"});
+  EXPECT_EQ(node_zero.Wait(absl::Seconds(60)), 1) << node_zero.output();
+  ::close(taken);
+  EXPECT_THAT(node_zero.output(),
+              AllOf(HasSubstr("address already in use"),
+                    HasSubstr(absl::StrCat("(port flag --master-port ", port, ")"))));
+}
+
 // Node 1 whose MASTER_ADDR is its own loopback (a single-node script reused) finds no store
 // there: its error says that address is its own.
 TEST(AgentTest, ANodeWhoseMasterIsItsOwnLoopbackIsTold) {
@@ -388,13 +411,15 @@ struct TwoPods {
     options.token = kToken;
     return TcpStoreClient::Connect("127.0.0.1", port, options);
   }
-  // Pod `pod`'s agent, as its first start or after a restart of the pod.
-  std::unique_ptr<Launch> Start(int pod) const {
+  // Pod `pod`'s agent, as its first start or after a restart of the pod; `nnodes` and `nproc`
+  // as its job spec says them (another pod's may differ).
+  std::unique_ptr<Launch> Start(int pod, int nnodes = 2, int nproc = 1) const {
     return std::make_unique<Launch>(
-        args, std::vector<std::string>{
-                  "PET_NNODES=2", "PET_NPROC_PER_NODE=1", absl::StrCat("PET_NODE_RANK=", pod),
-                  "PET_MASTER_ADDR=127.0.0.1", absl::StrCat("PET_MASTER_PORT=", port),
-                  absl::StrCat("DTRAIN_RDZV_TOKEN=", kToken)});
+        args,
+        std::vector<std::string>{
+            absl::StrCat("PET_NNODES=", nnodes), absl::StrCat("PET_NPROC_PER_NODE=", nproc),
+            absl::StrCat("PET_NODE_RANK=", pod), "PET_MASTER_ADDR=127.0.0.1",
+            absl::StrCat("PET_MASTER_PORT=", port), absl::StrCat("DTRAIN_RDZV_TOKEN=", kToken)});
   }
 
   std::string out;
@@ -428,15 +453,11 @@ TEST(AgentTest, AgentsThatCountOtherNodesFailAtOnceNamingBoth) {
   // A batch that splits over 2 ranks and 3 alike: node 1's own checks pass.
   TwoPods job("nnodes", 4, {"--set", "train.batch_size=12"}, /*started=*/false);
   std::unique_ptr<Launch> node_zero = job.Start(0);
-  Launch node_one(job.args,
-                  {"PET_NNODES=3", "PET_NPROC_PER_NODE=1", "PET_NODE_RANK=1",
-                   "PET_MASTER_ADDR=127.0.0.1", absl::StrCat("PET_MASTER_PORT=", job.port),
-                   absl::StrCat("DTRAIN_RDZV_TOKEN=", TwoPods::kToken)});
-  EXPECT_EQ(node_one.Wait(absl::Seconds(60)), 2) << node_one.output();
-  EXPECT_THAT(node_one.output(), AllOf(HasSubstr("node 1 (host "),
-                                       HasSubstr("counts 3 nodes, "
-                                                 "but node 0 (host "),
-                                       HasSubstr("counts 2: give every `dtrain launch`")));
+  const std::unique_ptr<Launch> node_one = job.Start(1, /*nnodes=*/3, /*nproc=*/1);
+  EXPECT_EQ(node_one->Wait(absl::Seconds(60)), 2) << node_one->output();
+  EXPECT_THAT(node_one->output(),
+              AllOf(HasSubstr("node 1 (host "), HasSubstr("counts 3 nodes, but node 0 (host "),
+                    HasSubstr("counts 2: give every `dtrain launch`")));
   EXPECT_EQ(node_zero->Wait(absl::Seconds(60)), 1) << node_zero->output();
   EXPECT_THAT(node_zero->output(), HasSubstr("agent failed: node 1 (host "));
   EXPECT_THAT(node_zero->output(), Not(HasSubstr("started rank")));
@@ -448,12 +469,9 @@ TEST(AgentTest, AgentsThatCountOtherNodesFailAtOnceNamingBoth) {
 TEST(AgentTest, ANodeThatFailsBeforeJoiningIsNamedAtOnce) {
   TwoPods job("early", 4, {}, /*started=*/false);
   std::unique_ptr<Launch> node_zero = job.Start(0);
-  Launch node_one(job.args,
-                  {"PET_NNODES=2", "PET_NPROC_PER_NODE=3", "PET_NODE_RANK=1",
-                   "PET_MASTER_ADDR=127.0.0.1", absl::StrCat("PET_MASTER_PORT=", job.port),
-                   absl::StrCat("DTRAIN_RDZV_TOKEN=", TwoPods::kToken)});
-  EXPECT_EQ(node_one.Wait(absl::Seconds(60)), 2) << node_one.output();
-  EXPECT_THAT(node_one.output(), HasSubstr("does not split into 6 data-parallel ranks"));
+  const std::unique_ptr<Launch> node_one = job.Start(1, /*nnodes=*/2, /*nproc=*/3);
+  EXPECT_EQ(node_one->Wait(absl::Seconds(60)), 2) << node_one->output();
+  EXPECT_THAT(node_one->output(), HasSubstr("does not split into 6 data-parallel ranks"));
   EXPECT_EQ(node_zero->Wait(absl::Seconds(60)), 2) << node_zero->output();
   EXPECT_THAT(node_zero->output(), AllOf(HasSubstr("node 1 failed before joining the job: (host "),
                                          HasSubstr("does not split into 6 data-parallel ranks")));
