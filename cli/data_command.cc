@@ -193,8 +193,8 @@ void AddDataCommand(CLI::App& app) {
       result = PackSftShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer,
                              *chat_template, threads);
     } else {
-      result = PackShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer,
-                          pack_args->text_key, threads);
+      result = PackShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer, threads,
+                          pack_args->text_key);
     }
     if (!result.ok()) Fail(result.status(), kExitFailure);
     if (pack_args->sft) {

@@ -63,6 +63,10 @@ constexpr char kReplacedKey[] = "agent/replaced";
 // Nodes that failed before joining (ReportFailureBeforeJoining), each also under
 // "<key>/node-<N>" with its error.
 constexpr char kEarlyFailuresKey[] = "agent/failed-before-joining";
+// How long a node waits for node 0's count of nodes (set as node 0 starts the store).
+constexpr absl::Duration kNodeCountWait = absl::Seconds(10);
+
+std::string EarlyFailureKey(int node) { return absl::StrCat(kEarlyFailuresKey, "/node-", node); }
 
 // A worker's exit after the ranks agreed to stop and saved their checkpoint (a stop, not a
 // failure; the job is not finished).
@@ -492,14 +496,26 @@ absl::Status Agent::Connect() {
   // timeout: node 0's count is the job's, and an agent whose count differs fails at once.
   const std::string count = absl::StrCat(node_.num_nodes);
   if (node == 0) return store_->Set("agent/nnodes", count);
-  ASSIGN_OR_RETURN(const std::string job, store_->Get("agent/nnodes", options_.rendezvous_timeout));
-  if (job != count) {
+  // Node 0 sets it as soon as it has started the store; one that does not (an older dtrain) is
+  // not checked. The wait ends at a stop, as the others do.
+  absl::StatusOr<std::string> job = absl::DeadlineExceededError("");
+  for (const absl::Time until = absl::Now() + kNodeCountWait; absl::Now() < until;) {
+    job = store_->Get("agent/nnodes", kBarrierLivenessInterval);
+    if (!absl::IsDeadlineExceeded(job.status())) break;
+    HandleSignals();
+    if (stop_requested_) {
+      return absl::CancelledError("stopped while waiting for node 0's count of nodes");
+    }
+  }
+  if (absl::IsDeadlineExceeded(job.status())) return absl::OkStatus();
+  RETURN_IF_ERROR(job.status());
+  if (*job != count) {
     const absl::StatusOr<std::string> host =
         store_->Get(NodeKey("agent/host", 0), absl::ZeroDuration());
     return WithExitCode(absl::FailedPreconditionError(absl::StrFormat(
                             "node %d (host %s) counts %s nodes, but node 0 (host %s) counts %s: "
                             "give every `dtrain launch` of the job the same --nnodes",
-                            node, HostName(), count, host.value_or("?"), job)),
+                            node, HostName(), count, host.value_or("?"), *job)),
                         kExitUsage);
   }
   return absl::OkStatus();
@@ -594,7 +610,7 @@ absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) 
     if (Counter(kEarlyFailuresKey).value_or(0) > 0) {
       for (int node = 0; node < node_.num_nodes; ++node) {
         const absl::StatusOr<std::string> error =
-            store_->Get(NodeKey(kEarlyFailuresKey, node), absl::ZeroDuration());
+            store_->Get(EarlyFailureKey(node), absl::ZeroDuration());
         if (error.ok()) {
           // Its checks of the recipe and the world: a restart would fail them again.
           return WithExitCode(absl::FailedPreconditionError(absl::StrFormat(
@@ -1105,7 +1121,9 @@ std::vector<LostAgent> Agent::LostAgents() {
 }
 
 void Agent::RecordError(const absl::Status& error) {
-  if (!joined_) return;
+  // A store that failed the agent would hold its error up to the reply timeout (60 s), past a
+  // scheduler's kill: its own error is printed, unrecorded.
+  if (!joined_ || absl::IsUnavailable(error) || absl::IsDeadlineExceeded(error)) return;
   (void)store_->Set(NodeKey("agent/error", node_.node_rank, incarnation_),
                     std::string(error.message()));
 }
@@ -1420,7 +1438,7 @@ void ReportFailureBeforeJoining(const WorldEnvironment& node, const absl::Status
       TcpStoreClient::Connect(node.master_addr, node.master_port, options);
   if (!store.ok()) return;  // node 0 waits out its own timeout, as before
   const std::string message = absl::StrFormat("(host %s) %s", HostName(), error.message());
-  if ((*store)->Set(absl::StrCat(kEarlyFailuresKey, "/node-", node.node_rank), message).ok()) {
+  if ((*store)->Set(EarlyFailureKey(node.node_rank), message).ok()) {
     (void)(*store)->Add(kEarlyFailuresKey, 1);
   }
 }

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <initializer_list>
 #include <numeric>
 #include <vector>
@@ -944,23 +943,6 @@ absl::StatusOr<WorldEnvironment> RankWorldFromEnvironment() {
 }
 
 namespace {
-
-// Whether every address `host` resolves to is a loopback one; false when it does not resolve.
-bool ResolvesToLoopbackOnly(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* result = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &result) != 0) return false;
-  bool loopback = result != nullptr;
-  for (const addrinfo* entry = result; entry != nullptr; entry = entry->ai_next) {
-    sockaddr_storage address{};
-    std::memcpy(&address, entry->ai_addr, std::min<size_t>(entry->ai_addrlen, sizeof(address)));
-    loopback = loopback && IsLoopbackAddress(address);
-  }
-  freeaddrinfo(result);
-  return loopback;
-}
 
 // A MASTER_ADDR of the environment that overrides Slurm's node list with this host's own
 // loopback (a single-node export left behind) in a job of several nodes: the others would wait

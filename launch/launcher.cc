@@ -67,15 +67,25 @@ void AppendOverrides(const std::vector<std::string>& overrides, std::vector<std:
   for (const std::string& override : overrides) argv.insert(argv.end(), {"--set", override});
 }
 
+// `name`'s value in `env` as a positive number; 0 when it is absent or not one. (A lookup with
+// [] would add the name, empty, to what srun is given: srun refuses an empty
+// SLURM_NTASKS_PER_NODE.)
+int PositiveInt(const EnvironmentMap& env, const std::string& name) {
+  const auto it = env.find(name);
+  int value = 0;
+  return it != env.end() && absl::SimpleAtoi(it->second, &value) && value > 0 ? value : 0;
+}
+
 // Passes a SIGTERM or SIGINT of the batch shell to the job's steps: `scancel --signal=TERM JOB`
-// signals every step but the batch shell's, as a time limit's --signal=TERM does, so the agents
-// checkpoint and stop.
-void ForwardStopToSteps(int signal, const EnvironmentMap& env, const std::string& job_id) {
+// signals every step but the batch shell's (other steps the job runs beside the agents' too), as
+// a time limit's --signal=TERM does, so the agents checkpoint and stop.
+// False when scancel could not be run.
+bool ForwardStopToSteps(int signal, const EnvironmentMap& env, const std::string& job_id) {
   const absl::StatusOr<std::string> scancel = FindOnPath(env, "scancel");
   if (!scancel.ok()) {
-    LogWarn("SIG%s to the batch shell, not passed to the agents: %s", sigabbrev_np(signal),
+    LogWarn("SIG%s to the batch shell cannot be passed to the agents: %s", sigabbrev_np(signal),
             scancel.status().message());
-    return;
+    return false;
   }
   LogWarn(
       "SIG%s to the batch shell (sbatch --signal=B:TERM, scancel --batch): passing SIGTERM to the "
@@ -85,12 +95,13 @@ void ForwardStopToSteps(int signal, const EnvironmentMap& env, const std::string
       Subprocess::Spawn({*scancel, "--signal=TERM", job_id}, SubprocessOptions{});
   if (!sent.ok()) {
     LogWarn("cannot run scancel: %s", sent.status().message());
-    return;
+    return false;
   }
-  if (const std::optional<ExitStatus> done = (*sent)->WaitFor(absl::Seconds(30));
-      !done || !done->ok()) {
+  const std::optional<ExitStatus> done = (*sent)->WaitFor(absl::Seconds(30));
+  if (!done || !done->ok()) {
     LogWarn("scancel --signal=TERM %s: %s", job_id, done ? done->ToString() : "no answer in 30 s");
   }
+  return done && done->ok();
 }
 
 // From the batch shell: one agent per node through srun, which forwards the job steps' signals
@@ -110,12 +121,12 @@ absl::StatusOr<int> RunAgentsThroughSrun(const LaunchOptions& options,
     nodes = *asked;
   }
   // sbatch --ntasks-per-node N asks Slurm for N tasks, but the agents count their workers.
-  if (int tasks = 0; options.nproc_kind.empty() && !options.world.nproc_per_node &&
-                     absl::SimpleAtoi(env["SLURM_NTASKS_PER_NODE"], &tasks) && tasks > 1) {
+  if (const int tasks = PositiveInt(env, "SLURM_NTASKS_PER_NODE");
+      options.nproc_kind.empty() && !options.world.nproc_per_node && tasks > 1) {
     LogWarn(
         "the job asks for %d tasks per node (sbatch --ntasks-per-node), but `dtrain launch` "
-        "runs one agent per node, whose workers --nproc-per-node counts (default: the node's "
-        "GPUs, else 1); add --nproc-per-node %d for %d workers a node",
+        "runs one agent per node, whose workers --nproc-per-node counts (default 1); add "
+        "--nproc-per-node %d for %d workers a node",
         tasks, tasks, tasks);
   }
   // --ntasks too: the batch shell exports SLURM_NTASKS of the job, which srun would read back.
@@ -123,7 +134,7 @@ absl::StatusOr<int> RunAgentsThroughSrun(const LaunchOptions& options,
   std::vector<std::string> argv = {srun, "--ntasks-per-node=1", absl::StrCat("--nodes=", nodes),
                                    absl::StrCat("--ntasks=", nodes), "--kill-on-bad-exit=1"};
   // The agent's workers need the node's CPUs, not the one CPU of a default task.
-  if (int cpus = 0; absl::SimpleAtoi(env["SLURM_CPUS_ON_NODE"], &cpus) && cpus > 1) {
+  if (const int cpus = PositiveInt(env, "SLURM_CPUS_ON_NODE"); cpus > 1) {
     argv.push_back(absl::StrCat("--cpus-per-task=", cpus));
   }
   for (std::string& arg : LaunchCommandLine(dtrain, options)) argv.push_back(std::move(arg));
@@ -156,9 +167,11 @@ absl::StatusOr<int> RunAgentsThroughSrun(const LaunchOptions& options,
     }
     const timespec poll = {.tv_sec = 0, .tv_nsec = 200'000'000};
     const int signal = sigtimedwait(&stops, nullptr, &poll);
-    // Once: Slurm's KillWait bounds what follows.
-    if (signal > 0 && !std::exchange(forwarded, true)) {
-      ForwardStopToSteps(signal, env, shell.slurm_job_id);
+    if (signal <= 0) continue;
+    // The first stop is passed on; a second one (a second Ctrl-C), or one scancel could not pass,
+    // is srun's own: it ends the step at once.
+    if (std::exchange(forwarded, true) || !ForwardStopToSteps(signal, env, shell.slurm_job_id)) {
+      agents->Signal(SIGTERM);
     }
   }
 }
@@ -262,7 +275,7 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
         !fits.ok()) {
       // Node 0 would wait for this node until its rendezvous timeout, saying nothing.
       ReportFailureBeforeJoining(node, fits,
-                                 std::min(options.rendezvous_timeout, absl::Seconds(30)));
+                                 std::min(options.rendezvous_timeout, absl::Seconds(10)));
       return fits;
     }
   }

@@ -147,6 +147,8 @@ absl::Status CheckSameJob(Store& store, const WorldMembership& world, const std:
       const absl::Time until = std::min(deadline, absl::Now() + kWaitReportInterval);
       absl::StatusOr<std::string> value = store.Get(key, until - absl::Now());
       if (!absl::IsDeadlineExceeded(value.status()) || absl::Now() >= deadline) return value;
+      // One rank a node says so: a thousand ranks would each print it.
+      if (world.local_rank != 0) continue;
       LogInfo(
           "rank %d: %s at the rendezvous at %s:%d (%s of parallel.timeout_s %s)", world.rank,
           what(), world.master_addr, world.master_port,

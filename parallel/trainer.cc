@@ -173,12 +173,19 @@ void WarnOfAnotherInitTokenizer(const Recipe& recipe, const Tokenizer* data_toke
   const std::string& folder = recipe.train.init_from;
   std::error_code error;
   if (folder.empty() || !std::filesystem::is_directory(folder, error)) return;
-  // A folder without a tokenizer dtrain reads says nothing of its vocabulary.
-  const absl::StatusOr<std::unique_ptr<Tokenizer>> model_tokenizer = LoadTokenizer(folder);
-  if (!model_tokenizer.ok()) return;
   const std::string data_name =
       data_tokenizer != nullptr ? data_tokenizer->name() : recorded.value_or(std::string());
-  if (data_name.empty() || SameTokenizer(data_name, (*model_tokenizer)->name())) return;
+  if (data_name.empty()) return;
+  // The folder's tokenizer as LoadTokenizer picks it, and a tokenizer.model beside a
+  // tokenizer.json (Llama 2, Mistral), either of which the data may have been packed with. A
+  // folder without one dtrain reads says nothing of its vocabulary.
+  const absl::StatusOr<std::unique_ptr<Tokenizer>> model_tokenizer = LoadTokenizer(folder);
+  if (!model_tokenizer.ok() || SameTokenizer(data_name, (*model_tokenizer)->name())) return;
+  const std::string model_file = (std::filesystem::path(folder) / "tokenizer.model").string();
+  if (std::filesystem::exists(model_file, error)) {
+    const absl::StatusOr<std::unique_ptr<Tokenizer>> pieces = LoadTokenizer(model_file);
+    if (pieces.ok() && SameTokenizer(data_name, (*pieces)->name())) return;
+  }
   LogWarn(
       "train.init_from %s carries tokenizer %s, but the data's ids are of %s: the model would "
       "learn them as another vocabulary; train on data of the folder's tokenizer (`dtrain data "
@@ -524,10 +531,11 @@ class MetricsFile {
     // A second name for the file as it was, dropped below unless a step's line is left out.
     const std::string aside = absl::StrCat(path, ".replaced-", absl::ToUnixSeconds(absl::Now()));
     const bool kept_aside = keep_dropped && ::link(path.c_str(), aside.c_str()) == 0;
+    const int link_errno = errno;
     int64_t dropped = 0;
     // Whole or not at all: a crash while the kept lines are written must not lose them. Written
     // in pieces: a run of a million steps has hundreds of MB of them.
-    RETURN_IF_ERROR(WriteFileDurably(path, [&](int fd, const std::string& tmp) -> absl::Status {
+    const absl::Status written = WriteFileDurably(path, [&](int fd, const std::string& tmp) {
       constexpr size_t kPiece = size_t{1} << 20;
       std::ifstream in(path);
       std::string kept;
@@ -547,14 +555,20 @@ class MetricsFile {
         absl::StrAppend(&kept, resumed_line, "\n");
       }
       return WriteAll(fd, kept.data(), kept.size(), tmp);
-    }));
-    if (kept_aside && dropped > 0) {
+    });
+    if (!written.ok() || (kept_aside && dropped == 0)) {
+      if (kept_aside) ::unlink(aside.c_str());
+      RETURN_IF_ERROR(written);
+    } else if (kept_aside) {
       LogWarn(
           "%s: the lines of %d step(s) past step %d, where this run starts, are left out; the "
           "file as it was is kept as %s",
           path, dropped, resumed_step, aside);
-    } else if (kept_aside) {
-      ::unlink(aside.c_str());
+    } else if (keep_dropped && dropped > 0) {
+      LogWarn(
+          "%s: the lines of %d step(s) past step %d, where this run starts, are left out, and the "
+          "file as it was could not be kept beside it (%s)",
+          path, dropped, resumed_step, std::strerror(link_errno));
     }
     file_.open(path, std::ios::app);
     if (!file_) return FileError(errno, absl::StrCat("cannot write ", path), kFix);
@@ -865,7 +879,8 @@ absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
   if (tokenizer.empty()) {
     LogWarn(
         "the model folder %s has no tokenizer: data.tokenizer is empty and the data's first shard "
-        "names none; add the one they were packed with (`dtrain ckpt export --format hf "
+        "named none that was read; add the one they were packed with (`dtrain ckpt export --format "
+        "hf "
         "--tokenizer PATH`)",
         path);
   }

@@ -291,8 +291,8 @@ absl::Status CheckShardsCanBeNamed(const std::string& out_dir, bool sft) {
 
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,
-                                      const Tokenizer& tokenizer, const std::string& text_key,
-                                      int threads) {
+                                      const Tokenizer& tokenizer, int threads,
+                                      const std::string& text_key) {
   ASSIGN_OR_RETURN(ShardWriter writer, OpenShards(out_dir, shard_bytes, tokenizer));
   PackResult result;
   OrderedEncoder<std::vector<int32_t>> encoder(

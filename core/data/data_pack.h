@@ -1,10 +1,9 @@
 // `dtrain data pack`: writes WebDataset token shards from text and JSON-lines files.
 //
 // Each .jsonl line is one document (its `text_key` string, "text" by default); any other file is
-// one document. The
-// Tokenizer turns text into ids; samples are "<index>.tokens" (uint16 LE, for vocabularies up
-// to 65536) or ".tokens32", in ustar shards "<out>/shard-000000.tar", ... each at most
-// shard_bytes unless one sample is larger. The first sample of each shard also holds
+// one document. The Tokenizer turns text into ids; samples are "<index>.tokens" (uint16 LE, for
+// vocabularies up to 65536) or ".tokens32", in ustar shards "<out>/shard-000000.tar", ... each
+// at most shard_bytes unless one sample is larger. The first sample of each shard also holds
 // "<index>.tokenizer.json" ({"name", "vocab_size"}, token_decode.h), which the trainer checks
 // against model.vocab_size. Documents are encoded on `threads` threads and written in input
 // order; errors name the file and line.
@@ -45,8 +44,8 @@ absl::Status CheckShardsCanBeNamed(const std::string& out_dir, bool sft);
 
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,
-                                      const Tokenizer& tokenizer,
-                                      const std::string& text_key = "text", int threads = 1);
+                                      const Tokenizer& tokenizer, int threads = 1,
+                                      const std::string& text_key = "text");
 
 // `dtrain data pack --sft`: each line of the .jsonl inputs is one SFT sample (sft_data.h)
 // rendered with `chat_template`; a sample is its tokens as PackShards writes them plus

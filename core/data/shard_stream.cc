@@ -221,17 +221,22 @@ int64_t ShardStream::ReachableShards() {
 
 void ShardStream::WarnIfBlockRepeats(size_t samples, int64_t bytes) {
   const int64_t n = static_cast<int64_t>(config_->urls.size());
-  // Stream 0, on rank 0, speaks for all. An endless stream whose last sample came from the
-  // block's first slot a pass later holds the `samples` and `bytes` before it, a whole pass of
-  // its share.
-  if (stream_ != 0 || repeat_warned_ || config_->finite || slot_ - cursor_.block_slot < n) return;
+  // Stream 0, on rank 0, speaks for all. An endless stream whose last sample lies a pass (n
+  // slots) or more past where the block began holds the `samples` and `bytes` before it, at
+  // least a whole pass of its share.
+  const int64_t ahead = slot_ - cursor_.block_slot;
+  if (stream_ != 0 || repeat_warned_ || config_->finite || ahead < n ||
+      (ahead == n && slot_samples_ <= cursor_.block_sample)) {
+    return;
+  }
   repeat_warned_ = true;
   LogWarn(
-      "data stream 0's shuffle block holds its whole share of data.shards (%d samples, %.1f MiB "
-      "of tokens in one pass) with room to spare, so it reads on into the next pass: documents "
-      "repeat within a block, each copy held in memory (a block ends at data.shuffle_buffer / "
-      "data.streams = %d samples or data.shuffle_buffer_mb / data.streams = %.0f MiB); for a "
-      "shuffle without repeats, lower data.shuffle_buffer to %d or less",
+      "data stream 0's shuffle block holds a whole pass of its share of data.shards (%d "
+      "samples, %.1f MiB of tokens) with room to spare, so it reads on into the next pass: a "
+      "block spans more than the data, and may hold a document twice, each copy in memory (a "
+      "block ends at data.shuffle_buffer / data.streams = %d samples or data.shuffle_buffer_mb "
+      "/ data.streams = %.0f MiB); to shuffle within one pass, lower data.shuffle_buffer to %d "
+      "or less",
       samples, static_cast<double>(bytes) / (1 << 20), config_->block_samples,
       static_cast<double>(config_->block_bytes) / (1 << 20),
       static_cast<int64_t>(samples) * config_->num_streams);

@@ -68,7 +68,7 @@ class ShardStream {
  public:
   // `skip_warned`: the shards skipped (skip_bad_shards) and warned about, each once for all the
   // streams that share it (a loader's, read from its one thread): a bad shard was warned about on
-  // every pass, then by every stream.
+  // every pass, then by every stream. Null without skip_bad_shards.
   ShardStream(const StreamConfig* config, int stream, std::set<std::string>* skip_warned);
 
   // Writes the next window as inputs and targets (seq_len each). OutOfRange at the end of a

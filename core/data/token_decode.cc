@@ -139,8 +139,7 @@ absl::StatusOr<std::pair<size_t, int>> FindTokenField(const Sample& sample) {
 // each checked below vocab_size.
 absl::Status EncodeText(const Sample& sample, const SampleField& field, const Tokenizer& tokenizer,
                         int vocab_size, TokenDocument* document) {
-  thread_local std::vector<int32_t> ids;
-  ids.clear();
+  std::vector<int32_t> ids;
   if (const absl::Status status = tokenizer.Encode(field.data, &ids); !status.ok()) {
     return SampleError(sample, absl::StrCat(".txt does not encode with data.tokenizer ",
                                             tokenizer.name(), ": ", status.message()));

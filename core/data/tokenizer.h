@@ -13,7 +13,8 @@
 
 namespace dtrain {
 
-// Encode and Decode are thread-safe: the streams of a run encode text samples side by side.
+// Encode and Decode are thread-safe: a rank's data loader encodes text samples on its reader
+// thread while the main thread samples.
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;

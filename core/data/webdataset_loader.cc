@@ -307,7 +307,10 @@ absl::Status WebDatasetLoader::Restore(const LoaderState& state) {
 // ---- WebDatasetValidationLoader ---------------------------------------------------------------
 
 WebDatasetValidationLoader::WebDatasetValidationLoader(StreamConfig config, int rank, int world)
-    : config_(std::move(config)), stream_(&config_, 0, &skip_warned_), rank_(rank), world_(world) {}
+    : config_(std::move(config)),
+      stream_(&config_, 0, /*skip_warned=*/nullptr),
+      rank_(rank),
+      world_(world) {}
 
 absl::StatusOr<int> WebDatasetValidationLoader::Next(int count, int32_t* inputs, int32_t* targets) {
   if (count < 0) return absl::InvalidArgumentError(absl::StrCat("Next(count = ", count, ")"));

@@ -106,7 +106,6 @@ class WebDatasetValidationLoader final : public ValidationLoader {
   absl::Status Cache(int64_t count);
 
   StreamConfig config_;
-  std::set<std::string> skip_warned_;  // unused: validation fails on a bad shard
   ShardStream stream_;
   int rank_;
   int world_;

@@ -9,7 +9,9 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "parallel/store/socket.h"
 
@@ -69,22 +71,35 @@ bool IsLoopbackAddress(const sockaddr_storage& address) {
   return false;
 }
 
-bool NamesThisHost(const std::string& host, std::string& resolved) {
+namespace {
+
+// Every address `host` resolves to, in getaddrinfo's order; none when it does not resolve.
+std::vector<sockaddr_storage> HostAddresses(const std::string& host) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* addresses = nullptr;
-  resolved.clear();
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &addresses) != 0) return false;
-  bool own = false;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &addresses) != 0) return {};
+  std::vector<sockaddr_storage> found;
   for (const addrinfo* address = addresses; address != nullptr; address = address->ai_next) {
-    sockaddr_storage storage{};
+    sockaddr_storage& storage = found.emplace_back();
     std::memcpy(&storage, address->ai_addr, address->ai_addrlen);
-    own = own || IsThisHostsAddress(storage);
-    if (resolved.empty()) resolved = FormatIpAddress(storage);
   }
   ::freeaddrinfo(addresses);
-  return own;
+  return found;
+}
+
+}  // namespace
+
+bool NamesThisHost(const std::string& host, std::string& resolved) {
+  const std::vector<sockaddr_storage> addresses = HostAddresses(host);
+  resolved = addresses.empty() ? "" : FormatIpAddress(addresses.front());
+  return absl::c_any_of(addresses, IsThisHostsAddress);
+}
+
+bool ResolvesToLoopbackOnly(const std::string& host) {
+  const std::vector<sockaddr_storage> addresses = HostAddresses(host);
+  return !addresses.empty() && absl::c_all_of(addresses, IsLoopbackAddress);
 }
 
 std::string MasterOnThisHostHint(const std::string& master_addr) {

@@ -37,6 +37,8 @@ bool IsThisHostsAddress(const sockaddr_storage& address);
 // Whether `host` (a name or an address) resolves to an address of this host; `resolved` gets the
 // first address it resolves to ("" when none), for messages.
 bool NamesThisHost(const std::string& host, std::string& resolved);
+// Whether `host` resolves, and to loopback addresses only (localhost, 127.0.1.1).
+bool ResolvesToLoopbackOnly(const std::string& host);
 // For the error of a rank or agent on another node than the master's that cannot reach the store
 // at `master_addr`: when that name is an address of this host (localhost, or
 // MASTER_ADDR=$(hostname) expanded on each node), what to set instead, as "; ..."; else "".

@@ -221,7 +221,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
     absl::StatusOr<UniqueFd> fd = ConnectOnce(host_string, port, deadline);
     if (fd.ok()) {
       TuneSocket(fd->get());
-      // No longer than Connect's own wait: a port that accepts and never answers is no store.
+      // At most connect_timeout again: a port that accepts and never answers is no store.
       RETURN_IF_ERROR(
           Handshake(fd->get(), address, options.token,
                     absl::Now() + std::min(options.reply_timeout, options.connect_timeout),

@@ -277,6 +277,7 @@ class SlurmTest(unittest.TestCase):
         text = output.read_text()
         self.assertEqual(job.returncode, 143, text)  # stopped, not finished
         self.assertIn("stopped by SIGTERM", text)
+        self.assertTrue((checkpoints / "latest").exists(), text)
         latest = (checkpoints / "latest").read_text().strip()
         self.assertTrue((checkpoints / latest / "manifest.json").exists(), text)
         return text

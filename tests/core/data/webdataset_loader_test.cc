@@ -225,9 +225,11 @@ TEST_F(WebDatasetLoaderTest, RejectsWorldSizesThatDoNotDivideTheStreams) {
   EXPECT_TRUE(absl::StrContains(loader.status().message(), "data.streams = 4")) << loader.status();
 }
 
-// A shuffle block larger than a stream's share of the data holds copies of its documents: stream
-// 0 says so once, with the data's size per pass and the buffer that would not repeat them.
+// A shuffle block larger than a stream's share of the data spans more than a pass: stream 0 says
+// so once, with the data's size per pass and the buffer that keeps a block within one. Two
+// streams over 6 shards of 7 samples: stream 0 reads slots 0, 2 and 4 of each pass, 21 samples.
 TEST_F(WebDatasetLoaderTest, ABlockLargerThanTheDataWarnsOnce) {
+  config_.num_streams = 2;
   const auto warnings_of = [this] {
     ::testing::internal::CaptureStderr();
     std::unique_ptr<WebDatasetLoader> loader = Loader(0, 1);
@@ -237,13 +239,16 @@ TEST_F(WebDatasetLoaderTest, ABlockLargerThanTheDataWarnsOnce) {
   EXPECT_EQ(warnings_of(), "");  // blocks of 3 samples
   config_.block_samples = 1000;
   const std::string warnings = warnings_of();
-  const std::string warning = "data stream 0's shuffle block holds its whole share of data.shards";
+  const std::string warning = "data stream 0's shuffle block holds a whole pass of its share";
   const size_t first = warnings.find(warning);
   ASSERT_NE(first, std::string::npos) << warnings;
   EXPECT_EQ(warnings.find(warning, first + 1), std::string::npos) << warnings;
-  // Stream 0 reads shard slots 0 and 4 of each pass of 6: 14 samples.
-  EXPECT_THAT(warnings, ::testing::HasSubstr("(14 samples,"));
-  EXPECT_THAT(warnings, ::testing::HasSubstr("lower data.shuffle_buffer to 56 or less"));
+  EXPECT_THAT(warnings, ::testing::HasSubstr("(21 samples,"));
+  EXPECT_THAT(warnings, ::testing::HasSubstr("lower data.shuffle_buffer to 42 or less"));
+  // Blocks of exactly one pass each, the later ones starting part way into a shard: none spans
+  // more.
+  config_.block_samples = 21;
+  EXPECT_EQ(warnings_of(), "");
 }
 
 TEST_F(WebDatasetLoaderTest, FailsOrSkipsABadShardByDataOnError) {
