@@ -69,8 +69,10 @@ def sbatch(name, script, nodes=2, tasks_per_node=1, wait=True):
     path = WORK / f"{name}.sh"
     path.write_text("#!/bin/bash\nset -euo pipefail\n" + script + "\n")
     output = WORK / f"{name}.out"
-    command = ["sbatch", "--wait", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
-               f"--output={output}", f"--job-name={name}", f"--chdir={WORK}", str(path)]
+    # tasks_per_node None: no --ntasks-per-node, as an salloc shell or a plain sbatch has none.
+    per_node = [] if tasks_per_node is None else [f"--ntasks-per-node={tasks_per_node}"]
+    command = ["sbatch", "--wait", f"--nodes={nodes}", *per_node, f"--output={output}",
+               f"--job-name={name}", f"--chdir={WORK}", str(path)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     if not wait:
@@ -208,6 +210,13 @@ class SlurmTest(unittest.TestCase):
         self.assertIn("add --nproc-per-node 2 for 2 workers a node", output)
         self.assertIn("all 2 workers past rendezvous", output)
 
+    def test_launch_from_a_job_without_tasks_per_node(self):
+        # SLURM_NTASKS_PER_NODE is absent: srun must not be given it empty (it refuses that).
+        code, output = sbatch("pernode", f"{DTRAIN} launch {recipe('pernode', 2)}",
+                              tasks_per_node=None)
+        self.assertEqual(code, 0, output)
+        self.assertIn("all 2 workers past rendezvous", output)
+
     def test_launch_on_fewer_nodes_than_the_job_holds(self):
         code, output = sbatch("launch1",
                               f"! {DTRAIN} launch {recipe('launch1', 6)} --nnodes 3\n"
@@ -327,8 +336,14 @@ class SlurmTest(unittest.TestCase):
         job_id = queued_job_id(name)
         subprocess.run(["scancel", job_id], check=True)
         job.communicate(timeout=JOB_TIMEOUT_S)
-        shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
-                               text=True).stdout
+
+        def shown():
+            return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
+                                  text=True).stdout
+        # sbatch --wait may return while Slurm still cleans up (JobState=COMPLETING).
+        wait_for(lambda: "JobState=COMPLETING" not in shown(), JOB_TIMEOUT_S,
+                 "the job to finish completing")
+        shown = shown()
         self.assertRegex(shown, r"\bJobState=CANCELLED\b", shown)
         self.assertRegex(shown, r"\bRestarts=0\b", shown)
         self.assertNotIn("requeued the job", output.read_text())
