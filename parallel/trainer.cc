@@ -840,10 +840,10 @@ std::chrono::duration<double> AwaitNextStepData(SequenceLoader& loader, int sequ
 
 // train.export_to: the whole model's parameters, gathered from the ranks of the first
 // data-parallel replica onto rank 0, which writes them: a .safetensors file, or else a Hugging
-// Face model folder with `tokenizer` (DataTokenizer; empty: none).
+// Face model folder with the data's tokenizer (DataTokenizer of `recorded`, the first shard's).
 absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
                            DataParallelEngine& engine, const ProcessGroup::MeshGroups& groups,
-                           const std::string& tokenizer, bool leader) {
+                           const absl::StatusOr<std::string>& recorded, bool leader) {
   ASSIGN_OR_RETURN(std::vector<float> own, engine.GatherParameters());
   // The first replica's tp and pp groups assemble the model on rank 0; the other replicas hold
   // copies of it.
@@ -860,6 +860,7 @@ absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
     LogInfo("weights written to %s (Hugging Face names)", path);
     return absl::OkStatus();
   }
+  const std::string tokenizer = DataTokenizer(recipe, recorded);
   // An SFT run's folder renders chats as its shards were packed (apply_chat_template).
   ASSIGN_OR_RETURN(const std::optional<ChatTemplate> chat_template, ShardsChatTemplate(recipe));
   RETURN_IF_ERROR(ExportHfFolder(
@@ -878,11 +879,9 @@ absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
               : "");
   if (tokenizer.empty()) {
     LogWarn(
-        "the model folder %s has no tokenizer: data.tokenizer is empty and the data's first shard "
-        "named none that was read; add the one they were packed with (`dtrain ckpt export --format "
-        "hf "
-        "--tokenizer PATH`)",
-        path);
+        "the model folder %s has no tokenizer: %s; add the one they were packed with (`dtrain "
+        "ckpt export --format hf --tokenizer PATH`)",
+        path, NoDataTokenizerReason(recorded));
   }
   return absl::OkStatus();
 }
@@ -1335,8 +1334,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   }
   if (!train.export_to.empty()) {
     phase = absl::StrCat("the export to ", train.export_to);
-    RETURN_IF_ERROR(
-        ExportWeights(recipe, table, engine, groups, DataTokenizer(recipe, recorded), leader));
+    RETURN_IF_ERROR(ExportWeights(recipe, table, engine, groups, recorded, leader));
   }
   return TrainingEnd::kFinished;
 }

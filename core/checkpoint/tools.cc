@@ -252,12 +252,8 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
     const absl::StatusOr<std::string> recorded = ShardsTokenizerName(recipe);
     tokenizer = DataTokenizer(recipe, recorded);
     if (tokenizer.empty()) {
-      LogWarn(
-          "the folder gets no tokenizer: the checkpoint's run has no data.tokenizer and its "
-          "data's first shard %s; give --tokenizer PATH to ship one",
-          recorded.ok()
-              ? "names none"
-              : absl::StrCat("does not read from here (", recorded.status().message(), ")"));
+      LogWarn("the folder gets no tokenizer: %s; give --tokenizer PATH to ship one",
+              NoDataTokenizerReason(recorded));
     }
   }
   if (format == "llmc") {

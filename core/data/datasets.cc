@@ -359,6 +359,13 @@ std::string DataTokenizer(const Recipe& recipe, const absl::StatusOr<std::string
   return "";
 }
 
+std::string NoDataTokenizerReason(const absl::StatusOr<std::string>& recorded) {
+  return absl::StrCat(
+      "data.tokenizer is empty and the data's first shard ",
+      recorded.ok() ? "names none"
+                    : absl::StrCat("does not read from here (", recorded.status().message(), ")"));
+}
+
 absl::StatusOr<std::optional<ChatTemplate>> ShardsChatTemplate(const Recipe& recipe) {
   if (recipe.data.format != "sft") return std::nullopt;
   ASSIGN_OR_RETURN(const std::optional<Sample> sample, ShardsFirstSample(recipe));

@@ -68,6 +68,9 @@ absl::StatusOr<std::string> ShardsTokenizerName(const Recipe& recipe,
 // ByteTokenizer's name "bytes" for data.format text and for shards that record bytes (`recorded`,
 // ShardsTokenizerName's answer), else empty: not known.
 std::string DataTokenizer(const Recipe& recipe, const absl::StatusOr<std::string>& recorded);
+// Why DataTokenizer found none, for a warning: "data.tokenizer is empty and the data's first
+// shard names none", or "... does not read from here (<why>)".
+std::string NoDataTokenizerReason(const absl::StatusOr<std::string>& recorded);
 
 // The chat template that data.format sft's shards were packed with (`dtrain data pack --sft`
 // records it beside the tokenizer); nullopt for other formats and shards of an older pack.
