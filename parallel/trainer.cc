@@ -180,7 +180,10 @@ void WarnOfAnotherInitTokenizer(const Recipe& recipe, const Tokenizer* data_toke
   // tokenizer.json (Llama 2, Mistral), either of which the data may have been packed with. A
   // folder without one dtrain reads says nothing of its vocabulary.
   const absl::StatusOr<std::unique_ptr<Tokenizer>> model_tokenizer = LoadTokenizer(folder);
-  if (!model_tokenizer.ok() || SameTokenizer(data_name, (*model_tokenizer)->name())) return;
+  if (!model_tokenizer.ok() || SameTokenizer(data_name, (*model_tokenizer)->name()) ||
+      (data_name == ByteTokenizer().name() && EncodesBytesAsIds(**model_tokenizer))) {
+    return;
+  }
   const std::string model_file = (std::filesystem::path(folder) / "tokenizer.model").string();
   if (std::filesystem::exists(model_file, error)) {
     const absl::StatusOr<std::unique_ptr<Tokenizer>> pieces = LoadTokenizer(model_file);

@@ -29,4 +29,17 @@ absl::StatusOr<std::string> ByteTokenizer::Decode(absl::Span<const int32_t> ids)
   return text;
 }
 
+bool EncodesBytesAsIds(const Tokenizer& tokenizer) {
+  if (tokenizer.vocab_size() != 256) return false;
+  std::vector<int32_t> ids;
+  for (int byte = 0; byte < 256; ++byte) {
+    ids.clear();
+    if (!tokenizer.Encode(std::string(1, static_cast<char>(byte)), &ids).ok() ||
+        ids != std::vector<int32_t>{byte}) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace dtrain

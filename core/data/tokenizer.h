@@ -41,4 +41,8 @@ class ByteTokenizer final : public Tokenizer {
   absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids) const override;
 };
 
+// Whether `tokenizer` gives every byte alone its value as id in a vocabulary of 256, whatever its
+// name: ByteTokenizer, and the byte-level tokenizer.json a run on bytes exports.
+bool EncodesBytesAsIds(const Tokenizer& tokenizer);
+
 }  // namespace dtrain

@@ -42,35 +42,76 @@ absl::StatusOr<Json> ReadJson(const std::string& path) {
 
 Json TokenIdOrNull(const std::optional<int>& id) { return id ? Json(*id) : Json(nullptr); }
 
-// One config.json field against dtrain's value: `recipe_key`'s value `ours`; `hf_key` absent or
-// null reads as `missing` (transformers' default for it).
-struct FieldCheck {
-  std::string hf_key;
-  std::string recipe_key;
-  double ours;
+// A config.json field that a recipe's model key gives: absent or null, it reads as `missing`
+// (transformers' default for it).
+struct HfField {
+  const char* hf_key;
+  const char* recipe_key;
+  double (*ours)(const ModelConfig&);
   double missing;
 };
+
+double NumberOr(const Json& json, const char* key, double missing) {
+  const Json value = json.value(key, Json());
+  return value.is_number() ? value.get<double>() : missing;
+}
+
+// The fields of config.json's model_type (gpt2, else llama) that a recipe's model keys give, but
+// Llama's max_position_embeddings, which bounds model.max_seq_len rather than sets it.
+std::vector<HfField> HfFieldsOf(const Json& json) {
+  if (json.value("model_type", Json()) == "gpt2") {
+    return {
+        {"n_layer", "model.n_layer", [](const ModelConfig& c) { return double(c.n_layer); }, 12},
+        {"n_head", "model.n_head", [](const ModelConfig& c) { return double(c.n_head); }, 12},
+        {"n_embd", "model.d_model", [](const ModelConfig& c) { return double(c.d_model); }, 768},
+        {"n_inner", "model.d_ff", [](const ModelConfig& c) { return double(c.d_ff); },
+         4 * NumberOr(json, "n_embd", 768)},
+        {"vocab_size", "model.vocab_size",
+         [](const ModelConfig& c) { return double(c.vocab_size); }, 50257},
+        {"n_positions", "model.max_seq_len",
+         [](const ModelConfig& c) { return double(c.max_seq_len); }, 1024},
+        {"layer_norm_epsilon", "model.norm_eps",
+         [](const ModelConfig& c) { return double(c.norm_eps); }, 1e-5}};
+  }
+  return {{"num_hidden_layers", "model.n_layer",
+           [](const ModelConfig& c) { return double(c.n_layer); }, 32},
+          {"num_attention_heads", "model.n_head",
+           [](const ModelConfig& c) { return double(c.n_head); }, 32},
+          {"num_key_value_heads", "model.n_kv_head",
+           [](const ModelConfig& c) { return double(c.n_kv_head); },
+           NumberOr(json, "num_attention_heads", 32)},
+          {"hidden_size", "model.d_model", [](const ModelConfig& c) { return double(c.d_model); },
+           4096},
+          {"intermediate_size", "model.d_ff", [](const ModelConfig& c) { return double(c.d_ff); },
+           11008},
+          {"vocab_size", "model.vocab_size",
+           [](const ModelConfig& c) { return double(c.vocab_size); }, 32000},
+          {"rms_norm_eps", "model.norm_eps",
+           [](const ModelConfig& c) { return double(c.norm_eps); }, 1e-6},
+          {"rope_theta", "model.rope_theta",
+           [](const ModelConfig& c) { return double(c.rope_theta); }, 10000}};
+}
 
 std::string Number(double value) { return absl::StrFormat("%g", value); }
 
 // "model.n_layer is 4 but n_layer is 2 (set model.n_layer: 2)" for each disagreeing field.
-void CompareFields(const Json& json, const std::vector<FieldCheck>& checks,
-                   std::vector<std::string>& problems) {
-  for (const FieldCheck& check : checks) {
-    const auto it = json.find(check.hf_key);
-    double theirs = check.missing;
+void CompareFields(const Json& json, const ModelConfig& c, std::vector<std::string>& problems) {
+  for (const HfField& field : HfFieldsOf(json)) {
+    const auto it = json.find(field.hf_key);
+    double theirs = field.missing;
     if (it != json.end() && !it->is_null()) {
       if (!it->is_number()) {
-        problems.push_back(absl::StrCat(check.hf_key, " is ", it->dump(), ", not a number"));
+        problems.push_back(absl::StrCat(field.hf_key, " is ", it->dump(), ", not a number"));
         continue;
       }
       theirs = it->get<double>();
     }
     // Floats in config.json are decimal doubles; dtrain keeps norm_eps and rope_theta in float.
-    if (std::abs(theirs - check.ours) <= 1e-6 * std::abs(theirs)) continue;
-    problems.push_back(absl::StrCat(check.recipe_key, " is ", Number(check.ours), " but ",
-                                    check.hf_key, " is ", Number(theirs), " (set ",
-                                    check.recipe_key, ": ", Number(theirs), ")"));
+    const double ours = field.ours(c);
+    if (std::abs(theirs - ours) <= 1e-6 * std::abs(theirs)) continue;
+    problems.push_back(absl::StrCat(field.recipe_key, " is ", Number(ours), " but ", field.hf_key,
+                                    " is ", Number(theirs), " (set ", field.recipe_key, ": ",
+                                    Number(theirs), ")"));
   }
 }
 
@@ -263,6 +304,28 @@ std::string HfConfigJson(const ModelConfig& c, const HfSpecialTokens& tokens) {
   return json.dump(2) + "\n";
 }
 
+absl::StatusOr<std::vector<HfModelKey>> HfModelKeys(const std::string& path) {
+  ASSIGN_OR_RETURN(const Json json, ReadJson(path));
+  const Json model_type = json.value("model_type", Json());
+  if (model_type != "gpt2" && model_type != "llama") return std::vector<HfModelKey>();
+  std::vector<HfModelKey> keys = {{"model.family", model_type.get<std::string>(), "model_type"}};
+  std::vector<HfField> fields = HfFieldsOf(json);
+  if (model_type == "llama") {
+    fields.push_back({"max_position_embeddings", "model.max_seq_len", nullptr, 2048});
+  }
+  for (const HfField& field : fields) {
+    const Json value = json.value(field.hf_key, Json());
+    if (!value.is_null() && !value.is_number()) continue;
+    const double number = value.is_number() ? value.get<double>() : field.missing;
+    // Recipe text: integers as integers (an int key refuses "12.0"), others round-trip exact.
+    const bool integral = number == std::floor(number) && std::abs(number) < 1e15;
+    keys.push_back({field.recipe_key,
+                    integral ? absl::StrCat(static_cast<int64_t>(number)) : Json(number).dump(),
+                    field.hf_key});
+  }
+  return keys;
+}
+
 absl::Status CheckHfConfig(const ModelConfig& c, const std::string& path) {
   ASSIGN_OR_RETURN(const Json json, ReadJson(path));
   const Json model_type = json.value("model_type", Json());
@@ -280,17 +343,7 @@ absl::Status CheckHfConfig(const ModelConfig& c, const std::string& path) {
                                     " (set model.family: ", model_type.get<std::string>(), ")"));
   }
   if (model_type == "gpt2") {
-    const Json n_embd = json.value("n_embd", Json(768));
-    CompareFields(json,
-                  {{"n_layer", "model.n_layer", double(c.n_layer), 12},
-                   {"n_head", "model.n_head", double(c.n_head), 12},
-                   {"n_embd", "model.d_model", double(c.d_model), 768},
-                   {"n_inner", "model.d_ff", double(c.d_ff),
-                    4 * (n_embd.is_number() ? n_embd.get<double>() : 768)},
-                   {"vocab_size", "model.vocab_size", double(c.vocab_size), 50257},
-                   {"n_positions", "model.max_seq_len", double(c.max_seq_len), 1024},
-                   {"layer_norm_epsilon", "model.norm_eps", c.norm_eps, 1e-5}},
-                  problems);
+    CompareFields(json, c, problems);
     RequireValue(json, "activation_function", "gelu_new", {"gelu_new", "gelu_pytorch_tanh"},
                  "dtrain's GPT-2 uses GELU's tanh approximation (gelu_new)", problems);
     RequireValue(json, "tie_word_embeddings", true, {true},
@@ -300,18 +353,7 @@ absl::Status CheckHfConfig(const ModelConfig& c, const std::string& path) {
     RequireValue(json, "scale_attn_by_inverse_layer_idx", false, {false},
                  "dtrain scales attention scores by 1/sqrt(head_dim) only", problems);
   } else {
-    const Json heads = json.value("num_attention_heads", Json(32));
-    CompareFields(json,
-                  {{"num_hidden_layers", "model.n_layer", double(c.n_layer), 32},
-                   {"num_attention_heads", "model.n_head", double(c.n_head), 32},
-                   {"num_key_value_heads", "model.n_kv_head", double(c.n_kv_head),
-                    heads.is_number() ? heads.get<double>() : 32},
-                   {"hidden_size", "model.d_model", double(c.d_model), 4096},
-                   {"intermediate_size", "model.d_ff", double(c.d_ff), 11008},
-                   {"vocab_size", "model.vocab_size", double(c.vocab_size), 32000},
-                   {"rms_norm_eps", "model.norm_eps", c.norm_eps, 1e-6},
-                   {"rope_theta", "model.rope_theta", c.rope_theta, 10000}},
-                  problems);
+    CompareFields(json, c, problems);
     // Llama has no position tensor: any model.max_seq_len up to the trained context loads.
     const Json positions = json.value("max_position_embeddings", Json(2048));
     if (positions.is_number() && c.max_seq_len > positions.get<double>()) {
@@ -322,6 +364,7 @@ absl::Status CheckHfConfig(const ModelConfig& c, const std::string& path) {
     // A head_dim other than hidden_size / num_attention_heads (Gemma's, Qwen3's) is a shape
     // dtrain's Llama has no key for; the recipe's own width and heads are compared above.
     const Json hidden = json.value("hidden_size", Json(4096));
+    const Json heads = json.value("num_attention_heads", Json(32));
     if (const Json head_dim = json.value("head_dim", Json());
         head_dim.is_number() && hidden.is_number() && heads.is_number() &&
         head_dim.get<double>() * heads.get<double>() != hidden.get<double>()) {

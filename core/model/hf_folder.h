@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "core/data/chat_template.h"
@@ -35,6 +36,20 @@ std::string HfConfigJson(const ModelConfig& config, const HfSpecialTokens& token
 // 2)". Fields dtrain does not implement (rope_scaling, untied GPT-2 heads, other activations,
 // biases on Llama) are errors that name them.
 absl::Status CheckHfConfig(const ModelConfig& config, const std::string& path);
+
+// A recipe's model key as a Hugging Face config.json gives it.
+struct HfModelKey {
+  std::string recipe_key;  // "model.n_layer"
+  std::string value;       // as recipe text: "12"
+  std::string hf_key;      // "n_layer"
+};
+
+// The recipe's model keys that the config.json at `path` gives, model.family first, with
+// transformers' defaults for absent fields: what train.init_from's folder sets where a recipe
+// leaves them unset, as from_pretrained takes a model's shape from its folder. Llama's
+// max_position_embeddings gives model.max_seq_len. Empty for a model_type dtrain does not run; a
+// field that is not a number is left out (CheckHfConfig names both at start).
+absl::StatusOr<std::vector<HfModelKey>> HfModelKeys(const std::string& path);
 
 // Copies the tokenizer at `tokenizer_path` into `dir` under the names AutoTokenizer looks for:
 // a tokenizer.json (fast tokenizer), a SentencePiece tokenizer.model (LlamaTokenizer), or GPT-2's

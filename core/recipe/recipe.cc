@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <optional>
 #include <string>
@@ -29,6 +30,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "core/model/hf_folder.h"
 #include "core/model/model_config.h"
 #include "core/util/decimal.h"
 #include "core/util/files.h"
@@ -311,8 +313,8 @@ const std::vector<KeySpec>& Keys() {
        AtLeast(1)},
       {DTRAIN_RECIPE_KEY(train, init_from),
        "weights to start from: a safetensors file (Hugging Face tensor names) or a Hugging Face "
-       "model folder (config.json, which must match model.*, and model.safetensors or its "
-       "shards); empty = random init"},
+       "model folder (config.json, which sets the model.* keys the recipe leaves unset and must "
+       "match the others, and model.safetensors or its shards); empty = random init"},
       {DTRAIN_RECIPE_KEY(train, export_to),
        "weights written at the end, relative to the run folder: a path ending in .safetensors "
        "is one file; any other is a Hugging Face model folder (config.json, model.safetensors) "
@@ -808,8 +810,10 @@ bool IsQuoted(const YAML::Node& node) { return node.Tag() == "!"; }
 // A key's value and where it came from.
 struct Entry {
   YAML::Node value;
-  YAML::Mark mark;            // of the value where it has one, else of the key; file only
-  std::string from_override;  // "--set a.b=c" when set from the command line
+  YAML::Mark mark;  // of the value where it has one, else of the key; file only
+  // How a message names a key not set in the file: "--set a.b=c" from the command line, or the
+  // config.json field of train.init_from's folder that gave it.
+  std::string from_override;
 };
 
 class Parser {
@@ -820,6 +824,7 @@ class Parser {
                                const std::vector<std::string>& overrides) {
     RETURN_IF_ERROR(ReadTree(yaml_text));
     for (const std::string& text : overrides) RETURN_IF_ERROR(ApplyOverride(text));
+    RETURN_IF_ERROR(FillModelFromInitFolder());
     Recipe recipe;
     recipe.source_path = source_name_;
     for (const KeySpec& key : Keys()) {
@@ -958,6 +963,36 @@ class Parser {
     entries_[std::string(kNew)] =
         Entry{.value = YAML::Node(value), .mark = entry.mark, .from_override = entry.from_override};
     return true;
+  }
+
+  // train.init_from's Hugging Face folder sets the model keys the recipe leaves unset, as
+  // from_pretrained takes the shape from config.json; a key the recipe sets is checked against it
+  // at start. A recipe of another model.family takes none (the start names the family).
+  absl::Status FillModelFromInitFolder() {
+    const auto init_from = entries_.find("train.init_from");
+    if (init_from == entries_.end() || !init_from->second.value.IsScalar() ||
+        init_from->second.value.Scalar().empty()) {
+      return absl::OkStatus();
+    }
+    const std::string config =
+        (std::filesystem::path(init_from->second.value.Scalar()) / "config.json").string();
+    std::error_code error;
+    if (!std::filesystem::is_regular_file(config, error)) return absl::OkStatus();
+    absl::StatusOr<std::vector<HfModelKey>> keys = HfModelKeys(config);
+    if (!keys.ok()) return Error("train.init_from", keys.status().message());
+    const auto family = entries_.find("model.family");
+    if (keys->empty() || (family != entries_.end() && family->second.value.IsScalar() &&
+                          family->second.value.Scalar() != keys->front().value)) {
+      return absl::OkStatus();
+    }
+    for (const HfModelKey& key : *keys) {
+      if (entries_.contains(key.recipe_key)) continue;
+      entries_[key.recipe_key] =
+          Entry{.value = YAML::Node(key.value),
+                .from_override = absl::StrCat(key.recipe_key, " from ", config, "'s ", key.hf_key,
+                                              " (train.init_from)")};
+    }
+    return absl::OkStatus();
   }
 
   absl::Status ApplyOverride(const std::string& text) {

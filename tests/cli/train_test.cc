@@ -223,7 +223,8 @@ TEST(TrainTest, AnExportPathThatCannotBeWrittenFailsBeforeTheFirstStep) {
 }
 
 // train.export_to without .safetensors writes a Hugging Face folder, which train.init_from takes
-// back (checking its config.json against the recipe's model first).
+// back: its config.json gives the model keys a recipe leaves unset, and is checked against those
+// it sets. Its tokenizer of one token per byte is the data's (bytes), so no warning says otherwise.
 TEST(TrainTest, ExportedFolderInitialisesANewRunAndItsConfigMustMatch) {
   ASSERT_EQ(Train(RunDir("folder"), "--set train.export_to=hf-model").exit_code, 0);
   const std::string folder = RunDir("folder") + "/small/hf-model";
@@ -243,9 +244,18 @@ TEST(TrainTest, ExportedFolderInitialisesANewRunAndItsConfigMustMatch) {
   const std::string near_zero_lr =
       " --set train.lr=1e-12 --set train.min_lr=1e-12 --set train.weight_decay=0"
       " --set train.eval_every=1 --set train.steps=1 --set train.warmup_steps=0";
+  std::string shapeless = ReadWholeFile(SmallRecipe()).value();
+  const size_t model_line = shapeless.find("model: {");
+  ASSERT_NE(model_line, std::string::npos);
+  shapeless.erase(model_line, shapeless.find('\n', model_line) + 1 - model_line);
+  std::filesystem::remove_all(RunDir("from_folder"));
   const testing::Outcome tuned =
-      Train(RunDir("from_folder"), "--set train.init_from=" + folder + near_zero_lr);
+      testing::RunDtrain(absl::StrCat("train ", testing::WriteTempFile("shapeless.yaml", shapeless),
+                                      " --set run.out_dir=", RunDir("from_folder"),
+                                      " --set train.init_from=", folder, near_zero_lr));
   ASSERT_EQ(tuned.exit_code, 0) << tuned.stderr_text;
+  EXPECT_THAT(tuned.stderr_text, HasSubstr("gpt2, 2 layers, d_model 64, 2 heads"));
+  EXPECT_THAT(tuned.stderr_text, ::testing::Not(HasSubstr("carries tokenizer")));
   EXPECT_NEAR(ReadMetrics(RunDir("from_folder") + "/small").front()["val_loss"].get<double>(),
               final_val, 1e-5 * final_val);
 

@@ -285,17 +285,21 @@ def check_import(dtrain, probe_path, root):
             results.append((ok, f"{label} step-0 loss {losses[0]:.6f} vs transformers "
                                 f"{want:.6f} (|diff| {diff:.1e}), after 4 steps "
                                 f"{losses[-1]:.6f}{', shards + index' if sharded else ''}"))
-        # `dtrain train` from the folder, and refused when the recipe's model disagrees.
-        train_recipe = recipe(folder, model, 2, {"init_from": weights})
+        # `dtrain train` from the folder with no model keys (config.json gives them all), and
+        # refused when a key the recipe sets disagrees.
+        train_recipe = recipe(folder, {}, 2, {"init_from": weights})
         done = run([dtrain, "train", train_recipe])
-        ok = f"initialised from {weights}" in done.stderr
+        shape = (f"{name}, {model['n_layer']} layers, d_model {model['d_model']}, "
+                 f"{model['n_head']} heads")
+        ok = f"initialised from {weights}" in done.stderr and shape in done.stderr
         wrong = subprocess.run([dtrain, "train", train_recipe, "--set", "model.n_layer=3",
                                 "--set", "run.name=wrong"],
                                capture_output=True, text=True, timeout=TIMEOUT_S)
         field = "n_layer" if name == "gpt2" else "num_hidden_layers"
         expected = f"model.n_layer is 3 but {field} is 2 (set model.n_layer: 2)"
         ok = ok and wrong.returncode != 0 and expected in wrong.stderr
-        results.append((ok, f"import.{name}.train init_from runs; model.n_layer=3 refused: "
+        results.append((ok, f"import.{name}.train init_from runs as {shape}; "
+                            f"model.n_layer=3 refused: "
                             f"{expected if expected in wrong.stderr else wrong.stderr[-500:]}"))
     return results
 

@@ -731,6 +731,67 @@ TEST(RecipeTest, DirectoryAsRecipePathSaysSo) {
                     Not(HasSubstr("data.train"))));
 }
 
+// train.init_from's Hugging Face folder sets the model keys the recipe leaves unset from its
+// config.json (transformers' defaults for absent fields), as from_pretrained does; the recipe's
+// own keys stay, for the start to check. A value of the folder is named as its field where it
+// is wrong; a recipe of another family, and a folder without config.json, take none.
+TEST(RecipeTest, InitFromAFolderSetsTheModelKeysTheRecipeLeavesUnset) {
+  const std::string folder = absl::StrCat(::testing::TempDir(), "/fill_from_folder");
+  std::filesystem::create_directories(folder);
+  const auto write_config = [&](const std::string& json) {
+    std::ofstream(folder + "/config.json") << json;
+  };
+  write_config(R"({"model_type": "llama", "num_hidden_layers": 16, "num_attention_heads": 32,
+      "num_key_value_heads": 8, "hidden_size": 2048, "intermediate_size": 8192,
+      "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
+      "rope_theta": 500000.0})");
+  const std::string init_from = "train.init_from=" + folder;
+  absl::StatusOr<Recipe> recipe =
+      ParseRecipe(WithMinimal("model:\n  n_layer: 3\n"), "t.yaml", {init_from});
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->model.family, "llama");
+  EXPECT_EQ(recipe->model.n_layer, 3);
+  EXPECT_EQ(recipe->model.n_head, 32);
+  EXPECT_EQ(recipe->model.n_kv_head, 8);
+  EXPECT_EQ(recipe->model.d_model, 2048);
+  EXPECT_EQ(recipe->model.d_ff, 8192);
+  EXPECT_EQ(recipe->model.vocab_size, 128256);
+  EXPECT_EQ(recipe->model.max_seq_len, 131072);
+  EXPECT_DOUBLE_EQ(recipe->model.norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(recipe->model.rope_theta, 500000);
+
+  // GPT-2's config.json leaves n_inner null: 4 x n_embd, as transformers reads it.
+  write_config(R"({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2,
+      "n_inner": null, "vocab_size": 256, "n_positions": 128})");
+  recipe = ParseRecipe(kMinimal, "t.yaml", {init_from});
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->model.family, "gpt2");
+  EXPECT_EQ(recipe->model.d_model, 64);
+  EXPECT_EQ(recipe->model.d_ff, 256);
+  EXPECT_EQ(recipe->model.max_seq_len, 128);
+  EXPECT_EQ(recipe->model.n_layer, 2);
+  EXPECT_DOUBLE_EQ(recipe->model.norm_eps, 1e-5);
+
+  // The recipe's family is the start's to compare: another folder's shape is not taken.
+  recipe = ParseRecipe(WithMinimal("model:\n  family: llama\n"), "t.yaml", {init_from});
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->model.d_model, Recipe().model.d_model);
+
+  write_config(R"({"model_type": "gpt2", "n_embd": 64, "n_head": 3})");
+  EXPECT_THAT(ErrorOf(kMinimal, {init_from}),
+              HasSubstr(absl::StrCat("model.d_model from ", folder,
+                                     "/config.json's n_embd (train.init_from)")));
+  write_config("not json");
+  EXPECT_THAT(ErrorOf(kMinimal, {init_from}),
+              HasSubstr(absl::StrCat("--set ", init_from, ": ", folder,
+                                     "/config.json is not a JSON object")));
+
+  std::filesystem::remove(folder + "/config.json");
+  recipe = ParseRecipe(kMinimal, "t.yaml", {init_from});
+  ASSERT_TRUE(recipe.ok()) << recipe.status();
+  EXPECT_EQ(recipe->model.d_model, Recipe().model.d_model);
+}
+
 void ExpectSameValues(const Recipe& a, const Recipe& b) {
   // The resolved text prints every key, so equal text means equal values.
   Recipe a_copy = a, b_copy = b;
