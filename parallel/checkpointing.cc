@@ -234,6 +234,8 @@ absl::StatusOr<double> TrainingCheckpoints::Save(int64_t step, double lr, const 
     m.recipe_yaml = recipe_yaml_;
     m.metrics_line = metrics_line;
     m.recipe_hash = absl::StrFormat("%016x", Fnv1a(recipe_yaml_));
+    std::error_code error;
+    m.working_dir = std::filesystem::current_path(error).string();
     const int tp_pp = recipe_.parallel.tp * recipe_.parallel.pp;
     m.world = WorldRecord{world_, engine_.strategy().name, world_ / tp_pp, recipe_.parallel.tp,
                           recipe_.parallel.pp};

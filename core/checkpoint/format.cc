@@ -146,6 +146,7 @@ std::string ManifestToJson(const Manifest& m) {
          {"seed", m.seed},
          {"lr", m.lr},
          {"recipe_hash", m.recipe_hash},
+         {"working_dir", m.working_dir},
          {"world",
           {{"world_size", m.world.world_size},
            {"strategy", m.world.strategy},
@@ -186,6 +187,7 @@ absl::StatusOr<Manifest> ManifestFromJson(const std::string& text, const std::st
     m.lr = j.at("lr").get<double>();
     m.recipe_hash = j.at("recipe_hash").get<std::string>();
     m.recipe_yaml = j.at("recipe").get<std::string>();
+    m.working_dir = j.value("working_dir", "");
     m.metrics_line = j.value("metrics_line", "");
     const Json& w = j.at("world");
     m.world = WorldRecord{w.at("world_size").get<int>(), w.at("strategy").get<std::string>(),

@@ -89,6 +89,9 @@ struct Manifest {
   double lr = 0;  // of the last step done, for information (the schedule is a function of step)
   std::string recipe_yaml;  // the resolved recipe of the run that wrote it
   std::string recipe_hash;  // FNV-1a 64 of recipe_yaml, hex
+  // Rank 0's working folder, which the recipe's relative paths are from; empty in manifests
+  // written before it was recorded.
+  std::string working_dir;
   WorldRecord world;
   std::vector<TensorRecord> tensors;
   std::vector<ChunkRecord> chunks;

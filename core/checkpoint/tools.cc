@@ -19,6 +19,7 @@
 #include "core/checkpoint/reader.h"
 #include "core/checkpoint/writer.h"
 #include "core/data/datasets.h"
+#include "core/data/shard_urls.h"
 #include "core/model/hf_folder.h"
 #include "core/model/hf_names.h"
 #include "core/model/model_config.h"
@@ -146,6 +147,27 @@ double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// The recipe of a checkpoint's run, its relative data paths taken from `working_dir`, the folder
+// they were relative to (the manifest's, where it still is): `ckpt export` run from another folder
+// reads the tokenizer, and the shards' tokenizer record and chat template, that the run read.
+Recipe WithDataPathsFrom(Recipe recipe, const std::string& working_dir) {
+  std::error_code error;
+  if (working_dir.empty() || !fs::is_directory(working_dir, error)) return recipe;
+  const auto from = [&](std::string& path) {
+    if (!path.empty() && fs::path(path).is_relative())
+      path = (working_dir / fs::path(path)).string();
+  };
+  from(recipe.data.tokenizer);
+  for (std::string& path : recipe.data.train) from(path);
+  for (std::string& path : recipe.data.val) from(path);
+  if (!recipe.data.shards.empty())
+    recipe.data.shards = ShardPatternFrom(working_dir, recipe.data.shards);
+  if (!recipe.data.val_shards.empty()) {
+    recipe.data.val_shards = ShardPatternFrom(working_dir, recipe.data.val_shards);
+  }
+  return recipe;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
@@ -221,8 +243,9 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
                      "), or its folder: the export would overwrite it; write it elsewhere"));
   }
   ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(dir));
-  ASSIGN_OR_RETURN(const Recipe recipe,
+  ASSIGN_OR_RETURN(const Recipe saved,
                    ParseRecipe(reader.manifest().recipe_yaml, dir + "/manifest.json (recipe)"));
+  const Recipe recipe = WithDataPathsFrom(saved, reader.manifest().working_dir);
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const ParamTable table(config, ModelSlice{});
   if (format != "safetensors" && format != "hf" && format != "llmc") {
@@ -243,9 +266,9 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
       tokenizer = recipe.data.tokenizer;
     } else {
       LogWarn(
-          "the checkpoint's run trained with data.tokenizer %s, which is not here (a relative "
-          "path is from %s): the folder gets no tokenizer; give --tokenizer PATH to ship one",
-          recipe.data.tokenizer, std::filesystem::current_path(error).string());
+          "the checkpoint's run trained with data.tokenizer %s, which is not here: the folder "
+          "gets no tokenizer; give --tokenizer PATH to ship one",
+          recipe.data.tokenizer);
     }
   } else if (run_tokenizer) {
     // Without data.tokenizer the data are bytes (data.format text), or their shards say whose.

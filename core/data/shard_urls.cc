@@ -1,11 +1,15 @@
 #include "core/data/shard_urls.h"
 
 #include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/util/status.h"
 
@@ -132,6 +136,23 @@ std::vector<absl::string_view> Items(absl::string_view pattern) {
 }
 
 }  // namespace
+
+std::string ShardPatternFrom(const std::string& dir, const std::string& pattern) {
+  std::vector<std::string> items;
+  for (const absl::string_view item : Items(pattern)) {
+    if (absl::StartsWith(item, "pipe:") || absl::StartsWith(item, "http://") ||
+        absl::StartsWith(item, "https://")) {
+      items.emplace_back(item);
+      continue;
+    }
+    const absl::string_view scheme = absl::StartsWith(item, "file:") ? "file:" : "";
+    const std::string path(item.substr(scheme.size()));
+    items.push_back(absl::StrCat(scheme, path.empty() || path.front() == '/'
+                                             ? path
+                                             : (std::filesystem::path(dir) / path).string()));
+  }
+  return absl::StrJoin(items, "::");
+}
 
 absl::StatusOr<std::vector<std::string>> ExpandShardUrls(const std::string& pattern) {
   std::vector<std::string> urls;

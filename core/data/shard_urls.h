@@ -17,4 +17,8 @@ namespace dtrain {
 // (outside pipe: commands), an empty item, a glob, a bad range or more than 10 million URLs.
 absl::StatusOr<std::vector<std::string>> ExpandShardUrls(const std::string& pattern);
 
+// `pattern` with each item that is a relative local path (a plain path, or file:PATH) under `dir`:
+// the shards a run named relative to its working folder, from another folder.
+std::string ShardPatternFrom(const std::string& dir, const std::string& pattern);
+
 }  // namespace dtrain

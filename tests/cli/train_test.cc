@@ -795,7 +795,8 @@ logging: {sample_tokens: 0}
 // `dtrain ckpt export --format hf` of an SFT run's checkpoint ships the run's tokenizer
 // (data.tokenizer) and renders chats as its shards were packed, as train.export_to's folder does:
 // the chat template they record becomes the tokenizer's chat_template, and its end of turn a stop
-// of generation_config.json.
+// of generation_config.json. The run names its tokenizer and shards relative to its working
+// folder, and the export runs from another: the manifest says where they were relative to.
 TEST(TrainTest, CheckpointExportOfAnSftRunWritesItsTokenizerAndChatTemplate) {
   const std::string tokenizer = testing::FreshTempDir("sft_export_tokenizer");
   std::filesystem::create_directories(tokenizer);
@@ -814,15 +815,20 @@ TEST(TrainTest, CheckpointExportOfAnSftRunWritesItsTokenizerAndChatTemplate) {
   ASSERT_EQ(packed.exit_code, 0) << packed.stderr_text;
   const std::string run_dir = RunDir("sft_export");
   std::filesystem::remove_all(run_dir);
+  const std::filesystem::path work = std::filesystem::path(tokenizer).parent_path();
+  const std::string relative_tokenizer = std::filesystem::path(tokenizer).filename().string();
   const std::string recipe = testing::WriteTempFile(
       "sft_export.yaml",
       absl::StrCat("run: {name: sft}\nmodel: {n_layer: 1, n_head: 2, d_model: 32, vocab_size: "
                    "300, max_seq_len: 64}\ndata: {format: sft, tokenizer: ",
-                   tokenizer, ", train: [\"", shards, "/shard-*.tar\"], val_fraction: 0.1}\n",
+                   relative_tokenizer, ", train: [\"",
+                   std::filesystem::path(shards).filename().string(),
+                   "/shard-*.tar\"], val_fraction: 0.1}\n",
                    "train: {steps: 2, batch_size: 2, micro_batch: 2, seq_len: 64, warmup_steps: "
                    "0, eval_every: 0, export_to: \"\"}\nlogging: {sample_tokens: 0}\n"));
   const testing::Outcome trained =
-      testing::RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", run_dir));
+      testing::RunDtrain(absl::StrCat("train ", recipe, " --set run.out_dir=", run_dir),
+                         "cd " + work.string() + " &&");
   ASSERT_EQ(trained.exit_code, 0) << trained.stderr_text;
 
   const std::string folder = testing::FreshTempDir("sft_export_folder");
@@ -863,9 +869,7 @@ TEST(TrainTest, CheckpointExportOfAnSftRunWritesItsTokenizerAndChatTemplate) {
   const testing::Outcome moved = testing::RunDtrain(
       absl::StrCat("ckpt export ", checkpoints, " --format hf --out ", folder, "_moved"));
   EXPECT_EQ(moved.exit_code, 0) << moved.stderr_text;
-  EXPECT_THAT(moved.stderr_text, AllOf(HasSubstr("data.tokenizer " + tokenizer +
-                                                 ", which is not "
-                                                 "here"),
+  EXPECT_THAT(moved.stderr_text, AllOf(HasSubstr("/" + relative_tokenizer + ", which is not here"),
                                        HasSubstr("give --tokenizer PATH")));
   EXPECT_TRUE(std::filesystem::exists(folder + "_moved/config.json"));
   EXPECT_FALSE(std::filesystem::exists(folder + "_moved/tokenizer.json"));

@@ -64,5 +64,13 @@ TEST(ShardUrlsTest, AGlobIsRefusedNamingTheFormsThatExpand) {
   EXPECT_TRUE(ExpandShardUrls("pipe:cat /data/*.tar").ok());
 }
 
+// Relative local items move under the folder; absolute paths, URLs and commands stay as written.
+TEST(ShardUrlsTest, APatternFromAnotherFolderMovesOnlyItsRelativePaths) {
+  EXPECT_EQ(ShardPatternFrom("/run",
+                             "s-{0..1}.tar :: /d/t.tar::pipe:cat x.tar::http://[::1]/u.tar"
+                             "::file:v.tar"),
+            "/run/s-{0..1}.tar::/d/t.tar::pipe:cat x.tar::http://[::1]/u.tar::file:/run/v.tar");
+}
+
 }  // namespace
 }  // namespace dtrain
