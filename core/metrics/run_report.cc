@@ -304,6 +304,14 @@ std::string RunReportHtml(const RunFolder& run) {
 }
 
 absl::Status WriteRunReport(const RunFolder& run, const std::string& path) {
+  // The folders of a path that do not exist yet are made, as ckpt export --out's are.
+  std::error_code error;
+  if (const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+      !parent.empty() && (std::filesystem::create_directories(parent, error), error)) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot make the folder ", parent.string(),
+                                                    " of ", path, ": ", error.message(),
+                                                    "; pass --out a path in a writable folder"));
+  }
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << RunReportHtml(run);
   out.close();

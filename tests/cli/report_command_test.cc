@@ -89,12 +89,19 @@ TEST_F(ReportCommandTest, AMissingRunFolderOrMetricsIsExit2NamingIt) {
   EXPECT_THAT(no_metrics.stderr_text, HasSubstr(missing + "/metrics.jsonl"));
 }
 
-TEST_F(ReportCommandTest, AnUnwritableOutIsExit1NamingIt) {
-  const std::string out = testing::FreshTempDir("report_no_folder") + "/report.html";
+// --out's folders that do not exist yet are made; one that cannot be (under a regular file, for
+// whoever runs the test, root included) is exit 1 naming it.
+TEST_F(ReportCommandTest, AnOutInNewFoldersIsWrittenAndAnUnwritableOneIsExit1NamingIt) {
+  const std::string nested = testing::FreshTempDir("report_new_folders") + "/a/b/report.html";
+  const testing::Outcome written =
+      testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", nested));
+  EXPECT_EQ(written.exit_code, 0) << written.stderr_text;
+  EXPECT_TRUE(std::filesystem::is_regular_file(nested));
+  const std::string file = testing::WriteTempFile("report_not_a_folder", "x");
   const testing::Outcome report =
-      testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", out));
+      testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", file, "/report.html"));
   EXPECT_EQ(report.exit_code, 1);
-  EXPECT_THAT(report.stderr_text, HasSubstr("cannot write " + out));
+  EXPECT_THAT(report.stderr_text, HasSubstr("cannot make the folder " + file));
 }
 
 // The page over a file the report reads would cost the run its record: refused, exit 2.
