@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/algorithm/container.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -592,16 +593,33 @@ class MetricsFile {
 };
 
 // Rank 0 creates the run folder (the resolved recipe goes in once the run is known to start: a
-// refused resume, or a second run of the folder, leaves the first one's).
-absl::Status CreateRunFolder(const Recipe& recipe) {
-  const std::filesystem::path run_dir = recipe.run_dir();
+// refused resume, or a second run of the folder, leaves the first one's). Returns the folders it
+// made, the run folder first, for RemoveEmptyFolders.
+absl::StatusOr<std::vector<std::filesystem::path>> CreateRunFolder(const Recipe& recipe) {
+  const std::filesystem::path run_dir = std::filesystem::path(recipe.run_dir()).lexically_normal();
   std::error_code error;
+  std::vector<std::filesystem::path> made;
+  for (std::filesystem::path folder = run_dir; !folder.empty() && folder != folder.parent_path() &&
+                                               !std::filesystem::exists(folder, error) && !error;
+       folder = folder.parent_path()) {
+    made.push_back(folder);
+  }
   std::filesystem::create_directories(run_dir, error);
   if (error) {
     return FileError(error.value(), absl::StrCat("cannot create the run folder ", run_dir.string()),
                      "set run.out_dir to a writable folder");
   }
-  return absl::OkStatus();
+  return made;
+}
+
+// Removes `folders` (deepest first) up to the first that is not empty: a run that failed before
+// its first step wrote nothing there, and left empty folders behind.
+void RemoveEmptyFolders(const std::vector<std::filesystem::path>& folders) {
+  std::error_code error;
+  for (const std::filesystem::path& folder : folders) {
+    if (!std::filesystem::is_empty(folder, error) || error) return;
+    std::filesystem::remove(folder, error);
+  }
 }
 
 // Where train.export_to writes at the end, checked before the first step: a .safetensors file or
@@ -1029,10 +1047,14 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   }
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
                    LoadSampleTokenizer(recipe, recorded, leader));
+  // A run that ends with its run folder empty (it failed before its first step) removes the
+  // folders it made.
+  std::vector<std::filesystem::path> made_folders;
+  const absl::Cleanup remove_unused_folders = [&made_folders] { RemoveEmptyFolders(made_folders); };
   if (leader) {
     WarnOfAnotherInitTokenizer(recipe, sample_tokenizer.get(), recorded);
     WarnOfJoinedDocuments(recipe, sample_tokenizer.get());
-    RETURN_IF_ERROR(CreateRunFolder(recipe));
+    ASSIGN_OR_RETURN(made_folders, CreateRunFolder(recipe));
     RETURN_IF_ERROR(CheckExportDestination(recipe));
   }
   // Each worker serves its own /metrics (no hop through the agent, so it works the same under

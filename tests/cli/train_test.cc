@@ -195,6 +195,25 @@ TEST(TrainTest, ACheckpointOfAnotherShapeNamesBothValues) {
                         "model.d_model (64, now 32): the model or data shape changed"));
 }
 
+// A run that fails before its first step (here: too little data for one window) leaves no
+// empty folders of its making behind; an out_dir that was there stays.
+TEST(TrainTest, AStartUpErrorLeavesNoEmptyRunFolder) {
+  const std::string tiny = testing::WriteTempFile("one_token.txt", "x");
+  const std::string out_dir = testing::FreshTempDir("startup_error") + "/a/b";
+  const std::string fails = absl::StrCat("--set data.train=[", tiny, "]");
+  const testing::Outcome nested = Train(out_dir, fails);
+  EXPECT_EQ(nested.exit_code, 2) << nested.stderr_text;
+  EXPECT_THAT(nested.stderr_text, HasSubstr("fewer than one window"));
+  EXPECT_FALSE(std::filesystem::exists(testing::TempPath("startup_error")));
+  std::filesystem::create_directories(out_dir);
+  EXPECT_EQ(testing::RunDtrain(
+                absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", out_dir, " ", fails))
+                .exit_code,
+            2);
+  EXPECT_TRUE(std::filesystem::is_directory(out_dir));
+  EXPECT_FALSE(std::filesystem::exists(out_dir + "/small"));
+}
+
 // train.export_to is checked before the first step: a file where its folder would go fails the
 // run at once (exit 2, no step taken, so no trained weights lost at the end), naming the file;
 // a .safetensors file in folders that do not exist yet is written, the folders made.
