@@ -24,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -1120,6 +1121,10 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   ASSIGN_OR_RETURN(const int64_t resumed_step,
                    checkpoints->Resume(*data.train, world.restart_count));
   if (resumed_step == 0) RETURN_IF_ERROR(InitialiseParameters(recipe, config, table, engine));
+  // What metrics.jsonl records at this process's first step, for the report's layouts.
+  const std::string layout =
+      absl::StrFormat("%s over %d rank%s: dp %d, tp %d, pp %d", strategy.name, world.world_size,
+                      world.world_size == 1 ? "" : "s", dp_size, tp, pp);
   if (resumed_step >= train.steps && leader) {
     LogInfo(
         "the checkpoint is at step %d, train.steps is %d: nothing left to train (raise "
@@ -1278,7 +1283,11 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     if (executor != nullptr) m.pp_wait_ms = executor->stats().wait_ms;
     m.peak_rss_mib = PeakRssMib();
     m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);
-    if (step == resumed_step && resumed_step > 0) m.resumed_from_step = resumed_step;
+    if (step == resumed_step) {
+      if (resumed_step > 0) m.resumed_from_step = resumed_step;
+      m.layout = layout;
+      if (world.restart_count > 0) m.restart = world.restart_count;
+    }
     if (track_stragglers) {
       // This rank's own work in the step: what it did not spend waiting for data or for others.
       const double compute_ms =

@@ -35,9 +35,10 @@ double ComputeMs(const StepMetrics& m) {
 std::vector<ChartMarker> Markers(const std::vector<StepMetrics>& steps) {
   std::vector<ChartMarker> markers;
   for (const StepMetrics& m : steps) {
-    if (m.resumed_from_step) {
-      markers.push_back({ChartMarker::Kind::kRestart, static_cast<double>(*m.resumed_from_step),
-                         absl::StrCat("restart: resumed from ", *m.resumed_from_step)});
+    if (m.resumed_from_step || m.restart) {
+      const int64_t from = m.resumed_from_step.value_or(0);
+      markers.push_back({ChartMarker::Kind::kRestart, static_cast<double>(from),
+                         absl::StrCat(m.restart ? "restart: " : "", "resumed from ", from)});
     }
     if (m.ckpt_blocked_ms) {
       markers.push_back({ChartMarker::Kind::kCheckpoint, static_cast<double>(m.step),
@@ -118,6 +119,19 @@ std::string StepList(const std::vector<Step>& steps) {
                       absl::StrJoin(steps.end() - 5, steps.end(), ", "));
 }
 
+// "ddp over 2 ranks: dp 2, tp 1, pp 1 (steps 1 to 40); zero2 over 4 ranks: dp 4, tp 1, pp 1
+// (from step 41)".
+std::string LayoutChanges(const std::vector<std::pair<int64_t, std::string>>& layouts) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const auto& [step, layout] = layouts[i];
+    parts.push_back(i + 1 < layouts.size() ? absl::StrCat(layout, " (steps ", step, " to ",
+                                                          layouts[i + 1].first - 1, ")")
+                                           : absl::StrCat(layout, " (from step ", step, ")"));
+  }
+  return absl::StrJoin(parts, "; ");
+}
+
 std::string SummaryRows(const RunFolder& run, const RunSummary& s) {
   std::vector<std::pair<std::string, std::string>> rows;
   if (run.recipe) {
@@ -130,7 +144,7 @@ std::string SummaryRows(const RunFolder& run, const RunSummary& s) {
                             r.parallel.pp_virtual_stages);
     }
     absl::StrAppendFormat(&layout, ", recompute %s, device %s", r.parallel.recompute, r.run.device);
-    rows.emplace_back("layout", layout);
+    rows.emplace_back("layout", s.layouts.size() > 1 ? LayoutChanges(s.layouts) : layout);
     rows.emplace_back(
         "batch", absl::StrFormat("%d sequences x %d tokens = %d tokens/step", r.train.batch_size,
                                  r.train.seq_len, int64_t{r.train.batch_size} * r.train.seq_len));
@@ -152,10 +166,15 @@ std::string SummaryRows(const RunFolder& run, const RunSummary& s) {
         s.checkpoint_steps.empty()
             ? "none"
             : absl::StrCat(s.checkpoint_steps.size(), ", at steps ", StepList(s.checkpoint_steps)));
-    rows.emplace_back("restarts", s.resumed_from_steps.empty()
-                                      ? "none"
-                                      : absl::StrCat(s.resumed_from_steps.size(), ", resumed from ",
+    rows.emplace_back("restarts",
+                      s.restarted_from_steps.empty()
+                          ? "none"
+                          : absl::StrCat(s.restarted_from_steps.size(), ", resumed from ",
+                                         StepList(s.restarted_from_steps)));
+    if (!s.resumed_from_steps.empty()) {
+      rows.emplace_back("runs resumed", absl::StrCat(s.resumed_from_steps.size(), ", from ",
                                                      StepList(s.resumed_from_steps)));
+    }
   }
   std::string html = "<table class=\"summary\">\n";
   for (const auto& [key, value] : rows) {
@@ -248,8 +267,16 @@ RunSummary SummarizeRun(const std::vector<StepMetrics>& steps) {
     }
     s.train_time_s += (m.step_ms + m.ckpt_blocked_ms.value_or(0.0)) / 1e3;
     if (m.ckpt_blocked_ms) s.checkpoint_steps.push_back(m.step);
-    if (m.resumed_from_step) s.resumed_from_steps.push_back(*m.resumed_from_step);
-    if (i > 0 && !m.resumed_from_step) add_rates(m);
+    if (m.restart) {
+      s.restarted_from_steps.push_back(m.resumed_from_step.value_or(0));
+    } else if (m.resumed_from_step) {
+      s.resumed_from_steps.push_back(*m.resumed_from_step);
+    }
+    if (!m.layout.empty() && (s.layouts.empty() || s.layouts.back().second != m.layout)) {
+      s.layouts.emplace_back(m.step, m.layout);
+    }
+    const bool first_of_process = m.resumed_from_step || m.restart || !m.layout.empty();
+    if (i > 0 && !first_of_process) add_rates(m);
   }
   if (time_s == 0) {
     for (const StepMetrics& m : steps) add_rates(m);

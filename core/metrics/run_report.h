@@ -5,8 +5,10 @@
 // (core/metrics/svg_chart.h), its style is inline, it has no script.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -55,7 +57,13 @@ struct RunSummary {
   // The steps' time plus what checkpoint saves blocked (not start-up, evaluations or restarts).
   double train_time_s = 0;
   std::vector<int> checkpoint_steps;
-  std::vector<int64_t> resumed_from_steps;  // one per restart, in order
+  // Each later start of the run's processes, in order, by the step it resumed from (0: the
+  // start): restarts of the job (dtrain launch's agent's, a requeued Slurm job's), and runs
+  // launched again that resumed. Logs written before restarts were told apart hold only the second.
+  std::vector<int64_t> restarted_from_steps;
+  std::vector<int64_t> resumed_from_steps;
+  // The layout of each stretch of steps that ran one (metrics' "layout"), by its first step.
+  std::vector<std::pair<int64_t, std::string>> layouts;
 };
 RunSummary SummarizeRun(const std::vector<StepMetrics>& steps);
 

@@ -42,6 +42,12 @@ struct StepMetrics {
   // of a resumed run reads as one run (the trainer drops the redone steps' lines), so this is
   // what records a restart there; JSON only, the log says "resumed from" itself.
   std::optional<int64_t> resumed_from_step;
+  // At the first step each process trains (a fresh start, a restart, a resumed run): the layout it
+  // ran ("zero2 over 4 ranks: dp 4, tp 1, pp 1") and, where dtrain launch's agent or a requeued
+  // Slurm job restarted the job, its restart count (a run launched again to resume has none).
+  // JSON only.
+  std::string layout;
+  std::optional<int64_t> restart;
   // The step's straggler (core/metrics/stragglers.h), when one rank's compute time lay more than
   // logging.straggler_pct above the ranks' median.
   std::optional<int64_t> straggler_rank;

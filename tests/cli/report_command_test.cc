@@ -72,10 +72,14 @@ TEST_F(ReportCommandTest, TheResumedStepRecordsTheRestartInMetrics) {
   ASSERT_EQ(lines.size(), 8u);
   for (size_t i = 0; i < lines.size(); ++i) {
     EXPECT_EQ(lines[i]["step"], i + 1);
-    // Only step 7, the first the resumed process trained, says where it came from.
+    // Only step 7, the first the resumed process trained, says where it came from; the first
+    // step of each process says its layout, and none was restarted by an agent.
     EXPECT_EQ(lines[i].contains("resumed_from_step"), i + 1 == 7) << "step " << i + 1;
+    EXPECT_EQ(lines[i].contains("layout"), i + 1 == 1 || i + 1 == 7) << "step " << i + 1;
+    EXPECT_FALSE(lines[i].contains("restart")) << "step " << i + 1;
   }
   EXPECT_EQ(lines[6]["resumed_from_step"], 6);
+  EXPECT_EQ(lines[0]["layout"], "ddp over 1 rank: dp 1, tp 1, pp 1");
 }
 
 TEST_F(ReportCommandTest, AMissingRunFolderOrMetricsIsExit2NamingIt) {
@@ -171,11 +175,14 @@ TEST_F(ReportCommandTest, RendersInHeadlessChromium) {
   EXPECT_THAT(dom, HasSubstr("data-series=\"validation loss\""));
   EXPECT_THAT(dom, HasSubstr("<polygon class=\"layer\" data-series=\"compute\""));
   for (const char* label :
-       {">ckpt 3</text>", ">ckpt 6</text>", ">ckpt 8</text>", ">restart: resumed from 6</text>"}) {
+       {">ckpt 3</text>", ">ckpt 6</text>", ">ckpt 8</text>", ">resumed from 6</text>"}) {
     EXPECT_THAT(dom, HasSubstr(label));
   }
   EXPECT_THAT(dom, HasSubstr("line 9 (the last)"));
   EXPECT_THAT(dom, HasSubstr("<td>3, at steps 3, 6, 8</td>"));
+  // The second launch resumed the run; nothing restarted it.
+  EXPECT_THAT(dom, HasSubstr("<th>restarts</th><td>none</td>"));
+  EXPECT_THAT(dom, HasSubstr("<th>runs resumed</th><td>1, from 6</td>"));
 }
 
 }  // namespace

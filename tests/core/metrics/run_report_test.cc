@@ -37,6 +37,7 @@ std::vector<StepMetrics> FourSteps() {
   steps[1].val_loss = 4.9;
   steps[3].val_loss = 4.7;
   steps[2].resumed_from_step = 2;
+  steps[2].restart = 1;
   return steps;
 }
 
@@ -129,8 +130,40 @@ TEST(RunReportTest, TheSummaryLeavesOutEachProcesssFirstStep) {
   EXPECT_NEAR(s.tokens_per_s, 300, 1e-9);
   EXPECT_NEAR(s.mfu_percent, 3, 1e-12);
   EXPECT_EQ(s.checkpoint_steps, std::vector<int>{2});
-  EXPECT_EQ(s.resumed_from_steps, std::vector<int64_t>{2});
+  EXPECT_EQ(s.restarted_from_steps, std::vector<int64_t>{2});
+  EXPECT_TRUE(s.resumed_from_steps.empty());
   EXPECT_NEAR(s.train_time_s, 0.42, 1e-12);  // 4 x 100 ms + 20 ms of checkpoint
+}
+
+// A restart of the job (its count in the line) and a run launched again to resume are told apart;
+// a layout that changed at a resume is listed by the steps it ran, and each process's first
+// step, a restart from the start's included, is left out of the rates.
+TEST(RunReportTest, RestartsResumedRunsAndLayoutChangesAreToldApart) {
+  std::vector<StepMetrics> steps = {Step(1, 100), Step(2, 200), Step(3, 1000),
+                                    Step(4, 400), Step(5, 500), Step(6, 600)};
+  steps[0].layout = "ddp over 2 ranks: dp 2, tp 1, pp 1";
+  steps[2].layout = steps[0].layout;  // restarted from the start, same layout
+  steps[2].restart = 1;
+  steps[4].layout = "zero2 over 4 ranks: dp 4, tp 1, pp 1";
+  steps[4].resumed_from_step = 4;
+  const RunSummary s = SummarizeRun(steps);
+  EXPECT_EQ(s.restarted_from_steps, std::vector<int64_t>{0});
+  EXPECT_EQ(s.resumed_from_steps, std::vector<int64_t>{4});
+  ASSERT_EQ(s.layouts.size(), 2u);
+  EXPECT_EQ(s.layouts[1], (std::pair<int64_t, std::string>{5, steps[4].layout}));
+  EXPECT_NEAR(s.tokens_per_s, (200 + 400 + 600) / 3.0, 1e-9);
+
+  const std::string dir = RunFolderWith("report_layouts", MetricsText(steps));
+  std::ofstream(dir + "/recipe.yaml") << "data: {train: [corpus.txt]}\n";
+  const absl::StatusOr<RunFolder> run = ReadRunFolder(dir);
+  ASSERT_TRUE(run.ok()) << run.status();
+  const std::string html = RunReportHtml(*run);
+  EXPECT_THAT(html, HasSubstr("<td>ddp over 2 ranks: dp 2, tp 1, pp 1 (steps 1 to 4); zero2 over "
+                              "4 ranks: dp 4, tp 1, pp 1 (from step 5)</td>"));
+  EXPECT_THAT(html, HasSubstr("<th>restarts</th><td>1, resumed from 0</td>"));
+  EXPECT_THAT(html, HasSubstr("<th>runs resumed</th><td>1, from 4</td>"));
+  EXPECT_THAT(html, HasSubstr(">restart: resumed from 0</text>"));
+  EXPECT_THAT(html, HasSubstr(">resumed from 4</text>"));
 }
 
 // Tokens over time, not a mean of the steps' rates: 100 tokens in 0.1 s and 90 in 0.9 s are
@@ -188,7 +221,7 @@ TEST(RunReportTest, ALongRunsPageIsBounded) {
   EXPECT_LT(html.size(), 1u << 20);
   EXPECT_THAT(html, HasSubstr("<td>100000, at steps 2, 4, 6, 8, 10, …, 199992, 199994, 199996, "
                               "199998, 200000</td>"));
-  EXPECT_THAT(html, HasSubstr(">restart: resumed from 1000</text>"));
+  EXPECT_THAT(html, HasSubstr(">resumed from 1000</text>"));
   EXPECT_THAT(html, HasSubstr(" of 100000 drawn)</text>"));
 }
 
