@@ -1045,14 +1045,27 @@ void Agent::PrintRootCause(int attempt) {
 void Agent::Requeue() {
   // A job the user cancelled ends; one stopped while it still runs (its time limit's signal, a
   // preemption) comes back. Slurm shows a cancelled job COMPLETING while its processes end, then
-  // CANCELLED.
+  // CANCELLED; a job it requeues itself (`scontrol requeue`, a preemption that requeues) is
+  // COMPLETING too, but counts the requeue in Restarts at once.
   if (!options_.job_state_argv.empty()) {
     const CommandRun shown = RunCommand(options_.job_state_argv, options_.environment);
-    const std::string::size_type at = shown.output.find("JobState=");
-    const std::string state =
-        at == std::string::npos
-            ? ""
-            : shown.output.substr(at + 9, shown.output.find_first_of(" \n", at) - at - 9);
+    const auto field = [&](const std::string& name) -> std::string {
+      const std::string key = name + "=";
+      const std::string::size_type at = shown.output.find(key);
+      if (at == std::string::npos) return "";
+      const std::string::size_type start = at + key.size();
+      return shown.output.substr(start, shown.output.find_first_of(" \n", start) - start);
+    };
+    const std::string state = field("JobState");
+    int restarts = 0;
+    if (state == "COMPLETING" && absl::SimpleAtoi(field("Restarts"), &restarts) &&
+        restarts > node_.restart_count) {
+      LogInfo(
+          "Slurm is requeueing the job itself (JobState=COMPLETING, Restarts=%d): it comes back "
+          "and resumes from the checkpoint",
+          restarts);
+      return;
+    }
     if (state == "COMPLETING" || state == "CANCELLED") {
       LogInfo("the job is ending (JobState=%s: cancelled): not requeued", state);
       return;

@@ -326,6 +326,34 @@ class SlurmTest(unittest.TestCase):
             subprocess.run(["scancel", job_id])
             job.communicate(timeout=JOB_TIMEOUT_S)
 
+    def test_a_job_slurm_requeues_itself_is_not_requeued_again(self):
+        # `scontrol requeue JOB` (or a preemption that requeues) ends the job's processes with
+        # SIGTERM while Slurm requeues the job: the agents checkpoint, and node 0 says that Slurm
+        # brings the job back, where it had said "not requeued" of a job seen COMPLETING.
+        name = "slurm_requeue"
+        job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 100000)} --nproc-per-node 2 "
+                                   "--requeue", wait=False)
+        wait_for(lambda: steps_logged(name) >= 2, JOB_TIMEOUT_S, "2 steps")
+        job_id = queued_job_id(name)
+        subprocess.run(["scontrol", "requeue", job_id], check=True)
+
+        def shown():
+            return subprocess.run(["scontrol", "show", "job", job_id],
+                                  capture_output=True, text=True).stdout
+        try:
+            wait_for(lambda: "Slurm is requeueing the job itself" in output.read_text(),
+                     JOB_TIMEOUT_S, "node 0 to see Slurm requeue the job")
+            text = output.read_text()
+            self.assertIn("Restarts=1", text)
+            self.assertNotIn("not requeued", text)
+            self.assertNotIn("requeued the job:", text)
+            self.assertIn("stopped by SIGTERM", text)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{output.read_text()}\n{shown()}") from None
+        finally:
+            subprocess.run(["scancel", job_id])
+            job.communicate(timeout=JOB_TIMEOUT_S)
+
     def test_a_cancelled_job_is_not_requeued(self):
         # `scancel JOB` is the user ending the job: --requeue brings back only a job stopped while
         # it still runs (its time limit's signal, a preemption, `scancel --signal=TERM` above).
