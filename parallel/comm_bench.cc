@@ -11,11 +11,14 @@
 namespace dtrain {
 namespace {
 
+// Whether each rank holds 1/n of the operation's whole array (the all-gather input, the
+// reduce-scatter output).
+bool Sharded(std::string_view op) { return op == "all_gather" || op == "reduce_scatter"; }
+
 // The per-rank element count for an array of `bytes` and the operation's array layout.
 int64_t PerRankCount(std::string_view op, int64_t bytes, int n) {
   const int64_t elements = bytes / static_cast<int64_t>(sizeof(float));
-  const bool sharded = op == "all_gather" || op == "reduce_scatter";
-  return std::max<int64_t>(1, sharded ? elements / n : elements);
+  return std::max<int64_t>(1, Sharded(op) ? elements / n : elements);
 }
 
 absl::StatusOr<std::unique_ptr<Work>> Issue(Communicator& comm, std::string_view op,
@@ -61,37 +64,42 @@ absl::StatusOr<std::vector<CommBenchRow>> RunCommBench(Communicator& comm,
                                                        const CommBenchOptions& options) {
   RETURN_IF_ERROR(CheckCommBenchOptions(options, 0));
   const int n = comm.size();
+  // `iters` operations of `bytes`, issued back to back; returns this rank's time per operation.
+  // Operations complete in issue order: waiting for the last one first sleeps once, as
+  // nccl-tests synchronizes its stream once, rather than waking for every operation.
+  const auto run = [&](const std::string& op, int64_t bytes, int iters) -> absl::StatusOr<double> {
+    const int64_t count = PerRankCount(op, bytes, n);
+    std::vector<float> full(Sharded(op) ? count * n : count, 1.0f);
+    std::vector<float> shard(count, 1.0f);
+    std::vector<std::unique_ptr<Work>> works;
+    const absl::Time start = absl::Now();
+    for (int i = 0; i < iters; ++i) {
+      ASSIGN_OR_RETURN(auto work, Issue(comm, op, full, shard, count));
+      works.push_back(std::move(work));
+    }
+    for (auto work = works.rbegin(); work != works.rend(); ++work) {
+      RETURN_IF_ERROR((*work)->Wait());
+    }
+    return absl::ToDoubleMicroseconds(absl::Now() - start) / iters;
+  };
   std::vector<CommBenchRow> rows;
   for (const std::string& op : options.ops) {
+    // Warm-up at the largest and the smallest size first, as nccl-tests does: with only its own
+    // warm-up, the first size paid for the transport's first use.
+    for (const int64_t bytes : {options.max_bytes, options.min_bytes}) {
+      RETURN_IF_ERROR(run(op, bytes, options.warmup_iters).status());
+    }
     for (int64_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 2) {
-      const int64_t count = PerRankCount(op, bytes, n);
-      const bool sharded = op == "all_gather" || op == "reduce_scatter";
-      std::vector<float> full(sharded ? count * n : count, 1.0f);
-      std::vector<float> shard(count, 1.0f);
-      std::vector<std::unique_ptr<Work>> works;
-      for (int i = 0; i < options.warmup_iters; ++i) {
-        ASSIGN_OR_RETURN(auto work, Issue(comm, op, full, shard, count));
-        works.push_back(std::move(work));
-      }
-      for (auto& work : works) RETURN_IF_ERROR(work->Wait());
-      works.clear();
+      RETURN_IF_ERROR(run(op, bytes, options.warmup_iters).status());
       RETURN_IF_ERROR(comm.Barrier());
-      const absl::Time start = absl::Now();
-      for (int i = 0; i < options.iters; ++i) {
-        ASSIGN_OR_RETURN(auto work, Issue(comm, op, full, shard, count));
-        works.push_back(std::move(work));
-      }
-      // Operations complete in issue order: waiting for the last one first sleeps once per size,
-      // as nccl-tests synchronizes its stream once, rather than waking for every operation.
-      for (auto work = works.rbegin(); work != works.rend(); ++work) {
-        RETURN_IF_ERROR((*work)->Wait());
-      }
-      float time_us = absl::ToDoubleMicroseconds(absl::Now() - start) / options.iters;
+      ASSIGN_OR_RETURN(const double rank_time_us, run(op, bytes, options.iters));
+      float time_us = static_cast<float>(rank_time_us);
       RETURN_IF_ERROR(comm.AllReduce(&time_us, 1, ReduceOp::kAvg)->Wait());
 
       CommBenchRow row;
       row.op = op;
-      row.count = sharded ? count * n : count;
+      const int64_t count = PerRankCount(op, bytes, n);
+      row.count = Sharded(op) ? count * n : count;
       row.bytes = row.count * static_cast<int64_t>(sizeof(float));
       row.time_us = time_us;
       row.algbw_gbps = row.bytes / (time_us * 1e-6) / 1e9;

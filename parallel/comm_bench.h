@@ -20,7 +20,7 @@ struct CommBenchOptions {
   int64_t min_bytes = 1 << 10;  // doubled up to max_bytes
   int64_t max_bytes = 64 << 20;
   int iters = 20;        // timed operations per size, issued back to back, waited at the end
-  int warmup_iters = 3;  // untimed, per size
+  int warmup_iters = 3;  // untimed, per size, and first at the largest and smallest size
 };
 
 struct CommBenchRow {
