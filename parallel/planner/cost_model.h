@@ -127,6 +127,12 @@ struct CostAssumptions {
   // A GEMM's efficiency falls as its smallest dimension shrinks; at this width (d_model / tp or
   // micro-batch tokens) it is half of gemm_peak_fraction: efficiency = f * w / (w + this).
   double gemm_half_efficiency_width = 128;
+  // A micro-batch of small GEMMs is bound by its kernels' launches, not by its FLOPs: a block
+  // runs about kernels_per_block kernels a micro-batch, forward and backward (llm.c's GPT-2 about
+  // 10 and 20), each taking at least kernel_launch_us of the GPU's time (a CUDA launch's cost).
+  // A model of a few million parameters then plans no pipeline stages that save no time.
+  double kernels_per_block = 30;
+  double kernel_launch_us = 3;
   // The engine's units (parallel.bucket_mb, prefetch_bucket_mb): gradient buckets of ddp and
   // zero1/2 (PyTorch DDP's default), parameter units of zero3.
   double bucket_mib = 25;

@@ -123,14 +123,16 @@ std::string AssumptionsLine(const Plan& plan) {
       "bytes a value: parameters %g, gradients %g, activations %g, optimizer state %g (under "
       "zero3 and fsdp its float32 master shard is counted as the parameters), gradients reduced "
       "%g, parameters gathered %g; GEMMs at %.0f%% of the %s peak "
-      "(half that at width %.0f), the optimizer step at %.0f%% of the memory bandwidth (%g bytes "
+      "(half that at width %.0f), at least %g us a kernel (%g a block per micro-batch), the "
+      "optimizer step at %.0f%% of the memory bandwidth (%g bytes "
       "a parameter), %s pipeline schedule, DP communication overlapped with "
       "backward except the last bucket, TP not overlapped; the engine's buffers in buckets of %g "
       "MiB (zero3 units of %g MiB, fsdp's a block); %.0f%% of GPU memory kept free; a "
-      "simpler layout within %.0f%% of the fastest is preferred",
+      "simpler layout within %.0f%% or %g ms a step of the fastest is preferred",
       p.param_bytes, p.grad_bytes, p.activation_bytes, p.optimizer_bytes, p.reduce_bytes,
       p.gather_bytes, 100 * a.gemm_peak_fraction, GemmPeak(plan.cluster, plan.workload.matmul),
-      a.gemm_half_efficiency_width, 100 * a.memory_bandwidth_fraction, p.OptimizerStepBytes(),
+      a.gemm_half_efficiency_width, a.kernel_launch_us, a.kernels_per_block,
+      100 * a.memory_bandwidth_fraction, p.OptimizerStepBytes(),
       absl::StrJoin(plan.options.pp_schedules, " or ",
                     [&plan](std::string* out, PipelineSchedule schedule) {
                       absl::StrAppend(out, PipelineScheduleName(schedule));
@@ -141,7 +143,7 @@ std::string AssumptionsLine(const Plan& plan) {
                       }
                     }),
       a.bucket_mib, a.prefetch_bucket_mib, 100 * plan.options.memory_margin,
-      100 * plan.options.simpler_within);
+      100 * plan.options.simpler_within, plan.options.simpler_within_ms);
 }
 
 int CountInvalid(const Plan& plan) {

@@ -114,7 +114,9 @@ void Rank(Plan& plan) {
     }
     return;
   }
-  const double limit_ms = all[fastest].estimate.time.step_ms * (1 + plan.options.simpler_within);
+  const double fastest_ms = all[fastest].estimate.time.step_ms;
+  const double limit_ms = std::max(fastest_ms * (1 + plan.options.simpler_within),
+                                   fastest_ms + plan.options.simpler_within_ms);
   int best = fastest;
   for (int i = fastest; i < static_cast<int>(all.size()); ++i) {
     if (all[i].verdict != Verdict::kFits || all[i].layout.offload) continue;
@@ -129,9 +131,9 @@ void Rank(Plan& plan) {
       best == fastest ? "the fastest layout that fits"
       : std::isinf(plan.options.simpler_within)
           ? "the simplest layout that fits"
-          : absl::StrFormat("the simplest layout within %.0f%% of the fastest (%s, %s ms)",
-                            100 * plan.options.simpler_within, DescribeLayout(all[fastest].layout),
-                            FormatMs(all[fastest].estimate.time.step_ms));
+          : absl::StrFormat("the simplest layout within %.0f%% or %g ms of the fastest (%s, %s ms)",
+                            100 * plan.options.simpler_within, plan.options.simpler_within_ms,
+                            DescribeLayout(all[fastest].layout), FormatMs(fastest_ms));
   for (Candidate& candidate : all) {
     if (candidate.verdict != Verdict::kFits) continue;
     const double ms = candidate.estimate.time.step_ms;

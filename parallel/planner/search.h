@@ -34,6 +34,10 @@ struct SearchOptions {
   bool allow_sequence_parallel = true;  // with tp > 1; it only saves memory in this model
   double memory_margin = 0.10;          // share of GPU memory kept free (fragmentation, spikes)
   double simpler_within = 0.03;  // a simpler layout this much slower is still preferred (inf: any)
+  // ... or this many ms a step slower: below what the estimates resolve (a few kernels' launches,
+  // a collective's latency), so a small model's step of a fraction of a ms gets no pipeline
+  // stages for a few hundredths of one.
+  double simpler_within_ms = 0.1;
   CostAssumptions assumptions;
 };
 
