@@ -1058,12 +1058,11 @@ void Agent::Requeue() {
     };
     const std::string state = field("JobState");
     int restarts = 0;
-    if (state == "COMPLETING" && absl::SimpleAtoi(field("Restarts"), &restarts) &&
-        restarts > node_.restart_count) {
+    if (absl::SimpleAtoi(field("Restarts"), &restarts) && restarts > node_.restart_count) {
       LogInfo(
-          "Slurm is requeueing the job itself (JobState=COMPLETING, Restarts=%d): it comes back "
-          "and resumes from the checkpoint",
-          restarts);
+          "Slurm is requeueing the job itself (JobState=%s, Restarts=%d): it comes back and "
+          "resumes from the checkpoint",
+          state, restarts);
       return;
     }
     if (state == "COMPLETING" || state == "CANCELLED") {

@@ -848,6 +848,13 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
   RETURN_IF_ERROR(count_field("restart_count",
                               restart ? std::optional<Candidate>(*restart) : std::nullopt,
                               world.restart_count));
+  world.job_restarts = world.restart_count;
+  int slurm_requeues = 0;
+  if (env.Get("DTRAIN_RESTART_COUNT") &&
+      absl::SimpleAtoi(env.Get("SLURM_RESTART_COUNT").value_or(""), &slurm_requeues) &&
+      slurm_requeues > 0) {
+    world.job_restarts += slurm_requeues;
+  }
   RETURN_IF_ERROR(count_field("max_restarts",
                               flags.max_restarts.has_value()
                                   ? std::optional<Candidate>(Derived(

@@ -18,6 +18,7 @@
 #include "core/checkpoint/box.h"
 #include "core/checkpoint/reader.h"
 #include "core/util/exit_codes.h"
+#include "core/util/files.h"
 #include "core/util/fnv.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
@@ -170,6 +171,49 @@ absl::StatusOr<uint64_t> AgreeOnNonce(Communicator* comm) {
   return nonce;
 }
 
+// Every rank writes its part of a save into checkpoint.dir and rank 0 waits for them all, so the
+// ranks of a run over several machines must see one folder: a folder on each machine's own disk
+// was found at the first save, after parallel.timeout_s and the training before it. Rank 0 writes
+// a file of a name no rank has looked up (a network file system asks its server about a new
+// name, rather than a cache), and every rank looks for it; what each found (-1 on rank 0: it could
+// not write the file) is gathered, so that every rank ends with an error, none in a collective.
+absl::Status CheckFolderIsShared(const std::string& dir, Communicator* comm, uint64_t nonce) {
+  if (comm == nullptr || comm->size() == 1) return absl::OkStatus();
+  const std::string marker = absl::StrFormat("%s/.shared-%016x", dir, nonce);
+  const absl::Status written =
+      comm->rank() == 0
+          ? WriteFileDurably(marker, "written by rank 0 to see that every rank sees it\n")
+          : absl::OkStatus();
+  RETURN_IF_ERROR(comm->Barrier());
+  std::error_code error;
+  double seen = !written.ok() ? -1 : fs::exists(marker, error) ? 1 : 0;
+  std::vector<double> all(comm->size());
+  RETURN_IF_ERROR(comm->AllGather(&seen, all.data(), 1)->Wait());
+  if (comm->rank() == 0) fs::remove(marker, error);
+  if (all[0] < 0) {
+    return !written.ok() ? written
+                         : absl::FailedPreconditionError(
+                               absl::StrCat("rank 0 could not write a file into checkpoint.dir ",
+                                            dir, " (its error says why)"));
+  }
+  std::vector<int> blind;
+  for (int rank = 0; rank < comm->size(); ++rank) {
+    if (all[rank] == 0) blind.push_back(rank);
+  }
+  if (blind.empty()) return absl::OkStatus();
+  const size_t shown = std::min<size_t>(blind.size(), 8);
+  return WithExitCode(
+      absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint.dir ", dir, " is not one folder for every rank: rank",
+          blind.size() == 1 ? " " : "s ", absl::StrJoin(blind.begin(), blind.begin() + shown, ", "),
+          shown < blind.size() ? absl::StrCat(", ... (", blind.size(), " in all)") : "",
+          blind.size() == 1 ? " does" : " do",
+          " not see the file rank 0 wrote there, so their machines have folders of their own; "
+          "every rank writes its part of a save there and rank 0 waits for them all: set "
+          "checkpoint.dir (or run.out_dir) to a folder on a file system every machine mounts")),
+      kExitUsage);
+}
+
 }  // namespace
 
 TrainingCheckpoints::TrainingCheckpoints(const Recipe& recipe, const ParamTable& table,
@@ -195,6 +239,7 @@ absl::StatusOr<std::unique_ptr<TrainingCheckpoints>> TrainingCheckpoints::Create
   std::unique_ptr<TrainingCheckpoints> checkpoints(
       new TrainingCheckpoints(recipe, table, engine, comm, nonce));
   RETURN_IF_ERROR(CheckCheckpointFolder(checkpoints->dir_, checkpoints->rank_, recipe.train.steps));
+  RETURN_IF_ERROR(CheckFolderIsShared(checkpoints->dir_, comm, nonce));
   // Another run may name this folder as its checkpoint.dir, even this run's default one, and its
   // saves would set aside or remove this run's: held for the run, before a checkpoint in it is
   // read or written (the check above only probes it). The run folder itself is held already.
@@ -307,10 +352,20 @@ absl::StatusOr<TrainingCheckpoints::Loaded> TrainingCheckpoints::TryLoad(
   }
   if (!blocking.empty()) {
     fatal = true;
+    // The model keys a recipe leaves unset come from train.init_from's config.json, which a
+    // resume does not read otherwise: a folder gone since leaves them at their defaults.
+    const std::string& init_from = recipe_.train.init_from;
+    std::error_code error;
+    const bool config_gone = !init_from.empty() && !absl::EndsWith(init_from, ".safetensors") &&
+                             !fs::exists(fs::path(init_from) / "config.json", error);
     return absl::FailedPreconditionError(absl::StrCat(
         step_dir, " was saved with a different ", absl::StrJoin(blocking, ", "),
-        ": the model or data shape changed, so it cannot load; restore those keys, or set "
-        "checkpoint.resume: never (or another checkpoint.dir) to start fresh"));
+        ": the model or data shape changed, so it cannot load; restore those keys",
+        config_gone ? absl::StrCat(" (train.init_from ", init_from,
+                                   " has no config.json here to give those the recipe leaves "
+                                   "unset: set them, or give the folder again)")
+                    : "",
+        ", or set checkpoint.resume: never (or another checkpoint.dir) to start fresh"));
   }
   for (const TensorEntry& entry : table_.entries()) {
     const TensorRecord* record = m.FindTensor(entry.name);

@@ -72,6 +72,7 @@ absl::StatusOr<std::vector<CommBenchRow>> RunCommBench(Communicator& comm,
     std::vector<float> full(Sharded(op) ? count * n : count, 1.0f);
     std::vector<float> shard(count, 1.0f);
     std::vector<std::unique_ptr<Work>> works;
+    RETURN_IF_ERROR(comm.Barrier());  // every rank's buffers are ready: the clocks start together
     const absl::Time start = absl::Now();
     for (int i = 0; i < iters; ++i) {
       ASSIGN_OR_RETURN(auto work, Issue(comm, op, full, shard, count));
@@ -91,7 +92,6 @@ absl::StatusOr<std::vector<CommBenchRow>> RunCommBench(Communicator& comm,
     }
     for (int64_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 2) {
       RETURN_IF_ERROR(run(op, bytes, options.warmup_iters).status());
-      RETURN_IF_ERROR(comm.Barrier());
       ASSIGN_OR_RETURN(const double rank_time_us, run(op, bytes, options.iters));
       float time_us = static_cast<float>(rank_time_us);
       RETURN_IF_ERROR(comm.AllReduce(&time_us, 1, ReduceOp::kAvg)->Wait());

@@ -597,7 +597,7 @@ class MetricsFile {
 // refused resume, or a second run of the folder, leaves the first one's). Returns the folders it
 // made, the run folder first, for RemoveEmptyFolders.
 absl::StatusOr<std::vector<std::filesystem::path>> CreateRunFolder(const Recipe& recipe) {
-  const std::filesystem::path run_dir = std::filesystem::path(recipe.run_dir()).lexically_normal();
+  const std::filesystem::path run_dir = recipe.run_dir();
   std::error_code error;
   std::vector<std::filesystem::path> made;
   for (std::filesystem::path folder = run_dir; !folder.empty() && folder != folder.parent_path() &&
@@ -1286,7 +1286,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     if (step == resumed_step) {
       if (resumed_step > 0) m.resumed_from_step = resumed_step;
       m.layout = layout;
-      if (world.restart_count > 0) m.restart = world.restart_count;
+      if (world.job_restarts > 0) m.restart = world.job_restarts;
     }
     if (track_stragglers) {
       // This rank's own work in the step: what it did not spend waiting for data or for others.

@@ -15,7 +15,10 @@ struct WorldMembership {
   int world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  int restart_count = 0;           // each restart of the job joins a fresh store namespace
+  int restart_count = 0;  // each restart of the job joins a fresh store namespace
+  // The job's restarts, for its metrics: restart_count, after the requeues of a Slurm job
+  // (SLURM_RESTART_COUNT) where a `dtrain launch` agent counts its own restarts from 0 in each.
+  int job_restarts = 0;
   std::string rdzv_token;          // the store's shared secret; never print it
   bool agent_hosts_store = false;  // a `dtrain launch` agent hosts the store: rank 0 joins it
                                    // as a client instead of hosting it, and the agent prefixes

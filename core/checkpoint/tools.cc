@@ -266,9 +266,12 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
       tokenizer = recipe.data.tokenizer;
     } else {
       LogWarn(
-          "the checkpoint's run trained with data.tokenizer %s, which is not here: the folder "
+          "the checkpoint's run trained with data.tokenizer %s, which is not here%s: the folder "
           "gets no tokenizer; give --tokenizer PATH to ship one",
-          recipe.data.tokenizer);
+          recipe.data.tokenizer,
+          fs::path(recipe.data.tokenizer).is_relative()
+              ? absl::StrCat(" (a relative path is from ", fs::current_path(error).string(), ")")
+              : "");
     }
   } else if (run_tokenizer) {
     // Without data.tokenizer the data are bytes (data.format text), or their shards say whose.

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/data/shard_source.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -140,16 +142,14 @@ std::vector<absl::string_view> Items(absl::string_view pattern) {
 std::string ShardPatternFrom(const std::string& dir, const std::string& pattern) {
   std::vector<std::string> items;
   for (const absl::string_view item : Items(pattern)) {
-    if (absl::StartsWith(item, "pipe:") || absl::StartsWith(item, "http://") ||
-        absl::StartsWith(item, "https://")) {
-      items.emplace_back(item);
-      continue;
+    std::string text(item);
+    const std::optional<std::string> path = LocalShardPath(text);
+    if (path && !path->empty() && path->front() != '/') {
+      // The scheme ("file:" or none) stays before the path.
+      text = absl::StrCat(text.substr(0, text.size() - path->size()),
+                          (std::filesystem::path(dir) / *path).string());
     }
-    const absl::string_view scheme = absl::StartsWith(item, "file:") ? "file:" : "";
-    const std::string path(item.substr(scheme.size()));
-    items.push_back(absl::StrCat(scheme, path.empty() || path.front() == '/'
-                                             ? path
-                                             : (std::filesystem::path(dir) / path).string()));
+    items.push_back(std::move(text));
   }
   return absl::StrJoin(items, "::");
 }

@@ -335,9 +335,8 @@ absl::Status WriteRunReport(const RunFolder& run, const std::string& path) {
   std::error_code error;
   if (const std::filesystem::path parent = std::filesystem::path(path).parent_path();
       !parent.empty() && (std::filesystem::create_directories(parent, error), error)) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot make the folder ", parent.string(),
-                                                    " of ", path, ": ", error.message(),
-                                                    "; pass --out a path in a writable folder"));
+    return FileError(error.value(), absl::StrCat("cannot make the folder ", parent.string()),
+                     "pass --out a path in a writable folder");
   }
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << RunReportHtml(run);

@@ -40,11 +40,12 @@ struct StepMetrics {
   std::optional<double> ckpt_blocked_ms;
   // At the first step a resumed run trains: the checkpoint's step it continued from. metrics.jsonl
   // of a resumed run reads as one run (the trainer drops the redone steps' lines), so this is
-  // what records a restart there; JSON only, the log says "resumed from" itself.
+  // what records a resume there; JSON only, the log says "resumed from" itself.
   std::optional<int64_t> resumed_from_step;
   // At the first step each process trains (a fresh start, a restart, a resumed run): the layout it
   // ran ("zero2 over 4 ranks: dp 4, tp 1, pp 1") and, where dtrain launch's agent or a requeued
-  // Slurm job restarted the job, its restart count (a run launched again to resume has none).
+  // Slurm job restarted the job, its restarts (WorldMembership::job_restarts; a run launched
+  // again to resume has none).
   // JSON only.
   std::string layout;
   std::optional<int64_t> restart;

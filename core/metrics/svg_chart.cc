@@ -304,7 +304,7 @@ void AppendLegend(const Chart& chart, const std::vector<const ChartMarker*>& dra
             : absl::StrCat("checkpoint (", checkpoints_drawn, " of ", checkpoints, " drawn)"),
         kCheckpointColor);
   }
-  if (restarts) entries.emplace_back("restart", kRestartColor);
+  if (restarts) entries.emplace_back("restart or resume", kRestartColor);
   absl::StrAppend(&svg, "<g class=\"legend\" font-size=\"12\">\n");
   double x = kPlotFrame.left;
   for (const auto& [name, color] : entries) {

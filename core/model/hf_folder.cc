@@ -56,8 +56,9 @@ double NumberOr(const Json& json, const char* key, double missing) {
   return value.is_number() ? value.get<double>() : missing;
 }
 
-// The fields of config.json's model_type (gpt2, else llama) that a recipe's model keys give, but
-// Llama's max_position_embeddings, which bounds model.max_seq_len rather than sets it.
+// The fields of config.json's model_type (gpt2, else llama) that a recipe's model keys must equal,
+// which HfModelKeys fills them from. Llama's max_position_embeddings is not one: it bounds
+// model.max_seq_len (HfModelKeys fills that from it too).
 std::vector<HfField> HfFieldsOf(const Json& json) {
   if (json.value("model_type", Json()) == "gpt2") {
     return {

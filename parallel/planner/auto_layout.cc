@@ -100,6 +100,7 @@ absl::StatusOr<AutoLayout> ResolveAutoLayout(const Recipe& recipe, int world_siz
   unrestricted.assumptions = options.assumptions;
   unrestricted.memory_margin = runnable.memory_margin;
   unrestricted.simpler_within = runnable.simpler_within;
+  unrestricted.simpler_within_ms = runnable.simpler_within_ms;
   unrestricted.pp_schedules = options.pp_schedules;
   unrestricted.pp_virtual_stages = options.pp_virtual_stages;
   ASSIGN_OR_RETURN(const Plan full, SearchLayouts(workload, cluster, unrestricted));

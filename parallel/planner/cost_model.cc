@@ -330,9 +330,10 @@ Estimate EstimateLayout(const Workload& workload, const ClusterSpec& cluster, co
   const double peak_flops = cluster.GemmPeakTflops(workload.matmul) * 1e12;
   const double flops_per_ms = 1e-3 * peak_flops * t * GemmEfficiency(workload, layout, assumptions);
   const double micro_batch_tokens = static_cast<double>(b) * s;
-  // A recomputed forward launches its kernels again, in the proportion of its FLOPs.
+  // A recomputed forward launches its blocks' kernels again, in the proportion of its FLOPs.
   const double launch_ms = 1e-3 * assumptions.kernel_launch_us * assumptions.kernels_per_block *
-                           heaviest_blocks * executed_flops_per_token / stage_flops_per_token;
+                           heaviest_blocks * BlockFlopsPerToken(model, s, layout.recompute) /
+                           BlockFlopsPerToken(model, s, Recompute::kNone);
   const double micro_batch_ms =
       std::max(micro_batch_tokens * executed_flops_per_token / flops_per_ms, launch_ms);
   const double forward_ms = micro_batch_ms * stage_flops_per_token / 3 / executed_flops_per_token;

@@ -94,8 +94,8 @@ TEST_F(ReportCommandTest, AMissingRunFolderOrMetricsIsExit2NamingIt) {
 }
 
 // --out's folders that do not exist yet are made; one that cannot be (under a regular file, for
-// whoever runs the test, root included) is exit 1 naming it.
-TEST_F(ReportCommandTest, AnOutInNewFoldersIsWrittenAndAnUnwritableOneIsExit1NamingIt) {
+// whoever runs the test, root included) is a usage error naming it, exit 2.
+TEST_F(ReportCommandTest, AnOutInNewFoldersIsWrittenAndOneUnderAFileIsAUsageError) {
   const std::string nested = testing::FreshTempDir("report_new_folders") + "/a/b/report.html";
   const testing::Outcome written =
       testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", nested));
@@ -104,7 +104,7 @@ TEST_F(ReportCommandTest, AnOutInNewFoldersIsWrittenAndAnUnwritableOneIsExit1Nam
   const std::string file = testing::WriteTempFile("report_not_a_folder", "x");
   const testing::Outcome report =
       testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", file, "/report.html"));
-  EXPECT_EQ(report.exit_code, 1);
+  EXPECT_EQ(report.exit_code, 2) << report.stderr_text;
   EXPECT_THAT(report.stderr_text, HasSubstr("cannot make the folder " + file));
 }
 

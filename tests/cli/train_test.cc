@@ -268,15 +268,24 @@ TEST(TrainTest, ExportedFolderInitialisesANewRunAndItsConfigMustMatch) {
   ASSERT_NE(model_line, std::string::npos);
   shapeless.erase(model_line, shapeless.find('\n', model_line) + 1 - model_line);
   std::filesystem::remove_all(RunDir("from_folder"));
-  const testing::Outcome tuned =
-      testing::RunDtrain(absl::StrCat("train ", testing::WriteTempFile("shapeless.yaml", shapeless),
-                                      " --set run.out_dir=", RunDir("from_folder"),
-                                      " --set train.init_from=", folder, near_zero_lr));
+  const std::string from_folder =
+      absl::StrCat("train ", testing::WriteTempFile("shapeless.yaml", shapeless),
+                   " --set run.out_dir=", RunDir("from_folder"), " --set train.init_from=", folder,
+                   near_zero_lr);
+  const testing::Outcome tuned = testing::RunDtrain(from_folder);
   ASSERT_EQ(tuned.exit_code, 0) << tuned.stderr_text;
   EXPECT_THAT(tuned.stderr_text, HasSubstr("gpt2, 2 layers, d_model 64, 2 heads"));
   EXPECT_THAT(tuned.stderr_text, ::testing::Not(HasSubstr("carries tokenizer")));
   EXPECT_NEAR(ReadMetrics(RunDir("from_folder") + "/small").front()["val_loss"].get<double>(),
               final_val, 1e-5 * final_val);
+  // Its resume takes the shape from the folder again: with config.json gone, the refusal says so.
+  std::filesystem::rename(folder + "/config.json", folder + "/config.json.away");
+  const testing::Outcome resumed = testing::RunDtrain(from_folder + " --set train.steps=2");
+  std::filesystem::rename(folder + "/config.json.away", folder + "/config.json");
+  EXPECT_EQ(resumed.exit_code, 2) << resumed.stderr_text;
+  EXPECT_THAT(resumed.stderr_text, HasSubstr("train.init_from " + folder +
+                                             " has no config.json here to give those the recipe "
+                                             "leaves unset"));
 
   const testing::Outcome wrong =
       Train(RunDir("folder_wrong"),

@@ -496,6 +496,15 @@ TEST(EnvironmentTest, DtrainVariablesWinOverEverything) {
     EXPECT_THAT(from, ::testing::Not(HasSubstr("s3cret"))) << field;
   }
   EXPECT_STREQ(WorldSourceName(world.source), "dtrain");
+  // The agent counts its restarts from 0 in each run of a Slurm job: the job's restarts add the
+  // requeues before it. A Slurm task's own count is the job's.
+  EXPECT_EQ(world.job_restarts, 4);
+  env["SLURM_RESTART_COUNT"] = "2";
+  EXPECT_EQ(Resolve(env).restart_count, 4);
+  EXPECT_EQ(Resolve(env).job_restarts, 6);
+  EnvironmentMap task = SlurmStepTask();
+  task["SLURM_RESTART_COUNT"] = "2";
+  EXPECT_EQ(Resolve(task).job_restarts, 2);
 }
 
 TEST(EnvironmentTest, FlagsWinOverDtrainVariables) {

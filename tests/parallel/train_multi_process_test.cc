@@ -1,4 +1,8 @@
 // `dtrain train` as separate processes on loopback (torchrun's variables), against one process.
+#include <sched.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -134,6 +138,39 @@ TEST(TrainMultiProcessTest, ATensorParallelGroupAcrossMachinesIsWarnedOf) {
   EXPECT_THAT(ranks[0].output,
               HasSubstr("parallel.tp 2 spans machines of 1 rank(s) each: its all-reduces, two a "
                         "block, cross the network; keep tp within a machine"));
+}
+
+// Two machines of one rank each whose checkpoint.dir is a folder of each machine's own (rank 1's
+// a tmpfs over it, in a mount namespace of its own): refused at the start, exit 2 on both ranks,
+// naming rank 1. The first save found it, waiting out parallel.timeout_s after the training.
+TEST(TrainMultiProcessTest, ACheckpointFolderTheMachinesDoNotShareIsRefusedAtTheStart) {
+  if (geteuid() != 0 || std::system("unshare -m true 2>/dev/null") != 0) {
+    GTEST_SKIP() << "needs root and a mount namespace (unshare -m) to give rank 1 its own folder";
+  }
+  const std::string recipe = Recipe("unshared");
+  const std::string out = OutDir("unshared");
+  const std::string checkpoints = out + "/ckpt";
+  std::filesystem::create_directories(checkpoints);
+  const auto ranks =
+      testing::RunRanksAsProcesses(2, testing::FreeTcpPort(), absl::Seconds(120), [&](int rank) {
+        setenv("LOCAL_WORLD_SIZE", "1", 1);
+        setenv("LOCAL_RANK", "0", 1);
+        setenv("DTRAIN_RDZV_TOKEN", "unshared-test", 1);
+        if (rank == 1 && (unshare(CLONE_NEWNS) != 0 ||
+                          mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+                          mount("none", checkpoints.c_str(), "tmpfs", 0, "size=1m") != 0)) {
+          return 126;
+        }
+        return ExecTrain(recipe, {"run.out_dir=" + out, "checkpoint.dir=" + checkpoints});
+      });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(ranks[rank].exit_code, 2) << "rank " << rank << ranks[rank];
+    EXPECT_THAT(ranks[rank].output, ::testing::Not(HasSubstr("step 1/"))) << "rank " << rank;
+  }
+  EXPECT_THAT(ranks[0].output, HasSubstr(absl::StrCat("checkpoint.dir ", checkpoints,
+                                                      " is not one folder for every rank: rank 1 "
+                                                      "does not see the file rank 0 wrote there")));
+  EXPECT_TRUE(std::filesystem::is_empty(checkpoints));
 }
 
 // Ranks of different jobs fail before they connect, every one at once, naming the difference:

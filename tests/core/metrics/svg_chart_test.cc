@@ -171,7 +171,7 @@ TEST(SvgChartTest, MarkersAreLabelledLinesAtTheirStep) {
   EXPECT_THAT(svg, HasSubstr(">restart: resumed from 5</text>"));
   // The legend names the marker kinds shown.
   EXPECT_THAT(svg, HasSubstr(">checkpoint</text>"));
-  EXPECT_THAT(svg, HasSubstr(">restart</text>"));
+  EXPECT_THAT(svg, HasSubstr(">restart or resume</text>"));
 }
 
 TEST(SvgChartTest, StackedLayersAddUp) {
