@@ -301,58 +301,49 @@ class SlurmTest(unittest.TestCase):
         text = self.stopped_by_term("bterm", ["--batch", "--signal=TERM"], command_prefix="exec ")
         self.assertIn("SIGTERM to the batch shell", text)
 
-    def test_term_with_requeue_puts_the_job_back_in_the_queue(self):
-        name = "requeue"
+    def stopped_with_requeue(self, name, stop, check):
+        """Runs a 2-node `launch --requeue` until 2 steps, then `<stop> JOB`; `check(text, shown)`
+        asserts what follows (text: the job's output so far, shown: `scontrol show job`). A
+        requeued job left in the queue would start again: it is cancelled whatever happens."""
         job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 100000)} --nproc-per-node 2 "
                                    "--requeue", wait=False)
         wait_for(lambda: steps_logged(name) >= 2, JOB_TIMEOUT_S, "2 steps")
         job_id = queued_job_id(name)
-        subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
+        subprocess.run([*stop, job_id], check=True)
 
         def shown():
             return subprocess.run(["scontrol", "show", "job", job_id],
                                   capture_output=True, text=True).stdout
-        # Slurm counts the requeue in Restarts, then holds the job PENDING a while (BeginTime).
-        # The checkpoint, the agents' exit and Slurm's cleanup can take most of a minute on a
-        # loaded 2-core machine: the wait is the jobs' own bound. A requeued job left in the
-        # queue would start again: it is cancelled whatever happens.
         try:
-            wait_for(lambda: re.search(r"\bRestarts=[1-9]", shown()), JOB_TIMEOUT_S,
-                     "the job to be requeued")
-            self.assertIn("requeued the job", output.read_text())
+            check(output.read_text, shown)
         except AssertionError as error:
             raise AssertionError(f"{error}\n{output.read_text()}\n{shown()}") from None
         finally:
             subprocess.run(["scancel", job_id])
             job.communicate(timeout=JOB_TIMEOUT_S)
+
+    def test_term_with_requeue_puts_the_job_back_in_the_queue(self):
+        # Slurm counts the requeue in Restarts, then holds the job PENDING a while (BeginTime).
+        # The checkpoint, the agents' exit and Slurm's cleanup can take most of a minute on a
+        # loaded 2-core machine: the wait is the jobs' own bound.
+        def check(text, shown):
+            wait_for(lambda: re.search(r"\bRestarts=[1-9]", shown()), JOB_TIMEOUT_S,
+                     "the job to be requeued")
+            self.assertIn("requeued the job", text())
+        self.stopped_with_requeue("requeue", ["scancel", "--signal=TERM"], check)
 
     def test_a_job_slurm_requeues_itself_is_not_requeued_again(self):
         # `scontrol requeue JOB` (or a preemption that requeues) ends the job's processes with
         # SIGTERM while Slurm requeues the job: the agents checkpoint, and node 0 says that Slurm
         # brings the job back, where it had said "not requeued" of a job seen COMPLETING.
-        name = "slurm_requeue"
-        job, output = sbatch(name, f"{DTRAIN} launch {recipe(name, 100000)} --nproc-per-node 2 "
-                                   "--requeue", wait=False)
-        wait_for(lambda: steps_logged(name) >= 2, JOB_TIMEOUT_S, "2 steps")
-        job_id = queued_job_id(name)
-        subprocess.run(["scontrol", "requeue", job_id], check=True)
-
-        def shown():
-            return subprocess.run(["scontrol", "show", "job", job_id],
-                                  capture_output=True, text=True).stdout
-        try:
-            wait_for(lambda: "Slurm is requeueing the job itself" in output.read_text(),
-                     JOB_TIMEOUT_S, "node 0 to see Slurm requeue the job")
-            text = output.read_text()
-            self.assertIn("Restarts=1", text)
-            self.assertNotIn("not requeued", text)
-            self.assertNotIn("requeued the job:", text)
-            self.assertIn("stopped by SIGTERM", text)
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{output.read_text()}\n{shown()}") from None
-        finally:
-            subprocess.run(["scancel", job_id])
-            job.communicate(timeout=JOB_TIMEOUT_S)
+        def check(text, shown):
+            wait_for(lambda: "Slurm is requeueing the job itself" in text(), JOB_TIMEOUT_S,
+                     "node 0 to see Slurm requeue the job")
+            self.assertIn("Restarts=1", text())
+            self.assertNotIn("not requeued", text())
+            self.assertNotIn("requeued the job:", text())
+            self.assertIn("stopped by SIGTERM", text())
+        self.stopped_with_requeue("slurm_requeue", ["scontrol", "requeue"], check)
 
     def test_a_cancelled_job_is_not_requeued(self):
         # `scancel JOB` is the user ending the job: --requeue brings back only a job stopped while
