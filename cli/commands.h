@@ -45,6 +45,11 @@ absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
 // hosts only with the job's shared secret, and they would wait out their timeout.
 absl::Status CheckCrossNodeToken(const WorldEnvironment& world);
 
+// train.init_from's weights where they are on this machine, as `dtrain train` checks them at its
+// start: another model, a feature dtrain lacks or a folder without weights is an error. Weights
+// that are not here may be on the nodes that train: a warning.
+absl::Status CheckInitFromHere(const Recipe& recipe);
+
 // Prints "error: <message>" to stderr and ends the command with the exit code the status asks
 // for (ExitCodeOf: a file error that a restart would meet again), else `exit_code`.
 [[noreturn]] void Fail(const absl::Status& status, int exit_code);

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -16,10 +17,12 @@
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
 #include "core/data/datasets.h"
+#include "core/model/hf_folder.h"
 #include "core/model/model_size.h"
 #include "core/optim/adamw.h"
 #include "core/util/decimal.h"
 #include "core/util/exit_codes.h"
+#include "core/util/log.h"
 #include "core/util/names.h"
 #include "core/util/status.h"
 #include "embedded_tiny_recipe.h"
@@ -74,6 +77,20 @@ absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
   // The cluster section's names, which only the planner reads, are checked here too.
   RETURN_IF_ERROR(ResolveCluster(recipe->cluster).status());
   return recipe;
+}
+
+absl::Status CheckInitFromHere(const Recipe& recipe) {
+  const std::string& path = recipe.train.init_from;
+  std::error_code error;
+  if (path.empty()) return absl::OkStatus();
+  if (!std::filesystem::exists(path, error)) {
+    LogWarn("train.init_from %s is not here (the nodes that train may see it)", path);
+    return absl::OkStatus();
+  }
+  const absl::Status checked =
+      CheckHfWeights(ModelConfigFromRecipe(recipe.model, recipe.d_ff()), path);
+  if (checked.ok()) return checked;
+  return absl::Status(checked.code(), absl::StrCat("train.init_from: ", checked.message()));
 }
 
 absl::Status CheckCrossNodeToken(const WorldEnvironment& world) {

@@ -65,6 +65,7 @@ void AddPlanCommand(CLI::App& app) {
     }
     absl::StatusOr<Recipe> recipe = LoadRecipe(args->recipe_path, args->overrides);
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
+    if (const absl::Status init = CheckInitFromHere(*recipe); !init.ok()) Fail(init, kExitUsage);
     if (absl::Status bounded = CheckParameterCount(*recipe); !bounded.ok()) {
       Fail(bounded, kExitUsage);
     }

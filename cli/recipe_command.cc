@@ -28,6 +28,7 @@ void AddRecipeCommand(CLI::App& app) {
   check->callback([args] {
     absl::StatusOr<Recipe> loaded = LoadTrainingRecipe(args->recipe_path, args->overrides);
     if (!loaded.ok()) Fail(loaded.status(), kExitUsage);
+    if (const absl::Status init = CheckInitFromHere(*loaded); !init.ok()) Fail(init, kExitUsage);
     // A warning: the nodes that train may see files this machine does not.
     if (const absl::Status data = CheckDataFilesExist(*loaded); !data.ok()) {
       LogWarn("%s (here; the nodes that train may see other files)", data.message());

@@ -1,6 +1,7 @@
 // `dtrain report RUN_DIR [--out FILE]`: one self-contained HTML page of a run's curves, speed,
 // time per step, checkpoints and restarts (core/metrics/run_report.h).
 #include <CLI/CLI.hpp>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -37,6 +38,15 @@ void AddReportCommand(CLI::App& app) {
                                                      "elsewhere")),
              kExitUsage);
       }
+    }
+    std::error_code error;
+    if (std::filesystem::is_directory(out, error)) {
+      Fail(absl::InvalidArgumentError(
+               absl::StrCat("--out ", out,
+                            " is a folder: give the page a file path, "
+                            "such as ",
+                            (std::filesystem::path(out) / "report.html").string())),
+           kExitUsage);
     }
     // A page replaces a page (or an empty file), not another file named by mistake.
     if (const std::optional<std::string> start = RegularFileHead(out, kReportPageStart.size());

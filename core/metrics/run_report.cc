@@ -38,7 +38,8 @@ std::vector<ChartMarker> Markers(const std::vector<StepMetrics>& steps) {
     if (m.resumed_from_step || m.restart) {
       const int64_t from = m.resumed_from_step.value_or(0);
       markers.push_back({ChartMarker::Kind::kRestart, static_cast<double>(from),
-                         absl::StrCat(m.restart ? "restart: " : "", "resumed from ", from)});
+                         absl::StrCat(m.restart ? "restart: " : "", "resumed from ",
+                                      from == 0 ? "the start" : absl::StrCat(from))});
     }
     if (m.ckpt_blocked_ms) {
       markers.push_back({ChartMarker::Kind::kCheckpoint, static_cast<double>(m.step),
@@ -137,14 +138,19 @@ std::string SummaryRows(const RunFolder& run, const RunSummary& s) {
   if (run.recipe) {
     const Recipe& r = *run.recipe;
     rows.emplace_back("model", ModelShapeLine(ModelConfigFromRecipe(r.model, r.d_ff())));
-    std::string layout = absl::StrFormat("strategy %s, tp %d, pp %d", r.parallel.strategy,
-                                         r.parallel.tp, r.parallel.pp);
+    // The layout metrics.jsonl records, with its ranks (each one where a resume changed it), else
+    // the recipe's.
+    std::string layout = s.layouts.empty()
+                             ? absl::StrFormat("strategy %s, tp %d, pp %d", r.parallel.strategy,
+                                               r.parallel.tp, r.parallel.pp)
+                         : s.layouts.size() == 1 ? s.layouts.front().second
+                                                 : LayoutChanges(s.layouts);
     if (r.parallel.pp > 1) {
       absl::StrAppendFormat(&layout, " (schedule %s, %d virtual stages)", r.parallel.pp_schedule,
                             r.parallel.pp_virtual_stages);
     }
     absl::StrAppendFormat(&layout, ", recompute %s, device %s", r.parallel.recompute, r.run.device);
-    rows.emplace_back("layout", s.layouts.size() > 1 ? LayoutChanges(s.layouts) : layout);
+    rows.emplace_back("layout", layout);
     rows.emplace_back(
         "batch", absl::StrFormat("%d sequences x %d tokens = %d tokens/step", r.train.batch_size,
                                  r.train.seq_len, int64_t{r.train.batch_size} * r.train.seq_len));
@@ -166,11 +172,14 @@ std::string SummaryRows(const RunFolder& run, const RunSummary& s) {
         s.checkpoint_steps.empty()
             ? "none"
             : absl::StrCat(s.checkpoint_steps.size(), ", at steps ", StepList(s.checkpoint_steps)));
+    std::vector<std::string> restarts;
+    for (const int64_t from : s.restarted_from_steps) {
+      restarts.push_back(from == 0 ? "the start" : absl::StrCat(from));
+    }
     rows.emplace_back("restarts",
-                      s.restarted_from_steps.empty()
+                      restarts.empty()
                           ? "none"
-                          : absl::StrCat(s.restarted_from_steps.size(), ", resumed from ",
-                                         StepList(s.restarted_from_steps)));
+                          : absl::StrCat(restarts.size(), ", resumed from ", StepList(restarts)));
     if (!s.resumed_from_steps.empty()) {
       rows.emplace_back("runs resumed", absl::StrCat(s.resumed_from_steps.size(), ", from ",
                                                      StepList(s.resumed_from_steps)));

@@ -34,7 +34,11 @@ constexpr char kWeightsIndexName[] = "model.safetensors.index.json";
 absl::StatusOr<Json> ReadJson(const std::string& path) {
   ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(path));
   Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) {
+  if (json.is_discarded()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not valid JSON (cut short, or edited by hand?)"));
+  }
+  if (!json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
   }
   return json;
@@ -94,6 +98,11 @@ std::vector<HfField> HfFieldsOf(const Json& json) {
 }
 
 std::string Number(double value) { return absl::StrFormat("%g", value); }
+
+absl::Status NotAFamilyDtrainRuns(const std::string& path, const Json& model_type) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": model_type ", model_type.dump(),
+                                                 " is not a family dtrain runs (gpt2, llama)"));
+}
 
 // "model.n_layer is 4 but n_layer is 2 (set model.n_layer: 2)" for each disagreeing field.
 void CompareFields(const Json& json, const ModelConfig& c, std::vector<std::string>& problems) {
@@ -308,7 +317,7 @@ std::string HfConfigJson(const ModelConfig& c, const HfSpecialTokens& tokens) {
 absl::StatusOr<std::vector<HfModelKey>> HfModelKeys(const std::string& path) {
   ASSIGN_OR_RETURN(const Json json, ReadJson(path));
   const Json model_type = json.value("model_type", Json());
-  if (model_type != "gpt2" && model_type != "llama") return std::vector<HfModelKey>();
+  if (model_type != "gpt2" && model_type != "llama") return NotAFamilyDtrainRuns(path, model_type);
   std::vector<HfModelKey> keys = {{"model.family", model_type.get<std::string>(), "model_type"}};
   std::vector<HfField> fields = HfFieldsOf(json);
   if (model_type == "llama") {
@@ -331,18 +340,17 @@ absl::Status CheckHfConfig(const ModelConfig& c, const std::string& path) {
   ASSIGN_OR_RETURN(const Json json, ReadJson(path));
   const Json model_type = json.value("model_type", Json());
   const std::string family = FamilyName(c.family);
-  if (model_type != "gpt2" && model_type != "llama") {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": model_type ", model_type.dump(),
-                                                   " is not a family dtrain runs (gpt2, llama)"));
-  }
-  // The recipe's model against the folder's family, all at once: with another family, every
-  // field that differs too.
-  std::vector<std::string> problems;
+  if (model_type != "gpt2" && model_type != "llama") return NotAFamilyDtrainRuns(path, model_type);
+  // Another family's folder: its fields would be compared with keys the recipe never set (it
+  // fills none from a folder of another family), so the family alone is the fix.
   if (model_type != family) {
-    problems.push_back(absl::StrCat("model.family is ", family, " but model_type is ",
-                                    model_type.dump(),
-                                    " (set model.family: ", model_type.get<std::string>(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " does not match the recipe's model: model.family is ", family, " but model_type is ",
+        model_type.dump(), " (set model.family: ", model_type.get<std::string>(),
+        ", or leave it unset: the folder then gives every model key the recipe leaves unset)"));
   }
+  // The recipe's model against the folder's, every field at once.
+  std::vector<std::string> problems;
   if (model_type == "gpt2") {
     CompareFields(json, c, problems);
     RequireValue(json, "activation_function", "gelu_new", {"gelu_new", "gelu_pytorch_tanh"},

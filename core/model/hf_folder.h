@@ -47,8 +47,8 @@ struct HfModelKey {
 // The recipe's model keys that the config.json at `path` gives, model.family first, with
 // transformers' defaults for absent fields: what train.init_from's folder sets where a recipe
 // leaves them unset, as from_pretrained takes a model's shape from its folder. Llama's
-// max_position_embeddings gives model.max_seq_len. Empty for a model_type dtrain does not run; a
-// field that is not a number is left out (CheckHfConfig names both at start).
+// max_position_embeddings gives model.max_seq_len. InvalidArgument for a model_type dtrain does not
+// run; a field that is not a number is left out (CheckHfConfig names it at start).
 absl::StatusOr<std::vector<HfModelKey>> HfModelKeys(const std::string& path);
 
 // Copies the tokenizer at `tokenizer_path` into `dir` under the names AutoTokenizer looks for:

@@ -981,8 +981,8 @@ class Parser {
     absl::StatusOr<std::vector<HfModelKey>> keys = HfModelKeys(config);
     if (!keys.ok()) return Error("train.init_from", keys.status().message());
     const auto family = entries_.find("model.family");
-    if (keys->empty() || (family != entries_.end() && family->second.value.IsScalar() &&
-                          family->second.value.Scalar() != keys->front().value)) {
+    if (family != entries_.end() && family->second.value.IsScalar() &&
+        family->second.value.Scalar() != keys->front().value) {
       return absl::OkStatus();
     }
     for (const HfModelKey& key : *keys) {

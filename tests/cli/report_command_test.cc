@@ -106,6 +106,16 @@ TEST_F(ReportCommandTest, AnOutInNewFoldersIsWrittenAndOneUnderAFileIsAUsageErro
       testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", file, "/report.html"));
   EXPECT_EQ(report.exit_code, 2) << report.stderr_text;
   EXPECT_THAT(report.stderr_text, HasSubstr("cannot make the folder " + file));
+  // A folder for --out: the page needs a file's path.
+  const std::string folder = testing::FreshTempDir("report_into_folder");
+  std::filesystem::create_directories(folder);
+  const testing::Outcome into =
+      testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", folder));
+  EXPECT_EQ(into.exit_code, 2) << into.stderr_text;
+  EXPECT_THAT(into.stderr_text, HasSubstr("--out " + folder +
+                                          " is a folder: give the page a file "
+                                          "path, such as " +
+                                          folder + "/report.html"));
 }
 
 // The page over a file the report reads would cost the run its record: refused, exit 2.
@@ -183,6 +193,8 @@ TEST_F(ReportCommandTest, RendersInHeadlessChromium) {
   // The second launch resumed the run; nothing restarted it.
   EXPECT_THAT(dom, HasSubstr("<th>restarts</th><td>none</td>"));
   EXPECT_THAT(dom, HasSubstr("<th>runs resumed</th><td>1, from 6</td>"));
+  EXPECT_THAT(dom, HasSubstr("<th>layout</th><td>ddp over 1 rank: dp 1, tp 1, pp 1, recompute "
+                             "none, device cpu</td>"));
 }
 
 }  // namespace

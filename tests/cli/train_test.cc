@@ -295,6 +295,13 @@ TEST(TrainTest, ExportedFolderInitialisesANewRunAndItsConfigMustMatch) {
   EXPECT_THAT(wrong.stderr_text, HasSubstr("model.d_model is 32 but n_embd is 64 (set "
                                            "model.d_model: 64)"));
   EXPECT_THAT(wrong.stderr_text, HasSubstr("model.n_layer is 3 but n_layer is 2"));
+  // recipe check and plan refuse it alike, where they ran on the built-in default model.
+  for (const char* command : {"recipe check", "plan"}) {
+    const testing::Outcome checked = testing::RunDtrain(absl::StrCat(
+        command, " ", SmallRecipe(), " --set train.init_from=", folder, " --set model.n_layer=3"));
+    EXPECT_EQ(checked.exit_code, 2) << command << ": " << checked.stderr_text;
+    EXPECT_THAT(checked.stderr_text, HasSubstr("model.n_layer is 3 but n_layer is 2")) << command;
+  }
 
   // Without its weights the folder is a usage error too (it exited 1, which launch restarts).
   std::filesystem::remove(folder + "/model.safetensors");

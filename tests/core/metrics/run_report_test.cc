@@ -158,11 +158,12 @@ TEST(RunReportTest, RestartsResumedRunsAndLayoutChangesAreToldApart) {
   const absl::StatusOr<RunFolder> run = ReadRunFolder(dir);
   ASSERT_TRUE(run.ok()) << run.status();
   const std::string html = RunReportHtml(*run);
-  EXPECT_THAT(html, HasSubstr("<td>ddp over 2 ranks: dp 2, tp 1, pp 1 (steps 1 to 4); zero2 over "
-                              "4 ranks: dp 4, tp 1, pp 1 (from step 5)</td>"));
-  EXPECT_THAT(html, HasSubstr("<th>restarts</th><td>1, resumed from 0</td>"));
+  EXPECT_THAT(
+      html, HasSubstr("<td>ddp over 2 ranks: dp 2, tp 1, pp 1 (steps 1 to 4); zero2 over "
+                      "4 ranks: dp 4, tp 1, pp 1 (from step 5), recompute none, device cpu</td>"));
+  EXPECT_THAT(html, HasSubstr("<th>restarts</th><td>1, resumed from the start</td>"));
   EXPECT_THAT(html, HasSubstr("<th>runs resumed</th><td>1, from 4</td>"));
-  EXPECT_THAT(html, HasSubstr(">restart: resumed from 0</text>"));
+  EXPECT_THAT(html, HasSubstr(">restart: resumed from the start</text>"));
   EXPECT_THAT(html, HasSubstr(">resumed from 4</text>"));
 }
 

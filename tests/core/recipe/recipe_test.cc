@@ -781,10 +781,13 @@ TEST(RecipeTest, InitFromAFolderSetsTheModelKeysTheRecipeLeavesUnset) {
   EXPECT_THAT(ErrorOf(kMinimal, {init_from}),
               HasSubstr(absl::StrCat("model.d_model from ", folder,
                                      "/config.json's n_embd (train.init_from)")));
-  write_config("not json");
+  write_config(R"({"model_type": "mistral"})");
   EXPECT_THAT(ErrorOf(kMinimal, {init_from}),
-              HasSubstr(absl::StrCat("--set ", init_from, ": ", folder,
-                                     "/config.json is not a JSON object")));
+              HasSubstr("model_type \"mistral\" is not a family dtrain runs (gpt2, llama)"));
+  write_config("not json");
+  EXPECT_THAT(
+      ErrorOf(kMinimal, {init_from}),
+      HasSubstr(absl::StrCat("--set ", init_from, ": ", folder, "/config.json is not valid JSON")));
 
   std::filesystem::remove(folder + "/config.json");
   recipe = ParseRecipe(kMinimal, "t.yaml", {init_from});
