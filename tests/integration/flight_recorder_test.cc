@@ -68,7 +68,7 @@ void ExpectFailedWithDumps(const std::vector<testing::RankResult>& ranks, const 
 
 TEST(FlightRecorderMultiProcessTest, ARankThatSkipsAnAllReduceIsNamedWithTheOperation) {
   const std::string out = testing::FreshTempDir("fr_skip");
-  const auto ranks = RunWithFault(out, "skip:2:world:21");
+  const auto ranks = RunWithFault(out, "skip:2:world:23");
   ExpectFailedWithDumps(ranks, out, {0, 1, 2, 3});
   EXPECT_THAT(ranks[0].output,
               ContainsRegex("flight recorder: rank 2 never entered all_reduce #[0-9]+ on group "
@@ -78,7 +78,7 @@ TEST(FlightRecorderMultiProcessTest, ARankThatSkipsAnAllReduceIsNamedWithTheOper
 
 TEST(FlightRecorderMultiProcessTest, ARankCallingAnotherSizeIsNamedAsADesync) {
   const std::string out = testing::FreshTempDir("fr_resize");
-  const auto ranks = RunWithFault(out, "resize:1:world:21");
+  const auto ranks = RunWithFault(out, "resize:1:world:23");
   ExpectFailedWithDumps(ranks, out, {0, 1, 2, 3});
   EXPECT_THAT(
       ranks[0].output,
