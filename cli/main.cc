@@ -17,7 +17,6 @@
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
 #include "core/data/datasets.h"
-#include "core/model/hf_folder.h"
 #include "core/model/model_size.h"
 #include "core/optim/adamw.h"
 #include "core/util/decimal.h"
@@ -27,6 +26,7 @@
 #include "core/util/status.h"
 #include "embedded_tiny_recipe.h"
 #include "parallel/planner/catalog.h"
+#include "parallel/trainer.h"
 
 namespace dtrain::cli {
 
@@ -80,17 +80,13 @@ absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
 }
 
 absl::Status CheckInitFromHere(const Recipe& recipe) {
-  const std::string& path = recipe.train.init_from;
   std::error_code error;
-  if (path.empty()) return absl::OkStatus();
-  if (!std::filesystem::exists(path, error)) {
-    LogWarn("train.init_from %s is not here (the nodes that train may see it)", path);
+  if (!recipe.train.init_from.empty() && !std::filesystem::exists(recipe.train.init_from, error)) {
+    LogWarn("train.init_from %s is not here (the nodes that train may see it)",
+            recipe.train.init_from);
     return absl::OkStatus();
   }
-  const absl::Status checked =
-      CheckHfWeights(ModelConfigFromRecipe(recipe.model, recipe.d_ff()), path);
-  if (checked.ok()) return checked;
-  return absl::Status(checked.code(), absl::StrCat("train.init_from: ", checked.message()));
+  return CheckInitFromWeights(recipe);
 }
 
 absl::Status CheckCrossNodeToken(const WorldEnvironment& world) {

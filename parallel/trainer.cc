@@ -1402,6 +1402,24 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size) {
       fixes, "run ", tp * pp, " x k ranks"));
 }
 
+absl::Status CheckInitFromWeights(const Recipe& recipe) {
+  std::error_code error;
+  if (recipe.train.init_from.empty()) return absl::OkStatus();
+  if (!std::filesystem::exists(recipe.train.init_from, error)) {
+    if (error) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.init_from: ", recipe.train.init_from,
+                     " does not exist; give a .safetensors file or a Hugging Face model folder"));
+  }
+  const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
+  // Wrong weights, or a folder without them: a restart would find the same.
+  if (absl::Status status = CheckHfWeights(config, recipe.train.init_from);
+      absl::IsInvalidArgument(status) || absl::IsNotFound(status)) {
+    return InitFromError(status);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size) {
   RETURN_IF_ERROR(CheckLayoutFitsWorld(recipe, world_size));
   RETURN_IF_ERROR(CheckRunOutputs(recipe));
@@ -1411,21 +1429,7 @@ absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size) {
   const bool resumes = recipe.checkpoint.resume != "never" &&
                        (recipe.checkpoint.resume != "auto" ||
                         !CheckpointCandidates(recipe.checkpoint_dir()).empty());
-  std::error_code error;
-  if (!recipe.train.init_from.empty() && !resumes &&
-      !std::filesystem::exists(recipe.train.init_from, error) && !error) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.init_from: ", recipe.train.init_from,
-                     " does not exist; give a .safetensors file or a Hugging Face model folder"));
-  }
-  if (!recipe.train.init_from.empty() && !resumes && !error) {
-    const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
-    // Wrong weights, or a folder without them: a restart would find the same.
-    if (absl::Status status = CheckHfWeights(config, recipe.train.init_from);
-        absl::IsInvalidArgument(status) || absl::IsNotFound(status)) {
-      return InitFromError(status);
-    }
-  }
+  if (!resumes) RETURN_IF_ERROR(CheckInitFromWeights(recipe));
   // auto picks its micro-batch for the world; RunTraining checks that one.
   if (recipe.parallel.strategy == "auto") return absl::OkStatus();
   const int dp = world_size / (recipe.parallel.tp * recipe.parallel.pp);

@@ -31,4 +31,9 @@ absl::Status CheckLayoutFitsWorld(const Recipe& recipe, int world_size);
 // data.streams unless they split into those ranks.
 absl::Status CheckRecipeFitsWorld(const Recipe& recipe, int world_size);
 
+// train.init_from's weights as a fresh run reads them, from config.json and the safetensors
+// headers: InvalidArgument naming the key when they do not exist, are another model's or a folder
+// holds none. A path that cannot be read is left to the start, as other faults of files are.
+absl::Status CheckInitFromWeights(const Recipe& recipe);
+
 }  // namespace dtrain
