@@ -9,6 +9,7 @@ Usage: torchrun_test.py --dtrain BUILD/dtrain
 
 import argparse
 import json
+import os
 import pathlib
 import socket
 import subprocess
@@ -90,7 +91,11 @@ def main():
                       capture_output=True, check=False).returncode != 0:
         print(f"skipped: {sys.executable} cannot import torch.distributed.run")
         sys.exit(77)
-    unittest.main(argv=[sys.argv[0], *rest], verbosity=2)
+    # The runs' folders and torchrun's own (torchelastic_*) go in one folder, removed at the end.
+    with tempfile.TemporaryDirectory(prefix="dtrain_torchrun_") as work:
+        os.environ["TMPDIR"] = tempfile.tempdir = work
+        result = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2).result
+    sys.exit(0 if result.wasSuccessful() else 1)
 
 
 if __name__ == "__main__":

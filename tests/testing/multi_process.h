@@ -20,6 +20,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "gtest/gtest.h"
 #include "tests/testing/free_port.h"  // callers pass its port as master_port
 
 namespace dtrain::testing {
@@ -61,8 +62,8 @@ inline std::vector<RankResult> RunRanksAsProcesses(int world_size, int master_po
   std::vector<pid_t> pids(world_size, -1);
   std::vector<std::string> logs(world_size);
   for (int rank = 0; rank < world_size; ++rank) {
-    char path[] = "/tmp/dtrain_rank_XXXXXX";
-    const int log_fd = mkstemp(path);
+    std::string path = ::testing::TempDir() + "dtrain_rank_XXXXXX";
+    const int log_fd = mkstemp(path.data());
     logs[rank] = path;
     const pid_t pid = fork();
     if (pid == 0) {
