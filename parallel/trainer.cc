@@ -613,6 +613,18 @@ absl::StatusOr<std::vector<std::filesystem::path>> CreateRunFolder(const Recipe&
   return made;
 }
 
+// Removes the empty folders inside `folder`, deepest first (a folder that holds a file stays).
+void RemoveEmptyFoldersInside(const std::filesystem::path& folder) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  std::vector<fs::path> inside;  // parents before what they hold
+  for (fs::recursive_directory_iterator entry(folder, error), end; !error && entry != end;
+       entry.increment(error)) {
+    if (entry->symlink_status().type() == fs::file_type::directory) inside.push_back(entry->path());
+  }
+  for (auto it = inside.rbegin(); it != inside.rend(); ++it) fs::remove(*it, error);
+}
+
 // Removes `folders` (deepest first) up to the first that is not empty: a run that failed before
 // its first step wrote nothing there, and left empty folders behind.
 void RemoveEmptyFolders(const std::vector<std::filesystem::path>& folders) {
@@ -664,8 +676,9 @@ absl::Status CheckExportDestination(const Recipe& recipe) {
   if (!fs::is_directory(existing, error)) {
     return refused(absl::StrCat(existing.string(), " is a file, not a folder"));
   }
-  if (access(existing.c_str(), W_OK) != 0) {
-    return refused(absl::StrCat(existing.string(), " is not writable"));
+  if (const int failure = FileCreationError(existing.string()); failure != 0) {
+    return refused(
+        absl::StrCat("no file can be made in ", existing.string(), ": ", std::strerror(failure)));
   }
   return absl::OkStatus();
 }
@@ -886,7 +899,7 @@ absl::Status ExportWeights(const Recipe& recipe, const ParamTable& table,
   // An SFT run's folder renders chats as its shards were packed (apply_chat_template).
   ASSIGN_OR_RETURN(const std::optional<ChatTemplate> chat_template, ShardsChatTemplate(recipe));
   RETURN_IF_ERROR(ExportHfFolder(
-      config, whole,
+      ExportedModelConfig(config, recipe.train.init_from), whole,
       [&](const TensorEntry& entry) -> absl::StatusOr<const float*> {
         return full.data() + entry.offset;
       },
@@ -1048,10 +1061,18 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   }
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
                    LoadSampleTokenizer(recipe, recorded, leader));
-  // A run that ends with its run folder empty (it failed before its first step) removes the
-  // folders it made.
+  // A run that fails before it writes into the run folder it made (before its first step) removes
+  // the folders it made: those inside (its checkpoint folder) while it still holds the run folder,
+  // then, the lock let go (which takes its file along), the run folder and those on the way.
   std::vector<std::filesystem::path> made_folders;
-  const absl::Cleanup remove_unused_folders = [&made_folders] { RemoveEmptyFolders(made_folders); };
+  std::optional<FolderLock> run_folder_lock;
+  bool run_folder_written = false;
+  const absl::Cleanup remove_unused_folders = [&] {
+    if (run_folder_written || made_folders.empty()) return;
+    RemoveEmptyFoldersInside(made_folders.front());
+    run_folder_lock.reset();
+    RemoveEmptyFolders(made_folders);
+  };
   if (leader) {
     WarnOfAnotherInitTokenizer(recipe, sample_tokenizer.get(), recorded);
     WarnOfJoinedDocuments(recipe, sample_tokenizer.get());
@@ -1109,7 +1130,6 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   const bool documents = data.train->documents();
   // Held until the run ends, before anything of the run folder is read: another run of the same
   // folder would interleave its metrics and checkpoints with this one's.
-  std::optional<FolderLock> run_folder_lock;
   if (leader) {
     ASSIGN_OR_RETURN(run_folder_lock,
                      FolderLock::Acquire(recipe.run_dir(), FolderLock::kRunFolder));
@@ -1145,6 +1165,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
               PipelineScheduleName(shape.schedule), FormatStageAssignment(assignment));
     }
     const std::filesystem::path run_dir = recipe.run_dir();
+    run_folder_written = true;
     RETURN_IF_ERROR(
         WriteFileDurably((run_dir / "recipe.yaml").string(), ResolvedRecipeYaml(recipe)));
     // Steps dropped by a start over or a resume from a chosen checkpoint are kept aside; those a

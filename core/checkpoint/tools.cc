@@ -147,9 +147,10 @@ double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The recipe of a checkpoint's run, its relative data paths taken from `working_dir`, the folder
-// they were relative to (the manifest's, where it still is): `ckpt export` run from another folder
-// reads the tokenizer, and the shards' tokenizer record and chat template, that the run read.
+// The recipe of a checkpoint's run, its relative data paths and train.init_from taken from
+// `working_dir`, the folder they were relative to (the manifest's, where it still is): `ckpt
+// export` run from another folder reads the tokenizer, the shards' tokenizer record and chat
+// template, and the starting folder's context (ExportedModelConfig) that the run read.
 Recipe WithDataPathsFrom(Recipe recipe, const std::string& working_dir) {
   std::error_code error;
   if (working_dir.empty() || !fs::is_directory(working_dir, error)) return recipe;
@@ -158,6 +159,7 @@ Recipe WithDataPathsFrom(Recipe recipe, const std::string& working_dir) {
       path = (working_dir / fs::path(path)).string();
   };
   from(recipe.data.tokenizer);
+  from(recipe.train.init_from);
   for (std::string& path : recipe.data.train) from(path);
   for (std::string& path : recipe.data.val) from(path);
   if (!recipe.data.shards.empty())
@@ -265,13 +267,22 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
     if (std::filesystem::exists(recipe.data.tokenizer, error)) {
       tokenizer = recipe.data.tokenizer;
     } else {
+      // Relative still where the run's working folder, which it was relative to, is not here:
+      // looked for under this one.
+      const std::string& working_dir = reader.manifest().working_dir;
+      std::string where;
+      if (fs::path(recipe.data.tokenizer).is_relative()) {
+        where = absl::StrCat(" (looked for under ", fs::current_path(error).string(),
+                             working_dir.empty()
+                                 ? ""
+                                 : absl::StrCat("; the run's working folder ", working_dir,
+                                                " is not on this machine"),
+                             ")");
+      }
       LogWarn(
           "the checkpoint's run trained with data.tokenizer %s, which is not here%s: the folder "
           "gets no tokenizer; give --tokenizer PATH to ship one",
-          recipe.data.tokenizer,
-          fs::path(recipe.data.tokenizer).is_relative()
-              ? absl::StrCat(" (a relative path is from ", fs::current_path(error).string(), ")")
-              : "");
+          recipe.data.tokenizer, where);
     }
   } else if (run_tokenizer) {
     // Without data.tokenizer the data are bytes (data.format text), or their shards say whose.
@@ -320,7 +331,8 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
             why);
       }
     }
-    RETURN_IF_ERROR(ExportHfFolder(config, table, read_tensor, out, tokenizer, metadata,
+    RETURN_IF_ERROR(ExportHfFolder(ExportedModelConfig(config, recipe.train.init_from), table,
+                                   read_tensor, out, tokenizer, metadata,
                                    chat_template ? &*chat_template : nullptr));
     return dir;
   }

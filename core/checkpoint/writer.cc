@@ -284,15 +284,9 @@ absl::Status CheckCheckpointFolder(const std::string& dir, int rank, int64_t las
                                  " characters there, and the system takes at most ", path_max - 1),
                     ENAMETOOLONG);
   }
-  const std::string probe = absl::StrFormat("%s/.probe-rank-%d", dir, rank);
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int error_number = errno;
-    return unusable(absl::StrCat("cannot write a file there: ", std::strerror(error_number)),
-                    error_number);
+  if (const int failure = FileCreationError(dir); failure != 0) {
+    return unusable(absl::StrCat("cannot write a file there: ", std::strerror(failure)), failure);
   }
-  ::close(fd);
-  fs::remove(probe, error);
   return absl::OkStatus();
 }
 

@@ -51,8 +51,8 @@ struct SaveRequest {
 // Runs a whole save on the calling thread. Errors name the file and the rank.
 absl::Status WriteCheckpoint(const SaveRequest& request);
 
-// Creates `dir` if missing and writes and removes a file of rank `rank` there, and checks that
-// the paths of saves up to step `last_step` stay within PATH_MAX: a run checks its checkpoint
+// Creates `dir` if missing and writes and removes a file there, and checks that the paths of
+// rank `rank`'s saves up to step `last_step` stay within PATH_MAX: a run checks its checkpoint
 // folder at start, not at its first save, after its steps. FailedPrecondition naming the folder
 // and the fix, asking for exit code kExitUsage where a restart would find it so again
 // (read-only, not permitted, not a folder, too long a path) and kExitDiskFull where it is full.

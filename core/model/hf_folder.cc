@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -334,6 +335,23 @@ absl::StatusOr<std::vector<HfModelKey>> HfModelKeys(const std::string& path) {
                     field.hf_key});
   }
   return keys;
+}
+
+ModelConfig ExportedModelConfig(const ModelConfig& config, const std::string& init_from) {
+  ModelConfig exported = config;
+  std::error_code error;
+  if (config.family != ModelFamily::kLlama || init_from.empty() ||
+      !fs::is_directory(init_from, error)) {
+    return exported;
+  }
+  const absl::StatusOr<Json> json = ReadJson((fs::path(init_from) / "config.json").string());
+  if (!json.ok()) return exported;
+  const Json positions = json->value("max_position_embeddings", Json());
+  if (positions.is_number_integer() && positions.get<int64_t>() > config.max_seq_len &&
+      positions.get<int64_t>() <= std::numeric_limits<int>::max()) {
+    exported.max_seq_len = positions.get<int>();
+  }
+  return exported;
 }
 
 absl::Status CheckHfConfig(const ModelConfig& c, const std::string& path) {

@@ -51,6 +51,13 @@ struct HfModelKey {
 // run; a field that is not a number is left out (CheckHfConfig names it at start).
 absl::StatusOr<std::vector<HfModelKey>> HfModelKeys(const std::string& path);
 
+// The model that an export of a run started from `init_from` describes (its config.json, its
+// tokenizer's model_max_length): `config`, but a Llama keeps the context of the folder it started
+// from, that folder's max_position_embeddings, where longer than model.max_seq_len. Llama has no
+// position tensor: training on shorter sequences does not shorten its context. `config` where
+// `init_from` is no such folder (a weights file, a GPT-2, a folder that is not here).
+ModelConfig ExportedModelConfig(const ModelConfig& config, const std::string& init_from);
+
 // Copies the tokenizer at `tokenizer_path` into `dir` under the names AutoTokenizer looks for:
 // a tokenizer.json (fast tokenizer), a SentencePiece tokenizer.model (LlamaTokenizer), or GPT-2's
 // encoder.json + vocab.bpe (GPT2Tokenizer's vocab.json + merges.txt); `tokenizer_path` is such a

@@ -162,6 +162,15 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, size_t max_by
   return text;
 }
 
+int FileCreationError(const std::string& folder) {
+  std::string probe = folder + "/.dtrain-probe-XXXXXX";
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) return errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return 0;
+}
+
 absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
   const char* next = static_cast<const char*>(data);
   while (bytes > 0) {

@@ -48,6 +48,11 @@ std::optional<std::string> RegularFileHead(const std::string& path, size_t max_b
 // (neither needs to): what an output must not be when it would overwrite an input.
 bool IsSameOrInside(const std::string& path, const std::string& folder);
 
+// 0 when a file can be made in the folder `folder`: one is, under a name no other process uses,
+// and removed. Else the errno of its creation. access(W_OK) is no answer: root passes it where
+// no file can be made (under /proc).
+int FileCreationError(const std::string& folder);
+
 // Writes all of [data, data + bytes) to `fd`, retrying short writes; `path` names it in errors.
 absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path);
 

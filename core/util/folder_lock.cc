@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -21,16 +22,39 @@
 
 namespace dtrain {
 
+FolderLock::FolderLock(FolderLock&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
+
 FolderLock& FolderLock::operator=(FolderLock&& other) noexcept {
   if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
+    Release();
     fd_ = std::exchange(other.fd_, -1);
+    path_ = std::move(other.path_);
   }
   return *this;
 }
 
-FolderLock::~FolderLock() {
-  if (fd_ >= 0) ::close(fd_);
+namespace {
+
+// Whether `file` is the only entry of its folder.
+bool IsAlone(const std::filesystem::path& file) {
+  std::error_code error;
+  int entries = 0;
+  for (std::filesystem::directory_iterator entry(file.parent_path(), error), end;
+       !error && entry != end; entry.increment(error)) {
+    if (++entries > 1 || entry->path().filename() != file.filename()) return false;
+  }
+  return !error && entries == 1;
+}
+
+}  // namespace
+
+void FolderLock::Release() {
+  if (fd_ < 0) return;
+  // Unlinked while still held: a process that opened the file meanwhile finds, once it has the
+  // lock, that the file is no longer the folder's, and takes the folder's new one (AcquireAs).
+  if (IsAlone(path_)) ::unlink(path_.c_str());
+  ::close(std::exchange(fd_, -1));
 }
 
 const FolderLock::Role FolderLock::kRunFolder = {
@@ -54,33 +78,54 @@ absl::StatusOr<FolderLock> FolderLock::AcquireAs(const std::string& folder, cons
                      fix);
   }
   const std::string path = folder + "/.lock";
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return FileError(errno, absl::StrCat("cannot open ", path), fix);
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int failure = errno;
-    if (failure != EWOULDBLOCK) {
-      LogWarn("cannot lock the %s %s (%s): nothing stops another run from writing it", role.name,
-              folder, std::strerror(failure));
+  // A holder that lets go of an otherwise empty folder removes the lock file (Release): the file
+  // this process locked may be gone from the folder by then, and another run may hold the file
+  // that replaced it. Tried again while that happens, a few times at most.
+  constexpr int kAttempts = 16;
+  for (int attempt = 1;; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return FileError(errno, absl::StrCat("cannot open ", path), fix);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int failure = errno;
+      if (failure != EWOULDBLOCK) {
+        LogWarn("cannot lock the %s %s (%s): nothing stops another run from writing it", role.name,
+                folder, std::strerror(failure));
+        ::close(fd);
+        return FolderLock(-1, path);
+      }
+      char holder[512] = {};
+      const ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
       ::close(fd);
-      return FolderLock(-1);
+      // Not the agent's to restart (exit 2): the other run holds the folder until it ends.
+      return WithExitCode(
+          absl::FailedPreconditionError(absl::StrCat(
+              "the ", role.name, " ", folder, " is in use by another run (",
+              n > 0 ? absl::StripAsciiWhitespace(std::string(holder, static_cast<size_t>(n)))
+                    : std::string("its holder is unknown"),
+              "); give this run another ", role.other_keys, ", or end that one")),
+          kExitUsage);
     }
-    char holder[512] = {};
-    const ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
+    struct stat locked {};
+    struct stat named {};
+    if (::fstat(fd, &locked) == 0 && ::stat(path.c_str(), &named) == 0 &&
+        locked.st_dev == named.st_dev && locked.st_ino == named.st_ino) {
+      const std::string text = owner + "\n";
+      if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) < 0) {
+        LogWarn("cannot write the holder into %s: %s", path, std::strerror(errno));
+      }
+      return FolderLock(fd, path);
+    }
     ::close(fd);
-    // Not the agent's to restart (exit 2): the other run holds the folder until it ends.
-    return WithExitCode(
-        absl::FailedPreconditionError(absl::StrCat(
-            "the ", role.name, " ", folder, " is in use by another run (",
-            n > 0 ? absl::StripAsciiWhitespace(std::string(holder, static_cast<size_t>(n)))
-                  : std::string("its holder is unknown"),
-            "); give this run another ", role.other_keys, ", or end that one")),
-        kExitUsage);
+    if (attempt == kAttempts) {
+      return WithExitCode(
+          absl::FailedPreconditionError(absl::StrCat(
+              "the ", role.name, " ", folder, "'s lock file ", path, " was replaced ", kAttempts,
+              " times while this run took it: other runs are starting in it; give this run "
+              "another ",
+              role.other_keys, ", or end them")),
+          kExitUsage);
+    }
   }
-  const std::string text = owner + "\n";
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) < 0) {
-    LogWarn("cannot write the holder into %s: %s", path, std::strerror(errno));
-  }
-  return FolderLock(fd);
 }
 
 }  // namespace dtrain

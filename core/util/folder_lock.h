@@ -1,10 +1,13 @@
 // An exclusive claim on a folder for the life of a process: two runs writing one run folder
 // would interleave their metrics and checkpoints, and two saving into one checkpoint folder
 // would set aside or remove each other's saves. A flock(2) on `<folder>/.lock`, which the kernel
-// drops when the process ends however it ends, so a killed run never leaves it held.
+// drops when the process ends however it ends, so a killed run never leaves it held. A folder
+// that holds nothing but the lock when it is let go (a start that failed before writing anything)
+// is left as it was found, without the lock file.
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 
@@ -30,15 +33,18 @@ class FolderLock {
   static absl::StatusOr<FolderLock> AcquireAs(const std::string& folder, const Role& role,
                                               const std::string& owner);
 
-  FolderLock(FolderLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  FolderLock(FolderLock&& other) noexcept;
   FolderLock& operator=(FolderLock&& other) noexcept;
   FolderLock(const FolderLock&) = delete;
   FolderLock& operator=(const FolderLock&) = delete;
-  ~FolderLock();
+  ~FolderLock() { Release(); }
 
  private:
-  explicit FolderLock(int fd) : fd_(fd) {}
+  FolderLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  void Release();
+
   int fd_ = -1;
+  std::string path_;  // the lock file
 };
 
 }  // namespace dtrain

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/checkpoint/format.h"
 #include "core/util/exit_codes.h"
 #include "core/util/files.h"
 #include "core/util/folder_lock.h"
@@ -212,6 +213,15 @@ TEST(TrainTest, AStartUpErrorLeavesNoEmptyRunFolder) {
             2);
   EXPECT_TRUE(std::filesystem::is_directory(out_dir));
   EXPECT_FALSE(std::filesystem::exists(out_dir + "/small"));
+  // So does one that fails once it holds its run folder and checkpoint folder (here: a resume
+  // from a folder that holds no checkpoint): neither the lock files nor the folders stay.
+  const std::string locked_dir = testing::FreshTempDir("startup_error_locked") + "/a";
+  const std::string not_a_checkpoint = testing::FreshTempDir("startup_error_not_a_checkpoint");
+  std::filesystem::create_directories(not_a_checkpoint);
+  const testing::Outcome locked = Train(locked_dir, "--set checkpoint.resume=" + not_a_checkpoint);
+  EXPECT_EQ(locked.exit_code, 2) << locked.stderr_text;
+  EXPECT_THAT(locked.stderr_text, HasSubstr(not_a_checkpoint));
+  EXPECT_FALSE(std::filesystem::exists(testing::TempPath("startup_error_locked")));
 }
 
 // train.export_to is checked before the first step: a file where its folder would go fails the
@@ -233,6 +243,14 @@ TEST(TrainTest, AnExportPathThatCannotBeWrittenFailsBeforeTheFirstStep) {
   const testing::Outcome taken = Train(blocked, "--set train.export_to=" + folder);
   EXPECT_EQ(taken.exit_code, 2) << taken.stderr_text;
   EXPECT_THAT(taken.stderr_text, HasSubstr(folder + " is a folder"));
+  // A folder that root may write by access(2) but where no file can be made (/proc) is refused
+  // too, where the run failed after its last step.
+  const testing::Outcome proc =
+      Train(RunDir("export_proc"), "--set train.export_to=/proc/dtrain/model.safetensors");
+  EXPECT_EQ(proc.exit_code, 2) << proc.stderr_text;
+  EXPECT_THAT(proc.stderr_text, HasSubstr("train.export_to /proc/dtrain/model.safetensors: no file "
+                                          "can be made in /proc: "));
+  EXPECT_TRUE(ReadMetrics(RunDir("export_proc") + "/small").empty());
 
   const testing::Outcome nested =
       Train(RunDir("export_nested"), "--set train.export_to=weights/final/model.safetensors");
@@ -309,6 +327,38 @@ TEST(TrainTest, ExportedFolderInitialisesANewRunAndItsConfigMustMatch) {
       Train(RunDir("folder_weightless"), "--set train.init_from=" + folder);
   EXPECT_EQ(weightless.exit_code, 2) << weightless.stderr_text;
   EXPECT_THAT(weightless.stderr_text, HasSubstr(folder + " has config.json but no "));
+}
+
+// A Llama tuned on shorter sequences than its starting folder's context keeps that context in
+// its exports (train.export_to's and ckpt export's): Llama has no position tensor, and a folder
+// that said max_position_embeddings 64 would cap what transformers and servers give it.
+TEST(TrainTest, ALlamaExportKeepsTheContextOfItsStartingFolder) {
+  const std::string llama = "--set model.family=llama --set train.steps=2 --set train.eval_every=0";
+  ASSERT_EQ(Train(RunDir("llama_base"), llama + " --set train.export_to=hf").exit_code, 0);
+  const std::string base = RunDir("llama_base") + "/small/hf";
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(base + "/config.json"));
+  ASSERT_EQ(config["max_position_embeddings"], 64);  // the context it trained, with no folder
+  config["max_position_embeddings"] = 8192;          // a base model trained on longer sequences
+  std::ofstream(base + "/config.json") << config.dump(2);
+
+  const testing::Outcome tuned = Train(
+      RunDir("llama_tuned"), llama + " --set train.export_to=hf --set train.init_from=" + base);
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.stderr_text;
+  const std::string checkpoints = RunDir("llama_tuned") + "/small/checkpoints";
+  const std::string exported = testing::FreshTempDir("llama_tuned_export");
+  const testing::Outcome from_checkpoint = testing::RunDtrain(
+      absl::StrCat("ckpt export ", checkpoints, " --format hf --out ", exported));
+  ASSERT_EQ(from_checkpoint.exit_code, 0) << from_checkpoint.stderr_text;
+  for (const std::string& folder : {RunDir("llama_tuned") + "/small/hf", exported}) {
+    EXPECT_EQ(nlohmann::json::parse(std::ifstream(folder + "/config.json"))
+                  .value("max_position_embeddings", 0),
+              8192)
+        << folder;
+    EXPECT_EQ(nlohmann::json::parse(std::ifstream(folder + "/tokenizer_config.json"))
+                  .value("model_max_length", 0),
+              8192)
+        << folder;
+  }
 }
 
 // parallel.strategy: auto takes the planner's layout for this world (one process here) among
@@ -908,6 +958,24 @@ TEST(TrainTest, CheckpointExportOfAnSftRunWritesItsTokenizerAndChatTemplate) {
                                        HasSubstr("give --tokenizer PATH")));
   EXPECT_TRUE(std::filesystem::exists(folder + "_moved/config.json"));
   EXPECT_FALSE(std::filesystem::exists(folder + "_moved/tokenizer.json"));
+
+  // A checkpoint from another machine, whose working folder is not on this one: the tokenizer's
+  // relative path is looked for from here, and the warning names both folders.
+  const std::string manifest_path = checkpoints + "/step-2/manifest.json";
+  absl::StatusOr<Manifest> manifest =
+      ManifestFromJson(ReadWholeFile(manifest_path).value(), manifest_path);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  manifest->working_dir = "/elsewhere/project";
+  ASSERT_TRUE(WriteFileDurably(manifest_path, ManifestToJson(*manifest)).ok());
+  const testing::Outcome elsewhere = testing::RunDtrain(
+      absl::StrCat("ckpt export ", checkpoints, " --format hf --out ", folder, "_elsewhere"));
+  EXPECT_EQ(elsewhere.exit_code, 0) << elsewhere.stderr_text;
+  EXPECT_THAT(elsewhere.stderr_text,
+              HasSubstr(absl::StrCat("data.tokenizer ", relative_tokenizer,
+                                     ", which is not here (looked for under ",
+                                     std::filesystem::current_path().string(),
+                                     "; the run's working folder /elsewhere/project is not on "
+                                     "this machine)")));
 }
 
 }  // namespace
