@@ -71,6 +71,12 @@ class TrainingCheckpoints {
   // it failed, not at the next save.
   absl::Status CheckBackgroundSave() { return writer_.Poll(); }
 
+  // A start that failed before the first step: lets go of the checkpoint folder, leaving it as it
+  // was found where this run wrote nothing there (FolderLock::Abandon).
+  void AbandonFolder() {
+    if (folder_lock_) folder_lock_->Abandon();
+  }
+
   const std::string& dir() const { return dir_; }
   // After Resume: the metrics.jsonl line of the resumed step ("" when none was saved).
   const std::string& resumed_metrics_line() const { return resumed_metrics_line_; }

@@ -677,8 +677,8 @@ absl::Status CheckExportDestination(const Recipe& recipe) {
     return refused(absl::StrCat(existing.string(), " is a file, not a folder"));
   }
   if (const int failure = FileCreationError(existing.string()); failure != 0) {
-    return refused(
-        absl::StrCat("no file can be made in ", existing.string(), ": ", std::strerror(failure)));
+    return refused(absl::StrCat("no file can be made in ", existing.string(),
+                                " (making one there failed: ", std::strerror(failure), ")"));
   }
   return absl::OkStatus();
 }
@@ -1062,15 +1062,18 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   ASSIGN_OR_RETURN(const std::unique_ptr<Tokenizer> sample_tokenizer,
                    LoadSampleTokenizer(recipe, recorded, leader));
   // A run that fails before it writes into the run folder it made (before its first step) removes
-  // the folders it made: those inside (its checkpoint folder) while it still holds the run folder,
-  // then, the lock let go (which takes its file along), the run folder and those on the way.
+  // the folders it made: where it took the run folder's lock, those inside (its checkpoint
+  // folder) while it holds it, then the lock's file with the lock; then the run folder and those
+  // on the way, where empty. A run refused the lock touches nothing inside: another run has it.
   std::vector<std::filesystem::path> made_folders;
   std::optional<FolderLock> run_folder_lock;
   bool run_folder_written = false;
   const absl::Cleanup remove_unused_folders = [&] {
     if (run_folder_written || made_folders.empty()) return;
-    RemoveEmptyFoldersInside(made_folders.front());
-    run_folder_lock.reset();
+    if (run_folder_lock && run_folder_lock->held()) {
+      RemoveEmptyFoldersInside(made_folders.front());
+      run_folder_lock->Abandon();
+    }
     RemoveEmptyFolders(made_folders);
   };
   if (leader) {
@@ -1136,6 +1139,9 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
   }
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingCheckpoints> checkpoints,
                    TrainingCheckpoints::Create(recipe, table, engine, world_comm));
+  const absl::Cleanup abandon_checkpoint_folder = [&] {
+    if (!run_folder_written) checkpoints->AbandonFolder();
+  };
   // A resumed run's parameters, moments, AdamW's count and data cursor come from the
   // checkpoint; the schedule follows from the step.
   ASSIGN_OR_RETURN(const int64_t resumed_step,

@@ -340,10 +340,16 @@ absl::StatusOr<std::vector<HfModelKey>> HfModelKeys(const std::string& path) {
 ModelConfig ExportedModelConfig(const ModelConfig& config, const std::string& init_from) {
   ModelConfig exported = config;
   std::error_code error;
-  if (config.family != ModelFamily::kLlama || init_from.empty() ||
-      !fs::is_directory(init_from, error)) {
+  if (config.family != ModelFamily::kLlama || init_from.empty()) return exported;
+  if (!fs::exists(init_from, error)) {
+    LogWarn(
+        "train.init_from %s, where the run started, is not here: config.json's "
+        "max_position_embeddings is model.max_seq_len, %d, which may be shorter than the context "
+        "the model started with (set it in config.json where so)",
+        init_from, config.max_seq_len);
     return exported;
   }
+  if (!fs::is_directory(init_from, error)) return exported;
   const absl::StatusOr<Json> json = ReadJson((fs::path(init_from) / "config.json").string());
   if (!json.ok()) return exported;
   const Json positions = json->value("max_position_embeddings", Json());

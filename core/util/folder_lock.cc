@@ -50,11 +50,12 @@ bool IsAlone(const std::filesystem::path& file) {
 }  // namespace
 
 void FolderLock::Release() {
-  if (fd_ < 0) return;
-  // Unlinked while still held: a process that opened the file meanwhile finds, once it has the
-  // lock, that the file is no longer the folder's, and takes the folder's new one (AcquireAs).
-  if (IsAlone(path_)) ::unlink(path_.c_str());
-  ::close(std::exchange(fd_, -1));
+  if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+}
+
+void FolderLock::Abandon() {
+  if (held() && IsAlone(path_)) ::unlink(path_.c_str());
+  Release();
 }
 
 const FolderLock::Role FolderLock::kRunFolder = {
@@ -78,9 +79,9 @@ absl::StatusOr<FolderLock> FolderLock::AcquireAs(const std::string& folder, cons
                      fix);
   }
   const std::string path = folder + "/.lock";
-  // A holder that lets go of an otherwise empty folder removes the lock file (Release): the file
-  // this process locked may be gone from the folder by then, and another run may hold the file
-  // that replaced it. Tried again while that happens, a few times at most.
+  // A holder that abandons an otherwise empty folder removes the lock file: the file this
+  // process locked may be gone from the folder by then, and another run may hold the file that
+  // replaced it. Tried again while that happens, a few times at most.
   constexpr int kAttempts = 16;
   for (int attempt = 1;; ++attempt) {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);

@@ -1,9 +1,8 @@
 // An exclusive claim on a folder for the life of a process: two runs writing one run folder
 // would interleave their metrics and checkpoints, and two saving into one checkpoint folder
 // would set aside or remove each other's saves. A flock(2) on `<folder>/.lock`, which the kernel
-// drops when the process ends however it ends, so a killed run never leaves it held. A folder
-// that holds nothing but the lock when it is let go (a start that failed before writing anything)
-// is left as it was found, without the lock file.
+// drops when the process ends however it ends, so a killed run never leaves it held. The lock
+// file stays for the next holder, unless a run that wrote nothing there abandons the folder.
 #pragma once
 
 #include <string>
@@ -38,6 +37,14 @@ class FolderLock {
   FolderLock(const FolderLock&) = delete;
   FolderLock& operator=(const FolderLock&) = delete;
   ~FolderLock() { Release(); }
+
+  // Whether the folder is held: false where the filesystem has no locks, and once let go.
+  bool held() const { return fd_ >= 0; }
+  // Lets go of a folder this run wrote nothing into (its start failed), taking the lock file
+  // along where the folder holds nothing else, so that it is as it was found. Removed while
+  // still held: a run that opened the file meanwhile finds, once it has the lock, that the file
+  // is no longer the folder's, and takes the folder's new one (AcquireAs).
+  void Abandon();
 
  private:
   FolderLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}

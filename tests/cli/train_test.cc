@@ -249,7 +249,7 @@ TEST(TrainTest, AnExportPathThatCannotBeWrittenFailsBeforeTheFirstStep) {
       Train(RunDir("export_proc"), "--set train.export_to=/proc/dtrain/model.safetensors");
   EXPECT_EQ(proc.exit_code, 2) << proc.stderr_text;
   EXPECT_THAT(proc.stderr_text, HasSubstr("train.export_to /proc/dtrain/model.safetensors: no file "
-                                          "can be made in /proc: "));
+                                          "can be made in /proc (making one there failed: "));
   EXPECT_TRUE(ReadMetrics(RunDir("export_proc") + "/small").empty());
 
   const testing::Outcome nested =
@@ -331,7 +331,9 @@ TEST(TrainTest, ExportedFolderInitialisesANewRunAndItsConfigMustMatch) {
 
 // A Llama tuned on shorter sequences than its starting folder's context keeps that context in
 // its exports (train.export_to's and ckpt export's): Llama has no position tensor, and a folder
-// that said max_position_embeddings 64 would cap what transformers and servers give it.
+// that said max_position_embeddings 64 would cap what transformers and servers give it. The run
+// names the folder relative to where it runs; ckpt export, run elsewhere, finds it through the
+// checkpoint's record of that place, and says so where the folder is gone.
 TEST(TrainTest, ALlamaExportKeepsTheContextOfItsStartingFolder) {
   const std::string llama = "--set model.family=llama --set train.steps=2 --set train.eval_every=0";
   ASSERT_EQ(Train(RunDir("llama_base"), llama + " --set train.export_to=hf").exit_code, 0);
@@ -341,15 +343,20 @@ TEST(TrainTest, ALlamaExportKeepsTheContextOfItsStartingFolder) {
   config["max_position_embeddings"] = 8192;          // a base model trained on longer sequences
   std::ofstream(base + "/config.json") << config.dump(2);
 
-  const testing::Outcome tuned = Train(
-      RunDir("llama_tuned"), llama + " --set train.export_to=hf --set train.init_from=" + base);
+  const std::filesystem::path work = std::filesystem::path(base).parent_path().parent_path();
+  const std::string tuned_dir = RunDir("llama_tuned");
+  std::filesystem::remove_all(tuned_dir);
+  const testing::Outcome tuned = testing::RunDtrain(
+      absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", tuned_dir, " ", llama,
+                   " --set train.export_to=hf --set train.init_from=small/hf"),
+      "cd " + work.string() + " &&");
   ASSERT_EQ(tuned.exit_code, 0) << tuned.stderr_text;
-  const std::string checkpoints = RunDir("llama_tuned") + "/small/checkpoints";
+  const std::string checkpoints = tuned_dir + "/small/checkpoints";
   const std::string exported = testing::FreshTempDir("llama_tuned_export");
   const testing::Outcome from_checkpoint = testing::RunDtrain(
       absl::StrCat("ckpt export ", checkpoints, " --format hf --out ", exported));
   ASSERT_EQ(from_checkpoint.exit_code, 0) << from_checkpoint.stderr_text;
-  for (const std::string& folder : {RunDir("llama_tuned") + "/small/hf", exported}) {
+  for (const std::string& folder : {tuned_dir + "/small/hf", exported}) {
     EXPECT_EQ(nlohmann::json::parse(std::ifstream(folder + "/config.json"))
                   .value("max_position_embeddings", 0),
               8192)
@@ -359,6 +366,15 @@ TEST(TrainTest, ALlamaExportKeepsTheContextOfItsStartingFolder) {
               8192)
         << folder;
   }
+
+  const std::string run_started = std::filesystem::canonical(work).string() + "/small/hf";
+  std::filesystem::remove_all(base);
+  const testing::Outcome gone = testing::RunDtrain(
+      absl::StrCat("ckpt export ", checkpoints, " --format hf --out ", exported, "_gone"));
+  ASSERT_EQ(gone.exit_code, 0) << gone.stderr_text;
+  EXPECT_THAT(gone.stderr_text, HasSubstr("train.init_from " + run_started +
+                                          ", where the run started, is not here: config.json's "
+                                          "max_position_embeddings is model.max_seq_len, 64"));
 }
 
 // parallel.strategy: auto takes the planner's layout for this world (one process here) among

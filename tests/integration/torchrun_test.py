@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -91,11 +92,15 @@ def main():
                       capture_output=True, check=False).returncode != 0:
         print(f"skipped: {sys.executable} cannot import torch.distributed.run")
         sys.exit(77)
-    # The runs' folders and torchrun's own (torchelastic_*) go in one folder, removed at the end.
-    with tempfile.TemporaryDirectory(prefix="dtrain_torchrun_") as work:
-        os.environ["TMPDIR"] = tempfile.tempdir = work
-        result = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2).result
-    sys.exit(0 if result.wasSuccessful() else 1)
+    # The runs' folders and torchrun's own (torchelastic_*) go in one folder, removed when every
+    # test passed.
+    work = tempfile.mkdtemp(prefix="dtrain_torchrun_")
+    os.environ["TMPDIR"] = tempfile.tempdir = work
+    result = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2).result
+    if not result.wasSuccessful():
+        print(f"the failed tests' files are kept in {work}", file=sys.stderr)
+        sys.exit(1)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

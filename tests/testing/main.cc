@@ -1,8 +1,9 @@
 // The test binaries' main. Each test process works in a temporary folder of its own: TEST_TMPDIR,
 // which testing::TempDir() returns, and TMPDIR, which the processes a test starts (dtrain, its
 // workers, torch's launcher) write under. The folder is removed when every test passed and kept,
-// with its path printed, when one failed, so a run leaves nothing behind but what explains a
-// failure.
+// with its path printed, when one failed (one that crashed leaves /tmp/dtrain-tests.* unnamed:
+// printed at the start, the path would be in the output of death tests' children), so a run
+// leaves nothing behind but what explains a failure.
 #include <stdlib.h>
 #include <sys/stat.h>
 

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,38 +36,44 @@ TEST(FolderLockTest, AHeldFolderIsRefusedNamingItsHolderUntilLetGo) {
                 HasSubstr("the run folder " + folder +
                           " is in use by another run (pid 4242 on host h); give this run another "
                           "run.name or run.out_dir, or end that one"));
-    // A moved lock is still held; the moved-from one lets nothing go.
-    FolderLock moved = *std::move(held);
-    held = FolderLock::AcquireAs(folder + "/inner", FolderLock::kRunFolder, "pid 1 on host h");
+    // A moved lock is still held; the moved-from one lets nothing go when it ends.
+    std::optional<FolderLock> moved_from = *std::move(held);
+    const FolderLock moved = std::move(*moved_from);
+    moved_from.reset();
+    EXPECT_TRUE(moved.held());
     EXPECT_FALSE(FolderLock::Acquire(folder, FolderLock::kRunFolder).ok());
   }
   EXPECT_TRUE(FolderLock::Acquire(folder, FolderLock::kRunFolder).ok());
 }
 
-// Let go of a folder that holds nothing else (a start that failed before writing anything), the
-// lock leaves it as it was found; a folder with anything else in it keeps its lock file.
-TEST(FolderLockTest, AFolderWithNothingButTheLockIsLeftWithoutIt) {
+// A run that abandons a folder that holds nothing else (its start failed) leaves it as it was
+// found, without the lock file; one with anything else in it keeps its lock file, as does a
+// folder let go of at the end of a run.
+TEST(FolderLockTest, AnAbandonedFolderWithNothingButTheLockIsLeftWithoutIt) {
   const std::string empty = testing::FreshTempDir("lock_empty");
-  {
-    const absl::StatusOr<FolderLock> held = FolderLock::Acquire(empty, FolderLock::kRunFolder);
-    ASSERT_TRUE(held.ok()) << held.status();
-    EXPECT_TRUE(fs::exists(empty + "/.lock"));
-  }
+  absl::StatusOr<FolderLock> held = FolderLock::Acquire(empty, FolderLock::kRunFolder);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_TRUE(fs::exists(empty + "/.lock"));
+  held->Abandon();
+  EXPECT_FALSE(held->held());
   EXPECT_TRUE(fs::is_directory(empty));
   EXPECT_TRUE(fs::is_empty(empty));
 
   const std::string used = testing::FreshTempDir("lock_used");
-  {
-    const absl::StatusOr<FolderLock> held = FolderLock::Acquire(used, FolderLock::kRunFolder);
-    ASSERT_TRUE(held.ok()) << held.status();
-    std::ofstream(used + "/metrics.jsonl") << "{}\n";
-  }
+  held = FolderLock::Acquire(used, FolderLock::kRunFolder);
+  ASSERT_TRUE(held.ok()) << held.status();
+  std::ofstream(used + "/metrics.jsonl") << "{}\n";
+  held->Abandon();
   EXPECT_TRUE(fs::exists(used + "/.lock"));
+
+  const std::string ended = testing::FreshTempDir("lock_ended");
+  { ASSERT_TRUE(FolderLock::Acquire(ended, FolderLock::kRunFolder).ok()); }
+  EXPECT_TRUE(fs::exists(ended + "/.lock"));
 }
 
-// Two processes taking and letting go of one folder as fast as they can are never both inside
-// it, though each let-go removes the lock file: a process that opened the file just before it
-// was removed must not hold the removed file while the other holds the folder's new one.
+// Two processes taking and abandoning one folder as fast as they can are never both inside it,
+// though each abandon removes the lock file: a process that opened the file just before it was
+// removed must not hold the removed file while the other holds the folder's new one.
 TEST(FolderLockTest, RemovingTheLockFileNeverLetsTwoHoldersIn) {
   const std::string folder = testing::FreshTempDir("lock_race");
   fs::create_directories(folder);
@@ -78,7 +85,7 @@ TEST(FolderLockTest, RemovingTheLockFileNeverLetsTwoHoldersIn) {
     if (pid == 0) {
       int both_inside = 0;
       for (int round = 0; round < kRounds; ++round) {
-        const absl::StatusOr<FolderLock> held = FolderLock::Acquire(folder, FolderLock::kRunFolder);
+        absl::StatusOr<FolderLock> held = FolderLock::Acquire(folder, FolderLock::kRunFolder);
         if (!held.ok()) continue;  // the other one holds it
         const int fd = ::open(inside.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
         if (fd < 0) {
@@ -87,6 +94,7 @@ TEST(FolderLockTest, RemovingTheLockFileNeverLetsTwoHoldersIn) {
         }
         ::close(fd);
         ::unlink(inside.c_str());
+        held->Abandon();
       }
       _exit(both_inside > 0 ? 1 : 0);
     }
