@@ -240,19 +240,20 @@ absl::StatusOr<std::unique_ptr<TrainingCheckpoints>> TrainingCheckpoints::Create
       new TrainingCheckpoints(recipe, table, engine, comm, nonce));
   RETURN_IF_ERROR(CheckCheckpointFolder(checkpoints->dir_, checkpoints->rank_, recipe.train.steps));
   RETURN_IF_ERROR(CheckFolderIsShared(checkpoints->dir_, comm, nonce));
-  // Another run may name this folder as its checkpoint.dir, even this run's default one, and its
-  // saves would set aside or remove this run's: held for the run, before a checkpoint in it is
-  // read or written (the check above only probes it). The run folder itself is held already.
-  std::error_code error;
-  if (checkpoints->rank_ == 0 && !fs::equivalent(checkpoints->dir_, recipe.run_dir(), error)) {
-    ASSIGN_OR_RETURN(checkpoints->folder_lock_,
-                     FolderLock::Acquire(checkpoints->dir_, FolderLock::kCheckpointFolder));
-  }
   if (checkpoints->writer_.async()) {
     // The staging memory is allocated (and its pages touched) now, so that no save pays for it.
     size_t total = 0;
     for (const StateRange& range : engine.SavedState()) total += range.end - range.begin;
     RETURN_IF_ERROR(checkpoints->writer_.Stage(total).status());
+  }
+  // Another run may name this folder as its checkpoint.dir, even this run's default one, and its
+  // saves would set aside or remove this run's: held for the run, before a checkpoint in it is
+  // read or written (the check above only probes it). The run folder itself is held already.
+  // Taken last: a failure after it would leave the lock file, which only AbandonFolder removes.
+  std::error_code error;
+  if (checkpoints->rank_ == 0 && !fs::equivalent(checkpoints->dir_, recipe.run_dir(), error)) {
+    ASSIGN_OR_RETURN(checkpoints->folder_lock_,
+                     FolderLock::Acquire(checkpoints->dir_, FolderLock::kCheckpointFolder));
   }
   return checkpoints;
 }

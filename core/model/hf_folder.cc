@@ -340,13 +340,21 @@ absl::StatusOr<std::vector<HfModelKey>> HfModelKeys(const std::string& path) {
 ModelConfig ExportedModelConfig(const ModelConfig& config, const std::string& init_from) {
   ModelConfig exported = config;
   std::error_code error;
-  if (config.family != ModelFamily::kLlama || init_from.empty()) return exported;
+  // A weights file has no context to keep.
+  if (config.family != ModelFamily::kLlama || init_from.empty() ||
+      absl::EndsWith(init_from, ".safetensors")) {
+    return exported;
+  }
   if (!fs::exists(init_from, error)) {
     LogWarn(
-        "train.init_from %s, where the run started, is not here: config.json's "
+        "train.init_from %s, where the run started, is not here%s: config.json's "
         "max_position_embeddings is model.max_seq_len, %d, which may be shorter than the context "
         "the model started with (set it in config.json where so)",
-        init_from, config.max_seq_len);
+        init_from,
+        fs::path(init_from).is_relative()
+            ? absl::StrCat(" (looked for under ", fs::current_path(error).string(), ")")
+            : "",
+        config.max_seq_len);
     return exported;
   }
   if (!fs::is_directory(init_from, error)) return exported;

@@ -55,7 +55,8 @@ absl::StatusOr<std::vector<HfModelKey>> HfModelKeys(const std::string& path);
 // tokenizer's model_max_length): `config`, but a Llama keeps the context of the folder it started
 // from, that folder's max_position_embeddings, where longer than model.max_seq_len. Llama has no
 // position tensor: training on shorter sequences does not shorten its context. `config` where
-// `init_from` is no such folder (a weights file, a GPT-2), with a warning where it is not here.
+// `init_from` is no such folder (a weights file, a GPT-2), with a warning where no folder or file
+// is there.
 ModelConfig ExportedModelConfig(const ModelConfig& config, const std::string& init_from);
 
 // Copies the tokenizer at `tokenizer_path` into `dir` under the names AutoTokenizer looks for:

@@ -222,6 +222,15 @@ TEST(TrainTest, AStartUpErrorLeavesNoEmptyRunFolder) {
   EXPECT_EQ(locked.exit_code, 2) << locked.stderr_text;
   EXPECT_THAT(locked.stderr_text, HasSubstr(not_a_checkpoint));
   EXPECT_FALSE(std::filesystem::exists(testing::TempPath("startup_error_locked")));
+  // A checkpoint.dir elsewhere that the run made stays, empty: its lock file goes.
+  const std::string elsewhere = testing::FreshTempDir("startup_error_checkpoints");
+  const testing::Outcome outside =
+      Train(testing::FreshTempDir("startup_error_outside"),
+            "--set checkpoint.resume=" + not_a_checkpoint + " --set checkpoint.dir=" + elsewhere);
+  EXPECT_EQ(outside.exit_code, 2) << outside.stderr_text;
+  EXPECT_TRUE(std::filesystem::is_directory(elsewhere));
+  EXPECT_TRUE(std::filesystem::is_empty(elsewhere));
+  EXPECT_FALSE(std::filesystem::exists(testing::TempPath("startup_error_outside")));
 }
 
 // train.export_to is checked before the first step: a file where its folder would go fails the
