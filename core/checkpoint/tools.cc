@@ -272,12 +272,12 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
       const std::string& working_dir = reader.manifest().working_dir;
       std::string where;
       if (fs::path(recipe.data.tokenizer).is_relative()) {
-        where = absl::StrCat(" (looked for under ", fs::current_path(error).string(),
-                             working_dir.empty()
-                                 ? ""
-                                 : absl::StrCat("; the run's working folder ", working_dir,
-                                                " is not on this machine"),
-                             ")");
+        where =
+            absl::StrCat(" (looked for under ", fs::current_path(error).string(),
+                         working_dir.empty() ? ""
+                                             : absl::StrCat("; the run's working folder ",
+                                                            working_dir, " is not on this machine"),
+                         ")");
       }
       LogWarn(
           "the checkpoint's run trained with data.tokenizer %s, which is not here%s: the folder "
