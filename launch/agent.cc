@@ -63,6 +63,7 @@ constexpr char kReplacedKey[] = "agent/replaced";
 // Nodes that failed before joining (ReportFailureBeforeJoining), each also under
 // "<key>/node-<N>" with its error.
 constexpr char kEarlyFailuresKey[] = "agent/failed-before-joining";
+constexpr char kNodeCountKey[] = "agent/nnodes";  // node 0's --nnodes, the job's
 // How long a node waits for node 0's count of nodes (set as node 0 starts the store).
 constexpr absl::Duration kNodeCountWait = absl::Seconds(10);
 
@@ -305,7 +306,7 @@ struct LostAgent {
   int node = 0;
   std::string host;
   int incarnation = 1;  // how many agents that node has had, this one included
-  std::string error;    // what it failed with (RecordError), if it said; else killed or crashed
+  std::string error;    // what it failed with (Agent::Fail), if it said; else killed or crashed
 };
 
 // How a lost agent went: its own error, or what its closed connection suggests.
@@ -321,9 +322,10 @@ class Agent {
       : node_(node), options_(options), world_size_(node.num_nodes * options.nproc_per_node) {}
 
   absl::StatusOr<int> Run();
-  // Leaves this agent's failure in the store, where the other agents, which see its connection
-  // close, name it instead of a crash.
-  void RecordError(const absl::Status& error);
+  // After Run failed: leaves the failure in the store, where the other agents, which see this
+  // agent's connection close, name it instead of a crash. Node 0, whose process serves the
+  // store, keeps serving it until they have read it and gone (at most kExitTimeout).
+  void Fail(const absl::Status& error);
 
  private:
   std::string Key(int attempt, const std::string& name) const {
@@ -396,7 +398,7 @@ class Agent {
   bool stop_requested_ = false;
   int stop_signal_ = 0;
   int incarnation_ = 1;
-  bool joined_ = false;  // this agent holds its incarnation: RecordError may write under it
+  bool joined_ = false;  // this agent holds its incarnation: Fail may write under it
   // Between a restart after lost agents and the next attempt's rendezvous: those agents, whose
   // nodes are expected back, not a reason to give up (unless SIGTERM comes first).
   std::vector<LostAgent> rejoining_;
@@ -495,12 +497,12 @@ absl::Status Agent::Connect() {
   // Agents that count other numbers of nodes would wait for each other until the rendezvous
   // timeout: node 0's count is the job's, and an agent whose count differs fails at once.
   const std::string count = absl::StrCat(node_.num_nodes);
-  if (node == 0) return store_->Set("agent/nnodes", count);
+  if (node == 0) return store_->Set(kNodeCountKey, count);
   // Node 0 sets it as soon as it has started the store; one that does not (an older dtrain) is
   // not checked. The wait ends at a stop, as the others do.
   absl::StatusOr<std::string> job = absl::DeadlineExceededError("");
   for (const absl::Time until = absl::Now() + kNodeCountWait; absl::Now() < until;) {
-    job = store_->Get("agent/nnodes", kBarrierLivenessInterval);
+    job = store_->Get(kNodeCountKey, kBarrierLivenessInterval);
     if (!absl::IsDeadlineExceeded(job.status())) break;
     HandleSignals();
     if (stop_requested_) {
@@ -1132,12 +1134,29 @@ std::vector<LostAgent> Agent::LostAgents() {
   return lost;
 }
 
-void Agent::RecordError(const absl::Status& error) {
+void Agent::Fail(const absl::Status& error) {
   // A store that failed the agent would hold its error up to the reply timeout (60 s), past a
   // scheduler's kill: its own error is printed, unrecorded.
   if (!joined_ || absl::IsUnavailable(error) || absl::IsDeadlineExceeded(error)) return;
-  (void)store_->Set(NodeKey("agent/error", node_.node_rank, incarnation_),
-                    std::string(error.message()));
+  if (!store_
+           ->Set(NodeKey("agent/error", node_.node_rank, incarnation_),
+                 std::string(error.message()))
+           .ok() ||
+      node_.node_rank != 0 || node_.num_nodes == 1) {
+    return;
+  }
+  workers_.clear();  // killed, as at exit
+  store_.reset();    // the close that the others take for this agent's loss
+  TcpStoreClientOptions options;
+  options.token = node_.rdzv_token;
+  absl::StatusOr<std::unique_ptr<TcpStoreClient>> store =
+      TcpStoreClient::Connect(node_.master_addr, server_->port(), options);
+  if (!store.ok()) return;
+  const auto count = [&](const char* key) { return (*store)->Add(key, 0).value_or(0); };
+  const absl::Time deadline = absl::Now() + kExitTimeout;
+  while (absl::Now() < deadline && count(kClosedKey) - count(kReplacedKey) < node_.num_nodes) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
 }
 
 std::vector<LostAgent> Agent::LostIn(int attempt) {
@@ -1194,9 +1213,15 @@ void Agent::AwaitRejoin(int attempt, const std::vector<LostAgent>& lost) {
 
 AfterLoss Agent::HandleLost(int attempt, const std::vector<LostAgent>& lost) {
   ReportLost(lost);
-  if (attempt < options_.max_restarts && !stop_requested_) {
+  // Node 0's agent failed (one killed takes the store with it, kLostStore): its store goes too.
+  const bool store_going =
+      std::any_of(lost.begin(), lost.end(), [](const LostAgent& agent) { return agent.node == 0; });
+  if (attempt < options_.max_restarts && !stop_requested_ && !store_going) {
     AwaitRejoin(attempt, lost);
     return AfterLoss::kRestart;
+  }
+  if (store_going && attempt < options_.max_restarts) {
+    LogError("node %d: no restart: node 0's agent hosted the rendezvous store", node_.node_rank);
   }
   if (node_.node_rank == 0) PrintLostRootCause(attempt, lost);
   return AfterLoss::kEnd;
@@ -1442,7 +1467,18 @@ std::vector<std::string> WorkerEnvironment(const WorldEnvironment& node,
 
 void ReportFailureBeforeJoining(const WorldEnvironment& node, const absl::Status& error,
                                 absl::Duration timeout) {
-  if (node.num_nodes < 2 || node.node_rank == 0) return;
+  if (node.num_nodes < 2) return;
+  // Node 0 serves the store the others wait on for as long as they take to read the failure.
+  std::unique_ptr<TcpStoreServer> server;
+  if (node.node_rank == 0) {
+    TcpStoreServerOptions server_options;
+    server_options.token = node.rdzv_token;
+    absl::StatusOr<std::unique_ptr<TcpStoreServer>> started =
+        TcpStoreServer::Start("", node.master_port, server_options);
+    if (!started.ok()) return;  // the others wait out their own timeout
+    server = *std::move(started);
+  }
+  const absl::Time deadline = absl::Now() + timeout;
   TcpStoreClientOptions options;
   options.token = node.rdzv_token;
   options.connect_timeout = timeout;
@@ -1450,8 +1486,14 @@ void ReportFailureBeforeJoining(const WorldEnvironment& node, const absl::Status
       TcpStoreClient::Connect(node.master_addr, node.master_port, options);
   if (!store.ok()) return;  // node 0 waits out its own timeout, as before
   const std::string message = absl::StrFormat("(host %s) %s", HostName(), error.message());
-  if ((*store)->Set(EarlyFailureKey(node.node_rank), message).ok()) {
-    (void)(*store)->Add(kEarlyFailuresKey, 1);
+  if (!(*store)->Set(EarlyFailureKey(node.node_rank), message).ok() ||
+      !(*store)->Add(kEarlyFailuresKey, 1).ok() || node.node_rank != 0 ||
+      !(*store)->Set(kNodeCountKey, absl::StrCat(node.num_nodes)).ok()) {
+    return;
+  }
+  // Each of the others reads it at its rendezvous and leaves, closing its connection.
+  while (absl::Now() < deadline && (*store)->Add(kClosedKey, 0).value_or(0) < node.num_nodes - 1) {
+    absl::SleepFor(absl::Milliseconds(20));
   }
 }
 
@@ -1462,7 +1504,7 @@ absl::StatusOr<int> RunAgent(const WorldEnvironment& node, const AgentOptions& o
   }
   Agent agent(node, options);
   absl::StatusOr<int> exit_code = agent.Run();
-  if (!exit_code.ok()) agent.RecordError(exit_code.status());
+  if (!exit_code.ok()) agent.Fail(exit_code.status());
   return exit_code;
 }
 

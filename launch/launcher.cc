@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/util/files.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 #include "core/util/subprocess.h"
@@ -269,14 +270,27 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
   if (!options.recipe_path.empty()) agent.worker_argv.push_back(options.recipe_path);
   AppendOverrides(options.overrides, agent.worker_argv);
   agent.nproc_per_node = *node_flags.nproc_per_node;
+  // The others would wait for this node until their rendezvous timeout, saying nothing.
+  const auto fail_before_joining = [&](absl::Status error) {
+    ReportFailureBeforeJoining(node, error,
+                               std::min(options.rendezvous_timeout, absl::Seconds(10)));
+    return error;
+  };
   if (options.check_world) {
     if (absl::Status fits =
             options.check_world(node.num_nodes * agent.nproc_per_node, node.num_nodes);
         !fits.ok()) {
-      // Node 0 would wait for this node until its rendezvous timeout, saying nothing.
-      ReportFailureBeforeJoining(node, fits,
-                                 std::min(options.rendezvous_timeout, absl::Seconds(10)));
-      return fits;
+      return fail_before_joining(std::move(fits));
+    }
+  }
+  if (!options.log_dir.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(options.log_dir, error);
+    if (const int failure = error ? error.value() : FileCreationError(options.log_dir);
+        failure != 0) {
+      return fail_before_joining(
+          FileError(failure, absl::StrCat("make the worker logs in --log-dir ", options.log_dir),
+                    "point --log-dir at a writable folder"));
     }
   }
   // CPU workers share the node's cores instead of each taking all of them.
@@ -298,10 +312,6 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     ASSIGN_OR_RETURN(const std::string scontrol, FindOnPath(env, "scontrol"));
     agent.requeue_argv = {scontrol, "requeue", node.slurm_job_id};
     agent.job_state_argv = {scontrol, "show", "job", "--oneliner", node.slurm_job_id};
-  }
-  if (!agent.log_dir.empty()) {
-    std::error_code error;
-    std::filesystem::create_directories(agent.log_dir, error);
   }
   LogInfo("node %d of %d (%s): %d worker%s, master %s:%s, run %s", node.node_rank, node.num_nodes,
           WorldSourceName(node.source), agent.nproc_per_node, agent.nproc_per_node == 1 ? "" : "s",

@@ -85,9 +85,10 @@ class Launch {
  public:
   explicit Launch(const std::vector<std::string>& args,
                   const std::vector<std::string>& extra_environment = {},
-                  const std::vector<std::string>& wrapper = {}) {
+                  const std::vector<std::string>& wrapper = {},
+                  const std::string& binary = DTRAIN_BINARY) {
     std::vector<std::string> argv = wrapper;
-    argv.insert(argv.end(), {DTRAIN_BINARY, "launch"});
+    argv.insert(argv.end(), {binary, "launch"});
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<std::string> environment = Environment();
     environment.insert(environment.end(), extra_environment.begin(), extra_environment.end());
@@ -412,14 +413,16 @@ struct TwoPods {
     return TcpStoreClient::Connect("127.0.0.1", port, options);
   }
   // Pod `pod`'s agent, as its first start or after a restart of the pod; `nnodes` and `nproc`
-  // as its job spec says them (another pod's may differ).
-  std::unique_ptr<Launch> Start(int pod, int nnodes = 2, int nproc = 1) const {
+  // as its job spec says them (another pod's may differ), run from `binary`.
+  std::unique_ptr<Launch> Start(int pod, int nnodes = 2, int nproc = 1,
+                                const std::string& binary = DTRAIN_BINARY) const {
     return std::make_unique<Launch>(
         args,
         std::vector<std::string>{
             absl::StrCat("PET_NNODES=", nnodes), absl::StrCat("PET_NPROC_PER_NODE=", nproc),
             absl::StrCat("PET_NODE_RANK=", pod), "PET_MASTER_ADDR=127.0.0.1",
-            absl::StrCat("PET_MASTER_PORT=", port), absl::StrCat("DTRAIN_RDZV_TOKEN=", kToken)});
+            absl::StrCat("PET_MASTER_PORT=", port), absl::StrCat("DTRAIN_RDZV_TOKEN=", kToken)},
+        std::vector<std::string>(), binary);
   }
 
   std::string out;
@@ -475,6 +478,46 @@ TEST(AgentTest, ANodeThatFailsBeforeJoiningIsNamedAtOnce) {
   EXPECT_EQ(node_zero->Wait(absl::Seconds(60)), 2) << node_zero->output();
   EXPECT_THAT(node_zero->output(), AllOf(HasSubstr("node 1 failed before joining the job: (host "),
                                          HasSubstr("does not split into 6 data-parallel ranks")));
+}
+
+// The same failure of node 0, which hosts the store: it serves the store until node 1 has read
+// its error, and node 1 ends at once naming it, where it waited out its rendezvous timeout
+// (5 minutes) and then said that it could not reach node 0.
+TEST(AgentTest, NodeZeroThatFailsBeforeJoiningIsNamedAtOnce) {
+  TwoPods job("early_zero", 4, {}, /*started=*/false);
+  const std::unique_ptr<Launch> node_zero = job.Start(0, /*nnodes=*/2, /*nproc=*/3);
+  std::unique_ptr<Launch> node_one = job.Start(1);
+  EXPECT_EQ(node_zero->Wait(absl::Seconds(60)), 2) << node_zero->output();
+  EXPECT_THAT(node_zero->output(), HasSubstr("does not split into 6 data-parallel ranks"));
+  EXPECT_EQ(node_one->Wait(absl::Seconds(60)), 2) << node_one->output();
+  EXPECT_THAT(node_one->output(), AllOf(HasSubstr("node 0 failed before joining the job: (host "),
+                                        HasSubstr("does not split into 6 data-parallel ranks")));
+}
+
+// Node 0's agent fails after the job started (its dtrain binary was removed, and the first restart
+// cannot start its worker): node 1 names node 0's error and ends without the restart it has left,
+// where it said that node 0's agent was killed or crashed.
+TEST(AgentTest, NodeZeroAgentThatFailsIsNamedByTheOthers) {
+  TwoPods job("failed_zero", 100000, {"--max-restarts=2"}, /*started=*/false);
+  std::string binary = testing::TempPath("failed_zero_dtrain");
+  std::filesystem::remove(binary);
+  ASSERT_TRUE(std::filesystem::copy_file(DTRAIN_BINARY, binary));
+  binary = std::filesystem::canonical(binary);  // as the agent names itself
+  std::unique_ptr<Launch> node_zero = job.Start(0, 2, 1, binary);
+  std::unique_ptr<Launch> node_one = job.Start(1);
+  ASSERT_TRUE(node_zero->Pump(absl::Seconds(60), [&] { return StepsLogged(job.out) >= 2; }))
+      << node_zero->output();
+  std::filesystem::remove(binary);
+  const std::vector<std::pair<int, pid_t>> workers = node_one->Workers();
+  ASSERT_EQ(workers.size(), 1u);
+  kill(workers[0].second, SIGKILL);
+  EXPECT_EQ(node_zero->Wait(absl::Seconds(60)), 1) << node_zero->output();
+  EXPECT_THAT(node_zero->output(), HasSubstr("cannot run " + binary));
+  EXPECT_EQ(node_one->Wait(absl::Seconds(60)), 1) << node_one->output();
+  EXPECT_THAT(node_one->output(),
+              AllOf(HasSubstr("node 0 (host "), HasSubstr("agent failed: cannot run " + binary),
+                    HasSubstr("no restart: node 0's agent hosted the rendezvous store")));
+  EXPECT_THAT(node_one->output(), Not(HasSubstr("lost the rendezvous store")));
 }
 
 // SIGTERM to node 0's agent stops the job on both nodes, each agent exiting 143: node 1's worker
@@ -576,6 +619,8 @@ TEST(AgentTest, AnUnwritableLogDirIsAUsageError) {
                  "--set", "run.out_dir=" + out});
   EXPECT_EQ(launch.Wait(absl::Seconds(120)), 2) << launch.output();
   EXPECT_THAT(launch.output(), HasSubstr("point --log-dir at a writable folder"));
+  // Found before the rendezvous, where it failed the first worker's start.
+  EXPECT_THAT(launch.output(), Not(HasSubstr("rendezvous store listening")));
 }
 
 // Rank 1 of a two-worker launch gets `signal` mid-training: the launch exits 1 with rank 1 as the
