@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
@@ -46,7 +47,8 @@ void AddEncodeCommands(CLI::App* data) {
   CLI::App* encode = data->add_subcommand(
       "encode",
       "Encode a file's bytes (one text) with a model's tokenizer; print the ids as a JSON list");
-  encode->add_option("--tokenizer", encode_args->tokenizer, "tokenizer file or folder")->required();
+  encode->add_option("--tokenizer", encode_args->tokenizer, "tokenizer file or folder, or bytes")
+      ->required();
   encode->add_option("input", encode_args->input, "Text file")
       ->required()
       ->check(CLI::ExistingFile);
@@ -80,7 +82,8 @@ void AddEncodeCommands(CLI::App* data) {
   CLI::App* decode = data->add_subcommand(
       "decode",
       "Decode a JSON list of token ids (a file) with a model's tokenizer; write the text");
-  decode->add_option("--tokenizer", decode_args->tokenizer, "tokenizer file or folder")->required();
+  decode->add_option("--tokenizer", decode_args->tokenizer, "tokenizer file or folder, or bytes")
+      ->required();
   decode->add_option("input", decode_args->input, "File holding a JSON list of ids")
       ->required()
       ->check(CLI::ExistingFile);
@@ -144,7 +147,7 @@ void AddDataCommand(CLI::App& app) {
       ->capture_default_str();
   pack->add_option("--tokenizer", pack_args->tokenizer,
                    "tokenizer.json, tokenizer.model, GPT-2's encoder.json/vocab.bpe, or their "
-                   "folder; empty = byte-level tokens");
+                   "folder; empty or bytes = byte-level tokens");
   pack->add_option("--threads", pack_args->threads, "Encoding threads; 0 = one per core")
       ->check(CLI::Range(0, kMaxThreads));
   CLI::Option* text_key =
@@ -162,14 +165,17 @@ void AddDataCommand(CLI::App& app) {
                    "file (README.md, SFT data)")
       ->capture_default_str()
       ->needs(sft);
-  pack->callback([pack_args] {
-    absl::StatusOr<int64_t> shard_bytes = ParseByteSize("--shard-size", pack_args->shard_size);
-    if (!shard_bytes.ok()) Fail(shard_bytes.status(), kExitUsage);
+  pack->callback([pack_args, text_key] {
     // A tar shard's headers alone take a few KiB.
-    if (*shard_bytes < 4096) {
-      Fail(absl::InvalidArgumentError(absl::StrCat("--shard-size ", pack_args->shard_size,
-                                                   " is too small; give at least 4096 bytes, "
-                                                   "e.g. 64MB")),
+    absl::StatusOr<int64_t> shard_bytes =
+        ParseByteSize("--shard-size", pack_args->shard_size, /*minimum=*/4096);
+    if (!shard_bytes.ok()) Fail(shard_bytes.status(), kExitUsage);
+    if (text_key->count() > 0 && absl::c_none_of(pack_args->inputs, IsJsonLines)) {
+      Fail(absl::InvalidArgumentError(absl::StrCat(
+               "--text-key ", pack_args->text_key,
+               " names the document's key in .jsonl lines, and no input is a .jsonl file (each "
+               "other file is packed whole as one document): name JSON lines .jsonl, or drop "
+               "--text-key")),
            kExitUsage);
     }
     if (absl::Status named = CheckShardsCanBeNamed(pack_args->out_dir, pack_args->sft);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/data/compressed_format.h"
 #include "core/data/sft_data.h"
 #include "core/data/shard_urls.h"
@@ -205,9 +206,6 @@ std::string LowerExtension(const std::string& path) {
   return absl::AsciiStrToLower(std::filesystem::path(path).extension().string());
 }
 
-// JSON lines by the file's extension, in any case (.jsonl, .JSONL).
-bool IsJsonLines(const std::string& path) { return LowerExtension(path) == ".jsonl"; }
-
 // " (its string keys: a, b; name the document's with --text-key KEY)" for a JSON object with
 // string values, else nothing.
 std::string StringKeysHint(const nlohmann::json& record) {
@@ -224,8 +222,10 @@ std::string StringKeysHint(const nlohmann::json& record) {
 
 // InvalidArgument when a file that would be packed as one plain-text document is no text that
 // anyone means to train on as is: a compressed archive (its bytes would become the tokens), or
-// JSON lines under another extension (its braces and keys would be trained on).
-absl::Status CheckPlainText(const std::string& path, const std::string& text) {
+// JSON lines under a .json name (its braces and keys would be trained on): a first line that is
+// an object with the documents' `text_key`, or two lines that are objects.
+absl::Status CheckPlainText(const std::string& path, const std::string& text,
+                            const std::string& text_key) {
   if (const std::optional<CompressedFormat> format = CompressedFormatOf(text)) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, " is a ", format->name,
@@ -239,20 +239,27 @@ absl::Status CheckPlainText(const std::string& path, const std::string& text) {
         "files it holds (shards `dtrain data pack` wrote train as data.format: webdataset)"));
   }
   if (LowerExtension(path) == ".json") {
-    const std::string first_line = text.substr(0, text.find('\n'));
-    const nlohmann::json record = nlohmann::json::parse(first_line, nullptr, false);
-    if (record.is_object() && record.contains("text")) {
+    const std::vector<absl::string_view> lines =
+        absl::StrSplit(text, absl::MaxSplits('\n', 2), absl::SkipWhitespace());
+    const auto object = [&](size_t line) {
+      return line < lines.size() ? nlohmann::json::parse(lines[line], nullptr, false)
+                                 : nlohmann::json();
+    };
+    const nlohmann::json first = object(0);
+    if (first.is_object() && (first.contains(text_key) || object(1).is_object())) {
       return absl::InvalidArgumentError(absl::StrCat(
           path,
-          " holds JSON lines ({\"text\": ...} a line), but a .json file is packed as one "
-          "plain-text document, braces and keys included: name it .jsonl to pack each "
-          "line's text"));
+          " holds JSON lines (an object a line), but a .json file is packed as one plain-text "
+          "document, braces and keys included: name it .jsonl to pack each line's \"",
+          text_key, "\"", first.contains(text_key) ? "" : StringKeysHint(first)));
     }
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+bool IsJsonLines(const std::string& path) { return LowerExtension(path) == ".jsonl"; }
 
 std::string ShardPath(const std::string& out_dir, int index) {
   return (std::filesystem::path(out_dir) / absl::StrFormat("%s%06d.tar", kShardPrefix, index))
@@ -337,7 +344,7 @@ absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
       }
     } else {
       ASSIGN_OR_RETURN(std::string text, ReadWholeFile(input));
-      RETURN_IF_ERROR(CheckPlainText(input, text));
+      RETURN_IF_ERROR(CheckPlainText(input, text, text_key));
       RETURN_IF_ERROR(encoder.Add(std::move(text), input));
     }
   }

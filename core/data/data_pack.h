@@ -42,6 +42,10 @@ std::string ShardGlob(const std::string& out_dir);
 // (data.train, a glob). Otherwise an error naming --out and the characters.
 absl::Status CheckShardsCanBeNamed(const std::string& out_dir, bool sft);
 
+// Whether `data pack` reads `path` as JSON lines (a document or SFT sample a line) rather than as
+// one plain-text document: by its extension, in any case (.jsonl, .JSONL).
+bool IsJsonLines(const std::string& path);
+
 absl::StatusOr<PackResult> PackShards(const std::vector<std::string>& inputs,
                                       const std::string& out_dir, int64_t shard_bytes,
                                       const Tokenizer& tokenizer, int threads = 1,

@@ -362,8 +362,9 @@ std::string DataTokenizer(const Recipe& recipe, const absl::StatusOr<std::string
 std::string NoDataTokenizerReason(const absl::StatusOr<std::string>& recorded) {
   return absl::StrCat(
       "data.tokenizer is empty and the data's first shard ",
-      recorded.ok() ? "names none"
-                    : absl::StrCat("does not read from here (", recorded.status().message(), ")"));
+      !recorded.ok() ? absl::StrCat("does not read from here (", recorded.status().message(), ")")
+      : recorded->empty() ? std::string("names none")
+                          : absl::StrCat("names ", *recorded, " but holds none of its files"));
 }
 
 absl::StatusOr<std::optional<ChatTemplate>> ShardsChatTemplate(const Recipe& recipe) {

@@ -69,7 +69,8 @@ absl::StatusOr<std::string> ShardsTokenizerName(const Recipe& recipe,
 // ShardsTokenizerName's answer), else empty: not known.
 std::string DataTokenizer(const Recipe& recipe, const absl::StatusOr<std::string>& recorded);
 // Why DataTokenizer found none, for a warning: "data.tokenizer is empty and the data's first
-// shard names none", or "... does not read from here (<why>)".
+// shard names none", "... names <recorded> but holds none of its files" (a pack records its
+// tokenizer's name, not the tokenizer), or "... does not read from here (<why>)".
 std::string NoDataTokenizerReason(const absl::StatusOr<std::string>& recorded);
 
 // The chat template that data.format sft's shards were packed with (`dtrain data pack --sft`

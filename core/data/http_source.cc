@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "core/util/exit_codes.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
 
@@ -272,10 +273,20 @@ class HttpSource final : public ByteSource {
       // libcurl's detail often ends with its summary already ("... after 0 ms: Couldn't connect
       // to server"): said once.
       const absl::string_view summary = curl_easy_strerror(result), detail = error_;
-      return absl::UnavailableError(detail.empty() ? std::string(summary)
-                                    : absl::StrContains(detail, summary)
-                                        ? std::string(detail)
-                                        : absl::StrCat(summary, ": ", detail));
+      const std::string what = detail.empty() ? std::string(summary)
+                               : absl::StrContains(detail, summary)
+                                   ? std::string(detail)
+                                   : absl::StrCat(summary, ": ", detail);
+      // No retry mends the URL itself.
+      if (result == CURLE_URL_MALFORMAT || result == CURLE_UNSUPPORTED_PROTOCOL) {
+        return WithExitCode(
+            absl::InvalidArgumentError(absl::StrCat(
+                url_, ": ", what,
+                "; check data.shards (write a space or other character URLs do not allow "
+                "percent-encoded, e.g. %20)")),
+            kExitUsage);
+      }
+      return absl::UnavailableError(what);
     }
     finished_ = true;
     StopTransfer();

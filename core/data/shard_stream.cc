@@ -183,8 +183,11 @@ absl::Status ShardStream::ReadSample(bool decode, TokenDocument* tokens) {
     if (!status.ok()) {
       status = WithSourceCause(*source_, status);
     } else if (decode) {
-      status = TakeSampleTokens(&sample_, config_->vocab_size, tokens, config_->tokenizer,
-                                config_->text_tokenizer);
+      status = CheckNotSftSample(sample_);
+      if (status.ok()) {
+        status = TakeSampleTokens(&sample_, config_->vocab_size, tokens, config_->tokenizer,
+                                  config_->text_tokenizer);
+      }
     }
     if (!status.ok()) {
       RETURN_IF_ERROR(ShardFailed(status));

@@ -234,6 +234,17 @@ std::string RecordedTokenizerName(const Sample& sample) {
              : "";
 }
 
+absl::Status CheckNotSftSample(const Sample& sample) {
+  if (sample.Find("mask") == nullptr) return absl::OkStatus();
+  return WithExitCode(
+      absl::FailedPreconditionError(absl::StrCat(
+          "shard ", sample.url, " holds SFT samples (sample '", sample.key,
+          "' has a .mask, the tokens its loss counts, from `dtrain data pack --sft`), which "
+          "data.format webdataset would train on whole, prompts included: train them with "
+          "data.format: sft and data.train: [<their files>], or pack the text without --sft")),
+      kExitUsage);
+}
+
 void TokenDocument::CopyTo(int64_t first, int64_t count, int32_t* out) const {
   WidenWords(words.data() + first * width, width, count, out);
 }

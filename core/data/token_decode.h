@@ -33,6 +33,10 @@ struct TokenDocument {
   void CopyTo(int64_t first, int64_t count, int32_t* out) const;
 };
 
+// FailedPrecondition (exit 2) for an SFT sample (a .mask beside its tokens, from `data pack
+// --sft`), which pretraining would train on whole, prompts included, ignoring its mask.
+absl::Status CheckNotSftSample(const Sample& sample);
+
 // Moves the sample's token field into *document (binary formats swap buffers, so the field
 // gets the document's old bytes back for reuse; nothing is copied) after checking it. A .txt
 // field is encoded through `text_tokenizer` (its ids stored in 2 bytes where they fit; null: the

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/data/compressed_format.h"
@@ -198,6 +199,15 @@ absl::StatusOr<std::vector<std::string>> ExpandFilePatterns(
     const int rc = ::glob(pattern.c_str(), 0, &NoteUnreadableFolder, &matches);
     std::vector<std::string> found(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
     ::globfree(&matches);
+    if (rc == GLOB_NOMATCH && (absl::StrContains(pattern, "://") || pattern.starts_with("pipe:"))) {
+      return WithExitCode(
+          absl::InvalidArgumentError(absl::StrCat(
+              "file pattern '", pattern,
+              "' is a URL or a command, but data.format text, llmc and sft read local files whole: "
+              "copy the data here, or stream WebDataset shards from URLs and commands with "
+              "data.format: webdataset and data.shards")),
+          kExitUsage);
+    }
     if (rc == GLOB_NOMATCH) {
       // A relative path is the current folder's, not the recipe's: say which folder that is.
       std::error_code error;

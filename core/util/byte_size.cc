@@ -1,5 +1,6 @@
 #include "core/util/byte_size.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -10,7 +11,8 @@
 
 namespace dtrain {
 
-absl::StatusOr<int64_t> ParseByteSize(absl::string_view name, absl::string_view text) {
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view name, absl::string_view text,
+                                      int64_t minimum) {
   // Longest suffixes first: "mib" before "b".
   static constexpr std::pair<absl::string_view, double> kUnits[] = {
       {"kib", 0x1p10}, {"mib", 0x1p20}, {"gib", 0x1p30}, {"tib", 0x1p40}, {"kb", 1e3},
@@ -29,9 +31,11 @@ absl::StatusOr<int64_t> ParseByteSize(absl::string_view name, absl::string_view 
   double value = 0;
   const bool parsed = ParseDecimal(number, &value);
   const double bytes = value * scale;
-  if (parsed && bytes >= 0 && bytes < 1) {
+  if (parsed && bytes >= 0 && bytes < static_cast<double>(std::max<int64_t>(minimum, 1))) {
     return absl::InvalidArgumentError(
-        absl::StrCat(name, " '", text, "' is less than a byte; give at least 1"));
+        minimum <= 1 ? absl::StrCat(name, " '", text, "' is less than a byte; give at least 1")
+                     : absl::StrCat(name, " '", text, "' is less than ", minimum,
+                                    " bytes; give at least ", minimum));
   }
   if (!parsed || !(bytes >= 1) || bytes > 0x1p62) {
     return absl::InvalidArgumentError(

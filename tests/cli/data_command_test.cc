@@ -252,6 +252,16 @@ TEST(DataCommandTest, PackToAFileIsAUsageError) {
                                                        ": Not a directory; point --out at")));
 }
 
+// --text-key with no .jsonl input names a key nothing reads (it was ignored): a usage error.
+TEST(DataCommandTest, PackRefusesATextKeyWithoutJsonLines) {
+  const Outcome pack = RunDtrain(
+      absl::StrCat("data pack ", testing::WriteTempFile("pack_key_only.txt", "abc"),
+                   " --text-key content --out ", testing::FreshTempDir("pack_key_only_shards")));
+  EXPECT_EQ(pack.exit_code, 2) << pack.stderr_text;
+  EXPECT_THAT(pack.stderr_text, HasSubstr("--text-key content names the document's key in .jsonl "
+                                          "lines, and no input is a .jsonl file"));
+}
+
 // Inputs whose bytes nobody means to train on as text are refused, naming the fix: a gzip archive
 // (its compressed bytes became tokens), JSON lines in a .json file (one document, braces and keys
 // included), a line of a .jsonl file that is not JSON. JSON lines in .JSONL are JSON lines.
@@ -278,9 +288,30 @@ TEST(DataCommandTest, PackRefusesArchivesAndMisnamedJsonLines) {
   const std::string lines = "{\"text\": \"one\"}\n{\"text\": \"two\"}\n";
   const Outcome json = pack("pack_lines.json", lines);
   EXPECT_EQ(json.exit_code, 1);
-  EXPECT_THAT(json.stderr_text, HasSubstr("pack_lines.json holds JSON lines ({\"text\": ...} a "
-                                          "line), but a .json file is packed as one plain-text "
-                                          "document, braces and keys included: name it .jsonl"));
+  EXPECT_THAT(json.stderr_text, HasSubstr("pack_lines.json holds JSON lines (an object a line), "
+                                          "but a .json file is packed as one plain-text document, "
+                                          "braces and keys included: name it .jsonl to pack each "
+                                          "line's \"text\"\n"));
+  // Lines of another key are JSON lines too (they were packed whole), and so is a first line
+  // with the key --text-key names (beside a .jsonl input, without which --text-key is refused).
+  const Outcome other_key =
+      pack("pack_content.json", "{\"content\": \"one\", \"id\": 1}\n{\"content\": \"two\"}\n");
+  EXPECT_EQ(other_key.exit_code, 1);
+  EXPECT_THAT(other_key.stderr_text,
+              HasSubstr("pack_content.json holds JSON lines (an object a line), but a .json file "
+                        "is packed as one plain-text document, braces and keys included: name it "
+                        ".jsonl to pack each line's \"text\" (its string keys: content; name the "
+                        "document's with --text-key KEY)"));
+  const Outcome named_key = RunDtrain(absl::StrCat(
+      "data pack ", testing::WriteTempFile("pack_one_content.jsonl", "{\"content\": \"a\"}"), " ",
+      testing::WriteTempFile("pack_one_content.json", "{\"content\": \"b\"}"),
+      " --text-key content --out ", testing::FreshTempDir("pack_refused_shards")));
+  EXPECT_EQ(named_key.exit_code, 1);
+  EXPECT_THAT(named_key.stderr_text, HasSubstr("name it .jsonl to pack each line's \"content\"\n"));
+  // One object that is not a line of documents is text like any other.
+  const Outcome object = pack("pack_object.json", "{\"name\": \"dtrain\"}\n");
+  EXPECT_EQ(object.exit_code, 0) << object.stderr_text;
+  EXPECT_THAT(object.stdout_text, HasSubstr("1 documents, 19 tokens"));
   const Outcome upper = pack("pack_lines.JSONL", lines);
   EXPECT_EQ(upper.exit_code, 0) << upper.stderr_text;
   EXPECT_THAT(upper.stdout_text, HasSubstr("2 documents, 6 tokens"));

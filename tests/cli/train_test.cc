@@ -514,6 +514,13 @@ TEST(TrainTest, MissingWeightsOrDataAreUsageErrors) {
       Train(RunDir("no_data"), "--set data.train=[" + RunDir("no_data") + "/nope.txt]");
   EXPECT_EQ(data.exit_code, 2) << data.stderr_text;
   EXPECT_THAT(data.stderr_text, HasSubstr("/nope.txt' matches no file"));
+  // A URL there says which format streams URLs, not that no file matches.
+  const testing::Outcome url =
+      Train(RunDir("url_data"), "--set data.train=[http://127.0.0.1:9/corpus.txt]");
+  EXPECT_EQ(url.exit_code, 2) << url.stderr_text;
+  EXPECT_THAT(url.stderr_text,
+              HasSubstr("file pattern 'http://127.0.0.1:9/corpus.txt' is a URL or a command, but "
+                        "data.format text, llmc and sft read local files whole"));
 }
 
 // A train.no_decay glob that matches no tensor (here GPT-2's head, which is its embedding) would
@@ -887,6 +894,19 @@ logging: {sample_tokens: 0}
   const auto steps = ReadMetrics(run_dir + "/sft");
   ASSERT_EQ(steps.size(), 30u);
   EXPECT_LT(steps.back()["loss"].get<double>(), 0.5 * steps.front()["loss"].get<double>());
+
+  // The same shards read as pretraining data are refused (their masks were ignored, and every
+  // token trained, prompts included).
+  const testing::Outcome unmasked = testing::RunDtrain(absl::StrCat(
+      "train ", recipe, " --set run.out_dir=", run_dir, "_unmasked --set data.format=webdataset",
+      " --set data.train=[] --set data.val_fraction=0 --set train.eval_every=0",
+      " --set data.shards=", shards, "/shard-000000.tar"));
+  EXPECT_EQ(unmasked.exit_code, kExitUsage) << unmasked.stderr_text;
+  EXPECT_THAT(unmasked.stderr_text,
+              HasSubstr("shard-000000.tar holds SFT samples (sample '000000000' has a .mask, the "
+                        "tokens its loss counts, from `dtrain data pack --sft`), which data.format "
+                        "webdataset would train on whole, prompts included: train them with "
+                        "data.format: sft"));
 
   // Bad input: an unknown template is a usage error; a bad line names its file and line.
   const testing::Outcome unknown = testing::RunDtrain(

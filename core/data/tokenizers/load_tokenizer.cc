@@ -392,7 +392,9 @@ std::pair<fs::path, fs::path> Gpt2Pair(const fs::path& folder) {
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path_text,
                                                          int threads) {
-  if (path_text.empty()) return std::unique_ptr<Tokenizer>(new ByteTokenizer());
+  if (path_text.empty() || path_text == ByteTokenizer().name()) {
+    return std::unique_ptr<Tokenizer>(new ByteTokenizer());
+  }
   const fs::path path(path_text);
   std::error_code error;
   if (fs::is_directory(path, error)) {

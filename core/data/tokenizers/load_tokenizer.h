@@ -7,8 +7,9 @@
 //   - a folder: its tokenizer.json, else tokenizer.model, else the GPT-2 pair. A tokenizer.json
 //     whose model or stages dtrain does not read (a Unigram model) gives way to a
 //     tokenizer.model beside it.
-// An empty path is the byte-level tokenizer. name() is "<kind>:<folder>/<file>#<hash>", the
-// hash (FNV-1a of the files' bytes, 12 hex digits) telling tokenizers with the same file name
+// An empty path, or "bytes" (the byte-level tokenizer's name(), as shards record it; a file of
+// that name is ./bytes), is the byte-level tokenizer. name() is "<kind>:<folder>/<file>#<hash>",
+// the hash (FNV-1a of the files' bytes, 12 hex digits) telling tokenizers with the same file name
 // apart. Errors name the file and what is wrong with it.
 #pragma once
 

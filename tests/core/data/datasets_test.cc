@@ -185,6 +185,19 @@ TEST_F(DatasetsTest, SftDataWithoutATrainedTokenIsRefused) {
                                    "sequences holds no trained token in 3 sequence(s)"));
 }
 
+// Why an export has no tokenizer: a pack records its tokenizer's name, not its files, which the
+// warning said the shards did not name.
+TEST(NoDataTokenizerReasonTest, SaysWhatTheShardsRecord) {
+  EXPECT_EQ(NoDataTokenizerReason(std::string()),
+            "data.tokenizer is empty and the data's first shard names none");
+  EXPECT_EQ(NoDataTokenizerReason(std::string("hf-bpe:tok/tokenizer.json#c393223c280f")),
+            "data.tokenizer is empty and the data's first shard names "
+            "hf-bpe:tok/tokenizer.json#c393223c280f but holds none of its files");
+  EXPECT_EQ(NoDataTokenizerReason(absl::NotFoundError("no shard")),
+            "data.tokenizer is empty and the data's first shard does not read from here (no "
+            "shard)");
+}
+
 TEST_F(DatasetsTest, ErrorsNameTheKeyOrFile) {
   recipe_.data.train = {(dir_ / "missing-*.txt").string()};
   absl::Status status = OpenDatasets(recipe_, 0, 1).status();

@@ -18,12 +18,18 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/util/exit_codes.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/data/http_test_server.h"
 #include "tests/core/data/tar_test_util.h"
 
 namespace dtrain {
 namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 // All bytes of `url` (through small reads), or the error of Read or Close.
 absl::StatusOr<std::string> ReadAll(const std::string& url, const ShardSourceOptions& options) {
@@ -314,6 +320,20 @@ TEST(ShardSourceTest, HttpGivesUpAfterTheLastRetry) {
   const size_t said = message.find("Couldn't connect to server");
   ASSERT_NE(said, std::string::npos) << message;
   EXPECT_EQ(message.find("Couldn't connect to server", said + 1), std::string::npos) << message;
+}
+
+// A URL libcurl cannot send (a space in it) fails at once, a usage error saying how to write it,
+// where it was retried as a server's failure and the fix named the server.
+TEST(ShardSourceTest, AMalformedUrlIsNotRetried) {
+  ShardSourceOptions options = FastOptions();
+  options.http_retries = 2;
+  absl::StatusOr<std::string> malformed = ReadAll("http://127.0.0.1:9/a b.tar", options);
+  ASSERT_FALSE(malformed.ok());
+  EXPECT_EQ(malformed.status().code(), absl::StatusCode::kInvalidArgument) << malformed.status();
+  EXPECT_EQ(ExitCodeOf(malformed.status()).value_or(0), kExitUsage);
+  EXPECT_THAT(std::string(malformed.status().message()),
+              AllOf(HasSubstr("http://127.0.0.1:9/a b.tar: URL using bad/illegal format"),
+                    HasSubstr("percent-encoded, e.g. %20"), Not(HasSubstr("attempts"))));
 }
 
 }  // namespace

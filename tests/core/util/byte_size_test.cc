@@ -41,7 +41,13 @@ TEST(ByteSizeTest, RefusesWhatIsNoSizeNamingTheOption) {
                 HasSubstr(absl::StrCat("--shard-size '", small,
                                        "' is less than a byte; give at "
                                        "least 1")));
+    // With a minimum, what is below it, a byte or less included, is refused naming it.
+    EXPECT_THAT(ParseByteSize("--shard-size", small, 4096).status().message(),
+                HasSubstr(absl::StrCat("--shard-size '", small,
+                                       "' is less than 4096 bytes; give at least 4096")));
   }
+  EXPECT_FALSE(ParseByteSize("--shard-size", "4095", 4096).ok());
+  EXPECT_EQ(ParseByteSize("--shard-size", "4K", 4096).value_or(0), 4096);
 }
 
 }  // namespace

@@ -132,6 +132,17 @@ TEST(LoadTokenizerTest, AnyBytesEncodeAndDecodeBack) {
   EXPECT_EQ(*(*tokenizer)->Decode(ids), text);
 }
 
+// "bytes", the name shards record for byte-level tokens and `ckpt export --tokenizer` takes, is
+// the byte-level tokenizer for every command, as an empty path is (it was a missing file).
+TEST(LoadTokenizerTest, BytesNamesTheByteLevelTokenizer) {
+  for (const std::string path : {"", "bytes"}) {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(path);
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    EXPECT_EQ((*tokenizer)->name(), "bytes");
+    EXPECT_EQ(EncodeOk(**tokenizer, "a\xc3\xa9"), (std::vector<int32_t>{'a', 0xc3, 0xa9}));
+  }
+}
+
 TEST(LoadTokenizerTest, ParallelEncodingGivesOneThreadsIds) {
   const std::string dir = FreshTempDir("tok_parallel");
   WriteFile(
