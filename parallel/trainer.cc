@@ -683,6 +683,34 @@ absl::Status CheckExportDestination(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
+// A run that starts at step 1 in a folder whose earlier run exported its model (a run without a
+// checkpoint to resume) would write its own over it at the end: the earlier one is moved to
+// "<path>.replaced-<unix time>", and a warning says so. A model folder that holds the run folder
+// stays (it is written over).
+void SetAsideEarlierExport(const Recipe& recipe) {
+  namespace fs = std::filesystem;
+  if (recipe.train.export_to.empty()) return;
+  const fs::path path = fs::path(recipe.run_dir()) / recipe.train.export_to;
+  std::error_code error;
+  if (!fs::exists(fs::symlink_status(path, error)) || IsSameOrInside(recipe.run_dir(), path)) {
+    return;
+  }
+  const std::string aside =
+      absl::StrCat(path.string(), ".replaced-", absl::ToUnixSeconds(absl::Now()));
+  fs::rename(path, aside, error);
+  if (error) {
+    LogWarn(
+        "train.export_to %s holds an earlier run's model, and cannot be kept aside as %s (%s): "
+        "this run, which starts at step 1, writes its own over it at the end",
+        path.string(), aside, error.message());
+  } else {
+    LogWarn(
+        "train.export_to %s held an earlier run's model, which this run (starting at step 1) "
+        "would write over at its end: kept as %s",
+        path.string(), aside);
+  }
+}
+
 // Whether the file at `path` may become a run's metrics: absent, empty, or metrics already (its
 // first line a step's, or cut off by a crash before its end), which a fresh run writes anew.
 bool HoldsMetricsOrNothing(const std::filesystem::path& path) {
@@ -1174,11 +1202,15 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     run_folder_written = true;
     RETURN_IF_ERROR(
         WriteFileDurably((run_dir / "recipe.yaml").string(), ResolvedRecipeYaml(recipe)));
-    // Steps dropped by a start over or a resume from a chosen checkpoint are kept aside; those a
-    // restart after a crash redoes are not.
-    const bool chosen = world.restart_count == 0 && recipe.checkpoint.resume != "auto";
+    // What an earlier run of the folder left is kept aside where this one starts over (on
+    // purpose, or finding no checkpoint) or resumes a chosen checkpoint: its dropped steps, and
+    // the model it exported, which this run's export would replace. What a restart after a crash
+    // redoes is this run's own.
+    const bool replaces_a_run =
+        world.restart_count == 0 && (recipe.checkpoint.resume != "auto" || resumed_step == 0);
     RETURN_IF_ERROR(metrics.Open((run_dir / recipe.logging.metrics_file).string(), resumed_step,
-                                 checkpoints->resumed_metrics_line(), chosen));
+                                 checkpoints->resumed_metrics_line(), replaces_a_run));
+    if (replaces_a_run && resumed_step == 0) SetAsideEarlierExport(recipe);
   }
   const MicroBatchSource next_micro_batch = [&](int32_t* in, int32_t* out, int32_t* positions) {
     return documents ? data.train->NextDocuments(train.micro_batch, in, out, positions)

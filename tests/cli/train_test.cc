@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/checkpoint/format.h"
 #include "core/util/exit_codes.h"
@@ -64,6 +65,43 @@ testing::Outcome Train(const std::string& out_dir, const std::string& extra = ""
   std::filesystem::remove_all(out_dir);
   return testing::RunDtrain(
       absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", out_dir, " ", extra));
+}
+
+// A run of a folder whose earlier run saved no checkpoint starts over: the earlier run's
+// metrics and exported model, which it replaced without a word, are kept aside, said in warnings.
+TEST(TrainTest, ARunStartingOverKeepsTheEarlierRunsMetricsAndModel) {
+  namespace fs = std::filesystem;
+  const std::string out = RunDir("start_over");
+  const std::string no_checkpoint = "--set train.steps=3 --set checkpoint.save_at_end=false";
+  ASSERT_EQ(Train(out, no_checkpoint).exit_code, 0);
+  const std::string run = out + "/small";
+  const auto bytes = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  const std::string model = bytes(run + "/model.safetensors");
+  const testing::Outcome again =
+      testing::RunDtrain(absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", out, " ",
+                                      no_checkpoint, " --set run.seed=7"));
+  ASSERT_EQ(again.exit_code, 0) << again.stderr_text;
+  EXPECT_THAT(again.stderr_text,
+              HasSubstr("train.export_to " + run +
+                        "/model.safetensors held an earlier run's model, which this run (starting "
+                        "at step 1) would write over at its end: kept as " +
+                        run + "/model.safetensors.replaced-"));
+  EXPECT_THAT(again.stderr_text, HasSubstr(run + "/metrics.jsonl: the lines of 3 step(s) past "
+                                                 "step 0, where this run starts, are left out"));
+  std::vector<fs::path> models, metrics;
+  for (const fs::directory_entry& entry : fs::directory_iterator(run)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, "model.safetensors.replaced-")) models.push_back(entry.path());
+    if (absl::StartsWith(name, "metrics.jsonl.replaced-")) metrics.push_back(entry.path());
+  }
+  ASSERT_EQ(models.size(), 1u);
+  EXPECT_EQ(bytes(models[0]), model);
+  EXPECT_NE(bytes(run + "/model.safetensors"), model);
+  ASSERT_EQ(metrics.size(), 1u);
+  EXPECT_EQ(testing::MetricsLosses(metrics[0].string()).size(), 3u);
 }
 
 TEST(TrainTest, SameRecipeAndSeedGiveBitIdenticalRuns) {
