@@ -425,6 +425,17 @@ TEST(CheckpointingTest, ExportWritesHuggingFaceAndLlmcFiles) {
     EXPECT_THAT(refused.stderr_text, HasSubstr(fifo + " is a FIFO, not a regular file"));
     EXPECT_TRUE(fs::is_fifo(fifo));
   }
+  // A file of something else (a recipe mistyped as --out) is refused and kept, as the
+  // safetensors export refuses it; an earlier export (through the link below) is written over.
+  const std::string recipe = out + "/recipe.yaml";
+  std::ofstream(recipe) << "run: {name: kept}\n";
+  const testing::Outcome over_recipe = testing::RunDtrain(
+      absl::StrCat("ckpt export ", out, "/ck/checkpoints --format llmc --out ", recipe));
+  EXPECT_EQ(over_recipe.exit_code, 2) << over_recipe.stderr_text;
+  EXPECT_THAT(over_recipe.stderr_text,
+              HasSubstr(recipe + " exists and is no llm.c model file, which the export would "
+                                 "write over"));
+  EXPECT_EQ(fs::file_size(recipe), 18u);
   fs::create_symlink("model.bin", out + "/model-link.bin");
   ASSERT_EQ(
       testing::RunDtrain(absl::StrCat("ckpt export ", out, "/ck/checkpoints --format llmc --out ",
