@@ -64,9 +64,10 @@ std::string FormatBytes(double bytes) {
 namespace {
 
 // The planner's layout for `world_size` ranks (`local_world_size` a machine) of
-// `bytes_per_rank` each, as the --set options that select it; or why there is none.
+// `bytes_per_rank` each, as the --set options that select it; or why there is none, and what
+// adds memory: more ranks, or more machines where a machine's ranks share its memory (`shared`).
 std::string FittingLayoutHint(const Recipe& recipe, int world_size, int local_world_size,
-                              double bytes_per_rank) {
+                              double bytes_per_rank, bool shared) {
   const absl::StatusOr<Plan> plan =
       PlanForMemory(recipe, world_size / local_world_size, local_world_size, bytes_per_rank,
                     TrainerLayouts(local_world_size));
@@ -78,9 +79,10 @@ std::string FittingLayoutHint(const Recipe& recipe, int world_size, int local_wo
                                          FormatBytes(bytes_per_rank));
   const Candidate* fitting = plan->recommendation();
   if (fitting == nullptr) {
-    return absl::StrCat("the planner finds no layout for ", ranks,
-                        ": add ranks and shard the state over them (parallel.strategy: zero3), or "
-                        "make the model smaller (model.n_layer, model.d_model)");
+    return absl::StrCat("the planner finds no layout for ", ranks, ": ",
+                        shared ? "add machines (the ranks of one share its memory)" : "add ranks",
+                        " and shard the state over them (parallel.strategy: zero3), or make the "
+                        "model smaller (model.n_layer, model.d_model)");
   }
   std::string options;
   for (const auto& [key, value] : LayoutSettings(fitting->layout)) {
@@ -114,7 +116,8 @@ absl::Status CheckRankMemory(const Recipe& recipe, const RankMemory& memory,
   const double needed = memory.total_bytes() * sharing;
   if (needed <= available.bytes) return absl::OkStatus();
   const std::string fitting =
-      FittingLayoutHint(recipe, world_size, local_world_size, available.bytes / sharing);
+      FittingLayoutHint(recipe, world_size, local_world_size, available.bytes / sharing,
+                        available.shared_by_local_ranks);
   // More than the device holds at all: exit 2, which the agent does not restart. Within it, the
   // free memory may be another process's for now (a GPU's, until the last attempt's workers end).
   const bool never_fits = available.capacity > 0 && needed > available.capacity;

@@ -169,8 +169,13 @@ TEST(RankMemoryTest, TooLargeForTheMachineNamesEachPartAndTheFix) {
   EXPECT_THAT(std::string(status.message()),
               AllOf(HasSubstr("one rank needs "), HasSubstr("with ddp over 1 rank"),
                     HasSubstr("this machine has 1.0 KiB; the planner finds no layout for 1 rank "
-                              "of 1.0 KiB"),
-                    HasSubstr("parallel.strategy: zero3")));
+                              "of 1.0 KiB: add machines (the ranks of one share its memory) and "
+                              "shard the state over them (parallel.strategy: zero3)")));
+  // A GPU's own memory grows with the ranks (GPUs).
+  EXPECT_THAT(std::string(CheckRankMemory(ddp.recipe, memory, {"GPU 0", 1024, false, 1024},
+                                          strategy, 1, 1, 1)
+                              .message()),
+              HasSubstr("the planner finds no layout for 1 rank of 1.0 KiB: add ranks and shard"));
 }
 
 // train.export_to's gather holds the whole model about twice in float32 on rank 0: refused at
