@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/util/status.h"
 
@@ -270,9 +271,19 @@ absl::Status WebDatasetLoader::Restore(const LoaderState& state) {
   std::vector<StreamCursor> cursors;
   RETURN_IF_ERROR(DecodeStreamCursors(state.cursor, &saved_streams, &streams, &cursors));
   if (saved_streams != 0 && saved_streams != num_streams) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the checkpoint's data order has data.streams = ", saved_streams, ", this run ",
-        num_streams, "; set data.streams: ", saved_streams, " to continue the same order"));
+    // The widths that continue it: each rank owns whole streams and the same share of the
+    // sequences consumed.
+    std::vector<int> widths;
+    for (int width = 1; width <= saved_streams; ++width) {
+      if (saved_streams % width == 0 && state.consumed_sequences % width == 0) {
+        widths.push_back(width);
+      }
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("the checkpoint's data order has data.streams = ", saved_streams,
+                     ", this run ", num_streams, "; set data.streams: ", saved_streams,
+                     " to continue the same order, on a data-parallel width of ",
+                     absl::StrJoin(widths, ", "), " ranks"));
   }
   std::vector<StreamCursor> next(streams_.size());
   for (size_t i = 0; i < streams_.size(); ++i) {

@@ -212,6 +212,18 @@ TEST_F(WebDatasetLoaderTest, ResumesIntoAnotherWorldSizeAtTheSameGlobalSequence)
         << odd;
     ASSERT_TRUE(loader->Restore(*merged).ok());
     const Windows windows = Read(*loader, 2, 4);
+    if (rank == 1) {
+      // Another data.streams cannot continue the order: the error names the streams and the
+      // widths that continue it (4 streams, 5 steps of kBatch = 8 sequences consumed: 1, 2, 4).
+      config_.num_streams = 8;
+      const absl::Status streams = Loader(0, 2)->Restore(*merged);
+      config_.num_streams = 4;
+      EXPECT_TRUE(absl::StrContains(streams.message(),
+                                    "has data.streams = 4, this run 8; set data.streams: 4 to "
+                                    "continue the same order, on a data-parallel width of 1, 2, 4 "
+                                    "ranks"))
+          << streams;
+    }
     for (size_t i = 0; i < windows.size(); ++i) {
       EXPECT_EQ(windows[i], whole[5 * kBatch + i * 2 + rank]) << "rank " << rank << " i " << i;
     }
