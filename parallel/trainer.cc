@@ -8,6 +8,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -31,7 +32,9 @@
 #include "absl/time/time.h"
 #include "core/backend/cpu/cpu_backend.h"
 #include "core/backend/make_backend.h"
+#include "core/checkpoint/format.h"
 #include "core/checkpoint/reader.h"
+#include "core/checkpoint/tools.h"
 #include "core/data/datasets.h"
 #include "core/data/shard_stream.h"
 #include "core/data/token_decode.h"
@@ -1469,6 +1472,24 @@ absl::Status CheckInitFromWeights(const Recipe& recipe) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.init_from: ", recipe.train.init_from,
                      " does not exist; give a .safetensors file or a Hugging Face model folder"));
+  }
+  // dtrain's own files that are no weights to start from: what takes them instead.
+  const std::string& path = recipe.train.init_from;
+  if (IsStepFolder(path) || !CheckpointCandidates(path).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.init_from: ", path,
+        " is a dtrain checkpoint, not model weights: resume it with checkpoint.resume: ", path,
+        " (the same model, its optimizer state and data order too), or export its weights with "
+        "`dtrain ckpt export ",
+        path, " --format hf --out DIR` and start from DIR"));
+  }
+  if (const std::optional<std::string> head = RegularFileHead(path, sizeof(kLlmcModelMagic));
+      head && head->size() == sizeof(kLlmcModelMagic) &&
+      std::memcmp(head->data(), &kLlmcModelMagic, sizeof(kLlmcModelMagic)) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.init_from: ", path,
+        " is llm.c's GPT-2 model file, which dtrain writes (`ckpt export --format llmc`) but "
+        "does not read: start from the run's .safetensors export or Hugging Face folder"));
   }
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   // Wrong weights, or a folder without them: a restart would find the same.

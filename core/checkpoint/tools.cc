@@ -108,12 +108,11 @@ absl::Status ExportLlmc(const ModelConfig& config, const ParamTable& table,
         "--format llmc writes llm.c's GPT-2 file: the checkpoint must be model.family gpt2 with "
         "d_ff = 4 * d_model; use --format safetensors");
   }
-  constexpr int32_t kMagic = 20240326;  // llm.c's GPT-2 model file
   // What is there already is an earlier export's to replace, or another's (a recipe mistyped as
   // --out): refused, as the safetensors export refuses one.
-  if (const std::optional<std::string> head = RegularFileHead(out, sizeof(kMagic));
-      head &&
-      (head->size() < sizeof(kMagic) || std::memcmp(head->data(), &kMagic, sizeof(kMagic)) != 0)) {
+  if (const std::optional<std::string> head = RegularFileHead(out, sizeof(kLlmcModelMagic));
+      head && (head->size() < sizeof(kLlmcModelMagic) ||
+               std::memcmp(head->data(), &kLlmcModelMagic, sizeof(kLlmcModelMagic)) != 0)) {
     return WithExitCode(absl::FailedPreconditionError(absl::StrCat(
                             out,
                             " exists and is no llm.c model file, which the export would write "
@@ -122,7 +121,7 @@ absl::Status ExportLlmc(const ModelConfig& config, const ParamTable& table,
   }
   const int padded_vocab = (config.vocab_size + 127) / 128 * 128;
   int32_t header[256] = {};
-  header[0] = kMagic;
+  header[0] = kLlmcModelMagic;
   header[1] = 3;
   header[2] = config.max_seq_len;
   header[3] = config.vocab_size;

@@ -552,6 +552,32 @@ TEST(TrainTest, MissingWeightsOrDataAreUsageErrors) {
       Train(RunDir("no_data"), "--set data.train=[" + RunDir("no_data") + "/nope.txt]");
   EXPECT_EQ(data.exit_code, 2) << data.stderr_text;
   EXPECT_THAT(data.stderr_text, HasSubstr("/nope.txt' matches no file"));
+  // dtrain's own files that are no weights say what takes them: a checkpoint (its folder or a
+  // step's), llm.c's model file that ckpt export writes.
+  const std::string run = RunDir("init_from_own");
+  ASSERT_EQ(Train(run, "--set train.steps=2").exit_code, 0);
+  const std::string checkpoints = run + "/small/checkpoints";
+  for (const std::string& checkpoint : {checkpoints, checkpoints + "/step-2"}) {
+    const testing::Outcome from_checkpoint =
+        Train(RunDir("from_checkpoint"), "--set train.init_from=" + checkpoint);
+    EXPECT_EQ(from_checkpoint.exit_code, 2) << from_checkpoint.stderr_text;
+    EXPECT_THAT(from_checkpoint.stderr_text,
+                HasSubstr("train.init_from: " + checkpoint +
+                          " is a dtrain checkpoint, not model weights: resume it with "
+                          "checkpoint.resume: " +
+                          checkpoint));
+  }
+  const std::string llmc = run + "/model.bin";
+  ASSERT_EQ(
+      testing::RunDtrain(absl::StrCat("ckpt export ", checkpoints, " --format llmc --out ", llmc))
+          .exit_code,
+      0);
+  const testing::Outcome from_llmc = Train(RunDir("from_llmc"), "--set train.init_from=" + llmc);
+  EXPECT_EQ(from_llmc.exit_code, 2) << from_llmc.stderr_text;
+  EXPECT_THAT(from_llmc.stderr_text,
+              HasSubstr("train.init_from: " + llmc +
+                        " is llm.c's GPT-2 model file, which dtrain writes (`ckpt export "
+                        "--format llmc`) but does not read"));
   // A URL there says which format streams URLs, not that no file matches.
   const testing::Outcome url =
       Train(RunDir("url_data"), "--set data.train=[http://127.0.0.1:9/corpus.txt]");
