@@ -210,6 +210,13 @@ InspectReport InspectCheckpoints(const std::string& path) {
     report.valid = InspectOne(path, report.text);
     return report;
   }
+  if (!fs::is_directory(path, error)) {
+    report.text = absl::StrCat(path,
+                               " is a file: give its step-<N> folder, or the checkpoint folder "
+                               "that holds them\n");
+    report.found = false;
+    return report;
+  }
   const std::vector<std::string> candidates = CheckpointCandidates(path);
   if (candidates.empty()) {
     report.text = absl::StrCat(path, " holds no step-<N> checkpoint folders\n");

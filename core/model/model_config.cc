@@ -28,7 +28,8 @@ absl::Status CheckTensorParallel(const ModelConfig& config, int tp) {
   if (config.n_head % tp != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.n_head = ", config.n_head, " does not divide by parallel.tp = ", tp,
-                     ": tensor parallelism gives every rank the same number of heads"));
+                     ": tensor parallelism gives every rank the same number of heads, so make "
+                     "model.n_head a multiple of it"));
   }
   if (config.d_ff % tp != 0) {
     return absl::InvalidArgumentError(absl::StrCat("model.d_ff = ", config.d_ff,

@@ -324,8 +324,8 @@ const std::vector<KeySpec>& Keys() {
        "data-parallel engine: ddp replicates; zero1/zero2/zero3 shard optimizer state, "
        "+gradients, +parameters; fsdp shards per block; auto: the layout `dtrain plan` "
        "recommends for the actual world, among those the trainer runs (on cpu, in the "
-       "machine's memory rather than cluster.gpu's): the engine, tp, pp, micro_batch and "
-       "recompute, the log naming the recipe's values it replaced",
+       "machine's memory rather than cluster.gpu's): the engine, tp and pp (the recipe leaves "
+       "both at 1), micro_batch and recompute, the log naming the recipe's values it replaced",
        {"ddp", "zero1", "zero2", "zero3", "fsdp", "auto"}},
       {DTRAIN_RECIPE_KEY(parallel, tp),
        "tensor-parallel degree: ranks sharing each block's heads and MLP width (Megatron-style; "
@@ -1320,9 +1320,9 @@ class Parser {
       LogWarn(
           "%s: train.batch_size / train.micro_batch = %d micro-batches per step, fewer than "
           "parallel.pp = %d stages: the pipeline idles at least %d of every %d micro-batch slots "
-          "(the bubble); raise train.batch_size or lower train.micro_batch to %d or more "
-          "micro-batches",
-          source_name_, micro_batches, p.pp, p.pp - 1, micro_batches + p.pp - 1, p.pp);
+          "(the bubble); raise train.batch_size%s to %d or more micro-batches",
+          source_name_, micro_batches, p.pp, p.pp - 1, micro_batches + p.pp - 1,
+          r.train.micro_batch > 1 ? " or lower train.micro_batch" : "", p.pp);
     }
     return absl::OkStatus();
   }

@@ -330,6 +330,11 @@ TEST(CheckpointingTest, InspectOfAWrongPathIsAUsageErrorAndAStaleLatestIsNamed) 
   const testing::Outcome empty = testing::RunDtrain("ckpt inspect " + out + "/ck");
   EXPECT_EQ(empty.exit_code, 2);
   EXPECT_THAT(empty.stdout_text, HasSubstr("holds no step-<N> checkpoint folders"));
+  // A file of a checkpoint (its manifest) says to give its folder.
+  const std::string manifest = folder + "/step-2/manifest.json";
+  const testing::Outcome file = testing::RunDtrain("ckpt inspect " + manifest);
+  EXPECT_EQ(file.exit_code, 2);
+  EXPECT_THAT(file.stdout_text, HasSubstr(manifest + " is a file: give its step-<N> folder"));
 }
 
 // `dtrain ckpt bench DIR` writes in a scratch folder of its own inside DIR and removes it: a run

@@ -422,7 +422,9 @@ INSTANTIATE_TEST_SUITE_P(
                         {"train.eval_every", "no validation data", "eval_every: 0"}},
         // parallel.tp: the model's shape must split over it; the nearest sizes that fit.
         ConsistencyCase{{"parallel.tp=3"},
-                        {"--set parallel.tp=3", "model.n_head = 4", "parallel.tp: 2 or 4"}},
+                        {"--set parallel.tp=3", "model.n_head = 4",
+                         "make model.n_head a multiple of it; or, for this model, set "
+                         "parallel.tp: 2 or 4"}},
         ConsistencyCase{{"parallel.tp=4", "model.d_ff=102"},
                         {"parallel.tp", "model.d_ff = 102",
                          "set model.d_ff to a multiple of it; or, for this model, set "
@@ -599,8 +601,15 @@ TEST(RecipeTest, FewerMicroBatchesThanStagesWarnOfTheBubble) {
   const std::string warning = ::testing::internal::GetCapturedStderr();
   EXPECT_THAT(warning, AllOf(HasSubstr("train.batch_size / train.micro_batch = 3 micro-batches "
                                        "per step, fewer than parallel.pp = 4 stages"),
-                             HasSubstr("idles at least 3 of every 6 micro-batch slots")));
+                             HasSubstr("idles at least 3 of every 6 micro-batch slots"),
+                             HasSubstr("raise train.batch_size or lower train.micro_batch to 4 or "
+                                       "more micro-batches")));
   EXPECT_EQ(error, "");  // pp > 1 runs
+  // At micro-batches of 1 only a larger batch helps.
+  ::testing::internal::CaptureStderr();
+  ErrorOf(kMinimal, {"parallel.pp=4", "train.batch_size=2", "train.micro_batch=1"});
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr("(the bubble); raise train.batch_size to 4 or more micro-batches"));
 
   ::testing::internal::CaptureStderr();
   ErrorOf(kMinimal, {"parallel.pp=2", "train.batch_size=4", "train.micro_batch=2"});
