@@ -584,6 +584,20 @@ absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) 
               absl::FormatDuration(timeout));
       next_report = absl::Now() + kWaitReportInterval;
     }
+    // A node that failed its own checks ends the job first: a SIGTERM now is srun's teardown of
+    // a step whose task failed (--kill-on-bad-exit), not a preemption to requeue after.
+    if (Counter(kEarlyFailuresKey).value_or(0) > 0) {
+      for (int node = 0; node < node_.num_nodes; ++node) {
+        const absl::StatusOr<std::string> error =
+            store_->Get(EarlyFailureKey(node), absl::ZeroDuration());
+        if (error.ok()) {
+          // Its checks of the recipe and the world: a restart would fail them again.
+          return WithExitCode(absl::FailedPreconditionError(absl::StrFormat(
+                                  "node %d failed before joining the job: %s", node, *error)),
+                              kExitUsage);
+        }
+      }
+    }
     // A stop before any worker started, or while waiting for a lost node, ends the wait; later
     // (between attempts) it waits for the next attempt's workers, which save a checkpoint.
     const bool stoppable = workers_.empty() || !rejoining_.empty();
@@ -608,18 +622,6 @@ absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) 
     if (!rejoining_.empty()) {
       if (left <= kBarrierLivenessInterval) break;
       continue;
-    }
-    if (Counter(kEarlyFailuresKey).value_or(0) > 0) {
-      for (int node = 0; node < node_.num_nodes; ++node) {
-        const absl::StatusOr<std::string> error =
-            store_->Get(EarlyFailureKey(node), absl::ZeroDuration());
-        if (error.ok()) {
-          // Its checks of the recipe and the world: a restart would fail them again.
-          return WithExitCode(absl::FailedPreconditionError(absl::StrFormat(
-                                  "node %d failed before joining the job: %s", node, *error)),
-                              kExitUsage);
-        }
-      }
     }
     if (const std::vector<LostAgent> lost = LostAgents(); !lost.empty()) {
       ReportLost(lost);
@@ -1152,11 +1154,18 @@ void Agent::Fail(const absl::Status& error) {
   absl::StatusOr<std::unique_ptr<TcpStoreClient>> store =
       TcpStoreClient::Connect(node_.master_addr, server_->port(), options);
   if (!store.ok()) return;
-  const auto count = [&](const char* key) { return (*store)->Add(key, 0).value_or(0); };
+  // Gone: every other node's newest agent closed its connection (one that never joined, as a
+  // node that failed before joining, has none to close).
+  const auto count = [&](const std::string& key) { return (*store)->Add(key, 0).value_or(0); };
+  const auto others_gone = [&] {
+    for (int node = 1; node < node_.num_nodes; ++node) {
+      const int incarnation = static_cast<int>(count(NodeKey("agent/incarnation", node)));
+      if (incarnation > 0 && count(NodeKey(kClosedKey, node, incarnation)) == 0) return false;
+    }
+    return true;
+  };
   const absl::Time deadline = absl::Now() + kExitTimeout;
-  while (absl::Now() < deadline && count(kClosedKey) - count(kReplacedKey) < node_.num_nodes) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  while (absl::Now() < deadline && !others_gone()) absl::SleepFor(absl::Milliseconds(20));
 }
 
 std::vector<LostAgent> Agent::LostIn(int attempt) {
@@ -1491,10 +1500,17 @@ void ReportFailureBeforeJoining(const WorldEnvironment& node, const absl::Status
       !(*store)->Set(kNodeCountKey, absl::StrCat(node.num_nodes)).ok()) {
     return;
   }
-  // Each of the others reads it at its rendezvous and leaves, closing its connection.
+  // Each of the others reads it at its rendezvous and leaves, closing its connection. The exit of
+  // the first makes srun end the step (--kill-on-bad-exit) with a SIGTERM here, which must not
+  // end this process before it prints its error.
+  struct sigaction ignore {
+  }, previous{};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGTERM, &ignore, &previous);
   while (absl::Now() < deadline && (*store)->Add(kClosedKey, 0).value_or(0) < node.num_nodes - 1) {
     absl::SleepFor(absl::Milliseconds(20));
   }
+  sigaction(SIGTERM, &previous, nullptr);
 }
 
 absl::StatusOr<int> RunAgent(const WorldEnvironment& node, const AgentOptions& options) {

@@ -475,7 +475,13 @@ TEST(AgentTest, ANodeThatFailsBeforeJoiningIsNamedAtOnce) {
   const std::unique_ptr<Launch> node_one = job.Start(1, /*nnodes=*/2, /*nproc=*/3);
   EXPECT_EQ(node_one->Wait(absl::Seconds(60)), 2) << node_one->output();
   EXPECT_THAT(node_one->output(), HasSubstr("does not split into 6 data-parallel ranks"));
+  // As srun ends the step at once (--kill-on-bad-exit): that SIGTERM is no preemption (it was
+  // taken for one, exit 143, and a --requeue job came back to fail again).
+  kill(node_zero->process().pid(), SIGTERM);
+  const absl::Time killed = absl::Now();
   EXPECT_EQ(node_zero->Wait(absl::Seconds(60)), 2) << node_zero->output();
+  // Nor does it wait for node 1's agent to leave the store (it never joined) for 30 s.
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(20));
   EXPECT_THAT(node_zero->output(), AllOf(HasSubstr("node 1 failed before joining the job: (host "),
                                          HasSubstr("does not split into 6 data-parallel ranks")));
 }
