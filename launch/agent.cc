@@ -1343,9 +1343,18 @@ absl::StatusOr<int> Agent::Run() {
         // finished its last step, 0; one still starting, before it takes SIGTERM itself (it does
         // so before its first step), is ended by it with nothing to save.
         bool clean = true, stopped = false;
+        std::string unclean;
         for (const Worker& worker : workers_) {
           const ExitStatus status = *worker.process->exit_status();
           const bool honoured = StoppedAfterCheckpoint(status) || status.signal == SIGTERM;
+          if (!status.ok() && !honoured) {
+            absl::StrAppend(
+                &unclean, unclean.empty() ? "" : ", ", "rank ", worker.rank, " ",
+                worker.told_to_stop && status.signal == SIGKILL
+                    ? absl::StrCat("did not stop within --stop-grace-s ",
+                                   absl::ToInt64Seconds(options_.stop_grace), " and was killed")
+                    : ExitText(worker));
+          }
           clean = clean && (status.ok() || honoured);
           stopped = stopped || honoured;
         }
@@ -1353,14 +1362,21 @@ absl::StatusOr<int> Agent::Run() {
           LogInfo("node %d: every worker finished before the stop", node_.node_rank);
           return Finish(0);
         }
-        LogInfo("node %d: workers stopped%s", node_.node_rank,
-                clean ? " cleanly" : "; some did not exit cleanly (see their logs)");
+        if (clean) {
+          LogInfo("node %d: workers stopped cleanly", node_.node_rank);
+        } else {
+          // Its checkpoint may not have been saved: a resume takes the newest complete one.
+          LogWarn(
+              "node %d: workers stopped; %s (see its log): the job resumes from the newest "
+              "complete checkpoint",
+              node_.node_rank, unclean);
+        }
         // Node 0 requeues; the others wait for that before they exit, since the exit of one
         // (srun --kill-on-bad-exit) ends the step and with it a requeue command still running.
         if (!options_.requeue_argv.empty()) {
           const std::string requeued = Key(attempt, "requeue_done");
           if (node_.node_rank == 0) {
-            if (clean) Requeue();
+            Requeue();
             (void)store_->Set(requeued, "1");
           } else {
             (void)store_->Wait({requeued}, kExitTimeout);

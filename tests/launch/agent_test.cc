@@ -792,6 +792,25 @@ TEST(AgentTest, SigtermCheckpointsAndStopsCleanly) {
   EXPECT_EQ(step_dir, absl::StrCat("step-", StepsLogged(out))) << launch.output();
 }
 
+// A worker that does not stop within --stop-grace-s (hung: SIGSTOP) is killed, and the log names
+// it and says the job resumes from the newest complete checkpoint (with --requeue, requeued), where
+// it said only that some workers did not exit cleanly, and a --requeue job was not requeued.
+TEST(AgentTest, AWorkerThatDoesNotStopIsNamed) {
+  const std::string out = OutDir("term_hung");
+  Launch launch({Recipe("term_hung", 100000), "--nproc-per-node=2", "--stop-grace-s=2", "--set",
+                 "run.out_dir=" + out});
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
+      << launch.output();
+  const std::vector<std::pair<int, pid_t>> workers = launch.Workers();
+  ASSERT_EQ(workers.size(), 2u);
+  kill(workers[1].second, SIGSTOP);
+  kill(launch.process().pid(), SIGTERM);
+  EXPECT_EQ(launch.Wait(absl::Seconds(60)), 1) << launch.output();
+  EXPECT_THAT(launch.output(),
+              AllOf(HasSubstr("rank 1 did not stop within --stop-grace-s 2 and was killed"),
+                    HasSubstr("the job resumes from the newest complete checkpoint")));
+}
+
 // SIGHUP (a closed terminal or ssh session) stops the job as SIGTERM does, with a checkpoint; it
 // ended the agent at once (exit 129), and its workers with it, losing the run.
 TEST(AgentTest, SighupCheckpointsAndStopsAsSigtermDoes) {
