@@ -557,12 +557,16 @@ absl::Status Agent::CheckWorkerCounts() {
     if (!theirs.ok() || *theirs == absl::StrCat(options_.nproc_per_node)) continue;
     const absl::StatusOr<std::string> host =
         store_->Get(NodeKey("agent/host", node), absl::ZeroDuration());
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "node %d (host %s) starts %s workers and node %d (host %s) %d: every node must start "
-        "the same number (ranks are node rank x workers per node + local rank); give every "
-        "`dtrain launch` the same --nproc-per-node (with `gpu`, each node counts the GPUs its "
-        "CUDA_VISIBLE_DEVICES leaves)",
-        node, host.value_or("?"), *theirs, node_.node_rank, HostName(), options_.nproc_per_node));
+    // A restart would start the same counts: exit 2, as for another count of nodes.
+    return WithExitCode(
+        absl::FailedPreconditionError(absl::StrFormat(
+            "node %d (host %s) starts %s workers and node %d (host %s) %d: every node must start "
+            "the same number (ranks are node rank x workers per node + local rank); give every "
+            "`dtrain launch` the same --nproc-per-node (with `gpu`, each node counts the GPUs "
+            "its CUDA_VISIBLE_DEVICES leaves)",
+            node, host.value_or("?"), *theirs, node_.node_rank, HostName(),
+            options_.nproc_per_node)),
+        kExitUsage);
   }
   return absl::OkStatus();
 }

@@ -1078,6 +1078,7 @@ TEST(AgentTest, NodesWithOtherWorkerCountsStopAtTheRendezvous) {
   EXPECT_THAT(std::string(result.status().message()),
               HasSubstr("node 1 (host fake-host) starts 1 workers and node 0 (host "));
   EXPECT_THAT(std::string(result.status().message()), HasSubstr("the same --nproc-per-node"));
+  EXPECT_EQ(ExitCodeOf(result.status()), kExitUsage);  // no restart starts other counts
   EXPECT_THAT(output, Not(HasSubstr("started rank")));
 }
 
