@@ -437,11 +437,13 @@ absl::Status Agent::Connect() {
   if (absl::IsCancelled(client.status())) return client.status();
   if (!client.ok()) {
     const bool unreached = absl::IsUnavailable(client.status()) && node_.node_rank > 0;
-    return absl::Status(
+    const absl::Status error = absl::Status(
         client.status().code(),
         absl::StrCat("node ", node_.node_rank, " cannot reach the rendezvous store ",
                      "of node 0 at ", node_.master_addr, ":", port, ": ", client.status().message(),
                      unreached ? MasterOnThisHostHint(node_.master_addr) : ""));
+    // Another token than the store's: the same at a restart.
+    return absl::IsPermissionDenied(error) ? WithExitCode(error, kExitUsage) : error;
   }
   store_ = *std::move(client);
   node_.master_port = port;  // node 0 may have chosen it

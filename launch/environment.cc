@@ -987,12 +987,15 @@ absl::Status CheckMasterResolves(const WorldEnvironment& world, absl::Duration w
     if (code == 0) return CheckMasterIsNoStaleLoopback(world, from);
     const bool unknown_yet = code == EAI_NONAME || code == EAI_AGAIN || code == EAI_FAIL;
     if (!unknown_yet || absl::Now() >= deadline) {
-      return absl::UnavailableError(absl::StrCat(
+      // A name no server knows, outside a pod (where it may come later): the same at a restart.
+      const absl::Status error = absl::UnavailableError(absl::StrCat(
           "master address '", world.master_addr, "' (", from, ") does not resolve",
           wait > absl::ZeroDuration() ? absl::StrCat(" within ", absl::FormatDuration(wait)) : "",
           ": ", gai_strerror(code),
           "; set MASTER_ADDR (or DTRAIN_MASTER_ADDR, or --master-addr) to a host name or "
           "address every node can reach"));
+      return code == EAI_NONAME && wait == absl::ZeroDuration() ? WithExitCode(error, kExitUsage)
+                                                                : error;
     }
     if (!logged) {
       LogInfo(

@@ -342,12 +342,13 @@ TEST(AgentTest, APodsMasterNameThatResolvesLateIsWaitedFor) {
 }
 
 // A master name that does not resolve fails at once on one node too (outside pods, where a name
-// may resolve late), where the agent waited out the rendezvous timeout.
+// may resolve late), where the agent waited out the rendezvous timeout; exit 2, as a restart
+// would not resolve it either.
 TEST(AgentTest, AMasterNameThatDoesNotResolveFailsAtOnce) {
   const absl::Time start = absl::Now();
   Launch launch({"--master-addr=no-such-host.invalid", "--rdzv-timeout-s=60",
                  Recipe("no_master", 3), "--set", "run.out_dir=" + OutDir("no_master")});
-  EXPECT_EQ(launch.Wait(absl::Seconds(60)), 1) << launch.output();
+  EXPECT_EQ(launch.Wait(absl::Seconds(60)), 2) << launch.output();
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
   EXPECT_THAT(launch.output(),
               HasSubstr("master address 'no-such-host.invalid' (flag --master-addr "
@@ -387,6 +388,29 @@ TEST(AgentTest, ANodeWhoseMasterIsItsOwnLoopbackIsTold) {
   EXPECT_THAT(node_one.output(),
               HasSubstr("is an address of this host, not of the master's node: set it to node "
                         "0's host name"));
+}
+
+// Node 1 with another rendezvous token than node 0's is refused by its store: exit 2, the same at
+// any restart (it exited 1, which a Kubernetes restart policy retries).
+TEST(AgentTest, AnotherTokenThanTheStoresIsAUsageError) {
+  const int port = testing::FreeTcpPort();
+  const std::vector<std::string> args = {"--nnodes=2",
+                                         "--master-addr=127.0.0.1",
+                                         absl::StrCat("--master-port=", port),
+                                         "--rdzv-timeout-s=30",
+                                         Recipe("other_token", 3),
+                                         "--set",
+                                         "run.out_dir=" + OutDir("other_token")};
+  std::vector<std::string> zero = args, one = args;
+  zero.insert(zero.begin(), "--node-rank=0");
+  one.insert(one.begin(), "--node-rank=1");
+  Launch node_zero(zero, {"DTRAIN_RDZV_TOKEN=token-a"});
+  Launch node_one(one, {"DTRAIN_RDZV_TOKEN=token-b"});
+  EXPECT_EQ(node_one.Wait(absl::Seconds(60)), 2) << node_one.output();
+  EXPECT_THAT(node_one.output(),
+              HasSubstr("rejected the token: DTRAIN_RDZV_TOKEN differs from the job's"));
+  kill(node_zero.process().pid(), SIGTERM);
+  node_zero.Wait(absl::Seconds(60));
 }
 
 // Two pods of `dtrain launch` (node 0 hosts the store, one worker each); the tests below kill
