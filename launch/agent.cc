@@ -309,6 +309,16 @@ struct LostAgent {
   std::string error;    // what it failed with (Agent::Fail), if it said; else killed or crashed
 };
 
+// The error a worker's stderr ends with, without the "error: " it starts with; empty where it
+// ends otherwise (a killed worker's last log line).
+std::string EndingError(absl::string_view tail) {
+  std::string said;
+  for (const absl::string_view line : absl::StrSplit(tail, '\n', absl::SkipEmpty())) {
+    said = absl::StartsWith(line, "error: ") ? std::string(line.substr(7)) : "";
+  }
+  return said;
+}
+
 // How a lost agent went: its own error, or what its closed connection suggests.
 std::string LostHow(const LostAgent& agent) {
   if (!agent.error.empty()) return absl::StrCat("agent failed: ", agent.error);
@@ -770,7 +780,11 @@ Outcome Agent::Watch(int attempt) {
       }
       worker.left_early = exit->ok() && LeftEarly(attempt, worker.rank);
       if (!exit->ok() || worker.left_early) {
-        LogError("node %d: rank %d failed: %s", node_.node_rank, worker.rank, ExitText(worker));
+        // Its error, which went to its --log-dir file, not here.
+        const std::string said =
+            worker.log_fd.valid() ? EndingError(absl::StrJoin(worker.stderr_tail, "\n")) : "";
+        LogError("node %d: rank %d failed: %s%s", node_.node_rank, worker.rank, ExitText(worker),
+                 said.empty() ? "" : absl::StrCat(": ", said));
         (void)store_->Add(Key(attempt, "failed"), 1);
         return Outcome::kFailed;
       }
@@ -1015,12 +1029,8 @@ void Agent::PrintRootCause(int attempt) {
                           f->stopped ? "hung: ended by the agent" : f->exit,
                           ClockTime(absl::FromUnixMicros(f->time_us)));
   }
-  // The root cause's own words, on its line: the error its stderr ends with, if it ends with one
-  // (not a killed worker's last log line), without the "error: " it starts with.
-  std::string said;
-  for (const absl::string_view line : absl::StrSplit(root->stderr_tail, '\n', absl::SkipEmpty())) {
-    said = absl::StartsWith(line, "error: ") ? std::string(line.substr(7)) : "";
-  }
+  // The root cause's own words, on its line.
+  const std::string said = EndingError(root->stderr_tail);
   const std::string what =
       !hung       ? (said.empty() ? root->exit : absl::StrCat(root->exit, ": ", said))
       : unentered ? absl::StrFormat(

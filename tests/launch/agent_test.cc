@@ -639,6 +639,27 @@ TEST(AgentTest, LogDirHoldsOneFilePerRank) {
   EXPECT_THAT(text1, Not(HasSubstr("step 3/3")));
 }
 
+// With --log-dir the workers' errors go to their files: the agent's line for a failed rank says
+// its error too, which the console otherwise never showed before the restart (rank 1 hung here,
+// and rank 0 failed "exit code 1").
+TEST(AgentTest, AFailedRanksLineSaysItsErrorWhenItsLogIsAFile) {
+  const std::string out = OutDir("logs_failed");
+  Launch launch({Recipe("logs_failed", 100000), "--nproc-per-node=2", "--log-dir=" + out + "/logs",
+                 "--max-restarts=1", "--set", "run.out_dir=" + out, "--set",
+                 "parallel.timeout_s=3"});
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
+      << launch.output();
+  const std::vector<std::pair<int, pid_t>> workers = launch.Workers();
+  ASSERT_EQ(workers.size(), 2u);
+  kill(workers[1].second, SIGSTOP);
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] {
+    return absl::StrContains(launch.output(), "restarting the workers");
+  })) << launch.output();
+  EXPECT_THAT(launch.output(),
+              ::testing::ContainsRegex("rank 0 failed: exit code 1: [^\n]*rank 1"));
+  kill(launch.process().pid(), SIGKILL);
+}
+
 // A --log-dir where no file can be written is a usage error (exit 2), which no restart mends.
 TEST(AgentTest, AnUnwritableLogDirIsAUsageError) {
   const std::string out = OutDir("bad_logs");
