@@ -76,12 +76,13 @@ bool StoppedAfterCheckpoint(const ExitStatus& status) {
 }
 
 // The worker exits that every restart would repeat, and why: a wrong recipe or command line, a
-// full checkpoint file system (a restart trains to the same save and fails there again).
+// full file system (a checkpoint's or the metrics': a restart trains to the same write and fails
+// there again).
 constexpr std::pair<int, const char*> kRepeatingExits[] = {
     {kExitUsage, "its recipe, command line or files are wrong"},
     {kExitDiskFull,
-     "a checkpoint found its file system full (free space there, then launch again to resume "
-     "from the newest complete checkpoint)"},
+     "a file system it writes is full (its error says which: free space there, then launch "
+     "again to resume from the newest complete checkpoint)"},
 };
 
 // Signals reach the monitor loop through a self-pipe: the handler only writes the number.

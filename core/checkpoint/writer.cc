@@ -206,12 +206,16 @@ absl::Status SaveFailed(const SaveRequest& request, const absl::Status& cause) {
                       free_mib)
                 : absl::StrFormat("is full (%.1f MiB free, this rank's part is %.1f MiB)", free_mib,
                                   part / 1048576.0);
+  // Fewer checkpoints than one is none.
+  const std::string fewer = request.keep_last > 1
+                                ? absl::StrCat(", keep fewer checkpoints (checkpoint.keep_last is ",
+                                               request.keep_last, ")")
+                                : "";
   return WithExitCode(
-      Renamed(cause, absl::StrFormat("%s; the checkpoint folder's file system %s: %s there, keep "
-                                     "fewer checkpoints (checkpoint.keep_last is %d), or set "
-                                     "checkpoint.dir to a larger file system",
-                                     message, full, no_inodes ? "remove files" : "free space",
-                                     request.keep_last)),
+      Renamed(cause,
+              absl::StrFormat("%s; the checkpoint folder's file system %s: %s there%s, or set "
+                              "checkpoint.dir to a larger file system",
+                              message, full, no_inodes ? "remove files" : "free space", fewer)),
       kExitDiskFull);
 }
 

@@ -784,7 +784,16 @@ TEST(TrainTest, AFullCheckpointFileSystemSaysWhatToDo) {
   EXPECT_THAT(run.stderr_text,
               ::testing::ContainsRegex("the checkpoint folder's file system is full \\([0-9.]+ "
                                        "MiB free, this rank's part is [0-9.]+ MiB\\)"));
-  EXPECT_THAT(run.stderr_text, HasSubstr("checkpoint.keep_last"));
+  EXPECT_THAT(run.stderr_text, HasSubstr("keep fewer checkpoints (checkpoint.keep_last is 3)"));
+  // Keeping one, fewer is none: not offered.
+  const testing::Outcome one = testing::RunDtrain(
+      absl::StrCat("train ", SmallRecipe(), " --set run.out_dir=", RunDir("full_one"),
+                   " --set checkpoint.dir=", small, " --set train.steps=2",
+                   " --set checkpoint.keep_last=1"),
+      prefix);
+  EXPECT_EQ(one.exit_code, kExitDiskFull) << one.stderr_text;
+  EXPECT_THAT(one.stderr_text, AllOf(HasSubstr("free space there, or set checkpoint.dir"),
+                                     Not(HasSubstr("keep fewer"))));
 }
 
 // A metrics line that cannot be written fails the run, naming the file and why, with the full

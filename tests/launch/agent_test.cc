@@ -1578,7 +1578,7 @@ TEST(AgentTest, AFullCheckpointFileSystemIsNotRestarted) {
       prefix);
   const std::string output = outcome.stdout_text + outcome.stderr_text;
   EXPECT_EQ(outcome.exit_code, kExitDiskFull) << output;
-  EXPECT_THAT(output, HasSubstr("a checkpoint found its file system full"));
+  EXPECT_THAT(output, HasSubstr("a file system it writes is full (its error says which"));
   EXPECT_THAT(output, HasSubstr("a restart would fail the same way; not restarting"));
   EXPECT_THAT(output, HasSubstr("(0 restarts used of 2)"));
   EXPECT_THAT(output, HasSubstr("the checkpoint folder's file system is full"));
