@@ -88,9 +88,11 @@ bool ForwardStopToSteps(int signal, const EnvironmentMap& env, const std::string
             scancel.status().message());
     return false;
   }
-  LogWarn(
-      "SIG%s to the batch shell (sbatch --signal=B:TERM, scancel --batch): passing SIGTERM to the "
-      "agents (scancel --signal=TERM %s), which checkpoint and stop",
+  // Slurm signals the batch shell alone (sbatch --signal=B:TERM, scancel --batch), or with every
+  // other process of the job (a requeue, a plain scancel), whose agents are stopping already.
+  LogInfo(
+      "SIG%s to the batch shell: passing SIGTERM to the agents (scancel --signal=TERM %s), which "
+      "checkpoint and stop (where Slurm signalled the whole job, they have it already)",
       sigabbrev_np(signal), job_id);
   absl::StatusOr<std::unique_ptr<Subprocess>> sent =
       Subprocess::Spawn({*scancel, "--signal=TERM", job_id}, SubprocessOptions{});
@@ -100,7 +102,8 @@ bool ForwardStopToSteps(int signal, const EnvironmentMap& env, const std::string
   }
   const std::optional<ExitStatus> done = (*sent)->WaitFor(absl::Seconds(30));
   if (!done || !done->ok()) {
-    LogWarn("scancel --signal=TERM %s: %s", job_id, done ? done->ToString() : "no answer in 30 s");
+    LogWarn("scancel --signal=TERM %s: %s (a job Slurm is ending has no step left to signal)",
+            job_id, done ? done->ToString() : "no answer in 30 s");
   }
   return done && done->ok();
 }
