@@ -649,11 +649,19 @@ absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) 
     if (left <= kBarrierLivenessInterval) break;
   }
   const int64_t seen = Counter(counter).value_or(-1);
+  // The nodes whose agent never reached the store: where to look.
+  std::vector<int> unseen;
+  for (int node = 0; node < node_.num_nodes; ++node) {
+    if (Counter(NodeKey("agent/incarnation", node)).value_or(1) == 0) unseen.push_back(node);
+  }
   return absl::DeadlineExceededError(absl::StrFormat(
-      "only %d of %d node agents reached '%s' within %s; check that `dtrain launch` runs on every "
-      "node of the job (one agent per node) and that they all reach %s:%d",
-      seen, node_.num_nodes, counter, absl::FormatDuration(timeout), node_.master_addr,
-      node_.master_port));
+      "only %d of %d node agents reached '%s' within %s%s; check that `dtrain launch` runs on "
+      "every node of the job (one agent per node) and that they all reach %s:%d",
+      seen, node_.num_nodes, counter, absl::FormatDuration(timeout),
+      unseen.empty() ? ""
+                     : absl::StrCat(" (no agent of node", unseen.size() == 1 ? " " : "s ",
+                                    absl::StrJoin(unseen, ", "), " ever connected)"),
+      node_.master_addr, node_.master_port));
 }
 
 absl::Status Agent::StartWorkers(int attempt) {

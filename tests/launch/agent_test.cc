@@ -390,6 +390,19 @@ TEST(AgentTest, ANodeWhoseMasterIsItsOwnLoopbackIsTold) {
                         "0's host name"));
 }
 
+// A node that never starts its agent: node 0's rendezvous times out naming it (it said only how
+// many agents came).
+TEST(AgentTest, ARendezvousTimeoutNamesTheNodesThatNeverCame) {
+  Launch node_zero({"--node-rank=0", "--nnodes=4", "--master-addr=127.0.0.1",
+                    absl::StrCat("--master-port=", testing::FreeTcpPort()), "--rdzv-timeout-s=2",
+                    Recipe("never_came", 3), "--set", "run.out_dir=" + OutDir("never_came")},
+                   {"DTRAIN_RDZV_TOKEN=never-came-token"});
+  EXPECT_EQ(node_zero.Wait(absl::Seconds(60)), 1) << node_zero.output();
+  EXPECT_THAT(node_zero.output(),
+              HasSubstr("only 1 of 4 node agents reached 'agent/attempt-0/arrived' within 2s (no "
+                        "agent of nodes 1, 2, 3 ever connected)"));
+}
+
 // Node 1 with another rendezvous token than node 0's is refused by its store: exit 2, the same at
 // any restart (it exited 1, which a Kubernetes restart policy retries).
 TEST(AgentTest, AnotherTokenThanTheStoresIsAUsageError) {
