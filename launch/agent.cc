@@ -67,7 +67,45 @@ constexpr char kNodeCountKey[] = "agent/nnodes";  // node 0's --nnodes, the job'
 // How long a node waits for node 0's count of nodes (set as node 0 starts the store).
 constexpr absl::Duration kNodeCountWait = absl::Seconds(10);
 
-std::string EarlyFailureKey(int node) { return absl::StrCat(kEarlyFailuresKey, "/node-", node); }
+// A key of node `node`'s, or of one of its agents (`incarnation`).
+std::string NodeKey(const std::string& name, int node) {
+  return absl::StrCat(name, "/node-", node);
+}
+std::string NodeKey(const std::string& name, int node, int incarnation) {
+  return absl::StrCat(name, "/node-", node, "/", incarnation);
+}
+
+std::string EarlyFailureKey(int node) { return NodeKey(kEarlyFailuresKey, node); }
+
+// Whether every node but node 0 is done with node 0's store, which may then close: its newest
+// agent closed its connection, or it failed before joining (its error is there).
+bool OthersGone(TcpStoreClient& store, int num_nodes) {
+  const auto count = [&](const std::string& key) { return store.Add(key, 0).value_or(0); };
+  for (int node = 1; node < num_nodes; ++node) {
+    if (store.Get(EarlyFailureKey(node), absl::ZeroDuration()).ok()) continue;
+    const int incarnation = static_cast<int>(count(NodeKey("agent/incarnation", node)));
+    if (incarnation == 0 || count(NodeKey(kClosedKey, node, incarnation)) == 0) return false;
+  }
+  return true;
+}
+
+// Ignores SIGTERM while it lives: node 0, failing, serves its store for the others to read why,
+// and srun's SIGTERM at the first of them to exit (--kill-on-bad-exit) must not end it before it
+// prints its error.
+class IgnoredSigterm {
+ public:
+  IgnoredSigterm() {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigaction(SIGTERM, &ignore, &previous_);
+  }
+  ~IgnoredSigterm() { sigaction(SIGTERM, &previous_, nullptr); }
+  IgnoredSigterm(const IgnoredSigterm&) = delete;
+  IgnoredSigterm& operator=(const IgnoredSigterm&) = delete;
+
+ private:
+  struct sigaction previous_ {};
+};
 
 // A worker's exit after the ranks agreed to stop and saved their checkpoint (a stop, not a
 // failure; the job is not finished).
@@ -357,12 +395,6 @@ class Agent {
   void EmitLine(Worker& worker, int stream, const std::string& line);
   void HandleSignals();
   absl::StatusOr<int64_t> Counter(const std::string& key) { return store_->Add(key, 0); }
-  std::string NodeKey(const std::string& name, int node) const {
-    return absl::StrCat(name, "/node-", node);
-  }
-  std::string NodeKey(const std::string& name, int node, int incarnation) const {
-    return absl::StrCat(name, "/node-", node, "/", incarnation);
-  }
   // A new agent of a node whose last one was lost: waits until node 0 restarts the job with it
   // and returns that attempt; 0 for a node's first agent.
   absl::StatusOr<int> Rejoin();
@@ -649,7 +681,7 @@ absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) 
     if (left <= kBarrierLivenessInterval) break;
   }
   const int64_t seen = Counter(counter).value_or(-1);
-  // The nodes whose agent never reached the store: where to look.
+  // The nodes with no agent in the job: where to look.
   std::vector<int> unseen;
   for (int node = 0; node < node_.num_nodes; ++node) {
     if (Counter(NodeKey("agent/incarnation", node)).value_or(1) == 0) unseen.push_back(node);
@@ -660,7 +692,7 @@ absl::Status Agent::Barrier(const std::string& counter, absl::Duration timeout) 
       seen, node_.num_nodes, counter, absl::FormatDuration(timeout),
       unseen.empty() ? ""
                      : absl::StrCat(" (no agent of node", unseen.size() == 1 ? " " : "s ",
-                                    absl::StrJoin(unseen, ", "), " ever connected)"),
+                                    absl::StrJoin(unseen, ", "), " joined)"),
       node_.master_addr, node_.master_port));
 }
 
@@ -1179,18 +1211,10 @@ void Agent::Fail(const absl::Status& error) {
   absl::StatusOr<std::unique_ptr<TcpStoreClient>> store =
       TcpStoreClient::Connect(node_.master_addr, server_->port(), options);
   if (!store.ok()) return;
-  // Gone: every other node's newest agent closed its connection (one that never joined, as a
-  // node that failed before joining, has none to close).
-  const auto count = [&](const std::string& key) { return (*store)->Add(key, 0).value_or(0); };
-  const auto others_gone = [&] {
-    for (int node = 1; node < node_.num_nodes; ++node) {
-      const int incarnation = static_cast<int>(count(NodeKey("agent/incarnation", node)));
-      if (incarnation > 0 && count(NodeKey(kClosedKey, node, incarnation)) == 0) return false;
-    }
-    return true;
-  };
   const absl::Time deadline = absl::Now() + kExitTimeout;
-  while (absl::Now() < deadline && !others_gone()) absl::SleepFor(absl::Milliseconds(20));
+  while (absl::Now() < deadline && !OthersGone(**store, node_.num_nodes)) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
 }
 
 std::vector<LostAgent> Agent::LostIn(int attempt) {
@@ -1367,21 +1391,21 @@ absl::StatusOr<int> Agent::Run() {
         // A worker that saved its checkpoint and stopped exits kExitStopped; one that had just
         // finished its last step, 0; one still starting, before it takes SIGTERM itself (it does
         // so before its first step), is ended by it with nothing to save.
-        bool clean = true, stopped = false;
+        bool clean = true, stopped = false, repeating = false;
         std::string unclean;
         for (const Worker& worker : workers_) {
           const ExitStatus status = *worker.process->exit_status();
           const bool honoured = StoppedAfterCheckpoint(status) || status.signal == SIGTERM;
-          if (!status.ok() && !honoured) {
-            absl::StrAppend(
-                &unclean, unclean.empty() ? "" : ", ", "rank ", worker.rank, " ",
-                worker.told_to_stop && status.signal == SIGKILL
-                    ? absl::StrCat("did not stop within --stop-grace-s ",
-                                   absl::ToInt64Seconds(options_.stop_grace), " and was killed")
-                    : ExitText(worker));
+          // One that did not stop in time was named as it was killed (StopWorkers).
+          if (!status.ok() && !honoured && !(worker.told_to_stop && status.signal == SIGKILL)) {
+            absl::StrAppend(&unclean, unclean.empty() ? ": " : ", ", "rank ", worker.rank, " ",
+                            ExitText(worker));
           }
           clean = clean && (status.ok() || honoured);
           stopped = stopped || honoured;
+          repeating = repeating || absl::c_any_of(kRepeatingExits, [&](const auto& exit) {
+                        return status.signal == 0 && status.code == exit.first;
+                      });
         }
         if (clean && !stopped) {
           LogInfo("node %d: every worker finished before the stop", node_.node_rank);
@@ -1391,16 +1415,18 @@ absl::StatusOr<int> Agent::Run() {
           LogInfo("node %d: workers stopped cleanly", node_.node_rank);
         } else {
           // Its checkpoint may not have been saved: a resume takes the newest complete one.
-          LogWarn(
-              "node %d: workers stopped; %s (see its log): the job resumes from the newest "
-              "complete checkpoint",
-              node_.node_rank, unclean);
+          LogWarn("node %d: workers stopped, not all cleanly%s (see the worker logs)",
+                  node_.node_rank, unclean);
         }
         // Node 0 requeues; the others wait for that before they exit, since the exit of one
         // (srun --kill-on-bad-exit) ends the step and with it a requeue command still running.
         if (!options_.requeue_argv.empty()) {
           const std::string requeued = Key(attempt, "requeue_done");
-          if (node_.node_rank == 0) {
+          if (node_.node_rank == 0 && repeating) {
+            LogError(
+                "node 0: not requeued: a worker exited as every run would again (a full disk at "
+                "its save, a wrong recipe)");
+          } else if (node_.node_rank == 0) {
             Requeue();
             (void)store_->Set(requeued, "1");
           } else {
@@ -1519,8 +1545,10 @@ void ReportFailureBeforeJoining(const WorldEnvironment& node, const absl::Status
                                 absl::Duration timeout) {
   if (node.num_nodes < 2) return;
   // Node 0 serves the store the others wait on for as long as they take to read the failure.
+  std::optional<IgnoredSigterm> ignored;
   std::unique_ptr<TcpStoreServer> server;
   if (node.node_rank == 0) {
+    ignored.emplace();
     TcpStoreServerOptions server_options;
     server_options.token = node.rdzv_token;
     absl::StatusOr<std::unique_ptr<TcpStoreServer>> started =
@@ -1541,17 +1569,10 @@ void ReportFailureBeforeJoining(const WorldEnvironment& node, const absl::Status
       !(*store)->Set(kNodeCountKey, absl::StrCat(node.num_nodes)).ok()) {
     return;
   }
-  // Each of the others reads it at its rendezvous and leaves, closing its connection. The exit of
-  // the first makes srun end the step (--kill-on-bad-exit) with a SIGTERM here, which must not
-  // end this process before it prints its error.
-  struct sigaction ignore {
-  }, previous{};
-  ignore.sa_handler = SIG_IGN;
-  sigaction(SIGTERM, &ignore, &previous);
-  while (absl::Now() < deadline && (*store)->Add(kClosedKey, 0).value_or(0) < node.num_nodes - 1) {
+  // Each of the others reads it at its rendezvous and leaves, or failed its own checks too.
+  while (absl::Now() < deadline && !OthersGone(**store, node.num_nodes)) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  sigaction(SIGTERM, &previous, nullptr);
 }
 
 absl::StatusOr<int> RunAgent(const WorldEnvironment& node, const AgentOptions& options) {

@@ -537,9 +537,9 @@ class MetricsFile {
       return FileError(error.value(), absl::StrCat("cannot create the folder of ", path), kFix);
     }
     // A second name for the file as it was, dropped below unless a step's line is left out.
-    const std::string aside = absl::StrCat(path, ".replaced-", absl::ToUnixSeconds(absl::Now()));
-    const bool kept_aside = keep_dropped && ::link(path.c_str(), aside.c_str()) == 0;
-    const int link_errno = errno;
+    const absl::StatusOr<std::string> aside =
+        keep_dropped ? LinkAside(path) : absl::NotFoundError("not kept");
+    const bool kept_aside = aside.ok();
     int64_t dropped = 0;
     // Whole or not at all: a crash while the kept lines are written must not lose them. Written
     // in pieces: a run of a million steps has hundreds of MB of them.
@@ -565,18 +565,18 @@ class MetricsFile {
       return WriteAll(fd, kept.data(), kept.size(), tmp);
     });
     if (!written.ok() || (kept_aside && dropped == 0)) {
-      if (kept_aside) ::unlink(aside.c_str());
+      if (kept_aside) ::unlink(aside->c_str());
       RETURN_IF_ERROR(written);
     } else if (kept_aside) {
       LogWarn(
           "%s: the lines of %d step(s) past step %d, where this run starts, are left out; the "
           "file as it was is kept as %s",
-          path, dropped, resumed_step, aside);
+          path, dropped, resumed_step, *aside);
     } else if (keep_dropped && dropped > 0) {
       LogWarn(
           "%s: the lines of %d step(s) past step %d, where this run starts, are left out, and the "
           "file as it was could not be kept beside it (%s)",
-          path, dropped, resumed_step, std::strerror(link_errno));
+          path, dropped, resumed_step, aside.status().message());
     }
     file_.open(path, std::ios::app);
     if (!file_) return FileError(errno, absl::StrCat("cannot write ", path), kFix);
@@ -686,31 +686,30 @@ absl::Status CheckExportDestination(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
-// A run that starts at step 1 in a folder whose earlier run exported its model (a run without a
-// checkpoint to resume) would write its own over it at the end: the earlier one is moved to
-// "<path>.replaced-<unix time>", and a warning says so. A model folder that holds the run folder
-// stays (it is written over).
+// A run that starts at step 1 where an earlier run exported its weights file (a run without a
+// checkpoint to resume) would write its own over it at the end: the earlier one is kept beside it
+// (LinkAside), and a warning says so. What the export would not write over is left alone: a link
+// (the export writes through it), train.init_from's file, which this run starts from, and a model
+// folder (its model files are the export's to replace, CheckReplaceableModelFolder).
 void SetAsideEarlierExport(const Recipe& recipe) {
   namespace fs = std::filesystem;
-  if (recipe.train.export_to.empty()) return;
+  if (!absl::EndsWith(recipe.train.export_to, ".safetensors")) return;
   const fs::path path = fs::path(recipe.run_dir()) / recipe.train.export_to;
   std::error_code error;
-  if (!fs::exists(fs::symlink_status(path, error)) || IsSameOrInside(recipe.run_dir(), path)) {
+  if (!fs::is_regular_file(fs::symlink_status(path, error)) ||
+      (!recipe.train.init_from.empty() && fs::equivalent(recipe.train.init_from, path, error))) {
     return;
   }
-  const std::string aside =
-      absl::StrCat(path.string(), ".replaced-", absl::ToUnixSeconds(absl::Now()));
-  fs::rename(path, aside, error);
-  if (error) {
+  if (const absl::StatusOr<std::string> aside = LinkAside(path.string()); aside.ok()) {
     LogWarn(
-        "train.export_to %s holds an earlier run's model, and cannot be kept aside as %s (%s): "
-        "this run, which starts at step 1, writes its own over it at the end",
-        path.string(), aside, error.message());
+        "train.export_to %s holds an earlier run's weights, which this run (starting at step 1) "
+        "writes over at its end: kept as %s",
+        path.string(), *aside);
   } else {
     LogWarn(
-        "train.export_to %s held an earlier run's model, which this run (starting at step 1) "
-        "would write over at its end: kept as %s",
-        path.string(), aside);
+        "train.export_to %s holds an earlier run's weights, which this run (starting at step 1) "
+        "writes over at its end, and cannot keep them beside it (%s)",
+        path.string(), aside.status().message());
   }
 }
 
@@ -1206,9 +1205,9 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     RETURN_IF_ERROR(
         WriteFileDurably((run_dir / "recipe.yaml").string(), ResolvedRecipeYaml(recipe)));
     // What an earlier run of the folder left is kept aside where this one starts over (on
-    // purpose, or finding no checkpoint) or resumes a chosen checkpoint: its dropped steps, and
-    // the model it exported, which this run's export would replace. What a restart after a crash
-    // redoes is this run's own.
+    // purpose, or finding no checkpoint) or resumes a chosen checkpoint: its dropped steps, and,
+    // where this one starts over, the weights it exported, which this run's export would replace.
+    // What a restart after a crash redoes is this run's own.
     const bool replaces_a_run =
         world.restart_count == 0 && (recipe.checkpoint.resume != "auto" || resumed_step == 0);
     RETURN_IF_ERROR(metrics.Open((run_dir / recipe.logging.metrics_file).string(), resumed_step,
@@ -1475,7 +1474,10 @@ absl::Status CheckInitFromWeights(const Recipe& recipe) {
   }
   // dtrain's own files that are no weights to start from: what takes them instead.
   const std::string& path = recipe.train.init_from;
-  if (IsStepFolder(path) || !CheckpointCandidates(path).empty()) {
+  // A step's folder holds its manifest; a checkpoint folder, step folders that do (a name alone,
+  // step-5.safetensors, is none).
+  if (std::filesystem::exists(std::filesystem::path(path) / "manifest.json", error) ||
+      !CheckpointCandidates(path).empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "train.init_from: ", path,
         " is a dtrain checkpoint, not model weights: resume it with checkpoint.resume: ", path,
@@ -1483,9 +1485,7 @@ absl::Status CheckInitFromWeights(const Recipe& recipe) {
         "`dtrain ckpt export ",
         path, " --format hf --out DIR` and start from DIR"));
   }
-  if (const std::optional<std::string> head = RegularFileHead(path, sizeof(kLlmcModelMagic));
-      head && head->size() == sizeof(kLlmcModelMagic) &&
-      std::memcmp(head->data(), &kLlmcModelMagic, sizeof(kLlmcModelMagic)) == 0) {
+  if (IsLlmcModelFile(path)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "train.init_from: ", path,
         " is llm.c's GPT-2 model file, which dtrain writes (`ckpt export --format llmc`) but "

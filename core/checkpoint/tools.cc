@@ -101,6 +101,8 @@ bool InspectOne(const std::string& dir, std::string& text) {
 
 // llm.c's train_gpt2.c model file, version 3: 256 int32 header, then float32 tensors grouped
 // by kind over the layers (wte padded to Vp rows, wpe, ln1w, ln1b, qkvw, ...).
+constexpr int32_t kLlmcModelMagic = 20240326;  // the first int32 of llm.c's GPT-2 model file
+
 absl::Status ExportLlmc(const ModelConfig& config, const ParamTable& table,
                         CheckpointReader& reader, const std::string& out) {
   if (config.family != ModelFamily::kGpt2 || config.d_ff != 4 * config.d_model) {
@@ -110,9 +112,8 @@ absl::Status ExportLlmc(const ModelConfig& config, const ParamTable& table,
   }
   // What is there already is an earlier export's to replace, or another's (a recipe mistyped as
   // --out): refused, as the safetensors export refuses one.
-  if (const std::optional<std::string> head = RegularFileHead(out, sizeof(kLlmcModelMagic));
-      head && (head->size() < sizeof(kLlmcModelMagic) ||
-               std::memcmp(head->data(), &kLlmcModelMagic, sizeof(kLlmcModelMagic)) != 0)) {
+  std::error_code error;
+  if (fs::is_regular_file(out, error) && !IsLlmcModelFile(out)) {
     return WithExitCode(absl::FailedPreconditionError(absl::StrCat(
                             out,
                             " exists and is no llm.c model file, which the export would write "
@@ -196,6 +197,12 @@ absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path) {
   }
   return absl::NotFoundError(
       absl::StrCat(path, " holds no complete checkpoint (no step-<N> folder with a manifest)"));
+}
+
+bool IsLlmcModelFile(const std::string& path) {
+  const std::optional<std::string> head = RegularFileHead(path, sizeof(kLlmcModelMagic));
+  return head && head->size() == sizeof(kLlmcModelMagic) &&
+         std::memcmp(head->data(), &kLlmcModelMagic, sizeof(kLlmcModelMagic)) == 0;
 }
 
 InspectReport InspectCheckpoints(const std::string& path) {

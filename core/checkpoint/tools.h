@@ -10,9 +10,9 @@
 
 namespace dtrain {
 
-// The first int32 of llm.c's GPT-2 model file (version 3), which `ckpt export --format llmc`
-// writes.
-inline constexpr int32_t kLlmcModelMagic = 20240326;
+// Whether `path` is a regular file that starts as llm.c's GPT-2 model file (which `ckpt export
+// --format llmc` writes) does.
+bool IsLlmcModelFile(const std::string& path);
 
 // `path` is a step-<N> folder, or a checkpoint folder: then its newest complete checkpoint, with
 // a warning naming each newer one skipped and why.

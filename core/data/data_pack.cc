@@ -239,8 +239,12 @@ absl::Status CheckPlainText(const std::string& path, const std::string& text,
         "files it holds (shards `dtrain data pack` wrote train as data.format: webdataset)"));
   }
   if (LowerExtension(path) == ".json") {
-    const std::vector<absl::string_view> lines =
-        absl::StrSplit(text, absl::MaxSplits('\n', 2), absl::SkipWhitespace());
+    // The first two lines that hold anything (the split is lazy: the rest is not read).
+    std::vector<absl::string_view> lines;
+    for (const absl::string_view line : absl::StrSplit(text, '\n', absl::SkipWhitespace())) {
+      lines.push_back(line);
+      if (lines.size() == 2) break;
+    }
     const auto object = [&](size_t line) {
       return line < lines.size() ? nlohmann::json::parse(lines[line], nullptr, false)
                                  : nlohmann::json();

@@ -281,9 +281,11 @@ class HttpSource final : public ByteSource {
       if (result == CURLE_URL_MALFORMAT || result == CURLE_UNSUPPORTED_PROTOCOL) {
         return WithExitCode(
             absl::InvalidArgumentError(absl::StrCat(
-                url_, ": ", what,
-                "; check data.shards (write a space or other character URLs do not allow "
-                "percent-encoded, e.g. %20)")),
+                url_, ": ", what, "; check data.shards",
+                result == CURLE_URL_MALFORMAT
+                    ? " (write a space or other character URLs do not allow percent-encoded, e.g. "
+                      "%20)"
+                    : " (this libcurl does not speak that protocol: use http:// or https://)")),
             kExitUsage);
       }
       return absl::UnavailableError(what);

@@ -105,7 +105,11 @@ absl::Status ShardStream::ShardFailed(const absl::Status& status) {
   if (absl::IsCancelled(status)) return status;  // the loader stopped reading: no shard failed
   const std::string& url = UrlOfSlot(slot_);
   const absl::Status error = WithShard(status, url);
-  if (!config_->skip_bad_shards) return WithSkipShardHint(error);
+  // The recipe's or the data's mistake (SFT shards, a malformed URL, another tokenizer's ids),
+  // which skipping would hide: no shard of it is bad on its own.
+  if (!config_->skip_bad_shards || ExitCodeOf(error) == kExitUsage) {
+    return WithSkipShardHint(error);
+  }
   ++cursor_.skipped_shards;
   ++shards_skipped_;
   if (skip_warned_->insert(url).second) {

@@ -204,8 +204,8 @@ absl::StatusOr<std::vector<std::string>> ExpandFilePatterns(
           absl::InvalidArgumentError(absl::StrCat(
               "file pattern '", pattern,
               "' is a URL or a command, but data.format text, llmc and sft read local files whole: "
-              "copy the data here, or stream WebDataset shards from URLs and commands with "
-              "data.format: webdataset and data.shards")),
+              "copy the data here (SFT shards must be), or stream pretraining shards from URLs and "
+              "commands with data.format: webdataset and data.shards")),
           kExitUsage);
     }
     if (rc == GLOB_NOMATCH) {

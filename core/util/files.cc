@@ -13,6 +13,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/util/exit_codes.h"
 #include "core/util/status.h"
 
@@ -160,6 +161,15 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, size_t max_by
   }
   ::close(*fd);
   return text;
+}
+
+absl::StatusOr<std::string> LinkAside(const std::string& path) {
+  const std::string stem = absl::StrCat(path, ".replaced-", absl::ToUnixSeconds(absl::Now()));
+  for (int copy = 1;; ++copy) {
+    const std::string aside = copy == 1 ? stem : absl::StrCat(stem, "-", copy);
+    if (::link(path.c_str(), aside.c_str()) == 0) return aside;
+    if (errno != EEXIST) return FileError(errno, absl::StrCat("link ", path, " to ", aside));
+  }
 }
 
 int FileCreationError(const std::string& folder) {

@@ -53,6 +53,12 @@ bool IsSameOrInside(const std::string& path, const std::string& folder);
 // no file can be made (under /proc).
 int FileCreationError(const std::string& folder);
 
+// Keeps the file at `path` as it is now under a second name beside it, a hard link
+// "<path>.replaced-<unix time>" ("...-2", "-3", ... where that is taken): a writer that then
+// replaces `path` (a file written whole and renamed over it) leaves it there. The name, or
+// FileError (NotFound when there is no file).
+absl::StatusOr<std::string> LinkAside(const std::string& path);
+
 // Writes all of [data, data + bytes) to `fd`, retrying short writes; `path` names it in errors.
 absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path);
 

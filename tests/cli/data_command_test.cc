@@ -292,10 +292,11 @@ TEST(DataCommandTest, PackRefusesArchivesAndMisnamedJsonLines) {
                                           "but a .json file is packed as one plain-text document, "
                                           "braces and keys included: name it .jsonl to pack each "
                                           "line's \"text\"\n"));
-  // Lines of another key are JSON lines too (they were packed whole), and so is a first line
+  // Lines of another key are JSON lines too (they were packed whole; a blank line between them
+  // changes nothing), and so is a first line
   // with the key --text-key names (beside a .jsonl input, without which --text-key is refused).
   const Outcome other_key =
-      pack("pack_content.json", "{\"content\": \"one\", \"id\": 1}\n{\"content\": \"two\"}\n");
+      pack("pack_content.json", "{\"content\": \"one\", \"id\": 1}\n\n{\"content\": \"two\"}\n");
   EXPECT_EQ(other_key.exit_code, 1);
   EXPECT_THAT(other_key.stderr_text,
               HasSubstr("pack_content.json holds JSON lines (an object a line), but a .json file "

@@ -86,8 +86,8 @@ TEST(TrainTest, ARunStartingOverKeepsTheEarlierRunsMetricsAndModel) {
   ASSERT_EQ(again.exit_code, 0) << again.stderr_text;
   EXPECT_THAT(again.stderr_text,
               HasSubstr("train.export_to " + run +
-                        "/model.safetensors held an earlier run's model, which this run (starting "
-                        "at step 1) would write over at its end: kept as " +
+                        "/model.safetensors holds an earlier run's weights, which this run "
+                        "(starting at step 1) writes over at its end: kept as " +
                         run + "/model.safetensors.replaced-"));
   EXPECT_THAT(again.stderr_text, HasSubstr(run + "/metrics.jsonl: the lines of 3 step(s) past "
                                                  "step 0, where this run starts, are left out"));
@@ -567,6 +567,12 @@ TEST(TrainTest, MissingWeightsOrDataAreUsageErrors) {
                           "checkpoint.resume: " +
                           checkpoint));
   }
+  // Weights named like a step are weights.
+  const std::string stepped = run + "/step-5.safetensors";
+  std::filesystem::copy_file(run + "/small/model.safetensors", stepped);
+  const testing::Outcome from_stepped =
+      Train(RunDir("from_stepped"), "--set train.steps=1 --set train.init_from=" + stepped);
+  EXPECT_EQ(from_stepped.exit_code, 0) << from_stepped.stderr_text;
   const std::string llmc = run + "/model.bin";
   ASSERT_EQ(
       testing::RunDtrain(absl::StrCat("ckpt export ", checkpoints, " --format llmc --out ", llmc))
@@ -969,17 +975,19 @@ logging: {sample_tokens: 0}
   EXPECT_LT(steps.back()["loss"].get<double>(), 0.5 * steps.front()["loss"].get<double>());
 
   // The same shards read as pretraining data are refused (their masks were ignored, and every
-  // token trained, prompts included).
-  const testing::Outcome unmasked = testing::RunDtrain(absl::StrCat(
-      "train ", recipe, " --set run.out_dir=", run_dir, "_unmasked --set data.format=webdataset",
-      " --set data.train=[] --set data.val_fraction=0 --set train.eval_every=0",
-      " --set data.shards=", shards, "/shard-000000.tar"));
-  EXPECT_EQ(unmasked.exit_code, kExitUsage) << unmasked.stderr_text;
-  EXPECT_THAT(unmasked.stderr_text,
-              HasSubstr("shard-000000.tar holds SFT samples (sample '000000000' has a .mask, the "
-                        "tokens its loss counts, from `dtrain data pack --sft`), which data.format "
-                        "webdataset would train on whole, prompts included: train them with "
-                        "data.format: sft"));
+  // token trained, prompts included), under data.on_error skip_shard too (no shard is bad).
+  for (const std::string on_error : {"fail", "skip_shard"}) {
+    const testing::Outcome unmasked = testing::RunDtrain(absl::StrCat(
+        "train ", recipe, " --set run.out_dir=", run_dir, "_unmasked --set data.format=webdataset",
+        " --set data.train=[] --set data.val_fraction=0 --set train.eval_every=0",
+        " --set data.on_error=", on_error, " --set data.shards=", shards, "/shard-000000.tar"));
+    EXPECT_EQ(unmasked.exit_code, kExitUsage) << unmasked.stderr_text;
+    EXPECT_THAT(unmasked.stderr_text,
+                HasSubstr("shard-000000.tar holds SFT samples (sample '000000000' has a .mask, "
+                          "the tokens its loss counts, from `dtrain data pack --sft`), which "
+                          "data.format webdataset would train on whole, prompts included: train "
+                          "them with data.format: sft"));
+  }
 
   // Bad input: an unknown template is a usage error; a bad line names its file and line.
   const testing::Outcome unknown = testing::RunDtrain(

@@ -284,7 +284,7 @@ TEST(TrainMultiProcessTest, UnresolvableMasterFailsAtOnceNamingIt) {
   const testing::Outcome outcome = testing::RunDtrain(
       absl::StrCat("train ", Recipe("unresolvable")),
       "env RANK=1 WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=29555");
-  EXPECT_EQ(outcome.exit_code, 1);
+  EXPECT_EQ(outcome.exit_code, 2);  // a usage error, which the agent does not restart
   EXPECT_THAT(outcome.stderr_text,
               HasSubstr("master address 'no-such-host.invalid' (MASTER_ADDR=no-such-host.invalid) "
                         "does not resolve"));

@@ -142,6 +142,23 @@ TEST_F(ResolveOutputFileTest, TheHeadOfARegularFileOnly) {
   }
 }
 
+// Each keep of a file gets a name of its own, the second in the same second too (a rename over
+// the first name lost it), and keeps the file as it was when a durable write then replaces it.
+TEST_F(ResolveOutputFileTest, LinkAsideKeepsEachVersionUnderItsOwnName) {
+  const std::string file = dir_ + "/model.safetensors";
+  std::ofstream(file) << "first";
+  const absl::StatusOr<std::string> first = LinkAside(file);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(WriteFileDurably(file, "second").ok());
+  const absl::StatusOr<std::string> second = LinkAside(file);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(*first, *second);
+  EXPECT_THAT(*first, ::testing::StartsWith(file + ".replaced-"));
+  EXPECT_EQ(*ReadWholeFile(*first), "first");
+  EXPECT_EQ(*ReadWholeFile(*second), "second");
+  EXPECT_EQ(LinkAside(dir_ + "/none").status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(FilesTest, ReadingStopsPastTheBound) {
   const absl::StatusOr<std::string> zeros = ReadWholeFile("/dev/zero", 1 << 20);
   EXPECT_EQ(zeros.status().code(), absl::StatusCode::kFailedPrecondition);
