@@ -1548,6 +1548,23 @@ TEST(AgentTest, RequeueEndedBySigtermIsTheRequeue) {
   EXPECT_THAT(output, Not(HasSubstr("could not requeue")));
 }
 
+// Workers that did not stop cleanly (exit 1 at the stop: a save that failed, a worker killed at the
+// grace) leave a job to requeue all the same, which resumes from the newest complete checkpoint (it
+// was left unrequeued); one that exited as every run would again (a full disk) does not.
+TEST(AgentTest, AStopThatIsNotCleanIsRequeuedUnlessItWouldRepeat) {
+  int exit_code = -1;
+  const std::string output =
+      StoppedWithRequeue("requeue-unclean", {"/bin/true"}, &exit_code, /*worker_exit=*/1);
+  EXPECT_EQ(exit_code, 1) << output;
+  EXPECT_THAT(output, AllOf(HasSubstr("workers stopped, not all cleanly: rank 0 exit code 1"),
+                            HasSubstr("requeued the job: /bin/true")));
+  const std::string full = StoppedWithRequeue("requeue-full", {"/bin/true"}, &exit_code,
+                                              /*worker_exit=*/kExitDiskFull);
+  EXPECT_EQ(exit_code, 1) << full;
+  EXPECT_THAT(full, AllOf(HasSubstr("node 0: not requeued: a worker exited as every run would"),
+                          Not(HasSubstr("requeued the job"))));
+}
+
 // Workers that had finished as the stop came (exit 0): the job is done, exit 0, no requeue.
 TEST(AgentTest, AStopAfterEveryWorkerFinishedIsNoRequeue) {
   int exit_code = -1;
