@@ -1422,12 +1422,14 @@ absl::StatusOr<int> Agent::Run() {
         // (srun --kill-on-bad-exit) ends the step and with it a requeue command still running.
         if (!options_.requeue_argv.empty()) {
           const std::string requeued = Key(attempt, "requeue_done");
-          if (node_.node_rank == 0 && repeating) {
-            LogError(
-                "node 0: not requeued: a worker exited as every run would again (a full disk at "
-                "its save, a wrong recipe)");
-          } else if (node_.node_rank == 0) {
-            Requeue();
+          if (node_.node_rank == 0) {
+            if (repeating) {
+              LogError(
+                  "node 0: not requeued: a worker exited as every run would again (a full disk at "
+                  "its save, a wrong recipe)");
+            } else {
+              Requeue();
+            }
             (void)store_->Set(requeued, "1");
           } else {
             (void)store_->Wait({requeued}, kExitTimeout);

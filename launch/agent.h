@@ -72,8 +72,8 @@ absl::StatusOr<int> RunAgent(const WorldEnvironment& node, const AgentOptions& o
 // A node's agent that failed before it could join the job (its own checks of the recipe and
 // the world): leaves `error` in node 0's store, trying to connect for at most `timeout`, so that
 // the others end the rendezvous at once naming it instead of waiting out its timeout. Node 0
-// starts its store to leave its own failure there, and serves it until every other agent has
-// read it and gone, or for `timeout`.
+// starts its store to leave its own failure there, and serves it until every other node has read
+// it and gone, or failed its own checks too, or for `timeout`.
 void ReportFailureBeforeJoining(const WorldEnvironment& node, const absl::Status& error,
                                 absl::Duration timeout);
 
