@@ -32,7 +32,8 @@ void AddPlanCommand(CLI::App& app) {
       "plan",
       "Recommend a parallel layout for the recipe's model on its cluster section: memory, "
       "communication and step time per layout, rejected layouts with reasons, NCCL settings");
-  command->add_option("recipe", args->recipe_path, "Recipe YAML file");
+  command->add_option("recipe", args->recipe_path,
+                      "Recipe YAML file (needed, except with --catalog)");
   AddOverrideOption(*command, args->overrides);
   command->add_flag("--json", args->json, "Print the plan as JSON");
   command

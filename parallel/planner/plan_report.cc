@@ -152,9 +152,20 @@ int CountInvalid(const Plan& plan) {
                     [](const Candidate& c) { return c.verdict == Verdict::kInvalid; }));
 }
 
-// Why the plan has no candidate of `layout`: the trainer would refuse it, or the search does not
-// try it.
-std::string WhyNotSearched(const Plan& plan, const Layout& layout) {
+// The layout the search lists for `layout`: itself, or where the planner does not search zero3 (by
+// default), fsdp's of the same layout, which shards alike at the same cost.
+Layout SearchedLayout(const Plan& plan, Layout layout) {
+  if (layout.strategy == Strategy::kZero3 &&
+      !absl::c_linear_search(plan.options.strategies, Strategy::kZero3)) {
+    layout.strategy = Strategy::kFsdp;
+  }
+  return layout;
+}
+
+// Why the plan has no candidate of `layout` (SearchedLayout's): the trainer would refuse it, or
+// the search does not try it.
+std::string WhyNotSearched(const Plan& plan, const Layout& recipe_layout) {
+  const Layout layout = SearchedLayout(plan, recipe_layout);
   if (layout.dp == 0) {
     return absl::StrFormat(
         "parallel.tp x parallel.pp = %d does not divide the cluster's %d GPUs, which the trainer "
@@ -171,23 +182,28 @@ std::string WhyNotSearched(const Plan& plan, const Layout& layout) {
     return std::string(status.message());
   }
   if (!absl::c_linear_search(plan.options.strategies, layout.strategy)) {
-    return layout.strategy == Strategy::kZero3
-               ? "zero3 shards as fsdp does and costs the same, so the planner lists that family "
-                 "once, as fsdp: see the fsdp rows"
-               : absl::StrCat(StrategyName(layout.strategy),
-                              " is not among the strategies the planner searches");
+    return absl::StrCat(StrategyName(layout.strategy),
+                        " is not among the strategies the planner searches");
   }
   return "not among the layouts the planner searches (micro-batches of powers of two up to 64; "
          "sequence parallelism wherever tp divides train.seq_len)";
 }
 
-// The candidate of plan.recipe_layout; nullptr when the plan has none or did not search it.
+// The candidate of plan.recipe_layout (SearchedLayout's); nullptr when the plan has none or did
+// not search it.
 const Candidate* RecipeCandidate(const Plan& plan) {
   if (!plan.recipe_layout) return nullptr;
-  const auto own = absl::c_find_if(plan.candidates, [&](const Candidate& candidate) {
-    return candidate.layout == *plan.recipe_layout;
-  });
+  const Layout layout = SearchedLayout(plan, *plan.recipe_layout);
+  const auto own = absl::c_find_if(
+      plan.candidates, [&](const Candidate& candidate) { return candidate.layout == layout; });
   return own == plan.candidates.end() ? nullptr : &*own;
+}
+
+// Where the recipe's zero3 is shown as fsdp (RecipeCandidate), a line that says so.
+std::string ListedAsFsdp(const Plan& plan, const Candidate& own) {
+  return own.layout.strategy == plan.recipe_layout->strategy
+             ? ""
+             : "zero3 shards as fsdp does and costs the same, so the planner lists it as fsdp";
 }
 
 }  // namespace
@@ -475,10 +491,14 @@ std::string PlanText(const Plan& plan, const std::string& recipe_path, int top_n
   if (plan.recipe_layout) {
     absl::StrAppend(&out, "The recipe's own layout (parallel.*, train.micro_batch):\n");
     const Candidate* own = RecipeCandidate(plan);
-    absl::StrAppend(&out, own != nullptr
-                              ? TableRow(*own)
-                              : absl::StrCat("  ", DescribeLayout(*plan.recipe_layout), ": ",
-                                             WhyNotSearched(plan, *plan.recipe_layout), "\n"));
+    if (own == nullptr) {
+      absl::StrAppend(&out, "  ", DescribeLayout(*plan.recipe_layout), ": ",
+                      WhyNotSearched(plan, *plan.recipe_layout), "\n");
+    } else if (const std::string note = ListedAsFsdp(plan, *own); !note.empty()) {
+      absl::StrAppend(&out, "  ", note, ":\n", TableRow(*own));
+    } else {
+      absl::StrAppend(&out, TableRow(*own));
+    }
   }
 
   if (chosen != nullptr) {
@@ -542,6 +562,9 @@ nlohmann::json PlanJson(const Plan& plan, const std::string& recipe_path, int to
   }
   if (const Candidate* own = RecipeCandidate(plan)) {
     out["recipe_layout"] = CandidateJson(*own);
+    if (const std::string note = ListedAsFsdp(plan, *own); !note.empty()) {
+      out["recipe_layout"]["note"] = note;
+    }
   } else if (plan.recipe_layout) {
     out["recipe_layout"] = {{"layout", DescribeLayout(*plan.recipe_layout)},
                             {"reason", WhyNotSearched(plan, *plan.recipe_layout)}};

@@ -147,12 +147,24 @@ TEST(PlanCommandTest, TheRecipesOwnLayoutIsShown) {
   EXPECT_THAT(refused.stdout_text,
               HasSubstr("  ddp tp1 pp1 dp8 mb8: train.batch_size 8 is not a multiple of dp 8 x "
                         "train.micro_batch 8, which the trainer refuses\n"));
-  // zero3, which the search lists as fsdp, says so (it blamed the micro-batch).
-  const testing::Outcome zero3 =
-      testing::RunDtrain(absl::StrCat("plan ", recipe, " --top 1 --set parallel.strategy=zero3"));
-  EXPECT_THAT(zero3.stdout_text,
-              HasSubstr(": zero3 shards as fsdp does and costs the same, so the planner lists "
-                        "that family once, as fsdp"));
+  // zero3, which the search lists as fsdp, is shown as fsdp's row of its layout, saying so (it
+  // blamed the micro-batch, then pointed to fsdp rows --top 1 did not show).
+  const std::string zero3 = absl::StrCat("plan ", recipe, " --top 1 --set parallel.strategy=zero3");
+  EXPECT_THAT(testing::RunDtrain(zero3).stdout_text,
+              HasSubstr("The recipe's own layout (parallel.*, train.micro_batch):\n  zero3 shards "
+                        "as fsdp does and costs the same, so the planner lists it as fsdp:\n  "
+                        "fsdp       1   1     8   1 full"));
+  const nlohmann::json as_fsdp =
+      nlohmann::json::parse(testing::RunDtrain(zero3 + " --json").stdout_text)["recipe_layout"];
+  EXPECT_EQ(as_fsdp["strategy"], "fsdp");
+  EXPECT_EQ(as_fsdp["micro_batch"], 1);
+  EXPECT_THAT(as_fsdp["note"].get<std::string>(), HasSubstr("lists it as fsdp"));
+  // Where fsdp's row is not searched either (a micro-batch of 3), the reason is fsdp's, not that
+  // zero3 is not searched.
+  EXPECT_THAT(testing::RunDtrain(zero3 + " --set train.micro_batch=3 --set train.batch_size=48")
+                  .stdout_text,
+              HasSubstr("  zero3 tp1 pp1 dp8 mb3 recompute=full: not among the layouts the planner "
+                        "searches (micro-batches of powers of two up to 64;"));
   // A tp x pp that does not divide the cluster says so (its row was left out without a word).
   const testing::Outcome undivided =
       testing::RunDtrain(absl::StrCat("plan ", recipe,
