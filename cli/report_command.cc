@@ -29,7 +29,9 @@ void AddReportCommand(CLI::App& app) {
   report->callback([args] {
     absl::StatusOr<RunFolder> run = ReadRunFolder(args->run_dir);
     if (!run.ok()) Fail(run.status(), kExitUsage);
-    const std::string out = args->out.empty() ? args->run_dir + "/report.html" : args->out;
+    const std::string out = args->out.empty()
+                                ? (std::filesystem::path(args->run_dir) / "report.html").string()
+                                : args->out;
     // The page over a file it reads would cost the run its record.
     for (const std::string& input : {run->metrics_path, run->dir + "/recipe.yaml"}) {
       if (IsSameOrInside(out, input)) {
@@ -59,7 +61,8 @@ void AddReportCommand(CLI::App& app) {
     }
     if (absl::Status status = WriteRunReport(*run, out); !status.ok()) Fail(status, kExitFailure);
     for (const std::string& note : ReportNotes(*run)) std::cerr << "note: " << note << "\n";
-    std::cout << "wrote " << out << " (" << run->metrics.steps.size() << " steps)\n";
+    const size_t steps = run->metrics.steps.size();
+    std::cout << "wrote " << out << " (" << steps << (steps == 1 ? " step)\n" : " steps)\n");
   });
 }
 

@@ -5,12 +5,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/metrics/svg_chart.h"
 #include "core/model/model_config.h"
 #include "core/util/files.h"
+#include "core/util/log.h"
 #include "core/util/status.h"
 
 namespace dtrain {
@@ -102,13 +104,20 @@ std::vector<ReportChart> Charts(const std::vector<StepMetrics>& steps) {
       {loss, "Mean token cross-entropy of each step's batch; dots: validation loss."},
       {tokens, "Tokens trained per second in each step, all ranks together."},
       {mfu,
-       "Model FLOP/s over the peak the run's log states: the best float32 GEMM its backend "
-       "measured at the start."},
+       "Model FLOP/s over the peak the run's log states: the best GEMM its backend measured "
+       "at the start of each process, or a step that outran it (metrics' peak_gflops)."},
       {time,
        "Each step's time by part: compute (the rest of the step), waits for data, for exposed "
        "communication and for pipeline neighbours, and the time a checkpoint save blocked "
        "training."},
   };
+}
+
+// "42.0 s", "12.5 min (750.0 s)", "72.9 h (262522.5 s)".
+std::string Duration(double seconds) {
+  if (seconds < 60) return absl::StrFormat("%.1f s", seconds);
+  if (seconds < 3600) return absl::StrFormat("%.1f min (%.1f s)", seconds / 60, seconds);
+  return absl::StrFormat("%.1f h (%.1f s)", seconds / 3600, seconds);
 }
 
 // "3, 6, 9": up to 12 steps, and past that the first and last five around "…" (a checkpoint
@@ -118,6 +127,22 @@ std::string StepList(const std::vector<Step>& steps) {
   if (steps.size() <= 12) return absl::StrJoin(steps, ", ");
   return absl::StrCat(absl::StrJoin(steps.begin(), steps.begin() + 5, ", "), ", …, ",
                       absl::StrJoin(steps.end() - 5, steps.end(), ", "));
+}
+
+// Whether the peaks a run's MFU is of lie more than 5% apart.
+bool PeaksApart(const RunSummary& s) {
+  if (s.peaks.empty()) return false;
+  const auto [low, high] = absl::c_minmax_element(
+      s.peaks, [](const auto& a, const auto& b) { return a.second < b.second; });
+  return high->second > 1.05 * low->second;
+}
+
+// What the run's MFU is stated against, for its row: " of 126.3 GFLOP/s per rank", or where the
+// peaks lie apart, a pointer to the note that names them.
+std::string PeakOf(const RunSummary& s) {
+  if (s.peaks.empty()) return "";
+  if (PeaksApart(s)) return " of peaks apart (see the note)";
+  return absl::StrFormat(" of %.1f GFLOP/s per rank", s.peaks.front().second);
 }
 
 // "ddp over 2 ranks: dp 2, tp 1, pp 1 (steps 1 to 40); zero2 over 4 ranks: dp 4, tp 1, pp 1
@@ -156,7 +181,8 @@ std::string SummaryRows(const RunFolder& run, const RunSummary& s) {
                                  r.train.seq_len, int64_t{r.train.batch_size} * r.train.seq_len));
   }
   if (s.steps > 0) {
-    std::string steps = absl::StrFormat("%d to %d (%d lines)", s.first_step, s.last_step, s.steps);
+    std::string steps = absl::StrFormat("%d to %d (%d %s)", s.first_step, s.last_step, s.steps,
+                                        s.steps == 1 ? "line" : "lines");
     if (run.recipe) absl::StrAppendFormat(&steps, " of train.steps %d", run.recipe->train.steps);
     rows.emplace_back("steps", steps);
     rows.emplace_back("final loss", absl::StrFormat("%.4f (step %d)", s.final_loss, s.last_step));
@@ -165,8 +191,8 @@ std::string SummaryRows(const RunFolder& run, const RunSummary& s) {
                           ? absl::StrFormat("%.4f (step %d)", *s.best_val_loss, s.best_val_step)
                           : "none (no evaluation ran)");
     rows.emplace_back("tokens/s", absl::StrFormat("%.0f", s.tokens_per_s));
-    rows.emplace_back("MFU", absl::StrFormat("%.2f%%", s.mfu_percent));
-    rows.emplace_back("time in steps", absl::StrFormat("%.1f s", s.train_time_s));
+    rows.emplace_back("MFU", absl::StrCat(absl::StrFormat("%.2f%%", s.mfu_percent), PeakOf(s)));
+    rows.emplace_back("time in steps", Duration(s.train_time_s));
     rows.emplace_back(
         "checkpoints saved",
         s.checkpoint_steps.empty()
@@ -219,7 +245,8 @@ absl::StatusOr<RunFolder> ReadRunFolder(const std::string& dir) {
   std::error_code error;
   if (!fs::is_directory(dir, error)) {
     return absl::NotFoundError(
-        absl::StrCat("no run folder ", dir,
+        absl::StrCat(fs::exists(dir, error) ? absl::StrCat(dir, " is a file, not a run folder")
+                                            : absl::StrCat("no run folder ", dir),
                      ": pass the folder a run wrote, <run.out_dir>/<run.name> (e.g. "
                      "runs/tiny), which holds its metrics.jsonl and recipe.yaml"));
   }
@@ -230,7 +257,12 @@ absl::StatusOr<RunFolder> ReadRunFolder(const std::string& dir) {
   std::string metrics_file = "metrics.jsonl";
   if (!fs::exists(recipe_path, error)) {
     run.recipe_note = absl::StrCat("no recipe.yaml in ", dir, ": the model and layout are unknown");
-  } else if (absl::StatusOr<Recipe> recipe = LoadRecipe(recipe_path.string()); recipe.ok()) {
+  } else if (absl::StatusOr<Recipe> recipe =
+                 [&] {
+                   const QuietLogScope quiet;  // its warnings are the run's, given at its start
+                   return LoadRecipe(recipe_path.string());
+                 }();
+             recipe.ok()) {
     run.name = recipe->run.name;
     metrics_file = recipe->logging.metrics_file;
     run.recipe = *std::move(recipe);
@@ -284,6 +316,9 @@ RunSummary SummarizeRun(const std::vector<StepMetrics>& steps) {
     if (!m.layout.empty() && (s.layouts.empty() || s.layouts.back().second != m.layout)) {
       s.layouts.emplace_back(m.step, m.layout);
     }
+    if (m.peak_gflops && (s.peaks.empty() || s.peaks.back().second != *m.peak_gflops)) {
+      s.peaks.emplace_back(m.step, *m.peak_gflops);
+    }
     const bool first_of_process = m.resumed_from_step || m.restart || !m.layout.empty();
     if (i > 0 && !first_of_process) add_rates(m);
   }
@@ -312,6 +347,18 @@ std::vector<std::string> ReportNotes(const RunFolder& run) {
   if (run.metrics.steps.empty()) {
     notes.push_back(
         absl::StrCat(run.metrics_path, " holds no steps: the run has not finished its first step"));
+  }
+  // Each process measures its own peak at its start, and a step that outruns it raises it: one
+  // measured on a busy machine (a restart beside other work) stated MFU nearly twice another's.
+  if (const RunSummary s = SummarizeRun(run.metrics.steps); PeaksApart(s)) {
+    std::vector<std::string> stretches;
+    for (const auto& [step, gflops] : s.peaks) {
+      stretches.push_back(absl::StrFormat("%.1f from step %d", gflops, step));
+    }
+    notes.push_back(absl::StrCat(
+        "MFU is stated against peaks that the run's processes measured or raised apart, in "
+        "GFLOP/s per rank: ",
+        StepList(stretches), "; MFU under one does not compare with MFU under another"));
   }
   return notes;
 }

@@ -64,6 +64,9 @@ struct RunSummary {
   std::vector<int64_t> resumed_from_steps;
   // The layout of each stretch of steps that ran one (metrics' "layout"), by its first step.
   std::vector<std::pair<int64_t, std::string>> layouts;
+  // The peak (GFLOP/s per rank) MFU is stated against in each stretch of steps (metrics'
+  // "peak_gflops"), by its first step: each process measures its own.
+  std::vector<std::pair<int64_t, double>> peaks;
 };
 RunSummary SummarizeRun(const std::vector<StepMetrics>& steps);
 

@@ -95,6 +95,7 @@ std::string StepMetricsJson(const StepMetrics& m) {
   if (m.resumed_from_step) j["resumed_from_step"] = *m.resumed_from_step;
   if (!m.layout.empty()) j["layout"] = m.layout;
   if (m.restart) j["restart"] = *m.restart;
+  if (m.peak_gflops) j["peak_gflops"] = *m.peak_gflops;
   if (m.straggler_rank) j["straggler_rank"] = *m.straggler_rank;
   if (m.straggler_lag_pct) j["straggler_lag_pct"] = *m.straggler_lag_pct;
   return j.dump();
@@ -127,6 +128,7 @@ absl::StatusOr<StepMetrics> ParseStepMetricsJson(std::string_view line) {
   RETURN_IF_ERROR(ReadNumber(j, "ckpt_blocked_ms", m.ckpt_blocked_ms));
   RETURN_IF_ERROR(ReadNumber(j, "resumed_from_step", m.resumed_from_step));
   RETURN_IF_ERROR(ReadNumber(j, "restart", m.restart));
+  RETURN_IF_ERROR(ReadNumber(j, "peak_gflops", m.peak_gflops));
   if (const auto layout = j.find("layout"); layout != j.end()) {
     if (!layout->is_string()) return absl::InvalidArgumentError("\"layout\" is not a string");
     m.layout = layout->get<std::string>();

@@ -49,6 +49,10 @@ struct StepMetrics {
   // JSON only.
   std::string layout;
   std::optional<int64_t> restart;
+  // At the first step each process trains, and at a step that raised it: the GFLOP/s per rank
+  // that MFU is stated against from that step on (the process's own GEMM, measured at its start,
+  // or a step's own speed above it). JSON only.
+  std::optional<double> peak_gflops;
   // The step's straggler (core/metrics/stragglers.h), when one rank's compute time lay more than
   // logging.straggler_pct above the ranks' median.
   std::optional<int64_t> straggler_rank;

@@ -74,7 +74,7 @@ double StragglerTracker::Lags::Median() const {
 std::string StragglerTracker::PersistentSummary() const {
   std::string summary;
   for (const auto& [rank, lags] : lags_) {
-    if (2 * lags.steps < steps_) continue;
+    if (2 * lags.steps <= steps_ || lags.steps < kPersistentSteps) continue;
     absl::StrAppendFormat(&summary,
                           "%srank %d was the straggler in %d of %d steps (median lag +%.1f%%)",
                           summary.empty() ? "" : "; ", rank, lags.steps, steps_, lags.Median());

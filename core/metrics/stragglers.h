@@ -32,9 +32,11 @@ class StragglerTracker {
 
   // One step's compute times (one per rank); returns its straggler, if any.
   std::optional<Straggler> Add(const std::vector<double>& compute_ms);
-  // "rank 3 was the straggler in 18 of 20 steps (median lag +25.1%)" for each rank that was in
-  // at least half of the steps, joined by "; "; empty when none.
+  // "rank 3 was the straggler in 18 of 20 steps (median lag +25.1%)" for the rank that was in
+  // more than half of the steps, and in kPersistentSteps at least; empty when none (two ranks
+  // that each lag in half the steps, of a run of 2 ranks, say, are noise).
   std::string PersistentSummary() const;
+  static constexpr int kPersistentSteps = 5;
 
  private:
   double threshold_pct_;

@@ -167,6 +167,35 @@ TEST(RunReportTest, RestartsResumedRunsAndLayoutChangesAreToldApart) {
   EXPECT_THAT(html, HasSubstr(">resumed from 4</text>"));
 }
 
+// Each process states MFU against the peak it measured: the summary says which, and where a
+// restart measured another (a machine busy at one start), that the figures do not compare (a
+// time-weighted MFU over both read as one run's).
+TEST(RunReportTest, TheMfuSaysWhichPeaksItIsOf) {
+  std::vector<StepMetrics> steps = {Step(1, 100), Step(2, 200), Step(3, 300), Step(4, 400)};
+  steps[0].peak_gflops = 126.3;
+  const auto summary_of = [](const std::vector<StepMetrics>& run) {
+    const std::string dir = RunFolderWith("report_peaks", MetricsText(run));
+    const absl::StatusOr<RunFolder> folder = ReadRunFolder(dir);
+    EXPECT_TRUE(folder.ok()) << folder.status();
+    return folder.ok() ? RunReportHtml(*folder) : "";
+  };
+  EXPECT_THAT(summary_of(steps), HasSubstr("<th>MFU</th><td>3.00% of 126.3 GFLOP/s per rank</td>"));
+  EXPECT_THAT(summary_of({steps[0]}), HasSubstr("<th>steps</th><td>1 to 1 (1 line)</td>"));
+  steps[2].restart = 1;
+  steps[2].peak_gflops = 69.8;
+  const RunSummary s = SummarizeRun(steps);
+  EXPECT_EQ(s.peaks, (std::vector<std::pair<int64_t, double>>{{1, 126.3}, {3, 69.8}}));
+  const std::string apart = summary_of(steps);
+  EXPECT_THAT(apart, HasSubstr("<th>MFU</th><td>3.00% of peaks apart (see the note)</td>"));
+  EXPECT_THAT(apart, HasSubstr("<p class=\"note\">MFU is stated against peaks that the run&#39;s "
+                               "processes measured or raised apart, in GFLOP/s per rank: 126.3 "
+                               "from step 1, 69.8 from step 3; MFU under one does not compare "
+                               "with MFU under another</p>"));
+  // Within 5% they are one machine's.
+  steps[2].peak_gflops = 124;
+  EXPECT_THAT(summary_of(steps), HasSubstr("% of 126.3 GFLOP/s per rank</td>"));
+}
+
 // Tokens over time, not a mean of the steps' rates: 100 tokens in 0.1 s and 90 in 0.9 s are
 // 190 tokens/s (the mean of 1000 and 100 tokens/s would say 550), MFU weighted alike.
 TEST(RunReportTest, TheSummaryRatesAreTokensOverTime) {
@@ -224,6 +253,8 @@ TEST(RunReportTest, ALongRunsPageIsBounded) {
                               "199998, 200000</td>"));
   EXPECT_THAT(html, HasSubstr(">resumed from 1000</text>"));
   EXPECT_THAT(html, HasSubstr(" of 100000 drawn)</text>"));
+  // 200000 steps of 100 ms and 100000 saves that blocked 1 ms, in hours (and seconds).
+  EXPECT_THAT(html, HasSubstr("<th>time in steps</th><td>5.6 h (20100.0 s)</td>"));
 }
 
 TEST(RunReportTest, TheRecipeGivesTheNameModelAndLayout) {

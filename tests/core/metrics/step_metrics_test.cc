@@ -34,6 +34,7 @@ StepMetrics EveryField() {
   m.val_loss = 2.1;
   m.ckpt_blocked_ms = 4.2;
   m.resumed_from_step = 10;
+  m.peak_gflops = 126.25;
   return m;
 }
 
@@ -75,6 +76,7 @@ TEST(StepMetricsJsonTest, ReadsBackEveryFieldItWrote) {
   EXPECT_EQ(read->val_loss, m.val_loss);
   EXPECT_EQ(read->ckpt_blocked_ms, m.ckpt_blocked_ms);
   EXPECT_EQ(read->resumed_from_step, m.resumed_from_step);
+  EXPECT_EQ(read->peak_gflops, m.peak_gflops);
 }
 
 TEST(StepMetricsJsonTest, OptionalFieldsStayAbsent) {
@@ -82,6 +84,7 @@ TEST(StepMetricsJsonTest, OptionalFieldsStayAbsent) {
   m.val_loss.reset();
   m.ckpt_blocked_ms.reset();
   m.resumed_from_step.reset();
+  m.peak_gflops.reset();
   const std::string line = StepMetricsJson(m);
   EXPECT_THAT(line, ::testing::Not(HasSubstr("resumed_from_step")));
   const absl::StatusOr<StepMetrics> read = ParseStepMetricsJson(line);
@@ -89,6 +92,7 @@ TEST(StepMetricsJsonTest, OptionalFieldsStayAbsent) {
   EXPECT_FALSE(read->val_loss);
   EXPECT_FALSE(read->ckpt_blocked_ms);
   EXPECT_FALSE(read->resumed_from_step);
+  EXPECT_FALSE(read->peak_gflops);
 }
 
 // A run killed while writing leaves a line cut anywhere: every such prefix is an error, not a
