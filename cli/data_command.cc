@@ -184,6 +184,16 @@ void AddDataCommand(CLI::App& app) {
     }
     const int threads = pack_args->threads > 0 ? pack_args->threads : UsableCpus();
     const auto tokenizer = LoadTokenizerOrFail(pack_args->tokenizer, threads);
+    // The folders that the pack makes for its shards, --out first: a failed one removes them
+    // with its shards (where empty), as it found the path.
+    std::vector<std::filesystem::path> made;
+    std::error_code error;
+    for (std::filesystem::path folder =
+             std::filesystem::path(pack_args->out_dir).lexically_normal();
+         !folder.empty() && !std::filesystem::exists(folder, error) && !error;
+         folder = folder.parent_path()) {
+      made.push_back(folder);
+    }
     absl::StatusOr<PackResult> result;
     if (pack_args->sft) {
       absl::StatusOr<ChatTemplate> chat_template = LoadChatTemplate(pack_args->chat_template);
@@ -202,7 +212,16 @@ void AddDataCommand(CLI::App& app) {
       result = PackShards(pack_args->inputs, pack_args->out_dir, *shard_bytes, *tokenizer, threads,
                           pack_args->text_key);
     }
-    if (!result.ok()) Fail(result.status(), kExitFailure);
+    if (!result.ok()) {
+      for (const std::filesystem::path& folder : made) std::filesystem::remove(folder, error);
+      // An input that is not there or of no form it packs, an --out of an earlier pack, fail
+      // the same way again.
+      const absl::Status& status = result.status();
+      Fail(status, absl::IsInvalidArgument(status) || absl::IsNotFound(status) ||
+                           absl::IsAlreadyExists(status)
+                       ? kExitUsage
+                       : kExitFailure);
+    }
     if (pack_args->sft) {
       std::cout << absl::StrFormat("%d of the tokens are trained (assistant/completion)\n",
                                    result->trained_tokens);

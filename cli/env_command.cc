@@ -53,6 +53,9 @@ std::string WorldText(const WorldEnvironment& world) {
     if (shown.empty()) shown = "(none)";
     absl::StrAppendFormat(&text, "%-20s %-24s %s\n", field, shown, Provenance(world, field));
   }
+  if (const std::string unused = UnusedMasterNote(world); !unused.empty()) {
+    absl::StrAppend(&text, "note: ", unused, "\n");
+  }
   if (world.slurm_batch_shell) {
     absl::StrAppend(&text,
                     "note: this is a Slurm batch shell, not a rank: start ranks with srun "

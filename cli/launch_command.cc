@@ -82,6 +82,8 @@ void AddLaunchCommand(CLI::App& app) {
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     LaunchOptions& launch = args->launch;
     launch.recipe_threads = recipe->run.threads;
+    launch.checkpoint_dir = recipe->checkpoint_dir();
+    launch.checkpoint_resume = recipe->checkpoint.resume;
     launch.check_world = [layout = *recipe, max_restarts = launch.max_restarts](int world_size,
                                                                                 int num_nodes) {
       RETURN_IF_ERROR(CheckRecipeFitsWorld(layout, world_size));

@@ -71,6 +71,7 @@ absl::StatusOr<Recipe> LoadTrainingRecipe(const std::string& path,
   if (!recipe.ok()) return recipe.status();
   RETURN_IF_ERROR(CheckModelSize(*recipe));
   RETURN_IF_ERROR(CheckNoTildePaths(*recipe));
+  RETURN_IF_ERROR(CheckMetricsAddress(*recipe));
   RETURN_IF_ERROR(
       CheckNoDecay(ModelConfigFromRecipe(recipe->model, recipe->d_ff()), recipe->train.no_decay));
   RETURN_IF_ERROR(CheckShardPatterns(*recipe));

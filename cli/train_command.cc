@@ -33,11 +33,12 @@ void AddTrainCommand(CLI::App& app) {
     // and as every rank of a multi-process run does for its sockets).
     std::signal(SIGPIPE, SIG_IGN);
     absl::StatusOr<WorldEnvironment> world = RankWorldFromEnvironment();
-    // Every rank reads the same recipe: its warnings are rank 0's to print, not once a rank.
-    const LogLevel level = GetLogLevel();
-    if (world.ok() && world->rank != 0) SetLogLevel(LogLevel::kError);
-    absl::StatusOr<Recipe> recipe = LoadTrainingRecipe(args->recipe_path, args->overrides);
-    SetLogLevel(level);
+    // Every rank reads the same recipe: its warnings are rank 0's to print, not once a rank, and
+    // under `dtrain launch` the agent's, which printed them once before any worker started.
+    absl::StatusOr<Recipe> recipe = [&] {
+      const QuietLogScope quiet(world.ok() && (world->rank != 0 || world->agent_hosts_store));
+      return LoadTrainingRecipe(args->recipe_path, args->overrides);
+    }();
     if (!recipe.ok()) Fail(recipe.status(), kExitUsage);
     if (!world.ok()) Fail(world.status(), kExitFailure);
     if (absl::Status status = CheckCrossNodeToken(*world); !status.ok()) Fail(status, kExitUsage);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <deque>
+#include <filesystem>
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -24,6 +25,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "core/checkpoint/format.h"
+#include "core/checkpoint/reader.h"
 #include "core/util/exit_codes.h"
 #include "core/util/files.h"
 #include "core/util/host_name.h"
@@ -87,6 +90,25 @@ bool OthersGone(TcpStoreClient& store, int num_nodes) {
     if (incarnation == 0 || count(NodeKey(kClosedKey, node, incarnation)) == 0) return false;
   }
   return true;
+}
+
+// Where a restart's workers resume, for its line (under --log-dir only their files said), as
+// TrainingCheckpoints::Resume takes it: the newest checkpoint of `dir` that a save completed (the
+// trainer also passes over one that does not load, saying so); where the folder holds none,
+// checkpoint.resume's (`resume`) checkpoint, else step 1. Empty without a folder.
+std::string ResumePoint(const std::string& dir, const std::string& resume) {
+  if (dir.empty()) return "";
+  std::error_code error;
+  const std::vector<std::string> saved = CheckpointCandidates(dir);
+  for (const std::string& step : saved) {
+    if (std::filesystem::exists(absl::StrCat(step, "/", kManifestName), error)) {
+      return absl::StrCat(" from ", step, ", the newest checkpoint saved");
+    }
+  }
+  if (saved.empty() && resume != "auto" && resume != "never") {
+    return absl::StrCat(" from checkpoint.resume ", resume, " (none saved in ", dir, ")");
+  }
+  return absl::StrCat(" from step 1: no checkpoint saved in ", dir);
 }
 
 // Ignores SIGTERM while it lives: node 0, failing, serves its store for the others to read why,
@@ -1484,8 +1506,11 @@ absl::StatusOr<int> Agent::Run() {
       break;
     }
     if (!repeating && attempt < options_.max_restarts) {
-      LogWarn("node %d: restarting the workers (restart %d of %d)", node_.node_rank, attempt + 1,
-              options_.max_restarts);
+      LogWarn("node %d: restarting the workers (restart %d of %d)%s", node_.node_rank, attempt + 1,
+              options_.max_restarts,
+              node_.node_rank == 0
+                  ? ResumePoint(options_.checkpoint_dir, options_.checkpoint_resume)
+                  : "");
       continue;
     }
     if (node_.node_rank == 0) PrintRootCause(attempt);

@@ -38,14 +38,19 @@ struct AgentOptions {
   std::vector<std::string> worker_argv;
   int nproc_per_node = 1;
   int max_restarts = 0;
+  // The run's checkpoint folder and checkpoint.resume: node 0 names the checkpoint each restart
+  // resumes from (an empty folder: it does not).
+  std::string checkpoint_dir, checkpoint_resume;
   std::string log_dir;  // empty: rank-prefixed lines on the agent's own stdout and stderr
   // Waiting for the other agents: to arrive, to stop their workers, to finish.
   absl::Duration rendezvous_timeout = absl::Minutes(5);
   // SIGTERM to SIGKILL when the job is told to stop: room for a checkpoint, and shorter than
   // Slurm's KillWait (30 s by default) so that dtrain, not Slurm, ends the workers.
   absl::Duration stop_grace = absl::Seconds(20);
-  // SIGTERM to SIGKILL when the group is torn down after a failure (nothing is saved then).
-  absl::Duration failure_grace = absl::Seconds(3);
+  // SIGTERM to SIGKILL when the group is torn down after a failure (nothing is saved then): room
+  // for the survivors to name the dead rank and dump their flight recorders, which took them
+  // over 3 s on a loaded machine (under 1 s idle).
+  absl::Duration failure_grace = absl::Seconds(10);
   // The agent's environment, which workers inherit ("NAME=value"), less the launchers' rank
   // variables. CUDA_VISIBLE_DEVICES stays: each worker takes the visible GPU of its local rank.
   std::vector<std::string> environment;

@@ -925,6 +925,11 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
         " GPUs on this node (", gpus_from,
         "): start at most one process per GPU (--nproc-per-node, srun --ntasks-per-node)"));
   }
+  // A batch shell's MASTER_ADDR is for the ranks srun starts.
+  if (const std::optional<std::string> set = env.Get("MASTER_ADDR");
+      set && world.world_size == 1 && !world.slurm_batch_shell) {
+    world.unused_master_addr = *set;
+  }
   return world;
 }
 
@@ -937,6 +942,12 @@ EnvironmentMap ProcessEnvironment() {
     env.emplace(std::string(text.substr(0, equals)), std::string(text.substr(equals + 1)));
   }
   return env;
+}
+
+std::string UnusedMasterNote(const WorldEnvironment& world) {
+  if (world.unused_master_addr.empty()) return "";
+  return absl::StrCat("MASTER_ADDR=", world.unused_master_addr,
+                      " is set and unused: no rank or world size is set beside it");
 }
 
 absl::StatusOr<WorldEnvironment> WorldFromEnvironment() {

@@ -77,6 +77,9 @@ struct WorldEnvironment : WorldMembership {
   // The first host of Slurm's node list where a MASTER_ADDR of the environment names another
   // master (a stale export, say); empty otherwise. CheckMasterResolves refuses a loopback one.
   std::string slurm_first_host;
+  // MASTER_ADDR where it is set in a world of one (no rank or world size beside it, a batch
+  // script's export before srun sets them, say), which has no master; empty otherwise.
+  std::string unused_master_addr;
 
   // GPUs on this node: SLURM_GPUS_ON_NODE, else the entries of CUDA_VISIBLE_DEVICES; -1 when
   // neither is set.
@@ -132,6 +135,9 @@ absl::StatusOr<WorldEnvironment> WorldFromEnvironment();
 // `wait` while the name is unknown (a Kubernetes pod's DNS record appears only once that pod
 // runs, after pods that start sooner look it up); the error names the host and where it came
 // from. Not pure: asks the resolver.
+// "MASTER_ADDR=NAME is set and unused: ..." where `world` has an unused_master_addr, else "".
+std::string UnusedMasterNote(const WorldEnvironment& world);
+
 absl::Status CheckMasterResolves(const WorldEnvironment& world,
                                  absl::Duration wait = absl::ZeroDuration());
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/util/exit_codes.h"
 #include "core/util/files.h"
 #include "core/util/log.h"
 #include "core/util/status.h"
@@ -291,9 +292,12 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     std::filesystem::create_directories(options.log_dir, error);
     if (const int failure = error ? error.value() : FileCreationError(options.log_dir);
         failure != 0) {
-      return fail_before_joining(
+      // A folder that cannot be made where it is (ENOENT under /proc) is the flag's to fix, as
+      // FileError takes one it may not write.
+      const absl::Status status =
           FileError(failure, absl::StrCat("make the worker logs in --log-dir ", options.log_dir),
-                    "point --log-dir at a writable folder"));
+                    "point --log-dir at a writable folder");
+      return fail_before_joining(failure == ENOENT ? WithExitCode(status, kExitUsage) : status);
     }
   }
   // CPU workers share the node's cores instead of each taking all of them.
@@ -303,6 +307,8 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
         {"--set", absl::StrCat("run.threads=", std::max(1, UsableCpus() / agent.nproc_per_node))});
   }
   agent.max_restarts = options.max_restarts;
+  agent.checkpoint_dir = options.checkpoint_dir;
+  agent.checkpoint_resume = options.checkpoint_resume;
   agent.log_dir = options.log_dir;
   agent.rendezvous_timeout = options.rendezvous_timeout;
   agent.stop_grace = options.stop_grace;

@@ -24,6 +24,8 @@ struct LaunchOptions {
   std::string recipe_path;             // empty: the built-in tiny recipe
   std::vector<std::string> overrides;  // --set key=value, passed on to every worker
   int recipe_threads = 0;              // run.threads of the resolved recipe (0 = all cores)
+  // The resolved recipe's checkpoint folder and checkpoint.resume, which restarts resume from.
+  std::string checkpoint_dir, checkpoint_resume;
   // The recipe's rules that need the world size and the nodes, checked before any worker starts
   // (none: no check).
   std::function<absl::Status(int world_size, int num_nodes)> check_world;

@@ -148,16 +148,24 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSampleTokenizer(
     }
     return nullptr;
   }
+  // A tokenizer that is not there, that it may not read, of no kind dtrain reads or too large
+  // for the model is the recipe's to fix: the same at every restart (exit 2).
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = LoadTokenizer(recipe.data.tokenizer);
   if (!tokenizer.ok()) {
-    return absl::Status(tokenizer.status().code(),
-                        absl::StrCat("data.tokenizer: ", tokenizer.status().message()));
+    const absl::Status& status = tokenizer.status();
+    const absl::Status error(status.code(), absl::StrCat("data.tokenizer: ", status.message()));
+    return absl::IsNotFound(status) || absl::IsInvalidArgument(status) ||
+                   absl::IsUnimplemented(status) || absl::IsPermissionDenied(status)
+               ? WithExitCode(error, kExitUsage)
+               : error;
   }
   if ((*tokenizer)->vocab_size() > recipe.model.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.tokenizer ", (*tokenizer)->name(), " has a vocabulary of ",
-        (*tokenizer)->vocab_size(), ", more than model.vocab_size ", recipe.model.vocab_size,
-        "; set model.vocab_size to at least ", (*tokenizer)->vocab_size()));
+    return WithExitCode(
+        absl::InvalidArgumentError(absl::StrCat(
+            "data.tokenizer ", (*tokenizer)->name(), " has a vocabulary of ",
+            (*tokenizer)->vocab_size(), ", more than model.vocab_size ", recipe.model.vocab_size,
+            "; set model.vocab_size to at least ", (*tokenizer)->vocab_size())),
+        kExitUsage);
   }
   if (recorded.ok() && !recorded->empty() && !SameTokenizer(*recorded, (*tokenizer)->name())) {
     return WithExitCode(
@@ -686,30 +694,37 @@ absl::Status CheckExportDestination(const Recipe& recipe) {
   return absl::OkStatus();
 }
 
-// A run that starts at step 1 where an earlier run exported its weights file (a run without a
-// checkpoint to resume) would write its own over it at the end: the earlier one is kept beside it
-// (LinkAside), and a warning says so. What the export would not write over is left alone: a link
-// (the export writes through it), train.init_from's file, which this run starts from, and a model
-// folder (its model files are the export's to replace, CheckReplaceableModelFolder).
+// A run that starts at step 1 where an earlier run exported its weights (a run without a
+// checkpoint to resume) would write its own over them at the end: the earlier file is kept beside
+// it (LinkAside), a model folder's files in a folder beside it (LinkFolderAside), and a warning
+// says so. Left alone: a link (the export writes through it), train.init_from's file or folder,
+// which this run starts from, and a folder that is no export of dtrain's (the export refuses it).
 void SetAsideEarlierExport(const Recipe& recipe) {
   namespace fs = std::filesystem;
-  if (!absl::EndsWith(recipe.train.export_to, ".safetensors")) return;
+  if (recipe.train.export_to.empty()) return;
   const fs::path path = fs::path(recipe.run_dir()) / recipe.train.export_to;
+  const bool file = absl::EndsWith(recipe.train.export_to, ".safetensors");
   std::error_code error;
-  if (!fs::is_regular_file(fs::symlink_status(path, error)) ||
+  const fs::file_status status = fs::symlink_status(path, error);
+  const bool earlier = file ? fs::is_regular_file(status)
+                            : fs::is_directory(status) && HoldsDtrainExport(path.string());
+  if (!earlier ||
       (!recipe.train.init_from.empty() && fs::equivalent(recipe.train.init_from, path, error))) {
     return;
   }
-  if (const absl::StatusOr<std::string> aside = LinkAside(path.string()); aside.ok()) {
+  const std::string what = file ? "weights" : "model folder";
+  const absl::StatusOr<std::string> aside =
+      file ? LinkAside(path.string()) : LinkFolderAside(path.string(), IsHfFolderFile);
+  if (aside.ok()) {
     LogWarn(
-        "train.export_to %s holds an earlier run's weights, which this run (starting at step 1) "
+        "train.export_to %s holds an earlier run's %s, which this run (starting at step 1) "
         "writes over at its end: kept as %s",
-        path.string(), *aside);
+        path.string(), what, *aside);
   } else {
     LogWarn(
-        "train.export_to %s holds an earlier run's weights, which this run (starting at step 1) "
+        "train.export_to %s holds an earlier run's %s, which this run (starting at step 1) "
         "writes over at its end, and cannot keep them beside it (%s)",
-        path.string(), aside.status().message());
+        path.string(), what, aside.status().message());
   }
 }
 
@@ -1122,6 +1137,16 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
                                     {"node", absl::StrCat(world.node_rank)},
                                     {"job", world.run_id.empty() ? recipe.run.name : world.run_id}},
                                    world.restart_count);
+    // Where to scrape, once: each node's workers serve on ports from metrics_port up.
+    if (exporter != nullptr && leader) {
+      LogInfo(
+          "Prometheus /metrics on %s port %d%s", recipe.logging.metrics_address,
+          recipe.logging.metrics_port,
+          world.local_world_size > 1
+              ? absl::StrCat(" (each node's workers: ports ", recipe.logging.metrics_port, " to ",
+                             recipe.logging.metrics_port + world.local_world_size - 1, ")")
+              : "");
+    }
   }
 
   const auto* cpu_backend = dynamic_cast<const CpuBackend*>(&backend);
@@ -1349,6 +1374,7 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
       m.layout = layout;
       if (world.job_restarts > 0) m.restart = world.job_restarts;
     }
+    if (step == resumed_step || raised) m.peak_gflops = peak_flops / 1e9;
     if (track_stragglers) {
       // This rank's own work in the step: what it did not spend waiting for data or for others.
       const double compute_ms =

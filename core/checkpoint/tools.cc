@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <thread>
@@ -254,10 +255,11 @@ InspectReport InspectCheckpoints(const std::string& path) {
   return report;
 }
 
-absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std::string& out,
-                                             const std::string& format,
-                                             const std::string& tokenizer_path) {
-  ASSIGN_OR_RETURN(const std::string dir, ResolveCheckpoint(path));
+namespace {
+
+// ExportCheckpoint of the step-<N> folder `dir`.
+absl::Status ExportStep(const std::string& dir, const std::string& out, const std::string& format,
+                        const std::string& tokenizer_path) {
   // Written into the step folder it reads (or over the checkpoint folder's `latest`), the export
   // would overwrite the checkpoint: a rank file, once, gave the run nothing to resume from.
   const std::string checkpoints = std::filesystem::path(dir).parent_path().string();
@@ -270,8 +272,12 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
                      "), or its folder: the export would overwrite it; write it elsewhere"));
   }
   ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(dir));
-  ASSIGN_OR_RETURN(const Recipe saved,
-                   ParseRecipe(reader.manifest().recipe_yaml, dir + "/manifest.json (recipe)"));
+  // Its warnings are the run's, given when it started.
+  const absl::StatusOr<Recipe> read = [&] {
+    const QuietLogScope quiet;
+    return ParseRecipe(reader.manifest().recipe_yaml, dir + "/manifest.json (recipe)");
+  }();
+  ASSIGN_OR_RETURN(const Recipe saved, read);
   const Recipe recipe = WithDataPathsFrom(saved, reader.manifest().working_dir);
   const ModelConfig config = ModelConfigFromRecipe(recipe.model, recipe.d_ff());
   const ParamTable table(config, ModelSlice{});
@@ -320,7 +326,7 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
   }
   if (format == "llmc") {
     RETURN_IF_ERROR(ExportLlmc(config, table, reader, out));
-    return dir;
+    return absl::OkStatus();
   }
   std::vector<float> values;
   const TensorValuesFn read_tensor = [&](const TensorEntry& entry) -> absl::StatusOr<const float*> {
@@ -359,10 +365,47 @@ absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std:
     RETURN_IF_ERROR(ExportHfFolder(ExportedModelConfig(config, recipe.train.init_from), table,
                                    read_tensor, out, tokenizer, metadata,
                                    chat_template ? &*chat_template : nullptr));
-    return dir;
+    return absl::OkStatus();
   }
   RETURN_IF_ERROR(ExportHfSafetensorsStreamed(config, table, read_tensor, out, metadata));
-  return dir;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> WithNewestCheckpoint(
+    const std::string& path, const std::function<absl::Status(const std::string& dir)>& use) {
+  constexpr int kAttempts = 3;
+  for (int attempt = 1;; ++attempt) {
+    ASSIGN_OR_RETURN(const std::string dir, ResolveCheckpoint(path));
+    const absl::Status status = use(dir);
+    std::error_code error;
+    if (status.ok()) return dir;
+    if (fs::exists(dir, error)) return status;
+    // A prune renames the folder away at once (CheckpointWriter): gone, it was pruned.
+    const std::string removed = absl::StrCat(
+        dir,
+        " was removed while it was read (a run still training pruned it: checkpoint.keep_last)");
+    if (dir == path) {
+      return absl::NotFoundError(absl::StrCat(removed, "; give the checkpoint folder, ",
+                                              fs::path(dir).parent_path().string(),
+                                              ", to take its newest"));
+    }
+    if (attempt == kAttempts) {
+      return absl::NotFoundError(absl::StrCat(
+          removed, ", as were the ", kAttempts - 1,
+          " taken before it: the run prunes faster than this reads; copy a step-<N> folder "
+          "aside and give it"));
+    }
+    LogWarn("%s; taking the newest again", removed);
+  }
+}
+
+absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std::string& out,
+                                             const std::string& format,
+                                             const std::string& tokenizer_path) {
+  return WithNewestCheckpoint(
+      path, [&](const std::string& dir) { return ExportStep(dir, out, format, tokenizer_path); });
 }
 
 namespace {

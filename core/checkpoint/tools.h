@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -17,6 +18,12 @@ bool IsLlmcModelFile(const std::string& path);
 // `path` is a step-<N> folder, or a checkpoint folder: then its newest complete checkpoint, with
 // a warning naming each newer one skipped and why.
 absl::StatusOr<std::string> ResolveCheckpoint(const std::string& path);
+
+// Gives `use` the newest checkpoint of `path` (ResolveCheckpoint), and where `use` failed because
+// that step-<N> folder was removed meanwhile (a run still training pruned it), the newest again,
+// up to 3 times; a step-<N> folder given as `path` is not taken again. The folder used.
+absl::StatusOr<std::string> WithNewestCheckpoint(
+    const std::string& path, const std::function<absl::Status(const std::string& dir)>& use);
 
 struct InspectReport {
   std::string text;  // the summary, then one line per problem
@@ -34,7 +41,8 @@ InspectReport InspectCheckpoints(const std::string& path);
 // warning where it is not at its path, or bytes), none for "none", and with a tokenizer, for an SFT
 // run, the chat template its shards record; core/model/hf_folder.h) or "llmc" (llm.c's GPT-2 model
 // file, version 3: float32, vocabulary padded to a multiple of 128; GPT-2 with d_ff = 4 d_model
-// only). Host memory stays near one tensor. Every chunk read is checksum-verified. The step-<N>
+// only). Host memory stays near one tensor. Every chunk read is checksum-verified. A checkpoint
+// pruned while it is read is exported again from the newest (WithNewestCheckpoint). The step-<N>
 // folder exported.
 absl::StatusOr<std::string> ExportCheckpoint(const std::string& path, const std::string& out,
                                              const std::string& format,

@@ -634,6 +634,16 @@ bool IsHfFolderFile(absl::string_view name) {
          absl::EndsWith(name, ".safetensors");
 }
 
+bool HoldsDtrainExport(const std::string& dir) {
+  const fs::path weights_path = fs::path(dir) / kWeightsName;
+  std::error_code error;
+  if (!fs::is_regular_file(fs::symlink_status(weights_path, error))) return false;
+  const absl::StatusOr<SafetensorsReader> weights = SafetensorsReader::Open(weights_path);
+  // dtrain_checkpoint: `dtrain ckpt export`'s, before the marker.
+  return weights.ok() && (weights->metadata().contains(kExportMarkerKey) ||
+                          weights->metadata().contains("dtrain_checkpoint"));
+}
+
 absl::Status CheckReplaceableModelFolder(const std::string& dir) {
   std::error_code error;
   std::vector<std::string> replaced;
@@ -641,16 +651,7 @@ absl::Status CheckReplaceableModelFolder(const std::string& dir) {
     const std::string name = entry.path().filename().string();
     if (IsHfFolderFile(name)) replaced.push_back(name);
   }
-  if (replaced.empty()) return absl::OkStatus();
-  const fs::path weights_path = fs::path(dir) / kWeightsName;
-  if (fs::is_regular_file(weights_path, error)) {
-    const absl::StatusOr<SafetensorsReader> weights = SafetensorsReader::Open(weights_path);
-    // dtrain_checkpoint: `dtrain ckpt export`'s, before the marker.
-    if (weights.ok() && (weights->metadata().contains(kExportMarkerKey) ||
-                         weights->metadata().contains("dtrain_checkpoint"))) {
-      return absl::OkStatus();
-    }
-  }
+  if (replaced.empty() || HoldsDtrainExport(dir)) return absl::OkStatus();
   absl::c_sort(replaced);
   return WithExitCode(
       absl::FailedPreconditionError(absl::StrCat(

@@ -88,9 +88,12 @@ absl::Status WriteByteTokenizer(const std::string& dir, int max_seq_len);
 // earlier export, removes: config.json, the weights and their index or shards, the tokenizer's.
 bool IsHfFolderFile(absl::string_view name);
 
+// Whether the folder `dir` holds an export of dtrain's: its model.safetensors, a regular file (not
+// a link), carries kExportMarkerKey, or `dtrain ckpt export`'s dtrain_checkpoint.
+bool HoldsDtrainExport(const std::string& dir);
+
 // Whether ExportHfFolder may write into `dir`: absent, holding none of the files it writes or
-// removes (IsHfFolderFile), or an earlier export (its model.safetensors carries
-// kExportMarkerKey, or `dtrain ckpt export`'s dtrain_checkpoint). Another model's folder, a
+// removes (IsHfFolderFile), or an earlier export (HoldsDtrainExport). Another model's folder, a
 // downloaded one say, is FailedPrecondition asking for kExitUsage, naming the files the export
 // would replace.
 absl::Status CheckReplaceableModelFolder(const std::string& dir);

@@ -5,6 +5,8 @@
 // Recipe, so adding a key to recipe.h and one row here is all a new key needs.
 #include "core/recipe/recipe.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -490,8 +492,9 @@ const std::vector<KeySpec>& Keys() {
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(logging, straggler_pct),
        "a rank whose compute time in a step lies this many percent above the ranks' median is "
-       "named in the step log and metrics (straggler_rank), and ranks that were so in half of "
-       "the steps at the end of the run; 0 = off (no per-step exchange of the times)",
+       "named in the step log and metrics (straggler_rank), and at the end of the run a rank "
+       "that was so in more than half of the steps (5 at least); 0 = off (no per-step exchange "
+       "of the times)",
        {},
        AtLeast(0)},
       {DTRAIN_RECIPE_KEY(logging, metrics_port),
@@ -535,9 +538,9 @@ std::vector<absl::string_view> Sections() {
 // Suggestions for misspelled names.
 
 // What to say of an unknown key `section.name`: the key other trainers' name for it means (Hugging
-// Face's TrainingArguments, Megatron-LM's flags), else the valid key closest to it when it is
-// close (a key in another section costs one edit more, so a typo stays in its section but a key
-// filed under the wrong section is still found), else where the keys are listed.
+// Face's TrainingArguments, Megatron-LM's flags, llm.c's and nanoGPT's), else the valid key closest
+// to it when it is close (a key in another section costs one edit more, so a typo stays in its
+// section but a key filed under the wrong section is still found), else where the keys are listed.
 std::string KeyHint(absl::string_view section, absl::string_view name) {
   static const auto* const kAliases =
       new std::vector<std::pair<absl::string_view, absl::string_view>>{
@@ -568,6 +571,12 @@ std::string KeyHint(absl::string_view section, absl::string_view name) {
           {"distributed_timeout_minutes", "parallel.timeout_s"},
           {"save_interval", "checkpoint.interval"},
           {"save_steps", "checkpoint.interval"},
+          {"checkpoint_every", "checkpoint.interval"},  // llm.c
+          {"ckpt_every", "checkpoint.interval"},
+          {"save_every", "checkpoint.interval"},
+          {"eval_interval", "train.eval_every"},   // nanoGPT, Megatron-LM
+          {"eval_steps", "train.eval_every"},      // Hugging Face
+          {"val_loss_every", "train.eval_every"},  // llm.c
           {"load", "checkpoint.resume"},
           {"resume_from_checkpoint", "checkpoint.resume"},
       };
@@ -1564,6 +1573,21 @@ absl::Status CheckNoTildePaths(const Recipe& recipe) {
                      "named '~'; write the full path"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckMetricsAddress(const Recipe& recipe) {
+  const std::string& address = recipe.logging.metrics_address;
+  in6_addr parsed;  // room for either family's
+  if (recipe.logging.metrics_port == 0 || address == "localhost" ||
+      inet_pton(AF_INET, address.c_str(), &parsed) == 1 ||
+      inet_pton(AF_INET6, address.c_str(), &parsed) == 1) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "logging.metrics_address: '", address,
+      "' is no IP address (every node reads the same recipe, and a host name is one node's): "
+      "give 0.0.0.0 (every interface), 127.0.0.1 (this host only), :: (every interface, IPv6 "
+      "too) or one interface's address"));
 }
 
 std::string Recipe::run_dir() const { return absl::StrCat(run.out_dir, "/", run.name); }

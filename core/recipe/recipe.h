@@ -184,6 +184,11 @@ absl::StatusOr<Recipe> ParseRecipe(const std::string& yaml_text, const std::stri
 // recipe is loaded to run, not where a run's stored recipe is read back (ckpt export, report).
 absl::Status CheckNoTildePaths(const Recipe& recipe);
 
+// logging.metrics_address, where logging.metrics_port is on, is an IP address or localhost:
+// InvalidArgument naming the key otherwise (a run warned at its start, guessing at a busy port).
+// Checked where a recipe is loaded to run, as CheckNoTildePaths.
+absl::Status CheckMetricsAddress(const Recipe& recipe);
+
 // The fully resolved recipe as YAML, every key present, one comment per key.
 std::string ResolvedRecipeYaml(const Recipe& recipe);
 

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iterator>
 
 #include "absl/strings/cord.h"
@@ -163,13 +164,54 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, size_t max_by
   return text;
 }
 
-absl::StatusOr<std::string> LinkAside(const std::string& path) {
+namespace {
+
+// Creates the first free name of "<path>.replaced-<unix time>[-N]" with `create` (0, or an
+// errno); the name, or FileError naming `what` it failed at.
+absl::StatusOr<std::string> CreateAside(const std::string& path, const std::string& what,
+                                        const std::function<int(const std::string&)>& create) {
   const std::string stem = absl::StrCat(path, ".replaced-", absl::ToUnixSeconds(absl::Now()));
   for (int copy = 1;; ++copy) {
     const std::string aside = copy == 1 ? stem : absl::StrCat(stem, "-", copy);
-    if (::link(path.c_str(), aside.c_str()) == 0) return aside;
-    if (errno != EEXIST) return FileError(errno, absl::StrCat("link ", path, " to ", aside));
+    const int error = create(aside);
+    if (error == 0) return aside;
+    if (error != EEXIST) return FileError(error, absl::StrCat(what, " ", aside));
   }
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> LinkAside(const std::string& path) {
+  return CreateAside(path, absl::StrCat("link ", path, " to"), [&](const std::string& aside) {
+    return ::link(path.c_str(), aside.c_str()) == 0 ? 0 : errno;
+  });
+}
+
+absl::StatusOr<std::string> LinkFolderAside(const std::string& dir,
+                                            const std::function<bool(absl::string_view)>& keep) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::directory_iterator entries(dir, error);
+  if (error) return FileError(error.value(), absl::StrCat("list ", dir));
+  ASSIGN_OR_RETURN(const std::string aside,
+                   CreateAside(dir, "create", [](const std::string& folder) {
+                     return ::mkdir(folder.c_str(), 0755) == 0 ? 0 : errno;
+                   }));
+  for (; !error && entries != fs::directory_iterator(); entries.increment(error)) {
+    const fs::directory_entry& entry = *entries;
+    const std::string name = entry.path().filename().string();
+    if (entry.is_symlink(error) || !entry.is_regular_file(error) || !keep(name)) continue;
+    const std::string to = absl::StrCat(aside, "/", name);
+    if (::link(entry.path().c_str(), to.c_str()) != 0) error.assign(errno, std::generic_category());
+  }
+  if (error) {
+    // Links only: removing them removes no file's last name.
+    const absl::Status failed =
+        FileError(error.value(), absl::StrCat("link the files of ", dir, " into ", aside));
+    fs::remove_all(aside, error);
+    return failed;
+  }
+  return aside;
 }
 
 int FileCreationError(const std::string& folder) {

@@ -58,6 +58,11 @@ int FileCreationError(const std::string& folder);
 // replaces `path` (a file written whole and renamed over it) leaves it there. The name, or
 // FileError (NotFound when there is no file).
 absl::StatusOr<std::string> LinkAside(const std::string& path);
+// LinkAside for the files of the folder `dir` that `keep` takes by name (not its subfolders,
+// links or devices): a new folder "<dir>.replaced-<unix time>" ("...-2", ... where taken) of hard
+// links to them. The new folder's name, or FileError (NotFound when there is no folder).
+absl::StatusOr<std::string> LinkFolderAside(const std::string& dir,
+                                            const std::function<bool(absl::string_view)>& keep);
 
 // Writes all of [data, data + bytes) to `fd`, retrying short writes; `path` names it in errors.
 absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path);

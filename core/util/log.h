@@ -16,6 +16,21 @@ LogLevel GetLogLevel();
 void SetLogRank(int rank);
 void LogLine(LogLevel level, std::string_view message);
 
+// Lets only errors through while it lives where `quiet`, then restores the level before: for
+// warnings already given (a recipe's, read again by each rank, or from a run's own folder).
+class QuietLogScope {
+ public:
+  explicit QuietLogScope(bool quiet = true) : previous_(GetLogLevel()) {
+    if (quiet) SetLogLevel(LogLevel::kError);
+  }
+  ~QuietLogScope() { SetLogLevel(previous_); }
+  QuietLogScope(const QuietLogScope&) = delete;
+  QuietLogScope& operator=(const QuietLogScope&) = delete;
+
+ private:
+  LogLevel previous_;
+};
+
 template <typename... Args>
 void LogInfo(const absl::FormatSpec<Args...>& format, const Args&... args) {
   LogLine(LogLevel::kInfo, absl::StrFormat(format, args...));

@@ -455,7 +455,8 @@ CheckResult BandwidthCheck(double busbw_gbps, int64_t bytes, int nodes,
 }
 
 CheckResult NodeCountCheck(int nodes, const ClusterSpec* cluster) {
-  const std::string detail = absl::StrCat(nodes, " nodes ran the doctor");
+  const std::string detail =
+      absl::StrCat(nodes, nodes == 1 ? " node" : " nodes", " ran the doctor");
   if (cluster == nullptr) {
     return Result("cluster.nodes", Verdict::kInfo, absl::StrCat(detail, "; no recipe"));
   }

@@ -204,7 +204,9 @@ CheckResult MasterCheck(const EnvironmentMap& env) {
   if (world->world_size == 1) {
     return Result(
         "launch.master", Verdict::kInfo,
-        absl::StrCat("a world of one (", WorldSourceName(world->source), "): no master to reach"));
+        absl::StrCat(
+            "a world of one (", WorldSourceName(world->source), "): no master to reach",
+            world->unused_master_addr.empty() ? "" : absl::StrCat("; ", UnusedMasterNote(*world))));
   }
   const std::string where = absl::StrCat(world->master_addr, ":", world->master_port);
   if (absl::Status resolves = CheckMasterResolves(*world); !resolves.ok()) {

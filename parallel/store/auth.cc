@@ -107,9 +107,9 @@ std::string MasterOnThisHostHint(const std::string& master_addr) {
   if (!NamesThisHost(master_addr, resolved)) return "";
   return absl::StrCat("; MASTER_ADDR '", master_addr, "'",
                       resolved == master_addr ? "" : absl::StrCat(" (", resolved, ")"),
-                      " is an address of this host, not of the master's node: set it to node 0's "
-                      "host name, the same on every node (in a Slurm batch script, the first "
-                      "host of SLURM_JOB_NODELIST)");
+                      " is an address of this host: unless node 0 runs here too (then its store "
+                      "is not up), set it to node 0's host name, the same on every node (in a "
+                      "Slurm batch script, the first host of SLURM_JOB_NODELIST)");
 }
 
 bool IsThisHostsAddress(const sockaddr_storage& address) {

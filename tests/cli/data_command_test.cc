@@ -236,10 +236,13 @@ TEST(DataCommandTest, PackLeavesOutEmptyDocumentsAndRefusesNoText) {
       RunDtrain(absl::StrCat("data pack ", empty_text, " ", lines, " --out ", out));
   EXPECT_EQ(some.exit_code, 0) << some.stderr_text;
   EXPECT_THAT(some.stdout_text, HasSubstr("1 documents (3 empty ones left out), 3 tokens"));
-  const Outcome none = RunDtrain(
-      absl::StrCat("data pack ", empty_text, " --out ", testing::FreshTempDir("pack_none_shards")));
-  EXPECT_EQ(none.exit_code, 1);
+  const std::string none_out = testing::FreshTempDir("pack_none_shards");
+  const Outcome none =
+      RunDtrain(absl::StrCat("data pack ", empty_text, " --out ", none_out, "/a/b/"));
+  EXPECT_EQ(none.exit_code, 2);
   EXPECT_THAT(none.stderr_text, HasSubstr("the inputs hold no text to pack (1 empty documents)"));
+  // The folders it made for the shards go with them (they were left empty).
+  EXPECT_FALSE(std::filesystem::exists(none_out));
 }
 
 // An --out that names a file is a usage error (exit 2, as other paths that can never be written).
@@ -271,7 +274,7 @@ TEST(DataCommandTest, PackRefusesArchivesAndMisnamedJsonLines) {
                                   testing::FreshTempDir("pack_refused_shards")));
   };
   const Outcome gzip = pack("pack_corpus.txt.gz", std::string("\x1f\x8b\x08\x00\x00", 5));
-  EXPECT_EQ(gzip.exit_code, 1);
+  EXPECT_EQ(gzip.exit_code, 2);
   // A shard packed again: its tar headers would become text.
   const std::string shards = testing::FreshTempDir("pack_tar_shards");
   ASSERT_EQ(RunDtrain(absl::StrCat("data pack ", testing::WriteTempFile("pack_tar.txt", "abc"),
@@ -280,14 +283,14 @@ TEST(DataCommandTest, PackRefusesArchivesAndMisnamedJsonLines) {
             0);
   const Outcome tar = RunDtrain(absl::StrCat("data pack ", shards, "/shard-000000.tar --out ",
                                              testing::FreshTempDir("pack_tar_again")));
-  EXPECT_EQ(tar.exit_code, 1);
+  EXPECT_EQ(tar.exit_code, 2);
   EXPECT_THAT(tar.stderr_text, HasSubstr("shard-000000.tar is a tar archive, whose headers would "
                                          "be packed as text: unpack it"));
   EXPECT_THAT(gzip.stderr_text, HasSubstr("pack_corpus.txt.gz is a gzip archive, whose bytes would "
                                           "be packed as text: unpack it first"));
   const std::string lines = "{\"text\": \"one\"}\n{\"text\": \"two\"}\n";
   const Outcome json = pack("pack_lines.json", lines);
-  EXPECT_EQ(json.exit_code, 1);
+  EXPECT_EQ(json.exit_code, 2);
   EXPECT_THAT(json.stderr_text, HasSubstr("pack_lines.json holds JSON lines (an object a line), "
                                           "but a .json file is packed as one plain-text document, "
                                           "braces and keys included: name it .jsonl to pack each "
@@ -297,7 +300,7 @@ TEST(DataCommandTest, PackRefusesArchivesAndMisnamedJsonLines) {
   // with the key --text-key names (beside a .jsonl input, without which --text-key is refused).
   const Outcome other_key =
       pack("pack_content.json", "{\"content\": \"one\", \"id\": 1}\n\n{\"content\": \"two\"}\n");
-  EXPECT_EQ(other_key.exit_code, 1);
+  EXPECT_EQ(other_key.exit_code, 2);
   EXPECT_THAT(other_key.stderr_text,
               HasSubstr("pack_content.json holds JSON lines (an object a line), but a .json file "
                         "is packed as one plain-text document, braces and keys included: name it "
@@ -307,7 +310,7 @@ TEST(DataCommandTest, PackRefusesArchivesAndMisnamedJsonLines) {
       "data pack ", testing::WriteTempFile("pack_one_content.jsonl", "{\"content\": \"a\"}"), " ",
       testing::WriteTempFile("pack_one_content.json", "{\"content\": \"b\"}"),
       " --text-key content --out ", testing::FreshTempDir("pack_refused_shards")));
-  EXPECT_EQ(named_key.exit_code, 1);
+  EXPECT_EQ(named_key.exit_code, 2);
   EXPECT_THAT(named_key.stderr_text, HasSubstr("name it .jsonl to pack each line's \"content\"\n"));
   // One object that is not a line of documents is text like any other.
   const Outcome object = pack("pack_object.json", "{\"name\": \"dtrain\"}\n");
@@ -317,7 +320,7 @@ TEST(DataCommandTest, PackRefusesArchivesAndMisnamedJsonLines) {
   EXPECT_EQ(upper.exit_code, 0) << upper.stderr_text;
   EXPECT_THAT(upper.stdout_text, HasSubstr("2 documents, 6 tokens"));
   const Outcome broken = pack("pack_broken.jsonl", "{\"text\": \"one\"}\n{\"text\": \n");
-  EXPECT_EQ(broken.exit_code, 1);
+  EXPECT_EQ(broken.exit_code, 2);
   EXPECT_THAT(broken.stderr_text,
               HasSubstr("pack_broken.jsonl:2: not valid JSON (a syntax error, or text that is not "
                         "UTF-8)"));
@@ -327,7 +330,7 @@ TEST(DataCommandTest, PackRefusesArchivesAndMisnamedJsonLines) {
       "pack_content.jsonl", "{\"id\": 1, \"content\": \"one\", \"url\": \"u\"}\n");
   const Outcome keyless =
       RunDtrain(absl::StrCat("data pack ", content, " --out ", testing::FreshTempDir("pack_key")));
-  EXPECT_EQ(keyless.exit_code, 1);
+  EXPECT_EQ(keyless.exit_code, 2);
   EXPECT_THAT(keyless.stderr_text,
               HasSubstr("pack_content.jsonl:1: expected a JSON object with a \"text\" string (its "
                         "string keys: content, url; name the document's with --text-key KEY)"));
@@ -345,7 +348,7 @@ TEST(DataCommandTest, PackRefusesAFolderHoldingShards) {
   const Outcome first = RunDtrain(absl::StrCat("data pack ", text, " --out ", out));
   ASSERT_EQ(first.exit_code, 0) << first.stderr_text;
   const Outcome second = RunDtrain(absl::StrCat("data pack ", text, " --out ", out));
-  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_EQ(second.exit_code, 2);
   EXPECT_THAT(second.stderr_text,
               HasSubstr(absl::StrCat("--out ", out, " holds 1 shard(s) of an earlier pack")));
 }
@@ -608,12 +611,12 @@ TEST(DataCommandTest, SampledTextDecodesThroughDataTokenizer) {
 
   const Outcome small = RunDtrain(
       absl::StrCat("train ", recipe, " --set model.vocab_size=256 --set run.out_dir=", out));
-  EXPECT_EQ(small.exit_code, 1) << small.stderr_text;
+  EXPECT_EQ(small.exit_code, 2) << small.stderr_text;  // a restart would fail alike
   EXPECT_THAT(small.stderr_text,
               HasSubstr("has a vocabulary of 259, more than model.vocab_size 256"));
   const Outcome missing = RunDtrain(
       absl::StrCat("train ", recipe, " --set data.tokenizer=/nonexistent --set run.out_dir=", out));
-  EXPECT_EQ(missing.exit_code, 1) << missing.stderr_text;
+  EXPECT_EQ(missing.exit_code, 2) << missing.stderr_text;
   EXPECT_THAT(missing.stderr_text, HasSubstr("data.tokenizer: tokenizer file /nonexistent"));
 }
 

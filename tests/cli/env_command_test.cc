@@ -86,6 +86,16 @@ TEST(EnvCommandTest, OneProcessByDefault) {
   EXPECT_THAT(
       outcome.stdout_text,
       MatchesRegex("(.|\n)*\nmaster_addr +127\\.0\\.0\\.1 +default \\(one process\\)\n(.|\n)*"));
+  EXPECT_THAT(outcome.stdout_text, Not(HasSubstr("MASTER_ADDR")));
+  // A MASTER_ADDR without a world beside it is said to be unused (it was passed over without a
+  // word), but not in a batch shell, whose ranks srun starts with it.
+  const Outcome alone = RunDtrainInEnvironment("MASTER_ADDR=bogus.invalid", "env");
+  ASSERT_EQ(alone.exit_code, 0) << alone.stderr_text;
+  EXPECT_THAT(alone.stdout_text, HasSubstr("note: MASTER_ADDR=bogus.invalid is set and unused: no "
+                                           "rank or world size is set beside it\n"));
+  const Outcome batch = RunDtrainInEnvironment(
+      "SLURM_JOB_ID=77 SLURM_NTASKS=8 SLURM_JOB_NUM_NODES=2 MASTER_ADDR=gpu07", "env");
+  EXPECT_THAT(batch.stdout_text, Not(HasSubstr("unused")));
 }
 
 TEST(EnvCommandTest, BatchShellSaysItIsNotARank) {

@@ -37,6 +37,7 @@ train: {steps: 6, batch_size: 8, micro_batch: 4, seq_len: 16, warmup_steps: 1, e
         eval_batches: 1, export_to: ""}
 checkpoint: {interval: 3}
 logging: {sample_tokens: 0}
+parallel: {sequence_parallel: true}  # a key that only warns, at the run's start
 )"));
     out_dir_ = new std::string(testing::FreshTempDir("report_runs"));
     const std::string train = absl::StrCat("train ", recipe, " --set run.out_dir=", *out_dir_);
@@ -87,6 +88,11 @@ TEST_F(ReportCommandTest, AMissingRunFolderOrMetricsIsExit2NamingIt) {
   const testing::Outcome no_dir = testing::RunDtrain("report " + missing);
   EXPECT_EQ(no_dir.exit_code, 2);
   EXPECT_THAT(no_dir.stderr_text, HasSubstr("no run folder " + missing));
+  const std::string file = testing::WriteTempFile("report_a_file.yaml", "run: {}\n");
+  const testing::Outcome a_file = testing::RunDtrain("report " + file);
+  EXPECT_EQ(a_file.exit_code, 2);
+  EXPECT_THAT(a_file.stderr_text,
+              HasSubstr(file + " is a file, not a run folder: pass the folder"));
   std::filesystem::create_directories(missing);
   const testing::Outcome no_metrics = testing::RunDtrain("report " + missing);
   EXPECT_EQ(no_metrics.exit_code, 2);
@@ -101,6 +107,9 @@ TEST_F(ReportCommandTest, AnOutInNewFoldersIsWrittenAndOneUnderAFileIsAUsageErro
       testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", nested));
   EXPECT_EQ(written.exit_code, 0) << written.stderr_text;
   EXPECT_TRUE(std::filesystem::is_regular_file(nested));
+  // The run's recipe warned at its start: the report reads it without warning again.
+  EXPECT_THAT(first_->stderr_text, HasSubstr("has no effect with parallel.tp: 1"));
+  EXPECT_THAT(written.stderr_text, ::testing::Not(HasSubstr("has no effect")));
   const std::string file = testing::WriteTempFile("report_not_a_folder", "x");
   const testing::Outcome report =
       testing::RunDtrain(absl::StrCat("report ", RunDir(), " --out ", file, "/report.html"));

@@ -104,6 +104,37 @@ TEST(TrainTest, ARunStartingOverKeepsTheEarlierRunsMetricsAndModel) {
   EXPECT_EQ(testing::MetricsLosses(metrics[0].string()).size(), 3u);
 }
 
+// The same for a model folder (train.export_to without .safetensors): its files are kept in a
+// folder beside it, which transformers loads as it loaded the earlier export.
+TEST(TrainTest, ARunStartingOverKeepsTheEarlierRunsModelFolder) {
+  namespace fs = std::filesystem;
+  const std::string out = RunDir("start_over_folder");
+  const std::string args =
+      "--set train.steps=3 --set checkpoint.save_at_end=false --set train.export_to=hf";
+  ASSERT_EQ(Train(out, args).exit_code, 0);
+  const std::string folder = out + "/small/hf";
+  const std::string weights = *ReadWholeFile(folder + "/model.safetensors");
+  const std::string config = *ReadWholeFile(folder + "/config.json");
+  const testing::Outcome again = testing::RunDtrain(absl::StrCat(
+      "train ", SmallRecipe(), " --set run.out_dir=", out, " ", args, " --set run.seed=7"));
+  ASSERT_EQ(again.exit_code, 0) << again.stderr_text;
+  EXPECT_THAT(again.stderr_text,
+              HasSubstr("train.export_to " + folder +
+                        " holds an earlier run's model folder, which this run (starting at step "
+                        "1) writes over at its end: kept as " +
+                        folder + ".replaced-"));
+  std::vector<fs::path> kept;
+  for (const fs::directory_entry& entry : fs::directory_iterator(out + "/small")) {
+    if (absl::StartsWith(entry.path().filename().string(), "hf.replaced-")) {
+      kept.push_back(entry.path());
+    }
+  }
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(*ReadWholeFile((kept[0] / "model.safetensors").string()), weights);
+  EXPECT_EQ(*ReadWholeFile((kept[0] / "config.json").string()), config);
+  EXPECT_NE(*ReadWholeFile(folder + "/model.safetensors"), weights);
+}
+
 TEST(TrainTest, SameRecipeAndSeedGiveBitIdenticalRuns) {
   const testing::Outcome a = Train(RunDir("a"));
   ASSERT_EQ(a.exit_code, 0) << a.stderr_text;
@@ -999,7 +1030,7 @@ logging: {sample_tokens: 0}
                                      R"({"prompt": "a", "completion": null})", "\n"));
   const testing::Outcome bad_line = testing::RunDtrain(
       absl::StrCat("data pack --sft ", bad, " --out ", testing::FreshTempDir("sft_bad_shards")));
-  EXPECT_EQ(bad_line.exit_code, 1);
+  EXPECT_EQ(bad_line.exit_code, 2);
   EXPECT_THAT(bad_line.stderr_text, HasSubstr(bad + ":2: no \"completion\" string"));
 }
 

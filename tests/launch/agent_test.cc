@@ -169,6 +169,19 @@ bool Alive(pid_t pid) {
   return state < line.size() && line[state] != 'Z';
 }
 
+// `dtrain launch` arguments of node `node_rank` of `nodes` that meet at `master`:`port`, with
+// `extra` before Recipe(name, 3) trained into OutDir(name).
+std::vector<std::string> NodeArgs(int node_rank, int nodes, const std::string& master, int port,
+                                  const std::string& name,
+                                  const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {
+      absl::StrCat("--node-rank=", node_rank), absl::StrCat("--nnodes=", nodes),
+      absl::StrCat("--master-addr=", master), absl::StrCat("--master-port=", port)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  args.insert(args.end(), {Recipe(name, 3), "--set", "run.out_dir=" + OutDir(name)});
+  return args;
+}
+
 // Lines of metrics.jsonl written so far.
 int StepsLogged(const std::string& out_dir) { return static_cast<int>(Losses(out_dir).size()); }
 
@@ -235,10 +248,15 @@ TEST(AgentTest, StandaloneLaunchTrainsLikeOneProcess) {
   ASSERT_EQ(one.exit_code, 0) << one.stderr_text;
 
   const std::string out = OutDir("two");
-  Launch launch({Recipe("two", 6), "--nproc-per-node=2", "--set", "run.out_dir=" + out});
+  // A key that only warns: the agent prints the recipe's warnings once, not rank 0 again.
+  Launch launch({Recipe("two", 6), "--nproc-per-node=2", "--set", "run.out_dir=" + out, "--set",
+                 "parallel.sequence_parallel=true"});
   ASSERT_EQ(launch.Wait(absl::Seconds(120)), 0) << launch.output();
   EXPECT_THAT(launch.output(), HasSubstr("all 2 workers past rendezvous"));
   EXPECT_THAT(launch.output(), HasSubstr("[rank 0] "));
+  const std::vector<std::string> warned =
+      absl::StrSplit(launch.output(), "has no effect with parallel.tp: 1");
+  EXPECT_EQ(warned.size(), 2u) << launch.output();
   const std::vector<double> reference = Losses(single), losses = Losses(out);
   ASSERT_EQ(losses.size(), reference.size());
   for (size_t i = 0; i < losses.size(); ++i) {
@@ -365,9 +383,7 @@ TEST(AgentTest, ATakenStorePortSaysWhereItCameFrom) {
   address.sin_port = htons(port);
   ASSERT_EQ(::bind(taken, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
   ASSERT_EQ(::listen(taken, 1), 0);
-  Launch node_zero({"--node-rank=0", "--nnodes=2", "--master-addr=127.0.0.1",
-                    absl::StrCat("--master-port=", port), Recipe("taken_port", 3), "--set",
-                    "run.out_dir=" + OutDir("taken_port")},
+  Launch node_zero(NodeArgs(0, 2, "127.0.0.1", port, "taken_port"),
                    {"DTRAIN_RDZV_TOKEN=taken-port-token"});
   EXPECT_EQ(node_zero.Wait(absl::Seconds(60)), 1) << node_zero.output();
   ::close(taken);
@@ -379,24 +395,22 @@ TEST(AgentTest, ATakenStorePortSaysWhereItCameFrom) {
 // Node 1 whose MASTER_ADDR is its own loopback (a single-node script reused) finds no store
 // there: its error says that address is its own.
 TEST(AgentTest, ANodeWhoseMasterIsItsOwnLoopbackIsTold) {
-  Launch node_one({"--node-rank=1", "--nnodes=2", "--master-addr=localhost",
-                   absl::StrCat("--master-port=", testing::FreeTcpPort()), "--rdzv-timeout-s=1",
-                   Recipe("own_loopback", 3), "--set", "run.out_dir=" + OutDir("own_loopback")},
-                  {"DTRAIN_RDZV_TOKEN=own-loopback-token"});
+  Launch node_one(
+      NodeArgs(1, 2, "localhost", testing::FreeTcpPort(), "own_loopback", {"--rdzv-timeout-s=1"}),
+      {"DTRAIN_RDZV_TOKEN=own-loopback-token"});
   EXPECT_EQ(node_one.Wait(absl::Seconds(60)), 1) << node_one.output();
   EXPECT_THAT(node_one.output(), HasSubstr("node 1 cannot reach the rendezvous store of node 0"));
   EXPECT_THAT(node_one.output(),
-              HasSubstr("is an address of this host, not of the master's node: set it to node "
-                        "0's host name"));
+              HasSubstr("is an address of this host: unless node 0 runs here too (then its "
+                        "store is not up), set it to node 0's host name"));
 }
 
 // A node that never starts its agent: node 0's rendezvous times out naming it (it said only how
 // many agents came).
 TEST(AgentTest, ARendezvousTimeoutNamesTheNodesThatNeverCame) {
-  Launch node_zero({"--node-rank=0", "--nnodes=4", "--master-addr=127.0.0.1",
-                    absl::StrCat("--master-port=", testing::FreeTcpPort()), "--rdzv-timeout-s=2",
-                    Recipe("never_came", 3), "--set", "run.out_dir=" + OutDir("never_came")},
-                   {"DTRAIN_RDZV_TOKEN=never-came-token"});
+  Launch node_zero(
+      NodeArgs(0, 4, "127.0.0.1", testing::FreeTcpPort(), "never_came", {"--rdzv-timeout-s=2"}),
+      {"DTRAIN_RDZV_TOKEN=never-came-token"});
   EXPECT_EQ(node_zero.Wait(absl::Seconds(60)), 1) << node_zero.output();
   EXPECT_THAT(node_zero.output(),
               HasSubstr("only 1 of 4 node agents reached 'agent/attempt-0/arrived' within 2s (no "
@@ -685,6 +699,11 @@ TEST(AgentTest, AnUnwritableLogDirIsAUsageError) {
   EXPECT_THAT(launch.output(), HasSubstr("point --log-dir at a writable folder"));
   // Found before the rendezvous, where it failed the first worker's start.
   EXPECT_THAT(launch.output(), Not(HasSubstr("rendezvous store listening")));
+  // A folder that cannot be made (ENOENT under /proc) is the flag's to fix too (it exited 1).
+  Launch proc({Recipe("bad_logs", 3), "--nproc-per-node=1", "--log-dir=/proc/no-such/logs", "--set",
+               "run.out_dir=" + out});
+  EXPECT_EQ(proc.Wait(absl::Seconds(120)), 2) << proc.output();
+  EXPECT_THAT(proc.output(), HasSubstr("point --log-dir at a writable folder"));
 }
 
 // Rank 1 of a two-worker launch gets `signal` mid-training: the launch exits 1 with rank 1 as the
@@ -732,7 +751,10 @@ TEST(AgentTest, KilledWorkerRestartsTheGroup) {
   ASSERT_EQ(first.size(), 2u);
   kill(first[0].second, SIGKILL);
   EXPECT_EQ(launch.Wait(absl::Seconds(180)), 0) << launch.output();
-  EXPECT_THAT(launch.output(), HasSubstr("restarting the workers (restart 1 of 1)"));
+  EXPECT_THAT(launch.output(),
+              HasSubstr("restarting the workers (restart 1 of 1) from step 1: no checkpoint "
+                        "saved in " +
+                        out + "/agent/checkpoints"));
   EXPECT_THAT(launch.output(), HasSubstr("every worker finished"));
   EXPECT_THAT(launch.output(), HasSubstr("step 40/40"));
   // Without checkpoint.interval the restart trains from step 1 again: said at the start and at
@@ -761,6 +783,9 @@ TEST(AgentTest, ARestartResumesTheFirstAttemptsCheckpointsUnderResumeNever) {
   EXPECT_EQ(launch.Wait(absl::Seconds(180)), 0) << launch.output();
   EXPECT_THAT(launch.output(), HasSubstr("restart 1: resuming what the earlier attempts saved in " +
                                          out + "/agent/checkpoints (checkpoint.resume: never"));
+  // The agent's own line names it, for a console without the workers' lines (--log-dir).
+  EXPECT_THAT(launch.output(), HasSubstr("restarting the workers (restart 1 of 1) from " + out +
+                                         "/agent/checkpoints/step-"));
   EXPECT_THAT(launch.output(), HasSubstr("resumed from " + out + "/agent/checkpoints/step-"));
   for (const auto& entry : std::filesystem::directory_iterator(out + "/agent/checkpoints")) {
     EXPECT_EQ(entry.path().filename().string().find("replaced"), std::string::npos) << entry.path();

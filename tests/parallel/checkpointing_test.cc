@@ -12,6 +12,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/checkpoint/reader.h"
+#include "core/checkpoint/tools.h"
 #include "core/util/exit_codes.h"
 #include "core/util/files.h"
 #include "core/util/folder_lock.h"
@@ -25,6 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::AllOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::string RecipeFile() {
@@ -377,11 +380,17 @@ TEST(CheckpointingTest, BenchRefusesCountsThatCannotRun) {
 TEST(CheckpointingTest, ExportWritesHuggingFaceAndLlmcFiles) {
   const std::string out = testing::TempPath("ckpt_export_run");
   fs::remove_all(out);
-  ASSERT_EQ(Train(out, "--set train.steps=2 --set train.export_to=model.safetensors").exit_code, 0);
+  // With a key that only warns: the export reads the run's recipe without warning again.
+  ASSERT_EQ(Train(out,
+                  "--set train.steps=2 --set train.export_to=model.safetensors --set "
+                  "parallel.sequence_parallel=true")
+                .exit_code,
+            0);
   const std::string exported = out + "/from_ckpt.safetensors";
   const testing::Outcome result =
       testing::RunDtrain(absl::StrCat("ckpt export ", out, "/ck/checkpoints --out ", exported));
   ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  EXPECT_THAT(result.stderr_text, ::testing::Not(HasSubstr("has no effect")));
   EXPECT_THAT(result.stdout_text,
               HasSubstr("(safetensors) from " + out + "/ck/checkpoints/step-2"));
   // Every tensor of the trainer's own export, bit for bit (the header's metadata differs).
@@ -460,6 +469,58 @@ TEST(CheckpointingTest, ExportWritesHuggingFaceAndLlmcFiles) {
   in.seekg(256 * sizeof(int32_t));
   in.read(reinterpret_cast<char*>(read.data()), static_cast<std::streamsize>(read.size() * 4));
   EXPECT_EQ(read, wte);
+}
+
+// A run still training prunes its older checkpoints as it saves (checkpoint.keep_last): an export
+// whose checkpoint was removed while it read it takes the newest again; a step folder given by
+// name is not taken again, nor is a failure of a folder that is still there.
+TEST(CheckpointingTest, ACheckpointPrunedWhileItIsReadIsTakenAgainFromTheNewest) {
+  const std::string out = testing::TempPath("ckpt_pruned_while_read");
+  fs::remove_all(out);
+  ASSERT_EQ(Train(out, "--set checkpoint.interval=1 --set checkpoint.keep_last=8").exit_code, 0);
+  const std::string dir = out + "/ck/checkpoints";
+  // As CheckpointWriter prunes: the folder renamed away at once, then removed.
+  const auto prune = [&](const std::string& step) {
+    fs::rename(step, dir + "/.pruned");
+    fs::remove_all(dir + "/.pruned");
+    return absl::NotFoundError(absl::StrCat("open ", step, "/rank-00000.bin: No such file"));
+  };
+  std::vector<std::string> used;
+  ::testing::internal::CaptureStderr();
+  const absl::StatusOr<std::string> taken = WithNewestCheckpoint(dir, [&](const std::string& step) {
+    used.push_back(step);
+    return used.size() == 1 ? prune(step) : absl::OkStatus();
+  });
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr(dir + "/step-8 was removed while it was read (a run still training "
+                              "pruned it: checkpoint.keep_last); taking the newest again"));
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(*taken, dir + "/step-7");
+  EXPECT_THAT(used, ElementsAre(dir + "/step-8", dir + "/step-7"));
+
+  const absl::StatusOr<std::string> named = WithNewestCheckpoint(dir + "/step-7", prune);
+  EXPECT_TRUE(absl::IsNotFound(named.status())) << named.status();
+  EXPECT_THAT(named.status().message(),
+              HasSubstr("step-7 was removed while it was read (a run still training pruned it: "
+                        "checkpoint.keep_last); give the checkpoint folder, " +
+                        dir + ", to take its newest"));
+  ASSERT_TRUE(fs::exists(dir + "/step-6"));
+
+  const absl::Status damaged = absl::DataLossError("a chunk's checksum does not match");
+  EXPECT_EQ(WithNewestCheckpoint(dir, [&](const std::string&) { return damaged; }).status(),
+            damaged);
+  EXPECT_TRUE(fs::exists(dir + "/step-6"));
+
+  // Pruned as fast as it is taken: three tries, then the way out.
+  ::testing::internal::CaptureStderr();
+  const absl::StatusOr<std::string> racing = WithNewestCheckpoint(dir, prune);
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(racing.status().message(),
+              HasSubstr("as were the 2 taken before it: the run prunes faster than this reads; "
+                        "copy a step-<N> folder aside and give it"));
+  EXPECT_THAT(CheckpointCandidates(dir),
+              ElementsAre(dir + "/step-3", dir + "/step-2", dir + "/step-1"));
+  fs::remove_all(out);
 }
 
 // An export that finds its file system full exits 3, as training's saves do: a retry would fail

@@ -121,6 +121,28 @@ TEST(RecipeTest, MatmulPrecisionAutoIsMediumForBf16ParametersOnCuda) {
   EXPECT_EQ(recipe.matmul_precision(), "highest");
 }
 
+// /metrics listens on an IP address, the same on every node: a name is refused where a recipe is
+// loaded to run (a run warned at its start, guessing at a busy port), unless the metrics are off.
+TEST(RecipeTest, TheMetricsAddressIsAnIpAddress) {
+  const auto check = [](const std::string& address, int port) {
+    absl::StatusOr<Recipe> recipe =
+        ParseRecipe(kMinimal, "t.yaml",
+                    {absl::StrCat("logging.metrics_address='", address, "'"),
+                     absl::StrCat("logging.metrics_port=", port)});
+    EXPECT_TRUE(recipe.ok()) << recipe.status();
+    return recipe.ok() ? CheckMetricsAddress(*recipe) : recipe.status();
+  };
+  const absl::Status name = check("not-an-ip", 9400);
+  EXPECT_EQ(name.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(name.message(),
+              HasSubstr("logging.metrics_address: 'not-an-ip' is no IP address (every node reads "
+                        "the same recipe, and a host name is one node's): give 0.0.0.0"));
+  EXPECT_TRUE(check("not-an-ip", 0).ok());  // no /metrics
+  for (const char* address : {"0.0.0.0", "127.0.0.1", "::", "::1", "10.1.2.3", "localhost"}) {
+    EXPECT_TRUE(check(address, 9400).ok()) << address;
+  }
+}
+
 TEST(RecipeTest, UnknownKeySuggestsNearest) {
   const std::string error = ErrorOf(WithMinimal("train:\n  steps: 10\n  lrr: 0.1\n"));
   EXPECT_THAT(error, AllOf(HasSubstr("unknown key train.lrr"), HasSubstr("t.yaml:5:3"),
@@ -151,6 +173,11 @@ TEST(RecipeTest, UnknownKeysOfOtherTrainersAndFarNamesGetUsefulHints) {
                         "DeepSpeed's ZeRO stage N is zeroN))"));
   EXPECT_THAT(ErrorOf(kMinimal, {"train.totally_unrelated_thing=1"}),
               HasSubstr("(`dtrain recipe reference` lists every key)"));
+  // llm.c's and nanoGPT's intervals (ckpt_every named the key list only).
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.ckpt_every=10"}),
+              HasSubstr("(did you mean checkpoint.interval?)"));
+  EXPECT_THAT(ErrorOf(kMinimal, {"train.val_loss_every=10"}),
+              HasSubstr("(did you mean train.eval_every?)"));
 }
 
 TEST(RecipeTest, KeyInWrongSectionSuggestsItsSection) {

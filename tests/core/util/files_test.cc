@@ -5,10 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "core/util/exit_codes.h"
 #include "gmock/gmock.h"
@@ -157,6 +159,36 @@ TEST_F(ResolveOutputFileTest, LinkAsideKeepsEachVersionUnderItsOwnName) {
   EXPECT_EQ(*ReadWholeFile(*first), "first");
   EXPECT_EQ(*ReadWholeFile(*second), "second");
   EXPECT_EQ(LinkAside(dir_ + "/none").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A folder's files that `keep` takes are kept as hard links in a new folder beside it, each keep
+// in a folder of its own; its subfolders, links and other files are not.
+TEST_F(ResolveOutputFileTest, LinkFolderAsideKeepsTheFilesItTakes) {
+  namespace fs = std::filesystem;
+  const std::string folder = dir_ + "/model";
+  fs::create_directories(folder + "/sub");
+  std::ofstream(folder + "/model.safetensors") << "weights";
+  std::ofstream(folder + "/config.json") << "{}";
+  std::ofstream(folder + "/notes.txt") << "mine";
+  fs::create_symlink(folder + "/config.json", folder + "/link.json");
+  const auto keep = [](absl::string_view name) { return name != "notes.txt"; };
+  const absl::StatusOr<std::string> first = LinkFolderAside(folder, keep);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(*first, ::testing::StartsWith(folder + ".replaced-"));
+  ASSERT_TRUE(WriteFileDurably(folder + "/model.safetensors", "newer").ok());
+  EXPECT_EQ(*ReadWholeFile(*first + "/model.safetensors"), "weights");
+  EXPECT_EQ(*ReadWholeFile(*first + "/config.json"), "{}");
+  std::vector<std::string> names;
+  for (const fs::directory_entry& entry : fs::directory_iterator(*first)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_THAT(names, ::testing::ElementsAre("config.json", "model.safetensors"));
+  const absl::StatusOr<std::string> second = LinkFolderAside(folder, keep);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(*first, *second);
+  EXPECT_EQ(*ReadWholeFile(*second + "/model.safetensors"), "newer");
+  EXPECT_EQ(LinkFolderAside(dir_ + "/none", keep).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(FilesTest, ReadingStopsPastTheBound) {

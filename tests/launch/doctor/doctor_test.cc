@@ -105,6 +105,12 @@ TEST(DoctorTest, CheckpointFolderIsProbedAndLeftClean) {
 
 TEST(DoctorTest, MasterResolvesInAWorldOfMore) {
   EXPECT_EQ(MasterCheck({}).verdict, Verdict::kInfo);
+  // A MASTER_ADDR without a rank or world size beside it is said to be unused (it was passed
+  // over without a word, where the README says the doctor checks that the master resolves).
+  const CheckResult alone = MasterCheck({{"MASTER_ADDR", "bogus.invalid"}});
+  EXPECT_EQ(alone.verdict, Verdict::kInfo);
+  EXPECT_THAT(alone.detail, HasSubstr("no master to reach; MASTER_ADDR=bogus.invalid is set and "
+                                      "unused: no rank or world size is set beside it"));
   const EnvironmentMap local = {
       {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29510"}};
   const CheckResult ok = MasterCheck(local);

@@ -66,9 +66,9 @@ TEST(StoreAuthTest, NamesThisHostResolvesTheName) {
 // A node other than the master's that names its own host as the master gets told so.
 TEST(StoreAuthTest, AMasterAddressOfThisHostGetsAHint) {
   EXPECT_EQ(MasterOnThisHostHint("127.0.0.1"),
-            "; MASTER_ADDR '127.0.0.1' is an address of this host, not of the master's node: "
-            "set it to node 0's host name, the same on every node (in a Slurm batch script, the "
-            "first host of SLURM_JOB_NODELIST)");
+            "; MASTER_ADDR '127.0.0.1' is an address of this host: unless node 0 runs here too "
+            "(then its store is not up), set it to node 0's host name, the same on every node (in "
+            "a Slurm batch script, the first host of SLURM_JOB_NODELIST)");
   EXPECT_THAT(MasterOnThisHostHint("localhost"),
               HasSubstr("; MASTER_ADDR 'localhost' ("));  // 127.0.0.1 or ::1
   EXPECT_EQ(MasterOnThisHostHint("192.0.2.1"), "");
