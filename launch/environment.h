@@ -131,13 +131,13 @@ EnvironmentMap ProcessEnvironment();
 // ResolveWorld(ProcessEnvironment(), {}).
 absl::StatusOr<WorldEnvironment> WorldFromEnvironment();
 
+// "MASTER_ADDR=NAME is set and unused: ..." where `world` has an unused_master_addr, else "".
+std::string UnusedMasterNote(const WorldEnvironment& world);
+
 // Checks that world.master_addr resolves (getaddrinfo), asking again each second for up to
 // `wait` while the name is unknown (a Kubernetes pod's DNS record appears only once that pod
 // runs, after pods that start sooner look it up); the error names the host and where it came
 // from. Not pure: asks the resolver.
-// "MASTER_ADDR=NAME is set and unused: ..." where `world` has an unused_master_addr, else "".
-std::string UnusedMasterNote(const WorldEnvironment& world);
-
 absl::Status CheckMasterResolves(const WorldEnvironment& world,
                                  absl::Duration wait = absl::ZeroDuration());
 
