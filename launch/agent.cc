@@ -395,7 +395,7 @@ class Agent {
   absl::StatusOr<int> Run();
   // After Run failed: leaves the failure in the store, where the other agents, which see this
   // agent's connection close, name it instead of a crash. Node 0, whose process serves the
-  // store, keeps serving it until they have read it and gone (at most kExitTimeout).
+  // store, says so and keeps serving it until they have read it and gone (at most kExitTimeout).
   void Fail(const absl::Status& error);
 
  private:
@@ -1233,6 +1233,11 @@ void Agent::Fail(const absl::Status& error) {
   absl::StatusOr<std::unique_ptr<TcpStoreClient>> store =
       TcpStoreClient::Connect(node_.master_addr, server_->port(), options);
   if (!store.ok()) return;
+  // Said now, not only at the exit after the wait.
+  LogError(
+      "node 0: %s; keeping the rendezvous store up until the other nodes have read it (at "
+      "most %s)",
+      error.message(), absl::FormatDuration(kExitTimeout));
   const absl::Time deadline = absl::Now() + kExitTimeout;
   while (absl::Now() < deadline && !OthersGone(**store, node_.num_nodes)) {
     absl::SleepFor(absl::Milliseconds(20));

@@ -569,6 +569,8 @@ TEST(AgentTest, NodeZeroAgentThatFailsIsNamedByTheOthers) {
   ASSERT_EQ(workers.size(), 1u);
   kill(workers[0].second, SIGKILL);
   EXPECT_EQ(node_zero->Wait(absl::Seconds(60)), 1) << node_zero->output();
+  EXPECT_THAT(node_zero->output(),
+              HasSubstr("; keeping the rendezvous store up until the other nodes have read it"));
   EXPECT_THAT(node_zero->output(), HasSubstr("cannot run " + binary));
   EXPECT_EQ(node_one->Wait(absl::Seconds(60)), 1) << node_one->output();
   EXPECT_THAT(node_one->output(),
