@@ -13,6 +13,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "cli/commands.h"
 #include "core/data/data_inspect.h"
 #include "core/data/data_pack.h"
@@ -185,12 +186,13 @@ void AddDataCommand(CLI::App& app) {
     const int threads = pack_args->threads > 0 ? pack_args->threads : UsableCpus();
     const auto tokenizer = LoadTokenizerOrFail(pack_args->tokenizer, threads);
     // The folders that the pack makes for its shards, --out first: a failed one removes them
-    // with its shards (where empty), as it found the path.
+    // with its shards (where empty), as it found the path (a link there, dangling or not, is
+    // not made: it stays).
     std::vector<std::filesystem::path> made;
     std::error_code error;
-    for (std::filesystem::path folder =
-             std::filesystem::path(pack_args->out_dir).lexically_normal();
-         !folder.empty() && !std::filesystem::exists(folder, error) && !error;
+    for (std::filesystem::path folder = std::string(absl::StripSuffix(pack_args->out_dir, "/"));
+         !folder.empty() && std::filesystem::symlink_status(folder, error).type() ==
+                                std::filesystem::file_type::not_found;
          folder = folder.parent_path()) {
       made.push_back(folder);
     }

@@ -94,7 +94,8 @@ bool OthersGone(TcpStoreClient& store, int num_nodes) {
 
 // Where a restart's workers resume, for its line (under --log-dir only their files said), as
 // TrainingCheckpoints::Resume takes it: the newest checkpoint of `dir` that a save completed (the
-// trainer also passes over one that does not load, saying so); where the folder holds none,
+// trainer also passes over one that does not load, saying so); none where the folder holds only
+// checkpoints whose save did not complete (the trainer refuses them all); where it holds none,
 // checkpoint.resume's (`resume`) checkpoint, else step 1. Empty without a folder.
 std::string ResumePoint(const std::string& dir, const std::string& resume) {
   if (dir.empty()) return "";
@@ -105,7 +106,11 @@ std::string ResumePoint(const std::string& dir, const std::string& resume) {
       return absl::StrCat(" from ", step, ", the newest checkpoint saved");
     }
   }
-  if (saved.empty() && resume != "auto" && resume != "never") {
+  if (!saved.empty()) {
+    return absl::StrCat(": none of the ", saved.size(), " checkpoint(s) in ", dir,
+                        " completed its save, and the workers refuse to start over beside them");
+  }
+  if (resume != "auto" && resume != "never") {
     return absl::StrCat(" from checkpoint.resume ", resume, " (none saved in ", dir, ")");
   }
   return absl::StrCat(" from step 1: no checkpoint saved in ", dir);

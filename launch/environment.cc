@@ -925,9 +925,10 @@ absl::StatusOr<WorldEnvironment> ResolveWorld(const EnvironmentMap& map,
         " GPUs on this node (", gpus_from,
         "): start at most one process per GPU (--nproc-per-node, srun --ntasks-per-node)"));
   }
-  // A batch shell's MASTER_ADDR is for the ranks srun starts.
+  // No launcher's world (a torchrun or srun world of one sets its ranks beside it), nor a batch
+  // shell's, whose MASTER_ADDR is for the ranks srun starts.
   if (const std::optional<std::string> set = env.Get("MASTER_ADDR");
-      set && world.world_size == 1 && !world.slurm_batch_shell) {
+      set && world.source == WorldSource::kSingle && !world.slurm_batch_shell) {
     world.unused_master_addr = *set;
   }
   return world;

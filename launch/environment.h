@@ -77,8 +77,9 @@ struct WorldEnvironment : WorldMembership {
   // The first host of Slurm's node list where a MASTER_ADDR of the environment names another
   // master (a stale export, say); empty otherwise. CheckMasterResolves refuses a loopback one.
   std::string slurm_first_host;
-  // MASTER_ADDR where it is set in a world of one (no rank or world size beside it, a batch
-  // script's export before srun sets them, say), which has no master; empty otherwise.
+  // MASTER_ADDR where it is set without a launcher's world (no rank or world size beside it: a
+  // batch script's export before srun sets them, say), a world of one with no master; empty
+  // otherwise.
   std::string unused_master_addr;
 
   // GPUs on this node: SLURM_GPUS_ON_NODE, else the entries of CUDA_VISIBLE_DEVICES; -1 when

@@ -503,8 +503,9 @@ const std::vector<KeySpec>& Keys() {
        {},
        Between(0, 65535)},
       {DTRAIN_RECIPE_KEY(logging, metrics_address),
-       "the address /metrics listens on: 0.0.0.0 = every interface (a Prometheus on another "
-       "host), 127.0.0.1 = this host only, or one interface's address"},
+       "the IP address /metrics listens on (or localhost; a host name would be one node's): "
+       "0.0.0.0 = every interface (a Prometheus on another host), 127.0.0.1 = this host only, "
+       "or one interface's address"},
   };
   return *keys;
 }

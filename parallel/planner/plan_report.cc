@@ -182,7 +182,8 @@ std::string WhyNotSearched(const Plan& plan, const Layout& recipe_layout) {
     return std::string(status.message());
   }
   if (!absl::c_linear_search(plan.options.strategies, layout.strategy)) {
-    return absl::StrCat(StrategyName(layout.strategy),
+    return absl::StrCat(StrategyName(recipe_layout.strategy),
+                        layout.strategy == recipe_layout.strategy ? "" : " (listed as fsdp)",
                         " is not among the strategies the planner searches");
   }
   return "not among the layouts the planner searches (micro-batches of powers of two up to 64; "

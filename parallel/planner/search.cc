@@ -134,15 +134,18 @@ void Rank(Plan& plan) {
           : absl::StrFormat("the simplest layout within %.0f%% or %g ms of the fastest (%s, %s ms)",
                             100 * plan.options.simpler_within, plan.options.simpler_within_ms,
                             DescribeLayout(all[fastest].layout), FormatMs(fastest_ms));
-  // Simpler can hold more (ddp a whole optimizer where zero1 a shard): what it costs, and why;
-  // in the tenths of a GiB it prints.
-  if (const double chosen_gib = std::round(10 * chosen.estimate.memory.device_bytes() / kGiB) / 10,
-      fastest_gib = std::round(10 * all[fastest].estimate.memory.device_bytes() / kGiB) / 10;
-      best != fastest && chosen_gib > fastest_gib) {
-    absl::StrAppendFormat(&chosen.reason,
-                          "; it holds %.1f GiB a GPU to the fastest's %.1f GiB: while both "
-                          "fit, the simpler is preferred (less sharding to tune and debug)",
-                          chosen_gib, fastest_gib);
+  // Simpler can hold more (ddp a whole optimizer where zero1 a shard): what it costs, and why,
+  // in the tenths of a GiB that the table prints.
+  const auto gib = [](const Candidate& candidate) {
+    return absl::StrFormat("%.1f", candidate.estimate.memory.device_bytes() / kGiB);
+  };
+  if (best != fastest &&
+      chosen.estimate.memory.device_bytes() > all[fastest].estimate.memory.device_bytes() &&
+      gib(chosen) != gib(all[fastest])) {
+    absl::StrAppend(&chosen.reason, "; it holds ", gib(chosen), " GiB a GPU to the fastest's ",
+                    gib(all[fastest]),
+                    " GiB: while both fit, the simpler is preferred (less sharding to tune and "
+                    "debug)");
   }
   for (Candidate& candidate : all) {
     if (candidate.verdict != Verdict::kFits) continue;

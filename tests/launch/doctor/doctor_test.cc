@@ -14,6 +14,7 @@ namespace dtrain::doctor {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A /proc with the driver's entries of `count` GPUs.
 std::string ProcWithGpus(const std::string& name, int count) {
@@ -111,6 +112,11 @@ TEST(DoctorTest, MasterResolvesInAWorldOfMore) {
   EXPECT_EQ(alone.verdict, Verdict::kInfo);
   EXPECT_THAT(alone.detail, HasSubstr("no master to reach; MASTER_ADDR=bogus.invalid is set and "
                                       "unused: no rank or world size is set beside it"));
+  // torchrun's world of one sets its own beside its ranks: nothing to say.
+  const CheckResult torchrun =
+      MasterCheck({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}});
+  EXPECT_EQ(torchrun.verdict, Verdict::kInfo);
+  EXPECT_THAT(torchrun.detail, Not(HasSubstr("unused")));
   const EnvironmentMap local = {
       {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29510"}};
   const CheckResult ok = MasterCheck(local);
