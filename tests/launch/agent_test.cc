@@ -768,6 +768,30 @@ TEST(AgentTest, KilledWorkerRestartsTheGroup) {
                         "/agent/checkpoints, so training starts over from step 1"));
 }
 
+// A checkpoint folder that holds only a save that did not complete: the restart's workers refuse
+// to start over beside it (exit 2, no further restart), and the agent's restart line says so
+// rather than promising step 1.
+TEST(AgentTest, ARestartOverIncompleteCheckpointsSaysTheWorkersRefuse) {
+  const std::string out = OutDir("restart_incomplete");
+  Launch launch({Recipe("restart_incomplete", 100000), "--nproc-per-node=2", "--max-restarts=2",
+                 "--set", "run.out_dir=" + out});
+  ASSERT_TRUE(launch.Pump(absl::Seconds(60), [&] { return StepsLogged(out) >= 2; }))
+      << launch.output();
+  std::filesystem::create_directories(out + "/agent/checkpoints/step-7");  // no manifest
+  const auto workers = launch.Workers();
+  ASSERT_EQ(workers.size(), 2u);
+  kill(workers[1].second, SIGKILL);
+  EXPECT_EQ(launch.Wait(absl::Seconds(120)), 2) << launch.output();
+  EXPECT_THAT(
+      launch.output(),
+      HasSubstr("restarting the workers (restart 1 of 2): none of the 1 checkpoint(s) in " + out +
+                "/agent/checkpoints completed its save, and the workers refuse to start "
+                "over beside them"));
+  EXPECT_THAT(launch.output(),
+              HasSubstr("none of the 1 checkpoint(s) in " + out + "/agent/checkpoints loads"));
+  EXPECT_THAT(launch.output(), Not(HasSubstr("restart 2 of 2")));
+}
+
 // A restart resumes what the earlier attempt saved even under checkpoint.resume: never, which
 // applies to the first attempt: each restart started over, setting the run's own checkpoints
 // aside (and piling them up on disk).
