@@ -1243,7 +1243,6 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     return documents ? data.train->NextDocuments(train.micro_batch, in, out, positions)
                      : data.train->Next(train.micro_batch, in, out);
   };
-  double elapsed_s = 0;
   // Steps after the first (which pays for first-touch allocations), or the only one.
   PipelineStepTimes pipeline_times;
   // Pipeline stages hold different blocks: each is compared with its own replicas only, so with
@@ -1272,6 +1271,9 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     }
   }
   signals.StepsBegin();
+  // The ETA's clock: steps with what runs between them (evaluations, samples, checkpoint waits,
+  // 30% of a small run's time), not the steps alone.
+  const auto steps_began = std::chrono::steady_clock::now() - waited_before_step;
   for (int step = static_cast<int>(resumed_step); step < train.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     phase = absl::StrCat("step ", step + 1);
@@ -1303,7 +1305,6 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     const int64_t dp_sent = SentBytes({groups.dp}) - dp_sent_before;
     const int64_t tp_sent = SentBytes({groups.tp, kv_replicas}) - tp_sent_before;
     const int64_t pp_sent = SentBytes({groups.pp}) - pp_sent_before;
-    elapsed_s += step_time.count();
     if (executor != nullptr && (step > resumed_step || step + 1 == train.steps)) {
       pipeline_times.Add(executor->stats());
     }
@@ -1368,7 +1369,8 @@ absl::StatusOr<TrainingEnd> TrainRank(const Recipe& recipe, const WorldMembershi
     m.shards_skipped = shards.skipped;
     if (executor != nullptr) m.pp_wait_ms = executor->stats().wait_ms;
     m.peak_rss_mib = PeakRssMib();
-    m.eta_s = elapsed_s / (m.step - resumed_step) * (train.steps - m.step);
+    const std::chrono::duration<double> trained = std::chrono::steady_clock::now() - steps_began;
+    m.eta_s = trained.count() / (m.step - resumed_step) * (train.steps - m.step);
     if (step == resumed_step) {
       if (resumed_step > 0) m.resumed_from_step = resumed_step;
       m.layout = layout;

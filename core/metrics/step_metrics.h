@@ -33,7 +33,7 @@ struct StepMetrics {
   int64_t tp_sent_bytes = 0;
   int64_t pp_sent_bytes = 0;
   double peak_rss_mib = 0;
-  double eta_s = 0;
+  double eta_s = 0;  // the steps left at the mean wall time of a step so far, evaluations and all
   std::optional<double> val_loss;
   // At a step that saved a checkpoint: how long training waited for it (the whole write when
   // synchronous; the copy to staging memory, plus any wait for the previous save, when async).

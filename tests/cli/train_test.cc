@@ -135,6 +135,25 @@ TEST(TrainTest, ARunStartingOverKeepsTheEarlierRunsModelFolder) {
   EXPECT_NE(*ReadWholeFile(folder + "/model.safetensors"), weights);
 }
 
+// The ETA counts what runs between steps: with an evaluation after every step (each reading all
+// the held-out data, about as long as a step or more), the time left per step is well above the
+// mean step time (it was that mean, and a small run's evaluations and samples, 30% of its time,
+// finished past the ETA).
+TEST(TrainTest, TheEtaCountsTheEvaluationsBetweenSteps) {
+  const std::string out = RunDir("eta");
+  ASSERT_EQ(Train(out,
+                  "--set train.eval_every=1 --set train.eval_batches=16 --set "
+                  "logging.sample_tokens=0")
+                .exit_code,
+            0);
+  const std::vector<nlohmann::json> steps = ReadMetrics(out + "/small");
+  ASSERT_EQ(steps.size(), 12u);
+  double step_ms = 0;
+  for (int i = 0; i < 6; ++i) step_ms += steps[i]["step_ms"].get<double>() / 6;
+  const double left_ms_per_step = 1e3 * steps[5]["eta_s"].get<double>() / 6;
+  EXPECT_GT(left_ms_per_step, 1.5 * step_ms);
+}
+
 TEST(TrainTest, SameRecipeAndSeedGiveBitIdenticalRuns) {
   const testing::Outcome a = Train(RunDir("a"));
   ASSERT_EQ(a.exit_code, 0) << a.stderr_text;
