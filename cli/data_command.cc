@@ -13,7 +13,6 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "cli/commands.h"
 #include "core/data/data_inspect.h"
 #include "core/data/data_pack.h"
@@ -185,17 +184,9 @@ void AddDataCommand(CLI::App& app) {
     }
     const int threads = pack_args->threads > 0 ? pack_args->threads : UsableCpus();
     const auto tokenizer = LoadTokenizerOrFail(pack_args->tokenizer, threads);
-    // The folders that the pack makes for its shards, --out first: a failed one removes them
-    // with its shards (where empty), as it found the path (a link there, dangling or not, is
-    // not made: it stays).
-    std::vector<std::filesystem::path> made;
-    std::error_code error;
-    for (std::filesystem::path folder = std::string(absl::StripSuffix(pack_args->out_dir, "/"));
-         !folder.empty() && std::filesystem::symlink_status(folder, error).type() ==
-                                std::filesystem::file_type::not_found;
-         folder = folder.parent_path()) {
-      made.push_back(folder);
-    }
+    // The folders that the pack makes for its shards: a failed one removes them with its
+    // shards (where empty).
+    const std::vector<std::filesystem::path> made = MissingFolders(pack_args->out_dir);
     absl::StatusOr<PackResult> result;
     if (pack_args->sft) {
       absl::StatusOr<ChatTemplate> chat_template = LoadChatTemplate(pack_args->chat_template);
@@ -215,7 +206,7 @@ void AddDataCommand(CLI::App& app) {
                           pack_args->text_key);
     }
     if (!result.ok()) {
-      for (const std::filesystem::path& folder : made) std::filesystem::remove(folder, error);
+      RemoveEmptyFolders(made);
       // An input that is not there or of no form it packs, an --out of an earlier pack, fail
       // the same way again.
       const absl::Status& status = result.status();

@@ -609,13 +609,8 @@ class MetricsFile {
 // made, the run folder first, for RemoveEmptyFolders.
 absl::StatusOr<std::vector<std::filesystem::path>> CreateRunFolder(const Recipe& recipe) {
   const std::filesystem::path run_dir = recipe.run_dir();
+  std::vector<std::filesystem::path> made = MissingFolders(run_dir.string());
   std::error_code error;
-  std::vector<std::filesystem::path> made;
-  for (std::filesystem::path folder = run_dir; !folder.empty() && folder != folder.parent_path() &&
-                                               !std::filesystem::exists(folder, error) && !error;
-       folder = folder.parent_path()) {
-    made.push_back(folder);
-  }
   std::filesystem::create_directories(run_dir, error);
   if (error) {
     return FileError(error.value(), absl::StrCat("cannot create the run folder ", run_dir.string()),
@@ -634,16 +629,6 @@ void RemoveEmptyFoldersInside(const std::filesystem::path& folder) {
     if (entry->symlink_status().type() == fs::file_type::directory) inside.push_back(entry->path());
   }
   for (auto it = inside.rbegin(); it != inside.rend(); ++it) fs::remove(*it, error);
-}
-
-// Removes `folders` (deepest first) up to the first that is not empty: a run that failed before
-// its first step wrote nothing there, and left empty folders behind.
-void RemoveEmptyFolders(const std::vector<std::filesystem::path>& folders) {
-  std::error_code error;
-  for (const std::filesystem::path& folder : folders) {
-    if (!std::filesystem::is_empty(folder, error) || error) return;
-    std::filesystem::remove(folder, error);
-  }
 }
 
 // Where train.export_to writes at the end, checked before the first step: a .safetensors file or

@@ -14,6 +14,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "core/util/exit_codes.h"
 #include "core/util/status.h"
@@ -212,6 +213,27 @@ absl::StatusOr<std::string> LinkFolderAside(const std::string& dir,
     return failed;
   }
   return aside;
+}
+
+std::vector<std::filesystem::path> MissingFolders(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> missing;
+  std::error_code error;
+  // "out/" names the folder "out" (whose parent_path() would be "out" again).
+  for (fs::path folder = std::string(absl::StripSuffix(path, "/"));
+       !folder.empty() && fs::symlink_status(folder, error).type() == fs::file_type::not_found;
+       folder = folder.parent_path()) {
+    missing.push_back(folder);
+  }
+  return missing;
+}
+
+void RemoveEmptyFolders(const std::vector<std::filesystem::path>& folders) {
+  std::error_code error;
+  for (const std::filesystem::path& folder : folders) {
+    if (!std::filesystem::is_empty(folder, error) || error) return;
+    std::filesystem::remove(folder, error);
+  }
 }
 
 int FileCreationError(const std::string& folder) {

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <cstddef>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -63,6 +65,12 @@ absl::StatusOr<std::string> LinkAside(const std::string& path);
 // links to them. The new folder's name, or FileError (NotFound when there is no folder).
 absl::StatusOr<std::string> LinkFolderAside(const std::string& dir,
                                             const std::function<bool(absl::string_view)>& keep);
+
+// The folders on the way to the folder `path` that are not there (not even as a link, dangling or
+// not), `path` first: those that create_directories(path) makes, for RemoveEmptyFolders to undo.
+std::vector<std::filesystem::path> MissingFolders(const std::string& path);
+// Removes `folders` in their order (deepest first) up to the first that is not empty.
+void RemoveEmptyFolders(const std::vector<std::filesystem::path>& folders);
 
 // Writes all of [data, data + bytes) to `fd`, retrying short writes; `path` names it in errors.
 absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path);

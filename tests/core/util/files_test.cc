@@ -191,6 +191,23 @@ TEST_F(ResolveOutputFileTest, LinkFolderAsideKeepsTheFilesItTakes) {
   EXPECT_EQ(LinkFolderAside(dir_ + "/none", keep).status().code(), absl::StatusCode::kNotFound);
 }
 
+// The folders create_directories makes, deepest first, and no link (dangling or not) among them:
+// removing them as empty ones undoes a failed write that made them, and nothing else.
+TEST_F(ResolveOutputFileTest, MissingFoldersAreTheOnesThatWouldBeMade) {
+  namespace fs = std::filesystem;
+  const std::string base = dir_ + "/base";
+  EXPECT_EQ(MissingFolders(base + "/a/b/"),
+            (std::vector<fs::path>{base + "/a/b", base + "/a", base}));
+  fs::create_symlink(dir_ + "/nowhere", dir_ + "/link");
+  EXPECT_EQ(MissingFolders(dir_ + "/link"), std::vector<fs::path>{});
+  const std::vector<fs::path> made = MissingFolders(base + "/a/b");
+  fs::create_directories(base + "/a/b");
+  std::ofstream(base + "/kept") << "x";
+  RemoveEmptyFolders(made);
+  EXPECT_FALSE(fs::exists(base + "/a"));
+  EXPECT_TRUE(fs::exists(base + "/kept"));
+}
+
 TEST(FilesTest, ReadingStopsPastTheBound) {
   const absl::StatusOr<std::string> zeros = ReadWholeFile("/dev/zero", 1 << 20);
   EXPECT_EQ(zeros.status().code(), absl::StatusCode::kFailedPrecondition);
